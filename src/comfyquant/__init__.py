@@ -1,0 +1,27 @@
+"""comfyquant: check, inspect, fix, quantize and run Comfy quantized safetensors checkpoints.
+
+The package import is light on purpose (no torch, no numpy): ``check`` and ``inspect`` start
+in milliseconds.  Heavy pieces load lazily.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "check", "open_checkpoint", "inspect"]
+
+
+def __getattr__(name: str):
+    if name == "check":
+        from .checker.run import check
+
+        return check
+    if name == "open_checkpoint":
+        from .checkpoint import open_checkpoint
+
+        return open_checkpoint
+    if name == "inspect":
+        from .inspection import inspect
+
+        return inspect
+    raise AttributeError(name)

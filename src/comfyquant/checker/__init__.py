@@ -1,0 +1,1 @@
+"""Checking: findings, the per-layer checker and the runtime target profiles."""

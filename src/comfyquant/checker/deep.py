@@ -1,0 +1,112 @@
+"""``--deep``: read the small tensors (scales, codebooks, corrections; never weights) and check
+their values.  numpy is imported here only, so plain ``check`` stays light."""
+
+from __future__ import annotations
+
+from ..formats.base import CODEBOOK, CORRECTION, SCALE
+from ..formats.registry import FORMATS
+from .findings import Finding
+
+MAX_DEEP_BYTES = 256 * 1024 * 1024
+
+
+def _decoder():
+    import numpy as np
+
+    def fp8_e4m3_table():
+        codes = np.arange(256, dtype=np.uint32)
+        s = np.where(codes & 0x80, -1.0, 1.0)
+        e = (codes >> 3) & 0xF
+        m = codes & 0x7
+        val = np.where(e == 0, 2.0**-6 * (m / 8.0), 2.0 ** (e.astype(np.float64) - 7) * (1 + m / 8.0))
+        val = np.where((e == 15) & (m == 7), np.nan, val)
+        return (s * val).astype(np.float32)
+
+    e4m3 = fp8_e4m3_table()
+
+    def decode(data: bytes, dtype: str, as_dtype: str):
+        if dtype == "U8" and as_dtype in ("F8_E4M3", "F8_E8M0"):
+            dtype = as_dtype
+        raw = np.frombuffer(data, dtype=np.uint8)
+        if dtype == "F32":
+            return np.frombuffer(data, dtype="<f4")
+        if dtype == "F16":
+            return np.frombuffer(data, dtype="<f2").astype(np.float32)
+        if dtype == "BF16":
+            return (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        if dtype == "F8_E4M3":
+            return e4m3[raw]
+        if dtype == "F8_E8M0":
+            out = np.exp2(raw.astype(np.float32) - 127)
+            out[raw == 0] = 0.0
+            out[raw == 255] = np.inf
+            return out
+        return None
+
+    return np, decode
+
+
+def deep_findings(ckpt) -> list[Finding]:
+    wanted = []
+    for prefix, layer in ckpt.layers.items():
+        fmt = FORMATS.get(layer.format_name) if layer.format_name else None
+        if fmt is None:
+            continue
+        for slot in fmt.slots:
+            entry = layer.tensors.get(slot.suffix)
+            if entry is None or slot.kind not in (SCALE, CODEBOOK, CORRECTION) or entry.nbytes > MAX_DEEP_BYTES:
+                continue
+            wanted.append((layer, slot, entry))
+    if not wanted:
+        return []
+    np, decode = _decoder()
+    seen: set[str] = set()
+    entries = [e for _, _, e in wanted if not (e.name in seen or seen.add(e.name))]
+    data = ckpt.read_many(entries)
+    out: list[Finding] = []
+    done: set[str] = set()
+    for layer, slot, entry in wanted:
+        if entry.name in done:
+            continue
+        done.add(entry.name)
+        values = decode(data[entry.name], entry.dtype, slot.dtype if slot.dtype != "float" else entry.dtype)
+        if values is None:
+            continue
+        out.extend(_value_findings(np, layer.name, entry.name, slot, values))
+    return out
+
+
+def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
+    out = []
+    finite = np.isfinite(v)
+    n_bad = int(v.size - finite.sum())
+    what = f"{tensor} ({slot.meaning or slot.kind})"
+    fix = "re-export the layer from the original weights (comfyquant quantize)"
+    if slot.kind == CODEBOOK:
+        if n_bad:
+            out.append(Finding("D005", f"{what}: {n_bad} non-finite codebook entries", layer=layer, tensor=tensor,
+                               actual=f"{n_bad} NaN/Inf", fix=fix))
+        elif v.size > 1 and np.any(np.diff(v) < 0):
+            out.append(Finding("D004", f"{what}: codebook is not sorted ascending", layer=layer, tensor=tensor,
+                               expected="ascending levels", actual=np.array2string(v, precision=3, max_line_width=200),
+                               cause="codes and levels may have been permuted by a faulty writer", fix=fix))
+        return out
+    if n_bad:
+        code = "D001" if slot.positive else "D007"
+        out.append(Finding(code, f"{what}: {n_bad} of {v.size} values are NaN or Inf", layer=layer, tensor=tensor,
+                           expected="finite values", actual=f"{n_bad} NaN/Inf",
+                           cause="overflow during quantization or a corrupted file", fix=fix))
+    if slot.positive:
+        zeros = int((v == 0).sum())
+        neg = int((v < 0).sum())
+        if zeros and zeros < v.size:
+            out.append(Finding("D002", f"{what}: {zeros} of {v.size} scales are zero", layer=layer, tensor=tensor,
+                               expected="> 0", actual=f"{zeros} zeros",
+                               cause="those rows/groups decode to zero (dead outputs) or divide by zero", fix=fix))
+        if neg:
+            out.append(Finding("D003", f"{what}: {neg} of {v.size} scales are negative", layer=layer, tensor=tensor,
+                               expected="> 0", actual=f"{neg} negative", cause="sign-flipped scales invert weights", fix=fix))
+    if v.size > 1 and not np.any(v != 0):
+        out.append(Finding("D006", f"{what}: every value is zero", layer=layer, tensor=tensor, actual="all zeros",
+                           cause="the tensor was never written (placeholder export?)", fix=fix))
+    return out

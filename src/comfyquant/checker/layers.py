@@ -1,0 +1,211 @@
+"""Check one layer against its format description.
+
+The result depends only on the format, the marker and the (suffix, dtype, shape) of the
+layer's tensors, so results are cached by that signature: a 14B model has ~600 layers but a
+few dozen distinct signatures.  Findings are layer-relative (``tensor`` is the suffix and the
+message holds a ``{layer}`` placeholder) until bound with :meth:`Finding.with_layer`.
+"""
+
+from __future__ import annotations
+
+from ..formats.base import Format, GeometryError
+from .diagnose import dtype_cause, dtype_matches, fmt_shape, shape_cause
+from .findings import Finding
+
+_CACHE: dict[tuple, tuple[list[Finding], dict | None]] = {}
+
+
+def signature(fmt: Format, marker: dict | None, tensors: dict) -> tuple:
+    return (
+        fmt.name,
+        repr(marker) if marker is not None else None,
+        tuple((s, e.dtype, e.shape) for s, e in sorted(tensors.items())),
+    )
+
+
+def check_layer(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Finding], dict | None]:
+    """Layer-relative findings and the geometry env (None when it cannot be inferred).
+
+    ``marker`` None means the layer has no marker and the format was inferred: marker keys are
+    then not checked (a separate finding reports the missing marker).
+    """
+    key = signature(fmt, marker, tensors)
+    hit = _CACHE.get(key)
+    if hit is None:
+        hit = _CACHE[key] = _check(fmt, marker, tensors)
+    return hit
+
+
+def _check(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Finding], dict | None]:
+    out: list[Finding] = []
+    params = fmt.params(marker or {})
+    if marker is not None:
+        _check_keys(fmt, marker, params, out)
+    try:
+        env = fmt.geometry(tensors, params)
+    except GeometryError as exc:
+        if "weight" not in tensors:
+            out.append(
+                Finding("L001", f"layer {{layer}} ({fmt.name}) has no weight tensor", tensor="weight",
+                        expected="weight", actual="absent",
+                        cause="the weight is in a shard that is missing, or the marker names the wrong layer",
+                        fix="check the shards and the marker's layer name")
+            )
+        else:
+            out.append(Finding("L008", f"layer {{layer}} ({fmt.name}): {exc}", tensor="weight",
+                               actual=f"{tensors['weight'].dtype} {fmt_shape(tensors['weight'].shape)}"))
+        return out, None
+    slots = fmt.slots_for(env)
+    for suffix, slot in slots.items():
+        entry = tensors.get(suffix)
+        if entry is None:
+            if slot.required:
+                out.append(
+                    Finding("L001", f"layer {{layer}} ({fmt.name}) is missing {suffix} ({slot.meaning})", tensor=suffix,
+                            expected=f"{slot.dtype} {slot.shape}", actual="absent",
+                            cause="incomplete export or the tensor is in a missing shard",
+                            fix="re-export the layer (comfyquant quantize)")
+                )
+            continue
+        if slot.is_forbidden(env):
+            out.append(
+                Finding("L006", f"layer {{layer}} ({fmt.name}, {env.get('variant', '')}) must not have {suffix}",
+                        tensor=suffix, expected="absent", actual=f"{entry.dtype} {fmt_shape(entry.shape)}",
+                        cause=_forbidden_cause(suffix, env),
+                        fix="re-export the layer from the original weights (comfyquant quantize)")
+            )
+            continue
+        _check_slot(fmt, slot, env, entry, out)
+    for suffix, entry in tensors.items():
+        if suffix not in slots and suffix != "comfy_quant":
+            out.append(
+                Finding("L007", f"layer {{layer}} ({fmt.name}) has {suffix}, which the format does not define",
+                        tensor=suffix, actual=f"{entry.dtype} {fmt_shape(entry.shape)}",
+                        cause="left over from another format or export; runtimes leave it unconsumed",
+                        fix="remove the tensor (comfyquant fix)")
+            )
+    for c in fmt.constraints:
+        if not c.holds(env):
+            out.append(
+                Finding("L005", f"layer {{layer}} ({fmt.name}): " + c.message.format(**env),
+                        expected=c.expr, actual=_env_text(env), cause=c.cause or None, fix=c.fix or None)
+            )
+    return out, env
+
+
+def _check_slot(fmt: Format, slot, env: dict, entry, out: list[Finding]) -> None:
+    expected = slot.expected_shape(env)
+    dtype_ok = dtype_matches(slot, entry.dtype)
+    shape_ok = entry.shape == expected
+    if dtype_ok and shape_ok:
+        return
+    causes, severities = [], []
+    if not shape_ok:
+        c, s = shape_cause(slot, env, entry.shape, expected)
+        causes.append(c)
+        severities.append(s)
+    if not dtype_ok:
+        c, s = dtype_cause(slot, entry.dtype)
+        causes.append(c)
+        severities.append(s)
+    severity = "error" if "error" in severities else "warning" if "warning" in severities else "info"
+    code = "L004" if not dtype_ok and not shape_ok else "L002" if not dtype_ok else "L003"
+    exp = f"{slot.dtype} {fmt_shape(expected)} = {slot.shape}"
+    act = f"{entry.dtype} {fmt_shape(entry.shape)}"
+    out.append(
+        Finding(
+            code,
+            f"layer {{layer}} ({fmt.name}): {slot.suffix} is {act}, expected {exp}: " + "; ".join(causes),
+            tensor=slot.suffix,
+            expected=exp,
+            actual=act,
+            cause="; ".join(causes),
+            fix=_slot_fix(slot, causes, dtype_ok, shape_ok),
+            severity=severity,
+        )
+    )
+
+
+def _slot_fix(slot, causes: list[str], dtype_ok: bool, shape_ok: bool) -> str:
+    text = " ".join(causes)
+    if "made for" in text or "does not match" in text:
+        return "re-export from the original weights with one consistent group size (comfyquant quantize)"
+    steps = []
+    if "transposed" in text:
+        steps.append(f"transpose to {slot.shape}")
+    elif not shape_ok:
+        steps.append(f"convert to {slot.shape}")
+    if not dtype_ok:
+        if "downcast" in text:
+            steps.append("upcast to F32 (exact)")
+        elif "labelled" in text:
+            steps.append(f"relabel as {slot.dtype} (same bytes)")
+        else:
+            steps.append(f"convert to {slot.dtype}")
+    return " and ".join(steps) + ": comfyquant fix"
+
+
+def _forbidden_cause(suffix: str, env: dict) -> str:
+    if env.get("bits") == 6:
+        return "6-bit storage is uniform and symmetric: no codebook or correction"
+    if suffix == "weight_correction" and env.get("has_codebook"):
+        return "a codebook and a correction on one layer: no tool writes both and the decode is wrong"
+    return "not allowed in this variant"
+
+
+def _env_text(env: dict) -> str:
+    keys = ("N", "K", "bits", "group_size", "convrot_groupsize")
+    return ", ".join(f"{k}={env[k]}" for k in keys if k in env)
+
+
+def _check_keys(fmt: Format, marker: dict, params: dict, out: list[Finding]) -> None:
+    nested = marker.get("params")
+    if "params" in marker:
+        moved = sorted(nested) if isinstance(nested, dict) else []
+        out.append(
+            Finding("M033", f"layer {{layer}}: marker nests {moved} in a 'params' object",
+                    expected="flat marker keys", actual=f"params={nested!r}"[:120],
+                    cause="ComfyUI reads convrot, convrot_groupsize, group_size and linear_dtype from params; SGLang ignores them (a ConvRot flag there is silently lost)",
+                    fix="flatten the marker (comfyquant fix)")
+        )
+    for key in marker:
+        if key.startswith("_"):
+            out.append(
+                Finding("M034", f"layer {{layer}}: marker key {key!r} starts with an underscore",
+                        actual=f"{key}={marker[key]!r}",
+                        cause="SGLang adds internal '_' keys in memory; a stored one can conflict with them",
+                        fix="drop the key (comfyquant fix)")
+            )
+    for k in fmt.keys:
+        if k.name == "format":
+            continue
+        if k.name in marker or (k.nested_ok and isinstance(nested, dict) and k.name in nested):
+            value = params[k.name]
+            if not k.valid(value):
+                out.append(
+                    Finding("M035", f"layer {{layer}} ({fmt.name}): marker {k.name}={value!r} is not allowed",
+                            expected=f"{k.name}: {k.allowed_text}", actual=f"{k.name}={value!r}",
+                            cause=_key_cause(k, value), fix=f"set {k.name} to {k.allowed_text}")
+                )
+        elif k.must_be_explicit(params):
+            what = "missing ConvRot flag" if k.name == "convrot" else f"{k.name} left to its default ({k.default!r})"
+            out.append(
+                Finding("M036", f"layer {{layer}} ({fmt.name}): marker has no {k.name}: {what}",
+                        expected=f"{k.name} written explicitly ({k.allowed_text})", actual="absent",
+                        cause=k.why_explicit or None,
+                        fix=f"add {k.name}: {_default_text(k)} (comfyquant fix)")
+            )
+
+
+def _default_text(k) -> str:
+    if k.name == "convrot":
+        return "true"
+    return repr(k.default) if k.default is not None else "a value"
+
+
+def _key_cause(k, value) -> str:
+    if k.name == "convrot" and value in (1, "true"):
+        return "convrot must be JSON true: SGLang tests identity with True"
+    if isinstance(value, str) and int in k.types:
+        return "a number written as a string"
+    return f"{k.name} must be {k.allowed_text}"

@@ -1,0 +1,110 @@
+"""Assemble a check report: canonical findings + runtime verdicts, severities per target.
+
+A runtime violation on a layer that a canonical finding already describes is attached to that
+finding (its ``targets`` list); one that nothing describes becomes a finding of its own with
+the runtime's rule code (``sglang.W5`` ...).  A finding that only concerns runtimes the user
+did not select is kept as ``info``; one that stops a selected runtime from loading is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..targets.base import TARGETS, Verdict
+from .findings import ERROR, INFO, SEVERITY_ORDER, Finding
+
+SCHEMA = 1
+
+
+@dataclass
+class Report:
+    paths: list[str]
+    files: list[str]
+    layers: int
+    findings: list[Finding] = field(default_factory=list)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    selected: tuple[str, ...] = TARGETS
+    io: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == ERROR for f in self.findings)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        c = {"error": 0, "warning": 0, "info": 0}
+        for f in self.findings:
+            c[f.severity] = c.get(f.severity, 0) + 1
+        return c
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "paths": list(self.paths),
+            "files": list(self.files),
+            "ok": self.ok,
+            "layers": self.layers,
+            "counts": self.counts,
+            "findings": [f.to_dict() for f in self.findings],
+            "targets": {name: v.to_dict() for name, v in self.verdicts.items()},
+            "io": self.io,
+        }
+
+
+def assemble(findings: list[Finding], verdicts: dict[str, Verdict], selected: tuple[str, ...], names: dict[str, str]) -> list[Finding]:
+    """Merge runtime violations into findings and set severities for the selected targets."""
+    by_layer: dict[str | None, list[Finding]] = {}
+    for f in findings:
+        by_layer.setdefault(f.layer, []).append(f)
+    extra: list[Finding] = []
+    blocking_cover: dict[int, set[str]] = {}
+    for target, verdict in verdicts.items():
+        for v in verdict.violations:
+            layer = names.get(v.layer, v.layer) if v.layer else None
+            # Only load failures attach to canonical findings; silent losses stay visible as
+            # findings of their own.
+            covering = _covering(by_layer.get(layer, []), v.tensor) if layer and v.blocking else []
+            if covering:
+                for f in covering:
+                    if target not in f.targets:
+                        f.targets.append(target)
+                    if v.blocking:
+                        blocking_cover.setdefault(id(f), set()).add(target)
+                continue
+            f = Finding(
+                v.rule,
+                v.message,
+                layer=layer,
+                tensor=f"{v.layer}.{v.tensor}" if v.tensor and v.layer else v.tensor,
+                cause=v.cause,
+                fix=v.fix,
+                severity=v.severity,
+                targets=[target],
+            )
+            if v.blocking:
+                blocking_cover[id(f)] = {target}
+            extra.append(f)
+            if layer:
+                by_layer.setdefault(layer, []).append(f)
+    out = findings + extra
+    sel = set(selected)
+    for f in out:
+        if f.targets and not (set(f.targets) & sel):
+            f.severity = INFO
+        elif blocking_cover.get(id(f), set()) & sel:
+            f.severity = ERROR
+    out.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
+    return out
+
+
+def _covering(candidates: list[Finding], tensor_suffix: str | None) -> list[Finding]:
+    """Canonical findings of a layer that explain a runtime violation on it."""
+    canonical = [f for f in candidates if "." not in f.code]
+    if not canonical:
+        return []
+    if tensor_suffix:
+        same = [f for f in canonical if f.tensor and f.tensor.endswith("." + tensor_suffix)]
+        if same:
+            return same
+    errors = [f for f in canonical if f.severity == ERROR]
+    return (errors or canonical)[:1] if not tensor_suffix else (errors or canonical)[:1]

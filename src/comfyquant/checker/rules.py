@@ -1,0 +1,117 @@
+"""Checkpoint-wide rules: every layer against its format, markers without layers, unmarked
+quantized weights, orphan tensors and name-mapping collisions."""
+
+from __future__ import annotations
+
+import json
+
+from ..formats.registry import FORMATS, infer_format
+from .findings import Finding
+from .layers import check_layer
+
+QUANT_WEIGHT_DTYPES = ("F8_E4M3", "F8_E5M2", "I8", "U8")
+KNOWN_ROOTS = ("model.diffusion_model.", "diffusion_model.", "model.", "transformer.", "unet.")
+
+
+def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
+    """All layer findings (bound to layer names) and each layer's geometry env."""
+    findings: list[Finding] = []
+    envs: dict[str, dict] = {}
+    legacy = not ckpt.markers.headers and any(n.endswith("scaled_fp8") for n in ckpt.tensors)
+    for prefix, layer in ckpt.layers.items():
+        marker = layer.marker
+        name = layer.name
+        if marker is not None:
+            fmt_name = marker.get("format")
+            if fmt_name is None:
+                findings.append(Finding("M030", f"layer {name}: marker has no format key", layer=name,
+                                        actual=json.dumps(marker)[:120], expected='{"format": ...}',
+                                        fix="add the format key (comfyquant fix infers it where unambiguous)"))
+                continue
+            fmt = FORMATS.get(fmt_name) if isinstance(fmt_name, str) else None
+            if fmt is None:
+                guess = infer_format(layer.tensors)
+                findings.append(Finding("M031", f"layer {name}: unknown format {fmt_name!r}", layer=name,
+                                        actual=repr(fmt_name), expected=" | ".join(FORMATS),
+                                        cause="typo or a format from a fork" + (f"; the tensors look like {guess.name}" if guess else ""),
+                                        fix=f"set format to {guess.name!r}" if guess else "convert the layer"))
+                continue
+            if fmt.converter_only:
+                findings.append(Finding("M032", f"layer {name}: format {fmt.name!r} is written by convert_to_quant only; "
+                                                f"no runtime loads it", layer=name, actual=fmt.name,
+                                        cause="exported with a converter-only format",
+                                        fix="convert to a loadable format (comfyquant convert)"))
+            layer_findings, env = check_layer(fmt, marker, layer.tensors)
+        else:
+            w = layer.tensors.get("weight")
+            if w is None or w.dtype not in QUANT_WEIGHT_DTYPES:
+                if w is None and any(s not in ("bias", "comfy_quant") for s in layer.tensors):
+                    findings.append(Finding("L009", f"layer {name}: {sorted(layer.tensors)} without a weight or marker",
+                                            layer=name, cause="the weight is in a missing shard, or left over from an edit",
+                                            fix="remove the orphan tensors or restore the weight"))
+                continue
+            if legacy and "scale_weight" in layer.tensors:
+                findings.append(Finding("M023", f"layer {name}: legacy scaled-FP8 layer without a marker", layer=name,
+                                        tensor=f"{prefix}.weight", expected="a float8_e4m3fn marker",
+                                        actual=f"{w.dtype} weight + scale_weight",
+                                        cause="legacy 'scaled_fp8' file: ComfyUI converts it on load, SGLang cannot",
+                                        fix="convert to float8_e4m3fn markers (comfyquant fix)", severity="warning"))
+                continue
+            fmt = FORMATS.get(layer.format_name) if layer.format_name else None
+            guess = f"the tensors look like {fmt.name}" if fmt else "the tensors match no known format"
+            findings.append(Finding("M023", f"layer {name}: {w.dtype} weight has no comfy_quant marker ({guess})",
+                                    layer=name, tensor=f"{prefix}.weight", expected="a marker", actual="none",
+                                    cause="marker lost on re-save (markers are tensors or header metadata some tools drop); "
+                                          "ComfyUI casts the weight by value (garbage), SGLang refuses it",
+                                    fix=("add the marker (comfyquant fix)" + (" --convrot-groupsize C" if fmt and fmt.rotation != "none" else ""))
+                                    if fmt else "re-export the layer"))
+            if fmt is None:
+                continue
+            layer_findings, env = check_layer(fmt, None, layer.tensors)
+        if env is not None:
+            envs[prefix] = env
+        for f in layer_findings:
+            findings.append(f.with_layer(name, prefix))
+    return findings, envs
+
+
+def check_marker_prefixes(ckpt) -> list[Finding]:
+    """Header markers for prefixes without tensors: name the prefix mismatch when there is one."""
+    out: list[Finding] = []
+    layers = ckpt.layers
+    for prefix, marker in ckpt.markers.effective.items():
+        if prefix in layers:
+            continue
+        cause, fix = "a marker for a layer that has no tensors", "remove the marker or restore the layer"
+        match = _prefix_match(prefix, layers)
+        if match:
+            cause = f"prefix mismatch: the marker says {prefix!r}, the tensors are named {match!r}"
+            fix = "re-key the header markers to the tensor names (comfyquant fix)"
+        out.append(Finding("M022", f"marker for {prefix!r} names no layer in the checkpoint", layer=prefix,
+                           expected=match or "tensors named " + prefix + ".*", actual="no such tensors",
+                           cause=cause, fix=fix))
+    return out
+
+
+def _prefix_match(prefix: str, layers: dict) -> str | None:
+    for root in KNOWN_ROOTS:
+        if root + prefix in layers:
+            return root + prefix
+        if prefix.startswith(root) and prefix[len(root):] in layers:
+            return prefix[len(root):]
+    return None
+
+
+def check_mapping(ckpt) -> list[Finding]:
+    out: list[Finding] = []
+    seen: dict[str, str] = {}
+    for prefix, layer in ckpt.layers.items():
+        if layer.marker is None:
+            continue
+        other = seen.get(layer.name)
+        if other is not None and other != prefix:
+            out.append(Finding("M040", f"layers {other!r} and {prefix!r} both map to {layer.name!r}", layer=layer.name,
+                               cause="the prefix mapping is not one-to-one (a model-prefixed and an unprefixed copy?)",
+                               fix="remove the duplicate layer"))
+        seen[layer.name] = prefix
+    return out

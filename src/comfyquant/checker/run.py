@@ -1,0 +1,64 @@
+"""``check``: open a checkpoint, run every rule and the selected runtime profiles, report."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from ..checkpoint import Checkpoint, open_checkpoint
+from ..targets.base import TARGETS, run_target
+from .report import Report, assemble
+from .rules import check_layers, check_mapping, check_marker_prefixes
+
+
+def parse_targets(target: str | Iterable[str] | None) -> tuple[str, ...]:
+    if target is None or target == "all":
+        return TARGETS
+    names = [target] if isinstance(target, str) else list(target)
+    out = []
+    for n in names:
+        if n == "all":
+            return TARGETS
+        if n not in TARGETS:
+            raise ValueError(f"unknown target {n!r}: choose from {', '.join(TARGETS)}, all")
+        out.append(n)
+    return tuple(out)
+
+
+def strip_prefix_mapper(prefix: str) -> Callable[[str], str]:
+    def mapper(name: str) -> str:
+        return name[len(prefix):] if name.startswith(prefix) else name
+
+    return mapper
+
+
+def check_checkpoint(ckpt: Checkpoint, target="all", deep: bool = False) -> Report:
+    selected = parse_targets(target)
+    findings = list(ckpt.findings)
+    findings.extend(ckpt.markers.findings)
+    findings.extend(check_marker_prefixes(ckpt))
+    layer_findings, _envs = check_layers(ckpt)
+    findings.extend(layer_findings)
+    findings.extend(check_mapping(ckpt))
+    if deep:
+        from .deep import deep_findings
+
+        findings.extend(deep_findings(ckpt))
+    # Every profile runs so findings can say which runtimes they break; severities follow
+    # the selection.
+    verdicts = {name: run_target(name, ckpt) for name in TARGETS}
+    names = {p: layer.name for p, layer in ckpt.layers.items()}
+    findings = assemble(findings, verdicts, selected, names)
+    report = Report(ckpt.paths, ckpt.files, sum(1 for x in ckpt.layers.values() if x.weight is not None), findings,
+                    {n: verdicts[n] for n in selected}, selected)
+    report.io = ckpt.io_stats()
+    return report
+
+
+def check(paths, target="all", deep: bool = False, name_mapper: Callable[[str], str] | None = None,
+          strip_prefix: str | None = None) -> Report:
+    """Check a checkpoint (file, shards, folder or index.json) and return a :class:`Report`."""
+    if strip_prefix and name_mapper is None:
+        name_mapper = strip_prefix_mapper(strip_prefix)
+    parse_targets(target)
+    with open_checkpoint(paths, name_mapper=name_mapper) as ckpt:
+        return check_checkpoint(ckpt, target=target, deep=deep)

@@ -1,0 +1,268 @@
+"""The merged view of a checkpoint: shards, tensors, layers and markers.
+
+``open_checkpoint`` reads every shard's header (one read each) and every ``.comfy_quant``
+marker (one positioned read each) and nothing else.  Tensors are grouped into layers by
+their prefix (the name up to the last known layer suffix); each layer gets its effective
+marker (see :mod:`comfyquant.markers`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .checker.findings import Finding
+from .errors import InputError
+from .formats.registry import LAYER_SUFFIXES
+from .io.header import Header, TensorEntry, read_header
+from .io.shards import ShardSet, resolve_local
+from .io.source import ByteSource, LocalFile
+
+NameMapper = Callable[[str], str]
+
+
+class Layer:
+    """A layer: its tensors by suffix and the marker that applies to it (if any)."""
+
+    __slots__ = ("prefix", "name", "tensors", "marker", "sources", "format_name", "inferred")
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.name = prefix
+        self.tensors: dict[str, TensorEntry] = {}
+        self.marker: dict | None = None
+        self.sources: list = []
+        self.format_name: str | None = None
+        self.inferred = False
+
+    @property
+    def weight(self) -> TensorEntry | None:
+        return self.tensors.get("weight")
+
+    def __repr__(self) -> str:
+        return f"Layer({self.prefix!r}, {sorted(self.tensors)}, {self.format_name})"
+
+
+class Checkpoint:
+    """All shards of one checkpoint, merged.  Close it (or use ``with``) to release files."""
+
+    def __init__(self, paths: list[str], shardset: ShardSet, sources: list[ByteSource], headers: list[Header]):
+        self.paths = paths
+        self.shardset = shardset
+        self.sources = sources
+        self.headers = headers
+        self.files = [h.file for h in headers]
+        self.tensors: dict[str, TensorEntry] = {}
+        self.findings: list[Finding] = []
+        self.layers: dict[str, Layer] = {}
+        self.other_tensors: list[str] = []
+        self.markers = None  # MarkerSet, set by open_checkpoint
+        self._source_by_file = {s.name: s for s in sources}
+
+    # -- reading ---------------------------------------------------------------------------
+    def source(self, file: str) -> ByteSource:
+        return self._source_by_file[file]
+
+    def read_bytes(self, entry: TensorEntry) -> bytes:
+        """The raw bytes of one tensor (one positioned read)."""
+        return self.source(entry.file).pread(entry.start, entry.nbytes)
+
+    def read_many(self, entries: list[TensorEntry]) -> dict[str, bytes]:
+        """Raw bytes of several tensors, grouped per file so remote sources can coalesce."""
+        out: dict[str, bytes] = {}
+        by_file: dict[str, list[TensorEntry]] = {}
+        for e in entries:
+            by_file.setdefault(e.file, []).append(e)
+        for file, group in by_file.items():
+            group.sort(key=lambda e: e.start)
+            datas = self.source(file).pread_many([(e.start, e.nbytes) for e in group])
+            for e, d in zip(group, datas):
+                out[e.name] = d
+        return out
+
+    def metadata(self, file: str | None = None) -> dict[str, str]:
+        if file is None:
+            merged: dict[str, str] = {}
+            for h in self.headers:
+                merged.update(h.metadata)
+            return merged
+        for h in self.headers:
+            if h.file == file:
+                return h.metadata
+        raise KeyError(file)
+
+    def io_stats(self) -> dict[str, dict[str, int]]:
+        return {s.name: {"requests": getattr(s, "reads", 0), "bytes": getattr(s, "bytes_read", 0)} for s in self.sources}
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_checkpoint(
+    paths: str | list[str],
+    name_mapper: NameMapper | None = None,
+    sources: list[ByteSource] | None = None,
+    shardset: ShardSet | None = None,
+) -> Checkpoint:
+    """Open a checkpoint from files, shards, a folder or an index.json (header reads only).
+
+    ``name_mapper`` maps a raw tensor name (``prefix + ".weight"``) to the runtime's name, like
+    SGLang's ``param_names_mapping``; layers keep their raw prefix and get the mapped ``name``.
+    """
+    from .markers import collect_markers
+
+    if isinstance(paths, str):
+        paths = [paths]
+    paths = [str(p) for p in paths]
+    if sources is None:
+        shardset = resolve_local(paths)
+        sources = []
+        try:
+            for f in shardset.files:
+                sources.append(LocalFile(f))
+        except InputError:
+            for s in sources:
+                s.close()
+            raise
+    elif shardset is None:
+        shardset = ShardSet(files=[s.name for s in sources])
+    try:
+        headers = [read_header(s) for s in sources]
+    except InputError:
+        for s in sources:
+            s.close()
+        raise
+    ckpt = Checkpoint(paths, shardset, sources, headers)
+    _merge(ckpt)
+    _group_layers(ckpt)
+    ckpt.markers = collect_markers(ckpt)
+    _apply_markers(ckpt, name_mapper)
+    return ckpt
+
+
+def _merge(ckpt: Checkpoint) -> None:
+    findings = ckpt.findings
+    tensors = ckpt.tensors
+    for h in ckpt.headers:
+        findings.extend(h.findings)
+        for name, entry in h.tensors.items():
+            prev = tensors.get(name)
+            if prev is not None:
+                findings.append(
+                    Finding(
+                        "C010",
+                        f"tensor {name!r} is in both {prev.file} and {entry.file}",
+                        tensor=name,
+                        cause="shards from two exports mixed in one folder, or a shard copied twice",
+                        fix="remove the stale shard (the index says which file each tensor belongs to)",
+                        file=entry.file,
+                    )
+                )
+                continue
+            tensors[name] = entry
+    ss = ckpt.shardset
+    for missing in ss.missing:
+        findings.append(
+            Finding(
+                "C011",
+                f"shard {missing} named by {ss.index_path} is missing",
+                expected=missing,
+                actual="no such file",
+                cause="incomplete download",
+                fix="download the missing shard",
+                file=ss.index_path,
+            )
+        )
+    if ss.weight_map:
+        missing_set = set(ss.missing)
+        for name, shard in ss.weight_map.items():
+            entry = tensors.get(name)
+            if entry is None:
+                if shard not in missing_set:
+                    findings.append(
+                        Finding(
+                            "C014",
+                            f"index maps {name!r} to {shard}, but no shard contains it",
+                            tensor=name,
+                            expected=shard,
+                            actual="absent",
+                            fix="regenerate the index from the shards",
+                            file=ss.index_path,
+                        )
+                    )
+            elif entry.file != shard and _norm(entry.file) != _norm(shard):
+                findings.append(
+                    Finding(
+                        "C012",
+                        f"index maps {name!r} to {shard}, but it is in {entry.file}",
+                        tensor=name,
+                        expected=shard,
+                        actual=entry.file,
+                        fix="regenerate the index from the shards",
+                        file=ss.index_path,
+                    )
+                )
+        for name, entry in tensors.items():
+            if name not in ss.weight_map:
+                findings.append(
+                    Finding(
+                        "C013",
+                        f"tensor {name!r} in {entry.file} is not listed in the index",
+                        tensor=name,
+                        fix="regenerate the index from the shards",
+                        file=ss.index_path,
+                    )
+                )
+
+
+def _norm(path: str) -> str:
+    import os.path
+
+    return os.path.normpath(path)
+
+
+def _group_layers(ckpt: Checkpoint) -> None:
+    layers = ckpt.layers
+    suffixes = LAYER_SUFFIXES
+    other = ckpt.other_tensors
+    for name, entry in ckpt.tensors.items():
+        prefix, _, suffix = name.rpartition(".")
+        if prefix and suffix in suffixes:
+            layer = layers.get(prefix)
+            if layer is None:
+                layer = layers[prefix] = Layer(prefix)
+            layer.tensors[suffix] = entry
+        else:
+            other.append(name)
+
+
+def _apply_markers(ckpt: Checkpoint, name_mapper: NameMapper | None) -> None:
+    from .formats.registry import infer_format
+
+    markers = ckpt.markers
+    layers = ckpt.layers
+    for prefix, merged in markers.effective.items():
+        layer = layers.get(prefix)
+        if layer is None:
+            continue  # a header entry for a layer without tensors: reported by the checker
+        layer.marker = merged
+        layer.sources = markers.sources.get(prefix, [])
+        fmt = merged.get("format")
+        layer.format_name = fmt if isinstance(fmt, str) else None
+    for layer in layers.values():
+        if layer.marker is None:
+            w = layer.tensors.get("weight")
+            if w is not None and w.dtype in ("F8_E4M3", "F8_E5M2", "I8", "U8"):
+                fmt = infer_format(layer.tensors)
+                if fmt is not None:
+                    layer.format_name = fmt.name
+                    layer.inferred = True
+        if name_mapper is not None:
+            mapped = name_mapper(layer.prefix + ".weight")
+            layer.name = mapped[: -len(".weight")] if mapped.endswith(".weight") else mapped

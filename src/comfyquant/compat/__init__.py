@@ -1,0 +1,1 @@
+"""Drop-in replacements for other tools' checkpoint inspection functions."""

@@ -1,0 +1,39 @@
+"""Drop-in for SGLang's ``inspect_comfy_quant_markers`` (diffusion runtime, 0.5.x).
+
+Returns the same marker dict SGLang returns (merged markers keyed by mapped prefix, with its
+derived ``_activation_scheme`` / ``_has_codebook`` / ``_has_correction`` /
+``_has_pre_quant_scale`` / ``_is_rowwise`` / ``_is_tensorwise_scalar`` keys), or raises the
+same exception type with the same message, while reading only headers and marker bytes and
+importing neither torch nor safetensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..checkpoint import open_checkpoint
+from ..io.shards import ShardSet
+from ..io.source import LocalFile
+from ..targets.sglang import SGLangError, checkpoint_files, inspect_markers
+from ..targets.sglang import _Run as _SGLangRun
+
+_EXCEPTIONS = {"ValueError": ValueError, "NotImplementedError": NotImplementedError, "TypeError": TypeError}
+
+
+def inspect_comfy_quant_markers(
+    safetensors_list: list[str],
+    param_name_mapper: Callable[[str], str] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Read and validate Comfy quantization markers exactly as SGLang does."""
+    paths = [str(p) for p in safetensors_list]
+    sources = [LocalFile(p) for p in paths]
+    ckpt = open_checkpoint(paths, sources=sources, shardset=ShardSet(files=paths))
+    try:
+        files = checkpoint_files(ckpt)
+        try:
+            return inspect_markers(files, param_name_mapper, _SGLangRun(collect=False))
+        except SGLangError as exc:
+            v = exc.violation
+            raise _EXCEPTIONS.get(v.exception or "ValueError", ValueError)(v.message) from None
+    finally:
+        ckpt.close()

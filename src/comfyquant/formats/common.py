@@ -1,0 +1,45 @@
+"""Pieces several format descriptions share: common marker keys, bias slot, dense geometry."""
+
+from __future__ import annotations
+
+from .base import BIAS, GeometryError, MarkerKey, Slot
+
+FORMAT_KEY = MarkerKey("format", (str,), allowed_text="a format name")
+FULL_PRECISION_KEY = MarkerKey(
+    "full_precision_matrix_mult",
+    (bool,),
+    default=False,
+    allowed_text="true or false",
+)
+BIAS_SLOT = Slot("bias", "float", "(N,)", kind=BIAS, required=False, meaning="bias, never quantized")
+ALL_RUNTIMES = frozenset({"comfyui", "sglang", "comfy-kitchen"})
+
+
+def as_int(value, default):
+    """Marker numbers go through ``int()`` in the runtimes; fall back to the default if that fails."""
+    if isinstance(value, bool):
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def weight_2d(tensors: dict) -> tuple[int, int]:
+    w = tensors.get("weight")
+    if w is None:
+        raise GeometryError("the layer has no weight tensor")
+    if len(w.shape) != 2:
+        raise GeometryError(f"weight must be 2-D [N, K], got {w.shape}")
+    return w.shape
+
+
+def dense_geometry(tensors: dict, params: dict) -> dict:
+    """Geometry of formats that store one element per weight: weight is [N, K]."""
+    n, k = weight_2d(tensors)
+    return dict(params, N=n, K=k, bits=8)
+
+
+def has_2d_weight(tensors: dict, dtype: str) -> bool:
+    w = tensors.get("weight")
+    return w is not None and w.dtype == dtype and len(w.shape) == 2

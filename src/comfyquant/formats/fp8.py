@@ -1,0 +1,82 @@
+"""Per-tensor FP8 (``float8_e4m3fn``, ``float8_e5m2``) and c2q's FP8 converter-only variants."""
+
+from __future__ import annotations
+
+from .base import WEIGHT, Format, MarkerKey, Slot
+from .common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, has_2d_weight
+
+
+def _scalar_scale_slot() -> Slot:
+    return Slot(
+        "weight_scale",
+        "F32",
+        "()",
+        positive=True,
+        meaning="per-tensor dequantization scale",
+        alt_shapes=(("(1,)", "1-element scale stored as [1]; loaders treat it like a scalar", "info"),),
+    )
+
+
+def _fp8(name: str, weight_dtype: str, loaders: frozenset, title: str) -> Format:
+    return Format(
+        name=name,
+        title=title,
+        slots=(
+            Slot("weight", weight_dtype, "(N, K)", kind=WEIGHT, meaning="FP8 weight"),
+            _scalar_scale_slot(),
+            Slot(
+                "input_scale",
+                "F32",
+                "()",
+                required=False,
+                positive=True,
+                meaning="static activation scale",
+                alt_shapes=(("(1,)", "1-element scale stored as [1]; loaders treat it like a scalar", "info"),),
+            ),
+            BIAS_SLOT,
+        ),
+        keys=(FORMAT_KEY, FULL_PRECISION_KEY),
+        geometry=dense_geometry,
+        bits_text="8",
+        loaders=loaders,
+        recognize=lambda t: has_2d_weight(t, weight_dtype)
+        and "weight_scale" in t
+        and len(t["weight_scale"].shape) <= 1
+        and t["weight_scale"].numel == 1,
+    )
+
+
+FLOAT8_E4M3FN = _fp8("float8_e4m3fn", "F8_E4M3", ALL_RUNTIMES, "FP8 E4M3, per-tensor scale")
+FLOAT8_E5M2 = _fp8("float8_e5m2", "F8_E5M2", frozenset({"comfyui", "comfy-kitchen"}), "FP8 E5M2, per-tensor scale")
+
+FLOAT8_E4M3FN_ROWWISE = Format(
+    name="float8_e4m3fn_rowwise",
+    title="FP8 E4M3, per-row scale (convert_to_quant only)",
+    slots=(
+        Slot("weight", "F8_E4M3", "(N, K)", kind=WEIGHT),
+        Slot("weight_scale", "F32", "(N,)", positive=True),
+        BIAS_SLOT,
+    ),
+    keys=(FORMAT_KEY,),
+    geometry=dense_geometry,
+    bits_text="8",
+    converter_only=True,
+)
+
+_BLOCK_KEY = MarkerKey("group_size", (int,), default=64, allowed="v > 0", allowed_text="a positive block size")
+
+FLOAT8_E4M3FN_BLOCKWISE = Format(
+    name="float8_e4m3fn_blockwise",
+    title="FP8 E4M3, 2-D block scales (convert_to_quant only)",
+    slots=(
+        Slot("weight", "F8_E4M3", "(N, K)", kind=WEIGHT),
+        Slot("weight_scale", "F32", "(N // group_size, K // group_size)", positive=True),
+        BIAS_SLOT,
+    ),
+    keys=(FORMAT_KEY, _BLOCK_KEY),
+    geometry=dense_geometry,
+    bits_text="8",
+    converter_only=True,
+)
+
+__all__ = ["FLOAT8_E4M3FN", "FLOAT8_E5M2", "FLOAT8_E4M3FN_ROWWISE", "FLOAT8_E4M3FN_BLOCKWISE"]

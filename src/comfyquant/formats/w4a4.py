@@ -1,0 +1,73 @@
+"""``convrot_w4a4``: signed 4-bit weights with per-row F32 scales, INT4 activations, ConvRot."""
+
+from __future__ import annotations
+
+from .base import WEIGHT, Constraint, Format, MarkerKey, Slot
+from .common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
+
+
+def _geometry(tensors: dict, params: dict) -> dict:
+    n, cols = weight_2d(tensors)
+    return dict(params, N=n, K=2 * cols, bits=4, convrot_groupsize=as_int(params.get("convrot_groupsize"), 256))
+
+
+CONVROT_W4A4 = Format(
+    name="convrot_w4a4",
+    title="signed 4-bit weights and activations, per-row scales, ConvRot",
+    slots=(
+        Slot("weight", "I8", "(N, K // 2)", kind=WEIGHT, meaning="signed nibbles, low nibble first"),
+        Slot(
+            "weight_scale",
+            "F32",
+            "(N,)",
+            positive=True,
+            meaning="per-row scale",
+            alt_shapes=(("(N, 1)", "row scales stored as [N, 1]; this format stores them as [N]"),),
+        ),
+        BIAS_SLOT,
+    ),
+    keys=(
+        FORMAT_KEY,
+        FULL_PRECISION_KEY,
+        MarkerKey(
+            "convrot_groupsize",
+            (int,),
+            default=256,
+            allowed="is_pow4(v)",
+            allowed_text="a power of 4 (SGLang: 16, 64 or 256)",
+            explicit=True,
+            why_explicit="write the ConvRot size explicitly so every reader agrees",
+            nested_ok=True,
+        ),
+        MarkerKey(
+            "linear_dtype",
+            (str,),
+            default="int4",
+            allowed="v in ('int4', 'int8')",
+            allowed_text="'int4' or 'int8'",
+            nested_ok=True,
+        ),
+    ),
+    geometry=_geometry,
+    constraints=(
+        Constraint(
+            "K % 64 == 0 and K % convrot_groupsize == 0",
+            "input size {K} is incompatible with quant_group_size=64 and convrot_groupsize={convrot_groupsize}",
+            fix="keep this layer dense, or re-quantize with a ConvRot size that divides K",
+        ),
+        Constraint(
+            "is_pow4(convrot_groupsize)",
+            "convrot_groupsize={convrot_groupsize} is not a power of 4",
+            fix="re-quantize with convrot_groupsize 16, 64 or 256",
+        ),
+    ),
+    bits_text="4",
+    rotation="always",
+    loaders=ALL_RUNTIMES,
+    recognize=lambda t: "weight" in t
+    and t["weight"].dtype == "I8"
+    and len(t["weight"].shape) == 2
+    and "weight_scale" in t
+    and t["weight_scale"].dtype == "F32"
+    and t["weight_scale"].shape == (t["weight"].shape[0],),
+)

@@ -1,0 +1,157 @@
+"""``asym_w4a8_int8``: grouped 4-bit (or 6-bit) codes, FP8 group scales, always ConvRot.
+
+Four storage variants share the name (spec 3.3): codebook (A), uniform symmetric (B),
+asymmetric with a correction (C) and 6-bit rows (D).  The variant follows from the tensors
+present and the packed row width.
+"""
+
+from __future__ import annotations
+
+from .base import CODEBOOK, CORRECTION, WEIGHT, Constraint, Format, GeometryError, MarkerKey, Slot
+from .common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
+
+REQUANTIZE = "re-export from the original weights with one consistent group size (comfyquant quantize)"
+
+GROUP_RULE = "v >= 4 and (16 % v == 0 or v % 16 == 0)"
+
+
+def _geometry(tensors: dict, params: dict) -> dict:
+    n, cols = weight_2d(tensors)
+    g = as_int(params.get("group_size"), 16)
+    c = as_int(params.get("convrot_groupsize"), 256)
+    if g <= 0:
+        raise GeometryError(f"group_size={params.get('group_size')!r} cannot define groups")
+    by_bits = {4: 2 * cols}
+    if (4 * cols) % 3 == 0:
+        by_bits[6] = 4 * cols // 3
+    k = bits = None
+    s_rel = tensors.get("weight_s_rel")
+    if s_rel is not None and len(s_rel.shape) == 2:
+        # K = groups x group_size; groups are read from the natural [N, NG] shape, else the
+        # transposed one, so a transposed s_rel still yields the geometry and is reported.
+        for groups in (s_rel.shape[1], s_rel.shape[0]):
+            for b, kk in by_bits.items():
+                if k is None and groups * g == kk:
+                    k, bits = kk, b
+    if k is None:
+        k, bits = 2 * cols, 4  # assume 4-bit rows; the s_rel slot then reports the mismatch
+    has_codebook = "weight_codebook" in tensors
+    has_correction = "weight_correction" in tensors
+    variant = "6-bit" if bits == 6 else "asymmetric" if has_correction else "codebook" if has_codebook else "uniform"
+    return dict(
+        params,
+        N=n,
+        K=k,
+        bits=bits,
+        group_size=g,
+        convrot_groupsize=c,
+        variant=variant,
+        has_codebook=has_codebook,
+        has_correction=has_correction,
+    )
+
+
+ASYM_W4A8_INT8 = Format(
+    name="asym_w4a8_int8",
+    title="grouped 4/6-bit weights, FP8 group scales, INT8 activations, ConvRot",
+    slots=(
+        Slot("weight", "I8", "(N, K * bits // 8)", kind=WEIGHT, meaning="packed codes, K/2 (4-bit) or 3K/4 (6-bit) bytes per row"),
+        Slot(
+            "weight_s_rel",
+            "F8_E4M3",
+            "(N, K // group_size)",
+            positive=True,
+            meaning="per-group relative scale",
+            also_dtypes={
+                "U8": ("FP8 bytes labelled U8: ComfyUI views them as FP8, SGLang refuses them", "warning"),
+                "F32": ("written with scale_dtype=float32: comfy-kitchen reads it, SGLang refuses it", "warning"),
+            },
+        ),
+        Slot("weight_s_channel", "F32", "(N,)", positive=True, meaning="per-row scale"),
+        Slot(
+            "weight_codebook",
+            "F32",
+            "(16,)",
+            kind=CODEBOOK,
+            required=False,
+            meaning="code -> level table (codebook variant)",
+            forbidden="bits == 6",
+        ),
+        Slot(
+            "weight_correction",
+            "F32",
+            "(K // group_size, N)",
+            kind=CORRECTION,
+            required=False,
+            meaning="per-(group, row) additive term, group-major",
+            forbidden="bits == 6 or has_codebook",
+            also_dtypes={
+                "BF16": ("comfy-kitchen writes the correction in the source weight dtype; SGLang requires F32", "warning"),
+                "F16": ("comfy-kitchen writes the correction in the source weight dtype; SGLang requires F32", "warning"),
+            },
+        ),
+        BIAS_SLOT,
+    ),
+    keys=(
+        FORMAT_KEY,
+        FULL_PRECISION_KEY,
+        MarkerKey(
+            "group_size",
+            (int,),
+            default=16,
+            allowed=GROUP_RULE,
+            allowed_text=">= 4 and dividing 16 or a multiple of 16",
+            explicit=True,
+            why_explicit="write group sizes explicitly so every reader agrees",
+            nested_ok=True,
+        ),
+        MarkerKey(
+            "convrot_groupsize",
+            (int,),
+            default=256,
+            allowed="is_pow4(v)",
+            allowed_text="a power of 4 (16, 64 or 256 recommended)",
+            explicit=True,
+            why_explicit="write ConvRot sizes explicitly so every reader agrees",
+            nested_ok=True,
+        ),
+        MarkerKey(
+            "convrot",
+            (bool,),
+            allowed="v is True",
+            allowed_text="true (W4A8 always rotates)",
+            explicit=True,
+            why_explicit="SGLang refuses W4A8 markers without convrot: true; ComfyUI does not write it",
+            nested_ok=True,
+        ),
+    ),
+    geometry=_geometry,
+    constraints=(
+        Constraint(
+            "K % 16 == 0 and K % group_size == 0 and K % convrot_groupsize == 0",
+            "K={K} must be divisible by 16, group_size={group_size} and convrot_groupsize={convrot_groupsize}",
+            cause="the layer's input size does not fit the W4A8 grouping or rotation",
+            fix="keep this layer dense, or re-quantize with sizes that divide K",
+        ),
+        Constraint(
+            "group_size >= 4 and (16 % group_size == 0 or group_size % 16 == 0)",
+            "group_size={group_size} must be >= 4 and divide 16 or be a multiple of 16",
+            fix=REQUANTIZE,
+        ),
+        Constraint(
+            "is_pow4(convrot_groupsize)",
+            "convrot_groupsize={convrot_groupsize} is not a power of 4",
+            cause="comfy-kitchen raises 'Regular Hadamard size must be a power of 4'; SGLang does not check and fails at run time",
+            fix=REQUANTIZE,
+        ),
+        Constraint(
+            "bits != 6 or (K % 32 == 0 and group_size % 16 == 0)",
+            "6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={K}, group_size={group_size}",
+            fix=REQUANTIZE,
+        ),
+    ),
+    bits_text="4 or 6 (from the packed row width)",
+    rotation="always",
+    loaders=ALL_RUNTIMES,
+    recognize=lambda t: "weight_s_rel" in t and "weight" in t and t["weight"].dtype == "I8",
+)

@@ -1,0 +1,139 @@
+"""``inspect``: what is in a checkpoint, per layer and in total, from the header alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .checkpoint import Checkpoint, open_checkpoint
+from .formats.base import GeometryError
+from .formats.registry import FORMATS
+
+DENSE = "dense"
+
+
+@dataclass
+class LayerRow:
+    name: str
+    format: str
+    n: int | None
+    k: int | None
+    params: str
+    dtypes: str
+    bytes: int
+    bits_per_weight: float | None
+    marked: bool = True
+
+    def to_dict(self) -> dict:
+        return {
+            "layer": self.name,
+            "format": self.format,
+            "N": self.n,
+            "K": self.k,
+            "params": self.params,
+            "dtypes": self.dtypes,
+            "bytes": self.bytes,
+            "bits_per_weight": self.bits_per_weight,
+            "marked": self.marked,
+        }
+
+
+@dataclass
+class Inventory:
+    paths: list[str]
+    files: list[str]
+    rows: list[LayerRow] = field(default_factory=list)
+    other_bytes: int = 0
+    other_tensors: int = 0
+    file_bytes: int = 0
+    bf16_bytes: int = 0
+
+    def totals(self) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        for r in self.rows:
+            t = out.setdefault(r.format, {"layers": 0, "weights": 0, "bytes": 0})
+            t["layers"] += 1
+            t["weights"] += (r.n or 0) * (r.k or 0)
+            t["bytes"] += r.bytes
+        for t in out.values():
+            t["bits_per_weight"] = round(8 * t["bytes"] / t["weights"], 3) if t["weights"] else None
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": 1,
+            "paths": self.paths,
+            "files": self.files,
+            "layers": [r.to_dict() for r in self.rows],
+            "totals": self.totals(),
+            "other_tensors": {"count": self.other_tensors, "bytes": self.other_bytes},
+            "file_bytes": self.file_bytes,
+            "bf16_bytes": self.bf16_bytes,
+            "compression_vs_bf16": round(self.bf16_bytes / self.file_bytes, 3) if self.file_bytes else None,
+        }
+
+
+def _params_text(fmt, env: dict, marker: dict | None) -> str:
+    parts = []
+    if "variant" in env and env["variant"] not in ("scalar", "row", "natural"):
+        parts.append(str(env["variant"]))
+    elif env.get("variant") in ("scalar", "row"):
+        parts.append(f"{env['variant']} scale")
+    if fmt.name == "asym_w4a8_int8":
+        parts.append(f"{env['bits']}-bit G={env['group_size']} C={env['convrot_groupsize']}")
+    elif fmt.name == "convrot_w4a4":
+        parts.append(f"C={env['convrot_groupsize']}")
+    elif fmt.name == "int8_tensorwise" and env.get("convrot"):
+        parts.append(f"C={env.get('convrot_groupsize')}")
+    elif fmt.name == "awq_w4a16":
+        parts.append(f"G={env['group_size']}")
+    elif fmt.name == "svdquant_w4a4":
+        parts.append(f"rank={env['R']}")
+    if marker and marker.get("full_precision_matrix_mult"):
+        parts.append("full-precision mm")
+    return " ".join(parts)
+
+
+def inventory(ckpt: Checkpoint) -> Inventory:
+    inv = Inventory(ckpt.paths, ckpt.files)
+    inv.file_bytes = sum(h.size for h in ckpt.headers)
+    counted: set[str] = set()
+    for prefix, layer in ckpt.layers.items():
+        t = layer.tensors
+        w = t.get("weight")
+        if w is None:
+            continue
+        size = sum(e.nbytes for s, e in t.items() if s not in ("bias", "comfy_quant"))
+        counted.update(e.name for e in t.values())
+        fmt = FORMATS.get(layer.format_name) if layer.format_name else None
+        bias = t.get("bias")
+        dtypes = " ".join(f"{s}:{e.dtype}" for s, e in t.items() if s not in ("comfy_quant", "bias"))
+        if fmt is None:
+            name = DENSE if w.dtype in ("F32", "F16", "BF16", "F64") else f"unknown ({w.dtype})"
+            n, k = (w.shape[0], w.numel // w.shape[0]) if len(w.shape) >= 2 and w.shape[0] else (None, None)
+            numel = w.numel
+            inv.rows.append(LayerRow(layer.name, name, n, k, "x".join(map(str, w.shape)), dtypes, size,
+                                     round(8 * size / numel, 3) if numel else None, layer.marker is not None))
+            inv.bf16_bytes += 2 * numel + (bias.nbytes if bias else 0)
+            continue
+        try:
+            env = fmt.geometry(t, fmt.params(layer.marker or {}))
+        except GeometryError:
+            env = {}
+        n, k = env.get("N"), env.get("K")
+        label = fmt.name + (" (unmarked)" if layer.inferred else "")
+        bpw = round(8 * size / (n * k), 3) if n and k else None
+        inv.rows.append(LayerRow(layer.name, label, n, k, _params_text(fmt, env, layer.marker) if env else "?", dtypes,
+                                 size, bpw, not layer.inferred))
+        inv.bf16_bytes += 2 * (n or 0) * (k or 0) + (bias.nbytes if bias else 0)
+    for name, e in ckpt.tensors.items():
+        if name not in counted:
+            inv.other_tensors += 1
+            inv.other_bytes += e.nbytes
+            inv.bf16_bytes += e.nbytes if e.dtype in ("F32", "BF16", "F16") and not name.endswith("comfy_quant") else 0
+    return inv
+
+
+def inspect(paths, name_mapper=None) -> Inventory:
+    """Inventory of a checkpoint (file, shards, folder or index.json) from its headers."""
+    with open_checkpoint(paths, name_mapper=name_mapper) as ckpt:
+        return inventory(ckpt)

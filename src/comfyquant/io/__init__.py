@@ -1,0 +1,1 @@
+"""Byte-level input/output: safetensors headers, byte sources, shard sets."""

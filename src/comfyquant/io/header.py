@@ -1,0 +1,245 @@
+"""Parse and validate a safetensors header without reading tensor data.
+
+Layout: 8-byte little-endian header length ``n``, ``n`` bytes of JSON, then the data area.
+Structural damage that makes the file unreadable (truncation, a header past the end, non-JSON,
+non-object) raises :class:`InputError`.  Damage confined to single entries (unknown dtype,
+bad offsets, overlaps) becomes container findings so the rest of the checkpoint is still
+checked.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from ..checker.findings import Finding
+from ..errors import InputError
+from .dtypes import DTYPE_BITS
+from .source import ByteSource
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+FIRST_READ = 1 << 18
+"""Bytes fetched by the first read; a longer header costs one more read."""
+
+
+class TensorEntry:
+    """One tensor of the header: dtype string, shape and absolute byte range in its file."""
+
+    __slots__ = ("name", "dtype", "shape", "start", "end", "file")
+
+    def __init__(self, name: str, dtype: str, shape: tuple, start: int, end: int, file: str):
+        self.name = name
+        self.dtype = dtype
+        self.shape = shape
+        self.start = start
+        self.end = end
+        self.file = file
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def meta(self) -> tuple[str, tuple]:
+        """``(dtype, shape)``, the pair runtimes compare against."""
+        return (self.dtype, self.shape)
+
+    def __repr__(self) -> str:
+        return f"TensorEntry({self.name!r}, {self.dtype}, {self.shape}, {self.start}:{self.end})"
+
+
+class Header:
+    """A parsed header: metadata, tensor entries in file order, and container findings."""
+
+    __slots__ = ("file", "size", "header_len", "data_start", "metadata", "tensors", "findings")
+
+    def __init__(self, file: str, size: int, header_len: int) -> None:
+        self.file = file
+        self.size = size
+        self.header_len = header_len
+        self.data_start = 8 + header_len
+        self.metadata: dict[str, str] = {}
+        self.tensors: dict[str, TensorEntry] = {}
+        self.findings: list[Finding] = []
+
+
+def _bad(path: str, what: str) -> InputError:
+    return InputError(f"{path}: {what}")
+
+
+def read_header(source: ByteSource) -> Header:
+    """Read and validate ``source``'s header with one read (two when it is over 1 MB)."""
+    path = source.name
+    size = source.size
+    if size < 8:
+        raise _bad(path, f"truncated: {size} bytes, a safetensors file starts with an 8-byte header length")
+    head = source.pread(0, min(size, FIRST_READ))
+    (n,) = struct.unpack_from("<Q", head, 0)
+    if n > MAX_HEADER_BYTES:
+        raise _bad(path, f"header length {n} exceeds the 100 MB limit (not a safetensors file?)")
+    if 8 + n > size:
+        raise _bad(path, f"header length {n} runs past the end of the file ({size} bytes): truncated or not safetensors")
+    raw = head[8 : 8 + n] if 8 + n <= len(head) else head[8:] + source.pread(len(head), 8 + n - len(head))
+    try:
+        obj = json.loads(raw)
+    except UnicodeDecodeError:
+        raise _bad(path, "header is not UTF-8 text (not a safetensors file?)") from None
+    except ValueError as exc:
+        raise _bad(path, f"header is not valid JSON ({exc.msg} at byte {exc.pos})") from None
+    if not isinstance(obj, dict):
+        raise _bad(path, f"header is a JSON {type(obj).__name__}, expected an object")
+    return parse_header_object(obj, path, size, n)
+
+
+def parse_header_object(obj: dict, path: str, size: int, header_len: int) -> Header:
+    """Validate a decoded header object; see the module docstring for the error policy."""
+    hdr = Header(path, size, header_len)
+    findings = hdr.findings
+    data_len = size - hdr.data_start
+    base = hdr.data_start
+    meta = obj.pop("__metadata__", None)
+    if meta is not None:
+        if not isinstance(meta, dict):
+            raise _bad(path, f"__metadata__ is a JSON {type(meta).__name__}, expected an object of strings")
+        for key, value in meta.items():
+            if isinstance(value, str):
+                hdr.metadata[key] = value
+            else:
+                findings.append(
+                    Finding(
+                        "C007",
+                        f"{path}: __metadata__[{key!r}] is a {type(value).__name__}, safetensors requires strings",
+                        expected="string",
+                        actual=type(value).__name__,
+                        cause="written by a tool that does not follow the safetensors format",
+                        fix="re-save the metadata value as a JSON string",
+                        file=path,
+                    )
+                )
+    tensors = hdr.tensors
+    bits_of = DTYPE_BITS
+    spans: list[tuple[int, int, str]] = []
+    for name, entry in obj.items():
+        try:
+            dtype = entry["dtype"]
+            shape = tuple(entry["shape"])
+            begin, end = entry["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            findings.append(
+                Finding(
+                    "C006",
+                    f"{path}: tensor {name!r} has a malformed header entry (needs dtype, shape, data_offsets)",
+                    tensor=name,
+                    actual=json.dumps(entry)[:120],
+                    file=path,
+                )
+            )
+            continue
+        if (
+            type(begin) is not int
+            or type(end) is not int
+            or not 0 <= begin <= end
+            or not all(type(d) is int and d >= 0 for d in shape)
+            or type(dtype) is not str
+        ):
+            findings.append(
+                Finding(
+                    "C006",
+                    f"{path}: tensor {name!r} has invalid dtype, shape or offsets: {dtype!r} {list(shape)} [{begin}, {end}]",
+                    tensor=name,
+                    file=path,
+                )
+            )
+            continue
+        spans.append((begin, end, name))
+        tensors[name] = TensorEntry(name, dtype, shape, base + begin, base + end, path)
+        bits = bits_of.get(dtype)
+        if bits is None:
+            findings.append(
+                Finding(
+                    "C005",
+                    f"{path}: tensor {name!r} has unknown dtype {dtype!r}",
+                    tensor=name,
+                    actual=dtype,
+                    expected="a safetensors dtype (F32, BF16, F16, F8_E4M3, I8, U8, ...)",
+                    file=path,
+                )
+            )
+        else:
+            numel = 1
+            for d in shape:
+                numel *= d
+            if (end - begin) * 8 != numel * bits:
+                findings.append(
+                    Finding(
+                        "C001",
+                        f"{path}: tensor {name!r} spans {end - begin} bytes, but {dtype} {list(shape)} needs {numel * bits // 8}",
+                        tensor=name,
+                        expected=f"{numel * bits // 8} bytes",
+                        actual=f"{end - begin} bytes",
+                        cause="header written with a wrong shape or dtype, or the file was edited",
+                        file=path,
+                    )
+                )
+        if end > data_len:
+            findings.append(
+                Finding(
+                    "C002",
+                    f"{path}: tensor {name!r} ends at data offset {end}, past the data area ({data_len} bytes): file truncated?",
+                    tensor=name,
+                    expected=f"end <= {data_len}",
+                    actual=str(end),
+                    cause="the file is truncated (incomplete download?)",
+                    fix="download or copy the file again",
+                    file=path,
+                )
+            )
+    _check_layout(spans, data_len, path, findings)
+    return hdr
+
+
+def _check_layout(spans: list[tuple[int, int, str]], data_len: int, path: str, findings: list[Finding]) -> None:
+    """Overlaps and holes: safetensors requires tensors to tile the data area exactly."""
+    spans.sort()
+    pos = 0
+    prev = None
+    for begin, end, name in spans:
+        if begin < pos and end > begin:
+            findings.append(
+                Finding(
+                    "C003",
+                    f"{path}: tensor {name!r} [{begin}, {end}) overlaps {prev!r} (ends at {pos})",
+                    tensor=name,
+                    file=path,
+                )
+            )
+        elif begin > pos:
+            findings.append(
+                Finding(
+                    "C004",
+                    f"{path}: {begin - pos} unused bytes before tensor {name!r} at data offset {pos}",
+                    tensor=name,
+                    cause="tensors do not tile the data area; the safetensors library refuses such files",
+                    fix="rewrite the file (comfyquant fix)",
+                    file=path,
+                )
+            )
+        if end > pos:
+            pos = end
+            prev = name
+    if pos < data_len:
+        findings.append(
+            Finding(
+                "C004",
+                f"{path}: {data_len - pos} trailing bytes after the last tensor",
+                cause="tensors do not tile the data area; the safetensors library refuses such files",
+                fix="rewrite the file (comfyquant fix)",
+                file=path,
+            )
+        )

@@ -1,0 +1,105 @@
+"""Resolve user inputs (files, folders, index.json) into an ordered list of shard files.
+
+A folder means its ``*.safetensors`` files, unless it holds a ``*.safetensors.index.json``, in
+which case the index decides which shards belong to the checkpoint.  Missing shards an index
+names are reported by the checkpoint as findings, not raised, so the rest is still checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from ..errors import InputError
+
+
+@dataclass
+class ShardSet:
+    """The files of one checkpoint, and the index that named them (if any)."""
+
+    files: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    index_path: str | None = None
+    weight_map: dict[str, str] = field(default_factory=dict)
+    """tensor name -> shard path (joined with the index's folder)."""
+
+
+def read_index(path: str, text: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """Parse a ``model.safetensors.index.json``: (shard paths in order, weight_map)."""
+    if text is None:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            raise InputError(f"{path}: no such file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: cannot read index ({exc})") from None
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"{path}: index is not valid JSON ({exc})") from None
+    wm = obj.get("weight_map") if isinstance(obj, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        raise InputError(f"{path}: index has no weight_map object of tensor -> shard file names")
+    folder = os.path.dirname(path)
+    joined = {name: os.path.join(folder, shard) for name, shard in wm.items()}
+    shards: list[str] = []
+    seen: set[str] = set()
+    for shard in sorted(set(wm.values())):
+        p = os.path.join(folder, shard)
+        if p not in seen:
+            seen.add(p)
+            shards.append(p)
+    return shards, joined
+
+
+def resolve_local(paths: list[str]) -> ShardSet:
+    """Turn command-line paths into one shard set (see the module docstring)."""
+    if not paths:
+        raise InputError("no input path given")
+    result = ShardSet()
+    seen: set[str] = set()
+
+    def add(p: str) -> None:
+        key = os.path.realpath(p)
+        if key not in seen:
+            seen.add(key)
+            result.files.append(p)
+
+    for path in paths:
+        if path.endswith(".json"):
+            _use_index(result, path, add)
+        elif os.path.isdir(path):
+            names = sorted(os.listdir(path))
+            indexes = [n for n in names if n.endswith(".safetensors.index.json")]
+            if indexes:
+                for n in indexes:
+                    _use_index(result, os.path.join(path, n), add)
+                continue
+            files = [n for n in names if n.endswith(".safetensors")]
+            if not files:
+                raise InputError(f"{path}: folder holds no .safetensors files")
+            for n in files:
+                add(os.path.join(path, n))
+        elif os.path.exists(path):
+            add(path)
+        else:
+            raise InputError(f"{path}: no such file or folder")
+    if not result.files:
+        where = result.index_path or ", ".join(paths)
+        raise InputError(f"{where}: none of the shards the index names exist: {', '.join(result.missing[:3])}")
+    return result
+
+
+def _use_index(result: ShardSet, path: str, add) -> None:
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    shards, wm = read_index(path)
+    result.index_path = path
+    result.weight_map.update(wm)
+    for shard in shards:
+        if os.path.isfile(shard):
+            add(shard)
+        else:
+            result.missing.append(shard)

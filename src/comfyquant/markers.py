@@ -1,0 +1,206 @@
+"""Marker discovery and merging (spec 1.2-1.5).
+
+Sources, per file and in the order SGLang reads them: the header's
+``__metadata__._quantization_metadata`` (``{"format_version", "layers": {prefix: marker}}``),
+then the ``<prefix>.comfy_quant`` U8 tensors (sorted by name), plus the file-level
+``quant_format``.  Markers for one prefix are merged as a union of keys; a key with two
+different values is a conflict (SGLang raises, ComfyUI lets the header win: so does the
+effective marker here, and the conflict is reported).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checker.findings import Finding
+
+HEADER = "header"
+TENSOR = "tensor"
+
+
+@dataclass
+class MarkerRecord:
+    """One marker as found: where, and either the parsed object or why it failed."""
+
+    kind: str
+    file: str
+    prefix: str
+    key: str
+    """The tensor name (tensor markers) or the prefix (header entries)."""
+    obj: Any = None
+    error: str | None = None
+    """Finding code for an unreadable marker (M001/M002/M013)."""
+
+
+@dataclass
+class HeaderMarkers:
+    """The ``_quantization_metadata`` of one file, and what was wrong with it (if anything)."""
+
+    file: str
+    raw: str | None
+    error: str | None = None
+    """M010 not JSON, M011 not an object, M012 no layers object."""
+    format_version: Any = None
+
+
+@dataclass
+class MarkerSet:
+    records: list[MarkerRecord] = field(default_factory=list)
+    headers: list[HeaderMarkers] = field(default_factory=list)
+    quant_formats: dict[str, str] = field(default_factory=dict)
+    """file -> ``quant_format`` metadata value (as written)."""
+    effective: dict[str, dict] = field(default_factory=dict)
+    sources: dict[str, list[MarkerRecord]] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    marker_bytes: dict[str, bytes] = field(default_factory=dict)
+
+
+def collect_markers(ckpt) -> MarkerSet:
+    ms = MarkerSet()
+    marker_entries = [e for name, e in ckpt.tensors.items() if name.endswith(".comfy_quant")]
+    ms.marker_bytes = ckpt.read_many(marker_entries) if marker_entries else {}
+    by_file: dict[str, list] = {}
+    for e in marker_entries:
+        by_file.setdefault(e.file, []).append(e)
+    for h in ckpt.headers:
+        qf = h.metadata.get("quant_format")
+        if qf is not None:
+            ms.quant_formats[h.file] = qf
+        raw = h.metadata.get("_quantization_metadata")
+        if raw is not None:
+            _read_header_markers(ms, h.file, raw)
+        for e in sorted(by_file.get(h.file, ()), key=lambda e: e.name):
+            _read_tensor_marker(ms, e, ms.marker_bytes.get(e.name, b""))
+    _merge(ms)
+    lowered = {v.lower() for v in ms.quant_formats.values()}
+    if len(lowered) > 1:
+        ms.findings.append(
+            Finding(
+                "M024",
+                f"files disagree on quant_format: {sorted(lowered)}",
+                cause="shards from different exports",
+                fix="make every shard's quant_format agree (or remove it)",
+            )
+        )
+    return ms
+
+
+def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
+    hm = HeaderMarkers(file, raw)
+    ms.headers.append(hm)
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        hm.error = "M010"
+        ms.findings.append(
+            Finding("M010", f"{file}: _quantization_metadata is not valid JSON ({exc})", file=file,
+                    fix="rewrite the header markers (comfyquant fix)")
+        )
+        return
+    if not isinstance(obj, dict):
+        hm.error = "M011"
+        ms.findings.append(
+            Finding("M011", f"{file}: _quantization_metadata is a JSON {type(obj).__name__}, expected an object",
+                    file=file, fix="rewrite the header markers (comfyquant fix)")
+        )
+        return
+    hm.format_version = obj.get("format_version")
+    layers = obj.get("layers")
+    if not isinstance(layers, dict):
+        hm.error = "M012"
+        ms.findings.append(
+            Finding("M012", f"{file}: _quantization_metadata has no 'layers' object", file=file,
+                    expected='{"format_version": "1.0", "layers": {...}}',
+                    fix="rewrite the header markers (comfyquant fix)")
+        )
+        return
+    if "format_version" not in obj:
+        ms.findings.append(
+            Finding("M014", f"{file}: _quantization_metadata has no format_version", file=file,
+                    expected='"format_version": "1.0"', fix="comfyquant fix writes it")
+        )
+    for prefix, marker in layers.items():
+        rec = MarkerRecord(HEADER, file, prefix, prefix, marker)
+        if not isinstance(marker, dict):
+            rec.error = "M013"
+            ms.findings.append(
+                Finding("M013", f"{file}: _quantization_metadata entry for {prefix!r} is a {type(marker).__name__}, expected an object",
+                        layer=prefix, actual=json.dumps(marker)[:80], expected='{"format": ...}', file=file,
+                        fix="rewrite the header markers (comfyquant fix)")
+            )
+        ms.records.append(rec)
+
+
+def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
+    prefix = entry.name[: -len(".comfy_quant")]
+    rec = MarkerRecord(TENSOR, entry.file, prefix, entry.name)
+    ms.records.append(rec)
+    if entry.dtype != "U8" or len(entry.shape) != 1:
+        ms.findings.append(
+            Finding("M003", f"marker {entry.name!r} is stored as {entry.dtype} {list(entry.shape)}; writers use 1-D U8",
+                    layer=prefix, tensor=entry.name, expected="U8 (L,)", actual=f"{entry.dtype} {entry.shape}",
+                    file=entry.file, fix="rewrite the marker as U8 (comfyquant fix)")
+        )
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        rec.error = "M001"
+        hint = " (trailing NUL byte)" if data.endswith(b"\0") else ""
+        ms.findings.append(
+            Finding("M001", f"marker {entry.name!r} is not UTF-8 JSON{hint}: {exc}", layer=prefix, tensor=entry.name,
+                    actual=repr(data[:60]), file=entry.file, fix="rewrite the marker (comfyquant fix)")
+        )
+        return
+    rec.obj = obj
+    if not isinstance(obj, dict):
+        rec.error = "M002"
+        ms.findings.append(
+            Finding("M002", f"marker {entry.name!r} holds a JSON {type(obj).__name__}, expected an object",
+                    layer=prefix, tensor=entry.name, actual=json.dumps(obj)[:80], file=entry.file,
+                    fix="rewrite the marker (comfyquant fix)")
+        )
+
+
+def _merge(ms: MarkerSet) -> None:
+    """Union per prefix; header values win on conflicts; conflicts become findings."""
+    effective = ms.effective
+    origin: dict[tuple[str, str], MarkerRecord] = {}
+    reported: set[tuple[str, str]] = set()
+    for rec in ms.records:
+        if rec.error is not None:
+            continue
+        ms.sources.setdefault(rec.prefix, []).append(rec)
+        merged = effective.get(rec.prefix)
+        if merged is None:
+            effective[rec.prefix] = merged = {}
+        for key, value in rec.obj.items():
+            if key not in merged:
+                merged[key] = value
+                origin[(rec.prefix, key)] = rec
+                continue
+            if merged[key] != value:
+                first = origin[(rec.prefix, key)]
+                if (rec.prefix, key) not in reported:
+                    reported.add((rec.prefix, key))
+                    cross = first.kind != rec.kind
+                    code = "M020" if cross else "M021"
+                    what = "header and tensor markers" if cross else f"markers in {first.file} and {rec.file}"
+                    ms.findings.append(
+                        Finding(
+                            code,
+                            f"{what} disagree on {key!r} for layer {rec.prefix!r}: {merged[key]!r} vs {value!r}",
+                            layer=rec.prefix,
+                            expected=f"{key}={merged[key]!r} ({first.kind} in {first.file})",
+                            actual=f"{key}={value!r} ({rec.kind} in {rec.file})",
+                            cause="the header marker map was edited or regenerated without the tensor markers"
+                            if cross
+                            else "shards from different exports",
+                            fix="synchronise the markers: comfyquant fix --prefer header|tensor",
+                            file=rec.file,
+                        )
+                    )
+                if rec.kind == HEADER and first.kind != HEADER:
+                    merged[key] = value  # ComfyUI semantics: the header replaces tensor markers
+                    origin[(rec.prefix, key)] = rec

@@ -1,0 +1,124 @@
+"""Plain-text rendering of reports and inventories (no third-party imports: fast start-up).
+
+Identical findings on many layers (same code, tensor suffix, cause) are printed once with the
+list of layers, so a 400-layer checkpoint with one systematic defect stays readable.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .checker.findings import ERROR, INFO, WARNING
+
+_COLORS = {ERROR: "\033[31m", WARNING: "\033[33m", INFO: "\033[36m"}
+
+
+def _use_color(stream) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty() and not os.environ.get("NO_COLOR")
+
+
+def _sev(sev: str, color: bool) -> str:
+    label = sev.upper()
+    return f"{_COLORS[sev]}{label}\033[0m" if color and sev in _COLORS else label
+
+
+def _group(findings):
+    groups: dict[tuple, list] = {}
+    for f in findings:
+        suffix = f.tensor.rsplit(".", 1)[-1] if f.tensor and f.layer else f.tensor
+        key = (f.severity, f.code, suffix, f.expected, f.actual, f.cause, f.fix, tuple(f.targets),
+               f.message if not f.layer else None)
+        groups.setdefault(key, []).append(f)
+    return list(groups.values())
+
+
+def render_report(report, verbose: bool = False, stream=None) -> str:
+    stream = stream or sys.stdout
+    color = _use_color(stream)
+    lines = []
+    nfiles = len(report.files)
+    lines.append(f"checkpoint: {', '.join(report.paths)} ({nfiles} file{'s' * (nfiles != 1)}, {report.layers} layers)")
+    shown = [f for f in report.findings if verbose or f.severity != INFO]
+    for group in _group(shown):
+        f = group[0]
+        where = f.layer or (f.file or "")
+        if f.tensor and f.layer:
+            where += " · " + f.tensor.rsplit(".", 1)[-1]
+        elif f.tensor:
+            where += " · " + f.tensor
+        lines.append("")
+        lines.append(f"{_sev(f.severity, color)} {f.code} {where}")
+        msg = f.message
+        if len(group) > 1:
+            msg = msg.replace(f.layer or "\0", "<layer>")
+        if not (f.expected and f.actual):
+            lines.append(f"  {msg}")
+        for label, value in (("expected", f.expected), ("actual", f.actual), ("cause", f.cause), ("fix", f.fix)):
+            if value:
+                lines.append(f"  {label:<8} {value}")
+        if f.targets:
+            lines.append(f"  {'affects':<8} {', '.join(f.targets)}")
+        if len(group) > 1:
+            names = [g.layer for g in group]
+            more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+            lines.append(f"  {'layers':<8} {len(names)}: {', '.join(names[:8])}{more}")
+    lines.append("")
+    lines.append("targets:")
+    for name, verdict in report.verdicts.items():
+        first = verdict.first
+        warns = [v for v in verdict.violations if not v.blocking]
+        if first is None:
+            state = "loads" + (f" ({len(warns)} silent issue{'s' * (len(warns) != 1)}, see findings)" if warns else "")
+        else:
+            exc = f"{first.exception}: " if first.exception else ""
+            state = f"FAILS  {exc}{first.message}"
+        lines.append(f"  {name:<14} {state}")
+    c = report.counts
+    hidden = "" if verbose or not c["info"] else " (-v lists info)"
+    lines.append("")
+    lines.append(f"{c['error']} error{'s' * (c['error'] != 1)}, {c['warning']} warning{'s' * (c['warning'] != 1)}, "
+                 f"{c['info']} info{hidden}: {'OK' if report.ok else 'FAILED'}")
+    if verbose and report.io:
+        for file, st in report.io.items():
+            lines.append(f"  read {file}: {st['requests']} requests, {st['bytes']} bytes")
+    return "\n".join(lines)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
+    widths = [len(h) for h in headers]
+    for r in rows:
+        for i, cell in enumerate(r):
+            widths[i] = max(widths[i], len(cell))
+    def fmt(r):
+        return "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)).rstrip()
+    return [fmt(headers), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
+
+
+def render_inventory(inv, stream=None) -> str:
+    rows = []
+    for r in inv.rows:
+        nk = f"{r.n}x{r.k}" if r.n is not None and r.k is not None else "?"
+        bpw = f"{r.bits_per_weight:.2f}" if r.bits_per_weight is not None else "-"
+        rows.append([r.name, r.format, nk, r.params, r.dtypes, _human(r.bytes), bpw])
+    lines = table(["layer", "format", "NxK", "params", "dtypes", "bytes", "bits/w"], rows, right={5, 6})
+    lines.append("")
+    trows = []
+    for fmt, t in sorted(inv.totals().items()):
+        trows.append([fmt, str(t["layers"]), f"{t['weights']:,}", _human(t["bytes"]),
+                      f"{t['bits_per_weight']:.2f}" if t["bits_per_weight"] else "-"])
+    lines.extend(table(["format", "layers", "weights", "bytes", "bits/w"], trows, right={1, 2, 3, 4}))
+    lines.append("")
+    ratio = inv.bf16_bytes / inv.file_bytes if inv.file_bytes else 0
+    lines.append(f"other tensors: {inv.other_tensors} ({_human(inv.other_bytes)})")
+    lines.append(f"files: {len(inv.files)}, {_human(inv.file_bytes)}; as BF16: {_human(inv.bf16_bytes)} "
+                 f"(compression {ratio:.2f}x)")
+    return "\n".join(lines)

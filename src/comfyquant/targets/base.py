@@ -1,0 +1,76 @@
+"""Shared types for runtime profiles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Violation:
+    """One rule of a runtime that the checkpoint breaks.
+
+    ``blocking`` violations stop the load (the first one is the runtime's error); the others
+    are silent losses the runtime does not report (e.g. ComfyUI dropping a correction).
+    """
+
+    rule: str
+    message: str
+    exception: str | None = "ValueError"
+    layer: str | None = None
+    tensor: str | None = None
+    blocking: bool = True
+    cause: str | None = None
+    fix: str | None = None
+    severity: str = ""
+    """Severity of the finding this becomes when no canonical finding covers it."""
+
+    def __post_init__(self) -> None:
+        if not self.severity:
+            self.severity = "error" if self.blocking else "warning"
+
+
+@dataclass
+class Verdict:
+    target: str
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def first(self) -> Violation | None:
+        for v in self.violations:
+            if v.blocking:
+                return v
+        return None
+
+    @property
+    def loads(self) -> bool:
+        return self.first is None
+
+    def to_dict(self) -> dict:
+        first = self.first
+        return {
+            "loads": first is None,
+            "error": first.message if first else None,
+            "exception": first.exception if first else None,
+            "rule": first.rule if first else None,
+            "layer": first.layer if first else None,
+            "warnings": [v.message for v in self.violations if not v.blocking],
+        }
+
+
+TARGETS = ("sglang", "comfyui", "comfy-kitchen")
+
+
+def run_target(name: str, ckpt) -> Verdict:
+    if name == "sglang":
+        from .sglang import sglang_verdict
+
+        return sglang_verdict(ckpt)
+    if name == "comfyui":
+        from .comfyui import comfyui_verdict
+
+        return comfyui_verdict(ckpt)
+    if name == "comfy-kitchen":
+        from .kitchen import kitchen_verdict
+
+        return kitchen_verdict(ckpt)
+    raise ValueError(f"unknown target {name!r}: choose from {', '.join(TARGETS)}")

@@ -1,0 +1,188 @@
+"""ComfyUI's loader (spec 1.4, 1.6, 4.5): what raises, and what it silently loses.
+
+ComfyUI replaces tensor markers with header markers (trying names with and without the
+diffusion-model prefix), then loads each marked layer through comfy-kitchen layouts built
+with the model's shape.  Silent losses (a dropped W4A8 correction, unconsumed tensors, an
+unmarked INT8/FP8 weight cast by value) are non-blocking violations.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..formats.common import as_int
+from .base import Verdict, Violation
+
+DIFFUSION_PREFIX = "model.diffusion_model."
+QUANT_ALGOS = ("float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8", "int8_tensorwise", "convrot_w4a4", "asym_w4a8_int8", "awq_w4a16")
+STORAGE = {
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "nvfp4": "U8",
+    "mxfp8": "F8_E4M3",
+    "int8_tensorwise": "I8",
+    "convrot_w4a4": "I8",
+    "asym_w4a8_int8": "I8",
+    "awq_w4a16": "I8",
+}
+CONSUMED = {
+    "float8_e4m3fn": {"weight_scale", "input_scale"},
+    "float8_e5m2": {"weight_scale", "input_scale"},
+    "nvfp4": {"weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale"},
+    "mxfp8": {"weight_scale", "input_scale"},
+    "int8_tensorwise": {"weight_scale"},
+    "convrot_w4a4": {"weight_scale"},
+    "asym_w4a8_int8": {"weight_s_rel", "weight_s_channel", "weight_codebook"},
+    "awq_w4a16": {"weight_scale", "weight_zeros"},
+}
+REQUIRED = {
+    "mxfp8": (("weight_scale",), "Missing MXFP8 block scales for layer {layer}"),
+    "nvfp4": (("weight_scale_2", "weight_scale"), "Missing NVFP4 scales for layer {layer}"),
+    "int8_tensorwise": (("weight_scale",), "Missing INT8 weight scale for layer {layer}"),
+    "convrot_w4a4": (("weight_scale",), "Missing ConvRot W4A4 weight scale for layer {layer}"),
+    "asym_w4a8_int8": (("weight_s_rel",), "Missing W4A8 group scale (weight_s_rel) for layer {layer}"),
+    "awq_w4a16": (("weight_scale", "weight_zeros"), "Missing AWQ W4A16 scale/zeros for layer {layer}"),
+}
+
+
+def _fail(out: list, rule: str, message: str, layer=None, tensor=None, exception="ValueError", blocking=True,
+          cause=None, fix=None, severity="") -> None:
+    out.append(Violation(f"comfyui.{rule}", message, exception if blocking else None, layer, tensor, blocking,
+                         cause, fix, severity))
+
+
+def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
+    """The marker ComfyUI ends up with per prefix: the header replaces the tensor marker."""
+    markers: dict[str, dict] = {}
+    for rec in ckpt.markers.records:
+        if rec.kind == "tensor" and rec.obj is not None:
+            markers[rec.prefix] = rec.obj
+        elif rec.kind == "tensor":
+            _fail(out, "marker", f"cannot parse marker {rec.key!r}: not UTF-8 JSON object", rec.prefix, "comfy_quant",
+                  exception="JSONDecodeError")
+    for hm in ckpt.markers.headers:
+        if hm.error == "M010":
+            try:
+                json.loads(hm.raw)
+            except ValueError as exc:
+                _fail(out, "header", str(exc), exception=type(exc).__name__,
+                      cause="the header marker map is not JSON", fix="rewrite the header markers (comfyquant fix)")
+            continue
+        if hm.error in ("M011", "M012"):
+            _fail(out, "header", "'layers'", exception="KeyError" if hm.error == "M012" else "TypeError",
+                  cause="the header marker map has no layers object", fix="rewrite the header markers (comfyquant fix)")
+            continue
+    layers = ckpt.layers
+    for rec in ckpt.markers.records:
+        if rec.kind != "header":
+            continue
+        target = rec.prefix
+        if target not in layers:
+            alt = target[len(DIFFUSION_PREFIX):] if target.startswith(DIFFUSION_PREFIX) else DIFFUSION_PREFIX + target
+            if alt in layers:
+                target = alt
+            else:
+                _fail(out, "stray", f"header marker for {rec.prefix!r} names no layer: left over as a stray "
+                                    f"'{rec.prefix}.comfy_quant' key", rec.prefix, blocking=False,
+                      cause="header marker without tensors (prefix mismatch?)", fix="re-key or remove it (comfyquant fix)")
+                continue
+        if not isinstance(rec.obj, dict):
+            _fail(out, "header", f"'{type(rec.obj).__name__}' object has no attribute 'get'", rec.prefix,
+                  exception="AttributeError", cause="a header marker entry is not an object",
+                  fix="rewrite the header markers (comfyquant fix)")
+            continue
+        markers[target] = rec.obj
+    return markers
+
+
+def comfyui_verdict(ckpt) -> Verdict:
+    out: list[Violation] = []
+    markers = comfyui_markers(ckpt, out)
+    legacy = not ckpt.markers.headers and any(n.endswith("scaled_fp8") for n in ckpt.tensors)
+    for prefix, layer in ckpt.layers.items():
+        marker = markers.get(prefix)
+        t = layer.tensors
+        if marker is None:
+            w = t.get("weight")
+            if legacy and "scale_weight" in t:
+                continue
+            if w is not None and w.dtype in ("I8", "U8", "F8_E4M3", "F8_E5M2"):
+                _fail(out, "unmarked", f"layer {prefix!r} has a {w.dtype} weight but no marker: ComfyUI casts it to the "
+                                       f"compute dtype by value (garbage output, no error)", prefix, "weight",
+                      blocking=False, severity="error", cause="quantized weight without a marker",
+                      fix="add the marker (comfyquant fix)")
+            continue
+        _layer(out, prefix, marker, t)
+    if any(e.dtype == "F8_E8M0" for e in ckpt.tensors.values()):
+        _fail(out, "e8m0", "F8_E8M0 tensors: ComfyUI's own (aimdo) safetensors reader has no F8_E8M0 entry; the "
+                           "safe_open path reads them (unverified)", blocking=False, severity="info",
+              cause="F8_E8M0 dtype", fix="relabel the scales as U8 (same bytes) if your ComfyUI fails to read them")
+    return Verdict("comfyui", out)
+
+
+def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
+    fmt = marker.get("format")
+    if fmt is None:
+        return _fail(out, "format", f"Unknown quantization format for layer {prefix}", prefix,
+                     cause="marker has no format key", fix="add the format key (comfyquant fix)")
+    if fmt not in QUANT_ALGOS:
+        return _fail(out, "format", repr(fmt), prefix, exception="KeyError",
+                     cause=f"stock ComfyUI does not know format {fmt!r}", fix="convert the layer (comfyquant convert)")
+    if fmt in REQUIRED:
+        needed, message = REQUIRED[fmt]
+        if any(s not in t for s in needed):
+            return _fail(out, "missing", message.format(layer=prefix), prefix,
+                         cause="a required scale tensor is missing", fix="re-export the layer")
+    w = t.get("weight")
+    if w is None:
+        return _fail(out, "weight", f"Missing weight for layer {prefix}", prefix, "weight", blocking=False,
+                     severity="error", cause="marked layer without a weight")
+    if w.dtype != STORAGE[fmt]:
+        _fail(out, "cast", f"layer {prefix!r}: {w.dtype} weight is value-cast to {STORAGE[fmt]} (garbage, no error)", prefix,
+              "weight", blocking=False, severity="error", cause=f"weight stored as {w.dtype}, the format needs {STORAGE[fmt]}",
+              fix=f"relabel the weight as {STORAGE[fmt]} if the bytes are right")
+    if fmt == "asym_w4a8_int8":
+        _w4a8(out, prefix, marker, t)
+    for suffix in t:
+        if suffix in ("weight", "bias", "comfy_quant") or suffix in CONSUMED[fmt]:
+            continue
+        if suffix == "weight_correction":
+            _fail(out, "correction", f"layer {prefix!r}: ComfyUI does not load weight_correction; the asymmetric W4A8 layer "
+                                     f"decodes wrongly (no error)", prefix, suffix, blocking=False,
+                  cause="ComfyUI's W4A8 loader passes only s_rel, s_channel and codebook",
+                  fix="for ComfyUI, re-quantize symmetric (comfyquant fix --target comfyui --allow-lossy)")
+        else:
+            _fail(out, "unconsumed", f"layer {prefix!r}: {suffix} is not consumed and stays as a left-over key",
+                  prefix, suffix, blocking=False, cause="tensor the ComfyUI loader does not read",
+                  fix="remove it (comfyquant fix)")
+
+
+def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> None:
+    """comfy-kitchen's W4A8 Params validation, run by ComfyUI with the model's (N, K)."""
+    nested = marker.get("params") if isinstance(marker.get("params"), dict) else {}
+    g = as_int(marker.get("group_size", nested.get("group_size", 16)), 16)
+    c = as_int(marker.get("convrot_groupsize", nested.get("convrot_groupsize", 256)), 256)
+    w, s_rel, s_ch = t["weight"], t.get("weight_s_rel"), t.get("weight_s_channel")
+    if len(w.shape) != 2:
+        return _fail(out, "ck", "packed weight must be a 2D int8 tensor", prefix, "weight")
+    n, cols = w.shape
+    if s_rel is None or len(s_rel.shape) != 2:
+        return _fail(out, "ck", "s_rel must be 2D [N, K/group_size]", prefix, "weight_s_rel")
+    k = s_rel.shape[1] * g  # the model's in_features for a consistent file
+    if not (g >= 4 and (16 % g == 0 or g % 16 == 0)):
+        return _fail(out, "ck", f"group_size={g} must be >=4 and divide 16 or be a multiple of 16", prefix)
+    if k % 16 or k % g or k % c:
+        return _fail(out, "ck", f"K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; group_size "
+                                f"must be >=4 and divide 16 or be a multiple of 16", prefix)
+    if cols * 8 not in (4 * k, 6 * k):
+        return _fail(out, "ck", f"packed row width {cols} does not match K={k} at 4 or 6 bits", prefix, "weight")
+    if s_rel.shape != (n, k // g):
+        return _fail(out, "ck", f"s_rel must have shape {(n, k // g)}, got {s_rel.shape}", prefix, "weight_s_rel")
+    if s_ch is None or s_ch.shape != (n,):
+        return _fail(out, "ck", f"s_channel must have shape {(n,)}, got {s_ch.shape if s_ch else None}", prefix,
+                     "weight_s_channel")
+    cb = t.get("weight_codebook")
+    if cols * 8 == 6 * k and cb is not None:
+        return _fail(out, "ck", "6-bit storage is uniform and symmetric: no codebook or correction", prefix, "weight_codebook")
+    if cb is not None and cb.shape != (16,):
+        return _fail(out, "ck", f"codebook must have shape (16,), got {cb.shape}", prefix, "weight_codebook")

@@ -1,0 +1,146 @@
+"""comfy-kitchen 0.2.x layouts (spec 3, 4.4): would each layer's tensors build and run?
+
+comfy-kitchen validates operands when a layout's parameters are built and when it runs; the
+messages below are its own.  It does not check dtypes of scales, nor NVFP4/MXFP8 scale sizes
+ahead of time (a wrong size fails inside ``from_blocked`` with a reshape error).
+"""
+
+from __future__ import annotations
+
+from ..formats.base import GeometryError, is_pow4, pad
+from ..formats.registry import FORMATS
+from .base import Verdict, Violation
+
+
+def _v(rule: str, message: str, layer: str, tensor: str | None = None, exception: str = "ValueError",
+       blocking: bool = True, cause: str | None = None, fix: str | None = None) -> Violation:
+    return Violation(f"comfy-kitchen.{rule}", message, exception if blocking else None, layer, tensor, blocking, cause, fix)
+
+
+def kitchen_verdict(ckpt) -> Verdict:
+    out: list[Violation] = []
+    for prefix, layer in ckpt.layers.items():
+        name = layer.format_name
+        if layer.marker is None or name is None:
+            continue
+        fmt = FORMATS.get(name)
+        if fmt is None or "comfy-kitchen" not in fmt.loaders:
+            out.append(_v("layout", f"no comfy-kitchen layout for format {name!r} (layer {prefix!r})", prefix,
+                          exception="KeyError", cause="format comfy-kitchen does not implement",
+                          fix="convert the layer (comfyquant convert)"))
+            continue
+        try:
+            env = fmt.geometry(layer.tensors, fmt.params(layer.marker))
+        except GeometryError as exc:
+            out.append(_v("shape", f"layer {prefix!r}: {exc}", prefix, "weight"))
+            continue
+        check = _CHECKS.get(name)
+        if check is not None:
+            v = check(prefix, layer.tensors, env)
+            if v is not None:
+                out.append(v)
+    return Verdict("comfy-kitchen", out)
+
+
+def _hadamard(prefix: str, c) -> Violation | None:
+    if not is_pow4(c):
+        return _v("hadamard", f"Regular Hadamard size must be a power of 4, got {c}", prefix,
+                  cause="ConvRot size comfy-kitchen cannot build", fix="re-quantize with convrot_groupsize 16, 64 or 256")
+    return None
+
+
+def _int8(prefix: str, t: dict, env: dict) -> Violation | None:
+    w, s = t["weight"], t.get("weight_scale")
+    if s is None:
+        return _v("missing", f"layer {prefix!r} has no weight_scale", prefix, "weight_scale")
+    if s.numel not in (1, env["N"]):
+        return _v("int8", f"INT8 weight scale must be scalar or per-output-channel, got {list(s.shape)} for weight shape "
+                          f"{list(w.shape)}", prefix, "weight_scale")
+    if env.get("convrot"):
+        c = env.get("convrot_groupsize")
+        v = _hadamard(prefix, c)
+        if v is not None:
+            return v
+        if env["K"] % c:
+            return _v("int8", f"ConvRot group size {c} does not divide input features {env['K']}", prefix)
+    if s.shape == (env["N"],) and env["N"] != 1:
+        return _v("int8", f"layer {prefix!r}: row scale of shape [N] is broadcast along K by dequantize "
+                          f"({'wrong values' if env['N'] == env['K'] else 'raises'}); linear still runs", prefix,
+                  "weight_scale", blocking=False, cause="row scales stored as [N] instead of [N, 1]",
+                  fix="reshape to [N, 1] (comfyquant fix)")
+    return None
+
+
+def _w4a8(prefix: str, t: dict, env: dict) -> Violation | None:
+    n, k, g, c, bits = env["N"], env["K"], env["group_size"], env["convrot_groupsize"], env["bits"]
+    w, s_rel, s_ch = t["weight"], t.get("weight_s_rel"), t.get("weight_s_channel")
+    if w.dtype != "I8":
+        return _v("w4a8", "packed weight must be a 2D int8 tensor", prefix, "weight")
+    if not (g >= 4 and (16 % g == 0 or g % 16 == 0)):
+        return _v("w4a8", f"group_size={g} must be >=4 and divide 16 or be a multiple of 16", prefix)
+    if k % 16 or k % g or k % c:
+        return _v("w4a8", f"K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; group_size must be "
+                          f">=4 and divide 16 or be a multiple of 16", prefix)
+    v = _hadamard(prefix, c)
+    if v is not None:
+        return v
+    if w.shape[1] * 8 not in (4 * k, 6 * k):
+        return _v("w4a8", f"packed row width {w.shape[1]} does not match K={k} at 4 or 6 bits", prefix, "weight")
+    if bits == 6:
+        if k % 32 or g % 16:
+            return _v("w4a8", f"6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={k}, "
+                              f"group_size={g}", prefix)
+        if "weight_codebook" in t or "weight_correction" in t:
+            return _v("w4a8", "6-bit storage is uniform and symmetric: no codebook or correction", prefix)
+    if s_rel is None or len(s_rel.shape) != 2:
+        return _v("w4a8", "s_rel must be 2D [N, K/group_size]", prefix, "weight_s_rel")
+    if s_rel.shape != (n, k // g):
+        return _v("w4a8", f"s_rel must have shape {(n, k // g)}, got {s_rel.shape}", prefix, "weight_s_rel")
+    if s_ch is None or s_ch.shape != (n,):
+        return _v("w4a8", f"s_channel must have shape {(n,)}, got {s_ch.shape if s_ch else None}", prefix, "weight_s_channel")
+    corr, cb = t.get("weight_correction"), t.get("weight_codebook")
+    if corr is not None and corr.shape != (k // g, n):
+        return _v("w4a8", f"correction must have shape {(k // g, n)}, got {corr.shape}", prefix, "weight_correction")
+    if cb is not None and cb.shape != (16,):
+        return _v("w4a8", f"codebook must have shape (16,), got {cb.shape}", prefix, "weight_codebook")
+    return None
+
+
+def _w4a4(prefix: str, t: dict, env: dict) -> Violation | None:
+    k, c = env["K"], env["convrot_groupsize"]
+    if k % c:
+        return _v("w4a4", f"in_features {k} not divisible by convrot_groupsize {c}", prefix)
+    if k % 64:
+        return _v("w4a4", f"in_features {k} not divisible by quant_group_size 64", prefix)
+    v = _hadamard(prefix, c)
+    if v is not None:
+        return v
+    ld = env.get("linear_dtype", "int4")
+    if ld not in ("int4", "int8"):
+        return _v("w4a4", f"ConvRot W4A4 linear_dtype must be 'int4' or 'int8', got {ld!r}", prefix)
+    return None
+
+
+def _blocked(block: int):
+    def check(prefix: str, t: dict, env: dict) -> Violation | None:
+        s = t.get("weight_scale")
+        if s is None:
+            return _v("missing", f"layer {prefix!r} has no weight_scale", prefix, "weight_scale")
+        want = pad(env["N"], 128) * pad(env["K"] // block, 4)
+        if s.numel != want:
+            return _v("blocked", f"layer {prefix!r}: from_blocked cannot reshape {s.numel} scale bytes to the blocked "
+                                 f"layout of [{env['N']}, {env['K']}] ({want} bytes)", prefix, "weight_scale",
+                      exception="RuntimeError", cause="scale not in the blocked, padded layout",
+                      fix="convert the scales to the blocked layout (comfyquant fix)")
+        return None
+
+    return check
+
+
+_CHECKS = {
+    "int8_tensorwise": _int8,
+    "asym_w4a8_int8": _w4a8,
+    "convrot_w4a4": _w4a4,
+    "nvfp4": _blocked(16),
+    "mxfp8": _blocked(32),
+}
