@@ -8,6 +8,7 @@ marker (see :mod:`comfyquant.markers`).
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 from .checker.findings import Finding
@@ -117,7 +118,7 @@ def open_checkpoint(
     """
     from .markers import collect_markers
 
-    if isinstance(paths, str):
+    if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     paths = [str(p) for p in paths]
     if sources is None:
@@ -222,8 +223,6 @@ def _merge(ckpt: Checkpoint) -> None:
 
 
 def _norm(path: str) -> str:
-    import os.path
-
     return os.path.normpath(path)
 
 

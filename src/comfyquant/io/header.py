@@ -87,7 +87,7 @@ def read_header(source: ByteSource) -> Header:
         raise _bad(path, f"header length {n} runs past the end of the file ({size} bytes): truncated or not safetensors")
     raw = head[8 : 8 + n] if 8 + n <= len(head) else head[8:] + source.pread(len(head), 8 + n - len(head))
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise _bad(path, "header is not UTF-8 text (not a safetensors file?)") from None
     except ValueError as exc:

@@ -55,8 +55,11 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
     """The marker ComfyUI ends up with per prefix: the header replaces the tensor marker."""
     markers: dict[str, dict] = {}
     for rec in ckpt.markers.records:
-        if rec.kind == "tensor" and rec.obj is not None:
+        if rec.kind == "tensor" and isinstance(rec.obj, dict):
             markers[rec.prefix] = rec.obj
+        elif rec.kind == "tensor" and rec.obj is not None:
+            _fail(out, "marker", f"'{type(rec.obj).__name__}' object has no attribute 'get'", rec.prefix, "comfy_quant",
+                  exception="AttributeError", cause="the marker is not a JSON object", fix="rewrite the marker (comfyquant fix)")
         elif rec.kind == "tensor":
             _fail(out, "marker", f"cannot parse marker {rec.key!r}: not UTF-8 JSON object", rec.prefix, "comfy_quant",
                   exception="JSONDecodeError")

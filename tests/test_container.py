@@ -1,0 +1,142 @@
+"""The safetensors reader: structural damage is one clear line (exit 2); per-tensor damage is
+a finding; nothing is modified."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+from builders import dense_layer, raw_file, w4a8_layer, write
+
+from comfyquant import check
+from comfyquant.cli import main
+from comfyquant.errors import InputError
+
+
+def codes(report):
+    return {f.code for f in report.findings}
+
+
+def run_cli(capsys, *args):
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize(
+    "build, needle",
+    [
+        (lambda p: (p.write_bytes(b"abc"), str(p))[1], "truncated: 3 bytes"),
+        (lambda p: raw_file(p, "{}", length=10_000), "runs past the end of the file"),
+        (lambda p: raw_file(p, "{}", length=200 * 1024 * 1024), "exceeds the 100 MB limit"),
+        (lambda p: raw_file(p, "{not json"), "header is not valid JSON"),
+        (lambda p: raw_file(p, "[1, 2]"), "header is a JSON list, expected an object"),
+        (lambda p: raw_file(p, b"\xff\xfe{}"), "not UTF-8"),
+        (lambda p: raw_file(p, '{"__metadata__": [1]}'), "__metadata__ is a JSON list"),
+    ],
+)
+def test_unreadable_file_is_one_line_exit_2(tmp_path, capsys, build, needle):
+    path = build(tmp_path / "bad.safetensors")
+    before = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    with pytest.raises(InputError, match=needle):
+        check(path)
+    rc, out, err = run_cli(capsys, "check", path)
+    assert rc == 2
+    assert err.count("\n") == 1 and str(path) in err and needle in err
+    assert "Traceback" not in err
+    assert hashlib.sha256(open(path, "rb").read()).hexdigest() == before
+
+
+def test_missing_path_and_empty_folder(tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "check", str(tmp_path / "nope.safetensors"))
+    assert rc == 2 and "no such file" in err
+    rc, _, err = run_cli(capsys, "check", str(tmp_path))
+    assert rc == 2 and "holds no .safetensors files" in err
+
+
+def _entry_file(tmp_path, entries: dict, data_len: int, metadata=None):
+    obj = dict(entries)
+    if metadata is not None:
+        obj["__metadata__"] = metadata
+    return raw_file(tmp_path / "c.safetensors", json.dumps(obj), bytes(data_len))
+
+
+def test_unknown_dtype_is_a_finding(tmp_path):
+    p = _entry_file(tmp_path, {"a.weight": {"dtype": "Q7", "shape": [2], "data_offsets": [0, 2]}}, 2)
+    r = check(p)
+    f = [f for f in r.findings if f.code == "C005"]
+    assert f and "'Q7'" in f[0].message and f[0].severity == "error" and not r.ok
+
+
+def test_byte_span_mismatch(tmp_path):
+    p = _entry_file(tmp_path, {"a.weight": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}}, 12)
+    f = [f for f in check(p).findings if f.code == "C001"]
+    assert f and f[0].expected == "16 bytes" and f[0].actual == "12 bytes"
+
+
+def test_offsets_out_of_range_and_overlap_and_gap(tmp_path):
+    p = _entry_file(
+        tmp_path,
+        {
+            "a.weight": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]},
+            "b.weight": {"dtype": "U8", "shape": [8], "data_offsets": [4, 12]},
+            "c.weight": {"dtype": "U8", "shape": [8], "data_offsets": [16, 24]},
+            "d.weight": {"dtype": "U8", "shape": [8], "data_offsets": [24, 32]},
+        },
+        28,
+    )
+    c = codes(check(p))
+    assert {"C002", "C003", "C004"} <= c
+
+
+def test_trailing_bytes_and_metadata_not_string(tmp_path):
+    p = _entry_file(tmp_path, {"a.weight": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}, 6, metadata={"k": 1})
+    c = codes(check(p))
+    assert {"C004", "C007"} <= c
+
+
+def test_malformed_entry(tmp_path):
+    p = _entry_file(tmp_path, {"a.weight": {"dtype": "F32", "shape": [1]}, "b.bias": "x"}, 0)
+    assert [f.code for f in check(p).findings].count("C006") == 2
+
+
+def test_clean_file_reads_only_header_and_markers(tmp_path):
+    p = write(tmp_path / "m.safetensors", w4a8_layer("blocks.0.q", n=64, k=4096), dense_layer("norm"))
+    size = os.path.getsize(p)
+    r = check(p)
+    assert r.ok, [f.message for f in r.findings]
+    stats = r.io[p]
+    # one read for the header (the whole file is small here so the header read covers it),
+    # one per marker
+    assert stats["requests"] == 2
+    big = write(tmp_path / "big.safetensors", w4a8_layer("blocks.0.q", n=3072, k=12288))
+    r = check(big)
+    assert r.io[big]["bytes"] < 300_000 < os.path.getsize(big)
+    assert size > 0
+
+
+def test_sparse_40gb_file_checks_without_reading_data(tmp_path):
+    """A 40 GB checkpoint (file holes) is checked from its header: the reader never maps it."""
+    from comfyquant.io.writer import build_header
+
+    n, k = 40_000, 512_000  # 10 GB of packed codes per layer, 4 layers
+    tensors = {}
+    for i in range(4):
+        p = f"blocks.{i}.ff"
+        tensors[f"{p}.weight"] = ("I8", (n, k // 2), b"")
+        tensors[f"{p}.weight_s_rel"] = ("F8_E4M3", (n, k // 16), b"")
+        tensors[f"{p}.weight_s_channel"] = ("F32", (n,), b"")
+    header = build_header(tensors, {"_quantization_metadata": json.dumps(
+        {"format_version": "1.0", "layers": {f"blocks.{i}.ff": {"format": "asym_w4a8_int8", "group_size": 16,
+                                                               "convrot_groupsize": 256, "convrot": True} for i in range(4)}})})
+    total = len(header) + sum(n * k // 2 + n * k // 16 + 4 * n for _ in range(4))
+    path = tmp_path / "huge.safetensors"
+    with open(path, "wb") as fh:
+        fh.write(header)
+        fh.truncate(total)
+    assert os.path.getsize(path) > 40 * 10**9 * 0.9
+    r = check(str(path))
+    assert r.ok, [f.message for f in r.findings if f.severity == "error"]
+    assert r.io[str(path)]["bytes"] < 1_000_000
