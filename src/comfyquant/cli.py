@@ -81,7 +81,10 @@ COMMANDS = {"check": cmd_check, "inspect": cmd_inspect}
 
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors
+        return exc.code if isinstance(exc.code, int) else 2
     if not args.command:
         parser.print_help()
         return 2
