@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-from ..formats.common import as_int
 from .base import Verdict, Violation
 
 DIFFUSION_PREFIX = "model.diffusion_model."
@@ -161,31 +160,16 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
 
 
 def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> None:
-    """comfy-kitchen's W4A8 Params validation, run by ComfyUI with the model's (N, K)."""
-    nested = marker.get("params") if isinstance(marker.get("params"), dict) else {}
-    g = as_int(marker.get("group_size", nested.get("group_size", 16)), 16)
-    c = as_int(marker.get("convrot_groupsize", nested.get("convrot_groupsize", 256)), 256)
-    w, s_rel, s_ch = t["weight"], t.get("weight_s_rel"), t.get("weight_s_channel")
-    if len(w.shape) != 2:
-        return _fail(out, "ck", "packed weight must be a 2D int8 tensor", prefix, "weight")
-    n, cols = w.shape
-    if s_rel is None or len(s_rel.shape) != 2:
-        return _fail(out, "ck", "s_rel must be 2D [N, K/group_size]", prefix, "weight_s_rel")
-    k = s_rel.shape[1] * g  # the model's in_features for a consistent file
-    if not (g >= 4 and (16 % g == 0 or g % 16 == 0)):
-        return _fail(out, "ck", f"group_size={g} must be >=4 and divide 16 or be a multiple of 16", prefix)
-    if k % 16 or k % g or k % c:
-        return _fail(out, "ck", f"K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; group_size "
-                                f"must be >=4 and divide 16 or be a multiple of 16", prefix)
-    if cols * 8 not in (4 * k, 6 * k):
-        return _fail(out, "ck", f"packed row width {cols} does not match K={k} at 4 or 6 bits", prefix, "weight")
-    if s_rel.shape != (n, k // g):
-        return _fail(out, "ck", f"s_rel must have shape {(n, k // g)}, got {s_rel.shape}", prefix, "weight_s_rel")
-    if s_ch is None or s_ch.shape != (n,):
-        return _fail(out, "ck", f"s_channel must have shape {(n,)}, got {s_ch.shape if s_ch else None}", prefix,
-                     "weight_s_channel")
-    cb = t.get("weight_codebook")
-    if cols * 8 == 6 * k and cb is not None:
-        return _fail(out, "ck", "6-bit storage is uniform and symmetric: no codebook or correction", prefix, "weight_codebook")
-    if cb is not None and cb.shape != (16,):
-        return _fail(out, "ck", f"codebook must have shape (16,), got {cb.shape}", prefix, "weight_codebook")
+    """ComfyUI builds comfy-kitchen's W4A8 Params (with nested ``params`` as a fallback): the
+    layout's own validation decides, so the kitchen profile's check is reused as is."""
+    from ..formats.base import GeometryError
+    from ..formats.w4a8 import ASYM_W4A8_INT8
+    from .kitchen import check_w4a8
+
+    try:
+        env = ASYM_W4A8_INT8.geometry(t, ASYM_W4A8_INT8.params(marker))
+    except GeometryError as exc:
+        return _fail(out, "ck", f"layer {prefix!r}: {exc}", prefix, "weight")
+    v = check_w4a8(prefix, t, env, dropped_correction=True)
+    if v is not None:
+        _fail(out, "ck", v.message, prefix, v.tensor, exception=v.exception, cause=v.cause, fix=v.fix)

@@ -71,7 +71,9 @@ def _int8(prefix: str, t: dict, env: dict) -> Violation | None:
     return None
 
 
-def _w4a8(prefix: str, t: dict, env: dict) -> Violation | None:
+def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False) -> Violation | None:
+    """comfy-kitchen's W4A8 operand validation.  ComfyUI never passes the correction in
+    (``dropped_correction``), so it is not validated there."""
     n, k, g, c, bits = env["N"], env["K"], env["group_size"], env["convrot_groupsize"], env["bits"]
     w, s_rel, s_ch = t["weight"], t.get("weight_s_rel"), t.get("weight_s_channel")
     if w.dtype != "I8":
@@ -90,7 +92,7 @@ def _w4a8(prefix: str, t: dict, env: dict) -> Violation | None:
         if k % 32 or g % 16:
             return _v("w4a8", f"6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={k}, "
                               f"group_size={g}", prefix)
-        if "weight_codebook" in t or "weight_correction" in t:
+        if "weight_codebook" in t or ("weight_correction" in t and not dropped_correction):
             return _v("w4a8", "6-bit storage is uniform and symmetric: no codebook or correction", prefix)
     if s_rel is None or len(s_rel.shape) != 2:
         return _v("w4a8", "s_rel must be 2D [N, K/group_size]", prefix, "weight_s_rel")
@@ -98,7 +100,8 @@ def _w4a8(prefix: str, t: dict, env: dict) -> Violation | None:
         return _v("w4a8", f"s_rel must have shape {(n, k // g)}, got {s_rel.shape}", prefix, "weight_s_rel")
     if s_ch is None or s_ch.shape != (n,):
         return _v("w4a8", f"s_channel must have shape {(n,)}, got {s_ch.shape if s_ch else None}", prefix, "weight_s_channel")
-    corr, cb = t.get("weight_correction"), t.get("weight_codebook")
+    corr = None if dropped_correction else t.get("weight_correction")
+    cb = t.get("weight_codebook")
     if corr is not None and corr.shape != (k // g, n):
         return _v("w4a8", f"correction must have shape {(k // g, n)}, got {corr.shape}", prefix, "weight_correction")
     if cb is not None and cb.shape != (16,):
@@ -139,7 +142,7 @@ def _blocked(block: int):
 
 _CHECKS = {
     "int8_tensorwise": _int8,
-    "asym_w4a8_int8": _w4a8,
+    "asym_w4a8_int8": check_w4a8,
     "convrot_w4a4": _w4a4,
     "nvfp4": _blocked(16),
     "mxfp8": _blocked(32),

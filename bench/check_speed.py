@@ -1,0 +1,478 @@
+"""How close is ``comfyquant check`` to the cost of just reading headers and markers?
+
+One run builds full-size *sparse* checkpoint layouts (exact safetensors headers, real marker
+bytes, tensor data as file holes), checks that ``comfyquant check`` finds nothing wrong with
+them, then measures side by side (interleaved rounds, medians, because the machine is noisy):
+
+1. in-process, per layout: the FLOOR (per shard: open, 8-byte length + header read,
+   ``json.loads``, one ``os.pread`` per marker tensor) against ``comfyquant.check`` with the
+   per-layer cache cleared (what a fresh CLI process sees) and warm; plus comfyquant's SGLang
+   drop-in and an SGLang-style ``safe_open`` inspection for reference.  Target: check <= 1.5x floor.
+2. CLI cold start: the real console script as a subprocess (bytecode caches on), against a
+   bare ``python -c pass``.  Target: <= 100 ms wall.
+3. Linear scaling: Wan with 1x/2x/4x the blocks, time per tensor.
+4. Memory: peak RSS of checking a sparse 40 GB single file (the reader never maps files).
+5. Analysis (skipped with --quick): ``-X importtime`` breakdown of the CLI and a cProfile of the
+   in-process check of the Wan 14B 4-shard layout.
+
+Usage: python bench/check_speed.py [--quick] [--out DIR] [--rounds N] [--cli-runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import os
+import pstats
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import textwrap
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import layouts  # noqa: E402
+
+import comfyquant  # noqa: E402
+from comfyquant.checker import layers as cq_layers  # noqa: E402
+
+TARGET_RATIO = 1.5
+TARGET_CLI_MS = 100.0
+HEADLINE = "wan14b-w4a8-4sh"
+
+# name, model, format, shards, header markers, extra kwargs
+LAYOUTS = [
+    ("flux-w4a8-1sh", "flux", "w4a8", 1, True, {}),
+    ("qwen-w4a8-2sh", "qwen", "w4a8", 2, True, {}),
+    ("wan14b-w4a8-1sh", "wan", "w4a8", 1, False, {}),
+    ("wan14b-w4a8-2sh", "wan", "w4a8", 2, True, {}),
+    (HEADLINE, "wan", "w4a8", 4, False, {}),
+    ("wan14b-fp8-1sh", "wan", "fp8", 1, True, {}),
+    ("wan14b-int8cr-2sh", "wan", "int8", 2, False, {}),
+]
+QUICK = {"flux-w4a8-1sh", HEADLINE, "wan14b-fp8-1sh"}
+SCALING = [("wan-1x", 40), ("wan-2x", 80), ("wan-4x", 160)]
+BIG = ("wan-fp8-3x-1file", "wan", "fp8", 1, True, {"blocks": 120})  # ~43 GB
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:8.2f}"
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def table(rows: list[list[str]], head: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    fmt = "  ".join(f"{{:>{w}}}" if i else f"{{:<{w}}}" for i, w in enumerate(widths))
+    lines = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*map(str, r)) for r in rows]
+    return "\n".join(lines)
+
+
+def interleaved(funcs: dict[str, callable], rounds: int) -> dict[str, list[float]]:
+    """Run every function once per round, rotating the order each round; return times."""
+    names = list(funcs)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            gc.collect()
+            t0 = time.perf_counter()
+            funcs[n]()
+            times[n].append(time.perf_counter() - t0)
+    return times
+
+
+def disk_usage(path: str) -> tuple[int, int]:
+    apparent = used = 0
+    for f in layouts.shard_files(path):
+        st = os.stat(f)
+        apparent += st.st_size
+        used += st.st_blocks * 512
+    return apparent, used
+
+
+# -- what is measured ----------------------------------------------------------------------
+
+
+def floor_read(files: list[str]) -> None:
+    """The minimum any header checker must do: per shard, the header and every marker's bytes."""
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+            header = json.loads(os.pread(fd, n, 8))
+            base = 8 + n
+            for name, e in header.items():
+                if name.endswith(".comfy_quant"):
+                    a, b = e["data_offsets"]
+                    os.pread(fd, b - a, base + a)
+        finally:
+            os.close(fd)
+
+
+def check_cold(path: str) -> None:
+    cq_layers._CACHE.clear()
+    comfyquant.check([path])
+
+
+def check_warm(path: str) -> None:
+    comfyquant.check([path])
+
+
+def cq_sglang_compat(files: list[str]) -> None:
+    from comfyquant.compat.sglang import inspect_comfy_quant_markers
+
+    inspect_comfy_quant_markers(files)
+
+
+def sglang_style(files: list[str]) -> None:
+    """The I/O pattern of SGLang's own ``inspect_comfy_quant_markers``: ``safe_open(..., "pt")``,
+    ``get_slice`` per tensor for dtype/shape, ``get_tensor`` per marker, then the per-layer
+    required-tensor test (``required - meta.keys()``).  Shape/dtype rules are omitted."""
+    from safetensors import safe_open
+
+    meta: dict[str, tuple] = {}
+    raw: dict[str, dict] = {}
+    for path in files:
+        with safe_open(path, framework="pt", device="cpu") as ck:
+            md = ck.metadata() or {}
+            serialized = md.get("_quantization_metadata")
+            if serialized is not None:
+                raw.update(json.loads(serialized)["layers"])
+            for key in ck.keys():
+                sl = ck.get_slice(key)
+                meta[key] = (sl.get_dtype(), tuple(sl.get_shape()))
+                if key.endswith(".comfy_quant"):
+                    raw[key[: -len(".comfy_quant")]] = json.loads(ck.get_tensor(key).numpy().tobytes())
+    for prefix in raw:
+        required = {f"{prefix}.weight", f"{prefix}.weight_s_rel", f"{prefix}.weight_s_channel"}
+        if required - meta.keys():
+            pass
+
+
+def have_safetensors_torch() -> bool:
+    try:
+        import safetensors  # noqa: F401
+        import torch  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+# -- sections ------------------------------------------------------------------------------
+
+
+def build(root: str, quick: bool) -> tuple[dict, dict, tuple]:
+    built, scaling = {}, {}
+    print("== 1. Layouts (sparse; header + marker bytes written, tensor data are holes)")
+    t0 = time.perf_counter()
+    rows = []
+    for name, model, fmt, shards, hm, kw in LAYOUTS:
+        if quick and name not in QUICK:
+            continue
+        lay = layouts.make_layout(name, model, fmt, shards, hm, **kw)
+        path = layouts.write_layout(lay, os.path.join(root, name))
+        built[name] = (lay, path)
+    for name, blocks in SCALING:
+        lay = layouts.make_layout(name, "wan", "w4a8", 4, False, blocks=blocks)
+        scaling[name] = (lay, layouts.write_layout(lay, os.path.join(root, name)))
+    name, model, fmt, shards, hm, kw = BIG
+    big_lay = layouts.make_layout(name, model, fmt, shards, hm, **kw)
+    big = (big_lay, layouts.write_layout(big_lay, os.path.join(root, name)))
+    build_s = time.perf_counter() - t0
+
+    bad = []
+    for name, (lay, path) in [*built.items(), *scaling.items(), (big_lay.name, big)]:
+        cq_layers._CACHE.clear()
+        rep = comfyquant.check([path])
+        c = rep.counts
+        apparent, used = disk_usage(path)
+        loads = " ".join(f"{t}={'ok' if v.loads else 'FAIL'}" for t, v in rep.verdicts.items())
+        rows.append([name, lay.shards, len(lay.tensors), len(lay.quant_layers), "yes" if lay.header_markers else "no",
+                     f"{apparent / 1e9:.1f} GB", f"{used / 1024:.0f} KiB", f"{c['error']}/{c['warning']}/{c['info']}", loads])
+        if c["error"] or c["warning"]:
+            bad.append((name, rep))
+    print(table(rows, ["layout", "shards", "tensors", "q-layers", "hdr-map", "size", "on disk", "err/warn/info", "verdicts"]))
+    print(f"(built in {build_s:.2f} s under {root})")
+    for name, rep in bad:
+        print(f"  !! {name}: findings that a valid export should not produce:")
+        for f in rep.findings[:8]:
+            print(f"     {f.severity:7} {f.code:10} {f.message[:150]}")
+    print()
+    return built, scaling, big
+
+
+def section_inprocess(built: dict, rounds: int, with_safe_open: bool) -> dict:
+    print(f"== 2. In-process cost per layout (median of {rounds} interleaved rounds, ms; ratio = check / floor)")
+    if with_safe_open:
+        import torch  # noqa: F401  (import once, outside the timings)
+    rows, results = [], {}
+    for name, (lay, path) in built.items():
+        files = layouts.shard_files(path)
+        check_warm(path)  # warm-up: imports, code paths, page cache
+        floor_read(files)
+        funcs = {
+            "floor": lambda f=files: floor_read(f),
+            "cold": lambda p=path: check_cold(p),
+            "warm": lambda p=path: check_warm(p),
+            "files": lambda f=files: (cq_layers._CACHE.clear(), comfyquant.check(f)),
+            "compat": lambda f=files: cq_sglang_compat(f),
+        }
+        if with_safe_open:
+            sglang_style(files)
+            funcs["safe_open"] = lambda f=files: sglang_style(f)
+        t = {k: med(v) for k, v in interleaved(funcs, rounds).items()}
+        results[name] = t
+        fl = t["floor"]
+        rows.append([name, len(lay.tensors), ms(fl), ms(t["cold"]), ms(t["warm"]), f"{t['cold'] / fl:6.1f}x",
+                     f"{t['warm'] / fl:6.1f}x", ms(t["files"]), ms(t["compat"]),
+                     ms(t["safe_open"]) if "safe_open" in t else "-",
+                     "PASS" if t["cold"] <= TARGET_RATIO * fl else "FAIL"])
+    print(table(rows, ["layout", "tensors", "floor", "check", "check-warm", "ratio", "ratio-warm",
+                       "check(files)", "cq-sglang", "safe_open", f"<= {TARGET_RATIO}x"]))
+    print("  check      = comfyquant.check(path) with checker.layers._CACHE cleared (a fresh CLI process)")
+    print("  check-warm = same, per-layer cache kept from the previous call")
+    print("  check(files) = check given the shard list instead of the folder (no index.json read)")
+    print("  cq-sglang  = comfyquant.compat.sglang.inspect_comfy_quant_markers (drop-in)")
+    print("  safe_open  = SGLang-style inspection via safetensors.safe_open(framework='pt') + get_tensor per marker")
+    print()
+    return results
+
+
+def section_scaling(scaling: dict, rounds: int) -> None:
+    print(f"== 3. Linear scaling (Wan W4A8, 4 shards; median of {rounds} rounds)")
+    funcs, sizes = {}, {}
+    for name, (lay, path) in scaling.items():
+        files = layouts.shard_files(path)
+        check_cold(path)
+        funcs[name + ":floor"] = lambda f=files: floor_read(f)
+        funcs[name + ":check"] = lambda p=path: check_cold(p)
+        sizes[name] = len(lay.tensors)
+    t = {k: med(v) for k, v in interleaved(funcs, rounds).items()}
+    rows = []
+    base = None
+    for name, n in sizes.items():
+        c, f = t[name + ":check"], t[name + ":floor"]
+        per = c / n * 1e6
+        base = base or per
+        rows.append([name, n, ms(f), ms(c), f"{f / n * 1e6:7.2f}", f"{per:7.2f}", f"{per / base:5.2f}", f"{c / f:5.1f}x"])
+    print(table(rows, ["layout", "tensors", "floor ms", "check ms", "floor us/t", "check us/t", "vs 1x", "ratio"]))
+    print("  'vs 1x' = check time per tensor relative to the 1x layout (1.00 = linear)")
+    print()
+
+
+def console_script() -> str:
+    cand = os.path.join(sysconfig.get_path("scripts"), "comfyquant")
+    if os.path.exists(cand):
+        return cand
+    found = shutil.which("comfyquant")
+    if not found:
+        sys.exit("comfyquant console script not found (pip install -e .)")
+    return found
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # let the children use and write __pycache__
+    return env
+
+
+def section_cli(path: str, runs: int) -> None:
+    script = console_script()
+    env = child_env()
+    cmds = {
+        "comfyquant check <wan14b 4 shards>": [script, "check", path],
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "python -S -c pass (no site/.pth)": [sys.executable, "-S", "-c", "pass"],
+        "python -c 'import comfyquant.checker.run'": [sys.executable, "-c", "import comfyquant.checker.run"],
+    }
+    print(f"== 4. CLI cold start (subprocess wall time, median of {runs} interleaved runs)")
+    print(f"  script: {script}  (interpreter {sys.executable})")
+    rcs = {}
+    for k, cmd in cmds.items():  # untimed: populate bytecode caches
+        rcs[k] = subprocess.run(cmd, env=env, capture_output=True).returncode
+
+    def runner(cmd):
+        def go():
+            subprocess.run(cmd, env=env, capture_output=True)
+        return go
+
+    t = interleaved({k: runner(c) for k, c in cmds.items()}, runs)
+    rows = []
+    for k, v in t.items():
+        rows.append([k, ms(med(v)), ms(min(v)), ms(max(v)), rcs[k]])
+    print(table(rows, ["command", "median ms", "min ms", "max ms", "exit"]))
+    cli = med(t["comfyquant check <wan14b 4 shards>"])
+    bare = med(t["python -c pass"])
+    verdict = "PASS" if cli * 1e3 <= TARGET_CLI_MS else "FAIL"
+    print(f"  CLI {cli * 1e3:.1f} ms (target <= {TARGET_CLI_MS:.0f} ms: {verdict}); "
+          f"above bare interpreter start: {(cli - bare) * 1e3:.1f} ms")
+    print()
+
+
+_MEM_CHILD = textwrap.dedent(
+    """
+    import json, mmap, os, resource, sys
+    maps = []
+    _mmap = mmap.mmap
+    class _Spy(_mmap):
+        def __new__(cls, *a, **k):
+            maps.append(a[1] if len(a) > 1 else k.get("length"))
+            return _mmap.__new__(cls, *a, **k)
+    mmap.mmap = _Spy
+    import comfyquant
+    from comfyquant.checker import run  # noqa: F401  (imports before the baseline)
+    from comfyquant.render import render_report
+    def rss():
+        with open("/proc/self/status") as fh:
+            st = dict(l.split(":", 1) for l in fh if ":" in l)
+        return int(st["VmRSS"].split()[0]), int(st["VmHWM"].split()[0])
+    before = rss()
+    rep = comfyquant.check(sys.argv[1:])
+    render_report(rep)
+    after = rss()
+    io = rep.io
+    print(json.dumps({"rss_before_kb": before[0], "rss_after_kb": after[0], "hwm_kb": after[1],
+                      "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                      "mmaps": maps, "reads": sum(v["requests"] for v in io.values()),
+                      "bytes_read": sum(v["bytes"] for v in io.values()), "ok": rep.ok}))
+    """
+)
+
+
+def section_memory(big: tuple, small_path: str) -> None:
+    lay, path = big
+    apparent, used = disk_usage(path)
+    print("== 5. Memory (subprocess; VmRSS / peak RSS in MiB)")
+    rows = []
+    for label, p in ((f"{lay.name} ({apparent / 1e9:.1f} GB, 1 file)", path), ("wan14b-w4a8 1x, 4 shards", small_path)):
+        out = subprocess.run([sys.executable, "-c", _MEM_CHILD, p], env=child_env(), capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"  {label}: child failed: {out.stderr.strip()[-400:]}")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append([label, f"{r['rss_before_kb'] / 1024:.1f}", f"{r['rss_after_kb'] / 1024:.1f}", f"{r['hwm_kb'] / 1024:.1f}",
+                     f"{(r['hwm_kb'] - r['rss_before_kb']) / 1024:.1f}", len(r["mmaps"]), r["reads"],
+                     f"{r['bytes_read'] / 1024:.0f} KiB", "ok" if r["ok"] else "ERRORS"])
+    print(table(rows, ["checkpoint", "RSS before", "RSS after", "peak", "peak-before", "mmap calls", "reads", "read", "result"]))
+    print(f"  the big file occupies {used / 1024:.0f} KiB on disk; a whole-file map or read would show GBs here")
+    print()
+
+
+def section_importtime(path: str, runs: int = 5) -> None:
+    script = console_script()
+    env = child_env()
+    subprocess.run([sys.executable, script, "check", path], env=env, capture_output=True)
+    selfs: dict[str, list[int]] = {}
+    cums: dict[str, list[int]] = {}
+    top: set[str] = set()
+    for _ in range(runs):
+        err = subprocess.run([sys.executable, "-X", "importtime", script, "check", path], env=env,
+                             capture_output=True, text=True).stderr
+        for line in err.splitlines():
+            if not line.startswith("import time:") or "self [us]" in line:
+                continue
+            s, c, name = line[len("import time:"):].split("|", 2)
+            s, c = int(s), int(c)
+            level = (len(name) - len(name.lstrip(" ")) - 1) // 2
+            name = name.strip()
+            selfs.setdefault(name, []).append(s)
+            cums.setdefault(name, []).append(c)
+            if level == 0:
+                top.add(name)
+    print(f"== 6. Import time of the CLI (python -X importtime {os.path.basename(script)} check <wan 4 shards>, "
+          f"median of {runs}, ms; -X importtime inflates absolute numbers)")
+    total = sum(med(cums[n]) for n in top) / 1e3
+    rows = [[n, f"{med(cums[n]) / 1e3:7.2f}", f"{med(selfs[n]) / 1e3:7.2f}"]
+            for n in sorted(top, key=lambda n: -med(cums[n]))[:14]]
+    print(table(rows, ["top-level import", "cumul", "self"]))
+    print(f"  total of top-level imports: {total:.1f} ms")
+    rows = [[n, f"{med(selfs[n]) / 1e3:7.2f}", f"{med(cums[n]) / 1e3:7.2f}"]
+            for n in sorted(selfs, key=lambda n: -med(selfs[n]))[:20]]
+    print(table(rows, ["module (by self time)", "self", "cumul"]))
+    print()
+
+
+def section_profile(path: str, iters: int = 10) -> None:
+    check_cold(path)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        check_cold(path)
+    prof.disable()
+    st = pstats.Stats(prof)
+    entries = []
+    for (file, line, func), (_cc, nc, tt, ct, _callers) in st.stats.items():
+        where = file
+        if "comfyquant" in file:
+            where = "comfyquant/" + file.split("comfyquant/", 1)[-1]
+        elif file.startswith("/"):
+            where = os.path.basename(file)
+        entries.append((f"{func} ({where}:{line})", nc / iters, tt / iters * 1e3, ct / iters * 1e3))
+    total = max(e[3] for e in entries)
+    print(f"== 7. cProfile of comfyquant.check({HEADLINE}, cache cleared), per call, {iters} calls "
+          f"(profiled total {total:.1f} ms/call; profiling inflates ~2x)")
+    rows = [[n[:90], f"{c:.0f}", f"{tt:7.2f}", f"{ct:7.2f}"] for n, c, tt, ct in sorted(entries, key=lambda e: -e[3])[:25]]
+    print(table(rows, ["function (by cumulative)", "calls", "self ms", "cumul ms"]))
+    print()
+    rows = [[n[:90], f"{c:.0f}", f"{tt:7.2f}", f"{ct:7.2f}"] for n, c, tt, ct in sorted(entries, key=lambda e: -e[2])[:20]]
+    print(table(rows, ["function (by self time)", "calls", "self ms", "cumul ms"]))
+    print()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer layouts and rounds, no import/profile analysis")
+    ap.add_argument("--out", metavar="DIR", help="build layouts here and keep them (default: a temp dir, removed)")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds for in-process timings (default 15, quick 5)")
+    ap.add_argument("--cli-runs", type=int, help="CLI subprocess runs per command (default 20, quick 8)")
+    ap.add_argument("--no-safe-open", action="store_true", help="skip the SGLang-style safe_open timing (imports torch)")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: inproc,scaling,cli,memory,importtime,profile")
+    args = ap.parse_args()
+    rounds = args.rounds or (5 if args.quick else 15)
+    cli_runs = args.cli_runs or (8 if args.quick else 20)
+    skip = set(filter(None, args.skip.split(",")))
+    if args.quick:
+        skip |= {"importtime", "profile"}
+    with_safe_open = not args.no_safe_open and not args.quick and have_safetensors_torch()
+
+    root = os.path.abspath(args.out) if args.out else tempfile.mkdtemp(prefix="cq-bench-")
+    t_start = time.perf_counter()
+    print(f"comfyquant {comfyquant.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs\n")
+    try:
+        built, scaling, big = build(root, args.quick)
+        headline = built[HEADLINE][1]
+        if "inproc" not in skip:
+            section_inprocess(built, rounds, with_safe_open)
+        if "scaling" not in skip:
+            section_scaling(scaling, max(3, rounds * 2 // 3))
+        if "cli" not in skip:
+            section_cli(headline, cli_runs)
+        if "memory" not in skip:
+            section_memory(big, headline)
+        if "importtime" not in skip:
+            section_importtime(headline)
+        if "profile" not in skip:
+            section_profile(headline)
+    finally:
+        if not args.out:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"total bench time {time.perf_counter() - t_start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
