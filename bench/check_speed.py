@@ -35,6 +35,7 @@ import sysconfig
 import tempfile
 import textwrap
 import time
+from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -175,7 +176,23 @@ def have_safetensors_torch() -> bool:
 # -- sections ------------------------------------------------------------------------------
 
 
-def build(root: str, quick: bool) -> tuple[dict, dict, tuple]:
+@dataclass
+class Built:
+    """A written layout; the tensor lists are dropped so the heap looks like a CLI process's."""
+
+    name: str
+    path: str
+    shards: int
+    tensors: int
+    quant_layers: int
+    header_markers: bool
+
+
+def _built(lay: layouts.Layout, path: str) -> Built:
+    return Built(lay.name, path, lay.shards, len(lay.tensors), len(lay.quant_layers), lay.header_markers)
+
+
+def build(root: str, quick: bool) -> tuple[dict, dict, Built]:
     built, scaling = {}, {}
     print("== 1. Layouts (sparse; header + marker bytes written, tensor data are holes)")
     t0 = time.perf_counter()
@@ -185,23 +202,24 @@ def build(root: str, quick: bool) -> tuple[dict, dict, tuple]:
             continue
         lay = layouts.make_layout(name, model, fmt, shards, hm, **kw)
         path = layouts.write_layout(lay, os.path.join(root, name))
-        built[name] = (lay, path)
+        built[name] = _built(lay, path)
     for name, blocks in SCALING:
         lay = layouts.make_layout(name, "wan", "w4a8", 4, False, blocks=blocks)
-        scaling[name] = (lay, layouts.write_layout(lay, os.path.join(root, name)))
+        scaling[name] = _built(lay, layouts.write_layout(lay, os.path.join(root, name)))
     name, model, fmt, shards, hm, kw = BIG
     big_lay = layouts.make_layout(name, model, fmt, shards, hm, **kw)
-    big = (big_lay, layouts.write_layout(big_lay, os.path.join(root, name)))
+    big = _built(big_lay, layouts.write_layout(big_lay, os.path.join(root, name)))
     build_s = time.perf_counter() - t0
 
     bad = []
-    for name, (lay, path) in [*built.items(), *scaling.items(), (big_lay.name, big)]:
+    for name, lay in [*built.items(), *scaling.items(), (big.name, big)]:
+        path = lay.path
         cq_layers._CACHE.clear()
         rep = comfyquant.check([path])
         c = rep.counts
         apparent, used = disk_usage(path)
         loads = " ".join(f"{t}={'ok' if v.loads else 'FAIL'}" for t, v in rep.verdicts.items())
-        rows.append([name, lay.shards, len(lay.tensors), len(lay.quant_layers), "yes" if lay.header_markers else "no",
+        rows.append([name, lay.shards, lay.tensors, lay.quant_layers, "yes" if lay.header_markers else "no",
                      f"{apparent / 1e9:.1f} GB", f"{used / 1024:.0f} KiB", f"{c['error']}/{c['warning']}/{c['info']}", loads])
         if c["error"] or c["warning"]:
             bad.append((name, rep))
@@ -220,7 +238,8 @@ def section_inprocess(built: dict, rounds: int, with_safe_open: bool) -> dict:
     if with_safe_open:
         import torch  # noqa: F401  (import once, outside the timings)
     rows, results = [], {}
-    for name, (lay, path) in built.items():
+    for name, lay in built.items():
+        path = lay.path
         files = layouts.shard_files(path)
         check_warm(path)  # warm-up: imports, code paths, page cache
         floor_read(files)
@@ -237,7 +256,7 @@ def section_inprocess(built: dict, rounds: int, with_safe_open: bool) -> dict:
         t = {k: med(v) for k, v in interleaved(funcs, rounds).items()}
         results[name] = t
         fl = t["floor"]
-        rows.append([name, len(lay.tensors), ms(fl), ms(t["cold"]), ms(t["warm"]), f"{t['cold'] / fl:6.1f}x",
+        rows.append([name, lay.tensors, ms(fl), ms(t["cold"]), ms(t["warm"]), f"{t['cold'] / fl:6.1f}x",
                      f"{t['warm'] / fl:6.1f}x", ms(t["files"]), ms(t["compat"]),
                      ms(t["safe_open"]) if "safe_open" in t else "-",
                      "PASS" if t["cold"] <= TARGET_RATIO * fl else "FAIL"])
@@ -255,12 +274,13 @@ def section_inprocess(built: dict, rounds: int, with_safe_open: bool) -> dict:
 def section_scaling(scaling: dict, rounds: int) -> None:
     print(f"== 3. Linear scaling (Wan W4A8, 4 shards; median of {rounds} rounds)")
     funcs, sizes = {}, {}
-    for name, (lay, path) in scaling.items():
+    for name, lay in scaling.items():
+        path = lay.path
         files = layouts.shard_files(path)
         check_cold(path)
         funcs[name + ":floor"] = lambda f=files: floor_read(f)
         funcs[name + ":check"] = lambda p=path: check_cold(p)
-        sizes[name] = len(lay.tensors)
+        sizes[name] = lay.tensors
     t = {k: med(v) for k, v in interleaved(funcs, rounds).items()}
     rows = []
     base = None
@@ -353,8 +373,8 @@ _MEM_CHILD = textwrap.dedent(
 )
 
 
-def section_memory(big: tuple, small_path: str) -> None:
-    lay, path = big
+def section_memory(big: Built, small_path: str) -> None:
+    lay, path = big, big.path
     apparent, used = disk_usage(path)
     print("== 5. Memory (subprocess; VmRSS / peak RSS in MiB)")
     rows = []
@@ -454,7 +474,9 @@ def main() -> int:
     print(f"comfyquant {comfyquant.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs\n")
     try:
         built, scaling, big = build(root, args.quick)
-        headline = built[HEADLINE][1]
+        headline = built[HEADLINE].path
+        gc.collect()
+        gc.freeze()  # setup objects out of the collector's way, as in a fresh CLI process
         if "inproc" not in skip:
             section_inprocess(built, rounds, with_safe_open)
         if "scaling" not in skip:

@@ -51,6 +51,7 @@ VARIANTS: dict[str, Variant] = {
     for v in (
         Variant("fp8", "float8_e4m3fn", "TensorCoreFP8Layout"),
         Variant("fp8_static", "float8_e4m3fn", "TensorCoreFP8Layout", input_scale=True),
+        Variant("fp8_e5m2", "float8_e5m2", "TensorCoreFP8Layout", {"dtype": torch.float8_e5m2}),
         Variant("int8_scalar", "int8_tensorwise", "TensorWiseINT8Layout"),
         Variant("int8_rowwise", "int8_tensorwise", "TensorWiseINT8Layout", {"per_channel": True}),
         Variant(

@@ -17,6 +17,7 @@ from .formats.registry import LAYER_SUFFIXES
 from .io.header import Header, TensorEntry, read_header
 from .io.shards import ShardSet, resolve_local
 from .io.source import ByteSource, LocalFile
+from .memo import Memo
 
 NameMapper = Callable[[str], str]
 
@@ -24,7 +25,7 @@ NameMapper = Callable[[str], str]
 class Layer:
     """A layer: its tensors by suffix and the marker that applies to it (if any)."""
 
-    __slots__ = ("prefix", "name", "tensors", "marker", "sources", "format_name", "inferred")
+    __slots__ = ("prefix", "name", "tensors", "marker", "sources", "format_name", "inferred", "_sig")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -34,6 +35,15 @@ class Layer:
         self.sources: list = []
         self.format_name: str | None = None
         self.inferred = False
+        self._sig: tuple | None = None
+
+    @property
+    def signature(self) -> tuple:
+        """(suffix, dtype, shape) of every tensor: with the marker, all per-layer rules depend on."""
+        sig = self._sig
+        if sig is None:
+            sig = self._sig = tuple([(s, e.dtype, e.shape) for s, e in self.tensors.items()])
+        return sig
 
     @property
     def weight(self) -> TensorEntry | None:
@@ -57,6 +67,7 @@ class Checkpoint:
         self.layers: dict[str, Layer] = {}
         self.other_tensors: list[str] = []
         self.markers = None  # MarkerSet, set by open_checkpoint
+        self.memo = Memo()
         self._source_by_file = {s.name: s for s in sources}
 
     # -- reading ---------------------------------------------------------------------------

@@ -54,16 +54,12 @@ class MarkerSet:
     effective: dict[str, dict] = field(default_factory=dict)
     sources: dict[str, list[MarkerRecord]] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
-    marker_bytes: dict[str, bytes] = field(default_factory=dict)
+    marker_bytes: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    """(file, tensor name) -> raw marker bytes."""
 
 
 def collect_markers(ckpt) -> MarkerSet:
     ms = MarkerSet()
-    marker_entries = [e for name, e in ckpt.tensors.items() if name.endswith(".comfy_quant")]
-    ms.marker_bytes = ckpt.read_many(marker_entries) if marker_entries else {}
-    by_file: dict[str, list] = {}
-    for e in marker_entries:
-        by_file.setdefault(e.file, []).append(e)
     for h in ckpt.headers:
         qf = h.metadata.get("quant_format")
         if qf is not None:
@@ -71,8 +67,14 @@ def collect_markers(ckpt) -> MarkerSet:
         raw = h.metadata.get("_quantization_metadata")
         if raw is not None:
             _read_header_markers(ms, h.file, raw)
-        for e in sorted(by_file.get(h.file, ()), key=lambda e: e.name):
-            _read_tensor_marker(ms, e, ms.marker_bytes.get(e.name, b""))
+        # Every shard's markers, duplicates included (SGLang reads them all), sorted by name.
+        entries = sorted((e for n, e in h.tensors.items() if n.endswith(".comfy_quant")), key=lambda e: e.name)
+        if not entries:
+            continue
+        datas = ckpt.source(h.file).pread_many([(e.start, e.nbytes) for e in entries])
+        for e, data in zip(entries, datas):
+            ms.marker_bytes[(h.file, e.name)] = data
+            _read_tensor_marker(ms, e, data)
     _merge(ms)
     lowered = {v.lower() for v in ms.quant_formats.values()}
     if len(lowered) > 1:
@@ -143,8 +145,12 @@ def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
                     layer=prefix, tensor=entry.name, expected="U8 (L,)", actual=f"{entry.dtype} {entry.shape}",
                     file=entry.file, fix="rewrite the marker as U8 (comfyquant fix)")
         )
+    obj = _PARSED.get(data)
     try:
-        obj = json.loads(data.decode("utf-8"))
+        if obj is None:
+            obj = json.loads(data.decode("utf-8"))
+            if isinstance(obj, dict) and len(_PARSED) < 10_000:
+                _PARSED[data] = obj  # identical markers share one (never mutated) object
     except (UnicodeDecodeError, ValueError) as exc:
         rec.error = "M001"
         hint = " (trailing NUL byte)" if data.endswith(b"\0") else ""
@@ -163,6 +169,9 @@ def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
         )
 
 
+_PARSED: dict[bytes, dict] = {}
+
+
 def _merge(ms: MarkerSet) -> None:
     """Union per prefix; header values win on conflicts; conflicts become findings."""
     effective = ms.effective
@@ -171,10 +180,18 @@ def _merge(ms: MarkerSet) -> None:
     for rec in ms.records:
         if rec.error is not None:
             continue
-        ms.sources.setdefault(rec.prefix, []).append(rec)
-        merged = effective.get(rec.prefix)
-        if merged is None:
-            effective[rec.prefix] = merged = {}
+        sources = ms.sources.get(rec.prefix)
+        if sources is None:
+            # First marker of this prefix: use the parsed object itself (shared, not mutated).
+            ms.sources[rec.prefix] = [rec]
+            effective[rec.prefix] = rec.obj
+            continue
+        sources.append(rec)
+        merged = effective[rec.prefix]
+        if len(sources) == 2:
+            effective[rec.prefix] = merged = dict(merged)
+            for key in merged:
+                origin[(rec.prefix, key)] = sources[0]
         for key, value in rec.obj.items():
             if key not in merged:
                 merged[key] = value

@@ -72,7 +72,6 @@ RULES: dict[str, Rule] = {
         Rule("L007", WARNING, "tensor the format does not define"),
         Rule("L008", ERROR, "cannot infer the layer's geometry"),
         Rule("L009", ERROR, "quantization tensor without a weight"),
-        Rule("L010", INFO, "storage variant note"),
         # deep (tensor values)
         Rule("D001", ERROR, "scale contains NaN or Inf"),
         Rule("D002", ERROR, "scale contains zeros"),

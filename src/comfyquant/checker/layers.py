@@ -12,28 +12,15 @@ from ..formats.base import Format, GeometryError
 from .diagnose import dtype_cause, dtype_matches, fmt_shape, shape_cause
 from .findings import Finding
 
-_CACHE: dict[tuple, tuple[list[Finding], dict | None]] = {}
-
-
-def signature(fmt: Format, marker: dict | None, tensors: dict) -> tuple:
-    return (
-        fmt.name,
-        repr(marker) if marker is not None else None,
-        tuple((s, e.dtype, e.shape) for s, e in sorted(tensors.items())),
-    )
-
-
-def check_layer(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Finding], dict | None]:
+def check_layer(fmt: Format, marker: dict | None, tensors: dict, memo=None, sig: tuple | None = None):
     """Layer-relative findings and the geometry env (None when it cannot be inferred).
 
     ``marker`` None means the layer has no marker and the format was inferred: marker keys are
     then not checked (a separate finding reports the missing marker).
     """
-    key = signature(fmt, marker, tensors)
-    hit = _CACHE.get(key)
-    if hit is None:
-        hit = _CACHE[key] = _check(fmt, marker, tensors)
-    return hit
+    if memo is None:
+        return _check(fmt, marker, tensors)
+    return memo.get("format:" + fmt.name, marker, sig, lambda: _check(fmt, marker, tensors))
 
 
 def _check(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Finding], dict | None]:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from ..checkpoint import open_checkpoint
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
-from ..targets.sglang import SGLangError, checkpoint_files, inspect_markers
+from ..targets.sglang import SGLangError, inspect_markers
 from ..targets.sglang import _Run as _SGLangRun
 
 _EXCEPTIONS = {"ValueError": ValueError, "NotImplementedError": NotImplementedError, "TypeError": TypeError}
@@ -29,9 +29,9 @@ def inspect_comfy_quant_markers(
     sources = [LocalFile(p) for p in paths]
     ckpt = open_checkpoint(paths, sources=sources, shardset=ShardSet(files=paths))
     try:
-        files = checkpoint_files(ckpt)
         try:
-            return inspect_markers(files, param_name_mapper, _SGLangRun(collect=False))
+            markers, derived = inspect_markers(ckpt, param_name_mapper, _SGLangRun(collect=False))
+            return {name: {**m, **derived.get(name, {})} for name, m in markers.items()}
         except SGLangError as exc:
             v = exc.violation
             raise _EXCEPTIONS.get(v.exception or "ValueError", ValueError)(v.message) from None

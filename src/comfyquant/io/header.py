@@ -10,6 +10,7 @@ checked.
 from __future__ import annotations
 
 import json
+import math
 import struct
 
 from ..checker.findings import Finding
@@ -124,84 +125,114 @@ def parse_header_object(obj: dict, path: str, size: int, header_len: int) -> Hea
                 )
     tensors = hdr.tensors
     bits_of = DTYPE_BITS
-    spans: list[tuple[int, int, str]] = []
+    prod = math.prod
+    begins: list[int] = []
+    ends: list[int] = []
+    # Fast path: one arithmetic test per tensor; anything suspicious goes to _validate_entry,
+    # which reports precisely.  The loop runs for every tensor of every shard, so it is lean.
     for name, entry in obj.items():
         try:
             dtype = entry["dtype"]
-            shape = tuple(entry["shape"])
+            shape = entry["shape"]
             begin, end = entry["data_offsets"]
+            numel = prod(shape)
+            ok = (
+                (end - begin) * 8 == numel * bits_of[dtype]
+                and type(numel) is int
+                and type(begin) is int
+                and 0 <= begin
+                and end <= data_len
+            )
         except (TypeError, KeyError, ValueError):
-            findings.append(
-                Finding(
-                    "C006",
-                    f"{path}: tensor {name!r} has a malformed header entry (needs dtype, shape, data_offsets)",
-                    tensor=name,
-                    actual=json.dumps(entry)[:120],
-                    file=path,
-                )
-            )
-            continue
-        if (
-            type(begin) is not int
-            or type(end) is not int
-            or not 0 <= begin <= end
-            or not all(type(d) is int and d >= 0 for d in shape)
-            or type(dtype) is not str
-        ):
-            findings.append(
-                Finding(
-                    "C006",
-                    f"{path}: tensor {name!r} has invalid dtype, shape or offsets: {dtype!r} {list(shape)} [{begin}, {end}]",
-                    tensor=name,
-                    file=path,
-                )
-            )
-            continue
-        spans.append((begin, end, name))
-        tensors[name] = TensorEntry(name, dtype, shape, base + begin, base + end, path)
-        bits = bits_of.get(dtype)
-        if bits is None:
-            findings.append(
-                Finding(
-                    "C005",
-                    f"{path}: tensor {name!r} has unknown dtype {dtype!r}",
-                    tensor=name,
-                    actual=dtype,
-                    expected="a safetensors dtype (F32, BF16, F16, F8_E4M3, I8, U8, ...)",
-                    file=path,
-                )
-            )
-        else:
-            numel = 1
-            for d in shape:
-                numel *= d
-            if (end - begin) * 8 != numel * bits:
-                findings.append(
-                    Finding(
-                        "C001",
-                        f"{path}: tensor {name!r} spans {end - begin} bytes, but {dtype} {list(shape)} needs {numel * bits // 8}",
-                        tensor=name,
-                        expected=f"{numel * bits // 8} bytes",
-                        actual=f"{end - begin} bytes",
-                        cause="header written with a wrong shape or dtype, or the file was edited",
-                        file=path,
-                    )
-                )
-        if end > data_len:
-            findings.append(
-                Finding(
-                    "C002",
-                    f"{path}: tensor {name!r} ends at data offset {end}, past the data area ({data_len} bytes): file truncated?",
-                    tensor=name,
-                    expected=f"end <= {data_len}",
-                    actual=str(end),
-                    cause="the file is truncated (incomplete download?)",
-                    fix="download or copy the file again",
-                    file=path,
-                )
-            )
-    _check_layout(spans, data_len, path, findings)
+            ok = False
+        if not ok:
+            usable = _validate_entry(name, entry, path, data_len, findings)
+            if not usable:
+                continue
+            dtype, shape, begin, end = usable
+        if end != begin:
+            begins.append(begin)
+            ends.append(end)
+        tensors[name] = TensorEntry(name, dtype, tuple(shape), base + begin, base + end, path)
+    b = set(begins)
+    if not (len(b) == len(begins) and b | {data_len} == set(ends) | {0}) and (begins or data_len):
+        _check_layout(sorted(zip(begins, ends, (n for n in tensors if tensors[n].nbytes))), data_len, path, findings)
     return hdr
+
+
+def _validate_entry(name: str, entry, path: str, data_len: int, findings: list[Finding]):
+    """Precise findings for one suspicious entry; returns (dtype, shape, begin, end) if usable."""
+    try:
+        dtype = entry["dtype"]
+        shape = tuple(entry["shape"])
+        begin, end = entry["data_offsets"]
+    except (TypeError, KeyError, ValueError):
+        findings.append(
+            Finding(
+                "C006",
+                f"{path}: tensor {name!r} has a malformed header entry (needs dtype, shape, data_offsets)",
+                tensor=name,
+                actual=json.dumps(entry)[:120],
+                file=path,
+            )
+        )
+        return None
+    if (
+        type(begin) is not int
+        or type(end) is not int
+        or not 0 <= begin <= end
+        or not all(type(d) is int and d >= 0 for d in shape)
+        or type(dtype) is not str
+    ):
+        findings.append(
+            Finding(
+                "C006",
+                f"{path}: tensor {name!r} has invalid dtype, shape or offsets: {dtype!r} {list(shape)} [{begin}, {end}]",
+                tensor=name,
+                file=path,
+            )
+        )
+        return None
+    bits = DTYPE_BITS.get(dtype)
+    if bits is None:
+        findings.append(
+            Finding(
+                "C005",
+                f"{path}: tensor {name!r} has unknown dtype {dtype!r}",
+                tensor=name,
+                actual=dtype,
+                expected="a safetensors dtype (F32, BF16, F16, F8_E4M3, I8, U8, ...)",
+                file=path,
+            )
+        )
+    else:
+        numel = math.prod(shape)
+        if (end - begin) * 8 != numel * bits:
+            findings.append(
+                Finding(
+                    "C001",
+                    f"{path}: tensor {name!r} spans {end - begin} bytes, but {dtype} {list(shape)} needs {numel * bits // 8}",
+                    tensor=name,
+                    expected=f"{numel * bits // 8} bytes",
+                    actual=f"{end - begin} bytes",
+                    cause="header written with a wrong shape or dtype, or the file was edited",
+                    file=path,
+                )
+            )
+    if end > data_len:
+        findings.append(
+            Finding(
+                "C002",
+                f"{path}: tensor {name!r} ends at data offset {end}, past the data area ({data_len} bytes): file truncated?",
+                tensor=name,
+                expected=f"end <= {data_len}",
+                actual=str(end),
+                cause="the file is truncated (incomplete download?)",
+                fix="download or copy the file again",
+                file=path,
+            )
+        )
+    return dtype, shape, begin, end
 
 
 def _check_layout(spans: list[tuple[int, int, str]], data_len: int, path: str, findings: list[Finding]) -> None:

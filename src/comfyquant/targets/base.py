@@ -57,6 +57,19 @@ class Verdict:
         }
 
 
+LAYER = "\x00layer\x00"
+"""Placeholder for the layer name in cached per-layer violation templates."""
+
+
+def bind(templates: list[Violation], prefix: str) -> list[Violation]:
+    """Concrete violations for one layer from cached templates."""
+    return [
+        Violation(v.rule, v.message.replace(LAYER, prefix), v.exception, prefix, v.tensor, v.blocking, v.cause, v.fix,
+                  v.severity)
+        for v in templates
+    ]
+
+
 TARGETS = ("sglang", "comfyui", "comfy-kitchen")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from .base import Verdict, Violation
+from .base import LAYER, Verdict, Violation, bind
 
 DIFFUSION_PREFIX = "model.diffusion_model."
 QUANT_ALGOS = ("float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8", "int8_tensorwise", "convrot_w4a4", "asym_w4a8_int8", "awq_w4a16")
@@ -109,17 +109,25 @@ def comfyui_verdict(ckpt) -> Verdict:
             if legacy and "scale_weight" in t:
                 continue
             if w is not None and w.dtype in ("I8", "U8", "F8_E4M3", "F8_E5M2"):
-                _fail(out, "unmarked", f"layer {prefix!r} has a {w.dtype} weight but no marker: ComfyUI casts it to the "
+                _fail(out, "unmarked", f"layer '{prefix}' has a {w.dtype} weight but no marker: ComfyUI casts it to the "
                                        f"compute dtype by value (garbage output, no error)", prefix, "weight",
                       blocking=False, severity="error", cause="quantized weight without a marker",
                       fix="add the marker (comfyquant fix)")
             continue
-        _layer(out, prefix, marker, t)
+        templates = ckpt.memo.get("comfyui", marker, layer.signature, lambda m=marker, t=t: _layer_templates(m, t))
+        if templates:
+            out.extend(bind(templates, prefix))
     if any(e.dtype == "F8_E8M0" for e in ckpt.tensors.values()):
         _fail(out, "e8m0", "F8_E8M0 tensors: ComfyUI's own (aimdo) safetensors reader has no F8_E8M0 entry; the "
                            "safe_open path reads them (unverified)", blocking=False, severity="info",
               cause="F8_E8M0 dtype", fix="relabel the scales as U8 (same bytes) if your ComfyUI fails to read them")
     return Verdict("comfyui", out)
+
+
+def _layer_templates(marker: dict, t: dict) -> list[Violation]:
+    out: list[Violation] = []
+    _layer(out, LAYER, marker, t)
+    return out
 
 
 def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
@@ -140,7 +148,7 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
         return _fail(out, "weight", f"Missing weight for layer {prefix}", prefix, "weight", blocking=False,
                      severity="error", cause="marked layer without a weight")
     if w.dtype != STORAGE[fmt]:
-        _fail(out, "cast", f"layer {prefix!r}: {w.dtype} weight is value-cast to {STORAGE[fmt]} (garbage, no error)", prefix,
+        _fail(out, "cast", f"layer '{prefix}': {w.dtype} weight is value-cast to {STORAGE[fmt]} (garbage, no error)", prefix,
               "weight", blocking=False, severity="error", cause=f"weight stored as {w.dtype}, the format needs {STORAGE[fmt]}",
               fix=f"relabel the weight as {STORAGE[fmt]} if the bytes are right")
     if fmt == "asym_w4a8_int8":
@@ -149,12 +157,12 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
         if suffix in ("weight", "bias", "comfy_quant") or suffix in CONSUMED[fmt]:
             continue
         if suffix == "weight_correction":
-            _fail(out, "correction", f"layer {prefix!r}: ComfyUI does not load weight_correction; the asymmetric W4A8 layer "
+            _fail(out, "correction", f"layer '{prefix}': ComfyUI does not load weight_correction; the asymmetric W4A8 layer "
                                      f"decodes wrongly (no error)", prefix, suffix, blocking=False,
                   cause="ComfyUI's W4A8 loader passes only s_rel, s_channel and codebook",
                   fix="for ComfyUI, re-quantize symmetric (comfyquant fix --target comfyui --allow-lossy)")
         else:
-            _fail(out, "unconsumed", f"layer {prefix!r}: {suffix} is not consumed and stays as a left-over key",
+            _fail(out, "unconsumed", f"layer '{prefix}': {suffix} is not consumed and stays as a left-over key",
                   prefix, suffix, blocking=False, cause="tensor the ComfyUI loader does not read",
                   fix="remove it (comfyquant fix)")
 
@@ -169,7 +177,7 @@ def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> None:
     try:
         env = ASYM_W4A8_INT8.geometry(t, ASYM_W4A8_INT8.params(marker))
     except GeometryError as exc:
-        return _fail(out, "ck", f"layer {prefix!r}: {exc}", prefix, "weight")
+        return _fail(out, "ck", f"layer '{prefix}': {exc}", prefix, "weight")
     v = check_w4a8(prefix, t, env, dropped_correction=True)
     if v is not None:
         _fail(out, "ck", v.message, prefix, v.tensor, exception=v.exception, cause=v.cause, fix=v.fix)

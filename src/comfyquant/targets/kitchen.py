@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..formats.base import GeometryError, is_pow4, pad
 from ..formats.registry import FORMATS
-from .base import Verdict, Violation
+from .base import LAYER, Verdict, Violation, bind
 
 
 def _v(rule: str, message: str, layer: str, tensor: str | None = None, exception: str = "ValueError",
@@ -19,27 +19,31 @@ def _v(rule: str, message: str, layer: str, tensor: str | None = None, exception
 
 def kitchen_verdict(ckpt) -> Verdict:
     out: list[Violation] = []
+    memo = ckpt.memo
     for prefix, layer in ckpt.layers.items():
-        name = layer.format_name
-        if layer.marker is None or name is None:
+        if layer.marker is None or layer.format_name is None:
             continue
-        fmt = FORMATS.get(name)
-        if fmt is None or "comfy-kitchen" not in fmt.loaders:
-            out.append(_v("layout", f"no comfy-kitchen layout for format {name!r} (layer {prefix!r})", prefix,
-                          exception="KeyError", cause="format comfy-kitchen does not implement",
-                          fix="convert the layer (comfyquant convert)"))
-            continue
-        try:
-            env = fmt.geometry(layer.tensors, fmt.params(layer.marker))
-        except GeometryError as exc:
-            out.append(_v("shape", f"layer {prefix!r}: {exc}", prefix, "weight"))
-            continue
-        check = _CHECKS.get(name)
-        if check is not None:
-            v = check(prefix, layer.tensors, env)
-            if v is not None:
-                out.append(v)
+        templates = memo.get("comfy-kitchen", layer.marker, layer.signature,
+                             lambda lay=layer: _layer_templates(lay.format_name, lay.marker, lay.tensors))
+        if templates:
+            out.extend(bind(templates, prefix))
     return Verdict("comfy-kitchen", out)
+
+
+def _layer_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
+    prefix = LAYER
+    fmt = FORMATS.get(name)
+    if fmt is None or "comfy-kitchen" not in fmt.loaders:
+        return [_v("layout", f"no comfy-kitchen layout for format {name!r} (layer '{prefix}')", prefix,
+                   exception="KeyError", cause="format comfy-kitchen does not implement",
+                   fix="convert the layer (comfyquant convert)")]
+    try:
+        env = fmt.geometry(tensors, fmt.params(marker))
+    except GeometryError as exc:
+        return [_v("shape", f"layer '{prefix}': {exc}", prefix, "weight")]
+    check = _CHECKS.get(name)
+    v = check(prefix, tensors, env) if check is not None else None
+    return [v] if v is not None else []
 
 
 def _hadamard(prefix: str, c) -> Violation | None:
@@ -52,7 +56,7 @@ def _hadamard(prefix: str, c) -> Violation | None:
 def _int8(prefix: str, t: dict, env: dict) -> Violation | None:
     w, s = t["weight"], t.get("weight_scale")
     if s is None:
-        return _v("missing", f"layer {prefix!r} has no weight_scale", prefix, "weight_scale")
+        return _v("missing", f"layer '{prefix}' has no weight_scale", prefix, "weight_scale")
     if s.numel not in (1, env["N"]):
         return _v("int8", f"INT8 weight scale must be scalar or per-output-channel, got {list(s.shape)} for weight shape "
                           f"{list(w.shape)}", prefix, "weight_scale")
@@ -64,7 +68,7 @@ def _int8(prefix: str, t: dict, env: dict) -> Violation | None:
         if env["K"] % c:
             return _v("int8", f"ConvRot group size {c} does not divide input features {env['K']}", prefix)
     if s.shape == (env["N"],) and env["N"] != 1:
-        return _v("int8", f"layer {prefix!r}: row scale of shape [N] is broadcast along K by dequantize "
+        return _v("int8", f"layer '{prefix}': row scale of shape [N] is broadcast along K by dequantize "
                           f"({'wrong values' if env['N'] == env['K'] else 'raises'}); linear still runs", prefix,
                   "weight_scale", blocking=False, cause="row scales stored as [N] instead of [N, 1]",
                   fix="reshape to [N, 1] (comfyquant fix)")
@@ -128,10 +132,10 @@ def _blocked(block: int):
     def check(prefix: str, t: dict, env: dict) -> Violation | None:
         s = t.get("weight_scale")
         if s is None:
-            return _v("missing", f"layer {prefix!r} has no weight_scale", prefix, "weight_scale")
+            return _v("missing", f"layer '{prefix}' has no weight_scale", prefix, "weight_scale")
         want = pad(env["N"], 128) * pad(env["K"] // block, 4)
         if s.numel != want:
-            return _v("blocked", f"layer {prefix!r}: from_blocked cannot reshape {s.numel} scale bytes to the blocked "
+            return _v("blocked", f"layer '{prefix}': from_blocked cannot reshape {s.numel} scale bytes to the blocked "
                                  f"layout of [{env['N']}, {env['K']}] ({want} bytes)", prefix, "weight_scale",
                       exception="RuntimeError", cause="scale not in the blocked, padded layout",
                       fix="convert the scales to the blocked layout (comfyquant fix)")

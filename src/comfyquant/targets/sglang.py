@@ -12,8 +12,7 @@ is assumed.  A layer counts as an embedding when its last name component contain
 
 from __future__ import annotations
 
-import json
-from typing import Any, Callable
+from typing import Callable
 
 from .base import Verdict, Violation
 
@@ -90,90 +89,89 @@ class _Run:
         self.violations.append(v)
 
 
-def checkpoint_files(ckpt) -> list[tuple[str, dict, dict, Callable[[str], bytes]]]:
-    """(path, metadata, {name: (dtype, shape)} sorted by name, marker bytes) per file."""
-    mb = ckpt.markers.marker_bytes
-    out = []
-    for h in ckpt.headers:
-        meta = {n: (e.dtype, e.shape) for n, e in sorted(h.tensors.items())}
-        out.append((h.file, h.metadata, meta, lambda name, _f=h.file: _marker_bytes(ckpt, mb, _f, name)))
-    return out
+PREFIX = "\x00prefix\x00"
+"""Placeholder for ``repr(prefix)`` in cached per-layer messages."""
+RAW = "\x00raw\x00"
+"""Placeholder for the prefix itself (inside tensor names)."""
 
 
-def _marker_bytes(ckpt, cache: dict, file: str, name: str) -> bytes:
-    entry = ckpt.tensors.get(name)
-    if entry is not None and entry.file == file and name in cache:
-        return cache[name]
-    for h in ckpt.headers:
-        if h.file == file:
-            return ckpt.source(file).pread(h.tensors[name].start, h.tensors[name].nbytes)
-    raise KeyError(name)
+def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: _Run) -> tuple[dict, dict]:
+    """SGLang's ``inspect_comfy_quant_markers`` over an opened checkpoint.
 
-
-def _merge(run: _Run, raw: dict, prefix: str, marker: dict) -> None:
-    previous = raw.get(prefix)
-    if previous is None:
-        raw[prefix] = dict(marker)
-        return
-    for key, value in marker.items():
-        if key in previous and previous[key] != value:
-            run.fail("P1", f"Conflicting Comfy quantization markers for {prefix!r}", prefix)
-            return
-    for key, value in marker.items():
-        previous.setdefault(key, value)
-
-
-def inspect_markers(files, param_name_mapper: Callable[[str], str] | None, run: _Run) -> dict[str, dict[str, Any]]:
-    """SGLang's ``inspect_comfy_quant_markers`` over pre-read headers."""
-    meta: dict[str, tuple[str, tuple]] = {}
-    raw: dict[str, dict] = {}
-    needs_marker: set[str] = set()
-    quant_formats: set[str] = set()
-    for path, metadata, tensors, marker_bytes in files:
-        qf = metadata.get("quant_format")
-        if qf:
-            quant_formats.add(qf.lower())
-        serialized = metadata.get("_quantization_metadata")
-        if serialized is not None:
-            _header_markers(run, raw, path, serialized)
-        for key, (dtype, shape) in tensors.items():
-            meta[key] = (dtype, shape)
-            if key.endswith(".weight") and dtype in QUANT_DTYPES:
-                needs_marker.add(key[: -len(".weight")])
-            if not key.endswith(".comfy_quant"):
+    Returns (markers by mapped prefix, derived keys by mapped prefix).  Marker dicts are the
+    checkpoint's own (shared, never mutated); SGLang's derived ``_`` keys are kept apart.
+    """
+    ms = ckpt.markers
+    layers = ckpt.layers
+    headers = {hm.file: hm for hm in ms.headers}
+    by_file: dict[str, list] = {}
+    for rec in ms.records:
+        by_file.setdefault(rec.file, []).append(rec)
+    seen: dict[str, dict] = {}
+    for path in ckpt.files:
+        hm = headers.get(path)
+        if hm is not None and hm.error is not None:
+            rule, text = {
+                "M010": ("H1", f"Invalid _quantization_metadata in {path}"),
+                "M011": ("H2", f"_quantization_metadata in {path} must contain an object"),
+                "M012": ("H3", f"_quantization_metadata in {path} must contain a layers object"),
+            }[hm.error]
+            run.fail(rule, text)
+        for rec in by_file.get(path, ()):
+            if rec.error == "M013":
+                run.fail("H4", f"Comfy quantization metadata for {rec.prefix!r} must be an object", rec.prefix)
                 continue
-            prefix = key[: -len(".comfy_quant")]
-            try:
-                marker = json.loads(marker_bytes(key))
-            except (ValueError, UnicodeDecodeError):
-                run.fail("P2", f"Invalid Comfy quantization marker {key!r} in {path}", prefix, "comfy_quant")
+            if rec.error == "M001":
+                run.fail("P2", f"Invalid Comfy quantization marker {rec.key!r} in {path}", rec.prefix, "comfy_quant")
                 continue
-            if not isinstance(marker, dict):
-                run.fail("P3", f"Comfy quantization marker {key!r} must contain a JSON object", prefix, "comfy_quant")
+            if rec.error == "M002":
+                run.fail("P3", f"Comfy quantization marker {rec.key!r} must contain a JSON object", rec.prefix, "comfy_quant")
                 continue
-            _merge(run, raw, prefix, marker)
+            previous = seen.get(rec.prefix)
+            if previous is None:
+                seen[rec.prefix] = rec.obj
+                continue
+            for key, value in rec.obj.items():
+                if key in previous and previous[key] != value:
+                    run.fail("P1", f"Conflicting Comfy quantization markers for {rec.prefix!r}", rec.prefix)
+                    break
+            else:
+                seen[rec.prefix] = {**rec.obj, **previous}
+    raw: dict[str, dict] = {p: ms.effective.get(p, m) for p, m in seen.items()}
 
-    if quant_formats == {"mxfp8"}:
+    needs_marker = [p for p, layer in layers.items() if (w := layer.tensors.get("weight")) is not None and w.dtype in QUANT_DTYPES]
+    qfs = {v.lower() for v in ms.quant_formats.values() if v}
+    if qfs == {"mxfp8"}:
         for prefix in sorted(needs_marker):
-            wmeta = meta[f"{prefix}.weight"]
-            smeta = meta.get(f"{prefix}.weight_scale")
-            dtype, shape = wmeta
-            if dtype != "F8_E4M3" or len(shape) != 2 or shape[1] % 32 != 0 or smeta != ("U8", (shape[0], shape[1] // 32)):
+            t = layers[prefix].tensors
+            w, s = t["weight"], t.get("weight_scale")
+            wmeta, smeta = (w.dtype, w.shape), (s.dtype, s.shape) if s is not None else None
+            if w.dtype != "F8_E4M3" or len(w.shape) != 2 or w.shape[1] % 32 != 0 or smeta != ("U8", (w.shape[0], w.shape[1] // 32)):
                 run.fail("X1", f"MXFP8 layer {prefix!r} has incompatible weight/scale metadata: {wmeta} and {smeta}",
                          prefix, "weight_scale")
                 continue
-            raw.setdefault(prefix, {"format": "mxfp8"})
+            raw.setdefault(prefix, MXFP8_MARKER)
 
-    missing = sorted(needs_marker - raw.keys())
+    missing = sorted(p for p in needs_marker if p not in raw)
     if missing:
         message = f"Quantized weights are missing comfy_quant metadata: {missing[:5]}"
         for prefix in missing:
             run.fail("M0", message, prefix)
 
+    derived: dict[str, dict] = {}
+    memo = ckpt.memo
     for prefix, marker in raw.items():
-        _check_marker(run, meta, prefix, marker)
+        layer = layers.get(prefix)
+        sig = layer.signature if layer is not None else ()
+        outcome = memo.get("sglang", marker, sig, lambda m=marker, t=(layer.tensors if layer else {}): _check_marker(m, t))
+        rule, template, tensor, keys = outcome
+        if rule is not None:
+            run.fail(rule, template.replace(PREFIX, repr(prefix)).replace(RAW, prefix), prefix, tensor)
+        if keys:
+            derived[prefix] = keys
 
     mapped: dict[str, dict] = {}
+    mapped_derived: dict[str, dict] = {}
     for prefix, marker in raw.items():
         name = prefix
         if param_name_mapper is not None:
@@ -183,178 +181,167 @@ def inspect_markers(files, param_name_mapper: Callable[[str], str] | None, run: 
             run.fail("M1", f"Comfy markers collide after parameter mapping at {name!r}", prefix)
             continue
         mapped[name] = marker
-    return mapped
+        if prefix in derived:
+            mapped_derived[name] = derived[prefix]
+    return mapped, mapped_derived
 
 
-def _header_markers(run: _Run, raw: dict, path: str, serialized: str) -> None:
-    try:
-        config = json.loads(serialized)
-    except ValueError:
-        run.fail("H1", f"Invalid _quantization_metadata in {path}")
-        return
-    if not isinstance(config, dict):
-        run.fail("H2", f"_quantization_metadata in {path} must contain an object")
-        return
-    layers = config.get("layers")
-    if not isinstance(layers, dict):
-        run.fail("H3", f"_quantization_metadata in {path} must contain a layers object")
-        return
-    for prefix, marker in layers.items():
-        if not isinstance(marker, dict):
-            run.fail("H4", f"Comfy quantization metadata for {prefix!r} must be an object", prefix)
-            continue
-        _merge(run, raw, prefix, marker)
+MXFP8_MARKER = {"format": "mxfp8"}
 
 
-def _check_marker(run: _Run, meta: dict, prefix: str, marker: dict) -> None:
+def _meta(tensors: dict, suffix: str):
+    e = tensors.get(suffix)
+    return None if e is None else (e.dtype, e.shape)
+
+
+def _check_marker(marker: dict, t: dict) -> tuple[str | None, str, str | None, dict]:
+    """One marker's inspection: (rule, message template, tensor suffix, derived keys)."""
     fmt = marker.get("format")
     if fmt not in VALIDATED:
-        return
+        return None, "", None, {}
+    P = PREFIX
     if fmt == "asym_w4a8_int8":
-        required = {f"{prefix}.weight", f"{prefix}.weight_s_rel", f"{prefix}.weight_s_channel"}
-    else:
-        required = {f"{prefix}.weight", f"{prefix}.weight_scale"}
-        if fmt == "nvfp4":
-            required.add(f"{prefix}.weight_scale_2")
-    missing = required - meta.keys()
-    if missing:
-        run.fail("T1", f"Comfy layer {prefix!r} is missing checkpoint tensors: {sorted(missing)}", prefix)
-        return
-    if fmt == "float8_e4m3fn":
-        marker["_activation_scheme"] = "static" if f"{prefix}.input_scale" in meta else "dynamic"
-    elif fmt == "asym_w4a8_int8":
-        _check_w4a8(run, meta, prefix, marker)
-    elif fmt == "convrot_w4a4":
-        _check_w4a4(run, meta, prefix, marker)
+        required = ("weight", "weight_s_rel", "weight_s_channel")
     elif fmt == "nvfp4":
-        _check_nvfp4(run, meta, prefix, marker)
+        required = ("weight", "weight_scale", "weight_scale_2")
     else:
-        _check_int8(run, meta, prefix, marker)
+        required = ("weight", "weight_scale")
+    missing = sorted(s for s in required if s not in t)
+    if missing:
+        names = ", ".join(f"'{RAW}.{s}'" for s in missing)
+        return "T1", f"Comfy layer {P} is missing checkpoint tensors: [{names}]", None, {}
+    if fmt == "float8_e4m3fn":
+        return None, "", None, {"_activation_scheme": "static" if "input_scale" in t else "dynamic"}
+    if fmt == "asym_w4a8_int8":
+        return _check_w4a8(marker, t)
+    if fmt == "convrot_w4a4":
+        return _check_w4a4(marker, t)
+    if fmt == "nvfp4":
+        return _check_nvfp4(t)
+    return _check_int8(t)
 
 
-def _int(run: _Run, value, prefix: str):
+def _fail_tpl(rule: str, message: str, tensor: str | None = None, keys: dict | None = None):
+    return rule, message, tensor, keys or {}
+
+
+def _check_w4a8(marker: dict, t: dict):
+    P = PREFIX
+    wdt, wsh = _meta(t, "weight")
+    sdt, ssh = _meta(t, "weight_s_rel")
+    cdt, csh = _meta(t, "weight_s_channel")
     try:
-        return int(value)
+        g = int(marker.get("group_size", 16))
     except (TypeError, ValueError) as exc:
-        run.fail("W1", str(exc), prefix, exception=type(exc).__name__)
-        return None
-
-
-def _check_w4a8(run: _Run, meta: dict, prefix: str, marker: dict) -> None:
-    wdt, wsh = meta[f"{prefix}.weight"]
-    sdt, ssh = meta[f"{prefix}.weight_s_rel"]
-    cdt, csh = meta[f"{prefix}.weight_s_channel"]
-    g = _int(run, marker.get("group_size", 16), prefix)
-    if g is None:
-        return
+        return _fail_tpl("W1", str(exc))
     if g < 4:
-        return run.fail("W1", f"Comfy W4A8 layer {prefix!r} has invalid group_size={g}", prefix)
+        return _fail_tpl("W1", f"Comfy W4A8 layer {P} has invalid group_size={g}")
     if wdt != "I8" or sdt != "F8_E4M3":
-        return run.fail("W2", f"Comfy W4A8 layer {prefix!r} needs I8 weights and FP8 group scales, got {wdt} and {sdt}",
-                        prefix, "weight" if wdt != "I8" else "weight_s_rel")
+        return _fail_tpl("W2", f"Comfy W4A8 layer {P} needs I8 weights and FP8 group scales, got {wdt} and {sdt}",
+                         "weight" if wdt != "I8" else "weight_s_rel")
     if cdt != "F32":
-        return run.fail("W3", f"Comfy W4A8 layer {prefix!r} needs F32 channel scales, got {cdt}", prefix, "weight_s_channel")
+        return _fail_tpl("W3", f"Comfy W4A8 layer {P} needs F32 channel scales, got {cdt}", "weight_s_channel")
     if len(wsh) != 2:
-        return run.fail("W4", f"Comfy W4A8 layer {prefix!r} needs a 2D packed weight, got {wsh}", prefix, "weight")
+        return _fail_tpl("W4", f"Comfy W4A8 layer {P} needs a 2D packed weight, got {wsh}", "weight")
     k = wsh[1] * 2
     if ssh != (wsh[0], k // g) or csh != (wsh[0],):
-        return run.fail("W5", f"Comfy W4A8 layer {prefix!r} has incompatible weight/scale shapes: {wsh}, {ssh}, and {csh}",
-                        prefix, "weight_s_rel" if csh == (wsh[0],) else "weight_s_channel")
-    cb, corr = f"{prefix}.weight_codebook", f"{prefix}.weight_correction"
-    marker["_has_codebook"] = cb in meta
-    marker["_has_correction"] = corr in meta
-    if marker["_has_codebook"] and meta[cb] != ("F32", (16,)):
-        return run.fail("W6", f"Comfy W4A8 layer {prefix!r} needs an F32[16] codebook", prefix, "weight_codebook")
-    if marker["_has_correction"] and meta[corr] != ("F32", (k // g, wsh[0])):
-        return run.fail("W7", f"Comfy W4A8 layer {prefix!r} has an incompatible correction tensor", prefix, "weight_correction")
+        return _fail_tpl("W5", f"Comfy W4A8 layer {P} has incompatible weight/scale shapes: {wsh}, {ssh}, and {csh}",
+                         "weight_s_rel" if csh == (wsh[0],) else "weight_s_channel")
+    keys = {"_has_codebook": "weight_codebook" in t, "_has_correction": "weight_correction" in t}
+    if keys["_has_codebook"] and _meta(t, "weight_codebook") != ("F32", (16,)):
+        return _fail_tpl("W6", f"Comfy W4A8 layer {P} needs an F32[16] codebook", "weight_codebook", keys)
+    if keys["_has_correction"] and _meta(t, "weight_correction") != ("F32", (k // g, wsh[0])):
+        return _fail_tpl("W7", f"Comfy W4A8 layer {P} has an incompatible correction tensor", "weight_correction", keys)
+    return None, "", None, keys
 
 
-def _check_w4a4(run: _Run, meta: dict, prefix: str, marker: dict) -> None:
-    wdt, wsh = meta[f"{prefix}.weight"]
-    sdt, ssh = meta[f"{prefix}.weight_scale"]
+def _check_w4a4(marker: dict, t: dict):
+    P = PREFIX
+    wdt, wsh = _meta(t, "weight")
+    sdt, ssh = _meta(t, "weight_scale")
     if wdt != "I8" or sdt != "F32":
-        return run.fail("A1", f"Comfy W4A4 layer {prefix!r} needs I8 packed weights and F32 scales, got {wdt} and {sdt}",
-                        prefix, "weight" if wdt != "I8" else "weight_scale")
+        return _fail_tpl("A1", f"Comfy W4A4 layer {P} needs I8 packed weights and F32 scales, got {wdt} and {sdt}",
+                         "weight" if wdt != "I8" else "weight_scale")
     if len(wsh) != 2 or ssh != (wsh[0],):
-        return run.fail("A2", f"Comfy W4A4 layer {prefix!r} has incompatible weight/scale shapes: {wsh} and {ssh}",
-                        prefix, "weight_scale")
+        return _fail_tpl("A2", f"Comfy W4A4 layer {P} has incompatible weight/scale shapes: {wsh} and {ssh}", "weight_scale")
     k = wsh[1] * 2
-    c = _int(run, marker.get("convrot_groupsize", 256), prefix)
-    if c is None:
-        return
+    try:
+        c = int(marker.get("convrot_groupsize", 256))
+    except (TypeError, ValueError) as exc:
+        return _fail_tpl("A3", str(exc))
     if c not in CONVROT_SIZES:
-        return run.fail("A3", f"Comfy W4A4 layer {prefix!r} has unsupported convrot_groupsize={c}", prefix)
+        return _fail_tpl("A3", f"Comfy W4A4 layer {P} has unsupported convrot_groupsize={c}")
     if k % 64 or k % c:
-        return run.fail("A4", f"Comfy W4A4 layer {prefix!r} has input size {k}, incompatible with quant_group_size=64 "
-                              f"and convrot_groupsize={c}", prefix)
+        return _fail_tpl("A4", f"Comfy W4A4 layer {P} has input size {k}, incompatible with quant_group_size=64 "
+                               f"and convrot_groupsize={c}")
+    return None, "", None, {}
 
 
-def _check_nvfp4(run: _Run, meta: dict, prefix: str, marker: dict) -> None:
-    wdt, wsh = meta[f"{prefix}.weight"]
-    sdt, ssh = meta[f"{prefix}.weight_scale"]
-    s2dt, s2sh = meta[f"{prefix}.weight_scale_2"]
+def _check_nvfp4(t: dict):
+    P = PREFIX
+    wdt, wsh = _meta(t, "weight")
+    sdt, ssh = _meta(t, "weight_scale")
+    s2dt, s2sh = _meta(t, "weight_scale_2")
     if wdt != "U8" or sdt != "F8_E4M3":
-        return run.fail("F1", f"Comfy NVFP4 layer {prefix!r} needs U8 packed weights and FP8 block scales, got {wdt} and {sdt}",
-                        prefix, "weight" if wdt != "U8" else "weight_scale")
+        return _fail_tpl("F1", f"Comfy NVFP4 layer {P} needs U8 packed weights and FP8 block scales, got {wdt} and {sdt}",
+                         "weight" if wdt != "U8" else "weight_scale")
     if s2dt != "F32" or s2sh not in ((), (1,)):
-        return run.fail("F2", f"Comfy NVFP4 layer {prefix!r} needs a scalar F32 weight_scale_2, got {s2dt}{s2sh}",
-                        prefix, "weight_scale_2")
+        return _fail_tpl("F2", f"Comfy NVFP4 layer {P} needs a scalar F32 weight_scale_2, got {s2dt}{s2sh}", "weight_scale_2")
     if len(wsh) != 2:
-        return run.fail("F3", f"Comfy NVFP4 layer {prefix!r} needs a 2D packed weight, got {wsh}", prefix, "weight")
+        return _fail_tpl("F3", f"Comfy NVFP4 layer {P} needs a 2D packed weight, got {wsh}", "weight")
     k = wsh[1] * 2
     if k % 16 or ssh != (wsh[0], k // 16):
-        return run.fail("F4", f"Comfy NVFP4 layer {prefix!r} has incompatible weight/scale shapes: {wsh} and {ssh}",
-                        prefix, "weight_scale")
-    pq = f"{prefix}.pre_quant_scale"
-    marker["_has_pre_quant_scale"] = pq in meta
-    if marker["_has_pre_quant_scale"]:
-        pdt, psh = meta[pq]
+        return _fail_tpl("F4", f"Comfy NVFP4 layer {P} has incompatible weight/scale shapes: {wsh} and {ssh}", "weight_scale")
+    keys = {"_has_pre_quant_scale": "pre_quant_scale" in t}
+    if keys["_has_pre_quant_scale"]:
+        pdt, psh = _meta(t, "pre_quant_scale")
         if pdt not in ("BF16", "F16", "F32") or psh != (k,):
-            return run.fail("F5", f"Comfy NVFP4 layer {prefix!r} has an incompatible pre_quant_scale: {pdt}{psh}",
-                            prefix, "pre_quant_scale")
+            return _fail_tpl("F5", f"Comfy NVFP4 layer {P} has an incompatible pre_quant_scale: {pdt}{psh}",
+                             "pre_quant_scale", keys)
+    return None, "", None, keys
 
 
-def _check_int8(run: _Run, meta: dict, prefix: str, marker: dict) -> None:
-    wdt, wsh = meta[f"{prefix}.weight"]
-    sdt, ssh = meta[f"{prefix}.weight_scale"]
+def _check_int8(t: dict):
+    P = PREFIX
+    wdt, wsh = _meta(t, "weight")
+    sdt, ssh = _meta(t, "weight_scale")
     if wdt == "I8" and sdt == "F32" and ssh == ():
         if len(wsh) != 2:
-            return run.fail("I1", f"Comfy tensorwise INT8 layer {prefix!r} needs a 2D weight, got {wsh}", prefix, "weight")
-        marker["_is_tensorwise_scalar"] = True
-        return
+            return _fail_tpl("I1", f"Comfy tensorwise INT8 layer {P} needs a 2D weight, got {wsh}", "weight")
+        return None, "", None, {"_is_tensorwise_scalar": True}
     if wdt != "I8" or sdt != "F32":
-        return run.fail("I2", f"Comfy INT8 layer {prefix!r} needs I8 weights and F32 scales, got {wdt} and {sdt}",
-                        prefix, "weight" if wdt != "I8" else "weight_scale")
+        return _fail_tpl("I2", f"Comfy INT8 layer {P} needs I8 weights and F32 scales, got {wdt} and {sdt}",
+                         "weight" if wdt != "I8" else "weight_scale")
     if len(wsh) != 2 or ssh != (wsh[0], 1):
-        return run.fail("I3", f"Comfy INT8 layer {prefix!r} has incompatible weight/scale shapes: {wsh} and {ssh}",
-                        prefix, "weight_scale")
-    marker["_is_rowwise"] = True
+        return _fail_tpl("I3", f"Comfy INT8 layer {P} has incompatible weight/scale shapes: {wsh} and {ssh}", "weight_scale")
+    return None, "", None, {"_is_rowwise": True}
 
 
 # -- resolve and config constructors (spec 4.2) ---------------------------------------------
 
-def is_int8_embedding_marker(marker: dict) -> bool:
+def is_int8_embedding_marker(marker: dict, derived: dict | None = None) -> bool:
+    d = derived or {}
     return (
         marker.get("format") == "int8_tensorwise"
         and not marker.get("convrot")
-        and bool(marker.get("_is_tensorwise_scalar") or marker.get("_is_rowwise"))
+        and bool(d.get("_is_tensorwise_scalar") or d.get("_is_rowwise"))
     )
 
 
-def resolve(markers: dict[str, dict], run: _Run) -> str | None:
+def resolve(markers: dict[str, dict], derived: dict[str, dict], run: _Run) -> str | None:
     """The config SGLang builds (its class name), after its constructor checks."""
     if not markers:
         return None
     formats = sorted({str(m.get("format")) for m in markers.values()})
     if formats == ["int8_tensorwise"]:
-        _int8_config(markers, run)
+        _int8_config(markers, derived, run)
         return "ConvRotInt8Config"
     if formats in (["asym_w4a8_int8"], ["asym_w4a8_int8", "int8_tensorwise"]):
         for prefix, m in markers.items():
             if m.get("format") == "asym_w4a8_int8":
                 if m.get("convrot") is not True:
                     run.fail("R3", f"Serialized W4A8 layer {prefix!r} must set convrot=true", prefix)
-            elif not is_int8_embedding_marker(m):
+            elif not is_int8_embedding_marker(m, derived.get(prefix)):
                 run.fail("R4", f"Unsupported Comfy W4A8 format for {prefix!r}: {m.get('format')!r}", prefix)
         return "KitchenW4A8Config"
     if formats in (["convrot_w4a4"], ["convrot_w4a4", "int8_tensorwise"]):
@@ -370,7 +357,7 @@ def resolve(markers: dict[str, dict], run: _Run) -> str | None:
                     run.fail("R7", f"Serialized W4A4 layer {prefix!r} has unsupported linear_dtype={ld!r}; "
                                    f"expected one of ('int4', 'int8')", prefix)
             elif m.get("format") == "int8_tensorwise":
-                _int8_config({prefix: m}, run)
+                _int8_config({prefix: m}, derived, run)
             else:
                 run.fail("R5", f"Unsupported Comfy W4A4 format for {prefix!r}: {m.get('format')!r}", prefix)
         return "KitchenW4A4Config"
@@ -381,7 +368,7 @@ def resolve(markers: dict[str, dict], run: _Run) -> str | None:
             if m.get("format") == "nvfp4":
                 if m.get("convrot"):
                     run.fail("R9", f"Rotated NVFP4 weights are not supported: {prefix!r}", prefix)
-            elif not is_int8_embedding_marker(m):
+            elif not is_int8_embedding_marker(m, derived.get(prefix)):
                 run.fail("R8", f"Unsupported Comfy NVFP4 companion for {prefix!r}: {m.get('format')!r}", prefix)
         return "ComfyNvfp4Config"
     if formats == ["mxfp8"]:
@@ -390,9 +377,9 @@ def resolve(markers: dict[str, dict], run: _Run) -> str | None:
     return None
 
 
-def _int8_config(markers: dict[str, dict], run: _Run) -> None:
+def _int8_config(markers: dict[str, dict], derived: dict[str, dict], run: _Run) -> None:
     for prefix, m in markers.items():
-        if is_int8_embedding_marker(m):
+        if is_int8_embedding_marker(m, derived.get(prefix)):
             continue
         if m.get("convrot") is not True:
             run.fail("R1", f"Serialized convrot_int8 layer {prefix!r} must set convrot=true", prefix)
@@ -409,14 +396,18 @@ def _is_embedding(prefix: str) -> bool:
     return "embed" in prefix.rsplit(".", 1)[-1]
 
 
-def build_layers(markers: dict[str, dict], raw_prefix: dict[str, str], meta: dict, config: str | None, run: _Run) -> None:
+def build_layers(markers: dict[str, dict], derived: dict[str, dict], raw_prefix: dict[str, str], ckpt,
+                 config: str | None, run: _Run) -> None:
+    layers = ckpt.layers
     for name, m in markers.items():
         prefix = raw_prefix.get(name, name)
         fmt = m.get("format")
-        w = meta.get(f"{prefix}.weight")
-        if w is None or len(w[1]) != 2:
+        layer = layers.get(prefix)
+        w = layer.tensors.get("weight") if layer is not None else None
+        if w is None or len(w.shape) != 2:
             continue
-        n, cols = w[1]
+        n, cols = w.shape
+        d = derived.get(name) or {}
         if fmt == "asym_w4a8_int8":
             g, c, k = int(m.get("group_size", 16)), int(m.get("convrot_groupsize", 256)), 2 * cols
             if not (g >= 4 and (16 % g == 0 or g % 16 == 0) and k % 16 == 0 and k % g == 0 and k % c == 0):
@@ -428,7 +419,7 @@ def build_layers(markers: dict[str, dict], raw_prefix: dict[str, str], meta: dic
                 run.fail("B2", f"Serialized W4A4 layer {prefix!r} has input size {k}, incompatible with quant_group_size=64 "
                                f"and convrot_groupsize={c}", prefix)
         elif fmt == "int8_tensorwise" and not _is_embedding(prefix):
-            if is_int8_embedding_marker(m):
+            if is_int8_embedding_marker(m, d):
                 if config in ("KitchenW4A8Config", "ComfyNvfp4Config"):
                     run.fail("B4", f"Unsupported quantized linear marker for {prefix!r}", prefix)
                 else:
@@ -440,35 +431,25 @@ def build_layers(markers: dict[str, dict], raw_prefix: dict[str, str], meta: dic
                 if isinstance(c, (int, float)) and c and cols % int(c):
                     run.fail("B3", f"Serialized convrot_int8 layer {prefix!r} has input size {cols}, which is not divisible "
                                    f"by its ConvRot group size {int(c)}", prefix)
-                elif m.get("_is_tensorwise_scalar"):
+                elif d.get("_is_tensorwise_scalar"):
                     run.fail("B5", f"(no SGLang message) ConvRot INT8 layer {prefix!r} has a scalar weight_scale; SGLang's "
                                    f"parameter is [N, 1] and the load fails", prefix, "weight_scale", exception=None)
 
 
-def run_all(files, param_name_mapper=None, collect: bool = True) -> tuple[dict, list[Violation], str | None]:
+def run_all(ckpt, param_name_mapper=None, collect: bool = True) -> tuple[dict, dict, list[Violation], str | None]:
     """Inspect, resolve and build, as SGLang loads a checkpoint.  Raises SGLangError unless ``collect``."""
     run = _Run(collect)
-    markers = inspect_markers(files, param_name_mapper, run)
-    config = resolve(markers, run)
-    meta: dict = {}
-    for _path, _md, tensors, _mb in files:
-        meta.update(tensors)
-    raw_prefix = _raw_prefixes(files, param_name_mapper) if param_name_mapper is not None else {}
-    build_layers(markers, raw_prefix, meta, config, run)
-    return markers, run.violations, config
-
-
-def _raw_prefixes(files, mapper) -> dict[str, str]:
-    out = {}
-    for _path, _md, tensors, _mb in files:
-        for key in tensors:
-            if key.endswith(".weight"):
-                raw = key[: -len(".weight")]
-                m = mapper(key)
-                out[m[: -len(".weight")] if m.endswith(".weight") else m] = raw
-    return out
+    markers, derived = inspect_markers(ckpt, param_name_mapper, run)
+    config = resolve(markers, derived, run)
+    raw_prefix = {}
+    if param_name_mapper is not None:
+        for prefix in ckpt.layers:
+            m = param_name_mapper(prefix + ".weight")
+            raw_prefix[m[: -len(".weight")] if m.endswith(".weight") else m] = prefix
+    build_layers(markers, derived, raw_prefix, ckpt, config, run)
+    return markers, derived, run.violations, config
 
 
 def sglang_verdict(ckpt, param_name_mapper=None) -> Verdict:
-    _markers, violations, _config = run_all(checkpoint_files(ckpt), param_name_mapper, collect=True)
+    _markers, _derived, violations, _config = run_all(ckpt, param_name_mapper, collect=True)
     return Verdict("sglang", violations)
