@@ -15,6 +15,9 @@ import sys
 
 import pytest
 import torch
+
+import comfyquant
+from comfyquant.compat.sglang import inspect_comfy_quant_markers
 from kitchen_fixtures import (
     DTYPES,
     PREFIX,
@@ -24,12 +27,10 @@ from kitchen_fixtures import (
     marker_tensor,
     markers_for,
     seed_defect,
+    state_dict,
     write_layers,
     write_sharded,
 )
-
-import comfyquant
-from comfyquant.compat.sglang import inspect_comfy_quant_markers
 
 ALL = ("sglang", "comfyui", "comfy-kitchen")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -320,6 +321,23 @@ def test_padded_storage_with_model_sized_bias(write, variant, n, k):
     path = write(layer)
     for target in ("comfyui", "comfy-kitchen"):
         assert_clean_for(path, target)
+    report = comfyquant.check(path)
+    assert not [f for f in report.findings if f.tensor == f"{PREFIX}.bias"], describe(report.findings)
+
+
+def test_runtime_violation_stays_on_its_tensor(write):
+    """Spec 4.1 F4 names weight_scale: the SGLang failure of a padded NVFP4 layer (N=20, K=40)
+    must be reported on weight_scale with SGLang's message, not folded into a finding about
+    another tensor of the layer."""
+    path = write(make_layer("nvfp4", n=20, k=40))
+    msg = f"Comfy NVFP4 layer {QKV} has incompatible weight/scale shapes: (32, 24) and (128, 4)"
+    assert sglang_message(path) == msg
+    report = comfyquant.check(path)
+    assert report.verdicts["sglang"].first.message == msg
+    blamed = [f for f in report.findings if "sglang" in f.targets]
+    assert blamed, describe(report.findings)
+    assert all(f.tensor == f"{PREFIX}.weight_scale" for f in blamed), describe(blamed)
+    assert any(f.message == msg for f in blamed), describe(blamed)
 
 
 @pytest.mark.parametrize("variant", ["w4a8_codebook", "w4a8_uniform", "w4a8_asym", "w6a8"])
@@ -555,8 +573,6 @@ def test_dropin_header_subset_merges_with_tensor_marker(write, tmp_path):
     """Spec 1.4: SGLang merges header and tensor markers per prefix as a union of keys."""
     from safetensors.torch import save_file
 
-    from kitchen_fixtures import state_dict
-
     layer = make_layer("w4a8_uniform")
     meta = {"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": {PREFIX: {"format": "asym_w4a8_int8"}}})}
     path = str(tmp_path / "subset.safetensors")
@@ -569,8 +585,6 @@ def test_dropin_header_subset_merges_with_tensor_marker(write, tmp_path):
 def test_dropin_conflicting_markers(tmp_path):
     """Spec 4.1 P1: the same key with two values in header and tensor markers."""
     from safetensors.torch import save_file
-
-    from kitchen_fixtures import state_dict
 
     layer = make_layer("w4a8_uniform")
     header = dict(layer.marker, convrot_groupsize=64)

@@ -25,7 +25,7 @@ NameMapper = Callable[[str], str]
 class Layer:
     """A layer: its tensors by suffix and the marker that applies to it (if any)."""
 
-    __slots__ = ("prefix", "name", "tensors", "marker", "sources", "format_name", "inferred", "_sig")
+    __slots__ = ("prefix", "name", "tensors", "marker", "sources", "format_name", "inferred", "_sig", "_sid")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -36,6 +36,7 @@ class Layer:
         self.format_name: str | None = None
         self.inferred = False
         self._sig: tuple | None = None
+        self._sid: int | None = None
 
     @property
     def signature(self) -> tuple:
@@ -192,45 +193,42 @@ def _merge(ckpt: Checkpoint) -> None:
             )
         )
     if ss.weight_map:
-        missing_set = set(ss.missing)
-        for name, shard in ss.weight_map.items():
-            entry = tensors.get(name)
-            if entry is None:
-                if shard not in missing_set:
-                    findings.append(
-                        Finding(
-                            "C014",
-                            f"index maps {name!r} to {shard}, but no shard contains it",
-                            tensor=name,
-                            expected=shard,
-                            actual="absent",
-                            fix="regenerate the index from the shards",
-                            file=ss.index_path,
-                        )
-                    )
-            elif entry.file != shard and _norm(entry.file) != _norm(shard):
+        _check_index(ckpt, ss, findings)
+
+
+def _check_index(ckpt: Checkpoint, ss: ShardSet, findings: list[Finding]) -> None:
+    """Index vs shards.  Fast path: the whole mapping compared at once (C speed)."""
+    tensors = ckpt.tensors
+    actual: dict[str, str] = {}
+    shard_name: dict[str, str] = {}
+    for h in ckpt.headers:
+        rel = os.path.relpath(h.file, ss.index_dir or ".")
+        shard_name[h.file] = rel
+        actual.update(dict.fromkeys(h.tensors, rel))
+    wm = ss.weight_map
+    missing_set = {os.path.relpath(m, ss.index_dir or ".") for m in ss.missing}
+    if actual == wm and not missing_set:
+        return
+    for name, shard in wm.items():
+        entry = tensors.get(name)
+        if entry is None:
+            if shard not in missing_set:
                 findings.append(
-                    Finding(
-                        "C012",
-                        f"index maps {name!r} to {shard}, but it is in {entry.file}",
-                        tensor=name,
-                        expected=shard,
-                        actual=entry.file,
-                        fix="regenerate the index from the shards",
-                        file=ss.index_path,
-                    )
+                    Finding("C014", f"index maps {name!r} to {shard}, but no shard contains it", tensor=name,
+                            expected=shard, actual="absent", fix="regenerate the index from the shards",
+                            file=ss.index_path)
                 )
-        for name, entry in tensors.items():
-            if name not in ss.weight_map:
-                findings.append(
-                    Finding(
-                        "C013",
-                        f"tensor {name!r} in {entry.file} is not listed in the index",
-                        tensor=name,
-                        fix="regenerate the index from the shards",
-                        file=ss.index_path,
-                    )
-                )
+        elif shard_name.get(entry.file) != shard and _norm(shard_name.get(entry.file, "")) != _norm(shard):
+            findings.append(
+                Finding("C012", f"index maps {name!r} to {shard}, but it is in {entry.file}", tensor=name,
+                        expected=shard, actual=entry.file, fix="regenerate the index from the shards", file=ss.index_path)
+            )
+    for name, entry in tensors.items():
+        if name not in wm:
+            findings.append(
+                Finding("C013", f"tensor {name!r} in {entry.file} is not listed in the index", tensor=name,
+                        fix="regenerate the index from the shards", file=ss.index_path)
+            )
 
 
 def _norm(path: str) -> str:

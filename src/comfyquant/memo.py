@@ -16,15 +16,30 @@ _GLOBAL_LIMIT = 100_000
 
 
 class Memo:
-    __slots__ = ("_local",)
+    __slots__ = ("_local", "_sids")
 
     def __init__(self) -> None:
         self._local: dict[tuple, Any] = {}
+        self._sids: dict[tuple, int] = {}
 
-    def get(self, kind: str, marker: dict | None, sig: tuple, compute: Callable[[], Any]) -> Any:
-        key = (kind, id(marker), sig)
+    def sid(self, sig: tuple) -> int:
+        """A small int standing for a signature within this checkpoint (hashing it once)."""
+        return self._sids.setdefault(sig, len(self._sids))
+
+    def get(self, kind: str, marker: dict | None, layer, compute: Callable[[], Any]) -> Any:
+        """``layer`` is a Layer (or None for a marker without tensors)."""
+        if layer is None:
+            sig, sid = (), -1
+        else:
+            sid = layer._sid
+            if sid is None:
+                sid = layer._sid = self.sid(layer.signature)
+            sig = None
+        key = (kind, id(marker), sid)
         hit = self._local.get(key, _MISS)
         if hit is _MISS:
+            if sig is None:
+                sig = layer.signature
             gkey = (kind, repr(marker), sig)
             hit = _GLOBAL.get(gkey, _MISS)
             if hit is _MISS:

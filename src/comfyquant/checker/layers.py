@@ -12,7 +12,7 @@ from ..formats.base import Format, GeometryError
 from .diagnose import dtype_cause, dtype_matches, fmt_shape, shape_cause
 from .findings import Finding
 
-def check_layer(fmt: Format, marker: dict | None, tensors: dict, memo=None, sig: tuple | None = None):
+def check_layer(fmt: Format, marker: dict | None, tensors: dict, memo=None, layer=None):
     """Layer-relative findings and the geometry env (None when it cannot be inferred).
 
     ``marker`` None means the layer has no marker and the format was inferred: marker keys are
@@ -20,7 +20,7 @@ def check_layer(fmt: Format, marker: dict | None, tensors: dict, memo=None, sig:
     """
     if memo is None:
         return _check(fmt, marker, tensors)
-    return memo.get("format:" + fmt.name, marker, sig, lambda: _check(fmt, marker, tensors))
+    return memo.get("format:" + fmt.name, marker, layer, lambda: _check(fmt, marker, tensors))
 
 
 def _check(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Finding], dict | None]:

@@ -41,7 +41,7 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
                                                 f"no runtime loads it", layer=name, actual=fmt.name,
                                         cause="exported with a converter-only format",
                                         fix="convert to a loadable format (comfyquant convert)"))
-            layer_findings, env = check_layer(fmt, marker, layer.tensors, ckpt.memo, layer.signature)
+            layer_findings, env = check_layer(fmt, marker, layer.tensors, ckpt.memo, layer)
         else:
             w = layer.tensors.get("weight")
             if w is None or w.dtype not in QUANT_WEIGHT_DTYPES:
@@ -67,7 +67,7 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
                                     if fmt else "re-export the layer"))
             if fmt is None:
                 continue
-            layer_findings, env = check_layer(fmt, None, layer.tensors, ckpt.memo, layer.signature)
+            layer_findings, env = check_layer(fmt, None, layer.tensors, ckpt.memo, layer)
         if env is not None:
             envs[prefix] = env
         for f in layer_findings:

@@ -22,11 +22,12 @@ class ShardSet:
     missing: list[str] = field(default_factory=list)
     index_path: str | None = None
     weight_map: dict[str, str] = field(default_factory=dict)
-    """tensor name -> shard path (joined with the index's folder)."""
+    """tensor name -> shard file name as the index writes it (relative to ``index_dir``)."""
+    index_dir: str = ""
 
 
 def read_index(path: str, text: str | None = None) -> tuple[list[str], dict[str, str]]:
-    """Parse a ``model.safetensors.index.json``: (shard paths in order, weight_map)."""
+    """Parse a ``model.safetensors.index.json``: (shard paths in order, raw weight_map)."""
     if text is None:
         try:
             with open(path, encoding="utf-8") as fh:
@@ -43,15 +44,8 @@ def read_index(path: str, text: str | None = None) -> tuple[list[str], dict[str,
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
         raise InputError(f"{path}: index has no weight_map object of tensor -> shard file names")
     folder = os.path.dirname(path)
-    joined = {name: os.path.join(folder, shard) for name, shard in wm.items()}
-    shards: list[str] = []
-    seen: set[str] = set()
-    for shard in sorted(set(wm.values())):
-        p = os.path.join(folder, shard)
-        if p not in seen:
-            seen.add(p)
-            shards.append(p)
-    return shards, joined
+    shards = [os.path.join(folder, shard) for shard in sorted(set(wm.values()))]
+    return shards, wm
 
 
 def resolve_local(paths: list[str]) -> ShardSet:
@@ -97,6 +91,7 @@ def _use_index(result: ShardSet, path: str, add) -> None:
         raise InputError(f"{path}: no such file")
     shards, wm = read_index(path)
     result.index_path = path
+    result.index_dir = os.path.dirname(path)
     result.weight_map.update(wm)
     for shard in shards:
         if os.path.isfile(shard):

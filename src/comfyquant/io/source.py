@@ -33,6 +33,8 @@ class LocalFile:
     """A local file read with positioned reads on one open descriptor."""
 
     __slots__ = ("name", "path", "size", "_fd", "reads", "bytes_read")
+    first_read = 1 << 16
+    """Small headers arrive with the first read; larger ones cost exactly one more."""
 
     def __init__(self, path: str) -> None:
         self.path = path

@@ -114,7 +114,7 @@ def comfyui_verdict(ckpt) -> Verdict:
                       blocking=False, severity="error", cause="quantized weight without a marker",
                       fix="add the marker (comfyquant fix)")
             continue
-        templates = ckpt.memo.get("comfyui", marker, layer.signature, lambda m=marker, t=t: _layer_templates(m, t))
+        templates = ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_templates(m, t))
         if templates:
             out.extend(bind(templates, prefix))
     if any(e.dtype == "F8_E8M0" for e in ckpt.tensors.values()):

@@ -23,7 +23,7 @@ def kitchen_verdict(ckpt) -> Verdict:
     for prefix, layer in ckpt.layers.items():
         if layer.marker is None or layer.format_name is None:
             continue
-        templates = memo.get("comfy-kitchen", layer.marker, layer.signature,
+        templates = memo.get("comfy-kitchen", layer.marker, layer,
                              lambda lay=layer: _layer_templates(lay.format_name, lay.marker, lay.tensors))
         if templates:
             out.extend(bind(templates, prefix))

@@ -162,8 +162,7 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: _
     memo = ckpt.memo
     for prefix, marker in raw.items():
         layer = layers.get(prefix)
-        sig = layer.signature if layer is not None else ()
-        outcome = memo.get("sglang", marker, sig, lambda m=marker, t=(layer.tensors if layer else {}): _check_marker(m, t))
+        outcome = memo.get("sglang", marker, layer, lambda m=marker, t=(layer.tensors if layer else {}): _check_marker(m, t))
         rule, template, tensor, keys = outcome
         if rule is not None:
             run.fail(rule, template.replace(PREFIX, repr(prefix)).replace(RAW, prefix), prefix, tensor)
