@@ -164,21 +164,22 @@ def _merge(ckpt: Checkpoint) -> None:
     tensors = ckpt.tensors
     for h in ckpt.headers:
         findings.extend(h.findings)
-        for name, entry in h.tensors.items():
-            prev = tensors.get(name)
-            if prev is not None:
-                findings.append(
-                    Finding(
-                        "C010",
-                        f"tensor {name!r} is in both {prev.file} and {entry.file}",
-                        tensor=name,
-                        cause="shards from two exports mixed in one folder, or a shard copied twice",
-                        fix="remove the stale shard (the index says which file each tensor belongs to)",
-                        file=entry.file,
-                    )
+        dups = tensors.keys() & h.tensors.keys() if tensors else ()
+        if not dups:
+            tensors.update(h.tensors)
+            continue
+        for name in sorted(dups):
+            findings.append(
+                Finding(
+                    "C010",
+                    f"tensor {name!r} is in both {tensors[name].file} and {h.file}",
+                    tensor=name,
+                    cause="shards from two exports mixed in one folder, or a shard copied twice",
+                    fix="remove the stale shard (the index says which file each tensor belongs to)",
+                    file=h.file,
                 )
-                continue
-            tensors[name] = entry
+            )
+        tensors.update((n, e) for n, e in h.tensors.items() if n not in dups)
     ss = ckpt.shardset
     for missing in ss.missing:
         findings.append(
