@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 from builders import W4A8_MARKER, dense_layer, int8_layer, nvfp4_layer, w4a8_layer, write, zeros
-
 from comfyquant.checker.findings import RULES
 from comfyquant.cli import main
 
@@ -94,9 +93,9 @@ def test_console_script_runs_without_torch(tmp_path):
     """`check` must not import torch (or numpy) at all."""
     p = write(tmp_path / "m.safetensors", int8_layer("a"))
     code = (
-        "import sys; from comfyquant.cli import main; rc = main(['check', %r]);"
+        f"import sys; from comfyquant.cli import main; rc = main(['check', {p!r}]);"
         "bad = [m for m in ('torch', 'numpy', 'safetensors', 'rich') if m in sys.modules];"
-        "print('HEAVY', bad); sys.exit(rc)" % p
+        "print('HEAVY', bad); sys.exit(rc)"
     )
     env = dict(os.environ)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

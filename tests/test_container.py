@@ -8,8 +8,8 @@ import json
 import os
 
 import pytest
-from builders import dense_layer, raw_file, w4a8_layer, write
 
+from builders import dense_layer, raw_file, w4a8_layer, write
 from comfyquant import check
 from comfyquant.cli import main
 from comfyquant.errors import InputError

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from builders import (
     W4A8_MARKER,
     dense_layer,
@@ -21,7 +22,6 @@ from builders import (
     write,
     zeros,
 )
-
 from comfyquant import check
 from comfyquant.compat.sglang import inspect_comfy_quant_markers
 

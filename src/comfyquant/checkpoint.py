@@ -9,7 +9,7 @@ marker (see :mod:`comfyquant.markers`).
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from .checker.findings import Finding
 from .errors import InputError

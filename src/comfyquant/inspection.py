@@ -97,7 +97,7 @@ def inventory(ckpt: Checkpoint) -> Inventory:
     inv = Inventory(ckpt.paths, ckpt.files)
     inv.file_bytes = sum(h.size for h in ckpt.headers)
     counted: set[str] = set()
-    for prefix, layer in ckpt.layers.items():
+    for _prefix, layer in ckpt.layers.items():
         t = layer.tensors
         w = t.get("weight")
         if w is None:

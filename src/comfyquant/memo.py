@@ -9,7 +9,8 @@ Cached values are immutable templates; callers bind them to a layer name.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _GLOBAL: dict[tuple, Any] = {}
 _GLOBAL_LIMIT = 100_000

@@ -48,7 +48,7 @@ def _decoder():
 
 def deep_findings(ckpt) -> list[Finding]:
     wanted = []
-    for prefix, layer in ckpt.layers.items():
+    for _prefix, layer in ckpt.layers.items():
         fmt = FORMATS.get(layer.format_name) if layer.format_name else None
         if fmt is None:
             continue

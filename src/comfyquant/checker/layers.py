@@ -12,6 +12,7 @@ from ..formats.base import Format, GeometryError
 from .diagnose import dtype_cause, dtype_matches, fmt_shape, shape_cause
 from .findings import Finding
 
+
 def check_layer(fmt: Format, marker: dict | None, tensors: dict, memo=None, layer=None):
     """Layer-relative findings and the geometry env (None when it cannot be inferred).
 

@@ -61,15 +61,15 @@ def assemble(findings: list[Finding], verdicts: dict[str, Verdict], selected: tu
     for target, verdict in verdicts.items():
         for v in verdict.violations:
             layer = names.get(v.layer, v.layer) if v.layer else None
-            # Only load failures attach to canonical findings; silent losses stay visible as
-            # findings of their own.
-            covering = _covering(by_layer.get(layer, []), v.tensor) if layer and v.blocking else []
+            # Load failures and silent errors (garbage output) attach to the canonical finding
+            # that explains them; silent losses (warnings) stay visible as findings of their own.
+            serious = v.blocking or v.severity == ERROR
+            covering = _covering(by_layer.get(layer, []), v.tensor) if layer and serious else []
             if covering:
                 for f in covering:
                     if target not in f.targets:
                         f.targets.append(target)
-                    if v.blocking:
-                        blocking_cover.setdefault(id(f), set()).add(target)
+                    blocking_cover.setdefault(id(f), set()).add(target)
                 continue
             f = Finding(
                 v.rule,
@@ -81,7 +81,7 @@ def assemble(findings: list[Finding], verdicts: dict[str, Verdict], selected: tu
                 severity=v.severity,
                 targets=[target],
             )
-            if v.blocking:
+            if serious:
                 blocking_cover[id(f)] = {target}
             extra.append(f)
             if layer:
@@ -98,13 +98,11 @@ def assemble(findings: list[Finding], verdicts: dict[str, Verdict], selected: tu
 
 
 def _covering(candidates: list[Finding], tensor_suffix: str | None) -> list[Finding]:
-    """Canonical findings of a layer that explain a runtime violation on it."""
+    """Canonical findings of a layer that explain a runtime violation on it: those on the same
+    tensor, or for a violation about the layer as a whole, the first layer-level finding."""
     canonical = [f for f in candidates if "." not in f.code]
-    if not canonical:
-        return []
     if tensor_suffix:
-        same = [f for f in canonical if f.tensor and f.tensor.endswith("." + tensor_suffix)]
-        if same:
-            return same
-    errors = [f for f in canonical if f.severity == ERROR]
-    return (errors or canonical)[:1] if not tensor_suffix else (errors or canonical)[:1]
+        return [f for f in canonical if f.tensor and f.tensor.endswith("." + tensor_suffix)]
+    layer_level = [f for f in canonical if not f.tensor]
+    errors = [f for f in layer_level if f.severity == ERROR]
+    return (errors or layer_level)[:1]

@@ -79,7 +79,7 @@ def check_marker_prefixes(ckpt) -> list[Finding]:
     """Header markers for prefixes without tensors: name the prefix mismatch when there is one."""
     out: list[Finding] = []
     layers = ckpt.layers
-    for prefix, marker in ckpt.markers.effective.items():
+    for prefix, _marker in ckpt.markers.effective.items():
         if prefix in layers:
             continue
         cause, fix = "a marker for a layer that has no tensors", "remove the marker or restore the layer"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..targets.base import TARGETS, run_target

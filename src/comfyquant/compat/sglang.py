@@ -9,7 +9,8 @@ importing neither torch nor safetensors.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..checkpoint import open_checkpoint
 from ..io.shards import ShardSet

@@ -15,8 +15,9 @@ expected correction shape is shown as ``(K // group_size, N)``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 def pad(x: int, m: int) -> int:

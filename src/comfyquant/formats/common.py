@@ -43,3 +43,17 @@ def dense_geometry(tensors: dict, params: dict) -> dict:
 def has_2d_weight(tensors: dict, dtype: str) -> bool:
     w = tensors.get("weight")
     return w is not None and w.dtype == dtype and len(w.shape) == 2
+
+
+def padded_bias_slot(multiple: int) -> Slot:
+    """Bias of a format that pads its stored rows: it keeps the model's own N."""
+    return Slot("bias", "float", "(N_model,)", kind=BIAS, required=False,
+                meaning=f"bias, never quantized; model rows (storage pads rows to {multiple})")
+
+
+def model_size(tensors: dict, suffix: str, stored: int, multiple: int) -> int:
+    """The model's size along a padded axis, read from an unpadded 1-D companion if it fits."""
+    e = tensors.get(suffix)
+    if e is not None and len(e.shape) == 1 and 0 < e.shape[0] <= stored and -(-e.shape[0] // multiple) * multiple == stored:
+        return e.shape[0]
+    return stored

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from .base import WEIGHT, Constraint, Format, MarkerKey, Slot
-from .common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry
+from .common import ALL_RUNTIMES, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, model_size, padded_bias_slot
+
+
+def weight_rows(t: dict) -> int:
+    return t["weight"].shape[0]
 
 
 def _recognize(t: dict) -> bool:
@@ -31,14 +35,14 @@ MXFP8 = Format(
             ),
         ),
         Slot("input_scale", "F32", "()", required=False, meaning="activation scale (ignored by the MXFP8 quantizer)"),
-        BIAS_SLOT,
+        padded_bias_slot(32),
     ),
     keys=(
         FORMAT_KEY,
         FULL_PRECISION_KEY,
         MarkerKey("group_size", (int,), default=32, allowed="v == 32", allowed_text="32 (informational)"),
     ),
-    geometry=dense_geometry,
+    geometry=lambda t, p: dict(dense_geometry(t, p), N_model=model_size(t, "bias", weight_rows(t), 32)),
     constraints=(
         Constraint(
             "N % 32 == 0 and K % 32 == 0",

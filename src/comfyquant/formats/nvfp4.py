@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from .base import WEIGHT, Constraint, Format, MarkerKey, Slot
-from .common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, weight_2d
+from .common import ALL_RUNTIMES, FORMAT_KEY, FULL_PRECISION_KEY, model_size, padded_bias_slot, weight_2d
 
 
 def _geometry(tensors: dict, params: dict) -> dict:
     rows, cols = weight_2d(tensors)
-    # N and K here are the stored (16-padded) sizes; the model's own N, K may be smaller.
-    return dict(params, N=rows, K=2 * cols, bits=4)
+    # N and K are the stored (16-padded) sizes; the model's own sizes, which the bias and
+    # pre_quant_scale keep, are read from those tensors when present.
+    k = 2 * cols
+    return dict(params, N=rows, K=k, bits=4, N_model=model_size(tensors, "bias", rows, 16),
+                K_model=model_size(tensors, "pre_quant_scale", k, 16))
 
 
 NVFP4 = Format(
@@ -38,8 +41,8 @@ NVFP4 = Format(
             alt_shapes=(("(1,)", "1-element tensor scale stored as [1]; accepted by the loaders", "info"),),
         ),
         Slot("input_scale", "F32", "()", required=False, positive=True, meaning="per-tensor activation scale (ComfyUI)"),
-        Slot("pre_quant_scale", "float", "(K,)", required=False, meaning="activation smoothing factors"),
-        BIAS_SLOT,
+        Slot("pre_quant_scale", "float", "(K_model,)", required=False, meaning="activation smoothing factors"),
+        padded_bias_slot(16),
     ),
     keys=(
         FORMAT_KEY,

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Callable, Iterable, Union
+from collections.abc import Callable, Iterable
 
 from .dtypes import DTYPE_BITS
 
-Data = Union[bytes, bytearray, memoryview, Callable[[], Iterable[bytes]]]
+Data = bytes | bytearray | memoryview | Callable[[], Iterable[bytes]]
 
 
 def _nbytes(dtype: str, shape) -> int:

@@ -12,8 +12,10 @@ is assumed.  A layer counts as an embedding when its last name component contain
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
+from ..formats.base import GeometryError
+from ..formats.w4a8 import ASYM_W4A8_INT8
 from .base import Verdict, Violation
 
 QUANT_DTYPES = ("F8_E4M3", "I8", "U8")
@@ -156,7 +158,7 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: _
     if missing:
         message = f"Quantized weights are missing comfy_quant metadata: {missing[:5]}"
         for prefix in missing:
-            run.fail("M0", message, prefix)
+            run.fail("M0", message, prefix, "weight")
 
     derived: dict[str, dict] = {}
     memo = ckpt.memo
@@ -208,7 +210,7 @@ def _check_marker(marker: dict, t: dict) -> tuple[str | None, str, str | None, d
     missing = sorted(s for s in required if s not in t)
     if missing:
         names = ", ".join(f"'{RAW}.{s}'" for s in missing)
-        return "T1", f"Comfy layer {P} is missing checkpoint tensors: [{names}]", None, {}
+        return "T1", f"Comfy layer {P} is missing checkpoint tensors: [{names}]", missing[0], {}
     if fmt == "float8_e4m3fn":
         return None, "", None, {"_activation_scheme": "static" if "input_scale" in t else "dynamic"}
     if fmt == "asym_w4a8_int8":
@@ -408,7 +410,13 @@ def build_layers(markers: dict[str, dict], derived: dict[str, dict], raw_prefix:
         n, cols = w.shape
         d = derived.get(name) or {}
         if fmt == "asym_w4a8_int8":
-            g, c, k = int(m.get("group_size", 16)), int(m.get("convrot_groupsize", 256)), 2 * cols
+            # The layer is built with the model's input size, not the packed width: the format's
+            # own geometry infers it (6-bit rows have K = 4/3 x width; they fail W5 instead).
+            g, c = int(m.get("group_size", 16)), int(m.get("convrot_groupsize", 256))
+            try:
+                k = ASYM_W4A8_INT8.geometry(layer.tensors, {"group_size": g, "convrot_groupsize": c})["K"]
+            except GeometryError:
+                k = 2 * cols
             if not (g >= 4 and (16 % g == 0 or g % 16 == 0) and k % 16 == 0 and k % g == 0 and k % c == 0):
                 run.fail("B1", f"Serialized W4A8 layer {prefix!r} has input size {k}, incompatible with group_size={g} "
                                f"and convrot_groupsize={c}", prefix)
