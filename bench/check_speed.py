@@ -129,13 +129,22 @@ def floor_read(files: list[str]) -> None:
 
 
 def clear_caches() -> bool:
-    """Clear the checker's module-level per-layer cache; False when there is none (the
-    per-signature memo then lives on the checkpoint, so every call starts cold)."""
+    """Clear comfyquant's module-level (cross-call) caches, whichever this version has:
+    ``checker.layers._CACHE`` or ``comfyquant.memo.clear()``.  False when there is none (then
+    every call is as cold as the first call of a fresh CLI process)."""
+    found = False
     cache = getattr(cq_layers, "_CACHE", None)
-    if cache is None:
-        return False
-    cache.clear()
-    return True
+    if cache is not None:
+        cache.clear()
+        found = True
+    try:
+        from comfyquant import memo
+    except ImportError:
+        memo = None
+    if memo is not None and callable(getattr(memo, "clear", None)):
+        memo.clear()
+        found = True
+    return found
 
 
 def check_cold(path: str) -> None:
@@ -293,11 +302,12 @@ def section_inprocess(built: dict, rounds: int) -> dict:
         head += ["check-warm", "ratio"]
     print(table(rows, head + [f"<= {TARGET_RATIO}x"]))
     if has_cache:
-        print("  check        = comfyquant.check(path) with checker.layers._CACHE cleared (as in a fresh CLI process)")
-        print("  check-warm   = same, the per-layer cache kept from the previous call")
+        print("  check        = comfyquant.check(path) with the module-level caches cleared first (as in a fresh CLI")
+        print("                 process; checker.layers._CACHE or comfyquant.memo.clear(), whichever exists)")
+        print("  check-warm   = same, the per-layer results cached by the previous call kept")
     else:
-        print("  check        = comfyquant.check(path); comfyquant has no module-level cache any more (the per-signature")
-        print("                 memo lives on the checkpoint), so every call is as cold as in a fresh CLI process")
+        print("  check        = comfyquant.check(path); comfyquant has no module-level cache, so every call is as")
+        print("                 cold as in a fresh CLI process")
     print("  check-nogc   = same with gc.disable() around the call (what a CLI could do)")
     print("  check(files) = check given the shard list instead of the folder (no index.json read)")
     print("  cq-sglang    = comfyquant.compat.sglang.inspect_comfy_quant_markers (the drop-in)")
@@ -355,7 +365,7 @@ def section_scaling(scaling: dict, rounds: int) -> None:
         files = layouts.shard_files(path)
         check_cold(path)
         funcs[name + ":floor"] = lambda f=files: floor_read(f)
-        funcs[name + ":check"] = lambda p=path: check_cold(p)
+        funcs[name + ":check"] = lambda p=path: check_cold(p)  # caches cleared
         sizes[name] = lay.tensors
     times = interleaved(funcs, rounds)
     t = {k: med(v) for k, v in times.items()}
