@@ -101,3 +101,12 @@ def test_console_script_runs_without_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
+
+
+def test_readme_documents_every_rule_code():
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+    missing = [code for code in RULES if f"`{code}`" not in readme]
+    assert not missing, f"rule codes missing from README: {missing}"
+    first_lines = readme.splitlines()[:6]
+    assert any("comfyquant check examples/seed_broken_w4a8.safetensors" in line for line in first_lines)
+    assert any(".ci/run" in line for line in first_lines)
