@@ -181,10 +181,14 @@ def sglang_style(files: list[str]) -> None:
                 meta[key] = (sl.get_dtype(), tuple(sl.get_shape()))
                 if key.endswith(".comfy_quant"):
                     raw[key[: -len(".comfy_quant")]] = json.loads(ck.get_tensor(key).numpy().tobytes())
-    for prefix in raw:
-        required = {f"{prefix}.weight", f"{prefix}.weight_s_rel", f"{prefix}.weight_s_channel"}
-        if required - meta.keys():
-            pass
+    for prefix, marker in raw.items():
+        if marker.get("format") == "asym_w4a8_int8":
+            required = {f"{prefix}.weight", f"{prefix}.weight_s_rel", f"{prefix}.weight_s_channel"}
+        else:
+            required = {f"{prefix}.weight", f"{prefix}.weight_scale"}
+        missing = required - meta.keys()  # O(tensors) per layer, as SGLang writes it
+        if missing:
+            raise ValueError(f"Comfy layer {prefix!r} is missing checkpoint tensors: {sorted(missing)}")
 
 
 def have_safetensors_torch() -> bool:
