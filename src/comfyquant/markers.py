@@ -11,7 +11,6 @@ effective marker here, and the conflict is reported).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 from .checker.findings import Finding
@@ -20,42 +19,51 @@ HEADER = "header"
 TENSOR = "tensor"
 
 
-@dataclass
 class MarkerRecord:
-    """One marker as found: where, and either the parsed object or why it failed."""
+    """One marker as found: where, and either the parsed object or why it failed.
 
-    kind: str
-    file: str
-    prefix: str
-    key: str
-    """The tensor name (tensor markers) or the prefix (header entries)."""
-    obj: Any = None
-    error: str | None = None
-    """Finding code for an unreadable marker (M001/M002/M013)."""
+    ``key`` is the tensor name (tensor markers) or the prefix (header entries); ``error`` the
+    finding code of an unreadable marker (M001/M002/M013)."""
+
+    __slots__ = ("kind", "file", "prefix", "key", "obj", "error")
+
+    def __init__(self, kind: str, file: str, prefix: str, key: str, obj: Any = None, error: str | None = None):
+        self.kind = kind
+        self.file = file
+        self.prefix = prefix
+        self.key = key
+        self.obj = obj
+        self.error = error
 
 
-@dataclass
 class HeaderMarkers:
-    """The ``_quantization_metadata`` of one file, and what was wrong with it (if anything)."""
+    """The ``_quantization_metadata`` of one file, and what was wrong with it (``error``: M010
+    not JSON, M011 not an object, M012 no layers object)."""
 
-    file: str
-    raw: str | None
-    error: str | None = None
-    """M010 not JSON, M011 not an object, M012 no layers object."""
-    format_version: Any = None
+    __slots__ = ("file", "raw", "error", "format_version")
+
+    def __init__(self, file: str, raw: str | None) -> None:
+        self.file = file
+        self.raw = raw
+        self.error: str | None = None
+        self.format_version: Any = None
 
 
-@dataclass
 class MarkerSet:
-    records: list[MarkerRecord] = field(default_factory=list)
-    headers: list[HeaderMarkers] = field(default_factory=list)
-    quant_formats: dict[str, str] = field(default_factory=dict)
-    """file -> ``quant_format`` metadata value (as written)."""
-    effective: dict[str, dict] = field(default_factory=dict)
-    sources: dict[str, list[MarkerRecord]] = field(default_factory=dict)
-    findings: list[Finding] = field(default_factory=list)
-    marker_bytes: dict[tuple[str, str], bytes] = field(default_factory=dict)
-    """(file, tensor name) -> raw marker bytes."""
+    """Every marker of a checkpoint: records in reading order, header maps, ``quant_format`` per
+    file, the effective marker per prefix and its sources, findings, and the raw marker bytes
+    by (file, tensor name)."""
+
+    __slots__ = ("records", "headers", "quant_formats", "effective", "sources", "findings", "marker_bytes")
+
+    def __init__(self) -> None:
+        self.records: list[MarkerRecord] = []
+        self.headers: list[HeaderMarkers] = []
+        self.quant_formats: dict[str, str] = {}
+        self.effective: dict[str, dict] = {}
+        self.sources: dict[str, list[MarkerRecord]] = {}
+        self.findings: list[Finding] = []
+        self.marker_bytes: dict[tuple[str, str], bytes] = {}
 
 
 def collect_markers(ckpt) -> MarkerSet:

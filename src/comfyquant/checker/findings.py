@@ -7,19 +7,19 @@ what was found, the likely cause and the fix.  Rendering (text, JSON) lives else
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 ERROR = "error"
 WARNING = "warning"
 INFO = "info"
 SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
 
 
-@dataclass(frozen=True)
 class Rule:
-    code: str
-    severity: str
-    title: str
+    __slots__ = ("code", "severity", "title")
+
+    def __init__(self, code: str, severity: str, title: str) -> None:
+        self.code = code
+        self.severity = severity
+        self.title = title
 
 
 # Every rule code comfyquant emits, with its default severity.  Codes are stable: tools and
@@ -84,26 +84,32 @@ RULES: dict[str, Rule] = {
 }
 
 
-@dataclass
 class Finding:
     """One defect.  ``expected``/``actual`` are short human strings such as ``F32 (16, 32)``."""
 
-    code: str
-    message: str
-    layer: str | None = None
-    tensor: str | None = None
-    expected: str | None = None
-    actual: str | None = None
-    cause: str | None = None
-    fix: str | None = None
-    severity: str = ""
-    targets: list[str] = field(default_factory=list)
-    file: str | None = None
+    __slots__ = ("code", "message", "layer", "tensor", "expected", "actual", "cause", "fix", "severity", "targets", "file")
 
-    def __post_init__(self) -> None:
-        if not self.severity:
-            rule = RULES.get(self.code)
-            self.severity = rule.severity if rule else ERROR
+    def __init__(self, code: str, message: str, layer: str | None = None, tensor: str | None = None,
+                 expected: str | None = None, actual: str | None = None, cause: str | None = None,
+                 fix: str | None = None, severity: str = "", targets: list[str] | None = None,
+                 file: str | None = None) -> None:
+        self.code = code
+        self.message = message
+        self.layer = layer
+        self.tensor = tensor
+        self.expected = expected
+        self.actual = actual
+        self.cause = cause
+        self.fix = fix
+        if not severity:
+            rule = RULES.get(code)
+            severity = rule.severity if rule else ERROR
+        self.severity = severity
+        self.targets = targets if targets is not None else []
+        self.file = file
+
+    def __repr__(self) -> str:
+        return f"Finding({self.code}, {self.severity}, {self.layer!r}, {self.message!r})"
 
     def to_dict(self) -> dict:
         return {

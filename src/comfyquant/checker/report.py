@@ -8,23 +8,29 @@ did not select is kept as ``info``; one that stops a selected runtime from loadi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from ..targets.base import TARGETS, Verdict
 from .findings import ERROR, INFO, SEVERITY_ORDER, Finding
 
 SCHEMA = 1
 
 
-@dataclass
 class Report:
-    paths: list[str]
-    files: list[str]
-    layers: int
-    findings: list[Finding] = field(default_factory=list)
-    verdicts: dict[str, Verdict] = field(default_factory=dict)
-    selected: tuple[str, ...] = TARGETS
-    io: dict = field(default_factory=dict)
+    """The result of ``check``: findings, one verdict per selected runtime, I/O counts."""
+
+    __slots__ = ("paths", "files", "layers", "findings", "verdicts", "selected", "io")
+
+    def __init__(self, paths: list[str], files: list[str], layers: int, findings: list[Finding] | None = None,
+                 verdicts: dict[str, Verdict] | None = None, selected: tuple[str, ...] = TARGETS, io: dict | None = None):
+        self.paths = paths
+        self.files = files
+        self.layers = layers
+        self.findings = findings if findings is not None else []
+        self.verdicts = verdicts if verdicts is not None else {}
+        self.selected = selected
+        self.io = io if io is not None else {}
+
+    def __repr__(self) -> str:
+        return f"Report({self.paths}, ok={self.ok}, {self.counts})"
 
     @property
     def ok(self) -> bool:

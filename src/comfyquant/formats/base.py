@@ -16,7 +16,6 @@ expected correction shape is shown as ``(K // group_size, N)``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -34,16 +33,20 @@ _GLOBALS: dict[str, Any] = {"__builtins__": {}, "pad": pad, "is_pow4": is_pow4, 
 
 
 class Expr:
-    """A compiled expression with its source text (``str(expr)`` is the text)."""
+    """An expression with its source text (``str(expr)`` is the text), compiled on first use
+    (start-up time: most checks evaluate only a few of the expressions)."""
 
-    __slots__ = ("text", "code")
+    __slots__ = ("text", "_code")
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self.code = compile(text, f"<format expr {text!r}>", "eval")
+        self._code = None
 
     def __call__(self, env: dict) -> Any:
-        return eval(self.code, _GLOBALS, env)
+        code = self._code
+        if code is None:
+            code = self._code = compile(self.text, f"<format expr {self.text!r}>", "eval")
+        return eval(code, _GLOBALS, env)
 
     def __str__(self) -> str:
         return self.text
@@ -61,36 +64,39 @@ AUX = "aux"
 BIAS = "bias"
 
 
-@dataclass(frozen=True)
 class Slot:
-    """One tensor of a layer: ``<prefix>.<suffix>``."""
+    """One tensor of a layer: ``<prefix>.<suffix>``.
 
-    suffix: str
-    dtype: str
-    shape: str
-    kind: str = SCALE
-    required: bool = True
-    meaning: str = ""
-    when: str | None = None
-    """Condition on the geometry for this slot description to apply (None = always)."""
-    forbidden: str | None = None
-    """Condition under which this tensor must not be present at all."""
-    also_dtypes: dict[str, tuple[str, str]] = field(default_factory=dict)
-    """Dtypes some tool writes or accepts instead of ``dtype``: dtype -> (who and why, severity).
+    ``dtype`` may be ``"float"``: any dense float dtype (F16, BF16, F32).  ``shape`` is an
+    expression of the geometry.  ``when``: condition for this description to apply (None =
+    always); ``forbidden``: condition under which the tensor must not be present at all;
+    ``also_dtypes``: dtypes some tool writes or accepts instead, dtype -> (who and why,
+    severity); ``alt_shapes``: known other shapes ``(expression, cause[, severity])`` that
+    identify how a file went wrong; ``positive``: values must be finite and > 0 (``--deep``).
+    """
 
-    ``dtype`` may be ``"float"``: any dense float dtype (F16, BF16, F32)."""
-    alt_shapes: tuple[tuple[str, ...], ...] = ()
-    """Known other shapes ``(expression, cause[, severity])`` that identify how a file went wrong."""
-    positive: bool = False
-    """Values must be finite and > 0 (checked with --deep)."""
+    __slots__ = ("suffix", "dtype", "shape", "kind", "required", "meaning", "when", "forbidden", "also_dtypes",
+                 "alt_shapes", "positive", "_shape", "_when", "_forbidden", "_alts")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_shape", Expr(self.shape))
-        object.__setattr__(self, "_when", Expr(self.when) if self.when else None)
-        object.__setattr__(self, "_forbidden", Expr(self.forbidden) if self.forbidden else None)
-        object.__setattr__(
-            self, "_alts", tuple((Expr(a[0]), a[1], a[2] if len(a) > 2 else "error") for a in self.alt_shapes)
-        )
+    def __init__(self, suffix: str, dtype: str, shape: str, kind: str = SCALE, required: bool = True, meaning: str = "",
+                 when: str | None = None, forbidden: str | None = None,
+                 also_dtypes: dict[str, tuple[str, str]] | None = None, alt_shapes: tuple[tuple[str, ...], ...] = (),
+                 positive: bool = False) -> None:
+        self.suffix = suffix
+        self.dtype = dtype
+        self.shape = shape
+        self.kind = kind
+        self.required = required
+        self.meaning = meaning
+        self.when = when
+        self.forbidden = forbidden
+        self.also_dtypes = also_dtypes or {}
+        self.alt_shapes = alt_shapes
+        self.positive = positive
+        self._shape = Expr(shape)
+        self._when = Expr(when) if when else None
+        self._forbidden = Expr(forbidden) if forbidden else None
+        self._alts = tuple((Expr(a[0]), a[1], a[2] if len(a) > 2 else "error") for a in alt_shapes)
 
     def applies(self, env: dict) -> bool:
         return self._when is None or bool(self._when(env))
@@ -101,26 +107,30 @@ class Slot:
     def expected_shape(self, env: dict) -> tuple:
         return tuple(self._shape(env))
 
+    def __repr__(self) -> str:
+        return f"Slot({self.suffix!r}, {self.dtype}, {self.shape})"
 
-@dataclass(frozen=True)
+
 class MarkerKey:
-    """A marker key: JSON types, default, allowed values and whether writers must be explicit."""
+    """A marker key: JSON types, default, allowed values (an expression over ``v``) and whether
+    writers must store it (``explicit``: True, or an expression over the parameters)."""
 
-    name: str
-    types: tuple[type, ...]
-    default: Any = None
-    allowed: str | None = None
-    """Expression over ``v`` (the value) that must hold."""
-    allowed_text: str = ""
-    explicit: str | bool = False
-    """Writers must store this key (True, or an expression over the parameters)."""
-    why_explicit: str = ""
-    nested_ok: bool = False
-    """ComfyUI also reads this key from a nested ``params`` object."""
+    __slots__ = ("name", "types", "default", "allowed", "allowed_text", "explicit", "why_explicit", "nested_ok",
+                 "_allowed", "_explicit")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_allowed", Expr(self.allowed) if self.allowed else None)
-        object.__setattr__(self, "_explicit", Expr(self.explicit) if isinstance(self.explicit, str) else None)
+    def __init__(self, name: str, types: tuple[type, ...], default: Any = None, allowed: str | None = None,
+                 allowed_text: str = "", explicit: str | bool = False, why_explicit: str = "",
+                 nested_ok: bool = False) -> None:
+        self.name = name
+        self.types = types
+        self.default = default
+        self.allowed = allowed
+        self.allowed_text = allowed_text
+        self.explicit = explicit
+        self.why_explicit = why_explicit
+        self.nested_ok = nested_ok  # ComfyUI also reads this key from a nested ``params`` object
+        self._allowed = Expr(allowed) if allowed else None
+        self._explicit = Expr(explicit) if isinstance(explicit, str) else None
 
     def valid(self, value: Any) -> bool:
         if not isinstance(value, self.types) or (isinstance(value, bool) and bool not in self.types):
@@ -133,20 +143,19 @@ class MarkerKey:
         return bool(self.explicit)
 
 
-@dataclass(frozen=True)
 class Constraint:
-    """A property of the geometry that must hold, e.g. ``K % convrot_groupsize == 0``."""
+    """A property of the geometry that must hold, e.g. ``K % convrot_groupsize == 0``; the
+    message is formatted with the geometry."""
 
-    expr: str
-    message: str
-    """Formatted with the geometry, e.g. ``"K={K} is not divisible by ..."``."""
-    cause: str = ""
-    fix: str = ""
-    who: str = "comfy-kitchen"
-    """Which tool enforces it (for the message)."""
+    __slots__ = ("expr", "message", "cause", "fix", "who", "_expr")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_expr", Expr(self.expr))
+    def __init__(self, expr: str, message: str, cause: str = "", fix: str = "", who: str = "comfy-kitchen") -> None:
+        self.expr = expr
+        self.message = message
+        self.cause = cause
+        self.fix = fix
+        self.who = who
+        self._expr = Expr(expr)
 
     def holds(self, env: dict) -> bool:
         try:
@@ -159,27 +168,38 @@ class GeometryError(Exception):
     """The tensors do not determine N and K; the message says why."""
 
 
-@dataclass(frozen=True)
 class Format:
-    """One quantization format, described once for every command."""
+    """One quantization format, described once for every command.
 
-    name: str
-    title: str
-    slots: tuple[Slot, ...]
-    keys: tuple[MarkerKey, ...]
-    geometry: Callable[[dict, dict], dict]
-    """(tensors by suffix, resolved params) -> env with N, K, bits, variant ...; may raise GeometryError."""
-    constraints: tuple[Constraint, ...] = ()
-    bits_text: str = ""
-    rotation: str = "none"
-    """"none", "always", or "convrot key"."""
-    loaders: frozenset[str] = frozenset()
-    """Runtimes that load this format: subset of {"comfyui", "sglang", "comfy-kitchen"}."""
-    converter_only: bool = False
-    recognize: Callable[[dict], bool] | None = None
-    """For unmarked layers: do these tensors (by suffix) look like this format? (spec 6.6)"""
-    aliases: tuple[str, ...] = ()
-    notes: str = ""
+    ``geometry(tensors by suffix, resolved params) -> env`` with N, K, bits, variant ... (may
+    raise GeometryError); ``rotation`` is "none", "always" or "convrot key"; ``loaders`` the
+    runtimes that load it ({"comfyui", "sglang", "comfy-kitchen"}); ``recognize(tensors)`` says
+    whether an unmarked layer's tensors look like this format (spec 6.6).
+    """
+
+    __slots__ = ("name", "title", "slots", "keys", "geometry", "constraints", "bits_text", "rotation", "loaders",
+                 "converter_only", "recognize", "aliases", "notes")
+
+    def __init__(self, name: str, title: str, slots: tuple[Slot, ...], keys: tuple[MarkerKey, ...],
+                 geometry: Callable[[dict, dict], dict], constraints: tuple[Constraint, ...] = (), bits_text: str = "",
+                 rotation: str = "none", loaders: frozenset[str] = frozenset(), converter_only: bool = False,
+                 recognize: Callable[[dict], bool] | None = None, aliases: tuple[str, ...] = (), notes: str = "") -> None:
+        self.name = name
+        self.title = title
+        self.slots = slots
+        self.keys = keys
+        self.geometry = geometry
+        self.constraints = constraints
+        self.bits_text = bits_text
+        self.rotation = rotation
+        self.loaders = loaders
+        self.converter_only = converter_only
+        self.recognize = recognize
+        self.aliases = aliases
+        self.notes = notes
+
+    def __repr__(self) -> str:
+        return f"Format({self.name!r})"
 
     @property
     def suffixes(self) -> frozenset[str]:

@@ -65,8 +65,10 @@ class LocalFile:
         self.bytes_read += len(data)
         return data
 
-    def pread_many(self, ranges: list[tuple[int, int]]) -> list[bytes]:
-        return [self.pread(off, n) for off, n in ranges]
+    def pread_many(self, ranges: list[tuple[int, int]], gap: int = 1 << 16) -> list[bytes]:
+        """Ranges sorted by offset; neighbours closer than ``gap`` bytes share one read
+        (markers usually sit together at the end of a file: one read for all of them)."""
+        return coalesced_reads(self.pread, ranges, gap)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -78,3 +80,24 @@ class LocalFile:
             self.close()
         except Exception:
             pass
+
+
+def coalesced_reads(pread, ranges: list[tuple[int, int]], gap: int) -> list[bytes]:
+    """Serve ``ranges`` (sorted by offset) with as few ``pread`` calls as the gap allows."""
+    out: list[bytes] = []
+    i, n = 0, len(ranges)
+    while i < n:
+        start, length = ranges[i]
+        end = start + length
+        j = i + 1
+        while j < n and ranges[j][0] - end <= gap and ranges[j][0] >= start:
+            end = max(end, ranges[j][0] + ranges[j][1])
+            j += 1
+        if j == i + 1:
+            out.append(pread(start, length))
+        else:
+            block = pread(start, end - start)
+            for off, ln in ranges[i:j]:
+                out.append(block[off - start : off - start + ln])
+        i = j
+    return out

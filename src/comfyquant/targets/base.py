@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
-
-@dataclass
 class Violation:
     """One rule of a runtime that the checkpoint breaks.
 
@@ -13,26 +10,32 @@ class Violation:
     are silent losses the runtime does not report (e.g. ComfyUI dropping a correction).
     """
 
-    rule: str
-    message: str
-    exception: str | None = "ValueError"
-    layer: str | None = None
-    tensor: str | None = None
-    blocking: bool = True
-    cause: str | None = None
-    fix: str | None = None
-    severity: str = ""
-    """Severity of the finding this becomes when no canonical finding covers it."""
+    __slots__ = ("rule", "message", "exception", "layer", "tensor", "blocking", "cause", "fix", "severity")
 
-    def __post_init__(self) -> None:
-        if not self.severity:
-            self.severity = "error" if self.blocking else "warning"
+    def __init__(self, rule: str, message: str, exception: str | None = "ValueError", layer: str | None = None,
+                 tensor: str | None = None, blocking: bool = True, cause: str | None = None, fix: str | None = None,
+                 severity: str = "") -> None:
+        self.rule = rule
+        self.message = message
+        self.exception = exception
+        self.layer = layer
+        self.tensor = tensor
+        self.blocking = blocking
+        self.cause = cause
+        self.fix = fix
+        # Severity of the finding this becomes when no canonical finding covers it.
+        self.severity = severity or ("error" if blocking else "warning")
+
+    def __repr__(self) -> str:
+        return f"Violation({self.rule}, {self.message!r}, {self.exception}, {self.layer!r})"
 
 
-@dataclass
 class Verdict:
-    target: str
-    violations: list[Violation] = field(default_factory=list)
+    __slots__ = ("target", "violations")
+
+    def __init__(self, target: str, violations: list[Violation] | None = None) -> None:
+        self.target = target
+        self.violations = violations if violations is not None else []
 
     @property
     def first(self) -> Violation | None:
