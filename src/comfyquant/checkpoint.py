@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .checker.findings import Finding
 from .errors import InputError
 from .formats.registry import LAYER_SUFFIXES
 from .io.header import Header, TensorEntry, read_header
-from .io.shards import ShardSet, resolve_local
+from .io.shards import ShardSet, is_url, resolve_local
 from .io.source import ByteSource, LocalFile
 from .memo import Memo
+
+if TYPE_CHECKING:
+    from .io.remote import RemoteOptions
 
 NameMapper = Callable[[str], str]
 
@@ -103,8 +107,16 @@ class Checkpoint:
                 return h.metadata
         raise KeyError(file)
 
+    @property
+    def legacy_scaled_fp8(self) -> bool:
+        """A legacy ComfyUI "scaled FP8" file (spec 1.6): a ``scaled_fp8`` tensor and no header map.
+        (That tensor is not a layer tensor, so only the few non-layer names are scanned.)"""
+        return not self.markers.headers and any(n.endswith("scaled_fp8") for n in self.other_tensors)
+
     def io_stats(self) -> dict[str, dict[str, int]]:
-        return {s.name: {"requests": getattr(s, "reads", 0), "bytes": getattr(s, "bytes_read", 0)} for s in self.sources}
+        stats = dict(self.shardset.index_io)  # a remote index.json costs a request too
+        stats.update({s.name: {"requests": getattr(s, "reads", 0), "bytes": getattr(s, "bytes_read", 0)} for s in self.sources})
+        return stats
 
     def close(self) -> None:
         for s in self.sources:
@@ -122,18 +134,25 @@ def open_checkpoint(
     name_mapper: NameMapper | None = None,
     sources: list[ByteSource] | None = None,
     shardset: ShardSet | None = None,
+    remote: RemoteOptions | None = None,
 ) -> Checkpoint:
     """Open a checkpoint from files, shards, a folder or an index.json (header reads only).
 
     ``name_mapper`` maps a raw tensor name (``prefix + ".weight"``) to the runtime's name, like
     SGLang's ``param_names_mapping``; layers keep their raw prefix and get the mapped ``name``.
+    URLs (``https://``, ``s3://``, ...) are opened by :mod:`comfyquant.io.remote` with ``remote``
+    (a ``RemoteOptions``; defaults when None).
     """
     from .markers import collect_markers
 
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     paths = [str(p) for p in paths]
-    if sources is None:
+    if sources is None and any(is_url(p) for p in paths):
+        from .io.remote import open_remote  # urllib/fsspec load only for URLs
+
+        shardset, sources = open_remote(paths, remote)
+    elif sources is None:
         shardset = resolve_local(paths)
         sources = []
         try:

@@ -2,59 +2,72 @@
 
 A check's result for one layer depends only on its marker and the (suffix, dtype, shape) of
 its tensors.  A 14B model has ~600 layers but a few dozen distinct signatures, so every
-per-layer rule (canonical and runtime) is computed once per signature: first looked up by
-marker identity within one checkpoint (cheap), then by the marker's text across checkpoints.
+per-layer rule (canonical and runtime) is computed once per signature.
+
+Each layer is mapped once to a *class id* (its marker's text + tensor signature, interned
+across checkpoints); every rule's result is then looked up by ``(rule kind, class id)``.
 Cached values are immutable templates; callers bind them to a layer name.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
-_GLOBAL: dict[tuple, Any] = {}
-_GLOBAL_LIMIT = 100_000
+_CLASS_IDS: dict[tuple, int] = {}
+_NEXT_ID = itertools.count()
+"""Ids never repeat, even after ``clear()``: a live Memo's ids stay unambiguous."""
+_RESULTS: dict[tuple[str, int], Any] = {}
+_LIMIT = 200_000
 
 
 class Memo:
-    __slots__ = ("_local", "_sids")
+    """Per-checkpoint front of the cache: marker texts and class ids are computed once."""
+
+    __slots__ = ("_reprs", "_classes")
 
     def __init__(self) -> None:
-        self._local: dict[tuple, Any] = {}
-        self._sids: dict[tuple, int] = {}
+        self._reprs: dict[int, str] = {}
+        self._classes: dict[tuple[int, int], int] = {}
 
-    def sid(self, sig: tuple) -> int:
-        """A small int standing for a signature within this checkpoint (hashing it once)."""
-        return self._sids.setdefault(sig, len(self._sids))
-
-    def get(self, kind: str, marker: dict | None, layer, compute: Callable[[], Any]) -> Any:
-        """``layer`` is a Layer (or None for a marker without tensors)."""
+    def class_id(self, marker: dict | None, layer) -> int:
+        """The class id of (marker, layer): equal ids mean every per-layer rule agrees."""
         if layer is None:
             sig, sid = (), -1
         else:
             sid = layer._sid
             if sid is None:
-                sid = layer._sid = self.sid(layer.signature)
-            sig = None
-        key = (kind, id(marker), sid)
-        hit = self._local.get(key, _MISS)
+                sid = layer._sid = id(layer.signature)
+            sig = layer.signature
+        local = (id(marker), sid)
+        cid = self._classes.get(local)
+        if cid is None:
+            text = self._reprs.get(id(marker))
+            if text is None:
+                text = self._reprs[id(marker)] = repr(marker)
+            key = (text, sig)
+            cid = _CLASS_IDS.get(key)
+            if cid is None:
+                if len(_CLASS_IDS) > _LIMIT:
+                    clear()
+                cid = _CLASS_IDS[key] = next(_NEXT_ID)
+            self._classes[local] = cid
+        return cid
+
+    def get(self, kind: str, marker: dict | None, layer, compute: Callable[[], Any]) -> Any:
+        """The result of rule ``kind`` for this layer, computed only for a new class."""
+        key = (kind, self.class_id(marker, layer))
+        hit = _RESULTS.get(key, _MISS)
         if hit is _MISS:
-            if sig is None:
-                sig = layer.signature
-            gkey = (kind, repr(marker), sig)
-            hit = _GLOBAL.get(gkey, _MISS)
-            if hit is _MISS:
-                hit = compute()
-                if len(_GLOBAL) > _GLOBAL_LIMIT:
-                    _GLOBAL.clear()
-                _GLOBAL[gkey] = hit
-            self._local[key] = hit
+            hit = _RESULTS[key] = compute()
         return hit
 
 
 def clear() -> None:
     """Forget cross-checkpoint results (benchmarks use this to measure cold checks)."""
-    _GLOBAL.clear()
+    _CLASS_IDS.clear()
+    _RESULTS.clear()
 
 
 _MISS = object()

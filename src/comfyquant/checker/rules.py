@@ -17,7 +17,7 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
     """All layer findings (bound to layer names) and each layer's geometry env."""
     findings: list[Finding] = []
     envs: dict[str, dict] = {}
-    legacy = not ckpt.markers.headers and any(n.endswith("scaled_fp8") for n in ckpt.tensors)
+    legacy = ckpt.legacy_scaled_fp8
     for prefix, layer in ckpt.layers.items():
         marker = layer.marker
         name = layer.name

@@ -100,7 +100,7 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
 def comfyui_verdict(ckpt) -> Verdict:
     out: list[Violation] = []
     markers = comfyui_markers(ckpt, out)
-    legacy = not ckpt.markers.headers and any(n.endswith("scaled_fp8") for n in ckpt.tensors)
+    legacy = ckpt.legacy_scaled_fp8
     for prefix, layer in ckpt.layers.items():
         marker = markers.get(prefix)
         t = layer.tensors
@@ -117,7 +117,7 @@ def comfyui_verdict(ckpt) -> Verdict:
         templates = ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_templates(m, t))
         if templates:
             out.extend(bind(templates, prefix))
-    if any(e.dtype == "F8_E8M0" for e in ckpt.tensors.values()):
+    if any(e.dtype == "F8_E8M0" for lay in ckpt.layers.values() if lay.format_name == "mxfp8" for e in lay.tensors.values()):
         _fail(out, "e8m0", "F8_E8M0 tensors: ComfyUI's own (aimdo) safetensors reader has no F8_E8M0 entry; the "
                            "safe_open path reads them (unverified)", blocking=False, severity="info",
               cause="F8_E8M0 dtype", fix="relabel the scales as U8 (same bytes) if your ComfyUI fails to read them")

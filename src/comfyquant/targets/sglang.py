@@ -400,47 +400,61 @@ def _is_embedding(prefix: str) -> bool:
 def build_layers(markers: dict[str, dict], derived: dict[str, dict], raw_prefix: dict[str, str], ckpt,
                  config: str | None, run: _Run) -> None:
     layers = ckpt.layers
+    memo = ckpt.memo
     for name, m in markers.items():
         prefix = raw_prefix.get(name, name)
-        fmt = m.get("format")
         layer = layers.get(prefix)
-        w = layer.tensors.get("weight") if layer is not None else None
-        if w is None or len(w.shape) != 2:
+        if layer is None:
             continue
-        n, cols = w.shape
         d = derived.get(name) or {}
-        if fmt == "asym_w4a8_int8":
-            # The layer is built with the model's input size, not the packed width: the format's
-            # own geometry infers it (6-bit rows have K = 4/3 x width; they fail W5 instead).
-            g, c = int(m.get("group_size", 16)), int(m.get("convrot_groupsize", 256))
-            try:
-                k = ASYM_W4A8_INT8.geometry(layer.tensors, {"group_size": g, "convrot_groupsize": c})["K"]
-            except GeometryError:
-                k = 2 * cols
-            if not (g >= 4 and (16 % g == 0 or g % 16 == 0) and k % 16 == 0 and k % g == 0 and k % c == 0):
-                run.fail("B1", f"Serialized W4A8 layer {prefix!r} has input size {k}, incompatible with group_size={g} "
-                               f"and convrot_groupsize={c}", prefix)
-        elif fmt == "convrot_w4a4":
-            c, k = int(m.get("convrot_groupsize", 256)), 2 * cols
-            if k % 64 or k % c:
-                run.fail("B2", f"Serialized W4A4 layer {prefix!r} has input size {k}, incompatible with quant_group_size=64 "
-                               f"and convrot_groupsize={c}", prefix)
-        elif fmt == "int8_tensorwise" and not _is_embedding(prefix):
-            if is_int8_embedding_marker(m, d):
-                if config in ("KitchenW4A8Config", "ComfyNvfp4Config"):
-                    run.fail("B4", f"Unsupported quantized linear marker for {prefix!r}", prefix)
-                else:
-                    run.fail("B4", f"(no SGLang message) layer {prefix!r} has a plain INT8 marker, which SGLang treats as "
-                                   f"embedding-only: the linear is built unquantized and its I8 weight cannot load",
-                             prefix, exception=None)
-            elif m.get("convrot") is True:
-                c = m.get("convrot_groupsize")
-                if isinstance(c, (int, float)) and c and cols % int(c):
-                    run.fail("B3", f"Serialized convrot_int8 layer {prefix!r} has input size {cols}, which is not divisible "
-                                   f"by its ConvRot group size {int(c)}", prefix)
-                elif d.get("_is_tensorwise_scalar"):
-                    run.fail("B5", f"(no SGLang message) ConvRot INT8 layer {prefix!r} has a scalar weight_scale; SGLang's "
-                                   f"parameter is [N, 1] and the load fails", prefix, "weight_scale", exception=None)
+        embedding_config = config in ("KitchenW4A8Config", "ComfyNvfp4Config")
+        outcome = memo.get(f"sglang-build:{embedding_config}:{_is_embedding(prefix)}", m, layer,
+                           lambda m=m, t=layer.tensors, d=d, e=embedding_config, emb=_is_embedding(prefix):
+                           _build_layer(m, t, d, e, emb))
+        if outcome is not None:
+            rule, template, tensor, exception = outcome
+            run.fail(rule, template.replace(PREFIX, repr(prefix)), prefix, tensor, exception=exception)
+
+
+def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding: bool):
+    """What building one layer raises: (rule, message template, tensor, exception) or None."""
+    P = PREFIX
+    fmt = m.get("format")
+    w = t.get("weight")
+    if w is None or len(w.shape) != 2:
+        return None
+    n, cols = w.shape
+    if fmt == "asym_w4a8_int8":
+        # The layer is built with the model's input size, not the packed width: the format's
+        # own geometry infers it (6-bit rows have K = 4/3 x width; they fail W5 instead).
+        g, c = int(m.get("group_size", 16)), int(m.get("convrot_groupsize", 256))
+        try:
+            k = ASYM_W4A8_INT8.geometry(t, {"group_size": g, "convrot_groupsize": c})["K"]
+        except GeometryError:
+            k = 2 * cols
+        if not (g >= 4 and (16 % g == 0 or g % 16 == 0) and k % 16 == 0 and k % g == 0 and k % c == 0):
+            return "B1", (f"Serialized W4A8 layer {P} has input size {k}, incompatible with group_size={g} "
+                          f"and convrot_groupsize={c}"), None, "ValueError"
+    elif fmt == "convrot_w4a4":
+        c, k = int(m.get("convrot_groupsize", 256)), 2 * cols
+        if k % 64 or k % c:
+            return "B2", (f"Serialized W4A4 layer {P} has input size {k}, incompatible with quant_group_size=64 "
+                          f"and convrot_groupsize={c}"), None, "ValueError"
+    elif fmt == "int8_tensorwise" and not is_embedding:
+        if is_int8_embedding_marker(m, d):
+            if embedding_config:
+                return "B4", f"Unsupported quantized linear marker for {P}", None, "ValueError"
+            return "B4", (f"(no SGLang message) layer {P} has a plain INT8 marker, which SGLang treats as "
+                          f"embedding-only: the linear is built unquantized and its I8 weight cannot load"), None, None
+        if m.get("convrot") is True:
+            c = m.get("convrot_groupsize")
+            if isinstance(c, (int, float)) and c and cols % int(c):
+                return "B3", (f"Serialized convrot_int8 layer {P} has input size {cols}, which is not divisible "
+                              f"by its ConvRot group size {int(c)}"), None, "ValueError"
+            if d.get("_is_tensorwise_scalar"):
+                return "B5", (f"(no SGLang message) ConvRot INT8 layer {P} has a scalar weight_scale; SGLang's "
+                              f"parameter is [N, 1] and the load fails"), "weight_scale", None
+    return None
 
 
 def run_all(ckpt, param_name_mapper=None, collect: bool = True) -> tuple[dict, dict, list[Violation], str | None]:
