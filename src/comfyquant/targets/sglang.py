@@ -408,9 +408,9 @@ def build_layers(markers: dict[str, dict], derived: dict[str, dict], raw_prefix:
             continue
         d = derived.get(name) or {}
         embedding_config = config in ("KitchenW4A8Config", "ComfyNvfp4Config")
-        outcome = memo.get(f"sglang-build:{embedding_config}:{_is_embedding(prefix)}", m, layer,
-                           lambda m=m, t=layer.tensors, d=d, e=embedding_config, emb=_is_embedding(prefix):
-                           _build_layer(m, t, d, e, emb))
+        emb = _is_embedding(prefix)
+        outcome = memo.get(f"sglang-build:{embedding_config}:{emb}", m, layer,
+                           lambda m=m, t=layer.tensors, d=d, e=embedding_config, emb=emb: _build_layer(m, t, d, e, emb))
         if outcome is not None:
             rule, template, tensor, exception = outcome
             run.fail(rule, template.replace(PREFIX, repr(prefix)), prefix, tensor, exception=exception)
