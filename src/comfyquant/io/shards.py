@@ -3,6 +3,7 @@
 A folder means its ``*.safetensors`` files, unless it holds a ``*.safetensors.index.json``, in
 which case the index decides which shards belong to the checkpoint.  Missing shards an index
 names are reported by the checkpoint as findings, not raised, so the rest is still checked.
+URLs (``is_url``) are resolved the same way by :mod:`comfyquant.io.remote`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class ShardSet:
     ``index_dir``).  (Plain class, not a dataclass: importing dataclasses costs ~10 ms of
     start-up, a tenth of the budget of ``check``.)"""
 
-    __slots__ = ("files", "missing", "index_path", "weight_map", "index_dir")
+    __slots__ = ("files", "missing", "index_path", "weight_map", "index_dir", "index_io")
 
     def __init__(self, files: list[str] | None = None, missing: list[str] | None = None, index_path: str | None = None,
                  weight_map: dict[str, str] | None = None, index_dir: str = "") -> None:
@@ -29,6 +30,14 @@ class ShardSet:
         self.index_path = index_path
         self.weight_map = weight_map if weight_map is not None else {}
         self.index_dir = index_dir
+        self.index_io: dict[str, dict[str, int]] = {}
+        """Requests and bytes spent fetching a remote index (``Checkpoint.io_stats`` lists them)."""
+
+
+def is_url(path: str) -> bool:
+    """``scheme://...`` (http, https, s3, gs, hf, ...); a Windows drive (``C:\\``) is not a scheme."""
+    scheme, sep, _ = path.partition("://")
+    return bool(sep) and len(scheme) > 1 and scheme[0].isalpha() and scheme.replace("+", "").replace("-", "").replace(".", "").isalnum()
 
 
 def read_index(path: str, text: str | None = None) -> tuple[list[str], dict[str, str]]:
