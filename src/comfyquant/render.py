@@ -122,3 +122,116 @@ def render_inventory(inv, stream=None) -> str:
     lines.append(f"files: {len(inv.files)}, {_human(inv.file_bytes)}; as BF16: {_human(inv.bf16_bytes)} "
                  f"(compression {ratio:.2f}x)")
     return "\n".join(lines)
+
+
+def render_fix(result) -> str:
+    plan = result.plan
+    lines = []
+    lossy = sum(1 for c in plan.changes if c.kind != "lossless")
+    head = "plan (dry run, nothing written)" if result.dry_run else "plan"
+    if plan.empty:
+        lines.append("nothing to repair" + ("" if result.before.ok else ": no finding has an exact repair"))
+    else:
+        kinds = "all lossless" if not lossy else f"{lossy} lossy"
+        lines.append(f"{head}: {len(plan.changes)} change{'s' * (len(plan.changes) != 1)}, {kinds}")
+        groups: dict[tuple, list] = {}
+        for c in plan.changes:
+            suffix = c.tensor.rsplit(".", 1)[-1] if c.tensor and c.layer else c.tensor
+            groups.setdefault((c.what, suffix, c.before if not c.layer else c.before, c.after, c.kind), []).append(c)
+        for (what, suffix, before, after, kind), items in groups.items():
+            where = items[0].layer or ""
+            if suffix:
+                where += (" · " if where else "") + suffix
+            where = where or "(checkpoint)"
+            more = f"  (+{len(items) - 1} more layers)" if len(items) > 1 else ""
+            lines.append(f"  {where}: {what}{more}")
+            lines.append(f"      {before} -> {after}  [{kind}]")
+    if plan.refused:
+        lines.append("")
+        lines.append(f"cannot repair ({len(plan.refused)}):")
+        for layer, why in plan.refused:
+            lines.append(f"  {layer or '-'}: {why}")
+    remaining = result.remaining
+    lines.append("")
+    if result.after is not None:
+        for path in result.outputs:
+            lines.append(f"wrote {path} (verified: re-checked, untouched tensors byte-identical)")
+        state = "after repair"
+    else:
+        state = "as found" if not result.dry_run else "not addressed by the plan"
+    if remaining:
+        lines.append(f"{state}: {len(remaining)} error{'s' * (len(remaining) != 1)} left:")
+        for group in _group(remaining):
+            f = group[0]
+            where = f.layer or ""
+            if f.tensor and f.layer:
+                where += " · " + f.tensor.rsplit(".", 1)[-1]
+            more = f" (+{len(group) - 1} more layers)" if len(group) > 1 else ""
+            lines.append(f"  {f.code} {where}{more}: {f.cause or f.message}")
+            if f.fix:
+                lines.append(f"      fix: {f.fix}")
+    elif result.after is not None:
+        lines.append(f"{state}: check passes for {', '.join(result.after.verdicts)}")
+    elif result.dry_run and not plan.empty:
+        lines.append("every error has a planned repair; run without --dry-run to apply it "
+                     "(the output is re-checked and verified before it is kept)")
+    return "\n".join(lines)
+
+
+# -- check --recursive -----------------------------------------------------------------------
+
+_STATUS = {"ok": "OK", "failed": "FAILED", "unreadable": "ERROR"}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def _io_total(report) -> tuple[int, int]:
+    return (sum(s["requests"] for s in report.io.values()), sum(s["bytes"] for s in report.io.values()))
+
+
+def render_summary_line(item, verbose: bool = False) -> str:
+    """One line for one checkpoint of a tree (``-v``: plus the reads per file)."""
+    status = _STATUS[item.status]
+    if item.report is None:
+        return f"{status:<7} {item.error}"
+    r = item.report
+    c = r.counts
+    line = (f"{status:<7} {item.label}: {_plural(len(r.files), 'file')}, {r.layers} layers, "
+            f"{_plural(c['error'], 'error')}, {_plural(c['warning'], 'warning')}")
+    fails = [f"{name} fails ({v.first.exception + ': ' if v.first.exception else ''}{v.first.message})"
+             for name, v in r.verdicts.items() if v.first is not None]
+    if fails:
+        line += "; " + fails[0] + (f" (+{len(fails) - 1} more runtime{'s' * (len(fails) > 2)})" if len(fails) > 1 else "")
+    if verbose:
+        for file, st in r.io.items():
+            line += f"\n        read {file}: {st['requests']} requests, {st['bytes']} bytes"
+    return line
+
+
+def render_summary(result, verbose: bool = False) -> str:
+    """The overall table of ``check --recursive`` (one row per checkpoint) and the totals."""
+    targets = list(result.targets)
+    rows = []
+    for item in result.items:
+        r = item.report
+        if r is None:
+            rows.append([item.label, "-", "-", "-", "-"] + ["unreadable" if i == 0 else "" for i in range(len(targets))]
+                        + ["-", "-"])
+            continue
+        requests, nbytes = _io_total(r)
+        rows.append([item.label, str(len(r.files)), str(r.layers), str(r.counts["error"]), str(r.counts["warning"])]
+                    + ["loads" if r.verdicts[t].loads else "FAILS" for t in targets]
+                    + [str(requests), _human(nbytes)])
+    heads = ["checkpoint", "files", "layers", "errors", "warnings"] + targets + ["requests", "read"]
+    right = {1, 2, 3, 4, len(heads) - 2, len(heads) - 1}
+    lines = [""] + table(heads, rows, right=right)
+    s = result.summary()
+    parts = [f"{s['ok']} OK", f"{s['failed']} FAILED"] + ([f"{s['unreadable']} unreadable"] if s["unreadable"] else [])
+    readable = s["checkpoints"] - s["unreadable"]
+    loads = ", ".join(f"{t} {v['loads']}/{readable}" for t, v in s["targets"].items())
+    lines.append("")
+    lines.append(f"{_plural(s['checkpoints'], 'checkpoint')}: {', '.join(parts)}; loads: {loads}; "
+                 f"{s['requests']} requests, {_human(s['bytes'])} read")
+    return "\n".join(lines)

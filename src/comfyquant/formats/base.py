@@ -72,16 +72,18 @@ class Slot:
     always); ``forbidden``: condition under which the tensor must not be present at all;
     ``also_dtypes``: dtypes some tool writes or accepts instead, dtype -> (who and why,
     severity); ``alt_shapes``: known other shapes ``(expression, cause[, severity])`` that
-    identify how a file went wrong; ``positive``: values must be finite and > 0 (``--deep``).
+    identify how a file went wrong; ``positive``: values must be finite and > 0 (``--deep``);
+    ``blocked``: the tensor holds per-block scales of this block size (16, 32) in the blocked
+    128x4 layout (spec 2.4), which the fixer can convert from the unblocked ``[N, K/block]``.
     """
 
     __slots__ = ("suffix", "dtype", "shape", "kind", "required", "meaning", "when", "forbidden", "also_dtypes",
-                 "alt_shapes", "positive", "_shape", "_when", "_forbidden", "_alts")
+                 "alt_shapes", "positive", "blocked", "_shape", "_when", "_forbidden", "_alts")
 
     def __init__(self, suffix: str, dtype: str, shape: str, kind: str = SCALE, required: bool = True, meaning: str = "",
                  when: str | None = None, forbidden: str | None = None,
                  also_dtypes: dict[str, tuple[str, str]] | None = None, alt_shapes: tuple[tuple[str, ...], ...] = (),
-                 positive: bool = False) -> None:
+                 positive: bool = False, blocked: int = 0) -> None:
         self.suffix = suffix
         self.dtype = dtype
         self.shape = shape
@@ -93,6 +95,7 @@ class Slot:
         self.also_dtypes = also_dtypes or {}
         self.alt_shapes = alt_shapes
         self.positive = positive
+        self.blocked = blocked
         self._shape = Expr(shape)
         self._when = Expr(when) if when else None
         self._forbidden = Expr(forbidden) if forbidden else None

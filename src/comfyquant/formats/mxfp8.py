@@ -28,6 +28,7 @@ MXFP8 = Format(
             "weight_scale",
             "F8_E8M0",
             "(pad(N, 128), pad(K // 32, 4))",
+            blocked=32,
             meaning="per-32-block E8M0 exponents, blocked 128x4 layout, zero padded",
             also_dtypes={"U8": ("E8M0 bytes labelled U8 (as convert_to_quant writes them); ComfyUI reads both", "info")},
             alt_shapes=(

@@ -24,7 +24,7 @@ NVFP4 = Format(
             "weight_scale",
             "F8_E4M3",
             "(pad(N, 128), pad(K // 16, 4))",
-            positive=False,
+            blocked=16,
             meaning="per-16-block FP8 scales, blocked 128x4 layout, zero padded",
             also_dtypes={"U8": ("FP8 bytes labelled U8: ComfyUI views them as FP8, SGLang refuses them", "warning")},
             alt_shapes=(

@@ -1,0 +1,40 @@
+"""``comfyquant fix``: repair a checkpoint safely (streaming, atomic, verified)."""
+
+from __future__ import annotations
+
+import json
+
+HELP = "repair a broken checkpoint: streaming, atomic, verified"
+
+
+def add_parser(sub) -> None:
+    f = sub.add_parser("fix", help=HELP, description=HELP)
+    f.add_argument("paths", nargs="+", metavar="IN", help="file(s), folder or *.safetensors.index.json")
+    f.add_argument("-o", "--output", metavar="OUT",
+                   help="output file (or folder for shards); default: <name>.fixed.safetensors / <folder>.fixed")
+    f.add_argument("--in-place", action="store_true", help="replace the input, only after the new file is verified")
+    f.add_argument("--target", default="all", choices=["sglang", "comfyui", "comfy-kitchen", "all"])
+    f.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
+    f.add_argument("--json", action="store_true", help="print the result as JSON")
+    f.add_argument("--allow-lossy", action="store_true", help="also apply repairs that change values (reported with their error)")
+    f.add_argument("--prefer", choices=["header", "tensor"], help="which marker wins when header and tensor markers disagree")
+    f.add_argument("--convrot-groupsize", type=int, metavar="C",
+                   help="ConvRot size for markers that lack one (16, 64 or 256); never guessed")
+    f.add_argument("--force", action="store_true", help="replace an existing output file")
+
+
+def run(args) -> int:
+    from ..repair.run import fix
+
+    result = fix(args.paths, out=args.output, in_place=args.in_place, target=args.target, dry_run=args.dry_run,
+                 allow_lossy=args.allow_lossy, prefer=args.prefer, convrot_groupsize=args.convrot_groupsize,
+                 force=args.force)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+    else:
+        from ..render import render_fix
+
+        print(render_fix(result))
+    if result.plan.empty and not result.before.ok:
+        return 1
+    return 0 if result.ok else 1

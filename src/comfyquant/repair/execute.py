@@ -1,0 +1,193 @@
+"""Apply a repair plan: stream every shard into a temporary file next to its destination,
+re-check the result, confirm untouched tensors are byte-identical, then rename into place.
+
+Untouched tensors are copied in bounded chunks (hashing as they go); edited tensors are
+small (scales, corrections, markers) or only relabelled.  Nothing appears at an output path
+until every shard is written, synced and verified; ``--in-place`` renames over the input
+only then.  On any failure the temporary files are removed and the input is untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from .. import __version__
+from ..checkpoint import open_checkpoint
+from ..errors import InputError
+from ..io.shards import ShardSet
+from ..io.writer import CHUNK, commit_file, discard, write_safetensors
+from .plan import Plan
+
+STAMP_KEY = "comfyquant"
+
+
+class FixError(InputError):
+    """The repaired output did not verify, or could not be written; nothing was replaced."""
+
+
+def output_paths(ckpt, out: str | None, in_place: bool, force: bool) -> tuple[list[str], str | None]:
+    """Destination of each shard (in input order) and of the index (if the input had one)."""
+    files = ckpt.files
+    ss = ckpt.shardset
+    if in_place:
+        if out:
+            raise InputError("give either -o OUT or --in-place, not both")
+        return list(files), ss.index_path
+    single = len(files) == 1 and not ss.index_path
+    if out is None:
+        if single:
+            stem = files[0][: -len(".safetensors")] if files[0].endswith(".safetensors") else files[0]
+            out = stem + ".fixed.safetensors"
+        else:
+            base = os.path.dirname(ss.index_path) if ss.index_path else os.path.dirname(files[0])
+            out = base.rstrip("/") + ".fixed"
+    if single and not os.path.isdir(out):
+        dests = [out]
+        index = None
+    else:
+        os.makedirs(out, exist_ok=True)
+        dests = [os.path.join(out, os.path.basename(f)) for f in files]
+        index = os.path.join(out, os.path.basename(ss.index_path)) if ss.index_path else None
+    inputs = {os.path.realpath(f) for f in files}
+    for d in dests + ([index] if index else []):
+        if os.path.realpath(d) in inputs:
+            raise InputError(f"{d}: is the input; use --in-place to replace it")
+        if os.path.exists(d) and not force:
+            raise InputError(f"{d}: exists; choose another -o or pass --force to replace it")
+    return dests, index
+
+
+def _copy(source, start: int, length: int, digest):
+    def chunks():
+        pos, end = start, start + length
+        while pos < end:
+            n = min(CHUNK, end - pos)
+            data = source.pread(pos, n)
+            if len(data) != n:
+                raise InputError(f"{source.name}: file ended early while copying (truncated?)")
+            digest.update(data)
+            yield data
+            pos += n
+
+    return chunks
+
+
+def _stamp(metadata: dict[str, str], plan: Plan) -> dict[str, str]:
+    done = [c.what for c in plan.changes]
+    summary = sorted(set(done))
+    previous = metadata.get(STAMP_KEY)
+    history = []
+    if previous:
+        try:
+            history = json.loads(previous).get("history", [])
+        except (ValueError, AttributeError):
+            history = []
+    stamp = {"tool": "comfyquant", "version": __version__, "repaired": summary, "history": history + [
+        {"version": __version__, "repaired": summary}]}
+    return {**metadata, STAMP_KEY: json.dumps(stamp)}
+
+
+def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str, tuple]]]:
+    """Per input file: (tensors to write, metadata, hashes of copied tensors by output name)."""
+    layer_file = {p: (lay.weight.file if lay.weight is not None else next(iter(lay.tensors.values())).file)
+                  for p, lay in ckpt.layers.items() if lay.tensors}
+    out = []
+    for h in ckpt.headers:
+        source = ckpt.source(h.file)
+        tensors: dict = {}
+        hashes: dict[str, tuple] = {}
+        for entry in sorted(h.tensors.values(), key=lambda e: e.start):
+            name = entry.name
+            if name in plan.drop or name.endswith(".comfy_quant"):
+                continue
+            edit = plan.edits.get(name)
+            new_name = plan.renames.get(name, name)
+            if edit is not None and edit.transform is not None:
+                data = edit.transform(ckpt.read_bytes(entry))
+                tensors[edit.name] = (edit.dtype, edit.shape, data)
+            elif edit is not None:
+                digest = hashlib.blake2b()
+                tensors[edit.name] = (edit.dtype, edit.shape, _copy(source, entry.start, entry.nbytes, digest))
+                hashes[edit.name] = (digest, entry)
+            else:
+                digest = hashlib.blake2b()
+                tensors[new_name] = (entry.dtype, entry.shape, _copy(source, entry.start, entry.nbytes, digest))
+                hashes[new_name] = (digest, entry)
+        layers_here = {p: m for p, m in plan.markers.items() if layer_file.get(p) == h.file}
+        for prefix, marker in layers_here.items():
+            raw = json.dumps(marker).encode("utf-8")
+            tensors[f"{prefix}.comfy_quant"] = ("U8", (len(raw),), raw)
+        metadata = dict(h.metadata)
+        if layers_here:
+            metadata["_quantization_metadata"] = json.dumps({"format_version": "1.0", "layers": layers_here})
+        else:
+            metadata.pop("_quantization_metadata", None)
+        out.append((tensors, _stamp(metadata, plan), hashes))
+    return out
+
+
+def write_and_verify(ckpt, plan: Plan, dests: list[str], index_dest: str | None, target, check_fn) -> tuple:
+    """Write every shard to a temporary file, re-check, verify copies; commit only if all pass.
+
+    Returns (report after, list of written paths)."""
+    shards = build_shards(ckpt, plan)
+    temps: list[str] = []
+    try:
+        for (tensors, metadata, _hashes), dest in zip(shards, dests):
+            try:
+                temps.append(write_safetensors(dest, tensors, metadata, commit=False))
+            except OSError as exc:
+                raise FixError(f"{dest}: cannot write ({exc.strerror or exc}); nothing was replaced") from None
+        with open_checkpoint(temps, shardset=ShardSet(files=list(temps)), sources=None) as out:
+            report = check_fn(out, target)
+            _verify_copies(out, shards, temps, dests)
+        for temp, dest in zip(temps, dests):
+            commit_file(temp, dest)
+        temps = []
+        if index_dest:
+            _write_index(ckpt, shards, dests, index_dest)
+        return report, list(dests)
+    finally:
+        for t in temps:
+            discard(t)
+
+
+def _verify_copies(out, shards, temps: list[str], dests: list[str]) -> None:
+    for (_tensors, _meta, hashes), temp, dest in zip(shards, temps, dests):
+        header = next(h for h in out.headers if h.file == temp)
+        src = out.source(temp)
+        for name, (digest, _entry) in hashes.items():
+            e = header.tensors.get(name)
+            if e is None:
+                raise FixError(f"{dest}: verification failed: tensor {name!r} is missing from the output")
+            again = hashlib.blake2b()
+            pos = e.start
+            while pos < e.end:
+                n = min(CHUNK, e.end - pos)
+                again.update(src.pread(pos, n))
+                pos += n
+            if again.digest() != digest.digest():
+                raise FixError(f"{dest}: verification failed: tensor {name!r} differs from the input after copying")
+
+
+def _write_index(ckpt, shards, dests: list[str], index_dest: str) -> None:
+    weight_map = {}
+    for (tensors, _m, _h), dest in zip(shards, dests):
+        for name in tensors:
+            weight_map[name] = os.path.basename(dest)
+    obj = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+    try:
+        with open(ckpt.shardset.index_path, encoding="utf-8") as fh:
+            old = json.load(fh)
+        if isinstance(old, dict) and isinstance(old.get("metadata"), dict):
+            obj["metadata"] = old["metadata"]
+    except (OSError, ValueError):
+        pass
+    tmp = index_dest + ".comfyquant.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    commit_file(tmp, index_dest)

@@ -1,0 +1,409 @@
+"""Plan repairs from the checkpoint and the format descriptions.
+
+The planner does not parse findings: it compares each layer's tensors and marker with its
+format's description (the same data the checker uses) and derives, for every deviation it can
+undo exactly, an edit: transpose, upcast to F32, relabel the dtype of identical bytes,
+reshape without reordering, convert unblocked block scales to the blocked layout, complete or
+normalise a marker, add a marker where the format is unambiguous.  Anything else is left for
+the re-check after writing to report as unfixable, with the checker's fix advice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from ..checker.diagnose import dtype_matches, fmt_shape
+from ..formats.base import Format, GeometryError
+from ..formats.registry import FORMATS, infer_format
+from ..markers import HEADER, TENSOR
+from . import transforms
+
+LOSSLESS = "lossless"
+STORAGE = "write markers as tensors and header map, identical"
+
+
+class Change:
+    """One line of the plan: what changes on which layer/tensor, before -> after."""
+
+    __slots__ = ("layer", "tensor", "what", "before", "after", "kind")
+
+    def __init__(self, layer: str | None, tensor: str | None, what: str, before: str, after: str, kind: str = LOSSLESS):
+        self.layer = layer
+        self.tensor = tensor
+        self.what = what
+        self.before = before
+        self.after = after
+        self.kind = kind
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "tensor": self.tensor, "what": self.what, "before": self.before,
+                "after": self.after, "kind": self.kind}
+
+
+class TensorEdit:
+    """How one output tensor differs from its input: new dtype/shape and a byte transform."""
+
+    __slots__ = ("name", "dtype", "shape", "transform")
+
+    def __init__(self, name: str, dtype: str, shape: tuple, transform: Callable[[bytes], bytes] | None):
+        self.name = name
+        self.dtype = dtype
+        self.shape = shape
+        self.transform = transform
+
+
+class Plan:
+    """Everything ``fix`` will do: plan lines, tensor edits, final markers, removals, refusals."""
+
+    def __init__(self) -> None:
+        self.changes: list[Change] = []
+        self.edits: dict[str, TensorEdit] = {}
+        self.renames: dict[str, str] = {}
+        self.markers: dict[str, dict] = {}
+        """Final marker per layer prefix (written as tensor marker and in the header map)."""
+        self.drop: set[str] = set()
+        self.refused: list[tuple[str | None, str]] = []
+        """(layer, why) for defects the plan cannot repair."""
+        self.markers_changed = False
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to repair.  Rewriting how markers are stored is a normalisation done along
+        with real repairs, never a reason to write a file on its own."""
+        return all(c.what == STORAGE for c in self.changes)
+
+    def touches(self, layer: str | None, tensor: str | None) -> bool:
+        """Does a planned change act on this layer's tensor (or on its marker)?"""
+        for c in self.changes:
+            if c.layer is not None and c.layer == layer and (c.tensor is None or tensor is None or c.tensor == tensor):
+                return True
+        return False
+
+    def to_dict(self) -> dict:
+        return {"changes": [c.to_dict() for c in self.changes],
+                "refused": [{"layer": layer, "why": why} for layer, why in self.refused]}
+
+
+class Options:
+    __slots__ = ("target", "prefer", "convrot_groupsize", "allow_lossy")
+
+    def __init__(self, target: str = "all", prefer: str | None = None, convrot_groupsize: int | None = None,
+                 allow_lossy: bool = False) -> None:
+        self.target = target
+        self.prefer = prefer
+        self.convrot_groupsize = convrot_groupsize
+        self.allow_lossy = allow_lossy
+
+
+def plan_repairs(ckpt, options: Options) -> Plan:
+    plan = Plan()
+    markers = _final_markers(ckpt, options, plan)
+    _legacy_scaled_fp8(ckpt, plan, markers)
+    for prefix, layer in ckpt.layers.items():
+        marker = markers.get(prefix)
+        if marker is None:
+            marker = _infer_marker(layer, options, plan)
+            if marker is None:
+                continue
+            markers[prefix] = marker
+        fmt = FORMATS.get(marker.get("format")) if isinstance(marker.get("format"), str) else None
+        if fmt is None:
+            continue
+        _repair_tensors(ckpt, layer, fmt, marker, plan)
+    plan.markers = markers
+    _marker_storage(ckpt, plan)
+    return plan
+
+
+# -- markers ---------------------------------------------------------------------------------
+
+def _final_markers(ckpt, options: Options, plan: Plan) -> dict[str, dict]:
+    """Merge each layer's marker sources, then normalise them against the format's keys."""
+    ms = ckpt.markers
+    out: dict[str, dict] = {}
+    layers = ckpt.layers
+    for prefix, sources in ms.sources.items():
+        target_prefix = prefix
+        if prefix not in layers:
+            from ..checker.rules import _prefix_match
+
+            match = _prefix_match(prefix, layers)
+            if match is None:
+                plan.changes.append(Change(prefix, None, "remove marker for a layer that does not exist",
+                                           json.dumps(ms.effective[prefix]), "(removed)"))
+                plan.markers_changed = True
+                continue
+            target_prefix = match
+            plan.changes.append(Change(match, None, "re-key header marker to the tensor names", prefix, match))
+            plan.markers_changed = True
+        merged = _merge_sources(prefix, sources, options, plan)
+        if merged is None:
+            continue
+        if target_prefix in out:
+            merged = {**merged, **out[target_prefix]}
+        out[target_prefix] = merged
+    for prefix, marker in list(out.items()):
+        out[prefix] = _normalise(prefix, marker, options, plan)
+    return out
+
+
+def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan) -> dict | None:
+    headers = [r.obj for r in sources if r.kind == HEADER]
+    tensors = [r.obj for r in sources if r.kind == TENSOR]
+    merged: dict = {}
+    conflicts = []
+    for obj in tensors + headers:
+        for key, value in obj.items():
+            if key in merged and merged[key] != value:
+                conflicts.append((key, merged[key], value))
+            merged.setdefault(key, value)
+    if not conflicts:
+        if headers and tensors and any(set(h) != set(merged) for h in headers + tensors):
+            plan.markers_changed = True
+        return merged
+    if options.prefer is None:
+        keys = ", ".join(sorted({c[0] for c in conflicts}))
+        plan.refused.append((prefix, f"header and tensor markers disagree on {keys}: choose --prefer header or --prefer tensor"))
+        return None
+    first, second = (tensors, headers) if options.prefer == "tensor" else (headers, tensors)
+    chosen: dict = {}
+    for obj in first + second:
+        for key, value in obj.items():
+            chosen.setdefault(key, value)
+    for key, old, new in conflicts:
+        keep = chosen[key]
+        plan.changes.append(Change(prefix, None, f"resolve marker conflict on {key!r} (--prefer {options.prefer})",
+                                   f"{old!r} / {new!r}", repr(keep)))
+    plan.markers_changed = True
+    return chosen
+
+
+def _normalise(prefix: str, marker: dict, options: Options, plan: Plan) -> dict:
+    fmt = FORMATS.get(marker.get("format")) if isinstance(marker.get("format"), str) else None
+    new = {k: v for k, v in marker.items() if not k.startswith("_")}
+    for k in marker:
+        if k.startswith("_"):
+            plan.changes.append(Change(prefix, None, f"drop internal key {k!r}", repr(marker[k]), "(removed)"))
+    nested = new.pop("params", None)
+    if isinstance(nested, dict):
+        moved = {k: v for k, v in nested.items() if k not in new}
+        new.update(moved)
+        plan.changes.append(Change(prefix, None, "flatten nested params", json.dumps(nested), json.dumps(moved)))
+    elif nested is not None:
+        new["params"] = nested
+    if fmt is None:
+        _record(prefix, marker, new, plan)
+        return new
+    params = fmt.params(new)
+    for key in fmt.keys:
+        if key.name == "format":
+            continue
+        if key.name in new:
+            value = new[key.name]
+            if not key.valid(value):
+                fixed = _coerce(fmt, key, value)
+                if fixed is not _NO:
+                    if fixed is _REMOVE:
+                        del new[key.name]
+                        plan.changes.append(Change(prefix, None, f"remove {key.name} ({key.allowed_text})", repr(value), "(removed)"))
+                    else:
+                        new[key.name] = fixed
+                        plan.changes.append(Change(prefix, None, f"set {key.name} to a valid value", repr(value), repr(fixed)))
+        elif key.must_be_explicit(params):
+            value = _explicit_value(fmt, key, options)
+            if value is not None:
+                new[key.name] = value
+                params[key.name] = value
+                plan.changes.append(Change(prefix, None, f"write {key.name} explicitly", "(absent)", json.dumps(value)))
+    _record(prefix, marker, new, plan)
+    return new
+
+
+_NO = object()
+_REMOVE = object()
+
+
+def _coerce(fmt: Format, key, value):
+    """A valid value meaning what readers already understood from ``value``, if there is one."""
+    if bool in key.types:
+        if fmt.name == "nvfp4" and key.name == "convrot":
+            return _REMOVE  # NVFP4 is never rotated; ComfyUI and comfy-kitchen ignore the key
+        if value in (1, "true", "True"):
+            return True
+        if value in (0, "false", "False"):
+            return False
+    if int in key.types and isinstance(value, (str, float)) and not isinstance(value, bool):
+        try:
+            n = int(value)
+        except ValueError:
+            return _NO
+        if n == float(value) and key.valid(n):
+            return n
+    return _NO
+
+
+def _explicit_value(fmt: Format, key, options: Options):
+    if key.name == "convrot":
+        return True
+    if key.name == "convrot_groupsize" and options.convrot_groupsize is not None:
+        return options.convrot_groupsize
+    return key.default
+
+
+def _record(prefix: str, before: dict, after: dict, plan: Plan) -> None:
+    if before != after:
+        plan.markers_changed = True
+
+
+def _infer_marker(layer, options: Options, plan: Plan) -> dict | None:
+    """A marker for an unmarked quantized layer, where the tensors say which format it is."""
+    w = layer.tensors.get("weight")
+    if w is None or w.dtype not in ("F8_E4M3", "F8_E5M2", "I8", "U8"):
+        return None
+    fmt = infer_format(layer.tensors)
+    if fmt is None:
+        plan.refused.append((layer.prefix, f"{w.dtype} weight without a marker and no known format matches its tensors"))
+        return None
+    marker: dict = {"format": fmt.name}
+    if fmt.rotation != "none":
+        if options.convrot_groupsize is None:
+            plan.refused.append((layer.prefix, f"unmarked layer looks like {fmt.name}, but its ConvRot size cannot be told "
+                                               f"from the tensors: pass --convrot-groupsize C (16, 64 or 256)"))
+            return None
+        if fmt.name == "int8_tensorwise":
+            marker["convrot"] = True
+        marker["convrot_groupsize"] = options.convrot_groupsize
+    if fmt.name == "asym_w4a8_int8":
+        s_rel = layer.tensors.get("weight_s_rel")
+        k = 2 * w.shape[1]
+        if s_rel is None or len(s_rel.shape) != 2 or not s_rel.shape[1] or k % s_rel.shape[1]:
+            plan.refused.append((layer.prefix, "unmarked W4A8 layer: group size cannot be told from weight_s_rel"))
+            return None
+        marker = {"format": fmt.name, "group_size": k // s_rel.shape[1], "convrot_groupsize": options.convrot_groupsize,
+                  "convrot": True}
+    plan.changes.append(Change(layer.prefix, None, f"add marker (tensors match {fmt.name})", "(none)", json.dumps(marker)))
+    plan.markers_changed = True
+    return marker
+
+
+def _legacy_scaled_fp8(ckpt, plan: Plan, markers: dict[str, dict]) -> None:
+    """Spec 1.6: ``scale_weight``/``scale_input`` + ``scaled_fp8`` -> float8_e4m3fn markers."""
+    if not ckpt.legacy_scaled_fp8:
+        return
+    flag = [n for n in ckpt.other_tensors if n.endswith("scaled_fp8")]
+    two = any(ckpt.tensors[n].numel == 2 for n in flag)
+    for name in flag:
+        plan.drop.add(name)
+        plan.changes.append(Change(None, name, "drop legacy scaled_fp8 flag", "present", "(removed)"))
+    for prefix, layer in ckpt.layers.items():
+        t = layer.tensors
+        if "scale_weight" not in t or prefix in markers:
+            continue
+        plan.renames[t["scale_weight"].name] = f"{prefix}.weight_scale"
+        if "scale_input" in t:
+            plan.renames[t["scale_input"].name] = f"{prefix}.input_scale"
+        marker = {"format": "float8_e4m3fn"}
+        if two:
+            marker["full_precision_matrix_mult"] = True
+        markers[prefix] = marker
+        plan.changes.append(Change(prefix, None, "convert legacy scaled-FP8 layer", "scale_weight, no marker",
+                                   f"weight_scale, {json.dumps(marker)}"))
+        plan.markers_changed = True
+
+
+def _marker_storage(ckpt, plan: Plan) -> None:
+    """Markers are written both as U8 tensors and in the header map; note where that changes."""
+    for prefix in plan.markers:
+        layer = ckpt.layers.get(prefix)
+        if layer is None:
+            continue
+        entry = layer.tensors.get("comfy_quant")
+        if entry is not None and entry.dtype != "U8":
+            plan.changes.append(Change(prefix, entry.name, "store marker as U8", entry.dtype, "U8"))
+            plan.markers_changed = True
+        kinds = {r.kind for r in ckpt.markers.sources.get(prefix, [])}
+        if kinds != {HEADER, TENSOR}:
+            plan.markers_changed = True
+    if plan.markers_changed and not any(c.what == STORAGE for c in plan.changes):
+        plan.changes.append(Change(None, None, STORAGE, "as found", "both, identical"))
+
+
+# -- tensors ---------------------------------------------------------------------------------
+
+def _repair_tensors(ckpt, layer, fmt: Format, marker: dict, plan: Plan) -> None:
+    tensors = dict(layer.tensors)
+    for old, new in plan.renames.items():
+        suffix_old, suffix_new = old.rsplit(".", 1)[-1], new.rsplit(".", 1)[-1]
+        if old.startswith(layer.prefix + ".") and suffix_old in tensors:
+            tensors[suffix_new] = tensors.pop(suffix_old)
+    try:
+        env = fmt.geometry(tensors, fmt.params(marker))
+    except GeometryError:
+        return
+    quant_format = {v.lower() for v in ckpt.markers.quant_formats.values() if v}
+    for suffix, slot in fmt.slots_for(env).items():
+        entry = tensors.get(suffix)
+        if entry is None or slot.is_forbidden(env):
+            continue
+        expected = slot.expected_shape(env)
+        dtype, shape = entry.dtype, entry.shape
+        steps: list[Callable[[bytes], bytes]] = []
+        notes: list[str] = []
+        if shape != expected:
+            if len(shape) == 2 and shape[::-1] == expected and shape[0] != shape[1]:
+                steps.append(lambda b, d=dtype, s=shape: transforms.transpose(b, d, s))
+                notes.append("transpose")
+                shape = expected
+            elif _numel(shape) == _numel(expected) and _squeeze(shape) == _squeeze(expected):
+                notes.append("reshape")
+                shape = expected
+            elif slot.blocked and len(shape) == 2 and shape == (env["N"], env["K"] // slot.blocked):
+                rows, cols = shape
+                steps.append(lambda b, r=rows, c=cols: transforms.to_blocked(b, r, c)[0])
+                notes.append("convert to the blocked layout")
+                shape = expected
+            else:
+                continue  # not an exact transform: the re-check reports it with its cause
+        if not dtype_matches(slot, dtype):
+            if slot.dtype == "F32" and dtype in ("BF16", "F16"):
+                steps.append(lambda b, d=dtype: transforms.to_f32(b, d))
+                notes.append(f"upcast {dtype} -> F32 (exact)")
+                dtype = "F32"
+            elif dtype == "U8" and slot.dtype in ("F8_E4M3", "I8"):
+                notes.append(f"relabel U8 -> {slot.dtype} (same bytes)")
+                dtype = slot.dtype
+            elif dtype == "I8" and slot.dtype == "U8":
+                notes.append("relabel I8 -> U8 (same bytes)")
+                dtype = "U8"
+        elif slot.dtype == "F8_E8M0" and dtype == "F8_E8M0" and quant_format == {"mxfp8"}:
+            # U8 and E8M0 are the same bytes; SGLang's quant_format=mxfp8 path accepts only U8
+            # (and ComfyUI reads both), so such files get U8 scales.
+            notes.append("relabel F8_E8M0 -> U8 (same bytes; SGLang quant_format=mxfp8 needs U8)")
+            dtype = "U8"
+        if not notes:
+            continue
+        name = plan.renames.get(entry.name, entry.name)
+        plan.edits[entry.name] = TensorEdit(name, dtype, shape, _chain(steps) if steps else None)
+        plan.changes.append(Change(layer.prefix, name, ", ".join(notes), f"{entry.dtype} {fmt_shape(entry.shape)}",
+                                   f"{dtype} {fmt_shape(shape)}"))
+
+
+def _chain(steps: list[Callable[[bytes], bytes]]) -> Callable[[bytes], bytes]:
+    def run(data: bytes) -> bytes:
+        for step in steps:
+            data = step(data)
+        return data
+
+    return run
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _squeeze(shape: tuple) -> tuple:
+    return tuple(d for d in shape if d != 1)

@@ -1,0 +1,76 @@
+"""``fix``: check, plan, write, re-check, verify, commit — the API behind ``comfyquant fix``."""
+
+from __future__ import annotations
+
+import gc
+
+from ..checker.findings import ERROR
+from ..checker.run import check_checkpoint, parse_targets
+from ..checkpoint import open_checkpoint
+from .execute import output_paths, write_and_verify
+from .plan import Options, Plan, plan_repairs
+
+
+class FixResult:
+    """What ``fix`` did: the plan, the reports before and after, outputs, what is left."""
+
+    __slots__ = ("plan", "before", "after", "outputs", "dry_run")
+
+    def __init__(self, plan: Plan, before, after=None, outputs: list[str] | None = None, dry_run: bool = False):
+        self.plan = plan
+        self.before = before
+        self.after = after
+        self.outputs = outputs or []
+        self.dry_run = dry_run
+
+    @property
+    def remaining(self) -> list:
+        """Error findings left after the repair; for a dry run, the errors no planned change
+        touches (the real re-check after writing is the authority)."""
+        if self.after is not None:
+            return [f for f in self.after.findings if f.severity == ERROR]
+        errors = [f for f in self.before.findings if f.severity == ERROR]
+        if not self.dry_run:
+            return errors
+        return [f for f in errors if not self.plan.touches(f.layer, f.tensor)]
+
+    @property
+    def ok(self) -> bool:
+        if self.after is not None:
+            return self.after.ok
+        if self.dry_run:
+            return not self.plan.refused and not self.remaining
+        return self.before.ok
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": 1,
+            "ok": self.ok,
+            "dry_run": self.dry_run,
+            "plan": self.plan.to_dict(),
+            "outputs": self.outputs,
+            "before": self.before.to_dict(),
+            "after": self.after.to_dict() if self.after is not None else None,
+            "remaining": [f.to_dict() for f in self.remaining],
+        }
+
+
+def fix(paths, out: str | None = None, in_place: bool = False, target="all", dry_run: bool = False,
+        allow_lossy: bool = False, prefer: str | None = None, convrot_groupsize: int | None = None,
+        force: bool = False) -> FixResult:
+    """Repair a checkpoint.  Writes nothing when ``dry_run`` or when nothing can be fixed."""
+    parse_targets(target)
+    options = Options(target, prefer, convrot_groupsize, allow_lossy)
+    with open_checkpoint(paths) as ckpt:
+        gc.disable()
+        try:
+            before = check_checkpoint(ckpt, target=target)
+        finally:
+            gc.enable()
+        plan = plan_repairs(ckpt, options)
+        if dry_run or plan.empty:
+            return FixResult(plan, before, dry_run=dry_run)
+        dests, index_dest = output_paths(ckpt, out, in_place, force)
+        after, written = write_and_verify(ckpt, plan, dests, index_dest, target,
+                                          lambda c, t: check_checkpoint(c, target=t))
+    return FixResult(plan, before, after, written)

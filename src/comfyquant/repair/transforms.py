@@ -1,0 +1,61 @@
+"""Byte-level tensor transforms used by repairs: exact and independent of torch.
+
+Each takes the raw little-endian bytes of a tensor and returns the new bytes.  They are all
+lossless: a transpose moves elements, an upcast from BF16/F16 to F32 is exact, relabels and
+reshapes keep the bytes, and the blocked scale layout (spec 2.4) is a permutation plus zero
+padding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_NP = {
+    "F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8", "I8": "i1", "U8": "u1", "F8_E4M3": "u1", "F8_E5M2": "u1",
+    "F8_E8M0": "u1", "I16": "<i2", "I32": "<i4", "I64": "<i8", "U16": "<u2", "U32": "<u4", "U64": "<u8", "BOOL": "u1",
+}
+
+
+def as_array(data: bytes, dtype: str, shape: tuple) -> np.ndarray:
+    return np.frombuffer(data, dtype=_NP[dtype]).reshape(shape)
+
+
+def transpose(data: bytes, dtype: str, shape: tuple) -> bytes:
+    """A 2-D tensor stored ``shape`` becomes its transpose, row-major."""
+    return np.ascontiguousarray(as_array(data, dtype, shape).T).tobytes()
+
+
+def to_f32(data: bytes, dtype: str) -> bytes:
+    """Exact upcast of BF16/F16 (or F32) bytes to F32 bytes."""
+    if dtype == "F32":
+        return bytes(data)
+    if dtype == "F16":
+        return np.frombuffer(data, dtype="<f2").astype("<f4").tobytes()
+    if dtype == "BF16":
+        return (np.frombuffer(data, dtype="<u2").astype("<u4") << 16).tobytes()
+    raise ValueError(f"cannot upcast {dtype} to F32 exactly")
+
+
+def blocked_offsets(rows: int, cols: int) -> tuple[np.ndarray, int, int]:
+    """Flat byte offset in the blocked layout of each logical (r, c), and the padded shape."""
+    rp = -(-rows // 128) * 128
+    cp = -(-cols // 4) * 4
+    r = np.arange(rows)[:, None]
+    c = np.arange(cols)[None, :]
+    off = ((r // 128) * (cp // 4) + (c // 4)) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + (c % 4)
+    return off, rp, cp
+
+
+def to_blocked(data: bytes, rows: int, cols: int) -> tuple[bytes, tuple[int, int]]:
+    """Logical per-block scales ``[rows, cols]`` (1 byte each) -> blocked, zero-padded bytes."""
+    logical = np.frombuffer(data, dtype="u1").reshape(rows, cols)
+    off, rp, cp = blocked_offsets(rows, cols)
+    out = np.zeros(rp * cp, dtype="u1")
+    out[off] = logical
+    return out.tobytes(), (rp, cp)
+
+
+def from_blocked(data: bytes, rows: int, cols: int) -> bytes:
+    """Blocked bytes -> logical ``[rows, cols]`` scales (the inverse of :func:`to_blocked`)."""
+    off, _, _ = blocked_offsets(rows, cols)
+    return np.frombuffer(data, dtype="u1")[off].tobytes()

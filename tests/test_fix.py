@@ -1,0 +1,346 @@
+"""fix: every lossless repair, sharded inputs, dry run, in place, refusals and crash safety."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from builders import (
+    W4A8_MARKER,
+    dense_layer,
+    fp8_layer,
+    header_markers,
+    int8_layer,
+    marker_tensor,
+    mxfp8_layer,
+    nvfp4_layer,
+    ones,
+    w4a4_layer,
+    w4a8_layer,
+    write,
+    zeros,
+)
+from comfyquant import check, open_checkpoint
+from comfyquant.cli import main
+from comfyquant.errors import InputError
+from comfyquant.repair.run import fix
+from comfyquant.repair.transforms import to_blocked
+
+P = "blocks.0.attn.qkv"
+
+
+def digest(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def tensors_of(path) -> dict:
+    with open_checkpoint(path) as ck:
+        return {n: (e.dtype, e.shape, ck.read_bytes(e)) for n, e in ck.tensors.items()}
+
+
+def markers_of(path) -> tuple[dict, dict]:
+    """(tensor markers, header markers) of a single file."""
+    with open_checkpoint(path) as ck:
+        tm = {r.prefix: r.obj for r in ck.markers.records if r.kind == "tensor"}
+        hm = {r.prefix: r.obj for r in ck.markers.records if r.kind == "header"}
+    return tm, hm
+
+
+def rand_f32(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype("<f4")
+
+
+def bf16(a: np.ndarray) -> bytes:
+    return (a.astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()
+
+
+def assert_fixed(src, out, target="all"):
+    r = check(out, target=target)
+    assert r.ok, [(f.code, f.message) for f in r.findings if f.severity == "error"]
+    tm, hm = markers_of(out)
+    assert tm == hm, "tensor and header markers must be written identically"
+    return r
+
+
+def test_seed_case_end_to_end(tmp_path, capsys):
+    corr = rand_f32((32, 16))  # stored (N, K/G): transposed, and BF16
+    src = write(tmp_path / "seed.safetensors", w4a8_layer(P, correction=("BF16", (32, 16), bf16(corr))),
+                dense_layer("norm"))
+    before = digest(src)
+    assert main(["check", src]) == 1
+    assert main(["fix", src, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "transpose, upcast BF16 -> F32 (exact)" in out and "BF16 (32, 16) -> F32 (16, 32)" in out
+    assert os.listdir(tmp_path) == ["seed.safetensors"]  # the dry run wrote nothing
+    dest = str(tmp_path / "fixed.safetensors")
+    assert main(["fix", src, "-o", dest]) == 0
+    assert digest(src) == before
+    assert_fixed(src, dest)
+    t_in, t_out = tensors_of(src), tensors_of(dest)
+    got = np.frombuffer(t_out[f"{P}.weight_correction"][2], "<f4").reshape(16, 32)
+    want = np.frombuffer(bf16(corr), "<u2").astype("<u4").__lshift__(16).view("<f4").reshape(32, 16).T
+    assert np.array_equal(got, want)  # exactly the stored values, transposed and upcast
+    for name, value in t_in.items():
+        if not name.endswith(("weight_correction", "comfy_quant")):
+            assert t_out[name] == value, name
+    with open_checkpoint(dest) as ck:
+        stamp = json.loads(ck.metadata()["comfyquant"])
+    assert stamp["tool"] == "comfyquant" and any("transpose" in r for r in stamp["repaired"])
+
+
+REPAIRS = [
+    # (name, layer builder, check that the output holds the right thing)
+    ("f16 codebook", lambda: {**w4a8_layer(P, codebook_=False), f"{P}.weight_codebook": ("F16", (16,), np.arange(16, dtype="<f2").tobytes())},
+     lambda t: np.array_equal(np.frombuffer(t[f"{P}.weight_codebook"][2], "<f4"), np.arange(16, dtype="<f4"))),
+    ("bf16 s_channel", lambda: {**w4a8_layer(P), f"{P}.weight_s_channel": ("BF16", (32,), b"\x80\x3f" * 32)},
+     lambda t: t[f"{P}.weight_s_channel"][:2] == ("F32", (32,))),
+    ("u8 s_rel relabel", lambda: {**w4a8_layer(P), f"{P}.weight_s_rel": ones("U8", (32, 16))},
+     lambda t: t[f"{P}.weight_s_rel"] == ones("F8_E4M3", (32, 16))),
+    ("nvfp4 u8 scale relabel", lambda: {**nvfp4_layer(P), f"{P}.weight_scale": ones("U8", (128, 16))},
+     lambda t: t[f"{P}.weight_scale"][0] == "F8_E4M3"),
+    ("int8 [N] scale", lambda: int8_layer(P, scale_shape=(32,)), lambda t: t[f"{P}.weight_scale"][1] == (32, 1)),
+    ("int8 [1] scale", lambda: int8_layer("txt_embed", scale_shape=(1,), marker={"format": "int8_tensorwise"}),
+     lambda t: t["txt_embed.weight_scale"][1] == ()),
+    ("w4a8 missing convrot", lambda: w4a8_layer(P, marker={"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256}),
+     None),
+    ("w4a8 implicit sizes", lambda: w4a8_layer(P, marker={"format": "asym_w4a8_int8", "convrot": True}), None),
+    ("int8 convrot without size", lambda: int8_layer(P, marker={"format": "int8_tensorwise", "convrot": True}), None),
+    ("nested params", lambda: int8_layer(P, marker={"format": "int8_tensorwise", "params": {"convrot": True, "convrot_groupsize": 256}}),
+     None),
+    ("underscore keys and convrot 1", lambda: int8_layer(P, marker={"format": "int8_tensorwise", "convrot": 1, "convrot_groupsize": 256,
+                                                                    "_is_rowwise": True}), None),
+    ("nvfp4 with convrot", lambda: nvfp4_layer(P, marker={"format": "nvfp4", "convrot": True}), None),
+    ("unmarked fp8", lambda: fp8_layer(P, marker=False), None),
+    ("unmarked nvfp4", lambda: nvfp4_layer(P, marker=False), None),
+    ("marker stored as I8", lambda: {**int8_layer(P, marker=False), f"{P}.comfy_quant": ("I8",) + marker_tensor(
+        {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256})[1:]}, None),
+]
+
+
+@pytest.mark.parametrize("name, build, verify", REPAIRS, ids=[r[0] for r in REPAIRS])
+def test_lossless_repair(tmp_path, name, build, verify):
+    src = write(tmp_path / "in.safetensors", build(), dense_layer("norm"))
+    assert [f for f in check(src).findings if f.severity in ("error", "warning")]
+    dest = str(tmp_path / "out.safetensors")
+    result = fix(src, out=dest)
+    assert result.ok and result.outputs == [dest], [f.message for f in result.remaining]
+    after = assert_fixed(src, dest)
+    assert not [f for f in after.findings if f.severity == "warning"], [f.message for f in after.findings]
+    t_in, t_out = tensors_of(src), tensors_of(dest)
+    if verify is not None:
+        assert verify(t_out)
+    # lossless: every weight's bytes are untouched
+    for n, v in t_in.items():
+        if n.endswith(".weight"):
+            assert t_out[n] == v
+
+
+def test_unblocked_nvfp4_scale_is_blocked(tmp_path):
+    logical = bytes((i * 7) % 251 for i in range(32 * 16))
+    layer = {**nvfp4_layer(P, n=32, k=256), f"{P}.weight_scale": ("F8_E4M3", (32, 16), logical)}
+    src = write(tmp_path / "in.safetensors", layer)
+    dest = str(tmp_path / "out.safetensors")
+    fix(src, out=dest, target="comfyui")
+    assert check(dest, target="comfyui").ok
+    assert tensors_of(dest)[f"{P}.weight_scale"] == ("F8_E4M3", (128, 16), to_blocked(logical, 32, 16)[0])
+
+
+def test_mxfp8_quant_format_scales_relabelled_for_sglang(tmp_path):
+    layer = mxfp8_layer(P, n=128, k=128, marker=False, scale=ones("F8_E8M0", (128, 4)))
+    src = write(tmp_path / "in.safetensors", layer, metadata={"quant_format": "mxfp8"})
+    assert check(src, target="sglang").verdicts["sglang"].first.rule == "sglang.X1"
+    dest = str(tmp_path / "out.safetensors")
+    assert fix(src, out=dest, target="sglang").ok
+    assert tensors_of(dest)[f"{P}.weight_scale"][0] == "U8"
+    assert check(dest, target="sglang").verdicts["sglang"].loads
+
+
+def test_header_tensor_conflict_needs_prefer(tmp_path):
+    meta = header_markers({P: {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 64}})
+    src = write(tmp_path / "in.safetensors", int8_layer(P), metadata=meta)
+    r = fix(src, out=str(tmp_path / "a.safetensors"))
+    assert r.plan.refused and "--prefer" in r.plan.refused[0][1]
+    for prefer, size in (("header", 64), ("tensor", 256)):
+        dest = str(tmp_path / f"{prefer}.safetensors")
+        assert fix(src, out=dest, prefer=prefer).ok
+        assert markers_of(dest)[0][P]["convrot_groupsize"] == size
+
+
+def test_header_markers_rekeyed_to_tensor_names(tmp_path):
+    layer = int8_layer("model.diffusion_model." + P, marker=False)
+    meta = header_markers({P: {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}})
+    src = write(tmp_path / "in.safetensors", layer, metadata=meta)
+    dest = str(tmp_path / "out.safetensors")
+    assert fix(src, out=dest).ok
+    tm, hm = markers_of(dest)
+    assert list(hm) == ["model.diffusion_model." + P] and tm == hm
+
+
+def test_rotating_format_needs_convrot_groupsize(tmp_path):
+    src = write(tmp_path / "in.safetensors", w4a8_layer(P, marker=False))
+    r = fix(src, out=str(tmp_path / "a.safetensors"))
+    assert any("--convrot-groupsize" in why for _, why in r.plan.refused)
+    assert not os.path.exists(tmp_path / "a.safetensors")
+    dest = str(tmp_path / "b.safetensors")
+    assert fix(src, out=dest, convrot_groupsize=256).ok
+    assert markers_of(dest)[0][P] == W4A8_MARKER
+
+
+def test_legacy_scaled_fp8(tmp_path):
+    layer = {f"{P}.weight": zeros("F8_E4M3", (32, 256)), f"{P}.scale_weight": ones("F32", ()),
+             "scaled_fp8": zeros("F8_E4M3", (2,))}
+    src = write(tmp_path / "in.safetensors", layer)
+    dest = str(tmp_path / "out.safetensors")
+    assert fix(src, out=dest).ok
+    t = tensors_of(dest)
+    assert f"{P}.weight_scale" in t and "scaled_fp8" not in t and f"{P}.scale_weight" not in t
+    assert markers_of(dest)[0][P] == {"format": "float8_e4m3fn", "full_precision_matrix_mult": True}
+
+
+def test_nothing_fixable_exits_1_without_writing(tmp_path, capsys):
+    layer = w4a8_layer(P, g=32, marker=dict(W4A8_MARKER, group_size=32))
+    layer[f"{P}.comfy_quant"] = marker_tensor(W4A8_MARKER)
+    src = write(tmp_path / "in.safetensors", layer)
+    before = sorted(os.listdir(tmp_path))
+    assert main(["fix", src]) == 1
+    out = capsys.readouterr().out
+    assert "made for group_size=32" in out and "comfyquant quantize" in out
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_partial_fix_reports_what_is_left(tmp_path, capsys):
+    layer = w4a8_layer(P, g=32, marker=dict(W4A8_MARKER, group_size=32))
+    layer[f"{P}.comfy_quant"] = marker_tensor(W4A8_MARKER)
+    other = w4a8_layer("b", marker={"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256})
+    src = write(tmp_path / "in.safetensors", layer, other)
+    dest = str(tmp_path / "out.safetensors")
+    assert main(["fix", src, "-o", dest]) == 1
+    out = capsys.readouterr().out
+    assert "after repair: 1 error left" in out and os.path.exists(dest)
+    assert not [f for f in check(dest).findings if f.layer == "b" and f.severity == "error"]
+
+
+def test_sharded_stays_sharded(tmp_path):
+    d = tmp_path / "ck"
+    d.mkdir()
+    a = write(d / "model-00001-of-00002.safetensors", w4a8_layer("a", correction=zeros("BF16", (32, 16))))
+    b = write(d / "model-00002-of-00002.safetensors",
+              w4a8_layer("b", marker={"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256}),
+              dense_layer("n"))
+    wm = {}
+    for path in (a, b):
+        with open_checkpoint(path) as ck:
+            wm.update({n: os.path.basename(path) for n in ck.tensors})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 1}, "weight_map": wm}))
+    out = tmp_path / "out"
+    r = fix(str(d), out=str(out))
+    assert r.ok
+    assert sorted(os.listdir(out)) == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                       "model.safetensors.index.json"]
+    idx = json.loads((out / "model.safetensors.index.json").read_text())
+    assert idx["metadata"] == {"total_size": 1} and idx["weight_map"]["a.comfy_quant"] == "model-00001-of-00002.safetensors"
+    report = check(str(out))
+    assert report.ok and not [f for f in report.findings if f.code.startswith("C01")]
+
+
+def test_in_place(tmp_path):
+    src = write(tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)))
+    r = fix(src, in_place=True)
+    assert r.ok and r.outputs == [src]
+    assert check(src).ok
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".comfyquant")] == []
+
+
+def test_refuses_overwrites(tmp_path):
+    src = write(tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)))
+    other = write(tmp_path / "other.safetensors", dense_layer("x"))
+    with pytest.raises(InputError, match="is the input"):
+        fix(src, out=src)
+    with pytest.raises(InputError, match="exists"):
+        fix(src, out=other)
+    assert fix(src, out=other, force=True).ok
+
+
+def test_enospc_leaves_nothing(tmp_path, monkeypatch):
+    import errno
+
+    src = write(tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)), dense_layer("n", n=256, k=1024))
+    before = digest(src)
+    real_fsync = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    dest = tmp_path / "out.safetensors"
+    with pytest.raises(InputError, match="No space left on device"):
+        fix(src, out=str(dest))
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert not dest.exists() and digest(src) == before
+    assert sorted(os.listdir(tmp_path)) == ["m.safetensors"]
+
+
+def _fix_subprocess(args, env_extra=None, preexec=None):
+    env = dict(os.environ, **(env_extra or {}))
+    code = "import sys; from comfyquant.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, "fix", *args], env=env, capture_output=True, text=True,
+                          preexec_fn=preexec)
+
+
+@pytest.mark.parametrize("stage", ["after-header", "after-tensor:0", "after-tensor:3", "before-rename"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_sigkill_leaves_input_intact(tmp_path, stage, in_place):
+    src = write(tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)), dense_layer("n", n=256, k=1024),
+                w4a4_layer("c"))
+    before = digest(src)
+    dest = tmp_path / "out.safetensors"
+    args = [src, "--in-place"] if in_place else [src, "-o", str(dest)]
+    proc = _fix_subprocess(args, {"COMFYQUANT_FAULT": stage})
+    assert proc.returncode == -9, proc.stderr
+    assert digest(src) == before
+    assert not dest.exists()
+
+
+def test_file_size_limit_is_a_clean_error(tmp_path):
+    """A real OS write failure (RLIMIT_FSIZE -> EFBIG): one line, exit 2, nothing left behind."""
+    import resource
+    import signal
+
+    src = write(tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)), dense_layer("n", n=512, k=2048))
+    size = os.path.getsize(src)
+    dest = tmp_path / "out.safetensors"
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
+
+    proc = _fix_subprocess([src, "-o", str(dest)], preexec=limit)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "cannot write" in proc.stderr
+    assert not dest.exists() and sorted(os.listdir(tmp_path)) == ["m.safetensors"]
+
+
+def test_json_output(tmp_path, capsys):
+    src = write(tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)))
+    assert main(["fix", src, "--dry-run", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["dry_run"] is True and doc["plan"]["changes"][0]["what"] == "reshape"
+    assert doc["after"] is None and doc["before"]["ok"] is False
+
+
+def test_codebook_bf16_upcast_is_exact(tmp_path):
+    levels = np.array([-0.98, -0.79, -0.64, -0.5, -0.38, -0.26, -0.16, -0.05, 0.05, 0.16, 0.27, 0.38, 0.5, 0.64, 0.79, 0.98], "<f4")
+    layer = {**w4a8_layer(P, codebook_=False), f"{P}.weight_codebook": ("BF16", (16,), bf16(levels))}
+    src = write(tmp_path / "in.safetensors", layer)
+    dest = str(tmp_path / "out.safetensors")
+    assert fix(src, out=dest).ok
+    got = np.frombuffer(tensors_of(dest)[f"{P}.weight_codebook"][2], "<f4")
+    want = (np.frombuffer(bf16(levels), "<u2").astype("<u4") << 16).view("<f4")
+    assert np.array_equal(got, want)
+
