@@ -198,7 +198,7 @@ def render_summary_line(item, verbose: bool = False) -> str:
         return f"{status:<7} {item.error}"
     r = item.report
     c = r.counts
-    line = (f"{status:<7} {item.label}: {_plural(len(r.files), 'file')}, {r.layers} layers, "
+    line = (f"{status:<7} {item.label}: {_plural(len(r.files), 'file')}, {_plural(r.layers, 'layer')}, "
             f"{_plural(c['error'], 'error')}, {_plural(c['warning'], 'warning')}")
     fails = [f"{name} fails ({v.first.exception + ': ' if v.first.exception else ''}{v.first.message})"
              for name, v in r.verdicts.items() if v.first is not None]

@@ -1,28 +1,90 @@
-"""``comfyquant check``: every defect, and each runtime's verdict."""
+"""``comfyquant check``: every defect, and each runtime's verdict.
+
+Local paths go through :func:`comfyquant.check`; URLs are opened with the remote options
+(``--gap``, ``--timeout``, see :mod:`comfyquant.io.remote`); ``--recursive`` hands folder trees
+to :mod:`comfyquant.checker.batch`.  Nothing here imports urllib or fsspec for local paths.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 HELP = "find every defect and predict each runtime's verdict"
+PATHS_HELP = "file(s), folder, *.safetensors.index.json, or URL(s): https://, s3://, gs://, hf:// ..."
+
+
+def _count(kind: type, least: float):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {text}")
+        return value
+
+    return parse
+
+
+def add_remote_arguments(parser) -> None:
+    """``--gap`` and ``--timeout`` (shared with ``inspect``)."""
+    parser.add_argument("--gap", type=_count(int, 0), metavar="BYTES",
+                        help="remote: read markers closer than BYTES with one request (default 65536)")
+    parser.add_argument("--timeout", type=_count(float, 0.001), metavar="S",
+                        help="remote: seconds to wait for the server before giving up (default 30)")
+
+
+def remote_options(args, roots: list[str]):
+    """``RemoteOptions`` from the arguments when a root is a URL, else None (no import)."""
+    from ..io.shards import is_url
+
+    if not any(is_url(p) for p in roots):
+        return None
+    from ..io.remote import RemoteOptions
+
+    opts = RemoteOptions()
+    if args.gap is not None:
+        opts.gap = args.gap
+    if args.timeout is not None:
+        opts.timeout = args.timeout
+    return opts
 
 
 def add_parser(sub) -> None:
     c = sub.add_parser("check", help=HELP, description=HELP)
-    c.add_argument("paths", nargs="+", metavar="PATH", help="file(s), folder or *.safetensors.index.json")
+    c.add_argument("paths", nargs="+", metavar="PATH", help=PATHS_HELP)
     c.add_argument("--target", default="all", choices=["sglang", "comfyui", "comfy-kitchen", "all"],
                    help="runtime(s) whose rules decide severity (default: all)")
     c.add_argument("--deep", action="store_true", help="also read scales, codebooks and corrections (never weights)")
     c.add_argument("--json", action="store_true", help="print the report as JSON (schema 1)")
     c.add_argument("--strip-prefix", metavar="P", help="map layer names by removing prefix P (e.g. model.diffusion_model.)")
     c.add_argument("-v", "--verbose", action="store_true", help="also list info findings and I/O counts")
+    c.add_argument("-r", "--recursive", action="store_true",
+                   help="check every checkpoint under each folder: one summary line each, then a table")
+    c.add_argument("-j", "--jobs", type=_count(int, 1), default=1, metavar="N",
+                   help="with --recursive: check N checkpoints at a time (threads, for remote I/O)")
+    add_remote_arguments(c)
 
 
 def run(args) -> int:
-    from ..checker.run import check
     from .common import name_mapper
 
-    report = check(args.paths, target=args.target, deep=args.deep, name_mapper=name_mapper(args.strip_prefix))
+    mapper = name_mapper(args.strip_prefix)
+    remote = remote_options(args, args.paths)
+    if args.recursive:
+        return _run_recursive(args, mapper, remote)
+    if remote is None:
+        from ..checker.run import check
+
+        report = check(args.paths, target=args.target, deep=args.deep, name_mapper=mapper)
+    else:
+        from ..checker.run import check_checkpoint, parse_targets
+        from ..checkpoint import open_checkpoint
+
+        parse_targets(args.target)
+        with open_checkpoint(args.paths, name_mapper=mapper, remote=remote) as ckpt:
+            report = check_checkpoint(ckpt, target=args.target, deep=args.deep)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
     else:
@@ -30,3 +92,29 @@ def run(args) -> int:
 
         print(render_report(report, verbose=args.verbose))
     return 0 if report.ok else 1
+
+
+def _run_recursive(args, mapper, remote) -> int:
+    import sys
+
+    from ..checker.batch import check_tree
+
+    printer = None
+    if not args.json:
+        from ..render import render_summary_line
+
+        def printer(item) -> None:
+            print(render_summary_line(item, verbose=args.verbose), flush=True)
+
+    result = check_tree(args.paths, target=args.target, deep=args.deep, name_mapper=mapper, jobs=args.jobs,
+                        remote=remote, on_result=printer)
+    for item in result.items:
+        if item.error:
+            sys.stderr.write(f"comfyquant: {item.error}\n")
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+    else:
+        from ..render import render_summary
+
+        print(render_summary(result, verbose=args.verbose))
+    return result.exit_code
