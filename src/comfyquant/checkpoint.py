@@ -40,14 +40,14 @@ class Layer:
         self.format_name: str | None = None
         self.inferred = False
         self._sig: tuple | None = None
-        self._sid: int | None = None
+        self._sid: tuple[int, int] | None = None
 
     @property
     def signature(self) -> tuple:
         """(suffix, dtype, shape) of every tensor: with the marker, all per-layer rules depend on."""
         sig = self._sig
         if sig is None:
-            sig = self._sig = tuple([(s, e.dtype, e.shape) for s, e in self.tensors.items()])
+            sig = self._sig = tuple([(s, e[1], e[2]) for s, e in self.tensors.items()])
         return sig
 
     @property

@@ -25,34 +25,34 @@ _LIMIT = 200_000
 class Memo:
     """Per-checkpoint front of the cache: marker texts and class ids are computed once."""
 
-    __slots__ = ("_reprs", "_classes")
+    __slots__ = ("_reprs",)
 
     def __init__(self) -> None:
         self._reprs: dict[int, str] = {}
-        self._classes: dict[tuple[int, int], int] = {}
 
     def class_id(self, marker: dict | None, layer) -> int:
-        """The class id of (marker, layer): equal ids mean every per-layer rule agrees."""
-        if layer is None:
-            sig, sid = (), -1
-        else:
-            sid = layer._sid
-            if sid is None:
-                sid = layer._sid = id(layer.signature)
+        """The class id of (marker, layer): equal ids mean every per-layer rule agrees.
+
+        Cached on the layer (``layer._sid`` holds (marker id, class id)): every rule asks for
+        the same layer's class, usually with the same marker object."""
+        if layer is not None:
+            cached = layer._sid
+            if cached is not None and cached[0] == id(marker):
+                return cached[1]
             sig = layer.signature
-        local = (id(marker), sid)
-        cid = self._classes.get(local)
+        else:
+            sig = ()
+        text = self._reprs.get(id(marker))
+        if text is None:
+            text = self._reprs[id(marker)] = repr(marker)
+        key = (text, sig)
+        cid = _CLASS_IDS.get(key)
         if cid is None:
-            text = self._reprs.get(id(marker))
-            if text is None:
-                text = self._reprs[id(marker)] = repr(marker)
-            key = (text, sig)
-            cid = _CLASS_IDS.get(key)
-            if cid is None:
-                if len(_CLASS_IDS) > _LIMIT:
-                    clear()
-                cid = _CLASS_IDS[key] = next(_NEXT_ID)
-            self._classes[local] = cid
+            if len(_CLASS_IDS) > _LIMIT:
+                clear()
+            cid = _CLASS_IDS[key] = next(_NEXT_ID)
+        if layer is not None:
+            layer._sid = (id(marker), cid)
         return cid
 
     def get(self, kind: str, marker: dict | None, layer, compute: Callable[[], Any]) -> Any:
