@@ -1,0 +1,48 @@
+"""``awq_w4a16``: unsigned 4-bit codes, float group scales and zeros, float activations (spec 3.7).
+
+``W[n, k] = (u - 8) * weight_scale[k // G, n] + weight_zeros[k // G, n]``, computed in the
+scales' dtype (group-major tensors, transposed).  There is no quantizer: AWQ needs offline
+calibration, so :meth:`encode` refuses, as comfy-kitchen does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..numerics.packing import lookup_pairs, pair_table
+from .base import Codec
+
+
+class AWQCodec(Codec):
+    name = "awq_w4a16"
+    can_encode = False
+
+    def _weight(self, t: dict, env: dict, r0: int, r1: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``r0:r1`` in the arithmetic dtype of ``dtype``, the scales and the zeros."""
+        k, g = env["K"], env["group_size"]
+        scale = t["weight_scale"][:, r0:r1].t().unsqueeze(-1)
+        zeros = t["weight_zeros"][:, r0:r1].t().unsqueeze(-1)
+        table = pair_table(torch.arange(16, dtype=torch.float32).sub_(8.0).to(dtype))
+        w = lookup_pairs(t["weight"][r0:r1], table).view(r1 - r0, k // g, g)
+        if scale.dtype == dtype and zeros.dtype == dtype:
+            w = w.mul_(scale).add_(zeros)
+        else:
+            w = w * scale + zeros
+        return w.view(r1 - r0, k)
+
+    def _decode_rows(self, t, plan, dtype, r0, r1, state):
+        return self._weight(t, plan.env, r0, r1, dtype).to(dtype)
+
+    def _linear(self, x, t, plan, bias):
+        """comfy-kitchen's eager GEMV: dequantize in the scales' dtype, one float matmul."""
+        env = plan.env
+        compute = t["weight_scale"].dtype
+        lead = x.shape[:-1]
+        w = self._weight(t, env, 0, env["N"], compute)
+        y = x.reshape(-1, env["K"]).to(compute) @ w.t()
+        if bias is not None:
+            y = y + bias
+        return y.to(x.dtype).reshape(*lead, env["N"])
+
+
+CODECS = {AWQCodec.name: AWQCodec()}

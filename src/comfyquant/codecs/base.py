@@ -1,0 +1,240 @@
+"""What every codec shares: validation against the format description, dtypes, row chunking.
+
+A codec knows arithmetic only.  Which tensors a layer has, their dtypes and shapes, the marker
+keys and the layer geometry (N, K, bit depth, variant) come from the declarative
+:class:`~comfyquant.formats.base.Format`; before decoding, the tensors are checked with the
+same rules as ``comfyquant check`` (:func:`comfyquant.checker.layers.check_layer`), so a codec
+never decodes tensors whose shapes or dtypes contradict the marker.
+
+Decoding runs in row blocks (:meth:`Codec.iter_decode`): every format's rows decode
+independently, so peak memory is bounded by a block, not by the layer.  Block sizes never
+go below :data:`MIN_BLOCK_ROWS` rows, where BLAS kernels pick the same summation order as
+for the whole matrix (measured: results are bit-identical for any block of >= 8 rows).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+
+from ..checker.layers import check_layer
+from ..errors import ComfyQuantError
+from ..formats import registry
+from ..formats.base import Format
+from ..numerics.dtypes import DENSE, DTYPE_NAMES, FLOAT_DTYPES, parse_float_dtype
+
+DEFAULT_BLOCK_ELEMENTS = 1 << 24
+"""Elements per decoded row block (64 MB of F32 temporaries per intermediate)."""
+MIN_BLOCK_ROWS = 64
+
+
+class CodecError(ComfyQuantError):
+    """A layer cannot be encoded, decoded or run; the message names the layer and tensor."""
+
+
+class Meta:
+    """(dtype string, shape) of a tensor, the view the format descriptions and checker use."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, dtype: str, shape: tuple) -> None:
+        self.dtype = dtype
+        self.shape = tuple(shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def __repr__(self) -> str:
+        return f"Meta({self.dtype}, {self.shape})"
+
+
+def meta_of(t) -> Meta:
+    """A :class:`Meta` for a torch tensor, a header ``TensorEntry`` or a ``Meta``."""
+    if isinstance(t, torch.Tensor):
+        try:
+            return Meta(DTYPE_NAMES[t.dtype], tuple(t.shape))
+        except KeyError:
+            raise CodecError(f"tensor dtype {t.dtype} has no safetensors name") from None
+    return Meta(t.dtype, tuple(t.shape))
+
+
+class Encoded(dict):
+    """Tensors by suffix (``weight``, ``weight_scale`` ...) plus the layer's ``marker``."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], marker: dict) -> None:
+        super().__init__(tensors)
+        self.marker = marker
+
+    def __repr__(self) -> str:
+        shapes = {k: (str(v.dtype).replace("torch.", ""), tuple(v.shape)) for k, v in self.items()}
+        return f"Encoded({shapes}, marker={self.marker})"
+
+
+class Plan:
+    """A validated layer: its geometry (``env``), marker parameters and dense output shape."""
+
+    __slots__ = ("name", "env", "marker", "shape")
+
+    def __init__(self, name: str, env: dict, marker: dict, shape: tuple[int, int]) -> None:
+        self.name = name
+        self.env = env
+        self.marker = marker
+        self.shape = shape
+
+
+class Codec:
+    """Encode, decode and run one format.  Subclasses implement ``_encode``, ``_decode_rows``
+    and ``_linear``; everything that touches the format description lives here."""
+
+    name: str = ""
+    can_encode = True
+
+    @property
+    def format(self) -> Format:
+        return registry.FORMATS[self.name]
+
+    # -- validation ---------------------------------------------------------------------------
+    def plan(self, tensors: dict, marker: dict | None = None, layer: str | None = None) -> Plan:
+        """Check tensors (torch tensors or header entries) against the format; raise on errors."""
+        name = layer or "layer"
+        marker = dict(marker) if marker is not None else {"format": self.name}
+        if marker.get("format", self.name) != self.name:
+            raise CodecError(f"{name}: marker format {marker.get('format')!r} given to the {self.name} codec")
+        metas = {s: meta_of(t) for s, t in tensors.items()}
+        findings, env = check_layer(self.format, marker, metas)
+        for f in findings:
+            if f.severity == "error" and f.code.startswith("L"):
+                raise CodecError(f.message.replace("{layer}", repr(name)))
+        if env is None:  # pragma: no cover - geometry failures always come with an L finding
+            raise CodecError(f"{name}: cannot infer the {self.name} geometry")
+        return Plan(name, env, marker, self.dense_shape(env, marker))
+
+    def dense_shape(self, env: dict, marker: dict) -> tuple[int, int]:
+        """The dense weight's ``[N, K]`` (padded formats override this)."""
+        return env["N"], env["K"]
+
+    # -- public API ---------------------------------------------------------------------------
+    def encode(self, weight: torch.Tensor, *, layer: str | None = None, **params) -> Encoded:
+        """Quantize a dense ``[N, K]`` weight as comfy-kitchen's reference quantizer does."""
+        name = layer or "layer"
+        if not self.can_encode:
+            raise CodecError(f"{name}: {self.name} cannot be quantized here (offline calibration only, as in comfy-kitchen)")
+        check_dense(weight, name)
+        full = params.pop("full_precision_matrix_mult", False)
+        tensors, marker = self._encode(weight, params, name)
+        if full:
+            marker["full_precision_matrix_mult"] = True
+        return Encoded(tensors, marker)
+
+    def decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
+               block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> torch.Tensor:
+        """The dense weight ``[N, K]`` in ``dtype`` (default: the layer's model dtype)."""
+        blocks = list(self.iter_decode(tensors, marker, dtype=dtype, layer=layer, block_elements=block_elements))
+        return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+
+    def iter_decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
+                    block_elements: int = DEFAULT_BLOCK_ELEMENTS, plan: Plan | None = None) -> Iterator[torch.Tensor]:
+        """The dense weight in row blocks of about ``block_elements`` elements."""
+        plan = plan or self.plan(tensors, marker, layer)
+        yield from self._blocks(tensors, plan, output_dtype(dtype, tensors, plan.marker), block_elements)
+
+    def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int) -> Iterator[torch.Tensor]:
+        n, k = plan.shape
+        state = self._prepare(tensors, plan.env, dtype)
+        rows = max(MIN_BLOCK_ROWS, block_elements // max(k, 1))
+        for r0 in range(0, n, rows):
+            yield self._decode_rows(tensors, plan, dtype, r0, min(n, r0 + rows), state)
+
+    def _dense(self, tensors: dict, plan: Plan, dtype: torch.dtype) -> torch.Tensor:
+        """The whole dense weight of an already validated layer."""
+        blocks = list(self._blocks(tensors, plan, dtype, DEFAULT_BLOCK_ELEMENTS))
+        return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+
+    def linear(self, x: torch.Tensor, tensors: dict, marker: dict | None = None, bias: torch.Tensor | None = None,
+               *, layer: str | None = None) -> torch.Tensor:
+        """``x @ W.T + bias`` the way the runtime executes the format; output in ``x.dtype``.
+
+        ``bias`` defaults to the layer's own ``bias`` tensor when there is one."""
+        plan = self.plan(tensors, marker, layer)
+        if x.dtype not in DENSE:
+            raise CodecError(f"{plan.name}: activations must be BF16, F16 or F32, got {x.dtype}")
+        k = plan.shape[1]
+        if x.shape[-1] != k:
+            raise CodecError(f"{plan.name}: input has {x.shape[-1]} features, the layer takes K={k}")
+        if bias is None:
+            bias = tensors.get("bias")
+        if plan.marker.get("full_precision_matrix_mult") is True:
+            w = self._dense(tensors, plan, x.dtype)
+            return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
+        return self._linear(x, tensors, plan, bias)
+
+    # -- subclass hooks -----------------------------------------------------------------------
+    def _encode(self, weight: torch.Tensor, params: dict, name: str) -> tuple[dict, dict]:
+        raise NotImplementedError
+
+    def _prepare(self, t: dict, env: dict, dtype: torch.dtype) -> object:
+        """Per-layer work shared by all row blocks (e.g. unblocking scales)."""
+        return None
+
+    def _decode_rows(self, t: dict, plan: Plan, dtype: torch.dtype, r0: int, r1: int, state) -> torch.Tensor:
+        """Dense rows ``r0:r1`` (columns ``:plan.shape[1]``) in ``dtype``."""
+        raise NotImplementedError
+
+    def _linear(self, x: torch.Tensor, t: dict, plan: Plan, bias: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def check_dense(weight: torch.Tensor, name: str) -> None:
+    """Encode input: a finite 2-D BF16/F16/F32 tensor."""
+    if not isinstance(weight, torch.Tensor):
+        raise CodecError(f"{name}: weight must be a torch tensor, got {type(weight).__name__}")
+    if weight.dim() != 2:
+        raise CodecError(f"{name}: weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
+    if weight.dtype not in DENSE:
+        raise CodecError(f"{name}: weight must be BF16, F16 or F32, got {weight.dtype}")
+    bad = ~torch.isfinite(weight)
+    if bad.any():
+        r, c = (int(v) for v in bad.nonzero()[0])
+        count = int(bad.sum())
+        raise CodecError(f"{name}: weight has {count} NaN/Inf value(s), first at [{r}, {c}] ({weight[r, c].item()}); "
+                         "quantizing needs finite values")
+
+
+def output_dtype(dtype, tensors: dict, marker: dict) -> torch.dtype:
+    """The dense dtype: the one asked for, else the layer's model dtype.
+
+    The model dtype is the marker's ``orig_dtype`` (convert_to_quant writes it), else the
+    dtype of the bias or of another tensor runtimes keep in the model dtype (NVFP4
+    ``pre_quant_scale``, SVDQuant smoothing, AWQ/SVDQuant 16-bit scales), else BF16."""
+    if dtype is not None:
+        return parse_float_dtype(dtype)
+    orig = marker.get("orig_dtype")
+    if isinstance(orig, str) and orig.replace("torch.", "") in FLOAT_DTYPES:
+        return FLOAT_DTYPES[orig.replace("torch.", "")]
+    for suffix, allowed in (("bias", DENSE), ("pre_quant_scale", DENSE), ("weight_smooth_factor", DENSE),
+                            ("weight_scale", (torch.bfloat16, torch.float16))):
+        d = _dense(tensors.get(suffix))
+        if d is not None and d in allowed:
+            return d
+    return torch.bfloat16
+
+
+def _dense(t) -> torch.dtype | None:
+    d = getattr(t, "dtype", None)
+    if isinstance(d, str):
+        d = FLOAT_DTYPES.get(d)
+    return d if d in DENSE else None
+
+
+def reject_unknown(params: dict, name: str) -> None:
+    """Encode parameters left over after a codec took its own: a typo, refused by name."""
+    if params:
+        raise CodecError(f"{name}: unknown encode parameter(s) {', '.join(sorted(params))}")
+
+
+def rows_of(t: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+    """Rows ``r0:r1`` of a per-row tensor (a no-op view for the whole range)."""
+    return t if (r0 == 0 and r1 == t.shape[0]) else t[r0:r1]

@@ -1,0 +1,61 @@
+"""``float8_e4m3fn`` and ``float8_e5m2``: FP8 weights with one F32 scale (spec 3.1)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from ..numerics.floats import E4M3, E5M2, FP8_MAX, fp8_encode
+from .base import Codec, reject_unknown, rows_of
+
+
+class FP8Codec(Codec):
+    """Per-tensor FP8.  The activation is quantized with ``input_scale`` (ComfyUI's unit scale
+    when absent) and multiplied on torch's scaled-mm path, as comfy-kitchen does."""
+
+    def __init__(self, name: str, fp8: torch.dtype) -> None:
+        self.name = name
+        self.fp8 = fp8
+
+    def _encode(self, weight: torch.Tensor, params: dict, name: str) -> tuple[dict, dict]:
+        scale = params.pop("scale", None)
+        input_scale = params.pop("input_scale", None)
+        reject_unknown(params, name)
+        if scale is None:
+            # amax / max in the weight's dtype, then widened (comfy-kitchen's rule).
+            scale = torch.amax(weight.abs()) / FP8_MAX[self.fp8]
+        scale = torch.as_tensor(scale).to(torch.float32).reshape(())
+        if scale.item() == 0:
+            # An all-zero weight: comfy-kitchen multiplies 0 by 1/0 and stores NaN codes.
+            q = torch.zeros(weight.shape, dtype=self.fp8)
+        else:
+            q = fp8_encode(weight * (1.0 / scale).to(weight.dtype), self.fp8)
+        tensors = {"weight": q, "weight_scale": scale}
+        if input_scale is not None:
+            tensors["input_scale"] = torch.as_tensor(input_scale).to(torch.float32).reshape(())
+        return tensors, {"format": self.name}
+
+    def _decode_rows(self, t, plan, dtype, r0, r1, state):
+        w = rows_of(t["weight"], r0, r1).to(dtype)
+        return w.mul_(t["weight_scale"].to(dtype))
+
+    def _linear(self, x, t, plan, bias):
+        dtype = x.dtype
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        s_x = t.get("input_scale")
+        s_x = torch.ones((), dtype=torch.float32) if s_x is None else s_x.to(torch.float32).reshape(())
+        s_w = t["weight_scale"].to(torch.float32).reshape(())
+        q_x = fp8_encode(x2 * (1.0 / s_x).to(dtype), self.fp8)
+        q_w = t["weight"]
+        b = None if bias is None else bias.to(dtype)
+        try:
+            y = F.scaled_mm(q_x, q_w.t(), scale_a=s_x, scale_recipe_a=F.ScalingType.TensorWise, scale_b=s_w,
+                            scale_recipe_b=F.ScalingType.TensorWise, bias=b, output_dtype=dtype, use_fast_accum=False)
+        except (RuntimeError, TypeError, AttributeError):
+            # No FP8 GEMM for these operands: dequantize both, as comfy-kitchen falls back.
+            y = F.linear(q_x.to(dtype) * s_x.to(dtype), q_w.to(dtype) * s_w.to(dtype), b)
+        return y.reshape(*lead, q_w.shape[0])
+
+
+CODECS = {c.name: c for c in (FP8Codec("float8_e4m3fn", E4M3), FP8Codec("float8_e5m2", E5M2))}

@@ -1,0 +1,66 @@
+"""``int8_tensorwise``: INT8 weights with a scalar, row-wise or ConvRot row-wise scale (spec 3.2)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..numerics.hadamard import is_power_of_4, rotate_activation, rotate_weight
+from ..numerics.int8 import int8_linear, quantize_rows, quantize_tensor, quantize_with_scale
+from .base import Codec, CodecError, reject_unknown, rows_of
+
+
+class Int8Codec(Codec):
+    """Dequantize ``float32(q) * scale`` (then un-rotate in F32); run dynamic row-wise INT8."""
+
+    name = "int8_tensorwise"
+
+    def _encode(self, weight, params, name):
+        convrot = bool(params.pop("convrot", False))
+        per_channel = params.pop("per_channel", None)
+        size = params.pop("convrot_groupsize", 256)
+        scale = params.pop("scale", None)
+        reject_unknown(params, name)
+        if per_channel is None:
+            per_channel = convrot
+        if convrot:
+            if not per_channel:
+                raise CodecError(f"{name}: convrot is only supported when per_channel is True")
+            check_convrot(size, weight.shape[1], name)
+            q, s = quantize_rows(rotate_weight(weight, size))
+            return {"weight": q, "weight_scale": s}, {"format": self.name, "convrot": True, "convrot_groupsize": size}
+        if per_channel:
+            q, s = quantize_rows(weight)
+        elif scale is not None:
+            s = torch.as_tensor(scale).to(torch.float32).reshape(())
+            q = quantize_with_scale(weight, s)
+        else:
+            q, s = quantize_tensor(weight)
+        return {"weight": q, "weight_scale": s}, {"format": self.name}
+
+    def _decode_rows(self, t, plan, dtype, r0, r1, state):
+        env = plan.env
+        q = rows_of(t["weight"], r0, r1)
+        scale = t["weight_scale"]
+        if scale.dim() == 2:
+            scale = rows_of(scale, r0, r1)
+        w = torch.mul(q, scale.to(torch.float32))
+        if env.get("convrot"):
+            w = rotate_weight(w, env["convrot_groupsize"])
+        return w.to(dtype)
+
+    def _linear(self, x, t, plan, bias):
+        env = plan.env
+        if env.get("convrot"):
+            x = rotate_activation(x, env["convrot_groupsize"])
+        return int8_linear(x, t["weight"], t["weight_scale"], bias, x.dtype)
+
+
+def check_convrot(size, k: int, name: str) -> None:
+    """comfy-kitchen's ConvRot preconditions, with its messages."""
+    if not is_power_of_4(size):
+        raise CodecError(f"{name}: Regular Hadamard size must be a power of 4, got {size}")
+    if k % size:
+        raise CodecError(f"{name}: ConvRot group size {size} does not divide input features {k}")
+
+
+CODECS = {Int8Codec.name: Int8Codec()}

@@ -1,0 +1,87 @@
+"""``mxfp8``: FP8 E4M3 values with one E8M0 exponent per 1x32 block, blocked layout (spec 3.6).
+
+Storage is padded to 32x32; the dense weight is sliced to the model's ``[N, K]`` (N from the
+bias, both from a convert_to_quant ``orig_shape`` marker key when present).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from ..numerics.blocked import ceil_to, from_blocked, to_blocked
+from ..numerics.floats import E4M3, FP8_MAX, e8m0_decode, e8m0_from_amax
+from .base import Codec, reject_unknown
+
+BLOCK = 32
+
+
+def quantize_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad to 32x32; per 1x32 block the smallest power of two that fits ``amax`` under 448.
+
+    Returns (FP8 values ``[Np, Kp]``, E8M0 exponents uint8 ``[Np, Kp/32]``)."""
+    rows, cols = x.shape
+    rp, cp = ceil_to(rows, BLOCK), ceil_to(cols, BLOCK)
+    if (rp, cp) != (rows, cols):
+        x = F.pad(x, (0, cp - cols, 0, rp - rows))
+    blocks = x.reshape(rp, cp // BLOCK, BLOCK)
+    amax = torch.amax(torch.abs(blocks), dim=-1)
+    e = e8m0_from_amax(amax)
+    empty = amax == 0
+    scale = torch.where(empty, torch.ones_like(amax, dtype=torch.float32), e8m0_decode(e))
+    data = blocks.float() / scale.unsqueeze(-1)
+    data = torch.where(empty.unsqueeze(-1), torch.zeros_like(data), data)
+    lim = FP8_MAX[E4M3]
+    return data.clamp_(-lim, lim).reshape(rp, cp).to(E4M3), e
+
+
+class MXFP8Codec(Codec):
+    name = "mxfp8"
+
+    def dense_shape(self, env, marker):
+        orig = marker.get("orig_shape")
+        if isinstance(orig, list) and len(orig) == 2 and all(isinstance(v, int) and v > 0 for v in orig) \
+                and env["N"] == ceil_to(orig[0], BLOCK) and env["K"] == ceil_to(orig[1], BLOCK):
+            return orig[0], orig[1]
+        return env.get("N_model", env["N"]), env["K"]
+
+    def _encode(self, weight, params, name):
+        reject_unknown(params, name)
+        q, e = quantize_mxfp8(weight)
+        return {"weight": q, "weight_scale": to_blocked(e).view(torch.float8_e8m0fnu)}, {"format": self.name}
+
+    def _prepare(self, t, env, dtype):
+        scales = e8m0_decode(from_blocked(t["weight_scale"].view(torch.uint8), env["N"], env["K"] // BLOCK))
+        # Powers of two are exact in BF16, and a BF16 product is the F32 product rounded
+        # once: the same bits as comfy-kitchen's F32 multiply + cast, at half the traffic.
+        return scales.to(torch.bfloat16) if dtype == torch.bfloat16 else scales
+
+    def _decode_rows(self, t, plan, dtype, r0, r1, scales):
+        k = plan.env["K"]
+        work = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+        w = t["weight"][r0:r1].to(work).view(r1 - r0, k // BLOCK, BLOCK)
+        w = w.mul_(scales[r0:r1].unsqueeze(-1)).view(r1 - r0, k)
+        return w[:, : plan.shape[1]].to(dtype)
+
+    def _linear(self, x, t, plan, bias):
+        """Emulated MXFP8 GEMM: activation quantized the same way (dynamic, per 1x32 block),
+        both dequantized to F32, F32 products and bias, one rounding to ``x.dtype``."""
+        dtype = x.dtype
+        n, k = plan.shape
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, k)
+        q, e = quantize_mxfp8(x2)
+        x_deq = _dequantize_f32(q, e)[: x2.shape[0], :k]
+        env = plan.env
+        e_w = from_blocked(t["weight_scale"].view(torch.uint8), env["N"], env["K"] // BLOCK)
+        w_deq = _dequantize_f32(t["weight"], e_w)[:n, :k]
+        y = F.linear(x_deq, w_deq, None if bias is None else bias.to(torch.float32))
+        return y.to(dtype).reshape(*lead, n)
+
+
+def _dequantize_f32(q: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    rows, cols = q.shape
+    return (q.to(torch.float32).view(rows, cols // BLOCK, BLOCK) * e8m0_decode(e).unsqueeze(-1)).view(rows, cols)
+
+
+CODECS = {MXFP8Codec.name: MXFP8Codec()}

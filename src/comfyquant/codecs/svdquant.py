@@ -1,0 +1,106 @@
+"""``svdquant_w4a4``: signed 4-bit residual, per-64 group scales, smoothing and a low-rank
+branch (spec 3.8); natural or tile-packed storage.
+
+The effective weight is ``q * scale / smooth + proj_up @ proj_down.T``.  comfy-kitchen
+computes it by running its eager kernel on an identity input, so its roundings are those of
+the kernel: ``a_k = T(7 * T(|T(1 / smooth_k)| / 7))`` (signed), the main term
+``T(a_k * T(q * scale))``, the low-rank term in F32 rounded to ``T``, and one more rounding
+for their sum, all in the scales' dtype ``T``.  :meth:`decode` reproduces exactly that
+arithmetic without the K x K identity.  There is no quantizer (offline calibration only).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from ..numerics.packing import LNF, lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
+from .base import Codec
+
+GROUP = 64
+INT4_MAX = 7
+UINT4_MAX = 15
+GELU_SHIFT = 0.171875
+"""Added to post-GELU activations of ``act_unsigned`` layers (nunchaku's convention)."""
+ROW_PAD = 256
+"""comfy-kitchen pads activation rows to a multiple of 256 before its GEMM; the padding is
+kept so the GEMM (and its summation order) is the same one."""
+
+
+def natural(t: dict) -> dict:
+    """The layer's tensors in the natural layout (tile-packed ones converted)."""
+    w = t["weight"]
+    if w.dim() != 4:
+        return t
+    nt, kg = w.shape[0], w.shape[1]
+    out = dict(t)
+    out["weight"] = w.view(nt, kg, 32, 4, GROUP // 2).permute(0, 2, 3, 1, 4).reshape(nt * 128, kg * GROUP // 2)
+    s = t["weight_scale"]
+    out["weight_scale"] = s.permute(1, 0, 2).reshape(s.shape[1], s.shape[0] * 128)
+    up = t["weight_proj_up"]
+    out["weight_proj_up"] = up.permute(0, 2, 1).reshape(up.shape[0] * 128, up.shape[1])
+    return out
+
+
+class SVDQuantCodec(Codec):
+    name = "svdquant_w4a4"
+    can_encode = False
+
+    def _prepare(self, t, env, dtype):
+        t = natural(t)
+        compute = t["weight_scale"].dtype
+        smooth = t["weight_smooth_factor"]
+        inv = torch.div(torch.ones(smooth.shape, dtype=compute), smooth)
+        step = inv.abs().clamp(min=1e-10) / INT4_MAX
+        q = torch.div(inv, step).round().clamp(-INT4_MAX, INT4_MAX)
+        act = q.to(compute) * step  # the identity row's dequantized activation, per k
+        return t, act
+
+    def _decode_rows(self, t, plan, dtype, r0, r1, state):
+        t, act = state
+        compute = t["weight_scale"].dtype
+        k = plan.env["K"]
+        table = pair_table(torch.tensor([float(v if v < 8 else v - 16) for v in range(16)]).to(compute))
+        w = lookup_pairs(t["weight"][r0:r1], table).view(r1 - r0, k // GROUP, GROUP)
+        w = w.mul_(t["weight_scale"][:, r0:r1].t().unsqueeze(-1)).view(r1 - r0, k)
+        main = (w.to(torch.float32) * act.to(torch.float32)).to(compute)
+        low = (t["weight_proj_down"].float() @ t["weight_proj_up"][r0:r1].float().t()).t().to(compute)
+        return (main + low).to(dtype)
+
+    def _linear(self, x, t, plan, bias):
+        """comfy-kitchen's eager forward: smoothed per-row per-64 INT4 (or UINT4) activations,
+        dequantized GEMM in the scales' dtype, low-rank branch in F32 on the raw input."""
+        t = natural(t)
+        unsigned = bool(plan.env.get("act_unsigned"))
+        n, k = plan.shape
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, k)
+        m = x2.shape[0]
+        main_x = x2 + GELU_SHIFT if unsigned else x2
+        low_act = x2.float() @ t["weight_proj_down"].float()
+        smoothed = main_x / t["weight_smooth_factor"]
+        groups = smoothed.view(m, k // GROUP, GROUP)
+        qmax, qmin = (UINT4_MAX, 0) if unsigned else (INT4_MAX, -INT4_MAX)
+        scales = groups.abs().amax(dim=-1).clamp(min=1e-10) / qmax
+        q = (groups / scales.unsqueeze(-1)).round().clamp(qmin, qmax).to(torch.int8).reshape(m, k)
+        packed = pack_nibbles(q, LNF)
+        mp = -(-m // ROW_PAD) * ROW_PAD
+        if mp > m:
+            packed = F.pad(packed, (0, 0, 0, mp - m))
+            scales = F.pad(scales, (0, 0, 0, mp - m))
+            low_act = F.pad(low_act, (0, 0, 0, mp - m))
+        a_scales = scales.t().contiguous().to(x2.dtype)
+        compute = t["weight_scale"].dtype
+        codes = unpack_nibbles(packed, LNF)
+        act = (codes if unsigned else to_signed(codes)).to(compute).view(mp, k // GROUP, GROUP)
+        act = (act * a_scales.t().unsqueeze(-1)).view(mp, k)
+        w = to_signed(unpack_nibbles(t["weight"], LNF)).to(compute).view(n, k // GROUP, GROUP)
+        w = (w * t["weight_scale"].t().unsqueeze(-1)).view(n, k)
+        y = act @ w.t()
+        y = y + (low_act.float() @ t["weight_proj_up"].float().t()).to(y.dtype)
+        if bias is not None:
+            y = y + bias
+        return y[:m].to(x.dtype).reshape(*lead, n)
+
+
+CODECS = {SVDQuantCodec.name: SVDQuantCodec()}

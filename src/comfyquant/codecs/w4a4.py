@@ -1,0 +1,72 @@
+"""``convrot_w4a4``: signed 4-bit weights with per-row F32 scales, INT4 activations (spec 3.4)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..numerics.hadamard import rotate_activation, rotate_weight
+from ..numerics.int8 import int8_matmul
+from ..numerics.packing import lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
+from .base import Codec, CodecError, reject_unknown, rows_of
+from .int8 import check_convrot
+
+INT4_MAX = 7
+QUANT_GROUP = 64
+"""comfy-kitchen's fixed ``quant_group_size``: only a divisibility rule, scales are per row."""
+
+_SIGNED = pair_table(torch.tensor([float(v if v < 8 else v - 16) for v in range(16)]))
+
+
+def quantize_int4_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Signed INT4 per row: ``s = max(amax, 1e-10) / 7`` and the division in ``x``'s dtype.
+
+    Returns (int8 codes in [-7, 7], scales in ``x``'s dtype, shape ``[rows, 1]``)."""
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-10) / INT4_MAX
+    q = torch.div(x, scale).round_().clamp_(-INT4_MAX, INT4_MAX).to(torch.int8)
+    return q, scale
+
+
+class W4A4Codec(Codec):
+    name = "convrot_w4a4"
+
+    def _encode(self, weight, params, name):
+        size = params.pop("convrot_groupsize", 256)
+        linear_dtype = params.pop("linear_dtype", "int4")
+        reject_unknown(params, name)
+        if linear_dtype not in ("int4", "int8"):
+            raise CodecError(f"{name}: ConvRot W4A4 linear_dtype must be 'int4' or 'int8', got {linear_dtype!r}")
+        k = weight.shape[1]
+        check_convrot(size, k, name)
+        if k % QUANT_GROUP:
+            raise CodecError(f"{name}: in_features {k} not divisible by quant_group_size {QUANT_GROUP}")
+        q, scale = quantize_int4_rows(rotate_weight(weight, size))
+        marker = {"format": self.name, "convrot_groupsize": size}
+        if linear_dtype != "int4":
+            marker["linear_dtype"] = linear_dtype
+        packed = pack_nibbles(q).view(torch.int8)
+        return {"weight": packed, "weight_scale": scale.reshape(-1).to(torch.float32)}, marker
+
+    def _decode_rows(self, t, plan, dtype, r0, r1, state):
+        env = plan.env
+        w = lookup_pairs(rows_of(t["weight"], r0, r1), _SIGNED)
+        w.mul_(rows_of(t["weight_scale"], r0, r1).to(torch.float32).reshape(-1, 1))
+        return rotate_weight(w, env["convrot_groupsize"]).to(dtype)
+
+    def _linear(self, x, t, plan, bias):
+        env = plan.env
+        # comfy-kitchen eager: INT4 activations whatever linear_dtype says; the integer dot
+        # products are exact, so accumulating them in int32 matches its float GEMM.
+        dtype = x.dtype
+        lead = x.shape[:-1]
+        x2 = rotate_activation(x.reshape(-1, x.shape[-1]).contiguous(), env["convrot_groupsize"])
+        q_x, s_x = quantize_int4_rows(x2)
+        q_w = to_signed(unpack_nibbles(t["weight"]))
+        y = int8_matmul(q_x, q_w).to(dtype)
+        y = y * s_x.to(torch.float32).to(dtype)
+        y = y * t["weight_scale"].reshape(1, -1).to(dtype)
+        if bias is not None:
+            y = y + bias.to(dtype).reshape(1, -1)
+        return y.reshape(*lead, q_w.shape[0])
+
+
+CODECS = {W4A4Codec.name: W4A4Codec()}

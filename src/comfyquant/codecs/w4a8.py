@@ -1,0 +1,86 @@
+"""``asym_w4a8_int8``: grouped 4/6-bit codes on an INT8 grid, always ConvRot (spec 3.3).
+
+Decoding goes through the INT8 grid ``g = clamp(round(level * s_rel), -127, 127)``, then
+``W_rot = g * s_channel (+ correction)`` in F32, cast to the output dtype and un-rotated in
+that dtype.  For BF16 output without a correction and ConvRot blocks up to 256, every
+partial sum of the un-rotation is exact in F32 (values are BF16 multiples of one power of
+two spanning < 2^23 units), so the F32 product rounded once equals comfy-kitchen's BF16
+product bit for bit -- and costs a quarter of it on CPUs without BF16 arithmetic.
+
+The quantizer (:mod:`.w4a8_quant`) reproduces comfy-kitchen's choices: codebook decision,
+ALS refinement, grid assignment and the 6-bit scale search.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..numerics.hadamard import rotate_activation, rotate_weight
+from ..numerics.int8 import int8_linear
+from ..numerics.packing import lookup_pairs, pair_table, unpack_6bit
+from .base import Codec, rows_of
+from .w4a8_quant import encode_w4a8
+
+_EXACT_MAX_BLOCK = 256
+
+
+class W4A8Codec(Codec):
+    name = "asym_w4a8_int8"
+
+    def _encode(self, weight, params, name):
+        return encode_w4a8(weight, params, name, self.name)
+
+    def _prepare(self, t, env, dtype):
+        if env["bits"] == 6:
+            return None
+        book = t.get("weight_codebook")
+        levels = book.to(torch.float32) if book is not None else torch.arange(16, dtype=torch.float32) - 8.0
+        return pair_table(levels)
+
+    def _grid(self, t, env, r0: int, r1: int, table) -> torch.Tensor:
+        """The INT8 grid values (as F32) of rows ``r0:r1``."""
+        k, g = env["K"], env["group_size"]
+        packed = rows_of(t["weight"], r0, r1)
+        rows = packed.shape[0]
+        if env["bits"] == 6:
+            v = unpack_6bit(packed, k).to(torch.float32).sub_(32.0)
+        else:
+            if table is None:
+                table = self._prepare(t, env, None)
+            v = lookup_pairs(packed, table)
+        s_rel = rows_of(_s_rel(t), r0, r1).to(torch.float32)
+        v = v.view(rows, k // g, g).mul_(s_rel.unsqueeze(-1))
+        return v.round_().clamp_(-127.0, 127.0).view(rows, k)
+
+    def _decode_rows(self, t, plan, dtype, r0, r1, state):
+        env = plan.env
+        k, g, size = env["K"], env["group_size"], env["convrot_groupsize"]
+        grid = self._grid(t, env, r0, r1, state)
+        rows = grid.shape[0]
+        w = grid.view(rows, k // g, g).mul_(rows_of(t["weight_s_channel"], r0, r1).to(torch.float32).view(rows, 1, 1))
+        corr = t.get("weight_correction")
+        if corr is not None:
+            w.add_(corr[:, r0:r1].t().unsqueeze(-1).to(torch.float32))
+        w = w.view(rows, k).to(dtype)
+        if dtype == torch.bfloat16 and corr is None and size <= _EXACT_MAX_BLOCK:
+            return rotate_weight(w.to(torch.float32), size).to(dtype)
+        return rotate_weight(w, size)
+
+    def _linear(self, x, t, plan, bias):
+        env = plan.env
+        dtype = x.dtype
+        if "weight_correction" in t:
+            # comfy-kitchen runs the asymmetric variant as dequantize + float matmul.
+            w = self._dense(t, plan, dtype)
+            return torch.nn.functional.linear(x, w, None if bias is None else bias.to(dtype))
+        grid = self._grid(t, env, 0, env["N"], None).to(torch.int8)
+        x_rot = rotate_activation(x, env["convrot_groupsize"])
+        return int8_linear(x_rot, grid, t["weight_s_channel"], bias, dtype)
+
+
+def _s_rel(t: dict) -> torch.Tensor:
+    s = t["weight_s_rel"]
+    return s.view(torch.float8_e4m3fn) if s.dtype == torch.uint8 else s
+
+
+CODECS = {W4A8Codec.name: W4A8Codec()}

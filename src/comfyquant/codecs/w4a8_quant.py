@@ -1,0 +1,270 @@
+"""The ``asym_w4a8_int8`` reference quantizer (spec 3.3, "Reference quantizer").
+
+Step by step as comfy-kitchen 0.2.40 eager does it, so codes, ``s_rel``, ``s_channel``, the
+codebook and the correction come out bit-identical:
+
+0. rotate ``W`` per ConvRot block in its own dtype, in row chunks of ``2^22 // K`` rows;
+1. codebook (A) or 6-bit (D): group scale from the group maximum, then two ALS passes;
+2. uniform symmetric (B): ``amax / 7``; 3. asymmetric (C): ``(max - min) / 15`` plus a
+   group-major correction ``8 * gs + min`` in the weight's dtype;
+4. ``s_channel`` from the largest shifted level, ``s_rel = gs / s_channel`` rounded to FP8;
+5. (A, D) final nearest-level assignment against the decoded INT8 grid, for 6-bit after a
+   search over ``s_rel`` and its two FP8 neighbours; 6. pack.
+
+Every reduction, search and gather is the same torch operation on the same shapes as the
+reference: summation order is part of the result.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..numerics.floats import E4M3, fp8_neighbours
+from ..numerics.hadamard import is_power_of_4, rotate_weight
+from ..numerics.packing import pack_6bit, pack_nibbles
+from .base import CodecError, reject_unknown
+
+FIXED_CODEBOOK = (
+    -0.980602, -0.794529, -0.638165, -0.500986, -0.377321, -0.263187, -0.155210, -0.050720,
+    0.052541, 0.156985, 0.265284, 0.379533, 0.502636, 0.638953, 0.794876, 0.980671,
+)
+"""Lloyd-Max levels for group-normalized Gaussian data (comfy-kitchen's built-in table)."""
+
+KURTOSIS_GATE = -0.1
+KURTOSIS_SAMPLE = 1 << 19
+FIT_SAMPLE = 300_000
+FIT_ITERATIONS = 25
+ALS_PASSES = 2
+SIX_BIT_LEVELS = 31
+SCALE_STEP_F32 = 0.03
+ROW_BUDGET = 1 << 22
+"""Elements per quantized row chunk, and rows sampled for the codebook decision."""
+
+_SCALE_DTYPES = {"fp8": E4M3, "float8_e4m3fn": E4M3, "f32": torch.float32, "float32": torch.float32}
+
+
+def encode_w4a8(weight: torch.Tensor, params: dict, name: str, fmt: str) -> tuple[dict, dict]:
+    """Quantize a dense weight; ``params`` as comfy-kitchen's ``AsymW4A8Int8Layout.quantize``."""
+    g = params.pop("group_size", 16)
+    c = params.pop("convrot_groupsize", 256)
+    symmetric = bool(params.pop("symmetric", True))
+    scale_dtype = params.pop("scale_dtype", E4M3)
+    use_codebook = bool(params.pop("codebook", True))
+    book = params.pop("codebook_tensor", None)
+    bits = params.pop("bits", 4)
+    search = bool(params.pop("scale_search", True))
+    if params.pop("stochastic_rounding", 0):
+        raise CodecError(f"{name}: stochastic rounding is not supported (it is seeded noise, not a format property)")
+    reject_unknown(params, name)
+    scale_dtype = _SCALE_DTYPES.get(scale_dtype, scale_dtype) if isinstance(scale_dtype, str) else scale_dtype
+    if scale_dtype not in (torch.float32, E4M3):
+        raise CodecError(f"{name}: scale_dtype must be float32 or float8_e4m3fn, got {scale_dtype}")
+    _validate(weight, g, c, bits, name)
+    if bits == 6:
+        if not symmetric:
+            raise CodecError(f"{name}: 6-bit storage is symmetric only")
+        use_codebook = False
+    table = None
+    if symmetric and use_codebook:
+        table = book.to(torch.float32) if book is not None else _decide_codebook(weight, g, c)
+        if tuple(table.shape) != (16,):
+            raise CodecError(f"{name}: codebook must have shape (16,), got {tuple(table.shape)}")
+    n, k = weight.shape
+    block = max(1, ROW_BUDGET // max(k, 1))
+    parts = [_quantize_rotated(rotate_weight(weight[r0:r0 + block].contiguous(), c), g, symmetric, scale_dtype, table,
+                               bits, search) for r0 in range(0, n, block)]
+    packed, s_rel, s_channel = (torch.cat([p[i] for p in parts]) for i in range(3))
+    corr = None if symmetric else torch.cat([p[3] for p in parts], dim=1)
+    tensors = {"weight": packed.view(torch.int8), "weight_s_rel": s_rel, "weight_s_channel": s_channel}
+    if table is not None:
+        tensors["weight_codebook"] = table.contiguous()
+    if corr is not None:
+        tensors["weight_correction"] = corr
+    return tensors, {"format": fmt, "group_size": g, "convrot_groupsize": c, "convrot": True}
+
+
+def _validate(weight: torch.Tensor, g, c, bits, name: str) -> None:
+    k = weight.shape[1]
+    if bits not in (4, 6):
+        raise CodecError(f"{name}: bits must be 4 or 6, got {bits}")
+    if bits == 6 and (k % 32 or g < 16 or g % 16):
+        raise CodecError(f"{name}: 6-bit storage needs K divisible by 32 and group_size a multiple of 16, "
+                         f"got K={k}, group_size={g}")
+    if not isinstance(g, int) or not isinstance(c, int) or k % 16 or g < 4 or k % g or k % c or (16 % g and g % 16):
+        raise CodecError(f"{name}: K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; "
+                         "group_size must be >=4 and divide 16 or be a multiple of 16")
+    if not is_power_of_4(c):
+        raise CodecError(f"{name}: Regular Hadamard size must be a power of 4, got {c}")
+
+
+# -- codebook ---------------------------------------------------------------------------------
+
+def _decide_codebook(weight: torch.Tensor, g: int, c: int) -> torch.Tensor:
+    """One table per tensor, from evenly spaced sample rows (never from chunk boundaries)."""
+    n, k = weight.shape
+    max_rows = max(1, ROW_BUDGET // max(k, 1))
+    if n > max_rows:
+        idx = torch.linspace(0, n - 1, max_rows, device=weight.device).long()
+        sample = weight.index_select(0, idx)
+    else:
+        sample = weight
+    rotated = rotate_weight(sample.contiguous(), c)
+    grouped = rotated.float().view(sample.shape[0], k // g, g)
+    normalized = grouped / grouped.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8)
+    return _codebook_for(normalized)
+
+
+def _codebook_for(normalized: torch.Tensor) -> torch.Tensor:
+    """The fixed table unless the normalized groups are heavy-tailed (excess kurtosis > -0.1)."""
+    x = normalized.flatten()
+    if x.numel() > KURTOSIS_SAMPLE:
+        gen = torch.Generator(device=x.device).manual_seed(0)
+        x = x[torch.randint(0, x.numel(), (KURTOSIS_SAMPLE,), device=x.device, generator=gen)]
+    x = x.float()
+    excess = ((x - x.mean()) / (x.std() + 1e-9)).pow(4).mean() - 3.0
+    if excess.item() <= KURTOSIS_GATE:
+        return torch.tensor(FIXED_CODEBOOK, dtype=torch.float32)
+    return _fit_codebook(normalized)
+
+
+def _fit_codebook(normalized: torch.Tensor) -> torch.Tensor:
+    """16-level Lloyd-Max: quantile start, 25 rounds of nearest assignment and mean update."""
+    samples = normalized.flatten()
+    if samples.numel() > FIT_SAMPLE:
+        gen = torch.Generator(device=samples.device).manual_seed(0)
+        samples = samples[torch.randint(0, samples.numel(), (FIT_SAMPLE,), device=samples.device, generator=gen)]
+    samples = samples.float()
+    book = torch.quantile(samples, torch.linspace(0, 1, 16, device=samples.device))
+    for _ in range(FIT_ITERATIONS):
+        nearest = (samples.unsqueeze(-1) - book).abs().argmin(-1)
+        updated = book.clone()
+        for i in range(16):
+            chosen = nearest == i
+            if chosen.any():
+                updated[i] = samples[chosen].mean()
+        book = updated
+    return book.contiguous()
+
+
+# -- assignment -------------------------------------------------------------------------------
+
+def _nearest(table: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Nearest entry of a sorted table; ties and equal distances go to the lower index."""
+    last = table.numel() - 1
+    pos = torch.searchsorted(table, target.contiguous())
+    lo = (pos - 1).clamp(0, last)
+    hi = pos.clamp(0, last)
+    dlo = (target - table[lo]).abs_()
+    dhi = (target - table[hi]).abs_()
+    return torch.where(dhi < dlo, hi, lo).to(torch.int32)
+
+
+def _grid_levels(table: torch.Tensor, s_rel: torch.Tensor) -> torch.Tensor:
+    """INT8 value of every level in every group: ``clamp(round(level * s_rel), -127, 127)``."""
+    return (table.view(1, 1, -1) * s_rel.float().unsqueeze(-1)).round_().clamp_(-127, 127)
+
+
+def _assign_grid(gw: torch.Tensor, levels: torch.Tensor, s_channel: torch.Tensor,
+                 target: torch.Tensor | None = None) -> torch.Tensor:
+    """Per group, the nearest decoded grid level of ``w / s_channel`` (same tie rule)."""
+    n, groups, gsize = gw.shape
+    last = levels.shape[-1] - 1
+    lv = levels.reshape(n * groups, last + 1).contiguous()
+    if target is None:
+        target = gw / s_channel.view(-1, 1, 1)
+    tg = target.reshape(n * groups, gsize).contiguous()
+    pos = torch.searchsorted(lv, tg)
+    lo = (pos - 1).clamp(0, last)
+    hi = pos.clamp(0, last)
+    dlo = tg.sub(torch.gather(lv, 1, lo)).abs_()
+    dhi = tg.sub(torch.gather(lv, 1, hi)).abs_()
+    return torch.where(dhi < dlo, hi, lo).to(torch.int32).reshape(n, groups, gsize)
+
+
+def _search_scale(gw, s_rel, s_channel, table):
+    """6-bit: keep, per group, the candidate scale (base, lower, upper) with the smallest
+    through-grid squared error; a later candidate must be strictly better."""
+    target = gw / s_channel.view(-1, 1, 1)
+
+    def score(cand):
+        levels = _grid_levels(table, cand)
+        idx = _assign_grid(gw, levels, s_channel, target=target)
+        err = torch.gather(levels, 2, idx.long()).sub_(target).pow_(2).sum(-1)
+        return err, idx
+
+    if s_rel.dtype == E4M3:
+        lower, upper = fp8_neighbours(s_rel)
+        candidates = [s_rel.float(), lower.float(), upper.float()]
+    else:
+        base = s_rel.float()
+        candidates = [base, base * (1 - SCALE_STEP_F32), base * (1 + SCALE_STEP_F32)]
+    best_scale = candidates[0]
+    best_err, best_idx = score(best_scale)
+    for cand in candidates[1:]:
+        err, idx = score(cand)
+        better = err < best_err
+        torch.where(better, err, best_err, out=best_err)
+        torch.where(better, cand, best_scale, out=best_scale)
+        torch.where(better.unsqueeze(-1), idx, best_idx, out=best_idx)
+    return best_scale.to(s_rel.dtype).contiguous(), best_idx
+
+
+# -- one chunk of rotated rows ----------------------------------------------------------------
+
+def _quantize_rotated(rotated, g, symmetric, scale_dtype, table, bits, search):
+    """(packed uint8, s_rel, s_channel, correction or None) for already rotated rows."""
+    dtype = rotated.dtype
+    n, k = rotated.shape
+    groups = k // g
+    gw = rotated.float().view(n, groups, g)
+    levels = None
+    corr = None
+    if bits == 6 or table is not None:
+        amax = gw.abs().amax(dim=-1, keepdim=True)
+        if bits == 6:
+            levels = torch.arange(-SIX_BIT_LEVELS, SIX_BIT_LEVELS + 1, dtype=torch.float32)
+            gs = (amax / SIX_BIT_LEVELS).clamp(min=1e-8)
+
+            def assign(normalized):
+                return (normalized.round_().clamp_(-SIX_BIT_LEVELS, SIX_BIT_LEVELS) + SIX_BIT_LEVELS).to(torch.int32)
+
+            idx = assign(gw / gs)
+        else:
+            levels = table
+            gs = amax.clamp(min=1e-8)
+
+            def assign(normalized):
+                return _nearest(levels, normalized)
+
+            idx = assign(gw / gs)
+        for _ in range(ALS_PASSES):
+            lv = levels[idx]
+            gs = ((gw * lv).sum(-1, keepdim=True) / (lv * lv).sum(-1, keepdim=True).clamp(min=1e-8)).clamp(min=1e-8)
+            idx = assign(gw / gs)
+        shifted = levels[idx] * gs
+        codes = None
+    elif symmetric:
+        gs = (gw.abs().amax(dim=-1, keepdim=True) / 7.0).clamp(min=1e-8)
+        signed = (gw / gs).round().clamp(-8, 7).to(torch.int32)
+        codes = (signed + 8).view(n, k)
+        shifted = signed * gs
+    else:
+        low = gw.amin(dim=-1, keepdim=True)
+        gs = ((gw.amax(dim=-1, keepdim=True) - low) / 15.0).clamp(min=1e-8)
+        codes = ((gw - low) / gs).round().clamp(0, 15).to(torch.int32).view(n, k)
+        shifted = (codes.view(n, groups, g) - 8) * gs
+        corr = (8.0 * gs + low).squeeze(-1).t().contiguous().to(dtype)
+    s_channel = (shifted.abs().amax(dim=(1, 2)) / 127.0).clamp(min=1e-8)
+    s_rel = (gs.squeeze(-1) / s_channel.unsqueeze(1)).float().contiguous()
+    if scale_dtype != torch.float32:
+        s_rel = s_rel.to(scale_dtype).contiguous()
+    if levels is not None:
+        if bits == 6 and search:
+            s_rel, idx = _search_scale(gw, s_rel, s_channel, levels)
+        else:
+            idx = _assign_grid(gw, _grid_levels(levels, s_rel), s_channel)
+        if bits == 6:
+            idx.add_(1)
+        codes = idx.view(n, k)
+    packed = pack_6bit(codes) if bits == 6 else pack_nibbles(codes)
+    return packed, s_rel, s_channel.float().contiguous(), corr

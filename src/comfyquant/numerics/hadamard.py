@@ -1,0 +1,95 @@
+"""The ConvRot rotation: a block-diagonal regular Hadamard matrix along K (spec 2.6).
+
+``H_C`` for ``C = 4^k`` is ``(H4 (x) ... (x) H4) / sqrt(C)`` with
+``H4 = [[1,1,1,-1],[1,1,-1,1],[1,-1,1,1],[-1,1,1,1]]``: entry ``(i, j)`` is
+``C^-1/2 * prod_d (-1 if a_d + b_d == 3 else 1)`` over the base-4 digits of ``i`` and ``j``.
+It is symmetric, orthogonal and its own inverse, and every entry is +-2^-k (exact in every
+float dtype).
+
+Two ways to apply it:
+
+* :func:`rotate_weight` / :func:`rotate_activation` multiply by the matrix in the operand's
+  dtype exactly as comfy-kitchen does (weights by ``H.T``, activations by ``H``; the memory
+  layout of the right-hand side changes BLAS's summation order, so both are kept).
+* :func:`rotate_exact` applies the Kronecker factors one base-4 digit at a time in F32
+  (a few additions per element and digit instead of C multiply-adds).  Its result equals the matrix
+  product only when every partial sum is exact in F32 -- the caller must know that holds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_CACHE: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+
+def is_power_of_4(size) -> bool:
+    """4, 16, 64, 256, 1024, ... (the sizes comfy-kitchen can build)."""
+    return isinstance(size, int) and not isinstance(size, bool) and size >= 4 and (size & (size - 1)) == 0 \
+        and (size.bit_length() - 1) % 2 == 0
+
+
+def _check_size(size) -> None:
+    if not is_power_of_4(size):
+        raise ValueError(f"Regular Hadamard size must be a power of 4, got {size}")
+
+
+def hadamard(size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The normalized ``[size, size]`` ConvRot matrix in ``dtype`` (cached, do not modify)."""
+    key = (size, dtype)
+    h = _CACHE.get(key)
+    if h is None:
+        _check_size(size)
+        idx = torch.arange(size, dtype=torch.int64)
+        i, j = idx.view(-1, 1), idx.view(1, -1)
+        negatives = torch.zeros((size, size), dtype=torch.int64)
+        for d in range(0, size.bit_length() - 1, 2):
+            negatives += (((i >> d) & 3) + ((j >> d) & 3) == 3).to(torch.int64)
+        sign = 1.0 - 2.0 * (negatives & 1).to(torch.float64)
+        h = _CACHE[key] = (sign / size**0.5).to(dtype)
+    return h
+
+
+def _blocks(features: int, size: int, what: str) -> int:
+    _check_size(size)
+    if features % size:
+        raise ValueError(f"{what} {features} not divisible by group_size {size}")
+    return features // size
+
+
+def rotate_weight(weight: torch.Tensor, size: int) -> torch.Tensor:
+    """``W[n, gC:(g+1)C] @ H.T`` for every block, computed in the weight's dtype."""
+    n, k = weight.shape
+    groups = _blocks(k, size, "in_features")
+    h = hadamard(size, weight.dtype)
+    return torch.matmul(weight.reshape(n, groups, size), h.t()).reshape(n, k)
+
+
+def rotate_activation(x: torch.Tensor, size: int) -> torch.Tensor:
+    """``x[..., gC:(g+1)C] @ H`` for every block, computed in the activation's dtype."""
+    features = x.shape[-1]
+    groups = _blocks(features, size, "features")
+    h = hadamard(size, x.dtype)
+    return torch.matmul(x.reshape(-1, groups, size), h).reshape(x.shape)
+
+
+def rotate_exact(v: torch.Tensor, size: int) -> torch.Tensor:
+    """F32 ``v @ H`` per block by the Kronecker factors, one base-4 digit at a time.
+
+    With ``s = x0 + x1 + x2 + x3``, ``H4`` maps ``x`` to ``y_j = s - 2 x_(3-j)``.  Each stage's
+    values are +-1 combinations of ``4^d`` inputs, so when the full sums fit in F32 exactly
+    every intermediate does too, and the result is the exact product rounded once."""
+    if v.dtype != torch.float32:
+        raise ValueError("rotate_exact works in F32")
+    n, k = v.shape
+    groups = _blocks(k, size, "in_features")
+    x = v.reshape(n * groups, size)
+    stride = 1
+    while stride < size:
+        y = x.view(-1, 4, stride)
+        s = y.sum(dim=1, keepdim=True)
+        x = (s - 2.0 * y.flip(1)).view(-1, size)
+        stride *= 4
+    digits = (size.bit_length() - 1) // 2
+    return x.view(n, k).mul_(2.0 ** -digits)
+

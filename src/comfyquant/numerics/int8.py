@@ -1,0 +1,62 @@
+"""Dynamic INT8 quantization and the INT8 GEMM epilogue (spec 2.7).
+
+``int8_tensorwise`` and ``asym_w4a8_int8`` (without a correction) run the same contract:
+quantize each activation row with its own scale, multiply exactly in integers, then scale
+by ``s_row * w_scale`` in F32 and round once to the output dtype; the bias is added in the
+output dtype.  The weight quantizers use the same rounding rule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _safe_divisor(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The F32 scale rounded to ``dtype``; a scale that rounds to 0 becomes the smallest normal."""
+    d = scale.to(dtype)
+    return torch.where(d == 0, torch.full_like(d, torch.finfo(dtype).tiny), d)
+
+
+def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``clamp(round(x / T(scale)), -128, 127)`` as int8, the division done in ``x``'s dtype."""
+    q = torch.div(x, _safe_divisor(scale, x.dtype))
+    return q.round_().clamp_(-128.0, 127.0).to(torch.int8)
+
+
+def row_scales(x: torch.Tensor) -> torch.Tensor:
+    """Per-row F32 scales ``max(amax_row / 127, 1e-30)``, shape ``[..., 1]``."""
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    return (amax.float() / 127.0).clamp_(min=1e-30)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise INT8: ``(q int8 like x, scales F32 [..., 1])``."""
+    scale = row_scales(x)
+    return quantize_with_scale(x, scale), scale
+
+
+def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tensor-wise INT8: one F32 scale ``max(amax / 127, 1e-30)`` (shape ``[]``)."""
+    scale = (x.abs().amax().float() / 127.0).clamp_(min=1e-30)
+    return quantize_with_scale(x, scale), scale
+
+
+def int8_matmul(q_x: torch.Tensor, q_w: torch.Tensor) -> torch.Tensor:
+    """Exact ``q_x @ q_w.T`` in int32 (``[M, K] x [N, K] -> [M, N]``)."""
+    return torch._int_mm(q_x, q_w.t())
+
+
+def int8_linear(x: torch.Tensor, q_w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                out_dtype: torch.dtype) -> torch.Tensor:
+    """Dynamic row-wise INT8 activations times an INT8 weight grid (already rotated ``x``).
+
+    ``y = out(f32(acc) * (s_row * w_scale)) + out(bias)`` with ``w_scale`` F32 of numel 1 or N."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    q_x, s_x = quantize_rows(x2)
+    acc = int8_matmul(q_x, q_w)
+    scales = s_x * w_scale.to(torch.float32).reshape(1, -1)
+    y = acc.float().mul_(scales).to(out_dtype)
+    if bias is not None:
+        y = y + bias.to(out_dtype).reshape(1, -1)
+    return y.reshape(*lead, q_w.shape[0])
