@@ -239,6 +239,23 @@ def test_index_url_brings_its_shards(tmp_path, server):
         assert io["requests"] == 2 and io["bytes"] < header_len(f) + 1024
 
 
+def test_shards_are_opened_and_their_markers_fetched_concurrently(tmp_path, server):
+    """Every request happens while the shards are opened (one thread each): the marker round
+    trips of the shards overlap; reading the checkpoint afterwards costs nothing more."""
+    from comfyquant.io.remote import open_remote
+
+    sharded(tmp_path)
+    server.delay = 0.1
+    t0 = time.monotonic()
+    ss, sources = open_remote([server.url("sharded/model.safetensors.index.json")])
+    elapsed = time.monotonic() - t0
+    assert server.requests() == 1 + 2 * 2
+    assert elapsed < 0.1 * 4.5  # index, then (header, markers) for both shards side by side: 3 round trips
+    with open_checkpoint([], sources=sources, shardset=ss) as ckpt:
+        assert ckpt.markers.records
+    assert server.requests() == 5
+
+
 def test_shard_urls_given_one_by_one(tmp_path, server):
     folder, a, b = sharded(tmp_path)
     urls = [server.url("sharded/" + os.path.basename(f)) for f in (a, b)]

@@ -39,7 +39,9 @@ not (``timeout`` bounds every wait), content that is not safetensors is named by
 
 from __future__ import annotations
 
+import json
 import posixpath
+import re
 import struct
 import threading
 import time
@@ -70,10 +72,10 @@ PACKAGES = {
 class RemoteOptions:
     """How remote sources read: timeouts, retries, first-read size and coalescing gap."""
 
-    __slots__ = ("timeout", "gap", "first_read", "retries", "backoff", "parallel", "max_span")
+    __slots__ = ("timeout", "gap", "first_read", "retries", "backoff", "parallel", "max_span", "prefetch")
 
     def __init__(self, timeout: float = 30.0, gap: int = DEFAULT_GAP, first_read: int = FIRST_READ, retries: int = 3,
-                 backoff: float = 0.5, parallel: int = 8, max_span: int = MAX_SPAN) -> None:
+                 backoff: float = 0.5, parallel: int = 8, max_span: int = MAX_SPAN, prefetch: bool = True) -> None:
         self.timeout = timeout
         """Seconds to wait for a connection, a status line or the next bytes of a body."""
         self.gap = gap
@@ -86,6 +88,8 @@ class RemoteOptions:
         self.parallel = parallel
         """Concurrent requests within one checkpoint (shard openings, coalesced spans)."""
         self.max_span = max_span
+        self.prefetch = prefetch
+        """HTTP: fetch the marker spans while opening (see ``HttpSource._prefetch_markers``)."""
 
 
 class RemoteNotFound(InputError):
@@ -110,6 +114,24 @@ def coalesce(ranges: list[tuple[int, int]], gap: int, max_span: int = MAX_SPAN) 
                 continue
         spans.append((off, end, [i]))
     return spans
+
+
+_MARKER_ENTRY = re.compile(rb'\.comfy_quant"\s*:\s*(\{[^{}]*\})')
+
+
+def marker_ranges(raw: bytes, base: int, size: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of every ``*.comfy_quant`` tensor in a raw header (a regex scan: far
+    cheaper than a second ``json.loads`` of a 300 KB header).  A range it gets wrong only costs
+    bytes: readers are always served the exact bytes they ask for."""
+    out = []
+    for m in _MARKER_ENTRY.finditer(raw):
+        try:
+            a, b = json.loads(m.group(1))["data_offsets"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if type(a) is int and type(b) is int and 0 <= a <= b and base + b <= size:
+            out.append((base + a, b - a))
+    return out
 
 
 def _split(ranges: list[tuple[int, int]], spans: list[tuple[int, int, list[int]]], blocks: list[bytes]) -> list[bytes]:
@@ -342,8 +364,30 @@ class HttpSource(HttpClient):
         super().__init__(name, url, options)
         self.size = 0
         self._whole: bytes | None = None
+        self._spans: list[tuple[int, bytes]] = []
         self._prefix = self.get(self._first, 0, self.options.first_read)
+        if self.options.prefetch and self._whole is None:
+            self._prefetch_markers()
         self.first_read = len(self._prefix) if self._whole is None else self.size
+
+    def _prefetch_markers(self) -> None:
+        """Fetch, now, the rest of a long header and the marker spans ``collect_markers`` will
+        ask for (the same coalesced requests, found by a scan of the raw header).  Opening runs
+        in one thread per shard, so a sharded checkpoint's marker round trips overlap instead of
+        following each other; the requests and bytes are the same."""
+        p = self._prefix
+        if len(p) < 8:
+            return
+        (n,) = struct.unpack_from("<Q", p)
+        if n > MAX_HEADER_BYTES or 8 + n > self.size:
+            return
+        if len(p) < 8 + n:
+            p = self._prefix = p + self._range(len(p), 8 + n)
+        ranges = marker_ranges(p[8 : 8 + n], 8 + n, self.size)
+        if ranges:
+            spans = coalesce(ranges, self.options.gap, self.options.max_span)
+            blocks = _map(lambda sp: self._range(sp[0], sp[1]), spans, self.options.parallel)
+            self._spans = [(sp[0], block) for sp, block in zip(spans, blocks)]
 
     def _first(self, resp) -> bytes:
         status = _status(resp)
@@ -414,6 +458,9 @@ class HttpSource(HttpClient):
         p = self._prefix
         if end <= len(p):
             return p[offset:end]
+        for start, block in self._spans:  # prefetched markers
+            if start <= offset and end <= start + len(block):
+                return block[offset - start : end - start]
         if offset < len(p):
             return p[offset:] + self._range(len(p), end)
         return self._range(offset, end)
