@@ -31,7 +31,8 @@ FAST = RemoteOptions(timeout=2.0, backoff=0.01)
 class Server:
     """Serves a folder.  ``mode``: "range" (206 for Range requests), "ignore" (always 200 with
     the whole body); ``status`` path -> code; ``flaky`` path -> number of 503s before success;
-    ``delay`` seconds before answering; ``redirect`` path -> location; ``types`` path -> type.
+    ``delay`` seconds before answering; ``redirect`` path -> location; ``types`` path -> type;
+    ``drop`` path -> number of answers cut off after half their body.
     Counts requests (``log``) and body bytes the server managed to write (``sent``)."""
 
     def __init__(self, root: str) -> None:
@@ -41,6 +42,7 @@ class Server:
         self.flaky: dict[str, int] = {}
         self.redirect: dict[str, str] = {}
         self.types: dict[str, str] = {}
+        self.drop: dict[str, int] = {}
         self.delay = 0.0
         self.log: list[tuple[str, str | None, int]] = []
         self.sent: Counter = Counter()
@@ -59,6 +61,11 @@ class Server:
                     self.send_header(k, v)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if server.drop.get(self.path, 0) > 0 and len(body) > 1:  # half the body, then hang up
+                    server.drop[self.path] -= 1
+                    self.wfile.write(body[: len(body) // 2])
+                    self.close_connection = True
+                    return
                 try:
                     for i in range(0, len(body), 1 << 16):
                         self.wfile.write(body[i : i + (1 << 16)])
@@ -281,6 +288,14 @@ def test_redirect_is_counted_and_followed_once(tmp_path, server):
     assert [e[0] for e in server.log] == ["/hub/bad.safetensors", "/bad.safetensors", "/bad.safetensors"]
 
 
+def test_redirect_loop_is_one_line(server):
+    server.redirect["/a.safetensors"] = "/b.safetensors"
+    server.redirect["/b.safetensors"] = "/a.safetensors"
+    with pytest.raises(InputError) as exc:
+        open_checkpoint(server.url("a.safetensors"), remote=FAST)
+    assert "too many or unusable redirects (HTTP 302)" in str(exc.value) and "\n" not in str(exc.value)
+
+
 # -- failures: one line, exit 2 ------------------------------------------------------------------
 
 
@@ -352,6 +367,21 @@ def test_5xx_retried_with_backoff_then_succeeds(tmp_path, server):
         r = check_checkpoint(ckpt)
     same_verdicts(r, check(path))
     assert r.io[url]["requests"] == 2 + 2  # two 503s, then header and markers
+
+
+def test_connection_dropped_mid_body_is_retried(tmp_path, server):
+    path = broken(tmp_path)
+    # the first answer is cut after the header (nothing missing), the marker answer is cut: retried
+    server.drop["/bad.safetensors"] = 2
+    url = server.url("bad.safetensors")
+    with open_checkpoint(url, remote=FAST) as ckpt:
+        r = check_checkpoint(ckpt)
+    same_verdicts(r, check(path))
+    assert server.requests() == 1 + 2
+    assert r.io[url]["requests"] == 3
+    server.drop["/bad.safetensors"] = 10
+    with pytest.raises(InputError, match=r"connection lost after \d+ of \d+ bytes \(after 4 attempts\)"):
+        HttpSource(url, options=FAST)
 
 
 def test_timeout(tmp_path, server, capsys):

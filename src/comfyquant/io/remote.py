@@ -154,9 +154,10 @@ def _map(fn: Callable, items: list, parallel: int) -> list:
     return [f.result() for f in futures]  # the first failure (in order) is raised
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+def _one_line(what: object) -> str:
+    """The first line of an exception's (or any object's) text: errors are one line."""
+    text = str(what).strip().splitlines()
+    return text[0] if text else type(what).__name__
 
 
 # -- HTTP ------------------------------------------------------------------------------------
@@ -241,9 +242,7 @@ class HttpClient:
                 got += len(chunk)
         except TimeoutError:
             raise InputError(f"{self.name}: the server stopped sending for {self.options.timeout:g} s (--timeout)") from None
-        except OSError as exc:  # reset, aborted; http.client.IncompleteRead is an HTTPException
-            raise _Retry(f"connection lost while reading ({_one_line(exc)})") from None
-        except Exception as exc:
+        except Exception as exc:  # reset, aborted, http.client.IncompleteRead: worth another try
             raise _Retry(f"connection lost while reading ({_one_line(exc)})") from None
         finally:
             self._count(0, got)
@@ -272,10 +271,15 @@ class HttpClient:
                     resp = _opener().open(req, timeout=opts.timeout)
                 except urllib.error.HTTPError as exc:
                     self._count(1 + _HOPS.n)
-                    with exc:
+                    try:
                         if exc.code == 416:
                             return consume(exc)
                         self._status_error(exc)  # raises InputError or _Retry
+                    finally:
+                        try:
+                            exc.close()
+                        except Exception:
+                            pass
                 self._count(1 + _HOPS.n)
                 final = resp.geturl()
                 if final and final != self.url:
@@ -302,7 +306,7 @@ class HttpClient:
                     attempt += 1
                     continue
                 text = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
-                raise InputError(f"{self.name}: cannot connect ({text})") from None
+                raise InputError(f"{self.name}: cannot connect ({_one_line(text)})") from None
             except TimeoutError:
                 raise self._timeout() from None
             except (http.client.HTTPException, ConnectionError) as exc:
@@ -320,7 +324,9 @@ class HttpClient:
 
     def _status_error(self, exc) -> None:
         code = exc.code
-        reason = exc.reason or ""
+        reason = _one_line(exc.reason) if exc.reason else ""
+        if 300 <= code < 400:
+            raise InputError(f"{self.name}: too many or unusable redirects (HTTP {code})")
         if code in (404, 410):
             raise RemoteNotFound(f"{self.name}: not found (HTTP {code})")
         if code in (401, 403):
