@@ -81,7 +81,7 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
                  f"{c['info']} info{hidden}: {'OK' if report.ok else 'FAILED'}")
     if verbose and report.io:
         for file, st in report.io.items():
-            lines.append(f"  read {file}: {st['requests']} requests, {st['bytes']} bytes")
+            lines.append(f"  read {file}: {_plural(st['requests'], 'request')}, {st['bytes']} bytes")
     return "\n".join(lines)
 
 
@@ -206,7 +206,7 @@ def render_summary_line(item, verbose: bool = False) -> str:
         line += "; " + fails[0] + (f" (+{len(fails) - 1} more runtime{'s' * (len(fails) > 2)})" if len(fails) > 1 else "")
     if verbose:
         for file, st in r.io.items():
-            line += f"\n        read {file}: {st['requests']} requests, {st['bytes']} bytes"
+            line += f"\n        read {file}: {_plural(st['requests'], 'request')}, {st['bytes']} bytes"
     return line
 
 
@@ -233,5 +233,5 @@ def render_summary(result, verbose: bool = False) -> str:
     loads = ", ".join(f"{t} {v['loads']}/{readable}" for t, v in s["targets"].items())
     lines.append("")
     lines.append(f"{_plural(s['checkpoints'], 'checkpoint')}: {', '.join(parts)}; loads: {loads}; "
-                 f"{s['requests']} requests, {_human(s['bytes'])} read")
+                 f"{_plural(s['requests'], 'request')}, {_human(s['bytes'])} read")
     return "\n".join(lines)

@@ -83,7 +83,8 @@ def _bad(path: str, what: str) -> InputError:
 
 
 def read_header(source: ByteSource) -> Header:
-    """Read and validate ``source``'s header with one read (two when it is over 1 MB)."""
+    """Read and validate ``source``'s header: one read of ``source.first_read`` bytes (64 KB
+    locally, 512 KB remotely), and one more for exactly the rest of a longer header."""
     path = source.name
     size = source.size
     if size < 8:

@@ -2,7 +2,8 @@
 
 Every reader in comfyquant asks a source for byte ranges (``pread``) and never for a whole
 file, so a 40 GB checkpoint is checked with a few hundred kilobytes of reads.  Local files use
-``os.pread`` on one descriptor; remote sources (fsspec) plug in behind the same interface.
+``os.pread`` on one descriptor; remote sources (io/remote.py: HTTP range requests, fsspec
+protocols) plug in behind the same interface.
 """
 
 from __future__ import annotations
