@@ -17,6 +17,7 @@ from ..checkpoint import open_checkpoint
 from ..errors import InputError
 from ..io.shards import ShardSet
 from ..io.writer import CHUNK, CopyRange, commit_file, discard, write_safetensors
+from .lossy import W4A8_TENSORS, requantize
 from .plan import Plan
 
 STAMP_KEY = "comfyquant"
@@ -80,6 +81,21 @@ def _chunks(source, start: int, length: int):
     return chunks
 
 
+def _requant_tensors(ckpt, op) -> dict:
+    """The re-quantized layer's tensors, computed when the writer reaches the first of them."""
+    state: dict[str, bytes] = {}
+
+    def producer(suffix: str):
+        def chunks():
+            if not state:
+                state.update(requantize(ckpt, op))
+            yield state.pop(suffix)
+
+        return chunks
+
+    return {f"{op.prefix}.{s}": (dtype, shape, producer(s)) for s, (dtype, shape) in op.specs.items()}
+
+
 def _stamp(metadata: dict[str, str], plan: Plan) -> dict[str, str]:
     done = [c.what for c in plan.changes]
     summary = sorted(set(done))
@@ -107,6 +123,12 @@ def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str,
         for entry in sorted(h.tensors.values(), key=lambda e: e.start):
             name = entry.name
             if name in plan.drop or name.endswith(".comfy_quant"):
+                continue
+            prefix, _, suffix = name.rpartition(".")
+            op = plan.requant.get(prefix)
+            if op is not None and suffix in W4A8_TENSORS:
+                if suffix == "weight":
+                    tensors.update(_requant_tensors(ckpt, op))
                 continue
             edit = plan.edits.get(name)
             new_name = plan.renames.get(name, name)

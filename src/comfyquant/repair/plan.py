@@ -63,9 +63,12 @@ class Plan:
         self.markers: dict[str, dict] = {}
         """Final marker per layer prefix (written as tensor marker and in the header map)."""
         self.drop: set[str] = set()
+        self.requant: dict[str, object] = {}
+        """Layers re-quantized by a lossy repair (``repair.lossy.Requant`` by prefix)."""
         self.refused: list[tuple[str | None, str]] = []
         """(layer, why) for defects the plan cannot repair."""
         self.markers_changed = False
+        self.options: Options | None = None
 
     @property
     def empty(self) -> bool:
@@ -98,7 +101,9 @@ class Options:
 
 def plan_repairs(ckpt, options: Options) -> Plan:
     plan = Plan()
+    plan.options = options
     markers = _final_markers(ckpt, options, plan)
+    plan.markers = markers
     _legacy_scaled_fp8(ckpt, plan, markers)
     for prefix, layer in ckpt.layers.items():
         marker = markers.get(prefix)
@@ -341,6 +346,8 @@ def _repair_tensors(ckpt, layer, fmt: Format, marker: dict, plan: Plan) -> None:
         env = fmt.geometry(tensors, fmt.params(marker))
     except GeometryError:
         return
+    if fmt.name == "asym_w4a8_int8" and _lossy(layer, env, tensors, marker, plan):
+        return
     quant_format = {v.lower() for v in ckpt.markers.quant_formats.values() if v}
     for suffix, slot in fmt.slots_for(env).items():
         entry = tensors.get(suffix)
@@ -387,6 +394,27 @@ def _repair_tensors(ckpt, layer, fmt: Format, marker: dict, plan: Plan) -> None:
         plan.edits[entry.name] = TensorEdit(name, dtype, shape, _chain(steps) if steps else None)
         plan.changes.append(Change(layer.prefix, name, ", ".join(notes), f"{entry.dtype} {fmt_shape(entry.shape)}",
                                    f"{dtype} {fmt_shape(shape)}"))
+
+
+def _lossy(layer, env: dict, tensors: dict, marker: dict, plan: Plan) -> bool:
+    """Plan a lossy W4A8 re-quantization when the target needs one (and it is allowed)."""
+    from .lossy import plan_requant
+
+    op = plan_requant(layer.prefix, env, tensors, plan.options.target)
+    if op is None:
+        return False
+    if not plan.options.allow_lossy:
+        plan.refused.append((layer.prefix, f"{op.why}: a lossy re-quantization; re-run with --allow-lossy "
+                                           f"(the error is measured and reported)"))
+        return True
+    op.change = Change(layer.prefix, None, f"re-quantize: {op.why}", f"{tensors['weight'].dtype} "
+                       f"{fmt_shape(tensors['weight'].shape)} ({env.get('variant')})", "4-bit codebook, FP8 scales",
+                       kind="lossy")
+    plan.changes.append(op.change)
+    plan.requant[layer.prefix] = op
+    plan.markers[layer.prefix] = op.marker
+    plan.markers_changed = True
+    return True
 
 
 def _chain(steps: list[Callable[[bytes], bytes]]) -> Callable[[bytes], bytes]:

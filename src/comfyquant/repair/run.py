@@ -68,6 +68,11 @@ def fix(paths, out: str | None = None, in_place: bool = False, target="all", dry
         finally:
             gc.enable()
         plan = plan_repairs(ckpt, options)
+        if dry_run and plan.requant:
+            from .lossy import requantize
+
+            for op in plan.requant.values():
+                requantize(ckpt, op)  # the error is part of the plan; the bytes are discarded
         if dry_run or plan.empty:
             return FixResult(plan, before, dry_run=dry_run)
         dests, index_dest = output_paths(ckpt, out, in_place, force)
