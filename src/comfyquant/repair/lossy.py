@@ -67,7 +67,7 @@ def requantize(ckpt, op: Requant) -> dict[str, bytes]:
     import torch
 
     from ..codecs import get
-    from ..numerics.dtypes import from_bytes, to_bytes
+    from ..numerics.dtypes import dtype_name, from_bytes, to_bytes
 
     layer = ckpt.layers[op.prefix]
     stored = {s: from_bytes(ckpt.read_bytes(e), e.dtype, e.shape) for s, e in layer.tensors.items()
@@ -83,7 +83,8 @@ def requantize(ckpt, op: Requant) -> dict[str, bytes]:
     out = {}
     for suffix, (dtype, shape) in op.specs.items():
         t = encoded[suffix]
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{op.prefix}.{suffix}: re-quantized shape {tuple(t.shape)} != planned {shape}")
+        if tuple(t.shape) != shape or dtype_name(t.dtype) != dtype:
+            raise ValueError(f"{op.prefix}.{suffix}: re-quantized {dtype_name(t.dtype)} {tuple(t.shape)} "
+                             f"!= planned {dtype} {shape}")
         out[suffix] = bytes(to_bytes(t))
     return out
