@@ -183,22 +183,13 @@ def _merge(ckpt: Checkpoint) -> None:
     tensors = ckpt.tensors
     for h in ckpt.headers:
         findings.extend(h.findings)
-        dups = tensors.keys() & h.tensors.keys() if tensors else ()
-        if not dups:
+    if len(ckpt.headers) == 1:
+        tensors.update(ckpt.headers[0].tensors)
+    else:
+        for h in ckpt.headers:
             tensors.update(h.tensors)
-            continue
-        for name in sorted(dups):
-            findings.append(
-                Finding(
-                    "C010",
-                    f"tensor {name!r} is in both {tensors[name].file} and {h.file}",
-                    tensor=name,
-                    cause="shards from two exports mixed in one folder, or a shard copied twice",
-                    fix="remove the stale shard (the index says which file each tensor belongs to)",
-                    file=h.file,
-                )
-            )
-        tensors.update((n, e) for n, e in h.tensors.items() if n not in dups)
+        if len(tensors) != sum(len(h.tensors) for h in ckpt.headers):
+            _duplicates(ckpt)
     ss = ckpt.shardset
     for missing in ss.missing:
         findings.append(
@@ -214,6 +205,26 @@ def _merge(ckpt: Checkpoint) -> None:
         )
     if ss.weight_map:
         _check_index(ckpt, ss, findings)
+
+
+def _duplicates(ckpt: Checkpoint) -> None:
+    """Names in several shards (rare): report each, keep the first shard's tensor."""
+    tensors = ckpt.tensors
+    tensors.clear()
+    for h in ckpt.headers:
+        for name in sorted(tensors.keys() & h.tensors.keys()):
+            ckpt.findings.append(
+                Finding(
+                    "C010",
+                    f"tensor {name!r} is in both {tensors[name].file} and {h.file}",
+                    tensor=name,
+                    cause="shards from two exports mixed in one folder, or a shard copied twice",
+                    fix="remove the stale shard (the index says which file each tensor belongs to)",
+                    file=h.file,
+                )
+            )
+        for name, entry in h.tensors.items():
+            tensors.setdefault(name, entry)
 
 
 def _check_index(ckpt: Checkpoint, ss: ShardSet, findings: list[Finding]) -> None:

@@ -67,6 +67,9 @@ def add_parser(sub) -> None:
     add_remote_arguments(c)
 
 
+_KEEP: list = []
+
+
 def run(args) -> int:
     from .common import name_mapper
 
@@ -74,17 +77,21 @@ def run(args) -> int:
     remote = remote_options(args, args.paths)
     if args.recursive:
         return _run_recursive(args, mapper, remote)
-    if remote is None:
-        from ..checker.run import check
+    import gc
 
-        report = check(args.paths, target=args.target, deep=args.deep, name_mapper=mapper)
-    else:
-        from ..checker.run import check_checkpoint, parse_targets
-        from ..checkpoint import open_checkpoint
+    from ..checker.run import check_checkpoint, parse_targets
+    from ..checkpoint import open_checkpoint
 
-        parse_targets(args.target)
-        with open_checkpoint(args.paths, name_mapper=mapper, remote=remote) as ckpt:
-            report = check_checkpoint(ckpt, target=args.target, deep=args.deep)
+    parse_targets(args.target)
+    # The process ends right after the report: no cyclic GC, and the checkpoint's objects are
+    # left for the OS to reclaim (the console entry skips interpreter teardown).
+    gc.disable()
+    ckpt = open_checkpoint(args.paths, name_mapper=mapper, remote=remote)
+    try:
+        report = check_checkpoint(ckpt, target=args.target, deep=args.deep)
+    finally:
+        ckpt.close()
+    _KEEP.append(ckpt)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
     else:
