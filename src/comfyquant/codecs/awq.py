@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..numerics.packing import lookup_pairs, pair_table
-from .base import Codec
+from .base import Codec, finish
 
 
 class AWQCodec(Codec):
@@ -30,8 +30,8 @@ class AWQCodec(Codec):
             w = w * scale + zeros
         return w.view(r1 - r0, k)
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, state):
-        return self._weight(t, plan.env, r0, r1, dtype).to(dtype)
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
+        return finish(self._weight(t, plan.env, r0, r1, dtype), dtype, out)
 
     def _linear(self, x, t, plan, bias):
         """comfy-kitchen's eager GEMV: dequantize in the scales' dtype, one float matmul."""

@@ -25,8 +25,9 @@ from ..formats import registry
 from ..formats.base import Format
 from ..numerics.dtypes import DENSE, DTYPE_NAMES, FLOAT_DTYPES, parse_float_dtype
 
-DEFAULT_BLOCK_ELEMENTS = 1 << 24
-"""Elements per decoded row block (64 MB of F32 temporaries per intermediate)."""
+DEFAULT_BLOCK_ELEMENTS = 1 << 22
+"""Elements per decoded row block: 16 MB F32 temporaries, small enough for the allocator to
+reuse them from block to block instead of mapping (and page-faulting) fresh memory."""
 MIN_BLOCK_ROWS = 64
 
 
@@ -122,9 +123,9 @@ class Codec:
         name = layer or "layer"
         if not self.can_encode:
             raise CodecError(f"{name}: {self.name} cannot be quantized here (offline calibration only, as in comfy-kitchen)")
-        check_dense(weight, name)
+        amax = check_dense(weight, name)
         full = params.pop("full_precision_matrix_mult", False)
-        tensors, marker = self._encode(weight, params, name)
+        tensors, marker = self._encode(weight, params, name, amax)
         if full:
             marker["full_precision_matrix_mult"] = True
         return Encoded(tensors, marker)
@@ -132,8 +133,8 @@ class Codec:
     def decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
                block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> torch.Tensor:
         """The dense weight ``[N, K]`` in ``dtype`` (default: the layer's model dtype)."""
-        blocks = list(self.iter_decode(tensors, marker, dtype=dtype, layer=layer, block_elements=block_elements))
-        return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+        plan = self.plan(tensors, marker, layer)
+        return self._dense(tensors, plan, output_dtype(dtype, tensors, plan.marker), block_elements)
 
     def iter_decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
                     block_elements: int = DEFAULT_BLOCK_ELEMENTS, plan: Plan | None = None) -> Iterator[torch.Tensor]:
@@ -141,17 +142,23 @@ class Codec:
         plan = plan or self.plan(tensors, marker, layer)
         yield from self._blocks(tensors, plan, output_dtype(dtype, tensors, plan.marker), block_elements)
 
-    def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int) -> Iterator[torch.Tensor]:
+    def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int,
+                out: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
         n, k = plan.shape
         state = self._prepare(tensors, plan.env, dtype)
         rows = max(MIN_BLOCK_ROWS, block_elements // max(k, 1))
         for r0 in range(0, n, rows):
-            yield self._decode_rows(tensors, plan, dtype, r0, min(n, r0 + rows), state)
+            r1 = min(n, r0 + rows)
+            yield self._decode_rows(tensors, plan, dtype, r0, r1, state, None if out is None else out[r0:r1])
 
-    def _dense(self, tensors: dict, plan: Plan, dtype: torch.dtype) -> torch.Tensor:
-        """The whole dense weight of an already validated layer."""
-        blocks = list(self._blocks(tensors, plan, dtype, DEFAULT_BLOCK_ELEMENTS))
-        return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+    def _dense(self, tensors: dict, plan: Plan, dtype: torch.dtype,
+               block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> torch.Tensor:
+        """The whole dense weight of an already validated layer, decoded block by block
+        straight into one output tensor."""
+        out = torch.empty(plan.shape, dtype=dtype)
+        for _ in self._blocks(tensors, plan, dtype, block_elements, out):
+            pass
+        return out
 
     def linear(self, x: torch.Tensor, tensors: dict, marker: dict | None = None, bias: torch.Tensor | None = None,
                *, layer: str | None = None) -> torch.Tensor:
@@ -172,35 +179,41 @@ class Codec:
         return self._linear(x, tensors, plan, bias)
 
     # -- subclass hooks -----------------------------------------------------------------------
-    def _encode(self, weight: torch.Tensor, params: dict, name: str) -> tuple[dict, dict]:
+    def _encode(self, weight: torch.Tensor, params: dict, name: str, amax: torch.Tensor) -> tuple[dict, dict]:
+        """Tensors and marker; ``amax`` is ``max|weight|`` in the weight's dtype (already known)."""
         raise NotImplementedError
 
     def _prepare(self, t: dict, env: dict, dtype: torch.dtype) -> object:
         """Per-layer work shared by all row blocks (e.g. unblocking scales)."""
         return None
 
-    def _decode_rows(self, t: dict, plan: Plan, dtype: torch.dtype, r0: int, r1: int, state) -> torch.Tensor:
-        """Dense rows ``r0:r1`` (columns ``:plan.shape[1]``) in ``dtype``."""
+    def _decode_rows(self, t: dict, plan: Plan, dtype: torch.dtype, r0: int, r1: int, state,
+                     out: torch.Tensor | None) -> torch.Tensor:
+        """Dense rows ``r0:r1`` (columns ``:plan.shape[1]``) in ``dtype``, written into ``out``
+        (a ``[r1 - r0, K]`` view of the result) when given; returns them."""
         raise NotImplementedError
 
     def _linear(self, x: torch.Tensor, t: dict, plan: Plan, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
 
-def check_dense(weight: torch.Tensor, name: str) -> None:
-    """Encode input: a finite 2-D BF16/F16/F32 tensor."""
+def check_dense(weight: torch.Tensor, name: str) -> torch.Tensor:
+    """Encode input: a finite 2-D BF16/F16/F32 tensor.  Returns ``max|weight|`` (exact, in
+    the weight's dtype), which several quantizers need anyway."""
     if not isinstance(weight, torch.Tensor):
         raise CodecError(f"{name}: weight must be a torch tensor, got {type(weight).__name__}")
     if weight.dim() != 2:
         raise CodecError(f"{name}: weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
     if weight.dtype not in DENSE:
         raise CodecError(f"{name}: weight must be BF16, F16 or F32, got {weight.dtype}")
-    bad = ~torch.isfinite(weight)
-    if bad.any():
+    lo, hi = torch.aminmax(weight)  # one pass; NaN and +-Inf show up in the extremes
+    if not (torch.isfinite(lo) and torch.isfinite(hi)):
+        bad = ~torch.isfinite(weight)
         r, c = (int(v) for v in bad.nonzero()[0])
         count = int(bad.sum())
         raise CodecError(f"{name}: weight has {count} NaN/Inf value(s), first at [{r}, {c}] ({weight[r, c].item()}); "
                          "quantizing needs finite values")
+    return torch.maximum(-lo, hi)
 
 
 def output_dtype(dtype, tensors: dict, marker: dict) -> torch.dtype:
@@ -227,6 +240,11 @@ def _dense(t) -> torch.dtype | None:
     if isinstance(d, str):
         d = FLOAT_DTYPES.get(d)
     return d if d in DENSE else None
+
+
+def finish(x: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+    """Round ``x`` to ``dtype`` (ties to even) into ``out``, or into a new tensor."""
+    return x.to(dtype) if out is None else out.copy_(x)
 
 
 def reject_unknown(params: dict, name: str) -> None:

@@ -17,13 +17,13 @@ class FP8Codec(Codec):
         self.name = name
         self.fp8 = fp8
 
-    def _encode(self, weight: torch.Tensor, params: dict, name: str) -> tuple[dict, dict]:
+    def _encode(self, weight: torch.Tensor, params: dict, name: str, amax: torch.Tensor) -> tuple[dict, dict]:
         scale = params.pop("scale", None)
         input_scale = params.pop("input_scale", None)
         reject_unknown(params, name)
         if scale is None:
             # amax / max in the weight's dtype, then widened (comfy-kitchen's rule).
-            scale = torch.amax(weight.abs()) / FP8_MAX[self.fp8]
+            scale = amax / FP8_MAX[self.fp8]
         scale = torch.as_tensor(scale).to(torch.float32).reshape(())
         if scale.item() == 0:
             # An all-zero weight: comfy-kitchen multiplies 0 by 1/0 and stores NaN codes.
@@ -35,8 +35,9 @@ class FP8Codec(Codec):
             tensors["input_scale"] = torch.as_tensor(input_scale).to(torch.float32).reshape(())
         return tensors, {"format": self.name}
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, state):
-        w = rows_of(t["weight"], r0, r1).to(dtype)
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
+        q = rows_of(t["weight"], r0, r1)
+        w = q.to(dtype) if out is None else out.copy_(q)
         return w.mul_(t["weight_scale"].to(dtype))
 
     def _linear(self, x, t, plan, bias):

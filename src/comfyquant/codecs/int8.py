@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..numerics.hadamard import is_power_of_4, rotate_activation, rotate_weight
-from ..numerics.int8 import int8_linear, quantize_rows, quantize_tensor, quantize_with_scale
-from .base import Codec, CodecError, reject_unknown, rows_of
+from ..numerics.int8 import int8_linear, quantize_rows, quantize_with_scale
+from .base import Codec, CodecError, finish, reject_unknown, rows_of
 
 
 class Int8Codec(Codec):
@@ -14,7 +14,7 @@ class Int8Codec(Codec):
 
     name = "int8_tensorwise"
 
-    def _encode(self, weight, params, name):
+    def _encode(self, weight, params, name, amax):
         convrot = bool(params.pop("convrot", False))
         per_channel = params.pop("per_channel", None)
         size = params.pop("convrot_groupsize", 256)
@@ -34,19 +34,20 @@ class Int8Codec(Codec):
             s = torch.as_tensor(scale).to(torch.float32).reshape(())
             q = quantize_with_scale(weight, s)
         else:
-            q, s = quantize_tensor(weight)
+            s = (amax.float() / 127.0).clamp_(min=1e-30)
+            q = quantize_with_scale(weight, s)
         return {"weight": q, "weight_scale": s}, {"format": self.name}
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, state):
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
         env = plan.env
         q = rows_of(t["weight"], r0, r1)
         scale = t["weight_scale"]
         if scale.dim() == 2:
             scale = rows_of(scale, r0, r1)
-        w = torch.mul(q, scale.to(torch.float32))
+        w = torch.empty(q.shape, dtype=torch.float32).copy_(q).mul_(scale.to(torch.float32))
         if env.get("convrot"):
             w = rotate_weight(w, env["convrot_groupsize"])
-        return w.to(dtype)
+        return finish(w, dtype, out)
 
     def _linear(self, x, t, plan, bias):
         env = plan.env

@@ -11,7 +11,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from ..numerics.blocked import ceil_to, from_blocked, to_blocked
 from ..numerics.floats import E4M3, FP8_MAX, e8m0_decode, e8m0_from_amax
-from .base import Codec, reject_unknown
+from .base import Codec, finish, reject_unknown
 
 BLOCK = 32
 
@@ -45,7 +45,7 @@ class MXFP8Codec(Codec):
             return orig[0], orig[1]
         return env.get("N_model", env["N"]), env["K"]
 
-    def _encode(self, weight, params, name):
+    def _encode(self, weight, params, name, amax):
         reject_unknown(params, name)
         q, e = quantize_mxfp8(weight)
         return {"weight": q, "weight_scale": to_blocked(e).view(torch.float8_e8m0fnu)}, {"format": self.name}
@@ -56,12 +56,17 @@ class MXFP8Codec(Codec):
         # once: the same bits as comfy-kitchen's F32 multiply + cast, at half the traffic.
         return scales.to(torch.bfloat16) if dtype == torch.bfloat16 else scales
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, scales):
+    def _decode_rows(self, t, plan, dtype, r0, r1, scales, out):
         k = plan.env["K"]
+        q = t["weight"][r0:r1]
+        if dtype == torch.bfloat16 and out is not None and plan.shape[1] == k:
+            w = out.copy_(q).view(r1 - r0, k // BLOCK, BLOCK)
+            w.mul_(scales[r0:r1].unsqueeze(-1))
+            return out
         work = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-        w = t["weight"][r0:r1].to(work).view(r1 - r0, k // BLOCK, BLOCK)
+        w = q.to(work).view(r1 - r0, k // BLOCK, BLOCK)
         w = w.mul_(scales[r0:r1].unsqueeze(-1)).view(r1 - r0, k)
-        return w[:, : plan.shape[1]].to(dtype)
+        return finish(w[:, : plan.shape[1]], dtype, out)
 
     def _linear(self, x, t, plan, bias):
         """Emulated MXFP8 GEMM: activation quantized the same way (dynamic, per 1x32 block),

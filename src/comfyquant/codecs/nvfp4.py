@@ -53,7 +53,7 @@ class NVFP4Codec(Codec):
     def dense_shape(self, env, marker):
         return env.get("N_model", env["N"]), env.get("K_model", env["K"])
 
-    def _encode(self, weight, params, name):
+    def _encode(self, weight, params, name, amax):
         scale = params.pop("scale", None)
         input_scale = params.pop("input_scale", None)
         pre = params.pop("pre_quant_scale", None)
@@ -64,7 +64,7 @@ class NVFP4Codec(Codec):
             # The runtime multiplies x by pre_quant_scale, so the stored weight is W / s.
             weight = (weight.float() / pre.float().reshape(1, -1)).to(weight.dtype)
         if scale is None:
-            scale = torch.amax(weight.abs()) / TENSOR_SCALE_DIVISOR
+            scale = (amax if pre is None else torch.amax(weight.abs())) / TENSOR_SCALE_DIVISOR
         ts = torch.as_tensor(scale).to(torch.float32).reshape(())
         if ts.item() == 0:
             # All-zero weight: comfy-kitchen divides 0 by 0 and stores NaN scales.
@@ -88,7 +88,7 @@ class NVFP4Codec(Codec):
         pre = t.get("pre_quant_scale")
         return total, pair_table(e2m1_table(dtype), HNF), None if pre is None else pre.to(dtype)
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, state):
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
         env = plan.env
         total, table, pre = state
         kp = env["K"]
@@ -96,7 +96,7 @@ class NVFP4Codec(Codec):
         w = vals.mul_(total[r0:r1].unsqueeze(-1)).view(r1 - r0, kp)[:, : plan.shape[1]]
         if pre is not None:
             w = w * pre.reshape(1, -1)
-        return w
+        return w if out is None else out.copy_(w)
 
     def _linear(self, x, t, plan, bias):
         """Emulated NVFP4 GEMM: activation quantized like the weight (scale ``input_scale`` or

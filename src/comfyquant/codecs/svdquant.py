@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from ..numerics.packing import LNF, lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
-from .base import Codec
+from .base import Codec, finish
 
 GROUP = 64
 INT4_MAX = 7
@@ -56,7 +56,7 @@ class SVDQuantCodec(Codec):
         act = q.to(compute) * step  # the identity row's dequantized activation, per k
         return t, act
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, state):
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
         t, act = state
         compute = t["weight_scale"].dtype
         k = plan.env["K"]
@@ -65,7 +65,7 @@ class SVDQuantCodec(Codec):
         w = w.mul_(t["weight_scale"][:, r0:r1].t().unsqueeze(-1)).view(r1 - r0, k)
         main = (w.to(torch.float32) * act.to(torch.float32)).to(compute)
         low = (t["weight_proj_down"].float() @ t["weight_proj_up"][r0:r1].float().t()).t().to(compute)
-        return (main + low).to(dtype)
+        return finish(main + low, dtype, out)
 
     def _linear(self, x, t, plan, bias):
         """comfy-kitchen's eager forward: smoothed per-row per-64 INT4 (or UINT4) activations,

@@ -7,7 +7,7 @@ import torch
 from ..numerics.hadamard import rotate_activation, rotate_weight
 from ..numerics.int8 import int8_matmul
 from ..numerics.packing import lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
-from .base import Codec, CodecError, reject_unknown, rows_of
+from .base import Codec, CodecError, finish, reject_unknown, rows_of
 from .int8 import check_convrot
 
 INT4_MAX = 7
@@ -29,7 +29,7 @@ def quantize_int4_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class W4A4Codec(Codec):
     name = "convrot_w4a4"
 
-    def _encode(self, weight, params, name):
+    def _encode(self, weight, params, name, amax):
         size = params.pop("convrot_groupsize", 256)
         linear_dtype = params.pop("linear_dtype", "int4")
         reject_unknown(params, name)
@@ -46,11 +46,11 @@ class W4A4Codec(Codec):
         packed = pack_nibbles(q).view(torch.int8)
         return {"weight": packed, "weight_scale": scale.reshape(-1).to(torch.float32)}, marker
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, state):
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
         env = plan.env
         w = lookup_pairs(rows_of(t["weight"], r0, r1), _SIGNED)
         w.mul_(rows_of(t["weight_scale"], r0, r1).to(torch.float32).reshape(-1, 1))
-        return rotate_weight(w, env["convrot_groupsize"]).to(dtype)
+        return finish(rotate_weight(w, env["convrot_groupsize"]), dtype, out)
 
     def _linear(self, x, t, plan, bias):
         env = plan.env

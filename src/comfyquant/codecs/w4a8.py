@@ -18,7 +18,7 @@ import torch
 from ..numerics.hadamard import rotate_activation, rotate_weight
 from ..numerics.int8 import int8_linear
 from ..numerics.packing import lookup_pairs, pair_table, unpack_6bit
-from .base import Codec, rows_of
+from .base import Codec, finish, rows_of
 from .w4a8_quant import encode_w4a8
 
 _EXACT_MAX_BLOCK = 256
@@ -27,7 +27,7 @@ _EXACT_MAX_BLOCK = 256
 class W4A8Codec(Codec):
     name = "asym_w4a8_int8"
 
-    def _encode(self, weight, params, name):
+    def _encode(self, weight, params, name, amax):
         return encode_w4a8(weight, params, name, self.name)
 
     def _prepare(self, t, env, dtype):
@@ -52,7 +52,7 @@ class W4A8Codec(Codec):
         v = v.view(rows, k // g, g).mul_(s_rel.unsqueeze(-1))
         return v.round_().clamp_(-127.0, 127.0).view(rows, k)
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, state):
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
         env = plan.env
         k, g, size = env["K"], env["group_size"], env["convrot_groupsize"]
         grid = self._grid(t, env, r0, r1, state)
@@ -63,8 +63,8 @@ class W4A8Codec(Codec):
             w.add_(corr[:, r0:r1].t().unsqueeze(-1).to(torch.float32))
         w = w.view(rows, k).to(dtype)
         if dtype == torch.bfloat16 and corr is None and size <= _EXACT_MAX_BLOCK:
-            return rotate_weight(w.to(torch.float32), size).to(dtype)
-        return rotate_weight(w, size)
+            return finish(rotate_weight(w.to(torch.float32), size), dtype, out)
+        return finish(rotate_weight(w, size), dtype, out)
 
     def _linear(self, x, t, plan, bias):
         env = plan.env

@@ -21,6 +21,7 @@ import torch
 
 from ..numerics.floats import E4M3, fp8_neighbours
 from ..numerics.hadamard import is_power_of_4, rotate_weight
+from ..numerics.nearest import grid_by_code, grid_nearest, grid_nearest_by_code, nearest, table_thresholds
 from ..numerics.packing import pack_6bit, pack_nibbles
 from .base import CodecError, reject_unknown
 
@@ -148,17 +149,6 @@ def _fit_codebook(normalized: torch.Tensor) -> torch.Tensor:
 
 # -- assignment -------------------------------------------------------------------------------
 
-def _nearest(table: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Nearest entry of a sorted table; ties and equal distances go to the lower index."""
-    last = table.numel() - 1
-    pos = torch.searchsorted(table, target.contiguous())
-    lo = (pos - 1).clamp(0, last)
-    hi = pos.clamp(0, last)
-    dlo = (target - table[lo]).abs_()
-    dhi = (target - table[hi]).abs_()
-    return torch.where(dhi < dlo, hi, lo).to(torch.int32)
-
-
 def _grid_levels(table: torch.Tensor, s_rel: torch.Tensor) -> torch.Tensor:
     """INT8 value of every level in every group: ``clamp(round(level * s_rel), -127, 127)``."""
     return (table.view(1, 1, -1) * s_rel.float().unsqueeze(-1)).round_().clamp_(-127, 127)
@@ -168,43 +158,58 @@ def _assign_grid(gw: torch.Tensor, levels: torch.Tensor, s_channel: torch.Tensor
                  target: torch.Tensor | None = None) -> torch.Tensor:
     """Per group, the nearest decoded grid level of ``w / s_channel`` (same tie rule)."""
     n, groups, gsize = gw.shape
-    last = levels.shape[-1] - 1
-    lv = levels.reshape(n * groups, last + 1).contiguous()
     if target is None:
         target = gw / s_channel.view(-1, 1, 1)
-    tg = target.reshape(n * groups, gsize).contiguous()
-    pos = torch.searchsorted(lv, tg)
-    lo = (pos - 1).clamp(0, last)
-    hi = pos.clamp(0, last)
-    dlo = tg.sub(torch.gather(lv, 1, lo)).abs_()
-    dhi = tg.sub(torch.gather(lv, 1, hi)).abs_()
-    return torch.where(dhi < dlo, hi, lo).to(torch.int32).reshape(n, groups, gsize)
+    idx = grid_nearest(levels.reshape(n * groups, -1), target.reshape(n * groups, gsize))
+    return idx.reshape(n, groups, gsize)
 
 
 def _search_scale(gw, s_rel, s_channel, table):
     """6-bit: keep, per group, the candidate scale (base, lower, upper) with the smallest
     through-grid squared error; a later candidate must be strictly better."""
     target = gw / s_channel.view(-1, 1, 1)
+    if s_rel.dtype == E4M3:
+        return _search_scale_fp8(gw, s_rel, table, target)
 
     def score(cand):
         levels = _grid_levels(table, cand)
         idx = _assign_grid(gw, levels, s_channel, target=target)
-        err = torch.gather(levels, 2, idx.long()).sub_(target).pow_(2).sum(-1)
+        err = torch.gather(levels, 2, idx).sub_(target).pow_(2).sum(-1)
         return err, idx
 
-    if s_rel.dtype == E4M3:
-        lower, upper = fp8_neighbours(s_rel)
-        candidates = [s_rel.float(), lower.float(), upper.float()]
-    else:
-        base = s_rel.float()
-        candidates = [base, base * (1 - SCALE_STEP_F32), base * (1 + SCALE_STEP_F32)]
-    best_scale = candidates[0]
-    best_err, best_idx = score(best_scale)
-    for cand in candidates[1:]:
+    base = s_rel.float()
+    best_scale = base
+    best_err, best_idx = score(base)
+    for cand in (base * (1 - SCALE_STEP_F32), base * (1 + SCALE_STEP_F32)):
         err, idx = score(cand)
         better = err < best_err
         torch.where(better, err, best_err, out=best_err)
         torch.where(better, cand, best_scale, out=best_scale)
+        torch.where(better.unsqueeze(-1), idx, best_idx, out=best_idx)
+    return best_scale.to(s_rel.dtype).contiguous(), best_idx
+
+
+def _search_scale_fp8(gw, s_rel, table, target):
+    """The FP8 scale search with per-byte grids: the chosen level of a group is recomputed
+    elementwise (``clamp(round(table[i] * s), -127, 127)``, the same value the reference
+    gathers from its per-group level table), so no per-group tables are built."""
+    n, groups, gsize = gw.shape
+    _levels, cuts = grid_by_code(table)
+    lower, upper = fp8_neighbours(s_rel)
+
+    def score(cand):
+        idx = grid_nearest_by_code(cuts, cand.view(torch.uint8), target.reshape(n * groups, gsize)).view(n, groups, gsize)
+        chosen = (table[idx] * cand.float().unsqueeze(-1)).round_().clamp_(-127, 127)
+        err = chosen.sub_(target).pow_(2).sum(-1)
+        return err, idx
+
+    best_scale = s_rel.float()
+    best_err, best_idx = score(s_rel)
+    for cand in (lower, upper):
+        err, idx = score(cand)
+        better = err < best_err
+        torch.where(better, err, best_err, out=best_err)
+        torch.where(better, cand.float(), best_scale, out=best_scale)
         torch.where(better.unsqueeze(-1), idx, best_idx, out=best_idx)
     return best_scale.to(s_rel.dtype).contiguous(), best_idx
 
@@ -226,15 +231,16 @@ def _quantize_rotated(rotated, g, symmetric, scale_dtype, table, bits, search):
             gs = (amax / SIX_BIT_LEVELS).clamp(min=1e-8)
 
             def assign(normalized):
-                return (normalized.round_().clamp_(-SIX_BIT_LEVELS, SIX_BIT_LEVELS) + SIX_BIT_LEVELS).to(torch.int32)
+                return (normalized.round_().clamp_(-SIX_BIT_LEVELS, SIX_BIT_LEVELS) + SIX_BIT_LEVELS).to(torch.int64)
 
             idx = assign(gw / gs)
         else:
             levels = table
             gs = amax.clamp(min=1e-8)
+            cuts = table_thresholds(levels)
 
             def assign(normalized):
-                return _nearest(levels, normalized)
+                return nearest(levels, normalized, cuts)
 
             idx = assign(gw / gs)
         for _ in range(ALS_PASSES):
@@ -261,6 +267,10 @@ def _quantize_rotated(rotated, g, symmetric, scale_dtype, table, bits, search):
     if levels is not None:
         if bits == 6 and search:
             s_rel, idx = _search_scale(gw, s_rel, s_channel, levels)
+        elif s_rel.dtype == E4M3:
+            _lv, cuts = grid_by_code(levels)
+            target = gw / s_channel.view(-1, 1, 1)
+            idx = grid_nearest_by_code(cuts, s_rel.view(torch.uint8), target.reshape(n * groups, g)).view(n, groups, g)
         else:
             idx = _assign_grid(gw, _grid_levels(levels, s_rel), s_channel)
         if bits == 6:
