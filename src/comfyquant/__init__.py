@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "check", "open_checkpoint", "inspect"]
+__all__ = ["__version__", "check", "open_checkpoint", "inspect", "dequantize"]
 
 
 def __getattr__(name: str):
@@ -24,4 +24,8 @@ def __getattr__(name: str):
         from .inspection import inspect
 
         return inspect
+    if name == "dequantize":
+        from .dequantize import dequantize
+
+        return dequantize
     raise AttributeError(name)

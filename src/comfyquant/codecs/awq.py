@@ -16,6 +16,7 @@ from .base import Codec, finish
 class AWQCodec(Codec):
     name = "awq_w4a16"
     can_encode = False
+    model_dtype_scales = True
 
     def _weight(self, t: dict, env: dict, r0: int, r1: int, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``r0:r1`` in the arithmetic dtype of ``dtype``, the scales and the zeros."""

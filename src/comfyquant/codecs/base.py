@@ -92,6 +92,8 @@ class Codec:
 
     name: str = ""
     can_encode = True
+    model_dtype_scales = False
+    """The format stores ``weight_scale`` in the model dtype (AWQ, SVDQuant)."""
 
     @property
     def format(self) -> Format:
@@ -112,6 +114,10 @@ class Codec:
         if env is None:  # pragma: no cover - geometry failures always come with an L finding
             raise CodecError(f"{name}: cannot infer the {self.name} geometry")
         return Plan(name, env, marker, self.dense_shape(env, marker))
+
+    def output_dtype(self, dtype, tensors: dict, marker: dict) -> torch.dtype:
+        """``dtype`` if given, else the layer's model dtype (see :func:`output_dtype`)."""
+        return output_dtype(dtype, tensors, marker, self.model_dtype_scales)
 
     def dense_shape(self, env: dict, marker: dict) -> tuple[int, int]:
         """The dense weight's ``[N, K]`` (padded formats override this)."""
@@ -134,13 +140,13 @@ class Codec:
                block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> torch.Tensor:
         """The dense weight ``[N, K]`` in ``dtype`` (default: the layer's model dtype)."""
         plan = self.plan(tensors, marker, layer)
-        return self._dense(tensors, plan, output_dtype(dtype, tensors, plan.marker), block_elements)
+        return self._dense(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements)
 
     def iter_decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
                     block_elements: int = DEFAULT_BLOCK_ELEMENTS, plan: Plan | None = None) -> Iterator[torch.Tensor]:
         """The dense weight in row blocks of about ``block_elements`` elements."""
         plan = plan or self.plan(tensors, marker, layer)
-        yield from self._blocks(tensors, plan, output_dtype(dtype, tensors, plan.marker), block_elements)
+        yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements)
 
     def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int,
                 out: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
@@ -216,19 +222,20 @@ def check_dense(weight: torch.Tensor, name: str) -> torch.Tensor:
     return torch.maximum(-lo, hi)
 
 
-def output_dtype(dtype, tensors: dict, marker: dict) -> torch.dtype:
+def output_dtype(dtype, tensors: dict, marker: dict, model_dtype_scales: bool = False) -> torch.dtype:
     """The dense dtype: the one asked for, else the layer's model dtype.
 
     The model dtype is the marker's ``orig_dtype`` (convert_to_quant writes it), else the
     dtype of the bias or of another tensor runtimes keep in the model dtype (NVFP4
-    ``pre_quant_scale``, SVDQuant smoothing, AWQ/SVDQuant 16-bit scales), else BF16."""
+    ``pre_quant_scale``, SVDQuant smoothing, AWQ/SVDQuant scales), else BF16."""
     if dtype is not None:
         return parse_float_dtype(dtype)
     orig = marker.get("orig_dtype")
     if isinstance(orig, str) and orig.replace("torch.", "") in FLOAT_DTYPES:
         return FLOAT_DTYPES[orig.replace("torch.", "")]
+    scales = DENSE if model_dtype_scales else ()
     for suffix, allowed in (("bias", DENSE), ("pre_quant_scale", DENSE), ("weight_smooth_factor", DENSE),
-                            ("weight_scale", (torch.bfloat16, torch.float16))):
+                            ("weight_scale", scales)):
         d = _dense(tensors.get(suffix))
         if d is not None and d in allowed:
             return d

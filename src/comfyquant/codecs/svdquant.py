@@ -45,6 +45,7 @@ def natural(t: dict) -> dict:
 class SVDQuantCodec(Codec):
     name = "svdquant_w4a4"
     can_encode = False
+    model_dtype_scales = True
 
     def _prepare(self, t, env, dtype):
         t = natural(t)

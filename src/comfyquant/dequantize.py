@@ -1,0 +1,353 @@
+"""Stream a quantized checkpoint into a dense one, one layer at a time.
+
+The checkpoint is checked first (``comfyquant.check`` with comfy-kitchen's rules, whose
+arithmetic the codecs reproduce); any error refuses the whole run with the finding's message,
+so nothing is ever decoded from tensors that contradict their marker.  Then every output file
+is planned from the headers alone (names, dtypes, shapes) and written by
+:func:`comfyquant.io.writer.write_safetensors`: temporary file, fsync, atomic rename.
+
+* A quantized layer's ``weight`` becomes the dense weight, decoded in row blocks while it is
+  written; its quantization-only tensors (scales, codebooks, corrections, ...) and markers are
+  dropped.  Peak memory is one layer's packed tensors plus one block, never the file.
+* Every other tensor (biases, norms, embeddings, unquantized layers) is copied byte for byte
+  in bounded chunks.
+* ``__metadata__`` is kept, minus the marker map ``_quantization_metadata`` and SGLang's
+  ``quant_format``, which would describe tensors that no longer exist.
+
+Output: one ``.safetensors`` file, or a folder that keeps the input's sharding (same shard
+names, plus a rebuilt ``*.safetensors.index.json``).  The input is never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from .errors import ComfyQuantError
+
+COPY_CHUNK = 16 << 20
+"""Bytes per read when copying a tensor (bounded memory, large sequential I/O)."""
+DROP_METADATA = ("_quantization_metadata", "quant_format")
+OUTPUT_DTYPES = ("bf16", "f16", "f32")
+
+
+class DequantizeError(ComfyQuantError):
+    """The checkpoint cannot be dequantized; the message names the layer or file."""
+
+
+@dataclass
+class Summary:
+    """What a dequantize run did."""
+
+    inputs: list[str]
+    outputs: list[str]
+    dtype: str | None
+    layers: dict[str, int] = field(default_factory=dict)
+    """Decoded layers per format."""
+    copied: int = 0
+    dropped: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    seconds: float = 0.0
+    largest_layer: tuple[str, int] = ("", 0)
+    """(name, dense bytes) of the largest decoded weight."""
+
+    def to_dict(self) -> dict:
+        return {
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "dtype": self.dtype,
+            "layers": dict(self.layers),
+            "copied": self.copied,
+            "dropped": self.dropped,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "seconds": round(self.seconds, 3),
+            "largest_layer": {"name": self.largest_layer[0], "bytes": self.largest_layer[1]},
+        }
+
+    def render(self) -> str:
+        decoded = sum(self.layers.values())
+        formats = ", ".join(f"{n} {f}" for f, n in sorted(self.layers.items())) or "none"
+        mb = self.bytes_read / 1e6
+        rate = mb / self.seconds if self.seconds > 0 else 0.0
+        lines = [
+            f"dequantized {decoded} layer{'s' * (decoded != 1)} ({formats}) to {self.dtype or 'the model dtype of each layer'}",
+            f"copied {self.copied} tensor{'s' * (self.copied != 1)} unchanged, dropped {self.dropped} "
+            "quantization-only tensors and markers",
+            f"read {_size(self.bytes_read)}, wrote {_size(self.bytes_written)} in {self.seconds:.1f} s ({rate:.0f} MB/s)",
+        ]
+        lines += [f"wrote {p}" for p in self.outputs]
+        return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n:.1f} GB"  # pragma: no cover
+
+
+class _Layer:
+    """A layer to decode: its codec, validated plan, output dtype and input entries."""
+
+    __slots__ = ("name", "codec", "plan", "dtype", "entries", "drop")
+
+    def __init__(self, name, codec, plan, dtype, entries, drop) -> None:
+        self.name = name
+        self.codec = codec
+        self.plan = plan
+        self.dtype = dtype
+        self.entries = entries
+        self.drop = drop
+
+
+def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None = None) -> Summary:
+    """Write a dense copy of the checkpoint ``src`` (file, shards, folder or index) to ``out``.
+
+    ``out`` ending in ``.safetensors`` is one file; anything else is a folder keeping the
+    input's shards.  ``dtype`` (``bf16``/``f16``/``f32``) sets every dense weight's dtype;
+    by default each layer gets its model dtype (marker ``orig_dtype``, else its bias's dtype,
+    else BF16).  ``progress`` shows a progress bar on stderr (default: when it is a terminal).
+    """
+    from .checker.run import check_checkpoint
+    from .checkpoint import open_checkpoint
+
+    if dtype is not None and dtype not in OUTPUT_DTYPES:
+        raise DequantizeError(f"--dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
+    started = time.perf_counter()
+    with open_checkpoint(src) as ckpt:
+        report = check_checkpoint(ckpt, target="comfy-kitchen")
+        _refuse_errors(report)
+        layers = _plan_layers(ckpt, dtype)
+        files = _plan_outputs(ckpt, out)
+        summary = Summary(list(ckpt.paths), [p for p, _, _ in files], dtype)
+        work = _Work(ckpt, layers, summary)
+        total = sum(e.nbytes for e in ckpt.tensors.values())
+        with _progress(progress, total) as bar:
+            work.bar = bar
+            from .io.writer import write_safetensors
+
+            for path, source, names in files:
+                tensors, metadata = work.output(names, _metadata(ckpt, source))
+                try:
+                    write_safetensors(path, tensors, metadata)
+                except OSError as exc:
+                    raise DequantizeError(f"{path}: cannot write ({exc.strerror or exc})") from None
+        if not out.endswith(".safetensors") and (len(files) > 1 or ckpt.shardset.index_path):
+            index_name = os.path.basename(ckpt.shardset.index_path or "model.safetensors.index.json")
+            _write_index(os.path.join(out, index_name), files, work.sizes)
+    summary.layers = dict(sorted(work.formats.items()))
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+# -- checking and planning --------------------------------------------------------------------
+
+def _refuse_errors(report) -> None:
+    errors = [f for f in report.findings if f.severity == "error"]
+    if not errors:
+        return
+    first = errors[0]
+    where = first.file if not first.layer and first.file else None
+    more = f" (and {len(errors) - 1} more error{'s' * (len(errors) > 2)}; see comfyquant check)" if len(errors) > 1 else ""
+    prefix = f"{where}: " if where and where not in first.message else ""
+    raise DequantizeError(f"refusing to dequantize: {prefix}{first.message} [{first.code}]{more}")
+
+
+def _plan_layers(ckpt, dtype) -> dict[str, _Layer]:
+    """Validated decode plans for every marked layer, keyed by the weight tensor's name."""
+    from . import codecs
+    from .codecs.base import CodecError
+    from .formats.registry import FORMATS
+
+    out: dict[str, _Layer] = {}
+    for prefix, layer in ckpt.layers.items():
+        if layer.marker is None or layer.weight is None:
+            continue
+        fmt = layer.format_name
+        if not fmt or not codecs.has(fmt):
+            raise DequantizeError(f"refusing to dequantize: layer {prefix!r} has format {fmt!r}, which has no decoder")
+        codec = codecs.get(fmt)
+        entries = dict(layer.tensors)
+        try:
+            plan = codec.plan(entries, layer.marker, prefix)
+            out_dtype = codec.output_dtype(dtype, entries, plan.marker)
+        except (CodecError, ValueError) as exc:
+            raise DequantizeError(f"refusing to dequantize: {exc}") from None
+        drop = {s.suffix for s in FORMATS[fmt].slots} - {"weight", "bias"}
+        drop.add("comfy_quant")
+        out[layer.weight.name] = _Layer(prefix, codec, plan, out_dtype, entries, drop)
+    return out
+
+
+def _plan_outputs(ckpt, out: str) -> list[tuple[str, str | None, list[str]]]:
+    """(output path, input file or None for all, tensor names in file order) per output file.
+    Refuses to overwrite an input."""
+    inputs = [os.path.realpath(f) for f in ckpt.files]
+    per_file = []
+    for h in ckpt.headers:
+        names = sorted((n for n, e in h.tensors.items() if ckpt.tensors.get(n) is e), key=lambda n: h.tensors[n].start)
+        per_file.append((h.file, names))
+    if out.endswith(".safetensors"):
+        files = [(out, None, [n for _, names in per_file for n in names])]
+    else:
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise DequantizeError(f"{out}: exists and is not a folder (give a .safetensors path for one output file)")
+        files = [(os.path.join(out, os.path.basename(f)), f, names) for f, names in per_file]
+        if len({p for p, _, _ in files}) != len(files):
+            raise DequantizeError(f"{out}: input shards share a file name; give a .safetensors path for one output file")
+    for path, _, _ in files:
+        real = os.path.realpath(path)
+        if real in inputs or (os.path.exists(path) and any(_same(path, f) for f in ckpt.files)):
+            raise DequantizeError(f"{path}: refusing to overwrite the input checkpoint")
+    if not out.endswith(".safetensors"):
+        os.makedirs(out, exist_ok=True)
+    return files
+
+
+def _same(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _metadata(ckpt, source: str | None) -> dict[str, str]:
+    """The input's metadata (one shard's, or all shards' merged) without the marker keys."""
+    meta = ckpt.metadata(source) if source is not None else ckpt.metadata()
+    return {k: v for k, v in meta.items() if k not in DROP_METADATA}
+
+
+def _write_index(path: str, files: list, sizes: dict[str, int]) -> None:
+    """The shards' index (tensor -> file), written like the shards: temp file, fsync, rename."""
+    weight_map = {n: os.path.basename(p) for p, _, names in files for n in names if n in sizes}
+    index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": dict(sorted(weight_map.items()))}
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(index, fh, indent=2)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+# -- streaming --------------------------------------------------------------------------------
+
+class _Work:
+    """Builds each output file's tensor table with lazy data and keeps the counts."""
+
+    def __init__(self, ckpt, layers: dict[str, _Layer], summary: Summary) -> None:
+        self.ckpt = ckpt
+        self.layers = layers
+        self.summary = summary
+        self.bar = None
+        self.formats: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}
+        self.dropped_names = set()
+        for layer in layers.values():
+            for suffix, e in layer.entries.items():
+                if suffix in layer.drop:
+                    self.dropped_names.add(e.name)
+
+    def output(self, names: list[str], metadata: dict) -> tuple[dict, dict]:
+        from .numerics.dtypes import dtype_name
+
+        tensors: dict = {}
+        for name in names:
+            entry = self.ckpt.tensors[name]
+            layer = self.layers.get(name)
+            if layer is not None:
+                n, k = layer.plan.shape
+                nbytes = n * k * _itemsize(layer.dtype)
+                tensors[name] = (dtype_name(layer.dtype), (n, k), self._decoder(layer))
+                self.sizes[name] = nbytes
+                if nbytes > self.summary.largest_layer[1]:
+                    self.summary.largest_layer = (layer.name, nbytes)
+            elif name in self.dropped_names or name.endswith(".comfy_quant"):
+                self.summary.dropped += 1
+                self._advance(entry.nbytes)
+            else:
+                tensors[name] = (entry.dtype, entry.shape, self._copier(entry))
+                self.sizes[name] = entry.nbytes
+        return tensors, metadata
+
+    def _advance(self, n: int) -> None:
+        self.summary.bytes_read += n
+        if self.bar is not None:
+            self.bar(n)
+
+    def _copier(self, entry):
+        def chunks():
+            source = self.ckpt.source(entry.file)
+            for off in range(entry.start, entry.end, COPY_CHUNK):
+                data = source.pread(off, min(COPY_CHUNK, entry.end - off))
+                self._advance(len(data))
+                self.summary.bytes_written += len(data)
+                yield data
+            self.summary.copied += 1
+
+        return chunks
+
+    def _decoder(self, layer: _Layer):
+        def chunks():
+            from .codecs.base import CodecError
+            from .numerics.dtypes import from_bytes, to_bytes
+
+            needed = [e for s, e in layer.entries.items() if s in layer.drop or s == "weight"]
+            raw = self.ckpt.read_many(needed)
+            tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in layer.entries.items() if e.name in raw}
+            self._advance(sum(e.nbytes for e in needed))
+            try:
+                for block in layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan):
+                    data = to_bytes(block)
+                    self.summary.bytes_written += len(data)
+                    yield data
+            except CodecError as exc:
+                raise DequantizeError(f"cannot decode: {exc}") from None
+            fmt = layer.plan.marker.get("format")
+            self.formats[fmt] = self.formats.get(fmt, 0) + 1
+
+        return chunks
+
+
+def _itemsize(dtype) -> int:
+    return dtype.itemsize
+
+
+class _NoBar:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+class _RichBar:
+    """A rich progress bar over input bytes, on stderr (rich is imported only here)."""
+
+    def __init__(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+        self.progress = Progress(TextColumn("dequantize"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                                 TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+        self.task = self.progress.add_task("dequantize", total=total)
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return lambda n: self.progress.advance(self.task, n)
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+
+def _progress(enabled: bool | None, total: int):
+    if enabled is None:
+        import sys
+
+        enabled = sys.stderr.isatty()
+    return _RichBar(total) if enabled else _NoBar()

@@ -1,0 +1,309 @@
+"""The numeric building blocks (spec section 2) against the spec's examples and comfy-kitchen.
+
+Every block is checked twice: against the spec text (bit layouts, worked byte examples,
+tie rules) and, bit for bit, against comfy-kitchen 0.2.40's own helpers on random and edge
+inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from comfy_kitchen.backends.eager import quantization as ck_q
+from comfy_kitchen.backends.eager.w4a8_int8 import _FIXED_LUT, _assign_codes, _assign_grid, _grid_levels
+from comfy_kitchen.float_utils import _f32_to_floatx_unpacked, e8m0_to_f32
+from comfy_kitchen.float_utils import from_blocked as ck_from_blocked
+from comfy_kitchen.float_utils import to_blocked as ck_to_blocked
+from comfy_kitchen.tensor.int8_utils import _build_hadamard, _rotate_activation, _rotate_weight
+from comfy_kitchen.tensor.w4a8_packed import _pack_codes, _unpack_codes
+
+from comfyquant.numerics import blocked, floats, hadamard, int8, nearest, packing
+from comfyquant.numerics.dtypes import from_bytes, parse_float_dtype, to_bytes
+
+DENSE = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+# -- FP8 E4M3 / E5M2 (spec 2.1) ---------------------------------------------------------------
+
+def e4m3_value(code: int) -> float:
+    s, e, m = code >> 7, (code >> 3) & 0xF, code & 7
+    if e == 15 and m == 7:
+        return math.nan
+    mag = 2.0**-6 * m / 8 if e == 0 else 2.0 ** (e - 7) * (1 + m / 8)
+    return -mag if s else mag
+
+
+def test_e4m3_decode_matches_bit_layout_for_all_256_codes():
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    got = floats.fp8_decode(codes, torch.float32).tolist()
+    for c, v in enumerate(got):
+        want = e4m3_value(c)
+        assert (math.isnan(v) and math.isnan(want)) or v == want, hex(c)
+    assert e4m3_value(0x7E) == 448.0 and e4m3_value(1) == 2.0**-9
+
+
+@pytest.mark.parametrize("fp8,limit", [(floats.E4M3, 448.0), (floats.E5M2, 57344.0)])
+def test_fp8_encode_saturates_and_rounds_to_nearest_even(fp8, limit):
+    x = torch.tensor([1e6, -1e6, limit, 2.0**-10 if fp8 == floats.E4M3 else 2.0**-17, 1.0625, 1.1875])
+    q = floats.fp8_encode(x, fp8).float()
+    assert q[0] == limit and q[1] == -limit and q[2] == limit
+    assert q[3] == 0.0  # at or below half the smallest subnormal
+    if fp8 == floats.E4M3:
+        assert q[4] == 1.0 and q[5] == 1.25  # ties to the even mantissa
+
+
+def test_fp8_neighbours_are_bit_pattern_steps_clamped_like_the_reference():
+    q = torch.tensor([1, 0x38, 0x7E], dtype=torch.uint8).view(floats.E4M3)
+    lower, upper = floats.fp8_neighbours(q)
+    assert lower.view(torch.uint8).tolist() == [1, 0x37, 0x7D]
+    assert upper.view(torch.uint8).tolist() == [2, 0x39, 0x7E]
+
+
+# -- FP4 E2M1 (spec 2.2) ----------------------------------------------------------------------
+
+def test_e2m1_ties_follow_the_spec_table():
+    x = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, 6.0, -6.0, 0.0, -0.0, 0.2500001])
+    got = floats.e2m1_encode(x).tolist()
+    assert got == [0, 2, 2, 4, 4, 6, 6, 0x8, 7, 0xF, 0, 0x8, 1]
+    assert floats.e2m1_decode(torch.tensor([9, 1, 7, 15])).tolist() == [-0.5, 0.5, 6.0, -6.0]
+
+
+def test_e2m1_encode_is_bit_exact_with_kitchen_on_a_dense_sweep():
+    x = torch.cat([torch.linspace(-6, 6, 120001), torch.tensor(floats.E2M1_VALUES)])
+    x = torch.cat([x, torch.nextafter(x, torch.full_like(x, 9)), torch.nextafter(x, torch.full_like(x, -9))])
+    x = x.clamp(-6, 6).contiguous()
+    assert torch.equal(floats.e2m1_encode(x), _f32_to_floatx_unpacked(x, 2, 1))
+
+
+# -- E8M0 (spec 2.3) --------------------------------------------------------------------------
+
+def test_e8m0_decode_special_cases_and_kitchen():
+    e = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    got = floats.e8m0_decode(e)
+    assert got[0] == 0.0 and got[127] == 1.0 and got[128] == 2.0 and math.isinf(got[255])
+    assert got[1] == 2.0**-126
+    assert bits_equal(got, e8m0_to_f32(e))
+    assert bits_equal(floats.e8m0_decode(e.view(torch.float8_e8m0fnu)), got)
+
+
+def test_e8m0_exponent_fits_the_block_and_matches_kitchen():
+    torch.manual_seed(0)
+    x = torch.cat([torch.randn(64, 256) * 10.0 ** torch.randint(-30, 6, (64, 1)), torch.zeros(1, 256)]).to(torch.bfloat16)
+    amax = x.view(65, 8, 32).abs().amax(-1)
+    e = floats.e8m0_from_amax(amax)
+    nonzero = amax.float() > 0
+    assert (floats.e8m0_decode(e)[nonzero] * 448.0 >= amax.float()[nonzero]).all()
+    assert (e[~nonzero] == 0).all()
+    _, ck_scales = ck_q.quantize_mxfp8(x, pad_32x=True)
+    assert torch.equal(blocked.from_blocked(ck_scales.view(torch.uint8), 96, 8)[:65], e)
+
+
+# -- BF16 / F16 -------------------------------------------------------------------------------
+
+def bf16_rne_bits(x: torch.Tensor) -> torch.Tensor:
+    """Round-to-nearest-even F32 -> BF16 on the raw bits (finite inputs)."""
+    b = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    lsb = (b >> 16) & 1
+    return ((b + 0x7FFF + lsb) >> 16).to(torch.int32).to(torch.int16)
+
+
+def test_bf16_rounding_is_round_to_nearest_even():
+    torch.manual_seed(0)
+    x = torch.randn(100000) * 10.0 ** torch.randint(-20, 20, (100000,))
+    halfway = torch.tensor([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, -(1.0 + 2.0**-8)])  # exact ties
+    x = torch.cat([x, halfway])
+    assert torch.equal(floats.float_bits(floats.round_to(x, torch.bfloat16)), bf16_rne_bits(x))
+    assert floats.round_to(halfway, torch.bfloat16).tolist() == [1.0, 1.015625, -1.0]
+
+
+def test_float_bits_round_trip_and_ulp_distance():
+    x = torch.tensor([1.0, -2.5, 0.0, -0.0], dtype=torch.float16)
+    assert bits_equal(floats.from_bits(floats.float_bits(x), torch.float16), x)
+    a = torch.tensor([1.0, 0.0, -0.0, 1.0], dtype=torch.bfloat16)
+    b = torch.tensor([1.0078125, 0.0, 0.0, 1.0], dtype=torch.bfloat16)  # 1 + 2^-7 is the next BF16
+    assert floats.ulp_distance(a, b).tolist() == [1, 0, 0, 0]
+    tiny = torch.tensor([2.0**-133], dtype=torch.bfloat16)
+    assert floats.ulp_distance(tiny, -tiny).item() == 2
+
+
+def test_bytes_round_trip_without_copy():
+    t = torch.randn(3, 5).to(torch.bfloat16)
+    data = bytes(to_bytes(t))
+    back = from_bytes(data, "BF16", (3, 5))
+    assert bits_equal(back, t)
+    assert from_bytes(b"", "F32", (0, 4)).shape == (0, 4)
+    assert parse_float_dtype("f16") == torch.float16
+    with pytest.raises(ValueError, match="bf16, f16 or f32"):
+        parse_float_dtype("int8")
+
+
+# -- packing (spec 2.5, 3.3, 7.9) -------------------------------------------------------------
+
+def test_spec_byte_examples():
+    lnf = packing.pack_nibbles(torch.tensor([[3, 12, 0, 15]]), packing.LNF)
+    assert lnf.tolist() == [[0xC3, 0xF0]] and lnf.view(torch.int8).tolist() == [[-61, -16]]
+    hnf = packing.pack_nibbles(floats.e2m1_encode(torch.tensor([[1.0, -6.0]])), packing.HNF)
+    assert hnf.tolist() == [[0x2F]]
+    w4a4 = packing.pack_nibbles(torch.tensor([[-7, 3]]), packing.LNF)
+    assert w4a4.tolist() == [[0x39]]
+    codes = torch.tensor([[33, 1, 63, 32] + [32] * 28])
+    row = packing.pack_6bit(codes)
+    assert row.shape == (1, 24)
+    assert row[0, :2].tolist() == [0x11, 0x0F] and row[0, 16].item() == 0xB2
+    assert packing.unpack_nibbles(torch.tensor([[0x37, 0x83]], dtype=torch.uint8).view(torch.int8)).tolist() == [[7, 3, 3, 8]]
+
+
+@pytest.mark.parametrize("order", [packing.LNF, packing.HNF])
+def test_nibbles_round_trip_and_pair_table(order):
+    torch.manual_seed(1)
+    codes = torch.randint(0, 16, (7, 64), dtype=torch.uint8)
+    packed = packing.pack_nibbles(codes, order)
+    assert torch.equal(packing.unpack_nibbles(packed.view(torch.int8), order), codes)
+    values = torch.randn(16)
+    assert torch.equal(packing.lookup_pairs(packed, packing.pair_table(values, order)), values[codes.long()])
+    assert packing.to_signed(torch.tensor([0, 7, 8, 15])).tolist() == [0, 7, -8, -1]
+
+
+@pytest.mark.parametrize("bits", [4, 6])
+def test_w4a8_packing_matches_kitchen(bits):
+    torch.manual_seed(2)
+    codes = torch.randint(0, 1 << bits, (5, 64), dtype=torch.int32)
+    mine = packing.pack_6bit(codes) if bits == 6 else packing.pack_nibbles(codes)
+    assert torch.equal(mine.view(torch.int8), _pack_codes(codes, bits))
+    back = packing.unpack_6bit(mine, 64) if bits == 6 else packing.unpack_nibbles(mine)
+    assert torch.equal(back.to(torch.int32), _unpack_codes(mine.view(torch.int8), 64, bits))
+
+
+# -- blocked layout (spec 2.4, 7.5) -----------------------------------------------------------
+
+def test_blocked_offsets_of_the_worked_example():
+    cp = blocked.blocked_shape(32, 16)[1]
+    assert blocked.blocked_shape(32, 16) == (128, 16)
+    assert [blocked.blocked_offset(r, c, cp) for r, c in [(0, 0), (1, 0), (32, 0), (0, 1), (0, 4)]] == [0, 16, 4, 1, 512]
+    assert blocked.blocked_shape(32, 3) == (128, 4)  # N=20, K=40 -> 32 rows, 3 blocks
+
+
+@pytest.mark.parametrize("rows,cols", [(32, 16), (20, 3), (128, 4), (300, 13), (1, 1), (257, 64)])
+def test_blocked_round_trip_padding_and_kitchen(rows, cols):
+    s = torch.randint(1, 255, (rows, cols), dtype=torch.uint8)
+    b = blocked.to_blocked(s)
+    assert b.shape == blocked.blocked_shape(rows, cols)
+    assert torch.equal(b, ck_to_blocked(s, flatten=False))
+    assert torch.equal(blocked.from_blocked(b, rows, cols), s)
+    assert torch.equal(ck_from_blocked(b, rows, cols), s)
+    flat = b.reshape(-1)
+    assert all(flat[blocked.blocked_offset(r, c, b.shape[1])] == s[r, c] for r in range(0, rows, 11) for c in range(cols))
+    assert int(b.sum()) == int(s.to(torch.int64).sum())  # padding is zero bytes
+    with pytest.raises(ValueError, match="blocked scales"):
+        blocked.from_blocked(b[:-1], rows, cols)
+
+
+# -- Hadamard (spec 2.6) ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [4, 16, 64, 256, 1024])
+def test_regular_hadamard_properties(size):
+    h = hadamard.hadamard(size, torch.float64)
+    k = (size.bit_length() - 1) // 2
+    assert torch.equal(h, h.t())
+    assert torch.allclose(h @ h, torch.eye(size, dtype=torch.float64))
+    assert set(h.unique().tolist()) == {-(2.0**-k), 2.0**-k}
+    assert torch.allclose(h.sum(dim=1), torch.ones(size, dtype=torch.float64))
+    assert h[0].min() < 0  # not the Sylvester matrix, whose first row is all ones
+    i, j = 3, 12 % size
+    sign = 1
+    for d in range(k):
+        if ((i >> 2 * d) & 3) + ((j >> 2 * d) & 3) == 3:
+            sign = -sign
+    assert h[i, j] == sign * 2.0**-k
+    for dtype in DENSE:
+        assert bits_equal(hadamard.hadamard(size, dtype), _build_hadamard(size, dtype=dtype))
+
+
+@pytest.mark.parametrize("size", [2, 8, 32, 128, 512, 0, 3])
+def test_non_powers_of_four_are_refused(size):
+    with pytest.raises(ValueError, match=f"Regular Hadamard size must be a power of 4, got {size}"):
+        hadamard.hadamard(size)
+
+
+@pytest.mark.parametrize("dtype", DENSE)
+@pytest.mark.parametrize("size", [16, 64, 256])
+def test_rotations_are_bit_exact_with_kitchen_and_self_inverse(dtype, size):
+    torch.manual_seed(3)
+    w = (torch.randn(40, 512) * 0.02).to(dtype)
+    h = _build_hadamard(size, dtype=dtype)
+    assert bits_equal(hadamard.rotate_weight(w, size), _rotate_weight(w, h, size))
+    x = torch.randn(3, 5, 512).to(dtype)
+    assert bits_equal(hadamard.rotate_activation(x, size), _rotate_activation(x, h, size))
+    w64 = w.double()
+    assert torch.allclose(hadamard.rotate_weight(hadamard.rotate_weight(w64, size), size), w64)
+    whole = hadamard.rotate_weight(w, size)
+    parts = torch.cat([hadamard.rotate_weight(w[r:r + 8], size) for r in range(0, 40, 8)])
+    assert bits_equal(parts, whole)  # row blocks do not change BLAS's summation order
+    with pytest.raises(ValueError, match="not divisible"):
+        hadamard.rotate_weight(w[:, :500], size)
+
+
+# -- dynamic INT8 (spec 2.7) ------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DENSE)
+def test_rowwise_int8_matches_kitchen(dtype):
+    torch.manual_seed(4)
+    x = (torch.randn(9, 256) * 3).to(dtype)
+    x[2] = 0  # a zero row: scale 1e-30, which rounds to 0 in BF16/F16 -> smallest normal
+    q, s = int8.quantize_rows(x)
+    q_ck, s_ck = ck_q.quantize_int8_rowwise(x)
+    assert torch.equal(q, q_ck) and bits_equal(s, s_ck)
+    assert (q[2] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DENSE)
+@pytest.mark.parametrize("per_row", [False, True])
+def test_int8_linear_matches_kitchen(dtype, per_row):
+    torch.manual_seed(5)
+    w = torch.randint(-127, 128, (24, 256), dtype=torch.int8)
+    ws = torch.rand(24, 1) * 1e-3 if per_row else torch.tensor(1e-3)
+    x = torch.randn(2, 7, 256).to(dtype)
+    b = torch.randn(24).to(dtype)
+    mine = int8.int8_linear(x, w, ws, b, dtype)
+    ref = ck_q.int8_linear(x, w, ws, b, dtype)
+    assert bits_equal(mine, ref)
+
+
+# -- nearest-level assignment -----------------------------------------------------------------
+
+def test_codebook_assignment_equals_kitchen_including_ties():
+    torch.manual_seed(6)
+    cb = torch.tensor(_FIXED_LUT)
+    mids = (cb[1:] + cb[:-1]) / 2
+    eps = torch.finfo(torch.float32).eps
+    near = torch.cat([mids + k * eps * mids.abs() for k in range(-3, 4)])
+    t = torch.cat([torch.rand(200000) * 2.4 - 1.2, near, cb, torch.tensor([0.0, -0.0, 1e-30, -5.0, 5.0])])
+    assert torch.equal(nearest.nearest(cb, t), _assign_codes(t, cb).long())
+    unsorted = cb.flip(0)
+    assert nearest.table_thresholds(unsorted) is None  # falls back to the reference's search
+    assert torch.equal(nearest.nearest(unsorted, t), _assign_codes(t, unsorted).long())
+
+
+@pytest.mark.parametrize("levels", [16, 63])
+def test_grid_assignment_equals_kitchen(levels):
+    torch.manual_seed(7)
+    table = torch.tensor(_FIXED_LUT) if levels == 16 else torch.arange(-31, 32, dtype=torch.float32)
+    n, groups, g = 64, 16, 16
+    gw = torch.randn(n, groups, g) * 0.02
+    s_ch = gw.abs().amax(dim=(1, 2)) / 127 * (torch.rand(n) + 0.5)
+    s_rel = (torch.rand(n, groups) * (2.0 if levels == 16 else 0.4) + 0.05).to(floats.E4M3)
+    target = gw / s_ch.view(-1, 1, 1)
+    target[:, :, 0] = 0.5
+    target[:, :, 1] = -2.5
+    lv = _grid_levels(table, s_rel)
+    ref = _assign_grid(gw, lv, s_ch, target=target).long()
+    assert torch.equal(nearest.grid_nearest(lv.reshape(n * groups, -1), target.reshape(n * groups, g)).view(n, groups, g), ref)
+    _, cuts = nearest.grid_by_code(table)
+    coded = nearest.grid_nearest_by_code(cuts, s_rel.view(torch.uint8), target.reshape(n * groups, g))
+    assert torch.equal(coded.view(n, groups, g), ref)
