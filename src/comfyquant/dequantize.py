@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+import types
 from dataclasses import dataclass, field
 
 from .errors import ComfyQuantError
@@ -135,6 +137,7 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
                 tensors, metadata = work.output(names, _metadata(ckpt, source))
                 try:
                     write_safetensors(path, tensors, metadata)
+                    _default_mode(path)
                 except OSError as exc:
                     raise DequantizeError(f"{path}: cannot write ({exc.strerror or exc})") from None
         if not out.endswith(".safetensors") and (len(files) > 1 or ckpt.shardset.index_path):
@@ -147,8 +150,13 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
 
 # -- checking and planning --------------------------------------------------------------------
 
+ALWAYS_BLOCKING = frozenset({"M023"})
+"""Findings that stop a dense export whatever their severity for comfy-kitchen: a quantized
+weight without a marker cannot be decoded, and copying it would leave it quantized."""
+
+
 def _refuse_errors(report) -> None:
-    errors = [f for f in report.findings if f.severity == "error"]
+    errors = [f for f in report.findings if f.severity == "error" or f.code in ALWAYS_BLOCKING]
     if not errors:
         return
     first = errors[0]
@@ -220,6 +228,13 @@ def _metadata(ckpt, source: str | None) -> dict[str, str]:
     """The input's metadata (one shard's, or all shards' merged) without the marker keys."""
     meta = ckpt.metadata(source) if source is not None else ckpt.metadata()
     return {k: v for k, v in meta.items() if k not in DROP_METADATA}
+
+
+def _default_mode(path: str) -> None:
+    """Give the output the permissions a plain ``open`` would (the temporary file is 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def _write_index(path: str, files: list, sizes: dict[str, int]) -> None:
@@ -347,7 +362,16 @@ class _RichBar:
 
 def _progress(enabled: bool | None, total: int):
     if enabled is None:
-        import sys
-
         enabled = sys.stderr.isatty()
     return _RichBar(total) if enabled else _NoBar()
+
+
+class _CallableModule(types.ModuleType):
+    """``comfyquant.dequantize`` names both this module and its function.  Importing the
+    module rebinds the package attribute to the module, so the module calls the function."""
+
+    def __call__(self, *args, **kwargs) -> Summary:
+        return dequantize(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -137,28 +137,28 @@ class Codec:
         return Encoded(tensors, marker)
 
     def decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
-               block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> torch.Tensor:
+               block_elements: int | None = None) -> torch.Tensor:
         """The dense weight ``[N, K]`` in ``dtype`` (default: the layer's model dtype)."""
         plan = self.plan(tensors, marker, layer)
         return self._dense(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements)
 
     def iter_decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
-                    block_elements: int = DEFAULT_BLOCK_ELEMENTS, plan: Plan | None = None) -> Iterator[torch.Tensor]:
+                    block_elements: int | None = None, plan: Plan | None = None) -> Iterator[torch.Tensor]:
         """The dense weight in row blocks of about ``block_elements`` elements."""
         plan = plan or self.plan(tensors, marker, layer)
         yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements)
 
-    def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int,
+    def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None,
                 out: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
         n, k = plan.shape
+        block_elements = block_elements or DEFAULT_BLOCK_ELEMENTS
         state = self._prepare(tensors, plan.env, dtype)
         rows = max(MIN_BLOCK_ROWS, block_elements // max(k, 1))
         for r0 in range(0, n, rows):
             r1 = min(n, r0 + rows)
             yield self._decode_rows(tensors, plan, dtype, r0, r1, state, None if out is None else out[r0:r1])
 
-    def _dense(self, tensors: dict, plan: Plan, dtype: torch.dtype,
-               block_elements: int = DEFAULT_BLOCK_ELEMENTS) -> torch.Tensor:
+    def _dense(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None = None) -> torch.Tensor:
         """The whole dense weight of an already validated layer, decoded block by block
         straight into one output tensor."""
         out = torch.empty(plan.shape, dtype=dtype)
