@@ -24,6 +24,11 @@ def __getattr__(name: str):
         from .inspection import inspect
 
         return inspect
+    if name in ("quantize", "convert"):
+        import importlib
+
+        package = importlib.import_module(".quantize", __name__)  # callable: comfyquant.quantize(IN, OUT, ...)
+        return package if name == "quantize" else package.convert
     if name == "dequantize":
         from .dequantize import dequantize
 

@@ -15,8 +15,10 @@ import os
 from .. import __version__
 from ..checkpoint import open_checkpoint
 from ..errors import InputError
+from ..io.copying import copy_range as _copy
+from ..io.index import write_index
 from ..io.shards import ShardSet
-from ..io.writer import CHUNK, CopyRange, commit_file, discard, write_safetensors
+from ..io.writer import CHUNK, commit_file, discard, write_safetensors
 from .lossy import W4A8_TENSORS, requantize
 from .plan import Plan
 
@@ -57,28 +59,6 @@ def output_paths(ckpt, out: str | None, in_place: bool, force: bool) -> tuple[li
         if os.path.exists(d) and not force:
             raise InputError(f"{d}: exists; choose another -o or pass --force to replace it")
     return dests, index
-
-
-def _copy(source, start: int, length: int):
-    """Kernel copy for local files, streamed reads otherwise (remote sources)."""
-    fd = getattr(source, "_fd", None)
-    if isinstance(fd, int) and fd >= 0:
-        return CopyRange(fd, start, length, _chunks(source, start, length))
-    return _chunks(source, start, length)
-
-
-def _chunks(source, start: int, length: int):
-    def chunks():
-        pos, end = start, start + length
-        while pos < end:
-            n = min(CHUNK, end - pos)
-            data = source.pread(pos, n)
-            if len(data) != n:
-                raise InputError(f"{source.name}: file ended early while copying (truncated?)")
-            yield data
-            pos += n
-
-    return chunks
 
 
 def _requant_tensors(ckpt, op) -> dict:
@@ -204,17 +184,4 @@ def _write_index(ckpt, shards, dests: list[str], index_dest: str) -> None:
     for (tensors, _m, _h), dest in zip(shards, dests):
         for name in tensors:
             weight_map[name] = os.path.basename(dest)
-    obj = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
-    try:
-        with open(ckpt.shardset.index_path, encoding="utf-8") as fh:
-            old = json.load(fh)
-        if isinstance(old, dict) and isinstance(old.get("metadata"), dict):
-            obj["metadata"] = old["metadata"]
-    except (OSError, ValueError):
-        pass
-    tmp = index_dest + ".comfyquant.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    commit_file(tmp, index_dest)
+    write_index(weight_map, index_dest, ckpt.shardset.index_path)

@@ -1,0 +1,26 @@
+"""``comfyquant convert``: a quantized checkpoint to another format or parameters, or to dense."""
+
+from __future__ import annotations
+
+HELP = "re-encode a quantized checkpoint in another format or with other parameters (or --to dense)"
+
+
+def add_parser(sub) -> None:
+    from .quantize import add_common_arguments
+
+    c = sub.add_parser("convert", help=HELP, description=HELP)
+    c.add_argument("-t", "--to", metavar="F",
+                   help="new format of every quantized layer no rule names (w4a8, w4a4, int8, fp8, nvfp4, mxfp8 ...), "
+                        "or dense")
+    c.add_argument("--dtype", choices=["bf16", "f16", "f32"], help="with --to dense: dtype of the decoded weights")
+    add_common_arguments(c, "--to")
+
+
+def run(args) -> int:
+    from ..quantize.api import convert
+    from .quantize import params_of, show
+
+    result = convert(args.inputs, args.output, args.to, params_of(args), rules=args.rules, exclude=args.exclude,
+                     target=args.target, jobs=args.jobs, report=args.report, dry_run=args.dry_run, keep_bad=args.keep_bad,
+                     overwrite=args.overwrite, progress=False if args.no_progress else None, dtype=args.dtype)
+    return show(result, args)

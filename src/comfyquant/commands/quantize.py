@@ -1,0 +1,96 @@
+"""``comfyquant quantize``: dense checkpoint -> Comfy quantized checkpoint, with a quality report.
+
+The format parameters (``--group-size`` ...) are shared with ``convert``; torch loads only
+when the command runs, never when the parser is built.
+"""
+
+from __future__ import annotations
+
+import json
+
+HELP = "quantize a dense checkpoint (W4A8, W4A4, INT8, FP8, NVFP4, MXFP8) with a per-layer quality report"
+
+PARAM_FLAGS = (
+    # (flag, parameter, argparse keywords)
+    ("--group-size", "group_size", {"type": int, "metavar": "G", "help": "W4A8 scale group size (default 16)"}),
+    ("--convrot-groupsize", "convrot_groupsize", {"type": int, "metavar": "C",
+                                                  "help": "ConvRot block size (default 256; SGLang: 16, 64 or 256)"}),
+    ("--bits", "bits", {"type": int, "choices": [4, 6], "help": "W4A8 bit depth (6: not for SGLang)"}),
+    ("--asymmetric", "symmetric", {"action": "store_const", "const": False,
+                                   "help": "W4A8 asymmetric with an F32 correction (ComfyUI drops it)"}),
+    ("--no-codebook", "codebook", {"action": "store_const", "const": False,
+                                   "help": "W4A8 4-bit symmetric with uniform levels instead of the codebook"}),
+    ("--scale-dtype", "scale_dtype", {"choices": ["fp8", "f32"], "help": "W4A8 group scale dtype (f32: not for SGLang)"}),
+    ("--linear-dtype", "linear_dtype", {"choices": ["int4", "int8"], "help": "W4A4 activation dtype on CUDA"}),
+    ("--no-convrot", "convrot", {"action": "store_const", "const": False,
+                                 "help": "INT8 without rotation (SGLang loads it on embeddings only)"}),
+    ("--scalar-scale", "per_channel", {"action": "store_const", "const": False,
+                                       "help": "INT8 with one scalar scale (needs --no-convrot)"}),
+    ("--full-precision-matmul", "full_precision_matrix_mult", {"action": "store_const", "const": True,
+                                                               "help": "marker flag: runtimes dequantize and run a float matmul"}),
+)
+
+
+def add_common_arguments(p, format_flag: str) -> None:
+    """Arguments ``quantize`` and ``convert`` share."""
+    p.add_argument("inputs", nargs="+", metavar="IN", help="file(s), folder or *.safetensors.index.json")
+    p.add_argument("output", metavar="OUT", help="output file, or folder for sharded inputs")
+    g = p.add_argument_group("format parameters (for the default format; rules files carry their own)")
+    for flag, dest, kw in PARAM_FLAGS:
+        g.add_argument(flag, dest=f"param_{dest}", default=None, **kw)
+    p.add_argument("--rules", metavar="FILE", help="TOML rules: layer-name globs -> format and parameters, or keep")
+    p.add_argument("--exclude", action="append", default=[], metavar="REGEX",
+                   help="keep layers whose name matches REGEX as they are (repeatable)")
+    p.add_argument("--target", default="all", choices=["sglang", "comfyui", "comfy-kitchen", "all"],
+                   help="runtime(s) the output must load in (default: all)")
+    p.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="compute N layers at a time in worker processes")
+    p.add_argument("--report", metavar="FILE", help="write the quality report: FILE.json and FILE.png (needs the plot extra)")
+    p.add_argument("--dry-run", action="store_true", help="print the per-layer plan, compute and write nothing")
+    p.add_argument("--keep-bad", action="store_true", help="keep layers with NaN/Inf weights as they are instead of refusing")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    p.add_argument("--json", action="store_true", help="print the report document as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument("-v", "--verbose", action="store_true", help="print the full per-layer plan")
+
+
+def add_parser(sub) -> None:
+    q = sub.add_parser("quantize", help=HELP, description=HELP)
+    q.add_argument("-f", "--format", metavar="F",
+                   help="format of every layer no rule names: w4a8, w4a4, int8, fp8, fp8_e5m2, nvfp4, mxfp8 "
+                        "(or the full names)")
+    add_common_arguments(q, "--format")
+
+
+def params_of(args) -> dict:
+    return {dest: getattr(args, f"param_{dest}") for _f, dest, _k in PARAM_FLAGS if getattr(args, f"param_{dest}") is not None}
+
+
+def run(args) -> int:
+    from ..quantize.api import quantize
+
+    result = quantize(args.inputs, args.output, args.format, params_of(args), rules=args.rules, exclude=args.exclude,
+                      target=args.target, jobs=args.jobs, report=args.report, dry_run=args.dry_run,
+                      keep_bad=args.keep_bad, overwrite=args.overwrite, progress=False if args.no_progress else None)
+    return show(result, args)
+
+
+def show(result, args) -> int:
+    """Print a run's outcome (text or JSON); the exit code."""
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+        return 0 if result.ok else 1
+    from ..quantize.report import render_plan, render_result
+
+    if result.plan is None:  # convert --to dense
+        print(result.dense_summary.render())
+        return 0
+    print(render_plan(result.plan, full=args.dry_run or args.verbose))
+    if args.dry_run:
+        print("dry run: nothing computed or written")
+        return 0
+    print(render_result(result.to_dict(), result.check))
+    for path in result.outputs:
+        print(f"wrote {path}")
+    if result.report_files:
+        print(f"report: {', '.join(result.report_files)}")
+    return 0 if result.ok else 1

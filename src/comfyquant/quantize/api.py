@@ -1,0 +1,205 @@
+"""``quantize`` and ``convert``: the API behind the commands of the same names.
+
+Both run the same pipeline: open the input (headers and markers only), plan every layer,
+judge the plan with the checker on a virtual output (refusing what the target cannot load
+before computing anything), stream the output through temporary files with ``jobs`` worker
+processes, check the written files with ``check --target``, rename them into place, and
+report the quality of every quantized layer.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+from ..errors import InputError
+from .plan import COPY, DENSE, QUANTIZE, Options, Plan, build_plan
+from .progress import Progress
+from .rules import Choice, Rules, load_rules
+
+
+class Result:
+    """What a run did: the plan, the report document, the output check, the files written."""
+
+    def __init__(self, plan: Plan | None, doc: dict, check=None, outputs: list[str] | None = None,
+                 report_files: list[str] | None = None, dense_summary=None) -> None:
+        self.plan = plan
+        self.doc = doc
+        self.check = check
+        self.outputs = outputs or []
+        self.report_files = report_files or []
+        self.dense_summary = dense_summary
+
+    @property
+    def ok(self) -> bool:
+        return self.check is None or self.check.ok
+
+    def to_dict(self) -> dict:
+        return self.doc
+
+
+def _targets(target) -> None:
+    from ..checker.run import parse_targets
+
+    try:
+        parse_targets(target)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def _default_choice(fmt: str | None, params: dict | None, flag: str) -> Choice | None:
+    from .params import resolve_format, validate
+
+    given = {k: v for k, v in (params or {}).items() if v is not None}
+    if fmt is None:
+        if given:
+            raise InputError(f"format parameters ({', '.join(sorted(given))}) need {flag} F")
+        return None
+    name = resolve_format(fmt, flag)
+    return Choice(name, validate(name, given, flag), flag)
+
+
+def _rules(rules) -> Rules | None:
+    if rules is None or isinstance(rules, Rules):
+        return rules
+    return load_rules(str(rules))
+
+
+def quantize(paths, out: str, format: str | None = None, params: dict | None = None, *, rules=None,
+             exclude: list[str] | tuple = (), target="all", jobs: int = 1, report: str | None = None,
+             dry_run: bool = False, keep_bad: bool = False, overwrite: bool = False, progress: bool | None = None,
+             on_layer=None) -> Result:
+    """Quantize a dense checkpoint (file, shards, folder or index) into ``out``.
+
+    ``format``/``params``: the format of every layer no rule names (``params`` as in
+    :mod:`.params`, e.g. ``{"group_size": 32}``); ``rules``: a rules file path or
+    :class:`~.rules.Rules`; ``exclude``: regular expressions of layers to keep dense;
+    ``target``: runtime(s) the output must load in; ``report``: write ``<stem>.json`` and
+    ``<stem>.png``.  Raises :class:`~comfyquant.errors.InputError` for bad input."""
+    return _run("quantize", paths, out, _default_choice(format, params, "--format"), rules, exclude, target, jobs,
+                report, dry_run, keep_bad, overwrite, progress, on_layer)
+
+
+def convert(paths, out: str, to: str | None = None, params: dict | None = None, *, rules=None,
+            exclude: list[str] | tuple = (), target="all", jobs: int = 1, report: str | None = None,
+            dry_run: bool = False, keep_bad: bool = False, overwrite: bool = False, progress: bool | None = None,
+            dtype: str | None = None, on_layer=None) -> Result:
+    """Re-encode a quantized checkpoint's layers in another format or with other parameters
+    (decode, then encode), or decode everything (``to="dense"``, via ``comfyquant.dequantize``)."""
+    if isinstance(to, str) and to.strip().lower() in ("dense", "dequantize"):
+        if rules is not None or exclude or report or params and any(v is not None for v in params.values()):
+            raise InputError("--to dense decodes every layer exactly: --rules, --exclude, --report and format "
+                             "parameters do not apply")
+        return _dense(paths, out, dtype, overwrite, dry_run, progress)
+    if dtype is not None:
+        raise InputError("--dtype applies to --to dense only (quantized layers keep their model dtype)")
+    return _run("convert", paths, out, _default_choice(to, params, "--to"), rules, exclude, target, jobs, report,
+                dry_run, keep_bad, overwrite, progress, on_layer)
+
+
+def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_run, keep_bad, overwrite, progress,
+         on_layer) -> Result:
+    from ..checkpoint import open_checkpoint
+    from ..io.shards import is_url
+    from . import report as rep
+
+    _targets(target)
+    if jobs < 1:
+        raise InputError(f"--jobs must be at least 1, got {jobs}")
+    if report and not dry_run:
+        rep.require_matplotlib()
+    rules = _rules(rules)
+    if default is None and (rules is None or (not rules.rules and rules.default is None)):
+        flag = "--format" if mode == "quantize" else "--to"
+        raise InputError(f"nothing to do: give {flag} F or --rules FILE")
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    paths = [str(p) for p in paths]
+    if any(is_url(p) for p in paths):
+        raise InputError(f"{mode} reads local files; download the checkpoint first")
+    started = time.perf_counter()
+    with open_checkpoint(paths) as ckpt:
+        _refuse_damaged(ckpt)
+        if not dry_run:
+            dests, index_dest = _outputs(ckpt, out, overwrite)  # refuse before any work
+        plan = build_plan(ckpt, mode, Options(rules, default, list(exclude), target))
+        if keep_bad:
+            _keep_bad(plan)
+        if dry_run:
+            doc = rep.build(plan, list(ckpt.paths), [], {}, dry_run=True)
+            return Result(plan, doc)
+        bar = Progress(len(plan.layers), plan.bytes_in, progress, label=mode)
+        created = None if os.path.isdir(out) or len(dests) == 1 and dests[0] == out else out
+        try:
+            if created:
+                os.makedirs(out, exist_ok=True)
+            from .runner import execute
+
+            results, check = execute(ckpt, plan, dests, index_dest, jobs=jobs, progress=bar, on_layer=on_layer)
+        except BaseException:
+            if created and os.path.isdir(created) and not os.listdir(created):
+                shutil.rmtree(created, ignore_errors=True)
+            raise
+    outputs = dests + ([index_dest] if index_dest else [])
+    doc = rep.build(plan, list(ckpt.paths), outputs, results, check, time.perf_counter() - started)
+    files = []
+    if report:
+        json_path, png_path = rep.report_paths(report)
+        rep.write_json(doc, json_path)
+        rep.write_png(doc, png_path)
+        files = [json_path, png_path]
+    return Result(plan, doc, check, outputs, files)
+
+
+def _outputs(ckpt, out: str, overwrite: bool):
+    from .runner import output_paths
+
+    return output_paths(ckpt, out, overwrite)
+
+
+def _refuse_damaged(ckpt) -> None:
+    """Container damage (overlaps, bad offsets, missing shards) is refused: copying such a
+    file would carry the damage into a fresh export."""
+    from ..checker.findings import RULES
+
+    for f in ckpt.findings:
+        rule = RULES.get(f.code)
+        if rule is not None and rule.severity == "error":
+            raise InputError(f"{f.file or ckpt.paths[0]}: {f.message} [{f.code}] (comfyquant check explains, fix repairs)")
+
+
+def _keep_bad(plan: Plan) -> None:
+    """``--keep-bad``: layers whose source weight has NaN/Inf stay as they are, with the reason."""
+    from .work import close_sources, find_nonfinite, task_for
+
+    try:
+        for lp in plan.layers:
+            if lp.action != QUANTIZE:
+                continue
+            bad = find_nonfinite(task_for(lp, quality=False))
+            if bad:
+                lp.action = DENSE if lp.source == "dense" else COPY
+                lp.reason = f"{'weight' if lp.source == 'dense' else 'decoded weight'} has {bad} (--keep-bad)"
+                if lp.action == DENSE:
+                    lp.marker = None
+                else:
+                    lp.marker = lp.src_marker
+    finally:
+        close_sources()
+
+
+def _dense(paths, out: str, dtype: str | None, overwrite: bool, dry_run: bool, progress) -> Result:
+    """``convert --to dense``: the dequantize command's streaming decoder does the work."""
+    try:
+        from ..dequantize import dequantize
+    except ImportError:  # pragma: no cover - shipped together
+        raise InputError("convert --to dense needs comfyquant.dequantize, which this installation lacks") from None
+    if dry_run:
+        raise InputError("--to dense has no plan to show: every quantized layer is decoded, everything else copied")
+    if os.path.isfile(out) and not overwrite:
+        raise InputError(f"{out}: exists; pass --overwrite to replace it")
+    if os.path.isdir(out) and os.listdir(out) and not overwrite:
+        raise InputError(f"{out}: folder is not empty; pass --overwrite to replace its files")
+    summary = dequantize(paths, out, dtype, progress=progress)
+    doc = {"schema": 1, "tool": "comfyquant", "command": "convert", "to": "dense", **summary.to_dict()}
+    return Result(None, doc, outputs=list(summary.outputs), dense_summary=summary)

@@ -1,0 +1,219 @@
+"""What a planned output looks like before anything is computed, and whether it will load.
+
+* :func:`planned_tensors` derives every tensor an encode will produce (suffix -> dtype, shape)
+  from the format description's slots and geometry, so the output header can be written
+  first and tensors streamed after it.  The runner checks each encoded layer against this
+  plan (a mismatch is a bug, reported as such).
+* :func:`check_plan` runs the real checker (``comfyquant check``: canonical rules and every
+  runtime profile) on a *virtual* checkpoint: the planned header and marker bytes, served by
+  :class:`SkeletonSource`; every other byte reads as zero and is never needed.  That is how
+  quantize knows, before computing, which layers a format or a target cannot take and which
+  format combinations a target refuses, with the runtime's own message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from ..errors import ComfyQuantError
+from ..formats import registry
+from ..formats.base import CODEBOOK, CORRECTION, GeometryError
+from ..io.header import FIRST_READ
+from ..io.shards import ShardSet
+from ..io.writer import build_header
+from .params import dtype_choices, encode_params, marker_for
+
+STORAGE_PAD = {"nvfp4": 16, "mxfp8": 32}
+"""Formats whose encoders pad the stored weight (spec 3.5: NVFP4 to 16x16; 3.6: MXFP8 to
+32x32).  The format descriptions state it only as a constraint on stored sizes."""
+
+PROBE = "comfyquant_probe.linear"
+"""Layer name used when one layer is checked on its own; replaced by the real name in messages."""
+
+
+class PlanError(ComfyQuantError):
+    """The format description and the encode parameters disagree (a bug, not bad input)."""
+
+
+class Meta:
+    """(dtype, shape) in the form the format descriptions and geometry functions read."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, dtype: str, shape: tuple) -> None:
+        self.dtype = dtype
+        self.shape = tuple(shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def planned_tensors(fmt_name: str, params: dict, n: int, k: int) -> dict[str, tuple[str, tuple]]:
+    """Suffix -> (dtype, shape) of every tensor ``encode`` writes for an ``[n, k]`` weight.
+
+    The stored geometry is the model's, padded where the encoder pads; optional slots are
+    included when the encode parameters produce them (codebook, correction).  The result is
+    then fed back through the format's own geometry function, which must reproduce it."""
+    fmt = registry.FORMATS[fmt_name]
+    marker = marker_for(fmt_name, params)
+    enc = encode_params(fmt_name, params)
+    pad = STORAGE_PAD.get(fmt_name, 1)
+    ns, ks = -(-n // pad) * pad, -(-k // pad) * pad
+    guess = dict(fmt.params(marker), N=ns, K=ks, N_model=n, K_model=k, bits=enc.get("bits", 8),
+                 has_codebook=bool(enc.get("codebook")), has_correction=enc.get("symmetric") is False,
+                 scale_layout="scalar" if enc.get("per_channel") is False else "row")
+    chosen = dtype_choices(fmt_name, params)
+    first = _evaluate(fmt, guess, chosen)
+    metas = {s: Meta(d, sh) for s, (d, sh) in first.items()}
+    if "bias" not in first:
+        metas["bias"] = Meta("BF16", (n,))  # lets geometry read the model's N for padded formats
+    try:
+        env = fmt.geometry(metas, fmt.params(marker))
+    except GeometryError as exc:
+        raise PlanError(f"{fmt_name}: the format description cannot read its own planned tensors: {exc}") from None
+    second = _evaluate(fmt, dict(env, has_codebook=guess["has_codebook"], has_correction=guess["has_correction"]), chosen)
+    if second != first:
+        raise PlanError(f"{fmt_name} [{n}, {k}]: planned tensors {first} do not round-trip through the format geometry ({second})")
+    return first
+
+
+def _evaluate(fmt, env: dict, chosen: dict[str, str]) -> dict[str, tuple[str, tuple]]:
+    out: dict[str, tuple[str, tuple]] = {}
+    for suffix, slot in fmt.slots_for(env).items():
+        if slot.kind == "bias":
+            continue
+        if not slot.required:
+            produced = (slot.kind == CODEBOOK and env.get("has_codebook")) or (slot.kind == CORRECTION and env.get("has_correction"))
+            if not produced or slot.is_forbidden(env):
+                continue
+        if slot.dtype == "float":
+            raise PlanError(f"{fmt.name}: slot {suffix} has no fixed dtype; the quantizer cannot plan it")
+        try:
+            shape = slot.expected_shape(env)
+        except (NameError, KeyError, TypeError, ZeroDivisionError) as exc:
+            raise PlanError(f"{fmt.name}: cannot evaluate the shape of {suffix} ({slot.shape}): {exc}") from None
+        dtype = chosen.get(suffix, slot.dtype)
+        if dtype != slot.dtype and dtype not in slot.also_dtypes:
+            raise PlanError(f"{fmt.name}: {suffix} cannot be stored as {dtype}")
+        out[suffix] = (dtype, tuple(int(d) for d in shape))
+    return out
+
+
+# -- virtual checkpoints ----------------------------------------------------------------------
+
+class SkeletonSource:
+    """A byte source holding a header and a few blobs (marker bytes); all else reads as zeros.
+
+    The checker only ever reads headers and markers, so it cannot tell this from the file
+    that will be written."""
+
+    first_read = FIRST_READ
+
+    def __init__(self, name: str, header: bytes, blobs: list[tuple[int, bytes]], size: int) -> None:
+        self.name = name
+        self.size = size
+        self._parts = [(0, header)] + sorted(blobs)
+
+    def pread(self, offset: int, length: int) -> bytes:
+        end = min(offset + length, self.size)
+        out = bytearray(max(0, end - offset))
+        for start, data in self._parts:
+            lo, hi = max(offset, start), min(end, start + len(data))
+            if lo < hi:
+                out[lo - offset:hi - offset] = data[lo - start:hi - start]
+        return bytes(out)
+
+    def pread_many(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        return [self.pread(o, n) for o, n in ranges]
+
+    def close(self) -> None:
+        pass
+
+
+def skeleton(name: str, tensors: dict[str, tuple[str, tuple, Any]], metadata: dict[str, str] | None) -> SkeletonSource:
+    """The source of a file with these tensors (data: bytes for markers, None for the rest)."""
+    from ..io.dtypes import DTYPE_BITS
+
+    header = build_header(tensors, metadata)
+    blobs = []
+    offset = len(header)
+    for dtype, shape, data in tensors.values():
+        if isinstance(data, (bytes, bytearray)):
+            blobs.append((offset, bytes(data)))
+        offset += math.prod(shape) * DTYPE_BITS[dtype] // 8
+    return SkeletonSource(name, header, blobs, offset)
+
+
+def check_files(files: list[tuple[str, dict, dict | None]], target) -> Any:
+    """``check_checkpoint`` of the virtual checkpoint ``[(file name, tensors, metadata)]``."""
+    from ..checker.run import check_checkpoint
+    from ..checkpoint import open_checkpoint
+
+    sources = [skeleton(name, tensors, meta) for name, tensors, meta in files]
+    names = [s.name for s in sources]
+    with open_checkpoint(names, sources=sources, shardset=ShardSet(files=list(names))) as ckpt:
+        return check_checkpoint(ckpt, target=target)
+
+
+def marker_entries(layers: dict[str, dict]) -> tuple[dict[str, tuple], dict[str, str]]:
+    """Marker tensors and the identical header map for ``{prefix: marker}`` (spec 1.2, 1.4)."""
+    tensors = {}
+    for prefix, marker in layers.items():
+        raw = json.dumps(marker).encode("utf-8")
+        tensors[f"{prefix}.comfy_quant"] = ("U8", (len(raw),), raw)
+    meta = {"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": layers})} if layers else {}
+    return tensors, meta
+
+
+_LAYER_MEMO: dict[tuple, list] = {}
+
+
+def layer_problems(name: str, fmt_name: str, params: dict, n: int, k: int, bias: tuple | None, target) -> list[str]:
+    """Why the selected targets cannot take this one layer in this format (empty: they can).
+
+    Checked on a file holding only this layer; results depend on the shape, format,
+    parameters and bias, not on the name (except SGLang's embedding test), so they are cached."""
+    marker = marker_for(fmt_name, params)
+    key = (fmt_name, json.dumps(marker, sort_keys=True), json.dumps(sorted(params.items())), n, k, bias, str(target),
+           "embed" in name.rsplit(".", 1)[-1])
+    found = _LAYER_MEMO.get(key)
+    if found is None:
+        probe = PROBE + ("_embed" if key[-1] else "")
+        tensors = {f"{probe}.{s}": (d, sh, None) for s, (d, sh) in planned_tensors(fmt_name, params, n, k).items()}
+        if bias is not None:
+            tensors[f"{probe}.bias"] = (bias[0], bias[1], None)
+        mt, meta = marker_entries({probe: marker})
+        tensors.update(mt)
+        report = check_files([("probe.safetensors", tensors, meta)], target)
+        found = _LAYER_MEMO[key] = [(probe, text) for text in problems(report)]
+    return [text.replace(probe, name) for probe, text in found]
+
+
+_LAYER_LEAD = re.compile(r"^layer \S+ \([^)]*\): ")
+
+
+def problems(report, warnings: bool = True) -> list[str]:
+    """One line per error (and warning) of a report: the runtimes it breaks (when not all of
+    them), then the message."""
+    from ..targets.base import TARGETS
+
+    out = []
+    for f in report.findings:
+        if f.severity == "error" or (warnings and f.severity == "warning"):
+            msg = f.message.replace("{layer}", repr(f.layer)) if f.layer else f.message
+            msg = _LAYER_LEAD.sub("", msg)
+            who = ", ".join(f.targets) if f.targets and set(f.targets) != set(TARGETS) else ""
+            out.append(f"{who}: {msg}" if who else msg)
+    return out
+
+
+def format_problems(fmt_name: str, params: dict, target, name: str) -> list[str]:
+    """Problems of the format and parameters themselves: a layer of a shape every rule
+    accepts (K a multiple of every group and rotation size) still fails.  Such a choice is
+    refused outright instead of leaving every layer dense."""
+    k = math.lcm(1024, int(params.get("group_size") or 1), int(params.get("convrot_groupsize") or 1))
+    return layer_problems(name, fmt_name, params, 256, k, None, target)

@@ -1,0 +1,372 @@
+"""Decide, for every layer, what the output holds, before any tensor is read.
+
+``quantize`` (dense input): a 2-D float ``weight`` gets the format its rule (or ``--format``)
+names, unless the format or the target cannot take its shape; everything else (norms,
+embeddings, biases, 1-D/3-D tensors, excluded or kept layers) is copied dense, each with its
+reason.  ``convert`` (quantized input): each quantized layer is decoded and encoded again in
+the new format, or copied unchanged when it already has that format and those parameters.
+
+The plan is then judged as a whole by the checker on a virtual checkpoint
+(:mod:`.layout`): a format combination the target refuses (e.g. W4A8 with W4A4 for SGLang)
+stops the run here, with the runtime's message, before anything is computed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ..errors import InputError
+from ..io.dtypes import FLOAT_DTYPES
+from .layout import check_files, format_problems, layer_problems, marker_entries, planned_tensors, problems
+from .params import describe, marker_for
+from .rules import Choice, Rules
+
+QUANTIZE = "quantize"
+DENSE = "dense"
+COPY = "copy"
+ENCODABLE_DTYPES = ("BF16", "F16", "F32")
+
+
+class LayerPlan:
+    """One layer of the output: what is done to it and why.
+
+    ``action``: ``quantize`` (encode; from the dense weight, or from the decoded weight in
+    ``convert``), ``dense`` (copied, stays dense) or ``copy`` (a quantized layer copied
+    unchanged, with ``marker`` written for it)."""
+
+    __slots__ = ("name", "index", "action", "format", "params", "marker", "source", "reason", "n", "k", "entries",
+                 "planned", "src_format", "src_marker", "dtype")
+
+    def __init__(self, name: str, entries: dict, action: str, reason: str | None = None) -> None:
+        self.name = name
+        self.index = 0
+        self.entries = entries
+        self.action = action
+        self.reason = reason
+        self.format: str | None = None
+        self.params: dict[str, Any] = {}
+        self.marker: dict | None = None
+        self.source: str | None = None
+        self.n = self.k = 0
+        self.planned: dict[str, tuple[str, tuple]] = {}
+        self.src_format: str | None = None
+        self.src_marker: dict | None = None
+        self.dtype: str | None = None  # the model dtype of the dense weight (source or decoded)
+
+    @property
+    def bytes_in(self) -> int:
+        return sum(e.nbytes for e in self.entries.values())
+
+    @property
+    def bytes_out(self) -> int:
+        from ..io.dtypes import DTYPE_BITS
+
+        if self.action != QUANTIZE:
+            return self.bytes_in + (len(json.dumps(self.marker)) if self.marker else 0)
+        total = sum(_nbytes(d, s, DTYPE_BITS) for d, s in self.planned.values())
+        kept = sum(e.nbytes for s, e in self.entries.items() if s == "bias")
+        return total + kept + len(json.dumps(self.marker))
+
+    def output_tensors(self) -> list[tuple[str, str, tuple]]:
+        """(suffix, dtype, shape) written for this layer, marker excluded, in file order."""
+        if self.action != QUANTIZE:
+            return [(s, e.dtype, e.shape) for s, e in self.entries.items() if s != "comfy_quant"]
+        out = [(s, d, sh) for s, (d, sh) in self.planned.items()]
+        bias = self.entries.get("bias")
+        if bias is not None:
+            out.append(("bias", bias.dtype, bias.shape))
+        return out
+
+    def describe(self) -> str:
+        if self.action == QUANTIZE:
+            return describe(self.format, self.params)
+        return self.reason or self.action
+
+    def to_dict(self) -> dict:
+        w = self.entries.get("weight")
+        return {
+            "layer": self.name,
+            "index": self.index,
+            "action": self.action,
+            "format": self.format if self.action == QUANTIZE else (self.marker or {}).get("format"),
+            "params": self.params if self.action == QUANTIZE else None,
+            "marker": self.marker,
+            "reason": self.reason,
+            "shape": list(w.shape) if w is not None else None,
+            "source_dtype": w.dtype if w is not None else None,
+            "source_format": self.src_format,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+        }
+
+
+def _nbytes(dtype: str, shape: tuple, bits: dict) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n * bits[dtype] // 8
+
+
+class Plan:
+    """Every layer in model order, the tensors outside layers, and the options that made it."""
+
+    def __init__(self, mode: str, layers: list[LayerPlan], others: list, target) -> None:
+        self.mode = mode
+        self.layers = layers
+        self.others = others
+        self.target = target
+
+    @property
+    def quantized(self) -> list[LayerPlan]:
+        return [lp for lp in self.layers if lp.action == QUANTIZE]
+
+    def formats(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for lp in self.layers:
+            fmt = lp.format if lp.action == QUANTIZE else (lp.marker or {}).get("format")
+            if fmt:
+                out[fmt] = out.get(fmt, 0) + 1
+        return dict(sorted(out.items()))
+
+    @property
+    def bytes_in(self) -> int:
+        return sum(lp.bytes_in for lp in self.layers) + sum(e.nbytes for e in self.others)
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(lp.bytes_out for lp in self.layers) + sum(e.nbytes for e in self.others)
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "target": self.target, "formats": self.formats(),
+                "layers": [lp.to_dict() for lp in self.layers], "other_tensors": [e.name for e in self.others],
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
+
+
+def natural_key(name: str) -> tuple:
+    """``blocks.2`` before ``blocks.10``: the order a model lists its layers."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def is_embedding(name: str) -> bool:
+    """Embedding tables by name, as SGLang recognises them (``embed`` in the last component)."""
+    return "embed" in name.rsplit(".", 1)[-1]
+
+
+class Options:
+    """What decides the choices: rules, the default format, excludes, the target."""
+
+    def __init__(self, rules: Rules, default: Choice | None, excludes: list[str], target) -> None:
+        self.rules = rules
+        self.default = default
+        self.target = target
+        self.excludes = []
+        for rx in excludes:
+            try:
+                self.excludes.append((rx, re.compile(rx)))
+            except re.error as exc:
+                raise InputError(f"--exclude {rx!r}: not a valid regular expression ({exc})") from None
+
+    def excluded(self, name: str) -> str | None:
+        for text, rx in self.excludes:
+            if rx.search(name):
+                return text
+        return None
+
+    def choose(self, name: str) -> Choice | None:
+        chosen = self.rules.choose(name) if self.rules is not None else None
+        if chosen is None or (self.default is not None and self.rules is not None and chosen is self.rules.default):
+            chosen = self.default or chosen
+        return chosen
+
+
+def build_plan(ckpt, mode: str, options: Options) -> Plan:
+    """The plan for ``quantize`` (``mode="quantize"``) or ``convert`` (``mode="convert"``)."""
+    _refuse_choices(ckpt, options)
+    layers = []
+    for prefix in sorted(ckpt.layers, key=natural_key):
+        layer = ckpt.layers[prefix]
+        lp = _plan_quantize(layer, options) if mode == "quantize" else _plan_convert(layer, options)
+        lp.index = len(layers)
+        layers.append(lp)
+    others = sorted((ckpt.tensors[n] for n in ckpt.other_tensors), key=lambda e: natural_key(e.name))
+    plan = Plan(mode, layers, others, options.target)
+    _check_whole(ckpt, plan)
+    return plan
+
+
+def _refuse_choices(ckpt, options: Options) -> None:
+    """A format or parameter set the target cannot load at all is refused up front."""
+    choices = [options.default] if options.default is not None else []
+    if options.rules is not None:
+        choices += [r.choice for r in options.rules.rules]
+        if options.rules.default is not None:
+            choices.append(options.rules.default)
+    seen = set()
+    for c in choices:
+        if c is None or c.keep:
+            continue
+        key = (c.format, json.dumps(sorted(c.params.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        found = format_problems(c.format, c.params, options.target, "layer")
+        if found:
+            raise InputError(f"{c.source}: {describe(c.format, c.params)} cannot be written for --target {options.target}: "
+                             f"{found[0].replace(repr('layer'), 'its layers')}")
+
+
+def _dense(layer, reason: str) -> LayerPlan:
+    return LayerPlan(layer.prefix, dict(layer.tensors), DENSE, reason)
+
+
+def _plan_quantize(layer, options: Options) -> LayerPlan:
+    name = layer.prefix
+    if layer.marker is not None or layer.inferred:
+        raise InputError(f"layer {name!r} is already quantized ({layer.format_name}); quantize takes dense checkpoints "
+                         "(use comfyquant convert to change the format of a quantized one)")
+    w = layer.weight
+    if w is None:
+        return _dense(layer, "no weight tensor (copied)")
+    rx = options.excluded(name)
+    if rx is not None:
+        return _dense(layer, f"excluded by --exclude {rx!r}")
+    if len(w.shape) == 1:
+        return _dense(layer, "1-D tensor (norm or scale)")
+    if len(w.shape) != 2:
+        return _dense(layer, f"{len(w.shape)}-D weight (convolution or expert bank): quantize writes 2-D linear weights")
+    if is_embedding(name):
+        return _dense(layer, "embedding table: quantize writes linear layers")
+    extra = sorted(set(layer.tensors) - {"weight", "bias"})
+    if extra:
+        return _dense(layer, f"has other tensors ({', '.join(extra)}): not a plain linear layer")
+    choice = options.choose(name)
+    if choice is None:
+        return _dense(layer, "no rule matches and no --format")
+    if choice.keep:
+        return _dense(layer, f"kept by {choice.source}")
+    if w.dtype not in ENCODABLE_DTYPES:
+        what = "a float dtype quantize does not take" if w.dtype in FLOAT_DTYPES else "not a float dtype"
+        raise InputError(f"layer {name!r}: weight is {w.dtype}, {what}; quantize takes BF16, F16 or F32 weights "
+                         "(--exclude the layer to copy it unchanged)")
+    return _encode_plan(layer, choice, options, w.shape[0], w.shape[1], "dense", w.dtype)
+
+
+def _encode_plan(layer, choice: Choice, options: Options, n: int, k: int, source: str, dtype: str) -> LayerPlan:
+    """A ``quantize`` plan, or a ``dense``/``copy`` one with the reason the shape cannot be taken."""
+    name = layer.prefix
+    bias = layer.tensors.get("bias")
+    found = layer_problems(name, choice.format, choice.params, n, k, None if bias is None else (bias.dtype, bias.shape),
+                           options.target)
+    if found:
+        kept = DENSE if source == "dense" else COPY
+        lp = LayerPlan(name, dict(layer.tensors), kept, f"{choice.format} cannot take [{n}, {k}]: {found[0]}")
+        if kept == COPY:
+            lp.marker = layer.marker
+        return lp
+    lp = LayerPlan(name, dict(layer.tensors), QUANTIZE, f"by {choice.source}")
+    lp.format, lp.params, lp.source = choice.format, dict(choice.params), source
+    lp.marker = marker_for(choice.format, choice.params)
+    lp.n, lp.k, lp.dtype = n, k, dtype
+    lp.planned = planned_tensors(choice.format, choice.params, n, k)
+    return lp
+
+
+def _plan_convert(layer, options: Options) -> LayerPlan:
+    from .. import codecs
+    from ..codecs.base import CodecError, output_dtype
+    from ..numerics.dtypes import dtype_name
+
+    name = layer.prefix
+    if layer.marker is None and not layer.inferred:
+        return _dense(layer, "dense in the input (copied)")
+    fmt = layer.format_name
+    if layer.marker is None:
+        raise InputError(f"layer {name!r} has no marker (its tensors look like {fmt}); run comfyquant fix first")
+    if not fmt or not codecs.has(fmt):
+        raise InputError(f"layer {name!r}: format {fmt!r} cannot be decoded, so it cannot be converted")
+    try:
+        codec_plan = codecs.get(fmt).plan(dict(layer.tensors), layer.marker, name)
+        dtype = dtype_name(output_dtype(None, dict(layer.tensors), codec_plan.marker))
+    except CodecError as exc:
+        raise InputError(f"cannot convert: {exc} (comfyquant check lists every problem; comfyquant fix repairs most)") from None
+
+    def copy(reason: str, marker: dict | None = None) -> LayerPlan:
+        lp = LayerPlan(name, dict(layer.tensors), COPY, reason)
+        lp.marker, lp.src_format = marker or layer.marker, fmt
+        return lp
+
+    rx = options.excluded(name)
+    if rx is not None:
+        return copy(f"excluded by --exclude {rx!r}")
+    choice = options.choose(name)
+    if choice is None:
+        return copy("no rule matches and no --to")
+    if choice.keep:
+        return copy(f"kept by {choice.source}")
+    n, k = codec_plan.shape
+    if _already(layer, choice, n, k):
+        return copy(f"already {describe(choice.format, choice.params)} (copied unchanged)", marker_for(choice.format, choice.params))
+    lp = _encode_plan(layer, choice, options, n, k, "decode", dtype)
+    lp.src_format, lp.src_marker = fmt, dict(layer.marker)
+    return lp
+
+
+def _already(layer, choice: Choice, n: int, k: int) -> bool:
+    """The layer already stores exactly what encoding it again would write (format,
+    parameters, tensor dtypes and shapes): copying it is lossless, re-encoding is not."""
+    from ..formats import registry
+
+    if layer.format_name != choice.format:
+        return False
+    fmt = registry.FORMATS[choice.format]
+    want = marker_for(choice.format, choice.params)
+    have = fmt.params(layer.marker)
+    if any(have.get(key) != value for key, value in want.items() if key != "format"):
+        return False
+    actual = {s: (e.dtype, e.shape) for s, e in layer.tensors.items() if s not in ("bias", "comfy_quant")}
+    return actual == planned_tensors(choice.format, choice.params, n, k)
+
+
+def output_files(ckpt, plan: Plan) -> list[tuple[str, list[tuple[LayerPlan | None, object]]]]:
+    """Per input file (in input order): its layers and other tensors, in model order.  A layer
+    goes with its weight's file (the file of its first tensor when it has no weight)."""
+    by_file: dict[str, list] = {h.file: [] for h in ckpt.headers}
+    for lp in plan.layers:
+        anchor = lp.entries.get("weight") or next(iter(lp.entries.values()))
+        by_file[anchor.file].append((lp, None))
+    for e in plan.others:
+        by_file[e.file].append((None, e))
+    for items in by_file.values():
+        items.sort(key=lambda it: natural_key(it[0].name if it[0] is not None else it[1].name))
+    return list(by_file.items())
+
+
+def virtual_files(ckpt, plan: Plan) -> list[tuple[str, dict, dict]]:
+    """The planned output as (name, tensors, metadata) per file: data None except markers."""
+    files = []
+    for file, items in output_files(ckpt, plan):
+        tensors: dict = {}
+        markers: dict[str, dict] = {}
+        for lp, entry in items:
+            if lp is None:
+                tensors[entry.name] = (entry.dtype, entry.shape, None)
+                continue
+            for suffix, dtype, shape in lp.output_tensors():
+                tensors[f"{lp.name}.{suffix}"] = (dtype, shape, None)
+            if lp.marker is not None and lp.action != DENSE:
+                markers[lp.name] = lp.marker
+        mt, meta = marker_entries(markers)
+        tensors.update(mt)
+        files.append((file, tensors, meta))
+    return files
+
+
+def _check_whole(ckpt, plan: Plan) -> None:
+    """Refuse a plan whose output the target would not load (format combinations, markers)."""
+    report = check_files(virtual_files(ckpt, plan), plan.target)
+    found = problems(report)
+    if found:
+        formats = ", ".join(plan.formats()) or "no quantized layers"
+        raise InputError(f"refusing: the output ({formats}) would not load for --target {plan.target}: {found[0]}")

@@ -1,0 +1,285 @@
+"""Stream a plan into the output files: compute layers in order, write, check, then commit.
+
+The header of every output file is known from the plan, so each file is written front to
+back by :func:`comfyquant.io.writer.write_safetensors` into a temporary file next to its
+destination: dense tensors are copied by the kernel, quantized tensors are produced when the
+writer reaches them.  With ``--jobs N`` up to N layers are computed ahead, each in its own
+worker process; results are consumed in file order, so at most N layers (their dense source
+inside the workers, their encoded tensors here) are in memory at once.
+
+After the last byte, the temporary files are opened again and checked with
+``comfyquant check --target``; only an output that passes is renamed into place (and its
+index written last).  A crash, a kill or a failed check leaves nothing at the output paths.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+
+from .. import __version__
+from ..errors import InputError
+from ..io.copying import copy_range
+from ..io.index import write_index
+from ..io.shards import ShardSet
+from ..io.writer import commit_file, discard, write_safetensors
+from .layout import marker_entries, problems
+from .plan import DENSE, QUANTIZE, LayerPlan, Plan, output_files
+from .progress import Progress
+from .work import run_task, run_task_bytes, task_for
+
+STAMP_KEY = "comfyquant"
+"""The metadata key ``fix`` stamps as well: tool, version and the history of what was done."""
+DROP_METADATA = ("_quantization_metadata", "quant_format")
+
+
+def output_paths(ckpt, out: str, overwrite: bool) -> tuple[list[str], str | None]:
+    """Destination of each input file's output (in input order) and of the index.
+
+    One input file gives one output file (``OUT``, or ``OUT/<name>`` when OUT is a folder);
+    shards give a folder ``OUT`` with the same shard names and the index rewritten."""
+    files = ckpt.files
+    index = ckpt.shardset.index_path
+    single = len(files) == 1 and not index
+    if single and not os.path.isdir(out):
+        dests, index_dest = [out], None
+    else:
+        if out.endswith(".safetensors") and not os.path.isdir(out):
+            raise InputError(f"{out}: the input has {len(files)} shard(s) and an index; give a folder as OUT")
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise InputError(f"{out}: exists and is not a folder")
+        dests = [os.path.join(out, os.path.basename(f)) for f in files]
+        if len(set(dests)) != len(dests):
+            raise InputError(f"{out}: input shards share a file name; they cannot share one output folder")
+        index_dest = os.path.join(out, os.path.basename(index)) if index else None
+    inputs = {os.path.realpath(f) for f in files} | ({os.path.realpath(index)} if index else set())
+    for d in dests + ([index_dest] if index_dest else []):
+        if os.path.realpath(d) in inputs:
+            raise InputError(f"{d}: is the input; write the output somewhere else")
+        if os.path.exists(d) and not overwrite:
+            raise InputError(f"{d}: exists; pass --overwrite to replace it")
+    return dests, index_dest
+
+
+class _InProcess:
+    """``--jobs 1``: each layer computed when the writer reaches it, in this process."""
+
+    def __init__(self, quality: bool) -> None:
+        self.quality = quality
+
+    def start(self, order: list[LayerPlan]) -> None:
+        pass
+
+    def result(self, lp: LayerPlan) -> dict:
+        return run_task(task_for(lp, self.quality))
+
+    def close(self) -> None:
+        from .work import close_sources
+
+        close_sources()
+
+
+class _Pool:
+    """``--jobs N``: worker processes compute up to N layers ahead of the writer, in order."""
+
+    def __init__(self, jobs: int, quality: bool) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        from .work import init_worker
+
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        self.jobs = jobs
+        self.quality = quality
+        self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=init_worker, initargs=(threads,))
+        self.order: list[LayerPlan] = []
+        self.futures: dict[str, object] = {}
+        self.next = 0
+
+    def start(self, order: list[LayerPlan]) -> None:
+        self.order = order
+        self._fill()
+
+    def _fill(self) -> None:
+        while self.next < len(self.order) and len(self.futures) < self.jobs:
+            lp = self.order[self.next]
+            self.futures[lp.name] = self.pool.submit(run_task_bytes, task_for(lp, self.quality))
+            self.next += 1
+
+    def result(self, lp: LayerPlan) -> dict:
+        from concurrent.futures.process import BrokenProcessPool
+
+        future = self.futures.pop(lp.name)
+        try:
+            out = future.result()
+        except BrokenProcessPool:
+            raise InputError("a worker process died (out of memory?); try fewer --jobs") from None
+        self._fill()
+        return out
+
+    def close(self) -> None:
+        for f in self.futures.values():
+            f.cancel()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class Runner:
+    """Builds the writer's tensor tables with lazily computed layers and records results.
+
+    Progress is counted in write order: the copies written before a quantized layer are
+    counted when that layer's first tensor is requested (kernel copies cannot report as
+    they go), the rest when the file ends."""
+
+    def __init__(self, ckpt, plan: Plan, jobs: int, quality: bool, progress: Progress,
+                 on_layer: Callable[[LayerPlan, dict], None] | None = None) -> None:
+        self.ckpt = ckpt
+        self.plan = plan
+        self.compute = _InProcess(quality) if jobs <= 1 else _Pool(jobs, quality)
+        self.progress = progress
+        self.on_layer = on_layer
+        self.results: dict[str, dict] = {}
+        self.tables: list[tuple[str, dict, dict]] = []
+        self._pending: dict[str, dict] = {}
+        self._copied = [0, 0]  # bytes and layers copied since the last computed layer
+        self._tails: list[list[int]] = []  # per file: the copies after its last computed layer
+        self._closed = False
+
+    def files(self) -> list[tuple[str, dict, dict]]:
+        """Per input file: (input file, tensor table for the writer, metadata)."""
+        order: list[LayerPlan] = []
+        for file, items in output_files(self.ckpt, self.plan):
+            tensors: dict = {}
+            markers: dict[str, dict] = {}
+            for lp, entry in items:
+                if lp is None:
+                    tensors[entry.name] = (entry.dtype, entry.shape, self._copy(entry))
+                    continue
+                if lp.action == QUANTIZE:
+                    order.append(lp)
+                    tensors.update(self._quantized(lp))
+                else:
+                    for suffix, e in lp.entries.items():
+                        if suffix != "comfy_quant":
+                            tensors[e.name] = (e.dtype, e.shape, self._copy(e))
+                    self._copied[1] += 1
+                if lp.marker is not None and lp.action != DENSE:
+                    markers[lp.name] = lp.marker
+            mt, meta = marker_entries(markers)
+            tensors.update(mt)
+            self._tails.append(self._copied)
+            self._copied = [0, 0]
+            self.tables.append((file, tensors, self._metadata(file, meta)))
+        self.compute.start(order)
+        return self.tables
+
+    def flush(self, file_index: int) -> None:
+        """Count the copies written after the last computed layer of output file ``file_index``."""
+        nbytes, layers = self._tails[file_index]
+        self.progress.add(nbytes, layers)
+
+    def _copy(self, entry):
+        self._copied[0] += entry.nbytes
+        return copy_range(self.ckpt.source(entry.file), entry.start, entry.nbytes)
+
+    def _quantized(self, lp: LayerPlan) -> dict:
+        """The layer's planned tensors (computed when the writer reaches the first), its bias."""
+        out = {}
+        before, self._copied = self._copied, [0, 0]
+
+        def producer(suffix: str):
+            def chunks() -> Iterator[bytes]:
+                from ..numerics.dtypes import to_bytes
+
+                state = self._pending.get(lp.name)
+                if state is None:
+                    self.progress.add(before[0], before[1])
+                    result = self.compute.result(lp)
+                    state = self._pending[lp.name] = dict(result["tensors"])
+                    self.results[lp.name] = {"quality": result["quality"], "seconds": result["seconds"]}
+                    self.progress.add(lp.bytes_in, 1)
+                    if self.on_layer is not None:
+                        self.on_layer(lp, self.results[lp.name])
+                t = state.pop(suffix)
+                if not state:
+                    del self._pending[lp.name]
+                yield t[2] if isinstance(t, tuple) else to_bytes(t)
+
+            return chunks
+
+        for suffix, (dtype, shape) in lp.planned.items():
+            out[f"{lp.name}.{suffix}"] = (dtype, shape, producer(suffix))
+        bias = lp.entries.get("bias")
+        if bias is not None:
+            out[bias.name] = (bias.dtype, bias.shape, copy_range(self.ckpt.source(bias.file), bias.start, bias.nbytes))
+        return out
+
+    def _metadata(self, file: str, marker_meta: dict) -> dict[str, str]:
+        """The input file's metadata, its marker map replaced, and the version stamp."""
+        meta = {k: v for k, v in self.ckpt.metadata(file).items() if k not in DROP_METADATA}
+        meta.update(marker_meta)
+        history = []
+        previous = meta.get(STAMP_KEY)
+        if previous:
+            try:
+                history = list(json.loads(previous).get("history", []))
+            except (ValueError, AttributeError, TypeError):
+                history = []
+        entry = {"version": __version__, "command": self.plan.mode, "target": self.plan.target,
+                 "formats": self.plan.formats(), "quantized": len(self.plan.quantized)}
+        meta[STAMP_KEY] = json.dumps({"tool": "comfyquant", "version": __version__, "command": self.plan.mode,
+                                      "formats": self.plan.formats(), "history": history + [entry]})
+        return meta
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.compute.close()
+
+
+def execute(ckpt, plan: Plan, dests: list[str], index_dest: str | None, *, jobs: int = 1, quality: bool = True,
+            progress: Progress | None = None, on_layer=None) -> tuple[dict[str, dict], object]:
+    """Write, check and commit; returns (per-layer results, the check report of the output)."""
+    from ..checker.run import check_checkpoint
+    from ..checkpoint import open_checkpoint
+
+    progress = progress or Progress(0, 0, enabled=False)
+    runner = Runner(ckpt, plan, jobs, quality, progress, on_layer)
+    temps: list[str] = []
+    try:
+        tables = runner.files()
+        for i, ((_file, tensors, meta), dest) in enumerate(zip(tables, dests)):
+            try:
+                temps.append(write_safetensors(dest, tensors, meta, commit=False))
+            except OSError as exc:
+                raise InputError(f"{dest}: cannot write ({exc.strerror or exc}); nothing was written") from None
+            runner.flush(i)
+        runner.close()
+        progress.done()
+        with open_checkpoint(temps, shardset=ShardSet(files=list(temps))) as out:
+            report = check_checkpoint(out, target=plan.target)
+        if not report.ok:
+            found = problems(report, warnings=False)
+            raise InputError(f"the written output fails check --target {plan.target}: {found[0]}; nothing was written "
+                             "(please report this)")
+        mode = 0o666 & ~_umask()
+        for temp, dest in zip(temps, dests):
+            os.chmod(temp, mode)  # temporary files are private (0600); the output is a normal file
+            commit_file(temp, dest)
+        temps = []
+        if index_dest:
+            weight_map = {name: os.path.basename(dest) for (_f, tensors, _m), dest in zip(tables, dests) for name in tensors}
+            write_index(weight_map, index_dest, ckpt.shardset.index_path)
+        return runner.results, report
+    finally:
+        runner.close()
+        progress.done()
+        for t in temps:
+            discard(t)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
