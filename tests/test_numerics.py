@@ -48,6 +48,30 @@ def test_e4m3_decode_matches_bit_layout_for_all_256_codes():
     assert e4m3_value(0x7E) == 448.0 and e4m3_value(1) == 2.0**-9
 
 
+@pytest.mark.parametrize("fp8", [floats.E4M3, floats.E5M2])
+@pytest.mark.parametrize("dtype", DENSE)
+def test_fp8_decode_equals_torch_cast_bit_for_bit(fp8, dtype):
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    finite = codes[(codes & 0x7F) < (0x7F if fp8 == floats.E4M3 else 0x7C)].view(fp8)
+    for q in (finite, codes.view(fp8), finite.repeat(1000).view(125, -1)):  # NaN codes use torch's cast
+        assert bits_equal(floats.fp8_decode(q, dtype), q.to(dtype))
+        out = torch.empty(q.shape, dtype=dtype)
+        assert floats.fp8_decode(q, dtype, out) is out and bits_equal(out, q.to(dtype))
+
+
+@pytest.mark.parametrize("scale", [3.7e-4, 1.0, 300.0, 2.0**-120, 0.0])
+def test_fp8_decode_scaled_equals_cast_then_multiply(scale):
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    finite = codes[(codes & 0x7F) != 0x7F].view(floats.E4M3)
+    s = torch.tensor(scale)
+    for q in (finite, codes.view(floats.E4M3)):
+        want = q.to(torch.bfloat16) * s.to(torch.bfloat16)
+        assert bits_equal(floats.fp8_decode_scaled(q, s, torch.bfloat16), want)
+    blocks = finite.view(2, 127)
+    per_row = torch.tensor([[2.0**-3], [2.0**9]])
+    assert bits_equal(floats.fp8_decode_scaled(blocks, per_row, torch.bfloat16), blocks.to(torch.bfloat16) * per_row.to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("fp8,limit", [(floats.E4M3, 448.0), (floats.E5M2, 57344.0)])
 def test_fp8_encode_saturates_and_rounds_to_nearest_even(fp8, limit):
     x = torch.tensor([1e6, -1e6, limit, 2.0**-10 if fp8 == floats.E4M3 else 2.0**-17, 1.0625, 1.1875])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ..numerics.floats import E4M3, E5M2, FP8_MAX, fp8_encode
+from ..numerics.floats import E4M3, E5M2, FP8_MAX, fp8_decode_scaled, fp8_encode
 from .base import Codec, reject_unknown, rows_of
 
 
@@ -36,9 +36,7 @@ class FP8Codec(Codec):
         return tensors, {"format": self.name}
 
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
-        q = rows_of(t["weight"], r0, r1)
-        w = q.to(dtype) if out is None else out.copy_(q)
-        return w.mul_(t["weight_scale"].to(dtype))
+        return fp8_decode_scaled(rows_of(t["weight"], r0, r1), t["weight_scale"].reshape(()), dtype, out)
 
     def _linear(self, x, t, plan, bias):
         dtype = x.dtype

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from ..numerics.blocked import ceil_to, from_blocked, to_blocked
-from ..numerics.floats import E4M3, FP8_MAX, e8m0_decode, e8m0_from_amax
+from ..numerics.floats import E4M3, FP8_MAX, e8m0_decode, e8m0_from_amax, fp8_decode, fp8_decode_scaled
 from .base import Codec, finish, reject_unknown
 
 BLOCK = 32
@@ -59,14 +59,17 @@ class MXFP8Codec(Codec):
     def _decode_rows(self, t, plan, dtype, r0, r1, scales, out):
         k = plan.env["K"]
         q = t["weight"][r0:r1]
-        if dtype == torch.bfloat16 and out is not None and plan.shape[1] == k:
-            w = out.copy_(q).view(r1 - r0, k // BLOCK, BLOCK)
-            w.mul_(scales[r0:r1].unsqueeze(-1))
-            return out
-        work = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-        w = q.to(work).view(r1 - r0, k // BLOCK, BLOCK)
-        w = w.mul_(scales[r0:r1].unsqueeze(-1)).view(r1 - r0, k)
-        return finish(w[:, : plan.shape[1]], dtype, out)
+        s = scales[r0:r1].unsqueeze(-1)
+        blocks = q.view(r1 - r0, k // BLOCK, BLOCK)
+        if dtype == torch.bfloat16:
+            # BF16 products of exact powers of two round like comfy-kitchen's F32 product + cast
+            direct = out is not None and plan.shape[1] == k
+            w = fp8_decode_scaled(blocks, s, dtype, out.view(blocks.shape) if direct else None)
+            if direct:
+                return out
+        else:
+            w = fp8_decode(blocks, torch.float32).mul_(s)
+        return finish(w.view(r1 - r0, k)[:, : plan.shape[1]], dtype, out)
 
     def _linear(self, x, t, plan, bias):
         """Emulated MXFP8 GEMM: activation quantized the same way (dynamic, per 1x32 block),

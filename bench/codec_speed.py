@@ -1,0 +1,204 @@
+"""comfyquant's codecs and ``dequantize`` against comfy-kitchen 0.2.40 eager (CPU) in one run.
+
+1. Per format/variant and per layer shape (3072x3072 and 5120x13824, BF16 source weights):
+   encode and decode throughput in MB of source (dense BF16) weight per second, comfyquant vs
+   comfy-kitchen (best of a few rounds, interleaved: the machine is shared and noisy), and
+   whether the results are bit-identical.  Targets: decode >= 1.0x kitchen (stretch 2x),
+   encode >= 1.0x.
+2. ``comfyquant dequantize`` of checkpoints built from those layers (one 5120x13824 layer per
+   format; and an FP8-only one) against ``cp`` of the same file, with the peak RSS of the
+   dequantize process.  Targets: >= 0.5x cp throughput (input MB/s), peak RSS <= 2x the
+   largest dense layer + 200 MB.
+
+Usage: python bench/codec_speed.py [--quick] [--rounds N] [--out DIR] [--threads T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+from comfy_kitchen.tensor import QuantizedTensor
+from safetensors.torch import save_file
+
+from comfyquant import codecs
+
+SHAPES = [(3072, 3072), (5120, 13824)]
+# name, format, comfy-kitchen layout, kitchen quantize kwargs (comfyquant takes the same)
+VARIANTS = [
+    ("fp8", "float8_e4m3fn", "TensorCoreFP8Layout", {}),
+    ("int8", "int8_tensorwise", "TensorWiseINT8Layout", {}),
+    ("int8_convrot", "int8_tensorwise", "TensorWiseINT8Layout", {"per_channel": True, "convrot": True}),
+    ("w4a8", "asym_w4a8_int8", "AsymW4A8Int8Layout", {}),
+    ("w4a8_asym", "asym_w4a8_int8", "AsymW4A8Int8Layout", {"codebook": False, "symmetric": False}),
+    ("w6a8", "asym_w4a8_int8", "AsymW4A8Int8Layout", {"codebook": False, "bits": 6}),
+    ("w4a4", "convrot_w4a4", "TensorCoreConvRotW4A4Layout", {}),
+    ("nvfp4", "nvfp4", "TensorCoreNVFP4Layout", {}),
+    ("mxfp8", "mxfp8", "TensorCoreMXFP8Layout", {}),
+]
+DEQ_MIXED = ["fp8", "int8_convrot", "w4a8", "w4a4", "nvfp4", "mxfp8"]
+MARKERS = {
+    "fp8": {"format": "float8_e4m3fn"},
+    "int8": {"format": "int8_tensorwise"},
+    "int8_convrot": {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256},
+    "w4a8": {"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256, "convrot": True},
+    "w4a4": {"format": "convrot_w4a4", "convrot_groupsize": 256},
+    "nvfp4": {"format": "nvfp4"},
+    "mxfp8": {"format": "mxfp8"},
+}
+
+
+def timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def same(a: dict, b: dict) -> bool:
+    def bits(t):
+        return t.contiguous().reshape(-1).view(torch.uint8)
+
+    return set(a) == set(b) and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(bits(a[k]), bits(b[k]))
+                                    for k in a)
+
+
+def codec_rows(rounds: int, quick: bool) -> tuple[list[dict], dict]:
+    """Encode/decode timings per variant and shape; returns rows and the big-shape tensors."""
+    rows, keep = [], {}
+    shapes = SHAPES[:1] if quick else SHAPES
+    for n, k in shapes:
+        gen = torch.Generator().manual_seed(0)
+        w = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)
+        mb = w.numel() * 2 / 1e6
+        for name, fmt, layout, kw in VARIANTS:
+            codec = codecs.get(fmt)
+            slow = fmt == "asym_w4a8_int8" and n * k > 20e6
+            enc_rounds = 1 if slow else rounds
+            t_ck_e = t_cq_e = float("inf")
+            for _ in range(enc_rounds):
+                t, q = timed(lambda: QuantizedTensor.from_float(w, layout, **kw))  # noqa: B023
+                t_ck_e = min(t_ck_e, t)
+                t, enc = timed(lambda: codec.encode(w, **kw))  # noqa: B023
+                t_cq_e = min(t_cq_e, t)
+            ref = {s: v.contiguous() for s, v in q.state_dict("weight").items()}
+            enc_exact = same(dict(enc), ref)
+            t_ck_d = t_cq_d = float("inf")
+            marker = enc.marker
+            for _ in range(rounds):
+                t, _ = timed(q.dequantize)
+                t_ck_d = min(t_ck_d, t)
+                t, d_cq = timed(lambda: codec.decode(ref, marker, dtype=torch.bfloat16))  # noqa: B023
+                t_cq_d = min(t_cq_d, t)
+            dec_exact = torch.equal(d_cq.view(torch.int16), q.dequantize().view(torch.int16))
+            row = {"variant": name, "shape": f"{n}x{k}", "mb": mb,
+                   "encode_ck": mb / t_ck_e, "encode_cq": mb / t_cq_e, "decode_ck": mb / t_ck_d, "decode_cq": mb / t_cq_d,
+                   "encode_exact": enc_exact, "decode_exact": dec_exact}
+            rows.append(row)
+            print_row(row)
+            if (n, k) == shapes[-1] and name in MARKERS:
+                keep[name] = (ref, enc.marker)
+    return rows, keep
+
+
+def print_header() -> None:
+    print(f"{'variant':13s} {'shape':11s} | {'encode MB/s':>24s} | {'decode MB/s':>24s} | exact")
+    print(f"{'':13s} {'':11s} | {'kitchen':>7s} {'cq':>7s} {'ratio':>8s} | {'kitchen':>7s} {'cq':>7s} {'ratio':>8s} | enc dec")
+
+
+def print_row(r: dict) -> None:
+    print(f"{r['variant']:13s} {r['shape']:11s} | {r['encode_ck']:7.1f} {r['encode_cq']:7.1f} {r['encode_cq'] / r['encode_ck']:7.2f}x"
+          f" | {r['decode_ck']:7.1f} {r['decode_cq']:7.1f} {r['decode_cq'] / r['decode_ck']:7.2f}x"
+          f" | {'yes' if r['encode_exact'] else 'NO':3s} {'yes' if r['decode_exact'] else 'NO'}", flush=True)
+
+
+# -- dequantize vs cp -------------------------------------------------------------------------
+
+CHILD = r"""
+import json, resource, sys, time
+import comfyquant
+t = time.perf_counter()
+s = comfyquant.dequantize(sys.argv[1], sys.argv[2], progress=False)
+print(json.dumps({"seconds": time.perf_counter() - t, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "largest": s.largest_layer[1], "written": s.bytes_written}))
+"""
+
+
+def write_checkpoint(path: str, layers: dict) -> int:
+    tensors, gen = {}, torch.Generator().manual_seed(1)
+    for i, (name, (ref, marker)) in enumerate(layers.items()):
+        prefix = f"blocks.{i}.{name}"
+        for suffix, t in ref.items():
+            tensors[f"{prefix}.{suffix}"] = t.clone()  # safetensors refuses shared storage
+        n = ref["weight"].shape[0]  # no padding at these shapes
+        tensors[f"{prefix}.bias"] = (torch.randn(n, generator=gen) * 0.01).to(torch.bfloat16)
+        tensors[f"{prefix}.comfy_quant"] = torch.tensor(list(json.dumps(marker).encode()), dtype=torch.uint8)
+    tensors["final_norm.weight"] = torch.ones(13824, dtype=torch.bfloat16)
+    save_file(tensors, path, metadata={"modelspec.title": "codec_speed"})
+    return os.path.getsize(path)
+
+
+def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
+    rows = []
+    sets = {"mixed (6 formats)": {k: layers[k] for k in DEQ_MIXED if k in layers}}
+    if "fp8" in layers:
+        sets["fp8 only (4 layers)"] = {f"fp8_{i}": layers["fp8"] for i in range(4)}
+    for label, chosen in sets.items():
+        src = os.path.join(folder, "src.safetensors")
+        size = write_checkpoint(src, chosen)
+        best_cp = best_dq = float("inf")
+        info = {}
+        for _ in range(rounds):
+            dst = os.path.join(folder, "cp.safetensors")
+            t, _ = timed(lambda: subprocess.run(["cp", src, dst], check=True))  # noqa: B023
+            best_cp = min(best_cp, t)
+            os.unlink(dst)
+            out = os.path.join(folder, "dense.safetensors")
+            res = subprocess.run([sys.executable, "-c", CHILD, src, out], check=True, capture_output=True, text=True)
+            info = json.loads(res.stdout.strip().splitlines()[-1])
+            best_dq = min(best_dq, info["seconds"])
+            os.unlink(out)
+        mb = size / 1e6
+        budget = 2 * info["largest"] / 2**20 + 200
+        row = {"file": label, "input_mb": mb, "output_mb": info["written"] / 1e6, "cp_mbs": mb / best_cp,
+               "dq_mbs": mb / best_dq, "rss_mb": info["rss_mb"], "rss_budget_mb": budget}
+        rows.append(row)
+        print(f"{label:20s} in {mb:7.1f} MB -> out {row['output_mb']:7.1f} MB | cp {row['cp_mbs']:7.1f} MB/s | "
+              f"dequantize {row['dq_mbs']:6.1f} MB/s ({row['dq_mbs'] / row['cp_mbs']:.2f}x cp, in-process, "
+              f"{best_dq:.1f} s) | peak RSS {row['rss_mb']:.0f} MB (budget {budget:.0f} MB)", flush=True)
+        os.unlink(src)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="3072x3072 only, no dequantize section")
+    ap.add_argument("--rounds", type=int, default=2, help="timing rounds (best of); default 2")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    ap.add_argument("--out", help="folder for the dequantize files (default: a temporary folder)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; "
+          f"MB = MB of BF16 source weight (N x K x 2 bytes)\n")
+    print_header()
+    rows, keep = codec_rows(args.rounds, args.quick)
+    if args.quick:
+        return
+    print("\ndequantize (a child process per run; cp and dequantize read a warm page cache; dequantize fsyncs, cp does not)")
+    folder = args.out or tempfile.mkdtemp(prefix="codec_speed-")
+    try:
+        dequantize_rows(keep, folder, args.rounds)
+    finally:
+        if not args.out:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
