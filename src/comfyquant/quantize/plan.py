@@ -211,10 +211,10 @@ def _refuse_choices(ckpt, options: Options) -> None:
         if key in seen:
             continue
         seen.add(key)
-        found = format_problems(c.format, c.params, options.target, "layer")
+        found = format_problems(c.format, c.params, options.target, "<layer>")
         if found:
             raise InputError(f"{c.source}: {describe(c.format, c.params)} cannot be written for --target {options.target}: "
-                             f"{found[0].replace(repr('layer'), 'its layers')}")
+                             f"{found[0]}")
 
 
 def _dense(layer, reason: str) -> LayerPlan:

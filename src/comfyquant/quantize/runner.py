@@ -190,8 +190,6 @@ class Runner:
 
         def producer(suffix: str):
             def chunks() -> Iterator[bytes]:
-                from ..numerics.dtypes import to_bytes
-
                 state = self._pending.get(lp.name)
                 if state is None:
                     self.progress.add(before[0], before[1])
@@ -204,7 +202,12 @@ class Runner:
                 t = state.pop(suffix)
                 if not state:
                     del self._pending[lp.name]
-                yield t[2] if isinstance(t, tuple) else to_bytes(t)
+                if isinstance(t, tuple):  # from a worker: bytes (this process never imports torch)
+                    yield t[2]
+                else:
+                    from ..numerics.dtypes import to_bytes
+
+                    yield to_bytes(t)
 
             return chunks
 

@@ -45,14 +45,21 @@ def close_sources() -> None:
 
 
 def _read(spec: tuple):
-    """A tensor from ``(file, dtype, shape, start, nbytes)`` (a writable copy of the bytes)."""
+    """A tensor from ``(file, dtype, shape, start, nbytes)``, read straight into its own
+    writable buffer (one copy of the layer in memory, not two)."""
     from ..numerics.dtypes import from_bytes
 
     file, dtype, shape, start, nbytes = spec
-    data = bytearray(_source(file).pread(start, nbytes))
-    if len(data) != nbytes:
-        raise InputError(f"{file}: file ended early while reading a tensor (truncated?)")
-    return from_bytes(data, dtype, shape)
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    fd = _source(file)._fd
+    done = 0
+    while done < nbytes:
+        n = os.preadv(fd, [view[done:]], start + done)
+        if n <= 0:
+            raise InputError(f"{file}: file ended early while reading a tensor (truncated?)")
+        done += n
+    return from_bytes(buf, dtype, shape)
 
 
 def entry_spec(e) -> tuple:
@@ -141,15 +148,21 @@ def run_task(task: dict) -> dict:
     for key, value in enc.marker.items():
         if task["marker"].get(key) != value:
             raise PlanError(f"{name}: the encoder's marker says {key}={value!r}, the planned marker {task['marker']}")
-    quality = measure(codec, weight, tensors, task["marker"], name) if task["quality"] else None
+    held = [weight]
+    del weight  # measure() drops the source before running the layer: one dense copy at a time
+    quality = measure(codec, held, tensors, task["marker"], name) if task["quality"] else None
     return {"tensors": tensors, "quality": quality, "seconds": time.perf_counter() - started}
 
 
-def measure(codec, weight, tensors: dict, marker: dict, name: str) -> dict:
-    """Relative L2 error and cosine similarity of the decoded weight and of the layer output."""
+def measure(codec, held: list, tensors: dict, marker: dict, name: str) -> dict:
+    """Relative L2 error and cosine similarity of the decoded weight and of the layer output.
+
+    ``held`` is a one-element list with the source weight; it is emptied before the
+    quantized forward runs, so the source and the forward's temporaries never coexist."""
     import torch
     import torch.nn.functional as F  # noqa: N812
 
+    weight = held.pop()
     n, k = weight.shape
     acc = torch.zeros(4, dtype=torch.float64)  # sum e^2, sum w^2, sum d*w, sum d^2
     r0 = 0
@@ -165,6 +178,7 @@ def measure(codec, weight, tensors: dict, marker: dict, name: str) -> dict:
     xf = x.to(torch.float32)
     rows = max(1, REFERENCE_BLOCK // max(1, k))
     y_ref = torch.cat([F.linear(xf, weight[r:r + rows].to(torch.float32)) for r in range(0, n, rows)], dim=1)
+    del weight
     y = codec.linear(x, tensors, marker, layer=name).to(torch.float32)
     e2, w2, dw, d2 = (float(v) for v in acc)
     return {"weight": _metrics(e2, w2, dw, d2), "output": _metrics(

@@ -1,0 +1,173 @@
+"""Quantize throughput, error and peak memory: comfyquant quantize vs comfy-kitchen's quantizers.
+
+One run builds a synthetic BF16 model (seeded Gaussian weights: 3072x3072 attention-like
+and 3072x12288 / 12288x3072 MLP-like linears, with biases and norms) and, per format:
+
+* runs ``comfyquant quantize`` end to end (read, encode, quality report, write, check,
+  rename) in a fresh process, with ``--jobs 1`` (and ``--jobs 2`` for W4A8), recording wall
+  time, the mean relative L2 error of the decoded weights and the peak RSS of the main
+  process and of the largest worker;
+* times comfy-kitchen 0.2.40's ``QuantizedTensor.from_float`` on the same weights in a fresh
+  process (compute only: no reading, writing or checking) and measures its error the same way.
+
+Targets (issue 6): W4A8 throughput >= 1.0x comfy-kitchen with equal or lower error; peak RSS
+<= 3x the largest layer's dense size per job + 300 MB.
+
+    python bench/quantize_speed.py [--formats w4a8,int8,...] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+LAYERS = (
+    ("blocks.0.attn.qkv", 3072, 3072),
+    ("blocks.0.attn.out", 3072, 3072),
+    ("blocks.0.mlp.fc1", 12288, 3072),
+    ("blocks.0.mlp.fc2", 3072, 12288),
+)
+KITCHEN = {
+    "w4a8": ("AsymW4A8Int8Layout", {}),
+    "int8": ("TensorWiseINT8Layout", {"per_channel": True, "convrot": True}),
+    "w4a4": ("TensorCoreConvRotW4A4Layout", {}),
+    "nvfp4": ("TensorCoreNVFP4Layout", {}),
+    "mxfp8": ("TensorCoreMXFP8Layout", {}),
+    "fp8": ("TensorCoreFP8Layout", {}),
+}
+MB = 1 << 20
+
+
+def build_model(path: str) -> int:
+    """The synthetic model (weights generated row block by row block: bounded memory)."""
+    import torch
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(0)
+    sd = {}
+    for name, n, k in LAYERS:
+        w = torch.empty(n, k, dtype=torch.bfloat16)
+        for r in range(0, n, 512):
+            w[r:r + 512] = torch.randn(min(512, n - r), k, generator=gen) * k ** -0.5
+        sd[f"{name}.weight"] = w
+        sd[f"{name}.bias"] = torch.zeros(n, dtype=torch.bfloat16)
+    sd["blocks.0.norm1.weight"] = torch.ones(3072, dtype=torch.bfloat16)
+    save_file(sd, path)
+    return sum(n * k * 2 for _, n, k in LAYERS)
+
+
+def _peaks() -> tuple[float, float]:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return own, kids
+
+
+def child_comfyquant(src: str, fmt: str, jobs: int, out_dir: str) -> dict:
+    started = time.perf_counter()
+    import comfyquant
+
+    out = os.path.join(out_dir, f"{fmt}-j{jobs}.safetensors")
+    r = comfyquant.quantize(src, out, fmt, target="all", jobs=jobs, progress=False, overwrite=True)
+    seconds = time.perf_counter() - started
+    own, kids = _peaks()
+    os.unlink(out)
+    t = r.doc["totals"]
+    return {"seconds": seconds, "rel_l2": t["weight_rel_l2_mean"], "out_rel_l2": t["output_rel_l2_mean"],
+            "rss_main": own, "rss_worker": kids, "ok": r.ok, "layers": t["quantized"]}
+
+
+def child_kitchen(src: str, fmt: str) -> dict:
+    import torch
+    from comfy_kitchen.tensor import QuantizedTensor
+    from safetensors import safe_open
+
+    layout, kwargs = KITCHEN[fmt]
+    seconds = 0.0
+    errors = []
+    with safe_open(src, "pt") as f:
+        for name, _n, _k in LAYERS:
+            w = f.get_tensor(f"{name}.weight")
+            t0 = time.perf_counter()
+            q = QuantizedTensor.from_float(w, layout, **kwargs)
+            seconds += time.perf_counter() - t0
+            d = q.dequantize().to(torch.float32)
+            wf = w.to(torch.float32)
+            errors.append(float((d - wf).norm() / wf.norm()))
+            del q, d, wf, w
+    own, _ = _peaks()
+    return {"seconds": seconds, "rel_l2": sum(errors) / len(errors), "rss_main": own}
+
+
+def run_child(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"child {args} failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--formats", default="w4a8,int8,w4a4,nvfp4,mxfp8,fp8")
+    ap.add_argument("--keep", metavar="DIR", help="build the model in DIR (default: a temporary folder)")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        kind, src, fmt = args.child[:3]
+        res = child_kitchen(src, fmt) if kind == "kitchen" else child_comfyquant(src, fmt, int(args.child[3]), args.child[4])
+        print(json.dumps(res))
+        return
+
+    folder = args.keep or tempfile.mkdtemp(prefix="cq-bench-")
+    src = os.path.join(folder, "dense.safetensors")
+    if not os.path.exists(src):
+        build_model(src)
+    quantized_bytes = sum(n * k * 2 for _, n, k in LAYERS)
+    largest = max(n * k * 2 for _, n, k in LAYERS) / MB
+    print(f"model: {len(LAYERS)} linears ({', '.join(f'{n}x{k}' for _, n, k in LAYERS)}), BF16, "
+          f"{quantized_bytes / MB:.0f} MB of weights; largest layer {largest:.0f} MB; {os.cpu_count()} cores")
+    budget = {j: 3 * largest * j + 300 for j in (1, 2)}
+    rows = []
+    for fmt in args.formats.split(","):
+        ck = run_child("kitchen", src, fmt)
+        jobs_list = (1, 2) if fmt == "w4a8" else (1,)
+        for jobs in jobs_list:
+            cq = run_child("comfyquant", src, fmt, str(jobs), folder)
+            rows.append((fmt, jobs, cq, ck))
+    print()
+    head = (f"{'format':<6} {'jobs':>4} {'cq MB/s':>8} {'ck MB/s':>8} {'speed':>6} {'cq relL2':>9} {'ck relL2':>9} "
+            f"{'cq RSS MB (main/worker)':>24} {'budget':>7} {'ck RSS':>7}")
+    print(head)
+    print("-" * len(head))
+    verdicts = []
+    for fmt, jobs, cq, ck in rows:
+        cq_rate = quantized_bytes / MB / cq["seconds"]
+        ck_rate = quantized_bytes / MB / ck["seconds"]
+        total_rss = cq["rss_main"] + (cq["rss_worker"] * jobs if jobs > 1 else 0)
+        print(f"{fmt:<6} {jobs:>4} {cq_rate:>8.1f} {ck_rate:>8.1f} {cq_rate / ck_rate:>5.2f}x {cq['rel_l2']:>9.5f} "
+              f"{ck['rel_l2']:>9.5f} {cq['rss_main']:>11.0f} / {cq['rss_worker'] if jobs > 1 else 0:>8.0f}"
+              f" {budget[jobs]:>7.0f} {ck['rss_main']:>7.0f}")
+        if fmt == "w4a8":
+            verdicts.append(f"W4A8 --jobs {jobs}: throughput {cq_rate / ck_rate:.2f}x comfy-kitchen (target >= 1.0), "
+                            f"error {cq['rel_l2']:.5f} vs {ck['rel_l2']:.5f} (target <=): "
+                            f"{'MET' if cq_rate >= ck_rate and cq['rel_l2'] <= ck['rel_l2'] + 1e-12 else 'NOT MET'}")
+        verdicts.append(f"{fmt} --jobs {jobs}: peak RSS {total_rss:.0f} MB (budget {budget[jobs]:.0f} MB): "
+                        f"{'MET' if total_rss <= budget[jobs] else 'NOT MET'}")
+    print()
+    print("comfyquant: end to end (process start, read, encode, quality report, write, check, rename);")
+    print("comfy-kitchen: QuantizedTensor.from_float only. RSS: ru_maxrss of the process (and of its largest worker).")
+    for v in verdicts:
+        print("  " + v)
+    if not args.keep:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
