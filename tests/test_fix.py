@@ -344,3 +344,15 @@ def test_codebook_bf16_upcast_is_exact(tmp_path):
     want = (np.frombuffer(bf16(levels), "<u2").astype("<u4") << 16).view("<f4")
     assert np.array_equal(got, want)
 
+
+
+def test_outputs_get_normal_permissions(tmp_path):
+    src = write(tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)))
+    os.chmod(src, 0o640)
+    dest = tmp_path / "out.safetensors"
+    assert fix(src, out=str(dest)).ok
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (os.stat(dest).st_mode & 0o777) == 0o666 & ~mask
+    assert fix(src, in_place=True).ok
+    assert (os.stat(src).st_mode & 0o777) == 0o640  # in place keeps the input's mode

@@ -170,8 +170,16 @@ def _kernel_copy(src: CopyRange, dst_fd: int, flusher) -> int:
 
 
 def commit_file(tmp: str, path: str) -> None:
-    """Atomically move a finished temporary file into place and make the rename durable."""
+    """Atomically move a finished temporary file into place and make the rename durable.
+
+    Temporary files are private (0600); the result gets the permissions of the file it
+    replaces, or those of a new file (0666 less the umask)."""
     _fault("before-rename")
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
+    os.chmod(tmp, mode)
     os.replace(tmp, path)
     try:
         dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
@@ -181,6 +189,12 @@ def commit_file(tmp: str, path: str) -> None:
             os.close(dfd)
     except OSError:
         pass  # some filesystems cannot fsync a directory; the rename itself is atomic
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def discard(tmp: str) -> None:

@@ -266,10 +266,8 @@ def execute(ckpt, plan: Plan, dests: list[str], index_dest: str | None, *, jobs:
             found = problems(report, warnings=False)
             raise InputError(f"the written output fails check --target {plan.target}: {found[0]}; nothing was written "
                              "(please report this)")
-        mode = 0o666 & ~_umask()
         for temp, dest in zip(temps, dests):
-            os.chmod(temp, mode)  # temporary files are private (0600); the output is a normal file
-            commit_file(temp, dest)
+            commit_file(temp, dest)  # also gives the private temporary file normal permissions
         temps = []
         if index_dest:
             weight_map = {name: os.path.basename(dest) for (_f, tensors, _m), dest in zip(tables, dests) for name in tensors}
@@ -281,8 +279,3 @@ def execute(ckpt, plan: Plan, dests: list[str], index_dest: str | None, *, jobs:
         for t in temps:
             discard(t)
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
