@@ -144,19 +144,25 @@ class Codec:
 
     def iter_decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
                     block_elements: int | None = None, plan: Plan | None = None) -> Iterator[torch.Tensor]:
-        """The dense weight in row blocks of about ``block_elements`` elements."""
+        """The dense weight in row blocks of about ``block_elements`` elements.  Blocks share
+        one buffer: use (or copy) each block before requesting the next."""
         plan = plan or self.plan(tensors, marker, layer)
-        yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements)
+        yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements, reuse=True)
 
     def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None,
-                out: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+                out: torch.Tensor | None = None, reuse: bool = False) -> Iterator[torch.Tensor]:
+        """Row blocks, written into ``out`` when given.  With ``reuse`` every block is written
+        into one block-sized buffer: a consumer must use a block before asking for the next
+        (the streaming writer does), and memory stays one block whatever the layer size."""
         n, k = plan.shape
         block_elements = block_elements or DEFAULT_BLOCK_ELEMENTS
         state = self._prepare(tensors, plan.env, dtype)
         rows = max(MIN_BLOCK_ROWS, block_elements // max(k, 1))
+        buffer = torch.empty((min(rows, n), k), dtype=dtype) if reuse and out is None else None
         for r0 in range(0, n, rows):
             r1 = min(n, r0 + rows)
-            yield self._decode_rows(tensors, plan, dtype, r0, r1, state, None if out is None else out[r0:r1])
+            dest = out[r0:r1] if out is not None else buffer[: r1 - r0] if buffer is not None else None
+            yield self._decode_rows(tensors, plan, dtype, r0, r1, state, dest)
 
     def _dense(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None = None) -> torch.Tensor:
         """The whole dense weight of an already validated layer, decoded block by block
