@@ -9,8 +9,8 @@ is planned from the headers alone (names, dtypes, shapes) and written by
 * A quantized layer's ``weight`` becomes the dense weight, decoded in row blocks while it is
   written; its quantization-only tensors (scales, codebooks, corrections, ...) and markers are
   dropped.  Peak memory is one layer's packed tensors plus one block, never the file.
-* Every other tensor (biases, norms, embeddings, unquantized layers) is copied byte for byte
-  in bounded chunks.
+* Every other tensor (biases, norms, embeddings, unquantized layers) is copied byte for byte:
+  by the kernel (``copy_file_range``) from local files, in bounded chunks otherwise.
 * ``__metadata__`` is kept, minus the marker map ``_quantization_metadata`` and SGLang's
   ``quant_format``, which would describe tensors that no longer exist.
 
@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 
 from .errors import ComfyQuantError
 
-COPY_CHUNK = 16 << 20
-"""Bytes per read when copying a tensor (bounded memory, large sequential I/O)."""
 DROP_METADATA = ("_quantization_metadata", "quant_format")
 OUTPUT_DTYPES = ("bf16", "f16", "f32")
 
@@ -79,7 +77,8 @@ class Summary:
             f"dequantized {decoded} layer{'s' * (decoded != 1)} ({formats}) to {self.dtype or 'the model dtype of each layer'}",
             f"copied {self.copied} tensor{'s' * (self.copied != 1)} unchanged, dropped {self.dropped} "
             "quantization-only tensors and markers",
-            f"read {_size(self.bytes_read)}, wrote {_size(self.bytes_written)} in {self.seconds:.1f} s ({rate:.0f} MB/s)",
+            f"read {_size(self.bytes_read)}, wrote {_size(self.bytes_written)} in {self.seconds:.1f} s "
+            f"({rate:.1f} MB/s of input)",
         ]
         lines += [f"wrote {p}" for p in self.outputs]
         return "\n".join(lines)
@@ -137,9 +136,9 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
                 tensors, metadata = work.output(names, _metadata(ckpt, source))
                 try:
                     write_safetensors(path, tensors, metadata)
-                    _default_mode(path)
                 except OSError as exc:
                     raise DequantizeError(f"{path}: cannot write ({exc.strerror or exc})") from None
+                work.settle()
         if not out.endswith(".safetensors") and (len(files) > 1 or ckpt.shardset.index_path):
             index_name = os.path.basename(ckpt.shardset.index_path or "model.safetensors.index.json")
             _write_index(os.path.join(out, index_name), files, work.sizes)
@@ -230,13 +229,6 @@ def _metadata(ckpt, source: str | None) -> dict[str, str]:
     return {k: v for k, v in meta.items() if k not in DROP_METADATA}
 
 
-def _default_mode(path: str) -> None:
-    """Give the output the permissions a plain ``open`` would (the temporary file is 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
 def _write_index(path: str, files: list, sizes: dict[str, int]) -> None:
     """The shards' index (tensor -> file), written like the shards: temp file, fsync, rename."""
     weight_map = {n: os.path.basename(p) for p, _, names in files for n in names if n in sizes}
@@ -260,6 +252,8 @@ class _Work:
         self.layers = layers
         self.summary = summary
         self.bar = None
+        self.pending = 0
+        """Bytes of kernel-copied tensors not yet shown on the progress bar."""
         self.formats: dict[str, int] = {}
         self.sizes: dict[str, int] = {}
         self.dropped_names = set()
@@ -269,6 +263,7 @@ class _Work:
                     self.dropped_names.add(e.name)
 
     def output(self, names: list[str], metadata: dict) -> tuple[dict, dict]:
+        from .io.copying import copy_range
         from .numerics.dtypes import dtype_name
 
         tensors: dict = {}
@@ -286,8 +281,12 @@ class _Work:
                 self.summary.dropped += 1
                 self._advance(entry.nbytes)
             else:
-                tensors[name] = (entry.dtype, entry.shape, self._copier(entry))
+                # untouched: copied by the kernel (copy_file_range) when the input is a local file
+                tensors[name] = (entry.dtype, entry.shape, copy_range(self.ckpt.source(entry.file), entry.start, entry.nbytes))
                 self.sizes[name] = entry.nbytes
+                self.summary.copied += 1
+                self.summary.bytes_written += entry.nbytes
+                self.pending += entry.nbytes
         return tensors, metadata
 
     def _advance(self, n: int) -> None:
@@ -295,23 +294,18 @@ class _Work:
         if self.bar is not None:
             self.bar(n)
 
-    def _copier(self, entry):
-        def chunks():
-            source = self.ckpt.source(entry.file)
-            for off in range(entry.start, entry.end, COPY_CHUNK):
-                data = source.pread(off, min(COPY_CHUNK, entry.end - off))
-                self._advance(len(data))
-                self.summary.bytes_written += len(data)
-                yield data
-            self.summary.copied += 1
-
-        return chunks
+    def settle(self) -> None:
+        """Account the copies written since the last decoded layer (the kernel did them)."""
+        if self.pending:
+            self._advance(self.pending)
+            self.pending = 0
 
     def _decoder(self, layer: _Layer):
         def chunks():
             from .codecs.base import CodecError
             from .numerics.dtypes import from_bytes, to_bytes
 
+            self.settle()
             needed = [e for s, e in layer.entries.items() if s in layer.drop or s == "weight"]
             raw = self.ckpt.read_many(needed)
             tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in layer.entries.items() if e.name in raw}
