@@ -357,7 +357,12 @@ class _RichBar:
 def _progress(enabled: bool | None, total: int):
     if enabled is None:
         enabled = sys.stderr.isatty()
-    return _RichBar(total) if enabled else _NoBar()
+    if not enabled:
+        return _NoBar()
+    try:
+        return _RichBar(total)
+    except ImportError:  # rich is a declared dependency; a broken install still dequantizes
+        return _NoBar()
 
 
 class _CallableModule(types.ModuleType):
