@@ -331,3 +331,22 @@ def test_all_zero_weights_encode_to_zeros():
         codec = codecs.get(fmt)
         enc = codec.encode(torch.zeros(32, 64, dtype=torch.bfloat16))
         assert not codec.decode(enc, enc.marker).any(), fmt
+
+
+@pytest.mark.parametrize("group_size,size", [(4, 16), (32, 64), (16, 1024), (64, 256)])
+@pytest.mark.parametrize("dtype_name", ["bf16", "f16"])
+@pytest.mark.parametrize("variant", ["w4a8_codebook", "w6a8"])
+def test_w4a8_group_and_rotation_sizes(group_size, size, dtype_name, variant):
+    if variant == "w6a8" and group_size % 16:
+        pytest.skip("6-bit storage needs group sizes that are multiples of 16")
+    dtype = DTYPES[dtype_name]
+    w = weight("gauss", 32, 1024, dtype, seed=group_size + size)
+    params = dict(ENCODE_ARGS[variant], group_size=group_size, convrot_groupsize=size)
+    codec = codecs.get("asym_w4a8_int8")
+    q = QuantizedTensor.from_float(w, "AsymW4A8Int8Layout", **{k: v for k, v in params.items()})
+    ref = q.state_dict("weight")
+    enc = codec.encode(w, **params)
+    assert all(same_bits(enc[s], ref[s]) for s in ref)
+    assert same_bits(codec.decode(ref, enc.marker, dtype=dtype), q.dequantize())
+    x = torch.randn(3, 1024).to(dtype)
+    assert same_bits(codec.linear(x, ref, enc.marker), F.linear(x, q))
