@@ -14,7 +14,6 @@ for the whole matrix (measured: results are bit-identical for any block of >= 8 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import torch
@@ -22,7 +21,7 @@ import torch
 from ..checker.layers import check_layer
 from ..errors import ComfyQuantError
 from ..formats import registry
-from ..formats.base import Format
+from ..formats.base import Format, Meta
 from ..numerics.dtypes import DENSE, DTYPE_NAMES, FLOAT_DTYPES, parse_float_dtype
 
 DEFAULT_BLOCK_ELEMENTS = 1 << 22
@@ -33,23 +32,6 @@ MIN_BLOCK_ROWS = 64
 
 class CodecError(ComfyQuantError):
     """A layer cannot be encoded, decoded or run; the message names the layer and tensor."""
-
-
-class Meta:
-    """(dtype string, shape) of a tensor, the view the format descriptions and checker use."""
-
-    __slots__ = ("dtype", "shape")
-
-    def __init__(self, dtype: str, shape: tuple) -> None:
-        self.dtype = dtype
-        self.shape = tuple(shape)
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    def __repr__(self) -> str:
-        return f"Meta({self.dtype}, {self.shape})"
 
 
 def meta_of(t) -> Meta:

@@ -167,6 +167,27 @@ class Constraint:
             return False
 
 
+class Meta:
+    """(dtype, shape) of a tensor in the form slots and geometry functions read: what codecs and
+    planners pass when they have no header entry (a torch tensor, a planned output)."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, dtype: str, shape: tuple) -> None:
+        self.dtype = dtype
+        self.shape = tuple(shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def __repr__(self) -> str:
+        return f"Meta({self.dtype}, {self.shape})"
+
+
 class GeometryError(Exception):
     """The tensors do not determine N and K; the message says why."""
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import ComfyQuantError
 from ..formats import registry
-from ..formats.base import CODEBOOK, CORRECTION, GeometryError
+from ..formats.base import CODEBOOK, CORRECTION, GeometryError, Meta
 from ..io.header import FIRST_READ
 from ..io.shards import ShardSet
 from ..io.writer import build_header
@@ -36,20 +36,6 @@ PROBE = "comfyquant_probe.linear"
 
 class PlanError(ComfyQuantError):
     """The format description and the encode parameters disagree (a bug, not bad input)."""
-
-
-class Meta:
-    """(dtype, shape) in the form the format descriptions and geometry functions read."""
-
-    __slots__ = ("dtype", "shape")
-
-    def __init__(self, dtype: str, shape: tuple) -> None:
-        self.dtype = dtype
-        self.shape = tuple(shape)
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
 
 
 def planned_tensors(fmt_name: str, params: dict, n: int, k: int) -> dict[str, tuple[str, tuple]]:
