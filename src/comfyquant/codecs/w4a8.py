@@ -73,7 +73,14 @@ class W4A8Codec(Codec):
             # comfy-kitchen runs the asymmetric variant as dequantize + float matmul.
             w = self._dense(t, plan, dtype)
             return torch.nn.functional.linear(x, w, None if bias is None else bias.to(dtype))
-        grid = self._grid(t, env, 0, env["N"], None).to(torch.int8)
+        # The INT8 grid is built in row blocks: one F32 temporary per block, not per layer.
+        n, k = env["N"], env["K"]
+        table = self._prepare(t, env, None)
+        grid = torch.empty((n, k), dtype=torch.int8)
+        step = max(64, (1 << 22) // max(k, 1))
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            grid[r0:r1] = self._grid(t, env, r0, r1, table).to(torch.int8)
         x_rot = rotate_activation(x, env["convrot_groupsize"])
         return int8_linear(x_rot, grid, t["weight_s_channel"], bias, dtype)
 
