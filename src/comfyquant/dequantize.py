@@ -28,6 +28,7 @@ import types
 from dataclasses import dataclass, field
 
 from .errors import ComfyQuantError
+from .render import human_size
 
 DROP_METADATA = ("_quantization_metadata", "quant_format")
 OUTPUT_DTYPES = ("bf16", "f16", "f32")
@@ -77,19 +78,11 @@ class Summary:
             f"dequantized {decoded} layer{'s' * (decoded != 1)} ({formats}) to {self.dtype or 'the model dtype of each layer'}",
             f"copied {self.copied} tensor{'s' * (self.copied != 1)} unchanged, dropped {self.dropped} "
             "quantization-only tensors and markers",
-            f"read {_size(self.bytes_read)}, wrote {_size(self.bytes_written)} in {self.seconds:.1f} s "
+            f"read {human_size(self.bytes_read)}, wrote {human_size(self.bytes_written)} in {self.seconds:.1f} s "
             f"({rate:.1f} MB/s of input)",
         ]
         lines += [f"wrote {p}" for p in self.outputs]
         return "\n".join(lines)
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024
-    return f"{n:.1f} GB"  # pragma: no cover
 
 
 class _Layer:

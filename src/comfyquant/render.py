@@ -85,7 +85,8 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
     return "\n".join(lines)
 
 
-def _human(n: float) -> str:
+def human_size(n: float) -> str:
+    """Bytes as ``123 B``, ``4.5 MB`` ... (every command's summary uses this one)."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1024 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -108,18 +109,18 @@ def render_inventory(inv, stream=None) -> str:
     for r in inv.rows:
         nk = f"{r.n}x{r.k}" if r.n is not None and r.k is not None else "?"
         bpw = f"{r.bits_per_weight:.2f}" if r.bits_per_weight is not None else "-"
-        rows.append([r.name, r.format, nk, r.params, r.dtypes, _human(r.bytes), bpw])
+        rows.append([r.name, r.format, nk, r.params, r.dtypes, human_size(r.bytes), bpw])
     lines = table(["layer", "format", "NxK", "params", "dtypes", "bytes", "bits/w"], rows, right={5, 6})
     lines.append("")
     trows = []
     for fmt, t in sorted(inv.totals().items()):
-        trows.append([fmt, str(t["layers"]), f"{t['weights']:,}", _human(t["bytes"]),
+        trows.append([fmt, str(t["layers"]), f"{t['weights']:,}", human_size(t["bytes"]),
                       f"{t['bits_per_weight']:.2f}" if t["bits_per_weight"] else "-"])
     lines.extend(table(["format", "layers", "weights", "bytes", "bits/w"], trows, right={1, 2, 3, 4}))
     lines.append("")
     ratio = inv.bf16_bytes / inv.file_bytes if inv.file_bytes else 0
-    lines.append(f"other tensors: {inv.other_tensors} ({_human(inv.other_bytes)})")
-    lines.append(f"files: {len(inv.files)}, {_human(inv.file_bytes)}; as BF16: {_human(inv.bf16_bytes)} "
+    lines.append(f"other tensors: {inv.other_tensors} ({human_size(inv.other_bytes)})")
+    lines.append(f"files: {len(inv.files)}, {human_size(inv.file_bytes)}; as BF16: {human_size(inv.bf16_bytes)} "
                  f"(compression {ratio:.2f}x)")
     return "\n".join(lines)
 
@@ -223,7 +224,7 @@ def render_summary(result, verbose: bool = False) -> str:
         requests, nbytes = _io_total(r)
         rows.append([item.label, str(len(r.files)), str(r.layers), str(r.counts["error"]), str(r.counts["warning"])]
                     + ["loads" if r.verdicts[t].loads else "FAILS" for t in targets]
-                    + [str(requests), _human(nbytes)])
+                    + [str(requests), human_size(nbytes)])
     heads = ["checkpoint", "files", "layers", "errors", "warnings"] + targets + ["requests", "read"]
     right = {1, 2, 3, 4, len(heads) - 2, len(heads) - 1}
     lines = [""] + table(heads, rows, right=right)
@@ -233,5 +234,5 @@ def render_summary(result, verbose: bool = False) -> str:
     loads = ", ".join(f"{t} {v['loads']}/{readable}" for t, v in s["targets"].items())
     lines.append("")
     lines.append(f"{_plural(s['checkpoints'], 'checkpoint')}: {', '.join(parts)}; loads: {loads}; "
-                 f"{_plural(s['requests'], 'request')}, {_human(s['bytes'])} read")
+                 f"{_plural(s['requests'], 'request')}, {human_size(s['bytes'])} read")
     return "\n".join(lines)

@@ -9,13 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"  # pragma: no cover
+from ..render import human_size
 
 
 class Progress:
@@ -51,7 +45,7 @@ class Progress:
         rate = self.bytes / elapsed
         left = (self.total_bytes - self.bytes) / rate if rate > 0 and frac < 1 else 0.0
         line = (f"{self.label} [{'#' * fill}{'.' * (width - fill)}] layers {self.layers}/{self.total_layers}  "
-                f"{_size(self.bytes)}/{_size(self.total_bytes)}  {_size(rate)}/s  {left:.0f} s left")
+                f"{human_size(self.bytes)}/{human_size(self.total_bytes)}  {human_size(rate)}/s  {left:.0f} s left")
         self.stream.write("\r" + line + "\x1b[K")
         self.stream.flush()
         self._shown = True

@@ -13,6 +13,7 @@ import os
 
 from .. import __version__
 from ..errors import InputError
+from ..render import human_size
 from .plan import COPY, DENSE, QUANTIZE, Plan
 from .work import QUALITY_ROWS, QUALITY_SEED
 
@@ -153,14 +154,6 @@ def write_png(doc: dict, path: str) -> None:
 
 # -- text -------------------------------------------------------------------------------------
 
-def size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"  # pragma: no cover
-
-
 def _table(header: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
 
@@ -177,17 +170,17 @@ def render_plan(plan: Plan, full: bool) -> str:
     verb = "quantize" if plan.mode == "quantize" else "re-encode"
     kinds = ", ".join(f"{n} {f}" for f, n in sorted(_count(q).items())) or "none"
     lines.append(f"plan: {verb} {len(q)} of {len(plan.layers)} layers ({kinds}); "
-                 f"{size(plan.bytes_in)} -> {size(plan.bytes_out)}")
+                 f"{human_size(plan.bytes_in)} -> {human_size(plan.bytes_out)}")
     if full:
         rows = []
         for lp in plan.layers:
             w = lp.entries.get("weight")
             shape = "x".join(str(d) for d in w.shape) if w is not None else "-"
             rows.append([lp.name, shape, w.dtype if w is not None else "-", lp.action, lp.describe(),
-                         size(lp.bytes_in), size(lp.bytes_out)])
+                         human_size(lp.bytes_in), human_size(lp.bytes_out)])
         lines += ["  " + x for x in _table(["layer", "shape", "dtype", "action", "format / reason", "in", "out"], rows, {5, 6})]
         if plan.others:
-            lines.append(f"  other tensors (copied): {len(plan.others)}, {size(sum(e.nbytes for e in plan.others))}")
+            lines.append(f"  other tensors (copied): {len(plan.others)}, {human_size(sum(e.nbytes for e in plan.others))}")
     else:
         reasons: dict[str, list[str]] = {}
         for lp in plan.layers:
@@ -223,7 +216,7 @@ def render_result(doc: dict, check=None) -> str:
         rate = f" ({t['throughput_mb_s']:.1f} MB/s quantized)" if t.get("throughput_mb_s") else ""
         comp = f" ({t['compression']:.2f}x)" if t.get("compression") else ""
         lines.append(f"{'quantized' if doc['command'] == 'quantize' else 'converted'} {t['quantized']} layers, "
-                     f"{size(t['bytes_in'])} -> {size(t['bytes_out'])}{comp} in {t['seconds']:.1f} s{rate}")
+                     f"{human_size(t['bytes_in'])} -> {human_size(t['bytes_out'])}{comp} in {t['seconds']:.1f} s{rate}")
     if check is not None:
         for name, v in check.verdicts.items():
             state = "loads" if v.loads else f"FAILS {v.first.message}"
