@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ..numerics.blocked import ceil_to, from_blocked, to_blocked
+from ..numerics.blocked import ceil_to, from_blocked, padded_blocks, to_blocked
 from ..numerics.floats import E4M3, FP8_MAX, e8m0_decode, e8m0_from_amax, fp8_decode, fp8_decode_scaled
 from .base import Codec, finish, reject_unknown
 
@@ -20,11 +20,7 @@ def quantize_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Pad to 32x32; per 1x32 block the smallest power of two that fits ``amax`` under 448.
 
     Returns (FP8 values ``[Np, Kp]``, E8M0 exponents uint8 ``[Np, Kp/32]``)."""
-    rows, cols = x.shape
-    rp, cp = ceil_to(rows, BLOCK), ceil_to(cols, BLOCK)
-    if (rp, cp) != (rows, cols):
-        x = F.pad(x, (0, cp - cols, 0, rp - rows))
-    blocks = x.reshape(rp, cp // BLOCK, BLOCK)
+    blocks, rp, cp = padded_blocks(x, BLOCK)
     amax = torch.amax(torch.abs(blocks), dim=-1)
     e = e8m0_from_amax(amax)
     empty = amax == 0

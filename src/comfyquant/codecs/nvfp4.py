@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ..numerics.blocked import ceil_to, from_blocked, to_blocked
+from ..numerics.blocked import ceil_to, from_blocked, padded_blocks, to_blocked
 from ..numerics.floats import E2M1_MAX, E4M3, FP8_MAX, e2m1_encode, e2m1_table
 from ..numerics.packing import HNF, lookup_pairs, pack_nibbles, pair_table, unpack_nibbles
 from .base import Codec, reject_unknown
@@ -25,11 +25,7 @@ def quantize_nvfp4(x: torch.Tensor, tensor_scale: torch.Tensor) -> tuple[torch.T
     """Pad to 16x16, then per 1x16 block: FP8 block scale relative to ``tensor_scale``, E2M1 codes.
 
     Returns (codes uint8 ``[Np, Kp]``, block scales F8_E4M3 ``[Np, Kp/16]``)."""
-    rows, cols = x.shape
-    rp, cp = ceil_to(rows, BLOCK), ceil_to(cols, BLOCK)
-    if (rp, cp) != (rows, cols):
-        x = F.pad(x, (0, cp - cols, 0, rp - rows))
-    blocks = x.reshape(rp, cp // BLOCK, BLOCK)
+    blocks, rp, cp = padded_blocks(x, BLOCK)
     ratio = (torch.amax(blocks.abs(), dim=-1).to(torch.float32) / E2M1_MAX) / tensor_scale
     scales = ratio.clamp(max=FP8_MAX[E4M3]).to(E4M3)
     total = tensor_scale * scales.to(torch.float32)

@@ -115,13 +115,17 @@ def _decide_codebook(weight: torch.Tensor, g: int, c: int) -> torch.Tensor:
     return _codebook_for(normalized)
 
 
+def _seeded_sample(x: torch.Tensor, limit: int) -> torch.Tensor:
+    """At most ``limit`` values drawn with a generator seeded 0, as comfy-kitchen draws them."""
+    if x.numel() <= limit:
+        return x
+    gen = torch.Generator(device=x.device).manual_seed(0)
+    return x[torch.randint(0, x.numel(), (limit,), device=x.device, generator=gen)]
+
+
 def _codebook_for(normalized: torch.Tensor) -> torch.Tensor:
     """The fixed table unless the normalized groups are heavy-tailed (excess kurtosis > -0.1)."""
-    x = normalized.flatten()
-    if x.numel() > KURTOSIS_SAMPLE:
-        gen = torch.Generator(device=x.device).manual_seed(0)
-        x = x[torch.randint(0, x.numel(), (KURTOSIS_SAMPLE,), device=x.device, generator=gen)]
-    x = x.float()
+    x = _seeded_sample(normalized.flatten(), KURTOSIS_SAMPLE).float()
     excess = ((x - x.mean()) / (x.std() + 1e-9)).pow(4).mean() - 3.0
     if excess.item() <= KURTOSIS_GATE:
         return torch.tensor(FIXED_CODEBOOK, dtype=torch.float32)
@@ -130,11 +134,7 @@ def _codebook_for(normalized: torch.Tensor) -> torch.Tensor:
 
 def _fit_codebook(normalized: torch.Tensor) -> torch.Tensor:
     """16-level Lloyd-Max: quantile start, 25 rounds of nearest assignment and mean update."""
-    samples = normalized.flatten()
-    if samples.numel() > FIT_SAMPLE:
-        gen = torch.Generator(device=samples.device).manual_seed(0)
-        samples = samples[torch.randint(0, samples.numel(), (FIT_SAMPLE,), device=samples.device, generator=gen)]
-    samples = samples.float()
+    samples = _seeded_sample(normalized.flatten(), FIT_SAMPLE).float()
     book = torch.quantile(samples, torch.linspace(0, 1, 16, device=samples.device))
     for _ in range(FIT_ITERATIONS):
         nearest = (samples.unsqueeze(-1) - book).abs().argmin(-1)

@@ -17,6 +17,16 @@ def ceil_to(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+def padded_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, int, int]:
+    """``x`` zero-padded to multiples of ``block`` in both axes and viewed as 1 x ``block``
+    groups: ``([Rp, Cp/block, block], Rp, Cp)`` (NVFP4 and MXFP8 quantize this way)."""
+    rows, cols = x.shape
+    rp, cp = ceil_to(rows, block), ceil_to(cols, block)
+    if (rp, cp) != (rows, cols):
+        x = torch.nn.functional.pad(x, (0, cp - cols, 0, rp - rows))
+    return x.reshape(rp, cp // block, block), rp, cp
+
+
 def blocked_shape(rows: int, cols: int) -> tuple[int, int]:
     """Stored shape of a blocked ``[rows, cols]`` scale matrix (padding included)."""
     return ceil_to(rows, 128), ceil_to(cols, 4)
