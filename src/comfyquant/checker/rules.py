@@ -83,7 +83,7 @@ def check_marker_prefixes(ckpt) -> list[Finding]:
         if prefix in layers:
             continue
         cause, fix = "a marker for a layer that has no tensors", "remove the marker or restore the layer"
-        match = _prefix_match(prefix, layers)
+        match = prefix_match(prefix, layers)
         if match:
             cause = f"prefix mismatch: the marker says {prefix!r}, the tensors are named {match!r}"
             fix = "re-key the header markers to the tensor names (comfyquant fix)"
@@ -93,7 +93,7 @@ def check_marker_prefixes(ckpt) -> list[Finding]:
     return out
 
 
-def _prefix_match(prefix: str, layers: dict) -> str | None:
+def prefix_match(prefix: str, layers: dict) -> str | None:
     for root in KNOWN_ROOTS:
         if root + prefix in layers:
             return root + prefix

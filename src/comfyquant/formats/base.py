@@ -150,14 +150,13 @@ class Constraint:
     """A property of the geometry that must hold, e.g. ``K % convrot_groupsize == 0``; the
     message is formatted with the geometry."""
 
-    __slots__ = ("expr", "message", "cause", "fix", "who", "_expr")
+    __slots__ = ("expr", "message", "cause", "fix", "_expr")
 
-    def __init__(self, expr: str, message: str, cause: str = "", fix: str = "", who: str = "comfy-kitchen") -> None:
+    def __init__(self, expr: str, message: str, cause: str = "", fix: str = "") -> None:
         self.expr = expr
         self.message = message
         self.cause = cause
         self.fix = fix
-        self.who = who
         self._expr = Expr(expr)
 
     def holds(self, env: dict) -> bool:
@@ -202,12 +201,12 @@ class Format:
     """
 
     __slots__ = ("name", "title", "slots", "keys", "geometry", "constraints", "bits_text", "rotation", "loaders",
-                 "converter_only", "recognize", "aliases", "notes")
+                 "converter_only", "recognize")
 
     def __init__(self, name: str, title: str, slots: tuple[Slot, ...], keys: tuple[MarkerKey, ...],
                  geometry: Callable[[dict, dict], dict], constraints: tuple[Constraint, ...] = (), bits_text: str = "",
                  rotation: str = "none", loaders: frozenset[str] = frozenset(), converter_only: bool = False,
-                 recognize: Callable[[dict], bool] | None = None, aliases: tuple[str, ...] = (), notes: str = "") -> None:
+                 recognize: Callable[[dict], bool] | None = None) -> None:
         self.name = name
         self.title = title
         self.slots = slots
@@ -219,15 +218,9 @@ class Format:
         self.loaders = loaders
         self.converter_only = converter_only
         self.recognize = recognize
-        self.aliases = aliases
-        self.notes = notes
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"
-
-    @property
-    def suffixes(self) -> frozenset[str]:
-        return frozenset(s.suffix for s in self.slots)
 
     def key(self, name: str) -> MarkerKey | None:
         for k in self.keys:

@@ -52,10 +52,6 @@ class TensorEntry(tuple):
     def numel(self) -> int:
         return math.prod(self[2])
 
-    def meta(self) -> tuple[str, tuple]:
-        """``(dtype, shape)``, the pair runtimes compare against."""
-        return (self[1], self[2])
-
     def __repr__(self) -> str:
         return f"TensorEntry({self[0]!r}, {self[1]}, {self[2]}, {self[3]}:{self[4]})"
 

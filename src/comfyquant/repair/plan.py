@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 
 from ..checker.diagnose import dtype_matches, fmt_shape
+from ..checker.rules import prefix_match
 from ..formats.base import Format, GeometryError
 from ..formats.registry import FORMATS, infer_format
 from ..markers import HEADER, TENSOR
@@ -131,9 +132,7 @@ def _final_markers(ckpt, options: Options, plan: Plan) -> dict[str, dict]:
     for prefix, sources in ms.sources.items():
         target_prefix = prefix
         if prefix not in layers:
-            from ..checker.rules import _prefix_match
-
-            match = _prefix_match(prefix, layers)
+            match = prefix_match(prefix, layers)
             if match is None:
                 plan.changes.append(Change(prefix, None, "remove marker for a layer that does not exist",
                                            json.dumps(ms.effective[prefix]), "(removed)"))
