@@ -356,3 +356,47 @@ def test_outputs_get_normal_permissions(tmp_path):
     assert (os.stat(dest).st_mode & 0o777) == 0o666 & ~mask
     assert fix(src, in_place=True).ok
     assert (os.stat(src).st_mode & 0o777) == 0o640  # in place keeps the input's mode
+
+
+def test_corrupted_copy_fails_verification_and_leaves_nothing(tmp_path, monkeypatch):
+    """The byte comparison after writing is real: a copy that changes bytes is refused."""
+    from comfyquant.repair import execute
+
+    src = write(tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)), dense_layer("n", n=256, k=1024))
+    before = digest(src)
+
+    def garbled(source, start, length):
+        return lambda: iter([bytes(length)])  # right size, wrong bytes (zeros)
+
+    monkeypatch.setattr(execute, "_copy", garbled)
+    dest = tmp_path / "out.safetensors"
+    with pytest.raises(InputError, match="verification failed: tensor .* differs from the input"):
+        fix(src, out=str(dest))
+    assert not dest.exists() and digest(src) == before
+    assert sorted(os.listdir(tmp_path)) == ["m.safetensors"]
+
+
+@pytest.mark.parametrize("length", [1, 7, 8, 9, 23])
+def test_same_bytes_chunks_and_tails(tmp_path, monkeypatch, length):
+    """Range comparison over chunk boundaries and a short tail; one differing byte anywhere is seen."""
+    from comfyquant.io.source import LocalFile
+    from comfyquant.repair import execute
+
+    monkeypatch.setattr(execute, "CHUNK", 8)
+    data = bytes(range(40))
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(data)
+    b.write_bytes(b"xx" + data)
+    bufs = (bytearray(8), bytearray(8))
+    fa, fb = LocalFile(str(a)), LocalFile(str(b))
+    try:
+        assert execute._same_bytes(fa, 3, fb, 5, length, bufs)
+        for pos in range(length):
+            changed = bytearray(b"xx" + data)
+            changed[5 + pos] ^= 0xFF
+            b.write_bytes(bytes(changed))
+            assert not execute._same_bytes(fa, 3, fb, 5, length, bufs), pos
+        assert not execute._same_bytes(fa, 35, fb, 37, 10, bufs)  # runs past the end of a
+    finally:
+        fa.close()
+        fb.close()

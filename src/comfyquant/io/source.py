@@ -66,6 +66,20 @@ class LocalFile:
         self.bytes_read += len(data)
         return data
 
+    def readinto(self, offset: int, buf: bytearray | memoryview) -> int:
+        """Fill ``buf`` from ``offset`` without allocating (bulk comparisons reuse one buffer);
+        returns the bytes read, fewer than ``len(buf)`` only at end of file."""
+        view = memoryview(buf)
+        done = 0
+        while done < len(view):
+            n = os.preadv(self._fd, [view[done:]], offset + done)
+            if n == 0:
+                break
+            done += n
+        self.reads += 1
+        self.bytes_read += done
+        return done
+
     def pread_many(self, ranges: list[tuple[int, int]], gap: int = 1 << 16) -> list[bytes]:
         """Ranges sorted by offset; neighbours closer than ``gap`` bytes share one read
         (markers usually sit together at the end of a file: one read for all of them)."""

@@ -105,10 +105,15 @@ def write_safetensors(
     metadata: dict[str, str] | None = None,
     *,
     commit: bool = True,
+    sync: bool = True,
 ) -> str:
     """Write ``tensors`` (in the given order) next to ``path`` in a temporary file, fsync it and
     rename it to ``path``.  With ``commit=False`` the temporary file's path is returned and the
-    caller renames it with :func:`commit_file` (after verifying it, for instance)."""
+    caller renames it with :func:`commit_file` (after verifying it, for instance).  With
+    ``sync=False`` as well, the caller makes it durable first (:class:`BackgroundSync` lets the
+    disk catch up while the caller verifies the file)."""
+    if commit and not sync:
+        raise ValueError("an uncommitted file needs sync before commit: use commit=False with sync=False")
     header = build_header(tensors, metadata)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".comfyquant-", suffix=".tmp", dir=folder)
@@ -137,7 +142,8 @@ def write_safetensors(
                     _fault(f"after-tensor:{i}")
             finally:
                 flusher.stop()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         if commit:
             commit_file(tmp, path)
             return path
@@ -145,6 +151,33 @@ def write_safetensors(
     except BaseException:
         discard(tmp)
         raise
+
+
+class BackgroundSync:
+    """``fsync`` of a finished file in a thread, so the write-back (the slowest part of a
+    rewrite on most disks) overlaps whatever the caller does next, e.g. verifying the file.
+    :meth:`wait` must return before the file is renamed into place; it re-raises a failure."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.error: OSError | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self.error = exc
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def _kernel_copy(src: CopyRange, dst_fd: int, flusher) -> int:

@@ -18,7 +18,7 @@ from ..errors import InputError
 from ..io.copying import copy_range as _copy
 from ..io.index import write_index
 from ..io.shards import ShardSet
-from ..io.writer import CHUNK, commit_file, discard, write_safetensors
+from ..io.writer import CHUNK, BackgroundSync, commit_file, discard, write_safetensors
 from .lossy import W4A8_TENSORS, requantize
 from .plan import Plan
 
@@ -140,15 +140,24 @@ def write_and_verify(ckpt, plan: Plan, dests: list[str], index_dest: str | None,
     Returns (report after, list of written paths)."""
     shards = build_shards(ckpt, plan)
     temps: list[str] = []
+    syncs: list[BackgroundSync] = []
     try:
         for (tensors, metadata, _hashes), dest in zip(shards, dests):
             try:
-                temps.append(write_safetensors(dest, tensors, metadata, commit=False))
+                temps.append(write_safetensors(dest, tensors, metadata, commit=False, sync=False))
             except OSError as exc:
                 raise FixError(f"{dest}: cannot write ({exc.strerror or exc}); nothing was replaced") from None
+            syncs.append(BackgroundSync(temps[-1]))
+        # The disk writes the files back while they are re-checked and compared with the input.
         with open_checkpoint(temps, shardset=ShardSet(files=list(temps)), sources=None) as out:
             report = check_fn(out, target)
             _verify_copies(ckpt, out, shards, temps, dests)
+        for sync, dest in zip(syncs, dests):
+            try:
+                sync.wait()
+            except OSError as exc:
+                raise FixError(f"{dest}: cannot write ({exc.strerror or exc}); nothing was replaced") from None
+        syncs = []
         for temp, dest in zip(temps, dests):
             commit_file(temp, dest)
         temps = []
@@ -156,13 +165,17 @@ def write_and_verify(ckpt, plan: Plan, dests: list[str], index_dest: str | None,
             _write_index(ckpt, shards, dests, index_dest)
         return report, list(dests)
     finally:
+        for sync in syncs:
+            sync.thread.join()  # never unlink a file a sync thread still holds
         for t in temps:
             discard(t)
 
 
 def _verify_copies(ckpt, out, shards, temps: list[str], dests: list[str]) -> None:
     """Every copied tensor compared byte for byte with its input (stronger than a hash, and
-    faster: both sides are still in the page cache)."""
+    faster: both sides are still in the page cache).  Two reused buffers: no allocation per
+    chunk, and ``bytearray ==`` is a memcmp."""
+    bufs = (bytearray(CHUNK), bytearray(CHUNK))
     for (_tensors, _meta, copied), temp, dest in zip(shards, temps, dests):
         header = next(h for h in out.headers if h.file == temp)
         dst = out.source(temp)
@@ -170,13 +183,25 @@ def _verify_copies(ckpt, out, shards, temps: list[str], dests: list[str]) -> Non
             e = header.tensors.get(name)
             if e is None or e.nbytes != src_entry.nbytes:
                 raise FixError(f"{dest}: verification failed: tensor {name!r} is missing or resized in the output")
-            src = ckpt.source(src_entry.file)
-            done = 0
-            while done < e.nbytes:
-                n = min(CHUNK, e.nbytes - done)
-                if dst.pread(e.start + done, n) != src.pread(src_entry.start + done, n):
-                    raise FixError(f"{dest}: verification failed: tensor {name!r} differs from the input after copying")
-                done += n
+            if not _same_bytes(ckpt.source(src_entry.file), src_entry.start, dst, e.start, e.nbytes, bufs):
+                raise FixError(f"{dest}: verification failed: tensor {name!r} differs from the input after copying")
+
+
+def _same_bytes(a, a_start: int, b, b_start: int, length: int, bufs: tuple[bytearray, bytearray]) -> bool:
+    """Whether two byte ranges are equal, read chunk by chunk (into ``bufs`` when both sources
+    can fill a buffer, as local files can)."""
+    done = 0
+    fill = hasattr(a, "readinto") and hasattr(b, "readinto")
+    while done < length:
+        n = min(CHUNK, length - done)
+        if fill:
+            x, y = bufs if n == CHUNK else (bytearray(n), bytearray(n))
+            if a.readinto(a_start + done, x) != n or b.readinto(b_start + done, y) != n or x != y:
+                return False
+        elif a.pread(a_start + done, n) != b.pread(b_start + done, n):
+            return False
+        done += n
+    return True
 
 
 def _write_index(ckpt, shards, dests: list[str], index_dest: str) -> None:
