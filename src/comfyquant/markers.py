@@ -11,6 +11,7 @@ effective marker here, and the conflict is reported).
 from __future__ import annotations
 
 import json
+from operator import methodcaller
 from typing import Any
 
 from .checker.findings import Finding
@@ -76,9 +77,10 @@ def collect_markers(ckpt) -> MarkerSet:
         if raw is not None:
             _read_header_markers(ms, h.file, raw)
         # Every shard's markers, duplicates included (SGLang reads them all), sorted by name.
-        entries = sorted((e for n, e in h.tensors.items() if n.endswith(".comfy_quant")), key=lambda e: e.name)
-        if not entries:
+        names = sorted(filter(_IS_MARKER, h.tensors))
+        if not names:
             continue
+        entries = list(map(h.tensors.__getitem__, names))
         datas = ckpt.source(h.file).pread_many([(e.start, e.nbytes) for e in entries])
         for e, data in zip(entries, datas):
             ms.marker_bytes[(h.file, e.name)] = data
@@ -178,6 +180,7 @@ def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
 
 
 _PARSED: dict[bytes, dict] = {}
+_IS_MARKER = methodcaller("endswith", ".comfy_quant")
 
 
 def _merge(ms: MarkerSet) -> None:

@@ -57,7 +57,12 @@ class Memo:
 
     def get(self, kind: str, marker: dict | None, layer, compute: Callable[[], Any]) -> Any:
         """The result of rule ``kind`` for this layer, computed only for a new class."""
-        key = (kind, self.class_id(marker, layer))
+        # The layer's cached class, inline: this runs for every layer under every rule set.
+        cached = layer._sid if layer is not None else None
+        if cached is not None and cached[0] == id(marker):
+            key = (kind, cached[1])
+        else:
+            key = (kind, self.class_id(marker, layer))
         hit = _RESULTS.get(key, _MISS)
         if hit is _MISS:
             hit = _RESULTS[key] = compute()

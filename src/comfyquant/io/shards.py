@@ -55,7 +55,7 @@ def read_index(path: str, text: str | None = None) -> tuple[list[str], dict[str,
     except ValueError as exc:
         raise InputError(f"{path}: index is not valid JSON ({exc})") from None
     wm = obj.get("weight_map") if isinstance(obj, dict) else None
-    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+    if not isinstance(wm, dict) or not {*map(type, wm.values())} <= {str}:
         raise InputError(f"{path}: index has no weight_map object of tensor -> shard file names")
     folder = os.path.dirname(path)
     shards = [os.path.join(folder, shard) for shard in sorted(set(wm.values()))]
