@@ -71,6 +71,9 @@ class Checkpoint:
         self.findings: list[Finding] = []
         self.layers: dict[str, Layer] = {}
         self.other_tensors: list[str] = []
+        self.marker_entries: list[TensorEntry] = []
+        """Every ``.comfy_quant`` tensor of the merged view (duplicates across shards left out)."""
+        self.duplicates = False
         self.markers = None  # MarkerSet, set by open_checkpoint
         self.memo = Memo()
         self._source_by_file = {s.name: s for s in sources}
@@ -189,6 +192,7 @@ def _merge(ckpt: Checkpoint) -> None:
         for h in ckpt.headers:
             tensors.update(h.tensors)
         if len(tensors) != sum(len(h.tensors) for h in ckpt.headers):
+            ckpt.duplicates = True
             _duplicates(ckpt)
     ss = ckpt.shardset
     for missing in ss.missing:
@@ -267,9 +271,12 @@ def _norm(path: str) -> str:
 
 
 def _group_layers(ckpt: Checkpoint) -> None:
+    """Tensors into layers by prefix; marker tensors are also listed on the side (the marker
+    reader then needs no second scan of every name)."""
     layers = ckpt.layers
     suffixes = LAYER_SUFFIXES
     other = ckpt.other_tensors
+    markers = ckpt.marker_entries
     for name, entry in ckpt.tensors.items():
         prefix, _, suffix = name.rpartition(".")
         if prefix and suffix in suffixes:
@@ -277,8 +284,12 @@ def _group_layers(ckpt: Checkpoint) -> None:
             if layer is None:
                 layer = layers[prefix] = Layer(prefix)
             layer.tensors[suffix] = entry
+            if suffix == "comfy_quant":
+                markers.append(entry)
         else:
             other.append(name)
+            if name == ".comfy_quant":  # a marker with an empty prefix (read, then reported)
+                markers.append(entry)
 
 
 def _apply_markers(ckpt: Checkpoint, name_mapper: NameMapper | None) -> None:

@@ -69,6 +69,10 @@ class MarkerSet:
 
 def collect_markers(ckpt) -> MarkerSet:
     ms = MarkerSet()
+    by_file: dict[str, list] = {}
+    if not ckpt.duplicates:  # the grouping listed them; with duplicates every shard is scanned
+        for e in ckpt.marker_entries:
+            by_file.setdefault(e[5], []).append(e)
     for h in ckpt.headers:
         qf = h.metadata.get("quant_format")
         if qf is not None:
@@ -77,10 +81,12 @@ def collect_markers(ckpt) -> MarkerSet:
         if raw is not None:
             _read_header_markers(ms, h.file, raw)
         # Every shard's markers, duplicates included (SGLang reads them all), sorted by name.
-        names = sorted(filter(_IS_MARKER, h.tensors))
-        if not names:
+        if ckpt.duplicates:
+            entries = [h.tensors[n] for n in sorted(filter(_IS_MARKER, h.tensors))]
+        else:
+            entries = sorted(by_file.get(h.file, ()))  # entries are tuples led by their name
+        if not entries:
             continue
-        entries = list(map(h.tensors.__getitem__, names))
         datas = ckpt.source(h.file).pread_many([(e.start, e.nbytes) for e in entries])
         for e, data in zip(entries, datas):
             ms.marker_bytes[(h.file, e.name)] = data
@@ -146,10 +152,11 @@ def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
 
 
 def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
-    prefix = entry.name[: -len(".comfy_quant")]
-    rec = MarkerRecord(TENSOR, entry.file, prefix, entry.name)
+    name, dtype, shape, _start, _end, file = entry
+    prefix = name[: -len(".comfy_quant")]
+    rec = MarkerRecord(TENSOR, file, prefix, name)
     ms.records.append(rec)
-    if entry.dtype != "U8" or len(entry.shape) != 1:
+    if dtype != "U8" or len(shape) != 1:
         ms.findings.append(
             Finding("M003", f"marker {entry.name!r} is stored as {entry.dtype} {list(entry.shape)}; writers use 1-D U8",
                     layer=prefix, tensor=entry.name, expected="U8 (L,)", actual=f"{entry.dtype} {entry.shape}",
