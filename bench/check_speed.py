@@ -11,6 +11,7 @@ the machine is noisy; ratios are medians of per-round ratios):
    warm when comfyquant has a module-level cache), with GC off, given the shard list, and
    comfyquant's SGLang drop-in.  Target: check <= 1.5x floor.
    2b. SGLang-style ``safe_open`` inspection, in a child process (it needs torch);
+   2c. the same ratio in CPU instructions (valgrind), which machine noise cannot move;
 3. linear scaling: Wan with 1x/2x/4x the blocks, time per tensor;
 4. CLI cold start: the real console script as a subprocess (bytecode caches on) against a
    bare ``python -c pass``.  Target: <= 100 ms wall;
@@ -625,6 +626,56 @@ def section_profile(path: str, iters: int = 10) -> None:
     print()
 
 
+INSTR_CHILD = r"""
+import gc, sys
+sys.path.insert(0, sys.argv[1])
+import check_speed as cs
+import layouts
+gc.disable()
+what, path, n = sys.argv[2], sys.argv[3], int(sys.argv[4])
+files = layouts.shard_files(path)
+for _ in range(n):
+    if what == "floor":
+        cs.floor_read(files)
+    elif what == "check":
+        cs.check_cold(path)
+    else:
+        cs.clear_caches()
+        cs.comfyquant.check(files)
+"""
+
+
+def instructions(what: str, path: str, n: int) -> int:
+    """Instructions executed by ``n`` calls (valgrind's callgrind: deterministic, unlike time)."""
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c",
+                          INSTR_CHILD, os.path.dirname(os.path.abspath(__file__)), what, path, str(n)],
+                         capture_output=True, text=True, env=env, check=True)
+    for line in out.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.split("Collected :")[1])
+    raise RuntimeError("no instruction count in valgrind's output")
+
+
+def section_instructions(built: dict) -> None:
+    """The same ratio counted in CPU instructions: noise-free on a shared machine (one call's
+    count = count(1 + 3 calls) - count(1 call), divided by 3; interpreter start cancels out)."""
+    if shutil.which("valgrind") is None:
+        print("== 2c. instruction counts: skipped (valgrind not installed)\n")
+        return
+    rows = []
+    for name in (HEADLINE, "flux-w4a8-1sh"):
+        if name not in built:
+            continue
+        path = built[name].path
+        per = {w: (instructions(w, path, 4) - instructions(w, path, 1)) / 3 for w in ("floor", "check", "files")}
+        rows.append([name, f"{per['floor'] / 1e6:7.1f}", f"{per['check'] / 1e6:7.1f}", f"{per['check'] / per['floor']:.2f}x",
+                     f"{per['files'] / 1e6:7.1f}", f"{per['files'] / per['floor']:.2f}x"])
+    print("== 2c. Instructions per call (valgrind callgrind, millions; deterministic)")
+    print(table(rows, ["layout", "floor", "check", "ratio", "check(files)", "ratio"]))
+    print("  check(files) is given the shard list, so it reads no index.json (the floor reads none)\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer layouts and rounds, no import/profile analysis")
@@ -633,7 +684,8 @@ def main() -> int:
     ap.add_argument("--cli-runs", type=int, help="CLI subprocess runs per command (default 20, quick 8)")
     ap.add_argument("--no-safe-open", action="store_true", help="skip the SGLang-style safe_open timing (imports torch)")
     ap.add_argument("--skip", default="",
-                    help="comma list of sections to skip: inproc,safe_open,scaling,cli,memory,importtime,profile")
+                    help="comma list of sections to skip: inproc,instructions,safe_open,scaling,cli,memory,importtime,"
+                         "profile")
     ap.add_argument("--child-safe-open", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_safe_open:
@@ -642,7 +694,7 @@ def main() -> int:
     cli_runs = args.cli_runs or (8 if args.quick else 20)
     skip = set(filter(None, args.skip.split(",")))
     if args.quick:
-        skip |= {"importtime", "profile", "safe_open"}
+        skip |= {"importtime", "profile", "safe_open", "instructions"}
     if args.no_safe_open or not have_safetensors_torch():
         skip.add("safe_open")
 
@@ -655,6 +707,8 @@ def main() -> int:
         gc.collect()  # the layouts' tensor lists are gone: the heap is about a CLI process's size
         if "inproc" not in skip:
             section_inprocess(built, rounds)
+        if "instructions" not in skip:
+            section_instructions(built)
         if "safe_open" not in skip:
             section_safe_open(built, max(5, rounds // 2))
         if "scaling" not in skip:
