@@ -67,10 +67,11 @@ def resolve_local(paths: list[str]) -> ShardSet:
     if not paths:
         raise InputError("no input path given")
     result = ShardSet()
-    seen: set[str] = set()
+    seen: set[tuple[int, int]] = set()
 
     def add(p: str) -> None:
-        key = os.path.realpath(p)
+        st = os.stat(p)  # one system call; the same file reached by two paths is one shard
+        key = (st.st_dev, st.st_ino)
         if key not in seen:
             seen.add(key)
             result.files.append(p)
@@ -106,7 +107,10 @@ def _use_index(result: ShardSet, path: str, add) -> None:
     shards, wm = read_index(path)
     result.index_path = path
     result.index_dir = os.path.dirname(path)
-    result.weight_map.update(wm)
+    if result.weight_map:
+        result.weight_map.update(wm)
+    else:
+        result.weight_map = wm  # the usual single index: no copy
     for shard in shards:
         if os.path.isfile(shard):
             add(shard)
