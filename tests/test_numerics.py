@@ -19,7 +19,7 @@ from comfy_kitchen.float_utils import to_blocked as ck_to_blocked
 from comfy_kitchen.tensor.int8_utils import _build_hadamard, _rotate_activation, _rotate_weight
 from comfy_kitchen.tensor.w4a8_packed import _pack_codes, _unpack_codes
 
-from comfyquant.numerics import blocked, floats, hadamard, int8, nearest, packing
+from comfyquant.numerics import blocked, floats, hadamard, int8, nearest, packing, rows
 from comfyquant.numerics.dtypes import from_bytes, parse_float_dtype, to_bytes
 
 DENSE = [torch.bfloat16, torch.float16, torch.float32]
@@ -297,6 +297,61 @@ def test_int8_linear_matches_kitchen(dtype, per_row):
     mine = int8.int8_linear(x, w, ws, b, dtype)
     ref = ck_q.int8_linear(x, w, ws, b, dtype)
     assert bits_equal(mine, ref)
+
+
+def test_int8_product_of_any_weight_rows_gives_those_columns_bit_for_bit():
+    torch.manual_seed(8)
+    w = torch.randint(-127, 128, (200, 256), dtype=torch.int8)
+    ws = torch.rand(200, 1) * 1e-3
+    x = torch.randn(5, 256).to(torch.bfloat16)
+    b = torch.randn(200).to(torch.bfloat16)
+    whole = int8.int8_linear(x, w, ws, b, torch.bfloat16)
+    q_x, s_x = int8.quantize_rows(x)
+    for r0, r1 in rows.row_ranges(200, 256, 64 * 256):
+        part = int8.int8_product(q_x, s_x, w[r0:r1], ws[r0:r1], b[r0:r1], torch.bfloat16)
+        assert bits_equal(part, whole[:, r0:r1])
+
+
+# -- row blocking -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,k,block,multiple", [(200, 256, 64 * 256, 1), (1000, 768, 1 << 20, 1), (97, 1024, 1 << 16, 1),
+                                                (65, 1 << 16, 1 << 20, 1), (5, 256, 1 << 20, 1), (333, 512, 100 * 512, 32),
+                                                (130, 512, 64 * 512, 16), (1, 8, 64, 1)])
+def test_row_ranges_cover_every_row_once_in_blocks_of_at_least_64_rows(n, k, block, multiple):
+    ranges = rows.row_ranges(n, k, block, multiple)
+    assert ranges[0][0] == 0 and ranges[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(r0 % multiple == 0 for r0, _ in ranges)
+    nominal = -(-max(rows.MIN_BLOCK_ROWS, block // k) // multiple) * multiple
+    assert all(r1 - r0 == nominal for r0, r1 in ranges[:-1])
+    last = ranges[-1][1] - ranges[-1][0]
+    assert last == n if len(ranges) == 1 else rows.MIN_BLOCK_ROWS <= last < nominal + rows.MIN_BLOCK_ROWS
+    plain = rows.row_ranges(n, k, block, multiple, join_tail=False)  # decoding: nominal blocks, any tail
+    assert [r0 for r0, _ in plain] == list(range(0, n, nominal))
+
+
+def test_gather_rows_fills_preallocated_outputs_with_a_padded_last_block():
+    w = torch.arange(130 * 32, dtype=torch.float32).view(130, 32)
+
+    def fn(block):  # padded to 16 rows like NVFP4, and a second, per-row output
+        pad = -block.shape[0] % 16
+        return torch.nn.functional.pad(block, (0, 0, 0, pad)) * 2, block.sum(-1)
+
+    doubled, sums = rows.gather_rows(rows.row_blocks(w, 64 * 32, multiple=16), fn, 144)
+    assert doubled.shape == (144, 32) and sums.shape == (144,)
+    assert torch.equal(doubled[:130], w * 2) and not doubled[130:].any()
+    assert torch.equal(sums[:130], w.sum(-1))
+
+
+def test_row_source_reads_blocks_and_selected_rows():
+    w = torch.randn(100, 8)
+    seen = []
+    source = rows.RowSource((100, 8), w.dtype, lambda r0, r1: seen.append((r0, r1)) or w[r0:r1])
+    assert [(r0, r1) for r0, r1, _ in rows.row_blocks(source, 64 * 8)] == [(0, 100)]
+    assert seen == [(0, 100)]
+    assert torch.equal(source.select(torch.tensor([3, 97, 3])), w[[3, 97, 3]])
+    assert rows.as_source(w).rows(5, 9).data_ptr() == w[5:9].data_ptr()  # a tensor's rows are views
+    rows.release_memory()  # glibc's malloc_trim, or nothing elsewhere
 
 
 # -- nearest-level assignment -----------------------------------------------------------------

@@ -52,11 +52,18 @@ def int8_linear(x: torch.Tensor, q_w: torch.Tensor, w_scale: torch.Tensor, bias:
 
     ``y = out(f32(acc) * (s_row * w_scale)) + out(bias)`` with ``w_scale`` F32 of numel 1 or N."""
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    q_x, s_x = quantize_rows(x2)
+    q_x, s_x = quantize_rows(x.reshape(-1, x.shape[-1]))
+    return int8_product(q_x, s_x, q_w, w_scale, bias, out_dtype).reshape(*lead, q_w.shape[0])
+
+
+def int8_product(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, w_scale: torch.Tensor,
+                 bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """The GEMM and epilogue of :func:`int8_linear` for already quantized activations
+    ``(q_x [M, K], s_x [M, 1])``: the integer products are exact and the epilogue is per
+    output feature, so any subset of weight rows gives the same columns bit for bit."""
     acc = int8_matmul(q_x, q_w)
     scales = s_x * w_scale.to(torch.float32).reshape(1, -1)
     y = acc.float().mul_(scales).to(out_dtype)
     if bias is not None:
         y = y + bias.to(out_dtype).reshape(1, -1)
-    return y.reshape(*lead, q_w.shape[0])
+    return y

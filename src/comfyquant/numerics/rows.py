@@ -1,0 +1,139 @@
+"""Row blocking: the one way encode, decode, the forward and quantize's quality report split a
+``[N, K]`` weight, so that temporaries scale with a block, not with the layer.
+
+Every quantizer and decoder here is row-independent once its per-tensor reductions (a tensor
+scale, a codebook) are known, so processing rows in blocks changes nothing but memory -- with
+one exception: a matrix product (the ConvRot rotation) may sum in another order when its
+row count changes.  BLAS picks special small-M kernels (measured with MKL on AVX2: F32
+products of fewer than 12 rows, not multiples of 4, round differently), so blocks never have
+fewer than :data:`MIN_BLOCK_ROWS` rows unless the whole tensor is smaller: a short tail is
+merged into the block before it instead of being processed on its own.
+
+A weight need not be in memory at all: a :class:`RowSource` hands out rows on demand (read
+from the file, or decoded from a quantized layer), so ``quantize`` holds one block of the
+source at a time instead of the whole layer; every function here takes either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import torch
+
+MIN_BLOCK_ROWS = 64
+"""Fewest rows of a block (a tensor with fewer rows is one block)."""
+ENCODE_BLOCK_ELEMENTS = 1 << 20
+"""Elements per encoded row block: 4 MB F32 temporaries (8 MB for int64 indices), so an
+encoder's dozen live temporaries stay a few tens of MB whatever the layer size."""
+
+
+def row_ranges(n: int, k: int, block_elements: int, multiple: int = 1, join_tail: bool = True) -> list[tuple[int, int]]:
+    """``[r0, r1)`` blocks covering ``n`` rows of ``k`` columns, about ``block_elements`` each.
+
+    Blocks have at least :data:`MIN_BLOCK_ROWS` rows and start at multiples of ``multiple``
+    (formats that pad rows to 16 or 32 then pad only their last block).  With ``join_tail`` a
+    last block shorter than :data:`MIN_BLOCK_ROWS` joins the one before it, so no block is a
+    small-M product; without it every block but the last has the nominal size (decoding:
+    its un-rotation of dequantized values gives the reference bits for tails of any size,
+    and the streaming writer's buffer is one nominal block)."""
+    rows = max(MIN_BLOCK_ROWS, block_elements // max(k, 1))
+    rows = -(-rows // multiple) * multiple
+    starts = list(range(0, n, rows))
+    if join_tail and len(starts) > 1 and n - starts[-1] < MIN_BLOCK_ROWS:
+        starts.pop()
+    return list(zip(starts, starts[1:] + [n]))
+
+
+class RowSource:
+    """A dense ``[N, K]`` weight handed out in row blocks, never held whole.
+
+    ``read(r0, r1)`` returns rows ``r0:r1`` as a tensor of ``dtype``: read from a file or
+    decoded, fresh on every call (each pass over the weight reads again), or a view of a
+    tensor held anyway (:func:`as_source`)."""
+
+    __slots__ = ("shape", "dtype", "_read")
+
+    def __init__(self, shape: tuple[int, int], dtype: torch.dtype, read: Callable[[int, int], torch.Tensor]) -> None:
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.dtype = dtype
+        self._read = read
+
+    def rows(self, r0: int, r1: int) -> torch.Tensor:
+        """Rows ``r0:r1``, shape ``[r1 - r0, K]``."""
+        return self._read(r0, r1)
+
+    def select(self, index: torch.Tensor) -> torch.Tensor:
+        """The rows at ``index``, as ``index_select(0, index)`` gives them."""
+        picked = [self.rows(i, i + 1) for i in index.tolist()]
+        return torch.cat(picked) if picked else torch.empty((0, self.shape[1]), dtype=self.dtype)
+
+    def __repr__(self) -> str:
+        return f"RowSource({self.shape}, {self.dtype})"
+
+
+Weight = torch.Tensor | RowSource
+"""What the encoders take: a 2-D tensor or a :class:`RowSource`."""
+
+
+def as_source(weight: Weight) -> RowSource:
+    """``weight`` as a :class:`RowSource` (a 2-D tensor's rows are views of it)."""
+    if isinstance(weight, RowSource):
+        return weight
+    return RowSource(tuple(weight.shape), weight.dtype, lambda r0, r1: weight[r0:r1])
+
+
+def row_blocks(t: Weight, block_elements: int | None = None,
+               multiple: int = 1) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """``(r0, r1, rows r0:r1)`` for the blocks of :func:`row_ranges` (views of a tensor; a
+    :class:`RowSource` reads each block when it is reached).  ``block_elements`` defaults
+    to :data:`ENCODE_BLOCK_ELEMENTS`, looked up at the call."""
+    source = as_source(t)
+    n, k = source.shape
+    for r0, r1 in row_ranges(n, k, block_elements or ENCODE_BLOCK_ELEMENTS, multiple):
+        yield r0, r1, source.rows(r0, r1)
+
+
+def gather_rows(blocks: Iterable[tuple[int, int, torch.Tensor]], fn: Callable[[torch.Tensor], Sequence[torch.Tensor]],
+                rows: int) -> list[torch.Tensor]:
+    """Apply ``fn`` to every block and write each of its results into rows ``r0:`` of one
+    output tensor of ``rows`` rows (dtype and trailing shape from the first block).
+
+    The outputs are allocated once and filled in place: no list of parts and no ``cat``,
+    which would hold the encoded layer twice.  A block's result may have more rows than the
+    block (the padded last block of NVFP4 and MXFP8)."""
+    outs: list[torch.Tensor] | None = None
+    for r0, _r1, block in blocks:
+        parts = fn(block)
+        if outs is None:
+            outs = [torch.empty((rows, *p.shape[1:]), dtype=p.dtype) for p in parts]
+        for out, part in zip(outs, parts):
+            out[r0:r0 + part.shape[0]].copy_(part)
+        del parts
+    if outs is None:
+        raise ValueError("gather_rows needs at least one row block")
+    return outs
+
+
+_TRIM = None
+"""glibc's ``malloc_trim`` once looked up, or False where there is none."""
+
+
+def release_memory() -> None:
+    """Hand the heap's free memory back to the system (glibc's ``malloc_trim``).
+
+    Freed blocks stay in glibc's heap for reuse, fragmented between the sizes of the phase
+    just done (a codebook decision, an encode, a measurement); the next phase allocates
+    other sizes, so without a trim what one phase left behind adds to the next one's peak.
+    A call costs well under a millisecond, plus page faults for the memory used again;
+    encoders and ``quantize`` call it between phases, not per block.  Elsewhere (no glibc)
+    this does nothing."""
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+
+        try:  # the process's own symbols: no library search (ctypes.util would run ldconfig)
+            _TRIM = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
