@@ -350,3 +350,115 @@ def test_w4a8_group_and_rotation_sizes(group_size, size, dtype_name, variant):
     assert same_bits(codec.decode(ref, enc.marker, dtype=dtype), q.dequantize())
     x = torch.randn(3, 1024).to(dtype)
     assert same_bits(codec.linear(x, ref, enc.marker), F.linear(x, q))
+
+
+# -- row-blocked encode and forward (issue 6: memory per layer) --------------------------------
+
+BLOCKED_SHAPES = [(200, 256), (333, 512), (97, 1024)]
+"""Rows that are no multiple of the block rows (and, for 97, a tail that joins the block
+before it); K from one ConvRot block to four."""
+
+
+@pytest.mark.parametrize("variant", list(ENCODE_ARGS))
+@pytest.mark.parametrize("n,k", BLOCKED_SHAPES)
+def test_row_blocked_encode_equals_whole_and_kitchen(monkeypatch, variant, n, k):
+    import comfyquant.numerics.rows as rows
+
+    dtype = torch.float32 if variant.startswith("int8") else torch.bfloat16
+    w = weight("heavy" if variant == "w4a8_codebook" else "gauss", n, k, dtype, seed=n + k)
+    codec = codecs.get(VARIANTS[variant].format)
+    params = dict(ENCODE_ARGS[variant])
+    if variant == "fp8_static":
+        params["input_scale"] = 0.01
+    whole = codec.encode(w, **params)  # default blocks: one block at these sizes
+    monkeypatch.setattr(rows, "ENCODE_BLOCK_ELEMENTS", 64 * k)  # 64-row blocks
+    blocked = codec.encode(w, **params)
+    ref = kitchen_qtensor(variant, w).state_dict("weight")
+    assert set(blocked) == set(whole)
+    for suffix in whole:
+        assert same_bits(blocked[suffix], whole[suffix]), suffix
+        if suffix in ref:
+            assert same_bits(blocked[suffix], ref[suffix]), suffix
+
+
+def _recording_source(w: torch.Tensor, reads: list):
+    from comfyquant.numerics.rows import RowSource
+
+    def read(r0: int, r1: int) -> torch.Tensor:
+        reads.append(r1 - r0)
+        return w[r0:r1].clone()
+
+    return RowSource(tuple(w.shape), w.dtype, read)
+
+
+@pytest.mark.parametrize("variant", ["w4a8_codebook", "w4a8_asym", "w6a8", "int8_convrot", "int8_scalar", "w4a4",
+                                     "nvfp4", "mxfp8", "fp8"])
+def test_row_source_encodes_like_the_tensor_and_is_never_read_whole(monkeypatch, variant):
+    import comfyquant.numerics.rows as rows
+
+    monkeypatch.setattr(rows, "ENCODE_BLOCK_ELEMENTS", 64 * 512)
+    w = weight("gauss", 333, 512, torch.bfloat16, seed=3)
+    codec = codecs.get(VARIANTS[variant].format)
+    reads: list[int] = []
+    from_source = codec.encode(_recording_source(w, reads), **ENCODE_ARGS[variant])
+    from_tensor = codec.encode(w, **ENCODE_ARGS[variant])
+    assert all(same_bits(from_source[s], from_tensor[s]) for s in from_tensor)
+    # 64-row blocks (a 13-row tail joins the last); the W4A8 codebook sample of a layer this
+    # small is the whole layer (comfy-kitchen samples 2^22 // K rows: here all 333).
+    sample = [333] if variant == "w4a8_codebook" else []
+    assert sorted(r for r in reads if r > 77) == sample
+
+
+def test_row_source_reports_nan_like_the_tensor():
+    w = weight("gauss", 300, 256, torch.bfloat16)
+    w[250, 3] = float("nan")
+    w[299, 0] = float("inf")
+    with pytest.raises(CodecError, match=r"x: weight has 2 NaN/Inf value\(s\), first at \[250, 3\]"):
+        codecs.get("nvfp4").encode(_recording_source(w, []), layer="x")
+
+
+def test_heavy_tailed_codebook_from_a_sampled_layer_matches_kitchen(monkeypatch):
+    # 700 x 1024 values: more than comfy-kitchen's 2^19 kurtosis sample and its 300000 fit
+    # sample, so both are drawn (by position, from row blocks of the normalized groups) and
+    # the Lloyd-Max fit runs over blocks of samples.
+    import comfyquant.numerics.rows as rows
+
+    monkeypatch.setattr(rows, "ENCODE_BLOCK_ELEMENTS", 64 * 1024)
+    w = weight("heavy", 700, 1024, torch.bfloat16, seed=5)
+    enc = codecs.get("asym_w4a8_int8").encode(w)
+    ref = quantize("w4a8_codebook", w)
+    assert not torch.equal(enc["weight_codebook"], torch.tensor(FIXED_CODEBOOK))
+    assert all(same_bits(enc[s], ref[s]) for s in ref)
+
+
+INTEGER_GEMMS = ("w4a8_codebook", "w4a8_uniform", "w6a8", "int8_convrot", "int8_rowwise", "int8_scalar", "w4a4")
+
+
+@pytest.mark.parametrize("variant", list(ENCODE_ARGS))
+def test_row_blocked_linear(variant):
+    """Output features in row blocks: the same bits where the GEMM is integer (exact in any
+    split); float GEMMs over fewer columns may round the last bit differently (MKL)."""
+    w = weight("gauss", 333, 512, torch.bfloat16, seed=7)
+    codec = codecs.get(VARIANTS[variant].format)
+    enc = codec.encode(w, **ENCODE_ARGS[variant])
+    layer = dict(enc, bias=torch.linspace(-1, 1, 333).to(torch.bfloat16))
+    x = torch.randn(2, 3, 512, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    whole = codec.linear(x, layer, enc.marker)
+    blocked = codec.linear(x, layer, enc.marker, block_elements=64 * 512)
+    assert blocked.shape == whole.shape == (2, 3, 333)
+    if variant in INTEGER_GEMMS:
+        assert same_bits(blocked, whole)
+    else:
+        assert ulp_distance(blocked, whole).max() <= 1
+
+
+def test_row_source_decodes_rows_on_demand():
+    w = weight("gauss", 300, 256, torch.bfloat16)
+    codec = codecs.get("asym_w4a8_int8")
+    enc = codec.encode(w)
+    source = codec.row_source(enc, enc.marker)
+    assert source.shape == (300, 256) and source.dtype == torch.bfloat16
+    dense = codec.decode(enc, enc.marker)
+    assert same_bits(torch.cat([source.rows(0, 100), source.rows(100, 300)]), dense)
+    again = codecs.get("nvfp4").encode(source)
+    assert all(same_bits(again[s], codecs.get("nvfp4").encode(dense)[s]) for s in again)

@@ -34,16 +34,16 @@ class AWQCodec(Codec):
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
         return finish(self._weight(t, plan.env, r0, r1, dtype), dtype, out)
 
-    def _linear(self, x, t, plan, bias):
+    def _linear_setup(self, x2, t, plan):
         """comfy-kitchen's eager GEMV: dequantize in the scales' dtype, one float matmul."""
-        env = plan.env
-        compute = t["weight_scale"].dtype
-        lead = x.shape[:-1]
-        w = self._weight(t, env, 0, env["N"], compute)
-        y = x.reshape(-1, env["K"]).to(compute) @ w.t()
+        return x2.to(t["weight_scale"].dtype), x2.dtype
+
+    def _linear_rows(self, state, t, plan, bias, r0, r1):
+        x_c, dtype = state
+        y = x_c @ self._weight(t, plan.env, r0, r1, x_c.dtype).t()
         if bias is not None:
             y = y + bias
-        return y.to(x.dtype).reshape(*lead, env["N"])
+        return y.to(dtype)
 
 
 CODECS = {AWQCodec.name: AWQCodec()}

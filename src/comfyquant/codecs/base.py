@@ -6,10 +6,10 @@ keys and the layer geometry (N, K, bit depth, variant) come from the declarative
 same rules as ``comfyquant check`` (:func:`comfyquant.checker.layers.check_layer`), so a codec
 never decodes tensors whose shapes or dtypes contradict the marker.
 
-Decoding runs in row blocks (:meth:`Codec.iter_decode`): every format's rows decode
-independently, so peak memory is bounded by a block, not by the layer.  Block sizes never
-go below :data:`MIN_BLOCK_ROWS` rows, where BLAS kernels pick the same summation order as
-for the whole matrix (measured: results are bit-identical for any block of >= 8 rows).
+Encoding, decoding (:meth:`Codec.iter_decode`) and, on request, the forward run in row
+blocks (:mod:`comfyquant.numerics.rows`): every format's rows are independent once the
+per-tensor reductions are known, so peak memory is bounded by a block, not by the layer,
+and the bits do not change (see that module for the one caveat, matrix products).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from ..errors import ComfyQuantError
 from ..formats import registry
 from ..formats.base import Format, Meta
 from ..numerics.dtypes import DENSE, DTYPE_NAMES, FLOAT_DTYPES, parse_float_dtype
+from ..numerics.rows import RowSource, Weight, row_blocks, row_ranges
 
 DEFAULT_BLOCK_ELEMENTS = 1 << 22
 """Elements per decoded row block: 16 MB F32 temporaries, small enough for the allocator to
 reuse them from block to block instead of mapping (and page-faulting) fresh memory."""
-MIN_BLOCK_ROWS = 64
 
 
 class CodecError(ComfyQuantError):
@@ -69,8 +69,9 @@ class Plan:
 
 
 class Codec:
-    """Encode, decode and run one format.  Subclasses implement ``_encode``, ``_decode_rows``
-    and ``_linear``; everything that touches the format description lives here."""
+    """Encode, decode and run one format.  Subclasses implement ``_encode``, ``_decode_rows``,
+    ``_linear_setup`` and ``_linear_rows``; everything that touches the format description
+    lives here."""
 
     name: str = ""
     can_encode = True
@@ -106,8 +107,12 @@ class Codec:
         return env["N"], env["K"]
 
     # -- public API ---------------------------------------------------------------------------
-    def encode(self, weight: torch.Tensor, *, layer: str | None = None, **params) -> Encoded:
-        """Quantize a dense ``[N, K]`` weight as comfy-kitchen's reference quantizer does."""
+    def encode(self, weight: Weight, *, layer: str | None = None, **params) -> Encoded:
+        """Quantize a dense ``[N, K]`` weight as comfy-kitchen's reference quantizer does.
+
+        ``weight`` is a tensor or a :class:`~comfyquant.numerics.rows.RowSource`; either is
+        processed in row blocks, so memory is the encoded tensors plus a block's temporaries
+        (and, for a tensor, the tensor)."""
         name = layer or "layer"
         if not self.can_encode:
             raise CodecError(f"{name}: {self.name} cannot be quantized here (offline calibration only, as in comfy-kitchen)")
@@ -124,6 +129,14 @@ class Codec:
         plan = self.plan(tensors, marker, layer)
         return self._dense(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements)
 
+    def row_source(self, tensors: dict, marker: dict | None = None, *, dtype=None,
+                   layer: str | None = None) -> RowSource:
+        """The dense weight as a :class:`~comfyquant.numerics.rows.RowSource`: rows decoded when
+        asked for (every pass decodes again), so re-encoding never holds the decoded layer."""
+        plan = self.plan(tensors, marker, layer)
+        out = self.output_dtype(dtype, tensors, plan.marker)
+        return RowSource(plan.shape, out, lambda r0, r1: self._dense(tensors, plan, out, span=(r0, r1)))
+
     def iter_decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
                     block_elements: int | None = None, plan: Plan | None = None) -> Iterator[torch.Tensor]:
         """The dense weight in row blocks of about ``block_elements`` elements.  Blocks share
@@ -132,49 +145,80 @@ class Codec:
         yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements, reuse=True)
 
     def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None,
-                out: torch.Tensor | None = None, reuse: bool = False) -> Iterator[torch.Tensor]:
-        """Row blocks, written into ``out`` when given.  With ``reuse`` every block is written
-        into one block-sized buffer: a consumer must use a block before asking for the next
-        (the streaming writer does), and memory stays one block whatever the layer size."""
+                out: torch.Tensor | None = None, reuse: bool = False,
+                span: tuple[int, int] | None = None) -> Iterator[torch.Tensor]:
+        """Row blocks of rows ``span`` (default: all), written into ``out`` when given.  With
+        ``reuse`` every block is written into one block-sized buffer: a consumer must use a
+        block before asking for the next (the streaming writer does), and memory stays one
+        block whatever the layer size."""
         n, k = plan.shape
-        block_elements = block_elements or DEFAULT_BLOCK_ELEMENTS
+        start, stop = span or (0, n)
         state = self._prepare(tensors, plan.env, dtype)
-        rows = max(MIN_BLOCK_ROWS, block_elements // max(k, 1))
-        buffer = torch.empty((min(rows, n), k), dtype=dtype) if reuse and out is None else None
-        for r0 in range(0, n, rows):
-            r1 = min(n, r0 + rows)
+        ranges = row_ranges(stop - start, k, block_elements or DEFAULT_BLOCK_ELEMENTS, join_tail=False)
+        buffer = None
+        if reuse and out is None and ranges:
+            buffer = torch.empty((max(r1 - r0 for r0, r1 in ranges), k), dtype=dtype)
+        for r0, r1 in ranges:
             dest = out[r0:r1] if out is not None else buffer[: r1 - r0] if buffer is not None else None
-            yield self._decode_rows(tensors, plan, dtype, r0, r1, state, dest)
+            yield self._decode_rows(tensors, plan, dtype, start + r0, start + r1, state, dest)
 
-    def _dense(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None = None) -> torch.Tensor:
-        """The whole dense weight of an already validated layer, decoded block by block
-        straight into one output tensor."""
-        out = torch.empty(plan.shape, dtype=dtype)
-        for _ in self._blocks(tensors, plan, dtype, block_elements, out):
+    def _dense(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None = None,
+               span: tuple[int, int] | None = None) -> torch.Tensor:
+        """The dense rows ``span`` (default: the whole weight) of an already validated layer,
+        decoded block by block straight into one output tensor."""
+        start, stop = span or (0, plan.shape[0])
+        out = torch.empty((stop - start, plan.shape[1]), dtype=dtype)
+        for _ in self._blocks(tensors, plan, dtype, block_elements, out, span=span):
             pass
         return out
 
     def linear(self, x: torch.Tensor, tensors: dict, marker: dict | None = None, bias: torch.Tensor | None = None,
-               *, layer: str | None = None) -> torch.Tensor:
+               *, layer: str | None = None, block_elements: int | None = None) -> torch.Tensor:
         """``x @ W.T + bias`` the way the runtime executes the format; output in ``x.dtype``.
 
-        ``bias`` defaults to the layer's own ``bias`` tensor when there is one."""
+        ``bias`` defaults to the layer's own ``bias`` tensor when there is one.  By default the
+        weight is used whole: the runtime's one GEMM, bit for bit.  With ``block_elements`` the
+        output features are computed in row blocks of the weight of about that many elements
+        (the activation is quantized once), so memory follows a block instead of a dequantized
+        copy of the layer; integer GEMMs give the same bits, float GEMMs over fewer columns
+        may round the last bit differently (MKL)."""
         plan = self.plan(tensors, marker, layer)
         if x.dtype not in DENSE:
             raise CodecError(f"{plan.name}: activations must be BF16, F16 or F32, got {x.dtype}")
-        k = plan.shape[1]
+        n, k = plan.shape
         if x.shape[-1] != k:
             raise CodecError(f"{plan.name}: input has {x.shape[-1]} features, the layer takes K={k}")
         if bias is None:
             bias = tensors.get("bias")
-        if plan.marker.get("full_precision_matrix_mult") is True:
-            w = self._dense(tensors, plan, x.dtype)
-            return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
-        return self._linear(x, tensors, plan, bias)
+        x2 = x.reshape(-1, k)
+        dense = plan.marker.get("full_precision_matrix_mult") is True
+        state = None if dense else self._linear_setup(x2, tensors, plan)
+
+        def rows(r0: int, r1: int) -> torch.Tensor:
+            b = None if bias is None else rows_of(bias, r0, r1)
+            if dense:
+                return self._dense_linear(x2, tensors, plan, b, r0, r1)
+            return self._linear_rows(state, tensors, plan, b, r0, r1)
+
+        if block_elements is None:
+            y = rows(0, n)
+        else:
+            y = torch.empty((x2.shape[0], n), dtype=x.dtype)
+            for r0, r1 in row_ranges(n, k, block_elements):
+                y[:, r0:r1] = rows(r0, r1)
+        return y.reshape(*x.shape[:-1], n)
+
+    def _dense_linear(self, x2: torch.Tensor, t: dict, plan: Plan, bias: torch.Tensor | None, r0: int,
+                      r1: int) -> torch.Tensor:
+        """Output features ``r0:r1`` of a float matmul with the decoded weight (what runtimes do
+        for ``full_precision_matrix_mult`` layers and for asymmetric W4A8)."""
+        w = self._dense(t, plan, x2.dtype, span=(r0, r1))
+        return torch.nn.functional.linear(x2, w, None if bias is None else bias.to(x2.dtype))
 
     # -- subclass hooks -----------------------------------------------------------------------
-    def _encode(self, weight: torch.Tensor, params: dict, name: str, amax: torch.Tensor) -> tuple[dict, dict]:
-        """Tensors and marker; ``amax`` is ``max|weight|`` in the weight's dtype (already known)."""
+    def _encode(self, weight: Weight, params: dict, name: str, amax: torch.Tensor) -> tuple[dict, dict]:
+        """Tensors and marker; ``amax`` is ``max|weight|`` in the weight's dtype (already known).
+        ``weight`` is read through :func:`~comfyquant.numerics.rows.row_blocks`, never whole."""
         raise NotImplementedError
 
     def _prepare(self, t: dict, env: dict, dtype: torch.dtype) -> object:
@@ -187,27 +231,48 @@ class Codec:
         (a ``[r1 - r0, K]`` view of the result) when given; returns them."""
         raise NotImplementedError
 
-    def _linear(self, x: torch.Tensor, t: dict, plan: Plan, bias: torch.Tensor | None) -> torch.Tensor:
+    def _linear_setup(self, x2: torch.Tensor, t: dict, plan: Plan) -> object:
+        """The activation side of the forward, done once for all row blocks (rotation,
+        quantization) of the 2-D input ``x2``."""
+        raise NotImplementedError
+
+    def _linear_rows(self, state, t: dict, plan: Plan, bias: torch.Tensor | None, r0: int, r1: int) -> torch.Tensor:
+        """Output features ``r0:r1`` (``[M, r1 - r0]`` in the input's dtype) from weight rows
+        ``r0:r1``; ``bias`` is already sliced to those rows."""
         raise NotImplementedError
 
 
-def check_dense(weight: torch.Tensor, name: str) -> torch.Tensor:
-    """Encode input: a finite 2-D BF16/F16/F32 tensor.  Returns ``max|weight|`` (exact, in
-    the weight's dtype), which several quantizers need anyway."""
-    if not isinstance(weight, torch.Tensor):
+def check_dense(weight: Weight, name: str) -> torch.Tensor:
+    """Encode input: a finite 2-D BF16/F16/F32 tensor (or row source).  Returns ``max|weight|``
+    (exact, in the weight's dtype), which several quantizers need anyway."""
+    if not isinstance(weight, (torch.Tensor, RowSource)):
         raise CodecError(f"{name}: weight must be a torch tensor, got {type(weight).__name__}")
-    if weight.dim() != 2:
+    if len(weight.shape) != 2:
         raise CodecError(f"{name}: weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
     if weight.dtype not in DENSE:
         raise CodecError(f"{name}: weight must be BF16, F16 or F32, got {weight.dtype}")
-    lo, hi = torch.aminmax(weight)  # one pass; NaN and +-Inf show up in the extremes
-    if not (torch.isfinite(lo) and torch.isfinite(hi)):
-        bad = ~torch.isfinite(weight)
-        r, c = (int(v) for v in bad.nonzero()[0])
-        count = int(bad.sum())
-        raise CodecError(f"{name}: weight has {count} NaN/Inf value(s), first at [{r}, {c}] ({weight[r, c].item()}); "
-                         "quantizing needs finite values")
-    return torch.maximum(-lo, hi)
+    lo, hi = [], []
+    for _r0, _r1, rows in row_blocks(weight):
+        a, b = torch.aminmax(rows)  # one pass; NaN and +-Inf show up in the extremes
+        lo.append(a)
+        hi.append(b)
+    low, high = torch.stack(lo).amin(), torch.stack(hi).amax()
+    if not (torch.isfinite(low) and torch.isfinite(high)):
+        raise CodecError(f"{name}: weight has {_nonfinite(weight)}; quantizing needs finite values")
+    return torch.maximum(-low, high)
+
+
+def _nonfinite(weight: Weight) -> str:
+    """How many values are NaN/Inf, and where the first one is (block by block)."""
+    count, first = 0, ""
+    for r0, _r1, rows in row_blocks(weight):
+        bad = ~torch.isfinite(rows)
+        found = int(bad.sum())
+        if found and not first:
+            r, c = (int(v) for v in bad.nonzero()[0])
+            first = f"[{r0 + r}, {c}] ({rows[r, c].item()})"
+        count += found
+    return f"{count} NaN/Inf value(s), first at {first}"
 
 
 def output_dtype(dtype, tensors: dict, marker: dict, model_dtype_scales: bool = False) -> torch.dtype:
@@ -251,3 +316,8 @@ def reject_unknown(params: dict, name: str) -> None:
 def rows_of(t: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
     """Rows ``r0:r1`` of a per-row tensor (a no-op view for the whole range)."""
     return t if (r0 == 0 and r1 == t.shape[0]) else t[r0:r1]
+
+
+def per_row(t: torch.Tensor, rows: int, r0: int, r1: int) -> torch.Tensor:
+    """Rows ``r0:r1`` of a scale that is either per tensor (one element, kept) or per row."""
+    return t if t.numel() == 1 or t.shape[0] != rows else rows_of(t, r0, r1)

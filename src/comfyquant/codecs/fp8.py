@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from ..numerics.floats import E4M3, E5M2, FP8_MAX, fp8_decode_scaled, fp8_encode
+from ..numerics.rows import gather_rows, row_blocks
 from .base import Codec, reject_unknown, rows_of
 
 
@@ -29,7 +30,8 @@ class FP8Codec(Codec):
             # An all-zero weight: comfy-kitchen multiplies 0 by 1/0 and stores NaN codes.
             q = torch.zeros(weight.shape, dtype=self.fp8)
         else:
-            q = fp8_encode(weight * (1.0 / scale).to(weight.dtype), self.fp8)
+            inverse = (1.0 / scale).to(weight.dtype)
+            (q,) = gather_rows(row_blocks(weight), lambda w: (fp8_encode(w * inverse, self.fp8),), weight.shape[0])
         tensors = {"weight": q, "weight_scale": scale}
         if input_scale is not None:
             tensors["input_scale"] = torch.as_tensor(input_scale).to(torch.float32).reshape(())
@@ -38,23 +40,22 @@ class FP8Codec(Codec):
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
         return fp8_decode_scaled(rows_of(t["weight"], r0, r1), t["weight_scale"].reshape(()), dtype, out)
 
-    def _linear(self, x, t, plan, bias):
-        dtype = x.dtype
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, x.shape[-1])
+    def _linear_setup(self, x2, t, plan):
         s_x = t.get("input_scale")
         s_x = torch.ones((), dtype=torch.float32) if s_x is None else s_x.to(torch.float32).reshape(())
         s_w = t["weight_scale"].to(torch.float32).reshape(())
-        q_x = fp8_encode(x2 * (1.0 / s_x).to(dtype), self.fp8)
-        q_w = t["weight"]
+        return fp8_encode(x2 * (1.0 / s_x).to(x2.dtype), self.fp8), s_x, s_w, x2.dtype
+
+    def _linear_rows(self, state, t, plan, bias, r0, r1):
+        q_x, s_x, s_w, dtype = state
+        q_w = rows_of(t["weight"], r0, r1)
         b = None if bias is None else bias.to(dtype)
         try:
-            y = F.scaled_mm(q_x, q_w.t(), scale_a=s_x, scale_recipe_a=F.ScalingType.TensorWise, scale_b=s_w,
-                            scale_recipe_b=F.ScalingType.TensorWise, bias=b, output_dtype=dtype, use_fast_accum=False)
+            return F.scaled_mm(q_x, q_w.t(), scale_a=s_x, scale_recipe_a=F.ScalingType.TensorWise, scale_b=s_w,
+                               scale_recipe_b=F.ScalingType.TensorWise, bias=b, output_dtype=dtype, use_fast_accum=False)
         except (RuntimeError, TypeError, AttributeError):
             # No FP8 GEMM for these operands: dequantize both, as comfy-kitchen falls back.
-            y = F.linear(q_x.to(dtype) * s_x.to(dtype), q_w.to(dtype) * s_w.to(dtype), b)
-        return y.reshape(*lead, q_w.shape[0])
+            return F.linear(q_x.to(dtype) * s_x.to(dtype), q_w.to(dtype) * s_w.to(dtype), b)
 
 
 CODECS = {c.name: c for c in (FP8Codec("float8_e4m3fn", E4M3), FP8Codec("float8_e5m2", E5M2))}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..numerics.hadamard import is_power_of_4, rotate_activation, rotate_weight
-from ..numerics.int8 import int8_linear, quantize_rows, quantize_with_scale
-from .base import Codec, CodecError, finish, reject_unknown, rows_of
+from ..numerics.int8 import int8_product, quantize_rows, quantize_with_scale
+from ..numerics.rows import gather_rows, row_blocks
+from .base import Codec, CodecError, finish, per_row, reject_unknown, rows_of
 
 
 class Int8Codec(Codec):
@@ -26,16 +27,16 @@ class Int8Codec(Codec):
             if not per_channel:
                 raise CodecError(f"{name}: convrot is only supported when per_channel is True")
             check_convrot(size, weight.shape[1], name)
-            q, s = quantize_rows(rotate_weight(weight, size))
+            q, s = _encode_rows(weight, lambda w: quantize_rows(rotate_weight(w, size)))
             return {"weight": q, "weight_scale": s}, {"format": self.name, "convrot": True, "convrot_groupsize": size}
         if per_channel:
-            q, s = quantize_rows(weight)
-        elif scale is not None:
+            q, s = _encode_rows(weight, quantize_rows)
+            return {"weight": q, "weight_scale": s}, {"format": self.name}
+        if scale is not None:
             s = torch.as_tensor(scale).to(torch.float32).reshape(())
-            q = quantize_with_scale(weight, s)
         else:
             s = (amax.float() / 127.0).clamp_(min=1e-30)
-            q = quantize_with_scale(weight, s)
+        (q,) = _encode_rows(weight, lambda w: (quantize_with_scale(w, s),))
         return {"weight": q, "weight_scale": s}, {"format": self.name}
 
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
@@ -49,11 +50,21 @@ class Int8Codec(Codec):
             w = rotate_weight(w, env["convrot_groupsize"])
         return finish(w, dtype, out)
 
-    def _linear(self, x, t, plan, bias):
+    def _linear_setup(self, x2, t, plan):
         env = plan.env
         if env.get("convrot"):
-            x = rotate_activation(x, env["convrot_groupsize"])
-        return int8_linear(x, t["weight"], t["weight_scale"], bias, x.dtype)
+            x2 = rotate_activation(x2, env["convrot_groupsize"])
+        return quantize_rows(x2), x2.dtype
+
+    def _linear_rows(self, state, t, plan, bias, r0, r1):
+        (q_x, s_x), dtype = state
+        scale = per_row(t["weight_scale"], plan.shape[0], r0, r1)
+        return int8_product(q_x, s_x, rows_of(t["weight"], r0, r1), scale, bias, dtype)
+
+
+def _encode_rows(weight: torch.Tensor, fn) -> list[torch.Tensor]:
+    """``fn`` (block -> quantized rows and their scales) over row blocks of ``weight``."""
+    return gather_rows(row_blocks(weight), fn, weight.shape[0])
 
 
 def check_convrot(size, k: int, name: str) -> None:

@@ -11,6 +11,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from ..numerics.blocked import ceil_to, from_blocked, padded_blocks, to_blocked
 from ..numerics.floats import E4M3, FP8_MAX, e8m0_decode, e8m0_from_amax, fp8_decode, fp8_decode_scaled
+from ..numerics.rows import gather_rows, row_blocks
 from .base import Codec, finish, reject_unknown
 
 BLOCK = 32
@@ -43,7 +44,7 @@ class MXFP8Codec(Codec):
 
     def _encode(self, weight, params, name, amax):
         reject_unknown(params, name)
-        q, e = quantize_mxfp8(weight)
+        q, e = gather_rows(row_blocks(weight, multiple=BLOCK), quantize_mxfp8, ceil_to(weight.shape[0], BLOCK))
         return {"weight": q, "weight_scale": to_blocked(e).view(torch.float8_e8m0fnu)}, {"format": self.name}
 
     def _prepare(self, t, env, dtype):
@@ -67,20 +68,19 @@ class MXFP8Codec(Codec):
             w = fp8_decode(blocks, torch.float32).mul_(s)
         return finish(w.view(r1 - r0, k)[:, : plan.shape[1]], dtype, out)
 
-    def _linear(self, x, t, plan, bias):
+    def _linear_setup(self, x2, t, plan):
         """Emulated MXFP8 GEMM: activation quantized the same way (dynamic, per 1x32 block),
-        both dequantized to F32, F32 products and bias, one rounding to ``x.dtype``."""
-        dtype = x.dtype
-        n, k = plan.shape
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, k)
+        both dequantized to F32, F32 products and bias, one rounding to the input's dtype."""
         q, e = quantize_mxfp8(x2)
-        x_deq = _dequantize_f32(q, e)[: x2.shape[0], :k]
+        x_deq = _dequantize_f32(q, e)[: x2.shape[0], : plan.shape[1]]
         env = plan.env
-        e_w = from_blocked(t["weight_scale"].view(torch.uint8), env["N"], env["K"] // BLOCK)
-        w_deq = _dequantize_f32(t["weight"], e_w)[:n, :k]
+        return x_deq, x2.dtype, from_blocked(t["weight_scale"].view(torch.uint8), env["N"], env["K"] // BLOCK)
+
+    def _linear_rows(self, state, t, plan, bias, r0, r1):
+        x_deq, dtype, e_w = state
+        w_deq = _dequantize_f32(t["weight"][r0:r1], e_w[r0:r1])[:, : plan.shape[1]]
         y = F.linear(x_deq, w_deq, None if bias is None else bias.to(torch.float32))
-        return y.to(dtype).reshape(*lead, n)
+        return y.to(dtype)
 
 
 def _dequantize_f32(q: torch.Tensor, e: torch.Tensor) -> torch.Tensor:

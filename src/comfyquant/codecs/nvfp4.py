@@ -14,6 +14,7 @@ import torch.nn.functional as F  # noqa: N812
 from ..numerics.blocked import ceil_to, from_blocked, padded_blocks, to_blocked
 from ..numerics.floats import E2M1_MAX, E4M3, FP8_MAX, e2m1_encode, e2m1_table
 from ..numerics.packing import HNF, lookup_pairs, pack_nibbles, pair_table, unpack_nibbles
+from ..numerics.rows import gather_rows, row_blocks
 from .base import Codec, reject_unknown
 
 BLOCK = 16
@@ -54,22 +55,23 @@ class NVFP4Codec(Codec):
         input_scale = params.pop("input_scale", None)
         pre = params.pop("pre_quant_scale", None)
         reject_unknown(params, name)
+        stored = _identity
         if pre is not None:
             pre = torch.as_tensor(pre)
             pre = pre.to(weight.dtype) if not pre.is_floating_point() else pre
-            # The runtime multiplies x by pre_quant_scale, so the stored weight is W / s.
-            weight = (weight.float() / pre.float().reshape(1, -1)).to(weight.dtype)
+            stored = _divide_columns(pre, weight.dtype)
         if scale is None:
-            scale = (amax if pre is None else torch.amax(weight.abs())) / TENSOR_SCALE_DIVISOR
+            scale = (amax if pre is None else _amax(weight, stored)) / TENSOR_SCALE_DIVISOR
         ts = torch.as_tensor(scale).to(torch.float32).reshape(())
+        rp, cp = ceil_to(weight.shape[0], BLOCK), ceil_to(weight.shape[1], BLOCK)
         if ts.item() == 0:
             # All-zero weight: comfy-kitchen divides 0 by 0 and stores NaN scales.
-            rp, cp = ceil_to(weight.shape[0], BLOCK), ceil_to(weight.shape[1], BLOCK)
-            codes = torch.zeros((rp, cp), dtype=torch.uint8)
+            packed = torch.zeros((rp, cp // 2), dtype=torch.uint8)
             scales = torch.zeros((rp, cp // BLOCK), dtype=E4M3)
         else:
-            codes, scales = quantize_nvfp4(weight, ts)
-        tensors = {"weight": pack_nibbles(codes, HNF), "weight_scale": to_blocked(scales), "weight_scale_2": ts}
+            packed, scales = gather_rows(row_blocks(weight, multiple=BLOCK),
+                                         lambda w: _encode_block(stored(w), ts), rp)
+        tensors = {"weight": packed, "weight_scale": to_blocked(scales), "weight_scale_2": ts}
         if input_scale is not None:
             tensors["input_scale"] = torch.as_tensor(input_scale).to(torch.float32).reshape(())
         if pre is not None:
@@ -94,14 +96,11 @@ class NVFP4Codec(Codec):
             w = w * pre.reshape(1, -1)
         return w if out is None else out.copy_(w)
 
-    def _linear(self, x, t, plan, bias):
+    def _linear_setup(self, x2, t, plan):
         """Emulated NVFP4 GEMM: activation quantized like the weight (scale ``input_scale`` or
         dynamic ``amax / 2688``), both dequantized to F32, F32 products and bias, one rounding."""
         env = plan.env
-        dtype = x.dtype
-        n, k = plan.shape
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, k)
+        dtype = x2.dtype
         pre = t.get("pre_quant_scale")
         if pre is not None:
             x2 = x2 * pre.to(dtype)
@@ -109,18 +108,39 @@ class NVFP4Codec(Codec):
         s_in = (torch.amax(x2.abs()) / TENSOR_SCALE_DIVISOR) if s_in is None else s_in
         s_in = s_in.to(torch.float32).reshape(())
         codes, scales = quantize_nvfp4(x2, s_in)
-        x_deq = dequantize_f32(codes, scales, s_in)[: x2.shape[0], :k]
-        w_deq = self._weight_f32(t, env)[:n, :k]
-        y = F.linear(x_deq, w_deq, None if bias is None else bias.to(torch.float32))
-        return y.to(dtype).reshape(*lead, n)
-
-    def _weight_f32(self, t, env) -> torch.Tensor:
-        rows, kp = env["N"], env["K"]
+        x_deq = dequantize_f32(codes, scales, s_in)[: x2.shape[0], : plan.shape[1]]
         blocked = t["weight_scale"]
         blocked = blocked.view(E4M3) if blocked.dtype == torch.uint8 else blocked
-        scales = from_blocked(blocked, rows, kp // BLOCK)
-        codes = unpack_nibbles(t["weight"], HNF)
-        return dequantize_f32(codes, scales, t["weight_scale_2"].reshape(()))
+        return x_deq, dtype, from_blocked(blocked, env["N"], env["K"] // BLOCK)
+
+    def _linear_rows(self, state, t, plan, bias, r0, r1):
+        x_deq, dtype, scales = state
+        codes = unpack_nibbles(t["weight"][r0:r1], HNF)
+        w_deq = dequantize_f32(codes, scales[r0:r1], t["weight_scale_2"].reshape(()))[:, : plan.shape[1]]
+        y = F.linear(x_deq, w_deq, None if bias is None else bias.to(torch.float32))
+        return y.to(dtype)
+
+
+def _identity(w: torch.Tensor) -> torch.Tensor:
+    return w
+
+
+def _divide_columns(pre: torch.Tensor, dtype: torch.dtype):
+    """The stored rows for a ``pre_quant_scale``: the runtime multiplies x by it, so the
+    weight is ``W / s`` per column, computed in F32 and rounded to the weight's dtype."""
+    divisor = pre.float().reshape(1, -1)
+    return lambda w: (w.float() / divisor).to(dtype)
+
+
+def _amax(weight: torch.Tensor, stored) -> torch.Tensor:
+    """``max |stored(weight)|`` in the weight's dtype, one row block at a time."""
+    return torch.stack([torch.amax(stored(w).abs()) for _r0, _r1, w in row_blocks(weight)]).amax()
+
+
+def _encode_block(w: torch.Tensor, tensor_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed codes and logical block scales of a row block (padded like the whole tensor)."""
+    codes, scales = quantize_nvfp4(w, tensor_scale)
+    return pack_nibbles(codes, HNF), scales
 
 
 CODECS = {NVFP4Codec.name: NVFP4Codec()}

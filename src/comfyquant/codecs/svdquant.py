@@ -68,14 +68,12 @@ class SVDQuantCodec(Codec):
         low = (t["weight_proj_down"].float() @ t["weight_proj_up"][r0:r1].float().t()).t().to(compute)
         return finish(main + low, dtype, out)
 
-    def _linear(self, x, t, plan, bias):
+    def _linear_setup(self, x2, t, plan):
         """comfy-kitchen's eager forward: smoothed per-row per-64 INT4 (or UINT4) activations,
         dequantized GEMM in the scales' dtype, low-rank branch in F32 on the raw input."""
         t = natural(t)
         unsigned = bool(plan.env.get("act_unsigned"))
-        n, k = plan.shape
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, k)
+        k = plan.shape[1]
         m = x2.shape[0]
         main_x = x2 + GELU_SHIFT if unsigned else x2
         low_act = x2.float() @ t["weight_proj_down"].float()
@@ -95,13 +93,19 @@ class SVDQuantCodec(Codec):
         codes = unpack_nibbles(packed, LNF)
         act = (codes if unsigned else to_signed(codes)).to(compute).view(mp, k // GROUP, GROUP)
         act = (act * a_scales.t().unsqueeze(-1)).view(mp, k)
-        w = to_signed(unpack_nibbles(t["weight"], LNF)).to(compute).view(n, k // GROUP, GROUP)
-        w = (w * t["weight_scale"].t().unsqueeze(-1)).view(n, k)
+        return t, act, low_act, m, x2.dtype
+
+    def _linear_rows(self, state, t, plan, bias, r0, r1):
+        t, act, low_act, m, dtype = state
+        compute = t["weight_scale"].dtype
+        k = plan.shape[1]
+        w = to_signed(unpack_nibbles(t["weight"][r0:r1], LNF)).to(compute).view(r1 - r0, k // GROUP, GROUP)
+        w = (w * t["weight_scale"][:, r0:r1].t().unsqueeze(-1)).view(r1 - r0, k)
         y = act @ w.t()
-        y = y + (low_act.float() @ t["weight_proj_up"].float().t()).to(y.dtype)
+        y = y + (low_act.float() @ t["weight_proj_up"][r0:r1].float().t()).to(y.dtype)
         if bias is not None:
             y = y + bias
-        return y[:m].to(x.dtype).reshape(*lead, n)
+        return y[:m].to(dtype)
 
 
 CODECS = {SVDQuantCodec.name: SVDQuantCodec()}

@@ -7,6 +7,7 @@ import torch
 from ..numerics.hadamard import rotate_activation, rotate_weight
 from ..numerics.int8 import int8_matmul
 from ..numerics.packing import lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
+from ..numerics.rows import gather_rows, row_blocks
 from .base import Codec, CodecError, finish, reject_unknown, rows_of
 from .int8 import check_convrot
 
@@ -39,12 +40,11 @@ class W4A4Codec(Codec):
         check_convrot(size, k, name)
         if k % QUANT_GROUP:
             raise CodecError(f"{name}: in_features {k} not divisible by quant_group_size {QUANT_GROUP}")
-        q, scale = quantize_int4_rows(rotate_weight(weight, size))
         marker = {"format": self.name, "convrot_groupsize": size}
         if linear_dtype != "int4":
             marker["linear_dtype"] = linear_dtype
-        packed = pack_nibbles(q).view(torch.int8)
-        return {"weight": packed, "weight_scale": scale.reshape(-1).to(torch.float32)}, marker
+        packed, scale = gather_rows(row_blocks(weight), lambda w: _encode_block(w, size), weight.shape[0])
+        return {"weight": packed, "weight_scale": scale}, marker
 
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
         env = plan.env
@@ -52,21 +52,27 @@ class W4A4Codec(Codec):
         w.mul_(rows_of(t["weight_scale"], r0, r1).to(torch.float32).reshape(-1, 1))
         return finish(rotate_weight(w, env["convrot_groupsize"]), dtype, out)
 
-    def _linear(self, x, t, plan, bias):
-        env = plan.env
+    def _linear_setup(self, x2, t, plan):
+        x2 = rotate_activation(x2.contiguous(), plan.env["convrot_groupsize"])
+        return quantize_int4_rows(x2), x2.dtype
+
+    def _linear_rows(self, state, t, plan, bias, r0, r1):
         # comfy-kitchen eager: INT4 activations whatever linear_dtype says; the integer dot
         # products are exact, so accumulating them in int32 matches its float GEMM.
-        dtype = x.dtype
-        lead = x.shape[:-1]
-        x2 = rotate_activation(x.reshape(-1, x.shape[-1]).contiguous(), env["convrot_groupsize"])
-        q_x, s_x = quantize_int4_rows(x2)
-        q_w = to_signed(unpack_nibbles(t["weight"]))
+        (q_x, s_x), dtype = state
+        q_w = to_signed(unpack_nibbles(rows_of(t["weight"], r0, r1)))
         y = int8_matmul(q_x, q_w).to(dtype)
         y = y * s_x.to(torch.float32).to(dtype)
-        y = y * t["weight_scale"].reshape(1, -1).to(dtype)
+        y = y * rows_of(t["weight_scale"], r0, r1).reshape(1, -1).to(dtype)
         if bias is not None:
             y = y + bias.to(dtype).reshape(1, -1)
-        return y.reshape(*lead, q_w.shape[0])
+        return y
+
+
+def _encode_block(w: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated, quantized and packed rows with their F32 scales."""
+    q, scale = quantize_int4_rows(rotate_weight(w, size))
+    return pack_nibbles(q).view(torch.int8), scale.reshape(-1).to(torch.float32)
 
 
 CODECS = {W4A4Codec.name: W4A4Codec()}

@@ -16,9 +16,10 @@ from __future__ import annotations
 import torch
 
 from ..numerics.hadamard import rotate_activation, rotate_weight
-from ..numerics.int8 import int8_linear
+from ..numerics.int8 import int8_product, quantize_rows
 from ..numerics.packing import lookup_pairs, pair_table, unpack_6bit
-from .base import Codec, finish, rows_of
+from ..numerics.rows import row_ranges
+from .base import DEFAULT_BLOCK_ELEMENTS, Codec, finish, rows_of
 from .w4a8_quant import encode_w4a8
 
 _EXACT_MAX_BLOCK = 256
@@ -66,23 +67,22 @@ class W4A8Codec(Codec):
             return finish(rotate_weight(w.to(torch.float32), size), dtype, out)
         return finish(rotate_weight(w, size), dtype, out)
 
-    def _linear(self, x, t, plan, bias):
-        env = plan.env
-        dtype = x.dtype
+    def _linear_setup(self, x2, t, plan):
         if "weight_correction" in t:
-            # comfy-kitchen runs the asymmetric variant as dequantize + float matmul.
-            w = self._dense(t, plan, dtype)
-            return torch.nn.functional.linear(x, w, None if bias is None else bias.to(dtype))
+            return x2  # comfy-kitchen runs the asymmetric variant as dequantize + float matmul
+        return quantize_rows(rotate_activation(x2, plan.env["convrot_groupsize"])), x2.dtype
+
+    def _linear_rows(self, state, t, plan, bias, r0, r1):
+        if "weight_correction" in t:
+            return self._dense_linear(state, t, plan, bias, r0, r1)
+        (q_x, s_x), dtype = state
+        env = plan.env
         # The INT8 grid is built in row blocks: one F32 temporary per block, not per layer.
-        n, k = env["N"], env["K"]
         table = self._prepare(t, env, None)
-        grid = torch.empty((n, k), dtype=torch.int8)
-        step = max(64, (1 << 22) // max(k, 1))
-        for r0 in range(0, n, step):
-            r1 = min(n, r0 + step)
-            grid[r0:r1] = self._grid(t, env, r0, r1, table).to(torch.int8)
-        x_rot = rotate_activation(x, env["convrot_groupsize"])
-        return int8_linear(x_rot, grid, t["weight_s_channel"], bias, dtype)
+        grid = torch.empty((r1 - r0, env["K"]), dtype=torch.int8)
+        for b0, b1 in row_ranges(r1 - r0, env["K"], DEFAULT_BLOCK_ELEMENTS):
+            grid[b0:b1] = self._grid(t, env, r0 + b0, r0 + b1, table).to(torch.int8)
+        return int8_product(q_x, s_x, grid, rows_of(t["weight_s_channel"], r0, r1), bias, dtype)
 
 
 def _s_rel(t: dict) -> torch.Tensor:

@@ -3,7 +3,9 @@
 Step by step as comfy-kitchen 0.2.40 eager does it, so codes, ``s_rel``, ``s_channel``, the
 codebook and the correction come out bit-identical:
 
-0. rotate ``W`` per ConvRot block in its own dtype, in row chunks of ``2^22 // K`` rows;
+0. rotate ``W`` per ConvRot block in its own dtype (comfy-kitchen rotates row chunks of
+   ``2^22 // K`` rows; smaller row blocks give the same bits, and everything after the
+   codebook decision is per row);
 1. codebook (A) or 6-bit (D): group scale from the group maximum, then two ALS passes;
 2. uniform symmetric (B): ``amax / 7``; 3. asymmetric (C): ``(max - min) / 15`` plus a
    group-major correction ``8 * gs + min`` in the weight's dtype;
@@ -17,12 +19,15 @@ reference: summation order is part of the result.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from ..numerics.floats import E4M3, fp8_neighbours
 from ..numerics.hadamard import is_power_of_4, rotate_weight
 from ..numerics.nearest import grid_by_code, grid_nearest, grid_nearest_by_code, nearest, table_thresholds
 from ..numerics.packing import pack_6bit, pack_nibbles
+from ..numerics.rows import Weight, as_source, gather_rows, release_memory, row_blocks
 from .base import CodecError, reject_unknown
 
 FIXED_CODEBOOK = (
@@ -39,12 +44,12 @@ ALS_PASSES = 2
 SIX_BIT_LEVELS = 31
 SCALE_STEP_F32 = 0.03
 ROW_BUDGET = 1 << 22
-"""Elements per quantized row chunk, and rows sampled for the codebook decision."""
+"""Elements sampled for the codebook decision (and comfy-kitchen's rotation chunk)."""
 
 _SCALE_DTYPES = {"fp8": E4M3, "float8_e4m3fn": E4M3, "f32": torch.float32, "float32": torch.float32}
 
 
-def encode_w4a8(weight: torch.Tensor, params: dict, name: str, fmt: str) -> tuple[dict, dict]:
+def encode_w4a8(weight: Weight, params: dict, name: str, fmt: str) -> tuple[dict, dict]:
     """Quantize a dense weight; ``params`` as comfy-kitchen's ``AsymW4A8Int8Layout.quantize``."""
     g = params.pop("group_size", 16)
     c = params.pop("convrot_groupsize", 256)
@@ -68,14 +73,14 @@ def encode_w4a8(weight: torch.Tensor, params: dict, name: str, fmt: str) -> tupl
     table = None
     if symmetric and use_codebook:
         table = book.to(torch.float32) if book is not None else _decide_codebook(weight, g, c)
+        release_memory()  # the decision's blocks, before the quantizer's (other sizes)
         if tuple(table.shape) != (16,):
             raise CodecError(f"{name}: codebook must have shape (16,), got {tuple(table.shape)}")
-    n, k = weight.shape
-    block = max(1, ROW_BUDGET // max(k, 1))
-    parts = [_quantize_rotated(rotate_weight(weight[r0:r0 + block].contiguous(), c), g, symmetric, scale_dtype, table,
-                               bits, search) for r0 in range(0, n, block)]
-    packed, s_rel, s_channel = (torch.cat([p[i] for p in parts]) for i in range(3))
-    corr = None if symmetric else torch.cat([p[3] for p in parts], dim=1)
+    parts = gather_rows(_rotated_blocks(weight, c),
+                        lambda rows: _quantize_rotated(rows, g, symmetric, scale_dtype, table, bits, search),
+                        weight.shape[0])
+    packed, s_rel, s_channel = parts[:3]
+    corr = parts[3].t().contiguous() if len(parts) > 3 else None
     tensors = {"weight": packed.view(torch.int8), "weight_s_rel": s_rel, "weight_s_channel": s_channel}
     if table is not None:
         tensors["weight_codebook"] = table.contiguous()
@@ -84,7 +89,7 @@ def encode_w4a8(weight: torch.Tensor, params: dict, name: str, fmt: str) -> tupl
     return tensors, {"format": fmt, "group_size": g, "convrot_groupsize": c, "convrot": True}
 
 
-def _validate(weight: torch.Tensor, g, c, bits, name: str) -> None:
+def _validate(weight: Weight, g, c, bits, name: str) -> None:
     k = weight.shape[1]
     if bits not in (4, 6):
         raise CodecError(f"{name}: bits must be 4 or 6, got {bits}")
@@ -98,46 +103,82 @@ def _validate(weight: torch.Tensor, g, c, bits, name: str) -> None:
         raise CodecError(f"{name}: Regular Hadamard size must be a power of 4, got {c}")
 
 
+def _rotated_blocks(weight: Weight, c: int) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """``(r0, r1, rotated rows)`` for the row blocks of ``weight``.
+
+    comfy-kitchen rotates chunks of ``ROW_BUDGET // K`` rows; a rotation GEMM of other row
+    counts gives the same bits (see :mod:`comfyquant.numerics.rows`: blocks keep at least
+    ``MIN_BLOCK_ROWS`` rows, measured bit-identical on the bench's 3072x3072, 12288x3072
+    and 3072x12288 layers and on odd shapes, in BF16, F16 and F32), and blocks of
+    ``ENCODE_BLOCK_ELEMENTS`` keep the quantizer's temporaries a quarter of the chunk's."""
+    for r0, r1, rows in row_blocks(weight):
+        yield r0, r1, rotate_weight(rows.contiguous(), c)
+
+
 # -- codebook ---------------------------------------------------------------------------------
 
-def _decide_codebook(weight: torch.Tensor, g: int, c: int) -> torch.Tensor:
-    """One table per tensor, from evenly spaced sample rows (never from chunk boundaries)."""
-    n, k = weight.shape
+def _decide_codebook(weight: Weight, g: int, c: int) -> torch.Tensor:
+    """One table per tensor, from evenly spaced sample rows (never from chunk boundaries).
+
+    The sample is rotated whole, as the reference does; the group-normalized values the
+    decision draws from are computed a row block at a time and only where drawn."""
+    source = as_source(weight)
+    n, k = source.shape
     max_rows = max(1, ROW_BUDGET // max(k, 1))
     if n > max_rows:
-        idx = torch.linspace(0, n - 1, max_rows, device=weight.device).long()
-        sample = weight.index_select(0, idx)
+        sample = source.select(torch.linspace(0, n - 1, max_rows).long())
     else:
-        sample = weight
+        sample = source.rows(0, n)
     rotated = rotate_weight(sample.contiguous(), c)
-    grouped = rotated.float().view(sample.shape[0], k // g, g)
-    normalized = grouped / grouped.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8)
-    return _codebook_for(normalized)
+    del sample
+    return _codebook_for(lambda index: _normalized_at(rotated, g, index), rotated.numel())
 
 
-def _seeded_sample(x: torch.Tensor, limit: int) -> torch.Tensor:
-    """At most ``limit`` values drawn with a generator seeded 0, as comfy-kitchen draws them."""
-    if x.numel() <= limit:
-        return x
-    gen = torch.Generator(device=x.device).manual_seed(0)
-    return x[torch.randint(0, x.numel(), (limit,), device=x.device, generator=gen)]
+def _normalized_at(rotated: torch.Tensor, g: int, index: torch.Tensor | None) -> torch.Tensor:
+    """F32 values of ``rotated`` divided by their group's largest magnitude, at the flat
+    positions ``index`` (all of them, in order, for None), row block by row block."""
+    k = rotated.shape[1]
+    if index is None:
+        return _normalize_groups(rotated, g).flatten()
+    out = torch.empty(index.shape, dtype=torch.float32)
+    for r0, r1, rows in row_blocks(rotated):
+        inside = (index >= r0 * k) & (index < r1 * k)
+        out[inside] = _normalize_groups(rows, g).flatten()[index[inside] - r0 * k]
+    return out
 
 
-def _codebook_for(normalized: torch.Tensor) -> torch.Tensor:
-    """The fixed table unless the normalized groups are heavy-tailed (excess kurtosis > -0.1)."""
-    x = _seeded_sample(normalized.flatten(), KURTOSIS_SAMPLE).float()
+def _normalize_groups(rows: torch.Tensor, g: int) -> torch.Tensor:
+    grouped = rows.float().view(rows.shape[0], -1, g)
+    return grouped / grouped.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8)
+
+
+def _seeded_index(numel: int, limit: int) -> torch.Tensor | None:
+    """Positions of at most ``limit`` of ``numel`` values, drawn with a generator seeded 0 as
+    comfy-kitchen draws them; None when all values are taken."""
+    if numel <= limit:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(0, numel, (limit,), generator=gen)
+
+
+def _codebook_for(values, numel: int) -> torch.Tensor:
+    """The fixed table unless the normalized groups are heavy-tailed (excess kurtosis > -0.1).
+    ``values(index)`` gives the normalized values at sampled positions (see ``_seeded_index``)."""
+    x = values(_seeded_index(numel, KURTOSIS_SAMPLE)).float()
     excess = ((x - x.mean()) / (x.std() + 1e-9)).pow(4).mean() - 3.0
     if excess.item() <= KURTOSIS_GATE:
         return torch.tensor(FIXED_CODEBOOK, dtype=torch.float32)
-    return _fit_codebook(normalized)
+    del x
+    return _fit_codebook(values(_seeded_index(numel, FIT_SAMPLE)).float())
 
 
-def _fit_codebook(normalized: torch.Tensor) -> torch.Tensor:
-    """16-level Lloyd-Max: quantile start, 25 rounds of nearest assignment and mean update."""
-    samples = _seeded_sample(normalized.flatten(), FIT_SAMPLE).float()
+def _fit_codebook(samples: torch.Tensor) -> torch.Tensor:
+    """16-level Lloyd-Max: quantile start, 25 rounds of nearest assignment and mean update
+    (the nearest level found for blocks of samples: a ``[samples, 16]`` distance table
+    would be 20 MB)."""
     book = torch.quantile(samples, torch.linspace(0, 1, 16, device=samples.device))
     for _ in range(FIT_ITERATIONS):
-        nearest = (samples.unsqueeze(-1) - book).abs().argmin(-1)
+        nearest = torch.cat([(part - book).abs().argmin(-1) for _r0, _r1, part in row_blocks(samples.view(-1, 1), 1 << 16)])
         updated = book.clone()
         for i in range(16):
             chosen = nearest == i
@@ -216,8 +257,12 @@ def _search_scale_fp8(gw, s_rel, table, target):
 
 # -- one chunk of rotated rows ----------------------------------------------------------------
 
-def _quantize_rotated(rotated, g, symmetric, scale_dtype, table, bits, search):
-    """(packed uint8, s_rel, s_channel, correction or None) for already rotated rows."""
+def _quantize_rotated(rotated, g, symmetric, scale_dtype, table, bits, search) -> tuple[torch.Tensor, ...]:
+    """(packed uint8, s_rel, s_channel) and, asymmetric, the correction (row-major
+    ``[rows, groups]``: the caller transposes the whole layer's) for already rotated rows.
+
+    Temporaries are dropped as soon as they are dead: a block's peak is a few F32 copies
+    of it plus one int64 index tensor, which is what sizes the blocks."""
     dtype = rotated.dtype
     n, k = rotated.shape
     groups = k // g
@@ -225,56 +270,73 @@ def _quantize_rotated(rotated, g, symmetric, scale_dtype, table, bits, search):
     levels = None
     corr = None
     if bits == 6 or table is not None:
-        amax = gw.abs().amax(dim=-1, keepdim=True)
-        if bits == 6:
-            levels = torch.arange(-SIX_BIT_LEVELS, SIX_BIT_LEVELS + 1, dtype=torch.float32)
-            gs = (amax / SIX_BIT_LEVELS).clamp(min=1e-8)
-
-            def assign(normalized):
-                return (normalized.round_().clamp_(-SIX_BIT_LEVELS, SIX_BIT_LEVELS) + SIX_BIT_LEVELS).to(torch.int64)
-
-            idx = assign(gw / gs)
-        else:
-            levels = table
-            gs = amax.clamp(min=1e-8)
-            cuts = table_thresholds(levels)
-
-            def assign(normalized):
-                return nearest(levels, normalized, cuts)
-
-            idx = assign(gw / gs)
-        for _ in range(ALS_PASSES):
-            lv = levels[idx]
-            gs = ((gw * lv).sum(-1, keepdim=True) / (lv * lv).sum(-1, keepdim=True).clamp(min=1e-8)).clamp(min=1e-8)
-            idx = assign(gw / gs)
-        shifted = levels[idx] * gs
+        levels = torch.arange(-SIX_BIT_LEVELS, SIX_BIT_LEVELS + 1, dtype=torch.float32) if bits == 6 else table
+        gs, shifted = _refine_levels(gw, levels, bits)
         codes = None
     elif symmetric:
         gs = (gw.abs().amax(dim=-1, keepdim=True) / 7.0).clamp(min=1e-8)
         signed = (gw / gs).round().clamp(-8, 7).to(torch.int32)
         codes = (signed + 8).view(n, k)
         shifted = signed * gs
+        del signed
     else:
         low = gw.amin(dim=-1, keepdim=True)
         gs = ((gw.amax(dim=-1, keepdim=True) - low) / 15.0).clamp(min=1e-8)
         codes = ((gw - low) / gs).round().clamp(0, 15).to(torch.int32).view(n, k)
         shifted = (codes.view(n, groups, g) - 8) * gs
-        corr = (8.0 * gs + low).squeeze(-1).t().contiguous().to(dtype)
+        corr = (8.0 * gs + low).squeeze(-1).to(dtype)
     s_channel = (shifted.abs().amax(dim=(1, 2)) / 127.0).clamp(min=1e-8)
+    del shifted
     s_rel = (gs.squeeze(-1) / s_channel.unsqueeze(1)).float().contiguous()
     if scale_dtype != torch.float32:
         s_rel = s_rel.to(scale_dtype).contiguous()
     if levels is not None:
-        if bits == 6 and search:
-            s_rel, idx = _search_scale(gw, s_rel, s_channel, levels)
-        elif s_rel.dtype == E4M3:
-            _lv, cuts = grid_by_code(levels)
-            target = gw / s_channel.view(-1, 1, 1)
-            idx = grid_nearest_by_code(cuts, s_rel.view(torch.uint8), target.reshape(n * groups, g)).view(n, groups, g)
-        else:
-            idx = _assign_grid(gw, _grid_levels(levels, s_rel), s_channel)
-        if bits == 6:
-            idx.add_(1)
-        codes = idx.view(n, k)
+        s_rel, codes = _assign_levels(gw, s_rel, s_channel, levels, bits, search)
+    del gw
     packed = pack_6bit(codes) if bits == 6 else pack_nibbles(codes)
-    return packed, s_rel, s_channel.float().contiguous(), corr
+    out = (packed, s_rel, s_channel.float().contiguous())
+    return out if corr is None else (*out, corr)
+
+
+def _refine_levels(gw: torch.Tensor, levels: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codebook (A) or 6-bit (D): group scale from the group maximum, then ``ALS_PASSES``
+    rounds of nearest-level assignment and least-squares scale.  Returns the group scales
+    and the shifted values ``levels[idx] * gs``."""
+    amax = gw.abs().amax(dim=-1, keepdim=True)
+    if bits == 6:
+        gs = (amax / SIX_BIT_LEVELS).clamp(min=1e-8)
+
+        def assign(normalized):
+            return (normalized.round_().clamp_(-SIX_BIT_LEVELS, SIX_BIT_LEVELS) + SIX_BIT_LEVELS).to(torch.int64)
+    else:
+        gs = amax.clamp(min=1e-8)
+        cuts = table_thresholds(levels)
+
+        def assign(normalized):
+            return nearest(levels, normalized, cuts)
+
+    idx = assign(gw / gs)
+    for _ in range(ALS_PASSES):
+        lv = levels[idx]
+        del idx
+        gs = ((gw * lv).sum(-1, keepdim=True) / (lv * lv).sum(-1, keepdim=True).clamp(min=1e-8)).clamp(min=1e-8)
+        del lv
+        idx = assign(gw / gs)
+    return gs, levels[idx] * gs
+
+
+def _assign_levels(gw, s_rel, s_channel, levels, bits: int, search: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, D) the final nearest-level assignment against the decoded INT8 grid (6-bit after
+    the scale search): the stored ``s_rel`` and the codes ``[rows, K]``."""
+    n, groups, g = gw.shape
+    if bits == 6 and search:
+        s_rel, idx = _search_scale(gw, s_rel, s_channel, levels)
+    elif s_rel.dtype == E4M3:
+        _lv, cuts = grid_by_code(levels)
+        target = (gw / s_channel.view(-1, 1, 1)).reshape(n * groups, g)
+        idx = grid_nearest_by_code(cuts, s_rel.view(torch.uint8), target).view(n, groups, g)
+    else:
+        idx = _assign_grid(gw, _grid_levels(levels, s_rel), s_channel)
+    if bits == 6:
+        idx.add_(1)
+    return s_rel, idx.view(n, groups * g)
