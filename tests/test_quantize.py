@@ -287,6 +287,31 @@ def test_bad_weights(tmp_path, capsys):
     assert "is the input" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("fmt", ["int8", "nvfp4"])
+def test_layers_are_read_encoded_and_measured_in_row_blocks(tmp_path, monkeypatch, fmt):
+    """Issue 6: a layer is never in memory whole.  With 64-row blocks the weight is read in
+    64-row pieces (once for the finite check, once to encode, once to measure), and the
+    output is the one whole-layer blocks give, bit for bit."""
+    import comfyquant.numerics.rows as rows
+    import comfyquant.quantize.work as work
+
+    src = dense_model(tmp_path / "in.safetensors", layers=((P, 640, 512),))
+    whole = comfyquant.quantize(src, str(tmp_path / "whole.safetensors"), fmt, progress=False)
+    reads: list[int] = []
+    pread = work._pread
+    monkeypatch.setattr(work, "_pread", lambda file, start, n: reads.append(n) or pread(file, start, n))
+    monkeypatch.setattr(rows, "ENCODE_BLOCK_ELEMENTS", 64 * 512)
+    monkeypatch.setattr(work, "QUALITY_BLOCK", 64 * 512)
+    blocked = comfyquant.quantize(src, str(tmp_path / "blocked.safetensors"), fmt, progress=False)
+    assert max(reads) == 64 * 512 * 2 and sum(reads) == 3 * 640 * 512 * 2
+    a, b = load_file(str(tmp_path / "whole.safetensors")), load_file(str(tmp_path / "blocked.safetensors"))
+    assert set(a) == set(b) and all(torch.equal(_bits(a[name]), _bits(b[name])) for name in a)
+    q1, q2 = (r.doc["layers"][0] for r in (whole, blocked))
+    for key in ("weight", "output"):
+        assert q2[key]["rel_l2"] == pytest.approx(q1[key]["rel_l2"], rel=1e-5)
+        assert q2[key]["cosine"] == pytest.approx(q1[key]["cosine"], rel=1e-6)
+
+
 def test_f16_and_f32_sources(tmp_path):
     for dtype in (torch.float16, torch.float32):
         src = dense_model(tmp_path / f"in{dtype}.safetensors", dtype=dtype)

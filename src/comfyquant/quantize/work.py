@@ -2,13 +2,14 @@
 
 Runs in the main process (``--jobs 1``) or in worker processes, so a task is plain data:
 file paths and byte ranges, never open handles or torch tensors.  Each worker opens the
-input files itself and reads only the layer it was given, which keeps memory at one layer
-per job.
+input files itself and reads only the layer it was given, in row blocks as the encoder and
+the quality measurement reach them: a job holds the encoded layer and a few blocks, never
+the dense layer (issue 6: peak memory per job within 3x the largest dense layer).
 
 The quality numbers compare the decoded weight with the source (relative L2 error, cosine
-similarity), block by block so no second dense copy of the layer is made, and the layer's
-output on a fixed random input: the runtime's forward (``codec.linear``, with its activation
-quantization) against the dense product computed in F32.
+similarity), block by block, and the layer's output on a fixed random input: the runtime's
+forward (``codec.linear``, with its activation quantization) against the dense product
+computed in F32.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from ..errors import InputError
 QUALITY_ROWS = 16
 """Rows (tokens) of the fixed random input."""
 QUALITY_SEED = 0
-REFERENCE_BLOCK = 1 << 22
-"""Weight elements per block of the F32 reference product (bounded temporaries)."""
+QUALITY_BLOCK = 1 << 20
+"""Weight elements per row block of the quality measurement (decode, reference product and
+quantized forward): 4 MB F32 temporaries."""
 
 _SOURCES: dict[str, Any] = {}
 
@@ -46,10 +48,15 @@ def close_sources() -> None:
 
 def _read(spec: tuple):
     """A tensor from ``(file, dtype, shape, start, nbytes)``, read straight into its own
-    writable buffer (one copy of the layer in memory, not two)."""
+    writable buffer (one copy in memory, not two)."""
     from ..numerics.dtypes import from_bytes
 
     file, dtype, shape, start, nbytes = spec
+    return from_bytes(_pread(file, start, nbytes), dtype, shape)
+
+
+def _pread(file: str, start: int, nbytes: int) -> bytearray:
+    """``nbytes`` of ``file`` from ``start``, into a new buffer."""
     buf = bytearray(nbytes)
     view = memoryview(buf)
     fd = _source(file)._fd
@@ -59,7 +66,24 @@ def _read(spec: tuple):
         if n <= 0:
             raise InputError(f"{file}: file ended early while reading a tensor (truncated?)")
         done += n
-    return from_bytes(buf, dtype, shape)
+    return buf
+
+
+def _file_rows(spec: tuple):
+    """A 2-D tensor of the file as a :class:`~comfyquant.numerics.rows.RowSource`: each block
+    is read when asked for, so the layer is never in memory whole (other shapes: the tensor)."""
+    from ..numerics.dtypes import TORCH_DTYPES, from_bytes
+    from ..numerics.rows import RowSource
+
+    file, dtype, shape, start, nbytes = spec
+    if len(shape) != 2 or not shape[0] or dtype not in TORCH_DTYPES:
+        return _read(spec)  # the encoder refuses it with its own message
+    row = nbytes // shape[0]
+
+    def read(r0: int, r1: int):
+        return from_bytes(_pread(file, start + r0 * row, (r1 - r0) * row), dtype, (r1 - r0, shape[1]))
+
+    return RowSource(shape, TORCH_DTYPES[dtype], read)
 
 
 def entry_spec(e) -> tuple:
@@ -80,17 +104,18 @@ def task_for(lp, quality: bool = True) -> dict:
     return task
 
 
-def load_weight(task: dict):
-    """The dense source weight: read as stored, or decoded from the input's quantized layer."""
+def load_source(task: dict):
+    """The dense source weight as a row source: rows read from the file, or decoded from the
+    input's quantized layer, block by block (every pass over it reads or decodes again)."""
     if task["source"] == "dense":
-        return _read(task["weight"])
+        return _file_rows(task["weight"])
     from .. import codecs
     from ..codecs.base import CodecError
 
     tensors = {s: _read(spec) for s, spec in task["src"].items()}
     try:
-        return codecs.get(task["src_format"]).decode(tensors, task["src_marker"], dtype=task["dtype"].lower(),
-                                                      layer=task["name"])
+        return codecs.get(task["src_format"]).row_source(tensors, task["src_marker"], dtype=task["dtype"].lower(),
+                                                          layer=task["name"])
     except CodecError as exc:
         raise InputError(f"cannot decode: {exc}") from None
 
@@ -99,15 +124,17 @@ def find_nonfinite(task: dict) -> str | None:
     """A description of the first NaN/Inf of the layer's source weight, or None (row blocks)."""
     import torch
 
-    w = load_weight(task)
-    rows = max(1, REFERENCE_BLOCK // max(1, w.shape[1]))
-    for r0 in range(0, w.shape[0], rows):
-        bad = ~torch.isfinite(w[r0:r0 + rows])
-        if bad.any():
+    from ..numerics.rows import row_blocks
+
+    count, first = 0, None
+    for r0, _r1, rows in row_blocks(load_source(task), QUALITY_BLOCK):
+        bad = ~torch.isfinite(rows)
+        found = int(bad.sum())
+        if found and first is None:
             r, c = (int(v) for v in bad.nonzero()[0])
-            count = int((~torch.isfinite(w)).sum())
-            return f"{count} NaN/Inf value(s), first at [{r0 + r}, {c}]"
-    return None
+            first = f"[{r0 + r}, {c}]"
+        count += found
+    return f"{count} NaN/Inf value(s), first at {first}" if count else None
 
 
 def run_task(task: dict) -> dict:
@@ -117,15 +144,16 @@ def run_task(task: dict) -> dict:
     from .. import codecs
     from ..codecs.base import CodecError
     from ..numerics.dtypes import TORCH_DTYPES, dtype_name
+    from ..numerics.rows import release_memory
     from .layout import PlanError
     from .params import encode_params
 
     started = time.perf_counter()
     name, fmt = task["name"], task["format"]
-    weight = load_weight(task)
+    source = load_source(task)
     codec = codecs.get(fmt)
     try:
-        enc = codec.encode(weight, layer=name, **encode_params(fmt, task["params"]))
+        enc = codec.encode(source, layer=name, **encode_params(fmt, task["params"]))
     except CodecError as exc:
         text = str(exc)
         if "NaN/Inf" in text:
@@ -148,42 +176,60 @@ def run_task(task: dict) -> dict:
     for key, value in enc.marker.items():
         if task["marker"].get(key) != value:
             raise PlanError(f"{name}: the encoder's marker says {key}={value!r}, the planned marker {task['marker']}")
-    held = [weight]
-    del weight  # measure() drops the source before running the layer: one dense copy at a time
-    quality = measure(codec, held, tensors, task["marker"], name) if task["quality"] else None
+    del enc  # tensors upcast above are new: the encoder's originals go now
+    release_memory()  # the encoder's freed blocks, before the measurement's
+    quality = measure(codec, source, tensors, task["marker"], name) if task["quality"] else None
+    release_memory()
     return {"tensors": tensors, "quality": quality, "seconds": time.perf_counter() - started}
 
 
-def measure(codec, held: list, tensors: dict, marker: dict, name: str) -> dict:
+def measure(codec, source, tensors: dict, marker: dict, name: str) -> dict:
     """Relative L2 error and cosine similarity of the decoded weight and of the layer output.
 
-    ``held`` is a one-element list with the source weight; it is emptied before the
-    quantized forward runs, so the source and the forward's temporaries never coexist."""
+    One pass in row blocks of :data:`QUALITY_BLOCK` elements: each block of the decoded
+    weight is compared with the same rows of ``source`` (a tensor or a row source, read once
+    more), which also give their columns of the F32 reference product.  The quantized
+    forward runs in row blocks too; its float GEMMs over fewer output features may differ
+    from the runtime's single GEMM in the last bit, far below the digits reported."""
     import torch
     import torch.nn.functional as F  # noqa: N812
 
-    weight = held.pop()
-    n, k = weight.shape
+    from ..numerics.rows import as_source
+
+    source = as_source(source)
+    n, k = source.shape
+    gen = torch.Generator().manual_seed(QUALITY_SEED)
+    x = torch.randn(QUALITY_ROWS, k, generator=gen).to(source.dtype)
+    xf = x.to(torch.float32)
+    y_ref = torch.empty((QUALITY_ROWS, n), dtype=torch.float32)
     acc = torch.zeros(4, dtype=torch.float64)  # sum e^2, sum w^2, sum d*w, sum d^2
     r0 = 0
-    for block in codec.iter_decode(tensors, marker, dtype=weight.dtype, layer=name):
-        rows = block.shape[0]
-        w = weight[r0:r0 + rows].to(torch.float32)
-        d = block.to(torch.float32)
-        acc += torch.stack([(d - w).pow_(2).sum(dtype=torch.float64), w.pow(2).sum(dtype=torch.float64),
-                            (d * w).sum(dtype=torch.float64), d.pow(2).sum(dtype=torch.float64)])
-        r0 += rows
-    gen = torch.Generator().manual_seed(QUALITY_SEED)
-    x = torch.randn(QUALITY_ROWS, k, generator=gen).to(weight.dtype)
-    xf = x.to(torch.float32)
-    rows = max(1, REFERENCE_BLOCK // max(1, k))
-    y_ref = torch.cat([F.linear(xf, weight[r:r + rows].to(torch.float32)) for r in range(0, n, rows)], dim=1)
-    del weight
-    y = codec.linear(x, tensors, marker, layer=name).to(torch.float32)
-    e2, w2, dw, d2 = (float(v) for v in acc)
-    return {"weight": _metrics(e2, w2, dw, d2), "output": _metrics(
-        float((y - y_ref).pow(2).sum(dtype=torch.float64)), float(y_ref.pow(2).sum(dtype=torch.float64)),
-        float((y * y_ref).sum(dtype=torch.float64)), float(y.pow(2).sum(dtype=torch.float64)))}
+    for block in codec.iter_decode(tensors, marker, dtype=source.dtype, layer=name, block_elements=QUALITY_BLOCK):
+        r1 = r0 + block.shape[0]
+        w = source.rows(r0, r1).to(torch.float32)
+        acc += _sums(block.to(torch.float32), w)
+        y_ref[:, r0:r1] = F.linear(xf, w)
+        r0 = r1
+    y = codec.linear(x, tensors, marker, layer=name, block_elements=QUALITY_BLOCK).to(torch.float32)
+    return {"weight": _metrics(*(float(v) for v in acc)), "output": _metrics(*(float(v) for v in _sums(y, y_ref)))}
+
+
+def _sums(d, w):
+    """``[sum (d - w)^2, sum w^2, sum d*w, sum d^2]`` of two F32 matrices, in F64.
+
+    Row by row F32 dot products (one batched GEMM, no temporaries), added up in F64: a
+    ``sum(dtype=float64)`` would first copy its whole input to F64."""
+    import torch
+
+    e = d - w
+    return torch.stack([_dot(e, e), _dot(w, w), _dot(d, w), _dot(d, d)])
+
+
+def _dot(a, b):
+    import torch
+
+    rows = a.shape[0]
+    return torch.bmm(a.reshape(rows, 1, -1), b.reshape(rows, -1, 1)).sum(dtype=torch.float64)
 
 
 def _metrics(e2: float, r2: float, dot: float, d2: float) -> dict:
@@ -219,8 +265,12 @@ def run_task_bytes(task: dict) -> dict:
     from ..numerics.dtypes import dtype_name
 
     out = run_task(task)
-    out["tensors"] = {s: (dtype_name(t.dtype), tuple(t.shape), t.reshape(-1).view(_u8()).numpy().tobytes())
-                      for s, t in out["tensors"].items()}
+    tensors = out["tensors"]
+    out["tensors"] = {}
+    for suffix in list(tensors):  # one tensor and its bytes at a time, not all tensors twice
+        t = tensors.pop(suffix)
+        out["tensors"][suffix] = (dtype_name(t.dtype), tuple(t.shape), t.reshape(-1).view(_u8()).numpy().tobytes())
+        del t
     return out
 
 
