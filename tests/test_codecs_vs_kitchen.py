@@ -361,17 +361,20 @@ before it); K from one ConvRot block to four."""
 
 @pytest.mark.parametrize("variant", list(ENCODE_ARGS))
 @pytest.mark.parametrize("n,k", BLOCKED_SHAPES)
-def test_row_blocked_encode_equals_whole_and_kitchen(monkeypatch, variant, n, k):
+@pytest.mark.parametrize("block_rows", [16, 64])
+@pytest.mark.parametrize("dtype_name", ["bf16", "f32"])
+def test_row_blocked_encode_equals_whole_and_kitchen(monkeypatch, variant, n, k, block_rows, dtype_name):
+    """Blocks of 16 (raised to the minimum: 64 rows of 256, 32 of 512) or 64 rows, the last
+    one longer when a short tail joins it; F32 is where small-M GEMMs would round apart."""
     import comfyquant.numerics.rows as rows
 
-    dtype = torch.float32 if variant.startswith("int8") else torch.bfloat16
-    w = weight("heavy" if variant == "w4a8_codebook" else "gauss", n, k, dtype, seed=n + k)
+    w = weight("heavy" if variant == "w4a8_codebook" else "gauss", n, k, DTYPES[dtype_name], seed=n + k)
     codec = codecs.get(VARIANTS[variant].format)
     params = dict(ENCODE_ARGS[variant])
     if variant == "fp8_static":
         params["input_scale"] = 0.01
     whole = codec.encode(w, **params)  # default blocks: one block at these sizes
-    monkeypatch.setattr(rows, "ENCODE_BLOCK_ELEMENTS", 64 * k)  # 64-row blocks
+    monkeypatch.setattr(rows, "encode_block_elements", lambda: block_rows * k)
     blocked = codec.encode(w, **params)
     ref = kitchen_qtensor(variant, w).state_dict("weight")
     assert set(blocked) == set(whole)
@@ -396,7 +399,7 @@ def _recording_source(w: torch.Tensor, reads: list):
 def test_row_source_encodes_like_the_tensor_and_is_never_read_whole(monkeypatch, variant):
     import comfyquant.numerics.rows as rows
 
-    monkeypatch.setattr(rows, "ENCODE_BLOCK_ELEMENTS", 64 * 512)
+    monkeypatch.setattr(rows, "encode_block_elements", lambda: 64 * 512)
     w = weight("gauss", 333, 512, torch.bfloat16, seed=3)
     codec = codecs.get(VARIANTS[variant].format)
     reads: list[int] = []
@@ -423,7 +426,7 @@ def test_heavy_tailed_codebook_from_a_sampled_layer_matches_kitchen(monkeypatch)
     # the Lloyd-Max fit runs over blocks of samples.
     import comfyquant.numerics.rows as rows
 
-    monkeypatch.setattr(rows, "ENCODE_BLOCK_ELEMENTS", 64 * 1024)
+    monkeypatch.setattr(rows, "encode_block_elements", lambda: 64 * 1024)
     w = weight("heavy", 700, 1024, torch.bfloat16, seed=5)
     enc = codecs.get("asym_w4a8_int8").encode(w)
     ref = quantize("w4a8_codebook", w)

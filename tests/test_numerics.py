@@ -316,16 +316,18 @@ def test_int8_product_of_any_weight_rows_gives_those_columns_bit_for_bit():
 
 @pytest.mark.parametrize("n,k,block,multiple", [(200, 256, 64 * 256, 1), (1000, 768, 1 << 20, 1), (97, 1024, 1 << 16, 1),
                                                 (65, 1 << 16, 1 << 20, 1), (5, 256, 1 << 20, 1), (333, 512, 100 * 512, 32),
-                                                (130, 512, 64 * 512, 16), (1, 8, 64, 1)])
-def test_row_ranges_cover_every_row_once_in_blocks_of_at_least_64_rows(n, k, block, multiple):
+                                                (130, 512, 64 * 512, 16), (1, 8, 64, 1), (100, 12288, 1 << 18, 1)])
+def test_row_ranges_cover_every_row_once_in_blocks_never_small(n, k, block, multiple):
     ranges = rows.row_ranges(n, k, block, multiple)
     assert ranges[0][0] == 0 and ranges[-1][1] == n
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
     assert all(r0 % multiple == 0 for r0, _ in ranges)
-    nominal = -(-max(rows.MIN_BLOCK_ROWS, block // k) // multiple) * multiple
+    least = rows.min_rows(k)
+    assert least >= rows.MIN_BLOCK_ROWS and least * k >= rows.MIN_BLOCK_ELEMENTS
+    nominal = -(-max(least, block // k) // multiple) * multiple
     assert all(r1 - r0 == nominal for r0, r1 in ranges[:-1])
     last = ranges[-1][1] - ranges[-1][0]
-    assert last == n if len(ranges) == 1 else rows.MIN_BLOCK_ROWS <= last < nominal + rows.MIN_BLOCK_ROWS
+    assert last == n if len(ranges) == 1 else least <= last < nominal + least
     plain = rows.row_ranges(n, k, block, multiple, join_tail=False)  # decoding: nominal blocks, any tail
     assert [r0 for r0, _ in plain] == list(range(0, n, nominal))
 

@@ -300,8 +300,7 @@ def test_layers_are_read_encoded_and_measured_in_row_blocks(tmp_path, monkeypatc
     reads: list[int] = []
     pread = work._pread
     monkeypatch.setattr(work, "_pread", lambda file, start, n: reads.append(n) or pread(file, start, n))
-    monkeypatch.setattr(rows, "ENCODE_BLOCK_ELEMENTS", 64 * 512)
-    monkeypatch.setattr(work, "QUALITY_BLOCK", 64 * 512)
+    monkeypatch.setattr(rows, "encode_block_elements", lambda: 64 * 512)
     blocked = comfyquant.quantize(src, str(tmp_path / "blocked.safetensors"), fmt, progress=False)
     assert max(reads) == 64 * 512 * 2 and sum(reads) == 3 * 640 * 512 * 2
     a, b = load_file(str(tmp_path / "whole.safetensors")), load_file(str(tmp_path / "blocked.safetensors"))

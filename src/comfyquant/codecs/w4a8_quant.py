@@ -107,10 +107,10 @@ def _rotated_blocks(weight: Weight, c: int) -> Iterator[tuple[int, int, torch.Te
     """``(r0, r1, rotated rows)`` for the row blocks of ``weight``.
 
     comfy-kitchen rotates chunks of ``ROW_BUDGET // K`` rows; a rotation GEMM of other row
-    counts gives the same bits (see :mod:`comfyquant.numerics.rows`: blocks keep at least
-    ``MIN_BLOCK_ROWS`` rows, measured bit-identical on the bench's 3072x3072, 12288x3072
-    and 3072x12288 layers and on odd shapes, in BF16, F16 and F32), and blocks of
-    ``ENCODE_BLOCK_ELEMENTS`` keep the quantizer's temporaries a quarter of the chunk's."""
+    counts gives the same bits (blocks are never small-M products, see
+    :mod:`comfyquant.numerics.rows`; measured bit-identical on the bench's 3072x3072,
+    12288x3072 and 3072x12288 layers and on odd shapes, in BF16, F16 and F32), and the
+    quantizer's temporaries, about 20 bytes per element, follow the block, not the chunk."""
     for r0, r1, rows in row_blocks(weight):
         yield r0, r1, rotate_weight(rows.contiguous(), c)
 

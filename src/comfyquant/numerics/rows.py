@@ -5,9 +5,10 @@ Every quantizer and decoder here is row-independent once its per-tensor reductio
 scale, a codebook) are known, so processing rows in blocks changes nothing but memory -- with
 one exception: a matrix product (the ConvRot rotation) may sum in another order when its
 row count changes.  BLAS picks special small-M kernels (measured with MKL on AVX2: F32
-products of fewer than 12 rows, not multiples of 4, round differently), so blocks never have
-fewer than :data:`MIN_BLOCK_ROWS` rows unless the whole tensor is smaller: a short tail is
-merged into the block before it instead of being processed on its own.
+products of fewer than 12 rows, not multiples of 4, round differently), so a block never
+has fewer than :func:`min_rows` rows -- 16, and at least :data:`MIN_BLOCK_ELEMENTS`
+elements, so a rotation's GEMM has at least 16 rows even with one ConvRot block per row --
+unless the whole tensor is smaller: a short tail joins the block before it.
 
 A weight need not be in memory at all: a :class:`RowSource` hands out rows on demand (read
 from the file, or decoded from a quantized layer), so ``quantize`` holds one block of the
@@ -20,26 +21,46 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-MIN_BLOCK_ROWS = 64
-"""Fewest rows of a block (a tensor with fewer rows is one block)."""
-ENCODE_BLOCK_ELEMENTS = 1 << 20
-"""Elements per encoded row block: 4 MB F32 temporaries (8 MB for int64 indices), so an
-encoder's dozen live temporaries stay a few tens of MB whatever the layer size."""
+MIN_BLOCK_ROWS = 16
+MIN_BLOCK_ELEMENTS = 1 << 14
+"""A block has at least ``MIN_BLOCK_ROWS`` rows and this many elements (64 rows of 256)."""
+ENCODE_BLOCK_ELEMENTS = 1 << 19
+"""Encoded elements per row block and torch thread (see :func:`encode_block_elements`)."""
+MAX_ENCODE_BLOCK_ELEMENTS = 1 << 22
+
+
+def min_rows(k: int) -> int:
+    """Fewest rows of a block of ``k`` columns (a tensor with fewer rows is one block)."""
+    return max(MIN_BLOCK_ROWS, -(-MIN_BLOCK_ELEMENTS // max(k, 1)))
+
+
+def encode_block_elements() -> int:
+    """Elements per encoded row block: :data:`ENCODE_BLOCK_ELEMENTS` per torch thread, at
+    most :data:`MAX_ENCODE_BLOCK_ELEMENTS` (comfy-kitchen's W4A8 chunk).
+
+    The encoders' temporaries are about 20 bytes per element of a block (W4A8), so one
+    thread's stay near 10 MB; with more threads each parallel operation gets more work,
+    fewer synchronizations per layer (which cost most when the cores are shared), and the
+    temporaries of all ``--jobs`` together stay the same."""
+    import torch
+
+    return min(MAX_ENCODE_BLOCK_ELEMENTS, ENCODE_BLOCK_ELEMENTS * max(1, torch.get_num_threads()))
 
 
 def row_ranges(n: int, k: int, block_elements: int, multiple: int = 1, join_tail: bool = True) -> list[tuple[int, int]]:
     """``[r0, r1)`` blocks covering ``n`` rows of ``k`` columns, about ``block_elements`` each.
 
-    Blocks have at least :data:`MIN_BLOCK_ROWS` rows and start at multiples of ``multiple``
+    Blocks have at least :func:`min_rows` rows and start at multiples of ``multiple``
     (formats that pad rows to 16 or 32 then pad only their last block).  With ``join_tail`` a
-    last block shorter than :data:`MIN_BLOCK_ROWS` joins the one before it, so no block is a
-    small-M product; without it every block but the last has the nominal size (decoding:
-    its un-rotation of dequantized values gives the reference bits for tails of any size,
-    and the streaming writer's buffer is one nominal block)."""
-    rows = max(MIN_BLOCK_ROWS, block_elements // max(k, 1))
+    last block shorter than that joins the one before it, so no block is a small-M product;
+    without it every block but the last has the nominal size (decoding: its un-rotation of
+    dequantized values gives the reference bits for tails of any size, and the streaming
+    writer's buffer is one nominal block)."""
+    least = min_rows(k)
+    rows = max(least, block_elements // max(k, 1))
     rows = -(-rows // multiple) * multiple
     starts = list(range(0, n, rows))
-    if join_tail and len(starts) > 1 and n - starts[-1] < MIN_BLOCK_ROWS:
+    if join_tail and len(starts) > 1 and n - starts[-1] < least:
         starts.pop()
     return list(zip(starts, starts[1:] + [n]))
 
@@ -86,10 +107,10 @@ def row_blocks(t: Weight, block_elements: int | None = None,
                multiple: int = 1) -> Iterator[tuple[int, int, torch.Tensor]]:
     """``(r0, r1, rows r0:r1)`` for the blocks of :func:`row_ranges` (views of a tensor; a
     :class:`RowSource` reads each block when it is reached).  ``block_elements`` defaults
-    to :data:`ENCODE_BLOCK_ELEMENTS`, looked up at the call."""
+    to :func:`encode_block_elements`."""
     source = as_source(t)
     n, k = source.shape
-    for r0, r1 in row_ranges(n, k, block_elements or ENCODE_BLOCK_ELEMENTS, multiple):
+    for r0, r1 in row_ranges(n, k, block_elements or encode_block_elements(), multiple):
         yield r0, r1, source.rows(r0, r1)
 
 

@@ -23,9 +23,6 @@ from ..errors import InputError
 QUALITY_ROWS = 16
 """Rows (tokens) of the fixed random input."""
 QUALITY_SEED = 0
-QUALITY_BLOCK = 1 << 20
-"""Weight elements per row block of the quality measurement (decode, reference product and
-quantized forward): 4 MB F32 temporaries."""
 
 _SOURCES: dict[str, Any] = {}
 
@@ -127,7 +124,7 @@ def find_nonfinite(task: dict) -> str | None:
     from ..numerics.rows import row_blocks
 
     count, first = 0, None
-    for r0, _r1, rows in row_blocks(load_source(task), QUALITY_BLOCK):
+    for r0, _r1, rows in row_blocks(load_source(task)):
         bad = ~torch.isfinite(rows)
         found = int(bad.sum())
         if found and first is None:
@@ -186,7 +183,7 @@ def run_task(task: dict) -> dict:
 def measure(codec, source, tensors: dict, marker: dict, name: str) -> dict:
     """Relative L2 error and cosine similarity of the decoded weight and of the layer output.
 
-    One pass in row blocks of :data:`QUALITY_BLOCK` elements: each block of the decoded
+    One pass in the encoders' row blocks (``encode_block_elements``): each block of the decoded
     weight is compared with the same rows of ``source`` (a tensor or a row source, read once
     more), which also give their columns of the F32 reference product.  The quantized
     forward runs in row blocks too; its float GEMMs over fewer output features may differ
@@ -194,9 +191,10 @@ def measure(codec, source, tensors: dict, marker: dict, name: str) -> dict:
     import torch
     import torch.nn.functional as F  # noqa: N812
 
-    from ..numerics.rows import as_source
+    from ..numerics.rows import as_source, encode_block_elements
 
     source = as_source(source)
+    block_elements = encode_block_elements()
     n, k = source.shape
     gen = torch.Generator().manual_seed(QUALITY_SEED)
     x = torch.randn(QUALITY_ROWS, k, generator=gen).to(source.dtype)
@@ -204,13 +202,13 @@ def measure(codec, source, tensors: dict, marker: dict, name: str) -> dict:
     y_ref = torch.empty((QUALITY_ROWS, n), dtype=torch.float32)
     acc = torch.zeros(4, dtype=torch.float64)  # sum e^2, sum w^2, sum d*w, sum d^2
     r0 = 0
-    for block in codec.iter_decode(tensors, marker, dtype=source.dtype, layer=name, block_elements=QUALITY_BLOCK):
+    for block in codec.iter_decode(tensors, marker, dtype=source.dtype, layer=name, block_elements=block_elements):
         r1 = r0 + block.shape[0]
         w = source.rows(r0, r1).to(torch.float32)
         acc += _sums(block.to(torch.float32), w)
         y_ref[:, r0:r1] = F.linear(xf, w)
         r0 = r1
-    y = codec.linear(x, tensors, marker, layer=name, block_elements=QUALITY_BLOCK).to(torch.float32)
+    y = codec.linear(x, tensors, marker, layer=name, block_elements=block_elements).to(torch.float32)
     return {"weight": _metrics(*(float(v) for v in acc)), "output": _metrics(*(float(v) for v in _sums(y, y_ref)))}
 
 
