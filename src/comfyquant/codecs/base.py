@@ -258,21 +258,24 @@ def check_dense(weight: Weight, name: str) -> torch.Tensor:
         hi.append(b)
     low, high = torch.stack(lo).amin(), torch.stack(hi).amax()
     if not (torch.isfinite(low) and torch.isfinite(high)):
-        raise CodecError(f"{name}: weight has {_nonfinite(weight)}; quantizing needs finite values")
+        count, (r, c), value = scan_nonfinite(weight)
+        raise CodecError(f"{name}: weight has {count} NaN/Inf value(s), first at [{r}, {c}] ({value}); "
+                         "quantizing needs finite values")
     return torch.maximum(-low, high)
 
 
-def _nonfinite(weight: Weight) -> str:
-    """How many values are NaN/Inf, and where the first one is (block by block)."""
-    count, first = 0, ""
+def scan_nonfinite(weight: Weight) -> tuple[int, tuple[int, int], float] | None:
+    """How many values are NaN/Inf, where the first one is and what it is (block by block);
+    None when every value is finite."""
+    count, first = 0, None
     for r0, _r1, rows in row_blocks(weight):
         bad = ~torch.isfinite(rows)
         found = int(bad.sum())
-        if found and not first:
+        if found and first is None:
             r, c = (int(v) for v in bad.nonzero()[0])
-            first = f"[{r0 + r}, {c}] ({rows[r, c].item()})"
+            first = ((r0 + r, c), rows[r, c].item())
         count += found
-    return f"{count} NaN/Inf value(s), first at {first}"
+    return None if first is None else (count, *first)
 
 
 def output_dtype(dtype, tensors: dict, marker: dict, model_dtype_scales: bool = False) -> torch.dtype:

@@ -119,19 +119,13 @@ def load_source(task: dict):
 
 def find_nonfinite(task: dict) -> str | None:
     """A description of the first NaN/Inf of the layer's source weight, or None (row blocks)."""
-    import torch
+    from ..codecs.base import scan_nonfinite
 
-    from ..numerics.rows import row_blocks
-
-    count, first = 0, None
-    for r0, _r1, rows in row_blocks(load_source(task)):
-        bad = ~torch.isfinite(rows)
-        found = int(bad.sum())
-        if found and first is None:
-            r, c = (int(v) for v in bad.nonzero()[0])
-            first = f"[{r0 + r}, {c}]"
-        count += found
-    return f"{count} NaN/Inf value(s), first at {first}" if count else None
+    found = scan_nonfinite(load_source(task))
+    if found is None:
+        return None
+    count, (r, c), _value = found
+    return f"{count} NaN/Inf value(s), first at [{r}, {c}]"
 
 
 def run_task(task: dict) -> dict:
