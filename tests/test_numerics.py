@@ -299,6 +299,14 @@ def test_int8_linear_matches_kitchen(dtype, per_row):
     assert bits_equal(mine, ref)
 
 
+def test_int8_matmul_is_exact_like_an_int32_accumulation():
+    gen = torch.Generator().manual_seed(9)
+    a = torch.randint(-128, 128, (16, 12288), generator=gen, dtype=torch.int8)
+    b = torch.randint(-128, 128, (300, 12288), generator=gen, dtype=torch.int8)
+    a[0], b[0], b[1] = -128, -128, 127  # the largest sums: +-2^14 * K
+    assert torch.equal(int8.int8_matmul(a, b), torch._int_mm(a, b.t()))
+
+
 def test_int8_product_of_any_weight_rows_gives_those_columns_bit_for_bit():
     torch.manual_seed(8)
     w = torch.randint(-127, 128, (200, 256), dtype=torch.int8)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .rows import row_ranges
+
 
 def _safe_divisor(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The F32 scale rounded to ``dtype``; a scale that rounds to 0 becomes the smallest normal."""
@@ -41,9 +43,25 @@ def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_with_scale(x, scale), scale
 
 
+MATMUL_BLOCK_ELEMENTS = 1 << 20
+"""Weight elements converted to F64 at a time by :func:`int8_matmul` (8 MB)."""
+
+
 def int8_matmul(q_x: torch.Tensor, q_w: torch.Tensor) -> torch.Tensor:
-    """Exact ``q_x @ q_w.T`` in int32 (``[M, K] x [N, K] -> [M, N]``)."""
-    return torch._int_mm(q_x, q_w.t())
+    """Exact ``q_x @ q_w.T`` as int32 (``[M, K] x [N, K] -> [M, N]``).
+
+    Computed as an F64 GEMM: every product and partial sum is an integer far below 2^53, so
+    the result is exact in any summation order, the same as an int32 accumulation -- and
+    MKL's DGEMM is 4-6x faster than torch's ``_int_mm`` on CPU (measured for 16-row
+    activations, the quality report's).  The weight is converted in row blocks, so the F64
+    copies stay small whatever the layer."""
+    m, k = q_x.shape
+    n = q_w.shape[0]
+    x = q_x.to(torch.float64)
+    out = torch.empty((m, n), dtype=torch.int32)
+    for r0, r1 in row_ranges(n, k, MATMUL_BLOCK_ELEMENTS):
+        out[:, r0:r1] = x @ q_w[r0:r1].to(torch.float64).t()
+    return out
 
 
 def int8_linear(x: torch.Tensor, q_w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
