@@ -4,8 +4,9 @@ The header of every output file is known from the plan, so each file is written 
 back by :func:`comfyquant.io.writer.write_safetensors` into a temporary file next to its
 destination: dense tensors are copied by the kernel, quantized tensors are produced when the
 writer reaches them.  With ``--jobs N`` up to N layers are computed ahead, each in its own
-worker process; results are consumed in file order, so at most N layers (their dense source
-inside the workers, their encoded tensors here) are in memory at once.
+worker process; results are consumed in file order, and a worker gets its next layer only
+once the last one's tensors are written, so at most N layers are in memory at once (blocks
+of their dense source inside the workers, their encoded tensors here).
 
 After the last byte, the temporary files are opened again and checked with
 ``comfyquant check --target``; only an output that passes is renamed into place (and its
@@ -74,6 +75,9 @@ class _InProcess:
     def result(self, lp: LayerPlan) -> dict:
         return run_task(task_for(lp, self.quality))
 
+    def written(self, lp: LayerPlan) -> None:
+        pass
+
     def close(self) -> None:
         from .work import close_sources
 
@@ -116,8 +120,13 @@ class _Pool:
             out = future.result()
         except BrokenProcessPool:
             raise InputError("a worker process died (out of memory?); try fewer --jobs") from None
-        self._fill()
         return out
+
+    def written(self, lp: LayerPlan) -> None:
+        """The layer's tensors are written: its worker takes the next layer.  (Submitting it
+        when the result arrives would let N more encoded layers queue up here while this one
+        is written: N + 1 in this process instead of N.)"""
+        self._fill()
 
     def close(self) -> None:
         for f in self.futures.values():
@@ -200,7 +209,8 @@ class Runner:
                     if self.on_layer is not None:
                         self.on_layer(lp, self.results[lp.name])
                 t = state.pop(suffix)
-                if not state:
+                last = not state
+                if last:
                     del self._pending[lp.name]
                 if isinstance(t, tuple):  # from a worker: bytes (this process never imports torch)
                     yield t[2]
@@ -208,6 +218,9 @@ class Runner:
                     from ..numerics.dtypes import to_bytes
 
                     yield to_bytes(t)
+                del t
+                if last:
+                    self.compute.written(lp)
 
             return chunks
 
