@@ -8,7 +8,8 @@ so that codecs built on them are bit-exact with it:
 * :mod:`.packing`  nibble packing (low or high nibble first) and the 6-bit high-bit plane;
 * :mod:`.blocked`  the blocked ("swizzled") 128x4 scale layout and its inverse, with padding;
 * :mod:`.hadamard` the ConvRot regular Hadamard rotation for every power of 4;
-* :mod:`.int8`     dynamic row-wise INT8 activation quantization and the INT8 GEMM epilogue.
+* :mod:`.int8`     dynamic row-wise INT8 activation quantization and the INT8 GEMM epilogue;
+* :mod:`.rows`     row blocking (encode, decode, forward, quality report) and row sources.
 
 These modules import torch at the top: they are only imported by the codecs, which the
 light commands (``check``, ``inspect``) never load.
