@@ -4,7 +4,7 @@ One run builds a synthetic BF16 model (seeded Gaussian weights: 3072x3072 attent
 and 3072x12288 / 12288x3072 MLP-like linears, with biases and norms) and, per format:
 
 * runs ``comfyquant quantize`` end to end (read, encode, quality report, write, check,
-  rename) in a fresh process, with ``--jobs 1`` (and ``--jobs 2`` for W4A8), recording wall
+  rename) in a fresh process, with ``--jobs 1`` and ``--jobs 2``, recording wall
   time, the mean relative L2 error of the decoded weights and the peak RSS of the main
   process and of the largest worker;
 * times comfy-kitchen 0.2.40's ``QuantizedTensor.from_float`` on the same weights in a fresh
@@ -150,7 +150,7 @@ def main() -> None:
     budget = {j: 3 * largest * j + 300 for j in (1, 2)}
     rows = []
     for fmt in args.formats.split(","):
-        jobs_list = (1, 2) if fmt == "w4a8" else (1,)
+        jobs_list = (1, 2)
         ck_runs: list[dict] = []
         cq_runs: dict[int, list[dict]] = {jobs: [] for jobs in jobs_list}
         for _ in range(max(1, args.repeat)):

@@ -352,6 +352,7 @@ def test_sharded_in_sharded_out_with_jobs(tmp_path):
     comfyquant.quantize(src, str(one), "int8", target="sglang", jobs=1, progress=False)
     for n in names[:2]:  # worker processes write the same bytes as the main process
         assert (out / n).read_bytes() == (one / n).read_bytes()
+    assert not [n for n in os.listdir(out) if n.startswith(".")]  # no spill or temporary file left
     assert sorted(r.plan.formats()) == ["int8_tensorwise"] and len(r.plan.quantized) == 3
 
 
@@ -434,3 +435,30 @@ def test_params_keep_explicit_markers():
     assert marker_for("convrot_w4a4", validate("convrot_w4a4", {"convrot_groupsize": 64})) == \
         {"format": "convrot_w4a4", "convrot_groupsize": 64}
     assert marker_for("nvfp4", validate("nvfp4", {})) == {"format": "nvfp4"}
+
+
+def test_worker_failure_leaves_no_spill_files(tmp_path, monkeypatch):
+    """With --jobs, encoded layers travel through spill files next to the output; a run that
+    fails midway removes them along with its temporary output."""
+    src = dense_model(tmp_path / "in.safetensors", ((P, 64, 256), ("blocks.0.mlp.fc1", 64, 256),
+                                                    ("blocks.1.mlp.fc1", 64, 256)))
+    out = tmp_path / "out"
+    out.mkdir()
+    from comfyquant.quantize import runner
+
+    real = runner.write_safetensors
+
+    def fail_at_first_tensor(dest, tensors, meta, **kw):
+        def broken():
+            raise OSError(28, "No space left on device")
+            yield b""  # pragma: no cover
+
+        items = list(tensors.items())  # the first tensor fails: computed layers are never written
+        name, (dtype, shape, _data) = items[0]
+        tensors = dict([(name, (dtype, shape, broken))] + items[1:])
+        return real(dest, tensors, meta, **kw)
+
+    monkeypatch.setattr(runner, "write_safetensors", fail_at_first_tensor)
+    with pytest.raises(InputError, match="No space left"):
+        comfyquant.quantize(src, str(out / "q.safetensors"), "int8", jobs=2, progress=False)
+    assert os.listdir(out) == []

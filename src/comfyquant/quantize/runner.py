@@ -24,11 +24,11 @@ from ..errors import InputError
 from ..io.copying import copy_range
 from ..io.index import write_index
 from ..io.shards import ShardSet
-from ..io.writer import commit_file, discard, write_safetensors
+from ..io.writer import CHUNK, commit_file, discard, write_safetensors
 from .layout import marker_entries, problems
 from .plan import DENSE, QUANTIZE, LayerPlan, Plan, output_files
 from .progress import Progress
-from .work import run_task, run_task_bytes, task_for
+from .work import run_task, run_task_spilled, task_for
 
 STAMP_KEY = "comfyquant"
 """The metadata key ``fix`` stamps as well: tool, version and the history of what was done."""
@@ -87,7 +87,7 @@ class _InProcess:
 class _Pool:
     """``--jobs N``: worker processes compute up to N layers ahead of the writer, in order."""
 
-    def __init__(self, jobs: int, quality: bool) -> None:
+    def __init__(self, jobs: int, quality: bool, spill_dir: str) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
@@ -96,6 +96,7 @@ class _Pool:
         threads = max(1, (os.cpu_count() or 1) // jobs)
         self.jobs = jobs
         self.quality = quality
+        self.spill_dir = spill_dir
         self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                         initializer=init_worker, initargs=(threads,))
         self.order: list[LayerPlan] = []
@@ -109,7 +110,7 @@ class _Pool:
     def _fill(self) -> None:
         while self.next < len(self.order) and len(self.futures) < self.jobs:
             lp = self.order[self.next]
-            self.futures[lp.name] = self.pool.submit(run_task_bytes, task_for(lp, self.quality))
+            self.futures[lp.name] = self.pool.submit(run_task_spilled, task_for(lp, self.quality), self.spill_dir)
             self.next += 1
 
     def result(self, lp: LayerPlan) -> dict:
@@ -120,6 +121,9 @@ class _Pool:
             out = future.result()
         except BrokenProcessPool:
             raise InputError("a worker process died (out of memory?); try fewer --jobs") from None
+        spill = _Spill(out.pop("spill"))
+        out["tensors"] = {s: (dtype, shape, (spill, offset, length)) for s, (dtype, shape, offset, length)
+                          in out["tensors"].items()}
         return out
 
     def written(self, lp: LayerPlan) -> None:
@@ -132,6 +136,33 @@ class _Pool:
         for f in self.futures.values():
             f.cancel()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        for f in self.futures.values():  # computed but never written: remove their spill files
+            if not f.cancelled() and f.exception() is None:
+                _Spill(f.result()["spill"]).close()
+        self.futures.clear()
+
+
+class _Spill:
+    """A worker's spill file, opened and unlinked at once (nothing is left behind even if this
+    process dies later); read back in bounded chunks, closed after its last tensor."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+        os.unlink(path)
+
+    def chunks(self, offset: int, length: int) -> Iterator[bytes]:
+        done = 0
+        while done < length:
+            piece = os.pread(self.fd, min(CHUNK, length - done), offset + done)
+            if not piece:
+                raise InputError("a worker's spill file is shorter than its result")
+            done += len(piece)
+            yield piece
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class Runner:
@@ -142,10 +173,10 @@ class Runner:
     they go), the rest when the file ends."""
 
     def __init__(self, ckpt, plan: Plan, jobs: int, quality: bool, progress: Progress,
-                 on_layer: Callable[[LayerPlan, dict], None] | None = None) -> None:
+                 on_layer: Callable[[LayerPlan, dict], None] | None = None, spill_dir: str = ".") -> None:
         self.ckpt = ckpt
         self.plan = plan
-        self.compute = _InProcess(quality) if jobs <= 1 else _Pool(jobs, quality)
+        self.compute = _InProcess(quality) if jobs <= 1 else _Pool(jobs, quality, spill_dir)
         self.progress = progress
         self.on_layer = on_layer
         self.results: dict[str, dict] = {}
@@ -212,8 +243,11 @@ class Runner:
                 last = not state
                 if last:
                     del self._pending[lp.name]
-                if isinstance(t, tuple):  # from a worker: bytes (this process never imports torch)
-                    yield t[2]
+                if isinstance(t, tuple):  # from a worker's spill file (this process never imports torch)
+                    spill, offset, length = t[2]
+                    yield from spill.chunks(offset, length)
+                    if last:
+                        spill.close()
                 else:
                     from ..numerics.dtypes import to_bytes
 
@@ -261,7 +295,8 @@ def execute(ckpt, plan: Plan, dests: list[str], index_dest: str | None, *, jobs:
     from ..checkpoint import open_checkpoint
 
     progress = progress or Progress(0, 0, enabled=False)
-    runner = Runner(ckpt, plan, jobs, quality, progress, on_layer)
+    runner = Runner(ckpt, plan, jobs, quality, progress, on_layer,
+                    spill_dir=os.path.dirname(os.path.abspath(dests[0])))
     temps: list[str] = []
     try:
         tables = runner.files()

@@ -252,17 +252,31 @@ def init_worker(threads: int) -> None:
         threading.Thread(target=watch, daemon=True).start()
 
 
-def run_task_bytes(task: dict) -> dict:
-    """``run_task`` for a worker: tensors as (dtype, shape, bytes), which pickle cheaply."""
+def run_task_spilled(task: dict, spill_dir: str) -> dict:
+    """``run_task`` for a worker: the encoded tensors go to a spill file next to the output,
+    and the result names (dtype, shape, offset, length) in it.  Passing bytes back through the
+    pool would hold every tensor twice in the main process while it is unpickled; the main
+    process instead streams the file into the output in small chunks."""
+    import tempfile
+
     from ..numerics.dtypes import dtype_name
 
     out = run_task(task)
     tensors = out["tensors"]
     out["tensors"] = {}
-    for suffix in list(tensors):  # one tensor and its bytes at a time, not all tensors twice
-        t = tensors.pop(suffix)
-        out["tensors"][suffix] = (dtype_name(t.dtype), tuple(t.shape), t.reshape(-1).view(_u8()).numpy().tobytes())
-        del t
+    fd, path = tempfile.mkstemp(prefix=".comfyquant-", suffix=".spill", dir=spill_dir)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for suffix in list(tensors):
+                t = tensors.pop(suffix)
+                data = t.reshape(-1).view(_u8()).numpy()  # a view: written without a copy
+                out["tensors"][suffix] = (dtype_name(t.dtype), tuple(t.shape), fh.tell(), data.nbytes)
+                fh.write(memoryview(data))
+                del t, data
+    except BaseException:
+        os.unlink(path)
+        raise
+    out["spill"] = path
     return out
 
 
