@@ -68,7 +68,11 @@ def build_model(path: str) -> int:
 
 
 def _peaks() -> tuple[float, float]:
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """(this process's peak RSS, its largest child's), MB.  Our own peak is VmHWM: Linux's
+    ru_maxrss survives exec, so a child started by a parent that just built the model with
+    torch would report the parent's peak.  (Workers are started by this small process.)"""
+    with open("/proc/self/status") as fh:
+        own = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 1024
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return own, kids
 
