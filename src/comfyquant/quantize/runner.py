@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterator
 
 from .. import __version__
 from ..errors import InputError
-from ..io.copying import copy_range
+from ..io.copying import copy_range, read_chunks
 from ..io.index import write_index
 from ..io.shards import ShardSet
-from ..io.writer import CHUNK, commit_file, discard, write_safetensors
+from ..io.source import LocalFile
+from ..io.writer import commit_file, discard, write_safetensors
 from .layout import marker_entries, problems
 from .plan import DENSE, QUANTIZE, LayerPlan, Plan, output_files
 from .progress import Progress
@@ -121,7 +122,7 @@ class _Pool:
             out = future.result()
         except BrokenProcessPool:
             raise InputError("a worker process died (out of memory?); try fewer --jobs") from None
-        spill = _Spill(out.pop("spill"))
+        spill = _open_spill(out.pop("spill"))
         out["tensors"] = {s: (dtype, shape, (spill, offset, length)) for s, (dtype, shape, offset, length)
                           in out["tensors"].items()}
         return out
@@ -138,31 +139,16 @@ class _Pool:
         self.pool.shutdown(wait=True, cancel_futures=True)
         for f in self.futures.values():  # computed but never written: remove their spill files
             if not f.cancelled() and f.exception() is None:
-                _Spill(f.result()["spill"]).close()
+                os.unlink(f.result()["spill"])
         self.futures.clear()
 
 
-class _Spill:
-    """A worker's spill file, opened and unlinked at once (nothing is left behind even if this
-    process dies later); read back in bounded chunks, closed after its last tensor."""
-
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDONLY)
-        os.unlink(path)
-
-    def chunks(self, offset: int, length: int) -> Iterator[bytes]:
-        done = 0
-        while done < length:
-            piece = os.pread(self.fd, min(CHUNK, length - done), offset + done)
-            if not piece:
-                raise InputError("a worker's spill file is shorter than its result")
-            done += len(piece)
-            yield piece
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+def _open_spill(path: str) -> LocalFile:
+    """A worker's spill file, opened and unlinked at once: nothing is left behind even if this
+    process dies later; the open descriptor keeps the data until it is closed."""
+    spill = LocalFile(path)
+    os.unlink(path)
+    return spill
 
 
 class Runner:
@@ -245,7 +231,7 @@ class Runner:
                     del self._pending[lp.name]
                 if isinstance(t, tuple):  # from a worker's spill file (this process never imports torch)
                     spill, offset, length = t[2]
-                    yield from spill.chunks(offset, length)
+                    yield from read_chunks(spill, offset, length)()
                     if last:
                         spill.close()
                 else:
