@@ -376,6 +376,64 @@ def test_corrupted_copy_fails_verification_and_leaves_nothing(tmp_path, monkeypa
     assert sorted(os.listdir(tmp_path)) == ["m.safetensors"]
 
 
+def test_copies_are_compared_while_writing(tmp_path, monkeypatch):
+    """With local inputs every copied tensor is compared in the background thread while the
+    writer goes on; the main thread's final pass then has nothing left to compare, and the
+    output is still byte-identical where the input was copied."""
+    import threading
+
+    from comfyquant.repair import execute
+
+    src = write(tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)), dense_layer("a", n=64, k=256),
+                dense_layer("b", n=64, k=256))
+    where: list[str] = []
+    real = execute._same_bytes
+
+    def recording(*args):
+        where.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(execute, "_same_bytes", recording)
+    dest = tmp_path / "out.safetensors"
+    assert fix(src, out=str(dest)).ok
+    with open_checkpoint(str(dest)) as ck:
+        copied = [n for n in ck.tensors if not n.startswith(P)]
+    assert len(where) >= len(copied) >= 4
+    assert threading.main_thread().name not in where
+    ins, outs = tensors_of(src), tensors_of(dest)
+    assert all(outs[n] == ins[n] for n in copied)
+
+
+def test_background_comparison_is_only_trusted_at_the_compared_place(tmp_path, monkeypatch):
+    """A tensor the background thread confirmed at another offset than the re-read header
+    gives is compared again by the main thread."""
+    from comfyquant.repair import execute
+
+    src = write(tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)), dense_layer("n", n=256, k=1024))
+    real_watch = execute._EarlyComparison.watch
+
+    def misplaced(self, copied):
+        written = real_watch(self, copied)
+        return lambda temp, name, offset, length: written(temp, name, offset + 2, length)
+
+    monkeypatch.setattr(execute._EarlyComparison, "watch", misplaced)
+    real_same = execute._same_bytes
+    calls = {"main": 0}
+
+    def counting(a, a_start, b, b_start, length, bufs):
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return True  # the background thread "confirms" the wrong place
+        calls["main"] += 1
+        return real_same(a, a_start, b, b_start, length, bufs)
+
+    monkeypatch.setattr(execute, "_same_bytes", counting)
+    dest = tmp_path / "out.safetensors"
+    assert fix(src, out=str(dest)).ok
+    assert calls["main"] >= 2  # every copied tensor compared again at its real place
+
+
 @pytest.mark.parametrize("length", [1, 7, 8, 9, 23])
 def test_same_bytes_chunks_and_tails(tmp_path, monkeypatch, length):
     """Range comparison over chunk boundaries and a short tail; one differing byte anywhere is seen."""

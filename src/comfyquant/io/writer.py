@@ -106,12 +106,15 @@ def write_safetensors(
     *,
     commit: bool = True,
     sync: bool = True,
+    on_tensor: Callable[[str, str, int, int], None] | None = None,
 ) -> str:
     """Write ``tensors`` (in the given order) next to ``path`` in a temporary file, fsync it and
     rename it to ``path``.  With ``commit=False`` the temporary file's path is returned and the
     caller renames it with :func:`commit_file` (after verifying it, for instance).  With
     ``sync=False`` as well, the caller makes it durable first (:class:`BackgroundSync` lets the
-    disk catch up while the caller verifies the file)."""
+    disk catch up while the caller verifies the file).  ``on_tensor(temp path, name, offset,
+    length)`` is called once each tensor's bytes are in the file, so a caller can verify them
+    while later tensors are still being written."""
     if commit and not sync:
         raise ValueError("an uncommitted file needs sync before commit: use commit=False with sync=False")
     header = build_header(tensors, metadata)
@@ -122,6 +125,7 @@ def write_safetensors(
             flusher = _Flusher(fh.fileno())
             try:
                 fh.write(header)
+                offset = len(header)
                 _fault("after-header")
                 for i, (name, (dtype, shape, data)) in enumerate(tensors.items()):
                     want = _nbytes(dtype, shape)
@@ -139,6 +143,9 @@ def write_safetensors(
                         flusher.wrote(len(chunk))
                     if got != want:
                         raise ValueError(f"{path}: tensor {name!r} produced {got} bytes, {dtype} {list(shape)} needs {want}")
+                    if on_tensor is not None:
+                        on_tensor(tmp, name, offset, want)
+                    offset += want
                     _fault(f"after-tensor:{i}")
             finally:
                 flusher.stop()

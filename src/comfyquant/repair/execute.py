@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 
 from .. import __version__
 from ..checkpoint import open_checkpoint
@@ -18,6 +20,7 @@ from ..errors import InputError
 from ..io.copying import copy_range as _copy
 from ..io.index import write_index
 from ..io.shards import ShardSet
+from ..io.source import LocalFile
 from ..io.writer import CHUNK, BackgroundSync, commit_file, discard, write_safetensors
 from .lossy import W4A8_TENSORS, requantize
 from .plan import Plan
@@ -141,17 +144,20 @@ def write_and_verify(ckpt, plan: Plan, dests: list[str], index_dest: str | None,
     shards = build_shards(ckpt, plan)
     temps: list[str] = []
     syncs: list[BackgroundSync] = []
+    early = _EarlyComparison(ckpt) if all(isinstance(ckpt.source(f), LocalFile) for f in ckpt.files) else None
     try:
-        for (tensors, metadata, _hashes), dest in zip(shards, dests):
+        for (tensors, metadata, copied), dest in zip(shards, dests):
+            on_tensor = early.watch(copied) if early is not None else None
             try:
-                temps.append(write_safetensors(dest, tensors, metadata, commit=False, sync=False))
+                temps.append(write_safetensors(dest, tensors, metadata, commit=False, sync=False, on_tensor=on_tensor))
             except OSError as exc:
                 raise FixError(f"{dest}: cannot write ({exc.strerror or exc}); nothing was replaced") from None
             syncs.append(BackgroundSync(temps[-1]))
+        compared = early.finish() if early is not None else {}
         # The disk writes the files back while they are re-checked and compared with the input.
         with open_checkpoint(temps, shardset=ShardSet(files=list(temps)), sources=None) as out:
             report = check_fn(out, target)
-            _verify_copies(ckpt, out, shards, temps, dests)
+            _verify_copies(ckpt, out, shards, temps, dests, compared)
         for sync, dest in zip(syncs, dests):
             try:
                 sync.wait()
@@ -165,17 +171,81 @@ def write_and_verify(ckpt, plan: Plan, dests: list[str], index_dest: str | None,
             _write_index(ckpt, shards, dests, index_dest)
         return report, list(dests)
     finally:
+        if early is not None:
+            early.stop()
         for sync in syncs:
             sync.thread.join()  # never unlink a file a sync thread still holds
         for t in temps:
             discard(t)
 
 
-def _verify_copies(ckpt, out, shards, temps: list[str], dests: list[str]) -> None:
+class _EarlyComparison:
+    """Compares each copied tensor with its input in a thread as soon as the writer reports it
+    written, so the comparison (two page-cache reads and a memcmp per chunk) overlaps the
+    kernel's copying of the tensors after it instead of following the whole write.
+
+    Only an accelerator: it records the (offset, length) in the temporary file at which a
+    tensor was found equal, and :func:`_verify_copies` accepts that only where the re-read
+    output header puts the tensor at exactly that place; anything not confirmed here (a
+    difference, a read error, a comparison not reached) is compared again there, in the main
+    thread, which reports it."""
+
+    def __init__(self, ckpt) -> None:
+        self.ckpt = ckpt
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.equal: dict[tuple[str, str], tuple[int, int]] = {}
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def watch(self, copied: dict):
+        """The writer's ``on_tensor`` callback for a shard whose copied tensors are ``copied``."""
+
+        def written(temp: str, name: str, offset: int, length: int) -> None:
+            entry = copied.get(name)
+            if entry is not None:
+                self.queue.put((temp, name, offset, length, entry))
+
+        return written
+
+    def _run(self) -> None:
+        bufs = (bytearray(CHUNK), bytearray(CHUNK))
+        outputs: dict[str, LocalFile] = {}
+        try:
+            while (item := self.queue.get()) is not None:
+                temp, name, offset, length, entry = item
+                if self.stopping or length != entry.nbytes:
+                    continue
+                try:
+                    dst = outputs.get(temp) or outputs.setdefault(temp, LocalFile(temp))
+                    if _same_bytes(self.ckpt.source(entry.file), entry.start, dst, offset, length, bufs):
+                        self.equal[(temp, name)] = (offset, length)
+                except Exception:  # left for the main thread's comparison, which reports it
+                    pass
+        finally:
+            for f in outputs.values():
+                f.close()
+
+    def finish(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """Wait for the comparisons queued so far; (temp path, name) -> (offset, length) found equal."""
+        if self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join()
+        return self.equal
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.finish()
+
+
+def _verify_copies(ckpt, out, shards, temps: list[str], dests: list[str], compared: dict | None = None) -> None:
     """Every copied tensor compared byte for byte with its input (stronger than a hash, and
     faster: both sides are still in the page cache).  Two reused buffers: no allocation per
-    chunk, and ``bytearray ==`` is a memcmp."""
+    chunk, and ``bytearray ==`` is a memcmp.  ``compared`` holds the tensors that
+    :class:`_EarlyComparison` already found equal, with the place it compared: they are
+    skipped only where the re-read header has them at that very place."""
     bufs = (bytearray(CHUNK), bytearray(CHUNK))
+    compared = compared or {}
     for (_tensors, _meta, copied), temp, dest in zip(shards, temps, dests):
         header = next(h for h in out.headers if h.file == temp)
         dst = out.source(temp)
@@ -183,6 +253,8 @@ def _verify_copies(ckpt, out, shards, temps: list[str], dests: list[str]) -> Non
             e = header.tensors.get(name)
             if e is None or e.nbytes != src_entry.nbytes:
                 raise FixError(f"{dest}: verification failed: tensor {name!r} is missing or resized in the output")
+            if compared.get((temp, name)) == (e.start, e.nbytes):
+                continue
             if not _same_bytes(ckpt.source(src_entry.file), src_entry.start, dst, e.start, e.nbytes, bufs):
                 raise FixError(f"{dest}: verification failed: tensor {name!r} differs from the input after copying")
 
