@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from ..numerics.floats import E4M3, E5M2, FP8_MAX, fp8_decode_scaled, fp8_encode
-from ..numerics.rows import gather_rows, row_blocks
+from ..numerics.rows import cast_rows
 from .base import Codec, reject_unknown, rows_of
 
 
@@ -31,7 +31,8 @@ class FP8Codec(Codec):
             q = torch.zeros(weight.shape, dtype=self.fp8)
         else:
             inverse = (1.0 / scale).to(weight.dtype)
-            (q,) = gather_rows(row_blocks(weight), lambda w: (fp8_encode(w * inverse, self.fp8),), weight.shape[0])
+            lim = FP8_MAX[self.fp8]
+            q = cast_rows(weight, self.fp8, lambda w, scratch: torch.mul(w, inverse, out=scratch).clamp_(-lim, lim))
         tensors = {"weight": q, "weight_scale": scale}
         if input_scale is not None:
             tensors["input_scale"] = torch.as_tensor(input_scale).to(torch.float32).reshape(())

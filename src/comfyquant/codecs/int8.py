@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..numerics.hadamard import is_power_of_4, rotate_activation, rotate_weight
-from ..numerics.int8 import int8_product, quantize_rows, quantize_with_scale
-from ..numerics.rows import gather_rows, row_blocks
+from ..numerics.int8 import int8_levels, int8_product, quantize_rows, safe_divisor
+from ..numerics.rows import cast_rows, gather_rows, row_blocks
 from .base import Codec, CodecError, finish, per_row, reject_unknown, rows_of
 
 
@@ -36,7 +36,8 @@ class Int8Codec(Codec):
             s = torch.as_tensor(scale).to(torch.float32).reshape(())
         else:
             s = (amax.float() / 127.0).clamp_(min=1e-30)
-        (q,) = _encode_rows(weight, lambda w: (quantize_with_scale(w, s),))
+        divisor = safe_divisor(s, weight.dtype)
+        q = cast_rows(weight, torch.int8, lambda w, scratch: int8_levels(w, divisor, out=scratch))
         return {"weight": q, "weight_scale": s}, {"format": self.name}
 
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):

@@ -13,7 +13,7 @@ import torch
 from .rows import row_ranges
 
 
-def _safe_divisor(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def safe_divisor(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The F32 scale rounded to ``dtype``; a scale that rounds to 0 becomes the smallest normal."""
     d = scale.to(dtype)
     return torch.where(d == 0, torch.full_like(d, torch.finfo(dtype).tiny), d)
@@ -21,8 +21,13 @@ def _safe_divisor(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``clamp(round(x / T(scale)), -128, 127)`` as int8, the division done in ``x``'s dtype."""
-    q = torch.div(x, _safe_divisor(scale, x.dtype))
-    return q.round_().clamp_(-128.0, 127.0).to(torch.int8)
+    return int8_levels(x, safe_divisor(scale, x.dtype)).to(torch.int8)
+
+
+def int8_levels(x: torch.Tensor, divisor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``clamp(round(x / divisor), -128, 127)`` in ``x``'s dtype (integral values, exact in
+    any cast to int8), computed in ``out`` when given; ``divisor`` from :func:`safe_divisor`."""
+    return torch.div(x, divisor, out=out).round_().clamp_(-128.0, 127.0)
 
 
 def row_scales(x: torch.Tensor) -> torch.Tensor:

@@ -135,6 +135,24 @@ def gather_rows(blocks: Iterable[tuple[int, int, torch.Tensor]], fn: Callable[[t
     return outs
 
 
+def cast_rows(weight: Weight, dtype: torch.dtype, compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """One ``dtype`` tensor of the weight's shape, filled block by block with
+    ``compute(rows, scratch)``: the block's values in the weight's dtype, computed in place
+    in ``scratch`` (one reused buffer of the block's shape).  The copy into the output is the
+    cast (FP8, INT8), so an elementwise encoder allocates nothing per block and makes no
+    separate conversion pass -- for the cheap encoders that is a fifth of their time."""
+    source = as_source(weight)
+    n, k = source.shape
+    out = torch.empty((n, k), dtype=dtype)
+    ranges = row_ranges(n, k, encode_block_elements())
+    if not ranges:
+        return out
+    scratch = torch.empty((max(r1 - r0 for r0, r1 in ranges), k), dtype=source.dtype)
+    for r0, r1 in ranges:
+        out[r0:r1].copy_(compute(source.rows(r0, r1), scratch[: r1 - r0]))
+    return out
+
+
 _TRIM = None
 """glibc's ``malloc_trim`` once looked up, or False where there is none."""
 
