@@ -465,3 +465,23 @@ def test_row_source_decodes_rows_on_demand():
     assert same_bits(torch.cat([source.rows(0, 100), source.rows(100, 300)]), dense)
     again = codecs.get("nvfp4").encode(source)
     assert all(same_bits(again[s], codecs.get("nvfp4").encode(dense)[s]) for s in again)
+
+
+@pytest.mark.parametrize("variant", ["nvfp4", "mxfp8", "fp8", "int8_scalar", "int8_rowwise", "int8_convrot", "w4a4"])
+@pytest.mark.parametrize("dtype_name", sorted(DTYPES))
+def test_zero_blocks_and_negative_zeros_encode_as_kitchen(variant, dtype_name):
+    """Whole 1x16 / 1x32 blocks of +0.0 and -0.0 among ordinary ones (the encoders skip the
+    empty-block handling when no block is empty: it must not matter when some are), and
+    single -0.0 values: the same bits as comfy-kitchen."""
+    dtype = DTYPES[dtype_name]
+    w = weight("gauss", 64, 512, dtype, seed=11).clone()
+    w[3, 32:64] = 0.0
+    w[5, 0:32] = -0.0
+    w[9, 64:96] = -0.0
+    w[9, 100] = -0.0
+    w[20, :] = 0.0
+    fmt = VARIANTS[variant].format
+    ref = kitchen_qtensor(variant, w).state_dict("weight")
+    enc = codecs.get(fmt).encode(w, **ENCODE_ARGS[variant])
+    for suffix in ref:
+        assert same_bits(enc[suffix], ref[suffix]), suffix

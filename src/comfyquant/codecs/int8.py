@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..numerics.hadamard import is_power_of_4, rotate_activation, rotate_weight
-from ..numerics.int8 import int8_levels, int8_product, quantize_rows, safe_divisor
+from ..numerics.int8 import int8_levels, int8_product, quantize_rows, row_levels_inplace, safe_divisor
 from ..numerics.rows import cast_rows, gather_rows, row_blocks
 from .base import Codec, CodecError, finish, per_row, reject_unknown, rows_of
 
@@ -27,10 +27,10 @@ class Int8Codec(Codec):
             if not per_channel:
                 raise CodecError(f"{name}: convrot is only supported when per_channel is True")
             check_convrot(size, weight.shape[1], name)
-            q, s = _encode_rows(weight, lambda w: quantize_rows(rotate_weight(w, size)))
+            q, s = _encode_rows(weight, lambda w: row_levels_inplace(rotate_weight(w, size)))
             return {"weight": q, "weight_scale": s}, {"format": self.name, "convrot": True, "convrot_groupsize": size}
         if per_channel:
-            q, s = _encode_rows(weight, quantize_rows)
+            q, s = _encode_rows(weight, lambda w: row_levels_inplace(w.clone()))
             return {"weight": q, "weight_scale": s}, {"format": self.name}
         if scale is not None:
             s = torch.as_tensor(scale).to(torch.float32).reshape(())
@@ -64,8 +64,9 @@ class Int8Codec(Codec):
 
 
 def _encode_rows(weight: torch.Tensor, fn) -> list[torch.Tensor]:
-    """``fn`` (block -> quantized rows and their scales) over row blocks of ``weight``."""
-    return gather_rows(row_blocks(weight), fn, weight.shape[0])
+    """``fn`` (block -> INT8 levels as floats and their row scales) over row blocks of
+    ``weight``, the levels cast to int8 as they are gathered."""
+    return gather_rows(row_blocks(weight), fn, weight.shape[0], dtypes=(torch.int8,))
 
 
 def check_convrot(size, k: int, name: str) -> None:

@@ -27,7 +27,8 @@ def quantize_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     empty = amax == 0
     scale = torch.where(empty, torch.ones_like(amax, dtype=torch.float32), e8m0_decode(e))
     data = blocks.float() / scale.unsqueeze(-1)
-    data = torch.where(empty.unsqueeze(-1), torch.zeros_like(data), data)
+    if bool(empty.any()):  # an all-zero block divides by 1; -0.0 becomes +0.0 as in the reference
+        data = torch.where(empty.unsqueeze(-1), torch.zeros_like(data), data)
     lim = FP8_MAX[E4M3]
     return data.clamp_(-lim, lim).reshape(rp, cp).to(E4M3), e
 

