@@ -150,6 +150,7 @@ def test_large_layer_is_written_in_row_blocks(tmp_path, monkeypatch):
     import comfyquant.codecs.base as base
 
     monkeypatch.setattr(base, "DEFAULT_BLOCK_ELEMENTS", 64 * 256)
+    monkeypatch.setattr(base, "ROTATED_BLOCK_ELEMENTS", 64 * 256)  # both layers here are rotated
     layers = [make_layer("int8_convrot", prefix="big", n=300, k=256), make_layer("w4a8_codebook", prefix="w", n=200, k=256)]
     src = write_layers(tmp_path / "m.safetensors", layers)
     seen = []
@@ -238,3 +239,22 @@ def test_cli_module_top_stays_light():
             "print(sorted(m for m in ('torch', 'rich', 'numpy', 'comfyquant.codecs') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_rotated_layers_decode_in_smaller_blocks():
+    """The decode block size follows the format description's rotation: ConvRot layers (W4A8,
+    W4A4, INT8 with ``convrot: true``) use the smaller blocks, the others the default."""
+    import comfyquant.codecs.base as base
+
+    w = (torch.randn(64, 256, generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16)
+    cases = [("int8_tensorwise", {"per_channel": True, "convrot": True}, base.ROTATED_BLOCK_ELEMENTS),
+             ("int8_tensorwise", {"per_channel": True}, base.DEFAULT_BLOCK_ELEMENTS),
+             ("asym_w4a8_int8", {}, base.ROTATED_BLOCK_ELEMENTS),
+             ("convrot_w4a4", {}, base.ROTATED_BLOCK_ELEMENTS),
+             ("float8_e4m3fn", {}, base.DEFAULT_BLOCK_ELEMENTS),
+             ("mxfp8", {}, base.DEFAULT_BLOCK_ELEMENTS)]
+    assert base.ROTATED_BLOCK_ELEMENTS < base.DEFAULT_BLOCK_ELEMENTS
+    for fmt, kw, want in cases:
+        codec = codecs.get(fmt)
+        enc = codec.encode(w, **kw)
+        assert codec.decode_block_elements(codec.plan(dict(enc), enc.marker).env) == want, (fmt, kw)

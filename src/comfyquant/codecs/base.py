@@ -28,6 +28,11 @@ from ..numerics.rows import RowSource, Weight, row_blocks, row_ranges
 DEFAULT_BLOCK_ELEMENTS = 1 << 22
 """Elements per decoded row block: 16 MB F32 temporaries, small enough for the allocator to
 reuse them from block to block instead of mapping (and page-faulting) fresh memory."""
+ROTATED_BLOCK_ELEMENTS = 1 << 20
+"""Elements per decoded row block of a rotated (ConvRot) layer: its un-rotation GEMM and the
+elementwise passes around it stay in cache with 4 MB blocks (measured at 5120x13824: W4A8
+1.7x, W4A4 and INT8 ConvRot 1.2x faster than with 16 MB blocks, and a quarter of the
+temporaries); unrotated formats are a little faster with the larger blocks."""
 
 
 class CodecError(ComfyQuantError):
@@ -106,6 +111,13 @@ class Codec:
         """The dense weight's ``[N, K]`` (padded formats override this)."""
         return env["N"], env["K"]
 
+    def decode_block_elements(self, env: dict) -> int:
+        """Default elements per decoded row block: smaller for layers the format description
+        says are rotated (always, or by their ``convrot`` key)."""
+        rotation = self.format.rotation
+        rotated = rotation == "always" or (rotation == "convrot key" and env.get("convrot") is True)
+        return ROTATED_BLOCK_ELEMENTS if rotated else DEFAULT_BLOCK_ELEMENTS
+
     # -- public API ---------------------------------------------------------------------------
     def encode(self, weight: Weight, *, layer: str | None = None, **params) -> Encoded:
         """Quantize a dense ``[N, K]`` weight as comfy-kitchen's reference quantizer does.
@@ -154,7 +166,7 @@ class Codec:
         n, k = plan.shape
         start, stop = span or (0, n)
         state = self._prepare(tensors, plan.env, dtype)
-        ranges = row_ranges(stop - start, k, block_elements or DEFAULT_BLOCK_ELEMENTS, join_tail=False)
+        ranges = row_ranges(stop - start, k, block_elements or self.decode_block_elements(plan.env), join_tail=False)
         buffer = None
         if reuse and out is None and ranges:
             buffer = torch.empty((max(r1 - r0 for r0, r1 in ranges), k), dtype=dtype)

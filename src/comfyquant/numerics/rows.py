@@ -143,7 +143,7 @@ def cast_rows(weight: Weight, dtype: torch.dtype, compute: Callable[[torch.Tenso
     ``compute(rows, scratch)``: the block's values in the weight's dtype, computed in place
     in ``scratch`` (one reused buffer of the block's shape).  The copy into the output is the
     cast (FP8, INT8), so an elementwise encoder allocates nothing per block and makes no
-    separate conversion pass -- for the cheap encoders that is a fifth of their time."""
+    separate conversion pass (measured: about a tenth of the FP8 and INT8 encoders' time)."""
     source = as_source(weight)
     n, k = source.shape
     out = torch.empty((n, k), dtype=dtype)
