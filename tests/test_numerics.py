@@ -105,6 +105,23 @@ def test_e2m1_encode_is_bit_exact_with_kitchen_on_a_dense_sweep():
     assert torch.equal(floats.e2m1_encode(x), _f32_to_floatx_unpacked(x, 2, 1))
 
 
+def test_e2m1_encode_counts_decision_points_for_every_value():
+    """The comparison-count encoder equals a binary search over the decision points
+    (``torch.bucketize``) for every BF16 value, for 10,000 F32 neighbours of each decision
+    point, for values past the saturation point, and for NaN of either sign (code 7 | sign)."""
+    bounds = floats._E2M1_BOUNDS
+
+    def reference(x):
+        return torch.bucketize(x.abs(), bounds).to(torch.uint8) | (torch.signbit(x).to(torch.uint8) << 3)
+
+    every_bf16 = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    near = [(b.view(torch.int32) + torch.arange(-5000, 5000, dtype=torch.int32)).view(torch.float32)
+            for b in bounds.reshape(-1, 1)]
+    x = torch.cat([every_bf16, *near, -torch.cat(near), torch.tensor([float("nan"), -float("nan"), 7.5, -1e30])])
+    assert torch.equal(floats.e2m1_encode(x), reference(x))
+    assert floats.e2m1_encode(torch.tensor([float("nan"), -float("nan")])).tolist() == [7, 15]
+
+
 # -- E8M0 (spec 2.3) --------------------------------------------------------------------------
 
 def test_e8m0_decode_special_cases_and_kitchen():
