@@ -252,15 +252,15 @@ class _Work:
         self.formats: dict[str, int] = {}
         self.sizes: dict[str, int] = {}
         self.dropped_names = set()
-        largest = 0
         for layer in layers.values():
             for suffix, e in layer.entries.items():
                 if suffix in layer.drop:
                     self.dropped_names.add(e.name)
-            largest = max(largest, sum(_aligned(e.nbytes) for s, e in layer.entries.items() if s in layer.drop or s == "weight"))
-        self.buffer = bytearray(largest)
-        """Read buffer for the packed tensors of one layer, reused (see :meth:`_read`): sized
-        once for the largest layer, so it is never reallocated (which would hold two)."""
+        self.largest = max((sum(_aligned(e.nbytes) for e in _packed(x)) for x in layers.values()), default=0)
+        self.buffer = bytearray()
+        """Read buffer for the packed tensors of one layer, reused (see :meth:`_read`): made at
+        the first local read, at once for the largest layer, so it is never reallocated
+        (which would hold two)."""
 
     def output(self, names: list[str], metadata: dict) -> tuple[dict, dict]:
         from .io.copying import copy_range
@@ -301,9 +301,9 @@ class _Work:
         for e in entries:
             spans.append(total)
             total += _aligned(e.nbytes)
-        if len(self.buffer) < total:  # only for a layer larger than planned (never, normally)
-            self.buffer = bytearray()
-            self.buffer = bytearray(total)
+        if len(self.buffer) < total:
+            self.buffer = bytearray()  # the old one goes first
+            self.buffer = bytearray(max(total, self.largest))
         view = memoryview(self.buffer)
         out = {}
         for e, src, at in zip(entries, sources, spans):
@@ -331,7 +331,7 @@ class _Work:
             from .numerics.rows import release_memory
 
             self.settle()
-            needed = [e for s, e in layer.entries.items() if s in layer.drop or s == "weight"]
+            needed = _packed(layer)
             raw = self._read(needed)
             tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in layer.entries.items() if e.name in raw}
             self._advance(sum(e.nbytes for e in needed))
@@ -349,6 +349,11 @@ class _Work:
             release_memory()
 
         return chunks
+
+
+def _packed(layer: _Layer) -> list:
+    """The input entries a layer's decoder reads: the weight and its quantization-only tensors."""
+    return [e for s, e in layer.entries.items() if s in layer.drop or s == "weight"]
 
 
 def _aligned(nbytes: int) -> int:
