@@ -29,7 +29,8 @@ NameMapper = Callable[[str], str]
 class Layer:
     """A layer: its tensors by suffix and the marker that applies to it (if any)."""
 
-    __slots__ = ("prefix", "name", "tensors", "marker", "sources", "format_name", "inferred", "_sig", "_sid")
+    __slots__ = ("prefix", "name", "tensors", "stored", "marker", "sources", "format_name", "inferred", "experts",
+                 "flattened", "_sig", "_sid")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -39,15 +40,24 @@ class Layer:
         self.sources: list = []
         self.format_name: str | None = None
         self.inferred = False
+        self.experts: int | None = None
+        """E for a MoE expert bank (a marked layer whose weight is ``[E, out, ...]``, spec 3.9)."""
+        self.flattened = False
+        """The bank's tensors are shown flattened to ``[E*out, ...]``, as ComfyUI reads them:
+        every command then sees one 2-D layer (same bytes; the file keeps its shapes)."""
+        self.stored = self.tensors
+        """The tensors as stored in the file: ``tensors`` itself, except for a flattened bank
+        (SGLang, which has no banks, sees these)."""
         self._sig: tuple | None = None
         self._sid: tuple[int, int] | None = None
 
     @property
     def signature(self) -> tuple:
-        """(suffix, dtype, shape) of every tensor: with the marker, all per-layer rules depend on."""
+        """(suffix, dtype, shape) of every stored tensor: with the marker, all per-layer rules
+        depend on nothing else (a bank's flattened view follows from it)."""
         sig = self._sig
         if sig is None:
-            sig = self._sig = tuple([(s, e[1], e[2]) for s, e in self.tensors.items()])
+            sig = self._sig = tuple([(s, e[1], e[2]) for s, e in self.stored.items()])
         return sig
 
     @property
@@ -313,6 +323,29 @@ def _apply_markers(ckpt: Checkpoint, name_mapper: NameMapper | None) -> None:
                 if fmt is not None:
                     layer.format_name = fmt.name
                     layer.inferred = True
+        elif (w := layer.tensors.get("weight")) is not None and len(w.shape) == 3:
+            _as_bank(layer)
         if name_mapper is not None:
             mapped = name_mapper(layer.prefix + ".weight")
             layer.name = mapped[: -len(".weight")] if mapped.endswith(".weight") else mapped
+
+
+def _as_bank(layer: Layer) -> None:
+    """A marked layer with a 3-D weight is a MoE expert bank of E = weight.shape[0] experts.
+    Where the format description gives ComfyUI's flattening rule, the layer's tensors become
+    views ``[E*out, ...]`` of the same bytes; ``ckpt.tensors`` keeps the stored entries."""
+    from .formats.registry import FORMATS
+
+    experts = layer.tensors["weight"].shape[0]
+    layer.experts = experts
+    fmt = FORMATS.get(layer.format_name) if layer.format_name else None
+    if fmt is None or not experts or not fmt.flattens_bank(layer.tensors, experts):
+        return
+    views = {}
+    for suffix, e in layer.tensors.items():
+        shape = e[2]
+        if suffix in fmt.bank_rows and len(shape) >= 2 and shape[0] == experts:
+            e = TensorEntry(e[0], e[1], (experts * shape[1], *shape[2:]), e[3], e[4], e[5])
+        views[suffix] = e
+    layer.tensors = views  # layer.stored keeps the stored entries
+    layer.flattened = True

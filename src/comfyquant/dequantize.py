@@ -90,15 +90,18 @@ class Summary:
 class _Layer:
     """A layer to decode: its codec, validated plan, output dtype and input entries."""
 
-    __slots__ = ("name", "codec", "plan", "dtype", "entries", "drop")
+    __slots__ = ("name", "codec", "plan", "dtype", "entries", "drop", "shape")
 
-    def __init__(self, name, codec, plan, dtype, entries, drop) -> None:
+    def __init__(self, name, codec, plan, dtype, entries, drop, experts=None) -> None:
         self.name = name
         self.codec = codec
         self.plan = plan
         self.dtype = dtype
         self.entries = entries
         self.drop = drop
+        n, k = plan.shape
+        self.shape = (n, k) if experts is None else (experts, n // experts, k)
+        """The dense weight's stored shape: a MoE bank's decoded rows are written as [E, out, K]."""
 
 
 def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None = None) -> Summary:
@@ -173,6 +176,10 @@ def _plan_layers(ckpt, dtype) -> dict[str, _Layer]:
         fmt = layer.format_name
         if not fmt or not codecs.has(fmt):
             raise DequantizeError(f"refusing to dequantize: layer {prefix!r} has format {fmt!r}, which has no decoder")
+        if layer.experts is not None and not layer.flattened:
+            raise DequantizeError(f"refusing to dequantize: layer {prefix} ({fmt}) is a MoE expert bank of {layer.experts} "
+                                  "experts, and the spec gives no layout for this format's banks (W4A8 and INT8 "
+                                  "banks with per-row scales are decoded)")
         codec = codecs.get(fmt)
         entries = dict(layer.tensors)
         try:
@@ -182,7 +189,7 @@ def _plan_layers(ckpt, dtype) -> dict[str, _Layer]:
             raise DequantizeError(f"refusing to dequantize: {exc}") from None
         drop = {s.suffix for s in FORMATS[fmt].slots} - {"weight", "bias"}
         drop.add("comfy_quant")
-        out[layer.weight.name] = _Layer(prefix, codec, plan, out_dtype, entries, drop)
+        out[layer.weight.name] = _Layer(prefix, codec, plan, out_dtype, entries, drop, layer.experts)
     return out
 
 
@@ -273,7 +280,7 @@ class _Work:
             if layer is not None:
                 n, k = layer.plan.shape
                 nbytes = n * k * _itemsize(layer.dtype)
-                tensors[name] = (dtype_name(layer.dtype), (n, k), self._decoder(layer))
+                tensors[name] = (dtype_name(layer.dtype), layer.shape, self._decoder(layer))
                 self.sizes[name] = nbytes
                 if nbytes > self.summary.largest_layer[1]:
                     self.summary.largest_layer = (layer.name, nbytes)

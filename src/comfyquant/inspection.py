@@ -122,8 +122,10 @@ def inventory(ckpt: Checkpoint) -> Inventory:
         n, k = env.get("N"), env.get("K")
         label = fmt.name + (" (unmarked)" if layer.inferred else "")
         bpw = round(8 * size / (n * k), 3) if n and k else None
-        inv.rows.append(LayerRow(layer.name, label, n, k, _params_text(fmt, env, layer.marker) if env else "?", dtypes,
-                                 size, bpw, not layer.inferred))
+        params = _params_text(fmt, env, layer.marker) if env else "?"
+        if layer.experts is not None:  # MoE expert bank: N counts the rows of all experts
+            params = f"E={layer.experts} bank" + ("" if params == "?" else f" {params}")
+        inv.rows.append(LayerRow(layer.name, label, n, k, params, dtypes, size, bpw, not layer.inferred))
         inv.bf16_bytes += 2 * (n or 0) * (k or 0) + (bias.nbytes if bias else 0)
     for name, e in ckpt.tensors.items():
         if name not in counted:

@@ -41,6 +41,10 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
                                                 f"no runtime loads it", layer=name, actual=fmt.name,
                                         cause="exported with a converter-only format",
                                         fix="convert to a loadable format (comfyquant convert)"))
+            if layer.experts is not None:
+                findings.append(_bank_finding(layer, fmt, marker))
+                if not layer.flattened:
+                    continue  # no flattening rule in the spec: the bank's tensors are not validated
             layer_findings, env = check_layer(fmt, marker, layer.tensors, ckpt.memo, layer)
         else:
             w = layer.tensors.get("weight")
@@ -73,6 +77,29 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
         for f in layer_findings:
             findings.append(f.with_layer(name, prefix))
     return findings, envs
+
+
+def _bank_finding(layer, fmt, marker: dict) -> Finding:
+    """L010: what comfyquant makes of a MoE expert bank (spec 3.9), and whether its marker
+    declares the expert count the weight holds."""
+    experts, name, tensor = layer.experts, layer.name, f"{layer.prefix}.weight"
+    declared = marker.get("num_experts")
+    if type(declared) is not int or declared != experts:
+        return Finding("L010", f"layer {name} ({fmt.name}) is a MoE expert bank of {experts} experts, but its marker "
+                               f"has num_experts {declared!r}", layer=name, tensor=tensor,
+                       expected=f"num_experts: {experts}", actual=f"num_experts: {declared!r}",
+                       cause="ComfyUI reads the expert count of a bank from the marker's num_experts", targets=["comfyui"],
+                       fix=f"set num_experts to {experts} in the marker")
+    if layer.flattened:
+        return Finding("L010", f"layer {name} ({fmt.name}) is a MoE expert bank of {experts} experts (ComfyUI only): "
+                               f"checked as one layer of {layer.tensors['weight'].shape[0]} rows, as ComfyUI's loader "
+                               "reads it", layer=name, tensor=tensor, severity="info",
+                       cause="expert banks flatten [E, out, ...] to [E*out, ...] for this format (spec 3.9)")
+    return Finding("L010", f"layer {name} ({fmt.name}) is a MoE expert bank of {experts} experts (ComfyUI only); "
+                           "comfyquant does not validate this format's banks", layer=name, tensor=tensor,
+                   severity="warning", targets=["comfyui", "comfy-kitchen"],
+                   cause="the spec gives no flattening rule for this format's banks, so their tensor shapes are unchecked",
+                   fix="load it in ComfyUI to verify; SGLang has no expert-bank loader")
 
 
 def check_marker_prefixes(ckpt) -> list[Finding]:

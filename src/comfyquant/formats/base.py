@@ -198,15 +198,22 @@ class Format:
     raise GeometryError); ``rotation`` is "none", "always" or "convrot key"; ``loaders`` the
     runtimes that load it ({"comfyui", "sglang", "comfy-kitchen"}); ``recognize(tensors)`` says
     whether an unmarked layer's tensors look like this format (spec 6.6).
+
+    MoE expert banks (spec 3.9, ComfyUI only) store a leading expert dimension ``[E, out, ...]``.
+    ``bank_rows`` names the tensors ComfyUI's loader flattens to ``[E*out, ...]``, reading the
+    bank as one 2-D layer of ``E*out`` rows; ``bank_rows_if`` names a tensor that must itself be
+    3-D for that (INT8: a per-row ``weight_scale``).  A format without ``bank_rows`` has no
+    flattening rule in the spec, so its banks are not validated.
     """
 
     __slots__ = ("name", "title", "slots", "keys", "geometry", "constraints", "bits_text", "rotation", "loaders",
-                 "converter_only", "recognize")
+                 "converter_only", "recognize", "bank_rows", "bank_rows_if")
 
     def __init__(self, name: str, title: str, slots: tuple[Slot, ...], keys: tuple[MarkerKey, ...],
                  geometry: Callable[[dict, dict], dict], constraints: tuple[Constraint, ...] = (), bits_text: str = "",
                  rotation: str = "none", loaders: frozenset[str] = frozenset(), converter_only: bool = False,
-                 recognize: Callable[[dict], bool] | None = None) -> None:
+                 recognize: Callable[[dict], bool] | None = None, bank_rows: tuple[str, ...] = (),
+                 bank_rows_if: str | None = None) -> None:
         self.name = name
         self.title = title
         self.slots = slots
@@ -218,6 +225,8 @@ class Format:
         self.loaders = loaders
         self.converter_only = converter_only
         self.recognize = recognize
+        self.bank_rows = bank_rows
+        self.bank_rows_if = bank_rows_if
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"
@@ -240,6 +249,13 @@ class Format:
             else:
                 out[k.name] = k.default
         return out
+
+    def flattens_bank(self, tensors: dict, experts: int) -> bool:
+        """Whether a bank of ``experts`` with these tensors is read as one layer of E*out rows."""
+        if not self.bank_rows:
+            return False
+        cond = tensors.get(self.bank_rows_if) if self.bank_rows_if else None
+        return self.bank_rows_if is None or (cond is not None and len(cond.shape) == 3 and cond.shape[0] == experts)
 
     def slots_for(self, env: dict) -> dict[str, Slot]:
         """The slot description that applies to each suffix for this geometry."""

@@ -71,6 +71,8 @@ INT8_TENSORWISE = Format(
     bits_text="8",
     rotation="convrot key",
     loaders=ALL_RUNTIMES,
+    bank_rows=("weight", "weight_scale", "bias"),
+    bank_rows_if="weight_scale",
     recognize=lambda t: has_2d_weight(t, "I8")
     and "weight_scale" in t
     and t["weight_scale"].dtype == "F32"

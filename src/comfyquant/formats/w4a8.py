@@ -153,5 +153,6 @@ ASYM_W4A8_INT8 = Format(
     bits_text="4 or 6 (from the packed row width)",
     rotation="always",
     loaders=ALL_RUNTIMES,
+    bank_rows=("weight", "weight_scale", "weight_s_rel", "weight_s_channel", "bias"),
     recognize=lambda t: "weight_s_rel" in t and "weight" in t and t["weight"].dtype == "I8",
 )

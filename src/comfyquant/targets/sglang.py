@@ -66,6 +66,8 @@ EXPLAIN: dict[str, tuple[str, str]] = {
         "re-quantize the layer with ConvRot (comfyquant convert) or keep it dense",
     ),
     "B5": ("ConvRot INT8 layers need row-wise [N, 1] scales in SGLang", "re-quantize the layer row-wise"),
+    "B6": ("MoE expert banks are ComfyUI-only (spec 3.9): SGLang builds 2-D linear layers from Comfy markers",
+           "keep the bank dense for SGLang, or load the checkpoint in ComfyUI"),
 }
 
 
@@ -141,11 +143,12 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: _
                 seen[rec.prefix] = {**rec.obj, **previous}
     raw: dict[str, dict] = {p: ms.effective.get(p, m) for p, m in seen.items()}
 
-    needs_marker = [p for p, layer in layers.items() if (w := layer.tensors.get("weight")) is not None and w.dtype in QUANT_DTYPES]
+    # SGLang sees the tensors as stored: it has no MoE expert banks, so no flattened view.
+    needs_marker = [p for p, layer in layers.items() if (w := layer.stored.get("weight")) is not None and w.dtype in QUANT_DTYPES]
     qfs = {v.lower() for v in ms.quant_formats.values() if v}
     if qfs == {"mxfp8"}:
         for prefix in sorted(needs_marker):
-            t = layers[prefix].tensors
+            t = layers[prefix].stored
             w, s = t["weight"], t.get("weight_scale")
             wmeta, smeta = (w.dtype, w.shape), (s.dtype, s.shape) if s is not None else None
             if w.dtype != "F8_E4M3" or len(w.shape) != 2 or w.shape[1] % 32 != 0 or smeta != ("U8", (w.shape[0], w.shape[1] // 32)):
@@ -164,7 +167,7 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: _
     memo = ckpt.memo
     for prefix, marker in raw.items():
         layer = layers.get(prefix)
-        outcome = memo.get("sglang", marker, layer, lambda m=marker, t=(layer.tensors if layer else {}): _check_marker(m, t))
+        outcome = memo.get("sglang", marker, layer, lambda m=marker, t=(layer.stored if layer else {}): _check_marker(m, t))
         rule, template, tensor, keys = outcome
         if rule is not None:
             run.fail(rule, template.replace(PREFIX, repr(prefix)).replace(RAW, prefix), prefix, tensor)
@@ -406,11 +409,16 @@ def build_layers(markers: dict[str, dict], derived: dict[str, dict], raw_prefix:
         layer = layers.get(prefix)
         if layer is None:
             continue
+        if layer.experts is not None:
+            run.fail("B6", f"(no SGLang message) layer {prefix!r} is a MoE expert bank of {layer.experts} experts "
+                           "(weight [E, out, ...]); SGLang has no loader for Comfy quantized expert banks",
+                     prefix, "weight", exception=None)
+            continue
         d = derived.get(name) or {}
         embedding_config = config in ("KitchenW4A8Config", "ComfyNvfp4Config")
         emb = _is_embedding(prefix)
         outcome = memo.get(f"sglang-build:{embedding_config}:{emb}", m, layer,
-                           lambda m=m, t=layer.tensors, d=d, e=embedding_config, emb=emb: _build_layer(m, t, d, e, emb))
+                           lambda m=m, t=layer.stored, d=d, e=embedding_config, emb=emb: _build_layer(m, t, d, e, emb))
         if outcome is not None:
             rule, template, tensor, exception = outcome
             run.fail(rule, template.replace(PREFIX, repr(prefix)), prefix, tensor, exception=exception)
