@@ -133,11 +133,16 @@ def test_bank_of_a_format_without_a_flattening_rule_is_reported_not_validated(tm
 
 
 def test_bank_marker_must_declare_its_experts(tmp_path):
+    """num_experts makes a 3-D weight a bank; it must be the weight's expert count.  Without
+    the key the 3-D weight is a wrong shape (L008), as for any layer."""
     stored, marker, _ = bank_of("int8_convrot")
-    for bad in ({k: v for k, v in marker.items() if k != "num_experts"}, dict(marker, num_experts=2)):
+    for bad in (dict(marker, num_experts=2), dict(marker, num_experts="4")):
         src = write_bank(tmp_path / "bank.safetensors", stored, bad)
         report = check(src, target="comfyui")
         assert codes(report).get("L010") == "error" and not report.ok
+    src = write_bank(tmp_path / "bank.safetensors", stored, {k: v for k, v in marker.items() if k != "num_experts"})
+    report = check(src, target="comfy-kitchen")
+    assert "L010" not in codes(report) and codes(report).get("L008") == "error"
 
 
 def test_fix_leaves_a_bank_as_stored(tmp_path):

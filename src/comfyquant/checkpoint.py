@@ -323,7 +323,7 @@ def _apply_markers(ckpt: Checkpoint, name_mapper: NameMapper | None) -> None:
                 if fmt is not None:
                     layer.format_name = fmt.name
                     layer.inferred = True
-        elif (w := layer.tensors.get("weight")) is not None and len(w.shape) == 3:
+        elif "num_experts" in layer.marker and (w := layer.tensors.get("weight")) is not None and len(w.shape) == 3:
             _as_bank(layer)
         if name_mapper is not None:
             mapped = name_mapper(layer.prefix + ".weight")
@@ -331,7 +331,8 @@ def _apply_markers(ckpt: Checkpoint, name_mapper: NameMapper | None) -> None:
 
 
 def _as_bank(layer: Layer) -> None:
-    """A marked layer with a 3-D weight is a MoE expert bank of E = weight.shape[0] experts.
+    """A layer whose marker has ``num_experts`` and whose weight is 3-D is a MoE expert bank of
+    E = weight.shape[0] experts (without the key a 3-D weight is just a wrong shape: L008).
     Where the format description gives ComfyUI's flattening rule, the layer's tensors become
     views ``[E*out, ...]`` of the same bytes; ``ckpt.tensors`` keeps the stored entries."""
     from .formats.registry import FORMATS

@@ -85,8 +85,8 @@ def _bank_finding(layer, fmt, marker: dict) -> Finding:
     experts, name, tensor = layer.experts, layer.name, f"{layer.prefix}.weight"
     declared = marker.get("num_experts")
     if type(declared) is not int or declared != experts:
-        return Finding("L010", f"layer {name} ({fmt.name}) is a MoE expert bank of {experts} experts, but its marker "
-                               f"has num_experts {declared!r}", layer=name, tensor=tensor,
+        return Finding("L010", f"layer {name} ({fmt.name}) is a MoE expert bank whose weight holds {experts} experts, but "
+                               f"its marker has num_experts {declared!r}", layer=name, tensor=tensor,
                        expected=f"num_experts: {experts}", actual=f"num_experts: {declared!r}",
                        cause="ComfyUI reads the expert count of a bank from the marker's num_experts", targets=["comfyui"],
                        fix=f"set num_experts to {experts} in the marker")
