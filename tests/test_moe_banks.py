@@ -176,3 +176,17 @@ def test_fix_refuses_to_rewrite_a_broken_bank(tmp_path):
     assert not result.ok and not dest.exists() and open(src, "rb").read() == before
     assert any("expert bank" in why for _layer, why in result.plan.refused)
     assert any(f.code == "L002" for f in result.remaining)
+
+
+def test_convert_copies_a_bank_as_stored(tmp_path):
+    """convert re-encodes 2-D layers only: a bank is copied with its stored shapes and marker."""
+    stored, marker, _ = bank_of("w4a8_codebook")
+    src = write_bank(tmp_path / "in.safetensors", stored, marker)
+    dest = tmp_path / "out.safetensors"
+    assert main(["convert", src, str(dest), "-t", "int8", "--target", "comfyui"]) == 0
+    with safe_open(src, framework="pt") as a, safe_open(str(dest), framework="pt") as b:
+        for s in stored:
+            x, y = a.get_tensor(f"{P}.{s}"), b.get_tensor(f"{P}.{s}")
+            assert x.shape == y.shape and torch.equal(x.view(torch.uint8), y.view(torch.uint8)), s
+        assert json.loads(bytes(b.get_tensor(f"{P}.comfy_quant").tolist()))["num_experts"] == E
+    assert check(str(dest), target="comfyui").ok

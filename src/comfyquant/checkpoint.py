@@ -41,7 +41,7 @@ class Layer:
         self.format_name: str | None = None
         self.inferred = False
         self.experts: int | None = None
-        """E for a MoE expert bank (a marked layer whose weight is ``[E, out, ...]``, spec 3.9)."""
+        """E for a MoE expert bank (marker with ``num_experts``, weight ``[E, out, ...]``, spec 3.9)."""
         self.flattened = False
         """The bank's tensors are shown flattened to ``[E*out, ...]``, as ComfyUI reads them:
         every command then sees one 2-D layer (same bytes; the file keeps its shapes)."""

@@ -218,7 +218,7 @@ def _refuse_choices(ckpt, options: Options) -> None:
 
 
 def _dense(layer, reason: str) -> LayerPlan:
-    return LayerPlan(layer.prefix, dict(layer.tensors), DENSE, reason)
+    return LayerPlan(layer.prefix, dict(layer.stored), DENSE, reason)
 
 
 def _plan_quantize(layer, options: Options) -> LayerPlan:
@@ -293,10 +293,12 @@ def _plan_convert(layer, options: Options) -> LayerPlan:
         raise InputError(f"cannot convert: {exc} (comfyquant check lists every problem; comfyquant fix repairs most)") from None
 
     def copy(reason: str, marker: dict | None = None) -> LayerPlan:
-        lp = LayerPlan(name, dict(layer.tensors), COPY, reason)
+        lp = LayerPlan(name, dict(layer.stored), COPY, reason)  # as stored: a bank keeps its shapes
         lp.marker, lp.src_format = marker or layer.marker, fmt
         return lp
 
+    if layer.experts is not None:
+        return copy(f"MoE expert bank of {layer.experts} experts (copied unchanged: convert re-encodes 2-D layers only)")
     rx = options.excluded(name)
     if rx is not None:
         return copy(f"excluded by --exclude {rx!r}")
