@@ -19,7 +19,6 @@ from safetensors.torch import save_file
 import comfyquant
 from comfyquant import check, codecs, inspect
 from comfyquant.cli import main
-from comfyquant.dequantize import DequantizeError
 from comfyquant.repair.run import fix
 from kitchen_fixtures import make_weight, markers_for, quantize, seed_defect
 
@@ -114,22 +113,52 @@ def seed_defect_bank(stored: dict) -> dict:
     return layer.tensors
 
 
-def test_bank_of_a_format_without_a_flattening_rule_is_reported_not_validated(tmp_path, capsys):
-    w = make_weight(E * OUT, K)
-    fp8 = codecs.get("float8_e4m3fn").encode(w)
-    stored = {"weight": fp8["weight"].reshape(E, OUT, K).contiguous(), "weight_scale": fp8["weight_scale"].reshape(1).repeat(E)}
-    src = write_bank(tmp_path / "bank.safetensors", stored, {"format": "float8_e4m3fn", "num_experts": E})
-    report = check(src)  # all targets: SGLang's refusal (B6) is attached to the bank's finding
-    assert codes(report) == {"L010": "error"}, [f.message for f in report.findings]
-    assert report.verdicts["sglang"].first.rule == "sglang.B6"
+@pytest.mark.parametrize("fmt, shared_scale", [("float8_e4m3fn", False), ("float8_e4m3fn", True), ("nvfp4", False),
+                                               ("mxfp8", False), ("convrot_w4a4", False)])
+def test_stacked_bank_is_checked_and_dequantized_expert_by_expert(tmp_path, fmt, shared_scale):
+    """Formats without a flattening rule: every quantized tensor has a leading expert
+    dimension and per-tensor scales are [E] or one shared scalar (spec 3.9).  The bank is
+    checked as one expert's layer and dequantized expert by expert into [E, out, K]."""
+    codec = codecs.get(fmt)
+    n = 128 if fmt in ("nvfp4", "mxfp8") else OUT  # no padding: every expert is a whole layer
+    experts = [codec.encode(make_weight(n, K, seed=10 + e)) for e in range(E)]
+    stored = {}
+    for suffix in experts[0]:
+        parts = [x[suffix] for x in experts]
+        stored[suffix] = parts[0] if (shared_scale and parts[0].dim() == 0) else torch.stack(parts).contiguous()
+    if shared_scale:  # one scale for all experts: re-encode them with it
+        scale = float(max(x["weight_scale"] for x in experts))
+        experts = [codec.encode(make_weight(n, K, seed=10 + e), scale=scale) for e in range(E)]
+        stored = {s: (experts[0][s] if experts[0][s].dim() == 0 else torch.stack([x[s] for x in experts]).contiguous())
+                  for s in experts[0]}
+    stored["bias"] = torch.zeros(E, n, dtype=torch.bfloat16)
+    marker = dict(experts[0].marker, num_experts=E)
+    src = write_bank(tmp_path / "bank.safetensors", stored, marker)
     for target in ("comfyui", "comfy-kitchen"):
-        only = check(src, target=target)
-        assert only.ok and codes(only) == {"L010": "warning"}, target
-    assert main(["check", src, "--target", "comfyui"]) == 0
-    assert "does not validate this format's banks" in capsys.readouterr().out
-    with pytest.raises(DequantizeError, match=r"layer blocks\.0\.moe\.experts\.gate_up .*expert bank of 4 experts"):
-        comfyquant.dequantize(src, str(tmp_path / "dense.safetensors"))
-    assert not (tmp_path / "dense.safetensors").exists()
+        report = check(src, target=target)
+        assert report.ok and codes(report).get("L010") == "info", (target, [f.message for f in report.findings])
+    assert check(src, deep=True, target="comfyui").ok
+    row = next(r for r in inspect(src).rows if r.name == P)
+    assert (row.n, row.k) == (E * n, K) and row.params.startswith(f"E={E} bank")
+    out = tmp_path / "dense.safetensors"
+    comfyquant.dequantize(src, str(out), dtype="bf16")
+    want = torch.stack([codec.decode(dict(x, bias=stored["bias"][0]), x.marker, dtype="bf16") for x in experts])
+    with safe_open(str(out), framework="pt") as f:
+        got = f.get_tensor(f"{P}.weight")
+    assert got.shape == (E, n, K) and torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_deep_check_reads_every_expert(tmp_path):
+    """--deep value checks read a bank's stored tensors: a zero scale of the last expert is found."""
+    codec = codecs.get("float8_e4m3fn")
+    experts = [codec.encode(make_weight(OUT, K, seed=e)) for e in range(E)]
+    scales = torch.stack([x["weight_scale"] for x in experts])
+    scales[-1] = 0.0
+    stored = {"weight": torch.stack([x["weight"] for x in experts]).contiguous(), "weight_scale": scales}
+    src = write_bank(tmp_path / "bank.safetensors", stored, {"format": "float8_e4m3fn", "num_experts": E})
+    assert check(src, target="comfyui").ok
+    report = check(src, target="comfyui", deep=True)
+    assert any(f.code == "D002" for f in report.findings), [f.message for f in report.findings]
 
 
 def test_bank_marker_must_declare_its_experts(tmp_path):

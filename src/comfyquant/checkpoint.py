@@ -30,7 +30,7 @@ class Layer:
     """A layer: its tensors by suffix and the marker that applies to it (if any)."""
 
     __slots__ = ("prefix", "name", "tensors", "stored", "marker", "sources", "format_name", "inferred", "experts",
-                 "flattened", "_sig", "_sid")
+                 "flattened", "stacked", "_sig", "_sid")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -45,9 +45,13 @@ class Layer:
         self.flattened = False
         """The bank's tensors are shown flattened to ``[E*out, ...]``, as ComfyUI reads them:
         every command then sees one 2-D layer (same bytes; the file keeps its shapes)."""
+        self.stacked = False
+        """The bank's tensors are shown as expert 0's: ``[E, ...]`` tensors without their
+        leading dimension, ``[E]`` per-tensor scales as scalars (each expert is a layer of
+        that layout; ``expert_entries`` gives expert e's byte ranges)."""
         self.stored = self.tensors
-        """The tensors as stored in the file: ``tensors`` itself, except for a flattened bank
-        (SGLang, which has no banks, sees these)."""
+        """The tensors as stored in the file: ``tensors`` itself, except for a bank (SGLang,
+        which has no banks, and value checks over every expert read these)."""
         self._sig: tuple | None = None
         self._sid: tuple[int, int] | None = None
 
@@ -340,13 +344,33 @@ def _as_bank(layer: Layer) -> None:
     experts = layer.tensors["weight"].shape[0]
     layer.experts = experts
     fmt = FORMATS.get(layer.format_name) if layer.format_name else None
-    if fmt is None or not experts or not fmt.flattens_bank(layer.tensors, experts):
+    if fmt is None or not experts:
         return
     views = {}
-    for suffix, e in layer.tensors.items():
-        shape = e[2]
-        if suffix in fmt.bank_rows and len(shape) >= 2 and shape[0] == experts:
-            e = TensorEntry(e[0], e[1], (experts * shape[1], *shape[2:]), e[3], e[4], e[5])
-        views[suffix] = e
+    if fmt.flattens_bank(layer.tensors, experts):
+        for suffix, e in layer.tensors.items():
+            shape = e[2]
+            if suffix in fmt.bank_rows and len(shape) >= 2 and shape[0] == experts:
+                e = TensorEntry(e[0], e[1], (experts * shape[1], *shape[2:]), e[3], e[4], e[5])
+            views[suffix] = e
+        layer.flattened = True
+    else:
+        for suffix, e in layer.tensors.items():
+            views[suffix] = expert_entry(e, experts, 0)
+        layer.stacked = True
     layer.tensors = views  # layer.stored keeps the stored entries
-    layer.flattened = True
+
+
+def expert_entry(e: TensorEntry, experts: int, index: int) -> TensorEntry:
+    """Expert ``index``'s part of a stacked bank tensor (spec 3.9: quantized tensors get a
+    leading expert dimension, per-tensor scales are ``[E]`` or one scalar for all): an
+    ``[E, ...]`` tensor's slice, an ``[E]`` tensor's element; anything else is shared."""
+    shape = e[2]
+    if len(shape) >= 2 and shape[0] == experts:
+        part, shape = e.nbytes // experts, shape[1:]
+    elif shape == (experts,) and not e[0].endswith(".comfy_quant"):
+        part, shape = e.nbytes // experts, ()
+    else:
+        return e
+    start = e[3] + index * part
+    return TensorEntry(e[0], e[1], shape, start, start + part, e[5])

@@ -21,6 +21,7 @@ names, plus a rebuilt ``*.safetensors.index.json``).  The input is never overwri
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -90,9 +91,9 @@ class Summary:
 class _Layer:
     """A layer to decode: its codec, validated plan, output dtype and input entries."""
 
-    __slots__ = ("name", "codec", "plan", "dtype", "entries", "drop", "shape")
+    __slots__ = ("name", "codec", "plan", "dtype", "entries", "drop", "shape", "per_expert")
 
-    def __init__(self, name, codec, plan, dtype, entries, drop, experts=None) -> None:
+    def __init__(self, name, codec, plan, dtype, entries, drop, bank=None) -> None:
         self.name = name
         self.codec = codec
         self.plan = plan
@@ -100,8 +101,18 @@ class _Layer:
         self.entries = entries
         self.drop = drop
         n, k = plan.shape
-        self.shape = (n, k) if experts is None else (experts, n // experts, k)
-        """The dense weight's stored shape: a MoE bank's decoded rows are written as [E, out, K]."""
+        self.shape = (n, k)
+        """The dense weight's shape: a MoE bank's is [E, out, K], as the bank stores it."""
+        self.per_expert = None
+        """For a stacked bank, each expert's input entries (decoded one expert after another)."""
+        if bank is not None and bank.flattened:
+            self.shape = (bank.experts, n // bank.experts, k)
+        elif bank is not None:
+            from .checkpoint import expert_entry
+
+            self.shape = (bank.experts, n, k)
+            self.per_expert = [{s: expert_entry(e, bank.experts, i) for s, e in bank.stored.items()}
+                               for i in range(bank.experts)]
 
 
 def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None = None) -> Summary:
@@ -176,10 +187,6 @@ def _plan_layers(ckpt, dtype) -> dict[str, _Layer]:
         fmt = layer.format_name
         if not fmt or not codecs.has(fmt):
             raise DequantizeError(f"refusing to dequantize: layer {prefix!r} has format {fmt!r}, which has no decoder")
-        if layer.experts is not None and not layer.flattened:
-            raise DequantizeError(f"refusing to dequantize: layer {prefix} ({fmt}) is a MoE expert bank of {layer.experts} "
-                                  "experts, and the spec gives no layout for this format's banks (W4A8 and INT8 "
-                                  "banks with per-row scales are decoded)")
         codec = codecs.get(fmt)
         entries = dict(layer.tensors)
         try:
@@ -189,7 +196,7 @@ def _plan_layers(ckpt, dtype) -> dict[str, _Layer]:
             raise DequantizeError(f"refusing to dequantize: {exc}") from None
         drop = {s.suffix for s in FORMATS[fmt].slots} - {"weight", "bias"}
         drop.add("comfy_quant")
-        out[layer.weight.name] = _Layer(prefix, codec, plan, out_dtype, entries, drop, layer.experts)
+        out[layer.weight.name] = _Layer(prefix, codec, plan, out_dtype, entries, drop, layer if layer.experts is not None else None)
     return out
 
 
@@ -278,8 +285,7 @@ class _Work:
             entry = self.ckpt.tensors[name]
             layer = self.layers.get(name)
             if layer is not None:
-                n, k = layer.plan.shape
-                nbytes = n * k * _itemsize(layer.dtype)
+                nbytes = math.prod(layer.shape) * _itemsize(layer.dtype)
                 tensors[name] = (dtype_name(layer.dtype), layer.shape, self._decoder(layer))
                 self.sizes[name] = nbytes
                 if nbytes > self.summary.largest_layer[1]:
@@ -338,17 +344,18 @@ class _Work:
             from .numerics.rows import release_memory
 
             self.settle()
-            needed = _packed(layer)
-            raw = self._read(needed)
-            tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in layer.entries.items() if e.name in raw}
-            self._advance(sum(e.nbytes for e in needed))
-            try:
-                for block in layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan):
-                    data = to_bytes(block)
-                    self.summary.bytes_written += len(data)
-                    yield data
-            except CodecError as exc:
-                raise DequantizeError(f"cannot decode: {exc}") from None
+            for entries in layer.per_expert or (layer.entries,):
+                needed = _packed(layer, entries)
+                raw = self._read(needed)
+                tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in entries.items() if e.name in raw}
+                self._advance(sum(e.nbytes for e in needed))
+                try:
+                    for block in layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan):
+                        data = to_bytes(block)
+                        self.summary.bytes_written += len(data)
+                        yield data
+                except CodecError as exc:
+                    raise DequantizeError(f"cannot decode: {exc}") from None
             fmt = layer.plan.marker.get("format")
             self.formats[fmt] = self.formats.get(fmt, 0) + 1
             # Each format's decoder leaves temporaries of its own sizes in the heap; without a
@@ -358,9 +365,10 @@ class _Work:
         return chunks
 
 
-def _packed(layer: _Layer) -> list:
-    """The input entries a layer's decoder reads: the weight and its quantization-only tensors."""
-    return [e for s, e in layer.entries.items() if s in layer.drop or s == "weight"]
+def _packed(layer: _Layer, entries: dict | None = None) -> list:
+    """The input entries a layer's decoder reads (of one expert, for a stacked MoE bank): the
+    weight and its quantization-only tensors."""
+    return [e for s, e in (entries or layer.entries).items() if s in layer.drop or s == "weight"]
 
 
 def _aligned(nbytes: int) -> int:

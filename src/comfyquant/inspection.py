@@ -102,10 +102,10 @@ def inventory(ckpt: Checkpoint) -> Inventory:
         w = t.get("weight")
         if w is None:
             continue
-        size = sum(e.nbytes for s, e in t.items() if s not in ("bias", "comfy_quant"))
+        size = sum(e.nbytes for s, e in layer.stored.items() if s not in ("bias", "comfy_quant"))  # every expert
         counted.update(e.name for e in t.values())
         fmt = FORMATS.get(layer.format_name) if layer.format_name else None
-        bias = t.get("bias")
+        bias = layer.stored.get("bias")
         dtypes = " ".join(f"{s}:{e.dtype}" for s, e in t.items() if s not in ("comfy_quant", "bias"))
         if fmt is None:
             name = DENSE if w.dtype in ("F32", "F16", "BF16", "F64") else f"unknown ({w.dtype})"
@@ -120,6 +120,8 @@ def inventory(ckpt: Checkpoint) -> Inventory:
         except GeometryError:
             env = {}
         n, k = env.get("N"), env.get("K")
+        if layer.stacked and n:
+            n *= layer.experts  # N counts the rows of every expert, as for a flattened bank
         label = fmt.name + (" (unmarked)" if layer.inferred else "")
         bpw = round(8 * size / (n * k), 3) if n and k else None
         params = _params_text(fmt, env, layer.marker) if env else "?"

@@ -53,7 +53,7 @@ def deep_findings(ckpt) -> list[Finding]:
         if fmt is None:
             continue
         for slot in fmt.slots:
-            entry = layer.tensors.get(slot.suffix)
+            entry = layer.stored.get(slot.suffix)  # as stored: every expert of a MoE bank
             if entry is None or slot.kind not in (SCALE, CODEBOOK, CORRECTION) or entry.nbytes > MAX_DEEP_BYTES:
                 continue
             wanted.append((layer, slot, entry))

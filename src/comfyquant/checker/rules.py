@@ -43,8 +43,6 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
                                         fix="convert to a loadable format (comfyquant convert)"))
             if layer.experts is not None:
                 findings.append(_bank_finding(layer, fmt, marker))
-                if not layer.flattened:
-                    continue  # no flattening rule in the spec: the bank's tensors are not validated
             layer_findings, env = check_layer(fmt, marker, layer.tensors, ckpt.memo, layer)
         else:
             w = layer.tensors.get("weight")
@@ -91,15 +89,13 @@ def _bank_finding(layer, fmt, marker: dict) -> Finding:
                        cause="ComfyUI reads the expert count of a bank from the marker's num_experts", targets=["comfyui"],
                        fix=f"set num_experts to {experts} in the marker")
     if layer.flattened:
-        return Finding("L010", f"layer {name} ({fmt.name}) is a MoE expert bank of {experts} experts (ComfyUI only): "
-                               f"checked as one layer of {layer.tensors['weight'].shape[0]} rows, as ComfyUI's loader "
-                               "reads it", layer=name, tensor=tensor, severity="info",
-                       cause="expert banks flatten [E, out, ...] to [E*out, ...] for this format (spec 3.9)")
-    return Finding("L010", f"layer {name} ({fmt.name}) is a MoE expert bank of {experts} experts (ComfyUI only); "
-                           "comfyquant does not validate this format's banks", layer=name, tensor=tensor,
-                   severity="warning", targets=["comfyui", "comfy-kitchen"],
-                   cause="the spec gives no flattening rule for this format's banks, so their tensor shapes are unchecked",
-                   fix="load it in ComfyUI to verify; SGLang has no expert-bank loader")
+        how = f"checked as one layer of {layer.tensors['weight'].shape[0]} rows, as ComfyUI's loader reads it"
+        cause = "expert banks flatten [E, out, ...] to [E*out, ...] for this format (spec 3.9)"
+    else:
+        how = "checked as one expert's layer: the stored [E, ...] tensors give every expert that layout"
+        cause = "each expert's tensors carry a leading expert dimension; per-tensor scales are [E] or shared (spec 3.9)"
+    return Finding("L010", f"layer {name} ({fmt.name}) is a MoE expert bank of {experts} experts (ComfyUI only): {how}",
+                   layer=name, tensor=tensor, severity="info", cause=cause)
 
 
 def check_marker_prefixes(ckpt) -> list[Finding]:

@@ -21,8 +21,8 @@ def kitchen_verdict(ckpt) -> Verdict:
     out: list[Violation] = []
     memo = ckpt.memo
     for prefix, layer in ckpt.layers.items():
-        if layer.marker is None or layer.format_name is None or (layer.experts is not None and not layer.flattened):
-            continue  # a bank without a flattening rule: ComfyUI's own business (finding L010)
+        if layer.marker is None or layer.format_name is None:
+            continue
         templates = memo.get("comfy-kitchen", layer.marker, layer,
                              lambda lay=layer: _layer_templates(lay.format_name, lay.marker, lay.tensors))
         if templates:
