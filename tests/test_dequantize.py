@@ -210,6 +210,18 @@ def test_refuses_to_overwrite_its_input(tmp_path):
 
 # -- CLI --------------------------------------------------------------------------------------
 
+def test_summary_times_the_torch_import_apart(monkeypatch, tmp_path):
+    """A fresh import of torch (the start-up) is not counted in the run's seconds."""
+    import comfyquant.dequantize as dq
+
+    ticks = iter([0.0, 5.0, 5.0] + [5.0 + i for i in range(1, 1000)])
+    monkeypatch.setattr(dq.time, "perf_counter", lambda: next(ticks))
+    src = write_layers(tmp_path / "m.safetensors", [make_layer("fp8", prefix="x")])
+    summary = comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
+    assert summary.startup == 5.0 and summary.seconds >= 1.0
+    assert "after 5.0 s loading torch" in summary.render()
+
+
 def test_cli_writes_and_summarizes(tmp_path, capsys):
     src = write_layers(tmp_path / "m.safetensors", model_layers(), metadata=META)
     out = tmp_path / "d.safetensors"
@@ -219,6 +231,7 @@ def test_cli_writes_and_summarizes(tmp_path, capsys):
     assert main(["dequantize", src, str(tmp_path / "e.safetensors"), "--json", "--dtype", "f32"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["dtype"] == "f32" and doc["layers"]["nvfp4"] == 1 and doc["outputs"] == [str(tmp_path / "e.safetensors")]
+    assert doc["seconds"] > 0 and doc["startup_seconds"] >= 0  # torch's import timed apart from the run
     assert main(["dequantize", src, str(tmp_path / "p.safetensors"), "--progress"]) == 0
 
 

@@ -55,6 +55,9 @@ class Summary:
     bytes_read: int = 0
     bytes_written: int = 0
     seconds: float = 0.0
+    """Time of the run itself, after :attr:`startup`."""
+    startup: float = 0.0
+    """Time to import torch and the codecs (paid once per process, before the run)."""
     largest_layer: tuple[str, int] = ("", 0)
     """(name, dense bytes) of the largest decoded weight."""
 
@@ -69,6 +72,7 @@ class Summary:
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
             "seconds": round(self.seconds, 3),
+            "startup_seconds": round(self.startup, 3),
             "largest_layer": {"name": self.largest_layer[0], "bytes": self.largest_layer[1]},
         }
 
@@ -82,7 +86,7 @@ class Summary:
             f"copied {self.copied} tensor{'s' * (self.copied != 1)} unchanged, dropped {self.dropped} "
             "quantization-only tensors and markers",
             f"read {human_size(self.bytes_read)}, wrote {human_size(self.bytes_written)} in {self.seconds:.1f} s "
-            f"({rate:.1f} MB/s of input)",
+            f"({rate:.1f} MB/s of input)" + (f", after {self.startup:.1f} s loading torch" if self.startup >= 0.05 else ""),
         ]
         lines += [f"wrote {p}" for p in self.outputs]
         return "\n".join(lines)
@@ -128,6 +132,10 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
 
     if dtype is not None and dtype not in OUTPUT_DTYPES:
         raise DequantizeError(f"--dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
+    t = time.perf_counter()
+    from .codecs import base  # noqa: F401  (torch: the start-up, timed apart from the run)
+
+    startup = time.perf_counter() - t
     started = time.perf_counter()
     with open_checkpoint(src) as ckpt:
         report = check_checkpoint(ckpt, target="comfy-kitchen")
@@ -153,6 +161,7 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
             _write_index(os.path.join(out, index_name), files, work.sizes)
     summary.layers = dict(sorted(work.formats.items()))
     summary.seconds = time.perf_counter() - started
+    summary.startup = startup
     return summary
 
 
