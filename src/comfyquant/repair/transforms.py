@@ -8,7 +8,10 @@ padding.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # numpy loads with the first transform: marker-only repairs never need it (~60 ms)
+    import numpy as np
 
 _NP = {
     "F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8", "I8": "i1", "U8": "u1", "F8_E4M3": "u1", "F8_E5M2": "u1",
@@ -17,16 +20,22 @@ _NP = {
 
 
 def as_array(data: bytes, dtype: str, shape: tuple) -> np.ndarray:
+    import numpy as np
+
     return np.frombuffer(data, dtype=_NP[dtype]).reshape(shape)
 
 
 def transpose(data: bytes, dtype: str, shape: tuple) -> bytes:
     """A 2-D tensor stored ``shape`` becomes its transpose, row-major."""
+    import numpy as np
+
     return np.ascontiguousarray(as_array(data, dtype, shape).T).tobytes()
 
 
 def to_f32(data: bytes, dtype: str) -> bytes:
     """Exact upcast of BF16/F16 (or F32) bytes to F32 bytes."""
+    import numpy as np
+
     if dtype == "F32":
         return bytes(data)
     if dtype == "F16":
@@ -38,6 +47,8 @@ def to_f32(data: bytes, dtype: str) -> bytes:
 
 def blocked_offsets(rows: int, cols: int) -> tuple[np.ndarray, int, int]:
     """Flat byte offset in the blocked layout of each logical (r, c), and the padded shape."""
+    import numpy as np
+
     rp = -(-rows // 128) * 128
     cp = -(-cols // 4) * 4
     r = np.arange(rows)[:, None]
@@ -48,6 +59,8 @@ def blocked_offsets(rows: int, cols: int) -> tuple[np.ndarray, int, int]:
 
 def to_blocked(data: bytes, rows: int, cols: int) -> tuple[bytes, tuple[int, int]]:
     """Logical per-block scales ``[rows, cols]`` (1 byte each) -> blocked, zero-padded bytes."""
+    import numpy as np
+
     logical = np.frombuffer(data, dtype="u1").reshape(rows, cols)
     off, rp, cp = blocked_offsets(rows, cols)
     out = np.zeros(rp * cp, dtype="u1")
@@ -57,5 +70,7 @@ def to_blocked(data: bytes, rows: int, cols: int) -> tuple[bytes, tuple[int, int
 
 def from_blocked(data: bytes, rows: int, cols: int) -> bytes:
     """Blocked bytes -> logical ``[rows, cols]`` scales (the inverse of :func:`to_blocked`)."""
+    import numpy as np
+
     off, _, _ = blocked_offsets(rows, cols)
     return np.frombuffer(data, dtype="u1")[off].tobytes()
