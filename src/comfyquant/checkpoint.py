@@ -26,11 +26,27 @@ if TYPE_CHECKING:
 NameMapper = Callable[[str], str]
 
 
+class Bank:
+    """A MoE expert bank (marker with ``num_experts``, weight ``[E, out, ...]``, spec 3.9).
+
+    ``layout`` says how its layer's ``tensors`` view it: ``"rows"``, flattened to
+    ``[E*out, ...]`` as ComfyUI reads W4A8 and INT8 banks (the same bytes: one 2-D layer);
+    ``"experts"``, as expert 0's layer (``[E, ...]`` tensors without their leading dimension,
+    ``[E]`` per-tensor scales as scalars; :func:`expert_entry` gives any expert's byte
+    ranges); None when the format is unknown (no view)."""
+
+    __slots__ = ("experts", "layout")
+
+    def __init__(self, experts: int, layout: str | None) -> None:
+        self.experts = experts
+        self.layout = layout
+
+
 class Layer:
     """A layer: its tensors by suffix and the marker that applies to it (if any)."""
 
-    __slots__ = ("prefix", "name", "tensors", "stored", "marker", "sources", "format_name", "inferred", "experts",
-                 "flattened", "stacked", "_sig", "_sid")
+    __slots__ = ("prefix", "name", "tensors", "stored", "marker", "sources", "format_name", "inferred", "bank",
+                 "_sig", "_sid")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -40,15 +56,8 @@ class Layer:
         self.sources: list = []
         self.format_name: str | None = None
         self.inferred = False
-        self.experts: int | None = None
-        """E for a MoE expert bank (marker with ``num_experts``, weight ``[E, out, ...]``, spec 3.9)."""
-        self.flattened = False
-        """The bank's tensors are shown flattened to ``[E*out, ...]``, as ComfyUI reads them:
-        every command then sees one 2-D layer (same bytes; the file keeps its shapes)."""
-        self.stacked = False
-        """The bank's tensors are shown as expert 0's: ``[E, ...]`` tensors without their
-        leading dimension, ``[E]`` per-tensor scales as scalars (each expert is a layer of
-        that layout; ``expert_entries`` gives expert e's byte ranges)."""
+        self.bank: Bank | None = None
+        """Set for a MoE expert bank (spec 3.9); ``tensors`` is then its 2-D view."""
         self.stored = self.tensors
         """The tensors as stored in the file: ``tensors`` itself, except for a bank (SGLang,
         which has no banks, and value checks over every expert read these)."""
@@ -342,8 +351,8 @@ def _as_bank(layer: Layer) -> None:
     from .formats.registry import FORMATS
 
     experts = layer.tensors["weight"].shape[0]
-    layer.experts = experts
     fmt = FORMATS.get(layer.format_name) if layer.format_name else None
+    layer.bank = Bank(experts, None)
     if fmt is None or not experts:
         return
     views = {}
@@ -353,11 +362,11 @@ def _as_bank(layer: Layer) -> None:
             if suffix in fmt.bank_rows and len(shape) >= 2 and shape[0] == experts:
                 e = TensorEntry(e[0], e[1], (experts * shape[1], *shape[2:]), e[3], e[4], e[5])
             views[suffix] = e
-        layer.flattened = True
+        layer.bank.layout = "rows"
     else:
         for suffix, e in layer.tensors.items():
             views[suffix] = expert_entry(e, experts, 0)
-        layer.stacked = True
+        layer.bank.layout = "experts"
     layer.tensors = views  # layer.stored keeps the stored entries
 
 

@@ -97,7 +97,7 @@ class _Layer:
 
     __slots__ = ("name", "codec", "plan", "dtype", "entries", "drop", "shape", "per_expert")
 
-    def __init__(self, name, codec, plan, dtype, entries, drop, bank=None) -> None:
+    def __init__(self, name, codec, plan, dtype, entries, drop, layer=None) -> None:
         self.name = name
         self.codec = codec
         self.plan = plan
@@ -109,13 +109,14 @@ class _Layer:
         """The dense weight's shape: a MoE bank's is [E, out, K], as the bank stores it."""
         self.per_expert = None
         """For a stacked bank, each expert's input entries (decoded one expert after another)."""
-        if bank is not None and bank.flattened:
+        bank = layer.bank if layer is not None else None
+        if bank is not None and bank.layout == "rows":
             self.shape = (bank.experts, n // bank.experts, k)
         elif bank is not None:
             from .checkpoint import expert_entry
 
             self.shape = (bank.experts, n, k)
-            self.per_expert = [{s: expert_entry(e, bank.experts, i) for s, e in bank.stored.items()}
+            self.per_expert = [{s: expert_entry(e, bank.experts, i) for s, e in layer.stored.items()}
                                for i in range(bank.experts)]
 
 
@@ -205,7 +206,7 @@ def _plan_layers(ckpt, dtype) -> dict[str, _Layer]:
             raise DequantizeError(f"refusing to dequantize: {exc}") from None
         drop = {s.suffix for s in FORMATS[fmt].slots} - {"weight", "bias"}
         drop.add("comfy_quant")
-        out[layer.weight.name] = _Layer(prefix, codec, plan, out_dtype, entries, drop, layer if layer.experts is not None else None)
+        out[layer.weight.name] = _Layer(prefix, codec, plan, out_dtype, entries, drop, layer)
     return out
 
 

@@ -120,13 +120,13 @@ def inventory(ckpt: Checkpoint) -> Inventory:
         except GeometryError:
             env = {}
         n, k = env.get("N"), env.get("K")
-        if layer.stacked and n:
-            n *= layer.experts  # N counts the rows of every expert, as for a flattened bank
+        if layer.bank is not None and layer.bank.layout == "experts" and n:
+            n *= layer.bank.experts  # N counts the rows of every expert, as for a flattened bank
         label = fmt.name + (" (unmarked)" if layer.inferred else "")
         bpw = round(8 * size / (n * k), 3) if n and k else None
         params = _params_text(fmt, env, layer.marker) if env else "?"
-        if layer.experts is not None:  # MoE expert bank: N counts the rows of all experts
-            params = f"E={layer.experts} bank" + ("" if params == "?" else f" {params}")
+        if layer.bank is not None:  # MoE expert bank: N counts the rows of all experts
+            params = f"E={layer.bank.experts} bank" + ("" if params == "?" else f" {params}")
         inv.rows.append(LayerRow(layer.name, label, n, k, params, dtypes, size, bpw, not layer.inferred))
         inv.bf16_bytes += 2 * (n or 0) * (k or 0) + (bias.nbytes if bias else 0)
     for name, e in ckpt.tensors.items():

@@ -41,7 +41,7 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
                                                 f"no runtime loads it", layer=name, actual=fmt.name,
                                         cause="exported with a converter-only format",
                                         fix="convert to a loadable format (comfyquant convert)"))
-            if layer.experts is not None:
+            if layer.bank is not None:
                 findings.append(_bank_finding(layer, fmt, marker))
             layer_findings, env = check_layer(fmt, marker, layer.tensors, ckpt.memo, layer)
         else:
@@ -80,7 +80,7 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
 def _bank_finding(layer, fmt, marker: dict) -> Finding:
     """L010: what comfyquant makes of a MoE expert bank (spec 3.9), and whether its marker
     declares the expert count the weight holds."""
-    experts, name, tensor = layer.experts, layer.name, f"{layer.prefix}.weight"
+    experts, name, tensor = layer.bank.experts, layer.name, f"{layer.prefix}.weight"
     declared = marker.get("num_experts")
     if type(declared) is not int or declared != experts:
         return Finding("L010", f"layer {name} ({fmt.name}) is a MoE expert bank whose weight holds {experts} experts, but "
@@ -88,7 +88,7 @@ def _bank_finding(layer, fmt, marker: dict) -> Finding:
                        expected=f"num_experts: {experts}", actual=f"num_experts: {declared!r}",
                        cause="ComfyUI reads the expert count of a bank from the marker's num_experts", targets=["comfyui"],
                        fix=f"set num_experts to {experts} in the marker")
-    if layer.flattened:
+    if layer.bank.layout == "rows":
         how = f"checked as one layer of {layer.tensors['weight'].shape[0]} rows, as ComfyUI's loader reads it"
         cause = "expert banks flatten [E, out, ...] to [E*out, ...] for this format (spec 3.9)"
     else:

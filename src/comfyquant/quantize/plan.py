@@ -297,8 +297,8 @@ def _plan_convert(layer, options: Options) -> LayerPlan:
         lp.marker, lp.src_format = marker or layer.marker, fmt
         return lp
 
-    if layer.experts is not None:
-        return copy(f"MoE expert bank of {layer.experts} experts (copied unchanged: convert re-encodes 2-D layers only)")
+    if layer.bank is not None:
+        return copy(f"MoE expert bank of {layer.bank.experts} experts (copied unchanged: convert re-encodes 2-D layers only)")
     rx = options.excluded(name)
     if rx is not None:
         return copy(f"excluded by --exclude {rx!r}")

@@ -116,7 +116,7 @@ def plan_repairs(ckpt, options: Options) -> Plan:
         fmt = FORMATS.get(marker.get("format")) if isinstance(marker.get("format"), str) else None
         if fmt is None:
             continue
-        if layer.experts is not None:
+        if layer.bank is not None:
             # A MoE expert bank: its tensors are seen flattened (or not at all), and an edit
             # would be written in that shape.  Banks are copied as stored; a repair the bank
             # would need is refused (planned on a scratch plan only to know whether there is one).
@@ -124,7 +124,7 @@ def plan_repairs(ckpt, options: Options) -> Plan:
             probe.options = options
             _repair_tensors(ckpt, layer, fmt, marker, probe)
             if probe.changes or probe.requant or probe.refused:
-                plan.refused.append((prefix, f"MoE expert bank of {layer.experts} experts: fix does not rewrite the "
+                plan.refused.append((prefix, f"MoE expert bank of {layer.bank.experts} experts: fix does not rewrite the "
                                              "tensors of expert banks; re-export the bank"))
             continue
         _repair_tensors(ckpt, layer, fmt, marker, plan)

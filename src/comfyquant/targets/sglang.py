@@ -409,8 +409,8 @@ def build_layers(markers: dict[str, dict], derived: dict[str, dict], raw_prefix:
         layer = layers.get(prefix)
         if layer is None:
             continue
-        if layer.experts is not None:
-            run.fail("B6", f"(no SGLang message) layer {prefix!r} is a MoE expert bank of {layer.experts} experts "
+        if layer.bank is not None:
+            run.fail("B6", f"(no SGLang message) layer {prefix!r} is a MoE expert bank of {layer.bank.experts} experts "
                            "(weight [E, out, ...]); SGLang has no loader for Comfy quantized expert banks",
                      prefix, "weight", exception=None)
             continue
