@@ -17,6 +17,9 @@ Files (each well under 300 KB):
   ComfyUI and ck load it; SGLang rejects the mix of formats.
 * ``sharded/``: a two-shard W4A8 checkpoint with ``model.safetensors.index.json`` and
   ``model.diffusion_model.`` prefixed names.  Loads everywhere.
+* ``moe_banks_comfyui.safetensors``: MoE expert banks (spec 3.9) of 4 experts, one W4A8 (read
+  flattened, as ComfyUI does) and one FP8 (stacked experts, ``[E]`` scales), plus a dense
+  norm.  ComfyUI loads it; SGLang has no expert-bank loader.
 
 The quantize/write helpers live in ``tests/kitchen_fixtures.py`` (one copy, shared with the
 tests).
@@ -30,12 +33,13 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from kitchen_fixtures import dense_layer, make_layer, seed_defect, write_layers, write_sharded  # noqa: E402
+from kitchen_fixtures import dense_layer, make_layer, moe_bank_layer, seed_defect, write_layers, write_sharded  # noqa: E402
 
 SEED_FILE = "seed_broken_w4a8.safetensors"
 W4A8_FILE = "w4a8_sglang.safetensors"
 MIXED_FILE = "mixed_comfyui.safetensors"
 SHARDED_DIR = "sharded"
+MOE_FILE = "moe_banks_comfyui.safetensors"
 
 K = 256  # in_features of every example layer
 
@@ -91,6 +95,12 @@ def sharded_layers():
     return [first, second]
 
 
+def moe_bank_layers():
+    w4a8, _ = moe_bank_layer("w4a8_codebook", "blocks.0.moe.experts.gate_up", experts=4, n=32, k=K, seed=30)
+    fp8, _ = moe_bank_layer("fp8", "blocks.0.moe.experts.down", experts=4, n=32, k=K, seed=31)
+    return [w4a8, fp8, dense_layer("blocks.0.norm", (K,), seed=32)]
+
+
 def build(out_dir: str = HERE) -> list[str]:
     """Write every example under ``out_dir``; return the written paths."""
     os.makedirs(out_dir, exist_ok=True)
@@ -98,6 +108,7 @@ def build(out_dir: str = HERE) -> list[str]:
         write_layers(os.path.join(out_dir, SEED_FILE), seed_broken_layers()),
         write_layers(os.path.join(out_dir, W4A8_FILE), w4a8_sglang_layers(), marker_mode="both"),
         write_layers(os.path.join(out_dir, MIXED_FILE), mixed_comfyui_layers()),
+        write_layers(os.path.join(out_dir, MOE_FILE), moe_bank_layers()),
     ]
     folder = os.path.join(out_dir, SHARDED_DIR)
     written += write_sharded(folder, sharded_layers(), marker_mode="both")

@@ -194,6 +194,40 @@ def make_layer(
     return KitchenLayer(prefix, tensors, comfy, sglang, dict(chosen), variant, n, k)
 
 
+BANK_ROWS = ("weight", "weight_scale", "weight_s_rel", "weight_s_channel", "bias")
+"""The tensors ComfyUI flattens from [E, out, ...] to [E*out, ...] in W4A8 and row-scaled INT8
+banks (spec 3.9)."""
+
+
+def moe_bank_layer(variant: str, prefix: str, experts: int = 4, n: int = 32, k: int = 256, seed: int = 0,
+                   marker: str = "comfyui") -> tuple[KitchenLayer, dict[str, torch.Tensor]]:
+    """A MoE expert bank of ``experts`` experts of ``[n, k]`` (spec 3.9), quantized by comfy-kitchen.
+
+    W4A8 and row-scaled INT8 banks are one layer of ``experts * n`` rows, quantized as such and
+    stored ``[E, n, ...]``; other formats quantize each expert on its own and stack its tensors
+    (per-tensor scales become ``[E]``).  Returns the bank layer (its marker has ``num_experts``)
+    and the reference: the flattened layer's tensors, or expert by expert a list of them."""
+    v = VARIANTS[variant]
+    gen = torch.Generator().manual_seed(seed + 10_000)
+    bias = (torch.randn(experts * n, generator=gen) * 0.01).to(torch.bfloat16)
+    comfy, sglang = markers_for(variant)
+    chosen = dict(sglang if marker == "sglang" else comfy, num_experts=experts)
+    if v.format == "asym_w4a8_int8" or v.kwargs.get("per_channel"):
+        flat = quantize(variant, make_weight(experts * n, k, seed=seed))
+        flat["bias"] = bias
+        stored = {s: (t.reshape(experts, n, *t.shape[1:]) if s in BANK_ROWS else t).contiguous() for s, t in flat.items()}
+        reference = flat
+    else:
+        reference = [quantize(variant, make_weight(n, k, seed=seed + e)) for e in range(experts)]
+        stored = {s: torch.stack([r[s] for r in reference]).contiguous() for s in reference[0]}
+        stored["bias"] = bias.reshape(experts, n).contiguous()
+        for e, r in enumerate(reference):
+            r["bias"] = stored["bias"][e]
+    layer = KitchenLayer(prefix, stored, dict(comfy, num_experts=experts), dict(sglang, num_experts=experts), chosen,
+                         variant, n, k)
+    return layer, reference
+
+
 def dense_layer(prefix: str, shape: tuple[int, ...], dtype: torch.dtype = torch.bfloat16, seed: int = 0,
                 bias: bool = False) -> KitchenLayer:
     """An unquantized layer (e.g. a norm): ``weight`` of ``shape`` and optionally a bias."""

@@ -20,7 +20,7 @@ import comfyquant
 from comfyquant import check, codecs, inspect
 from comfyquant.cli import main
 from comfyquant.repair.run import fix
-from kitchen_fixtures import make_weight, markers_for, quantize, seed_defect
+from kitchen_fixtures import make_weight, markers_for, moe_bank_layer, quantize, seed_defect
 
 E, OUT, K = 4, 32, 256
 P = "blocks.0.moe.experts.gate_up"
@@ -28,14 +28,8 @@ P = "blocks.0.moe.experts.gate_up"
 
 def bank_of(variant: str, seed: int = 0) -> tuple[dict, dict, dict]:
     """(stored bank tensors, marker, the flattened 2-D layer comfy-kitchen quantized)."""
-    flat = quantize(variant, make_weight(E * OUT, K, seed=seed))
-    flat["bias"] = (torch.randn(E * OUT, generator=torch.Generator().manual_seed(seed)) * 0.01).to(torch.bfloat16)
-    rows = ("weight", "weight_scale", "weight_s_rel", "weight_s_channel", "bias")
-    stored = {s: (t.reshape(E, OUT, *t.shape[1:]) if s in rows else t).contiguous() for s, t in flat.items()}
-    marker = dict(markers_for(variant)[0], num_experts=E)
-    if variant.startswith("w4a8"):
-        marker["convrot"] = True
-    return stored, marker, flat
+    layer, flat = moe_bank_layer(variant, P, E, OUT, K, seed=seed, marker="sglang")
+    return dict(layer.tensors), dict(layer.marker), flat
 
 
 def write_bank(path, stored: dict, marker: dict | None, extra: dict | None = None) -> str:
@@ -113,26 +107,31 @@ def seed_defect_bank(stored: dict) -> dict:
     return layer.tensors
 
 
-@pytest.mark.parametrize("fmt, shared_scale", [("float8_e4m3fn", False), ("float8_e4m3fn", True), ("nvfp4", False),
-                                               ("mxfp8", False), ("convrot_w4a4", False)])
-def test_stacked_bank_is_checked_and_dequantized_expert_by_expert(tmp_path, fmt, shared_scale):
+@pytest.mark.parametrize("variant", ["fp8", "nvfp4", "mxfp8", "w4a4", "int8_scalar"])
+def test_stacked_bank_is_checked_and_dequantized_expert_by_expert(tmp_path, variant):
     """Formats without a flattening rule: every quantized tensor has a leading expert
-    dimension and per-tensor scales are [E] or one shared scalar (spec 3.9).  The bank is
-    checked as one expert's layer and dequantized expert by expert into [E, out, K]."""
-    codec = codecs.get(fmt)
-    n = 128 if fmt in ("nvfp4", "mxfp8") else OUT  # no padding: every expert is a whole layer
-    experts = [codec.encode(make_weight(n, K, seed=10 + e)) for e in range(E)]
-    stored = {}
-    for suffix in experts[0]:
-        parts = [x[suffix] for x in experts]
-        stored[suffix] = parts[0] if (shared_scale and parts[0].dim() == 0) else torch.stack(parts).contiguous()
-    if shared_scale:  # one scale for all experts: re-encode them with it
-        scale = float(max(x["weight_scale"] for x in experts))
-        experts = [codec.encode(make_weight(n, K, seed=10 + e), scale=scale) for e in range(E)]
-        stored = {s: (experts[0][s] if experts[0][s].dim() == 0 else torch.stack([x[s] for x in experts]).contiguous())
-                  for s in experts[0]}
-    stored["bias"] = torch.zeros(E, n, dtype=torch.bfloat16)
-    marker = dict(experts[0].marker, num_experts=E)
+    dimension and per-tensor scales are [E] (spec 3.9).  The bank is checked as one expert's
+    layer and dequantized expert by expert into [E, out, K]."""
+    n = 128 if variant in ("nvfp4", "mxfp8") else OUT  # no padding: every expert is a whole layer
+    layer, experts = moe_bank_layer(variant, P, E, n, K, seed=7)
+    marker = layer.marker
+    _check_and_dequantize_stacked(tmp_path, dict(layer.tensors), marker, experts, n)
+
+
+def test_stacked_bank_with_one_shared_scale(tmp_path):
+    """An FP8 bank whose experts share one scalar scale (spec 3.9: "[E] or a scalar")."""
+    codec = codecs.get("float8_e4m3fn")
+    weights = [make_weight(OUT, K, seed=20 + e) for e in range(E)]
+    scale = max(float(w.float().abs().amax()) for w in weights) / 448.0
+    experts = [dict(codec.encode(w, scale=scale)) for w in weights]
+    stored = {"weight": torch.stack([x["weight"] for x in experts]).contiguous(), "weight_scale": experts[0]["weight_scale"],
+              "bias": torch.zeros(E, OUT, dtype=torch.bfloat16)}
+    for x in experts:
+        x["bias"] = stored["bias"][0]
+    _check_and_dequantize_stacked(tmp_path, stored, {"format": "float8_e4m3fn", "num_experts": E}, experts, OUT)
+
+
+def _check_and_dequantize_stacked(tmp_path, stored: dict, marker: dict, experts: list[dict], n: int) -> None:
     src = write_bank(tmp_path / "bank.safetensors", stored, marker)
     for target in ("comfyui", "comfy-kitchen"):
         report = check(src, target=target)
@@ -142,7 +141,8 @@ def test_stacked_bank_is_checked_and_dequantized_expert_by_expert(tmp_path, fmt,
     assert (row.n, row.k) == (E * n, K) and row.params.startswith(f"E={E} bank")
     out = tmp_path / "dense.safetensors"
     comfyquant.dequantize(src, str(out), dtype="bf16")
-    want = torch.stack([codec.decode(dict(x, bias=stored["bias"][0]), x.marker, dtype="bf16") for x in experts])
+    codec = codecs.get(marker["format"])
+    want = torch.stack([codec.decode(x, marker, dtype="bf16") for x in experts])
     with safe_open(str(out), framework="pt") as f:
         got = f.get_tensor(f"{P}.weight")
     assert got.shape == (E, n, K) and torch.equal(got.view(torch.int16), want.view(torch.int16))

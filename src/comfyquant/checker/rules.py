@@ -95,7 +95,8 @@ def _bank_finding(layer, fmt, marker: dict) -> Finding:
         how = "checked as one expert's layer: the stored [E, ...] tensors give every expert that layout"
         cause = "each expert's tensors carry a leading expert dimension; per-tensor scales are [E] or shared (spec 3.9)"
     return Finding("L010", f"layer {name} ({fmt.name}) is a MoE expert bank of {experts} experts (ComfyUI only): {how}",
-                   layer=name, tensor=tensor, severity="info", cause=cause)
+                   layer=name, tensor=tensor, severity="info", cause=cause,
+                   fix="none for ComfyUI; SGLang has no loader for expert banks (keep such a model for ComfyUI)")
 
 
 def check_marker_prefixes(ckpt) -> list[Finding]:
