@@ -336,7 +336,8 @@ def _apply_markers(ckpt: Checkpoint, name_mapper: NameMapper | None) -> None:
                 if fmt is not None:
                     layer.format_name = fmt.name
                     layer.inferred = True
-        elif "num_experts" in layer.marker and (w := layer.tensors.get("weight")) is not None and len(w.shape) == 3:
+        elif "num_experts" in layer.marker and (w := layer.tensors.get("weight")) is not None and len(w.shape) == 3 \
+                and w.shape[0] > 0:
             _as_bank(layer)
         if name_mapper is not None:
             mapped = name_mapper(layer.prefix + ".weight")
@@ -353,7 +354,7 @@ def _as_bank(layer: Layer) -> None:
     experts = layer.tensors["weight"].shape[0]
     fmt = FORMATS.get(layer.format_name) if layer.format_name else None
     layer.bank = Bank(experts, None)
-    if fmt is None or not experts:
+    if fmt is None:
         return
     views = {}
     if fmt.flattens_bank(layer.tensors, experts):
