@@ -485,3 +485,18 @@ def test_zero_blocks_and_negative_zeros_encode_as_kitchen(variant, dtype_name):
     enc = codecs.get(fmt).encode(w, **ENCODE_ARGS[variant])
     for suffix in ref:
         assert same_bits(enc[suffix], ref[suffix]), suffix
+
+
+@pytest.mark.parametrize("bf16_faster", [True, False])
+@pytest.mark.parametrize("variant", ["w4a8_codebook", "w4a8_uniform", "w6a8"])
+def test_w4a8_exact_unrotation_in_either_dtype(monkeypatch, variant, bf16_faster):
+    """BF16 output without a correction: the F32 and the BF16 un-rotation give comfy-kitchen's
+    bits alike, so the decoder may take whichever GEMM this CPU runs faster; both are checked."""
+    from comfyquant.codecs import w4a8
+
+    monkeypatch.setattr(w4a8, "_BF16_FASTER", bf16_faster)
+    w = weight("heavy" if variant == "w4a8_codebook" else "gauss", 96, 1024, torch.bfloat16, seed=17)
+    q = kitchen_qtensor(variant, w)
+    ref = q.state_dict("weight")
+    dense = codecs.get("asym_w4a8_int8").decode(ref, markers_for(variant)[1], dtype=torch.bfloat16)
+    assert same_bits(dense, q.dequantize())
