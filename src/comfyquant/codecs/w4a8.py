@@ -6,9 +6,9 @@ that dtype.  For BF16 output without a correction and ConvRot blocks up to 256, 
 partial sum of the un-rotation is exact in F32 (values are BF16 multiples of one power of
 two spanning < 2^23 units), so the F32 product rounded once equals comfy-kitchen's BF16
 product bit for bit.  Which of the two is computed is a matter of speed only: the F32 GEMM
-costs a quarter of the BF16 one on CPUs without BF16 arithmetic, half as much again as it on
-CPUs with it (AVX512-BF16: measured 11.3 vs 5.6 ms for a 303 x 13824 block), so the faster
-one is measured once per process (:func:`_bf16_gemm_is_faster`).
+costs a quarter of the BF16 one on CPUs without BF16 arithmetic and twice as much on CPUs
+with it (AVX512-BF16: measured 11.3 vs 5.6 ms for a 303 x 13824 block), so the faster one is
+measured once per process (:func:`_bf16_gemm_is_faster`).
 
 The quantizer (:mod:`.w4a8_quant`) reproduces comfy-kitchen's choices: codebook decision,
 ALS refinement, grid assignment and the 6-bit scale search.
