@@ -348,7 +348,8 @@ def _as_bank(layer: Layer) -> None:
     """A layer whose marker has ``num_experts`` and whose weight is 3-D is a MoE expert bank of
     E = weight.shape[0] experts (without the key a 3-D weight is just a wrong shape: L008).
     Where the format description gives ComfyUI's flattening rule, the layer's tensors become
-    views ``[E*out, ...]`` of the same bytes; ``ckpt.tensors`` keeps the stored entries."""
+    views ``[E*out, ...]`` of the same bytes; otherwise the view of expert 0 (see
+    :class:`Bank`).  ``layer.stored`` and ``ckpt.tensors`` keep the stored entries."""
     from .formats.registry import FORMATS
 
     experts = layer.tensors["weight"].shape[0]

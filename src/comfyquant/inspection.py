@@ -125,7 +125,7 @@ def inventory(ckpt: Checkpoint) -> Inventory:
         label = fmt.name + (" (unmarked)" if layer.inferred else "")
         bpw = round(8 * size / (n * k), 3) if n and k else None
         params = _params_text(fmt, env, layer.marker) if env else "?"
-        if layer.bank is not None:  # MoE expert bank: N counts the rows of all experts
+        if layer.bank is not None:
             params = f"E={layer.bank.experts} bank" + ("" if params == "?" else f" {params}")
         inv.rows.append(LayerRow(layer.name, label, n, k, params, dtypes, size, bpw, not layer.inferred))
         inv.bf16_bytes += 2 * (n or 0) * (k or 0) + (bias.nbytes if bias else 0)

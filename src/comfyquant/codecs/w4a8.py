@@ -101,7 +101,7 @@ def _bf16_gemm_is_faster() -> bool:
 
         x = torch.randn(64, 4096, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
         best = {}
-        for dtype in (torch.float32, torch.bfloat16, torch.float32, torch.bfloat16, torch.float32, torch.bfloat16):
+        for dtype in (torch.float32, torch.bfloat16) * 3:
             v = x.to(dtype)
             t = time.perf_counter()
             rotate_weight(v, _EXACT_MAX_BLOCK)

@@ -117,8 +117,8 @@ def plan_repairs(ckpt, options: Options) -> Plan:
         if fmt is None:
             continue
         if layer.bank is not None:
-            # A MoE expert bank: its tensors are seen flattened (or not at all), and an edit
-            # would be written in that shape.  Banks are copied as stored; a repair the bank
+            # A MoE expert bank: its tensors are seen through a 2-D view (flattened rows or
+            # expert 0), and an edit would be written in that shape.  Banks are copied as stored; a repair the bank
             # would need is refused (planned on a scratch plan only to know whether there is one).
             probe = Plan()
             probe.options = options
