@@ -280,6 +280,31 @@ def test_nan_or_inf_in_encode_input_names_the_layer(fmt):
         codecs.get(fmt).encode(w, layer="blocks.2.ff")
 
 
+@pytest.mark.parametrize("params", [{"per_channel": True}, {"convrot": True}, {"per_channel": True, "convrot": True}])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_row_scaled_int8_finds_nan_or_inf_from_its_row_scales(params, bad):
+    """Row-wise and ConvRot INT8 skip the separate finite scan; one bad value anywhere is
+    still refused with the same message (as a row source too, read block by block)."""
+    w = weight("gauss", 300, 256, torch.bfloat16)
+    w[250, 3] = bad
+    codec = codecs.get("int8_tensorwise")
+    with pytest.raises(CodecError, match=r"blocks\.2\.ff: weight has 1 NaN/Inf value\(s\), first at \[250, 3\]"):
+        codec.encode(w, layer="blocks.2.ff", **params)
+    with pytest.raises(CodecError, match=r"x: weight has 1 NaN/Inf value\(s\), first at \[250, 3\]"):
+        codec.encode(_recording_source(w, []), layer="x", **params)
+
+
+def test_convrot_int8_of_a_finite_weight_whose_rotation_overflows_matches_kitchen():
+    """Finite values near the BF16 maximum overflow in the rotation: comfy-kitchen quantizes
+    them anyway, and so does comfyquant (no NaN/Inf in the input, so no refusal)."""
+    w = weight("gauss", 64, 256, torch.bfloat16)
+    w[5, :] = torch.finfo(torch.bfloat16).max
+    enc = codecs.get("int8_tensorwise").encode(w, per_channel=True, convrot=True)
+    assert not torch.isfinite(enc["weight_scale"]).all()
+    ref = QuantizedTensor.from_float(w, "TensorWiseINT8Layout", per_channel=True, convrot=True).state_dict("weight")
+    assert set(ref) == set(enc) and all(same_bits(enc[s], ref[s].contiguous()) for s in ref)
+
+
 def test_tensors_that_contradict_the_marker_are_refused_with_the_checker_message():
     codec = codecs.get("asym_w4a8_int8")
     enc = codec.encode(weight("gauss", 32, 256, torch.bfloat16), symmetric=False, codebook=False)
@@ -375,6 +400,7 @@ def test_row_blocked_encode_equals_whole_and_kitchen(monkeypatch, variant, n, k,
         params["input_scale"] = 0.01
     whole = codec.encode(w, **params)  # default blocks: one block at these sizes
     monkeypatch.setattr(rows, "encode_block_elements", lambda: block_rows * k)
+    monkeypatch.setattr(rows, "rotation_encode_block_elements", lambda: block_rows * k)
     blocked = codec.encode(w, **params)
     ref = kitchen_qtensor(variant, w).state_dict("weight")
     assert set(blocked) == set(whole)
@@ -400,6 +426,7 @@ def test_row_source_encodes_like_the_tensor_and_is_never_read_whole(monkeypatch,
     import comfyquant.numerics.rows as rows
 
     monkeypatch.setattr(rows, "encode_block_elements", lambda: 64 * 512)
+    monkeypatch.setattr(rows, "rotation_encode_block_elements", lambda: 64 * 512)
     w = weight("gauss", 333, 512, torch.bfloat16, seed=3)
     codec = codecs.get(VARIANTS[variant].format)
     reads: list[int] = []

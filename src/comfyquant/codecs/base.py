@@ -128,12 +128,18 @@ class Codec:
         name = layer or "layer"
         if not self.can_encode:
             raise CodecError(f"{name}: {self.name} cannot be quantized here (offline calibration only, as in comfy-kitchen)")
-        amax = check_dense(weight, name)
+        amax = check_dense(weight, name, scan=not self._checks_finite(params))
         full = params.pop("full_precision_matrix_mult", False)
         tensors, marker = self._encode(weight, params, name, amax)
         if full:
             marker["full_precision_matrix_mult"] = True
         return Encoded(tensors, marker)
+
+    def _checks_finite(self, params: dict) -> bool:
+        """True when ``_encode`` with these parameters needs no ``max|weight|`` and finds NaN/Inf
+        itself, from reductions it computes anyway (row scales: see :func:`refuse_nonfinite`),
+        so the separate pass over the weight can be skipped."""
+        return False
 
     def decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
                block_elements: int | None = None) -> torch.Tensor:
@@ -254,15 +260,18 @@ class Codec:
         raise NotImplementedError
 
 
-def check_dense(weight: Weight, name: str) -> torch.Tensor:
+def check_dense(weight: Weight, name: str, scan: bool = True) -> torch.Tensor | None:
     """Encode input: a finite 2-D BF16/F16/F32 tensor (or row source).  Returns ``max|weight|``
-    (exact, in the weight's dtype), which several quantizers need anyway."""
+    (exact, in the weight's dtype), which several quantizers need anyway; with ``scan`` False
+    only the type, shape and dtype are checked (None: the encoder checks finiteness itself)."""
     if not isinstance(weight, (torch.Tensor, RowSource)):
         raise CodecError(f"{name}: weight must be a torch tensor, got {type(weight).__name__}")
     if len(weight.shape) != 2:
         raise CodecError(f"{name}: weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
     if weight.dtype not in DENSE:
         raise CodecError(f"{name}: weight must be BF16, F16 or F32, got {weight.dtype}")
+    if not scan:
+        return None
     lo, hi = [], []
     for _r0, _r1, rows in row_blocks(weight):
         a, b = torch.aminmax(rows)  # one pass; NaN and +-Inf show up in the extremes
@@ -270,10 +279,23 @@ def check_dense(weight: Weight, name: str) -> torch.Tensor:
         hi.append(b)
     low, high = torch.stack(lo).amin(), torch.stack(hi).amax()
     if not (torch.isfinite(low) and torch.isfinite(high)):
-        count, (r, c), value = scan_nonfinite(weight)
+        refuse_nonfinite(weight, name)
+    return torch.maximum(-low, high)
+
+
+def refuse_nonfinite(weight: Weight, name: str) -> None:
+    """Raise the encode error naming the weight's first NaN/Inf, if it has one.
+
+    Also the check of encoders that skip :func:`check_dense`'s scan: a NaN or Inf makes its
+    row's ``max|row|`` (of the rotated row, for ConvRot: every output of a group that holds
+    one is NaN or infinite) non-finite, so they call this when a row scale is; if the weight
+    is finite after all (a rotation overflowed), nothing is raised and they go on, as the
+    reference quantizer would."""
+    found = scan_nonfinite(weight)
+    if found is not None:
+        count, (r, c), value = found
         raise CodecError(f"{name}: weight has {count} NaN/Inf value(s), first at [{r}, {c}] ({value}); "
                          "quantizing needs finite values")
-    return torch.maximum(-low, high)
 
 
 def scan_nonfinite(weight: Weight) -> tuple[int, tuple[int, int], float] | None:

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import torch
 
+from ..numerics import rows
 from ..numerics.hadamard import is_power_of_4, rotate_activation, rotate_weight
 from ..numerics.int8 import int8_levels, int8_product, quantize_rows, row_levels_inplace, safe_divisor
 from ..numerics.rows import cast_rows, gather_rows, row_blocks
-from .base import Codec, CodecError, finish, per_row, reject_unknown, rows_of
+from .base import Codec, CodecError, finish, per_row, refuse_nonfinite, reject_unknown, rows_of
 
 
 class Int8Codec(Codec):
     """Dequantize ``float32(q) * scale`` (then un-rotate in F32); run dynamic row-wise INT8."""
 
     name = "int8_tensorwise"
+
+    def _checks_finite(self, params):
+        # row-wise scales (row-wise or ConvRot) reveal NaN/Inf; the scalar scale needs max|w|
+        per_channel = params.get("per_channel")
+        return bool(params.get("convrot", False) if per_channel is None else per_channel)
 
     def _encode(self, weight, params, name, amax):
         convrot = bool(params.pop("convrot", False))
@@ -27,10 +33,13 @@ class Int8Codec(Codec):
             if not per_channel:
                 raise CodecError(f"{name}: convrot is only supported when per_channel is True")
             check_convrot(size, weight.shape[1], name)
-            q, s = _encode_rows(weight, lambda w: row_levels_inplace(rotate_weight(w, size)))
+            # the rotation GEMM is two thirds of the time and faster on larger blocks; the
+            # temporaries are only the rotated block and its absolute values
+            q, s = _encode_rows(weight, lambda w: row_levels_inplace(rotate_weight(w, size)), name,
+                                rows.rotation_encode_block_elements())
             return {"weight": q, "weight_scale": s}, {"format": self.name, "convrot": True, "convrot_groupsize": size}
         if per_channel:
-            q, s = _encode_rows(weight, lambda w: row_levels_inplace(w.clone()))
+            q, s = _encode_rows(weight, lambda w: row_levels_inplace(w.clone()), name)
             return {"weight": q, "weight_scale": s}, {"format": self.name}
         if scale is not None:
             s = torch.as_tensor(scale).to(torch.float32).reshape(())
@@ -63,10 +72,15 @@ class Int8Codec(Codec):
         return int8_product(q_x, s_x, rows_of(t["weight"], r0, r1), scale, bias, dtype)
 
 
-def _encode_rows(weight: torch.Tensor, fn) -> list[torch.Tensor]:
+def _encode_rows(weight: torch.Tensor, fn, name: str, block_elements: int | None = None) -> list[torch.Tensor]:
     """``fn`` (block -> INT8 levels as floats and their row scales) over row blocks of
-    ``weight``, the levels cast to int8 as they are gathered."""
-    return gather_rows(row_blocks(weight), fn, weight.shape[0], dtypes=(torch.int8,))
+    ``weight``, the levels cast to int8 as they are gathered.  A non-finite row scale means
+    a NaN/Inf in the weight (see :func:`~comfyquant.codecs.base.refuse_nonfinite`): the
+    encoder skipped the separate scan for it."""
+    q, s = gather_rows(row_blocks(weight, block_elements), fn, weight.shape[0], dtypes=(torch.int8,))
+    if not bool(torch.isfinite(s).all()):
+        refuse_nonfinite(weight, name)
+    return q, s
 
 
 def check_convrot(size, k: int, name: str) -> None:

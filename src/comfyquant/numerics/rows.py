@@ -47,6 +47,14 @@ def encode_block_elements() -> int:
     return min(MAX_ENCODE_BLOCK_ELEMENTS, ENCODE_BLOCK_ELEMENTS * max(1, torch.get_num_threads()))
 
 
+def rotation_encode_block_elements() -> int:
+    """Elements per row block for encoders that are mostly a rotation GEMM over elementwise
+    work with small temporaries (INT8 ConvRot): four times :func:`encode_block_elements`,
+    at most :data:`MAX_ENCODE_BLOCK_ELEMENTS`.  The GEMM runs faster on larger blocks
+    (measured at 5120x13824 with 2 threads: 1M -> 4M elements, 231 -> 218 ms)."""
+    return min(MAX_ENCODE_BLOCK_ELEMENTS, 4 * encode_block_elements())
+
+
 def row_ranges(n: int, k: int, block_elements: int, multiple: int = 1, join_tail: bool = True) -> list[tuple[int, int]]:
     """``[r0, r1)`` blocks covering ``n`` rows of ``k`` columns, about ``block_elements`` each.
 
