@@ -271,3 +271,98 @@ def test_rotated_layers_decode_in_smaller_blocks():
         codec = codecs.get(fmt)
         enc = codec.encode(w, **kw)
         assert codec.decode_block_elements(codec.plan(dict(enc), enc.marker).env) == want, (fmt, kw)
+
+
+# -- output safety: space, all-or-nothing shards, checked before the rename --------------------
+
+def test_refuses_at_once_when_the_output_cannot_fit(tmp_path, monkeypatch, capsys):
+    """The dense size is known from the plan: too little free space is one line before any
+    byte is written, naming what is needed and what is free."""
+    import comfyquant.io.writer as writer
+
+    src = write_layers(tmp_path / "m.safetensors", model_layers(), metadata=META)
+    started = []
+    monkeypatch.setattr(writer, "free_bytes", lambda folder: 1000)
+    monkeypatch.setattr(writer.tempfile, "mkstemp", lambda *a, **k: started.append(1) or pytest.fail("wrote"))
+    out = tmp_path / "out"
+    assert main(["dequantize", src, str(tmp_path / "d.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "d.safetensors: cannot write (needs " in err and "only 1000 B free on" in err
+    assert "nothing was written" in err
+    write_sharded(tmp_path / "src", [model_layers()[:7], model_layers()[7:]], metadata=META)
+    with pytest.raises(DequantizeError, match=r"cannot write \(needs .* free on"):
+        comfyquant.dequantize(str(tmp_path / "src"), str(out))
+    assert not started and os.listdir(out) == []
+
+
+def test_writer_checks_each_file_against_free_space(tmp_path, monkeypatch):
+    """Every command's writer refuses a file that cannot fit before creating it (quantize and
+    fix use it too); the exact size, header included, is compared."""
+    import comfyquant.io.writer as writer
+
+    tensors = {"a": ("F32", (256,), b"\0" * 1024)}
+    need = len(writer.build_header(tensors, None)) + 1024
+    monkeypatch.setattr(writer, "free_bytes", lambda folder: need - 1)
+    with pytest.raises(writer.NoSpace, match=rf"needs {need:,} bytes, only {need - 1:,} bytes free on "):
+        writer.write_safetensors(str(tmp_path / "x.safetensors"), tensors)
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setattr(writer, "free_bytes", lambda folder: need)
+    writer.write_safetensors(str(tmp_path / "x.safetensors"), tensors)
+    assert os.listdir(tmp_path) == ["x.safetensors"]
+
+
+def test_quantize_and_fix_refuse_outputs_that_cannot_fit(tmp_path, monkeypatch, capsys):
+    import comfyquant.io.writer as writer
+
+    broken = write_layers(tmp_path / "b.safetensors", [seed_defect(make_layer("w4a8_asym", prefix="x"))])
+    dense = write_layers(tmp_path / "dense.safetensors", [dense_layer("blocks.0.fc", (64, 256))])
+    before = {p: open(p, "rb").read() for p in (broken, dense)}
+    monkeypatch.setattr(writer, "free_bytes", lambda folder: 10)
+    assert main(["fix", broken, "-o", str(tmp_path / "f.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "f.safetensors: cannot write (needs" in err and "only 10 B free" in err and err.count("\n") == 1
+    assert main(["quantize", dense, str(tmp_path / "q.safetensors"), "-f", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert "q.safetensors: cannot write (needs" in err and "nothing was written" in err
+    assert sorted(os.listdir(tmp_path)) == ["b.safetensors", "dense.safetensors"]
+    assert all(open(p, "rb").read() == b for p, b in before.items())
+
+
+def test_a_failing_shard_leaves_no_output_shard(tmp_path, monkeypatch):
+    """Shards are renamed into place together, after all are written and checked: a failure
+    writing the second leaves no first shard behind, and no temporary file."""
+    import comfyquant.io.writer as writer
+
+    write_sharded(tmp_path / "src", [model_layers()[:7], model_layers()[7:]], metadata=META)
+    real, calls = writer.write_safetensors, []
+
+    def second_fails(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(writer, "write_safetensors", second_fails)
+    out = tmp_path / "dense"
+    with pytest.raises(DequantizeError, match=r"model-00002-of-00002.safetensors: cannot write \(No space left"):
+        comfyquant.dequantize(str(tmp_path / "src"), str(out))
+    assert len(calls) == 2 and os.listdir(out) == []
+
+
+def test_output_is_checked_before_it_is_renamed(tmp_path, monkeypatch):
+    """A written file that does not hold what was planned (here: the plan's size of one
+    weight is made wrong, as a writer bug would) is refused and never appears."""
+    import comfyquant.dequantize as dq
+
+    src = write_layers(tmp_path / "m.safetensors", model_layers(), metadata=META)
+    real = dq._Work.output
+
+    def wrong_size(self, names, metadata):
+        tensors, meta = real(self, names, metadata)
+        self.sizes["blocks.0.proj.weight"] += 2
+        return tensors, meta
+
+    monkeypatch.setattr(dq._Work, "output", wrong_size)
+    with pytest.raises(DequantizeError, match=r"does not hold the planned tensors \(first: 'blocks.0.proj.weight'\)"):
+        comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
+    assert sorted(os.listdir(tmp_path)) == ["m.safetensors"]

@@ -3,8 +3,10 @@
 The checkpoint is checked first (``comfyquant.check`` with comfy-kitchen's rules, whose
 arithmetic the codecs reproduce); any error refuses the whole run with the finding's message,
 so nothing is ever decoded from tensors that contradict their marker.  Then every output file
-is planned from the headers alone (names, dtypes, shapes) and written by
-:func:`comfyquant.io.writer.write_safetensors`: temporary file, fsync, atomic rename.
+is planned from the headers alone (names, dtypes, shapes), refused at once if it cannot fit on
+its filesystem, and written by :func:`comfyquant.io.writer.write_safetensors` to a temporary
+file (fsynced); the written headers are re-read and checked, and only then are all files
+renamed into place (a failure anywhere leaves no output file, not even of another shard).
 
 * A quantized layer's ``weight`` becomes the dense weight, decoded in row blocks while it is
   written; its quantization-only tensors (scales, codebooks, corrections, ...) and markers are
@@ -145,18 +147,29 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
         files = _plan_outputs(ckpt, out)
         summary = Summary(list(ckpt.paths), [p for p, _, _ in files], dtype)
         work = _Work(ckpt, layers, summary)
+        _ensure_space(ckpt, layers, files)
         total = sum(e.nbytes for e in ckpt.tensors.values())
-        with _progress(progress, total) as bar:
-            work.bar = bar
-            from .io.writer import write_safetensors
+        temps: list[str] = []
+        try:
+            with _progress(progress, total) as bar:
+                work.bar = bar
+                from .io.writer import write_safetensors
 
-            for path, source, names in files:
-                tensors, metadata = work.output(names, _metadata(ckpt, source))
-                try:
-                    write_safetensors(path, tensors, metadata)
-                except OSError as exc:
-                    raise DequantizeError(f"{path}: cannot write ({exc.strerror or exc})") from None
-                work.settle()
+                for path, source, names in files:
+                    tensors, metadata = work.output(names, _metadata(ckpt, source))
+                    try:
+                        temps.append(write_safetensors(path, tensors, metadata, commit=False))
+                    except OSError as exc:
+                        raise DequantizeError(f"{path}: cannot write ({exc.strerror or exc}); nothing was written") from None
+                    work.settle()
+            _verify_output(temps, files, work)
+            _commit(temps, files)
+            temps = []
+        finally:
+            from .io.writer import discard
+
+            for t in temps:
+                discard(t)
         if not out.endswith(".safetensors") and (len(files) > 1 or ckpt.shardset.index_path):
             index_name = os.path.basename(ckpt.shardset.index_path or "model.safetensors.index.json")
             _write_index(os.path.join(out, index_name), files, work.sizes)
@@ -246,6 +259,58 @@ def _metadata(ckpt, source: str | None) -> dict[str, str]:
     """The input's metadata (one shard's, or all shards' merged) without the marker keys."""
     meta = ckpt.metadata(source) if source is not None else ckpt.metadata()
     return {k: v for k, v in meta.items() if k not in DROP_METADATA}
+
+
+def _ensure_space(ckpt, layers: dict[str, _Layer], files: list) -> None:
+    """Refuse at once when the dense output cannot fit: its tensor bytes are known from the
+    plan (the writer checks each file again, header included, before writing it)."""
+    from .io.writer import NoSpace, ensure_space
+
+    needs = []
+    for path, _source, names in files:
+        n = 0
+        for name in names:
+            layer = layers.get(name)
+            if layer is not None:
+                n += math.prod(layer.shape) * _itemsize(layer.dtype)
+            elif not name.endswith(".comfy_quant"):
+                n += ckpt.tensors[name].nbytes
+        needs.append((os.path.dirname(os.path.abspath(path)), n))
+    try:
+        ensure_space(needs)
+    except NoSpace as exc:
+        where = files[0][0] if len(files) == 1 else os.path.dirname(os.path.abspath(files[0][0]))
+        raise DequantizeError(f"{where}: cannot write ({exc.strerror}); nothing was written") from None
+
+
+def _verify_output(temps: list[str], files: list, work) -> None:
+    """Re-read the written headers before anything is renamed into place: every planned tensor
+    is there with the planned size, and the container passes the checker (no errors)."""
+    from .checker.run import check_checkpoint
+    from .checkpoint import open_checkpoint
+    from .io.shards import ShardSet
+
+    with open_checkpoint(temps, shardset=ShardSet(files=list(temps))) as out:
+        for (path, _source, names), temp in zip(files, temps):
+            written = {n: e for n, e in out.tensors.items() if e.file == temp}
+            planned = {n for n in names if n in work.sizes}
+            wrong = [n for n in planned if n not in written or written[n].nbytes != work.sizes[n]]
+            if wrong or len(written) != len(planned):
+                raise DequantizeError(f"{path}: the written file does not hold the planned tensors "
+                                      f"(first: {(wrong or sorted(set(written) - planned))[0]!r}); nothing was "
+                                      "written (please report this)")
+        report = check_checkpoint(out, target="comfy-kitchen")
+    errors = [f for f in report.findings if f.severity == "error"]
+    if errors:
+        raise DequantizeError(f"the written output fails check: {errors[0].message} [{errors[0].code}]; nothing was "
+                              "written (please report this)")
+
+
+def _commit(temps: list[str], files: list) -> None:
+    from .io.writer import commit_file
+
+    for temp, (path, _source, _names) in zip(temps, files):
+        commit_file(temp, path)
 
 
 def _write_index(path: str, files: list, sizes: dict[str, int]) -> None:

@@ -99,6 +99,43 @@ class _Flusher:
             self.thread.join()
 
 
+class NoSpace(OSError):
+    """Too little free space for an output: raised before anything of it is written."""
+
+
+def free_bytes(folder: str) -> int | None:
+    """Bytes this process may still write on ``folder``'s filesystem (root may use the
+    reserved blocks too), or None where the platform cannot tell."""
+    try:
+        st = os.statvfs(folder)
+    except (OSError, AttributeError):
+        return None
+    blocks = st.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else st.f_bavail
+    return blocks * st.f_frsize
+
+
+def ensure_space(needs: Iterable[tuple[str, int]]) -> None:
+    """Raise :class:`NoSpace` (ENOSPC, with a message saying how much is needed and free) if
+    the ``(folder, bytes)`` outputs cannot fit, summed per filesystem.  A 40 GB output then
+    fails at once instead of after writing 12 GB of it."""
+    per_fs: dict[int, list] = {}
+    for folder, n in needs:
+        try:
+            dev = os.stat(folder).st_dev
+        except OSError:
+            continue  # the write itself reports a missing folder
+        per_fs.setdefault(dev, [folder, 0])[1] += n
+    for folder, n in per_fs.values():
+        free = free_bytes(folder)
+        if free is not None and n > free:
+            from ..render import human_size
+
+            need, have = human_size(n), human_size(free)
+            if need == have:  # too close for the rounded sizes to show the difference
+                need, have = f"{n:,} bytes", f"{free:,} bytes"
+            raise NoSpace(errno.ENOSPC, f"needs {need}, only {have} free on {folder}")
+
+
 def write_safetensors(
     path: str,
     tensors: dict[str, tuple[str, tuple, Data]],
@@ -119,6 +156,7 @@ def write_safetensors(
         raise ValueError("an uncommitted file needs sync before commit: use commit=False with sync=False")
     header = build_header(tensors, metadata)
     folder = os.path.dirname(os.path.abspath(path))
+    ensure_space([(folder, len(header) + sum(_nbytes(d, shape) for d, shape, _ in tensors.values()))])
     fd, tmp = tempfile.mkstemp(prefix=".comfyquant-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb", buffering=0) as fh:
