@@ -131,7 +131,8 @@ def render_fix(result) -> str:
     lossy = sum(1 for c in plan.changes if c.kind != "lossless")
     head = "plan (dry run, nothing written)" if result.dry_run else "plan"
     if plan.empty:
-        lines.append("nothing to repair" + ("" if result.before.ok else ": no finding has an exact repair"))
+        lines.append("nothing to repair: " + ("check finds no error" if result.before.ok else "no finding has an exact repair")
+                     + ("" if result.dry_run else "; nothing was written"))
     else:
         kinds = "all lossless" if not lossy else f"{lossy} lossy"
         lines.append(f"{head}: {len(plan.changes)} change{'s' * (len(plan.changes) != 1)}, {kinds}")
@@ -176,6 +177,8 @@ def render_fix(result) -> str:
     elif result.dry_run and not plan.empty:
         lines.append("every error has a planned repair; run without --dry-run to apply it "
                      "(the output is re-checked and verified before it is kept)")
+    while lines and not lines[-1]:
+        lines.pop()
     return "\n".join(lines)
 
 
