@@ -458,3 +458,17 @@ def test_same_bytes_chunks_and_tails(tmp_path, monkeypatch, length):
     finally:
         fa.close()
         fb.close()
+
+
+def test_top_level_api_fixes_the_seed_case(tmp_path):
+    """``comfyquant.fix`` is the package-level entry point (lazy, like check and dequantize)."""
+    import comfyquant
+
+    src = os.path.join(os.path.dirname(__file__), "..", "examples", "seed_broken_w4a8.safetensors")
+    before = digest(src)
+    out = str(tmp_path / "fixed.safetensors")
+    result = comfyquant.fix(src, out=out, target="sglang")
+    assert result.after is not None and result.after.ok and result.outputs == [out]
+    assert check(out, target="sglang").ok and check(src, target="sglang").ok is False
+    assert digest(src) == before and "fix" in comfyquant.__all__
+    assert result.to_dict()["plan"]["changes"]

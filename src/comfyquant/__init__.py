@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "check", "open_checkpoint", "inspect", "dequantize"]
+__all__ = ["__version__", "check", "open_checkpoint", "inspect", "fix", "quantize", "convert", "dequantize"]
 
 
 def __getattr__(name: str):
@@ -24,6 +24,10 @@ def __getattr__(name: str):
         from .inspection import inspect
 
         return inspect
+    if name == "fix":
+        from .repair.run import fix
+
+        return fix
     if name in ("quantize", "convert"):
         import importlib
 
