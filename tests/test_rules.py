@@ -24,7 +24,7 @@ from builders import (
     write,
     zeros,
 )
-from comfyquant import check
+from comfyquant import check, open_checkpoint
 
 P = "blocks.0.attn.qkv"
 
@@ -267,3 +267,23 @@ def test_deep_value_checks(tmp_path):
     assert {"D001", "D002", "D003", "D004", "D006"} <= got
     clean = write(tmp_path / "ok.safetensors", w4a8_layer(P), fp8_layer("c"), nvfp4_layer("n"), mxfp8_layer("m"))
     assert not [f for f in check(clean, deep=True).findings if f.code.startswith("D")]
+
+
+def test_deep_on_a_truncated_file_reports_the_truncation_and_reads_only_what_is_there(tmp_path):
+    """Small tensors cut off by a truncation are left to C002 (found by fuzzing: reading half
+    a tensor used to crash --deep); the ones still whole are value-checked."""
+    layer = w4a8_layer(P)
+    layer[f"{P}.weight_s_channel"] = _f32([float("nan")] + [1.0] * 31)  # D001, whole
+    p = write(tmp_path / "t.safetensors", layer)
+    with open_checkpoint(p) as ck:
+        scales = ck.tensors[f"{P}.weight_s_channel"]
+        codebook = ck.tensors[f"{P}.weight_codebook"]
+    assert scales.end <= codebook.start
+    with open(p, "rb") as fh:
+        data = fh.read()
+    with open(p, "wb") as fh:
+        fh.write(data[: codebook.start + 3])  # three bytes of an F32 tensor
+    report = check(p, deep=True)
+    codes = {f.code for f in report.findings}
+    assert "C002" in codes and "D001" in codes and not report.ok
+    assert not [f for f in report.findings if f.tensor == codebook.name and f.code.startswith("D")]

@@ -48,6 +48,7 @@ def _decoder():
 
 def deep_findings(ckpt) -> list[Finding]:
     wanted = []
+    ends = {h.file: h.size for h in ckpt.headers}
     for _prefix, layer in ckpt.layers.items():
         fmt = FORMATS.get(layer.format_name) if layer.format_name else None
         if fmt is None:
@@ -56,6 +57,8 @@ def deep_findings(ckpt) -> list[Finding]:
             entry = layer.stored.get(slot.suffix)  # as stored: every expert of a MoE bank
             if entry is None or slot.kind not in (SCALE, CODEBOOK, CORRECTION) or entry.nbytes > MAX_DEEP_BYTES:
                 continue
+            if entry.end > ends.get(entry.file, entry.end):
+                continue  # past the end of a truncated file: C002 reports it, there are no values to read
             wanted.append((layer, slot, entry))
     if not wanted:
         return []
@@ -69,7 +72,10 @@ def deep_findings(ckpt) -> list[Finding]:
         if entry.name in done:
             continue
         done.add(entry.name)
-        values = decode(data[entry.name], entry.dtype, slot.dtype if slot.dtype != "float" else entry.dtype)
+        raw = data[entry.name]
+        if len(raw) != entry.nbytes:  # the file changed under us or ended early: nothing sound to judge
+            continue
+        values = decode(raw, entry.dtype, slot.dtype if slot.dtype != "float" else entry.dtype)
         if values is None:
             continue
         out.extend(_value_findings(np, layer.name, entry.name, slot, values))
