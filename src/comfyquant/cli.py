@@ -17,9 +17,12 @@ from .errors import ComfyQuantError
 
 
 class _Parser(argparse.ArgumentParser):
+    command: str | None = None
+    """The command chosen on the command line (set on the top parser), for its error lines."""
+
     def error(self, message: str):  # usage errors: one line, exit 2
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"comfyquant: error: {message}\n")
+        prog = self.prog if self.command is None or self.prog != "comfyquant" else f"comfyquant {self.command}"
+        sys.stderr.write(f"{prog}: error: {message} (see {prog} --help)\n")
         raise SystemExit(2)
 
 
@@ -44,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     # Build only the chosen command's full parser: importing every command's module costs time.
     first = next((a for a in argv if not a.startswith("-")), None)
     parser = _build_parser(first if first in COMMANDS else None)
+    parser.command = first if first in COMMANDS else None
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors
