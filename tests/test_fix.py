@@ -472,3 +472,99 @@ def test_top_level_api_fixes_the_seed_case(tmp_path):
     assert check(out, target="sglang").ok and check(src, target="sglang").ok is False
     assert digest(src) == before and "fix" in comfyquant.__all__
     assert result.to_dict()["plan"]["changes"]
+
+
+# -- damaged containers: refused whole, or repaired without losing anything -------------------
+
+def _edit_header(path, edit) -> str:
+    """Rewrite a written file's header with ``edit(header dict, data) -> data or None``."""
+    import struct
+
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header, data = json.loads(raw[8 : 8 + n]), bytearray(raw[8 + n :])
+    data = edit(header, data) or data
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(text)) + text + bytes(data))
+    return str(path)
+
+
+def _seed_with(tmp_path, name, edit) -> str:
+    """The seed defect (an exact repair exists) plus container damage made by ``edit``."""
+    layer = w4a8_layer(P, correction=zeros("BF16", (32, 16)))
+    return _edit_header(write(tmp_path / name, layer, dense_layer("blocks.1.ff")), edit)
+
+
+def _unknown_dtype(h, data):
+    h["extra.t"] = {"dtype": "X9", "shape": [4], "data_offsets": [len(data), len(data) + 4]}
+    return data + b"abcd"
+
+
+def _malformed(h, data):
+    h["extra.t"] = {"dtype": "F32", "shape": "four", "data_offsets": [len(data), len(data) + 16]}
+    return data + b"\0" * 16
+
+
+def _wrong_span(h, data):
+    h[f"{P}.bias"]["dtype"] = "F64"
+
+
+def _truncated(h, data):
+    return data[:-10]
+
+
+@pytest.mark.parametrize(("edit", "code"), [(_unknown_dtype, "C005"), (_malformed, "C006"), (_wrong_span, "C001"),
+                                            (_truncated, "C002")])
+def test_container_damage_that_a_rewrite_cannot_carry_is_refused_whole(tmp_path, capsys, edit, code):
+    """An unknown dtype, a malformed entry, a span that does not match dtype x shape, a
+    tensor past the end of the file: writing the other repairs would drop or garble data (a
+    malformed entry used to vanish from the output, the others crashed the writer), so
+    nothing is written and the refusal names the damage."""
+    src = _seed_with(tmp_path, "in.safetensors", edit)
+    before = digest(src)
+    out = tmp_path / "out.safetensors"
+    assert main(["fix", src, "-o", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "not repaired: the checkpoint's container is damaged" in text and f"[{code}]" in text
+    assert "nothing was written" in text and not out.exists() and digest(src) == before
+    result = fix(src, out=str(out))
+    assert result.after is None and result.plan.refused[0][0] is None and not out.exists()
+
+
+def test_nonstring_metadata_is_kept_as_json_text(tmp_path):
+    """C007 (safetensors refuses non-string metadata): the value is written as its JSON text,
+    a planned change of its own, instead of being dropped."""
+    src = _seed_with(tmp_path, "in.safetensors", lambda h, d: h.setdefault("__metadata__", {}).update(
+        {"steps": 42, "cfg": {"a": [1, 2]}, "name": "kept"}))
+    assert "C007" in {f.code for f in check(src).findings}
+    out = str(tmp_path / "out.safetensors")
+    result = fix(src, out=out)
+    assert result.after.ok
+    with open_checkpoint(out) as ck:
+        meta = ck.metadata()
+    assert meta["steps"] == "42" and json.loads(meta["cfg"]) == {"a": [1, 2]} and meta["name"] == "kept"
+    assert any("__metadata__['steps'] as JSON text" in c.what for c in result.plan.changes)
+    assert "C007" not in {f.code for f in check(out).findings}
+
+
+def test_overlapping_and_gapped_tensors_are_rewritten_without_loss(tmp_path):
+    """Overlaps (C003) and gaps (C004) are repaired by the rewrite itself: every tensor keeps
+    its bytes, each in its own span."""
+    def alias_and_gap(h, data):
+        bias = h[f"{P}.bias"]
+        h["extra.alias"] = {"dtype": bias["dtype"], "shape": bias["shape"], "data_offsets": list(bias["data_offsets"])}
+        for name, e in h.items():
+            if name != "__metadata__":
+                e["data_offsets"] = [e["data_offsets"][0] + 8, e["data_offsets"][1] + 8]
+        return b"\x07" * 8 + data
+
+    src = _seed_with(tmp_path, "in.safetensors", alias_and_gap)
+    assert {"C003", "C004"} <= {f.code for f in check(src).findings}
+    out = str(tmp_path / "out.safetensors")
+    assert fix(src, out=out).after.ok
+    before, after = tensors_of(src), tensors_of(out)
+    assert after["extra.alias"] == before["extra.alias"] == before[f"{P}.bias"]
+    assert set(after) >= set(before) - {f"{P}.comfy_quant"}
+    assert {"C003", "C004"}.isdisjoint({f.code for f in check(out).findings})

@@ -130,7 +130,11 @@ def render_fix(result) -> str:
     lines = []
     lossy = sum(1 for c in plan.changes if c.kind != "lossless")
     head = "plan (dry run, nothing written)" if result.dry_run else "plan"
-    if plan.empty:
+    blocked = any(layer is None for layer, _ in plan.refused)
+    if plan.empty and blocked:
+        lines.append("not repaired: the checkpoint's container is damaged (below)"
+                     + ("" if result.dry_run else "; nothing was written"))
+    elif plan.empty:
         lines.append("nothing to repair: " + ("check finds no error" if result.before.ok else "no finding has an exact repair")
                      + ("" if result.dry_run else "; nothing was written"))
     else:
@@ -152,7 +156,7 @@ def render_fix(result) -> str:
         lines.append("")
         lines.append(f"cannot repair ({len(plan.refused)}):")
         for layer, why in plan.refused:
-            lines.append(f"  {layer or '-'}: {why}")
+            lines.append(f"  {layer or '(checkpoint)'}: {why}")
     remaining = result.remaining
     lines.append("")
     if result.after is not None:

@@ -63,7 +63,7 @@ _tuple_new = tuple.__new__
 class Header:
     """A parsed header: metadata, tensor entries in file order, and container findings."""
 
-    __slots__ = ("file", "size", "header_len", "data_start", "metadata", "tensors", "findings")
+    __slots__ = ("file", "size", "header_len", "data_start", "metadata", "tensors", "findings", "nonstring_metadata")
 
     def __init__(self, file: str, size: int, header_len: int) -> None:
         self.file = file
@@ -73,6 +73,9 @@ class Header:
         self.metadata: dict[str, str] = {}
         self.tensors: dict[str, TensorEntry] = {}
         self.findings: list[Finding] = []
+        self.nonstring_metadata: dict[str, object] = {}
+        """``__metadata__`` values that are not strings (C007), kept so ``fix`` can store them as
+        JSON text instead of dropping them."""
 
 
 def _bad(path: str, what: str) -> InputError:
@@ -127,6 +130,7 @@ def parse_header_object(obj: dict, path: str, size: int, header_len: int, odd_nu
             if isinstance(value, str):
                 hdr.metadata[key] = value
             else:
+                hdr.nonstring_metadata[key] = value
                 findings.append(
                     Finding(
                         "C007",

@@ -129,6 +129,7 @@ def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str,
             raw = json.dumps(marker).encode("utf-8")
             tensors[f"{prefix}.comfy_quant"] = ("U8", (len(raw),), raw)
         metadata = dict(h.metadata)
+        metadata.update(plan.metadata_text.get(h.file, {}))
         if layers_here:
             metadata["_quantization_metadata"] = json.dumps({"format_version": "1.0", "layers": layers_here})
         else:

@@ -70,6 +70,8 @@ class Plan:
         """(layer, why) for defects the plan cannot repair."""
         self.markers_changed = False
         self.options: Options | None = None
+        self.metadata_text: dict[str, dict[str, str]] = {}
+        """Per input file: ``__metadata__`` values that were not strings, as their JSON text."""
 
     @property
     def empty(self) -> bool:
@@ -100,9 +102,22 @@ class Options:
         self.allow_lossy = allow_lossy
 
 
+UNCARRIABLE = ("C001", "C002", "C005", "C006", "C010", "C011")
+"""Container damage a rewrite cannot carry over exactly: a tensor whose bytes do not match its
+dtype and shape, or lie past the end of the file, an unknown dtype, a malformed entry, a name
+in two shards, a missing shard.  Writing anyway would drop or garble data."""
+
+
 def plan_repairs(ckpt, options: Options) -> Plan:
     plan = Plan()
     plan.options = options
+    damage = next((f for f in [*(f for h in ckpt.headers for f in h.findings), *ckpt.findings]
+                   if f.code in UNCARRIABLE), None)
+    if damage is not None:
+        plan.refused.append((None, f"{damage.message} [{damage.code}]: fix rewrites a checkpoint only when it can carry "
+                                   "every tensor over exactly"))
+        return plan
+    _metadata_text(ckpt, plan)
     markers = _final_markers(ckpt, options, plan)
     plan.markers = markers
     _legacy_scaled_fp8(ckpt, plan, markers)
@@ -325,6 +340,18 @@ def _legacy_scaled_fp8(ckpt, plan: Plan, markers: dict[str, dict]) -> None:
         plan.changes.append(Change(prefix, None, "convert legacy scaled-FP8 layer", "scale_weight, no marker",
                                    f"weight_scale, {json.dumps(marker)}"))
         plan.markers_changed = True
+
+
+def _metadata_text(ckpt, plan: Plan) -> None:
+    """Non-string ``__metadata__`` values (C007, which safetensors refuses) become their JSON
+    text: the value is kept, only its type changes."""
+    for h in ckpt.headers:
+        for key, value in h.nonstring_metadata.items():
+            text = json.dumps(value)
+            plan.metadata_text.setdefault(h.file, {})[key] = text
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            plan.changes.append(Change(None, None, f"store __metadata__[{key!r}] as JSON text",
+                                       f"{type(value).__name__} {shown}", "string"))
 
 
 def _marker_storage(ckpt, plan: Plan) -> None:
