@@ -527,3 +527,10 @@ def test_w4a8_exact_unrotation_in_either_dtype(monkeypatch, variant, bf16_faster
     ref = q.state_dict("weight")
     dense = codecs.get("asym_w4a8_int8").decode(ref, markers_for(variant)[1], dtype=torch.bfloat16)
     assert same_bits(dense, q.dequantize())
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4", "mxfp8"])
+def test_empty_weight_is_refused_with_a_message(fmt):
+    for shape in ((0, 256), (16, 0)):
+        with pytest.raises(CodecError, match=r"blocks\.1\.ff: weight is empty, shape \(\d+, \d+\): there is nothing to quantize"):
+            codecs.get(fmt).encode(torch.zeros(shape, dtype=torch.bfloat16), layer="blocks.1.ff")

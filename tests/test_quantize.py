@@ -464,3 +464,20 @@ def test_worker_failure_leaves_no_spill_files(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="No space left"):
         comfyquant.quantize(src, str(out / "q.safetensors"), "int8", jobs=2, progress=False)
     assert os.listdir(out) == []
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "w4a8", "w4a4", "nvfp4", "mxfp8"])
+def test_empty_weights_are_copied_dense(tmp_path, fmt):
+    """A [0, K] or [N, 0] weight has nothing to quantize: it is copied with the reason (it used
+    to crash the encoder's finite scan); the other layers are quantized as usual."""
+    extra = {"blocks.7.fc.weight": torch.zeros((0, 256), dtype=torch.bfloat16),
+             "blocks.8.fc.weight": torch.zeros((64, 0), dtype=torch.bfloat16)}
+    src = dense_model(tmp_path / "in.safetensors", extra=extra)
+    out = str(tmp_path / "out.safetensors")
+    r = comfyquant.quantize(src, out, fmt, progress=False)
+    plans = {lp.name: lp for lp in r.plan.layers}
+    for name, shape in (("blocks.7.fc", [0, 256]), ("blocks.8.fc", [64, 0])):
+        assert plans[name].action == "dense" and plans[name].reason == f"empty weight {shape}: nothing to quantize"
+    assert plans[P].action == "quantize" and check(out).ok
+    written = load_file(out)
+    assert written["blocks.7.fc.weight"].shape == (0, 256) and written["blocks.8.fc.weight"].shape == (64, 0)

@@ -270,6 +270,8 @@ def check_dense(weight: Weight, name: str, scan: bool = True) -> torch.Tensor | 
         raise CodecError(f"{name}: weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
     if weight.dtype not in DENSE:
         raise CodecError(f"{name}: weight must be BF16, F16 or F32, got {weight.dtype}")
+    if 0 in weight.shape:
+        raise CodecError(f"{name}: weight is empty, shape {tuple(weight.shape)}: there is nothing to quantize")
     if not scan:
         return None
     lo, hi = [], []

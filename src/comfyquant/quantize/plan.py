@@ -236,6 +236,8 @@ def _plan_quantize(layer, options: Options) -> LayerPlan:
         return _dense(layer, "1-D tensor (norm or scale)")
     if len(w.shape) != 2:
         return _dense(layer, f"{len(w.shape)}-D weight (convolution or expert bank): quantize writes 2-D linear weights")
+    if 0 in w.shape:
+        return _dense(layer, f"empty weight {list(w.shape)}: nothing to quantize")
     if is_embedding(name):
         return _dense(layer, "embedding table: quantize writes linear layers")
     extra = sorted(set(layer.tensors) - {"weight", "bias"})
