@@ -481,3 +481,28 @@ def test_empty_weights_are_copied_dense(tmp_path, fmt):
     assert plans[P].action == "quantize" and check(out).ok
     written = load_file(out)
     assert written["blocks.7.fc.weight"].shape == (0, 256) and written["blocks.8.fc.weight"].shape == (64, 0)
+
+
+@pytest.mark.parametrize(("fmt", "multiple"), [("mxfp8", 32), ("nvfp4", 16)])
+def test_padded_formats_keep_the_model_shape_or_the_layer_dense(tmp_path, fmt, multiple):
+    """NVFP4 and MXFP8 store weights padded to 16 / 32.  With a bias the model's N is read back
+    from it, so such a layer is quantized and dequantizes to its own shape (the quality report
+    compares only the model's rows: it used to crash on the padding); without one, or when K
+    would be padded (nothing records the model's K), the layer is kept dense with the reason."""
+    n = 4 * multiple + 2
+    sd = {"a.fc.weight": make_weight(n, 256, seed=1), "a.fc.bias": torch.zeros(n, dtype=torch.bfloat16),
+          "b.fc.weight": make_weight(n, 256, seed=2),
+          "c.fc.weight": make_weight(64, 2 * multiple + 4, seed=3), "c.fc.bias": torch.zeros(64, dtype=torch.bfloat16)}
+    src = str(tmp_path / "in.safetensors")
+    save_file(sd, src)
+    out = str(tmp_path / "q.safetensors")
+    r = comfyquant.quantize(src, out, fmt, target="comfyui", progress=False)
+    plans = {lp.name: lp for lp in r.plan.layers}
+    assert plans["a.fc"].action == "quantize"
+    assert plans["b.fc"].action == "dense" and f"N={n} is not a multiple of {multiple} and the layer has no bias" in plans["b.fc"].reason
+    assert plans["c.fc"].action == "dense" and f"K={2 * multiple + 4} is not a multiple of {multiple}" in plans["c.fc"].reason
+    row = {x["layer"]: x for x in r.doc["layers"]}["a.fc"]
+    assert row["weight"]["rel_l2"] < 0.2
+    dense = str(tmp_path / "d.safetensors")
+    comfyquant.dequantize(out, dense, progress=False)
+    assert load_file(dense)["a.fc.weight"].shape == (n, 256)

@@ -204,16 +204,20 @@ class Format:
     bank as one 2-D layer of ``E*out`` rows; ``bank_rows_if`` names a tensor that must itself be
     3-D for that (INT8: a per-row ``weight_scale``).  A format without ``bank_rows`` has no
     flattening rule in the spec, so its banks are not validated.
+
+    ``pad`` is (rows, columns): the multiples a writer pads the stored weight to (NVFP4 16,
+    MXFP8 32); the model's own N is then known only from an unpadded companion (the bias), K
+    from none the encoders write.
     """
 
     __slots__ = ("name", "title", "slots", "keys", "geometry", "constraints", "bits_text", "rotation", "loaders",
-                 "converter_only", "recognize", "bank_rows", "bank_rows_if")
+                 "converter_only", "recognize", "bank_rows", "bank_rows_if", "pad")
 
     def __init__(self, name: str, title: str, slots: tuple[Slot, ...], keys: tuple[MarkerKey, ...],
                  geometry: Callable[[dict, dict], dict], constraints: tuple[Constraint, ...] = (), bits_text: str = "",
                  rotation: str = "none", loaders: frozenset[str] = frozenset(), converter_only: bool = False,
                  recognize: Callable[[dict], bool] | None = None, bank_rows: tuple[str, ...] = (),
-                 bank_rows_if: str | None = None) -> None:
+                 bank_rows_if: str | None = None, pad: tuple[int, int] = (1, 1)) -> None:
         self.name = name
         self.title = title
         self.slots = slots
@@ -227,6 +231,7 @@ class Format:
         self.recognize = recognize
         self.bank_rows = bank_rows
         self.bank_rows_if = bank_rows_if
+        self.pad = pad
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"

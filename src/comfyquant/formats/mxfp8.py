@@ -54,5 +54,6 @@ MXFP8 = Format(
     ),
     bits_text="8 (+ E8M0 scale per 32)",
     loaders=ALL_RUNTIMES,
+    pad=(32, 32),
     recognize=_recognize,
 )

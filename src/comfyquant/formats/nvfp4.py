@@ -67,5 +67,6 @@ NVFP4 = Format(
     ),
     bits_text="4 (+ FP8 scale per 16)",
     loaders=ALL_RUNTIMES,
+    pad=(16, 16),
     recognize=lambda t: "weight" in t and t["weight"].dtype == "U8" and "weight_scale_2" in t,
 )

@@ -259,6 +259,13 @@ def _encode_plan(layer, choice: Choice, options: Options, n: int, k: int, source
     """A ``quantize`` plan, or a ``dense``/``copy`` one with the reason the shape cannot be taken."""
     name = layer.prefix
     bias = layer.tensors.get("bias")
+    lost = _padding_loses_shape(choice.format, n, k, bias)
+    if lost:
+        kept = DENSE if source == "dense" else COPY
+        lp = LayerPlan(name, dict(layer.tensors), kept, f"{choice.format} cannot take [{n}, {k}]: {lost}")
+        if kept == COPY:
+            lp.marker = layer.marker
+        return lp
     found = layer_problems(name, choice.format, choice.params, n, k, None if bias is None else (bias.dtype, bias.shape),
                            options.target)
     if found:
@@ -273,6 +280,23 @@ def _encode_plan(layer, choice: Choice, options: Options, n: int, k: int, source
     lp.n, lp.k, lp.dtype = n, k, dtype
     lp.planned = planned_tensors(choice.format, choice.params, n, k)
     return lp
+
+
+def _padding_loses_shape(fmt_name: str, n: int, k: int, bias) -> str | None:
+    """Why padding the stored weight would lose the layer's own shape, or None.  A padded
+    format (``Format.pad``) stores ``[Np, Kp]``; the model's N is read back from the bias, the
+    model's K from nothing the encoder writes -- so decoding (dequantize) and running the
+    layer would see the padded size."""
+    from ..formats.registry import FORMATS
+
+    rows, cols = FORMATS[fmt_name].pad
+    if k % cols:
+        return f"K={k} is not a multiple of {cols}: the weight would be stored padded to K={-(-k // cols) * cols}, " \
+               "and the file keeps no record of the model's K"
+    if n % rows and (bias is None or tuple(bias.shape) != (n,)):
+        return f"N={n} is not a multiple of {rows} and the layer has no bias: the weight would be stored padded to " \
+               f"N={-(-n // rows) * rows}, and nothing in the file would keep the model's N"
+    return None
 
 
 def _plan_convert(layer, options: Options) -> LayerPlan:
