@@ -60,6 +60,35 @@ def test_missing_path_and_empty_folder(tmp_path, capsys):
     assert rc == 2 and "holds no .safetensors files" in err
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_named_pipes_and_devices_are_refused_without_blocking(tmp_path, capsys):
+    """Opening a named pipe for reading waits for a writer forever: a pipe named like a
+    checkpoint (alone, in a folder, as an index or a rules file) and a device are one line
+    each, at once."""
+    import threading
+
+    pipe = tmp_path / "model.safetensors"
+    os.mkfifo(pipe)
+    index = tmp_path / "other" / "model.safetensors.index.json"
+    index.parent.mkdir()
+    os.mkfifo(index)
+    rules = tmp_path / "other" / "rules.toml"
+    os.mkfifo(rules)
+    dense = write(tmp_path / "other" / "dense.safetensors", dense_layer("blocks.0.fc"))
+    runs = [("check", str(pipe)), ("check", str(tmp_path)), ("inspect", str(index)), ("check", "/dev/zero"),
+            ("quantize", "/dev/zero", str(tmp_path / "q.safetensors"), "-f", "fp8"),
+            ("dequantize", str(pipe), str(tmp_path / "d.safetensors")),
+            ("quantize", dense, str(tmp_path / "r.safetensors"), "--rules", str(rules))]
+    results = []
+    worker = threading.Thread(target=lambda: results.extend(run_cli(capsys, *r) for r in runs), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "a named pipe blocked the reader"
+    for rc, _, err in results:
+        assert rc == 2 and err.count("\n") == 1, err
+        assert "is a named pipe, not a file comfyquant can read" in err or "/dev/zero: is a character device" in err
+
+
 def _entry_file(tmp_path, entries: dict, data_len: int, metadata=None):
     obj = dict(entries)
     if metadata is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from stat import S_ISREG
 
 from ..errors import InputError
 
@@ -43,6 +44,9 @@ def is_url(path: str) -> bool:
 def read_index(path: str, text: str | None = None) -> tuple[list[str], dict[str, str]]:
     """Parse a ``model.safetensors.index.json``: (shard paths in order, raw weight_map)."""
     if text is None:
+        from .source import require_regular
+
+        require_regular(path)
         try:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
@@ -71,6 +75,10 @@ def resolve_local(paths: list[str]) -> ShardSet:
 
     def add(p: str) -> None:
         st = os.stat(p)  # one system call; the same file reached by two paths is one shard
+        if not S_ISREG(st.st_mode):
+            from .source import not_regular
+
+            raise not_regular(p, st.st_mode)
         key = (st.st_dev, st.st_ino)
         if key not in seen:
             seen.add(key)

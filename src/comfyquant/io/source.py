@@ -9,9 +9,34 @@ protocols) plug in behind the same interface.
 from __future__ import annotations
 
 import os
+import stat
 from typing import Protocol
 
 from ..errors import InputError
+
+_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def not_regular(path: str, mode: int) -> InputError | None:
+    """The error for a path that is not a regular file (opening a named pipe would block
+    forever; a device has no size), or None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return InputError(f"{path}: is {kind}, not a file comfyquant can read")
+
+
+def require_regular(path: str) -> None:
+    """Raise :func:`not_regular`'s error before anything opens ``path`` (missing paths pass:
+    the open reports them)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    error = not_regular(path, mode)
+    if error is not None:
+        raise error
 
 
 class ByteSource(Protocol):
@@ -41,7 +66,8 @@ class LocalFile:
         self.path = path
         self.name = path
         try:
-            self._fd = os.open(path, os.O_RDONLY)
+            # Non-blocking, so that a named pipe cannot hang the open; checked just below.
+            self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except FileNotFoundError:
             raise InputError(f"{path}: no such file") from None
         except IsADirectoryError:
@@ -50,7 +76,12 @@ class LocalFile:
             raise InputError(f"{path}: permission denied") from None
         except OSError as exc:
             raise InputError(f"{path}: cannot open ({exc.strerror})") from None
-        self.size = os.fstat(self._fd).st_size
+        st = os.fstat(self._fd)
+        error = not_regular(path, st.st_mode)
+        if error is not None:
+            os.close(self._fd)
+            raise error
+        self.size = st.st_size
         self.reads = 0
         self.bytes_read = 0
 

@@ -118,7 +118,10 @@ def _toml():
 
 def load_rules(path: str) -> Rules:
     """Parse and validate a rules file; every problem is one line naming the file and entry."""
+    from ..io.source import require_regular
+
     toml = _toml()
+    require_regular(path)
     try:
         with open(path, "rb") as fh:
             doc = toml.load(fh)
