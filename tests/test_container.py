@@ -89,6 +89,24 @@ def test_named_pipes_and_devices_are_refused_without_blocking(tmp_path, capsys):
         assert "is a named pipe, not a file comfyquant can read" in err or "/dev/zero: is a character device" in err
 
 
+def test_json_nested_too_deeply_is_bad_input_not_a_crash(tmp_path, capsys):
+    """json.loads gives up on 100,000 nested arrays with RecursionError (not ValueError): in the
+    header it is a one-line refusal, in a marker M001, in the header marker map M010."""
+    deep = "[" * 100_000 + "]" * 100_000
+    header = raw_file(tmp_path / "h.safetensors", '{"a":' + deep + "}")
+    rc, _, err = run_cli(capsys, "check", header)
+    assert rc == 2 and err.count("\n") == 1 and "header is not valid safetensors JSON (nested too deeply" in err
+    marker = ('{"format":' + deep + "}").encode()
+    entries = {"x.comfy_quant": {"dtype": "U8", "shape": [len(marker)], "data_offsets": [0, len(marker)]},
+               "x.weight": {"dtype": "F8_E4M3", "shape": [4, 4], "data_offsets": [len(marker), len(marker) + 16]}}
+    p = raw_file(tmp_path / "m.safetensors", json.dumps(entries), marker + bytes(16))
+    assert "M001" in {f.code for f in check(p).findings}
+    p = raw_file(tmp_path / "q.safetensors", json.dumps({"__metadata__": {"_quantization_metadata": '{"layers":' + deep + "}"}}))
+    report = check(p)
+    assert "M010" in {f.code for f in report.findings} and report.verdicts["comfyui"].first.exception == "RecursionError"
+    assert main(["fix", p, "-o", str(tmp_path / "f.safetensors")]) in (0, 1)
+
+
 def _entry_file(tmp_path, entries: dict, data_len: int, metadata=None):
     obj = dict(entries)
     if metadata is not None:

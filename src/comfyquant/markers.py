@@ -110,7 +110,7 @@ def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
     ms.headers.append(hm)
     try:
         obj = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         hm.error = "M010"
         ms.findings.append(
             Finding("M010", f"{file}: _quantization_metadata is not valid JSON ({exc})", file=file,
@@ -168,7 +168,7 @@ def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
             obj = json.loads(data.decode("utf-8"))
             if isinstance(obj, dict) and len(_PARSED) < 10_000:
                 _PARSED[data] = obj  # identical markers share one (never mutated) object
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         rec.error = "M001"
         hint = " (trailing NUL byte)" if data.endswith(b"\0") else ""
         ms.findings.append(

@@ -107,6 +107,8 @@ def read_header(source: ByteSource) -> Header:
         raise _bad(path, "header is not UTF-8 text (not a safetensors file?)") from None
     except ValueError as exc:
         raise _bad(path, f"header is not valid JSON ({exc.msg} at byte {exc.pos})") from None
+    except RecursionError:
+        raise _bad(path, "header is not valid safetensors JSON (nested too deeply to parse)") from None
     if not isinstance(obj, dict):
         raise _bad(path, f"header is a JSON {type(obj).__name__}, expected an object")
     # Fast scans of the raw bytes: can any number be negative (1), or any value a boolean (2)?

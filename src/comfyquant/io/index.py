@@ -24,7 +24,7 @@ def write_index(weight_map: dict[str, str], dest: str, previous: str | None = No
                 old = json.load(fh)
             if isinstance(old, dict) and isinstance(old.get("metadata"), dict):
                 obj["metadata"] = old["metadata"]
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             pass
     tmp = dest + ".comfyquant.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:

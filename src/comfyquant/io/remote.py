@@ -127,7 +127,7 @@ def marker_ranges(raw: bytes, base: int, size: int) -> list[tuple[int, int]]:
     for m in _MARKER_ENTRY.finditer(raw):
         try:
             a, b = json.loads(m.group(1))["data_offsets"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue
         if type(a) is int and type(b) is int and 0 <= a <= b and base + b <= size:
             out.append((base + a, b - a))

@@ -56,7 +56,7 @@ def read_index(path: str, text: str | None = None) -> tuple[list[str], dict[str,
             raise InputError(f"{path}: cannot read index ({exc})") from None
     try:
         obj = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise InputError(f"{path}: index is not valid JSON ({exc})") from None
     wm = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(wm, dict) or not {*map(type, wm.values())} <= {str}:

@@ -260,7 +260,7 @@ class Runner:
         if previous:
             try:
                 history = list(json.loads(previous).get("history", []))
-            except (ValueError, AttributeError, TypeError):
+            except (ValueError, AttributeError, TypeError, RecursionError):
                 history = []
         entry = {"version": __version__, "command": self.plan.mode, "target": self.plan.target,
                  "formats": self.plan.formats(), "quantized": len(self.plan.quantized)}

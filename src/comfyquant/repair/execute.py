@@ -87,7 +87,7 @@ def _stamp(metadata: dict[str, str], plan: Plan) -> dict[str, str]:
     if previous:
         try:
             history = json.loads(previous).get("history", [])
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             history = []
     stamp = {"tool": "comfyquant", "version": __version__, "repaired": summary, "history": history + [
         {"version": __version__, "repaired": summary}]}

@@ -66,7 +66,7 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
         if hm.error == "M010":
             try:
                 json.loads(hm.raw)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 _fail(out, "header", str(exc), exception=type(exc).__name__,
                       cause="the header marker map is not JSON", fix="rewrite the header markers (comfyquant fix)")
             continue
