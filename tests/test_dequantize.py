@@ -366,3 +366,21 @@ def test_output_is_checked_before_it_is_renamed(tmp_path, monkeypatch):
     with pytest.raises(DequantizeError, match=r"does not hold the planned tensors \(first: 'blocks.0.proj.weight'\)"):
         comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
     assert sorted(os.listdir(tmp_path)) == ["m.safetensors"]
+
+
+def test_cli_output_by_option_like_fix(tmp_path, capsys):
+    """``-o OUT`` works as the last positional does (``fix`` takes ``-o``); without either the
+    error is one line."""
+    src = write_layers(tmp_path / "m.safetensors", model_layers(), metadata=META)
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    assert main(["dequantize", src, "-o", str(a), "--no-progress"]) == 0
+    assert main(["dequantize", src, str(b), "--no-progress"]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    capsys.readouterr()
+    assert main(["dequantize", src]) == 2
+    assert capsys.readouterr().err == "comfyquant: dequantize: give the output after the input(s), or with -o OUT\n"
+    q = tmp_path / "q.safetensors"
+    dense = write_layers(tmp_path / "dense.safetensors", [dense_layer("blocks.0.fc", (64, 256))])
+    assert main(["quantize", dense, "-o", str(q), "-f", "fp8", "--no-progress"]) == 0 and q.exists()
+    c = tmp_path / "c.safetensors"
+    assert main(["convert", str(q), "-o", str(c), "-t", "nvfp4", "--no-progress"]) == 0 and c.exists()

@@ -31,7 +31,7 @@ def _module(name: str):
 
 
 def _build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    p = _Parser(prog="comfyquant", description="Check, inspect and repair Comfy quantized safetensors checkpoints.")
+    p = _Parser(prog="comfyquant", description="Check, inspect, repair, quantize and dequantize Comfy quantized safetensors checkpoints.")
     p.add_argument("--version", action="version", version=f"comfyquant {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:

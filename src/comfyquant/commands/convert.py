@@ -18,9 +18,11 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..quantize.api import convert
+    from .common import inputs_and_output
     from .quantize import params_of, show
 
-    result = convert(args.inputs, args.output, args.to, params_of(args), rules=args.rules, exclude=args.exclude,
+    inputs, out = inputs_and_output(args)
+    result = convert(inputs, out, args.to, params_of(args), rules=args.rules, exclude=args.exclude,
                      target=args.target, jobs=args.jobs, report=args.report, dry_run=args.dry_run, keep_bad=args.keep_bad,
                      overwrite=args.overwrite, progress=False if args.no_progress else None, dtype=args.dtype)
     return show(result, args)

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import json
 
+from .common import add_io_arguments, inputs_and_output
+
 HELP = "write a dense (unquantized) copy of a quantized checkpoint"
 
 
 def add_parser(sub) -> None:
     d = sub.add_parser("dequantize", help=HELP, description=HELP + ". Layers are decoded one at a time; "
                        "tensors that are not quantized are copied byte for byte; the checkpoint is checked first.")
-    d.add_argument("inputs", nargs="+", metavar="IN", help="file(s), shards, folder or *.safetensors.index.json")
-    d.add_argument("out", metavar="OUT", help="output .safetensors file, or a folder to keep the input's shards")
+    add_io_arguments(d, "file(s), shards, folder or *.safetensors.index.json",
+                     "output .safetensors file, or a folder to keep the input's shards")
     d.add_argument("--dtype", choices=["bf16", "f16", "f32"],
                    help="dtype of the dense weights (default: each layer's model dtype: marker orig_dtype, "
                         "else its bias's dtype, else bf16)")
@@ -28,8 +30,9 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..dequantize import dequantize
 
-    src = args.inputs[0] if len(args.inputs) == 1 else list(args.inputs)
-    summary = dequantize(src, args.out, dtype=args.dtype, progress=args.progress)
+    inputs, out = inputs_and_output(args)
+    src = inputs[0] if len(inputs) == 1 else inputs
+    summary = dequantize(src, out, dtype=args.dtype, progress=args.progress)
     if args.json:
         print(json.dumps(summary.to_dict(), indent=1))
     else:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+from .common import add_io_arguments, inputs_and_output
+
 HELP = "quantize a dense checkpoint (W4A8, W4A4, INT8, FP8, NVFP4, MXFP8) with a per-layer quality report"
 
 PARAM_FLAGS = (
@@ -33,8 +35,7 @@ PARAM_FLAGS = (
 
 def add_common_arguments(p, format_flag: str) -> None:
     """Arguments ``quantize`` and ``convert`` share."""
-    p.add_argument("inputs", nargs="+", metavar="IN", help="file(s), folder or *.safetensors.index.json")
-    p.add_argument("output", metavar="OUT", help="output file, or folder for sharded inputs")
+    add_io_arguments(p, "file(s), folder or *.safetensors.index.json", "output file, or folder for sharded inputs")
     g = p.add_argument_group("format parameters (for the default format; rules files carry their own)")
     for flag, dest, kw in PARAM_FLAGS:
         g.add_argument(flag, dest=f"param_{dest}", default=None, **kw)
@@ -68,7 +69,8 @@ def params_of(args) -> dict:
 def run(args) -> int:
     from ..quantize.api import quantize
 
-    result = quantize(args.inputs, args.output, args.format, params_of(args), rules=args.rules, exclude=args.exclude,
+    inputs, out = inputs_and_output(args)
+    result = quantize(inputs, out, args.format, params_of(args), rules=args.rules, exclude=args.exclude,
                       target=args.target, jobs=args.jobs, report=args.report, dry_run=args.dry_run,
                       keep_bad=args.keep_bad, overwrite=args.overwrite, progress=False if args.no_progress else None)
     return show(result, args)
