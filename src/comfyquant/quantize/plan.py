@@ -259,18 +259,14 @@ def _encode_plan(layer, choice: Choice, options: Options, n: int, k: int, source
     """A ``quantize`` plan, or a ``dense``/``copy`` one with the reason the shape cannot be taken."""
     name = layer.prefix
     bias = layer.tensors.get("bias")
-    lost = _padding_loses_shape(choice.format, n, k, bias)
-    if lost:
+    why = _padding_loses_shape(choice.format, n, k, bias)
+    if why is None:
+        found = layer_problems(name, choice.format, choice.params, n, k,
+                               None if bias is None else (bias.dtype, bias.shape), options.target)
+        why = found[0] if found else None
+    if why is not None:
         kept = DENSE if source == "dense" else COPY
-        lp = LayerPlan(name, dict(layer.tensors), kept, f"{choice.format} cannot take [{n}, {k}]: {lost}")
-        if kept == COPY:
-            lp.marker = layer.marker
-        return lp
-    found = layer_problems(name, choice.format, choice.params, n, k, None if bias is None else (bias.dtype, bias.shape),
-                           options.target)
-    if found:
-        kept = DENSE if source == "dense" else COPY
-        lp = LayerPlan(name, dict(layer.tensors), kept, f"{choice.format} cannot take [{n}, {k}]: {found[0]}")
+        lp = LayerPlan(name, dict(layer.tensors), kept, f"{choice.format} cannot take [{n}, {k}]: {why}")
         if kept == COPY:
             lp.marker = layer.marker
         return lp
