@@ -113,3 +113,21 @@ def test_readme_documents_every_rule_code():
     first_lines = readme.splitlines()[:6]
     assert any("comfyquant check examples/seed_broken_w4a8.safetensors" in line for line in first_lines)
     assert any(".ci/run" in line for line in first_lines)
+
+
+def test_commands_that_need_an_extra_say_which(tmp_path):
+    """On a light install (no torch), quantize/dequantize name the extra to install instead
+    of reporting an internal error; check still works."""
+    import subprocess
+    import sys
+
+    src = os.path.join(os.path.dirname(__file__), "..", "examples", "mixed_comfyui.safetensors")
+    code = ("import sys; sys.modules['torch'] = None\n"  # import torch now fails as on a light install
+            "from comfyquant.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    r = subprocess.run([sys.executable, "-c", code, "dequantize", src, str(tmp_path / "d.safetensors")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr == "comfyquant dequantize: needs torch, which is not installed (pip install 'comfyquant[torch]')\n"
+    r = subprocess.run([sys.executable, "-c", code, "check", src], capture_output=True, text=True)
+    assert r.returncode in (0, 1) and r.stderr == "" and "targets:" in r.stdout

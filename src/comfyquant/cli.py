@@ -26,6 +26,10 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+OPTIONAL_MODULES = {"torch": "torch", "safetensors": "torch", "fsspec": "remote", "matplotlib": "plot"}
+"""Modules of the optional extras (pyproject): a command that needs one names the extra."""
+
+
 def _module(name: str):
     return importlib.import_module(f".commands.{name.replace('-', '_')}", __package__)
 
@@ -69,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("comfyquant: out of memory\n")
         return 2
     except Exception as exc:  # a bug: one line, the traceback on request
+        module = (getattr(exc, "name", None) or "").partition(".")[0] if isinstance(exc, ModuleNotFoundError) else ""
+        if module in OPTIONAL_MODULES:  # not a bug: a light install running a command that needs an extra
+            sys.stderr.write(f"comfyquant {args.command}: needs {module}, which is not installed "
+                             f"(pip install 'comfyquant[{OPTIONAL_MODULES[module]}]')\n")
+            return 2
         import os
 
         if os.environ.get("COMFYQUANT_DEBUG"):
