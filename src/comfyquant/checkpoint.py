@@ -62,7 +62,7 @@ class Layer:
         """The tensors as stored in the file: ``tensors`` itself, except for a bank (SGLang,
         which has no banks, and value checks over every expert read these)."""
         self._sig: tuple | None = None
-        self._sid: tuple[int, int] | None = None
+        self._sid: dict[int, tuple[object, int]] | None = None
 
     @property
     def signature(self) -> tuple:

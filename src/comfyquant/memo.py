@@ -23,44 +23,56 @@ _LIMIT = 200_000
 
 
 class Memo:
-    """Per-checkpoint front of the cache: marker texts and class ids are computed once."""
+    """Per-checkpoint front of the cache: marker texts and class ids are computed once.
+
+    Caches are keyed by the marker object's identity and hold the object itself, so an id is
+    never reused by another marker while the cache can still answer for it (a derived marker
+    that a profile drops could otherwise hand its address, and its class, to a new one)."""
 
     __slots__ = ("_reprs",)
 
     def __init__(self) -> None:
-        self._reprs: dict[int, str] = {}
+        self._reprs: dict[int, tuple[object, str]] = {}
 
     def class_id(self, marker: dict | None, layer) -> int:
         """The class id of (marker, layer): equal ids mean every per-layer rule agrees.
 
-        Cached on the layer (``layer._sid`` holds (marker id, class id)): every rule asks for
-        the same layer's class, usually with the same marker object."""
+        Cached on the layer (``layer._sid``: marker id -> (marker, class id)): the rule sets
+        ask for the same layer's class with one to three marker objects (the merged marker,
+        and the ones a runtime profile derives from it when header and tensor markers both
+        exist), each several times."""
+        mid = id(marker)
         if layer is not None:
             cached = layer._sid
-            if cached is not None and cached[0] == id(marker):
-                return cached[1]
+            if cached is not None:
+                hit = cached.get(mid)
+                if hit is not None and hit[0] is marker:
+                    return hit[1]
             sig = layer.signature
         else:
             sig = ()
-        text = self._reprs.get(id(marker))
-        if text is None:
-            text = self._reprs[id(marker)] = repr(marker)
-        key = (text, sig)
+        known = self._reprs.get(mid)
+        if known is None or known[0] is not marker:
+            known = self._reprs[mid] = (marker, repr(marker))
+        key = (known[1], sig)
         cid = _CLASS_IDS.get(key)
         if cid is None:
             if len(_CLASS_IDS) > _LIMIT:
                 clear()
             cid = _CLASS_IDS[key] = next(_NEXT_ID)
         if layer is not None:
-            layer._sid = (id(marker), cid)
+            if layer._sid is None:
+                layer._sid = {}
+            layer._sid[mid] = (marker, cid)
         return cid
 
     def get(self, kind: str, marker: dict | None, layer, compute: Callable[[], Any]) -> Any:
         """The result of rule ``kind`` for this layer, computed only for a new class."""
         # The layer's cached class, inline: this runs for every layer under every rule set.
         cached = layer._sid if layer is not None else None
-        if cached is not None and cached[0] == id(marker):
-            key = (kind, cached[1])
+        hit = cached.get(id(marker)) if cached is not None else None
+        if hit is not None and hit[0] is marker:
+            key = (kind, hit[1])
         else:
             key = (kind, self.class_id(marker, layer))
         hit = _RESULTS.get(key, _MISS)
