@@ -1,0 +1,50 @@
+"""The per-layer result cache: class ids by marker content and tensor signature."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+from comfyquant import memo
+from comfyquant.checkpoint import Layer
+from comfyquant.io.header import TensorEntry
+
+
+class Marker(dict):
+    """A dict that can be weakly referenced (plain dicts cannot)."""
+
+
+def _layer() -> Layer:
+    layer = Layer("blocks.0.fc")
+    layer.tensors["weight"] = TensorEntry("blocks.0.fc.weight", "F8_E4M3", (32, 256), 0, 8192, "f")
+    return layer
+
+
+def test_class_ids_follow_content_and_survive_several_marker_objects():
+    memo.clear()
+    m = memo.Memo()
+    layer = _layer()
+    a, b, a_copy = Marker(format="float8_e4m3fn"), Marker(format="nvfp4"), Marker(format="float8_e4m3fn")
+    ca, cb, cc = m.class_id(a, layer), m.class_id(b, layer), m.class_id(a_copy, layer)
+    assert ca != cb and ca == cc  # equal content, equal class; another object is another cache entry
+    assert m.class_id(a, layer) == ca and m.class_id(b, layer) == cb  # both still cached on the layer
+    calls = []
+    assert m.get("kind", b, layer, lambda: calls.append(1) or "B") == "B"
+    assert m.get("kind", Marker(format="nvfp4"), layer, lambda: calls.append(1) or "other") == "B"
+    assert calls == [1]
+
+
+def test_the_cache_keeps_its_markers_alive_so_ids_are_not_reused():
+    """A marker a runtime profile derives and drops must not hand its id (and class) to a new
+    marker with other content: the cache holds every marker it answered for."""
+    memo.clear()
+    m = memo.Memo()
+    layer = _layer()
+    derived = Marker(format="float8_e4m3fn")
+    ref = weakref.ref(derived)
+    cid = m.class_id(derived, layer)
+    del derived
+    gc.collect()
+    assert ref() is not None
+    fresh = [Marker(format="nvfp4") for _ in range(100)]  # would often reuse a freed address
+    assert all(m.class_id(x, layer) != cid for x in fresh)
