@@ -384,3 +384,20 @@ def test_cli_output_by_option_like_fix(tmp_path, capsys):
     assert main(["quantize", dense, "-o", str(q), "-f", "fp8", "--no-progress"]) == 0 and q.exists()
     c = tmp_path / "c.safetensors"
     assert main(["convert", str(q), "-o", str(c), "-t", "nvfp4", "--no-progress"]) == 0 and c.exists()
+
+
+def test_space_test_can_be_turned_off_and_skips_filesystems_without_sizes(tmp_path, monkeypatch):
+    import comfyquant.io.writer as writer
+
+    class Stat:
+        f_blocks, f_bfree, f_bavail, f_frsize = 0, 0, 0, 4096
+
+    monkeypatch.setattr(writer.os, "statvfs", lambda folder: Stat())
+    assert writer.free_bytes(str(tmp_path)) is None  # no sizes reported: not a reason to refuse
+    Stat.f_blocks = 100
+    assert writer.free_bytes(str(tmp_path)) == 0
+    monkeypatch.setenv("COMFYQUANT_NO_SPACE_CHECK", "1")
+    assert writer.free_bytes(str(tmp_path)) is None
+    src = write_layers(tmp_path / "m.safetensors", model_layers(), metadata=META)
+    comfyquant.dequantize(src, str(tmp_path / "d.safetensors"), progress=False)
+    assert (tmp_path / "d.safetensors").exists()

@@ -105,10 +105,15 @@ class NoSpace(OSError):
 
 def free_bytes(folder: str) -> int | None:
     """Bytes this process may still write on ``folder``'s filesystem (root may use the
-    reserved blocks too), or None where the platform cannot tell."""
+    reserved blocks too), or None where the platform or filesystem cannot tell (and when
+    ``COMFYQUANT_NO_SPACE_CHECK`` is set, for filesystems that report wrong numbers)."""
+    if os.environ.get("COMFYQUANT_NO_SPACE_CHECK"):
+        return None
     try:
         st = os.statvfs(folder)
     except (OSError, AttributeError):
+        return None
+    if st.f_blocks == 0:  # some FUSE and network filesystems report no sizes at all
         return None
     blocks = st.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else st.f_bavail
     return blocks * st.f_frsize
