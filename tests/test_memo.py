@@ -48,3 +48,22 @@ def test_the_cache_keeps_its_markers_alive_so_ids_are_not_reused():
     assert ref() is not None
     fresh = [Marker(format="nvfp4") for _ in range(100)]  # would often reuse a freed address
     assert all(m.class_id(x, layer) != cid for x in fresh)
+
+
+def test_comfyui_shares_the_merged_marker_only_when_it_is_the_same_marker(tmp_path):
+    """Header and tensor markers written identical (as fix and quantize write them): ComfyUI's
+    marker is the checkpoint's merged object, so its per-layer results come from the same
+    cache entry.  Values equal only loosely (``1 == True``) are not the same marker."""
+    from builders import W4A8_MARKER, header_markers, w4a8_layer, write
+    from comfyquant import open_checkpoint
+    from comfyquant.targets.comfyui import _same_marker, comfyui_markers
+
+    layer = w4a8_layer("blocks.0.fc")
+    path = write(tmp_path / "m.safetensors", layer, metadata=header_markers({"blocks.0.fc": dict(W4A8_MARKER)}))
+    with open_checkpoint(path) as ck:
+        shared = comfyui_markers(ck, [])["blocks.0.fc"]
+        assert shared is ck.markers.effective["blocks.0.fc"]
+    assert _same_marker({"convrot": True, "g": [16]}, {"convrot": True, "g": [16]})
+    assert not _same_marker({"convrot": True}, {"convrot": 1})
+    assert not _same_marker({"s": [1, 2]}, {"s": [True, 2]})
+    assert not _same_marker({"a": 1}, {"a": 1, "b": 2})

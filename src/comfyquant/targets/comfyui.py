@@ -93,8 +93,30 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
                   exception="AttributeError", cause="a header marker entry is not an object",
                   fix="rewrite the header markers (comfyquant fix)")
             continue
-        markers[target] = rec.obj
+        # The same marker as the checkpoint's merged one (the usual case: header and tensor
+        # markers written identical) is that object, so per-layer results cached under it
+        # serve ComfyUI too.
+        effective = ckpt.markers.effective.get(target)
+        markers[target] = effective if effective is not None and _same_marker(effective, rec.obj) else rec.obj
     return markers
+
+
+def _same_marker(a: dict, b: dict) -> bool:
+    """Equal keys and values of equal types (``1 == True`` in Python, not in a marker)."""
+    if a is b:
+        return True
+    if len(a) != len(b):
+        return False
+    for key, value in a.items():
+        other = b.get(key, _ABSENT)
+        if type(other) is not type(value) or other != value:
+            return False
+        if isinstance(value, (list, dict)) and repr(other) != repr(value):
+            return False
+    return True
+
+
+_ABSENT = object()
 
 
 def comfyui_verdict(ckpt) -> Verdict:
