@@ -27,6 +27,18 @@ def not_regular(path: str, mode: int) -> InputError | None:
     return InputError(f"{path}: is {kind}, not a file comfyquant can read")
 
 
+def _blocking(fd: int) -> None:
+    """Clear O_NONBLOCK again on a regular file: local filesystems ignore it, but a FUSE one
+    may pass it on and answer a read with EAGAIN."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the flag was never set
+        return
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    if flags & os.O_NONBLOCK:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+
+
 def require_regular(path: str) -> None:
     """Raise :func:`not_regular`'s error before anything opens ``path`` (missing paths pass:
     the open reports them)."""
@@ -81,6 +93,7 @@ class LocalFile:
         if error is not None:
             os.close(self._fd)
             raise error
+        _blocking(self._fd)
         self.size = st.st_size
         self.reads = 0
         self.bytes_read = 0
