@@ -401,3 +401,20 @@ def test_space_test_can_be_turned_off_and_skips_filesystems_without_sizes(tmp_pa
     src = write_layers(tmp_path / "m.safetensors", model_layers(), metadata=META)
     comfyquant.dequantize(src, str(tmp_path / "d.safetensors"), progress=False)
     assert (tmp_path / "d.safetensors").exists()
+
+
+def test_f16_overflow_is_reported(tmp_path, capsys):
+    """Dense F16 holds at most 65504: an FP8 layer scaled beyond that decodes to +-inf (as
+    comfy-kitchen's decode cast to F16 does), and the summary says how many values and where."""
+    layer = make_layer("fp8", prefix="blocks.0.big", bias=False)
+    layer.tensors["weight_scale"] = torch.tensor(1000.0)  # codes up to 448 -> values up to 448000
+    ok = make_layer("fp8", prefix="blocks.1.ok", bias=False, seed=1)
+    src = write_layers(tmp_path / "m.safetensors", [layer, ok])
+    out = tmp_path / "d.safetensors"
+    summary = comfyquant.dequantize(src, str(out), dtype="f16", progress=False)
+    dense = read_all(out)[0]["blocks.0.big.weight"]
+    expected = int(torch.isinf(dense).sum())
+    assert expected > 0 and summary.overflowed == {"blocks.0.big": expected}
+    assert summary.to_dict()["overflowed"] == {"blocks.0.big": expected}
+    assert f"{expected} values in 1 layer exceed F16's range" in summary.render()
+    assert comfyquant.dequantize(src, str(tmp_path / "b.safetensors"), dtype="bf16", progress=False).overflowed == {}

@@ -62,6 +62,8 @@ class Summary:
     """Time to import torch and the codecs (paid once per process, before the run)."""
     largest_layer: tuple[str, int] = ("", 0)
     """(name, dense bytes) of the largest decoded weight."""
+    overflowed: dict[str, int] = field(default_factory=dict)
+    """Layers decoded to F16 with values beyond its range (written as +-inf): layer -> count."""
 
     def to_dict(self) -> dict:
         return {
@@ -76,6 +78,7 @@ class Summary:
             "seconds": round(self.seconds, 3),
             "startup_seconds": round(self.startup, 3),
             "largest_layer": {"name": self.largest_layer[0], "bytes": self.largest_layer[1]},
+            "overflowed": dict(self.overflowed),
         }
 
     def render(self) -> str:
@@ -90,6 +93,12 @@ class Summary:
             f"read {human_size(self.bytes_read)}, wrote {human_size(self.bytes_written)} in {self.seconds:.1f} s "
             f"({rate:.1f} MB/s of input)" + (f", after {self.startup:.1f} s loading torch" if self.startup >= 0.05 else ""),
         ]
+        if self.overflowed:
+            worst = max(self.overflowed, key=self.overflowed.get)
+            total = sum(self.overflowed.values())
+            lines.append(f"warning: {total} value{'s' * (total != 1)} in {len(self.overflowed)} layer"
+                         f"{'s' * (len(self.overflowed) != 1)} exceed F16's range and were written as +-inf "
+                         f"(most: {worst}, {self.overflowed[worst]}); use --dtype bf16 or f32")
         lines += [f"wrote {p}" for p in self.outputs]
         return "\n".join(lines)
 
@@ -414,6 +423,8 @@ class _Work:
 
     def _decoder(self, layer: _Layer):
         def chunks():
+            import torch
+
             from .codecs.base import CodecError
             from .numerics.dtypes import from_bytes, to_bytes
             from .numerics.rows import release_memory
@@ -424,8 +435,13 @@ class _Work:
                 raw = self._read(needed)
                 tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in entries.items() if e.name in raw}
                 self._advance(sum(e.nbytes for e in needed))
+                f16 = layer.dtype == torch.float16
                 try:
                     for block in layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan):
+                        if f16:  # the only output dtype narrower than the decoders' F32 arithmetic
+                            inf = int(torch.isinf(block).sum())
+                            if inf:
+                                self.summary.overflowed[layer.name] = self.summary.overflowed.get(layer.name, 0) + inf
                         data = to_bytes(block)
                         self.summary.bytes_written += len(data)
                         yield data
