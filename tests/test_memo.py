@@ -56,7 +56,8 @@ def test_comfyui_shares_the_merged_marker_only_when_it_is_the_same_marker(tmp_pa
     cache entry.  Values equal only loosely (``1 == True``) are not the same marker."""
     from builders import W4A8_MARKER, header_markers, w4a8_layer, write
     from comfyquant import open_checkpoint
-    from comfyquant.targets.comfyui import _same_marker, comfyui_markers
+    from comfyquant.markers import same_marker as _same_marker
+    from comfyquant.targets.comfyui import comfyui_markers
 
     layer = w4a8_layer("blocks.0.fc")
     path = write(tmp_path / "m.safetensors", layer, metadata=header_markers({"blocks.0.fc": dict(W4A8_MARKER)}))
@@ -67,3 +68,25 @@ def test_comfyui_shares_the_merged_marker_only_when_it_is_the_same_marker(tmp_pa
     assert not _same_marker({"convrot": True}, {"convrot": 1})
     assert not _same_marker({"s": [1, 2]}, {"s": [True, 2]})
     assert not _same_marker({"a": 1}, {"a": 1, "b": 2})
+
+
+def test_identical_header_and_tensor_markers_merge_to_the_shared_object(tmp_path):
+    """No copy when the second source adds nothing (the usual file): the merged marker is one of
+    the parsed markers itself; a differing header still merges into a copy, header winning."""
+    from builders import W4A8_MARKER, header_markers, w4a8_layer, write
+    from comfyquant import open_checkpoint
+
+    layer = w4a8_layer("blocks.0.fc")
+    same = write(tmp_path / "same.safetensors", layer, metadata=header_markers({"blocks.0.fc": dict(W4A8_MARKER)}))
+    with open_checkpoint(same) as ck:
+        parsed = [r.obj for r in ck.markers.records if r.prefix == "blocks.0.fc"]
+        assert len(parsed) == 2 and not ck.markers.findings
+        assert any(ck.markers.effective["blocks.0.fc"] is obj for obj in parsed)  # one of them, not a copy
+    other = dict(W4A8_MARKER, group_size=32)
+    diff = write(tmp_path / "diff.safetensors", layer, metadata=header_markers({"blocks.0.fc": other}))
+    with open_checkpoint(diff) as ck:
+        parsed = {r.kind: r.obj for r in ck.markers.records if r.prefix == "blocks.0.fc"}
+        merged = ck.markers.effective["blocks.0.fc"]
+        assert all(merged is not obj for obj in parsed.values())
+        assert merged["group_size"] == 32 and parsed["tensor"]["group_size"] == 16
+        assert "M020" in {f.code for f in ck.markers.findings}

@@ -186,6 +186,22 @@ def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
         )
 
 
+def same_marker(a: dict, b: dict) -> bool:
+    """Equal keys and values of equal types (``1 == True`` in Python, not in a marker)."""
+    if a is b:
+        return True
+    if len(a) != len(b):
+        return False
+    for key, value in a.items():
+        other = b.get(key, _ABSENT)
+        if type(other) is not type(value) or other != value:
+            return False
+        if isinstance(value, (list, dict)) and repr(other) != repr(value):
+            return False
+    return True
+
+
+_ABSENT = object()
 _PARSED: dict[bytes, dict] = {}
 _IS_MARKER = methodcaller("endswith", ".comfy_quant")
 
@@ -206,7 +222,9 @@ def _merge(ms: MarkerSet) -> None:
             continue
         sources.append(rec)
         merged = effective[rec.prefix]
-        if len(sources) == 2:
+        if same_marker(merged, rec.obj):
+            continue  # nothing to add and no conflict (header and tensor markers written identical)
+        if merged is sources[0].obj:  # the first difference: merge into a copy, never the shared object
             effective[rec.prefix] = merged = dict(merged)
             for key in merged:
                 origin[(rec.prefix, key)] = sources[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from ..markers import same_marker
 from .base import LAYER, Verdict, Violation, bind
 
 DIFFUSION_PREFIX = "model.diffusion_model."
@@ -97,26 +98,8 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
         # markers written identical) is that object, so per-layer results cached under it
         # serve ComfyUI too.
         effective = ckpt.markers.effective.get(target)
-        markers[target] = effective if effective is not None and _same_marker(effective, rec.obj) else rec.obj
+        markers[target] = effective if effective is not None and same_marker(effective, rec.obj) else rec.obj
     return markers
-
-
-def _same_marker(a: dict, b: dict) -> bool:
-    """Equal keys and values of equal types (``1 == True`` in Python, not in a marker)."""
-    if a is b:
-        return True
-    if len(a) != len(b):
-        return False
-    for key, value in a.items():
-        other = b.get(key, _ABSENT)
-        if type(other) is not type(value) or other != value:
-            return False
-        if isinstance(value, (list, dict)) and repr(other) != repr(value):
-            return False
-    return True
-
-
-_ABSENT = object()
 
 
 def comfyui_verdict(ckpt) -> Verdict:
