@@ -130,6 +130,11 @@ class _Layer:
             self.per_expert = [{s: expert_entry(e, bank.experts, i) for s, e in layer.stored.items()}
                                for i in range(bank.experts)]
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the dense weight written for this layer."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
 
 def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None = None) -> Summary:
     """Write a dense copy of the checkpoint ``src`` (file, shards, folder or index) to ``out``.
@@ -156,7 +161,7 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
         files = _plan_outputs(ckpt, out)
         summary = Summary(list(ckpt.paths), [p for p, _, _ in files], dtype)
         work = _Work(ckpt, layers, summary)
-        _ensure_space(ckpt, layers, files)
+        _ensure_space(work, files)
         total = sum(e.nbytes for e in ckpt.tensors.values())
         temps: list[str] = []
         try:
@@ -270,21 +275,12 @@ def _metadata(ckpt, source: str | None) -> dict[str, str]:
     return {k: v for k, v in meta.items() if k not in DROP_METADATA}
 
 
-def _ensure_space(ckpt, layers: dict[str, _Layer], files: list) -> None:
+def _ensure_space(work, files: list) -> None:
     """Refuse at once when the dense output cannot fit: its tensor bytes are known from the
     plan (the writer checks each file again, header included, before writing it)."""
     from .io.writer import NoSpace, ensure_space
 
-    needs = []
-    for path, _source, names in files:
-        n = 0
-        for name in names:
-            layer = layers.get(name)
-            if layer is not None:
-                n += math.prod(layer.shape) * _itemsize(layer.dtype)
-            elif not name.endswith(".comfy_quant"):
-                n += ckpt.tensors[name].nbytes
-        needs.append((os.path.dirname(os.path.abspath(path)), n))
+    needs = [(os.path.dirname(os.path.abspath(path)), work.planned_bytes(names)) for path, _source, names in files]
     try:
         ensure_space(needs)
     except NoSpace as exc:
@@ -360,6 +356,15 @@ class _Work:
         the first local read, at once for the largest layer, so it is never reallocated
         (which would hold two)."""
 
+    def _dropped(self, name: str) -> bool:
+        """A marker or a quantization-only tensor: not written to the dense output."""
+        return name in self.dropped_names or name.endswith(".comfy_quant")
+
+    def planned_bytes(self, names: list[str]) -> int:
+        """Tensor bytes :meth:`output` will write for ``names``."""
+        return sum(self.layers[n].nbytes if n in self.layers else 0 if self._dropped(n) else self.ckpt.tensors[n].nbytes
+                   for n in names)
+
     def output(self, names: list[str], metadata: dict) -> tuple[dict, dict]:
         from .io.copying import copy_range
         from .numerics.dtypes import dtype_name
@@ -369,12 +374,12 @@ class _Work:
             entry = self.ckpt.tensors[name]
             layer = self.layers.get(name)
             if layer is not None:
-                nbytes = math.prod(layer.shape) * _itemsize(layer.dtype)
+                nbytes = layer.nbytes
                 tensors[name] = (dtype_name(layer.dtype), layer.shape, self._decoder(layer))
                 self.sizes[name] = nbytes
                 if nbytes > self.summary.largest_layer[1]:
                     self.summary.largest_layer = (layer.name, nbytes)
-            elif name in self.dropped_names or name.endswith(".comfy_quant"):
+            elif self._dropped(name):
                 self.summary.dropped += 1
                 self._advance(entry.nbytes)
             else:
@@ -430,15 +435,15 @@ class _Work:
             from .numerics.rows import release_memory
 
             self.settle()
+            f16 = layer.dtype == torch.float16  # the only output dtype narrower than the decoders' F32 arithmetic
             for entries in layer.per_expert or (layer.entries,):
                 needed = _packed(layer, entries)
                 raw = self._read(needed)
                 tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in entries.items() if e.name in raw}
                 self._advance(sum(e.nbytes for e in needed))
-                f16 = layer.dtype == torch.float16
                 try:
                     for block in layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan):
-                        if f16:  # the only output dtype narrower than the decoders' F32 arithmetic
+                        if f16:
                             inf = int(torch.isinf(block).sum())
                             if inf:
                                 self.summary.overflowed[layer.name] = self.summary.overflowed.get(layer.name, 0) + inf
@@ -465,10 +470,6 @@ def _packed(layer: _Layer, entries: dict | None = None) -> list:
 def _aligned(nbytes: int) -> int:
     """Bytes a tensor takes in the read buffer: every tensor starts aligned for any dtype view."""
     return -(-nbytes // ALIGN) * ALIGN
-
-
-def _itemsize(dtype) -> int:
-    return dtype.itemsize
 
 
 class _NoBar:
