@@ -18,17 +18,14 @@ class Int8Codec(Codec):
 
     def _checks_finite(self, params):
         # row-wise scales (row-wise or ConvRot) reveal NaN/Inf; the scalar scale needs max|w|
-        per_channel = params.get("per_channel")
-        return bool(params.get("convrot", False) if per_channel is None else per_channel)
+        return _row_scaled(params.get("per_channel"), params.get("convrot", False))
 
     def _encode(self, weight, params, name, amax):
         convrot = bool(params.pop("convrot", False))
-        per_channel = params.pop("per_channel", None)
+        per_channel = _row_scaled(params.pop("per_channel", None), convrot)
         size = params.pop("convrot_groupsize", 256)
         scale = params.pop("scale", None)
         reject_unknown(params, name)
-        if per_channel is None:
-            per_channel = convrot
         if convrot:
             if not per_channel:
                 raise CodecError(f"{name}: convrot is only supported when per_channel is True")
@@ -74,6 +71,12 @@ class Int8Codec(Codec):
         (q_x, s_x), dtype = state
         scale = per_row(t["weight_scale"], plan.shape[0], r0, r1)
         return int8_product(q_x, s_x, rows_of(t["weight"], r0, r1), scale, bias, dtype)
+
+
+def _row_scaled(per_channel, convrot) -> bool:
+    """Whether the weight gets row-wise scales: ``per_channel``, which defaults to ``convrot``
+    (comfy-kitchen's rule)."""
+    return bool(convrot if per_channel is None else per_channel)
 
 
 def _encode_rows(weight: torch.Tensor, fn, name: str, block_elements: int | None = None) -> list[torch.Tensor]:
