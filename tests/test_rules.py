@@ -287,3 +287,35 @@ def test_deep_on_a_truncated_file_reports_the_truncation_and_reads_only_what_is_
     codes = {f.code for f in report.findings}
     assert "C002" in codes and "D001" in codes and not report.ok
     assert not [f for f in report.findings if f.tensor == codebook.name and f.code.startswith("D")]
+
+
+def _scalar(dtype: str, value: float) -> tuple:
+    fmt = {"F32": "<f", "F16": "<e"}[dtype]
+    return (dtype, (), struct.pack(fmt, value))
+
+
+@pytest.mark.parametrize("value, code", [(0.0, "D002"), (-0.0, "D002"), (-2.0, "D003"), (float("nan"), "D001"),
+                                         (float("inf"), "D001")])
+@pytest.mark.parametrize("layer_of, tensor", [
+    (lambda: fp8_layer("f"), "f.weight_scale"),
+    (lambda: int8_layer("i", marker={"format": "int8_tensorwise"}, scale_shape=()), "i.weight_scale"),
+    (lambda: nvfp4_layer("n"), "n.weight_scale_2"),
+])
+def test_deep_single_element_scales_are_judged_like_many(tmp_path, layer_of, tensor, value, code):
+    """A per-tensor scale of zero makes the whole layer output zeros; negative flips it, NaN
+    poisons it: each is an error naming the tensor, as for a multi-element scale."""
+    layer = layer_of()
+    layer[tensor] = _scalar(layer[tensor][0], value)
+    p = write(tmp_path / "s.safetensors", layer)
+    report = check(p, deep=True)
+    hits = [f for f in report.findings if f.code == code and f.tensor == tensor]
+    assert hits and hits[0].severity == "error" and not report.ok
+    assert not [f for f in check(p).findings if f.code.startswith("D")]  # values are read only with --deep
+
+
+def test_deep_all_zero_multi_element_scale_is_an_error_not_only_a_warning(tmp_path):
+    """Every row scale zero: the layer outputs zeros; that is D002 (error) as well as D006."""
+    layer = int8_layer("i", marker={"format": "int8_tensorwise", "per_channel": True})
+    layer["i.weight_scale"] = zeros("F32", (32, 1))
+    report = check(write(tmp_path / "z.safetensors", layer), deep=True)
+    assert {"D002"} <= {f.code for f in report.findings if f.severity == "error"} and not report.ok

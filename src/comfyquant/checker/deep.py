@@ -105,10 +105,15 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
     if slot.positive:
         zeros = int((v == 0).sum())
         neg = int((v < 0).sum())
-        if zeros and zeros < v.size:
-            out.append(Finding("D002", f"{what}: {zeros} of {v.size} scales are zero", layer=layer, tensor=tensor,
-                               expected="> 0", actual=f"{zeros} zeros",
-                               cause="those rows/groups decode to zero (dead outputs) or divide by zero", fix=fix))
+        if zeros:
+            # a single (per-tensor) scale of zero, or all of them, zeroes the whole layer's output
+            whole = zeros == v.size
+            said = ("the scale is zero" if v.size == 1 else "every scale is zero") if whole \
+                else f"{zeros} of {v.size} scales are zero"
+            out.append(Finding("D002", f"{what}: {said}", layer=layer, tensor=tensor,
+                               expected="> 0", actual=f"{zeros} zero" + ("" if zeros == 1 else "s"),
+                               cause="the whole layer decodes to zero (it outputs only its bias)" if whole
+                               else "those rows/groups decode to zero (dead outputs) or divide by zero", fix=fix))
         if neg:
             out.append(Finding("D003", f"{what}: {neg} of {v.size} scales are negative", layer=layer, tensor=tensor,
                                expected="> 0", actual=f"{neg} negative", cause="sign-flipped scales invert weights", fix=fix))
