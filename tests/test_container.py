@@ -17,6 +17,7 @@ from comfyquant.cli import main
 from comfyquant.errors import InputError
 from comfyquant.io.header import Header, _enter_tensors, read_header
 from comfyquant.io.source import LocalFile
+from conftest import HAS_TORCH
 
 
 def codes(report):
@@ -84,9 +85,12 @@ def test_named_pipes_and_devices_are_refused_without_blocking(tmp_path, capsys):
     worker.start()
     worker.join(timeout=60)
     assert not worker.is_alive(), "a named pipe blocked the reader"
-    for rc, _, err in results:
+    assert len(results) == len(runs)
+    for run, (rc, _, err) in zip(runs, results):
         assert rc == 2 and err.count("\n") == 1, err
-        assert "is a named pipe, not a file comfyquant can read" in err or "/dev/zero: is a character device" in err
+        refused = "is a named pipe, not a file comfyquant can read" in err or "/dev/zero: is a character device" in err
+        # a light install may name the missing extra before it looks at the input: still one line, at once
+        assert refused or (not HAS_TORCH and run[0] in ("quantize", "dequantize") and "needs torch" in err), err
 
 
 def test_json_nested_too_deeply_is_bad_input_not_a_crash(tmp_path, capsys):
