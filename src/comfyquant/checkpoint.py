@@ -179,7 +179,8 @@ def open_checkpoint(
 
         shardset, sources = open_remote(paths, remote)
     elif sources is None:
-        shardset = resolve_local(paths)
+        if shardset is None:
+            shardset = resolve_local(paths)
         sources = []
         try:
             for f in shardset.files:
@@ -192,6 +193,12 @@ def open_checkpoint(
         shardset = ShardSet(files=[s.name for s in sources])
     try:
         headers = [read_header(s) for s in sources]
+        if shardset.explicit and len(headers) > 1:
+            from .io.shards import separate_repeats
+
+            separate = separate_repeats(shardset, [h.tensors for h in headers])
+            if separate is not None:
+                raise separate
     except InputError:
         for s in sources:
             s.close()
@@ -219,17 +226,20 @@ def _merge(ckpt: Checkpoint) -> None:
             _duplicates(ckpt)
     ss = ckpt.shardset
     for missing in ss.missing:
+        message, actual = ss.missing_message(missing)
         findings.append(
             Finding(
                 "C011",
-                f"shard {missing} named by {ss.index_path} is missing",
+                message,
                 expected=missing,
-                actual="no such file",
-                cause="incomplete download",
-                fix="download the missing shard",
-                file=ss.index_path,
+                actual=actual,
+                cause="incomplete download" if missing not in ss.why else "a broken link or a wrong file in the folder",
+                fix="download the missing shard" if missing not in ss.why else "replace the entry by the shard file",
+                file=ss.index_path or missing,
             )
         )
+    for file, note in ss.notes:
+        findings.append(Finding("C015", note, file=file))
     if ss.weight_map:
         _check_index(ckpt, ss, findings)
 
