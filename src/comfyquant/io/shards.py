@@ -132,7 +132,7 @@ class SeparateCheckpoints(InputError):
         self.where = where
         self.groups = groups
         self.reason = reason
-        names = [g.label + (" (unreadable)" if g.error else "") for g in groups]
+        names = [g.label + (f" (unreadable: {g.error.split(': ', 1)[-1]})" if g.error else "") for g in groups]
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
         why = f" ({reason})" if reason else ""
         super().__init__(f"{where}: {len(groups)} separate checkpoints, not the shards of one model{why}: "
