@@ -391,3 +391,68 @@ def test_index_entries_in_subfolders_and_dot_paths_are_fine(tmp_path):
                                   "b.weight_scale": "b.safetensors", "b.comfy_quant": "b.safetensors"}}, fh)
     r = check(str(d))
     assert r.ok and r.files == [a, b]
+
+
+# -- random folders -------------------------------------------------------------------------
+
+
+def random_folder(folder, seed):
+    """1-6 members drawn from the kinds a real folder has: full models (some with the same
+    tensor names), shard series with gaps, indexes good and bad, and every kind of broken link."""
+    import random
+
+    rng = random.Random(seed)
+    os.makedirs(folder)
+    made: list[str] = []
+    for i in range(rng.randint(1, 6)):
+        kind = rng.choice(["model", "model", "series", "index", "dangling", "loop", "dirlink", "samelink", "fifo",
+                           "badindex", "outside"])
+        if kind == "model":
+            made.append(flux(os.path.join(folder, f"m{i}.safetensors")))
+        elif kind == "series":
+            n = rng.randint(1, 3)
+            for j in rng.sample(range(1, n + 1), rng.randint(1, n)):
+                made.append(write(os.path.join(folder, f"s{i}-{j:05d}-of-{n:05d}.safetensors"), int8_layer(f"b{j}.x")))
+        elif kind == "index":
+            a, b = shard_pair(folder, f"ix{i}")
+            index_for(folder, [a, b], f"ix{i}.safetensors.index.json")
+            if rng.random() < 0.5:
+                os.remove(b)
+        elif kind == "dangling":
+            os.symlink(os.path.join(folder, "nothing"), os.path.join(folder, f"d{i}.safetensors"))
+        elif kind == "loop":
+            os.symlink(f"l{i}b.safetensors", os.path.join(folder, f"l{i}a.safetensors"))
+            os.symlink(f"l{i}a.safetensors", os.path.join(folder, f"l{i}b.safetensors"))
+        elif kind == "dirlink":
+            os.makedirs(os.path.join(folder, f"dir{i}"))
+            os.symlink(f"dir{i}", os.path.join(folder, f"dir{i}.safetensors"))
+        elif kind == "samelink" and made:
+            os.symlink(os.path.basename(rng.choice(made)), os.path.join(folder, f"z{i}.safetensors"))
+        elif kind == "fifo" and hasattr(os, "mkfifo"):
+            os.mkfifo(os.path.join(folder, f"p{i}.safetensors"))
+        elif kind == "badindex":
+            with open(os.path.join(folder, f"bad{i}.safetensors.index.json"), "w") as fh:
+                fh.write(rng.choice(["{not json", "[]", '{"weight_map": {"a": 1}}', ""]))
+        elif kind == "outside":
+            with open(os.path.join(folder, f"out{i}.safetensors.index.json"), "w") as fh:
+                json.dump({"weight_map": {"a.weight": rng.choice(["../x.safetensors", "/etc/passwd", "a\u0000b"])}}, fh)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_folders_never_crash(tmp_path, capsys, seed):
+    """Whatever a folder holds, every command answers with a report or one-line errors
+    (exit 0, 1 or 2), never an internal error; check --json is always one JSON document."""
+    d = str(tmp_path / "f")
+    random_folder(d, seed)
+    before = sorted(os.listdir(d))
+    for argv in (("check", d), ("check", d, "--json"), ("inspect", d), ("check", "-r", d), ("fix", d, "--dry-run"),
+                 ("dequantize", d, str(tmp_path / "o.safetensors"))):
+        rc, out, err = run(capsys, *argv)
+        assert rc in (0, 1, 2), (argv, out, err)
+        assert "internal error" not in err and "Traceback" not in err, (argv, err)
+        assert all(line.startswith("comfyquant") for line in err.splitlines()), (argv, err)
+        if argv[0] in ("fix", "dequantize") and rc == 2:
+            assert err.count("\n") == 1, (argv, err)
+        if "--json" in argv and (rc != 2 or out):  # a single unreadable input is only its error line
+            json.loads(out)
+    assert sorted(os.listdir(d)) == before
