@@ -456,3 +456,31 @@ def test_random_folders_never_crash(tmp_path, capsys, seed):
         if "--json" in argv and (rc != 2 or out):  # a single unreadable input is only its error line
             json.loads(out)
     assert sorted(os.listdir(d)) == before
+
+
+def test_remote_folder_follows_the_same_rule(diffusion_models, tmp_path, capsys):
+    """An fsspec folder URL of separate models: each checked, writers refuse (was: merged)."""
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("memory")
+    for name in os.listdir(diffusion_models):
+        fs.pipe(f"/cq-folders/{name}", (diffusion_models / name).read_bytes())
+    try:
+        url = "memory://cq-folders/"
+        rc, out, err = run(capsys, "check", url, "--json")
+        doc = json.loads(out)
+        assert rc == 0 and err == ""
+        assert [(c["checkpoint"], c["findings"]) for c in doc["checkpoints"]] == [
+            ("flux1-dev-fp8.safetensors", []), ("flux1-schnell-fp8.safetensors", []), ("qwen_image_fp8.safetensors", [])]
+        rc, _, err = run(capsys, "dequantize", url, tmp_path / "o.safetensors")
+        assert rc == 2 and err.count("\n") == 1 and "3 separate checkpoints, not the shards of one model" in err
+        # one model and its index: one checkpoint, as locally
+        for name in os.listdir(diffusion_models):
+            fs.rm(f"/cq-folders/{name}")
+        a, b = shard_pair(tmp_path / "sharded")
+        index_for(tmp_path / "sharded", [a, b])
+        for name in os.listdir(tmp_path / "sharded"):
+            fs.pipe(f"/cq-folders/{name}", (tmp_path / "sharded" / name).read_bytes())
+        r = check(url)
+        assert r.ok and len(r.files) == 2
+    finally:
+        fs.rm("/cq-folders", recursive=True)

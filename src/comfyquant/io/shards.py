@@ -366,17 +366,19 @@ def plan_local(paths: list[str]) -> list[Group]:
     return groups
 
 
+def folder_reason(groups: list[Group]) -> str:
+    """Why a folder's files are several checkpoints, for :class:`SeparateCheckpoints`."""
+    if any(g.kind == "index" for g in groups):
+        return "an index names its own shards; other files stand alone"
+    return "no index names them together, and the file names are not one <stem>-<i>-of-<n> series"
+
+
 def resolve_local(paths: list[str]) -> ShardSet:
     """Turn command-line paths into one shard set, or raise :class:`SeparateCheckpoints`."""
     groups = plan_local(paths)
     if len(groups) > 1:
         folders = [p for p in paths if not p.endswith(".json") and os.path.isdir(p)]
-        if not folders:
-            reason = "each index and each folder is a checkpoint of its own"
-        elif any(g.kind == "index" for g in groups):
-            reason = "an index names its own shards; other files stand alone"
-        else:
-            reason = "no index names them together, and the file names are not one <stem>-<i>-of-<n> series"
+        reason = folder_reason(groups) if folders else "each index and each folder is a checkpoint of its own"
         raise SeparateCheckpoints(", ".join(paths), groups, reason)
     return groups[0].shardset()
 
