@@ -90,7 +90,7 @@ class Group:
     own) or ``"files"`` (files named on the command line).  ``error`` is set when the checkpoint
     cannot be opened at all (the one-line reason)."""
 
-    __slots__ = ("label", "paths", "missing", "error", "kind", "why", "notes", "count", "members", "folder")
+    __slots__ = ("label", "paths", "missing", "error", "kind", "why", "notes", "count", "members", "folder", "parsed")
 
     def __init__(self, label: str, paths: list[str], missing: list[str] | None = None, error: str | None = None,
                  kind: str = "file", folder: str | None = None) -> None:
@@ -104,6 +104,8 @@ class Group:
         self.count: int | None = None
         self.members: list[str] | None = None
         self.folder = folder
+        self.parsed: tuple[list[str], dict[str, str]] | None = None
+        """The index as :func:`read_index` parsed it while grouping (not read twice)."""
 
     def __repr__(self) -> str:
         return f"Group({self.label!r}, {self.paths}, missing={self.missing})"
@@ -114,7 +116,7 @@ class Group:
             raise InputError(self.error)
         if self.kind == "index":
             ss = ShardSet()
-            _use_index(ss, self.paths[0])
+            _use_index(ss, self.paths[0], self.parsed)
         else:
             ss = ShardSet(files=list(self.paths), missing=list(self.missing))
             ss.why = dict(self.why)
@@ -249,11 +251,6 @@ def _local_join(folder: str, name: str) -> str:
     return os.path.normpath(os.path.join(folder, name)) if folder else name
 
 
-def _local_index_shards(index: str) -> list[str] | None:
-    try:
-        return read_index(index)[0]
-    except InputError:
-        return None  # opening the group says why
 
 
 def settle(groups: list[Group]) -> list[Group]:
@@ -326,7 +323,19 @@ def folder_groups(folder: str) -> list[Group]:
     wanted = [n for n in names if n.endswith(".safetensors") or n.endswith(INDEX_SUFFIX)]
     if not wanted:
         raise InputError(f"{folder}: folder holds no .safetensors files")
-    return settle(group_folder(folder, wanted, _local_index_shards, _local_join))
+    parsed: dict[str, tuple[list[str], dict[str, str]]] = {}
+
+    def index_shards(index: str) -> list[str] | None:
+        try:
+            parsed[index] = read_index(index)
+        except InputError:
+            return None  # opening the group says why
+        return parsed[index][0]
+
+    groups = group_folder(folder, wanted, index_shards, _local_join)
+    for g in groups:
+        g.parsed = parsed.get(g.paths[0]) if g.kind == "index" else None
+    return settle(groups)
 
 
 def plan_local(paths: list[str]) -> list[Group]:
@@ -411,14 +420,16 @@ def separate_repeats(ss: ShardSet, tensors: list[dict]) -> SeparateCheckpoints |
     return SeparateCheckpoints(", ".join(ss.files), groups, f"the files repeat tensor names, e.g. {repeat!r}")
 
 
-def _use_index(result: ShardSet, path: str) -> None:
-    """Read an index into ``result``: its shards in order, the missing ones with the reason."""
+def _use_index(result: ShardSet, path: str, parsed: tuple[list[str], dict[str, str]] | None = None) -> None:
+    """Read an index into ``result`` (``parsed``: already read): its shards in order, the
+    missing ones with the reason."""
     from .source import stat_member
 
-    st, problem = stat_member(path)
-    if problem is not None:
-        raise InputError(f"{path}: {problem}")
-    shards, wm = read_index(path)
+    if parsed is None:
+        st, problem = stat_member(path)
+        if problem is not None:
+            raise InputError(f"{path}: {problem}")
+    shards, wm = parsed or read_index(path)
     result.index_path = path
     result.index_dir = os.path.dirname(path)
     result.weight_map = wm
