@@ -144,7 +144,8 @@ class SeparateCheckpoints(InputError):
     def note(self) -> str:
         """The heading ``check`` and ``inspect`` print before their per-checkpoint sections."""
         why = f" ({self.reason})" if self.reason else ""
-        return f"{self.where}: {len(self.groups)} separate checkpoints, not the shards of one model{why}; each is reported on its own"
+        return (f"{self.where}: {len(self.groups)} separate checkpoints, not the shards of one model{why}; "
+                "each is reported on its own")
 
 
 def is_url(path: str) -> bool:
@@ -249,8 +250,6 @@ def group_folder(folder: str, names: list[str], index_shards: Callable[[str], li
 
 def _local_join(folder: str, name: str) -> str:
     return os.path.normpath(os.path.join(folder, name)) if folder else name
-
-
 
 
 def settle(groups: list[Group]) -> list[Group]:
