@@ -484,3 +484,18 @@ def test_remote_folder_follows_the_same_rule(diffusion_models, tmp_path, capsys)
         assert r.ok and len(r.files) == 2
     finally:
         fs.rm("/cq-folders", recursive=True)
+
+
+def test_an_implausible_shard_count_is_not_a_series(tmp_path):
+    """``-of-1000000`` is not read as a series with 999,999 missing shards (was: a million C011
+    findings; ``-of-999999999`` never finished): the file stands alone."""
+    from comfyquant.checker.batch import group
+
+    groups = group(["r/x-00001-of-1000000.safetensors", "r/y-00001-of-00002.safetensors"], "r")
+    assert [(g.label, g.missing) for g in groups] == [("x-00001-of-1000000.safetensors", []),
+                                                      ("y-NNNNN-of-00002.safetensors", ["r/y-00002-of-00002.safetensors"])]
+    d = tmp_path / "m"
+    d.mkdir()
+    write(d / "x-00001-of-999999999.safetensors", int8_layer("a"))
+    r = check(str(d))
+    assert r.ok and r.findings == []

@@ -40,6 +40,9 @@ from ..errors import InputError
 
 SHARD_NAME = re.compile(r"^(?P<stem>.+)-(?P<i>\d+)-of-(?P<n>\d+)\.safetensors$")
 INDEX_SUFFIX = ".safetensors.index.json"
+MAX_SERIES = 10_000
+"""A ``-of-<n>`` larger than this is not read as a series (its missing numbers would be listed
+one by one): the file stands alone.  Real models have at most a few hundred shards."""
 
 
 class ShardSet:
@@ -232,7 +235,7 @@ def group_folder(folder: str, names: list[str], index_shards: Callable[[str], li
         if path in claimed:
             continue
         m = SHARD_NAME.match(n)
-        if m and 1 <= int(m["i"]) <= int(m["n"]) and int(m["i"]) not in stems.get((m["stem"], m["n"]), {}):
+        if m and 1 <= int(m["i"]) <= int(m["n"]) <= MAX_SERIES and int(m["i"]) not in stems.get((m["stem"], m["n"]), {}):
             stems.setdefault((m["stem"], m["n"]), {})[int(m["i"])] = n
         else:
             groups.append(Group(n, [path], kind="file", folder=folder))
