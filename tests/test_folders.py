@@ -499,3 +499,19 @@ def test_an_implausible_shard_count_is_not_a_series(tmp_path):
     write(d / "x-00001-of-999999999.safetensors", int8_layer("a"))
     r = check(str(d))
     assert r.ok and r.findings == []
+
+
+def test_grouped_tensor_findings_keep_the_rest_of_the_message(tmp_path, capsys):
+    """Tensor names are replaced only where quoted: a tensor named 'model' leaves the shard name
+    'model-00002-of-00002.safetensors' alone, so both C012 findings are one group."""
+    d = tmp_path / "ck"
+    d.mkdir()
+    a = write(d / "model-00001-of-00002.safetensors", int8_layer("blocks.0.a"), {"model": zeros("BF16", (4,))},
+              {"x": zeros("BF16", (4,))})
+    b = write(d / "model-00002-of-00002.safetensors", int8_layer("blocks.1.a"))
+    index_for(d, [a, b], extra={"model": "model-00002-of-00002.safetensors", "x": "model-00002-of-00002.safetensors"})
+    rc, out, _ = run(capsys, "check", d)
+    assert rc == 1
+    assert out.count("C012") == 1
+    assert "  expected model-00002-of-00002.safetensors\n" in out
+    assert "  tensors  2: model, x\n" in out

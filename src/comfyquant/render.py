@@ -30,11 +30,11 @@ def _by_tensor(f) -> bool:
 
 
 def _template(f, text):
-    """``text`` with the finding's tensor name replaced by ``<tensor>`` (``text`` when the
-    finding is about a layer, or None)."""
+    """``text`` with the finding's quoted tensor name (``'x.weight'``, as messages write it)
+    replaced by ``<tensor>``; ``text`` itself when the finding is about a layer, or None."""
     if text is None or not _by_tensor(f):
         return text
-    return text.replace(repr(f.tensor), "<tensor>").replace(f.tensor, "<tensor>")
+    return text.replace(repr(f.tensor), "<tensor>")
 
 
 def _group(findings):
