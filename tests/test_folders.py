@@ -515,3 +515,15 @@ def test_grouped_tensor_findings_keep_the_rest_of_the_message(tmp_path, capsys):
     assert out.count("C012") == 1
     assert "  expected model-00002-of-00002.safetensors\n" in out
     assert "  tensors  2: model, x\n" in out
+
+
+def test_a_model_root_without_files_points_to_recursive(tmp_path, capsys):
+    """A diffusers root holds its checkpoints in sub-folders (transformer/, vae/)."""
+    root = tmp_path / "FLUX.1-dev"
+    shard_pair(root / "transformer")
+    (root / "model_index.json").write_text("{}")
+    rc, _, err = run(capsys, "check", root)
+    assert rc == 2 and err.count("\n") == 1
+    assert err.endswith("folder holds no .safetensors files; check --recursive also looks in its sub-folders\n")
+    rc, out, _ = run(capsys, "check", root, "--recursive")
+    assert rc == 0 and "transformer/model-NNNNN-of-00002.safetensors" in out

@@ -324,7 +324,9 @@ def folder_groups(folder: str) -> list[Group]:
         raise InputError(f"{folder}: cannot list the folder ({exc.strerror})") from None
     wanted = [n for n in names if n.endswith(".safetensors") or n.endswith(INDEX_SUFFIX)]
     if not wanted:
-        raise InputError(f"{folder}: folder holds no .safetensors files")
+        subs = any(os.path.isdir(os.path.join(folder, n)) and not n.startswith(".") for n in names)
+        raise InputError(f"{folder}: folder holds no .safetensors files"
+                         + ("; check --recursive also looks in its sub-folders" if subs else ""))
     parsed: dict[str, tuple[list[str], dict[str, str]]] = {}
 
     def index_shards(index: str) -> list[str] | None:
