@@ -193,18 +193,19 @@ def open_checkpoint(
         shardset = ShardSet(files=[s.name for s in sources])
     try:
         headers = [read_header(s) for s in sources]
-        if shardset.explicit and len(headers) > 1:
-            from .io.shards import separate_repeats
-
-            separate = separate_repeats(shardset, [h.tensors for h in headers])
-            if separate is not None:
-                raise separate
     except InputError:
         for s in sources:
             s.close()
         raise
     ckpt = Checkpoint(paths, shardset, sources, headers)
     _merge(ckpt)
+    if ckpt.duplicates and shardset.explicit:  # files named by the user that repeat tensor names
+        from .io.shards import separate_repeats
+
+        separate = separate_repeats(shardset, [h.tensors for h in headers])
+        if separate is not None:
+            ckpt.close()
+            raise separate
     _group_layers(ckpt)
     ckpt.markers = collect_markers(ckpt)
     _apply_markers(ckpt, name_mapper)
