@@ -527,3 +527,14 @@ def test_a_model_root_without_files_points_to_recursive(tmp_path, capsys):
     assert err.endswith("folder holds no .safetensors files; check --recursive also looks in its sub-folders\n")
     rc, out, _ = run(capsys, "check", root, "--recursive")
     assert rc == 0 and "transformer/model-NNNNN-of-00002.safetensors" in out
+
+
+def test_the_same_checkpoint_given_twice_is_one(tmp_path):
+    d = tmp_path / "ck"
+    a, b = shard_pair(d)
+    index = index_for(d, [a, b])
+    single = write(tmp_path / "single.safetensors", int8_layer("x"))
+    assert check([str(d), str(d)]).files == [a, b]
+    assert check([str(d), index]).files == [a, b]
+    assert check([index, os.path.join(str(d), ".", "model.safetensors.index.json")]).files == [a, b]
+    assert check([single, str(tmp_path / "." / "single.safetensors")]).files == [single]

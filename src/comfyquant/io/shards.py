@@ -376,6 +376,11 @@ def plan_local(paths: list[str]) -> list[Group]:
     if files:
         label = files[0] if len(files) == 1 else f"{files[0]} (+{len(files) - 1} files)"
         groups.insert(files_at, Group(label, files, kind="files"))
+    if len(groups) > 1:  # the same folder, index or file given twice is one checkpoint
+        unique: dict[frozenset[str], Group] = {}
+        for g in groups:
+            unique.setdefault(frozenset(map(os.path.realpath, g.paths)), g)
+        groups = list(unique.values())
     return groups
 
 
