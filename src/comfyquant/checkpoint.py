@@ -179,7 +179,8 @@ def open_checkpoint(
 
         shardset, sources = open_remote(paths, remote)
     elif sources is None:
-        shardset = resolve_local(paths)
+        if shardset is None:
+            shardset = resolve_local(paths)
         sources = []
         try:
             for f in shardset.files:
@@ -198,6 +199,13 @@ def open_checkpoint(
         raise
     ckpt = Checkpoint(paths, shardset, sources, headers)
     _merge(ckpt)
+    if ckpt.duplicates and shardset.explicit:  # files named by the user that repeat tensor names
+        from .io.shards import separate_repeats
+
+        separate = separate_repeats(shardset, [h.tensors for h in headers])
+        if separate is not None:
+            ckpt.close()
+            raise separate
     _group_layers(ckpt)
     ckpt.markers = collect_markers(ckpt)
     _apply_markers(ckpt, name_mapper)
@@ -219,17 +227,20 @@ def _merge(ckpt: Checkpoint) -> None:
             _duplicates(ckpt)
     ss = ckpt.shardset
     for missing in ss.missing:
+        message, actual = ss.missing_message(missing)
         findings.append(
             Finding(
                 "C011",
-                f"shard {missing} named by {ss.index_path} is missing",
+                message,
                 expected=missing,
-                actual="no such file",
-                cause="incomplete download",
-                fix="download the missing shard",
-                file=ss.index_path,
+                actual=actual,
+                cause="incomplete download" if missing not in ss.why else "a broken link or a wrong file in the folder",
+                fix="download the missing shard" if missing not in ss.why else "replace the entry by the shard file",
+                file=ss.index_path or missing,
             )
         )
+    for file, note in ss.notes:
+        findings.append(Finding("C015", note, file=file))
     if ss.weight_map:
         _check_index(ckpt, ss, findings)
 

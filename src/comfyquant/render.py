@@ -23,14 +23,38 @@ def _sev(sev: str, color: bool) -> str:
     return f"{_COLORS[sev]}{label}\033[0m" if color and sev in _COLORS else label
 
 
+def _by_tensor(f) -> bool:
+    """A finding about a tensor outside any layer (index and shard findings: C010, C012 ...):
+    such findings group by their message with the tensor name taken out."""
+    return bool(f.tensor) and not f.layer
+
+
+def _template(f, text):
+    """``text`` with the finding's quoted tensor name (``'x.weight'``, as messages write it)
+    replaced by ``<tensor>``; ``text`` itself when the finding is about a layer, or None."""
+    if text is None or not _by_tensor(f):
+        return text
+    return text.replace(repr(f.tensor), "<tensor>")
+
+
 def _group(findings):
+    """Findings that say the same thing about many layers, or many tensors, as one group."""
     groups: dict[tuple, list] = {}
     for f in findings:
-        suffix = f.tensor.rsplit(".", 1)[-1] if f.tensor and f.layer else f.tensor
-        key = (f.severity, f.code, suffix, f.expected, f.actual, f.cause, f.fix, tuple(f.targets),
-               f.message if not f.layer else None)
+        if _by_tensor(f):
+            key = (f.severity, f.code, None, _template(f, f.expected), _template(f, f.actual), f.cause, f.fix,
+                   tuple(f.targets), _template(f, f.message), f.file)
+        else:
+            suffix = f.tensor.rsplit(".", 1)[-1] if f.tensor and f.layer else f.tensor
+            key = (f.severity, f.code, suffix, f.expected, f.actual, f.cause, f.fix, tuple(f.targets),
+                   f.message if not f.layer else None)
         groups.setdefault(key, []).append(f)
     return list(groups.values())
+
+
+def _examples(names: list[str], shown: int = 8) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{len(names)}: {', '.join(names[:shown])}{more}"
 
 
 def render_report(report, verbose: bool = False, stream=None) -> str:
@@ -42,27 +66,29 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
     shown = [f for f in report.findings if verbose or f.severity != INFO]
     for group in _group(shown):
         f = group[0]
+        many = len(group) > 1
+        tensors = many and _by_tensor(f)
         where = f.layer or (f.file or "")
         if f.tensor and f.layer:
             where += " · " + f.tensor.rsplit(".", 1)[-1]
-        elif f.tensor:
+        elif f.tensor and not tensors:
             where += " · " + f.tensor
         lines.append("")
         lines.append(f"{_sev(f.severity, color)} {f.code} {where}")
-        msg = f.message
-        if len(group) > 1:
+        msg = _template(f, f.message) if tensors else f.message
+        if many and not tensors:
             msg = msg.replace(f.layer or "\0", "<layer>")
         if not (f.expected and f.actual):
             lines.append(f"  {msg}")
         for label, value in (("expected", f.expected), ("actual", f.actual), ("cause", f.cause), ("fix", f.fix)):
             if value:
-                lines.append(f"  {label:<8} {value}")
+                lines.append(f"  {label:<8} {_template(f, value) if tensors else value}")
         if f.targets:
             lines.append(f"  {'affects':<8} {', '.join(f.targets)}")
-        if len(group) > 1:
-            names = [g.layer for g in group]
-            more = f" and {len(names) - 8} more" if len(names) > 8 else ""
-            lines.append(f"  {'layers':<8} {len(names)}: {', '.join(names[:8])}{more}")
+        if tensors:
+            lines.append(f"  {'tensors':<8} {_examples([g.tensor for g in group])}")
+        elif many:
+            lines.append(f"  {'layers':<8} {_examples([g.layer for g in group])}")
     lines.append("")
     lines.append("targets:")
     for name, verdict in report.verdicts.items():
@@ -172,7 +198,7 @@ def render_fix(result) -> str:
             where = f.layer or ""
             if f.tensor and f.layer:
                 where += " · " + f.tensor.rsplit(".", 1)[-1]
-            more = f" (+{len(group) - 1} more layers)" if len(group) > 1 else ""
+            more = f" (+{len(group) - 1} more {'tensors' if _by_tensor(f) else 'layers'})" if len(group) > 1 else ""
             lines.append(f"  {f.code} {where}{more}: {f.cause or f.message}")
             if f.fix:
                 lines.append(f"      fix: {f.fix}")
@@ -216,6 +242,14 @@ def render_summary_line(item, verbose: bool = False) -> str:
         for file, st in r.io.items():
             line += f"\n        read {file}: {_plural(st['requests'], 'request')}, {st['bytes']} bytes"
     return line
+
+
+def render_section(item, verbose: bool = False, stream=None) -> str:
+    """One checkpoint of a folder of separate checkpoints: a heading, then its full report."""
+    head = f"\n== {item.label} =="
+    if item.report is None:
+        return f"{head}\n{_STATUS[item.status]} {item.error}"
+    return f"{head}\n{render_report(item.report, verbose=verbose, stream=stream)}"
 
 
 def render_summary(result, verbose: bool = False) -> str:

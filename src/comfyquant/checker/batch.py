@@ -1,7 +1,8 @@
 """``check --recursive``: every checkpoint of a folder tree, one report each, and a summary.
 
 Teams publish folders of many checkpoints; checking them one command at a time is slow to
-type and slow to run.  A tree is grouped into checkpoints per folder, in this order:
+type and slow to run.  Each folder of the tree is grouped into checkpoints by the one rule
+every command uses (:mod:`comfyquant.io.shards`):
 
 1. each ``*.safetensors.index.json`` is one checkpoint with the shards it names;
 2. the remaining ``<stem>-0000N-of-0000M.safetensors`` files with the same stem and M are one
@@ -9,8 +10,9 @@ type and slow to run.  A tree is grouped into checkpoints per folder, in this or
    a missing shard an index names would be;
 3. every other ``*.safetensors`` file is a checkpoint of its own.
 
-Roots are local folders, fsspec folder URLs (``s3://bucket/models/``; HTTP cannot list), or
-single files and URLs.  Hidden folders (``.git``, ``.cache``) are skipped.
+The same machinery checks the separate checkpoints of one folder given to plain ``check``
+(:func:`check_groups`).  Roots are local folders, fsspec folder URLs (``s3://bucket/models/``;
+HTTP cannot list), or single files and URLs.  Hidden folders (``.git``, ``.cache``) are skipped.
 
 ``jobs`` threads open checkpoints concurrently: reading headers and markers is I/O (network
 round trips for URLs), which threads overlap well.  The rules then run one checkpoint at a time
@@ -22,36 +24,20 @@ the grouping order whatever finishes first, so output is deterministic.
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
 
 from ..checkpoint import open_checkpoint
 from ..errors import InputError
-from ..io.shards import is_url, read_index
+from ..io.shards import INDEX_SUFFIX, SHARD_NAME, Group, group_folder, is_url, read_index, settle
 from .findings import Finding
 from .report import Report
 from .run import check_checkpoint, parse_targets
 
-SHARD_NAME = re.compile(r"^(?P<stem>.+)-(?P<i>\d+)-of-(?P<n>\d+)\.safetensors$")
-INDEX_SUFFIX = ".safetensors.index.json"
+__all__ = ["INDEX_SUFFIX", "SHARD_NAME", "Group", "Item", "TreeResult", "check_group", "check_groups", "open_group", "check_tree",
+           "discover", "group"]
 _CHECK_LOCK = threading.Lock()
-
-
-class Group:
-    """The files of one checkpoint found in the tree: what to open, and shards known missing."""
-
-    __slots__ = ("label", "paths", "missing", "error")
-
-    def __init__(self, label: str, paths: list[str], missing: list[str] | None = None, error: str | None = None) -> None:
-        self.label = label
-        self.paths = paths
-        self.missing = missing or []
-        self.error = error
-
-    def __repr__(self) -> str:
-        return f"Group({self.label!r}, {self.paths}, missing={self.missing})"
 
 
 class Item:
@@ -206,7 +192,9 @@ def _index_shards(index: str, remote) -> list[str] | None:
 
 
 def group(files: list[str], root: str = "", remote=None) -> list[Group]:
-    """Group found files into checkpoints (see the module docstring); labels are relative to root."""
+    """Group found files into checkpoints (see the module docstring); labels are relative to root.
+
+    Names only: :func:`~comfyquant.io.shards.settle` then looks at local files on disk."""
     by_folder: dict[str, list[str]] = {}
     for f in files:
         folder, name = _split(f)
@@ -222,57 +210,57 @@ def group(files: list[str], root: str = "", remote=None) -> list[Group]:
             return path[len(top) + 1 :]
         return path
 
+    def join(folder: str, name: str) -> str:
+        return _join(folder, name) if folder else name
+
     for folder in sorted(by_folder):
-        names = sorted(by_folder[folder])
-        claimed: set[str] = set()
-        for n in names:
-            if n.endswith(INDEX_SUFFIX):
-                index = _join(folder, n) if folder else n
-                shards = _index_shards(index, remote)
-                claimed.update(shards or ())
-                groups.append(Group(label(index), [index]))
-        stems: dict[tuple[str, str], dict[int, str]] = {}
-        for n in names:
-            if not n.endswith(".safetensors"):
-                continue
-            path = _join(folder, n) if folder else n
-            if path in claimed:
-                continue
-            m = SHARD_NAME.match(n)
-            if m and 1 <= int(m["i"]) <= int(m["n"]):
-                stems.setdefault((m["stem"], m["n"]), {})[int(m["i"])] = n
-            else:
-                groups.append(Group(label(path), [path]))
-        for (stem, total), present in stems.items():
-            width = len(next(iter(present.values())).rsplit("-of-", 1)[0].rsplit("-", 1)[1])
-            paths = [_join(folder, present[i]) if folder else present[i] for i in sorted(present)]
-            missing = [f"{stem}-{i:0{width}d}-of-{total}.safetensors" for i in range(1, int(total) + 1) if i not in present]
-            pattern = f"{stem}-{'N' * width}-of-{total}.safetensors"
-            groups.append(Group(label(_join(folder, pattern) if folder else pattern), paths,
-                                [_join(folder, m) if folder else m for m in missing]))
+        for g in group_folder(folder, sorted(by_folder[folder]), lambda index: _index_shards(index, remote), join):
+            g.label = label(join(folder, g.label))
+            groups.append(g)
     groups.sort(key=lambda g: g.label)
     return groups
+
+
+def settle_local(groups: list[Group]) -> list[Group]:
+    """:func:`~comfyquant.io.shards.settle` each local folder's groups (URL groups pass as they are)."""
+    by_folder: dict[str | None, list[Group]] = {}
+    for g in groups:
+        by_folder.setdefault(g.folder, []).append(g)
+    out: list[Group] = []
+    for folder, members in by_folder.items():
+        out.extend(members if folder is None or is_url(folder) else settle(members))
+    out.sort(key=lambda g: g.label)
+    return out
 
 
 # -- checking -------------------------------------------------------------------------------
 
 
+def open_group(grp: Group, name_mapper=None, remote=None):
+    """Open one group as a checkpoint (``check`` and ``inspect`` of separate checkpoints, and
+    ``--recursive``); its one-line error as an InputError."""
+    if grp.error:
+        raise InputError(grp.error)
+    if not any(is_url(p) for p in grp.paths):
+        return open_checkpoint(grp.paths, name_mapper=name_mapper, shardset=grp.shardset())
+    ckpt = open_checkpoint(grp.paths, name_mapper=name_mapper, remote=remote)
+    for m in grp.missing:  # a remote folder's <stem>-<i>-of-<n> files without number i
+        ckpt.findings.append(
+            Finding("C011", f"shard {m} is missing (the shard names count {len(grp.paths) + len(grp.missing)} files)",
+                    expected=m, actual="no such file", cause="incomplete download or copy",
+                    fix="download the missing shard", file=m)
+        )
+    return ckpt
+
+
 def check_group(grp: Group, target="all", deep: bool = False, name_mapper=None, remote=None) -> Item:
     """Open and check one group; an unreadable checkpoint becomes an Item with its error."""
     t0 = time.perf_counter()
-    if grp.error:
-        return Item(grp.label, grp.paths, error=grp.error)
     try:
-        ckpt = open_checkpoint(grp.paths, name_mapper=name_mapper, remote=remote)
+        ckpt = open_group(grp, name_mapper=name_mapper, remote=remote)
     except InputError as exc:
         return Item(grp.label, grp.paths, error=str(exc), seconds=time.perf_counter() - t0)
     try:
-        for m in grp.missing:
-            ckpt.findings.append(
-                Finding("C011", f"shard {m} is missing (the shard names count {len(grp.paths) + len(grp.missing)} files)",
-                        expected=m, actual="no such file", cause="incomplete download or copy",
-                        fix="download the missing shard", file=m)
-            )
         with _CHECK_LOCK:
             report = check_checkpoint(ckpt, target=target, deep=deep)
     except InputError as exc:  # --deep reads can still fail on the network
@@ -282,22 +270,11 @@ def check_group(grp: Group, target="all", deep: bool = False, name_mapper=None, 
     return Item(grp.label, grp.paths, report=report, seconds=time.perf_counter() - t0)
 
 
-def check_tree(roots: list[str], target="all", deep: bool = False, name_mapper: Callable[[str], str] | None = None,
-               jobs: int = 1, remote=None, on_result: Callable[[Item], None] | None = None) -> TreeResult:
-    """Check every checkpoint under ``roots``; ``on_result`` sees each Item in order as it is done."""
+def check_groups(roots: list[str], groups: list[Group], target="all", deep: bool = False,
+                 name_mapper: Callable[[str], str] | None = None, jobs: int = 1, remote=None,
+                 on_result: Callable[[Item], None] | None = None) -> TreeResult:
+    """Check each group (``on_result`` sees each Item in order as it is done)."""
     selected = parse_targets(target)
-    groups: list[Group] = []
-    for root in roots:
-        try:
-            found = discover(root)
-        except InputError as exc:
-            groups.append(Group(root, [root], error=str(exc)))
-            continue
-        if not found:
-            groups.append(Group(root, [root], error=f"{root}: no .safetensors files under this folder"))
-            continue
-        base = root if (is_url(root) or os.path.isdir(root)) else ""
-        groups.extend(group(found, base, remote))
 
     def one(g: Group) -> Item:
         return check_group(g, target=target, deep=deep, name_mapper=name_mapper, remote=remote)
@@ -317,3 +294,23 @@ def check_tree(roots: list[str], target="all", deep: bool = False, name_mapper: 
                 if on_result:
                     on_result(item)
     return TreeResult(list(roots), items, selected)
+
+
+def check_tree(roots: list[str], target="all", deep: bool = False, name_mapper: Callable[[str], str] | None = None,
+               jobs: int = 1, remote=None, on_result: Callable[[Item], None] | None = None) -> TreeResult:
+    """Check every checkpoint under ``roots``; ``on_result`` sees each Item in order as it is done."""
+    parse_targets(target)
+    groups: list[Group] = []
+    for root in roots:
+        try:
+            found = discover(root)
+        except InputError as exc:
+            groups.append(Group(root, [root], error=str(exc)))
+            continue
+        if not found:
+            groups.append(Group(root, [root], error=f"{root}: no .safetensors files under this folder"))
+            continue
+        base = root if (is_url(root) or os.path.isdir(root)) else ""
+        groups.extend(settle_local(group(found, base, remote)))
+    return check_groups(roots, groups, target=target, deep=deep, name_mapper=name_mapper, jobs=jobs, remote=remote,
+                        on_result=on_result)

@@ -36,10 +36,11 @@ RULES: dict[str, Rule] = {
         Rule("C006", ERROR, "malformed tensor entry in the header"),
         Rule("C007", ERROR, "__metadata__ value is not a string"),
         Rule("C010", ERROR, "tensor name present in more than one shard"),
-        Rule("C011", ERROR, "shard named by the index is missing"),
+        Rule("C011", ERROR, "shard named by the index (or by the shard file names) is missing or unreadable"),
         Rule("C012", ERROR, "index maps a tensor to the wrong shard"),
         Rule("C013", WARNING, "tensor not listed in the index"),
         Rule("C014", ERROR, "index lists a tensor no shard contains"),
+        Rule("C015", INFO, "folder member skipped or read once (unreadable beside an index, or a link to another member)"),
         # markers
         Rule("M001", ERROR, "marker tensor is not UTF-8 JSON"),
         Rule("M002", ERROR, "marker is not a JSON object"),

@@ -81,12 +81,16 @@ def run(args) -> int:
 
     from ..checker.run import check_checkpoint, parse_targets
     from ..checkpoint import open_checkpoint
+    from ..io.shards import SeparateCheckpoints
 
     parse_targets(args.target)
     # The process ends right after the report: no cyclic GC, and the checkpoint's objects are
     # left for the OS to reclaim (the console entry skips interpreter teardown).
     gc.disable()
-    ckpt = open_checkpoint(args.paths, name_mapper=mapper, remote=remote)
+    try:
+        ckpt = open_checkpoint(args.paths, name_mapper=mapper, remote=remote)
+    except SeparateCheckpoints as separate:
+        return _run_each(args, separate, mapper, remote)
     try:
         report = check_checkpoint(ckpt, target=args.target, deep=args.deep)
     finally:
@@ -99,6 +103,36 @@ def run(args) -> int:
 
         print(render_report(report, verbose=args.verbose))
     return 0 if report.ok else 1
+
+
+def _run_each(args, separate, mapper, remote) -> int:
+    """A folder (or list) of separate checkpoints: a full report for each, then the table of
+    ``--recursive``; the exit code is the worst (2 unreadable, 1 errors, 0 ok)."""
+    import sys
+
+    from ..checker.batch import check_groups
+
+    printer = None
+    if not args.json:
+        from ..render import render_section
+
+        print(separate.note)
+
+        def printer(item) -> None:
+            print(render_section(item, verbose=args.verbose), flush=True)
+
+    result = check_groups(args.paths, separate.groups, target=args.target, deep=args.deep, name_mapper=mapper,
+                          remote=remote, on_result=printer)
+    for item in result.items:
+        if item.error:
+            sys.stderr.write(f"comfyquant: {item.error}\n")
+    if args.json:
+        print(json.dumps({**result.to_dict(), "note": separate.note}, indent=1))
+    else:
+        from ..render import render_summary
+
+        print(render_summary(result, verbose=args.verbose))
+    return result.exit_code
 
 
 def _run_recursive(args, mapper, remote) -> int:

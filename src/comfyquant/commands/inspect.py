@@ -1,4 +1,6 @@
-"""``comfyquant inspect``: per-layer table of formats, shapes and sizes (local paths or URLs)."""
+"""``comfyquant inspect``: per-layer table of formats, shapes and sizes (local paths or URLs).
+
+A folder of separate checkpoints (:mod:`comfyquant.io.shards`) gets one table per checkpoint."""
 
 from __future__ import annotations
 
@@ -20,11 +22,17 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..checkpoint import open_checkpoint
     from ..inspection import inventory
+    from ..io.shards import SeparateCheckpoints
     from .check import remote_options
     from .common import name_mapper
 
-    with open_checkpoint(args.paths, name_mapper=name_mapper(args.strip_prefix),
-                         remote=remote_options(args, args.paths)) as ckpt:
+    mapper = name_mapper(args.strip_prefix)
+    remote = remote_options(args, args.paths)
+    try:
+        ckpt = open_checkpoint(args.paths, name_mapper=mapper, remote=remote)
+    except SeparateCheckpoints as separate:
+        return _run_each(args, separate, mapper, remote)
+    with ckpt:
         inv = inventory(ckpt)
         io = ckpt.io_stats()
     if args.json:
@@ -34,3 +42,37 @@ def run(args) -> int:
 
         print(render_inventory(inv))
     return 0
+
+
+def _run_each(args, separate, mapper, remote) -> int:
+    """One inventory per checkpoint (JSON: ``{"note", "checkpoints": [...]}``, each with its
+    ``checkpoint`` label, or its ``error``); exit 2 when one cannot be read."""
+    import sys
+
+    from ..checker.batch import open_group
+    from ..errors import InputError
+    from ..inspection import inventory
+
+    sections = []
+    if not args.json:
+        print(separate.note)
+    for grp in separate.groups:
+        try:
+            ckpt = open_group(grp, name_mapper=mapper, remote=remote)
+        except InputError as exc:
+            sys.stderr.write(f"comfyquant: {exc}\n")
+            sections.append({"checkpoint": grp.label, "error": str(exc)})
+            if not args.json:
+                print(f"\n== {grp.label} ==\nERROR {exc}", flush=True)
+            continue
+        with ckpt:
+            inv = inventory(ckpt)
+            io = ckpt.io_stats()
+        sections.append({"checkpoint": grp.label, "error": None, **inv.to_dict(), "io": io})
+        if not args.json:
+            from ..render import render_inventory
+
+            print(f"\n== {grp.label} ==\n{render_inventory(inv)}", flush=True)
+    if args.json:
+        print(json.dumps({"schema": 1, "note": separate.note, "checkpoints": sections}, indent=1))
+    return 2 if any(s["error"] for s in sections) else 0

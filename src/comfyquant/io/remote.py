@@ -628,6 +628,23 @@ def join(base_url: str, name: str) -> tuple[str, str]:
     return display, display
 
 
+def _one_checkpoint(url: str, base: str, names: list[str], options: RemoteOptions, fetched: dict) -> None:
+    """Raise :class:`~comfyquant.io.shards.SeparateCheckpoints` when a folder URL holds several
+    checkpoints by the rule every input follows (:mod:`comfyquant.io.shards`)."""
+    from .shards import SeparateCheckpoints, folder_reason, group_folder
+
+    def index_shards(index: str) -> list[str] | None:
+        try:
+            fetched[index] = fetch_index(index, options)
+            return read_index(index, fetched[index][0])[0]
+        except InputError:
+            return None
+
+    groups = group_folder(base.rstrip("/"), names, index_shards, lambda folder, name: f"{folder}/{name}")
+    if len(groups) > 1:
+        raise SeparateCheckpoints(url, groups, folder_reason(groups))
+
+
 def open_remote(paths: list[str], options: RemoteOptions | None = None) -> tuple[ShardSet, list]:
     """Resolve URLs (files, index.json, fsspec folders) and open every shard, concurrently.
 
@@ -640,8 +657,10 @@ def open_remote(paths: list[str], options: RemoteOptions | None = None) -> tuple
     ss = ShardSet()
     plan: dict[str, tuple[str, bool]] = {}  # display name -> (request URL, named by an index)
 
+    fetched: dict[str, tuple[str, dict]] = {}  # indexes read to group a folder: not fetched twice
+
     def use_index(url: str) -> None:
-        text, io = fetch_index(url, options)
+        text, io = fetched.pop(url, None) or fetch_index(url, options)
         _shards, wm = read_index(url, text)
         ss.index_path = url
         ss.index_dir = _path_part(url).rsplit("/", 1)[0]
@@ -666,6 +685,7 @@ def open_remote(paths: list[str], options: RemoteOptions | None = None) -> tuple
             files = [n for n in names if n.endswith(".safetensors")]
             if not indexes and not files:
                 raise InputError(f"{url}: folder holds no .safetensors files")
+            _one_checkpoint(url, base, indexes + files, options, fetched)
             for n in indexes:
                 use_index(base + n)
             for n in files if not indexes else ():

@@ -39,12 +39,45 @@ def _blocking(fd: int) -> None:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
 
 
+def link_problem(path: str, exc: OSError) -> str:
+    """Why ``path`` cannot be reached, in words: a dangling symbolic link names its target, a
+    loop of links says so (``os.stat`` only says "no such file" or ELOOP)."""
+    import errno
+
+    if exc.errno == errno.ELOOP:
+        return "is a symbolic link loop (links that lead back to themselves)"
+    if isinstance(exc, FileNotFoundError):
+        try:
+            return f"is a dangling symbolic link (to {os.readlink(path)}, which does not exist)"
+        except OSError:
+            return "no such file"
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    return f"cannot be read ({exc.strerror or exc})"
+
+
+def stat_member(path: str) -> tuple[os.stat_result | None, str | None]:
+    """(stat, None) for a readable regular file, else (stat or None, what is wrong with it):
+    a folder member or a shard may be a dangling link, a loop of links, a directory, a pipe.
+    Never raises."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return None, link_problem(path, exc)
+    except ValueError:  # a NUL in the name
+        return None, "is not a valid file name"
+    error = not_regular(path, st.st_mode)
+    if error is not None:
+        return st, str(error)[len(path) + 2 :]
+    return st, None
+
+
 def require_regular(path: str) -> None:
     """Raise :func:`not_regular`'s error before anything opens ``path`` (missing paths pass:
     the open reports them)."""
     try:
         mode = os.stat(path).st_mode
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in the name (the open reports both)
         return
     error = not_regular(path, mode)
     if error is not None:
@@ -80,14 +113,16 @@ class LocalFile:
         try:
             # Non-blocking, so that a named pipe cannot hang the open; checked just below.
             self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        except FileNotFoundError:
-            raise InputError(f"{path}: no such file") from None
+        except FileNotFoundError as exc:
+            raise InputError(f"{path}: {link_problem(path, exc)}") from None
         except IsADirectoryError:
             raise InputError(f"{path}: is a directory, expected a .safetensors file") from None
         except PermissionError:
             raise InputError(f"{path}: permission denied") from None
         except OSError as exc:
-            raise InputError(f"{path}: cannot open ({exc.strerror})") from None
+            raise InputError(f"{path}: {link_problem(path, exc)}") from None
+        except ValueError:
+            raise InputError(f"{path!r}: not a valid file name (it holds a NUL character)") from None
         st = os.fstat(self._fd)
         error = not_regular(path, st.st_mode)
         if error is not None:
