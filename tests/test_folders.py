@@ -538,3 +538,17 @@ def test_the_same_checkpoint_given_twice_is_one(tmp_path):
     assert check([str(d), index]).files == [a, b]
     assert check([index, os.path.join(str(d), ".", "model.safetensors.index.json")]).files == [a, b]
     assert check([single, str(tmp_path / "." / "single.safetensors")]).files == [single]
+
+
+def test_hidden_files_are_not_checkpoints_of_a_folder(tmp_path, capsys):
+    """macOS leaves ``._name`` companions (a few KB of resource fork, not safetensors) beside
+    every copied file: a folder check reads the real checkpoint only, local and --recursive."""
+    write(tmp_path / "flux.safetensors", fp8_layer("x"))
+    (tmp_path / "._flux.safetensors").write_bytes(b"\x00\x05\x16\x07" + bytes(4092))
+    assert main(["check", str(tmp_path)]) == 0
+    assert main(["check", str(tmp_path), "--recursive"]) == 0
+    assert main(["inspect", str(tmp_path)]) == 0
+    capsys.readouterr()
+    (tmp_path / "flux.safetensors").unlink()
+    assert main(["check", str(tmp_path)]) == 2
+    assert "holds no .safetensors files" in capsys.readouterr().err

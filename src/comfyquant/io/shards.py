@@ -219,6 +219,7 @@ def group_folder(folder: str, names: list[str], index_shards: Callable[[str], li
     labels are the names relative to the folder, sorted."""
     groups: list[Group] = []
     claimed: set[str] = set()
+    names = [n for n in names if not _hidden(n)]
     for n in names:
         if n.endswith(INDEX_SUFFIX):
             index = join(folder, n)
@@ -316,13 +317,20 @@ def settle(groups: list[Group]) -> list[Group]:
     return out
 
 
+def _hidden(name: str) -> bool:
+    """A hidden file (``._model.safetensors``, macOS's AppleDouble companion of a copied file,
+    or another tool's ``.partial`` download) is never a checkpoint of a folder: an index may
+    still name one as a shard."""
+    return name.rsplit("/", 1)[-1].startswith(".")
+
+
 def folder_groups(folder: str) -> list[Group]:
     """The checkpoints of one local folder (labels relative to it)."""
     try:
         names = sorted(os.listdir(folder))
     except OSError as exc:
         raise InputError(f"{folder}: cannot list the folder ({exc.strerror})") from None
-    wanted = [n for n in names if n.endswith(".safetensors") or n.endswith(INDEX_SUFFIX)]
+    wanted = [n for n in names if (n.endswith(".safetensors") or n.endswith(INDEX_SUFFIX)) and not _hidden(n)]
     if not wanted:
         subs = any(os.path.isdir(os.path.join(folder, n)) and not n.startswith(".") for n in names)
         raise InputError(f"{folder}: folder holds no .safetensors files"
