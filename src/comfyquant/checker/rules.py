@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from ..formats.registry import FORMATS, infer_format
+from ..markers import FILE_LEVEL_DTYPES, file_level_format
 from .findings import Finding
 from .layers import check_layer
 
@@ -18,6 +19,7 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
     findings: list[Finding] = []
     envs: dict[str, dict] = {}
     legacy = ckpt.legacy_scaled_fp8
+    file_fmt = file_level_format(ckpt.markers)
     for prefix, layer in ckpt.layers.items():
         marker = layer.marker
         name = layer.name
@@ -61,12 +63,17 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
                 continue
             fmt = FORMATS.get(layer.format_name) if layer.format_name else None
             guess = f"the tensors look like {fmt.name}" if fmt else "the tensors match no known format"
+            cause = ("marker lost on re-save (markers are tensors or header metadata some tools drop); "
+                     "ComfyUI casts the weight by value (garbage), SGLang refuses it")
+            fix = (("add the marker (comfyquant fix)" + (" --convrot-groupsize C" if fmt and fmt.rotation != "none" else ""))
+                   if fmt else "re-export the layer")
+            if file_fmt is not None and w.dtype in FILE_LEVEL_DTYPES:
+                cause = (f"only SGLang reads the file's quant_format={file_fmt.quant_format} (as a {file_fmt.name} marker "
+                         "for every unmarked quantized weight); ComfyUI casts the weight by value (garbage)")
+                fix = f"write the {file_fmt.name} markers per layer (comfyquant fix)"
             findings.append(Finding("M023", f"layer {name}: {w.dtype} weight has no comfy_quant marker ({guess})",
                                     layer=name, tensor=f"{prefix}.weight", expected="a marker", actual="none",
-                                    cause="marker lost on re-save (markers are tensors or header metadata some tools drop); "
-                                          "ComfyUI casts the weight by value (garbage), SGLang refuses it",
-                                    fix=("add the marker (comfyquant fix)" + (" --convrot-groupsize C" if fmt and fmt.rotation != "none" else ""))
-                                    if fmt else "re-export the layer"))
+                                    cause=cause, fix=fix))
             if fmt is None:
                 continue
             layer_findings, env = check_layer(fmt, None, layer.tensors, ckpt.memo, layer)

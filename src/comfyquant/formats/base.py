@@ -208,16 +208,21 @@ class Format:
     ``pad`` is (rows, columns): the multiples a writer pads the stored weight to (NVFP4 16,
     MXFP8 32); the model's own N is then known only from an unpadded companion (the bias), K
     from none the encoders write.
+
+    ``quant_format`` is the file-level ``__metadata__["quant_format"]`` value (lower case) that
+    makes SGLang read every unmarked ``F8_E4M3``/``I8``/``U8`` weight as this format (spec 1.5:
+    MXFP8 only); ComfyUI and comfy-kitchen read per-layer markers only.
     """
 
     __slots__ = ("name", "title", "slots", "keys", "geometry", "constraints", "bits_text", "rotation", "loaders",
-                 "converter_only", "recognize", "bank_rows", "bank_rows_if", "pad")
+                 "converter_only", "recognize", "bank_rows", "bank_rows_if", "pad", "quant_format")
 
     def __init__(self, name: str, title: str, slots: tuple[Slot, ...], keys: tuple[MarkerKey, ...],
                  geometry: Callable[[dict, dict], dict], constraints: tuple[Constraint, ...] = (), bits_text: str = "",
                  rotation: str = "none", loaders: frozenset[str] = frozenset(), converter_only: bool = False,
                  recognize: Callable[[dict], bool] | None = None, bank_rows: tuple[str, ...] = (),
-                 bank_rows_if: str | None = None, pad: tuple[int, int] = (1, 1)) -> None:
+                 bank_rows_if: str | None = None, pad: tuple[int, int] = (1, 1),
+                 quant_format: str | None = None) -> None:
         self.name = name
         self.title = title
         self.slots = slots
@@ -232,6 +237,7 @@ class Format:
         self.bank_rows = bank_rows
         self.bank_rows_if = bank_rows_if
         self.pad = pad
+        self.quant_format = quant_format
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"

@@ -56,4 +56,5 @@ MXFP8 = Format(
     loaders=ALL_RUNTIMES,
     pad=(32, 32),
     recognize=_recognize,
+    quant_format="mxfp8",
 )

@@ -17,7 +17,7 @@ from ..checker.diagnose import dtype_matches, fmt_shape
 from ..checker.rules import prefix_match
 from ..formats.base import Format, GeometryError
 from ..formats.registry import FORMATS, infer_format
-from ..markers import HEADER, TENSOR
+from ..markers import HEADER, TENSOR, file_level_markers
 from . import transforms
 
 LOSSLESS = "lossless"
@@ -121,9 +121,15 @@ def plan_repairs(ckpt, options: Options) -> Plan:
     markers = _final_markers(ckpt, options, plan)
     plan.markers = markers
     _legacy_scaled_fp8(ckpt, plan, markers)
+    implied = file_level_markers(ckpt)
     for prefix, layer in ckpt.layers.items():
         marker = markers.get(prefix)
-        if marker is None:
+        if marker is None and prefix in implied:
+            marker = _file_level_marker(layer, implied[prefix], plan)
+            if marker is None:
+                continue
+            markers[prefix] = marker
+        elif marker is None:
             marker = _infer_marker(layer, options, plan)
             if marker is None:
                 continue
@@ -315,6 +321,28 @@ def _infer_marker(layer, options: Options, plan: Plan) -> dict | None:
     plan.changes.append(Change(layer.prefix, None, f"add marker (tensors match {fmt.name})", "(none)", json.dumps(marker)))
     plan.markers_changed = True
     return marker
+
+
+def _file_level_marker(layer, marker: dict, plan: Plan) -> dict | None:
+    """The marker the file's ``quant_format`` gives this unmarked layer in SGLang (spec 1.5),
+    written per layer so that ComfyUI and comfy-kitchen, which never read ``quant_format``,
+    read the layer as SGLang does.  ``quant_format`` itself stays: it describes the same
+    layers, and SGLang keeps loading the file the way it did."""
+    fmt = FORMATS[marker["format"]]
+    w = layer.tensors["weight"]
+    if fmt.recognize is not None and not fmt.recognize(layer.tensors):
+        guess = infer_format(layer.tensors)
+        looks = f"; they look like {guess.name}" if guess is not None else ""
+        plan.refused.append((layer.prefix, f"quant_format={fmt.quant_format} makes this unmarked layer {fmt.name} in SGLang, "
+                                           f"but its tensors are not {fmt.name} (weight {w.dtype} {fmt_shape(w.shape)}{looks}): "
+                                           f"SGLang refuses the file (X1); re-export the layer, or remove quant_format "
+                                           f"and run fix again"))
+        return None
+    plan.changes.append(Change(layer.prefix, None, f"write the marker quant_format={fmt.quant_format} implies (only SGLang "
+                                                   "reads quant_format; ComfyUI and comfy-kitchen need a marker per layer)",
+                               "(none)", json.dumps(marker)))
+    plan.markers_changed = True
+    return dict(marker)
 
 
 def _legacy_scaled_fp8(ckpt, plan: Plan, markers: dict[str, dict]) -> None:
