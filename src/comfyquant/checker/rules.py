@@ -20,6 +20,7 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
     envs: dict[str, dict] = {}
     legacy = ckpt.legacy_scaled_fp8
     file_fmt = file_level_format(ckpt.markers)
+    conflicts = {f.layer: f for f in ckpt.markers.findings if f.code == "M020"}
     for prefix, layer in ckpt.layers.items():
         marker = layer.marker
         name = layer.name
@@ -79,9 +80,28 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
             layer_findings, env = check_layer(fmt, None, layer.tensors, ckpt.memo, layer)
         if env is not None:
             envs[prefix] = env
-        for f in layer_findings:
-            findings.append(f.with_layer(name, prefix))
+        bound = [f.with_layer(name, prefix) for f in layer_findings]
+        if prefix in conflicts and marker is not None:
+            _name_fitting_side(layer, conflicts[prefix], bound)
+        findings.extend(bound)
     return findings, envs
+
+
+def _name_fitting_side(layer, conflict: Finding, bound: list[Finding]) -> None:
+    """Header map and tensor marker disagree (M020): when exactly one side fits the tensors,
+    the conflict and the layer's errors name it, and ``fix`` takes it without ``--prefer``."""
+    from .fit import SIDE_TEXT, explain, fitting_side
+
+    fit = fitting_side(layer.sources, layer.tensors)
+    if fit is None:
+        return
+    why = explain(*fit)
+    fix = f"take the values of {SIDE_TEXT[fit[0]]} (comfyquant fix does, no --prefer needed)"
+    conflict.cause, conflict.fix = why, fix  # the same text every time this checkpoint is checked
+    for f in bound:
+        if f.severity == "error" and f.code.startswith("L"):
+            f.cause = f"{f.cause}; {why}" if f.cause else why
+            f.fix = fix
 
 
 def _bank_finding(layer, fmt, marker: dict) -> Finding:

@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 
 from ..checker.diagnose import dtype_matches, fmt_shape
+from ..checker.fit import differing_keys, explain, fitting_side
 from ..checker.rules import prefix_match
 from ..formats.base import Format, GeometryError
 from ..formats.registry import FORMATS, infer_format
@@ -173,7 +174,8 @@ def _final_markers(ckpt, options: Options, plan: Plan) -> dict[str, dict]:
             target_prefix = match
             plan.changes.append(Change(match, None, "re-key header marker to the tensor names", prefix, match))
             plan.markers_changed = True
-        merged = _merge_sources(prefix, sources, options, plan)
+        layer = layers.get(target_prefix)
+        merged = _merge_sources(prefix, sources, options, plan, layer.tensors if layer is not None else None)
         if merged is None:
             continue
         if target_prefix in out:
@@ -184,7 +186,10 @@ def _final_markers(ckpt, options: Options, plan: Plan) -> dict[str, dict]:
     return out
 
 
-def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan) -> dict | None:
+def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan, layer_tensors: dict | None) -> dict | None:
+    """The union of a layer's markers.  On a conflict, ``--prefer`` decides; without it, the
+    side whose values the tensors fit when exactly one does (:mod:`..checker.fit`); else the
+    layer is refused."""
     headers = [r.obj for r in sources if r.kind == HEADER]
     tensors = [r.obj for r in sources if r.kind == TENSOR]
     merged: dict = {}
@@ -199,8 +204,19 @@ def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan) -> 
             plan.markers_changed = True
         return merged
     if options.prefer is None:
+        fit = fitting_side(sources, layer_tensors) if layer_tensors is not None else None
+        if fit is not None:
+            side, chosen, other = fit
+            plan.changes.append(Change(prefix, None, f"resolve marker conflict: {explain(side, chosen, other, took=True)}",
+                                       ", ".join(f"{k}: header {(chosen if side == HEADER else other)[k]!r} / "
+                                                 f"tensor {(chosen if side == TENSOR else other)[k]!r}"
+                                                 for k in differing_keys(chosen, other)),
+                                       json.dumps(chosen)))
+            plan.markers_changed = True
+            return dict(chosen)
         keys = ", ".join(sorted({c[0] for c in conflicts}))
-        plan.refused.append((prefix, f"header and tensor markers disagree on {keys}: choose --prefer header or --prefer tensor"))
+        plan.refused.append((prefix, f"header and tensor markers disagree on {keys} and the tensors fit both or neither: "
+                                     "choose --prefer header or --prefer tensor"))
         return None
     first, second = (tensors, headers) if options.prefer == "tensor" else (headers, tensors)
     chosen: dict = {}
