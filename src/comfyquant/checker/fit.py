@@ -35,7 +35,7 @@ def side_markers(sources) -> dict[str, dict] | None:
     return out
 
 
-def _errors(marker: dict, tensors: dict) -> frozenset | None:
+def layer_errors(marker: dict, tensors: dict) -> frozenset | None:
     """(code, tensor) of every error the layer check finds under ``marker``; None when the
     marker names no known format (nothing fits it)."""
     name = marker.get("format")
@@ -52,7 +52,7 @@ def fitting_side(sources, tensors: dict) -> tuple[str, dict, dict] | None:
     sides = side_markers(sources)
     if sides is None or same_marker(sides[HEADER], sides[TENSOR]):
         return None
-    errors = {kind: _errors(marker, tensors) for kind, marker in sides.items()}
+    errors = {kind: layer_errors(marker, tensors) for kind, marker in sides.items()}
     h, t = errors[HEADER], errors[TENSOR]
     if h is None and t is None:
         return None

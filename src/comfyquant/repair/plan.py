@@ -26,9 +26,10 @@ STORAGE = "write markers as tensors and header map, identical"
 
 
 class Change:
-    """One line of the plan: what changes on which layer/tensor, before -> after."""
+    """One line of the plan: what changes on which layer/tensor, before -> after.  ``assumed``
+    lists the values this line writes that the file cannot confirm (:class:`Assumption`)."""
 
-    __slots__ = ("layer", "tensor", "what", "before", "after", "kind")
+    __slots__ = ("layer", "tensor", "what", "before", "after", "kind", "assumed")
 
     def __init__(self, layer: str | None, tensor: str | None, what: str, before: str, after: str, kind: str = LOSSLESS):
         self.layer = layer
@@ -37,10 +38,33 @@ class Change:
         self.before = before
         self.after = after
         self.kind = kind
+        self.assumed: list[Assumption] = []
 
     def to_dict(self) -> dict:
         return {"layer": self.layer, "tensor": self.tensor, "what": self.what, "before": self.before,
-                "after": self.after, "kind": self.kind}
+                "after": self.after, "kind": self.kind, "assumed": [a.text for a in self.assumed]}
+
+
+class Assumption:
+    """A marker value ``fix`` writes that neither the file's markers state nor the tensors'
+    shapes confirm: given by an option, a reader's default, or one side of a conflict the
+    tensors fit equally.  The repaired layer decodes with it, but nothing in the file says it
+    is right: only a comparison with the original weights (``--reference``) can."""
+
+    __slots__ = ("layer", "key", "value", "source")
+
+    def __init__(self, layer: str, key: str, value, source: str) -> None:
+        self.layer = layer
+        self.key = key
+        self.value = value
+        self.source = source
+
+    @property
+    def text(self) -> str:
+        return f"assumed: {self.key}={json.dumps(self.value)} ({self.source}; the file cannot confirm it)"
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "key": self.key, "value": self.value, "source": self.source, "text": self.text}
 
 
 class TensorEdit:
@@ -73,6 +97,15 @@ class Plan:
         self.options: Options | None = None
         self.metadata_text: dict[str, dict[str, str]] = {}
         """Per input file: ``__metadata__`` values that were not strings, as their JSON text."""
+        self.stated: dict[str, list[dict]] = {}
+        """Per layer prefix: the marker objects the file states for it (header, tensor, and
+        the marker its ``quant_format`` implies), against which written values are judged."""
+        self.kept: dict[str, dict[str, dict]] = {}
+        """Layers whose marker conflict is refused: their markers by kind (header, tensor),
+        written back as found."""
+        self.assumptions: list[Assumption] = []
+        self.measured: list = []
+        """``repair.reference.Measurement`` per repaired layer (``--reference``)."""
 
     @property
     def empty(self) -> bool:
@@ -89,7 +122,14 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {"changes": [c.to_dict() for c in self.changes],
-                "refused": [{"layer": layer, "why": why} for layer, why in self.refused]}
+                "refused": [{"layer": layer, "why": why} for layer, why in self.refused],
+                "assumed": [a.to_dict() for a in self.assumptions],
+                "measured": [m.to_dict() for m in self.measured]}
+
+    @property
+    def repaired_layers(self) -> list[str]:
+        """Layers whose marker or tensors a planned change writes anew, in plan order."""
+        return list(dict.fromkeys(c.layer for c in self.changes if c.layer is not None))
 
 
 class Options:
@@ -124,6 +164,8 @@ def plan_repairs(ckpt, options: Options) -> Plan:
     _legacy_scaled_fp8(ckpt, plan, markers)
     implied = file_level_markers(ckpt)
     for prefix, layer in ckpt.layers.items():
+        if prefix in plan.kept:
+            continue  # its marker is undecided: nothing is planned from it
         marker = markers.get(prefix)
         if marker is None and prefix in implied:
             marker = _file_level_marker(layer, implied[prefix], plan)
@@ -151,6 +193,9 @@ def plan_repairs(ckpt, options: Options) -> Plan:
             continue
         _repair_tensors(ckpt, layer, fmt, marker, plan)
     plan.markers = markers
+    for prefix, marker in implied.items():
+        plan.stated.setdefault(prefix, []).append(marker)
+    _assumptions(ckpt, plan)
     _marker_storage(ckpt, plan)
     return plan
 
@@ -174,9 +219,15 @@ def _final_markers(ckpt, options: Options, plan: Plan) -> dict[str, dict]:
             target_prefix = match
             plan.changes.append(Change(match, None, "re-key header marker to the tensor names", prefix, match))
             plan.markers_changed = True
+        plan.stated.setdefault(target_prefix, []).extend(r.obj for r in sources if r.error is None)
         layer = layers.get(target_prefix)
         merged = _merge_sources(prefix, sources, options, plan, layer.tensors if layer is not None else None)
         if merged is None:
+            # Refused: the layer keeps its markers exactly as found (a rewrite must not drop them).
+            kept = plan.kept.setdefault(target_prefix, {})
+            for rec in sources:
+                if rec.error is None:
+                    kept.setdefault(rec.kind, {}).update({k: v for k, v in rec.obj.items() if k not in kept.get(rec.kind, {})})
             continue
         if target_prefix in out:
             merged = {**merged, **out[target_prefix]}
@@ -274,6 +325,91 @@ def _normalise(prefix: str, marker: dict, options: Options, plan: Plan) -> dict:
 
 _NO = object()
 _REMOVE = object()
+
+CANDIDATES = {int: (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 512, 1024, 4096), bool: (True, False)}
+"""Other values tried for a key, to learn whether the tensors' shapes single out the written one."""
+
+
+def _assumptions(ckpt, plan: Plan) -> None:
+    """Every marker value about to be written that the file does not state (no marker source
+    of the layer has it, or its sources disagree) and the tensors' shapes do not single out
+    (another allowed value fits them as well) is an :class:`Assumption`, attached to the plan
+    lines of its layer."""
+    from ..checker.fit import layer_errors
+
+    options = plan.options
+    for prefix, marker in plan.markers.items():
+        layer = ckpt.layers.get(prefix)
+        fmt = FORMATS.get(marker.get("format")) if isinstance(marker.get("format"), str) else None
+        if layer is None or fmt is None or layer.bank is not None:
+            continue
+        stated = plan.stated.get(prefix, [])
+        found: list[Assumption] = []
+        base = None
+        for key in fmt.keys:
+            if key.name == "format" or key.name not in marker:
+                continue
+            value = marker[key.name]
+            said = [v for v in (_stated_value(fmt, key, m) for m in stated) if v is not _NO]
+            if said and all(type(v) is type(value) and v == value for v in said):
+                continue  # the file states it, consistently
+            if base is None:
+                base = layer_errors(marker, layer.tensors) or frozenset()
+            if _shapes_single_out(key, marker, value, layer.tensors, base, layer_errors):
+                continue
+            if said and options.prefer:
+                others = sorted({json.dumps(v) for v in said if v != value})
+                source = f"chosen by --prefer {options.prefer} over {', '.join(others)}; the tensors fit both"
+            elif key.name == "convrot_groupsize" and options.convrot_groupsize == value:
+                source = "given by --convrot-groupsize"
+            elif key.name == "convrot" and options.convrot_groupsize is not None and not said:
+                source = "the layer is taken as rotated because --convrot-groupsize was given"
+            elif value == key.default:
+                source = "the readers' default for a missing key"
+            else:
+                source = "written by fix"
+            found.append(Assumption(prefix, key.name, value, source))
+        if not found:
+            continue
+        plan.assumptions.extend(found)
+        lines = [c for c in plan.changes if c.layer == prefix and c.tensor is None] or \
+                [c for c in plan.changes if c.layer == prefix]
+        if not lines:  # e.g. an unchanged marker kept whole: the value is still written
+            lines = [Change(prefix, None, "keep the marker", json.dumps(marker), json.dumps(marker))]
+            plan.changes.append(lines[0])
+        for a in found:
+            line = next((c for c in lines if a.key in c.what or f'"{a.key}"' in c.after), lines[0])
+            line.assumed.append(a)
+
+
+def _stated_value(fmt: Format, key, marker: dict):
+    """The value a stated marker gives ``key`` (nested ``params`` included, numbers written as
+    strings read as readers read them), or ``_NO``."""
+    if key.name in marker:
+        value = marker[key.name]
+    elif key.nested_ok and isinstance(marker.get("params"), dict) and key.name in marker["params"]:
+        value = marker["params"][key.name]
+    else:
+        return _NO
+    if not key.valid(value):
+        fixed = _coerce(fmt, key, value)
+        if fixed is not _NO and fixed is not _REMOVE:
+            return fixed
+    return value
+
+
+def _shapes_single_out(key, marker: dict, value, tensors: dict, base: frozenset, layer_errors) -> bool:
+    """True when no other allowed value of ``key`` fits the tensors as well as ``value``."""
+    candidates = CANDIDATES.get(bool if isinstance(value, bool) else type(value))
+    if candidates is None:
+        return False  # not enumerable (a string): the shapes cannot single it out
+    for alt in candidates:
+        if alt == value or type(alt) is not type(value) or not key.valid(alt):
+            continue
+        errors = layer_errors({**marker, key.name: alt}, tensors)
+        if errors is not None and errors <= base:
+            return False
+    return True
 
 
 def _coerce(fmt: Format, key, value):
@@ -381,6 +517,7 @@ def _legacy_scaled_fp8(ckpt, plan: Plan, markers: dict[str, dict]) -> None:
         if two:
             marker["full_precision_matrix_mult"] = True
         markers[prefix] = marker
+        plan.stated.setdefault(prefix, []).append(marker)  # what the legacy flag means (ComfyUI's rule)
         plan.changes.append(Change(prefix, None, "convert legacy scaled-FP8 layer", "scale_weight, no marker",
                                    f"weight_scale, {json.dumps(marker)}"))
         plan.markers_changed = True
