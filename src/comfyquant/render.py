@@ -157,6 +157,10 @@ def render_fix(result) -> str:
             lines.append(f"  {where}: {what}{more}")
             lines.append(f"      {before} -> {after}  [{kind}]")
             lines.extend(f"      {text}" for text in assumptions)
+        attached = {id(a) for c in plan.changes for a in c.assumed}
+        for a in plan.assumptions:
+            if id(a) not in attached:
+                lines.append(f"  {a.layer}: {a.text}")
     if plan.refused:
         lines.append("")
         lines.append(f"cannot repair ({len(plan.refused)}):")
@@ -195,8 +199,8 @@ def render_fix(result) -> str:
     elif result.after is not None:
         lines.append(f"{state}: check passes for {', '.join(result.after.verdicts)}")
     elif result.dry_run and not plan.empty:
-        lines.append("every error has a planned repair; run without --dry-run to apply it "
-                     "(the output is re-checked and verified before it is kept)")
+        lines.append("every error has a planned repair; run without --dry-run to apply it (the output is re-checked"
+                     + (" before it is kept)" if unverified else " and verified before it is kept)"))
     if unverified:
         lines.append("assumed values are not verified: pass --reference DENSE.safetensors (the original weights) "
                      "to measure the repaired layers against them")

@@ -374,9 +374,8 @@ def _assumptions(ckpt, plan: Plan) -> None:
         plan.assumptions.extend(found)
         lines = [c for c in plan.changes if c.layer == prefix and c.tensor is None] or \
                 [c for c in plan.changes if c.layer == prefix]
-        if not lines:  # e.g. an unchanged marker kept whole: the value is still written
-            lines = [Change(prefix, None, "keep the marker", json.dumps(marker), json.dumps(marker))]
-            plan.changes.append(lines[0])
+        if not lines:
+            continue  # no plan line writes it (the summary still lists it)
         for a in found:
             line = next((c for c in lines if a.key in c.what or f'"{a.key}"' in c.after), lines[0])
             line.assumed.append(a)
