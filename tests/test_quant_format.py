@@ -154,3 +154,26 @@ def test_convert_refuses_a_quant_format_layer_that_is_not_mxfp8(tmp_path):
     qf = write_layers(tmp_path / "qf.safetensors", layers, metadata={"quant_format": "mxfp8"})
     with pytest.raises(InputError, match=r"blocks\.3\.mlp.*quant_format"):
         comfyquant.convert(qf, str(tmp_path / "a.safetensors"), "nvfp4", target="comfyui", progress=False)
+
+
+def test_quant_format_file_from_comfyquant_quantize(tmp_path):
+    """A file ``comfyquant quantize`` wrote, re-saved the way SGLang-only exporters store it:
+    markers dropped, ``quant_format=mxfp8`` set, scales relabelled U8."""
+    from safetensors.torch import save_file
+
+    dense = {"blocks.0.ff.weight": (torch.randn(256, 128, generator=torch.Generator().manual_seed(7)) * 0.02)
+             .to(torch.bfloat16), "blocks.0.ff.bias": torch.zeros(256, dtype=torch.bfloat16),
+             "blocks.1.ff.weight": (torch.randn(128, 256, generator=torch.Generator().manual_seed(8)) * 0.02)
+             .to(torch.bfloat16), "blocks.1.ff.bias": torch.zeros(128, dtype=torch.bfloat16)}
+    save_file(dense, str(tmp_path / "dense.safetensors"))
+    marked = str(tmp_path / "marked.safetensors")
+    assert comfyquant.quantize(str(tmp_path / "dense.safetensors"), marked, "mxfp8", progress=False).ok
+    t = {n: (v.view(torch.uint8) if n.endswith("weight_scale") else v) for n, v in _tensors(marked).items()
+         if not n.endswith(".comfy_quant")}
+    qf = str(tmp_path / "qf.safetensors")
+    save_file(t, qf, metadata={"quant_format": "mxfp8"})
+    assert check(qf, target="sglang").ok
+    a, b = str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")
+    comfyquant.dequantize(qf, a, progress=False)
+    comfyquant.dequantize(marked, b, progress=False)
+    _same_tensors(a, b)
