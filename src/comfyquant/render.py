@@ -6,6 +6,7 @@ list of layers, so a 400-layer checkpoint with one systematic defect stays reada
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -202,8 +203,10 @@ def render_fix(result) -> str:
         lines.append("every error has a planned repair; run without --dry-run to apply it (the output is re-checked"
                      + (" before it is kept)" if unverified else " and verified before it is kept)"))
     if unverified:
-        lines.append("assumed values are not verified: pass --reference DENSE.safetensors (the original weights) "
-                     "to measure the repaired layers against them")
+        items = [f"{a.layer}: {a.key}={json.dumps(a.value)}" for a in plan.assumptions if a.layer in unverified]
+        shown = "; ".join(items[:3]) + (f" (+{len(items) - 3} more)" if len(items) > 3 else "")
+        lines.append(f"assumed, not verified (the file cannot confirm it): {shown}; pass --reference "
+                     "DENSE.safetensors (the original weights) to measure the repaired layers against them")
     while lines and not lines[-1]:
         lines.pop()
     return "\n".join(lines)
