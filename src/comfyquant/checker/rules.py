@@ -21,6 +21,7 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
     legacy = ckpt.legacy_scaled_fp8
     file_fmt = file_level_format(ckpt.markers)
     conflicts = {f.layer: f for f in ckpt.markers.findings if f.code == "M020"}
+    fits: dict = {}  # (markers by side, tensor signature) -> fitting side: layers of a model share both
     for prefix, layer in ckpt.layers.items():
         marker = layer.marker
         name = layer.name
@@ -82,17 +83,21 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
             envs[prefix] = env
         bound = [f.with_layer(name, prefix) for f in layer_findings]
         if prefix in conflicts and marker is not None:
-            _name_fitting_side(layer, conflicts[prefix], bound)
+            _name_fitting_side(layer, conflicts[prefix], bound, fits)
         findings.extend(bound)
     return findings, envs
 
 
-def _name_fitting_side(layer, conflict: Finding, bound: list[Finding]) -> None:
+def _name_fitting_side(layer, conflict: Finding, bound: list[Finding], cache: dict) -> None:
     """Header map and tensor marker disagree (M020): when exactly one side fits the tensors,
     the conflict and the layer's errors name it, and ``fix`` takes it without ``--prefer``."""
-    from .fit import SIDE_TEXT, explain, fitting_side
+    from .fit import SIDE_TEXT, explain, fitting_side, side_markers
 
-    fit = fitting_side(layer.sources, layer.tensors)
+    sides = side_markers(layer.sources)
+    key = (json.dumps(sides, sort_keys=True, default=repr), layer.signature)
+    fit = cache.get(key, cache)
+    if fit is cache:
+        fit = cache[key] = fitting_side(layer.sources, layer.tensors)
     if fit is None:
         return
     why = explain(*fit)

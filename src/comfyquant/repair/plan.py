@@ -338,6 +338,7 @@ def _assumptions(ckpt, plan: Plan) -> None:
     from ..checker.fit import layer_errors
 
     options = plan.options
+    cache: dict = {}  # (signature, marker, key) -> singled out: a model's layers share signatures
     for prefix, marker in plan.markers.items():
         layer = ckpt.layers.get(prefix)
         fmt = FORMATS.get(marker.get("format")) if isinstance(marker.get("format"), str) else None
@@ -353,9 +354,13 @@ def _assumptions(ckpt, plan: Plan) -> None:
             said = [v for v in (_stated_value(fmt, key, m) for m in stated) if v is not _NO]
             if said and all(type(v) is type(value) and v == value for v in said):
                 continue  # the file states it, consistently
-            if base is None:
-                base = layer_errors(marker, layer.tensors) or frozenset()
-            if _shapes_single_out(key, marker, value, layer.tensors, base, layer_errors):
+            memo = (layer.signature, json.dumps(marker, sort_keys=True, default=repr), key.name)
+            single = cache.get(memo)
+            if single is None:
+                if base is None:
+                    base = layer_errors(marker, layer.tensors) or frozenset()
+                single = cache[memo] = _shapes_single_out(key, marker, value, layer.tensors, base, layer_errors)
+            if single:
                 continue
             if said and options.prefer:
                 others = sorted({json.dumps(v) for v in said if v != value})
