@@ -13,6 +13,9 @@ renamed into place (a failure anywhere leaves no output file, not even of anothe
   dropped.  Peak memory is one layer's packed tensors plus one block, never the file.
 * Every other tensor (biases, norms, embeddings, unquantized layers) is copied byte for byte:
   by the kernel (``copy_file_range``) from local files, in bounded chunks otherwise.
+* A weight without a marker of its own in a file whose ``quant_format`` SGLang honours
+  (``mxfp8``, spec 1.5) is decoded with the marker SGLang gives it
+  (:func:`comfyquant.markers.file_level_markers`); ComfyUI and comfy-kitchen never read the key.
 * ``__metadata__`` is kept, minus the marker map ``_quantization_metadata`` and SGLang's
   ``quant_format``, which would describe tensors that no longer exist.
 
@@ -155,9 +158,12 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
     startup = time.perf_counter() - t
     started = time.perf_counter()
     with open_checkpoint(src) as ckpt:
+        from .markers import file_level_markers
+
         report = check_checkpoint(ckpt, target="comfy-kitchen")
-        _refuse_errors(report)
-        layers = _plan_layers(ckpt, dtype)
+        implied = file_level_markers(ckpt)
+        _refuse_errors(report, implied)
+        layers = _plan_layers(ckpt, dtype, implied)
         files = _plan_outputs(ckpt, out)
         summary = Summary(list(ckpt.paths), [p for p, _, _ in files], dtype)
         work = _Work(ckpt, layers, summary)
@@ -200,8 +206,12 @@ ALWAYS_BLOCKING = frozenset({"M023"})
 weight without a marker cannot be decoded, and copying it would leave it quantized."""
 
 
-def _refuse_errors(report) -> None:
-    errors = [f for f in report.findings if f.severity == "error" or f.code in ALWAYS_BLOCKING]
+def _refuse_errors(report, implied: dict[str, dict]) -> None:
+    """Refuse on any error.  A weight without a marker of its own is decodable when the file's
+    ``quant_format`` gives it one (``implied``, as SGLang reads it): its M023 does not block;
+    its tensors are validated against that format when the layer is planned."""
+    errors = [f for f in report.findings if (f.severity == "error" or f.code in ALWAYS_BLOCKING)
+              and not (f.code == "M023" and f.layer in implied)]
     if not errors:
         return
     first = errors[0]
@@ -211,26 +221,30 @@ def _refuse_errors(report) -> None:
     raise DequantizeError(f"refusing to dequantize: {prefix}{first.message} [{first.code}]{more}")
 
 
-def _plan_layers(ckpt, dtype) -> dict[str, _Layer]:
-    """Validated decode plans for every marked layer, keyed by the weight tensor's name."""
+def _plan_layers(ckpt, dtype, implied: dict[str, dict]) -> dict[str, _Layer]:
+    """Validated decode plans for every marked layer, keyed by the weight tensor's name.  A
+    layer without a marker of its own is decoded with the marker the file's ``quant_format``
+    implies (``implied``), if any."""
     from . import codecs
     from .codecs.base import CodecError
     from .formats.registry import FORMATS
 
     out: dict[str, _Layer] = {}
     for prefix, layer in ckpt.layers.items():
-        if layer.marker is None or layer.weight is None:
+        marker = layer.marker if layer.marker is not None else implied.get(prefix)
+        if marker is None or layer.weight is None:
             continue
-        fmt = layer.format_name
+        fmt = layer.format_name if layer.marker is not None else marker["format"]
         if not fmt or not codecs.has(fmt):
             raise DequantizeError(f"refusing to dequantize: layer {prefix!r} has format {fmt!r}, which has no decoder")
         codec = codecs.get(fmt)
         entries = dict(layer.tensors)
         try:
-            plan = codec.plan(entries, layer.marker, prefix)
+            plan = codec.plan(entries, marker, prefix)
             out_dtype = codec.output_dtype(dtype, entries, plan.marker)
         except (CodecError, ValueError) as exc:
-            raise DequantizeError(f"refusing to dequantize: {exc}") from None
+            why = "" if layer.marker is not None else f" (it has no marker: the file's quant_format makes it {fmt}, as SGLang reads it)"
+            raise DequantizeError(f"refusing to dequantize: {exc}{why}") from None
         drop = {s.suffix for s in FORMATS[fmt].slots} - {"weight", "bias"}
         drop.add("comfy_quant")
         out[layer.weight.name] = _Layer(prefix, codec, plan, out_dtype, entries, drop, layer)

@@ -105,6 +105,42 @@ def collect_markers(ckpt) -> MarkerSet:
     return ms
 
 
+FILE_LEVEL_DTYPES = ("F8_E4M3", "I8", "U8")
+"""Weight dtypes SGLang requires a marker for, and the ones a file-level ``quant_format`` gives
+one to (spec 1.3, 1.5)."""
+
+
+def file_level_format(ms: MarkerSet):
+    """The :class:`~comfyquant.formats.base.Format` that the files' ``quant_format`` gives every
+    unmarked quantized weight, as SGLang reads it (spec 1.5): every file that sets a non-empty
+    ``quant_format`` sets the same value (compared in lower case), and a format description
+    names that value as its ``quant_format``.  None otherwise (SGLang then ignores the key)."""
+    lowered = {v.lower() for v in ms.quant_formats.values() if v}
+    if len(lowered) != 1:
+        return None
+    from .formats.registry import FORMATS
+
+    value = next(iter(lowered))
+    return next((f for f in FORMATS.values() if f.quant_format == value), None)
+
+
+def file_level_markers(ckpt) -> dict[str, dict]:
+    """Prefix -> the marker SGLang creates from ``quant_format`` (``setdefault``, spec 1.5) for
+    each layer without a marker of its own whose stored weight is ``F8_E4M3``, ``I8`` or ``U8``.
+
+    ComfyUI and comfy-kitchen never read ``quant_format``: ``dequantize``, ``convert`` and
+    ``fix`` use these markers to read such files as SGLang does (and ``fix`` writes them)."""
+    fmt = file_level_format(ckpt.markers)
+    if fmt is None:
+        return {}
+    out = {}
+    for prefix, layer in ckpt.layers.items():
+        w = layer.stored.get("weight")
+        if layer.marker is None and w is not None and w.dtype in FILE_LEVEL_DTYPES:
+            out[prefix] = {"format": fmt.name}
+    return out
+
+
 def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
     hm = HeaderMarkers(file, raw)
     ms.headers.append(hm)

@@ -6,6 +6,7 @@ list of layers, so a 400-layer checkpoint with one systematic defect stays reada
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -165,12 +166,16 @@ def render_fix(result) -> str:
                      + ("" if result.dry_run else "; nothing was written"))
     else:
         kinds = "all lossless" if not lossy else f"{lossy} lossy"
+        assumed = len(plan.assumptions)
+        if assumed:
+            kinds += f"; {assumed} value{'s' * (assumed != 1)} assumed (the file cannot confirm {'them' if assumed > 1 else 'it'})"
         lines.append(f"{head}: {len(plan.changes)} change{'s' * (len(plan.changes) != 1)}, {kinds}")
         groups: dict[tuple, list] = {}
         for c in plan.changes:
             suffix = c.tensor.rsplit(".", 1)[-1] if c.tensor and c.layer else c.tensor
-            groups.setdefault((c.what, suffix, c.before if not c.layer else c.before, c.after, c.kind), []).append(c)
-        for (what, suffix, before, after, kind), items in groups.items():
+            key = (c.what, suffix, c.before, c.after, c.kind, tuple(a.text for a in c.assumed))
+            groups.setdefault(key, []).append(c)
+        for (what, suffix, before, after, kind, assumptions), items in groups.items():
             where = items[0].layer or ""
             if suffix:
                 where += (" · " if where else "") + suffix
@@ -178,16 +183,32 @@ def render_fix(result) -> str:
             more = f"  (+{len(items) - 1} more layers)" if len(items) > 1 else ""
             lines.append(f"  {where}: {what}{more}")
             lines.append(f"      {before} -> {after}  [{kind}]")
+            lines.extend(f"      {text}" for text in assumptions)
+        attached = {id(a) for c in plan.changes for a in c.assumed}
+        for a in plan.assumptions:
+            if id(a) not in attached:
+                lines.append(f"  {a.layer}: {a.text}")
     if plan.refused:
         lines.append("")
         lines.append(f"cannot repair ({len(plan.refused)}):")
         for layer, why in plan.refused:
             lines.append(f"  {layer or '(checkpoint)'}: {why}")
+    if plan.measured:
+        lines.append("")
+        lines.append("measured against the original weights (--reference):")
+        for m in plan.measured:
+            lines.append(f"  {m.layer}: {m.text}  [{'ok' if m.ok else 'REFUSED'}]")
+    unverified = {a.layer for a in plan.assumptions} - {m.layer for m in plan.measured if m.ok}
     remaining = result.remaining
     lines.append("")
     if result.after is not None:
         for path in result.outputs:
-            lines.append(f"wrote {path} (verified: re-checked, untouched tensors byte-identical)")
+            if unverified:
+                lines.append(f"wrote {path} (re-checked, untouched tensors byte-identical; not verified: the values "
+                             f"assumed for {len(unverified)} layer{'s' * (len(unverified) != 1)} above)")
+            else:
+                lines.append(f"wrote {path} (verified: re-checked, untouched tensors byte-identical"
+                             + (", repaired layers measured against the original weights)" if plan.measured else ")"))
         state = "after repair"
     else:
         state = "as found" if not result.dry_run else "not addressed by the plan"
@@ -205,8 +226,13 @@ def render_fix(result) -> str:
     elif result.after is not None:
         lines.append(f"{state}: check passes for {', '.join(result.after.verdicts)}")
     elif result.dry_run and not plan.empty:
-        lines.append("every error has a planned repair; run without --dry-run to apply it "
-                     "(the output is re-checked and verified before it is kept)")
+        lines.append("every error has a planned repair; run without --dry-run to apply it (the output is re-checked"
+                     + (" before it is kept)" if unverified else " and verified before it is kept)"))
+    if unverified:
+        items = [f"{a.layer}: {a.key}={json.dumps(a.value)}" for a in plan.assumptions if a.layer in unverified]
+        shown = "; ".join(items[:3]) + (f" (+{len(items) - 3} more)" if len(items) > 3 else "")
+        lines.append(f"assumed, not verified (the file cannot confirm it): {shown}; pass --reference "
+                     "DENSE.safetensors (the original weights) to measure the repaired layers against them")
     while lines and not lines[-1]:
         lines.pop()
     return "\n".join(lines)

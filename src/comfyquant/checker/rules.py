@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from ..formats.registry import FORMATS, infer_format
+from ..markers import FILE_LEVEL_DTYPES, file_level_format
 from .findings import Finding
 from .layers import check_layer
 
@@ -18,6 +19,9 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
     findings: list[Finding] = []
     envs: dict[str, dict] = {}
     legacy = ckpt.legacy_scaled_fp8
+    file_fmt = file_level_format(ckpt.markers)
+    conflicts = {f.layer: f for f in ckpt.markers.findings if f.code == "M020"}
+    fits: dict = {}  # (markers by side, tensor signature) -> fitting side: layers of a model share both
     for prefix, layer in ckpt.layers.items():
         marker = layer.marker
         name = layer.name
@@ -61,20 +65,48 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
                 continue
             fmt = FORMATS.get(layer.format_name) if layer.format_name else None
             guess = f"the tensors look like {fmt.name}" if fmt else "the tensors match no known format"
+            cause = ("marker lost on re-save (markers are tensors or header metadata some tools drop); "
+                     "ComfyUI casts the weight by value (garbage), SGLang refuses it")
+            fix = (("add the marker (comfyquant fix)" + (" --convrot-groupsize C" if fmt and fmt.rotation != "none" else ""))
+                   if fmt else "re-export the layer")
+            if file_fmt is not None and w.dtype in FILE_LEVEL_DTYPES:
+                cause = (f"only SGLang reads the file's quant_format={file_fmt.quant_format} (as a {file_fmt.name} marker "
+                         "for every unmarked quantized weight); ComfyUI casts the weight by value (garbage)")
+                fix = f"write the {file_fmt.name} markers per layer (comfyquant fix)"
             findings.append(Finding("M023", f"layer {name}: {w.dtype} weight has no comfy_quant marker ({guess})",
                                     layer=name, tensor=f"{prefix}.weight", expected="a marker", actual="none",
-                                    cause="marker lost on re-save (markers are tensors or header metadata some tools drop); "
-                                          "ComfyUI casts the weight by value (garbage), SGLang refuses it",
-                                    fix=("add the marker (comfyquant fix)" + (" --convrot-groupsize C" if fmt and fmt.rotation != "none" else ""))
-                                    if fmt else "re-export the layer"))
+                                    cause=cause, fix=fix))
             if fmt is None:
                 continue
             layer_findings, env = check_layer(fmt, None, layer.tensors, ckpt.memo, layer)
         if env is not None:
             envs[prefix] = env
-        for f in layer_findings:
-            findings.append(f.with_layer(name, prefix))
+        bound = [f.with_layer(name, prefix) for f in layer_findings]
+        if prefix in conflicts and marker is not None:
+            _name_fitting_side(layer, conflicts[prefix], bound, fits)
+        findings.extend(bound)
     return findings, envs
+
+
+def _name_fitting_side(layer, conflict: Finding, bound: list[Finding], cache: dict) -> None:
+    """Header map and tensor marker disagree (M020): when exactly one side fits the tensors,
+    the conflict and the layer's errors name it, and ``fix`` takes it without ``--prefer``."""
+    from .fit import SIDE_TEXT, explain, fitting_side, side_markers
+
+    sides = side_markers(layer.sources)
+    key = (json.dumps(sides, sort_keys=True, default=repr), layer.signature)
+    fit = cache.get(key, cache)
+    if fit is cache:
+        fit = cache[key] = fitting_side(layer.sources, layer.tensors)
+    if fit is None:
+        return
+    why = explain(*fit)
+    fix = f"take the values of {SIDE_TEXT[fit[0]]} (comfyquant fix does, no --prefer needed)"
+    conflict.cause, conflict.fix = why, fix  # the same text every time this checkpoint is checked
+    for f in bound:
+        if f.severity == "error" and f.code.startswith("L"):
+            f.cause = f"{f.cause}; {why}" if f.cause else why
+            f.fix = fix
 
 
 def _bank_finding(layer, fmt, marker: dict) -> Finding:

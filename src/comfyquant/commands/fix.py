@@ -20,6 +20,9 @@ def add_parser(sub) -> None:
     f.add_argument("--prefer", choices=["header", "tensor"], help="which marker wins when header and tensor markers disagree")
     f.add_argument("--convrot-groupsize", type=int, metavar="C",
                    help="ConvRot size for markers that lack one (16, 64 or 256); never guessed")
+    f.add_argument("--reference", metavar="DENSE",
+                   help="the original dense checkpoint: measure every repaired layer against it and refuse a repair "
+                        "whose error is not that of its format (needs torch)")
     f.add_argument("--force", action="store_true", help="replace an existing output file")
 
 
@@ -28,7 +31,7 @@ def run(args) -> int:
 
     result = fix(args.paths, out=args.output, in_place=args.in_place, target=args.target, dry_run=args.dry_run,
                  allow_lossy=args.allow_lossy, prefer=args.prefer, convrot_groupsize=args.convrot_groupsize,
-                 force=args.force)
+                 force=args.force, reference=args.reference)
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
     else:

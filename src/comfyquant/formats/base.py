@@ -208,16 +208,30 @@ class Format:
     ``pad`` is (rows, columns): the multiples a writer pads the stored weight to (NVFP4 16,
     MXFP8 32); the model's own N is then known only from an unpadded companion (the bias), K
     from none the encoders write.
+
+    ``quant_format`` is the file-level ``__metadata__["quant_format"]`` value (lower case) that
+    makes SGLang read every unmarked ``F8_E4M3``/``I8``/``U8`` weight as this format (spec 1.5:
+    MXFP8 only); ComfyUI and comfy-kitchen read per-layer markers only.
+
+    ``encode_params(env, tensors)`` gives the encoder arguments that reproduce a stored
+    layer's variant and parameters (None: nothing here encodes the format), and
+    ``reference_factor`` how far a repaired layer's error against its original weights may
+    exceed the error of such a fresh encode (``fix --reference``): the layer was written by
+    some quantizer of the format from those weights, so its error is that of the format; a
+    wrong parameter (another ConvRot size, group size) gives an error of order 1.
     """
 
     __slots__ = ("name", "title", "slots", "keys", "geometry", "constraints", "bits_text", "rotation", "loaders",
-                 "converter_only", "recognize", "bank_rows", "bank_rows_if", "pad")
+                 "converter_only", "recognize", "bank_rows", "bank_rows_if", "pad", "quant_format", "encode_params",
+                 "reference_factor")
 
     def __init__(self, name: str, title: str, slots: tuple[Slot, ...], keys: tuple[MarkerKey, ...],
                  geometry: Callable[[dict, dict], dict], constraints: tuple[Constraint, ...] = (), bits_text: str = "",
                  rotation: str = "none", loaders: frozenset[str] = frozenset(), converter_only: bool = False,
                  recognize: Callable[[dict], bool] | None = None, bank_rows: tuple[str, ...] = (),
-                 bank_rows_if: str | None = None, pad: tuple[int, int] = (1, 1)) -> None:
+                 bank_rows_if: str | None = None, pad: tuple[int, int] = (1, 1),
+                 quant_format: str | None = None, encode_params: Callable[[dict, dict], dict] | None = None,
+                 reference_factor: float = 2.0) -> None:
         self.name = name
         self.title = title
         self.slots = slots
@@ -232,6 +246,9 @@ class Format:
         self.bank_rows = bank_rows
         self.bank_rows_if = bank_rows_if
         self.pad = pad
+        self.quant_format = quant_format
+        self.encode_params = encode_params
+        self.reference_factor = reference_factor
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"

@@ -57,3 +57,8 @@ def model_size(tensors: dict, suffix: str, stored: int, multiple: int) -> int:
     if e is not None and len(e.shape) == 1 and 0 < e.shape[0] <= stored and -(-e.shape[0] // multiple) * multiple == stored:
         return e.shape[0]
     return stored
+
+
+def no_params(env: dict, tensors: dict) -> dict:
+    """``Format.encode_params`` of formats whose encoder takes no parameters."""
+    return {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import WEIGHT, Format, MarkerKey, Slot
-from .common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, has_2d_weight
+from .common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, has_2d_weight, no_params
 
 
 def _scalar_scale_slot() -> Slot:
@@ -20,6 +20,7 @@ def _scalar_scale_slot() -> Slot:
 def _fp8(name: str, weight_dtype: str, loaders: frozenset, title: str) -> Format:
     return Format(
         name=name,
+        encode_params=no_params,
         title=title,
         slots=(
             Slot("weight", weight_dtype, "(N, K)", kind=WEIGHT, meaning="FP8 weight"),

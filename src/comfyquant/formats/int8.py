@@ -19,6 +19,14 @@ def _geometry(tensors: dict, params: dict) -> dict:
     return env
 
 
+def _encode_params(env: dict, tensors: dict) -> dict:
+    """comfy-kitchen's arguments for this layer's variant: ConvRot (always row-wise) with its
+    size, else row-wise or scalar scales."""
+    if env.get("variant") == "convrot":
+        return {"convrot": True, "convrot_groupsize": env["convrot_groupsize"], "per_channel": True}
+    return {"per_channel": env.get("scale_layout") == "row"}
+
+
 INT8_TENSORWISE = Format(
     name="int8_tensorwise",
     title="INT8 weights, scalar / row-wise / ConvRot scales, dynamic INT8 activations",
@@ -73,6 +81,7 @@ INT8_TENSORWISE = Format(
     loaders=ALL_RUNTIMES,
     bank_rows=("weight", "weight_scale", "bias"),
     bank_rows_if="weight_scale",
+    encode_params=_encode_params,
     recognize=lambda t: has_2d_weight(t, "I8")
     and "weight_scale" in t
     and t["weight_scale"].dtype == "F32"

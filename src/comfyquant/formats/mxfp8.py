@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import WEIGHT, Constraint, Format, MarkerKey, Slot
-from .common import ALL_RUNTIMES, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, model_size, padded_bias_slot
+from .common import ALL_RUNTIMES, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, model_size, no_params, padded_bias_slot
 
 
 def weight_rows(t: dict) -> int:
@@ -56,4 +56,6 @@ MXFP8 = Format(
     loaders=ALL_RUNTIMES,
     pad=(32, 32),
     recognize=_recognize,
+    encode_params=no_params,
+    quant_format="mxfp8",
 )

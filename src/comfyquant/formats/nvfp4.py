@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import WEIGHT, Constraint, Format, MarkerKey, Slot
-from .common import ALL_RUNTIMES, FORMAT_KEY, FULL_PRECISION_KEY, model_size, padded_bias_slot, weight_2d
+from .common import ALL_RUNTIMES, FORMAT_KEY, FULL_PRECISION_KEY, model_size, no_params, padded_bias_slot, weight_2d
 
 
 def _geometry(tensors: dict, params: dict) -> dict:
@@ -69,4 +69,5 @@ NVFP4 = Format(
     loaders=ALL_RUNTIMES,
     pad=(16, 16),
     recognize=lambda t: "weight" in t and t["weight"].dtype == "U8" and "weight_scale_2" in t,
+    encode_params=no_params,
 )

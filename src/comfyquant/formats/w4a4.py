@@ -11,6 +11,10 @@ def _geometry(tensors: dict, params: dict) -> dict:
     return dict(params, N=n, K=2 * cols, bits=4, convrot_groupsize=as_int(params.get("convrot_groupsize"), 256))
 
 
+def _encode_params(env: dict, tensors: dict) -> dict:
+    return {"convrot_groupsize": env["convrot_groupsize"], "linear_dtype": env.get("linear_dtype") or "int4"}
+
+
 CONVROT_W4A4 = Format(
     name="convrot_w4a4",
     title="signed 4-bit weights and activations, per-row scales, ConvRot",
@@ -64,6 +68,7 @@ CONVROT_W4A4 = Format(
     bits_text="4",
     rotation="always",
     loaders=ALL_RUNTIMES,
+    encode_params=_encode_params,
     recognize=lambda t: "weight" in t
     and t["weight"].dtype == "I8"
     and len(t["weight"].shape) == 2

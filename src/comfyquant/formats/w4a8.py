@@ -51,6 +51,15 @@ def _geometry(tensors: dict, params: dict) -> dict:
     )
 
 
+def _encode_params(env: dict, tensors: dict) -> dict:
+    """comfy-kitchen's arguments for this layer's variant (spec 3.3: A-D) and sizes."""
+    s_rel = tensors.get("weight_s_rel")
+    return {"group_size": env["group_size"], "convrot_groupsize": env["convrot_groupsize"], "bits": env["bits"],
+            "symmetric": "weight_correction" not in tensors, "codebook": "weight_codebook" in tensors,
+            "scale_dtype": "float32" if s_rel is not None and str(s_rel.dtype) in ("F32", "torch.float32")
+            else "float8_e4m3fn"}  # header entries name dtypes, torch tensors carry torch dtypes
+
+
 ASYM_W4A8_INT8 = Format(
     name="asym_w4a8_int8",
     title="grouped 4/6-bit weights, FP8 group scales, INT8 activations, ConvRot",
@@ -155,4 +164,5 @@ ASYM_W4A8_INT8 = Format(
     loaders=ALL_RUNTIMES,
     bank_rows=("weight", "weight_scale", "weight_s_rel", "weight_s_channel", "bias"),
     recognize=lambda t: "weight_s_rel" in t and "weight" in t and t["weight"].dtype == "I8",
+    encode_params=_encode_params,
 )

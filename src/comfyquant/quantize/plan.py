@@ -183,11 +183,14 @@ class Options:
 
 def build_plan(ckpt, mode: str, options: Options) -> Plan:
     """The plan for ``quantize`` (``mode="quantize"``) or ``convert`` (``mode="convert"``)."""
+    from ..markers import file_level_markers
+
     _refuse_choices(ckpt, options)
+    implied = file_level_markers(ckpt) if mode == "convert" else {}
     layers = []
     for prefix in sorted(ckpt.layers, key=natural_key):
         layer = ckpt.layers[prefix]
-        lp = _plan_quantize(layer, options) if mode == "quantize" else _plan_convert(layer, options)
+        lp = _plan_quantize(layer, options) if mode == "quantize" else _plan_convert(layer, options, implied.get(prefix))
         lp.index = len(layers)
         layers.append(lp)
     others = sorted((ckpt.tensors[n] for n in ckpt.other_tensors), key=lambda e: natural_key(e.name))
@@ -295,28 +298,33 @@ def _padding_loses_shape(fmt_name: str, n: int, k: int, bias) -> str | None:
     return None
 
 
-def _plan_convert(layer, options: Options) -> LayerPlan:
+def _plan_convert(layer, options: Options, implied: dict | None = None) -> LayerPlan:
+    """``implied``: the marker the file's ``quant_format`` gives this unmarked layer (SGLang's
+    reading, spec 1.5); the layer is then read with it, and a copy of it carries it as its own
+    marker (the output drops ``quant_format``)."""
     from .. import codecs
     from ..codecs.base import CodecError, output_dtype
     from ..numerics.dtypes import dtype_name
 
     name = layer.prefix
-    if layer.marker is None and not layer.inferred:
+    marker = layer.marker if layer.marker is not None else implied
+    if marker is None and not layer.inferred:
         return _dense(layer, "dense in the input (copied)")
-    fmt = layer.format_name
-    if layer.marker is None:
+    fmt = layer.format_name if layer.marker is not None or marker is None else marker.get("format")
+    if marker is None:
         raise InputError(f"layer {name!r} has no marker (its tensors look like {fmt}); run comfyquant fix first")
     if not fmt or not codecs.has(fmt):
         raise InputError(f"layer {name!r}: format {fmt!r} cannot be decoded, so it cannot be converted")
     try:
-        codec_plan = codecs.get(fmt).plan(dict(layer.tensors), layer.marker, name)
+        codec_plan = codecs.get(fmt).plan(dict(layer.tensors), marker, name)
         dtype = dtype_name(output_dtype(None, dict(layer.tensors), codec_plan.marker))
     except CodecError as exc:
-        raise InputError(f"cannot convert: {exc} (comfyquant check lists every problem; comfyquant fix repairs most)") from None
+        why = "" if layer.marker is not None else f" (it has no marker: the file's quant_format makes it {fmt}, as SGLang reads it)"
+        raise InputError(f"cannot convert: {exc}{why} (comfyquant check lists every problem; comfyquant fix repairs most)") from None
 
-    def copy(reason: str, marker: dict | None = None) -> LayerPlan:
+    def copy(reason: str, out_marker: dict | None = None) -> LayerPlan:
         lp = LayerPlan(name, dict(layer.stored), COPY, reason)  # as stored: a bank keeps its shapes
-        lp.marker, lp.src_format = marker or layer.marker, fmt
+        lp.marker, lp.src_format = out_marker or marker, fmt
         return lp
 
     if layer.bank is not None:
@@ -330,23 +338,25 @@ def _plan_convert(layer, options: Options) -> LayerPlan:
     if choice.keep:
         return copy(f"kept by {choice.source}")
     n, k = codec_plan.shape
-    if _already(layer, choice, n, k):
+    if _already(layer, marker, choice, n, k):
         return copy(f"already {describe(choice.format, choice.params)} (copied unchanged)", marker_for(choice.format, choice.params))
     lp = _encode_plan(layer, choice, options, n, k, "decode", dtype)
-    lp.src_format, lp.src_marker = fmt, dict(layer.marker)
+    if lp.action == COPY:
+        lp.marker = marker
+    lp.src_format, lp.src_marker = fmt, dict(marker)
     return lp
 
 
-def _already(layer, choice: Choice, n: int, k: int) -> bool:
+def _already(layer, marker: dict, choice: Choice, n: int, k: int) -> bool:
     """The layer already stores exactly what encoding it again would write (format,
     parameters, tensor dtypes and shapes): copying it is lossless, re-encoding is not."""
     from ..formats import registry
 
-    if layer.format_name != choice.format:
+    if marker.get("format") != choice.format:
         return False
     fmt = registry.FORMATS[choice.format]
     want = marker_for(choice.format, choice.params)
-    have = fmt.params(layer.marker)
+    have = fmt.params(marker)
     if any(have.get(key) != value for key, value in want.items() if key != "format"):
         return False
     actual = {s: (e.dtype, e.shape) for s, e in layer.tensors.items() if s not in ("bias", "comfy_quant")}

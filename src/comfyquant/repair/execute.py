@@ -22,6 +22,7 @@ from ..io.index import write_index
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import CHUNK, BackgroundSync, commit_file, discard, write_safetensors
+from ..markers import HEADER, TENSOR
 from .lossy import W4A8_TENSORS, requantize
 from .plan import Plan
 
@@ -89,8 +90,14 @@ def _stamp(metadata: dict[str, str], plan: Plan) -> dict[str, str]:
             history = json.loads(previous).get("history", [])
         except (ValueError, AttributeError, RecursionError):
             history = []
-    stamp = {"tool": "comfyquant", "version": __version__, "repaired": summary, "history": history + [
-        {"version": __version__, "repaired": summary}]}
+    entry = {"version": __version__, "repaired": summary}
+    if plan.assumptions:  # values the file could not confirm stay on record in the file itself
+        entry["assumed"] = [f"{a.layer}: {a.key}={json.dumps(a.value)} ({a.source})" for a in plan.assumptions]
+    if plan.measured:
+        entry["measured"] = {m.layer: round(m.error, 6) for m in plan.measured}
+    stamp = {"tool": "comfyquant", "version": __version__, "repaired": summary, "history": history + [entry]}
+    if "assumed" in entry:
+        stamp["assumed"] = entry["assumed"]
     return {**metadata, STAMP_KEY: json.dumps(stamp)}
 
 
@@ -128,6 +135,14 @@ def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str,
         for prefix, marker in layers_here.items():
             raw = json.dumps(marker).encode("utf-8")
             tensors[f"{prefix}.comfy_quant"] = ("U8", (len(raw),), raw)
+        for prefix, kinds in plan.kept.items():  # refused marker conflicts: both sides as found
+            if layer_file.get(prefix) != h.file:
+                continue
+            if TENSOR in kinds:
+                raw = json.dumps(kinds[TENSOR]).encode("utf-8")
+                tensors[f"{prefix}.comfy_quant"] = ("U8", (len(raw),), raw)
+            if HEADER in kinds:
+                layers_here[prefix] = kinds[HEADER]
         metadata = dict(h.metadata)
         metadata.update(plan.metadata_text.get(h.file, {}))
         if layers_here:

@@ -20,7 +20,7 @@ W4A8_TENSORS = ("weight", "weight_s_rel", "weight_s_channel", "weight_codebook",
 class Requant:
     """One layer to re-quantize: why, encode parameters, the output tensors' (dtype, shape)."""
 
-    __slots__ = ("prefix", "why", "params", "specs", "marker", "error", "change")
+    __slots__ = ("prefix", "why", "params", "specs", "marker", "error", "change", "outputs", "_after")
 
     def __init__(self, prefix: str, why: str, params: dict, specs: dict[str, tuple], marker: dict) -> None:
         self.prefix = prefix
@@ -30,6 +30,9 @@ class Requant:
         self.marker = marker
         self.error: float | None = None
         self.change = None
+        self.outputs: dict[str, bytes] | None = None
+        """The re-quantized bytes, kept when computed before writing (``--reference``)."""
+        self._after: str | None = None
 
 
 def lossy_need(env: dict, tensors: dict, target: str) -> tuple[str, dict] | None:
@@ -62,8 +65,12 @@ def plan_requant(prefix: str, env: dict, tensors: dict, target: str) -> Requant 
     return Requant(prefix, why, params, specs, marker)
 
 
-def requantize(ckpt, op: Requant) -> dict[str, bytes]:
-    """Decode the stored layer, re-encode it, record the error; returns new bytes by suffix."""
+def requantize(ckpt, op: Requant, keep: bool = False) -> dict[str, bytes]:
+    """Decode the stored layer, re-encode it, record the error; returns new bytes by suffix.
+    With ``keep`` the bytes stay on ``op`` and the next call returns them (computed once)."""
+    if op.outputs is not None:
+        out, op.outputs = op.outputs, None
+        return out
     import torch
 
     from ..codecs import get
@@ -79,7 +86,9 @@ def requantize(ckpt, op: Requant) -> dict[str, bytes]:
     denom = torch.linalg.vector_norm(old).item() or 1.0
     op.error = torch.linalg.vector_norm(new - old).item() / denom
     if op.change is not None:
-        op.change.after += f"; relative L2 error {op.error:.4f}"
+        if op._after is None:
+            op._after = op.change.after
+        op.change.after = op._after + f"; relative L2 error {op.error:.4f}"
     out = {}
     for suffix, (dtype, shape) in op.specs.items():
         t = encoded[suffix]
@@ -87,4 +96,6 @@ def requantize(ckpt, op: Requant) -> dict[str, bytes]:
             raise ValueError(f"{op.prefix}.{suffix}: re-quantized {dtype_name(t.dtype)} {tuple(t.shape)} "
                              f"!= planned {dtype} {shape}")
         out[suffix] = bytes(to_bytes(t))
+    if keep:
+        op.outputs = dict(out)
     return out

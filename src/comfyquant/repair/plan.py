@@ -14,10 +14,11 @@ import json
 from collections.abc import Callable
 
 from ..checker.diagnose import dtype_matches, fmt_shape
+from ..checker.fit import differing_keys, explain, fitting_side
 from ..checker.rules import prefix_match
 from ..formats.base import Format, GeometryError
 from ..formats.registry import FORMATS, infer_format
-from ..markers import HEADER, TENSOR
+from ..markers import HEADER, TENSOR, file_level_markers
 from . import transforms
 
 LOSSLESS = "lossless"
@@ -25,9 +26,10 @@ STORAGE = "write markers as tensors and header map, identical"
 
 
 class Change:
-    """One line of the plan: what changes on which layer/tensor, before -> after."""
+    """One line of the plan: what changes on which layer/tensor, before -> after.  ``assumed``
+    lists the values this line writes that the file cannot confirm (:class:`Assumption`)."""
 
-    __slots__ = ("layer", "tensor", "what", "before", "after", "kind")
+    __slots__ = ("layer", "tensor", "what", "before", "after", "kind", "assumed")
 
     def __init__(self, layer: str | None, tensor: str | None, what: str, before: str, after: str, kind: str = LOSSLESS):
         self.layer = layer
@@ -36,10 +38,33 @@ class Change:
         self.before = before
         self.after = after
         self.kind = kind
+        self.assumed: list[Assumption] = []
 
     def to_dict(self) -> dict:
         return {"layer": self.layer, "tensor": self.tensor, "what": self.what, "before": self.before,
-                "after": self.after, "kind": self.kind}
+                "after": self.after, "kind": self.kind, "assumed": [a.text for a in self.assumed]}
+
+
+class Assumption:
+    """A marker value ``fix`` writes that neither the file's markers state nor the tensors'
+    shapes confirm: given by an option, a reader's default, or one side of a conflict the
+    tensors fit equally.  The repaired layer decodes with it, but nothing in the file says it
+    is right: only a comparison with the original weights (``--reference``) can."""
+
+    __slots__ = ("layer", "key", "value", "source")
+
+    def __init__(self, layer: str, key: str, value, source: str) -> None:
+        self.layer = layer
+        self.key = key
+        self.value = value
+        self.source = source
+
+    @property
+    def text(self) -> str:
+        return f"assumed: {self.key}={json.dumps(self.value)} ({self.source}; the file cannot confirm it)"
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "key": self.key, "value": self.value, "source": self.source, "text": self.text}
 
 
 class TensorEdit:
@@ -72,6 +97,15 @@ class Plan:
         self.options: Options | None = None
         self.metadata_text: dict[str, dict[str, str]] = {}
         """Per input file: ``__metadata__`` values that were not strings, as their JSON text."""
+        self.stated: dict[str, list[dict]] = {}
+        """Per layer prefix: the marker objects the file states for it (header, tensor, and
+        the marker its ``quant_format`` implies), against which written values are judged."""
+        self.kept: dict[str, dict[str, dict]] = {}
+        """Layers whose marker conflict is refused: their markers by kind (header, tensor),
+        written back as found."""
+        self.assumptions: list[Assumption] = []
+        self.measured: list = []
+        """``repair.reference.Measurement`` per repaired layer (``--reference``)."""
 
     @property
     def empty(self) -> bool:
@@ -88,7 +122,14 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {"changes": [c.to_dict() for c in self.changes],
-                "refused": [{"layer": layer, "why": why} for layer, why in self.refused]}
+                "refused": [{"layer": layer, "why": why} for layer, why in self.refused],
+                "assumed": [a.to_dict() for a in self.assumptions],
+                "measured": [m.to_dict() for m in self.measured]}
+
+    @property
+    def repaired_layers(self) -> list[str]:
+        """Layers whose marker or tensors a planned change writes anew, in plan order."""
+        return list(dict.fromkeys(c.layer for c in self.changes if c.layer is not None))
 
 
 class Options:
@@ -121,9 +162,17 @@ def plan_repairs(ckpt, options: Options) -> Plan:
     markers = _final_markers(ckpt, options, plan)
     plan.markers = markers
     _legacy_scaled_fp8(ckpt, plan, markers)
+    implied = file_level_markers(ckpt)
     for prefix, layer in ckpt.layers.items():
+        if prefix in plan.kept:
+            continue  # its marker is undecided: nothing is planned from it
         marker = markers.get(prefix)
-        if marker is None:
+        if marker is None and prefix in implied:
+            marker = _file_level_marker(layer, implied[prefix], plan)
+            if marker is None:
+                continue
+            markers[prefix] = marker
+        elif marker is None:
             marker = _infer_marker(layer, options, plan)
             if marker is None:
                 continue
@@ -144,6 +193,9 @@ def plan_repairs(ckpt, options: Options) -> Plan:
             continue
         _repair_tensors(ckpt, layer, fmt, marker, plan)
     plan.markers = markers
+    for prefix, marker in implied.items():
+        plan.stated.setdefault(prefix, []).append(marker)
+    _assumptions(ckpt, plan)
     _marker_storage(ckpt, plan)
     return plan
 
@@ -167,8 +219,15 @@ def _final_markers(ckpt, options: Options, plan: Plan) -> dict[str, dict]:
             target_prefix = match
             plan.changes.append(Change(match, None, "re-key header marker to the tensor names", prefix, match))
             plan.markers_changed = True
-        merged = _merge_sources(prefix, sources, options, plan)
+        plan.stated.setdefault(target_prefix, []).extend(r.obj for r in sources if r.error is None)
+        layer = layers.get(target_prefix)
+        merged = _merge_sources(prefix, sources, options, plan, layer.tensors if layer is not None else None)
         if merged is None:
+            # Refused: the layer keeps its markers exactly as found (a rewrite must not drop them).
+            kept = plan.kept.setdefault(target_prefix, {})
+            for rec in sources:
+                if rec.error is None:
+                    kept.setdefault(rec.kind, {}).update({k: v for k, v in rec.obj.items() if k not in kept.get(rec.kind, {})})
             continue
         if target_prefix in out:
             merged = {**merged, **out[target_prefix]}
@@ -178,7 +237,10 @@ def _final_markers(ckpt, options: Options, plan: Plan) -> dict[str, dict]:
     return out
 
 
-def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan) -> dict | None:
+def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan, layer_tensors: dict | None) -> dict | None:
+    """The union of a layer's markers.  On a conflict, ``--prefer`` decides; without it, the
+    side whose values the tensors fit when exactly one does (:mod:`..checker.fit`); else the
+    layer is refused."""
     headers = [r.obj for r in sources if r.kind == HEADER]
     tensors = [r.obj for r in sources if r.kind == TENSOR]
     merged: dict = {}
@@ -193,8 +255,19 @@ def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan) -> 
             plan.markers_changed = True
         return merged
     if options.prefer is None:
+        fit = fitting_side(sources, layer_tensors) if layer_tensors is not None else None
+        if fit is not None:
+            side, chosen, other = fit
+            plan.changes.append(Change(prefix, None, f"resolve marker conflict: {explain(side, chosen, other, took=True)}",
+                                       ", ".join(f"{k}: header {(chosen if side == HEADER else other)[k]!r} / "
+                                                 f"tensor {(chosen if side == TENSOR else other)[k]!r}"
+                                                 for k in differing_keys(chosen, other)),
+                                       json.dumps(chosen)))
+            plan.markers_changed = True
+            return dict(chosen)
         keys = ", ".join(sorted({c[0] for c in conflicts}))
-        plan.refused.append((prefix, f"header and tensor markers disagree on {keys}: choose --prefer header or --prefer tensor"))
+        plan.refused.append((prefix, f"header and tensor markers disagree on {keys} and the tensors fit both or neither: "
+                                     "choose --prefer header or --prefer tensor"))
         return None
     first, second = (tensors, headers) if options.prefer == "tensor" else (headers, tensors)
     chosen: dict = {}
@@ -252,6 +325,95 @@ def _normalise(prefix: str, marker: dict, options: Options, plan: Plan) -> dict:
 
 _NO = object()
 _REMOVE = object()
+
+CANDIDATES = {int: (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 512, 1024, 4096), bool: (True, False)}
+"""Other values tried for a key, to learn whether the tensors' shapes single out the written one."""
+
+
+def _assumptions(ckpt, plan: Plan) -> None:
+    """Every marker value about to be written that the file does not state (no marker source
+    of the layer has it, or its sources disagree) and the tensors' shapes do not single out
+    (another allowed value fits them as well) is an :class:`Assumption`, attached to the plan
+    lines of its layer."""
+    from ..checker.fit import layer_errors
+
+    options = plan.options
+    cache: dict = {}  # (signature, marker, key) -> singled out: a model's layers share signatures
+    for prefix, marker in plan.markers.items():
+        layer = ckpt.layers.get(prefix)
+        fmt = FORMATS.get(marker.get("format")) if isinstance(marker.get("format"), str) else None
+        if layer is None or fmt is None or layer.bank is not None:
+            continue
+        stated = plan.stated.get(prefix, [])
+        found: list[Assumption] = []
+        base = None
+        for key in fmt.keys:
+            if key.name == "format" or key.name not in marker:
+                continue
+            value = marker[key.name]
+            said = [v for v in (_stated_value(fmt, key, m) for m in stated) if v is not _NO]
+            if said and all(type(v) is type(value) and v == value for v in said):
+                continue  # the file states it, consistently
+            memo = (layer.signature, json.dumps(marker, sort_keys=True, default=repr), key.name)
+            single = cache.get(memo)
+            if single is None:
+                if base is None:
+                    base = layer_errors(marker, layer.tensors) or frozenset()
+                single = cache[memo] = _shapes_single_out(key, marker, value, layer.tensors, base, layer_errors)
+            if single:
+                continue
+            if said and options.prefer:
+                others = sorted({json.dumps(v) for v in said if v != value})
+                source = f"chosen by --prefer {options.prefer} over {', '.join(others)}; the tensors fit both"
+            elif key.name == "convrot_groupsize" and options.convrot_groupsize == value:
+                source = "given by --convrot-groupsize"
+            elif key.name == "convrot" and options.convrot_groupsize is not None and not said:
+                source = "the layer is taken as rotated because --convrot-groupsize was given"
+            elif value == key.default:
+                source = "the readers' default for a missing key"
+            else:
+                source = "written by fix"
+            found.append(Assumption(prefix, key.name, value, source))
+        if not found:
+            continue
+        plan.assumptions.extend(found)
+        lines = [c for c in plan.changes if c.layer == prefix and c.tensor is None] or \
+                [c for c in plan.changes if c.layer == prefix]
+        if not lines:
+            continue  # no plan line writes it (the summary still lists it)
+        for a in found:
+            line = next((c for c in lines if a.key in c.what or f'"{a.key}"' in c.after), lines[0])
+            line.assumed.append(a)
+
+
+def _stated_value(fmt: Format, key, marker: dict):
+    """The value a stated marker gives ``key`` (nested ``params`` included, numbers written as
+    strings read as readers read them), or ``_NO``."""
+    if key.name in marker:
+        value = marker[key.name]
+    elif key.nested_ok and isinstance(marker.get("params"), dict) and key.name in marker["params"]:
+        value = marker["params"][key.name]
+    else:
+        return _NO
+    if not key.valid(value):
+        fixed = _coerce(fmt, key, value)
+        if fixed is not _NO and fixed is not _REMOVE:
+            return fixed
+    return value
+
+
+def _shapes_single_out(key, marker: dict, value, tensors: dict, base: frozenset, layer_errors) -> bool:
+    """True when no other allowed value of ``key`` fits the tensors as well as ``value``."""
+    candidates = CANDIDATES.get(bool if isinstance(value, bool) else type(value))
+    if candidates is None:
+        return False  # not enumerable (a string): the shapes cannot single it out
+    for alt in candidates:
+        if alt == value or type(alt) is not type(value) or not key.valid(alt):
+            continue
+        errors = layer_errors({**marker, key.name: alt}, tensors)
+        if errors is not None and errors <= base:
+            return False
+    return True
 
 
 def _coerce(fmt: Format, key, value):
@@ -317,6 +479,28 @@ def _infer_marker(layer, options: Options, plan: Plan) -> dict | None:
     return marker
 
 
+def _file_level_marker(layer, marker: dict, plan: Plan) -> dict | None:
+    """The marker the file's ``quant_format`` gives this unmarked layer in SGLang (spec 1.5),
+    written per layer so that ComfyUI and comfy-kitchen, which never read ``quant_format``,
+    read the layer as SGLang does.  ``quant_format`` itself stays: it describes the same
+    layers, and SGLang keeps loading the file the way it did."""
+    fmt = FORMATS[marker["format"]]
+    w = layer.tensors["weight"]
+    if fmt.recognize is not None and not fmt.recognize(layer.tensors):
+        guess = infer_format(layer.tensors)
+        looks = f"; they look like {guess.name}" if guess is not None else ""
+        plan.refused.append((layer.prefix, f"quant_format={fmt.quant_format} makes this unmarked layer {fmt.name} in SGLang, "
+                                           f"but its tensors are not {fmt.name} (weight {w.dtype} {fmt_shape(w.shape)}{looks}): "
+                                           f"SGLang refuses the file (X1); re-export the layer, or remove quant_format "
+                                           f"and run fix again"))
+        return None
+    plan.changes.append(Change(layer.prefix, None, f"write the marker quant_format={fmt.quant_format} implies (only SGLang "
+                                                   "reads quant_format; ComfyUI and comfy-kitchen need a marker per layer)",
+                               "(none)", json.dumps(marker)))
+    plan.markers_changed = True
+    return dict(marker)
+
+
 def _legacy_scaled_fp8(ckpt, plan: Plan, markers: dict[str, dict]) -> None:
     """Spec 1.6: ``scale_weight``/``scale_input`` + ``scaled_fp8`` -> float8_e4m3fn markers."""
     if not ckpt.legacy_scaled_fp8:
@@ -337,6 +521,7 @@ def _legacy_scaled_fp8(ckpt, plan: Plan, markers: dict[str, dict]) -> None:
         if two:
             marker["full_precision_matrix_mult"] = True
         markers[prefix] = marker
+        plan.stated.setdefault(prefix, []).append(marker)  # what the legacy flag means (ComfyUI's rule)
         plan.changes.append(Change(prefix, None, "convert legacy scaled-FP8 layer", "scale_weight, no marker",
                                    f"weight_scale, {json.dumps(marker)}"))
         plan.markers_changed = True

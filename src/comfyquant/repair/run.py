@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import gc
+import json
 
 from ..checker.findings import ERROR
 from ..checker.run import check_checkpoint, parse_targets
 from ..checkpoint import open_checkpoint
+from ..errors import InputError
 from .execute import output_paths, write_and_verify
 from .plan import Options, Plan, plan_repairs
 
@@ -57,8 +59,12 @@ class FixResult:
 
 def fix(paths, out: str | None = None, in_place: bool = False, target="all", dry_run: bool = False,
         allow_lossy: bool = False, prefer: str | None = None, convrot_groupsize: int | None = None,
-        force: bool = False) -> FixResult:
-    """Repair a checkpoint.  Writes nothing when ``dry_run`` or when nothing can be fixed."""
+        force: bool = False, reference: str | None = None) -> FixResult:
+    """Repair a checkpoint.  Writes nothing when ``dry_run`` or when nothing can be fixed.
+
+    ``reference``: the original dense checkpoint; every repaired layer is decoded and measured
+    against its weight, and the whole repair is refused (:class:`ReferenceRefused`, nothing
+    written) when a layer's error is not that of its format."""
     parse_targets(target)
     options = Options(target, prefer, convrot_groupsize, allow_lossy)
     with open_checkpoint(paths) as ckpt:
@@ -68,6 +74,8 @@ def fix(paths, out: str | None = None, in_place: bool = False, target="all", dry
         finally:
             gc.enable()
         plan = plan_repairs(ckpt, options)
+        if reference is not None and not plan.empty:
+            _measure(ckpt, plan, reference)
         if dry_run and plan.requant:
             from .lossy import requantize
 
@@ -79,3 +87,23 @@ def fix(paths, out: str | None = None, in_place: bool = False, target="all", dry
         after, written = write_and_verify(ckpt, plan, dests, index_dest, target,
                                           lambda c, t: check_checkpoint(c, target=t))
     return FixResult(plan, before, after, written)
+
+
+class ReferenceRefused(InputError):
+    """A repaired layer does not decode to its original weights within its format's error."""
+
+
+def _measure(ckpt, plan: Plan, reference: str) -> None:
+    from .reference import measure
+
+    plan.measured = measure(ckpt, plan, reference)
+    bad = [m for m in plan.measured if not m.ok]
+    if not bad:
+        return
+    m = bad[0]
+    assumed = [f"{a.key}={json.dumps(a.value)} ({a.source})" for a in plan.assumptions if a.layer == m.layer]
+    why = (f": a value fix assumed is wrong: {'; '.join(assumed)}" if assumed
+           else ": the repaired layer does not decode to its original")
+    more = f" (and {len(bad) - 1} more layer{'s' * (len(bad) > 2)})" if len(bad) > 1 else ""
+    raise ReferenceRefused(f"refusing the repair: layer {m.layer!r} decodes with {m.text} against {reference}{why}"
+                           f"{more}; nothing was written")

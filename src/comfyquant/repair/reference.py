@@ -1,0 +1,185 @@
+"""``fix --reference DENSE``: measure every repaired layer against the original dense weights.
+
+A repair that only moves bytes is exact, but the marker values it writes may be assumptions
+(a ConvRot size the file does not record): decoding with a wrong one gives garbage that no
+check of the file can see.  With the original weights the question has an answer.  For
+each repaired layer the planned output tensors are decoded with the codecs (row blocks, so
+memory is the layer's packed tensors and a block) and compared with the reference weight of
+the same name; the error a fresh encode of the reference with the same format and
+parameters gives is the error of the format itself.  A repair whose error exceeds that by
+more than the format's ``reference_factor`` (data in the format description) is refused.
+torch is imported only here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import InputError
+from ..formats.registry import FORMATS
+from .lossy import W4A8_TENSORS, requantize
+
+DENSE_DTYPES = ("F32", "BF16", "F16")
+ABS_SLACK = 1e-6
+"""Added to every limit: exact formats (a fresh encode with error 0) still allow rounding."""
+MAX_ERROR_WITHOUT_ENCODER = 0.5
+"""For a format nothing here can encode (AWQ, SVDQuant): an error this large is no
+quantization at all (the weights are unrelated)."""
+
+
+class ReferenceError(InputError):
+    """The reference file cannot be used for a repaired layer; the message names both."""
+
+
+class Measurement:
+    """One repaired layer against its original: the relative L2 error of the repaired layer,
+    that of a fresh encode of the original (None: the format has no encoder), the limit."""
+
+    __slots__ = ("layer", "format", "error", "fresh", "limit")
+
+    def __init__(self, layer: str, fmt: str, error: float, fresh: float | None, limit: float) -> None:
+        self.layer = layer
+        self.format = fmt
+        self.error = error
+        self.fresh = fresh
+        self.limit = limit
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= self.limit
+
+    @property
+    def text(self) -> str:
+        own = (f"a fresh {self.format} encode of the original: {self.fresh:.4f}" if self.fresh is not None
+               else f"no encoder for {self.format}")
+        return f"relative error {self.error:.4f} ({own}; limit {self.limit:.4f})"
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "format": self.format, "error": self.error, "fresh": self.fresh,
+                "limit": self.limit, "ok": self.ok}
+
+
+def measure(ckpt, plan, reference: str) -> list[Measurement]:
+    """Measure every layer the plan repairs (marker or tensors) against ``reference``."""
+    from ..checkpoint import open_checkpoint
+
+    layers = [p for p in plan.repaired_layers if _decodable(ckpt, plan, p)]
+    if not layers:
+        return []
+    with open_checkpoint(reference) as ref:
+        return [_measure_layer(ckpt, plan, ref, reference, prefix) for prefix in layers]
+
+
+def _decodable(ckpt, plan, prefix: str) -> bool:
+    from .. import codecs
+
+    layer = ckpt.layers.get(prefix)
+    marker = plan.markers.get(prefix)
+    name = marker.get("format") if marker else None
+    if layer is None or layer.bank is not None or "weight" not in layer.tensors:
+        return False  # no layer (a removed marker), or an expert bank (fix copies banks as stored)
+    return isinstance(name, str) and codecs.has(name) and all(r != prefix for r, _ in plan.refused)
+
+
+def _measure_layer(ckpt, plan, ref, ref_path: str, prefix: str) -> Measurement:
+    from .. import codecs
+    from ..codecs.base import CodecError
+
+    marker = plan.markers[prefix]
+    codec = codecs.get(marker["format"])
+    tensors = _output_tensors(ckpt, plan, prefix)
+    try:
+        codec_plan = codec.plan(tensors, marker, prefix)
+    except CodecError as exc:
+        raise ReferenceError(f"cannot decode repaired layer {prefix!r} to measure it: {exc}") from None
+    original = _reference_rows(ref, ref_path, prefix, codec_plan.shape)
+    error = _relative_error(codec.iter_decode(tensors, marker, dtype=torch.float32, plan=codec_plan), original)
+    fmt = FORMATS[marker["format"]]
+    fresh = None
+    if codec.can_encode and fmt.encode_params is not None:
+        params = fmt.encode_params(codec_plan.env, tensors)
+        try:
+            encoded = codec.encode(original, layer=prefix, **params)
+        except CodecError as exc:
+            raise ReferenceError(f"{ref_path}: cannot encode {prefix}.weight as {fmt.name} to measure the format's "
+                                 f"own error: {exc}") from None
+        fresh = _relative_error(codec.iter_decode(dict(encoded), encoded.marker, dtype=torch.float32, layer=prefix),
+                                original)
+        limit = fmt.reference_factor * fresh + ABS_SLACK
+    else:
+        limit = MAX_ERROR_WITHOUT_ENCODER
+    return Measurement(prefix, fmt.name, error, fresh, limit)
+
+
+def _output_tensors(ckpt, plan, prefix: str) -> dict[str, torch.Tensor]:
+    """The layer's tensors as ``fix`` will write them: edits and renames applied, re-quantized
+    tensors computed (and the result cached for the writer)."""
+    from ..numerics.dtypes import from_bytes
+
+    layer = ckpt.layers[prefix]
+    out: dict[str, torch.Tensor] = {}
+    op = plan.requant.get(prefix)
+    if op is not None:
+        for suffix, data in requantize(ckpt, op, keep=True).items():
+            dtype, shape = op.specs[suffix]
+            out[suffix] = from_bytes(bytearray(data), dtype, shape)
+    for suffix, entry in layer.tensors.items():
+        name = entry.name
+        if suffix == "comfy_quant" or name in plan.drop or (op is not None and suffix in W4A8_TENSORS):
+            continue
+        new_name = plan.renames.get(name, name)
+        edit = plan.edits.get(name)
+        data = ckpt.read_bytes(entry)
+        dtype, shape = entry.dtype, entry.shape
+        if edit is not None:
+            new_name, dtype, shape = edit.name, edit.dtype, edit.shape
+            if edit.transform is not None:
+                data = edit.transform(data)
+        out[new_name.rsplit(".", 1)[-1]] = from_bytes(bytearray(data), dtype, shape)
+    return out
+
+
+def _reference_rows(ref, ref_path: str, prefix: str, shape: tuple[int, int]):
+    """The original weight as a row source read from the reference file block by block."""
+    from ..numerics.dtypes import TORCH_DTYPES, from_bytes
+    from ..numerics.rows import RowSource
+
+    name = f"{prefix}.weight"
+    entry = ref.tensors.get(name)
+    if entry is None:
+        raise ReferenceError(f"{ref_path}: has no tensor {name!r} (the original of repaired layer {prefix!r})")
+    if entry.dtype not in DENSE_DTYPES:
+        raise ReferenceError(f"{ref_path}: {name!r} is {entry.dtype}, not a dense float weight (F32, BF16 or F16): "
+                             "--reference takes the original, unquantized checkpoint")
+    if tuple(entry.shape) != tuple(shape):
+        raise ReferenceError(f"{ref_path}: {name!r} has shape {list(entry.shape)}, but repaired layer {prefix!r} decodes "
+                             f"to {list(shape)}: not the original of this layer")
+    source = ref.source(entry.file)
+    row = entry.nbytes // shape[0] if shape[0] else 0
+    dtype = entry.dtype
+
+    def read(r0: int, r1: int) -> torch.Tensor:
+        data = source.pread(entry.start + r0 * row, (r1 - r0) * row)
+        if len(data) != (r1 - r0) * row:
+            raise ReferenceError(f"{ref_path}: file ended early while reading {name!r} (truncated?)")
+        return from_bytes(bytearray(data), dtype, (r1 - r0, shape[1]))
+
+    return RowSource(tuple(shape), TORCH_DTYPES[dtype], read)
+
+
+def _relative_error(blocks, original) -> float:
+    """``||decoded - original|| / ||original||`` over row blocks (F32 sums in F64)."""
+    diff = norm = 0.0
+    r0 = 0
+    for block in blocks:
+        r1 = r0 + block.shape[0]
+        want = original.rows(r0, r1).to(torch.float32)
+        got = block.to(torch.float32)
+        diff += float(torch.sum(torch.square(got - want), dtype=torch.float64))
+        norm += float(torch.sum(torch.square(want), dtype=torch.float64))
+        r0 = r1
+    if not math.isfinite(diff):
+        return math.inf
+    return math.sqrt(diff) / math.sqrt(norm) if norm > 0 else (0.0 if diff == 0 else math.inf)
