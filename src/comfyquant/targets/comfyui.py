@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from ..markers import same_marker
-from .base import LAYER, Verdict, Violation, bind
+from .base import LAYER, Verdict, Violation, bind, container_violations, incomplete_violations
 
 DIFFUSION_PREFIX = "model.diffusion_model."
 QUANT_ALGOS = ("float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8", "int8_tensorwise", "convrot_w4a4", "asym_w4a8_int8", "awq_w4a16")
@@ -103,7 +103,8 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
 
 
 def comfyui_verdict(ckpt) -> Verdict:
-    out: list[Violation] = []
+    # load_torch_file opens the file with safetensors.safe_open before anything else
+    out: list[Violation] = container_violations("comfyui", ckpt)
     markers = comfyui_markers(ckpt, out)
     legacy = ckpt.legacy_scaled_fp8
     for prefix, layer in ckpt.layers.items():
@@ -122,6 +123,19 @@ def comfyui_verdict(ckpt) -> Verdict:
         templates = ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_templates(m, t))
         if templates:
             out.extend(bind(templates, prefix))
+        bank = layer.bank
+        if bank is not None:
+            declared = marker.get("num_experts")
+            if type(declared) is not int or declared != bank.experts:
+                _fail(out, "bank", f"(no ComfyUI message modelled) layer '{prefix}' is read as a bank of "
+                                   f"num_experts {declared!r} while its weight holds {bank.experts} experts", prefix,
+                      "weight", exception=None, cause="ComfyUI splits a bank by the marker's num_experts",
+                      fix=f"set num_experts to {bank.experts} in the marker")
+    # load_state_dict(strict=False) logs missing keys and leaves those weights uninitialized
+    for v in incomplete_violations("comfyui", ckpt, False, "ComfyUI logs the missing keys and runs with those "
+                                                           "weights uninitialized (garbage output, no error)"):
+        v.severity = "error"
+        out.append(v)
     if any(e.dtype == "F8_E8M0" for lay in ckpt.layers.values() if lay.format_name == "mxfp8" for e in lay.tensors.values()):
         _fail(out, "e8m0", "F8_E8M0 tensors: ComfyUI's own (aimdo) safetensors reader has no F8_E8M0 entry; the "
                            "safe_open path reads them (unverified)", blocking=False, severity="info",

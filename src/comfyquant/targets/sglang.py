@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from ..formats.base import GeometryError
 from ..formats.w4a8 import ASYM_W4A8_INT8
-from .base import Verdict, Violation
+from .base import Verdict, Violation, incomplete_violations
+from .container import EXCEPTION, container_errors
 
 QUANT_DTYPES = ("F8_E4M3", "I8", "U8")
 VALIDATED = ("float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4")
@@ -24,6 +25,8 @@ CONVROT_SIZES = (16, 64, 256)
 
 # How each SGLang rule is explained when it is the only thing that flags a layer.
 EXPLAIN: dict[str, tuple[str, str]] = {
+    "safetensors": ("the safetensors library refuses the file (damaged container): safe_open raises before any "
+                    "marker is read", "re-download or rewrite the file; see the container findings"),
     "H1": ("the header marker map is not JSON", "rewrite the header markers (comfyquant fix)"),
     "H2": ("the header marker map is not an object", "rewrite the header markers (comfyquant fix)"),
     "H3": ("the header marker map has no layers object", "rewrite the header markers (comfyquant fix)"),
@@ -85,9 +88,9 @@ class _Run:
         self.violations: list[Violation] = []
 
     def fail(self, rule: str, message: str, layer: str | None = None, tensor: str | None = None,
-             exception: str | None = "ValueError", blocking: bool = True) -> None:
+             exception: str | None = "ValueError", blocking: bool = True, file: str | None = None) -> None:
         cause, fix = EXPLAIN.get(rule, (None, None))
-        v = Violation(f"sglang.{rule}", message, exception, layer, tensor, blocking, cause, fix)
+        v = Violation(f"sglang.{rule}", message, exception, layer, tensor, blocking, cause, fix, file=file)
         if not self.collect and blocking:
             raise SGLangError(v)
         self.violations.append(v)
@@ -112,7 +115,11 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: _
     for rec in ms.records:
         by_file.setdefault(rec.file, []).append(rec)
     seen: dict[str, dict] = {}
+    damaged = container_errors(ckpt)
     for path in ckpt.files:
+        if path in damaged:
+            # safe_open(path) raises before anything of this shard is read
+            run.fail("safetensors", damaged[path], exception=EXCEPTION, file=path)
         hm = headers.get(path)
         if hm is not None and hm.error is not None:
             rule, text = {
@@ -476,6 +483,11 @@ def run_all(ckpt, param_name_mapper=None, collect: bool = True) -> tuple[dict, d
             m = param_name_mapper(prefix + ".weight")
             raw_prefix[m[: -len(".weight")] if m.endswith(".weight") else m] = prefix
     build_layers(markers, derived, raw_prefix, ckpt, config, run)
+    if run.collect:
+        # weights that are not in any shard: SGLang's weight loading cannot fill those
+        # parameters (its exact message is not modelled)
+        run.violations.extend(incomplete_violations("sglang", ckpt, True, "(no SGLang message modelled) SGLang "
+                                                                          "cannot load weights that are not there"))
     return markers, derived, run.violations, config
 
 
