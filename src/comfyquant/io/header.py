@@ -203,6 +203,7 @@ def _enter_tensors(hdr: Header, obj: dict, data_len: int, strict_dims: bool) -> 
                 and type(end) is int
                 and 0 <= begin
                 and end <= data_len
+                and type(shape) is list  # "" and {} multiply to 1 like []: not shapes
             )
             if strict_dims and ok:
                 ok = all(type(d) is int and d >= 0 for d in shape)
@@ -267,7 +268,8 @@ def _validate_entry(name: str, entry, path: str, data_len: int, findings: list[F
         )
         return None
     if (
-        type(begin) is not int
+        type(entry["shape"]) is not list
+        or type(begin) is not int
         or type(end) is not int
         or not 0 <= begin <= end
         or not all(type(d) is int and d >= 0 for d in shape)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from decimal import Decimal
 
 from ..io.dtypes import DTYPE_BITS
@@ -136,7 +137,74 @@ def _keep_pairs(pairs: list) -> _Pairs:
     return d
 
 
-_STRICT = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_keep_pairs)
+_POW10 = [float(f"1e{i}") for i in range(309)]
+
+
+def _overflows(a: int, b: int, c: int) -> bool:
+    """serde_json's ``overflow!(a * 10 + b, c)``."""
+    return a >= c // 10 and (a > c // 10 or b > c % 10)
+
+
+def serde_number(token: str) -> int | float:
+    """A JSON number as serde_json 1.x reads it (without ``float_roundtrip``): integers that
+    fit u64 (or i64 when negative) stay integers, ``-0`` and every other integer become f64;
+    floats are ``significand (u64, later digits dropped) x 10^exponent`` in one multiplication
+    or division by a power of ten, which is not always the correctly rounded value Python
+    gives (``1.1305118554741463e-56`` reads as ``...465e-56``)."""
+    negative = token.startswith("-")
+    digits = token[1:] if negative else token
+    i, n = 0, len(digits)
+    significand, exponent, is_float = 0, 0, False
+    while i < n and digits[i].isdigit():
+        d = ord(digits[i]) - 48
+        if is_float or _overflows(significand, d, _U64):
+            is_float = True  # parse_long_integer: later digits only scale
+            exponent += 1
+        else:
+            significand = significand * 10 + d
+        i += 1
+    if i < n and digits[i] == ".":
+        is_float = True
+        i += 1
+        dropping = False
+        while i < n and digits[i].isdigit():
+            d = ord(digits[i]) - 48
+            if dropping or _overflows(significand, d, _U64):
+                dropping = True  # parse_decimal_overflow: ignore further digits
+            else:
+                significand = significand * 10 + d
+                exponent -= 1
+            i += 1
+    if i < n and digits[i] in "eE":
+        is_float = True
+        i += 1
+        sign = 1
+        if digits[i] in "+-":
+            sign = -1 if digits[i] == "-" else 1
+            i += 1
+        exp = int(digits[i:])
+        if exp > 2**31 - 1:
+            return (-0.0 if negative else 0.0) if sign < 0 or significand == 0 else float("-inf" if negative else "inf")
+        exponent = max(-(2**31), min(2**31 - 1, exponent + sign * exp))
+    if not is_float:
+        if not negative:
+            return significand
+        return -significand if 0 < significand <= 2**63 else -float(significand)
+    f = float(significand)
+    while True:
+        if abs(exponent) < len(_POW10):
+            f = f * _POW10[exponent] if exponent >= 0 else f / _POW10[-exponent]
+            break
+        if f == 0.0 or exponent >= 0:
+            f = f * float("inf") if exponent >= 0 and f else f
+            break
+        f /= 1e308
+        exponent += 308
+    return -f if negative else f
+
+
+_STRICT = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_keep_pairs, parse_float=serde_number,
+                           parse_int=serde_number)
 
 
 class _Fail(Exception):
@@ -233,7 +301,7 @@ def _metadata(text: str, pos: int) -> int:
             m = _NUMBER.match(text, pos)
             if m is None or m.end() == pos:
                 raise _Fail("expected value", _constant_position(text, pos))
-            raise _Fail(f"invalid type: {_unexpected(json.loads(m.group()))}, expected a string", m.end())
+            raise _Fail(f"invalid type: {_unexpected(serde_number(m.group()))}, expected a string", m.end())
         pos = _ws(text, pos)
         if text[pos] == "}":
             return pos + 1
@@ -307,7 +375,9 @@ def _rust_debug_str(s: str) -> str:
             out.append("\\t")
         elif ch == "\0":
             out.append("\\0")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+        elif not ch.isprintable() or unicodedata.category(ch) in ("Mn", "Me"):
+            # Rust escapes what it cannot print (the same Unicode categories as Python's
+            # isprintable) and grapheme extenders
             out.append(f"\\u{{{ord(ch):x}}}")
         else:
             out.append(ch)

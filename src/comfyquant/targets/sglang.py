@@ -243,7 +243,7 @@ def _check_w4a8(marker: dict, t: dict):
     cdt, csh = _meta(t, "weight_s_channel")
     try:
         g = int(marker.get("group_size", 16))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         return _fail_tpl("W1", str(exc))
     if g < 4:
         return _fail_tpl("W1", f"Comfy W4A8 layer {P} has invalid group_size={g}")
@@ -278,7 +278,7 @@ def _check_w4a4(marker: dict, t: dict):
     k = wsh[1] * 2
     try:
         c = int(marker.get("convrot_groupsize", 256))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         return _fail_tpl("A3", str(exc))
     if c not in CONVROT_SIZES:
         return _fail_tpl("A3", f"Comfy W4A4 layer {P} has unsupported convrot_groupsize={c}")
@@ -358,7 +358,11 @@ def resolve(markers: dict[str, dict], derived: dict[str, dict], run: _Run) -> st
     if formats in (["convrot_w4a4"], ["convrot_w4a4", "int8_tensorwise"]):
         for prefix, m in markers.items():
             if m.get("format") == "convrot_w4a4":
-                c = int(m.get("convrot_groupsize", 256))
+                try:
+                    c = int(m.get("convrot_groupsize", 256))
+                except (TypeError, ValueError, OverflowError) as exc:  # the constructor's own int()
+                    run.fail("R6", str(exc), prefix, exception=type(exc).__name__)
+                    continue
                 if c not in CONVROT_SIZES:
                     run.fail("R6", f"Serialized W4A4 layer {prefix!r} has unsupported convrot_groupsize={c}; "
                                    f"expected one of (16, 64, 256)", prefix)
@@ -442,7 +446,10 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
     if fmt == "asym_w4a8_int8":
         # The layer is built with the model's input size, not the packed width: the format's
         # own geometry infers it (6-bit rows have K = 4/3 x width; they fail W5 instead).
-        g, c = int(m.get("group_size", 16)), int(m.get("convrot_groupsize", 256))
+        try:
+            g, c = int(m.get("group_size", 16)), int(m.get("convrot_groupsize", 256))
+        except (TypeError, ValueError, OverflowError) as exc:  # what the layer's own int() raises
+            return "B1", str(exc), None, type(exc).__name__
         try:
             k = ASYM_W4A8_INT8.geometry(t, {"group_size": g, "convrot_groupsize": c})["K"]
         except GeometryError:
@@ -451,7 +458,10 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
             return "B1", (f"Serialized W4A8 layer {P} has input size {k}, incompatible with group_size={g} "
                           f"and convrot_groupsize={c}"), None, "ValueError"
     elif fmt == "convrot_w4a4":
-        c, k = int(m.get("convrot_groupsize", 256)), 2 * cols
+        try:
+            c, k = int(m.get("convrot_groupsize", 256)), 2 * cols
+        except (TypeError, ValueError, OverflowError) as exc:
+            return "B2", str(exc), None, type(exc).__name__
         if k % 64 or k % c:
             return "B2", (f"Serialized W4A4 layer {P} has input size {k}, incompatible with quant_group_size=64 "
                           f"and convrot_groupsize={c}"), None, "ValueError"
