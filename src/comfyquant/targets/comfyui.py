@@ -135,15 +135,11 @@ def comfyui_verdict(ckpt) -> Verdict:
                       blocking=False, severity="error", cause="quantized weight without a marker",
                       fix="add the marker (comfyquant fix)")
             continue
-        templates = ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_templates(m, t))
-        if templates:
-            out.extend(bind(templates, prefix))
-        fmt = marker.get("format")
-        if isinstance(fmt, str) and fmt in FORWARD:
-            templates = ckpt.memo.get("comfyui-forward", marker, layer,
-                                      lambda f=fmt, t=t: forward_templates("comfyui", f, t, VIEWS.get(f)))
-            if templates:
-                forward.extend(bind(templates, prefix))
+        load, first_forward = ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_templates(m, t))
+        if load:
+            out.extend(bind(load, prefix))
+        if first_forward:
+            forward.extend(bind(first_forward, prefix))
         bank = layer.bank
         if bank is not None:
             declared = marker.get("num_experts")
@@ -165,10 +161,15 @@ def comfyui_verdict(ckpt) -> Verdict:
     return Verdict("comfyui", out)
 
 
-def _layer_templates(marker: dict, t: dict) -> list[Violation]:
+def _layer_templates(marker: dict, t: dict) -> tuple[list[Violation], list[Violation]]:
+    """(what loading the layer raises or loses, what its first forward raises): cached per
+    layer class.  A layer that does not load never runs."""
     out: list[Violation] = []
     _layer(out, LAYER, marker, t)
-    return out
+    fmt = marker.get("format")
+    if any(v.blocking for v in out) or not isinstance(fmt, str) or fmt not in FORWARD:
+        return out, []
+    return out, forward_templates("comfyui", fmt, t, VIEWS.get(fmt))
 
 
 def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:

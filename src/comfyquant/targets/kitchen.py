@@ -32,20 +32,23 @@ def kitchen_verdict(ckpt) -> Verdict:
     for prefix, layer in ckpt.layers.items():
         if layer.marker is None or layer.format_name is None:
             continue
-        templates = memo.get("comfy-kitchen", layer.marker, layer,
-                             lambda lay=layer: _layer_templates(lay.format_name, lay.marker, lay.tensors))
-        if templates:
-            out.extend(bind(templates, prefix))
-        if layer.format_name in FORWARD:
-            templates = memo.get("comfy-kitchen-forward", layer.marker, layer,
-                                 lambda lay=layer: forward_templates("comfy-kitchen", lay.format_name, lay.tensors))
-            if templates:
-                forward.extend(bind(templates, prefix))
+        load, first_forward = memo.get("comfy-kitchen", layer.marker, layer,
+                                       lambda lay=layer: _layer_templates(lay.format_name, lay.marker, lay.tensors))
+        if load:
+            out.extend(bind(load, prefix))
+        if first_forward:
+            forward.extend(bind(first_forward, prefix))
     out.extend(forward)  # every layer is built (loaded) before the first forward
     return Verdict("comfy-kitchen", out)
 
 
-def _layer_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
+def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Violation], list[Violation]]:
+    """(what building the layer raises, what its first forward raises): cached per layer class."""
+    load = _load_templates(name, marker, tensors)
+    return load, forward_templates("comfy-kitchen", name, tensors) if not load and name in FORWARD else []
+
+
+def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
     prefix = LAYER
     fmt = FORMATS.get(name)
     if fmt is None or "comfy-kitchen" not in fmt.loaders:
