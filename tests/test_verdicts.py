@@ -332,7 +332,7 @@ def test_container_safetensors_accepts_is_not_an_error(tmp_path, entry):
 _DTYPES = {"F32": 4, "BF16": 2, "U8": 1, "I8": 1, "F8_E4M3": 1}
 _TEXT = st.text(st.sampled_from('ab"\\\n\t\x01\x7fé\u0301\u200b ~'), max_size=3)
 _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**65), st.floats(allow_nan=False, allow_infinity=False),
-                    _TEXT, st.lists(st.integers(-1, 9), max_size=3), st.just({}))
+                    _TEXT, st.lists(st.integers(-1, 9), max_size=3), st.builds(dict))
 
 
 @st.composite
