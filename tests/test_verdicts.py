@@ -626,22 +626,28 @@ SCALES = [(variant, suffix) for variant, suffixes in {
 }.items() for suffix in suffixes]
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "u8"])
 @pytest.mark.parametrize("variant, suffix", SCALES)
 def test_scale_dtype_verdicts_match_comfy_kitchen(tmp_path, variant, suffix, dtype):
-    """Each scale of each format stored as BF16/F16 (the values it holds, cast): comfy-kitchen
+    """Each scale of each format stored as BF16/F16 (the values it holds, cast), and each
+    one-byte scale relabelled U8 (the same bytes, as c2q writes MXFP8 scales): comfy-kitchen
     0.2.40 (eager, CPU) and ComfyUI's way of building its layouts either compute exactly what
-    the F32 file computes, or raise; the comfy-kitchen and ComfyUI verdicts say the same."""
+    the original file computes, or raise; the comfy-kitchen and ComfyUI verdicts say the same."""
     pytest.importorskip("comfy_kitchen")
     from kitchen_fixtures import DTYPES, make_layer, write_layers
 
     base = make_layer(variant, n=128, k=256, marker="comfyui")
     original = base.tensors[suffix]
-    cast = original.float().to(DTYPES[dtype])
+    if dtype == "u8":
+        if original.dtype.itemsize != 1:
+            pytest.skip("relabelling keeps the bytes: one-byte scales only")
+        cast = original.view(torch.uint8)
+    else:
+        cast = original.float().to(DTYPES[dtype])
     layer = base.with_tensor(suffix, cast)
     # the reference keeps the original dtype and holds the cast values
     ref = base.with_tensor(suffix, cast.to(original.dtype) if original.dtype.is_floating_point and original.dtype.itemsize >= 2
-                           else original)
+                           and dtype != "u8" else original)
     path = write_layers(tmp_path / "m.safetensors", [layer])
     report = check(path)
     for name, comfyui in (("comfy-kitchen", False), ("comfyui", True)):
