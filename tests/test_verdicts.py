@@ -666,3 +666,20 @@ def test_scale_dtype_verdicts_match_comfy_kitchen(tmp_path, variant, suffix, dty
     fails = {t for t, v in report.verdicts.items() if v.first is not None}
     for f in l002:
         assert (f.severity == "error") == bool(set(f.targets) & fails)
+
+
+@pytest.mark.parametrize("variant, dtype", [("nvfp4", torch.bfloat16), ("mxfp8", torch.float32)])
+def test_comfyui_views_a_scalar_block_scale(tmp_path, variant, dtype):
+    """ComfyUI views the NVFP4/MXFP8 block scale as a one-byte float when it pops it: a 0-d
+    scale of another width fails right there with torch's own view error."""
+    from kitchen_fixtures import make_layer, write_layers
+
+    base = make_layer(variant, n=128, k=256, marker="comfyui")
+    scale = torch.ones((), dtype=dtype)
+    target = torch.float8_e4m3fn if variant == "nvfp4" else torch.float8_e8m0fnu
+    with pytest.raises(RuntimeError) as exc:
+        scale.view(dtype=target)
+    report = check(write_layers(tmp_path / "m.safetensors", [base.with_tensor("weight_scale", scale)]))
+    first = report.verdicts["comfyui"].first
+    assert (first.exception, first.message) == ("RuntimeError", str(exc.value))
+    assert any(f.severity == "error" and "comfyui" in f.targets for f in report.findings)
