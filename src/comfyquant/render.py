@@ -94,7 +94,7 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
     lines.append("targets:")
     for name, verdict in report.verdicts.items():
         first = verdict.first
-        warns = [v for v in verdict.violations if not v.blocking]
+        warns = [v for v in verdict.violations if not v.fails]
         if first is None:
             state = "loads" + (f" ({len(warns)} silent issue{'s' * (len(warns) != 1)}, see findings)" if warns else "")
         else:

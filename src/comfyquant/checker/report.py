@@ -2,16 +2,20 @@
 
 A runtime violation on a layer that a canonical finding already describes is attached to that
 finding (its ``targets`` list); one that nothing describes becomes a finding of its own with
-the runtime's rule code (``sglang.W5`` ...).  A finding that only concerns runtimes the user
-did not select is kept as ``info``; one that stops a selected runtime from loading is an error.
+the runtime's rule code (``sglang.W5`` ...).  A file a runtime cannot open (safetensors
+refuses it) is explained by that file's container findings.  A finding is an error exactly
+when it stops a selected runtime; one that only concerns runtimes the user did not select is
+``info``; anything else that deviates is a ``warning`` (see :func:`assemble`).
 """
 
 from __future__ import annotations
 
 from ..targets.base import TARGETS, Verdict
-from .findings import ERROR, INFO, SEVERITY_ORDER, Finding
+from .findings import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding
 
 SCHEMA = 1
+HEADER_CODES = frozenset({"C001", "C002", "C003", "C004", "C005", "C006", "C007", "C008"})
+"""Findings about one file's header and data area: what explains safetensors refusing it."""
 
 
 class Report:
@@ -58,24 +62,41 @@ class Report:
 
 
 def assemble(findings: list[Finding], verdicts: dict[str, Verdict], selected: tuple[str, ...], names: dict[str, str]) -> list[Finding]:
-    """Merge runtime violations into findings and set severities for the selected targets."""
+    """Merge runtime violations into findings and set severities for the selected targets.
+
+    Severity follows the verdicts: a finding is an error exactly when it stops a selected
+    runtime (that runtime's verdict FAILS on it: it raises, or it runs and silently computes
+    garbage), so every error names such a runtime in
+    ``targets`` and every FAILS verdict has an error finding.  A finding whose default is
+    error but that stops no selected runtime is a warning when it still matters to a selected
+    one (silently wrong output) or to every runtime alike (empty ``targets``), and info when it
+    only concerns runtimes that were not selected."""
     by_layer: dict[str | None, list[Finding]] = {}
+    by_file: dict[str, list[Finding]] = {}
     for f in findings:
         by_layer.setdefault(f.layer, []).append(f)
+        if f.file and f.code in HEADER_CODES:
+            by_file.setdefault(f.file, []).append(f)
     extra: list[Finding] = []
-    blocking_cover: dict[int, set[str]] = {}
+    stops: dict[int, set[str]] = {}
     for target, verdict in verdicts.items():
         for v in verdict.violations:
             layer = names.get(v.layer, v.layer) if v.layer else None
             # Load failures and silent errors (garbage output) attach to the canonical finding
             # that explains them; silent losses (warnings) stay visible as findings of their own.
             serious = v.blocking or v.severity == ERROR
-            covering = _covering(by_layer.get(layer, []), v.tensor) if layer and serious else []
+            if v.covers is not None:
+                covering = [v.covers]
+            elif v.file is not None:
+                covering = by_file.get(v.file, [])  # a file the runtime cannot open
+            else:
+                covering = _covering(by_layer.get(layer, []), v.tensor) if layer and serious else []
             if covering:
                 for f in covering:
                     if target not in f.targets:
                         f.targets.append(target)
-                    blocking_cover.setdefault(id(f), set()).add(target)
+                    if v.fails:
+                        stops.setdefault(id(f), set()).add(target)
                 continue
             f = Finding(
                 v.rule,
@@ -86,19 +107,22 @@ def assemble(findings: list[Finding], verdicts: dict[str, Verdict], selected: tu
                 fix=v.fix,
                 severity=v.severity,
                 targets=[target],
+                file=v.file,
             )
-            if serious:
-                blocking_cover[id(f)] = {target}
+            if v.fails:
+                stops[id(f)] = {target}
             extra.append(f)
             if layer:
                 by_layer.setdefault(layer, []).append(f)
     out = findings + extra
     sel = set(selected)
     for f in out:
-        if f.targets and not (set(f.targets) & sel):
-            f.severity = INFO
-        elif blocking_cover.get(id(f), set()) & sel:
+        if stops.get(id(f), set()) & sel:
             f.severity = ERROR
+        elif f.targets and not (set(f.targets) & sel):
+            f.severity = INFO
+        elif f.severity == ERROR:
+            f.severity = WARNING
     out.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
     return out
 

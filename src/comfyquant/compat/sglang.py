@@ -4,7 +4,8 @@ Returns the same marker dict SGLang returns (merged markers keyed by mapped pref
 derived ``_activation_scheme`` / ``_has_codebook`` / ``_has_correction`` /
 ``_has_pre_quant_scale`` / ``_is_rowwise`` / ``_is_tensorwise_scalar`` keys), or raises the
 same exception type with the same message, while reading only headers and marker bytes and
-importing neither torch nor safetensors.
+importing neither torch nor safetensors (a file safetensors refuses raises its
+``SafetensorError``, imported on that path only).
 """
 
 from __future__ import annotations
@@ -15,10 +16,25 @@ from typing import Any
 from ..checkpoint import open_checkpoint
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
+from ..targets.container import EXCEPTION
 from ..targets.sglang import SGLangError, inspect_markers
 from ..targets.sglang import _Run as _SGLangRun
 
 _EXCEPTIONS = {"ValueError": ValueError, "NotImplementedError": NotImplementedError, "TypeError": TypeError}
+
+
+class SafetensorError(Exception):
+    """Stands in for ``safetensors.SafetensorError`` where safetensors is not installed."""
+
+
+def _safetensor_error() -> type[Exception]:
+    """safetensors' own exception type (imported only on this failure path), as SGLang's
+    ``safe_open`` raises it for a damaged file."""
+    try:
+        from safetensors import SafetensorError as real
+    except ImportError:
+        return SafetensorError
+    return real
 
 
 def inspect_comfy_quant_markers(
@@ -35,6 +51,8 @@ def inspect_comfy_quant_markers(
             return {name: {**m, **derived.get(name, {})} for name, m in markers.items()}
         except SGLangError as exc:
             v = exc.violation
+            if v.exception == EXCEPTION:
+                raise _safetensor_error()(v.message) from None
             raise _EXCEPTIONS.get(v.exception or "ValueError", ValueError)(v.message) from None
     finally:
         ckpt.close()

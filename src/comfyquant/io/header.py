@@ -21,6 +21,8 @@ from .dtypes import DTYPE_BITS
 from .source import ByteSource
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+SAFETENSORS_MAX_HEADER = 100_000_000
+"""The safetensors library refuses longer headers (``header too large``): a finding (C008)."""
 FIRST_READ = 1 << 18
 """Bytes fetched by the first read of a remote source; a longer header costs one more read.
 Sources may choose their own size (``first_read``)."""
@@ -113,7 +115,13 @@ def read_header(source: ByteSource) -> Header:
         raise _bad(path, f"header is a JSON {type(obj).__name__}, expected an object")
     # Fast scans of the raw bytes: can any number be negative (1), or any value a boolean (2)?
     odd = 2 if b"true" in raw or b"false" in raw else 1 if b"-" in raw else 0
-    return parse_header_object(obj, path, size, n, odd)
+    hdr = parse_header_object(obj, path, size, n, odd)
+    if n > SAFETENSORS_MAX_HEADER:
+        hdr.findings.append(Finding("C008", f"{path}: header is {n} bytes, more than the safetensors library's limit of "
+                                            f"{SAFETENSORS_MAX_HEADER}", expected=f"<= {SAFETENSORS_MAX_HEADER} bytes",
+                                    actual=f"{n} bytes", cause="very many tensors or very long metadata",
+                                    fix="move metadata out of the header or split the file into shards", file=path))
+    return hdr
 
 
 def parse_header_object(obj: dict, path: str, size: int, header_len: int, odd_numbers: int = 2) -> Header:
@@ -181,6 +189,7 @@ def _enter_tensors(hdr: Header, obj: dict, data_len: int, strict_dims: bool) -> 
     new, TE = _tuple_new, TensorEntry
     begins: list[int] = []
     ends: list[int] = []
+    empty: list[tuple[int, str]] = []
     for name, entry in obj.items():
         try:
             dtype = entry["dtype"]
@@ -194,6 +203,7 @@ def _enter_tensors(hdr: Header, obj: dict, data_len: int, strict_dims: bool) -> 
                 and type(end) is int
                 and 0 <= begin
                 and end <= data_len
+                and type(shape) is list  # "" and {} multiply to 1 like []: not shapes
             )
             if strict_dims and ok:
                 ok = all(type(d) is int and d >= 0 for d in shape)
@@ -207,10 +217,37 @@ def _enter_tensors(hdr: Header, obj: dict, data_len: int, strict_dims: bool) -> 
         if end != begin:
             begins.append(begin)
             ends.append(end)
+        else:
+            empty.append((begin, name))
         tensors[name] = new(TE, (name, dtype, tuple(shape), base + begin, base + end, path))
     b = set(begins)
     if not (len(b) == len(begins) and b | {data_len} == set(ends) | {0}) and (begins or data_len):
         _check_layout(sorted(zip(begins, ends, (n for n in tensors if tensors[n].nbytes))), data_len, path, findings)
+    if empty:
+        _check_empty(empty, sorted(zip(begins, ends, (n for n in tensors if tensors[n].nbytes))), path, findings)
+
+
+def _check_empty(empty: list[tuple[int, str]], spans: list[tuple[int, int, str]], path: str,
+                 findings: list[Finding]) -> None:
+    """A zero-length tensor must sit on a tensor boundary: safetensors sorts entries by
+    (begin, end) and refuses one whose begin is not where the previous tensor ended."""
+    from bisect import bisect_left
+
+    starts = [s[0] for s in spans]
+    for offset, name in empty:
+        i = bisect_left(starts, offset) - 1
+        if i >= 0 and spans[i][0] < offset < spans[i][1]:
+            findings.append(
+                Finding(
+                    "C003",
+                    f"{path}: zero-length tensor {name!r} at data offset {offset} lies inside {spans[i][2]!r} "
+                    f"[{spans[i][0]}, {spans[i][1]})",
+                    tensor=name,
+                    cause="an empty tensor's offsets must be a tensor boundary; the safetensors library refuses the file",
+                    fix="rewrite the file (comfyquant fix)",
+                    file=path,
+                )
+            )
 
 
 def _validate_entry(name: str, entry, path: str, data_len: int, findings: list[Finding]):
@@ -231,7 +268,8 @@ def _validate_entry(name: str, entry, path: str, data_len: int, findings: list[F
         )
         return None
     if (
-        type(begin) is not int
+        type(entry["shape"]) is not list
+        or type(begin) is not int
         or type(end) is not int
         or not 0 <= begin <= end
         or not all(type(d) is int and d >= 0 for d in shape)

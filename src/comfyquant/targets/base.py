@@ -7,14 +7,16 @@ class Violation:
     """One rule of a runtime that the checkpoint breaks.
 
     ``blocking`` violations stop the load (the first one is the runtime's error); the others
-    are silent losses the runtime does not report (e.g. ComfyUI dropping a correction).
+    are silent: a silent error (``severity`` error: garbage output, e.g. ComfyUI casting an
+    unmarked INT8 weight by value) makes the verdict FAILS without an exception; a silent loss
+    (warning, e.g. ComfyUI dropping a W4A8 correction) leaves it ``loads``.
     """
 
-    __slots__ = ("rule", "message", "exception", "layer", "tensor", "blocking", "cause", "fix", "severity")
+    __slots__ = ("rule", "message", "exception", "layer", "tensor", "blocking", "cause", "fix", "severity", "file", "covers")
 
     def __init__(self, rule: str, message: str, exception: str | None = "ValueError", layer: str | None = None,
                  tensor: str | None = None, blocking: bool = True, cause: str | None = None, fix: str | None = None,
-                 severity: str = "") -> None:
+                 severity: str = "", file: str | None = None) -> None:
         self.rule = rule
         self.message = message
         self.exception = exception
@@ -25,6 +27,17 @@ class Violation:
         self.fix = fix
         # Severity of the finding this becomes when no canonical finding covers it.
         self.severity = severity or ("error" if blocking else "warning")
+        self.file = file
+        """Set for a file the runtime cannot open: the canonical container findings of that
+        file (C0xx) are what explain it."""
+        self.covers = None
+        """The canonical finding that explains this violation, when the profile knows it."""
+
+    @property
+    def fails(self) -> bool:
+        """Whether the runtime does not work: it raises (``blocking``), or it runs without an
+        error and computes garbage (a silent error: ``severity`` error, no exception)."""
+        return self.blocking or self.severity == "error"
 
     def __repr__(self) -> str:
         return f"Violation({self.rule}, {self.message!r}, {self.exception}, {self.layer!r})"
@@ -39,10 +52,15 @@ class Verdict:
 
     @property
     def first(self) -> Violation | None:
+        """What the runtime fails with: the first error it raises (in its own order), or when it
+        raises nothing, the first silent error (it runs and computes garbage; no exception)."""
+        silent = None
         for v in self.violations:
             if v.blocking:
                 return v
-        return None
+            if silent is None and v.severity == "error":
+                silent = v
+        return silent
 
     @property
     def loads(self) -> bool:
@@ -56,7 +74,7 @@ class Verdict:
             "exception": first.exception if first else None,
             "rule": first.rule if first else None,
             "layer": first.layer if first else None,
-            "warnings": [v.message for v in self.violations if not v.blocking],
+            "warnings": [v.message for v in self.violations if not v.fails],
         }
 
 
@@ -74,6 +92,40 @@ def bind(templates: list[Violation], prefix: str) -> list[Violation]:
 
 
 TARGETS = ("sglang", "comfyui", "comfy-kitchen")
+
+
+def container_violation(target: str, file: str, message: str, rule: str = "safetensors") -> Violation:
+    """The ``SafetensorError`` a runtime raises opening a damaged file (targets/container.py)."""
+    from .container import EXCEPTION
+
+    return Violation(f"{target}.{rule}", message, EXCEPTION, None, None, True,
+                     f"the safetensors library refuses {file} (damaged container)",
+                     "re-download or rewrite the file; see the container findings", file=file)
+
+
+INCOMPLETE = ("C011", "C014")
+"""Checkpoint findings that mean tensors the checkpoint declares are absent (a shard the index
+names is missing, or the index lists a tensor no shard holds)."""
+
+
+def container_violations(target: str, ckpt) -> list[Violation]:
+    """One violation per file safetensors refuses, in the order the runtime opens them."""
+    from .container import container_errors
+
+    errors = container_errors(ckpt)
+    return [container_violation(target, f, errors[f]) for f in ckpt.files if f in errors] if errors else []
+
+
+def incomplete_violations(target: str, ckpt, blocking: bool, consequence: str) -> list[Violation]:
+    """One violation per piece of missing data (INCOMPLETE), explained by its finding."""
+    out = []
+    for f in ckpt.findings:
+        if f.code in INCOMPLETE:
+            v = Violation(f"{target}.incomplete", f"{f.message}: {consequence}", None, None, None, blocking, f.cause,
+                          f.fix)
+            v.covers = f
+            out.append(v)
+    return out
 
 
 def run_target(name: str, ckpt) -> Verdict:

@@ -10,10 +10,24 @@ from __future__ import annotations
 
 import json
 
+from ..io.dtypes import DTYPE_BITS
 from ..markers import same_marker
-from .base import LAYER, Verdict, Violation, bind
+from .base import LAYER, Verdict, Violation, bind, container_violations, incomplete_violations
+from .kitchen import FORWARD, forward_templates
 
 DIFFUSION_PREFIX = "model.diffusion_model."
+VIEWS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
+    # ComfyUI's pop_scale(..., dtype) views these scales as that dtype (the same bytes)
+    "nvfp4": {"weight_scale": ("F8_E4M3", None)},
+    "mxfp8": {"weight_scale": ("F8_E8M0", None)},
+    "asym_w4a8_int8": {"weight_s_rel": ("F8_E4M3", ("U8",))},
+}
+SCALAR_TYPES = {
+    "BOOL": "Bool", "U8": "Byte", "I8": "Char", "I16": "Short", "U16": "UInt16", "I32": "Int", "U32": "UInt32",
+    "I64": "Long", "U64": "UInt64", "F16": "Half", "BF16": "BFloat16", "F32": "Float", "F64": "Double",
+    "C64": "ComplexFloat", "F8_E4M3": "Float8_e4m3fn", "F8_E5M2": "Float8_e5m2", "F8_E8M0": "Float8_e8m0fnu",
+}
+"""torch's ScalarType names, as its view error prints them."""
 QUANT_ALGOS = ("float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8", "int8_tensorwise", "convrot_w4a4", "asym_w4a8_int8", "awq_w4a16")
 STORAGE = {
     "float8_e4m3fn": "F8_E4M3",
@@ -103,9 +117,11 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
 
 
 def comfyui_verdict(ckpt) -> Verdict:
-    out: list[Violation] = []
+    # load_torch_file opens the file with safetensors.safe_open before anything else
+    out: list[Violation] = container_violations("comfyui", ckpt)
     markers = comfyui_markers(ckpt, out)
     legacy = ckpt.legacy_scaled_fp8
+    forward: list[Violation] = []
     for prefix, layer in ckpt.layers.items():
         marker = markers.get(prefix)
         t = layer.tensors
@@ -119,9 +135,25 @@ def comfyui_verdict(ckpt) -> Verdict:
                       blocking=False, severity="error", cause="quantized weight without a marker",
                       fix="add the marker (comfyquant fix)")
             continue
-        templates = ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_templates(m, t))
-        if templates:
-            out.extend(bind(templates, prefix))
+        load, first_forward = ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_templates(m, t))
+        if load:
+            out.extend(bind(load, prefix))
+        if first_forward:
+            forward.extend(bind(first_forward, prefix))
+        bank = layer.bank
+        if bank is not None:
+            declared = marker.get("num_experts")
+            if type(declared) is not int or declared != bank.experts:
+                _fail(out, "bank", f"(no ComfyUI message modelled) layer '{prefix}' is read as a bank of "
+                                   f"num_experts {declared!r} while its weight holds {bank.experts} experts", prefix,
+                      "weight", exception=None, cause="ComfyUI splits a bank by the marker's num_experts",
+                      fix=f"set num_experts to {bank.experts} in the marker")
+    out.extend(forward)  # the whole model is loaded before its first forward
+    # load_state_dict(strict=False) logs missing keys and leaves those weights uninitialized
+    for v in incomplete_violations("comfyui", ckpt, False, "ComfyUI logs the missing keys and runs with those "
+                                                           "weights uninitialized (garbage output, no error)"):
+        v.severity = "error"
+        out.append(v)
     if any(e.dtype == "F8_E8M0" for lay in ckpt.layers.values() if lay.format_name == "mxfp8" for e in lay.tensors.values()):
         _fail(out, "e8m0", "F8_E8M0 tensors: ComfyUI's own (aimdo) safetensors reader has no F8_E8M0 entry; the "
                            "safe_open path reads them (unverified)", blocking=False, severity="info",
@@ -129,10 +161,15 @@ def comfyui_verdict(ckpt) -> Verdict:
     return Verdict("comfyui", out)
 
 
-def _layer_templates(marker: dict, t: dict) -> list[Violation]:
+def _layer_templates(marker: dict, t: dict) -> tuple[list[Violation], list[Violation]]:
+    """(what loading the layer raises or loses, what its first forward raises): cached per
+    layer class.  A layer that does not load never runs."""
     out: list[Violation] = []
     _layer(out, LAYER, marker, t)
-    return out
+    fmt = marker.get("format")
+    if any(v.blocking for v in out) or not isinstance(fmt, str) or fmt not in FORWARD:
+        return out, []
+    return out, forward_templates("comfyui", fmt, t, VIEWS.get(fmt))
 
 
 def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
@@ -143,6 +180,14 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
     if fmt not in QUANT_ALGOS:
         return _fail(out, "format", repr(fmt), prefix, exception="KeyError",
                      cause=f"stock ComfyUI does not know format {fmt!r}", fix="convert the layer (comfyquant convert)")
+    for suffix, (dtype, sources) in VIEWS.get(fmt, {}).items():
+        e = t.get(suffix)
+        if e is not None and not e.shape and (sources is None or e.dtype in sources) \
+                and DTYPE_BITS.get(e.dtype, 8) != DTYPE_BITS[dtype] and e.dtype in SCALAR_TYPES:
+            return _fail(out, "view", f"self.dim() cannot be 0 to view {SCALAR_TYPES[e.dtype]} as {SCALAR_TYPES[dtype]} "
+                                      "(different element sizes)", prefix, suffix, exception="RuntimeError",
+                         cause=f"ComfyUI reinterprets {suffix} as {dtype}, which a scalar of another width cannot be",
+                         fix=f"store {suffix} as {dtype} in its blocked layout")
     if fmt in REQUIRED:
         needed, message = REQUIRED[fmt]
         if any(s not in t for s in needed):

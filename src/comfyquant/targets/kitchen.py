@@ -1,15 +1,21 @@
 """comfy-kitchen 0.2.x layouts (spec 3, 4.4): would each layer's tensors build and run?
 
-comfy-kitchen validates operands when a layout's parameters are built and when it runs; the
-messages below are its own.  It does not check dtypes of scales, nor NVFP4/MXFP8 scale sizes
-ahead of time (a wrong size fails inside ``from_blocked`` with a reshape error).
+comfy-kitchen validates operands when a layout's parameters are built (at load) and when it
+runs (the first forward); the messages below are its own.  Load-time checks come first in a
+verdict, then what the first forward raises (``FORWARD``): its backend registry refuses an
+operand of the wrong dtype (``NoCapableBackendError``; measured with the eager backend of
+0.2.40 on CPU, the CUDA backends were not run), and NVFP4/MXFP8 block scales of the wrong size
+fail inside ``from_blocked`` with torch's reshape error.  Scales it casts itself are not
+checked: the FP8 and NVFP4 per-tensor scales (cast to F32 when the layout is built), INT8 and
+W4A4 scales (used in the compute dtype) and a W4A8 correction work exactly in BF16 or F16.
 """
 
 from __future__ import annotations
 
-from ..formats.base import GeometryError, is_pow4, pad
+from ..formats.base import GeometryError, is_pow4
 from ..formats.registry import FORMATS
-from .base import LAYER, Verdict, Violation, bind
+from ..io.dtypes import DTYPE_BITS
+from .base import LAYER, Verdict, Violation, bind, container_violations
 
 
 def _v(rule: str, message: str, layer: str, tensor: str | None = None, exception: str = "ValueError",
@@ -18,19 +24,31 @@ def _v(rule: str, message: str, layer: str, tensor: str | None = None, exception
 
 
 def kitchen_verdict(ckpt) -> Verdict:
-    out: list[Violation] = []
+    # comfy-kitchen is handed its tensors by ComfyUI: a file ComfyUI's safe_open refuses never
+    # reaches it, so its verdict starts with the same SafetensorError
+    out: list[Violation] = container_violations("comfy-kitchen", ckpt)
     memo = ckpt.memo
+    forward: list[Violation] = []
     for prefix, layer in ckpt.layers.items():
         if layer.marker is None or layer.format_name is None:
             continue
-        templates = memo.get("comfy-kitchen", layer.marker, layer,
-                             lambda lay=layer: _layer_templates(lay.format_name, lay.marker, lay.tensors))
-        if templates:
-            out.extend(bind(templates, prefix))
+        load, first_forward = memo.get("comfy-kitchen", layer.marker, layer,
+                                       lambda lay=layer: _layer_templates(lay.format_name, lay.marker, lay.tensors))
+        if load:
+            out.extend(bind(load, prefix))
+        if first_forward:
+            forward.extend(bind(first_forward, prefix))
+    out.extend(forward)  # every layer is built (loaded) before the first forward
     return Verdict("comfy-kitchen", out)
 
 
-def _layer_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
+def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Violation], list[Violation]]:
+    """(what building the layer raises, what its first forward raises): cached per layer class."""
+    load = _load_templates(name, marker, tensors)
+    return load, forward_templates("comfy-kitchen", name, tensors) if not load and name in FORWARD else []
+
+
+def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
     prefix = LAYER
     fmt = FORMATS.get(name)
     if fmt is None or "comfy-kitchen" not in fmt.loaders:
@@ -128,26 +146,76 @@ def _w4a4(prefix: str, t: dict, env: dict) -> Violation | None:
     return None
 
 
-def _blocked(block: int):
-    def check(prefix: str, t: dict, env: dict) -> Violation | None:
-        s = t.get("weight_scale")
-        if s is None:
-            return _v("missing", f"layer '{prefix}' has no weight_scale", prefix, "weight_scale")
-        want = pad(env["N"], 128) * pad(env["K"] // block, 4)
-        if s.numel != want:
-            return _v("blocked", f"layer '{prefix}': from_blocked cannot reshape {s.numel} scale bytes to the blocked "
-                                 f"layout of [{env['N']}, {env['K']}] ({want} bytes)", prefix, "weight_scale",
-                      exception="RuntimeError", cause="scale not in the blocked, padded layout",
-                      fix="convert the scales to the blocked layout (comfyquant fix)")
-        return None
+TORCH_DTYPES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32", "U32": "uint32",
+    "I64": "int64", "U64": "uint64", "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
+    "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+}
+"""safetensors dtype -> torch dtype name (as comfy-kitchen's messages print it: ``torch.<name>``)."""
 
-    return check
+FORWARD: dict[str, tuple[str, tuple[tuple[str, str, tuple[str, ...]], ...], int, int]] = {
+    # format: (comfy-kitchen op of the first forward, (suffix, operand, accepted dtypes) in the
+    # order the op's constraints list them, elements per block scale (0: none), elements per
+    # stored weight byte)
+    "asym_w4a8_int8": ("w4a8_int8_linear", (("weight_s_rel", "s_rel", ("F8_E4M3", "F32")),
+                                            ("weight_s_channel", "s_channel", ("F32",)),
+                                            ("weight_codebook", "codebook", ("F32",))), 0, 2),
+    "nvfp4": ("dequantize_nvfp4", (("weight_scale", "block_scales", ("F8_E4M3",)),), 16, 2),
+    "mxfp8": ("dequantize_mxfp8", (("weight_scale", "block_scales", ("F8_E8M0",)),), 32, 1),
+}
+"""What comfy-kitchen's eager backend requires when a layer first runs (spec 4.4; measured)."""
+
+
+def forward_templates(target: str, name: str, t: dict, views: dict[str, tuple[str, tuple[str, ...] | None]] | None = None
+                      ) -> list[Violation]:
+    """What one layer's first forward raises in comfy-kitchen, or nothing.  ``views``: the
+    dtypes ComfyUI reinterprets operands as before they reach comfy-kitchen (suffix ->
+    (dtype, only these source dtypes or None for any))."""
+    op, operands, block, per_byte = FORWARD[name]
+    viewed: dict[str, tuple[str, int]] = {}
+    for suffix, operand, accepted in operands:
+        e = t.get(suffix)
+        if e is None:
+            continue
+        dtype, numel = e.dtype, e.numel
+        view = (views or {}).get(suffix)
+        if view is not None and (view[1] is None or dtype in view[1]) and dtype in DTYPE_BITS:
+            numel, dtype = numel * DTYPE_BITS[dtype] // DTYPE_BITS[view[0]], view[0]
+        viewed[suffix] = (dtype, numel)
+        if dtype not in accepted:
+            names = ", ".join(f"torch.{TORCH_DTYPES[d]}" for d in accepted)
+            return [Violation(f"{target}.dtype", f"No backend can handle '{op}': eager: {operand}: dtype "
+                                                 f"torch.{TORCH_DTYPES.get(dtype, dtype)} not in {{{names}}}",
+                              "NoCapableBackendError", LAYER, suffix, True,
+                              f"{suffix} stored as {e.dtype}: comfy-kitchen's {op} takes {' or '.join(accepted)} "
+                              "(raised at the first forward, not at load)",
+                              f"store {suffix} as {accepted[0]} (comfyquant fix converts it when that is exact)")]
+    if block and "weight_scale" in viewed and "weight" in t and len(t["weight"].shape) == 2:
+        rows, cols = t["weight"].shape
+        num_cols = cols * per_byte // block
+        numel = viewed["weight_scale"][1]
+        rb, cb = -(-rows // 128), -(-num_cols // 4)
+        shape = "[-1, 32, 16]" if numel % 512 else f"[{rb}, {cb}, 4, 32, 4]" if numel != rb * cb * 512 else None
+        if shape is not None:
+            return [Violation(f"{target}.blocked", f"shape '{shape}' is invalid for input of size {numel}", "RuntimeError",
+                              LAYER, "weight_scale", True,
+                              f"from_blocked cannot read {numel} block scales as the blocked, padded layout of "
+                              f"[{rows}, {num_cols}] ({rb * cb * 512}); raised at the first forward",
+                              "convert the scales to the blocked layout (comfyquant fix)")]
+    return []
+
+
+def _block_scale(prefix: str, t: dict, env: dict) -> Violation | None:
+    if "weight_scale" not in t:
+        return _v("missing", f"layer '{prefix}' has no weight_scale", prefix, "weight_scale")
+    return None  # its dtype and size are checked where they fail: at the first forward
 
 
 _CHECKS = {
     "int8_tensorwise": _int8,
     "asym_w4a8_int8": check_w4a8,
     "convrot_w4a4": _w4a4,
-    "nvfp4": _blocked(16),
-    "mxfp8": _blocked(32),
+    "nvfp4": _block_scale,
+    "mxfp8": _block_scale,
 }

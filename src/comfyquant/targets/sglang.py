@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from ..formats.base import GeometryError
 from ..formats.w4a8 import ASYM_W4A8_INT8
-from .base import Verdict, Violation
+from .base import Verdict, Violation, incomplete_violations
+from .container import EXCEPTION, container_errors
 
 QUANT_DTYPES = ("F8_E4M3", "I8", "U8")
 VALIDATED = ("float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4")
@@ -24,6 +25,8 @@ CONVROT_SIZES = (16, 64, 256)
 
 # How each SGLang rule is explained when it is the only thing that flags a layer.
 EXPLAIN: dict[str, tuple[str, str]] = {
+    "safetensors": ("the safetensors library refuses the file (damaged container): safe_open raises before any "
+                    "marker is read", "re-download or rewrite the file; see the container findings"),
     "H1": ("the header marker map is not JSON", "rewrite the header markers (comfyquant fix)"),
     "H2": ("the header marker map is not an object", "rewrite the header markers (comfyquant fix)"),
     "H3": ("the header marker map has no layers object", "rewrite the header markers (comfyquant fix)"),
@@ -85,9 +88,9 @@ class _Run:
         self.violations: list[Violation] = []
 
     def fail(self, rule: str, message: str, layer: str | None = None, tensor: str | None = None,
-             exception: str | None = "ValueError", blocking: bool = True) -> None:
+             exception: str | None = "ValueError", blocking: bool = True, file: str | None = None) -> None:
         cause, fix = EXPLAIN.get(rule, (None, None))
-        v = Violation(f"sglang.{rule}", message, exception, layer, tensor, blocking, cause, fix)
+        v = Violation(f"sglang.{rule}", message, exception, layer, tensor, blocking, cause, fix, file=file)
         if not self.collect and blocking:
             raise SGLangError(v)
         self.violations.append(v)
@@ -112,7 +115,11 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: _
     for rec in ms.records:
         by_file.setdefault(rec.file, []).append(rec)
     seen: dict[str, dict] = {}
+    damaged = container_errors(ckpt)
     for path in ckpt.files:
+        if path in damaged:
+            # safe_open(path) raises before anything of this shard is read
+            run.fail("safetensors", damaged[path], exception=EXCEPTION, file=path)
         hm = headers.get(path)
         if hm is not None and hm.error is not None:
             rule, text = {
@@ -236,7 +243,7 @@ def _check_w4a8(marker: dict, t: dict):
     cdt, csh = _meta(t, "weight_s_channel")
     try:
         g = int(marker.get("group_size", 16))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         return _fail_tpl("W1", str(exc))
     if g < 4:
         return _fail_tpl("W1", f"Comfy W4A8 layer {P} has invalid group_size={g}")
@@ -271,7 +278,7 @@ def _check_w4a4(marker: dict, t: dict):
     k = wsh[1] * 2
     try:
         c = int(marker.get("convrot_groupsize", 256))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         return _fail_tpl("A3", str(exc))
     if c not in CONVROT_SIZES:
         return _fail_tpl("A3", f"Comfy W4A4 layer {P} has unsupported convrot_groupsize={c}")
@@ -351,7 +358,11 @@ def resolve(markers: dict[str, dict], derived: dict[str, dict], run: _Run) -> st
     if formats in (["convrot_w4a4"], ["convrot_w4a4", "int8_tensorwise"]):
         for prefix, m in markers.items():
             if m.get("format") == "convrot_w4a4":
-                c = int(m.get("convrot_groupsize", 256))
+                try:
+                    c = int(m.get("convrot_groupsize", 256))
+                except (TypeError, ValueError, OverflowError) as exc:  # the constructor's own int()
+                    run.fail("R6", str(exc), prefix, exception=type(exc).__name__)
+                    continue
                 if c not in CONVROT_SIZES:
                     run.fail("R6", f"Serialized W4A4 layer {prefix!r} has unsupported convrot_groupsize={c}; "
                                    f"expected one of (16, 64, 256)", prefix)
@@ -435,7 +446,10 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
     if fmt == "asym_w4a8_int8":
         # The layer is built with the model's input size, not the packed width: the format's
         # own geometry infers it (6-bit rows have K = 4/3 x width; they fail W5 instead).
-        g, c = int(m.get("group_size", 16)), int(m.get("convrot_groupsize", 256))
+        try:
+            g, c = int(m.get("group_size", 16)), int(m.get("convrot_groupsize", 256))
+        except (TypeError, ValueError, OverflowError) as exc:  # what the layer's own int() raises
+            return "B1", str(exc), None, type(exc).__name__
         try:
             k = ASYM_W4A8_INT8.geometry(t, {"group_size": g, "convrot_groupsize": c})["K"]
         except GeometryError:
@@ -444,7 +458,10 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
             return "B1", (f"Serialized W4A8 layer {P} has input size {k}, incompatible with group_size={g} "
                           f"and convrot_groupsize={c}"), None, "ValueError"
     elif fmt == "convrot_w4a4":
-        c, k = int(m.get("convrot_groupsize", 256)), 2 * cols
+        try:
+            c, k = int(m.get("convrot_groupsize", 256)), 2 * cols
+        except (TypeError, ValueError, OverflowError) as exc:
+            return "B2", str(exc), None, type(exc).__name__
         if k % 64 or k % c:
             return "B2", (f"Serialized W4A4 layer {P} has input size {k}, incompatible with quant_group_size=64 "
                           f"and convrot_groupsize={c}"), None, "ValueError"
@@ -476,6 +493,11 @@ def run_all(ckpt, param_name_mapper=None, collect: bool = True) -> tuple[dict, d
             m = param_name_mapper(prefix + ".weight")
             raw_prefix[m[: -len(".weight")] if m.endswith(".weight") else m] = prefix
     build_layers(markers, derived, raw_prefix, ckpt, config, run)
+    if run.collect:
+        # weights that are not in any shard: SGLang's weight loading cannot fill those
+        # parameters (its exact message is not modelled)
+        run.violations.extend(incomplete_violations("sglang", ckpt, True, "(no SGLang message modelled) SGLang "
+                                                                          "cannot load weights that are not there"))
     return markers, derived, run.violations, config
 
 

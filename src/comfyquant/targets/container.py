@@ -1,0 +1,490 @@
+"""What the safetensors library (0.8.x) raises when a runtime opens a damaged file.
+
+All three runtimes read checkpoints through safetensors: SGLang's inspector opens every shard
+with ``safe_open`` (in the given order, before it looks at any marker of that shard), ComfyUI's
+``load_torch_file`` opens the file with ``safe_open`` and re-raises its error unchanged (its
+``HeaderTooLarge``/``MetadataIncompleteBuffer`` rewording tests for names that safetensors
+0.8 no longer puts in its messages), and comfy-kitchen is handed its tensors by ComfyUI, so a
+file ComfyUI cannot open never reaches it.  ``safe_open`` and ``load_file`` validate the same
+way (``SafeTensors::read_metadata``), so each runtime fails with the same exception and
+message: ``SafetensorError: Error while deserializing header: ...``.
+
+This module reproduces that validation from data comfyquant already has (no safetensors or
+torch import: ``check`` stays light), in the library's own order:
+
+1. the header length: more than 100,000,000 bytes is ``header too large``;
+2. serde's deserialization of the header (``HashMetadata``): ``__metadata__`` is read in the
+   stream, so a non-string value fails at its own position; tensor entries are a flattened
+   map, buffered and deserialized only after the whole object is read, so their errors (unknown
+   dtype, missing or mistyped field, wrong number of offsets ...) carry the position just past
+   the header's closing brace, and the first bad entry in document order is reported;
+3. ``Metadata::validate``: tensors sorted by (begin, end) must tile the data area from 0
+   (``invalid offset for tensor `x```), with no arithmetic overflow, whole bytes for sub-byte
+   dtypes, and a span of exactly dtype x shape bytes;
+4. the tiling must end at the end of the file (``incomplete metadata, file not fully covered``).
+
+The raw header is re-read only for a file whose header has a container finding, so clean
+files cost nothing.  Not modelled (documented): JSON
+features Python's parser accepts and serde does not in fields safetensors ignores (``NaN``
+literals there, lone UTF-16 surrogates, duplicate keys inside an ignored field), and which of
+several tensors with identical offsets safetensors names (it picks one by hash order).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from decimal import Decimal
+
+from ..io.dtypes import DTYPE_BITS
+
+EXCEPTION = "SafetensorError"
+PREFIX = "Error while deserializing header: "
+MAX_HEADER = 100_000_000
+"""safetensors' limit (decimal; comfyquant's own reader allows 100 MiB)."""
+_U64 = (1 << 64) - 1
+
+SERDE_DTYPES = ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
+                "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64")
+"""safetensors' Dtype variants, in the order its unknown-variant message lists them."""
+_VARIANTS = ", ".join(f"`{d}`" for d in SERDE_DTYPES)
+
+TOO_LARGE = "header too large"
+INCOMPLETE = "incomplete metadata, file not fully covered"
+INVALID_INFO = "invalid shape, data type, or offset for tensor"
+OVERFLOW = "overflow computing buffer size from shape and/or element type"
+MISALIGNED = ("The slice is slicing for subbytes dtypes, and the slice does not end up at a byte boundary, "
+              "this is invalid.")
+
+
+def container_errors(ckpt) -> dict[str, str]:
+    """The safetensors error message of every file it refuses, by file (cached on ``ckpt``)."""
+    cached = getattr(ckpt, "_safetensors_errors", None)
+    if cached is None:
+        cached = {}
+        for hdr in ckpt.headers:
+            message = open_error(hdr, lambda h=hdr: ckpt.source(h.file).pread(8, h.header_len))
+            if message is not None:
+                cached[hdr.file] = message
+        ckpt._safetensors_errors = cached
+    return cached
+
+
+def open_error(hdr, read_raw) -> str | None:
+    """The message safetensors raises opening the file of ``hdr`` (a parsed header), or None.
+
+    ``read_raw()`` returns the header's JSON bytes; it is called only when serde decides."""
+    if hdr.header_len > MAX_HEADER:
+        return PREFIX + TOO_LARGE
+    if not hdr.findings:
+        return None  # the reader found the tiling exact and every entry well-formed
+    # serde's own reading of the entries decides (Python's json and comfyquant's reader accept
+    # things serde does not: a dict as a shape, integers beyond u64 ...).
+    outcome = serde_header(read_raw())
+    if isinstance(outcome, str):
+        return PREFIX + "invalid JSON in header: " + outcome
+    message = validate(outcome, hdr.size - hdr.data_start)
+    return None if message is None else PREFIX + message
+
+
+def validate(tensors: list[tuple[str, str, tuple, int, int]], data_len: int) -> str | None:
+    """``Metadata::validate`` and the coverage test over (name, dtype, shape, begin, end)."""
+    start = 0
+    for name, dtype, shape, begin, end in sorted(tensors, key=lambda t: (t[3], t[4])):
+        if begin != start or end < begin:
+            return f"invalid offset for tensor `{name}`"
+        start = end
+        n = 1
+        for d in shape:
+            n *= d
+            if n > _U64:
+                return OVERFLOW
+        nbits = n * DTYPE_BITS[dtype]
+        if nbits > _U64:
+            return OVERFLOW
+        if nbits % 8:
+            return MISALIGNED
+        if end - begin != nbits // 8:
+            return INVALID_INFO
+    return None if start == data_len else INCOMPLETE
+
+
+# -- serde_json's view of the header ----------------------------------------------------------
+
+_WS = re.compile(r"[ \t\n\r]*")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+class _Constant(Exception):
+    """A NaN/Infinity literal: Python's json accepts it, serde_json does not."""
+
+
+def _no_constants(name: str):
+    raise _Constant(name)
+
+
+class _Pairs(dict):
+    """A JSON object that also keeps its duplicate keys (``pairs``, in order): Python's json
+    keeps the last value of a repeated key, serde sees every one."""
+
+    pairs: list
+
+
+def _keep_pairs(pairs: list) -> _Pairs:
+    d = _Pairs(pairs)
+    d.pairs = pairs
+    return d
+
+
+_POW10 = [float(f"1e{i}") for i in range(309)]
+
+
+def _overflows(a: int, b: int, c: int) -> bool:
+    """serde_json's ``overflow!(a * 10 + b, c)``."""
+    return a >= c // 10 and (a > c // 10 or b > c % 10)
+
+
+def serde_number(token: str) -> int | float:
+    """A JSON number as serde_json 1.x reads it (without ``float_roundtrip``): integers that
+    fit u64 (or i64 when negative) stay integers, ``-0`` and every other integer become f64;
+    floats are ``significand (u64, later digits dropped) x 10^exponent`` in one multiplication
+    or division by a power of ten, which is not always the correctly rounded value Python
+    gives (``1.1305118554741463e-56`` reads as ``...465e-56``)."""
+    negative = token.startswith("-")
+    digits = token[1:] if negative else token
+    i, n = 0, len(digits)
+    significand, exponent, is_float = 0, 0, False
+    while i < n and digits[i].isdigit():
+        d = ord(digits[i]) - 48
+        if is_float or _overflows(significand, d, _U64):
+            is_float = True  # parse_long_integer: later digits only scale
+            exponent += 1
+        else:
+            significand = significand * 10 + d
+        i += 1
+    if i < n and digits[i] == ".":
+        is_float = True
+        i += 1
+        dropping = False
+        while i < n and digits[i].isdigit():
+            d = ord(digits[i]) - 48
+            if dropping or _overflows(significand, d, _U64):
+                dropping = True  # parse_decimal_overflow: ignore further digits
+            else:
+                significand = significand * 10 + d
+                exponent -= 1
+            i += 1
+    if i < n and digits[i] in "eE":
+        is_float = True
+        i += 1
+        sign = 1
+        if digits[i] in "+-":
+            sign = -1 if digits[i] == "-" else 1
+            i += 1
+        exp = int(digits[i:])
+        if exp > 2**31 - 1:
+            return (-0.0 if negative else 0.0) if sign < 0 or significand == 0 else float("-inf" if negative else "inf")
+        exponent = max(-(2**31), min(2**31 - 1, exponent + sign * exp))
+    if not is_float:
+        if not negative:
+            return significand
+        return -significand if 0 < significand <= 2**63 else -float(significand)
+    f = float(significand)
+    while True:
+        if abs(exponent) < len(_POW10):
+            f = f * _POW10[exponent] if exponent >= 0 else f / _POW10[-exponent]
+            break
+        if f == 0.0 or exponent >= 0:
+            f = f * float("inf") if exponent >= 0 and f else f
+            break
+        f /= 1e308
+        exponent += 308
+    return -f if negative else f
+
+
+_STRICT = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_keep_pairs, parse_float=serde_number,
+                           parse_int=serde_number)
+
+
+class _Fail(Exception):
+    def __init__(self, message: str, pos: int):
+        super().__init__(message)
+        self.message = message
+        self.pos = pos
+
+
+def serde_header(raw: bytes) -> str | list[tuple[str, str, tuple, int, int]]:
+    """serde_json's deserialization of a header into safetensors' ``HashMetadata``: the error
+    text (with serde's line and column) or the tensors (name, dtype, shape, begin, end).
+
+    ``raw`` is a header Python's json accepted as an object (comfyquant's reader refuses the
+    rest before any verdict)."""
+    text = raw.decode("utf-8")
+    try:
+        entries, end = _top_level(text)
+        for _name, value in entries:  # buffered: checked once the whole object is read
+            error = _tensor_info_error(value)
+            if error is not None:
+                raise _Fail(error, end)
+    except _Fail as fail:
+        line, column = _line_column(text, fail.pos)
+        return f"{fail.message} at line {line} column {column}"
+    out: dict[str, tuple] = {}
+    for name, value in entries:
+        out[name] = _tensor_info(name, value)
+    return list(out.values())
+
+
+def _line_column(text: str, pos: int) -> tuple[int, int]:
+    """serde_json's position of a character offset: 1-based line, column counted in bytes."""
+    before = text[:pos].encode("utf-8")
+    nl = before.rfind(b"\n")
+    return before.count(b"\n") + 1, len(before) - (nl + 1)
+
+
+def _ws(text: str, pos: int) -> int:
+    return _WS.match(text, pos).end()
+
+
+def _top_level(text: str) -> tuple[list[tuple[str, object]], int]:
+    """Stream the top-level object: ``__metadata__`` is checked in place, tensor entries are
+    decoded (serde buffers them); returns the entries and the offset past the closing brace."""
+    pos = _ws(text, 0) + 1  # past "{"
+    entries: list[tuple[str, object]] = []
+    seen_meta = False
+    pos = _ws(text, pos)
+    if text[pos] == "}":
+        return entries, pos + 1
+    while True:
+        key, pos = json.decoder.scanstring(text, pos + 1)
+        key_end = pos
+        pos = _ws(text, _ws(text, pos) + 1)  # past ":"
+        if key == "__metadata__":
+            if seen_meta:
+                raise _Fail("duplicate field `__metadata__`", key_end)
+            seen_meta = True
+            pos = _metadata(text, pos)
+        else:
+            try:
+                value, pos = _STRICT.raw_decode(text, pos)
+            except _Constant:
+                raise _Fail("expected value", _constant_position(text, pos)) from None
+            entries.append((key, value))
+        pos = _ws(text, pos)
+        if text[pos] == "}":
+            return entries, pos + 1
+        pos = _ws(text, pos + 1)  # past ","
+
+
+def _metadata(text: str, pos: int) -> int:
+    """``Option<HashMap<String, String>>`` read in the stream: returns the offset past it."""
+    if text.startswith("null", pos):
+        return pos + 4
+    pos = _ws(text, pos + 1)  # past "{" (the reader refused any other type)
+    if text[pos] == "}":
+        return pos + 1
+    while True:
+        _key, pos = json.decoder.scanstring(text, pos + 1)
+        pos = _ws(text, _ws(text, pos) + 1)
+        c = text[pos]
+        if c == '"':
+            _value, pos = json.decoder.scanstring(text, pos + 1)
+        elif c == "[":
+            raise _Fail("invalid type: sequence, expected a string", pos)
+        elif c == "{":
+            raise _Fail("invalid type: map, expected a string", pos)
+        else:
+            for literal, what in (("true", "boolean `true`"), ("false", "boolean `false`"), ("null", "null")):
+                if text.startswith(literal, pos):
+                    raise _Fail(f"invalid type: {what}, expected a string", pos + len(literal))
+            m = _NUMBER.match(text, pos)
+            if m is None or m.end() == pos:
+                raise _Fail("expected value", _constant_position(text, pos))
+            raise _Fail(f"invalid type: {_unexpected(serde_number(m.group()))}, expected a string", m.end())
+        pos = _ws(text, pos)
+        if text[pos] == "}":
+            return pos + 1
+        pos = _ws(text, pos + 1)
+
+
+def _constant_position(text: str, pos: int) -> int:
+    """Where serde_json stops at the first NaN/Infinity literal of the value at ``pos``:
+    one past its first character (``-Infinity``: past the minus sign, an invalid number)."""
+    i, n = pos, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            _s, i = json.decoder.scanstring(text, i + 1)
+            continue
+        if c in "NI":
+            return i + 1
+        if c == "-" and text.startswith("Infinity", i + 1):
+            return i + 2
+        i += 1
+    return pos + 1
+
+
+# -- serde's Content -> TensorInfo ---------------------------------------------------------
+
+def _content_kind(v) -> str:
+    """Which serde Content a Python JSON value is (serde_json: non-negative ints are u64,
+    negative ones i64, integers beyond both and all non-integers f64)."""
+    if v is None:
+        return "unit"
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        if 0 <= v <= _U64:
+            return "u64"
+        return "i64" if -(1 << 63) <= v < 0 else "f64"
+    if isinstance(v, float):
+        return "f64"
+    if isinstance(v, str):
+        return "str"
+    if isinstance(v, list):
+        return "seq"
+    return "map"
+
+
+def rust_float(x: float) -> str:
+    """serde's rendering of an f64 in messages: shortest round-trip digits, positional for
+    1e-5 <= |x| < 1e16 (with ``.0`` when integral), else ``1.5e-7`` / ``1e+16``."""
+    if x == 0:
+        return "-0.0" if str(x).startswith("-") else "0.0"
+    d = Decimal(repr(x))
+    sign, digits, exponent = d.as_tuple()
+    sci = len(digits) - 1 + exponent
+    if -5 <= sci < 16:
+        s = format(d, "f")
+        return s if "." in s else s + ".0"
+    mant = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
+    return f"{'-' if sign else ''}{mant}e{'+' if sci >= 0 else '-'}{abs(sci)}"
+
+
+def _rust_debug_str(s: str) -> str:
+    out = ['"']
+    for ch in s:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\0":
+            out.append("\\0")
+        elif not ch.isprintable() or unicodedata.category(ch) in ("Mn", "Me"):
+            # Rust escapes what it cannot print (the same Unicode categories as Python's
+            # isprintable) and grapheme extenders
+            out.append(f"\\u{{{ord(ch):x}}}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _unexpected(v) -> str:
+    kind = _content_kind(v)
+    if kind in ("u64", "i64"):
+        return f"integer `{v}`"
+    if kind == "f64":
+        return f"floating point `{rust_float(float(v))}`"
+    if kind == "bool":
+        return f"boolean `{'true' if v else 'false'}`"
+    if kind == "str":
+        return "string " + _rust_debug_str(v)
+    return {"unit": "null", "seq": "sequence", "map": "map"}[kind]
+
+
+def _usize_error(v) -> str | None:
+    kind = _content_kind(v)
+    if kind == "u64":
+        return None
+    if kind == "i64":
+        return f"invalid value: integer `{v}`, expected usize"
+    return f"invalid type: {_unexpected(v)}, expected usize"
+
+
+def _dtype_error(v) -> str | None:
+    kind = _content_kind(v)
+    if kind == "str":
+        return None if v in SERDE_DTYPES else f"unknown variant `{v}`, expected one of {_VARIANTS}"
+    if kind == "map":
+        if len(v) != 1:
+            return "invalid value: map, expected map with a single key"
+        (name, inner), = v.items()
+        if name not in SERDE_DTYPES:
+            return f"unknown variant `{name}`, expected one of {_VARIANTS}"
+        return None if inner is None else f"invalid type: {_unexpected(inner)}, expected unit variant"
+    return f"invalid type: {_unexpected(v)}, expected string or map"
+
+
+def _shape_error(v) -> str | None:
+    if not isinstance(v, list):
+        return f"invalid type: {_unexpected(v)}, expected a sequence"
+    for d in v:
+        error = _usize_error(d)
+        if error is not None:
+            return error
+    return None
+
+
+def _offsets_error(v) -> str | None:
+    if not isinstance(v, list):
+        return f"invalid type: {_unexpected(v)}, expected a tuple of size 2"
+    for d in v[:2]:
+        error = _usize_error(d)
+        if error is not None:
+            return error
+    if len(v) < 2:
+        return f"invalid length {len(v)}, expected a tuple of size 2"
+    if len(v) > 2:
+        return f"invalid length {len(v)}, expected 2 elements in sequence"
+    return None
+
+
+_FIELDS = (("dtype", _dtype_error), ("shape", _shape_error), ("data_offsets", _offsets_error))
+
+
+def _tensor_info_error(v) -> str | None:
+    """serde's first complaint deserializing one tensor entry into ``TensorInfo``."""
+    if isinstance(v, dict):
+        seen: set[str] = set()
+        checks = dict(_FIELDS)
+        for key, value in v.pairs if isinstance(v, _Pairs) else v.items():
+            check = checks.get(key)
+            if check is None:
+                continue
+            if key in seen:
+                return f"duplicate field `{key}`"
+            seen.add(key)
+            error = check(value)
+            if error is not None:
+                return error
+        for key, _check in _FIELDS:
+            if key not in seen:
+                return f"missing field `{key}`"
+        return None
+    if isinstance(v, list):
+        for (_key, check), value in zip(_FIELDS, v):
+            error = check(value)
+            if error is not None:
+                return error
+        if len(v) < 3:
+            return f"invalid length {len(v)}, expected struct TensorInfo with 3 elements"
+        if len(v) > 3:
+            return f"invalid length {len(v)}, expected 3 elements in sequence"
+        return None
+    return f"invalid type: {_unexpected(v)}, expected struct TensorInfo"
+
+
+def _tensor_info(name: str, v) -> tuple[str, str, tuple, int, int]:
+    if isinstance(v, dict):
+        dtype, shape, offsets = v["dtype"], v["shape"], v["data_offsets"]
+    else:
+        dtype, shape, offsets = v[0], v[1], v[2]
+    if isinstance(dtype, dict):
+        dtype = next(iter(dtype))
+    return name, dtype, tuple(shape), offsets[0], offsets[1]
