@@ -310,6 +310,11 @@ def test_deep_single_element_scales_are_judged_like_many(tmp_path, layer_of, ten
     report = check(p, deep=True)
     hits = [f for f in report.findings if f.code == code and f.tensor == tensor]
     assert hits and hits[0].severity == "error" and not report.ok
+    # severity and verdicts agree: every runtime loads the file and computes garbage with it
+    assert sorted(hits[0].targets) == sorted(report.verdicts)
+    for verdict in report.verdicts.values():
+        assert not verdict.loads
+        assert [v for v in verdict.violations if v.fails and v.exception is None and tensor in v.message]
     assert not [f for f in check(p).findings if f.code.startswith("D")]  # values are read only with --deep
 
 
@@ -319,3 +324,16 @@ def test_deep_all_zero_multi_element_scale_is_an_error_not_only_a_warning(tmp_pa
     layer["i.weight_scale"] = zeros("F32", (32, 1))
     report = check(write(tmp_path / "z.safetensors", layer), deep=True)
     assert {"D002"} <= {f.code for f in report.findings if f.severity == "error"} and not report.ok
+
+
+def test_deep_value_of_a_tensor_a_runtime_drops_does_not_fail_that_runtime(tmp_path):
+    """ComfyUI never loads a W4A8 weight_correction: NaNs in it stop SGLang and comfy-kitchen
+    (which compute with it), not ComfyUI, whose finding is the silent loss it already has."""
+    nan = ("F32", (16, 32), struct.pack("<512f", *([float("nan")] * 512)))
+    p = write(tmp_path / "c.safetensors", w4a8_layer(P, correction=nan))
+    report = check(p, deep=True)
+    (hit,) = [f for f in report.findings if f.code == "D007"]
+    assert hit.severity == "error" and sorted(hit.targets) == ["comfy-kitchen", "sglang"]
+    assert report.verdicts["comfyui"].loads and not report.verdicts["comfy-kitchen"].loads
+    only_comfyui = check(p, deep=True, target="comfyui")
+    assert only_comfyui.ok and [f.severity for f in only_comfyui.findings if f.code == "D007"] == ["info"]

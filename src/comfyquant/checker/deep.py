@@ -5,9 +5,38 @@ from __future__ import annotations
 
 from ..formats.base import CODEBOOK, CORRECTION, SCALE
 from ..formats.registry import FORMATS
+from ..targets.base import Violation
 from .findings import Finding
 
 MAX_DEEP_BYTES = 256 * 1024 * 1024
+
+
+GARBAGE_CODES = frozenset({"D001", "D002", "D003", "D005", "D007"})
+"""Value findings that make a layer compute garbage in every runtime that reads the tensor:
+NaN/Inf poison the output, a zero scale zeroes it (all of it, for a per-tensor scale), a
+negative one flips it.  An unsorted codebook (D004) still decodes by its table, and an
+all-zero tensor that is not a scale (D006) may be a placeholder: those stay warnings."""
+
+
+def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, str]) -> None:
+    """Add to each runtime's verdict a silent error (no exception: the runtime loads and runs)
+    for every garbage-making value finding on a tensor that runtime reads, covering that
+    finding, so severity and verdicts agree: such a finding is an error exactly when a
+    selected runtime computes with the tensor.  A runtime reads a tensor unless its profile
+    already says it drops it (a silent loss on that tensor, e.g. ComfyUI's W4A8 correction)."""
+    for f in findings:
+        if f.code not in GARBAGE_CODES or not f.tensor or not f.layer:
+            continue
+        prefix = prefixes.get(f.layer, f.layer)
+        suffix = f.tensor[len(prefix) + 1:] if f.tensor.startswith(prefix + ".") else f.tensor
+        for verdict in verdicts.values():
+            if any(not v.fails and v.layer == prefix and v.tensor == suffix for v in verdict.violations):
+                continue
+            v = Violation(f"{verdict.target}.values", f"layer '{prefix}' computes garbage (no error): {f.message}",
+                          exception=None, layer=prefix, tensor=suffix, blocking=False, cause=f.cause, fix=f.fix,
+                          severity="error")
+            v.covers = f
+            verdict.violations.append(v)
 
 
 def _decoder():

@@ -40,14 +40,20 @@ def check_checkpoint(ckpt: Checkpoint, target="all", deep: bool = False) -> Repo
     layer_findings, _envs = check_layers(ckpt)
     findings.extend(layer_findings)
     findings.extend(check_mapping(ckpt))
+    values: list = []
     if deep:
         from .deep import deep_findings
 
-        findings.extend(deep_findings(ckpt))
+        values = deep_findings(ckpt)
+        findings.extend(values)
     # Every profile runs so findings can say which runtimes they break; severities follow
     # the selection.
     verdicts = {name: run_target(name, ckpt) for name in TARGETS}
     names = {p: layer.name for p, layer in ckpt.layers.items()}
+    if values:
+        from .deep import value_failures
+
+        value_failures(values, verdicts, {name: p for p, name in names.items()})
     findings = assemble(findings, verdicts, selected, names)
     report = Report(ckpt.paths, ckpt.files, sum(1 for x in ckpt.layers.values() if x.weight is not None), findings,
                     {n: verdicts[n] for n in selected}, selected)
