@@ -209,8 +209,8 @@ def test_repeated_tensor_findings_are_one_group_and_json_keeps_each(tmp_path, ca
     for i in (1, 2):
         write(d / f"m-0000{i}-of-00002.safetensors", *[int8_layer(f"blocks.{j}.a") for j in range(12)])
     rc, out, _ = run(capsys, "check", d)
-    assert rc == 1
-    assert out.count("C010") == 1
+    assert rc == 0  # no runtime refuses a tensor repeated across shards: a warning (severity follows verdicts)
+    assert out.count("WARNING C010") == 1 and out.count("C010") == 1
     assert "tensor <tensor> is in both" in out
     assert "tensors  36: blocks.0.a.comfy_quant, " in out and " and 28 more" in out
     rc, out, _ = run(capsys, "check", d, "--json")
@@ -511,8 +511,8 @@ def test_grouped_tensor_findings_keep_the_rest_of_the_message(tmp_path, capsys):
     b = write(d / "model-00002-of-00002.safetensors", int8_layer("blocks.1.a"))
     index_for(d, [a, b], extra={"model": "model-00002-of-00002.safetensors", "x": "model-00002-of-00002.safetensors"})
     rc, out, _ = run(capsys, "check", d)
-    assert rc == 1
-    assert out.count("C012") == 1
+    assert rc == 0  # runtimes read the tensor from whichever shard holds it: a warning (severity follows verdicts)
+    assert out.count("WARNING C012") == 1 and out.count("C012") == 1
     assert "  expected model-00002-of-00002.safetensors\n" in out
     assert "  tensors  2: model, x\n" in out
 
