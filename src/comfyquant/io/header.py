@@ -113,7 +113,47 @@ def read_header(source: ByteSource) -> Header:
         raise _bad(path, f"header is a JSON {type(obj).__name__}, expected an object")
     # Fast scans of the raw bytes: can any number be negative (1), or any value a boolean (2)?
     odd = 2 if b"true" in raw or b"false" in raw else 1 if b"-" in raw else 0
-    return parse_header_object(obj, path, size, n, odd)
+    hdr = parse_header_object(obj, path, size, n, odd)
+    if b"\\ud" in raw or b"\\uD" in raw:  # a UTF-16 surrogate escape: is one left unpaired?
+        _lone_surrogates(hdr, obj)
+    return hdr
+
+
+def _is_text(s) -> bool:
+    """Whether ``s`` is a string that UTF-8 can encode: a lone surrogate (``"\\ud800"`` in the
+    JSON) decodes to a Python string that cannot be encoded, and the safetensors library
+    (serde) refuses the whole header."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    except AttributeError:
+        return True  # not a string: other findings judge it
+    return True
+
+
+def _lone_surrogates(hdr: Header, obj: dict) -> None:
+    """Findings for names and metadata holding lone UTF-16 surrogates: not Unicode text, so
+    no runtime can load the file, and nothing may print or write them unescaped."""
+    path = hdr.file
+    for name, entry in obj.items():
+        if not _is_text(name) or (isinstance(entry, dict) and not _is_text(entry.get("dtype"))):
+            hdr.findings.append(
+                Finding("C006", f"{path}: tensor name {name!r} holds a lone UTF-16 surrogate, which is not Unicode "
+                                "text: the safetensors library refuses the header",
+                        tensor=name, actual=ascii(name)[:120], expected="a UTF-8 tensor name",
+                        cause="written by a tool that does not follow the safetensors format",
+                        fix="rename the tensor (the file cannot be loaded as it is)", file=path)
+            )
+    for key, value in [*hdr.metadata.items(), *hdr.nonstring_metadata.items()]:
+        if not _is_text(key) or not _is_text(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)):
+            hdr.findings.append(
+                Finding("C007", f"{path}: __metadata__[{key!r}] holds a lone UTF-16 surrogate, which is not Unicode "
+                                "text: the safetensors library refuses the header",
+                        expected="UTF-8 text", actual=ascii(value)[:120],
+                        cause="written by a tool that does not follow the safetensors format",
+                        fix="re-save the metadata value as UTF-8 text", file=path)
+            )
 
 
 def parse_header_object(obj: dict, path: str, size: int, header_len: int, odd_numbers: int = 2) -> Header:

@@ -8,7 +8,7 @@ from ..checker.findings import ERROR
 from ..checker.run import check_checkpoint, parse_targets
 from ..checkpoint import open_checkpoint
 from .execute import output_paths, write_and_verify
-from .plan import Options, Plan, plan_repairs
+from .plan import Change, Options, Plan, plan_repairs
 
 
 class FixResult:
@@ -68,6 +68,8 @@ def fix(paths, out: str | None = None, in_place: bool = False, target="all", dry
         finally:
             gc.enable()
         plan = plan_repairs(ckpt, options)
+        if not plan.refused:
+            _retile(ckpt, plan)
         if dry_run and plan.requant:
             from .lossy import requantize
 
@@ -79,3 +81,14 @@ def fix(paths, out: str | None = None, in_place: bool = False, target="all", dry
         after, written = write_and_verify(ckpt, plan, dests, index_dest, target,
                                           lambda c, t: check_checkpoint(c, target=t))
     return FixResult(plan, before, after, written)
+
+
+def _retile(ckpt, plan: Plan) -> None:
+    """Unused bytes in a data area (C004: a gap between tensors or trailing bytes) are a repair
+    of their own: the writer lays tensors out end to end, so rewriting the file removes them,
+    and every tensor's bytes are carried over (and compared) as they are."""
+    for h in ckpt.headers:
+        unused = [f for f in h.findings if f.code == "C004"]
+        if unused:
+            plan.changes.append(Change(None, None, "drop unused bytes from the data area",
+                                       "; ".join(f.message for f in unused), f"{h.file}: tensors tile the data area"))
