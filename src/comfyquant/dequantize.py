@@ -30,7 +30,8 @@ import time
 import types
 from dataclasses import dataclass, field
 
-from .errors import ComfyQuantError
+from .errors import ComfyQuantError, InputError
+from .io.outputs import destinations
 from .render import human_size
 
 DROP_METADATA = ("_quantization_metadata", "quant_format")
@@ -136,13 +137,16 @@ class _Layer:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None = None) -> Summary:
+def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None = None,
+               overwrite: bool = True) -> Summary:
     """Write a dense copy of the checkpoint ``src`` (file, shards, folder or index) to ``out``.
 
     ``out`` ending in ``.safetensors`` is one file; anything else is a folder keeping the
     input's shards.  ``dtype`` (``bf16``/``f16``/``f32``) sets every dense weight's dtype;
     by default each layer gets its model dtype (marker ``orig_dtype``, else its bias's dtype,
     else BF16).  ``progress`` shows a progress bar on stderr (default: when it is a terminal).
+    An existing folder ``out`` receives the outputs under the input files' names
+    (:mod:`comfyquant.io.outputs`); ``overwrite=False`` refuses to replace an existing file.
     """
     from .checker.run import check_checkpoint
     from .checkpoint import open_checkpoint
@@ -158,7 +162,7 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
         report = check_checkpoint(ckpt, target="comfy-kitchen")
         _refuse_errors(report)
         layers = _plan_layers(ckpt, dtype)
-        files = _plan_outputs(ckpt, out)
+        files = _plan_outputs(ckpt, out, overwrite)
         summary = Summary(list(ckpt.paths), [p for p, _, _ in files], dtype)
         work = _Work(ckpt, layers, summary)
         _ensure_space(work, files)
@@ -184,9 +188,9 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
 
             for t in temps:
                 discard(t)
-        if not out.endswith(".safetensors") and (len(files) > 1 or ckpt.shardset.index_path):
+        if files[0][1] is not None and (len(files) > 1 or ckpt.shardset.index_path):
             index_name = os.path.basename(ckpt.shardset.index_path or "model.safetensors.index.json")
-            _write_index(os.path.join(out, index_name), files, work.sizes)
+            _write_index(os.path.join(os.path.dirname(files[0][0]), index_name), files, work.sizes)
     summary.layers = dict(sorted(work.formats.items()))
     summary.seconds = time.perf_counter() - started
     summary.startup = startup
@@ -237,7 +241,7 @@ def _plan_layers(ckpt, dtype) -> dict[str, _Layer]:
     return out
 
 
-def _plan_outputs(ckpt, out: str) -> list[tuple[str, str | None, list[str]]]:
+def _plan_outputs(ckpt, out: str, overwrite: bool = True) -> list[tuple[str, str | None, list[str]]]:
     """(output path, input file or None for all, tensor names in file order) per output file.
     Refuses to overwrite an input."""
     inputs = [os.path.realpath(f) for f in ckpt.files]
@@ -245,19 +249,18 @@ def _plan_outputs(ckpt, out: str) -> list[tuple[str, str | None, list[str]]]:
     for h in ckpt.headers:
         names = sorted((n for n, e in h.tensors.items() if ckpt.tensors.get(n) is e), key=lambda n: h.tensors[n].start)
         per_file.append((h.file, names))
-    if out.endswith(".safetensors"):
+    dests, _index, create = destinations(list(ckpt.files), ckpt.shardset.index_path, out, merge=True)
+    if dests is None:
         files = [(out, None, [n for _, names in per_file for n in names])]
     else:
-        if os.path.exists(out) and not os.path.isdir(out):
-            raise DequantizeError(f"{out}: exists and is not a folder (give a .safetensors path for one output file)")
-        files = [(os.path.join(out, os.path.basename(f)), f, names) for f, names in per_file]
-        if len({p for p, _, _ in files}) != len(files):
-            raise DequantizeError(f"{out}: input shards share a file name; give a .safetensors path for one output file")
+        files = [(d, f, names) for d, (f, names) in zip(dests, per_file)]
     for path, _, _ in files:
         real = os.path.realpath(path)
         if real in inputs or (os.path.exists(path) and any(_same(path, f) for f in ckpt.files)):
             raise DequantizeError(f"{path}: refusing to overwrite the input checkpoint")
-    if not out.endswith(".safetensors"):
+        if not overwrite and os.path.exists(path):
+            raise InputError(f"{path}: exists; pass --overwrite to replace it")
+    if create:
         os.makedirs(out, exist_ok=True)
     return files
 

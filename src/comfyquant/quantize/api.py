@@ -196,10 +196,6 @@ def _dense(paths, out: str, dtype: str | None, overwrite: bool, dry_run: bool, p
         raise InputError("convert --to dense needs comfyquant.dequantize, which this installation lacks") from None
     if dry_run:
         raise InputError("--to dense has no plan to show: every quantized layer is decoded, everything else copied")
-    if os.path.isfile(out) and not overwrite:
-        raise InputError(f"{out}: exists; pass --overwrite to replace it")
-    if os.path.isdir(out) and os.listdir(out) and not overwrite:
-        raise InputError(f"{out}: folder is not empty; pass --overwrite to replace its files")
-    summary = dequantize(paths, out, dtype, progress=progress)
+    summary = dequantize(paths, out, dtype, progress=progress, overwrite=overwrite)
     doc = {"schema": 1, "tool": "comfyquant", "command": "convert", "to": "dense", **summary.to_dict()}
     return Result(None, doc, outputs=list(summary.outputs), dense_summary=summary)
