@@ -148,8 +148,8 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
     An existing folder ``out`` receives the outputs under the input files' names
     (:mod:`comfyquant.io.outputs`); ``overwrite=False`` refuses to replace an existing file.
     """
-    from .checker.run import check_checkpoint
     from .checkpoint import open_checkpoint
+    from .gate import check_input
 
     if dtype is not None and dtype not in OUTPUT_DTYPES:
         raise DequantizeError(f"--dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
@@ -159,8 +159,7 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
     startup = time.perf_counter() - t
     started = time.perf_counter()
     with open_checkpoint(src) as ckpt:
-        report = check_checkpoint(ckpt, target="comfy-kitchen")
-        _refuse_errors(report)
+        check_input(ckpt, "dequantize", DequantizeError)  # the gate every decoding command shares
         layers = _plan_layers(ckpt, dtype)
         files = _plan_outputs(ckpt, out, overwrite)
         summary = Summary(list(ckpt.paths), [p for p, _, _ in files], dtype)
@@ -198,22 +197,6 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
 
 
 # -- checking and planning --------------------------------------------------------------------
-
-ALWAYS_BLOCKING = frozenset({"M023"})
-"""Findings that stop a dense export whatever their severity for comfy-kitchen: a quantized
-weight without a marker cannot be decoded, and copying it would leave it quantized."""
-
-
-def _refuse_errors(report) -> None:
-    errors = [f for f in report.findings if f.severity == "error" or f.code in ALWAYS_BLOCKING]
-    if not errors:
-        return
-    first = errors[0]
-    where = first.file if not first.layer and first.file else None
-    more = f" (and {len(errors) - 1} more error{'s' * (len(errors) > 2)}; see comfyquant check)" if len(errors) > 1 else ""
-    prefix = f"{where}: " if where and where not in first.message else ""
-    raise DequantizeError(f"refusing to dequantize: {prefix}{first.message} [{first.code}]{more}")
-
 
 def _plan_layers(ckpt, dtype) -> dict[str, _Layer]:
     """Validated decode plans for every marked layer, keyed by the weight tensor's name."""
