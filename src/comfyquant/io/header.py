@@ -90,6 +90,8 @@ def read_header(source: ByteSource) -> Header:
     if size < 8:
         raise _bad(path, f"truncated: {size} bytes, a safetensors file starts with an 8-byte header length")
     head = source.pread(0, min(size, getattr(source, "first_read", FIRST_READ)))
+    if len(head) < 8:
+        raise _bad(path, f"only {len(head)} of the first 8 bytes could be read (file changed or cut short?)")
     (n,) = struct.unpack_from("<Q", head, 0)
     if n > MAX_HEADER_BYTES:
         raise _bad(path, f"header length {n} exceeds the 100 MB limit (not a safetensors file?)")
