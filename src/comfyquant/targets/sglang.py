@@ -351,7 +351,10 @@ def resolve(markers: dict[str, dict], derived: dict[str, dict], run: _Run) -> st
     if formats in (["convrot_w4a4"], ["convrot_w4a4", "int8_tensorwise"]):
         for prefix, m in markers.items():
             if m.get("format") == "convrot_w4a4":
-                c = int(m.get("convrot_groupsize", 256))
+                try:
+                    c = int(m.get("convrot_groupsize", 256))
+                except (TypeError, ValueError, OverflowError):
+                    c = m.get("convrot_groupsize")  # int() fails on it in SGLang too: not a supported size
                 if c not in CONVROT_SIZES:
                     run.fail("R6", f"Serialized W4A4 layer {prefix!r} has unsupported convrot_groupsize={c}; "
                                    f"expected one of (16, 64, 256)", prefix)
@@ -435,7 +438,10 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
     if fmt == "asym_w4a8_int8":
         # The layer is built with the model's input size, not the packed width: the format's
         # own geometry infers it (6-bit rows have K = 4/3 x width; they fail W5 instead).
-        g, c = int(m.get("group_size", 16)), int(m.get("convrot_groupsize", 256))
+        try:
+            g, c = int(m.get("group_size", 16)), int(m.get("convrot_groupsize", 256))
+        except (TypeError, ValueError, OverflowError):
+            return None  # the marker stage fails on the same int() first
         try:
             k = ASYM_W4A8_INT8.geometry(t, {"group_size": g, "convrot_groupsize": c})["K"]
         except GeometryError:
@@ -444,7 +450,10 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
             return "B1", (f"Serialized W4A8 layer {P} has input size {k}, incompatible with group_size={g} "
                           f"and convrot_groupsize={c}"), None, "ValueError"
     elif fmt == "convrot_w4a4":
-        c, k = int(m.get("convrot_groupsize", 256)), 2 * cols
+        try:
+            c, k = int(m.get("convrot_groupsize", 256)), 2 * cols
+        except (TypeError, ValueError, OverflowError):
+            return None  # the marker stage fails on the same int() first
         if k % 64 or k % c:
             return "B2", (f"Serialized W4A4 layer {P} has input size {k}, incompatible with quant_group_size=64 "
                           f"and convrot_groupsize={c}"), None, "ValueError"
