@@ -13,6 +13,7 @@ import struct
 import tempfile
 import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -159,3 +160,30 @@ def test_mutated_checkpoints_never_crash_any_command(capsys, mutations, command)
             assert not os.path.exists(out), f"{args} refused but wrote {out}"
         assert digest(src) == before
         assert sorted(os.listdir(folder)) in (["in.safetensors"], ["in.safetensors", "out.safetensors"])
+
+
+ODD_NUMBERS = ["9" * 400, "18446744073709551617", "9223372036854775808", "1e400", "NaN", "-1", "1.5", "true", "null",
+               "[]", '"x"']
+
+
+@pytest.mark.parametrize("value", ODD_NUMBERS)
+def test_odd_numbers_in_every_header_field(tmp_path, capsys, value):
+    """Each odd number in a dimension, an offset and a dtype of a weight, a scale and a marker
+    tensor (the systematic complement of the random campaign above)."""
+    for target in ("blocks.0.w.weight", "blocks.0.i.weight_scale", "blocks.0.f.comfy_quant", "norm.bias"):
+        for mutations in ([("dim", target, 0, value)], [("dim", target, 1, value)], [("offsets", target, "0", value)],
+                          [("offsets", target, value, "8")], [("shape", target, value)], [("dtype", target, value)]):
+            src = str(tmp_path / "in.safetensors")
+            build(src, mutations)
+            before = digest(src)
+            for command in (["check", "--json", "--deep"], ["inspect"], ["fix", "-o", "{out}"], ["dequantize", "{out}"]):
+                out = str(tmp_path / "out.safetensors")
+                args = [command[0], src] + [a.replace("{out}", out) for a in command[1:]]
+                rc = main(args)
+                _stdout, err = capsys.readouterr()
+                assert rc in (0, 1, 2) and "internal error" not in err, f"{args} {mutations}: exit {rc}: {err}"
+                if rc == 2:
+                    assert not os.path.exists(out)
+                if os.path.exists(out):
+                    os.unlink(out)
+            assert digest(src) == before

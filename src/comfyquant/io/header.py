@@ -21,6 +21,9 @@ from .dtypes import DTYPE_BITS
 from .source import ByteSource
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+MAX_SIZE = 2**63 - 1
+"""Largest dimension or offset an entry may hold: runtimes (and the OS) address bytes and
+elements with 64-bit signed integers, and a larger number only overflows downstream."""
 FIRST_READ = 1 << 18
 """Bytes fetched by the first read of a remote source; a longer header costs one more read.
 Sources may choose their own size (``first_read``)."""
@@ -236,10 +239,11 @@ def _enter_tensors(hdr: Header, obj: dict, data_len: int, strict_dims: bool) -> 
                 and type(end) is int
                 and 0 <= begin
                 and end <= data_len
+                and numel != 0  # an empty tensor's dimensions are unbounded by its span: validate them
             )
             if strict_dims and ok:
                 ok = all(type(d) is int and d >= 0 for d in shape)
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):  # e.g. NaN minus a 400-digit int
             ok = False
         if not ok:
             usable = _validate_entry(name, entry, path, data_len, findings)
@@ -268,6 +272,23 @@ def _validate_entry(name: str, entry, path: str, data_len: int, findings: list[F
                 f"{path}: tensor {name!r} has a malformed header entry (needs dtype, shape, data_offsets)",
                 tensor=name,
                 actual=json.dumps(entry)[:120],
+                file=path,
+            )
+        )
+        return None
+    if (
+        type(begin) is int
+        and type(end) is int
+        and all(type(d) is int for d in shape)
+        and max(begin, end, *shape) > MAX_SIZE
+    ):
+        findings.append(
+            Finding(
+                "C006",
+                f"{path}: tensor {name!r} has a dimension or offset beyond 2^63-1 ({list(shape)} [{begin}, {end}]): "
+                "no runtime can address it",
+                tensor=name,
+                expected=f"sizes and offsets <= {MAX_SIZE}",
                 file=path,
             )
         )
