@@ -404,3 +404,32 @@ def test_timeout_bounds_a_trickling_server(tmp_path, capsys, command):
         server.close()
     assert rc == 2 and took < 1.5 + 1.0, (took, err)
     assert err.count("\n") == 1 and server.url in err and "within 1.5 s" in err and "--timeout" in err
+
+
+def test_a_string_among_large_dimensions_is_a_finding_not_a_huge_allocation(tmp_path):
+    """``[30000, 30000, "ab"]``: multiplying the dimensions would build a 1.8 GB string (a
+    list element, a list).  Under a 1 GB address-space limit the check must still answer."""
+    import resource
+
+    tensors = {**fp8_layer("a.b"), **dense_layer("n")}
+    src = raw_checkpoint(tmp_path / "in.safetensors", tensors)
+    with open(src, "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        header = json.loads(fh.read(n))
+        data = fh.read()
+    header["a.b.weight"]["shape"] = [30000, 30000, "ab"]
+    header["n.weight"]["shape"] = [30000, 30000, [1]]
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(src, "wb") as fh:
+        fh.write(struct.pack("<Q", len(text)) + text + data)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    env = {**os.environ, "PYTHONPATH": SRC}
+    p = subprocess.run([sys.executable, "-m", "comfyquant.cli", "check", src, "--json"], capture_output=True, env=env,
+                       timeout=120, preexec_fn=limit)
+    assert p.returncode == 1, p.stderr
+    doc = json.loads(p.stdout)
+    assert {f["tensor"] for f in doc["findings"] if f["code"] == "C006"} >= {"a.b.weight", "n.weight"}

@@ -223,6 +223,7 @@ def _enter_tensors(hdr: Header, obj: dict, data_len: int, strict_dims: bool) -> 
     tensors = hdr.tensors
     bits_of = DTYPE_BITS
     prod = math.prod
+    add = sum
     new, TE = _tuple_new, TensorEntry
     begins: list[int] = []
     ends: list[int] = []
@@ -231,6 +232,7 @@ def _enter_tensors(hdr: Header, obj: dict, data_len: int, strict_dims: bool) -> 
             dtype = entry["dtype"]
             shape = entry["shape"]
             begin, end = entry["data_offsets"]
+            add(shape)  # a non-number raises here; in prod() it would repeat a string or list (GBs)
             numel = prod(shape)
             ok = (
                 (end - begin) * 8 == numel * bits_of[dtype]

@@ -56,9 +56,14 @@ def owner_tag(pid: int | None = None) -> str:
     return f"{pid}-{st[1] if st else 0}-{_boot_id()}"
 
 
+def temp_prefix() -> str:
+    """The name prefix of this process's temporary files (``mkstemp`` adds the random part)."""
+    return f"{PREFIX}{owner_tag()}-"
+
+
 def make_temp(folder: str, suffix: str = ".tmp") -> tuple[int, str]:
     """``(fd, path)`` of a new private temporary file in ``folder`` named for this process."""
-    return tempfile.mkstemp(prefix=f"{PREFIX}{owner_tag()}-", suffix=suffix, dir=folder)
+    return tempfile.mkstemp(prefix=temp_prefix(), suffix=suffix, dir=folder)
 
 
 def owner_alive(pid: int, start: int, boot: str) -> bool:

@@ -13,11 +13,12 @@ import errno
 import json
 import os
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterable
 
 from .dtypes import DTYPE_BITS
-from .tempfiles import make_temp, sweep_stale
+from .tempfiles import sweep_stale, temp_prefix
 
 
 class CopyRange:
@@ -165,7 +166,7 @@ def write_safetensors(
     folder = os.path.dirname(os.path.abspath(path))
     ensure_space([(folder, len(header) + sum(_nbytes(d, shape) for d, shape, _ in tensors.values()))])
     sweep_stale(folder)  # temporary files of killed runs (named for their owner process)
-    fd, tmp = make_temp(folder, ".tmp")
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb", buffering=0) as fh:
             flusher = _Flusher(fh.fileno())
