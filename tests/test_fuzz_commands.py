@@ -154,7 +154,7 @@ def test_mutated_checkpoints_never_crash_any_command(capsys, mutations, command)
         _stdout, err = capsys.readouterr()
         assert rc in (0, 1, 2), f"{args}: exit {rc}: {err} ({mutations})"
         assert "internal error" not in err, err
-        assert took < 20, f"{args} took {took:.1f} s"
+        assert took < 60, f"{args} took {took:.1f} s"  # a hang would be minutes; the machine may be busy
         if rc == 2:
             assert err.count("\n") == 1, err
             assert not os.path.exists(out), f"{args} refused but wrote {out}"

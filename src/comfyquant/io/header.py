@@ -119,9 +119,15 @@ def read_header(source: ByteSource) -> Header:
     # Fast scans of the raw bytes: can any number be negative (1), or any value a boolean (2)?
     odd = 2 if b"true" in raw or b"false" in raw else 1 if b"-" in raw else 0
     hdr = parse_header_object(obj, path, size, n, odd)
-    if b"\\ud" in raw or b"\\uD" in raw:  # a UTF-16 surrogate escape: is one left unpaired?
+    # Lone surrogates: every name at once (isascii() is O(1): the usual case costs one copy)
+    meta = "".join(chain.from_iterable(hdr.metadata.items()))
+    if not (_ascii_or_text("".join(obj)) and _ascii_or_text(meta)) or hdr.nonstring_metadata:
         _lone_surrogates(hdr, obj)
     return hdr
+
+
+def _ascii_or_text(s: str) -> bool:
+    return s.isascii() or _is_text(s)
 
 
 def _is_text(s) -> bool:
@@ -141,8 +147,8 @@ def _lone_surrogates(hdr: Header, obj: dict) -> None:
     """Findings for names and metadata holding lone UTF-16 surrogates: not Unicode text, so
     no runtime can load the file, and nothing may print or write them unescaped."""
     path = hdr.file
-    for name, entry in obj.items():
-        if not _is_text(name) or (isinstance(entry, dict) and not _is_text(entry.get("dtype"))):
+    for name in obj:
+        if not _is_text(name):
             hdr.findings.append(
                 Finding("C006", f"{path}: tensor name {name!r} holds a lone UTF-16 surrogate, which is not Unicode "
                                 "text: the safetensors library refuses the header",
