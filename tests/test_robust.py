@@ -330,14 +330,17 @@ def test_temp_file_of_a_killed_run_is_removed_by_the_next_run(tmp_path):
 
 
 def test_temp_owner_identity_survives_pid_reuse(tmp_path):
-    """Same PID, another start time: the PID now belongs to another process; the file is stale."""
+    """Same PID, another start time: the PID now belongs to another process; the file is stale.
+    Another boot: stale.  Another host: left alone.  A live process: left alone."""
     from comfyquant.io.tempfiles import owner_tag, sweep_stale
 
-    pid, start, boot = owner_tag().split("-")
-    reused = tmp_path / f".comfyquant-{pid}-{int(start) + 1}-{boot}-abc123.tmp"
+    pid, start, boot, host = owner_tag().split("-")
+    reused = tmp_path / f".comfyquant-{pid}-{int(start) + 1}-{boot}-{host}-abc123.tmp"
     reused.write_bytes(b"x" * 10)
-    old_boot = tmp_path / f".comfyquant-{pid}-{start}-{'0' * 7}1-abc124.tmp"
+    old_boot = tmp_path / f".comfyquant-{pid}-{start}-{'0' * 7}1-{host}-abc124.tmp"
     old_boot.write_bytes(b"x")
+    other_host = tmp_path / f".comfyquant-{pid}-{int(start) + 1}-{boot}-{'f' * 8 if host != 'f' * 8 else '0' * 8}-abc126.tmp"
+    other_host.write_bytes(b"x")  # another machine's (or container's) run in a shared folder: not ours to judge
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         time.sleep(0.2)
@@ -345,7 +348,7 @@ def test_temp_owner_identity_survives_pid_reuse(tmp_path):
         live.write_bytes(b"x")
         removed = sweep_stale(str(tmp_path), announce=False)
         assert sorted(os.path.basename(p) for p, _ in removed) == sorted([reused.name, old_boot.name])
-        assert live.exists()
+        assert live.exists() and other_host.exists()
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -4,11 +4,13 @@ Every output is first written to a hidden temporary file beside it (``io.writer`
 as the output.  A run killed with SIGKILL (or by the OOM killer, or a power cut) cannot remove
 it.  So the name says whose it is::
 
-    .comfyquant-<pid>-<start>-<boot>-<random>.tmp     (.spill: quantize's worker hand-over)
+    .comfyquant-<pid>-<start>-<boot>-<host>-<random>.tmp     (.spill: quantize's worker hand-over)
 
-``start`` is the owner's start time (clock ticks since boot, from ``/proc``) and ``boot`` the
-first 8 hex digits of the boot id: a PID the system has since given to another process, or a
-file left before a reboot, is recognised as dead.  The next comfyquant run that writes into
+``start`` is the owner's start time (clock ticks since boot, from ``/proc``), ``boot`` the
+first 8 hex digits of the boot id and ``host`` 8 hex digits of a hash of the host name: a PID
+the system has since given to another process, or a file left before a reboot, is recognised
+as dead; a file another machine (or container) writes into a shared folder is left alone,
+since its processes cannot be seen from here.  The next comfyquant run that writes into
 the same folder removes such files when their owner is no longer running, and says so in one
 line on stderr.  A temporary file of a live process is never touched, nor any file whose name
 does not have exactly this form (older comfyquant versions' temporary files included: their
@@ -23,7 +25,7 @@ import sys
 import tempfile
 
 PREFIX = ".comfyquant-"
-_NAME = re.compile(r"^\.comfyquant-(\d+)-(\d+)-([0-9a-f]{8})-[A-Za-z0-9_]+\.(tmp|spill)$")
+_NAME = re.compile(r"^\.comfyquant-(\d+)-(\d+)-([0-9a-f]{8})-([0-9a-f]{8})-[A-Za-z0-9_]+\.(tmp|spill)$")
 _SWEPT: set[str] = set()
 
 
@@ -33,6 +35,13 @@ def _boot_id() -> str:
             return fh.read().strip().replace("-", "")[:8].lower() or "00000000"
     except OSError:
         return "00000000"
+
+
+def _host_id() -> str:
+    import hashlib
+    import socket
+
+    return hashlib.sha256(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:8]
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -50,10 +59,10 @@ def _stat(pid: int) -> tuple[str, int] | None:
 
 
 def owner_tag(pid: int | None = None) -> str:
-    """``<pid>-<start>-<boot>`` of this process (or ``pid``)."""
+    """``<pid>-<start>-<boot>-<host>`` of this process (or of ``pid`` on this machine)."""
     pid = os.getpid() if pid is None else pid
     st = _stat(pid)
-    return f"{pid}-{st[1] if st else 0}-{_boot_id()}"
+    return f"{pid}-{st[1] if st else 0}-{_boot_id()}-{_host_id()}"
 
 
 def temp_prefix() -> str:
@@ -104,8 +113,8 @@ def sweep_stale(folder: str, announce: bool = True) -> list[tuple[str, int]]:
         m = _NAME.match(name)
         if m is None:
             continue
-        pid, start, boot = int(m.group(1)), int(m.group(2)), m.group(3)
-        if owner_alive(pid, start, boot):  # this process's own files included
+        pid, start, boot, host = int(m.group(1)), int(m.group(2)), m.group(3), m.group(4)
+        if host != _host_id() or owner_alive(pid, start, boot):  # this process's own files included
             continue
         path = os.path.join(folder, name)
         try:
