@@ -18,7 +18,7 @@ import time
 import pytest
 
 import comfyquant
-from builders import W4A8_MARKER, dense_layer, fp8_layer, int8_layer, w4a8_layer, write
+from builders import W4A8_MARKER, dense_layer, fp8_layer, int8_layer, w4a4_layer, w4a8_layer, write
 from comfyquant.cli import main
 
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(comfyquant.__file__)))
@@ -436,3 +436,19 @@ def test_a_string_among_large_dimensions_is_a_finding_not_a_huge_allocation(tmp_
     assert p.returncode == 1, p.stderr
     doc = json.loads(p.stdout)
     assert {f["tensor"] for f in doc["findings"] if f["code"] == "C006"} >= {"a.b.weight", "n.weight"}
+
+
+@pytest.mark.parametrize("value", ["0", "0.5", "-0.0", "1e-400"])
+def test_zero_convrot_size_in_every_format(tmp_path, capsys, value):
+    """A ConvRot size that is (or truncates to) zero: the runtimes' own divisibility tests
+    divide by it; the profiles say so (ZeroDivisionError) instead of raising it themselves."""
+    parts = [
+        w4a8_layer("w", marker=json.dumps(W4A8_MARKER).replace('"convrot_groupsize": 256',
+                                                                f'"convrot_groupsize": {value}').encode()),
+        w4a4_layer("a", marker=f'{{"format": "convrot_w4a4", "convrot_groupsize": {value}}}'.encode()),
+        int8_layer("i", marker=f'{{"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": {value}}}'.encode()),
+        dense_layer("n"),
+    ]
+    src = write(tmp_path / "in.safetensors", *parts)
+    results = assert_no_crash(capsys, tmp_path, src)
+    assert "M035" in results["check"][1]
