@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builders import dense_layer, fp8_layer, int8_layer, w4a8_layer
+from builders import dense_layer, fp8_layer, int8_layer, mxfp8_layer, nvfp4_layer, w4a4_layer, w4a8_layer
 from comfyquant.cli import main
 
 SPECIAL_NUMBERS = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e-400", "-0", "0", "-1", "-16", "16.0",
@@ -39,6 +39,9 @@ def base_tensors() -> dict:
     t.update(w4a8_layer("blocks.0.w"))
     t.update(int8_layer("blocks.0.i"))
     t.update(fp8_layer("blocks.0.f"))
+    t.update(w4a4_layer("blocks.0.a"))
+    t.update(nvfp4_layer("blocks.0.n", n=128, k=64))
+    t.update(mxfp8_layer("blocks.0.m", n=128, k=64))
     t.update(dense_layer("norm", n=8, k=16))
     return t
 
