@@ -452,3 +452,23 @@ def test_zero_convrot_size_in_every_format(tmp_path, capsys, value):
     src = write(tmp_path / "in.safetensors", *parts)
     results = assert_no_crash(capsys, tmp_path, src)
     assert "M035" in results["check"][1]
+
+
+def test_an_output_that_is_not_a_regular_file_is_never_replaced(tmp_path, capsys):
+    """A FIFO (or device) at the output path: renaming the finished file onto it would replace
+    the node, whatever --force/--overwrite say; every command refuses, nothing blocks."""
+    import stat
+
+    dense = write(tmp_path / "d.safetensors", dense_layer("a"))
+    quant = write(tmp_path / "q.safetensors", w4a8_layer("a.b", marker={k: v for k, v in W4A8_MARKER.items()
+                                                                        if k != "convrot"}))
+    fifo = tmp_path / "out.safetensors"
+    os.mkfifo(fifo)
+    for args in (["fix", quant, "-o", fifo, "--force"], ["dequantize", quant, fifo],
+                 ["quantize", dense, fifo, "-f", "fp8", "--overwrite", "--no-progress"],
+                 ["convert", quant, fifo, "-t", "int8", "--overwrite", "--no-progress"],
+                 ["convert", quant, fifo, "-t", "dense", "--overwrite", "--no-progress"]):
+        rc, _, err = run(capsys, *args)
+        assert rc == 2 and "not a regular file" in err, (args, err)
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".comfyquant-")]

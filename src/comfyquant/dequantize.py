@@ -31,7 +31,7 @@ import types
 from dataclasses import dataclass, field
 
 from .errors import ComfyQuantError, InputError
-from .io.outputs import destinations
+from .io.outputs import destinations, output_exists
 from .render import human_size
 
 DROP_METADATA = ("_quantization_metadata", "quant_format")
@@ -241,7 +241,7 @@ def _plan_outputs(ckpt, out: str, overwrite: bool = True) -> list[tuple[str, str
         real = os.path.realpath(path)
         if real in inputs or (os.path.exists(path) and any(_same(path, f) for f in ckpt.files)):
             raise DequantizeError(f"{path}: refusing to overwrite the input checkpoint")
-        if not overwrite and os.path.exists(path):
+        if output_exists(path) and not overwrite:
             raise InputError(f"{path}: exists; pass --overwrite to replace it")
     if create:
         os.makedirs(out, exist_ok=True)

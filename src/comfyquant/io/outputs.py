@@ -28,7 +28,8 @@ def destinations(files: list[str], index: str | None, out: str, merge: bool = Fa
         return [out], None, False
     elif os.path.lexists(out):
         raise InputError(f"{out}: exists and is not a folder; the input has {len(files)} file(s)"
-                         f"{' and an index' if index else ''}: give a folder as OUT")
+                         f"{' and an index' if index else ''}: give a folder"
+                         f"{' or a .safetensors file' if merge else ''} as OUT")
     elif out.endswith(".safetensors"):
         raise InputError(f"{out}: the input has {len(files)} shard(s){' and an index' if index else ''}; "
                          "give a folder as OUT")
@@ -56,3 +57,22 @@ def is_input(path: str, inputs: list[str]) -> bool:
         except OSError:
             continue
     return False
+
+
+def output_exists(path: str) -> bool:
+    """Whether an output file is already there (to replace only when told to).  Anything but
+    a regular file (or a link) is refused outright: renaming a finished file onto
+    ``/dev/null``, a FIFO or a socket would replace that node, whatever ``--force`` says."""
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise InputError(f"{path}: cannot use as output ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(mode):
+        raise InputError(f"{path}: is a folder; give the output file's path, or a folder for OUT")
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise InputError(f"{path}: is not a regular file (a device, FIFO or socket); refusing to replace it")
+    return True
