@@ -472,3 +472,23 @@ def test_an_output_that_is_not_a_regular_file_is_never_replaced(tmp_path, capsys
         assert rc == 2 and "not a regular file" in err, (args, err)
         assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".comfyquant-")]
+
+
+@pytest.mark.parametrize("command", ["fix", "dequantize", "convert"])
+def test_shards_into_an_existing_folder_keep_their_names(tmp_path, capsys, command):
+    shards = tmp_path / "src"
+    shards.mkdir()
+    broken = {k: v for k, v in W4A8_MARKER.items() if k != "convrot"} if command == "fix" else None
+    write(shards / "m-1.safetensors", w4a8_layer("a.b", marker=broken))
+    write(shards / "m-2.safetensors", dense_layer("n"))
+    wm = {"a.b.weight": "m-1.safetensors", "a.b.weight_s_rel": "m-1.safetensors", "a.b.weight_s_channel": "m-1.safetensors",
+          "a.b.weight_codebook": "m-1.safetensors", "a.b.bias": "m-1.safetensors", "a.b.comfy_quant": "m-1.safetensors",
+          "n.weight": "m-2.safetensors", "n.bias": "m-2.safetensors"}
+    (shards / "m.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    out = tmp_path / "out.safetensors"  # an existing folder, whatever its name says
+    out.mkdir()
+    extra = {"fix": [], "dequantize": [], "convert": ["-t", "int8", "--no-progress"]}[command]
+    rc, _, err = run(capsys, command, shards / "m.safetensors.index.json", "-o", out, *extra)
+    assert rc == 0, err
+    assert sorted(os.listdir(out)) == ["m-1.safetensors", "m-2.safetensors", "m.safetensors.index.json"]
+    assert run(capsys, "check", out / "m.safetensors.index.json", "--target", "comfy-kitchen")[0] == 0

@@ -31,7 +31,7 @@ import types
 from dataclasses import dataclass, field
 
 from .errors import ComfyQuantError, InputError
-from .io.outputs import destinations, output_exists
+from .io.outputs import destinations, is_input, output_exists
 from .render import human_size
 
 DROP_METADATA = ("_quantization_metadata", "quant_format")
@@ -227,7 +227,6 @@ def _plan_layers(ckpt, dtype) -> dict[str, _Layer]:
 def _plan_outputs(ckpt, out: str, overwrite: bool = True) -> list[tuple[str, str | None, list[str]]]:
     """(output path, input file or None for all, tensor names in file order) per output file.
     Refuses to overwrite an input."""
-    inputs = [os.path.realpath(f) for f in ckpt.files]
     per_file = []
     for h in ckpt.headers:
         names = sorted((n for n, e in h.tensors.items() if ckpt.tensors.get(n) is e), key=lambda n: h.tensors[n].start)
@@ -236,23 +235,16 @@ def _plan_outputs(ckpt, out: str, overwrite: bool = True) -> list[tuple[str, str
     if dests is None:
         files = [(out, None, [n for _, names in per_file for n in names])]
     else:
-        files = [(d, f, names) for d, (f, names) in zip(dests, per_file)]
+        dest_of = dict(zip(ckpt.files, dests))
+        files = [(dest_of[f], f, names) for f, names in per_file]
     for path, _, _ in files:
-        real = os.path.realpath(path)
-        if real in inputs or (os.path.exists(path) and any(_same(path, f) for f in ckpt.files)):
+        if is_input(path, list(ckpt.files)):
             raise DequantizeError(f"{path}: refusing to overwrite the input checkpoint")
         if output_exists(path) and not overwrite:
             raise InputError(f"{path}: exists; pass --overwrite to replace it")
     if create:
         os.makedirs(out, exist_ok=True)
     return files
-
-
-def _same(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def _metadata(ckpt, source: str | None) -> dict[str, str]:
