@@ -683,3 +683,29 @@ def test_comfyui_views_a_scalar_block_scale(tmp_path, variant, dtype):
     first = report.verdicts["comfyui"].first
     assert (first.exception, first.message) == ("RuntimeError", str(exc.value))
     assert any(f.severity == "error" and "comfyui" in f.targets for f in report.findings)
+
+
+SURROGATE_NAMES = [r"\ud800x", r"\ud800", r"\ud800\n", r"\ud800\u0041", r"\ud800\ud800", r"\udc80", r"ab\udfff",
+                   r"\ud800\"q", r"\ud800\\q"]
+
+
+@pytest.mark.parametrize("where", ["name", "metadata key", "metadata value"])
+@pytest.mark.parametrize("escape", SURROGATE_NAMES)
+def test_lone_surrogates_fail_every_target_like_safetensors(tmp_path, escape, where):
+    """Python's json decodes a lone surrogate escape into a string that is not text; serde_json
+    refuses the header at its own position: every target FAILS with that exact message."""
+    entry = '{"dtype":"U8","shape":[4],"data_offsets":[0,4]}'
+    text = {"name": '{"a' + escape + '":' + entry + "}",
+            "metadata key": '{"__metadata__":{"k' + escape + '":"v"},"a":' + entry + "}",
+            "metadata value": '{"__metadata__":{"k":"v' + escape + '"},"a":' + entry + "}"}[where]
+    path = raw_file(tmp_path / "s.safetensors", text, bytes(4))
+    report = assert_fails_like_safetensors(path)
+    assert not report.ok
+
+
+@pytest.mark.parametrize("pair", [r"\ud83d\ude00", r"\uD83D\uDE00", r"\\ud800"])
+def test_surrogate_pairs_and_escaped_backslashes_load(tmp_path, pair):
+    entry = '{"dtype":"U8","shape":[4],"data_offsets":[0,4]}'
+    path = raw_file(tmp_path / "s.safetensors", '{"a' + pair + '":' + entry + "}", bytes(4))
+    assert real_error(path) is None
+    assert all(v.loads for v in check(path).verdicts.values())

@@ -46,8 +46,20 @@ def _build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def _tolerant_output() -> None:
+    """Names from a checkpoint may hold lone UTF-16 surrogates (``"\\ud800"`` in its JSON,
+    reported as C006) and paths undecodable bytes (kept as surrogates by Python): print them
+    escaped (``\\ud800``) instead of failing with UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass  # not a text stream we can adjust (a test's replacement, a closed stream)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    _tolerant_output()
     # Build only the chosen command's full parser: importing every command's module costs time.
     first = next((a for a in argv if not a.startswith("-")), None)
     parser = _build_parser(first if first in COMMANDS else None)

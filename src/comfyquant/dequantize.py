@@ -33,7 +33,8 @@ import time
 import types
 from dataclasses import dataclass, field
 
-from .errors import ComfyQuantError
+from .errors import ComfyQuantError, InputError
+from .io.outputs import destinations, is_input, output_exists
 from .render import human_size
 
 DROP_METADATA = ("_quantization_metadata", "quant_format")
@@ -139,16 +140,19 @@ class _Layer:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None = None) -> Summary:
+def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None = None,
+               overwrite: bool = True) -> Summary:
     """Write a dense copy of the checkpoint ``src`` (file, shards, folder or index) to ``out``.
 
     ``out`` ending in ``.safetensors`` is one file; anything else is a folder keeping the
     input's shards.  ``dtype`` (``bf16``/``f16``/``f32``) sets every dense weight's dtype;
     by default each layer gets its model dtype (marker ``orig_dtype``, else its bias's dtype,
     else BF16).  ``progress`` shows a progress bar on stderr (default: when it is a terminal).
+    An existing folder ``out`` receives the outputs under the input files' names
+    (:mod:`comfyquant.io.outputs`); ``overwrite=False`` refuses to replace an existing file.
     """
-    from .checker.run import check_checkpoint
     from .checkpoint import open_checkpoint
+    from .gate import check_input
 
     if dtype is not None and dtype not in OUTPUT_DTYPES:
         raise DequantizeError(f"--dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
@@ -160,11 +164,9 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
     with open_checkpoint(src) as ckpt:
         from .markers import file_level_markers
 
-        report = check_checkpoint(ckpt, target="comfy-kitchen")
-        implied = file_level_markers(ckpt)
-        _refuse_errors(report, implied)
-        layers = _plan_layers(ckpt, dtype, implied)
-        files = _plan_outputs(ckpt, out)
+        check_input(ckpt, "dequantize", DequantizeError)  # the gate every decoding command shares
+        layers = _plan_layers(ckpt, dtype, file_level_markers(ckpt))
+        files = _plan_outputs(ckpt, out, overwrite)
         summary = Summary(list(ckpt.paths), [p for p, _, _ in files], dtype)
         work = _Work(ckpt, layers, summary)
         _ensure_space(work, files)
@@ -190,9 +192,9 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
 
             for t in temps:
                 discard(t)
-        if not out.endswith(".safetensors") and (len(files) > 1 or ckpt.shardset.index_path):
+        if files[0][1] is not None and (len(files) > 1 or ckpt.shardset.index_path):
             index_name = os.path.basename(ckpt.shardset.index_path or "model.safetensors.index.json")
-            _write_index(os.path.join(out, index_name), files, work.sizes)
+            _write_index(os.path.join(os.path.dirname(files[0][0]), index_name), files, work.sizes)
     summary.layers = dict(sorted(work.formats.items()))
     summary.seconds = time.perf_counter() - started
     summary.startup = startup
@@ -200,26 +202,6 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
 
 
 # -- checking and planning --------------------------------------------------------------------
-
-ALWAYS_BLOCKING = frozenset({"M023"})
-"""Findings that stop a dense export whatever their severity for comfy-kitchen: a quantized
-weight without a marker cannot be decoded, and copying it would leave it quantized."""
-
-
-def _refuse_errors(report, implied: dict[str, dict]) -> None:
-    """Refuse on any error.  A weight without a marker of its own is decodable when the file's
-    ``quant_format`` gives it one (``implied``, as SGLang reads it): its M023 does not block;
-    its tensors are validated against that format when the layer is planned."""
-    errors = [f for f in report.findings if (f.severity == "error" or f.code in ALWAYS_BLOCKING)
-              and not (f.code == "M023" and f.layer in implied)]
-    if not errors:
-        return
-    first = errors[0]
-    where = first.file if not first.layer and first.file else None
-    more = f" (and {len(errors) - 1} more error{'s' * (len(errors) > 2)}; see comfyquant check)" if len(errors) > 1 else ""
-    prefix = f"{where}: " if where and where not in first.message else ""
-    raise DequantizeError(f"refusing to dequantize: {prefix}{first.message} [{first.code}]{more}")
-
 
 def _plan_layers(ckpt, dtype, implied: dict[str, dict]) -> dict[str, _Layer]:
     """Validated decode plans for every marked layer, keyed by the weight tensor's name.  A
@@ -251,36 +233,27 @@ def _plan_layers(ckpt, dtype, implied: dict[str, dict]) -> dict[str, _Layer]:
     return out
 
 
-def _plan_outputs(ckpt, out: str) -> list[tuple[str, str | None, list[str]]]:
+def _plan_outputs(ckpt, out: str, overwrite: bool = True) -> list[tuple[str, str | None, list[str]]]:
     """(output path, input file or None for all, tensor names in file order) per output file.
     Refuses to overwrite an input."""
-    inputs = [os.path.realpath(f) for f in ckpt.files]
     per_file = []
     for h in ckpt.headers:
         names = sorted((n for n, e in h.tensors.items() if ckpt.tensors.get(n) is e), key=lambda n: h.tensors[n].start)
         per_file.append((h.file, names))
-    if out.endswith(".safetensors"):
+    dests, _index, create = destinations(list(ckpt.files), ckpt.shardset.index_path, out, merge=True)
+    if dests is None:
         files = [(out, None, [n for _, names in per_file for n in names])]
     else:
-        if os.path.exists(out) and not os.path.isdir(out):
-            raise DequantizeError(f"{out}: exists and is not a folder (give a .safetensors path for one output file)")
-        files = [(os.path.join(out, os.path.basename(f)), f, names) for f, names in per_file]
-        if len({p for p, _, _ in files}) != len(files):
-            raise DequantizeError(f"{out}: input shards share a file name; give a .safetensors path for one output file")
+        dest_of = dict(zip(ckpt.files, dests))
+        files = [(dest_of[f], f, names) for f, names in per_file]
     for path, _, _ in files:
-        real = os.path.realpath(path)
-        if real in inputs or (os.path.exists(path) and any(_same(path, f) for f in ckpt.files)):
+        if is_input(path, list(ckpt.files)):
             raise DequantizeError(f"{path}: refusing to overwrite the input checkpoint")
-    if not out.endswith(".safetensors"):
+        if output_exists(path) and not overwrite:
+            raise InputError(f"{path}: exists; pass --overwrite to replace it")
+    if create:
         os.makedirs(out, exist_ok=True)
     return files
-
-
-def _same(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def _metadata(ckpt, source: str | None) -> dict[str, str]:

@@ -11,6 +11,7 @@ effective marker here, and the conflict is reported).
 from __future__ import annotations
 
 import json
+import math
 from operator import methodcaller
 from typing import Any
 
@@ -141,11 +142,34 @@ def file_level_markers(ckpt) -> dict[str, dict]:
     return out
 
 
+def _not_json_constant(name: str):
+    """``NaN``, ``Infinity`` and ``-Infinity`` are not JSON (RFC 8259), although Python's
+    ``json`` accepts them; the runtimes then fail on them (``int(inf)`` raises)."""
+    raise ValueError(f"holds {name}, which is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number with a fraction or exponent; one beyond the float range (``1e400``) would
+    silently become ``inf``, which no marker key can hold."""
+    value = float(text)
+    if value in _NON_FINITE:
+        raise ValueError(f"holds the number {text[:40]}, which overflows to {value}")
+    return value
+
+
+_NON_FINITE = (math.inf, -math.inf)
+_DECODER = json.JSONDecoder(parse_constant=_not_json_constant, parse_float=_finite_float)
+parse_marker_json = _DECODER.decode
+"""Parse marker JSON (a tensor marker or the header map): a non-finite number is an error
+(``ValueError``), like any other text that is not JSON, so no NaN or inf ever reaches a rule,
+a runtime profile or a writer as a marker value."""
+
+
 def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
     hm = HeaderMarkers(file, raw)
     ms.headers.append(hm)
     try:
-        obj = json.loads(raw)
+        obj = parse_marker_json(raw)
     except (ValueError, RecursionError) as exc:
         hm.error = "M010"
         ms.findings.append(
@@ -201,7 +225,7 @@ def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
     obj = _PARSED.get(data)
     try:
         if obj is None:
-            obj = json.loads(data.decode("utf-8"))
+            obj = parse_marker_json(data.decode("utf-8"))
             if isinstance(obj, dict) and len(_PARSED) < 10_000:
                 _PARSED[data] = obj  # identical markers share one (never mutated) object
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:

@@ -32,7 +32,8 @@ def add_remote_arguments(parser) -> None:
     parser.add_argument("--gap", type=_count(int, 0), metavar="BYTES",
                         help="remote: read markers closer than BYTES with one request (default 65536)")
     parser.add_argument("--timeout", type=_count(float, 0.001), metavar="S",
-                        help="remote: seconds to wait for the server before giving up (default 30)")
+                        help="remote: seconds the whole read of a checkpoint may take, every request, retry and "
+                             "shard included (default 30)")
 
 
 def remote_options(args, roots: list[str]):

@@ -23,6 +23,9 @@ from .source import ByteSource
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 SAFETENSORS_MAX_HEADER = 100_000_000
 """The safetensors library refuses longer headers (``header too large``): a finding (C008)."""
+MAX_SIZE = 2**63 - 1
+"""Largest dimension or offset an entry may hold: runtimes (and the OS) address bytes and
+elements with 64-bit signed integers, and a larger number only overflows downstream."""
 FIRST_READ = 1 << 18
 """Bytes fetched by the first read of a remote source; a longer header costs one more read.
 Sources may choose their own size (``first_read``)."""
@@ -92,6 +95,8 @@ def read_header(source: ByteSource) -> Header:
     if size < 8:
         raise _bad(path, f"truncated: {size} bytes, a safetensors file starts with an 8-byte header length")
     head = source.pread(0, min(size, getattr(source, "first_read", FIRST_READ)))
+    if len(head) < 8:
+        raise _bad(path, f"only {len(head)} of the first 8 bytes could be read (file changed or cut short?)")
     (n,) = struct.unpack_from("<Q", head, 0)
     if n > MAX_HEADER_BYTES:
         raise _bad(path, f"header length {n} exceeds the 100 MB limit (not a safetensors file?)")
@@ -121,7 +126,52 @@ def read_header(source: ByteSource) -> Header:
                                             f"{SAFETENSORS_MAX_HEADER}", expected=f"<= {SAFETENSORS_MAX_HEADER} bytes",
                                     actual=f"{n} bytes", cause="very many tensors or very long metadata",
                                     fix="move metadata out of the header or split the file into shards", file=path))
+    # Lone surrogates: every name at once (isascii() is O(1): the usual case costs one copy)
+    meta = "".join(chain.from_iterable(hdr.metadata.items()))
+    if not (_ascii_or_text("".join(obj)) and _ascii_or_text(meta)) or hdr.nonstring_metadata:
+        _lone_surrogates(hdr, obj)
     return hdr
+
+
+def _ascii_or_text(s: str) -> bool:
+    return s.isascii() or _is_text(s)
+
+
+def _is_text(s) -> bool:
+    """Whether ``s`` is a string that UTF-8 can encode: a lone surrogate (``"\\ud800"`` in the
+    JSON) decodes to a Python string that cannot be encoded, and the safetensors library
+    (serde) refuses the whole header."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    except AttributeError:
+        return True  # not a string: other findings judge it
+    return True
+
+
+def _lone_surrogates(hdr: Header, obj: dict) -> None:
+    """Findings for names and metadata holding lone UTF-16 surrogates: not Unicode text, so
+    no runtime can load the file, and nothing may print or write them unescaped."""
+    path = hdr.file
+    for name in obj:
+        if not _is_text(name):
+            hdr.findings.append(
+                Finding("C006", f"{path}: tensor name {name!r} holds a lone UTF-16 surrogate, which is not Unicode "
+                                "text: the safetensors library refuses the header",
+                        tensor=name, actual=ascii(name)[:120], expected="a UTF-8 tensor name",
+                        cause="written by a tool that does not follow the safetensors format",
+                        fix="rename the tensor (the file cannot be loaded as it is)", file=path)
+            )
+    for key, value in [*hdr.metadata.items(), *hdr.nonstring_metadata.items()]:
+        if not _is_text(key) or not _is_text(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)):
+            hdr.findings.append(
+                Finding("C007", f"{path}: __metadata__[{key!r}] holds a lone UTF-16 surrogate, which is not Unicode "
+                                "text: the safetensors library refuses the header",
+                        expected="UTF-8 text", actual=ascii(value)[:120],
+                        cause="written by a tool that does not follow the safetensors format",
+                        fix="re-save the metadata value as UTF-8 text", file=path)
+            )
 
 
 def parse_header_object(obj: dict, path: str, size: int, header_len: int, odd_numbers: int = 2) -> Header:
@@ -186,6 +236,7 @@ def _enter_tensors(hdr: Header, obj: dict, data_len: int, strict_dims: bool) -> 
     tensors = hdr.tensors
     bits_of = DTYPE_BITS
     prod = math.prod
+    add = sum
     new, TE = _tuple_new, TensorEntry
     begins: list[int] = []
     ends: list[int] = []
@@ -195,6 +246,7 @@ def _enter_tensors(hdr: Header, obj: dict, data_len: int, strict_dims: bool) -> 
             dtype = entry["dtype"]
             shape = entry["shape"]
             begin, end = entry["data_offsets"]
+            add(shape)  # a non-number raises here; in prod() it would repeat a string or list (GBs)
             numel = prod(shape)
             ok = (
                 (end - begin) * 8 == numel * bits_of[dtype]
@@ -204,10 +256,11 @@ def _enter_tensors(hdr: Header, obj: dict, data_len: int, strict_dims: bool) -> 
                 and 0 <= begin
                 and end <= data_len
                 and type(shape) is list  # "" and {} multiply to 1 like []: not shapes
+                and numel != 0  # an empty tensor's dimensions are unbounded by its span: validate them
             )
             if strict_dims and ok:
                 ok = all(type(d) is int and d >= 0 for d in shape)
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):  # e.g. NaN minus a 400-digit int
             ok = False
         if not ok:
             usable = _validate_entry(name, entry, path, data_len, findings)
@@ -263,6 +316,23 @@ def _validate_entry(name: str, entry, path: str, data_len: int, findings: list[F
                 f"{path}: tensor {name!r} has a malformed header entry (needs dtype, shape, data_offsets)",
                 tensor=name,
                 actual=json.dumps(entry)[:120],
+                file=path,
+            )
+        )
+        return None
+    if (
+        type(begin) is int
+        and type(end) is int
+        and all(type(d) is int for d in shape)
+        and max(begin, end, *shape) > MAX_SIZE
+    ):
+        findings.append(
+            Finding(
+                "C006",
+                f"{path}: tensor {name!r} has a dimension or offset beyond 2^63-1 ({list(shape)} [{begin}, {end}]): "
+                "no runtime can address it",
+                tensor=name,
+                expected=f"sizes and offsets <= {MAX_SIZE}",
                 file=path,
             )
         )

@@ -34,7 +34,9 @@ one is never read — the check stops with an error instead of downloading the c
 
 Errors are one line naming the URL: 404/410 not found, 401/403 access denied, 408/425/429/5xx
 and dropped connections are retried ``retries`` times with exponential backoff, a timeout is
-not (``timeout`` bounds every wait), content that is not safetensors is named by its first bytes.
+not.  ``timeout`` bounds the whole read of a checkpoint (every request, retry and shard): at the
+deadline a watchdog shuts the sockets down, so even a server that trickles bytes cannot hold a
+read past it.  Content that is not safetensors is named by its first bytes.
 """
 
 from __future__ import annotations
@@ -72,12 +74,13 @@ PACKAGES = {
 class RemoteOptions:
     """How remote sources read: timeouts, retries, first-read size and coalescing gap."""
 
-    __slots__ = ("timeout", "gap", "first_read", "retries", "backoff", "parallel", "max_span", "prefetch")
+    __slots__ = ("timeout", "gap", "first_read", "retries", "backoff", "parallel", "max_span", "prefetch", "deadline")
 
     def __init__(self, timeout: float = 30.0, gap: int = DEFAULT_GAP, first_read: int = FIRST_READ, retries: int = 3,
                  backoff: float = 0.5, parallel: int = 8, max_span: int = MAX_SPAN, prefetch: bool = True) -> None:
         self.timeout = timeout
-        """Seconds to wait for a connection, a status line or the next bytes of a body."""
+        """Seconds the whole remote read of one checkpoint may take (every request, retry and
+        wait of every shard): :func:`open_remote` turns it into ``deadline``."""
         self.gap = gap
         self.first_read = max(8, first_read)
         self.retries = retries
@@ -90,6 +93,23 @@ class RemoteOptions:
         self.max_span = max_span
         self.prefetch = prefetch
         """HTTP: fetch the marker spans while opening (see ``HttpSource._prefetch_markers``)."""
+        self.deadline: float | None = None
+        """``time.monotonic()`` by which every read must be done (None: each wait is bounded
+        by ``timeout`` alone)."""
+
+    def started(self) -> RemoteOptions:
+        """A copy whose ``deadline`` is ``timeout`` seconds from now: one checkpoint's read."""
+        new = RemoteOptions.__new__(RemoteOptions)
+        for name in self.__slots__:
+            setattr(new, name, getattr(self, name))
+        new.deadline = time.monotonic() + self.timeout
+        return new
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline (``timeout`` when there is none); never negative."""
+        if self.deadline is None:
+            return self.timeout
+        return max(0.0, self.deadline - time.monotonic())
 
 
 class RemoteNotFound(InputError):
@@ -164,6 +184,69 @@ def _one_line(what: object) -> str:
 
 _OPENER = None
 _HOPS = threading.local()
+_LIVE = threading.local()
+"""The :class:`_Watchdog` of the request running in this thread (its connections register)."""
+
+
+class _Watchdog:
+    """Enforces the deadline on one ``get``: at the deadline it shuts down the sockets of the
+    request, so a server that trickles a byte every half second (each wait shorter than any
+    per-wait timeout) cannot hold the read past ``--timeout``: the blocked read returns at once."""
+
+    def __init__(self, remaining: float) -> None:
+        self.fired = False
+        self.answered = False
+        """Whether the server's status line arrived (for the error's wording)."""
+        self._socks: list = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._timer = threading.Timer(remaining, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            socks = list(self._socks)
+        self._wake.set()
+        for sock in socks:
+            _shutdown(sock)
+
+    def watch(self, sock) -> None:
+        with self._lock:
+            self._socks.append(sock)
+            fired = self.fired
+        if fired:
+            _shutdown(sock)
+
+    def sleep(self, seconds: float) -> None:
+        """A retry's backoff, cut short by the deadline."""
+        self._wake.wait(seconds)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _shutdown(sock) -> None:
+    import socket
+
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _watched(conn_class):
+    """``conn_class`` whose sockets the current request's watchdog can shut down."""
+
+    class Watched(conn_class):
+        def connect(self) -> None:
+            super().connect()
+            dog = getattr(_LIVE, "dog", None)
+            if dog is not None:
+                dog.watch(self.sock)
+
+    return Watched
 
 
 def _opener():
@@ -177,7 +260,25 @@ def _opener():
                 _HOPS.n = getattr(_HOPS, "n", 0) + 1
                 return super().redirect_request(req, fp, code, msg, headers, newurl)
 
-        _OPENER = urllib.request.build_opener(CountingRedirects)
+        import http.client
+
+        class Http(urllib.request.HTTPHandler):
+            def http_open(self, req):
+                return self.do_open(_watched(http.client.HTTPConnection), req)
+
+        handlers = [CountingRedirects, Http]
+        if hasattr(http.client, "HTTPSConnection"):
+            https_conn = _watched(http.client.HTTPSConnection)
+
+            class Https(urllib.request.HTTPSHandler):
+                def https_open(self, req):
+                    kw = {"context": self._context}
+                    if hasattr(self, "_check_hostname"):
+                        kw["check_hostname"] = self._check_hostname
+                    return self.do_open(https_conn, req, **kw)
+
+            handlers.append(Https)
+        _OPENER = urllib.request.build_opener(*handlers)
     return _OPENER
 
 
@@ -235,7 +336,7 @@ class HttpClient:
         got = 0
         try:
             while got < n:
-                chunk = resp.read(min(n - got, 1 << 20))
+                chunk = resp.read1(min(n - got, 1 << 20)) if hasattr(resp, "read1") else resp.read(min(n - got, 1 << 20))
                 if not chunk:
                     break
                 parts.append(chunk)
@@ -253,7 +354,36 @@ class HttpClient:
 
         Retries 408/425/429/5xx answers and dropped connections with backoff; every other
         failure is one :class:`InputError` line naming the URL.  ``consume`` may raise
-        :class:`_Retry` for a body that broke off.  A 416 answer is passed to ``consume``."""
+        :class:`_Retry` for a body that broke off.  A 416 answer is passed to ``consume``.
+        With a deadline (``RemoteOptions.started``), everything ends by it: retries included."""
+        opts = self.options
+        if opts.deadline is None:
+            return self._get(consume, start, stop, None)
+        remaining = opts.remaining()
+        if remaining <= 0:
+            raise self._deadline_error(False)
+        dog = _Watchdog(remaining)
+        _LIVE.dog = dog
+        try:
+            result = self._get(consume, start, stop, dog)
+            if dog.fired:  # the sockets were shut down under the read: what it got may be cut short
+                raise TimeoutError
+            return result
+        except BaseException as exc:
+            if dog.fired and not isinstance(exc, KeyboardInterrupt):
+                raise self._deadline_error(dog.answered) from None
+            raise
+        finally:
+            dog.cancel()
+            _LIVE.dog = None
+
+    def _deadline_error(self, answered: bool = True) -> InputError:
+        if not answered:
+            return self._timeout()
+        return InputError(f"{self.name}: not read within {self.options.timeout:g} s (--timeout bounds the whole "
+                          "remote read; the server sends too slowly)")
+
+    def _get(self, consume: Callable, start: int | None, stop: int | None, dog: _Watchdog | None):
         import http.client
         import urllib.error
         import urllib.request
@@ -268,7 +398,9 @@ class HttpClient:
             try:
                 try:
                     req = urllib.request.Request(self.url, headers=headers)
-                    resp = _opener().open(req, timeout=opts.timeout)
+                    resp = _opener().open(req, timeout=opts.timeout if dog is None else min(opts.timeout, opts.remaining()))
+                    if dog is not None:
+                        dog.answered = True
                 except urllib.error.HTTPError as exc:
                     self._count(1 + _HOPS.n)
                     try:
@@ -293,7 +425,7 @@ class HttpClient:
                 delay = opts.backoff * (2**attempt)
                 if retry.delay is not None:
                     delay = min(delay, retry.delay)
-                time.sleep(delay)
+                self._sleep(delay, dog)
                 attempt += 1
             except InputError:
                 raise
@@ -302,7 +434,7 @@ class HttpClient:
                 if isinstance(reason, TimeoutError):
                     raise self._timeout() from None
                 if isinstance(reason, (ConnectionResetError, ConnectionAbortedError)) and attempt < opts.retries:
-                    time.sleep(opts.backoff * (2**attempt))
+                    self._sleep(opts.backoff * (2**attempt), dog)
                     attempt += 1
                     continue
                 text = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
@@ -312,12 +444,21 @@ class HttpClient:
             except (http.client.HTTPException, ConnectionError) as exc:
                 if attempt >= opts.retries:
                     raise InputError(f"{self.name}: connection failed ({_one_line(exc)})") from None
-                time.sleep(opts.backoff * (2**attempt))
+                self._sleep(opts.backoff * (2**attempt), dog)
                 attempt += 1
             except ValueError as exc:  # unknown scheme, malformed URL
                 raise InputError(f"{self.name}: invalid URL ({_one_line(exc)})") from None
             except OSError as exc:
                 raise InputError(f"{self.name}: cannot connect ({_one_line(exc)})") from None
+
+    @staticmethod
+    def _sleep(seconds: float, dog: _Watchdog | None) -> None:
+        if dog is None:
+            time.sleep(seconds)
+        else:
+            dog.sleep(seconds)
+            if dog.fired:
+                raise TimeoutError  # get() turns it into the deadline's error
 
     def _timeout(self) -> InputError:
         return InputError(f"{self.name}: no answer within {self.options.timeout:g} s (--timeout)")
@@ -543,6 +684,9 @@ class FsspecSource:
         end = min(offset + length, self.size)
         if end <= offset:
             return b""
+        if self.options.deadline is not None and self.options.remaining() <= 0:
+            raise InputError(f"{self.name}: not read within {self.options.timeout:g} s (--timeout bounds the whole "
+                             "remote read)")
         with self._lock:
             try:
                 self._f.seek(offset)
@@ -650,7 +794,7 @@ def open_remote(paths: list[str], options: RemoteOptions | None = None) -> tuple
 
     Like :func:`~comfyquant.io.shards.resolve_local`: an index brings its shards and a shard it
     names that does not exist (404) is reported as missing by the checkpoint."""
-    options = options or RemoteOptions()
+    options = (options or RemoteOptions()).started()  # --timeout bounds this checkpoint's whole read
     local = [p for p in paths if not is_url(p)]
     if local:
         raise InputError(f"{local[0]}: cannot mix local paths and URLs in one checkpoint")

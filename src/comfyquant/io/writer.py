@@ -2,7 +2,9 @@
 
 Tensors are given as ``(dtype, shape, data)`` where ``data`` is ``bytes`` or a callable that
 yields byte chunks (so large tensors can be copied or computed piecewise without holding the
-whole file in memory).  Nothing appears at ``path`` until the file is complete and synced.
+whole file in memory).  Nothing appears at ``path`` until the file is complete and synced; a
+temporary file a killed run left behind is removed by the next write into its folder
+(:mod:`comfyquant.io.tempfiles`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from .dtypes import DTYPE_BITS
+from .tempfiles import sweep_stale, temp_prefix
 
 
 class CopyRange:
@@ -162,7 +165,8 @@ def write_safetensors(
     header = build_header(tensors, metadata)
     folder = os.path.dirname(os.path.abspath(path))
     ensure_space([(folder, len(header) + sum(_nbytes(d, shape) for d, shape, _ in tensors.values()))])
-    fd, tmp = tempfile.mkstemp(prefix=".comfyquant-", suffix=".tmp", dir=folder)
+    sweep_stale(folder)  # temporary files of killed runs (named for their owner process)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb", buffering=0) as fh:
             flusher = _Flusher(fh.fileno())

@@ -101,6 +101,7 @@ def convert(paths, out: str, to: str | None = None, params: dict | None = None, 
 def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_run, keep_bad, overwrite, progress,
          on_layer) -> Result:
     from ..checkpoint import open_checkpoint
+    from ..gate import check_input
     from ..io.shards import is_url
     from . import report as rep
 
@@ -119,7 +120,7 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
         raise InputError(f"{mode} reads local files; download the checkpoint first")
     started = time.perf_counter()
     with open_checkpoint(paths) as ckpt:
-        _refuse_damaged(ckpt)
+        check_input(ckpt, mode)  # the gate dequantize shares: check's errors refuse the input
         if not dry_run:
             dests, index_dest = _outputs(ckpt, out, overwrite)  # refuse before any work
         plan = build_plan(ckpt, mode, Options(rules, default, list(exclude), target))
@@ -157,17 +158,6 @@ def _outputs(ckpt, out: str, overwrite: bool):
     return output_paths(ckpt, out, overwrite)
 
 
-def _refuse_damaged(ckpt) -> None:
-    """Container damage (overlaps, bad offsets, missing shards) is refused: copying such a
-    file would carry the damage into a fresh export."""
-    from ..checker.findings import RULES
-
-    for f in ckpt.findings:
-        rule = RULES.get(f.code)
-        if rule is not None and rule.severity == "error":
-            raise InputError(f"{f.file or ckpt.paths[0]}: {f.message} [{f.code}] (comfyquant check explains, fix repairs)")
-
-
 def _keep_bad(plan: Plan) -> None:
     """``--keep-bad``: layers whose source weight has NaN/Inf stay as they are, with the reason."""
     from .work import close_sources, find_nonfinite, task_for
@@ -196,10 +186,6 @@ def _dense(paths, out: str, dtype: str | None, overwrite: bool, dry_run: bool, p
         raise InputError("convert --to dense needs comfyquant.dequantize, which this installation lacks") from None
     if dry_run:
         raise InputError("--to dense has no plan to show: every quantized layer is decoded, everything else copied")
-    if os.path.isfile(out) and not overwrite:
-        raise InputError(f"{out}: exists; pass --overwrite to replace it")
-    if os.path.isdir(out) and os.listdir(out) and not overwrite:
-        raise InputError(f"{out}: folder is not empty; pass --overwrite to replace its files")
-    summary = dequantize(paths, out, dtype, progress=progress)
+    summary = dequantize(paths, out, dtype, progress=progress, overwrite=overwrite)
     doc = {"schema": 1, "tool": "comfyquant", "command": "convert", "to": "dense", **summary.to_dict()}
     return Result(None, doc, outputs=list(summary.outputs), dense_summary=summary)

@@ -23,6 +23,7 @@ from .. import __version__
 from ..errors import InputError
 from ..io.copying import copy_range, read_chunks
 from ..io.index import write_index
+from ..io.outputs import destinations, is_input, output_exists
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import commit_file, discard, write_safetensors
@@ -43,23 +44,12 @@ def output_paths(ckpt, out: str, overwrite: bool) -> tuple[list[str], str | None
     shards give a folder ``OUT`` with the same shard names and the index rewritten."""
     files = ckpt.files
     index = ckpt.shardset.index_path
-    single = len(files) == 1 and not index
-    if single and not os.path.isdir(out):
-        dests, index_dest = [out], None
-    else:
-        if out.endswith(".safetensors") and not os.path.isdir(out):
-            raise InputError(f"{out}: the input has {len(files)} shard(s) and an index; give a folder as OUT")
-        if os.path.exists(out) and not os.path.isdir(out):
-            raise InputError(f"{out}: exists and is not a folder")
-        dests = [os.path.join(out, os.path.basename(f)) for f in files]
-        if len(set(dests)) != len(dests):
-            raise InputError(f"{out}: input shards share a file name; they cannot share one output folder")
-        index_dest = os.path.join(out, os.path.basename(index)) if index else None
-    inputs = {os.path.realpath(f) for f in files} | ({os.path.realpath(index)} if index else set())
+    dests, index_dest, _create = destinations(list(files), index, out)
+    inputs = list(files) + ([index] if index else [])
     for d in dests + ([index_dest] if index_dest else []):
-        if os.path.realpath(d) in inputs:
+        if is_input(d, inputs):
             raise InputError(f"{d}: is the input; write the output somewhere else")
-        if os.path.exists(d) and not overwrite:
+        if output_exists(d) and not overwrite:
             raise InputError(f"{d}: exists; pass --overwrite to replace it")
     return dests, index_dest
 

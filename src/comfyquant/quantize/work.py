@@ -262,14 +262,13 @@ def run_task_spilled(task: dict, spill_dir: str) -> dict:
     and the result names (dtype, shape, offset, length) in it.  Passing bytes back through the
     pool would hold every tensor twice in the main process while it is unpickled; the main
     process instead streams the file into the output in small chunks."""
-    import tempfile
-
+    from ..io.tempfiles import make_temp
     from ..numerics.dtypes import dtype_name
 
     out = run_task(task)
     tensors = out["tensors"]
     out["tensors"] = {}
-    fd, path = tempfile.mkstemp(prefix=".comfyquant-", suffix=".spill", dir=spill_dir)
+    fd, path = make_temp(spill_dir, ".spill")  # named for this worker: a killed run's spill is removable
     try:
         with os.fdopen(fd, "wb") as fh:
             for suffix in list(tensors):

@@ -19,6 +19,7 @@ from ..checkpoint import open_checkpoint
 from ..errors import InputError
 from ..io.copying import copy_range as _copy
 from ..io.index import write_index
+from ..io.outputs import destinations, is_input, output_exists
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import CHUNK, BackgroundSync, commit_file, discard, write_safetensors
@@ -40,7 +41,9 @@ def output_paths(ckpt, out: str | None, in_place: bool, force: bool) -> tuple[li
     if in_place:
         if out:
             raise InputError("give either -o OUT or --in-place, not both")
-        return list(files), ss.index_path
+        # Through a symbolic link, the link's target is what gets replaced (temp file next to
+        # it, renamed onto it): the link stays a link.
+        return [os.path.realpath(f) for f in files], ss.index_path and os.path.realpath(ss.index_path)
     single = len(files) == 1 and not ss.index_path
     if out is None:
         if single:
@@ -49,19 +52,14 @@ def output_paths(ckpt, out: str | None, in_place: bool, force: bool) -> tuple[li
         else:
             base = os.path.dirname(ss.index_path) if ss.index_path else os.path.dirname(files[0])
             out = base.rstrip("/") + ".fixed"
-    if single and not os.path.isdir(out):
-        dests = [out]
-        index = None
-    else:
-        os.makedirs(out, exist_ok=True)
-        dests = [os.path.join(out, os.path.basename(f)) for f in files]
-        index = os.path.join(out, os.path.basename(ss.index_path)) if ss.index_path else None
-    inputs = {os.path.realpath(f) for f in files}
+    dests, index, create = destinations(list(files), ss.index_path, out)
     for d in dests + ([index] if index else []):
-        if os.path.realpath(d) in inputs:
+        if is_input(d, list(files)):
             raise InputError(f"{d}: is the input; use --in-place to replace it")
-        if os.path.exists(d) and not force:
+        if output_exists(d) and not force:
             raise InputError(f"{d}: exists; choose another -o or pass --force to replace it")
+    if create:
+        os.makedirs(out, exist_ok=True)
     return dests, index
 
 

@@ -10,7 +10,7 @@ from ..checker.run import check_checkpoint, parse_targets
 from ..checkpoint import open_checkpoint
 from ..errors import InputError
 from .execute import output_paths, write_and_verify
-from .plan import Options, Plan, plan_repairs
+from .plan import Change, Options, Plan, plan_repairs
 
 
 class FixResult:
@@ -74,6 +74,8 @@ def fix(paths, out: str | None = None, in_place: bool = False, target="all", dry
         finally:
             gc.enable()
         plan = plan_repairs(ckpt, options)
+        if not plan.refused:
+            _retile(ckpt, plan)
         if reference is not None and not plan.empty:
             _measure(ckpt, plan, reference)
         if dry_run and plan.requant:
@@ -107,3 +109,14 @@ def _measure(ckpt, plan: Plan, reference: str) -> None:
     more = f" (and {len(bad) - 1} more layer{'s' * (len(bad) > 2)})" if len(bad) > 1 else ""
     raise ReferenceRefused(f"refusing the repair: layer {m.layer!r} decodes with {m.text} against {reference}{why}"
                            f"{more}; nothing was written")
+
+
+def _retile(ckpt, plan: Plan) -> None:
+    """Unused bytes in a data area (C004: a gap between tensors or trailing bytes) are a repair
+    of their own: the writer lays tensors out end to end, so rewriting the file removes them,
+    and every tensor's bytes are carried over (and compared) as they are."""
+    for h in ckpt.headers:
+        unused = [f for f in h.findings if f.code == "C004"]
+        if unused:
+            plan.changes.append(Change(None, None, "drop unused bytes from the data area",
+                                       "; ".join(f.message for f in unused), f"{h.file}: tensors tile the data area"))

@@ -221,19 +221,53 @@ def serde_header(raw: bytes) -> str | list[tuple[str, str, tuple, int, int]]:
     ``raw`` is a header Python's json accepted as an object (comfyquant's reader refuses the
     rest before any verdict)."""
     text = raw.decode("utf-8")
+    surrogate = _surrogate_error(text)
     try:
         entries, end = _top_level(text)
         for _name, value in entries:  # buffered: checked once the whole object is read
             error = _tensor_info_error(value)
             if error is not None:
                 raise _Fail(error, end)
+        if surrogate is not None:
+            raise surrogate
     except _Fail as fail:
+        if surrogate is not None and surrogate.pos < fail.pos:
+            fail = surrogate  # serde reads in text order: the earlier error is the one it raises
         line, column = _line_column(text, fail.pos)
         return f"{fail.message} at line {line} column {column}"
     out: dict[str, tuple] = {}
     for name, value in entries:
         out[name] = _tensor_info(name, value)
     return list(out.values())
+
+
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)", re.S)
+
+
+def _surrogate_error(text: str) -> _Fail | None:
+    """serde_json's error for the first ``\\uXXXX`` escape that is not a whole UTF-16
+    surrogate pair (Python's json decodes a lone surrogate into a string that is not text):
+    a trailing surrogate alone, or a leading one not followed by ``\\u`` and a trailing one.
+    The positions are where serde stops reading (checked against safetensors in the tests)."""
+    pos = 0
+    while (m := _ESCAPE.search(text, pos)) is not None:
+        pos = m.end()
+        if m.group(1) is None:
+            continue
+        code = int(m.group(1), 16)
+        if 0xDC00 <= code <= 0xDFFF:
+            return _Fail("lone leading surrogate in hex escape", pos)
+        if not 0xD800 <= code <= 0xDBFF:
+            continue
+        if text[pos:pos + 1] != "\\":
+            return _Fail("unexpected end of hex escape", pos + 1)
+        if text[pos + 1:pos + 2] != "u":
+            return _Fail("unexpected end of hex escape", pos + 2)
+        low = text[pos + 2:pos + 6]
+        if len(low) < 4 or not all(c in "0123456789abcdefABCDEF" for c in low) or not 0xDC00 <= int(low, 16) <= 0xDFFF:
+            return _Fail("lone leading surrogate in hex escape", pos + 6)
+        pos += 6
+    return None
 
 
 def _line_column(text: str, pos: int) -> tuple[int, int]:

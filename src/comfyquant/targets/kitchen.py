@@ -102,7 +102,10 @@ def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False
         return _v("w4a8", "packed weight must be a 2D int8 tensor", prefix, "weight")
     if not (g >= 4 and (16 % g == 0 or g % 16 == 0)):
         return _v("w4a8", f"group_size={g} must be >=4 and divide 16 or be a multiple of 16", prefix)
-    if k % 16 or k % g or k % c:
+    if c == 0 and k % 16 == 0 and k % g == 0:  # the same test in comfy-kitchen divides by it
+        return _v("w4a8", "integer modulo by zero", prefix, exception="ZeroDivisionError",
+                  cause="convrot_groupsize 0", fix="set convrot_groupsize to 16, 64 or 256")
+    if k % 16 or k % g or c == 0 or k % c:
         return _v("w4a8", f"K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; group_size must be "
                           f">=4 and divide 16 or be a multiple of 16", prefix)
     v = _hadamard(prefix, c)
@@ -133,6 +136,9 @@ def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False
 
 def _w4a4(prefix: str, t: dict, env: dict) -> Violation | None:
     k, c = env["K"], env["convrot_groupsize"]
+    if c == 0:  # the same test in comfy-kitchen divides by it
+        return _v("w4a4", "integer modulo by zero", prefix, exception="ZeroDivisionError",
+                  cause="convrot_groupsize 0", fix="set convrot_groupsize to 16, 64 or 256")
     if k % c:
         return _v("w4a4", f"in_features {k} not divisible by convrot_groupsize {c}", prefix)
     if k % 64:

@@ -450,6 +450,8 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
             g, c = int(m.get("group_size", 16)), int(m.get("convrot_groupsize", 256))
         except (TypeError, ValueError, OverflowError) as exc:  # what the layer's own int() raises
             return "B1", str(exc), None, type(exc).__name__
+        if c == 0:
+            return None  # the marker stage refuses it first (not 16, 64 or 256); k % 0 would raise here
         try:
             k = ASYM_W4A8_INT8.geometry(t, {"group_size": g, "convrot_groupsize": c})["K"]
         except GeometryError:
@@ -462,6 +464,8 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
             c, k = int(m.get("convrot_groupsize", 256)), 2 * cols
         except (TypeError, ValueError, OverflowError) as exc:
             return "B2", str(exc), None, type(exc).__name__
+        if c == 0:
+            return None  # the marker stage refuses it first (not 16, 64 or 256); k % 0 would raise here
         if k % 64 or k % c:
             return "B2", (f"Serialized W4A4 layer {P} has input size {k}, incompatible with quant_group_size=64 "
                           f"and convrot_groupsize={c}"), None, "ValueError"
@@ -473,7 +477,7 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
                           f"embedding-only: the linear is built unquantized and its I8 weight cannot load"), None, None
         if m.get("convrot") is True:
             c = m.get("convrot_groupsize")
-            if isinstance(c, (int, float)) and c and cols % int(c):
+            if isinstance(c, (int, float)) and int(c) and cols % int(c):  # int(0.5) is 0: no modulo by it
                 return "B3", (f"Serialized convrot_int8 layer {P} has input size {cols}, which is not divisible "
                               f"by its ConvRot group size {int(c)}"), None, "ValueError"
             if d.get("_is_tensorwise_scalar"):

@@ -1,0 +1,45 @@
+"""The input gate of the commands that decode a checkpoint into a new one (``dequantize``,
+``convert``, ``quantize``): they refuse exactly the inputs ``check`` finds broken, with the
+same one-line reason, so no command accepts what another refuses.
+
+Severity is judged for comfy-kitchen, whose decode these commands reproduce bit for bit: a
+finding that only stops another runtime (SGLang's stricter marker rules, say) does not make
+the weights undecodable.  ``fix`` has no gate: broken inputs are what it is for.
+"""
+
+from __future__ import annotations
+
+from .errors import ComfyQuantError, InputError
+
+GATE_TARGET = "comfy-kitchen"
+ALWAYS_BLOCKING = frozenset({"M023"})
+"""Findings that stop a decoding command whatever their severity for comfy-kitchen: a
+quantized weight without a marker cannot be decoded, and copying it would leave it quantized."""
+
+
+def check_input(ckpt, verb: str, error: type[ComfyQuantError] = InputError):
+    """Check ``ckpt`` and raise ``error`` ("refusing to <verb>: <first error> [code] (and N
+    more ...)") if it has an error; returns the report otherwise.
+
+    A weight without a marker of its own is decodable when the file's ``quant_format`` gives
+    it one (:func:`~comfyquant.markers.file_level_markers`, as SGLang reads it): its ``M023``
+    does not block; the commands validate its tensors against that format when they plan it."""
+    from .checker.run import check_checkpoint
+    from .markers import file_level_markers
+
+    report = check_checkpoint(ckpt, target=GATE_TARGET)
+    refuse_errors(report, verb, error, set(file_level_markers(ckpt)))
+    return report
+
+
+def refuse_errors(report, verb: str, error: type[ComfyQuantError] = InputError, implied: set[str] = frozenset()) -> None:
+    """``implied``: prefixes of the unmarked layers a file-level ``quant_format`` covers."""
+    errors = [f for f in report.findings if (f.severity == "error" or f.code in ALWAYS_BLOCKING)
+              and not (f.code == "M023" and f.layer in implied)]
+    if not errors:
+        return
+    first = errors[0]
+    where = first.file if not first.layer and first.file else None
+    more = f" (and {len(errors) - 1} more error{'s' * (len(errors) > 2)}; see comfyquant check)" if len(errors) > 1 else ""
+    prefix = f"{where}: " if where and where not in first.message else ""
+    raise error(f"refusing to {verb}: {prefix}{first.message} [{first.code}]{more}")
