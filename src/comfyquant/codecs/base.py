@@ -9,7 +9,21 @@ never decodes tensors whose shapes or dtypes contradict the marker.
 Encoding, decoding (:meth:`Codec.iter_decode`) and, on request, the forward run in row
 blocks (:mod:`comfyquant.numerics.rows`): every format's rows are independent once the
 per-tensor reductions are known, so peak memory is bounded by a block, not by the layer,
-and the bits do not change (see that module for the one caveat, matrix products).
+and the bits do not change -- except through a float matrix product.
+
+Float GEMMs are where bit-exactness could depend on the CPU: BLAS (MKL, oneDNN) picks its
+kernel, and with it the summation order, by the operand shapes, the ISA (AVX2, AVX-512,
+AVX512-BF16, AMX) and the thread count; a product over a block of rows can round the last
+bit differently from the same product over the whole layer (measured: an F32 ConvRot
+un-rotation of an 8-row tail on AVX-512).  So no result here rests on a measured BLAS
+behaviour: every float GEMM whose rounding is not provably order-independent is made with
+comfy-kitchen's own operands -- same shapes, dtypes and strides, hence the same kernel
+whatever the CPU picks.  A decode whose product comfy-kitchen computes over the whole layer
+(ConvRot un-rotations, the SVDQuant low-rank term) says so in :meth:`Codec._whole_layer`
+and computes the layer in one :meth:`Codec._decode_whole`; its row blocks are then slices of
+that result (memory: the dense layer, as in comfy-kitchen).  Where blocks stay, the codec
+states why their sums are exact (e.g. W4A8's BF16 un-rotation in :mod:`.w4a8`).  Integer
+GEMMs run in F64 and are exact in any order.
 """
 
 from __future__ import annotations
@@ -111,6 +125,18 @@ class Codec:
         """The dense weight's ``[N, K]`` (padded formats override this)."""
         return env["N"], env["K"]
 
+    def _whole_layer(self, env: dict, dtype: torch.dtype, tensors: dict) -> bool:
+        """Whether decoding to ``dtype`` needs :meth:`_decode_whole`: a float GEMM that
+        comfy-kitchen runs over the whole layer and whose rounding may depend on its row
+        count (see the module doc).  Such a layer is decoded in one piece and handed out in
+        row blocks (slices) afterwards."""
+        return False
+
+    def _decode_whole(self, t: dict, plan: Plan, dtype: torch.dtype, state, out: torch.Tensor | None) -> torch.Tensor:
+        """The whole dense layer in ``dtype`` (into ``out``, ``[N, K]``, when given), with
+        comfy-kitchen's operand shapes for every float GEMM; see :meth:`_whole_layer`."""
+        raise NotImplementedError
+
     def decode_block_elements(self, env: dict) -> int:
         """Default elements per decoded row block: smaller for layers the format description
         says are rotated (always, or by their ``convrot`` key)."""
@@ -152,8 +178,23 @@ class Codec:
         """The dense weight as a :class:`~comfyquant.numerics.rows.RowSource`: rows decoded when
         asked for (every pass decodes again), so re-encoding never holds the decoded layer."""
         plan = self.plan(tensors, marker, layer)
-        out = self.output_dtype(dtype, tensors, plan.marker)
-        return RowSource(plan.shape, out, lambda r0, r1: self._dense(tensors, plan, out, span=(r0, r1)))
+        return self._source(tensors, plan, self.output_dtype(dtype, tensors, plan.marker))
+
+    def _source(self, tensors: dict, plan: Plan, dtype: torch.dtype) -> RowSource:
+        """:meth:`row_source` of a validated layer.  A layer that decodes whole
+        (:meth:`_whole_layer`) is decoded once, on the first read, and its rows are views of
+        that dense layer: decoding it again for every block would repeat the layer's GEMM
+        per block."""
+        if not self._whole_layer(plan.env, dtype, tensors):
+            return RowSource(plan.shape, dtype, lambda r0, r1: self._dense(tensors, plan, dtype, span=(r0, r1)))
+        held: list[torch.Tensor] = []
+
+        def read(r0: int, r1: int) -> torch.Tensor:
+            if not held:
+                held.append(self._dense(tensors, plan, dtype))
+            return held[0][r0:r1]
+
+        return RowSource(plan.shape, dtype, read)
 
     def iter_decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
                     block_elements: int | None = None, plan: Plan | None = None) -> Iterator[torch.Tensor]:
@@ -173,6 +214,15 @@ class Codec:
         start, stop = span or (0, n)
         state = self._prepare(tensors, plan.env, dtype)
         ranges = row_ranges(stop - start, k, block_elements or self.decode_block_elements(plan.env), join_tail=False)
+        if self._whole_layer(plan.env, dtype, tensors):
+            # One GEMM over the layer (comfy-kitchen's rounding); blocks are slices of it.
+            whole = self._decode_whole(tensors, plan, dtype, state, out if (start, stop) == (0, n) else None)
+            if out is not None and (start, stop) != (0, n):
+                out.copy_(whole[start:stop])
+                whole, start = out, 0
+            for r0, r1 in ranges:
+                yield whole[start + r0:start + r1]
+            return
         buffer = None
         if reuse and out is None and ranges:
             buffer = torch.empty((max(r1 - r0 for r0, r1 in ranges), k), dtype=dtype)
@@ -210,12 +260,12 @@ class Codec:
             bias = tensors.get("bias")
         x2 = x.reshape(-1, k)
         dense = plan.marker.get("full_precision_matrix_mult") is True
-        state = None if dense else self._linear_setup(x2, tensors, plan)
+        state = self._dense_state(x2, tensors, plan) if dense else self._linear_setup(x2, tensors, plan)
 
         def rows(r0: int, r1: int) -> torch.Tensor:
             b = None if bias is None else rows_of(bias, r0, r1)
             if dense:
-                return self._dense_linear(x2, tensors, plan, b, r0, r1)
+                return self._dense_linear(state, b, r0, r1)
             return self._linear_rows(state, tensors, plan, b, r0, r1)
 
         if block_elements is None:
@@ -226,12 +276,18 @@ class Codec:
                 y[:, r0:r1] = rows(r0, r1)
         return y.reshape(*x.shape[:-1], n)
 
-    def _dense_linear(self, x2: torch.Tensor, t: dict, plan: Plan, bias: torch.Tensor | None, r0: int,
+    def _dense_state(self, x2: torch.Tensor, t: dict, plan: Plan) -> tuple[torch.Tensor, RowSource]:
+        """The input and the decoded weight (a row source) of :meth:`_dense_linear`."""
+        return x2, self._source(t, plan, x2.dtype)
+
+    @staticmethod
+    def _dense_linear(state: tuple[torch.Tensor, RowSource], bias: torch.Tensor | None, r0: int,
                       r1: int) -> torch.Tensor:
         """Output features ``r0:r1`` of a float matmul with the decoded weight (what runtimes do
-        for ``full_precision_matrix_mult`` layers and for asymmetric W4A8)."""
-        w = self._dense(t, plan, x2.dtype, span=(r0, r1))
-        return torch.nn.functional.linear(x2, w, None if bias is None else bias.to(x2.dtype))
+        for ``full_precision_matrix_mult`` layers and for asymmetric W4A8); ``state`` from
+        :meth:`_dense_state`.  Over all rows it is the runtime's one ``F.linear``."""
+        x2, weight = state
+        return torch.nn.functional.linear(x2, weight.rows(r0, r1), None if bias is None else bias.to(x2.dtype))
 
     # -- subclass hooks -----------------------------------------------------------------------
     def _encode(self, weight: Weight, params: dict, name: str, amax: torch.Tensor) -> tuple[dict, dict]:

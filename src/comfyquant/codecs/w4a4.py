@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..numerics.hadamard import rotate_activation, rotate_weight
+from ..numerics.hadamard import rotate_activation, rotate_weight, unrotate
 from ..numerics.int8 import int8_matmul
 from ..numerics.packing import lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
-from ..numerics.rows import gather_rows, row_blocks
-from .base import Codec, CodecError, finish, reject_unknown, rows_of
+from ..numerics.rows import gather_rows, materialize, row_blocks
+from .base import Codec, CodecError, reject_unknown, rows_of
 from .int8 import check_convrot
 
 INT4_MAX = 7
@@ -43,14 +43,26 @@ class W4A4Codec(Codec):
         marker = {"format": self.name, "convrot_groupsize": size}
         if linear_dtype != "int4":
             marker["linear_dtype"] = linear_dtype
-        packed, scale = gather_rows(row_blocks(weight), lambda w: _encode_block(w, size), weight.shape[0])
+        # comfy-kitchen rotates the whole layer in one GEMM in the weight's dtype (a block of
+        # rows may round differently); the quantization after it is per row, so it is blocked.
+        rotated = rotate_weight(materialize(weight), size)
+        packed, scale = gather_rows(row_blocks(rotated), _encode_block, weight.shape[0])
         return {"weight": packed, "weight_scale": scale}, marker
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
-        env = plan.env
+    def _whole_layer(self, env, dtype, tensors):
+        return True  # comfy-kitchen un-rotates the whole F32 layer in one GEMM (see base)
+
+    def _decode_whole(self, t, plan, dtype, state, out):
+        return unrotate(lambda: self._dequantized(t, 0, plan.shape[0]), plan.env["convrot_groupsize"], dtype, out)
+
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):  # pragma: no cover - always whole
+        raise AssertionError("convrot_w4a4 decodes whole layers")
+
+    @staticmethod
+    def _dequantized(t: dict, r0: int, r1: int) -> torch.Tensor:
+        """Signed codes times the row scales in F32 (still rotated), a new tensor."""
         w = lookup_pairs(rows_of(t["weight"], r0, r1), _SIGNED)
-        w.mul_(rows_of(t["weight_scale"], r0, r1).to(torch.float32).reshape(-1, 1))
-        return finish(rotate_weight(w, env["convrot_groupsize"]), dtype, out)
+        return w.mul_(rows_of(t["weight_scale"], r0, r1).to(torch.float32).reshape(-1, 1))
 
     def _linear_setup(self, x2, t, plan):
         x2 = rotate_activation(x2.contiguous(), plan.env["convrot_groupsize"])
@@ -69,9 +81,9 @@ class W4A4Codec(Codec):
         return y
 
 
-def _encode_block(w: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotated, quantized and packed rows with their F32 scales."""
-    q, scale = quantize_int4_rows(rotate_weight(w, size))
+def _encode_block(rotated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Already rotated rows, quantized and packed, with their F32 scales."""
+    q, scale = quantize_int4_rows(rotated)
     return pack_nibbles(q).view(torch.int8), scale.reshape(-1).to(torch.float32)
 
 
