@@ -43,10 +43,12 @@ DEFAULT_BLOCK_ELEMENTS = 1 << 22
 """Elements per decoded row block: 16 MB F32 temporaries, small enough for the allocator to
 reuse them from block to block instead of mapping (and page-faulting) fresh memory."""
 ROTATED_BLOCK_ELEMENTS = 1 << 20
-"""Elements per decoded row block of a rotated (ConvRot) layer: its un-rotation GEMM and the
-elementwise passes around it stay in cache with 4 MB blocks (measured at 5120x13824: W4A8
-1.7x, W4A4 and INT8 ConvRot 1.2x faster than with 16 MB blocks, and a quarter of the
-temporaries); unrotated formats are a little faster with the larger blocks."""
+"""Elements per decoded row block of a rotated (ConvRot) layer.  Where the un-rotation runs
+per block (W4A8's exact BF16 case) its GEMM and the elementwise passes around it stay in
+cache with 4 MB blocks (measured at 5120x13824: W4A8 1.7x faster than with 16 MB blocks);
+layers un-rotated whole (:meth:`Codec._whole_layer`) are only rounded to the output dtype
+and handed out in blocks of this size.  Unrotated formats are a little faster with the
+larger blocks."""
 
 
 class CodecError(ComfyQuantError):
@@ -133,8 +135,11 @@ class Codec:
         return False
 
     def _decode_whole(self, t: dict, plan: Plan, dtype: torch.dtype, state, out: torch.Tensor | None) -> torch.Tensor:
-        """The whole dense layer in ``dtype`` (into ``out``, ``[N, K]``, when given), with
-        comfy-kitchen's operand shapes for every float GEMM; see :meth:`_whole_layer`."""
+        """The whole dense layer with comfy-kitchen's operand shapes for every float GEMM (see
+        :meth:`_whole_layer`): in ``dtype`` (written into ``out``, ``[N, K]``, when given), or
+        in a wider dtype whose rounding to ``dtype`` is elementwise (an F32 product that
+        comfy-kitchen then casts): the caller rounds it block by block, so no second copy of
+        the layer is made."""
         raise NotImplementedError
 
     def decode_block_elements(self, env: dict) -> int:
@@ -215,13 +220,18 @@ class Codec:
         state = self._prepare(tensors, plan.env, dtype)
         ranges = row_ranges(stop - start, k, block_elements or self.decode_block_elements(plan.env), join_tail=False)
         if self._whole_layer(plan.env, dtype, tensors):
-            # One GEMM over the layer (comfy-kitchen's rounding); blocks are slices of it.
+            # One GEMM over the layer (comfy-kitchen's rounding); blocks are slices of it,
+            # rounded to ``dtype`` block by block when the product is wider.
             whole = self._decode_whole(tensors, plan, dtype, state, out if (start, stop) == (0, n) else None)
-            if out is not None and (start, stop) != (0, n):
-                out.copy_(whole[start:stop])
-                whole, start = out, 0
+            if whole.dtype == dtype and out is None or whole is out:
+                for r0, r1 in ranges:
+                    yield whole[start + r0:start + r1]
+                return
+            if reuse and out is None and ranges:
+                out = torch.empty((max(r1 - r0 for r0, r1 in ranges), k), dtype=dtype)
             for r0, r1 in ranges:
-                yield whole[start + r0:start + r1]
+                dest = out[: r1 - r0] if reuse else out[r0:r1] if out is not None else None
+                yield finish(whole[start + r0:start + r1], dtype, dest)
             return
         buffer = None
         if reuse and out is None and ranges:

@@ -10,12 +10,14 @@ output, and for ConvRot blocks over 256.  Otherwise -- BF16 output, no correctio
 -- row blocks are un-rotated in F32 and the result is provably the same whatever the blocks,
 the BLAS kernel or the thread count:
 
-* (with every row scale ``s`` below :data:`_EXACT_MAX_SCALE`, so that no sum can overflow)
-  every ``W_rot`` value is ``bf16(f32(g * s))`` with an integer ``1 <= |g| <= 127`` (or 0) and
+* every ``W_rot`` value is ``bf16(f32(g * s))`` with an integer ``1 <= |g| <= 127`` (or 0) and
   one F32 ``s`` per row; with ``s`` in the binade ``[2^e, 2^(e+1))`` each nonzero value lies in
   ``[2^e, 2^(e+8))`` and, having 8 significant bits, is a multiple of ``2^(e-7)``: an integer
-  number of units ``u = 2^(e-7)`` below ``2^15`` in magnitude (subnormal values: multiples of
-  the smallest subnormal, below 2^15 of them too);
+  number of units ``u = 2^(e-7)`` below ``2^15`` in magnitude;
+* every row scale lies in ``[2^-100, 2^100)`` (else the layer decodes whole): no sum below can
+  overflow, and no nonzero value, product or partial sum (all at least ``2^(e-11)``) is
+  subnormal -- which matters, because BF16 GEMMs (AMX, AVX512-BF16) flush subnormals to zero
+  where F32 GEMMs keep them;
 * ``H`` entries are ``+-2^-d`` (``C = 4^d``, ``d <= 4``), so every product is an integer number
   of units ``u * 2^-d``, below 2^15, and every partial sum of at most ``C <= 256`` of them is an
   integer below ``2^23`` of those units: representable in F32 (24 bits), so exact in any order,
@@ -52,6 +54,11 @@ _EXACT_MAX_SCALE = 2.0 ** 100
 """Row scales from here on could make a partial sum of the un-rotation overflow F32 (values
 below ``2^(e+8)``, sums of up to 256 times ``2^-4`` of them below ``2^(e+12)``), where the
 order would decide between a finite result and infinity: such layers decode whole."""
+_EXACT_MIN_SCALE = 2.0 ** -100
+"""Row scales below this could make a value, product or partial sum subnormal (every nonzero
+one is at least ``2^(e-11)``), and BF16 GEMMs flush subnormals (AMX and AVX512-BF16 dot
+products run with DAZ/FTZ: measured on AMX) while F32 GEMMs keep them: such layers (and a
+zero or NaN scale) decode whole."""
 
 
 class W4A8Codec(Codec):
@@ -83,12 +90,16 @@ class W4A8Codec(Codec):
         return v.round_().clamp_(-127.0, 127.0).view(rows, k)
 
     def _whole_layer(self, env, dtype, tensors):
-        """Everything but the exact case of the module doc, which also needs the row scales
-        below :data:`_EXACT_MAX_SCALE` (no partial sum can overflow; a NaN scale is not)."""
+        """Everything but the exact case of the module doc, which also needs every row scale
+        in ``[_EXACT_MIN_SCALE, _EXACT_MAX_SCALE)``: no partial sum can overflow or be
+        subnormal (a zero, infinite or NaN scale is outside)."""
         if dtype != torch.bfloat16 or "weight_correction" in tensors or env["convrot_groupsize"] > _EXACT_MAX_BLOCK:
             return True
         s = tensors["weight_s_channel"]
-        return s.numel() > 0 and not bool(s.float().abs().amax() < _EXACT_MAX_SCALE)
+        if s.numel() == 0:
+            return False
+        lo, hi = torch.aminmax(s.float().abs())
+        return not (bool(lo >= _EXACT_MIN_SCALE) and bool(hi < _EXACT_MAX_SCALE))
 
     def _rotated(self, t, env, r0: int, r1: int, table, dtype: torch.dtype) -> torch.Tensor:
         """``W_rot`` of rows ``r0:r1`` in ``dtype``: the grid times ``s_channel`` (plus the

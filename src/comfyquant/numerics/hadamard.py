@@ -79,17 +79,15 @@ def rotate_weight(weight: torch.Tensor, size: int, out: torch.Tensor | None = No
 
 def unrotate(dequantize: Callable[[], torch.Tensor], size: int, dtype: torch.dtype,
              out: torch.Tensor | None = None) -> torch.Tensor:
-    """The un-rotation of a whole dequantized layer, rounded to ``dtype`` (into ``out`` when
-    given): comfy-kitchen's ``_rotate_weight(w, H).to(dtype)``, the GEMM on the same operands
-    (in ``w``'s dtype).  ``dequantize()`` makes ``w``, a temporary released right after the
-    GEMM, so the peak is two layers (``w`` and the product) and never three; a product
-    already in ``dtype`` is written straight into ``out``."""
+    """The un-rotation of a whole dequantized layer: comfy-kitchen's ``_rotate_weight(w, H)``,
+    the GEMM on the same operands (in ``w``'s dtype), whose rounding to ``dtype`` is left to
+    the caller -- except that a product already in ``dtype`` is written straight into
+    ``out`` when given.  ``dequantize()`` makes ``w``, a temporary released right after the
+    GEMM, so the peak is two layers (``w`` and the product)."""
     w = dequantize()
     if w.dtype == dtype and out is not None:
         return rotate_weight(w, size, out=out)
-    r = rotate_weight(w, size)
-    del w
-    return r.to(dtype) if out is None else out.copy_(r)
+    return rotate_weight(w, size)
 
 
 def rotate_activation(x: torch.Tensor, size: int) -> torch.Tensor:
