@@ -15,6 +15,9 @@ INT4_MAX = 7
 QUANT_GROUP = 64
 """comfy-kitchen's fixed ``quant_group_size``: only a divisibility rule, scales are per row."""
 
+_EXACT_MAX_K = (1 << 24) // 49
+"""Below this K every partial sum of INT4 x INT4 products is an integer exact in F32."""
+
 _SIGNED = pair_table(torch.tensor([float(v if v < 8 else v - 16) for v in range(16)]))
 
 
@@ -69,11 +72,19 @@ class W4A4Codec(Codec):
         return quantize_int4_rows(x2), x2.dtype
 
     def _linear_rows(self, state, t, plan, bias, r0, r1):
-        # comfy-kitchen eager: INT4 activations whatever linear_dtype says; the integer dot
-        # products are exact, so accumulating them in int32 matches its float GEMM.
+        # comfy-kitchen eager: INT4 activations whatever linear_dtype says, multiplied as
+        # integers in a BF16/F16 GEMM.  Every product (|.| <= 49) and partial sum (< 49 * K <
+        # 2^24 for K below 342k) is an integer exact in F32, and torch's CPU BF16/F16 GEMMs
+        # accumulate in F32 and round once to the output (for F16 unless
+        # torch's allow_fp16_reduced_precision_reduction is switched on: then the GEMM itself
+        # is run with comfy-kitchen's operands), so the exact int32 result rounded once is
+        # the same bits, in any blocking.
         (q_x, s_x), dtype = state
         q_w = to_signed(unpack_nibbles(rows_of(t["weight"], r0, r1)))
-        y = int8_matmul(q_x, q_w).to(dtype)
+        if q_x.shape[1] >= _EXACT_MAX_K or (dtype == torch.float16 and torch._C._get_cpu_allow_fp16_reduced_precision_reduction()):
+            y = q_x.to(dtype) @ q_w.to(dtype).t()
+        else:
+            y = int8_matmul(q_x, q_w).to(dtype)
         y = y * s_x.to(torch.float32).to(dtype)
         y = y * rows_of(t["weight_scale"], r0, r1).reshape(1, -1).to(dtype)
         if bias is not None:
