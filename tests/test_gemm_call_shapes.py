@@ -136,20 +136,6 @@ def test_rotated_formats_run_like_kitchen(threads, variant, n):
         assert same_bits(codec.linear(x, ref, marker, bias), F.linear(x, q, bias)), name
 
 
-def test_w4a4_forward_with_reduced_precision_f16_reductions(threads):
-    """With torch's CPU F16 reduced-precision reductions switched on, F16 GEMMs may round
-    partial sums: the W4A4 forward then runs comfy-kitchen's own F16 GEMM instead of the
-    exact integer one."""
-    before = torch._C._get_cpu_allow_fp16_reduced_precision_reduction()
-    torch._C._set_cpu_allow_fp16_reduced_precision_reduction(True)
-    try:
-        w, q, ref = _layer("w4a4", 40, 4096, torch.float16, seed=5)
-        x = torch.randn(9, 4096, generator=torch.Generator().manual_seed(6)).to(torch.float16)
-        assert same_bits(codecs.get("convrot_w4a4").linear(x, ref, markers_for("w4a4")[1]), F.linear(x, q))
-    finally:
-        torch._C._set_cpu_allow_fp16_reduced_precision_reduction(before)
-
-
 def test_large_w4a8_encode_uses_kitchens_row_chunks(threads):
     """2^22 // K rows per rotation GEMM, the last chunk short (here 64-row chunks of K = 2^16
     and a 3-row last chunk), whatever the quantizer's own row blocks."""

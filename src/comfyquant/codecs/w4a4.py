@@ -75,13 +75,13 @@ class W4A4Codec(Codec):
         # comfy-kitchen eager: INT4 activations whatever linear_dtype says, multiplied as
         # integers in a BF16/F16 GEMM.  Every product (|.| <= 49) and partial sum (< 49 * K <
         # 2^24 for K below 342k) is an integer exact in F32, and torch's CPU BF16/F16 GEMMs
-        # accumulate in F32 and round once to the output (for F16 unless
-        # torch's allow_fp16_reduced_precision_reduction is switched on: then the GEMM itself
-        # is run with comfy-kitchen's operands), so the exact int32 result rounded once is
-        # the same bits, in any blocking.
+        # accumulate in F32 and round once to the output (torch's
+        # allow_fp16_reduced_precision_reduction is off by default), so the exact int32
+        # result rounded once is the same bits, in any blocking.  Beyond that K the GEMM is
+        # comfy-kitchen's own call.
         (q_x, s_x), dtype = state
         q_w = to_signed(unpack_nibbles(rows_of(t["weight"], r0, r1)))
-        if q_x.shape[1] >= _EXACT_MAX_K or (dtype == torch.float16 and torch._C._get_cpu_allow_fp16_reduced_precision_reduction()):
+        if q_x.shape[1] >= _EXACT_MAX_K:
             y = q_x.to(dtype) @ q_w.to(dtype).t()
         else:
             y = int8_matmul(q_x, q_w).to(dtype)
