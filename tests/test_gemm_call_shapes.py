@@ -291,3 +291,29 @@ def test_the_same_on_an_avx2_only_cpu():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     expected = 2 * (1 + 4 + 3 + 3) + len(chosen) - 4  # the first four expand to 2 threads x their cases
     assert f"{expected} passed" in done.stdout, done.stdout[-500:]
+
+
+@pytest.mark.parametrize("variant", ROTATED)
+def test_inexact_decode_streams_every_layer_in_blocks(monkeypatch, variant):
+    """``exact=False`` (quantize's error report) decodes rotated layers block by block too --
+    no whole-layer GEMM, memory follows a block -- within one rounding step of the exact
+    decode; the default stays comfy-kitchen's bits."""
+    from comfyquant.codecs.base import Codec
+    from comfyquant.numerics.floats import ulp_distance
+
+    _w, q, ref = _layer(variant, 200, 256, torch.float16, seed=12)
+    codec = codecs.get(VARIANTS[variant].format)
+    marker = markers_for(variant)[1]
+    exact = codec.decode(ref, marker, dtype=torch.float16)
+    assert same_bits(exact, q.dequantize())
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("decoded whole")
+
+    monkeypatch.setattr(type(codec), "_decode_whole", refuse)
+    monkeypatch.setattr(Codec, "_decode_whole", refuse)
+    blocks = [b.clone() for b in codec.iter_decode(ref, marker, dtype=torch.float16, block_elements=64 * 256, exact=False)]
+    assert [b.shape[0] for b in blocks] == [64, 64, 64, 8]
+    assert ulp_distance(torch.cat(blocks), exact).max() <= 1
+    with pytest.raises(AssertionError, match="decoded whole"):
+        codec.decode(ref, marker, dtype=torch.float16)

@@ -185,13 +185,15 @@ class Codec:
         plan = self.plan(tensors, marker, layer)
         return self._source(tensors, plan, self.output_dtype(dtype, tensors, plan.marker))
 
-    def _source(self, tensors: dict, plan: Plan, dtype: torch.dtype) -> RowSource:
+    def _source(self, tensors: dict, plan: Plan, dtype: torch.dtype, exact: bool = True) -> RowSource:
         """:meth:`row_source` of a validated layer.  A layer that decodes whole
         (:meth:`_whole_layer`) is decoded once, on the first read, and its rows are views of
         that dense layer: decoding it again for every block would repeat the layer's GEMM
-        per block."""
-        if not self._whole_layer(plan.env, dtype, tensors):
-            return RowSource(plan.shape, dtype, lambda r0, r1: self._dense(tensors, plan, dtype, span=(r0, r1)))
+        per block.  ``exact=False``: every read decodes its rows alone (see
+        :meth:`iter_decode`)."""
+        if not (exact and self._whole_layer(plan.env, dtype, tensors)):
+            return RowSource(plan.shape, dtype,
+                             lambda r0, r1: self._dense(tensors, plan, dtype, span=(r0, r1), exact=exact))
         held: list[torch.Tensor] = []
 
         def read(r0: int, r1: int) -> torch.Tensor:
@@ -202,15 +204,22 @@ class Codec:
         return RowSource(plan.shape, dtype, read)
 
     def iter_decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
-                    block_elements: int | None = None, plan: Plan | None = None) -> Iterator[torch.Tensor]:
+                    block_elements: int | None = None, plan: Plan | None = None,
+                    exact: bool = True) -> Iterator[torch.Tensor]:
         """The dense weight in row blocks of about ``block_elements`` elements.  Blocks share
-        one buffer: use (or copy) each block before requesting the next."""
+        one buffer: use (or copy) each block before requesting the next.
+
+        ``exact=False`` decodes every layer block by block, also those that comfy-kitchen
+        computes with one GEMM over the layer (:meth:`_whole_layer`): memory then follows a
+        block, but such a GEMM over a block may round a last bit differently -- for
+        measurements (quantize's error report), never for output."""
         plan = plan or self.plan(tensors, marker, layer)
-        yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements, reuse=True)
+        yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements, reuse=True,
+                                exact=exact)
 
     def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None,
                 out: torch.Tensor | None = None, reuse: bool = False,
-                span: tuple[int, int] | None = None) -> Iterator[torch.Tensor]:
+                span: tuple[int, int] | None = None, exact: bool = True) -> Iterator[torch.Tensor]:
         """Row blocks of rows ``span`` (default: all), written into ``out`` when given.  With
         ``reuse`` every block is written into one block-sized buffer: a consumer must use a
         block before asking for the next (the streaming writer does), and memory stays one
@@ -219,7 +228,7 @@ class Codec:
         start, stop = span or (0, n)
         state = self._prepare(tensors, plan.env, dtype)
         ranges = row_ranges(stop - start, k, block_elements or self.decode_block_elements(plan.env), join_tail=False)
-        if self._whole_layer(plan.env, dtype, tensors):
+        if exact and self._whole_layer(plan.env, dtype, tensors):
             # One GEMM over the layer (comfy-kitchen's rounding); blocks are slices of it,
             # rounded to ``dtype`` block by block when the product is wider.
             whole = self._decode_whole(tensors, plan, dtype, state, out if (start, stop) == (0, n) else None)
@@ -241,12 +250,13 @@ class Codec:
             yield self._decode_rows(tensors, plan, dtype, start + r0, start + r1, state, dest)
 
     def _dense(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None = None,
-               span: tuple[int, int] | None = None) -> torch.Tensor:
+               span: tuple[int, int] | None = None, exact: bool = True) -> torch.Tensor:
         """The dense rows ``span`` (default: the whole weight) of an already validated layer,
-        decoded block by block straight into one output tensor."""
+        decoded block by block straight into one output tensor (``exact``: see
+        :meth:`iter_decode`)."""
         start, stop = span or (0, plan.shape[0])
         out = torch.empty((stop - start, plan.shape[1]), dtype=dtype)
-        for _ in self._blocks(tensors, plan, dtype, block_elements, out, span=span):
+        for _ in self._blocks(tensors, plan, dtype, block_elements, out, span=span, exact=exact):
             pass
         return out
 
@@ -269,8 +279,9 @@ class Codec:
         if bias is None:
             bias = tensors.get("bias")
         x2 = x.reshape(-1, k)
-        dense = plan.marker.get("full_precision_matrix_mult") is True
-        state = self._dense_state(x2, tensors, plan) if dense else self._linear_setup(x2, tensors, plan)
+        dense = plan.marker.get("full_precision_matrix_mult") is True or self._runs_dense(tensors)
+        exact = block_elements is None
+        state = self._dense_state(x2, tensors, plan, exact) if dense else self._linear_setup(x2, tensors, plan)
 
         def rows(r0: int, r1: int) -> torch.Tensor:
             b = None if bias is None else rows_of(bias, r0, r1)
@@ -286,9 +297,10 @@ class Codec:
                 y[:, r0:r1] = rows(r0, r1)
         return y.reshape(*x.shape[:-1], n)
 
-    def _dense_state(self, x2: torch.Tensor, t: dict, plan: Plan) -> tuple[torch.Tensor, RowSource]:
-        """The input and the decoded weight (a row source) of :meth:`_dense_linear`."""
-        return x2, self._source(t, plan, x2.dtype)
+    def _dense_state(self, x2: torch.Tensor, t: dict, plan: Plan, exact: bool = True) -> tuple[torch.Tensor, RowSource]:
+        """The input and the decoded weight (a row source) of :meth:`_dense_linear`; not
+        ``exact`` (a blocked forward, see :meth:`linear`), the weight is decoded per block."""
+        return x2, self._source(t, plan, x2.dtype, exact)
 
     @staticmethod
     def _dense_linear(state: tuple[torch.Tensor, RowSource], bias: torch.Tensor | None, r0: int,
@@ -314,6 +326,11 @@ class Codec:
         """Dense rows ``r0:r1`` (columns ``:plan.shape[1]``) in ``dtype``, written into ``out``
         (a ``[r1 - r0, K]`` view of the result) when given; returns them."""
         raise NotImplementedError
+
+    def _runs_dense(self, t: dict) -> bool:
+        """Whether the runtime runs this layer as dequantize + float matmul whatever its
+        marker says (comfy-kitchen's asymmetric W4A8): :meth:`_dense_linear`."""
+        return False
 
     def _linear_setup(self, x2: torch.Tensor, t: dict, plan: Plan) -> object:
         """The activation side of the forward, done once for all row blocks (rotation,

@@ -57,7 +57,10 @@ class Int8Codec(Codec):
         return unrotate(lambda: self._dequantized(t, 0, plan.shape[0]), plan.env["convrot_groupsize"], dtype, out)
 
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
-        return finish(self._dequantized(t, r0, r1), dtype, out)
+        w = self._dequantized(t, r0, r1)
+        if plan.env.get("convrot") is True:  # only with exact=False (see Codec.iter_decode)
+            w = rotate_weight(w, plan.env["convrot_groupsize"])
+        return finish(w, dtype, out)
 
     @staticmethod
     def _dequantized(t: dict, r0: int, r1: int) -> torch.Tensor:

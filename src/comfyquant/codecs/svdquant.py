@@ -93,8 +93,11 @@ class SVDQuantCodec(Codec):
         w = w.mul_(t["weight_scale"][:, r0:r1].t().unsqueeze(-1)).view(r1 - r0, k)
         return (w.to(torch.float32) * act.to(torch.float32)).to(compute)
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):  # pragma: no cover - always whole
-        raise AssertionError("svdquant_w4a4 decodes whole layers")
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):  # only with exact=False (Codec.iter_decode)
+        t, act = state
+        k = plan.env["K"]
+        low = (t["weight_proj_down"].float() @ t["weight_proj_up"][r0:r1].float().t()).t()
+        return finish(self._main_rows(t, act, k, r0, r1) + low.to(t["weight_scale"].dtype), dtype, out)
 
     def _linear_setup(self, x2, t, plan):
         """comfy-kitchen's eager forward: smoothed per-row per-64 INT4 (or UINT4) activations,

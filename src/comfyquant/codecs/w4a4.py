@@ -8,7 +8,7 @@ from ..numerics.hadamard import rotate_activation, rotate_weight, unrotate
 from ..numerics.int8 import int8_matmul
 from ..numerics.packing import lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
 from ..numerics.rows import gather_rows, materialize, row_blocks
-from .base import Codec, CodecError, reject_unknown, rows_of
+from .base import Codec, CodecError, finish, reject_unknown, rows_of
 from .int8 import check_convrot
 
 INT4_MAX = 7
@@ -58,8 +58,8 @@ class W4A4Codec(Codec):
     def _decode_whole(self, t, plan, dtype, state, out):
         return unrotate(lambda: self._dequantized(t, 0, plan.shape[0]), plan.env["convrot_groupsize"], dtype, out)
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):  # pragma: no cover - always whole
-        raise AssertionError("convrot_w4a4 decodes whole layers")
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):  # only with exact=False (Codec.iter_decode)
+        return finish(rotate_weight(self._dequantized(t, r0, r1), plan.env["convrot_groupsize"]), dtype, out)
 
     @staticmethod
     def _dequantized(t: dict, r0: int, r1: int) -> torch.Tensor:

@@ -118,18 +118,20 @@ class W4A8Codec(Codec):
         return unrotate(lambda: self._rotated(t, env, 0, plan.shape[0], state, dtype), env["convrot_groupsize"], dtype, out)
 
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
-        # Only the exact case comes here (BF16, no correction, C <= 256): see the module doc.
-        w = self._rotated(t, plan.env, r0, r1, state, torch.float32)
-        return finish(rotate_weight(w.to(torch.bfloat16).to(torch.float32), plan.env["convrot_groupsize"]), dtype, out)
+        size = plan.env["convrot_groupsize"]
+        if self._whole_layer(plan.env, dtype, t):  # only with exact=False (see Codec.iter_decode)
+            return finish(rotate_weight(self._rotated(t, plan.env, r0, r1, state, dtype), size), dtype, out)
+        # The exact case (BF16, no correction, C <= 256, moderate scales): see the module doc.
+        w = self._rotated(t, plan.env, r0, r1, state, torch.bfloat16).to(torch.float32)
+        return finish(rotate_weight(w, size), dtype, out)
+
+    def _runs_dense(self, t):
+        return "weight_correction" in t  # comfy-kitchen: dequantize + float matmul
 
     def _linear_setup(self, x2, t, plan):
-        if "weight_correction" in t:
-            return self._dense_state(x2, t, plan)  # comfy-kitchen: dequantize + float matmul
         return quantize_rows(rotate_activation(x2, plan.env["convrot_groupsize"])), x2.dtype
 
     def _linear_rows(self, state, t, plan, bias, r0, r1):
-        if "weight_correction" in t:
-            return self._dense_linear(state, bias, r0, r1)
         (q_x, s_x), dtype = state
         env = plan.env
         # The INT8 grid is built in row blocks: one F32 temporary per block, not per layer.
