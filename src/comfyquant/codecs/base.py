@@ -181,7 +181,9 @@ class Codec:
     def row_source(self, tensors: dict, marker: dict | None = None, *, dtype=None,
                    layer: str | None = None) -> RowSource:
         """The dense weight as a :class:`~comfyquant.numerics.rows.RowSource`: rows decoded when
-        asked for (every pass decodes again), so re-encoding never holds the decoded layer."""
+        asked for (every pass decodes again), so re-encoding never holds the decoded layer --
+        except a layer that decodes whole (:meth:`_whole_layer`), which is decoded once and
+        held while the source lives."""
         plan = self.plan(tensors, marker, layer)
         return self._source(tensors, plan, self.output_dtype(dtype, tensors, plan.marker))
 
