@@ -514,19 +514,29 @@ def test_zero_blocks_and_negative_zeros_encode_as_kitchen(variant, dtype_name):
         assert same_bits(enc[suffix], ref[suffix]), suffix
 
 
-@pytest.mark.parametrize("bf16_faster", [True, False])
+@pytest.mark.parametrize("gemm_dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("variant", ["w4a8_codebook", "w4a8_uniform", "w6a8"])
-def test_w4a8_exact_unrotation_in_either_dtype(monkeypatch, variant, bf16_faster):
-    """BF16 output without a correction: the F32 and the BF16 un-rotation give comfy-kitchen's
-    bits alike, so the decoder may take whichever GEMM this CPU runs faster; both are checked."""
+def test_w4a8_exact_unrotation_in_either_dtype(variant, gemm_dtype):
+    """BF16 output without a correction: the F32 and the BF16 un-rotation, in row blocks of
+    any size, give comfy-kitchen's bits alike (the exactness argument of codecs/w4a8.py); the
+    decoder uses the F32 one in row blocks, and it is comfy-kitchen's too."""
     from comfyquant.codecs import w4a8
 
-    monkeypatch.setattr(w4a8, "_BF16_FASTER", bf16_faster)
     w = weight("heavy" if variant == "w4a8_codebook" else "gauss", 96, 1024, torch.bfloat16, seed=17)
     q = kitchen_qtensor(variant, w)
     ref = q.state_dict("weight")
-    dense = codecs.get("asym_w4a8_int8").decode(ref, markers_for(variant)[1], dtype=torch.bfloat16)
+    marker = markers_for(variant)[1]
+    codec = codecs.get("asym_w4a8_int8")
+    dense = codec.decode(ref, marker, dtype=torch.bfloat16)
     assert same_bits(dense, q.dequantize())
+    plan = codec.plan(ref, marker)
+    assert not codec._whole_layer(plan.env, torch.bfloat16, ref)
+    table = codec._prepare(ref, plan.env, torch.bfloat16)
+    gemm = DTYPES[gemm_dtype]
+    blocks = [rotate_weight(codec._rotated(ref, plan.env, r0, r1, table, torch.bfloat16).to(gemm), 256).to(torch.bfloat16)
+              for r0, r1 in ((0, 5), (5, 21), (21, 90), (90, 96))]
+    assert same_bits(torch.cat(blocks), q.dequantize())
+    assert w4a8._EXACT_MAX_BLOCK == 256
 
 
 @pytest.mark.parametrize("fmt", ["float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4", "mxfp8"])

@@ -10,7 +10,11 @@ renamed into place (a failure anywhere leaves no output file, not even of anothe
 
 * A quantized layer's ``weight`` becomes the dense weight, decoded in row blocks while it is
   written; its quantization-only tensors (scales, codebooks, corrections, ...) and markers are
-  dropped.  Peak memory is one layer's packed tensors plus one block, never the file.
+  dropped.  Peak memory is one layer's packed tensors plus one block, never the file -- except
+  for layers whose decode is one float GEMM over the layer in comfy-kitchen (ConvRot
+  un-rotations other than W4A8's exact BF16 case, the SVDQuant low-rank term): their rounding
+  is comfy-kitchen's only on the same operands, so such a layer is computed whole (two F32
+  copies of it at the peak, as in comfy-kitchen) and then written in blocks.
 * Every other tensor (biases, norms, embeddings, unquantized layers) is copied byte for byte:
   by the kernel (``copy_file_range``) from local files, in bounded chunks otherwise.
 * A weight without a marker of its own in a file whose ``quant_format`` SGLang honours

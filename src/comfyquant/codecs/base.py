@@ -9,7 +9,21 @@ never decodes tensors whose shapes or dtypes contradict the marker.
 Encoding, decoding (:meth:`Codec.iter_decode`) and, on request, the forward run in row
 blocks (:mod:`comfyquant.numerics.rows`): every format's rows are independent once the
 per-tensor reductions are known, so peak memory is bounded by a block, not by the layer,
-and the bits do not change (see that module for the one caveat, matrix products).
+and the bits do not change -- except through a float matrix product.
+
+Float GEMMs are where bit-exactness could depend on the CPU: BLAS (MKL, oneDNN) picks its
+kernel, and with it the summation order, by the operand shapes, the ISA (AVX2, AVX-512,
+AVX512-BF16, AMX) and the thread count; a product over a block of rows can round the last
+bit differently from the same product over the whole layer (measured: an F32 ConvRot
+un-rotation of an 8-row tail on AVX-512).  So no result here rests on a measured BLAS
+behaviour: every float GEMM whose rounding is not provably order-independent is made with
+comfy-kitchen's own operands -- same shapes, dtypes and strides, hence the same kernel
+whatever the CPU picks.  A decode whose product comfy-kitchen computes over the whole layer
+(ConvRot un-rotations, the SVDQuant low-rank term) says so in :meth:`Codec._whole_layer`
+and computes the layer in one :meth:`Codec._decode_whole`; its row blocks are then slices of
+that result (memory: the dense layer, as in comfy-kitchen).  Where blocks stay, the codec
+states why their sums are exact (e.g. W4A8's BF16 un-rotation in :mod:`.w4a8`).  Integer
+GEMMs run in F64 and are exact in any order.
 """
 
 from __future__ import annotations
@@ -29,10 +43,12 @@ DEFAULT_BLOCK_ELEMENTS = 1 << 22
 """Elements per decoded row block: 16 MB F32 temporaries, small enough for the allocator to
 reuse them from block to block instead of mapping (and page-faulting) fresh memory."""
 ROTATED_BLOCK_ELEMENTS = 1 << 20
-"""Elements per decoded row block of a rotated (ConvRot) layer: its un-rotation GEMM and the
-elementwise passes around it stay in cache with 4 MB blocks (measured at 5120x13824: W4A8
-1.7x, W4A4 and INT8 ConvRot 1.2x faster than with 16 MB blocks, and a quarter of the
-temporaries); unrotated formats are a little faster with the larger blocks."""
+"""Elements per decoded row block of a rotated (ConvRot) layer.  Where the un-rotation runs
+per block (W4A8's exact BF16 case) its GEMM and the elementwise passes around it stay in
+cache with 4 MB blocks (measured at 5120x13824: W4A8 1.7x faster than with 16 MB blocks);
+layers un-rotated whole (:meth:`Codec._whole_layer`) are only rounded to the output dtype
+and handed out in blocks of this size.  Unrotated formats are a little faster with the
+larger blocks."""
 
 
 class CodecError(ComfyQuantError):
@@ -111,6 +127,21 @@ class Codec:
         """The dense weight's ``[N, K]`` (padded formats override this)."""
         return env["N"], env["K"]
 
+    def _whole_layer(self, env: dict, dtype: torch.dtype, tensors: dict) -> bool:
+        """Whether decoding to ``dtype`` needs :meth:`_decode_whole`: a float GEMM that
+        comfy-kitchen runs over the whole layer and whose rounding may depend on its row
+        count (see the module doc).  Such a layer is decoded in one piece and handed out in
+        row blocks (slices) afterwards."""
+        return False
+
+    def _decode_whole(self, t: dict, plan: Plan, dtype: torch.dtype, state, out: torch.Tensor | None) -> torch.Tensor:
+        """The whole dense layer with comfy-kitchen's operand shapes for every float GEMM (see
+        :meth:`_whole_layer`): in ``dtype`` (written into ``out``, ``[N, K]``, when given), or
+        in a wider dtype whose rounding to ``dtype`` is elementwise (an F32 product that
+        comfy-kitchen then casts): the caller rounds it block by block, so no second copy of
+        the layer is made."""
+        raise NotImplementedError
+
     def decode_block_elements(self, env: dict) -> int:
         """Default elements per decoded row block: smaller for layers the format description
         says are rotated (always, or by their ``convrot`` key)."""
@@ -150,21 +181,47 @@ class Codec:
     def row_source(self, tensors: dict, marker: dict | None = None, *, dtype=None,
                    layer: str | None = None) -> RowSource:
         """The dense weight as a :class:`~comfyquant.numerics.rows.RowSource`: rows decoded when
-        asked for (every pass decodes again), so re-encoding never holds the decoded layer."""
+        asked for (every pass decodes again), so re-encoding never holds the decoded layer --
+        except a layer that decodes whole (:meth:`_whole_layer`), which is decoded once and
+        held while the source lives."""
         plan = self.plan(tensors, marker, layer)
-        out = self.output_dtype(dtype, tensors, plan.marker)
-        return RowSource(plan.shape, out, lambda r0, r1: self._dense(tensors, plan, out, span=(r0, r1)))
+        return self._source(tensors, plan, self.output_dtype(dtype, tensors, plan.marker))
+
+    def _source(self, tensors: dict, plan: Plan, dtype: torch.dtype, exact: bool = True) -> RowSource:
+        """:meth:`row_source` of a validated layer.  A layer that decodes whole
+        (:meth:`_whole_layer`) is decoded once, on the first read, and its rows are views of
+        that dense layer: decoding it again for every block would repeat the layer's GEMM
+        per block.  ``exact=False``: every read decodes its rows alone (see
+        :meth:`iter_decode`)."""
+        if not (exact and self._whole_layer(plan.env, dtype, tensors)):
+            return RowSource(plan.shape, dtype,
+                             lambda r0, r1: self._dense(tensors, plan, dtype, span=(r0, r1), exact=exact))
+        held: list[torch.Tensor] = []
+
+        def read(r0: int, r1: int) -> torch.Tensor:
+            if not held:
+                held.append(self._dense(tensors, plan, dtype))
+            return held[0][r0:r1]
+
+        return RowSource(plan.shape, dtype, read)
 
     def iter_decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
-                    block_elements: int | None = None, plan: Plan | None = None) -> Iterator[torch.Tensor]:
+                    block_elements: int | None = None, plan: Plan | None = None,
+                    exact: bool = True) -> Iterator[torch.Tensor]:
         """The dense weight in row blocks of about ``block_elements`` elements.  Blocks share
-        one buffer: use (or copy) each block before requesting the next."""
+        one buffer: use (or copy) each block before requesting the next.
+
+        ``exact=False`` decodes every layer block by block, also those that comfy-kitchen
+        computes with one GEMM over the layer (:meth:`_whole_layer`): memory then follows a
+        block, but such a GEMM over a block may round a last bit differently -- for
+        measurements (quantize's error report), never for output."""
         plan = plan or self.plan(tensors, marker, layer)
-        yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements, reuse=True)
+        yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements, reuse=True,
+                                exact=exact)
 
     def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None,
                 out: torch.Tensor | None = None, reuse: bool = False,
-                span: tuple[int, int] | None = None) -> Iterator[torch.Tensor]:
+                span: tuple[int, int] | None = None, exact: bool = True) -> Iterator[torch.Tensor]:
         """Row blocks of rows ``span`` (default: all), written into ``out`` when given.  With
         ``reuse`` every block is written into one block-sized buffer: a consumer must use a
         block before asking for the next (the streaming writer does), and memory stays one
@@ -173,6 +230,20 @@ class Codec:
         start, stop = span or (0, n)
         state = self._prepare(tensors, plan.env, dtype)
         ranges = row_ranges(stop - start, k, block_elements or self.decode_block_elements(plan.env), join_tail=False)
+        if exact and self._whole_layer(plan.env, dtype, tensors):
+            # One GEMM over the layer (comfy-kitchen's rounding); blocks are slices of it,
+            # rounded to ``dtype`` block by block when the product is wider.
+            whole = self._decode_whole(tensors, plan, dtype, state, out if (start, stop) == (0, n) else None)
+            if whole.dtype == dtype and out is None or whole is out:
+                for r0, r1 in ranges:
+                    yield whole[start + r0:start + r1]
+                return
+            if reuse and out is None and ranges:
+                out = torch.empty((max(r1 - r0 for r0, r1 in ranges), k), dtype=dtype)
+            for r0, r1 in ranges:
+                dest = out[: r1 - r0] if reuse else out[r0:r1] if out is not None else None
+                yield finish(whole[start + r0:start + r1], dtype, dest)
+            return
         buffer = None
         if reuse and out is None and ranges:
             buffer = torch.empty((max(r1 - r0 for r0, r1 in ranges), k), dtype=dtype)
@@ -181,12 +252,13 @@ class Codec:
             yield self._decode_rows(tensors, plan, dtype, start + r0, start + r1, state, dest)
 
     def _dense(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None = None,
-               span: tuple[int, int] | None = None) -> torch.Tensor:
+               span: tuple[int, int] | None = None, exact: bool = True) -> torch.Tensor:
         """The dense rows ``span`` (default: the whole weight) of an already validated layer,
-        decoded block by block straight into one output tensor."""
+        decoded block by block straight into one output tensor (``exact``: see
+        :meth:`iter_decode`)."""
         start, stop = span or (0, plan.shape[0])
         out = torch.empty((stop - start, plan.shape[1]), dtype=dtype)
-        for _ in self._blocks(tensors, plan, dtype, block_elements, out, span=span):
+        for _ in self._blocks(tensors, plan, dtype, block_elements, out, span=span, exact=exact):
             pass
         return out
 
@@ -209,13 +281,14 @@ class Codec:
         if bias is None:
             bias = tensors.get("bias")
         x2 = x.reshape(-1, k)
-        dense = plan.marker.get("full_precision_matrix_mult") is True
-        state = None if dense else self._linear_setup(x2, tensors, plan)
+        dense = plan.marker.get("full_precision_matrix_mult") is True or self._runs_dense(tensors)
+        exact = block_elements is None
+        state = self._dense_state(x2, tensors, plan, exact) if dense else self._linear_setup(x2, tensors, plan)
 
         def rows(r0: int, r1: int) -> torch.Tensor:
             b = None if bias is None else rows_of(bias, r0, r1)
             if dense:
-                return self._dense_linear(x2, tensors, plan, b, r0, r1)
+                return self._dense_linear(state, b, r0, r1)
             return self._linear_rows(state, tensors, plan, b, r0, r1)
 
         if block_elements is None:
@@ -226,12 +299,19 @@ class Codec:
                 y[:, r0:r1] = rows(r0, r1)
         return y.reshape(*x.shape[:-1], n)
 
-    def _dense_linear(self, x2: torch.Tensor, t: dict, plan: Plan, bias: torch.Tensor | None, r0: int,
+    def _dense_state(self, x2: torch.Tensor, t: dict, plan: Plan, exact: bool = True) -> tuple[torch.Tensor, RowSource]:
+        """The input and the decoded weight (a row source) of :meth:`_dense_linear`; not
+        ``exact`` (a blocked forward, see :meth:`linear`), the weight is decoded per block."""
+        return x2, self._source(t, plan, x2.dtype, exact)
+
+    @staticmethod
+    def _dense_linear(state: tuple[torch.Tensor, RowSource], bias: torch.Tensor | None, r0: int,
                       r1: int) -> torch.Tensor:
         """Output features ``r0:r1`` of a float matmul with the decoded weight (what runtimes do
-        for ``full_precision_matrix_mult`` layers and for asymmetric W4A8)."""
-        w = self._dense(t, plan, x2.dtype, span=(r0, r1))
-        return torch.nn.functional.linear(x2, w, None if bias is None else bias.to(x2.dtype))
+        for ``full_precision_matrix_mult`` layers and for asymmetric W4A8); ``state`` from
+        :meth:`_dense_state`.  Over all rows it is the runtime's one ``F.linear``."""
+        x2, weight = state
+        return torch.nn.functional.linear(x2, weight.rows(r0, r1), None if bias is None else bias.to(x2.dtype))
 
     # -- subclass hooks -----------------------------------------------------------------------
     def _encode(self, weight: Weight, params: dict, name: str, amax: torch.Tensor) -> tuple[dict, dict]:
@@ -248,6 +328,11 @@ class Codec:
         """Dense rows ``r0:r1`` (columns ``:plan.shape[1]``) in ``dtype``, written into ``out``
         (a ``[r1 - r0, K]`` view of the result) when given; returns them."""
         raise NotImplementedError
+
+    def _runs_dense(self, t: dict) -> bool:
+        """Whether the runtime runs this layer as dequantize + float matmul whatever its
+        marker says (comfy-kitchen's asymmetric W4A8): :meth:`_dense_linear`."""
+        return False
 
     def _linear_setup(self, x2: torch.Tensor, t: dict, plan: Plan) -> object:
         """The activation side of the forward, done once for all row blocks (rotation,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..numerics import rows
-from ..numerics.hadamard import is_power_of_4, rotate_activation, rotate_weight
+from ..numerics.hadamard import is_power_of_4, rotate_activation, rotate_weight, unrotate
 from ..numerics.int8 import int8_levels, int8_product, quantize_rows, row_levels_inplace, safe_divisor
-from ..numerics.rows import cast_rows, gather_rows, row_blocks
+from ..numerics.rows import Weight, cast_rows, gather_rows, materialize, row_blocks
 from .base import Codec, CodecError, finish, per_row, refuse_nonfinite, reject_unknown, rows_of
 
 
@@ -30,14 +30,12 @@ class Int8Codec(Codec):
             if not per_channel:
                 raise CodecError(f"{name}: convrot is only supported when per_channel is True")
             check_convrot(size, weight.shape[1], name)
-            # The rotation GEMM is two thirds of the time and faster on larger blocks: a layer of
-            # up to four blocks is rotated in one GEMM (3072x3072 measured 0.91-0.97x -> 0.99-1.01x
-            # comfy-kitchen), larger ones in blocks (there, bigger blocks measured slower).  The
-            # temporaries are only the rotated rows and their absolute values.
-            block = rows.rotation_encode_block_elements()
-            n, k = weight.shape
-            q, s = _encode_rows(weight, lambda w: row_levels_inplace(rotate_weight(w, size)), name,
-                                n * k if n * k <= 4 * block else block)
+            # comfy-kitchen rotates the whole layer in one GEMM in the weight's dtype; over a
+            # block of rows the GEMM may round differently (kernel choice by row count), so the
+            # layer is rotated whole, as there.  The rows are then independent: levels and row
+            # scales are computed in place in the rotated layer, block by block.
+            rotated = rotate_weight(materialize(weight), size)
+            q, s = _encode_rows(weight, row_levels_inplace, name, rows.rotation_encode_block_elements(), rotated)
             return {"weight": q, "weight_scale": s}, {"format": self.name, "convrot": True, "convrot_groupsize": size}
         if per_channel:
             q, s = _encode_rows(weight, lambda w: row_levels_inplace(w.clone()), name)
@@ -50,16 +48,28 @@ class Int8Codec(Codec):
         q = cast_rows(weight, torch.int8, lambda w, scratch: int8_levels(w, divisor, out=scratch))
         return {"weight": q, "weight_scale": s}, {"format": self.name}
 
+    def _whole_layer(self, env, dtype, tensors):
+        # comfy-kitchen un-rotates the whole F32 layer in one GEMM; its rounding depends on
+        # the row count on some CPUs (an 8-row tail differs on AVX-512), so ConvRot decodes whole.
+        return env.get("convrot") is True
+
+    def _decode_whole(self, t, plan, dtype, state, out):
+        return unrotate(lambda: self._dequantized(t, 0, plan.shape[0]), plan.env["convrot_groupsize"], dtype, out)
+
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
-        env = plan.env
+        w = self._dequantized(t, r0, r1)
+        if plan.env.get("convrot") is True:  # only with exact=False (see Codec.iter_decode)
+            w = rotate_weight(w, plan.env["convrot_groupsize"])
+        return finish(w, dtype, out)
+
+    @staticmethod
+    def _dequantized(t: dict, r0: int, r1: int) -> torch.Tensor:
+        """``float32(q) * scale`` of rows ``r0:r1`` (before any un-rotation), a new F32 tensor."""
         q = rows_of(t["weight"], r0, r1)
         scale = t["weight_scale"]
         if scale.dim() == 2:
             scale = rows_of(scale, r0, r1)
-        w = torch.empty(q.shape, dtype=torch.float32).copy_(q).mul_(scale.to(torch.float32))
-        if env.get("convrot"):
-            w = rotate_weight(w, env["convrot_groupsize"])
-        return finish(w, dtype, out)
+        return torch.empty(q.shape, dtype=torch.float32).copy_(q).mul_(scale.to(torch.float32))
 
     def _linear_setup(self, x2, t, plan):
         env = plan.env
@@ -79,12 +89,15 @@ def _row_scaled(per_channel, convrot) -> bool:
     return bool(convrot if per_channel is None else per_channel)
 
 
-def _encode_rows(weight: torch.Tensor, fn, name: str, block_elements: int | None = None) -> list[torch.Tensor]:
+def _encode_rows(weight: Weight, fn, name: str, block_elements: int | None = None,
+                 rows: torch.Tensor | None = None) -> list[torch.Tensor]:
     """``fn`` (block -> INT8 levels as floats and their row scales) over row blocks of
-    ``weight``, the levels cast to int8 as they are gathered.  A non-finite row scale means
-    a NaN/Inf in the weight (see :func:`~comfyquant.codecs.base.refuse_nonfinite`): the
-    encoder skipped the separate scan for it."""
-    q, s = gather_rows(row_blocks(weight, block_elements), fn, weight.shape[0], dtypes=(torch.int8,))
+    ``rows`` (default: ``weight``), the levels cast to int8 as they are gathered.  A
+    non-finite row scale means a NaN/Inf in the weight (see
+    :func:`~comfyquant.codecs.base.refuse_nonfinite`): the encoder skipped the separate scan
+    for it."""
+    source = weight if rows is None else rows
+    q, s = gather_rows(row_blocks(source, block_elements), fn, weight.shape[0], dtypes=(torch.int8,))
     if not bool(torch.isfinite(s).all()):
         refuse_nonfinite(weight, name)
     return q, s

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from ..numerics.packing import LNF, lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
-from .base import Codec, finish
+from ..numerics.rows import row_ranges
+from .base import DEFAULT_BLOCK_ELEMENTS, Codec, finish
 
 GROUP = 64
 INT4_MAX = 7
@@ -57,16 +58,46 @@ class SVDQuantCodec(Codec):
         act = q.to(compute) * step  # the identity row's dequantized activation, per k
         return t, act
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
+    def _whole_layer(self, env, dtype, tensors):
+        return True  # the low-rank term is one F32 GEMM over the whole layer (see _decode_whole)
+
+    def _decode_whole(self, t, plan, dtype, state, out):
+        """The main term row block by row block (elementwise, see :meth:`_main_rows`) plus the
+        low-rank term, which comfy-kitchen computes as one F32 GEMM
+        ``lora_act [Kp, R] @ proj_up.T`` with ``lora_act`` the identity's down-projection,
+        padded to ``Kp`` (a multiple of 256) rows: made here on the same operands, since a
+        GEMM over a block of output features may round differently.  ``lora_act`` itself is
+        ``proj_down`` in F32: each of its entries is one product ``1 * d`` plus products with
+        the identity's zeros, exact in any order (only a ``-0.0`` may come out ``+0.0``, as
+        from an accumulator started at zero, which is what is used here)."""
         t, act = state
+        n, k = plan.shape
         compute = t["weight_scale"].dtype
-        k = plan.env["K"]
+        down = t["weight_proj_down"].float() + 0.0
+        lora = F.pad(down, (0, 0, 0, -(-k // ROW_PAD) * ROW_PAD - k))
+        low = lora @ t["weight_proj_up"].float().t()  # [Kp, N], comfy-kitchen's GEMM
+        del lora, down
+        out = torch.empty((n, k), dtype=dtype) if out is None else out
+        for r0, r1 in row_ranges(n, k, DEFAULT_BLOCK_ELEMENTS):
+            finish(self._main_rows(t, act, k, r0, r1) + low[:k, r0:r1].t().to(compute), dtype, out[r0:r1])
+        return out
+
+    @staticmethod
+    def _main_rows(t, act, k: int, r0: int, r1: int) -> torch.Tensor:
+        """``T(a_k * T(q * scale))`` of rows ``r0:r1``: comfy-kitchen's identity-input GEMM,
+        whose every output is one product plus products with zeros -- exact in any order and
+        any accumulator, so computed elementwise."""
+        compute = t["weight_scale"].dtype
         table = pair_table(torch.tensor([float(v if v < 8 else v - 16) for v in range(16)]).to(compute))
         w = lookup_pairs(t["weight"][r0:r1], table).view(r1 - r0, k // GROUP, GROUP)
         w = w.mul_(t["weight_scale"][:, r0:r1].t().unsqueeze(-1)).view(r1 - r0, k)
-        main = (w.to(torch.float32) * act.to(torch.float32)).to(compute)
-        low = (t["weight_proj_down"].float() @ t["weight_proj_up"][r0:r1].float().t()).t().to(compute)
-        return finish(main + low, dtype, out)
+        return (w.to(torch.float32) * act.to(torch.float32)).to(compute)
+
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):  # only with exact=False (Codec.iter_decode)
+        t, act = state
+        k = plan.env["K"]
+        low = (t["weight_proj_down"].float() @ t["weight_proj_up"][r0:r1].float().t()).t()
+        return finish(self._main_rows(t, act, k, r0, r1) + low.to(t["weight_scale"].dtype), dtype, out)
 
     def _linear_setup(self, x2, t, plan):
         """comfy-kitchen's eager forward: smoothed per-row per-64 INT4 (or UINT4) activations,

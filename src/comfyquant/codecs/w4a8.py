@@ -2,13 +2,37 @@
 
 Decoding goes through the INT8 grid ``g = clamp(round(level * s_rel), -127, 127)``, then
 ``W_rot = g * s_channel (+ correction)`` in F32, cast to the output dtype and un-rotated in
-that dtype.  For BF16 output without a correction and ConvRot blocks up to 256, every
-partial sum of the un-rotation is exact in F32 (values are BF16 multiples of one power of
-two spanning < 2^23 units), so the F32 product rounded once equals comfy-kitchen's BF16
-product bit for bit.  Which of the two is computed is a matter of speed only: the F32 GEMM
-costs a quarter of the BF16 one on CPUs without BF16 arithmetic and twice as much on CPUs
-with it (AVX512-BF16: measured 11.3 vs 5.6 ms for a 303 x 13824 block), so the faster one is
-measured once per process (:func:`_bf16_gemm_is_faster`).
+that dtype -- comfy-kitchen's one GEMM over the whole layer (``[N, G, C] @ H.T``, ``M = N*G``).
+
+Where that GEMM's rounding may depend on its row count, the layer is decoded whole with
+exactly those operands (:meth:`W4A8Codec._whole_layer`): with a correction, for F16 and F32
+output, and for ConvRot blocks over 256.  Otherwise -- BF16 output, no correction, ``C <= 256``
+-- row blocks are un-rotated in F32 and the result is provably the same whatever the blocks,
+the BLAS kernel or the thread count:
+
+* every ``W_rot`` value is ``bf16(f32(g * s))`` with an integer ``1 <= |g| <= 127`` (or 0) and
+  one F32 ``s`` per row; with ``s`` in the binade ``[2^e, 2^(e+1))`` each nonzero value lies in
+  ``[2^e, 2^(e+8))`` and, having 8 significant bits, is a multiple of ``2^(e-7)``: an integer
+  number of units ``u = 2^(e-7)`` below ``2^15`` in magnitude;
+* every row scale lies in ``[2^-100, 2^100)`` (else the layer decodes whole): no sum below can
+  overflow, and no nonzero value, product or partial sum (all at least ``2^(e-11)``) is
+  subnormal -- which matters, because BF16 GEMMs (AMX, AVX512-BF16) flush subnormals to zero
+  where F32 GEMMs keep them;
+* ``H`` entries are ``+-2^-d`` (``C = 4^d``, ``d <= 4``), so every product is an integer number
+  of units ``u * 2^-d``, below 2^15, and every partial sum of at most ``C <= 256`` of them is an
+  integer below ``2^23`` of those units: representable in F32 (24 bits), so exact in any order,
+  with or without FMA (which rounds ``a*b + c`` once: exactly);
+* hence the F32 GEMM over any rows gives the exact product, and its rounding to BF16 is the
+  correctly rounded exact product.  comfy-kitchen's BF16 GEMM gives that too: CPU BF16 GEMMs
+  (oneDNN with AVX512-BF16 or AMX, MKL, torch's own AVX2 fallback) multiply into F32
+  accumulators and round once at the end, and with exact partial sums their order cannot
+  matter.  ``tests/test_numerics.py`` checks the exactness on adversarial values (largest
+  integer grid, scale binade edges, subnormal scales) and the equality with comfy-kitchen at
+  1 and 2 threads with tails under 16 rows.
+
+(For F16, 11 significant bits give units below 2^18 and sums of 256 below 2^26: not exact;
+hence decoded whole.  An earlier version chose between the F32 and a blocked BF16 GEMM by
+timing them; the choice is gone, no result depends on a measurement.)
 
 The quantizer (:mod:`.w4a8_quant`) reproduces comfy-kitchen's choices: codebook decision,
 ALS refinement, grid assignment and the 6-bit scale search.
@@ -18,7 +42,7 @@ from __future__ import annotations
 
 import torch
 
-from ..numerics.hadamard import rotate_activation, rotate_weight
+from ..numerics.hadamard import rotate_activation, rotate_weight, unrotate
 from ..numerics.int8 import int8_product, quantize_rows
 from ..numerics.packing import lookup_pairs, pair_table, unpack_6bit
 from ..numerics.rows import row_ranges
@@ -26,6 +50,15 @@ from .base import DEFAULT_BLOCK_ELEMENTS, Codec, finish, rows_of
 from .w4a8_quant import encode_w4a8
 
 _EXACT_MAX_BLOCK = 256
+_EXACT_MAX_SCALE = 2.0 ** 100
+"""Row scales from here on could make a partial sum of the un-rotation overflow F32 (values
+below ``2^(e+8)``, sums of up to 256 times ``2^-4`` of them below ``2^(e+12)``), where the
+order would decide between a finite result and infinity: such layers decode whole."""
+_EXACT_MIN_SCALE = 2.0 ** -100
+"""Row scales below this could make a value, product or partial sum subnormal (every nonzero
+one is at least ``2^(e-11)``), and BF16 GEMMs flush subnormals (AMX and AVX512-BF16 dot
+products run with DAZ/FTZ: measured on AMX) while F32 GEMMs keep them: such layers (and a
+zero or NaN scale) decode whole."""
 
 
 class W4A8Codec(Codec):
@@ -56,28 +89,49 @@ class W4A8Codec(Codec):
         v = v.view(rows, k // g, g).mul_(s_rel.unsqueeze(-1))
         return v.round_().clamp_(-127.0, 127.0).view(rows, k)
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
-        env = plan.env
-        k, g, size = env["K"], env["group_size"], env["convrot_groupsize"]
-        grid = self._grid(t, env, r0, r1, state)
+    def _whole_layer(self, env, dtype, tensors):
+        """Everything but the exact case of the module doc, which also needs every row scale
+        in ``[_EXACT_MIN_SCALE, _EXACT_MAX_SCALE)``: no partial sum can overflow or be
+        subnormal (a zero, infinite or NaN scale is outside)."""
+        if dtype != torch.bfloat16 or "weight_correction" in tensors or env["convrot_groupsize"] > _EXACT_MAX_BLOCK:
+            return True
+        s = tensors["weight_s_channel"]
+        if s.numel() == 0:
+            return False
+        lo, hi = torch.aminmax(s.float().abs())
+        return not (bool(lo >= _EXACT_MIN_SCALE) and bool(hi < _EXACT_MAX_SCALE))
+
+    def _rotated(self, t, env, r0: int, r1: int, table, dtype: torch.dtype) -> torch.Tensor:
+        """``W_rot`` of rows ``r0:r1`` in ``dtype``: the grid times ``s_channel`` (plus the
+        correction) in F32, then rounded to ``dtype`` -- comfy-kitchen's operand."""
+        k, g = env["K"], env["group_size"]
+        grid = self._grid(t, env, r0, r1, table)
         rows = grid.shape[0]
         w = grid.view(rows, k // g, g).mul_(rows_of(t["weight_s_channel"], r0, r1).to(torch.float32).view(rows, 1, 1))
         corr = t.get("weight_correction")
         if corr is not None:
             w.add_(corr[:, r0:r1].t().unsqueeze(-1).to(torch.float32))
-        w = w.view(rows, k).to(dtype)
-        if dtype == torch.bfloat16 and corr is None and size <= _EXACT_MAX_BLOCK and not _bf16_gemm_is_faster():
-            return finish(rotate_weight(w.to(torch.float32), size), dtype, out)  # same bits, see the module doc
+        return w.view(rows, k).to(dtype)
+
+    def _decode_whole(self, t, plan, dtype, state, out):
+        env = plan.env
+        return unrotate(lambda: self._rotated(t, env, 0, plan.shape[0], state, dtype), env["convrot_groupsize"], dtype, out)
+
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
+        size = plan.env["convrot_groupsize"]
+        if self._whole_layer(plan.env, dtype, t):  # only with exact=False (see Codec.iter_decode)
+            return finish(rotate_weight(self._rotated(t, plan.env, r0, r1, state, dtype), size), dtype, out)
+        # The exact case (BF16, no correction, C <= 256, moderate scales): see the module doc.
+        w = self._rotated(t, plan.env, r0, r1, state, torch.bfloat16).to(torch.float32)
         return finish(rotate_weight(w, size), dtype, out)
 
+    def _runs_dense(self, t):
+        return "weight_correction" in t  # comfy-kitchen: dequantize + float matmul
+
     def _linear_setup(self, x2, t, plan):
-        if "weight_correction" in t:
-            return x2  # comfy-kitchen runs the asymmetric variant as dequantize + float matmul
         return quantize_rows(rotate_activation(x2, plan.env["convrot_groupsize"])), x2.dtype
 
     def _linear_rows(self, state, t, plan, bias, r0, r1):
-        if "weight_correction" in t:
-            return self._dense_linear(state, t, plan, bias, r0, r1)
         (q_x, s_x), dtype = state
         env = plan.env
         # The INT8 grid is built in row blocks: one F32 temporary per block, not per layer.
@@ -86,28 +140,6 @@ class W4A8Codec(Codec):
         for b0, b1 in row_ranges(r1 - r0, env["K"], DEFAULT_BLOCK_ELEMENTS):
             grid[b0:b1] = self._grid(t, env, r0 + b0, r0 + b1, table).to(torch.int8)
         return int8_product(q_x, s_x, grid, rows_of(t["weight_s_channel"], r0, r1), bias, dtype)
-
-
-_BF16_FASTER: bool | None = None
-
-
-def _bf16_gemm_is_faster() -> bool:
-    """Whether this CPU runs the BF16 un-rotation GEMM faster than the F32 one (timed once per
-    process on a 64 x 4096 block, best of three each: ~3 ms).  Both give the same bits in the
-    exact case, so the answer changes speed only."""
-    global _BF16_FASTER
-    if _BF16_FASTER is None:
-        import time
-
-        x = torch.randn(64, 4096, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-        best = {}
-        for dtype in (torch.float32, torch.bfloat16) * 3:
-            v = x.to(dtype)
-            t = time.perf_counter()
-            rotate_weight(v, _EXACT_MAX_BLOCK)
-            best[dtype] = min(best.get(dtype, float("inf")), time.perf_counter() - t)
-        _BF16_FASTER = best[torch.bfloat16] < best[torch.float32]
-    return _BF16_FASTER
 
 
 def _s_rel(t: dict) -> torch.Tensor:

@@ -3,9 +3,9 @@
 Step by step as comfy-kitchen 0.2.40 eager does it, so codes, ``s_rel``, ``s_channel``, the
 codebook and the correction come out bit-identical:
 
-0. rotate ``W`` per ConvRot block in its own dtype (comfy-kitchen rotates row chunks of
-   ``2^22 // K`` rows; smaller row blocks give the same bits, and everything after the
-   codebook decision is per row);
+0. rotate ``W`` per ConvRot block in its own dtype, in comfy-kitchen's row chunks of
+   ``2^22 // K`` rows (one GEMM each, the same operands: the same rounding on any CPU);
+   everything after the codebook decision is per row, so it runs in smaller row blocks;
 1. codebook (A) or 6-bit (D): group scale from the group maximum, then two ALS passes;
 2. uniform symmetric (B): ``amax / 7``; 3. asymmetric (C): ``(max - min) / 15`` plus a
    group-major correction ``8 * gs + min`` in the weight's dtype;
@@ -27,7 +27,7 @@ from ..numerics.floats import E4M3, fp8_neighbours
 from ..numerics.hadamard import is_power_of_4, rotate_weight
 from ..numerics.nearest import grid_by_code, grid_nearest, grid_nearest_by_code, nearest, table_thresholds
 from ..numerics.packing import pack_6bit, pack_nibbles
-from ..numerics.rows import Weight, as_source, gather_rows, release_memory, row_blocks
+from ..numerics.rows import Weight, as_source, gather_rows, materialize, release_memory, row_blocks
 from .base import CodecError, reject_unknown
 
 FIXED_CODEBOOK = (
@@ -106,13 +106,20 @@ def _validate(weight: Weight, g, c, bits, name: str) -> None:
 def _rotated_blocks(weight: Weight, c: int) -> Iterator[tuple[int, int, torch.Tensor]]:
     """``(r0, r1, rotated rows)`` for the row blocks of ``weight``.
 
-    comfy-kitchen rotates chunks of ``ROW_BUDGET // K`` rows; a rotation GEMM of other row
-    counts gives the same bits (blocks are never small-M products, see
-    :mod:`comfyquant.numerics.rows`; measured bit-identical on the bench's 3072x3072,
-    12288x3072 and 3072x12288 layers and on odd shapes, in BF16, F16 and F32), and the
-    quantizer's temporaries, about 20 bytes per element, follow the block, not the chunk."""
-    for r0, r1, rows in row_blocks(weight):
-        yield r0, r1, rotate_weight(rows.contiguous(), c)
+    The rotation is comfy-kitchen's call: one GEMM per row chunk of ``ROW_BUDGET // K`` rows
+    (at least one; the whole weight when it has no more rows), in the weight's dtype -- the
+    same operand shapes, so the same rounding on any CPU (a GEMM over other row counts may
+    round differently, see :mod:`comfyquant.numerics.rows`).  Everything after the rotation
+    is per row, so the quantizer then takes each rotated chunk in row blocks: its
+    temporaries, about 20 bytes per element, follow the block, not the chunk."""
+    n, k = weight.shape
+    chunk = max(1, ROW_BUDGET // max(k, 1))
+    for c0 in range(0, n, chunk):
+        c1 = min(n, c0 + chunk)
+        rotated = rotate_weight(materialize(weight, c0, c1).contiguous(), c)
+        for b0, b1, rows in row_blocks(rotated):
+            yield c0 + b0, c0 + b1, rows
+        del rotated
 
 
 # -- codebook ---------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ Two ways to apply it:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 _CACHE: dict[tuple[int, torch.dtype], torch.Tensor] = {}
@@ -57,12 +59,35 @@ def _blocks(features: int, size: int, what: str) -> int:
     return features // size
 
 
-def rotate_weight(weight: torch.Tensor, size: int) -> torch.Tensor:
-    """``W[n, gC:(g+1)C] @ H.T`` for every block, computed in the weight's dtype."""
+def rotate_weight(weight: torch.Tensor, size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``W[n, gC:(g+1)C] @ H.T`` for every block, computed in the weight's dtype.
+
+    The call is comfy-kitchen's ``_rotate_weight`` operand for operand (``[n, G, C]`` times the
+    transposed view of ``H``: one GEMM of ``M = n * G`` rows), so for the same ``weight`` shape
+    BLAS picks the same kernel and sums in the same order on any CPU and thread count; a
+    product over fewer rows may round differently (MKL/oneDNN choose kernels by ``M``).
+    ``out`` (contiguous ``[n, k]``, same dtype, not ``weight``) receives the product: the
+    same GEMM writing into a given buffer instead of a fresh one."""
     n, k = weight.shape
     groups = _blocks(k, size, "in_features")
     h = hadamard(size, weight.dtype)
-    return torch.matmul(weight.reshape(n, groups, size), h.t()).reshape(n, k)
+    if out is None:
+        return torch.matmul(weight.reshape(n, groups, size), h.t()).reshape(n, k)
+    torch.matmul(weight.reshape(n, groups, size), h.t(), out=out.view(n, groups, size))
+    return out
+
+
+def unrotate(dequantize: Callable[[], torch.Tensor], size: int, dtype: torch.dtype,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """The un-rotation of a whole dequantized layer: comfy-kitchen's ``_rotate_weight(w, H)``,
+    the GEMM on the same operands (in ``w``'s dtype), whose rounding to ``dtype`` is left to
+    the caller -- except that a product already in ``dtype`` is written straight into
+    ``out`` when given.  ``dequantize()`` makes ``w``, a temporary released right after the
+    GEMM, so the peak is two layers (``w`` and the product)."""
+    w = dequantize()
+    if w.dtype == dtype and out is not None:
+        return rotate_weight(w, size, out=out)
+    return rotate_weight(w, size)
 
 
 def rotate_activation(x: torch.Tensor, size: int) -> torch.Tensor:

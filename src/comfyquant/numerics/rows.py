@@ -3,12 +3,15 @@
 
 Every quantizer and decoder here is row-independent once its per-tensor reductions (a tensor
 scale, a codebook) are known, so processing rows in blocks changes nothing but memory -- with
-one exception: a matrix product (the ConvRot rotation) may sum in another order when its
-row count changes.  BLAS picks special small-M kernels (measured with MKL on AVX2: F32
-products of fewer than 12 rows, not multiples of 4, round differently), so a block never
-has fewer than :func:`min_rows` rows -- 16, and at least :data:`MIN_BLOCK_ELEMENTS`
-elements, so a rotation's GEMM has at least 16 rows even with one ConvRot block per row --
-unless the whole tensor is smaller: a short tail joins the block before it.
+one exception: a float matrix product (the ConvRot rotation) may sum in another order when
+its row count changes, on some CPUs even for large blocks (BLAS picks kernels by shape, ISA
+and thread count).  So no float GEMM is ever computed over these blocks unless its sums are
+provably exact: the rotations run on comfy-kitchen's own operands (the whole layer, or
+comfy-kitchen's W4A8 row chunks; :func:`materialize` assembles a row source for them) and
+only the row-independent work after them is blocked.  Blocks still have at least
+:func:`min_rows` rows (16, and at least :data:`MIN_BLOCK_ELEMENTS` elements) unless the
+whole tensor is smaller -- a short tail joins the block before it -- which keeps per-block
+overhead small; bit-exactness does not rest on it.
 
 A weight need not be in memory at all: a :class:`RowSource` hands out rows on demand (read
 from the file, or decoded from a quantized layer), so ``quantize`` holds one block of the
@@ -120,6 +123,22 @@ def row_blocks(t: Weight, block_elements: int | None = None,
     n, k = source.shape
     for r0, r1 in row_ranges(n, k, block_elements or encode_block_elements(), multiple):
         yield r0, r1, source.rows(r0, r1)
+
+
+def materialize(weight: Weight, r0: int = 0, r1: int | None = None) -> torch.Tensor:
+    """Rows ``r0:r1`` (default: all) of ``weight`` as one tensor: a view of a tensor, or a
+    :class:`RowSource` read block by block into one new tensor (no read is larger than a
+    block).  For the products comfy-kitchen computes over a whole layer or row chunk, whose
+    rounding may depend on the row count (ConvRot weight rotations): those rows are then held
+    together, as comfy-kitchen holds them."""
+    n, k = weight.shape
+    r1 = n if r1 is None else r1
+    if isinstance(weight, torch.Tensor):
+        return weight[r0:r1]
+    out = torch.empty((r1 - r0, k), dtype=weight.dtype)
+    for b0, b1 in row_ranges(r1 - r0, k, encode_block_elements()):
+        out[b0:b1].copy_(weight.rows(r0 + b0, r0 + b1))
+    return out
 
 
 def gather_rows(blocks: Iterable[tuple[int, int, torch.Tensor]], fn: Callable[[torch.Tensor], Sequence[torch.Tensor]],

@@ -196,7 +196,10 @@ def measure(codec, source, tensors: dict, marker: dict, name: str) -> dict:
     y_ref = torch.empty((QUALITY_ROWS, n), dtype=torch.float32)
     acc = torch.zeros(4, dtype=torch.float64)  # sum e^2, sum w^2, sum d*w, sum d^2
     r0 = 0
-    for block in codec.iter_decode(tensors, marker, dtype=source.dtype, layer=name, block_elements=block_elements):
+    # exact=False: rotated layers too are decoded block by block (comfy-kitchen's whole-layer
+    # un-rotation GEMM would hold two F32 copies of the layer; a last bit cannot show here).
+    for block in codec.iter_decode(tensors, marker, dtype=source.dtype, layer=name, block_elements=block_elements,
+                                   exact=False):
         # Formats that pad (NVFP4 to 16, MXFP8 to 32) decode the padding too when the encoded
         # tensors alone cannot tell the model's size: only the model's [n, k] is compared.
         if r0 >= n:
