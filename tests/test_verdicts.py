@@ -709,3 +709,22 @@ def test_surrogate_pairs_and_escaped_backslashes_load(tmp_path, pair):
     path = raw_file(tmp_path / "s.safetensors", '{"a' + pair + '":' + entry + "}", bytes(4))
     assert real_error(path) is None
     assert all(v.loads for v in check(path).verdicts.values())
+
+
+OUT_OF_RANGE = ['"shape":1e400,"data_offsets":[0,4]', '"shape":[1e400],"data_offsets":[0,4]',
+                '"shape":[4],"data_offsets":[0,1e400]', '"shape":[4],"data_offsets":[0,-1e400]',
+                '"shape":[' + "9" * 400 + '],"data_offsets":[0,4]']
+
+
+@pytest.mark.parametrize("fields", OUT_OF_RANGE)
+def test_numbers_out_of_range_fail_like_safetensors(tmp_path, fields):
+    """Python's json reads 1e400 (or a 400-digit integer) as inf; serde_json refuses it with
+    "number out of range" where the number ends (found by the fuzz campaign: this crashed)."""
+    path = raw_file(tmp_path / "o.safetensors", '{"a":{"dtype":"U8",' + fields + "}}", bytes(4))
+    assert_fails_like_safetensors(path)
+
+
+def test_number_out_of_range_in_metadata_fails_like_safetensors(tmp_path):
+    path = raw_file(tmp_path / "o.safetensors",
+                    '{"__metadata__":{"k":1e400},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}', bytes(4))
+    assert_fails_like_safetensors(path)

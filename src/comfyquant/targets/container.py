@@ -33,6 +33,7 @@ several tensors with identical offsets safetensors names (it picks one by hash o
 from __future__ import annotations
 
 import json
+import math
 import re
 import unicodedata
 from decimal import Decimal
@@ -203,8 +204,32 @@ def serde_number(token: str) -> int | float:
     return -f if negative else f
 
 
-_STRICT = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_keep_pairs, parse_float=serde_number,
-                           parse_int=serde_number)
+class _OutOfRange(Exception):
+    """A number serde_json reads as an infinite f64 (``1e400``, a 400-digit integer): it
+    refuses it ("number out of range") where Python's json gives ``inf``."""
+
+
+def _finite_number(token: str) -> int | float:
+    value = serde_number(token)
+    if isinstance(value, float) and math.isinf(value):
+        raise _OutOfRange(token)
+    return value
+
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?', re.S)
+
+
+def _out_of_range_end(text: str, pos: int) -> int:
+    """Where serde stops on the first out-of-range number after ``pos``: the end of its token
+    (strings are skipped whole, so a number inside one is not taken)."""
+    for m in _TOKEN.finditer(text, pos):
+        if not m.group().startswith('"') and math.isinf(float(serde_number(m.group()))):
+            return m.end()
+    return pos
+
+
+_STRICT = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_keep_pairs, parse_float=_finite_number,
+                           parse_int=_finite_number)
 
 
 class _Fail(Exception):
@@ -304,6 +329,8 @@ def _top_level(text: str) -> tuple[list[tuple[str, object]], int]:
                 value, pos = _STRICT.raw_decode(text, pos)
             except _Constant:
                 raise _Fail("expected value", _constant_position(text, pos)) from None
+            except _OutOfRange:
+                raise _Fail("number out of range", _out_of_range_end(text, pos)) from None
             entries.append((key, value))
         pos = _ws(text, pos)
         if text[pos] == "}":
@@ -335,6 +362,8 @@ def _metadata(text: str, pos: int) -> int:
             m = _NUMBER.match(text, pos)
             if m is None or m.end() == pos:
                 raise _Fail("expected value", _constant_position(text, pos))
+            if math.isinf(serde_number(m.group())):
+                raise _Fail("number out of range", m.end())
             raise _Fail(f"invalid type: {_unexpected(serde_number(m.group()))}, expected a string", m.end())
         pos = _ws(text, pos)
         if text[pos] == "}":
