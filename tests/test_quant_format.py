@@ -128,7 +128,13 @@ def test_fix_writes_the_markers_quant_format_implies(tmp_path, target):
     assert not check(qf, target="comfyui").ok  # ComfyUI does not read quant_format
     dest = str(tmp_path / "fixed.safetensors")
     result = fix(qf, out=dest, target=target)
-    assert result.ok
+    if target == "all":
+        # SGLang needs these scales labelled U8 in a quant_format file, comfy-kitchen itself takes
+        # only F8_E8M0 (ComfyUI views either): no labelling satisfies both, and fix says so
+        remaining = [f for f in result.after.findings if f.severity == "error"]
+        assert remaining and all(f.code == "L002" and f.targets == ["comfy-kitchen"] for f in remaining)
+    else:
+        assert result.ok
     assert any("quant_format=mxfp8 implies" in c.what for c in result.plan.changes)
     assert check(dest, target="comfyui").ok and check(dest, target="sglang").ok
     with comfyquant.open_checkpoint(dest) as ck:

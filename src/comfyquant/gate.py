@@ -28,14 +28,36 @@ def check_input(ckpt, verb: str, error: type[ComfyQuantError] = InputError):
     from .markers import file_level_markers
 
     report = check_checkpoint(ckpt, target=GATE_TARGET)
-    refuse_errors(report, verb, error, set(file_level_markers(ckpt)))
+    refuse_errors(report, verb, error, set(file_level_markers(ckpt)), _relabelled_for_kitchen(ckpt, report))
     return report
 
 
-def refuse_errors(report, verb: str, error: type[ComfyQuantError] = InputError, implied: set[str] = frozenset()) -> None:
-    """``implied``: prefixes of the unmarked layers a file-level ``quant_format`` covers."""
+def _relabelled_for_kitchen(ckpt, report) -> set[str]:
+    """Layers comfy-kitchen refuses only for an operand's dtype label that ComfyUI views as the
+    right one before handing it over (an MXFP8 block scale stored as ``U8``, say: the same
+    bytes).  The decoding commands decode the way ComfyUI runs comfy-kitchen, views included,
+    so those layers are decodable exactly: their findings do not block."""
+    from .targets.base import run_target
+
+    failing: dict[str, set[str]] = {}
+    for v in report.verdicts[GATE_TARGET].violations:
+        if v.fails and v.layer:
+            failing.setdefault(v.layer, set()).add(v.rule)
+    only_dtype = {layer for layer, rules in failing.items() if rules == {f"{GATE_TARGET}.dtype"}}
+    if not only_dtype:
+        return set()
+    comfy = run_target("comfyui", ckpt)
+    still = {v.layer for v in comfy.violations if v.fails and v.rule == "comfyui.dtype"}
+    return only_dtype - still
+
+
+def refuse_errors(report, verb: str, error: type[ComfyQuantError] = InputError, implied: set[str] = frozenset(),
+                  viewed: set[str] = frozenset()) -> None:
+    """``implied``: unmarked layers a file-level ``quant_format`` covers (their missing marker,
+    M023, is no obstacle); ``viewed``: layers whose only comfy-kitchen failure is a dtype label
+    ComfyUI views as the right one (no finding of theirs is an obstacle)."""
     errors = [f for f in report.findings if (f.severity == "error" or f.code in ALWAYS_BLOCKING)
-              and not (f.code == "M023" and f.layer in implied)]
+              and f.layer not in viewed and not (f.code == "M023" and f.layer in implied)]
     if not errors:
         return
     first = errors[0]
