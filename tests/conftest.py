@@ -2,12 +2,13 @@
 
 The light install (numpy and rich, no torch) runs ``check``, ``inspect`` and the lossless
 ``fix``; ``.ci/run`` runs the suite a second time in such an environment.  There, the modules
-that need torch at import are not collected, and single tests that need it carry the
+that import torch (or comfy-kitchen, or ``kitchen_fixtures``) at module level are not collected, and single tests that need it carry the
 ``needs_torch`` marker and are skipped.  Everything else must pass without torch.
 """
 
 import importlib.util
 import os
+import re
 import sys
 
 import pytest
@@ -16,19 +17,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
-TORCH_MODULES = [
-    "test_codecs_vs_kitchen.py",
-    "test_dequantize.py",
-    "test_fix_decoded.py",
-    "test_fix_lossy.py",
-    "test_kitchen_formats.py",
-    "test_moe_banks.py",
-    "test_numerics.py",
-    "test_quantize.py",
-]
-"""Test modules that import torch (or comfy-kitchen) at module level."""
+_TORCH_IMPORT = re.compile(r"^(?:import|from)\s+(?:torch|comfy_kitchen|safetensors\.torch|kitchen_fixtures)\b", re.M)
+"""A module-level import of torch (or of what imports it): such a test module needs torch."""
 
-collect_ignore = [] if HAS_TORCH else TORCH_MODULES
+
+def pytest_ignore_collect(collection_path, config):
+    """On a light install, leave out the test modules that import torch at module level."""
+    if HAS_TORCH or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return True if _TORCH_IMPORT.search(collection_path.read_text(encoding="utf-8")) else None
 
 
 def pytest_configure(config):

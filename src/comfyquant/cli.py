@@ -57,6 +57,24 @@ def _tolerant_output() -> None:
             pass  # not a text stream we can adjust (a test's replacement, a closed stream)
 
 
+DECODING_COMMANDS = ("dequantize", "convert", "quantize")
+
+
+def _judge_input_first(args) -> None:
+    """On an install without torch, a decoding command still judges its input (readable, and
+    passing the input gate, both torch-free) before it says which extra it needs: a bad input
+    gets the same one line on every install."""
+    if args.command not in DECODING_COMMANDS:
+        return
+    from .checkpoint import open_checkpoint
+    from .commands.common import inputs_and_output
+    from .gate import check_input
+
+    inputs, _out = inputs_and_output(args)
+    with open_checkpoint(inputs[0] if len(inputs) == 1 else inputs) as ckpt:
+        check_input(ckpt, args.command)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     _tolerant_output()
@@ -87,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: one line, the traceback on request
         module = (getattr(exc, "name", None) or "").partition(".")[0] if isinstance(exc, ModuleNotFoundError) else ""
         if module in OPTIONAL_MODULES:  # not a bug: a light install running a command that needs an extra
+            try:
+                _judge_input_first(args)
+            except ComfyQuantError as bad:
+                sys.stderr.write(f"comfyquant: {bad}\n")
+                return 2
             sys.stderr.write(f"comfyquant {args.command}: needs {module}, which is not installed "
                              f"(pip install 'comfyquant[{OPTIONAL_MODULES[module]}]')\n")
             return 2
