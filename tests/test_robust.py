@@ -19,6 +19,7 @@ import pytest
 
 import comfyquant
 from builders import W4A8_MARKER, dense_layer, fp8_layer, int8_layer, w4a4_layer, w4a8_layer, write
+from comfyquant import check
 from comfyquant.cli import main
 from conftest import HAS_TORCH
 
@@ -500,3 +501,21 @@ def test_shards_into_an_existing_folder_keep_their_names(tmp_path, capsys, comma
     assert rc == 0, err
     assert sorted(os.listdir(out)) == ["m-1.safetensors", "m-2.safetensors", "m.safetensors.index.json"]
     assert run(capsys, "check", out / "m.safetensors.index.json", "--target", "comfy-kitchen")[0] == 0
+
+
+@pytest.mark.parametrize("number", NON_FINITE)
+def test_runtimes_parse_a_non_finite_size_in_the_header_map_and_int_fails(tmp_path, number):
+    """SGLang reads the header map with Python's json, which takes NaN/Infinity/1e400, then
+    int()s the group size: its verdict is Python's own int() error (not "Invalid
+    _quantization_metadata", which it raises only for text json refuses)."""
+    text = json.dumps({"format_version": "1.0", "layers": {"a.b": dict(W4A8_MARKER)}}).replace(
+        '"group_size": 16', f'"group_size": {number}')
+    src = write(tmp_path / "in.safetensors", w4a8_layer("a.b", marker=False), metadata={"_quantization_metadata": text})
+    value = json.loads(text)["layers"]["a.b"]["group_size"]
+    with pytest.raises((ValueError, OverflowError)) as exc:
+        int(value)
+    report = check(src)
+    first = report.verdicts["sglang"].first
+    assert (first.exception, first.message) == (type(exc.value).__name__, str(exc.value))
+    assert not report.verdicts["comfyui"].loads
+    assert any(f.code == "M010" for f in report.findings) and not report.ok

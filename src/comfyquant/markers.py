@@ -165,6 +165,37 @@ parse_marker_json = _DECODER.decode
 a runtime profile or a writer as a marker value."""
 
 
+SIZE_KEYS = ("group_size", "convrot_groupsize")
+"""Marker keys the runtimes convert with ``int()`` when they build a layer."""
+
+
+def lenient_nonfinite_sizes(raw: str) -> list[tuple[str, str, float]] | None:
+    """For a header map the strict parser refused: None when Python's own ``json`` (what the
+    runtimes use) refuses it too; else the ``(layer, key, value)`` whose non-finite value sits
+    in a size key the runtimes ``int()`` (``int(nan)`` raises ``ValueError``, ``int(inf)``
+    ``OverflowError``).  A non-finite value anywhere else is parsed and never used."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    layers = obj.get("layers") if isinstance(obj, dict) else None
+    out = []
+    for prefix, marker in (layers.items() if isinstance(layers, dict) else ()):
+        if isinstance(marker, dict):
+            for key in SIZE_KEYS:
+                v = marker.get(key)
+                if isinstance(v, float) and not math.isfinite(v):
+                    out.append((prefix, key, v))
+    return out
+
+
+def int_error(value: float) -> tuple[str, str]:
+    """(exception, message) of Python's ``int()`` of a non-finite float."""
+    if math.isnan(value):
+        return "ValueError", "cannot convert float NaN to integer"
+    return "OverflowError", "cannot convert float infinity to integer"
+
+
 def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
     hm = HeaderMarkers(file, raw)
     ms.headers.append(hm)

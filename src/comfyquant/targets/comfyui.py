@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from ..io.dtypes import DTYPE_BITS
-from ..markers import same_marker
+from ..markers import lenient_nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, incomplete_violations
 from .kitchen import FORWARD, forward_templates
 
@@ -84,11 +84,11 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
             except (ValueError, RecursionError) as exc:
                 _fail(out, "header", str(exc), exception=type(exc).__name__,
                       cause="the header marker map is not JSON", fix="rewrite the header markers (comfyquant fix)")
-            else:  # Python's json takes NaN/Infinity/1e400: ComfyUI parses the map and meets the value later
-                _fail(out, "header", "(no ComfyUI message modelled) the header marker map holds a non-finite number "
-                      "(NaN, Infinity or an overflowing 1e400), which ComfyUI's json parses and its layer code "
-                      "cannot use as a size or flag", exception=None,
-                      cause="a writer stored a non-finite marker value", fix="rewrite the header markers (comfyquant fix)")
+            else:  # Python's json takes NaN/Infinity/1e400: ComfyUI reads the map; a non-finite size fails
+                for prefix, key, value in (lenient_nonfinite_sizes(hm.raw) or [])[:1]:
+                    _fail(out, "header", f"(no ComfyUI message modelled) layer '{prefix}': {key}={value} in the header "
+                          "marker map cannot be a size", prefix, exception=None,
+                          cause="a writer stored a non-finite marker value", fix="rewrite the header markers (comfyquant fix)")
             continue
         if hm.error in ("M011", "M012"):
             _fail(out, "header", "'layers'", exception="KeyError" if hm.error == "M012" else "TypeError",

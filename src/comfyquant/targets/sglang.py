@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from ..formats.base import GeometryError
 from ..formats.w4a8 import ASYM_W4A8_INT8
+from ..markers import int_error, lenient_nonfinite_sizes
 from .base import Verdict, Violation, incomplete_violations
 from .container import EXCEPTION, container_errors
 
@@ -121,6 +122,12 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: _
             # safe_open(path) raises before anything of this shard is read
             run.fail("safetensors", damaged[path], exception=EXCEPTION, file=path)
         hm = headers.get(path)
+        if hm is not None and hm.error == "M010" and (sizes := lenient_nonfinite_sizes(hm.raw)) is not None:
+            # Python's json takes NaN/Infinity/1e400: SGLang reads the map and int()s the sizes
+            for prefix, _key, value in sizes[:1]:
+                exception, message = int_error(value)
+                run.fail("H1", message, prefix, exception=exception)
+            continue
         if hm is not None and hm.error is not None:
             rule, text = {
                 "M010": ("H1", f"Invalid _quantization_metadata in {path}"),
