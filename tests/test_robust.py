@@ -519,3 +519,14 @@ def test_runtimes_parse_a_non_finite_size_in_the_header_map_and_int_fails(tmp_pa
     assert (first.exception, first.message) == (type(exc.value).__name__, str(exc.value))
     assert not report.verdicts["comfyui"].loads
     assert any(f.code == "M010" for f in report.findings) and not report.ok
+
+
+def test_a_non_finite_value_in_an_unused_key_of_the_header_map_leaves_sglang_its_tensor_markers(tmp_path):
+    """SGLang parses the map (Python's json takes NaN) and reads the file's tensor markers as
+    usual: a NaN in a key nothing int()s does not stop it."""
+    text = json.dumps({"format_version": "1.0", "layers": {"a.b": {**W4A8_MARKER, "note": 1}}}).replace('"note": 1',
+                                                                                                     '"note": NaN')
+    src = write(tmp_path / "in.safetensors", w4a8_layer("a.b"), metadata={"_quantization_metadata": text})
+    report = check(src)
+    assert report.verdicts["sglang"].loads and report.verdicts["comfyui"].loads
+    assert any(f.code == "M010" for f in report.findings)

@@ -178,6 +178,11 @@ def lenient_nonfinite_sizes(raw: str) -> list[tuple[str, str, float]] | None:
         obj = json.loads(raw)
     except (ValueError, RecursionError):
         return None
+    return nonfinite_sizes(obj)
+
+
+def nonfinite_sizes(obj) -> list[tuple[str, str, float]]:
+    """``(layer, key, value)`` of a parsed header map whose size key holds a non-finite float."""
     layers = obj.get("layers") if isinstance(obj, dict) else None
     out = []
     for prefix, marker in (layers.items() if isinstance(layers, dict) else ()):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from ..io.dtypes import DTYPE_BITS
-from ..markers import lenient_nonfinite_sizes, same_marker
+from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, incomplete_violations
 from .kitchen import FORWARD, forward_templates
 
@@ -80,12 +80,14 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
     for hm in ckpt.markers.headers:
         if hm.error == "M010":
             try:
-                json.loads(hm.raw)
+                obj = json.loads(hm.raw)
             except (ValueError, RecursionError) as exc:
                 _fail(out, "header", str(exc), exception=type(exc).__name__,
                       cause="the header marker map is not JSON", fix="rewrite the header markers (comfyquant fix)")
             else:  # Python's json takes NaN/Infinity/1e400: ComfyUI reads the map; a non-finite size fails
-                for prefix, key, value in (lenient_nonfinite_sizes(hm.raw) or [])[:1]:
+                sizes = nonfinite_sizes(obj)
+                if sizes:
+                    prefix, key, value = sizes[0]
                     _fail(out, "header", f"(no ComfyUI message modelled) layer '{prefix}': {key}={value} in the header "
                           "marker map cannot be a size", prefix, exception=None,
                           cause="a writer stored a non-finite marker value", fix="rewrite the header markers (comfyquant fix)")

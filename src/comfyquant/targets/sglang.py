@@ -124,11 +124,11 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: _
         hm = headers.get(path)
         if hm is not None and hm.error == "M010" and (sizes := lenient_nonfinite_sizes(hm.raw)) is not None:
             # Python's json takes NaN/Infinity/1e400: SGLang reads the map and int()s the sizes
-            for prefix, _key, value in sizes[:1]:
+            if sizes:
+                prefix, _key, value = sizes[0]
                 exception, message = int_error(value)
                 run.fail("H1", message, prefix, exception=exception)
-            continue
-        if hm is not None and hm.error is not None:
+        elif hm is not None and hm.error is not None:
             rule, text = {
                 "M010": ("H1", f"Invalid _quantization_metadata in {path}"),
                 "M011": ("H2", f"_quantization_metadata in {path} must contain an object"),
