@@ -37,8 +37,8 @@ import time
 import types
 from dataclasses import dataclass, field
 
-from .errors import ComfyQuantError, InputError
-from .io.outputs import destinations, is_input, output_exists
+from .errors import ComfyQuantError
+from .io.outputs import destinations, refuse_taken
 from .render import human_size
 
 DROP_METADATA = ("_quantization_metadata", "quant_format")
@@ -250,11 +250,8 @@ def _plan_outputs(ckpt, out: str, overwrite: bool = True) -> list[tuple[str, str
     else:
         dest_of = dict(zip(ckpt.files, dests))
         files = [(dest_of[f], f, names) for f, names in per_file]
-    for path, _, _ in files:
-        if is_input(path, list(ckpt.files)):
-            raise DequantizeError(f"{path}: refusing to overwrite the input checkpoint")
-        if output_exists(path) and not overwrite:
-            raise InputError(f"{path}: exists; pass --overwrite to replace it")
+    refuse_taken([path for path, _, _ in files], list(ckpt.files), overwrite, "refusing to overwrite the input checkpoint",
+                 "pass --overwrite to replace it", DequantizeError)
     if create:
         os.makedirs(out, exist_ok=True)
     return files

@@ -3,8 +3,6 @@ their values.  numpy is imported here only, so plain ``check`` stays light."""
 
 from __future__ import annotations
 
-import math
-
 from ..formats.base import CODEBOOK, CORRECTION, SCALE
 from ..formats.registry import FORMATS
 from ..io.dtypes import DTYPE_BITS
@@ -91,7 +89,7 @@ def deep_findings(ckpt) -> list[Finding]:
                 continue
             if entry.end > ends.get(entry.file, entry.end):
                 continue  # past the end of a truncated file: C002 reports it, there are no values to read
-            if entry.nbytes * 8 != math.prod(entry.shape) * DTYPE_BITS.get(entry.dtype, -1):
+            if entry.nbytes * 8 != entry.numel * DTYPE_BITS.get(entry.dtype, -1):
                 continue  # the span is not dtype x shape (C001 reports it): no sound values to read
             wanted.append((layer, slot, entry))
     if not wanted:

@@ -76,3 +76,15 @@ def output_exists(path: str) -> bool:
     if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
         raise InputError(f"{path}: is not a regular file (a device, FIFO or socket); refusing to replace it")
     return True
+
+
+def refuse_taken(paths: list[str], inputs: list[str], replace: bool, input_says: str, exists_says: str,
+                 input_error: type[Exception] = InputError) -> None:
+    """The check every writing command runs on its destinations before writing anything: none
+    may be an input (``input_error`` "<path>: <input_says>"), and an existing file is replaced
+    only when the user said so (``replace``; else "<path>: exists; <exists_says>")."""
+    for path in paths:
+        if is_input(path, inputs):
+            raise input_error(f"{path}: {input_says}")
+        if output_exists(path) and not replace:
+            raise InputError(f"{path}: exists; {exists_says}")

@@ -23,7 +23,7 @@ from .. import __version__
 from ..errors import InputError
 from ..io.copying import copy_range, read_chunks
 from ..io.index import write_index
-from ..io.outputs import destinations, is_input, output_exists
+from ..io.outputs import destinations, refuse_taken
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import commit_file, discard, write_safetensors
@@ -45,12 +45,8 @@ def output_paths(ckpt, out: str, overwrite: bool) -> tuple[list[str], str | None
     files = ckpt.files
     index = ckpt.shardset.index_path
     dests, index_dest, _create = destinations(list(files), index, out)
-    inputs = list(files) + ([index] if index else [])
-    for d in dests + ([index_dest] if index_dest else []):
-        if is_input(d, inputs):
-            raise InputError(f"{d}: is the input; write the output somewhere else")
-        if output_exists(d) and not overwrite:
-            raise InputError(f"{d}: exists; pass --overwrite to replace it")
+    refuse_taken(dests + ([index_dest] if index_dest else []), list(files) + ([index] if index else []), overwrite,
+                 "is the input; write the output somewhere else", "pass --overwrite to replace it")
     return dests, index_dest
 
 

@@ -19,7 +19,7 @@ from ..checkpoint import open_checkpoint
 from ..errors import InputError
 from ..io.copying import copy_range as _copy
 from ..io.index import write_index
-from ..io.outputs import destinations, is_input, output_exists
+from ..io.outputs import destinations, refuse_taken
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import CHUNK, BackgroundSync, commit_file, discard, write_safetensors
@@ -53,11 +53,8 @@ def output_paths(ckpt, out: str | None, in_place: bool, force: bool) -> tuple[li
             base = os.path.dirname(ss.index_path) if ss.index_path else os.path.dirname(files[0])
             out = base.rstrip("/") + ".fixed"
     dests, index, create = destinations(list(files), ss.index_path, out)
-    for d in dests + ([index] if index else []):
-        if is_input(d, list(files)):
-            raise InputError(f"{d}: is the input; use --in-place to replace it")
-        if output_exists(d) and not force:
-            raise InputError(f"{d}: exists; choose another -o or pass --force to replace it")
+    refuse_taken(dests + ([index] if index else []), list(files), force, "is the input; use --in-place to replace it",
+                 "choose another -o or pass --force to replace it")
     if create:
         os.makedirs(out, exist_ok=True)
     return dests, index
