@@ -494,18 +494,24 @@ def _shape_error(v) -> str | None:
     return None
 
 
+def _sequence_error(v: list, checks: tuple, expecting: str) -> str | None:
+    """serde's first complaint reading the JSON array ``v`` as a fixed-size tuple or struct:
+    the elements in order (``checks``, one per position), then a short or long array."""
+    for check, value in zip(checks, v):
+        error = check(value)
+        if error is not None:
+            return error
+    if len(v) < len(checks):
+        return f"invalid length {len(v)}, expected {expecting}"
+    if len(v) > len(checks):
+        return f"invalid length {len(v)}, expected {len(checks)} elements in sequence"
+    return None
+
+
 def _offsets_error(v) -> str | None:
     if not isinstance(v, list):
         return f"invalid type: {_unexpected(v)}, expected a tuple of size 2"
-    for d in v[:2]:
-        error = _usize_error(d)
-        if error is not None:
-            return error
-    if len(v) < 2:
-        return f"invalid length {len(v)}, expected a tuple of size 2"
-    if len(v) > 2:
-        return f"invalid length {len(v)}, expected 2 elements in sequence"
-    return None
+    return _sequence_error(v, (_usize_error, _usize_error), "a tuple of size 2")
 
 
 _FIELDS = (("dtype", _dtype_error), ("shape", _shape_error), ("data_offsets", _offsets_error))
@@ -531,15 +537,7 @@ def _tensor_info_error(v) -> str | None:
                 return f"missing field `{key}`"
         return None
     if isinstance(v, list):
-        for (_key, check), value in zip(_FIELDS, v):
-            error = check(value)
-            if error is not None:
-                return error
-        if len(v) < 3:
-            return f"invalid length {len(v)}, expected struct TensorInfo with 3 elements"
-        if len(v) > 3:
-            return f"invalid length {len(v)}, expected 3 elements in sequence"
-        return None
+        return _sequence_error(v, tuple(check for _key, check in _FIELDS), "struct TensorInfo with 3 elements")
     return f"invalid type: {_unexpected(v)}, expected struct TensorInfo"
 
 
