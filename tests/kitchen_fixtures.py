@@ -304,3 +304,18 @@ def seed_defect(layer: KitchenLayer) -> KitchenLayer:
     """The seed record's defect: ck's BF16 correction stored transposed as ``(N, K // G)``."""
     corr = layer.tensors["weight_correction"]
     return layer.with_tensor("weight_correction", corr.t().contiguous().to(torch.bfloat16))
+
+
+def decoded_layer(path: str, prefix: str) -> torch.Tensor:
+    """The dense weight of layer ``prefix`` of the file ``path``, decoded with comfyquant's
+    codec under the marker the checker reads (how the fix tests compare repaired layers)."""
+    from safetensors import safe_open
+
+    from comfyquant import codecs, open_checkpoint
+
+    with open_checkpoint(path) as ck:
+        layer = ck.layers[prefix]
+        marker, names = layer.marker, {s: e.name for s, e in layer.tensors.items()}
+    with safe_open(path, framework="pt") as f:
+        tensors = {s: f.get_tensor(n) for s, n in names.items()}
+    return codecs.get(marker["format"]).decode(tensors, marker)

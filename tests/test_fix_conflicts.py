@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 
 import torch
-from safetensors import safe_open
 
 from comfyquant import check, codecs, open_checkpoint
 from comfyquant.repair.run import fix
-from kitchen_fixtures import make_layer, write_layers
+from kitchen_fixtures import decoded_layer, make_layer, write_layers
 
 P = "blocks.0.attn.qkv"
 
@@ -25,14 +24,6 @@ def _write(path, layer, header_marker: dict) -> str:
     meta = {"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": {layer.prefix: header_marker}})}
     return write_layers(path, [layer], metadata=meta)
 
-
-def _decoded(path: str) -> torch.Tensor:
-    with open_checkpoint(path) as ck:
-        layer = ck.layers[P]
-        marker, names = layer.marker, {s: e.name for s, e in layer.tensors.items()}
-    with safe_open(path, framework="pt") as f:
-        tensors = {s: f.get_tensor(n) for s, n in names.items()}
-    return codecs.get(marker["format"]).decode(tensors, marker)
 
 
 def test_tensor_marker_fits_the_tensors(tmp_path):
@@ -52,7 +43,7 @@ def test_tensor_marker_fits_the_tensors(tmp_path):
         assert ck.layers[P].marker["group_size"] == 16
         assert ck.markers.headers and all(r.obj == ck.layers[P].marker for r in ck.markers.sources[P])
     want = codecs.get(layer.marker["format"]).decode(layer.tensors, layer.marker)
-    assert torch.equal(_decoded(dest), want)
+    assert torch.equal(decoded_layer(dest, P), want)
 
 
 def test_header_map_fits_the_tensors(tmp_path):

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors import safe_open
 
-from comfyquant import check, codecs, open_checkpoint
+from comfyquant import check, codecs
 from comfyquant.numerics.blocked import from_blocked
 from comfyquant.repair.run import fix
-from kitchen_fixtures import KitchenLayer, make_layer, seed_defect, write_layers
+from kitchen_fixtures import KitchenLayer, decoded_layer, make_layer, seed_defect, write_layers
 
 P = "blocks.0.attn.qkv"
 
@@ -64,14 +63,6 @@ CASES = [
 ]
 
 
-def _decoded(path: str, prefix: str) -> torch.Tensor:
-    with open_checkpoint(path) as ck:
-        layer = ck.layers[prefix]
-        marker, names = layer.marker, {s: e.name for s, e in layer.tensors.items()}
-    with safe_open(path, framework="pt") as f:
-        tensors = {s: f.get_tensor(n) for s, n in names.items()}
-    return codecs.get(marker["format"]).decode(tensors, marker)
-
 
 def _bits(t: torch.Tensor) -> bytes:
     return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
@@ -91,6 +82,6 @@ def test_lossless_repair_keeps_the_decoded_weight(tmp_path, case, variant, kwarg
     assert result.ok, [f.message for f in result.remaining]
     assert not [f for f in check(dest, target=target).findings if f.severity == "error"]
     want = codecs.get(reference.marker["format"]).decode(reference.tensors, reference.marker)
-    got = _decoded(dest, layer.prefix)
+    got = decoded_layer(dest, layer.prefix)
     assert got.dtype == want.dtype and got.shape == want.shape
     assert _bits(got) == _bits(want)
