@@ -6,14 +6,9 @@
 It is symmetric, orthogonal and its own inverse, and every entry is +-2^-k (exact in every
 float dtype).
 
-Two ways to apply it:
-
-* :func:`rotate_weight` / :func:`rotate_activation` multiply by the matrix in the operand's
-  dtype exactly as comfy-kitchen does (weights by ``H.T``, activations by ``H``; the memory
-  layout of the right-hand side changes BLAS's summation order, so both are kept).
-* :func:`rotate_exact` applies the Kronecker factors one base-4 digit at a time in F32
-  (a few additions per element and digit instead of C multiply-adds).  Its result equals the matrix
-  product only when every partial sum is exact in F32 -- the caller must know that holds.
+:func:`rotate_weight` / :func:`rotate_activation` multiply by the matrix in the operand's dtype
+exactly as comfy-kitchen does (weights by ``H.T``, activations by ``H``; the memory layout of
+the right-hand side changes BLAS's summation order, so both are kept).
 """
 
 from __future__ import annotations
@@ -96,25 +91,3 @@ def rotate_activation(x: torch.Tensor, size: int) -> torch.Tensor:
     groups = _blocks(features, size, "features")
     h = hadamard(size, x.dtype)
     return torch.matmul(x.reshape(-1, groups, size), h).reshape(x.shape)
-
-
-def rotate_exact(v: torch.Tensor, size: int) -> torch.Tensor:
-    """F32 ``v @ H`` per block by the Kronecker factors, one base-4 digit at a time.
-
-    With ``s = x0 + x1 + x2 + x3``, ``H4`` maps ``x`` to ``y_j = s - 2 x_(3-j)``.  Each stage's
-    values are +-1 combinations of ``4^d`` inputs, so when the full sums fit in F32 exactly
-    every intermediate does too, and the result is the exact product rounded once."""
-    if v.dtype != torch.float32:
-        raise ValueError("rotate_exact works in F32")
-    n, k = v.shape
-    groups = _blocks(k, size, "in_features")
-    x = v.reshape(n * groups, size)
-    stride = 1
-    while stride < size:
-        y = x.view(-1, 4, stride)
-        s = y.sum(dim=1, keepdim=True)
-        x = (s - 2.0 * y.flip(1)).view(-1, size)
-        stride *= 4
-    digits = (size.bit_length() - 1) // 2
-    return x.view(n, k).mul_(2.0 ** -digits)
-
