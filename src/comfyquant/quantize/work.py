@@ -185,6 +185,7 @@ def measure(codec, source, tensors: dict, marker: dict, name: str) -> dict:
     import torch
     import torch.nn.functional as F  # noqa: N812
 
+    from ..numerics.closeness import error_sums
     from ..numerics.rows import as_source, encode_block_elements
 
     source = as_source(source)
@@ -207,35 +208,17 @@ def measure(codec, source, tensors: dict, marker: dict, name: str) -> dict:
         block = block[: n - r0, :k]
         r1 = r0 + block.shape[0]
         w = source.rows(r0, r1).to(torch.float32)
-        acc += _sums(block.to(torch.float32), w)
+        acc += error_sums(block.to(torch.float32), w)
         y_ref[:, r0:r1] = F.linear(xf, w)
         r0 = r1
     y = codec.linear(x, tensors, marker, layer=name, block_elements=block_elements)[..., :n].to(torch.float32)
-    return {"weight": _metrics(*(float(v) for v in acc)), "output": _metrics(*(float(v) for v in _sums(y, y_ref)))}
-
-
-def _sums(d, w):
-    """``[sum (d - w)^2, sum w^2, sum d*w, sum d^2]`` of two F32 matrices, in F64.
-
-    Row by row F32 dot products (one batched GEMM, no temporaries), added up in F64: a
-    ``sum(dtype=float64)`` would first copy its whole input to F64."""
-    import torch
-
-    e = d - w
-    return torch.stack([_dot(e, e), _dot(w, w), _dot(d, w), _dot(d, d)])
-
-
-def _dot(a, b):
-    import torch
-
-    rows = a.shape[0]
-    return torch.bmm(a.reshape(rows, 1, -1), b.reshape(rows, -1, 1)).sum(dtype=torch.float64)
+    return {"weight": _metrics(*(float(v) for v in acc)), "output": _metrics(*(float(v) for v in error_sums(y, y_ref)))}
 
 
 def _metrics(e2: float, r2: float, dot: float, d2: float) -> dict:
-    rel = (e2 / r2) ** 0.5 if r2 > 0 else (0.0 if e2 == 0 else float("inf"))
-    cos = dot / (r2 * d2) ** 0.5 if r2 > 0 and d2 > 0 else (1.0 if r2 == d2 == 0 else 0.0)
-    return {"rel_l2": rel, "cosine": cos}
+    from ..numerics.closeness import cosine, relative_l2
+
+    return {"rel_l2": relative_l2(e2, r2), "cosine": cosine(r2, dot, d2)}
 
 
 # -- worker processes -------------------------------------------------------------------------

@@ -170,16 +170,14 @@ def _reference_rows(ref, ref_path: str, prefix: str, shape: tuple[int, int]):
 
 
 def _relative_error(blocks, original) -> float:
-    """``||decoded - original|| / ||original||`` over row blocks (F32 sums in F64)."""
-    diff = norm = 0.0
+    """``||decoded - original|| / ||original||`` over row blocks (the quality report's sums)."""
+    from ..numerics.closeness import error_sums, relative_l2
+
+    acc = torch.zeros(4, dtype=torch.float64)
     r0 = 0
     for block in blocks:
         r1 = r0 + block.shape[0]
-        want = original.rows(r0, r1).to(torch.float32)
-        got = block.to(torch.float32)
-        diff += float(torch.sum(torch.square(got - want), dtype=torch.float64))
-        norm += float(torch.sum(torch.square(want), dtype=torch.float64))
+        acc += error_sums(block.to(torch.float32), original.rows(r0, r1).to(torch.float32))
         r0 = r1
-    if not math.isfinite(diff):
-        return math.inf
-    return math.sqrt(diff) / math.sqrt(norm) if norm > 0 else (0.0 if diff == 0 else math.inf)
+    diff, norm = float(acc[0]), float(acc[1])
+    return math.inf if not math.isfinite(diff) else relative_l2(diff, norm)
