@@ -138,7 +138,7 @@ def least_check(files: list[str]) -> dict:
     format rules, no runtime verdicts, no findings, no error messages: if even this costs
     more than the target ratio, no checker written in Python can meet it.  (The floor itself
     leaves out the header's marker map, ``_quantization_metadata``; this parses it.)"""
-    from comfyquant.io.dtypes import DTYPE_BITS
+    from comfyquant.dtypes import DTYPE_BITS
 
     prod, bits = math.prod, DTYPE_BITS
     layers: dict[str, dict] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import struct
 
-from comfyquant.io.dtypes import DTYPE_BITS
+from comfyquant.dtypes import DTYPE_BITS
 from comfyquant.io.writer import write_safetensors
 
 FP8_ONE = 0x38

@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from builders import W4A8_MARKER, dense_layer, int8_layer, nvfp4_layer, w4a8_layer, write, zeros
-from comfyquant.checker.findings import RULES
 from comfyquant.cli import main
+from comfyquant.findings import RULES
 
 P = "blocks.0.attn.qkv"
 FINDING_KEYS = {"code", "severity", "layer", "tensor", "expected", "actual", "cause", "fix", "message"}

@@ -6,7 +6,7 @@ in milliseconds.  Heavy pieces load lazily.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["__version__", "check", "open_checkpoint", "inspect", "fix", "quantize", "convert", "dequantize"]
 

@@ -12,8 +12,8 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .checker.findings import Finding
 from .errors import InputError
+from .findings import Finding
 from .formats.registry import LAYER_SUFFIXES
 from .io.header import Header, TensorEntry, read_header
 from .io.shards import ShardSet, is_url, resolve_local

@@ -11,9 +11,9 @@ import argparse
 import importlib
 import sys
 
-from . import __version__
 from .commands import COMMANDS
 from .errors import ComfyQuantError
+from .version import __version__
 
 
 class _Parser(argparse.ArgumentParser):

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from .errors import ComfyQuantError
 from .io.outputs import destinations, refuse_taken
-from .render import human_size
+from .units import human_size
 
 DROP_METADATA = ("_quantization_metadata", "quant_format")
 ALIGN = 64

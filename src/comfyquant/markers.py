@@ -15,7 +15,7 @@ import math
 from operator import methodcaller
 from typing import Any
 
-from .checker.findings import Finding
+from .findings import Finding
 
 HEADER = "header"
 TENSOR = "tensor"

@@ -10,7 +10,8 @@ import json
 import os
 import sys
 
-from .checker.findings import ERROR, INFO, WARNING
+from .findings import ERROR, INFO, WARNING
+from .units import human_size
 
 _COLORS = {ERROR: "\033[31m", WARNING: "\033[33m", INFO: "\033[36m"}
 
@@ -110,15 +111,6 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
         for file, st in report.io.items():
             lines.append(f"  read {file}: {_plural(st['requests'], 'request')}, {st['bytes']} bytes")
     return "\n".join(lines)
-
-
-def human_size(n: float) -> str:
-    """Bytes as ``123 B``, ``4.5 MB`` ... (every command's summary uses this one)."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:

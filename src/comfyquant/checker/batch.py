@@ -30,8 +30,8 @@ from collections.abc import Callable
 
 from ..checkpoint import open_checkpoint
 from ..errors import InputError
+from ..findings import Finding
 from ..io.shards import INDEX_SUFFIX, SHARD_NAME, Group, group_folder, is_url, read_index, settle
-from .findings import Finding
 from .report import Report
 from .run import check_checkpoint, parse_targets
 

@@ -3,11 +3,11 @@ their values.  numpy is imported here only, so plain ``check`` stays light."""
 
 from __future__ import annotations
 
+from ..dtypes import DTYPE_BITS
+from ..findings import Finding
 from ..formats.base import CODEBOOK, CORRECTION, SCALE
 from ..formats.registry import FORMATS
-from ..io.dtypes import DTYPE_BITS
 from ..targets.base import Violation
-from .findings import Finding
 
 MAX_DEEP_BYTES = 256 * 1024 * 1024
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
+from ..findings import Finding
 from ..formats.registry import FORMATS, infer_format
 from ..markers import FILE_LEVEL_DTYPES, file_level_format
-from .findings import Finding
 from .layers import check_layer
 
 QUANT_WEIGHT_DTYPES = ("F8_E4M3", "F8_E5M2", "I8", "U8")

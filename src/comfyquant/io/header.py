@@ -15,9 +15,9 @@ import struct
 from itertools import chain
 from operator import itemgetter
 
-from ..checker.findings import Finding
+from ..dtypes import DTYPE_BITS
 from ..errors import InputError
-from .dtypes import DTYPE_BITS
+from ..findings import Finding
 from .source import ByteSource
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024

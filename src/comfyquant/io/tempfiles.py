@@ -124,7 +124,7 @@ def sweep_stale(folder: str, announce: bool = True) -> list[tuple[str, int]]:
             continue  # gone already, or not ours to remove
         removed.append((path, size))
     if removed and announce:
-        from ..render import human_size
+        from ..units import human_size
 
         total = human_size(sum(n for _, n in removed))
         names = ", ".join(os.path.basename(p) for p, _ in removed[:3]) + (" ..." if len(removed) > 3 else "")

@@ -17,7 +17,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable
 
-from .dtypes import DTYPE_BITS
+from ..dtypes import DTYPE_BITS
 from .tempfiles import sweep_stale, temp_prefix
 
 
@@ -136,7 +136,7 @@ def ensure_space(needs: Iterable[tuple[str, int]]) -> None:
     for folder, n in per_fs.values():
         free = free_bytes(folder)
         if free is not None and n > free:
-            from ..render import human_size
+            from ..units import human_size
 
             need, have = human_size(n), human_size(free)
             if need == have:  # too close for the rounded sizes to show the difference

@@ -122,7 +122,7 @@ class SkeletonSource:
 
 def skeleton(name: str, tensors: dict[str, tuple[str, tuple, Any]], metadata: dict[str, str] | None) -> SkeletonSource:
     """The source of a file with these tensors (data: bytes for markers, None for the rest)."""
-    from ..io.dtypes import DTYPE_BITS
+    from ..dtypes import DTYPE_BITS
 
     header = build_header(tensors, metadata)
     blobs = []

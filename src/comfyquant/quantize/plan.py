@@ -17,8 +17,8 @@ import json
 import re
 from typing import Any
 
+from ..dtypes import FLOAT_DTYPES
 from ..errors import InputError
-from ..io.dtypes import FLOAT_DTYPES
 from .layout import check_files, format_problems, layer_problems, marker_entries, planned_tensors, problems
 from .params import describe, marker_for
 from .rules import Choice, Rules
@@ -61,7 +61,7 @@ class LayerPlan:
 
     @property
     def bytes_out(self) -> int:
-        from ..io.dtypes import DTYPE_BITS
+        from ..dtypes import DTYPE_BITS
 
         if self.action != QUANTIZE:
             return self.bytes_in + (len(json.dumps(self.marker)) if self.marker else 0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..render import human_size
+from ..units import human_size
 
 
 class Progress:

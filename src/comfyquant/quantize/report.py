@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 
-from .. import __version__
 from ..errors import InputError
-from ..render import human_size
+from ..units import human_size
+from ..version import __version__
 from .plan import COPY, DENSE, QUANTIZE, Plan
 from .work import QUALITY_ROWS, QUALITY_SEED
 

@@ -19,7 +19,6 @@ import json
 import os
 from collections.abc import Callable, Iterator
 
-from .. import __version__
 from ..errors import InputError
 from ..io.copying import copy_range, read_chunks
 from ..io.index import write_index
@@ -27,6 +26,7 @@ from ..io.outputs import destinations, refuse_taken
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import commit_file, discard, write_safetensors
+from ..version import __version__
 from .layout import marker_entries, problems
 from .plan import DENSE, QUANTIZE, LayerPlan, Plan, output_files
 from .progress import Progress

@@ -14,7 +14,6 @@ import os
 import queue
 import threading
 
-from .. import __version__
 from ..checkpoint import open_checkpoint
 from ..errors import InputError
 from ..io.copying import copy_range as _copy
@@ -24,6 +23,7 @@ from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import CHUNK, BackgroundSync, commit_file, discard, write_safetensors
 from ..markers import HEADER, TENSOR
+from ..version import __version__
 from .lossy import W4A8_TENSORS, requantize
 from .plan import Plan
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import gc
 import json
 
-from ..checker.findings import ERROR
 from ..checker.run import check_checkpoint, parse_targets
 from ..checkpoint import open_checkpoint
 from ..errors import InputError
+from ..findings import ERROR
 from .execute import output_paths, write_and_verify
 from .plan import Change, Options, Plan, plan_repairs
 

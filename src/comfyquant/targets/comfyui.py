@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from ..io.dtypes import DTYPE_BITS
+from ..dtypes import DTYPE_BITS
 from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, incomplete_violations
 from .kitchen import FORWARD, forward_templates

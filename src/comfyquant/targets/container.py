@@ -38,7 +38,7 @@ import re
 import unicodedata
 from decimal import Decimal
 
-from ..io.dtypes import DTYPE_BITS
+from ..dtypes import DTYPE_BITS
 
 EXCEPTION = "SafetensorError"
 PREFIX = "Error while deserializing header: "

@@ -12,9 +12,9 @@ W4A4 scales (used in the compute dtype) and a W4A8 correction work exactly in BF
 
 from __future__ import annotations
 
+from ..dtypes import DTYPE_BITS
 from ..formats.base import GeometryError, is_pow4
 from ..formats.registry import FORMATS
-from ..io.dtypes import DTYPE_BITS
 from .base import LAYER, Verdict, Violation, bind, container_violations
 
 
