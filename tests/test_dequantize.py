@@ -18,7 +18,7 @@ from safetensors import safe_open
 import comfyquant
 from comfyquant import codecs
 from comfyquant.cli import main
-from comfyquant.dequantize import DequantizeError
+from comfyquant.dequantizer import DequantizeError
 from kitchen_fixtures import KitchenLayer, dense_layer, make_layer, seed_defect, write_layers, write_sharded
 
 VARIANTS = ["fp8", "fp8_static", "fp8_e5m2", "int8_scalar", "int8_rowwise", "int8_convrot", "w4a8_codebook",
@@ -214,7 +214,7 @@ def test_refuses_to_overwrite_its_input(tmp_path):
 
 def test_summary_times_the_torch_import_apart(monkeypatch, tmp_path):
     """A fresh import of torch (the start-up) is not counted in the run's seconds."""
-    import comfyquant.dequantize as dq
+    import comfyquant.dequantizer as dq
 
     ticks = iter([0.0, 5.0, 5.0] + [5.0 + i for i in range(1, 1000)])
     monkeypatch.setattr(dq.time, "perf_counter", lambda: next(ticks))
@@ -354,7 +354,7 @@ def test_a_failing_shard_leaves_no_output_shard(tmp_path, monkeypatch):
 def test_output_is_checked_before_it_is_renamed(tmp_path, monkeypatch):
     """A written file that does not hold what was planned (here: the plan's size of one
     weight is made wrong, as a writer bug would) is refused and never appears."""
-    import comfyquant.dequantize as dq
+    import comfyquant.dequantizer as dq
 
     src = write_layers(tmp_path / "m.safetensors", model_layers(), metadata=META)
     real = dq._Work.output

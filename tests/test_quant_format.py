@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 import comfyquant
 from comfyquant import check
-from comfyquant.dequantize import DequantizeError
+from comfyquant.dequantizer import DequantizeError
 from comfyquant.errors import InputError
 from comfyquant.repair.run import fix
 from kitchen_fixtures import dense_layer, make_layer, write_layers, write_sharded

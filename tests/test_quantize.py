@@ -18,8 +18,8 @@ from comfyquant import codecs
 from comfyquant.checker.run import check
 from comfyquant.cli import main
 from comfyquant.errors import InputError
-from comfyquant.quantize.params import validate
-from comfyquant.quantize.rules import parse_rules
+from comfyquant.quantizer.params import validate
+from comfyquant.quantizer.rules import parse_rules
 from kitchen_fixtures import VARIANTS, make_weight, quantize
 
 P = "blocks.0.attn.qkv"
@@ -294,7 +294,7 @@ def test_layers_are_read_encoded_and_measured_in_row_blocks(tmp_path, monkeypatc
     output is the one whole-layer blocks give, bit for bit.  Row-scaled INT8 finds NaN/Inf
     from its row scales, so it skips the separate finite check's pass."""
     import comfyquant.numerics.rows as rows
-    import comfyquant.quantize.work as work
+    import comfyquant.quantizer.work as work
 
     src = dense_model(tmp_path / "in.safetensors", layers=((P, 640, 512),))
     whole = comfyquant.quantize(src, str(tmp_path / "whole.safetensors"), fmt, progress=False)
@@ -422,15 +422,15 @@ def test_convert_to_dense_uses_dequantize(tmp_path, capsys):
 
 
 def test_api_is_lazy_and_callable():
-    code = ("import sys, comfyquant; assert 'torch' not in sys.modules; import comfyquant.quantize.plan; "
+    code = ("import sys, comfyquant; assert 'torch' not in sys.modules; import comfyquant.quantizer.plan; "
             "assert callable(comfyquant.quantize) and callable(comfyquant.convert); "
-            "from comfyquant.quantize import convert; assert convert is comfyquant.convert; "
+            "from comfyquant.quantizer import convert; assert convert is comfyquant.convert; "
             "assert 'torch' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
 
 
 def test_params_keep_explicit_markers():
-    from comfyquant.quantize.params import marker_for
+    from comfyquant.quantizer.params import marker_for
 
     assert marker_for("int8_tensorwise", validate("int8_tensorwise", {})) == \
         {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}
@@ -446,7 +446,7 @@ def test_worker_failure_leaves_no_spill_files(tmp_path, monkeypatch):
                                                     ("blocks.1.mlp.fc1", 64, 256)))
     out = tmp_path / "out"
     out.mkdir()
-    from comfyquant.quantize import runner
+    from comfyquant.quantizer import runner
 
     real = runner.write_safetensors
 

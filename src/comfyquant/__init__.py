@@ -29,12 +29,11 @@ def __getattr__(name: str):
 
         return fix
     if name in ("quantize", "convert"):
-        import importlib
+        from .quantizer import api
 
-        package = importlib.import_module(".quantize", __name__)  # callable: comfyquant.quantize(IN, OUT, ...)
-        return package if name == "quantize" else package.convert
+        return getattr(api, name)
     if name == "dequantize":
-        from .dequantize import dequantize
+        from .dequantizer import dequantize
 
         return dequantize
     raise AttributeError(name)

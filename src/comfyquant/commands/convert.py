@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..quantize.api import convert
+    from ..quantizer.api import convert
     from .common import inputs_and_output
     from .quantize import params_of, show
 

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..dequantize import dequantize
+    from ..dequantizer import dequantize
 
     inputs, out = inputs_and_output(args)
     src = inputs[0] if len(inputs) == 1 else inputs

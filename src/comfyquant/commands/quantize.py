@@ -67,7 +67,7 @@ def params_of(args) -> dict:
 
 
 def run(args) -> int:
-    from ..quantize.api import quantize
+    from ..quantizer.api import quantize
 
     inputs, out = inputs_and_output(args)
     result = quantize(inputs, out, args.format, params_of(args), rules=args.rules, exclude=args.exclude,
@@ -81,7 +81,7 @@ def show(result, args) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
         return 0 if result.ok else 1
-    from ..quantize.report import render_plan, render_result
+    from ..quantizer.report import render_plan, render_result
 
     if result.plan is None:  # convert --to dense
         print(result.dense_summary.render())

@@ -34,7 +34,6 @@ import math
 import os
 import sys
 import time
-import types
 from dataclasses import dataclass, field
 
 from .errors import ComfyQuantError
@@ -496,14 +495,3 @@ def _progress(enabled: bool | None, total: int):
         return _RichBar(total)
     except ImportError:  # rich is a declared dependency; a broken install still dequantizes
         return _NoBar()
-
-
-class _CallableModule(types.ModuleType):
-    """``comfyquant.dequantize`` names both this module and its function.  Importing the
-    module rebinds the package attribute to the module, so the module calls the function."""
-
-    def __call__(self, *args, **kwargs) -> Summary:
-        return dequantize(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

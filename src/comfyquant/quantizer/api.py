@@ -181,7 +181,7 @@ def _keep_bad(plan: Plan) -> None:
 def _dense(paths, out: str, dtype: str | None, overwrite: bool, dry_run: bool, progress) -> Result:
     """``convert --to dense``: the dequantize command's streaming decoder does the work."""
     try:
-        from ..dequantize import dequantize
+        from ..dequantizer import dequantize
     except ImportError:  # pragma: no cover - shipped together
         raise InputError("convert --to dense needs comfyquant.dequantize, which this installation lacks") from None
     if dry_run:

@@ -9,26 +9,11 @@
 * :mod:`.report`   JSON document, PNG plot, text;
 * :mod:`.api`      :func:`quantize` and :func:`convert`.
 
-``comfyquant.quantize`` is both this package and the API function: the package module is
-callable (``comfyquant.quantize(IN, OUT, format="w4a8")``).  Importing a submodule makes
-Python bind the package to the parent's ``quantize`` attribute, so a plain function of that
-name could never stay there; a callable module keeps both meanings working.
+The public functions are ``comfyquant.quantize`` and ``comfyquant.convert`` (this package is
+named ``quantizer`` so that those names stay plain functions).
 """
 
 from __future__ import annotations
-
-import sys
-import types
-
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args, **kwargs):
-        from .api import quantize
-
-        return quantize(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 
 def __getattr__(name: str):
