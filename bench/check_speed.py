@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import layouts  # noqa: E402
 
 import comfyquant  # noqa: E402
-from comfyquant.checker import layers as cq_layers  # noqa: E402
+from comfyquant.formats import validation as cq_layers  # noqa: E402
 
 TARGET_RATIO = 1.5
 TARGET_CLI_MS = 100.0

@@ -25,10 +25,10 @@ from comfy_kitchen.tensor.fp8 import TensorCoreFP8Layout
 from comfy_kitchen.tensor.svdquant_w4a4 import TensorCoreSVDQuantW4A4Layout
 
 from comfyquant import codecs
-from comfyquant.checker.layers import check_layer
-from comfyquant.codecs.base import CodecError, meta_of
-from comfyquant.codecs.w4a8_quant import FIXED_CODEBOOK
+from comfyquant.formats.codec import CodecError, meta_of
 from comfyquant.formats.registry import FORMATS
+from comfyquant.formats.validation import check_layer
+from comfyquant.formats.w4a8.encoder import FIXED_CODEBOOK
 from comfyquant.numerics.floats import ulp_distance
 from comfyquant.numerics.hadamard import rotate_weight
 from kitchen_fixtures import VARIANTS, markers_for, quantize
@@ -520,7 +520,7 @@ def test_w4a8_exact_unrotation_in_either_dtype(variant, gemm_dtype):
     """BF16 output without a correction: the F32 and the BF16 un-rotation, in row blocks of
     any size, give comfy-kitchen's bits alike (the exactness argument of codecs/w4a8.py); the
     decoder uses the F32 one in row blocks, and it is comfy-kitchen's too."""
-    from comfyquant.codecs import w4a8
+    from comfyquant.formats.w4a8 import codec as w4a8
 
     w = weight("heavy" if variant == "w4a8_codebook" else "gauss", 96, 1024, torch.bfloat16, seed=17)
     q = kitchen_qtensor(variant, w)

@@ -147,7 +147,7 @@ def test_output_dtype_choice(tmp_path):
 
 
 def test_large_layer_is_written_in_row_blocks(tmp_path, monkeypatch):
-    import comfyquant.codecs.base as base
+    import comfyquant.formats.codec as base
 
     monkeypatch.setattr(base, "DEFAULT_BLOCK_ELEMENTS", 64 * 256)
     monkeypatch.setattr(base, "ROTATED_BLOCK_ELEMENTS", 64 * 256)  # both layers here are rotated
@@ -259,7 +259,7 @@ def test_cli_module_top_stays_light():
 def test_rotated_layers_decode_in_smaller_blocks():
     """The decode block size follows the format description's rotation: ConvRot layers (W4A8,
     W4A4, INT8 with ``convrot: true``) use the smaller blocks, the others the default."""
-    import comfyquant.codecs.base as base
+    import comfyquant.formats.codec as base
 
     w = (torch.randn(64, 256, generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16)
     cases = [("int8_tensorwise", {"per_channel": True, "convrot": True}, base.ROTATED_BLOCK_ELEMENTS),

@@ -30,7 +30,7 @@ from comfy_kitchen.tensor import QuantizedTensor
 from comfy_kitchen.tensor.svdquant_w4a4 import TensorCoreSVDQuantW4A4Layout
 
 from comfyquant import codecs
-from comfyquant.codecs import w4a8
+from comfyquant.formats.w4a8 import codec as w4a8
 from comfyquant.numerics.hadamard import hadamard, rotate_weight
 from comfyquant.numerics.rows import RowSource
 from kitchen_fixtures import VARIANTS, markers_for
@@ -298,7 +298,7 @@ def test_inexact_decode_streams_every_layer_in_blocks(monkeypatch, variant):
     """``exact=False`` (quantize's error report) decodes rotated layers block by block too --
     no whole-layer GEMM, memory follows a block -- within one rounding step of the exact
     decode; the default stays comfy-kitchen's bits."""
-    from comfyquant.codecs.base import Codec
+    from comfyquant.formats.codec import Codec
     from comfyquant.numerics.floats import ulp_distance
 
     _w, q, ref = _layer(variant, 200, 256, torch.float16, seed=12)

@@ -160,7 +160,7 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
     if dtype is not None and dtype not in OUTPUT_DTYPES:
         raise DequantizeError(f"--dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
     t = time.perf_counter()
-    from .codecs import base  # noqa: F401  (torch: the start-up, timed apart from the run)
+    from .formats import codec  # noqa: F401  (torch: the start-up, timed apart from the run)
 
     startup = time.perf_counter() - t
     started = time.perf_counter()
@@ -211,7 +211,7 @@ def _plan_layers(ckpt, dtype, implied: dict[str, dict]) -> dict[str, _Layer]:
     layer without a marker of its own is decoded with the marker the file's ``quant_format``
     implies (``implied``), if any."""
     from . import codecs
-    from .codecs.base import CodecError
+    from .formats.codec import CodecError
     from .formats.registry import FORMATS
 
     out: dict[str, _Layer] = {}
@@ -417,7 +417,7 @@ class _Work:
         def chunks():
             import torch
 
-            from .codecs.base import CodecError
+            from .formats.codec import CodecError
             from .numerics.dtypes import from_bytes, to_bytes
             from .numerics.rows import release_memory
 

@@ -12,8 +12,8 @@ shapes cannot confirm, such as a ConvRot size) or neither does, nothing is decid
 from __future__ import annotations
 
 from ..formats.registry import FORMATS
+from ..formats.validation import check_layer
 from ..markers import HEADER, TENSOR, same_marker
-from .layers import check_layer
 
 SIDE_TEXT = {HEADER: "the header map", TENSOR: "the tensor marker"}
 

@@ -7,8 +7,8 @@ import json
 
 from ..findings import Finding
 from ..formats.registry import FORMATS, infer_format
+from ..formats.validation import check_layer
 from ..markers import FILE_LEVEL_DTYPES, file_level_format
-from .layers import check_layer
 
 QUANT_WEIGHT_DTYPES = ("F8_E4M3", "F8_E5M2", "I8", "U8")
 KNOWN_ROOTS = ("model.diffusion_model.", "diffusion_model.", "model.", "transformer.", "unet.")

@@ -1,53 +1,43 @@
 """Per-format codecs: encode, decode and run every Comfy quantized format (spec section 3).
 
-``get(format_name)`` returns a codec with
+Each codec lives in its format's package (``formats/<family>/codec.py``); this module is the
+public way to reach them by name.  ``get(format_name)`` returns a codec with
 
 * ``encode(weight, **params) -> Encoded`` (a dict of tensors by suffix, plus ``.marker``),
 * ``decode(tensors, marker, dtype=None) -> weight`` and ``iter_decode`` (row blocks),
 * ``linear(x, tensors, marker, bias=None)`` (the reference forward),
 
 all bit-exact with comfy-kitchen 0.2.40's CPU eager backend (see the README for the few
-documented exceptions).  Importing this package is light; torch loads with the first codec.
+documented exceptions).  Importing this module is light; torch loads with the first codec.
 """
 
 from __future__ import annotations
 
-_MODULES = {
-    "float8_e4m3fn": "fp8",
-    "float8_e5m2": "fp8",
-    "int8_tensorwise": "int8",
-    "asym_w4a8_int8": "w4a8",
-    "convrot_w4a4": "w4a4",
-    "nvfp4": "nvfp4",
-    "mxfp8": "mxfp8",
-    "awq_w4a16": "awq",
-    "svdquant_w4a4": "svdquant",
-}
+from ..formats.registry import FORMATS
 
-NAMES: tuple[str, ...] = tuple(_MODULES)
+NAMES: tuple[str, ...] = tuple(name for name, fmt in FORMATS.items() if fmt.has_codec)
 """Formats with a codec (converter-only formats have none)."""
 
 
 def has(format_name: str) -> bool:
     """True when ``format_name`` has a codec (no import of torch)."""
-    return format_name in _MODULES
+    fmt = FORMATS.get(format_name)
+    return fmt is not None and fmt.has_codec
 
 
 def get(format_name: str):
-    """The codec of ``format_name``; raises :class:`~comfyquant.codecs.base.CodecError` if none."""
-    import importlib
-
-    module = _MODULES.get(format_name)
-    if module is None:
-        from .base import CodecError
+    """The codec of ``format_name``; raises :class:`~comfyquant.formats.codec.CodecError` if none."""
+    fmt = FORMATS.get(format_name)
+    if fmt is None or not fmt.has_codec:
+        from ..formats.codec import CodecError
 
         raise CodecError(f"no codec for format {format_name!r}; codecs exist for {', '.join(NAMES)}")
-    return importlib.import_module(f".{module}", __name__).CODECS[format_name]
+    return fmt.codec()
 
 
 def __getattr__(name: str):
     if name in ("CodecError", "Encoded", "Codec"):
-        from . import base
+        from ..formats import codec
 
-        return getattr(base, name)
+        return getattr(codec, name)
     raise AttributeError(name)

@@ -219,11 +219,17 @@ class Format:
     exceed the error of such a fresh encode (``fix --reference``): the layer was written by
     some quantizer of the format from those weights, so its error is that of the format; a
     wrong parameter (another ConvRot size, group size) gives an error of order 1.
+
+    ``codec_module`` is the module (in the format's own package) whose ``CODECS`` holds the
+    format's codec, imported on first use so that describing a format never imports torch
+    (None: nothing here encodes or decodes it).  ``order`` places the format in listings;
+    ``infer_rank`` places ``recognize`` in the inference order (lower is tried first: the more
+    specific tensor signatures, spec 6.6; None: never inferred).
     """
 
     __slots__ = ("name", "title", "slots", "keys", "geometry", "constraints", "bits_text", "rotation", "loaders",
                  "converter_only", "recognize", "bank_rows", "bank_rows_if", "pad", "quant_format", "encode_params",
-                 "reference_factor")
+                 "reference_factor", "codec_module", "order", "infer_rank")
 
     def __init__(self, name: str, title: str, slots: tuple[Slot, ...], keys: tuple[MarkerKey, ...],
                  geometry: Callable[[dict, dict], dict], constraints: tuple[Constraint, ...] = (), bits_text: str = "",
@@ -231,7 +237,8 @@ class Format:
                  recognize: Callable[[dict], bool] | None = None, bank_rows: tuple[str, ...] = (),
                  bank_rows_if: str | None = None, pad: tuple[int, int] = (1, 1),
                  quant_format: str | None = None, encode_params: Callable[[dict, dict], dict] | None = None,
-                 reference_factor: float = 2.0) -> None:
+                 reference_factor: float = 2.0, codec_module: str | None = None, order: int = 100,
+                 infer_rank: int | None = None) -> None:
         self.name = name
         self.title = title
         self.slots = slots
@@ -249,9 +256,26 @@ class Format:
         self.quant_format = quant_format
         self.encode_params = encode_params
         self.reference_factor = reference_factor
+        self.codec_module = codec_module
+        self.order = order
+        self.infer_rank = infer_rank
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"
+
+    @property
+    def has_codec(self) -> bool:
+        return self.codec_module is not None
+
+    def codec(self):
+        """The format's codec (imports torch); raises CodecError when the format has none."""
+        import importlib
+
+        if self.codec_module is None:
+            from .codec import CodecError
+
+            raise CodecError(f"no codec for format {self.name!r}")
+        return importlib.import_module(self.codec_module).CODECS[self.name]
 
     def key(self, name: str) -> MarkerKey | None:
         for k in self.keys:

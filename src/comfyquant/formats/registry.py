@@ -1,47 +1,41 @@
-"""Name -> Format, and the inference of a format for layers that carry no marker."""
+"""Name -> Format for every format package, and the inference of a format for unmarked layers.
+
+Each subpackage of ``formats/`` describes its formats in a ``FORMATS`` tuple; this module
+finds the subpackages on disk, so adding a format means adding a package and nothing else.
+Listing order is each format's ``order``; inference tries ``infer_rank`` ascending.
+"""
 
 from __future__ import annotations
 
-from .awq import AWQ_W4A16
+import os
+from importlib import import_module
+
 from .base import Format
-from .fp8 import FLOAT8_E4M3FN, FLOAT8_E4M3FN_BLOCKWISE, FLOAT8_E4M3FN_ROWWISE, FLOAT8_E5M2
-from .int8 import INT8_BLOCKWISE, INT8_TENSORWISE
-from .mxfp8 import MXFP8
-from .nvfp4 import NVFP4
-from .svdquant import SVDQUANT_W4A4
-from .w4a4 import CONVROT_W4A4
-from .w4a8 import ASYM_W4A8_INT8
 
-FORMATS: dict[str, Format] = {
-    f.name: f
-    for f in (
-        FLOAT8_E4M3FN,
-        FLOAT8_E5M2,
-        INT8_TENSORWISE,
-        ASYM_W4A8_INT8,
-        CONVROT_W4A4,
-        NVFP4,
-        MXFP8,
-        AWQ_W4A16,
-        SVDQUANT_W4A4,
-        FLOAT8_E4M3FN_ROWWISE,
-        FLOAT8_E4M3FN_BLOCKWISE,
-        INT8_BLOCKWISE,
-    )
-}
 
-# Order matters: the more specific tensor signatures are tried first (spec 6.6).
-_INFERENCE_ORDER = (
-    ASYM_W4A8_INT8,
-    AWQ_W4A16,
-    SVDQUANT_W4A4,
-    NVFP4,
-    MXFP8,
-    CONVROT_W4A4,
-    INT8_TENSORWISE,
-    FLOAT8_E4M3FN,
-    FLOAT8_E5M2,
+def _discover() -> dict[str, Format]:
+    here = os.path.dirname(__file__)
+    found: list[Format] = []
+    with os.scandir(here) as entries:
+        packages = sorted(e.name for e in entries
+                          if e.is_dir() and not e.name.startswith(("_", ".")) and os.path.isfile(os.path.join(e.path, "__init__.py")))
+    for name in packages:
+        found.extend(getattr(import_module(f"{__package__}.{name}"), "FORMATS", ()))
+    found.sort(key=lambda f: (f.order, f.name))
+    out: dict[str, Format] = {}
+    for f in found:
+        if f.name in out:
+            raise RuntimeError(f"format {f.name!r} is described twice ({out[f.name]!r} and {f!r})")
+        out[f.name] = f
+    return out
+
+
+FORMATS: dict[str, Format] = _discover()
+
+_INFERENCE_ORDER: tuple[Format, ...] = tuple(
+    sorted((f for f in FORMATS.values() if f.infer_rank is not None and f.recognize is not None), key=lambda f: f.infer_rank)
 )
+"""The more specific tensor signatures are tried first (spec 6.6)."""
 
 LAYER_SUFFIXES: frozenset[str] = frozenset(
     {s.suffix for f in FORMATS.values() for s in f.slots} | {"comfy_quant", "scale_weight", "scale_input"}
@@ -58,6 +52,6 @@ def get(name: str) -> Format | None:
 def infer_format(tensors: dict) -> Format | None:
     """The format an unmarked layer's tensors look like, or None.  ConvRot sizes are not recoverable."""
     for fmt in _INFERENCE_ORDER:
-        if fmt.recognize is not None and fmt.recognize(tensors):
+        if fmt.recognize(tensors):
             return fmt
     return None

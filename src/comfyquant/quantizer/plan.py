@@ -303,7 +303,7 @@ def _plan_convert(layer, options: Options, implied: dict | None = None) -> Layer
     reading, spec 1.5); the layer is then read with it, and a copy of it carries it as its own
     marker (the output drops ``quant_format``)."""
     from .. import codecs
-    from ..codecs.base import CodecError, output_dtype
+    from ..formats.codec import CodecError, output_dtype
     from ..numerics.dtypes import dtype_name
 
     name = layer.prefix

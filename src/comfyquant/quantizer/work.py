@@ -107,7 +107,7 @@ def load_source(task: dict):
     if task["source"] == "dense":
         return _file_rows(task["weight"])
     from .. import codecs
-    from ..codecs.base import CodecError
+    from ..formats.codec import CodecError
 
     tensors = {s: _read(spec) for s, spec in task["src"].items()}
     try:
@@ -119,7 +119,7 @@ def load_source(task: dict):
 
 def find_nonfinite(task: dict) -> str | None:
     """A description of the first NaN/Inf of the layer's source weight, or None (row blocks)."""
-    from ..codecs.base import scan_nonfinite
+    from ..formats.codec import scan_nonfinite
 
     found = scan_nonfinite(load_source(task))
     if found is None:
@@ -133,7 +133,7 @@ def run_task(task: dict) -> dict:
     import torch
 
     from .. import codecs
-    from ..codecs.base import CodecError
+    from ..formats.codec import CodecError
     from ..numerics.dtypes import TORCH_DTYPES, dtype_name
     from ..numerics.rows import release_memory
     from .layout import PlanError

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from ..checker.diagnose import dtype_matches, fmt_shape
 from ..checker.fit import differing_keys, explain, fitting_side
 from ..checker.rules import prefix_match
 from ..formats.base import Format, GeometryError
+from ..formats.diagnose import dtype_matches, fmt_shape
 from ..formats.registry import FORMATS, infer_format
 from ..markers import HEADER, TENSOR, file_level_markers
 from . import transforms

@@ -85,7 +85,7 @@ def _decodable(ckpt, plan, prefix: str) -> bool:
 
 def _measure_layer(ckpt, plan, ref, ref_path: str, prefix: str) -> Measurement:
     from .. import codecs
-    from ..codecs.base import CodecError
+    from ..formats.codec import CodecError
 
     marker = plan.markers[prefix]
     codec = codecs.get(marker["format"])

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..numerics import rows
-from ..numerics.hadamard import is_power_of_4, rotate_activation, rotate_weight, unrotate
-from ..numerics.int8 import int8_levels, int8_product, quantize_rows, row_levels_inplace, safe_divisor
-from ..numerics.rows import Weight, cast_rows, gather_rows, materialize, row_blocks
-from .base import Codec, CodecError, finish, per_row, refuse_nonfinite, reject_unknown, rows_of
+from ...numerics import rows
+from ...numerics.hadamard import is_power_of_4, rotate_activation, rotate_weight, unrotate
+from ...numerics.int8 import int8_levels, int8_product, quantize_rows, row_levels_inplace, safe_divisor
+from ...numerics.rows import Weight, cast_rows, gather_rows, materialize, row_blocks
+from ..codec import Codec, CodecError, finish, per_row, refuse_nonfinite, reject_unknown, rows_of
 
 
 class Int8Codec(Codec):
@@ -94,7 +94,7 @@ def _encode_rows(weight: Weight, fn, name: str, block_elements: int | None = Non
     """``fn`` (block -> INT8 levels as floats and their row scales) over row blocks of
     ``rows`` (default: ``weight``), the levels cast to int8 as they are gathered.  A
     non-finite row scale means a NaN/Inf in the weight (see
-    :func:`~comfyquant.codecs.base.refuse_nonfinite`): the encoder skipped the separate scan
+    :func:`~comfyquant.formats.codec.refuse_nonfinite`): the encoder skipped the separate scan
     for it."""
     source = weight if rows is None else rows
     q, s = gather_rows(row_blocks(source, block_elements), fn, weight.shape[0], dtypes=(torch.int8,))

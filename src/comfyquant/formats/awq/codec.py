@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..numerics.packing import lookup_pairs, pair_table
-from .base import Codec, finish
+from ...numerics.packing import lookup_pairs, pair_table
+from ..codec import Codec, finish
 
 
 class AWQCodec(Codec):

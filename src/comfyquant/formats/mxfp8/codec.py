@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ..numerics.blocked import ceil_to, from_blocked, padded_blocks, to_blocked
-from ..numerics.floats import E4M3, FP8_MAX, e8m0_decode, e8m0_from_amax, fp8_decode, fp8_decode_scaled
-from ..numerics.rows import gather_rows, row_blocks
-from .base import Codec, finish, reject_unknown
+from ...numerics.blocked import ceil_to, from_blocked, padded_blocks, to_blocked
+from ...numerics.floats import E4M3, FP8_MAX, e8m0_decode, e8m0_from_amax, fp8_decode, fp8_decode_scaled
+from ...numerics.rows import gather_rows, row_blocks
+from ..codec import Codec, finish, reject_unknown
 
 BLOCK = 32
 

@@ -32,12 +32,12 @@ from collections.abc import Iterator
 
 import torch
 
-from ..checker.layers import check_layer
 from ..errors import ComfyQuantError
-from ..formats import registry
-from ..formats.base import Format, Meta
 from ..numerics.dtypes import DENSE, DTYPE_NAMES, FLOAT_DTYPES, parse_float_dtype
 from ..numerics.rows import RowSource, Weight, row_blocks, row_ranges
+from . import registry
+from .base import Format, Meta
+from .validation import check_layer
 
 DEFAULT_BLOCK_ELEMENTS = 1 << 22
 """Elements per decoded row block: 16 MB F32 temporaries, small enough for the allocator to

@@ -9,7 +9,7 @@ message holds a ``{layer}`` placeholder) until bound with :meth:`Finding.with_la
 from __future__ import annotations
 
 from ..findings import Finding
-from ..formats.base import Format, GeometryError
+from .base import Format, GeometryError
 from .diagnose import dtype_cause, dtype_matches, fmt_shape, shape_cause
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ..numerics.floats import E4M3, E5M2, FP8_MAX, fp8_decode_scaled, fp8_encode
-from ..numerics.rows import cast_rows
-from .base import Codec, reject_unknown, rows_of
+from ...numerics.floats import E4M3, E5M2, FP8_MAX, fp8_decode_scaled, fp8_encode
+from ...numerics.rows import cast_rows
+from ..codec import Codec, reject_unknown, rows_of
 
 
 class FP8Codec(Codec):

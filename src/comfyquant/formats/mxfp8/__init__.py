@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from .base import WEIGHT, Constraint, Format, MarkerKey, Slot
-from .common import ALL_RUNTIMES, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, model_size, no_params, padded_bias_slot
+from ..base import WEIGHT, Constraint, Format, MarkerKey, Slot
+from ..common import ALL_RUNTIMES, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, model_size, no_params, padded_bias_slot
 
+CODEC = __name__ + ".codec"
+"""The module holding this package\'s codecs (imported on first use)."""
 
 def weight_rows(t: dict) -> int:
     return t["weight"].shape[0]
@@ -21,6 +23,9 @@ def _recognize(t: dict) -> bool:
 
 MXFP8 = Format(
     name="mxfp8",
+    order=6,
+    infer_rank=4,
+    codec_module=CODEC,
     title="FP8 E4M3 weights, E8M0 1x32 block scales",
     slots=(
         Slot("weight", "F8_E4M3", "(N, K)", kind=WEIGHT, meaning="FP8 weight padded to 32x32"),
@@ -59,3 +64,6 @@ MXFP8 = Format(
     encode_params=no_params,
     quant_format="mxfp8",
 )
+
+FORMATS = (MXFP8,)
+"""The formats this package describes (the registry collects every package's ``FORMATS``)."""

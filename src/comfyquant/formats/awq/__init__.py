@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from .base import WEIGHT, Constraint, Format, MarkerKey, Slot
-from .common import BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
+from ..base import WEIGHT, Constraint, Format, MarkerKey, Slot
+from ..common import BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
 
+CODEC = __name__ + ".codec"
+"""The module holding this package\'s codecs (imported on first use)."""
 
 def _geometry(tensors: dict, params: dict) -> dict:
     n, cols = weight_2d(tensors)
@@ -13,6 +15,9 @@ def _geometry(tensors: dict, params: dict) -> dict:
 
 AWQ_W4A16 = Format(
     name="awq_w4a16",
+    order=7,
+    infer_rank=1,
+    codec_module=CODEC,
     title="4-bit weight-only (AWQ), float group scales and zeros",
     slots=(
         Slot("weight", "I8", "(N, K // 2)", kind=WEIGHT, meaning="unsigned nibbles, low nibble first"),
@@ -31,3 +36,6 @@ AWQ_W4A16 = Format(
     loaders=frozenset({"comfyui", "comfy-kitchen"}),
     recognize=lambda t: "weight_zeros" in t and "weight" in t and t["weight"].dtype == "I8",
 )
+
+FORMATS = (AWQ_W4A16,)
+"""The formats this package describes (the registry collects every package's ``FORMATS``)."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from .base import WEIGHT, Constraint, Format, MarkerKey, Slot
-from .common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
+from ..base import WEIGHT, Constraint, Format, MarkerKey, Slot
+from ..common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
 
+CODEC = __name__ + ".codec"
+"""The module holding this package\'s codecs (imported on first use)."""
 
 def _geometry(tensors: dict, params: dict) -> dict:
     n, cols = weight_2d(tensors)
@@ -17,6 +19,9 @@ def _encode_params(env: dict, tensors: dict) -> dict:
 
 CONVROT_W4A4 = Format(
     name="convrot_w4a4",
+    order=4,
+    infer_rank=5,
+    codec_module=CODEC,
     title="signed 4-bit weights and activations, per-row scales, ConvRot",
     slots=(
         Slot("weight", "I8", "(N, K // 2)", kind=WEIGHT, meaning="signed nibbles, low nibble first"),
@@ -76,3 +81,6 @@ CONVROT_W4A4 = Format(
     and t["weight_scale"].dtype == "F32"
     and t["weight_scale"].shape == (t["weight"].shape[0],),
 )
+
+FORMATS = (CONVROT_W4A4,)
+"""The formats this package describes (the registry collects every package's ``FORMATS``)."""

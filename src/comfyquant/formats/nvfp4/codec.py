@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ..numerics.blocked import ceil_to, from_blocked, padded_blocks, to_blocked
-from ..numerics.floats import E2M1_MAX, E4M3, FP8_MAX, e2m1_encode, e2m1_table
-from ..numerics.packing import HNF, lookup_pairs, pack_nibbles, pair_table, unpack_nibbles
-from ..numerics.rows import gather_rows, row_blocks
-from .base import Codec, reject_unknown
+from ...numerics.blocked import ceil_to, from_blocked, padded_blocks, to_blocked
+from ...numerics.floats import E2M1_MAX, E4M3, FP8_MAX, e2m1_encode, e2m1_table
+from ...numerics.packing import HNF, lookup_pairs, pack_nibbles, pair_table, unpack_nibbles
+from ...numerics.rows import gather_rows, row_blocks
+from ..codec import Codec, reject_unknown
 
 BLOCK = 16
 TENSOR_SCALE_DIVISOR = FP8_MAX[E4M3] * E2M1_MAX

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .base import WEIGHT, Format, MarkerKey, Slot
-from .common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, has_2d_weight, no_params
+from ..base import WEIGHT, Format, MarkerKey, Slot
+from ..common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, has_2d_weight, no_params
 
 
 def _scalar_scale_slot() -> Slot:
@@ -17,9 +17,16 @@ def _scalar_scale_slot() -> Slot:
     )
 
 
-def _fp8(name: str, weight_dtype: str, loaders: frozenset, title: str) -> Format:
+CODEC = __name__ + ".codec"
+"""The module holding this package's codecs (imported on first use)."""
+
+
+def _fp8(name: str, weight_dtype: str, loaders: frozenset, title: str, order: int, infer_rank: int) -> Format:
     return Format(
         name=name,
+        order=order,
+        infer_rank=infer_rank,
+        codec_module=CODEC,
         encode_params=no_params,
         title=title,
         slots=(
@@ -47,11 +54,12 @@ def _fp8(name: str, weight_dtype: str, loaders: frozenset, title: str) -> Format
     )
 
 
-FLOAT8_E4M3FN = _fp8("float8_e4m3fn", "F8_E4M3", ALL_RUNTIMES, "FP8 E4M3, per-tensor scale")
-FLOAT8_E5M2 = _fp8("float8_e5m2", "F8_E5M2", frozenset({"comfyui", "comfy-kitchen"}), "FP8 E5M2, per-tensor scale")
+FLOAT8_E4M3FN = _fp8("float8_e4m3fn", "F8_E4M3", ALL_RUNTIMES, "FP8 E4M3, per-tensor scale", 0, 7)
+FLOAT8_E5M2 = _fp8("float8_e5m2", "F8_E5M2", frozenset({"comfyui", "comfy-kitchen"}), "FP8 E5M2, per-tensor scale", 1, 8)
 
 FLOAT8_E4M3FN_ROWWISE = Format(
     name="float8_e4m3fn_rowwise",
+    order=9,
     title="FP8 E4M3, per-row scale (convert_to_quant only)",
     slots=(
         Slot("weight", "F8_E4M3", "(N, K)", kind=WEIGHT),
@@ -68,6 +76,7 @@ _BLOCK_KEY = MarkerKey("group_size", (int,), default=64, allowed="v > 0", allowe
 
 FLOAT8_E4M3FN_BLOCKWISE = Format(
     name="float8_e4m3fn_blockwise",
+    order=10,
     title="FP8 E4M3, 2-D block scales (convert_to_quant only)",
     slots=(
         Slot("weight", "F8_E4M3", "(N, K)", kind=WEIGHT),
@@ -81,3 +90,6 @@ FLOAT8_E4M3FN_BLOCKWISE = Format(
 )
 
 __all__ = ["FLOAT8_E4M3FN", "FLOAT8_E5M2", "FLOAT8_E4M3FN_ROWWISE", "FLOAT8_E4M3FN_BLOCKWISE"]
+
+FORMATS = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E4M3FN_ROWWISE, FLOAT8_E4M3FN_BLOCKWISE,)
+"""The formats this package describes (the registry collects every package's ``FORMATS``)."""

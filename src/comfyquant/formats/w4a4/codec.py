@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from ..numerics.hadamard import rotate_activation, rotate_weight, unrotate
-from ..numerics.int8 import int8_matmul
-from ..numerics.packing import lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
-from ..numerics.rows import gather_rows, materialize, row_blocks
-from .base import Codec, CodecError, finish, reject_unknown, rows_of
-from .int8 import check_convrot
+from ...numerics.hadamard import rotate_activation, rotate_weight, unrotate
+from ...numerics.int8 import int8_matmul
+from ...numerics.packing import lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
+from ...numerics.rows import gather_rows, materialize, row_blocks
+from ..codec import Codec, CodecError, finish, reject_unknown, rows_of
+from ..int8.codec import check_convrot
 
 INT4_MAX = 7
 QUANT_GROUP = 64

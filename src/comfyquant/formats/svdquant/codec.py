@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ..numerics.packing import LNF, lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
-from ..numerics.rows import row_ranges
-from .base import DEFAULT_BLOCK_ELEMENTS, Codec, finish
+from ...numerics.packing import LNF, lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
+from ...numerics.rows import row_ranges
+from ..codec import DEFAULT_BLOCK_ELEMENTS, Codec, finish
 
 GROUP = 64
 INT4_MAX = 7

@@ -7,8 +7,11 @@ present and the packed row width.
 
 from __future__ import annotations
 
-from .base import CODEBOOK, CORRECTION, WEIGHT, Constraint, Format, GeometryError, MarkerKey, Slot
-from .common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
+from ..base import CODEBOOK, CORRECTION, WEIGHT, Constraint, Format, GeometryError, MarkerKey, Slot
+from ..common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
+
+CODEC = __name__ + ".codec"
+"""The module holding this package\'s codecs (imported on first use)."""
 
 REQUANTIZE = "re-export from the original weights with one consistent group size (comfyquant quantize)"
 
@@ -62,6 +65,9 @@ def _encode_params(env: dict, tensors: dict) -> dict:
 
 ASYM_W4A8_INT8 = Format(
     name="asym_w4a8_int8",
+    order=3,
+    infer_rank=0,
+    codec_module=CODEC,
     title="grouped 4/6-bit weights, FP8 group scales, INT8 activations, ConvRot",
     slots=(
         Slot("weight", "I8", "(N, K * bits // 8)", kind=WEIGHT, meaning="packed codes, K/2 (4-bit) or 3K/4 (6-bit) bytes per row"),
@@ -166,3 +172,6 @@ ASYM_W4A8_INT8 = Format(
     recognize=lambda t: "weight_s_rel" in t and "weight" in t and t["weight"].dtype == "I8",
     encode_params=_encode_params,
 )
+
+FORMATS = (ASYM_W4A8_INT8,)
+"""The formats this package describes (the registry collects every package's ``FORMATS``)."""

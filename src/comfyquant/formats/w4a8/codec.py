@@ -34,7 +34,7 @@ the BLAS kernel or the thread count:
 hence decoded whole.  An earlier version chose between the F32 and a blocked BF16 GEMM by
 timing them; the choice is gone, no result depends on a measurement.)
 
-The quantizer (:mod:`.w4a8_quant`) reproduces comfy-kitchen's choices: codebook decision,
+The quantizer (:mod:`.encoder`) reproduces comfy-kitchen's choices: codebook decision,
 ALS refinement, grid assignment and the 6-bit scale search.
 """
 
@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import torch
 
-from ..numerics.hadamard import rotate_activation, rotate_weight, unrotate
-from ..numerics.int8 import int8_product, quantize_rows
-from ..numerics.packing import lookup_pairs, pair_table, unpack_6bit
-from ..numerics.rows import row_ranges
-from .base import DEFAULT_BLOCK_ELEMENTS, Codec, finish, rows_of
-from .w4a8_quant import encode_w4a8
+from ...numerics.hadamard import rotate_activation, rotate_weight, unrotate
+from ...numerics.int8 import int8_product, quantize_rows
+from ...numerics.packing import lookup_pairs, pair_table, unpack_6bit
+from ...numerics.rows import row_ranges
+from ..codec import DEFAULT_BLOCK_ELEMENTS, Codec, finish, rows_of
+from .encoder import encode_w4a8
 
 _EXACT_MAX_BLOCK = 256
 _EXACT_MAX_SCALE = 2.0 ** 100

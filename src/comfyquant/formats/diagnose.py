@@ -7,7 +7,7 @@ dtypes, the parameters its shape expression uses), not from per-format code.
 
 from __future__ import annotations
 
-from ..formats.base import Slot
+from .base import Slot
 
 GROUP_CANDIDATES = (4, 8, 16, 32, 48, 64, 96, 128, 256, 512)
 FLOATS = ("F32", "BF16", "F16")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from .base import WEIGHT, Constraint, Format, MarkerKey, Slot
-from .common import ALL_RUNTIMES, FORMAT_KEY, FULL_PRECISION_KEY, model_size, no_params, padded_bias_slot, weight_2d
+from ..base import WEIGHT, Constraint, Format, MarkerKey, Slot
+from ..common import ALL_RUNTIMES, FORMAT_KEY, FULL_PRECISION_KEY, model_size, no_params, padded_bias_slot, weight_2d
 
+CODEC = __name__ + ".codec"
+"""The module holding this package\'s codecs (imported on first use)."""
 
 def _geometry(tensors: dict, params: dict) -> dict:
     rows, cols = weight_2d(tensors)
@@ -17,6 +19,9 @@ def _geometry(tensors: dict, params: dict) -> dict:
 
 NVFP4 = Format(
     name="nvfp4",
+    order=5,
+    infer_rank=3,
+    codec_module=CODEC,
     title="FP4 E2M1 weights, FP8 1x16 block scales, F32 tensor scale",
     slots=(
         Slot("weight", "U8", "(N, K // 2)", kind=WEIGHT, meaning="E2M1 codes, high nibble first, padded to 16x16"),
@@ -71,3 +76,6 @@ NVFP4 = Format(
     recognize=lambda t: "weight" in t and t["weight"].dtype == "U8" and "weight_scale_2" in t,
     encode_params=no_params,
 )
+
+FORMATS = (NVFP4,)
+"""The formats this package describes (the registry collects every package's ``FORMATS``)."""

@@ -5,9 +5,11 @@ Two storage layouts: natural (2-D weight) and tile-packed (4-D weight), both rea
 
 from __future__ import annotations
 
-from .base import AUX, WEIGHT, Format, GeometryError, MarkerKey, Slot
-from .common import BIAS_SLOT, FORMAT_KEY
+from ..base import AUX, WEIGHT, Format, GeometryError, MarkerKey, Slot
+from ..common import BIAS_SLOT, FORMAT_KEY
 
+CODEC = __name__ + ".codec"
+"""The module holding this package\'s codecs (imported on first use)."""
 
 def _geometry(tensors: dict, params: dict) -> dict:
     w = tensors.get("weight")
@@ -26,6 +28,9 @@ def _geometry(tensors: dict, params: dict) -> dict:
 
 SVDQUANT_W4A4 = Format(
     name="svdquant_w4a4",
+    order=8,
+    infer_rank=2,
+    codec_module=CODEC,
     title="SVDQuant: 4-bit weights and activations plus a low-rank branch",
     slots=(
         Slot("weight", "I8", "(N, K // 2)", kind=WEIGHT, when="not packed"),
@@ -48,3 +53,6 @@ SVDQUANT_W4A4 = Format(
     loaders=frozenset({"comfy-kitchen"}),
     recognize=lambda t: "weight_proj_down" in t and "weight_proj_up" in t,
 )
+
+FORMATS = (SVDQUANT_W4A4,)
+"""The formats this package describes (the registry collects every package's ``FORMATS``)."""

@@ -23,12 +23,12 @@ from collections.abc import Iterator
 
 import torch
 
-from ..numerics.floats import E4M3, fp8_neighbours
-from ..numerics.hadamard import is_power_of_4, rotate_weight
-from ..numerics.nearest import grid_by_code, grid_nearest, grid_nearest_by_code, nearest, table_thresholds
-from ..numerics.packing import pack_6bit, pack_nibbles
-from ..numerics.rows import Weight, as_source, gather_rows, materialize, release_memory, row_blocks
-from .base import CodecError, reject_unknown
+from ...numerics.floats import E4M3, fp8_neighbours
+from ...numerics.hadamard import is_power_of_4, rotate_weight
+from ...numerics.nearest import grid_by_code, grid_nearest, grid_nearest_by_code, nearest, table_thresholds
+from ...numerics.packing import pack_6bit, pack_nibbles
+from ...numerics.rows import Weight, as_source, gather_rows, materialize, release_memory, row_blocks
+from ..codec import CodecError, reject_unknown
 
 FIXED_CODEBOOK = (
     -0.980602, -0.794529, -0.638165, -0.500986, -0.377321, -0.263187, -0.155210, -0.050720,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from .base import WEIGHT, Constraint, Format, MarkerKey, Slot
-from .common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, has_2d_weight
+from ..base import WEIGHT, Constraint, Format, MarkerKey, Slot
+from ..common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, has_2d_weight
+
+CODEC = __name__ + ".codec"
+"""The module holding this package\'s codecs (imported on first use)."""
 
 CONVROT_SIZE_FIX = "use 16, 64 or 256 (re-quantize with comfyquant quantize if the data was rotated with another size)"
 
@@ -29,6 +32,9 @@ def _encode_params(env: dict, tensors: dict) -> dict:
 
 INT8_TENSORWISE = Format(
     name="int8_tensorwise",
+    order=2,
+    infer_rank=6,
+    codec_module=CODEC,
     title="INT8 weights, scalar / row-wise / ConvRot scales, dynamic INT8 activations",
     slots=(
         Slot("weight", "I8", "(N, K)", kind=WEIGHT, meaning="INT8 weight (rotated domain with ConvRot)"),
@@ -90,6 +96,7 @@ INT8_TENSORWISE = Format(
 
 INT8_BLOCKWISE = Format(
     name="int8_blockwise",
+    order=11,
     title="INT8 with 2-D block scales (convert_to_quant only)",
     slots=(
         Slot("weight", "I8", "(N, K)", kind=WEIGHT),
@@ -102,3 +109,6 @@ INT8_BLOCKWISE = Format(
     bits_text="8",
     converter_only=True,
 )
+
+FORMATS = (INT8_TENSORWISE, INT8_BLOCKWISE,)
+"""The formats this package describes (the registry collects every package's ``FORMATS``)."""
