@@ -40,8 +40,8 @@ from comfyquant.cli import main
 from comfyquant.errors import InputError
 from comfyquant.io.header import read_header
 from comfyquant.io.source import LocalFile
-from comfyquant.targets.base import TARGETS
 from comfyquant.targets.container import open_error, rust_float
+from comfyquant.targets.select import TARGETS
 
 pytest.importorskip("safetensors")
 import safetensors  # noqa: E402

@@ -37,7 +37,7 @@ def _relabelled_for_kitchen(ckpt, report) -> set[str]:
     right one before handing it over (an MXFP8 block scale stored as ``U8``, say: the same
     bytes).  The decoding commands decode the way ComfyUI runs comfy-kitchen, views included,
     so those layers are decodable exactly: their findings do not block."""
-    from .targets.base import run_target
+    from .targets.select import run_target
 
     failing: dict[str, set[str]] = {}
     for v in report.verdicts[GATE_TARGET].violations:

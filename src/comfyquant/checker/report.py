@@ -11,7 +11,8 @@ when it stops a selected runtime; one that only concerns runtimes the user did n
 from __future__ import annotations
 
 from ..findings import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding
-from ..targets.base import TARGETS, Verdict
+from ..targets.base import Verdict
+from ..targets.select import TARGETS
 
 SCHEMA = 1
 HEADER_CODES = frozenset({"C001", "C002", "C003", "C004", "C005", "C006", "C007", "C008"})

@@ -6,7 +6,7 @@ import gc
 from collections.abc import Callable, Iterable
 
 from ..checkpoint import Checkpoint, open_checkpoint
-from ..targets.base import TARGETS, run_target
+from ..targets.select import TARGETS, run_target
 from .report import Report, assemble
 from .rules import check_layers, check_mapping, check_marker_prefixes
 

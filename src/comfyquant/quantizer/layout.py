@@ -185,7 +185,7 @@ _LAYER_LEAD = re.compile(r"^layer \S+ \([^)]*\): ")
 def problems(report, warnings: bool = True) -> list[str]:
     """One line per error (and warning) of a report: the runtimes it breaks (when not all of
     them), then the message."""
-    from ..targets.base import TARGETS
+    from ..targets.select import TARGETS
 
     out = []
     for f in report.findings:

@@ -4,6 +4,7 @@ Each profile walks the checkpoint in the runtime's own order and lists every vio
 would hit; the first one that stops loading is the error the runtime raises.
 """
 
-from .base import TARGETS, Verdict, Violation, run_target
+from .base import Verdict, Violation
+from .select import TARGETS, run_target
 
 __all__ = ["TARGETS", "Verdict", "Violation", "run_target"]

@@ -91,9 +91,6 @@ def bind(templates: list[Violation], prefix: str) -> list[Violation]:
     ]
 
 
-TARGETS = ("sglang", "comfyui", "comfy-kitchen")
-
-
 def container_violation(target: str, file: str, message: str, rule: str = "safetensors") -> Violation:
     """The ``SafetensorError`` a runtime raises opening a damaged file (targets/container.py)."""
     from .container import EXCEPTION
@@ -126,19 +123,3 @@ def incomplete_violations(target: str, ckpt, blocking: bool, consequence: str) -
             v.covers = f
             out.append(v)
     return out
-
-
-def run_target(name: str, ckpt) -> Verdict:
-    if name == "sglang":
-        from .sglang import sglang_verdict
-
-        return sglang_verdict(ckpt)
-    if name == "comfyui":
-        from .comfyui import comfyui_verdict
-
-        return comfyui_verdict(ckpt)
-    if name == "comfy-kitchen":
-        from .kitchen import kitchen_verdict
-
-        return kitchen_verdict(ckpt)
-    raise ValueError(f"unknown target {name!r}: choose from {', '.join(TARGETS)}")
