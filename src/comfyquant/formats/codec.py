@@ -34,6 +34,7 @@ import torch
 
 from ..errors import ComfyQuantError
 from ..numerics.dtypes import DENSE, DTYPE_NAMES, FLOAT_DTYPES, parse_float_dtype
+from ..numerics.hadamard import is_power_of_4
 from ..numerics.rows import RowSource, Weight, row_blocks, row_ranges
 from . import registry
 from .base import Format, Meta
@@ -445,3 +446,11 @@ def rows_of(t: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
 def per_row(t: torch.Tensor, rows: int, r0: int, r1: int) -> torch.Tensor:
     """Rows ``r0:r1`` of a scale that is either per tensor (one element, kept) or per row."""
     return t if t.numel() == 1 or t.shape[0] != rows else rows_of(t, r0, r1)
+
+
+def check_convrot(size, k: int, name: str) -> None:
+    """comfy-kitchen's ConvRot preconditions, with its messages (every rotating format's encoder)."""
+    if not is_power_of_4(size):
+        raise CodecError(f"{name}: Regular Hadamard size must be a power of 4, got {size}")
+    if k % size:
+        raise CodecError(f"{name}: ConvRot group size {size} does not divide input features {k}")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from ...numerics import rows
-from ...numerics.hadamard import is_power_of_4, rotate_activation, rotate_weight, unrotate
+from ...numerics.hadamard import rotate_activation, rotate_weight, unrotate
 from ...numerics.int8 import int8_levels, int8_product, quantize_rows, row_levels_inplace, safe_divisor
 from ...numerics.rows import Weight, cast_rows, gather_rows, materialize, row_blocks
-from ..codec import Codec, CodecError, finish, per_row, refuse_nonfinite, reject_unknown, rows_of
+from ..codec import Codec, CodecError, check_convrot, finish, per_row, refuse_nonfinite, reject_unknown, rows_of
 
 
 class Int8Codec(Codec):
@@ -101,14 +101,6 @@ def _encode_rows(weight: Weight, fn, name: str, block_elements: int | None = Non
     if not bool(torch.isfinite(s).all()):
         refuse_nonfinite(weight, name)
     return q, s
-
-
-def check_convrot(size, k: int, name: str) -> None:
-    """comfy-kitchen's ConvRot preconditions, with its messages."""
-    if not is_power_of_4(size):
-        raise CodecError(f"{name}: Regular Hadamard size must be a power of 4, got {size}")
-    if k % size:
-        raise CodecError(f"{name}: ConvRot group size {size} does not divide input features {k}")
 
 
 CODECS = {Int8Codec.name: Int8Codec()}

@@ -8,8 +8,7 @@ from ...numerics.hadamard import rotate_activation, rotate_weight, unrotate
 from ...numerics.int8 import int8_matmul
 from ...numerics.packing import lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
 from ...numerics.rows import gather_rows, materialize, row_blocks
-from ..codec import Codec, CodecError, finish, reject_unknown, rows_of
-from ..int8.codec import check_convrot
+from ..codec import Codec, CodecError, check_convrot, finish, reject_unknown, rows_of
 
 INT4_MAX = 7
 QUANT_GROUP = 64
