@@ -476,7 +476,8 @@ def test_an_output_that_is_not_a_regular_file_is_never_replaced(tmp_path, capsys
                                                                         if k != "convrot"}))
     fifo = tmp_path / "out.safetensors"
     os.mkfifo(fifo)
-    for args in (["fix", quant, "-o", fifo, "--force"], ["dequantize", quant, fifo],
+    for args in (["fix", quant, "-o", fifo, "--force"], ["fix", quant, "-o", fifo, "--overwrite"], ["dequantize", quant, fifo],
+                 ["dequantize", quant, fifo, "--overwrite"],
                  ["quantize", dense, fifo, "-f", "fp8", "--overwrite", "--no-progress"],
                  ["convert", quant, fifo, "-t", "int8", "--overwrite", "--no-progress"],
                  ["convert", quant, fifo, "-t", "dense", "--overwrite", "--no-progress"]):
