@@ -313,3 +313,23 @@ def test_every_writing_command_says_overwrite_in_the_same_words(capsys, command)
     assert main([command, "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "--overwrite replace existing output files (never an input)" in text
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_new_output_folder_needs_its_parent(tmp_path, capsys, command):
+    """Shards give the folder OUT, created; the folders above it never are."""
+    index = sharded(tmp_path, command)
+    out = tmp_path / "nope" / "out"
+    refused(capsys, tmp_path, command, cli_args(command, index, out) + ["--overwrite"], index, out,
+            f"{out}: the folder {tmp_path / 'nope'} does not exist")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_trailing_slash_makes_out_a_new_folder(tmp_path, capsys, command):
+    """``-o new/`` says a folder even for one input file: created, the output inside under the
+    input's name (it was taken for a file name ending in a slash)."""
+    src = source(tmp_path, command)
+    assert main(cli_args(command, src, f"{tmp_path / 'new'}/")) in (0, 1)
+    capsys.readouterr()
+    assert os.listdir(tmp_path / "new") == ["model.safetensors"]
+    assert comfyquant.check(str(tmp_path / "new" / "model.safetensors"), target="comfy-kitchen").ok
