@@ -10,7 +10,7 @@ everywhere and every refusal is the same line for the same situation.
 * Otherwise one input file gives the file ``OUT``; shards (or an index) give the folder
   ``OUT`` (created).  ``dequantize`` names by suffix instead (``merge``): a ``.safetensors``
   OUT is one file, whatever the input (shards merge into it), any other OUT a folder.
-* Refused before anything is read or written (:func:`claim`): an output that is an input (same
+* Refused before anything is written (:func:`claim`): an output that is an input (same
   path, or the same file through a link), an existing output unless ``overwrite`` (never a
   folder, device, FIFO or socket, whatever ``overwrite`` says), an output whose folder does not
   exist.  Only ``fix --in-place`` writes over its input, and it says so explicitly.
@@ -64,7 +64,7 @@ def default_output(files: list[str], index: str | None, tag: str) -> str:
         folder = os.path.abspath(os.path.basename(tail) or "model")
     else:
         folder = os.path.dirname(os.path.abspath(first))
-    return folder.rstrip(os.sep) + f".{tag}"
+    return (folder.rstrip(os.sep) or os.path.join(folder, "model")) + f".{tag}"  # shards in / give /model.<tag>
 
 
 def _local_name(path: str) -> str:
