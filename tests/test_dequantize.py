@@ -372,15 +372,19 @@ def test_output_is_checked_before_it_is_renamed(tmp_path, monkeypatch):
 
 def test_cli_output_by_option_like_fix(tmp_path, capsys):
     """``-o OUT`` works as the last positional does (``fix`` takes ``-o``); without either the
-    error is one line."""
+    output gets its default name, as ``fix``'s does (``<name>.dense.safetensors`` next to the
+    input), and a second run refuses to replace it with one line (issue 13: one output rule)."""
     src = write_layers(tmp_path / "m.safetensors", model_layers(), metadata=META)
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     assert main(["dequantize", src, "-o", str(a), "--no-progress"]) == 0
     assert main(["dequantize", src, str(b), "--no-progress"]) == 0
     assert a.read_bytes() == b.read_bytes()
     capsys.readouterr()
+    default = tmp_path / "m.dense.safetensors"
+    assert main(["dequantize", src, "--no-progress"]) == 0
+    assert capsys.readouterr().err == "" and default.read_bytes() == a.read_bytes()
     assert main(["dequantize", src]) == 2
-    assert capsys.readouterr().err == "comfyquant: dequantize: give the output after the input(s), or with -o OUT\n"
+    assert capsys.readouterr().err == f"comfyquant: {default}: exists; pass --overwrite to replace it\n"
     q = tmp_path / "q.safetensors"
     dense = write_layers(tmp_path / "dense.safetensors", [dense_layer("blocks.0.fc", (64, 256))])
     assert main(["quantize", dense, "-o", str(q), "-f", "fp8", "--no-progress"]) == 0 and q.exists()

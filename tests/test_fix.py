@@ -264,7 +264,11 @@ def test_refuses_overwrites(tmp_path):
         fix(src, out=src)
     with pytest.raises(InputError, match="exists"):
         fix(src, out=other)
-    assert fix(src, out=other, force=True).ok
+    with pytest.warns(DeprecationWarning, match="overwrite"):  # the old keyword still works, and says so
+        assert fix(src, out=other, force=True).ok
+    replaced = write(tmp_path / "replaced.safetensors", dense_layer("x"))
+    assert fix(src, out=replaced, overwrite=True).ok
+    assert open(replaced, "rb").read() == open(other, "rb").read()
 
 
 def test_enospc_leaves_nothing(tmp_path, monkeypatch):

@@ -209,10 +209,14 @@ def test_existing_folder_as_output_receives_the_input_name(tmp_path, capsys, com
     assert run(capsys, "check", folder / "model.safetensors", "--target", "comfy-kitchen")[0] == 0
     # the same again: the file exists now; every command refuses alike unless told to replace it
     rc, _, err = run(capsys, command.split("-")[0], src, "-o", folder, *extra)
-    if command == "dequantize":  # dequantize replaces its outputs (no --overwrite option)
+    # dequantize replaced its outputs before it had --overwrite (issue 13: one rule): now it refuses alike
+    assert rc == 2 and "model.safetensors: exists" in err
+    before = (folder / "model.safetensors").read_bytes()
+    rc, _, err = run(capsys, command.split("-")[0], src, "-o", folder, *extra, "--overwrite")
+    assert rc in (0, 1) and "internal error" not in err, err
+    assert os.listdir(folder) == ["model.safetensors"] and (folder / "model.safetensors").read_bytes() == before
+    if command == "dequantize":  # it still replaces its outputs, when told to
         assert rc == 0
-    else:
-        assert rc == 2 and "model.safetensors: exists" in err
 
 
 def test_shards_into_a_file_path_are_refused_alike(tmp_path, capsys):
@@ -472,7 +476,8 @@ def test_an_output_that_is_not_a_regular_file_is_never_replaced(tmp_path, capsys
                                                                         if k != "convrot"}))
     fifo = tmp_path / "out.safetensors"
     os.mkfifo(fifo)
-    for args in (["fix", quant, "-o", fifo, "--force"], ["dequantize", quant, fifo],
+    for args in (["fix", quant, "-o", fifo, "--force"], ["fix", quant, "-o", fifo, "--overwrite"], ["dequantize", quant, fifo],
+                 ["dequantize", quant, fifo, "--overwrite"],
                  ["quantize", dense, fifo, "-f", "fp8", "--overwrite", "--no-progress"],
                  ["convert", quant, fifo, "-t", "int8", "--overwrite", "--no-progress"],
                  ["convert", quant, fifo, "-t", "dense", "--overwrite", "--no-progress"]):

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 
 from .errors import ComfyQuantError
-from .io.outputs import destinations, refuse_taken
+from .io.outputs import claim
 from .units import human_size
 
 DROP_METADATA = ("_quantization_metadata", "quant_format")
@@ -143,16 +143,18 @@ class _Layer:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None = None,
-               overwrite: bool = True) -> Summary:
+def dequantize(src, out: str | None = None, dtype: str | None = None, *, progress: bool | None = None,
+               overwrite: bool = False) -> Summary:
     """Write a dense copy of the checkpoint ``src`` (file, shards, folder or index) to ``out``.
 
     ``out`` ending in ``.safetensors`` is one file; anything else is a folder keeping the
     input's shards.  ``dtype`` (``bf16``/``f16``/``f32``) sets every dense weight's dtype;
     by default each layer gets its model dtype (marker ``orig_dtype``, else its bias's dtype,
     else BF16).  ``progress`` shows a progress bar on stderr (default: when it is a terminal).
-    An existing folder ``out`` receives the outputs under the input files' names
-    (:mod:`comfyquant.io.outputs`); ``overwrite=False`` refuses to replace an existing file.
+    An existing folder ``out`` receives the outputs under the input files' names; no ``out``:
+    ``<name>.dense.safetensors`` next to the input (``<folder>.dense`` for shards).  An existing
+    output file is replaced only with ``overwrite=True``, an input never
+    (:mod:`comfyquant.io.outputs`).
     """
     from .checkpoint import open_checkpoint
     from .gate import check_input
@@ -169,7 +171,7 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
 
         check_input(ckpt, "dequantize", DequantizeError)  # the gate every decoding command shares
         layers = _plan_layers(ckpt, dtype, file_level_markers(ckpt))
-        files = _plan_outputs(ckpt, out, overwrite)
+        files, index_dest = _plan_outputs(ckpt, out, overwrite)
         summary = Summary(list(ckpt.paths), [p for p, _, _ in files], dtype)
         work = _Work(ckpt, layers, summary)
         _ensure_space(work, files)
@@ -195,9 +197,8 @@ def dequantize(src, out: str, dtype: str | None = None, *, progress: bool | None
 
             for t in temps:
                 discard(t)
-        if files[0][1] is not None and (len(files) > 1 or ckpt.shardset.index_path):
-            index_name = os.path.basename(ckpt.shardset.index_path or "model.safetensors.index.json")
-            _write_index(os.path.join(os.path.dirname(files[0][0]), index_name), files, work.sizes)
+        if index_dest:
+            _write_index(index_dest, files, work.sizes)
     summary.layers = dict(sorted(work.formats.items()))
     summary.seconds = time.perf_counter() - started
     summary.startup = startup
@@ -236,24 +237,23 @@ def _plan_layers(ckpt, dtype, implied: dict[str, dict]) -> dict[str, _Layer]:
     return out
 
 
-def _plan_outputs(ckpt, out: str, overwrite: bool = True) -> list[tuple[str, str | None, list[str]]]:
-    """(output path, input file or None for all, tensor names in file order) per output file.
-    Refuses to overwrite an input."""
+def _plan_outputs(ckpt, out: str | None, overwrite: bool) -> tuple[list[tuple[str, str | None, list[str]]], str | None]:
+    """(output path, input file or None for all, tensor names in file order) per output file,
+    and the index's path (shards kept as shards).  :func:`comfyquant.io.outputs.claim` refuses."""
     per_file = []
     for h in ckpt.headers:
         names = sorted((n for n, e in h.tensors.items() if ckpt.tensors.get(n) is e), key=lambda n: h.tensors[n].start)
         per_file.append((h.file, names))
-    dests, _index, create = destinations(list(ckpt.files), ckpt.shardset.index_path, out, merge=True)
+    dest = claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag="dense", merge=True,
+                 index_for_shards="model.safetensors.index.json", error=DequantizeError)
+    dests = dest.files
     if dests is None:
-        files = [(out, None, [n for _, names in per_file for n in names])]
+        files = [(dest.merged, None, [n for _, names in per_file for n in names])]
     else:
         dest_of = dict(zip(ckpt.files, dests))
         files = [(dest_of[f], f, names) for f, names in per_file]
-    refuse_taken([path for path, _, _ in files], list(ckpt.files), overwrite, "refusing to overwrite the input checkpoint",
-                 "pass --overwrite to replace it", DequantizeError)
-    if create:
-        os.makedirs(out, exist_ok=True)
-    return files
+    dest.make_folder()
+    return files, dest.index
 
 
 def _metadata(ckpt, source: str | None) -> dict[str, str]:

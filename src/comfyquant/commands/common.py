@@ -12,21 +12,31 @@ def name_mapper(prefix: str | None):
     return strip_prefix_mapper(prefix)
 
 
-def add_io_arguments(p, inputs_help: str, out_help: str) -> None:
+OVERWRITE_HELP = "replace existing output files (never an input)"
+
+
+def add_overwrite_argument(p) -> None:
+    """``--overwrite``, the same flag with the same words on every writing command
+    (:mod:`comfyquant.io.outputs` applies it)."""
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+
+
+def add_io_arguments(p, inputs_help: str, out_help: str, default_help: str) -> None:
     """``IN... OUT`` positionals, or ``IN... -o OUT`` (as ``fix`` takes it): the last path is
-    the output unless ``-o`` names it."""
+    the output unless ``-o`` names it; one path alone is the input, and the output gets its
+    default name (``default_help`` says which); ``--overwrite``."""
     p.add_argument("inputs", nargs="+", metavar="IN", help=inputs_help)
-    p.add_argument("out", nargs="?", metavar="OUT", help=out_help + " (or give it with -o)")
+    p.add_argument("out", nargs="?", metavar="OUT", help=f"{out_help} (or give it with -o; default: {default_help})")
     p.add_argument("-o", "--output", dest="out_option", metavar="OUT", help="the output, instead of the last path")
+    add_overwrite_argument(p)
 
 
-def inputs_and_output(args) -> tuple[list[str], str]:
-    """(input paths, output path) from :func:`add_io_arguments`'s arguments."""
-    from ..errors import InputError
-
+def inputs_and_output(args) -> tuple[list[str], str | None]:
+    """(input paths, output path or None for the default name) from :func:`add_io_arguments`'s
+    arguments."""
     paths = list(args.inputs) + ([args.out] if args.out is not None else [])
     if args.out_option is not None:
         return paths, args.out_option
     if len(paths) < 2:
-        raise InputError(f"{args.command}: give the output after the input(s), or with -o OUT")
+        return paths, None
     return paths[:-1], paths[-1]

@@ -16,7 +16,8 @@ def add_parser(sub) -> None:
     d = sub.add_parser("dequantize", help=HELP, description=HELP + ". Layers are decoded one at a time; "
                        "tensors that are not quantized are copied byte for byte; the checkpoint is checked first.")
     add_io_arguments(d, "file(s), shards, folder or *.safetensors.index.json",
-                     "output .safetensors file, or a folder to keep the input's shards")
+                     "output .safetensors file, or a folder to keep the input's shards",
+                     "<name>.dense.safetensors next to the input, <folder>.dense for shards")
     d.add_argument("--dtype", choices=["bf16", "f16", "f32"],
                    help="dtype of the dense weights (default: each layer's model dtype: marker orig_dtype, "
                         "else its bias's dtype, else bf16)")
@@ -32,7 +33,7 @@ def run(args) -> int:
 
     inputs, out = inputs_and_output(args)
     src = inputs[0] if len(inputs) == 1 else inputs
-    summary = dequantize(src, out, dtype=args.dtype, progress=args.progress)
+    summary = dequantize(src, out, dtype=args.dtype, progress=args.progress, overwrite=args.overwrite)
     if args.json:
         print(json.dumps(summary.to_dict(), indent=1))
     else:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 HELP = "repair a broken checkpoint: streaming, atomic, verified"
 
 
 def add_parser(sub) -> None:
+    from .common import add_overwrite_argument
+
     f = sub.add_parser("fix", help=HELP, description=HELP)
     f.add_argument("paths", nargs="+", metavar="IN", help="file(s), folder or *.safetensors.index.json")
     f.add_argument("-o", "--output", metavar="OUT",
@@ -23,7 +26,9 @@ def add_parser(sub) -> None:
     f.add_argument("--reference", metavar="DENSE",
                    help="the original dense checkpoint: measure every repaired layer against it and refuse a repair "
                         "whose error is not that of its format (needs torch)")
-    f.add_argument("--force", action="store_true", help="replace an existing output file")
+    add_overwrite_argument(f)
+    # The flag's name before every writing command took --overwrite: kept so scripts keep working.
+    f.add_argument("--force", dest="overwrite", action="store_true", help=argparse.SUPPRESS)
 
 
 def run(args) -> int:
@@ -31,7 +36,7 @@ def run(args) -> int:
 
     result = fix(args.paths, out=args.output, in_place=args.in_place, target=args.target, dry_run=args.dry_run,
                  allow_lossy=args.allow_lossy, prefer=args.prefer, convrot_groupsize=args.convrot_groupsize,
-                 force=args.force, reference=args.reference)
+                 overwrite=args.overwrite, reference=args.reference)
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
     else:

@@ -35,7 +35,10 @@ PARAM_FLAGS = (
 
 def add_common_arguments(p, format_flag: str) -> None:
     """Arguments ``quantize`` and ``convert`` share."""
-    add_io_arguments(p, "file(s), folder or *.safetensors.index.json", "output file, or folder for sharded inputs")
+    add_io_arguments(p, "file(s), folder or *.safetensors.index.json", "output file, or folder for sharded inputs",
+                     f"<name>.<format>.safetensors next to the input, <folder>.<format> for shards, <format> being "
+                     f"{format_flag}'s full name, or '{'quantized' if format_flag == '--format' else 'converted'}' "
+                     "with --rules alone")
     g = p.add_argument_group("format parameters (for the default format; rules files carry their own)")
     for flag, dest, kw in PARAM_FLAGS:
         g.add_argument(flag, dest=f"param_{dest}", default=None, **kw)
@@ -48,7 +51,6 @@ def add_common_arguments(p, format_flag: str) -> None:
     p.add_argument("--report", metavar="FILE", help="write the quality report: FILE.json and FILE.png (needs the plot extra)")
     p.add_argument("--dry-run", action="store_true", help="print the per-layer plan, compute and write nothing")
     p.add_argument("--keep-bad", action="store_true", help="keep layers with NaN/Inf weights as they are instead of refusing")
-    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
     p.add_argument("--json", action="store_true", help="print the report document as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     p.add_argument("-v", "--verbose", action="store_true", help="print the full per-layer plan")

@@ -66,7 +66,7 @@ def _rules(rules) -> Rules | None:
     return load_rules(str(rules))
 
 
-def quantize(paths, out: str, format: str | None = None, params: dict | None = None, *, rules=None,
+def quantize(paths, out: str | None = None, format: str | None = None, params: dict | None = None, *, rules=None,
              exclude: list[str] | tuple = (), target="all", jobs: int = 1, report: str | None = None,
              dry_run: bool = False, keep_bad: bool = False, overwrite: bool = False, progress: bool | None = None,
              on_layer=None) -> Result:
@@ -76,12 +76,14 @@ def quantize(paths, out: str, format: str | None = None, params: dict | None = N
     :mod:`.params`, e.g. ``{"group_size": 32}``); ``rules``: a rules file path or
     :class:`~.rules.Rules`; ``exclude``: regular expressions of layers to keep dense;
     ``target``: runtime(s) the output must load in; ``report``: write ``<stem>.json`` and
-    ``<stem>.png``.  Raises :class:`~comfyquant.errors.InputError` for bad input."""
+    ``<stem>.png``; ``out``: default ``<name>.<format>.safetensors`` next to the input
+    (``<folder>.<format>`` for shards); ``overwrite``: replace existing output files (never an
+    input; :mod:`comfyquant.io.outputs`).  Raises :class:`~comfyquant.errors.InputError` for bad input."""
     return _run("quantize", paths, out, _default_choice(format, params, "--format"), rules, exclude, target, jobs,
                 report, dry_run, keep_bad, overwrite, progress, on_layer)
 
 
-def convert(paths, out: str, to: str | None = None, params: dict | None = None, *, rules=None,
+def convert(paths, out: str | None = None, to: str | None = None, params: dict | None = None, *, rules=None,
             exclude: list[str] | tuple = (), target="all", jobs: int = 1, report: str | None = None,
             dry_run: bool = False, keep_bad: bool = False, overwrite: bool = False, progress: bool | None = None,
             dtype: str | None = None, on_layer=None) -> Result:
@@ -122,7 +124,9 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
     with open_checkpoint(paths) as ckpt:
         check_input(ckpt, mode)  # the gate dequantize shares: check's errors refuse the input
         if not dry_run:
-            dests, index_dest = _outputs(ckpt, out, overwrite)  # refuse before any work
+            tag = default.format if default is not None else {"quantize": "quantized", "convert": "converted"}[mode]
+            dest = _outputs(ckpt, out, overwrite, tag, rep.report_paths(report) if report else ())  # refuse before any work
+            dests, index_dest = dest.files, dest.index
         plan = build_plan(ckpt, mode, Options(rules, default, list(exclude), target))
         if keep_bad:
             _keep_bad(plan)
@@ -130,10 +134,9 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
             doc = rep.build(plan, list(ckpt.paths), [], {}, dry_run=True)
             return Result(plan, doc)
         bar = Progress(len(plan.layers), plan.bytes_in, progress, label=mode)
-        created = None if os.path.isdir(out) or len(dests) == 1 and dests[0] == out else out
+        created = dest.folder
         try:
-            if created:
-                os.makedirs(out, exist_ok=True)
+            dest.make_folder()
             from .runner import execute
 
             results, check = execute(ckpt, plan, dests, index_dest, jobs=jobs, progress=bar, on_layer=on_layer)
@@ -152,10 +155,10 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
     return Result(plan, doc, check, outputs, files)
 
 
-def _outputs(ckpt, out: str, overwrite: bool):
+def _outputs(ckpt, out: str | None, overwrite: bool, tag: str, also):
     from .runner import output_paths
 
-    return output_paths(ckpt, out, overwrite)
+    return output_paths(ckpt, out, overwrite, tag, also)
 
 
 def _keep_bad(plan: Plan) -> None:
@@ -178,7 +181,7 @@ def _keep_bad(plan: Plan) -> None:
         close_sources()
 
 
-def _dense(paths, out: str, dtype: str | None, overwrite: bool, dry_run: bool, progress) -> Result:
+def _dense(paths, out: str | None, dtype: str | None, overwrite: bool, dry_run: bool, progress) -> Result:
     """``convert --to dense``: the dequantize command's streaming decoder does the work."""
     try:
         from ..dequantizer import dequantize

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from ..errors import InputError
 from ..io.copying import copy_range, read_chunks
 from ..io.index import write_index
-from ..io.outputs import destinations, refuse_taken
+from ..io.outputs import claim
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import commit_file, discard, write_safetensors
@@ -37,17 +37,12 @@ STAMP_KEY = "comfyquant"
 DROP_METADATA = ("_quantization_metadata", "quant_format")
 
 
-def output_paths(ckpt, out: str, overwrite: bool) -> tuple[list[str], str | None]:
-    """Destination of each input file's output (in input order) and of the index.
-
-    One input file gives one output file (``OUT``, or ``OUT/<name>`` when OUT is a folder);
-    shards give a folder ``OUT`` with the same shard names and the index rewritten."""
-    files = ckpt.files
-    index = ckpt.shardset.index_path
-    dests, index_dest, _create = destinations(list(files), index, out)
-    refuse_taken(dests + ([index_dest] if index_dest else []), list(files) + ([index] if index else []), overwrite,
-                 "is the input; write the output somewhere else", "pass --overwrite to replace it")
-    return dests, index_dest
+def output_paths(ckpt, out: str | None, overwrite: bool, tag: str, also: list[str] | tuple = ()):
+    """The run's :class:`~comfyquant.io.outputs.Outputs` (refused before any work): one input
+    file gives one output file (``OUT``, or ``OUT/<name>`` when OUT is a folder, default
+    ``<name>.<tag>.safetensors``); shards give a folder ``OUT`` with the same shard names and
+    the index rewritten.  ``also``: the report files."""
+    return claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag=tag, also=also)
 
 
 class _InProcess:

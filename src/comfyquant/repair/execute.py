@@ -18,7 +18,7 @@ from ..checkpoint import open_checkpoint
 from ..errors import InputError
 from ..io.copying import copy_range as _copy
 from ..io.index import write_index
-from ..io.outputs import destinations, refuse_taken
+from ..io.outputs import claim
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import CHUNK, BackgroundSync, commit_file, discard, write_safetensors
@@ -34,30 +34,12 @@ class FixError(InputError):
     """The repaired output did not verify, or could not be written; nothing was replaced."""
 
 
-def output_paths(ckpt, out: str | None, in_place: bool, force: bool) -> tuple[list[str], str | None]:
-    """Destination of each shard (in input order) and of the index (if the input had one)."""
-    files = ckpt.files
-    ss = ckpt.shardset
-    if in_place:
-        if out:
-            raise InputError("give either -o OUT or --in-place, not both")
-        # Through a symbolic link, the link's target is what gets replaced (temp file next to
-        # it, renamed onto it): the link stays a link.
-        return [os.path.realpath(f) for f in files], ss.index_path and os.path.realpath(ss.index_path)
-    single = len(files) == 1 and not ss.index_path
-    if out is None:
-        if single:
-            stem = files[0][: -len(".safetensors")] if files[0].endswith(".safetensors") else files[0]
-            out = stem + ".fixed.safetensors"
-        else:
-            base = os.path.dirname(ss.index_path) if ss.index_path else os.path.dirname(files[0])
-            out = base.rstrip("/") + ".fixed"
-    dests, index, create = destinations(list(files), ss.index_path, out)
-    refuse_taken(dests + ([index] if index else []), list(files), force, "is the input; use --in-place to replace it",
-                 "choose another -o or pass --force to replace it")
-    if create:
-        os.makedirs(out, exist_ok=True)
-    return dests, index
+def output_paths(ckpt, out: str | None, in_place: bool, overwrite: bool) -> tuple[list[str], str | None]:
+    """Destination of each shard (in input order) and of the index (if the input had one):
+    :func:`comfyquant.io.outputs.claim`'s rule, default ``<name>.fixed.safetensors``."""
+    dest = claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag="fixed", in_place=in_place)
+    dest.make_folder()
+    return dest.files, dest.index
 
 
 def _requant_tensors(ckpt, op) -> dict:

@@ -59,12 +59,21 @@ class FixResult:
 
 def fix(paths, out: str | None = None, in_place: bool = False, target="all", dry_run: bool = False,
         allow_lossy: bool = False, prefer: str | None = None, convrot_groupsize: int | None = None,
-        force: bool = False, reference: str | None = None) -> FixResult:
+        overwrite: bool = False, reference: str | None = None, *, force: bool | None = None) -> FixResult:
     """Repair a checkpoint.  Writes nothing when ``dry_run`` or when nothing can be fixed.
+
+    ``out``: default ``<name>.fixed.safetensors`` (``<folder>.fixed`` for shards);
+    ``overwrite``: replace an existing output file (never an input: that is ``in_place``).
+    ``force`` is the deprecated name of ``overwrite``.
 
     ``reference``: the original dense checkpoint; every repaired layer is decoded and measured
     against its weight, and the whole repair is refused (:class:`ReferenceRefused`, nothing
     written) when a layer's error is not that of its format."""
+    if force is not None:
+        import warnings
+
+        warnings.warn("fix(force=...) is deprecated: use overwrite=...", DeprecationWarning, stacklevel=2)
+        overwrite = overwrite or force
     parse_targets(target)
     options = Options(target, prefer, convrot_groupsize, allow_lossy)
     with open_checkpoint(paths) as ckpt:
@@ -85,7 +94,7 @@ def fix(paths, out: str | None = None, in_place: bool = False, target="all", dry
                 requantize(ckpt, op)  # the error is part of the plan; the bytes are discarded
         if dry_run or plan.empty:
             return FixResult(plan, before, dry_run=dry_run)
-        dests, index_dest = output_paths(ckpt, out, in_place, force)
+        dests, index_dest = output_paths(ckpt, out, in_place, overwrite)
         after, written = write_and_verify(ckpt, plan, dests, index_dest, target,
                                           lambda c, t: check_checkpoint(c, target=t))
     return FixResult(plan, before, after, written)
