@@ -46,7 +46,7 @@ class Layer:
     """A layer: its tensors by suffix and the marker that applies to it (if any)."""
 
     __slots__ = ("prefix", "name", "tensors", "stored", "marker", "sources", "format_name", "inferred", "bank",
-                 "_sig", "_sid")
+                 "class_ids", "_sig")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -61,8 +61,11 @@ class Layer:
         self.stored = self.tensors
         """The tensors as stored in the file: ``tensors`` itself, except for a bank (SGLang,
         which has no banks, and value checks over every expert read these)."""
+        self.class_ids: dict[int, tuple[object, int]] | None = None
+        """The layer's class per marker, kept by :class:`comfyquant.memo.Memo` (marker id ->
+        (marker, class id); None until first asked): every rule set asks for the same layer's
+        class, with one to three marker objects, several times per check."""
         self._sig: tuple | None = None
-        self._sid: dict[int, tuple[object, int]] | None = None
 
     @property
     def signature(self) -> tuple:
