@@ -9,7 +9,7 @@ marker (see :mod:`comfyquant.markers`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .errors import InputError
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from .io.remote import RemoteOptions
 
 NameMapper = Callable[[str], str]
+Paths = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+"""What names a checkpoint: a file, folder, index.json or URL, or several (its shards)."""
 
 
 class Bank:
@@ -159,7 +161,7 @@ class Checkpoint:
 
 
 def open_checkpoint(
-    paths: str | list[str],
+    paths: Paths,
     name_mapper: NameMapper | None = None,
     sources: list[ByteSource] | None = None,
     shardset: ShardSet | None = None,
