@@ -33,15 +33,17 @@ _API = {
 """Each API function's module (relative to the package): imported on first access."""
 
 
-def __getattr__(name: str):
-    module = _API.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
+if not TYPE_CHECKING:  # type checkers see the imports above: a misspelt name stays an error
 
-    value = getattr(import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # later lookups find it without this hook
-    return value
+    def __getattr__(name: str) -> object:
+        module = _API.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from importlib import import_module
+
+        value = getattr(import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value  # later lookups find it without this hook
+        return value
 
 
 def __dir__() -> list[str]:
