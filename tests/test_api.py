@@ -121,21 +121,32 @@ def test_api_functions_owned_elsewhere_are_annotated(name):
 
 
 def _private_imports(path: Path) -> list[str]:
-    """``from x import _name`` and ``module._name`` of another comfyquant module."""
+    """``from x import _name``, ``module._name`` of another comfyquant module, and ``obj._name``
+    where no class of this module sets ``self._name`` (another module's private attribute)."""
     tree = ast.parse(path.read_text())
-    modules, found = set(), []
+    modules, external, found = set(), {"self", "cls"}, []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             own = node.level > 0 or (node.module or "").startswith("comfyquant")
             for alias in node.names:
                 if alias.name.startswith("_") and not alias.name.startswith("__"):
                     found.append(f"{path.name}:{node.lineno} imports {alias.name}")
-                elif own:
-                    modules.add(alias.asname or alias.name)
+                else:
+                    (modules if own else external).add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            external.update((a.asname or a.name).split(".")[0] for a in node.names)  # os._exit is public
+    own_attrs = {t.attr for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
+                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                 if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                 and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        if node.value.id in modules:
             found.append(f"{path.name}:{node.lineno} reads {node.value.id}.{node.attr}")
+        elif node.value.id not in external and node.attr not in own_attrs:
+            # a private attribute of an object of a class this module does not define
+            found.append(f"{path.name}:{node.lineno} uses {node.value.id}.{node.attr}")
     return found
 
 
