@@ -34,6 +34,18 @@ def test_class_ids_follow_content_and_survive_several_marker_objects():
     assert calls == [1]
 
 
+def test_the_class_cache_is_a_declared_field_of_the_layer():
+    """The memo keeps a layer's classes in ``Layer.class_ids``, a documented slot of the layer
+    (no attribute another module invents): per marker object, the marker and its class id."""
+    memo.clear()
+    m = memo.Memo()
+    layer = _layer()
+    assert "class_ids" in Layer.__slots__ and layer.class_ids is None
+    a = Marker(format="float8_e4m3fn")
+    cid = m.class_id(a, layer)
+    assert layer.class_ids == {id(a): (a, cid)}
+
+
 def test_the_cache_keeps_its_markers_alive_so_ids_are_not_reused():
     """A marker a runtime profile derives and drops must not hand its id (and class) to a new
     marker with other content: the cache holds every marker it answered for."""

@@ -9,7 +9,7 @@ marker (see :mod:`comfyquant.markers`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .errors import InputError
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from .io.remote import RemoteOptions
 
 NameMapper = Callable[[str], str]
+Paths = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+"""What names a checkpoint: a file, folder, index.json or URL, or several (its shards)."""
 
 
 class Bank:
@@ -46,7 +48,7 @@ class Layer:
     """A layer: its tensors by suffix and the marker that applies to it (if any)."""
 
     __slots__ = ("prefix", "name", "tensors", "stored", "marker", "sources", "format_name", "inferred", "bank",
-                 "_sig", "_sid")
+                 "class_ids", "_sig")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -61,8 +63,11 @@ class Layer:
         self.stored = self.tensors
         """The tensors as stored in the file: ``tensors`` itself, except for a bank (SGLang,
         which has no banks, and value checks over every expert read these)."""
+        self.class_ids: dict[int, tuple[object, int]] | None = None
+        """The layer's class per marker, kept by :class:`comfyquant.memo.Memo` (marker id ->
+        (marker, class id); None until first asked): every rule set asks for the same layer's
+        class, with one to three marker objects, several times per check."""
         self._sig: tuple | None = None
-        self._sid: dict[int, tuple[object, int]] | None = None
 
     @property
     def signature(self) -> tuple:
@@ -156,7 +161,7 @@ class Checkpoint:
 
 
 def open_checkpoint(
-    paths: str | list[str],
+    paths: Paths,
     name_mapper: NameMapper | None = None,
     sources: list[ByteSource] | None = None,
     shardset: ShardSet | None = None,

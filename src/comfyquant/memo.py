@@ -13,7 +13,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class Classified(Protocol):
+        """What the memo reads and keeps on a layer (:class:`comfyquant.checkpoint.Layer`)."""
+
+        signature: tuple
+        class_ids: dict[int, tuple[object, int]] | None
 
 _CLASS_IDS: dict[tuple, int] = {}
 _NEXT_ID = itertools.count()
@@ -34,16 +43,16 @@ class Memo:
     def __init__(self) -> None:
         self._reprs: dict[int, tuple[object, str]] = {}
 
-    def class_id(self, marker: dict | None, layer) -> int:
+    def class_id(self, marker: dict | None, layer: Classified | None) -> int:
         """The class id of (marker, layer): equal ids mean every per-layer rule agrees.
 
-        Cached on the layer (``layer._sid``: marker id -> (marker, class id)): the rule sets
+        Cached on the layer (``Layer.class_ids``: marker id -> (marker, class id)): the rule sets
         ask for the same layer's class with one to three marker objects (the merged marker,
         and the ones a runtime profile derives from it when header and tensor markers both
         exist), each several times."""
         mid = id(marker)
         if layer is not None:
-            cached = layer._sid
+            cached = layer.class_ids
             if cached is not None:
                 hit = cached.get(mid)
                 if hit is not None and hit[0] is marker:
@@ -61,15 +70,15 @@ class Memo:
                 clear()
             cid = _CLASS_IDS[key] = next(_NEXT_ID)
         if layer is not None:
-            if layer._sid is None:
-                layer._sid = {}
-            layer._sid[mid] = (marker, cid)
+            if layer.class_ids is None:
+                layer.class_ids = {}
+            layer.class_ids[mid] = (marker, cid)
         return cid
 
-    def get(self, kind: str, marker: dict | None, layer, compute: Callable[[], Any]) -> Any:
+    def get(self, kind: str, marker: dict | None, layer: Classified | None, compute: Callable[[], Any]) -> Any:
         """The result of rule ``kind`` for this layer, computed only for a new class."""
         # The layer's cached class, inline: this runs for every layer under every rule set.
-        cached = layer._sid if layer is not None else None
+        cached = layer.class_ids if layer is not None else None
         hit = cached.get(id(marker)) if cached is not None else None
         if hit is not None and hit[0] is marker:
             key = (kind, hit[1])

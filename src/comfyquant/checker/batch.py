@@ -27,13 +27,17 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ..checkpoint import open_checkpoint
+from ..checkpoint import Checkpoint, NameMapper, open_checkpoint
 from ..errors import InputError
 from ..findings import Finding
 from ..io.shards import INDEX_SUFFIX, SHARD_NAME, Group, group_folder, is_url, read_index, settle
 from .report import Report
-from .run import check_checkpoint, parse_targets
+from .run import Targets, check_checkpoint, parse_targets
+
+if TYPE_CHECKING:
+    from ..io.remote import RemoteOptions
 
 __all__ = ["INDEX_SUFFIX", "SHARD_NAME", "Group", "Item", "TreeResult", "check_group", "check_groups", "open_group", "check_tree",
            "discover", "group"]
@@ -175,7 +179,7 @@ def _join(folder: str, name: str) -> str:
     return f"{folder}/{name}" if is_url(folder) else os.path.normpath(os.path.join(folder, name))
 
 
-def _index_shards(index: str, remote) -> list[str] | None:
+def _index_shards(index: str, remote: RemoteOptions | None) -> list[str] | None:
     """The shard paths an index names (None when it cannot be read: the check will say why)."""
     try:
         if is_url(index):
@@ -191,7 +195,7 @@ def _index_shards(index: str, remote) -> list[str] | None:
     return [_join(folder, s) for s in sorted(set(wm.values()))]
 
 
-def group(files: list[str], root: str = "", remote=None) -> list[Group]:
+def group(files: list[str], root: str = "", remote: RemoteOptions | None = None) -> list[Group]:
     """Group found files into checkpoints (see the module docstring); labels are relative to root.
 
     Names only: :func:`~comfyquant.io.shards.settle` then looks at local files on disk."""
@@ -236,7 +240,7 @@ def settle_local(groups: list[Group]) -> list[Group]:
 # -- checking -------------------------------------------------------------------------------
 
 
-def open_group(grp: Group, name_mapper=None, remote=None):
+def open_group(grp: Group, name_mapper: NameMapper | None = None, remote: RemoteOptions | None = None) -> Checkpoint:
     """Open one group as a checkpoint (``check`` and ``inspect`` of separate checkpoints, and
     ``--recursive``); its one-line error as an InputError."""
     if grp.error:
@@ -253,7 +257,8 @@ def open_group(grp: Group, name_mapper=None, remote=None):
     return ckpt
 
 
-def check_group(grp: Group, target="all", deep: bool = False, name_mapper=None, remote=None) -> Item:
+def check_group(grp: Group, target: Targets = "all", deep: bool = False, name_mapper: NameMapper | None = None,
+                remote: RemoteOptions | None = None) -> Item:
     """Open and check one group; an unreadable checkpoint becomes an Item with its error."""
     t0 = time.perf_counter()
     try:
@@ -270,8 +275,8 @@ def check_group(grp: Group, target="all", deep: bool = False, name_mapper=None, 
     return Item(grp.label, grp.paths, report=report, seconds=time.perf_counter() - t0)
 
 
-def check_groups(roots: list[str], groups: list[Group], target="all", deep: bool = False,
-                 name_mapper: Callable[[str], str] | None = None, jobs: int = 1, remote=None,
+def check_groups(roots: list[str], groups: list[Group], target: Targets = "all", deep: bool = False,
+                 name_mapper: NameMapper | None = None, jobs: int = 1, remote: RemoteOptions | None = None,
                  on_result: Callable[[Item], None] | None = None) -> TreeResult:
     """Check each group (``on_result`` sees each Item in order as it is done)."""
     selected = parse_targets(target)
@@ -296,8 +301,9 @@ def check_groups(roots: list[str], groups: list[Group], target="all", deep: bool
     return TreeResult(list(roots), items, selected)
 
 
-def check_tree(roots: list[str], target="all", deep: bool = False, name_mapper: Callable[[str], str] | None = None,
-               jobs: int = 1, remote=None, on_result: Callable[[Item], None] | None = None) -> TreeResult:
+def check_tree(roots: list[str], target: Targets = "all", deep: bool = False, name_mapper: NameMapper | None = None,
+               jobs: int = 1, remote: RemoteOptions | None = None,
+               on_result: Callable[[Item], None] | None = None) -> TreeResult:
     """Check every checkpoint under ``roots``; ``on_result`` sees each Item in order as it is done."""
     parse_targets(target)
     groups: list[Group] = []

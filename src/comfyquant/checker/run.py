@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-from ..checkpoint import Checkpoint, open_checkpoint
+from ..checkpoint import Checkpoint, NameMapper, Paths, open_checkpoint
 from ..targets.select import TARGETS, run_target
 from .report import Report, assemble
 from .rules import check_layers, check_mapping, check_marker_prefixes
 
+Targets = str | Iterable[str] | None
+"""Runtime targets to judge by: a name from ``TARGETS``, several, or "all" (None: all)."""
 
-def parse_targets(target: str | Iterable[str] | None) -> tuple[str, ...]:
+
+def parse_targets(target: Targets) -> tuple[str, ...]:
     if target is None or target == "all":
         return TARGETS
     names = [target] if isinstance(target, str) else list(target)
@@ -25,14 +28,14 @@ def parse_targets(target: str | Iterable[str] | None) -> tuple[str, ...]:
     return tuple(out)
 
 
-def strip_prefix_mapper(prefix: str) -> Callable[[str], str]:
+def strip_prefix_mapper(prefix: str) -> NameMapper:
     def mapper(name: str) -> str:
         return name[len(prefix):] if name.startswith(prefix) else name
 
     return mapper
 
 
-def check_checkpoint(ckpt: Checkpoint, target="all", deep: bool = False) -> Report:
+def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = False) -> Report:
     selected = parse_targets(target)
     findings = list(ckpt.findings)
     findings.extend(ckpt.markers.findings)
@@ -61,9 +64,14 @@ def check_checkpoint(ckpt: Checkpoint, target="all", deep: bool = False) -> Repo
     return report
 
 
-def check(paths, target="all", deep: bool = False, name_mapper: Callable[[str], str] | None = None,
+def check(paths: Paths, target: Targets = "all", deep: bool = False, name_mapper: NameMapper | None = None,
           strip_prefix: str | None = None) -> Report:
-    """Check a checkpoint (file, shards, folder or index.json) and return a :class:`Report`."""
+    """Check a checkpoint (file, shards, folder, index.json or URL) and return a :class:`Report`.
+
+    ``target`` selects the runtimes whose verdicts set the severities; ``deep`` also reads
+    the tensors' values; ``name_mapper`` (or ``strip_prefix``) maps tensor names to the
+    runtime's names.  Raises :class:`~comfyquant.errors.InputError` for input it cannot read
+    (``SeparateCheckpoints`` for several checkpoints)."""
     if strip_prefix and name_mapper is None:
         name_mapper = strip_prefix_mapper(strip_prefix)
     parse_targets(target)

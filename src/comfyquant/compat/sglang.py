@@ -17,8 +17,7 @@ from ..checkpoint import open_checkpoint
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..targets.container import EXCEPTION
-from ..targets.sglang import SGLangError, inspect_markers
-from ..targets.sglang import _Run as _SGLangRun
+from ..targets.sglang import Run, SGLangError, inspect_markers
 
 _EXCEPTIONS = {"ValueError": ValueError, "NotImplementedError": NotImplementedError, "TypeError": TypeError}
 
@@ -47,7 +46,7 @@ def inspect_comfy_quant_markers(
     ckpt = open_checkpoint(paths, sources=sources, shardset=ShardSet(files=paths))
     try:
         try:
-            markers, derived = inspect_markers(ckpt, param_name_mapper, _SGLangRun(collect=False))
+            markers, derived = inspect_markers(ckpt, param_name_mapper, Run(collect=False))
             return {name: {**m, **derived.get(name, {})} for name, m in markers.items()}
         except SGLangError as exc:
             v = exc.violation

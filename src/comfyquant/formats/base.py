@@ -15,7 +15,7 @@ expected correction shape is shown as ``(K // group_size, N)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -109,6 +109,16 @@ class Slot:
 
     def expected_shape(self, env: dict) -> tuple:
         return tuple(self._shape(env))
+
+    def other_shapes(self, env: dict) -> Iterator[tuple[tuple, str, str]]:
+        """(shape, cause, severity) of each known other shape (``alt_shapes``) for this
+        geometry, in the declared order; one that does not evaluate here is left out."""
+        for expr, cause, severity in self._alts:
+            try:
+                shape = tuple(expr(env))
+            except Exception:
+                continue
+            yield shape, cause, severity
 
     def __repr__(self) -> str:
         return f"Slot({self.suffix!r}, {self.dtype}, {self.shape})"

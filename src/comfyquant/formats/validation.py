@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..findings import Finding
 from .base import Format, GeometryError
-from .diagnose import dtype_cause, dtype_matches, fmt_shape, shape_cause
+from .diagnose import dtype_cause, dtype_matches, fix_text, fmt_shape, shape_cause
 
 
 def check_layer(fmt: Format, marker: dict | None, tensors: dict, memo=None, layer=None):
@@ -87,50 +87,29 @@ def _check_slot(fmt: Format, slot, env: dict, entry, out: list[Finding]) -> None
     shape_ok = entry.shape == expected
     if dtype_ok and shape_ok:
         return
-    causes, severities = [], []
+    causes = []
     if not shape_ok:
-        c, s = shape_cause(slot, env, entry.shape, expected)
-        causes.append(c)
-        severities.append(s)
+        causes.append(shape_cause(slot, env, entry.shape, expected))
     if not dtype_ok:
-        c, s = dtype_cause(slot, entry.dtype)
-        causes.append(c)
-        severities.append(s)
+        causes.append(dtype_cause(slot, entry.dtype))
+    severities = [c.severity for c in causes]
     severity = "error" if "error" in severities else "warning" if "warning" in severities else "info"
     code = "L004" if not dtype_ok and not shape_ok else "L002" if not dtype_ok else "L003"
     exp = f"{slot.dtype} {fmt_shape(expected)} = {slot.shape}"
     act = f"{entry.dtype} {fmt_shape(entry.shape)}"
+    cause = "; ".join(c.text for c in causes)
     out.append(
         Finding(
             code,
-            f"layer {{layer}} ({fmt.name}): {slot.suffix} is {act}, expected {exp}: " + "; ".join(causes),
+            f"layer {{layer}} ({fmt.name}): {slot.suffix} is {act}, expected {exp}: " + cause,
             tensor=slot.suffix,
             expected=exp,
             actual=act,
-            cause="; ".join(causes),
-            fix=_slot_fix(slot, causes, dtype_ok, shape_ok),
+            cause=cause,
+            fix=fix_text(causes),
             severity=severity,
         )
     )
-
-
-def _slot_fix(slot, causes: list[str], dtype_ok: bool, shape_ok: bool) -> str:
-    text = " ".join(causes)
-    if "made for" in text or "does not match" in text:
-        return "re-export from the original weights with one consistent group size (comfyquant quantize)"
-    steps = []
-    if "transposed" in text:
-        steps.append(f"transpose to {slot.shape}")
-    elif not shape_ok:
-        steps.append(f"convert to {slot.shape}")
-    if not dtype_ok:
-        if "downcast" in text:
-            steps.append("upcast to F32 (exact)")
-        elif "labelled" in text:
-            steps.append(f"relabel as {slot.dtype} (same bytes)")
-        else:
-            steps.append(f"convert to {slot.dtype}")
-    return " and ".join(steps) + ": comfyquant fix"
 
 
 def _forbidden_cause(suffix: str, env: dict) -> str:

@@ -36,6 +36,7 @@ import json
 import math
 import re
 import unicodedata
+import weakref
 from decimal import Decimal
 
 from ..dtypes import DTYPE_BITS
@@ -59,16 +60,21 @@ MISALIGNED = ("The slice is slicing for subbytes dtypes, and the slice does not 
               "this is invalid.")
 
 
+_ERRORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""container_errors' results by checkpoint, for as long as the checkpoint lives."""
+
+
 def container_errors(ckpt) -> dict[str, str]:
-    """The safetensors error message of every file it refuses, by file (cached on ``ckpt``)."""
-    cached = getattr(ckpt, "_safetensors_errors", None)
+    """The safetensors error message of every file it refuses, by file (computed once per
+    checkpoint: every runtime profile asks)."""
+    cached = _ERRORS.get(ckpt)
     if cached is None:
         cached = {}
         for hdr in ckpt.headers:
             message = open_error(hdr, lambda h=hdr: ckpt.source(h.file).pread(8, h.header_len))
             if message is not None:
                 cached[hdr.file] = message
-        ckpt._safetensors_errors = cached
+        _ERRORS[ckpt] = cached
     return cached
 
 

@@ -83,8 +83,12 @@ class SGLangError(Exception):
         self.violation = violation
 
 
-class _Run:
-    def __init__(self, collect: bool):
+class Run:
+    """One pass of SGLang's loading: in *collect* mode every violation is listed in
+    ``violations``; otherwise the first blocking one is raised as :class:`SGLangError`, as
+    SGLang raises it (what :mod:`comfyquant.compat.sglang` needs)."""
+
+    def __init__(self, collect: bool) -> None:
         self.collect = collect
         self.violations: list[Violation] = []
 
@@ -103,7 +107,7 @@ RAW = "\x00raw\x00"
 """Placeholder for the prefix itself (inside tensor names)."""
 
 
-def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: _Run) -> tuple[dict, dict]:
+def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: Run) -> tuple[dict, dict]:
     """SGLang's ``inspect_comfy_quant_markers`` over an opened checkpoint.
 
     Returns (markers by mapped prefix, derived keys by mapped prefix).  Marker dicts are the
@@ -346,7 +350,7 @@ def is_int8_embedding_marker(marker: dict, derived: dict | None = None) -> bool:
     )
 
 
-def resolve(markers: dict[str, dict], derived: dict[str, dict], run: _Run) -> str | None:
+def resolve(markers: dict[str, dict], derived: dict[str, dict], run: Run) -> str | None:
     """The config SGLang builds (its class name), after its constructor checks."""
     if not markers:
         return None
@@ -399,7 +403,7 @@ def resolve(markers: dict[str, dict], derived: dict[str, dict], run: _Run) -> st
     return None
 
 
-def _int8_config(markers: dict[str, dict], derived: dict[str, dict], run: _Run) -> None:
+def _int8_config(markers: dict[str, dict], derived: dict[str, dict], run: Run) -> None:
     for prefix, m in markers.items():
         if is_int8_embedding_marker(m, derived.get(prefix)):
             continue
@@ -419,7 +423,7 @@ def _is_embedding(prefix: str) -> bool:
 
 
 def build_layers(markers: dict[str, dict], derived: dict[str, dict], raw_prefix: dict[str, str], ckpt,
-                 config: str | None, run: _Run) -> None:
+                 config: str | None, run: Run) -> None:
     layers = ckpt.layers
     memo = ckpt.memo
     for name, m in markers.items():
@@ -495,7 +499,7 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
 
 def run_all(ckpt, param_name_mapper=None, collect: bool = True) -> tuple[dict, dict, list[Violation], str | None]:
     """Inspect, resolve and build, as SGLang loads a checkpoint.  Raises SGLangError unless ``collect``."""
-    run = _Run(collect)
+    run = Run(collect)
     markers, derived = inspect_markers(ckpt, param_name_mapper, run)
     config = resolve(markers, derived, run)
     raw_prefix = {}
