@@ -256,3 +256,27 @@ def test_check_and_inspect_do_not_import_params():
         if dataclasses_ok:
             loaded = [m for m in loaded if m != "dataclasses"]
         assert loaded == [], (command, loaded, r.stderr[-500:])
+
+
+@pytest.mark.parametrize("fmt", WRITABLE, ids=IDS)
+def test_inspect_shows_what_quantize_wrote(tmp_path, fmt):
+    """inspect's per-format text (the description's ``inspect_text``) shows the labelled
+    parameters the Params wrote (``G=16 C=256``), for a file quantize wrote in that format."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    import comfyquant
+    from comfyquant.inspection import inspect
+
+    src, out = str(tmp_path / "in.safetensors"), str(tmp_path / "q.safetensors")
+    w = torch.randn(128, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    save_file({"blocks.0.fc.weight": w, "blocks.0.fc.bias": torch.zeros(128, dtype=torch.bfloat16)}, src)
+    p = validate(fmt.name, {})
+    r = comfyquant.quantize(src, out, fmt.name, target="comfyui" if "sglang" not in fmt.loaders else "all", progress=False)
+    assert r.ok and [lp.params for lp in r.plan.quantized] == [p]
+    row = next(x for x in inspect(out).rows if x.name == "blocks.0.fc")
+    assert row.format == fmt.name and row.marked
+    labelled = [x for x in p.describe().split() if x.split("=")[0] in p.LABELS.values()]
+    assert len(labelled) == len(p.LABELS)  # defaults: every labelled parameter is in the marker
+    for part in labelled:
+        assert part in row.params.split(), (row.params, part)
