@@ -8,7 +8,7 @@
   against the format package directly: the description's marker keys, slots and constraints
   (:func:`comfyquant.formats.validation.check_layer`).  A layer whose plan contradicts its
   own format is never written.
-* :func:`check_plan` and :func:`layer_problems` judge what the format rules cannot: whether
+* :func:`check_files` and :func:`layer_problems` judge what the format rules cannot: whether
   the selected runtimes load it.  The runtime profiles read a checkpoint, so they run on a
   *virtual* one: the planned header and marker bytes, served by :class:`SkeletonSource`;
   every other byte reads as zero and is never needed.  That is how quantize knows, before
