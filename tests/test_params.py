@@ -280,3 +280,39 @@ def test_inspect_shows_what_quantize_wrote(tmp_path, fmt):
     assert len(labelled) == len(p.LABELS)  # defaults: every labelled parameter is in the marker
     for part in labelled:
         assert part in row.params.split(), (row.params, part)
+
+
+@pytest.mark.parametrize("g", [-16, 0, 1, 2, 3, 4, 5, 8, 12, 16, 24, 32, 48])
+def test_w4a8_group_rule_is_one_rule(g):
+    """The description's marker key, quantize's Params and the encoder take the same group
+    sizes (the rule is stated once, in formats/w4a8)."""
+    torch = pytest.importorskip("torch")
+    from comfyquant.formats.codec import CodecError
+    from comfyquant.formats.w4a8 import ASYM_W4A8_INT8, group_size_ok
+
+    ok = group_size_ok(g)
+    assert ASYM_W4A8_INT8.key("group_size").valid(g) == ok
+    try:
+        validate(ASYM_W4A8_INT8.name, {"group_size": g})
+        taken = True
+    except InputError:
+        taken = False
+    assert taken == ok
+    k = math.lcm(256, abs(g) or 1)
+    try:
+        ASYM_W4A8_INT8.codec().encode(torch.ones(16, k, dtype=torch.bfloat16), group_size=g, codebook=False)
+        encoded = True
+    except CodecError as exc:
+        assert "group_size" in str(exc)
+        encoded = False
+    assert encoded == ok
+
+
+def test_w4a8_encoder_refuses_a_zero_convrot_size_in_one_line():
+    """convrot_groupsize=0 used to raise ZeroDivisionError inside the encoder's validation."""
+    torch = pytest.importorskip("torch")
+    from comfyquant.formats.codec import CodecError
+    from comfyquant.formats.w4a8 import ASYM_W4A8_INT8
+
+    with pytest.raises(CodecError, match="convrot_groupsize=0"):
+        ASYM_W4A8_INT8.codec().encode(torch.ones(16, 256, dtype=torch.bfloat16), convrot_groupsize=0)

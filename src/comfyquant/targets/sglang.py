@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..formats.base import GeometryError
-from ..formats.w4a8 import ASYM_W4A8_INT8, GROUP_SIZE, group_size_ok
+from ..formats.w4a8 import ASYM_W4A8_INT8, GROUP_SIZE, group_size_ok, k_fits
 from ..markers import int_error, lenient_nonfinite_sizes
 from .base import Verdict, Violation, incomplete_violations
 from .container import EXCEPTION, container_errors
@@ -463,7 +463,7 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
             k = ASYM_W4A8_INT8.geometry(t, {"group_size": g, "convrot_groupsize": c})["K"]
         except GeometryError:
             k = 2 * cols
-        if not (group_size_ok(g) and k % 16 == 0 and k % g == 0 and k % c == 0):
+        if not (group_size_ok(g) and k_fits(k, g, c)):
             return "B1", (f"Serialized W4A8 layer {P} has input size {k}, incompatible with group_size={g} "
                           f"and convrot_groupsize={c}"), None, "ValueError"
     elif fmt == "convrot_w4a4":

@@ -36,13 +36,25 @@ def group_size_ok(g: int) -> bool:
 
 SIX_BIT_GROUP = "group_size % 16 == 0"
 """6-bit rows pack groups of 16: the group size 6-bit storage needs."""
+SIX_BIT_RULE = f"K % 32 == 0 and {SIX_BIT_GROUP}"
+"""What 6-bit storage needs of the layer (the packed row holds whole 3-byte quads)."""
+K_RULE = "K % 16 == 0 and K % group_size == 0 and K % convrot_groupsize == 0"
+"""The input sizes the grouping and the rotation divide (with a valid group size)."""
 
-
-_SIX_BIT_GROUP = Expr(SIX_BIT_GROUP)
+_SIX_BIT_GROUP, _SIX_BIT_RULE, _K_RULE = Expr(SIX_BIT_GROUP), Expr(SIX_BIT_RULE), Expr(K_RULE)
 
 
 def six_bit_group_ok(g: int) -> bool:
     return bool(_SIX_BIT_GROUP({"group_size": g}))
+
+
+def six_bit_fits(k: int, g: int) -> bool:
+    return bool(_SIX_BIT_RULE({"K": k, "group_size": g}))
+
+
+def k_fits(k: int, g: int, c: int) -> bool:
+    """Whether K fits group size ``g`` and ConvRot size ``c`` (both nonzero)."""
+    return bool(_K_RULE({"K": k, "group_size": g, "convrot_groupsize": c}))
 
 
 def _inspect_text(env: dict) -> str:
@@ -174,7 +186,7 @@ ASYM_W4A8_INT8 = Format(
     geometry=_geometry,
     constraints=(
         Constraint(
-            "K % 16 == 0 and K % group_size == 0 and K % convrot_groupsize == 0",
+            K_RULE,
             "K={K} must be divisible by 16, group_size={group_size} and convrot_groupsize={convrot_groupsize}",
             cause="the layer's input size does not fit the W4A8 grouping or rotation",
             fix="keep this layer dense, or re-quantize with sizes that divide K",
@@ -191,7 +203,7 @@ ASYM_W4A8_INT8 = Format(
             fix=REQUANTIZE,
         ),
         Constraint(
-            f"bits != 6 or (K % 32 == 0 and {SIX_BIT_GROUP})",
+            f"bits != 6 or ({SIX_BIT_RULE})",
             "6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={K}, group_size={group_size}",
             fix=REQUANTIZE,
         ),
