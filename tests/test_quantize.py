@@ -430,13 +430,11 @@ def test_api_is_lazy_and_callable():
 
 
 def test_params_keep_explicit_markers():
-    from comfyquant.quantizer.params import marker_for
-
-    assert marker_for("int8_tensorwise", validate("int8_tensorwise", {})) == \
+    assert validate("int8_tensorwise", {}).marker() == \
         {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}
-    assert marker_for("convrot_w4a4", validate("convrot_w4a4", {"convrot_groupsize": 64})) == \
+    assert validate("convrot_w4a4", {"convrot_groupsize": 64}).marker() == \
         {"format": "convrot_w4a4", "convrot_groupsize": 64}
-    assert marker_for("nvfp4", validate("nvfp4", {})) == {"format": "nvfp4"}
+    assert validate("nvfp4", {}).marker() == {"format": "nvfp4"}
 
 
 def test_worker_failure_leaves_no_spill_files(tmp_path, monkeypatch):

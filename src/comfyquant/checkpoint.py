@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from .dtypes import QUANTIZED_WEIGHT_DTYPES
 from .errors import InputError
 from .findings import Finding
 from .formats.registry import LAYER_SUFFIXES
@@ -347,7 +348,7 @@ def _apply_markers(ckpt: Checkpoint, name_mapper: NameMapper | None) -> None:
     for layer in layers.values():
         if layer.marker is None:
             w = layer.tensors.get("weight")
-            if w is not None and w.dtype in ("F8_E4M3", "F8_E5M2", "I8", "U8"):
+            if w is not None and w.dtype in QUANTIZED_WEIGHT_DTYPES:
                 fmt = infer_format(layer.tensors)
                 if fmt is not None:
                     layer.format_name = fmt.name

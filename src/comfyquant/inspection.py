@@ -73,21 +73,10 @@ class Inventory:
 
 
 def _params_text(fmt, env: dict, marker: dict | None) -> str:
-    parts = []
-    if "variant" in env and env["variant"] not in ("scalar", "row", "natural"):
-        parts.append(str(env["variant"]))
-    elif env.get("variant") in ("scalar", "row"):
-        parts.append(f"{env['variant']} scale")
-    if fmt.name == "asym_w4a8_int8":
-        parts.append(f"{env['bits']}-bit G={env['group_size']} C={env['convrot_groupsize']}")
-    elif fmt.name == "convrot_w4a4":
-        parts.append(f"C={env['convrot_groupsize']}")
-    elif fmt.name == "int8_tensorwise" and env.get("convrot"):
-        parts.append(f"C={env.get('convrot_groupsize')}")
-    elif fmt.name == "awq_w4a16":
-        parts.append(f"G={env['group_size']}")
-    elif fmt.name == "svdquant_w4a4":
-        parts.append(f"rank={env['R']}")
+    """The format's own text for the layer's variant and parameters (``Format.inspect_text``;
+    without one, the variant if the geometry names one), then what every format shares."""
+    text = fmt.inspect_text(env) if fmt.inspect_text is not None else str(env.get("variant", ""))
+    parts = [text] if text else []
     if marker and marker.get("full_precision_matrix_mult"):
         parts.append("full-precision mm")
     return " ".join(parts)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 
+from ..dtypes import QUANTIZED_WEIGHT_DTYPES
 from ..findings import Finding
 from ..formats.registry import FORMATS, infer_format
 from ..formats.validation import check_layer
 from ..markers import FILE_LEVEL_DTYPES, file_level_format
 
-QUANT_WEIGHT_DTYPES = ("F8_E4M3", "F8_E5M2", "I8", "U8")
 KNOWN_ROOTS = ("model.diffusion_model.", "diffusion_model.", "model.", "transformer.", "unet.")
 
 
@@ -50,7 +50,7 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
             layer_findings, env = check_layer(fmt, marker, layer.tensors, ckpt.memo, layer)
         else:
             w = layer.tensors.get("weight")
-            if w is None or w.dtype not in QUANT_WEIGHT_DTYPES:
+            if w is None or w.dtype not in QUANTIZED_WEIGHT_DTYPES:
                 if w is None and any(s not in ("bias", "comfy_quant") for s in layer.tensors):
                     findings.append(Finding("L009", f"layer {name}: {sorted(layer.tensors)} without a weight or marker",
                                             layer=name, cause="the weight is in a missing shard, or left over from an edit",

@@ -4,7 +4,8 @@ A :class:`Format` lists its tensor slots (suffix, dtype, shape as an expression 
 geometry), its marker keys (type, default, allowed values), the constraints its geometry must
 meet, and a function that infers that geometry (N, K, bit depth, variant) from the stored
 tensors.  The checker, inspector, fixer, quantizer and loader all read these descriptions;
-adding a format means adding one module under ``formats/``.
+adding a format means adding one package under ``formats/`` (its description, its codec and
+the ``Params`` that ``quantize`` writes, the last two imported on first use).
 
 Shape and constraint expressions are small Python expressions over the geometry names
 ``N`` (out features), ``K`` (in features), ``bits``, the marker parameters (``group_size``,
@@ -235,11 +236,20 @@ class Format:
     (None: nothing here encodes or decodes it).  ``order`` places the format in listings;
     ``infer_rank`` places ``recognize`` in the inference order (lower is tried first: the more
     specific tensor signatures, spec 6.6; None: never inferred).
+
+    ``params_module`` is the module (in the format's own package) whose ``PARAMS`` maps the
+    format's name to the frozen ``Params`` class that ``quantize``/``convert`` write (defaults,
+    validation, marker); imported on first use, like the codec, because it is a dataclass and
+    ``check`` must not pay for ``import dataclasses`` (None: quantize does not write the
+    format).  ``aliases`` are the short names the writing commands accept for it (``w4a8``),
+    collected by the registry.  ``inspect_text(env)`` is what ``inspect`` shows of a layer's
+    parameters beyond its variant (``4-bit G=16 C=256``), from the geometry env; it runs on
+    the inspect path, so it stays torch- and dataclass-free (None: nothing to show).
     """
 
     __slots__ = ("name", "title", "slots", "keys", "geometry", "constraints", "bits_text", "rotation", "loaders",
                  "converter_only", "recognize", "bank_rows", "bank_rows_if", "pad", "quant_format", "encode_params",
-                 "reference_factor", "codec_module", "order", "infer_rank")
+                 "reference_factor", "codec_module", "order", "infer_rank", "params_module", "aliases", "inspect_text")
 
     def __init__(self, name: str, title: str, slots: tuple[Slot, ...], keys: tuple[MarkerKey, ...],
                  geometry: Callable[[dict, dict], dict], constraints: tuple[Constraint, ...] = (), bits_text: str = "",
@@ -248,7 +258,8 @@ class Format:
                  bank_rows_if: str | None = None, pad: tuple[int, int] = (1, 1),
                  quant_format: str | None = None, encode_params: Callable[[dict, dict], dict] | None = None,
                  reference_factor: float = 2.0, codec_module: str | None = None, order: int = 100,
-                 infer_rank: int | None = None) -> None:
+                 infer_rank: int | None = None, params_module: str | None = None, aliases: tuple[str, ...] = (),
+                 inspect_text: Callable[[dict], str] | None = None) -> None:
         self.name = name
         self.title = title
         self.slots = slots
@@ -269,6 +280,9 @@ class Format:
         self.codec_module = codec_module
         self.order = order
         self.infer_rank = infer_rank
+        self.params_module = params_module
+        self.aliases = aliases
+        self.inspect_text = inspect_text
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"
@@ -286,6 +300,20 @@ class Format:
 
             raise CodecError(f"no codec for format {self.name!r}")
         return importlib.import_module(self.codec_module).CODECS[self.name]
+
+    @property
+    def writable(self) -> bool:
+        """Whether ``quantize``/``convert`` write this format (it has a ``Params`` class)."""
+        return self.params_module is not None
+
+    def params_class(self):
+        """The frozen ``Params`` class ``quantize`` writes for this format (imports its module:
+        a dataclass, never needed by check or inspect); None when quantize does not write it."""
+        if self.params_module is None:
+            return None
+        import importlib
+
+        return importlib.import_module(self.params_module).PARAMS[self.name]
 
     def key(self, name: str) -> MarkerKey | None:
         for k in self.keys:

@@ -2,7 +2,8 @@
 
 Each subpackage of ``formats/`` describes its formats in a ``FORMATS`` tuple; this module
 finds the subpackages on disk, so adding a format means adding a package and nothing else.
-Listing order is each format's ``order``; inference tries ``infer_rank`` ascending.
+Listing order is each format's ``order``; inference tries ``infer_rank`` ascending.  The
+short names of the writing commands (``w4a8``) are each description's ``aliases``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,20 @@ def _discover() -> dict[str, Format]:
 
 FORMATS: dict[str, Format] = _discover()
 
+
+def _aliases() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for f in FORMATS.values():
+        for alias in f.aliases:
+            if alias in out or alias in FORMATS:
+                raise RuntimeError(f"alias {alias!r} of {f!r} is already a name of {out.get(alias, alias)!r}")
+            out[alias] = f.name
+    return out
+
+
+ALIASES: dict[str, str] = _aliases()
+"""Short name -> format name, from every description's ``aliases``."""
+
 _INFERENCE_ORDER: tuple[Format, ...] = tuple(
     sorted((f for f in FORMATS.values() if f.infer_rank is not None and f.recognize is not None), key=lambda f: f.infer_rank)
 )
@@ -47,6 +62,11 @@ LAYER_SUFFIXES: frozenset[str] = frozenset(
 
 def get(name: str) -> Format | None:
     return FORMATS.get(name)
+
+
+def lookup(name: str) -> Format | None:
+    """The format a name or short name (``w4a8``) stands for, or None."""
+    return FORMATS.get(ALIASES.get(name, name))
 
 
 def infer_format(tensors: dict) -> Format | None:

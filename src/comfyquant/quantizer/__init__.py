@@ -1,8 +1,9 @@
 """Write consistent Comfy quantized checkpoints from dense weights, with a quality report.
 
-* :mod:`.params`   format names and the parameters each format takes (refusals list the allowed values);
+* :mod:`.params`   format names and short names -> the format package's ``Params`` (refusals list the allowed values);
 * :mod:`.rules`    TOML rules files: layer-name globs -> format or ``keep``, most specific wins;
-* :mod:`.layout`   planned tensors from the format descriptions, virtual checkpoints for the checker;
+* :mod:`.layout`   planned tensors from the format descriptions, validated by the format packages;
+  virtual checkpoints for the runtime profiles;
 * :mod:`.plan`     per-layer decisions with reasons, judged as a whole before any computing;
 * :mod:`.work`     one layer: read, encode, measure (in this process or a worker);
 * :mod:`.runner`   streaming into temporary files with ``--jobs`` processes, check, commit;

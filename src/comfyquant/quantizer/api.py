@@ -72,8 +72,8 @@ def quantize(paths, out: str | None = None, format: str | None = None, params: d
              on_layer=None) -> Result:
     """Quantize a dense checkpoint (file, shards, folder or index) into ``out``.
 
-    ``format``/``params``: the format of every layer no rule names (``params`` as in
-    :mod:`.params`, e.g. ``{"group_size": 32}``); ``rules``: a rules file path or
+    ``format``/``params``: the format of every layer no rule names (``params``: fields of the
+    format's ``Params``, e.g. ``{"group_size": 32}``); ``rules``: a rules file path or
     :class:`~.rules.Rules`; ``exclude``: regular expressions of layers to keep dense;
     ``target``: runtime(s) the output must load in; ``report``: write ``<stem>.json`` and
     ``<stem>.png``; ``out``: default ``<name>.<format>.safetensors`` next to the input

@@ -1,14 +1,19 @@
 """What a planned output looks like before anything is computed, and whether it will load.
 
 * :func:`planned_tensors` derives every tensor an encode will produce (suffix -> dtype, shape)
-  from the format description's slots and geometry, so the output header can be written
-  first and tensors streamed after it.  The runner checks each encoded layer against this
-  plan (a mismatch is a bug, reported as such).
-* :func:`check_plan` runs the real checker (``comfyquant check``: canonical rules and every
-  runtime profile) on a *virtual* checkpoint: the planned header and marker bytes, served by
-  :class:`SkeletonSource`; every other byte reads as zero and is never needed.  That is how
-  quantize knows, before computing, which layers a format or a target cannot take and which
-  format combinations a target refuses, with the runtime's own message.
+  from the format description's slots and geometry and the format's ``Params``, so the output
+  header can be written first and tensors streamed after it.  The runner checks each encoded
+  layer against this plan (a mismatch is a bug, reported as such).
+* :func:`format_findings` validates a planned layer (its marker and its planned tensors)
+  against the format package directly: the description's marker keys, slots and constraints
+  (:func:`comfyquant.formats.validation.check_layer`).  A layer whose plan contradicts its
+  own format is never written.
+* :func:`check_files` and :func:`layer_problems` judge what the format rules cannot: whether
+  the selected runtimes load it.  The runtime profiles read a checkpoint, so they run on a
+  *virtual* one: the planned header and marker bytes, served by :class:`SkeletonSource`;
+  every other byte reads as zero and is never needed.  That is how quantize knows, before
+  computing, which layers a target cannot take and which format combinations it refuses,
+  with the runtime's own message.
 """
 
 from __future__ import annotations
@@ -20,15 +25,12 @@ from typing import Any
 
 from ..errors import ComfyQuantError
 from ..formats import registry
-from ..formats.base import CODEBOOK, CORRECTION, GeometryError, Meta
+from ..formats.base import BIAS, CODEBOOK, CORRECTION, GeometryError, Meta, pad
+from ..formats.params import Params
+from ..formats.validation import check_layer
 from ..io.header import FIRST_READ
 from ..io.shards import ShardSet
 from ..io.writer import build_header
-from .params import dtype_choices, encode_params, marker_for
-
-STORAGE_PAD = {"nvfp4": 16, "mxfp8": 32}
-"""Formats whose encoders pad the stored weight (spec 3.5: NVFP4 to 16x16; 3.6: MXFP8 to
-32x32).  The format descriptions state it only as a constraint on stored sizes."""
 
 PROBE = "comfyquant_probe.linear"
 """Layer name used when one layer is checked on its own; replaced by the real name in messages."""
@@ -38,21 +40,19 @@ class PlanError(ComfyQuantError):
     """The format description and the encode parameters disagree (a bug, not bad input)."""
 
 
-def planned_tensors(fmt_name: str, params: dict, n: int, k: int) -> dict[str, tuple[str, tuple]]:
+def planned_tensors(params: Params, n: int, k: int) -> dict[str, tuple[str, tuple]]:
     """Suffix -> (dtype, shape) of every tensor ``encode`` writes for an ``[n, k]`` weight.
 
-    The stored geometry is the model's, padded where the encoder pads; optional slots are
-    included when the encode parameters produce them (codebook, correction).  The result is
-    then fed back through the format's own geometry function, which must reproduce it."""
-    fmt = registry.FORMATS[fmt_name]
-    marker = marker_for(fmt_name, params)
-    enc = encode_params(fmt_name, params)
-    pad = STORAGE_PAD.get(fmt_name, 1)
-    ns, ks = -(-n // pad) * pad, -(-k // pad) * pad
-    guess = dict(fmt.params(marker), N=ns, K=ks, N_model=n, K_model=k, bits=enc.get("bits", 8),
-                 has_codebook=bool(enc.get("codebook")), has_correction=enc.get("symmetric") is False,
-                 scale_layout="scalar" if enc.get("per_channel") is False else "row")
-    chosen = dtype_choices(fmt_name, params)
+    The stored geometry is the model's, padded where the format pads (``Format.pad``);
+    optional slots are included when the parameters produce them (codebook, correction).
+    The result is then fed back through the format's own geometry function, which must
+    reproduce it."""
+    name = params.FORMAT
+    fmt = registry.FORMATS[name]
+    marker = params.marker()
+    rows, cols = fmt.pad
+    guess = dict(fmt.params(marker), N=pad(n, rows), K=pad(k, cols), N_model=n, K_model=k, **params.layout())
+    chosen = params.stored_dtypes()
     first = _evaluate(fmt, guess, chosen)
     metas = {s: Meta(d, sh) for s, (d, sh) in first.items()}
     if "bias" not in first:
@@ -60,17 +60,17 @@ def planned_tensors(fmt_name: str, params: dict, n: int, k: int) -> dict[str, tu
     try:
         env = fmt.geometry(metas, fmt.params(marker))
     except GeometryError as exc:
-        raise PlanError(f"{fmt_name}: the format description cannot read its own planned tensors: {exc}") from None
-    second = _evaluate(fmt, dict(env, has_codebook=guess["has_codebook"], has_correction=guess["has_correction"]), chosen)
+        raise PlanError(f"{name}: the format description cannot read its own planned tensors: {exc}") from None
+    second = _evaluate(fmt, env, chosen)
     if second != first:
-        raise PlanError(f"{fmt_name} [{n}, {k}]: planned tensors {first} do not round-trip through the format geometry ({second})")
+        raise PlanError(f"{name} [{n}, {k}]: planned tensors {first} do not round-trip through the format geometry ({second})")
     return first
 
 
 def _evaluate(fmt, env: dict, chosen: dict[str, str]) -> dict[str, tuple[str, tuple]]:
     out: dict[str, tuple[str, tuple]] = {}
     for suffix, slot in fmt.slots_for(env).items():
-        if slot.kind == "bias":
+        if slot.kind == BIAS:
             continue
         if not slot.required:
             produced = (slot.kind == CODEBOOK and env.get("has_codebook")) or (slot.kind == CORRECTION and env.get("has_correction"))
@@ -87,6 +87,17 @@ def _evaluate(fmt, env: dict, chosen: dict[str, str]) -> dict[str, tuple[str, tu
             raise PlanError(f"{fmt.name}: {suffix} cannot be stored as {dtype}")
         out[suffix] = (dtype, tuple(int(d) for d in shape))
     return out
+
+
+def format_findings(params: Params, planned: dict[str, tuple[str, tuple]], bias: tuple | None = None) -> list:
+    """Findings of the format package on a planned layer: its marker against the description's
+    keys, its (suffix, dtype, shape) against the slots and constraints.  Layer-relative (the
+    message holds ``{layer}``), with the format's own severities."""
+    metas = {s: Meta(d, sh) for s, (d, sh) in planned.items()}
+    if bias is not None:
+        metas["bias"] = Meta(bias[0], bias[1])
+    findings, _env = check_layer(registry.FORMATS[params.FORMAT], params.marker(), metas)
+    return findings
 
 
 # -- virtual checkpoints ----------------------------------------------------------------------
@@ -158,25 +169,34 @@ def marker_entries(layers: dict[str, dict]) -> tuple[dict[str, tuple], dict[str,
 _LAYER_MEMO: dict[tuple, list] = {}
 
 
-def layer_problems(name: str, fmt_name: str, params: dict, n: int, k: int, bias: tuple | None, target) -> list[str]:
-    """Why the selected targets cannot take this one layer in this format (empty: they can).
+def layer_problems(name: str, params: Params, n: int, k: int, bias: tuple | None, target) -> list[str]:
+    """Why this one layer cannot be written in this format, or the selected targets cannot
+    take it (empty: they can).
 
-    Checked on a file holding only this layer; results depend on the shape, format,
-    parameters and bias, not on the name (except SGLang's embedding test), so they are cached."""
-    marker = marker_for(fmt_name, params)
-    key = (fmt_name, json.dumps(marker, sort_keys=True), json.dumps(sorted(params.items())), n, k, bias, str(target),
-           "embed" in name.rsplit(".", 1)[-1])
+    First the format package's own rules on the planned layer (:func:`format_findings`: an
+    error there is a plan the format forbids, whatever the target); then the runtimes, on a
+    file holding only this layer.  Results depend on the shape, parameters and bias, not on
+    the name (except SGLang's embedding test), so they are cached."""
+    key = (params, n, k, bias, str(target), "embed" in name.rsplit(".", 1)[-1])
     found = _LAYER_MEMO.get(key)
     if found is None:
         probe = PROBE + ("_embed" if key[-1] else "")
-        tensors = {f"{probe}.{s}": (d, sh, None) for s, (d, sh) in planned_tensors(fmt_name, params, n, k).items()}
-        if bias is not None:
-            tensors[f"{probe}.bias"] = (bias[0], bias[1], None)
-        mt, meta = marker_entries({probe: marker})
-        tensors.update(mt)
-        report = check_files([("probe.safetensors", tensors, meta)], target)
-        found = _LAYER_MEMO[key] = [(probe, text) for text in problems(report)]
+        planned = planned_tensors(params, n, k)
+        found = _finding_lines(format_findings(params, planned, bias), probe)
+        if not found:
+            tensors = {f"{probe}.{s}": (d, sh, None) for s, (d, sh) in planned.items()}
+            if bias is not None:
+                tensors[f"{probe}.bias"] = (bias[0], bias[1], None)
+            mt, meta = marker_entries({probe: params.marker()})
+            tensors.update(mt)
+            found = problems(check_files([("probe.safetensors", tensors, meta)], target))
+        found = _LAYER_MEMO[key] = [(probe, text) for text in found]
     return [text.replace(probe, name) for probe, text in found]
+
+
+def _finding_lines(findings: list, layer: str) -> list[str]:
+    """The format's errors on a planned layer, one line each as :func:`problems` words them."""
+    return [_LAYER_LEAD.sub("", f.message.replace("{layer}", repr(layer))) for f in findings if f.severity == "error"]
 
 
 _LAYER_LEAD = re.compile(r"^layer \S+ \([^)]*\): ")
@@ -197,9 +217,9 @@ def problems(report, warnings: bool = True) -> list[str]:
     return out
 
 
-def format_problems(fmt_name: str, params: dict, target, name: str) -> list[str]:
+def format_problems(params: Params, target, name: str) -> list[str]:
     """Problems of the format and parameters themselves: a layer of a shape every rule
     accepts (K a multiple of every group and rotation size) still fails.  Such a choice is
     refused outright instead of leaving every layer dense."""
     k = math.lcm(1024, int(params.get("group_size") or 1), int(params.get("convrot_groupsize") or 1))
-    return layer_problems(name, fmt_name, params, 256, k, None, target)
+    return layer_problems(name, params, 256, k, None, target)

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 from ..dtypes import FLOAT_DTYPES
 from ..errors import InputError
+from ..formats.params import Params
 from .layout import check_files, format_problems, layer_problems, marker_entries, planned_tensors, problems
-from .params import describe, marker_for
 from .rules import Choice, Rules
 
 QUANTIZE = "quantize"
@@ -46,7 +45,7 @@ class LayerPlan:
         self.action = action
         self.reason = reason
         self.format: str | None = None
-        self.params: dict[str, Any] = {}
+        self.params: Params | None = None
         self.marker: dict | None = None
         self.source: str | None = None
         self.n = self.k = 0
@@ -81,7 +80,7 @@ class LayerPlan:
 
     def describe(self) -> str:
         if self.action == QUANTIZE:
-            return describe(self.format, self.params)
+            return self.params.describe()
         return self.reason or self.action
 
     def to_dict(self) -> dict:
@@ -91,7 +90,7 @@ class LayerPlan:
             "index": self.index,
             "action": self.action,
             "format": self.format if self.action == QUANTIZE else (self.marker or {}).get("format"),
-            "params": self.params if self.action == QUANTIZE else None,
+            "params": self.params.as_dict() if self.action == QUANTIZE else None,
             "marker": self.marker,
             "reason": self.reason,
             "shape": list(w.shape) if w is not None else None,
@@ -210,13 +209,12 @@ def _refuse_choices(ckpt, options: Options) -> None:
     for c in choices:
         if c is None or c.keep:
             continue
-        key = (c.format, json.dumps(sorted(c.params.items())))
-        if key in seen:
+        if c.params in seen:
             continue
-        seen.add(key)
-        found = format_problems(c.format, c.params, options.target, "<layer>")
+        seen.add(c.params)
+        found = format_problems(c.params, options.target, "<layer>")
         if found:
-            raise InputError(f"{c.source}: {describe(c.format, c.params)} cannot be written for --target {options.target}: "
+            raise InputError(f"{c.source}: {c.params.describe()} cannot be written for --target {options.target}: "
                              f"{found[0]}")
 
 
@@ -264,8 +262,8 @@ def _encode_plan(layer, choice: Choice, options: Options, n: int, k: int, source
     bias = layer.tensors.get("bias")
     why = _padding_loses_shape(choice.format, n, k, bias)
     if why is None:
-        found = layer_problems(name, choice.format, choice.params, n, k,
-                               None if bias is None else (bias.dtype, bias.shape), options.target)
+        found = layer_problems(name, choice.params, n, k, None if bias is None else (bias.dtype, tuple(bias.shape)),
+                               options.target)
         why = found[0] if found else None
     if why is not None:
         kept = DENSE if source == "dense" else COPY
@@ -274,10 +272,10 @@ def _encode_plan(layer, choice: Choice, options: Options, n: int, k: int, source
             lp.marker = layer.marker
         return lp
     lp = LayerPlan(name, dict(layer.tensors), QUANTIZE, f"by {choice.source}")
-    lp.format, lp.params, lp.source = choice.format, dict(choice.params), source
-    lp.marker = marker_for(choice.format, choice.params)
+    lp.format, lp.params, lp.source = choice.format, choice.params, source
+    lp.marker = choice.params.marker()
     lp.n, lp.k, lp.dtype = n, k, dtype
-    lp.planned = planned_tensors(choice.format, choice.params, n, k)
+    lp.planned = planned_tensors(choice.params, n, k)
     return lp
 
 
@@ -339,7 +337,7 @@ def _plan_convert(layer, options: Options, implied: dict | None = None) -> Layer
         return copy(f"kept by {choice.source}")
     n, k = codec_plan.shape
     if _already(layer, marker, choice, n, k):
-        return copy(f"already {describe(choice.format, choice.params)} (copied unchanged)", marker_for(choice.format, choice.params))
+        return copy(f"already {choice.params.describe()} (copied unchanged)", choice.params.marker())
     lp = _encode_plan(layer, choice, options, n, k, "decode", dtype)
     if lp.action == COPY:
         lp.marker = marker
@@ -355,12 +353,12 @@ def _already(layer, marker: dict, choice: Choice, n: int, k: int) -> bool:
     if marker.get("format") != choice.format:
         return False
     fmt = registry.FORMATS[choice.format]
-    want = marker_for(choice.format, choice.params)
+    want = choice.params.marker()
     have = fmt.params(marker)
     if any(have.get(key) != value for key, value in want.items() if key != "format"):
         return False
     actual = {s: (e.dtype, e.shape) for s, e in layer.tensors.items() if s not in ("bias", "comfy_quant")}
-    return actual == planned_tensors(choice.format, choice.params, n, k)
+    return actual == planned_tensors(choice.params, n, k)
 
 
 def output_files(ckpt, plan: Plan) -> list[tuple[str, list[tuple[LayerPlan | None, object]]]]:

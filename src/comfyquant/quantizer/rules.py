@@ -27,21 +27,21 @@ from __future__ import annotations
 import fnmatch
 import re
 import sys
-from typing import Any
 
 from ..errors import InputError
+from ..formats.params import Params
 from .params import KEEP, resolve_format, validate
 
 _WILDCARDS = re.compile(r"[*?\[\]]")
 
 
 class Choice:
-    """What a layer gets: a format with validated parameters, or ``keep``; ``source`` says
-    which rule (or option) decided it."""
+    """What a layer gets: a format with its validated, frozen ``Params`` (None for ``keep``);
+    ``source`` says which rule (or option) decided it."""
 
     __slots__ = ("format", "params", "source")
 
-    def __init__(self, fmt: str, params: dict[str, Any], source: str) -> None:
+    def __init__(self, fmt: str, params: Params | None, source: str) -> None:
         self.format = fmt
         self.params = params
         self.source = source
@@ -173,5 +173,5 @@ def _choice(entry: dict, where: str, source: str, patterns: bool = True) -> Choi
     if fmt == KEEP:
         if params:
             raise InputError(f"{where}: format = \"keep\" takes no parameters, got {', '.join(sorted(params))}")
-        return Choice(KEEP, {}, source)
+        return Choice(KEEP, None, source)
     return Choice(fmt, validate(fmt, params, where), source)

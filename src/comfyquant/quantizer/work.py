@@ -137,14 +137,13 @@ def run_task(task: dict) -> dict:
     from ..numerics.dtypes import TORCH_DTYPES, dtype_name
     from ..numerics.rows import release_memory
     from .layout import PlanError
-    from .params import encode_params
 
     started = time.perf_counter()
     name, fmt = task["name"], task["format"]
     source = load_source(task)
     codec = codecs.get(fmt)
     try:
-        enc = codec.encode(source, layer=name, **encode_params(fmt, task["params"]))
+        enc = codec.encode(source, layer=name, **task["params"].encode_kwargs())
     except CodecError as exc:
         text = str(exc)
         if "NaN/Inf" in text:

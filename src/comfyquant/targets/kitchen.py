@@ -15,6 +15,7 @@ from __future__ import annotations
 from ..dtypes import DTYPE_BITS
 from ..formats.base import GeometryError, is_pow4
 from ..formats.registry import FORMATS
+from ..formats.w4a8 import group_size_ok, k_fits, six_bit_fits
 from .base import LAYER, Verdict, Violation, bind, container_violations
 
 
@@ -100,12 +101,12 @@ def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False
     w, s_rel, s_ch = t["weight"], t.get("weight_s_rel"), t.get("weight_s_channel")
     if w.dtype != "I8":
         return _v("w4a8", "packed weight must be a 2D int8 tensor", prefix, "weight")
-    if not (g >= 4 and (16 % g == 0 or g % 16 == 0)):
+    if not group_size_ok(g):
         return _v("w4a8", f"group_size={g} must be >=4 and divide 16 or be a multiple of 16", prefix)
     if c == 0 and k % 16 == 0 and k % g == 0:  # the same test in comfy-kitchen divides by it
         return _v("w4a8", "integer modulo by zero", prefix, exception="ZeroDivisionError",
                   cause="convrot_groupsize 0", fix="set convrot_groupsize to 16, 64 or 256")
-    if k % 16 or k % g or c == 0 or k % c:
+    if c == 0 or not k_fits(k, g, c):
         return _v("w4a8", f"K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; group_size must be "
                           f">=4 and divide 16 or be a multiple of 16", prefix)
     v = _hadamard(prefix, c)
@@ -114,7 +115,7 @@ def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False
     if w.shape[1] * 8 not in (4 * k, 6 * k):
         return _v("w4a8", f"packed row width {w.shape[1]} does not match K={k} at 4 or 6 bits", prefix, "weight")
     if bits == 6:
-        if k % 32 or g % 16:
+        if not six_bit_fits(k, g):
             return _v("w4a8", f"6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={k}, "
                               f"group_size={g}", prefix)
         if "weight_codebook" in t or ("weight_correction" in t and not dropped_correction):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..formats.base import GeometryError
-from ..formats.w4a8 import ASYM_W4A8_INT8
+from ..formats.w4a8 import ASYM_W4A8_INT8, GROUP_SIZE, group_size_ok, k_fits
 from ..markers import int_error, lenient_nonfinite_sizes
 from .base import Verdict, Violation, incomplete_violations
 from .container import EXCEPTION, container_errors
@@ -253,7 +253,7 @@ def _check_w4a8(marker: dict, t: dict):
     sdt, ssh = _meta(t, "weight_s_rel")
     cdt, csh = _meta(t, "weight_s_channel")
     try:
-        g = int(marker.get("group_size", 16))
+        g = int(marker.get("group_size", GROUP_SIZE))
     except (TypeError, ValueError, OverflowError) as exc:
         return _fail_tpl("W1", str(exc))
     if g < 4:
@@ -458,7 +458,7 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
         # The layer is built with the model's input size, not the packed width: the format's
         # own geometry infers it (6-bit rows have K = 4/3 x width; they fail W5 instead).
         try:
-            g, c = int(m.get("group_size", 16)), int(m.get("convrot_groupsize", 256))
+            g, c = int(m.get("group_size", GROUP_SIZE)), int(m.get("convrot_groupsize", 256))
         except (TypeError, ValueError, OverflowError) as exc:  # what the layer's own int() raises
             return "B1", str(exc), None, type(exc).__name__
         if c == 0:
@@ -467,7 +467,7 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
             k = ASYM_W4A8_INT8.geometry(t, {"group_size": g, "convrot_groupsize": c})["K"]
         except GeometryError:
             k = 2 * cols
-        if not (g >= 4 and (16 % g == 0 or g % 16 == 0) and k % 16 == 0 and k % g == 0 and k % c == 0):
+        if not (group_size_ok(g) and k_fits(k, g, c)):
             return "B1", (f"Serialized W4A8 layer {P} has input size {k}, incompatible with group_size={g} "
                           f"and convrot_groupsize={c}"), None, "ValueError"
     elif fmt == "convrot_w4a4":

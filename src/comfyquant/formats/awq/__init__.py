@@ -31,6 +31,7 @@ AWQ_W4A16 = Format(
         MarkerKey("group_size", (int,), default=64, allowed="v > 0", allowed_text="a positive group size", nested_ok=True),
     ),
     geometry=_geometry,
+    inspect_text=lambda env: f"G={env['group_size']}",
     constraints=(Constraint("K % group_size == 0", "group_size={group_size} does not divide K={K}"),),
     bits_text="4",
     loaders=frozenset({"comfyui", "comfy-kitchen"}),

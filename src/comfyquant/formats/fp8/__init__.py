@@ -21,9 +21,12 @@ CODEC = __name__ + ".codec"
 """The module holding this package's codecs (imported on first use)."""
 
 
-def _fp8(name: str, weight_dtype: str, loaders: frozenset, title: str, order: int, infer_rank: int) -> Format:
+def _fp8(name: str, weight_dtype: str, loaders: frozenset, title: str, order: int, infer_rank: int,
+         aliases: tuple[str, ...]) -> Format:
     return Format(
         name=name,
+        params_module=__name__ + ".params",
+        aliases=aliases,
         order=order,
         infer_rank=infer_rank,
         codec_module=CODEC,
@@ -54,8 +57,9 @@ def _fp8(name: str, weight_dtype: str, loaders: frozenset, title: str, order: in
     )
 
 
-FLOAT8_E4M3FN = _fp8("float8_e4m3fn", "F8_E4M3", ALL_RUNTIMES, "FP8 E4M3, per-tensor scale", 0, 7)
-FLOAT8_E5M2 = _fp8("float8_e5m2", "F8_E5M2", frozenset({"comfyui", "comfy-kitchen"}), "FP8 E5M2, per-tensor scale", 1, 8)
+FLOAT8_E4M3FN = _fp8("float8_e4m3fn", "F8_E4M3", ALL_RUNTIMES, "FP8 E4M3, per-tensor scale", 0, 7, ("fp8",))
+FLOAT8_E5M2 = _fp8("float8_e5m2", "F8_E5M2", frozenset({"comfyui", "comfy-kitchen"}), "FP8 E5M2, per-tensor scale", 1, 8,
+                   ("fp8_e5m2", "e5m2"))
 
 FLOAT8_E4M3FN_ROWWISE = Format(
     name="float8_e4m3fn_rowwise",

@@ -22,6 +22,12 @@ def _geometry(tensors: dict, params: dict) -> dict:
     return env
 
 
+def _inspect_text(env: dict) -> str:
+    if env["variant"] == "convrot":
+        return f"convrot C={env.get('convrot_groupsize')}"
+    return f"{env['variant']} scale"
+
+
 def _encode_params(env: dict, tensors: dict) -> dict:
     """comfy-kitchen's arguments for this layer's variant: ConvRot (always row-wise) with its
     size, else row-wise or scalar scales."""
@@ -88,6 +94,9 @@ INT8_TENSORWISE = Format(
     bank_rows=("weight", "weight_scale", "bias"),
     bank_rows_if="weight_scale",
     encode_params=_encode_params,
+    params_module=__name__ + ".params",
+    aliases=("int8",),
+    inspect_text=_inspect_text,
     recognize=lambda t: has_2d_weight(t, "I8")
     and "weight_scale" in t
     and t["weight_scale"].dtype == "F32"

@@ -62,6 +62,7 @@ MXFP8 = Format(
     pad=(32, 32),
     recognize=_recognize,
     encode_params=no_params,
+    params_module=__name__ + ".params",
     quant_format="mxfp8",
 )
 

@@ -75,6 +75,7 @@ NVFP4 = Format(
     pad=(16, 16),
     recognize=lambda t: "weight" in t and t["weight"].dtype == "U8" and "weight_scale_2" in t,
     encode_params=no_params,
+    params_module=__name__ + ".params",
 )
 
 FORMATS = (NVFP4,)

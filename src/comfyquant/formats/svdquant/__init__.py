@@ -49,6 +49,7 @@ SVDQUANT_W4A4 = Format(
         MarkerKey("group_size", (int,), default=64, allowed="v == 64", allowed_text="64"),
     ),
     geometry=_geometry,
+    inspect_text=lambda env: ("" if env["variant"] == "natural" else f"{env['variant']} ") + f"rank={env['R']}",
     bits_text="4 (+ low-rank branch)",
     loaders=frozenset({"comfy-kitchen"}),
     recognize=lambda t: "weight_proj_down" in t and "weight_proj_up" in t,

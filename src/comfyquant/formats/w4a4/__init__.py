@@ -74,6 +74,9 @@ CONVROT_W4A4 = Format(
     rotation="always",
     loaders=ALL_RUNTIMES,
     encode_params=_encode_params,
+    params_module=__name__ + ".params",
+    aliases=("w4a4",),
+    inspect_text=lambda env: f"C={env['convrot_groupsize']}",
     recognize=lambda t: "weight" in t
     and t["weight"].dtype == "I8"
     and len(t["weight"].shape) == 2

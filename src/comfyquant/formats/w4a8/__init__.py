@@ -7,7 +7,7 @@ present and the packed row width.
 
 from __future__ import annotations
 
-from ..base import CODEBOOK, CORRECTION, WEIGHT, Constraint, Format, GeometryError, MarkerKey, Slot
+from ..base import CODEBOOK, CORRECTION, WEIGHT, Constraint, Expr, Format, GeometryError, MarkerKey, Slot
 from ..common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
 
 CODEC = __name__ + ".codec"
@@ -15,12 +15,55 @@ CODEC = __name__ + ".codec"
 
 REQUANTIZE = "re-export from the original weights with one consistent group size (comfyquant quantize)"
 
-GROUP_RULE = "v >= 4 and (16 % v == 0 or v % 16 == 0)"
+GROUP_SIZE = 16
+"""The default group size: the marker key's default and what ``quantize`` writes."""
+
+
+def group_rule(g: str) -> str:
+    """The group sizes comfy-kitchen's W4A8 kernels take, as an expression over the name ``g``
+    (the marker key's allowed values, the geometry constraint and :func:`group_size_ok`)."""
+    return f"{g} >= 4 and (16 % {g} == 0 or {g} % 16 == 0)"
+
+
+GROUP_RULE_TEXT = ">= 4 and dividing 16 or a multiple of 16"
+_GROUP_RULE = Expr(group_rule("g"))
+
+
+def group_size_ok(g: int) -> bool:
+    """Whether an integer group size meets the rule (the encoder and comfy-kitchen's profile)."""
+    return bool(_GROUP_RULE({"g": g}))
+
+
+SIX_BIT_GROUP = "group_size % 16 == 0"
+"""6-bit rows pack groups of 16: the group size 6-bit storage needs."""
+SIX_BIT_RULE = f"K % 32 == 0 and {SIX_BIT_GROUP}"
+"""What 6-bit storage needs of the layer (the packed row holds whole 3-byte quads)."""
+K_RULE = "K % 16 == 0 and K % group_size == 0 and K % convrot_groupsize == 0"
+"""The input sizes the grouping and the rotation divide (with a valid group size)."""
+
+_SIX_BIT_GROUP, _SIX_BIT_RULE, _K_RULE = Expr(SIX_BIT_GROUP), Expr(SIX_BIT_RULE), Expr(K_RULE)
+
+
+def six_bit_group_ok(g: int) -> bool:
+    return bool(_SIX_BIT_GROUP({"group_size": g}))
+
+
+def six_bit_fits(k: int, g: int) -> bool:
+    return bool(_SIX_BIT_RULE({"K": k, "group_size": g}))
+
+
+def k_fits(k: int, g: int, c: int) -> bool:
+    """Whether K fits group size ``g`` and ConvRot size ``c`` (both nonzero)."""
+    return bool(_K_RULE({"K": k, "group_size": g, "convrot_groupsize": c}))
+
+
+def _inspect_text(env: dict) -> str:
+    return f"{env['variant']} {env['bits']}-bit G={env['group_size']} C={env['convrot_groupsize']}"
 
 
 def _geometry(tensors: dict, params: dict) -> dict:
     n, cols = weight_2d(tensors)
-    g = as_int(params.get("group_size"), 16)
+    g = as_int(params.get("group_size"), GROUP_SIZE)
     c = as_int(params.get("convrot_groupsize"), 256)
     if g <= 0:
         raise GeometryError(f"group_size={params.get('group_size')!r} cannot define groups")
@@ -113,9 +156,9 @@ ASYM_W4A8_INT8 = Format(
         MarkerKey(
             "group_size",
             (int,),
-            default=16,
-            allowed=GROUP_RULE,
-            allowed_text=">= 4 and dividing 16 or a multiple of 16",
+            default=GROUP_SIZE,
+            allowed=group_rule("v"),
+            allowed_text=GROUP_RULE_TEXT,
             explicit=True,
             why_explicit="write group sizes explicitly so every reader agrees",
             nested_ok=True,
@@ -143,13 +186,13 @@ ASYM_W4A8_INT8 = Format(
     geometry=_geometry,
     constraints=(
         Constraint(
-            "K % 16 == 0 and K % group_size == 0 and K % convrot_groupsize == 0",
+            K_RULE,
             "K={K} must be divisible by 16, group_size={group_size} and convrot_groupsize={convrot_groupsize}",
             cause="the layer's input size does not fit the W4A8 grouping or rotation",
             fix="keep this layer dense, or re-quantize with sizes that divide K",
         ),
         Constraint(
-            "group_size >= 4 and (16 % group_size == 0 or group_size % 16 == 0)",
+            group_rule("group_size"),
             "group_size={group_size} must be >= 4 and divide 16 or be a multiple of 16",
             fix=REQUANTIZE,
         ),
@@ -160,7 +203,7 @@ ASYM_W4A8_INT8 = Format(
             fix=REQUANTIZE,
         ),
         Constraint(
-            "bits != 6 or (K % 32 == 0 and group_size % 16 == 0)",
+            f"bits != 6 or ({SIX_BIT_RULE})",
             "6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={K}, group_size={group_size}",
             fix=REQUANTIZE,
         ),
@@ -171,6 +214,9 @@ ASYM_W4A8_INT8 = Format(
     bank_rows=("weight", "weight_scale", "weight_s_rel", "weight_s_channel", "bias"),
     recognize=lambda t: "weight_s_rel" in t and "weight" in t and t["weight"].dtype == "I8",
     encode_params=_encode_params,
+    params_module=__name__ + ".params",
+    aliases=("w4a8",),
+    inspect_text=_inspect_text,
 )
 
 FORMATS = (ASYM_W4A8_INT8,)

@@ -29,6 +29,7 @@ from ...numerics.nearest import grid_by_code, grid_nearest, grid_nearest_by_code
 from ...numerics.packing import pack_6bit, pack_nibbles
 from ...numerics.rows import Weight, as_source, gather_rows, materialize, release_memory, row_blocks
 from ..codec import CodecError, reject_unknown
+from . import GROUP_SIZE, group_size_ok, k_fits, six_bit_fits
 
 FIXED_CODEBOOK = (
     -0.980602, -0.794529, -0.638165, -0.500986, -0.377321, -0.263187, -0.155210, -0.050720,
@@ -51,7 +52,7 @@ _SCALE_DTYPES = {"fp8": E4M3, "float8_e4m3fn": E4M3, "f32": torch.float32, "floa
 
 def encode_w4a8(weight: Weight, params: dict, name: str, fmt: str) -> tuple[dict, dict]:
     """Quantize a dense weight; ``params`` as comfy-kitchen's ``AsymW4A8Int8Layout.quantize``."""
-    g = params.pop("group_size", 16)
+    g = params.pop("group_size", GROUP_SIZE)
     c = params.pop("convrot_groupsize", 256)
     symmetric = bool(params.pop("symmetric", True))
     scale_dtype = params.pop("scale_dtype", E4M3)
@@ -93,10 +94,10 @@ def _validate(weight: Weight, g, c, bits, name: str) -> None:
     k = weight.shape[1]
     if bits not in (4, 6):
         raise CodecError(f"{name}: bits must be 4 or 6, got {bits}")
-    if bits == 6 and (k % 32 or g < 16 or g % 16):
+    if bits == 6 and (not group_size_ok(g) or not six_bit_fits(k, g)):
         raise CodecError(f"{name}: 6-bit storage needs K divisible by 32 and group_size a multiple of 16, "
                          f"got K={k}, group_size={g}")
-    if not isinstance(g, int) or not isinstance(c, int) or k % 16 or g < 4 or k % g or k % c or (16 % g and g % 16):
+    if not isinstance(g, int) or not isinstance(c, int) or c <= 0 or not group_size_ok(g) or not k_fits(k, g, c):
         raise CodecError(f"{name}: K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; "
                          "group_size must be >=4 and divide 16 or be a multiple of 16")
     if not is_power_of_4(c):

@@ -1,0 +1,45 @@
+"""What ``quantize`` writes as ``int8_tensorwise``: ConvRot with row-wise scales by default, the
+one INT8 variant every runtime loads (spec section 5: SGLang needs the rotation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import InputError
+from ..params import Params, collect
+from . import INT8_TENSORWISE
+
+
+@dataclass(frozen=True, slots=True)
+class Int8Params(Params):
+    convrot: bool = field(default=True, metadata={"help": "ConvRot rotation (SGLang needs it on linear layers)"})
+    convrot_groupsize: int = field(default=INT8_TENSORWISE.key("convrot_groupsize").default,
+                                   metadata={"help": "ConvRot block size (16, 64 or 256 for SGLang)"})
+    per_channel: bool = field(default=True, metadata={"help": "row-wise [N, 1] scales (false: one scalar scale)"})
+
+    FORMAT = INT8_TENSORWISE.name
+    LABELS = {"convrot_groupsize": "C"}
+    RANK = 1
+
+    def check(self, given: dict[str, Any], where: str) -> None:
+        if self.convrot and not self.per_channel:
+            raise InputError(f"{where}: {self.FORMAT} convrot=true needs per_channel=true (ConvRot scales are row-wise)")
+
+    def marker(self) -> dict[str, Any]:
+        marker = Params.marker(self)
+        if not self.convrot:
+            marker.pop("convrot_groupsize", None)  # no rotation: its size means nothing
+        return marker
+
+    def encode_kwargs(self) -> dict[str, Any]:
+        p = Params.encode_kwargs(self)
+        if not self.convrot:
+            p.pop("convrot_groupsize")
+        return p
+
+    def layout(self) -> dict[str, Any]:
+        return {"scale_layout": "row" if self.per_channel else "scalar"}
+
+
+PARAMS = collect(Int8Params)
