@@ -35,10 +35,14 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .errors import ComfyQuantError
 from .io.outputs import claim
 from .units import human_size
+
+if TYPE_CHECKING:
+    from .checkpoint import Paths
 
 DROP_METADATA = ("_quantization_metadata", "quant_format")
 ALIGN = 64
@@ -143,7 +147,7 @@ class _Layer:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def dequantize(src, out: str | None = None, dtype: str | None = None, *, progress: bool | None = None,
+def dequantize(src: Paths, out: str | None = None, dtype: str | None = None, *, progress: bool | None = None,
                overwrite: bool = False) -> Summary:
     """Write a dense copy of the checkpoint ``src`` (file, shards, folder or index) to ``out``.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .checkpoint import Checkpoint, open_checkpoint
+from .checkpoint import Checkpoint, NameMapper, Paths, open_checkpoint
 from .formats.base import GeometryError
 from .formats.registry import FORMATS
 
@@ -126,7 +126,7 @@ def inventory(ckpt: Checkpoint) -> Inventory:
     return inv
 
 
-def inspect(paths, name_mapper=None) -> Inventory:
+def inspect(paths: Paths, name_mapper: NameMapper | None = None) -> Inventory:
     """Inventory of a checkpoint (file, shards, folder or index.json) from its headers."""
     with open_checkpoint(paths, name_mapper=name_mapper) as ckpt:
         return inventory(ckpt)

@@ -14,7 +14,7 @@ HELP = "quantize a dense checkpoint (W4A8, W4A4, INT8, FP8, NVFP4, MXFP8) with a
 
 PARAM_FLAGS = (
     # (flag, parameter, argparse keywords)
-    ("--group-size", "group_size", {"type": int, "metavar": "G", "help": "W4A8 scale group size (default 16)"}),
+    ("--group-size", "group_size", {"type": int, "metavar": "G", "help": "W4A8 scale group size (default: the format's)"}),
     ("--convrot-groupsize", "convrot_groupsize", {"type": int, "metavar": "C",
                                                   "help": "ConvRot block size (default 256; SGLang: 16, 64 or 256)"}),
     ("--bits", "bits", {"type": int, "choices": [4, 6], "help": "W4A8 bit depth (6: not for SGLang)"}),
@@ -58,10 +58,19 @@ def add_common_arguments(p, format_flag: str) -> None:
 
 def add_parser(sub) -> None:
     q = sub.add_parser("quantize", help=HELP, description=HELP)
-    q.add_argument("-f", "--format", metavar="F",
-                   help="format of every layer no rule names: w4a8, w4a4, int8, fp8, fp8_e5m2, nvfp4, mxfp8 "
-                        "(or the full names)")
+    q.add_argument("-f", "--format", metavar="F", help=f"format of every layer no rule names: {writable_names()}")
     add_common_arguments(q, "--format")
+
+
+def writable_names() -> str:
+    """The formats quantize writes, as the registry lists them (short names where declared)."""
+    from ..formats.registry import ALIASES, FORMATS
+
+    short: dict[str, str] = {}
+    for alias, name in ALIASES.items():
+        short.setdefault(name, alias)
+    names = [short.get(n, n) for n, fmt in FORMATS.items() if fmt.writable]
+    return ", ".join(names) + " (or the full names)"
 
 
 def params_of(args) -> dict:

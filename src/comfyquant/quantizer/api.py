@@ -12,11 +12,20 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from .plan import COPY, DENSE, QUANTIZE, Options, Plan, build_plan
 from .progress import Progress
 from .rules import Choice, Rules, load_rules
+
+if TYPE_CHECKING:
+    from ..checker.run import Targets
+    from ..checkpoint import Paths
+
+OnLayer = Callable[[Any, Any], None]
+"""``on_layer(layer_plan, result)``: called as each layer is written (progress in a caller's UI)."""
 
 
 class Result:
@@ -66,10 +75,10 @@ def _rules(rules) -> Rules | None:
     return load_rules(str(rules))
 
 
-def quantize(paths, out: str | None = None, format: str | None = None, params: dict | None = None, *, rules=None,
-             exclude: list[str] | tuple = (), target="all", jobs: int = 1, report: str | None = None,
+def quantize(paths: Paths, out: str | None = None, format: str | None = None, params: dict | None = None, *,
+             rules: str | os.PathLike[str] | Rules | None = None, exclude: list[str] | tuple = (), target: Targets = "all", jobs: int = 1, report: str | None = None,
              dry_run: bool = False, keep_bad: bool = False, overwrite: bool = False, progress: bool | None = None,
-             on_layer=None) -> Result:
+             on_layer: OnLayer | None = None) -> Result:
     """Quantize a dense checkpoint (file, shards, folder or index) into ``out``.
 
     ``format``/``params``: the format of every layer no rule names (``params``: fields of the
@@ -83,10 +92,10 @@ def quantize(paths, out: str | None = None, format: str | None = None, params: d
                 report, dry_run, keep_bad, overwrite, progress, on_layer)
 
 
-def convert(paths, out: str | None = None, to: str | None = None, params: dict | None = None, *, rules=None,
-            exclude: list[str] | tuple = (), target="all", jobs: int = 1, report: str | None = None,
+def convert(paths: Paths, out: str | None = None, to: str | None = None, params: dict | None = None, *,
+            rules: str | os.PathLike[str] | Rules | None = None, exclude: list[str] | tuple = (), target: Targets = "all", jobs: int = 1, report: str | None = None,
             dry_run: bool = False, keep_bad: bool = False, overwrite: bool = False, progress: bool | None = None,
-            dtype: str | None = None, on_layer=None) -> Result:
+            dtype: str | None = None, on_layer: OnLayer | None = None) -> Result:
     """Re-encode a quantized checkpoint's layers in another format or with other parameters
     (decode, then encode), or decode everything (``to="dense"``, via ``comfyquant.dequantize``)."""
     if isinstance(to, str) and to.strip().lower() in ("dense", "dequantize"):

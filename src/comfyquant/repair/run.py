@@ -5,8 +5,8 @@ from __future__ import annotations
 import gc
 import json
 
-from ..checker.run import check_checkpoint, parse_targets
-from ..checkpoint import open_checkpoint
+from ..checker.run import Targets, check_checkpoint, parse_targets
+from ..checkpoint import Paths, open_checkpoint
 from ..errors import InputError
 from ..findings import ERROR
 from .execute import output_paths, write_and_verify
@@ -57,7 +57,7 @@ class FixResult:
         }
 
 
-def fix(paths, out: str | None = None, in_place: bool = False, target="all", dry_run: bool = False,
+def fix(paths: Paths, out: str | None = None, in_place: bool = False, target: Targets = "all", dry_run: bool = False,
         allow_lossy: bool = False, prefer: str | None = None, convrot_groupsize: int | None = None,
         overwrite: bool = False, reference: str | None = None, *, force: bool | None = None) -> FixResult:
     """Repair a checkpoint.  Writes nothing when ``dry_run`` or when nothing can be fixed.
