@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from .checkpoint import Checkpoint, NameMapper, Paths, open_checkpoint
 from .formats.base import GeometryError
 from .formats.registry import FORMATS
@@ -11,17 +9,29 @@ from .formats.registry import FORMATS
 DENSE = "dense"
 
 
-@dataclass
 class LayerRow:
-    name: str
-    format: str
-    n: int | None
-    k: int | None
-    params: str
-    dtypes: str
-    bytes: int
-    bits_per_weight: float | None
-    marked: bool = True
+    """One layer of the inventory.  (Hand-written rather than a dataclass: ``inspect`` is a
+    start-up-bound command and ``import dataclasses`` would be a tenth of its instructions.)"""
+
+    __slots__ = ("name", "format", "n", "k", "params", "dtypes", "bytes", "bits_per_weight", "marked")
+
+    def __init__(self, name: str, format: str, n: int | None, k: int | None, params: str, dtypes: str, bytes: int,
+                 bits_per_weight: float | None, marked: bool = True) -> None:
+        self.name = name
+        self.format = format
+        self.n = n
+        self.k = k
+        self.params = params
+        self.dtypes = dtypes
+        self.bytes = bytes
+        self.bits_per_weight = bits_per_weight
+        self.marked = marked
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LayerRow) and all(getattr(self, a) == getattr(other, a) for a in self.__slots__)
+
+    def __repr__(self) -> str:
+        return f"LayerRow({self.name!r}, {self.format!r}, N={self.n}, K={self.k})"
 
     def to_dict(self) -> dict:
         return {
@@ -37,15 +47,20 @@ class LayerRow:
         }
 
 
-@dataclass
 class Inventory:
-    paths: list[str]
-    files: list[str]
-    rows: list[LayerRow] = field(default_factory=list)
-    other_bytes: int = 0
-    other_tensors: int = 0
-    file_bytes: int = 0
-    bf16_bytes: int = 0
+    """Every layer's row and the checkpoint's totals (hand-written for start-up, as LayerRow)."""
+
+    __slots__ = ("paths", "files", "rows", "other_bytes", "other_tensors", "file_bytes", "bf16_bytes")
+
+    def __init__(self, paths: list[str], files: list[str], rows: list[LayerRow] | None = None, other_bytes: int = 0,
+                 other_tensors: int = 0, file_bytes: int = 0, bf16_bytes: int = 0) -> None:
+        self.paths = paths
+        self.files = files
+        self.rows = rows if rows is not None else []
+        self.other_bytes = other_bytes
+        self.other_tensors = other_tensors
+        self.file_bytes = file_bytes
+        self.bf16_bytes = bf16_bytes
 
     def totals(self) -> dict[str, dict]:
         out: dict[str, dict] = {}
