@@ -116,14 +116,18 @@ class Slot:
 
 class MarkerKey:
     """A marker key: JSON types, default, allowed values (an expression over ``v``) and whether
-    writers must store it (``explicit``: True, or an expression over the parameters)."""
+    writers must store it (``explicit``: True, or an expression over the parameters).
+
+    ``drop_invalid``: the format never uses the key, so the runtimes that load the layer read
+    it the same without it: ``fix`` removes an invalid value instead of leaving it for a
+    reader to refuse (NVFP4's ``convrot``)."""
 
     __slots__ = ("name", "types", "default", "allowed", "allowed_text", "explicit", "why_explicit", "nested_ok",
-                 "_allowed", "_explicit")
+                 "drop_invalid", "_allowed", "_explicit")
 
     def __init__(self, name: str, types: tuple[type, ...], default: Any = None, allowed: str | None = None,
                  allowed_text: str = "", explicit: str | bool = False, why_explicit: str = "",
-                 nested_ok: bool = False) -> None:
+                 nested_ok: bool = False, drop_invalid: bool = False) -> None:
         self.name = name
         self.types = types
         self.default = default
@@ -132,6 +136,7 @@ class MarkerKey:
         self.explicit = explicit
         self.why_explicit = why_explicit
         self.nested_ok = nested_ok  # ComfyUI also reads this key from a nested ``params`` object
+        self.drop_invalid = drop_invalid
         self._allowed = Expr(allowed) if allowed else None
         self._explicit = Expr(explicit) if isinstance(explicit, str) else None
 
@@ -225,11 +230,24 @@ class Format:
     (None: nothing here encodes or decodes it).  ``order`` places the format in listings;
     ``infer_rank`` places ``recognize`` in the inference order (lower is tried first: the more
     specific tensor signatures, spec 6.6; None: never inferred).
+
+    Hooks for ``fix`` (kept in the format package's ``repair.py``; None = not needed):
+
+    * ``infer_marker(fmt, tensors, convrot_groupsize) -> dict | str``: the marker keys besides
+      ``format`` that an unmarked layer recognized as this format gets (``convrot_groupsize``
+      is the size the user gave, or None), or the text of a refusal.  None: the generic rule
+      (a rotated format takes the given ConvRot size, and ``convrot: true`` if it has that key).
+    * ``lossy(fmt, env, tensors, target) -> Recode | None``: the lossy re-encode that makes
+      the layer usable by ``target`` (``formats.hooks.Recode``: why, encoder arguments, the
+      tensors it writes and replaces), or None when the target can use the layer as stored.
+      None: the format has no lossy repair.
+    * ``legacy_renames``: old tensor suffix -> suffix, for the legacy layers this format
+      replaces (spec 1.6, scaled FP8: ``scale_weight`` -> ``weight_scale``).
     """
 
     __slots__ = ("name", "title", "slots", "keys", "geometry", "constraints", "bits_text", "rotation", "loaders",
                  "converter_only", "recognize", "bank_rows", "bank_rows_if", "pad", "quant_format", "encode_params",
-                 "reference_factor", "codec_module", "order", "infer_rank")
+                 "reference_factor", "codec_module", "order", "infer_rank", "infer_marker", "lossy", "legacy_renames")
 
     def __init__(self, name: str, title: str, slots: tuple[Slot, ...], keys: tuple[MarkerKey, ...],
                  geometry: Callable[[dict, dict], dict], constraints: tuple[Constraint, ...] = (), bits_text: str = "",
@@ -238,7 +256,8 @@ class Format:
                  bank_rows_if: str | None = None, pad: tuple[int, int] = (1, 1),
                  quant_format: str | None = None, encode_params: Callable[[dict, dict], dict] | None = None,
                  reference_factor: float = 2.0, codec_module: str | None = None, order: int = 100,
-                 infer_rank: int | None = None) -> None:
+                 infer_rank: int | None = None, infer_marker: Callable[..., dict | str] | None = None,
+                 lossy: Callable[..., Any] | None = None, legacy_renames: dict[str, str] | None = None) -> None:
         self.name = name
         self.title = title
         self.slots = slots
@@ -259,6 +278,9 @@ class Format:
         self.codec_module = codec_module
         self.order = order
         self.infer_rank = infer_rank
+        self.infer_marker = infer_marker
+        self.lossy = lossy
+        self.legacy_renames = legacy_renames or {}
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"

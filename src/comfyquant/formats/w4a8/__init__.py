@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..base import CODEBOOK, CORRECTION, WEIGHT, Constraint, Format, GeometryError, MarkerKey, Slot
 from ..common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
+from .repair import infer_marker, lossy
 
 CODEC = __name__ + ".codec"
 """The module holding this package\'s codecs (imported on first use)."""
@@ -18,15 +19,22 @@ REQUANTIZE = "re-export from the original weights with one consistent group size
 GROUP_RULE = "v >= 4 and (16 % v == 0 or v % 16 == 0)"
 
 
+def k_by_bits(cols: int) -> dict[int, int]:
+    """Bit depth -> input size K of a packed row ``cols`` bytes wide (4-bit first): two codes
+    per byte, or four 6-bit codes per three bytes."""
+    by_bits = {4: 2 * cols}
+    if (4 * cols) % 3 == 0:
+        by_bits[6] = 4 * cols // 3
+    return by_bits
+
+
 def _geometry(tensors: dict, params: dict) -> dict:
     n, cols = weight_2d(tensors)
     g = as_int(params.get("group_size"), 16)
     c = as_int(params.get("convrot_groupsize"), 256)
     if g <= 0:
         raise GeometryError(f"group_size={params.get('group_size')!r} cannot define groups")
-    by_bits = {4: 2 * cols}
-    if (4 * cols) % 3 == 0:
-        by_bits[6] = 4 * cols // 3
+    by_bits = k_by_bits(cols)
     k = bits = None
     s_rel = tensors.get("weight_s_rel")
     if s_rel is not None and len(s_rel.shape) == 2:
@@ -171,6 +179,8 @@ ASYM_W4A8_INT8 = Format(
     bank_rows=("weight", "weight_scale", "weight_s_rel", "weight_s_channel", "bias"),
     recognize=lambda t: "weight_s_rel" in t and "weight" in t and t["weight"].dtype == "I8",
     encode_params=_encode_params,
+    infer_marker=infer_marker,
+    lossy=lossy,
 )
 
 FORMATS = (ASYM_W4A8_INT8,)
