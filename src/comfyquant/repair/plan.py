@@ -19,7 +19,7 @@ from ..dtypes import QUANTIZED_WEIGHT_DTYPES
 from ..formats.base import Format, GeometryError
 from ..formats.diagnose import dtype_matches, fmt_shape
 from ..formats.registry import FORMATS, infer_format
-from ..markers import HEADER, TENSOR, file_level_markers
+from ..markers import HEADER, TENSOR, MarkerMerge, file_level_markers
 from . import transforms
 
 LOSSLESS = "lossless"
@@ -242,15 +242,12 @@ def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan, lay
     """The union of a layer's markers.  On a conflict, ``--prefer`` decides; without it, the
     side whose values the tensors fit when exactly one does (:mod:`..checker.fit`); else the
     layer is refused."""
-    headers = [r.obj for r in sources if r.kind == HEADER]
-    tensors = [r.obj for r in sources if r.kind == TENSOR]
-    merged: dict = {}
-    conflicts = []
-    for obj in tensors + headers:
-        for key, value in obj.items():
-            if key in merged and merged[key] != value:
-                conflicts.append((key, merged[key], value))
-            merged.setdefault(key, value)
+    header_recs = [r for r in sources if r.kind == HEADER]
+    tensor_recs = [r for r in sources if r.kind == TENSOR]
+    headers, tensors = [r.obj for r in header_recs], [r.obj for r in tensor_recs]
+    union = MarkerMerge()  # the first value read wins: tensor markers, then the header map
+    conflicts = [(key, old, rec.obj[key]) for rec in tensor_recs + header_recs for key, old, _ in union.add(rec)]
+    merged = dict(union.merged.get(prefix, {}))
     if not conflicts:
         if headers and tensors and any(set(h) != set(merged) for h in headers + tensors):
             plan.markers_changed = True
@@ -270,11 +267,11 @@ def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan, lay
         plan.refused.append((prefix, f"header and tensor markers disagree on {keys} and the tensors fit both or neither: "
                                      "choose --prefer header or --prefer tensor"))
         return None
-    first, second = (tensors, headers) if options.prefer == "tensor" else (headers, tensors)
-    chosen: dict = {}
-    for obj in first + second:
-        for key, value in obj.items():
-            chosen.setdefault(key, value)
+    first, second = (tensor_recs, header_recs) if options.prefer == TENSOR else (header_recs, tensor_recs)
+    preferred = MarkerMerge()  # the preferred side is read first, so its values win
+    for rec in first + second:
+        preferred.add(rec)
+    chosen = dict(preferred.merged[prefix])
     for key, old, new in conflicts:
         keep = chosen[key]
         plan.changes.append(Change(prefix, None, f"resolve marker conflict on {key!r} (--prefer {options.prefer})",
