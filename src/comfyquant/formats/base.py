@@ -75,15 +75,19 @@ class Slot:
     identify how a file went wrong; ``positive``: values must be finite and > 0 (``--deep``);
     ``blocked``: the tensor holds per-block scales of this block size (16, 32) in the blocked
     128x4 layout (spec 2.4), which the fixer can convert from the unblocked ``[N, K/block]``.
+
+    ``rows``: how the tensor follows a split of the layer's output rows (``formats/rows.py``).
+    None: read from ``shape`` -- the axis whose size follows N, with the rows one index holds,
+    or shared by every part when no axis does; ``"shared"`` or an axis number override it.
     """
 
     __slots__ = ("suffix", "dtype", "shape", "kind", "required", "meaning", "when", "forbidden", "also_dtypes",
-                 "alt_shapes", "positive", "blocked", "_shape", "_when", "_forbidden", "_alts")
+                 "alt_shapes", "positive", "blocked", "rows", "_shape", "_when", "_forbidden", "_alts")
 
     def __init__(self, suffix: str, dtype: str, shape: str, kind: str = SCALE, required: bool = True, meaning: str = "",
                  when: str | None = None, forbidden: str | None = None,
                  also_dtypes: dict[str, tuple[str, str]] | None = None, alt_shapes: tuple[tuple[str, ...], ...] = (),
-                 positive: bool = False, blocked: int = 0) -> None:
+                 positive: bool = False, blocked: int = 0, rows: str | int | None = None) -> None:
         self.suffix = suffix
         self.dtype = dtype
         self.shape = shape
@@ -96,6 +100,7 @@ class Slot:
         self.alt_shapes = alt_shapes
         self.positive = positive
         self.blocked = blocked
+        self.rows = rows
         self._shape = Expr(shape)
         self._when = Expr(when) if when else None
         self._forbidden = Expr(forbidden) if forbidden else None
