@@ -101,3 +101,19 @@ def test_repair_imports_no_format_package(module):
         tree = ast.parse(f.read())
     imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
     assert not [m for m in imported if set(m.split(".")) & packages], imported
+
+
+def test_a_flag_the_format_always_sets_is_written_with_its_only_value(tmp_path):
+    """W4A8 always rotates: ``convrot: false`` is ignored by ComfyUI and comfy-kitchen and
+    refused by SGLang.  fix used to plan "set convrot to a valid value: False -> False" and
+    write a file SGLang still refused."""
+    from builders import W4A8_MARKER, w4a8_layer, write
+
+    src = write(tmp_path / "in.safetensors", w4a8_layer(P, marker=dict(W4A8_MARKER, convrot=False)))
+    assert not check(src, target="sglang").ok
+    dest = str(tmp_path / "out.safetensors")
+    result = fix(src, out=dest)
+    assert result.ok, [f.message for f in result.remaining]
+    assert result.plan.markers[P]["convrot"] is True and not result.plan.assumptions
+    assert [(c.before, c.after) for c in result.plan.changes if "convrot" in c.what] == [("False", "True")]
+    assert check(dest, target="sglang").ok

@@ -394,7 +394,7 @@ def _stated_value(fmt: Format, key, marker: dict):
     else:
         return _NO
     if not key.valid(value):
-        fixed = _coerce(fmt, key, value)
+        fixed = _coerce(fmt, key, value, forced=False)
         if fixed is not _NO and fixed is not _REMOVE:
             return fixed
     return value
@@ -414,15 +414,20 @@ def _shapes_single_out(key, marker: dict, value, tensors: dict, base: frozenset,
     return True
 
 
-def _coerce(fmt: Format, key, value):
-    """A valid value meaning what readers already understood from ``value``, if there is one."""
+def _coerce(fmt: Format, key, value, forced: bool = True):
+    """A valid value meaning what readers already understood from ``value``, if there is one.
+
+    ``forced``: also a flag's only valid value (W4A8's ``convrot``, which the format always
+    applies, so the readers that load the layer ignore a false one; SGLang refuses it)."""
     if key.drop_invalid:
         return _REMOVE  # the format never uses the key: the readers that load the layer do not miss it
     if bool in key.types:
-        if value in (1, "true", "True"):
+        if value in (1, "true", "True") and key.valid(True):
             return True
-        if value in (0, "false", "False"):
+        if value in (0, "false", "False") and key.valid(False):
             return False
+        only = _only_flag_value(key)
+        return only if forced and only is not None else _NO
     if int in key.types and isinstance(value, (str, float)) and not isinstance(value, bool):
         try:
             n = int(value)
@@ -433,9 +438,18 @@ def _coerce(fmt: Format, key, value):
     return _NO
 
 
+def _only_flag_value(key) -> bool | None:
+    """The one value a boolean key allows (None: both, or it is no flag)."""
+    if bool not in key.types:
+        return None
+    allowed = [v for v in (True, False) if key.valid(v)]
+    return allowed[0] if len(allowed) == 1 else None
+
+
 def _explicit_value(fmt: Format, key, options: Options):
-    if key.name == "convrot":
-        return True
+    only = _only_flag_value(key)
+    if only is not None:
+        return only
     if key.name == "convrot_groupsize" and options.convrot_groupsize is not None:
         return options.convrot_groupsize
     return key.default
