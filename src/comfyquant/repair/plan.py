@@ -303,7 +303,7 @@ def _normalise(prefix: str, marker: dict, options: Options, plan: Plan) -> dict:
         if key.name in new:
             value = new[key.name]
             if not key.valid(value):
-                fixed = _coerce(fmt, key, value)
+                fixed = _coerce(key, value)
                 if fixed is not _NO:
                     if fixed is _REMOVE:
                         del new[key.name]
@@ -394,7 +394,7 @@ def _stated_value(fmt: Format, key, marker: dict):
     else:
         return _NO
     if not key.valid(value):
-        fixed = _coerce(fmt, key, value, forced=False)
+        fixed = _coerce(key, value, forced=False)
         if fixed is not _NO and fixed is not _REMOVE:
             return fixed
     return value
@@ -414,7 +414,7 @@ def _shapes_single_out(key, marker: dict, value, tensors: dict, base: frozenset,
     return True
 
 
-def _coerce(fmt: Format, key, value, forced: bool = True):
+def _coerce(key, value, forced: bool = True):
     """A valid value meaning what readers already understood from ``value``, if there is one.
 
     ``forced``: also a flag's only valid value (W4A8's ``convrot``, which the format always

@@ -7,8 +7,12 @@ description and read shapes and rules from it, so nothing below restates a slot.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..base import BIAS, Format, GeometryError
-from ..hooks import Recode
+
+if TYPE_CHECKING:  # imported when a re-encode is planned: check never needs it
+    from ..hooks import Recode
 
 RECODE_WRITES = ("weight", "weight_s_rel", "weight_s_channel", "weight_codebook")
 """The tensors comfy-kitchen's encoder writes for 4-bit codebook rows."""
@@ -64,6 +68,8 @@ def lossy(fmt: Format, env: dict, tensors: dict, target: str) -> Recode | None:
     why = _need(env, tensors, target)
     if why is None:
         return None
+    from ..hooks import Recode
+
     g, c = env["group_size"], env["convrot_groupsize"]
     new_env = dict(env, bits=4, variant="codebook", has_codebook=True, has_correction=False)
     slots = fmt.slots_for(new_env)
