@@ -11,18 +11,21 @@ import ast
 import os
 
 import pytest
-import torch
 
 from comfyquant import check
 from comfyquant.formats.registry import FORMATS
 from comfyquant.repair.run import fix
-from kitchen_fixtures import decoded_layer, make_layer, write_layers
 
 P = "blocks.0.attn.qkv"
 REPAIR = os.path.join(os.path.dirname(__file__), "..", "src", "comfyquant", "repair")
 
 
+@pytest.mark.needs_torch
 def test_unmarked_6bit_w4a8_layer_gets_its_own_group_size(tmp_path):
+    import torch
+
+    from kitchen_fixtures import decoded_layer, make_layer, write_layers
+
     layer = make_layer("w6a8", n=32, k=256, group_size=16, convrot_groupsize=64)
     marked = write_layers(tmp_path / "marked.safetensors", [layer])
     src = write_layers(tmp_path / "in.safetensors", [layer.with_marker(None)])
@@ -35,9 +38,12 @@ def test_unmarked_6bit_w4a8_layer_gets_its_own_group_size(tmp_path):
     assert torch.equal(decoded_layer(dest, P), decoded_layer(marked, P))
 
 
+@pytest.mark.needs_torch
 def test_unmarked_w4a8_layer_that_both_depths_fit_reports_the_group_size_as_assumed(tmp_path):
     """6-bit rows of K=384 in groups of 32 store [N, 288] codes and 12 groups per row; 4-bit
     rows of K=576 in groups of 48 store the same shapes.  fix takes 4-bit and says so."""
+    from kitchen_fixtures import make_layer, write_layers
+
     layer = make_layer("w6a8", n=32, k=384, group_size=32, convrot_groupsize=64)
     src = write_layers(tmp_path / "in.safetensors", [layer.with_marker(None)])
     result = fix(src, dry_run=True, convrot_groupsize=64)
@@ -45,7 +51,10 @@ def test_unmarked_w4a8_layer_that_both_depths_fit_reports_the_group_size_as_assu
     assert ("group_size", 48) in [(a.key, a.value) for a in result.plan.assumptions]
 
 
+@pytest.mark.needs_torch
 def test_unmarked_w4a8_layer_without_usable_group_scales_is_refused(tmp_path):
+    from kitchen_fixtures import make_layer, write_layers
+
     layer = make_layer("w4a8_codebook", n=32, k=256)
     s_rel = layer.tensors["weight_s_rel"]
     odd = layer.with_tensor("weight_s_rel", s_rel[:, :7].contiguous()).with_marker(None)
