@@ -5,13 +5,15 @@ Sources, per file and in the order SGLang reads them: the header's
 then the ``<prefix>.comfy_quant`` U8 tensors (sorted by name), plus the file-level
 ``quant_format``.  Markers for one prefix are merged as a union of keys; a key with two
 different values is a conflict (SGLang raises, ComfyUI lets the header win: so does the
-effective marker here, and the conflict is reported).
+effective marker here, and the conflict is reported).  :class:`MarkerMerge` is the one merge:
+the SGLang profile and ``fix`` run it with their own precedence.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from operator import methodcaller
 from typing import Any
 
@@ -302,54 +304,125 @@ _PARSED: dict[bytes, dict] = {}
 _IS_MARKER = methodcaller("endswith", ".comfy_quant")
 
 
-def _merge(ms: MarkerSet) -> None:
-    """Union per prefix; header values win on conflicts; conflicts become findings."""
-    effective = ms.effective
-    origin: dict[tuple[str, str], MarkerRecord] = {}
-    reported: set[tuple[str, str]] = set()
-    for rec in ms.records:
-        if rec.error is not None:
-            continue
-        sources = ms.sources.get(rec.prefix)
-        if sources is None:
-            # First marker of this prefix: use the parsed object itself (shared, not mutated).
-            ms.sources[rec.prefix] = [rec]
-            effective[rec.prefix] = rec.obj
-            continue
+class MarkerMerge:
+    """The union of marker records, prefix by prefix, in the order they are added: the one
+    marker merge of the package.
+
+    ``merged[prefix]`` is a key's first value read, unless ``wins`` names a kind (HEADER) and a
+    later record of that kind disagrees with a value another kind set: it replaces it (ComfyUI
+    lets the header win).  With ``skip_conflicting``, a record that disagrees with the union so
+    far adds nothing (SGLang raises on it; a collecting run goes on without it).  ``add``
+    returns each record's conflicts, so every caller words them its own way: the checker's
+    findings, SGLang's messages, fix's plan.  The first record's object is kept as is (shared,
+    never mutated) until another one adds a key: most layers have identical header and tensor
+    markers, and merging them costs one comparison."""
+
+    __slots__ = ("wins", "skip_conflicting", "merged", "sources", "_origin")
+
+    def __init__(self, wins: str | None = None, skip_conflicting: bool = False) -> None:
+        self.wins = wins
+        self.skip_conflicting = skip_conflicting
+        self.merged: dict[str, dict] = {}
+        self.sources: dict[str, list[MarkerRecord]] = {}
+        self._origin: dict[tuple[str, str], MarkerRecord] = {}
+
+    def add(self, rec: MarkerRecord) -> Sequence[tuple[str, Any, MarkerRecord]]:
+        """Merge one parsed record (``rec.obj`` a dict); returns its conflicts as
+        ``(key, value so far, record that set it)`` in the record's key order (with
+        ``skip_conflicting``: the first one only, and the record is not merged)."""
+        prefix = rec.prefix
+        merged = self.merged.get(prefix)
+        if merged is None:
+            self.merged[prefix] = rec.obj
+            self.sources[prefix] = [rec]
+            return _NO_CONFLICTS
+        return self._add_more(rec, merged)
+
+    def add_all(self, records) -> list[tuple[MarkerRecord, Sequence[tuple[str, Any, MarkerRecord]]]]:
+        """:meth:`add` for every parsed record (``error`` None) of ``records``; returns
+        (record, its conflicts) for those that have any.  One loop, for the checker's merge
+        of every marker of a checkpoint (most prefixes have one record)."""
+        merged_map, sources_map, more = self.merged, self.sources, self._add_more
+        out = []
+        for rec in records:
+            if rec.error is not None:
+                continue
+            prefix = rec.prefix
+            merged = merged_map.get(prefix)
+            if merged is None:
+                merged_map[prefix] = rec.obj
+                sources_map[prefix] = [rec]
+            elif conflicts := more(rec, merged):
+                out.append((rec, conflicts))
+        return out
+
+    def _add_more(self, rec: MarkerRecord, merged: dict) -> Sequence[tuple[str, Any, MarkerRecord]]:
+        """:meth:`add` for a prefix that has a marker already (``merged``)."""
+        prefix = rec.prefix
+        obj = rec.obj
+        sources = self.sources[prefix]
         sources.append(rec)
-        merged = effective[rec.prefix]
-        if same_marker(merged, rec.obj):
-            continue  # nothing to add and no conflict (header and tensor markers written identical)
+        if obj == merged:
+            # Nothing to add and no conflict (header and tensor markers written identical): the
+            # comparison is the one conflicts are found with (Python's ==, 1 == True), in C.
+            return _NO_CONFLICTS
+        origin = self._origin
+        if self.skip_conflicting:
+            for key, value in obj.items():
+                if key in merged and merged[key] != value:
+                    return [(key, merged[key], origin.get((prefix, key), sources[0]))]
         if merged is sources[0].obj:  # the first difference: merge into a copy, never the shared object
-            effective[rec.prefix] = merged = dict(merged)
+            self.merged[prefix] = merged = dict(merged)
+            first = sources[0]
             for key in merged:
-                origin[(rec.prefix, key)] = sources[0]
-        for key, value in rec.obj.items():
+                origin[(prefix, key)] = first
+        conflicts = _NO_CONFLICTS
+        wins = self.wins
+        for key, value in obj.items():
             if key not in merged:
                 merged[key] = value
-                origin[(rec.prefix, key)] = rec
+                origin[(prefix, key)] = rec
                 continue
             if merged[key] != value:
-                first = origin[(rec.prefix, key)]
-                if (rec.prefix, key) not in reported:
-                    reported.add((rec.prefix, key))
-                    cross = first.kind != rec.kind
-                    code = "M020" if cross else "M021"
-                    what = "header and tensor markers" if cross else f"markers in {first.file} and {rec.file}"
-                    ms.findings.append(
-                        Finding(
-                            code,
-                            f"{what} disagree on {key!r} for layer {rec.prefix!r}: {merged[key]!r} vs {value!r}",
-                            layer=rec.prefix,
-                            expected=f"{key}={merged[key]!r} ({first.kind} in {first.file})",
-                            actual=f"{key}={value!r} ({rec.kind} in {rec.file})",
-                            cause="the header marker map was edited or regenerated without the tensor markers"
-                            if cross
-                            else "shards from different exports",
-                            fix="synchronise the markers: comfyquant fix --prefer header|tensor",
-                            file=rec.file,
-                        )
-                    )
-                if rec.kind == HEADER and first.kind != HEADER:
-                    merged[key] = value  # ComfyUI semantics: the header replaces tensor markers
-                    origin[(rec.prefix, key)] = rec
+                setter = origin[(prefix, key)]
+                if not conflicts:
+                    conflicts = []
+                conflicts.append((key, merged[key], setter))
+                if wins is not None and rec.kind == wins and setter.kind != wins:
+                    merged[key] = value
+                    origin[(prefix, key)] = rec
+        return conflicts
+
+
+_NO_CONFLICTS: tuple = ()
+
+
+def _merge(ms: MarkerSet) -> None:
+    """Union per prefix; header values win on conflicts (ComfyUI); conflicts become findings."""
+    merge = MarkerMerge(wins=HEADER)
+    ms.effective = merge.merged
+    ms.sources = merge.sources
+    reported: set[tuple[str, str]] = set()
+    for rec, conflicts in merge.add_all(ms.records):
+        for key, old, first in conflicts:
+            if (rec.prefix, key) in reported:
+                continue
+            reported.add((rec.prefix, key))
+            value = rec.obj[key]
+            cross = first.kind != rec.kind
+            code = "M020" if cross else "M021"
+            what = "header and tensor markers" if cross else f"markers in {first.file} and {rec.file}"
+            ms.findings.append(
+                Finding(
+                    code,
+                    f"{what} disagree on {key!r} for layer {rec.prefix!r}: {old!r} vs {value!r}",
+                    layer=rec.prefix,
+                    expected=f"{key}={old!r} ({first.kind} in {first.file})",
+                    actual=f"{key}={value!r} ({rec.kind} in {rec.file})",
+                    cause="the header marker map was edited or regenerated without the tensor markers"
+                    if cross
+                    else "shards from different exports",
+                    fix="synchronise the markers: comfyquant fix --prefer header|tensor",
+                    file=rec.file,
+                )
+            )

@@ -76,15 +76,19 @@ class Slot:
     identify how a file went wrong; ``positive``: values must be finite and > 0 (``--deep``);
     ``blocked``: the tensor holds per-block scales of this block size (16, 32) in the blocked
     128x4 layout (spec 2.4), which the fixer can convert from the unblocked ``[N, K/block]``.
+
+    ``rows``: how the tensor follows a split of the layer's output rows (``formats/rows.py``).
+    None: read from ``shape`` -- the axis whose size follows N, with the rows one index holds,
+    or shared by every part when no axis does; ``"shared"`` or an axis number override it.
     """
 
     __slots__ = ("suffix", "dtype", "shape", "kind", "required", "meaning", "when", "forbidden", "also_dtypes",
-                 "alt_shapes", "positive", "blocked", "_shape", "_when", "_forbidden", "_alts")
+                 "alt_shapes", "positive", "blocked", "rows", "_shape", "_when", "_forbidden", "_alts")
 
     def __init__(self, suffix: str, dtype: str, shape: str, kind: str = SCALE, required: bool = True, meaning: str = "",
                  when: str | None = None, forbidden: str | None = None,
                  also_dtypes: dict[str, tuple[str, str]] | None = None, alt_shapes: tuple[tuple[str, ...], ...] = (),
-                 positive: bool = False, blocked: int = 0) -> None:
+                 positive: bool = False, blocked: int = 0, rows: str | int | None = None) -> None:
         self.suffix = suffix
         self.dtype = dtype
         self.shape = shape
@@ -97,6 +101,7 @@ class Slot:
         self.alt_shapes = alt_shapes
         self.positive = positive
         self.blocked = blocked
+        self.rows = rows
         self._shape = Expr(shape)
         self._when = Expr(when) if when else None
         self._forbidden = Expr(forbidden) if forbidden else None
@@ -127,14 +132,18 @@ class Slot:
 
 class MarkerKey:
     """A marker key: JSON types, default, allowed values (an expression over ``v``) and whether
-    writers must store it (``explicit``: True, or an expression over the parameters)."""
+    writers must store it (``explicit``: True, or an expression over the parameters).
+
+    ``drop_invalid``: the format never uses the key, so the runtimes that load the layer read
+    it the same without it: ``fix`` removes an invalid value instead of leaving it for a
+    reader to refuse (NVFP4's ``convrot``)."""
 
     __slots__ = ("name", "types", "default", "allowed", "allowed_text", "explicit", "why_explicit", "nested_ok",
-                 "_allowed", "_explicit")
+                 "drop_invalid", "_allowed", "_explicit")
 
     def __init__(self, name: str, types: tuple[type, ...], default: Any = None, allowed: str | None = None,
                  allowed_text: str = "", explicit: str | bool = False, why_explicit: str = "",
-                 nested_ok: bool = False) -> None:
+                 nested_ok: bool = False, drop_invalid: bool = False) -> None:
         self.name = name
         self.types = types
         self.default = default
@@ -143,6 +152,7 @@ class MarkerKey:
         self.explicit = explicit
         self.why_explicit = why_explicit
         self.nested_ok = nested_ok  # ComfyUI also reads this key from a nested ``params`` object
+        self.drop_invalid = drop_invalid
         self._allowed = Expr(allowed) if allowed else None
         self._explicit = Expr(explicit) if isinstance(explicit, str) else None
 
@@ -245,11 +255,25 @@ class Format:
     collected by the registry.  ``inspect_text(env)`` is what ``inspect`` shows of a layer's
     parameters beyond its variant (``4-bit G=16 C=256``), from the geometry env; it runs on
     the inspect path, so it stays torch- and dataclass-free (None: nothing to show).
+
+    Hooks for ``fix`` (kept in the format package's ``repair.py``; None = not needed):
+
+    * ``infer_marker(fmt, tensors, convrot_groupsize) -> dict | str``: the marker keys besides
+      ``format`` that an unmarked layer recognized as this format gets (``convrot_groupsize``
+      is the size the user gave, or None), or the text of a refusal.  None: the generic rule
+      (a rotated format takes the given ConvRot size, and ``convrot: true`` if it has that key).
+    * ``lossy(fmt, env, tensors, target) -> Recode | None``: the lossy re-encode that makes
+      the layer usable by ``target`` (``formats.hooks.Recode``: why, encoder arguments, the
+      tensors it writes and replaces), or None when the target can use the layer as stored.
+      None: the format has no lossy repair.
+    * ``legacy_renames``: old tensor suffix -> suffix, for the legacy layers this format
+      replaces (spec 1.6, scaled FP8: ``scale_weight`` -> ``weight_scale``).
     """
 
     __slots__ = ("name", "title", "slots", "keys", "geometry", "constraints", "bits_text", "rotation", "loaders",
                  "converter_only", "recognize", "bank_rows", "bank_rows_if", "pad", "quant_format", "encode_params",
-                 "reference_factor", "codec_module", "order", "infer_rank", "params_module", "aliases", "inspect_text")
+                 "reference_factor", "codec_module", "order", "infer_rank", "params_module", "aliases", "inspect_text",
+                 "infer_marker", "lossy", "legacy_renames")
 
     def __init__(self, name: str, title: str, slots: tuple[Slot, ...], keys: tuple[MarkerKey, ...],
                  geometry: Callable[[dict, dict], dict], constraints: tuple[Constraint, ...] = (), bits_text: str = "",
@@ -259,7 +283,8 @@ class Format:
                  quant_format: str | None = None, encode_params: Callable[[dict, dict], dict] | None = None,
                  reference_factor: float = 2.0, codec_module: str | None = None, order: int = 100,
                  infer_rank: int | None = None, params_module: str | None = None, aliases: tuple[str, ...] = (),
-                 inspect_text: Callable[[dict], str] | None = None) -> None:
+                 inspect_text: Callable[[dict], str] | None = None, infer_marker: Callable[..., dict | str] | None = None,
+                 lossy: Callable[..., Any] | None = None, legacy_renames: dict[str, str] | None = None) -> None:
         self.name = name
         self.title = title
         self.slots = slots
@@ -283,6 +308,9 @@ class Format:
         self.params_module = params_module
         self.aliases = aliases
         self.inspect_text = inspect_text
+        self.infer_marker = infer_marker
+        self.lossy = lossy
+        self.legacy_renames = legacy_renames or {}
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"

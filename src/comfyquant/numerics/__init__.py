@@ -11,6 +11,7 @@ so that codecs built on them are bit-exact with it:
 * :mod:`.int8`     dynamic row-wise INT8 activation quantization and the INT8 GEMM epilogue;
 * :mod:`.rows`     row blocking (encode, decode, forward, quality report) and row sources.
 
-These modules import torch at the top: they are only imported by the codecs, which the
-light commands (``check``, ``inspect``) never load.
+These modules import torch at the top (except :mod:`.blocked`, which ``fix`` also uses on
+numpy arrays): they are only imported by the codecs, which the light commands (``check``,
+``inspect``) never load.
 """

@@ -24,7 +24,7 @@ from ..io.source import LocalFile
 from ..io.writer import CHUNK, BackgroundSync, commit_file, discard, write_safetensors
 from ..markers import HEADER, TENSOR
 from ..version import __version__
-from .lossy import W4A8_TENSORS, requantize
+from .lossy import requantize
 from .plan import Plan
 
 STAMP_KEY = "comfyquant"
@@ -93,7 +93,7 @@ def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str,
                 continue
             prefix, _, suffix = name.rpartition(".")
             op = plan.requant.get(prefix)
-            if op is not None and suffix in W4A8_TENSORS:
+            if op is not None and suffix in op.replaces:
                 if suffix == "weight":
                     tensors.update(_requant_tensors(ckpt, op))
                 continue

@@ -1,68 +1,61 @@
-"""Lossy repairs (``fix --allow-lossy``): re-quantize a W4A8 layer the selected runtime
-cannot use as stored, from its own decoded weights, and measure what that costs.
+"""Lossy repairs (``fix --allow-lossy``): re-encode a layer the selected runtime cannot use as
+stored, from its own decoded weights, and measure what that costs.
 
-* 6-bit rows for SGLang (which reads every W4A8 row as 4-bit) -> 4-bit, same group size;
-* an asymmetric layer for ComfyUI (which drops the correction) -> symmetric;
-* F32 ``weight_s_rel`` for SGLang (which needs FP8 group scales) -> FP8.
-
-The layer is decoded with its codec, encoded with comfy-kitchen's reference quantizer
-(codebook decision included), and the relative L2 error of the new decoded weight against
-the old one is reported.  torch is imported only here, only when such a repair runs.
+Which layers need it, and into what, is the format's own knowledge (``Format.lossy``, e.g.
+W4A8's 6-bit rows for SGLang -> 4-bit): it returns a :class:`~..formats.hooks.Recode` with the
+encoder arguments and the tensors written.  Here the layer is decoded with its codec, encoded
+again with those arguments, and the relative L2 error of the new decoded weight against the
+old one is reported.  torch is imported only here, only when such a repair runs.
 """
 
 from __future__ import annotations
 
-from ..formats.w4a8 import ASYM_W4A8_INT8
-
-W4A8_TENSORS = ("weight", "weight_s_rel", "weight_s_channel", "weight_codebook", "weight_correction")
+from ..formats.base import Format
+from ..formats.hooks import Recode
 
 
 class Requant:
-    """One layer to re-quantize: why, encode parameters, the output tensors' (dtype, shape)."""
+    """One layer to re-encode: the format's :class:`Recode`, the marker the layer is decoded
+    with, and the measured error."""
 
-    __slots__ = ("prefix", "why", "params", "specs", "marker", "error", "change", "outputs", "_after")
+    __slots__ = ("prefix", "format", "recode", "source_marker", "error", "change", "outputs", "_after")
 
-    def __init__(self, prefix: str, why: str, params: dict, specs: dict[str, tuple], marker: dict) -> None:
+    def __init__(self, prefix: str, fmt: Format, recode: Recode, source_marker: dict) -> None:
         self.prefix = prefix
-        self.why = why
-        self.params = params
-        self.specs = specs
-        self.marker = marker
+        self.format = fmt
+        self.recode = recode
+        self.source_marker = source_marker
         self.error: float | None = None
         self.change = None
         self.outputs: dict[str, bytes] | None = None
         """The re-quantized bytes, kept when computed before writing (``--reference``)."""
         self._after: str | None = None
 
+    @property
+    def why(self) -> str:
+        return self.recode.why
 
-def lossy_need(env: dict, tensors: dict, target: str) -> tuple[str, dict] | None:
-    """(why, encode params) when the layer needs a lossy re-quantization for ``target``."""
-    sglang = target in ("sglang", "all")
-    s_rel = tensors.get("weight_s_rel")
-    if sglang and env.get("bits") == 6:
-        return "6-bit rows -> 4-bit (SGLang reads W4A8 rows as 4-bit)", {}
-    if sglang and s_rel is not None and s_rel.dtype == "F32":
-        return "F32 group scales -> FP8 (SGLang needs FP8 weight_s_rel)", {}
-    if target == "comfyui" and "weight_correction" in tensors:
-        return "asymmetric -> symmetric (ComfyUI drops the correction)", {}
-    return None
+    @property
+    def specs(self) -> dict[str, tuple]:
+        """Suffix -> (dtype, shape) of every tensor the re-encode writes."""
+        return self.recode.writes
+
+    @property
+    def replaces(self) -> tuple[str, ...]:
+        """The stored suffixes the re-encoded tensors replace."""
+        return self.recode.replaces
+
+    @property
+    def marker(self) -> dict:
+        return self.recode.marker
 
 
-def plan_requant(prefix: str, env: dict, tensors: dict, target: str) -> Requant | None:
-    need = lossy_need(env, tensors, target)
-    if need is None:
+def plan_requant(prefix: str, fmt: Format, env: dict, tensors: dict, marker: dict, target: str) -> Requant | None:
+    """The re-encode ``target`` needs for this layer (None: none, or the format has no lossy repair)."""
+    if fmt.lossy is None:
         return None
-    why, extra = need
-    n, k, g, c = env["N"], env["K"], env["group_size"], env["convrot_groupsize"]
-    params = {"group_size": g, "convrot_groupsize": c, "bits": 4, "symmetric": True, "codebook": True, **extra}
-    specs = {
-        "weight": ("I8", (n, k // 2)),
-        "weight_s_rel": ("F8_E4M3", (n, k // g)),
-        "weight_s_channel": ("F32", (n,)),
-        "weight_codebook": ("F32", (16,)),
-    }
-    marker = {"format": ASYM_W4A8_INT8.name, "group_size": g, "convrot_groupsize": c, "convrot": True}
-    return Requant(prefix, why, params, specs, marker)
+    recode = fmt.lossy(fmt, env, tensors, target)
+    return None if recode is None else Requant(prefix, fmt, recode, marker)
 
 
 def requantize(ckpt, op: Requant, keep: bool = False) -> dict[str, bytes]:
@@ -78,10 +71,10 @@ def requantize(ckpt, op: Requant, keep: bool = False) -> dict[str, bytes]:
 
     layer = ckpt.layers[op.prefix]
     stored = {s: from_bytes(ckpt.read_bytes(e), e.dtype, e.shape) for s, e in layer.tensors.items()
-              if s in W4A8_TENSORS}
-    codec = get(ASYM_W4A8_INT8.name)
-    old = codec.decode(stored, layer.marker, dtype=torch.float32, layer=op.prefix)
-    encoded = codec.encode(old, layer=op.prefix, **dict(op.params))
+              if s in op.replaces}
+    codec = get(op.format.name)
+    old = codec.decode(stored, op.source_marker, dtype=torch.float32, layer=op.prefix)
+    encoded = codec.encode(old, layer=op.prefix, **dict(op.recode.params))
     new = codec.decode(dict(encoded), encoded.marker, dtype=torch.float32, layer=op.prefix)
     denom = torch.linalg.vector_norm(old).item() or 1.0
     op.error = torch.linalg.vector_norm(new - old).item() / denom

@@ -15,10 +15,11 @@ from collections.abc import Callable
 
 from ..checker.fit import differing_keys, explain, fitting_side
 from ..checker.rules import prefix_match
+from ..dtypes import QUANTIZED_WEIGHT_DTYPES
 from ..formats.base import Format, GeometryError
 from ..formats.diagnose import dtype_matches, fmt_shape
 from ..formats.registry import FORMATS, infer_format
-from ..markers import HEADER, TENSOR, file_level_markers
+from ..markers import HEADER, TENSOR, MarkerMerge, file_level_markers
 from . import transforms
 
 LOSSLESS = "lossless"
@@ -241,15 +242,12 @@ def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan, lay
     """The union of a layer's markers.  On a conflict, ``--prefer`` decides; without it, the
     side whose values the tensors fit when exactly one does (:mod:`..checker.fit`); else the
     layer is refused."""
-    headers = [r.obj for r in sources if r.kind == HEADER]
-    tensors = [r.obj for r in sources if r.kind == TENSOR]
-    merged: dict = {}
-    conflicts = []
-    for obj in tensors + headers:
-        for key, value in obj.items():
-            if key in merged and merged[key] != value:
-                conflicts.append((key, merged[key], value))
-            merged.setdefault(key, value)
+    header_recs = [r for r in sources if r.kind == HEADER]
+    tensor_recs = [r for r in sources if r.kind == TENSOR]
+    headers, tensors = [r.obj for r in header_recs], [r.obj for r in tensor_recs]
+    union = MarkerMerge()  # the first value read wins: tensor markers, then the header map
+    conflicts = [(key, old, rec.obj[key]) for rec in tensor_recs + header_recs for key, old, _ in union.add(rec)]
+    merged = dict(union.merged.get(prefix, {}))
     if not conflicts:
         if headers and tensors and any(set(h) != set(merged) for h in headers + tensors):
             plan.markers_changed = True
@@ -269,11 +267,11 @@ def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan, lay
         plan.refused.append((prefix, f"header and tensor markers disagree on {keys} and the tensors fit both or neither: "
                                      "choose --prefer header or --prefer tensor"))
         return None
-    first, second = (tensors, headers) if options.prefer == "tensor" else (headers, tensors)
-    chosen: dict = {}
-    for obj in first + second:
-        for key, value in obj.items():
-            chosen.setdefault(key, value)
+    first, second = (tensor_recs, header_recs) if options.prefer == TENSOR else (header_recs, tensor_recs)
+    preferred = MarkerMerge()  # the preferred side is read first, so its values win
+    for rec in first + second:
+        preferred.add(rec)
+    chosen = dict(preferred.merged[prefix])
     for key, old, new in conflicts:
         keep = chosen[key]
         plan.changes.append(Change(prefix, None, f"resolve marker conflict on {key!r} (--prefer {options.prefer})",
@@ -305,7 +303,7 @@ def _normalise(prefix: str, marker: dict, options: Options, plan: Plan) -> dict:
         if key.name in new:
             value = new[key.name]
             if not key.valid(value):
-                fixed = _coerce(fmt, key, value)
+                fixed = _coerce(key, value)
                 if fixed is not _NO:
                     if fixed is _REMOVE:
                         del new[key.name]
@@ -396,7 +394,7 @@ def _stated_value(fmt: Format, key, marker: dict):
     else:
         return _NO
     if not key.valid(value):
-        fixed = _coerce(fmt, key, value)
+        fixed = _coerce(key, value, forced=False)
         if fixed is not _NO and fixed is not _REMOVE:
             return fixed
     return value
@@ -416,15 +414,20 @@ def _shapes_single_out(key, marker: dict, value, tensors: dict, base: frozenset,
     return True
 
 
-def _coerce(fmt: Format, key, value):
-    """A valid value meaning what readers already understood from ``value``, if there is one."""
+def _coerce(key, value, forced: bool = True):
+    """A valid value meaning what readers already understood from ``value``, if there is one.
+
+    ``forced``: also a flag's only valid value (W4A8's ``convrot``, which the format always
+    applies, so the readers that load the layer ignore a false one; SGLang refuses it)."""
+    if key.drop_invalid:
+        return _REMOVE  # the format never uses the key: the readers that load the layer do not miss it
     if bool in key.types:
-        if fmt.name == "nvfp4" and key.name == "convrot":
-            return _REMOVE  # NVFP4 is never rotated; ComfyUI and comfy-kitchen ignore the key
-        if value in (1, "true", "True"):
+        if value in (1, "true", "True") and key.valid(True):
             return True
-        if value in (0, "false", "False"):
+        if value in (0, "false", "False") and key.valid(False):
             return False
+        only = _only_flag_value(key)
+        return only if forced and only is not None else _NO
     if int in key.types and isinstance(value, (str, float)) and not isinstance(value, bool):
         try:
             n = int(value)
@@ -435,9 +438,18 @@ def _coerce(fmt: Format, key, value):
     return _NO
 
 
+def _only_flag_value(key) -> bool | None:
+    """The one value a boolean key allows (None: both, or it is no flag)."""
+    if bool not in key.types:
+        return None
+    allowed = [v for v in (True, False) if key.valid(v)]
+    return allowed[0] if len(allowed) == 1 else None
+
+
 def _explicit_value(fmt: Format, key, options: Options):
-    if key.name == "convrot":
-        return True
+    only = _only_flag_value(key)
+    if only is not None:
+        return only
     if key.name == "convrot_groupsize" and options.convrot_groupsize is not None:
         return options.convrot_groupsize
     return key.default
@@ -451,32 +463,34 @@ def _record(prefix: str, before: dict, after: dict, plan: Plan) -> None:
 def _infer_marker(layer, options: Options, plan: Plan) -> dict | None:
     """A marker for an unmarked quantized layer, where the tensors say which format it is."""
     w = layer.tensors.get("weight")
-    if w is None or w.dtype not in ("F8_E4M3", "F8_E5M2", "I8", "U8"):
+    if w is None or w.dtype not in QUANTIZED_WEIGHT_DTYPES:
         return None
     fmt = infer_format(layer.tensors)
     if fmt is None:
         plan.refused.append((layer.prefix, f"{w.dtype} weight without a marker and no known format matches its tensors"))
         return None
-    marker: dict = {"format": fmt.name}
-    if fmt.rotation != "none":
-        if options.convrot_groupsize is None:
-            plan.refused.append((layer.prefix, f"unmarked layer looks like {fmt.name}, but its ConvRot size cannot be told "
-                                               f"from the tensors: pass --convrot-groupsize C (16, 64 or 256)"))
-            return None
-        if fmt.name == "int8_tensorwise":
-            marker["convrot"] = True
-        marker["convrot_groupsize"] = options.convrot_groupsize
-    if fmt.name == "asym_w4a8_int8":
-        s_rel = layer.tensors.get("weight_s_rel")
-        k = 2 * w.shape[1]
-        if s_rel is None or len(s_rel.shape) != 2 or not s_rel.shape[1] or k % s_rel.shape[1]:
-            plan.refused.append((layer.prefix, "unmarked W4A8 layer: group size cannot be told from weight_s_rel"))
-            return None
-        marker = {"format": fmt.name, "group_size": k // s_rel.shape[1], "convrot_groupsize": options.convrot_groupsize,
-                  "convrot": True}
+    if fmt.rotation != "none" and options.convrot_groupsize is None:
+        plan.refused.append((layer.prefix, f"unmarked layer looks like {fmt.name}, but its ConvRot size cannot be told "
+                                           f"from the tensors: pass --convrot-groupsize C (16, 64 or 256)"))
+        return None
+    keys = (fmt.infer_marker or _generic_marker)(fmt, layer.tensors, options.convrot_groupsize)
+    if isinstance(keys, str):
+        plan.refused.append((layer.prefix, keys))
+        return None
+    marker: dict = {"format": fmt.name, **keys}
     plan.changes.append(Change(layer.prefix, None, f"add marker (tensors match {fmt.name})", "(none)", json.dumps(marker)))
     plan.markers_changed = True
     return marker
+
+
+def _generic_marker(fmt: Format, tensors: dict, convrot_groupsize: int | None) -> dict:
+    """The inferred marker of a format without an ``infer_marker`` hook: nothing but the
+    rotation, when the format rotates (``convrot: true`` where a key switches it on)."""
+    if fmt.rotation == "none":
+        return {}
+    keys: dict = {"convrot": True} if fmt.key("convrot") is not None else {}
+    keys["convrot_groupsize"] = convrot_groupsize
+    return keys
 
 
 def _file_level_marker(layer, marker: dict, plan: Plan) -> dict | None:
@@ -502,8 +516,10 @@ def _file_level_marker(layer, marker: dict, plan: Plan) -> dict | None:
 
 
 def _legacy_scaled_fp8(ckpt, plan: Plan, markers: dict[str, dict]) -> None:
-    """Spec 1.6: ``scale_weight``/``scale_input`` + ``scaled_fp8`` -> float8_e4m3fn markers."""
-    if not ckpt.legacy_scaled_fp8:
+    """Spec 1.6: ``scale_weight``/``scale_input`` + ``scaled_fp8`` -> markers of the format whose
+    ``legacy_renames`` say it replaces them (per-tensor FP8 E4M3)."""
+    fmt = next((f for f in FORMATS.values() if f.legacy_renames), None)
+    if not ckpt.legacy_scaled_fp8 or fmt is None:
         return
     flag = [n for n in ckpt.other_tensors if n.endswith("scaled_fp8")]
     two = any(ckpt.tensors[n].numel == 2 for n in flag)
@@ -514,10 +530,10 @@ def _legacy_scaled_fp8(ckpt, plan: Plan, markers: dict[str, dict]) -> None:
         t = layer.tensors
         if "scale_weight" not in t or prefix in markers:
             continue
-        plan.renames[t["scale_weight"].name] = f"{prefix}.weight_scale"
-        if "scale_input" in t:
-            plan.renames[t["scale_input"].name] = f"{prefix}.input_scale"
-        marker = {"format": "float8_e4m3fn"}
+        for old, new in fmt.legacy_renames.items():
+            if old in t:
+                plan.renames[t[old].name] = f"{prefix}.{new}"
+        marker = {"format": fmt.name}
         if two:
             marker["full_precision_matrix_mult"] = True
         markers[prefix] = marker
@@ -568,7 +584,7 @@ def _repair_tensors(ckpt, layer, fmt: Format, marker: dict, plan: Plan) -> None:
         env = fmt.geometry(tensors, fmt.params(marker))
     except GeometryError:
         return
-    if fmt.name == "asym_w4a8_int8" and _lossy(layer, env, tensors, marker, plan):
+    if fmt.lossy is not None and _lossy(layer, fmt, env, tensors, marker, plan):
         return
     quant_format = {v.lower() for v in ckpt.markers.quant_formats.values() if v}
     for suffix, slot in fmt.slots_for(env).items():
@@ -605,10 +621,10 @@ def _repair_tensors(ckpt, layer, fmt: Format, marker: dict, plan: Plan) -> None:
             elif dtype == "I8" and slot.dtype == "U8":
                 notes.append("relabel I8 -> U8 (same bytes)")
                 dtype = "U8"
-        elif slot.dtype == "F8_E8M0" and dtype == "F8_E8M0" and quant_format == {"mxfp8"}:
-            # U8 and E8M0 are the same bytes; SGLang's quant_format=mxfp8 path accepts only U8
+        elif slot.dtype == "F8_E8M0" and dtype == "F8_E8M0" and fmt.quant_format and quant_format == {fmt.quant_format}:
+            # U8 and E8M0 are the same bytes; SGLang's quant_format path accepts only U8
             # (and ComfyUI reads both), so such files get U8 scales.
-            notes.append("relabel F8_E8M0 -> U8 (same bytes; SGLang quant_format=mxfp8 needs U8)")
+            notes.append(f"relabel F8_E8M0 -> U8 (same bytes; SGLang quant_format={fmt.quant_format} needs U8)")
             dtype = "U8"
         if not notes:
             continue
@@ -618,11 +634,11 @@ def _repair_tensors(ckpt, layer, fmt: Format, marker: dict, plan: Plan) -> None:
                                    f"{dtype} {fmt_shape(shape)}"))
 
 
-def _lossy(layer, env: dict, tensors: dict, marker: dict, plan: Plan) -> bool:
-    """Plan a lossy W4A8 re-quantization when the target needs one (and it is allowed)."""
+def _lossy(layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Plan) -> bool:
+    """Plan the format's lossy re-encode when the target needs one (and it is allowed)."""
     from .lossy import plan_requant
 
-    op = plan_requant(layer.prefix, env, tensors, plan.options.target)
+    op = plan_requant(layer.prefix, fmt, env, tensors, marker, plan.options.target)
     if op is None:
         return False
     if not plan.options.allow_lossy:
@@ -630,7 +646,7 @@ def _lossy(layer, env: dict, tensors: dict, marker: dict, plan: Plan) -> bool:
                                            f"(the error is measured and reported)"))
         return True
     op.change = Change(layer.prefix, None, f"re-quantize: {op.why}", f"{tensors['weight'].dtype} "
-                       f"{fmt_shape(tensors['weight'].shape)} ({env.get('variant')})", "4-bit codebook, FP8 scales",
+                       f"{fmt_shape(tensors['weight'].shape)} ({env.get('variant')})", op.recode.after,
                        kind="lossy")
     plan.changes.append(op.change)
     plan.requant[layer.prefix] = op

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import InputError
 from ..formats.registry import FORMATS
-from .lossy import W4A8_TENSORS, requantize
+from .lossy import requantize
 
 DENSE_DTYPES = ("F32", "BF16", "F16")
 ABS_SLACK = 1e-6
@@ -127,7 +127,7 @@ def _output_tensors(ckpt, plan, prefix: str) -> dict[str, torch.Tensor]:
             out[suffix] = from_bytes(bytearray(data), dtype, shape)
     for suffix, entry in layer.tensors.items():
         name = entry.name
-        if suffix == "comfy_quant" or name in plan.drop or (op is not None and suffix in W4A8_TENSORS):
+        if suffix == "comfy_quant" or name in plan.drop or (op is not None and suffix in op.replaces):
             continue
         new_name = plan.renames.get(name, name)
         edit = plan.edits.get(name)

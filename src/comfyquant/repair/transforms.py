@@ -2,8 +2,8 @@
 
 Each takes the raw little-endian bytes of a tensor and returns the new bytes.  They are all
 lossless: a transpose moves elements, an upcast from BF16/F16 to F32 is exact, relabels and
-reshapes keep the bytes, and the blocked scale layout (spec 2.4) is a permutation plus zero
-padding.
+reshapes keep the bytes, and the blocked scale layout (spec 2.4, implemented once in
+:mod:`..numerics.blocked`) is a permutation plus zero padding.
 """
 
 from __future__ import annotations
@@ -45,32 +45,21 @@ def to_f32(data: bytes, dtype: str) -> bytes:
     raise ValueError(f"cannot upcast {dtype} to F32 exactly")
 
 
-def blocked_offsets(rows: int, cols: int) -> tuple[np.ndarray, int, int]:
-    """Flat byte offset in the blocked layout of each logical (r, c), and the padded shape."""
-    import numpy as np
-
-    rp = -(-rows // 128) * 128
-    cp = -(-cols // 4) * 4
-    r = np.arange(rows)[:, None]
-    c = np.arange(cols)[None, :]
-    off = ((r // 128) * (cp // 4) + (c // 4)) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + (c % 4)
-    return off, rp, cp
-
-
 def to_blocked(data: bytes, rows: int, cols: int) -> tuple[bytes, tuple[int, int]]:
-    """Logical per-block scales ``[rows, cols]`` (1 byte each) -> blocked, zero-padded bytes."""
+    """Logical per-block scales ``[rows, cols]`` (1 byte each) -> blocked, zero-padded bytes
+    and the stored shape (the layout of :mod:`..numerics.blocked`, on a numpy array)."""
     import numpy as np
 
-    logical = np.frombuffer(data, dtype="u1").reshape(rows, cols)
-    off, rp, cp = blocked_offsets(rows, cols)
-    out = np.zeros(rp * cp, dtype="u1")
-    out[off] = logical
-    return out.tobytes(), (rp, cp)
+    from ..numerics import blocked
+
+    out = blocked.to_blocked(np.frombuffer(data, dtype="u1").reshape(rows, cols))
+    return np.ascontiguousarray(out).tobytes(), out.shape
 
 
 def from_blocked(data: bytes, rows: int, cols: int) -> bytes:
     """Blocked bytes -> logical ``[rows, cols]`` scales (the inverse of :func:`to_blocked`)."""
     import numpy as np
 
-    off, _, _ = blocked_offsets(rows, cols)
-    return np.frombuffer(data, dtype="u1")[off].tobytes()
+    from ..numerics import blocked
+
+    return np.ascontiguousarray(blocked.from_blocked(np.frombuffer(data, dtype="u1"), rows, cols)).tobytes()

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from ..formats.base import GeometryError
 from ..formats.w4a8 import ASYM_W4A8_INT8, GROUP_SIZE, group_size_ok, k_fits
-from ..markers import int_error, lenient_nonfinite_sizes
+from ..markers import MarkerMerge, int_error, lenient_nonfinite_sizes
 from .base import Verdict, Violation, incomplete_violations
 from .container import EXCEPTION, container_errors
 
@@ -119,7 +119,7 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
     by_file: dict[str, list] = {}
     for rec in ms.records:
         by_file.setdefault(rec.file, []).append(rec)
-    seen: dict[str, dict] = {}
+    merge = MarkerMerge(skip_conflicting=True)  # SGLang raises on a conflicting record: it adds nothing
     damaged = container_errors(ckpt)
     for path in ckpt.files:
         if path in damaged:
@@ -149,17 +149,9 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
             if rec.error == "M002":
                 run.fail("P3", f"Comfy quantization marker {rec.key!r} must contain a JSON object", rec.prefix, "comfy_quant")
                 continue
-            previous = seen.get(rec.prefix)
-            if previous is None:
-                seen[rec.prefix] = rec.obj
-                continue
-            for key, value in rec.obj.items():
-                if key in previous and previous[key] != value:
-                    run.fail("P1", f"Conflicting Comfy quantization markers for {rec.prefix!r}", rec.prefix)
-                    break
-            else:
-                seen[rec.prefix] = {**rec.obj, **previous}
-    raw: dict[str, dict] = {p: ms.effective.get(p, m) for p, m in seen.items()}
+            if merge.add(rec):
+                run.fail("P1", f"Conflicting Comfy quantization markers for {rec.prefix!r}", rec.prefix)
+    raw: dict[str, dict] = {p: ms.effective.get(p, m) for p, m in merge.merged.items()}
 
     # SGLang sees the tensors as stored: it has no MoE expert banks, so no flattened view.
     needs_marker = [p for p, layer in layers.items() if (w := layer.stored.get("weight")) is not None and w.dtype in QUANT_DTYPES]

@@ -22,7 +22,7 @@ CODEC = __name__ + ".codec"
 
 
 def _fp8(name: str, weight_dtype: str, loaders: frozenset, title: str, order: int, infer_rank: int,
-         aliases: tuple[str, ...]) -> Format:
+         aliases: tuple[str, ...], legacy_renames: dict[str, str] | None = None) -> Format:
     return Format(
         name=name,
         params_module=__name__ + ".params",
@@ -54,10 +54,13 @@ def _fp8(name: str, weight_dtype: str, loaders: frozenset, title: str, order: in
         and "weight_scale" in t
         and len(t["weight_scale"].shape) <= 1
         and t["weight_scale"].numel == 1,
+        legacy_renames=legacy_renames,
     )
 
 
-FLOAT8_E4M3FN = _fp8("float8_e4m3fn", "F8_E4M3", ALL_RUNTIMES, "FP8 E4M3, per-tensor scale", 0, 7, ("fp8",))
+FLOAT8_E4M3FN = _fp8("float8_e4m3fn", "F8_E4M3", ALL_RUNTIMES, "FP8 E4M3, per-tensor scale", 0, 7, ("fp8",),
+                     legacy_renames={"scale_weight": "weight_scale", "scale_input": "input_scale"})
+"""Also what ComfyUI reads a legacy scaled-FP8 layer as (spec 1.6): ``legacy_renames``."""
 FLOAT8_E5M2 = _fp8("float8_e5m2", "F8_E5M2", frozenset({"comfyui", "comfy-kitchen"}), "FP8 E5M2, per-tensor scale", 1, 8,
                    ("fp8_e5m2", "e5m2"))
 

@@ -58,6 +58,7 @@ NVFP4 = Format(
             default=False,
             allowed="not v",
             allowed_text="absent or false: NVFP4 is never rotated",
+            drop_invalid=True,
         ),
         MarkerKey("group_size", (int,), default=16, allowed="v == 16", allowed_text="16 (informational)"),
     ),

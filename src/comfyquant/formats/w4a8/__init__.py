@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..base import CODEBOOK, CORRECTION, WEIGHT, Constraint, Expr, Format, GeometryError, MarkerKey, Slot
 from ..common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
+from .repair import infer_marker, lossy
 
 CODEC = __name__ + ".codec"
 """The module holding this package\'s codecs (imported on first use)."""
@@ -61,15 +62,22 @@ def _inspect_text(env: dict) -> str:
     return f"{env['variant']} {env['bits']}-bit G={env['group_size']} C={env['convrot_groupsize']}"
 
 
+def k_by_bits(cols: int) -> dict[int, int]:
+    """Bit depth -> input size K of a packed row ``cols`` bytes wide (4-bit first): two codes
+    per byte, or four 6-bit codes per three bytes."""
+    by_bits = {4: 2 * cols}
+    if (4 * cols) % 3 == 0:
+        by_bits[6] = 4 * cols // 3
+    return by_bits
+
+
 def _geometry(tensors: dict, params: dict) -> dict:
     n, cols = weight_2d(tensors)
     g = as_int(params.get("group_size"), GROUP_SIZE)
     c = as_int(params.get("convrot_groupsize"), 256)
     if g <= 0:
         raise GeometryError(f"group_size={params.get('group_size')!r} cannot define groups")
-    by_bits = {4: 2 * cols}
-    if (4 * cols) % 3 == 0:
-        by_bits[6] = 4 * cols // 3
+    by_bits = k_by_bits(cols)
     k = bits = None
     s_rel = tensors.get("weight_s_rel")
     if s_rel is not None and len(s_rel.shape) == 2:
@@ -217,6 +225,8 @@ ASYM_W4A8_INT8 = Format(
     params_module=__name__ + ".params",
     aliases=("w4a8",),
     inspect_text=_inspect_text,
+    infer_marker=infer_marker,
+    lossy=lossy,
 )
 
 FORMATS = (ASYM_W4A8_INT8,)
