@@ -1,4 +1,6 @@
-"""Per-tensor FP8 (``float8_e4m3fn``, ``float8_e5m2``) and c2q's FP8 converter-only variants."""
+"""Per-tensor FP8 E4M3 (``float8_e4m3fn``), the description every per-tensor FP8 format shares
+(:func:`per_tensor_fp8`, which other FP8 packages build on), and c2q's FP8 converter-only
+variants."""
 
 from __future__ import annotations
 
@@ -17,19 +19,19 @@ def _scalar_scale_slot() -> Slot:
     )
 
 
-CODEC = __name__ + ".codec"
-"""The module holding this package's codecs (imported on first use)."""
-
-
-def _fp8(name: str, weight_dtype: str, loaders: frozenset, title: str, order: int, infer_rank: int,
-         aliases: tuple[str, ...], legacy_renames: dict[str, str] | None = None) -> Format:
+def per_tensor_fp8(name: str, weight_dtype: str, loaders: frozenset, title: str, order: int, infer_rank: int,
+                   aliases: tuple[str, ...], package: str = __name__,
+                   legacy_renames: dict[str, str] | None = None) -> Format:
+    """An FP8 format with one F32 scale per tensor (spec 3.1) whose codec and Params live in
+    ``package`` (``<package>.codec``, ``<package>.params``): the layout is the same for every
+    FP8 element type, only the weight dtype, the runtimes that load it and the names differ."""
     return Format(
         name=name,
-        params_module=__name__ + ".params",
+        params_module=package + ".params",
         aliases=aliases,
         order=order,
         infer_rank=infer_rank,
-        codec_module=CODEC,
+        codec_module=package + ".codec",
         encode_params=no_params,
         title=title,
         slots=(
@@ -58,10 +60,10 @@ def _fp8(name: str, weight_dtype: str, loaders: frozenset, title: str, order: in
     )
 
 
-FLOAT8_E4M3FN = _fp8("float8_e4m3fn", "F8_E4M3", ALL_RUNTIMES, "FP8 E4M3, per-tensor scale", 0, 7, ("fp8",),
+FLOAT8_E4M3FN = per_tensor_fp8("float8_e4m3fn", "F8_E4M3", ALL_RUNTIMES, "FP8 E4M3, per-tensor scale", 0, 7, ("fp8",),
                      legacy_renames={"scale_weight": "weight_scale", "scale_input": "input_scale"})
 """Also what ComfyUI reads a legacy scaled-FP8 layer as (spec 1.6): ``legacy_renames``."""
-FLOAT8_E5M2 = _fp8("float8_e5m2", "F8_E5M2", frozenset({"comfyui", "comfy-kitchen"}), "FP8 E5M2, per-tensor scale", 1, 8,
+FLOAT8_E5M2 = per_tensor_fp8("float8_e5m2", "F8_E5M2", frozenset({"comfyui", "comfy-kitchen"}), "FP8 E5M2, per-tensor scale", 1, 8,
                    ("fp8_e5m2", "e5m2"))
 
 FLOAT8_E4M3FN_ROWWISE = Format(
