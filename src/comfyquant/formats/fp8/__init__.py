@@ -63,8 +63,6 @@ def per_tensor_fp8(name: str, weight_dtype: str, loaders: frozenset, title: str,
 FLOAT8_E4M3FN = per_tensor_fp8("float8_e4m3fn", "F8_E4M3", ALL_RUNTIMES, "FP8 E4M3, per-tensor scale", 0, 7, ("fp8",),
                      legacy_renames={"scale_weight": "weight_scale", "scale_input": "input_scale"})
 """Also what ComfyUI reads a legacy scaled-FP8 layer as (spec 1.6): ``legacy_renames``."""
-FLOAT8_E5M2 = per_tensor_fp8("float8_e5m2", "F8_E5M2", frozenset({"comfyui", "comfy-kitchen"}), "FP8 E5M2, per-tensor scale", 1, 8,
-                   ("fp8_e5m2", "e5m2"))
 
 FLOAT8_E4M3FN_ROWWISE = Format(
     name="float8_e4m3fn_rowwise",
@@ -98,7 +96,7 @@ FLOAT8_E4M3FN_BLOCKWISE = Format(
     converter_only=True,
 )
 
-__all__ = ["FLOAT8_E4M3FN", "FLOAT8_E5M2", "FLOAT8_E4M3FN_ROWWISE", "FLOAT8_E4M3FN_BLOCKWISE"]
+__all__ = ["FLOAT8_E4M3FN", "FLOAT8_E4M3FN_ROWWISE", "FLOAT8_E4M3FN_BLOCKWISE"]
 
-FORMATS = (FLOAT8_E4M3FN, FLOAT8_E5M2, FLOAT8_E4M3FN_ROWWISE, FLOAT8_E4M3FN_BLOCKWISE,)
+FORMATS = (FLOAT8_E4M3FN, FLOAT8_E4M3FN_ROWWISE, FLOAT8_E4M3FN_BLOCKWISE,)
 """The formats this package describes (the registry collects every package's ``FORMATS``)."""

@@ -1,11 +1,12 @@
-"""``float8_e4m3fn`` and ``float8_e5m2``: FP8 weights with one F32 scale (spec 3.1)."""
+"""Per-tensor FP8 weights with one F32 scale (spec 3.1): ``float8_e4m3fn`` here, and the codec
+class other per-tensor FP8 packages instantiate with their element type."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from ...numerics.floats import E4M3, E5M2, FP8_MAX, fp8_decode_scaled, fp8_encode
+from ...numerics.floats import E4M3, FP8_MAX, fp8_decode_scaled, fp8_encode
 from ...numerics.rows import cast_rows
 from ..codec import Codec, reject_unknown, rows_of
 
@@ -59,4 +60,4 @@ class FP8Codec(Codec):
             return F.linear(q_x.to(dtype) * s_x.to(dtype), q_w.to(dtype) * s_w.to(dtype), b)
 
 
-CODECS = {c.name: c for c in (FP8Codec("float8_e4m3fn", E4M3), FP8Codec("float8_e5m2", E5M2))}
+CODECS = {c.name: c for c in (FP8Codec("float8_e4m3fn", E4M3),)}

@@ -1,11 +1,11 @@
-"""What ``quantize`` writes as ``float8_e4m3fn`` / ``float8_e5m2``: the encoders take no parameters."""
+"""What ``quantize`` writes as ``float8_e4m3fn``: the encoder takes no parameters."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..params import Params, collect
-from . import FLOAT8_E4M3FN, FLOAT8_E5M2
+from . import FLOAT8_E4M3FN
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,10 +14,4 @@ class E4M3Params(Params):
     RANK = 5
 
 
-@dataclass(frozen=True, slots=True)
-class E5M2Params(Params):
-    FORMAT = FLOAT8_E5M2.name
-    RANK = 6
-
-
-PARAMS = collect(E4M3Params, E5M2Params)
+PARAMS = collect(E4M3Params)
