@@ -316,3 +316,30 @@ def test_w4a8_encoder_refuses_a_zero_convrot_size_in_one_line():
 
     with pytest.raises(CodecError, match="convrot_groupsize=0"):
         ASYM_W4A8_INT8.codec().encode(torch.ones(16, 256, dtype=torch.bfloat16), convrot_groupsize=0)
+
+
+def test_cli_flags_come_from_the_params_classes():
+    """quantize/convert build their format-parameter flags from each Params class's FLAGS: every
+    flag names a field of its class, and a parsed flag reaches the parameters by that name."""
+    import argparse
+    from dataclasses import fields
+
+    from comfyquant.commands.quantize import add_common_arguments, param_flags, params_of
+
+    declared = {}
+    for fmt in registry.FORMATS.values():
+        cls = fmt.params_class()
+        if cls is None:
+            continue
+        names = {f.name for f in fields(cls)}
+        for flag, dest, _kw in cls.FLAGS:
+            assert dest in names, f"{cls.__name__}: {flag} sets {dest!r}, which is not a parameter"
+            declared.setdefault(flag, dest)
+    assert {f: d for f, d, _k in param_flags()} == declared
+    p = argparse.ArgumentParser()
+    p.add_argument("paths", nargs="*")
+    add_common_arguments(p, "--format")
+    args = p.parse_args(["in.safetensors", "--group-size", "32", "--no-convrot", "--scale-dtype", "f32"])
+    assert params_of(args) == {"group_size": 32, "convrot": False, "scale_dtype": "f32"}
+    helps = {f: kw["help"] for f, _d, kw in param_flags()}
+    assert "{default}" not in " ".join(helps.values())

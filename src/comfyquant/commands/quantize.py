@@ -12,25 +12,23 @@ from .common import add_io_arguments, inputs_and_output
 
 HELP = "quantize a dense checkpoint (W4A8, W4A4, INT8, FP8, NVFP4, MXFP8) with a per-layer quality report"
 
-PARAM_FLAGS = (
-    # (flag, parameter, argparse keywords)
-    ("--group-size", "group_size", {"type": int, "metavar": "G", "help": "W4A8 scale group size (default: the format's)"}),
-    ("--convrot-groupsize", "convrot_groupsize", {"type": int, "metavar": "C",
-                                                  "help": "ConvRot block size (default 256; SGLang: 16, 64 or 256)"}),
-    ("--bits", "bits", {"type": int, "choices": [4, 6], "help": "W4A8 bit depth (6: not for SGLang)"}),
-    ("--asymmetric", "symmetric", {"action": "store_const", "const": False,
-                                   "help": "W4A8 asymmetric with an F32 correction (ComfyUI drops it)"}),
-    ("--no-codebook", "codebook", {"action": "store_const", "const": False,
-                                   "help": "W4A8 4-bit symmetric with uniform levels instead of the codebook"}),
-    ("--scale-dtype", "scale_dtype", {"choices": ["fp8", "f32"], "help": "W4A8 group scale dtype (f32: not for SGLang)"}),
-    ("--linear-dtype", "linear_dtype", {"choices": ["int4", "int8"], "help": "W4A4 activation dtype on CUDA"}),
-    ("--no-convrot", "convrot", {"action": "store_const", "const": False,
-                                 "help": "INT8 without rotation (SGLang loads it on embeddings only)"}),
-    ("--scalar-scale", "per_channel", {"action": "store_const", "const": False,
-                                       "help": "INT8 with one scalar scale (needs --no-convrot)"}),
-    ("--full-precision-matmul", "full_precision_matrix_mult", {"action": "store_const", "const": True,
-                                                               "help": "marker flag: runtimes dequantize and run a float matmul"}),
-)
+def param_flags() -> list[tuple[str, str, dict]]:
+    """The format-parameter flags, as the writable formats' Params declare them (each once, in
+    the formats' listing order, the recommended one first; a ``{default}`` in a help text becomes the declaring field's default).
+    Imports the Params modules: only the quantize and convert parsers are built with them."""
+    from dataclasses import fields
+
+    from ..formats.registry import FORMATS
+
+    out: dict[str, tuple[str, str, dict]] = {}
+    classes = [c for c in (fmt.params_class() for fmt in FORMATS.values()) if c is not None]
+    for cls in sorted(classes, key=lambda c: c.RANK):
+        defaults = {f.name: f.default for f in fields(cls)}
+        for flag, dest, kw in cls.FLAGS:
+            if flag not in out:
+                kw = dict(kw, help=kw["help"].replace("{default}", str(defaults.get(dest))))
+                out[flag] = (flag, dest, kw)
+    return list(out.values())
 
 
 def add_common_arguments(p, format_flag: str) -> None:
@@ -40,7 +38,7 @@ def add_common_arguments(p, format_flag: str) -> None:
                      f"{format_flag}'s full name, or '{'quantized' if format_flag == '--format' else 'converted'}' "
                      "with --rules alone")
     g = p.add_argument_group("format parameters (for the default format; rules files carry their own)")
-    for flag, dest, kw in PARAM_FLAGS:
+    for flag, dest, kw in param_flags():
         g.add_argument(flag, dest=f"param_{dest}", default=None, **kw)
     p.add_argument("--rules", metavar="FILE", help="TOML rules: layer-name globs -> format and parameters, or keep")
     p.add_argument("--exclude", action="append", default=[], metavar="REGEX",
@@ -74,7 +72,8 @@ def writable_names() -> str:
 
 
 def params_of(args) -> dict:
-    return {dest: getattr(args, f"param_{dest}") for _f, dest, _k in PARAM_FLAGS if getattr(args, f"param_{dest}") is not None}
+    """The format parameters the command line set (``param_<name>`` destinations)."""
+    return {name[6:]: value for name, value in vars(args).items() if name.startswith("param_") and value is not None}
 
 
 def run(args) -> int:

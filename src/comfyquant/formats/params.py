@@ -22,6 +22,12 @@ KINDS = {"bool": bool, "int": int, "str": str}
 """Field annotations (strings under postponed evaluation) -> the Python type a value must have."""
 
 
+CONVROT_SIZE_FLAG = ("--convrot-groupsize", "convrot_groupsize",
+                     {"type": int, "metavar": "C", "help": "ConvRot block size (default {default}; SGLang: 16, 64 or 256)"})
+FULL_PRECISION_FLAG = ("--full-precision-matmul", "full_precision_matrix_mult",
+                       {"action": "store_const", "const": True, "help": "marker flag: runtimes dequantize and run a float matmul"})
+
+
 @dataclass(frozen=True, slots=True)
 class Params:
     """Validated parameters of one format; frozen, so a choice can be shared and hashed.
@@ -36,6 +42,10 @@ class Params:
     FORMAT: ClassVar[str] = ""
     LABELS: ClassVar[dict[str, str]] = {}
     RANK: ClassVar[int] = 100
+    FLAGS: ClassVar[tuple[tuple[str, str, dict], ...]] = (FULL_PRECISION_FLAG,)
+    """The command-line flags of ``quantize``/``convert`` that set this format's parameters:
+    ``(flag, parameter, argparse keywords)``; a ``{default}`` in the help is the field's default.
+    Formats that share a parameter share its flag (the command lists each flag once)."""
 
     # -- construction ----------------------------------------------------------------------
     @classmethod

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import InputError
-from ..params import Params, collect
+from ..params import CONVROT_SIZE_FLAG, FULL_PRECISION_FLAG, Params, collect
 from . import INT8_TENSORWISE
 
 
@@ -21,6 +21,14 @@ class Int8Params(Params):
     FORMAT = INT8_TENSORWISE.name
     LABELS = {"convrot_groupsize": "C"}
     RANK = 1
+    FLAGS = (
+        ("--no-convrot", "convrot", {"action": "store_const", "const": False,
+                                     "help": "INT8 without rotation (SGLang loads it on embeddings only)"}),
+        CONVROT_SIZE_FLAG,
+        ("--scalar-scale", "per_channel", {"action": "store_const", "const": False,
+                                           "help": "INT8 with one scalar scale (needs --no-convrot)"}),
+        FULL_PRECISION_FLAG,
+    )
 
     def check(self, given: dict[str, Any], where: str) -> None:
         if self.convrot and not self.per_channel:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import InputError
-from ..params import Params, collect
+from ..params import CONVROT_SIZE_FLAG, FULL_PRECISION_FLAG, Params, collect
 from . import ASYM_W4A8_INT8, GROUP_SIZE, six_bit_group_ok
 
 CONVROT_GROUPSIZE = ASYM_W4A8_INT8.key("convrot_groupsize").default
@@ -31,6 +31,17 @@ class W4A8Params(Params):
     FORMAT = ASYM_W4A8_INT8.name
     LABELS = {"group_size": "G", "convrot_groupsize": "C"}
     RANK = 0
+    FLAGS = (
+        ("--group-size", "group_size", {"type": int, "metavar": "G", "help": "W4A8 scale group size (default {default})"}),
+        CONVROT_SIZE_FLAG,
+        ("--bits", "bits", {"type": int, "choices": [4, 6], "help": "W4A8 bit depth (6: not for SGLang)"}),
+        ("--asymmetric", "symmetric", {"action": "store_const", "const": False,
+                                       "help": "W4A8 asymmetric with an F32 correction (ComfyUI drops it)"}),
+        ("--no-codebook", "codebook", {"action": "store_const", "const": False,
+                                       "help": "W4A8 4-bit symmetric with uniform levels instead of the codebook"}),
+        ("--scale-dtype", "scale_dtype", {"choices": list(SCALE_DTYPES), "help": "W4A8 group scale dtype (f32: not for SGLang)"}),
+        FULL_PRECISION_FLAG,
+    )
 
     def check(self, given: dict[str, Any], where: str) -> None:
         name = self.FORMAT
