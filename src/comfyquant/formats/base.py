@@ -318,7 +318,7 @@ class Format:
       replaces (spec 1.6, scaled FP8: ``scale_weight`` -> ``weight_scale``).
     """
 
-    __slots__ = ("name", "title", "slots", "keys", "geometry", "constraints", "bits_text", "rotation", "loaders",
+    __slots__ = ("name", "title", "slots", "keys", "_geometry", "constraints", "bits_text", "rotation", "loaders",
                  "converter_only", "recognize", "bank_rows", "bank_rows_if", "pad", "quant_format", "encode_params",
                  "reference_factor", "codec_module", "order", "infer_rank", "params_module", "aliases", "inspect_text",
                  "infer_marker", "lossy", "legacy_renames")
@@ -337,7 +337,7 @@ class Format:
         self.title = title
         self.slots = slots
         self.keys = keys
-        self.geometry = geometry
+        self._geometry = geometry
         self.constraints = constraints
         self.bits_text = bits_text
         self.rotation = rotation
@@ -362,6 +362,34 @@ class Format:
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"
+
+    def geometry(self, tensors: dict, params: dict) -> dict:
+        """The layer's geometry env (N, K, bits, variant ...) from its tensors and resolved
+        marker parameters; GeometryError when they do not determine it.
+
+        That includes parameters the description's expressions cannot use for the tensors
+        present (a marker ``group_size`` of 0 or ``"x"`` under ``K // group_size``): every
+        reader of the env then gets the one error it already handles instead of each
+        evaluating the shapes into a ZeroDivisionError or TypeError."""
+        env = self._geometry(tensors, params)
+        for slot in self.slots:
+            if slot.suffix not in tensors:
+                continue
+            try:
+                if slot.applies(env) and not slot.is_forbidden(env):
+                    slot.expected_shape(env)
+            except (ArithmeticError, TypeError, ValueError, KeyError, NameError) as exc:
+                used = ", ".join(f"{k}={env[k]!r}" for k in self._names(slot) if k in env)
+                raise GeometryError(f"{slot.suffix} has no shape {slot.shape} for {used or 'this layer'} ({exc})") from None
+        return env
+
+    @staticmethod
+    def _names(slot: Slot) -> list[str]:
+        """The geometry names a slot's expressions read, in order of first use."""
+        import re
+
+        text = " ".join(t for t in (slot.when, slot.forbidden, slot.shape) if t)
+        return list(dict.fromkeys(n for n in re.findall(r"[A-Za-z_]\w*", text) if n not in _GLOBALS))
 
     @property
     def has_codec(self) -> bool:
