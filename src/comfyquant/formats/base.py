@@ -372,11 +372,15 @@ class Format:
         reader of the env then gets the one error it already handles instead of each
         evaluating the shapes into a ZeroDivisionError or TypeError."""
         env = self._geometry(tensors, params)
-        for slot in self.slots:
-            if slot.suffix not in tensors:
+        seen: set[str] = set()
+        for slot in self.slots:  # what slots_for(env) picks, evaluated as the checker does
+            if slot.suffix in seen:
                 continue
             try:
-                if slot.applies(env) and not slot.is_forbidden(env):
+                if not slot.applies(env):
+                    continue
+                seen.add(slot.suffix)
+                if slot.suffix in tensors and not slot.is_forbidden(env):
                     slot.expected_shape(env)
             except (ArithmeticError, TypeError, ValueError, KeyError, NameError) as exc:
                 used = ", ".join(f"{k}={env[k]!r}" for k in self._names(slot) if k in env)
