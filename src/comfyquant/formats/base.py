@@ -56,6 +56,26 @@ class Expr:
         return f"Expr({self.text!r})"
 
 
+def _compile_causes(causes: str | tuple[tuple[str, str], ...]) -> tuple[tuple[Expr | None, str], ...]:
+    """A finding's cause as data: one text, or ``(condition, text)`` pairs whose first
+    condition that holds gives the text (conditions are expressions, like shapes)."""
+    if isinstance(causes, str):
+        return ((None, causes),) if causes else ()
+    return tuple((Expr(cond), text) for cond, text in causes)
+
+
+def _first_cause(compiled: tuple[tuple[Expr | None, str], ...], env: dict) -> str:
+    for cond, text in compiled:
+        if cond is None:
+            return text
+        try:
+            if cond(env):
+                return text
+        except Exception:  # a condition over a value it cannot compare: not this cause
+            continue
+    return ""
+
+
 # Tensor kinds: drive --deep value checks, the inspector's byte accounting and the loader.
 WEIGHT = "weight"
 SCALE = "scale"
@@ -80,15 +100,21 @@ class Slot:
     ``rows``: how the tensor follows a split of the layer's output rows (``formats/rows.py``).
     None: read from ``shape`` -- the axis whose size follows N, with the rows one index holds,
     or shared by every part when no axis does; ``"shared"`` or an axis number override it.
+
+    ``forbidden_cause``: why the tensor must not be present, as a finding says it -- one text,
+    or ``(condition, text)`` pairs over the geometry when ``forbidden`` has several reasons
+    (the first that holds is shown; none: the checker's generic words).
     """
 
     __slots__ = ("suffix", "dtype", "shape", "kind", "required", "meaning", "when", "forbidden", "also_dtypes",
-                 "alt_shapes", "positive", "blocked", "rows", "_shape", "_when", "_forbidden", "_alts")
+                 "alt_shapes", "positive", "blocked", "rows", "forbidden_cause", "_shape", "_when", "_forbidden",
+                 "_alts", "_forbidden_causes")
 
     def __init__(self, suffix: str, dtype: str, shape: str, kind: str = SCALE, required: bool = True, meaning: str = "",
                  when: str | None = None, forbidden: str | None = None,
                  also_dtypes: dict[str, tuple[str, str]] | None = None, alt_shapes: tuple[tuple[str, ...], ...] = (),
-                 positive: bool = False, blocked: int = 0, rows: str | int | None = None) -> None:
+                 positive: bool = False, blocked: int = 0, rows: str | int | None = None,
+                 forbidden_cause: str | tuple[tuple[str, str], ...] = "") -> None:
         self.suffix = suffix
         self.dtype = dtype
         self.shape = shape
@@ -102,16 +128,22 @@ class Slot:
         self.positive = positive
         self.blocked = blocked
         self.rows = rows
+        self.forbidden_cause = forbidden_cause
         self._shape = Expr(shape)
         self._when = Expr(when) if when else None
         self._forbidden = Expr(forbidden) if forbidden else None
         self._alts = tuple((Expr(a[0]), a[1], a[2] if len(a) > 2 else "error") for a in alt_shapes)
+        self._forbidden_causes = _compile_causes(forbidden_cause)
 
     def applies(self, env: dict) -> bool:
         return self._when is None or bool(self._when(env))
 
     def is_forbidden(self, env: dict) -> bool:
         return self._forbidden is not None and bool(self._forbidden(env))
+
+    def why_forbidden(self, env: dict) -> str:
+        """The format's words for why the tensor is forbidden here ("" when it gives none)."""
+        return _first_cause(self._forbidden_causes, env)
 
     def expected_shape(self, env: dict) -> tuple:
         return tuple(self._shape(env))
@@ -136,14 +168,22 @@ class MarkerKey:
 
     ``drop_invalid``: the format never uses the key, so the runtimes that load the layer read
     it the same without it: ``fix`` removes an invalid value instead of leaving it for a
-    reader to refuse (NVFP4's ``convrot``)."""
+    reader to refuse (NVFP4's ``convrot``).
+
+    What findings say about the key, when the format has its own words for it (empty: the
+    checker's generic words): ``missing_text``, what an absent explicit key means (``missing
+    ConvRot flag``); ``suggested``, the value text the fix proposes for it (``true``);
+    ``invalid_cause``, why a value is refused -- one text, or ``(condition over v, text)``
+    pairs whose first that holds is shown (``convrot`` written as ``1`` or ``"true"``)."""
 
     __slots__ = ("name", "types", "default", "allowed", "allowed_text", "explicit", "why_explicit", "nested_ok",
-                 "drop_invalid", "_allowed", "_explicit")
+                 "drop_invalid", "missing_text", "suggested", "invalid_cause", "_allowed", "_explicit",
+                 "_invalid_causes")
 
     def __init__(self, name: str, types: tuple[type, ...], default: Any = None, allowed: str | None = None,
                  allowed_text: str = "", explicit: str | bool = False, why_explicit: str = "",
-                 nested_ok: bool = False, drop_invalid: bool = False) -> None:
+                 nested_ok: bool = False, drop_invalid: bool = False, missing_text: str = "", suggested: str = "",
+                 invalid_cause: str | tuple[tuple[str, str], ...] = "") -> None:
         self.name = name
         self.types = types
         self.default = default
@@ -153,13 +193,21 @@ class MarkerKey:
         self.why_explicit = why_explicit
         self.nested_ok = nested_ok  # ComfyUI also reads this key from a nested ``params`` object
         self.drop_invalid = drop_invalid
+        self.missing_text = missing_text
+        self.suggested = suggested
+        self.invalid_cause = invalid_cause
         self._allowed = Expr(allowed) if allowed else None
         self._explicit = Expr(explicit) if isinstance(explicit, str) else None
+        self._invalid_causes = _compile_causes(invalid_cause)
 
     def valid(self, value: Any) -> bool:
         if not isinstance(value, self.types) or (isinstance(value, bool) and bool not in self.types):
             return False
         return self._allowed is None or bool(self._allowed({"v": value}))
+
+    def why_invalid(self, value: Any) -> str:
+        """The format's words for why ``value`` is refused ("" when it gives none)."""
+        return _first_cause(self._invalid_causes, {"v": value})
 
     def must_be_explicit(self, params: dict) -> bool:
         if self._explicit is not None:
@@ -270,7 +318,7 @@ class Format:
       replaces (spec 1.6, scaled FP8: ``scale_weight`` -> ``weight_scale``).
     """
 
-    __slots__ = ("name", "title", "slots", "keys", "geometry", "constraints", "bits_text", "rotation", "loaders",
+    __slots__ = ("name", "title", "slots", "keys", "_geometry", "constraints", "bits_text", "rotation", "loaders",
                  "converter_only", "recognize", "bank_rows", "bank_rows_if", "pad", "quant_format", "encode_params",
                  "reference_factor", "codec_module", "order", "infer_rank", "params_module", "aliases", "inspect_text",
                  "infer_marker", "lossy", "legacy_renames")
@@ -289,7 +337,7 @@ class Format:
         self.title = title
         self.slots = slots
         self.keys = keys
-        self.geometry = geometry
+        self._geometry = geometry
         self.constraints = constraints
         self.bits_text = bits_text
         self.rotation = rotation
@@ -314,6 +362,38 @@ class Format:
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"
+
+    def geometry(self, tensors: dict, params: dict) -> dict:
+        """The layer's geometry env (N, K, bits, variant ...) from its tensors and resolved
+        marker parameters; GeometryError when they do not determine it.
+
+        That includes parameters the description's expressions cannot use for the tensors
+        present (a marker ``group_size`` of 0 or ``"x"`` under ``K // group_size``): every
+        reader of the env then gets the one error it already handles instead of each
+        evaluating the shapes into a ZeroDivisionError or TypeError."""
+        env = self._geometry(tensors, params)
+        seen: set[str] = set()
+        for slot in self.slots:  # what slots_for(env) picks, evaluated as the checker does
+            if slot.suffix in seen:
+                continue
+            try:
+                if not slot.applies(env):
+                    continue
+                seen.add(slot.suffix)
+                if slot.suffix in tensors and not slot.is_forbidden(env):
+                    slot.expected_shape(env)
+            except (ArithmeticError, TypeError, ValueError, KeyError, NameError) as exc:
+                used = ", ".join(f"{k}={env[k]!r}" for k in self._names(slot) if k in env)
+                raise GeometryError(f"{slot.suffix} has no shape {slot.shape} for {used or 'this layer'} ({exc})") from None
+        return env
+
+    @staticmethod
+    def _names(slot: Slot) -> list[str]:
+        """The geometry names a slot's expressions read, in order of first use."""
+        import re
+
+        text = " ".join(t for t in (slot.when, slot.forbidden, slot.shape) if t)
+        return list(dict.fromkeys(n for n in re.findall(r"[A-Za-z_]\w*", text) if n not in _GLOBALS))
 
     @property
     def has_codec(self) -> bool:

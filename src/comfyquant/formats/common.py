@@ -11,6 +11,9 @@ FULL_PRECISION_KEY = MarkerKey(
     default=False,
     allowed_text="true or false",
 )
+CONVROT_JSON_TRUE = (("v in (1, 'true')", "convrot must be JSON true: SGLang tests identity with True"),)
+"""``MarkerKey.invalid_cause`` of a ``convrot`` flag a format turns on: a value that reads as
+true loosely (``1``, ``"true"``) is still refused."""
 BIAS_SLOT = Slot("bias", "float", "(N,)", kind=BIAS, required=False, meaning="bias, never quantized")
 ALL_RUNTIMES = frozenset({"comfyui", "sglang", "comfy-kitchen"})
 

@@ -53,11 +53,13 @@ _INFERENCE_ORDER: tuple[Format, ...] = tuple(
 """The more specific tensor signatures are tried first (spec 6.6)."""
 
 LAYER_SUFFIXES: frozenset[str] = frozenset(
-    {s.suffix for f in FORMATS.values() for s in f.slots} | {"comfy_quant", "scale_weight", "scale_input"}
+    {s.suffix for f in FORMATS.values() for s in f.slots}
+    | {old for f in FORMATS.values() for old in f.legacy_renames}
+    | {"comfy_quant"}
 )
-"""Every tensor suffix that belongs to a layer (used to group tensors into layers).
-
-``scale_weight``/``scale_input`` are the legacy scaled-FP8 names (spec 1.6)."""
+"""Every tensor suffix that belongs to a layer (used to group tensors into layers): each
+format's slots, the legacy names its ``legacy_renames`` replaces (scaled FP8, spec 1.6) and
+the marker tensor."""
 
 
 def get(name: str) -> Format | None:

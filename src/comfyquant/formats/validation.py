@@ -8,8 +8,10 @@ message holds a ``{layer}`` placeholder) until bound with :meth:`Finding.with_la
 
 from __future__ import annotations
 
+from functools import cache
+
 from ..findings import Finding
-from .base import Format, GeometryError
+from .base import Format, GeometryError, MarkerKey
 from .diagnose import dtype_cause, dtype_matches, fix_text, fmt_shape, shape_cause
 
 
@@ -59,7 +61,7 @@ def _check(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Findin
             out.append(
                 Finding("L006", f"layer {{layer}} ({fmt.name}, {env.get('variant', '')}) must not have {suffix}",
                         tensor=suffix, expected="absent", actual=f"{entry.dtype} {fmt_shape(entry.shape)}",
-                        cause=_forbidden_cause(suffix, env),
+                        cause=slot.why_forbidden(env) or "not allowed in this variant",
                         fix="re-export the layer from the original weights (comfyquant quantize)")
             )
             continue
@@ -76,7 +78,7 @@ def _check(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Findin
         if not c.holds(env):
             out.append(
                 Finding("L005", f"layer {{layer}} ({fmt.name}): " + c.message.format(**env),
-                        expected=c.expr, actual=_env_text(env), cause=c.cause or None, fix=c.fix or None)
+                        expected=c.expr, actual=_env_text(fmt, env), cause=c.cause or None, fix=c.fix or None)
             )
     return out, env
 
@@ -112,17 +114,14 @@ def _check_slot(fmt: Format, slot, env: dict, entry, out: list[Finding]) -> None
     )
 
 
-def _forbidden_cause(suffix: str, env: dict) -> str:
-    if env.get("bits") == 6:
-        return "6-bit storage is uniform and symmetric: no codebook or correction"
-    if suffix == "weight_correction" and env.get("has_codebook"):
-        return "a codebook and a correction on one layer: no tool writes both and the decode is wrong"
-    return "not allowed in this variant"
+GEOMETRY_NAMES = ("N", "K", "bits")
+"""The geometry every format infers; a constraint finding shows them and the format's numeric
+marker parameters (group size, ConvRot size ...)."""
 
 
-def _env_text(env: dict) -> str:
-    keys = ("N", "K", "bits", "group_size", "convrot_groupsize")
-    return ", ".join(f"{k}={env[k]}" for k in keys if k in env)
+def _env_text(fmt: Format, env: dict) -> str:
+    names = GEOMETRY_NAMES + tuple(k.name for k in fmt.keys if int in k.types)
+    return ", ".join(f"{k}={env[k]}" for k in names if k in env)
 
 
 def _check_keys(fmt: Format, marker: dict, params: dict, out: list[Finding]) -> None:
@@ -132,7 +131,7 @@ def _check_keys(fmt: Format, marker: dict, params: dict, out: list[Finding]) -> 
         out.append(
             Finding("M033", f"layer {{layer}}: marker nests {moved} in a 'params' object",
                     expected="flat marker keys", actual=f"params={nested!r}"[:120],
-                    cause="ComfyUI reads convrot, convrot_groupsize, group_size and linear_dtype from params; SGLang ignores them (a ConvRot flag there is silently lost)",
+                    cause=f"ComfyUI reads {_nested_keys_text()} from params; SGLang ignores them (a ConvRot flag there is silently lost)",
                     fix="flatten the marker (comfyquant fix)")
         )
     for key in marker:
@@ -144,18 +143,16 @@ def _check_keys(fmt: Format, marker: dict, params: dict, out: list[Finding]) -> 
                         fix="drop the key (comfyquant fix)")
             )
     for k in fmt.keys:
-        if k.name == "format":
-            continue
         if k.name in marker or (k.nested_ok and isinstance(nested, dict) and k.name in nested):
             value = params[k.name]
             if not k.valid(value):
                 out.append(
                     Finding("M035", f"layer {{layer}} ({fmt.name}): marker {k.name}={value!r} is not allowed",
                             expected=f"{k.name}: {k.allowed_text}", actual=f"{k.name}={value!r}",
-                            cause=_key_cause(k, value), fix=f"set {k.name} to {k.allowed_text}")
+                            cause=k.why_invalid(value) or _key_cause(k, value), fix=f"set {k.name} to {k.allowed_text}")
                 )
         elif k.must_be_explicit(params):
-            what = "missing ConvRot flag" if k.name == "convrot" else f"{k.name} left to its default ({k.default!r})"
+            what = k.missing_text or f"{k.name} left to its default ({k.default!r})"
             out.append(
                 Finding("M036", f"layer {{layer}} ({fmt.name}): marker has no {k.name}: {what}",
                         expected=f"{k.name} written explicitly ({k.allowed_text})", actual="absent",
@@ -164,15 +161,23 @@ def _check_keys(fmt: Format, marker: dict, params: dict, out: list[Finding]) -> 
             )
 
 
-def _default_text(k) -> str:
-    if k.name == "convrot":
-        return "true"
+def _default_text(k: MarkerKey) -> str:
+    if k.suggested:
+        return k.suggested
     return repr(k.default) if k.default is not None else "a value"
 
 
-def _key_cause(k, value) -> str:
-    if k.name == "convrot" and value in (1, "true"):
-        return "convrot must be JSON true: SGLang tests identity with True"
+@cache
+def _nested_keys_text() -> str:
+    """The keys ComfyUI also reads from a nested ``params`` object: every format's
+    ``nested_ok`` keys (spec 1.5), in name order."""
+    from .registry import FORMATS  # imports every format package: only on this rare path
+
+    names = sorted({k.name for f in FORMATS.values() for k in f.keys if k.nested_ok})
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
+
+
+def _key_cause(k: MarkerKey, value) -> str:
     if isinstance(value, str) and int in k.types:
         return "a number written as a string"
     return f"{k.name} must be {k.allowed_text}"

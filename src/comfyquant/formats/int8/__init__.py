@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..base import WEIGHT, Constraint, Format, MarkerKey, Slot
-from ..common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, has_2d_weight
+from ..common import ALL_RUNTIMES, BIAS_SLOT, CONVROT_JSON_TRUE, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, has_2d_weight
 
 CODEC = __name__ + ".codec"
 """The module holding this package\'s codecs (imported on first use)."""
@@ -61,7 +61,8 @@ INT8_TENSORWISE = Format(
     keys=(
         FORMAT_KEY,
         FULL_PRECISION_KEY,
-        MarkerKey("convrot", (bool,), default=False, allowed_text="true or false", nested_ok=True),
+        MarkerKey("convrot", (bool,), default=False, allowed_text="true or false", nested_ok=True,
+                  invalid_cause=CONVROT_JSON_TRUE),
         MarkerKey(
             "convrot_groupsize",
             (int,),

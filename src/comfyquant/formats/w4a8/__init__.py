@@ -8,7 +8,7 @@ present and the packed row width.
 from __future__ import annotations
 
 from ..base import CODEBOOK, CORRECTION, WEIGHT, Constraint, Expr, Format, GeometryError, MarkerKey, Slot
-from ..common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
+from ..common import ALL_RUNTIMES, BIAS_SLOT, CONVROT_JSON_TRUE, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
 from .repair import infer_marker, lossy
 
 CODEC = __name__ + ".codec"
@@ -41,6 +41,9 @@ SIX_BIT_RULE = f"K % 32 == 0 and {SIX_BIT_GROUP}"
 """What 6-bit storage needs of the layer (the packed row holds whole 3-byte quads)."""
 K_RULE = "K % 16 == 0 and K % group_size == 0 and K % convrot_groupsize == 0"
 """The input sizes the grouping and the rotation divide (with a valid group size)."""
+
+SIX_BIT_FORBIDS = "6-bit storage is uniform and symmetric: no codebook or correction"
+"""Why a 6-bit layer has neither a codebook nor a correction (the L006 cause)."""
 
 _SIX_BIT_GROUP, _SIX_BIT_RULE, _K_RULE = Expr(SIX_BIT_GROUP), Expr(SIX_BIT_RULE), Expr(K_RULE)
 
@@ -142,6 +145,7 @@ ASYM_W4A8_INT8 = Format(
             required=False,
             meaning="code -> level table (codebook variant)",
             forbidden="bits == 6",
+            forbidden_cause=SIX_BIT_FORBIDS,
         ),
         Slot(
             "weight_correction",
@@ -151,6 +155,10 @@ ASYM_W4A8_INT8 = Format(
             required=False,
             meaning="per-(group, row) additive term, group-major",
             forbidden="bits == 6 or has_codebook",
+            forbidden_cause=(
+                ("bits == 6", SIX_BIT_FORBIDS),
+                ("has_codebook", "a codebook and a correction on one layer: no tool writes both and the decode is wrong"),
+            ),
             also_dtypes={
                 "BF16": ("comfy-kitchen writes the correction in the source weight dtype; SGLang requires F32", "warning"),
                 "F16": ("comfy-kitchen writes the correction in the source weight dtype; SGLang requires F32", "warning"),
@@ -189,6 +197,9 @@ ASYM_W4A8_INT8 = Format(
             explicit=True,
             why_explicit="SGLang refuses W4A8 markers without convrot: true; ComfyUI does not write it",
             nested_ok=True,
+            missing_text="missing ConvRot flag",
+            suggested="true",
+            invalid_cause=CONVROT_JSON_TRUE,
         ),
     ),
     geometry=_geometry,
