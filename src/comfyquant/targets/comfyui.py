@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from ..dtypes import DTYPE_BITS
+from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, incomplete_violations
 from .kitchen import FORWARD, forward_templates
@@ -136,7 +136,7 @@ def comfyui_verdict(ckpt) -> Verdict:
             w = t.get("weight")
             if legacy and "scale_weight" in t:
                 continue
-            if w is not None and w.dtype in ("I8", "U8", "F8_E4M3", "F8_E5M2"):
+            if w is not None and w.dtype in QUANTIZED_WEIGHT_DTYPES:
                 _fail(out, "unmarked", f"layer '{prefix}' has a {w.dtype} weight but no marker: ComfyUI casts it to the "
                                        f"compute dtype by value (garbage output, no error)", prefix, "weight",
                       blocking=False, severity="error", cause="quantized weight without a marker",
