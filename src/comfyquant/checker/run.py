@@ -15,16 +15,23 @@ Targets = str | Iterable[str] | None
 
 
 def parse_targets(target: Targets) -> tuple[str, ...]:
+    """The selected runtimes: ``"all"``/None, one name, a comma list (``"comfyui,sglang"``, as
+    the command line takes it) or an iterable of names; each named once, in the order given."""
     if target is None or target == "all":
         return TARGETS
     names = [target] if isinstance(target, str) else list(target)
-    out = []
-    for n in names:
-        if n == "all":
-            return TARGETS
-        if n not in TARGETS:
-            raise ValueError(f"unknown target {n!r}: choose from {', '.join(TARGETS)}, all")
-        out.append(n)
+    out: list[str] = []
+    for item in names:
+        parts = [p.strip() for p in item.split(",")] if isinstance(item, str) else [item]
+        if not any(parts):
+            raise ValueError(f"empty target {item!r}: choose from {', '.join(TARGETS)}, all")
+        for n in parts:
+            if n == "all":
+                return TARGETS
+            if n not in TARGETS:
+                raise ValueError(f"unknown target {n!r}: choose from {', '.join(TARGETS)}, all")
+            if n not in out:
+                out.append(n)
     return tuple(out)
 
 

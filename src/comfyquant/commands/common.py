@@ -12,6 +12,26 @@ def name_mapper(prefix: str | None):
     return strip_prefix_mapper(prefix)
 
 
+def target_list(text: str) -> str:
+    """argparse type of ``--target``: one runtime, ``all`` or a comma list, refused in one line
+    (the command then passes the text on; :func:`~comfyquant.checker.run.parse_targets` reads it)."""
+    import argparse
+
+    from ..checker.run import parse_targets
+
+    try:
+        parse_targets(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def add_target_argument(p, help: str) -> None:
+    """``--target``: the same values on every command (one runtime, ``all`` or a comma list)."""
+    p.add_argument("--target", default="all", type=target_list, metavar="RUNTIMES",
+                   help=f"{help}: sglang, comfyui, comfy-kitchen, a comma list of them, or all (default: all)")
+
+
 OVERWRITE_HELP = "replace existing output files (never an input)"
 
 

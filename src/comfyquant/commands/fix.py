@@ -9,14 +9,14 @@ HELP = "repair a broken checkpoint: streaming, atomic, verified"
 
 
 def add_parser(sub) -> None:
-    from .common import add_overwrite_argument
+    from .common import add_overwrite_argument, add_target_argument
 
     f = sub.add_parser("fix", help=HELP, description=HELP)
     f.add_argument("paths", nargs="+", metavar="IN", help="file(s), folder or *.safetensors.index.json")
     f.add_argument("-o", "--output", metavar="OUT",
                    help="output file (or folder for shards); default: <name>.fixed.safetensors / <folder>.fixed")
     f.add_argument("--in-place", action="store_true", help="replace the input, only after the new file is verified")
-    f.add_argument("--target", default="all", choices=["sglang", "comfyui", "comfy-kitchen", "all"])
+    add_target_argument(f, "runtime(s) the repaired file must load in")
     f.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     f.add_argument("--json", action="store_true", help="print the result as JSON")
     f.add_argument("--allow-lossy", action="store_true", help="also apply repairs that change values (reported with their error)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from .common import add_io_arguments, inputs_and_output
+from .common import add_io_arguments, add_target_argument, inputs_and_output
 
 HELP = "quantize a dense checkpoint (W4A8, W4A4, INT8, FP8, NVFP4, MXFP8) with a per-layer quality report"
 
@@ -43,8 +43,7 @@ def add_common_arguments(p, format_flag: str) -> None:
     p.add_argument("--rules", metavar="FILE", help="TOML rules: layer-name globs -> format and parameters, or keep")
     p.add_argument("--exclude", action="append", default=[], metavar="REGEX",
                    help="keep layers whose name matches REGEX as they are (repeatable)")
-    p.add_argument("--target", default="all", choices=["sglang", "comfyui", "comfy-kitchen", "all"],
-                   help="runtime(s) the output must load in (default: all)")
+    add_target_argument(p, "runtime(s) the output must load in")
     p.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="compute N layers at a time in worker processes")
     p.add_argument("--report", metavar="FILE", help="write the quality report: FILE.json and FILE.png (needs the plot extra)")
     p.add_argument("--dry-run", action="store_true", help="print the per-layer plan, compute and write nothing")
