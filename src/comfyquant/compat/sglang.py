@@ -10,6 +10,7 @@ importing neither torch nor safetensors (a file safetensors refuses raises its
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -37,11 +38,16 @@ def _safetensor_error() -> type[Exception]:
 
 
 def inspect_comfy_quant_markers(
-    safetensors_list: list[str],
+    safetensors_list: list[str] | str | os.PathLike[str],
     param_name_mapper: Callable[[str], str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Read and validate Comfy quantization markers exactly as SGLang does."""
-    paths = [str(p) for p in safetensors_list]
+    """Read and validate Comfy quantization markers exactly as SGLang does.
+
+    ``safetensors_list`` is SGLang's list of shard paths; one path (a string or path object)
+    is taken as a list of one, where iterating it would read each character as a file."""
+    if isinstance(safetensors_list, (str, os.PathLike)):
+        safetensors_list = [safetensors_list]
+    paths = [os.fspath(p) for p in safetensors_list]
     sources = [LocalFile(p) for p in paths]
     ckpt = open_checkpoint(paths, sources=sources, shardset=ShardSet(files=paths))
     try:

@@ -23,6 +23,9 @@ class Int8Codec(Codec):
     def _encode(self, weight, params, name, amax):
         convrot = bool(params.pop("convrot", False))
         per_channel = _row_scaled(params.pop("per_channel", None), convrot)
+        if not convrot and "convrot_groupsize" in params:
+            raise CodecError(f"{name}: convrot_groupsize={params['convrot_groupsize']!r} needs convrot=True "
+                             "(without rotation the size would be ignored)")
         size = params.pop("convrot_groupsize", 256)
         scale = params.pop("scale", None)
         reject_unknown(params, name)

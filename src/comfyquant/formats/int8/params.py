@@ -33,6 +33,9 @@ class Int8Params(Params):
     def check(self, given: dict[str, Any], where: str) -> None:
         if self.convrot and not self.per_channel:
             raise InputError(f"{where}: {self.FORMAT} convrot=true needs per_channel=true (ConvRot scales are row-wise)")
+        if not self.convrot and "convrot_groupsize" in given:
+            raise InputError(f"{where}: {self.FORMAT} convrot_groupsize={given['convrot_groupsize']!r} needs convrot=true "
+                             "(without rotation the size means nothing; drop one of them)")
 
     def marker(self) -> dict[str, Any]:
         marker = Params.marker(self)

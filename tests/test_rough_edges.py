@@ -1,0 +1,40 @@
+"""API and message rough edges a new user hit (issue 16, item 6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from comfyquant.compat.sglang import inspect_comfy_quant_markers
+from comfyquant.errors import InputError
+from comfyquant.quantizer.params import validate
+from conftest import HAS_TORCH
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+W4A8 = EXAMPLES / "w4a8_sglang.safetensors"
+
+
+@pytest.mark.parametrize("given", [str(W4A8), W4A8])
+def test_sglang_drop_in_takes_one_path(given):
+    """One path (str or Path) is a list of one, not a sequence of one-character file names."""
+    assert inspect_comfy_quant_markers(given) == inspect_comfy_quant_markers([str(W4A8)])
+
+
+def test_int8_rotation_size_without_rotation_is_refused():
+    with pytest.raises(InputError, match="convrot_groupsize=64 needs convrot=true"):
+        validate("int8_tensorwise", {"convrot": False, "convrot_groupsize": 64})
+    assert validate("int8_tensorwise", {"convrot": False}).marker() == {"format": "int8_tensorwise"}
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+def test_int8_codec_refuses_a_size_it_would_ignore():
+    import torch
+
+    from comfyquant import codecs
+    from comfyquant.formats.codec import CodecError
+
+    w = torch.randn(16, 256, dtype=torch.bfloat16)
+    with pytest.raises(CodecError, match="needs convrot=True"):
+        codecs.get("int8_tensorwise").encode(w, convrot_groupsize=256)
+    assert codecs.get("int8_tensorwise").encode(w, convrot=True, convrot_groupsize=64).marker["convrot_groupsize"] == 64
