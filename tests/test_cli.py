@@ -32,7 +32,7 @@ def test_exit_codes(tmp_path, capsys):
     assert run(capsys, "check", bad)[0] == 1
     assert run(capsys, "check", tmp_path / "missing.safetensors")[0] == 2
     rc, _, err = run(capsys, "check", good, "--target", "nope")
-    assert rc == 2 and "invalid choice" in err
+    assert rc == 2 and "unknown target 'nope'" in err and "choose from sglang, comfyui, comfy-kitchen, all" in err
     assert err.count("\n") == 1 and err.startswith("comfyquant check: error: ") and "(see comfyquant check --help)" in err
     rc, _, err = run(capsys, "convert", good, str(tmp_path / "o.safetensors"), "-f", "fp8")  # convert takes -t
     assert rc == 2 and err == "comfyquant convert: error: unrecognized arguments: -f fp8 (see comfyquant convert --help)\n"

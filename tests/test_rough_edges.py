@@ -38,3 +38,23 @@ def test_int8_codec_refuses_a_size_it_would_ignore():
     with pytest.raises(CodecError, match="needs convrot=True"):
         codecs.get("int8_tensorwise").encode(w, convrot_groupsize=256)
     assert codecs.get("int8_tensorwise").encode(w, convrot=True, convrot_groupsize=64).marker["convrot_groupsize"] == 64
+
+
+def _plan_lines(tmp_path, fmt: str) -> dict[str, str]:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "comfyquant", "quantize", str(EXAMPLES / "dense_tiny.safetensors"),
+                          str(tmp_path / "o.safetensors"), "-f", fmt, "--dry-run", "-v"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return {line.split()[0]: line for line in out.stdout.splitlines() if line.startswith("  ")}
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="quantize needs torch")
+def test_plan_reasons_say_why_in_the_layers_terms(tmp_path):
+    """A runtime's refusal in the plan carries the rule behind it (NVFP4 for SGLang: N a multiple
+    of 128), and W4A8's K rule names the multiple K must be, not three sizes to combine."""
+    nvfp4 = _plan_lines(tmp_path, "nvfp4")
+    assert "N % 128 == 0 and K % 64 == 0" in nvfp4["proj_out"]
+    w4a8 = _plan_lines(tmp_path, "w4a8")
+    assert "K=48 must be a multiple of 256" in w4a8["img_in"]

@@ -212,6 +212,10 @@ def problems(report, warnings: bool = True) -> list[str]:
         if f.severity == "error" or (warnings and f.severity == "warning"):
             msg = f.message.replace("{layer}", repr(f.layer)) if f.layer else f.message
             msg = _LAYER_LEAD.sub("", msg)
+            if "." in f.code and f.cause and f.cause not in msg:
+                # a runtime's own words (its exception text) say what it checked, not why the
+                # planned layer fails it: the profile's cause says that in terms of the layer
+                msg = f"{msg} (why: {f.cause})"
             who = ", ".join(f.targets) if f.targets and set(f.targets) != set(TARGETS) else ""
             out.append(f"{who}: {msg}" if who else msg)
     return out

@@ -7,6 +7,8 @@ present and the packed row width.
 
 from __future__ import annotations
 
+import math
+
 from ..base import CODEBOOK, CORRECTION, WEIGHT, Constraint, Expr, Format, GeometryError, MarkerKey, Slot
 from ..common import ALL_RUNTIMES, BIAS_SLOT, CONVROT_JSON_TRUE, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
 from .repair import infer_marker, lossy
@@ -105,6 +107,7 @@ def _geometry(tensors: dict, params: dict) -> dict:
         variant=variant,
         has_codebook=has_codebook,
         has_correction=has_correction,
+        K_multiple=math.lcm(16, g, c) if g > 0 and c > 0 else 16,
     )
 
 
@@ -206,7 +209,8 @@ ASYM_W4A8_INT8 = Format(
     constraints=(
         Constraint(
             K_RULE,
-            "K={K} must be divisible by 16, group_size={group_size} and convrot_groupsize={convrot_groupsize}",
+            "K={K} must be a multiple of {K_multiple} (16, group_size={group_size} and "
+            "convrot_groupsize={convrot_groupsize} must all divide it)",
             cause="the layer's input size does not fit the W4A8 grouping or rotation",
             fix="keep this layer dense, or re-quantize with sizes that divide K",
         ),
