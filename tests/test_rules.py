@@ -181,7 +181,8 @@ def test_geometry_constraints(tmp_path):
     assert any("not a power of 4" in x for x in msgs)
     assert r.verdicts["comfy-kitchen"].first.message == "Regular Hadamard size must be a power of 4, got 128"
     r = check(write(tmp_path / "k.safetensors", w4a8_layer(P, k=288, marker=dict(W4A8_MARKER, convrot_groupsize=64))))
-    assert any("K=288 must be divisible" in f.message for f in r.findings if f.code == "L005")
+    assert any("K=288 must be a multiple of 64 (16, group_size=16 and convrot_groupsize=64 must all divide it)" in f.message
+               for f in r.findings if f.code == "L005")
 
 
 def test_int8_scale_shapes(tmp_path):

@@ -10,6 +10,8 @@ from ...errors import InputError
 from ..params import CONVROT_SIZE_FLAG, FULL_PRECISION_FLAG, Params, collect
 from . import INT8_TENSORWISE
 
+_SIZE_DEFAULT = INT8_TENSORWISE.key("convrot_groupsize").default
+
 
 @dataclass(frozen=True, slots=True)
 class Int8Params(Params):
@@ -33,7 +35,9 @@ class Int8Params(Params):
     def check(self, given: dict[str, Any], where: str) -> None:
         if self.convrot and not self.per_channel:
             raise InputError(f"{where}: {self.FORMAT} convrot=true needs per_channel=true (ConvRot scales are row-wise)")
-        if not self.convrot and "convrot_groupsize" in given:
+        if not self.convrot and given.get("convrot_groupsize", _SIZE_DEFAULT) != _SIZE_DEFAULT:
+            # a size other than the default is a choice the output could not keep (the default
+            # is what reading any INT8 marker gives, so it is no contradiction)
             raise InputError(f"{where}: {self.FORMAT} convrot_groupsize={given['convrot_groupsize']!r} needs convrot=true "
                              "(without rotation the size means nothing; drop one of them)")
 
