@@ -58,3 +58,14 @@ def test_plan_reasons_say_why_in_the_layers_terms(tmp_path):
     assert "N % 128 == 0 and K % 64 == 0" in nvfp4["proj_out"]
     w4a8 = _plan_lines(tmp_path, "w4a8")
     assert "K=48 must be a multiple of 256" in w4a8["img_in"]
+
+
+def test_transposed_blocked_scales_name_both_shapes(tmp_path):
+    """A transposed slot whose shape expression has calls (pad(N, 128)) is named item by item,
+    not as 'reversed'."""
+    import comfyquant
+    from builders import nvfp4_layer, write
+
+    path = write(tmp_path / "t.safetensors", nvfp4_layer("blocks.0.attn.qkv", n=128, k=256, scale_shape=(16, 128)))
+    [f] = [f for f in comfyquant.check(path).findings if f.code.startswith("L00") and "weight_scale" in (f.tensor or "")]
+    assert "stored transposed: (pad(K // 16, 4), pad(N, 128)) instead of (pad(N, 128), pad(K // 16, 4))" in f.cause
