@@ -158,6 +158,7 @@ class CutLookup:
             tables = self._tables(exact)[0]
         self.value, self.low, self.high = tables
         self.exact = exact
+        self.inexact = ~exact
         self.all_exact = bool(exact.all())
         self.unit = bool((self.high - self.low).max() <= 1) if self.high.numel() else True
 
@@ -235,8 +236,8 @@ def _binary_search_rows(lookup: CutLookup, t: torch.Tensor, rows: torch.Tensor |
     if rows is None:
         out.copy_(torch.searchsorted(lookup.cuts[0], t.contiguous()).view(out.shape).to(out.dtype))
         return
-    rows = rows.reshape(-1).to(torch.int64)
-    bad = ~lookup.exact[rows]
+    rows = rows.reshape(-1).to(torch.int32)
+    bad = lookup.inexact.index_select(0, rows)
     if bool(bad.any()):
         found = torch.searchsorted(lookup.cuts.index_select(0, rows[bad]), t.view(t.shape[0], -1)[bad].contiguous())
         out.view(t.shape[0], -1)[bad] = found.to(out.dtype)
