@@ -144,30 +144,44 @@ class CutLookup:
         exact = torch.isfinite(cuts).all(dim=1)
         if count > 1:
             exact &= (cuts[:, 1:] >= cuts[:, :-1]).all(dim=1)
-        self.scale, self.offset, self.size = 1.0, 0.0, 1
+        self._set_map(1.0, 0.0, 1)
         tables = None
         if bool(exact.any()) and count > 0:
             for size in _BUCKETS:
-                self.scale, self.offset = _bucket_map(cuts[exact], size)
-                self.size = size
+                self._set_map(*_bucket_map(cuts[exact], size), size)
                 tables, separated = self._tables(exact)
                 if bool(separated[exact].all()):
                     break
             exact &= separated
         if tables is None:
             tables = self._tables(exact)[0]
-        self.value, self.low, self.high = tables
+        value, low, high = tables
+        # interleaved per bucket: (cut, cut) and (count below, count below or at the cut), so
+        # one gather at 2 * bucket + (t > cut) gives the answer
+        self.value = torch.stack([value, value], dim=-1).reshape(-1)
+        self.pair = torch.stack([low, high], dim=-1).reshape(-1)
         self.exact = exact
         self.inexact = ~exact
         self.all_exact = bool(exact.all())
-        self.unit = bool((self.high - self.low).max() <= 1) if self.high.numel() else True
 
-    def _bucket(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Bucket (int32) of F32 values: the same exact operations for cuts and targets."""
-        x = torch.mul(t, self.scale).add_(self.offset).clamp_(0, self.size - 1).nan_to_num_(nan=float(self.size))
-        if out is None:
-            return x.to(torch.int32)
-        return out.copy_(x)
+    def _bucket(self, t: torch.Tensor, nan: bool = True) -> torch.Tensor:
+        """Bucket (int32) of F32 values: the same exact operations for cuts and targets.
+
+        ``t * scale`` is exact for a scale >= 1 (a power of two), so the fused multiply-add
+        rounds once, like the separate add: one pass fewer, the same buckets on any CPU."""
+        if self.scale >= 1.0:
+            x = torch.addcmul(self._offset, t, self._scale)
+        else:
+            x = torch.mul(t, self.scale).add_(self.offset)
+        x.clamp_(0, self.size - 1)
+        if nan:
+            x.nan_to_num_(nan=float(self.size))
+        return x.to(torch.int32)
+
+    def _set_map(self, scale: float, offset: float, size: int) -> None:
+        self.scale, self.offset, self.size = scale, offset, size
+        self._scale = torch.tensor(scale, dtype=torch.float32)
+        self._offset = torch.tensor(offset, dtype=torch.float32)
 
     def _tables(self, exact: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Per (row, bucket): the bucket's cut value (+inf if none), the count of the row's
@@ -200,31 +214,26 @@ class CutLookup:
         """Counts for ``target`` (F32): against row 0 for any shape when ``rows`` is None,
         else ``target [R, G]`` against the rows ``rows [R]`` (integers)."""
         t = target.to(torch.float32).contiguous()
-        out = torch.empty(t.shape, dtype=self.low.dtype)
+        out = torch.empty(t.shape, dtype=self.pair.dtype)
         if t.numel() == 0 or self.count == 0:
             return out.zero_().to(dtype)
+        nan = bool(torch.isnan(t).any())
         if rows is None:
             base = None
             flat_t, flat_out = t.view(-1), out.view(-1)
             width = 1
         else:
-            base = (rows.reshape(-1).to(torch.int32) * (self.size + 1)).view(-1, 1)
+            base = (rows.reshape(-1).to(torch.int32) * (2 * (self.size + 1))).view(-1, 1)
             flat_t, flat_out = t.view(t.shape[0], -1), out.view(t.shape[0], -1)
             width = flat_t.shape[1]
         step_rows = max(1, _STEP // max(width, 1)) if base is not None else _STEP
         for s0 in range(0, flat_t.shape[0], step_rows):
             tt = flat_t[s0:s0 + step_rows]
-            b = self._bucket(tt)
-            if base is not None:
-                b.add_(base[s0:s0 + step_rows])
-            b = b.view(-1)
-            above = torch.gt(tt.reshape(-1), self.value.index_select(0, b))
-            o = flat_out[s0:s0 + step_rows].view(-1)
-            torch.index_select(self.low, 0, b, out=o)
-            if self.unit:
-                o.add_(above.view(torch.uint8).to(o.dtype) if o.dtype != torch.uint8 else above.view(torch.uint8))
-            else:
-                torch.where(above, self.high.index_select(0, b), o, out=o)
+            b = self._bucket(tt, nan)
+            at = torch.add(base[s0:s0 + step_rows], b, alpha=2) if base is not None else b.add_(b)
+            at = at.view(-1)
+            at.add_(torch.gt(tt.reshape(-1), self.value.index_select(0, at)))
+            torch.index_select(self.pair, 0, at, out=flat_out[s0:s0 + step_rows].view(-1))
         result = out if dtype == out.dtype else out.to(dtype)
         if not self.all_exact:
             _binary_search_rows(self, t, rows, result)
