@@ -215,6 +215,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="3072x3072,5120x13824", help="encoder section weight shapes NxK")
     ap.add_argument("--rounds", type=int, default=3, help="encoder section rounds; the median counts (default 3)")
     ap.add_argument("--encoders-only", action="store_true", help="run only the encoder section")
+    ap.add_argument("--threads", type=int, help="torch threads for the encoder section (default: torch's); "
+                    "1 measures compute, not fork-join waits, on a machine whose cores are shared")
     ap.add_argument("--no-encoders", action="store_true", help="skip the encoder section")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -227,6 +229,8 @@ def main() -> None:
     if not args.no_encoders:
         import torch
 
+        if args.threads:
+            torch.set_num_threads(args.threads)
         shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
         print(f"encoders alone, BF16 Gaussian weights, in one process; {os.cpu_count()} cores, "
               f"{torch.get_num_threads()} torch threads; load average {os.getloadavg()[0]:.2f}; "
