@@ -34,6 +34,7 @@ _BUCKETS = (64, 256, 1024, 4096)
 """Buckets per row tried, fewest first: the first that separates every distinct cut wins."""
 _lookup_cache: dict[bytes, CutLookup] = {}
 _LOOKUP_CACHE_SIZE = 16
+_threshold_cache: dict[bytes, torch.Tensor] = {}
 _GRID_LIMIT = 127
 _grid_cache: dict[str, torch.Tensor] = {}
 
@@ -65,12 +66,19 @@ def thresholds(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def table_thresholds(table: torch.Tensor) -> torch.Tensor | None:
-    """Decision points of a sorted 1-D F32 table, or None if it is not sorted."""
+    """Decision points of a sorted 1-D F32 table, or None if it is not sorted (cached: the
+    encoder asks once per row block, and the bisection costs ~30 passes)."""
     if table.numel() < 2:
         return table[:0].to(torch.float32)
     if not bool((table[1:] >= table[:-1]).all()):
         return None
-    return thresholds(table[:-1], table[1:])
+    key = table.to(torch.float32).contiguous().numpy().tobytes()
+    found = _threshold_cache.get(key)
+    if found is None:
+        if len(_threshold_cache) >= _LOOKUP_CACHE_SIZE:
+            _threshold_cache.pop(next(iter(_threshold_cache)))
+        found = _threshold_cache[key] = thresholds(table[:-1], table[1:])
+    return found.clone()
 
 
 def nearest(table: torch.Tensor, target: torch.Tensor, cuts: torch.Tensor | None = None,
@@ -217,7 +225,6 @@ class CutLookup:
         out = torch.empty(t.shape, dtype=self.pair.dtype)
         if t.numel() == 0 or self.count == 0:
             return out.zero_().to(dtype)
-        nan = bool(torch.isnan(t).any())
         if rows is None:
             base = None
             flat_t, flat_out = t.view(-1), out.view(-1)
@@ -229,7 +236,7 @@ class CutLookup:
         step_rows = max(1, _STEP // max(width, 1)) if base is not None else _STEP
         for s0 in range(0, flat_t.shape[0], step_rows):
             tt = flat_t[s0:s0 + step_rows]
-            b = self._bucket(tt, nan)
+            b = self._bucket(tt)
             at = torch.add(base[s0:s0 + step_rows], b, alpha=2) if base is not None else b.add_(b)
             at = at.view(-1)
             at.add_(torch.gt(tt.reshape(-1), self.value.index_select(0, at)))
