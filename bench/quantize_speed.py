@@ -15,6 +15,14 @@ Targets (issue 6): W4A8 throughput >= 1.0x comfy-kitchen with equal or lower err
 
     python bench/quantize_speed.py [--formats w4a8,int8,...] [--keep DIR] [--repeat N]
 
+The first section times the encoders alone, in this process, side by side with
+comfy-kitchen on the same BF16 weights (3072x3072 and 5120x13824 by default): per format
+the MB/s of both, the ratio (median of ``--rounds`` interleaved rounds) and whether every
+stored tensor is bit-identical to comfy-kitchen's.  Issue 17 asks for W4A8 (codebook) and
+W6A8 >= 4x comfy-kitchen, bit-identical.
+
+    python bench/quantize_speed.py --encoders-only [--shapes 3072x3072,5120x13824] [--rounds 3]
+
 ``--repeat N`` runs every child N times, alternating comfy-kitchen and comfyquant, and keeps
 each side's fastest run and largest peak RSS: on a shared machine one run of either side
 can be slowed by the neighbours' jobs (comfy-kitchen's own rate varied 7.5-9.8 MB/s
@@ -47,6 +55,75 @@ KITCHEN = {
     "fp8": ("TensorCoreFP8Layout", {}),
 }
 MB = 1 << 20
+ENCODERS = {
+    # row: (comfyquant format, its encode params, comfy-kitchen layout, its from_float kwargs)
+    "w4a8": ("asym_w4a8_int8", {}, "AsymW4A8Int8Layout", {}),
+    "w6a8": ("asym_w4a8_int8", {"codebook": False, "bits": 6}, "AsymW4A8Int8Layout", {"codebook": False, "bits": 6}),
+    "w4a8-uniform": ("asym_w4a8_int8", {"codebook": False}, "AsymW4A8Int8Layout", {"codebook": False}),
+    "w4a8-asym": ("asym_w4a8_int8", {"codebook": False, "symmetric": False}, "AsymW4A8Int8Layout",
+                  {"codebook": False, "symmetric": False}),
+    "int8": ("int8_tensorwise", {"per_channel": True, "convrot": True, "convrot_groupsize": 256},
+             "TensorWiseINT8Layout", {"per_channel": True, "convrot": True}),
+    "w4a4": ("convrot_w4a4", {}, "TensorCoreConvRotW4A4Layout", {}),
+    "nvfp4": ("nvfp4", {}, "TensorCoreNVFP4Layout", {}),
+    "mxfp8": ("mxfp8", {}, "TensorCoreMXFP8Layout", {}),
+    "fp8": ("float8_e4m3fn", {}, "TensorCoreFP8Layout", {}),
+}
+
+
+def encoder_section(shapes: list[tuple[int, int]], names: list[str], rounds: int) -> list[dict]:
+    """Encoder-only MB/s of comfyquant and comfy-kitchen, interleaved in this process.
+
+    Each round times comfy-kitchen then comfyquant on the same weight (the order alternates
+    between rounds, so neither side always runs after the other's memory traffic); the
+    ratio is the median of the rounds' ratios, the rates the medians of the rounds' rates.
+    Bit-exactness compares every tensor of the layout's ``state_dict`` with comfyquant's."""
+    import statistics
+
+    import torch
+    from comfy_kitchen.tensor import QuantizedTensor
+
+    from comfyquant import codecs
+
+    rows = []
+    for n, k in shapes:
+        gen = torch.Generator().manual_seed(0)
+        w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(torch.bfloat16)
+        mb = w.numel() * w.element_size() / MB
+        for name in names:
+            fmt, params, layout, kwargs = ENCODERS[name]
+            codec = codecs.get(fmt)
+
+            def ours(codec=codec, params=params, w=w):
+                return codec.encode(w, **dict(params))
+
+            def theirs(layout=layout, kwargs=kwargs, w=w):
+                return QuantizedTensor.from_float(w, layout, **kwargs).state_dict("weight")
+
+            times: dict[str, list[float]] = {"cq": [], "ck": []}
+            outputs = {}
+            for r in range(max(1, rounds)):
+                order = (("ck", theirs), ("cq", ours)) if r % 2 == 0 else (("cq", ours), ("ck", theirs))
+                for side, fn in order:
+                    t0 = time.perf_counter()
+                    out = fn()
+                    times[side].append(time.perf_counter() - t0)
+                    if r == 0:
+                        outputs[side] = out
+                    del out
+            ref, enc = outputs["ck"], outputs["cq"]
+            same = set(ref) == set(enc) and all(
+                ref[s].dtype == enc[s].dtype and ref[s].shape == enc[s].shape
+                and torch.equal(ref[s].reshape(-1).view(torch.uint8), enc[s].reshape(-1).view(torch.uint8))
+                for s in ref)
+            del outputs, ref, enc
+            ratios = [b / a for a, b in zip(times["cq"], times["ck"])]
+            row = {"shape": f"{n}x{k}", "format": name, "cq": mb / statistics.median(times["cq"]),
+                   "ck": mb / statistics.median(times["ck"]), "ratio": statistics.median(ratios), "exact": same}
+            rows.append(row)
+            print(f"{row['shape']:>11} {name:<13} {row['cq']:>9.1f} {row['ck']:>9.1f} {row['ratio']:>6.2f}x "
+                  f"{'yes' if same else 'NO':>9}", flush=True)
+    return rows
 
 
 def build_model(path: str) -> int:
@@ -134,6 +211,13 @@ def main() -> None:
     ap.add_argument("--formats", default="w4a8,int8,w4a4,nvfp4,mxfp8,fp8")
     ap.add_argument("--keep", metavar="DIR", help="build the model in DIR (default: a temporary folder)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per child; the fastest counts (default 1)")
+    ap.add_argument("--encoders", default=",".join(ENCODERS), help="encoder section rows (default: all)")
+    ap.add_argument("--shapes", default="3072x3072,5120x13824", help="encoder section weight shapes NxK")
+    ap.add_argument("--rounds", type=int, default=3, help="encoder section rounds; the median counts (default 3)")
+    ap.add_argument("--encoders-only", action="store_true", help="run only the encoder section")
+    ap.add_argument("--threads", type=int, help="torch threads for the encoder section (default: torch's); "
+                    "1 measures compute, not fork-join waits, on a machine whose cores are shared")
+    ap.add_argument("--no-encoders", action="store_true", help="skip the encoder section")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -142,6 +226,23 @@ def main() -> None:
         print(json.dumps(res))
         return
 
+    if not args.no_encoders:
+        import torch
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
+        print(f"encoders alone, BF16 Gaussian weights, in one process; {os.cpu_count()} cores, "
+              f"{torch.get_num_threads()} torch threads; load average {os.getloadavg()[0]:.2f}; "
+              f"median of {max(1, args.rounds)} interleaved rounds")
+        head = f"{'shape':>11} {'format':<13} {'cq MB/s':>9} {'ck MB/s':>9} {'ratio':>7} {'bit-exact':>9}"
+        print(head)
+        print("-" * len(head), flush=True)
+        encoder_section(shapes, args.encoders.split(","), args.rounds)
+        print(f"(load average at the end: {os.getloadavg()[0]:.2f})")
+        print()
+        if args.encoders_only:
+            return
     folder = args.keep or tempfile.mkdtemp(prefix="cq-bench-")
     src = os.path.join(folder, "dense.safetensors")
     if not os.path.exists(src):

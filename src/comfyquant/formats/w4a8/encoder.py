@@ -243,12 +243,18 @@ def _search_scale_fp8(gw, s_rel, table, target):
     elementwise (``clamp(round(table[i] * s), -127, 127)``, the same value the reference
     gathers from its per-group level table), so no per-group tables are built."""
     n, groups, gsize = gw.shape
-    _levels, cuts = grid_by_code(table)
+    levels, cuts = grid_by_code(table)
+    flat_levels = levels.reshape(-1)
     lower, upper = fp8_neighbours(s_rel)
 
     def score(cand):
-        idx = grid_nearest_by_code(cuts, cand.view(torch.uint8), target.reshape(n * groups, gsize)).view(n, groups, gsize)
-        chosen = (table[idx] * cand.float().unsqueeze(-1)).round_().clamp_(-127, 127)
+        codes = cand.view(torch.uint8)
+        idx = grid_nearest_by_code(cuts, codes, target.reshape(n * groups, gsize), dtype=torch.uint8)
+        idx = idx.view(n, groups, gsize)
+        # the level of byte c, index i is clamp(round(table[i] * fp8(c)), -127, 127): the
+        # very product the reference rounds, looked up instead of recomputed
+        at = (codes.to(torch.int32) * table.numel()).unsqueeze(-1) + idx
+        chosen = flat_levels.index_select(0, at.view(-1)).view(n, groups, gsize)
         err = chosen.sub_(target).pow_(2).sum(-1)
         return err, idx
 
@@ -314,23 +320,23 @@ def _refine_levels(gw: torch.Tensor, levels: torch.Tensor, bits: int) -> tuple[t
     if bits == 6:
         gs = (amax / SIX_BIT_LEVELS).clamp(min=1e-8)
 
-        def assign(normalized):
-            return (normalized.round_().clamp_(-SIX_BIT_LEVELS, SIX_BIT_LEVELS) + SIX_BIT_LEVELS).to(torch.int64)
+        def level_values(normalized):
+            # levels[round(x).clamp(-31, 31) + 31] is the rounded value itself; adding 0.0
+            # turns round's -0.0 into the table's +0.0
+            return normalized.round_().clamp_(-SIX_BIT_LEVELS, SIX_BIT_LEVELS).add_(0.0)
     else:
         gs = amax.clamp(min=1e-8)
         cuts = table_thresholds(levels)
 
-        def assign(normalized):
-            return nearest(levels, normalized, cuts)
+        def level_values(normalized):
+            idx = nearest(levels, normalized, cuts, dtype=torch.int32)
+            return levels.index_select(0, idx.view(-1)).view(idx.shape)
 
-    idx = assign(gw / gs)
+    lv = level_values(gw / gs)
     for _ in range(ALS_PASSES):
-        lv = levels[idx]
-        del idx
         gs = ((gw * lv).sum(-1, keepdim=True) / (lv * lv).sum(-1, keepdim=True).clamp(min=1e-8)).clamp(min=1e-8)
-        del lv
-        idx = assign(gw / gs)
-    return gs, levels[idx] * gs
+        lv = level_values(gw / gs)
+    return gs, lv.mul_(gs)
 
 
 def _assign_levels(gw, s_rel, s_channel, levels, bits: int, search: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -342,7 +348,7 @@ def _assign_levels(gw, s_rel, s_channel, levels, bits: int, search: bool) -> tup
     elif s_rel.dtype == E4M3:
         _lv, cuts = grid_by_code(levels)
         target = (gw / s_channel.view(-1, 1, 1)).reshape(n * groups, g)
-        idx = grid_nearest_by_code(cuts, s_rel.view(torch.uint8), target).view(n, groups, g)
+        idx = grid_nearest_by_code(cuts, s_rel.view(torch.uint8), target, dtype=torch.uint8).view(n, groups, g)
     else:
         idx = _assign_grid(gw, _grid_levels(levels, s_rel), s_channel)
     if bits == 6:
