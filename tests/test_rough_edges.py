@@ -69,3 +69,19 @@ def test_transposed_blocked_scales_name_both_shapes(tmp_path):
     path = write(tmp_path / "t.safetensors", nvfp4_layer("blocks.0.attn.qkv", n=128, k=256, scale_shape=(16, 128)))
     [f] = [f for f in comfyquant.check(path).findings if f.code.startswith("L00") and "weight_scale" in (f.tensor or "")]
     assert "stored transposed: (pad(K // 16, 4), pad(N, 128)) instead of (pad(N, 128), pad(K // 16, 4))" in f.cause
+
+
+@pytest.mark.parametrize(("layer", "expected"), [
+    ("w4a8", "add the marker: comfyquant fix --convrot-groupsize C, C being the ConvRot size the layer was rotated with"),
+    ("fp8", "add the marker: comfyquant fix"),
+])
+def test_unmarked_layer_fix_reads_as_a_command(tmp_path, layer, expected):
+    """M023's fix is a command line a user can type, and says what C is (it read 'add the marker
+    (comfyquant fix) --convrot-groupsize C')."""
+    import comfyquant
+    from builders import fp8_layer, w4a8_layer, write
+
+    build = {"w4a8": w4a8_layer, "fp8": fp8_layer}[layer]
+    path = write(tmp_path / "u.safetensors", build("blocks.0.attn.qkv", marker=False))
+    [f] = [f for f in comfyquant.check(path).findings if f.code == "M023"]
+    assert f.fix.startswith(expected), f.fix

@@ -67,8 +67,13 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
             guess = f"the tensors look like {fmt.name}" if fmt else "the tensors match no known format"
             cause = ("marker lost on re-save (markers are tensors or header metadata some tools drop); "
                      "ComfyUI casts the weight by value (garbage), SGLang refuses it")
-            fix = (("add the marker (comfyquant fix)" + (" --convrot-groupsize C" if fmt and fmt.rotation != "none" else ""))
-                   if fmt else "re-export the layer")
+            if fmt is None:
+                fix = "re-export the layer"
+            elif fmt.rotation != "none":
+                fix = ("add the marker: comfyquant fix --convrot-groupsize C, C being the ConvRot size the layer was "
+                       "rotated with (the tensors cannot tell it)")
+            else:
+                fix = "add the marker: comfyquant fix"
             if file_fmt is not None and w.dtype in FILE_LEVEL_DTYPES:
                 cause = (f"only SGLang reads the file's quant_format={file_fmt.quant_format} (as a {file_fmt.name} marker "
                          "for every unmarked quantized weight); ComfyUI casts the weight by value (garbage)")
