@@ -19,10 +19,10 @@ def param_flags() -> list[tuple[str, str, dict]]:
     from dataclasses import fields
 
     from ..formats.registry import FORMATS
+    from ..quantizer.params import writable
 
     out: dict[str, tuple[str, str, dict]] = {}
-    classes = [c for c in (fmt.params_class() for fmt in FORMATS.values()) if c is not None]
-    for cls in sorted(classes, key=lambda c: c.RANK):
+    for cls in (FORMATS[name].params_class() for name in writable()):
         defaults = {f.name: f.default for f in fields(cls)}
         for flag, dest, kw in cls.FLAGS:
             if flag not in out:
@@ -60,14 +60,10 @@ def add_parser(sub) -> None:
 
 
 def writable_names() -> str:
-    """The formats quantize writes, as the registry lists them (short names where declared)."""
-    from ..formats.registry import ALIASES, FORMATS
+    """The formats quantize writes, as the registry lists them (each by its first short name)."""
+    from ..formats.registry import FORMATS
 
-    short: dict[str, str] = {}
-    for alias, name in ALIASES.items():
-        short.setdefault(name, alias)
-    names = [short.get(n, n) for n, fmt in FORMATS.items() if fmt.writable]
-    return ", ".join(names) + " (or the full names)"
+    return ", ".join(f.aliases[0] if f.aliases else n for n, f in FORMATS.items() if f.writable) + " (or the full names)"
 
 
 def params_of(args) -> dict:
