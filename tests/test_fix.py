@@ -30,7 +30,7 @@ from comfyquant import check, open_checkpoint
 from comfyquant.cli import main
 from comfyquant.errors import InputError
 from comfyquant.repair.run import fix
-from comfyquant.repair.transforms import to_blocked
+from comfyquant.numerics.bytewise import to_blocked
 
 P = "blocks.0.attn.qkv"
 

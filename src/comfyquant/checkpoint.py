@@ -105,6 +105,11 @@ class Checkpoint:
         self.duplicates = False
         self.markers = None  # MarkerSet, set by open_checkpoint
         self.memo = Memo()
+        self.detection = None
+        """The checkpoint's dialects (``dialects.registry.detect`` fills it on first use)."""
+        self.foreign: dict[str, str] = {}
+        """Layer prefix -> dialect, for layers a foreign layout claims (set with ``detection``):
+        the runtime profiles leave those layers to their dialect's own runtime model."""
         self._source_by_file = {s.name: s for s in sources}
 
     # -- reading ---------------------------------------------------------------------------

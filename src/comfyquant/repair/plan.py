@@ -20,7 +20,7 @@ from ..formats.base import Format, GeometryError
 from ..formats.diagnose import dtype_matches, fmt_shape
 from ..formats.registry import FORMATS, infer_format
 from ..markers import HEADER, TENSOR, MarkerMerge, file_level_markers
-from . import transforms
+from ..numerics import bytewise as transforms
 
 LOSSLESS = "lossless"
 STORAGE = "write markers as tensors and header map, identical"

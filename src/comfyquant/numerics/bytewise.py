@@ -1,4 +1,4 @@
-"""Byte-level tensor transforms used by repairs: exact and independent of torch.
+"""Byte-level tensor transforms used by repairs and dialect migrations: exact and independent of torch.
 
 Each takes the raw little-endian bytes of a tensor and returns the new bytes.  They are all
 lossless: a transpose moves elements, an upcast from BF16/F16 to F32 is exact, relabels and
@@ -50,7 +50,7 @@ def to_blocked(data: bytes, rows: int, cols: int) -> tuple[bytes, tuple[int, int
     and the stored shape (the layout of :mod:`..numerics.blocked`, on a numpy array)."""
     import numpy as np
 
-    from ..numerics import blocked
+    from . import blocked
 
     out = blocked.to_blocked(np.frombuffer(data, dtype="u1").reshape(rows, cols))
     return np.ascontiguousarray(out).tobytes(), out.shape
@@ -60,6 +60,6 @@ def from_blocked(data: bytes, rows: int, cols: int) -> bytes:
     """Blocked bytes -> logical ``[rows, cols]`` scales (the inverse of :func:`to_blocked`)."""
     import numpy as np
 
-    from ..numerics import blocked
+    from . import blocked
 
     return np.ascontiguousarray(blocked.from_blocked(np.frombuffer(data, dtype="u1"), rows, cols)).tobytes()

@@ -1,0 +1,212 @@
+"""ComfyUI's legacy "scaled FP8" checkpoints (``*_fp8_scaled.safetensors``, spec dialects §1).
+
+A ``scaled_fp8`` sentinel tensor at the diffusion model's prefix (its dtype the FP8 type, 0
+elements, or 2 for "no FP8 matmul"), and per linear layer an FP8 ``weight`` with a scalar
+``scale_weight`` (and optionally ``scale_input``); layers kept in high precision may carry a
+*dummy* ``scale_weight``.  ComfyUI translates this at load time (``convert_old_quants``) into
+``float8_e4m3fn`` markers; that translation has known failure modes, which :func:`runtime`
+models: every layer is marked E4M3 (an E5M2 weight is re-cast by value), a dense layer with a
+dummy scale is cast to FP8, a sentinel outside the stripped prefix is lost, and a header map
+switches the translation off.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from ...findings import Finding
+from ...targets.base import Violation
+from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
+from ..common import DIFFUSION_ROOTS, FLOAT_SCALE_DTYPES, copy, fmt_shape, is_scalar_float, root_of, scalar_scale
+from ..decoders import scaled_fp8
+
+NAME = "comfy-legacy-fp8"
+SENTINEL = "scaled_fp8"
+FP8_FORMATS = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+DENSE_DTYPES = ("BF16", "F16", "F32")
+RENAMES = {"scale_weight": "weight_scale", "scale_input": "input_scale"}
+
+
+def sentinels(ckpt) -> list[str]:
+    return [n for n in ckpt.other_tensors if n == SENTINEL or n.endswith("." + SENTINEL)]
+
+
+def detect(ckpt, claimed: set) -> Claim | None:
+    flags = sentinels(ckpt)
+    if not flags:
+        return None
+    full_precision = any(ckpt.tensors[n].numel == 2 for n in flags)
+    layers: dict[str, Translation] = {}
+    for prefix, layer in ckpt.layers.items():
+        t = layer.tensors
+        if prefix in claimed or layer.marker is not None or "scale_weight" not in t or "weight" not in t:
+            continue
+        layers[prefix] = _translate(prefix, t, full_precision)
+    notes = []
+    for n in flags:
+        e = ckpt.tensors[n]
+        mm = "no FP8 matmul (full_precision_matrix_mult)" if e.numel == 2 else "FP8 matmul allowed"
+        notes.append(f"sentinel {n!r} {e.dtype} {fmt_shape(e.shape)}: {mm}")
+    return Claim(NAME, layers, drop=flags, notes=notes,
+                 unsettled=["scale_input == 1.0 (ComfyUI then drops it: dynamic activations)"]
+                 if any("scale_input" in tr.inputs for tr in layers.values()) else [])
+
+
+def _translate(prefix: str, t: dict, full_precision: bool) -> Translation:
+    w, sw, si = t["weight"], t["scale_weight"], t.get("scale_input")
+    others = [copy(e, s) for s, e in t.items() if s not in ("weight", "scale_weight", "scale_input")]
+    fmt = FP8_FORMATS.get(w.dtype)
+    if w.dtype in DENSE_DTYPES:
+        drops = [sw.name] + ([si.name] if si is not None else [])
+        return Translation(prefix, NAME, "dense layer, dummy scale", t, verdict=EXACT,
+                           why=f"{w.dtype} weight: the scale is a placeholder, dropped",
+                           moves=[copy(w, "weight"), *others], drops=drops, dropped_why="dummy scale on a dense layer",
+                           unsettled=["the dummy scale_weight is 1.0"])
+    if fmt is None:
+        return Translation(prefix, NAME, "unknown", t, verdict=REFUSED,
+                           why=f"{w.dtype} weight with scale_weight: not an FP8 layer ComfyUI's legacy layout knows")
+    if is_scalar_float(sw) and (si is None or is_scalar_float(si)):
+        marker = {"format": fmt}
+        if full_precision:
+            marker["full_precision_matrix_mult"] = True
+        moves = [copy(w, "weight"), scalar_scale(sw, prefix, "weight_scale"), *others]
+        if si is not None:
+            moves.append(scalar_scale(si, prefix, "input_scale"))
+        variant = "tensor" if fmt == "float8_e4m3fn" else "tensor, e5m2"
+        why = f"rename scale_weight -> weight_scale{', scale_input -> input_scale' if si is not None else ''}"
+        if sw.dtype != "F32":
+            why += f", {sw.dtype} scale -> F32 (exact)"
+        return Translation(prefix, NAME, variant, t, verdict=EXACT, why=why, format=fmt, marker=marker, moves=moves,
+                           unsettled=["scale_input == 1.0"] if si is not None else [])
+    if sw.dtype in FLOAT_SCALE_DTYPES and (len(sw.shape) in (1, 2, 3)) and len(w.shape) == 2 \
+            and _scale_fits(w.shape, sw.shape):
+        variant = "block" if len(sw.shape) == 3 else "channel"
+        return Translation(prefix, NAME, variant, t, verdict=LOSSY,
+                           why=f"{variant} scale {fmt_shape(sw.shape)}: no Comfy FP8 format has per-{variant} scales",
+                           decoder=scaled_fp8(), lossy=Lossy("float8_e4m3fn", why="re-quantized per tensor"))
+    return Translation(prefix, NAME, "unknown", t, verdict=REFUSED,
+                       why=f"scale_weight {sw.dtype} {fmt_shape(sw.shape)} does not fit weight {fmt_shape(w.shape)}")
+
+
+def _scale_fits(wshape: tuple, sshape: tuple) -> bool:
+    n, k = wshape
+    if len(sshape) == 3:
+        return sshape[0] == n and sshape[2] == 1 and sshape[1] > 0 and k % sshape[1] == 0
+    return sshape in ((n,), (n, 1))
+
+
+def _f32_scalar(data: bytes, dtype: str) -> float:
+    if dtype == "F32":
+        return struct.unpack("<f", data[:4])[0]
+    if dtype == "F16":
+        return struct.unpack("<e", data[:2])[0]
+    return struct.unpack("<f", b"\0\0" + data[:2])[0]  # BF16: the high half of an F32
+
+
+def settle(ckpt, claim: Claim) -> list[Finding]:
+    """Read the scalars the header cannot tell: ``scale_input == 1.0`` (ComfyUI drops it, so
+    the migrated layer drops it too: the file keeps behaving as ComfyUI ran it) and whether a
+    dense layer's dummy scale is 1.0 (any other value: which weight was meant is unknown)."""
+    wanted = [tr.inputs[s] for tr in claim.layers.values() for s in ("scale_input", "scale_weight")
+              if s in tr.inputs and tr.inputs[s].numel == 1 and tr.inputs[s].dtype in FLOAT_SCALE_DTYPES
+              and (s == "scale_input" or tr.format is None)]
+    values = ckpt.read_many(wanted) if wanted else {}
+    ones, findings = [], []
+    for tr in claim.layers.values():
+        si = tr.inputs.get("scale_input")
+        if si is not None and si.name in values and tr.format is not None:
+            if _f32_scalar(values[si.name], si.dtype) == 1.0:
+                tr.moves = [m for m in tr.moves if m.source != si.name]
+                tr.drops.append(si.name)
+                tr.dropped_why = "scale_input == 1.0, which ComfyUI drops (dynamic activations)"
+                ones.append(tr.prefix)
+        if tr.format is None and tr.verdict == EXACT:
+            sw = tr.inputs["scale_weight"]
+            if sw.name in values:
+                v = _f32_scalar(values[sw.name], sw.dtype)
+                if v != 1.0:
+                    tr.verdict = REFUSED
+                    tr.why = (f"dense {tr.inputs['weight'].dtype} weight with scale_weight {v!r}, not 1.0: whether the "
+                              "weight or weight x scale is meant is unknown")
+                    findings.append(Finding("F004", f"layer {tr.prefix}: dense weight carries scale_weight {v!r}, not a "
+                                                    "dummy 1.0", layer=tr.prefix, tensor=sw.name,
+                                            cause="a dense layer with a real scale in a legacy file",
+                                            fix="compare with the original weights before using this layer"))
+        tr.unsettled = []
+    claim.unsettled = []
+    if ones:
+        findings.append(Finding("F004", f"{len(ones)} legacy layer(s) have scale_input == 1.0 (e.g. {ones[0]}): ComfyUI "
+                                        "drops it and runs them with dynamic activation scales", severity="info",
+                                cause="the value, not the header, decides ComfyUI's activation scheme",
+                                fix="nothing to do; comfyquant migrate drops it the same way"))
+    return findings
+
+
+def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+    if target == "comfyui":
+        return _comfyui(ckpt, claim)
+    if target == "sglang":
+        return _unmarked_elsewhere("sglang", claim, "SGLang has no legacy scaled-FP8 reader (no comfy_quant marker)")
+    return []
+
+
+def _comfyui(ckpt, claim: Claim) -> list[Violation]:
+    out: list[Violation] = []
+    fp8 = [tr for tr in claim.layers.values() if tr.format is not None or tr.verdict == LOSSY]
+    if ckpt.markers.headers:
+        for tr in fp8:
+            out.append(Violation("comfyui.legacy", f"layer '{tr.prefix}': the header has _quantization_metadata, so "
+                                 "ComfyUI skips its legacy translation and casts the FP8 weight by value without its "
+                                 "scale_weight (garbage output, no error)", None, tr.prefix, "weight", False,
+                                 "legacy layers in a file that also has a marker map", "comfyquant migrate",
+                                 severity="error"))
+        return out
+    roots = {root_of(p) for p in claim.layers}
+    flag_roots = {n[: -len(SENTINEL)] for n in claim.drop}
+    lost = [r for r in roots if r in DIFFUSION_ROOTS and r not in flag_roots]
+    for tr in fp8:
+        if root_of(tr.prefix) in lost:
+            out.append(Violation("comfyui.legacy", f"layer '{tr.prefix}': ComfyUI strips '{root_of(tr.prefix)}' before "
+                                 f"looking for the sentinel, and the file has it as {sorted(claim.drop)[0]!r}: the "
+                                 "sentinel is lost and the FP8 weight is cast by value without its scale (garbage "
+                                 "output, no error)", None, tr.prefix, "weight", False,
+                                 "scaled_fp8 sentinel outside the diffusion model's prefix", "comfyquant migrate",
+                                 severity="error"))
+    for tr in claim.layers.values():
+        w = tr.inputs["weight"]
+        if tr.variant == "tensor, e5m2":
+            out.append(Violation("comfyui.legacy", f"layer '{tr.prefix}': ComfyUI's legacy translation marks every "
+                                 "layer float8_e4m3fn and re-casts this F8_E5M2 weight by value (garbage output, no "
+                                 "error)", None, tr.prefix, "weight", False, "E5M2 weights in a legacy file",
+                                 "comfyquant migrate (writes float8_e5m2 markers)", severity="error"))
+        elif tr.format is None and tr.verdict != LOSSY and w.dtype in DENSE_DTYPES:
+            out.append(Violation("comfyui.legacy", f"layer '{tr.prefix}': ComfyUI marks any layer with a scale_weight "
+                                 f"float8_e4m3fn and casts this {w.dtype} weight to FP8 (precision lost, no error)",
+                                 None, tr.prefix, "weight", False, "dummy scale_weight on a dense layer",
+                                 "comfyquant migrate (drops the dummy scale)", severity="warning"))
+        elif tr.verdict == LOSSY:
+            rank = len(tr.inputs["scale_weight"].shape)
+            out.append(Violation("comfyui.legacy", f"(no exact ComfyUI message modelled) layer '{tr.prefix}': "
+                                 f"{tr.variant} scale_weight {fmt_shape(tr.inputs['scale_weight'].shape)} is not a "
+                                 "per-tensor scale: ComfyUI's float8_e4m3fn layout takes one scale per tensor",
+                                 None if rank < 3 else "RuntimeError", tr.prefix, "scale_weight", rank == 3,
+                                 "per-channel or block scales (ComfyUI issue #10491)",
+                                 "comfyquant migrate --allow-lossy, or dequantize", severity="error"))
+    return out
+
+
+def _unmarked_elsewhere(target: str, claim: Claim, why: str) -> list[Violation]:
+    out = []
+    for tr in claim.layers.values():
+        if tr.format is None and tr.verdict != LOSSY:
+            continue
+        out.append(Violation(f"{target}.legacy", f"(no {target} message modelled) layer '{tr.prefix}': {why}; its "
+                             f"{tr.inputs['weight'].dtype} weight loads without its scale_weight (garbage output)",
+                             None, tr.prefix, "weight", False, "legacy scaled-FP8 layout", "comfyquant migrate",
+                             severity="error"))
+    return out
+
+
+DIALECTS = (Dialect(NAME, "ComfyUI legacy scaled FP8", writer="ComfyUI before 0.4 (fp8_scaled checkpoints)",
+                    source="spec dialects-and-loading.md §1; ComfyUI comfy/utils.py convert_old_quants",
+                    detect=detect, runtime=runtime, settle=settle, order=10),)

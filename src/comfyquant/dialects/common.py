@@ -1,0 +1,54 @@
+"""Pieces several dialects share: exact scalar-scale moves, prefixes, runtime wording."""
+
+from __future__ import annotations
+
+from ..dtypes import QUANTIZED_WEIGHT_DTYPES
+from ..numerics import bytewise
+from .base import EXACT, Move
+
+FLOAT_SCALE_DTYPES = ("F32", "F16", "BF16")
+"""Scale dtypes whose values upcast to F32 exactly."""
+
+DIFFUSION_ROOTS = ("model.diffusion_model.", "diffusion_model.")
+"""Where ComfyUI's all-in-one checkpoints keep the diffusion model (it strips this prefix)."""
+
+
+def upcast(dtype: str):
+    """The byte transform to F32 of a float scale (exact), None when it already is F32."""
+    if dtype == "F32":
+        return None
+    return lambda data, d=dtype: bytewise.to_f32(data, d)
+
+
+def scalar_scale(entry, prefix: str, suffix: str) -> Move:
+    """A one-element float scale (``[]`` or ``[1]``, F32/F16/BF16) as the F32 scalar ``prefix.suffix``
+    Comfy formats store: an exact upcast and a reshape of the same element."""
+    what = []
+    if entry.dtype != "F32":
+        what.append(f"{entry.dtype} -> F32 (exact)")
+    if tuple(entry.shape) != ():
+        what.append(f"{list(entry.shape)} -> []")
+    return Move(suffix, entry.name, "F32", (), upcast(entry.dtype), EXACT, ", ".join(what))
+
+
+def is_scalar_float(entry) -> bool:
+    return entry is not None and entry.dtype in FLOAT_SCALE_DTYPES and entry.numel == 1 and len(entry.shape) <= 1
+
+
+def copy(entry, suffix: str, prefix: str | None = None) -> Move:
+    """The tensor carried over as it is (a rename when ``suffix`` differs)."""
+    return Move(suffix, entry.name, entry.dtype, tuple(entry.shape))
+
+
+def quantized_weight(layer) -> bool:
+    w = layer.tensors.get("weight")
+    return w is not None and w.dtype in QUANTIZED_WEIGHT_DTYPES
+
+
+def root_of(name: str) -> str:
+    """The diffusion-model prefix a tensor name starts with ("" when none)."""
+    return next((r for r in DIFFUSION_ROOTS if name.startswith(r)), "")
+
+
+def fmt_shape(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
