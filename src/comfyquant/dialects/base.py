@@ -142,7 +142,11 @@ Detect = Callable[[Any, set], "Claim | None"]
 Runtime = Callable[[str, Any, "Claim"], list]
 """(target name, checkpoint, claim) -> ``targets.base.Violation`` s: what that runtime does."""
 Settle = Callable[[Any, "Claim"], list]
-"""(checkpoint, claim) -> findings from the tensor data (``--deep``)."""
+"""(checkpoint, claim) -> findings from the tensor data (``--deep``); may refine the claim's
+translations (a value that decides a move: ``scale_input == 1.0``, a dummy scale)."""
+Export = Callable[[Any, set], "Claim | None"]
+"""(Comfy checkpoint, prefixes already claimed) -> translations of its marked layers *into*
+this dialect (``migrate --to DIALECT``): the same vocabulary, the other direction."""
 
 
 class Dialect:
@@ -152,12 +156,15 @@ class Dialect:
     returns a :class:`Claim`; ``runtime`` says, per target, what that runtime does with the
     claimed layers (loads, translates, refuses with its message, or computes garbage without
     an error); ``settle`` reads tensor data for what the header cannot tell (``--deep``).
+    ``export`` (optional) translates Comfy layers into this layout, for the layouts a
+    runtime needs and Comfy can be rewritten to exactly (NVFP4 both ways).
     ``order``: detection order (a more specific layout first)."""
 
-    __slots__ = ("name", "title", "writer", "source", "detect", "runtime", "settle", "order")
+    __slots__ = ("name", "title", "writer", "source", "detect", "runtime", "settle", "export", "order")
 
     def __init__(self, name: str, title: str, *, writer: str, source: str, detect: Detect,
-                 runtime: Runtime | None = None, settle: Settle | None = None, order: int = 100) -> None:
+                 runtime: Runtime | None = None, settle: Settle | None = None, export: Export | None = None,
+                 order: int = 100) -> None:
         self.name = name
         self.title = title
         self.writer = writer
@@ -165,6 +172,7 @@ class Dialect:
         self.detect = detect
         self.runtime = runtime
         self.settle = settle
+        self.export = export
         self.order = order
 
     def __repr__(self) -> str:
