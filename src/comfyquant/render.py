@@ -166,6 +166,36 @@ def render_inventory(inv, stream=None) -> str:
     return "\n".join(lines)
 
 
+def render_migrate(result) -> str:
+    """One line per group of layers with the same dialect, variant, verdict and format."""
+    if result.nothing:
+        return (f"nothing to migrate: the file's layout is {result.dialect}"
+                + (" (already a Comfy quantized checkpoint)" if result.dialect.startswith("comfy") and "+" not in result.dialect else ""))
+    lines = [f"layout: {result.dialect} -> {result.to or 'comfy'}"]
+    groups: dict[tuple, list[dict]] = {}
+    for row in result.layers:
+        groups.setdefault((row["dialect"], row["variant"], row["verdict"], row["format"], row["why"]), []).append(row)
+    for (dialect, variant, verdict, fmt, why), rows in groups.items():
+        into = fmt or ("dense" if verdict in ("exact", "byte-permutation") else "-")
+        errors = [r["error"] for r in rows if r.get("error") is not None]
+        err = f", relative L2 error up to {max(errors):.4f}" if errors else ""
+        lines.append(f"  {verdict:<16} {len(rows):>4} x {dialect} ({variant}) -> {into}{err}")
+        lines.append(f"  {'':<16} {rows[0]['layer']}{f' (+{len(rows) - 1} more)' if len(rows) > 1 else ''}: {why}")
+    if result.plan.refused:
+        lines.append("")
+        lines.append(f"refused ({len(result.plan.refused)}): nothing is written")
+        for layer, why in result.plan.refused[:20]:
+            lines.append(f"  {layer}: {why}")
+        if len(result.plan.refused) > 20:
+            lines.append(f"  ... and {len(result.plan.refused) - 20} more (--json lists all)")
+    elif result.dry_run:
+        lines.append("dry run: nothing written")
+    else:
+        lines.append(f"wrote {', '.join(result.outputs)}" + ("" if result.after is None or result.after.ok
+                                                             else " (the re-check still finds errors: see check)"))
+    return "\n".join(lines)
+
+
 def render_fix(result) -> str:
     plan = result.plan
     lines = []
