@@ -86,7 +86,7 @@ def migrate(paths: Paths, out: str | None = None, *, in_place: bool = False, tar
         if not plan.refused:
             result.preview = _preview(ckpt, plan, target)
             if to is None:
-                _refuse_unloadable(plan, result.preview)
+                _refuse_unloadable(plan, result.preview, before)
         if dry_run and plan.requant and not plan.refused:
             from .lossy import requantize
 
@@ -119,13 +119,21 @@ def _preview(ckpt, plan: Plan, target):
         return check_checkpoint(planned, target=target)
 
 
-def _refuse_unloadable(plan: Plan, preview) -> None:
+def _refuse_unloadable(plan: Plan, preview, before) -> None:
     """A migrated layer the selected runtimes would refuse, or run into garbage, is refused
-    before anything is written (e5m2 weights for SGLang, say): named with the runtime's words."""
+    before anything is written (e5m2 weights for SGLang, say): named with the runtime's words.
+    A file-level error the input did not have (SGLang refusing the planned set of formats)
+    refuses the file."""
     migrated = {tr.out_prefix: tr.prefix for tr in plan.translations}
     seen: set[str] = set()
+    had = {(f.code, f.message) for f in before.findings}
     for f in preview.findings:
-        if f.severity != ERROR or f.layer is None:
+        if f.severity != ERROR:
+            continue
+        if f.layer is None:
+            if (f.code, f.message) not in had and migrated:
+                runtimes = f" ({', '.join(f.targets)})" if f.targets else ""
+                plan.refused.append((None, f"the migrated file would not load{runtimes}: {f.message}"))
             continue
         prefix = migrated.get(f.layer) or next((p for out, p in migrated.items() if f.layer.endswith(out)), None)
         if prefix is None or prefix in seen:
@@ -138,5 +146,6 @@ def _refuse_unloadable(plan: Plan, preview) -> None:
 def _refusal(ckpt, plan: Plan) -> str:
     layer, why = plan.refused[0]
     more = len(plan.refused) - 1
-    others = f" (and {more} more layer{'s' * (more > 1)}: see --dry-run)" if more else ""
-    return f"{ckpt.files[0]}: not migrated: layer {layer!r}: {why}{others}; nothing was written"
+    others = f" (and {more} more: see --dry-run)" if more else ""
+    where = f"layer {layer!r}: " if layer is not None else ""
+    return f"{ckpt.files[0]}: not migrated: {where}{why}{others}; nothing was written"
