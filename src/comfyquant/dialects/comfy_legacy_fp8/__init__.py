@@ -136,6 +136,7 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
                 tr.moves = [m for m in tr.moves if m.source != si.name]
                 tr.drops.append(si.name)
                 tr.dropped_why = "scale_input == 1.0, which ComfyUI drops (dynamic activations)"
+                tr.why = tr.why.replace(", rename scale_input -> input_scale", "") + ", drop scale_input == 1.0"
                 ones.append(tr.prefix)
         if tr.format is None and tr.verdict == EXACT:
             sw = tr.inputs["scale_weight"]
