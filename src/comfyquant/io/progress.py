@@ -13,6 +13,7 @@ import time
 
 from ..units import human_size
 
+
 def _every() -> float:
     try:
         return max(0.0, float(os.environ.get("COMFYQUANT_PROGRESS_EVERY", "10")))
