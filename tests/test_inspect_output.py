@@ -69,11 +69,16 @@ def test_metadata_and_tensors_on_request(tmp_path, capsys):
 def test_json_layers_carry_the_marker_and_tensors_as_data(tmp_path, capsys):
     path = sample(tmp_path)
     assert main(["inspect", path, "--json"]) == 0
-    rows = {r["layer"]: r for r in json.loads(capsys.readouterr().out)["layers"]}
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == 2
+    rows = {r["layer"]: r for r in doc["layers"]}
     row = rows[LONG]
     assert row["marker"]["format"] == "asym_w4a8_int8" and isinstance(row["marker"], dict)
-    assert row["tensors"]["weight_s_rel"] == {"dtype": "F8_E4M3", "shape": [32, 256 // 16]}
-    assert rows["final_layer.linear"]["marker"] is None
+    dtypes = {d["tensor"]: d for d in row["dtypes"]}
+    assert dtypes["weight_s_rel"] == {"tensor": "weight_s_rel", "dtype": "F8_E4M3", "shape": [32, 256 // 16]}
+    assert row["params"] == {k: v for k, v in row["marker"].items() if k != "format"} and row["params"]["convrot"]
+    assert isinstance(row["params_text"], str) and "G=16" in row["params_text"]
+    assert rows["final_layer.linear"]["marker"] is None and rows["final_layer.linear"]["params"] == {}
 
 
 def test_long_metadata_values_are_cut_to_the_width(tmp_path):

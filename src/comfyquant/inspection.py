@@ -10,6 +10,8 @@ from .formats.registry import FORMATS
 from .io.header import TensorEntry
 
 DENSE = "dense"
+SCHEMA = 2
+"""Version of ``inspect --json``: 2 made ``params`` an object and ``dtypes`` a list (1: text)."""
 
 
 class LayerRow:
@@ -52,15 +54,15 @@ class LayerRow:
             "format": self.format,
             "N": self.n,
             "K": self.k,
-            "params": self.params,
-            "dtypes": self.dtypes,
+            "params": {k: v for k, v in (self.marker or {}).items() if k != "format"},
+            "params_text": self.params,
+            "dtypes": [{"tensor": suffix, **t} for suffix, t in self.stored.items()],
             "bytes": self.bytes,
             "bits_per_weight": self.bits_per_weight,
             "marked": self.marked,
             "dialect": self.dialect,
             "verdict": self.verdict,
             "marker": self.marker,
-            "tensors": self.stored,
         }
 
 
@@ -109,7 +111,7 @@ class Inventory:
         if tensors:
             extra["tensors"] = self.tensors
         return {
-            "schema": 1,
+            "schema": SCHEMA,
             "paths": self.paths,
             "files": self.files,
             "dialect": self.dialect,

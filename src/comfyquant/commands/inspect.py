@@ -84,5 +84,7 @@ def _run_each(args, separate, mapper, remote) -> int:
         if not args.json:
             print(f"\n== {grp.label} ==\n{_text(inv, args)}", flush=True)
     if args.json:
-        print(json.dumps({"schema": 1, "note": separate.note, "checkpoints": sections}, indent=1))
+        from ..inspection import SCHEMA
+
+        print(json.dumps({"schema": SCHEMA, "note": separate.note, "checkpoints": sections}, indent=1))
     return 2 if any(s["error"] for s in sections) else 0
