@@ -7,6 +7,7 @@ when the command runs, never when the parser is built.
 from __future__ import annotations
 
 import json
+import sys
 
 from .common import add_io_arguments, add_target_argument, inputs_and_output
 
@@ -54,9 +55,25 @@ def add_common_arguments(p, format_flag: str) -> None:
 
 
 def add_parser(sub) -> None:
-    q = sub.add_parser("quantize", help=HELP, description=HELP)
+    import argparse
+
+    from ..quantizer.presets import DEFAULT_FORMAT, PRESETS, help_text
+
+    q = sub.add_parser("quantize", help=HELP, description=HELP, epilog=help_text(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     q.add_argument("-f", "--format", metavar="F", help=f"format of every layer no rule names: {writable_names()}")
     add_common_arguments(q, "--format")
+    g = q.add_argument_group("model presets and recipes")
+    g.add_argument("--preset", metavar="NAME",
+                   help=f"keep the layers a model family keeps dense ({', '.join(PRESETS)}; the lists and their "
+                        f"sources are below); others get --format, else {DEFAULT_FORMAT}; default: detected from the "
+                        "tensor names; none: no preset")
+    g.add_argument("--include", action="append", default=[], metavar="PARTS",
+                   help="in a ComfyUI all-in-one checkpoint, quantize these parts too (text-encoders, vae, all; "
+                        "comma list): by default only the diffusion model (model.diffusion_model.*)")
+    g.add_argument("--like", metavar="GOOD",
+                   help="give every layer the format and parameters it has in the quantized checkpoint GOOD "
+                        "(what comfyquant recipe GOOD prints)")
 
 
 def writable_names() -> str:
@@ -77,12 +94,15 @@ def run(args) -> int:
     inputs, out = inputs_and_output(args)
     result = quantize(inputs, out, args.format, params_of(args), rules=args.rules, exclude=args.exclude,
                       target=args.target, jobs=args.jobs, report=args.report, dry_run=args.dry_run,
-                      keep_bad=args.keep_bad, overwrite=args.overwrite, progress=False if args.no_progress else None)
+                      keep_bad=args.keep_bad, overwrite=args.overwrite, progress=False if args.no_progress else None,
+                      preset=args.preset, include=args.include, like=args.like)
     return show(result, args)
 
 
 def show(result, args) -> int:
     """Print a run's outcome (text or JSON); the exit code."""
+    for note in getattr(result.plan, "notes", None) or ():  # preset detected, --like differences
+        print(note, file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
         return 0 if result.ok else 1

@@ -78,7 +78,8 @@ def _rules(rules) -> Rules | None:
 def quantize(paths: Paths, out: str | None = None, format: str | None = None, params: dict | None = None, *,
              rules: str | os.PathLike[str] | Rules | None = None, exclude: list[str] | tuple = (), target: Targets = "all", jobs: int = 1, report: str | None = None,
              dry_run: bool = False, keep_bad: bool = False, overwrite: bool = False, progress: bool | None = None,
-             on_layer: OnLayer | None = None) -> Result:
+             on_layer: OnLayer | None = None,
+             preset: str | None = None, include: list[str] | tuple = (), like: Paths | None = None) -> Result:
     """Quantize a dense checkpoint (file, shards, folder or index) into ``out``.
 
     ``format``/``params``: the format of every layer no rule names (``params``: fields of the
@@ -87,9 +88,17 @@ def quantize(paths: Paths, out: str | None = None, format: str | None = None, pa
     ``target``: runtime(s) the output must load in; ``report``: write ``<stem>.json`` and
     ``<stem>.png``; ``out``: default ``<name>.<format>.safetensors`` next to the input
     (``<folder>.<format>`` for shards); ``overwrite``: replace existing output files (never an
-    input; :mod:`comfyquant.io.outputs`).  Raises :class:`~comfyquant.errors.InputError` for bad input."""
-    return _run("quantize", paths, out, _default_choice(format, params, "--format"), rules, exclude, target, jobs,
-                report, dry_run, keep_bad, overwrite, progress, on_layer)
+    input; :mod:`comfyquant.io.outputs`).  Raises :class:`~comfyquant.errors.InputError` for bad input.
+
+    ``preset``: a model family's keep-dense list (:mod:`.presets`; None detects it from the
+    tensor names, ``"none"`` turns presets off); ``include``: the parts of a ComfyUI all-in-one
+    checkpoint quantized besides the diffusion model (``"text-encoders"``, ``"vae"``, ``"all"``);
+    ``like``: a quantized checkpoint whose per-layer formats and parameters the output repeats
+    (:mod:`.recipe`)."""
+    default = _default_choice(format, params, "--format")
+    select = _select_args(like, rules, default, preset, include)
+    return _run("quantize", paths, out, default, select.rules if select.recipe is not None else rules, exclude, target, jobs,
+                report, dry_run, keep_bad, overwrite, progress, on_layer, select=select)
 
 
 def convert(paths: Paths, out: str | None = None, to: str | None = None, params: dict | None = None, *,
@@ -110,7 +119,7 @@ def convert(paths: Paths, out: str | None = None, to: str | None = None, params:
 
 
 def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_run, keep_bad, overwrite, progress,
-         on_layer) -> Result:
+         on_layer, select=None) -> Result:
     from ..dialects.containers import open_any
     from ..dialects.view import viewed
     from ..gate import check_input
@@ -124,7 +133,8 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
     if report and not dry_run:
         rep.require_matplotlib()
     rules = _rules(rules)
-    if default is None and (rules is None or (not rules.rules and rules.default is None)):
+    if default is None and (rules is None or (not rules.rules and rules.default is None)) and \
+            (select is None or not select.may_default):
         flag = "--format" if mode == "quantize" else "--to"
         raise InputError(f"nothing to do: give {flag} F or --rules FILE")
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
@@ -137,15 +147,22 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
             use_sources(ckpt.sources)
             jobs = 1
         check_input(ckpt, mode)  # the gate dequantize shares: check's errors refuse the input
+        selection = select.apply(ckpt) if select is not None else None
+        if selection is not None:
+            default = select.default(default, rules, selection)  # a preset's format when none is given
         if not dry_run:
             tag = default.format if default is not None else {"quantize": "quantized", "convert": "converted"}[mode]
             dest = _outputs(ckpt, out, overwrite, tag, rep.report_paths(report) if report else ())  # refuse before any work
             dests, index_dest = dest.files, dest.index
-        plan = build_plan(ckpt, mode, Options(rules, default, list(exclude), target))
+        plan = build_plan(ckpt, mode, Options(rules, default, list(exclude), target, selection))
+        if select is not None:
+            select.annotate(plan)
         if keep_bad:
             _keep_bad(plan)
         if dry_run:
             doc = rep.build(plan, list(ckpt.paths), [], {}, dry_run=True)
+            if select is not None:
+                doc["selection"] = select.to_dict(plan)
             return Result(plan, doc)
         bar = Progress(len(plan.layers), plan.bytes_in, progress, label=mode)
         created = dest.folder
@@ -160,6 +177,8 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
             raise
     outputs = dests + ([index_dest] if index_dest else [])
     doc = rep.build(plan, list(ckpt.paths), outputs, results, check, time.perf_counter() - started)
+    if select is not None:
+        doc["selection"] = select.to_dict(plan)
     files = []
     if report:
         json_path, png_path = rep.report_paths(report)
@@ -167,6 +186,12 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
         rep.write_png(doc, png_path)
         files = [json_path, png_path]
     return Result(plan, doc, check, outputs, files)
+
+
+def _select_args(like, rules, default, preset, include):
+    from .presets import Request
+
+    return Request(like, rules, default, preset, include)
 
 
 def _outputs(ckpt, out: str | None, overwrite: bool, tag: str, also):

@@ -116,6 +116,8 @@ class Plan:
         self.layers = layers
         self.others = others
         self.target = target
+        self.selection = None  # the presets.Selection that decided layers, if any
+        self.notes: list[str] = []  # what the command says besides the plan (preset detected, --like)
 
     @property
     def quantized(self) -> list[LayerPlan]:
@@ -156,10 +158,13 @@ def is_embedding(name: str) -> bool:
 class Options:
     """What decides the choices: rules, the default format, excludes, the target."""
 
-    def __init__(self, rules: Rules, default: Choice | None, excludes: list[str], target) -> None:
+    def __init__(self, rules: Rules, default: Choice | None, excludes: list[str], target, selection=None) -> None:
         self.rules = rules
         self.default = default
         self.target = target
+        self.selection = selection
+        """A :class:`~.presets.Selection` (preset keep rules, all-in-one scope) or None: it
+        decides what the user's own rules do not match, before the default format."""
         self.excludes = []
         for rx in excludes:
             try:
@@ -175,6 +180,10 @@ class Options:
 
     def choose(self, name: str) -> Choice | None:
         chosen = self.rules.choose(name) if self.rules is not None else None
+        if self.selection is not None and (chosen is None or chosen is self.rules.default):
+            picked = self.selection.choose(name)
+            if picked is not None:
+                return picked
         if chosen is None or (self.default is not None and self.rules is not None and chosen is self.rules.default):
             chosen = self.default or chosen
         return chosen
@@ -233,17 +242,9 @@ def _plan_quantize(layer, options: Options) -> LayerPlan:
     rx = options.excluded(name)
     if rx is not None:
         return _dense(layer, f"excluded by --exclude {rx!r}")
-    if len(w.shape) == 1:
-        return _dense(layer, "1-D tensor (norm or scale)")
-    if len(w.shape) != 2:
-        return _dense(layer, f"{len(w.shape)}-D weight (convolution or expert bank): quantize writes 2-D linear weights")
-    if 0 in w.shape:
-        return _dense(layer, f"empty weight {list(w.shape)}: nothing to quantize")
-    if is_embedding(name):
-        return _dense(layer, "embedding table: quantize writes linear layers")
-    extra = sorted(set(layer.tensors) - {"weight", "bias"})
-    if extra:
-        return _dense(layer, f"has other tensors ({', '.join(extra)}): not a plain linear layer")
+    why = unquantizable(layer)
+    if why is not None:
+        return _dense(layer, why)
     choice = options.choose(name)
     if choice is None:
         return _dense(layer, "no rule matches and no --format")
@@ -254,6 +255,27 @@ def _plan_quantize(layer, options: Options) -> LayerPlan:
         raise InputError(f"layer {name!r}: weight is {w.dtype}, {what}; quantize takes BF16, F16 or F32 weights "
                          "(--exclude the layer to copy it unchanged)")
     return _encode_plan(layer, choice, options, w.shape[0], w.shape[1], "dense", w.dtype)
+
+
+def unquantizable(layer) -> str | None:
+    """Why ``quantize`` copies this dense layer whatever a rule says (no weight, not a 2-D
+    linear weight, an embedding table, other tensors), or None.  ``recipe`` reads it too: such
+    layers need no rule."""
+    w = layer.weight
+    if w is None:
+        return "no weight tensor (copied)"
+    if len(w.shape) == 1:
+        return "1-D tensor (norm or scale)"
+    if len(w.shape) != 2:
+        return f"{len(w.shape)}-D weight (convolution or expert bank): quantize writes 2-D linear weights"
+    if 0 in w.shape:
+        return f"empty weight {list(w.shape)}: nothing to quantize"
+    if is_embedding(layer.prefix):
+        return "embedding table: quantize writes linear layers"
+    extra = sorted(set(layer.tensors) - {"weight", "bias"})
+    if extra:
+        return f"has other tensors ({', '.join(extra)}): not a plain linear layer"
+    return None
 
 
 def _encode_plan(layer, choice: Choice, options: Options, n: int, k: int, source: str, dtype: str) -> LayerPlan:

@@ -1,0 +1,343 @@
+"""Model-family presets: which layers of a diffusion model stay dense, and where that list comes from.
+
+A preset is data: a set of keep-dense rules (:class:`~.rules.Rules` of ``keep`` choices) plus
+the format of every other layer.  Each keep list is the one a published quantizer uses for
+that family, stated with its source, and matched the way that source matches: a *substring*
+of the layer name (written here as the glob ``*NAME*``):
+
+* ``INT8_FAST``: BobJohnson24/ComfyUI-INT8-Fast, ``int8_unet_loader.py``, the per-``model_type``
+  ``excluded_names`` its INT8 loader keeps in BF16;
+* ``GGUF``: city96/ComfyUI-GGUF, ``tools/lcpp.patch`` (the llama.cpp quantize patch: ``img_in.``,
+  ``time_in.``, ``vector_in.``, ``guidance_in.``, ``txt_in.``, ``final_layer.`` kept F32/F16) and
+  ``tools/convert.py`` (architecture detection keys);
+* ``C2Q``: silveroxides/convert_to_quant, ``convert_to_quant/constants.py``, the per-model
+  ``highprec``/``exclude`` name lists of ``MODEL_FILTERS``.
+
+Which family a file is, is read from its tensor names (``detect``: globs that must all match
+some tensor name, most specific family first), as ComfyUI's model detection and GGUF's
+``convert.py`` do.  A ComfyUI all-in-one checkpoint (``model.diffusion_model.*`` next to text
+encoders and a VAE) is quantized in its diffusion model only unless ``include`` widens it; the
+``model.diffusion_model.`` prefix is stripped for matching the preset's globs, as ComfyUI strips
+it, while the written names stay as in the file.
+
+The default format of every preset is ``float8_e4m3fn`` (per-tensor FP8: what Comfy-Org
+publishes as ``*_fp8_scaled``/``*_fp8_e4m3fn`` for these families, and the one format every
+runtime loads); ``--format`` or a rules file's ``[default]`` replace it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+
+from ..errors import InputError
+from .params import KEEP
+from .rules import Choice, Rule, Rules
+
+INT8_FAST = "ComfyUI-INT8-Fast int8_unet_loader.py excluded_names"
+GGUF = "ComfyUI-GGUF tools/lcpp.patch keep list"
+C2Q = "convert_to_quant constants.py MODEL_FILTERS"
+
+SOURCES = {
+    INT8_FAST: "https://github.com/BobJohnson24/ComfyUI-INT8-Fast/blob/main/int8_unet_loader.py",
+    GGUF: "https://github.com/city96/ComfyUI-GGUF/blob/main/tools/lcpp.patch",
+    C2Q: "https://github.com/silveroxides/convert_to_quant/blob/main/convert_to_quant/constants.py",
+}
+
+DEFAULT_FORMAT = "float8_e4m3fn"
+DIFFUSION_PREFIX = "model.diffusion_model."
+"""The diffusion model's prefix in a ComfyUI all-in-one checkpoint (stripped by ComfyUI's loader)."""
+
+COMPONENTS = (
+    ("text_encoders.", "text-encoders"),
+    ("cond_stage_model.", "text-encoders"),
+    ("conditioner.", "text-encoders"),
+    ("first_stage_model.", "vae"),
+    ("vae.", "vae"),
+)
+"""The other components of an all-in-one checkpoint, by prefix: what ``--include`` names them."""
+
+INCLUDE = ("text-encoders", "vae", "all")
+
+
+class Preset:
+    """One family: ``keep`` is (substring, source) in the source's order; ``detect`` the tensor
+    name globs that identify the family (all must match; empty: never auto-detected)."""
+
+    __slots__ = ("name", "title", "keep", "detect")
+
+    def __init__(self, name: str, title: str, keep: tuple[tuple[str, str], ...], detect: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.title = title
+        self.keep = keep
+        self.detect = detect
+
+    @property
+    def sources(self) -> list[str]:
+        return list(dict.fromkeys(src for _s, src in self.keep))
+
+    def globs(self) -> list[str]:
+        return [f"*{s}*" for s, _src in self.keep]
+
+    def rules(self) -> Rules:
+        """The keep-dense rules: one rule per name, its source in the choice's text (what
+        ``--dry-run`` shows as the reason a layer stays dense)."""
+        rules = []
+        for i, (sub, src) in enumerate(self.keep):
+            glob = f"*{sub}*"
+            rules.append(Rule([glob], Choice(KEEP, None, f"preset {self.name} {glob!r} ({src})"), i))
+        return Rules(rules, None, f"preset {self.name}")
+
+
+def _keep(source: str, *names: str) -> tuple[tuple[str, str], ...]:
+    return tuple((n, source) for n in names)
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("flux2", "FLUX.2 (BFL layout)",
+           _keep(INT8_FAST, "img_in", "time_in", "guidance_in", "txt_in", "double_stream_modulation_img",
+                 "double_stream_modulation_txt", "single_stream_modulation")
+           + _keep(C2Q, "final_layer"),
+           ("double_blocks.*", "double_stream_modulation_img.*")),
+    Preset("chroma", "Chroma (FLUX.1-derived, distilled guidance)",
+           _keep(INT8_FAST, "distilled_guidance_layer", "final_layer", "img_in", "txt_in", "nerf_image_embedder",
+                 "nerf_blocks", "nerf_final_layer_conv", "__x0__"),
+           ("double_blocks.*", "distilled_guidance_layer.*")),
+    Preset("hunyuan-video", "HunyuanVideo (ComfyUI layout)",
+           _keep(GGUF, "img_in", "time_in", "vector_in", "guidance_in", "txt_in", "final_layer")
+           + _keep(C2Q, "vision_in.proj.0", "vision_in.proj.4", "cond_type_embedding"),
+           ("double_blocks.*", "txt_in.individual_token_refiner.*")),
+    Preset("flux", "FLUX.1 dev/schnell (BFL layout)",
+           _keep(GGUF, "img_in", "time_in", "vector_in", "guidance_in", "txt_in", "final_layer"),
+           ("double_blocks.*", "single_blocks.*", "img_in.*")),
+    Preset("wan", "Wan 2.1/2.2 video",
+           _keep(INT8_FAST, "patch_embedding", "text_embedding", "time_embedding", "time_projection", "head", "img_emb"),
+           ("blocks.*.self_attn.*", "text_embedding.*", "head.*")),
+    Preset("qwen-image", "Qwen-Image",
+           _keep(INT8_FAST, "time_text_embed", "img_in", "norm_out", "proj_out", "txt_in")
+           + _keep(C2Q, "transformer_blocks.0.img_mod.1"),
+           ("transformer_blocks.*.img_mod.*", "txt_norm.*", "img_in.*")),
+    Preset("z-image", "Z-Image (NextDiT)",
+           _keep(INT8_FAST, "cap_embedder", "t_embedder", "x_embedder", "cap_pad_token", "context_refiner", "final_layer",
+                 "noise_refiner", "adaLN", "x_pad_token", "layers.0."),
+           ("context_refiner.*", "noise_refiner.*", "cap_embedder.*")),
+    Preset("ltx2", "LTX-2 (audio-video)",
+           _keep(INT8_FAST, "adaln_single", "audio_adaln_single", "audio_caption_projection", "audio_patchify_proj",
+                 "audio_proj_out", "audio_scale_shift_table", "av_ca_a2v_gate_adaln_single",
+                 "av_ca_audio_scale_shift_adaln_single", "av_ca_v2a_gate_adaln_single",
+                 "av_ca_video_scale_shift_adaln_single", "caption_projection", "patchify_proj", "proj_out",
+                 "scale_shift_table"),
+           ("adaln_single.*", "audio_adaln_single.*")),
+    Preset("ernie", "ERNIE image (no auto-detection)", _keep(INT8_FAST, "time", "x_embedder", "text_proj", "adaLN")),
+    Preset("anima", "Anima (no auto-detection)", _keep(INT8_FAST, "embed", "llm", "adaln")),
+)}
+"""Every preset, in detection order (a family whose signature contains another's comes first)."""
+
+
+def help_text() -> str:
+    """The presets as ``quantize --help`` lists them: name, title, kept names, source."""
+    lines = ["presets (--preset NAME; layers whose name contains one of these stay dense; "
+             f"other layers get {DEFAULT_FORMAT} unless --format or a rules [default] says otherwise):"]
+    for p in PRESETS.values():
+        by_source: dict[str, list[str]] = {}
+        for sub, src in p.keep:
+            by_source.setdefault(src, []).append(sub)
+        kept = "; ".join(f"{', '.join(subs)} [{src}]" for src, subs in by_source.items())
+        lines.append(f"  {p.name}: {p.title}: {kept}")
+    lines.append("sources: " + "; ".join(f"[{k}] {v}" for k, v in SOURCES.items()))
+    return "\n".join(lines)
+
+
+def resolve_preset(name: str | None) -> str | None:
+    """``None``/``auto`` (detect), ``none`` (off) or a preset name; refuses others in one line."""
+    if name is None:
+        return None
+    key = name.strip().lower()
+    if key in ("auto", ""):
+        return None
+    if key in ("none", "off"):
+        return "none"
+    if key not in PRESETS:
+        raise InputError(f"--preset {name!r}: unknown preset; choose from {', '.join(PRESETS)}, or none")
+    return key
+
+
+def resolve_include(values) -> frozenset[str]:
+    out: set[str] = set()
+    for value in values or ():
+        for part in str(value).split(","):
+            key = part.strip().lower()
+            if not key:
+                continue
+            if key not in INCLUDE:
+                raise InputError(f"--include {part.strip()!r}: choose from {', '.join(INCLUDE)}")
+            out.add(key)
+    if "all" in out:
+        out = {"text-encoders", "vae", "other"}
+    return frozenset(out)
+
+
+def component(name: str) -> str:
+    """What part of an all-in-one checkpoint a name outside the diffusion model belongs to."""
+    for prefix, kind in COMPONENTS:
+        if name.startswith(prefix):
+            return kind
+    return "other"
+
+
+def detect(names) -> tuple[Preset, list[str]] | None:
+    """(preset, evidence) of the first family whose every signature glob matches a name."""
+    names = list(names)
+    for p in PRESETS.values():
+        if not p.detect:
+            continue
+        if all(any(rx.fullmatch(n) for n in names) for rx in (re.compile(fnmatch.translate(g)) for g in p.detect)):
+            return p, [g.split(".", 1)[0] for g in p.detect]
+    return None
+
+
+class Selection:
+    """What decides a layer before the format: the all-in-one scope and the preset's keep rules.
+
+    ``choose(name)`` gives a ``keep`` choice (with its reason) or None (the default applies);
+    the user's own rules come first (``plan.Options``), ``--exclude`` before everything."""
+
+    def __init__(self, preset: Preset | None, how: str, evidence: list[str], all_in_one: bool,
+                 include: frozenset[str]) -> None:
+        self.preset = preset
+        self.how = how  # "detected", "given", "none" (disabled), "undetected"
+        self.evidence = evidence
+        self.all_in_one = all_in_one
+        self.include = include
+        self.rules = preset.rules() if preset is not None else None
+        self.notes: list[str] = []
+        if preset is not None and how == "detected":
+            self.notes.append(f"preset {preset.name} detected from tensor names ({', '.join(evidence)}); "
+                              "--preset none disables it")
+        elif preset is not None:
+            self.notes.append(f"preset {preset.name} (--preset)")
+        elif how == "undetected":
+            self.notes.append("no preset: the tensor names match no known model family (--preset NAME to choose one)")
+        if all_in_one:
+            widened = ", ".join(sorted(include)) or "nothing else"
+            self.notes.append(f"all-in-one checkpoint: quantizing the diffusion model ({DIFFUSION_PREFIX}*) and "
+                              f"{widened}; --include text-encoders,vae widens")
+
+    def default_choice(self) -> Choice | None:
+        """The preset's format for layers nothing else decides (None without a preset)."""
+        if self.preset is None:
+            return None
+        from .params import validate
+
+        return Choice(DEFAULT_FORMAT, validate(DEFAULT_FORMAT, {}, f"preset {self.preset.name}"),
+                      f"preset {self.preset.name} default")
+
+    def choose(self, name: str) -> Choice | None:
+        inner = name
+        if self.all_in_one:
+            if name.startswith(DIFFUSION_PREFIX):
+                inner = name[len(DIFFUSION_PREFIX):]
+            else:
+                kind = component(name)
+                if kind in self.include:
+                    return None
+                flag = f"--include {kind}" if kind != "other" else "--include all"
+                return Choice(KEEP, None, f"all-in-one checkpoint: {kind if kind != 'other' else 'not the diffusion model'} "
+                                          f"({flag} quantizes it)")
+        if self.rules is not None:
+            chosen = self.rules.choose(inner)
+            if chosen is not None:
+                return chosen
+        return None
+
+    def to_dict(self) -> dict:
+        return {"preset": self.preset.name if self.preset is not None else None, "how": self.how,
+                "evidence": self.evidence, "keep": self.preset.globs() if self.preset is not None else [],
+                "sources": {s: SOURCES[s] for s in self.preset.sources} if self.preset is not None else {},
+                "all_in_one": self.all_in_one, "include": sorted(self.include), "notes": self.notes}
+
+
+def select(names, preset: str | None = None, include=()) -> Selection:
+    """The selection for a checkpoint with tensor ``names``: ``preset`` None detects the
+    family, ``"none"`` disables presets, a name forces one; ``include``: the components of an
+    all-in-one checkpoint to quantize besides the diffusion model."""
+    names = list(names)
+    chosen = resolve_preset(preset)
+    wanted = resolve_include(include)
+    all_in_one = any(n.startswith(DIFFUSION_PREFIX) for n in names)
+    if wanted and not all_in_one:
+        raise InputError(f"--include {', '.join(sorted(wanted - {'other'}))}: not an all-in-one checkpoint "
+                         f"(no {DIFFUSION_PREFIX}* tensors): every layer is already quantized")
+    inner = [n[len(DIFFUSION_PREFIX):] for n in names if n.startswith(DIFFUSION_PREFIX)] if all_in_one else names
+    if chosen == "none":
+        return Selection(None, "none", [], all_in_one, wanted)
+    if chosen is not None:
+        return Selection(PRESETS[chosen], "given", [], all_in_one, wanted)
+    found = detect(inner)
+    if found is None:
+        return Selection(None, "undetected", [], all_in_one, wanted)
+    return Selection(found[0], "detected", found[1], all_in_one, wanted)
+
+
+class Request:
+    """What a ``quantize`` call asked of the selection (``preset``, ``include``, ``like``),
+    checked before the input is opened; :meth:`apply` then reads the checkpoint's names."""
+
+    def __init__(self, like, rules, default: Choice | None, preset: str | None, include) -> None:
+        self.preset = resolve_preset(preset)
+        self.include = resolve_include(include)
+        self.recipe = None
+        self.rules = None
+        self.selection: Selection | None = None
+        if like is not None:
+            if rules is not None or default is not None or self.preset not in (None, "none") or self.include:
+                raise InputError("--like GOOD gives every layer its format and parameters: it does not combine with "
+                                 "--format, format parameters, --rules, --preset or --include")
+            from .recipe import read_recipe
+
+            self.recipe = read_recipe(like)
+            self.rules = self.recipe.rules()
+            self.preset = "none"
+        self.may_default = self.recipe is None and self.preset != "none"
+        """Whether a preset may still supply the format when the call gives none."""
+
+    def apply(self, ckpt) -> Selection | None:
+        if self.recipe is not None:
+            return None
+        self.selection = select(list(ckpt.tensors), self.preset, self.include)
+        return self.selection
+
+    def default(self, default: Choice | None, rules, selection: Selection) -> Choice | None:
+        """The format of layers nothing decides: the call's, else (no rules file) the preset's."""
+        if default is not None or rules is not None:
+            return default
+        found = selection.default_choice()
+        if found is None:
+            why = "no preset matches the tensor names" if selection.how == "undetected" else "presets are off"
+            raise InputError(f"nothing to do: give --format F, --rules FILE or --preset NAME ({why})")
+        return found
+
+    def annotate(self, plan) -> None:
+        """Attach what decided the plan, and how a ``--like`` plan differs from GOOD."""
+        plan.selection = self.selection
+        if self.selection is not None:
+            plan.notes += self.selection.notes
+        if self.recipe is not None:
+            diffs = self.recipe.differences(plan)
+            good = self.recipe.paths[0]
+            if diffs:
+                shown = "; ".join(diffs[:5]) + (f"; ... ({len(diffs)} layers)" if len(diffs) > 5 else "")
+                plan.notes.append(f"warning: --like {good}: {len(diffs)} layers differ from it: {shown}")
+            else:
+                same = sum(1 for c in self.recipe.choices.values() if not c.why)
+                plan.notes.append(f"--like {good}: the plan repeats its choices for all {same} layers")
+            for c in self.recipe.unreproducible:
+                plan.notes.append(f"warning: --like {good}: {c.name} cannot be reproduced ({c.why}); kept dense")
+
+    def to_dict(self, plan) -> dict:
+        out = self.selection.to_dict() if self.selection is not None else {"preset": None, "how": "none"}
+        if self.recipe is not None:
+            out["like"] = {"inputs": self.recipe.paths, "differences": self.recipe.differences(plan),
+                           "unreproducible": [c.name for c in self.recipe.unreproducible]}
+        out["notes"] = list(plan.notes)
+        return out
