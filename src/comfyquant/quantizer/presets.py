@@ -34,15 +34,16 @@ from ..errors import InputError
 from .params import KEEP
 from .rules import Choice, Rule, Rules
 
-INT8_FAST = "ComfyUI-INT8-Fast int8_unet_loader.py excluded_names"
-GGUF = "ComfyUI-GGUF tools/lcpp.patch keep list"
-C2Q = "convert_to_quant constants.py MODEL_FILTERS"
+INT8_FAST = "ComfyUI-INT8-Fast"
+GGUF = "ComfyUI-GGUF"
+C2Q = "convert_to_quant"
 
 SOURCES = {
-    INT8_FAST: "https://github.com/BobJohnson24/ComfyUI-INT8-Fast/blob/main/int8_unet_loader.py",
-    GGUF: "https://github.com/city96/ComfyUI-GGUF/blob/main/tools/lcpp.patch",
-    C2Q: "https://github.com/silveroxides/convert_to_quant/blob/main/convert_to_quant/constants.py",
+    INT8_FAST: "https://github.com/BobJohnson24/ComfyUI-INT8-Fast int8_unet_loader.py: excluded_names per model_type",
+    GGUF: "https://github.com/city96/ComfyUI-GGUF tools/lcpp.patch: names kept F32/F16 by the quantizer",
+    C2Q: "https://github.com/silveroxides/convert_to_quant convert_to_quant/constants.py: MODEL_FILTERS",
 }
+"""Where each keep list comes from (the repository, the file, what in it)."""
 
 DEFAULT_FORMAT = "float8_e4m3fn"
 DIFFUSION_PREFIX = "model.diffusion_model."
@@ -134,17 +135,24 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
 """Every preset, in detection order (a family whose signature contains another's comes first)."""
 
 
-def help_text() -> str:
-    """The presets as ``quantize --help`` lists them: name, title, kept names, source."""
-    lines = ["presets (--preset NAME; layers whose name contains one of these stay dense; "
-             f"other layers get {DEFAULT_FORMAT} unless --format or a rules [default] says otherwise):"]
+def help_text(width: int = 79) -> str:
+    """The presets as ``quantize --help`` lists them: name, title, kept names, source (wrapped
+    to ``width`` columns)."""
+    import textwrap
+
+    lines = textwrap.wrap("presets (--preset NAME): layers whose name contains one of these names stay dense; other "
+                          f"layers get {DEFAULT_FORMAT} unless --format or a rules [default] says otherwise.", width)
     for p in PRESETS.values():
         by_source: dict[str, list[str]] = {}
         for sub, src in p.keep:
             by_source.setdefault(src, []).append(sub)
         kept = "; ".join(f"{', '.join(subs)} [{src}]" for src, subs in by_source.items())
-        lines.append(f"  {p.name}: {p.title}: {kept}")
-    lines.append("sources: " + "; ".join(f"[{k}] {v}" for k, v in SOURCES.items()))
+        lines += textwrap.wrap(f"{p.name}: {p.title}: {kept}", width, initial_indent="  ", subsequent_indent="      ",
+                               break_on_hyphens=False)
+    lines.append("sources:")
+    for key, where in SOURCES.items():
+        lines += textwrap.wrap(f"[{key}] {where}", width, initial_indent="  ", subsequent_indent="      ",
+                               break_on_hyphens=False, break_long_words=False)
     return "\n".join(lines)
 
 
@@ -314,7 +322,7 @@ class Request:
         found = selection.default_choice()
         if found is None:
             why = "no preset matches the tensor names" if selection.how == "undetected" else "presets are off"
-            raise InputError(f"nothing to do: give --format F, --rules FILE or --preset NAME ({why})")
+            raise InputError(f"nothing to do: give --format F or --rules FILE (or --preset NAME: {why})")
         return found
 
     def annotate(self, plan) -> None:
