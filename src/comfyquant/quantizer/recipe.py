@@ -191,6 +191,10 @@ def layer_choice(layer) -> LayerChoice:
         return LayerChoice(name, KEEP, why=f"{fmt.name} tensors give no weight shape")
     stored = {s: (e.dtype, tuple(e.shape)) for s, e in layer.tensors.items() if s not in ("bias", "comfy_quant")}
     specs = list(fields(cls))
+    # a parameter quantize always writes one way (one allowed value) is no choice: GOOD's
+    # marker may leave it out (ComfyUI's W4A8 markers omit ``convrot``), the output states it
+    fixed = {spec.name for spec in specs if len(spec.metadata.get("choices", ())) == 1}
+    have = {key: value for key, value in have.items() if key not in fixed}
     options = [_candidates(spec, have, env) for spec in specs]
     combos = itertools.islice(itertools.product(*options), MAX_COMBINATIONS)
     for combo in combos:
@@ -200,7 +204,8 @@ def layer_choice(layer) -> LayerChoice:
             planned = planned_tensors(params, n, k)
         except (InputError, PlanError):
             continue
-        if fmt.params(params.marker()) == have and planned == stored:
+        written = {key: value for key, value in fmt.params(params.marker()).items() if key not in fixed}
+        if written == have and planned == stored:
             return LayerChoice(name, fmt.name, params, given)
     try:
         extra = sorted(set(stored) - set(planned_tensors(cls.validate({}, name), n, k)))
