@@ -251,3 +251,34 @@ def test_unreproducible_layers_are_said(tmp_path, capsys):
     rules = parse_rules(tomllib.loads(out))
     assert rules.choose("blocks.0.q").format == "keep" and rules.choose("blocks.1.q").format == "float8_e4m3fn"
     assert read_recipe(good).to_dict()["unreproducible"][0]["layer"] == "blocks.0.q"
+
+
+def test_mutated_checkpoints_never_crash_recipe(capsys):
+    """The fuzz campaign of ``test_fuzz_commands`` on ``recipe``: a verdict or one line, never a traceback."""
+    import os
+    import tempfile
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from test_fuzz_commands import EXAMPLES, build, digest, mutation
+
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(mutation, min_size=1, max_size=3), st.sampled_from([["recipe"], ["recipe", "--json"]]))
+    def run(mutations, command):
+        with tempfile.TemporaryDirectory() as folder:
+            src = os.path.join(folder, "in.safetensors")
+            build(src, mutations)
+            before = digest(src)
+            rc = main([command[0], src, *command[1:]])
+            out, err = capsys.readouterr()
+            assert rc in (0, 1, 2), f"{command}: exit {rc}: {err} ({mutations})"
+            assert "internal error" not in err and "Traceback" not in err, err
+            if rc == 2:
+                assert err.count("\n") == 1, err
+            elif "--json" not in command:
+                from comfyquant.quantizer.rules import parse_rules
+
+                parse_rules(tomllib.loads(out))  # whatever it prints is a rules file
+            assert digest(src) == before
+
+    run()
