@@ -260,6 +260,7 @@ def test_mutated_checkpoints_never_crash_recipe(capsys):
 
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
+
     from test_fuzz_commands import EXAMPLES, build, digest, mutation
 
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
