@@ -212,6 +212,17 @@ def test_all_in_one_quantizes_the_diffusion_model_only(tmp_path, capsys):
     assert h[f"{pre}double_blocks.0.img_attn.qkv.weight"]["dtype"] == "F8_E4M3"
 
 
+def test_prefixed_diffusion_model_alone(tmp_path):
+    """A file holding only model.diffusion_model.*: the prefix is stripped for the preset, and
+    nothing is an all-in-one part to leave out."""
+    src = _save(tmp_path / "dm.safetensors", FLUX, prefix="model.diffusion_model.")
+    r = _plan(src)
+    inner = {n for n, s in FLUX.items() if len(s) == 2}
+    assert _split(r)[0] == {"model.diffusion_model." + n for n in inner - FLUX_KEPT}
+    assert r.doc["selection"]["preset"] == "flux" and not r.doc["selection"]["all_in_one"]
+    assert not any("all-in-one" in n for n in r.plan.notes)
+
+
 def test_include_needs_an_all_in_one_checkpoint(tmp_path, capsys):
     src = _save(tmp_path / "flux.safetensors", FLUX)
     assert main(["quantize", src, "--include", "text-encoders", "--dry-run"]) == 2

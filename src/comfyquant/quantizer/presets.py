@@ -211,11 +211,12 @@ class Selection:
     the user's own rules come first (``plan.Options``), ``--exclude`` before everything."""
 
     def __init__(self, preset: Preset | None, how: str, evidence: list[str], all_in_one: bool,
-                 include: frozenset[str]) -> None:
+                 include: frozenset[str], prefixed: bool = False) -> None:
         self.preset = preset
         self.how = how  # "detected", "given", "none" (disabled), "undetected"
         self.evidence = evidence
-        self.all_in_one = all_in_one
+        self.all_in_one = all_in_one  # model.diffusion_model.* next to other parts
+        self.prefixed = prefixed or all_in_one  # model.diffusion_model.* names (stripped for the globs)
         self.include = include
         self.rules = preset.rules() if preset is not None else None
         self.notes: list[str] = []
@@ -242,10 +243,10 @@ class Selection:
 
     def choose(self, name: str) -> Choice | None:
         inner = name
-        if self.all_in_one:
+        if self.prefixed:
             if name.startswith(DIFFUSION_PREFIX):
                 inner = name[len(DIFFUSION_PREFIX):]
-            else:
+            elif self.all_in_one:
                 kind = component(name)
                 if kind in self.include:
                     return None
@@ -272,19 +273,20 @@ def select(names, preset: str | None = None, include=()) -> Selection:
     names = list(names)
     chosen = resolve_preset(preset)
     wanted = resolve_include(include)
-    all_in_one = any(n.startswith(DIFFUSION_PREFIX) for n in names)
+    prefixed = any(n.startswith(DIFFUSION_PREFIX) for n in names)
+    all_in_one = prefixed and any(not n.startswith(DIFFUSION_PREFIX) for n in names)
     if wanted and not all_in_one:
         raise InputError(f"--include {', '.join(sorted(wanted - {'other'}))}: not an all-in-one checkpoint "
-                         f"(no {DIFFUSION_PREFIX}* tensors): every layer is already quantized")
-    inner = [n[len(DIFFUSION_PREFIX):] for n in names if n.startswith(DIFFUSION_PREFIX)] if all_in_one else names
+                         f"({DIFFUSION_PREFIX}* next to text encoders or a VAE): every layer is already quantized")
+    inner = [n[len(DIFFUSION_PREFIX):] for n in names if n.startswith(DIFFUSION_PREFIX)] if prefixed else names
     if chosen == "none":
-        return Selection(None, "none", [], all_in_one, wanted)
+        return Selection(None, "none", [], all_in_one, wanted, prefixed)
     if chosen is not None:
-        return Selection(PRESETS[chosen], "given", [], all_in_one, wanted)
+        return Selection(PRESETS[chosen], "given", [], all_in_one, wanted, prefixed)
     found = detect(inner)
     if found is None:
-        return Selection(None, "undetected", [], all_in_one, wanted)
-    return Selection(found[0], "detected", found[1], all_in_one, wanted)
+        return Selection(None, "undetected", [], all_in_one, wanted, prefixed)
+    return Selection(found[0], "detected", found[1], all_in_one, wanted, prefixed)
 
 
 class Request:
