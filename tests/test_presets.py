@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -248,3 +249,17 @@ def test_help_states_each_list_and_its_source(capsys):
         assert where.split()[0] in text  # the repository
     for key in SOURCES:
         assert f"[{key}]" in text
+
+
+def test_preset_data_is_complete():
+    """presets.toml: every preset's format is one quantize writes, every list names a known
+    source with its repository, and the data file ships with the package."""
+    from comfyquant.quantizer.params import resolve_format
+
+    for p in PRESETS.values():
+        assert resolve_format(p.format) and p.keep and p.title
+        assert all(src in SOURCES for _name, src in p.keep)
+    assert all(where.startswith("https://github.com/") for where in SOURCES.values())
+    assert sum(1 for p in PRESETS.values() if p.detect) >= 8
+    with open(Path(__file__).parents[1] / "pyproject.toml", encoding="utf-8") as fh:
+        assert "quantizer/presets.toml" in fh.read()

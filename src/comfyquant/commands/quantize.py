@@ -57,7 +57,7 @@ def add_common_arguments(p, format_flag: str) -> None:
 def add_parser(sub) -> None:
     import argparse
 
-    from ..quantizer.presets import DEFAULT_FORMAT, PRESETS, help_text
+    from ..quantizer.presets import PRESETS, help_text
 
     q = sub.add_parser("quantize", help=HELP, description=HELP, epilog=help_text(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,8 +66,8 @@ def add_parser(sub) -> None:
     g = q.add_argument_group("model presets and recipes")
     g.add_argument("--preset", metavar="NAME",
                    help=f"keep the layers a model family keeps dense ({', '.join(PRESETS)}; the lists and their "
-                        f"sources are below); others get --format, else {DEFAULT_FORMAT}; default: detected from the "
-                        "tensor names; none: no preset")
+                        f"sources are below); others get --format, else the preset's format; default: detected from "
+                        "the tensor names; none: no preset")
     g.add_argument("--include", action="append", default=[], metavar="PARTS",
                    help="in a ComfyUI all-in-one checkpoint, quantize these parts too (text-encoders, vae, all; "
                         "comma list): by default only the diffusion model (model.diffusion_model.*)")

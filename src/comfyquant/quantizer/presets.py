@@ -1,16 +1,17 @@
 """Model-family presets: which layers of a diffusion model stay dense, and where that list comes from.
 
-A preset is data: a set of keep-dense rules (:class:`~.rules.Rules` of ``keep`` choices) plus
-the format of every other layer.  Each keep list is the one a published quantizer uses for
-that family, stated with its source, and matched the way that source matches: a *substring*
-of the layer name (written here as the glob ``*NAME*``):
+A preset is data (``presets.toml`` next to this module): per family, keep-dense name lists,
+each with its source, and the format of every other layer.  It becomes a rules set in the
+rules-file machinery (:class:`~.rules.Rules` of ``keep`` choices), so ``--dry-run`` says which
+preset rule kept each layer.  Each keep list is the one a published quantizer uses for that
+family, matched the way that source matches it: a *substring* of the layer name (the glob
+``*NAME*``).  The sources (``[sources]`` in the data file):
 
-* ``INT8_FAST``: BobJohnson24/ComfyUI-INT8-Fast, ``int8_unet_loader.py``, the per-``model_type``
+* ComfyUI-INT8-Fast (BobJohnson24), ``int8_unet_loader.py``: the per-``model_type``
   ``excluded_names`` its INT8 loader keeps in BF16;
-* ``GGUF``: city96/ComfyUI-GGUF, ``tools/lcpp.patch`` (the llama.cpp quantize patch: ``img_in.``,
-  ``time_in.``, ``vector_in.``, ``guidance_in.``, ``txt_in.``, ``final_layer.`` kept F32/F16) and
-  ``tools/convert.py`` (architecture detection keys);
-* ``C2Q``: silveroxides/convert_to_quant, ``convert_to_quant/constants.py``, the per-model
+* ComfyUI-GGUF (city96), ``tools/lcpp.patch``: the names its llama.cpp quantize patch keeps in
+  F32/F16 (``img_in.``, ``time_in.``, ``vector_in.``, ``guidance_in.``, ``txt_in.``, ``final_layer.``);
+* convert_to_quant (silveroxides), ``convert_to_quant/constants.py``: the per-model
   ``highprec``/``exclude`` name lists of ``MODEL_FILTERS``.
 
 Which family a file is, is read from its tensor names (``detect``: globs that must all match
@@ -19,33 +20,21 @@ some tensor name, most specific family first), as ComfyUI's model detection and 
 encoders and a VAE) is quantized in its diffusion model only unless ``include`` widens it; the
 ``model.diffusion_model.`` prefix is stripped for matching the preset's globs, as ComfyUI strips
 it, while the written names stay as in the file.
-
-The default format of every preset is ``float8_e4m3fn`` (per-tensor FP8: what Comfy-Org
-publishes as ``*_fp8_scaled``/``*_fp8_e4m3fn`` for these families, and the one format every
-runtime loads); ``--format`` or a rules file's ``[default]`` replace it.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
+import sys
 
 from ..errors import InputError
 from .params import KEEP
 from .rules import Choice, Rule, Rules
 
-INT8_FAST = "ComfyUI-INT8-Fast"
-GGUF = "ComfyUI-GGUF"
-C2Q = "convert_to_quant"
+DATA = "presets.toml"
+"""The presets, in this package (a data file: formats are named in data, never in code)."""
 
-SOURCES = {
-    INT8_FAST: "https://github.com/BobJohnson24/ComfyUI-INT8-Fast int8_unet_loader.py: excluded_names per model_type",
-    GGUF: "https://github.com/city96/ComfyUI-GGUF tools/lcpp.patch: names kept F32/F16 by the quantizer",
-    C2Q: "https://github.com/silveroxides/convert_to_quant convert_to_quant/constants.py: MODEL_FILTERS",
-}
-"""Where each keep list comes from (the repository, the file, what in it)."""
-
-DEFAULT_FORMAT = "float8_e4m3fn"
 DIFFUSION_PREFIX = "model.diffusion_model."
 """The diffusion model's prefix in a ComfyUI all-in-one checkpoint (stripped by ComfyUI's loader)."""
 
@@ -63,15 +52,18 @@ INCLUDE = ("text-encoders", "vae", "all")
 
 class Preset:
     """One family: ``keep`` is (substring, source) in the source's order; ``detect`` the tensor
-    name globs that identify the family (all must match; empty: never auto-detected)."""
+    name globs that identify the family (all must match; empty: never auto-detected);
+    ``format`` the format of the layers it does not keep."""
 
-    __slots__ = ("name", "title", "keep", "detect")
+    __slots__ = ("name", "title", "keep", "detect", "format")
 
-    def __init__(self, name: str, title: str, keep: tuple[tuple[str, str], ...], detect: tuple[str, ...] = ()) -> None:
+    def __init__(self, name: str, title: str, keep: tuple[tuple[str, str], ...], detect: tuple[str, ...] = (),
+                 format: str = "") -> None:
         self.name = name
         self.title = title
         self.keep = keep
         self.detect = detect
+        self.format = format
 
     @property
     def sources(self) -> list[str]:
@@ -90,49 +82,28 @@ class Preset:
         return Rules(rules, None, f"preset {self.name}")
 
 
-def _keep(source: str, *names: str) -> tuple[tuple[str, str], ...]:
-    return tuple((n, source) for n in names)
+def _load() -> tuple[dict[str, Preset], dict[str, str]]:
+    """The presets and sources of the data file (shipped with the package: a problem in it is a bug)."""
+    from importlib import resources
+
+    if sys.version_info >= (3, 11):
+        import tomllib as toml
+    else:  # pragma: no cover - a declared dependency on Python 3.10
+        import tomli as toml
+    doc = toml.loads(resources.files(__package__).joinpath(DATA).read_text(encoding="utf-8"))
+    sources = dict(doc["sources"])
+    presets = {}
+    for entry in doc["preset"]:
+        keep = tuple((name, group["source"]) for group in entry["keep"] for name in group["names"])
+        unknown = {src for _n, src in keep} - set(sources)
+        if unknown:  # pragma: no cover - checked by the tests
+            raise RuntimeError(f"{DATA}: preset {entry['name']} names unknown sources {sorted(unknown)}")
+        presets[entry["name"]] = Preset(entry["name"], entry["title"], keep, tuple(entry["detect"]), entry["format"])
+    return presets, sources
 
 
-PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset("flux2", "FLUX.2 (BFL layout)",
-           _keep(INT8_FAST, "img_in", "time_in", "guidance_in", "txt_in", "double_stream_modulation_img",
-                 "double_stream_modulation_txt", "single_stream_modulation")
-           + _keep(C2Q, "final_layer"),
-           ("double_blocks.*", "double_stream_modulation_img.*")),
-    Preset("chroma", "Chroma (FLUX.1-derived, distilled guidance)",
-           _keep(INT8_FAST, "distilled_guidance_layer", "final_layer", "img_in", "txt_in", "nerf_image_embedder",
-                 "nerf_blocks", "nerf_final_layer_conv", "__x0__"),
-           ("double_blocks.*", "distilled_guidance_layer.*")),
-    Preset("hunyuan-video", "HunyuanVideo (ComfyUI layout)",
-           _keep(GGUF, "img_in", "time_in", "vector_in", "guidance_in", "txt_in", "final_layer")
-           + _keep(C2Q, "vision_in.proj.0", "vision_in.proj.4", "cond_type_embedding"),
-           ("double_blocks.*", "txt_in.individual_token_refiner.*")),
-    Preset("flux", "FLUX.1 dev/schnell (BFL layout)",
-           _keep(GGUF, "img_in", "time_in", "vector_in", "guidance_in", "txt_in", "final_layer"),
-           ("double_blocks.*", "single_blocks.*", "img_in.*")),
-    Preset("wan", "Wan 2.1/2.2 video",
-           _keep(INT8_FAST, "patch_embedding", "text_embedding", "time_embedding", "time_projection", "head", "img_emb"),
-           ("blocks.*.self_attn.*", "text_embedding.*", "head.*")),
-    Preset("qwen-image", "Qwen-Image",
-           _keep(INT8_FAST, "time_text_embed", "img_in", "norm_out", "proj_out", "txt_in")
-           + _keep(C2Q, "transformer_blocks.0.img_mod.1"),
-           ("transformer_blocks.*.img_mod.*", "txt_norm.*", "img_in.*")),
-    Preset("z-image", "Z-Image (NextDiT)",
-           _keep(INT8_FAST, "cap_embedder", "t_embedder", "x_embedder", "cap_pad_token", "context_refiner", "final_layer",
-                 "noise_refiner", "adaLN", "x_pad_token", "layers.0."),
-           ("context_refiner.*", "noise_refiner.*", "cap_embedder.*")),
-    Preset("ltx2", "LTX-2 (audio-video)",
-           _keep(INT8_FAST, "adaln_single", "audio_adaln_single", "audio_caption_projection", "audio_patchify_proj",
-                 "audio_proj_out", "audio_scale_shift_table", "av_ca_a2v_gate_adaln_single",
-                 "av_ca_audio_scale_shift_adaln_single", "av_ca_v2a_gate_adaln_single",
-                 "av_ca_video_scale_shift_adaln_single", "caption_projection", "patchify_proj", "proj_out",
-                 "scale_shift_table"),
-           ("adaln_single.*", "audio_adaln_single.*")),
-    Preset("ernie", "ERNIE image (no auto-detection)", _keep(INT8_FAST, "time", "x_embedder", "text_proj", "adaLN")),
-    Preset("anima", "Anima (no auto-detection)", _keep(INT8_FAST, "embed", "llm", "adaln")),
-)}
-"""Every preset, in detection order (a family whose signature contains another's comes first)."""
+PRESETS, SOURCES = _load()
+"""Every preset, in detection order; source name -> where it is (repository, file, what)."""
 
 
 def help_text(width: int = 79) -> str:
@@ -140,14 +111,16 @@ def help_text(width: int = 79) -> str:
     to ``width`` columns)."""
     import textwrap
 
+    formats = sorted({p.format for p in PRESETS.values()})
     lines = textwrap.wrap("presets (--preset NAME): layers whose name contains one of these names stay dense; other "
-                          f"layers get {DEFAULT_FORMAT} unless --format or a rules [default] says otherwise.", width)
+                          f"layers get {' or '.join(formats)} (as listed) unless --format or a rules [default] says "
+                          "otherwise.", width)
     for p in PRESETS.values():
         by_source: dict[str, list[str]] = {}
         for sub, src in p.keep:
             by_source.setdefault(src, []).append(sub)
         kept = "; ".join(f"{', '.join(subs)} [{src}]" for src, subs in by_source.items())
-        lines += textwrap.wrap(f"{p.name}: {p.title}: {kept}", width, initial_indent="  ", subsequent_indent="      ",
+        lines += textwrap.wrap(f"{p.name}: {p.title}, else {p.format}: {kept}", width, initial_indent="  ", subsequent_indent="      ",
                                break_on_hyphens=False)
     lines.append("sources:")
     for key, where in SOURCES.items():
@@ -236,10 +209,11 @@ class Selection:
         """The preset's format for layers nothing else decides (None without a preset)."""
         if self.preset is None:
             return None
-        from .params import validate
+        from .params import resolve_format, validate
 
-        return Choice(DEFAULT_FORMAT, validate(DEFAULT_FORMAT, {}, f"preset {self.preset.name}"),
-                      f"preset {self.preset.name} default")
+        where = f"preset {self.preset.name}"
+        name = resolve_format(self.preset.format, where)
+        return Choice(name, validate(name, {}, where), f"{where} default")
 
     def choose(self, name: str) -> Choice | None:
         inner = name
