@@ -122,7 +122,6 @@ def load_source(task: dict):
         return _file_rows(task["weight"])
     from .. import codecs
     from ..formats.codec import CodecError
-
     from ..numerics.rows import materialize
 
     tensors = {s: _read(spec) for s, spec in task["src"].items()}
