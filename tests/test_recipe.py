@@ -283,3 +283,26 @@ def test_mutated_checkpoints_never_crash_recipe(capsys):
             assert digest(src) == before
 
     run()
+
+
+def test_recipe_of_a_legacy_scaled_fp8_file(tmp_path, capsys):
+    """Another layout is read as the Comfy file it translates to; a layer no Comfy format holds
+    exactly (per-channel legacy scales) is quantized but not reproducible, and said so."""
+    from test_dialect_legacy import legacy_file
+
+    src = tmp_path / "legacy.safetensors"
+    legacy_file(src)
+    assert main(["recipe", str(src), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["layers"] == {"blocks.0.attn.qkv": {"format": "float8_e4m3fn"},
+                             "blocks.0.mlp.fc1": {"format": "float8_e4m3fn"},
+                             "final_layer.linear": {"format": "keep"}}
+    lossy = tmp_path / "channel.safetensors"
+    legacy_file(lossy, per_channel=True)
+    assert main(["recipe", str(lossy)]) == 1
+    out, err = capsys.readouterr()
+    assert "blocks.0.mlp.fc1: cannot be reproduced by quantize: stored as" in err
+    from comfyquant.quantizer.rules import parse_rules
+
+    rules = parse_rules(tomllib.loads(out))
+    assert rules.choose("blocks.0.attn.qkv").format == "float8_e4m3fn" and rules.choose("blocks.0.mlp.fc1").keep

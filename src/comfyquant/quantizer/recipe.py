@@ -137,7 +137,9 @@ class Recipe:
 def read_recipe(paths) -> Recipe:
     """The recipe of a quantized checkpoint (file, shards, folder or index; another layout is
     read as the Comfy file it translates to).  Header reads only."""
+    from ..dialects.base import LOSSY
     from ..dialects.containers import open_any
+    from ..dialects.registry import detect
     from ..dialects.view import viewed
     from .plan import natural_key, unquantizable
 
@@ -146,11 +148,19 @@ def read_recipe(paths) -> Recipe:
     choices: dict[str, LayerChoice] = {}
     free: list[str] = []
     with open_any(paths) as raw, viewed(raw, "read a recipe of") as ckpt:
-        if not any(layer.marker is not None or layer.inferred for layer in ckpt.layers.values()):
+        # layers of another layout that no Comfy format holds exactly read as their dense decode:
+        # they were quantized, but nothing quantize writes reproduces them
+        lossy = {tr.out_prefix: tr.label for claim in detect(raw).claims for tr in claim.layers.values()
+                 if tr.verdict == LOSSY} if ckpt is not raw else {}
+        if not lossy and not any(layer.marker is not None or layer.inferred for layer in ckpt.layers.values()):
             raise InputError(f"{paths[0]}: no quantized layer (no comfy_quant marker): a recipe describes a quantized "
                              "checkpoint")
         for prefix in sorted(ckpt.layers, key=natural_key):
             layer = ckpt.layers[prefix]
+            if prefix in lossy:
+                choices[prefix] = LayerChoice(prefix, KEEP, why=f"stored as {lossy[prefix]}, which no format quantize "
+                                                                "writes holds exactly")
+                continue
             if layer.marker is None and not layer.inferred:
                 if unquantizable(layer) is not None:
                     free.append(prefix)
