@@ -30,6 +30,9 @@ from .rules import Choice, Rule, parse_rules
 SCHEMA = 1
 MAX_COMBINATIONS = 4096
 """Parameter combinations tried per layer when reading a quantized layer's parameters."""
+MAX_GLOBS = 256
+"""Glob rules the grouping looks for at most (then the rest are exact names): a bound on the
+time an unstructured file costs (2000 layers of random choices: ~8 s)."""
 
 
 class LayerChoice:
@@ -283,13 +286,15 @@ def _group(choices: dict[str, LayerChoice]) -> tuple[list[tuple[list[str], Layer
     rules: list[tuple[str, tuple]] = [("*", common)]
     cur = [common] * len(names)
     cur_spec = [(0, 0)] * len(names)
-    matches: dict[str, list[int]] = {}
+    matches: dict[str, tuple[list[int], tuple | None]] = {}
+    patterns_of: dict[int, list[str]] = {}
 
-    def matched(pattern: str) -> list[int]:
+    def matched(pattern: str) -> tuple[list[int], tuple | None]:
         found = matches.get(pattern)
         if found is None:
             rx = re.compile(fnmatch.translate(pattern))
-            found = matches[pattern] = [i for i, n in enumerate(names) if rx.fullmatch(n)]
+            idx = [i for i, n in enumerate(names) if rx.fullmatch(n)]
+            found = matches[pattern] = (idx, _spec(pattern, names[idx[0]]) if idx else None)
         return found
 
     while True:
@@ -297,11 +302,13 @@ def _group(choices: dict[str, LayerChoice]) -> tuple[list[tuple[list[str], Layer
         if not wrong:
             break
         best = None
-        for pattern in dict.fromkeys(p for i in wrong for p in _patterns(names[i])):
-            idx = matched(pattern)
+        for i in wrong:
+            if i not in patterns_of:
+                patterns_of[i] = _patterns(names[i])
+        for pattern in dict.fromkeys(p for i in wrong for p in patterns_of[i]):
+            idx, spec = matched(pattern)
             if not idx:
                 continue
-            spec = _spec(pattern, names[idx[0]])
             for key in dict.fromkeys(label[i] for i in idx if cur[i] != label[i]):
                 gain = 0
                 for i in idx:
@@ -310,7 +317,7 @@ def _group(choices: dict[str, LayerChoice]) -> tuple[list[tuple[list[str], Layer
                 rank = (gain, len(idx), -len(pattern))
                 if best is None or rank > best[0]:
                     best = (rank, pattern, key, spec, idx)
-        if best is None or best[0][0] <= 1:
+        if best is None or best[0][0] <= 1 or len(rules) > MAX_GLOBS:
             break
         _rank, pattern, key, spec, idx = best
         rules.append((pattern, key))
