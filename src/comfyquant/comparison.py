@@ -510,4 +510,7 @@ def over_outputs(files: list[str], index: str | None, primary, overwrite: bool, 
     else:
         anchor = primary.files[0] if primary.files else primary.merged
         out = over_name(os.path.dirname(os.path.abspath(anchor)))
-    return claim(files, index, out, overwrite=overwrite, tag=OVER_TAG, error=error)
+    try:
+        return claim(files, index, out, overwrite=overwrite, tag=OVER_TAG, error=error)
+    except error as exc:
+        raise error(f"{exc} (that is where --max-error keeps an output over the limit)") from None

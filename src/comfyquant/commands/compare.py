@@ -20,22 +20,39 @@ def add_parser(sub) -> None:
                    help="table order: model order (default) or worst relative L2 first")
     c.add_argument("--json", action="store_true", help="print every figure as JSON")
     c.add_argument("--plot", metavar="PNG", help="draw the errors per layer into PNG (needs the plot extra)")
+    c.add_argument("--max-error", type=float, metavar="X",
+                   help="exit 1 when a layer's relative L2 error is above X (the layers above it are named, worst first)")
     c.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
 
 
 def run(args) -> int:
-    from ..comparison import compare, require_matplotlib, write_png
+    from ..comparison import check_limit, compare, over_limit, require_matplotlib, write_png
 
+    limit = check_limit(args.max_error) if args.max_error is not None else None
     if args.plot:
         require_matplotlib()
     result = compare(args.a, args.b, layers=args.layers, dtype=args.dtype,
                      progress=False if args.no_progress else None)
     if args.plot:
         write_png(result, args.plot)
+    over = over_limit({r.layer: r.rel_l2 for r in result.compared}, limit) if limit is not None else []
     if args.json:
-        print(json.dumps(result.to_dict(), indent=1))
+        doc = result.to_dict()
+        if limit is not None:
+            doc["max_error"] = {"limit": limit, "ok": not over, "over": [{"layer": n, "rel_l2": _finite(e)} for n, e in over]}
+        print(json.dumps(doc, indent=1))
     else:
         print(result.render(args.sort))
         if args.plot:
             print(f"plot: {args.plot}")
-    return 0
+        if limit is not None:
+            shown = ", ".join(f"{n} {e:.4f}" for n, e in over[:10]) + (f", ... ({len(over)} layers)" if len(over) > 10 else "")
+            print(f"max-error {limit:g}: " + (f"FAILED: {len(over)} layer{'s' * (len(over) != 1)} above it (worst first): "
+                                              f"{shown}" if over else "passed"))
+    return 1 if over else 0
+
+
+def _finite(x: float) -> float | None:
+    import math
+
+    return x if math.isfinite(x) else None
