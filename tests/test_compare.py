@@ -23,7 +23,7 @@ import comfyquant
 from comfyquant.checker.run import check
 from comfyquant.cli import main
 from comfyquant.comparison import compare
-from kitchen_fixtures import VARIANTS, decoded_layer, make_layer, make_weight, write_layers
+from kitchen_fixtures import VARIANTS, decoded_layer, make_layer, make_weight, moe_bank_layer, write_layers
 from test_dialect_legacy import legacy_file
 
 # Deliberately not in model order as written: blocks.10 after blocks.2 after blocks.1.
@@ -378,3 +378,24 @@ def test_fix_gate_never_replaces_the_input_in_place(tmp_path, capsys):
                           "--max-error", "0.0001"], capsys)
     assert code == 1 and open(src, "rb").read() == before
     assert os.path.exists(str(tmp_path / "in.over-max-error.safetensors"))
+
+
+@pytest.mark.parametrize("variant", ["fp8", "int8_rowwise", "w4a8_codebook"])
+def test_moe_expert_banks_against_their_dense_experts(tmp_path, variant):
+    """A bank ([E, out, K], stacked or flattened by comfy-kitchen's rule) against the dense
+    bank: the decoded experts in order, each compared with its own rows."""
+    experts, n, k = 4, 32, 256
+    layer, _ = moe_bank_layer(variant, "blocks.0.moe.experts", experts, n, k, seed=3)
+    path = write_layers(tmp_path / "bank.safetensors", [layer])
+    flat = VARIANTS[variant].format == "asym_w4a8_int8" or VARIANTS[variant].kwargs.get("per_channel")
+    dense = (make_weight(experts * n, k, seed=3).reshape(experts, n, k) if flat
+             else torch.stack([make_weight(n, k, seed=3 + e) for e in range(experts)]))
+    save_file({"blocks.0.moe.experts.weight": dense.contiguous()}, str(tmp_path / "ref.safetensors"))
+    [row] = compare(path, str(tmp_path / "ref.safetensors"), progress=False).layers
+    assert row.compared and row.shape == [experts, n, k]
+    out = str(tmp_path / "dense.safetensors")
+    comfyquant.dequantize(path, out, progress=False)  # the dequantizer's writer decodes the bank too
+    truth = load_file(out)["blocks.0.moe.experts.weight"]
+    assert truth.shape == dense.shape
+    assert_figures(row, truth, dense)
+    assert 1e-4 < row.rel_l2 < 0.2
