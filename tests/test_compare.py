@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import comfy_kitchen as ck
 import pytest
 import torch
 from comfy_kitchen.tensor import QuantizedTensor
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 import comfyquant
@@ -25,6 +28,7 @@ from comfyquant.cli import main
 from comfyquant.comparison import compare
 from kitchen_fixtures import VARIANTS, decoded_layer, make_layer, make_weight, moe_bank_layer, write_layers
 from test_dialect_legacy import legacy_file
+from test_fuzz_commands import build, digest, mutation
 
 # Deliberately not in model order as written: blocks.10 after blocks.2 after blocks.1.
 LAYERS = (("blocks.10.mlp.fc1", 128, 256), ("blocks.2.attn.qkv", 128, 512), ("blocks.1.attn.qkv", 256, 256))
@@ -174,9 +178,11 @@ def test_padded_decode_compares_the_models_part(tmp_path):
 
 def test_only_in_one_file_differing_shapes_and_layer_globs(tmp_path, capsys):
     a = {"blocks.1.x.weight": make_weight(32, 64, seed=1), "blocks.2.y.weight": make_weight(32, 64, seed=2),
-         "only_a.weight": make_weight(8, 64, seed=3), "idx.weight": torch.arange(8, dtype=torch.int64)}
+         "only_a.weight": make_weight(8, 64, seed=3), "idx.weight": torch.arange(8, dtype=torch.int64),
+         "wide.weight": make_weight(4, 8, torch.float64, seed=6)}
     b = {"blocks.1.x.weight": make_weight(32, 64, seed=4), "blocks.2.y.weight": make_weight(64, 32, seed=2),
-         "only_b.weight": make_weight(8, 64, seed=5), "idx.weight": torch.arange(8, dtype=torch.int64)}
+         "only_b.weight": make_weight(8, 64, seed=5), "idx.weight": torch.arange(8, dtype=torch.int64),
+         "wide.weight": make_weight(4, 8, torch.float32, seed=7)}
     save_file(a, str(tmp_path / "a.safetensors"))
     save_file(b, str(tmp_path / "b.safetensors"))
     result = compare(str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), progress=False)
@@ -185,6 +191,8 @@ def test_only_in_one_file_differing_shapes_and_layer_globs(tmp_path, capsys):
     assert by["blocks.2.y"].refused == "shapes differ: A (dense BF16) is [32, 64], B (dense BF16) is [64, 32]"
     assert "neither a float weight nor a quantized layer" in by["idx"].refused
     assert_figures(by["blocks.1.x"], a["blocks.1.x.weight"], b["blocks.1.x.weight"])
+    assert (by["wide"].a, by["wide"].b) == ("dense F64", "dense F32")
+    assert_figures(by["wide"], a["wide.weight"], b["wide.weight"])
     code, out, _ = run_cli(["compare", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"),
                             "--layers", "blocks.*"], capsys)
     assert code == 0
@@ -192,7 +200,7 @@ def test_only_in_one_file_differing_shapes_and_layer_globs(tmp_path, capsys):
     code, out, _ = run_cli(["compare", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), "--json"], capsys)
     doc = json.loads(out)
     assert code == 0 and doc["only_a"] == ["only_a"] and doc["only_b"] == ["only_b"]
-    assert [r["layer"] for r in doc["layers"]] == ["blocks.1.x", "blocks.2.y", "idx"]
+    assert [r["layer"] for r in doc["layers"]] == ["blocks.1.x", "blocks.2.y", "idx", "wide"]
     assert doc["layers"][0]["rel_l2"] == pytest.approx(direct(a["blocks.1.x.weight"], b["blocks.1.x.weight"])[0], rel=1e-5)
 
 
@@ -399,3 +407,28 @@ def test_moe_expert_banks_against_their_dense_experts(tmp_path, variant):
     assert truth.shape == dense.shape
     assert_figures(row, truth, dense)
     assert 1e-4 < row.rel_l2 < 0.2
+
+
+FUZZ_EXAMPLES = int(os.environ.get("COMFYQUANT_FUZZ_EXAMPLES", "25"))
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(mutation, min_size=1, max_size=3), st.booleans())
+def test_mutated_checkpoints_never_crash_compare(capsys, mutations, swap):
+    """test_fuzz_commands' campaign for compare: a mutated checkpoint (every format of the
+    fuzz base) against the intact one, either way round: exit 0 or 2, one line when refused,
+    never an internal error, inputs unchanged."""
+    with tempfile.TemporaryDirectory() as folder:
+        base, src = os.path.join(folder, "base.safetensors"), os.path.join(folder, "in.safetensors")
+        build(base, [])
+        build(src, mutations)
+        before = digest(src)
+        args = ["compare", base, src] if swap else ["compare", src, base]
+        rc = main(args + ["--json", "--no-progress"])
+        out, err = capsys.readouterr()
+        assert rc in (0, 2) and "internal error" not in err, f"{args}: exit {rc}: {err} ({mutations})"
+        if rc == 2:
+            assert err.count("\n") == 1, err
+        else:
+            json.loads(out)  # strict JSON: no NaN or Infinity
+        assert digest(src) == before

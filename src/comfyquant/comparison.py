@@ -270,9 +270,10 @@ class _Side:
             fmt = decoded.plan.marker.get("format")
             return _Weight(str(fmt), decoded.shape, lambda: self._decode(decoded), FORMATS[fmt].pad)
         entry = self.weights[prefix].stored["weight"]
-        from .numerics.dtypes import FLOAT_DTYPES
+        from .numerics.dtypes import TORCH_DTYPES
 
-        if entry.dtype not in FLOAT_DTYPES:
+        dtype = TORCH_DTYPES.get(entry.dtype)
+        if dtype is None or not dtype.is_floating_point or dtype.itemsize < 2:
             return f"{self.label}'s weight is {entry.dtype}, neither a float weight nor a quantized layer"
         return _Weight(f"dense {entry.dtype}", tuple(entry.shape), lambda: self._dense(entry))
 
