@@ -352,6 +352,9 @@ def test_quantize_reference_is_reported_per_layer(tmp_path, capsys):
         truth = direct(decoded_layer(out, row["layer"]), original[f"{row['layer']}.weight"])[0]
         assert row["reference"]["weight"]["rel_l2"] == pytest.approx(truth, rel=1e-4)
         assert row["reference"]["weight"]["rel_l2"] != row["weight"]["rel_l2"]
+    # worker processes read the reference themselves: the same figures
+    again = comfyquant.quantize(src, str(tmp_path / "q2.safetensors"), "int8", reference=ref, jobs=2, progress=False)
+    assert [r.get("reference") for r in again.doc["layers"]] == [r.get("reference") for r in result.doc["layers"]]
 
 
 def _int8_unsized(tmp_path):
