@@ -293,19 +293,32 @@ class _Side:
                 raise CompareError(f"{self.path}: cannot decode: {exc}") from None
 
     def _dense(self, entry) -> Iterator:
-        from .numerics.dtypes import from_bytes
         from .numerics.rows import row_ranges
 
-        cols = int(entry.shape[-1]) if len(entry.shape) else 1
-        rows = math.prod(entry.shape) // cols if cols else 0
-        row_bytes = entry.nbytes // rows if rows else 0
-        source = self.ckpt.source(entry.file)
-        for r0, r1 in row_ranges(rows, cols, DENSE_BLOCK_ELEMENTS, join_tail=False):
-            size = (r1 - r0) * row_bytes
-            data = source.pread(entry.start + r0 * row_bytes, size)
-            if len(data) != size:
-                raise CompareError(f"{entry.file}: file ended early while reading {entry.name!r} (truncated?)")
-            yield from_bytes(bytearray(data), entry.dtype, (r1 - r0, cols))
+        rows = file_rows(self.ckpt.source(entry.file), entry, CompareError)
+        for r0, r1 in row_ranges(rows.shape[0], rows.shape[1], DENSE_BLOCK_ELEMENTS, join_tail=False):
+            yield rows.rows(r0, r1)
+
+
+def file_rows(source, entry, error: type[Exception] = CompareError):
+    """A stored dense tensor as a :class:`~comfyquant.numerics.rows.RowSource` of ``[rows,
+    last dimension]`` (a 1-D tensor is one row), each block read from ``source`` when asked
+    for: what ``compare`` and ``fix --reference`` read a dense weight with."""
+    from .numerics.dtypes import TORCH_DTYPES, from_bytes
+    from .numerics.rows import RowSource
+
+    cols = int(entry.shape[-1]) if len(entry.shape) else 1
+    n = math.prod(entry.shape) // cols if cols else 0
+    row_bytes = entry.nbytes // n if n else 0
+
+    def read(r0: int, r1: int):
+        size = (r1 - r0) * row_bytes
+        data = source.pread(entry.start + r0 * row_bytes, size)
+        if len(data) != size:
+            raise error(f"{entry.file}: file ended early while reading {entry.name!r} (truncated?)")
+        return from_bytes(bytearray(data), entry.dtype, (r1 - r0, cols))
+
+    return RowSource((n, cols), TORCH_DTYPES[entry.dtype], read)
 
 
 def _compare_layer(index: int, prefix: str, side_a: _Side, side_b: _Side) -> LayerComparison:
