@@ -32,25 +32,30 @@ COMFYUI_GGUF_TEXT_ARCHS = ("t5", "t5encoder", "llama", "qwen2vl")
 """What its CLIP loaders accept (TXT_ARCH_LIST)."""
 
 LAYOUTS = {
-    "Q8_0": "int8 codes x one FP16 scale per 32 weights along K",
-    "Q8_1": "int8 codes x one FP16 scale (and sum) per 32 weights along K",
-    "Q4_0": "4-bit codes x one FP16 scale per 32 weights", "Q4_1": "4-bit codes x FP16 scale and minimum per 32 weights",
-    "Q5_0": "5-bit codes x one FP16 scale per 32 weights", "Q5_1": "5-bit codes x FP16 scale and minimum per 32 weights",
-    "MXFP4": "FP4 codes x one E8M0 scale per 32 weights", "NVFP4": "FP4 codes x UE4M3 scales per 16 weights in 64-blocks",
+    "Q8_0": ("int8 codes x one FP16 scale per 32 weights along K", "per-32 FP16 scales"),
+    "Q8_1": ("int8 codes x one FP16 scale (and sum) per 32 weights along K", "per-32 FP16 scales"),
+    "Q4_0": ("4-bit codes x one FP16 scale per 32 weights", "per-32 FP16 scales"),
+    "Q4_1": ("4-bit codes x an FP16 scale and minimum per 32 weights", "per-32 FP16 scales and minimums"),
+    "Q5_0": ("5-bit codes x one FP16 scale per 32 weights", "5-bit codes or per-32 FP16 scales"),
+    "Q5_1": ("5-bit codes x an FP16 scale and minimum per 32 weights", "5-bit codes or per-32 FP16 scales and minimums"),
+    "IQ4_NL": ("4-bit indices into a non-linear table x one FP16 scale per 32 weights", "per-32 FP16 scales"),
+    "MXFP4": ("FP4 codes x one E8M0 scale per 32 weights", "FP4 codes with per-32 E8M0 scales"),
+    "NVFP4": ("FP4 codes x UE4M3 scales per 16 weights in 64-weight blocks", "this block layout without a tensor scale"),
 }
-"""The block layout in words (K-quants, IQ and TQ types are described by family)."""
+"""(the block layout, what no Comfy format has) per ggml type; K-quants, IQ and TQ types by family."""
 
 
-def layout_of(type_name: str) -> str:
+def layout_of(type_name: str) -> tuple[str, str]:
     if type_name in LAYOUTS:
         return LAYOUTS[type_name]
     if type_name.endswith("_K"):
-        return "codes in 256-weight super-blocks with nested 6/8-bit sub-block scales (and minimums) under FP16 scales"
+        return ("codes in 256-weight super-blocks with 6/8-bit sub-block scales (and minimums) under FP16 super-block "
+                "scales", "nested super-block scales")
     if type_name.startswith("IQ"):
-        return "lattice (codebook) indices with sub-block scales in 256-weight super-blocks"
+        return ("lattice (codebook) indices with sub-block scales in 256-weight super-blocks", "lattice codebooks")
     if type_name.startswith("TQ"):
-        return "ternary codes with one FP16 scale per 256 weights"
-    return "a ggml block layout"
+        return "ternary codes with one FP16 scale per 256 weights", "ternary codes"
+    return "a ggml block layout", "this layout"
 
 
 def bits_per_weight(type_name: str) -> float | None:
@@ -154,8 +159,9 @@ def detect(ckpt, claimed: set) -> Claim | None:
         variant = "+".join(sorted(set(quantized.values())))
         bpw = bits_per_weight(type_name)
         size = f" ({bpw:.2f} bits/weight)" if bpw is not None else ""
-        why = (f"{type_name}{size}: {layout_of(type_name)}; no Comfy layout has these scales, so the layer is exact only as "
-               "its dense F32 weight (dequantize), any Comfy format requantizes it")
+        layout, missing = layout_of(type_name)
+        why = (f"{type_name}{size}: {layout}; no Comfy layout has {missing}, so the layer is exact only as its dense F32 "
+               "weight (dequantize); any Comfy format requantizes it")
         layers[prefix] = Translation(prefix, NAME, variant, inputs, verdict=LOSSY, why=why, decoder=_identity(suffix),
                                      lossy=lossy_target(type_name))
     return Claim(NAME, layers, notes=_notes(meta, types),

@@ -38,7 +38,8 @@ KEEP_ITEMS = 64
 """Arrays up to this length are kept as values (shapes); longer ones are skipped."""
 KEEP_STRING = 4096
 """String values up to this length are carried into the virtual file's metadata."""
-CHUNK = 1 << 20
+CHUNK = 1 << 16
+"""Header bytes read per request (a tokenizer-laden header costs a few hundred reads)."""
 
 # GGUF value types (the file format's own numbering) -> struct code; 8 string, 9 array.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -311,6 +312,9 @@ class GGUFSource(VirtualSource):
 
     def __init__(self, path: str, file: LocalFile, header: GGUFHeader, tensors: dict, metadata: dict) -> None:
         super().__init__(path, tensors, metadata)
+        self.first_read = len(self._header)
+        """The header reader's first read ends at the header: a longer one would run into the
+        first tensor and decode it (a quantized Flux layer is 150 MB of F32) just to open the file."""
         self.file = file
         self.gguf = header
 
@@ -332,7 +336,8 @@ def _decoder(file: LocalFile, path: str, t: GGUFTensor):
         if len(raw) != t.nbytes:
             raise InputError(f"{path}: tensor {t.name!r}: the file ended inside its data (changed since it was opened?)")
         rows = np.frombuffer(raw, dtype=np.uint8).reshape(-1, t.dims[0] // t.block * t.type_size)
-        out = dequantize(rows, t.type)
+        with np.errstate(all="ignore"):  # NaN/Inf scales decode to NaN/Inf, as in ggml: values, not warnings
+            out = dequantize(rows, t.type)
         return np.ascontiguousarray(out, dtype="<f4").tobytes()
 
     return produce
