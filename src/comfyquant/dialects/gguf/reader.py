@@ -36,6 +36,8 @@ MAX_ITEMS = 1 << 22
 vocabulary is far below); more is an absurd count, refused instead of walked."""
 KEEP_ITEMS = 64
 """Arrays up to this length are kept as values (shapes); longer ones are skipped."""
+MAX_NAME = 65535
+"""The longest key or tensor name GGUF allows (the spec's limit for keys)."""
 KEEP_STRING = 4096
 """String values up to this length are carried into the virtual file's metadata."""
 CHUNK = 1 << 16
@@ -143,16 +145,15 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return struct.unpack("<Q", self.take(8, what))[0]
 
-    def string(self, what: str, strict: bool = True, keep: bool = True) -> str | None:
+    def name(self, what: str) -> str:
+        """A key or tensor name: strict UTF-8, at most :data:`MAX_NAME` bytes."""
         n = self.u64(f"the length of {what}")
-        if n > self.remaining():
-            raise self.fail(f"{what} at byte {self.pos} claims {n} bytes, more than the {self.remaining()} left in the file")
-        if not keep:
-            self.skip(n, what)
-            return None
+        if n > min(MAX_NAME, self.remaining()):
+            raise self.fail(f"{what} at byte {self.pos} claims {n} bytes (names are at most {MAX_NAME}; "
+                            f"{self.remaining()} bytes left in the file)")
         raw = self.take(n, what)
         try:
-            return raw.decode("utf-8", "strict" if strict else "replace")
+            return raw.decode("utf-8")
         except UnicodeDecodeError:
             raise self.fail(f"{what} at byte {self.pos - n} is not valid UTF-8") from None
 
@@ -234,7 +235,7 @@ def read_header(source, path: str) -> GGUFHeader:
     if n_tensors * 28 > cur.remaining():
         raise cur.fail(f"GGUF header claims {n_tensors} tensors, more than the {cur.remaining()} bytes left could hold")
     for i in range(n_kv):
-        key = cur.string(f"key #{i}")
+        key = cur.name(f"key #{i}")
         vtype = cur.u32(f"the value type of key {key!r}")
         item = None
         if vtype == _ARRAY:
@@ -248,7 +249,7 @@ def read_header(source, path: str) -> GGUFHeader:
     infos = []
     names: set[str] = set()
     for i in range(n_tensors):
-        name = cur.string(f"the name of tensor #{i}")
+        name = cur.name(f"the name of tensor #{i}")
         if name in names:
             raise cur.fail(f"tensor {name!r} appears twice in the GGUF header")
         if name == "__metadata__" or not name:
