@@ -229,6 +229,29 @@ def test_is_gguf_sniffs_without_raising(tmp_path, flux):
     assert not is_gguf("bad\0name")
 
 
+def test_discovery_and_sniffing_import_neither_gguf_nor_numpy(flux):
+    """``check`` and ``inspect`` import every dialect package; this one must stay standard-library
+    until a GGUF file is actually opened."""
+    import subprocess
+    import sys
+
+    path, _ = flux
+    code = ("import sys; import comfyquant.dialects.registry; from comfyquant.dialects.gguf import is_gguf; "
+            f"assert is_gguf({str(path)!r}); print(sorted(m for m in ('gguf', 'numpy', 'comfyquant.io.virtual') "
+            "if m in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_without_the_gguf_package_the_error_says_what_to_install(flux, monkeypatch):
+    import sys
+
+    path, _ = flux
+    monkeypatch.setitem(sys.modules, "gguf.constants", None)  # makes ``from gguf.constants import ...`` fail
+    refused(path, "needs the gguf package", "comfyquant[gguf]")
+
+
 # -- the dialect ------------------------------------------------------------------------------
 
 
@@ -464,7 +487,7 @@ def _fuzz_base(tmp_path_factory) -> bytes:
     return _FUZZ_BASE["raw"]
 
 
-@settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzzed_files_open_and_read_or_refuse_in_one_line(tmp_path_factory, data):
     raw = bytearray(_fuzz_base(tmp_path_factory))
