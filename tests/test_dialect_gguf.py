@@ -21,7 +21,7 @@ gguf = pytest.importorskip("gguf")
 
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import GGUFValueType as V  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from comfyquant.checkpoint import open_checkpoint  # noqa: E402
@@ -458,6 +458,28 @@ def test_duplicate_tensor_and_bad_orig_shape(tmp_path):
     refused(bad, "'a.weight'", "9 elements", "64")
 
 
+def test_custom_alignment_is_honoured_and_a_bad_one_refused(tmp_path):
+    path = tmp_path / "a64.gguf"
+    writer = gguf.GGUFWriter(str(path), arch="flux")
+    writer.add_custom_alignment(64)
+    writer.add_tensor("a.weight", gguf.quants.quantize(np.linspace(-1, 1, 3 * 64, dtype=np.float32).reshape(3, 64), T.Q8_0),
+                      raw_dtype=T.Q8_0)
+    writer.add_tensor("b.weight", np.arange(5, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ref = reference(path)
+    with open_view(path) as ckpt:
+        for name in ("a.weight", "b.weight"):
+            assert as_array(ckpt, name).tobytes() == ref[name].tobytes()
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"general.alignment") + len(b"general.alignment") + 4
+    struct.pack_into("<I", raw, at, 48)
+    path.write_bytes(bytes(raw))
+    refused(path, "general.alignment is 48")
+
+
 def test_missing_directory_url(tmp_path):
     refused(tmp_path / "nope.gguf", "no such file")
     refused(tmp_path, "directory")
@@ -471,6 +493,66 @@ def test_safetensors_file_is_not_gguf(tmp_path):
     path = tmp_path / "m.safetensors"
     save_file({"w": np.zeros(4, np.float32)}, str(path))
     refused(path, "not a GGUF file")
+
+
+def _value_bytes(draw, vtype: int, depth: int = 0) -> bytes:
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    if vtype in sizes:
+        return draw(st.binary(min_size=sizes[vtype], max_size=sizes[vtype]))
+    if vtype == 8:
+        text = draw(st.binary(max_size=12))
+        n = draw(st.sampled_from([len(text), len(text), 2**63, 2**40]))
+        return struct.pack("<Q", n) + text
+    if vtype == 9 and depth < 3:
+        item = draw(st.integers(0, 13))
+        count = draw(st.integers(0, 4))
+        n = draw(st.sampled_from([count, count, 2**62, 2**33]))
+        return struct.pack("<IQ", item, n) + b"".join(_value_bytes(draw, item, depth + 1) for _ in range(count))
+    return b""
+
+
+@settings(max_examples=150, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_generated_headers_open_or_refuse_in_one_line(tmp_path_factory, data):
+    """Headers built field by field: any value type (also unknown ones), nested arrays, lying
+    lengths and counts, tensors of any ggml type number, rank and offset."""
+    draw = data.draw
+    kvs = []
+    for i in range(draw(st.integers(0, 4))):
+        vtype = draw(st.integers(0, 13))
+        key = draw(st.sampled_from([b"general.architecture", b"general.alignment", b"comfy.gguf.orig_shape.t0"]
+                                   + [f"k{i}".encode()] * 5))
+        kvs.append(struct.pack("<Q", len(key)) + key + struct.pack("<I", vtype) + _value_bytes(draw, vtype))
+    infos = []
+    for i in range(draw(st.integers(0, 3))):
+        name = f"t{i}".encode()
+        dims = draw(st.lists(st.sampled_from([1, 2, 32, 256]), min_size=1, max_size=2)
+                    | st.lists(st.sampled_from([0, 1, 3, 2**40]), min_size=0, max_size=5))
+        rank = draw(st.sampled_from([len(dims)] * 5 + [2**31]))
+        qtype = draw(st.sampled_from([0, 1, 2, 8, 12, 14, 16, 30, 39, 40, 99]))
+        offset = draw(st.sampled_from([0, 0, 32, 64, 2**63]))
+        infos.append(struct.pack("<Q", len(name)) + name + struct.pack("<I", rank) + struct.pack(f"<{len(dims)}Q", *dims)
+                     + struct.pack("<IQ", qtype, offset))
+    n_tensors = draw(st.sampled_from([len(infos)] * 5 + [2**63]))
+    n_kv = draw(st.sampled_from([len(kvs)] * 5 + [2**40]))
+    raw = b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv) + b"".join(kvs) + b"".join(infos)
+    raw += b"\0" * (-len(raw) % 32) + draw(st.binary(min_size=0, max_size=64)) * 64
+    path = tmp_path_factory.mktemp("g") / "generated.gguf"
+    path.write_bytes(raw)
+    try:
+        source = virtual_source(str(path))
+    except InputError as exc:
+        assert "\n" not in str(exc) and str(path) in str(exc)
+        event("refused: " + str(exc).split(": ", 1)[1][:40])
+        return
+    try:
+        ckpt = open_checkpoint(str(path), sources=[source], shardset=ShardSet(files=[str(path)]))
+        for e in ckpt.tensors.values():
+            assert len(ckpt.read_bytes(e)) == e.nbytes
+        detect(ckpt)
+        event(f"opened with {len(ckpt.tensors)} tensor(s)")
+    finally:
+        source.close()
 
 
 _FUZZ_BASE: dict[str, bytes] = {}
