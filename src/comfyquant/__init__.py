@@ -17,15 +17,17 @@ if TYPE_CHECKING:
     from .dequantizer import dequantize
     from .inspection import inspect
     from .quantizer.api import convert, quantize
+    from .repair.migration import migrate
     from .repair.run import fix
 
-__all__ = ["__version__", "check", "open_checkpoint", "inspect", "fix", "quantize", "convert", "dequantize"]
+__all__ = ["__version__", "check", "open_checkpoint", "inspect", "fix", "migrate", "quantize", "convert", "dequantize"]
 
 _API = {
     "check": "checker.run",
     "open_checkpoint": "checkpoint",
     "inspect": "inspection",
     "fix": "repair.run",
+    "migrate": "repair.migration",
     "quantize": "quantizer.api",
     "convert": "quantizer.api",
     "dequantize": "dequantizer",

@@ -160,7 +160,8 @@ def dequantize(src: Paths, out: str | None = None, dtype: str | None = None, *, 
     output file is replaced only with ``overwrite=True``, an input never
     (:mod:`comfyquant.io.outputs`).
     """
-    from .checkpoint import open_checkpoint
+    from .dialects.containers import open_any
+    from .dialects.view import viewed
     from .gate import check_input
 
     if dtype is not None and dtype not in OUTPUT_DTYPES:
@@ -170,7 +171,7 @@ def dequantize(src: Paths, out: str | None = None, dtype: str | None = None, *, 
 
     startup = time.perf_counter() - t
     started = time.perf_counter()
-    with open_checkpoint(src) as ckpt:
+    with open_any(src) as raw, viewed(raw, "dequantize") as ckpt:
         from .markers import file_level_markers
 
         check_input(ckpt, "dequantize", DequantizeError)  # the gate every decoding command shares

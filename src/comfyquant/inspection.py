@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from .checkpoint import Checkpoint, NameMapper, Paths, open_checkpoint
+from .checkpoint import Checkpoint, NameMapper, Paths
+from .dialects.containers import open_any
+from .dialects.registry import detect
 from .formats.base import GeometryError
 from .formats.registry import FORMATS
+from .io.header import TensorEntry
 
 DENSE = "dense"
 
@@ -13,10 +16,12 @@ class LayerRow:
     """One layer of the inventory.  (Hand-written rather than a dataclass: ``inspect`` is a
     start-up-bound command and ``import dataclasses`` would be a tenth of its instructions.)"""
 
-    __slots__ = ("name", "format", "n", "k", "params", "dtypes", "bytes", "bits_per_weight", "marked")
+    __slots__ = ("name", "format", "n", "k", "params", "dtypes", "bytes", "bits_per_weight", "marked", "dialect",
+                 "verdict")
 
     def __init__(self, name: str, format: str, n: int | None, k: int | None, params: str, dtypes: str, bytes: int,
-                 bits_per_weight: float | None, marked: bool = True) -> None:
+                 bits_per_weight: float | None, marked: bool = True, dialect: str = "comfy",
+                 verdict: str | None = None) -> None:
         self.name = name
         self.format = format
         self.n = n
@@ -26,6 +31,10 @@ class LayerRow:
         self.bytes = bytes
         self.bits_per_weight = bits_per_weight
         self.marked = marked
+        self.dialect = dialect
+        """The layout the layer is written in: ``comfy``, ``dense`` or a dialect's label."""
+        self.verdict = verdict
+        """For a dialect's layer, what ``migrate`` makes of it (exact, byte-permutation, ...)."""
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LayerRow) and all(getattr(self, a) == getattr(other, a) for a in self.__slots__)
@@ -44,13 +53,16 @@ class LayerRow:
             "bytes": self.bytes,
             "bits_per_weight": self.bits_per_weight,
             "marked": self.marked,
+            "dialect": self.dialect,
+            "verdict": self.verdict,
         }
 
 
 class Inventory:
     """Every layer's row and the checkpoint's totals (hand-written for start-up, as LayerRow)."""
 
-    __slots__ = ("paths", "files", "rows", "other_bytes", "other_tensors", "file_bytes", "bf16_bytes")
+    __slots__ = ("paths", "files", "rows", "other_bytes", "other_tensors", "file_bytes", "bf16_bytes", "dialects",
+                 "notes")
 
     def __init__(self, paths: list[str], files: list[str], rows: list[LayerRow] | None = None, other_bytes: int = 0,
                  other_tensors: int = 0, file_bytes: int = 0, bf16_bytes: int = 0) -> None:
@@ -61,6 +73,13 @@ class Inventory:
         self.other_tensors = other_tensors
         self.file_bytes = file_bytes
         self.bf16_bytes = bf16_bytes
+        self.dialects: list[str] = ["dense"]
+        self.notes: list[str] = []
+        """What the dialects say about the whole file, and what only its data can tell."""
+
+    @property
+    def dialect(self) -> str:
+        return "+".join(self.dialects)
 
     def totals(self) -> dict[str, dict]:
         out: dict[str, dict] = {}
@@ -78,6 +97,9 @@ class Inventory:
             "schema": 1,
             "paths": self.paths,
             "files": self.files,
+            "dialect": self.dialect,
+            "dialects": self.dialects,
+            "notes": self.notes,
             "layers": [r.to_dict() for r in self.rows],
             "totals": self.totals(),
             "other_tensors": {"count": self.other_tensors, "bytes": self.other_bytes},
@@ -97,11 +119,53 @@ def _params_text(fmt, env: dict, marker: dict | None) -> str:
     return " ".join(parts)
 
 
+def _translated_row(tr, name: str, counted: set[str]) -> LayerRow:
+    """A dialect's layer: the Comfy format it becomes (its geometry read from the translated
+    tensors), or the stored weight's shape when it becomes none."""
+    stored = tr.inputs
+    counted.update(e.name for e in stored.values())
+    size = sum(e.nbytes for s, e in stored.items() if s != "bias")
+    dtypes = " ".join(f"{s}:{e.dtype}" for s, e in stored.items() if s != "bias")
+    fmt = FORMATS.get(tr.format) if tr.format else None
+    n = k = None
+    params = tr.variant
+    if fmt is not None:
+        moved = {m.suffix: TensorEntry(m.source, m.dtype, m.shape, 0, 0, "") for m in tr.moves}
+        try:
+            env = fmt.geometry(moved, fmt.params(tr.marker or {}))
+            n, k = env.get("N"), env.get("K")
+        except GeometryError:
+            pass
+    else:
+        w = stored.get("weight")
+        if w is not None and len(w.shape) == 2:
+            n, k = w.shape
+    label = tr.format or ("dense" if tr.verdict in ("exact", "byte-permutation") else tr.verdict)
+    bpw = round(8 * size / (n * k), 3) if n and k else None
+    return LayerRow(name, label, n, k, params, dtypes, size, bpw, False, tr.label, tr.verdict)
+
+
+def _add_translated(inv: Inventory, row: LayerRow, tr) -> None:
+    inv.rows.append(row)
+    bias = tr.inputs.get("bias")
+    inv.bf16_bytes += 2 * (row.n or 0) * (row.k or 0) + (bias.nbytes if bias else 0)
+
+
 def inventory(ckpt: Checkpoint) -> Inventory:
     inv = Inventory(ckpt.paths, ckpt.files)
     inv.file_bytes = sum(h.size for h in ckpt.headers)
     counted: set[str] = set()
-    for _prefix, layer in ckpt.layers.items():
+    detection = detect(ckpt)
+    inv.dialects = detection.names
+    inv.notes = [n for c in detection.claims for n in (*c.notes, *(f"only the data can tell: {u}" for u in c.unsettled))]
+    claimed = detection.layers
+    for prefix, tr in claimed.items():
+        if prefix not in ckpt.layers:
+            _add_translated(inv, _translated_row(tr, prefix, counted), tr)
+    for prefix, layer in ckpt.layers.items():
+        if prefix in claimed:
+            _add_translated(inv, _translated_row(claimed[prefix], layer.name, counted), claimed[prefix])
+            continue
         t = layer.tensors
         w = t.get("weight")
         if w is None:
@@ -116,7 +180,8 @@ def inventory(ckpt: Checkpoint) -> Inventory:
             n, k = (w.shape[0], w.numel // w.shape[0]) if len(w.shape) >= 2 and w.shape[0] else (None, None)
             numel = w.numel
             inv.rows.append(LayerRow(layer.name, name, n, k, "x".join(map(str, w.shape)), dtypes, size,
-                                     round(8 * size / numel, 3) if numel else None, layer.marker is not None))
+                                     round(8 * size / numel, 3) if numel else None, layer.marker is not None,
+                                     "comfy" if layer.marker is not None else "dense"))
             inv.bf16_bytes += 2 * numel + (bias.nbytes if bias else 0)
             continue
         try:
@@ -143,5 +208,5 @@ def inventory(ckpt: Checkpoint) -> Inventory:
 
 def inspect(paths: Paths, name_mapper: NameMapper | None = None) -> Inventory:
     """Inventory of a checkpoint (file, shards, folder or index.json) from its headers."""
-    with open_checkpoint(paths, name_mapper=name_mapper) as ckpt:
+    with open_any(paths, name_mapper=name_mapper) as ckpt:
         return inventory(ckpt)

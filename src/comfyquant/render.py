@@ -59,12 +59,26 @@ def _examples(names: list[str], shown: int = 8) -> str:
     return f"{len(names)}: {', '.join(names[:shown])}{more}"
 
 
+def _layout(report) -> list[str]:
+    """The file's layout in one line per dialect: what it is, before what is wrong with it."""
+    d = report.dialect
+    if not d:
+        return []
+    if d["dialects"] == ["dense"]:
+        return ["layout: dense (no quantized layer: nothing for the runtimes' quantized loaders to check)"]
+    foreign = [f for f in report.findings if f.code == "F001"]
+    if not foreign:
+        return []
+    return [f"layout: {f.message}" + (f" -> {f.fix}" if f.fix else "") for f in foreign]
+
+
 def render_report(report, verbose: bool = False, stream=None) -> str:
     stream = stream or sys.stdout
     color = _use_color(stream)
     lines = []
     nfiles = len(report.files)
     lines.append(f"checkpoint: {', '.join(report.paths)} ({nfiles} file{'s' * (nfiles != 1)}, {report.layers} layers)")
+    lines.extend(_layout(report))
     shown = [f for f in report.findings if verbose or f.severity != INFO]
     for group in _group(shown):
         f = group[0]
@@ -125,11 +139,19 @@ def table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset
 
 def render_inventory(inv, stream=None) -> str:
     rows = []
+    foreign = any(r.verdict for r in inv.rows)
     for r in inv.rows:
         nk = f"{r.n}x{r.k}" if r.n is not None and r.k is not None else "?"
         bpw = f"{r.bits_per_weight:.2f}" if r.bits_per_weight is not None else "-"
-        rows.append([r.name, r.format, nk, r.params, r.dtypes, human_size(r.bytes), bpw])
-    lines = table(["layer", "format", "NxK", "params", "dtypes", "bytes", "bits/w"], rows, right={5, 6})
+        row = [r.name, r.format, nk, r.params, r.dtypes, human_size(r.bytes), bpw]
+        if foreign:
+            row.insert(1, f"{r.dialect.split(' (')[0]} [{r.verdict}]" if r.verdict else r.dialect)
+        rows.append(row)
+    head = ["layer", "format", "NxK", "params", "dtypes", "bytes", "bits/w"]
+    if foreign:
+        head.insert(1, "layout [migrate]")
+    lines = [f"layout: {inv.dialect}"] + [f"  {n}" for n in inv.notes]
+    lines.extend(table(head, rows, right={len(head) - 2, len(head) - 1}))
     lines.append("")
     trows = []
     for fmt, t in sorted(inv.totals().items()):
@@ -141,6 +163,36 @@ def render_inventory(inv, stream=None) -> str:
     lines.append(f"other tensors: {inv.other_tensors} ({human_size(inv.other_bytes)})")
     lines.append(f"files: {len(inv.files)}, {human_size(inv.file_bytes)}; as BF16: {human_size(inv.bf16_bytes)} "
                  f"(compression {ratio:.2f}x)")
+    return "\n".join(lines)
+
+
+def render_migrate(result) -> str:
+    """One line per group of layers with the same dialect, variant, verdict and format."""
+    if result.nothing:
+        return (f"nothing to migrate: the file's layout is {result.dialect}"
+                + (" (already a Comfy quantized checkpoint)" if result.dialect.startswith("comfy") and "+" not in result.dialect else ""))
+    lines = [f"layout: {result.dialect} -> {result.to or 'comfy'}"]
+    groups: dict[tuple, list[dict]] = {}
+    for row in result.layers:
+        groups.setdefault((row["dialect"], row["variant"], row["verdict"], row["format"], row["why"]), []).append(row)
+    for (dialect, variant, verdict, fmt, why), rows in groups.items():
+        into = fmt or ("dense" if verdict in ("exact", "byte-permutation") else "-")
+        errors = [r["error"] for r in rows if r.get("error") is not None]
+        err = f", relative L2 error up to {max(errors):.4f}" if errors else ""
+        lines.append(f"  {verdict:<16} {len(rows):>4} x {dialect} ({variant}) -> {into}{err}")
+        lines.append(f"  {'':<16} {rows[0]['layer']}{f' (+{len(rows) - 1} more)' if len(rows) > 1 else ''}: {why}")
+    if result.plan.refused:
+        lines.append("")
+        lines.append(f"refused ({len(result.plan.refused)}): nothing is written")
+        for layer, why in result.plan.refused[:20]:
+            lines.append(f"  {layer}: {why}")
+        if len(result.plan.refused) > 20:
+            lines.append(f"  ... and {len(result.plan.refused) - 20} more (--json lists all)")
+    elif result.dry_run:
+        lines.append("dry run: nothing written")
+    else:
+        lines.append(f"wrote {', '.join(result.outputs)}" + ("" if result.after is None or result.after.ok
+                                                             else " (the re-check still finds errors: see check)"))
     return "\n".join(lines)
 
 

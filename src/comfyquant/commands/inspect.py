@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..checkpoint import open_checkpoint
+    from ..dialects.containers import open_any
     from ..inspection import inventory
     from ..io.shards import SeparateCheckpoints
     from .check import remote_options
@@ -29,7 +29,7 @@ def run(args) -> int:
     mapper = name_mapper(args.strip_prefix)
     remote = remote_options(args, args.paths)
     try:
-        ckpt = open_checkpoint(args.paths, name_mapper=mapper, remote=remote)
+        ckpt = open_any(args.paths, name_mapper=mapper, remote=remote)
     except SeparateCheckpoints as separate:
         return _run_each(args, separate, mapper, remote)
     with ckpt:

@@ -12,12 +12,16 @@ import os
 from importlib import import_module
 
 from ..dtypes import QUANTIZED_WEIGHT_DTYPES
-from .base import Claim, Dialect, Translation
+from .base import Claim, Container, Dialect, Translation
 
 COMFY = "comfy"
 """Layers with a comfy_quant marker (the native layout)."""
 DENSE = "dense"
 """A file with no quantized layer at all."""
+
+
+CONTAINERS: list[Container] = []
+"""Every file format besides safetensors a dialect reads (a package's ``CONTAINERS``)."""
 
 
 def _discover() -> dict[str, Dialect]:
@@ -27,7 +31,9 @@ def _discover() -> dict[str, Dialect]:
         packages = sorted(e.name for e in entries
                           if e.is_dir() and not e.name.startswith(("_", ".")) and os.path.isfile(os.path.join(e.path, "__init__.py")))
     for name in packages:
-        found.extend(getattr(import_module(f"{__package__}.{name}"), "DIALECTS", ()))
+        module = import_module(f"{__package__}.{name}")
+        found.extend(getattr(module, "DIALECTS", ()))
+        CONTAINERS.extend(getattr(module, "CONTAINERS", ()))
     found.sort(key=lambda d: (d.order, d.name))
     out: dict[str, Dialect] = {}
     for d in found:

@@ -111,10 +111,12 @@ def convert(paths: Paths, out: str | None = None, to: str | None = None, params:
 
 def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_run, keep_bad, overwrite, progress,
          on_layer) -> Result:
-    from ..checkpoint import open_checkpoint
+    from ..dialects.containers import open_any
+    from ..dialects.view import viewed
     from ..gate import check_input
     from ..io.shards import is_url
     from . import report as rep
+    from .work import use_sources
 
     _targets(target)
     if jobs < 1:
@@ -130,7 +132,10 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
     if any(is_url(p) for p in paths):
         raise InputError(f"{mode} reads local files; download the checkpoint first")
     started = time.perf_counter()
-    with open_checkpoint(paths) as ckpt:
+    with open_any(paths) as raw, viewed(raw, mode) as ckpt:
+        if ckpt is not raw:  # another layout, read through its translation in this process
+            use_sources(ckpt.sources)
+            jobs = 1
         check_input(ckpt, mode)  # the gate dequantize shares: check's errors refuse the input
         if not dry_run:
             tag = default.format if default is not None else {"quantize": "quantized", "convert": "converted"}[mode]

@@ -36,6 +36,13 @@ def _source(path: str):
     return src
 
 
+def use_sources(sources) -> None:
+    """Read these byte sources by their names instead of opening the files of those names (a
+    dialect file's translated view, :mod:`comfyquant.dialects.view`: in this process only)."""
+    for src in sources:
+        _SOURCES[src.name] = src
+
+
 def close_sources() -> None:
     """Close the files this process opened for tasks."""
     for src in _SOURCES.values():
@@ -54,9 +61,15 @@ def _read(spec: tuple):
 
 def _pread(file: str, start: int, nbytes: int) -> bytearray:
     """``nbytes`` of ``file`` from ``start``, into a new buffer."""
+    src = _source(file)
+    fd = getattr(src, "_fd", None)
+    if fd is None:  # a virtual source: its bytes are computed, not in a file
+        data = src.pread(start, nbytes)
+        if len(data) != nbytes:
+            raise InputError(f"{file}: a tensor read short ({len(data)} of {nbytes} bytes)")
+        return bytearray(data)
     buf = bytearray(nbytes)
     view = memoryview(buf)
-    fd = _source(file)._fd
     done = 0
     while done < nbytes:
         n = os.preadv(fd, [view[done:]], start + done)
@@ -134,9 +147,9 @@ def run_task(task: dict) -> dict:
 
     from .. import codecs
     from ..formats.codec import CodecError
+    from ..formats.planned import PlanError
     from ..numerics.dtypes import TORCH_DTYPES, dtype_name
     from ..numerics.rows import release_memory
-    from .layout import PlanError
 
     started = time.perf_counter()
     name, fmt = task["name"], task["format"]
