@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from comfyquant.checkpoint import open_checkpoint  # noqa: E402
-from comfyquant.dialects.base import LOSSY  # noqa: E402
+from comfyquant.dialects.base import EXACT, LOSSY  # noqa: E402
 from comfyquant.dialects.gguf import DIALECTS, is_gguf, virtual_source  # noqa: E402
 from comfyquant.dialects.registry import detect  # noqa: E402
 from comfyquant.errors import InputError  # noqa: E402
@@ -78,6 +78,7 @@ FLUX = [
     ("single_blocks.0.linear2.weight", T.MXFP4, (32, HIDDEN), False),
     ("single_blocks.0.modulation.lin.weight", T.Q8_0, (24, 48, 2, 2), True),
     ("final_layer.linear.weight", T.F32, (3, 5, 7), True),
+    ("pos_embed", T.Q8_0, (1, 16, 64), False),
 ]
 
 
@@ -260,11 +261,19 @@ def test_detection_claims_exactly_the_quantized_layers(flux):
     with open_view(path) as ckpt:
         found = detect(ckpt)
         assert found.name == "gguf"
-        quantized = {n.rpartition(".")[0]: t for n, (t, _) in written.items() if t not in ("F32", "F16", "BF16")}
+        quantized = {n[:-len(".weight")]: (t, shape) for n, (t, shape) in written.items()
+                     if t not in ("F32", "F16", "BF16") and n.endswith(".weight")}
         assert set(found.layers) == set(quantized)
         for prefix, tr in found.layers.items():
-            assert tr.verdict == LOSSY and tr.variant == quantized[prefix] and tr.format is None
-            assert tr.decoder is not None and tr.lossy is not None
+            type_name, shape = quantized[prefix]
+            assert tr.variant == type_name and tr.format is None and tr.decoder is not None
+            if len(shape) == 2:
+                assert tr.verdict == LOSSY and tr.lossy is not None
+            else:  # no Comfy format quantizes a 4-D tensor: its exact F32 decode is its Comfy form
+                assert tr.verdict == EXACT and [m.source for m in tr.moves] == [prefix + ".weight"]
+        assert found.layers["single_blocks.0.modulation.lin"].verdict == EXACT
+        notes = " | ".join(found.claim("gguf").notes)
+        assert "1 quantized tensor(s) that are no layer's weight (e.g. 'pos_embed')" in notes
         why = found.layers["double_blocks.0.img_attn.qkv"].why
         assert "per-32 FP16 scales" in why and "no Comfy layout" in why
         assert "bias" in found.layers["double_blocks.0.img_attn.qkv"].inputs  # the layer's dense bias comes along

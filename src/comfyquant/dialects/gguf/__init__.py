@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 
 from ...targets.base import Violation
-from ..base import LOSSY, Claim, Dialect, Lossy, Translation
+from ..base import EXACT, LOSSY, Claim, Container, Dialect, Lossy, Move, Translation
 from .keys import ARCH_KEY, CONTAINER_KEY, DENSE, ORIG_SHAPE_KEY, TYPES_KEY, is_gguf
 
 NAME = "gguf"
@@ -138,34 +138,46 @@ def detect(ckpt, claimed: set) -> Claim | None:
         return None
     meta = ckpt.metadata()
     types = _json(meta, TYPES_KEY)
-    by_prefix: dict[str, dict[str, str]] = {}
+    layers: dict[str, Translation] = {}
+    loose: list[str] = []
     for name, type_name in types.items():
         if type_name in DENSE or name not in ckpt.tensors:
             continue
         prefix, dot, suffix = name.rpartition(".")
-        if not dot:
-            prefix, suffix = name, ""
-        by_prefix.setdefault(prefix, {})[suffix] = type_name
-    layers: dict[str, Translation] = {}
-    for prefix, quantized in by_prefix.items():
-        if prefix in claimed:
+        if suffix != "weight" or not prefix:
+            loose.append(name)  # not a layer's weight (SD3's pos_embed): read as its F32 decode, unclaimed
             continue
-        layer = ckpt.layers.get(prefix)
-        inputs = dict(layer.tensors) if layer is not None else {}
-        for suffix in quantized:
-            inputs.setdefault(suffix, ckpt.tensors[f"{prefix}.{suffix}" if suffix else prefix])
-        suffix = "weight" if "weight" in quantized else sorted(quantized)[0]
-        type_name = quantized[suffix]
-        variant = "+".join(sorted(set(quantized.values())))
-        bpw = bits_per_weight(type_name)
-        size = f" ({bpw:.2f} bits/weight)" if bpw is not None else ""
-        layout, missing = layout_of(type_name)
-        why = (f"{type_name}{size}: {layout}; no Comfy layout has {missing}, so the layer is exact only as its dense F32 "
-               "weight (dequantize); any Comfy format requantizes it")
-        layers[prefix] = Translation(prefix, NAME, variant, inputs, verdict=LOSSY, why=why, decoder=_identity(suffix),
-                                     lossy=lossy_target(type_name))
-    return Claim(NAME, layers, notes=_notes(meta, types),
+        if prefix not in claimed:
+            layers[prefix] = _translate(ckpt, prefix, type_name)
+    notes = _notes(meta, types)
+    if loose:
+        notes.append(f"{len(loose)} quantized tensor(s) that are no layer's weight (e.g. {loose[0]!r}) are read as their "
+                     "exact F32 decode")
+    return Claim(NAME, layers, notes=notes,
                  metadata_drop=[k for k in meta if k.startswith("comfyquant.gguf.") or k == CONTAINER_KEY])
+
+
+def _translate(ckpt, prefix: str, type_name: str) -> Translation:
+    """A quantized GGUF weight: LOSSY for a linear (2-D) weight, whose Comfy form requantizes it;
+    EXACT as the dense F32 weight for any other rank (a conv kernel, a reshaped tensor), which
+    no Comfy format quantizes, so the exact decode is its Comfy form."""
+    w = ckpt.tensors[f"{prefix}.weight"]
+    inputs = {"weight": w}
+    bias = ckpt.tensors.get(f"{prefix}.bias")
+    if bias is not None:
+        inputs["bias"] = bias
+    bpw = bits_per_weight(type_name)
+    size = f" ({bpw:.2f} bits/weight)" if bpw is not None else ""
+    layout, missing = layout_of(type_name)
+    if len(w.shape) != 2:
+        moves = [Move(s, e.name, e.dtype, tuple(e.shape)) for s, e in inputs.items()]
+        return Translation(prefix, NAME, type_name, inputs, verdict=EXACT, moves=moves, decoder=_identity("weight"),
+                           why=f"{type_name}{size} {len(w.shape)}-D weight {list(w.shape)}: no Comfy format quantizes it; "
+                               "it becomes its exact dense F32 decode")
+    why = (f"{type_name}{size}: {layout}; no Comfy layout has {missing}, so the layer is exact only as its dense F32 "
+           "weight (dequantize); any Comfy format requantizes it")
+    return Translation(prefix, NAME, type_name, inputs, verdict=LOSSY, why=why, decoder=_identity("weight"),
+                       lossy=lossy_target(type_name))
 
 
 def _notes(meta: dict, types: dict) -> list[str]:
@@ -215,4 +227,7 @@ DIALECTS = (Dialect(NAME, "GGUF (city96 ComfyUI-GGUF)", writer="city96 ComfyUI-G
                     source="spec dialects-and-loading.md §2.5; city96/ComfyUI-GGUF loader.py, tools/convert.py",
                     detect=detect, runtime=runtime, order=1),)
 
-__all__ = ["DIALECTS", "NAME", "is_gguf", "virtual_source", "lossy_target"]
+CONTAINERS = (Container(NAME, sniff=is_gguf, open=virtual_source),)
+"""A local ``.gguf`` file opens as its virtual safetensors view (``dialects/containers.open_any``)."""
+
+__all__ = ["CONTAINERS", "DIALECTS", "NAME", "is_gguf", "virtual_source", "lossy_target"]
