@@ -280,19 +280,28 @@ def test_detection_claims_exactly_the_quantized_layers(flux):
         assert not any(p.startswith(("img_in", "time_in", "single_blocks.0.linear1")) for p in found.layers)
 
 
-@pytest.mark.parametrize("type_name, fmt, params", [
-    ("Q8_0", "int8_tensorwise", {}),
-    ("Q6_K", "asym_w4a8_int8", {"bits": 6}),
-    ("Q5_1", "asym_w4a8_int8", {"bits": 6}),
-    ("Q4_0", "asym_w4a8_int8", {"bits": 4}),
-    ("Q4_K", "asym_w4a8_int8", {"bits": 4}),
-    ("MXFP4", "nvfp4", {}),
+@pytest.mark.parametrize("types, fmt, params", [
+    (["Q8_0"], "int8_tensorwise", {}),
+    (["Q6_K"], "int8_tensorwise", {}),
+    (["Q5_1"], "int8_tensorwise", {}),
+    (["Q4_0"], "asym_w4a8_int8", {"bits": 4}),
+    (["Q4_K"], "asym_w4a8_int8", {"bits": 4}),
+    (["Q4_K", "Q3_K", "Q2_K"], "asym_w4a8_int8", {"bits": 4}),
+    (["Q4_K", "Q6_K"], "int8_tensorwise", {}),  # a Q4_K_M mix: the deepest type decides, for every layer
+    (["MXFP4"], "nvfp4", {}),
+    (["MXFP4", "Q4_0"], "asym_w4a8_int8", {"bits": 4}),
 ])
-def test_lossy_target_by_bit_depth(flux, type_name, fmt, params):
-    path, _ = flux
+def test_one_lossy_target_per_file_by_its_deepest_type(tmp_path, types, fmt, params):
+    path = tmp_path / "mix.gguf"
+    write_gguf(path, [(f"blocks.{i}.weight", getattr(T, t), (8, 256), False) for i, t in enumerate(types)]
+               + [("blocks.9.weight", T.Q8_0, (2, 4, 256), False)])  # 3-D: exact, does not vote
     with open_view(path) as ckpt:
-        tr = next(t for t in detect(ckpt).layers.values() if t.variant == type_name)
-    assert (tr.lossy.format, tr.lossy.params) == (fmt, params)
+        found = detect(ckpt).layers
+    assert {p: tr.variant for p, tr in found.items()} == {**{f"blocks.{i}": t for i, t in enumerate(types)},
+                                                          "blocks.9": "Q8_0"}
+    assert found["blocks.9"].verdict == EXACT
+    for i in range(len(types)):
+        assert (found[f"blocks.{i}"].lossy.format, found[f"blocks.{i}"].lossy.params) == (fmt, params)
 
 
 def test_runtimes_refuse_the_container(flux):

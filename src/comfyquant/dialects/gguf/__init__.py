@@ -70,30 +70,31 @@ def bits_per_weight(type_name: str) -> float | None:
     return size * 8 / block
 
 
-def lossy_target(type_name: str) -> Lossy:
-    """The Comfy format ``--allow-lossy`` requantizes a GGUF layer into, by bit depth: never
-    fewer bits than the GGUF spends (the requantization must not be the larger loss), and the
-    scaled-integer layout closest to the ggml block's.
+def lossy_target(type_names) -> Lossy:
+    """The one Comfy format ``--allow-lossy`` requantizes a GGUF file's linear layers into
+    (SGLang loads one Comfy format per file, and ``migrate`` judges the output for every
+    runtime by default), chosen by the deepest ggml type among them: never fewer bits than
+    the GGUF spends on any layer, and the scaled-integer layout closest to ggml's blocks.
 
-    * 8-bit types (Q8_0): ``int8_tensorwise`` - the same int8 codes, with one scale per row
-      instead of per 32 weights;
-    * 5 and 6-bit types (Q5_*, Q6_K, ~5.5-6.6 bits): ``asym_w4a8_int8`` at 6 bits - grouped
-      codes with per-group scales, the only Comfy format between 4 and 8 bits (ComfyUI and
-      comfy-kitchen load it, SGLang does not);
-    * FP4 types (MXFP4, NVFP4): ``nvfp4`` - FP4 E2M1 codes with FP8 block scales;
-    * 4 bits and below (Q4_*, IQ4_*, Q3_K, Q2_K, IQ1-3, TQ*): ``asym_w4a8_int8`` at 4 bits -
-      grouped 4-bit codes with per-group scales, the closest Comfy layout to ggml's blocks.
+    * any type above 4.5 bits (Q8_0, Q5_*, Q6_K, the Q4_K_M mixes' Q6_K): ``int8_tensorwise``
+      - int8 codes like Q8_0's, one scale per row instead of per 32 weights (W6A8 would match
+      Q6_K's depth, but SGLang does not load it);
+    * only FP4 types (MXFP4, NVFP4): ``nvfp4`` - FP4 E2M1 codes with FP8 block scales;
+    * otherwise (Q4_*, IQ4_*, Q3_K, Q2_K, IQ1-3, TQ*; 4.5 bits and below): ``asym_w4a8_int8``
+      at 4 bits - grouped 4-bit codes with per-group scales.
     """
-    bpw = bits_per_weight(type_name)
-    if type_name in ("MXFP4", "NVFP4"):
-        return Lossy("nvfp4", {}, f"{type_name} -> nvfp4: FP4 codes with FP8 block scales (the nearest Comfy FP4 layout)")
-    if bpw is None or bpw >= 7.5:
-        return Lossy("int8_tensorwise", {}, f"{type_name} -> int8_tensorwise: 8-bit codes, per-row scales instead of "
-                                            "per-32 FP16 scales")
-    if bpw >= 5:
-        return Lossy("asym_w4a8_int8", {"bits": 6}, f"{type_name} ({bpw:.2f} bits/weight) -> W6A8: 6-bit grouped codes, "
-                                                    "no fewer bits than the GGUF spends")
-    return Lossy("asym_w4a8_int8", {"bits": 4}, f"{type_name} ({bpw:.2f} bits/weight) -> W4A8: 4-bit grouped codes, "
+    names = [type_names] if isinstance(type_names, str) else sorted(set(type_names))
+    depths = {t: bits_per_weight(t) for t in names}
+    deepest = max(names, key=lambda t: 99.0 if depths[t] is None else depths[t])
+    bpw = depths[deepest]
+    what = f"{deepest}" + ("" if bpw is None else f" ({bpw:.2f} bits/weight)")
+    whole = f", the deepest of the file's {', '.join(names)}" if len(names) > 1 else ""
+    if all(t in ("MXFP4", "NVFP4") for t in names):
+        return Lossy("nvfp4", {}, f"{what}{whole} -> nvfp4: FP4 codes with FP8 block scales")
+    if bpw is None or bpw > 4.5:
+        return Lossy("int8_tensorwise", {}, f"{what}{whole} -> int8_tensorwise: 8-bit codes with per-row scales, no "
+                                            "fewer bits than the GGUF spends")
+    return Lossy("asym_w4a8_int8", {"bits": 4}, f"{what}{whole} -> W4A8: 4-bit grouped codes with per-group scales, "
                                                 "the nearest Comfy layout to ggml's scaled blocks")
 
 
@@ -149,6 +150,12 @@ def detect(ckpt, claimed: set) -> Claim | None:
             continue
         if prefix not in claimed:
             layers[prefix] = _translate(ckpt, prefix, type_name)
+    linear = [tr.variant for tr in layers.values() if tr.verdict == LOSSY]
+    if linear:
+        target = lossy_target(linear)
+        for tr in layers.values():
+            if tr.verdict == LOSSY:
+                tr.lossy = target
     notes = _notes(meta, types)
     if loose:
         notes.append(f"{len(loose)} quantized tensor(s) that are no layer's weight (e.g. {loose[0]!r}) are read as their "
@@ -176,8 +183,7 @@ def _translate(ckpt, prefix: str, type_name: str) -> Translation:
                                "it becomes its exact dense F32 decode")
     why = (f"{type_name}{size}: {layout}; no Comfy layout has {missing}, so the layer is exact only as its dense F32 "
            "weight (dequantize); any Comfy format requantizes it")
-    return Translation(prefix, NAME, type_name, inputs, verdict=LOSSY, why=why, decoder=_identity("weight"),
-                       lossy=lossy_target(type_name))
+    return Translation(prefix, NAME, type_name, inputs, verdict=LOSSY, why=why, decoder=_identity("weight"))
 
 
 def _notes(meta: dict, types: dict) -> list[str]:
@@ -208,17 +214,16 @@ def _notes(meta: dict, types: dict) -> list[str]:
 
 
 def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
-    first = next(iter(claim.layers), None)
     if target == "comfyui":
         return [Violation("comfyui.gguf", "(no ComfyUI message modelled) a GGUF file: ComfyUI's own model loaders read "
                           "safetensors (and pickle) files and do not list .gguf ones; it loads only through the "
-                          "ComfyUI-GGUF custom node (Unet Loader (GGUF), UnetLoaderGGUF)", None, first,
+                          "ComfyUI-GGUF custom node (Unet Loader (GGUF), UnetLoaderGGUF)", None, None,
                           None, True, "GGUF container (city96 ComfyUI-GGUF)",
                           "install city96/ComfyUI-GGUF and load it with UnetLoaderGGUF, or comfyquant dequantize / "
                           "convert it to a safetensors file")]
     if target == "sglang":
         return [Violation("sglang.gguf", "(no SGLang message modelled) a GGUF file: SGLang's diffusion loader reads "
-                          "safetensors weights, not GGUF", None, first, None, True, "GGUF container",
+                          "safetensors weights, not GGUF", None, None, None, True, "GGUF container",
                           "comfyquant convert it to a Comfy safetensors file (lossy) or dequantize it")]
     return []
 
