@@ -613,3 +613,138 @@ def test_fuzzed_files_open_and_read_or_refuse_in_one_line(tmp_path_factory, data
         detect(ckpt)
     finally:
         source.close()
+
+
+# -- through the commands ---------------------------------------------------------------------
+
+
+def cli(capsys, *args):
+    from comfyquant.cli import main
+
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_inspect_json_names_the_dialect_and_each_layers_ggml_type(flux, capsys):
+    path, written = flux
+    rc, out, _ = cli(capsys, "inspect", path, "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["dialect"] == "gguf" and doc["dialects"] == ["gguf"]
+    rows = {r["layer"]: r for r in doc["layers"]}
+    assert rows["double_blocks.0.img_attn.qkv"]["dialect"] == "gguf (Q8_0)"
+    assert rows["double_blocks.0.img_attn.qkv"]["verdict"] == "lossy"
+    assert rows["double_blocks.0.img_mlp.0"]["dialect"] == "gguf (Q6_K)"
+    assert rows["single_blocks.0.modulation.lin"]["verdict"] == "exact"
+    assert rows["img_in"].get("dialect") in (None, "dense", "")  # kept F32 by the converter: a dense layer
+    assert any("architecture 'flux'" in n for n in doc["notes"])
+
+
+def test_check_says_comfyui_and_sglang_cannot_load_a_gguf_file(flux, capsys):
+    path, _ = flux
+    rc, out, _ = cli(capsys, "check", path, "--json")
+    doc = json.loads(out)
+    assert rc == 1 and not doc["ok"]
+    assert doc["targets"]["comfyui"]["loads"] is False and "UnetLoaderGGUF" in doc["targets"]["comfyui"]["error"]
+    assert doc["targets"]["sglang"]["loads"] is False and "GGUF" in doc["targets"]["sglang"]["error"]
+    assert doc["targets"]["comfy-kitchen"]["loads"] is True
+    f001 = [f for f in doc["findings"] if f["code"] == "F001"]
+    assert f001 and f001[0]["actual"] == "gguf"
+    rc, out, _ = cli(capsys, "check", path)
+    assert rc == 1 and "gguf" in out and "UnetLoaderGGUF" in out
+
+
+def test_damaged_gguf_is_one_line_exit_2_in_every_command(tmp_path, capsys):
+    path = small(tmp_path)
+    end = max(t.data_offset + t.n_bytes for t in gguf.GGUFReader(str(path)).tensors)
+    path.write_bytes(path.read_bytes()[:end - 3])
+    for args in (["check", path], ["inspect", path], ["dequantize", path, "-o", tmp_path / "o.safetensors"],
+                 ["convert", path, "--to", "fp8", "-o", tmp_path / "c.safetensors"], ["migrate", path, "--allow-lossy"]):
+        rc, out, err = cli(capsys, *args)
+        assert rc == 2, (args, out, err)
+        assert err.count("\n") == 1 and str(path) in err and "blocks.0.bias" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["s.gguf"]  # nothing written
+
+
+@pytest.mark.needs_torch
+def test_dequantize_writes_the_exact_f32_weights(flux, tmp_path, capsys):
+    from safetensors import safe_open
+
+    path, written = flux
+    out = tmp_path / "flux1-tiny-f32.safetensors"
+    rc, _, err = cli(capsys, "dequantize", path, "-o", out)
+    assert rc == 0, err
+    ref = reference(path)
+    with safe_open(str(out), "np") as f:
+        meta = f.metadata()
+        assert set(f.keys()) == set(written)
+        for name, (type_name, shape) in written.items():
+            got = f.get_tensor(name) if type_name != "BF16" else None
+            if type_name == "BF16":  # numpy has no bfloat16: compare the raw bits through torch
+                continue
+            assert got.shape == shape, name
+            expected = ref[name] if type_name not in ("F16",) else ref[name].astype(np.float16)
+            assert got.dtype == (np.float16 if type_name == "F16" else np.float32), name
+            assert got.tobytes() == np.ascontiguousarray(expected).tobytes(), name
+    with safe_open(str(out), "pt") as f:
+        import torch
+
+        bf16 = f.get_tensor("single_blocks.0.linear1.weight")
+        assert bf16.dtype == torch.bfloat16
+        assert bf16.view(torch.int16).numpy().tobytes() == ref["single_blocks.0.linear1.weight"].tobytes()
+    assert meta["gguf.architecture"] == "flux"
+    assert "comfyquant.container" not in meta and "comfyquant.gguf.types" not in meta  # a safetensors file now
+
+
+@pytest.mark.needs_torch
+def test_convert_to_fp8_requantizes_the_gguf_layers_and_keeps_the_dense_ones(flux, tmp_path, capsys):
+    import torch
+    from safetensors import safe_open
+
+    path, written = flux
+    out = tmp_path / "flux1-tiny-fp8.safetensors"
+    rc, _, err = cli(capsys, "convert", path, "--to", "fp8", "-o", out)
+    assert rc == 0, err
+    ref = reference(path)
+    linear = [n[:-len(".weight")] for n, (t, shape) in written.items()
+              if t not in ("F32", "F16", "BF16") and n.endswith(".weight") and len(shape) == 2]
+    with safe_open(str(out), "pt") as f:
+        keys = set(f.keys())
+        for prefix in linear:
+            w = f.get_tensor(prefix + ".weight")
+            assert w.dtype == torch.float8_e4m3fn, prefix
+            assert json.loads(bytes(f.get_tensor(prefix + ".comfy_quant").tolist()))["format"] == "float8_e4m3fn"
+            decoded = w.to(torch.float32) * f.get_tensor(prefix + ".weight_scale").to(torch.float32)
+            exact = torch.from_numpy(ref[prefix + ".weight"].copy())
+            assert (decoded - exact).norm() / exact.norm() < 0.06, prefix
+        for name in ("img_in.weight", "time_in.in_layer.weight", "double_blocks.0.img_attn.qkv.bias"):
+            assert name in keys and not any(k.startswith(name[:-len(".weight")] + ".comfy_quant") for k in keys)
+            got = f.get_tensor(name)
+            assert got.numpy().tobytes() == np.ascontiguousarray(ref[name]).tobytes(), name
+    rc, report, _ = cli(capsys, "check", out, "--json")
+    assert rc == 0 and json.loads(report)["ok"], report
+
+
+@pytest.mark.needs_torch
+def test_migrate_needs_allow_lossy_then_writes_one_comfy_format(tmp_path, capsys):
+    from safetensors import safe_open
+
+    path = tmp_path / "flux1-tiny-Q4_K_M.gguf"
+    write_gguf(path, [("img_in.weight", T.F32, (64, 32), False),
+                      ("double_blocks.0.img_attn.qkv.weight", T.Q4_K, (96, 256), False),
+                      ("double_blocks.0.img_attn.qkv.bias", T.F32, (96,), False),
+                      ("double_blocks.0.img_mlp.2.weight", T.Q6_K, (32, 256), False)])
+    out = tmp_path / "migrated.safetensors"
+    rc, _, err = cli(capsys, "migrate", path, "-o", out)
+    assert rc == 2 and "--allow-lossy" in err and err.count("\n") == 1 and not out.exists()  # a MigrateError (InputError)
+    rc, text, err = cli(capsys, "migrate", path, "-o", out, "--allow-lossy", "--json")
+    assert rc == 0, err + text
+    rows = {r["layer"]: r for r in json.loads(text)["layers"]}
+    assert {p: (r["verdict"], r["format"]) for p, r in rows.items()} == {
+        "double_blocks.0.img_attn.qkv": ("lossy", "int8_tensorwise"), "double_blocks.0.img_mlp.2": ("lossy", "int8_tensorwise")}
+    assert all(0 < r["error"] < 0.02 for r in rows.values()), rows
+    with safe_open(str(out), "np") as f:
+        assert f.get_tensor("img_in.weight").tobytes() == reference(path)["img_in.weight"].tobytes()
+    rc, report, _ = cli(capsys, "check", out, "--json")
+    assert rc == 0 and json.loads(report)["ok"], report
