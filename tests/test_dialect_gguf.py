@@ -347,12 +347,11 @@ def test_non_int32_orig_shape_is_read_and_noted(tmp_path):
 
 
 def test_gguf_metadata_copied_into_safetensors_is_not_gguf(tmp_path):
-    from safetensors.numpy import save_file
+    from builders import dense_layer, write
 
-    path = tmp_path / "copy.safetensors"
-    save_file({"blocks.0.weight": np.zeros((4, 32), np.float32)}, str(path),
-              metadata={"comfyquant.container": "gguf", "comfyquant.gguf.types": '{"blocks.0.weight": "Q8_0"}'})
-    with open_checkpoint(str(path)) as ckpt:
+    path = write(tmp_path / "copy.safetensors", dense_layer("blocks.0"),
+                 metadata={"comfyquant.container": "gguf", "comfyquant.gguf.types": '{"blocks.0.weight": "Q8_0"}'})
+    with open_checkpoint(path) as ckpt:
         assert detect(ckpt).name != "gguf"
 
 
@@ -506,10 +505,10 @@ def test_missing_directory_url(tmp_path):
 
 
 def test_safetensors_file_is_not_gguf(tmp_path):
-    from safetensors.numpy import save_file
+    from builders import dense_layer, write
 
     path = tmp_path / "m.safetensors"
-    save_file({"w": np.zeros(4, np.float32)}, str(path))
+    write(path, dense_layer("blocks.0"))
     refused(path, "not a GGUF file")
 
 
