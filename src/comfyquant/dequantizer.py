@@ -491,11 +491,26 @@ class _RichBar:
         self.progress.__exit__(*exc)
 
 
+class _LogLines:
+    """Not a terminal (a CI log): a plain progress line every few seconds (io.progress)."""
+
+    def __init__(self, total: int) -> None:
+        from .io.progress import Progress
+
+        self.progress = Progress(0, total, None, label="dequantize")
+
+    def __enter__(self):
+        return self.progress.add
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
 def _progress(enabled: bool | None, total: int):
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
+    if enabled is False:
         return _NoBar()
+    if enabled is None and not sys.stderr.isatty():
+        return _LogLines(total)
     try:
         return _RichBar(total)
     except ImportError:  # rich is a declared dependency; a broken install still dequantizes

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
+from ..io.progress import Progress
 from .plan import COPY, DENSE, QUANTIZE, Options, Plan, build_plan
-from .progress import Progress
 from .rules import Choice, Rules, load_rules
 
 if TYPE_CHECKING:

@@ -136,7 +136,8 @@ def write_png(doc: dict, path: str) -> None:
         ax.set_ylabel("relative L2 error")
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=8, loc="upper right")
+    # outside the axes, right of the plot: a legend inside would cover the last bars
+    axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
     if len(rows) <= 60:
         axes[1].set_xticks(range(len(rows)))
         axes[1].set_xticklabels([r["layer"] for r in rows], rotation=90, fontsize=6)

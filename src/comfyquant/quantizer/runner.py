@@ -23,13 +23,13 @@ from ..errors import InputError
 from ..io.copying import copy_range, read_chunks
 from ..io.index import write_index
 from ..io.outputs import claim
+from ..io.progress import Progress
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import commit_file, discard, write_safetensors
 from ..version import __version__
 from .layout import marker_entries, problems
 from .plan import DENSE, QUANTIZE, LayerPlan, Plan, output_files
-from .progress import Progress
 from .work import run_task, run_task_spilled, task_for
 
 STAMP_KEY = "comfyquant"

@@ -115,17 +115,23 @@ def task_for(lp, quality: bool = True) -> dict:
 
 
 def load_source(task: dict):
-    """The dense source weight as a row source: rows read from the file, or decoded from the
-    input's quantized layer, block by block (every pass over it reads or decodes again)."""
+    """The dense source weight: rows read from the file block by block as the encoder asks
+    (every pass reads again: the page cache serves it), or the input's quantized layer
+    decoded once, in row blocks, into one dense tensor."""
     if task["source"] == "dense":
         return _file_rows(task["weight"])
     from .. import codecs
     from ..formats.codec import CodecError
+    from ..numerics.rows import materialize
 
     tensors = {s: _read(spec) for s, spec in task["src"].items()}
     try:
-        return codecs.get(task["src_format"]).row_source(tensors, task["src_marker"], dtype=task["dtype"].lower(),
-                                                          layer=task["name"])
+        source = codecs.get(task["src_format"]).row_source(tensors, task["src_marker"], dtype=task["dtype"].lower(),
+                                                            layer=task["name"])
+        # Decoded once and held (one dense layer, within the per-job memory budget): the
+        # encoders make several passes over their source (W4A8's least squares: six or more),
+        # and decoding the input again for each pass made convert 5x slower than quantize.
+        return materialize(source)
     except CodecError as exc:
         raise InputError(f"cannot decode: {exc}") from None
 
