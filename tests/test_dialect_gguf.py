@@ -747,3 +747,16 @@ def test_migrate_needs_allow_lossy_then_writes_one_comfy_format(tmp_path, capsys
         assert f.get_tensor("img_in.weight").tobytes() == reference(path)["img_in.weight"].tobytes()
     rc, report, _ = cli(capsys, "check", out, "--json")
     assert rc == 0 and json.loads(report)["ok"], report
+
+
+def test_fix_and_mixed_inputs_say_what_a_gguf_file_is(flux, tmp_path, capsys):
+    from builders import dense_layer, write
+
+    path, _ = flux
+    rc, _, err = cli(capsys, "fix", path, "-o", tmp_path / "fixed.safetensors")
+    assert rc == 2 and "a GGUF file: fix repairs safetensors checkpoints" in err and err.count("\n") == 1
+    other = write(tmp_path / "other.safetensors", dense_layer("blocks.0"))
+    for args in (["check", other, path], ["inspect", path, other]):
+        rc, _, err = cli(capsys, *args)
+        assert rc == 2 and f"{path}: a GGUF file is read on its own" in err, err
+    assert not (tmp_path / "fixed.safetensors").exists()
