@@ -110,6 +110,10 @@ class Checkpoint:
         self.foreign: dict[str, str] = {}
         """Layer prefix -> dialect, for layers a foreign layout claims (set with ``detection``):
         the runtime profiles leave those layers to their dialect's own runtime model."""
+        self.decoded: set[str] = set()
+        """Layer prefixes whose dense weight is a dialect's exact decode of a quantized layer
+        (a lossy translation read through ``dialects/view``): ``convert`` re-encodes them as
+        the quantized layers they were, and copies the layers that were dense."""
         self._source_by_file = {s.name: s for s in sources}
 
     # -- reading ---------------------------------------------------------------------------

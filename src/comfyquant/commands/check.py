@@ -82,7 +82,7 @@ def run(args) -> int:
     import gc
 
     from ..checker.run import check_checkpoint, parse_targets
-    from ..checkpoint import open_checkpoint
+    from ..dialects.containers import open_any
     from ..io.shards import SeparateCheckpoints
 
     parse_targets(args.target)
@@ -90,7 +90,7 @@ def run(args) -> int:
     # left for the OS to reclaim (the console entry skips interpreter teardown).
     gc.disable()
     try:
-        ckpt = open_checkpoint(args.paths, name_mapper=mapper, remote=remote)
+        ckpt = open_any(args.paths, name_mapper=mapper, remote=remote)  # a GGUF file opens as its safetensors view
     except SeparateCheckpoints as separate:
         return _run_each(args, separate, mapper, remote)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from ..checkpoint import Checkpoint, Paths, open_checkpoint
+from ..errors import InputError
 from ..io.shards import ShardSet, is_url
 from .registry import CONTAINERS
 
@@ -31,4 +32,21 @@ def open_any(paths: Paths, **kw) -> Checkpoint:
             path, container = found
             source = container.open(path)
             return open_checkpoint(path, sources=[source], shardset=ShardSet(files=[path]), **kw)
+        _refuse_mixed(paths)
     return open_checkpoint(paths, **kw)
+
+
+def _refuse_mixed(paths: Paths) -> None:
+    """A container file among several inputs would be read as a safetensors shard ("header
+    length ... exceeds the 100 MB limit"): say what it is instead."""
+    if isinstance(paths, (str, os.PathLike)):
+        return
+    paths = [str(p) for p in paths]
+    if len(paths) < 2:
+        return
+    for p in paths:
+        if not is_url(p) and os.path.isfile(p):
+            for c in CONTAINERS:
+                if c.sniff(p):
+                    raise InputError(f"{p}: a {c.name.upper()} file is read on its own (it is no shard of a safetensors "
+                                     "checkpoint): name it alone")

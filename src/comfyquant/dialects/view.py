@@ -44,7 +44,9 @@ def comfy_view(ckpt: Checkpoint, verb: str) -> Checkpoint:
                                    f"read: {tr.why}")
     sources = [_virtual_file(ckpt, h, detection) for h in ckpt.headers]
     names = [s.name for s in sources]
-    return open_checkpoint(names, sources=sources, shardset=ShardSet(files=names))
+    view = open_checkpoint(names, sources=sources, shardset=ShardSet(files=names))
+    view.decoded = {tr.out_prefix for c in detection.claims for tr in c.layers.values() if tr.verdict == LOSSY}
+    return view
 
 
 @contextmanager

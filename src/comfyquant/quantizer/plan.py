@@ -192,9 +192,13 @@ def build_plan(ckpt, mode: str, options: Options) -> Plan:
     _refuse_choices(ckpt, options)
     implied = file_level_markers(ckpt) if mode == "convert" else {}
     layers = []
+    decoded = getattr(ckpt, "decoded", ())  # a dialect's quantized layers, read as their exact dense decode
     for prefix in sorted(ckpt.layers, key=natural_key):
         layer = ckpt.layers[prefix]
-        lp = _plan_quantize(layer, options) if mode == "quantize" else _plan_convert(layer, options, implied.get(prefix))
+        if mode == "quantize" or prefix in decoded:
+            lp = _plan_quantize(layer, options)
+        else:
+            lp = _plan_convert(layer, options, implied.get(prefix))
         lp.index = len(layers)
         layers.append(lp)
     others = sorted((ckpt.tensors[n] for n in ckpt.other_tensors), key=lambda e: natural_key(e.name))

@@ -7,6 +7,7 @@ import json
 
 from ..checker.run import Targets, check_checkpoint, parse_targets
 from ..checkpoint import Paths, open_checkpoint
+from ..dialects.containers import container_of
 from ..errors import InputError
 from ..findings import ERROR
 from .execute import output_paths, write_and_verify
@@ -95,6 +96,10 @@ def fix(paths: Paths, out: str | None = None, in_place: bool = False, target: Ta
             raise InputError("--max-error needs --reference DENSE for fix: the repaired layers are measured against "
                              "the original weights")
     options = Options(target, prefer, convrot_groupsize, allow_lossy)
+    found = container_of(paths)
+    if found is not None:  # read as safetensors it would be "header length ... exceeds the 100 MB limit"
+        raise InputError(f"{found[0]}: a {found[1].name.upper()} file: fix repairs safetensors checkpoints; rewrite it as "
+                         "one with comfyquant migrate --allow-lossy, convert --to FORMAT or dequantize")
     with open_checkpoint(paths) as ckpt:
         gc.disable()
         try:
