@@ -376,3 +376,44 @@ def test_tile_unpack_round_trips_random_shapes():
         assert nunchaku_tiles.lowrank_up(_as_bytes(ref_pack_lowrank(up, False)), n, r) == _as_bytes(up)
         u = torch.randint(0, 16, (n, k), generator=GEN, dtype=torch.int32)
         assert nunchaku_tiles.awq_codes(_as_bytes(ref_pack_w4(u)), n, k).tolist() == u.tolist()
+
+
+def _good_svdq(n=256, k=256, r=32) -> dict:
+    return {"qweight": torch.zeros(n, k // 2, dtype=torch.int8), "wscales": torch.ones(k // 64, n, dtype=torch.bfloat16),
+            "smooth_factor": torch.ones(k, dtype=torch.bfloat16), "proj_down": torch.zeros(k, r, dtype=torch.bfloat16),
+            "proj_up": torch.zeros(n, r, dtype=torch.bfloat16)}
+
+
+BROKEN = {
+    "qweight 1-D": dict(_good_svdq(), qweight=torch.zeros(256, dtype=torch.int8)),
+    "qweight empty": dict(_good_svdq(), qweight=torch.zeros(0, 128, dtype=torch.int8)),
+    "wscales F32": dict(_good_svdq(), wscales=torch.ones(4, 256)),
+    "wscales transposed": dict(_good_svdq(), wscales=torch.ones(256, 4, dtype=torch.bfloat16)),
+    "rank mismatch": dict(_good_svdq(), proj_up=torch.zeros(256, 16, dtype=torch.bfloat16)),
+    "rank 0": _good_svdq(r=0),
+    "rank 24": _good_svdq(r=24),
+    "no smooth_factor": {k: v for k, v in _good_svdq().items() if k != "smooth_factor"},
+    "bias wrong length": dict(_good_svdq(), bias=torch.zeros(255, dtype=torch.bfloat16)),
+    "extra weight": dict(_good_svdq(), weight=torch.zeros(256, 256, dtype=torch.bfloat16)),
+    "awq zeros shape": {"qweight": torch.zeros(64, 128, dtype=torch.int32), "wscales": torch.ones(4, 256, dtype=torch.bfloat16),
+                        "wzeros": torch.ones(2, 256, dtype=torch.bfloat16)},
+    "awq wscales 1-D": {"qweight": torch.zeros(64, 128, dtype=torch.int32), "wscales": torch.ones(256, dtype=torch.bfloat16),
+                        "wzeros": torch.ones(256, dtype=torch.bfloat16)},
+    "awq K not 64": {"qweight": torch.zeros(64, 16, dtype=torch.int32), "wscales": torch.ones(1, 256, dtype=torch.bfloat16),
+                     "wzeros": torch.ones(1, 256, dtype=torch.bfloat16)},
+    "qweight alone": {"qweight": torch.zeros(256, 128, dtype=torch.int8)},
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_broken_layers_are_refused_with_a_reason(tmp_path, case):
+    path = tmp_path / "broken.safetensors"
+    save_file({f"blocks.0.attn.to_out.{s}": v for s, v in BROKEN[case].items()}, str(path), metadata={"comfy_config": "{"})
+    with open_checkpoint(str(path)) as ckpt:
+        claim = detect(ckpt).claim("nunchaku")
+        tr = claim.layers["blocks.0.attn.to_out"]
+        assert tr.verdict == REFUSED and tr.why and not tr.moves, (case, tr.why)
+        assert DIALECTS["nunchaku"].settle(ckpt, claim) is not None
+        for target in ("comfyui", "sglang", "comfy-kitchen"):
+            assert DIALECTS["nunchaku"].runtime(target, ckpt, claim)
+        assert any("comfy_config" in n and "not JSON" in n for n in claim.notes)

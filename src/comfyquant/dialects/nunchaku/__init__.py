@@ -63,7 +63,8 @@ def _groups(ckpt) -> dict[str, dict]:
 
 
 def detect(ckpt, claimed: set) -> Claim | None:
-    groups = {p: t for p, t in _groups(ckpt).items() if p not in claimed}
+    groups = {p: t for p, t in _groups(ckpt).items() if p not in claimed
+              and (p not in ckpt.layers or ckpt.layers[p].marker is None)}
     if not groups:
         return None
     facts = metadata.read(ckpt.metadata())
@@ -135,7 +136,7 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
     if q.dtype != "I8" or len(q.shape) != 2:
         return _refuse(prefix, t, variant, f"qweight {q.dtype} {fmt_shape(q.shape)}: nunchaku's int4 qweight is I8 [N, K/2]")
     n, k = q.shape[0], 2 * q.shape[1]
-    bad = tiles.svdq_weight_fits(n, k)
+    bad = "an empty weight" if n == 0 or k == 0 else tiles.svdq_weight_fits(n, k)
     if bad:
         return _refuse(prefix, t, variant, f"qweight {fmt_shape(q.shape)}: {bad}")
     expect = {"wscales": (k // 64, n), "smooth_factor": (k,), "proj_up": (n, None), "proj_down": (k, None)}
@@ -148,6 +149,8 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
             return _refuse(prefix, t, variant, f"{s} {fmt_shape(e.shape)} does not fit qweight {fmt_shape(q.shape)} "
                                                f"(expected {want})")
     rank = down.shape[1]
+    if rank == 0:
+        return _refuse(prefix, t, variant, "rank 0: proj_down/proj_up are empty")
     if up.shape[1] != rank:
         return _refuse(prefix, t, variant, f"proj_up rank {up.shape[1]} != proj_down rank {rank}")
     bad = tiles.lowrank_fits(k, rank) or tiles.lowrank_fits(n, rank)
@@ -207,7 +210,7 @@ def _awq(prefix: str, t: dict, variant: str) -> Translation:
     if q.dtype != "I32" or len(q.shape) != 2:
         return _refuse(prefix, t, variant, f"qweight {q.dtype} {fmt_shape(q.shape)}: nunchaku's AWQ qweight is I32 [N/4, K/2]")
     n, k = 4 * q.shape[0], 2 * q.shape[1]
-    bad = tiles.awq_fits(n, k)
+    bad = "an empty weight" if n == 0 or k == 0 else tiles.awq_fits(n, k)
     if bad:
         return _refuse(prefix, t, variant, f"qweight {fmt_shape(q.shape)}: {bad}")
     for e in (ws, wz):
