@@ -417,3 +417,21 @@ def test_broken_layers_are_refused_with_a_reason(tmp_path, case):
         for target in ("comfyui", "sglang", "comfy-kitchen"):
             assert DIALECTS["nunchaku"].runtime(target, ckpt, claim)
         assert any("comfy_config" in n and "not JSON" in n for n in claim.notes)
+
+
+def test_svdq_int4_decoder_equals_comfy_codec_on_the_writers_numbers(tmp_path):
+    """dequantize of the nunchaku layer == Comfy's svdquant_w4a4 codec on the tensors the writer packed."""
+    from comfyquant.formats.registry import FORMATS
+
+    path, natural = flux_file(tmp_path)
+    for prefix in ("transformer_blocks.0.attn.to_out.0", "transformer_blocks.0.ff.net.2"):
+        with open_checkpoint(str(path)) as ckpt:
+            tr = detect(ckpt).claim("nunchaku").layers[prefix]
+            raw = _stored(ckpt, [e.name for e in tr.inputs.values()])
+        got = tr.decoder({s: _tensor(raw[e.name], e) for s, e in tr.inputs.items()})
+        nat = {s: v for s, v in natural[prefix].items() if s != "bias"}
+        want = FORMATS["svdquant_w4a4"].codec().decode(nat, tr.marker, dtype=torch.float32)
+        assert got.dtype == torch.float32 and torch.equal(got, want)
+        # the low-rank branch is in it: zeroing proj_up changes the weight
+        nat["weight_proj_up"] = torch.zeros_like(nat["weight_proj_up"])
+        assert not torch.equal(FORMATS["svdquant_w4a4"].codec().decode(nat, tr.marker, dtype=torch.float32), got)

@@ -23,6 +23,7 @@ from ..base import EXACT, PERMUTATION, REFUSED, Claim, Dialect, Move, Translatio
 from ..common import fmt_shape
 from . import metadata
 from .decoders import awq as awq_decoder
+from .decoders import via_comfy
 
 NAME = "nunchaku"
 SVDQ_SUFFIXES = ("qweight", "wscales", "smooth_factor", "smooth_factor_orig", "proj_down", "proj_up", "wcscales",
@@ -191,7 +192,7 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
     if prefix.rsplit(".", 1)[-1] in FUSED_QKV:
         why += "; fused q/k/v: split along N for a runtime with separate q/k/v layers"
     return Translation(prefix, NAME, variant, t, verdict=PERMUTATION, why=why, format="svdquant_w4a4", marker=marker,
-                       moves=moves, drops=drops,
+                       moves=moves, drops=drops, decoder=via_comfy(moves, "svdquant_w4a4", marker),
                        dropped_why="smooth_factor_orig: nunchaku's unused copy of the smoothing factors" if drops else "",
                        unsettled=unsettled)
 
@@ -320,10 +321,12 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
     loader = "load it with ComfyUI-nunchaku's Nunchaku DiT loader"
     if not facts.comfy_config_ok:
         loader += " (which needs the header's comfy_config, missing or unreadable here)"
-    return [Violation("comfyui.nunchaku", f"layer '{tr.prefix}': ComfyUI core has no nunchaku loader: the model "
-                      f"expects '{tr.prefix}.weight', load_state_dict(strict=False) only logs 'unet missing' / "
-                      "'unet unexpected' (qweight, wscales, ...) and the layer keeps uninitialized weights (garbage "
-                      "output, no error)", None, tr.prefix, "qweight", False, "nunchaku SVDQuant file in ComfyUI core",
+    return [Violation("comfyui.nunchaku", f"layer '{tr.prefix}': ComfyUI core has no nunchaku loader: no "
+                      f"'{tr.prefix}.weight' reaches the model (diffusers names: convert_diffusers_mmdit maps only "
+                      "known keys and leaves qweight/wscales/... over; other names: load_state_dict(strict=False) "
+                      "logs them as 'unet unexpected'), ComfyUI logs 'unet missing' and the layer keeps "
+                      "uninitialized weights (garbage output, no error) -- when it detects the model type at all",
+                      None, tr.prefix, "qweight", False, "nunchaku SVDQuant file in ComfyUI core",
                       f"{loader}, or comfyquant migrate" if tr.verdict != REFUSED else loader, severity="error")
             for tr in claim.layers.values()]
 

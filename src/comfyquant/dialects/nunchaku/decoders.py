@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from ...numerics import nunchaku_tiles
 
+TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "I8": "int8", "I32": "int32"}
+
 
 def awq() -> object:
     """The decoder of a nunchaku AWQ W4A16 layer: ``{"qweight", "wscales", "wzeros"}`` -> F32 ``[N, K]``."""
@@ -29,5 +31,29 @@ def awq() -> object:
         g = k // groups
         w = u.view(n, groups, g) * s.t().unsqueeze(-1) + z.t().unsqueeze(-1)
         return w.view(n, k)
+
+    return decode
+
+
+def via_comfy(moves: list, format_name: str, marker: dict) -> object:
+    """The decoder of a layer that is a Comfy layer after its moves (byte permutations): the
+    moves applied to the stored tensors, then the Comfy format's own codec (so dequantizing the
+    nunchaku file and the migrated file give the same bits)."""
+
+    def decode(stored: dict):
+        import torch
+
+        from ...formats.registry import FORMATS
+
+        natural = {}
+        for m in moves:
+            if m.suffix == "bias":
+                continue
+            src = stored[m.source.rsplit(".", 1)[-1]].contiguous().cpu()
+            data = src.view(torch.uint8).numpy().tobytes()
+            out = m.transform(data) if m.transform is not None else data
+            dt = getattr(torch, TORCH_DTYPES[m.dtype])
+            natural[m.suffix] = torch.frombuffer(bytearray(out), dtype=dt).view(m.shape)
+        return FORMATS[format_name].codec().decode(natural, marker, dtype=torch.float32)
 
     return decode
