@@ -183,18 +183,15 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
         return _refuse(prefix, t, variant, "unexpected tensors next to an int4 SVDQuant layer: " + ", ".join(others))
     marker = {"format": "svdquant_w4a4"}
     why = "byte permutation of nunchaku's MMA tile layout into Comfy's natural svdquant_w4a4 layout"
-    unsettled = []
     if prefix.endswith(UNSIGNED_ACT):
         marker["act_unsigned"] = True
         why += ("; act_unsigned: true (nunchaku runs post-GELU fc2 layers with unsigned activations; inferred "
                 "from the layer name, the file does not record it)")
-        unsettled.append("act_unsigned is inferred from the layer name")
     if prefix.rsplit(".", 1)[-1] in FUSED_QKV:
         why += "; fused q/k/v: split along N for a runtime with separate q/k/v layers"
     return Translation(prefix, NAME, variant, t, verdict=PERMUTATION, why=why, format="svdquant_w4a4", marker=marker,
                        moves=moves, drops=drops, decoder=via_comfy(moves, "svdquant_w4a4", marker),
-                       dropped_why="smooth_factor_orig: nunchaku's unused copy of the smoothing factors" if drops else "",
-                       unsettled=unsettled)
+                       dropped_why="smooth_factor_orig: nunchaku's unused copy of the smoothing factors" if drops else "")
 
 
 AWQ_WHY = ("nunchaku's AWQ codes are unsigned (w = u * wscales + wzeros), Comfy's awq_w4a16 subtracts 8 "
