@@ -17,6 +17,8 @@ are unsigned, Comfy subtracts 8) that only the values can prove exact (``settle`
 from __future__ import annotations
 
 from ...findings import Finding
+from ...formats.awq import AWQ_W4A16
+from ...formats.svdquant import SVDQUANT_W4A4
 from ...numerics import nunchaku_tiles as tiles
 from ...targets.base import Violation
 from ..base import EXACT, PERMUTATION, REFUSED, Claim, Dialect, Move, Translation
@@ -26,6 +28,8 @@ from .decoders import awq as awq_decoder
 from .decoders import via_comfy
 
 NAME = "nunchaku"
+SVDQ_FORMAT = SVDQUANT_W4A4.name
+AWQ_FORMAT = AWQ_W4A16.name
 SVDQ_SUFFIXES = ("qweight", "wscales", "smooth_factor", "smooth_factor_orig", "proj_down", "proj_up", "wcscales",
                  "wtscale")
 AWQ_SUFFIXES = ("qweight", "wscales", "wzeros")
@@ -181,7 +185,7 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
                                         "proj_up", "bias")]
     if others:
         return _refuse(prefix, t, variant, "unexpected tensors next to an int4 SVDQuant layer: " + ", ".join(others))
-    marker = {"format": "svdquant_w4a4"}
+    marker = {"format": SVDQ_FORMAT}
     why = "byte permutation of nunchaku's MMA tile layout into Comfy's natural svdquant_w4a4 layout"
     if prefix.endswith(UNSIGNED_ACT):
         marker["act_unsigned"] = True
@@ -189,8 +193,8 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
                 "from the layer name, the file does not record it)")
     if prefix.rsplit(".", 1)[-1] in FUSED_QKV:
         why += "; fused q/k/v: split along N for a runtime with separate q/k/v layers"
-    return Translation(prefix, NAME, variant, t, verdict=PERMUTATION, why=why, format="svdquant_w4a4", marker=marker,
-                       moves=moves, drops=drops, decoder=via_comfy(moves, "svdquant_w4a4", marker),
+    return Translation(prefix, NAME, variant, t, verdict=PERMUTATION, why=why, format=SVDQ_FORMAT, marker=marker,
+                       moves=moves, drops=drops, decoder=via_comfy(moves, SVDQ_FORMAT, marker),
                        dropped_why="smooth_factor_orig: nunchaku's unused copy of the smoothing factors" if drops else "")
 
 
@@ -274,8 +278,8 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
             b = tr.inputs["bias"]
             moves.append(Move("bias", b.name, b.dtype, tuple(b.shape)))
         tr.moves = moves
-        tr.format = "awq_w4a16"
-        tr.marker = {"format": "awq_w4a16", "group_size": g}
+        tr.format = AWQ_FORMAT
+        tr.marker = {"format": AWQ_FORMAT, "group_size": g}
         tr.verdict = PERMUTATION
         tr.why = ("TinyChat 4-row interleave -> Comfy row-major codes; zero points wzeros + 8 * wscales (exact in F32, "
                   "verified), scales upcast to F32 (ComfyUI then computes this layer in F32)")
