@@ -219,14 +219,21 @@ def test_act_unsigned_for_fc2_layers_only(tmp_path):
         assert "fused q/k/v" in layers["transformer_blocks.0.attn.to_qkv"].why
 
 
-def test_awq_is_refused_until_settled_and_decoder_is_exact(tmp_path):
+def test_awq_translation_before_settle_and_exact_decoder(tmp_path):
     path, natural = flux_file(tmp_path)
     prefix = "transformer_blocks.0.norm1.linear"
     nat = natural[prefix]
     with open_checkpoint(str(path)) as ckpt:
-        tr = detect(ckpt).claim("nunchaku").layers[prefix]
-        assert tr.verdict == REFUSED and "wzeros + 8 * wscales" in tr.why and tr.format is None
+        claim = detect(ckpt).claim("nunchaku")
+        tr = claim.layers[prefix]
+        assert tr.verdict == PERMUTATION and tr.format == "awq_w4a16" and tr.marker == {"format": "awq_w4a16",
+                                                                                          "group_size": 64}
+        assert tr.unsettled and claim.unsettled  # the zero points are only provisionally exact
+        out = _apply(ckpt, tr)  # before settle: the zeros move reads the scales itself
         raw = _stored(ckpt, [e.name for e in tr.inputs.values()])
+    assert out["weight"] == _as_bytes(natural_int4(nat["codes"]))
+    assert out["weight_scale"] == _as_bytes(nat["s"].float())
+    assert out["weight_zeros"] == _as_bytes(nat["z"].float() + 8 * nat["s"].float())
     stored = {s: _tensor(raw[e.name], e) for s, e in tr.inputs.items()}
     got = tr.decoder(stored)
     # nunchaku's GEMV: w = u * s + z (unsigned codes), here in F32
@@ -252,9 +259,8 @@ def test_awq_settle_makes_exact_comfy_layer(tmp_path):
         raw = _stored(ckpt, [e.name for e in tr.inputs.values()])
         dense = tr.decoder({s: _tensor(raw[e.name], e) for s, e in tr.inputs.items()})
         findings = DIALECTS["nunchaku"].settle(ckpt, claim)
-        assert findings == []
-        assert tr.verdict == PERMUTATION and tr.format == "awq_w4a16" and tr.marker == {"format": "awq_w4a16",
-                                                                                          "group_size": 64}
+        assert findings == [] and not tr.unsettled and not claim.unsettled
+        assert tr.verdict == PERMUTATION and tr.format == "awq_w4a16"
         out = _apply(ckpt, tr)
     n, k = 6 * H, H
     codes = natural[prefix]["codes"]
@@ -272,11 +278,16 @@ def test_awq_inexact_zero_points_stay_refused(tmp_path):
     st["wscales"][0, 0] = torch.tensor(1.0, dtype=torch.bfloat16)
     path = tmp_path / "awq.safetensors"
     save_file({f"blocks.0.img_mod.1.{s}": v for s, v in st.items()}, str(path), metadata=FLUX_META)
+    from comfyquant.dialects.nunchaku import InexactZeros
+
     with open_checkpoint(str(path)) as ckpt:
         claim = detect(ckpt).claim("nunchaku")
-        findings = DIALECTS["nunchaku"].settle(ckpt, claim)
         tr = claim.layers["blocks.0.img_mod.1"]
-        assert tr.verdict == REFUSED and "not exact" in tr.why
+        assert tr.verdict == PERMUTATION  # from the header alone
+        with pytest.raises(InexactZeros, match="blocks.0.img_mod.1"):
+            _apply(ckpt, tr)
+        findings = DIALECTS["nunchaku"].settle(ckpt, claim)
+        assert tr.verdict == REFUSED and "not exact" in tr.why and not tr.moves and tr.format is None
         assert [f.code for f in findings] == ["F004"]
 
 

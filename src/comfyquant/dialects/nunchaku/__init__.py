@@ -73,7 +73,7 @@ def detect(ckpt, claimed: set) -> Claim | None:
     if not groups:
         return None
     facts = metadata.read(ckpt.metadata())
-    layers = {p: _translate(p, t, facts) for p, t in sorted(groups.items())}
+    layers = {p: _translate(p, t, ckpt) for p, t in sorted(groups.items())}
     notes = facts.notes()
     variants: dict[str, int] = {}
     for tr in layers.values():
@@ -100,8 +100,7 @@ def detect(ckpt, claimed: set) -> Claim | None:
                      "interleaved their output rows across the modulation chunks and folded +1 into the scale "
                      "biases (convert_to_nunchaku_w4x16_linear_weight, adanorm_splits); migrate keeps the rows as "
                      "stored, which is what nunchaku's model expects, not ComfyUI's")
-    unsettled = ["AWQ zero points: wzeros + 8 * wscales exact in F32"] if any(
-        tr.variant == "awq w4a16" and "wzeros" in tr.inputs for tr in layers.values()) else []
+    unsettled = [AWQ_UNSETTLED] if any(AWQ_UNSETTLED in tr.unsettled for tr in layers.values()) else []
     return Claim(NAME, layers, notes=notes, unsettled=unsettled,
                  metadata_drop=[k for k in ("quantization_config", "comfy_config", "model_class") if k in ckpt.metadata()])
 
@@ -116,10 +115,10 @@ def _variant(t: dict) -> str:
     return "svdq int4"
 
 
-def _translate(prefix: str, t: dict, facts) -> Translation:
+def _translate(prefix: str, t: dict, ckpt) -> Translation:
     variant = _variant(t)
     if variant == "awq w4a16":
-        return _awq(prefix, t, variant)
+        return _awq(prefix, t, variant, ckpt)
     if variant == "svdq nvfp4":
         return Translation(prefix, NAME, variant, t, verdict=REFUSED,
                            why="SVDQuant NVFP4 (FP4 E2M1 residual, F8_E4M3 scales per 16 columns, wcscales/wtscale): "
@@ -198,13 +197,17 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
                        dropped_why="smooth_factor_orig: nunchaku's unused copy of the smoothing factors" if drops else "")
 
 
-AWQ_WHY = ("nunchaku's AWQ codes are unsigned (w = u * wscales + wzeros), Comfy's awq_w4a16 subtracts 8 "
-           "(w = (u - 8) * scale + zeros): the zero points must become wzeros + 8 * wscales, exact only where that "
-           "sum is representable -- check --deep / migrate read the values and write F32 scales and zeros when every "
-           "sum is exact")
+AWQ_WHY = ("TinyChat 4-row interleave -> Comfy row-major codes; nunchaku's codes are unsigned (w = u * wscales + "
+           "wzeros) and Comfy's awq_w4a16 subtracts 8 (w = (u - 8) * scale + zeros), so the zero points become "
+           "wzeros + 8 * wscales in F32 (scales upcast to F32, exact; ComfyUI then computes this layer in F32)")
+AWQ_UNSETTLED = "AWQ zero points: wzeros + 8 * wscales exact in F32"
 
 
-def _awq(prefix: str, t: dict, variant: str) -> Translation:
+class InexactZeros(ValueError):
+    """A zero point whose Comfy form is not exact in F32 (``settle`` refuses such layers first)."""
+
+
+def _awq(prefix: str, t: dict, variant: str, ckpt) -> Translation:
     need = [s for s in AWQ_SUFFIXES if s not in t]
     if need:
         return _refuse(prefix, t, variant, "incomplete AWQ W4A16 layer: no " + ", ".join(need))
@@ -225,23 +228,35 @@ def _awq(prefix: str, t: dict, variant: str) -> Translation:
     bias = t.get("bias")
     if bias is not None and tuple(bias.shape) != (n,):
         return _refuse(prefix, t, variant, f"bias {fmt_shape(bias.shape)} does not fit N={n}")
-    return Translation(prefix, NAME, variant, t, verdict=REFUSED, why=AWQ_WHY, decoder=awq_decoder(),
-                       unsettled=["wzeros + 8 * wscales exact in F32"])
+
+    def zeros(data: bytes, ws=ws) -> bytes:  # reads the scales itself; settle normally replaces this
+        out = _shifted_zeros(ws.dtype, ckpt.read_bytes(ws), data)
+        if out is None:
+            raise InexactZeros(f"layer {prefix}: wzeros + 8 * wscales is not exact in F32")
+        return out
+
+    moves = [Move("weight", q.name, "I8", (n, k // 2), lambda d, n=n, k=k: tiles.awq_weight(d, n, k), PERMUTATION,
+                  "TinyChat 4-row interleave -> row-major unsigned int4 pairs"),
+             Move("weight_scale", ws.name, "F32", tuple(ws.shape), lambda d, dt=ws.dtype: _to_f32(d, dt), EXACT,
+                  f"{ws.dtype} -> F32 (exact)"),
+             Move("weight_zeros", wz.name, "F32", tuple(wz.shape), zeros, EXACT, "wzeros + 8 * wscales in F32")]
+    if bias is not None:
+        moves.append(Move("bias", bias.name, bias.dtype, tuple(bias.shape)))
+    marker = {"format": AWQ_FORMAT, "group_size": k // ws.shape[0]}
+    return Translation(prefix, NAME, variant, t, verdict=PERMUTATION, why=AWQ_WHY, format=AWQ_FORMAT, marker=marker,
+                       moves=moves, decoder=awq_decoder(), unsettled=[AWQ_UNSETTLED])
 
 
-def _awq_exact(tr: Translation, s_bytes: bytes, z_bytes: bytes) -> bytes | None:
+def _shifted_zeros(dtype: str, s_bytes: bytes, z_bytes: bytes) -> bytes | None:
     """F32 bytes of ``wzeros + 8 * wscales`` when every sum is exact in F32 (None otherwise)."""
     import numpy as np
 
-    dt = tr.inputs["wscales"].dtype
-
-    def f32(b: bytes):
-        if dt == "F16":
+    def f64(b: bytes):
+        if dtype == "F16":
             return np.frombuffer(b, dtype="<f2").astype(np.float64)
         return (np.frombuffer(b, dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
-    s, z = f32(s_bytes), f32(z_bytes)
-    exact = z + 8.0 * s  # exact in F64: both are 16-bit floats
+    exact = f64(z_bytes) + 8.0 * f64(s_bytes)  # exact in F64: both are 16-bit floats
     out = exact.astype(np.float32)
     if not np.array_equal(out.astype(np.float64), exact, equal_nan=True):
         return None
@@ -249,47 +264,32 @@ def _awq_exact(tr: Translation, s_bytes: bytes, z_bytes: bytes) -> bytes | None:
 
 
 def settle(ckpt, claim: Claim) -> list[Finding]:
-    """AWQ layers: read wscales/wzeros; where ``wzeros + 8 * wscales`` is exact in F32 for every group,
-    the layer becomes Comfy ``awq_w4a16`` (codes re-paired, F32 scales and zeros): the Comfy
-    layer's F32 weight is then bit-identical to the nunchaku decoder's."""
-    wanted = [tr.inputs[s] for tr in claim.layers.values() if tr.variant == "awq w4a16" and tr.decoder is not None
-              and tr.verdict == REFUSED for s in ("wscales", "wzeros")]
-    values = ckpt.read_many(wanted) if wanted else {}
-    findings, inexact = [], []
-    for tr in claim.layers.values():
-        if tr.variant != "awq w4a16" or tr.inputs.get("wscales") is None or tr.inputs["wscales"].name not in values:
-            continue
-        ws, wz, q = tr.inputs["wscales"], tr.inputs["wzeros"], tr.inputs["qweight"]
-        zeros = _awq_exact(tr, values[ws.name], values[wz.name])
+    """AWQ layers: read wscales/wzeros.  Where ``wzeros + 8 * wscales`` is exact in F32 for every
+    group the translation stands (the zeros are kept computed: the Comfy layer's F32 weight is
+    then bit-identical to the nunchaku decoder's); otherwise the layer is refused."""
+    awq = [tr for tr in claim.layers.values() if AWQ_UNSETTLED in tr.unsettled]
+    values = ckpt.read_many([tr.inputs[s] for tr in awq for s in ("wscales", "wzeros")]) if awq else {}
+    inexact = []
+    for tr in awq:
+        ws, wz = tr.inputs["wscales"], tr.inputs["wzeros"]
+        zeros = _shifted_zeros(ws.dtype, values[ws.name], values[wz.name])
         tr.unsettled = []
         if zeros is None:
             inexact.append(tr.prefix)
-            tr.why = AWQ_WHY.split(" -- ")[0] + ": some wzeros + 8 * wscales is not exact in F32 (read with --deep)"
+            tr.verdict, tr.format, tr.marker, tr.moves = REFUSED, None, None, []
+            tr.why = ("nunchaku's AWQ codes are unsigned (w = u * wscales + wzeros), Comfy's awq_w4a16 subtracts 8: "
+                      "the zero points would be wzeros + 8 * wscales, and some of those sums are not exact in F32")
             continue
-        n, k = 4 * q.shape[0], 2 * q.shape[1]
-        g = k // ws.shape[0]
-        moves = [Move("weight", q.name, "I8", (n, k // 2), lambda d, n=n, k=k: tiles.awq_weight(d, n, k), PERMUTATION,
-                      "TinyChat 4-row interleave -> row-major unsigned int4 pairs"),
-                 Move("weight_scale", ws.name, "F32", tuple(ws.shape),
-                      lambda d, dt=ws.dtype: _to_f32(d, dt), EXACT, f"{ws.dtype} -> F32 (exact)"),
-                 Move("weight_zeros", wz.name, "F32", tuple(wz.shape), lambda d, z=zeros: z, EXACT,
-                      "wzeros + 8 * wscales in F32 (verified exact)")]
-        if "bias" in tr.inputs:
-            b = tr.inputs["bias"]
-            moves.append(Move("bias", b.name, b.dtype, tuple(b.shape)))
-        tr.moves = moves
-        tr.format = AWQ_FORMAT
-        tr.marker = {"format": AWQ_FORMAT, "group_size": g}
-        tr.verdict = PERMUTATION
-        tr.why = ("TinyChat 4-row interleave -> Comfy row-major codes; zero points wzeros + 8 * wscales (exact in F32, "
-                  "verified), scales upcast to F32 (ComfyUI then computes this layer in F32)")
-    claim.unsettled = []
-    if inexact:
-        findings.append(Finding("F004", f"{len(inexact)} nunchaku AWQ layer(s) (e.g. {inexact[0]}) have zero points "
-                                        "whose Comfy form wzeros + 8 * wscales is not exact in F32",
-                                layer=inexact[0], cause="nunchaku's unsigned-code convention differs from Comfy's",
-                                fix="keep these layers in nunchaku's loader, or dequantize"))
-    return findings
+        tr.moves = [m if m.suffix != "weight_zeros" else
+                    Move(m.suffix, m.source, m.dtype, m.shape, lambda d, z=zeros: z, EXACT,
+                         "wzeros + 8 * wscales in F32 (verified exact)") for m in tr.moves]
+    claim.unsettled = [u for u in claim.unsettled if u != AWQ_UNSETTLED]
+    if not inexact:
+        return []
+    return [Finding("F004", f"{len(inexact)} nunchaku AWQ layer(s) (e.g. {inexact[0]}) have zero points whose Comfy "
+                            "form wzeros + 8 * wscales is not exact in F32", layer=inexact[0],
+                    cause="nunchaku's unsigned-code convention differs from Comfy's",
+                    fix="keep these layers for nunchaku's loader; they cannot be migrated or dequantized exactly")]
 
 
 def _to_f32(data: bytes, dtype: str) -> bytes:
