@@ -93,7 +93,9 @@ def detect(ckpt, claimed: set) -> Claim | None:
                      "fused; a runtime with separate q/k/v layers must split each along N (slice weight rows, "
                      "weight_scale columns, proj_up rows and bias in three; give each part the same proj_down and "
                      "smooth_factor, exact) -- diffusers' Nunchaku Lite warns that fused checkpoints do not load into "
-                     "a model config with separate Q, K and V")
+                     "a model config with separate Q, K and V; migrate keeps nunchaku's (diffusers) names, and "
+                     "ComfyUI's diffusers-name conversion maps only separate to_q/to_k/to_v, so a loader must map "
+                     "the fused names itself")
     mod = [p for p, tr in layers.items() if tr.variant == "awq w4a16" and any(m in p for m in MODULATION)]
     if mod:
         notes.append(f"{len(mod)} AWQ modulation layer(s) (e.g. {mod[0]}): deepcompressor's converter may have "
