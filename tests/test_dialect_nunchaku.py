@@ -23,9 +23,11 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
+import comfyquant
 from comfyquant.checkpoint import open_checkpoint
+from comfyquant.cli import main
 from comfyquant.dialects.base import PERMUTATION, REFUSED
 from comfyquant.dialects.registry import DIALECTS, detect
 from comfyquant.numerics import nunchaku_tiles
@@ -301,6 +303,9 @@ def test_without_metadata_names_the_loader_error(tmp_path):
         assert "the JSON object must be str, bytes or bytearray, not NoneType" in notes
         viol = DIALECTS["nunchaku"].runtime("comfyui", ckpt, claim)
         assert all("missing or unreadable" in v.fix for v in viol)
+    report = comfyquant.check(str(path))
+    f001 = [f for f in report.findings if f.code == "F001"]
+    assert f001 and "not NoneType" in f001[0].message and report.to_dict()["dialect"] == "nunchaku"
 
 
 def test_metadata_without_comfy_config(tmp_path):
@@ -446,3 +451,110 @@ def test_svdq_int4_decoder_equals_comfy_codec_on_the_writers_numbers(tmp_path):
         # the low-rank branch is in it: zeroing proj_up changes the weight
         nat["weight_proj_up"] = torch.zeros_like(nat["weight_proj_up"])
         assert not torch.equal(FORMATS["svdquant_w4a4"].codec().decode(nat, tr.marker, dtype=torch.float32), got)
+
+
+# -- end to end through the commands (needs the lead's wiring: inspect/check dialects, migrate) ---------------
+
+
+
+def written(path) -> tuple[dict, dict, dict]:
+    """(markers by layer, tensors, metadata) of a written file."""
+    from safetensors import safe_open
+
+    markers, tensors = {}, {}
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+        for k in f.keys():
+            if k.endswith(".comfy_quant"):
+                markers[k[: -len(".comfy_quant")]] = json.loads(bytes(f.get_tensor(k).tolist()).decode())
+            else:
+                tensors[k] = f.get_tensor(k)
+    return markers, tensors, meta
+
+
+def test_inspect_json_names_nunchaku_and_each_layers_verdict(tmp_path, capsys):
+    path, _ = flux_file(tmp_path)
+    assert main(["inspect", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["dialect"] == "nunchaku"
+    rows = {r["layer"]: r for r in doc["layers"]}
+    qkv = rows["transformer_blocks.0.attn.to_qkv"]
+    assert qkv["dialect"] == "nunchaku (svdq int4)" and qkv["verdict"] == PERMUTATION
+    assert rows["transformer_blocks.0.norm1.linear"]["dialect"] == "nunchaku (awq w4a16)"
+    assert rows["transformer_blocks.0.norm1.linear"]["verdict"] == PERMUTATION
+    assert rows["x_embedder"]["dialect"] == "dense"
+
+
+def test_check_verdicts_and_deep(tmp_path, capsys):
+    path, _ = flux_file(tmp_path)
+    report = comfyquant.check(str(path), target="comfyui")
+    assert report.to_dict()["dialect"] == "nunchaku"
+    verdict = report.verdicts["comfyui"]
+    assert not verdict.loads and "no nunchaku loader" in verdict.first.message
+    f001 = [f for f in report.findings if f.code == "F001"]
+    assert f001 and "NunchakuFluxTransformer2dModel" in f001[0].message
+    assert not any(f.code == "F002" for f in report.findings)
+    assert any(f.code == "F003" and "wzeros + 8 * wscales" in f.message for f in report.findings)
+    kitchen = comfyquant.check(str(path), target="comfy-kitchen")
+    assert not kitchen.verdicts["comfy-kitchen"].loads
+    deep = comfyquant.check(str(path), deep=True)
+    assert not any(f.code == "F004" for f in deep.findings)  # every AWQ zero point shifts exactly
+    assert main(["check", str(path), "--target", "comfyui"]) == 1
+    assert "nunchaku" in capsys.readouterr().out
+
+
+def test_migrate_writes_the_writers_numbers_in_comfy_layouts(tmp_path):
+    src, natural = flux_file(tmp_path)
+    out = tmp_path / "comfy.safetensors"
+    result = comfyquant.migrate(str(src), str(out), target="comfy-kitchen")
+    assert result.ok, result.to_dict()
+    markers, tensors, meta = written(out)
+    assert markers["transformer_blocks.0.attn.to_qkv"] == {"format": "svdquant_w4a4"}
+    assert markers["transformer_blocks.0.ff.net.2"] == {"format": "svdquant_w4a4", "act_unsigned": True}
+    assert markers["transformer_blocks.0.norm1.linear"] == {"format": "awq_w4a16", "group_size": 64}
+    for prefix, nat in natural.items():
+        if "codes" in nat:  # AWQ
+            assert _as_bytes(tensors[f"{prefix}.weight"]) == _as_bytes(natural_int4(nat["codes"]))
+            assert tensors[f"{prefix}.weight_scale"].dtype == torch.float32
+            assert torch.equal(tensors[f"{prefix}.weight_scale"], nat["s"].float())
+            continue
+        for suffix, want in nat.items():
+            assert _as_bytes(tensors[f"{prefix}.{suffix}"]) == _as_bytes(want), (prefix, suffix)
+        assert f"{prefix}.smooth_factor_orig" not in tensors and f"{prefix}.qweight" not in tensors
+    assert not {"quantization_config", "comfy_config", "model_class"} & set(meta)
+    assert _as_bytes(tensors["x_embedder.weight"]) == _as_bytes(load_file(str(src))["x_embedder.weight"])
+
+    # dequantized before and after migrate: the same bits
+    before, after = tmp_path / "before.safetensors", tmp_path / "after.safetensors"
+    comfyquant.dequantize(str(src), str(before), dtype="f32")
+    comfyquant.dequantize(str(out), str(after), dtype="f32")
+    a, b = load_file(str(before)), load_file(str(after))
+    assert a.keys() == b.keys()
+    assert all(_as_bytes(a[k]) == _as_bytes(b[k]) for k in a)
+    nat = natural["transformer_blocks.0.norm1.linear"]
+    u, s, z = nat["codes"].float(), nat["s"].float(), nat["z"].float()
+    want = (u.view(6 * H, H // 64, 64) * s.t().unsqueeze(-1) + z.t().unsqueeze(-1)).view(6 * H, H)
+    assert _as_bytes(a["transformer_blocks.0.norm1.linear.weight"]) == _as_bytes(want)
+
+
+def test_migrate_refuses_nvfp4_and_inexact_awq_with_the_reason(tmp_path):
+    from comfyquant.repair.migrate import MigrateError
+
+    n, k = 256, 256
+    t = {"qweight": torch.zeros(n, k // 2, dtype=torch.int8), "wscales": torch.ones(k // 16, n).to(torch.float8_e4m3fn),
+         "smooth_factor": torch.ones(k, dtype=torch.bfloat16), "proj_down": torch.zeros(k, 32, dtype=torch.bfloat16),
+         "proj_up": torch.zeros(n, 32, dtype=torch.bfloat16), "wcscales": torch.ones(n, dtype=torch.bfloat16),
+         "wtscale": torch.ones(1, dtype=torch.bfloat16)}
+    src, out = tmp_path / "fp4.safetensors", tmp_path / "out.safetensors"
+    save_file({f"transformer_blocks.0.attn.to_out.0.{s}": v for s, v in t.items()}, str(src))
+    with pytest.raises(MigrateError, match="no Comfy format holds it"):
+        comfyquant.migrate(str(src), str(out), target="comfy-kitchen")
+    assert not out.exists()
+    st, _ = awq_layer(256, 256)
+    st["wzeros"][0, 0] = torch.tensor(2.0 ** -40, dtype=torch.bfloat16)
+    st["wscales"][0, 0] = torch.tensor(1.0, dtype=torch.bfloat16)
+    src = tmp_path / "awq.safetensors"
+    save_file({f"blocks.0.img_mod.1.{s}": v for s, v in st.items()}, str(src))
+    with pytest.raises(MigrateError, match="not exact"):
+        comfyquant.migrate(str(src), str(out), target="comfy-kitchen")
+    assert not out.exists()

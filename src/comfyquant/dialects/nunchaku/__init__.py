@@ -75,10 +75,6 @@ def detect(ckpt, claimed: set) -> Claim | None:
     facts = metadata.read(ckpt.metadata())
     layers = {p: _translate(p, t, ckpt) for p, t in sorted(groups.items())}
     notes = facts.notes()
-    variants: dict[str, int] = {}
-    for tr in layers.values():
-        variants[tr.variant] = variants.get(tr.variant, 0) + 1
-    notes.append("layers: " + ", ".join(f"{n} {v}" for v, n in sorted(variants.items())))
     ranks = sorted({t["proj_down"].shape[1] for t in groups.values()
                     if "proj_down" in t and len(t["proj_down"].shape) == 2})
     if ranks:
