@@ -15,7 +15,6 @@ gets it here, so the result is comfy-kitchen's (and the codecs') asymmetric W4A8
 
 from __future__ import annotations
 
-import dataclasses
 from functools import lru_cache
 
 import torch
@@ -132,16 +131,6 @@ def build(spec: KitchenLayout, tensors: dict[str, torch.Tensor], marker_params: 
     params = get_layout_class(spec.layout).Params(orig_dtype=dtype, orig_shape=tuple(shape), **kwargs)
     weight = tensors["weight"]
     return QuantizedTensor(weight if weight.dtype == spec.storage else weight.to(spec.storage), spec.layout, params)
-
-
-def with_dtype(qt, dtype: torch.dtype):
-    """The same weight computing in ``dtype`` (ComfyUI casts the weight to the input's dtype,
-    which for a QuantizedTensor only changes ``orig_dtype``); storage and scales are shared."""
-    from comfy_kitchen.tensor import QuantizedTensor
-
-    if qt._params.orig_dtype == dtype:
-        return qt
-    return QuantizedTensor(qt._qdata, qt._layout_cls, dataclasses.replace(qt._params, orig_dtype=dtype))
 
 
 _SUPPORT: dict[tuple[str, str, torch.dtype], str | None] = {}

@@ -131,13 +131,6 @@ class QuantLinear(nn.Module):
                               "emulated with dequantized operands and an F32 GEMM, as ComfyUI runs it there")
         return KITCHEN, None
 
-    def _kitchen_weight(self, spec, dtype: torch.dtype):
-        qt = self._qt.get(dtype)
-        if qt is None:
-            params = FORMATS[self.format].params(self.marker)
-            qt = self._qt[dtype] = kitchen.build(spec, self.stored(), params, (self.out_features, self.in_features), dtype)
-        return qt
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise CodecError(f"{self.name or 'layer'}: input has {x.shape[-1]} features, the layer takes {self.in_features}")
@@ -146,11 +139,12 @@ class QuantLinear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        path, _why = self.compute(x.device, x.dtype)
-        if path in (KITCHEN, DENSE) and kitchen.layout_for(self.format) is not None:
-            spec = kitchen.layout_for(self.format)
-            qt = self._kitchen_weight(spec, x.dtype)
-            if path == DENSE:
+        route = self._route(x.device, x.dtype)
+        if route is None:
+            y = self._codec_linear(x2, bias)
+        else:
+            spec, qt, dense = route
+            if dense:
                 if spec.pre_scale is not None and spec.pre_scale in self.suffixes:
                     x2 = x2 * getattr(self, spec.pre_scale).to(x.dtype)
                 y = F.linear(x2, qt.dequantize(), bias)
@@ -158,9 +152,22 @@ class QuantLinear(nn.Module):
                 y = F.linear(kitchen.quantized_input(spec, x2, self.stored()), qt, bias)
             else:
                 y = F.linear(x2, qt, bias)
-        else:
-            y = self._codec_linear(x2, bias)
         return y.reshape(*lead, self.out_features)
+
+    def _route(self, device: torch.device, dtype: torch.dtype):
+        """(layout model, comfy-kitchen weight in ``dtype``, dense?) of the comfy-kitchen path,
+        or None for the codec path; decided once per device and dtype."""
+        key = (device, dtype)
+        if key not in self._qt:
+            path, _why = self.compute(device, dtype)
+            spec = kitchen.layout_for(self.format) if path in (KITCHEN, DENSE) else None
+            if spec is None:
+                self._qt[key] = None
+            else:
+                params = FORMATS[self.format].params(self.marker)
+                qt = kitchen.build(spec, self.stored(), params, (self.out_features, self.in_features), dtype)
+                self._qt[key] = (spec, qt, path == DENSE)
+        return self._qt[key]
 
     def _codec_linear(self, x2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         tensors = self.stored()
@@ -198,7 +205,11 @@ class QuantLinear(nn.Module):
                f"format={self.format}"
         return f"{text}{', ' + params if params else ''}, compute={path}"
 
-    # -- device and dtype moves --------------------------------------------------------------
+    # -- device and dtype moves, loads ---------------------------------------------------------
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._qt = {}  # comfy-kitchen weights built from the old tensors (``assign=True`` replaces them)
+        return super()._load_from_state_dict(*args, **kwargs)
+
     def _apply(self, fn, recurse=True):
         """Moves follow the module (``.to(device)``), casts do not touch the stored tensors:
         ``model.to(torch.bfloat16)`` would otherwise turn FP8 codes or scales into values."""
