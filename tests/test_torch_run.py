@@ -446,3 +446,55 @@ def test_quantize_refuses_like_the_command():
         quantize_(model)
     done = quantize_(model, format="nvfp4", exclude=["^fc"])
     assert isinstance(model.qkv, QuantLinear) and type(model.fc1) is nn.Linear and "excluded" in done["fc1"]
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+PEAK_CHILD = r"""
+import json, sys, torch
+from torch import nn
+import comfyquant.torch.load, comfyquant.torch.linear, comfyquant.formats.codec, comfy_kitchen.tensor
+import comfyquant.checker.run, comfyquant.dialects.view, comfyquant.gate
+
+def rss():
+    out = {}
+    for line in open("/proc/self/status"):
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4096, 4096, dtype=torch.bfloat16) for _ in range(4)])
+
+before = rss()["VmRSS"]
+with torch.device("meta"):
+    model = Stack()
+report = comfyquant.torch.load_quantized(model, sys.argv[1])
+assert len(report.quantized) == 4
+print(json.dumps({"before": before, "peak": rss()["VmHWM"]}))
+"""
+
+
+def test_load_peak_memory_is_the_quantized_bytes_plus_a_layer(tmp_path):
+    """The load holds the quantized bytes and one tensor in flight: never a dense copy of the
+    model (4 layers of 4096x4096: BF16 128 MiB, the FP8 file 64 MiB)."""
+    import os
+    import subprocess
+
+    torch.manual_seed(0)
+    dense = {f"layers.{i}.weight": (torch.randn(4096, 4096) * 0.02).to(torch.bfloat16) for i in range(4)}
+    dense.update({f"layers.{i}.bias": torch.zeros(4096, dtype=torch.bfloat16) for i in range(4)})
+    src, out = str(tmp_path / "d.safetensors"), str(tmp_path / "q.safetensors")
+    save_file(dense, src)
+    del dense
+    comfyquant.quantize(src, out, format="float8_e4m3fn", progress=False)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", PEAK_CHILD, out], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    m = json.loads(done.stdout.strip().splitlines()[-1])
+    grown = m["peak"] - m["before"]
+    layer_dense = 4096 * 4096 * 2
+    assert grown <= os.path.getsize(out) + layer_dense + 48 * 2**20, grown / 2**20
