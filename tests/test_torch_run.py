@@ -367,7 +367,8 @@ def test_checkpoint_with_findings_is_refused_with_them(tmp_path):
     with pytest.raises(LoadError) as exc:
         load_quantized(meta_model(Block), path, strict=False)
     text = str(exc.value)
-    assert text.startswith("refusing to load") and f"[{errors[0].code}]" in text and "fc1" in text and "\n" not in text
+    assert text.startswith(f"refusing to load {path}: ") and f"[{errors[0].code}]" in text and "fc1" in text
+    assert "\n" not in text
 
 
 def test_dialect_file_loads_through_its_comfy_view(tmp_path):

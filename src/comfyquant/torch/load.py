@@ -88,8 +88,9 @@ def load_quantized(model: nn.Module, path, *, device="cpu", dtype=None, strip_pr
     device = torch.device(device)
     cast = None if dtype is None else parse_float_dtype(dtype)
     label = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
-    with open_any(path) as raw, viewed(raw, "load") as ckpt:
-        check_input(ckpt, "load", LoadError)
+    verb = f"load {label}"  # "refusing to load <file>: <first finding> [code] (and N more ...)"
+    with open_any(path) as raw, viewed(raw, verb) as ckpt:
+        check_input(ckpt, verb, LoadError)
         quants, dense, report = _plan(model, ckpt, file_level_markers(ckpt), strip_prefix, label)
         if strict and (report.missing or report.unexpected):
             raise LoadError(f"refusing to load {label}: " + _problems(report) + " (strict=False loads the rest)")
@@ -121,8 +122,9 @@ def _problems(report: LoadReport) -> str:
 def _plan(model: nn.Module, ckpt, implied: dict, strip_prefix: str | None, label: str):
     """Header-only matching of the checkpoint's tensors to the model."""
     modules = dict(model.named_modules())
-    targets: dict[str, torch.Tensor] = dict(model.named_parameters())
-    targets.update(dict(model.named_buffers()))
+    # tied parameters are listed under every name the state dict has
+    targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+    targets.update(dict(model.named_buffers(remove_duplicate=False)))
     wanted = set(model.state_dict(keep_vars=True))
     report = LoadReport(label)
 
