@@ -17,13 +17,13 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from test_remote import server  # noqa: F401  (the HTTP fixture)
 
 import comfyquant
 from comfyquant.checkpoint import open_checkpoint
 from comfyquant.cli import main
 from comfyquant.dialects.registry import detect
 from comfyquant.repair.migrate import MigrateError
+from test_remote import server  # noqa: F401  (the HTTP fixture)
 
 ROOT = "model.diffusion_model."
 SCALE_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}

@@ -324,6 +324,16 @@ def render_fix(result) -> str:
         lines.append("measured against the original weights (--reference):")
         for m in plan.measured:
             lines.append(f"  {m.layer}: {m.text}  [{'ok' if m.ok else 'REFUSED'}]")
+    gate = getattr(result, "gate", None)
+    if gate is not None:  # fix --max-error
+        if gate["ok"]:
+            lines.append(f"max-error gate: passed ({gate['measured']} layers at most {gate['limit']:g} relative L2 error)")
+        else:
+            over = gate["over"]
+            lines.append(f"max-error gate: FAILED: {len(over)} layer{'s' * (len(over) != 1)} above {gate['limit']:g} "
+                         "relative L2 error (worst first): " + ", ".join(f"{o['layer']} {o['rel_l2']:.4f}" for o in over)
+                         + ("" if result.dry_run else "; the output is kept under an .over-max-error name, not at the "
+                            "requested path"))
     unverified = {a.layer for a in plan.assumptions} - {m.layer for m in plan.measured if m.ok}
     remaining = result.remaining
     lines.append("")

@@ -8,9 +8,7 @@ them on disk.  :func:`detect` runs them in ``order`` over the header view of a c
 
 from __future__ import annotations
 
-import os
-from importlib import import_module
-
+from ..discovery import subpackages
 from ..dtypes import QUANTIZED_WEIGHT_DTYPES
 from .base import Claim, Container, Dialect, Translation
 
@@ -25,13 +23,8 @@ CONTAINERS: list[Container] = []
 
 
 def _discover() -> dict[str, Dialect]:
-    here = os.path.dirname(__file__)
     found: list[Dialect] = []
-    with os.scandir(here) as entries:
-        packages = sorted(e.name for e in entries
-                          if e.is_dir() and not e.name.startswith(("_", ".")) and os.path.isfile(os.path.join(e.path, "__init__.py")))
-    for name in packages:
-        module = import_module(f"{__package__}.{name}")
+    for module in subpackages(__package__, __file__):
         found.extend(getattr(module, "DIALECTS", ()))
         CONTAINERS.extend(getattr(module, "CONTAINERS", ()))
     found.sort(key=lambda d: (d.order, d.name))
