@@ -1,0 +1,41 @@
+"""Run Comfy quantized checkpoints in plain PyTorch (needs the ``[torch]`` extra).
+
+* :class:`QuantLinear` -- one quantized linear layer (any format), computing what ComfyUI
+  computes (comfy-kitchen's ``QuantizedTensor`` when installed, comfyquant's codecs otherwise);
+* :func:`load_quantized` -- load a checkpoint into a model (built on the meta device or not),
+  replacing each quantized ``nn.Linear`` by a :class:`QuantLinear`, layer by layer;
+* :func:`quantize_` / :func:`save_quantized` -- quantize an in-memory model with the rules of
+  ``comfyquant quantize`` and write it as a Comfy checkpoint.
+
+Names resolve on first use, so ``import comfyquant.torch`` costs nothing until one is used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .linear import QuantLinear, QuantWeight
+    from .load import LoadError, LoadReport, load_quantized
+    from .quant import quantize_, save_quantized
+
+__all__ = ["QuantLinear", "QuantWeight", "load_quantized", "LoadReport", "LoadError", "quantize_", "save_quantized"]
+
+_WHERE = {"QuantLinear": "linear", "QuantWeight": "linear", "load_quantized": "load", "LoadReport": "load",
+          "LoadError": "load", "quantize_": "quant", "save_quantized": "quant"}
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str):
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from importlib import import_module
+
+        value = getattr(import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__")})
