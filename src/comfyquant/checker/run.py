@@ -54,16 +54,16 @@ def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = Fal
     layer_findings, _envs = check_layers(ckpt)
     findings.extend(layer_findings)
     findings.extend(check_mapping(ckpt))
-    if detection.claims:
+    settled: list = settle(ckpt, detection) if deep and detection.claims else []
+    if detection.claims:  # after settling (--deep): what the data told is no longer "unsettled"
         findings.extend(dialect_findings(detection))
+    findings.extend(settled)
     values: list = []
     if deep:
         from .deep import deep_findings
 
         values = deep_findings(ckpt)
         findings.extend(values)
-        if detection.claims:
-            findings.extend(settle(ckpt, detection))
     # Every profile runs so findings can say which runtimes they break; severities follow
     # the selection.
     verdicts = {name: run_target(name, ckpt) for name in TARGETS}

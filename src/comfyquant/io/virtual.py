@@ -51,6 +51,8 @@ class VirtualSource:
             self._spans.append((offset, offset + n, data, tname))
             offset += n
         self.size = offset
+        self.first_read = len(self._header)
+        """Opening reads the header only: a first read past it would compute the first tensor."""
         self._starts = [s[0] for s in self._spans]
         self._cache: OrderedDict[str, bytes] = OrderedDict()
         self._keep = keep
