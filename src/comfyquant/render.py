@@ -39,6 +39,16 @@ def _template(f, text):
     return text.replace(repr(f.tensor), "<tensor>")
 
 
+def _layer_template(msg: str, layer: str | None) -> str:
+    """``msg`` with the layer's name, where it stands as a whole name, replaced by ``<layer>``
+    (never a letter inside another word: a layer named ``a``)."""
+    if not layer:
+        return msg
+    import re
+
+    return re.sub(r"(?<![\w.])" + re.escape(layer) + r"(?![\w.])", "<layer>", msg)
+
+
 def _group(findings):
     """Findings that say the same thing about many layers, or many tensors, as one group."""
     groups: dict[tuple, list] = {}
@@ -93,7 +103,7 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
         lines.append(f"{_sev(f.severity, color)} {f.code} {where}")
         msg = _template(f, f.message) if tensors else f.message
         if many and not tensors:
-            msg = msg.replace(f.layer or "\0", "<layer>")
+            msg = _layer_template(msg, f.layer)
         if not (f.expected and f.actual):
             lines.append(f"  {msg}")
         for label, value in (("expected", f.expected), ("actual", f.actual), ("cause", f.cause), ("fix", f.fix)):
