@@ -85,13 +85,13 @@ def _translate(prefix: str, t: dict, marker: dict) -> Translation:
     if fmt == ROWWISE:
         if s.shape not in ((n,), (n, 1)):
             return _refused(prefix, t, fmt, f"row scale {fmt_shape(s.shape)} is not [{n}] for weight {fmt_shape(w.shape)}")
-        return Translation(prefix, NAME, fmt, t, verdict=LOSSY, decoder=scaled_fp8(), lossy=lossy,
+        return Translation(prefix, NAME, fmt, t, verdict=LOSSY, decoder=scaled_fp8(scale_suffix="weight_scale"), lossy=lossy,
                            why=f"one scale per row {fmt_shape(s.shape)}: no Comfy FP8 format has per-row scales")
     if fmt == BLOCK3D:
         if len(s.shape) != 3 or s.shape[0] != n or s.shape[2] != 1 or not s.shape[1] or k % s.shape[1]:
             return _refused(prefix, t, fmt, f"block3d scale {fmt_shape(s.shape)} is not [{n}, K/B, 1] for weight "
                                             f"{fmt_shape(w.shape)}")
-        return Translation(prefix, NAME, fmt, t, verdict=LOSSY, decoder=scaled_fp8(), lossy=lossy,
+        return Translation(prefix, NAME, fmt, t, verdict=LOSSY, decoder=scaled_fp8(scale_suffix="weight_scale"), lossy=lossy,
                            why=f"per-row block scales {fmt_shape(s.shape)} (blocks of {k // s.shape[1]}): no Comfy FP8 "
                                "format has block scales")
     size = marker.get("group_size", DEFAULT_BLOCK[fmt])
