@@ -15,9 +15,11 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
+import comfyquant
 from comfyquant.checkpoint import open_checkpoint
+from comfyquant.cli import main
 from comfyquant.dialects import registry
 from comfyquant.dialects.base import EXACT, LOSSY, REFUSED
 from kitchen_fixtures import make_layer
@@ -206,3 +208,50 @@ def test_runtime_models(tmp_path):
     assert all(v.blocking for v in comfy + ck_ + sg)
     assert {v.fix for v in comfy} == {"comfyquant migrate", "comfyquant migrate --allow-lossy, or comfyquant dequantize"}
     assert sg[0].message == "Unsupported Comfy quantization format(s): float8_e4m3fn_rowwise, hybrid_mxfp8"
+
+
+# -- end to end (the commands, once main wires the dialects) -------------------------------
+
+wired = pytest.mark.skipif(not hasattr(comfyquant, "migrate"), reason="the commands' dialect wiring is on main")
+
+
+def dense(path) -> dict[str, torch.Tensor]:
+    out = str(path) + ".dense.safetensors"
+    comfyquant.dequantize(str(path), out, "f32", overwrite=True)
+    return load_file(out)
+
+
+@wired
+def test_inspect_json_names_the_dialect(tmp_path, capsys):
+    q, s = rowwise(weight())
+    path = save(tmp_path / "c.safetensors", {"a": ({"weight": q, "weight_scale": s}, {"format": "float8_e4m3fn_rowwise"})})
+    assert main(["inspect", path, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dialect"] == NAME
+    assert {r["layer"]: (r["dialect"], r["verdict"]) for r in out["layers"]} == {
+        "a": ("convert-to-quant (float8_e4m3fn_rowwise)", LOSSY)}
+
+
+@wired
+def test_hybrid_migrates_to_the_mxfp8_it_was(tmp_path):
+    mx = make_layer("mxfp8", prefix="x", n=128, k=256, marker="comfyui")
+    original = save(tmp_path / "mx.safetensors", {"x": (mx.tensors, mx.marker)})
+    t, m = hybrid(mx.tensors, mx.marker)
+    src = save(tmp_path / "h.safetensors", {"x": (t, m)})
+    out = str(tmp_path / "comfy.safetensors")
+    result = comfyquant.migrate(src, out)
+    assert result.ok, result.to_dict()
+    with open_checkpoint(out) as ck:
+        assert ck.layers["x"].marker["format"] == "mxfp8" and "x.weight_scalar" not in ck.tensors
+    reference, before, after = dense(original), dense(src), dense(out)
+    assert torch.equal(after["x.weight"], reference["x.weight"])
+    assert torch.equal(before["x.weight"], after["x.weight"])
+
+
+@wired
+def test_dequantize_uses_ctqs_formula(tmp_path):
+    w = weight()
+    q, s = tiles(w, 64)
+    path = save(tmp_path / "c.safetensors", {"x": ({"weight": q, "weight_scale": s},
+                                                   {"format": "float8_e4m3fn_blockwise", "group_size": 64})})
+    assert torch.equal(dense(path)["x.weight"], tiles_dequant(q, s, 64))

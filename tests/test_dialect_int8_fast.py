@@ -17,9 +17,11 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
+import comfyquant
 from comfyquant.checkpoint import open_checkpoint
+from comfyquant.cli import main
 from comfyquant.dialects import registry
 from comfyquant.dialects.base import EXACT, LOSSY, REFUSED
 
@@ -236,3 +238,55 @@ def test_sylvester_layers_fail_in_comfyui(tmp_path):
     by_layer = {v.layer: v for v in comfy}
     assert by_layer[ROOT + "a"].blocking and "power of 4, got 128" in by_layer[ROOT + "a"].message
     assert by_layer[ROOT + "b"].fails and not by_layer[ROOT + "b"].blocking
+
+
+# -- end to end (the commands, once main wires the dialects) -------------------------------
+
+wired = pytest.mark.skipif(not hasattr(comfyquant, "migrate"), reason="the commands' dialect wiring is on main")
+
+
+def dense(path) -> dict[str, torch.Tensor]:
+    out = str(path) + ".dense.safetensors"
+    comfyquant.dequantize(str(path), out, "f32", overwrite=True)
+    return load_file(out)
+
+
+def int8_fast_file(tmp_path) -> str:
+    w = weight()
+    q1, s1 = int8_rowwise(w)
+    q2, s2 = int8_scalar(w)
+    return save(tmp_path / "i8.safetensors", {
+        "blocks.0.qkv": (q1, s1, {"convrot": False, "per_row": True}, None),
+        "blocks.1.qkv": (q2, s2, {"format": "int8_tensorwise", "convrot": False, "per_row": False}, None)}, META)
+
+
+@wired
+def test_inspect_and_check(tmp_path, capsys):
+    path = int8_fast_file(tmp_path)
+    assert main(["inspect", path, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dialect"] == NAME
+    rows = {r["layer"]: r for r in out["layers"]}
+    assert rows[ROOT + "blocks.0.qkv"]["dialect"] == "int8-fast (per-row, no format)"
+    assert rows[ROOT + "blocks.0.qkv"]["verdict"] == EXACT
+    first = comfyquant.check(path).verdicts["comfyui"].first
+    assert first is not None and first.message == "Unknown quantization format for layer blocks.0.qkv"
+
+
+@wired
+def test_migrate_is_an_exact_round_trip(tmp_path):
+    src = int8_fast_file(tmp_path)
+    out = str(tmp_path / "comfy.safetensors")
+    result = comfyquant.migrate(src, out)
+    assert result.ok, result.to_dict()
+    assert {r["verdict"] for r in result.to_dict()["layers"]} == {EXACT}
+    with open_checkpoint(out) as ck:
+        assert registry.detect(ck).names == ["comfy"]
+        for p in ("blocks.0.qkv", "blocks.1.qkv"):
+            assert ck.layers[ROOT + p].marker == {"format": "int8_tensorwise"}  # per_row gone, format there
+        assert ck.metadata().get("int8_model_type") == "flux2"
+    before, after = dense(src), dense(out)
+    assert before.keys() == after.keys()
+    for name in before:
+        assert torch.equal(before[name], after[name]), name
+    assert comfyquant.check(out).verdicts["comfyui"].loads

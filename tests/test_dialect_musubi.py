@@ -11,14 +11,19 @@ kohya-ss/musubi-tuner ``src/musubi_tuner/modules/fp8_optimization_utils.py::quan
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+import comfyquant
 from comfyquant.checkpoint import open_checkpoint
+from comfyquant.cli import main
 from comfyquant.dialects import registry
 from comfyquant.dialects.base import EXACT, LOSSY, REFUSED
+from comfyquant.errors import InputError
 
 NAME = "musubi-fp8"
 PREFIX = "blocks.0.attn.qkv"
@@ -278,3 +283,101 @@ def test_runtime_models(tmp_path):
     assert first.layer == "a" and "missing comfy_quant metadata" in first.message
     assert any(v.layer == "b" and v.fails and not v.blocking for v in sglang)
     assert kitchen == []
+
+
+# -- end to end (the commands, once main wires the dialects) -------------------------------
+
+wired = pytest.mark.skipif(not hasattr(comfyquant, "migrate"), reason="the commands' dialect wiring is on main")
+
+
+def cli_json(capsys, *args) -> tuple[int, dict]:
+    rc = main(list(args))
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def dense(path) -> dict[str, torch.Tensor]:
+    """``comfyquant dequantize --dtype f32`` of ``path``, read back."""
+    from safetensors.torch import load_file
+
+    out = str(path) + ".dense.safetensors"
+    comfyquant.dequantize(str(path), out, "f32", overwrite=True)
+    return load_file(out)
+
+
+def mixed_file(tmp_path) -> str:
+    w = weight().float()
+    return write(tmp_path / "m.safetensors", {"t": musubi_quantize(w, "tensor"), "c": musubi_quantize(w, "channel"),
+                                              "b": musubi_quantize(w, "block", two_level=True)})
+
+
+@wired
+def test_inspect_json_names_the_dialect(tmp_path, capsys):
+    rc, out = cli_json(capsys, "inspect", mixed_file(tmp_path), "--json")
+    assert rc == 0 and out["dialect"] == NAME and out["dialects"] == [NAME]
+    rows = {r["layer"]: r for r in out["layers"]}
+    assert {p: (rows[p]["dialect"], rows[p]["verdict"]) for p in "tcb"} == {
+        "t": ("musubi-fp8 (tensor)", EXACT), "c": ("musubi-fp8 (channel)", LOSSY),
+        "b": ("musubi-fp8 (block, two-level)", LOSSY)}
+
+
+@wired
+def test_check_says_comfyui_computes_garbage(tmp_path):
+    report = comfyquant.check(mixed_file(tmp_path))
+    assert not report.verdicts["comfyui"].loads
+    assert "by value" in report.verdicts["comfyui"].first.message
+
+
+@wired
+def test_migrate_tensor_mode_is_an_exact_round_trip(tmp_path):
+    w = weight().float()
+    q, s, _ = musubi_quantize(w, "tensor")
+    src = write(tmp_path / "m.safetensors", {"a": (q, s.to(torch.bfloat16).reshape(1), None),
+                                             "b": musubi_quantize(w, "tensor", fp8=torch.float8_e5m2)})
+    out = str(tmp_path / "comfy.safetensors")
+    result = comfyquant.migrate(src, out)
+    assert result.ok, result.to_dict()
+    assert {r["layer"]: (r["verdict"], r["format"]) for r in result.to_dict()["layers"]} == {
+        "a": (EXACT, "float8_e4m3fn"), "b": (EXACT, "float8_e5m2")}
+    with open_checkpoint(out) as ck:
+        assert registry.detect(ck).names == ["comfy"]
+        assert ck.layers["a"].marker == {"format": "float8_e4m3fn"}
+    before, after = dense(src), dense(out)
+    for p in ("a", "b"):
+        assert torch.equal(before[f"{p}.weight"], after[f"{p}.weight"])
+    assert torch.equal(after["a.weight"], musubi_dequantize(q, s.to(torch.bfloat16), None, torch.float32))
+    assert comfyquant.check(out).verdicts["comfyui"].loads
+
+
+@wired
+def test_migrate_refuses_lossy_layers_without_allow_lossy(tmp_path):
+    src = mixed_file(tmp_path)
+    out = tmp_path / "comfy.safetensors"
+    try:
+        result = comfyquant.migrate(src, str(out))
+    except InputError as exc:
+        assert "allow-lossy" in str(exc) or "lossy" in str(exc)
+    else:
+        assert not result.ok
+    assert not out.exists()
+
+
+@wired
+def test_migrate_allow_lossy_then_loads(tmp_path):
+    src = mixed_file(tmp_path)
+    out = str(tmp_path / "comfy.safetensors")
+    result = comfyquant.migrate(src, out, allow_lossy=True)
+    assert result.ok, result.to_dict()
+    with open_checkpoint(out) as ck:
+        assert all(ck.layers[p].marker == {"format": "float8_e4m3fn"} for p in "tcb")
+        assert not any(n.endswith("scale_weight_tensor") for n in ck.tensors)
+    assert comfyquant.check(out).verdicts["comfyui"].loads
+    decoded = dense(out)["b.weight"]
+    reference = dense(src)["b.weight"]
+    assert (decoded - reference).abs().max() < 0.1 * reference.abs().max()
+
+
+@wired
+def test_dequantize_two_level_block_is_the_writers_decode(tmp_path):
+    q, s, t = musubi_quantize(weight().float(), "block", two_level=True)
+    src = write(tmp_path / "m.safetensors", {PREFIX: (q, s, t)})
+    assert torch.equal(dense(src)[f"{PREFIX}.weight"], musubi_dequantize(q, s, t, torch.float32))
