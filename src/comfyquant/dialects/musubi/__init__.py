@@ -16,6 +16,11 @@ one element) that max, and the loader computes ``(q * scale_weight) * scale_weig
 scale only.  musubi writes no ``scaled_fp8`` sentinel (files that have one are ComfyUI's legacy
 layout, which its own dialect claims first).
 
+Decoders evaluate musubi's formula in F32, in its order.  For single-level scales that is the
+exact product, which musubi's own result (computed in the scale's dtype) is the once-rounded
+copy of; the two-level loader computes in the activations' dtype, so only with F32 activations
+is it the very same bits (with BF16 ones it rounds each factor to BF16 first).
+
 What it becomes: per-tensor layers are Comfy ``float8_e4m3fn`` / ``float8_e5m2`` exactly (a rename,
 ``[1]`` -> ``[]``, an exact BF16/F16 -> F32 upcast); no Comfy FP8 format has per-channel or per-block
 scales, so those layers are lossy (``--allow-lossy`` requantizes them from the exact decode).
