@@ -24,6 +24,7 @@ from comfyquant.checkpoint import open_checkpoint
 from comfyquant.cli import main
 from comfyquant.dialects import registry
 from comfyquant.dialects.base import EXACT, LOSSY, REFUSED
+from comfyquant.errors import InputError
 
 NAME = "int8-fast"
 ROOT = "model.diffusion_model."
@@ -152,6 +153,16 @@ def test_other_writers_int8_layers_are_not_claimed(tmp_path):
     assert NAME not in detect(path).names
 
 
+def test_canonical_layers_in_a_flagged_file_are_comfys(tmp_path):
+    """What ``migrate`` writes keeps INT8-Fast's header flags; its layers are canonical and
+    nothing claims them any more."""
+    q, s = int8_rowwise(weight())
+    path = save(tmp_path / "i8.safetensors", {
+        "a": (q, s, {"format": "int8_tensorwise"}, None),
+        "b": (q.clone(), s.clone(), {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}, None)}, META)
+    assert detect(path).names == ["comfy"]
+
+
 def test_wint8_sylvester_rotation_is_lossy_and_decodes_to_the_unrotated_weight(tmp_path):
     w = weight()
     h = sylvester(128)
@@ -163,7 +174,9 @@ def test_wint8_sylvester_rotation_is_lossy_and_decodes_to_the_unrotated_weight(t
     path = save(tmp_path / "w.safetensors", {"x": (q, scale, m, {"input_scale": torch.tensor(1.0)})},
                 extra={"int8_quantized": torch.tensor(1, dtype=torch.uint8),
                        "int8_model_type": torch.tensor(list(b"flux2"), dtype=torch.uint8)})
-    tr = detect(path).layers[ROOT + "x"]
+    det = detect(path)
+    assert sorted(det.claim(NAME).drop) == ["int8_model_type", "int8_quantized"]  # WINT8's marks go with its rotation
+    tr = det.layers[ROOT + "x"]
     assert tr.verdict == LOSSY and "Sylvester" in tr.variant and tr.format is None
     assert tr.lossy.format == "int8_tensorwise"
     dense = tr.decoder({"weight": q, "weight_scale": scale})
@@ -269,15 +282,18 @@ def test_inspect_and_check(tmp_path, capsys):
     rows = {r["layer"]: r for r in out["layers"]}
     assert rows[ROOT + "blocks.0.qkv"]["dialect"] == "int8-fast (per-row, no format)"
     assert rows[ROOT + "blocks.0.qkv"]["verdict"] == EXACT
-    first = comfyquant.check(path).verdicts["comfyui"].first
-    assert first is not None and first.message == "Unknown quantization format for layer blocks.0.qkv"
+    verdict = comfyquant.check(path).verdicts["comfyui"]
+    assert not verdict.loads and verdict.first.exception == "ValueError"
+    assert "Unknown quantization format for layer blocks.0.qkv" in [v.message for v in verdict.violations]
 
 
 @wired
 def test_migrate_is_an_exact_round_trip(tmp_path):
     src = int8_fast_file(tmp_path)
     out = str(tmp_path / "comfy.safetensors")
-    result = comfyquant.migrate(src, out)
+    with pytest.raises(InputError, match="embedding-only"):  # SGLang loads plain INT8 on embeddings only
+        comfyquant.migrate(src, out)
+    result = comfyquant.migrate(src, out, target="comfyui")
     assert result.ok, result.to_dict()
     assert {r["verdict"] for r in result.to_dict()["layers"]} == {EXACT}
     with open_checkpoint(out) as ck:

@@ -12,7 +12,8 @@ for a scalar scale, ``weight_scale`` (F32 ``[]``); row scales are the ``[N, 1]``
 * ``{"format": "int8_tensorwise", "convrot": ..., "per_row": ...}`` ("without it core's UNETLoader
   raises 'Unknown quantization format'", as the writer's comment says).
 
-The header keeps the source file's ``int8_quantized``/``int8_model_type`` metadata.  Winnougan's
+The header keeps the source file's ``int8_quantized``/``int8_model_type`` metadata (kept by
+``migrate``).  Winnougan's
 WINT8 quantizer (``wint8_model_quantizer.py``), made for the same loader, writes
 ``{"format": "int8_tensorwise", "per_row": true[, "convrot": true, "convrot_groupsize": C]}``, an
 ``input_scale`` of 1.0 per layer and ``int8_quantized``/``int8_model_type`` as U8 *tensors*; its
@@ -37,7 +38,8 @@ from ..common import FLOAT_SCALE_DTYPES, copy, fmt_shape, root_of, scalar_scale,
 NAME = "int8-fast"
 FORMAT = "int8_tensorwise"
 FLAGS = ("int8_quantized", "int8_model_type")
-"""File-level tell-tales: ``__metadata__`` keys (INT8ModelSave) or U8 tensors (WINT8)."""
+"""File-level flags: ``__metadata__`` keys (INT8ModelSave, kept: its loader reads them) or U8
+tensors (the WINT8 quantizer's, which also tell that ``convrot`` means its Sylvester rotation)."""
 WRITER_KEYS = frozenset({"format", "convrot", "convrot_groupsize", "per_row", "quarot", "quarot_groupsize",
                          "full_precision_matrix_mult"})
 """Every key these writers put in a marker (a marker with another key is someone else's)."""
@@ -58,31 +60,36 @@ def _is_pow4(v: int) -> bool:
     return v >= 4 and v & (v - 1) == 0 and math.log(v, 4) % 1 == 0
 
 
-def _ours(marker: dict, flagged: bool) -> bool:
-    """Whether a layer's marker was written by these writers: a marker without ``format`` made
-    of their keys only, an ``int8_tensorwise`` marker with their ``per_row`` key (convert_to_quant,
-    the other writer of ``per_row``, also writes ``orig_dtype``), or any ``int8_tensorwise`` marker
-    in a file with their flags."""
+def _ours(marker: dict, t: dict, wint8: bool) -> bool:
+    """Whether a layer is one of these writers' and needs translating: a marker without
+    ``format`` made of their keys only, or an ``int8_tensorwise`` marker with their ``per_row``
+    or ``quarot`` key (convert_to_quant, the other writer of ``per_row``, also writes
+    ``orig_dtype``), or WINT8's layer (its ``input_scale``, or ConvRot in a WINT8 file).  A layer
+    already canonical is Comfy's, whatever the file's flags say (a migrated file keeps
+    INT8-Fast's metadata)."""
     if not set(marker) <= WRITER_KEYS:
         return False
     fmt = marker.get("format")
     if fmt is None:
         return bool(set(marker) & {"convrot", "per_row", "quarot"})
-    return fmt == FORMAT and (flagged or "per_row" in marker)
+    if fmt != FORMAT:
+        return False
+    return bool(set(marker) & {"per_row", "quarot", "quarot_groupsize"}) or "input_scale" in t \
+        or (wint8 and bool(marker.get("convrot")))
 
 
 def detect(ckpt, claimed: set) -> Claim | None:
     meta_keys, flag_tensors = _flags(ckpt)
-    flagged = bool(meta_keys or flag_tensors)
+    wint8 = bool(flag_tensors)
     layers: dict[str, Translation] = {}
     for prefix, layer in ckpt.layers.items():
         marker = layer.marker
-        if prefix in claimed or marker is None or not _ours(marker, flagged):
+        if prefix in claimed or marker is None or not _ours(marker, layer.tensors, wint8):
             continue
         w = layer.tensors.get("weight")
         if w is None or w.dtype != "I8":
             continue
-        layers[prefix] = _translate(prefix, layer.tensors, marker, sylvester_default=bool(flag_tensors))
+        layers[prefix] = _translate(prefix, layer.tensors, marker, sylvester_default=wint8)
     if not layers:
         return None
     notes = []
@@ -90,12 +97,13 @@ def detect(ckpt, claimed: set) -> Claim | None:
         notes.append("header metadata " + ", ".join(f"{k}={ckpt.metadata().get(k)!r}" for k in meta_keys)
                      + ": kept (ComfyUI-INT8-Fast's loader and save node read them)")
     if flag_tensors:
-        notes.append(f"flag tensors {flag_tensors} (the WINT8 quantizer's): kept, outside every layer")
+        notes.append(f"flag tensors {flag_tensors} (the WINT8 quantizer's mark, which says its rotations are "
+                     "Sylvester Hadamards): dropped, no longer true of the migrated layers")
     prefixed = sum(1 for p in layers if root_of(p))
     if prefixed:
         notes.append(f"{prefixed} layer(s) under {root_of(next(p for p in layers if root_of(p)))!r} "
                      "(comfy.sd.save_checkpoint's prefix): kept, ComfyUI's loaders read it")
-    return Claim(NAME, layers, notes=notes)
+    return Claim(NAME, layers, drop=flag_tensors, notes=notes)
 
 
 def _translate(prefix: str, t: dict, marker: dict, sylvester_default: bool) -> Translation:
