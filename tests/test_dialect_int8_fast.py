@@ -306,3 +306,26 @@ def test_migrate_is_an_exact_round_trip(tmp_path):
     for name in before:
         assert torch.equal(before[name], after[name]), name
     assert comfyquant.check(out).verdicts["comfyui"].loads
+
+
+@wired
+def test_wint8_sylvester_layers_migrate_with_allow_lossy(tmp_path):
+    w = weight()
+    rotated = (w.view(64, 2, 128) @ sylvester(128).T).reshape(64, 256)
+    scale = (rotated.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-8)
+    q = (rotated / scale).round().clamp(-128, 127).to(torch.int8)
+    m = {"format": "int8_tensorwise", "per_row": True, "convrot": True, "convrot_groupsize": 128}
+    src = save(tmp_path / "w.safetensors", {"x": (q, scale, m, {"input_scale": torch.tensor(1.0)})},
+               extra={"int8_quantized": torch.tensor(1, dtype=torch.uint8)})
+    out = str(tmp_path / "comfy.safetensors")
+    with pytest.raises(InputError, match="allow-lossy"):
+        comfyquant.migrate(src, out, target="comfyui")
+    result = comfyquant.migrate(src, out, target="comfyui", allow_lossy=True)
+    assert result.ok, result.to_dict()
+    with open_checkpoint(out) as ck:
+        assert registry.detect(ck).names == ["comfy"]  # the WINT8 mark went with the Sylvester rotation
+        assert "int8_quantized" not in ck.tensors and ROOT + "x.input_scale" not in ck.tensors
+        assert ck.layers[ROOT + "x"].marker["convrot"] is True
+    before, after = dense(src)[ROOT + "x.weight"], dense(out)[ROOT + "x.weight"]
+    assert (before - w).abs().max() < 0.01 * w.abs().max()
+    assert (after - before).abs().max() < 0.05 * w.abs().max()
