@@ -193,23 +193,6 @@ def test_canonical_layers_are_not_claimed(tmp_path):
     assert NAME not in detect(save(tmp_path / "m.safetensors", {"x": (mx.tensors, mx.marker)})).names
 
 
-def test_runtime_models(tmp_path):
-    q, s = rowwise(weight())
-    mx = make_layer("mxfp8", prefix="h", n=128, k=256, marker="comfyui")
-    t, m = hybrid(mx.tensors, mx.marker)
-    path = save(tmp_path / "c.safetensors", {"a": ({"weight": q, "weight_scale": s}, {"format": "float8_e4m3fn_rowwise"}),
-                                             "h": (t, m)})
-    with open_checkpoint(path) as ck:
-        det = registry.detect(ck)
-        d, claim = registry.DIALECTS[NAME], det.claim(NAME)
-        comfy, ck_, sg = (d.runtime(x, ck, claim) for x in ("comfyui", "comfy-kitchen", "sglang"))
-    assert {(v.layer, v.message, v.exception) for v in comfy} == {("a", "'float8_e4m3fn_rowwise'", "KeyError"),
-                                                                 ("h", "'hybrid_mxfp8'", "KeyError")}
-    assert all(v.blocking for v in comfy + ck_ + sg)
-    assert {v.fix for v in comfy} == {"comfyquant migrate", "comfyquant migrate --allow-lossy, or comfyquant dequantize"}
-    assert sg[0].message == "Unsupported Comfy quantization format(s): float8_e4m3fn_rowwise, hybrid_mxfp8"
-
-
 # -- end to end (the commands, once main wires the dialects) -------------------------------
 
 wired = pytest.mark.skipif(not hasattr(comfyquant, "migrate"), reason="the commands' dialect wiring is on main")
@@ -255,3 +238,17 @@ def test_dequantize_uses_ctqs_formula(tmp_path):
     path = save(tmp_path / "c.safetensors", {"x": ({"weight": q, "weight_scale": s},
                                                    {"format": "float8_e4m3fn_blockwise", "group_size": 64})})
     assert torch.equal(dense(path)["x.weight"], tiles_dequant(q, s, 64))
+
+
+@wired
+def test_check_reports_what_each_runtime_does(tmp_path):
+    q, s = rowwise(weight())
+    mx = make_layer("mxfp8", prefix="h", n=128, k=256, marker="comfyui")
+    t, m = hybrid(mx.tensors, mx.marker)
+    path = save(tmp_path / "c.safetensors", {"a": ({"weight": q, "weight_scale": s}, {"format": "float8_e4m3fn_rowwise"}),
+                                             "h": (t, m)})
+    report = comfyquant.check(path)
+    comfy = report.verdicts["comfyui"].first
+    assert (comfy.exception, comfy.message) == ("KeyError", "'float8_e4m3fn_rowwise'")
+    assert "hybrid_mxfp8" in report.verdicts["sglang"].first.message
+    assert not report.verdicts["comfy-kitchen"].loads

@@ -19,11 +19,15 @@ the MXFP8 layer they were, and ``weight_scalar`` is not folded into them (it onl
 fallback path), so dropping it changes no number of the MXFP8 decode.  No Comfy format has
 per-row or block FP8 scales or block INT8 scales: the others are lossy (decoded by ctq's own
 formula in F32, requantized with ``--allow-lossy``).
+
+No runtime model: no runtime but ctq's own custom node registers these names, and the runtime
+profiles judge marked layers by their markers (ComfyUI indexes ``QUANT_ALGOS[format]``, a bare
+``KeyError``; comfy-kitchen has no layout; SGLang refuses the format set): the dialect knows
+nothing more about what they do.
 """
 
 from __future__ import annotations
 
-from ...targets.base import Violation
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
 from ..common import copy, fmt_shape
 from ..decoders import scaled_fp8
@@ -137,30 +141,9 @@ def _refused(prefix: str, t: dict, fmt: str, why: str) -> Translation:
     return Translation(prefix, NAME, fmt, t, verdict=REFUSED, why=why)
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
-    """No runtime but ctq's own custom node registers these names: ComfyUI indexes
-    ``QUANT_ALGOS[format]`` (a bare ``KeyError``), comfy-kitchen has no layout for them, SGLang
-    refuses the format set."""
-    out: list[Violation] = []
-    formats = sorted({str(lay.marker.get("format")) for lay in ckpt.layers.values() if lay.marker is not None})
-    for tr in claim.layers.values():
-        fmt = ckpt.layers[tr.prefix].marker.get("format")
-        fix = "comfyquant migrate" if tr.verdict == EXACT else "comfyquant migrate --allow-lossy, or comfyquant dequantize"
-        cause = f"{fmt} is written and loaded by convert_to_quant only"
-        if target == "comfyui":
-            out.append(Violation("comfyui.c2q", repr(fmt), "KeyError", tr.prefix, MARKER_TENSOR, True, cause, fix))
-        elif target == "comfy-kitchen":
-            out.append(Violation("comfy-kitchen.c2q", f"no comfy-kitchen layout for format {fmt!r} (layer '{tr.prefix}')",
-                                 "KeyError", tr.prefix, MARKER_TENSOR, True, cause, fix))
-        elif target == "sglang":
-            out.append(Violation("sglang.c2q", "Unsupported Comfy quantization format(s): " + ", ".join(formats),
-                                 "NotImplementedError", tr.prefix, MARKER_TENSOR, True, cause, fix))
-    return out
-
-
 DIALECTS = (Dialect(NAME, "convert_to_quant's own formats (row/block FP8, block INT8, hybrid MXFP8)",
                     writer="silveroxides/convert_to_quant (ctq)",
                     source="spec dialects-and-loading.md §2; convert_to_quant comfy/quant_ops.py (RowWiseFP8Layout, "
                            "BlockWiseFP8Layout, BlockWiseINT8Layout), formats/hybrid_mxfp8_conversion.py, "
                            "formats/format_migration.py",
-                    detect=detect, runtime=runtime, order=40),)
+                    detect=detect, order=40),)

@@ -214,45 +214,31 @@ def _refused(prefix: str, t: dict, why: str) -> Translation:
 
 
 def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
-    """ComfyUI raises ``Unknown quantization format for layer {name}`` on a marker without
-    ``format`` (``_load_quantized_module``; MooshieUI #647, ComfyUI #14777) and ignores
-    ``per_row`` (unknown keys are ignored by every reader); a Sylvester-rotated layer is read as
-    ConvRot and multiplied with differently rotated activations (garbage, no error), or refused by
-    comfy-kitchen when its size is not a power of 4.  SGLang's format set then contains ``None``."""
+    """What only this dialect knows.  The runtime profiles judge these marked layers by their
+    markers already (ComfyUI's ``Unknown quantization format for layer {name}`` on a marker
+    without ``format``, MooshieUI #647 / ComfyUI #14777; SGLang's format set with ``None``; an
+    unconsumed ``input_scale``; ``per_row`` is ignored by every reader).  What they cannot see is
+    a Sylvester rotation under a ConvRot marker: comfy-kitchen refuses a size that is not a power
+    of 4 (its profile says so; ComfyUI's first forward hits the same error), and at 16, 64 or 256
+    every runtime rotates the activations with the other, regular, Hadamard and computes garbage
+    without an error."""
     out: list[Violation] = []
     for tr in claim.layers.values():
         marker = _marker_of(ckpt, tr.prefix)
-        if marker is None:
+        if marker is None or tr.verdict != LOSSY or "format" not in marker or not marker.get("convrot"):
             continue
-        if "format" not in marker:
+        size = marker.get("convrot_groupsize", DEFAULT_GROUP)
+        if isinstance(size, int) and not _is_pow4(size):
             if target == "comfyui":
-                name = tr.prefix[len(root_of(tr.prefix)):]
-                out.append(Violation("comfyui.int8-fast", f"Unknown quantization format for layer {name}", "ValueError",
-                                     tr.prefix, MARKER_TENSOR, True,
-                                     "an INT8-Fast marker saved before the writer added the format key",
-                                     "comfyquant migrate (adds format: int8_tensorwise)"))
-            elif target == "sglang":
-                out.append(Violation("sglang.int8-fast", "Unsupported Comfy quantization format(s): None",
-                                     "NotImplementedError", tr.prefix, MARKER_TENSOR, True,
-                                     "an INT8-Fast marker without a format key", "comfyquant migrate"))
-            continue
-        if tr.verdict == LOSSY and target in ("comfyui", "comfy-kitchen"):
-            size = marker.get("convrot_groupsize", DEFAULT_GROUP)
-            if isinstance(size, int) and not _is_pow4(size):
-                out.append(Violation(f"{'comfyui' if target == 'comfyui' else 'kitchen'}.int8-fast",
-                                     f"Regular Hadamard size must be a power of 4, got {size}", "ValueError",
-                                     tr.prefix, MARKER_TENSOR, True, "a Sylvester-Hadamard rotation size in a ConvRot marker",
-                                     "comfyquant migrate --allow-lossy"))
-            else:
-                out.append(Violation(f"{'comfyui' if target == 'comfyui' else 'kitchen'}.int8-fast",
-                                     f"layer '{tr.prefix}': the weight was rotated with the Sylvester Hadamard, the "
-                                     "runtime rotates activations with ConvRot's regular one (garbage output, no error)",
-                                     None, tr.prefix, "weight", False, "a WINT8/Sylvester rotation marked as ConvRot",
-                                     "comfyquant migrate --allow-lossy", severity="error"))
-        elif target == "comfyui" and "input_scale" in tr.inputs:
-            out.append(Violation("comfyui.int8-fast", f"layer '{tr.prefix}': input_scale is not consumed and stays as a "
-                                 "left-over key", None, tr.prefix, "input_scale", False,
-                                 "int8_tensorwise activations are dynamic", "comfyquant migrate (drops it)"))
+                out.append(Violation("comfyui.int8-fast", f"Regular Hadamard size must be a power of 4, got {size}",
+                                     "ValueError", tr.prefix, MARKER_TENSOR, True,
+                                     "a Sylvester-Hadamard rotation size in a ConvRot marker", "comfyquant migrate --allow-lossy"))
+        elif target in ("comfyui", "comfy-kitchen", "sglang"):
+            out.append(Violation(f"{target}.int8-fast", f"layer '{tr.prefix}': the weight was rotated with the Sylvester "
+                                 f"Hadamard of size {size}, the runtime rotates activations with ConvRot's regular one "
+                                 "(garbage output, no error)", None, tr.prefix, "weight", False,
+                                 "a WINT8 Sylvester rotation written as a ConvRot marker", "comfyquant migrate --allow-lossy",
+                                 severity="error"))
     return out
 
 

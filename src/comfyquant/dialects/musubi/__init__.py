@@ -215,10 +215,10 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
 def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
     """ComfyUI reads no musubi scales: without the ``scaled_fp8`` sentinel its legacy translation
     (``convert_old_quants``) does nothing, so each unmarked FP8 weight is cast to the compute dtype
-    by value and ``scale_weight`` stays an unexpected key: garbage without an error.  Block scales
-    fail even where a sentinel makes ComfyUI read them (issue #10491).  SGLang refuses unmarked
-    E4M3 weights ("missing comfy_quant metadata") and, not counting E5M2 as quantized, loads an
-    E5M2 weight as a dense one by value.  comfy-kitchen never sees an unmarked layer."""
+    by value and ``scale_weight`` stays an unexpected key: garbage without an error (the ComfyUI
+    profile leaves a claimed unmarked layer to this model).  Block scales fail even where a
+    sentinel makes ComfyUI read them (issue #10491).  SGLang: see :func:`_sglang`.  comfy-kitchen
+    never sees an unmarked layer."""
     if target == "comfyui":
         return [_comfyui(tr) for tr in claim.layers.values()]
     if target == "sglang":
@@ -247,12 +247,10 @@ def _comfyui(tr: Translation) -> Violation:
 
 
 def _sglang(claim: Claim) -> list[Violation]:
+    """SGLang's profile refuses the unmarked E4M3 weights itself ("Quantized weights are
+    missing comfy_quant metadata"); it does not count E5M2 as quantized, which only the dialect
+    can say is a scaled weight loaded by value."""
     out: list[Violation] = []
-    e4m3 = sorted(p for p, tr in claim.layers.items() if tr.inputs["weight"].dtype == "F8_E4M3")
-    for prefix in e4m3:
-        out.append(Violation("sglang.musubi", f"Quantized weights are missing comfy_quant metadata: {e4m3[:5]}",
-                             "ValueError", prefix, "weight", True, "musubi scales without a comfy_quant marker",
-                             _fix(claim.layers[prefix])))
     for prefix, tr in claim.layers.items():
         if tr.inputs["weight"].dtype == "F8_E5M2":
             out.append(Violation("sglang.musubi", f"(no SGLang message modelled) layer '{prefix}': SGLang does not count "
