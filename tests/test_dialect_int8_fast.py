@@ -331,3 +331,13 @@ def test_wint8_sylvester_layers_migrate_with_allow_lossy(tmp_path):
     before, after = dense(src)[ROOT + "x.weight"], dense(out)[ROOT + "x.weight"]
     assert (before - w).abs().max() < 0.01 * w.abs().max()
     assert (after - before).abs().max() < 0.05 * w.abs().max()
+
+
+@wired
+def test_the_migrated_file_has_nothing_to_migrate(tmp_path, capsys):
+    src = int8_fast_file(tmp_path)
+    out = tmp_path / "comfy.safetensors"
+    comfyquant.migrate(src, str(out), target="comfyui")
+    assert main(["migrate", str(out), "-o", str(tmp_path / "again.safetensors"), "--target", "comfyui"]) == 0
+    assert "nothing to migrate" in capsys.readouterr().out
+    assert not (tmp_path / "again.safetensors").exists()

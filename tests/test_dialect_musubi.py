@@ -382,3 +382,15 @@ def test_dequantize_two_level_block_is_the_writers_decode(tmp_path):
     q, s, t = musubi_quantize(weight().float(), "block", two_level=True)
     src = write(tmp_path / "m.safetensors", {PREFIX: (q, s, t)})
     assert torch.equal(dense(src)[f"{PREFIX}.weight"], musubi_dequantize(q, s, t, torch.float32))
+
+
+@wired
+def test_convert_reads_a_musubi_file(tmp_path):
+    w = weight().float()
+    src = write(tmp_path / "m.safetensors", {"a": musubi_quantize(w, "tensor"), "b": musubi_quantize(w * 2, "tensor")})
+    out = str(tmp_path / "int8.safetensors")
+    comfyquant.convert(src, out, to="int8")
+    with open_checkpoint(out) as ck:
+        assert {ck.layers[p].marker["format"] for p in "ab"} == {"int8_tensorwise"}
+        assert not any(n.endswith("scale_weight") for n in ck.tensors)
+    assert comfyquant.check(out).ok
