@@ -21,7 +21,7 @@ exact product, which musubi's own result (computed in the scale's dtype) is the 
 copy of; the two-level loader computes in the activations' dtype, so only with F32 activations
 is it the very same bits (with BF16 ones it rounds each factor to BF16 first).
 
-What it becomes: per-tensor layers are Comfy ``float8_e4m3fn`` / ``float8_e5m2`` exactly (a rename,
+What it becomes: per-tensor layers are the Comfy per-tensor FP8 format of their element type exactly (a rename,
 ``[1]`` -> ``[]``, an exact BF16/F16 -> F32 upcast); no Comfy FP8 format has per-channel or per-block
 scales, so those layers are lossy (``--allow-lossy`` requantizes them from the exact decode).
 """
@@ -31,6 +31,8 @@ from __future__ import annotations
 import struct
 
 from ...findings import Finding
+from ...formats.registry import infer_format
+from ...io.header import TensorEntry
 from ...targets.base import Violation
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
 from ..common import FLOAT_SCALE_DTYPES, copy, fmt_shape, is_scalar_float, scalar_scale
@@ -41,7 +43,7 @@ SENTINEL = "scaled_fp8"
 TENSOR_SCALE = "scale_weight_tensor"
 """The two-level block mode's per-tensor factor: not a layer suffix the format registry knows,
 so the checkpoint lists it among its non-layer tensors; :func:`detect` groups it with its layer."""
-FP8_FORMATS = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 OWN = ("weight", "scale_weight", "scale_input", TENSOR_SCALE)
 LOSSY_TARGET = Lossy("float8_e4m3fn", why="re-quantized with one scale per tensor: no Comfy FP8 format keeps "
                                          "per-channel or per-block scales, and per-tensor E4M3 loads in every runtime")
@@ -69,7 +71,7 @@ def detect(ckpt, claimed: set) -> Claim | None:
         if prefix in claimed or layer.marker is not None or "scale_weight" not in t:
             continue
         w = t.get("weight")
-        if w is None or w.dtype not in FP8_FORMATS:
+        if w is None or w.dtype not in FP8_DTYPES:
             continue
         inputs = dict(t)
         if prefix in second:
@@ -89,9 +91,15 @@ def detect(ckpt, claimed: set) -> Claim | None:
     return Claim(NAME, layers, notes=notes, unsettled=unsettled)
 
 
+def per_tensor_format(w) -> str | None:
+    """The Comfy format a 2-D FP8 weight with one F32 ``weight_scale`` is, as the format registry
+    recognises it (no format name is written here: the formats say what they are)."""
+    fmt = infer_format({"weight": w, "weight_scale": TensorEntry(w.name, "F32", (), 0, 4, w.file)})
+    return fmt.name if fmt is not None else None
+
+
 def _translate(prefix: str, t: dict) -> Translation:
     w, sw, st = t["weight"], t["scale_weight"], t.get(TENSOR_SCALE)
-    fmt = FP8_FORMATS[w.dtype]
     if sw.dtype not in FLOAT_SCALE_DTYPES:
         return _refused(prefix, t, f"scale_weight is {sw.dtype}: musubi writes F32/BF16/F16 scales")
     if st is not None and not is_scalar_float(st):
@@ -102,6 +110,9 @@ def _translate(prefix: str, t: dict) -> Translation:
     n, k = w.shape
     others = [copy(e, s) for s, e in t.items() if s not in OWN]
     if is_scalar_float(sw):
+        fmt = per_tensor_format(w)
+        if fmt is None:
+            return _refused(prefix, t, f"no Comfy format holds a {w.dtype} weight with one scale")
         return _per_tensor(prefix, t, fmt, others)
     if sw.shape in ((n,), (n, 1)):
         return Translation(prefix, NAME, "channel", t, verdict=LOSSY,
@@ -143,7 +154,7 @@ def _per_tensor(prefix: str, t: dict, fmt: str, others: list) -> Translation:
         drops.append(st.name)
         dropped_why = (dropped_why + "; " if dropped_why else "") + \
             f"{TENSOR_SCALE}, which musubi applies to block scales only (its loader ignores it here)"
-    variant = "tensor" if fmt == "float8_e4m3fn" else "tensor, e5m2"
+    variant = "tensor" if w.dtype == "F8_E4M3" else "tensor, e5m2"
     return Translation(prefix, NAME, variant, t, verdict=EXACT, why=why, format=fmt, marker={"format": fmt},
                        moves=moves, drops=drops, dropped_why=dropped_why, unsettled=unsettled,
                        decoder=scaled_fp8())
