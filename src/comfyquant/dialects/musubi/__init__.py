@@ -83,7 +83,10 @@ def detect(ckpt, claimed: set) -> Claim | None:
     variants: dict[str, int] = {}
     for tr in layers.values():
         variants[tr.variant] = variants.get(tr.variant, 0) + 1
-    notes.append("musubi-tuner fp8_scaled layers: " + ", ".join(f"{n} {v}" for v, n in sorted(variants.items())))
+    notes.append("musubi-tuner fp8_scaled layers: " + "; ".join(f"{n} {v}" for v, n in sorted(variants.items())))
+    if all(tr.variant.startswith("tensor") for tr in layers.values()):
+        notes.append("per-tensor scales only: this may also be a ComfyUI legacy scaled-FP8 file without its scaled_fp8 "
+                     "sentinel; the translation is the same either way")
     orphans = sorted(p for p in second if p not in layers)
     if orphans:
         notes.append(f"{len(orphans)} {TENSOR_SCALE} tensor(s) belong to no FP8 layer (e.g. {orphans[0]!r}): left as they are")
