@@ -158,10 +158,12 @@ def test_the_block_size_comes_from_the_marker_or_ctqs_default(tmp_path):
     q, s = int8_tiles(w, 128)  # ctq's fallback group_size for int8_blockwise
     tr = detect(save(tmp_path / "c.safetensors", {"x": ({"weight": q, "weight_scale": s}, {"format": "int8_blockwise"})}))
     assert tr.layers["x"].variant == "int8_blockwise 128x128"
-    q, s = tiles(w, 32)  # a marker that disagrees with the scale's shape is refused
-    tr = detect(save(tmp_path / "d.safetensors", {"x": ({"weight": q, "weight_scale": s},
-                                                        {"format": "float8_e4m3fn_blockwise", "group_size": 64})}))
-    assert tr.layers["x"].verdict == REFUSED and "64 x 64" in tr.layers["x"].why
+    q, s = tiles(w, 32)  # a marker that disagrees with the scale's shape: the canonical rules say what is wrong
+    path = save(tmp_path / "d.safetensors", {"x": ({"weight": q, "weight_scale": s},
+                                                   {"format": "float8_e4m3fn_blockwise", "group_size": 64})})
+    assert "x" not in detect(path).layers
+    assert any(f.layer == "x" and f.tensor == "x.weight_scale" and "group_size=32" in f.message
+               for f in comfyquant.check(path).findings)
 
 
 def test_hybrid_mxfp8_is_mxfp8_with_the_scalar_dropped(tmp_path):
@@ -178,14 +180,20 @@ def test_hybrid_mxfp8_is_mxfp8_with_the_scalar_dropped(tmp_path):
     assert sorted(mv.suffix for mv in tr.moves) == sorted(mx.tensors)
 
 
-def test_wrong_tensors_are_refused(tmp_path):
+def test_wrong_tensors_are_refused_or_left_to_the_canonical_rules(tmp_path):
+    """Tensors that fit none of ctq's layouts: a format the registry describes is diagnosed by
+    the canonical rules (expected vs stored shapes); one it does not know is a refused layer."""
     q, s = rowwise(weight())
     path = save(tmp_path / "c.safetensors", {
         "a": ({"weight": q, "weight_scale": s[:5].clone()}, {"format": "float8_e4m3fn_rowwise"}),
         "b": ({"weight": q.view(torch.uint8).clone(), "weight_scale": s.clone()}, {"format": "float8_e4m3fn_rowwise"}),
-        "c": ({"weight": q.clone()}, {"format": "hybrid_mxfp8"})})
+        "c": ({"weight": q.clone()}, {"format": "hybrid_mxfp8"}),
+        "d": ({"weight": q.clone(), "weight_scale": torch.rand(128, 5, 1)}, {"format": "float8_e4m3fn_block3d"})})
     det = detect(path)
-    assert {p: t.verdict for p, t in det.layers.items()} == {"a": REFUSED, "b": REFUSED, "c": REFUSED}
+    assert {p: t.verdict for p, t in det.layers.items()} == {"c": REFUSED, "d": REFUSED}
+    assert "without weight_scale" in det.layers["c"].why and "is not [128, K/B, 1]" in det.layers["d"].why
+    errors = {f.layer for f in comfyquant.check(path).findings if f.severity == "error"}
+    assert {"a", "b"} <= errors
 
 
 def test_canonical_layers_are_not_claimed(tmp_path):

@@ -28,6 +28,7 @@ nothing more about what they do.
 
 from __future__ import annotations
 
+from ...formats.registry import FORMATS
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
 from ..common import copy, fmt_shape
 from ..decoders import scaled_fp8
@@ -62,7 +63,10 @@ def detect(ckpt, claimed: set) -> Claim | None:
         t = dict(layer.tensors)
         if prefix in extra:
             t[SCALAR] = extra[prefix]
-        layers[prefix] = _translate(prefix, t, marker)
+        tr = _translate(prefix, t, marker)
+        if tr.verdict == REFUSED and marker["format"] in FORMATS:
+            continue  # tensors that do not fit a described format: the canonical rules diagnose them
+        layers[prefix] = tr
     if not layers:
         return None
     counts: dict[str, int] = {}
