@@ -196,6 +196,14 @@ def test_wrong_tensors_are_refused_or_left_to_the_canonical_rules(tmp_path):
     assert {"a", "b"} <= errors
 
 
+@pytest.mark.parametrize("value", [[], {}, None, 3, "float8_e4m3fn"])
+def test_odd_format_values_are_not_claimed(tmp_path, value):
+    """A format that is no name (a list: unhashable) is the canonical rules' to report."""
+    q, s = rowwise(weight())
+    path = save(tmp_path / "c.safetensors", {"x": ({"weight": q, "weight_scale": s}, {"format": value})})
+    assert NAME not in detect(path).names
+
+
 def test_canonical_layers_are_not_claimed(tmp_path):
     mx = make_layer("mxfp8", prefix="x", n=128, k=256, marker="comfyui")
     assert NAME not in detect(save(tmp_path / "m.safetensors", {"x": (mx.tensors, mx.marker)})).names

@@ -58,7 +58,8 @@ def detect(ckpt, claimed: set) -> Claim | None:
     layers: dict[str, Translation] = {}
     for prefix, layer in ckpt.layers.items():
         marker = layer.marker
-        if prefix in claimed or marker is None or marker.get("format") not in WEIGHT_DTYPE:
+        fmt = marker.get("format") if marker is not None else None
+        if prefix in claimed or not isinstance(fmt, str) or fmt not in WEIGHT_DTYPE:
             continue
         t = dict(layer.tensors)
         if prefix in extra:
