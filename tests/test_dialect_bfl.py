@@ -182,13 +182,12 @@ def test_coinciding_shapes_follow_the_file(tmp_path):
     mixed = write(tmp_path / "mixed.safetensors", layers, metadata={"_quantization_metadata": json.dumps(
         {"format_version": "1.0", "layers": {"m": {"format": "nvfp4"}}})})
     claim, found = detect_claim(mixed, "bfl")
-    assert claim is not None and not claim.layers and "left as Comfy nvfp4" in claim.notes[0]
-    assert found.layers == {}
+    assert claim is None and found.layers == {} and found.name == "comfy"
     # next to an unmarked layer whose scales are blocked: a Comfy layout without markers
     comfy = make_layer("nvfp4", prefix="c", n=32, k=64, marker="comfyui").tensors
     other = write(tmp_path / "other.safetensors", {"x": bfl_nvfp4(128, 64, seed=1), "c": comfy})
-    claim, _ = detect_claim(other, "bfl")
-    assert not claim.layers and "'c' has blocked scales" in claim.notes[0]
+    claim, found = detect_claim(other, "bfl")
+    assert claim is None and found.layers == {}
 
 
 def test_unpadded_rows_without_bias_are_refused(tmp_path):

@@ -86,7 +86,7 @@ def detect(ckpt, claimed: set) -> Claim | None:
         layers[prefix] = _nvfp4(prefix, t, nv[prefix][lay.LINEAR], unsettled if prefix in both else None)
     for prefix in rowwise:
         layers[prefix] = _fp8r(prefix, ckpt.layers[prefix].tensors)
-    if not layers and not notes:
+    if not layers:  # nothing of this layout (a note alone would name the dialect in the file)
         return None
     return Claim(NAME, layers, notes=notes, unsettled=unsettled)
 
