@@ -155,7 +155,9 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
 
 
 def export(ckpt, claimed: set) -> Claim | None:
-    """Comfy ``nvfp4`` and ``float8_e4m3fn`` layers in the BFL layout diffusers' quantizer reads."""
+    """Comfy ``nvfp4`` and ``float8_e4m3fn`` layers in the BFL layout diffusers' quantizer reads.
+    Padding the BFL layout has no room for (rows past the bias, the blocked layout's) is read
+    and must be zero, else the layer is refused."""
     layers: dict[str, Translation] = {}
     for prefix, layer in ckpt.layers.items():
         if prefix in claimed or layer.marker is None or layer.inferred:
@@ -166,11 +168,12 @@ def export(ckpt, claimed: set) -> Claim | None:
                 layers[prefix] = Translation(prefix, NAME, NVFP4, t, verdict=REFUSED,
                                              why="pre_quant_scale: diffusers' BFL quantizer never applies one")
                 continue
-            layers[prefix] = nvfp4.from_comfy(
+            tr = layers[prefix] = nvfp4.from_comfy(
                 prefix, t, dialect=NAME, variant=NVFP4, nibbles=lay.LOW_FIRST, layout=lay.LINEAR, keep_rows=False,
                 pad_scale_cols=False, marker=None,
                 require_input_scale="no input_scale: diffusers' BFL quantizer refuses an nvfp4 layer without one "
                                     "('has `weight_scale_2` but no `input_scale`')")
+            nvfp4.check_padding(ckpt, tr)
         elif layer.format_name == "float8_e4m3fn" and t.get("weight") is not None and t["weight"].dtype == "F8_E4M3" \
                 and len(t["weight"].shape) == 2 and is_scalar_float(t.get("weight_scale")):
             layers[prefix] = _to_fp8r(prefix, t)
@@ -200,4 +203,4 @@ def _to_fp8r(prefix: str, t: dict) -> Translation:
 DIALECTS = (Dialect(NAME, "BFL FLUX.2 fp8r / nvfp4 (diffusers BFL quantizer layout)",
                     writer="diffusers 0.42 BFL quantizer layout (quantize_fp8r / quantize_nvfp4), BFL FLUX.2 files",
                     source="spec dialects-and-loading.md §2, §3.2; diffusers quantizers/bfl/utils.py",
-                    detect=detect, runtime=runtime, export=export, order=40),)
+                    detect=detect, runtime=runtime, settle=nvfp4.settle, export=export, order=40),)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from ...findings import Finding
 from ...formats.registry import FORMATS
 from ...numerics import nvfp4_layouts as lay
 from ...numerics.blocked import blocked_shape, ceil_to
@@ -22,6 +23,14 @@ COMFY = "nvfp4"
 HANDLED = ("weight", "weight_scale", "weight_scale_2", "input_scale", "comfy_quant")
 SCALE_DTYPES = ("F8_E4M3", "U8")
 """E4M3 block scales (U8: the same bytes under another label)."""
+
+
+class Dropping(Move):
+    """A move whose transform drops bytes as zero padding (and raises
+    :class:`~...numerics.nvfp4_layouts.PaddingNotZero` when they are not zero):
+    :func:`check_padding` runs it on the stored data before anything is written."""
+
+    __slots__ = ()
 
 
 def comfy_pad() -> tuple[int, int]:
@@ -90,9 +99,13 @@ def to_comfy(prefix: str, t: dict, *, dialect: str, variant: str, nibbles: str, 
         s_what.append(f"scale columns {scale_cols} -> {kblocks} (zero padding dropped)")
     if s.dtype == "U8":
         s_what.append("U8 -> F8_E4M3 (same bytes)")
-    scale = Move("weight_scale", s.name, "F8_E4M3", blocked_shape(rows, kblocks),
-                 partial(lay.scales_to_comfy, layout=layout, rows=rows, cols=scale_cols, kblocks=kblocks),
-                 PERMUTATION, ", ".join(s_what))
+    drops = tuple(s.shape) != (rows, kblocks)  # blocked padding, or row_col scale columns
+    if drops and layout == lay.BLOCKED:
+        s_what.append("the blocked layout's zero padding dropped")
+    scale = (Dropping if drops else Move)(
+        "weight_scale", s.name, "F8_E4M3", blocked_shape(rows, kblocks),
+        partial(lay.scales_to_comfy, layout=layout, rows=rows, cols=scale_cols, kblocks=kblocks), PERMUTATION,
+        ", ".join(s_what))
     moves = [weight, scale, scalar_scale(s2, prefix, "weight_scale_2")]
     if si is not None:
         moves.append(scalar_scale(si, prefix, "input_scale"))
@@ -140,13 +153,15 @@ def from_comfy(prefix: str, t: dict, *, dialect: str, variant: str, nibbles: str
         what.append(f"rows {rows} -> {out_rows} (zero padding dropped)")
     if out_cb != cb:
         what.append(f"packed columns {cb} -> {out_cb} (zero padding)")
-    weight = Move("weight", w.name, "U8", (out_rows, out_cb),
-                  partial(lay.weight_from_comfy, rows=rows, cols=cb, out_rows=out_rows, out_cols=out_cb,
-                          nibbles=nibbles), PERMUTATION, ", ".join(what))
+    weight = (Dropping if out_rows < rows else Move)(
+        "weight", w.name, "U8", (out_rows, out_cb),
+        partial(lay.weight_from_comfy, rows=rows, cols=cb, out_rows=out_rows, out_cols=out_cb, nibbles=nibbles),
+        PERMUTATION, ", ".join(what))
     s_shape = (out_rows, out_sc) if layout == lay.LINEAR else blocked_shape(out_rows, out_sc)
-    scale = Move("weight_scale", s.name, "F8_E4M3", s_shape,
-                 partial(lay.scales_from_comfy, rows=rows, kblocks=kblocks, out_rows=out_rows, out_cols=out_sc,
-                         layout=layout), PERMUTATION, f"blocked {fmt_shape(s.shape)} -> {layout} {fmt_shape(s_shape)}")
+    scale = (Dropping if out_rows < rows or tuple(s.shape) != (rows, kblocks) else Move)(
+        "weight_scale", s.name, "F8_E4M3", s_shape,
+        partial(lay.scales_from_comfy, rows=rows, kblocks=kblocks, out_rows=out_rows, out_cols=out_sc,
+                layout=layout), PERMUTATION, f"blocked {fmt_shape(s.shape)} -> {layout} {fmt_shape(s_shape)}")
     moves = [weight, scale, scalar_scale(s2, prefix, "weight_scale_2")]
     if si is not None:
         moves.append(scalar_scale(si, prefix, "input_scale"))
@@ -155,3 +170,37 @@ def from_comfy(prefix: str, t: dict, *, dialect: str, variant: str, nibbles: str
     return Translation(prefix, dialect, variant, t, verdict=PERMUTATION, why=why, format=None, marker=marker,
                        moves=moves, drops=[t["comfy_quant"].name] if "comfy_quant" in t else [],
                        dropped_why="the layout has no comfy_quant marker")
+
+
+def check_padding(ckpt, tr: Translation) -> str | None:
+    """Run the translation's :class:`Dropping` moves on the stored bytes: the bytes they drop
+    as padding must be zero.  When they are not, the layer is refused (its verdict and why
+    say so) and the reason is returned."""
+    for move in tr.moves:
+        if not isinstance(move, Dropping):
+            continue
+        try:
+            move.transform(ckpt.read_bytes(ckpt.tensors[move.source]))
+        except lay.PaddingNotZero as exc:
+            tr.verdict = REFUSED
+            tr.format = tr.marker = None
+            tr.moves = []
+            tr.decoder = None
+            tr.why = f"{exc}: dropping them would lose these values"
+            return str(exc)
+    return None
+
+
+def settle(ckpt, claim) -> list[Finding]:
+    """``--deep`` (and ``migrate``) for the NVFP4 layers of a claim: padding a translation drops
+    must be zero (:func:`check_padding`)."""
+    findings: list[Finding] = []
+    for tr in claim.layers.values():
+        if tr.verdict == PERMUTATION and tr.format == COMFY:
+            problem = check_padding(ckpt, tr)
+            if problem is not None:
+                findings.append(Finding("F004", f"layer {tr.prefix}: {problem}", layer=tr.prefix,
+                                        cause=f"a {claim.dialect} NVFP4 layer whose padding holds values",
+                                        fix="re-export the layer from its writer, or dequantize it"))
+    return findings
+

@@ -36,7 +36,7 @@ from ...numerics import nvfp4_layouts as lay
 from ...numerics.blocked import blocked_shape, ceil_to
 from ...targets.base import Violation
 from ...version import __version__
-from ..base import EXACT, LOSSY, PERMUTATION, REFUSED, Claim, Dialect, Lossy, Translation
+from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
 from ..bfl import nvfp4
 from ..common import FLOAT_SCALE_DTYPES, copy, fmt_shape, is_scalar_float, scalar_scale
 from ..decoders import scaled_fp8
@@ -232,24 +232,7 @@ def _padding(ckpt, nv: dict[str, dict[str, int]], scales: str | None) -> dict:
 def settle(ckpt, claim: Claim) -> list[Finding]:
     """Read the block scales whose translation drops padding (``row_col`` scale columns, the
     blocked layout's padding): padding that is not zero is not padding, and the layer is refused."""
-    findings: list[Finding] = []
-    for tr in claim.layers.values():
-        if tr.verdict != PERMUTATION:
-            continue
-        move = next((m for m in tr.moves if m.suffix == "weight_scale"), None)
-        if move is None or move.transform is None:
-            continue
-        data = ckpt.read_bytes(ckpt.tensors[move.source])
-        try:
-            move.transform(data)
-        except lay.PaddingNotZero as exc:
-            tr.verdict = REFUSED
-            tr.format = tr.marker = None
-            tr.why = f"{exc}: these bytes would be lost"
-            findings.append(Finding("F004", f"layer {tr.prefix}: {exc}", layer=tr.prefix, tensor=move.source,
-                                    cause="a ModelOpt layer whose scale padding holds values",
-                                    fix="re-export it from ModelOpt"))
-    return findings
+    return nvfp4.settle(ckpt, claim)
 
 
 def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
@@ -328,9 +311,10 @@ def export(ckpt, claimed: set) -> Claim | None:
     for prefix, kind in picked.items():
         t = ckpt.layers[prefix].tensors
         if kind == "NVFP4":
-            layers[prefix] = nvfp4.from_comfy(prefix, t, dialect=NAME, variant="nvfp4", nibbles=lay.LOW_FIRST,
-                                              layout=layout["scales"], keep_rows=layout["rows"] == "padded",
-                                              pad_scale_cols=bool(layout["row_col"]), marker=dict(marker))
+            tr = layers[prefix] = nvfp4.from_comfy(
+                prefix, t, dialect=NAME, variant="nvfp4", nibbles=lay.LOW_FIRST, layout=layout["scales"],
+                keep_rows=layout["rows"] == "padded", pad_scale_cols=bool(layout["row_col"]), marker=dict(marker))
+            nvfp4.check_padding(ckpt, tr)
         else:
             moves = [copy(e, suffix) for suffix, e in t.items() if suffix != "comfy_quant"]
             layers[prefix] = Translation(prefix, NAME, "fp8", t, verdict=EXACT, why="the same tensors, ModelOpt's marker",
