@@ -121,11 +121,11 @@ def detect(ckpt, claimed: set) -> Claim | None:
         layers[prefix] = _fp8(prefix, ckpt.layers[prefix])
     if not layers:
         return Claim(NAME, notes=notes)
-    found = _padding(ckpt, nv, scales)
-    layout = {"scales": scales, **found}
-    return Claim(NAME, layers, metadata_drop=[CONFIG_KEY, LAYOUT_KEY],
-                 metadata_set={SAVED_CONFIG_KEY: meta[CONFIG_KEY], LAYOUT_KEY: json.dumps(layout)},
-                 notes=notes, unsettled=unsettled)
+    keep = {SAVED_CONFIG_KEY: meta[CONFIG_KEY]}
+    if nv:
+        keep[LAYOUT_KEY] = json.dumps({"scales": scales, **_padding(ckpt, nv, scales)})
+    return Claim(NAME, layers, metadata_drop=[CONFIG_KEY, LAYOUT_KEY], metadata_set=keep, notes=notes,
+                 unsettled=unsettled)
 
 
 def _scale_layout(nv: dict[str, dict[str, int]], record: dict | None) -> tuple[str | None, str]:
