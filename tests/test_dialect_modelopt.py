@@ -288,3 +288,65 @@ def test_per_channel_fp8_is_lossy(tmp_path):
     tr = claim.layers["f"]
     assert tr.verdict == LOSSY and tr.lossy.format == "float8_e4m3fn"
     assert same_bits(tr.decoder(stored(path, "f")), layer["weight"].float() * layer["weight_scale"][:, None])
+
+
+def _random_layer(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """A packed-FP4 or FP8 layer with shapes drawn to hit every branch: consistent, padded,
+    swizzled, inconsistent, odd rows, missing or malformed companions."""
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=gen))]
+
+    n, cb = pick([1, 13, 16, 48, 128, 130]), pick([1, 8, 24, 32, 40])
+    out: dict[str, torch.Tensor] = {}
+    if pick([True, False]):
+        kb = max(1, 2 * cb // 16)
+        out["weight"] = torch.randint(0, 256, (n, cb), dtype=torch.uint8, generator=gen)
+        rows, cols = pick([(n, kb), (_ceil(n, 128), _ceil(kb, 4)), (n, _ceil(kb, 16)), (n + 1, kb), (n, kb + 3)])
+        out["weight_scale"] = torch.randint(0, 120, (rows, cols), dtype=torch.uint8, generator=gen).view(
+            torch.float8_e4m3fn)
+        out["weight_scale_2"] = pick([torch.tensor(0.5), torch.tensor([0.5]), torch.ones(2)])
+    else:
+        out["weight"] = torch.randint(0, 120, (n, cb), dtype=torch.uint8, generator=gen).view(torch.float8_e4m3fn)
+        out["weight_scale"] = pick([torch.tensor(0.1), torch.full((n,), 0.1), torch.ones(n, 2), torch.ones(3)])
+    if pick([True, False]):
+        out["input_scale"] = pick([torch.tensor(0.2), torch.ones(2)])
+    if pick([True, False]):
+        out["bias"] = pick([torch.zeros(n), torch.zeros(n + 5), torch.zeros(max(1, n - 3))])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_layers_never_break_detection_and_moves_fill_their_shapes(tmp_path, seed):
+    """Whatever the shapes, detection answers (no exception) and every translation that is not
+    refused writes exactly the bytes its moves declare; ``bfl`` sees the same layers without the
+    ModelOpt header."""
+    gen = torch.Generator().manual_seed(seed)
+    layers = {f"l{i}": _random_layer(gen) for i in range(8)}
+    for name, header in (("mo", True), ("bfl", False)):
+        path = modelopt_file(tmp_path / f"{name}.safetensors", layers, "MIXED_PRECISION", layer_map=header)
+        if not header:  # no quantization_config either
+            from safetensors import safe_open
+
+            with safe_open(path, "pt") as f:
+                sd = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+            save_file(sd, path)
+        with open_checkpoint([path]) as ckpt:
+            found = registry.detect(ckpt)
+            for claim in found.claims:
+                dialect = registry.DIALECTS[claim.dialect]
+                for target in ("comfyui", "sglang", "kitchen"):
+                    dialect.runtime(target, ckpt, claim)
+                if dialect.settle is not None:
+                    dialect.settle(ckpt, claim)
+            for tr in found.layers.values():
+                assert tr.why
+                if tr.verdict in (REFUSED, LOSSY):
+                    continue
+                for m in tr.moves:
+                    data = ckpt.read_bytes(ckpt.tensors[m.source])
+                    data = m.transform(data) if m.transform is not None else data
+                    size = {"U8": 1, "F8_E4M3": 1, "F32": 4, "BF16": 2, "F16": 2}[m.dtype]
+                    numel = 1
+                    for d in m.shape:
+                        numel *= d
+                    assert len(data) == numel * size, (tr, m)
