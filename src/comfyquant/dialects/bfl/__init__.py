@@ -80,7 +80,7 @@ def detect(ckpt, claimed: set) -> Claim | None:
                          "layers) and no ModelOpt quantization_config: the BFL writer's linear layout")
         unsettled.append(f"{len(both)} NVFP4 layer(s) (e.g. {both[0]}) have N % 128 == 0 and (K/16) % 4 == 0, where "
                          f"linear and blocked scales have the same shape: read as linear because {evidence}; the "
-                         "nibble order (low first) is the writer's, never in the header")
+                         "nibble order (low first) is the writer's; neither the header nor the data shows either")
     for prefix in linear_only + both:
         t = ckpt.layers[prefix].tensors
         layers[prefix] = _nvfp4(prefix, t, nv[prefix][lay.LINEAR], unsettled if prefix in both else None)

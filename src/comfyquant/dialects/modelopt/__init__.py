@@ -168,7 +168,8 @@ def _nvfp4(ckpt, prefix: str, fits: dict[str, int], scales: str | None, evidence
                                f"blocked layout (N % 128 == 0, columns % 4 == 0); {evidence}")
     else:
         layout = scales
-        note = [f"scale layout: linear and blocked have the same shape here; {layout} because {evidence}"]
+        note = [f"scale layout: linear and blocked have the same shape here (the data does not show it either); "
+                f"{layout} because {evidence}"]
         if note[0] not in unsettled:
             unsettled.append(note[0])
     tr = nvfp4.to_comfy(prefix, t, dialect=NAME, variant="nvfp4", nibbles=lay.LOW_FIRST, layout=layout,
