@@ -11,16 +11,19 @@ applied the way ``migrate`` writes them (``dialect_helpers.write_claim``).
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 from comfy_kitchen import float_utils
 from comfy_kitchen.backends.eager.quantization import dequantize_nvfp4 as ck_dequantize_nvfp4
 from diffusers.quantizers.bfl.utils import dequantize_fp8r, dequantize_nvfp4, quantize_fp8r, quantize_nvfp4
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
+import comfyquant
 from comfyquant import codecs
 from comfyquant.checkpoint import open_checkpoint
+from comfyquant.cli import main
 from comfyquant.dialects import registry
 from comfyquant.dialects.base import EXACT, LOSSY, PERMUTATION, REFUSED
 from comfyquant.numerics import nvfp4_layouts as lay
@@ -256,3 +259,56 @@ def test_byte_permutations_match_comfy_kitchen():
     assert lay.scale_layouts(256, 32, (256, 32)) == {"linear": 32, "blocked": 32}
     assert lay.scale_layouts(48, 5, (48, 5)) == {"linear": 5}
     assert lay.scale_layouts(48, 5, (128, 8)) == {"blocked": 8}
+
+
+# -- end to end, through the commands ----------------------------------------------------------
+
+needs_migrate = pytest.mark.skipif(not hasattr(comfyquant, "migrate"), reason="migrate is wired on main")
+
+
+def dense(path: str, tmp_path, name: str) -> dict[str, torch.Tensor]:
+    out = str(tmp_path / f"{name}.dense.safetensors")
+    comfyquant.dequantize(path, out, dtype="f32", progress=False)
+    return load_file(out)
+
+
+def test_cli_inspect_and_check_name_the_bfl_layout(bfl_file, capsys):
+    path, _ = bfl_file
+    assert main(["inspect", path, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["dialect"] == "bfl"
+    rows = {r["layer"]: r for r in data["layers"]}
+    assert {rows[p]["dialect"] for p in SHAPES} == {"bfl (nvfp4)"}
+    assert {rows[p]["verdict"] for p in SHAPES} == {PERMUTATION}
+    report = comfyquant.check(path, target="comfyui")
+    assert not report.verdicts["comfyui"].loads and "size mismatch" in report.verdicts["comfyui"].first.message
+    assert [f for f in report.findings if f.code == "F001" and "(bfl)" in f.message]
+
+
+@needs_migrate
+def test_cli_migrate_bfl_to_comfy_and_back(bfl_file, tmp_path):
+    path, layers = bfl_file
+    out = str(tmp_path / "comfy.safetensors")
+    assert main(["migrate", path, "-o", out]) == 0
+    assert main(["check", "--target", "comfyui", out]) == 0
+    before, after = dense(path, tmp_path, "before"), dense(out, tmp_path, "after")
+    for prefix in SHAPES:
+        assert same_bits(before[f"{prefix}.weight"], bfl_reference(layers[prefix]))
+        assert same_bits(after[f"{prefix}.weight"], before[f"{prefix}.weight"])
+    back = str(tmp_path / "back.safetensors")
+    assert main(["migrate", out, "--to", "bfl", "-o", back]) == 0
+    assert raw_tensors(back) == raw_tensors(path)
+
+
+@needs_migrate
+def test_cli_fp8r_is_migrated_only_with_allow_lossy(tmp_path):
+    q, s = quantize_fp8r(make_weight(24, 64, torch.float32, seed=11))
+    path = write(tmp_path / "fp8r.safetensors", {"r": {"weight": q, "weight_scale": s}})
+    assert same_bits(dense(path, tmp_path, "src")["r.weight"], dequantize_fp8r(q, s))
+    out = str(tmp_path / "comfy.safetensors")
+    assert main(["migrate", path, "-o", out]) == 1
+    assert not os.path.exists(out)
+    assert main(["migrate", path, "-o", out, "--allow-lossy"]) == 0
+    assert main(["check", "--target", "comfyui", out]) == 0
+    with open_checkpoint([out]) as ckpt:
+        assert ckpt.layers["r"].format_name == "float8_e4m3fn" and ckpt.layers["r"].marker is not None

@@ -25,17 +25,20 @@ comfy-kitchen's ``dequantize_nvfp4`` of the Comfy form.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 from comfy_kitchen import float_utils
 from comfy_kitchen.backends.eager.quantization import dequantize_nvfp4 as ck_dequantize_nvfp4
 from diffusers.quantizers.bfl.utils import dequantize_nvfp4, quantize_nvfp4
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
+import comfyquant
 from comfyquant import codecs
 from comfyquant.checker.run import check_checkpoint
 from comfyquant.checkpoint import open_checkpoint
+from comfyquant.cli import main
 from comfyquant.dialects import registry
 from comfyquant.dialects.base import EXACT, LOSSY, PERMUTATION, REFUSED
 from dialect_helpers import detect_claim, export_claim, raw_tensors, stored, write_claim
@@ -350,3 +353,63 @@ def test_random_layers_never_break_detection_and_moves_fill_their_shapes(tmp_pat
                     for d in m.shape:
                         numel *= d
                     assert len(data) == numel * size, (tr, m)
+
+
+# -- end to end, through the commands ----------------------------------------------------------
+
+needs_migrate = pytest.mark.skipif(not hasattr(comfyquant, "migrate"), reason="migrate is wired on main")
+
+
+def dense(path: str, tmp_path, name: str) -> dict[str, torch.Tensor]:
+    out = str(tmp_path / f"{name}.dense.safetensors")
+    comfyquant.dequantize(path, out, dtype="f32", progress=False)
+    return load_file(out)
+
+
+def test_cli_inspect_and_check_name_the_modelopt_layout(tmp_path, capsys):
+    path, _ = nvfp4_file(tmp_path, "mo.safetensors", True, "row")
+    assert main(["inspect", path, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["dialect"] == "modelopt"
+    rows = {r["layer"]: r for r in data["layers"]}
+    assert {rows[p]["dialect"] for p in SHAPES} == {"modelopt (nvfp4)"}
+    assert {rows[p]["verdict"] for p in SHAPES} == {PERMUTATION}
+    report = comfyquant.check(path, target="comfyui")
+    assert not report.verdicts["comfyui"].loads and "low nibble" in report.verdicts["comfyui"].first.message
+
+
+@needs_migrate
+@pytest.mark.parametrize("swizzle,padding", [(True, "row"), (False, "row_col")])
+def test_cli_migrate_modelopt_to_comfy_and_back(tmp_path, swizzle, padding):
+    path, plain = nvfp4_file(tmp_path, "mo.safetensors", swizzle, padding)
+    out = str(tmp_path / "comfy.safetensors")
+    assert main(["migrate", path, "-o", out]) == 0
+    assert main(["check", "--target", "comfyui", out]) == 0
+    before, after = dense(path, tmp_path, "before"), dense(out, tmp_path, "after")
+    for prefix, (_n, k) in SHAPES.items():
+        reference = dequantize_nvfp4(plain[prefix]["weight"], plain[prefix]["weight_scale"],
+                                     plain[prefix]["weight_scale_2"])
+        assert same_bits(before[f"{prefix}.weight"][:, :k], reference)
+        assert same_bits(after[f"{prefix}.weight"], before[f"{prefix}.weight"])
+    back = str(tmp_path / "back.safetensors")
+    assert main(["migrate", out, "--to", "modelopt", "-o", back]) == 0
+    assert raw_tensors(back) == raw_tensors(path)
+
+
+@needs_migrate
+def test_cli_migrate_refuses_a_layout_no_layer_tells(tmp_path):
+    path, _ = nvfp4_file(tmp_path, "mo.safetensors", True, "row", shapes={"a": (128, 64)})
+    out = str(tmp_path / "comfy.safetensors")
+    assert main(["migrate", path, "-o", out]) == 1
+    assert not os.path.exists(out)
+
+
+@needs_migrate
+def test_cli_migrate_modelopt_fp8_is_exact(tmp_path):
+    layer = fp8_layer(32, 64, 12)
+    path = modelopt_file(tmp_path / "fp8.safetensors", {"blocks.0.mlp": layer}, "FP8")
+    assert main(["check", "--target", "comfyui", path]) == 1
+    out = str(tmp_path / "comfy.safetensors")
+    assert main(["migrate", path, "-o", out]) == 0
+    assert main(["check", "--target", "comfyui", out]) == 0
+    assert same_bits(dense(out, tmp_path, "after")["blocks.0.mlp.weight"], layer["weight"].float() * layer["weight_scale"])
