@@ -30,7 +30,7 @@ from . import nvfp4
 NAME = "bfl"
 NVFP4 = "nvfp4"
 FP8R = "fp8r"
-SOURCE = "diffusers 0.42 quantizers/bfl/utils.py: quantize_nvfp4 (even element in the low nibble, scales [N, K/16])"
+SOURCE = "the BFL layout of diffusers quantize_nvfp4: low nibble first, linear scales"
 PACKED_QKV = ("_attn.qkv", ".linear1")
 """BFL (FLUX) names of packed QKV layers: SGLang's diffusion loader reads the scales of a file
 that has them as swizzled and swaps nibbles (``_build_nvfp4_config_from_safetensors_files``)."""

@@ -48,7 +48,7 @@ LAYOUT_KEY = "comfyquant.modelopt_layout"
 """Written by comfyquant: the ModelOpt layout of this file (after ``migrate --to modelopt``), or
 the one a Comfy file was migrated from: ``{"scales": "linear"|"blocked", "rows": "model"|"padded",
 "row_col": bool}``."""
-SOURCE = "ModelOpt qtensor/nvfp4_tensor.py packs the even element in the low nibble"
+SOURCE = "ModelOpt packs the low nibble first"
 DEFAULT_LAYOUT = {"scales": lay.LINEAR, "rows": "model", "row_col": False}
 """ModelOpt's export without its ComfyUI post-processing: linear scales, nothing padded."""
 SVD_SUFFIXES = ("svdquant_lora_a", "svdquant_lora_b")
