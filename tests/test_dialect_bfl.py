@@ -312,3 +312,17 @@ def test_cli_fp8r_is_migrated_only_with_allow_lossy(tmp_path):
     assert main(["check", "--target", "comfyui", out]) == 0
     with open_checkpoint([out]) as ckpt:
         assert ckpt.layers["r"].format_name == "float8_e4m3fn" and ckpt.layers["r"].marker is not None
+
+
+def test_detection_reads_the_header_only(bfl_file, tmp_path):
+    """check and inspect detect dialects on every file: no tensor byte is read for it."""
+    path, _ = bfl_file
+    mo = str(tmp_path / "mo.safetensors")
+    save_file({"x.weight": torch.zeros(48, 40, dtype=torch.uint8), "x.weight_scale": torch.zeros(
+        48, 5, dtype=torch.float8_e4m3fn), "x.weight_scale_2": torch.tensor(1.0)}, mo,
+        metadata={"quantization_config": json.dumps({"quant_method": "modelopt", "quant_algo": "NVFP4"})})
+    for p, name in ((path, "bfl"), (mo, "modelopt")):
+        with open_checkpoint([p]) as ckpt:
+            before = {s.name: s.bytes_read for s in ckpt.sources}
+            assert registry.detect(ckpt).name == name
+            assert {s.name: s.bytes_read for s in ckpt.sources} == before
