@@ -28,7 +28,7 @@ from comfyquant.dialects import registry
 from comfyquant.dialects.base import EXACT, LOSSY, PERMUTATION, REFUSED
 from comfyquant.numerics import nvfp4_layouts as lay
 from dialect_helpers import detect_claim, export_claim, raw_tensors, stored, write_claim
-from kitchen_fixtures import make_layer, make_weight, write_layers
+from kitchen_fixtures import make_layer, make_weight, moe_bank_layer, write_layers
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -326,3 +326,15 @@ def test_detection_reads_the_header_only(bfl_file, tmp_path):
             before = {s.name: s.bytes_read for s in ckpt.sources}
             assert registry.detect(ckpt).name == name
             assert {s.name: s.bytes_read for s in ckpt.sources} == before
+
+
+def test_expert_banks_are_not_exported(tmp_path):
+    """A MoE bank's 2-D view is not its stored layout: neither export rewrites it."""
+    bank, _ = moe_bank_layer("fp8", "experts", experts=2, n=16, k=64)
+    nv, _ = moe_bank_layer("nvfp4", "experts_nv", experts=2, n=16, k=64)
+    plain = make_layer("fp8", prefix="plain", n=16, k=64, marker="comfyui")
+    src = write_layers(tmp_path / "banks.safetensors", [bank, nv, plain], marker_mode="header")
+    with open_checkpoint([src]) as ckpt:
+        assert ckpt.layers["experts"].bank is not None and ckpt.layers["experts_nv"].bank is not None
+    assert set(export_claim(src, "bfl").layers) == {"plain"}
+    assert set(export_claim(src, "modelopt").layers) == {"plain"}

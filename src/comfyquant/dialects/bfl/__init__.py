@@ -160,7 +160,7 @@ def export(ckpt, claimed: set) -> Claim | None:
     and must be zero, else the layer is refused."""
     layers: dict[str, Translation] = {}
     for prefix, layer in ckpt.layers.items():
-        if prefix in claimed or layer.marker is None or layer.inferred:
+        if prefix in claimed or layer.marker is None or layer.inferred or layer.bank is not None:
             continue
         t = layer.tensors
         if layer.format_name == NVFP4 and nvfp4.nvfp4_tensors(t):

@@ -296,7 +296,7 @@ def export(ckpt, claimed: set) -> Claim | None:
     saved = _json(meta.get(SAVED_CONFIG_KEY))
     picked: dict[str, str] = {}
     for prefix, layer in ckpt.layers.items():
-        if prefix in claimed or layer.marker is None or layer.inferred:
+        if prefix in claimed or layer.marker is None or layer.inferred or layer.bank is not None:
             continue
         if layer.format_name == "nvfp4" and nvfp4.nvfp4_tensors(layer.tensors):
             picked[prefix] = "NVFP4"
