@@ -97,7 +97,7 @@ def detect(ckpt, claimed: set) -> Claim | None:
     fp8: list[str] = []
     comfy_marked: list[str] = []
     for prefix, layer in ckpt.layers.items():
-        if prefix in claimed:
+        if prefix in claimed or layer.bank is not None:  # ModelOpt writes no expert banks
             continue
         if any(rec.kind == "tensor" for rec in layer.sources):
             comfy_marked.append(prefix)
