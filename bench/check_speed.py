@@ -12,6 +12,7 @@ the machine is noisy; ratios are medians of per-round ratios):
    comfyquant's SGLang drop-in.  Target: check <= 1.5x floor.
    2b. SGLang-style ``safe_open`` inspection, in a child process (it needs torch);
    2c. the same ratio in CPU instructions (valgrind), which machine noise cannot move;
+   2d. what dialect detection adds to check on marker files (target <= 5%);
 3. linear scaling: Wan with 1x/2x/4x the blocks, time per tensor;
 4. CLI cold start: the real console script as a subprocess (bytecode caches on) against a
    bare ``python -c pass``.  Target: <= 100 ms wall;
@@ -25,6 +26,7 @@ Usage: python bench/check_speed.py [--quick] [--out DIR] [--rounds N] [--cli-run
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import json
@@ -51,6 +53,7 @@ import comfyquant  # noqa: E402
 from comfyquant.formats import validation as cq_layers  # noqa: E402
 
 TARGET_RATIO = 1.5
+DIALECT_BUDGET = 0.05
 TARGET_CLI_MS = 100.0
 HEADLINE = "wan14b-w4a8-4sh"
 
@@ -701,6 +704,9 @@ for _ in range(n):
         cs.floor_read(files)
     elif what == "check":
         cs.check_cold(path)
+    elif what == "nodialects":
+        with cs.no_dialects():
+            cs.check_cold(path)
     else:
         cs.clear_caches()
         cs.comfyquant.check(files)
@@ -738,6 +744,46 @@ def section_instructions(built: dict) -> None:
     print("  check(files) is given the shard list, so it reads no index.json (the floor reads none)\n")
 
 
+@contextlib.contextmanager
+def no_dialects():
+    """``check`` with dialect detection switched off (no dialect package asked): what detection
+    costs is the difference."""
+    from comfyquant.dialects import registry
+
+    saved = dict(registry.DIALECTS)
+    registry.DIALECTS.clear()
+    try:
+        yield
+    finally:
+        registry.DIALECTS.update(saved)
+
+
+def section_dialects(built: dict, rounds: int) -> None:
+    """Dialect detection on marker files (which no dialect claims) must add <= 5% to check:
+    interleaved timings, and where valgrind is installed, instruction counts."""
+    print(f"== 2d. Dialect detection on marker files (median of {rounds} interleaved rounds; "
+          f"target: check <= {1 + DIALECT_BUDGET:.2f}x check without detection)")
+    rows = []
+    for name, lay in built.items():
+        path = lay.path
+
+        def without(p=path):
+            with no_dialects():
+                check_cold(p)
+
+        times = interleaved({"without": without, "check": lambda p=path: check_cold(p)}, rounds)
+        ratio = ratio_of(times, "check", "without")
+        rows.append([name, ms(med(times["without"])), ms(med(times["check"])), f"{ratio:5.3f}x",
+                     "PASS" if ratio <= 1 + DIALECT_BUDGET else "FAIL"])
+    print(table(rows, ["layout", "no detection", "check", "ratio", f"<= {1 + DIALECT_BUDGET:.2f}x"]))
+    if shutil.which("valgrind") is not None and HEADLINE in built:
+        path = built[HEADLINE].path
+        per = {w: (instructions(w, path, 4) - instructions(w, path, 1)) / 3 for w in ("nodialects", "check")}
+        print(f"  instructions per call ({HEADLINE}): {per['nodialects'] / 1e6:.1f}M without detection, "
+              f"{per['check'] / 1e6:.1f}M with: {per['check'] / per['nodialects']:.4f}x")
+    print()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer layouts and rounds, no import/profile analysis")
@@ -746,8 +792,8 @@ def main() -> int:
     ap.add_argument("--cli-runs", type=int, help="CLI subprocess runs per command (default 20, quick 8)")
     ap.add_argument("--no-safe-open", action="store_true", help="skip the SGLang-style safe_open timing (imports torch)")
     ap.add_argument("--skip", default="",
-                    help="comma list of sections to skip: inproc,instructions,safe_open,scaling,cli,memory,importtime,"
-                         "profile")
+                    help="comma list of sections to skip: inproc,instructions,dialects,safe_open,scaling,cli,memory,"
+                         "importtime,profile")
     ap.add_argument("--child-safe-open", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_safe_open:
@@ -771,6 +817,8 @@ def main() -> int:
             section_inprocess(built, rounds)
         if "instructions" not in skip:
             section_instructions(built)
+        if "dialects" not in skip:
+            section_dialects(built, rounds)
         if "safe_open" not in skip:
             section_safe_open(built, max(5, rounds // 2))
         if "scaling" not in skip:

@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -194,6 +195,7 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
         size = write_checkpoint(src, chosen)
         best_cp = best_sync = best_dq = best_start = best_least = best_least_nosync = float("inf")
         info = {}
+        per_round: list[float] = []  # this round's bound time / its dequantize time (adjacent: same machine state)
         for _ in range(rounds):
             dst = os.path.join(folder, "cp.safetensors")
             t, _ = timed(lambda: subprocess.run(["cp", src, dst], check=True))  # noqa: B023
@@ -212,6 +214,7 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
                 t, _ = timed(lambda: least_dequantize(src, dst, info["written"], sync))  # noqa: B023
                 if sync:
                     best_least = min(best_least, t)
+                    per_round.append(t / info["seconds"])
                 else:
                     best_least_nosync = min(best_least_nosync, t)
                 os.unlink(dst)
@@ -220,7 +223,8 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
         row = {"file": label, "input_mb": mb, "output_mb": info["written"] / 1e6, "cp_mbs": mb / best_cp,
                "cp_sync_mbs": mb / best_sync, "dq_mbs": mb / best_dq, "rss_mb": info["rss_mb"], "rss_budget_mb": budget,
                "startup_s": best_start, "out_mbs": info["written"] / 1e6 / best_dq,
-               "least_mbs": mb / best_least, "least_nosync_mbs": mb / best_least_nosync}
+               "least_mbs": mb / best_least, "least_nosync_mbs": mb / best_least_nosync,
+               "of_bound_median": statistics.median(per_round)}
         rows.append(row)
         print(f"{label:20s} in {mb:6.1f} MB -> out {row['output_mb']:6.1f} MB | cp {row['cp_mbs']:6.0f} MB/s, cp+sync "
               f"{row['cp_sync_mbs']:6.0f} MB/s | dequantize {row['dq_mbs']:6.1f} MB/s of input ({best_dq:.2f} s; "
@@ -230,7 +234,8 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
         print(f"{'':20s} lower bound (read the input, write the output's bytes from memory, no decoding): "
               f"{row['least_mbs']:6.0f} MB/s = {row['least_mbs'] / row['cp_mbs']:.2f}x cp with fsync, "
               f"{row['least_nosync_mbs']:6.0f} MB/s = {row['least_nosync_mbs'] / row['cp_mbs']:.2f}x cp without; "
-              f"dequantize reaches {row['dq_mbs'] / row['least_mbs']:.2f}x of the bound", flush=True)
+              f"dequantize reaches {row['of_bound_median']:.2f}x of the bound (median over {len(per_round)} interleaved "
+              f"rounds of bound time / dequantize time; target >= 0.8)", flush=True)
         os.unlink(src)
     return rows
 
@@ -239,6 +244,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3072x3072 only, no dequantize section")
     ap.add_argument("--rounds", type=int, default=2, help="timing rounds (best of); default 2")
+    ap.add_argument("--dequantize-rounds", type=int, default=5,
+                    help="interleaved dequantize / bound rounds (the median ratio counts); default 5")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", help="folder for the dequantize files (default: a temporary folder)")
     args = ap.parse_args()
@@ -254,8 +261,9 @@ def main() -> None:
           "torch, whose start-up is shown apart); all read a warm page cache; dequantize writes 2-4x the input's bytes "
           "and fsyncs them, cp does neither, cp+sync fsyncs")
     folder = args.out or tempfile.mkdtemp(prefix="codec_speed-")
+    os.makedirs(folder, exist_ok=True)  # --out DIR need not exist yet
     try:
-        dequantize_rows(keep, folder, args.rounds)
+        dequantize_rows(keep, folder, args.dequantize_rounds)
     finally:
         if not args.out:
             shutil.rmtree(folder, ignore_errors=True)

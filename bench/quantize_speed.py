@@ -13,7 +13,10 @@ and 3072x12288 / 12288x3072 MLP-like linears, with biases and norms) and, per fo
 Targets (issue 6): W4A8 throughput >= 1.0x comfy-kitchen with equal or lower error; peak RSS
 <= 3x the largest layer's dense size per job + 300 MB.
 
-    python bench/quantize_speed.py [--formats w4a8,int8,...] [--keep DIR] [--repeat N]
+    python bench/quantize_speed.py [--formats w4a8,int8,...] [--keep DIR] [--repeat N] [--convert nvfp4:w4a8,...]
+
+A convert section times ``convert FROM -> TO`` of a quantized copy of the same model against
+``quantize dense -> TO`` (both end to end, one job).
 
 The first section times the encoders alone, in this process, side by side with
 comfy-kitchen on the same BF16 weights (3072x3072 and 5120x13824 by default): per format
@@ -55,6 +58,7 @@ KITCHEN = {
     "fp8": ("TensorCoreFP8Layout", {}),
 }
 MB = 1 << 20
+"""Sizes and RSS are binary (MiB); rates are decimal MB/s (comfyquant's one convention)."""
 ENCODERS = {
     # row: (comfyquant format, its encode params, comfy-kitchen layout, its from_float kwargs)
     "w4a8": ("asym_w4a8_int8", {}, "AsymW4A8Int8Layout", {}),
@@ -168,6 +172,45 @@ def child_comfyquant(src: str, fmt: str, jobs: int, out_dir: str) -> dict:
             "rss_main": own, "rss_worker": kids, "ok": r.ok, "layers": t["quantized"]}
 
 
+def child_convert(src: str, to: str, out_dir: str) -> dict:
+    """``comfyquant convert`` of a quantized file, end to end, in a fresh process."""
+    started = time.perf_counter()
+    import comfyquant
+
+    out = os.path.join(out_dir, f"convert-{to}.safetensors")
+    r = comfyquant.convert(src, out, to, target="all", progress=False, overwrite=True)
+    seconds = time.perf_counter() - started
+    own, _ = _peaks()
+    os.unlink(out)
+    t = r.doc["totals"]
+    return {"seconds": seconds, "rel_l2": t["weight_rel_l2_mean"], "rss_main": own, "ok": r.ok,
+            "layers": t["quantized"]}
+
+
+def convert_section(src: str, folder: str, pairs: list[tuple[str, str]], repeat: int, quantized_bytes: int) -> None:
+    """``convert FROM -> TO`` against ``quantize dense -> TO`` on the same model, side by side
+    (issue 16 measured convert nvfp4 -> w4a8 at 230 s where quantizing from dense took 40 s)."""
+    print("convert (decode the quantized input, re-encode) vs quantize from the dense original, --jobs 1:")
+    head = (f"{'from -> to':<16} {'convert s':>10} {'quantize s':>11} {'ratio':>7} {'convert MB/s':>13} {'layers':>7} "
+            f"{'RSS MiB convert / quantize':>27}")
+    print(head)
+    print("-" * len(head))
+    for frm, to in pairs:
+        qsrc = os.path.join(folder, f"{frm}-source.safetensors")
+        if not os.path.exists(qsrc):
+            import comfyquant
+
+            comfyquant.quantize(src, qsrc, frm, target="all", progress=False, overwrite=True)
+        conv, quant = [], []
+        for _ in range(max(1, repeat)):
+            conv.append(run_child("convert", qsrc, to, folder))
+            quant.append(run_child("comfyquant", src, to, "1", folder))
+        c, q = best_of(conv), best_of(quant)
+        print(f"{frm + ' -> ' + to:<16} {c['seconds']:>10.2f} {q['seconds']:>11.2f} {c['seconds'] / q['seconds']:>6.2f}x "
+              f"{quantized_bytes / 1e6 / c['seconds']:>13.1f} {c['layers']:>7} {c['rss_main']:>13.0f} / {q['rss_main']:>11.0f}")
+    print()
+
+
 def child_kitchen(src: str, fmt: str) -> dict:
     import torch
     from comfy_kitchen.tensor import QuantizedTensor
@@ -218,11 +261,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, help="torch threads for the encoder section (default: torch's); "
                     "1 measures compute, not fork-join waits, on a machine whose cores are shared")
     ap.add_argument("--no-encoders", action="store_true", help="skip the encoder section")
+    ap.add_argument("--convert", default="nvfp4:w4a8,fp8:int8",
+                    help="convert rows FROM:TO,... timed against quantize dense -> TO ('' skips them)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         kind, src, fmt = args.child[:3]
-        res = child_kitchen(src, fmt) if kind == "kitchen" else child_comfyquant(src, fmt, int(args.child[3]), args.child[4])
+        if kind == "kitchen":
+            res = child_kitchen(src, fmt)
+        elif kind == "convert":
+            res = child_convert(src, fmt, args.child[3])
+        else:
+            res = child_comfyquant(src, fmt, int(args.child[3]), args.child[4])
         print(json.dumps(res))
         return
 
@@ -244,14 +294,18 @@ def main() -> None:
         if args.encoders_only:
             return
     folder = args.keep or tempfile.mkdtemp(prefix="cq-bench-")
+    os.makedirs(folder, exist_ok=True)
     src = os.path.join(folder, "dense.safetensors")
     if not os.path.exists(src):
         build_model(src)
     quantized_bytes = sum(n * k * 2 for _, n, k in LAYERS)
     largest = max(n * k * 2 for _, n, k in LAYERS) / MB
     print(f"model: {len(LAYERS)} linears ({', '.join(f'{n}x{k}' for _, n, k in LAYERS)}), BF16, "
-          f"{quantized_bytes / MB:.0f} MB of weights; largest layer {largest:.0f} MB; {os.cpu_count()} cores; "
+          f"{quantized_bytes / MB:.0f} MiB of weights; largest layer {largest:.0f} MiB; {os.cpu_count()} cores; "
           f"load average {os.getloadavg()[0]:.2f}")
+    pairs = [tuple(p.split(":")) for p in args.convert.split(",") if p]
+    if pairs:
+        convert_section(src, folder, pairs, args.repeat, quantized_bytes)
     budget = {j: 3 * largest * j + 300 for j in (1, 2)}
     rows = []
     for fmt in args.formats.split(","):
@@ -266,13 +320,13 @@ def main() -> None:
         rows += [(fmt, jobs, best_of(cq_runs[jobs]), ck) for jobs in jobs_list]
     print()
     head = (f"{'format':<6} {'jobs':>4} {'cq MB/s':>8} {'ck MB/s':>8} {'speed':>6} {'cq relL2':>9} {'ck relL2':>9} "
-            f"{'cq RSS MB (main/worker)':>24} {'budget':>7} {'ck RSS':>7}")
+            f"{'cq RSS MiB (main/worker)':>24} {'budget':>7} {'ck RSS':>7}")
     print(head)
     print("-" * len(head))
     verdicts = []
     for fmt, jobs, cq, ck in rows:
-        cq_rate = quantized_bytes / MB / cq["seconds"]
-        ck_rate = quantized_bytes / MB / ck["seconds"]
+        cq_rate = quantized_bytes / 1e6 / cq["seconds"]
+        ck_rate = quantized_bytes / 1e6 / ck["seconds"]
         total_rss = cq["rss_main"] + (cq["rss_worker"] * jobs if jobs > 1 else 0)
         print(f"{fmt:<6} {jobs:>4} {cq_rate:>8.1f} {ck_rate:>8.1f} {cq_rate / ck_rate:>5.2f}x {cq['rel_l2']:>9.5f} "
               f"{ck['rel_l2']:>9.5f} {cq['rss_main']:>11.0f} / {cq['rss_worker'] if jobs > 1 else 0:>8.0f}"
@@ -281,7 +335,7 @@ def main() -> None:
             verdicts.append(f"W4A8 --jobs {jobs}: throughput {cq_rate / ck_rate:.2f}x comfy-kitchen (target >= 1.0), "
                             f"error {cq['rel_l2']:.5f} vs {ck['rel_l2']:.5f} (target <=): "
                             f"{'MET' if cq_rate >= ck_rate and cq['rel_l2'] <= ck['rel_l2'] + 1e-12 else 'NOT MET'}")
-        verdicts.append(f"{fmt} --jobs {jobs}: peak RSS {total_rss:.0f} MB (budget {budget[jobs]:.0f} MB): "
+        verdicts.append(f"{fmt} --jobs {jobs}: peak RSS {total_rss:.0f} MiB (budget {budget[jobs]:.0f} MiB): "
                         f"{'MET' if total_rss <= budget[jobs] else 'NOT MET'}")
     print(f"(load average at the end: {os.getloadavg()[0]:.2f}; runs per child: {max(1, args.repeat)})")
     print()

@@ -220,8 +220,8 @@ def main() -> int:
         ok &= meets
         rows.append([
             r["name"], f"{r['size'] / 1e9:.1f} GB", r["shards"], f"{r['requests_per_shard']:.2f} (<= {limit})",
-            r["index_requests"] or "-", f"{r['header'] / 1024:.0f}+{r['marker'] / 1024:.0f} KB",
-            f"{r['read'] / 1024:.0f} KB", f"{r['ratio']:.3f}", f"{r['index_bytes'] / 1024:.0f} KB" if r["index_bytes"] else "-",
+            r["index_requests"] or "-", f"{r['header'] / 1024:.0f}+{r['marker'] / 1024:.0f} KiB",
+            f"{r['read'] / 1024:.0f} KiB", f"{r['ratio']:.3f}", f"{r['index_bytes'] / 1024:.0f} KiB" if r["index_bytes"] else "-",
             f"{r['written_ratio']:.2f}", f"{r['remote_ms']:.1f}", f"{r['local_ms']:.1f}",
             f"{r['remote_ms'] / r['local_ms']:.1f}x", "yes" if r["same"] else "NO", "ok" if meets else "MISSED",
         ])

@@ -29,8 +29,8 @@ from builders import (
 from comfyquant import check, open_checkpoint
 from comfyquant.cli import main
 from comfyquant.errors import InputError
-from comfyquant.repair.run import fix
 from comfyquant.numerics.bytewise import to_blocked
+from comfyquant.repair.run import fix
 
 P = "blocks.0.attn.qkv"
 

@@ -20,8 +20,9 @@ from comfyquant.errors import InputError
 from comfyquant.formats import registry
 from comfyquant.formats.base import Meta
 from comfyquant.formats.params import Params
+from comfyquant.formats.planned import planned_tensors
 from comfyquant.formats.validation import check_layer
-from comfyquant.quantizer.layout import format_findings, planned_tensors
+from comfyquant.quantizer.layout import format_findings
 from comfyquant.quantizer.params import format_names, resolve_format, validate
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "comfyquant"

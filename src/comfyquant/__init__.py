@@ -14,21 +14,25 @@ from .version import __version__
 if TYPE_CHECKING:
     from .checker.run import check
     from .checkpoint import open_checkpoint
+    from .comparison import compare
     from .dequantizer import dequantize
     from .inspection import inspect
     from .quantizer.api import convert, quantize
+    from .repair.migration import migrate
     from .repair.run import fix
 
-__all__ = ["__version__", "check", "open_checkpoint", "inspect", "fix", "quantize", "convert", "dequantize"]
+__all__ = ["__version__", "check", "open_checkpoint", "inspect", "fix", "migrate", "quantize", "convert", "dequantize", "compare"]
 
 _API = {
     "check": "checker.run",
     "open_checkpoint": "checkpoint",
     "inspect": "inspection",
     "fix": "repair.run",
+    "migrate": "repair.migration",
     "quantize": "quantizer.api",
     "convert": "quantizer.api",
     "dequantize": "dequantizer",
+    "compare": "comparison",
 }
 """Each API function's module (relative to the package): imported on first access."""
 

@@ -66,12 +66,13 @@ def _judge_input_first(args) -> None:
     gets the same one line on every install."""
     if args.command not in DECODING_COMMANDS:
         return
-    from .checkpoint import open_checkpoint
     from .commands.common import inputs_and_output
+    from .dialects.containers import open_any
+    from .dialects.view import viewed
     from .gate import check_input
 
     inputs, _out = inputs_and_output(args)
-    with open_checkpoint(inputs[0] if len(inputs) == 1 else inputs) as ckpt:
+    with open_any(inputs[0] if len(inputs) == 1 else inputs) as raw, viewed(raw, args.command) as ckpt:
         check_input(ckpt, args.command)
 
 

@@ -114,8 +114,9 @@ class Summary:
         return "\n".join(lines)
 
 
-class _Layer:
-    """A layer to decode: its codec, validated plan, output dtype and input entries."""
+class DecodedLayer:
+    """A layer to decode: its codec, validated plan, output dtype and input entries (also what
+    ``compare`` decodes)."""
 
     __slots__ = ("name", "codec", "plan", "dtype", "entries", "drop", "shape", "per_expert")
 
@@ -160,7 +161,8 @@ def dequantize(src: Paths, out: str | None = None, dtype: str | None = None, *, 
     output file is replaced only with ``overwrite=True``, an input never
     (:mod:`comfyquant.io.outputs`).
     """
-    from .checkpoint import open_checkpoint
+    from .dialects.containers import open_any
+    from .dialects.view import viewed
     from .gate import check_input
 
     if dtype is not None and dtype not in OUTPUT_DTYPES:
@@ -170,11 +172,11 @@ def dequantize(src: Paths, out: str | None = None, dtype: str | None = None, *, 
 
     startup = time.perf_counter() - t
     started = time.perf_counter()
-    with open_checkpoint(src) as ckpt:
+    with open_any(src) as raw, viewed(raw, "dequantize") as ckpt:
         from .markers import file_level_markers
 
         check_input(ckpt, "dequantize", DequantizeError)  # the gate every decoding command shares
-        layers = _plan_layers(ckpt, dtype, file_level_markers(ckpt))
+        layers = plan_layers(ckpt, dtype, file_level_markers(ckpt))
         files, index_dest = _plan_outputs(ckpt, out, overwrite)
         summary = Summary(list(ckpt.paths), [p for p, _, _ in files], dtype)
         work = _Work(ckpt, layers, summary)
@@ -211,22 +213,24 @@ def dequantize(src: Paths, out: str | None = None, dtype: str | None = None, *, 
 
 # -- checking and planning --------------------------------------------------------------------
 
-def _plan_layers(ckpt, dtype, implied: dict[str, dict]) -> dict[str, _Layer]:
+def plan_layers(ckpt, dtype, implied: dict[str, dict], verb: str = "dequantize",
+                error: type[ComfyQuantError] = DequantizeError) -> dict[str, DecodedLayer]:
     """Validated decode plans for every marked layer, keyed by the weight tensor's name.  A
     layer without a marker of its own is decoded with the marker the file's ``quant_format``
-    implies (``implied``), if any."""
+    implies (``implied``), if any.  ``verb``/``error``: how a refusal reads and what it raises
+    (``compare`` plans its inputs' layers with this too)."""
     from . import codecs
     from .formats.codec import CodecError
     from .formats.registry import FORMATS
 
-    out: dict[str, _Layer] = {}
+    out: dict[str, DecodedLayer] = {}
     for prefix, layer in ckpt.layers.items():
         marker = layer.marker if layer.marker is not None else implied.get(prefix)
         if marker is None or layer.weight is None:
             continue
         fmt = layer.format_name if layer.marker is not None else marker["format"]
         if not fmt or not codecs.has(fmt):
-            raise DequantizeError(f"refusing to dequantize: layer {prefix!r} has format {fmt!r}, which has no decoder")
+            raise error(f"refusing to {verb}: layer {prefix!r} has format {fmt!r}, which has no decoder")
         codec = codecs.get(fmt)
         entries = dict(layer.tensors)
         try:
@@ -234,10 +238,10 @@ def _plan_layers(ckpt, dtype, implied: dict[str, dict]) -> dict[str, _Layer]:
             out_dtype = codec.output_dtype(dtype, entries, plan.marker)
         except (CodecError, ValueError) as exc:
             why = "" if layer.marker is not None else f" (it has no marker: the file's quant_format makes it {fmt}, as SGLang reads it)"
-            raise DequantizeError(f"refusing to dequantize: {exc}{why}") from None
+            raise error(f"refusing to {verb}: {exc}{why}") from None
         drop = {s.suffix for s in FORMATS[fmt].slots} - {"weight", "bias"}
         drop.add("comfy_quant")
-        out[layer.weight.name] = _Layer(prefix, codec, plan, out_dtype, entries, drop, layer)
+        out[layer.weight.name] = DecodedLayer(prefix, codec, plan, out_dtype, entries, drop, layer)
     return out
 
 
@@ -327,7 +331,7 @@ def _write_index(path: str, files: list, sizes: dict[str, int]) -> None:
 class _Work:
     """Builds each output file's tensor table with lazy data and keeps the counts."""
 
-    def __init__(self, ckpt, layers: dict[str, _Layer], summary: Summary) -> None:
+    def __init__(self, ckpt, layers: dict[str, DecodedLayer], summary: Summary) -> None:
         self.ckpt = ckpt
         self.layers = layers
         self.summary = summary
@@ -341,7 +345,7 @@ class _Work:
             for suffix, e in layer.entries.items():
                 if suffix in layer.drop:
                     self.dropped_names.add(e.name)
-        self.largest = max((sum(_aligned(e.nbytes) for e in _packed(x)) for x in layers.values()), default=0)
+        self.largest = max((sum(_aligned(e.nbytes) for e in packed_entries(x)) for x in layers.values()), default=0)
         self.buffer = bytearray()
         """Read buffer for the packed tensors of one layer, reused (see :meth:`_read`): made at
         the first local read, at once for the largest layer, so it is never reallocated
@@ -417,7 +421,7 @@ class _Work:
             self._advance(self.pending)
             self.pending = 0
 
-    def _decoder(self, layer: _Layer):
+    def _decoder(self, layer: DecodedLayer):
         def chunks():
             import torch
 
@@ -428,7 +432,7 @@ class _Work:
             self.settle()
             f16 = layer.dtype == torch.float16  # the only output dtype narrower than the decoders' F32 arithmetic
             for entries in layer.per_expert or (layer.entries,):
-                needed = _packed(layer, entries)
+                needed = packed_entries(layer, entries)
                 raw = self._read(needed)
                 tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in entries.items() if e.name in raw}
                 self._advance(sum(e.nbytes for e in needed))
@@ -452,7 +456,7 @@ class _Work:
         return chunks
 
 
-def _packed(layer: _Layer, entries: dict | None = None) -> list:
+def packed_entries(layer: DecodedLayer, entries: dict | None = None) -> list:
     """The input entries a layer's decoder reads (of one expert, for a stacked MoE bank): the
     weight and its quantization-only tensors."""
     return [e for s, e in (entries or layer.entries).items() if s in layer.drop or s == "weight"]
@@ -490,11 +494,26 @@ class _RichBar:
         self.progress.__exit__(*exc)
 
 
+class _LogLines:
+    """Not a terminal (a CI log): a plain progress line every few seconds (io.progress)."""
+
+    def __init__(self, total: int) -> None:
+        from .io.progress import Progress
+
+        self.progress = Progress(0, total, None, label="dequantize")
+
+    def __enter__(self):
+        return self.progress.add
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
 def _progress(enabled: bool | None, total: int):
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
+    if enabled is False:
         return _NoBar()
+    if enabled is None and not sys.stderr.isatty():
+        return _LogLines(total)
     try:
         return _RichBar(total)
     except ImportError:  # rich is a declared dependency; a broken install still dequantizes

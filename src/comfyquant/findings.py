@@ -74,6 +74,11 @@ RULES: dict[str, Rule] = {
         Rule("L007", WARNING, "tensor the format does not define"),
         Rule("L008", ERROR, "cannot infer the layer's geometry"),
         Rule("L009", ERROR, "quantization tensor without a weight"),
+        # foreign layouts (dialects)
+        Rule("F001", INFO, "layers written in another writer's layout (a dialect)"),
+        Rule("F002", WARNING, "layer of a dialect that cannot become a Comfy layer"),
+        Rule("F003", INFO, "what only the tensor data can tell about a dialect (check --deep)"),
+        Rule("F004", WARNING, "what the tensor data says about a dialect's layers (check --deep)"),
         # deep (tensor values)
         Rule("D001", ERROR, "scale contains NaN or Inf"),
         Rule("D002", ERROR, "scale contains zeros"),

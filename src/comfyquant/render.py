@@ -59,12 +59,26 @@ def _examples(names: list[str], shown: int = 8) -> str:
     return f"{len(names)}: {', '.join(names[:shown])}{more}"
 
 
+def _layout(report) -> list[str]:
+    """The file's layout in one line per dialect: what it is, before what is wrong with it."""
+    d = report.dialect
+    if not d:
+        return []
+    if d["dialects"] == ["dense"]:
+        return ["layout: dense (no quantized layer: nothing for the runtimes' quantized loaders to check)"]
+    foreign = [f for f in report.findings if f.code == "F001"]
+    if not foreign:
+        return []
+    return [f"layout: {f.message}" + (f" -> {f.fix}" if f.fix else "") for f in foreign]
+
+
 def render_report(report, verbose: bool = False, stream=None) -> str:
     stream = stream or sys.stdout
     color = _use_color(stream)
     lines = []
     nfiles = len(report.files)
     lines.append(f"checkpoint: {', '.join(report.paths)} ({nfiles} file{'s' * (nfiles != 1)}, {report.layers} layers)")
+    lines.extend(_layout(report))
     shown = [f for f in report.findings if verbose or f.severity != INFO]
     for group in _group(shown):
         f = group[0]
@@ -123,13 +137,82 @@ def table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset
     return [fmt(headers), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
 
 
-def render_inventory(inv, stream=None) -> str:
+_FORMAT_COLORS = {"dense": "\033[2m", "foreign": "\033[33m", "unknown": "\033[31m", "quantized": "\033[36m"}
+DROP_ORDER = ("dtypes", "params", "layout [migrate]")
+"""Columns left out, in this order, while the inventory table is wider than the terminal."""
+
+
+def _fit(head: list[str], rows: list[list[str]], width: int | None) -> tuple[list[str], list[list[str]], list[str]]:
+    """The table's columns for a terminal of ``width`` columns (None: all): the least useful
+    columns go first, so 80 columns show layer, format, shape, size and bits per weight."""
+    dropped: list[str] = []
+
+    def wide(h, rs) -> int:
+        return max(len(line) for line in table(h, rs)) if rs else 0
+
+    for name in DROP_ORDER:
+        if width is None or wide(head, rows) <= width:
+            break
+        if name in head:
+            i = head.index(name)
+            head = head[:i] + head[i + 1:]
+            rows = [r[:i] + r[i + 1:] for r in rows]
+            dropped.append(name)
+    if width is not None and rows and wide(head, rows) > width:
+        # still too wide: long layer names lose their middle (the block index and the tail stay)
+        longest = max(len(r[0]) for r in rows)
+        keep = max(24, longest - (wide(head, rows) - width))
+        rows = [[_elide(r[0], keep), *r[1:]] for r in rows]
+        dropped.append("long names cut")
+    return head, rows, dropped
+
+
+def _elide(name: str, keep: int) -> str:
+    if len(name) <= keep:
+        return name
+    tail = (keep - 3) * 2 // 3
+    return name[: keep - 3 - tail] + "..." + name[len(name) - tail:]
+
+
+def _paint(cell: str, kind: str, color: bool) -> str:
+    return f"{_FORMAT_COLORS[kind]}{cell}\033[0m" if color else cell
+
+
+def render_inventory(inv, stream=None, width: int | None = None, metadata: bool = False,
+                     tensors: list | None = None) -> str:
+    """The inventory as text.  ``width``: fit the layer table to that many columns (a
+    terminal's; None: every column); ``metadata``: also ``__metadata__``; ``tensors``: also
+    the per-tensor list (``Inventory.tensor_rows``).  Formats are coloured on a terminal."""
+    stream = stream or sys.stdout
+    color = _use_color(stream)
     rows = []
+    kinds = []
+    foreign = any(r.verdict for r in inv.rows)
     for r in inv.rows:
         nk = f"{r.n}x{r.k}" if r.n is not None and r.k is not None else "?"
         bpw = f"{r.bits_per_weight:.2f}" if r.bits_per_weight is not None else "-"
-        rows.append([r.name, r.format, nk, r.params, r.dtypes, human_size(r.bytes), bpw])
-    lines = table(["layer", "format", "NxK", "params", "dtypes", "bytes", "bits/w"], rows, right={5, 6})
+        row = [r.name, r.format, nk, r.params, r.dtypes, human_size(r.bytes), bpw]
+        if foreign:
+            row.insert(1, f"{r.dialect.split(' (')[0]} [{r.verdict}]" if r.verdict else r.dialect)
+        rows.append(row)
+        kinds.append("foreign" if r.verdict else "dense" if r.format == "dense" else
+                     "unknown" if r.format.startswith("unknown") else "quantized")
+    head = ["layer", "format", "NxK", "params", "dtypes", "bytes", "bits/w"]
+    if foreign:
+        head.insert(1, "layout [migrate]")
+    head, rows, dropped = _fit(head, rows, width)
+    lines = [f"layout: {inv.dialect}"] + [f"  {n}" for n in inv.notes]
+    body = table(head, rows, right={len(head) - 2, len(head) - 1})
+    if color:
+        col = head.index("format")
+        starts = [0]
+        for w in (len(c) for c in body[1].split("  ")):
+            starts.append(starts[-1] + w + 2)
+        lo, hi = starts[col], starts[col + 1] - 2
+        body = body[:2] + [line[:lo] + _paint(line[lo:hi], k, True) + line[hi:] for line, k in zip(body[2:], kinds)]
+    lines.extend(body)
+    if dropped:
+        lines.append(f"({', '.join(dropped)} to fit {width} columns: --wide shows every column)")
     lines.append("")
     trows = []
     for fmt, t in sorted(inv.totals().items()):
@@ -141,6 +224,57 @@ def render_inventory(inv, stream=None) -> str:
     lines.append(f"other tensors: {inv.other_tensors} ({human_size(inv.other_bytes)})")
     lines.append(f"files: {len(inv.files)}, {human_size(inv.file_bytes)}; as BF16: {human_size(inv.bf16_bytes)} "
                  f"(compression {ratio:.2f}x)")
+    if metadata:
+        lines.append("")
+        lines.extend(_metadata_lines(inv.metadata, width))
+    if tensors is not None:
+        lines.append("")
+        lines.extend(table(["tensor", "dtype", "shape", "bytes", "layer"],
+                           [[t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "scalar", human_size(t["bytes"]),
+                             t["layer"] or "-"] for t in tensors], right={3}))
+    return "\n".join(lines)
+
+
+def _metadata_lines(metadata: dict[str, dict[str, str]], width: int | None) -> list[str]:
+    """``__metadata__`` per file; long values cut to the terminal's width (``--json`` has them whole)."""
+    out = []
+    for file, meta in metadata.items():
+        out.append(f"metadata of {file}: {len(meta)} key{'s' * (len(meta) != 1)}" + ("" if meta else " (none)"))
+        for key, value in meta.items():
+            text = f"  {key} = {value}"
+            if width is not None and len(text) > width:
+                text = text[: max(20, width - 25)] + f"... ({len(value):,} chars)"
+            out.append(text)
+    return out
+
+
+def render_migrate(result) -> str:
+    """One line per group of layers with the same dialect, variant, verdict and format."""
+    if result.nothing:
+        return (f"nothing to migrate: the file's layout is {result.dialect}"
+                + (" (already a Comfy quantized checkpoint)" if result.dialect.startswith("comfy") and "+" not in result.dialect else ""))
+    lines = [f"layout: {result.dialect} -> {result.to or 'comfy'}"]
+    groups: dict[tuple, list[dict]] = {}
+    for row in result.layers:
+        groups.setdefault((row["dialect"], row["variant"], row["verdict"], row["format"], row["why"]), []).append(row)
+    for (dialect, variant, verdict, fmt, why), rows in groups.items():
+        into = fmt or ("dense" if verdict in ("exact", "byte-permutation") else "-")
+        errors = [r["error"] for r in rows if r.get("error") is not None]
+        err = f", relative L2 error up to {max(errors):.4f}" if errors else ""
+        lines.append(f"  {verdict:<16} {len(rows):>4} x {dialect} ({variant}) -> {into}{err}")
+        lines.append(f"  {'':<16} {rows[0]['layer']}{f' (+{len(rows) - 1} more)' if len(rows) > 1 else ''}: {why}")
+    if result.plan.refused:
+        lines.append("")
+        lines.append(f"refused ({len(result.plan.refused)}): nothing is written")
+        for layer, why in result.plan.refused[:20]:
+            lines.append(f"  {layer}: {why}")
+        if len(result.plan.refused) > 20:
+            lines.append(f"  ... and {len(result.plan.refused) - 20} more (--json lists all)")
+    elif result.dry_run:
+        lines.append("dry run: nothing written")
+    else:
+        lines.append(f"wrote {', '.join(result.outputs)}" + ("" if result.after is None or result.after.ok
+                                                             else " (the re-check still finds errors: see check)"))
     return "\n".join(lines)
 
 
@@ -190,6 +324,16 @@ def render_fix(result) -> str:
         lines.append("measured against the original weights (--reference):")
         for m in plan.measured:
             lines.append(f"  {m.layer}: {m.text}  [{'ok' if m.ok else 'REFUSED'}]")
+    gate = getattr(result, "gate", None)
+    if gate is not None:  # fix --max-error
+        if gate["ok"]:
+            lines.append(f"max-error gate: passed ({gate['measured']} layers at most {gate['limit']:g} relative L2 error)")
+        else:
+            over = gate["over"]
+            lines.append(f"max-error gate: FAILED: {len(over)} layer{'s' * (len(over) != 1)} above {gate['limit']:g} "
+                         "relative L2 error (worst first): " + ", ".join(f"{o['layer']} {o['rel_l2']:.4f}" for o in over)
+                         + ("" if result.dry_run else "; the output is kept under an .over-max-error name, not at the "
+                            "requested path"))
     unverified = {a.layer for a in plan.assumptions} - {m.layer for m in plan.measured if m.ok}
     remaining = result.remaining
     lines.append("")

@@ -22,7 +22,7 @@ HEADER_CODES = frozenset({"C001", "C002", "C003", "C004", "C005", "C006", "C007"
 class Report:
     """The result of ``check``: findings, one verdict per selected runtime, I/O counts."""
 
-    __slots__ = ("paths", "files", "layers", "findings", "verdicts", "selected", "io")
+    __slots__ = ("paths", "files", "layers", "findings", "verdicts", "selected", "io", "dialect")
 
     def __init__(self, paths: list[str], files: list[str], layers: int, findings: list[Finding] | None = None,
                  verdicts: dict[str, Verdict] | None = None, selected: tuple[str, ...] = TARGETS, io: dict | None = None):
@@ -33,6 +33,8 @@ class Report:
         self.verdicts = verdicts if verdicts is not None else {}
         self.selected = selected
         self.io = io if io is not None else {}
+        self.dialect: dict | None = None
+        """The file's layout: ``{"dialect": "comfy-legacy-fp8", "dialects": [...], "quantized": n}``."""
 
     def __repr__(self) -> str:
         return f"Report({self.paths}, ok={self.ok}, {self.counts})"
@@ -59,6 +61,7 @@ class Report:
             "findings": [f.to_dict() for f in self.findings],
             "targets": {name: v.to_dict() for name, v in self.verdicts.items()},
             "io": self.io,
+            **(self.dialect or {}),
         }
 
 

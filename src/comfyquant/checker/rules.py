@@ -18,11 +18,13 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
     """All layer findings (bound to layer names) and each layer's geometry env."""
     findings: list[Finding] = []
     envs: dict[str, dict] = {}
-    legacy = ckpt.legacy_scaled_fp8
+    foreign = ckpt.foreign
     file_fmt = file_level_format(ckpt.markers)
     conflicts = {f.layer: f for f in ckpt.markers.findings if f.code == "M020"}
     fits: dict = {}  # (markers by side, tensor signature) -> fitting side: layers of a model share both
     for prefix, layer in ckpt.layers.items():
+        if prefix in foreign:
+            continue  # a dialect's layer: its dialect says what it is (dialects/report.py)
         marker = layer.marker
         name = layer.name
         if marker is not None:
@@ -55,13 +57,6 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
                     findings.append(Finding("L009", f"layer {name}: {sorted(layer.tensors)} without a weight or marker",
                                             layer=name, cause="the weight is in a missing shard, or left over from an edit",
                                             fix="remove the orphan tensors or restore the weight"))
-                continue
-            if legacy and "scale_weight" in layer.tensors:
-                findings.append(Finding("M023", f"layer {name}: legacy scaled-FP8 layer without a marker", layer=name,
-                                        tensor=f"{prefix}.weight", expected="a float8_e4m3fn marker",
-                                        actual=f"{w.dtype} weight + scale_weight",
-                                        cause="legacy 'scaled_fp8' file: ComfyUI converts it on load, SGLang cannot",
-                                        fix="convert to float8_e4m3fn markers (comfyquant fix)", severity="warning"))
                 continue
             fmt = FORMATS.get(layer.format_name) if layer.format_name else None
             guess = f"the tensors look like {fmt.name}" if fmt else "the tensors match no known format"

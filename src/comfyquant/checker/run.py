@@ -5,7 +5,10 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterable
 
-from ..checkpoint import Checkpoint, NameMapper, Paths, open_checkpoint
+from ..checkpoint import Checkpoint, NameMapper, Paths
+from ..dialects.containers import open_any
+from ..dialects.registry import detect
+from ..dialects.report import dialect_findings, dialect_violations, settle
 from ..targets.select import TARGETS, run_target
 from .report import Report, assemble
 from .rules import check_layers, check_mapping, check_marker_prefixes
@@ -44,21 +47,29 @@ def strip_prefix_mapper(prefix: str) -> NameMapper:
 
 def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = False) -> Report:
     selected = parse_targets(target)
+    detection = detect(ckpt)
     findings = list(ckpt.findings)
     findings.extend(ckpt.markers.findings)
     findings.extend(check_marker_prefixes(ckpt))
     layer_findings, _envs = check_layers(ckpt)
     findings.extend(layer_findings)
     findings.extend(check_mapping(ckpt))
+    if detection.claims:
+        findings.extend(dialect_findings(detection))
     values: list = []
     if deep:
         from .deep import deep_findings
 
         values = deep_findings(ckpt)
         findings.extend(values)
+        if detection.claims:
+            findings.extend(settle(ckpt, detection))
     # Every profile runs so findings can say which runtimes they break; severities follow
     # the selection.
     verdicts = {name: run_target(name, ckpt) for name in TARGETS}
+    if detection.claims:
+        for name, verdict in verdicts.items():
+            verdict.violations.extend(dialect_violations(ckpt, detection, name))
     names = {p: layer.name for p, layer in ckpt.layers.items()}
     if values:
         from .deep import value_failures
@@ -68,6 +79,7 @@ def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = Fal
     report = Report(ckpt.paths, ckpt.files, sum(1 for x in ckpt.layers.values() if x.weight is not None), findings,
                     {n: verdicts[n] for n in selected}, selected)
     report.io = ckpt.io_stats()
+    report.dialect = {"dialect": detection.name, "dialects": detection.names, "quantized_layers": detection.quantized}
     return report
 
 
@@ -87,7 +99,7 @@ def check(paths: Paths, target: Targets = "all", deep: bool = False, name_mapper
     paused = gc.isenabled()
     gc.disable()
     try:
-        with open_checkpoint(paths, name_mapper=name_mapper) as ckpt:
+        with open_any(paths, name_mapper=name_mapper) as ckpt:
             return check_checkpoint(ckpt, target=target, deep=deep)
     finally:
         if paused:

@@ -4,4 +4,4 @@
 only when its command runs (start-up time), except for building the parser.
 """
 
-COMMANDS = ("check", "inspect", "fix", "dequantize", "quantize", "convert")
+COMMANDS = ("check", "inspect", "fix", "migrate", "dequantize", "quantize", "convert", "compare")

@@ -26,6 +26,9 @@ def add_parser(sub) -> None:
     f.add_argument("--reference", metavar="DENSE",
                    help="the original dense checkpoint: measure every repaired layer against it and refuse a repair "
                         "whose error is not that of its format (needs torch)")
+    f.add_argument("--max-error", type=float, metavar="X",
+                   help="with --reference: a repaired layer's relative L2 error above X exits 1 and keeps the output "
+                        "as <name>.over-max-error.safetensors, not at OUT (nor over the input)")
     add_overwrite_argument(f)
     # The flag's name before every writing command took --overwrite: kept so scripts keep working.
     f.add_argument("--force", dest="overwrite", action="store_true", help=argparse.SUPPRESS)
@@ -36,7 +39,7 @@ def run(args) -> int:
 
     result = fix(args.paths, out=args.output, in_place=args.in_place, target=args.target, dry_run=args.dry_run,
                  allow_lossy=args.allow_lossy, prefer=args.prefer, convrot_groupsize=args.convrot_groupsize,
-                 overwrite=args.overwrite, reference=args.reference)
+                 overwrite=args.overwrite, reference=args.reference, max_error=args.max_error)
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
     else:

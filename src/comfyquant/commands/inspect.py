@@ -16,11 +16,15 @@ def add_parser(sub) -> None:
     i.add_argument("paths", nargs="+", metavar="PATH", help=PATHS_HELP)
     i.add_argument("--json", action="store_true", help="print the inventory as JSON (with requests and bytes read per file)")
     i.add_argument("--strip-prefix", metavar="P", help="map layer names by removing prefix P")
+    i.add_argument("--metadata", action="store_true", help="also show each file's __metadata__")
+    i.add_argument("--tensors", action="store_true", help="also list every tensor (name, dtype, shape, bytes, layer)")
+    i.add_argument("--wide", action="store_true",
+                   help="every column, however wide (default on a terminal: fit its width, least useful columns first)")
     add_remote_arguments(i)
 
 
 def run(args) -> int:
-    from ..checkpoint import open_checkpoint
+    from ..dialects.containers import open_any
     from ..inspection import inventory
     from ..io.shards import SeparateCheckpoints
     from .check import remote_options
@@ -29,19 +33,27 @@ def run(args) -> int:
     mapper = name_mapper(args.strip_prefix)
     remote = remote_options(args, args.paths)
     try:
-        ckpt = open_checkpoint(args.paths, name_mapper=mapper, remote=remote)
+        ckpt = open_any(args.paths, name_mapper=mapper, remote=remote)
     except SeparateCheckpoints as separate:
         return _run_each(args, separate, mapper, remote)
     with ckpt:
         inv = inventory(ckpt)
         io = ckpt.io_stats()
     if args.json:
-        print(json.dumps({**inv.to_dict(), "io": io}, indent=1))
+        print(json.dumps({**inv.to_dict(args.metadata, args.tensors), "io": io}, indent=1))
     else:
-        from ..render import render_inventory
-
-        print(render_inventory(inv))
+        print(_text(inv, args))
     return 0
+
+
+def _text(inv, args) -> str:
+    import shutil
+    import sys
+
+    from ..render import render_inventory
+
+    width = None if args.wide or not sys.stdout.isatty() else shutil.get_terminal_size().columns
+    return render_inventory(inv, width=width, metadata=args.metadata, tensors=inv.tensors if args.tensors else None)
 
 
 def _run_each(args, separate, mapper, remote) -> int:
@@ -68,11 +80,11 @@ def _run_each(args, separate, mapper, remote) -> int:
         with ckpt:
             inv = inventory(ckpt)
             io = ckpt.io_stats()
-        sections.append({"checkpoint": grp.label, "error": None, **inv.to_dict(), "io": io})
+        sections.append({"checkpoint": grp.label, "error": None, **inv.to_dict(args.metadata, args.tensors), "io": io})
         if not args.json:
-            from ..render import render_inventory
-
-            print(f"\n== {grp.label} ==\n{render_inventory(inv)}", flush=True)
+            print(f"\n== {grp.label} ==\n{_text(inv, args)}", flush=True)
     if args.json:
-        print(json.dumps({"schema": 1, "note": separate.note, "checkpoints": sections}, indent=1))
+        from ..inspection import SCHEMA
+
+        print(json.dumps({"schema": SCHEMA, "note": separate.note, "checkpoints": sections}, indent=1))
     return 2 if any(s["error"] for s in sections) else 0

@@ -46,6 +46,11 @@ def add_common_arguments(p, format_flag: str) -> None:
     add_target_argument(p, "runtime(s) the output must load in")
     p.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="compute N layers at a time in worker processes")
     p.add_argument("--report", metavar="FILE", help="write the quality report: FILE.json and FILE.png (needs the plot extra)")
+    p.add_argument("--reference", metavar="DENSE",
+                   help="the original dense checkpoint: measure every quantized layer against its weights too")
+    p.add_argument("--max-error", type=float, metavar="X",
+                   help="quality gate: a layer's relative L2 weight error above X (against --reference, else the "
+                        "source) exits 1 and keeps the output as <name>.over-max-error.safetensors, not at OUT")
     p.add_argument("--dry-run", action="store_true", help="print the per-layer plan, compute and write nothing")
     p.add_argument("--keep-bad", action="store_true", help="keep layers with NaN/Inf weights as they are instead of refusing")
     p.add_argument("--json", action="store_true", help="print the report document as JSON")
@@ -77,7 +82,8 @@ def run(args) -> int:
     inputs, out = inputs_and_output(args)
     result = quantize(inputs, out, args.format, params_of(args), rules=args.rules, exclude=args.exclude,
                       target=args.target, jobs=args.jobs, report=args.report, dry_run=args.dry_run,
-                      keep_bad=args.keep_bad, overwrite=args.overwrite, progress=False if args.no_progress else None)
+                      keep_bad=args.keep_bad, overwrite=args.overwrite, progress=False if args.no_progress else None,
+                      reference=args.reference, max_error=args.max_error)
     return show(result, args)
 
 

@@ -123,7 +123,7 @@ class Claim:
     tensors it drops (a sentinel), metadata keys it removes or sets in a migrated file, and
     file-level notes (facts about the whole file, in words)."""
 
-    __slots__ = ("dialect", "layers", "drop", "metadata_drop", "metadata_set", "notes", "unsettled")
+    __slots__ = ("dialect", "layers", "drop", "metadata_drop", "metadata_set", "notes", "unsettled", "settled")
 
     def __init__(self, dialect: str, layers: dict[str, Translation] | None = None, drop: list[str] | None = None,
                  metadata_drop: list[str] | None = None, metadata_set: dict[str, str] | None = None,
@@ -135,6 +135,8 @@ class Claim:
         self.metadata_set = metadata_set or {}
         self.notes = notes or []
         self.unsettled = unsettled or []
+        self.settled: list | None = None
+        """The findings of the dialect's ``settle`` once it ran (it runs once per claim)."""
 
 
 Detect = Callable[[Any, set], "Claim | None"]
@@ -177,3 +179,16 @@ class Dialect:
 
     def __repr__(self) -> str:
         return f"Dialect({self.name!r})"
+
+
+class Container:
+    """A file format other than safetensors that a dialect reads (GGUF): ``sniff(path)`` says
+    whether a local file is one (a few bytes, never raises), ``open(path)`` returns a byte
+    source that reads as the equivalent safetensors file (:class:`comfyquant.io.virtual.VirtualSource`)."""
+
+    __slots__ = ("name", "sniff", "open")
+
+    def __init__(self, name: str, sniff: Callable[[str], bool], open: Callable[[str], Any]) -> None:
+        self.name = name
+        self.sniff = sniff
+        self.open = open

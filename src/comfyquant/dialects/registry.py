@@ -8,11 +8,9 @@ them on disk.  :func:`detect` runs them in ``order`` over the header view of a c
 
 from __future__ import annotations
 
-import os
-from importlib import import_module
-
+from ..discovery import subpackages
 from ..dtypes import QUANTIZED_WEIGHT_DTYPES
-from .base import Claim, Dialect, Translation
+from .base import Claim, Container, Dialect, Translation
 
 COMFY = "comfy"
 """Layers with a comfy_quant marker (the native layout)."""
@@ -20,14 +18,15 @@ DENSE = "dense"
 """A file with no quantized layer at all."""
 
 
+CONTAINERS: list[Container] = []
+"""Every file format besides safetensors a dialect reads (a package's ``CONTAINERS``)."""
+
+
 def _discover() -> dict[str, Dialect]:
-    here = os.path.dirname(__file__)
     found: list[Dialect] = []
-    with os.scandir(here) as entries:
-        packages = sorted(e.name for e in entries
-                          if e.is_dir() and not e.name.startswith(("_", ".")) and os.path.isfile(os.path.join(e.path, "__init__.py")))
-    for name in packages:
-        found.extend(getattr(import_module(f"{__package__}.{name}"), "DIALECTS", ()))
+    for module in subpackages(__package__, __file__):
+        found.extend(getattr(module, "DIALECTS", ()))
+        CONTAINERS.extend(getattr(module, "CONTAINERS", ()))
     found.sort(key=lambda d: (d.order, d.name))
     out: dict[str, Dialect] = {}
     for d in found:

@@ -8,20 +8,14 @@ short names of the writing commands (``w4a8``) are each description's ``aliases`
 
 from __future__ import annotations
 
-import os
-from importlib import import_module
-
+from ..discovery import subpackages
 from .base import Format
 
 
 def _discover() -> dict[str, Format]:
-    here = os.path.dirname(__file__)
     found: list[Format] = []
-    with os.scandir(here) as entries:
-        packages = sorted(e.name for e in entries
-                          if e.is_dir() and not e.name.startswith(("_", ".")) and os.path.isfile(os.path.join(e.path, "__init__.py")))
-    for name in packages:
-        found.extend(getattr(import_module(f"{__package__}.{name}"), "FORMATS", ()))
+    for module in subpackages(__package__, __file__):
+        found.extend(getattr(module, "FORMATS", ()))
     found.sort(key=lambda f: (f.order, f.name))
     out: dict[str, Format] = {}
     for f in found:

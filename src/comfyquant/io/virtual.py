@@ -3,9 +3,10 @@
 Used to read a checkpoint of another layout (a dialect, or a GGUF file) *as if* it were the
 Comfy or dense safetensors file it translates to, without writing that file: every command
 that reads safetensors (``dequantize``, ``convert``, the checker) then works on it unchanged.
-A tensor's bytes are either a range of an underlying source (read through, never held) or
+A tensor's bytes are either a range of an underlying source (read through, never held),
 produced by a callable when first read (one layer's worth, a few kept; none of it is held
-for longer than the readers need it).
+for longer than the readers need it), given as bytes (markers), or None: zeros, for a file
+only the header-reading checker will look at (a writer's plan, judged before it is written).
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ class VirtualSource:
 
     first_read = 1 << 16
 
-    def __init__(self, name: str, tensors: dict[str, tuple[str, tuple, Range | Produce]],
+    def __init__(self, name: str, tensors: dict[str, tuple[str, tuple, Range | Produce | bytes | None]],
                  metadata: dict[str, str] | None = None, keep: int = 4) -> None:
         self.name = name
         self.path = name
         self._header = build_header(tensors, metadata)
-        self._spans: list[tuple[int, int, Range | Produce, str]] = []
+        self._spans: list[tuple[int, int, Range | Produce | bytes | None, str]] = []
         offset = len(self._header)
         for tname, (dtype, shape, data) in tensors.items():
             n = math.prod(shape) * DTYPE_BITS[dtype] // 8
@@ -84,6 +85,10 @@ class VirtualSource:
             if lo < hi:
                 if isinstance(data, Range):
                     out += data.source.pread(data.start + lo - start, hi - lo)
+                elif data is None:
+                    out += bytes(hi - lo)
+                elif isinstance(data, (bytes, bytearray)):
+                    out += data[lo - start:hi - start]
                 else:
                     out += self._produced(tname, data, stop - start)[lo - start:hi - start]
             i += 1

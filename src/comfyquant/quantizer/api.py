@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
+from ..io.progress import Progress
 from .plan import COPY, DENSE, QUANTIZE, Options, Plan, build_plan
-from .progress import Progress
 from .rules import Choice, Rules, load_rules
 
 if TYPE_CHECKING:
@@ -41,8 +41,14 @@ class Result:
         self.dense_summary = dense_summary
 
     @property
+    def over_max_error(self) -> list[dict]:
+        """The layers above ``--max-error`` (worst first): ``{"layer", "rel_l2"}`` each."""
+        gate = self.doc.get("max_error") or {}
+        return list(gate.get("over") or [])
+
+    @property
     def ok(self) -> bool:
-        return self.check is None or self.check.ok
+        return (self.check is None or self.check.ok) and not self.over_max_error
 
     def to_dict(self) -> dict:
         return self.doc
@@ -78,7 +84,8 @@ def _rules(rules) -> Rules | None:
 def quantize(paths: Paths, out: str | None = None, format: str | None = None, params: dict | None = None, *,
              rules: str | os.PathLike[str] | Rules | None = None, exclude: list[str] | tuple = (), target: Targets = "all", jobs: int = 1, report: str | None = None,
              dry_run: bool = False, keep_bad: bool = False, overwrite: bool = False, progress: bool | None = None,
-             on_layer: OnLayer | None = None) -> Result:
+             on_layer: OnLayer | None = None, reference: str | os.PathLike[str] | None = None,
+             max_error: float | None = None) -> Result:
     """Quantize a dense checkpoint (file, shards, folder or index) into ``out``.
 
     ``format``/``params``: the format of every layer no rule names (``params``: fields of the
@@ -87,36 +94,53 @@ def quantize(paths: Paths, out: str | None = None, format: str | None = None, pa
     ``target``: runtime(s) the output must load in; ``report``: write ``<stem>.json`` and
     ``<stem>.png``; ``out``: default ``<name>.<format>.safetensors`` next to the input
     (``<folder>.<format>`` for shards); ``overwrite``: replace existing output files (never an
-    input; :mod:`comfyquant.io.outputs`).  Raises :class:`~comfyquant.errors.InputError` for bad input."""
+    input; :mod:`comfyquant.io.outputs`).  Raises :class:`~comfyquant.errors.InputError` for bad input.
+
+    ``reference``: the original dense checkpoint; every quantized layer is measured against
+    its weight too (the report's ``reference`` figures).  ``max_error``: the quality gate on
+    each quantized layer's relative L2 weight error (against ``reference`` when given, else
+    against the source): above it the output is kept as ``<out stem>.over-max-error.safetensors``
+    (``<folder>.over-max-error`` for shards), never at ``out``, and ``Result.ok`` is False."""
     return _run("quantize", paths, out, _default_choice(format, params, "--format"), rules, exclude, target, jobs,
-                report, dry_run, keep_bad, overwrite, progress, on_layer)
+                report, dry_run, keep_bad, overwrite, progress, on_layer, reference, max_error)
 
 
 def convert(paths: Paths, out: str | None = None, to: str | None = None, params: dict | None = None, *,
             rules: str | os.PathLike[str] | Rules | None = None, exclude: list[str] | tuple = (), target: Targets = "all", jobs: int = 1, report: str | None = None,
             dry_run: bool = False, keep_bad: bool = False, overwrite: bool = False, progress: bool | None = None,
-            dtype: str | None = None, on_layer: OnLayer | None = None) -> Result:
+            dtype: str | None = None, on_layer: OnLayer | None = None, reference: str | os.PathLike[str] | None = None,
+            max_error: float | None = None) -> Result:
     """Re-encode a quantized checkpoint's layers in another format or with other parameters
-    (decode, then encode), or decode everything (``to="dense"``, via ``comfyquant.dequantize``)."""
+    (decode, then encode), or decode everything (``to="dense"``, via ``comfyquant.dequantize``).
+
+    ``reference``/``max_error`` as for :func:`quantize`: with a reference, the re-encoded
+    layers are measured against the original weights, not only against the decoded input."""
     if isinstance(to, str) and to.strip().lower() in ("dense", "dequantize"):
-        if rules is not None or exclude or report or params and any(v is not None for v in params.values()):
-            raise InputError("--to dense decodes every layer exactly: --rules, --exclude, --report and format "
-                             "parameters do not apply")
+        if rules is not None or exclude or report or params and any(v is not None for v in params.values()) \
+                or reference is not None or max_error is not None:
+            raise InputError("--to dense decodes every layer exactly: --rules, --exclude, --report, --reference, "
+                             "--max-error and format parameters do not apply (comfyquant compare measures a file "
+                             "against its original)")
         return _dense(paths, out, dtype, overwrite, dry_run, progress)
     if dtype is not None:
         raise InputError("--dtype applies to --to dense only (quantized layers keep their model dtype)")
     return _run("convert", paths, out, _default_choice(to, params, "--to"), rules, exclude, target, jobs, report,
-                dry_run, keep_bad, overwrite, progress, on_layer)
+                dry_run, keep_bad, overwrite, progress, on_layer, reference, max_error)
 
 
 def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_run, keep_bad, overwrite, progress,
-         on_layer) -> Result:
-    from ..checkpoint import open_checkpoint
+         on_layer, reference=None, max_error=None) -> Result:
+    from ..comparison import check_limit
+    from ..dialects.containers import open_any
+    from ..dialects.view import viewed
     from ..gate import check_input
     from ..io.shards import is_url
     from . import report as rep
+    from .work import use_sources
 
     _targets(target)
+    if max_error is not None:
+        max_error = check_limit(max_error)
     if jobs < 1:
         raise InputError(f"--jobs must be at least 1, got {jobs}")
     if report and not dry_run:
@@ -130,31 +154,46 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
     if any(is_url(p) for p in paths):
         raise InputError(f"{mode} reads local files; download the checkpoint first")
     started = time.perf_counter()
-    with open_checkpoint(paths) as ckpt:
+    with open_any(paths) as raw, viewed(raw, mode) as ckpt:
+        if ckpt is not raw:  # another layout, read through its translation in this process
+            use_sources(ckpt.sources)
+            jobs = 1
         check_input(ckpt, mode)  # the gate dequantize shares: check's errors refuse the input
         if not dry_run:
             tag = default.format if default is not None else {"quantize": "quantized", "convert": "converted"}[mode]
             dest = _outputs(ckpt, out, overwrite, tag, rep.report_paths(report) if report else ())  # refuse before any work
             dests, index_dest = dest.files, dest.index
+            over = _over_outputs(ckpt, dest, overwrite) if max_error is not None else None
         plan = build_plan(ckpt, mode, Options(rules, default, list(exclude), target))
         if keep_bad:
             _keep_bad(plan)
+        references = _references(plan, str(reference)) if reference is not None else None
         if dry_run:
             doc = rep.build(plan, list(ckpt.paths), [], {}, dry_run=True)
             return Result(plan, doc)
+        gate = _Gate(max_error, reference is not None, over) if max_error is not None else None
         bar = Progress(len(plan.layers), plan.bytes_in, progress, label=mode)
         created = dest.folder
         try:
             dest.make_folder()
             from .runner import execute
 
-            results, check = execute(ckpt, plan, dests, index_dest, jobs=jobs, progress=bar, on_layer=on_layer)
+            results, check = execute(ckpt, plan, dests, index_dest, jobs=jobs, progress=bar, on_layer=on_layer,
+                                     references=references, redirect=gate.redirect if gate is not None else None)
         except BaseException:
             if created and os.path.isdir(created) and not os.listdir(created):
                 shutil.rmtree(created, ignore_errors=True)
             raise
+        if gate is not None and gate.over:
+            dests, index_dest = gate.dests, gate.index
+            if created and os.path.isdir(created) and not os.listdir(created):
+                shutil.rmtree(created, ignore_errors=True)  # the requested folder stays unwritten
     outputs = dests + ([index_dest] if index_dest else [])
     doc = rep.build(plan, list(ckpt.paths), outputs, results, check, time.perf_counter() - started)
+    if reference is not None:
+        doc["reference"] = str(reference)
+    if gate is not None:
+        doc["max_error"] = gate.to_dict()
     files = []
     if report:
         json_path, png_path = rep.report_paths(report)
@@ -168,6 +207,74 @@ def _outputs(ckpt, out: str | None, overwrite: bool, tag: str, also):
     from .runner import output_paths
 
     return output_paths(ckpt, out, overwrite, tag, also)
+
+
+def _over_outputs(ckpt, dest, overwrite: bool):
+    """Where an output over ``--max-error`` goes (claimed now, before any work)."""
+    from ..comparison import over_outputs
+
+    return over_outputs(list(ckpt.files), ckpt.shardset.index_path, dest, overwrite)
+
+
+REFERENCE_DTYPES = ("F32", "BF16", "F16")
+
+
+def _references(plan: Plan, reference: str) -> dict[str, tuple]:
+    """``--reference DENSE``: the read spec of each quantized layer's original weight, refused
+    up front (one line naming the file and layer) when the reference cannot serve."""
+    from ..checkpoint import open_checkpoint
+    from ..io.shards import is_url
+    from .work import entry_spec
+
+    if is_url(reference):
+        raise InputError(f"--reference {reference}: reads local files; download the checkpoint first")
+    out: dict[str, tuple] = {}
+    with open_checkpoint(reference) as ref:
+        for lp in plan.quantized:
+            name = f"{lp.name}.weight"
+            entry = ref.tensors.get(name)
+            if entry is None:
+                raise InputError(f"--reference {reference}: has no tensor {name!r} (the original of layer {lp.name!r})")
+            if entry.dtype not in REFERENCE_DTYPES:
+                raise InputError(f"--reference {reference}: {name!r} is {entry.dtype}, not a dense float weight (F32, "
+                                 "BF16 or F16): --reference takes the original, unquantized checkpoint")
+            if tuple(entry.shape) != (lp.n, lp.k):
+                raise InputError(f"--reference {reference}: {name!r} has shape {list(entry.shape)}, but layer "
+                                 f"{lp.name!r} is [{lp.n}, {lp.k}]: not the original of this layer")
+            out[lp.name] = entry_spec(entry)
+    return out
+
+
+class _Gate:
+    """``--max-error``: decides, once the output passed its check and before it is renamed
+    into place, whether it goes to the requested path or to the over-max-error name."""
+
+    def __init__(self, limit: float, against_reference: bool, over_dest) -> None:
+        self.limit = limit
+        self.against = "reference" if against_reference else "source"
+        self.over_dest = over_dest
+        self.over: list[tuple[str, float]] = []
+        self.errors: dict[str, float] = {}
+        self.dests: list[str] = []
+        self.index: str | None = None
+
+    def redirect(self, results: dict, dests: list[str], index_dest: str | None):
+        from ..comparison import over_limit
+
+        for name, res in results.items():
+            quality = res.get("quality") or {}
+            figures = quality.get("reference") if self.against == "reference" else quality
+            self.errors[name] = figures["weight"]["rel_l2"]
+        self.over = over_limit(self.errors, self.limit)
+        if not self.over:
+            return dests, index_dest
+        self.over_dest.make_folder()
+        self.dests, self.index = list(self.over_dest.files), self.over_dest.index
+        return self.dests, self.index
+
+    def to_dict(self) -> dict:
+        return {"limit": self.limit, "against": self.against, "ok": not self.over, "measured": len(self.errors),
+                "over": [{"layer": n, "rel_l2": e} for n, e in self.over]}
 
 
 def _keep_bad(plan: Plan) -> None:

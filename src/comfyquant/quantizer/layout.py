@@ -1,9 +1,7 @@
 """What a planned output looks like before anything is computed, and whether it will load.
 
-* :func:`planned_tensors` derives every tensor an encode will produce (suffix -> dtype, shape)
-  from the format description's slots and geometry and the format's ``Params``, so the output
-  header can be written first and tensors streamed after it.  The runner checks each encoded
-  layer against this plan (a mismatch is a bug, reported as such).
+* :func:`~comfyquant.formats.planned.planned_tensors` (re-exported here) derives every tensor
+  an encode will produce; the runner checks each encoded layer against it.
 * :func:`format_findings` validates a planned layer (its marker and its planned tensors)
   against the format package directly: the description's marker keys, slots and constraints
   (:func:`comfyquant.formats.validation.check_layer`).  A layer whose plan contradicts its
@@ -23,10 +21,10 @@ import math
 import re
 from typing import Any
 
-from ..errors import ComfyQuantError
 from ..formats import registry
-from ..formats.base import BIAS, CODEBOOK, CORRECTION, GeometryError, Meta, pad
+from ..formats.base import Meta
 from ..formats.params import Params
+from ..formats.planned import planned_tensors
 from ..formats.validation import check_layer
 from ..io.header import FIRST_READ
 from ..io.shards import ShardSet
@@ -34,59 +32,6 @@ from ..io.writer import build_header
 
 PROBE = "comfyquant_probe.linear"
 """Layer name used when one layer is checked on its own; replaced by the real name in messages."""
-
-
-class PlanError(ComfyQuantError):
-    """The format description and the encode parameters disagree (a bug, not bad input)."""
-
-
-def planned_tensors(params: Params, n: int, k: int) -> dict[str, tuple[str, tuple]]:
-    """Suffix -> (dtype, shape) of every tensor ``encode`` writes for an ``[n, k]`` weight.
-
-    The stored geometry is the model's, padded where the format pads (``Format.pad``);
-    optional slots are included when the parameters produce them (codebook, correction).
-    The result is then fed back through the format's own geometry function, which must
-    reproduce it."""
-    name = params.FORMAT
-    fmt = registry.FORMATS[name]
-    marker = params.marker()
-    rows, cols = fmt.pad
-    guess = dict(fmt.params(marker), N=pad(n, rows), K=pad(k, cols), N_model=n, K_model=k, **params.layout())
-    chosen = params.stored_dtypes()
-    first = _evaluate(fmt, guess, chosen)
-    metas = {s: Meta(d, sh) for s, (d, sh) in first.items()}
-    if "bias" not in first:
-        metas["bias"] = Meta("BF16", (n,))  # lets geometry read the model's N for padded formats
-    try:
-        env = fmt.geometry(metas, fmt.params(marker))
-    except GeometryError as exc:
-        raise PlanError(f"{name}: the format description cannot read its own planned tensors: {exc}") from None
-    second = _evaluate(fmt, env, chosen)
-    if second != first:
-        raise PlanError(f"{name} [{n}, {k}]: planned tensors {first} do not round-trip through the format geometry ({second})")
-    return first
-
-
-def _evaluate(fmt, env: dict, chosen: dict[str, str]) -> dict[str, tuple[str, tuple]]:
-    out: dict[str, tuple[str, tuple]] = {}
-    for suffix, slot in fmt.slots_for(env).items():
-        if slot.kind == BIAS:
-            continue
-        if not slot.required:
-            produced = (slot.kind == CODEBOOK and env.get("has_codebook")) or (slot.kind == CORRECTION and env.get("has_correction"))
-            if not produced or slot.is_forbidden(env):
-                continue
-        if slot.dtype == "float":
-            raise PlanError(f"{fmt.name}: slot {suffix} has no fixed dtype; the quantizer cannot plan it")
-        try:
-            shape = slot.expected_shape(env)
-        except (NameError, KeyError, TypeError, ZeroDivisionError) as exc:
-            raise PlanError(f"{fmt.name}: cannot evaluate the shape of {suffix} ({slot.shape}): {exc}") from None
-        dtype = chosen.get(suffix, slot.dtype)
-        if dtype != slot.dtype and dtype not in slot.also_dtypes:
-            raise PlanError(f"{fmt.name}: {suffix} cannot be stored as {dtype}")
-        out[suffix] = (dtype, tuple(int(d) for d in shape))
-    return out
 
 
 def format_findings(params: Params, planned: dict[str, tuple[str, tuple]], bias: tuple | None = None) -> list:

@@ -19,6 +19,7 @@ import re
 from ..dtypes import FLOAT_DTYPES
 from ..errors import InputError
 from ..formats.params import Params
+from ..naming import natural_key
 from .layout import check_files, format_problems, layer_problems, marker_entries, planned_tensors, problems
 from .rules import Choice, Rules
 
@@ -141,11 +142,6 @@ class Plan:
         return {"mode": self.mode, "target": self.target, "formats": self.formats(),
                 "layers": [lp.to_dict() for lp in self.layers], "other_tensors": [e.name for e in self.others],
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
-
-
-def natural_key(name: str) -> tuple:
-    """``blocks.2`` before ``blocks.10``: the order a model lists its layers."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
 def is_embedding(name: str) -> bool:

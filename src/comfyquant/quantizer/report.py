@@ -51,6 +51,11 @@ def _totals(rows: list[dict]) -> dict:
         "output_rel_l2_max": max((r["output"]["rel_l2"] for r in done), default=None),
         "output_cosine_min": min((r["output"]["cosine"] for r in done), default=None),
     }
+    against = [r["reference"] for r in done if r.get("reference")]
+    if against:
+        out["reference_weight_rel_l2_mean"] = _mean([r["weight"]["rel_l2"] for r in against])
+        out["reference_weight_rel_l2_max"] = max(r["weight"]["rel_l2"] for r in against)
+        out["reference_output_rel_l2_mean"] = _mean([r["output"]["rel_l2"] for r in against])
     return out
 
 
@@ -64,6 +69,8 @@ def build(plan: Plan, inputs: list[str], outputs: list[str], results: dict[str, 
         quality = res.get("quality") or {}
         row["weight"] = quality.get("weight")
         row["output"] = quality.get("output")
+        if "reference" in quality:  # --reference: against the original dense weight
+            row["reference"] = quality["reference"]
         row["seconds"] = round(res["seconds"], 4) if "seconds" in res else None
         rows.append(row)
     by_format: dict[str, list[dict]] = {}
@@ -136,7 +143,8 @@ def write_png(doc: dict, path: str) -> None:
         ax.set_ylabel("relative L2 error")
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=8, loc="upper right")
+    # outside the axes, right of the plot: a legend inside would cover the last bars
+    axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
     if len(rows) <= 60:
         axes[1].set_xticks(range(len(rows)))
         axes[1].set_xticklabels([r["layer"] for r in rows], rotation=90, fontsize=6)
@@ -228,6 +236,34 @@ def render_result(doc: dict, check=None) -> str:
                      f"worst layers (output error):")
         table = [[r["layer"], r["format"], f"{r['weight']['rel_l2']:.4f}", f"{r['weight']['cosine']:.5f}",
                   f"{r['output']['rel_l2']:.4f}", f"{r['output']['cosine']:.5f}"] for r in rows]
-        lines += ["  " + x for x in _table(["layer", "format", "weight relL2", "cos", "output relL2", "cos"], table,
-                                          {2, 3, 4, 5})]
+        head = ["layer", "format", "weight relL2", "cos", "output relL2", "cos"]
+        if t.get("reference_weight_rel_l2_mean") is not None:  # --reference: the error against the original
+            head += ["vs reference: weight", "output"]
+            for cells, r in zip(table, rows):
+                ref = r.get("reference") or {}
+                cells += [f"{ref['weight']['rel_l2']:.4f}", f"{ref['output']['rel_l2']:.4f}"] if ref else ["-", "-"]
+        lines += ["  " + x for x in _table(head, table, set(range(2, len(head))))]
+    if t.get("reference_weight_rel_l2_mean") is not None:
+        lines.append(f"against the reference {doc.get('reference')}: mean relative L2 error weight "
+                     f"{t['reference_weight_rel_l2_mean']:.4f} (max {t['reference_weight_rel_l2_max']:.4f}), "
+                     f"output {t['reference_output_rel_l2_mean']:.4f}")
+    lines += render_gate(doc)
     return "\n".join(lines)
+
+
+def render_gate(doc: dict) -> list[str]:
+    """The ``--max-error`` verdict: the layers above the limit, worst first, and where the
+    output was kept instead."""
+    gate = doc.get("max_error")
+    if not gate:
+        return []
+    what = "the reference" if gate["against"] == "reference" else "the source"
+    if gate["ok"]:
+        return [f"max-error gate: passed ({gate['measured']} layers at most {gate['limit']:g} relative L2 error "
+                f"against {what})"]
+    over = gate["over"]
+    shown = ", ".join(f"{o['layer']} {o['rel_l2']:.4f}" for o in over[:10])
+    more = f", ... ({len(over)} layers)" if len(over) > 10 else ""
+    return [f"max-error gate: FAILED: {len(over)} layer{'s' * (len(over) != 1)} above {gate['limit']:g} relative L2 "
+            f"error against {what} (worst first): {shown}{more}",
+            f"the output was kept as {', '.join(doc['outputs'])}, not at the requested path"]

@@ -23,13 +23,13 @@ from ..errors import InputError
 from ..io.copying import copy_range, read_chunks
 from ..io.index import write_index
 from ..io.outputs import claim
+from ..io.progress import Progress
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import commit_file, discard, write_safetensors
 from ..version import __version__
 from .layout import marker_entries, problems
 from .plan import DENSE, QUANTIZE, LayerPlan, Plan, output_files
-from .progress import Progress
 from .work import run_task, run_task_spilled, task_for
 
 STAMP_KEY = "comfyquant"
@@ -48,14 +48,15 @@ def output_paths(ckpt, out: str | None, overwrite: bool, tag: str, also: list[st
 class _InProcess:
     """``--jobs 1``: each layer computed when the writer reaches it, in this process."""
 
-    def __init__(self, quality: bool) -> None:
+    def __init__(self, quality: bool, references: dict | None = None) -> None:
         self.quality = quality
+        self.references = references or {}
 
     def start(self, order: list[LayerPlan]) -> None:
         pass
 
     def result(self, lp: LayerPlan) -> dict:
-        return run_task(task_for(lp, self.quality))
+        return run_task(task_for(lp, self.quality, self.references.get(lp.name)))
 
     def written(self, lp: LayerPlan) -> None:
         pass
@@ -69,7 +70,7 @@ class _InProcess:
 class _Pool:
     """``--jobs N``: worker processes compute up to N layers ahead of the writer, in order."""
 
-    def __init__(self, jobs: int, quality: bool, spill_dir: str) -> None:
+    def __init__(self, jobs: int, quality: bool, spill_dir: str, references: dict | None = None) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
@@ -78,6 +79,7 @@ class _Pool:
         threads = max(1, (os.cpu_count() or 1) // jobs)
         self.jobs = jobs
         self.quality = quality
+        self.references = references or {}
         self.spill_dir = spill_dir
         self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                         initializer=init_worker, initargs=(threads,))
@@ -92,7 +94,8 @@ class _Pool:
     def _fill(self) -> None:
         while self.next < len(self.order) and len(self.futures) < self.jobs:
             lp = self.order[self.next]
-            self.futures[lp.name] = self.pool.submit(run_task_spilled, task_for(lp, self.quality), self.spill_dir)
+            task = task_for(lp, self.quality, self.references.get(lp.name))
+            self.futures[lp.name] = self.pool.submit(run_task_spilled, task, self.spill_dir)
             self.next += 1
 
     def result(self, lp: LayerPlan) -> dict:
@@ -140,10 +143,11 @@ class Runner:
     they go), the rest when the file ends."""
 
     def __init__(self, ckpt, plan: Plan, jobs: int, quality: bool, progress: Progress,
-                 on_layer: Callable[[LayerPlan, dict], None] | None = None, spill_dir: str = ".") -> None:
+                 on_layer: Callable[[LayerPlan, dict], None] | None = None, spill_dir: str = ".",
+                 references: dict | None = None) -> None:
         self.ckpt = ckpt
         self.plan = plan
-        self.compute = _InProcess(quality) if jobs <= 1 else _Pool(jobs, quality, spill_dir)
+        self.compute = _InProcess(quality, references) if jobs <= 1 else _Pool(jobs, quality, spill_dir, references)
         self.progress = progress
         self.on_layer = on_layer
         self.results: dict[str, dict] = {}
@@ -256,14 +260,20 @@ class Runner:
 
 
 def execute(ckpt, plan: Plan, dests: list[str], index_dest: str | None, *, jobs: int = 1, quality: bool = True,
-            progress: Progress | None = None, on_layer=None) -> tuple[dict[str, dict], object]:
-    """Write, check and commit; returns (per-layer results, the check report of the output)."""
+            progress: Progress | None = None, on_layer=None, references: dict | None = None,
+            redirect: Callable | None = None) -> tuple[dict[str, dict], object]:
+    """Write, check and commit; returns (per-layer results, the check report of the output).
+
+    ``references``: layer -> read spec of its original dense weight (``--reference``), measured
+    too.  ``redirect(results, dests, index_dest)``: called once the output passed its check,
+    before anything is renamed into place; returns the destinations to commit to (the
+    ``--max-error`` gate keeps an output over the limit under another name)."""
     from ..checker.run import check_checkpoint
     from ..checkpoint import open_checkpoint
 
     progress = progress or Progress(0, 0, enabled=False)
     runner = Runner(ckpt, plan, jobs, quality, progress, on_layer,
-                    spill_dir=os.path.dirname(os.path.abspath(dests[0])))
+                    spill_dir=os.path.dirname(os.path.abspath(dests[0])), references=references)
     temps: list[str] = []
     try:
         tables = runner.files()
@@ -281,6 +291,8 @@ def execute(ckpt, plan: Plan, dests: list[str], index_dest: str | None, *, jobs:
             found = problems(report, warnings=False)
             raise InputError(f"the written output fails check --target {plan.target}: {found[0]}; nothing was written "
                              "(please report this)")
+        if redirect is not None:
+            dests, index_dest = redirect(runner.results, dests, index_dest)
         for temp, dest in zip(temps, dests):
             commit_file(temp, dest)  # also gives the private temporary file normal permissions
         temps = []

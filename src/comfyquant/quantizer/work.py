@@ -36,6 +36,13 @@ def _source(path: str):
     return src
 
 
+def use_sources(sources) -> None:
+    """Read these byte sources by their names instead of opening the files of those names (a
+    dialect file's translated view, :mod:`comfyquant.dialects.view`: in this process only)."""
+    for src in sources:
+        _SOURCES[src.name] = src
+
+
 def close_sources() -> None:
     """Close the files this process opened for tasks."""
     for src in _SOURCES.values():
@@ -54,9 +61,15 @@ def _read(spec: tuple):
 
 def _pread(file: str, start: int, nbytes: int) -> bytearray:
     """``nbytes`` of ``file`` from ``start``, into a new buffer."""
+    src = _source(file)
+    fd = getattr(src, "_fd", None)
+    if fd is None:  # a virtual source: its bytes are computed, not in a file
+        data = src.pread(start, nbytes)
+        if len(data) != nbytes:
+            raise InputError(f"{file}: a tensor read short ({len(data)} of {nbytes} bytes)")
+        return bytearray(data)
     buf = bytearray(nbytes)
     view = memoryview(buf)
-    fd = _source(file)._fd
     done = 0
     while done < nbytes:
         n = os.preadv(fd, [view[done:]], start + done)
@@ -88,10 +101,11 @@ def entry_spec(e) -> tuple:
     return (e.file, e.dtype, tuple(e.shape), e.start, e.nbytes)
 
 
-def task_for(lp, quality: bool = True) -> dict:
-    """Everything a worker needs for one planned layer."""
+def task_for(lp, quality: bool = True, reference: tuple | None = None) -> dict:
+    """Everything a worker needs for one planned layer (``reference``: the read spec of the
+    original dense weight the quality is also measured against, ``--reference``)."""
     task = {"name": lp.name, "format": lp.format, "params": lp.params, "marker": lp.marker, "planned": lp.planned,
-            "source": lp.source, "dtype": lp.dtype, "quality": quality}
+            "source": lp.source, "dtype": lp.dtype, "quality": quality, "reference": reference}
     if lp.source == "dense":
         task["weight"] = entry_spec(lp.entries["weight"])
     else:
@@ -102,17 +116,23 @@ def task_for(lp, quality: bool = True) -> dict:
 
 
 def load_source(task: dict):
-    """The dense source weight as a row source: rows read from the file, or decoded from the
-    input's quantized layer, block by block (every pass over it reads or decodes again)."""
+    """The dense source weight: rows read from the file block by block as the encoder asks
+    (every pass reads again: the page cache serves it), or the input's quantized layer
+    decoded once, in row blocks, into one dense tensor."""
     if task["source"] == "dense":
         return _file_rows(task["weight"])
     from .. import codecs
     from ..formats.codec import CodecError
+    from ..numerics.rows import materialize
 
     tensors = {s: _read(spec) for s, spec in task["src"].items()}
     try:
-        return codecs.get(task["src_format"]).row_source(tensors, task["src_marker"], dtype=task["dtype"].lower(),
-                                                          layer=task["name"])
+        source = codecs.get(task["src_format"]).row_source(tensors, task["src_marker"], dtype=task["dtype"].lower(),
+                                                            layer=task["name"])
+        # Decoded once and held (one dense layer, within the per-job memory budget): the
+        # encoders make several passes over their source (W4A8's least squares: six or more),
+        # and decoding the input again for each pass made convert 5x slower than quantize.
+        return materialize(source)
     except CodecError as exc:
         raise InputError(f"cannot decode: {exc}") from None
 
@@ -134,9 +154,9 @@ def run_task(task: dict) -> dict:
 
     from .. import codecs
     from ..formats.codec import CodecError
+    from ..formats.planned import PlanError
     from ..numerics.dtypes import TORCH_DTYPES, dtype_name
     from ..numerics.rows import release_memory
-    from .layout import PlanError
 
     started = time.perf_counter()
     name, fmt = task["name"], task["format"]
@@ -168,13 +188,18 @@ def run_task(task: dict) -> dict:
             raise PlanError(f"{name}: the encoder's marker says {key}={value!r}, the planned marker {task['marker']}")
     del enc  # tensors upcast above are new: the encoder's originals go now
     release_memory()  # the encoder's freed blocks, before the measurement's
-    quality = measure(codec, source, tensors, task["marker"], name) if task["quality"] else None
+    reference = _file_rows(task["reference"]) if task["quality"] and task.get("reference") else None
+    quality = measure(codec, source, tensors, task["marker"], name, reference) if task["quality"] else None
     release_memory()
     return {"tensors": tensors, "quality": quality, "seconds": time.perf_counter() - started}
 
 
-def measure(codec, source, tensors: dict, marker: dict, name: str) -> dict:
+def measure(codec, source, tensors: dict, marker: dict, name: str, reference=None) -> dict:
     """Relative L2 error and cosine similarity of the decoded weight and of the layer output.
+
+    ``reference``: the original dense weight (``--reference``; a row source of the model's
+    shape): the decoded weight and the layer output are measured against it as well, under
+    ``"reference"`` -- for ``convert`` the error against the original, not the decoded input.
 
     One pass in the encoders' row blocks (``encode_block_elements``): each block of the decoded
     weight is compared with the same rows of ``source`` (a tensor or a row source, read once
@@ -195,6 +220,8 @@ def measure(codec, source, tensors: dict, marker: dict, name: str) -> dict:
     xf = x.to(torch.float32)
     y_ref = torch.empty((QUALITY_ROWS, n), dtype=torch.float32)
     acc = torch.zeros(4, dtype=torch.float64)  # sum e^2, sum w^2, sum d*w, sum d^2
+    ref_acc = torch.zeros(4, dtype=torch.float64)
+    y_orig = torch.empty((QUALITY_ROWS, n), dtype=torch.float32) if reference is not None else None
     r0 = 0
     # exact=False: rotated layers too are decoded block by block (comfy-kitchen's whole-layer
     # un-rotation GEMM would hold two F32 copies of the layer; a last bit cannot show here).
@@ -209,9 +236,17 @@ def measure(codec, source, tensors: dict, marker: dict, name: str) -> dict:
         w = source.rows(r0, r1).to(torch.float32)
         acc += error_sums(block.to(torch.float32), w)
         y_ref[:, r0:r1] = F.linear(xf, w)
+        if reference is not None:
+            o = reference.rows(r0, r1).to(torch.float32)
+            ref_acc += error_sums(block.to(torch.float32), o)
+            y_orig[:, r0:r1] = F.linear(xf, o)
         r0 = r1
     y = codec.linear(x, tensors, marker, layer=name, block_elements=block_elements)[..., :n].to(torch.float32)
-    return {"weight": _metrics(*(float(v) for v in acc)), "output": _metrics(*(float(v) for v in error_sums(y, y_ref)))}
+    out = {"weight": _metrics(*(float(v) for v in acc)), "output": _metrics(*(float(v) for v in error_sums(y, y_ref)))}
+    if reference is not None:
+        out["reference"] = {"weight": _metrics(*(float(v) for v in ref_acc)),
+                            "output": _metrics(*(float(v) for v in error_sums(y, y_orig)))}
+    return out
 
 
 def _metrics(e2: float, r2: float, dot: float, d2: float) -> dict:

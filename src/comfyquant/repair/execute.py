@@ -54,7 +54,17 @@ def _requant_tensors(ckpt, op) -> dict:
 
         return chunks
 
-    return {f"{op.prefix}.{s}": (dtype, shape, producer(s)) for s, (dtype, shape) in op.specs.items()}
+    return {f"{op.out_prefix}.{s}": (dtype, shape, producer(s)) for s, (dtype, shape) in op.specs.items()}
+
+
+def _edited(ckpt, entry, transform):
+    """An edited tensor's bytes, computed when the writer reaches it (one tensor in memory at
+    a time, whatever the number of edits: a migration edits every weight)."""
+
+    def chunks():
+        yield transform(ckpt.read_bytes(entry))
+
+    return chunks
 
 
 def _stamp(metadata: dict[str, str], plan: Plan) -> dict[str, str]:
@@ -82,6 +92,7 @@ def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str,
     """Per input file: (tensors to write, metadata, input entry of each copied tensor by output name)."""
     layer_file = {p: (lay.weight.file if lay.weight is not None else next(iter(lay.tensors.values())).file)
                   for p, lay in ckpt.layers.items() if lay.tensors}
+    layer_file.update(plan.homes)
     out = []
     for h in ckpt.headers:
         source = ckpt.source(h.file)
@@ -100,8 +111,7 @@ def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str,
             edit = plan.edits.get(name)
             new_name = plan.renames.get(name, name)
             if edit is not None and edit.transform is not None:
-                data = edit.transform(ckpt.read_bytes(entry))
-                tensors[edit.name] = (edit.dtype, edit.shape, data)
+                tensors[edit.name] = (edit.dtype, edit.shape, _edited(ckpt, entry, edit.transform))
             elif edit is not None:
                 tensors[edit.name] = (edit.dtype, edit.shape, _copy(source, entry.start, entry.nbytes))
                 copied[edit.name] = entry
@@ -120,8 +130,9 @@ def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str,
                 tensors[f"{prefix}.comfy_quant"] = ("U8", (len(raw),), raw)
             if HEADER in kinds:
                 layers_here[prefix] = kinds[HEADER]
-        metadata = dict(h.metadata)
+        metadata = {k: v for k, v in h.metadata.items() if k not in plan.metadata_drop}
         metadata.update(plan.metadata_text.get(h.file, {}))
+        metadata.update(plan.metadata_set)
         if layers_here:
             metadata["_quantization_metadata"] = json.dumps({"format_version": "1.0", "layers": layers_here})
         else:

@@ -18,10 +18,11 @@ class Requant:
     """One layer to re-encode: the format's :class:`Recode`, the marker the layer is decoded
     with, and the measured error."""
 
-    __slots__ = ("prefix", "format", "recode", "source_marker", "error", "change", "outputs", "_after")
+    __slots__ = ("prefix", "out_prefix", "format", "recode", "source_marker", "error", "change", "outputs", "_after")
 
     def __init__(self, prefix: str, fmt: Format, recode: Recode, source_marker: dict) -> None:
         self.prefix = prefix
+        self.out_prefix = prefix
         self.format = fmt
         self.recode = recode
         self.source_marker = source_marker
@@ -49,6 +50,76 @@ class Requant:
     def marker(self) -> dict:
         return self.recode.marker
 
+    @property
+    def target_format(self) -> str:
+        """The format the layer is encoded into (its own: a re-encode)."""
+        return self.format.name
+
+    @property
+    def encode_kwargs(self) -> dict:
+        return dict(self.recode.params)
+
+    def decode_source(self, ckpt):
+        """The stored layer decoded to F32 by its own codec."""
+        import torch
+
+        from ..codecs import get
+        from ..numerics.dtypes import from_bytes
+
+        layer = ckpt.layers[self.prefix]
+        stored = {s: from_bytes(ckpt.read_bytes(e), e.dtype, e.shape) for s, e in layer.tensors.items()
+                  if s in self.replaces}
+        return get(self.format.name).decode(stored, self.source_marker, dtype=torch.float32, layer=self.prefix)
+
+
+class DialectRequant(Requant):
+    """A dialect's layer with no exact Comfy form (``migrate --allow-lossy``): decoded by its
+    dialect's exact decoder, encoded into ``params`` (a format's frozen ``Params``)."""
+
+    __slots__ = ("translation", "params", "planned")
+
+    def __init__(self, translation, params, planned: dict[str, tuple]) -> None:
+        self.prefix = translation.prefix
+        self.out_prefix = translation.out_prefix
+        self.translation = translation
+        self.params = params
+        self.planned = planned
+        self.error = None
+        self.change = None
+        self.outputs = None
+        self._after = None
+        self.source_marker = {}
+
+    @property
+    def why(self) -> str:
+        return self.translation.why
+
+    @property
+    def specs(self) -> dict[str, tuple]:
+        return self.planned
+
+    @property
+    def replaces(self) -> tuple[str, ...]:
+        return tuple(s for s in self.translation.inputs if s != "bias")
+
+    @property
+    def marker(self) -> dict:
+        return self.params.marker()
+
+    @property
+    def target_format(self) -> str:
+        return self.params.FORMAT
+
+    @property
+    def encode_kwargs(self) -> dict:
+        return self.params.encode_kwargs()
+
+    def decode_source(self, ckpt):
+        from ..numerics.dtypes import from_bytes
+
+        stored = {s: from_bytes(ckpt.read_bytes(e), e.dtype, e.shape) for s, e in self.translation.inputs.items()}
+        return self.translation.decoder(stored)
+
 
 def plan_requant(prefix: str, fmt: Format, env: dict, tensors: dict, marker: dict, target: str) -> Requant | None:
     """The re-encode ``target`` needs for this layer (None: none, or the format has no lossy repair)."""
@@ -67,14 +138,11 @@ def requantize(ckpt, op: Requant, keep: bool = False) -> dict[str, bytes]:
     import torch
 
     from ..codecs import get
-    from ..numerics.dtypes import dtype_name, from_bytes, to_bytes
+    from ..numerics.dtypes import dtype_name, to_bytes
 
-    layer = ckpt.layers[op.prefix]
-    stored = {s: from_bytes(ckpt.read_bytes(e), e.dtype, e.shape) for s, e in layer.tensors.items()
-              if s in op.replaces}
-    codec = get(op.format.name)
-    old = codec.decode(stored, op.source_marker, dtype=torch.float32, layer=op.prefix)
-    encoded = codec.encode(old, layer=op.prefix, **dict(op.recode.params))
+    old = op.decode_source(ckpt)
+    codec = get(op.target_format)
+    encoded = codec.encode(old, layer=op.prefix, **op.encode_kwargs)
     new = codec.decode(dict(encoded), encoded.marker, dtype=torch.float32, layer=op.prefix)
     denom = torch.linalg.vector_norm(old).item() or 1.0
     op.error = torch.linalg.vector_norm(new - old).item() / denom

@@ -107,6 +107,14 @@ class Plan:
         self.assumptions: list[Assumption] = []
         self.measured: list = []
         """``repair.reference.Measurement`` per repaired layer (``--reference``)."""
+        self.homes: dict[str, str] = {}
+        """Marker prefix -> the input file its layer's tensors are in, where that prefix is not
+        a layer of the input (a dialect's layer renamed or grouped by its dialect)."""
+        self.metadata_drop: set[str] = set()
+        self.metadata_set: dict[str, str] = {}
+        """``__metadata__`` keys a migration removes or sets (every output file)."""
+        self.translations: list = []
+        """``dialects.base.Translation`` of every dialect layer, with what was done to it."""
 
     @property
     def empty(self) -> bool:
@@ -134,14 +142,16 @@ class Plan:
 
 
 class Options:
-    __slots__ = ("target", "prefer", "convrot_groupsize", "allow_lossy")
+    __slots__ = ("target", "prefer", "convrot_groupsize", "allow_lossy", "to")
 
     def __init__(self, target: str = "all", prefer: str | None = None, convrot_groupsize: int | None = None,
-                 allow_lossy: bool = False) -> None:
+                 allow_lossy: bool = False, to: str | None = None) -> None:
         self.target = target
         self.prefer = prefer
         self.convrot_groupsize = convrot_groupsize
         self.allow_lossy = allow_lossy
+        self.to = to
+        """``migrate --to``: the dialect to translate Comfy layers into (None: into Comfy)."""
 
 
 UNCARRIABLE = ("C001", "C002", "C005", "C006", "C010", "C011")
@@ -162,10 +172,14 @@ def plan_repairs(ckpt, options: Options) -> Plan:
     _metadata_text(ckpt, plan)
     markers = _final_markers(ckpt, options, plan)
     plan.markers = markers
-    _legacy_scaled_fp8(ckpt, plan, markers)
+    from .migrate import claims_for, plan_dialects
+
+    claims = claims_for(ckpt, options.to)
+    plan_dialects(ckpt, plan, markers, options.allow_lossy, claims)
+    claimed = {p for c in claims for p in c.layers}
     implied = file_level_markers(ckpt)
     for prefix, layer in ckpt.layers.items():
-        if prefix in plan.kept:
+        if prefix in plan.kept or prefix in claimed:
             continue  # its marker is undecided: nothing is planned from it
         marker = markers.get(prefix)
         if marker is None and prefix in implied:
@@ -513,34 +527,6 @@ def _file_level_marker(layer, marker: dict, plan: Plan) -> dict | None:
                                "(none)", json.dumps(marker)))
     plan.markers_changed = True
     return dict(marker)
-
-
-def _legacy_scaled_fp8(ckpt, plan: Plan, markers: dict[str, dict]) -> None:
-    """Spec 1.6: ``scale_weight``/``scale_input`` + ``scaled_fp8`` -> markers of the format whose
-    ``legacy_renames`` say it replaces them (per-tensor FP8 E4M3)."""
-    fmt = next((f for f in FORMATS.values() if f.legacy_renames), None)
-    if not ckpt.legacy_scaled_fp8 or fmt is None:
-        return
-    flag = [n for n in ckpt.other_tensors if n.endswith("scaled_fp8")]
-    two = any(ckpt.tensors[n].numel == 2 for n in flag)
-    for name in flag:
-        plan.drop.add(name)
-        plan.changes.append(Change(None, name, "drop legacy scaled_fp8 flag", "present", "(removed)"))
-    for prefix, layer in ckpt.layers.items():
-        t = layer.tensors
-        if "scale_weight" not in t or prefix in markers:
-            continue
-        for old, new in fmt.legacy_renames.items():
-            if old in t:
-                plan.renames[t[old].name] = f"{prefix}.{new}"
-        marker = {"format": fmt.name}
-        if two:
-            marker["full_precision_matrix_mult"] = True
-        markers[prefix] = marker
-        plan.stated.setdefault(prefix, []).append(marker)  # what the legacy flag means (ComfyUI's rule)
-        plan.changes.append(Change(prefix, None, "convert legacy scaled-FP8 layer", "scale_weight, no marker",
-                                   f"weight_scale, {json.dumps(marker)}"))
-        plan.markers_changed = True
 
 
 def _metadata_text(ckpt, plan: Plan) -> None:

@@ -143,8 +143,7 @@ def _output_tensors(ckpt, plan, prefix: str) -> dict[str, torch.Tensor]:
 
 def _reference_rows(ref, ref_path: str, prefix: str, shape: tuple[int, int]):
     """The original weight as a row source read from the reference file block by block."""
-    from ..numerics.dtypes import TORCH_DTYPES, from_bytes
-    from ..numerics.rows import RowSource
+    from ..comparison import file_rows
 
     name = f"{prefix}.weight"
     entry = ref.tensors.get(name)
@@ -156,17 +155,7 @@ def _reference_rows(ref, ref_path: str, prefix: str, shape: tuple[int, int]):
     if tuple(entry.shape) != tuple(shape):
         raise ReferenceError(f"{ref_path}: {name!r} has shape {list(entry.shape)}, but repaired layer {prefix!r} decodes "
                              f"to {list(shape)}: not the original of this layer")
-    source = ref.source(entry.file)
-    row = entry.nbytes // shape[0] if shape[0] else 0
-    dtype = entry.dtype
-
-    def read(r0: int, r1: int) -> torch.Tensor:
-        data = source.pread(entry.start + r0 * row, (r1 - r0) * row)
-        if len(data) != (r1 - r0) * row:
-            raise ReferenceError(f"{ref_path}: file ended early while reading {name!r} (truncated?)")
-        return from_bytes(bytearray(data), dtype, (r1 - r0, shape[1]))
-
-    return RowSource(tuple(shape), TORCH_DTYPES[dtype], read)
+    return file_rows(ref.source(entry.file), entry, ReferenceError)
 
 
 def _relative_error(blocks, original) -> float:

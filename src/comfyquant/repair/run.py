@@ -16,14 +16,17 @@ from .plan import Change, Options, Plan, plan_repairs
 class FixResult:
     """What ``fix`` did: the plan, the reports before and after, outputs, what is left."""
 
-    __slots__ = ("plan", "before", "after", "outputs", "dry_run")
+    __slots__ = ("plan", "before", "after", "outputs", "dry_run", "gate")
 
-    def __init__(self, plan: Plan, before, after=None, outputs: list[str] | None = None, dry_run: bool = False):
+    def __init__(self, plan: Plan, before, after=None, outputs: list[str] | None = None, dry_run: bool = False,
+                 gate: dict | None = None):
         self.plan = plan
         self.before = before
         self.after = after
         self.outputs = outputs or []
         self.dry_run = dry_run
+        self.gate = gate
+        """``--max-error``: ``{"limit", "against", "ok", "measured", "over": [{"layer", "rel_l2"}]}``."""
 
     @property
     def remaining(self) -> list:
@@ -38,6 +41,8 @@ class FixResult:
 
     @property
     def ok(self) -> bool:
+        if self.gate is not None and not self.gate["ok"]:
+            return False
         if self.after is not None:
             return self.after.ok
         if self.dry_run:
@@ -54,12 +59,14 @@ class FixResult:
             "before": self.before.to_dict(),
             "after": self.after.to_dict() if self.after is not None else None,
             "remaining": [f.to_dict() for f in self.remaining],
+            "max_error": self.gate,
         }
 
 
 def fix(paths: Paths, out: str | None = None, in_place: bool = False, target: Targets = "all", dry_run: bool = False,
         allow_lossy: bool = False, prefer: str | None = None, convrot_groupsize: int | None = None,
-        overwrite: bool = False, reference: str | None = None, *, force: bool | None = None) -> FixResult:
+        overwrite: bool = False, reference: str | None = None, *, force: bool | None = None,
+        max_error: float | None = None) -> FixResult:
     """Repair a checkpoint.  Writes nothing when ``dry_run`` or when nothing can be fixed.
 
     ``out``: default ``<name>.fixed.safetensors`` (``<folder>.fixed`` for shards);
@@ -68,13 +75,25 @@ def fix(paths: Paths, out: str | None = None, in_place: bool = False, target: Ta
 
     ``reference``: the original dense checkpoint; every repaired layer is decoded and measured
     against its weight, and the whole repair is refused (:class:`ReferenceRefused`, nothing
-    written) when a layer's error is not that of its format."""
+    written) when a layer's error is not that of its format.
+
+    ``max_error``: a quality gate on the measured layers' relative L2 error (needs
+    ``reference``): above it the repaired output is written as ``<out stem>.over-max-error.safetensors``
+    (``<folder>.over-max-error`` for shards), never at ``out`` or over the input, and the result
+    is not ``ok``."""
     if force is not None:
         import warnings
 
         warnings.warn("fix(force=...) is deprecated: use overwrite=...", DeprecationWarning, stacklevel=2)
         overwrite = overwrite or force
     parse_targets(target)
+    if max_error is not None:
+        from ..comparison import check_limit
+
+        max_error = check_limit(max_error)
+        if reference is None:
+            raise InputError("--max-error needs --reference DENSE for fix: the repaired layers are measured against "
+                             "the original weights")
     options = Options(target, prefer, convrot_groupsize, allow_lossy)
     with open_checkpoint(paths) as ckpt:
         gc.disable()
@@ -87,17 +106,41 @@ def fix(paths: Paths, out: str | None = None, in_place: bool = False, target: Ta
             _retile(ckpt, plan)
         if reference is not None and not plan.empty:
             _measure(ckpt, plan, reference)
+        gate = _gate(plan, max_error) if max_error is not None else None
         if dry_run and plan.requant:
             from .lossy import requantize
 
             for op in plan.requant.values():
                 requantize(ckpt, op)  # the error is part of the plan; the bytes are discarded
         if dry_run or plan.empty:
-            return FixResult(plan, before, dry_run=dry_run)
+            return FixResult(plan, before, dry_run=dry_run, gate=gate)
         dests, index_dest = output_paths(ckpt, out, in_place, overwrite)
+        if gate is not None and not gate["ok"]:
+            dests, index_dest = _over_paths(ckpt, out, in_place, overwrite)
         after, written = write_and_verify(ckpt, plan, dests, index_dest, target,
                                           lambda c, t: check_checkpoint(c, target=t))
-    return FixResult(plan, before, after, written)
+    return FixResult(plan, before, after, written, gate=gate)
+
+
+def _gate(plan: Plan, limit: float) -> dict:
+    """``--max-error``: the measured layers above ``limit``, worst first."""
+    from ..comparison import over_limit
+
+    over = over_limit({m.layer: m.error for m in plan.measured}, limit)
+    return {"limit": limit, "against": "reference", "ok": not over, "measured": len(plan.measured),
+            "over": [{"layer": n, "rel_l2": e} for n, e in over]}
+
+
+def _over_paths(ckpt, out: str | None, in_place: bool, overwrite: bool) -> tuple[list[str], str | None]:
+    """Where a repair over ``--max-error`` is written instead of the requested output (or the
+    input, with ``--in-place``): :func:`comfyquant.comparison.over_outputs`."""
+    from ..comparison import over_outputs
+    from ..io.outputs import claim
+
+    primary = claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag="fixed", in_place=in_place)
+    dest = over_outputs(list(ckpt.files), ckpt.shardset.index_path, primary, overwrite)
+    dest.make_folder()
+    return dest.files, dest.index
 
 
 class ReferenceRefused(InputError):

@@ -127,15 +127,15 @@ def comfyui_verdict(ckpt) -> Verdict:
     # load_torch_file opens the file with safetensors.safe_open before anything else
     out: list[Violation] = container_violations("comfyui", ckpt)
     markers = comfyui_markers(ckpt, out)
-    legacy = ckpt.legacy_scaled_fp8
+    foreign = ckpt.foreign
     forward: list[Violation] = []
     for prefix, layer in ckpt.layers.items():
         marker = markers.get(prefix)
         t = layer.tensors
         if marker is None:
             w = t.get("weight")
-            if legacy and "scale_weight" in t:
-                continue
+            if prefix in foreign:
+                continue  # what ComfyUI does with a dialect's layer is that dialect's runtime model
             if w is not None and w.dtype in QUANTIZED_WEIGHT_DTYPES:
                 _fail(out, "unmarked", f"layer '{prefix}' has a {w.dtype} weight but no marker: ComfyUI casts it to the "
                                        f"compute dtype by value (garbage output, no error)", prefix, "weight",

@@ -15,6 +15,8 @@ from __future__ import annotations
 import struct
 
 from ...findings import Finding
+from ...formats.registry import FORMATS, infer_format
+from ...io.header import TensorEntry
 from ...targets.base import Violation
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
 from ..common import DIFFUSION_ROOTS, FLOAT_SCALE_DTYPES, copy, fmt_shape, is_scalar_float, root_of, scalar_scale
@@ -22,9 +24,23 @@ from ..decoders import scaled_fp8
 
 NAME = "comfy-legacy-fp8"
 SENTINEL = "scaled_fp8"
-FP8_FORMATS = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 DENSE_DTYPES = ("BF16", "F16", "F32")
-RENAMES = {"scale_weight": "weight_scale", "scale_input": "input_scale"}
+FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
+
+
+def _comfy_reading():
+    """The format ComfyUI's translation marks every legacy layer with: the one whose
+    ``legacy_renames`` say it replaces the legacy names."""
+    return next(f for f in FORMATS.values() if f.legacy_renames)
+
+
+def _per_tensor_format(w) -> str | None:
+    """The Comfy format of an FP8 weight with one F32 scale, as the format registry recognises
+    the renamed layer (no format name is written here: the formats say what they are)."""
+    renames = _comfy_reading().legacy_renames
+    scale = TensorEntry(w.name, "F32", (), 0, 4, w.file)
+    fmt = infer_format({"weight": w, renames["scale_weight"]: scale})
+    return fmt.name if fmt is not None else None
 
 
 def sentinels(ckpt) -> list[str]:
@@ -55,7 +71,8 @@ def detect(ckpt, claimed: set) -> Claim | None:
 def _translate(prefix: str, t: dict, full_precision: bool) -> Translation:
     w, sw, si = t["weight"], t["scale_weight"], t.get("scale_input")
     others = [copy(e, s) for s, e in t.items() if s not in ("weight", "scale_weight", "scale_input")]
-    fmt = FP8_FORMATS.get(w.dtype)
+    fmt = _per_tensor_format(w) if w.dtype in FP8_DTYPES else None
+    renames = _comfy_reading().legacy_renames
     if w.dtype in DENSE_DTYPES:
         drops = [sw.name] + ([si.name] if si is not None else [])
         return Translation(prefix, NAME, "dense layer, dummy scale", t, verdict=EXACT,
@@ -69,11 +86,11 @@ def _translate(prefix: str, t: dict, full_precision: bool) -> Translation:
         marker = {"format": fmt}
         if full_precision:
             marker["full_precision_matrix_mult"] = True
-        moves = [copy(w, "weight"), scalar_scale(sw, prefix, "weight_scale"), *others]
+        moves = [copy(w, "weight"), scalar_scale(sw, prefix, renames["scale_weight"]), *others]
         if si is not None:
-            moves.append(scalar_scale(si, prefix, "input_scale"))
-        variant = "tensor" if fmt == "float8_e4m3fn" else "tensor, e5m2"
-        why = f"rename scale_weight -> weight_scale{', scale_input -> input_scale' if si is not None else ''}"
+            moves.append(scalar_scale(si, prefix, renames["scale_input"]))
+        variant = "tensor" if fmt == _comfy_reading().name else f"tensor, {w.dtype}"
+        why = ", ".join(f"rename {old} -> {new}" for old, new in renames.items() if old in t)
         if sw.dtype != "F32":
             why += f", {sw.dtype} scale -> F32 (exact)"
         return Translation(prefix, NAME, variant, t, verdict=EXACT, why=why, format=fmt, marker=marker, moves=moves,
@@ -83,7 +100,7 @@ def _translate(prefix: str, t: dict, full_precision: bool) -> Translation:
         variant = "block" if len(sw.shape) == 3 else "channel"
         return Translation(prefix, NAME, variant, t, verdict=LOSSY,
                            why=f"{variant} scale {fmt_shape(sw.shape)}: no Comfy FP8 format has per-{variant} scales",
-                           decoder=scaled_fp8(), lossy=Lossy("float8_e4m3fn", why="re-quantized per tensor"))
+                           decoder=scaled_fp8(), lossy=Lossy(_comfy_reading().name, why="re-quantized per tensor"))
     return Translation(prefix, NAME, "unknown", t, verdict=REFUSED,
                        why=f"scale_weight {sw.dtype} {fmt_shape(sw.shape)} does not fit weight {fmt_shape(w.shape)}")
 
@@ -119,6 +136,7 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
                 tr.moves = [m for m in tr.moves if m.source != si.name]
                 tr.drops.append(si.name)
                 tr.dropped_why = "scale_input == 1.0, which ComfyUI drops (dynamic activations)"
+                tr.why = tr.why.replace(", rename scale_input -> input_scale", "") + ", drop scale_input == 1.0"
                 ones.append(tr.prefix)
         if tr.format is None and tr.verdict == EXACT:
             sw = tr.inputs["scale_weight"]
@@ -145,9 +163,7 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
 def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
     if target == "comfyui":
         return _comfyui(ckpt, claim)
-    if target == "sglang":
-        return _unmarked_elsewhere("sglang", claim, "SGLang has no legacy scaled-FP8 reader (no comfy_quant marker)")
-    return []
+    return []  # SGLang and comfy-kitchen read markers only: their profiles judge the unmarked weights
 
 
 def _comfyui(ckpt, claim: Claim) -> list[Violation]:
@@ -174,14 +190,15 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
                                  severity="error"))
     for tr in claim.layers.values():
         w = tr.inputs["weight"]
-        if tr.variant == "tensor, e5m2":
+        reading = _comfy_reading()
+        if tr.format is not None and tr.format != reading.name:
             out.append(Violation("comfyui.legacy", f"layer '{tr.prefix}': ComfyUI's legacy translation marks every "
-                                 "layer float8_e4m3fn and re-casts this F8_E5M2 weight by value (garbage output, no "
-                                 "error)", None, tr.prefix, "weight", False, "E5M2 weights in a legacy file",
-                                 "comfyquant migrate (writes float8_e5m2 markers)", severity="error"))
+                                 f"layer {reading.name} and re-casts this {w.dtype} weight by value (garbage output, "
+                                 "no error)", None, tr.prefix, "weight", False, f"{w.dtype} weights in a legacy file",
+                                 f"comfyquant migrate (writes {tr.format} markers)", severity="error"))
         elif tr.format is None and tr.verdict != LOSSY and w.dtype in DENSE_DTYPES:
             out.append(Violation("comfyui.legacy", f"layer '{tr.prefix}': ComfyUI marks any layer with a scale_weight "
-                                 f"float8_e4m3fn and casts this {w.dtype} weight to FP8 (precision lost, no error)",
+                                 f"{reading.name} and casts this {w.dtype} weight to FP8 (precision lost, no error)",
                                  None, tr.prefix, "weight", False, "dummy scale_weight on a dense layer",
                                  "comfyquant migrate (drops the dummy scale)", severity="warning"))
         elif tr.verdict == LOSSY:
@@ -192,18 +209,6 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
                                  None if rank < 3 else "RuntimeError", tr.prefix, "scale_weight", rank == 3,
                                  "per-channel or block scales (ComfyUI issue #10491)",
                                  "comfyquant migrate --allow-lossy, or dequantize", severity="error"))
-    return out
-
-
-def _unmarked_elsewhere(target: str, claim: Claim, why: str) -> list[Violation]:
-    out = []
-    for tr in claim.layers.values():
-        if tr.format is None and tr.verdict != LOSSY:
-            continue
-        out.append(Violation(f"{target}.legacy", f"(no {target} message modelled) layer '{tr.prefix}': {why}; its "
-                             f"{tr.inputs['weight'].dtype} weight loads without its scale_weight (garbage output)",
-                             None, tr.prefix, "weight", False, "legacy scaled-FP8 layout", "comfyquant migrate",
-                             severity="error"))
     return out
 
 

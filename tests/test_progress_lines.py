@@ -1,0 +1,61 @@
+"""Progress on stderr: a redrawn line on a terminal, plain periodic lines in a log (a CI job is
+never silent for minutes), nothing when switched off."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from builders import dense_layer, write
+from comfyquant.io.progress import Progress
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def feed(p: Progress, steps: int = 6) -> None:
+    import time
+
+    for _ in range(steps):
+        time.sleep(0.02)
+        p.add(100, 1)
+    p.done()
+
+
+def test_log_gets_plain_lines_a_terminal_a_redrawn_one():
+    log = io.StringIO()
+    feed(Progress(6, 600, None, label="quantize", stream=log, every=0.01))
+    lines = log.getvalue().splitlines()
+    assert lines and "\r" not in log.getvalue()
+    assert all(line.startswith("quantize: ") and "MB/s" in line and "s left" in line for line in lines)
+    tty = Tty()
+    feed(Progress(6, 600, None, label="quantize", stream=tty))
+    assert tty.getvalue().startswith("\r") and tty.getvalue().endswith("\r\x1b[K")
+
+
+def test_off_means_nothing_and_logs_wait_for_the_interval():
+    log = io.StringIO()
+    feed(Progress(6, 600, False, stream=log, every=0.0))
+    assert log.getvalue() == ""
+    log = io.StringIO()
+    feed(Progress(6, 600, None, stream=log, every=60.0))  # a short run: no line at all
+    assert log.getvalue() == ""
+
+
+@pytest.mark.needs_torch
+def test_dequantize_writes_progress_lines_into_a_log(tmp_path):
+    pytest.importorskip("torch")
+    from builders import fp8_layer
+
+    src = write(tmp_path / "m.safetensors", *[fp8_layer(f"b{i}", n=256, k=1024) for i in range(4)], dense_layer("n"))
+    env = dict(os.environ, COMFYQUANT_PROGRESS_EVERY="0")
+    out = subprocess.run([sys.executable, "-m", "comfyquant", "dequantize", src, "-o", str(tmp_path / "d.safetensors")],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "dequantize: " in out.stderr and "\r" not in out.stderr
