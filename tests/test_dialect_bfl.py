@@ -289,7 +289,7 @@ def test_cli_inspect_and_check_name_the_bfl_layout(bfl_file, capsys):
 def test_cli_migrate_bfl_to_comfy_and_back(bfl_file, tmp_path):
     path, layers = bfl_file
     out = str(tmp_path / "comfy.safetensors")
-    assert main(["migrate", path, "-o", out]) == 0
+    assert main(["migrate", path, "-o", out, "--target", "comfyui"]) == 0
     assert main(["check", "--target", "comfyui", out]) == 0
     before, after = dense(path, tmp_path, "before"), dense(out, tmp_path, "after")
     for prefix in SHAPES:
@@ -306,9 +306,9 @@ def test_cli_fp8r_is_migrated_only_with_allow_lossy(tmp_path):
     path = write(tmp_path / "fp8r.safetensors", {"r": {"weight": q, "weight_scale": s}})
     assert same_bits(dense(path, tmp_path, "src")["r.weight"], dequantize_fp8r(q, s))
     out = str(tmp_path / "comfy.safetensors")
-    assert main(["migrate", path, "-o", out]) == 1
+    assert main(["migrate", path, "-o", out, "--target", "comfyui"]) == 2  # refused: nothing written
     assert not os.path.exists(out)
-    assert main(["migrate", path, "-o", out, "--allow-lossy"]) == 0
+    assert main(["migrate", path, "-o", out, "--allow-lossy", "--target", "comfyui"]) == 0
     assert main(["check", "--target", "comfyui", out]) == 0
     with open_checkpoint([out]) as ckpt:
         assert ckpt.layers["r"].format_name == "float8_e4m3fn" and ckpt.layers["r"].marker is not None

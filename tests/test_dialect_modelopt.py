@@ -214,8 +214,9 @@ def test_fp8_layers_are_exact_with_a_comfy_marker(tmp_path):
         tr = claim.layers["blocks.0.mlp"]
         assert tr.verdict == EXACT and tr.format == "float8_e4m3fn" and tr.marker == {"format": "float8_e4m3fn"}
         assert "'fp8'" in tr.why
-        comfyui = registry.DIALECTS["modelopt"].runtime("comfyui", ckpt, claim)
-        assert [(v.exception, v.message) for v in comfyui] == [("KeyError", "'fp8'")]
+        assert registry.DIALECTS["modelopt"].runtime("comfyui", ckpt, claim) == []  # the profile says it:
+    first = comfyquant.check(path, target="comfyui").verdicts["comfyui"].first
+    assert (first.exception, first.message) == ("KeyError", "'fp8'")
     out = str(tmp_path / "comfy.safetensors")
     write_claim(path, claim, out)
     c = stored(out, "blocks.0.mlp")
@@ -263,12 +264,21 @@ def test_svdquant_residual_is_refused(tmp_path):
 
 
 def test_runtime_models_comfyui_on_the_raw_export(tmp_path):
+    """The dialect adds what the runtime profiles cannot see (the nibble order) and nothing they
+    already say (from_blocked's reshape error for linear scales)."""
     path, _ = nvfp4_file(tmp_path, "mo.safetensors", False, None, shapes={"lin": (48, 80), "both": (128, 64)})
     with open_checkpoint([path]) as ckpt:
         claim = registry.detect(ckpt).claim("modelopt")
         out = {v.layer: v for v in registry.DIALECTS["modelopt"].runtime("comfyui", ckpt, claim)}
-    assert out["lin"].blocking and out["lin"].exception == "RuntimeError"
+        sglang = {v.layer: v for v in registry.DIALECTS["modelopt"].runtime("sglang", ckpt, claim)}
+    assert set(out) == {"both"} and set(sglang) == {"both", "lin"}
     assert not out["both"].blocking and out["both"].fails and "low nibble" in out["both"].message
+    verdict = comfyquant.check(path, target="comfyui").verdicts["comfyui"]
+    by_layer: dict = {}
+    for v in verdict.violations:
+        by_layer.setdefault(v.layer, []).append(v)
+    assert [v.exception for v in by_layer["lin"]] == ["RuntimeError"] and "invalid" in by_layer["lin"][0].message
+    assert [v.rule for v in by_layer["both"]] == ["comfyui.modelopt"]
 
 
 def test_unmarked_modelopt_export_is_claimed_and_bfl_claims_nothing(tmp_path):
@@ -383,7 +393,7 @@ def test_cli_inspect_and_check_name_the_modelopt_layout(tmp_path, capsys):
 def test_cli_migrate_modelopt_to_comfy_and_back(tmp_path, swizzle, padding):
     path, plain = nvfp4_file(tmp_path, "mo.safetensors", swizzle, padding)
     out = str(tmp_path / "comfy.safetensors")
-    assert main(["migrate", path, "-o", out]) == 0
+    assert main(["migrate", path, "-o", out, "--target", "comfyui"]) == 0
     assert main(["check", "--target", "comfyui", out]) == 0
     before, after = dense(path, tmp_path, "before"), dense(out, tmp_path, "after")
     for prefix, (_n, k) in SHAPES.items():
@@ -400,7 +410,7 @@ def test_cli_migrate_modelopt_to_comfy_and_back(tmp_path, swizzle, padding):
 def test_cli_migrate_refuses_a_layout_no_layer_tells(tmp_path):
     path, _ = nvfp4_file(tmp_path, "mo.safetensors", True, "row", shapes={"a": (128, 64)})
     out = str(tmp_path / "comfy.safetensors")
-    assert main(["migrate", path, "-o", out]) == 1
+    assert main(["migrate", path, "-o", out, "--target", "comfyui"]) == 2  # refused: nothing written
     assert not os.path.exists(out)
 
 
@@ -410,6 +420,6 @@ def test_cli_migrate_modelopt_fp8_is_exact(tmp_path):
     path = modelopt_file(tmp_path / "fp8.safetensors", {"blocks.0.mlp": layer}, "FP8")
     assert main(["check", "--target", "comfyui", path]) == 1
     out = str(tmp_path / "comfy.safetensors")
-    assert main(["migrate", path, "-o", out]) == 0
+    assert main(["migrate", path, "-o", out, "--target", "comfyui"]) == 0
     assert main(["check", "--target", "comfyui", out]) == 0
     assert same_bits(dense(out, tmp_path, "after")["blocks.0.mlp.weight"], layer["weight"].float() * layer["weight_scale"])

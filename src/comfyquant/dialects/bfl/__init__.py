@@ -119,7 +119,9 @@ def _fp8r(prefix: str, t: dict) -> Translation:
 
 
 def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
-    """What each runtime does with the unmarked BFL layers (the profiles leave them to this)."""
+    """What each runtime does with the unmarked BFL layers: ComfyUI's profile leaves them to
+    this; SGLang's refuses unmarked quantized weights on its Comfy path (M0), and its diffusion
+    loader's own NVFP4 path guesses the layout from the names (modelled here)."""
     out: list[Violation] = []
     packed_qkv = any(p.endswith(PACKED_QKV) for p in ckpt.layers)
     for tr in claim.layers.values():
@@ -145,12 +147,6 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
                     "these are linear and low-nibble-first (garbage output, no error)", None, tr.prefix,
                     "weight_scale", False, "BFL/diffusers NVFP4 layout under BFL (FLUX) names",
                     "comfyquant migrate (Comfy layout, which SGLang reads)", severity="error"))
-            elif tr.variant == FP8R and tr.verdict == LOSSY:
-                out.append(Violation(
-                    "sglang.bfl", f"(no SGLang message modelled) layer '{tr.prefix}': per-row FP8 scales "
-                    f"{fmt_shape(tr.inputs['weight_scale'].shape)} without a marker: no SGLang path known to "
-                    "comfyquant reads BFL fp8r", None, tr.prefix, "weight_scale", False, "BFL fp8r layout",
-                    "comfyquant migrate --allow-lossy, or dequantize", severity="error"))
     return out
 
 

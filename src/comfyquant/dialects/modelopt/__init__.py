@@ -33,7 +33,7 @@ import json
 
 from ...findings import Finding
 from ...numerics import nvfp4_layouts as lay
-from ...numerics.blocked import blocked_shape, ceil_to
+from ...numerics.blocked import ceil_to
 from ...targets.base import Violation
 from ...version import __version__
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
@@ -237,9 +237,11 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
 
 
 def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
-    """What ComfyUI and SGLang do with ModelOpt's layers as they are: both read a layer-map
-    entry as a Comfy marker (``"fp8"`` and ``"mixed_precision"`` are no Comfy format; an
-    ``nvfp4`` layer is read high nibble first with blocked scales)."""
+    """What ComfyUI and SGLang do with ModelOpt's layers as they are, beyond what their own
+    profiles already say of a marked layer (ComfyUI's ``KeyError: 'fp8'``, SGLang's format set,
+    a scale shape that fails ``from_blocked``): both read an ``nvfp4`` layer-map entry as Comfy's
+    layout, high nibble first, which ModelOpt's codes are not (garbage output, no error).  A
+    layer without a layer-map entry is left to this model by the ComfyUI profile."""
     out: list[Violation] = []
     if target not in ("comfyui", "sglang"):
         return out
@@ -248,7 +250,6 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
         layer = ckpt.layers.get(tr.prefix)
         if layer is None:
             continue
-        fmt = layer.marker.get("format") if isinstance(layer.marker, dict) else None
         w = tr.inputs["weight"]
         if layer.marker is None:
             if target == "comfyui":
@@ -261,28 +262,15 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
                                      tr.prefix, "weight", u8, "ModelOpt export without enable_layerwise_quant_metadata",
                                      "comfyquant migrate", severity="error"))
             continue
-        if fmt not in ("nvfp4", "float8_e4m3fn"):
-            if target == "comfyui":
-                out.append(Violation("comfyui.modelopt", repr(fmt), "KeyError", tr.prefix, None, True,
-                                     f"ModelOpt marks layers with quant_algo.lower() ({fmt!r}), a format ComfyUI does "
-                                     "not know", "comfyquant migrate"))
-            continue  # SGLang's own profile refuses the format set (R0)
-        if not nvfp4.nvfp4_tensors(tr.inputs):
-            continue
-        fits = nvfp4.fits(tr.inputs)
-        if set(fits) == {lay.LINEAR}:
-            s = tr.inputs["weight_scale"]
-            rows, cols = s.shape
-            out.append(Violation(f"{target}.modelopt", f"(no {runtime_name} message modelled) layer '{tr.prefix}': "
-                                 f"linear scales {fmt_shape(s.shape)} cannot be read as the blocked layout "
-                                 f"{fmt_shape(blocked_shape(rows, cols))} {runtime_name} expects (reshape error "
-                                 "at the first forward)", "RuntimeError", tr.prefix, "weight_scale", True,
-                                 "ModelOpt NVFP4 export without enable_swizzle_layout", "comfyquant migrate"))
-            continue
+        if layer.marker.get("format") != "nvfp4" or not nvfp4.nvfp4_tensors(tr.inputs):
+            continue  # the runtime's own profile judges the marker (an unknown format raises there)
+        if target == "comfyui" and set(nvfp4.fits(tr.inputs)) == {lay.LINEAR}:
+            continue  # the ComfyUI profile has from_blocked's reshape error for these scales
         out.append(Violation(f"{target}.modelopt", f"(no {runtime_name} message modelled) layer '{tr.prefix}': "
-                             f"{runtime_name} reads a marked nvfp4 layer high nibble first; ModelOpt packs the low "
-                             "nibble first (garbage output, no error)", None, tr.prefix, "weight", False,
-                             "ModelOpt NVFP4 layout under a Comfy marker", "comfyquant migrate", severity="error"))
+                             f"{runtime_name} reads a marked nvfp4 layer high nibble first (and its scales as "
+                             "blocked); ModelOpt packs the low nibble first (garbage output, no error)", None,
+                             tr.prefix, "weight", False, "ModelOpt NVFP4 layout under a Comfy marker",
+                             "comfyquant migrate", severity="error"))
     return out
 
 
@@ -315,11 +303,12 @@ def export(ckpt, claimed: set) -> Claim | None:
             tr = layers[prefix] = nvfp4.from_comfy(
                 prefix, t, dialect=NAME, variant="nvfp4", nibbles=lay.LOW_FIRST, layout=layout["scales"],
                 keep_rows=layout["rows"] == "padded", pad_scale_cols=bool(layout["row_col"]), marker=dict(marker))
+            tr.header_only = True
             nvfp4.check_padding(ckpt, tr)
         else:
             moves = [copy(e, suffix) for suffix, e in t.items() if suffix != "comfy_quant"]
             layers[prefix] = Translation(prefix, NAME, "fp8", t, verdict=EXACT, why="the same tensors, ModelOpt's marker",
-                                         marker=dict(marker), moves=moves,
+                                         marker=dict(marker), moves=moves, header_only=True,
                                          drops=[t["comfy_quant"].name] if "comfy_quant" in t else [],
                                          dropped_why="ModelOpt writes the header map only")
     config = meta.get(SAVED_CONFIG_KEY) if saved else json.dumps(
