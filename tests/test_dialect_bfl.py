@@ -182,6 +182,11 @@ def test_coinciding_shapes_follow_the_file(tmp_path):
     claim, _ = detect_claim(alone, "bfl")
     assert claim.layers["x"].verdict == PERMUTATION
     assert "no comfy_quant marker" in claim.unsettled[0] and "N % 128 == 0" in claim.unsettled[0]
+    # without the input_scale the BFL layout requires it is a Comfy layer that lost its marker
+    bare = write(tmp_path / "bare.safetensors", {"x": bfl_nvfp4(128, 64, seed=1, input_scale=False)})
+    claim, found = detect_claim(bare, "bfl")
+    assert claim is None and found.layers == {}
+    assert [f.code for f in comfyquant.check(bare).findings if f.layer == "x"][:1] == ["M023"]
     # the same layer next to a marked Comfy layer: a Comfy file that lost a marker, not BFL
     marked = make_layer("nvfp4", prefix="m", n=32, k=64, marker="comfyui")
     layers = {"x": bfl_nvfp4(128, 64, seed=1), "m": marked.tensors}

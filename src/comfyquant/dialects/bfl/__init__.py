@@ -13,9 +13,11 @@ and no header metadata: the quantizer decides by the tensors (``maybe_update_sta
 
 An unmarked U8 layer is Comfy ``nvfp4`` without its marker just as well; the scale shape
 tells them apart (linear ``[N, K/16]`` vs blocked ``[pad(N, 128), pad(K/16, 4)]``) except when
-``N % 128 == 0`` and ``(K/16) % 4 == 0``, where the shapes coincide.  Then the file decides:
-a layer of it whose shape tells, a ``comfy_quant`` marker anywhere (a Comfy writer marks its
-layers), else the writer this layout is named after.  The nibble order is never in the header.
+``N % 128 == 0`` and ``(K/16) % 4 == 0``, where the shapes coincide.  Then the layer must have
+the ``input_scale`` the BFL layout requires (Comfy writers leave it out by default), and the
+file decides: a layer of it whose shape tells, a ``comfy_quant`` marker anywhere (a Comfy
+writer marks its layers), else the writer this layout is named after.  The nibble order is
+never in the header.
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ def detect(ckpt, claimed: set) -> Claim | None:
     unsettled: list[str] = []
     linear_only = [p for p, f in nv.items() if set(f) == {lay.LINEAR}]
     blocked_only = [p for p, f in nv.items() if set(f) == {lay.BLOCKED}]
-    both = [p for p, f in nv.items() if len(f) == 2]
+    # where the shapes coincide, a layer without input_scale is no BFL layer (diffusers' BFL
+    # quantizer refuses it), while Comfy writers leave it out by default
+    both = [p for p, f in nv.items() if len(f) == 2 and "input_scale" in ckpt.layers[p].tensors]
     comfy = blocked_only[0] if blocked_only else None
     if comfy is not None or marked:
         why = (f"layer {comfy!r} has blocked scales {fmt_shape(ckpt.layers[comfy].tensors['weight_scale'].shape)}"
