@@ -80,12 +80,13 @@ class Translation:
     requantization ``--allow-lossy`` uses."""
 
     __slots__ = ("prefix", "out_prefix", "dialect", "variant", "inputs", "format", "marker", "moves", "drops",
-                 "dropped_why", "verdict", "why", "unsettled", "decoder", "lossy")
+                 "dropped_why", "verdict", "why", "unsettled", "decoder", "lossy", "header_only")
 
     def __init__(self, prefix: str, dialect: str, variant: str, inputs: dict, *, verdict: str, why: str = "",
                  format: str | None = None, marker: dict | None = None, moves: list[Move] | None = None,
                  drops: list[str] | None = None, dropped_why: str = "", out_prefix: str | None = None,
-                 unsettled: list[str] | None = None, decoder: Decoder | None = None, lossy: Lossy | None = None) -> None:
+                 unsettled: list[str] | None = None, decoder: Decoder | None = None, lossy: Lossy | None = None,
+                 header_only: bool = False) -> None:
         if verdict not in VERDICTS:
             raise ValueError(f"unknown verdict {verdict!r}")
         self.prefix = prefix
@@ -103,6 +104,9 @@ class Translation:
         self.unsettled = unsettled or []
         self.decoder = decoder
         self.lossy = lossy
+        self.header_only = header_only
+        """The marker goes into the header's layer map only, no ``.comfy_quant`` tensor (the
+        layout a dialect writes that way, e.g. ModelOpt: a reader takes such tensors for a Comfy file)."""
 
     @property
     def label(self) -> str:

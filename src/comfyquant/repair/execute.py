@@ -120,6 +120,8 @@ def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str,
                 copied[new_name] = entry
         layers_here = {p: m for p, m in plan.markers.items() if layer_file.get(p) == h.file}
         for prefix, marker in layers_here.items():
+            if prefix in plan.header_only:
+                continue
             raw = json.dumps(marker).encode("utf-8")
             tensors[f"{prefix}.comfy_quant"] = ("U8", (len(raw),), raw)
         for prefix, kinds in plan.kept.items():  # refused marker conflicts: both sides as found

@@ -96,6 +96,8 @@ def _apply(ckpt, plan: Plan, markers: dict[str, dict], tr: Translation) -> None:
         markers.pop(tr.prefix, None)
     if tr.marker is not None:
         markers[tr.out_prefix] = dict(tr.marker)
+        if tr.header_only:
+            plan.header_only.add(tr.out_prefix)
         plan.stated.setdefault(tr.out_prefix, []).append(dict(tr.marker))
         plan.homes.setdefault(tr.out_prefix, _home(tr))
     else:

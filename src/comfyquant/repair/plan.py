@@ -110,6 +110,8 @@ class Plan:
         self.homes: dict[str, str] = {}
         """Marker prefix -> the input file its layer's tensors are in, where that prefix is not
         a layer of the input (a dialect's layer renamed or grouped by its dialect)."""
+        self.header_only: set[str] = set()
+        """Marker prefixes written to the header map only (a dialect's ``Translation.header_only``)."""
         self.metadata_drop: set[str] = set()
         self.metadata_set: dict[str, str] = {}
         """``__metadata__`` keys a migration removes or sets (every output file)."""
