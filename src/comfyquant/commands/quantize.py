@@ -119,6 +119,10 @@ def show(result, args) -> int:
         return 0
     print(render_plan(result.plan, full=args.dry_run or args.verbose))
     if args.dry_run:
+        if result.plan.refusal:
+            print(result.plan.refusal)
+            print("dry run: nothing computed or written; the run would be refused")
+            return 1
         print("dry run: nothing computed or written")
         return 0
     print(render_result(result.to_dict(), result.check))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..io.progress import Progress
-from .plan import COPY, DENSE, QUANTIZE, Options, Plan, build_plan
+from .plan import COPY, DENSE, QUANTIZE, Options, Plan, PlanRefused, build_plan
 from .rules import Choice, Rules, load_rules
 
 if TYPE_CHECKING:
@@ -48,7 +48,8 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return (self.check is None or self.check.ok) and not self.over_max_error
+        refused = self.plan is not None and self.plan.refusal is not None
+        return (self.check is None or self.check.ok) and not self.over_max_error and not refused
 
     def to_dict(self) -> dict:
         return self.doc
@@ -177,7 +178,12 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
             dest = _outputs(ckpt, out, overwrite, tag, rep.report_paths(report) if report else ())  # refuse before any work
             dests, index_dest = dest.files, dest.index
             over = _over_outputs(ckpt, dest, overwrite) if max_error is not None else None
-        plan = build_plan(ckpt, mode, Options(rules, default, list(exclude), target, selection))
+        try:
+            plan = build_plan(ckpt, mode, Options(rules, default, list(exclude), target, selection))
+        except PlanRefused as refused:
+            if not dry_run:
+                raise
+            plan = refused.plan  # a dry run prints the plan, and the refusal after it
         if select is not None:
             select.annotate(plan)
         if keep_bad:

@@ -119,6 +119,8 @@ class Plan:
         self.target = target
         self.selection = None  # the presets.Selection that decided layers, if any
         self.notes: list[str] = []  # what the command says besides the plan (preset detected, --like)
+        self.refusal: str | None = None
+        """Why the target would not load the planned output (a dry run still prints the plan)."""
 
     @property
     def quantized(self) -> list[LayerPlan]:
@@ -417,10 +419,41 @@ def virtual_files(ckpt, plan: Plan) -> list[tuple[str, dict, dict]]:
     return files
 
 
+class PlanRefused(InputError):
+    """The target would not load the planned output; ``plan`` is the plan (for --dry-run)."""
+
+    def __init__(self, message: str, plan: Plan) -> None:
+        super().__init__(message)
+        self.plan = plan
+
+
 def _check_whole(ckpt, plan: Plan) -> None:
-    """Refuse a plan whose output the target would not load (format combinations, markers)."""
+    """Refuse a plan whose output the target would not load (format combinations, markers),
+    naming the layers that make the combination and the way out."""
     report = check_files(virtual_files(ckpt, plan), plan.target)
     found = problems(report)
     if found:
         formats = ", ".join(plan.formats()) or "no quantized layers"
-        raise InputError(f"refusing: the output ({formats}) would not load for --target {plan.target}: {found[0]}")
+        plan.refusal = (f"refusing: the output ({formats}) would not load for --target {plan.target}: {found[0]}"
+                        f"{_culprits(plan)}")
+        raise PlanRefused(plan.refusal, plan)
+
+
+def _culprits(plan: Plan) -> str:
+    """For a convert whose output mixes formats: the layers left in their input format, with
+    why each could not take the new one, and what to do about them."""
+    by_format: dict[str, int] = {}
+    for lp in plan.layers:
+        if lp.action in (QUANTIZE, COPY) and lp.marker:
+            fmt = str(lp.marker.get("format"))
+            by_format[fmt] = by_format.get(fmt, 0) + 1
+    if len(by_format) < 2 or plan.mode != "convert":
+        return ""
+    copied = [lp for lp in plan.layers if lp.action == COPY and lp.marker]
+    if not copied:
+        return ""
+    shown = "; ".join(f"{lp.name} stays {lp.marker.get('format')} ({lp.reason})" for lp in copied[:4])
+    more = f"; and {len(copied) - 4} more" if len(copied) > 4 else ""
+    return (f". Layers left in their input format: {shown}{more}. Give them a format this target loads with "
+            f"them (a rules file: [[rules]] match = [\"{copied[0].name}\"] format = \"...\"), or choose a --target "
+            f"that loads the mix (--dry-run prints the whole plan)")
