@@ -24,6 +24,6 @@ def run(args) -> int:
     inputs, out = inputs_and_output(args)
     result = convert(inputs, out, args.to, params_of(args), rules=args.rules, exclude=args.exclude,
                      target=args.target, jobs=args.jobs, report=args.report, dry_run=args.dry_run, keep_bad=args.keep_bad,
-                     overwrite=args.overwrite, progress=False if args.no_progress else None, dtype=args.dtype,
+                     overwrite=args.overwrite, progress=args.progress, dtype=args.dtype,
                      reference=args.reference, max_error=args.max_error)
     return show(result, args)

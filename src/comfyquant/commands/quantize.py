@@ -55,7 +55,11 @@ def add_common_arguments(p, format_flag: str) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the per-layer plan, compute and write nothing")
     p.add_argument("--keep-bad", action="store_true", help="keep layers with NaN/Inf weights as they are instead of refusing")
     p.add_argument("--json", action="store_true", help="print the report document as JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--progress", dest="progress", action="store_true", default=None,
+                       help="always redraw the progress line on stderr (default: redrawn on a terminal, a plain line "
+                            "every 10 s in a log)")
+    shown.add_argument("--no-progress", dest="progress", action="store_false", help="no progress on stderr")
     p.add_argument("-v", "--verbose", action="store_true", help="print the full per-layer plan")
 
 
@@ -99,7 +103,7 @@ def run(args) -> int:
     inputs, out = inputs_and_output(args)
     result = quantize(inputs, out, args.format, params_of(args), rules=args.rules, exclude=args.exclude,
                       target=args.target, jobs=args.jobs, report=args.report, dry_run=args.dry_run,
-                      keep_bad=args.keep_bad, overwrite=args.overwrite, progress=False if args.no_progress else None,
+                      keep_bad=args.keep_bad, overwrite=args.overwrite, progress=args.progress,
                       reference=args.reference, max_error=args.max_error,
                       preset=args.preset, include=args.include, like=args.like)
     return show(result, args)
