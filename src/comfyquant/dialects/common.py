@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 from ..dtypes import QUANTIZED_WEIGHT_DTYPES
 from ..numerics import bytewise
 from .base import EXACT, Move
@@ -52,3 +54,15 @@ def root_of(name: str) -> str:
 
 def fmt_shape(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def float_scalar(data: bytes, dtype: str) -> float:
+    """The value of a one-element F32/F16/BF16 tensor's bytes (NaN for a short read: the
+    container findings say why; such a scale is unusable)."""
+    if len(data) < (4 if dtype == "F32" else 2):
+        return float("nan")
+    if dtype == "F32":
+        return struct.unpack("<f", data[:4])[0]
+    if dtype == "F16":
+        return struct.unpack("<e", data[:2])[0]
+    return struct.unpack("<f", b"\0\0" + data[:2])[0]  # BF16: the high half of an F32

@@ -12,14 +12,13 @@ switches the translation off.
 
 from __future__ import annotations
 
-import struct
 
 from ...findings import Finding
 from ...formats.registry import FORMATS, infer_format
 from ...io.header import TensorEntry
 from ...targets.base import Violation
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
-from ..common import DIFFUSION_ROOTS, FLOAT_SCALE_DTYPES, copy, fmt_shape, is_scalar_float, root_of, scalar_scale
+from ..common import DIFFUSION_ROOTS, FLOAT_SCALE_DTYPES, copy, float_scalar, fmt_shape, is_scalar_float, root_of, scalar_scale
 from ..decoders import scaled_fp8
 
 NAME = "comfy-legacy-fp8"
@@ -112,14 +111,6 @@ def _scale_fits(wshape: tuple, sshape: tuple) -> bool:
     return sshape in ((n,), (n, 1))
 
 
-def _f32_scalar(data: bytes, dtype: str) -> float:
-    if dtype == "F32":
-        return struct.unpack("<f", data[:4])[0]
-    if dtype == "F16":
-        return struct.unpack("<e", data[:2])[0]
-    return struct.unpack("<f", b"\0\0" + data[:2])[0]  # BF16: the high half of an F32
-
-
 def settle(ckpt, claim: Claim) -> list[Finding]:
     """Read the scalars the header cannot tell: ``scale_input == 1.0`` (ComfyUI drops it, so
     the migrated layer drops it too: the file keeps behaving as ComfyUI ran it) and whether a
@@ -132,7 +123,7 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
     for tr in claim.layers.values():
         si = tr.inputs.get("scale_input")
         if si is not None and si.name in values and tr.format is not None:
-            if _f32_scalar(values[si.name], si.dtype) == 1.0:
+            if float_scalar(values[si.name], si.dtype) == 1.0:
                 tr.moves = [m for m in tr.moves if m.source != si.name]
                 tr.drops.append(si.name)
                 tr.dropped_why = "scale_input == 1.0, which ComfyUI drops (dynamic activations)"
@@ -141,7 +132,7 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
         if tr.format is None and tr.verdict == EXACT:
             sw = tr.inputs["scale_weight"]
             if sw.name in values:
-                v = _f32_scalar(values[sw.name], sw.dtype)
+                v = float_scalar(values[sw.name], sw.dtype)
                 if v != 1.0:
                     tr.verdict = REFUSED
                     tr.why = (f"dense {tr.inputs['weight'].dtype} weight with scale_weight {v!r}, not 1.0: whether the "

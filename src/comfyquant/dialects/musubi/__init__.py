@@ -28,14 +28,13 @@ scales, so those layers are lossy (``--allow-lossy`` requantizes them from the e
 
 from __future__ import annotations
 
-import struct
 
 from ...findings import Finding
 from ...formats.registry import infer_format
 from ...io.header import TensorEntry
 from ...targets.base import Violation
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
-from ..common import FLOAT_SCALE_DTYPES, copy, fmt_shape, is_scalar_float, scalar_scale
+from ..common import FLOAT_SCALE_DTYPES, copy, float_scalar, fmt_shape, is_scalar_float, scalar_scale
 from ..decoders import scaled_fp8
 
 NAME = "musubi-fp8"
@@ -167,16 +166,6 @@ def _refused(prefix: str, t: dict, why: str) -> Translation:
     return Translation(prefix, NAME, "unknown", t, verdict=REFUSED, why=why)
 
 
-def _scalar(data: bytes, dtype: str) -> float:
-    if len(data) < (4 if dtype == "F32" else 2):
-        return float("nan")  # a short read: the container findings say why; the scale is unusable
-    if dtype == "F32":
-        return struct.unpack("<f", data[:4])[0]
-    if dtype == "F16":
-        return struct.unpack("<e", data[:2])[0]
-    return struct.unpack("<f", b"\0\0" + data[:2])[0]  # BF16: the high half of an F32
-
-
 def settle(ckpt, claim: Claim) -> list[Finding]:
     """Read the one-element scales: a per-tensor ``scale_weight`` (and a two-level layer's
     ``scale_weight_tensor``) that is not finite and positive decodes to garbage, so the layer is
@@ -187,7 +176,7 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
             e = tr.inputs.get(s)
             if e is not None and is_scalar_float(e) and tr.verdict != REFUSED:
                 wanted.append(e)
-    values = {n: _scalar(d, ckpt.tensors[n].dtype) for n, d in (ckpt.read_many(wanted) if wanted else {}).items()}
+    values = {n: float_scalar(d, ckpt.tensors[n].dtype) for n, d in (ckpt.read_many(wanted) if wanted else {}).items()}
     findings: list[Finding] = []
     ones, unit_tensor = [], []
     for tr in claim.layers.values():
