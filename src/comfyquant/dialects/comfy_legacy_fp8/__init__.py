@@ -12,7 +12,6 @@ switches the translation off.
 
 from __future__ import annotations
 
-
 from ...findings import Finding
 from ...formats.registry import FORMATS, infer_format
 from ...io.header import TensorEntry

@@ -28,7 +28,6 @@ scales, so those layers are lossy (``--allow-lossy`` requantizes them from the e
 
 from __future__ import annotations
 
-
 from ...findings import Finding
 from ...formats.registry import infer_format
 from ...io.header import TensorEntry
