@@ -268,7 +268,7 @@ def render_migrate(result) -> str:
     for row in result.layers:
         groups.setdefault((row["dialect"], row["variant"], row["verdict"], row["format"], row["why"]), []).append(row)
     for (dialect, variant, verdict, fmt, why), rows in groups.items():
-        into = fmt or ("dense" if verdict in ("exact", "byte-permutation") else "-")
+        into = fmt or (result.to if result.to else "dense" if verdict in ("exact", "byte-permutation") else "-")
         errors = [r["error"] for r in rows if r.get("error") is not None]
         err = f", relative L2 error up to {max(errors):.4f}" if errors else ""
         lines.append(f"  {verdict:<16} {len(rows):>4} x {dialect} ({variant}) -> {into}{err}")
@@ -283,8 +283,11 @@ def render_migrate(result) -> str:
     elif result.dry_run:
         lines.append("dry run: nothing written")
     else:
-        lines.append(f"wrote {', '.join(result.outputs)}" + ("" if result.after is None or result.after.ok
-                                                             else " (the re-check still finds errors: see check)"))
+        if result.to:  # another writer's layout: the runtimes' verdicts on it are check's to say
+            caveat = f" (a {result.to} file: comfyquant check says what each runtime does with it)"
+        else:
+            caveat = "" if result.after is None or result.after.ok else " (the re-check still finds errors: see check)"
+        lines.append(f"wrote {', '.join(result.outputs)}{caveat}")
     return "\n".join(lines)
 
 
