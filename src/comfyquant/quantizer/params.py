@@ -16,6 +16,9 @@ from ..formats.params import Params
 
 KEEP = "keep"
 """The pseudo-format of rules that keep layers as they are (dense for quantize)."""
+DECODE = "dense"
+"""The pseudo-format of rules that make layers dense: for ``convert``, a quantized layer is
+decoded (its model dtype) and written without a marker; for ``quantize`` it is ``keep``."""
 
 
 def writable() -> list[str]:
@@ -38,8 +41,10 @@ def resolve_format(name: str, where: str = "--format", allow_keep: bool = False)
     if not isinstance(name, str):
         raise InputError(f"{where}: format must be a string, got {name!r}")
     key = name.strip().lower()
-    if allow_keep and key in (KEEP, "dense"):
+    if allow_keep and key == KEEP:
         return KEEP
+    if allow_keep and key == DECODE:
+        return DECODE
     fmt = registry.lookup(key)
     if fmt is not None and fmt.writable:
         return fmt.name

@@ -26,6 +26,8 @@ from .rules import Choice, Rules
 QUANTIZE = "quantize"
 DENSE = "dense"
 COPY = "copy"
+DECODE = "decode"
+"""``convert`` writes a quantized input layer as its dense weight (rules ``format = "dense"``)."""
 ENCODABLE_DTYPES = ("BF16", "F16", "F32")
 
 
@@ -63,6 +65,8 @@ class LayerPlan:
     def bytes_out(self) -> int:
         from ..dtypes import DTYPE_BITS
 
+        if self.action == DECODE:
+            return sum(_nbytes(d, sh, DTYPE_BITS) for _s, d, sh in self.output_tensors())
         if self.action != QUANTIZE:
             return self.bytes_in + (len(json.dumps(self.marker)) if self.marker else 0)
         total = sum(_nbytes(d, s, DTYPE_BITS) for d, s in self.planned.values())
@@ -71,6 +75,9 @@ class LayerPlan:
 
     def output_tensors(self) -> list[tuple[str, str, tuple]]:
         """(suffix, dtype, shape) written for this layer, marker excluded, in file order."""
+        if self.action == DECODE:
+            bias = self.entries.get("bias")
+            return [("weight", self.dtype, (self.n, self.k))] + ([("bias", bias.dtype, bias.shape)] if bias else [])
         if self.action != QUANTIZE:
             return [(s, e.dtype, e.shape) for s, e in self.entries.items() if s != "comfy_quant"]
         out = [(s, d, sh) for s, (d, sh) in self.planned.items()]
@@ -357,6 +364,11 @@ def _plan_convert(layer, options: Options, implied: dict | None = None) -> Layer
     choice = options.choose(name)
     if choice is None:
         return copy("no rule matches and no --to")
+    if choice.decode:
+        lp = LayerPlan(name, dict(layer.tensors), DECODE, f"decoded to dense by {choice.source}")
+        lp.n, lp.k = codec_plan.shape
+        lp.dtype, lp.src_format, lp.src_marker = dtype, fmt, dict(marker)
+        return lp
     if choice.keep:
         return copy(f"kept by {choice.source}")
     n, k = codec_plan.shape
@@ -455,5 +467,5 @@ def _culprits(plan: Plan) -> str:
     shown = "; ".join(f"{lp.name} stays {lp.marker.get('format')} ({lp.reason})" for lp in copied[:4])
     more = f"; and {len(copied) - 4} more" if len(copied) > 4 else ""
     return (f". Layers left in their input format: {shown}{more}. Give them a format this target loads with "
-            f"them (a rules file: [[rules]] match = [\"{copied[0].name}\"] format = \"...\"), or choose a --target "
-            f"that loads the mix (--dry-run prints the whole plan)")
+            f"the others, or decode them (a rules file: [[rules]] match = [\"{copied[0].name}\"] format = \"dense\"), "
+            f"or choose a --target that loads the mix (--dry-run prints the whole plan)")

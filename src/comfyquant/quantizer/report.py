@@ -14,7 +14,7 @@ import os
 from ..errors import InputError
 from ..units import human_size
 from ..version import __version__
-from .plan import COPY, DENSE, QUANTIZE, Plan
+from .plan import COPY, DECODE, DENSE, QUANTIZE, Plan
 from .work import QUALITY_ROWS, QUALITY_SEED
 
 SCHEMA = 1
@@ -190,14 +190,15 @@ def render_plan(plan: Plan, full: bool) -> str:
         if plan.others:
             lines.append(f"  other tensors (copied): {len(plan.others)}, {human_size(sum(e.nbytes for e in plan.others))}")
     else:
-        reasons: dict[str, list[str]] = {}
+        reasons: dict[tuple[str, str], list[str]] = {}
         for lp in plan.layers:
             if lp.action != QUANTIZE:
                 kind, detail = _reason_kind(lp.reason or lp.action)
-                reasons.setdefault(kind, []).append(f"{lp.name} ({detail})" if detail else lp.name)
-        for reason, names in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+                verb = "decoded" if lp.action == DECODE else "kept" if plan.mode == "quantize" else "copied"
+                reasons.setdefault((verb, kind), []).append(f"{lp.name} ({detail})" if detail else lp.name)
+        for (verb, reason), names in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
             shown = ", ".join(names[:4]) + (f", ... ({len(names)} layers)" if len(names) > 4 else "")
-            lines.append(f"  {'kept' if plan.mode == 'quantize' else 'copied'} ({len(names)}): {reason}: {shown}")
+            lines.append(f"  {verb} ({len(names)}): {reason}: {shown}")
     return "\n".join(lines)
 
 

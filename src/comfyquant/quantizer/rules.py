@@ -30,7 +30,7 @@ import sys
 
 from ..errors import InputError
 from ..formats.params import Params
-from .params import KEEP, resolve_format, validate
+from .params import DECODE, KEEP, resolve_format, validate
 
 _WILDCARDS = re.compile(r"[*?\[\]]")
 
@@ -48,7 +48,13 @@ class Choice:
 
     @property
     def keep(self) -> bool:
-        return self.format == KEEP
+        """No format is written: the layer stays as stored, or (``dense``) is decoded."""
+        return self.format in (KEEP, DECODE)
+
+    @property
+    def decode(self) -> bool:
+        """``format = "dense"``: ``convert`` decodes the layer to a dense weight."""
+        return self.format == DECODE
 
     def __repr__(self) -> str:
         return f"Choice({self.format!r}, {self.params}, {self.source!r})"
@@ -170,8 +176,8 @@ def _choice(entry: dict, where: str, source: str, patterns: bool = True) -> Choi
     params = {k: v for k, v in entry.items() if k not in _RULE_KEYS}
     if not patterns and "match" in entry:
         raise InputError(f"{where}: [default] takes no match (it applies to layers no rule matches)")
-    if fmt == KEEP:
+    if fmt in (KEEP, DECODE):
         if params:
-            raise InputError(f"{where}: format = \"keep\" takes no parameters, got {', '.join(sorted(params))}")
-        return Choice(KEEP, None, source)
+            raise InputError(f"{where}: format = \"{fmt}\" takes no parameters, got {', '.join(sorted(params))}")
+        return Choice(fmt, None, source)
     return Choice(fmt, validate(fmt, params, where), source)

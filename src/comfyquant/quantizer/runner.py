@@ -29,7 +29,7 @@ from ..io.source import LocalFile
 from ..io.writer import commit_file, discard, write_safetensors
 from ..version import __version__
 from .layout import marker_entries, problems
-from .plan import DENSE, QUANTIZE, LayerPlan, Plan, output_files
+from .plan import DECODE, DENSE, QUANTIZE, LayerPlan, Plan, output_files
 from .work import run_task, run_task_spilled, task_for
 
 STAMP_KEY = "comfyquant"
@@ -170,6 +170,8 @@ class Runner:
                 if lp.action == QUANTIZE:
                     order.append(lp)
                     tensors.update(self._quantized(lp))
+                elif lp.action == DECODE:
+                    tensors.update(self._decoded(lp))
                 else:
                     for suffix, e in lp.entries.items():
                         if suffix != "comfy_quant":
@@ -231,6 +233,30 @@ class Runner:
 
         for suffix, (dtype, shape) in lp.planned.items():
             out[f"{lp.name}.{suffix}"] = (dtype, shape, producer(suffix))
+        bias = lp.entries.get("bias")
+        if bias is not None:
+            out[bias.name] = (bias.dtype, bias.shape, copy_range(self.ckpt.source(bias.file), bias.start, bias.nbytes))
+        return out
+
+    def _decoded(self, lp: LayerPlan) -> dict:
+        """A quantized layer written as its dense weight (computed here, when the writer reaches
+        it; one layer in memory), and its bias."""
+
+        def chunks() -> Iterator[bytes]:
+            from .. import codecs
+            from ..numerics.dtypes import TORCH_DTYPES, to_bytes
+            from .work import entry_spec, read_spec
+
+            stored = {s: read_spec(entry_spec(e)) for s, e in lp.entries.items() if s not in ("comfy_quant", "bias")}
+            weight = codecs.get(lp.src_format).decode(stored, lp.src_marker, dtype=TORCH_DTYPES[lp.dtype],
+                                                      layer=lp.name)
+            if tuple(weight.shape) != (lp.n, lp.k):
+                weight = weight[: lp.n, : lp.k]
+            self.progress.add(lp.bytes_in, 1)
+            yield to_bytes(weight.to(TORCH_DTYPES[lp.dtype]).contiguous())
+            del weight
+
+        out = {f"{lp.name}.weight": (lp.dtype, (lp.n, lp.k), chunks)}
         bias = lp.entries.get("bias")
         if bias is not None:
             out[bias.name] = (bias.dtype, bias.shape, copy_range(self.ckpt.source(bias.file), bias.start, bias.nbytes))

@@ -50,6 +50,11 @@ def close_sources() -> None:
     _SOURCES.clear()
 
 
+def read_spec(spec: tuple):
+    """A tensor from its read spec (:func:`entry_spec`), through this process's sources."""
+    return _read(spec)
+
+
 def _read(spec: tuple):
     """A tensor from ``(file, dtype, shape, start, nbytes)``, read straight into its own
     writable buffer (one copy in memory, not two)."""
