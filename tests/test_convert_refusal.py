@@ -1,12 +1,14 @@
 """A convert whose output the target would not load names the layers that make the mix and
 why each stayed in its input format; ``--dry-run`` prints the whole plan before the refusal
-(issue 16: "stops without naming the layer; --dry-run prints the same refusal and no plan")."""
+(issue 16: "stops without naming the layer; --dry-run prints the same refusal and no plan").
+Rules can keep such a layer as stored (``keep``: the refused mix again) or make it dense
+(``dense``: ``convert`` decodes it into its model dtype and writes no marker)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import comfyquant
 from comfyquant.cli import main
@@ -45,3 +47,24 @@ def test_dry_run_prints_the_plan_then_the_refusal(nvfp4_file, tmp_path, capsys):
     assert plan_at < refusal_at and "the run would be refused" in text
     # for a target that loads the mix, the same convert is planned and runs
     assert main(["convert", nvfp4_file, out, "--to", "w4a8", "--target", "comfyui"]) == 0
+
+
+def test_dense_rule_decodes_the_layer_left_behind(nvfp4_file, tmp_path, capsys):
+    src = nvfp4_file
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rules]]\nmatch = "double_blocks.0.txt_mod"\nformat = "dense"\n')
+    out = str(tmp_path / "w4a8.safetensors")
+    assert main(["convert", src, out, "--to", "w4a8", "--rules", str(rules), "--no-progress"]) == 0
+    assert "decoded (1): decoded to dense by" in capsys.readouterr().out
+    written = load_file(out)
+    assert "double_blocks.0.txt_mod.comfy_quant" not in written
+    assert written["double_blocks.0.txt_mod.weight"].dtype == torch.bfloat16
+    # the dense weight is exactly what dequantize makes of the NVFP4 layer
+    ref = str(tmp_path / "ref.safetensors")
+    comfyquant.dequantize(src, ref, progress=False)
+    want = load_file(ref)["double_blocks.0.txt_mod.weight"]
+    assert torch.equal(written["double_blocks.0.txt_mod.weight"].view(torch.int16), want.view(torch.int16))
+    assert comfyquant.check(out).ok
+    # "keep" leaves it as stored: the mix SGLang refuses
+    rules.write_text('[[rules]]\nmatch = "double_blocks.0.txt_mod"\nformat = "keep"\n')
+    assert main(["convert", src, str(tmp_path / "k.safetensors"), "--to", "w4a8", "--rules", str(rules)]) == 2

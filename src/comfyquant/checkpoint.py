@@ -148,12 +148,6 @@ class Checkpoint:
                 return h.metadata
         raise KeyError(file)
 
-    @property
-    def legacy_scaled_fp8(self) -> bool:
-        """A legacy ComfyUI "scaled FP8" file (spec 1.6): a ``scaled_fp8`` tensor and no header map.
-        (That tensor is not a layer tensor, so only the few non-layer names are scanned.)"""
-        return not self.markers.headers and any(n.endswith("scaled_fp8") for n in self.other_tensors)
-
     def io_stats(self) -> dict[str, dict[str, int]]:
         stats = dict(self.shardset.index_io)  # a remote index.json costs a request too
         stats.update({s.name: {"requests": getattr(s, "reads", 0), "bytes": getattr(s, "bytes_read", 0)} for s in self.sources})

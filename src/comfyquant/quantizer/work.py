@@ -51,11 +51,6 @@ def close_sources() -> None:
 
 
 def read_spec(spec: tuple):
-    """A tensor from its read spec (:func:`entry_spec`), through this process's sources."""
-    return _read(spec)
-
-
-def _read(spec: tuple):
     """A tensor from ``(file, dtype, shape, start, nbytes)``, read straight into its own
     writable buffer (one copy in memory, not two)."""
     from ..numerics.dtypes import from_bytes
@@ -92,7 +87,7 @@ def _file_rows(spec: tuple):
 
     file, dtype, shape, start, nbytes = spec
     if len(shape) != 2 or not shape[0] or dtype not in TORCH_DTYPES:
-        return _read(spec)  # the encoder refuses it with its own message
+        return read_spec(spec)  # the encoder refuses it with its own message
     row = nbytes // shape[0]
 
     def read(r0: int, r1: int):
@@ -130,7 +125,7 @@ def load_source(task: dict):
     from ..formats.codec import CodecError
     from ..numerics.rows import materialize
 
-    tensors = {s: _read(spec) for s, spec in task["src"].items()}
+    tensors = {s: read_spec(spec) for s, spec in task["src"].items()}
     try:
         source = codecs.get(task["src_format"]).row_source(tensors, task["src_marker"], dtype=task["dtype"].lower(),
                                                             layer=task["name"])

@@ -26,16 +26,15 @@ DENSE_DTYPES = ("BF16", "F16", "F32")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 
 
-def _comfy_reading():
-    """The format ComfyUI's translation marks every legacy layer with: the one whose
-    ``legacy_renames`` say it replaces the legacy names."""
-    return next(f for f in FORMATS.values() if f.legacy_renames)
+COMFY_READING = next(f for f in FORMATS.values() if f.legacy_renames)
+"""The format ComfyUI's translation marks every legacy layer with: the one whose
+``legacy_renames`` say it replaces the legacy names."""
 
 
 def _per_tensor_format(w) -> str | None:
     """The Comfy format of an FP8 weight with one F32 scale, as the format registry recognises
     the renamed layer (no format name is written here: the formats say what they are)."""
-    renames = _comfy_reading().legacy_renames
+    renames = COMFY_READING.legacy_renames
     scale = TensorEntry(w.name, "F32", (), 0, 4, w.file)
     fmt = infer_format({"weight": w, renames["scale_weight"]: scale})
     return fmt.name if fmt is not None else None
@@ -70,7 +69,7 @@ def _translate(prefix: str, t: dict, full_precision: bool) -> Translation:
     w, sw, si = t["weight"], t["scale_weight"], t.get("scale_input")
     others = [copy(e, s) for s, e in t.items() if s not in ("weight", "scale_weight", "scale_input")]
     fmt = _per_tensor_format(w) if w.dtype in FP8_DTYPES else None
-    renames = _comfy_reading().legacy_renames
+    renames = COMFY_READING.legacy_renames
     if w.dtype in DENSE_DTYPES:
         drops = [sw.name] + ([si.name] if si is not None else [])
         return Translation(prefix, NAME, "dense layer, dummy scale", t, verdict=EXACT,
@@ -87,7 +86,7 @@ def _translate(prefix: str, t: dict, full_precision: bool) -> Translation:
         moves = [copy(w, "weight"), scalar_scale(sw, prefix, renames["scale_weight"]), *others]
         if si is not None:
             moves.append(scalar_scale(si, prefix, renames["scale_input"]))
-        variant = "tensor" if fmt == _comfy_reading().name else f"tensor, {w.dtype}"
+        variant = "tensor" if fmt == COMFY_READING.name else f"tensor, {w.dtype}"
         why = ", ".join(f"rename {old} -> {new}" for old, new in renames.items() if old in t)
         if sw.dtype != "F32":
             why += f", {sw.dtype} scale -> F32 (exact)"
@@ -98,7 +97,7 @@ def _translate(prefix: str, t: dict, full_precision: bool) -> Translation:
         variant = "block" if len(sw.shape) == 3 else "channel"
         return Translation(prefix, NAME, variant, t, verdict=LOSSY,
                            why=f"{variant} scale {fmt_shape(sw.shape)}: no Comfy FP8 format has per-{variant} scales",
-                           decoder=scaled_fp8(), lossy=Lossy(_comfy_reading().name, why="re-quantized per tensor"))
+                           decoder=scaled_fp8(), lossy=Lossy(COMFY_READING.name, why="re-quantized per tensor"))
     return Translation(prefix, NAME, "unknown", t, verdict=REFUSED,
                        why=f"scale_weight {sw.dtype} {fmt_shape(sw.shape)} does not fit weight {fmt_shape(w.shape)}")
 
@@ -180,15 +179,14 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
                                  severity="error"))
     for tr in claim.layers.values():
         w = tr.inputs["weight"]
-        reading = _comfy_reading()
-        if tr.format is not None and tr.format != reading.name:
+        if tr.format is not None and tr.format != COMFY_READING.name:
             out.append(Violation("comfyui.legacy", f"layer '{tr.prefix}': ComfyUI's legacy translation marks every "
-                                 f"layer {reading.name} and re-casts this {w.dtype} weight by value (garbage output, "
+                                 f"layer {COMFY_READING.name} and re-casts this {w.dtype} weight by value (garbage output, "
                                  "no error)", None, tr.prefix, "weight", False, f"{w.dtype} weights in a legacy file",
                                  f"comfyquant migrate (writes {tr.format} markers)", severity="error"))
         elif tr.format is None and tr.verdict != LOSSY and w.dtype in DENSE_DTYPES:
             out.append(Violation("comfyui.legacy", f"layer '{tr.prefix}': ComfyUI marks any layer with a scale_weight "
-                                 f"{reading.name} and casts this {w.dtype} weight to FP8 (precision lost, no error)",
+                                 f"{COMFY_READING.name} and casts this {w.dtype} weight to FP8 (precision lost, no error)",
                                  None, tr.prefix, "weight", False, "dummy scale_weight on a dense layer",
                                  "comfyquant migrate (drops the dummy scale)", severity="warning"))
         elif tr.verdict == LOSSY:
