@@ -164,7 +164,7 @@ def test_cli_exit_codes(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     rc, _, err = cli(capsys, "check", empty, "-r")
-    assert rc == 2 and "no .safetensors files under this folder" in err
+    assert rc == 2 and "no .safetensors or .gguf files under this folder" in err
     rc, _, err = cli(capsys, "check", clean, "-r", "--jobs", "0")
     assert rc == 2 and "must be at least 1" in err
 

@@ -760,3 +760,32 @@ def test_fix_and_mixed_inputs_say_what_a_gguf_file_is(flux, tmp_path, capsys):
         rc, _, err = cli(capsys, *args)
         assert rc == 2 and f"{path}: a GGUF file is read on its own" in err, err
     assert not (tmp_path / "fixed.safetensors").exists()
+
+
+def test_check_recursive_finds_gguf_files_beside_safetensors(tmp_path, capsys):
+    """A models folder mixes .safetensors and .gguf files: each GGUF file is a checkpoint of its
+    own, checked as when named alone; a broken one is unreadable with its one-line reason."""
+    from comfyquant import check
+    from comfyquant.checker.batch import check_tree
+
+    tree = tmp_path / "models"
+    (tree / "unet").mkdir(parents=True)
+    write_gguf(tree / "unet" / "flux-Q8_0.gguf")
+    (tree / "unet" / "broken.gguf").write_bytes(b"GGUF" + b"\xff" * 60)
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "dense_tiny.safetensors")
+    (tree / "dense.safetensors").write_bytes(open(example, "rb").read())
+    result = check_tree([str(tree)])
+    by = {i.label: i for i in result.items}
+    assert sorted(by) == ["dense.safetensors", os.path.join("unet", "broken.gguf"), os.path.join("unet", "flux-Q8_0.gguf")]
+    alone = check(str(tree / "unet" / "flux-Q8_0.gguf")).to_dict()
+    got = by[os.path.join("unet", "flux-Q8_0.gguf")].report.to_dict()
+    assert [f["code"] for f in got["findings"]] == [f["code"] for f in alone["findings"]]
+    assert got["targets"] == alone["targets"]
+    broken = by[os.path.join("unet", "broken.gguf")]
+    assert broken.status == "unreadable" and "broken.gguf" in broken.error
+    rc, out, err = cli(capsys, "check", "-r", tree)
+    assert "flux-Q8_0.gguf" in out and "Traceback" not in out + err
+    only = tmp_path / "only"
+    (only / "sub").mkdir(parents=True)
+    write_gguf(only / "sub" / "m.gguf")
+    assert [i.label for i in check_tree([str(only)]).items] == [os.path.join("sub", "m.gguf")]

@@ -8,7 +8,8 @@ every command uses (:mod:`comfyquant.io.shards`):
 2. the remaining ``<stem>-0000N-of-0000M.safetensors`` files with the same stem and M are one
    checkpoint; a number 1..M without its file is reported as a missing shard (``C011``), as
    a missing shard an index names would be;
-3. every other ``*.safetensors`` file is a checkpoint of its own.
+3. every other ``*.safetensors`` file is a checkpoint of its own, and so is every file of
+   another container a dialect reads (``*.gguf``, local folders only).
 
 The same machinery checks the separate checkpoints of one folder given to plain ``check``
 (:func:`check_groups`).  Roots are local folders, fsspec folder URLs (``s3://bucket/models/``;
@@ -126,8 +127,16 @@ def _wanted(name: str) -> bool:
     return name.endswith(".safetensors") or name.endswith(INDEX_SUFFIX)
 
 
+def _lone() -> tuple[str, ...]:
+    """File endings of the other containers (``.gguf``): read locally, each its own checkpoint."""
+    from ..dialects.containers import container_suffixes
+
+    return container_suffixes()
+
+
 def discover(root: str) -> list[str]:
-    """Every ``.safetensors`` and ``.safetensors.index.json`` under ``root`` (sorted)."""
+    """Every ``.safetensors`` and ``.safetensors.index.json`` under ``root`` (sorted), and
+    under a local folder every file of another container (``.gguf``)."""
     if is_url(root):
         from ..io.remote import filesystem, is_http
 
@@ -157,9 +166,10 @@ def discover(root: str) -> list[str]:
     if not os.path.isdir(root):
         return _missing(root)
     out = []
+    lone = _lone()
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        out.extend(os.path.join(folder, f) for f in sorted(files) if _wanted(f))
+        out.extend(os.path.join(folder, f) for f in sorted(files) if _wanted(f) or f.endswith(lone))
     return out
 
 
@@ -217,8 +227,10 @@ def group(files: list[str], root: str = "", remote: RemoteOptions | None = None)
     def join(folder: str, name: str) -> str:
         return _join(folder, name) if folder else name
 
+    lone = () if is_url(root) else _lone()
     for folder in sorted(by_folder):
-        for g in group_folder(folder, sorted(by_folder[folder]), lambda index: _index_shards(index, remote), join):
+        for g in group_folder(folder, sorted(by_folder[folder]), lambda index: _index_shards(index, remote), join,
+                              lone=lone):
             g.label = label(join(folder, g.label))
             groups.append(g)
     groups.sort(key=lambda g: g.label)
@@ -246,6 +258,10 @@ def open_group(grp: Group, name_mapper: NameMapper | None = None, remote: Remote
     if grp.error:
         raise InputError(grp.error)
     if not any(is_url(p) for p in grp.paths):
+        if grp.kind == "file":  # maybe a file of another container (GGUF): its own reader
+            from ..dialects.containers import open_any
+
+            return open_any(grp.paths, name_mapper=name_mapper, shardset=grp.shardset())
         return open_checkpoint(grp.paths, name_mapper=name_mapper, shardset=grp.shardset())
     ckpt = open_checkpoint(grp.paths, name_mapper=name_mapper, remote=remote)
     for m in grp.missing:  # a remote folder's <stem>-<i>-of-<n> files without number i
@@ -314,7 +330,7 @@ def check_tree(roots: list[str], target: Targets = "all", deep: bool = False, na
             groups.append(Group(root, [root], error=str(exc)))
             continue
         if not found:
-            groups.append(Group(root, [root], error=f"{root}: no .safetensors files under this folder"))
+            groups.append(Group(root, [root], error=f"{root}: no .safetensors or .gguf files under this folder"))
             continue
         base = root if (is_url(root) or os.path.isdir(root)) else ""
         groups.extend(settle_local(group(found, base, remote)))

@@ -188,11 +188,15 @@ class Dialect:
 class Container:
     """A file format other than safetensors that a dialect reads (GGUF): ``sniff(path)`` says
     whether a local file is one (a few bytes, never raises), ``open(path)`` returns a byte
-    source that reads as the equivalent safetensors file (:class:`comfyquant.io.virtual.VirtualSource`)."""
+    source that reads as the equivalent safetensors file (:class:`comfyquant.io.virtual.VirtualSource`).
+    ``suffixes`` are the file names it is looked for under in a folder (``check --recursive``):
+    each such file is a checkpoint of its own."""
 
-    __slots__ = ("name", "sniff", "open")
+    __slots__ = ("name", "sniff", "open", "suffixes")
 
-    def __init__(self, name: str, sniff: Callable[[str], bool], open: Callable[[str], Any]) -> None:
+    def __init__(self, name: str, sniff: Callable[[str], bool], open: Callable[[str], Any],
+                 suffixes: tuple[str, ...] = ()) -> None:
         self.name = name
         self.sniff = sniff
         self.open = open
+        self.suffixes = suffixes

@@ -25,13 +25,19 @@ def container_of(paths: Paths) -> tuple[str, object] | None:
     return None
 
 
+def container_suffixes() -> tuple[str, ...]:
+    """The file-name endings of every container (``.gguf``): what a folder walk also looks for."""
+    return tuple(s for c in CONTAINERS for s in c.suffixes)
+
+
 def open_any(paths: Paths, **kw) -> Checkpoint:
     if kw.get("sources") is None:
         found = container_of(paths)
         if found is not None:
             path, container = found
             source = container.open(path)
-            return open_checkpoint(path, sources=[source], shardset=ShardSet(files=[path]), **kw)
+            kw["shardset"] = ShardSet(files=[path])
+            return open_checkpoint(path, sources=[source], **kw)
         _refuse_mixed(paths)
     return open_checkpoint(paths, **kw)
 

@@ -213,10 +213,11 @@ def read_index(path: str, text: str | None = None) -> tuple[list[str], dict[str,
 
 
 def group_folder(folder: str, names: list[str], index_shards: Callable[[str], list[str] | None],
-                 join: Callable[[str, str], str]) -> list[Group]:
+                 join: Callable[[str, str], str], lone: tuple[str, ...] = ()) -> list[Group]:
     """Group one folder's ``*.safetensors`` and index names into checkpoints by the module's
     rules, from the names alone (``index_shards`` reads an index: its shard paths, or None);
-    labels are the names relative to the folder, sorted."""
+    labels are the names relative to the folder, sorted.  A name ending in one of ``lone``
+    (another container's files, ``.gguf``) is a checkpoint of its own."""
     groups: list[Group] = []
     claimed: set[str] = set()
     names = [n for n in names if not _hidden(n)]
@@ -230,6 +231,9 @@ def group_folder(folder: str, names: list[str], index_shards: Callable[[str], li
             groups.append(g)
     stems: dict[tuple[str, str], dict[int, str]] = {}
     for n in names:
+        if lone and n.endswith(lone):
+            groups.append(Group(n, [join(folder, n)], kind="file", folder=folder))
+            continue
         if not n.endswith(".safetensors"):
             continue
         path = join(folder, n)

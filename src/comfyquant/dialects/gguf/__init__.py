@@ -232,7 +232,7 @@ DIALECTS = (Dialect(NAME, "GGUF (city96 ComfyUI-GGUF)", writer="city96 ComfyUI-G
                     source="spec dialects-and-loading.md §2.5; city96/ComfyUI-GGUF loader.py, tools/convert.py",
                     detect=detect, runtime=runtime, order=1),)
 
-CONTAINERS = (Container(NAME, sniff=is_gguf, open=virtual_source),)
+CONTAINERS = (Container(NAME, sniff=is_gguf, open=virtual_source, suffixes=(".gguf",)),)
 """A local ``.gguf`` file opens as its virtual safetensors view (``dialects/containers.open_any``)."""
 
 __all__ = ["CONTAINERS", "DIALECTS", "NAME", "is_gguf", "virtual_source", "lossy_target"]
