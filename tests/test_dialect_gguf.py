@@ -789,3 +789,25 @@ def test_check_recursive_finds_gguf_files_beside_safetensors(tmp_path, capsys):
     (only / "sub").mkdir(parents=True)
     write_gguf(only / "sub" / "m.gguf")
     assert [i.label for i in check_tree([str(only)]).items] == [os.path.join("sub", "m.gguf")]
+
+
+def test_inspect_reports_the_files_own_types_and_sizes(flux, capsys):
+    """inspect tells what the GGUF file holds, not its F32 view: each quantized tensor's ggml type
+    and its bytes in the file (the gguf package's own sizes), bits/weight from them, and the
+    file's size on disk."""
+    from gguf import GGUFReader
+
+    path, written = flux
+    rc, out, _ = cli(capsys, "inspect", path, "--json", "--tensors")
+    assert rc == 0
+    doc = json.loads(out)
+    truth = {t.name: (t.tensor_type.name, int(t.n_bytes)) for t in GGUFReader(str(path)).tensors}
+    got = {t["name"]: (t["dtype"], t["bytes"]) for t in doc["tensors"]}
+    assert got == truth  # dense tensors as stored, quantized ones with their ggml type and block bytes
+    assert doc["file_bytes"] == os.path.getsize(path)
+    rows = {r["layer"]: r for r in doc["layers"]}
+    qkv = rows["double_blocks.0.img_attn.qkv"]
+    assert qkv["dtypes"][0]["dtype"] == "Q8_0"
+    assert qkv["bytes"] == truth["double_blocks.0.img_attn.qkv.weight"][1]  # the bias is not counted in a layer's bytes
+    assert abs(qkv["bits_per_weight"] - 8.5) < 1e-3  # Q8_0: 34 bytes per 32 weights
+    assert abs(rows["double_blocks.0.img_mlp.0"]["bits_per_weight"] - 6.5625) < 1e-3  # Q6_K: 210 bytes per 256

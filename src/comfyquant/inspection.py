@@ -137,13 +137,31 @@ def _params_text(fmt, env: dict, marker: dict | None) -> str:
     return " ".join(parts)
 
 
-def _translated_row(tr, name: str, counted: set[str]) -> LayerRow:
+class _AsStored:
+    """A tensor's dtype and bytes as its file stores them.  A container read through a view
+    (GGUF: quantized tensors viewed as their F32 decode) says what each is in the file."""
+
+    def __init__(self, ckpt: Checkpoint) -> None:
+        self.map: dict[str, tuple[str, int]] = {}
+        for s in ckpt.sources:
+            self.map.update(getattr(s, "stored_as", None) or {})
+
+    def nbytes(self, e) -> int:
+        got = self.map.get(e.name)
+        return e.nbytes if got is None else got[1]
+
+    def dtype(self, e) -> str:
+        got = self.map.get(e.name)
+        return e.dtype if got is None else got[0]
+
+
+def _translated_row(tr, name: str, counted: set[str], kept: _AsStored) -> LayerRow:
     """A dialect's layer: the Comfy format it becomes (its geometry read from the translated
     tensors), or the stored weight's shape when it becomes none."""
     stored = tr.inputs
     counted.update(e.name for e in stored.values())
-    size = sum(e.nbytes for s, e in stored.items() if s != "bias")
-    dtypes = " ".join(f"{s}:{e.dtype}" for s, e in stored.items() if s != "bias")
+    size = sum(kept.nbytes(e) for s, e in stored.items() if s != "bias")
+    dtypes = " ".join(f"{s}:{kept.dtype(e)}" for s, e in stored.items() if s != "bias")
     fmt = FORMATS.get(tr.format) if tr.format else None
     n = k = None
     params = tr.variant
@@ -163,21 +181,24 @@ def _translated_row(tr, name: str, counted: set[str]) -> LayerRow:
     return LayerRow(name, label, n, k, params, dtypes, size, bpw, False, tr.label, tr.verdict)
 
 
-def _structured(row: LayerRow, marker: dict | None, stored: dict) -> LayerRow:
+def _structured(row: LayerRow, marker: dict | None, stored: dict, kept: _AsStored | None = None) -> LayerRow:
     row.marker = marker
-    row.stored = {s: {"dtype": e.dtype, "shape": list(e.shape)} for s, e in stored.items() if s != "comfy_quant"}
+    row.stored = {s: {"dtype": kept.dtype(e) if kept else e.dtype, "shape": list(e.shape)}
+                  for s, e in stored.items() if s != "comfy_quant"}
     return row
 
 
-def _add_translated(inv: Inventory, row: LayerRow, tr) -> None:
-    inv.rows.append(_structured(row, tr.marker, tr.inputs))
+def _add_translated(inv: Inventory, row: LayerRow, tr, kept: _AsStored) -> None:
+    inv.rows.append(_structured(row, tr.marker, tr.inputs, kept))
     bias = tr.inputs.get("bias")
-    inv.bf16_bytes += 2 * (row.n or 0) * (row.k or 0) + (bias.nbytes if bias else 0)
+    inv.bf16_bytes += 2 * (row.n or 0) * (row.k or 0) + (kept.nbytes(bias) if bias else 0)
 
 
 def inventory(ckpt: Checkpoint) -> Inventory:
     inv = Inventory(ckpt.paths, ckpt.files)
-    inv.file_bytes = sum(h.size for h in ckpt.headers)
+    sizes = {s.name: getattr(s, "stored_size", None) for s in ckpt.sources}
+    inv.file_bytes = sum(sizes.get(h.file) or h.size for h in ckpt.headers)
+    kept = _AsStored(ckpt)
     counted: set[str] = set()
     detection = detect(ckpt)
     inv.dialects = detection.names
@@ -185,10 +206,10 @@ def inventory(ckpt: Checkpoint) -> Inventory:
     claimed = detection.layers
     for prefix, tr in claimed.items():
         if prefix not in ckpt.layers:
-            _add_translated(inv, _translated_row(tr, prefix, counted), tr)
+            _add_translated(inv, _translated_row(tr, prefix, counted, kept), tr, kept)
     for prefix, layer in ckpt.layers.items():
         if prefix in claimed:
-            _add_translated(inv, _translated_row(claimed[prefix], layer.name, counted), claimed[prefix])
+            _add_translated(inv, _translated_row(claimed[prefix], layer.name, counted, kept), claimed[prefix], kept)
             continue
         t = layer.tensors
         w = t.get("weight")
@@ -227,12 +248,12 @@ def inventory(ckpt: Checkpoint) -> Inventory:
     inv.metadata = {h.file: dict(h.metadata) for h in ckpt.headers}
     owner = {e.name: p for p, lay in ckpt.layers.items() for e in lay.stored.values()}
     owner.update({e.name: p for p, tr in claimed.items() for e in tr.inputs.values()})
-    inv.tensors = [{"name": n, "dtype": e.dtype, "shape": list(e.shape), "bytes": e.nbytes, "file": e.file,
+    inv.tensors = [{"name": n, "dtype": kept.dtype(e), "shape": list(e.shape), "bytes": kept.nbytes(e), "file": e.file,
                     "layer": owner.get(n)} for n, e in ckpt.tensors.items()]
     for name, e in ckpt.tensors.items():
         if name not in counted:
             inv.other_tensors += 1
-            inv.other_bytes += e.nbytes
+            inv.other_bytes += kept.nbytes(e)
             inv.bf16_bytes += e.nbytes if e.dtype in ("F32", "BF16", "F16") and not name.endswith("comfy_quant") else 0
     return inv
 

@@ -58,6 +58,11 @@ class VirtualSource:
         self._keep = keep
         self.reads = 0
         self.bytes_read = 0
+        self.stored_as: dict[str, tuple[str, int]] = {}
+        """(type, bytes) of a tensor in the underlying container when the view holds it in another
+        form (a GGUF Q8_0 weight viewed as F32): what ``inspect`` reports as its dtype and size."""
+        self.stored_size: int | None = None
+        """The underlying container's file size, when the view's is not it."""
 
     def _produced(self, tname: str, produce: Produce, nbytes: int) -> bytes:
         data = self._cache.get(tname)

@@ -318,6 +318,8 @@ class GGUFSource(VirtualSource):
         first tensor and decode it (a quantized Flux layer is 150 MB of F32) just to open the file."""
         self.file = file
         self.gguf = header
+        self.stored_as = {t.name: (t.type_name, t.nbytes) for t in header.tensors if t.type_name not in DENSE}
+        self.stored_size = file.size
 
     def close(self) -> None:
         super().close()
