@@ -225,6 +225,25 @@ def test_a_file_with_the_legacy_sentinel_is_not_claimed(tmp_path):
     assert det.names == ["comfy-legacy-fp8"]
 
 
+def test_two_level_layers_beside_the_legacy_sentinel_are_musubis(tmp_path):
+    """A file with the legacy sentinel and a two-level block layer: the legacy reading (one scale)
+    would drop ``scale_weight_tensor`` and decode garbage, so musubi claims that layer (the
+    legacy dialect keeps the rest) and dequantize gives musubi's own numbers for both."""
+    w = weight().float()
+    qt, st, _ = musubi_quantize(w, "tensor")
+    qb, sb, tb = musubi_quantize(w, "block", two_level=True)
+    path = write(tmp_path / "m.safetensors", {"plain": (qt, st, None), "two": (qb, sb, tb)},
+                 {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)})
+    det, _ = detected(path)
+    assert sorted(det.names) == sorted(["comfy-legacy-fp8", NAME])
+    assert det.layers["two"].dialect == NAME and det.layers["two"].variant == "block, two-level"
+    assert det.layers["plain"].dialect == "comfy-legacy-fp8"
+    out = dense(path)
+    assert torch.equal(out["two.weight"], musubi_dequantize(qb, sb, tb, torch.float32))
+    assert torch.equal(out["plain.weight"], musubi_dequantize(qt, st, None, torch.float32))
+    assert "two.scale_weight_tensor" not in out and "scaled_fp8" not in out
+
+
 def test_shapes_that_fit_no_mode_are_refused(tmp_path):
     q, _, _ = musubi_quantize(weight().float(), "tensor")
     path = write(tmp_path / "m.safetensors", {PREFIX: (q, torch.ones(3, 2), None)})

@@ -66,3 +66,16 @@ def float_scalar(data: bytes, dtype: str) -> float:
     if dtype == "F16":
         return struct.unpack("<e", data[:2])[0]
     return struct.unpack("<f", b"\0\0" + data[:2])[0]  # BF16: the high half of an F32
+
+
+TWO_LEVEL_SCALE = "scale_weight_tensor"
+"""musubi-tuner's two-level block mode's per-tensor factor (``<layer>.scale_weight_tensor``):
+not a layer suffix the format registry knows, so a checkpoint lists it among its non-layer
+tensors.  A layer that has one is musubi's, even in a file with the legacy sentinel: the
+legacy reading (one scale) would drop the factor."""
+
+
+def two_level_scales(ckpt) -> dict:
+    """``<layer>.scale_weight_tensor`` entries by layer prefix."""
+    cut = len(TWO_LEVEL_SCALE) + 1
+    return {n[:-cut]: ckpt.tensors[n] for n in ckpt.other_tensors if n.endswith("." + TWO_LEVEL_SCALE)}

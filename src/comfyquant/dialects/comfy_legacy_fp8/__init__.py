@@ -17,7 +17,17 @@ from ...formats.registry import FORMATS, infer_format
 from ...io.header import TensorEntry
 from ...targets.base import Violation
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
-from ..common import DIFFUSION_ROOTS, FLOAT_SCALE_DTYPES, copy, float_scalar, fmt_shape, is_scalar_float, root_of, scalar_scale
+from ..common import (
+    DIFFUSION_ROOTS,
+    FLOAT_SCALE_DTYPES,
+    copy,
+    float_scalar,
+    fmt_shape,
+    is_scalar_float,
+    root_of,
+    scalar_scale,
+    two_level_scales,
+)
 from ..decoders import scaled_fp8
 
 NAME = "comfy-legacy-fp8"
@@ -49,10 +59,13 @@ def detect(ckpt, claimed: set) -> Claim | None:
     if not flags:
         return None
     full_precision = any(ckpt.tensors[n].numel == 2 for n in flags)
+    two_level = two_level_scales(ckpt)  # musubi's layers (its dialect claims them): one scale would drop a factor
     layers: dict[str, Translation] = {}
     for prefix, layer in ckpt.layers.items():
         t = layer.tensors
         if prefix in claimed or layer.marker is not None or "scale_weight" not in t or "weight" not in t:
+            continue
+        if prefix in two_level:
             continue
         layers[prefix] = _translate(prefix, t, full_precision)
     notes = []

@@ -33,14 +33,22 @@ from ...formats.registry import infer_format
 from ...io.header import TensorEntry
 from ...targets.base import Violation
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
-from ..common import FLOAT_SCALE_DTYPES, copy, float_scalar, fmt_shape, is_scalar_float, scalar_scale
+from ..common import (
+    FLOAT_SCALE_DTYPES,
+    TWO_LEVEL_SCALE,
+    copy,
+    float_scalar,
+    fmt_shape,
+    is_scalar_float,
+    scalar_scale,
+    two_level_scales,
+)
 from ..decoders import scaled_fp8
 
 NAME = "musubi-fp8"
 SENTINEL = "scaled_fp8"
-TENSOR_SCALE = "scale_weight_tensor"
-"""The two-level block mode's per-tensor factor: not a layer suffix the format registry knows,
-so the checkpoint lists it among its non-layer tensors; :func:`detect` groups it with its layer."""
+TENSOR_SCALE = TWO_LEVEL_SCALE
+"""The two-level block mode's per-tensor factor; :func:`detect` groups it with its layer."""
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 OWN = ("weight", "scale_weight", "scale_input", TENSOR_SCALE)
 LOSSY_TARGET = Lossy("float8_e4m3fn", why="re-quantized with one scale per tensor: no Comfy FP8 format keeps "
@@ -51,22 +59,20 @@ def _has_sentinel(ckpt) -> bool:
     return any(n == SENTINEL or n.endswith("." + SENTINEL) for n in ckpt.other_tensors)
 
 
-def tensor_scales(ckpt) -> dict[str, object]:
-    """``<layer>.scale_weight_tensor`` entries by layer prefix."""
-    cut = len(TENSOR_SCALE) + 1
-    return {n[:-cut]: ckpt.tensors[n] for n in ckpt.other_tensors if n.endswith("." + TENSOR_SCALE)}
-
-
 def detect(ckpt, claimed: set) -> Claim | None:
     """Unmarked layers with an FP8 weight and a ``scale_weight``, in a file without the legacy
-    sentinel (header only)."""
-    if _has_sentinel(ckpt):
+    sentinel; in a file with it, only the layers with a two-level ``scale_weight_tensor`` (the
+    legacy dialect leaves those: its one-scale reading would drop the factor).  Header only."""
+    second = two_level_scales(ckpt)
+    only_two_level = _has_sentinel(ckpt)
+    if only_two_level and not second:
         return None
-    second = tensor_scales(ckpt)
     layers: dict[str, Translation] = {}
     for prefix, layer in ckpt.layers.items():
         t = layer.tensors
         if prefix in claimed or layer.marker is not None or "scale_weight" not in t:
+            continue
+        if only_two_level and prefix not in second:
             continue
         w = t.get("weight")
         if w is None or w.dtype not in FP8_DTYPES:
