@@ -34,11 +34,15 @@ import sys
 import tempfile
 import time
 
-import torch
-from comfy_kitchen.tensor import QuantizedTensor
-from safetensors.torch import save_file
+from comfyquant.numerics.waits import prefer_passive_waits
 
-from comfyquant import codecs
+prefer_passive_waits()  # as the command line does, before torch loads (the machine is shared)
+
+import torch  # noqa: E402
+from comfy_kitchen.tensor import QuantizedTensor  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+from comfyquant import codecs  # noqa: E402
 
 SHAPES = [(3072, 3072), (5120, 13824)]
 # name, format, comfy-kitchen layout, kitchen quantize kwargs (comfyquant takes the same)
@@ -240,6 +244,8 @@ def scaling_rows(rounds: int, dtype: torch.dtype = torch.bfloat16, only: set[str
 
 CHILD = r"""
 import json, sys, time
+from comfyquant.numerics.waits import prefer_passive_waits
+prefer_passive_waits()  # as the command line does before torch loads
 t = time.perf_counter()
 import comfyquant, comfyquant.codecs, torch  # what dequantize imports lazily, timed apart as start-up
 startup = time.perf_counter() - t
@@ -390,7 +396,8 @@ def main() -> None:
         ap.error(f"unknown section(s): {', '.join(sorted(unknown))}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
           f"MB = MB of BF16 source weight (N x K x 2 bytes)\n")
     keep: dict = {}
     if "codec" in sections:
