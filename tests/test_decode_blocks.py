@@ -178,3 +178,77 @@ def test_w4a8_whole_layer_operand_is_built_in_row_blocks(monkeypatch, dtype_name
     assert same_bits(dense, q.dequantize())
     block_rows = assemble.OPERAND_BLOCK_ELEMENTS // k
     assert len(spans) == -(-n // block_rows) and max(r1 - r0 for r0, r1 in spans) == block_rows
+
+
+@pytest.mark.parametrize("variant", ["fp8", "int8_convrot", "w4a8_codebook", "nvfp4"])
+def test_iter_decode_blocks_stay_valid_across_their_buffers(variant):
+    """With ``buffers`` block buffers a block stays valid while the next ``buffers - 1`` are
+    made (dequantize writes one block while the next is decoded); with one, as before, the
+    next block overwrites it."""
+    n, k = 600, SHAPES[variant][1]
+    w = weight("gauss", n, k, torch.bfloat16, seed=3)
+    codec = codecs.get(VARIANTS[variant].format)
+    enc = codec.encode(w, **ENCODE_ARGS[variant])
+    whole = codec.decode(enc, enc.marker)
+    block = 16 * k
+    count = len(list(codec.iter_decode(enc, enc.marker, block_elements=block)))
+    assert count >= 4
+    held = list(codec.iter_decode(enc, enc.marker, block_elements=block, buffers=count))
+    assert same_bits(torch.cat(held), whole)
+    window = []
+    for b in codec.iter_decode(enc, enc.marker, block_elements=block, buffers=3):
+        window.append((b, b.clone()))
+        window = window[-3:]
+        assert all(same_bits(view, copy) for view, copy in window)  # the last three are intact
+
+
+def test_decoded_ahead_keeps_order_and_runs_in_a_worker():
+    import threading
+
+    from comfyquant.dequantizer import decoded_ahead
+
+    where = []
+
+    def produce():
+        for i in range(20):
+            where.append(threading.current_thread() is threading.main_thread())
+            yield i
+
+    assert list(decoded_ahead(produce(), 1)) == list(range(20))
+    assert where and not any(where)
+
+
+def test_decoded_ahead_raises_the_producers_error_at_its_place():
+    from comfyquant.dequantizer import decoded_ahead
+    from comfyquant.formats.codec import CodecError
+
+    def produce():
+        yield 1
+        yield 2
+        raise CodecError("blocks.3.ff: bad scale")
+
+    got = []
+    with pytest.raises(CodecError, match="bad scale"):
+        for item in decoded_ahead(produce(), 1):
+            got.append(item)
+    assert got == [1, 2]
+
+
+def test_decoded_ahead_stops_its_worker_when_the_consumer_stops():
+    import threading
+
+    from comfyquant.dequantizer import decoded_ahead
+
+    made = []
+
+    def produce():
+        for i in range(1000):
+            made.append(i)
+            yield i
+
+    before = threading.active_count()
+    it = decoded_ahead(produce(), 1)
+    assert next(it) == 0
+    it.close()  # the consumer gives up (a write failed)
+    assert threading.active_count() == before
+    assert len(made) <= 3  # the worker went at most the queue and one block ahead
