@@ -252,3 +252,38 @@ def test_decoded_ahead_stops_its_worker_when_the_consumer_stops():
     it.close()  # the consumer gives up (a write failed)
     assert threading.active_count() == before
     assert len(made) <= 3  # the worker went at most the queue and one block ahead
+
+
+@pytest.mark.parametrize("scale", [1.0, 3e-4, 2.0**-130, 1e-38, 7.5, 2.0**7, 1e30])
+def test_e4m3_widening_equals_torchs_cast_and_multiply_for_every_code(scale):
+    """The three-pass E4M3 -> BF16 path (numerics/fp8_widen.py) against ``q.to(bf16) *
+    scale.to(bf16)`` for all 254 non-NaN codes, scales whose products are subnormal or large;
+    a factor that would overflow BF16 (1e30 * 2^120) leaves the layer to the general path."""
+    from comfyquant.numerics.fp8_widen import folded_scale, widen_e4m3_scaled
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F].view(torch.float8_e4m3fn).reshape(2, 127)
+    s = torch.tensor(scale, dtype=torch.float32)
+    expected = codes.to(torch.bfloat16) * s.to(torch.bfloat16)
+    folded = folded_scale(codes, s, torch.bfloat16)
+    if scale == 1e30:
+        assert folded is None
+    else:
+        assert same_bits(widen_e4m3_scaled(codes, folded), expected)
+    t = {"weight": codes, "weight_scale": s}
+    assert same_bits(codecs.get("float8_e4m3fn").decode(t, {"format": "float8_e4m3fn"}, dtype=torch.bfloat16), expected)
+
+
+@pytest.mark.parametrize("nan", [0x7F, 0xFF])
+def test_fp8_layer_with_nan_codes_decodes_like_torch(nan):
+    from comfyquant.numerics.fp8_widen import folded_scale
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F].reshape(2, 127).clone()
+    codes[1, 5] = nan
+    q = codes.view(torch.float8_e4m3fn)
+    s = torch.tensor(0.01)
+    assert folded_scale(q, s, torch.bfloat16) is None
+    got = codecs.get("float8_e4m3fn").decode({"weight": q, "weight_scale": s}, {"format": "float8_e4m3fn"},
+                                             dtype=torch.bfloat16)
+    assert same_bits(got, q.to(torch.bfloat16) * s.to(torch.bfloat16))
