@@ -13,7 +13,13 @@
    reading the input and writing the output's byte count from memory, no decoding, with and
    without the fsync (``least_dequantize``).
 
+3. Decoder scaling (``--sections scaling``): every decoder's MB/s (of dense BF16 output) at
+   3072x3072 and at 5120x13824, measured in the same rounds (each round decodes the small
+   layer as many times as make the large one's bytes, then the large one once), with the
+   median over rounds of the per-round ratio large/small.  Target: >= 0.8 for every decoder.
+
 Usage: python bench/codec_speed.py [--quick] [--rounds N] [--out DIR] [--threads T]
+       [--sections codec,scaling,dequantize] [--scaling-rounds N]
 """
 
 from __future__ import annotations
@@ -28,11 +34,15 @@ import sys
 import tempfile
 import time
 
-import torch
-from comfy_kitchen.tensor import QuantizedTensor
-from safetensors.torch import save_file
+from comfyquant.numerics.waits import prefer_passive_waits
 
-from comfyquant import codecs
+prefer_passive_waits()  # as the command line does, before torch loads (the machine is shared)
+
+import torch  # noqa: E402
+from comfy_kitchen.tensor import QuantizedTensor  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+from comfyquant import codecs  # noqa: E402
 
 SHAPES = [(3072, 3072), (5120, 13824)]
 # name, format, comfy-kitchen layout, kitchen quantize kwargs (comfyquant takes the same)
@@ -125,10 +135,128 @@ def print_row(r: dict) -> None:
           f" | {'yes' if r['encode_exact'] else 'NO':3s} {'yes' if r['decode_exact'] else 'NO'}", flush=True)
 
 
+# -- decoder scaling: large layer vs small layer ------------------------------------------------
+
+TILE_ROWS = 512
+"""Scaling layers are one encoded 512-row slice repeated down the rows (every per-row tensor
+along its row axis): the decoders see a real encoding, and building the 5120x13824 W4A8
+layers takes a second instead of minutes.  A multiple of 128, so blocked scale layouts
+(NVFP4, MXFP8: 128-row tiles) repeat whole tiles."""
+SCALING = [
+    ("fp8", "float8_e4m3fn", {}),
+    ("e5m2", "float8_e5m2", {}),
+    ("int8", "int8_tensorwise", {}),
+    ("int8_rowwise", "int8_tensorwise", {"per_channel": True}),
+    ("int8_convrot", "int8_tensorwise", {"per_channel": True, "convrot": True}),
+    ("w4a8", "asym_w4a8_int8", {}),
+    ("w4a8_asym", "asym_w4a8_int8", {"codebook": False, "symmetric": False}),
+    ("w6a8", "asym_w4a8_int8", {"codebook": False, "bits": 6}),
+    ("w4a4", "convrot_w4a4", {}),
+    ("nvfp4", "nvfp4", {}),
+    ("mxfp8", "mxfp8", {}),
+    ("awq", "awq_w4a16", None),
+    ("svdquant", "svdquant_w4a4", None),
+]
+
+
+def _tiled(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` (of a TILE_ROWS-row layer) repeated to ``rows`` rows along its row axis."""
+    reps = rows // TILE_ROWS
+    if t.dim() >= 1 and t.shape[0] == TILE_ROWS:
+        return t.repeat(reps, *([1] * (t.dim() - 1)))
+    if t.dim() == 2 and t.shape[1] == TILE_ROWS:  # group-major tensors (W4A8's correction)
+        return t.repeat(1, reps)
+    return t.clone()
+
+
+def scaling_layer(fmt: str, kw: dict | None, n: int, k: int) -> tuple[dict, dict]:
+    """Tensors and marker of an ``[n, k]`` layer of ``fmt`` (BF16 model dtype)."""
+    gen = torch.Generator().manual_seed(2)
+    if fmt == "awq_w4a16":  # no quantizer (offline calibration): random codes, scales, zeros
+        g = 128
+        t = {"weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
+             "weight_scale": (torch.rand(k // g, n, generator=gen) * 0.01).to(torch.bfloat16),
+             "weight_zeros": (torch.randn(k // g, n, generator=gen) * 0.01).to(torch.bfloat16)}
+        return t, {"format": fmt, "group_size": g}
+    if fmt == "svdquant_w4a4":
+        r = 32
+        t = {"weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
+             "weight_scale": (torch.rand(k // 64, n, generator=gen) * 0.01 + 0.001).to(torch.bfloat16),
+             "weight_proj_down": (torch.randn(k, r, generator=gen) * 0.05).to(torch.bfloat16),
+             "weight_proj_up": (torch.randn(n, r, generator=gen) * 0.05).to(torch.bfloat16),
+             "weight_smooth_factor": (torch.rand(k, generator=gen) + 0.5).to(torch.bfloat16)}
+        return t, {"format": fmt}
+    w = (torch.randn(TILE_ROWS, k, generator=gen) * 0.02).to(torch.bfloat16)
+    enc = codecs.get(fmt).encode(w, **kw)
+    return {s: _tiled(v, n) for s, v in enc.items()}, enc.marker
+
+
+def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
+                    dtype: torch.dtype) -> dict[str, list[float]]:
+    """Per round, for ``decode`` (a fresh output tensor) and ``iter_decode`` (row blocks in one
+    reused buffer, what dequantize streams): MB/s of ``repeat`` small decodes, MB/s of one
+    large decode, and their ratio."""
+    def fresh(layer: tuple) -> None:
+        codec.decode(*layer, dtype=dtype)
+
+    def streamed(layer: tuple) -> None:
+        for _ in codec.iter_decode(*layer, dtype=dtype):
+            pass
+
+    def run(how, layer: tuple, times: int) -> float:
+        t = time.perf_counter()
+        for _ in range(times):
+            how(layer)
+        return time.perf_counter() - t
+
+    for how in (fresh, streamed):  # warm-up: first-call costs (tables, the allocator's pools)
+        run(how, small, 1)
+        run(how, large, 1)
+    mb_s = repeat * _dense_mb(codec, small)
+    mb_l = _dense_mb(codec, large)
+    out: dict[str, list[float]] = {key: [] for key in ("small", "large", "ratio", "small_it", "large_it", "ratio_it")}
+    for _ in range(rounds):
+        for how, tag in ((fresh, ""), (streamed, "_it")):
+            r_s = mb_s / run(how, small, repeat)
+            r_l = mb_l / run(how, large, 1)
+            out["small" + tag].append(r_s)
+            out["large" + tag].append(r_l)
+            out["ratio" + tag].append(r_l / r_s)
+    return out
+
+
+def _dense_mb(codec, layer: tuple) -> float:
+    n, k = codec.plan(*layer).shape
+    return n * k * 2 / 1e6
+
+
+def scaling_rows(rounds: int, dtype: torch.dtype = torch.bfloat16, only: set[str] | None = None) -> list[dict]:
+    """Per decoder (or those named in ``only``): median MB/s at each shape and the median
+    per-round ratio large/small."""
+    (n0, k0), (n1, k1) = SHAPES
+    repeat = max(1, round(n1 * k1 / (n0 * k0)))  # small decodes per round: about the large one's bytes
+    rows = []
+    for name, fmt, kw in SCALING:
+        if only and name not in only:
+            continue
+        codec = codecs.get(fmt)
+        small, large = scaling_layer(fmt, kw, n0, k0), scaling_layer(fmt, kw, n1, k1)
+        got = _scaling_rounds(codec, small, large, repeat, rounds, dtype)
+        del small, large
+        row = {"variant": name, "format": fmt, **{key: statistics.median(v) for key, v in got.items()}}
+        rows.append(row)
+        print(f"{name:13s} | {row['small']:8.0f} {row['large']:8.0f} {row['ratio']:5.2f}x"
+              f" {'ok' if row['ratio'] >= 0.8 else 'LOW'} | {row['small_it']:8.0f} {row['large_it']:8.0f}"
+              f" {row['ratio_it']:5.2f}x {'ok' if row['ratio_it'] >= 0.8 else 'LOW'}", flush=True)
+    return rows
+
+
 # -- dequantize vs cp -------------------------------------------------------------------------
 
 CHILD = r"""
 import json, sys, time
+from comfyquant.numerics.waits import prefer_passive_waits
+prefer_passive_waits()  # as the command line does before torch loads
 t = time.perf_counter()
 import comfyquant, comfyquant.codecs, torch  # what dequantize imports lazily, timed apart as start-up
 startup = time.perf_counter() - t
@@ -185,6 +313,16 @@ def least_dequantize(src: str, dst: str, out_bytes: int, sync: bool) -> None:
     os.replace(tmp, dst)
 
 
+def decode_only(layers: dict) -> float:
+    """Seconds to decode every layer of a dequantize bench file in row blocks (what dequantize
+    does between reading and writing), in this process, BF16 output."""
+    t = time.perf_counter()
+    for ref, marker in layers.values():
+        for _ in codecs.get(marker["format"]).iter_decode(ref, marker, dtype=torch.bfloat16):
+            pass
+    return time.perf_counter() - t
+
+
 def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
     rows = []
     sets = {"mixed (6 formats)": {k: layers[k] for k in DEQ_MIXED if k in layers}}
@@ -196,6 +334,8 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
         best_cp = best_sync = best_dq = best_start = best_least = best_least_nosync = float("inf")
         info = {}
         per_round: list[float] = []  # this round's bound time / its dequantize time (adjacent: same machine state)
+        per_round_limit: list[float] = []  # the slower of bound and decode-only, over dequantize's time
+        decode_times: list[float] = []
         for _ in range(rounds):
             dst = os.path.join(folder, "cp.safetensors")
             t, _ = timed(lambda: subprocess.run(["cp", src, dst], check=True))  # noqa: B023
@@ -218,13 +358,17 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
                 else:
                     best_least_nosync = min(best_least_nosync, t)
                 os.unlink(dst)
+            t_dec = decode_only(chosen)
+            decode_times.append(t_dec)
+            per_round_limit.append(max(per_round[-1] * info["seconds"], t_dec) / info["seconds"])
         mb = size / 1e6
         budget = 2 * info["largest"] / 2**20 + 200
         row = {"file": label, "input_mb": mb, "output_mb": info["written"] / 1e6, "cp_mbs": mb / best_cp,
                "cp_sync_mbs": mb / best_sync, "dq_mbs": mb / best_dq, "rss_mb": info["rss_mb"], "rss_budget_mb": budget,
                "startup_s": best_start, "out_mbs": info["written"] / 1e6 / best_dq,
                "least_mbs": mb / best_least, "least_nosync_mbs": mb / best_least_nosync,
-               "of_bound_median": statistics.median(per_round)}
+               "of_bound_median": statistics.median(per_round), "decode_only_mbs": mb / statistics.median(decode_times),
+               "of_limit_median": statistics.median(per_round_limit)}
         rows.append(row)
         print(f"{label:20s} in {mb:6.1f} MB -> out {row['output_mb']:6.1f} MB | cp {row['cp_mbs']:6.0f} MB/s, cp+sync "
               f"{row['cp_sync_mbs']:6.0f} MB/s | dequantize {row['dq_mbs']:6.1f} MB/s of input ({best_dq:.2f} s; "
@@ -236,6 +380,9 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
               f"{row['least_nosync_mbs']:6.0f} MB/s = {row['least_nosync_mbs'] / row['cp_mbs']:.2f}x cp without; "
               f"dequantize reaches {row['of_bound_median']:.2f}x of the bound (median over {len(per_round)} interleaved "
               f"rounds of bound time / dequantize time; target >= 0.8)", flush=True)
+        print(f"{'':20s} decode only (in-process, every layer's row blocks, no I/O): {row['decode_only_mbs']:6.0f} MB/s "
+              f"of input; dequantize reaches {row['of_limit_median']:.2f}x of the slower of bound and decode-only "
+              f"(median over rounds; target >= 0.8)", flush=True)
         os.unlink(src)
     return rows
 
@@ -248,15 +395,43 @@ def main() -> None:
                     help="interleaved dequantize / bound rounds (the median ratio counts); default 5")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", help="folder for the dequantize files (default: a temporary folder)")
+    ap.add_argument("--sections", default="codec,scaling,dequantize",
+                    help="comma-separated: codec (vs comfy-kitchen), scaling (decoders, large vs small layer), "
+                         "dequantize (vs its bound); default all")
+    ap.add_argument("--decoders", help="comma-separated decoder names of the scaling section (default: all)")
+    ap.add_argument("--scaling-rounds", type=int, default=7, help="interleaved rounds of the scaling section; default 7")
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
+    unknown = sections - {"codec", "scaling", "dequantize"}
+    if unknown:
+        ap.error(f"unknown section(s): {', '.join(sorted(unknown))}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
           f"MB = MB of BF16 source weight (N x K x 2 bytes)\n")
-    print_header()
-    rows, keep = codec_rows(args.rounds, args.quick)
+    keep: dict = {}
+    if "codec" in sections:
+        print_header()
+        _rows, keep = codec_rows(args.rounds, args.quick)
     if args.quick:
         return
+    if "scaling" in sections:
+        (n0, k0), (n1, k1) = SHAPES
+        print(f"\ndecoder scaling: MB/s of dense BF16 output, median of {args.scaling_rounds} interleaved rounds; "
+              f"ratio = median per-round {n1}x{k1} rate / {n0}x{k0} rate (target >= 0.8)")
+        print("  decode: a fresh output tensor per call (a large one is new memory the kernel must fault in and "
+              "zero; a small one is reused heap memory); iter_decode: row blocks into one reused buffer (what "
+              "dequantize streams)")
+        print(f"{'':13s} | {'decode':^25s} | {'iter_decode':^25s}")
+        print(f"{'decoder':13s} | {f'{n0}x{k0}':>8s} {f'{n1}x{k1}':>8s} ratio    | {f'{n0}x{k0}':>8s} "
+              f"{f'{n1}x{k1}':>8s} ratio")
+        scaling_rows(args.scaling_rounds, only=set(args.decoders.split(",")) if args.decoders else None)
+    if "dequantize" not in sections:
+        return
+    if not keep:  # the codec section did not run: the same layers, built as the scaling section builds them
+        n, k = SHAPES[-1]
+        keep = {name: scaling_layer(fmt, kw, n, k) for name, fmt, kw in SCALING if name in MARKERS}
     print("\ndequantize: a fresh child process per run (time measured inside it, after importing comfyquant.codecs and "
           "torch, whose start-up is shown apart); all read a warm page cache; dequantize writes 2-4x the input's bytes "
           "and fsyncs them, cp does neither, cp+sync fsyncs")

@@ -13,6 +13,7 @@ import sys
 
 from .commands import COMMANDS
 from .errors import ComfyQuantError
+from .numerics.waits import prefer_passive_waits
 from .version import __version__
 
 
@@ -79,6 +80,7 @@ def _judge_input_first(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     _tolerant_output()
+    prefer_passive_waits()  # before any command imports torch (numerics/waits.py says why)
     # Build only the chosen command's full parser: importing every command's module costs time.
     first = next((a for a in argv if not a.startswith("-")), None)
     parser = _build_parser(first if first in COMMANDS else None)

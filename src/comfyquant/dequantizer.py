@@ -32,8 +32,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -437,7 +440,9 @@ class _Work:
                 tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in entries.items() if e.name in raw}
                 self._advance(sum(e.nbytes for e in needed))
                 try:
-                    for block in layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan):
+                    blocks = layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan,
+                                                     buffers=AHEAD + 2)
+                    for block in decoded_ahead(blocks, AHEAD):
                         if f16:
                             inf = int(torch.isinf(block).sum())
                             if inf:
@@ -454,6 +459,57 @@ class _Work:
             release_memory()
 
         return chunks
+
+
+AHEAD = 1
+"""Blocks decoded ahead of the one being written (:func:`decoded_ahead`): with one in the
+queue and one being decoded, ``iter_decode`` needs ``AHEAD + 2`` buffers."""
+
+
+def decoded_ahead(blocks: Iterator, ahead: int = AHEAD) -> Iterator:
+    """The items of ``blocks``, produced in a worker thread up to ``ahead`` (+ the one in
+    progress) before the consumer asks for them.
+
+    Decoding (torch, which releases the GIL) then overlaps writing the previous block (a
+    ``write`` system call, which does too): a layer takes about the longer of the two
+    instead of their sum.  The order is kept and an exception of the producer is raised
+    here, at the item it stopped at; if the consumer stops early (an error while writing),
+    the worker is told to stop and joined before this returns."""
+    items: queue.Queue = queue.Queue(maxsize=ahead)
+    stop = threading.Event()
+    done = object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for block in blocks:
+                if not put((block, None)):
+                    return
+            put((done, None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            put((done, exc))
+
+    worker = threading.Thread(target=work, name="comfyquant-decode", daemon=True)
+    worker.start()
+    try:
+        while True:
+            block, exc = items.get()
+            if block is done:
+                if exc is not None:
+                    raise exc
+                return
+            yield block
+    finally:
+        stop.set()
+        worker.join()
 
 
 def packed_entries(layer: DecodedLayer, entries: dict | None = None) -> list:

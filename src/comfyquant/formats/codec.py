@@ -35,6 +35,7 @@ import torch
 from ..errors import ComfyQuantError
 from ..numerics.dtypes import DENSE, DTYPE_NAMES, FLOAT_DTYPES, parse_float_dtype
 from ..numerics.hadamard import is_power_of_4
+from ..numerics.pages import empty_output
 from ..numerics.rows import RowSource, Weight, row_blocks, row_ranges
 from . import registry
 from .base import Format, Meta
@@ -208,25 +209,27 @@ class Codec:
 
     def iter_decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
                     block_elements: int | None = None, plan: Plan | None = None,
-                    exact: bool = True) -> Iterator[torch.Tensor]:
-        """The dense weight in row blocks of about ``block_elements`` elements.  Blocks share
-        one buffer: use (or copy) each block before requesting the next.
+                    exact: bool = True, buffers: int = 1) -> Iterator[torch.Tensor]:
+        """The dense weight in row blocks of about ``block_elements`` elements.  Blocks take
+        turns in ``buffers`` block-sized buffers: a block stays valid while the next
+        ``buffers - 1`` are produced (one buffer: use or copy each block before requesting
+        the next; more let a consumer write one block while others are decoded).
 
         ``exact=False`` decodes every layer block by block, also those that comfy-kitchen
         computes with one GEMM over the layer (:meth:`_whole_layer`): memory then follows a
         block, but such a GEMM over a block may round a last bit differently -- for
         measurements (quantize's error report), never for output."""
         plan = plan or self.plan(tensors, marker, layer)
-        yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements, reuse=True,
-                                exact=exact)
+        yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements,
+                                reuse=max(1, buffers), exact=exact)
 
     def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None,
-                out: torch.Tensor | None = None, reuse: bool = False,
+                out: torch.Tensor | None = None, reuse: int = 0,
                 span: tuple[int, int] | None = None, exact: bool = True) -> Iterator[torch.Tensor]:
         """Row blocks of rows ``span`` (default: all), written into ``out`` when given.  With
-        ``reuse`` every block is written into one block-sized buffer: a consumer must use a
-        block before asking for the next (the streaming writer does), and memory stays one
-        block whatever the layer size."""
+        ``reuse`` (a count) the blocks take turns in that many block-sized buffers: a
+        consumer must use a block before ``reuse`` more are produced (the streaming writer
+        does), and memory stays ``reuse`` blocks whatever the layer size."""
         n, k = plan.shape
         start, stop = span or (0, n)
         state = self._prepare(tensors, plan.env, dtype)
@@ -239,26 +242,25 @@ class Codec:
                 for r0, r1 in ranges:
                     yield whole[start + r0:start + r1]
                 return
-            if reuse and out is None and ranges:
-                out = torch.empty((max(r1 - r0 for r0, r1 in ranges), k), dtype=dtype)
-            for r0, r1 in ranges:
-                dest = out[: r1 - r0] if reuse else out[r0:r1] if out is not None else None
+            turns = _buffers(reuse if out is None else 0, ranges, k, dtype)
+            for i, (r0, r1) in enumerate(ranges):
+                dest = turns[i % len(turns)][: r1 - r0] if turns else out[r0:r1] if out is not None else None
                 yield finish(whole[start + r0:start + r1], dtype, dest)
             return
-        buffer = None
-        if reuse and out is None and ranges:
-            buffer = torch.empty((max(r1 - r0 for r0, r1 in ranges), k), dtype=dtype)
-        for r0, r1 in ranges:
-            dest = out[r0:r1] if out is not None else buffer[: r1 - r0] if buffer is not None else None
+        turns = _buffers(reuse if out is None else 0, ranges, k, dtype)
+        for i, (r0, r1) in enumerate(ranges):
+            dest = out[r0:r1] if out is not None else turns[i % len(turns)][: r1 - r0] if turns else None
             yield self._decode_rows(tensors, plan, dtype, start + r0, start + r1, state, dest)
 
     def _dense(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None = None,
                span: tuple[int, int] | None = None, exact: bool = True) -> torch.Tensor:
         """The dense rows ``span`` (default: the whole weight) of an already validated layer,
         decoded block by block straight into one output tensor (``exact``: see
-        :meth:`iter_decode`)."""
+        :meth:`iter_decode`).  A large output is put on huge pages before it is written
+        (:mod:`~comfyquant.numerics.pages`): faulting it in 4 KiB pages cost as much as an
+        FP8 decode, which made large layers slower per byte than small ones."""
         start, stop = span or (0, plan.shape[0])
-        out = torch.empty((stop - start, plan.shape[1]), dtype=dtype)
+        out = empty_output((stop - start, plan.shape[1]), dtype)
         for _ in self._blocks(tensors, plan, dtype, block_elements, out, span=span, exact=exact):
             pass
         return out
@@ -344,6 +346,15 @@ class Codec:
         """Output features ``r0:r1`` (``[M, r1 - r0]`` in the input's dtype) from weight rows
         ``r0:r1``; ``bias`` is already sliced to those rows."""
         raise NotImplementedError
+
+
+def _buffers(count: int, ranges: list[tuple[int, int]], k: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """``count`` buffers of the largest block's shape (none for no blocks), made as the
+    blocks need them: a layer of fewer blocks than buffers allocates only what it uses."""
+    if not count or not ranges:
+        return []
+    rows = max(r1 - r0 for r0, r1 in ranges)
+    return [torch.empty((rows, k), dtype=dtype) for _ in range(min(count, len(ranges)))]
 
 
 def check_dense(weight: Weight, name: str, scan: bool = True) -> torch.Tensor | None:

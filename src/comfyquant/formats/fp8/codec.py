@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from ...numerics.floats import E4M3, FP8_MAX, fp8_decode_scaled, fp8_encode
+from ...numerics.fp8_widen import folded_scale, widen_e4m3_scaled
 from ...numerics.rows import cast_rows
 from ..codec import Codec, reject_unknown, rows_of
 
@@ -39,7 +40,13 @@ class FP8Codec(Codec):
             tensors["input_scale"] = torch.as_tensor(input_scale).to(torch.float32).reshape(())
         return tensors, {"format": self.name}
 
+    def _prepare(self, t, env, dtype):
+        # per layer, not per block: whether the E4M3 -> BF16 bit path applies (numerics/fp8_widen.py)
+        return folded_scale(t["weight"], t["weight_scale"].reshape(()), dtype)
+
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
+        if state is not None:
+            return widen_e4m3_scaled(rows_of(t["weight"], r0, r1), state, out)
         return fp8_decode_scaled(rows_of(t["weight"], r0, r1), t["weight_scale"].reshape(()), dtype, out)
 
     def _linear_setup(self, x2, t, plan):

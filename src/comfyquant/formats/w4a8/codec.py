@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import torch
 
+from ...numerics.assemble import assemble_rows
 from ...numerics.hadamard import rotate_activation, rotate_weight, unrotate
 from ...numerics.int8 import int8_product, quantize_rows
 from ...numerics.packing import lookup_pairs, pair_table, unpack_6bit
@@ -115,7 +116,9 @@ class W4A8Codec(Codec):
 
     def _decode_whole(self, t, plan, dtype, state, out):
         env = plan.env
-        return unrotate(lambda: self._rotated(t, env, 0, plan.shape[0], state, dtype), env["convrot_groupsize"], dtype, out)
+        # the GEMM operand (W_rot in ``dtype``) is row-wise arithmetic: filled in row blocks, no F32 layer
+        operand = lambda: assemble_rows(plan.shape, dtype, lambda r0, r1: self._rotated(t, env, r0, r1, state, dtype))  # noqa: E731
+        return unrotate(operand, env["convrot_groupsize"], dtype, out)
 
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
         size = plan.env["convrot_groupsize"]

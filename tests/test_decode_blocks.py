@@ -1,0 +1,289 @@
+"""Decoders in row blocks: any block size, any output dtype, 1 or 2 threads, the same bits as
+one block and as comfy-kitchen 0.2.40; large outputs on huge pages (issue 17 item 3).
+
+The shapes are odd on purpose: row counts that leave a short tail block (fewer rows than
+:func:`~comfyquant.numerics.rows.min_rows`), and for the padded formats (NVFP4, MXFP8) model
+shapes that are not multiples of their 16/32 blocks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from comfy_kitchen.tensor import QuantizedTensor
+from comfy_kitchen.tensor.awq_w4a16 import TensorCoreAWQW4A16Layout
+from comfy_kitchen.tensor.svdquant_w4a4 import TensorCoreSVDQuantW4A4Layout
+
+from comfyquant import codecs
+from comfyquant.numerics import pages
+from kitchen_fixtures import VARIANTS
+from test_codecs_vs_kitchen import DTYPES, ENCODE_ARGS, kitchen_qtensor, same_bits, svdquant_tensors, weight
+
+# (variant, N, K): rotated formats need K a multiple of 256 (64 for W4A4's groups)
+SHAPES = {
+    "fp8": (203, 200), "fp8_e5m2": (203, 200), "int8_scalar": (203, 200), "int8_rowwise": (203, 200),
+    "int8_convrot": (203, 512), "w4a8_codebook": (203, 512), "w4a8_uniform": (203, 512), "w4a8_asym": (203, 512),
+    "w6a8": (203, 512), "w4a4": (203, 512), "nvfp4": (203, 200), "mxfp8": (203, 200),
+}
+BLOCKS = (1 << 24, 16 * 512, 5000)
+"""One block for the whole layer, blocks of 16 rows (at K=512), and blocks whose size is
+no multiple of anything (with K=200: 25 rows, a 3-row tail)."""
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def _decodes(codec, tensors, marker, dtype) -> list[torch.Tensor]:
+    """decode at every block size, and iter_decode's blocks (one reused buffer) joined."""
+    out = [codec.decode(tensors, marker, dtype=dtype, block_elements=b) for b in BLOCKS]
+    for b in BLOCKS:
+        out.append(torch.cat([x.clone() for x in codec.iter_decode(tensors, marker, dtype=dtype, block_elements=b)]))
+    return out
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("variant", list(SHAPES))
+def test_blocked_decode_equals_one_block_and_kitchen(variant, dtype_name, threads):
+    dtype = DTYPES[dtype_name]
+    n, k = SHAPES[variant]
+    w = weight("gauss", n, k, dtype, seed=23)
+    q = kitchen_qtensor(variant, w)
+    ref = {s: v.contiguous() for s, v in q.state_dict("weight").items()}
+    codec = codecs.get(VARIANTS[variant].format)
+    marker = codec.encode(w, **ENCODE_ARGS[variant]).marker
+    if variant in ("nvfp4", "mxfp8"):  # padded storage: the model shape from the bias (and K as the runtimes learn it)
+        ref["bias"] = torch.zeros(n, dtype=dtype)
+        if variant == "nvfp4":
+            ref["pre_quant_scale"] = torch.ones(k, dtype=dtype)
+        else:
+            marker = dict(marker, orig_shape=[n, k])
+    expected = q.dequantize()
+    assert expected.dtype == dtype and tuple(expected.shape) == (n, k)
+    for got in _decodes(codec, ref, marker, dtype):
+        assert same_bits(got, expected)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_blocked_awq_decode_equals_kitchen(dtype_name, threads):
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator().manual_seed(31)
+    n, k, g = 203, 256, 64
+    t = {"weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
+         "weight_scale": (torch.rand(k // g, n, generator=gen) * 0.01).to(dtype),
+         "weight_zeros": (torch.randn(k // g, n, generator=gen) * 0.01).to(dtype)}
+    params = TensorCoreAWQW4A16Layout.Params(scale=t["weight_scale"], orig_dtype=dtype, orig_shape=(n, k),
+                                             zeros=t["weight_zeros"], group_size=g)
+    expected = QuantizedTensor(t["weight"], "TensorCoreAWQW4A16Layout", params).dequantize()
+    for got in _decodes(codecs.get("awq_w4a16"), t, {"format": "awq_w4a16", "group_size": g}, dtype):
+        assert same_bits(got, expected)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_blocked_svdquant_decode_equals_kitchen(dtype_name, threads):
+    dtype = DTYPES[dtype_name]
+    n, k = 384, 320  # three 128-row tiles; K not a multiple of 256 (the low-rank GEMM's padding)
+    t = svdquant_tensors(dtype, n, k, seed=9)
+    params = TensorCoreSVDQuantW4A4Layout.Params(scale=t["weight_scale"], orig_dtype=dtype, orig_shape=(n, k),
+                                                 proj_down=t["weight_proj_down"], proj_up=t["weight_proj_up"],
+                                                 smooth_factor=t["weight_smooth_factor"], act_unsigned=False)
+    expected = QuantizedTensor(t["weight"], "TensorCoreSVDQuantW4A4Layout", params).dequantize()
+    for got in _decodes(codecs.get("svdquant_w4a4"), t, {"format": "svdquant_w4a4"}, dtype):
+        assert same_bits(got, expected)
+
+
+def _vm_flags(address: int) -> list[str] | None:
+    """The VmFlags of the mapping holding ``address`` in this process (None: no smaps)."""
+    try:
+        lines = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return None
+    inside = False
+    for line in lines:
+        head = line.split(" ", 1)[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    return None
+
+
+def _thp_available() -> bool:
+    try:
+        setting = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return False
+    return "[never]" not in setting
+
+
+@pytest.mark.skipif(not (os.path.exists("/proc/self/smaps") and _thp_available()), reason="needs Linux with THP")
+def test_large_decoded_output_is_advised_onto_huge_pages():
+    """A decoded output above glibc's mmap threshold is a fresh mapping; faulting it in 4 KiB
+    pages cost as much as the FP8 decode itself (0.68x per byte at 5120x13824 vs 3072x3072).
+    The decoder asks for huge pages before writing it; the values are the same."""
+    n, k = 3072, 3072  # F32 output: 37.7 MB, above the 32 MiB threshold
+    w = weight("gauss", n, k, torch.bfloat16, seed=5)
+    q = kitchen_qtensor("fp8", w)
+    ref = {s: v.contiguous() for s, v in q.state_dict("weight").items()}
+    codec = codecs.get("float8_e4m3fn")
+    dense = codec.decode(ref, {"format": "float8_e4m3fn"}, dtype=torch.float32)
+    assert dense.nbytes > pages.LARGE_BYTES
+    inner = -(-dense.data_ptr() // pages.HUGE_PAGE) * pages.HUGE_PAGE  # the advised interior starts here
+    assert "hg" in (_vm_flags(inner) or [])
+    assert same_bits(dense, ref["weight"].to(torch.float32) * ref["weight_scale"])  # comfy-kitchen's formula in F32
+    # below the threshold nothing is advised (glibc may reuse heap memory for it)
+    small = pages.empty_output((1024, 1024), torch.float32)
+    assert not pages.advise_huge(small)
+
+
+def test_empty_output_without_madvise_is_a_plain_tensor(monkeypatch):
+    """Where there is no madvise (not Linux), the output is an ordinary tensor."""
+    monkeypatch.setattr(pages, "_MADVISE", False)
+    t = pages.empty_output((4096, 4097), torch.bfloat16)
+    assert tuple(t.shape) == (4096, 4097) and t.dtype == torch.bfloat16
+    assert not pages.advise_huge(t)
+
+
+@pytest.mark.parametrize("dtype_name", ["bf16", "f16"])
+def test_w4a8_whole_layer_operand_is_built_in_row_blocks(monkeypatch, dtype_name):
+    """A W4A8 layer un-rotated whole (here: with a correction) gets its GEMM operand filled
+    in row blocks of the output dtype: no F32 copy of the layer (283 MB at 5120x13824 beside
+    the operand); the one GEMM and the bits stay comfy-kitchen's."""
+    from comfyquant.formats.w4a8.codec import W4A8Codec
+    from comfyquant.numerics import assemble
+
+    dtype = DTYPES[dtype_name]
+    n, k = 600, 512
+    w = weight("gauss", n, k, dtype, seed=8)
+    q = kitchen_qtensor("w4a8_asym", w)
+    ref = {s: v.contiguous() for s, v in q.state_dict("weight").items()}
+    codec = codecs.get("asym_w4a8_int8")
+    marker = codec.encode(w, **ENCODE_ARGS["w4a8_asym"]).marker
+    assert codec._whole_layer(codec.plan(ref, marker).env, dtype, ref)
+    spans = []
+    rotated = W4A8Codec._rotated
+
+    def recording(self, t, env, r0, r1, table, d):
+        spans.append((r0, r1))
+        return rotated(self, t, env, r0, r1, table, d)
+
+    monkeypatch.setattr(W4A8Codec, "_rotated", recording)
+    dense = codec.decode(ref, marker, dtype=dtype)
+    assert same_bits(dense, q.dequantize())
+    block_rows = assemble.OPERAND_BLOCK_ELEMENTS // k
+    assert len(spans) == -(-n // block_rows) and max(r1 - r0 for r0, r1 in spans) == block_rows
+
+
+@pytest.mark.parametrize("variant", ["fp8", "int8_convrot", "w4a8_codebook", "nvfp4"])
+def test_iter_decode_blocks_stay_valid_across_their_buffers(variant):
+    """With ``buffers`` block buffers a block stays valid while the next ``buffers - 1`` are
+    made (dequantize writes one block while the next is decoded); with one, as before, the
+    next block overwrites it."""
+    n, k = 600, SHAPES[variant][1]
+    w = weight("gauss", n, k, torch.bfloat16, seed=3)
+    codec = codecs.get(VARIANTS[variant].format)
+    enc = codec.encode(w, **ENCODE_ARGS[variant])
+    whole = codec.decode(enc, enc.marker)
+    block = 16 * k
+    count = len(list(codec.iter_decode(enc, enc.marker, block_elements=block)))
+    assert count >= 4
+    held = list(codec.iter_decode(enc, enc.marker, block_elements=block, buffers=count))
+    assert same_bits(torch.cat(held), whole)
+    window = []
+    for b in codec.iter_decode(enc, enc.marker, block_elements=block, buffers=3):
+        window.append((b, b.clone()))
+        window = window[-3:]
+        assert all(same_bits(view, copy) for view, copy in window)  # the last three are intact
+
+
+def test_decoded_ahead_keeps_order_and_runs_in_a_worker():
+    import threading
+
+    from comfyquant.dequantizer import decoded_ahead
+
+    where = []
+
+    def produce():
+        for i in range(20):
+            where.append(threading.current_thread() is threading.main_thread())
+            yield i
+
+    assert list(decoded_ahead(produce(), 1)) == list(range(20))
+    assert where and not any(where)
+
+
+def test_decoded_ahead_raises_the_producers_error_at_its_place():
+    from comfyquant.dequantizer import decoded_ahead
+    from comfyquant.formats.codec import CodecError
+
+    def produce():
+        yield 1
+        yield 2
+        raise CodecError("blocks.3.ff: bad scale")
+
+    got = []
+    with pytest.raises(CodecError, match="bad scale"):
+        for item in decoded_ahead(produce(), 1):
+            got.append(item)
+    assert got == [1, 2]
+
+
+def test_decoded_ahead_stops_its_worker_when_the_consumer_stops():
+    import threading
+
+    from comfyquant.dequantizer import decoded_ahead
+
+    made = []
+
+    def produce():
+        for i in range(1000):
+            made.append(i)
+            yield i
+
+    before = threading.active_count()
+    it = decoded_ahead(produce(), 1)
+    assert next(it) == 0
+    it.close()  # the consumer gives up (a write failed)
+    assert threading.active_count() == before
+    assert len(made) <= 3  # the worker went at most the queue and one block ahead
+
+
+@pytest.mark.parametrize("scale", [1.0, 3e-4, 2.0**-130, 1e-38, 7.5, 2.0**7, 1e30])
+def test_e4m3_widening_equals_torchs_cast_and_multiply_for_every_code(scale):
+    """The three-pass E4M3 -> BF16 path (numerics/fp8_widen.py) against ``q.to(bf16) *
+    scale.to(bf16)`` for all 254 non-NaN codes, scales whose products are subnormal or large;
+    a factor that would overflow BF16 (1e30 * 2^120) leaves the layer to the general path."""
+    from comfyquant.numerics.fp8_widen import folded_scale, widen_e4m3_scaled
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F].view(torch.float8_e4m3fn).reshape(2, 127)
+    s = torch.tensor(scale, dtype=torch.float32)
+    expected = codes.to(torch.bfloat16) * s.to(torch.bfloat16)
+    folded = folded_scale(codes, s, torch.bfloat16)
+    if scale == 1e30:
+        assert folded is None
+    else:
+        assert same_bits(widen_e4m3_scaled(codes, folded), expected)
+    t = {"weight": codes, "weight_scale": s}
+    assert same_bits(codecs.get("float8_e4m3fn").decode(t, {"format": "float8_e4m3fn"}, dtype=torch.bfloat16), expected)
+
+
+@pytest.mark.parametrize("nan", [0x7F, 0xFF])
+def test_fp8_layer_with_nan_codes_decodes_like_torch(nan):
+    from comfyquant.numerics.fp8_widen import folded_scale
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F].reshape(2, 127).clone()
+    codes[1, 5] = nan
+    q = codes.view(torch.float8_e4m3fn)
+    s = torch.tensor(0.01)
+    assert folded_scale(q, s, torch.bfloat16) is None
+    got = codecs.get("float8_e4m3fn").decode({"weight": q, "weight_scale": s}, {"format": "float8_e4m3fn"},
+                                             dtype=torch.bfloat16)
+    assert same_bits(got, q.to(torch.bfloat16) * s.to(torch.bfloat16))
