@@ -14,6 +14,9 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+"""As the command line does (``numerics/waits.py``): before any test imports torch, so its
+OpenMP threads sleep at barriers instead of spinning on cores shared with other jobs."""
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 

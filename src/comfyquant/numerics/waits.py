@@ -4,10 +4,9 @@ Every torch elementwise operation on a large tensor is an OpenMP parallel region
 ends in a barrier.  By default libgomp's threads spin at a barrier for a while (some 300,000
 iterations) before they sleep.  When the cores are shared with other processes, the thread
 a barrier waits for is often not running, and the waiting one spins away its time slice
-instead of handing the core over: measured on two cores shared with other jobs (load 7),
-FP8 -> BF16 decoding ran at 93 MB/s with two torch threads and 903 MB/s with one; with
-``OMP_WAIT_POLICY=PASSIVE`` two threads ran at 909 MB/s.  On an idle machine the passive
-policy costs a wake-up per region (microseconds; a decode block is milliseconds).
+instead of handing the core over (bench/codec_speed.py prints the policy beside its rates; the
+README's numerics section has the measurement).  On an idle machine the passive policy costs a
+wake-up per region, microseconds against a decode block's milliseconds.
 
 libgomp (and Intel's OpenMP) read the variable once, when torch loads them, so
 :func:`prefer_passive_waits` must run before ``import torch``; the command line calls it
