@@ -33,7 +33,7 @@ from ..io.writer import commit_file, discard, write_safetensors
 from ..version import __version__
 from .layout import marker_entries, problems
 from .plan import DECODE, DENSE, QUANTIZE, LayerPlan, Plan, output_files
-from .work import run_task_spilled, task_for
+from .work import prefetch, run_task_spilled, task_for
 
 STAMP_KEY = "comfyquant"
 """The metadata key ``fix`` stamps as well: tool, version and the history of what was done."""
@@ -88,6 +88,7 @@ class _InProcess:
         while self.next <= min(last, len(self.order) - 1):
             lp = self.order[self.next]
             task = task_for(lp, self.quality, self.references.get(lp.name))
+            prefetch(task)
             before = self.futures.get(self.order[self.next - 2].name) if self.next >= 2 else None
             self.futures[lp.name] = self.encoder.submit(self._encode, task, before)
             self.next += 1
@@ -176,6 +177,7 @@ class _Pool:
         while self.next < len(self.order) and len(self.futures) < self.WINDOW * self.jobs:
             lp = self.order[self.next]
             task = task_for(lp, self.quality, self.references.get(lp.name))
+            prefetch(task)  # the page cache is shared: the worker finds the bytes read
             self.futures[lp.name] = self.pool.submit(run_task_spilled, task, self.spill_dir)
             self.next += 1
 
@@ -205,6 +207,9 @@ class _Pool:
             if not f.cancelled() and f.exception() is None:
                 os.unlink(f.result()["spill"])
         self.futures.clear()
+        from .work import close_sources
+
+        close_sources()  # the files opened here for the read-ahead hints
 
 
 def _open_spill(path: str) -> LocalFile:

@@ -102,6 +102,26 @@ def _file_rows(spec: tuple):
     return RowSource(shape, TORCH_DTYPES[dtype], read)
 
 
+def prefetch(task: dict) -> None:
+    """Ask the kernel to start reading the layer's source bytes now (``POSIX_FADV_WILLNEED``):
+    called when a layer is queued, so its weight comes from disk while the layers before it
+    are encoded, and the encoder's passes find it in the page cache.  Only a hint: nothing
+    is read into this process, and where the platform has no such call nothing happens."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    specs = [task["weight"]] if task["source"] == "dense" else list(task["src"].values())
+    if task.get("reference"):
+        specs.append(task["reference"])
+    for file, _dtype, _shape, start, nbytes in specs:
+        fd = getattr(_source(file), "_fd", None)
+        if fd is not None and nbytes:
+            try:
+                advise(fd, start, nbytes, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                return
+
+
 def entry_spec(e) -> tuple:
     """The picklable read spec of a header entry."""
     return (e.file, e.dtype, tuple(e.shape), e.start, e.nbytes)
