@@ -77,6 +77,7 @@ class _InProcess:
         self.order: list[LayerPlan] = []
         self.index: dict[str, int] = {}
         self.futures: dict[str, Future] = {}
+        self.measured: dict[int, Future] = {}  # by position in the order (encoder thread only)
         self.next = 0
 
     def start(self, order: list[LayerPlan]) -> None:
@@ -89,23 +90,27 @@ class _InProcess:
             lp = self.order[self.next]
             task = task_for(lp, self.quality, self.references.get(lp.name))
             prefetch(task)
-            before = self.futures.get(self.order[self.next - 2].name) if self.next >= 2 else None
-            self.futures[lp.name] = self.encoder.submit(self._encode, task, before)
+            self.futures[lp.name] = self.encoder.submit(self._encode, task, self.next)
             self.next += 1
 
-    def _encode(self, task: dict, before: Future | None) -> tuple[dict, Future, float]:
+    def _encode(self, task: dict, index: int) -> tuple[dict, Future, float]:
+        """Encode the layer at ``index`` of the order (in the encoder thread, one at a time)."""
         from concurrent.futures import wait
 
         from .work import encode_task, measure_task
 
-        if before is not None and not before.cancelled() and before.exception() is None:
-            wait([before.result()[1]])  # layer j-2's measurement: bounds the layers held
+        before = self.measured.pop(index - 2, None)
+        if before is not None:
+            wait([before])  # layer j-2's measurement: bounds the layers held
         started = time.perf_counter()
         tensors, codec, source = encode_task(task)
         seconds = time.perf_counter() - started
         if task["source"] == "dense":
-            return tensors, self.measurer.submit(_timed, measure_task, task, codec, source, tensors), seconds
-        return tensors, _done(_timed(measure_task, task, codec, source, tensors)), seconds
+            quality = self.measurer.submit(_timed, measure_task, task, codec, source, tensors)
+        else:
+            quality = _done(_timed(measure_task, task, codec, source, tensors))
+        self.measured[index] = quality
+        return tensors, quality, seconds
 
     def result(self, lp: LayerPlan) -> dict:
         self._submit(self.index[lp.name] + self.AHEAD)
