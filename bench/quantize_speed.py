@@ -26,6 +26,17 @@ W6A8 >= 4x comfy-kitchen, bit-identical.
 
     python bench/quantize_speed.py --encoders-only [--shapes 3072x3072,5120x13824] [--rounds 3]
 
+The end-to-end section (issue 17 item 2) quantizes a Flux-shaped slice -- ``--slice D,S``
+FLUX.1 double blocks (image and text streams: qkv 9216x3072, proj 3072x3072, mlp
+12288x3072 / 3072x12288) and single blocks (linear1 21504x3072, linear2 3072x15360), 2,2 by
+default -- with ``quantize --jobs 1`` and ``--jobs 2``, each run a fresh process timed by
+the wall clock, beside the encoder alone on the same weights (``codec.encode`` on each
+weight already in memory, torch's default threads), interleaved over ``--e2e-rounds``
+rounds; it prints the ratios end-to-end / encoder-only (target >= 0.8) and jobs 2 / jobs 1
+(target >= 1.7 on two cores) and the peak RSS against its budget.
+
+    python bench/quantize_speed.py --e2e-only [--e2e w4a8,w6a8] [--slice 2,2] [--e2e-rounds 3]
+
 ``--repeat N`` runs every child N times, alternating comfy-kitchen and comfyquant, and keeps
 each side's fastest run and largest peak RSS: on a shared machine one run of either side
 can be slowed by the neighbours' jobs (comfy-kitchen's own rate varied 7.5-9.8 MB/s
