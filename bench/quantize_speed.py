@@ -26,6 +26,17 @@ W6A8 >= 4x comfy-kitchen, bit-identical.
 
     python bench/quantize_speed.py --encoders-only [--shapes 3072x3072,5120x13824] [--rounds 3]
 
+The end-to-end section (issue 17 item 2) quantizes a Flux-shaped slice -- ``--slice D,S``
+FLUX.1 double blocks (image and text streams: qkv 9216x3072, proj 3072x3072, mlp
+12288x3072 / 3072x12288) and single blocks (linear1 21504x3072, linear2 3072x15360), 2,2 by
+default -- with ``quantize --jobs 1`` and ``--jobs 2``, each run a fresh process timed by
+the wall clock, beside the encoder alone on the same weights (``codec.encode`` on each
+weight already in memory, torch's default threads), interleaved over ``--e2e-rounds``
+rounds; it prints the ratios end-to-end / encoder-only (target >= 0.8) and jobs 2 / jobs 1
+(target >= 1.7 on two cores) and the peak RSS against its budget.
+
+    python bench/quantize_speed.py --e2e-only [--e2e w4a8,w6a8] [--slice 2,2] [--e2e-rounds 3]
+
 ``--repeat N`` runs every child N times, alternating comfy-kitchen and comfyquant, and keeps
 each side's fastest run and largest peak RSS: on a shared machine one run of either side
 can be slowed by the neighbours' jobs (comfy-kitchen's own rate varied 7.5-9.8 MB/s
@@ -128,6 +139,140 @@ def encoder_section(shapes: list[tuple[int, int]], names: list[str], rounds: int
             print(f"{row['shape']:>11} {name:<13} {row['cq']:>9.1f} {row['ck']:>9.1f} {row['ratio']:>6.2f}x "
                   f"{'yes' if same else 'NO':>9}", flush=True)
     return rows
+
+
+DOUBLE = (("img_attn.qkv", 9216, 3072), ("img_attn.proj", 3072, 3072), ("img_mlp.0", 12288, 3072),
+          ("img_mlp.2", 3072, 12288), ("txt_attn.qkv", 9216, 3072), ("txt_attn.proj", 3072, 3072),
+          ("txt_mlp.0", 12288, 3072), ("txt_mlp.2", 3072, 12288))
+SINGLE = (("linear1", 21504, 3072), ("linear2", 3072, 15360))
+"""FLUX.1's linear shapes: a double block's image and text streams, a single block's two linears."""
+
+
+def slice_layers(double: int, single: int) -> list[tuple[str, int, int]]:
+    """The linears of ``double`` double blocks and ``single`` single blocks, in file order."""
+    out = [(f"double_blocks.{b}.{name}", n, k) for b in range(double) for name, n, k in DOUBLE]
+    return out + [(f"single_blocks.{b}.{name}", n, k) for b in range(single) for name, n, k in SINGLE]
+
+
+def build_slice(path: str, layers: list[tuple[str, int, int]]) -> None:
+    """A Flux-shaped slice: seeded Gaussian BF16 weights with F32-free generation per row block,
+    biases, and one norm per block (kept dense by quantize, copied by the kernel)."""
+    import torch
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(0)
+    sd = {}
+    for name, n, k in layers:
+        w = torch.empty(n, k, dtype=torch.bfloat16)
+        for r in range(0, n, 1024):
+            w[r:r + 1024] = torch.randn(min(1024, n - r), k, generator=gen) * k ** -0.5
+        sd[f"{name}.weight"] = w
+        sd[f"{name}.bias"] = torch.zeros(n, dtype=torch.bfloat16)
+        block = name.rsplit(".", 2)[0] if name.startswith("double") else name.rsplit(".", 1)[0]
+        sd.setdefault(f"{block}.norm.scale", torch.ones(128, dtype=torch.bfloat16))
+    save_file(sd, path)
+
+
+def child_encode_only(src: str, name: str) -> dict:
+    """Encoder-only time of every linear of ``src``: each weight read untimed, then only
+    ``codec.encode`` timed (torch's default threads, as ``quantize --jobs 1`` uses)."""
+    import torch
+    from safetensors import safe_open
+
+    from comfyquant import codecs
+
+    fmt, params, _layout, _kwargs = ENCODERS[name]
+    codec = codecs.get(fmt)
+    seconds = 0.0
+    nbytes = 0
+    with safe_open(src, "pt") as f:
+        for key in f.keys():
+            if not key.endswith(".weight"):
+                continue
+            w = f.get_tensor(key)
+            if w.dim() != 2:
+                continue
+            t0 = time.perf_counter()
+            enc = codec.encode(w, layer=key, **dict(params))
+            seconds += time.perf_counter() - t0
+            nbytes += w.numel() * w.element_size()
+            del enc, w
+    own, _ = _peaks()
+    return {"seconds": seconds, "bytes": nbytes, "threads": torch.get_num_threads(), "rss_main": own}
+
+
+def child_slice_quantize(src: str, name: str, jobs: int, out_dir: str) -> dict:
+    """``comfyquant.quantize`` of the slice, end to end (torch imported inside, as by the CLI)."""
+    started = time.perf_counter()
+    import comfyquant
+
+    fmt, params, _layout, _kwargs = ENCODERS[name]
+    out = os.path.join(out_dir, f"slice-{name}-j{jobs}.safetensors")
+    r = comfyquant.quantize(src, out, fmt, dict(params), target="comfy-kitchen", jobs=jobs, progress=False,
+                            overwrite=True, preset="none")
+    seconds = time.perf_counter() - started
+    own, kids = _peaks()
+    os.unlink(out)
+    return {"seconds": seconds, "rss_main": own, "rss_worker": kids, "ok": r.ok,
+            "layers": r.doc["totals"]["quantized"]}
+
+
+def e2e_section(folder: str, names: list[str], double: int, single: int, rounds: int) -> None:
+    """End to end ``quantize`` (``--jobs 1`` and ``--jobs 2``) against the encoder alone on the
+    same layers, each in a fresh process, interleaved over ``rounds`` rounds (the order
+    rotates); rates are medians of the rounds, ratios medians of the rounds' ratios."""
+    import statistics
+
+    layers = slice_layers(double, single)
+    src = os.path.join(folder, f"flux-slice-{double}d{single}s.safetensors")
+    if not os.path.exists(src):
+        build_slice(src, layers)
+    nbytes = sum(n * k * 2 for _, n, k in layers)
+    largest = max(n * k * 2 for _, n, k in layers) / MB
+    budget = {j: 3 * largest * j + 300 for j in (1, 2)}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    shapes = sorted({(n, k) for _, n, k in layers}, key=lambda s: -s[0] * s[1])
+    print(f"end to end on a Flux-shaped slice: {double} double block(s) (image and text streams) + {single} single "
+          f"block(s), {len(layers)} linears ({', '.join(f'{n}x{k}' for n, k in shapes)}), {nbytes / 1e6:.0f} MB of "
+          f"BF16 weights, largest layer {largest:.0f} MiB; {cores} cores; load average {os.getloadavg()[0]:.2f}; "
+          f"median of {max(1, rounds)} interleaved rounds, each run a fresh process")
+    head = (f"{'format':<13} {'encoder MB/s':>12} {'--jobs 1 MB/s':>13} {'j1/enc':>7} {'--jobs 2 MB/s':>13} "
+            f"{'j2/enc':>7} {'j2/j1':>6} {'RSS MiB j1':>10} {'RSS MiB j2 (main+2 workers)':>28}")
+    print(head)
+    print("-" * len(head), flush=True)
+    verdicts = []
+    for name in names:
+        runs: dict[str, list[dict]] = {"enc": [], "j1": [], "j2": []}
+        kinds = [("enc", ("encode-only", src, name)), ("j1", ("slice", src, name, "1", folder)),
+                 ("j2", ("slice", src, name, "2", folder))]
+        for r in range(max(1, rounds)):
+            for kind, args in kinds[r % 3:] + kinds[:r % 3]:
+                t0 = time.perf_counter()
+                res = run_child(*args)
+                res["wall"] = time.perf_counter() - t0
+                runs[kind].append(res)
+        rate = {kind: [nbytes / 1e6 / (r["seconds"] if kind == "enc" else r["wall"]) for r in rs]
+                for kind, rs in runs.items()}
+        med = {kind: statistics.median(v) for kind, v in rate.items()}
+        ratio = {key: statistics.median(a / b for a, b in zip(rate[x], rate[y]))
+                 for key, (x, y) in {"j1/enc": ("j1", "enc"), "j2/enc": ("j2", "enc"), "j2/j1": ("j2", "j1")}.items()}
+        rss1 = max(r["rss_main"] for r in runs["j1"])
+        rss2 = max(r["rss_main"] + 2 * r["rss_worker"] for r in runs["j2"])
+        print(f"{name:<13} {med['enc']:>12.1f} {med['j1']:>13.1f} {ratio['j1/enc']:>6.2f}x {med['j2']:>13.1f} "
+              f"{ratio['j2/enc']:>6.2f}x {ratio['j2/j1']:>5.2f}x {rss1:>10.0f} {rss2:>28.0f}", flush=True)
+        threads = runs["enc"][0]["threads"]
+        verdicts.append(f"{name}: end to end --jobs 1 {ratio['j1/enc']:.2f}x the encoder alone ({threads} torch "
+                        f"threads; target >= 0.8): {'MET' if ratio['j1/enc'] >= 0.8 else 'NOT MET'}")
+        verdicts.append(f"{name}: --jobs 2 {ratio['j2/j1']:.2f}x --jobs 1 (target >= 1.7 on two cores): "
+                        f"{'MET' if ratio['j2/j1'] >= 1.7 else 'NOT MET'}")
+        verdicts.append(f"{name}: peak RSS --jobs 1 {rss1:.0f} MiB (budget {budget[1]:.0f}), --jobs 2 {rss2:.0f} MiB "
+                        f"(budget {budget[2]:.0f}): {'MET' if rss1 <= budget[1] and rss2 <= budget[2] else 'NOT MET'}")
+    print(f"(load average at the end: {os.getloadavg()[0]:.2f})")
+    print("encoder: codec.encode alone on each weight already in memory; --jobs N: the whole quantize run (process "
+          "start, torch import, read, encode, quality report, write, fsync, check, rename), wall clock")
+    for v in verdicts:
+        print("  " + v)
+    print()
 
 
 def build_model(path: str) -> int:
@@ -263,12 +408,23 @@ def main() -> None:
     ap.add_argument("--no-encoders", action="store_true", help="skip the encoder section")
     ap.add_argument("--convert", default="nvfp4:w4a8,fp8:int8",
                     help="convert rows FROM:TO,... timed against quantize dense -> TO ('' skips them)")
+    ap.add_argument("--e2e", default="w4a8", metavar="ROWS",
+                    help="end-to-end section: encoder rows (as --encoders) quantized end to end on the Flux-shaped "
+                         "slice with --jobs 1 and 2, beside the encoder alone ('' skips it; default w4a8)")
+    ap.add_argument("--slice", default="2,2", metavar="D,S",
+                    help="the slice: D double blocks and S single blocks of FLUX.1 (default 2,2)")
+    ap.add_argument("--e2e-rounds", type=int, default=3, help="end-to-end section rounds; medians count (default 3)")
+    ap.add_argument("--e2e-only", action="store_true", help="run only the end-to-end section")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         kind, src, fmt = args.child[:3]
         if kind == "kitchen":
             res = child_kitchen(src, fmt)
+        elif kind == "encode-only":
+            res = child_encode_only(src, fmt)
+        elif kind == "slice":
+            res = child_slice_quantize(src, fmt, int(args.child[3]), args.child[4])
         elif kind == "convert":
             res = child_convert(src, fmt, args.child[3])
         else:
@@ -276,7 +432,7 @@ def main() -> None:
         print(json.dumps(res))
         return
 
-    if not args.no_encoders:
+    if not args.no_encoders and not args.e2e_only:
         import torch
 
         if args.threads:
@@ -295,6 +451,15 @@ def main() -> None:
             return
     folder = args.keep or tempfile.mkdtemp(prefix="cq-bench-")
     os.makedirs(folder, exist_ok=True)
+    if args.e2e:
+        double, single = (int(v) for v in args.slice.split(","))
+        e2e_section(folder, args.e2e.split(","), double, single, args.e2e_rounds)
+    if args.e2e_only:
+        if not args.keep:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+        return
     src = os.path.join(folder, "dense.safetensors")
     if not os.path.exists(src):
         build_model(src)

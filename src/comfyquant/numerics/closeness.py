@@ -10,15 +10,17 @@ import torch
 def error_sums(d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``[sum (d - w)^2, sum w^2, sum d*w, sum d^2]`` of two F32 matrices, in F64.
 
-    Row by row F32 dot products (one batched GEMM, no temporaries), added up in F64: a
-    ``sum(dtype=float64)`` would first copy its whole input to F64."""
+    Row by row F32 dot products, added up in F64: a ``sum(dtype=float64)`` would first copy
+    its whole input to F64."""
     e = d - w
     return torch.stack([_dot(e, e), _dot(w, w), _dot(d, w), _dot(d, d)])
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # A product and a row sum (vectorized, one temporary of the block): twice as fast as one
+    # batched [1, K] x [K, 1] GEMM per row, which is most of quantize's measurement time.
     rows = a.shape[0]
-    return torch.bmm(a.reshape(rows, 1, -1), b.reshape(rows, -1, 1)).sum(dtype=torch.float64)
+    return (a.reshape(rows, -1) * b.reshape(rows, -1)).sum(-1).sum(dtype=torch.float64)
 
 
 def relative_l2(e2: float, r2: float) -> float:

@@ -3,10 +3,11 @@
 The header of every output file is known from the plan, so each file is written front to
 back by :func:`comfyquant.io.writer.write_safetensors` into a temporary file next to its
 destination: dense tensors are copied by the kernel, quantized tensors are produced when the
-writer reaches them.  With ``--jobs N`` up to N layers are computed ahead, each in its own
-worker process; results are consumed in file order, and a worker gets its next layer only
-once the last one's tensors are written, so at most N layers are in memory at once (blocks
-of their dense source inside the workers, their encoded tensors here).
+writer reaches them -- computed ahead, so reading, encoding, measuring and writing overlap.
+With ``--jobs 1`` two threads of this process encode and measure (:class:`_InProcess`); with
+``--jobs N`` worker processes compute up to 2N layers ahead, handing each over in a spill
+file (:class:`_Pool`).  Results are consumed in file order, and memory stays bounded by a
+few layers (see each class).
 
 After the last byte, the temporary files are opened again and checked with
 ``comfyquant check --target``; only an output that passes is renamed into place (and its
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 
 from ..errors import InputError
 from ..io.copying import copy_range, read_chunks
@@ -30,7 +33,7 @@ from ..io.writer import commit_file, discard, write_safetensors
 from ..version import __version__
 from .layout import marker_entries, problems
 from .plan import DECODE, DENSE, QUANTIZE, LayerPlan, Plan, output_files
-from .work import run_task, run_task_spilled, task_for
+from .work import prefetch, run_task_spilled, task_for
 
 STAMP_KEY = "comfyquant"
 """The metadata key ``fix`` stamps as well: tool, version and the history of what was done."""
@@ -46,17 +49,73 @@ def output_paths(ckpt, out: str | None, overwrite: bool, tag: str, also: list[st
 
 
 class _InProcess:
-    """``--jobs 1``: each layer computed when the writer reaches it, in this process."""
+    """``--jobs 1``: layers computed in this process, by two threads beside the writer.
+
+    The encoder thread encodes the layers in file order, at most :attr:`AHEAD` layer ahead of
+    the one the writer waits for; the measurement thread measures each encoded layer while the
+    encoder goes on with the next.  Writing layer i, encoding layer i+1 and measuring layer i
+    overlap (torch and the writer's system calls release the GIL), so the run goes at the
+    speed of its slowest stage, and the encoder's single-threaded steps leave the second core
+    to the measurement instead of idle.  The bytes written do not depend on the threads: each
+    layer is encoded by one thread, as before.
+
+    Memory: the encoder waits, before layer j, until layer j-2 is measured, so at most the
+    layer being written, one encoded layer waiting and the one being encoded are held, plus
+    the blocks of one encode and one measurement.  A layer decoded from a quantized input
+    (``convert``) holds its dense source until it is measured; it is measured in the encoder
+    thread, so no two decoded sources are held at once."""
+
+    AHEAD = 1
 
     def __init__(self, quality: bool, references: dict | None = None) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         self.quality = quality
         self.references = references or {}
+        self.encoder = ThreadPoolExecutor(1, thread_name_prefix="comfyquant-encode")
+        self.measurer = ThreadPoolExecutor(1, thread_name_prefix="comfyquant-measure")
+        self.order: list[LayerPlan] = []
+        self.index: dict[str, int] = {}
+        self.futures: dict[str, Future] = {}
+        self.measured: dict[int, Future] = {}  # by position in the order (encoder thread only)
+        self.next = 0
 
     def start(self, order: list[LayerPlan]) -> None:
-        pass
+        self.order = order
+        self.index = {lp.name: i for i, lp in enumerate(order)}
+        self._submit(self.AHEAD)
+
+    def _submit(self, last: int) -> None:
+        while self.next <= min(last, len(self.order) - 1):
+            lp = self.order[self.next]
+            task = task_for(lp, self.quality, self.references.get(lp.name))
+            prefetch(task)
+            self.futures[lp.name] = self.encoder.submit(self._encode, task, self.next)
+            self.next += 1
+
+    def _encode(self, task: dict, index: int) -> tuple[dict, Future, float]:
+        """Encode the layer at ``index`` of the order (in the encoder thread, one at a time)."""
+        from concurrent.futures import wait
+
+        from .work import encode_task, measure_task
+
+        before = self.measured.pop(index - 2, None)
+        if before is not None:
+            wait([before])  # layer j-2's measurement: bounds the layers held
+        started = time.perf_counter()
+        tensors, codec, source = encode_task(task)
+        seconds = time.perf_counter() - started
+        if task["source"] == "dense":
+            quality = self.measurer.submit(_timed, measure_task, task, codec, source, tensors)
+        else:
+            quality = _done(_timed(measure_task, task, codec, source, tensors))
+        self.measured[index] = quality
+        return tensors, quality, seconds
 
     def result(self, lp: LayerPlan) -> dict:
-        return run_task(task_for(lp, self.quality, self.references.get(lp.name)))
+        self._submit(self.index[lp.name] + self.AHEAD)
+        tensors, quality, seconds = self.futures.pop(lp.name).result()
+        return {"tensors": tensors, "quality": quality, "seconds": seconds}
 
     def written(self, lp: LayerPlan) -> None:
         pass
@@ -64,11 +123,39 @@ class _InProcess:
     def close(self) -> None:
         from .work import close_sources
 
+        self.encoder.shutdown(wait=True, cancel_futures=True)
+        self.measurer.shutdown(wait=True, cancel_futures=True)
+        self.futures.clear()
         close_sources()
 
 
+def _timed(fn: Callable, *args) -> tuple[object, float]:
+    started = time.perf_counter()
+    return fn(*args), time.perf_counter() - started
+
+
+def _done(value) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class _Pool:
-    """``--jobs N``: worker processes compute up to N layers ahead of the writer, in order."""
+    """``--jobs N``: worker processes compute layers ahead of the writer, in file order.
+
+    Up to :attr:`WINDOW` ``* N`` layers are submitted and not yet written: a worker that
+    finished a short layer takes the next one at once instead of waiting for the writer to
+    reach it (the finished layers wait in their spill files, on disk, not in memory)."""
+
+    WINDOW = 2
 
     def __init__(self, jobs: int, quality: bool, spill_dir: str, references: dict | None = None) -> None:
         import multiprocessing
@@ -76,7 +163,7 @@ class _Pool:
 
         from .work import init_worker
 
-        threads = max(1, (os.cpu_count() or 1) // jobs)
+        threads = max(1, _cores() // jobs)
         self.jobs = jobs
         self.quality = quality
         self.references = references or {}
@@ -84,7 +171,7 @@ class _Pool:
         self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                         initializer=init_worker, initargs=(threads,))
         self.order: list[LayerPlan] = []
-        self.futures: dict[str, object] = {}
+        self.futures: dict[str, Future] = {}
         self.next = 0
 
     def start(self, order: list[LayerPlan]) -> None:
@@ -92,9 +179,10 @@ class _Pool:
         self._fill()
 
     def _fill(self) -> None:
-        while self.next < len(self.order) and len(self.futures) < self.jobs:
+        while self.next < len(self.order) and len(self.futures) < self.WINDOW * self.jobs:
             lp = self.order[self.next]
             task = task_for(lp, self.quality, self.references.get(lp.name))
+            prefetch(task)  # the page cache is shared: the worker finds the bytes read
             self.futures[lp.name] = self.pool.submit(run_task_spilled, task, self.spill_dir)
             self.next += 1
 
@@ -102,6 +190,7 @@ class _Pool:
         from concurrent.futures.process import BrokenProcessPool
 
         future = self.futures.pop(lp.name)
+        self._fill()
         try:
             out = future.result()
         except BrokenProcessPool:
@@ -109,13 +198,11 @@ class _Pool:
         spill = _open_spill(out.pop("spill"))
         out["tensors"] = {s: (dtype, shape, (spill, offset, length)) for s, (dtype, shape, offset, length)
                           in out["tensors"].items()}
+        out["quality"] = _done((out["quality"], 0.0))
         return out
 
     def written(self, lp: LayerPlan) -> None:
-        """The layer's tensors are written: its worker takes the next layer.  (Submitting it
-        when the result arrives would let N more encoded layers queue up here while this one
-        is written: N + 1 in this process instead of N.)"""
-        self._fill()
+        pass
 
     def close(self) -> None:
         for f in self.futures.values():
@@ -125,6 +212,9 @@ class _Pool:
             if not f.cancelled() and f.exception() is None:
                 os.unlink(f.result()["spill"])
         self.futures.clear()
+        from .work import close_sources
+
+        close_sources()  # the files opened here for the read-ahead hints
 
 
 def _open_spill(path: str) -> LocalFile:
@@ -156,6 +246,17 @@ class Runner:
         self._copied = [0, 0]  # bytes and layers copied since the last computed layer
         self._tails: list[list[int]] = []  # per file: the copies after its last computed layer
         self._closed = False
+        self._measuring: list[tuple[LayerPlan, Future, float]] = []  # in order; quality may still be computed
+
+    def settle(self, wait: bool = True) -> None:
+        """Record the layers whose quality is known, in file order (``wait``: all of them),
+        and tell ``on_layer``.  A measurement's failure is raised here."""
+        while self._measuring and (wait or self._measuring[0][1].done()):
+            lp, future, seconds = self._measuring.pop(0)
+            quality, measured = future.result()
+            self.results[lp.name] = {"quality": quality, "seconds": seconds + measured}
+            if self.on_layer is not None:
+                self.on_layer(lp, self.results[lp.name])
 
     def files(self) -> list[tuple[str, dict, dict]]:
         """Per input file: (input file, tensor table for the writer, metadata)."""
@@ -208,10 +309,9 @@ class Runner:
                     self.progress.add(before[0], before[1])
                     result = self.compute.result(lp)
                     state = self._pending[lp.name] = dict(result["tensors"])
-                    self.results[lp.name] = {"quality": result["quality"], "seconds": result["seconds"]}
+                    self._measuring.append((lp, result["quality"], result["seconds"]))
                     self.progress.add(lp.bytes_in, 1)
-                    if self.on_layer is not None:
-                        self.on_layer(lp, self.results[lp.name])
+                    self.settle(wait=False)
                 t = state.pop(suffix)
                 last = not state
                 if last:
@@ -309,6 +409,7 @@ def execute(ckpt, plan: Plan, dests: list[str], index_dest: str | None, *, jobs:
             except OSError as exc:
                 raise InputError(f"{dest}: cannot write ({exc.strerror or exc}); nothing was written") from None
             runner.flush(i)
+        runner.settle()
         runner.close()
         progress.done()
         with open_checkpoint(temps, shardset=ShardSet(files=list(temps))) as out:

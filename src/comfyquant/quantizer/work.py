@@ -15,6 +15,7 @@ computed in F32.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -25,15 +26,18 @@ QUALITY_ROWS = 16
 QUALITY_SEED = 0
 
 _SOURCES: dict[str, Any] = {}
+_LOCK = threading.Lock()
+"""Guards ``_SOURCES`` and the reads of virtual sources: ``--jobs 1`` reads in two threads."""
 
 
 def _source(path: str):
     from ..io.source import LocalFile
 
-    src = _SOURCES.get(path)
-    if src is None:
-        src = _SOURCES[path] = LocalFile(path)
-    return src
+    with _LOCK:
+        src = _SOURCES.get(path)
+        if src is None:
+            src = _SOURCES[path] = LocalFile(path)
+        return src
 
 
 def use_sources(sources) -> None:
@@ -45,9 +49,10 @@ def use_sources(sources) -> None:
 
 def close_sources() -> None:
     """Close the files this process opened for tasks."""
-    for src in _SOURCES.values():
-        src.close()
-    _SOURCES.clear()
+    with _LOCK:
+        for src in _SOURCES.values():
+            src.close()
+        _SOURCES.clear()
 
 
 def read_spec(spec: tuple):
@@ -63,8 +68,9 @@ def _pread(file: str, start: int, nbytes: int) -> bytearray:
     """``nbytes`` of ``file`` from ``start``, into a new buffer."""
     src = _source(file)
     fd = getattr(src, "_fd", None)
-    if fd is None:  # a virtual source: its bytes are computed, not in a file
-        data = src.pread(start, nbytes)
+    if fd is None:  # a virtual source: its bytes are computed, not in a file (one read at a time)
+        with _LOCK:
+            data = src.pread(start, nbytes)
         if len(data) != nbytes:
             raise InputError(f"{file}: a tensor read short ({len(data)} of {nbytes} bytes)")
         return bytearray(data)
@@ -94,6 +100,26 @@ def _file_rows(spec: tuple):
         return from_bytes(_pread(file, start + r0 * row, (r1 - r0) * row), dtype, (r1 - r0, shape[1]))
 
     return RowSource(shape, TORCH_DTYPES[dtype], read)
+
+
+def prefetch(task: dict) -> None:
+    """Ask the kernel to start reading the layer's source bytes now (``POSIX_FADV_WILLNEED``):
+    called when a layer is queued, so its weight comes from disk while the layers before it
+    are encoded, and the encoder's passes find it in the page cache.  Only a hint: nothing
+    is read into this process, and where the platform has no such call nothing happens."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    specs = [task["weight"]] if task["source"] == "dense" else list(task["src"].values())
+    if task.get("reference"):
+        specs.append(task["reference"])
+    for file, _dtype, _shape, start, nbytes in specs:
+        fd = getattr(_source(file), "_fd", None)
+        if fd is not None and nbytes:
+            try:
+                advise(fd, start, nbytes, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                return
 
 
 def entry_spec(e) -> tuple:
@@ -149,7 +175,20 @@ def find_nonfinite(task: dict) -> str | None:
 
 
 def run_task(task: dict) -> dict:
-    """Encode one layer: tensors (torch, as planned), the quality numbers and the time taken."""
+    """Encode one layer and measure it: tensors (torch, as planned), the quality numbers and the
+    time taken (a worker process's whole task; ``--jobs 1`` runs the two halves in threads)."""
+    from ..numerics.rows import release_memory
+
+    started = time.perf_counter()
+    tensors, codec, source = encode_task(task)
+    quality = measure_task(task, codec, source, tensors)
+    release_memory()
+    return {"tensors": tensors, "quality": quality, "seconds": time.perf_counter() - started}
+
+
+def encode_task(task: dict) -> tuple[dict, Any, Any]:
+    """The encoding half of :func:`run_task`: (tensors as planned, the codec, the source the
+    measurement compares with)."""
     import torch
 
     from .. import codecs
@@ -158,7 +197,6 @@ def run_task(task: dict) -> dict:
     from ..numerics.dtypes import TORCH_DTYPES, dtype_name
     from ..numerics.rows import release_memory
 
-    started = time.perf_counter()
     name, fmt = task["name"], task["format"]
     source = load_source(task)
     codec = codecs.get(fmt)
@@ -188,10 +226,15 @@ def run_task(task: dict) -> dict:
             raise PlanError(f"{name}: the encoder's marker says {key}={value!r}, the planned marker {task['marker']}")
     del enc  # tensors upcast above are new: the encoder's originals go now
     release_memory()  # the encoder's freed blocks, before the measurement's
-    reference = _file_rows(task["reference"]) if task["quality"] and task.get("reference") else None
-    quality = measure(codec, source, tensors, task["marker"], name, reference) if task["quality"] else None
-    release_memory()
-    return {"tensors": tensors, "quality": quality, "seconds": time.perf_counter() - started}
+    return tensors, codec, source
+
+
+def measure_task(task: dict, codec, source, tensors: dict) -> dict | None:
+    """The measuring half of :func:`run_task` (None without ``task["quality"]``)."""
+    if not task["quality"]:
+        return None
+    reference = _file_rows(task["reference"]) if task.get("reference") else None
+    return measure(codec, source, tensors, task["marker"], task["name"], reference)
 
 
 def measure(codec, source, tensors: dict, marker: dict, name: str, reference=None) -> dict:

@@ -1,0 +1,191 @@
+"""quantize's pipeline (issue 17 item 2): reading, encoding, measuring and writing overlap,
+the output bytes do not depend on it, and memory stays bounded by a few layers."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import comfyquant
+from comfyquant.errors import InputError
+from comfyquant.quantizer import runner, work
+from kitchen_fixtures import make_weight
+
+LAYERS = tuple((f"blocks.{i}.mlp.fc1", 64, 256) for i in range(5))
+
+
+def model(path, layers=LAYERS) -> str:
+    sd = {}
+    for i, (name, n, k) in enumerate(layers):
+        w = make_weight(n, k, torch.bfloat16, seed=i)
+        if i % 2:  # heavier tails every other layer: each layer's error is its own
+            w = (w.float() ** 3).to(torch.bfloat16)
+        sd[f"{name}.weight"] = w
+        sd[f"{name}.bias"] = torch.zeros(n, dtype=torch.bfloat16)
+    save_file(sd, str(path))
+    return str(path)
+
+
+def _wrap(monkeypatch, events: list, encode_hook=None, measure_hook=None) -> None:
+    """Record (what, layer, time) around the encoding and measuring halves of each layer."""
+    encode, measure = work.encode_task, work.measure_task
+
+    def encode_task(task):
+        events.append(("encode", task["name"], time.perf_counter()))
+        if encode_hook:
+            encode_hook(task)
+        out = encode(task)
+        events.append(("encoded", task["name"], time.perf_counter()))
+        return out
+
+    def measure_task(task, *args):
+        events.append(("measure", task["name"], time.perf_counter()))
+        if measure_hook:
+            measure_hook(task)
+        out = measure(task, *args)
+        events.append(("measured", task["name"], time.perf_counter()))
+        return out
+
+    monkeypatch.setattr(work, "encode_task", encode_task)
+    monkeypatch.setattr(work, "measure_task", measure_task)
+
+
+def test_jobs1_measures_a_layer_while_the_next_one_is_encoded(tmp_path, monkeypatch):
+    """The measurement of layer 0 waits until layer 1's encoding has started: run one after
+    the other (the old in-line measurement), this could never happen."""
+    src = model(tmp_path / "in.safetensors")
+    started = threading.Event()
+    seen = []
+
+    def on_encode(task):
+        if task["name"] == LAYERS[1][0]:
+            started.set()
+
+    def on_measure(task):
+        if task["name"] == LAYERS[0][0]:
+            seen.append(started.wait(30))
+
+    _wrap(monkeypatch, [], on_encode, on_measure)
+    r = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "int8", jobs=1, progress=False)
+    assert r.ok and seen == [True]
+
+
+def test_encoder_waits_for_the_measurement_two_layers_back(tmp_path, monkeypatch):
+    """Memory bound: the encoder starts layer j only once layer j-2 is measured, so a slow
+    measurement never lets encoded layers pile up."""
+    src = model(tmp_path / "in.safetensors")
+    events: list = []
+    _wrap(monkeypatch, events, measure_hook=lambda task: time.sleep(0.2))
+    r = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "int8", jobs=1, progress=False)
+    assert r.ok
+    at = {(what, name): t for what, name, t in events}
+    names = [name for name, _n, _k in LAYERS]
+    for j in range(2, len(names)):
+        assert at[("encode", names[j])] >= at[("measured", names[j - 2])]
+    # and the measurement did overlap: some layer was encoded while an earlier one was measured
+    assert any(at[("encode", names[j])] < at[("measured", names[j - 1])] for j in range(1, len(names)))
+
+
+def test_output_bytes_and_quality_do_not_depend_on_the_pipeline(tmp_path):
+    """--jobs 1 (threads) and --jobs 2 (processes) write the same bytes, and every layer's
+    reported quality is its own: the same numbers one layer measured alone gives."""
+    src = model(tmp_path / "in.safetensors")
+    outs = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"q{jobs}.safetensors"
+        outs[jobs] = comfyquant.quantize(src, str(out), "w4a8", jobs=jobs, progress=False)
+    assert (tmp_path / "q1.safetensors").read_bytes() == (tmp_path / "q2.safetensors").read_bytes()
+    rows = {row["layer"]: row for row in outs[1].doc["layers"] if row.get("weight")}
+    assert len(rows) == len(LAYERS)
+    for lp in outs[1].plan.quantized:
+        alone = work.run_task(work.task_for(lp))["quality"]
+        for key in ("weight", "output"):
+            assert rows[lp.name][key]["rel_l2"] == pytest.approx(alone[key]["rel_l2"], rel=1e-6)
+            assert rows[lp.name][key]["cosine"] == pytest.approx(alone[key]["cosine"], rel=1e-9)
+    errors = [rows[name]["weight"]["rel_l2"] for name, _n, _k in LAYERS]
+    assert len({round(e, 6) for e in errors}) > 1  # the layers really differ, so a mix-up would show
+    work.close_sources()
+
+
+def test_on_layer_sees_every_layer_in_file_order_with_its_quality(tmp_path):
+    src = model(tmp_path / "in.safetensors")
+    seen = []
+    comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "fp8", jobs=1, progress=False,
+                        on_layer=lambda lp, res: seen.append((lp.name, res["quality"]["weight"]["rel_l2"] > 0)))
+    assert seen == [(name, True) for name, _n, _k in LAYERS]
+
+
+def test_a_failed_measurement_fails_the_run_and_leaves_nothing(tmp_path, monkeypatch):
+    src = model(tmp_path / "in.safetensors")
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def boom(task):
+        if task["name"] == LAYERS[1][0]:
+            raise InputError(f"layer {task['name']!r}: measurement failed")
+
+    _wrap(monkeypatch, [], measure_hook=boom)
+    with pytest.raises(InputError, match="measurement failed"):
+        comfyquant.quantize(src, str(out / "q.safetensors"), "int8", jobs=1, progress=False)
+    assert os.listdir(out) == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("comfyquant-")]  # threads joined
+
+
+def test_a_failed_encode_fails_the_run_with_its_one_line_error(tmp_path):
+    layers = LAYERS[:3]
+    sd = {f"{name}.weight": make_weight(n, k, torch.bfloat16, seed=i) for i, (name, n, k) in enumerate(layers)}
+    sd[f"{layers[2][0]}.weight"][3, 7] = float("nan")
+    save_file(sd, str(tmp_path / "in.safetensors"))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(InputError, match=r"NaN/Inf.*\[3, 7\].*--keep-bad"):
+        comfyquant.quantize(str(tmp_path / "in.safetensors"), str(out / "q.safetensors"), "w4a8", jobs=1,
+                            progress=False)
+    assert os.listdir(out) == []
+
+
+def test_queued_layers_are_read_ahead(tmp_path, monkeypatch):
+    """Each quantized layer's weight bytes are announced to the kernel (WILLNEED) before the
+    layer before it has finished encoding, so reading overlaps encoding."""
+    if not hasattr(os, "posix_fadvise"):
+        pytest.skip("no posix_fadvise on this platform")
+    src = model(tmp_path / "in.safetensors")
+    events: list = []
+    real = os.posix_fadvise
+
+    def advise(fd, offset, length, advice):
+        events.append(("advise", (offset, length), time.perf_counter()))
+        return real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    _wrap(monkeypatch, events)
+    r = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "int8", jobs=1, progress=False)
+    ranges = {lp.name: (lp.entries["weight"].start, lp.entries["weight"].nbytes) for lp in r.plan.quantized}
+    advised = {what: t for kind, what, t in events if kind == "advise"}
+    done = {name: t for kind, name, t in events if kind == "encoded"}
+    names = [name for name, _n, _k in LAYERS]
+    assert set(advised) == set(ranges.values())
+    for prev, name in zip(names, names[1:]):
+        assert advised[ranges[name]] < done[prev]
+
+
+def test_workers_take_layers_ahead_of_the_writer(tmp_path, monkeypatch):
+    """--jobs N keeps 2N layers submitted: a worker done with a short layer starts the next one
+    instead of waiting until the writer has written the layer before it."""
+    src = model(tmp_path / "in.safetensors")
+    in_flight = []
+    start = runner._Pool.start
+
+    def record(self, order):
+        start(self, order)
+        in_flight.append(len(self.futures))
+
+    monkeypatch.setattr(runner._Pool, "start", record)
+    r = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "int8", jobs=2, progress=False)
+    assert r.ok and in_flight == [4]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # every spill file removed
