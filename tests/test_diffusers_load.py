@@ -409,11 +409,9 @@ def reference_model(case: Case, dense_model, path: str, sources: dict, variant: 
                    if k.startswith(layer + ".") and k[len(layer) + 1:] not in ("comfy_quant", "bias")}
         n, k = stored_all[f"{layer}.weight"].shape[0], _model_k(ref, mod)
         # the diffusers tensor's rows in the stored layer's rows, in the diffusers order
-        rows = []
-        for a, b, within in spans:
-            rows.append((a, b))
+        rows = [(a, b) for a, b, _within in spans]
         if len(spans) > 1:  # swapped halves: the diffusers tensor's first half is the file's second
-            rows = [(a, b) for a, b, within in sorted(spans, key=lambda s: s[2][0])]
+            rows = [(a, b) for a, b, _within in sorted(spans, key=lambda s: s[2][0])]
         part = {s: _rows_of(fmt, s, t, n, k, rows) for s, t in tensors.items()}
         linear = ref.get_submodule(mod)
         out_n = sum(b - a for a, b in rows)
@@ -491,6 +489,8 @@ def test_weight_only_compute_matches_dequantized_from_single_file(tmp_path_facto
     model = load_transformer(path, cls, config=str(folder / "config"), torch_dtype=DTYPE)
     assert all(isinstance(model.get_submodule(n), QuantLinear) for n in model.comfyquant_report.quantized)
     assert set(model.comfyquant_report.fallbacks) == set(model.comfyquant_report.quantized)
+    # diffusers' Flux.2 converter does not strip ComfyUI's prefix itself (load_transformer does)
+    save_file({k.removeprefix("model.diffusion_model."): v for k, v in load_file(deq).items()}, deq)
     plain = cls.from_single_file(deq, config=str(folder / "config"), torch_dtype=DTYPE)
     y, y_plain = run(model, case).float(), run(plain, case).float()
     assert torch.allclose(y, y_plain, rtol=2e-2, atol=2e-3 * y_plain.abs().max().item()), (y - y_plain).abs().max()
@@ -530,12 +530,27 @@ def test_inexact_operations_raise_naming_the_layer():
     assert torch.equal(torch.cat([v, q]).dequantize(), torch.cat([p.dequantize()[256:], p.dequantize()[:128]]))
 
 
-def test_bfl_named_and_dialect_files_load(tmp_path_factory, cache, tmp_path):
-    """A Flux file in BFL's own quantized layout (a dialect) and a legacy scaled-FP8 file load
-    through their Comfy view, bit-identical to the Comfy file they migrate to."""
-    from comfyquant.dialects.bfl.export import export_bfl  # noqa: F401 -- exists: the dialect writes BFL files
-
-    pytest.skip("see test_dialect_files_load")
+def test_bfl_dialect_file_loads_like_the_comfy_file(tmp_path_factory, cache, tmp_path):
+    """A Flux.2 file in BFL's own NVFP4 layout (``comfyquant migrate --to bfl``: BFL's tensor
+    names and scale layout, no Comfy markers) loads through its Comfy view: the same layers,
+    bit-identical output.  (BFL's naming of the Flux blocks is what every case here writes.)"""
+    case, dense_model, dense, sources, folder, y_dense = build_case("flux2", tmp_path_factory, cache)
+    sd = load_file(quantized_file(folder, dense, case, "nvfp4"))
+    for key in [k for k in sd if k.endswith(".comfy_quant")]:  # BFL's NVFP4 carries a static input scale
+        sd[key[: -len("comfy_quant")] + "input_scale"] = torch.tensor(0.02, dtype=torch.float32)
+    comfy = str(tmp_path / "comfy.safetensors")
+    save_file(sd, comfy)
+    bfl = str(tmp_path / "bfl.safetensors")
+    comfyquant.migrate(comfy, bfl, to="bfl")
+    assert not any(k.endswith(".comfy_quant") for k in file_keys(bfl)) and file_keys(bfl) != file_keys(comfy)
+    cls = getattr(diffusers, case.cls)
+    model = load_transformer(bfl, cls, config=dict(case.config), torch_dtype=DTYPE)
+    base = load_transformer(comfy, cls, config=dict(case.config), torch_dtype=DTYPE)
+    # the report names the tensors of the file's Comfy view: the Comfy file's names, all consumed
+    assert model.comfyquant_report.ok and model.comfyquant_report.loaded == base.comfyquant_report.loaded
+    assert set(base.comfyquant_report.loaded) == file_keys(comfy)
+    assert model.comfyquant_report.quantized == base.comfyquant_report.quantized
+    assert torch.equal(run(model, case), run(base, case))
 
 
 def test_legacy_scaled_fp8_file_loads_like_its_comfy_migration(tmp_path_factory, cache, tmp_path):
