@@ -253,8 +253,11 @@ CASES = {
                   dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=128,
                        num_attention_heads=24, joint_attention_dim=256, pooled_projection_dim=256, guidance_embeds=False,
                        axes_dims_rope=(16, 56, 56)),
-                  flux1_names, flux1_inputs, formats=("fp8", "w4a8", "nvfp4", "int8_convrot"),
+                  flux1_names, flux1_inputs, formats=("fp8", "nvfp4"),
                   exclude=(r"^(?!.*(img_attn\.qkv|single_blocks\.0\.linear1|final_layer\.adaLN|txt_attn\.proj)).*",),
+                  # NVFP4 (a slow encoder) quantizes only the swapped adaLN (chunk + cat: the join whose
+                  # shared weight_scale_2 must match); Flux.2 covers W4A8's swap and every format's QKV chunk
+                  extra={"nvfp4": (r"^(?!final_layer\.adaLN).*",)},
                   prefix=""),
     "flux2": Case("Flux2Transformer2DModel",
                   dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=128,
@@ -346,7 +349,8 @@ def quantized_file(folder, dense, case: Case, fmt_key: str, **extra) -> str:
     params = dict(params, **extra)
     out = folder / f"{fmt_key}{'_fpmm' if extra else ''}.safetensors"
     if not out.exists():
-        comfyquant.quantize(str(dense), str(out), format=fmt, params=params, exclude=list(case.exclude), preset="none",
+        exclude = list(case.extra.get(fmt_key, case.exclude))
+        comfyquant.quantize(str(dense), str(out), format=fmt, params=params, exclude=exclude, preset="none",
                             target="comfy-kitchen", progress=False)
     return str(out)
 

@@ -62,6 +62,7 @@ def load_transformer(path, cls, *, config=None, subfolder: str | None = None, to
     report = LoadReport(label)
     with open_checked(path) as ckpt:
         checkpoint, origin = _read_checkpoint(ckpt, torch_dtype, device, report)
+        file_tensors = list(ckpt.tensors)
     model_config = _config(cls, mapping, config, subfolder, checkpoint, label)
     named = {(k[len(COMFY_PREFIX):] if k.startswith(COMFY_PREFIX) else k): v for k, v in checkpoint.items()}
     if len(named) != len(checkpoint):
@@ -75,11 +76,12 @@ def load_transformer(path, cls, *, config=None, subfolder: str | None = None, to
     except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
         raise LoadError(f"{label}: diffusers' {cls.__name__} converter failed ({type(exc).__name__}: {exc}): "
                         f"is this a {cls.__name__} checkpoint?") from None
-    dropped = [k for k, v in leftover.items() if not any(v is c for c in converted.values())]
+    kept = {id(v) for v in converted.values()}
+    dropped = {k: v for k, v in leftover.items() if id(v) not in kept}  # what diffusers would drop silently
 
     with _empty_parameters():
         model = cls.from_config(model_config)
-    _load_converted(model, converted, dropped, origin, report, torch_dtype, device, label, strict)
+    _load_converted(model, converted, dropped, origin, file_tensors, report, torch_dtype, device, label, strict)
     # as from_single_file ends: buffers the model computed itself (RoPE tables) in torch_dtype;
     # a QuantLinear keeps its stored dtypes through a cast, loaded tensors already are in it
     model.to(torch_dtype)
@@ -195,8 +197,8 @@ def _empty_parameters() -> Iterator[None]:
         nn.Module.register_parameter = register
 
 
-def _load_converted(model: nn.Module, converted: dict, dropped: list[str], origin: dict[int, str], report: LoadReport,
-                    dtype: torch.dtype, device: torch.device, label: str, strict: bool) -> None:
+def _load_converted(model: nn.Module, converted: dict, dropped: dict, origin: dict[int, str], file_tensors: list[str],
+                    report: LoadReport, dtype: torch.dtype, device: torch.device, label: str, strict: bool) -> None:
     modules = dict(model.named_modules())
     targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     targets.update(dict(model.named_buffers(remove_duplicate=False)))
@@ -211,8 +213,8 @@ def _load_converted(model: nn.Module, converted: dict, dropped: list[str], origi
     quants: list[tuple[str, ComfyQuantParameter]] = []
     dense: list[tuple[str, torch.Tensor]] = []
     covered: set[str] = set()
-    for key in dropped:  # the converter popped nothing for these: diffusers would drop them silently
-        report.unexpected.extend(file_names(converted.get(key)) or [key])
+    for key, value in dropped.items():  # left in the input by the converter: diffusers drops them silently
+        report.unexpected.extend(file_names(value) or [key])
     for key, value in converted.items():
         if isinstance(value, ComfyQuantParameter):
             name = key[: -len(".weight")] if key.endswith(".weight") else None
@@ -228,7 +230,6 @@ def _load_converted(model: nn.Module, converted: dict, dropped: list[str], origi
                                 f"{name!r} is nn.Linear({module.in_features}, {module.out_features})")
             quants.append((name, value))
             covered.add(key)
-            report.loaded.extend(value.names)
             continue
         target = targets.get(key)
         if target is None or not isinstance(value, torch.Tensor):
@@ -239,10 +240,12 @@ def _load_converted(model: nn.Module, converted: dict, dropped: list[str], origi
                             f"the model's is {list(target.shape)}")
         dense.append((key, value))
         covered.add(key)
-        report.loaded.extend(file_names(value))
     report.missing = sorted(n for n in wanted if n not in covered)
-    report.loaded = sorted(set(report.loaded))
     report.unexpected = sorted(set(report.unexpected))
+    # every file tensor the converter consumed into a key the model takes: all but the unexpected
+    # (a converter's copy -- torch.cat([bias]) -- no longer shows its file name, so "loaded" is
+    # what remains once the traced unexpected names are taken out)
+    report.loaded = sorted(set(file_tensors) - set(report.unexpected))
     if strict and (report.missing or report.unexpected):
         raise LoadError(f"refusing to load {label}: " + report.problems() + " (strict=False loads the rest)")
     for name, param in quants:
