@@ -82,12 +82,25 @@ def load_transformer(path, cls, *, config=None, subfolder: str | None = None, to
     with _empty_parameters():
         model = cls.from_config(model_config)
     _load_converted(model, converted, dropped, origin, file_tensors, report, torch_dtype, device, label, strict)
-    # as from_single_file ends: buffers the model computed itself (RoPE tables) in torch_dtype;
-    # a QuantLinear keeps its stored dtypes through a cast, loaded tensors already are in it
-    model.to(torch_dtype)
+    _cast_dense(model, torch_dtype)
     model.eval()
     model.comfyquant_report = report
     return model
+
+
+def _cast_dense(model: nn.Module, dtype: torch.dtype) -> None:
+    """What ``from_single_file`` ends with (``model.to(torch_dtype)``) for everything but the
+    quantized layers: buffers the model computed itself (RoPE tables) in ``dtype``.  A
+    ``QuantLinear`` is skipped rather than cast: its ``_apply`` keeps the stored tensors, but
+    only after computing (and dropping) a cast of each FP8 one."""
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            continue
+        for group in (module._parameters, module._buffers):
+            for name, t in group.items():
+                if t is not None and t.is_floating_point() and t.dtype != dtype:
+                    cast = t.detach().to(dtype)
+                    group[name] = nn.Parameter(cast, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else cast
 
 
 def _resolve_class(diffusers, cls):
