@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from ..formats.registry import FORMATS
 from ..torch.linear import QuantLinear, QuantWeight
 from ..torch.load import LoadReport
 from ..torch.tensors import LoadError, assign_tensor, open_checked, path_label, read_tensor, replace_module
@@ -238,7 +239,9 @@ def _load_converted(model: nn.Module, converted: dict, dropped: dict, origin: di
             if not isinstance(module, nn.Linear):
                 raise LoadError(f"{label}: {value.where()} is quantized ({value.format}) but lands on {name!r}, "
                                 f"a {type(module).__name__}: only nn.Linear layers load quantized")
-            if tuple(value.shape) != (module.out_features, module.in_features):
+            rows, cols = FORMATS[value.format].pad  # padded storage reads as the model's shape
+            out_f, in_f = module.out_features, module.in_features
+            if tuple(value.shape) not in ((out_f, in_f), (-(-out_f // rows) * rows, -(-in_f // cols) * cols)):
                 raise LoadError(f"{label}: {value.where()} is a [{value.shape[0]}, {value.shape[1]}] weight, the model's "
                                 f"{name!r} is nn.Linear({module.in_features}, {module.out_features})")
             quants.append((name, value))
