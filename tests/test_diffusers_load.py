@@ -621,3 +621,27 @@ def test_strict_names_dropped_keys_and_non_strict_loads_the_rest(tmp_path_factor
         load_transformer(str(odd), "FluxTransformer2DModel", config=dict(case.config))
     model = load_transformer(str(odd), "FluxTransformer2DModel", config=dict(case.config), strict=False)
     assert model.comfyquant_report.unexpected == ["double_blocks.0.img_attn.extra.weight"]
+
+
+def test_qwen_image_needs_config(tmp_path_factory, cache):
+    """diffusers cannot infer Qwen-Image's config from a file: the refusal says to pass config=."""
+    case, dense_model, dense, sources, folder, y_dense = build_case("qwen", tmp_path_factory, cache)
+    with pytest.raises(LoadError, match=r"pass config="):
+        load_transformer(quantized_file(folder, dense, case, "fp8"), "QwenImageTransformer2DModel")
+
+
+def test_padded_nvfp4_layer_keeps_the_model_rows():
+    """An NVFP4 layer whose rows are padded to 16 in storage poses as the model's shape (read
+    from its bias, as every reader does) and splits at the model's rows."""
+    from comfyquant import codecs
+
+    w = torch.randn(200, 256, generator=_g(3)).to(DTYPE)
+    enc = codecs.get("nvfp4").encode(w)
+    assert enc["weight"].shape[0] == 208  # stored rows padded to 16
+    p = ComfyQuantParameter.from_layer(dict(enc), enc.marker, "proj", DTYPE, bias=torch.zeros(200, dtype=DTYPE))
+    assert tuple(p.shape) == (200, 256)
+    full = p.dequantize()
+    assert torch.equal(full, codecs.get("nvfp4").decode(dict(enc, bias=torch.zeros(200, dtype=DTYPE)), enc.marker,
+                                                        dtype=DTYPE)[:200])
+    with pytest.raises(LoadError, match=r"proj.*128-row tiles"):
+        torch.split(p, [100, 100])
