@@ -97,11 +97,11 @@ def _cast_dense(model: nn.Module, dtype: torch.dtype) -> None:
     for module in model.modules():
         if isinstance(module, QuantLinear):
             continue
-        for group in (module._parameters, module._buffers):
-            for name, t in group.items():
-                if t is not None and t.is_floating_point() and t.dtype != dtype:
-                    cast = t.detach().to(dtype)
-                    group[name] = nn.Parameter(cast, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else cast
+        for name, t in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+            if t.is_floating_point() and t.dtype != dtype:
+                cast = t.detach().to(dtype)
+                # setattr keeps a buffer's persistence; a parameter stays a parameter
+                setattr(module, name, nn.Parameter(cast, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else cast)
 
 
 def _resolve_class(diffusers, cls):
@@ -199,10 +199,9 @@ def _empty_parameters() -> Iterator[None]:
     register = nn.Module.register_parameter
 
     def on_meta(module, name, param):
-        register(module, name, param)
         if param is not None:
-            p = module._parameters[name]
-            module._parameters[name] = type(p)(p.to("meta"), requires_grad=p.requires_grad)
+            param = type(param)(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
 
     nn.Module.register_parameter = on_meta
     try:

@@ -96,7 +96,7 @@ class ComfyQuantParameter(torch.Tensor):
         plan = codecs.get(quant.format).plan(probe, quant.marker, source)
         return cls(quant, plan.shape, dtype, env=plan.env, source=source, names=names)
 
-    def _derive(self, tensors: dict[str, torch.Tensor], rows: int, where: str, source: str | None = None,
+    def derived(self, tensors: dict[str, torch.Tensor], rows: int, where: str, source: str | None = None,
                 names: Sequence[str] | None = None) -> ComfyQuantParameter:
         """A part (or a join) of this layer: ``rows`` model rows; its geometry is read back
         from its tensors (a padded format keeps the model's row count)."""
@@ -140,7 +140,7 @@ class ComfyQuantParameter(torch.Tensor):
         return dense[: self.shape[0], : self.shape[1]]
 
     # -- the operations converters use ------------------------------------------------------------
-    def _row_dim(self, dim, op: str) -> None:
+    def check_row_dim(self, dim, op: str) -> None:
         if dim not in (0, -2):
             raise InexactOperation(f"{self.where()}: {op} along dim {dim} of a quantized {self.format} weight: only row "
                                    "(dim 0) operations are exact")
@@ -158,7 +158,7 @@ class ComfyQuantParameter(torch.Tensor):
         start = 0
         for size, cuts in zip(sections, parts):
             tensors = {s: self.stored[s][c.index] for s, c in cuts.items()}
-            out.append(self._derive(tensors, size, self._span(start, start + size)))
+            out.append(self.derived(tensors, size, self._span(start, start + size)))
             start += size
         return tuple(out)
 
@@ -202,7 +202,7 @@ class ComfyQuantParameter(torch.Tensor):
         if len(quant) != len(parts):
             raise InexactOperation(f"{names}: concatenating a quantized weight with dense tensors")
         first = quant[0]
-        first._row_dim(dim, "torch.cat")
+        first.check_row_dim(dim, "torch.cat")
         if len(quant) == 1:
             return first
         if any(p.format != first.format or p.marker != first.marker for p in quant):
@@ -232,7 +232,7 @@ class ComfyQuantParameter(torch.Tensor):
         source = sources[0] if len(sources) == 1 else " + ".join(sources)
         spans = " +".join(p.rows for p in quant) if len(sources) == 1 else ""
         carried = tuple(dict.fromkeys(n for p in quant for n in p.names))
-        return first._derive(joined, sum(p.shape[0] for p in quant), spans, source, carried)
+        return first.derived(joined, sum(p.shape[0] for p in quant), spans, source, carried)
 
     def to_dense_or_moved(self, *args, **kwargs):
         device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
@@ -275,12 +275,12 @@ class ComfyQuantParameter(torch.Tensor):
 def _chunk(t, chunks, dim=0):
     if not isinstance(t, ComfyQuantParameter):
         raise InexactOperation("torch.chunk of a quantized weight with a dense first argument")
-    t._row_dim(dim, "chunk")
+    t.check_row_dim(dim, "chunk")
     return t.chunk_rows(int(chunks))
 
 
 def _split(t, split_size_or_sections, dim=0):
-    t._row_dim(dim, "split")
+    t.check_row_dim(dim, "split")
     n = t.shape[0]
     if isinstance(split_size_or_sections, int):
         size = split_size_or_sections
