@@ -54,6 +54,10 @@ class LoadReport:
         return {"path": self.path, "loaded": self.loaded, "missing": self.missing, "unexpected": self.unexpected,
                 "quantized": self.quantized, "fallbacks": self.fallbacks, "bytes_read": self.bytes_read}
 
+    def problems(self) -> str:
+        """The missing and unexpected keys in one clause (what a strict load refuses with)."""
+        return _problems(self)
+
     def summary(self) -> str:
         """One line: counts of each list."""
         return (f"{self.path}: {len(self.loaded)} tensors loaded, {len(self.quantized)} quantized layers, "
