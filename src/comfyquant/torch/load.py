@@ -16,19 +16,16 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from ..errors import InputError
-from ..numerics.dtypes import TORCH_DTYPES, parse_float_dtype
+from ..numerics.dtypes import parse_float_dtype
 from .linear import QuantLinear, QuantWeight
+from .tensors import LoadError, assign_tensor, open_checked, path_label, read_tensor, replace_module
 
-
-class LoadError(InputError):
-    """The checkpoint cannot be loaded into the model; the message names the file, key or layer."""
+__all__ = ["LoadError", "LoadReport", "load_quantized"]
 
 
 @dataclass
@@ -57,6 +54,10 @@ class LoadReport:
         return {"path": self.path, "loaded": self.loaded, "missing": self.missing, "unexpected": self.unexpected,
                 "quantized": self.quantized, "fallbacks": self.fallbacks, "bytes_read": self.bytes_read}
 
+    def problems(self) -> str:
+        """The missing and unexpected keys in one clause (what a strict load refuses with)."""
+        return _problems(self)
+
     def summary(self) -> str:
         """One line: counts of each list."""
         return (f"{self.path}: {len(self.loaded)} tensors loaded, {len(self.quantized)} quantized layers, "
@@ -80,33 +81,28 @@ def load_quantized(model: nn.Module, path, *, device="cpu", dtype=None, strip_pr
     :class:`QuantLinear` computes in its input's dtype); ``strip_prefix``: removed from
     checkpoint names that start with it (``model.diffusion_model.``); ``strict``: raise
     :class:`LoadError` naming every missing or unexpected key before reading any data."""
-    from ..dialects.containers import open_any
-    from ..dialects.view import viewed
-    from ..gate import check_input
     from ..markers import file_level_markers
 
     device = torch.device(device)
     cast = None if dtype is None else parse_float_dtype(dtype)
-    label = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
-    verb = f"load {label}"  # "refusing to load <file>: <first finding> [code] (and N more ...)"
-    with open_any(path) as raw, viewed(raw, verb) as ckpt:
-        check_input(ckpt, verb, LoadError)
+    label = path_label(path)
+    with open_checked(path) as ckpt:
         quants, dense, report = _plan(model, ckpt, file_level_markers(ckpt), strip_prefix, label)
         if strict and (report.missing or report.unexpected):
             raise LoadError(f"refusing to load {label}: " + _problems(report) + " (strict=False loads the rest)")
         modules = dict(model.named_modules())
         for qp in quants:
-            tensors = {s: _read(ckpt, e, device, report) for s, e in qp.entries.items()}
-            bias = None if qp.bias is None else _read(ckpt, qp.bias, device, report, cast)
+            tensors = {s: read_tensor(ckpt, e, device, report) for s, e in qp.entries.items()}
+            bias = None if qp.bias is None else read_tensor(ckpt, qp.bias, device, report, cast)
             linear = modules[qp.name]
             layer = QuantLinear.from_weight(QuantWeight(tensors, qp.marker, qp.name), bias, linear)
-            _replace(model, qp.name, layer)
+            replace_module(model, qp.name, layer)
             report.quantized[qp.name] = layer.format
             _path, why = layer.compute(device, cast or layer.dtype)
             if why is not None:
                 report.fallbacks[qp.name] = why
         for target, entry in dense:
-            _assign(model, target, _read(ckpt, entry, device, report, cast))
+            assign_tensor(model, target, read_tensor(ckpt, entry, device, report, cast))
     return report
 
 
@@ -203,44 +199,3 @@ def _check_linear(label, prefix, name, module, marker, entries, bias) -> None:
     if (n, k) not in ((out_f, in_f), (-(-out_f // rows) * rows, -(-in_f // cols) * cols)):
         raise LoadError(f"{label}: layer {prefix!r} holds a [{n}, {k}] {fmt} weight, the model's {name!r} is "
                         f"nn.Linear({in_f}, {out_f})")
-
-
-def _read(ckpt, entry, device: torch.device, report: LoadReport, cast: torch.dtype | None = None) -> torch.Tensor:
-    """One tensor, read into its own storage (no memory map, no intermediate copy for local files)."""
-    dtype = TORCH_DTYPES.get(entry.dtype)
-    if dtype is None:
-        raise LoadError(f"{entry.file}: tensor {entry.name!r} has dtype {entry.dtype}, which torch cannot hold")
-    source = ckpt.source(entry.file)
-    if hasattr(source, "readinto"):
-        buf = torch.empty(entry.nbytes, dtype=torch.uint8)
-        if entry.nbytes and source.readinto(entry.start, memoryview(buf.numpy())) != entry.nbytes:
-            raise LoadError(f"{entry.file}: file ended early while reading tensor {entry.name!r} (truncated?)")
-    else:
-        buf = torch.frombuffer(bytearray(ckpt.read_bytes(entry)), dtype=torch.uint8) if entry.nbytes else \
-            torch.empty(0, dtype=torch.uint8)
-    report.bytes_read += entry.nbytes
-    t = buf.view(dtype).reshape(tuple(entry.shape))
-    if cast is not None and t.dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
-        t = t.to(cast)
-    return t if device.type == "cpu" else t.to(device)
-
-
-def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
-    parent, _, leaf = name.rpartition(".")
-    return (model.get_submodule(parent) if parent else model), leaf
-
-
-def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
-    parent, leaf = _owner(model, name)
-    setattr(parent, leaf, layer)
-
-
-def _assign(model: nn.Module, name: str, value: torch.Tensor) -> None:
-    """``load_state_dict(assign=True)`` for one tensor: the parameter (or buffer) object is
-    replaced, so a meta-device placeholder never allocates."""
-    module, leaf = _owner(model, name)
-    old = getattr(module, leaf)
-    if isinstance(old, nn.Parameter):
-        setattr(module, leaf, nn.Parameter(value, requires_grad=old.requires_grad and value.is_floating_point()))
-    else:
-        setattr(module, leaf, value)

@@ -1,0 +1,41 @@
+"""Load Comfy quantized single files into diffusers models (needs the ``[diffusers]`` extra).
+
+* :func:`load_transformer` -- a ComfyUI/BFL-named checkpoint (any format, any dialect) into a
+  diffusers transformer class through diffusers' own key converter, every quantized layer a
+  :class:`~comfyquant.torch.QuantLinear`;
+* :class:`ComfyQuantParameter` -- a quantized layer posing as its dense weight while a
+  converter splits and fuses it (exact row operations only);
+* :data:`SUPPORTED` -- the diffusers versions it is written against.
+
+Names resolve on first use, so ``import comfyquant.diffusers`` imports neither torch nor diffusers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .load import load_transformer
+    from .parameter import ComfyQuantParameter, InexactOperation
+    from .versions import SUPPORTED
+
+__all__ = ["load_transformer", "ComfyQuantParameter", "InexactOperation", "SUPPORTED"]
+
+_WHERE = {"load_transformer": "load", "ComfyQuantParameter": "parameter", "InexactOperation": "parameter",
+          "SUPPORTED": "versions"}
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str):
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from importlib import import_module
+
+        value = getattr(import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__")})
