@@ -344,3 +344,45 @@ def test_cli_flags_come_from_the_params_classes():
     assert params_of(args) == {"group_size": 32, "convrot": False, "scale_dtype": "f32"}
     helps = {f: kw["help"] for f, _d, kw in param_flags()}
     assert "{default}" not in " ".join(helps.values())
+
+
+@pytest.mark.parametrize("fmt", WRITABLE, ids=IDS)
+def test_any_shape_is_planned_or_refused_with_a_constraint(fmt):
+    """For every parameter variant and awkward shapes (odd, prime, small, not a multiple of any
+    group), the plan is either complete and clean, or a one-line ShapeRefused naming the rule
+    the shape breaks -- never a PlanError (a bug: 6-bit rows of K=682 used to raise one, and
+    `quantize --bits 6` exited as an internal error instead of keeping the layer dense)."""
+    from comfyquant.formats.planned import PlanError, ShapeRefused
+
+    for p in variants(fmt):
+        for n, k in [(256, 682), (256, 130), (7, 33), (1, 1), (3, 4096 + 8), (64, 2), (17, 250), (1000, 96)]:
+            try:
+                planned = planned_tensors(p, n, k)
+            except ShapeRefused as exc:
+                assert str(exc) and "\n" not in str(exc) and "?" not in str(exc), (p, n, k, str(exc))
+                continue
+            except PlanError as exc:  # pragma: no cover - the defect this test guards against
+                pytest.fail(f"{p} [{n}, {k}]: {exc}")
+            assert planned["weight"][1][0] >= n, (p, n, k)
+
+
+def test_six_bit_layer_of_an_odd_width_is_kept_dense(tmp_path):
+    """End to end: the layer W6A8 cannot hold stays dense with the reason, the others quantize."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    import comfyquant
+    from comfyquant.checkpoint import open_checkpoint
+
+    src = tmp_path / "m.safetensors"
+    g = torch.Generator().manual_seed(0)
+    save_file({"odd.weight": torch.randn(256, 682, generator=g).bfloat16(),
+               "fine.weight": torch.randn(64, 256, generator=g).bfloat16()}, str(src))
+    out = tmp_path / "q.safetensors"
+    result = comfyquant.quantize(str(src), str(out), format="w4a8", params={"bits": 6, "codebook": False},
+                                 target="comfyui")
+    with open_checkpoint(str(out)) as ck:
+        assert ck.layers["odd"].format_name is None and ck.tensors["odd.weight"].dtype == "BF16"
+        assert ck.layers["fine"].format_name == "asym_w4a8_int8"
+    odd = next(lp for lp in result.plan.layers if lp.name == "odd")
+    assert odd.action == "dense" and "K=682" in odd.reason, odd.reason

@@ -8,7 +8,7 @@ and ``migrate --allow-lossy``).  A mismatch with what the encoder then writes is
 
 from __future__ import annotations
 
-from ..errors import ComfyQuantError
+from ..errors import ComfyQuantError, InputError
 from . import registry
 from .base import BIAS, CODEBOOK, CORRECTION, GeometryError, Meta, pad
 from .params import Params
@@ -16,6 +16,24 @@ from .params import Params
 
 class PlanError(ComfyQuantError):
     """The format description and the encode parameters disagree (a bug, not bad input)."""
+
+
+class ShapeRefused(InputError):
+    """The format cannot store a weight of this shape with these parameters (one of its
+    constraints fails): a layer to keep dense, not a bug."""
+
+
+class _Named(dict):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+def _refusal(fmt, env: dict) -> ShapeRefused | None:
+    """The first of the format's constraints the planned geometry breaks, as a refusal."""
+    for c in fmt.constraints:
+        if not c.holds(env):
+            return ShapeRefused(c.message.format_map(_Named(env)))
+    return None
 
 
 def planned_tensors(params: Params, n: int, k: int) -> dict[str, tuple[str, tuple]]:
@@ -38,10 +56,14 @@ def planned_tensors(params: Params, n: int, k: int) -> dict[str, tuple[str, tupl
     try:
         env = fmt.geometry(metas, fmt.params(marker))
     except GeometryError as exc:
-        raise PlanError(f"{name}: the format description cannot read its own planned tensors: {exc}") from None
+        raise _refusal(fmt, guess) or PlanError(
+            f"{name}: the format description cannot read its own planned tensors: {exc}") from None
     second = _evaluate(fmt, env, chosen)
     if second != first:
-        raise PlanError(f"{name} [{n}, {k}]: planned tensors {first} do not round-trip through the format geometry ({second})")
+        # a shape the format cannot hold (6-bit rows of a K that is no multiple of 4 lose
+        # bits in the packing) is refused by one of its constraints; anything else is a bug
+        raise _refusal(fmt, {**env, **guess}) or PlanError(
+            f"{name} [{n}, {k}]: planned tensors {first} do not round-trip through the format geometry ({second})")
     return first
 
 

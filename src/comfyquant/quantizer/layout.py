@@ -24,7 +24,7 @@ from typing import Any
 from ..formats import registry
 from ..formats.base import Meta
 from ..formats.params import Params
-from ..formats.planned import planned_tensors
+from ..formats.planned import ShapeRefused, planned_tensors
 from ..formats.validation import check_layer
 from ..io.header import FIRST_READ
 from ..io.shards import ShardSet
@@ -126,7 +126,11 @@ def layer_problems(name: str, params: Params, n: int, k: int, bias: tuple | None
     found = _LAYER_MEMO.get(key)
     if found is None:
         probe = PROBE + ("_embed" if key[-1] else "")
-        planned = planned_tensors(params, n, k)
+        try:
+            planned = planned_tensors(params, n, k)
+        except ShapeRefused as exc:
+            _LAYER_MEMO[key] = [(probe, str(exc))]
+            return [str(exc)]
         found = _finding_lines(format_findings(params, planned, bias), probe)
         if not found:
             tensors = {f"{probe}.{s}": (d, sh, None) for s, (d, sh) in planned.items()}

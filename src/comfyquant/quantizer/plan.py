@@ -394,7 +394,10 @@ def _already(layer, marker: dict, choice: Choice, n: int, k: int) -> bool:
     if any(have.get(key) != value for key, value in want.items() if key != "format"):
         return False
     actual = {s: (e.dtype, e.shape) for s, e in layer.tensors.items() if s not in ("bias", "comfy_quant")}
-    return actual == planned_tensors(choice.params, n, k)
+    try:
+        return actual == planned_tensors(choice.params, n, k)
+    except InputError:  # the format cannot hold this shape: the stored layer is not its encode
+        return False
 
 
 def output_files(ckpt, plan: Plan) -> list[tuple[str, list[tuple[LayerPlan | None, object]]]]:

@@ -15,9 +15,11 @@ def _geometry(tensors: dict, params: dict) -> dict:
     env = dense_geometry(tensors, params)
     scale = tensors.get("weight_scale")
     numel_1 = scale is not None and scale.numel == 1
+    one_row = scale is not None and len(scale.shape) == 2 and env.get("N") == 1
     # A one-element scale means a scalar layout unless the layer rotates (ConvRot is always
-    # row-wise in comfy-kitchen); anything else is read as a row-wise layout.
-    env["scale_layout"] = "scalar" if numel_1 and not params.get("convrot") else "row"
+    # row-wise in comfy-kitchen) or it is the [1, 1] row scale of a one-row layer (what the
+    # row-wise encoder writes for N = 1); anything else is read as a row-wise layout.
+    env["scale_layout"] = "scalar" if numel_1 and not params.get("convrot") and not one_row else "row"
     env["variant"] = "convrot" if params.get("convrot") else env["scale_layout"]
     return env
 
