@@ -251,6 +251,18 @@ def test_module_casts_keep_the_stored_tensors():
     assert ql.bias.dtype == torch.float16
     assert same_bits(ql(x), before)  # ComfyUI casts the bias to the input dtype anyway
     assert "format=float8_e4m3fn" in ql.extra_repr() and "in_features=512" in ql.extra_repr()
+    # a cast never converts a stored tensor, not even to throw the result away: the function
+    # sees the stored tensors only as empty probes of their dtype
+    seen: list[tuple] = []
+
+    def cast(t):
+        seen.append((t.dtype, t.numel()))
+        return t.to(torch.bfloat16) if t.is_floating_point() else t
+
+    ql._apply(cast)
+    stored = {(b.dtype, b.numel()) for b in ql.buffers()}
+    assert not [s for s in seen if s in stored and s[1] > 0], seen
+    assert ql.weight.dtype == torch.float8_e4m3fn and ql.bias.dtype == torch.bfloat16
 
 
 # -- load_quantized ---------------------------------------------------------------------------

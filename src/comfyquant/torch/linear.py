@@ -213,11 +213,16 @@ class QuantLinear(nn.Module):
     def _apply(self, fn, recurse=True):
         """Moves follow the module (``.to(device)``), casts do not touch the stored tensors:
         ``model.to(torch.bfloat16)`` would otherwise turn FP8 codes or scales into values."""
-        before = {n: b for n, b in self._buffers.items() if b is not None}
-        super()._apply(fn, recurse)
-        for name, old in before.items():
-            new = self._buffers[name]
-            if new.dtype != old.dtype:
-                self._buffers[name] = old.to(device=new.device)
+        stored = {id(b) for b in self._buffers.values() if b is not None}
+
+        def keep_dtype(t: torch.Tensor) -> torch.Tensor:
+            if id(t) not in stored:
+                return fn(t)
+            # where fn sends a tensor of this dtype, learned on an empty one: the stored tensor
+            # is never converted (a cast of a large FP8 layer only to be thrown away is seconds)
+            probe = fn(torch.empty(0, dtype=t.dtype, device=t.device))
+            return fn(t) if probe.dtype == t.dtype else t.to(device=probe.device)
+
+        super()._apply(keep_dtype, recurse)
         self._qt = {}
         return self
