@@ -27,9 +27,10 @@ import math
 import torch
 
 _SIGN = 0x80000000
-_STEP = 1 << 15
-"""Elements per lookup step: one torch thread's share (no fork-join per operation) whose
-temporaries stay in L2."""
+_STEP = (1 << 15) - (1 << 10)
+"""Elements per lookup step: below torch's parallel grain (32768), so each operation runs
+on the thread that calls it (no fork-join per operation; parts run side by side instead,
+see :func:`_in_parts`), and its temporaries stay in L2."""
 _BUCKETS = (64, 256, 1024, 4096)
 """Buckets per row tried, fewest first: the first that separates every distinct cut wins."""
 _lookup_cache: dict[bytes, CutLookup] = {}
@@ -171,17 +172,14 @@ class CutLookup:
         self.exact = exact
         self.inexact = ~exact
         self.all_exact = bool(exact.all())
+        self._pairs: dict[tuple, torch.Tensor] = {}
 
     def _bucket(self, t: torch.Tensor, nan: bool = True) -> torch.Tensor:
         """Bucket (int32) of F32 values: the same exact operations for cuts and targets.
 
-        ``t * scale`` is exact for a scale >= 1 (a power of two), so the fused multiply-add
-        rounds once, like the separate add: one pass fewer, the same buckets on any CPU."""
-        if self.scale >= 1.0:
-            x = torch.addcmul(self._offset, t, self._scale)
-        else:
-            x = torch.mul(t, self.scale).add_(self.offset)
-        x.clamp_(0, self.size - 1)
+        ``t * scale`` is exact (a power-of-two scale; a product below the normal range only
+        for scales < 1, and then cuts and targets round alike), so buckets have equal widths."""
+        x = torch.mul(t, self.scale).add_(self.offset).clamp_(0, self.size - 1)
         if nan:
             x.nan_to_num_(nan=float(self.size))
         return x.to(torch.int32)
@@ -221,42 +219,159 @@ class CutLookup:
               dtype: torch.dtype = torch.int64) -> torch.Tensor:
         """Counts for ``target`` (F32): against row 0 for any shape when ``rows`` is None,
         else ``target [R, G]`` against the rows ``rows [R]`` (integers)."""
+        count = self.lookup(target, rows)[0]
+        return count if count.dtype == dtype else count.to(dtype)
+
+    def lookup(self, target: torch.Tensor, rows: torch.Tensor | None = None,
+               payloads: tuple[torch.Tensor | None, ...] = (None,)) -> list[torch.Tensor]:
+        """Per payload, ``payload[row, count]`` for every target (``count`` as :meth:`index`
+        gives it, in the lookup's own narrow dtype, for a payload of None).
+
+        A payload is a ``[count + 1]`` table (``rows`` None) or one row per cut row,
+        ``[R, count + 1]``: the level values a count stands for, say.  Looking them up with
+        the count's own gather saves the caller a gather and an index pass per payload --
+        the values are copied, so they are bit for bit what ``payload[row, count]`` is."""
         t = target.to(torch.float32).contiguous()
-        out = torch.empty(t.shape, dtype=self.pair.dtype)
-        if t.numel() == 0 or self.count == 0:
-            return out.zero_().to(dtype)
+        tables = [self._payload_pairs(p) for p in payloads]
+        outs = [torch.empty(t.shape, dtype=tab.dtype) for tab in tables]
+        if t.numel() == 0:
+            return outs
+        if self.count == 0:
+            return [self._constant(p, rows, t.shape, out) for p, out in zip(payloads, outs)]
         if rows is None:
             base = None
-            flat_t, flat_out = t.view(-1), out.view(-1)
-            width = 1
+            flat_t = t.view(-1)
+            flat_outs = [o.view(-1) for o in outs]
+            step = _STEP
         else:
             base = (rows.reshape(-1).to(torch.int32) * (2 * (self.size + 1))).view(-1, 1)
-            flat_t, flat_out = t.view(t.shape[0], -1), out.view(t.shape[0], -1)
-            width = flat_t.shape[1]
-        step_rows = max(1, _STEP // max(width, 1)) if base is not None else _STEP
-        for s0 in range(0, flat_t.shape[0], step_rows):
-            tt = flat_t[s0:s0 + step_rows]
-            b = self._bucket(tt)
-            at = torch.add(base[s0:s0 + step_rows], b, alpha=2) if base is not None else b.add_(b)
-            at = at.view(-1)
-            at.add_(torch.gt(tt.reshape(-1), self.value.index_select(0, at)))
-            torch.index_select(self.pair, 0, at, out=flat_out[s0:s0 + step_rows].view(-1))
-        result = out if dtype == out.dtype else out.to(dtype)
+            flat_t = t.view(t.shape[0], -1)
+            flat_outs = [o.view(t.shape[0], -1) for o in outs]
+            step = max(1, _STEP // max(flat_t.shape[1], 1))
+        _in_parts(flat_t.shape[0], step,
+                  lambda lo, hi: self._run(flat_t, base, tables, flat_outs, lo, hi, step))
         if not self.all_exact:
-            _binary_search_rows(self, t, rows, result)
-        return result
+            _binary_search_rows(self, t, rows, payloads, outs)
+        return outs
+
+    def _run(self, t, base, tables, outs, lo: int, hi: int, step: int) -> None:
+        """The lookup for rows ``lo:hi`` of ``t`` (elements, when ``base`` is None), a step
+        at a time in scratch buffers reused across steps: four elementwise operations for
+        the bucket, two gathers, a comparison and an add per target, all in cache."""
+        size = step * (t.shape[1] if t.dim() == 2 else 1)
+        x = torch.empty(size, dtype=torch.float32)
+        at = torch.empty(size, dtype=torch.int32)
+        value = torch.empty(size, dtype=torch.float32)
+        above = torch.empty(size, dtype=torch.bool)
+        top = float(self.size)
+        for s0 in range(lo, hi, step):
+            tt = t[s0:s0 + step]
+            n = tt.numel()
+            xs = x[:n].view(tt.shape)
+            torch.mul(tt, self.scale, out=xs).add_(self.offset).clamp_(0, self.size - 1).nan_to_num_(nan=top)
+            ats = at[:n]
+            ats.view(tt.shape).copy_(xs)
+            if base is None:
+                ats.add_(ats)
+            else:
+                torch.add(base[s0:s0 + step], ats.view(tt.shape), alpha=2, out=ats.view(tt.shape))
+            torch.index_select(self.value, 0, ats, out=value[:n])
+            torch.gt(tt.reshape(-1), value[:n], out=above[:n])
+            ats.add_(above[:n])
+            for table, out in zip(tables, outs):
+                torch.index_select(table, 0, ats, out=out[s0:s0 + step].reshape(-1))
+
+    def _payload_pairs(self, payload: torch.Tensor | None) -> torch.Tensor:
+        """``payload[row, low]``, ``payload[row, high]`` interleaved per (row, bucket), as
+        :attr:`pair` holds the counts themselves (cached per payload)."""
+        if payload is None:
+            return self.pair
+        p = payload.contiguous()
+        key = (str(p.dtype), tuple(p.shape), p.view(torch.uint8).numpy().tobytes())
+        found = self._pairs.get(key)
+        if found is None:
+            width = self.count + 1
+            flat = p.reshape(-1, width)
+            if flat.shape[0] not in (1, self.cuts.shape[0]):
+                raise ValueError(f"payload rows {flat.shape[0]} do not match {self.cuts.shape[0]} cut rows")
+            buckets = self.pair.numel() // (2 * self.cuts.shape[0])
+            row = torch.arange(self.cuts.shape[0]).repeat_interleave(2 * buckets) if flat.shape[0] > 1 else 0
+            found = flat.reshape(-1)[row * width + self.pair.to(torch.int64)].contiguous()
+            if len(self._pairs) >= 4:
+                self._pairs.pop(next(iter(self._pairs)))
+            self._pairs[key] = found
+        return found
+
+    def _constant(self, payload, rows, shape, out):
+        """No cuts: every count is 0."""
+        if payload is None:
+            return out.zero_()
+        flat = payload.reshape(-1, 1)
+        if rows is None or flat.shape[0] == 1:
+            return out.copy_(flat[0, 0].expand(shape))
+        return out.copy_(flat.index_select(0, rows.reshape(-1).to(torch.int64)).view(-1, 1).expand(shape))
 
 
-def _binary_search_rows(lookup: CutLookup, t: torch.Tensor, rows: torch.Tensor | None, out: torch.Tensor) -> None:
+def _binary_search_rows(lookup: CutLookup, t: torch.Tensor, rows: torch.Tensor | None,
+                        payloads: tuple[torch.Tensor | None, ...], outs: list[torch.Tensor]) -> None:
     """torch's own search for the targets whose rows the lookup cannot count exactly."""
     if rows is None:
-        out.copy_(torch.searchsorted(lookup.cuts[0], t.contiguous()).view(out.shape).to(out.dtype))
+        found = torch.searchsorted(lookup.cuts[0], t.contiguous()).view(t.shape)
+        for payload, out in zip(payloads, outs):
+            out.copy_(found.to(out.dtype) if payload is None else payload.reshape(-1)[found])
         return
-    rows = rows.reshape(-1).to(torch.int32)
+    rows = rows.reshape(-1).to(torch.int64)
     bad = lookup.inexact.index_select(0, rows)
     if bool(bad.any()):
-        found = torch.searchsorted(lookup.cuts.index_select(0, rows[bad]), t.view(t.shape[0], -1)[bad].contiguous())
-        out.view(t.shape[0], -1)[bad] = found.to(out.dtype)
+        picked = rows[bad]
+        found = torch.searchsorted(lookup.cuts.index_select(0, picked), t.view(t.shape[0], -1)[bad].contiguous())
+        for payload, out in zip(payloads, outs):
+            if payload is None:
+                value = found.to(out.dtype)
+            else:
+                table = payload.reshape(-1, lookup.count + 1)
+                table = table.expand(lookup.cuts.shape[0], -1) if table.shape[0] == 1 else table
+                value = torch.gather(table.index_select(0, picked), 1, found)
+            out.view(t.shape[0], -1)[bad] = value
+
+
+_POOL: list = []
+
+
+def _in_parts(total: int, step: int, work) -> None:
+    """``work(lo, hi)`` over ``[0, total)`` in one contiguous part per torch thread, the
+    parts run at once: the calling thread takes the last one, pool threads the others.
+
+    Each step of the lookup is below torch's parallel grain, so torch runs it on one
+    thread; the caller's thread count is honoured by running that many parts side by side
+    instead (torch operations release the GIL).  The work is elementwise: the parts give
+    the same bits as one pass, whatever their number."""
+    steps = -(-total // step)
+    parts = max(1, min(torch.get_num_threads(), steps))
+    if parts == 1:
+        work(0, total)
+        return
+    if not _POOL or _POOL[0]._max_workers < parts - 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if _POOL:
+            _POOL.pop().shutdown(wait=False)
+        _POOL.append(ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="comfyquant-lookup"))
+    per = -(-steps // parts) * step
+    bounds = [(lo, min(total, lo + per)) for lo in range(0, total, per)]
+    futures = [_POOL[0].submit(work, lo, hi) for lo, hi in bounds[:-1]]
+    error = None
+    try:
+        work(*bounds[-1])
+    except BaseException as exc:  # collect the others first: no part may outlive the call
+        error = exc
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as exc:
+            error = error or exc
+    if error is not None:
+        raise error
 
 
 def _bucket_map(cuts: torch.Tensor, size: int) -> tuple[float, float]:

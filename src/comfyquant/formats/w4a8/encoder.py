@@ -25,7 +25,7 @@ import torch
 
 from ...numerics.floats import E4M3, fp8_neighbours
 from ...numerics.hadamard import is_power_of_4, rotate_weight
-from ...numerics.nearest import grid_by_code, grid_nearest, grid_nearest_by_code, nearest, table_thresholds
+from ...numerics.nearest import cut_lookup, grid_by_code, grid_nearest, grid_nearest_by_code, nearest, table_thresholds
 from ...numerics.packing import pack_6bit, pack_nibbles
 from ...numerics.rows import Weight, as_source, gather_rows, materialize, release_memory, row_blocks
 from ..codec import CodecError, reject_unknown
@@ -244,19 +244,17 @@ def _search_scale_fp8(gw, s_rel, table, target):
     gathers from its per-group level table), so no per-group tables are built."""
     n, groups, gsize = gw.shape
     levels, cuts = grid_by_code(table)
-    flat_levels = levels.reshape(-1)
+    lookup = cut_lookup(cuts)
+    flat_target = target.reshape(n * groups, gsize)
     lower, upper = fp8_neighbours(s_rel)
 
     def score(cand):
         codes = cand.view(torch.uint8)
-        idx = grid_nearest_by_code(cuts, codes, target.reshape(n * groups, gsize), dtype=torch.uint8)
-        idx = idx.view(n, groups, gsize)
         # the level of byte c, index i is clamp(round(table[i] * fp8(c)), -127, 127): the
-        # very product the reference rounds, looked up instead of recomputed
-        at = (codes.to(torch.int32) * table.numel()).unsqueeze(-1) + idx
-        chosen = flat_levels.index_select(0, at.view(-1)).view(n, groups, gsize)
-        err = chosen.sub_(target).pow_(2).sum(-1)
-        return err, idx
+        # very product the reference rounds, gathered with the index instead of recomputed
+        idx, chosen = lookup.lookup(flat_target, codes.reshape(-1), payloads=(None, levels))
+        err = chosen.view(n, groups, gsize).sub_(target).pow_(2).sum(-1)
+        return err, idx.view(n, groups, gsize)
 
     best_scale = s_rel.float()
     best_err, best_idx = score(s_rel)
@@ -327,9 +325,12 @@ def _refine_levels(gw: torch.Tensor, levels: torch.Tensor, bits: int) -> tuple[t
     else:
         gs = amax.clamp(min=1e-8)
         cuts = table_thresholds(levels)
+        lookup = cut_lookup(cuts) if cuts is not None else None
 
         def level_values(normalized):
-            idx = nearest(levels, normalized, cuts, dtype=torch.int32)
+            if lookup is not None:  # the level itself, gathered where its index would be
+                return lookup.lookup(normalized, payloads=(levels,))[0]
+            idx = nearest(levels, normalized, dtype=torch.int32)
             return levels.index_select(0, idx.view(-1)).view(idx.shape)
 
     lv = level_values(gw / gs)
