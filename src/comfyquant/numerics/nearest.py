@@ -31,7 +31,7 @@ _STEP = (1 << 15) - (1 << 10)
 """Elements per lookup step: below torch's parallel grain (32768), so each operation runs
 on the thread that calls it (no fork-join per operation; parts run side by side instead,
 see :func:`_in_parts`), and its temporaries stay in L2."""
-_BUCKETS = (64, 256, 1024, 4096)
+_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 """Buckets per row tried, fewest first: the first that separates every distinct cut wins."""
 _lookup_cache: dict[bytes, CutLookup] = {}
 _LOOKUP_CACHE_SIZE = 16
@@ -258,28 +258,30 @@ class CutLookup:
         """The lookup for rows ``lo:hi`` of ``t`` (elements, when ``base`` is None), a step
         at a time in scratch buffers reused across steps: four elementwise operations for
         the bucket, two gathers, a comparison and an add per target, all in cache."""
-        size = step * (t.shape[1] if t.dim() == 2 else 1)
-        x = torch.empty(size, dtype=torch.float32)
-        at = torch.empty(size, dtype=torch.int32)
-        value = torch.empty(size, dtype=torch.float32)
-        above = torch.empty(size, dtype=torch.bool)
-        top = float(self.size)
+        width = t.shape[1] if t.dim() == 2 else 1
+        full = (step, width) if t.dim() == 2 else (step,)
+        x = torch.empty(full, dtype=torch.float32)
+        at = torch.empty(full, dtype=torch.int32)
+        flat_at = at.view(-1)
+        value = torch.empty(step * width, dtype=torch.float32)
+        above = torch.empty(step * width, dtype=torch.bool)
+        top, last, scale, offset = float(self.size), self.size - 1, self.scale, self.offset
         for s0 in range(lo, hi, step):
             tt = t[s0:s0 + step]
-            n = tt.numel()
-            xs = x[:n].view(tt.shape)
-            torch.mul(tt, self.scale, out=xs).add_(self.offset).clamp_(0, self.size - 1).nan_to_num_(nan=top)
-            ats = at[:n]
-            ats.view(tt.shape).copy_(xs)
+            if tt.shape[0] < step:  # the last, short step: views of the scratch
+                n = tt.numel()
+                x, at, flat_at, value, above = x[:tt.shape[0]], at[:tt.shape[0]], flat_at[:n], value[:n], above[:n]
+            torch.mul(tt, scale, out=x).add_(offset).clamp_(0, last).nan_to_num_(nan=top)
+            at.copy_(x)
             if base is None:
-                ats.add_(ats)
+                at.add_(at)
             else:
-                torch.add(base[s0:s0 + step], ats.view(tt.shape), alpha=2, out=ats.view(tt.shape))
-            torch.index_select(self.value, 0, ats, out=value[:n])
-            torch.gt(tt.reshape(-1), value[:n], out=above[:n])
-            ats.add_(above[:n])
+                torch.add(base[s0:s0 + step], at, alpha=2, out=at)
+            torch.index_select(self.value, 0, flat_at, out=value)
+            torch.gt(tt.reshape(-1), value, out=above)
+            flat_at.add_(above)
             for table, out in zip(tables, outs):
-                torch.index_select(table, 0, ats, out=out[s0:s0 + step].reshape(-1))
+                torch.index_select(table, 0, flat_at, out=out[s0:s0 + step].view(-1))
 
     def _payload_pairs(self, payload: torch.Tensor | None) -> torch.Tensor:
         """``payload[row, low]``, ``payload[row, high]`` interleaved per (row, bucket), as

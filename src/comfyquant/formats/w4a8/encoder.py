@@ -144,15 +144,21 @@ def _decide_codebook(weight: Weight, g: int, c: int) -> torch.Tensor:
 
 def _normalized_at(rotated: torch.Tensor, g: int, index: torch.Tensor | None) -> torch.Tensor:
     """F32 values of ``rotated`` divided by their group's largest magnitude, at the flat
-    positions ``index`` (all of them, in order, for None), row block by row block."""
-    k = rotated.shape[1]
+    positions ``index`` (all of them, in order, for None).
+
+    Only the drawn values are divided: each by its group's ``amax.clamp(min=1e-8)``, the
+    very operands of the reference's whole-sample division (a maximum does not depend on
+    the order it is taken in), so the same F32 quotients.  The group maxima (one F32 per
+    group) are taken a row block at a time; no F32 copy of the sample is made."""
     if index is None:
         return _normalize_groups(rotated, g).flatten()
-    out = torch.empty(index.shape, dtype=torch.float32)
-    for r0, r1, rows in row_blocks(rotated):
-        inside = (index >= r0 * k) & (index < r1 * k)
-        out[inside] = _normalize_groups(rows, g).flatten()[index[inside] - r0 * k]
-    return out
+    rows = rotated.shape[0]
+    amax = torch.empty(rows * (rotated.shape[1] // g), dtype=torch.float32)
+    per_row = rotated.shape[1] // g
+    for r0, r1, block in row_blocks(rotated):
+        torch.amax(block.float().view(-1, g).abs_(), dim=-1, out=amax[r0 * per_row:r1 * per_row])
+    values = rotated.reshape(-1).index_select(0, index).float()
+    return values.div_(amax.index_select(0, torch.div(index, g, rounding_mode="floor")).clamp_(min=1e-8))
 
 
 def _normalize_groups(rows: torch.Tensor, g: int) -> torch.Tensor:
