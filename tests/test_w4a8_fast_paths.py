@@ -23,6 +23,13 @@ from kitchen_fixtures import quantize
 SPECIAL = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan"), 1e-45, -1e-45, 1.17549435e-38,
            -1.17549435e-38, 3.4028235e38, -3.4028235e38, 0.5, -0.5, 127.0, -127.0, 126.5, -126.5]
 
+PATTERNS = [0x7F800001, 0x7F807FFF, 0x7F808000, 0x7FC00000, 0x7FFFFFFF, 0xFF800000 - (1 << 32),
+            0xFF800001 - (1 << 32), 0xFF807FFF - (1 << 32), 0xFFC00000 - (1 << 32), 0xFFFFFFFF - (1 << 32),
+            0x80000001 - (1 << 32), 0x80007FFF - (1 << 32), 0x80008000 - (1 << 32), 0x00007FFF, 0x00008000,
+            0x7F7FFFFF, 0xFF7FFFFF - (1 << 32)]
+"""F32 bit patterns at the edges of the lookup's bit buckets (``bits >> 15``): NaNs with small
+payloads beside +-inf, the signed zeros' and subnormals' buckets, the largest finite values."""
+
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
 def threads(request):
@@ -43,7 +50,8 @@ def targets(cuts: torch.Tensor, n: int, scale: float, seed: int) -> torch.Tensor
     c = cuts[torch.isfinite(cuts)].reshape(-1)
     near = torch.cat([c, torch.nextafter(c, torch.full_like(c, float("inf"))),
                       torch.nextafter(c, torch.full_like(c, float("-inf"))), torch.tensor(SPECIAL),
-                      torch.randint(-(1 << 23), 1 << 23, (64,), generator=gen).to(torch.int32).view(torch.float32)])
+                      torch.randint(-(1 << 23), 1 << 23, (64,), generator=gen).to(torch.int32).view(torch.float32),
+                      torch.tensor(PATTERNS, dtype=torch.int64).to(torch.int32).view(torch.float32)])
     t = torch.randn(n, generator=gen) * scale
     at = torch.randint(0, n, (near.numel() * 8,), generator=gen)
     t[at] = near.repeat(8)

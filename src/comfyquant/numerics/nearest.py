@@ -33,6 +33,9 @@ on the thread that calls it (no fork-join per operation; parts run side by side 
 see :func:`_in_parts`), and its temporaries stay in L2."""
 _BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 """Buckets per row tried, fewest first: the first that separates every distinct cut wins."""
+_BIT_SHIFT = 15
+"""Bit-pattern buckets of one cut row: ``bits >> 15``, 2^17 of them (see
+:meth:`CutLookup._set_bit_tables`)."""
 _lookup_cache: dict[bytes, CutLookup] = {}
 _LOOKUP_CACHE_SIZE = 16
 _threshold_cache: dict[bytes, torch.Tensor] = {}
@@ -165,14 +168,55 @@ class CutLookup:
         if tables is None:
             tables = self._tables(exact)[0]
         value, low, high = tables
-        # interleaved per bucket: (cut, cut) and (count below, count below or at the cut), so
-        # one gather at 2 * bucket + (t > cut) gives the answer
-        self.value = torch.stack([value, value], dim=-1).reshape(-1)
+        # per bucket its cut, and interleaved (count below, count below or at the cut): one
+        # gather at 2 * bucket + (t > cut) gives the answer
+        self.value = value
         self.pair = torch.stack([low, high], dim=-1).reshape(-1)
+        self.by_bits = rows == 1 and count > 0 and bool(exact[0]) and self._set_bit_tables(cuts[0])
         self.exact = exact
         self.inexact = ~exact
         self.all_exact = bool(exact.all())
         self._pairs: dict[tuple, torch.Tensor] = {}
+
+    def _set_bit_tables(self, cuts: torch.Tensor) -> bool:
+        """One sorted, finite row: buckets by the top 17 bits of the F32 pattern instead
+        (``bits >> 15``; 2^17 buckets of 2^15 consecutive patterns, each an interval of the
+        line a 256th of its binade wide), when every bucket holds one distinct cut at most.
+
+        Two integer operations give the bucket (no scaling, clamping or NaN clean-up), and
+        NaN, +-inf and -0.0 fall in buckets of their own patterns.  The comparison is
+        ``t < nextup(cut)`` (``t <= cut``), which NaN fails: a NaN takes the bucket's upper
+        count, set to every cut for the NaN buckets -- also for the one NaNs share with
+        -inf (patterns ``0xFF800000..``), where -inf passes the comparison and counts none.
+        So ``value`` holds ``nextup(cut)`` (+inf for a bucket without a cut) and ``pair``
+        (count above, count at or below) per bucket.  Returns False (the linear buckets
+        stay) if some bucket holds two distinct cuts."""
+        count = cuts.numel()
+        key = torch.arange(-(1 << 16), 1 << 16, dtype=torch.int64)
+        first = (key << _BIT_SHIFT).to(torch.int32)
+        lo = first.view(torch.float32)
+        hi = (first + ((1 << _BIT_SHIFT) - 1)).view(torch.float32)
+        negative = key < 0
+        smallest = torch.where(negative, hi, lo)  # the bucket's interval, for finite buckets
+        largest = torch.where(negative, lo, hi)
+        finite = torch.isfinite(smallest) & torch.isfinite(largest)
+        below = torch.searchsorted(cuts, torch.where(finite, smallest, 0.0))
+        at_or_below = torch.searchsorted(cuts, torch.where(finite, largest, 0.0), right=True)
+        held = at_or_below > below
+        cut = cuts[below.clamp(max=count - 1)]
+        last = cuts[(at_or_below - 1).clamp(min=0)]
+        if not bool((~held | (cut == last))[finite].all()):
+            return False
+        value = torch.where(held & finite, torch.nextafter(cut, torch.tensor(float("inf"))), float("inf"))
+        every = torch.full_like(below, count)
+        minus_inf = (first == torch.tensor(0xFF800000 - (1 << 32), dtype=torch.int32)) & ~finite
+        value = torch.where(minus_inf, torch.nextafter(torch.tensor(float("-inf")), torch.tensor(0.0)), value)
+        low = torch.where(finite, below, torch.where(minus_inf, 0, every))
+        high = torch.where(finite, at_or_below, every)
+        index_dtype = torch.uint8 if count < 256 else torch.int32
+        self.value = value.contiguous()
+        self.pair = torch.stack([high, low], dim=-1).reshape(-1).to(index_dtype)
+        return True
 
     def _bucket(self, t: torch.Tensor, nan: bool = True) -> torch.Tensor:
         """Bucket (int32) of F32 values: the same exact operations for cuts and targets.
@@ -238,13 +282,15 @@ class CutLookup:
             return outs
         if self.count == 0:
             return [self._constant(p, rows, t.shape, out) for p, out in zip(payloads, outs)]
+        if self.by_bits:  # one row: every target is looked up against it
+            rows = None
         if rows is None:
             base = None
             flat_t = t.view(-1)
             flat_outs = [o.view(-1) for o in outs]
             step = _STEP
         else:
-            base = (rows.reshape(-1).to(torch.int32) * (2 * (self.size + 1))).view(-1, 1)
+            base = (rows.reshape(-1).to(torch.int32) * (self.size + 1)).view(-1, 1)
             flat_t = t.view(t.shape[0], -1)
             flat_outs = [o.view(t.shape[0], -1) for o in outs]
             step = max(1, _STEP // max(flat_t.shape[1], 1))
@@ -256,30 +302,36 @@ class CutLookup:
 
     def _run(self, t, base, tables, outs, lo: int, hi: int, step: int) -> None:
         """The lookup for rows ``lo:hi`` of ``t`` (elements, when ``base`` is None), a step
-        at a time in scratch buffers reused across steps: four elementwise operations for
-        the bucket, two gathers, a comparison and an add per target, all in cache."""
+        at a time in scratch buffers reused across steps: the bucket (two integer operations
+        by bits, else four elementwise ones), a gather of its cut, a comparison, an add and
+        a gather per payload, all in cache.  (The comparison is written into an INT32
+        buffer: half the cost of a BOOL one, and the add stays INT32.)"""
         width = t.shape[1] if t.dim() == 2 else 1
         full = (step, width) if t.dim() == 2 else (step,)
         x = torch.empty(full, dtype=torch.float32)
         at = torch.empty(full, dtype=torch.int32)
         flat_at = at.view(-1)
         value = torch.empty(step * width, dtype=torch.float32)
-        above = torch.empty(step * width, dtype=torch.bool)
+        above = torch.empty(step * width, dtype=torch.int32)
         top, last, scale, offset = float(self.size), self.size - 1, self.scale, self.offset
+        by_bits = self.by_bits and base is None
         for s0 in range(lo, hi, step):
             tt = t[s0:s0 + step]
             if tt.shape[0] < step:  # the last, short step: views of the scratch
                 n = tt.numel()
                 x, at, flat_at, value, above = x[:tt.shape[0]], at[:tt.shape[0]], flat_at[:n], value[:n], above[:n]
-            torch.mul(tt, scale, out=x).add_(offset).clamp_(0, last).nan_to_num_(nan=top)
-            at.copy_(x)
-            if base is None:
-                at.add_(at)
+            if by_bits:
+                torch.bitwise_right_shift(tt.view(torch.int32), _BIT_SHIFT, out=at).add_(1 << 16)
+                torch.index_select(self.value, 0, flat_at, out=value)
+                torch.lt(tt, value, out=above)
             else:
-                torch.add(base[s0:s0 + step], at, alpha=2, out=at)
-            torch.index_select(self.value, 0, flat_at, out=value)
-            torch.gt(tt.reshape(-1), value, out=above)
-            flat_at.add_(above)
+                torch.mul(tt, scale, out=x).add_(offset).clamp_(0, last).nan_to_num_(nan=top)
+                at.copy_(x)
+                if base is not None:
+                    torch.add(base[s0:s0 + step], at, out=at)
+                torch.index_select(self.value, 0, flat_at, out=value)
+                torch.gt(tt.reshape(-1), value, out=above)
+            torch.add(above, flat_at, alpha=2, out=flat_at)
             for table, out in zip(tables, outs):
                 torch.index_select(table, 0, flat_at, out=out[s0:s0 + step].view(-1))
 
