@@ -1,13 +1,13 @@
 """The W4A8/W6A8 encoder's fast paths equal their reference definitions bit for bit.
 
 * ``CutLookup.lookup`` with payloads (the level values gathered with the count) equals
-  ``payload[row, searchsorted(cuts[row], t)]``, and its parts (one per torch thread) change
-  nothing: checked at 1 and 2 threads on targets spanning many steps and parts, with NaN,
+  ``payload[row, searchsorted(cuts[row], t)]``, whatever the thread count: checked at 1 and
+  2 threads on targets spanning many steps, with NaN,
   +-inf, +-0, subnormals, exact cut values (ties) and rows the lookup cannot count exactly;
 * the codebook decision's normalized samples (only the drawn values divided by their group's
   maximum) equal comfy-kitchen's whole-sample division indexed afterwards;
 * whole encodes at 1 and 2 threads equal comfy-kitchen's on layers large enough for several
-  lookup parts and row blocks, with odd row counts.
+  lookup steps and row blocks, with odd row counts.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def targets(cuts: torch.Tensor, n: int, scale: float, seed: int) -> torch.Tensor
 def test_payload_lookup_equals_the_gathered_searchsorted(threads):
     book = torch.tensor(enc.FIXED_CODEBOOK)
     cuts = nr.table_thresholds(book)
-    t = targets(cuts, 5 * nr._STEP + 77, 0.5, seed=1)  # several steps and parts, a short last step
+    t = targets(cuts, 5 * nr._STEP + 77, 0.5, seed=1)  # several steps, a short last step
     lookup = nr.cut_lookup(cuts)
     count, levels = lookup.lookup(t, payloads=(None, book))
     expected = torch.searchsorted(cuts, t)
@@ -89,7 +89,7 @@ def test_payload_row_lookup_equals_the_gathered_searchsorted(threads, table):
     assert same_bits(chosen, torch.gather(levels.index_select(0, codes.int()), 1, expected))
 
 
-def test_lookup_parts_do_not_depend_on_the_thread_count():
+def test_lookup_does_not_depend_on_the_thread_count():
     cuts = nr.table_thresholds(torch.tensor(enc.FIXED_CODEBOOK))
     t = targets(cuts, 7 * nr._STEP + 3, 0.5, seed=4)
     before = torch.get_num_threads()
@@ -123,7 +123,7 @@ def test_normalized_samples_equal_the_whole_division(g):
 
 @pytest.mark.parametrize("variant,bits", [("w4a8_codebook", 4), ("w6a8", 6)])
 def test_encode_matches_kitchen_at_any_thread_count(threads, variant, bits):
-    """A layer of several row blocks and lookup parts, with an odd row count, encoded at 1 and
+    """A layer of several row blocks and lookup steps, with an odd row count, encoded at 1 and
     2 threads: comfy-kitchen's bits either way."""
     gen = torch.Generator().manual_seed(9)
     w = (torch.randn(333, 768, generator=gen) * 0.02).to(torch.bfloat16)

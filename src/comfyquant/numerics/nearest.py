@@ -29,8 +29,12 @@ import torch
 _SIGN = 0x80000000
 _STEP = (1 << 15) - (1 << 10)
 """Elements per lookup step: below torch's parallel grain (32768), so each operation runs
-on the thread that calls it (no fork-join per operation; parts run side by side instead,
-see :func:`_in_parts`), and its temporaries stay in L2."""
+on the calling thread (no fork-join per operation), and its temporaries stay in L2.
+
+Running the steps in one part per torch thread side by side (a thread pool; torch releases
+the GIL) was tried and dropped: on the shared 2-core machine, at load 3-4, W4A8/W6A8 encodes
+at 2 threads took 1.6-5.5 s with it against 0.4-2.2 s without (the pool's second part waits
+for a core the OpenMP team of the surrounding block operations holds)."""
 _BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 """Buckets per row tried, fewest first: the first that separates every distinct cut wins."""
 _BIT_SHIFT = 15
@@ -294,8 +298,7 @@ class CutLookup:
             flat_t = t.view(t.shape[0], -1)
             flat_outs = [o.view(t.shape[0], -1) for o in outs]
             step = max(1, _STEP // max(flat_t.shape[1], 1))
-        _in_parts(flat_t.shape[0], step,
-                  lambda lo, hi: self._run(flat_t, base, tables, flat_outs, lo, hi, step))
+        self._run(flat_t, base, tables, flat_outs, 0, flat_t.shape[0], step)
         if not self.all_exact:
             _binary_search_rows(self, t, rows, payloads, outs)
         return outs
@@ -387,45 +390,6 @@ def _binary_search_rows(lookup: CutLookup, t: torch.Tensor, rows: torch.Tensor |
                 table = table.expand(lookup.cuts.shape[0], -1) if table.shape[0] == 1 else table
                 value = torch.gather(table.index_select(0, picked), 1, found)
             out.view(t.shape[0], -1)[bad] = value
-
-
-_POOL: list = []
-
-
-def _in_parts(total: int, step: int, work) -> None:
-    """``work(lo, hi)`` over ``[0, total)`` in one contiguous part per torch thread, the
-    parts run at once: the calling thread takes the last one, pool threads the others.
-
-    Each step of the lookup is below torch's parallel grain, so torch runs it on one
-    thread; the caller's thread count is honoured by running that many parts side by side
-    instead (torch operations release the GIL).  The work is elementwise: the parts give
-    the same bits as one pass, whatever their number."""
-    steps = -(-total // step)
-    parts = max(1, min(torch.get_num_threads(), steps))
-    if parts == 1:
-        work(0, total)
-        return
-    if not _POOL or _POOL[0]._max_workers < parts - 1:
-        from concurrent.futures import ThreadPoolExecutor
-
-        if _POOL:
-            _POOL.pop().shutdown(wait=False)
-        _POOL.append(ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="comfyquant-lookup"))
-    per = -(-steps // parts) * step
-    bounds = [(lo, min(total, lo + per)) for lo in range(0, total, per)]
-    futures = [_POOL[0].submit(work, lo, hi) for lo, hi in bounds[:-1]]
-    error = None
-    try:
-        work(*bounds[-1])
-    except BaseException as exc:  # collect the others first: no part may outlive the call
-        error = exc
-    for f in futures:
-        try:
-            f.result()
-        except BaseException as exc:
-            error = error or exc
-    if error is not None:
-        raise error
 
 
 def _bucket_map(cuts: torch.Tensor, size: int) -> tuple[float, float]:
