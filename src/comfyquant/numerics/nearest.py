@@ -27,11 +27,19 @@ import math
 import torch
 
 _SIGN = 0x80000000
-_STEP = 1 << 15
-"""Elements per lookup step: one torch thread's share (no fork-join per operation) whose
-temporaries stay in L2."""
-_BUCKETS = (64, 256, 1024, 4096)
+_STEP = (1 << 15) - (1 << 10)
+"""Elements per lookup step: below torch's parallel grain (32768), so each operation runs
+on the calling thread (no fork-join per operation), and its temporaries stay in L2.
+
+Running the steps in one part per torch thread side by side (a thread pool; torch releases
+the GIL) was tried and dropped: on the shared 2-core machine, at load 3-4, W4A8/W6A8 encodes
+at 2 threads took 1.6-5.5 s with it against 0.4-2.2 s without (the pool's second part waits
+for a core the OpenMP team of the surrounding block operations holds)."""
+_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 """Buckets per row tried, fewest first: the first that separates every distinct cut wins."""
+_BIT_SHIFT = 15
+"""Bit-pattern buckets of one cut row: ``bits >> 15``, 2^17 of them (see
+:meth:`CutLookup._set_bit_tables`)."""
 _lookup_cache: dict[bytes, CutLookup] = {}
 _LOOKUP_CACHE_SIZE = 16
 _threshold_cache: dict[bytes, torch.Tensor] = {}
@@ -164,24 +172,62 @@ class CutLookup:
         if tables is None:
             tables = self._tables(exact)[0]
         value, low, high = tables
-        # interleaved per bucket: (cut, cut) and (count below, count below or at the cut), so
-        # one gather at 2 * bucket + (t > cut) gives the answer
-        self.value = torch.stack([value, value], dim=-1).reshape(-1)
+        # per bucket its cut, and interleaved (count below, count below or at the cut): one
+        # gather at 2 * bucket + (t > cut) gives the answer
+        self.value = value
         self.pair = torch.stack([low, high], dim=-1).reshape(-1)
+        self.by_bits = rows == 1 and count > 0 and bool(exact[0]) and self._set_bit_tables(cuts[0])
         self.exact = exact
         self.inexact = ~exact
         self.all_exact = bool(exact.all())
+        self._pairs: dict[tuple, torch.Tensor] = {}
+
+    def _set_bit_tables(self, cuts: torch.Tensor) -> bool:
+        """One sorted, finite row: buckets by the top 17 bits of the F32 pattern instead
+        (``bits >> 15``; 2^17 buckets of 2^15 consecutive patterns, each an interval of the
+        line a 256th of its binade wide), when every bucket holds one distinct cut at most.
+
+        Two integer operations give the bucket (no scaling, clamping or NaN clean-up), and
+        NaN, +-inf and -0.0 fall in buckets of their own patterns.  The comparison is
+        ``t < nextup(cut)`` (``t <= cut``), which NaN fails: a NaN takes the bucket's upper
+        count, set to every cut for the NaN buckets -- also for the one NaNs share with
+        -inf (patterns ``0xFF800000..``), where -inf passes the comparison and counts none.
+        So ``value`` holds ``nextup(cut)`` (+inf for a bucket without a cut) and ``pair``
+        (count above, count at or below) per bucket.  Returns False (the linear buckets
+        stay) if some bucket holds two distinct cuts."""
+        count = cuts.numel()
+        key = torch.arange(-(1 << 16), 1 << 16, dtype=torch.int64)
+        first = (key << _BIT_SHIFT).to(torch.int32)
+        lo = first.view(torch.float32)
+        hi = (first + ((1 << _BIT_SHIFT) - 1)).view(torch.float32)
+        negative = key < 0
+        smallest = torch.where(negative, hi, lo)  # the bucket's interval, for finite buckets
+        largest = torch.where(negative, lo, hi)
+        finite = torch.isfinite(smallest) & torch.isfinite(largest)
+        below = torch.searchsorted(cuts, torch.where(finite, smallest, 0.0))
+        at_or_below = torch.searchsorted(cuts, torch.where(finite, largest, 0.0), right=True)
+        held = at_or_below > below
+        cut = cuts[below.clamp(max=count - 1)]
+        last = cuts[(at_or_below - 1).clamp(min=0)]
+        if not bool((~held | (cut == last))[finite].all()):
+            return False
+        value = torch.where(held & finite, torch.nextafter(cut, torch.tensor(float("inf"))), float("inf"))
+        every = torch.full_like(below, count)
+        minus_inf = (first == torch.tensor(0xFF800000 - (1 << 32), dtype=torch.int32)) & ~finite
+        value = torch.where(minus_inf, torch.nextafter(torch.tensor(float("-inf")), torch.tensor(0.0)), value)
+        low = torch.where(finite, below, torch.where(minus_inf, 0, every))
+        high = torch.where(finite, at_or_below, every)
+        index_dtype = torch.uint8 if count < 256 else torch.int32
+        self.value = value.contiguous()
+        self.pair = torch.stack([high, low], dim=-1).reshape(-1).to(index_dtype)
+        return True
 
     def _bucket(self, t: torch.Tensor, nan: bool = True) -> torch.Tensor:
         """Bucket (int32) of F32 values: the same exact operations for cuts and targets.
 
-        ``t * scale`` is exact for a scale >= 1 (a power of two), so the fused multiply-add
-        rounds once, like the separate add: one pass fewer, the same buckets on any CPU."""
-        if self.scale >= 1.0:
-            x = torch.addcmul(self._offset, t, self._scale)
-        else:
-            x = torch.mul(t, self.scale).add_(self.offset)
-        x.clamp_(0, self.size - 1)
+        ``t * scale`` is exact (a power-of-two scale; a product below the normal range only
+        for scales < 1, and then cuts and targets round alike), so buckets have equal widths."""
+        x = torch.mul(t, self.scale).add_(self.offset).clamp_(0, self.size - 1)
         if nan:
             x.nan_to_num_(nan=float(self.size))
         return x.to(torch.int32)
@@ -221,42 +267,129 @@ class CutLookup:
               dtype: torch.dtype = torch.int64) -> torch.Tensor:
         """Counts for ``target`` (F32): against row 0 for any shape when ``rows`` is None,
         else ``target [R, G]`` against the rows ``rows [R]`` (integers)."""
+        count = self.lookup(target, rows)[0]
+        return count if count.dtype == dtype else count.to(dtype)
+
+    def lookup(self, target: torch.Tensor, rows: torch.Tensor | None = None,
+               payloads: tuple[torch.Tensor | None, ...] = (None,)) -> list[torch.Tensor]:
+        """Per payload, ``payload[row, count]`` for every target (``count`` as :meth:`index`
+        gives it, in the lookup's own narrow dtype, for a payload of None).
+
+        A payload is a ``[count + 1]`` table (``rows`` None) or one row per cut row,
+        ``[R, count + 1]``: the level values a count stands for, say.  Looking them up with
+        the count's own gather saves the caller a gather and an index pass per payload --
+        the values are copied, so they are bit for bit what ``payload[row, count]`` is."""
         t = target.to(torch.float32).contiguous()
-        out = torch.empty(t.shape, dtype=self.pair.dtype)
-        if t.numel() == 0 or self.count == 0:
-            return out.zero_().to(dtype)
+        tables = [self._payload_pairs(p) for p in payloads]
+        outs = [torch.empty(t.shape, dtype=tab.dtype) for tab in tables]
+        if t.numel() == 0:
+            return outs
+        if self.count == 0:
+            return [self._constant(p, rows, t.shape, out) for p, out in zip(payloads, outs)]
+        if self.by_bits:  # one row: every target is looked up against it
+            rows = None
         if rows is None:
             base = None
-            flat_t, flat_out = t.view(-1), out.view(-1)
-            width = 1
+            flat_t = t.view(-1)
+            flat_outs = [o.view(-1) for o in outs]
+            step = _STEP
         else:
-            base = (rows.reshape(-1).to(torch.int32) * (2 * (self.size + 1))).view(-1, 1)
-            flat_t, flat_out = t.view(t.shape[0], -1), out.view(t.shape[0], -1)
-            width = flat_t.shape[1]
-        step_rows = max(1, _STEP // max(width, 1)) if base is not None else _STEP
-        for s0 in range(0, flat_t.shape[0], step_rows):
-            tt = flat_t[s0:s0 + step_rows]
-            b = self._bucket(tt)
-            at = torch.add(base[s0:s0 + step_rows], b, alpha=2) if base is not None else b.add_(b)
-            at = at.view(-1)
-            at.add_(torch.gt(tt.reshape(-1), self.value.index_select(0, at)))
-            torch.index_select(self.pair, 0, at, out=flat_out[s0:s0 + step_rows].view(-1))
-        result = out if dtype == out.dtype else out.to(dtype)
+            base = (rows.reshape(-1).to(torch.int32) * (self.size + 1)).view(-1, 1)
+            flat_t = t.view(t.shape[0], -1)
+            flat_outs = [o.view(t.shape[0], -1) for o in outs]
+            step = max(1, _STEP // max(flat_t.shape[1], 1))
+        self._run(flat_t, base, tables, flat_outs, 0, flat_t.shape[0], step)
         if not self.all_exact:
-            _binary_search_rows(self, t, rows, result)
-        return result
+            _binary_search_rows(self, t, rows, payloads, outs)
+        return outs
+
+    def _run(self, t, base, tables, outs, lo: int, hi: int, step: int) -> None:
+        """The lookup for rows ``lo:hi`` of ``t`` (elements, when ``base`` is None), a step
+        at a time in scratch buffers reused across steps: the bucket (two integer operations
+        by bits, else four elementwise ones), a gather of its cut, a comparison, an add and
+        a gather per payload, all in cache.  (The comparison is written into an INT32
+        buffer: half the cost of a BOOL one, and the add stays INT32.)"""
+        width = t.shape[1] if t.dim() == 2 else 1
+        full = (step, width) if t.dim() == 2 else (step,)
+        x = torch.empty(full, dtype=torch.float32)
+        at = torch.empty(full, dtype=torch.int32)
+        flat_at = at.view(-1)
+        value = torch.empty(step * width, dtype=torch.float32)
+        above = torch.empty(step * width, dtype=torch.int32)
+        top, last, scale, offset = float(self.size), self.size - 1, self.scale, self.offset
+        by_bits = self.by_bits and base is None
+        for s0 in range(lo, hi, step):
+            tt = t[s0:s0 + step]
+            if tt.shape[0] < step:  # the last, short step: views of the scratch
+                n = tt.numel()
+                x, at, flat_at, value, above = x[:tt.shape[0]], at[:tt.shape[0]], flat_at[:n], value[:n], above[:n]
+            if by_bits:
+                torch.bitwise_right_shift(tt.view(torch.int32), _BIT_SHIFT, out=at).add_(1 << 16)
+                torch.index_select(self.value, 0, flat_at, out=value)
+                torch.lt(tt, value, out=above)
+            else:
+                torch.mul(tt, scale, out=x).add_(offset).clamp_(0, last).nan_to_num_(nan=top)
+                at.copy_(x)
+                if base is not None:
+                    torch.add(base[s0:s0 + step], at, out=at)
+                torch.index_select(self.value, 0, flat_at, out=value)
+                torch.gt(tt.reshape(-1), value, out=above)
+            torch.add(above, flat_at, alpha=2, out=flat_at)
+            for table, out in zip(tables, outs):
+                torch.index_select(table, 0, flat_at, out=out[s0:s0 + step].view(-1))
+
+    def _payload_pairs(self, payload: torch.Tensor | None) -> torch.Tensor:
+        """``payload[row, low]``, ``payload[row, high]`` interleaved per (row, bucket), as
+        :attr:`pair` holds the counts themselves (cached per payload)."""
+        if payload is None:
+            return self.pair
+        p = payload.contiguous()
+        key = (str(p.dtype), tuple(p.shape), p.view(torch.uint8).numpy().tobytes())
+        found = self._pairs.get(key)
+        if found is None:
+            width = self.count + 1
+            flat = p.reshape(-1, width)
+            if flat.shape[0] not in (1, self.cuts.shape[0]):
+                raise ValueError(f"payload rows {flat.shape[0]} do not match {self.cuts.shape[0]} cut rows")
+            buckets = self.pair.numel() // (2 * self.cuts.shape[0])
+            row = torch.arange(self.cuts.shape[0]).repeat_interleave(2 * buckets) if flat.shape[0] > 1 else 0
+            found = flat.reshape(-1)[row * width + self.pair.to(torch.int64)].contiguous()
+            if len(self._pairs) >= 4:
+                self._pairs.pop(next(iter(self._pairs)))
+            self._pairs[key] = found
+        return found
+
+    def _constant(self, payload, rows, shape, out):
+        """No cuts: every count is 0."""
+        if payload is None:
+            return out.zero_()
+        flat = payload.reshape(-1, 1)
+        if rows is None or flat.shape[0] == 1:
+            return out.copy_(flat[0, 0].expand(shape))
+        return out.copy_(flat.index_select(0, rows.reshape(-1).to(torch.int64)).view(-1, 1).expand(shape))
 
 
-def _binary_search_rows(lookup: CutLookup, t: torch.Tensor, rows: torch.Tensor | None, out: torch.Tensor) -> None:
+def _binary_search_rows(lookup: CutLookup, t: torch.Tensor, rows: torch.Tensor | None,
+                        payloads: tuple[torch.Tensor | None, ...], outs: list[torch.Tensor]) -> None:
     """torch's own search for the targets whose rows the lookup cannot count exactly."""
     if rows is None:
-        out.copy_(torch.searchsorted(lookup.cuts[0], t.contiguous()).view(out.shape).to(out.dtype))
+        found = torch.searchsorted(lookup.cuts[0], t.contiguous()).view(t.shape)
+        for payload, out in zip(payloads, outs):
+            out.copy_(found.to(out.dtype) if payload is None else payload.reshape(-1)[found])
         return
-    rows = rows.reshape(-1).to(torch.int32)
+    rows = rows.reshape(-1).to(torch.int64)
     bad = lookup.inexact.index_select(0, rows)
     if bool(bad.any()):
-        found = torch.searchsorted(lookup.cuts.index_select(0, rows[bad]), t.view(t.shape[0], -1)[bad].contiguous())
-        out.view(t.shape[0], -1)[bad] = found.to(out.dtype)
+        picked = rows[bad]
+        found = torch.searchsorted(lookup.cuts.index_select(0, picked), t.view(t.shape[0], -1)[bad].contiguous())
+        for payload, out in zip(payloads, outs):
+            if payload is None:
+                value = found.to(out.dtype)
+            else:
+                table = payload.reshape(-1, lookup.count + 1)
+                table = table.expand(lookup.cuts.shape[0], -1) if table.shape[0] == 1 else table
+                value = torch.gather(table.index_select(0, picked), 1, found)
+            out.view(t.shape[0], -1)[bad] = value
 
 
 def _bucket_map(cuts: torch.Tensor, size: int) -> tuple[float, float]:

@@ -25,7 +25,7 @@ import torch
 
 from ...numerics.floats import E4M3, fp8_neighbours
 from ...numerics.hadamard import is_power_of_4, rotate_weight
-from ...numerics.nearest import grid_by_code, grid_nearest, grid_nearest_by_code, nearest, table_thresholds
+from ...numerics.nearest import cut_lookup, grid_by_code, grid_nearest, grid_nearest_by_code, nearest, table_thresholds
 from ...numerics.packing import pack_6bit, pack_nibbles
 from ...numerics.rows import Weight, as_source, gather_rows, materialize, release_memory, row_blocks
 from ..codec import CodecError, reject_unknown
@@ -144,15 +144,21 @@ def _decide_codebook(weight: Weight, g: int, c: int) -> torch.Tensor:
 
 def _normalized_at(rotated: torch.Tensor, g: int, index: torch.Tensor | None) -> torch.Tensor:
     """F32 values of ``rotated`` divided by their group's largest magnitude, at the flat
-    positions ``index`` (all of them, in order, for None), row block by row block."""
-    k = rotated.shape[1]
+    positions ``index`` (all of them, in order, for None).
+
+    Only the drawn values are divided: each by its group's ``amax.clamp(min=1e-8)``, the
+    very operands of the reference's whole-sample division (a maximum does not depend on
+    the order it is taken in), so the same F32 quotients.  The group maxima (one F32 per
+    group) are taken a row block at a time; no F32 copy of the sample is made."""
     if index is None:
         return _normalize_groups(rotated, g).flatten()
-    out = torch.empty(index.shape, dtype=torch.float32)
-    for r0, r1, rows in row_blocks(rotated):
-        inside = (index >= r0 * k) & (index < r1 * k)
-        out[inside] = _normalize_groups(rows, g).flatten()[index[inside] - r0 * k]
-    return out
+    rows = rotated.shape[0]
+    amax = torch.empty(rows * (rotated.shape[1] // g), dtype=torch.float32)
+    per_row = rotated.shape[1] // g
+    for r0, r1, block in row_blocks(rotated):
+        torch.amax(block.float().view(-1, g).abs_(), dim=-1, out=amax[r0 * per_row:r1 * per_row])
+    values = rotated.reshape(-1).index_select(0, index).float()
+    return values.div_(amax.index_select(0, torch.div(index, g, rounding_mode="floor")).clamp_(min=1e-8))
 
 
 def _normalize_groups(rows: torch.Tensor, g: int) -> torch.Tensor:
@@ -244,19 +250,17 @@ def _search_scale_fp8(gw, s_rel, table, target):
     gathers from its per-group level table), so no per-group tables are built."""
     n, groups, gsize = gw.shape
     levels, cuts = grid_by_code(table)
-    flat_levels = levels.reshape(-1)
+    lookup = cut_lookup(cuts)
+    flat_target = target.reshape(n * groups, gsize)
     lower, upper = fp8_neighbours(s_rel)
 
     def score(cand):
         codes = cand.view(torch.uint8)
-        idx = grid_nearest_by_code(cuts, codes, target.reshape(n * groups, gsize), dtype=torch.uint8)
-        idx = idx.view(n, groups, gsize)
         # the level of byte c, index i is clamp(round(table[i] * fp8(c)), -127, 127): the
-        # very product the reference rounds, looked up instead of recomputed
-        at = (codes.to(torch.int32) * table.numel()).unsqueeze(-1) + idx
-        chosen = flat_levels.index_select(0, at.view(-1)).view(n, groups, gsize)
-        err = chosen.sub_(target).pow_(2).sum(-1)
-        return err, idx
+        # very product the reference rounds, gathered with the index instead of recomputed
+        idx, chosen = lookup.lookup(flat_target, codes.reshape(-1), payloads=(None, levels))
+        err = chosen.view(n, groups, gsize).sub_(target).pow_(2).sum(-1)
+        return err, idx.view(n, groups, gsize)
 
     best_scale = s_rel.float()
     best_err, best_idx = score(s_rel)
@@ -327,9 +331,12 @@ def _refine_levels(gw: torch.Tensor, levels: torch.Tensor, bits: int) -> tuple[t
     else:
         gs = amax.clamp(min=1e-8)
         cuts = table_thresholds(levels)
+        lookup = cut_lookup(cuts) if cuts is not None else None
 
         def level_values(normalized):
-            idx = nearest(levels, normalized, cuts, dtype=torch.int32)
+            if lookup is not None:  # the level itself, gathered where its index would be
+                return lookup.lookup(normalized, payloads=(levels,))[0]
+            idx = nearest(levels, normalized, dtype=torch.int32)
             return levels.index_select(0, idx.view(-1)).view(idx.shape)
 
     lv = level_values(gw / gs)
