@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..discovery import lazy_exports
+
 if TYPE_CHECKING:
     from .load import load_transformer
     from .parameter import ComfyQuantParameter, InexactOperation
@@ -25,17 +27,4 @@ _WHERE = {"load_transformer": "load", "ComfyQuantParameter": "parameter", "Inexa
           "SUPPORTED": "versions"}
 
 if not TYPE_CHECKING:
-
-    def __getattr__(name: str):
-        module = _WHERE.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        from importlib import import_module
-
-        value = getattr(import_module(f"{__name__}.{module}"), name)
-        globals()[name] = value
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(__all__) | {n for n in globals() if n.startswith("__")})
+    __getattr__, __dir__ = lazy_exports(__name__, _WHERE, __all__)
