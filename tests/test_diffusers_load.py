@@ -253,7 +253,7 @@ CASES = {
                   dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=128,
                        num_attention_heads=24, joint_attention_dim=256, pooled_projection_dim=256, guidance_embeds=False,
                        axes_dims_rope=(16, 56, 56)),
-                  flux1_names, flux1_inputs, formats=("fp8", "nvfp4"),
+                  flux1_names, flux1_inputs, formats=("fp8", "int8", "w4a8", "nvfp4"),
                   exclude=(r"^(?!.*(img_attn\.qkv|single_blocks\.0\.linear1|final_layer\.adaLN|txt_attn\.proj)).*",),
                   # NVFP4 (a slow encoder) quantizes only the swapped adaLN (chunk + cat: the join whose
                   # shared weight_scale_2 must match); Flux.2 covers W4A8's swap and every format's QKV chunk
@@ -269,9 +269,8 @@ CASES = {
                         n_heads=2, n_kv_heads=2, cap_feat_dim=256, axes_dims=[32, 48, 48], axes_lens=[64, 32, 32]),
                    # t_embedder stays dense as `--preset z-image` keeps it: Z-Image casts the timestep features
                    # to t_embedder.mlp[0].weight.dtype, which for a quantized layer is the stored dtype
-                   # no w6a8: `comfyquant quantize` raises an internal PlanError on its 256x682 w2 (a quantizer
-                   # defect, reported) instead of keeping the layer dense
-                   zimage_names, zimage_inputs, formats=tuple(f for f in QUANT if f != "w6a8"),
+                   # w6a8 keeps the 256x682 w2 dense (6-bit rows need K % 32 == 0): the loader sees a mix
+                   zimage_names, zimage_inputs, formats=tuple(QUANT),
                    exclude=(r"pad_token", r"t_embedder")),
     "wan": Case("WanTransformer3DModel",
                 dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=128, in_channels=16, out_channels=16,
