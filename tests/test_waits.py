@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 PROBE = r"""
 import os, sys
 {before}
@@ -33,6 +35,7 @@ def test_a_users_wait_policy_is_kept():
     assert _policy("ACTIVE") == "ACTIVE"
 
 
+@pytest.mark.needs_torch
 def test_no_policy_is_set_once_torch_is_loaded():
     # libgomp has read its environment by then: setting it would only mislead
     assert _policy(None, before="import torch") == "unset"
