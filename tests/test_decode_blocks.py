@@ -287,3 +287,22 @@ def test_fp8_layer_with_nan_codes_decodes_like_torch(nan):
     got = codecs.get("float8_e4m3fn").decode({"weight": q, "weight_scale": s}, {"format": "float8_e4m3fn"},
                                              dtype=torch.bfloat16)
     assert same_bits(got, q.to(torch.bfloat16) * s.to(torch.bfloat16))
+
+
+def test_nvfp4_packed_weight_decode_equals_the_unpacked_codes():
+    """The emulated NVFP4 GEMM decodes its weight a byte (two E2M1 values) per gather: every
+    byte value, odd scales (subnormal, zero, NaN-free E4M3 range) and signed zeros give the
+    same F32 bits as unpacking the codes and indexing the 16-value table."""
+    from comfyquant.formats.nvfp4.codec import dequantize_f32, dequantize_packed_f32
+    from comfyquant.numerics.packing import HNF, unpack_nibbles
+
+    g = torch.Generator().manual_seed(3)
+    packed = torch.randint(0, 256, (48, 64), dtype=torch.uint8, generator=g)
+    packed.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)
+    scales = (torch.rand(48, 128 // 16, generator=g) * 448).to(torch.float8_e4m3fn)
+    scales[0, 0] = 0.0
+    scales[1, 1] = torch.tensor(2.0 ** -9).to(torch.float8_e4m3fn)  # the smallest E4M3 subnormal
+    for ts in (torch.tensor(0.0123), torch.tensor(1.0), torch.tensor(3.0e-6)):
+        want = dequantize_f32(unpack_nibbles(packed, HNF), scales, ts)
+        got = dequantize_packed_f32(packed, scales, ts)
+        assert torch.equal(want.view(torch.int32), got.view(torch.int32))

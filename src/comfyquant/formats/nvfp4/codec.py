@@ -13,7 +13,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from ...numerics.blocked import ceil_to, from_blocked, padded_blocks, to_blocked
 from ...numerics.floats import E2M1_MAX, E4M3, FP8_MAX, e2m1_encode, e2m1_table
-from ...numerics.packing import HNF, lookup_pairs, pack_nibbles, pair_table, unpack_nibbles
+from ...numerics.packing import HNF, lookup_pairs, pack_nibbles, pair_table
 from ...numerics.rows import gather_rows, row_blocks
 from ..codec import Codec, reject_unknown
 
@@ -42,10 +42,20 @@ def quantize_nvfp4(x: torch.Tensor, tensor_scale: torch.Tensor) -> tuple[torch.T
 
 def dequantize_f32(codes: torch.Tensor, scales: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
     """Codes and logical block scales -> F32 values (used by the emulated GEMM)."""
-    rows, cols = codes.shape
+    return _scaled(e2m1_table(torch.float32)[codes.long()], scales, tensor_scale)
+
+
+def dequantize_packed_f32(packed: torch.Tensor, scales: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
+    """Packed weight bytes (high nibble first) and logical block scales -> F32 values: the same
+    numbers as :func:`dequantize_f32` of the unpacked codes, decoded a byte (two values) per
+    gather instead of unpacking and indexing every code with a 64-bit index."""
+    return _scaled(lookup_pairs(packed, pair_table(e2m1_table(torch.float32), HNF)), scales, tensor_scale)
+
+
+def _scaled(vals: torch.Tensor, scales: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
+    rows, cols = vals.shape
     total = tensor_scale.to(torch.float32) * scales.to(torch.float32)
-    vals = e2m1_table(torch.float32)[codes.long()].view(rows, cols // BLOCK, BLOCK)
-    return (vals * total.unsqueeze(-1)).view(rows, cols)
+    return (vals.view(rows, cols // BLOCK, BLOCK) * total.unsqueeze(-1)).view(rows, cols)
 
 
 class NVFP4Codec(Codec):
@@ -119,8 +129,7 @@ class NVFP4Codec(Codec):
 
     def _linear_rows(self, state, t, plan, bias, r0, r1):
         x_deq, dtype, scales = state
-        codes = unpack_nibbles(t["weight"][r0:r1], HNF)
-        w_deq = dequantize_f32(codes, scales[r0:r1], t["weight_scale_2"].reshape(()))[:, : plan.shape[1]]
+        w_deq = dequantize_packed_f32(t["weight"][r0:r1], scales[r0:r1], t["weight_scale_2"].reshape(()))[:, : plan.shape[1]]
         y = F.linear(x_deq, w_deq, None if bias is None else bias.to(torch.float32))
         return y.to(dtype)
 
