@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .discovery import lazy_exports
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -39,4 +38,20 @@ _API = {
 
 
 if not TYPE_CHECKING:  # type checkers see the imports above: a misspelt name stays an error
-    __getattr__, __dir__ = lazy_exports(__name__, _API, __all__)
+    # Written out here rather than with discovery.lazy_exports (which the subpackages use):
+    # importing comfyquant loads no other module of the package (tests/test_api.py).
+
+    def __getattr__(name: str) -> object:
+        module = _API.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from importlib import import_module
+
+        value = getattr(import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value  # later lookups find it without this hook
+        return value
+
+
+def __dir__() -> list[str]:
+    """The public API and the module's own dunders (not the lazy-import machinery)."""
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__") and n.endswith("__")})
