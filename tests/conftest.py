@@ -42,3 +42,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "needs_torch" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    """Run the test with 1 and with 2 torch threads (bit-exactness must not depend on them);
+    the previous count is restored.  torch is imported only by the tests that use it."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    try:
+        yield request.param
+    finally:
+        torch.set_num_threads(before)
+    assert torch.get_num_threads() == before

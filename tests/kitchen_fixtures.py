@@ -135,6 +135,12 @@ class KitchenLayer:
         return replace(self, tensors=tensors)
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes: bit-identical, NaN payloads and signed zeros included."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
+                                                                    b.reshape(-1).view(torch.uint8))
+
+
 def make_weight(n: int, k: int, dtype: torch.dtype = torch.bfloat16, seed: int = 0, std: float = 0.02) -> torch.Tensor:
     """A seeded Gaussian weight ``[n, k]`` (generated in F32, then cast)."""
     gen = torch.Generator().manual_seed(seed)

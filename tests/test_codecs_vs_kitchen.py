@@ -31,13 +31,9 @@ from comfyquant.formats.validation import check_layer
 from comfyquant.formats.w4a8.encoder import FIXED_CODEBOOK
 from comfyquant.numerics.floats import ulp_distance
 from comfyquant.numerics.hadamard import rotate_weight
-from kitchen_fixtures import VARIANTS, markers_for, quantize
+from kitchen_fixtures import VARIANTS, markers_for, quantize, same_bits
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 def weight(kind: str, n: int, k: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:

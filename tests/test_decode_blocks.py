@@ -17,8 +17,8 @@ from comfy_kitchen.tensor.svdquant_w4a4 import TensorCoreSVDQuantW4A4Layout
 
 from comfyquant import codecs
 from comfyquant.numerics import pages
-from kitchen_fixtures import VARIANTS
-from test_codecs_vs_kitchen import DTYPES, ENCODE_ARGS, kitchen_qtensor, same_bits, svdquant_tensors, weight
+from kitchen_fixtures import VARIANTS, same_bits
+from test_codecs_vs_kitchen import DTYPES, ENCODE_ARGS, kitchen_qtensor, svdquant_tensors, weight
 
 # (variant, N, K): rotated formats need K a multiple of 256 (64 for W4A4's groups)
 SHAPES = {
@@ -29,14 +29,6 @@ SHAPES = {
 BLOCKS = (1 << 24, 16 * 512, 5000)
 """One block for the whole layer, blocks of 16 rows (at K=512), and blocks whose size is
 no multiple of anything (with K=200: 25 rows, a 3-row tail)."""
-
-
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
 
 
 def _decodes(codec, tensors, marker, dtype) -> list[torch.Tensor]:

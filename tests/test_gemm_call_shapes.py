@@ -33,8 +33,8 @@ from comfyquant import codecs
 from comfyquant.formats.w4a8 import codec as w4a8
 from comfyquant.numerics.hadamard import hadamard, rotate_weight
 from comfyquant.numerics.rows import RowSource
-from kitchen_fixtures import VARIANTS, markers_for
-from test_codecs_vs_kitchen import ENCODE_ARGS, kitchen_qtensor, same_bits, weight
+from kitchen_fixtures import VARIANTS, markers_for, same_bits
+from test_codecs_vs_kitchen import ENCODE_ARGS, kitchen_qtensor, weight
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 ROTATED = ["int8_convrot", "w4a4", "w4a4_int8", "w4a8_codebook", "w4a8_uniform", "w4a8_asym", "w6a8"]
@@ -47,16 +47,6 @@ SHAPES = [(1, 1024), (3, 1024), (15, 1024), (17, 1024), (200, 256), (1031, 256)]
 def block_rows(k: int) -> int:
     return 16 if k >= 1024 else 64
 
-
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    try:
-        yield request.param
-    finally:
-        torch.set_num_threads(before)
-    assert torch.get_num_threads() == before
 
 
 def _source(w: torch.Tensor, reads: list[int]) -> RowSource:

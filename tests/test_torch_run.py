@@ -29,7 +29,7 @@ import comfyquant
 from comfyquant import codecs
 from comfyquant.torch import LoadError, QuantLinear, QuantWeight, load_quantized, quantize_, save_quantized
 from comfyquant.torch import kitchen as kitchen_model
-from kitchen_fixtures import VARIANTS, make_layer, make_weight, write_layers
+from kitchen_fixtures import VARIANTS, make_layer, make_weight, same_bits, write_layers
 from test_codecs_vs_kitchen import kitchen_linear, kitchen_qtensor, svdquant_tensors
 from test_dialect_legacy import legacy_file
 
@@ -52,11 +52,6 @@ QUANTIZE_ARGS = {
     "nvfp4": ("nvfp4", {}),
     "mxfp8": ("mxfp8", {}),
 }
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
-                                                                    b.reshape(-1).view(torch.uint8))
 
 
 def inputs(k: int, dtype: torch.dtype, seed: int = 1) -> list[torch.Tensor]:

@@ -18,7 +18,7 @@ import torch
 from comfyquant import codecs
 from comfyquant.formats.w4a8 import encoder as enc
 from comfyquant.numerics import nearest as nr
-from kitchen_fixtures import quantize
+from kitchen_fixtures import quantize, same_bits
 
 SPECIAL = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan"), 1e-45, -1e-45, 1.17549435e-38,
            -1.17549435e-38, 3.4028235e38, -3.4028235e38, 0.5, -0.5, 127.0, -127.0, 126.5, -126.5]
@@ -29,19 +29,6 @@ PATTERNS = [0x7F800001, 0x7F807FFF, 0x7F808000, 0x7FC00000, 0x7FFFFFFF, 0xFF8000
             0x7F7FFFFF, 0xFF7FFFFF - (1 << 32)]
 """F32 bit patterns at the edges of the lookup's bit buckets (``bits >> 15``): NaNs with small
 payloads beside +-inf, the signed zeros' and subnormals' buckets, the largest finite values."""
-
-
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
-                                                                        b.reshape(-1).view(torch.uint8))
 
 
 def targets(cuts: torch.Tensor, n: int, scale: float, seed: int) -> torch.Tensor:
