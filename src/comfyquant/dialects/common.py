@@ -79,3 +79,13 @@ def two_level_scales(ckpt) -> dict:
     """``<layer>.scale_weight_tensor`` entries by layer prefix."""
     cut = len(TWO_LEVEL_SCALE) + 1
     return {n[:-cut]: ckpt.tensors[n] for n in ckpt.other_tensors if n.endswith("." + TWO_LEVEL_SCALE)}
+
+
+LEGACY_SENTINEL = "scaled_fp8"
+"""ComfyUI's legacy scaled-FP8 flag tensor, at the diffusion model's prefix (or none)."""
+
+
+def legacy_sentinels(ckpt) -> list[str]:
+    """The file's ``scaled_fp8`` sentinel tensors: the legacy layout's tell, which musubi's
+    files never have."""
+    return [n for n in ckpt.other_tensors if n == LEGACY_SENTINEL or n.endswith("." + LEGACY_SENTINEL)]

@@ -20,10 +20,12 @@ from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
 from ..common import (
     DIFFUSION_ROOTS,
     FLOAT_SCALE_DTYPES,
+    LEGACY_SENTINEL,
     copy,
     float_scalar,
     fmt_shape,
     is_scalar_float,
+    legacy_sentinels,
     root_of,
     scalar_scale,
     two_level_scales,
@@ -31,11 +33,9 @@ from ..common import (
 from ..decoders import scaled_fp8
 
 NAME = "comfy-legacy-fp8"
-SENTINEL = "scaled_fp8"
+SENTINEL = LEGACY_SENTINEL
 DENSE_DTYPES = ("BF16", "F16", "F32")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
-
-
 COMFY_READING = next(f for f in FORMATS.values() if f.legacy_renames)
 """The format ComfyUI's translation marks every legacy layer with: the one whose
 ``legacy_renames`` say it replaces the legacy names."""
@@ -50,12 +50,8 @@ def _per_tensor_format(w) -> str | None:
     return fmt.name if fmt is not None else None
 
 
-def sentinels(ckpt) -> list[str]:
-    return [n for n in ckpt.other_tensors if n == SENTINEL or n.endswith("." + SENTINEL)]
-
-
 def detect(ckpt, claimed: set) -> Claim | None:
-    flags = sentinels(ckpt)
+    flags = legacy_sentinels(ckpt)
     if not flags:
         return None
     full_precision = any(ckpt.tensors[n].numel == 2 for n in flags)

@@ -40,13 +40,13 @@ from ..common import (
     float_scalar,
     fmt_shape,
     is_scalar_float,
+    legacy_sentinels,
     scalar_scale,
     two_level_scales,
 )
 from ..decoders import scaled_fp8
 
 NAME = "musubi-fp8"
-SENTINEL = "scaled_fp8"
 TENSOR_SCALE = TWO_LEVEL_SCALE
 """The two-level block mode's per-tensor factor; :func:`detect` groups it with its layer."""
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
@@ -55,16 +55,12 @@ LOSSY_TARGET = Lossy("float8_e4m3fn", why="re-quantized with one scale per tenso
                                          "per-channel or per-block scales, and per-tensor E4M3 loads in every runtime")
 
 
-def _has_sentinel(ckpt) -> bool:
-    return any(n == SENTINEL or n.endswith("." + SENTINEL) for n in ckpt.other_tensors)
-
-
 def detect(ckpt, claimed: set) -> Claim | None:
     """Unmarked layers with an FP8 weight and a ``scale_weight``, in a file without the legacy
     sentinel; in a file with it, only the layers with a two-level ``scale_weight_tensor`` (the
     legacy dialect leaves those: its one-scale reading would drop the factor).  Header only."""
     second = two_level_scales(ckpt)
-    only_two_level = _has_sentinel(ckpt)
+    only_two_level = bool(legacy_sentinels(ckpt))
     if only_two_level and not second:
         return None
     layers: dict[str, Translation] = {}
