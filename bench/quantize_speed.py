@@ -29,11 +29,12 @@ W6A8 >= 4x comfy-kitchen, bit-identical.
 The end-to-end section (issue 17 item 2) quantizes a Flux-shaped slice -- ``--slice D,S``
 FLUX.1 double blocks (image and text streams: qkv 9216x3072, proj 3072x3072, mlp
 12288x3072 / 3072x12288) and single blocks (linear1 21504x3072, linear2 3072x15360), 2,2 by
-default -- with ``quantize --jobs 1`` and ``--jobs 2``, each run a fresh process timed by
-the wall clock, beside the encoder alone on the same weights (``codec.encode`` on each
-weight already in memory, torch's default threads), interleaved over ``--e2e-rounds``
-rounds; it prints the ratios end-to-end / encoder-only (target >= 0.8) and jobs 2 / jobs 1
-(target >= 1.7 on two cores) and the peak RSS against its budget.
+default -- with ``quantize --jobs 1`` (one core), ``--jobs 2`` and the default ``auto``, each
+run a fresh process timed by the wall clock, beside the encoder alone on the same weights
+(``codec.encode`` on each weight already in memory) on one torch thread and on every core,
+interleaved over ``--e2e-rounds`` rounds; it prints the ratios end-to-end / encoder-only on
+the same cores (target >= 0.8) and jobs 2 / jobs 1 (target >= 1.7 on two cores) and the
+peak RSS against its budget.
 
     python bench/quantize_speed.py --e2e-only [--e2e w4a8,w6a8] [--slice 2,2] [--e2e-rounds 3]
 
@@ -173,14 +174,16 @@ def build_slice(path: str, layers: list[tuple[str, int, int]]) -> None:
     save_file(sd, path)
 
 
-def child_encode_only(src: str, name: str) -> dict:
+def child_encode_only(src: str, name: str, threads: int = 0) -> dict:
     """Encoder-only time of every linear of ``src``: each weight read untimed, then only
-    ``codec.encode`` timed (torch's default threads, as ``quantize --jobs 1`` uses)."""
+    ``codec.encode`` timed (``threads`` torch threads; 0: torch's default, every core)."""
     import torch
     from safetensors import safe_open
 
     from comfyquant import codecs
 
+    if threads:
+        torch.set_num_threads(threads)
     fmt, params, _layout, _kwargs = ENCODERS[name]
     codec = codecs.get(fmt)
     seconds = 0.0
@@ -201,7 +204,7 @@ def child_encode_only(src: str, name: str) -> dict:
     return {"seconds": seconds, "bytes": nbytes, "threads": torch.get_num_threads(), "rss_main": own}
 
 
-def child_slice_quantize(src: str, name: str, jobs: int, out_dir: str) -> dict:
+def child_slice_quantize(src: str, name: str, jobs: str, out_dir: str) -> dict:
     """``comfyquant.quantize`` of the slice, end to end (torch imported inside, as by the CLI)."""
     started = time.perf_counter()
     import comfyquant
@@ -214,13 +217,30 @@ def child_slice_quantize(src: str, name: str, jobs: int, out_dir: str) -> dict:
     own, kids = _peaks()
     os.unlink(out)
     return {"seconds": seconds, "rss_main": own, "rss_worker": kids, "ok": r.ok,
-            "layers": r.doc["totals"]["quantized"]}
+            "layers": r.doc["totals"]["quantized"], "jobs": r.doc["jobs"]}
+
+
+E2E_RUNS = (
+    ("enc1", "encoder alone, 1 torch thread"),
+    ("enc", "encoder alone, torch's default threads (every core)"),
+    ("j1", "quantize --jobs 1 (one core)"),
+    ("j2", "quantize --jobs 2"),
+    ("auto", "quantize (default --jobs auto)"),
+)
+E2E_RATIOS = {  # label: (numerator, denominator, target or None)
+    "--jobs 1 / encoder on 1 thread": ("j1", "enc1", 0.8),
+    "auto / encoder on every core": ("auto", "enc", 0.8),
+    "--jobs 2 / encoder on every core": ("j2", "enc", None),
+    "--jobs 2 / --jobs 1": ("j2", "j1", 1.7),
+    "encoder every core / 1 thread": ("enc", "enc1", None),
+}
 
 
 def e2e_section(folder: str, names: list[str], double: int, single: int, rounds: int) -> None:
-    """End to end ``quantize`` (``--jobs 1`` and ``--jobs 2``) against the encoder alone on the
-    same layers, each in a fresh process, interleaved over ``rounds`` rounds (the order
-    rotates); rates are medians of the rounds, ratios medians of the rounds' ratios."""
+    """End to end ``quantize`` (``--jobs 1``, ``--jobs 2`` and the default ``auto``) against the
+    encoder alone on the same layers (on one thread and on every core), each in a fresh
+    process, interleaved over ``rounds`` rounds (the order rotates); rates are medians of the
+    rounds, ratios medians of the rounds' ratios."""
     import statistics
 
     layers = slice_layers(double, single)
@@ -229,46 +249,46 @@ def e2e_section(folder: str, names: list[str], double: int, single: int, rounds:
         build_slice(src, layers)
     nbytes = sum(n * k * 2 for _, n, k in layers)
     largest = max(n * k * 2 for _, n, k in layers) / MB
-    budget = {j: 3 * largest * j + 300 for j in (1, 2)}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     shapes = sorted({(n, k) for _, n, k in layers}, key=lambda s: -s[0] * s[1])
     print(f"end to end on a Flux-shaped slice: {double} double block(s) (image and text streams) + {single} single "
           f"block(s), {len(layers)} linears ({', '.join(f'{n}x{k}' for n, k in shapes)}), {nbytes / 1e6:.0f} MB of "
           f"BF16 weights, largest layer {largest:.0f} MiB; {cores} cores; load average {os.getloadavg()[0]:.2f}; "
           f"median of {max(1, rounds)} interleaved rounds, each run a fresh process")
-    head = (f"{'format':<13} {'encoder MB/s':>12} {'--jobs 1 MB/s':>13} {'j1/enc':>7} {'--jobs 2 MB/s':>13} "
-            f"{'j2/enc':>7} {'j2/j1':>6} {'RSS MiB j1':>10} {'RSS MiB j2 (main+2 workers)':>28}")
-    print(head)
-    print("-" * len(head), flush=True)
+    for kind, label in E2E_RUNS:
+        print(f"  {kind:<5} {label}")
     verdicts = []
     for name in names:
-        runs: dict[str, list[dict]] = {"enc": [], "j1": [], "j2": []}
-        kinds = [("enc", ("encode-only", src, name)), ("j1", ("slice", src, name, "1", folder)),
-                 ("j2", ("slice", src, name, "2", folder))]
+        runs: dict[str, list[dict]] = {kind: [] for kind, _label in E2E_RUNS}
+        kinds = [("enc1", ("encode-only", src, name, "1")), ("enc", ("encode-only", src, name, "0")),
+                 ("j1", ("slice", src, name, "1", folder)), ("j2", ("slice", src, name, "2", folder)),
+                 ("auto", ("slice", src, name, "auto", folder))]
         for r in range(max(1, rounds)):
-            for kind, args in kinds[r % 3:] + kinds[:r % 3]:
+            for kind, args in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
                 t0 = time.perf_counter()
                 res = run_child(*args)
                 res["wall"] = time.perf_counter() - t0
                 runs[kind].append(res)
-        rate = {kind: [nbytes / 1e6 / (r["seconds"] if kind == "enc" else r["wall"]) for r in rs]
+        rate = {kind: [nbytes / 1e6 / (r["seconds"] if kind.startswith("enc") else r["wall"]) for r in rs]
                 for kind, rs in runs.items()}
         med = {kind: statistics.median(v) for kind, v in rate.items()}
-        ratio = {key: statistics.median(a / b for a, b in zip(rate[x], rate[y]))
-                 for key, (x, y) in {"j1/enc": ("j1", "enc"), "j2/enc": ("j2", "enc"), "j2/j1": ("j2", "j1")}.items()}
-        rss1 = max(r["rss_main"] for r in runs["j1"])
-        rss2 = max(r["rss_main"] + 2 * r["rss_worker"] for r in runs["j2"])
-        print(f"{name:<13} {med['enc']:>12.1f} {med['j1']:>13.1f} {ratio['j1/enc']:>6.2f}x {med['j2']:>13.1f} "
-              f"{ratio['j2/enc']:>6.2f}x {ratio['j2/j1']:>5.2f}x {rss1:>10.0f} {rss2:>28.0f}", flush=True)
-        threads = runs["enc"][0]["threads"]
-        verdicts.append(f"{name}: end to end --jobs 1 {ratio['j1/enc']:.2f}x the encoder alone ({threads} torch "
-                        f"threads; target >= 0.8): {'MET' if ratio['j1/enc'] >= 0.8 else 'NOT MET'}")
-        verdicts.append(f"{name}: --jobs 2 {ratio['j2/j1']:.2f}x --jobs 1 (target >= 1.7 on two cores): "
-                        f"{'MET' if ratio['j2/j1'] >= 1.7 else 'NOT MET'}")
-        verdicts.append(f"{name}: peak RSS --jobs 1 {rss1:.0f} MiB (budget {budget[1]:.0f}), --jobs 2 {rss2:.0f} MiB "
-                        f"(budget {budget[2]:.0f}): {'MET' if rss1 <= budget[1] and rss2 <= budget[2] else 'NOT MET'}")
+        print(f"{name}: MB/s " + ", ".join(f"{kind} {med[kind]:.1f}" for kind in med), flush=True)
+        for label, (x, y, target) in E2E_RATIOS.items():
+            ratio = statistics.median(a / b for a, b in zip(rate[x], rate[y]))
+            verdict = "" if target is None else f" (target >= {target}): {'MET' if ratio >= target else 'NOT MET'}"
+            print(f"  {label:<34} {ratio:5.2f}x{verdict}")
+            if target is not None:
+                verdicts.append(f"{name}: {label} {ratio:.2f}x{verdict}")
+        for kind in ("j1", "j2", "auto"):
+            workers = runs[kind][0]["jobs"]["workers"]
+            rss = max(r["rss_main"] + workers * r["rss_worker"] for r in runs[kind])
+            budget = 3 * largest * max(1, workers) + 300
+            line = (f"{name}: peak RSS {kind} ({runs[kind][0]['jobs']['workers']} workers) {rss:.0f} MiB "
+                    f"(budget {budget:.0f}): {'MET' if rss <= budget else 'NOT MET'}")
+            print("  " + line)
+            verdicts.append(line)
     print(f"(load average at the end: {os.getloadavg()[0]:.2f})")
-    print("encoder: codec.encode alone on each weight already in memory; --jobs N: the whole quantize run (process "
+    print("encoder: codec.encode alone on each weight already in memory; quantize: the whole run (process "
           "start, torch import, read, encode, quality report, write, fsync, check, rename), wall clock")
     for v in verdicts:
         print("  " + v)
@@ -422,9 +442,9 @@ def main() -> None:
         if kind == "kitchen":
             res = child_kitchen(src, fmt)
         elif kind == "encode-only":
-            res = child_encode_only(src, fmt)
+            res = child_encode_only(src, fmt, int(args.child[3]) if len(args.child) > 3 else 0)
         elif kind == "slice":
-            res = child_slice_quantize(src, fmt, int(args.child[3]), args.child[4])
+            res = child_slice_quantize(src, fmt, args.child[3], args.child[4])
         elif kind == "convert":
             res = child_convert(src, fmt, args.child[3])
         else:

@@ -55,9 +55,9 @@ def _wrap(monkeypatch, events: list, encode_hook=None, measure_hook=None) -> Non
     monkeypatch.setattr(work, "measure_task", measure_task)
 
 
-def test_jobs1_measures_a_layer_while_the_next_one_is_encoded(tmp_path, monkeypatch):
+def test_auto_measures_a_layer_while_the_next_one_is_encoded(tmp_path, monkeypatch):
     """The measurement of layer 0 waits until layer 1's encoding has started: run one after
-    the other (the old in-line measurement), this could never happen."""
+    the other (the in-line measurement of ``--jobs 1``), this could never happen."""
     src = model(tmp_path / "in.safetensors")
     started = threading.Event()
     seen = []
@@ -71,8 +71,9 @@ def test_jobs1_measures_a_layer_while_the_next_one_is_encoded(tmp_path, monkeypa
             seen.append(started.wait(30))
 
     _wrap(monkeypatch, [], on_encode, on_measure)
-    r = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "int8", jobs=1, progress=False)
+    r = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "int8", progress=False)
     assert r.ok and seen == [True]
+    assert r.doc["jobs"] == {"requested": "auto", "workers": 0, "threads": None, "overlap": True}
 
 
 def test_encoder_waits_for_the_measurement_two_layers_back(tmp_path, monkeypatch):
@@ -81,7 +82,7 @@ def test_encoder_waits_for_the_measurement_two_layers_back(tmp_path, monkeypatch
     src = model(tmp_path / "in.safetensors")
     events: list = []
     _wrap(monkeypatch, events, measure_hook=lambda task: time.sleep(0.2))
-    r = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "int8", jobs=1, progress=False)
+    r = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "int8", jobs="auto", progress=False)
     assert r.ok
     at = {(what, name): t for what, name, t in events}
     names = [name for name, _n, _k in LAYERS]
@@ -92,14 +93,16 @@ def test_encoder_waits_for_the_measurement_two_layers_back(tmp_path, monkeypatch
 
 
 def test_output_bytes_and_quality_do_not_depend_on_the_pipeline(tmp_path):
-    """--jobs 1 (threads) and --jobs 2 (processes) write the same bytes, and every layer's
-    reported quality is its own: the same numbers one layer measured alone gives."""
+    """--jobs 1 (one thread), auto (threads) and --jobs 2 (processes) write the same bytes, and
+    every layer's reported quality is its own: the same numbers one layer measured alone gives."""
     src = model(tmp_path / "in.safetensors")
     outs = {}
-    for jobs in (1, 2):
+    for jobs in (1, 2, "auto"):
         out = tmp_path / f"q{jobs}.safetensors"
         outs[jobs] = comfyquant.quantize(src, str(out), "w4a8", jobs=jobs, progress=False)
     assert (tmp_path / "q1.safetensors").read_bytes() == (tmp_path / "q2.safetensors").read_bytes()
+    assert (tmp_path / "q1.safetensors").read_bytes() == (tmp_path / "qauto.safetensors").read_bytes()
+    assert [outs[j].doc["jobs"]["workers"] for j in (1, 2, "auto")] == [0, 2, 0]
     rows = {row["layer"]: row for row in outs[1].doc["layers"] if row.get("weight")}
     assert len(rows) == len(LAYERS)
     for lp in outs[1].plan.quantized:
@@ -120,7 +123,8 @@ def test_on_layer_sees_every_layer_in_file_order_with_its_quality(tmp_path):
     assert seen == [(name, True) for name, _n, _k in LAYERS]
 
 
-def test_a_failed_measurement_fails_the_run_and_leaves_nothing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("jobs", [1, "auto"])
+def test_a_failed_measurement_fails_the_run_and_leaves_nothing(tmp_path, monkeypatch, jobs):
     src = model(tmp_path / "in.safetensors")
     out = tmp_path / "out"
     out.mkdir()
@@ -131,7 +135,7 @@ def test_a_failed_measurement_fails_the_run_and_leaves_nothing(tmp_path, monkeyp
 
     _wrap(monkeypatch, [], measure_hook=boom)
     with pytest.raises(InputError, match="measurement failed"):
-        comfyquant.quantize(src, str(out / "q.safetensors"), "int8", jobs=1, progress=False)
+        comfyquant.quantize(src, str(out / "q.safetensors"), "int8", jobs=jobs, progress=False)
     assert os.listdir(out) == []
     assert not [t for t in threading.enumerate() if t.name.startswith("comfyquant-")]  # threads joined
 
@@ -189,3 +193,76 @@ def test_workers_take_layers_ahead_of_the_writer(tmp_path, monkeypatch):
     r = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "int8", jobs=2, progress=False)
     assert r.ok and in_flight == [4]
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # every spill file removed
+
+
+def test_jobs1_computes_on_one_core(tmp_path, monkeypatch):
+    """--jobs 1 is one core: one torch thread, and each layer is encoded and then measured by
+    the same thread (never two layers' work at once); the caller's thread count comes back."""
+    src = model(tmp_path / "in.safetensors")
+    events: list = []
+    seen = []
+
+    def hook(task):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+
+    _wrap(monkeypatch, events, encode_hook=hook, measure_hook=hook)
+    before = torch.get_num_threads()
+    r = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "int8", jobs=1, progress=False)
+    assert r.ok and torch.get_num_threads() == before
+    assert r.doc["jobs"] == {"requested": "1", "workers": 0, "threads": 1, "overlap": False}
+    assert len(seen) == 2 * len(LAYERS) and {t for _name, t in seen} == {1}
+    assert len({name for name, _t in seen}) == 1 and seen[0][0].startswith("comfyquant-encode")
+    order = [(what, name) for what, name, _t in events]
+    names = [name for name, _n, _k in LAYERS]
+    assert order == [(what, name) for name in names for what in ("encode", "encoded", "measure", "measured")]
+
+
+def _plan_of(tmp_path, fmt: str, layers=LAYERS):
+    src = model(tmp_path / "in.safetensors", layers)
+    return comfyquant.quantize(src, None, fmt, dry_run=True, progress=False).plan
+
+
+def test_auto_starts_a_worker_per_core_only_for_enough_heavy_encoding(tmp_path, monkeypatch):
+    """auto: worker processes (one per core, capped by layers and memory) when slow encoders
+    carry enough work to pay for starting them; this process with every core otherwise."""
+    from comfyquant.quantizer import jobs as jobs_mod
+
+    w4a8 = _plan_of(tmp_path, "w4a8")
+    fp8 = _plan_of(tmp_path, "fp8")
+    heavy = sum(lp.n * lp.k * 2 for lp in w4a8.quantized)
+    monkeypatch.setattr(jobs_mod, "cores", lambda: 4)
+    assert jobs_mod.resolve(None, w4a8).workers == 0  # far below the threshold: no workers
+    monkeypatch.setattr(jobs_mod, "POOL_MIN_BYTES", heavy)
+    assert jobs_mod.resolve("auto", w4a8) == jobs_mod.Jobs(4, 1, False, "auto")
+    assert jobs_mod.resolve("auto", fp8).workers == 0  # a fast encoder: reading and writing dominate
+    assert jobs_mod.resolve("auto", w4a8, in_process_only=True).workers == 0
+    monkeypatch.setattr(jobs_mod, "_memory_cap", lambda largest: 3)
+    assert jobs_mod.resolve("auto", w4a8).workers == 3
+    monkeypatch.setattr(jobs_mod, "cores", lambda: 1)
+    assert jobs_mod.resolve("auto", w4a8) == jobs_mod.Jobs(0, None, True, "auto")
+    monkeypatch.setattr(jobs_mod, "cores", lambda: 8)
+    assert jobs_mod.resolve(2, w4a8) == jobs_mod.Jobs(2, 4, False, "2")
+    assert jobs_mod.resolve("3", w4a8, in_process_only=True) == jobs_mod.Jobs(0, 3, True, "3")
+    assert jobs_mod.resolve(1, w4a8) == jobs_mod.Jobs(0, 1, False, "1")
+
+
+def test_auto_with_workers_writes_the_same_bytes(tmp_path, monkeypatch):
+    from comfyquant.quantizer import jobs as jobs_mod
+
+    src = model(tmp_path / "in.safetensors")
+    monkeypatch.setattr(jobs_mod, "POOL_MIN_BYTES", 1)
+    monkeypatch.setattr(jobs_mod, "cores", lambda: 2)
+    auto = comfyquant.quantize(src, str(tmp_path / "a.safetensors"), "w4a8", progress=False)
+    one = comfyquant.quantize(src, str(tmp_path / "b.safetensors"), "w4a8", jobs=1, progress=False)
+    assert auto.doc["jobs"]["workers"] == 2 and one.doc["jobs"]["workers"] == 0
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("value", [0, -1, "x", "1.5", True])
+def test_bad_jobs_are_refused_before_any_work(tmp_path, value):
+    src = model(tmp_path / "in.safetensors")
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(InputError, match="--jobs"):
+        comfyquant.quantize(src, str(out / "q.safetensors"), "int8", jobs=value, progress=False)
+    assert os.listdir(out) == []

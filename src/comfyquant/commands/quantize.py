@@ -45,7 +45,9 @@ def add_common_arguments(p, format_flag: str) -> None:
     p.add_argument("--exclude", action="append", default=[], metavar="REGEX",
                    help="keep layers whose name matches REGEX as they are (repeatable)")
     add_target_argument(p, "runtime(s) the output must load in")
-    p.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="compute N layers at a time in worker processes")
+    p.add_argument("-j", "--jobs", default="auto", metavar="N",
+                   help="compute on N cores: 1 = this process, one torch thread; N > 1 = N worker processes. "
+                        "Default auto: every core, worker processes when slow encoders (W4A8, W4A4) dominate")
     p.add_argument("--report", metavar="FILE", help="write the quality report: FILE.json and FILE.png (needs the plot extra)")
     p.add_argument("--reference", metavar="DENSE",
                    help="the original dense checkpoint: measure every quantized layer against its weights too")

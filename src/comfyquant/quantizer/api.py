@@ -2,8 +2,8 @@
 
 Both run the same pipeline: open the input (headers and markers only), plan every layer,
 judge the plan with the checker on a virtual output (refusing what the target cannot load
-before computing anything), stream the output through temporary files with ``jobs`` worker
-processes, check the written files with ``check --target``, rename them into place, and
+before computing anything), stream the output through temporary files on the cores ``jobs`` asks for (:mod:`.jobs`),
+check the written files with ``check --target``, rename them into place, and
 report the quality of every quantized layer.
 """
 
@@ -83,7 +83,7 @@ def _rules(rules) -> Rules | None:
 
 
 def quantize(paths: Paths, out: str | None = None, format: str | None = None, params: dict | None = None, *,
-             rules: str | os.PathLike[str] | Rules | None = None, exclude: list[str] | tuple = (), target: Targets = "all", jobs: int = 1, report: str | None = None,
+             rules: str | os.PathLike[str] | Rules | None = None, exclude: list[str] | tuple = (), target: Targets = "all", jobs: int | str | None = None, report: str | None = None,
              dry_run: bool = False, keep_bad: bool = False, overwrite: bool = False, progress: bool | None = None,
              on_layer: OnLayer | None = None, reference: str | os.PathLike[str] | None = None,
              max_error: float | None = None,
@@ -96,7 +96,9 @@ def quantize(paths: Paths, out: str | None = None, format: str | None = None, pa
     ``target``: runtime(s) the output must load in; ``report``: write ``<stem>.json`` and
     ``<stem>.png``; ``out``: default ``<name>.<format>.safetensors`` next to the input
     (``<folder>.<format>`` for shards); ``overwrite``: replace existing output files (never an
-    input; :mod:`comfyquant.io.outputs`).  Raises :class:`~comfyquant.errors.InputError` for bad input.
+    input; :mod:`comfyquant.io.outputs`); ``jobs``: the cores to compute on -- 1 is this process
+    with one torch thread, N > 1 is N worker processes, None or ``"auto"`` every core in the
+    shape :mod:`.jobs` picks.  Raises :class:`~comfyquant.errors.InputError` for bad input.
 
     ``reference``: the original dense checkpoint; every quantized layer is measured against
     its weight too (the report's ``reference`` figures).  ``max_error``: the quality gate on
@@ -116,7 +118,7 @@ def quantize(paths: Paths, out: str | None = None, format: str | None = None, pa
 
 
 def convert(paths: Paths, out: str | None = None, to: str | None = None, params: dict | None = None, *,
-            rules: str | os.PathLike[str] | Rules | None = None, exclude: list[str] | tuple = (), target: Targets = "all", jobs: int = 1, report: str | None = None,
+            rules: str | os.PathLike[str] | Rules | None = None, exclude: list[str] | tuple = (), target: Targets = "all", jobs: int | str | None = None, report: str | None = None,
             dry_run: bool = False, keep_bad: bool = False, overwrite: bool = False, progress: bool | None = None,
             dtype: str | None = None, on_layer: OnLayer | None = None, reference: str | os.PathLike[str] | None = None,
             max_error: float | None = None) -> Result:
@@ -151,8 +153,9 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
     _targets(target)
     if max_error is not None:
         max_error = check_limit(max_error)
-    if jobs < 1:
-        raise InputError(f"--jobs must be at least 1, got {jobs}")
+    from .jobs import parse, resolve
+
+    parse(jobs)  # refused before any work
     if report and not dry_run:
         rep.require_matplotlib()
     rules = _rules(rules)
@@ -168,7 +171,6 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
     with open_any(paths) as raw, viewed(raw, mode) as ckpt:
         if ckpt is not raw:  # another layout, read through its translation in this process
             use_sources(ckpt.sources)
-            jobs = 1
         check_input(ckpt, mode)  # the gate dequantize shares: check's errors refuse the input
         selection = select.apply(ckpt) if select is not None else None
         if selection is not None:
@@ -201,7 +203,8 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
             dest.make_folder()
             from .runner import execute
 
-            results, check = execute(ckpt, plan, dests, index_dest, jobs=jobs, progress=bar, on_layer=on_layer,
+            compute = resolve(jobs, plan, in_process_only=ckpt is not raw)
+            results, check = execute(ckpt, plan, dests, index_dest, jobs=compute, progress=bar, on_layer=on_layer,
                                      references=references, redirect=gate.redirect if gate is not None else None)
         except BaseException:
             if created and os.path.isdir(created) and not os.listdir(created):
@@ -213,6 +216,7 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
                 shutil.rmtree(created, ignore_errors=True)  # the requested folder stays unwritten
     outputs = dests + ([index_dest] if index_dest else [])
     doc = rep.build(plan, list(ckpt.paths), outputs, results, check, time.perf_counter() - started)
+    doc["jobs"] = compute.to_dict()
     if reference is not None:
         doc["reference"] = str(reference)
     if gate is not None:

@@ -4,9 +4,10 @@ The header of every output file is known from the plan, so each file is written 
 back by :func:`comfyquant.io.writer.write_safetensors` into a temporary file next to its
 destination: dense tensors are copied by the kernel, quantized tensors are produced when the
 writer reaches them -- computed ahead, so reading, encoding, measuring and writing overlap.
-With ``--jobs 1`` two threads of this process encode and measure (:class:`_InProcess`); with
-``--jobs N`` worker processes compute up to 2N layers ahead, handing each over in a spill
-file (:class:`_Pool`).  Results are consumed in file order, and memory stays bounded by a
+The layers are computed in this process (:class:`_InProcess`: ``--jobs 1`` on one core, or
+``auto`` with every core and the measurement in a thread of its own) or by worker processes
+that compute up to 2N layers ahead, handing each over in a spill file (:class:`_Pool`);
+:mod:`.jobs` decides which.  Results are consumed in file order, and memory stays bounded by a
 few layers (see each class).
 
 After the last byte, the temporary files are opened again and checked with
@@ -31,6 +32,7 @@ from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import commit_file, discard, write_safetensors
 from ..version import __version__
+from .jobs import Jobs
 from .layout import marker_entries, problems
 from .plan import DECODE, DENSE, QUANTIZE, LayerPlan, Plan, output_files
 from .work import prefetch, run_task_spilled, task_for
@@ -49,15 +51,16 @@ def output_paths(ckpt, out: str | None, overwrite: bool, tag: str, also: list[st
 
 
 class _InProcess:
-    """``--jobs 1``: layers computed in this process, by two threads beside the writer.
+    """Layers computed in this process, beside the writer (``--jobs 1``, or ``auto``).
 
     The encoder thread encodes the layers in file order, at most :attr:`AHEAD` layer ahead of
-    the one the writer waits for; the measurement thread measures each encoded layer while the
-    encoder goes on with the next.  Writing layer i, encoding layer i+1 and measuring layer i
-    overlap (torch and the writer's system calls release the GIL), so the run goes at the
-    speed of its slowest stage, and the encoder's single-threaded steps leave the second core
-    to the measurement instead of idle.  The bytes written do not depend on the threads: each
-    layer is encoded by one thread, as before.
+    the one the writer waits for, so writing layer i and encoding layer i+1 overlap (torch and
+    the writer's system calls release the GIL).  With ``overlap`` (``auto``: every core) a
+    measurement thread measures each encoded layer while the encoder goes on with the next,
+    so the encoder's single-threaded steps leave the other cores to the measurement; without
+    it (``--jobs 1``: one core, one torch thread) the encoder thread measures each layer
+    itself.  The bytes written do not depend on the threads: each layer is encoded by one
+    thread.
 
     Memory: the encoder waits, before layer j, until layer j-2 is measured, so at most the
     layer being written, one encoded layer waiting and the one being encoded are held, plus
@@ -67,9 +70,12 @@ class _InProcess:
 
     AHEAD = 1
 
-    def __init__(self, quality: bool, references: dict | None = None) -> None:
+    def __init__(self, quality: bool, references: dict | None = None, threads: int | None = None,
+                 overlap: bool = True) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
+        self.restore = _use_threads(threads)  # before the threads below start: they inherit it
+        self.overlap = overlap
         self.quality = quality
         self.references = references or {}
         self.encoder = ThreadPoolExecutor(1, thread_name_prefix="comfyquant-encode")
@@ -105,7 +111,7 @@ class _InProcess:
         started = time.perf_counter()
         tensors, codec, source = encode_task(task)
         seconds = time.perf_counter() - started
-        if task["source"] == "dense":
+        if task["source"] == "dense" and self.overlap:
             quality = self.measurer.submit(_timed, measure_task, task, codec, source, tensors)
         else:
             quality = _done(_timed(measure_task, task, codec, source, tensors))
@@ -127,6 +133,22 @@ class _InProcess:
         self.measurer.shutdown(wait=True, cancel_futures=True)
         self.futures.clear()
         close_sources()
+        if self.restore is not None:
+            _use_threads(self.restore)
+            self.restore = None
+
+
+def _use_threads(threads: int | None) -> int | None:
+    """Set torch's threads for this process; returns the previous count (None: unchanged).
+    Threads started later take the new count on their first parallel operation."""
+    if threads is None:
+        return None
+    import torch
+
+    before = torch.get_num_threads()
+    if before != threads:
+        torch.set_num_threads(threads)
+    return before
 
 
 def _timed(fn: Callable, *args) -> tuple[object, float]:
@@ -140,14 +162,6 @@ def _done(value) -> Future:
     return f
 
 
-def _cores() -> int:
-    """The cores this process may run on (its affinity, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 class _Pool:
     """``--jobs N``: worker processes compute layers ahead of the writer, in file order.
 
@@ -157,13 +171,12 @@ class _Pool:
 
     WINDOW = 2
 
-    def __init__(self, jobs: int, quality: bool, spill_dir: str, references: dict | None = None) -> None:
+    def __init__(self, jobs: int, threads: int, quality: bool, spill_dir: str, references: dict | None = None) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         from .work import init_worker
 
-        threads = max(1, _cores() // jobs)
         self.jobs = jobs
         self.quality = quality
         self.references = references or {}
@@ -232,12 +245,13 @@ class Runner:
     counted when that layer's first tensor is requested (kernel copies cannot report as
     they go), the rest when the file ends."""
 
-    def __init__(self, ckpt, plan: Plan, jobs: int, quality: bool, progress: Progress,
+    def __init__(self, ckpt, plan: Plan, jobs: Jobs, quality: bool, progress: Progress,
                  on_layer: Callable[[LayerPlan, dict], None] | None = None, spill_dir: str = ".",
                  references: dict | None = None) -> None:
         self.ckpt = ckpt
         self.plan = plan
-        self.compute = _InProcess(quality, references) if jobs <= 1 else _Pool(jobs, quality, spill_dir, references)
+        self.compute = _InProcess(quality, references, jobs.threads, jobs.overlap) if not jobs.workers else \
+            _Pool(jobs.workers, jobs.threads or 1, quality, spill_dir, references)
         self.progress = progress
         self.on_layer = on_layer
         self.results: dict[str, dict] = {}
@@ -385,7 +399,7 @@ class Runner:
             self.compute.close()
 
 
-def execute(ckpt, plan: Plan, dests: list[str], index_dest: str | None, *, jobs: int = 1, quality: bool = True,
+def execute(ckpt, plan: Plan, dests: list[str], index_dest: str | None, *, jobs: Jobs, quality: bool = True,
             progress: Progress | None = None, on_layer=None, references: dict | None = None,
             redirect: Callable | None = None) -> tuple[dict[str, dict], object]:
     """Write, check and commit; returns (per-layer results, the check report of the output).
