@@ -149,6 +149,49 @@ SINGLE = (("linear1", 21504, 3072), ("linear2", 3072, 15360))
 """FLUX.1's linear shapes: a double block's image and text streams, a single block's two linears."""
 
 
+def measure_section(names: list[str], n: int, k: int, rounds: int) -> None:
+    """The quality measurement's decode + forward: ``Codec.measure_blocks`` (one pass, shared
+    per-block work) against iter_decode and a blocked ``linear`` run one after the other (the
+    previous measurement), interleaved in this process, median of ``rounds``."""
+    import statistics
+
+    import torch
+
+    from comfyquant import codecs
+    from comfyquant.numerics.rows import encode_block_elements
+
+    blocks = encode_block_elements()
+    print(f"quality measurement, decode + quantized forward of one {n}x{k} BF16 layer (16 input rows), "
+          f"{torch.get_num_threads()} torch threads, load average {os.getloadavg()[0]:.2f}, median of {rounds} rounds")
+    for name in names:
+        fmt, params, _layout, _kwargs = ENCODERS[name]
+        codec = codecs.get(fmt)
+        w = (torch.randn(n, k, generator=torch.Generator().manual_seed(0)) * k ** -0.5).to(torch.bfloat16)
+        enc = codec.encode(w, layer="l", **dict(params))
+        tensors, marker = dict(enc), enc.marker
+        x = torch.randn(16, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+
+        def apart(tensors=tensors, marker=marker, x=x, codec=codec):
+            for _ in codec.iter_decode(tensors, marker, dtype=torch.bfloat16, block_elements=blocks, exact=False):
+                pass
+            codec.linear(x, tensors, marker, block_elements=blocks)
+
+        def one_pass(tensors=tensors, marker=marker, x=x, codec=codec):
+            for _ in codec.measure_blocks(tensors, x, marker, dtype=torch.bfloat16, block_elements=blocks):
+                pass
+
+        times: dict[str, list[float]] = {"apart": [], "one": []}
+        for r in range(max(1, rounds)):
+            order = [("apart", apart), ("one", one_pass)]
+            for kind, fn in order[r % 2:] + order[:r % 2]:
+                t0 = time.perf_counter()
+                fn()
+                times[kind].append(time.perf_counter() - t0)
+        a, o = statistics.median(times["apart"]), statistics.median(times["one"])
+        print(f"  {name:<13} apart {a:6.3f} s, one pass {o:6.3f} s: {a / o:4.2f}x", flush=True)
+    print()
+
+
 def slice_layers(double: int, single: int) -> list[tuple[str, int, int]]:
     """The linears of ``double`` double blocks and ``single`` single blocks, in file order."""
     out = [(f"double_blocks.{b}.{name}", n, k) for b in range(double) for name, n, k in DOUBLE]
@@ -435,6 +478,9 @@ def main() -> None:
                     help="the slice: D double blocks and S single blocks of FLUX.1 (default 2,2)")
     ap.add_argument("--e2e-rounds", type=int, default=3, help="end-to-end section rounds; medians count (default 3)")
     ap.add_argument("--e2e-only", action="store_true", help="run only the end-to-end section")
+    ap.add_argument("--measure", metavar="ROWS", default="",
+                    help="measurement section: decode + forward in one pass vs apart, for these encoder rows "
+                         "(e.g. w4a8,int8,fp8; one 12288x3072 layer, --threads applies); then exit")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -452,6 +498,13 @@ def main() -> None:
         print(json.dumps(res))
         return
 
+    if args.measure:
+        import torch
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        measure_section(args.measure.split(","), 12288, 3072, args.rounds)
+        return
     if not args.no_encoders and not args.e2e_only:
         import torch
 

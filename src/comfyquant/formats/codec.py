@@ -288,15 +288,10 @@ class Codec:
         if bias is None:
             bias = tensors.get("bias")
         x2 = x.reshape(-1, k)
-        dense = plan.marker.get("full_precision_matrix_mult") is True or self._runs_dense(tensors)
-        exact = block_elements is None
-        state = self._dense_state(x2, tensors, plan, exact) if dense else self._linear_setup(x2, tensors, plan)
+        forward = self._forward(x2, tensors, plan, block_elements is None)
 
         def rows(r0: int, r1: int) -> torch.Tensor:
-            b = None if bias is None else rows_of(bias, r0, r1)
-            if dense:
-                return self._dense_linear(state, b, r0, r1)
-            return self._linear_rows(state, tensors, plan, b, r0, r1)
+            return self._forward_rows(forward, tensors, plan, None if bias is None else rows_of(bias, r0, r1), r0, r1)
 
         if block_elements is None:
             y = rows(0, n)
@@ -305,6 +300,48 @@ class Codec:
             for r0, r1 in row_ranges(n, k, block_elements):
                 y[:, r0:r1] = rows(r0, r1)
         return y.reshape(*x.shape[:-1], n)
+
+    def _forward(self, x2: torch.Tensor, tensors: dict, plan: Plan, exact: bool) -> tuple[bool, object]:
+        """(dense, state): how the runtime runs this layer on ``x2`` -- a float matmul with the
+        decoded weight (:meth:`_dense_linear`) or the format's own GEMM (:meth:`_linear_rows`)
+        -- and the work done once for all row blocks."""
+        dense = plan.marker.get("full_precision_matrix_mult") is True or self._runs_dense(tensors)
+        return dense, (self._dense_state(x2, tensors, plan, exact) if dense else self._linear_setup(x2, tensors, plan))
+
+    def _forward_rows(self, forward: tuple[bool, object], tensors: dict, plan: Plan, bias: torch.Tensor | None,
+                      r0: int, r1: int) -> torch.Tensor:
+        """Output features ``r0:r1`` of the forward prepared by :meth:`_forward`."""
+        dense, state = forward
+        if dense:
+            return self._dense_linear(state, bias, r0, r1)
+        return self._linear_rows(state, tensors, plan, bias, r0, r1)
+
+    def measure_blocks(self, tensors: dict, x: torch.Tensor, marker: dict | None = None, *, dtype=None,
+                       layer: str | None = None, block_elements: int | None = None
+                       ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+        """One pass for a quality measurement: per row block ``(r0, r1, rows, y)``, the decoded
+        rows in ``dtype`` (as :meth:`iter_decode` with ``exact=False``, in one reused buffer)
+        and the runtime's forward of ``x`` ``[M, K]`` over those output features (no bias;
+        as :meth:`linear` with ``block_elements``).  A format whose decode and forward share
+        per-block work (W4A8's grid) does it once (:meth:`_measure_rows`)."""
+        plan = self.plan(tensors, marker, layer)
+        dtype = self.output_dtype(dtype, tensors, plan.marker)
+        n, k = plan.shape
+        if x.dim() != 2 or x.shape[1] != k or x.dtype not in DENSE:
+            raise CodecError(f"{plan.name}: input must be [M, {k}] in BF16, F16 or F32, got {list(x.shape)} {x.dtype}")
+        forward = self._forward(x, tensors, plan, False)
+        state = self._prepare(tensors, plan.env, dtype)
+        ranges = row_ranges(n, k, block_elements or self.decode_block_elements(plan.env), join_tail=False)
+        turns = _buffers(1, ranges, k, dtype)
+        for r0, r1 in ranges:
+            rows, y = self._measure_rows(tensors, plan, dtype, r0, r1, state, turns[0][: r1 - r0], forward)
+            yield r0, r1, rows, y
+
+    def _measure_rows(self, t: dict, plan: Plan, dtype: torch.dtype, r0: int, r1: int, state, out: torch.Tensor,
+                      forward: tuple[bool, object]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoded rows ``r0:r1`` (into ``out``) and their forward columns: by default the two
+        separately."""
+        return self._decode_rows(t, plan, dtype, r0, r1, state, out), self._forward_rows(forward, t, plan, None, r0, r1)
 
     def _dense_state(self, x2: torch.Tensor, t: dict, plan: Plan, exact: bool = True) -> tuple[torch.Tensor, RowSource]:
         """The input and the decoded weight (a row source) of :meth:`_dense_linear`; not

@@ -85,6 +85,7 @@ class _InProcess:
         self.futures: dict[str, Future] = {}
         self.measured: dict[int, Future] = {}  # by position in the order (encoder thread only)
         self.next = 0
+        self.tasks: dict[int, dict] = {}  # announced (read ahead), not yet submitted
 
     def start(self, order: list[LayerPlan]) -> None:
         self.order = order
@@ -92,12 +93,25 @@ class _InProcess:
         self._submit(self.AHEAD)
 
     def _submit(self, last: int) -> None:
+        """Submit the layers up to ``last``, and announce the layer after them to the kernel:
+        its weight is read while the submitted ones are encoded (and measured: ``--jobs 1``
+        does both in one thread before it takes the next layer)."""
         while self.next <= min(last, len(self.order) - 1):
-            lp = self.order[self.next]
-            task = task_for(lp, self.quality, self.references.get(lp.name))
-            prefetch(task)
-            self.futures[lp.name] = self.encoder.submit(self._encode, task, self.next)
+            task = self._task(self.next)
+            del self.tasks[self.next]
+            self.futures[task["name"]] = self.encoder.submit(self._encode, task, self.next)
             self.next += 1
+        if self.next < len(self.order):
+            self._task(self.next)
+
+    def _task(self, index: int) -> dict:
+        """The task of the layer at ``index``, made and announced (read ahead) once."""
+        task = self.tasks.get(index)
+        if task is None:
+            lp = self.order[index]
+            task = self.tasks[index] = task_for(lp, self.quality, self.references.get(lp.name))
+            prefetch(task)
+        return task
 
     def _encode(self, task: dict, index: int) -> tuple[dict, Future, float]:
         """Encode the layer at ``index`` of the order (in the encoder thread, one at a time)."""

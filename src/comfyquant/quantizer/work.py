@@ -244,11 +244,12 @@ def measure(codec, source, tensors: dict, marker: dict, name: str, reference=Non
     shape): the decoded weight and the layer output are measured against it as well, under
     ``"reference"`` -- for ``convert`` the error against the original, not the decoded input.
 
-    One pass in the encoders' row blocks (``encode_block_elements``): each block of the decoded
-    weight is compared with the same rows of ``source`` (a tensor or a row source, read once
-    more), which also give their columns of the F32 reference product.  The quantized
-    forward runs in row blocks too; its float GEMMs over fewer output features may differ
-    from the runtime's single GEMM in the last bit, far below the digits reported."""
+    One pass in the encoders' row blocks (``encode_block_elements``, :meth:`Codec.measure_blocks`):
+    each block of the decoded weight is compared with the same rows of ``source`` (a tensor
+    or a row source, read once more), which also give their columns of the F32 reference
+    product, and the quantized forward gives the same output features (work the decode and
+    the forward share is done once).  Float GEMMs over fewer output features may differ from
+    the runtime's single GEMM in the last bit, far below the digits reported."""
     import torch
     import torch.nn.functional as F  # noqa: N812
 
@@ -265,26 +266,26 @@ def measure(codec, source, tensors: dict, marker: dict, name: str, reference=Non
     acc = torch.zeros(4, dtype=torch.float64)  # sum e^2, sum w^2, sum d*w, sum d^2
     ref_acc = torch.zeros(4, dtype=torch.float64)
     y_orig = torch.empty((QUALITY_ROWS, n), dtype=torch.float32) if reference is not None else None
-    r0 = 0
-    # exact=False: rotated layers too are decoded block by block (comfy-kitchen's whole-layer
-    # un-rotation GEMM would hold two F32 copies of the layer; a last bit cannot show here).
-    for block in codec.iter_decode(tensors, marker, dtype=source.dtype, layer=name, block_elements=block_elements,
-                                   exact=False):
+    y = torch.empty((QUALITY_ROWS, n), dtype=torch.float32)
+    # Decoded as iter_decode(exact=False): rotated layers too are decoded block by block
+    # (comfy-kitchen's whole-layer un-rotation GEMM would hold two F32 copies of the layer; a
+    # last bit cannot show here).
+    for r0, r1, block, y_block in codec.measure_blocks(tensors, x, marker, dtype=source.dtype, layer=name,
+                                                       block_elements=block_elements):
         # Formats that pad (NVFP4 to 16, MXFP8 to 32) decode the padding too when the encoded
         # tensors alone cannot tell the model's size: only the model's [n, k] is compared.
         if r0 >= n:
             break
-        block = block[: n - r0, :k]
-        r1 = r0 + block.shape[0]
+        r1 = min(r1, n)
+        block = block[: r1 - r0, :k].to(torch.float32)
+        y[:, r0:r1] = y_block[:, : r1 - r0]
         w = source.rows(r0, r1).to(torch.float32)
-        acc += error_sums(block.to(torch.float32), w)
+        acc += error_sums(block, w)
         y_ref[:, r0:r1] = F.linear(xf, w)
         if reference is not None:
             o = reference.rows(r0, r1).to(torch.float32)
-            ref_acc += error_sums(block.to(torch.float32), o)
+            ref_acc += error_sums(block, o)
             y_orig[:, r0:r1] = F.linear(xf, o)
-        r0 = r1
-    y = codec.linear(x, tensors, marker, layer=name, block_elements=block_elements)[..., :n].to(torch.float32)
     out = {"weight": _metrics(*(float(v) for v in acc)), "output": _metrics(*(float(v) for v in error_sums(y, y_ref)))}
     if reference is not None:
         out["reference"] = {"weight": _metrics(*(float(v) for v in ref_acc)),

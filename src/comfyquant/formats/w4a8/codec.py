@@ -103,11 +103,14 @@ class W4A8Codec(Codec):
         lo, hi = torch.aminmax(s.float().abs())
         return not (bool(lo >= _EXACT_MIN_SCALE) and bool(hi < _EXACT_MAX_SCALE))
 
-    def _rotated(self, t, env, r0: int, r1: int, table, dtype: torch.dtype) -> torch.Tensor:
+    def _rotated(self, t, env, r0: int, r1: int, table, dtype: torch.dtype,
+                 grid: torch.Tensor | None = None) -> torch.Tensor:
         """``W_rot`` of rows ``r0:r1`` in ``dtype``: the grid times ``s_channel`` (plus the
-        correction) in F32, then rounded to ``dtype`` -- comfy-kitchen's operand."""
+        correction) in F32, then rounded to ``dtype`` -- comfy-kitchen's operand.  ``grid``:
+        the rows' grid already built (it is scaled in place)."""
         k, g = env["K"], env["group_size"]
-        grid = self._grid(t, env, r0, r1, table)
+        if grid is None:
+            grid = self._grid(t, env, r0, r1, table)
         rows = grid.shape[0]
         w = grid.view(rows, k // g, g).mul_(rows_of(t["weight_s_channel"], r0, r1).to(torch.float32).view(rows, 1, 1))
         corr = t.get("weight_correction")
@@ -121,13 +124,22 @@ class W4A8Codec(Codec):
         operand = lambda: assemble_rows(plan.shape, dtype, lambda r0, r1: self._rotated(t, env, r0, r1, state, dtype))  # noqa: E731
         return unrotate(operand, env["convrot_groupsize"], dtype, out)
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out, grid=None):
         size = plan.env["convrot_groupsize"]
         if self._whole_layer(plan.env, dtype, t):  # only with exact=False (see Codec.iter_decode)
-            return finish(rotate_weight(self._rotated(t, plan.env, r0, r1, state, dtype), size), dtype, out)
+            return finish(rotate_weight(self._rotated(t, plan.env, r0, r1, state, dtype, grid), size), dtype, out)
         # The exact case (BF16, no correction, C <= 256, moderate scales): see the module doc.
-        w = self._rotated(t, plan.env, r0, r1, state, torch.bfloat16).to(torch.float32)
+        w = self._rotated(t, plan.env, r0, r1, state, torch.bfloat16, grid).to(torch.float32)
         return finish(rotate_weight(w, size), dtype, out)
+
+    def _measure_rows(self, t, plan, dtype, r0, r1, state, out, forward):
+        """The grid of the rows is built once, for the INT8 forward and then the decode."""
+        dense, fstate = forward
+        if dense:
+            return super()._measure_rows(t, plan, dtype, r0, r1, state, out, forward)
+        grid = self._grid(t, plan.env, r0, r1, state)
+        y = self._grid_product(fstate, t, grid.to(torch.int8), None, r0, r1)
+        return self._decode_rows(t, plan, dtype, r0, r1, state, out, grid), y
 
     def _runs_dense(self, t):
         return "weight_correction" in t  # comfy-kitchen: dequantize + float matmul
@@ -136,13 +148,19 @@ class W4A8Codec(Codec):
         return quantize_rows(rotate_activation(x2, plan.env["convrot_groupsize"])), x2.dtype
 
     def _linear_rows(self, state, t, plan, bias, r0, r1):
-        (q_x, s_x), dtype = state
         env = plan.env
         # The INT8 grid is built in row blocks: one F32 temporary per block, not per layer.
         table = self._prepare(t, env, None)
         grid = torch.empty((r1 - r0, env["K"]), dtype=torch.int8)
         for b0, b1 in row_ranges(r1 - r0, env["K"], DEFAULT_BLOCK_ELEMENTS):
             grid[b0:b1] = self._grid(t, env, r0 + b0, r0 + b1, table).to(torch.int8)
+        return self._grid_product(state, t, grid, bias, r0, r1)
+
+    @staticmethod
+    def _grid_product(state, t, grid: torch.Tensor, bias, r0: int, r1: int) -> torch.Tensor:
+        """Output features ``r0:r1`` from their INT8 grid: the runtime's integer GEMM (exact
+        for any subset of rows) and epilogue."""
+        (q_x, s_x), dtype = state
         return int8_product(q_x, s_x, grid, rows_of(t["weight_s_channel"], r0, r1), bias, dtype)
 
 
