@@ -69,6 +69,9 @@ KITCHEN = {
     "mxfp8": ("TensorCoreMXFP8Layout", {}),
     "fp8": ("TensorCoreFP8Layout", {}),
 }
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+"""As the command line sets it before torch loads (comfyquant/numerics/waits.py): this process
+and every child (encoder alone, comfy-kitchen, quantize) wait the same way at OpenMP barriers."""
 MB = 1 << 20
 """Sizes and RSS are binary (MiB); rates are decimal MB/s (comfyquant's one convention)."""
 ENCODERS = {
@@ -297,7 +300,8 @@ def e2e_section(folder: str, names: list[str], double: int, single: int, rounds:
     print(f"end to end on a Flux-shaped slice: {double} double block(s) (image and text streams) + {single} single "
           f"block(s), {len(layers)} linears ({', '.join(f'{n}x{k}' for n, k in shapes)}), {nbytes / 1e6:.0f} MB of "
           f"BF16 weights, largest layer {largest:.0f} MiB; {cores} cores; load average {os.getloadavg()[0]:.2f}; "
-          f"median of {max(1, rounds)} interleaved rounds, each run a fresh process")
+          f"median of {max(1, rounds)} interleaved rounds, each run a fresh process; "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
     for kind, label in E2E_RUNS:
         print(f"  {kind:<5} {label}")
     verdicts = []
