@@ -194,7 +194,7 @@ def dequantize(src: Paths, out: str | None = None, dtype: str | None = None, *, 
                 for path, source, names in files:
                     tensors, metadata = work.output(names, _metadata(ckpt, source))
                     try:
-                        temps.append(write_safetensors(path, tensors, metadata, commit=False))
+                        temps.append(write_safetensors(path, tensors, metadata, commit=False, direct=True))
                     except OSError as exc:
                         raise DequantizeError(f"{path}: cannot write ({exc.strerror or exc}); nothing was written") from None
                     work.settle()
