@@ -260,9 +260,11 @@ prefer_passive_waits()  # as the command line does before torch loads
 t = time.perf_counter()
 import comfyquant, comfyquant.codecs, torch  # what dequantize imports lazily, timed apart as start-up
 startup = time.perf_counter() - t
-t = time.perf_counter()
 s = comfyquant.dequantize(sys.argv[1], sys.argv[2], progress=False)
-seconds = time.perf_counter() - t
+# the run's own seconds: dequantize times the imports it needs (the checker, the writer...) apart
+# as start-up, like torch's (they are compiled anew in every process where Python may not
+# write .pyc files, as on this machine: PYTHONDONTWRITEBYTECODE)
+seconds, startup = s.seconds, startup + s.startup
 # VmHWM is this process's own peak (ru_maxrss would include the big parent it was forked from)
 hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"seconds": seconds, "startup": startup, "rss_mb": hwm / 1024, "largest": s.largest_layer[1],
