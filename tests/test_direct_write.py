@@ -216,3 +216,22 @@ def test_the_filesystem_is_found_by_device(tmp_path, monkeypatch):
     assert direct.supported(str(tmp_path)) == (got in direct.FILESYSTEMS)
     monkeypatch.setenv("COMFYQUANT_NO_DIRECT_IO", "1")
     assert not direct.supported(str(tmp_path))
+
+
+def test_untouched_tensors_without_a_kernel_copy_are_streamed(tmp_path, small_stages, monkeypatch):
+    """copy_file_range refused (another filesystem: EXDEV): the untouched tensors go through
+    the tensors' own fallback reads, into the staging buffers; the same bytes."""
+    if not _has_direct(tmp_path):
+        pytest.skip("no O_DIRECT on this filesystem")
+    fd, tensors = _tensors(tmp_path / "src.bin")
+    try:
+        plain = write_safetensors(str(tmp_path / "plain.safetensors"), tensors)
+
+        def exdev(*args):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+        monkeypatch.setattr(writer.os, "copy_file_range", exdev)
+        fast = write_safetensors(str(tmp_path / "fast.safetensors"), tensors, direct=True)
+    finally:
+        os.close(fd)
+    assert open(fast, "rb").read() == open(plain, "rb").read()
