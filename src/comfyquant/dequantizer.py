@@ -17,6 +17,10 @@ renamed into place (a failure anywhere leaves no output file, not even of anothe
   copies of it at the peak, as in comfy-kitchen) and then written in blocks.
 * Every other tensor (biases, norms, embeddings, unquantized layers) is copied byte for byte:
   by the kernel (``copy_file_range``) from local files, in bounded chunks otherwise.
+* One decode thread per output file reads and decodes its layers in file order, a block
+  ahead of the writer (the next layer's read and first blocks overlap the end of this one);
+  the writer puts the bytes on disk with ``O_DIRECT`` where the filesystem allows
+  (:mod:`comfyquant.io.direct`: a buffered ``write`` cost as much CPU as the FP8 decode).
 * A weight without a marker of its own in a file whose ``quant_format`` SGLang honours
   (``mxfp8``, spec 1.5) is decoded with the marker SGLang gives it
   (:func:`comfyquant.markers.file_level_markers`); ComfyUI and comfy-kitchen never read the key.
