@@ -101,6 +101,7 @@ def test_direct_writes_the_same_bytes_as_buffered(tmp_path, small_stages, monkey
     assert not [t for t in threading.enumerate() if t.name == "comfyquant-direct-write"]
 
 
+@pytest.mark.needs_torch
 def test_dequantize_writes_its_output_with_o_direct(tmp_path, monkeypatch):
     """dequantize's output goes through the direct path (O_DIRECT opened on the temporary
     file), and the file equals the buffered writer's."""
@@ -179,6 +180,7 @@ def test_a_failing_direct_write_leaves_no_file_and_no_thread(tmp_path, small_sta
     assert not [t for t in threading.enumerate() if t.name == "comfyquant-direct-write"]
 
 
+@pytest.mark.needs_torch
 def test_dequantize_reports_a_failing_direct_write_in_one_line(tmp_path, monkeypatch, capsys):
     from comfyquant.cli import main
     from kitchen_fixtures import make_layer, write_layers
