@@ -11,7 +11,10 @@
    dequantize process.  Targets: >= 0.5x cp throughput (input MB/s), peak RSS <= 2x the
    largest dense layer + 200 MB.  Beside them a lower bound that no dequantizer can beat:
    reading the input and writing the output's byte count from memory, no decoding, with and
-   without the fsync (``least_dequantize``).
+   without the fsync (``least_dequantize``).  For a file with layers that comfy-kitchen
+   un-rotates in one F32 GEMM over the layer (INT8 ConvRot, W4A4) it also prints the RSS floor
+   of that call shape (start-up RSS + packed tensors + F32 operand + F32 product), which is
+   above the budget: no decoder of the same bits needs less.
 
 3. Decoder scaling (``--sections scaling``): every decoder's MB/s (of dense BF16 output) at
    3072x3072 and at 5120x13824, measured in the same rounds (each round decodes the small
