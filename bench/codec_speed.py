@@ -11,7 +11,10 @@
    dequantize process.  Targets: >= 0.5x cp throughput (input MB/s), peak RSS <= 2x the
    largest dense layer + 200 MB.  Beside them a lower bound that no dequantizer can beat:
    reading the input and writing the output's byte count from memory, no decoding, with and
-   without the fsync (``least_dequantize``).
+   without the fsync (``least_dequantize``).  For a file with layers that comfy-kitchen
+   un-rotates in one F32 GEMM over the layer (INT8 ConvRot, W4A4) it also prints the RSS floor
+   of that call shape (start-up RSS + packed tensors + F32 operand + F32 product), which is
+   above the budget: no decoder of the same bits needs less.
 
 3. Decoder scaling (``--sections scaling``): every decoder's MB/s (of dense BF16 output) at
    3072x3072 and at 5120x13824, measured in the same rounds (each round decodes the small
@@ -260,12 +263,16 @@ prefer_passive_waits()  # as the command line does before torch loads
 t = time.perf_counter()
 import comfyquant, comfyquant.codecs, torch  # what dequantize imports lazily, timed apart as start-up
 startup = time.perf_counter() - t
-t = time.perf_counter()
+base = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:"))
 s = comfyquant.dequantize(sys.argv[1], sys.argv[2], progress=False)
-seconds = time.perf_counter() - t
+# the run's own seconds: dequantize times the imports it needs (the checker, the writer...) apart
+# as start-up, like torch's (they are compiled anew in every process where Python may not
+# write .pyc files, as on this machine: PYTHONDONTWRITEBYTECODE)
+seconds, startup = s.seconds, startup + s.startup
 # VmHWM is this process's own peak (ru_maxrss would include the big parent it was forked from)
 hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-print(json.dumps({"seconds": seconds, "startup": startup, "rss_mb": hwm / 1024, "largest": s.largest_layer[1],
+print(json.dumps({"seconds": seconds, "startup": startup, "rss_mb": hwm / 1024, "base_mb": base / 1024,
+                  "largest": s.largest_layer[1],
                   "written": s.bytes_written}))
 """
 
@@ -323,6 +330,23 @@ def decode_only(layers: dict) -> float:
     return time.perf_counter() - t
 
 
+def whole_layer_floor(layers: dict) -> int:
+    """Bytes the largest one-GEMM layer of a bench file needs at its peak in comfy-kitchen's
+    own decode: its packed tensors, the dequantized F32 operand and the F32 product of the
+    un-rotation GEMM, all alive during the GEMM (0: no such layer).  The GEMM must see the
+    whole layer (its rounding may depend on the row count), so no decoder of the same bits
+    needs less; the RSS budget of 2x the dense BF16 layer is below it by construction."""
+    floor = 0
+    for ref, marker in layers.values():
+        codec = codecs.get(marker["format"])
+        plan = codec.plan(ref, marker)
+        if codec._whole_layer(plan.env, torch.bfloat16, ref):
+            n, k = plan.shape
+            packed = sum(t.numel() * t.element_size() for t in ref.values())
+            floor = max(floor, packed + 2 * 4 * n * k)
+    return floor
+
+
 def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
     rows = []
     sets = {"mixed (6 formats)": {k: layers[k] for k in DEQ_MIXED if k in layers}}
@@ -363,12 +387,15 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
             per_round_limit.append(max(per_round[-1] * info["seconds"], t_dec) / info["seconds"])
         mb = size / 1e6
         budget = 2 * info["largest"] / 2**20 + 200
+        floor = whole_layer_floor(chosen)
+        floor_mb = info["base_mb"] + floor / 2**20 if floor else 0.0
         row = {"file": label, "input_mb": mb, "output_mb": info["written"] / 1e6, "cp_mbs": mb / best_cp,
                "cp_sync_mbs": mb / best_sync, "dq_mbs": mb / best_dq, "rss_mb": info["rss_mb"], "rss_budget_mb": budget,
                "startup_s": best_start, "out_mbs": info["written"] / 1e6 / best_dq,
                "least_mbs": mb / best_least, "least_nosync_mbs": mb / best_least_nosync,
                "of_bound_median": statistics.median(per_round), "decode_only_mbs": mb / statistics.median(decode_times),
-               "of_limit_median": statistics.median(per_round_limit)}
+               "of_limit_median": statistics.median(per_round_limit), "rss_floor_mb": floor_mb,
+               "rss_base_mb": info["base_mb"]}
         rows.append(row)
         print(f"{label:20s} in {mb:6.1f} MB -> out {row['output_mb']:6.1f} MB | cp {row['cp_mbs']:6.0f} MB/s, cp+sync "
               f"{row['cp_sync_mbs']:6.0f} MB/s | dequantize {row['dq_mbs']:6.1f} MB/s of input ({best_dq:.2f} s; "
@@ -380,6 +407,11 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
               f"{row['least_nosync_mbs']:6.0f} MB/s = {row['least_nosync_mbs'] / row['cp_mbs']:.2f}x cp without; "
               f"dequantize reaches {row['of_bound_median']:.2f}x of the bound (median over {len(per_round)} interleaved "
               f"rounds of bound time / dequantize time; target >= 0.8)", flush=True)
+        if floor:
+            print(f"{'':20s} peak RSS: the budget is below what its one-GEMM layers need in comfy-kitchen itself: "
+                  f"{floor_mb:.0f} MiB = {info['base_mb']:.0f} MiB after importing torch + {floor / 2**20:.0f} MiB (packed "
+                  f"tensors + the F32 operand + the F32 product of the largest such layer's un-rotation GEMM); "
+                  f"dequantize's peak is {row['rss_mb'] - floor_mb:+.0f} MiB from that floor", flush=True)
         print(f"{'':20s} decode only (in-process, every layer's row blocks, no I/O): {row['decode_only_mbs']:6.0f} MB/s "
               f"of input; dequantize reaches {row['of_limit_median']:.2f}x of the slower of bound and decode-only "
               f"(median over rounds; target >= 0.8)", flush=True)

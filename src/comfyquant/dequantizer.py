@@ -17,6 +17,10 @@ renamed into place (a failure anywhere leaves no output file, not even of anothe
   copies of it at the peak, as in comfy-kitchen) and then written in blocks.
 * Every other tensor (biases, norms, embeddings, unquantized layers) is copied byte for byte:
   by the kernel (``copy_file_range``) from local files, in bounded chunks otherwise.
+* One decode thread per output file reads and decodes its layers in file order, a block
+  ahead of the writer (the next layer's read and first blocks overlap the end of this one);
+  the writer puts the bytes on disk with ``O_DIRECT`` where the filesystem allows
+  (:mod:`comfyquant.io.direct`: a buffered ``write`` cost as much CPU as the FP8 decode).
 * A weight without a marker of its own in a file whose ``quant_format`` SGLang honours
   (``mxfp8``, spec 1.5) is decoded with the marker SGLang gives it
   (:func:`comfyquant.markers.file_level_markers`); ComfyUI and comfy-kitchen never read the key.
@@ -171,8 +175,7 @@ def dequantize(src: Paths, out: str | None = None, dtype: str | None = None, *, 
     if dtype is not None and dtype not in OUTPUT_DTYPES:
         raise DequantizeError(f"--dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
     t = time.perf_counter()
-    from .formats import codec  # noqa: F401  (torch: the start-up, timed apart from the run)
-
+    _load_modules()  # torch and the modules a run uses: the start-up, timed apart from the run
     startup = time.perf_counter() - t
     started = time.perf_counter()
     with open_any(src) as raw, viewed(raw, "dequantize") as ckpt:
@@ -193,10 +196,13 @@ def dequantize(src: Paths, out: str | None = None, dtype: str | None = None, *, 
 
                 for path, source, names in files:
                     tensors, metadata = work.output(names, _metadata(ckpt, source))
+                    work.start(names)
                     try:
-                        temps.append(write_safetensors(path, tensors, metadata, commit=False))
+                        temps.append(write_safetensors(path, tensors, metadata, commit=False, direct=True))
                     except OSError as exc:
                         raise DequantizeError(f"{path}: cannot write ({exc.strerror or exc}); nothing was written") from None
+                    finally:
+                        work.stop()
                     work.settle()
             _verify_output(temps, files, work)
             _commit(temps, files)
@@ -212,6 +218,18 @@ def dequantize(src: Paths, out: str | None = None, dtype: str | None = None, *, 
     summary.seconds = time.perf_counter() - started
     summary.startup = startup
     return summary
+
+
+def _load_modules() -> None:
+    """Import what a run needs: torch and the codecs (most of the start-up), and the modules
+    the run imports lazily (the checker, the writer...: 0.04 s from compiled files, 0.2 s when
+    Python may not write them), so that the run's seconds are the run's."""
+    import importlib
+
+    for name in ("formats.codec", "codecs", "dialects.containers", "dialects.view", "gate", "markers",
+                 "checker.run", "checkpoint", "io.shards", "io.writer", "io.direct", "io.copying",
+                 "numerics.dtypes", "numerics.rows"):
+        importlib.import_module(f"{__package__}.{name}")
 
 
 # -- checking and planning --------------------------------------------------------------------
@@ -424,39 +442,112 @@ class _Work:
             self._advance(self.pending)
             self.pending = 0
 
-    def _decoder(self, layer: DecodedLayer):
-        def chunks():
-            import torch
+    # -- the decode thread ----------------------------------------------------------------------
+    # One thread per output file reads and decodes its layers in file order (``_produce``),
+    # at most AHEAD blocks ahead of the writer; each layer's ``chunks`` takes its blocks from
+    # it.  Reading and decoding the next layer so overlap writing the end of this one (and the
+    # kernel copies between them), instead of the writer waiting at every layer.
 
-            from .formats.codec import CodecError
-            from .numerics.dtypes import from_bytes, to_bytes
-            from .numerics.rows import release_memory
+    def start(self, names: list[str]) -> None:
+        """Decode the layers among ``names`` (one output file's tensors, in file order) in a
+        thread, as the writer asks for them; :meth:`stop` ends it."""
+        self.stop()
+        order = [self.layers[n] for n in names if n in self.layers]
+        self._done = -1
+        self._turn = threading.Condition()
+        self._closing = False
+        self._items = decoded_ahead(self._produce(order), AHEAD) if order else None
 
-            self.settle()
+    def stop(self) -> None:
+        """Stop the decode thread (after the file, or at an error) and wait for it."""
+        items, self._items = getattr(self, "_items", None), None
+        if items is not None:
+            with self._turn:
+                self._closing = True
+                self._turn.notify_all()
+            items.close()
+
+    def _produce(self, order: list[DecodedLayer]) -> Iterator[tuple]:
+        """(layer, kind, value) items: ``read`` (bytes read), ``block`` (a decoded row block
+        and its count of infinities for an F16 output), ``end``.  Runs in the decode thread."""
+        import torch
+
+        from .numerics.dtypes import from_bytes
+        from .numerics.rows import release_memory
+
+        held = False
+        for i, layer in enumerate(order):
+            if held:
+                # The last layer's blocks are slices of its whole decoded layer (an F32 output of
+                # a one-GEMM layer): let the writer finish them before decoding the next one, so
+                # that two such layers are never held at once.
+                with self._turn:
+                    while self._done < i - 1 and not self._closing:
+                        self._turn.wait(0.05)
             f16 = layer.dtype == torch.float16  # the only output dtype narrower than the decoders' F32 arithmetic
+            held, largest = False, 0
             for entries in layer.per_expert or (layer.entries,):
                 needed = packed_entries(layer, entries)
                 raw = self._read(needed)
                 tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in entries.items() if e.name in raw}
-                self._advance(sum(e.nbytes for e in needed))
-                try:
-                    blocks = layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan,
-                                                     buffers=AHEAD + 2)
-                    for block in decoded_ahead(blocks, AHEAD):
-                        if f16:
-                            inf = int(torch.isinf(block).sum())
-                            if inf:
-                                self.summary.overflowed[layer.name] = self.summary.overflowed.get(layer.name, 0) + inf
-                        data = to_bytes(block)
-                        self.summary.bytes_written += len(data)
-                        yield data
-                except CodecError as exc:
-                    raise DequantizeError(f"cannot decode: {exc}") from None
-            fmt = layer.plan.marker.get("format")
-            self.formats[fmt] = self.formats.get(fmt, 0) + 1
+                yield layer, "read", sum(e.nbytes for e in needed)
+                for block in layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan,
+                                                     buffers=AHEAD + 2):
+                    if self._in_buffer(block):  # a view of the packed input: the next read overwrites it
+                        block = block.clone()
+                    largest = max(largest, block.nbytes)
+                    held = held or block.untyped_storage().nbytes() > 2 * largest
+                    yield layer, "block", (block, int(torch.isinf(block).sum()) if f16 else 0)
+                del tensors, raw
             # Each format's decoder leaves temporaries of its own sizes in the heap; without a
             # trim they add up layer after layer (measured: +150 MB over six formats).
             release_memory()
+            yield layer, "end", None
+
+    def _in_buffer(self, block) -> bool:
+        """Whether ``block``'s memory lies in the reused read buffer."""
+        if not self.buffer:
+            return False
+        import ctypes
+
+        start = ctypes.addressof(ctypes.c_char.from_buffer(self.buffer))
+        at = block.untyped_storage().data_ptr()
+        return start <= at < start + len(self.buffer)
+
+    def _next(self, layer: DecodedLayer) -> tuple[str, object]:
+        from .formats.codec import CodecError
+
+        try:
+            got, kind, value = next(self._items)
+        except CodecError as exc:
+            raise DequantizeError(f"cannot decode: {exc}") from None
+        if got is not layer:  # the writer asks for the tensors in the order given
+            raise RuntimeError(f"decoded {got.name!r} while writing {layer.name!r}")
+        return kind, value
+
+    def _decoder(self, layer: DecodedLayer):
+        def chunks():
+            from .numerics.dtypes import to_bytes
+
+            self.settle()
+            while True:
+                kind, value = self._next(layer)
+                if kind == "end":
+                    break
+                if kind == "read":
+                    self._advance(value)
+                    continue
+                block, inf = value
+                if inf:
+                    self.summary.overflowed[layer.name] = self.summary.overflowed.get(layer.name, 0) + inf
+                data = to_bytes(block)
+                self.summary.bytes_written += len(data)
+                yield data
+            fmt = layer.plan.marker.get("format")
+            self.formats[fmt] = self.formats.get(fmt, 0) + 1
+            with self._turn:
+                self._done += 1
+                self._turn.notify_all()
 
         return chunks
 

@@ -152,6 +152,7 @@ def write_safetensors(
     commit: bool = True,
     sync: bool = True,
     on_tensor: Callable[[str, str, int, int], None] | None = None,
+    direct: bool = False,
 ) -> str:
     """Write ``tensors`` (in the given order) next to ``path`` in a temporary file, fsync it and
     rename it to ``path``.  With ``commit=False`` the temporary file's path is returned and the
@@ -159,43 +160,25 @@ def write_safetensors(
     ``sync=False`` as well, the caller makes it durable first (:class:`BackgroundSync` lets the
     disk catch up while the caller verifies the file).  ``on_tensor(temp path, name, offset,
     length)`` is called once each tensor's bytes are in the file, so a caller can verify them
-    while later tensors are still being written."""
+    while later tensors are still being written.  ``direct=True`` writes a large file's
+    tensor bytes with ``O_DIRECT`` where the filesystem allows (:mod:`comfyquant.io.direct`:
+    a fraction of the CPU, no page cache; the same bytes): for outputs nothing re-reads soon
+    (``dequantize``), not for ones a caller verifies by reading them back."""
     if commit and not sync:
         raise ValueError("an uncommitted file needs sync before commit: use commit=False with sync=False")
     header = build_header(tensors, metadata)
     folder = os.path.dirname(os.path.abspath(path))
-    ensure_space([(folder, len(header) + sum(_nbytes(d, shape) for d, shape, _ in tensors.values()))])
+    size = len(header) + sum(_nbytes(d, shape) for d, shape, _ in tensors.values())
+    ensure_space([(folder, size)])
     sweep_stale(folder)  # temporary files of killed runs (named for their owner process)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb", buffering=0) as fh:
-            flusher = _Flusher(fh.fileno())
-            try:
-                fh.write(header)
-                offset = len(header)
-                _fault("after-header")
-                for i, (name, (dtype, shape, data)) in enumerate(tensors.items()):
-                    want = _nbytes(dtype, shape)
-                    got = 0
-                    if isinstance(data, CopyRange):
-                        got = _kernel_copy(data, fh.fileno(), flusher)
-                        data = data.fallback if got < data.length else None
-                    chunks = () if data is None else data() if callable(data) else (data,)
-                    for chunk in chunks:
-                        view = memoryview(chunk)
-                        while view:
-                            written = fh.write(view)
-                            view = view[written:]
-                        got += len(chunk)
-                        flusher.wrote(len(chunk))
-                    if got != want:
-                        raise ValueError(f"{path}: tensor {name!r} produced {got} bytes, {dtype} {list(shape)} needs {want}")
-                    if on_tensor is not None:
-                        on_tensor(tmp, name, offset, want)
-                    offset += want
-                    _fault(f"after-tensor:{i}")
-            finally:
-                flusher.stop()
+            stream = _direct_stream(fh.fileno(), tmp, folder, len(header), size) if direct else None
+            if stream is not None:
+                _write_direct(stream, fh.fileno(), tmp, path, header, tensors, on_tensor)
+            else:
+                _write_buffered(fh, tmp, path, header, tensors, on_tensor)
             if sync:
                 os.fsync(fh.fileno())
         if commit:
@@ -205,6 +188,111 @@ def write_safetensors(
     except BaseException:
         discard(tmp)
         raise
+
+
+DIRECT_MIN = 64 << 20
+"""Files smaller than this are written buffered even with ``direct=True`` (the staging
+buffers and a thread are not worth it)."""
+
+
+def _direct_stream(fd: int, tmp: str, folder: str, start: int, size: int):
+    """A :class:`~comfyquant.io.direct.DirectStream` from offset ``start`` of the temporary
+    file, or None (a small file, a filesystem without plain ``O_DIRECT``, or the open refused).
+    The file gets its final size first, so no direct write extends it."""
+    if size < DIRECT_MIN:
+        return None
+    from . import direct
+
+    if not direct.supported(folder):
+        return None
+    try:
+        stream = direct.DirectStream(fd, tmp, start)
+    except OSError:
+        return None
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        stream.abort()
+        return None
+    return stream
+
+
+def _write_buffered(fh, tmp: str, path: str, header: bytes, tensors: dict, on_tensor) -> None:
+    """Every byte through ``write`` (the kernel copies untouched tensors), write-back started
+    in the background as the file grows."""
+    flusher = _Flusher(fh.fileno())
+    try:
+        fh.write(header)
+        offset = len(header)
+        _fault("after-header")
+        for i, (name, (dtype, shape, data)) in enumerate(tensors.items()):
+            want = _nbytes(dtype, shape)
+            got = 0
+            if isinstance(data, CopyRange):
+                got = _kernel_copy(data, fh.fileno(), flusher)
+                data = data.fallback if got < data.length else None
+            chunks = () if data is None else data() if callable(data) else (data,)
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    written = fh.write(view)
+                    view = view[written:]
+                got += len(chunk)
+                flusher.wrote(len(chunk))
+            _check_size(path, name, dtype, shape, got, want)
+            if on_tensor is not None:
+                on_tensor(tmp, name, offset, want)
+            offset += want
+            _fault(f"after-tensor:{i}")
+    finally:
+        flusher.stop()
+
+
+def _write_direct(stream, fd: int, tmp: str, path: str, header: bytes, tensors: dict, on_tensor) -> None:
+    """The same bytes as :func:`_write_buffered`, tensor data through ``stream`` (O_DIRECT);
+    the header, and large untouched tensors (copied by the kernel), through ``fd``."""
+    try:
+        _pwrite(fd, header, 0)
+        _fault("after-header")
+        for i, (name, (dtype, shape, data)) in enumerate(tensors.items()):
+            want = _nbytes(dtype, shape)
+            offset = stream.pos
+            got = 0
+            if isinstance(data, CopyRange):
+                if data.length < CHUNK:  # a bias, a norm: read into the staging buffer
+                    got = data.length if stream.read_from(data.fd, data.offset, data.length) else -1
+                else:
+                    stream.flush()  # the kernel copy writes at stream.pos, after every staged byte
+                    got = _kernel_copy(data, fd, None, stream.pos)
+                    stream.pos += got
+                if got < 0:
+                    raise OSError(errno.EIO, f"{path}: the input ended early while copying tensor {name!r} (truncated?)")
+                data = data.fallback if got < data.length else None
+            chunks = () if data is None else data() if callable(data) else (data,)
+            for chunk in chunks:
+                stream.write(chunk)
+                got += len(chunk)
+            _check_size(path, name, dtype, shape, got, want)
+            if on_tensor is not None:
+                stream.wait()  # "in the file": the caller may read it back now
+                on_tensor(tmp, name, offset, want)
+            _fault(f"after-tensor:{i}")
+        stream.close()
+    finally:
+        stream.abort()
+
+
+def _check_size(path: str, name: str, dtype: str, shape, got: int, want: int) -> None:
+    if got != want:
+        raise ValueError(f"{path}: tensor {name!r} produced {got} bytes, {dtype} {list(shape)} needs {want}")
+
+
+def _pwrite(fd: int, data, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
 
 
 class BackgroundSync:
@@ -234,19 +322,25 @@ class BackgroundSync:
             raise self.error
 
 
-def _kernel_copy(src: CopyRange, dst_fd: int, flusher) -> int:
-    """Copy as much of ``src`` as the kernel will; returns the bytes copied (0 if unsupported)."""
+def _kernel_copy(src: CopyRange, dst_fd: int, flusher, at: int | None = None) -> int:
+    """Copy as much of ``src`` as the kernel will, at the file position or at offset ``at``;
+    returns the bytes copied (0 if unsupported)."""
     copy = getattr(os, "copy_file_range", None)
     if copy is None:
         return 0
     done = 0
     try:
         while done < src.length:
-            n = copy(src.fd, dst_fd, min(CHUNK * 8, src.length - done), src.offset + done)
+            n = min(CHUNK * 8, src.length - done)
+            if at is None:
+                n = copy(src.fd, dst_fd, n, src.offset + done)
+            else:
+                n = copy(src.fd, dst_fd, n, src.offset + done, at + done)
             if n == 0:
                 break
             done += n
-            flusher.wrote(n)
+            if flusher is not None:
+                flusher.wrote(n)
     except OSError as exc:
         if done == 0 and exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
             return 0

@@ -1,0 +1,131 @@
+"""``dequantize``'s decode thread: layers are read and decoded in file order by one thread per
+output file, ahead of the writer, so the next layer's read overlaps writing this one.
+
+Real checkpoints written by ``safetensors`` from comfy-kitchen layers; the outputs are compared
+with the codecs' own decode (as in ``test_dequantize``), and the order of events is observed by
+wrapping the dequantizer's read and the writer's consumption of each layer's chunks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import comfyquant
+import comfyquant.dequantizer as dq
+from comfyquant import codecs
+from kitchen_fixtures import dense_layer, make_layer, write_layers
+from test_dequantize import raw, read_all
+
+
+def _record(monkeypatch) -> list[tuple]:
+    """Events: ("read", thread name, entry names) at each read of packed tensors, and
+    ("written", layer name) when the writer, done with a layer's last chunk, asks for more.
+    Writing is slow: 0.1 s per chunk (a slow disk), so the decode thread could run ahead."""
+    events: list[tuple] = []
+    real_read, real_decoder, real_next = dq._Work._read, dq._Work._decoder, dq._Work._next
+
+    def read(self, entries):
+        events.append(("read", threading.current_thread().name, tuple(e.name for e in entries)))
+        return real_read(self, entries)
+
+    def decoder(self, layer):
+        chunks = real_decoder(self, layer)
+
+        def slow():
+            for chunk in chunks():
+                yield chunk
+                time.sleep(0.1)  # the writer took this long to write it
+
+        return slow
+
+    def next_item(self, layer):
+        kind, value = real_next(self, layer)
+        if kind == "end":
+            events.append(("written", layer.name))
+        return kind, value
+
+    monkeypatch.setattr(dq._Work, "_read", read)
+    monkeypatch.setattr(dq._Work, "_decoder", decoder)
+    monkeypatch.setattr(dq._Work, "_next", next_item)
+    return events
+
+
+def test_the_next_layer_is_read_while_this_one_is_written(tmp_path, monkeypatch):
+    layers = [make_layer("fp8", prefix="a", seed=1), dense_layer("between", (64,)),
+              make_layer("nvfp4", prefix="b", n=64, seed=2), make_layer("int8_convrot", prefix="c", seed=3)]
+    src = write_layers(tmp_path / "m.safetensors", layers)
+    events = _record(monkeypatch)
+    comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
+    reads = [e for e in events if e[0] == "read"]
+    assert reads and all(name != threading.current_thread().name for _, name, _ in reads)
+    order = [e[0] + ":" + (e[2][0].split(".")[0] if e[0] == "read" else e[1]) for e in events]
+    written = [e[1] for e in events if e[0] == "written"]  # the file's order
+    assert sorted(written) == ["a", "b", "c"]
+    for this, following in zip(written, written[1:]):  # read (and decoded) before this one is done
+        assert order.index(f"read:{following}") < order.index(f"written:{this}"), order
+    tensors, _ = read_all(tmp_path / "d.safetensors")
+    for layer in layers:
+        if layer.marker is not None:
+            want = codecs.get(layer.marker["format"]).decode(layer.tensors, layer.marker)
+            assert raw(tensors[f"{layer.prefix}.weight"]) == raw(want)
+
+
+def test_whole_layer_products_are_never_held_two_at_once(tmp_path, monkeypatch):
+    """An F32 output of a layer decoded by one GEMM is handed out as slices of that product:
+    the next layer is only decoded once the writer is done with them."""
+    import comfyquant.formats.codec as base
+
+    monkeypatch.setattr(base, "DEFAULT_BLOCK_ELEMENTS", 64 * 256)
+    monkeypatch.setattr(base, "ROTATED_BLOCK_ELEMENTS", 64 * 256)  # several blocks per layer
+    layers = [make_layer("int8_convrot", prefix="a", n=300, seed=1), make_layer("w4a4", prefix="b", n=300, seed=2),
+              make_layer("fp8", prefix="c", n=300, seed=3)]
+    src = write_layers(tmp_path / "m.safetensors", layers)
+    events = _record(monkeypatch)
+    comfyquant.dequantize(src, str(tmp_path / "d.safetensors"), dtype="f32")
+    order = [e[0] + ":" + (e[2][0].split(".")[0] if e[0] == "read" else e[1]) for e in events]
+    written = [e[1] for e in events if e[0] == "written"]
+    for this, following in zip(written, written[1:]):
+        if this in ("a", "b"):  # a one-GEMM layer's product is let go before the next is read
+            assert order.index(f"written:{this}") < order.index(f"read:{following}"), order
+    tensors, _ = read_all(tmp_path / "d.safetensors")
+    for layer in layers:
+        want = codecs.get(layer.marker["format"]).decode(layer.tensors, layer.marker, dtype=torch.float32)
+        assert raw(tensors[f"{layer.prefix}.weight"]) == raw(want)
+
+
+def test_a_writer_error_stops_the_decode_thread(tmp_path, monkeypatch):
+    """The writer fails in the middle of a layer: one error, no output, no thread left."""
+    import comfyquant.io.writer as writer
+
+    layers = [make_layer("fp8", prefix=f"l{i}", seed=i) for i in range(4)]
+    src = write_layers(tmp_path / "m.safetensors", layers)
+    real = writer._check_size
+    calls = []
+
+    def fail_second(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(*args)
+
+    monkeypatch.setattr(writer, "_check_size", fail_second)
+    with pytest.raises(dq.DequantizeError, match="cannot write"):
+        comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
+    assert not [t for t in threading.enumerate() if t.name == "comfyquant-decode" and t.is_alive()]
+
+
+def test_a_block_viewing_the_read_buffer_is_copied():
+    """The read buffer is reused by the next layer while the writer may still hold blocks: a
+    block that views it is recognised (and copied by the decode thread)."""
+    from comfyquant.numerics.dtypes import from_bytes
+
+    work = dq._Work.__new__(dq._Work)
+    work.buffer = bytearray(4096)
+    inside = from_bytes(memoryview(work.buffer)[128:256], "BF16", (64,))
+    assert work._in_buffer(inside)
+    assert not work._in_buffer(torch.zeros(64, dtype=torch.bfloat16))
