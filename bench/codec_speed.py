@@ -17,9 +17,13 @@
    3072x3072 and at 5120x13824, measured in the same rounds (each round decodes the small
    layer as many times as make the large one's bytes, then the large one once), with the
    median over rounds of the per-round ratio large/small.  Target: >= 0.8 for every decoder.
+   Three ways to decode: decode() into a fresh tensor, iter_decode() into one reused block
+   buffer, and a row source materialized (convert's path); beside decode(), in the same
+   rounds, a decoder with no arithmetic (read the stored weight, write a fresh output of the
+   same size) and the bound its ratio puts on decode()'s.
 
 Usage: python bench/codec_speed.py [--quick] [--rounds N] [--out DIR] [--threads T]
-       [--sections codec,scaling,dequantize] [--scaling-rounds N]
+       [--sections codec,scaling,dequantize] [--scaling-rounds N] [--decoders a,b]
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 from comfyquant import codecs  # noqa: E402
 from comfyquant.numerics.pages import empty_output  # noqa: E402
+from comfyquant.numerics.rows import materialize  # noqa: E402
 
 SHAPES = [(3072, 3072), (5120, 13824)]
 # name, format, comfy-kitchen layout, kitchen quantize kwargs (comfyquant takes the same)
@@ -192,13 +197,19 @@ def scaling_layer(fmt: str, kw: dict | None, n: int, k: int) -> tuple[dict, dict
     return {s: _tiled(v, n) for s, v in enc.items()}, enc.marker
 
 
-def _fresh_output(shape: tuple[int, int], dtype: torch.dtype) -> None:
-    """Produce an output of ``shape`` with no decoding at all: allocated as decode() allocates
-    its output (:func:`~comfyquant.numerics.pages.empty_output`) and written once.  Its
-    large/small rate ratio is what the output alone costs a decoder on the large layer:
-    fresh pages the kernel faults in and zeroes, and 141 MB that cannot stay in cache, where
-    the small layer's 19 MB is reused heap memory that does."""
-    empty_output(shape, dtype).fill_(1)
+def _fresh_output(shape: tuple[int, int], dtype: torch.dtype, stored: torch.Tensor) -> None:
+    """A decoder with no arithmetic: the output allocated as decode() allocates it
+    (:func:`~comfyquant.numerics.pages.empty_output`) and written once -- its first bytes
+    copied from the stored weight (every input byte read once), the rest filled.  Its
+    large/small rate ratio is what reading the layer and producing a fresh output of its
+    size cost on the large layer: fresh pages the kernel faults in and zeroes, and 70 + 141
+    MB that do not stay in cache, where the small layer's input and 19 MB output (reused
+    heap memory) do."""
+    flat = empty_output(shape, dtype).view(-1).view(torch.uint8)
+    src = stored.contiguous().view(-1).view(torch.uint8)
+    m = min(src.numel(), flat.numel())
+    flat[:m].copy_(src[:m])
+    flat[m:].fill_(1)
 
 
 def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
@@ -218,7 +229,10 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
     shapes = {id(small): codec.plan(*small).shape, id(large): codec.plan(*large).shape}
 
     def output(layer: tuple) -> None:
-        _fresh_output(shapes[id(layer)], dtype)
+        _fresh_output(shapes[id(layer)], dtype, layer[0]["weight"])
+
+    def source(layer: tuple) -> None:
+        materialize(codec.row_source(*layer, dtype=dtype))
 
     def run(how, layer: tuple, times: int) -> float:
         t = time.perf_counter()
@@ -226,15 +240,16 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
             how(layer)
         return time.perf_counter() - t
 
-    for how in (fresh, streamed, output):  # warm-up: first-call costs (tables, the allocator's pools)
+    for how in (fresh, streamed, output, source):  # warm-up: first-call costs (tables, the allocator's pools)
         run(how, small, 1)
         run(how, large, 1)
     mb_s = repeat * _dense_mb(codec, small)
     mb_l = _dense_mb(codec, large)
-    keys = ("small", "large", "ratio", "small_it", "large_it", "ratio_it", "small_out", "large_out", "ratio_out", "bound")
-    out: dict[str, list[float]] = {key: [] for key in keys}
+    paths = ((fresh, ""), (output, "_out"), (streamed, "_it"), (source, "_src"))
+    out: dict[str, list[float]] = {f"{key}{tag}": [] for _, tag in paths for key in ("small", "large", "ratio")}
+    out["bound"] = []
     for _ in range(rounds):
-        for how, tag in ((fresh, ""), (output, "_out"), (streamed, "_it")):
+        for how, tag in paths:
             r_s = mb_s / run(how, small, repeat)
             r_l = mb_l / run(how, large, 1)
             out["small" + tag].append(r_s)
@@ -276,7 +291,9 @@ def scaling_rows(rounds: int, dtype: torch.dtype = torch.bfloat16, only: set[str
         rows.append(row)
         print(f"{name:13s} | {row['small']:8.0f} {row['large']:8.0f} {row['ratio']:5.2f}x {_verdict(row):9s}"
               f" {row['ratio_out']:5.2f}x {row['bound']:5.2f}x | {row['small_it']:8.0f} {row['large_it']:8.0f}"
-              f" {row['ratio_it']:5.2f}x {'ok' if row['ratio_it'] >= 0.8 else 'LOW'}", flush=True)
+              f" {row['ratio_it']:5.2f}x {'ok' if row['ratio_it'] >= 0.8 else 'LOW':3s} | {row['small_src']:8.0f}"
+              f" {row['large_src']:8.0f} {row['ratio_src']:5.2f}x {'ok' if row['ratio_src'] >= 0.8 else 'LOW'}",
+              flush=True)
     return rows
 
 
@@ -293,13 +310,16 @@ def print_scaling_header(rounds: int) -> None:
     small, large = f"{n0}x{k0}", f"{n1}x{k1}"
     print(f"\ndecoder scaling: MB/s of dense BF16 output, median of {rounds} interleaved rounds; "
           f"ratio = median per-round {large} rate / {small} rate (target >= 0.8)")
-    print("  decode: a fresh output tensor per call; output: producing a fresh output of the same size with no "
-          "decoding (empty_output + one fill: a large one is new memory the kernel faults in and zeroes, too big "
-          "for the cache; a small one is reused heap memory); bound: decode()'s ratio if the large layer cost it "
-          "only its output's extra time per byte (see _output_bound); iter_decode: row blocks into one reused "
-          "buffer (what dequantize, compare and quantize's error report stream)")
-    print(f"{'':13s} | {'decode':^43s} | {'iter_decode':^25s}")
-    print(f"{'decoder':13s} | {small:>8s} {large:>8s} ratio  {'':9s} output bound | {small:>8s} {large:>8s} ratio")
+    print("  decode: a fresh output tensor per call.  output: the same without decoding -- a fresh output of the "
+          "same size, written once from the stored weight's bytes (_fresh_output: a large one is new memory the "
+          "kernel faults in and zeroes, too big for the cache with its input; a small one is reused heap memory "
+          "that stays in cache).  bound: decode()'s ratio if the large layer cost it only that extra time per "
+          "byte (_output_bound).  iter_decode: row blocks into one reused buffer (what dequantize, compare and "
+          "quantize's error report stream).  row source: materialize(row_source), how convert and quantize read "
+          "a quantized input")
+    print(f"{'':13s} | {'decode':^43s} | {'iter_decode':^29s} | {'row source':^25s}")
+    print(f"{'decoder':13s} | {small:>8s} {large:>8s} ratio  {'':9s} output bound | {small:>8s} {large:>8s} ratio"
+          f"     | {small:>8s} {large:>8s} ratio")
 
 
 # -- dequantize vs cp -------------------------------------------------------------------------

@@ -297,6 +297,24 @@ def test_fp8_layer_with_nan_codes_decodes_like_torch(nan):
     assert same_bits(got, q.to(torch.bfloat16) * s.to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("nan", [0x7F, 0xFF])
+def test_fp8_nan_codes_in_one_row_block_decode_like_torch(nan):
+    """NaN codes are looked for per row block (numerics/fp8_widen.has_nan_codes): a layer
+    whose one block holds one decodes that block by the general path and the others by the
+    bit path, every block the bits of ``q.to(bf16) * scale.to(bf16)`` (comfy-kitchen's)."""
+    w = weight("gauss", 256, 200, torch.bfloat16, seed=6)
+    codec = codecs.get("float8_e4m3fn")
+    enc = codec.encode(w)
+    q = enc["weight"].clone()
+    q.view(torch.uint8)[130, 7] = nan
+    t = {"weight": q, "weight_scale": enc["weight_scale"]}
+    expected = q.to(torch.bfloat16) * enc["weight_scale"].to(torch.bfloat16)
+    for b in BLOCKS:
+        assert same_bits(codec.decode(t, enc.marker, dtype=torch.bfloat16, block_elements=b), expected)
+        got = torch.cat([x.clone() for x in codec.iter_decode(t, enc.marker, dtype=torch.bfloat16, block_elements=b)])
+        assert same_bits(got, expected)
+
+
 def test_nvfp4_packed_weight_decode_equals_the_unpacked_codes():
     """The emulated NVFP4 GEMM decodes its weight a byte (two E2M1 values) per gather: every
     byte value, odd scales (subnormal, zero, NaN-free E4M3 range) and signed zeros give the
