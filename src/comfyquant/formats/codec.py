@@ -53,6 +53,10 @@ and handed out in blocks of this size.  Unrotated formats are a little faster wi
 larger blocks."""
 
 
+_UNPREPARED = object()
+"""No :meth:`Codec._prepare` result given: compute it."""
+
+
 class CodecError(ComfyQuantError):
     """A layer cannot be encoded, decoded or run; the message names the layer and tensor."""
 
@@ -179,10 +183,18 @@ class Codec:
         return False
 
     def decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
-               block_elements: int | None = None) -> torch.Tensor:
-        """The dense weight ``[N, K]`` in ``dtype`` (default: the layer's model dtype)."""
+               block_elements: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The dense weight ``[N, K]`` in ``dtype`` (default: the layer's model dtype).
+
+        ``out``: a contiguous ``[N, K]`` tensor of that dtype to decode into (and return)
+        instead of a new one.  A caller that decodes layer after layer into one reused
+        buffer skips what a fresh large output costs: new pages the kernel faults in and
+        zeroes (see :mod:`~comfyquant.numerics.pages`).  The bits are the same."""
         plan = self.plan(tensors, marker, layer)
-        return self._dense(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements)
+        dtype = self.output_dtype(dtype, tensors, plan.marker)
+        if out is not None:
+            check_destination(out, plan.shape, dtype, plan.name)
+        return self._dense(tensors, plan, dtype, block_elements, out=out)
 
     def row_source(self, tensors: dict, marker: dict | None = None, *, dtype=None,
                    layer: str | None = None) -> RowSource:
@@ -200,8 +212,20 @@ class Codec:
         per block.  ``exact=False``: every read decodes its rows alone (see
         :meth:`iter_decode`)."""
         if not (exact and self._whole_layer(plan.env, dtype, tensors)):
+            # The per-layer work (_prepare: unblocked scales, a scan for NaN codes) is done on
+            # the first read and kept: done per read, a layer of B blocks was scanned B times.
+            prepared: list = []
+
+            def state():
+                if not prepared:
+                    prepared.append(self._prepare(tensors, plan.env, dtype))
+                return prepared[0]
+
             return RowSource(plan.shape, dtype,
-                             lambda r0, r1: self._dense(tensors, plan, dtype, span=(r0, r1), exact=exact))
+                             lambda r0, r1: self._dense(tensors, plan, dtype, span=(r0, r1), exact=exact,
+                                                        state=state()),
+                             lambda r0, r1, dest: self._dense(tensors, plan, dtype, span=(r0, r1), exact=exact,
+                                                              state=state(), out=dest))
         held: list[torch.Tensor] = []
 
         def read(r0: int, r1: int) -> torch.Tensor:
@@ -229,14 +253,17 @@ class Codec:
 
     def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None,
                 out: torch.Tensor | None = None, reuse: int = 0,
-                span: tuple[int, int] | None = None, exact: bool = True) -> Iterator[torch.Tensor]:
+                span: tuple[int, int] | None = None, exact: bool = True,
+                state: object = _UNPREPARED) -> Iterator[torch.Tensor]:
         """Row blocks of rows ``span`` (default: all), written into ``out`` when given.  With
         ``reuse`` (a count) the blocks take turns in that many block-sized buffers: a
         consumer must use a block before ``reuse`` more are produced (the streaming writer
-        does), and memory stays ``reuse`` blocks whatever the layer size."""
+        does), and memory stays ``reuse`` blocks whatever the layer size.  ``state``: the
+        layer's :meth:`_prepare` result when the caller has it already."""
         n, k = plan.shape
         start, stop = span or (0, n)
-        state = self._prepare(tensors, plan.env, dtype)
+        if state is _UNPREPARED:
+            state = self._prepare(tensors, plan.env, dtype)
         ranges = row_ranges(stop - start, k, block_elements or self.decode_block_elements(plan.env), join_tail=False)
         if exact and self._whole_layer(plan.env, dtype, tensors):
             # One GEMM over the layer (comfy-kitchen's rounding); blocks are slices of it,
@@ -257,15 +284,17 @@ class Codec:
             yield self._decode_rows(tensors, plan, dtype, start + r0, start + r1, state, dest)
 
     def _dense(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None = None,
-               span: tuple[int, int] | None = None, exact: bool = True) -> torch.Tensor:
+               span: tuple[int, int] | None = None, exact: bool = True, state: object = _UNPREPARED,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """The dense rows ``span`` (default: the whole weight) of an already validated layer,
         decoded block by block straight into one output tensor (``exact``: see
         :meth:`iter_decode`).  A large output is put on huge pages before it is written
         (:mod:`~comfyquant.numerics.pages`): faulting it in 4 KiB pages cost as much as an
         FP8 decode, which made large layers slower per byte than small ones."""
         start, stop = span or (0, plan.shape[0])
-        out = empty_output((stop - start, plan.shape[1]), dtype)
-        for _ in self._blocks(tensors, plan, dtype, block_elements, out, span=span, exact=exact):
+        if out is None:
+            out = empty_output((stop - start, plan.shape[1]), dtype)
+        for _ in self._blocks(tensors, plan, dtype, block_elements, out, span=span, exact=exact, state=state):
             pass
         return out
 
@@ -396,6 +425,15 @@ def _buffers(count: int, ranges: list[tuple[int, int]], k: int, dtype: torch.dty
         return []
     rows = max(r1 - r0 for r0, r1 in ranges)
     return [torch.empty((rows, k), dtype=dtype) for _ in range(min(count, len(ranges)))]
+
+
+def check_destination(out, shape: tuple[int, int], dtype: torch.dtype, name: str) -> None:
+    """Refuse a decode destination that is not a contiguous ``shape`` tensor of ``dtype``."""
+    if not isinstance(out, torch.Tensor):
+        raise CodecError(f"{name}: out must be a torch tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or not out.is_contiguous():
+        raise CodecError(f"{name}: out must be a contiguous {list(shape)} {dtype} tensor, got "
+                         f"{'a non-contiguous ' if not out.is_contiguous() else ''}{list(out.shape)} {out.dtype}")
 
 
 def check_dense(weight: Weight, name: str, scan: bool = True) -> torch.Tensor | None:

@@ -28,8 +28,18 @@ def assemble_rows(shape: tuple[int, int], dtype: torch.dtype, rows: Callable[[in
                   block_elements: int = OPERAND_BLOCK_ELEMENTS) -> torch.Tensor:
     """A new ``[N, K]`` tensor of ``dtype`` whose rows ``r0:r1`` are ``rows(r0, r1)`` (any
     dtype: the copy is the rounding), filled block by block."""
+    return fill_rows(shape, dtype, lambda r0, r1, dest: dest.copy_(rows(r0, r1)), block_elements)
+
+
+def fill_rows(shape: tuple[int, int], dtype: torch.dtype, fill: Callable[[int, int, torch.Tensor], object],
+              block_elements: int = OPERAND_BLOCK_ELEMENTS) -> torch.Tensor:
+    """A new ``[N, K]`` tensor of ``dtype`` (on huge pages when large) whose rows ``r0:r1``
+    ``fill(r0, r1, dest)`` writes into ``dest`` (that ``[r1 - r0, K]`` view), block by
+    block: an elementwise operand computed in place, with no layer-sized temporary and
+    every block's passes in cache (a whole-layer F32 operand computed at once makes each
+    of its passes a trip through memory, and its 4 KiB pages fault one by one)."""
     n, k = shape
     out = empty_output((n, k), dtype)
     for r0, r1 in row_ranges(n, k, block_elements, join_tail=False):
-        out[r0:r1].copy_(rows(r0, r1))
+        fill(r0, r1, out[r0:r1])
     return out

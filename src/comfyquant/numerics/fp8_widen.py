@@ -24,18 +24,29 @@ from .floats import E4M3, E4M3_BF16_SHIFT
 _SIGN_AND_BITS = -30736  # 0x87F0 as int16: bit 15 and bits 4-10
 
 
-def folded_scale(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+def folded_scale(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, scan: bool = True) -> torch.Tensor | None:
     """The BF16 factor ``2^120 * bf16(scale)`` for :func:`widen_e4m3_scaled`, or None where
-    that path does not apply: not E4M3 -> BF16, the folded factor overflows BF16, or the
-    layer has NaN codes (their BF16 pattern differs)."""
+    that path does not apply: not E4M3 -> BF16, the folded factor overflows BF16, or (with
+    ``scan``) ``q`` has NaN codes (their BF16 pattern differs).  Without ``scan`` the caller
+    asks :func:`has_nan_codes` of each block it widens instead."""
     if q.dtype != E4M3 or dtype != torch.bfloat16:
         return None
     folded = (scale.to(dtype).float() * E4M3_BF16_SHIFT).to(dtype)
     if not bool(torch.isfinite(folded).all()):
         return None
-    if q.numel() and (int(q.view(torch.int8).amax()) == 0x7F or int(q.view(torch.uint8).amax()) == 0xFF):
+    if scan and has_nan_codes(q):
         return None
     return folded
+
+
+def has_nan_codes(q: torch.Tensor) -> bool:
+    """Whether E4M3 ``q`` holds a NaN code (0x7F, 0xFF): the largest int8 (127) or the largest
+    uint8 (255) byte, two read-only reductions without temporaries.  Asked per row block
+    right before the block is widened, the block is read from cache; asked once for the
+    whole layer beforehand, a large layer was read from memory twice more before decoding
+    (2 x 70 MB at 5120x13824) -- a cost per byte that a small layer, whose codes stay in
+    cache, does not pay."""
+    return bool(q.numel()) and (int(q.view(torch.int8).amax()) == 0x7F or int(q.view(torch.uint8).amax()) == 0xFF)
 
 
 def widen_e4m3_scaled(q: torch.Tensor, folded: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

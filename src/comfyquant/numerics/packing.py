@@ -82,8 +82,13 @@ def pair_table(values: torch.Tensor, order: str = LNF) -> torch.Tensor:
     return torch.stack((lo, hi) if order == LNF else (hi, lo), dim=-1).contiguous()
 
 
-def lookup_pairs(packed: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Decode packed bytes ``[..., C]`` through a ``pair_table`` -> values ``[..., 2C]``."""
+def lookup_pairs(packed: torch.Tensor, table: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decode packed bytes ``[..., C]`` through a ``pair_table`` -> values ``[..., 2C]``,
+    written into ``out`` (contiguous, the table's dtype) when given.  Either way a gather
+    of table rows: the values are copies, the same bits."""
     b = as_bytes(packed)
-    out = torch.nn.functional.embedding(b.to(torch.int32), table)
-    return out.view(*b.shape[:-1], 2 * b.shape[-1])
+    if out is None:
+        found = torch.nn.functional.embedding(b.to(torch.int32), table)
+        return found.view(*b.shape[:-1], 2 * b.shape[-1])
+    torch.index_select(table, 0, b.reshape(-1).to(torch.int32), out=out.view(-1, 2))
+    return out

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from .pages import empty_output
+
 MIN_BLOCK_ROWS = 16
 MIN_BLOCK_ELEMENTS = 1 << 14
 """A block has at least ``MIN_BLOCK_ROWS`` rows and this many elements (64 rows of 256)."""
@@ -81,18 +83,35 @@ class RowSource:
 
     ``read(r0, r1)`` returns rows ``r0:r1`` as a tensor of ``dtype``: read from a file or
     decoded, fresh on every call (each pass over the weight reads again), or a view of a
-    tensor held anyway (:func:`as_source`)."""
+    tensor held anyway (:func:`as_source`).  ``read_into(r0, r1, dest)``, when given, writes
+    those rows into ``dest`` (a contiguous ``[r1 - r0, K]`` tensor of ``dtype``) instead:
+    a decoder then writes its result where it is wanted, with no block-sized copy."""
 
-    __slots__ = ("shape", "dtype", "_read")
+    __slots__ = ("shape", "dtype", "_read", "_read_into")
 
-    def __init__(self, shape: tuple[int, int], dtype: torch.dtype, read: Callable[[int, int], torch.Tensor]) -> None:
+    def __init__(self, shape: tuple[int, int], dtype: torch.dtype, read: Callable[[int, int], torch.Tensor],
+                 read_into: Callable[[int, int, torch.Tensor], object] | None = None) -> None:
         self.shape = (int(shape[0]), int(shape[1]))
         self.dtype = dtype
         self._read = read
+        self._read_into = read_into
 
     def rows(self, r0: int, r1: int) -> torch.Tensor:
         """Rows ``r0:r1``, shape ``[r1 - r0, K]``."""
         return self._read(r0, r1)
+
+    @property
+    def writes_into(self) -> bool:
+        """Whether :meth:`rows_into` writes rows where they are wanted (no block-sized copy):
+        a decoder, which splits any range into its own row blocks."""
+        return self._read_into is not None
+
+    def rows_into(self, r0: int, r1: int, dest: torch.Tensor) -> torch.Tensor:
+        """Rows ``r0:r1`` written into ``dest`` (contiguous ``[r1 - r0, K]``, ``dtype``)."""
+        if self._read_into is None:
+            return dest.copy_(self._read(r0, r1))
+        self._read_into(r0, r1, dest)
+        return dest
 
     def select(self, index: torch.Tensor) -> torch.Tensor:
         """The rows at ``index``, as ``index_select(0, index)`` gives them."""
@@ -127,17 +146,24 @@ def row_blocks(t: Weight, block_elements: int | None = None,
 
 def materialize(weight: Weight, r0: int = 0, r1: int | None = None) -> torch.Tensor:
     """Rows ``r0:r1`` (default: all) of ``weight`` as one tensor: a view of a tensor, or a
-    :class:`RowSource` read block by block into one new tensor (no read is larger than a
-    block).  For the products comfy-kitchen computes over a whole layer or row chunk, whose
-    rounding may depend on the row count (ConvRot weight rotations): those rows are then held
-    together, as comfy-kitchen holds them."""
+    :class:`RowSource` read into one new tensor -- block by block (no read is larger than a
+    block), or, by a source that writes into a destination (a decoder), in one call that
+    blocks itself.  For the products comfy-kitchen computes over a whole layer or row chunk,
+    whose rounding may depend on the row count (ConvRot weight rotations): those rows are
+    then held together, as comfy-kitchen holds them."""
     n, k = weight.shape
     r1 = n if r1 is None else r1
     if isinstance(weight, torch.Tensor):
         return weight[r0:r1]
-    out = torch.empty((r1 - r0, k), dtype=weight.dtype)
+    out = empty_output((r1 - r0, k), weight.dtype)
+    if weight.writes_into:
+        # One call: the decoder writes ``out`` in its own row blocks, exactly as
+        # ``decode(out=...)`` does (one path, one bound), instead of 1M-element reads that
+        # each set up a decode of their own.
+        weight.rows_into(r0, r1, out)
+        return out
     for b0, b1 in row_ranges(r1 - r0, k, encode_block_elements()):
-        out[b0:b1].copy_(weight.rows(r0 + b0, r0 + b1))
+        weight.rows_into(r0 + b0, r0 + b1, out[b0:b1])
     return out
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from ...numerics.floats import E4M3, FP8_MAX, fp8_decode_scaled, fp8_encode
-from ...numerics.fp8_widen import folded_scale, widen_e4m3_scaled
+from ...numerics.fp8_widen import folded_scale, has_nan_codes, widen_e4m3_scaled
 from ...numerics.rows import cast_rows
 from ..codec import Codec, reject_unknown, rows_of
 
@@ -41,13 +41,15 @@ class FP8Codec(Codec):
         return tensors, {"format": self.name}
 
     def _prepare(self, t, env, dtype):
-        # per layer, not per block: whether the E4M3 -> BF16 bit path applies (numerics/fp8_widen.py)
-        return folded_scale(t["weight"], t["weight_scale"].reshape(()), dtype)
+        # per layer: the folded scale of the E4M3 -> BF16 bit path (numerics/fp8_widen.py);
+        # whether a block has NaN codes is asked per block, while its codes are in cache
+        return folded_scale(t["weight"], t["weight_scale"].reshape(()), dtype, scan=False)
 
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
-        if state is not None:
-            return widen_e4m3_scaled(rows_of(t["weight"], r0, r1), state, out)
-        return fp8_decode_scaled(rows_of(t["weight"], r0, r1), t["weight_scale"].reshape(()), dtype, out)
+        q = rows_of(t["weight"], r0, r1)
+        if state is not None and not has_nan_codes(q):
+            return widen_e4m3_scaled(q, state, out)
+        return fp8_decode_scaled(q, t["weight_scale"].reshape(()), dtype, out)
 
     def _linear_setup(self, x2, t, plan):
         s_x = t.get("input_scale")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...numerics import rows
+from ...numerics.assemble import fill_rows
 from ...numerics.hadamard import rotate_activation, rotate_weight, unrotate
 from ...numerics.int8 import int8_levels, int8_product, quantize_rows, row_levels_inplace, safe_divisor
 from ...numerics.rows import Weight, cast_rows, gather_rows, materialize, row_blocks
@@ -57,7 +58,8 @@ class Int8Codec(Codec):
         return env.get("convrot") is True
 
     def _decode_whole(self, t, plan, dtype, state, out):
-        return unrotate(lambda: self._dequantized(t, 0, plan.shape[0]), plan.env["convrot_groupsize"], dtype, out)
+        operand = lambda: fill_rows(plan.shape, torch.float32, lambda r0, r1, dest: self._dequantized(t, r0, r1, dest))  # noqa: E731
+        return unrotate(operand, plan.env["convrot_groupsize"], dtype, out)
 
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
         w = self._dequantized(t, r0, r1)
@@ -66,13 +68,15 @@ class Int8Codec(Codec):
         return finish(w, dtype, out)
 
     @staticmethod
-    def _dequantized(t: dict, r0: int, r1: int) -> torch.Tensor:
-        """``float32(q) * scale`` of rows ``r0:r1`` (before any un-rotation), a new F32 tensor."""
+    def _dequantized(t: dict, r0: int, r1: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``float32(q) * scale`` of rows ``r0:r1`` (before any un-rotation), in ``out`` (F32)
+        when given, else a new F32 tensor."""
         q = rows_of(t["weight"], r0, r1)
         scale = t["weight_scale"]
         if scale.dim() == 2:
             scale = rows_of(scale, r0, r1)
-        return torch.empty(q.shape, dtype=torch.float32).copy_(q).mul_(scale.to(torch.float32))
+        out = torch.empty(q.shape, dtype=torch.float32) if out is None else out
+        return out.copy_(q).mul_(scale.to(torch.float32))
 
     def _linear_setup(self, x2, t, plan):
         env = plan.env

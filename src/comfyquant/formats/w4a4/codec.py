@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ...numerics.assemble import fill_rows
 from ...numerics.hadamard import rotate_activation, rotate_weight, unrotate
 from ...numerics.int8 import int8_matmul
 from ...numerics.packing import lookup_pairs, pack_nibbles, pair_table, to_signed, unpack_nibbles
@@ -56,15 +57,17 @@ class W4A4Codec(Codec):
         return True  # comfy-kitchen un-rotates the whole F32 layer in one GEMM (see base)
 
     def _decode_whole(self, t, plan, dtype, state, out):
-        return unrotate(lambda: self._dequantized(t, 0, plan.shape[0]), plan.env["convrot_groupsize"], dtype, out)
+        operand = lambda: fill_rows(plan.shape, torch.float32, lambda r0, r1, dest: self._dequantized(t, r0, r1, dest))  # noqa: E731
+        return unrotate(operand, plan.env["convrot_groupsize"], dtype, out)
 
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):  # only with exact=False (Codec.iter_decode)
         return finish(rotate_weight(self._dequantized(t, r0, r1), plan.env["convrot_groupsize"]), dtype, out)
 
     @staticmethod
-    def _dequantized(t: dict, r0: int, r1: int) -> torch.Tensor:
-        """Signed codes times the row scales in F32 (still rotated), a new tensor."""
-        w = lookup_pairs(rows_of(t["weight"], r0, r1), _SIGNED)
+    def _dequantized(t: dict, r0: int, r1: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Signed codes times the row scales in F32 (still rotated), in ``out`` when given,
+        else a new tensor."""
+        w = lookup_pairs(rows_of(t["weight"], r0, r1), _SIGNED, out)
         return w.mul_(rows_of(t["weight_scale"], r0, r1).to(torch.float32).reshape(-1, 1))
 
     def _linear_setup(self, x2, t, plan):
