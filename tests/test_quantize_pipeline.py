@@ -266,3 +266,24 @@ def test_bad_jobs_are_refused_before_any_work(tmp_path, value):
     with pytest.raises(InputError, match="--jobs"):
         comfyquant.quantize(src, str(out / "q.safetensors"), "int8", jobs=value, progress=False)
     assert os.listdir(out) == []
+
+
+def test_auto_with_workers_leaves_torch_out_of_the_writing_process(tmp_path):
+    """With workers, the main process only writes: deciding auto must not import torch there
+    (it cost the run a torch import and ~200 MiB beside two workers)."""
+    import json
+    import subprocess
+    import sys
+
+    src = model(tmp_path / "in.safetensors")
+    code = (
+        "import json, sys, comfyquant\n"
+        "from comfyquant.quantizer import jobs\n"
+        "jobs.POOL_MIN_BYTES = 1\n"
+        "jobs.cores = lambda: 2\n"
+        f"r = comfyquant.quantize({src!r}, {str(tmp_path / 'q.safetensors')!r}, 'w4a8', progress=False)\n"
+        "print(json.dumps({'jobs': r.doc['jobs'], 'torch': 'torch' in sys.modules}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"jobs": {"requested": "auto", "workers": 2, "threads": 1, "overlap": False}, "torch": False}

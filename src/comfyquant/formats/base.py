@@ -295,6 +295,12 @@ class Format:
     ``infer_rank`` places ``recognize`` in the inference order (lower is tried first: the more
     specific tensor signatures, spec 6.6; None: never inferred).
 
+    ``heavy_encoder``: encoding is compute bound far below disk speed (least-squares passes,
+    a whole-layer GEMM), so ``quantize --jobs auto`` spreads such layers over worker processes,
+    one per core (:mod:`comfyquant.quantizer.jobs`); for the other encoders reading and
+    writing dominate.  A plain flag here, not on the codec: deciding must not import torch in
+    the process that only writes.
+
     ``params_module`` is the module (in the format's own package) whose ``PARAMS`` maps the
     format's name to the frozen ``Params`` class that ``quantize``/``convert`` write (defaults,
     validation, marker); imported on first use, like the codec, because it is a dataclass and
@@ -321,7 +327,7 @@ class Format:
     __slots__ = ("name", "title", "slots", "keys", "_geometry", "constraints", "bits_text", "rotation", "loaders",
                  "converter_only", "recognize", "bank_rows", "bank_rows_if", "pad", "quant_format", "encode_params",
                  "reference_factor", "codec_module", "order", "infer_rank", "params_module", "aliases", "inspect_text",
-                 "infer_marker", "lossy", "legacy_renames")
+                 "infer_marker", "lossy", "legacy_renames", "heavy_encoder")
 
     def __init__(self, name: str, title: str, slots: tuple[Slot, ...], keys: tuple[MarkerKey, ...],
                  geometry: Callable[[dict, dict], dict], constraints: tuple[Constraint, ...] = (), bits_text: str = "",
@@ -332,7 +338,8 @@ class Format:
                  reference_factor: float = 2.0, codec_module: str | None = None, order: int = 100,
                  infer_rank: int | None = None, params_module: str | None = None, aliases: tuple[str, ...] = (),
                  inspect_text: Callable[[dict], str] | None = None, infer_marker: Callable[..., dict | str] | None = None,
-                 lossy: Callable[..., Any] | None = None, legacy_renames: dict[str, str] | None = None) -> None:
+                 lossy: Callable[..., Any] | None = None, legacy_renames: dict[str, str] | None = None,
+                 heavy_encoder: bool = False) -> None:
         self.name = name
         self.title = title
         self.slots = slots
@@ -343,6 +350,7 @@ class Format:
         self.rotation = rotation
         self.loaders = loaders
         self.converter_only = converter_only
+        self.heavy_encoder = heavy_encoder
         self.recognize = recognize
         self.bank_rows = bank_rows
         self.bank_rows_if = bank_rows_if

@@ -104,10 +104,6 @@ class Codec:
     can_encode = True
     model_dtype_scales = False
     """The format stores ``weight_scale`` in the model dtype (AWQ, SVDQuant)."""
-    heavy_encoder = False
-    """Encoding is compute bound far below disk speed (least-squares passes, a whole-layer
-    GEMM): ``quantize --jobs auto`` then spreads layers over worker processes, one per core
-    (:mod:`comfyquant.quantizer.jobs`); for the other encoders reading and writing dominate."""
 
     @property
     def format(self) -> Format:

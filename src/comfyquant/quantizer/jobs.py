@@ -10,8 +10,8 @@ take every core.
 Without ``--jobs`` (``auto``) the run uses every core in the shape that suits the plan:
 
 * worker processes, one per core, when most of the work is in encoders that are compute
-  bound far below disk speed (:attr:`comfyquant.formats.codec.Codec.heavy_encoder`: several
-  least-squares passes, a whole-layer GEMM) and there is enough of it to pay for starting
+  bound far below disk speed (the format's ``heavy_encoder``, :class:`comfyquant.formats.base.Format`:
+  several least-squares passes, a whole-layer GEMM) and there is enough of it to pay for starting
   the workers: separate processes then run the encoders' Python-driven steps side by side;
 * otherwise this process alone with all its torch threads, the measurement of each layer in
   a second thread beside the next layer's encode: for the fast encoders the cost is reading
@@ -100,9 +100,11 @@ def resolve(jobs, plan, in_process_only: bool = False) -> Jobs:
 
 
 def _auto(plan, have: int, in_process_only: bool) -> Jobs:
-    from .. import codecs
+    """Decided from the plan and the torch-free format descriptions: with workers, this
+    process only writes and never imports torch."""
+    from ..formats.registry import FORMATS
 
-    heavy = [lp for lp in plan.quantized if codecs.get(lp.format).heavy_encoder]
+    heavy = [lp for lp in plan.quantized if FORMATS[lp.format].heavy_encoder]
     heavy_bytes = sum(_dense_bytes(lp) for lp in heavy)
     if have < 2 or in_process_only or heavy_bytes < POOL_MIN_BYTES:
         return Jobs(0, None, True, AUTO)

@@ -32,7 +32,6 @@ def quantize_int4_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class W4A4Codec(Codec):
     name = "convrot_w4a4"
-    heavy_encoder = True
 
     def _encode(self, weight, params, name, amax):
         size = params.pop("convrot_groupsize", 256)

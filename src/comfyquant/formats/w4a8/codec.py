@@ -64,7 +64,6 @@ zero or NaN scale) decode whole."""
 
 class W4A8Codec(Codec):
     name = "asym_w4a8_int8"
-    heavy_encoder = True
 
     def _encode(self, weight, params, name, amax):
         return encode_w4a8(weight, params, name, self.name)
