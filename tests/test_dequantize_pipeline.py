@@ -129,3 +129,32 @@ def test_a_block_viewing_the_read_buffer_is_copied():
     inside = from_bytes(memoryview(work.buffer)[128:256], "BF16", (64,))
     assert work._in_buffer(inside)
     assert not work._in_buffer(torch.zeros(64, dtype=torch.bfloat16))
+
+
+def test_a_one_gemm_layer_in_a_narrower_dtype_is_written_while_the_next_is_unrotated(tmp_path, monkeypatch):
+    """BF16 output of layers decoded by one GEMM: each is rounded whole and its F32 product
+    let go, so the next such layer is read and un-rotated while this one is still being
+    written (before: only after its last block), in the same row blocks and the same bits."""
+    import comfyquant.formats.codec as base
+
+    monkeypatch.setattr(base, "DEFAULT_BLOCK_ELEMENTS", 64 * 256)
+    monkeypatch.setattr(base, "ROTATED_BLOCK_ELEMENTS", 64 * 256)  # several blocks per layer
+    layers = [make_layer("int8_convrot", prefix="a", n=300, seed=1), make_layer("w4a4", prefix="b", n=300, seed=2),
+              make_layer("int8_convrot", prefix="c", n=300, seed=3)]
+    src = write_layers(tmp_path / "m.safetensors", layers)
+    events = _record(monkeypatch)
+    comfyquant.dequantize(src, str(tmp_path / "d.safetensors"), dtype="bf16")
+    order = [e[0] + ":" + (e[2][0].split(".")[0] if e[0] == "read" else e[1]) for e in events]
+    written = [e[1] for e in events if e[0] == "written"]
+    assert written == ["a", "b", "c"]
+    for this, following in zip(written, written[1:]):
+        assert order.index(f"read:{following}") < order.index(f"written:{this}"), order
+    tensors, _ = read_all(tmp_path / "d.safetensors")
+    for layer in layers:
+        codec = codecs.get(layer.marker["format"])
+        want = codec.decode(layer.tensors, layer.marker, dtype=torch.bfloat16)
+        assert raw(tensors[f"{layer.prefix}.weight"]) == raw(want)
+        streamed = [b.clone() for b in codec.iter_decode(layer.tensors, layer.marker, dtype=torch.bfloat16)]
+        rounded = list(codec.iter_decode(layer.tensors, layer.marker, dtype=torch.bfloat16, round_whole=True))
+        assert [b.shape for b in rounded] == [b.shape for b in streamed]
+        assert all(raw(x) == raw(y) for x, y in zip(rounded, streamed))

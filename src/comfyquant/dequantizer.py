@@ -469,7 +469,8 @@ class _Work:
 
     def _produce(self, order: list[DecodedLayer]) -> Iterator[tuple]:
         """(layer, kind, value) items: ``read`` (bytes read), ``block`` (a decoded row block
-        and its count of infinities for an F16 output), ``end``.  Runs in the decode thread."""
+        and its count of infinities for an F16 output), ``blocks`` (a list of those: a layer
+        decoded by one GEMM, rounded whole), ``end``.  Runs in the decode thread."""
         import torch
 
         from .numerics.dtypes import from_bytes
@@ -491,6 +492,18 @@ class _Work:
                 raw = self._read(needed)
                 tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in entries.items() if e.name in raw}
                 yield layer, "read", sum(e.nbytes for e in needed)
+                if layer.per_expert is None and layer.dtype != torch.float32 and \
+                        layer.codec.decodes_whole(tensors, layer.plan, layer.dtype):
+                    # One GEMM over the layer (comfy-kitchen's), rounded to the output dtype
+                    # whole, its F32 operand and product freed: the blocks (slices of it) go to
+                    # the writer as one item, so this thread reads and un-rotates the next
+                    # layer while this one is written, instead of after its last block.
+                    blocks = list(layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype,
+                                                          plan=layer.plan, round_whole=True))
+                    largest = max([largest] + [b.nbytes for b in blocks])
+                    yield layer, "blocks", [(b, int(torch.isinf(b).sum()) if f16 else 0) for b in blocks]
+                    del blocks, tensors, raw
+                    continue
                 for block in layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan,
                                                      buffers=AHEAD + 2):
                     if self._in_buffer(block):  # a view of the packed input: the next read overwrites it
@@ -537,12 +550,13 @@ class _Work:
                 if kind == "read":
                     self._advance(value)
                     continue
-                block, inf = value
-                if inf:
-                    self.summary.overflowed[layer.name] = self.summary.overflowed.get(layer.name, 0) + inf
-                data = to_bytes(block)
-                self.summary.bytes_written += len(data)
-                yield data
+                for block, inf in (value if kind == "blocks" else [value]):
+                    if inf:
+                        self.summary.overflowed[layer.name] = self.summary.overflowed.get(layer.name, 0) + inf
+                    data = to_bytes(block)
+                    self.summary.bytes_written += len(data)
+                    yield data
+                value = None  # a whole layer's blocks go as soon as they are written
             fmt = layer.plan.marker.get("format")
             self.formats[fmt] = self.formats.get(fmt, 0) + 1
             with self._turn:
@@ -552,7 +566,7 @@ class _Work:
         return chunks
 
 
-AHEAD = 1
+AHEAD = 2
 """Blocks decoded ahead of the one being written (:func:`decoded_ahead`): with one in the
 queue and one being decoded, ``iter_decode`` needs ``AHEAD + 2`` buffers."""
 

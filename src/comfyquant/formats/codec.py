@@ -233,11 +233,17 @@ class Codec:
 
     def iter_decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
                     block_elements: int | None = None, plan: Plan | None = None,
-                    exact: bool = True, buffers: int = 1) -> Iterator[torch.Tensor]:
+                    exact: bool = True, buffers: int = 1, round_whole: bool = False) -> Iterator[torch.Tensor]:
         """The dense weight in row blocks of about ``block_elements`` elements.  Blocks take
         turns in ``buffers`` block-sized buffers: a block stays valid while the next
         ``buffers - 1`` are produced (one buffer: use or copy each block before requesting
         the next; more let a consumer write one block while others are decoded).
+
+        ``round_whole``: a layer that decodes in one piece (:meth:`decodes_whole`) into a wider
+        product is rounded to ``dtype`` whole, its product freed, and its blocks are slices of
+        that layer, valid as long as the consumer keeps them (same bits: rounding is
+        elementwise).  A streaming writer can then hold one layer in the output dtype while
+        the next layer's GEMM runs, instead of the product until its last block is written.
 
         ``exact=False`` decodes every layer block by block, also those that comfy-kitchen
         computes with one GEMM over the layer (:meth:`_whole_layer`): memory then follows a
@@ -245,12 +251,17 @@ class Codec:
         measurements (quantize's error report), never for output."""
         plan = plan or self.plan(tensors, marker, layer)
         yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements,
-                                reuse=max(1, buffers), exact=exact)
+                                reuse=max(1, buffers), exact=exact, round_whole=round_whole)
+
+    def decodes_whole(self, tensors: dict, plan: Plan, dtype: torch.dtype) -> bool:
+        """Whether the layer decodes to ``dtype`` in one piece: one float GEMM over the layer,
+        as comfy-kitchen runs it (:meth:`_whole_layer`); its row blocks are slices of it."""
+        return self._whole_layer(plan.env, dtype, tensors)
 
     def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None,
                 out: torch.Tensor | None = None, reuse: int = 0,
                 span: tuple[int, int] | None = None, exact: bool = True,
-                state: object = _UNPREPARED) -> Iterator[torch.Tensor]:
+                state: object = _UNPREPARED, round_whole: bool = False) -> Iterator[torch.Tensor]:
         """Row blocks of rows ``span`` (default: all), written into ``out`` when given.  With
         ``reuse`` (a count) the blocks take turns in that many block-sized buffers: a
         consumer must use a block before ``reuse`` more are produced (the streaming writer
@@ -265,6 +276,9 @@ class Codec:
             # One GEMM over the layer (comfy-kitchen's rounding); blocks are slices of it,
             # rounded to ``dtype`` block by block when the product is wider.
             whole = self._decode_whole(tensors, plan, dtype, state, out if (start, stop) == (0, n) else None)
+            if round_whole and out is None and whole.dtype != dtype:
+                whole = whole[start:stop].to(dtype)  # the wider product is freed here
+                start = 0
             if whole.dtype == dtype and out is None or whole is out:
                 for r0, r1 in ranges:
                     yield whole[start + r0:start + r1]
