@@ -567,7 +567,7 @@ class _Work:
 
 
 AHEAD = 2
-"""Blocks decoded ahead of the one being written (:func:`decoded_ahead`): with one in the
+"""Blocks decoded ahead of the one being written (:func:`decoded_ahead`): with AHEAD in the
 queue and one being decoded, ``iter_decode`` needs ``AHEAD + 2`` buffers."""
 
 
