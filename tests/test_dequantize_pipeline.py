@@ -54,6 +54,20 @@ def _record(monkeypatch) -> list[tuple]:
     return events
 
 
+def _blocked_run(tmp_path, monkeypatch, layers, dtype: str) -> tuple[list[str], list[str]]:
+    """Dequantize ``layers`` in blocks of 64 rows (several per layer) through a slow writer:
+    the order of reads and finished layers, and the layers in the order written."""
+    import comfyquant.formats.codec as base
+
+    monkeypatch.setattr(base, "DEFAULT_BLOCK_ELEMENTS", 64 * 256)
+    monkeypatch.setattr(base, "ROTATED_BLOCK_ELEMENTS", 64 * 256)
+    src = write_layers(tmp_path / "m.safetensors", layers)
+    events = _record(monkeypatch)
+    comfyquant.dequantize(src, str(tmp_path / "d.safetensors"), dtype=dtype)
+    order = [e[0] + ":" + (e[2][0].split(".")[0] if e[0] == "read" else e[1]) for e in events]
+    return order, [e[1] for e in events if e[0] == "written"]
+
+
 def test_the_next_layer_is_read_while_this_one_is_written(tmp_path, monkeypatch):
     layers = [make_layer("fp8", prefix="a", seed=1), dense_layer("between", (64,)),
               make_layer("nvfp4", prefix="b", n=64, seed=2), make_layer("int8_convrot", prefix="c", seed=3)]
@@ -77,17 +91,9 @@ def test_the_next_layer_is_read_while_this_one_is_written(tmp_path, monkeypatch)
 def test_whole_layer_products_are_never_held_two_at_once(tmp_path, monkeypatch):
     """An F32 output of a layer decoded by one GEMM is handed out as slices of that product:
     the next layer is only decoded once the writer is done with them."""
-    import comfyquant.formats.codec as base
-
-    monkeypatch.setattr(base, "DEFAULT_BLOCK_ELEMENTS", 64 * 256)
-    monkeypatch.setattr(base, "ROTATED_BLOCK_ELEMENTS", 64 * 256)  # several blocks per layer
     layers = [make_layer("int8_convrot", prefix="a", n=300, seed=1), make_layer("w4a4", prefix="b", n=300, seed=2),
               make_layer("fp8", prefix="c", n=300, seed=3)]
-    src = write_layers(tmp_path / "m.safetensors", layers)
-    events = _record(monkeypatch)
-    comfyquant.dequantize(src, str(tmp_path / "d.safetensors"), dtype="f32")
-    order = [e[0] + ":" + (e[2][0].split(".")[0] if e[0] == "read" else e[1]) for e in events]
-    written = [e[1] for e in events if e[0] == "written"]
+    order, written = _blocked_run(tmp_path, monkeypatch, layers, "f32")
     for this, following in zip(written, written[1:]):
         if this in ("a", "b"):  # a one-GEMM layer's product is let go before the next is read
             assert order.index(f"written:{this}") < order.index(f"read:{following}"), order
@@ -135,17 +141,9 @@ def test_a_one_gemm_layer_in_a_narrower_dtype_is_written_while_the_next_is_unrot
     """BF16 output of layers decoded by one GEMM: each is rounded whole and its F32 product
     let go, so the next such layer is read and un-rotated while this one is still being
     written (before: only after its last block), in the same row blocks and the same bits."""
-    import comfyquant.formats.codec as base
-
-    monkeypatch.setattr(base, "DEFAULT_BLOCK_ELEMENTS", 64 * 256)
-    monkeypatch.setattr(base, "ROTATED_BLOCK_ELEMENTS", 64 * 256)  # several blocks per layer
     layers = [make_layer("int8_convrot", prefix="a", n=300, seed=1), make_layer("w4a4", prefix="b", n=300, seed=2),
               make_layer("int8_convrot", prefix="c", n=300, seed=3)]
-    src = write_layers(tmp_path / "m.safetensors", layers)
-    events = _record(monkeypatch)
-    comfyquant.dequantize(src, str(tmp_path / "d.safetensors"), dtype="bf16")
-    order = [e[0] + ":" + (e[2][0].split(".")[0] if e[0] == "read" else e[1]) for e in events]
-    written = [e[1] for e in events if e[0] == "written"]
+    order, written = _blocked_run(tmp_path, monkeypatch, layers, "bf16")
     assert written == ["a", "b", "c"]
     for this, following in zip(written, written[1:]):
         assert order.index(f"read:{following}") < order.index(f"written:{this}"), order
