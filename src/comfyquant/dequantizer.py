@@ -500,7 +500,6 @@ class _Work:
                     # layer while this one is written, instead of after its last block.
                     blocks = list(layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype,
                                                           plan=layer.plan, round_whole=True))
-                    largest = max([largest] + [b.nbytes for b in blocks])
                     yield layer, "blocks", [(b, int(torch.isinf(b).sum()) if f16 else 0) for b in blocks]
                     del blocks, tensors, raw
                     continue

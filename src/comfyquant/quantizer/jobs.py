@@ -50,12 +50,6 @@ class Jobs:
     requested: str
     """What was asked for (``auto`` or the number), for the report."""
 
-    def describe(self) -> str:
-        if self.workers:
-            return f"{self.workers} worker processes, {self.threads} torch thread(s) each"
-        threads = "torch's default threads" if self.threads is None else f"{self.threads} torch thread(s)"
-        return f"this process, {threads}" + (", measuring beside encoding" if self.overlap else "")
-
     def to_dict(self) -> dict:
         return {"requested": self.requested, "workers": self.workers, "threads": self.threads,
                 "overlap": self.overlap}
