@@ -201,6 +201,17 @@ def slice_layers(double: int, single: int) -> list[tuple[str, int, int]]:
     return out + [(f"single_blocks.{b}.{name}", n, k) for b in range(single) for name, n, k in SINGLE]
 
 
+def gaussian_weight(n: int, k: int, gen, rows: int):
+    """A BF16 ``[n, k]`` weight of N(0, 1/k) values drawn from ``gen`` ``rows`` rows at a time
+    (bounded F32 memory; the row count is part of which values are drawn)."""
+    import torch
+
+    w = torch.empty(n, k, dtype=torch.bfloat16)
+    for r in range(0, n, rows):
+        w[r:r + rows] = torch.randn(min(rows, n - r), k, generator=gen) * k ** -0.5
+    return w
+
+
 def build_slice(path: str, layers: list[tuple[str, int, int]]) -> None:
     """A Flux-shaped slice: seeded Gaussian BF16 weights with F32-free generation per row block,
     biases, and one norm per block (kept dense by quantize, copied by the kernel)."""
@@ -210,10 +221,7 @@ def build_slice(path: str, layers: list[tuple[str, int, int]]) -> None:
     gen = torch.Generator().manual_seed(0)
     sd = {}
     for name, n, k in layers:
-        w = torch.empty(n, k, dtype=torch.bfloat16)
-        for r in range(0, n, 1024):
-            w[r:r + 1024] = torch.randn(min(1024, n - r), k, generator=gen) * k ** -0.5
-        sd[f"{name}.weight"] = w
+        sd[f"{name}.weight"] = gaussian_weight(n, k, gen, 1024)
         sd[f"{name}.bias"] = torch.zeros(n, dtype=torch.bfloat16)
         block = name.rsplit(".", 2)[0] if name.startswith("double") else name.rsplit(".", 1)[0]
         sd.setdefault(f"{block}.norm.scale", torch.ones(128, dtype=torch.bfloat16))
@@ -350,10 +358,7 @@ def build_model(path: str) -> int:
     gen = torch.Generator().manual_seed(0)
     sd = {}
     for name, n, k in LAYERS:
-        w = torch.empty(n, k, dtype=torch.bfloat16)
-        for r in range(0, n, 512):
-            w[r:r + 512] = torch.randn(min(512, n - r), k, generator=gen) * k ** -0.5
-        sd[f"{name}.weight"] = w
+        sd[f"{name}.weight"] = gaussian_weight(n, k, gen, 512)
         sd[f"{name}.bias"] = torch.zeros(n, dtype=torch.bfloat16)
     sd["blocks.0.norm1.weight"] = torch.ones(3072, dtype=torch.bfloat16)
     save_file(sd, path)

@@ -202,12 +202,7 @@ def test_awq_decode_and_linear(dtype_name):
     dtype = DTYPES[dtype_name]
     gen = torch.Generator().manual_seed(3)
     n, k, g = 48, 256, 64
-    t = {"weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
-         "weight_scale": (torch.rand(k // g, n, generator=gen) * 0.01).to(dtype),
-         "weight_zeros": (torch.randn(k // g, n, generator=gen) * 0.01).to(dtype)}
-    params = TensorCoreAWQW4A16Layout.Params(scale=t["weight_scale"], orig_dtype=dtype, orig_shape=(n, k),
-                                             zeros=t["weight_zeros"], group_size=g)
-    q = QuantizedTensor(t["weight"], "TensorCoreAWQW4A16Layout", params)
+    t, q = awq_layer(dtype, n, k, g, gen)
     marker = {"format": "awq_w4a16", "group_size": g}
     codec = codecs.get("awq_w4a16")
     assert same_bits(codec.decode(t, marker), q.dequantize())
@@ -216,6 +211,16 @@ def test_awq_decode_and_linear(dtype_name):
     assert same_bits(codec.linear(x, t, marker, b), F.linear(x, q, b))
     with pytest.raises(CodecError, match="offline calibration"):
         codec.encode(torch.zeros(4, 64))
+
+
+def awq_layer(dtype, n: int, k: int, g: int, gen: torch.Generator) -> tuple[dict, QuantizedTensor]:
+    """Random AWQ W4A16 tensors (drawn from ``gen``) and comfy-kitchen's tensor of them."""
+    t = {"weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
+         "weight_scale": (torch.rand(k // g, n, generator=gen) * 0.01).to(dtype),
+         "weight_zeros": (torch.randn(k // g, n, generator=gen) * 0.01).to(dtype)}
+    params = TensorCoreAWQW4A16Layout.Params(scale=t["weight_scale"], orig_dtype=dtype, orig_shape=(n, k),
+                                             zeros=t["weight_zeros"], group_size=g)
+    return t, QuantizedTensor(t["weight"], "TensorCoreAWQW4A16Layout", params)
 
 
 def svdquant_tensors(dtype, n=128, k=256, r=16, packed=False, seed=4):

@@ -12,7 +12,6 @@ import os
 import pytest
 import torch
 from comfy_kitchen.tensor import QuantizedTensor
-from comfy_kitchen.tensor.awq_w4a16 import TensorCoreAWQW4A16Layout
 from comfy_kitchen.tensor.svdquant_w4a4 import TensorCoreSVDQuantW4A4Layout
 
 from comfyquant import codecs
@@ -21,7 +20,7 @@ from comfyquant.numerics import pages, rows
 from comfyquant.numerics.packing import lookup_pairs, pair_table
 from comfyquant.numerics.rows import materialize, row_ranges
 from kitchen_fixtures import VARIANTS, same_bits
-from test_codecs_vs_kitchen import DTYPES, ENCODE_ARGS, kitchen_qtensor, svdquant_tensors, weight
+from test_codecs_vs_kitchen import DTYPES, ENCODE_ARGS, awq_layer, kitchen_qtensor, svdquant_tensors, weight
 
 # (variant, N, K): rotated formats need K a multiple of 256 (64 for W4A4's groups)
 SHAPES = {
@@ -80,14 +79,9 @@ def test_blocked_decode_equals_one_block_and_kitchen(variant, dtype_name, thread
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 def test_blocked_awq_decode_equals_kitchen(dtype_name, threads):
     dtype = DTYPES[dtype_name]
-    gen = torch.Generator().manual_seed(31)
     n, k, g = 203, 256, 64
-    t = {"weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
-         "weight_scale": (torch.rand(k // g, n, generator=gen) * 0.01).to(dtype),
-         "weight_zeros": (torch.randn(k // g, n, generator=gen) * 0.01).to(dtype)}
-    params = TensorCoreAWQW4A16Layout.Params(scale=t["weight_scale"], orig_dtype=dtype, orig_shape=(n, k),
-                                             zeros=t["weight_zeros"], group_size=g)
-    expected = QuantizedTensor(t["weight"], "TensorCoreAWQW4A16Layout", params).dequantize()
+    t, q = awq_layer(dtype, n, k, g, torch.Generator().manual_seed(31))
+    expected = q.dequantize()
     for got in _decodes(codecs.get("awq_w4a16"), t, {"format": "awq_w4a16", "group_size": g}, dtype):
         assert same_bits(got, expected)
 

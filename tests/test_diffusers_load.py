@@ -72,6 +72,13 @@ BLOCKED = {"nvfp4": 16, "mxfp8": 32}
 
 # -- name maps: diffusers key -> [(ComfyUI key, rows of the diffusers tensor or None)] ---------
 
+QK_NORMS = [("attn.norm_added_q.weight", "txt_attn.norm.query_norm.scale"),
+            ("attn.norm_added_k.weight", "txt_attn.norm.key_norm.scale"),
+            ("attn.norm_q.weight", "img_attn.norm.query_norm.scale"),
+            ("attn.norm_k.weight", "img_attn.norm.key_norm.scale")]
+"""diffusers' QK-norm weights -> BFL's, the same in Flux.1 and Flux.2 double blocks."""
+
+
 def _sub(key: str, pairs) -> str:
     for a, b in pairs:
         key = key.replace(a, b)
@@ -90,11 +97,7 @@ def flux1_names(key: str, config: dict) -> list[tuple[str, int, tuple | None]]:
         if mod in fused:
             name, order = fused[mod]
             return [(f"double_blocks.{i}.{name}.{suffix}", order, None)]
-        rest = _sub(rest, [("norm1_context.linear", "txt_mod.lin"), ("norm1.linear", "img_mod.lin"),
-                           ("attn.norm_added_q.weight", "txt_attn.norm.query_norm.scale"),
-                           ("attn.norm_added_k.weight", "txt_attn.norm.key_norm.scale"),
-                           ("attn.norm_q.weight", "img_attn.norm.query_norm.scale"),
-                           ("attn.norm_k.weight", "img_attn.norm.key_norm.scale"),
+        rest = _sub(rest, [("norm1_context.linear", "txt_mod.lin"), ("norm1.linear", "img_mod.lin"), *QK_NORMS,
                            ("ff_context.net.0.proj", "txt_mlp.0"), ("ff_context.net.2", "txt_mlp.2"),
                            ("ff.net.0.proj", "img_mlp.0"), ("ff.net.2", "img_mlp.2"),
                            ("attn.to_out.0", "img_attn.proj"), ("attn.to_add_out", "txt_attn.proj")])
@@ -138,11 +141,7 @@ def flux2_names(key: str, config: dict) -> list:
                  "attn.add_v_proj": ("txt_attn.qkv", 2)}
         if mod in fused:
             return [(f"double_blocks.{i}.{fused[mod][0]}.{suffix}", fused[mod][1], None)]
-        rest = _sub(rest, [("attn.norm_added_q.weight", "txt_attn.norm.query_norm.scale"),
-                           ("attn.norm_added_k.weight", "txt_attn.norm.key_norm.scale"),
-                           ("attn.norm_q.weight", "img_attn.norm.query_norm.scale"),
-                           ("attn.norm_k.weight", "img_attn.norm.key_norm.scale"),
-                           ("attn.to_out.0", "img_attn.proj"), ("attn.to_add_out", "txt_attn.proj"),
+        rest = _sub(rest, [*QK_NORMS, ("attn.to_out.0", "img_attn.proj"), ("attn.to_add_out", "txt_attn.proj"),
                            ("ff_context.linear_in", "txt_mlp.0"), ("ff_context.linear_out", "txt_mlp.2"),
                            ("ff.linear_in", "img_mlp.0"), ("ff.linear_out", "img_mlp.2")])
         return [(f"double_blocks.{i}.{rest}", 0, None)]
