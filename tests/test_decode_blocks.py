@@ -144,6 +144,44 @@ def test_large_decoded_output_is_advised_onto_huge_pages():
     assert not pages.advise_huge(small)
 
 
+@pytest.mark.skipif(not (os.path.exists("/proc/self/smaps") and _thp_available()), reason="needs Linux with THP")
+def test_whole_layer_product_and_its_rounding_are_advised_onto_huge_pages(monkeypatch):
+    """A layer un-rotated by one F32 GEMM (INT8 ConvRot) gets its product, and the layer
+    rounded whole to BF16 (``round_whole``), on huge pages: both are fresh layer-sized
+    mappings, and faulting the product in 4 KiB pages cost 150k faults per dequantize pass
+    of the bench's mixed file.  The GEMM is the same call (it writes into a given buffer) and
+    the bits stay comfy-kitchen's."""
+    from comfyquant.numerics import hadamard
+
+    n, k = 3072, 3328  # BF16 output 20 MB; the F32 product 41 MB, above the 32 MiB threshold
+    w = weight("gauss", n, k, torch.bfloat16, seed=8)
+    q = kitchen_qtensor("int8_convrot", w)
+    ref = {s: v.contiguous() for s, v in q.state_dict("weight").items()}
+    codec = codecs.get("int8_tensorwise")
+    marker = codec.encode(w, **ENCODE_ARGS["int8_convrot"]).marker
+    products, real = [], hadamard.rotate_weight
+
+    def seen(weight, size, out=None):
+        got = real(weight, size, out)
+        inner = -(-got.data_ptr() // pages.HUGE_PAGE) * pages.HUGE_PAGE
+        products.append((got.nbytes, _vm_flags(inner) or []))
+        return got
+
+    monkeypatch.setattr(hadamard, "rotate_weight", seen)
+    expected = q.dequantize()
+    assert same_bits(codec.decode(ref, marker), expected)
+    for whole in (False, True):
+        blocks = [b.clone() for b in codec.iter_decode(ref, marker, round_whole=whole)]
+        assert same_bits(torch.cat(blocks), expected)
+    assert len(products) == 3 and all(size > pages.LARGE_BYTES and "hg" in flags for size, flags in products)
+    monkeypatch.setattr(pages, "LARGE_BYTES", 16 << 20)  # the rounded BF16 layer (20 MB) counts as large too
+    blocks = list(codec.iter_decode(ref, marker, round_whole=True))
+    base = blocks[0].untyped_storage()
+    assert all(b.untyped_storage().data_ptr() == base.data_ptr() for b in blocks)  # slices of one rounded layer
+    assert "hg" in (_vm_flags(-(-base.data_ptr() // pages.HUGE_PAGE) * pages.HUGE_PAGE) or [])
+    assert same_bits(torch.cat(blocks), expected)
+
+
 def test_empty_output_without_madvise_is_a_plain_tensor(monkeypatch):
     """Where there is no madvise (not Linux), the output is an ordinary tensor."""
     monkeypatch.setattr(pages, "_MADVISE", False)

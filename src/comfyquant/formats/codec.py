@@ -277,7 +277,8 @@ class Codec:
             # rounded to ``dtype`` block by block when the product is wider.
             whole = self._decode_whole(tensors, plan, dtype, state, out if (start, stop) == (0, n) else None)
             if round_whole and out is None and whole.dtype != dtype:
-                whole = whole[start:stop].to(dtype)  # the wider product is freed here
+                # rounded into huge pages (a fresh layer-sized output); the wider product is freed here
+                whole = empty_output((stop - start, k), dtype).copy_(whole[start:stop])
                 start = 0
             if whole.dtype == dtype and out is None or whole is out:
                 for r0, r1 in ranges:

@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import torch
 
+from .pages import empty_output
+
 _CACHE: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
 
@@ -62,12 +64,15 @@ def rotate_weight(weight: torch.Tensor, size: int, out: torch.Tensor | None = No
     BLAS picks the same kernel and sums in the same order on any CPU and thread count; a
     product over fewer rows may round differently (MKL/oneDNN choose kernels by ``M``).
     ``out`` (contiguous ``[n, k]``, same dtype, not ``weight``) receives the product: the
-    same GEMM writing into a given buffer instead of a fresh one."""
+    same GEMM writing into a given buffer instead of a fresh one.  Without ``out`` the
+    product is a new tensor on huge pages when large (:func:`~.pages.empty_output`): a
+    whole layer's product (283 MB in F32 at 5120x13824) faulted in 4 KiB pages cost more
+    system time than the GEMM's own arithmetic saves by being one call."""
     n, k = weight.shape
     groups = _blocks(k, size, "in_features")
     h = hadamard(size, weight.dtype)
     if out is None:
-        return torch.matmul(weight.reshape(n, groups, size), h.t()).reshape(n, k)
+        out = empty_output((n, k), weight.dtype)
     torch.matmul(weight.reshape(n, groups, size), h.t(), out=out.view(n, groups, size))
     return out
 
