@@ -50,8 +50,10 @@ from comfy_kitchen.tensor import QuantizedTensor  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from comfyquant import codecs  # noqa: E402
+from comfyquant.numerics.assemble import fill_rows  # noqa: E402
+from comfyquant.numerics.hadamard import unrotate  # noqa: E402
 from comfyquant.numerics.pages import empty_output  # noqa: E402
-from comfyquant.numerics.rows import materialize  # noqa: E402
+from comfyquant.numerics.rows import materialize, row_ranges  # noqa: E402
 
 SHAPES = [(3072, 3072), (5120, 13824)]
 # name, format, comfy-kitchen layout, kitchen quantize kwargs (comfyquant takes the same)
@@ -215,13 +217,38 @@ def _fresh_output(shape: tuple[int, int], dtype: torch.dtype, stored: torch.Tens
     flat[m:].fill_(1)
 
 
+def _one_gemm(shape: tuple[int, int], dtype: torch.dtype, stored: torch.Tensor, size: int = 256) -> None:
+    """A one-GEMM decoder with no format arithmetic: an F32 operand of the layer filled in
+    row blocks from the stored weight's bytes (as the INT8 ConvRot and W4A4 decoders fill
+    theirs), comfy-kitchen's one un-rotation GEMM over it, and the product rounded to
+    ``dtype`` block by block into one reused buffer (what ``iter_decode`` yields).  This is
+    the work the reference's call shape imposes on a decoder that must reproduce its bits:
+    an operand and a product of the layer's size in F32, which stay in the last-level cache
+    for a 3072x3072 layer (2 x 38 MB) and not for a 5120x13824 one (2 x 283 MB)."""
+    n, k = shape
+    src = stored.contiguous().view(-1).view(torch.uint8)
+
+    def fill(r0: int, r1: int, dest: torch.Tensor) -> None:
+        flat = dest.view(-1)
+        at = (r0 * k) % max(1, src.numel() - flat.numel())
+        flat.copy_(src[at:at + flat.numel()])
+
+    product = unrotate(lambda: fill_rows(shape, torch.float32, fill), size, torch.float32)
+    buf = None
+    for r0, r1 in row_ranges(n, k, 1 << 20, join_tail=False):
+        buf = torch.empty((r1 - r0, k), dtype=dtype) if buf is None or buf.shape[0] < r1 - r0 else buf
+        buf[: r1 - r0].copy_(product[r0:r1])
+
+
 def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
                     dtype: torch.dtype) -> dict[str, list[float]]:
     """Per round, for ``decode`` (a fresh output tensor) and ``iter_decode`` (row blocks in one
     reused buffer, what dequantize streams): MB/s of ``repeat`` small decodes, MB/s of one
     large decode, and their ratio; beside them, in the same round, the rates of producing a
     fresh output of each size (:func:`_fresh_output`) and the bound they put on decode()'s
-    ratio (see :func:`_output_bound`)."""
+    ratio (see :func:`_output_bound`).  For a layer decoded by one GEMM over the whole layer
+    (comfy-kitchen's call shape, kept for its bits), also the rates of that GEMM's own work
+    (:func:`_one_gemm`) and the bound they put on ``iter_decode``'s ratio."""
     def fresh(layer: tuple) -> None:
         codec.decode(*layer, dtype=dtype)
 
@@ -237,20 +264,25 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
     def source(layer: tuple) -> None:
         materialize(codec.row_source(*layer, dtype=dtype))
 
+    def gemm(layer: tuple) -> None:
+        _one_gemm(shapes[id(layer)], dtype, layer[0]["weight"], codec.plan(*layer).env.get("convrot_groupsize", 256))
+
+    whole = codec.decodes_whole(large[0], codec.plan(*large), dtype)
+
     def run(how, layer: tuple, times: int) -> float:
         t = time.perf_counter()
         for _ in range(times):
             how(layer)
         return time.perf_counter() - t
 
-    for how in (fresh, streamed, output, source):  # warm-up: first-call costs (tables, the allocator's pools)
+    paths = ((fresh, ""), (output, "_out"), (streamed, "_it"), (source, "_src")) + (((gemm, "_gemm"),) if whole else ())
+    for how, _tag in paths:  # warm-up: first-call costs (tables, the allocator's pools)
         run(how, small, 1)
         run(how, large, 1)
     mb_s = repeat * _dense_mb(codec, small)
     mb_l = _dense_mb(codec, large)
-    paths = ((fresh, ""), (output, "_out"), (streamed, "_it"), (source, "_src"))
     out: dict[str, list[float]] = {f"{key}{tag}": [] for _, tag in paths for key in ("small", "large", "ratio")}
-    out["bound"], out["bound_src"] = [], []
+    out["bound"], out["bound_src"], out["bound_it"] = [], [], []
     for _ in range(rounds):
         for how, tag in paths:
             r_s = mb_s / run(how, small, repeat)
@@ -261,6 +293,9 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
         out["bound"].append(_output_bound(out["small"][-1], out["small_out"][-1], out["large_out"][-1]))
         # materialize also writes a fresh output of the layer's size: the same bound, at its own small rate
         out["bound_src"].append(_output_bound(out["small_src"][-1], out["small_out"][-1], out["large_out"][-1]))
+        # iter_decode writes no fresh output; a one-GEMM decoder's extra cost is that GEMM's operand and product
+        out["bound_it"].append(_output_bound(out["small_it"][-1], out["small_gemm"][-1], out["large_gemm"][-1])
+                               if whole else float("nan"))
     return out
 
 
@@ -296,16 +331,22 @@ def scaling_rows(rounds: int, dtype: torch.dtype = torch.bfloat16, only: set[str
         rows.append(row)
         print(f"{name:13s} | {row['small']:8.0f} {row['large']:8.0f} {row['ratio']:5.2f}x {_verdict(row['ratio'], row['bound']):9s}"
               f" {row['ratio_out']:5.2f}x {row['bound']:5.2f}x | {row['small_it']:8.0f} {row['large_it']:8.0f}"
-              f" {row['ratio_it']:5.2f}x {'ok' if row['ratio_it'] >= 0.8 else 'LOW':3s} | {row['small_src']:8.0f}"
+              f" {row['ratio_it']:5.2f}x {_verdict(row['ratio_it'], row['bound_it']):9s} {_bound(row['bound_it'])} |"
+              f" {row['small_src']:8.0f}"
               f" {row['large_src']:8.0f} {row['ratio_src']:5.2f}x {_verdict(row['ratio_src'], row['bound_src']):9s}"
               f" {row['bound_src']:5.2f}x",
               flush=True)
     return rows
 
 
+def _bound(bound: float) -> str:
+    return "    -" if bound != bound else f"{bound:4.2f}x"
+
+
 def _verdict(ratio: float, bound: float) -> str:
-    """``ok`` at >= 0.8; else ``at bound`` when the ratio reaches 95% of the bound a fresh
-    output of the layer's size puts on it (measured in the same rounds), else ``LOW``."""
+    """``ok`` at >= 0.8; else ``at bound`` when the ratio reaches 95% of the bound measured
+    in the same rounds (a fresh output of the layer's size, or a one-GEMM decoder's GEMM),
+    else ``LOW`` (also where there is no bound: NaN)."""
     if ratio >= 0.8:
         return "ok"
     return "at bound" if ratio >= 0.95 * bound else "LOW"
@@ -321,11 +362,14 @@ def print_scaling_header(rounds: int) -> None:
           "kernel faults in and zeroes, too big for the cache with its input; a small one is reused heap memory "
           "that stays in cache).  bound: decode()'s ratio if the large layer cost it only that extra time per "
           "byte (_output_bound); the row source writes such an output too and has its own bound.  iter_decode: row blocks into one reused buffer (what dequantize, compare and "
-          "quantize's error report stream).  row source: materialize(row_source), how convert and quantize read "
+          "quantize's error report stream); its bound, for the decoders that un-rotate the whole layer in one "
+          "F32 GEMM as comfy-kitchen does (kept for its bits): its ratio if the large layer cost it only the extra "
+          "time per byte of that GEMM's own work (_one_gemm: an F32 operand filled from the stored bytes, the GEMM, "
+          "the product rounded in blocks).  row source: materialize(row_source), how convert and quantize read "
           "a quantized input")
-    print(f"{'':13s} | {'decode':^43s} | {'iter_decode':^29s} | {'row source':^42s}")
+    print(f"{'':13s} | {'decode':^43s} | {'iter_decode':^40s} | {'row source':^42s}")
     print(f"{'decoder':13s} | {small:>8s} {large:>8s} ratio  {'':9s} output bound | {small:>8s} {large:>8s} ratio"
-          f"     | {small:>8s} {large:>8s} ratio  {'':9s} bound")
+          f"  {'':9s} bound | {small:>8s} {large:>8s} ratio  {'':9s} bound")
 
 
 # -- dequantize vs cp -------------------------------------------------------------------------
