@@ -72,6 +72,11 @@ KITCHEN = {
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 """As the command line sets it before torch loads (comfyquant/numerics/waits.py): this process
 and every child (encoder alone, comfy-kitchen, quantize) wait the same way at OpenMP barriers."""
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+"""The children's wall clock includes their start-up (quantize's, and its workers' with
+``--jobs 2``): they import compiled modules, as an installed comfyquant does, instead of
+compiling every module again in every process (what PYTHONDONTWRITEBYTECODE makes a source
+checkout do on this machine)."""
 MB = 1 << 20
 """Sizes and RSS are binary (MiB); rates are decimal MB/s (comfyquant's one convention)."""
 ENCODERS = {

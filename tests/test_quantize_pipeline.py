@@ -287,3 +287,30 @@ def test_auto_with_workers_leaves_torch_out_of_the_writing_process(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen == {"jobs": {"requested": "auto", "workers": 2, "threads": 1, "overlap": False}, "torch": False}
+
+
+def test_a_script_without_a_main_guard_runs_its_top_level_once(tmp_path):
+    """Worker processes must not import the caller's script again: spawn's default re-ran its
+    top-level code in every worker, and a top-level ``quantize`` call (no ``if __name__ ==
+    "__main__"`` guard: the API's ``auto`` starts workers for heavy formats) made each worker
+    call it again, which multiprocessing refuses: the run failed with "a worker process died"."""
+    import subprocess
+    import sys
+
+    src = model(tmp_path / "in.safetensors")
+    log = tmp_path / "ran.log"
+    script = tmp_path / "convert_my_model.py"
+    script.write_text(
+        "import comfyquant\n"
+        f"with open({str(log)!r}, 'a') as fh:\n"
+        "    fh.write('top level\\n')\n"
+        f"r = comfyquant.quantize({src!r}, {str(tmp_path / 'q.safetensors')!r}, 'w4a8', jobs=2, progress=False)\n"
+        "print(r.ok, r.doc['jobs']['workers'])\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "2"]
+    assert log.read_text() == "top level\n"  # the workers did not run the script again
+    want = comfyquant.quantize(src, str(tmp_path / "one.safetensors"), "w4a8", jobs=1, progress=False)
+    assert want.ok
+    assert (tmp_path / "q.safetensors").read_bytes() == (tmp_path / "one.safetensors").read_bytes()

@@ -186,17 +186,19 @@ class _Pool:
     WINDOW = 2
 
     def __init__(self, jobs: int, threads: int, quality: bool, spill_dir: str, references: dict | None = None) -> None:
-        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        from .work import init_worker
+        from .spawn import worker_context
+        from .work import init_worker, worker_ready
 
         self.jobs = jobs
         self.quality = quality
         self.references = references or {}
         self.spill_dir = spill_dir
-        self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+        self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=worker_context(),
                                         initializer=init_worker, initargs=(threads,))
+        for _ in range(jobs):  # every worker starts now (their interpreter and torch import) while the layers are planned
+            self.pool.submit(worker_ready)
         self.order: list[LayerPlan] = []
         self.futures: dict[str, Future] = {}
         self.next = 0

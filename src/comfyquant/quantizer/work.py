@@ -321,6 +321,11 @@ def init_worker(threads: int) -> None:
         threading.Thread(target=watch, daemon=True).start()
 
 
+def worker_ready() -> None:
+    """A task that does nothing: submitted once per worker when the pool is made, so that
+    every worker process is started then rather than at its first layer."""
+
+
 def run_task_spilled(task: dict, spill_dir: str) -> dict:
     """``run_task`` for a worker: the encoded tensors go to a spill file next to the output,
     and the result names (dtype, shape, offset, length) in it.  Passing bytes back through the
