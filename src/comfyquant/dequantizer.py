@@ -420,8 +420,10 @@ class _Work:
             spans.append(total)
             total += _aligned(e.nbytes)
         if len(self.buffer) < total:
+            from .numerics.pages import byte_buffer
+
             self.buffer = bytearray()  # the old one goes first
-            self.buffer = bytearray(max(total, self.largest))
+            self.buffer = byte_buffer(max(total, self.largest))
         view = memoryview(self.buffer)
         out = {}
         for e, src, at in zip(entries, sources, spans):

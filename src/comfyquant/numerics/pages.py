@@ -46,10 +46,11 @@ def _madvise():
     return _MADVISE
 
 
-def advise_huge(t: torch.Tensor) -> bool:
+def advise_huge(t: torch.Tensor, least: int | None = None) -> bool:
     """Ask for huge pages on the 2 MiB-aligned interior of ``t``'s memory (before it is
-    touched); True when the kernel accepted the advice.  Small tensors are left alone."""
-    if t.nbytes <= LARGE_BYTES:
+    touched); True when the kernel accepted the advice.  Tensors of ``least`` bytes or fewer
+    (default :data:`LARGE_BYTES`) are left alone."""
+    if t.nbytes <= (LARGE_BYTES if least is None else least):
         return False
     fn = _madvise()
     if not fn:
@@ -59,8 +60,28 @@ def advise_huge(t: torch.Tensor) -> bool:
     return stop > start and fn(start, stop - start, MADV_HUGEPAGE) == 0
 
 
-def empty_output(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """``torch.empty(shape, dtype=dtype)``, on huge pages when large (see the module doc)."""
+def empty_output(shape: tuple[int, ...], dtype: torch.dtype, least: int | None = None) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype)``, on huge pages when over ``least`` bytes (see the
+    module doc)."""
     t = torch.empty(shape, dtype=dtype)
-    advise_huge(t)
+    advise_huge(t, least)
     return t
+
+
+def byte_buffer(nbytes: int):
+    """A writable, page-aligned anonymous buffer of ``nbytes`` (an ``mmap``), on huge pages
+    when over :data:`LARGE_BYTES`: a read buffer for packed tensors, filled by ``readinto``
+    (a ``bytearray`` of a layer's 100 MB was faulted in 4 KiB pages by its first read)."""
+    import ctypes
+    import mmap
+
+    # private: a shared anonymous mapping is shmem, which gets no transparent huge pages
+    buf = mmap.mmap(-1, max(1, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    fn = _madvise()
+    if fn and nbytes > LARGE_BYTES:
+        at = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        start = -(-at // HUGE_PAGE) * HUGE_PAGE
+        stop = (at + nbytes) // HUGE_PAGE * HUGE_PAGE
+        if stop > start:
+            fn(start, stop - start, MADV_HUGEPAGE)
+    return buf
