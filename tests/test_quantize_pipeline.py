@@ -314,3 +314,25 @@ def test_a_script_without_a_main_guard_runs_its_top_level_once(tmp_path):
     want = comfyquant.quantize(src, str(tmp_path / "one.safetensors"), "w4a8", jobs=1, progress=False)
     assert want.ok
     assert (tmp_path / "q.safetensors").read_bytes() == (tmp_path / "one.safetensors").read_bytes()
+
+
+def test_no_more_workers_start_than_layers_to_compute(tmp_path, monkeypatch):
+    """Workers start when the pool is made (interpreter and torch import, not at their first
+    layer); --jobs 4 on two layers must not start two that would get nothing to do."""
+    from comfyquant.quantizer import spawn
+
+    src = model(tmp_path / "in.safetensors", LAYERS[:2])
+    started = []
+    real = spawn._BareMainProcess.start
+
+    def count(self):
+        started.append(1)
+        return real(self)
+
+    monkeypatch.setattr(spawn._BareMainProcess, "start", count)
+    r = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "int8", jobs=4, progress=False)
+    assert r.ok and r.doc["jobs"]["workers"] == 2 and r.doc["jobs"]["requested"] == "4"
+    assert len(started) == 2
+    one = comfyquant.quantize(src, str(tmp_path / "one.safetensors"), "int8", jobs=1, progress=False)
+    assert one.ok
+    assert (tmp_path / "q.safetensors").read_bytes() == (tmp_path / "one.safetensors").read_bytes()

@@ -90,7 +90,9 @@ def resolve(jobs, plan, in_process_only: bool = False) -> Jobs:
         return Jobs(0, 1, False, "1")
     if in_process_only:
         return Jobs(0, min(n, have), True, str(n))
-    return Jobs(n, max(1, have // n), False, str(n))
+    # No more workers than layers to compute: each one costs a start-up (interpreter, torch)
+    # and its memory, and the pool starts them all at once.
+    return Jobs(max(1, min(n, len(plan.quantized))), max(1, have // n), False, str(n))
 
 
 def _auto(plan, have: int, in_process_only: bool) -> Jobs:

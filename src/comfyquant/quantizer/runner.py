@@ -197,7 +197,7 @@ class _Pool:
         self.spill_dir = spill_dir
         self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=worker_context(),
                                         initializer=init_worker, initargs=(threads,))
-        for _ in range(jobs):  # every worker starts now (their interpreter and torch import) while the layers are planned
+        for _ in range(jobs):  # every worker starts now (interpreter, torch import), not at its first layer
             self.pool.submit(worker_ready)
         self.order: list[LayerPlan] = []
         self.futures: dict[str, Future] = {}
