@@ -211,8 +211,11 @@ def test_read_buffer_and_streamed_block_buffers_are_advised_onto_huge_pages():
 
 
 def test_empty_output_without_madvise_is_a_plain_tensor(monkeypatch):
-    """Where there is no madvise (not Linux), the output is an ordinary tensor."""
+    """Where there is no madvise (not Linux), the output is an ordinary tensor (and a read
+    buffer an ordinary bytearray: Windows' mmap has no private anonymous mappings)."""
     monkeypatch.setattr(pages, "_MADVISE", False)
+    buf = pages.byte_buffer(1 << 20)
+    assert isinstance(buf, bytearray) and len(buf) == 1 << 20
     t = pages.empty_output((4096, 4097), torch.bfloat16)
     assert tuple(t.shape) == (4096, 4097) and t.dtype == torch.bfloat16
     assert not pages.advise_huge(t)

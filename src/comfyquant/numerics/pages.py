@@ -69,16 +69,19 @@ def empty_output(shape: tuple[int, ...], dtype: torch.dtype, least: int | None =
 
 
 def byte_buffer(nbytes: int):
-    """A writable, page-aligned anonymous buffer of ``nbytes`` (an ``mmap``), on huge pages
-    when over :data:`LARGE_BYTES`: a read buffer for packed tensors, filled by ``readinto``
-    (a ``bytearray`` of a layer's 100 MB was faulted in 4 KiB pages by its first read)."""
+    """A writable anonymous buffer of ``nbytes``: a page-aligned ``mmap`` on huge pages when
+    over :data:`LARGE_BYTES`, or a ``bytearray`` where there is no ``madvise`` (not Linux).
+    A read buffer for packed tensors, filled by ``readinto``: a ``bytearray`` of a layer's
+    100 MB was faulted in 4 KiB pages by its first read."""
     import ctypes
     import mmap
 
+    fn = _madvise()
+    if not fn or not hasattr(mmap, "MAP_PRIVATE"):  # no madvise (not Linux), or no such flags (Windows)
+        return bytearray(nbytes)
     # private: a shared anonymous mapping is shmem, which gets no transparent huge pages
     buf = mmap.mmap(-1, max(1, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    fn = _madvise()
-    if fn and nbytes > LARGE_BYTES:
+    if nbytes > LARGE_BYTES:
         at = ctypes.addressof(ctypes.c_char.from_buffer(buf))
         start = -(-at // HUGE_PAGE) * HUGE_PAGE
         stop = (at + nbytes) // HUGE_PAGE * HUGE_PAGE
