@@ -336,3 +336,98 @@ def test_no_more_workers_start_than_layers_to_compute(tmp_path, monkeypatch):
     one = comfyquant.quantize(src, str(tmp_path / "one.safetensors"), "int8", jobs=1, progress=False)
     assert one.ok
     assert (tmp_path / "q.safetensors").read_bytes() == (tmp_path / "one.safetensors").read_bytes()
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The quantize worker processes (multiprocessing spawn children) of process ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"spawn_main" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def _maps_torch(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as fh:
+            return "libtorch" in fh.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc and process groups")
+def test_ctrl_c_while_workers_start_prints_one_line_and_leaves_nothing(tmp_path):
+    """Ctrl-C reaches the whole process group.  A worker interrupted while it started (importing
+    torch) printed a KeyboardInterrupt traceback beside the main process's one-line report."""
+    import signal
+    import subprocess
+    import sys
+
+    src = model(tmp_path / "in.safetensors")
+    proc = subprocess.Popen([sys.executable, "-m", "comfyquant", "quantize", src, "-o", str(tmp_path / "q.safetensors"),
+                             "--format", "w4a8", "--jobs", "2", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    # interrupted once every worker has loaded torch's library: they are inside `import torch`
+    # (its Python modules take a second or more after the library), where it used to show
+    while not (len(_workers_of(proc.pid)) == 2 and all(_maps_torch(w) for w in _workers_of(proc.pid))) \
+            and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert proc.poll() is None, "the run ended before its workers started"
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines()[-1] == "comfyquant: interrupted"
+    assert sorted(os.listdir(tmp_path)) == ["in.safetensors"]
+
+
+def test_an_interrupted_worker_computes_none_of_its_queued_layers(tmp_path, monkeypatch):
+    """After Ctrl-C (or the pool's close after an error) a worker's queued layers end at once
+    instead of being computed for nobody: closing the pool waited 2-5 s for them."""
+    plan = _plan_of(tmp_path, "int8")
+    task = work.task_for(plan.quantized[0], False, None)
+    spills = tmp_path / "spills"
+    spills.mkdir()
+    monkeypatch.setattr(work, "_STOPPING", True)
+    with pytest.raises(KeyboardInterrupt):
+        work.run_task_spilled(task, str(spills))
+    assert not os.listdir(spills)  # nothing computed, nothing written
+    monkeypatch.setattr(work, "_STOPPING", False)
+    out = work.run_task_spilled(task, str(spills))  # not interrupted: computed and spilled
+    assert os.listdir(spills) == [os.path.basename(out["spill"])] and out["tensors"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc and process groups")
+def test_ctrl_c_while_workers_compute_stops_at_once_and_leaves_nothing(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    layers = tuple((f"blocks.{i}.mlp.fc1", 1024, 3072) for i in range(12))
+    src = model(tmp_path / "in.safetensors", layers)
+    proc = subprocess.Popen([sys.executable, "-m", "comfyquant", "quantize", src, "-o", str(tmp_path / "q.safetensors"),
+                             "--format", "w4a8", "--jobs", "2", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    # a first layer handed over (a spill file next to the output): the workers are computing
+    while not [n for n in os.listdir(tmp_path) if n.endswith(".spill")] and proc.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert proc.poll() is None, "the run ended before its workers computed"
+    os.killpg(proc.pid, signal.SIGINT)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines()[-1] == "comfyquant: interrupted"
+    assert sorted(os.listdir(tmp_path)) == ["in.safetensors"]
+    assert not _workers_of(proc.pid)

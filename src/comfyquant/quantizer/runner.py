@@ -234,8 +234,11 @@ class _Pool:
         pass
 
     def close(self) -> None:
+        unfinished = [f for f in self.futures.values() if not f.done()]
         for f in self.futures.values():
             f.cancel()
+        if unfinished:  # an error or an interruption: stop the workers' queued layers too
+            self._interrupt_workers()
         self.pool.shutdown(wait=True, cancel_futures=True)
         for f in self.futures.values():  # computed but never written: remove their spill files
             if not f.cancelled() and f.exception() is None:
@@ -244,6 +247,22 @@ class _Pool:
         from .work import close_sources
 
         close_sources()  # the files opened here for the read-ahead hints
+
+    def _interrupt_workers(self) -> None:
+        """SIGINT to every worker (:func:`.work.init_worker` handles it): the layer being
+        computed stops and removes its spill file, and the layers already queued to a worker
+        are not computed.  Without this, closing the pool after an error waited for up to
+        2N layers that nobody would write (2-5 s after a Ctrl-C, measured)."""
+        import signal
+
+        if not hasattr(os, "killpg"):  # POSIX signals only
+            return
+        processes = getattr(self.pool, "_processes", None) or {}  # the executor's pid -> process
+        for process in list(processes.values()):
+            try:
+                os.kill(process.pid, signal.SIGINT)
+            except (ProcessLookupError, AttributeError):
+                pass
 
 
 def _open_spill(path: str) -> LocalFile:

@@ -14,11 +14,15 @@ import buys nothing and costs two things:
 
 So workers are started while ``sys.modules["__main__"]`` is a bare module: the child starts
 from a plain interpreter and imports what its tasks need.  The swap lasts as long as starting
-the process (the child's start-up data is taken then) and is serialised by a lock.
+the process (the child's start-up data is taken then) and is serialised by a lock.  SIGINT is
+blocked meanwhile, and so in the child until its initializer handles it (see
+:func:`_sigint_blocked`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 import threading
 import types
@@ -31,7 +35,7 @@ class _BareMainProcess(SpawnProcess):
     """A spawned process whose start-up data names no main module to import."""
 
     def start(self) -> None:
-        with _SWAP:
+        with _SWAP, _sigint_blocked():
             main = sys.modules.get("__main__")
             sys.modules["__main__"] = types.ModuleType("__main__")
             try:
@@ -41,6 +45,23 @@ class _BareMainProcess(SpawnProcess):
                     del sys.modules["__main__"]
                 else:
                     sys.modules["__main__"] = main
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT blocked in this thread while a worker is started: the child inherits the blocked
+    mask through ``exec`` and starts without being interruptible until its initializer takes
+    SIGINT up (:func:`.work.init_worker`), so a Ctrl-C during its start-up prints no traceback.
+    Here the signal is only deferred: it is delivered when the mask is restored."""
+    block = getattr(signal, "pthread_sigmask", None)
+    if block is None:
+        yield
+        return
+    old = block(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        block(signal.SIG_SETMASK, old)
 
 
 class _BareMainContext(SpawnContext):

@@ -303,10 +303,22 @@ def _metrics(e2: float, r2: float, dot: float, d2: float) -> dict:
 
 def init_worker(threads: int) -> None:
     """Worker start: torch threads for this job's share of the cores, and exit when the parent
-    dies (a killed ``quantize`` must not leave workers computing for nobody)."""
+    dies (a killed ``quantize`` must not leave workers computing for nobody).
+
+    Ctrl-C reaches the whole process group.  The main process reports the interruption in one
+    line; a worker interrupted while it starts (importing torch) or while it waits for a task
+    printed a ``KeyboardInterrupt`` traceback beside it.  So a worker starts with SIGINT
+    blocked (:mod:`.spawn`), and here takes it up with a handler that ends the process quietly
+    -- except during a task, where the task stops as before (its spill file is removed and the
+    main process gets the interruption)."""
     import atexit
     import multiprocessing
+    import signal
     import threading
+
+    signal.signal(signal.SIGINT, _interrupted)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     import torch
 
@@ -325,6 +337,20 @@ def init_worker(threads: int) -> None:
             os._exit(1)
 
         threading.Thread(target=watch, daemon=True).start()
+
+
+_IN_TASK = False
+"""Whether this worker is computing a task (:func:`run_task_spilled`)."""
+_STOPPING = False
+"""Set by an interruption: the tasks already queued to this worker end at once."""
+
+
+def _interrupted(signum, frame) -> None:
+    global _STOPPING
+    _STOPPING = True
+    if _IN_TASK:
+        raise KeyboardInterrupt
+    _leave_now()
 
 
 def _leave_now() -> None:
@@ -352,23 +378,30 @@ def run_task_spilled(task: dict, spill_dir: str) -> dict:
     from ..io.tempfiles import make_temp
     from ..numerics.dtypes import dtype_name
 
-    out = run_task(task)
-    tensors = out["tensors"]
-    out["tensors"] = {}
-    fd, path = make_temp(spill_dir, ".spill")  # named for this worker: a killed run's spill is removable
+    global _IN_TASK
+    if _STOPPING:  # interrupted: the layers queued to this worker are not computed
+        raise KeyboardInterrupt
+    _IN_TASK = True
     try:
-        with os.fdopen(fd, "wb") as fh:
-            for suffix in list(tensors):
-                t = tensors.pop(suffix)
-                data = t.reshape(-1).view(_u8()).numpy()  # a view: written without a copy
-                out["tensors"][suffix] = (dtype_name(t.dtype), tuple(t.shape), fh.tell(), data.nbytes)
-                fh.write(memoryview(data))
-                del t, data
-    except BaseException:
-        os.unlink(path)
-        raise
-    out["spill"] = path
-    return out
+        out = run_task(task)
+        tensors = out["tensors"]
+        out["tensors"] = {}
+        fd, path = make_temp(spill_dir, ".spill")  # named for this worker: a killed run's spill is removable
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                for suffix in list(tensors):
+                    t = tensors.pop(suffix)
+                    data = t.reshape(-1).view(_u8()).numpy()  # a view: written without a copy
+                    out["tensors"][suffix] = (dtype_name(t.dtype), tuple(t.shape), fh.tell(), data.nbytes)
+                    fh.write(memoryview(data))
+                    del t, data
+        except BaseException:
+            os.unlink(path)
+            raise
+        out["spill"] = path
+        return out
+    finally:
+        _IN_TASK = False
 
 
 def _u8():
