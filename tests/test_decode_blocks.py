@@ -196,6 +196,8 @@ def test_read_buffer_and_streamed_block_buffers_are_advised_onto_huge_pages():
     assert "hg" in flags and "sh" not in flags and "wr" in flags
     memoryview(buf)[:8] = b"12345678"
     assert bytes(buf[:8]) == b"12345678"
+    with pytest.raises(MemoryError):  # as a bytearray fails: the command line says "out of memory"
+        pages.byte_buffer(1 << 62)
 
     codec = codecs.get("float8_e4m3fn")
     w = weight("gauss", 4096, 2048, torch.bfloat16, seed=3)

@@ -80,7 +80,10 @@ def byte_buffer(nbytes: int):
     if not fn or not hasattr(mmap, "MAP_PRIVATE"):  # no madvise (not Linux), or no such flags (Windows)
         return bytearray(nbytes)
     # private: a shared anonymous mapping is shmem, which gets no transparent huge pages
-    buf = mmap.mmap(-1, max(1, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        buf = mmap.mmap(-1, max(1, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as exc:  # an anonymous mapping fails only for want of memory (as a bytearray would)
+        raise MemoryError(f"cannot allocate {nbytes} bytes: {exc.strerror or exc}") from None
     if nbytes > LARGE_BYTES:
         at = ctypes.addressof(ctypes.c_char.from_buffer(buf))
         start = -(-at // HUGE_PAGE) * HUGE_PAGE
