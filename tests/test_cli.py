@@ -131,3 +131,21 @@ def test_commands_that_need_an_extra_say_which(tmp_path):
     assert r.stderr == "comfyquant dequantize: needs torch, which is not installed (pip install 'comfyquant[torch]')\n"
     r = subprocess.run([sys.executable, "-c", code, "check", src], capture_output=True, text=True)
     assert r.returncode in (0, 1) and r.stderr == "" and "targets:" in r.stdout
+
+
+def test_a_failed_torch_allocation_is_out_of_memory_not_an_internal_error(tmp_path, monkeypatch, capsys):
+    """torch raises RuntimeError ("DefaultCPUAllocator: can't allocate memory") where Python
+    raises MemoryError: a machine's limit, reported in one line as such, not as a bug."""
+    import torch
+
+    from comfyquant import cli
+    from comfyquant.commands import dequantize as command
+
+    def too_big(args):
+        return torch.empty(1 << 60, dtype=torch.uint8)  # torch's own failure, as a huge layer gets it
+
+    monkeypatch.setattr(command, "run", too_big)
+    src = os.path.join(os.path.dirname(__file__), "..", "examples", "mixed_comfyui.safetensors")
+    rc = cli.main(["dequantize", src, str(tmp_path / "d.safetensors")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == "comfyquant: out of memory\n"

@@ -77,6 +77,12 @@ def _judge_input_first(args) -> None:
         check_input(ckpt, args.command)
 
 
+def _allocation_failed(exc: BaseException) -> bool:
+    """torch reports a CPU allocation it could not make as a ``RuntimeError`` (its allocator's
+    "can't allocate memory"), not as ``MemoryError``: the machine's limit, not a bug."""
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     _tolerant_output()
@@ -106,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("comfyquant: out of memory\n")
         return 2
     except Exception as exc:  # a bug: one line, the traceback on request
+        if _allocation_failed(exc):
+            sys.stderr.write("comfyquant: out of memory\n")
+            return 2
         module = (getattr(exc, "name", None) or "").partition(".")[0] if isinstance(exc, ModuleNotFoundError) else ""
         if module in OPTIONAL_MODULES:  # not a bug: a light install running a command that needs an extra
             try:
