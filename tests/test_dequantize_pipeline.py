@@ -156,3 +156,27 @@ def test_a_one_gemm_layer_in_a_narrower_dtype_is_written_while_the_next_is_unrot
         rounded = list(codec.iter_decode(layer.tensors, layer.marker, dtype=torch.bfloat16, round_whole=True))
         assert [b.shape for b in rounded] == [b.shape for b in streamed]
         assert all(raw(x) == raw(y) for x, y in zip(rounded, streamed))
+
+
+def test_the_heap_is_trimmed_only_where_the_decoder_changes(tmp_path, monkeypatch):
+    """Trimming the heap after every layer made the next layer of the same format fault its
+    temporaries in again; it is trimmed where the format or dtype changes, and at the end (a
+    format's temporaries would otherwise add to the next format's peak)."""
+    import comfyquant.numerics.rows as rows
+
+    layers = [make_layer("fp8", prefix="a", seed=1), make_layer("fp8", prefix="b", seed=2),
+              make_layer("nvfp4", prefix="c", n=64, seed=3), make_layer("nvfp4", prefix="d", n=64, seed=4)]
+    src = write_layers(tmp_path / "m.safetensors", layers)
+    trims, real = [], rows.release_memory
+
+    def counted():
+        trims.append(1)
+        real()
+
+    monkeypatch.setattr(rows, "release_memory", counted)
+    comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
+    assert len(trims) == 2  # after b (fp8 -> nvfp4) and after d (the end)
+    tensors, _ = read_all(tmp_path / "d.safetensors")
+    for layer in layers:
+        want = codecs.get(layer.marker["format"]).decode(layer.tensors, layer.marker)
+        assert raw(tensors[f"{layer.prefix}.weight"]) == raw(want)

@@ -514,8 +514,13 @@ class _Work:
                     yield layer, "block", (block, int(torch.isinf(block).sum()) if f16 else 0)
                 del tensors, raw
             # Each format's decoder leaves temporaries of its own sizes in the heap; without a
-            # trim they add up layer after layer (measured: +150 MB over six formats).
-            release_memory()
+            # trim they add up layer after layer (measured: +150 MB over six formats).  Between
+            # layers of one format and dtype the heap is kept: the next layer reuses the same
+            # temporaries instead of faulting them in again (a file of four W4A8 layers:
+            # 37-40k -> 27-29k page faults, 5-10% of the run).
+            following = order[i + 1] if i + 1 < len(order) else None
+            if following is None or _decoder_kind(following) != _decoder_kind(layer):
+                release_memory()
             yield layer, "end", None
 
     def _in_buffer(self, block) -> bool:
@@ -616,6 +621,11 @@ def decoded_ahead(blocks: Iterator, ahead: int = AHEAD) -> Iterator:
     finally:
         stop.set()
         worker.join()
+
+
+def _decoder_kind(layer: DecodedLayer) -> tuple:
+    """What decides a layer's decode temporaries: its format and output dtype."""
+    return layer.plan.marker.get("format"), layer.dtype
 
 
 def packed_entries(layer: DecodedLayer, entries: dict | None = None) -> list:
