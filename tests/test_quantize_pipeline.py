@@ -431,3 +431,24 @@ def test_ctrl_c_while_workers_compute_stops_at_once_and_leaves_nothing(tmp_path)
     assert err.strip().splitlines()[-1] == "comfyquant: interrupted"
     assert sorted(os.listdir(tmp_path)) == ["in.safetensors"]
     assert not _workers_of(proc.pid)
+
+
+def test_a_worker_interrupted_before_its_result_is_delivered_removes_the_spill(tmp_path, monkeypatch):
+    """Between returning a layer and the pool's delivery of it, an interruption ends the worker;
+    the run is being abandoned, so its spill file would be left next to the output."""
+    spill = tmp_path / ".comfyquant-x.spill"
+    spill.write_bytes(b"encoded layer")
+    monkeypatch.setattr(work, "_SENT_SPILL", str(spill))
+    monkeypatch.setattr(work, "_IN_TASK", False)
+    monkeypatch.setattr(work, "_STOPPING", False)
+
+    def leave():
+        raise SystemExit(0)  # os._exit in a worker
+
+    monkeypatch.setattr(work, "_leave_now", leave)
+    with pytest.raises(SystemExit):
+        work._interrupted(2, None)
+    assert not spill.exists() and work._STOPPING
+    monkeypatch.setattr(work, "_IN_TASK", True)  # during a task: the task stops (and cleans up) itself
+    with pytest.raises(KeyboardInterrupt):
+        work._interrupted(2, None)

@@ -17,6 +17,7 @@ index written last).  A crash, a kill or a failed check leaves nothing at the ou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -224,6 +225,11 @@ class _Pool:
             out = future.result()
         except BrokenProcessPool:
             raise InputError("a worker process died (out of memory?); try fewer --jobs") from None
+        except BaseException:
+            # Interrupted while waiting (Ctrl-C): the layer may still be computed and spilled;
+            # back among the futures, :meth:`close` waits for it and removes its spill file.
+            self.futures[lp.name] = future
+            raise
         spill = _open_spill(out.pop("spill"))
         out["tensors"] = {s: (dtype, shape, (spill, offset, length)) for s, (dtype, shape, offset, length)
                           in out["tensors"].items()}
@@ -242,7 +248,8 @@ class _Pool:
         self.pool.shutdown(wait=True, cancel_futures=True)
         for f in self.futures.values():  # computed but never written: remove their spill files
             if not f.cancelled() and f.exception() is None:
-                os.unlink(f.result()["spill"])
+                with contextlib.suppress(FileNotFoundError):  # an interrupted worker may have removed it
+                    os.unlink(f.result()["spill"])
         self.futures.clear()
         from .work import close_sources
 

@@ -343,6 +343,9 @@ _IN_TASK = False
 """Whether this worker is computing a task (:func:`run_task_spilled`)."""
 _STOPPING = False
 """Set by an interruption: the tasks already queued to this worker end at once."""
+_SENT_SPILL: str | None = None
+"""The spill file of this worker's last result, until its next task starts (the pool sends a
+result back before it hands the worker another task)."""
 
 
 def _interrupted(signum, frame) -> None:
@@ -350,6 +353,14 @@ def _interrupted(signum, frame) -> None:
     _STOPPING = True
     if _IN_TASK:
         raise KeyboardInterrupt
+    if _SENT_SPILL is not None:
+        # Interrupted between returning a result and its delivery: the run is being abandoned
+        # (Ctrl-C, or the pool closed after an error), so nobody will write it.  The main
+        # process removes it too if it got it; whichever comes second finds nothing.
+        try:
+            os.unlink(_SENT_SPILL)
+        except OSError:
+            pass
     _leave_now()
 
 
@@ -378,7 +389,8 @@ def run_task_spilled(task: dict, spill_dir: str) -> dict:
     from ..io.tempfiles import make_temp
     from ..numerics.dtypes import dtype_name
 
-    global _IN_TASK
+    global _IN_TASK, _SENT_SPILL
+    _SENT_SPILL = None  # the previous result was delivered before this task was handed over
     if _STOPPING:  # interrupted: the layers queued to this worker are not computed
         raise KeyboardInterrupt
     _IN_TASK = True
@@ -398,7 +410,7 @@ def run_task_spilled(task: dict, spill_dir: str) -> dict:
         except BaseException:
             os.unlink(path)
             raise
-        out["spill"] = path
+        out["spill"] = _SENT_SPILL = path
         return out
     finally:
         _IN_TASK = False
