@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from builders import W4A8_MARKER, dense_layer, int8_layer, nvfp4_layer, w4a8_layer, write, zeros
 from comfyquant.cli import main
 from comfyquant.findings import RULES
@@ -136,7 +138,7 @@ def test_commands_that_need_an_extra_say_which(tmp_path):
 def test_a_failed_torch_allocation_is_out_of_memory_not_an_internal_error(tmp_path, monkeypatch, capsys):
     """torch raises RuntimeError ("DefaultCPUAllocator: can't allocate memory") where Python
     raises MemoryError: a machine's limit, reported in one line as such, not as a bug."""
-    import torch
+    torch = pytest.importorskip("torch")
 
     from comfyquant import cli
     from comfyquant.commands import dequantize as command
