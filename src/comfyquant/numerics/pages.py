@@ -52,11 +52,17 @@ def advise_huge(t: torch.Tensor, least: int | None = None) -> bool:
     (default :data:`LARGE_BYTES`) are left alone."""
     if t.nbytes <= (LARGE_BYTES if least is None else least):
         return False
+    return _advise_range(t.data_ptr(), t.nbytes)
+
+
+def _advise_range(address: int, nbytes: int) -> bool:
+    """``madvise(MADV_HUGEPAGE)`` on the 2 MiB-aligned interior of ``[address, address +
+    nbytes)``; True when the kernel accepted it (False: no madvise, or no whole huge page)."""
     fn = _madvise()
     if not fn:
         return False
-    start = -(-t.data_ptr() // HUGE_PAGE) * HUGE_PAGE
-    stop = (t.data_ptr() + t.nbytes) // HUGE_PAGE * HUGE_PAGE
+    start = -(-address // HUGE_PAGE) * HUGE_PAGE
+    stop = (address + nbytes) // HUGE_PAGE * HUGE_PAGE
     return stop > start and fn(start, stop - start, MADV_HUGEPAGE) == 0
 
 
@@ -76,8 +82,7 @@ def byte_buffer(nbytes: int):
     import ctypes
     import mmap
 
-    fn = _madvise()
-    if not fn or not hasattr(mmap, "MAP_PRIVATE"):  # no madvise (not Linux), or no such flags (Windows)
+    if not _madvise() or not hasattr(mmap, "MAP_PRIVATE"):  # no madvise (not Linux), or no such flags (Windows)
         return bytearray(nbytes)
     # private: a shared anonymous mapping is shmem, which gets no transparent huge pages
     try:
@@ -85,9 +90,5 @@ def byte_buffer(nbytes: int):
     except OSError as exc:  # an anonymous mapping fails only for want of memory (as a bytearray would)
         raise MemoryError(f"cannot allocate {nbytes} bytes: {exc.strerror or exc}") from None
     if nbytes > LARGE_BYTES:
-        at = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-        start = -(-at // HUGE_PAGE) * HUGE_PAGE
-        stop = (at + nbytes) // HUGE_PAGE * HUGE_PAGE
-        if stop > start:
-            fn(start, stop - start, MADV_HUGEPAGE)
+        _advise_range(ctypes.addressof(ctypes.c_char.from_buffer(buf)), nbytes)
     return buf
