@@ -435,3 +435,34 @@ def test_mutated_checkpoints_never_crash_compare(capsys, mutations, swap):
         else:
             json.loads(out)  # strict JSON: no NaN or Infinity
         assert digest(src) == before
+
+
+def test_layer_after_layer_reuses_memory_and_the_figures_stay(tmp_path, monkeypatch):
+    """compare decodes layer after layer, like dequantize: the one-GEMM decoders' F32 operand
+    and product reuse the last layer's memory (numerics.pages.reused_outputs) instead of
+    fresh pages, and every figure is the same as with fresh memory."""
+    import contextlib
+
+    import comfyquant.comparison as comparison
+    from comfyquant.numerics import pages
+
+    monkeypatch.setattr(pages, "LARGE_BYTES", 64 << 10)  # these small layers' buffers count as large
+    pools = []
+
+    class Seen(pages._Pool):
+        def __init__(self):
+            super().__init__()
+            pools.append(self)
+
+    monkeypatch.setattr(pages, "_Pool", Seen)
+    a = write_layers(tmp_path / "a.safetensors", [make_layer("int8_convrot", prefix=f"l{i}", n=512, k=512, seed=i)
+                                                  for i in range(3)])
+    b = write_layers(tmp_path / "b.safetensors", [make_layer("w4a4", prefix=f"l{i}", n=512, k=512, seed=i)
+                                                  for i in range(3)])
+    reused = compare(a, b, progress=False).to_dict()
+    assert len(pools) == 1 and pools[0].reused > 0 and pages._REUSE is None
+    monkeypatch.setattr(comparison, "_reused_outputs", contextlib.nullcontext)
+    fresh = compare(a, b, progress=False).to_dict()
+    assert len(pools) == 1
+    reused.pop("seconds", None), fresh.pop("seconds", None)
+    assert reused == fresh and len(reused["layers"]) == 3

@@ -212,6 +212,68 @@ def test_read_buffer_and_streamed_block_buffers_are_advised_onto_huge_pages():
     assert same_bits(torch.cat(turns), codec.decode(enc, enc.marker))
 
 
+def test_within_reused_outputs_a_large_output_takes_memory_no_tensor_uses_any_more():
+    """Fresh memory is faulted in and zeroed by the kernel at its first touch (here: as long
+    as the F32 GEMM of a whole-layer un-rotation).  Within ``reused_outputs`` a large output
+    takes the memory of an earlier one -- only once nothing uses it: not while a view, a
+    NumPy array or a memoryview of it lives; never outside the scope."""
+    shape = (1024, 9000)  # F32: 36.9 MB, above the 32 MiB threshold
+    probes = []  # kept alive: each probe takes memory of its own
+
+    def probe(dtype=torch.float32) -> int:
+        probes.append(pages.empty_output(shape, dtype))
+        return probes[-1].data_ptr()
+
+    with pages.reused_outputs():
+        pool = pages._REUSE
+        a = pages.empty_output(shape, torch.float32)
+        taken = a.data_ptr()
+        assert probe() != taken
+        view = a[1:]
+        del a
+        assert probe() != taken  # the view still uses it
+        array = view.numpy()
+        del view
+        assert probe() != taken
+        mv = memoryview(array)
+        del array
+        assert probe() != taken
+        del mv
+        assert probe(torch.bfloat16) != taken  # half the size: would waste half of it
+        assert pool.reused == 0
+        d = pages.empty_output(shape, torch.int32)
+        assert d.data_ptr() == taken and tuple(d.shape) == shape and d.dtype == torch.int32
+        assert pool.reused == d.nbytes
+        assert sum(buf.numel() for buf, _ in pool._held) <= pool._peak  # never more than used at once
+        with pages.reused_outputs():  # nested: the same pool
+            assert pages._REUSE is pool
+        del d
+    assert pages._REUSE is None  # released with the scope
+    e = pages.empty_output(shape, torch.float32)
+    assert e.data_ptr() not in {t.data_ptr() for t in probes}  # they live: nothing is handed out twice
+    del e
+    assert pages._REUSE is None
+
+
+def test_reused_outputs_holds_no_more_than_its_outputs_used_at_once():
+    """A buffer freed for reuse is kept only while the memory held stays within the most
+    the scope's outputs ever used at once: a command's peak memory is what it was without
+    reuse."""
+    mib = 1 << 20
+    with pages.reused_outputs():
+        pool = pages._REUSE
+        a = pages.empty_output((48 * mib,), torch.uint8)
+        b = pages.empty_output((48 * mib,), torch.uint8)
+        del a, b  # peak 96 MiB in use; both kept
+        assert sum(buf.numel() for buf, _ in pool._held) == 96 * mib
+        c = pages.empty_output((100 * mib,), torch.uint8)  # fits neither: both freed ones go
+        assert sum(buf.numel() for buf, _ in pool._held) == 100 * mib
+        del c
+        d = pages.empty_output((90 * mib,), torch.uint8)  # within a quarter of 100 MiB: reused
+        assert pool.reused == 90 * mib and sum(buf.numel() for buf, _ in pool._held) == 100 * mib
+        del d
+
+
 def test_empty_output_without_madvise_is_a_plain_tensor(monkeypatch):
     """Where there is no madvise (not Linux), the output is an ordinary tensor (and a read
     buffer an ordinary bytearray: Windows' mmap has no private anonymous mappings)."""

@@ -214,13 +214,20 @@ def compare(a, b, *, layers: str | Iterable[str] | None = None, dtype: str | Non
         common = sorted(names_a & names_b, key=natural_key)
         bar = Progress(len(common), sum(side_a.nbytes(p) + side_b.nbytes(p) for p in common), progress, label="compare")
         try:
-            for i, prefix in enumerate(common):
-                result.layers.append(_compare_layer(i, prefix, side_a, side_b))
-                bar.add(side_a.nbytes(prefix) + side_b.nbytes(prefix), 1)
+            with _reused_outputs():  # layer after layer: large temporaries reuse the last ones' memory
+                for i, prefix in enumerate(common):
+                    result.layers.append(_compare_layer(i, prefix, side_a, side_b))
+                    bar.add(side_a.nbytes(prefix) + side_b.nbytes(prefix), 1)
         finally:
             bar.done()
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _reused_outputs():
+    from .numerics.pages import reused_outputs  # torch: imported when a comparison runs
+
+    return reused_outputs()
 
 
 def _selected(name: str, globs: list[str] | None) -> bool:

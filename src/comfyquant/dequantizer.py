@@ -189,8 +189,13 @@ def dequantize(src: Paths, out: str | None = None, dtype: str | None = None, *, 
         _ensure_space(work, files)
         total = sum(e.nbytes for e in ckpt.tensors.values())
         temps: list[str] = []
+        from .numerics.pages import reused_outputs
+
         try:
-            with _progress(progress, total) as bar:
+            # Layer after layer, a decode's large temporaries (a one-GEMM layer's F32 operand
+            # and product, its rounded copy, the block buffers) reuse the memory of the last
+            # ones instead of fresh pages the kernel must fault in and zero.
+            with _progress(progress, total) as bar, reused_outputs():
                 work.bar = bar
                 from .io.writer import write_safetensors
 

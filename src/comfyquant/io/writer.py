@@ -239,6 +239,7 @@ def _write_buffered(fh, tmp: str, path: str, header: bytes, tensors: dict, on_te
                     view = view[written:]
                 got += len(chunk)
                 flusher.wrote(len(chunk))
+            chunk = view = None  # see _write_direct
             _check_size(path, name, dtype, shape, got, want)
             if on_tensor is not None:
                 on_tensor(tmp, name, offset, want)
@@ -272,6 +273,10 @@ def _write_direct(stream, fd: int, tmp: str, path: str, header: bytes, tensors: 
             for chunk in chunks:
                 stream.write(chunk)
                 got += len(chunk)
+            # The loop variable would keep the last chunk -- a view of the producer's memory --
+            # alive until the next tensor's first chunk; a producer that reuses freed memory
+            # (numerics.pages.reused_outputs) would see it still taken.
+            chunk = None
             _check_size(path, name, dtype, shape, got, want)
             if on_tensor is not None:
                 stream.wait()  # "in the file": the caller may read it back now

@@ -16,6 +16,11 @@ affected: this is only about how the memory is mapped.
 
 from __future__ import annotations
 
+import contextlib
+import math
+import threading
+from collections.abc import Callable, Iterator
+
 import torch
 
 HUGE_PAGE = 2 << 20
@@ -26,6 +31,8 @@ MADV_HUGEPAGE = 14
 
 _MADVISE = None
 """libc's ``madvise`` once looked up, or False where there is none."""
+_REUSE: _Pool | None = None
+"""The pool of the active :func:`reused_outputs` scope, if any."""
 
 
 def _madvise():
@@ -68,7 +75,13 @@ def _advise_range(address: int, nbytes: int) -> bool:
 
 def empty_output(shape: tuple[int, ...], dtype: torch.dtype, least: int | None = None) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype)``, on huge pages when over ``least`` bytes (see the
-    module doc)."""
+    module doc) -- or, inside :func:`reused_outputs`, memory an earlier output of the scope
+    no longer uses."""
+    pool = _REUSE
+    if pool is not None:
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > (LARGE_BYTES if least is None else least):
+            return pool.take(nbytes, lambda buf: buf[:nbytes].view(dtype).view(shape))
     t = torch.empty(shape, dtype=dtype)
     advise_huge(t, least)
     return t
@@ -92,3 +105,74 @@ def byte_buffer(nbytes: int):
     if nbytes > LARGE_BYTES:
         _advise_range(ctypes.addressof(ctypes.c_char.from_buffer(buf)), nbytes)
     return buf
+
+
+# -- memory reused from one layer to the next ------------------------------------------------
+# Every large output above is a fresh mapping, and fresh memory is paid for at its first
+# touch: the kernel faults it in and zeroes it.  Where that is slow (a virtual machine whose
+# host backs guest memory on first use), a whole-layer decode spent as long zeroing its F32
+# operand and product as multiplying them.  A command that decodes layer after layer
+# (dequantize) needs the same few sizes again and again, so within :func:`reused_outputs`
+# a large output is cut from the memory of an earlier one that nothing references any more.
+
+
+@contextlib.contextmanager
+def reused_outputs() -> Iterator[None]:
+    """Within this scope (any thread of the process), :func:`empty_output` reuses the memory
+    of the scope's earlier large outputs once no tensor uses it (torch's own count of the
+    memory's users says so: a view, a NumPy array or a memoryview of one keeps it taken).  The
+    memory held for reuse never exceeds the most the scope's outputs used at once; it is
+    released when the scope ends.  Values are unaffected (``empty_output`` never promised
+    zeroed memory).  Without torch's count (another torch version) nothing is reused."""
+    global _REUSE
+    if _REUSE is not None or not hasattr(torch._C, "_storage_Use_Count"):
+        yield  # nested: the outer scope's pool serves
+        return
+    _REUSE = _Pool()
+    try:
+        yield
+    finally:
+        _REUSE = None
+
+
+class _Pool:
+    """The memory of one :func:`reused_outputs` scope: flat byte tensors on huge pages, each
+    free when torch counts no user of its storage besides the pool's own reference."""
+
+    SLACK = 4
+    """A free buffer serves a request up to a quarter (or a huge page) smaller than itself."""
+
+    def __init__(self) -> None:
+        self._held: list[tuple[torch.Tensor, int]] = []  # (buffer, its storage's use count when free)
+        self._lock = threading.Lock()
+        self._peak = 0
+        self.reused = 0
+        """Bytes handed out from memory already held (for tests and benches)."""
+
+    @staticmethod
+    def _users(buf: torch.Tensor) -> int:
+        return torch._C._storage_Use_Count(buf.untyped_storage()._cdata)
+
+    def take(self, nbytes: int, view: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``view(buf)`` of a flat byte buffer of at least ``nbytes``: the smallest free one
+        that fits, else a new one (then free ones are let go, smallest first, while the
+        memory held exceeds the most the scope's buffers were ever in use at once).  The
+        view is made under the lock: until it exists the buffer looks free to other threads."""
+        size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+        with self._lock:
+            free = [buf for buf, idle in self._held if self._users(buf) == idle]
+            fits = [buf for buf in free if size <= buf.numel() <= size + max(size // self.SLACK, HUGE_PAGE)]
+            if fits:
+                self.reused += nbytes
+                return view(min(fits, key=torch.Tensor.numel))
+            buf = torch.empty(size, dtype=torch.uint8)
+            advise_huge(buf, 0)
+            self._held.append((buf, self._users(buf)))
+            held = sum(b.numel() for b, _ in self._held)
+            self._peak = max(self._peak, held - sum(b.numel() for b in free))
+            for old in sorted(free, key=torch.Tensor.numel):
+                if held <= self._peak:
+                    break
+                self._held = [(b, idle) for b, idle in self._held if b is not old]
+                held -= old.numel()
+            return view(buf)
