@@ -274,6 +274,16 @@ def test_reused_outputs_holds_no_more_than_its_outputs_used_at_once():
         del d
 
 
+def test_reused_outputs_without_torchs_count_of_users_reuses_nothing(monkeypatch):
+    """Whether memory is free is torch's count of its storage's users (a private function):
+    with a torch that lacks it, the scope hands out fresh memory as before."""
+    monkeypatch.delattr(torch._C, "_storage_Use_Count")
+    with pages.reused_outputs():
+        assert pages._REUSE is None  # no pool: empty_output is torch.empty as outside the scope
+        b = pages.empty_output((1024, 9000), torch.float32)
+        assert tuple(b.shape) == (1024, 9000) and b.dtype == torch.float32 and b.is_contiguous()
+
+
 def test_empty_output_without_madvise_is_a_plain_tensor(monkeypatch):
     """Where there is no madvise (not Linux), the output is an ordinary tensor (and a read
     buffer an ordinary bytearray: Windows' mmap has no private anonymous mappings)."""
