@@ -298,10 +298,14 @@ def test_row_scaled_int8_finds_nan_or_inf_from_its_row_scales(params, bad):
 def test_convrot_int8_of_a_finite_weight_whose_rotation_overflows_matches_kitchen():
     """Finite values near the BF16 maximum overflow in the rotation: comfy-kitchen quantizes
     them anyway, and so does comfyquant (no NaN/Inf in the input, so no refusal)."""
+    from comfyquant.numerics.hadamard import rotate_weight
+
     w = weight("gauss", 64, 256, torch.bfloat16)
     w[5, :] = torch.finfo(torch.bfloat16).max
+    # The rotated row leaves BF16's range: inf from AVX-512's BF16 GEMM, clamped to the largest
+    # finite value by oneDNN's AVX2 kernels -- comfy-kitchen's call gives the same either way.
+    assert (rotate_weight(w, 256)[5].float().abs() >= torch.finfo(torch.bfloat16).max).any()
     enc = codecs.get("int8_tensorwise").encode(w, per_channel=True, convrot=True)
-    assert not torch.isfinite(enc["weight_scale"]).all()
     ref = QuantizedTensor.from_float(w, "TensorWiseINT8Layout", per_channel=True, convrot=True).state_dict("weight")
     assert set(ref) == set(enc) and all(same_bits(enc[s], ref[s].contiguous()) for s in ref)
 

@@ -345,12 +345,17 @@ class Codec:
                 y[:, r0:r1] = rows(r0, r1)
         return y.reshape(*x.shape[:-1], n)
 
-    def _forward(self, x2: torch.Tensor, tensors: dict, plan: Plan, exact: bool) -> tuple[bool, object]:
+    def _forward(self, x2: torch.Tensor, tensors: dict, plan: Plan, exact: bool,
+                 runtime: bool = True) -> tuple[bool, object]:
         """(dense, state): how the runtime runs this layer on ``x2`` -- a float matmul with the
         decoded weight (:meth:`_dense_linear`) or the format's own GEMM (:meth:`_linear_rows`)
-        -- and the work done once for all row blocks."""
+        -- and the work done once for all row blocks.  ``runtime`` False: exact integer
+        products where the runtime's own INT8 GEMM call is not exact on this CPU (see
+        :meth:`_linear_setup`)."""
         dense = plan.marker.get("full_precision_matrix_mult") is True or self._runs_dense(tensors)
-        return dense, (self._dense_state(x2, tensors, plan, exact) if dense else self._linear_setup(x2, tensors, plan))
+        if dense:
+            return dense, self._dense_state(x2, tensors, plan, exact)
+        return dense, self._linear_setup(x2, tensors, plan, runtime)
 
     def _forward_rows(self, forward: tuple[bool, object], tensors: dict, plan: Plan, bias: torch.Tensor | None,
                       r0: int, r1: int) -> torch.Tensor:
@@ -373,7 +378,7 @@ class Codec:
         n, k = plan.shape
         if x.dim() != 2 or x.shape[1] != k or x.dtype not in DENSE:
             raise CodecError(f"{plan.name}: input must be [M, {k}] in BF16, F16 or F32, got {list(x.shape)} {x.dtype}")
-        forward = self._forward(x, tensors, plan, False)
+        forward = self._forward(x, tensors, plan, False, runtime=False)
         state = self._prepare(tensors, plan.env, dtype)
         ranges = row_ranges(n, k, block_elements or self.decode_block_elements(plan.env), join_tail=False)
         turns = _buffers(1, ranges, k, dtype)
@@ -422,9 +427,12 @@ class Codec:
         marker says (comfy-kitchen's asymmetric W4A8): :meth:`_dense_linear`."""
         return False
 
-    def _linear_setup(self, x2: torch.Tensor, t: dict, plan: Plan) -> object:
+    def _linear_setup(self, x2: torch.Tensor, t: dict, plan: Plan, runtime: bool = True) -> object:
         """The activation side of the forward, done once for all row blocks (rotation,
-        quantization) of the 2-D input ``x2``."""
+        quantization) of the 2-D input ``x2``.  ``runtime``: the INT8 GEMM is the runtime's own
+        call (:meth:`linear`, bit for bit on this CPU), else the exact integer product (the
+        quality report: the two differ only on CPUs where that call saturates, see
+        :func:`~comfyquant.numerics.int8.runtime_int8_matmul`)."""
         raise NotImplementedError
 
     def _linear_rows(self, state, t: dict, plan: Plan, bias: torch.Tensor | None, r0: int, r1: int) -> torch.Tensor:

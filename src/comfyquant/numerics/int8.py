@@ -76,22 +76,48 @@ def int8_matmul(q_x: torch.Tensor, q_w: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def runtime_int8_matmul(q_x: torch.Tensor, q_w: torch.Tensor) -> torch.Tensor:
+    """``q_x @ q_w.T`` as int32 (``[M, K] x [N, K] -> [M, N]``) by the runtime's own call:
+    comfy-kitchen's CPU path pads K and N with zeros to multiples of 8 and calls
+    ``torch._int_mm(q_x, q_w.T.contiguous())``.
+
+    Not always the exact product: on CPUs without VNNI (AVX2, early AVX-512) oneDNN's int8
+    kernel adds pairs of products in saturating int16 arithmetic, so large sums come out
+    wrong -- and the runtime computes exactly that on such a CPU.  :meth:`Codec.linear`, which
+    promises the runtime's bits, multiplies this way; the quality report, which measures the
+    checkpoint, multiplies exactly (:func:`int8_matmul`: what GPUs and VNNI CPUs compute)."""
+    m, k = q_x.shape
+    n = q_w.shape[0]
+    if m == 0 or k == 0:
+        return torch._int_mm(q_x, q_w.t().contiguous())
+    rhs = q_w.t().contiguous()
+    pad_k, pad_n = -k % 8, -n % 8
+    if pad_k:
+        q_x = torch.cat((q_x, q_x.new_zeros((m, pad_k))), dim=1)
+        rhs = torch.cat((rhs, rhs.new_zeros((pad_k, n))), dim=0)
+    if pad_n:
+        rhs = torch.cat((rhs, rhs.new_zeros((k + pad_k, pad_n))), dim=1)
+    out = torch._int_mm(q_x, rhs)
+    return out[:, :n] if pad_n else out
+
+
 def int8_linear(x: torch.Tensor, q_w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
-                out_dtype: torch.dtype) -> torch.Tensor:
-    """Dynamic row-wise INT8 activations times an INT8 weight grid (already rotated ``x``).
+                out_dtype: torch.dtype, runtime: bool = True) -> torch.Tensor:
+    """Dynamic row-wise INT8 activations times an INT8 weight grid (already rotated ``x``),
+    by default with the runtime's GEMM call (see :func:`int8_product`).
 
     ``y = out(f32(acc) * (s_row * w_scale)) + out(bias)`` with ``w_scale`` F32 of numel 1 or N."""
     lead = x.shape[:-1]
     q_x, s_x = quantize_rows(x.reshape(-1, x.shape[-1]))
-    return int8_product(q_x, s_x, q_w, w_scale, bias, out_dtype).reshape(*lead, q_w.shape[0])
+    return int8_product(q_x, s_x, q_w, w_scale, bias, out_dtype, runtime).reshape(*lead, q_w.shape[0])
 
 
 def int8_product(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, w_scale: torch.Tensor,
-                 bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+                 bias: torch.Tensor | None, out_dtype: torch.dtype, runtime: bool = False) -> torch.Tensor:
     """The GEMM and epilogue of :func:`int8_linear` for already quantized activations
-    ``(q_x [M, K], s_x [M, 1])``: the integer products are exact and the epilogue is per
-    output feature, so any subset of weight rows gives the same columns bit for bit."""
-    acc = int8_matmul(q_x, q_w)
+    ``(q_x [M, K], s_x [M, 1])``: exact integer products (``runtime``: the runtime's own
+    GEMM call, :func:`runtime_int8_matmul`); the epilogue is per output feature."""
+    acc = runtime_int8_matmul(q_x, q_w) if runtime else int8_matmul(q_x, q_w)
     scales = s_x * w_scale.to(torch.float32).reshape(1, -1)
     y = acc.float().mul_(scales).to(out_dtype)
     if bias is not None:

@@ -34,7 +34,7 @@ class AWQCodec(Codec):
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
         return finish(self._weight(t, plan.env, r0, r1, dtype), dtype, out)
 
-    def _linear_setup(self, x2, t, plan):
+    def _linear_setup(self, x2, t, plan, runtime=True):
         """comfy-kitchen's eager GEMV: dequantize in the scales' dtype, one float matmul."""
         return x2.to(t["weight_scale"].dtype), x2.dtype
 

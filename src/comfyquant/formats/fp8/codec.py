@@ -51,7 +51,7 @@ class FP8Codec(Codec):
             return widen_e4m3_scaled(q, state, out)
         return fp8_decode_scaled(q, t["weight_scale"].reshape(()), dtype, out)
 
-    def _linear_setup(self, x2, t, plan):
+    def _linear_setup(self, x2, t, plan, runtime=True):
         s_x = t.get("input_scale")
         s_x = torch.ones((), dtype=torch.float32) if s_x is None else s_x.to(torch.float32).reshape(())
         s_w = t["weight_scale"].to(torch.float32).reshape(())

@@ -78,16 +78,16 @@ class Int8Codec(Codec):
         out = torch.empty(q.shape, dtype=torch.float32) if out is None else out
         return out.copy_(q).mul_(scale.to(torch.float32))
 
-    def _linear_setup(self, x2, t, plan):
+    def _linear_setup(self, x2, t, plan, runtime=True):
         env = plan.env
         if env.get("convrot"):
             x2 = rotate_activation(x2, env["convrot_groupsize"])
-        return quantize_rows(x2), x2.dtype
+        return quantize_rows(x2), x2.dtype, runtime
 
     def _linear_rows(self, state, t, plan, bias, r0, r1):
-        (q_x, s_x), dtype = state
+        (q_x, s_x), dtype, runtime = state
         scale = per_row(t["weight_scale"], plan.shape[0], r0, r1)
-        return int8_product(q_x, s_x, rows_of(t["weight"], r0, r1), scale, bias, dtype)
+        return int8_product(q_x, s_x, rows_of(t["weight"], r0, r1), scale, bias, dtype, runtime)
 
 
 def _row_scaled(per_channel, convrot) -> bool:

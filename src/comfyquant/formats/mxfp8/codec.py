@@ -69,7 +69,7 @@ class MXFP8Codec(Codec):
             w = fp8_decode(blocks, torch.float32).mul_(s)
         return finish(w.view(r1 - r0, k)[:, : plan.shape[1]], dtype, out)
 
-    def _linear_setup(self, x2, t, plan):
+    def _linear_setup(self, x2, t, plan, runtime=True):
         """Emulated MXFP8 GEMM: activation quantized the same way (dynamic, per 1x32 block),
         both dequantized to F32, F32 products and bias, one rounding to the input's dtype."""
         q, e = quantize_mxfp8(x2)

@@ -110,7 +110,7 @@ class NVFP4Codec(Codec):
             w = w * pre.reshape(1, -1)
         return w if out is None else out.copy_(w)
 
-    def _linear_setup(self, x2, t, plan):
+    def _linear_setup(self, x2, t, plan, runtime=True):
         """Emulated NVFP4 GEMM: activation quantized like the weight (scale ``input_scale`` or
         dynamic ``amax / 2688``), both dequantized to F32, F32 products and bias, one rounding."""
         env = plan.env

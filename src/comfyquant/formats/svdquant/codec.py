@@ -99,7 +99,7 @@ class SVDQuantCodec(Codec):
         low = (t["weight_proj_down"].float() @ t["weight_proj_up"][r0:r1].float().t()).t()
         return finish(self._main_rows(t, act, k, r0, r1) + low.to(t["weight_scale"].dtype), dtype, out)
 
-    def _linear_setup(self, x2, t, plan):
+    def _linear_setup(self, x2, t, plan, runtime=True):
         """comfy-kitchen's eager forward: smoothed per-row per-64 INT4 (or UINT4) activations,
         dequantized GEMM in the scales' dtype, low-rank branch in F32 on the raw input."""
         t = natural(t)

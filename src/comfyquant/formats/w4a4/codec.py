@@ -69,7 +69,7 @@ class W4A4Codec(Codec):
         w = lookup_pairs(rows_of(t["weight"], r0, r1), _SIGNED, out)
         return w.mul_(rows_of(t["weight_scale"], r0, r1).to(torch.float32).reshape(-1, 1))
 
-    def _linear_setup(self, x2, t, plan):
+    def _linear_setup(self, x2, t, plan, runtime=True):
         x2 = rotate_activation(x2.contiguous(), plan.env["convrot_groupsize"])
         return quantize_int4_rows(x2), x2.dtype
 

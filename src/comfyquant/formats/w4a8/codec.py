@@ -143,8 +143,8 @@ class W4A8Codec(Codec):
     def _runs_dense(self, t):
         return "weight_correction" in t  # comfy-kitchen: dequantize + float matmul
 
-    def _linear_setup(self, x2, t, plan):
-        return quantize_rows(rotate_activation(x2, plan.env["convrot_groupsize"])), x2.dtype
+    def _linear_setup(self, x2, t, plan, runtime=True):
+        return quantize_rows(rotate_activation(x2, plan.env["convrot_groupsize"])), x2.dtype, runtime
 
     def _linear_rows(self, state, t, plan, bias, r0, r1):
         env = plan.env
@@ -159,8 +159,8 @@ class W4A8Codec(Codec):
     def _grid_product(state, t, grid: torch.Tensor, bias, r0: int, r1: int) -> torch.Tensor:
         """Output features ``r0:r1`` from their INT8 grid: the runtime's integer GEMM (exact
         for any subset of rows) and epilogue."""
-        (q_x, s_x), dtype = state
-        return int8_product(q_x, s_x, grid, rows_of(t["weight_s_channel"], r0, r1), bias, dtype)
+        (q_x, s_x), dtype, runtime = state
+        return int8_product(q_x, s_x, grid, rows_of(t["weight_s_channel"], r0, r1), bias, dtype, runtime)
 
 
 def _s_rel(t: dict) -> torch.Tensor:
