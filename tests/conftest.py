@@ -57,3 +57,21 @@ def threads(request):
     finally:
         torch.set_num_threads(before)
     assert torch.get_num_threads() == before
+
+
+@pytest.fixture
+def reuse_pools(monkeypatch):
+    """The pools of the ``numerics.pages.reused_outputs`` scopes the test opens, in order; the
+    buffers of small test layers (above 64 KiB) count as large, so they go through them."""
+    from comfyquant.numerics import pages
+
+    monkeypatch.setattr(pages, "LARGE_BYTES", 64 << 10)
+    pools = []
+
+    class Seen(pages._Pool):
+        def __init__(self):
+            super().__init__()
+            pools.append(self)
+
+    monkeypatch.setattr(pages, "_Pool", Seen)
+    return pools

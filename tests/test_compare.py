@@ -444,7 +444,7 @@ def test_mutated_checkpoints_never_crash_compare(capsys, mutations, swap):
         assert digest(src) == before
 
 
-def test_layer_after_layer_reuses_memory_and_the_figures_stay(tmp_path, monkeypatch):
+def test_layer_after_layer_reuses_memory_and_the_figures_stay(tmp_path, monkeypatch, reuse_pools):
     """compare decodes layer after layer, like dequantize: the one-GEMM decoders' F32 operand
     and product reuse the last layer's memory (numerics.pages.reused_outputs) instead of
     fresh pages, and every figure is the same as with fresh memory."""
@@ -453,15 +453,7 @@ def test_layer_after_layer_reuses_memory_and_the_figures_stay(tmp_path, monkeypa
     import comfyquant.comparison as comparison
     from comfyquant.numerics import pages
 
-    monkeypatch.setattr(pages, "LARGE_BYTES", 64 << 10)  # these small layers' buffers count as large
-    pools = []
-
-    class Seen(pages._Pool):
-        def __init__(self):
-            super().__init__()
-            pools.append(self)
-
-    monkeypatch.setattr(pages, "_Pool", Seen)
+    pools = reuse_pools  # small layers' buffers count as large
     a = write_layers(tmp_path / "a.safetensors", [make_layer("int8_convrot", prefix=f"l{i}", n=512, k=512, seed=i)
                                                   for i in range(3)])
     b = write_layers(tmp_path / "b.safetensors", [make_layer("w4a4", prefix=f"l{i}", n=512, k=512, seed=i)

@@ -182,7 +182,7 @@ def test_the_heap_is_trimmed_only_where_the_decoder_changes(tmp_path, monkeypatc
         assert raw(tensors[f"{layer.prefix}.weight"]) == raw(want)
 
 
-def test_one_gemm_layers_reuse_the_memory_of_the_last_ones(tmp_path, monkeypatch):
+def test_one_gemm_layers_reuse_the_memory_of_the_last_ones(tmp_path, reuse_pools):
     """Each INT8 ConvRot / W4A4 layer needs an F32 operand and product of its size and, for a
     BF16 output, the layer rounded whole: fresh pages were faulted in and zeroed for all
     three at every layer (on this project's machine as long as the GEMM).  A run now reuses
@@ -190,15 +190,7 @@ def test_one_gemm_layers_reuse_the_memory_of_the_last_ones(tmp_path, monkeypatch
     chunk it wrote -- and the bits are those of a decode into fresh memory."""
     from comfyquant.numerics import pages
 
-    monkeypatch.setattr(pages, "LARGE_BYTES", 64 << 10)  # these small layers' buffers count as large
-    pools = []
-
-    class Seen(pages._Pool):
-        def __init__(self):
-            super().__init__()
-            pools.append(self)
-
-    monkeypatch.setattr(pages, "_Pool", Seen)
+    pools = reuse_pools  # small layers' buffers count as large
     layers = [make_layer("int8_convrot", prefix=p, n=512, k=512, seed=i) for i, p in enumerate("abcd")]
     layers.append(make_layer("w4a4", prefix="e", n=512, k=512, seed=9))
     src = write_layers(tmp_path / "m.safetensors", layers)
