@@ -278,6 +278,7 @@ def test_reused_outputs_without_torchs_count_of_users_reuses_nothing(monkeypatch
     """Whether memory is free is torch's count of its storage's users (a private function):
     with a torch that lacks it, the scope hands out fresh memory as before."""
     monkeypatch.delattr(torch._C, "_storage_Use_Count")
+    assert not pages._counts_users()
     with pages.reused_outputs():
         assert pages._REUSE is None  # no pool: empty_output is torch.empty as outside the scope
         b = pages.empty_output((1024, 9000), torch.float32)

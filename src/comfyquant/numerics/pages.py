@@ -125,7 +125,7 @@ def reused_outputs() -> Iterator[None]:
     released when the scope ends.  Values are unaffected (``empty_output`` never promised
     zeroed memory).  Without torch's count (another torch version) nothing is reused."""
     global _REUSE
-    if _REUSE is not None or not hasattr(torch._C, "_storage_Use_Count"):
+    if _REUSE is not None or not _counts_users():
         yield  # nested: the outer scope's pool serves
         return
     _REUSE = _Pool()
@@ -133,6 +133,15 @@ def reused_outputs() -> Iterator[None]:
         yield
     finally:
         _REUSE = None
+
+
+def _counts_users() -> bool:
+    """Whether this torch tells how many tensors use a storage (private API: checked, not
+    assumed)."""
+    try:
+        return isinstance(_Pool._users(torch.empty(1)), int)
+    except (AttributeError, RuntimeError, TypeError):
+        return False
 
 
 class _Pool:
