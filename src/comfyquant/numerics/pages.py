@@ -135,11 +135,16 @@ def reused_outputs() -> Iterator[None]:
         _REUSE = None
 
 
+def _users(buf: torch.Tensor) -> int:
+    """How many tensors (and other holders) use ``buf``'s storage, by torch's count."""
+    return torch._C._storage_Use_Count(buf.untyped_storage()._cdata)
+
+
 def _counts_users() -> bool:
     """Whether this torch tells how many tensors use a storage (private API: checked, not
     assumed)."""
     try:
-        return isinstance(_Pool._users(torch.empty(1)), int)
+        return isinstance(_users(torch.empty(1)), int)
     except (AttributeError, RuntimeError, TypeError):
         return False
 
@@ -158,10 +163,6 @@ class _Pool:
         self.reused = 0
         """Bytes handed out from memory already held (for tests and benches)."""
 
-    @staticmethod
-    def _users(buf: torch.Tensor) -> int:
-        return torch._C._storage_Use_Count(buf.untyped_storage()._cdata)
-
     def take(self, nbytes: int, view: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """``view(buf)`` of a flat byte buffer of at least ``nbytes``: the smallest free one
         that fits, else a new one (then free ones are let go, smallest first, while the
@@ -169,14 +170,14 @@ class _Pool:
         view is made under the lock: until it exists the buffer looks free to other threads."""
         size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
         with self._lock:
-            free = [buf for buf, idle in self._held if self._users(buf) == idle]
+            free = [buf for buf, idle in self._held if _users(buf) == idle]
             fits = [buf for buf in free if size <= buf.numel() <= size + max(size // self.SLACK, HUGE_PAGE)]
             if fits:
                 self.reused += nbytes
                 return view(min(fits, key=torch.Tensor.numel))
             buf = torch.empty(size, dtype=torch.uint8)
             advise_huge(buf, 0)
-            self._held.append((buf, self._users(buf)))
+            self._held.append((buf, _users(buf)))
             held = sum(b.numel() for b, _ in self._held)
             self._peak = max(self._peak, held - sum(b.numel() for b in free))
             for old in sorted(free, key=torch.Tensor.numel):
