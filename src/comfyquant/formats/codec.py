@@ -22,8 +22,9 @@ whatever the CPU picks.  A decode whose product comfy-kitchen computes over the 
 (ConvRot un-rotations, the SVDQuant low-rank term) says so in :meth:`Codec._whole_layer`
 and computes the layer in one :meth:`Codec._decode_whole`; its row blocks are then slices of
 that result (memory: the dense layer, as in comfy-kitchen).  Where blocks stay, the codec
-states why their sums are exact (e.g. W4A8's BF16 un-rotation in :mod:`.w4a8`).  Integer
-GEMMs run in F64 and are exact in any order.
+states why their sums are exact (e.g. W4A8's BF16 un-rotation in :mod:`.w4a8`).  INT8 GEMMs
+are the runtime's own call in :meth:`Codec.linear` (``torch._int_mm``, which saturates on CPUs
+without VNNI, as the runtime does there) and exact F64 products in the quality report.
 """
 
 from __future__ import annotations
@@ -321,7 +322,8 @@ class Codec:
         weight is used whole: the runtime's one GEMM, bit for bit.  With ``block_elements`` the
         output features are computed in row blocks of the weight of about that many elements
         (the activation is quantized once), so memory follows a block instead of a dequantized
-        copy of the layer; integer GEMMs give the same bits, float GEMMs over fewer columns
+        copy of the layer; integer GEMMs give the same bits (their saturation on CPUs without
+        VNNI depends on the operands only: tested under AVX2), float GEMMs over fewer columns
         may round the last bit differently (MKL)."""
         plan = self.plan(tensors, marker, layer)
         if x.dtype not in DENSE:

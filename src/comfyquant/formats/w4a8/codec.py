@@ -157,8 +157,9 @@ class W4A8Codec(Codec):
 
     @staticmethod
     def _grid_product(state, t, grid: torch.Tensor, bias, r0: int, r1: int) -> torch.Tensor:
-        """Output features ``r0:r1`` from their INT8 grid: the runtime's integer GEMM (exact
-        for any subset of rows) and epilogue."""
+        """Output features ``r0:r1`` from their INT8 grid: the integer GEMM (the runtime's call,
+        or exact products for the quality report: see ``_linear_setup``; the same bits for any
+        subset of rows) and epilogue."""
         (q_x, s_x), dtype, runtime = state
         return int8_product(q_x, s_x, grid, rows_of(t["weight_s_channel"], r0, r1), bias, dtype, runtime)
 
