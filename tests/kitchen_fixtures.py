@@ -325,3 +325,11 @@ def decoded_layer(path: str, prefix: str) -> torch.Tensor:
     with safe_open(path, framework="pt") as f:
         tensors = {s: f.get_tensor(n) for s, n in names.items()}
     return codecs.get(marker["format"]).decode(tensors, marker)
+
+
+def int_mm_is_exact() -> bool:
+    """Whether this CPU's ``torch._int_mm`` (the runtime's INT8 GEMM) gives the exact product:
+    VNNI kernels do; oneDNN's AVX2 kernel saturates pair sums in int16 (a row of 127s times a
+    column of 127s then gives 1020, not 8 x 127 x 127)."""
+    a = torch.full((1, 8), 127, dtype=torch.int8)
+    return int(torch._int_mm(a, a.t().repeat(1, 8))[0, 0]) == 8 * 127 * 127

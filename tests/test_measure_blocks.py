@@ -13,7 +13,7 @@ import torch
 from comfyquant import codecs
 from comfyquant.formats.codec import Codec
 from comfyquant.numerics import int8
-from kitchen_fixtures import VARIANTS, same_bits
+from kitchen_fixtures import VARIANTS, int_mm_is_exact, same_bits
 from test_codecs_vs_kitchen import DTYPES, ENCODE_ARGS, weight
 
 SHAPE = (203, 512)  # a short tail block at every block size below
@@ -60,21 +60,11 @@ def test_measure_blocks_are_the_decode_and_the_forward(variant, dtype_name, monk
         y = torch.cat(ys, dim=1)[:, : whole.shape[1]]
         integer = not torch.is_floating_point(tensors["weight"]) and VARIANTS[variant].format == "asym_w4a8_int8" \
             and "weight_correction" not in tensors
-        for runtime in (exact, whole) if _int_mm_is_exact() else (exact,):
+        for runtime in (exact, whole) if int_mm_is_exact() else (exact,):
             if integer:
                 assert same_bits(y, runtime)  # integer GEMM: exact for any subset of output features
             else:
                 assert torch.allclose(y.float(), runtime.float(), rtol=2e-2, atol=1e-3)
-
-
-def _int_mm_is_exact() -> bool:
-    """Whether this CPU's ``torch._int_mm`` is the exact product (VNNI; oneDNN's AVX2 kernel
-    saturates pair sums in int16): where it is not, the runtime on this CPU computes
-    something else than the checkpoint's arithmetic, and the quality report measures the
-    latter."""
-    a = torch.full((1, 8), 127, dtype=torch.int8)
-    b = torch.full((8, 8), 127, dtype=torch.int8)
-    return bool((torch._int_mm(a, b) == 8 * 127 * 127).all())
 
 
 def test_measure_blocks_refuses_a_wrong_input():

@@ -88,9 +88,9 @@ def runtime_int8_matmul(q_x: torch.Tensor, q_w: torch.Tensor) -> torch.Tensor:
     checkpoint, multiplies exactly (:func:`int8_matmul`: what GPUs and VNNI CPUs compute)."""
     m, k = q_x.shape
     n = q_w.shape[0]
-    if m == 0 or k == 0:
-        return torch._int_mm(q_x, q_w.t().contiguous())
     rhs = q_w.t().contiguous()
+    if m == 0 or k == 0:
+        return torch._int_mm(q_x, rhs)
     pad_k, pad_n = -k % 8, -n % 8
     if pad_k:
         q_x = torch.cat((q_x, q_x.new_zeros((m, pad_k))), dim=1)
