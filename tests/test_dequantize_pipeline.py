@@ -8,6 +8,7 @@ wrapping the dequantizer's read and the writer's consumption of each layer's chu
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -205,3 +206,101 @@ def test_one_gemm_layers_reuse_the_memory_of_the_last_ones(tmp_path, reuse_pools
     for layer in layers:
         want = codecs.get(layer.marker["format"]).decode(layer.tensors, layer.marker, dtype=torch.bfloat16)
         assert raw(tensors[f"{layer.prefix}.weight"]) == raw(want)
+
+
+def _mapping_spy(monkeypatch) -> list[tuple[int, int, bool]]:
+    """Every ``LocalFile.mapped`` call: (offset, length, whether it gave a view)."""
+    from comfyquant.io.source import LocalFile
+
+    calls: list[tuple[int, int, bool]] = []
+    real = LocalFile.mapped
+
+    def spy(self, offset, length):
+        view = real(self, offset, length)
+        calls.append((offset, length, view is not None))
+        return view
+
+    monkeypatch.setattr(LocalFile, "mapped", spy)
+    return calls
+
+
+def test_large_packed_tensors_are_mapped_from_the_file_not_copied(tmp_path, monkeypatch):
+    """Packed weights from MAP_MIN bytes are mapped from the page cache (no copy on the decode
+    thread's path); smaller tensors are read.  The output is the codecs' decode, bit for bit."""
+    monkeypatch.setattr(dq, "MAP_MIN", 4096)
+    layers = [make_layer("fp8", prefix="a", n=128, k=256, seed=1), make_layer("int8_convrot", prefix="b", n=64, seed=2),
+              make_layer("nvfp4", prefix="c", n=64, seed=3), make_layer("w4a8_codebook", prefix="d", n=64, seed=4)]
+    src = write_layers(tmp_path / "m.safetensors", layers)
+    calls = _mapping_spy(monkeypatch)
+    comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
+    weights = {layer.tensors["weight"].numel() * layer.tensors["weight"].element_size() for layer in layers}
+    mapped = {length for _, length, ok in calls if ok}
+    assert calls and all(ok for *_, ok in calls) and weights <= mapped and min(mapped) >= 4096
+    tensors, _ = read_all(tmp_path / "d.safetensors")
+    for layer in layers:
+        want = codecs.get(layer.marker["format"]).decode(layer.tensors, layer.marker)
+        assert raw(tensors[f"{layer.prefix}.weight"]) == raw(want)
+
+
+def test_without_mapping_the_packed_tensors_are_read_with_the_same_result(tmp_path, monkeypatch):
+    """A kernel that cannot populate a mapping (older than Linux 5.14: EINVAL) gets None from
+    ``mapped``, and the layer is read instead: the same bytes out."""
+    import comfyquant.io.source as source
+
+    monkeypatch.setattr(dq, "MAP_MIN", 4096)
+    monkeypatch.setattr(source, "_MADV_POPULATE_READ", 0x7FFF)  # advice no kernel knows: EINVAL
+    layers = [make_layer("fp8", prefix="a", n=128, k=256, seed=1), make_layer("w4a4", prefix="b", n=64, seed=2)]
+    src = write_layers(tmp_path / "m.safetensors", layers)
+    calls = _mapping_spy(monkeypatch)
+    comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
+    assert calls and not any(ok for *_, ok in calls)
+    tensors, _ = read_all(tmp_path / "d.safetensors")
+    for layer in layers:
+        want = codecs.get(layer.marker["format"]).decode(layer.tensors, layer.marker)
+        assert raw(tensors[f"{layer.prefix}.weight"]) == raw(want)
+
+
+def test_a_file_truncated_after_its_check_is_one_clean_error(tmp_path, monkeypatch):
+    """The input shrinks between the check and the reading of its second layer (another program
+    truncates it): one error naming the file and the tensor, no output file, no crash (a
+    mapping populated past the end of a file fails here instead of at first touch)."""
+    monkeypatch.setattr(dq, "MAP_MIN", 4096)
+    layers = [make_layer("fp8", prefix="a", n=128, k=256, seed=1), make_layer("fp8", prefix="b", n=128, k=256, seed=2)]
+    src = write_layers(tmp_path / "m.safetensors", layers)
+    real_read = dq._Work._read
+    reads = []
+
+    def truncating_read(self, entries):
+        reads.append(entries)
+        if len(reads) == 2:
+            os.truncate(src, os.path.getsize(src) - 40000)
+        return real_read(self, entries)
+
+    monkeypatch.setattr(dq._Work, "_read", truncating_read)
+    with pytest.raises(dq.DequantizeError, match=r"m\.safetensors: file ended early \(truncated since it was checked\?\) -- while reading tensor 'b\.weight'"):
+        comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
+
+
+def test_a_mapped_view_outlives_its_name_and_equals_the_bytes_read(tmp_path):
+    """``LocalFile.mapped``: the bytes at any offset (not page-aligned), equal to a read; a
+    tensor made from the view keeps the mapping alive after every name for it is gone; a
+    range past the end of the file is an InputError naming the file."""
+    from comfyquant.errors import InputError
+    from comfyquant.io.source import LocalFile
+    from comfyquant.numerics.dtypes import from_bytes
+
+    path = tmp_path / "bytes.bin"
+    data = bytes(range(256)) * 5000
+    path.write_bytes(data)
+    src = LocalFile(str(path))
+    try:
+        view = src.mapped(4099, 300001)
+        assert view is not None and bytes(view) == data[4099:4099 + 300001] == src.pread(4099, 300001)
+        t = from_bytes(view, "U8", (300001,))
+        del view
+        assert bytes(t.numpy().tobytes()) == data[4099:4099 + 300001]
+        with pytest.raises(InputError, match=r"bytes\.bin: file ended early"):
+            src.mapped(len(data) - 10, 11)
+    finally:
+        src.close()

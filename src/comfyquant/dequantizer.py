@@ -44,7 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import ComfyQuantError
+from .errors import ComfyQuantError, InputError
 from .io.outputs import claim
 from .units import human_size
 
@@ -373,9 +373,8 @@ class _Work:
                     self.dropped_names.add(e.name)
         self.largest = max((sum(_aligned(e.nbytes) for e in packed_entries(x)) for x in layers.values()), default=0)
         self.buffer = bytearray()
-        """Read buffer for the packed tensors of one layer, reused (see :meth:`_read`): made at
-        the first local read, at once for the largest layer, so it is never reallocated
-        (which would hold two)."""
+        """Read buffer for the packed tensors of one layer that are not mapped, reused (see
+        :meth:`_read`)."""
 
     def _dropped(self, name: str) -> bool:
         """A marker or a quantization-only tensor: not written to the dense output."""
@@ -413,25 +412,37 @@ class _Work:
         return tensors, metadata
 
     def _read(self, entries: list) -> dict:
-        """The layer's packed tensors.  From local files they are read straight into one buffer
-        reused by every layer (no fresh allocation, no coalesced block sliced into copies: the
-        read is a third of the cost it was); remote sources coalesce their reads instead.
-        Safe to reuse: a layer's blocks are all decoded and written before the next layer."""
+        """The layer's packed tensors.  From local files the large ones are mapped from the page
+        cache (:meth:`~comfyquant.io.source.LocalFile.mapped`: no copy on the decoder's path;
+        each mapping goes with the layer's tensors) and the rest are read into one buffer
+        reused by every layer (no fresh allocation per layer); remote sources coalesce their
+        reads instead.  Safe to reuse: a layer's blocks are all decoded and written before
+        the next layer is read."""
         sources = [self.ckpt.source(e.file) for e in entries]
         if not all(hasattr(src, "readinto") for src in sources):
             return self.ckpt.read_many(entries)
+        out = {}
+        for e, src in zip(entries, sources):
+            if e.nbytes >= MAP_MIN and hasattr(src, "mapped"):
+                try:
+                    view = src.mapped(e.start, e.nbytes)
+                except InputError as exc:
+                    raise DequantizeError(f"{exc} -- while reading tensor {e.name!r}") from None
+                if view is not None:
+                    out[e.name] = view
+        rest = [(e, src) for e, src in zip(entries, sources) if e.name not in out]
         spans, total = [], 0
-        for e in entries:
+        for e, _src in rest:
             spans.append(total)
             total += _aligned(e.nbytes)
         if len(self.buffer) < total:
             from .numerics.pages import byte_buffer
 
             self.buffer = bytearray()  # the old one goes first
-            self.buffer = byte_buffer(max(total, self.largest))
+            # nothing mapped (a filesystem without mmap): at once for the largest layer
+            self.buffer = byte_buffer(total if out else max(total, self.largest))
         view = memoryview(self.buffer)
-        out = {}
-        for e, src, at in zip(entries, sources, spans):
+        for (e, src), at in zip(rest, spans):
             part = view[at : at + e.nbytes]
             if src.readinto(e.start, part) != e.nbytes:
                 raise DequantizeError(f"{e.file}: file ended early while reading tensor {e.name!r} (truncated?)")
@@ -576,6 +587,10 @@ class _Work:
 
         return chunks
 
+
+MAP_MIN = 1 << 20
+"""Packed tensors from this size are mapped from a local file rather than read (see
+:meth:`_Work._read`); smaller ones are not worth a mapping each."""
 
 AHEAD = 2
 """Blocks decoded ahead of the one being written (:func:`decoded_ahead`): with AHEAD in the
