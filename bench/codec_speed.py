@@ -530,7 +530,7 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
         warm_times: list[float] = []  # decode-only in this long-running process
         loaded_times: list[float] = []  # decode-only in a fresh process while another writes the output's bytes
         per_round_loaded: list[float] = []  # that time over dequantize's, per round
-        for _ in range(rounds):
+        for rnd in range(rounds):
             dst = os.path.join(folder, "cp.safetensors")
             t, _ = timed(lambda: subprocess.run(["cp", src, dst], check=True))  # noqa: B023
             best_cp = min(best_cp, t)
@@ -539,28 +539,46 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
             best_sync = min(best_sync, t)
             os.unlink(dst)
             out = os.path.join(folder, "dense.safetensors")
-            res = subprocess.run([sys.executable, "-c", CHILD, src, out], check=True, capture_output=True, text=True,
-                                 env=CHILD_ENV)
-            info = json.loads(res.stdout.strip().splitlines()[-1])
+
+            def run_dequantize() -> dict:
+                res = subprocess.run([sys.executable, "-c", CHILD, src, out], check=True,  # noqa: B023
+                                     capture_output=True, text=True, env=CHILD_ENV)
+                os.unlink(out)  # noqa: B023
+                return json.loads(res.stdout.strip().splitlines()[-1])
+
+            def run_bound() -> float:
+                t, _ = timed(lambda: least_dequantize(src, dst, info["written"], True))  # noqa: B023
+                os.unlink(dst)  # noqa: B023
+                return t
+
+            def run_decode(*extra: str) -> float:
+                res = subprocess.run([sys.executable, "-c", DECODE_CHILD, src, *extra], check=True,  # noqa: B023
+                                     capture_output=True, text=True, env=CHILD_ENV)
+                return json.loads(res.stdout.strip().splitlines()[-1])["seconds"]
+
+            # dequantize sits between its two yardsticks, in alternating order (adjacent runs see
+            # the same machine; this one is shared and its speed drifts)
+            if rnd % 2 == 0:
+                if info:  # the bound needs the output's size: from the first dequantize on
+                    t_bound = run_bound()
+                info = run_dequantize()
+                if rnd == 0:
+                    t_bound = run_bound()
+                t_dec = run_decode()
+            else:
+                t_dec = run_decode()
+                info = run_dequantize()
+                t_bound = run_bound()
             best_dq = min(best_dq, info["seconds"])
             best_start = min(best_start, info["startup"])
-            os.unlink(out)
-            for sync in (True, False):
-                t, _ = timed(lambda: least_dequantize(src, dst, info["written"], sync))  # noqa: B023
-                if sync:
-                    best_least = min(best_least, t)
-                    per_round.append(t / info["seconds"])
-                else:
-                    best_least_nosync = min(best_least_nosync, t)
-                os.unlink(dst)
-            res = subprocess.run([sys.executable, "-c", DECODE_CHILD, src], check=True, capture_output=True, text=True,
-                                 env=CHILD_ENV)
-            t_dec = json.loads(res.stdout.strip().splitlines()[-1])["seconds"]
+            best_least = min(best_least, t_bound)
+            per_round.append(t_bound / info["seconds"])
             decode_times.append(t_dec)
+            t, _ = timed(lambda: least_dequantize(src, dst, info["written"], False))  # noqa: B023
+            best_least_nosync = min(best_least_nosync, t)
+            os.unlink(dst)
             warm_times.append(decode_only(chosen))
-            res = subprocess.run([sys.executable, "-c", DECODE_CHILD, src, dst, str(info["written"])], check=True,
-                                 capture_output=True, text=True, env=CHILD_ENV)
-            loaded_times.append(json.loads(res.stdout.strip().splitlines()[-1])["seconds"])
+            loaded_times.append(run_decode(dst, str(info["written"])))
             per_round_loaded.append(loaded_times[-1] / info["seconds"])
             if os.path.exists(dst):
                 os.unlink(dst)

@@ -519,3 +519,64 @@ def test_lookup_pairs_into_a_buffer_is_the_same_gather():
     table = pair_table(torch.randn(16, generator=gen))
     dest = torch.full((37, 48), float("nan"))
     assert lookup_pairs(packed, table, dest) is dest and same_bits(dest, lookup_pairs(packed, table))
+
+
+@pytest.mark.parametrize("variant", list(SHAPES))
+def test_blocks_placed_at_a_file_phase_are_the_same_bits_at_that_phase(variant):
+    """``iter_decode(phase=p)``: every block's memory starts ``p`` bytes into a page (the
+    streamed buffers, and a one-GEMM layer's wider product rounded block by block or whole),
+    each block but the last is whole pages, and the bits are the plain decode's.  Not placed:
+    K=200 (400-byte BF16 rows need 256-row blocks, over four of these small blocks' worth),
+    and a one-GEMM layer whose product is in the output dtype (its blocks are slices of the
+    GEMM's own product: placing them would cost a copy of the layer)."""
+    n, k = SHAPES[variant]
+    codec = codecs.get(VARIANTS[variant].format)
+    enc = codec.encode(weight("gauss", n, k, torch.bfloat16, seed=5), **ENCODE_ARGS[variant])
+    for dtype in (torch.bfloat16, torch.float32):
+        whole = codec.decode(enc, enc.marker, dtype=dtype)
+        count = len(list(codec.iter_decode(enc, enc.marker, dtype=dtype, block_elements=16 * k)))
+        plan = codec.plan(enc, enc.marker)
+        # a one-GEMM layer whose product is the output dtype hands out slices of that product
+        own = codec.decodes_whole(enc, plan, dtype) and \
+            codec._decode_whole(enc, plan, dtype, codec._prepare(enc, plan.env, dtype), None).dtype == dtype
+        for phase in (0, 4, 2052, 4092):
+            for round_whole in (False, True):
+                blocks = list(codec.iter_decode(enc, enc.marker, dtype=dtype, block_elements=16 * k, buffers=count,
+                                                phase=phase, round_whole=round_whole))
+                assert same_bits(torch.cat(blocks), whole), (dtype, phase, round_whole)
+                if k == 512 and not own:  # 1024- or 2048-byte rows: 4 or 2 of them make a page
+                    assert {b.data_ptr() % pages.PAGE for b in blocks} == {phase}, (dtype, phase, round_whole)
+                    assert all(b.nbytes % pages.PAGE == 0 for b in blocks[:-1])
+
+
+def test_page_rows_is_the_fewest_rows_of_whole_pages():
+    from comfyquant.formats.codec import page_rows
+
+    assert page_rows(13824, torch.bfloat16, 1 << 22) == 4  # 27648-byte rows: 4 make 27 pages
+    assert page_rows(3072, torch.bfloat16, 1 << 22) == 2
+    assert page_rows(2048, torch.bfloat16, 1 << 22) == 1
+    assert page_rows(3073, torch.bfloat16, 1 << 22) == 2048  # odd K: 2048 rows, 6.3M elements
+    assert page_rows(3073, torch.bfloat16, 1 << 20) is None  # more than four blocks' worth
+    for k in (200, 13824, 3073, 5120):
+        rows = page_rows(k, torch.float32, 1 << 30)
+        assert rows * k * 4 % pages.PAGE == 0 and all(r * k * 4 % pages.PAGE for r in range(1, rows))
+
+
+@pytest.mark.parametrize("in_pool", [False, True])
+def test_empty_output_at_a_phase(in_pool, reuse_pools):
+    """``empty_output(phase=p)`` starts ``p`` bytes into a page, in a reuse scope or not, and
+    a phase that is no multiple of the element size is refused."""
+    import contextlib
+
+    scope = pages.reused_outputs() if in_pool else contextlib.nullcontext()
+    with scope:
+        for phase in (0, 2, 2050, 4094):
+            t = pages.empty_output((300, 1000), torch.bfloat16, phase=phase)
+            assert t.data_ptr() % pages.PAGE == phase and t.shape == (300, 1000) and t.is_contiguous()
+            t.fill_(1.5)
+            assert bool((t == 1.5).all())
+            del t
+        with pytest.raises(ValueError, match="not a multiple"):
+            pages.empty_output((4, 4), torch.float32, phase=6)
+    if in_pool:
+        assert reuse_pools and reuse_pools[0].reused > 0

@@ -237,3 +237,103 @@ def test_untouched_tensors_without_a_kernel_copy_are_streamed(tmp_path, small_st
     finally:
         os.close(fd)
     assert open(fast, "rb").read() == open(plain, "rb").read()
+
+
+def _placed(data: bytes, phase: int) -> memoryview:
+    """``data`` in memory that starts ``phase`` bytes into a page (a page-aligned mapping)."""
+    import mmap
+
+    buf = mmap.mmap(-1, len(data) + 2 * direct.ALIGN)
+    buf[phase:phase + len(data)] = data
+    return memoryview(buf)[phase:phase + len(data)]
+
+
+def _staged_bytes(monkeypatch) -> list[int]:
+    """The length of every copy into a staging buffer from now on."""
+    sizes: list[int] = []
+    real = direct._copy
+
+    def spy(buf, at, data):
+        sizes.append(len(data))
+        real(buf, at, data)
+
+    monkeypatch.setattr(direct, "_copy", spy)
+    return sizes
+
+
+def test_chunks_placed_like_their_file_offsets_are_written_from_their_own_memory(tmp_path, small_stages, monkeypatch):
+    """A large chunk whose memory sits at its file offset's place within a page is written with
+    O_DIRECT from where it is: only its partial first and last pages are staged.  A chunk
+    placed otherwise is staged whole.  The file equals the buffered writer's."""
+    if not _has_direct(tmp_path):
+        pytest.skip("no O_DIRECT on this filesystem")
+    monkeypatch.setattr(direct, "IN_PLACE_MIN", 4096)
+    rnd = os.urandom(400_000)
+    table = {"a": ("U8", (13,), rnd[:13]), "x": ("BF16", (100_001,), None), "y": ("U8", (150_001,), None),
+             "z": ("U8", (3,), b"end")}
+    offsets = writer.data_offsets(table, {"k": "v"})
+    x = _placed(rnd[13:13 + 200_002], offsets["x"] % direct.ALIGN)
+    y = _placed(rnd[:150_001], (offsets["y"] + 2) % direct.ALIGN)  # two bytes off its file offset's place
+    table["x"] = ("BF16", (100_001,), _chunked(bytes(x), [200_002]))
+    table["y"] = ("U8", (150_001,), _chunked(bytes(y), [150_001]))
+    plain = write_safetensors(str(tmp_path / "plain.safetensors"), table, {"k": "v"})
+    table["x"] = ("BF16", (100_001,), lambda: iter([x]))
+    table["y"] = ("U8", (150_001,), lambda: iter([y]))
+    staged = _staged_bytes(monkeypatch)
+    fast = write_safetensors(str(tmp_path / "fast.safetensors"), table, {"k": "v"}, direct=True)
+    assert open(fast, "rb").read() == open(plain, "rb").read()
+    # y copied whole (with a and z); of x's 200,002 bytes at most its two partial pages
+    assert 150_001 + 13 + 3 <= sum(staged) < 150_001 + 13 + 3 + 2 * direct.ALIGN
+
+
+def test_a_refused_in_place_write_is_staged_instead(tmp_path, small_stages, monkeypatch):
+    """A filesystem that refuses the in-place direct write (EINVAL) gets the chunk staged and
+    written through the ordinary descriptor; direct writes are not tried again."""
+    if not _has_direct(tmp_path):
+        pytest.skip("no O_DIRECT on this filesystem")
+    monkeypatch.setattr(direct, "IN_PLACE_MIN", 4096)
+    real = os.pwrite
+    refused = []
+
+    def pwrite(fd, data, offset):
+        if fcntl_flags(fd) & os.O_DIRECT:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, data, offset)
+
+    rnd = os.urandom(300_000)
+    table = {"a": ("U8", (5,), rnd[:5]), "x": ("U8", (250_000,), None)}
+    x = _placed(rnd[:250_000], writer.data_offsets(table, None)["x"] % direct.ALIGN)
+    table["x"] = ("U8", (250_000,), _chunked(bytes(x), [250_000]))
+    plain = write_safetensors(str(tmp_path / "plain.safetensors"), table)
+    table["x"] = ("U8", (250_000,), lambda: iter([x]))
+    monkeypatch.setattr(direct.os, "pwrite", pwrite)
+    fast = write_safetensors(str(tmp_path / "fast.safetensors"), table, direct=True)
+    assert len(refused) == 1
+    assert open(fast, "rb").read() == open(plain, "rb").read()
+
+
+@pytest.mark.needs_torch
+def test_dequantize_writes_decoded_blocks_from_where_they_were_decoded(tmp_path, monkeypatch):
+    """dequantize places each layer's blocks at their file offsets' place within a page, so
+    the direct writer copies almost nothing into staging buffers; the file equals the
+    buffered writer's."""
+    import comfyquant
+    from kitchen_fixtures import dense_layer, make_layer, write_layers
+
+    if not _has_direct(tmp_path) or not direct.supported(str(tmp_path)):
+        pytest.skip("no plain O_DIRECT here")
+    monkeypatch.setattr(writer, "DIRECT_MIN", 0)
+    monkeypatch.setattr(direct, "STAGE", 16384)
+    monkeypatch.setattr(direct, "IN_PLACE_MIN", 4096)
+    layers = [dense_layer("head", (777,))]
+    layers += [make_layer(v, prefix=f"b.{i}", n=256, k=512, seed=i)
+               for i, v in enumerate(["fp8", "int8_convrot", "w4a8_codebook", "nvfp4", "w4a4", "mxfp8"])]
+    src = write_layers(tmp_path / "m.safetensors", layers)
+    staged = _staged_bytes(monkeypatch)
+    comfyquant.dequantize(src, str(tmp_path / "fast.safetensors"))
+    decoded = 6 * 256 * 512 * 2
+    assert sum(staged) < decoded // 10, (sum(staged), decoded)
+    monkeypatch.setenv("COMFYQUANT_NO_DIRECT_IO", "1")
+    comfyquant.dequantize(src, str(tmp_path / "plain.safetensors"))
+    assert (tmp_path / "fast.safetensors").read_bytes() == (tmp_path / "plain.safetensors").read_bytes()

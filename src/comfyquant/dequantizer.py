@@ -197,11 +197,11 @@ def dequantize(src: Paths, out: str | None = None, dtype: str | None = None, *, 
             # ones instead of fresh pages the kernel must fault in and zero.
             with _progress(progress, total) as bar, reused_outputs():
                 work.bar = bar
-                from .io.writer import write_safetensors
+                from .io.writer import data_offsets, write_safetensors
 
                 for path, source, names in files:
                     tensors, metadata = work.output(names, _metadata(ckpt, source))
-                    work.start(names)
+                    work.start(names, data_offsets(tensors, metadata))
                     try:
                         temps.append(write_safetensors(path, tensors, metadata, commit=False, direct=True))
                     except OSError as exc:
@@ -466,11 +466,14 @@ class _Work:
     # it.  Reading and decoding the next layer so overlap writing the end of this one (and the
     # kernel copies between them), instead of the writer waiting at every layer.
 
-    def start(self, names: list[str]) -> None:
+    def start(self, names: list[str], offsets: dict[str, int] | None = None) -> None:
         """Decode the layers among ``names`` (one output file's tensors, in file order) in a
-        thread, as the writer asks for them; :meth:`stop` ends it."""
+        thread, as the writer asks for them; :meth:`stop` ends it.  ``offsets``: where each
+        tensor starts in the output file -- blocks are placed in memory for the writer's
+        ``O_DIRECT`` writes from where they are (``iter_decode``'s ``phase``)."""
         self.stop()
         order = [self.layers[n] for n in names if n in self.layers]
+        self._offsets = {id(self.layers[n]): at for n, at in (offsets or {}).items() if n in self.layers}
         self._done = -1
         self._turn = threading.Condition()
         self._closing = False
@@ -492,6 +495,7 @@ class _Work:
         import torch
 
         from .numerics.dtypes import from_bytes
+        from .numerics.pages import PAGE
         from .numerics.rows import release_memory
 
         held = False
@@ -504,6 +508,8 @@ class _Work:
                     while self._done < i - 1 and not self._closing:
                         self._turn.wait(0.05)
             f16 = layer.dtype == torch.float16  # the only output dtype narrower than the decoders' F32 arithmetic
+            at = self._offsets.get(id(layer))
+            phase = None if at is None or layer.per_expert else at % PAGE
             held, largest = False, 0
             for entries in layer.per_expert or (layer.entries,):
                 needed = packed_entries(layer, entries)
@@ -517,12 +523,12 @@ class _Work:
                     # the writer as one item, so this thread reads and un-rotates the next
                     # layer while this one is written, instead of after its last block.
                     blocks = list(layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype,
-                                                          plan=layer.plan, round_whole=True))
+                                                          plan=layer.plan, round_whole=True, phase=phase))
                     yield layer, "blocks", [(b, int(torch.isinf(b).sum()) if f16 else 0) for b in blocks]
                     del blocks, tensors, raw
                     continue
                 for block in layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan,
-                                                     buffers=AHEAD + 2):
+                                                     buffers=AHEAD + 2, phase=phase):
                     if self._in_buffer(block):  # a view of the packed input: the next read overwrites it
                         block = block.clone()
                     largest = max(largest, block.nbytes)

@@ -36,7 +36,7 @@ import torch
 from ..errors import ComfyQuantError
 from ..numerics.dtypes import DENSE, DTYPE_NAMES, FLOAT_DTYPES, parse_float_dtype
 from ..numerics.hadamard import is_power_of_4
-from ..numerics.pages import empty_output
+from ..numerics.pages import PAGE, empty_output
 from ..numerics.rows import RowSource, Weight, row_blocks, row_ranges
 from . import registry
 from .base import Format, Meta
@@ -238,7 +238,8 @@ class Codec:
 
     def iter_decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
                     block_elements: int | None = None, plan: Plan | None = None,
-                    exact: bool = True, buffers: int = 1, round_whole: bool = False) -> Iterator[torch.Tensor]:
+                    exact: bool = True, buffers: int = 1, round_whole: bool = False,
+                    phase: int | None = None) -> Iterator[torch.Tensor]:
         """The dense weight in row blocks of about ``block_elements`` elements.  Blocks take
         turns in ``buffers`` block-sized buffers: a block stays valid while the next
         ``buffers - 1`` are produced (one buffer: use or copy each block before requesting
@@ -253,10 +254,18 @@ class Codec:
         ``exact=False`` decodes every layer block by block, also those that comfy-kitchen
         computes with one GEMM over the layer (:meth:`_whole_layer`): memory then follows a
         block, but such a GEMM over a block may round a last bit differently -- for
-        measurements (quantize's error report), never for output."""
+        measurements (quantize's error report), never for output.
+
+        ``phase``: the remainder modulo :data:`~comfyquant.numerics.pages.PAGE` of the file
+        offset the consumer writes the layer's first byte at.  The block buffers (and a layer
+        rounded whole) are then placed so that each block's memory starts at the same offset
+        within a page as its bytes in the file, and blocks are whole numbers of pages (rows
+        rounded up to the fewest that are; not for a ``K`` that needs more than four blocks'
+        worth): an ``O_DIRECT`` writer writes them from where they are instead of copying them
+        to aligned memory.  The values are the same."""
         plan = plan or self.plan(tensors, marker, layer)
         yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements,
-                                reuse=max(1, buffers), exact=exact, round_whole=round_whole)
+                                reuse=max(1, buffers), exact=exact, round_whole=round_whole, phase=phase)
 
     def decodes_whole(self, tensors: dict, plan: Plan, dtype: torch.dtype) -> bool:
         """Whether the layer decodes to ``dtype`` in one piece: one float GEMM over the layer,
@@ -266,35 +275,42 @@ class Codec:
     def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None,
                 out: torch.Tensor | None = None, reuse: int = 0,
                 span: tuple[int, int] | None = None, exact: bool = True,
-                state: object = _UNPREPARED, round_whole: bool = False) -> Iterator[torch.Tensor]:
+                state: object = _UNPREPARED, round_whole: bool = False,
+                phase: int | None = None) -> Iterator[torch.Tensor]:
         """Row blocks of rows ``span`` (default: all), written into ``out`` when given.  With
         ``reuse`` (a count) the blocks take turns in that many block-sized buffers: a
         consumer must use a block before ``reuse`` more are produced (the streaming writer
         does), and memory stays ``reuse`` blocks whatever the layer size.  ``state``: the
-        layer's :meth:`_prepare` result when the caller has it already."""
+        layer's :meth:`_prepare` result when the caller has it already.  ``phase``: see
+        :meth:`iter_decode`."""
         n, k = plan.shape
         start, stop = span or (0, n)
         if state is _UNPREPARED:
             state = self._prepare(tensors, plan.env, dtype)
-        ranges = row_ranges(stop - start, k, block_elements or self.decode_block_elements(plan.env), join_tail=False)
+        size = block_elements or self.decode_block_elements(plan.env)
+        per_page = None
+        if phase is not None and out is None and phase % dtype.itemsize == 0:
+            per_page = page_rows(k, dtype, size)  # blocks of whole pages keep the phase
+        phase = phase % PAGE if per_page else None
+        ranges = row_ranges(stop - start, k, size, multiple=per_page or 1, join_tail=False)
         if exact and self._whole_layer(plan.env, dtype, tensors):
             # One GEMM over the layer (comfy-kitchen's rounding); blocks are slices of it,
             # rounded to ``dtype`` block by block when the product is wider.
             whole = self._decode_whole(tensors, plan, dtype, state, out if (start, stop) == (0, n) else None)
             if round_whole and out is None and whole.dtype != dtype:
                 # rounded into huge pages (a fresh layer-sized output); the wider product is freed here
-                whole = empty_output((stop - start, k), dtype).copy_(whole[start:stop])
+                whole = empty_output((stop - start, k), dtype, phase=phase).copy_(whole[start:stop])
                 start = 0
             if whole.dtype == dtype and out is None or whole is out:
                 for r0, r1 in ranges:
                     yield whole[start + r0:start + r1]
                 return
-            turns = _buffers(reuse if out is None else 0, ranges, k, dtype)
+            turns = _buffers(reuse if out is None else 0, ranges, k, dtype, phase)
             for i, (r0, r1) in enumerate(ranges):
                 dest = turns[i % len(turns)][: r1 - r0] if turns else out[r0:r1] if out is not None else None
                 yield finish(whole[start + r0:start + r1], dtype, dest)
             return
-        turns = _buffers(reuse if out is None else 0, ranges, k, dtype)
+        turns = _buffers(reuse if out is None else 0, ranges, k, dtype, phase)
         for i, (r0, r1) in enumerate(ranges):
             dest = out[r0:r1] if out is not None else turns[i % len(turns)][: r1 - r0] if turns else None
             yield self._decode_rows(tensors, plan, dtype, start + r0, start + r1, state, dest)
@@ -443,17 +459,31 @@ class Codec:
         raise NotImplementedError
 
 
-def _buffers(count: int, ranges: list[tuple[int, int]], k: int, dtype: torch.dtype) -> list[torch.Tensor]:
+def _buffers(count: int, ranges: list[tuple[int, int]], k: int, dtype: torch.dtype,
+             phase: int | None = None) -> list[torch.Tensor]:
     """``count`` buffers of the largest block's shape (none for no blocks), made as the
-    blocks need them: a layer of fewer blocks than buffers allocates only what it uses."""
+    blocks need them: a layer of fewer blocks than buffers allocates only what it uses.
+    ``phase``: see :func:`~comfyquant.numerics.pages.empty_output` (every buffer keeps it when
+    a block's bytes are a whole number of pages)."""
     if not count or not ranges:
         return []
     rows = max(r1 - r0 for r0, r1 in ranges)
     count = min(count, len(ranges))
-    if count == 1:
+    if count == 1 and phase is None:
         return [torch.empty((rows, k), dtype=dtype)]
-    arena = empty_output((count * rows, k), dtype, least=BLOCK_ARENA_HUGE)
+    arena = empty_output((count * rows, k), dtype, least=BLOCK_ARENA_HUGE, phase=phase)
     return [arena[i * rows:(i + 1) * rows] for i in range(count)]
+
+
+def page_rows(k: int, dtype: torch.dtype, block_elements: int) -> int | None:
+    """The fewest rows of ``k`` ``dtype`` elements that make a whole number of memory pages
+    (:data:`~comfyquant.numerics.pages.PAGE`), or None when a block of them would be more than
+    four times ``block_elements`` (an odd ``K``): blocks of a multiple of it keep one phase."""
+    import math
+
+    row_bytes = k * dtype.itemsize
+    rows = PAGE // math.gcd(PAGE, row_bytes) if row_bytes else 1
+    return rows if rows * k <= 4 * block_elements else None
 
 
 def check_destination(out, shape: tuple[int, int], dtype: torch.dtype, name: str) -> None:

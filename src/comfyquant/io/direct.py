@@ -10,7 +10,10 @@ everything else out of the page cache.
 ``O_DIRECT`` wants memory, file offsets and lengths aligned to the device's block size.  The
 bytes handed in (at any offset, in chunks of any size) are copied -- a ``memcpy``, 0.8 ms per
 8 MiB -- into page-aligned staging buffers whose file offsets are multiples of :data:`ALIGN`;
-a background thread writes each full buffer with ``O_DIRECT`` while the next one fills.  The
+a background thread writes each full buffer with ``O_DIRECT`` while the next one fills.  A
+large chunk whose memory already sits at its file offset's place within a page (a decoder
+told where its blocks go puts them so) skips the copy: its whole pages are written from where
+they are.  The
 unaligned bytes before and after a run of staged bytes go through the ordinary descriptor,
 into pages the direct writes never touch (the page cache and the direct writes never share a
 page).  A filesystem that refuses an aligned direct write (``EINVAL``) gets that buffer and
@@ -31,6 +34,9 @@ STAGE = 8 << 20
 """Bytes per staging buffer (one direct write)."""
 BUFFERS = 3
 """Staging buffers: one filling, up to two queued or being written."""
+IN_PLACE_MIN = 1 << 20
+"""Chunks from this size are written from their own memory when it is placed for it (see
+:meth:`DirectStream.write`); smaller ones are staged."""
 FILESYSTEMS = frozenset({"ext4", "ext3", "xfs", "btrfs", "f2fs", "bcachefs"})
 """Local block filesystems whose ``O_DIRECT`` is plain and fast.  Elsewhere (tmpfs, network
 and FUSE filesystems, ZFS) ``O_DIRECT`` is refused, ignored or slower: buffered writes."""
@@ -60,6 +66,13 @@ def filesystem(folder: str) -> str | None:
         if len(fields) > 2 and fields[2] == want and " - " in line:
             found = line.split(" - ", 1)[1].split()[0]
     return found
+
+
+def _address(view: memoryview) -> int:
+    """The memory address of ``view``'s first byte (read-only views too)."""
+    import numpy as np
+
+    return np.frombuffer(view, np.uint8).ctypes.data if len(view) else 0
 
 
 def _copy(buf: mmap.mmap, at: int, data: memoryview) -> None:
@@ -98,10 +111,47 @@ class DirectStream:
 
     # -- the caller's side ---------------------------------------------------------------------
     def write(self, data) -> None:
-        """Append ``data`` (any bytes-like object; copied before this returns)."""
+        """Append ``data`` (any bytes-like object; copied or written before this returns).
+
+        Bytes whose memory lies at the same offset within a page as their place in the file
+        (a decoder that knows where its blocks go puts them so: ``iter_decode(phase=...)``)
+        are written with ``O_DIRECT`` from where they are, in this thread, their whole pages
+        at least: no copy into a staging buffer.  The others are staged."""
         view = memoryview(data)
         if view.ndim != 1 or view.format not in ("B", "b", "c"):
             view = view.cast("B")
+        if self.direct and len(view) >= IN_PLACE_MIN:
+            view = self._write_in_place(view)
+        self._stage(view)
+
+    def _write_in_place(self, view: memoryview) -> memoryview:
+        """Write the whole pages of ``view`` straight from its memory when memory and file
+        offsets share their place within a page; returns what is left to stage (its last
+        partial page, or everything when they do not or the filesystem refuses)."""
+        head = -self.pos % ALIGN
+        if (_address(view) + head) % ALIGN or len(view) - head < ALIGN:
+            return view
+        self._stage(view[:head])  # completes the staged bytes up to a page boundary
+        self.flush()  # ... which go to the writer thread; the pages below never overlap them
+        pages = (len(view) - head) // ALIGN * ALIGN
+        done = 0
+        try:
+            while done < pages:
+                n = os.pwrite(self.dfd, view[head + done : head + pages], self.pos)
+                if n <= 0:
+                    raise OSError(errno.EIO, "direct write wrote nothing")
+                done += n
+                self.pos += n
+                if n % ALIGN:  # a short write off the page boundary: stage the rest
+                    break
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self.direct = False  # this filesystem wants other alignments: staged and buffered from here on
+        return view[head + done :]
+
+    def _stage(self, view: memoryview) -> None:
+        """Copy ``view`` into staging buffers, each written by the thread once full."""
         while view:
             if self._buf is None:
                 head = -self.pos % ALIGN

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
 from typing import Protocol
 
 from ..errors import InputError
@@ -179,7 +180,7 @@ class LocalFile:
         decoding of the range still would: the window is one layer's decoding."""
         import mmap
 
-        if length <= 0 or not hasattr(mmap, "MAP_SHARED"):
+        if length <= 0 or not sys.platform.startswith("linux"):  # the advice below is Linux's
             return None
         base = offset - offset % mmap.ALLOCATIONGRANULARITY
         try:

@@ -59,6 +59,17 @@ def build_header(tensors: dict[str, tuple[str, tuple, Data]], metadata: dict[str
     return len(text).to_bytes(8, "little") + text
 
 
+def data_offsets(tensors: dict[str, tuple[str, tuple, Data]], metadata: dict[str, str] | None) -> dict[str, int]:
+    """Where each tensor's bytes will start in the file :func:`write_safetensors` writes for
+    ``tensors`` and ``metadata`` (from the file's first byte)."""
+    at = len(build_header(tensors, metadata))
+    offsets = {}
+    for name, (dtype, shape, _data) in tensors.items():
+        offsets[name] = at
+        at += _nbytes(dtype, shape)
+    return offsets
+
+
 def _fault(stage: str) -> None:
     """Test hook: ``COMFYQUANT_FAULT=<stage>`` kills the process at that point of a write
     (stages: ``after-header``, ``after-tensor:N``, ``before-rename``).  Crash tests use it to

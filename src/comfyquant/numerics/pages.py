@@ -24,6 +24,9 @@ from collections.abc import Callable, Iterator
 import torch
 
 HUGE_PAGE = 2 << 20
+PAGE = 4096
+"""The memory page (and the ``O_DIRECT`` alignment) that :func:`empty_output`'s ``phase`` is
+within."""
 LARGE_BYTES = 32 << 20
 """glibc's largest mmap threshold: buffers above it are always fresh mappings (smaller
 ones may be reused heap memory, already mapped, where the advice would buy nothing)."""
@@ -73,18 +76,34 @@ def _advise_range(address: int, nbytes: int) -> bool:
     return stop > start and fn(start, stop - start, MADV_HUGEPAGE) == 0
 
 
-def empty_output(shape: tuple[int, ...], dtype: torch.dtype, least: int | None = None) -> torch.Tensor:
+def empty_output(shape: tuple[int, ...], dtype: torch.dtype, least: int | None = None,
+                 phase: int | None = None) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype)``, on huge pages when over ``least`` bytes (see the
     module doc) -- or, inside :func:`reused_outputs`, memory an earlier output of the scope
-    no longer uses."""
+    no longer uses.
+
+    ``phase``: where the tensor's first byte falls within a :data:`PAGE` of memory (a
+    multiple of the dtype's size).  A writer that puts this tensor's bytes at a file offset
+    with the same remainder can hand them to ``O_DIRECT`` writes from where they are
+    (:mod:`comfyquant.io.direct`), since the page boundaries of memory and file then meet."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if phase is not None and phase % dtype.itemsize:
+        raise ValueError(f"phase {phase} is not a multiple of {dtype}'s {dtype.itemsize} bytes")
+    extra = 0 if phase is None else PAGE
+
+    def placed(buf: torch.Tensor) -> torch.Tensor:
+        flat = buf.view(-1).view(torch.uint8)[: nbytes + extra]
+        if phase is not None:
+            at = (phase - flat.data_ptr()) % PAGE
+            flat = flat[at : at + nbytes]
+        return flat.view(dtype).view(shape)
+
     pool = _REUSE
-    if pool is not None:
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes > (LARGE_BYTES if least is None else least):
-            return pool.take(nbytes, lambda buf: buf[:nbytes].view(dtype).view(shape))
-    t = torch.empty(shape, dtype=dtype)
+    if pool is not None and nbytes > (LARGE_BYTES if least is None else least):
+        return pool.take(nbytes + extra, placed)
+    t = torch.empty(nbytes + extra, dtype=torch.uint8)
     advise_huge(t, least)
-    return t
+    return placed(t)
 
 
 def byte_buffer(nbytes: int):
