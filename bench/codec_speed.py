@@ -14,7 +14,12 @@
    without the fsync (``least_dequantize``).  For a file with layers that comfy-kitchen
    un-rotates in one F32 GEMM over the layer (INT8 ConvRot, W4A4) it also prints the RSS floor
    of that call shape (start-up RSS + packed tensors + F32 operand + F32 product), which is
-   above the budget: no decoder of the same bits needs less.
+   above the budget: no decoder of the same bits needs less.  Beside the bound, decode-only:
+   every layer decoded in row blocks in a fresh process as dequantize's (``DECODE_CHILD``, no
+   reading or writing timed), run next to dequantize in alternating order; the target is
+   >= 0.8x of the slower of the bound and decode-only.  And, to see what the disk's traffic
+   costs on the machine, the same decode-only while another process writes the output's
+   bytes with O_DIRECT (dd), and the time until both are done.
 
 3. Decoder scaling (``--sections scaling``): every decoder's MB/s (of dense BF16 output) at
    3072x3072 and at 5120x13824, measured in the same rounds (each round decodes the small
@@ -423,10 +428,12 @@ with reused_outputs():  # as dequantize decodes
     for packed, marker in layers:
         for _ in comfyquant.codecs.get(marker["format"]).iter_decode(packed, marker, dtype=torch.bfloat16):
             pass
-seconds = time.perf_counter() - t
-if writer is not None and writer.wait() != 0:
-    seconds = float("nan")  # no O_DIRECT here (tmpfs): no such figure
-print(json.dumps({"seconds": seconds}))
+seconds = both = time.perf_counter() - t
+if writer is not None:
+    if writer.wait() != 0:
+        seconds = float("nan")  # no O_DIRECT here (tmpfs): no such figure
+    both = time.perf_counter() - t
+print(json.dumps({"seconds": seconds, "both": both}))
 """
 """Decode-only in a fresh process, as dequantize runs: every layer of the file decoded in row
 blocks with no reading and no writing timed.  A fresh process pays first-use costs the bench's
@@ -529,6 +536,7 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
         decode_times: list[float] = []  # decode-only in a fresh child process (DECODE_CHILD)
         warm_times: list[float] = []  # decode-only in this long-running process
         loaded_times: list[float] = []  # decode-only in a fresh process while another writes the output's bytes
+        both_times: list[float] = []  # ... until both it and the writing are done
         per_round_loaded: list[float] = []  # that time over dequantize's, per round
         for rnd in range(rounds):
             dst = os.path.join(folder, "cp.safetensors")
@@ -551,10 +559,10 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
                 os.unlink(dst)  # noqa: B023
                 return t
 
-            def run_decode(*extra: str) -> float:
+            def run_decode(*extra: str) -> dict:
                 res = subprocess.run([sys.executable, "-c", DECODE_CHILD, src, *extra], check=True,  # noqa: B023
                                      capture_output=True, text=True, env=CHILD_ENV)
-                return json.loads(res.stdout.strip().splitlines()[-1])["seconds"]
+                return json.loads(res.stdout.strip().splitlines()[-1])
 
             # dequantize sits between its two yardsticks, in alternating order (adjacent runs see
             # the same machine; this one is shared and its speed drifts)
@@ -564,9 +572,9 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
                 info = run_dequantize()
                 if rnd == 0:
                     t_bound = run_bound()
-                t_dec = run_decode()
+                t_dec = run_decode()["seconds"]
             else:
-                t_dec = run_decode()
+                t_dec = run_decode()["seconds"]
                 info = run_dequantize()
                 t_bound = run_bound()
             best_dq = min(best_dq, info["seconds"])
@@ -578,8 +586,10 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
             best_least_nosync = min(best_least_nosync, t)
             os.unlink(dst)
             warm_times.append(decode_only(chosen))
-            loaded_times.append(run_decode(dst, str(info["written"])))
-            per_round_loaded.append(loaded_times[-1] / info["seconds"])
+            loaded = run_decode(dst, str(info["written"]))
+            loaded_times.append(loaded["seconds"])
+            both_times.append(loaded["both"])
+            per_round_loaded.append(loaded["both"] / info["seconds"])
             if os.path.exists(dst):
                 os.unlink(dst)
             per_round_limit.append(max(per_round[-1] * info["seconds"], t_dec) / info["seconds"])
@@ -594,6 +604,7 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
                "of_bound_median": statistics.median(per_round), "decode_only_mbs": mb / statistics.median(decode_times),
                "decode_warm_mbs": mb / statistics.median(warm_times),
                "decode_loaded_mbs": mb / statistics.median(loaded_times),
+               "both_mbs": mb / statistics.median(both_times),
                "of_loaded_median": statistics.median(per_round_loaded),
                "of_limit_median": statistics.median(per_round_limit), "rss_floor_mb": floor_mb,
                "rss_base_mb": info["base_mb"]}
@@ -617,10 +628,11 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
               f" MB/s of input (in this warm process: {row['decode_warm_mbs']:.0f} MB/s); dequantize reaches {row['of_limit_median']:.2f}x of the slower of bound and decode-only "
               f"(median over rounds; target >= 0.8)", flush=True)
         print(f"{'':20s} the same decode-only while another process writes the output's bytes with O_DIRECT and "
-              f"fsync (dd, started with the decode; no dependency between them): {row['decode_loaded_mbs']:6.0f} MB/s "
-              f"of input ({row['decode_loaded_mbs'] / row['decode_only_mbs']:.2f}x decode-only: what the disk traffic "
-              f"alone costs the decoding on this machine); dequantize, which writes the same bytes as it decodes, "
-              f"reaches {row['of_loaded_median']:.2f}x of it (median over rounds)", flush=True)
+              f"fsync (dd, started with the decode; no dependency between them): the decoding {row['decode_loaded_mbs']:.0f}"
+              f" MB/s of input ({row['decode_loaded_mbs'] / row['decode_only_mbs']:.2f}x decode-only: what the disk "
+              f"traffic costs it here), both done {row['both_mbs']:.0f} MB/s (what a perfect overlap of decoding and "
+              f"writing reaches here); dequantize, which can write a block only once it is decoded, reaches "
+              f"{row['of_loaded_median']:.2f}x of that (median over rounds)", flush=True)
         os.unlink(src)
     return rows
 
