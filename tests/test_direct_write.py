@@ -337,3 +337,31 @@ def test_dequantize_writes_decoded_blocks_from_where_they_were_decoded(tmp_path,
     monkeypatch.setenv("COMFYQUANT_NO_DIRECT_IO", "1")
     comfyquant.dequantize(src, str(tmp_path / "plain.safetensors"))
     assert (tmp_path / "fast.safetensors").read_bytes() == (tmp_path / "plain.safetensors").read_bytes()
+
+
+def test_a_failing_in_place_write_leaves_no_file_and_no_thread(tmp_path, small_stages, monkeypatch):
+    """ENOSPC from a direct write made in the caller's thread (a placed chunk) is the caller's
+    OSError too; the temporary file is removed and the writer thread is gone."""
+    if not _has_direct(tmp_path):
+        pytest.skip("no O_DIRECT on this filesystem")
+    monkeypatch.setattr(direct, "IN_PLACE_MIN", 4096)
+    real = os.pwrite
+    caller = threading.current_thread()
+    failed = []
+
+    def pwrite(fd, data, offset):
+        if fcntl_flags(fd) & os.O_DIRECT and threading.current_thread() is caller:
+            failed.append(offset)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    rnd = os.urandom(300_000)
+    table = {"a": ("U8", (5,), rnd[:5]), "x": ("U8", (250_000,), None)}
+    x = _placed(rnd[:250_000], writer.data_offsets(table, None)["x"] % direct.ALIGN)
+    table["x"] = ("U8", (250_000,), lambda: iter([x]))
+    monkeypatch.setattr(direct.os, "pwrite", pwrite)
+    with pytest.raises(OSError, match="No space left"):
+        write_safetensors(str(tmp_path / "out.safetensors"), table, direct=True)
+    assert failed
+    assert os.listdir(tmp_path) == []
+    assert not [t for t in threading.enumerate() if t.name == "comfyquant-direct-write"]
