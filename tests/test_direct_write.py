@@ -131,24 +131,31 @@ def test_a_refused_direct_write_falls_back_to_buffered(tmp_path, small_stages, m
     through the ordinary descriptor."""
     if not _has_direct(tmp_path):
         pytest.skip("no O_DIRECT on this filesystem")
-    real = os.pwrite
-    refused = []
-
-    def pwrite(fd, data, offset):
-        if fcntl_flags(fd) & os.O_DIRECT:
-            refused.append(offset)
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real(fd, data, offset)
-
     fd, tensors = _tensors(tmp_path / "src.bin")
     try:
         plain = write_safetensors(str(tmp_path / "plain.safetensors"), tensors)
-        monkeypatch.setattr(direct.os, "pwrite", pwrite)
+        refused = _direct_writes_fail(monkeypatch, errno.EINVAL, "Invalid argument")
         fast = write_safetensors(str(tmp_path / "fast.safetensors"), tensors, direct=True)
     finally:
         os.close(fd)
     assert len(refused) == 1  # tried once, refused, never tried again
     assert open(fast, "rb").read() == open(plain, "rb").read()
+
+
+def _direct_writes_fail(monkeypatch, code: int, text: str, thread: threading.Thread | None = None) -> list[int]:
+    """Every O_DIRECT ``pwrite`` from now on (in ``thread`` only, when given) fails with
+    ``OSError(code, text)``; returns the offsets tried."""
+    real = os.pwrite
+    tried: list[int] = []
+
+    def pwrite(fd, data, offset):
+        if fcntl_flags(fd) & os.O_DIRECT and (thread is None or threading.current_thread() is thread):
+            tried.append(offset)
+            raise OSError(code, text)
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(direct.os, "pwrite", pwrite)
+    return tried
 
 
 def fcntl_flags(fd: int) -> int:
@@ -160,16 +167,9 @@ def fcntl_flags(fd: int) -> int:
 def test_a_failing_direct_write_leaves_no_file_and_no_thread(tmp_path, small_stages, monkeypatch):
     """ENOSPC in the writer thread is the caller's OSError; the temporary file is removed and
     the thread is gone."""
-    real = os.pwrite
-
-    def pwrite(fd, data, offset):
-        if fcntl_flags(fd) & os.O_DIRECT:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data, offset)
-
     if not _has_direct(tmp_path):
         pytest.skip("no O_DIRECT on this filesystem")
-    monkeypatch.setattr(direct.os, "pwrite", pwrite)
+    _direct_writes_fail(monkeypatch, errno.ENOSPC, "No space left on device")
     fd, tensors = _tensors(tmp_path / "src.bin")
     try:
         with pytest.raises(OSError, match="No space left"):
@@ -189,14 +189,7 @@ def test_dequantize_reports_a_failing_direct_write_in_one_line(tmp_path, monkeyp
         pytest.skip("no plain O_DIRECT here")
     monkeypatch.setattr(writer, "DIRECT_MIN", 0)
     monkeypatch.setattr(direct, "STAGE", 16384)
-    real = os.pwrite
-
-    def pwrite(fd, data, offset):
-        if fcntl_flags(fd) & os.O_DIRECT:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data, offset)
-
-    monkeypatch.setattr(direct.os, "pwrite", pwrite)
+    _direct_writes_fail(monkeypatch, errno.ENOSPC, "No space left on device")
     src = write_layers(tmp_path / "m.safetensors", [make_layer("fp8", prefix="a", n=128, k=256)])
     code = main(["dequantize", src, "-o", str(tmp_path / "d.safetensors")])
     err = capsys.readouterr().err
@@ -261,6 +254,17 @@ def _staged_bytes(monkeypatch) -> list[int]:
     return sizes
 
 
+def _one_placed_chunk(monkeypatch) -> dict:
+    """A table of a 5-byte tensor and a 250,000-byte one handed over as one chunk placed like
+    its file offset (in-place writes from 4 KiB)."""
+    monkeypatch.setattr(direct, "IN_PLACE_MIN", 4096)
+    rnd = os.urandom(250_005)
+    table = {"a": ("U8", (5,), rnd[:5]), "x": ("U8", (250_000,), None)}
+    x = _placed(rnd[5:], writer.data_offsets(table, None)["x"] % direct.ALIGN)
+    table["x"] = ("U8", (250_000,), lambda: iter([x]))
+    return table
+
+
 def test_chunks_placed_like_their_file_offsets_are_written_from_their_own_memory(tmp_path, small_stages, monkeypatch):
     """A large chunk whose memory sits at its file offset's place within a page is written with
     O_DIRECT from where it is: only its partial first and last pages are staged.  A chunk
@@ -291,23 +295,9 @@ def test_a_refused_in_place_write_is_staged_instead(tmp_path, small_stages, monk
     written through the ordinary descriptor; direct writes are not tried again."""
     if not _has_direct(tmp_path):
         pytest.skip("no O_DIRECT on this filesystem")
-    monkeypatch.setattr(direct, "IN_PLACE_MIN", 4096)
-    real = os.pwrite
-    refused = []
-
-    def pwrite(fd, data, offset):
-        if fcntl_flags(fd) & os.O_DIRECT:
-            refused.append(offset)
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real(fd, data, offset)
-
-    rnd = os.urandom(300_000)
-    table = {"a": ("U8", (5,), rnd[:5]), "x": ("U8", (250_000,), None)}
-    x = _placed(rnd[:250_000], writer.data_offsets(table, None)["x"] % direct.ALIGN)
-    table["x"] = ("U8", (250_000,), _chunked(bytes(x), [250_000]))
-    plain = write_safetensors(str(tmp_path / "plain.safetensors"), table)
-    table["x"] = ("U8", (250_000,), lambda: iter([x]))
-    monkeypatch.setattr(direct.os, "pwrite", pwrite)
+    table = _one_placed_chunk(monkeypatch)
+    plain = write_safetensors(str(tmp_path / "plain.safetensors"), table)  # buffered: the same chunk
+    refused = _direct_writes_fail(monkeypatch, errno.EINVAL, "Invalid argument")
     fast = write_safetensors(str(tmp_path / "fast.safetensors"), table, direct=True)
     assert len(refused) == 1
     assert open(fast, "rb").read() == open(plain, "rb").read()
@@ -344,22 +334,8 @@ def test_a_failing_in_place_write_leaves_no_file_and_no_thread(tmp_path, small_s
     OSError too; the temporary file is removed and the writer thread is gone."""
     if not _has_direct(tmp_path):
         pytest.skip("no O_DIRECT on this filesystem")
-    monkeypatch.setattr(direct, "IN_PLACE_MIN", 4096)
-    real = os.pwrite
-    caller = threading.current_thread()
-    failed = []
-
-    def pwrite(fd, data, offset):
-        if fcntl_flags(fd) & os.O_DIRECT and threading.current_thread() is caller:
-            failed.append(offset)
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data, offset)
-
-    rnd = os.urandom(300_000)
-    table = {"a": ("U8", (5,), rnd[:5]), "x": ("U8", (250_000,), None)}
-    x = _placed(rnd[:250_000], writer.data_offsets(table, None)["x"] % direct.ALIGN)
-    table["x"] = ("U8", (250_000,), lambda: iter([x]))
-    monkeypatch.setattr(direct.os, "pwrite", pwrite)
+    table = _one_placed_chunk(monkeypatch)
+    failed = _direct_writes_fail(monkeypatch, errno.ENOSPC, "No space left on device", threading.current_thread())
     with pytest.raises(OSError, match="No space left"):
         write_safetensors(str(tmp_path / "out.safetensors"), table, direct=True)
     assert failed
