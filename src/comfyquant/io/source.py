@@ -166,7 +166,7 @@ class LocalFile:
         return done
 
     def mapped(self, offset: int, length: int) -> memoryview | None:
-        """A read-only view of ``length`` bytes at ``offset``, mapped from the page cache
+        """A view of ``length`` bytes at ``offset``, mapped from the page cache
         instead of copied out of it (a whole-file dequantize copied a third of a GB with
         ``readinto``, on the decoder's critical path), or None where the file cannot be mapped
         so (no ``mmap``, a filesystem that refuses it, a kernel without
@@ -184,7 +184,8 @@ class LocalFile:
             return None
         base = offset - offset % mmap.ALLOCATIONGRANULARITY
         try:
-            m = mmap.mmap(self._fd, offset - base + length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=base)
+            # copy-on-write: a decoder that wrote into its input would change only its own copy
+            m = mmap.mmap(self._fd, offset - base + length, access=mmap.ACCESS_COPY, offset=base)
         except ValueError:  # the range runs past the end of the file
             raise InputError(f"{self.path}: file ended early (truncated since it was checked?)") from None
         except OSError:
