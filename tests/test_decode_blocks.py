@@ -453,6 +453,43 @@ def test_fp8_nan_codes_in_one_row_block_decode_like_torch(nan):
         assert same_bits(got, expected)
 
 
+@pytest.mark.parametrize("case", ["every code", "a NaN code", "a scale over 2^7", "an infinite scale"])
+def test_mxfp8_bit_path_equals_kitchen_for_every_code_and_scale(case, monkeypatch):
+    """MXFP8 to BF16 by the per-tensor FP8 bit path with a factor per block: all 254 non-NaN
+    codes under every block scale from 0 (E8M0 0) and 2^-126 to 2^7 give comfy-kitchen's bits
+    (its ``dequantize_mxfp8``: F32 products, one cast); a block with a NaN code, or a layer
+    with a scale whose factor would overflow BF16 (over 2^7, or E8M0 255: infinite), takes the
+    general path -- the same bits either way."""
+    from comfy_kitchen.backends.eager.quantization import dequantize_mxfp8
+
+    import comfyquant.formats.mxfp8.codec as mx
+    from comfyquant.numerics.blocked import to_blocked
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F]  # 254 codes
+    n, k = 128, 256
+    q = codes.repeat(n * k // 254 + 1)[: n * k].reshape(n, k).clone()
+    e = torch.arange(n * k // 32, dtype=torch.int32).remainder(135).to(torch.uint8).reshape(n, k // 32)  # 0 .. 2^7
+    if case == "a NaN code":
+        q[40, 9] = 0xFF
+    elif case == "a scale over 2^7":
+        e[5, 2] = 135
+    elif case == "an infinite scale":
+        e[5, 2] = 0xFF
+    q = q.view(torch.float8_e4m3fn)
+    scale = to_blocked(e).view(torch.float8_e8m0fnu)
+    expected = dequantize_mxfp8(q, scale, torch.bfloat16)
+    used = []
+    real = mx.widen_e4m3_scaled
+    monkeypatch.setattr(mx, "widen_e4m3_scaled", lambda *a: used.append(1) or real(*a))
+    codec = codecs.get("mxfp8")
+    for b in (1 << 20, 16 * k):
+        got = codec.decode({"weight": q, "weight_scale": scale}, {"format": "mxfp8"}, dtype=torch.bfloat16,
+                           block_elements=b)
+        assert same_bits(got, expected), b
+    assert bool(used) == (case in ("every code", "a NaN code"))
+
+
 def test_nvfp4_packed_weight_decode_equals_the_unpacked_codes():
     """The emulated NVFP4 GEMM decodes its weight a byte (two E2M1 values) per gather: every
     byte value, odd scales (subnormal, zero, NaN-free E4M3 range) and signed zeros give the

@@ -10,7 +10,16 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from ...numerics.blocked import ceil_to, from_blocked, padded_blocks, to_blocked
-from ...numerics.floats import E4M3, FP8_MAX, e8m0_decode, e8m0_from_amax, fp8_decode, fp8_decode_scaled
+from ...numerics.floats import (
+    E4M3,
+    E4M3_BF16_SHIFT,
+    FP8_MAX,
+    e8m0_decode,
+    e8m0_from_amax,
+    fp8_decode,
+    fp8_decode_scaled,
+)
+from ...numerics.fp8_widen import has_nan_codes, widen_e4m3_scaled
 from ...numerics.rows import gather_rows, row_blocks
 from ..codec import Codec, finish, reject_unknown
 
@@ -49,24 +58,35 @@ class MXFP8Codec(Codec):
         return {"weight": q, "weight_scale": to_blocked(e).view(torch.float8_e8m0fnu)}, {"format": self.name}
 
     def _prepare(self, t, env, dtype):
+        """Per layer: the block scales in the arithmetic's dtype and, for a BF16 output, the
+        folded factors ``2^120 * scale`` of the E4M3 -> BF16 bit path (None where one would
+        overflow BF16: a scale over 2^7, or a NaN scale)."""
         scales = e8m0_decode(from_blocked(t["weight_scale"].view(torch.uint8), env["N"], env["K"] // BLOCK))
+        if dtype != torch.bfloat16:
+            return scales, None
         # Powers of two are exact in BF16, and a BF16 product is the F32 product rounded
         # once: the same bits as comfy-kitchen's F32 multiply + cast, at half the traffic.
-        return scales.to(torch.bfloat16) if dtype == torch.bfloat16 else scales
+        scales = scales.to(torch.bfloat16)
+        folded = (scales.float() * E4M3_BF16_SHIFT).to(torch.bfloat16)
+        return scales, folded if bool(torch.isfinite(folded).all()) else None
 
-    def _decode_rows(self, t, plan, dtype, r0, r1, scales, out):
+    def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
         k = plan.env["K"]
+        scales, folded = state
         q = t["weight"][r0:r1]
-        s = scales[r0:r1].unsqueeze(-1)
         blocks = q.view(r1 - r0, k // BLOCK, BLOCK)
         if dtype == torch.bfloat16:
-            # BF16 products of exact powers of two round like comfy-kitchen's F32 product + cast
             direct = out is not None and plan.shape[1] == k
-            w = fp8_decode_scaled(blocks, s, dtype, out.view(blocks.shape) if direct else None)
+            dest = out.view(blocks.shape) if direct else None
+            if folded is not None and not has_nan_codes(q):
+                # the per-tensor FP8 bit path (numerics/fp8_widen.py) with a factor per block
+                w = widen_e4m3_scaled(blocks, folded[r0:r1].unsqueeze(-1), dest)
+            else:
+                w = fp8_decode_scaled(blocks, scales[r0:r1].unsqueeze(-1), dtype, dest)
             if direct:
                 return out
         else:
-            w = fp8_decode(blocks, torch.float32).mul_(s)
+            w = fp8_decode(blocks, torch.float32).mul_(scales[r0:r1].unsqueeze(-1))
         return finish(w.view(r1 - r0, k)[:, : plan.shape[1]], dtype, out)
 
     def _linear_setup(self, x2, t, plan, runtime=True):
