@@ -460,3 +460,88 @@ def test_a_worker_interrupted_before_its_result_is_delivered_removes_the_spill(t
     monkeypatch.setattr(work, "_IN_TASK", True)  # during a task: the task stops (and cleans up) itself
     with pytest.raises(KeyboardInterrupt):
         work._interrupted(2, None)
+
+
+def test_a_second_interrupt_does_not_cut_the_spill_clean_up_short(tmp_path, monkeypatch):
+    """Ctrl-C reaches a worker twice (the process group, then the main process's interruption
+    of its workers): the second SIGINT arriving while the first one's KeyboardInterrupt removes
+    the half-written spill file must not raise again inside that clean-up, which left the file
+    next to the output."""
+    plan = _plan_of(tmp_path, "int8")
+    task = work.task_for(plan.quantized[0], False, None)
+    spills = tmp_path / "spills"
+    spills.mkdir()
+    monkeypatch.setattr(work, "_STOPPING", False)
+    monkeypatch.setattr(work, "_SENT_SPILL", None)
+    real_fdopen, real_unlink = os.fdopen, os.unlink
+
+    class Interrupted:
+        """The spill file, interrupted (the first SIGINT) at its first write."""
+
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def tell(self):
+            return self.fh.tell()
+
+        def write(self, data):
+            self.fh.write(bytes(data)[:10])
+            work._interrupted(2, None)
+
+    def second_then_unlink(path, *args, **kwargs):
+        work._interrupted(2, None)  # the second SIGINT, right at the clean-up
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(work.os, "fdopen", lambda fd, mode: Interrupted(real_fdopen(fd, mode)))
+    monkeypatch.setattr(work.os, "unlink", second_then_unlink)
+    with pytest.raises(KeyboardInterrupt):
+        work.run_task_spilled(task, str(spills))
+    assert not os.listdir(spills)
+
+
+def test_an_interrupt_once_the_result_is_complete_removes_its_spill(tmp_path, monkeypatch):
+    """An interruption after the task's result is complete but while the task is still
+    returning it: the task stops and its spill file, which nobody will read, goes."""
+    spill = tmp_path / ".comfyquant-y.spill"
+    spill.write_bytes(b"encoded layer")
+    monkeypatch.setattr(work, "_SENT_SPILL", str(spill))
+    monkeypatch.setattr(work, "_IN_TASK", True)
+    monkeypatch.setattr(work, "_RAISED", False)
+    monkeypatch.setattr(work, "_STOPPING", False)
+    with pytest.raises(KeyboardInterrupt):
+        work._interrupted(2, None)
+    assert not spill.exists()
+    work._interrupted(2, None)  # a second one during the clean-up returns
+
+
+def test_an_interrupt_while_a_spill_is_taken_over_leaves_it_to_close(tmp_path, monkeypatch):
+    """Ctrl-C in the main process between a worker's delivered result and the opening of its
+    spill file: the layer goes back among the pool's futures, and closing the pool removes the
+    file (it was left next to the output)."""
+    import types
+    from concurrent.futures import Future
+
+    from comfyquant.quantizer import runner
+
+    spill = tmp_path / ".comfyquant-z.spill"
+    spill.write_bytes(b"encoded layer")
+    done: Future = Future()
+    done.set_result({"spill": str(spill), "tensors": {}, "quality": None})
+    pool = object.__new__(runner._Pool)
+    pool.futures, pool.order, pool.next, pool.jobs = {"a": done}, [], 0, 1
+    pool.pool = types.SimpleNamespace(shutdown=lambda **kwargs: None)
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_open_spill", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool.result(types.SimpleNamespace(name="a"))
+    pool.close()
+    assert not spill.exists()

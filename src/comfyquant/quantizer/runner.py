@@ -223,14 +223,17 @@ class _Pool:
         self._fill()
         try:
             out = future.result()
+            spill = _open_spill(out["spill"])
         except BrokenProcessPool:
             raise InputError("a worker process died (out of memory?); try fewer --jobs") from None
         except BaseException:
-            # Interrupted while waiting (Ctrl-C): the layer may still be computed and spilled;
-            # back among the futures, :meth:`close` waits for it and removes its spill file.
+            # Interrupted while waiting (Ctrl-C): the layer may still be computed and spilled,
+            # or be spilled and not yet taken over; back among the futures, :meth:`close` waits
+            # for it and removes its spill file.
             self.futures[lp.name] = future
             raise
-        spill = _open_spill(out.pop("spill"))
+        out = dict(out)  # the future's own result keeps naming the spill file
+        del out["spill"]
         out["tensors"] = {s: (dtype, shape, (spill, offset, length)) for s, (dtype, shape, offset, length)
                           in out["tensors"].items()}
         out["quality"] = _done((out["quality"], 0.0))

@@ -14,6 +14,7 @@ computed in F32.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -343,24 +344,31 @@ _IN_TASK = False
 """Whether this worker is computing a task (:func:`run_task_spilled`)."""
 _STOPPING = False
 """Set by an interruption: the tasks already queued to this worker end at once."""
+_RAISED = False
+"""Whether this task's interruption was raised (its clean-up may be under way)."""
 _SENT_SPILL: str | None = None
 """The spill file of this worker's last result, until its next task starts (the pool sends a
 result back before it hands the worker another task)."""
 
 
 def _interrupted(signum, frame) -> None:
-    global _STOPPING
+    global _STOPPING, _RAISED
     _STOPPING = True
-    if _IN_TASK:
-        raise KeyboardInterrupt
     if _SENT_SPILL is not None:
-        # Interrupted between returning a result and its delivery: the run is being abandoned
-        # (Ctrl-C, or the pool closed after an error), so nobody will write it.  The main
-        # process removes it too if it got it; whichever comes second finds nothing.
-        try:
+        # Interrupted once a result was complete (returned, or about to be, and not yet
+        # delivered): the run is being abandoned (Ctrl-C, or the pool closed after an error),
+        # so nobody will write it.  The main process removes it too if it got it; whichever
+        # comes second finds nothing.
+        with contextlib.suppress(OSError):
             os.unlink(_SENT_SPILL)
-        except OSError:
-            pass
+    if _IN_TASK:
+        # A second SIGINT (Ctrl-C reaches the process group, then the main process interrupts
+        # its workers) must not cut short the clean-up of the first one's KeyboardInterrupt:
+        # raised inside it, it left the task's spill file behind.
+        if _RAISED:
+            return
+        _RAISED = True
+        raise KeyboardInterrupt
     _leave_now()
 
 
@@ -389,29 +397,34 @@ def run_task_spilled(task: dict, spill_dir: str) -> dict:
     from ..io.tempfiles import make_temp
     from ..numerics.dtypes import dtype_name
 
-    global _IN_TASK, _SENT_SPILL
+    global _IN_TASK, _SENT_SPILL, _RAISED
     _SENT_SPILL = None  # the previous result was delivered before this task was handed over
+    _RAISED = False
     if _STOPPING:  # interrupted: the layers queued to this worker are not computed
         raise KeyboardInterrupt
     _IN_TASK = True
+    path = None
     try:
         out = run_task(task)
         tensors = out["tensors"]
         out["tensors"] = {}
         fd, path = make_temp(spill_dir, ".spill")  # named for this worker: a killed run's spill is removable
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                for suffix in list(tensors):
-                    t = tensors.pop(suffix)
-                    data = t.reshape(-1).view(_u8()).numpy()  # a view: written without a copy
-                    out["tensors"][suffix] = (dtype_name(t.dtype), tuple(t.shape), fh.tell(), data.nbytes)
-                    fh.write(memoryview(data))
-                    del t, data
-        except BaseException:
-            os.unlink(path)
-            raise
+        with os.fdopen(fd, "wb") as fh:
+            for suffix in list(tensors):
+                t = tensors.pop(suffix)
+                data = t.reshape(-1).view(_u8()).numpy()  # a view: written without a copy
+                out["tensors"][suffix] = (dtype_name(t.dtype), tuple(t.shape), fh.tell(), data.nbytes)
+                fh.write(memoryview(data))
+                del t, data
         out["spill"] = _SENT_SPILL = path
         return out
+    except BaseException:
+        # interrupted (or failed) at any point once the spill file exists, also after its
+        # result was complete: nobody will read it
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise
     finally:
         _IN_TASK = False
 
