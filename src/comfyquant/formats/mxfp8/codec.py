@@ -60,7 +60,7 @@ class MXFP8Codec(Codec):
     def _prepare(self, t, env, dtype):
         """Per layer: the block scales in the arithmetic's dtype and, for a BF16 output, the
         folded factors ``2^120 * scale`` of the E4M3 -> BF16 bit path (None where one would
-        overflow BF16: a scale over 2^7, or a NaN scale)."""
+        overflow BF16: a scale over 2^7, E8M0 255 -- infinite -- among them)."""
         scales = e8m0_decode(from_blocked(t["weight_scale"].view(torch.uint8), env["N"], env["K"] // BLOCK))
         if dtype != torch.bfloat16:
             return scales, None
