@@ -584,6 +584,9 @@ def test_blocks_placed_at_a_file_phase_are_the_same_bits_at_that_phase(variant):
                 if k == 512 and not own:  # 1024- or 2048-byte rows: 4 or 2 of them make a page
                     assert {b.data_ptr() % pages.PAGE for b in blocks} == {phase}, (dtype, phase, round_whole)
                     assert all(b.nbytes % pages.PAGE == 0 for b in blocks[:-1])
+        # an odd offset (an odd-sized U8 tensor before the layer): no element can sit there
+        odd = list(codec.iter_decode(enc, enc.marker, dtype=dtype, block_elements=16 * k, buffers=count, phase=4093))
+        assert same_bits(torch.cat(odd), whole)
 
 
 def test_page_rows_is_the_fewest_rows_of_whole_pages():
