@@ -465,3 +465,33 @@ def test_layer_after_layer_reuses_memory_and_the_figures_stay(tmp_path, monkeypa
     assert len(pools) == 1
     reused.pop("seconds", None), fresh.pop("seconds", None)
     assert reused == fresh and len(reused["layers"]) == 3
+
+
+def test_large_packed_tensors_are_mapped_and_the_figures_stay(tmp_path, monkeypatch):
+    """compare maps large packed tensors from the page cache, as dequantize does (no copies),
+    and every figure equals a run that reads them (a kernel without the populate advice)."""
+    import comfyquant.dequantizer as dq
+    import comfyquant.io.source as source
+
+    monkeypatch.setattr(dq, "MAP_MIN", 4096)
+    a = write_layers(tmp_path / "a.safetensors", [make_layer(v, prefix=f"l{i}", n=256, k=512, seed=i)
+                                                  for i, v in enumerate(["fp8", "int8_convrot", "nvfp4"])])
+    b = write_layers(tmp_path / "b.safetensors", [make_layer(v, prefix=f"l{i}", n=256, k=512, seed=i)
+                                                  for i, v in enumerate(["w4a8_codebook", "mxfp8", "w4a4"])])
+    real = source.LocalFile.mapped
+    calls = []
+
+    def spy(self, offset, length):
+        view = real(self, offset, length)
+        calls.append(view is not None)
+        return view
+
+    monkeypatch.setattr(source.LocalFile, "mapped", spy)
+    mapped = compare(a, b, progress=False).to_dict()
+    assert calls and all(calls)
+    monkeypatch.setattr(source, "_MADV_POPULATE_READ", 0x7FFF)  # EINVAL: read instead
+    calls.clear()
+    read = compare(a, b, progress=False).to_dict()
+    assert calls and not any(calls)
+    mapped.pop("seconds", None), read.pop("seconds", None)
+    assert mapped == read and len(mapped["layers"]) == 3

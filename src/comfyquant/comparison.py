@@ -285,14 +285,18 @@ class _Side:
         return _Weight(f"dense {entry.dtype}", tuple(entry.shape), lambda: self._dense(entry))
 
     def _decode(self, layer) -> Iterator:
-        from .dequantizer import packed_entries
+        from .dequantizer import mapped_entries, packed_entries
         from .formats.codec import CodecError
         from .numerics.dtypes import from_bytes
 
         for entries in layer.per_expert or (layer.entries,):
             needed = packed_entries(layer, entries)
-            raw = self.ckpt.read_many(needed)
-            tensors = {s: from_bytes(bytearray(raw[e.name]), e.dtype, e.shape) for s, e in entries.items()
+            # large tensors mapped from the page cache (copy-on-write), the rest read and copied
+            # into writable memory
+            raw = mapped_entries(self.ckpt, needed, CompareError)
+            rest = [e for e in needed if e.name not in raw]
+            raw.update((name, bytearray(data)) for name, data in self.ckpt.read_many(rest).items())
+            tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in entries.items()
                        if e.name in raw}
             try:
                 yield from layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan)

@@ -421,15 +421,7 @@ class _Work:
         sources = [self.ckpt.source(e.file) for e in entries]
         if not all(hasattr(src, "readinto") for src in sources):
             return self.ckpt.read_many(entries)
-        out = {}
-        for e, src in zip(entries, sources):
-            if e.nbytes >= MAP_MIN and hasattr(src, "mapped"):
-                try:
-                    view = src.mapped(e.start, e.nbytes)
-                except InputError as exc:
-                    raise DequantizeError(f"{exc} -- while reading tensor {e.name!r}") from None
-                if view is not None:
-                    out[e.name] = view
+        out = mapped_entries(self.ckpt, entries, DequantizeError)
         rest = [(e, src) for e, src in zip(entries, sources) if e.name not in out]
         spans, total = [], 0
         for e, _src in rest:
@@ -647,6 +639,23 @@ def decoded_ahead(blocks: Iterator, ahead: int = AHEAD) -> Iterator:
     finally:
         stop.set()
         worker.join()
+
+
+def mapped_entries(ckpt, entries: list, error: type[Exception]) -> dict:
+    """The entries of :data:`MAP_MIN` bytes or more that local files can map from the page
+    cache (:meth:`~comfyquant.io.source.LocalFile.mapped`), by name: the caller reads the
+    others.  A file truncated since it was checked raises ``error`` naming the tensor."""
+    out = {}
+    for e in entries:
+        src = ckpt.source(e.file)
+        if e.nbytes >= MAP_MIN and hasattr(src, "mapped"):
+            try:
+                view = src.mapped(e.start, e.nbytes)
+            except InputError as exc:
+                raise error(f"{exc} -- while reading tensor {e.name!r}") from None
+            if view is not None:
+                out[e.name] = view
+    return out
 
 
 def _decoder_kind(layer: DecodedLayer) -> tuple:
