@@ -134,21 +134,9 @@ class DirectStream:
         self._stage(view[:head])  # completes the staged bytes up to a page boundary
         self.flush()  # ... which go to the writer thread; the pages below never overlap them
         pages = (len(view) - head) // ALIGN * ALIGN
-        done = 0
-        try:
-            while done < pages:
-                n = os.pwrite(self.dfd, view[head + done : head + pages], self.pos)
-                if n <= 0:
-                    raise OSError(errno.EIO, "direct write wrote nothing")
-                done += n
-                self.pos += n
-                if n % ALIGN:  # a short write off the page boundary: stage the rest
-                    break
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            self.direct = False  # this filesystem wants other alignments: staged and buffered from here on
-        return view[head + done :]
+        done = self._direct_pages(view[head : head + pages], self.pos)
+        self.pos += done
+        return view[head + done :]  # after a refusal or a short write: staged
 
     def _stage(self, view: memoryview) -> None:
         """Copy ``view`` into staging buffers, each written by the thread once full."""
@@ -265,23 +253,30 @@ class DirectStream:
                 self._work.task_done()
 
     def _write(self, view: memoryview, base: int) -> None:
-        aligned = len(view) - len(view) % ALIGN
+        done = self._direct_pages(view[: len(view) - len(view) % ALIGN], base)
+        if done < len(view):  # the last partial page, or the rest after a refusal: buffered
+            _pwrite_all(self.fd, view[done:], base + done)
+
+    def _direct_pages(self, view: memoryview, offset: int) -> int:
+        """Write ``view`` (whole pages, at an aligned ``offset`` and address) with ``O_DIRECT``
+        until it is done, the filesystem refuses (``EINVAL``: :attr:`direct` goes False, every
+        later byte goes through the ordinary descriptor) or a write ends off a page boundary;
+        returns the bytes written.  Shared by the writer thread and in-place writes."""
         done = 0
-        while self.direct and done < aligned:
+        while self.direct and done < len(view):
             try:
-                n = os.pwrite(self.dfd, view[done:aligned], base + done)
+                n = os.pwrite(self.dfd, view[done:], offset + done)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-                self.direct = False  # this filesystem wants other alignments: buffered from here on
+                self.direct = False  # this filesystem wants other alignments
                 break
             if n <= 0:
                 raise OSError(errno.EIO, "direct write wrote nothing")
             done += n
-            if done % ALIGN:  # a short write off the alignment: the rest of this buffer buffered
+            if done % ALIGN:  # a short write off the page boundary
                 break
-        if done < len(view):
-            _pwrite_all(self.fd, view[done:], base + done)
+        return done
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
