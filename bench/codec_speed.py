@@ -567,10 +567,10 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
             # dequantize sits between its two yardsticks, in alternating order (adjacent runs see
             # the same machine; this one is shared and its speed drifts)
             if rnd % 2 == 0:
-                if info:  # the bound needs the output's size: from the first dequantize on
+                if rnd:  # the bound needs the output's size: in the first round, after dequantize
                     t_bound = run_bound()
                 info = run_dequantize()
-                if rnd == 0:
+                if not rnd:
                     t_bound = run_bound()
                 t_dec = run_decode()["seconds"]
             else:

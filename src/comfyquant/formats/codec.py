@@ -29,6 +29,7 @@ without VNNI, as the runtime does there) and exact F64 products in the quality r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -479,8 +480,6 @@ def page_rows(k: int, dtype: torch.dtype, block_elements: int) -> int | None:
     """The fewest rows of ``k`` ``dtype`` elements that make a whole number of memory pages
     (:data:`~comfyquant.numerics.pages.PAGE`), or None when a block of them would be more than
     four times ``block_elements`` (an odd ``K``): blocks of a multiple of it keep one phase."""
-    import math
-
     row_bytes = k * dtype.itemsize
     rows = PAGE // math.gcd(PAGE, row_bytes) if row_bytes else 1
     return rows if rows * k <= 4 * block_elements else None

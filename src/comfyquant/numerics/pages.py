@@ -91,8 +91,8 @@ def empty_output(shape: tuple[int, ...], dtype: torch.dtype, least: int | None =
         raise ValueError(f"phase {phase} is not a multiple of {dtype}'s {dtype.itemsize} bytes")
     extra = 0 if phase is None else PAGE
 
-    def placed(buf: torch.Tensor) -> torch.Tensor:
-        flat = buf.view(-1).view(torch.uint8)[: nbytes + extra]
+    def placed(buf: torch.Tensor) -> torch.Tensor:  # buf: flat bytes
+        flat = buf[: nbytes + extra]
         if phase is not None:
             at = (phase - flat.data_ptr()) % PAGE
             flat = flat[at : at + nbytes]

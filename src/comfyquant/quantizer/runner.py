@@ -232,8 +232,7 @@ class _Pool:
             # for it and removes its spill file.
             self.futures[lp.name] = future
             raise
-        out = dict(out)  # the future's own result keeps naming the spill file
-        del out["spill"]
+        del out["spill"]  # taken over (the future is no longer among those close() cleans up)
         out["tensors"] = {s: (dtype, shape, (spill, offset, length)) for s, (dtype, shape, offset, length)
                           in out["tensors"].items()}
         out["quality"] = _done((out["quality"], 0.0))
