@@ -25,10 +25,12 @@
    3072x3072 and at 5120x13824, measured in the same rounds (each round decodes the small
    layer as many times as make the large one's bytes, then the large one once), with the
    median over rounds of the per-round ratio large/small.  Target: >= 0.8 for every decoder.
-   Three ways to decode: decode() into a fresh tensor, iter_decode() into one reused block
-   buffer, and a row source materialized (convert's path); beside decode(), in the same
-   rounds, a decoder with no arithmetic (read the stored weight, write a fresh output of the
-   same size) and the bound its ratio puts on decode()'s.
+   Three ways to decode: decode() into a new tensor (each result dropped before the next
+   call, so a large one reuses the memory decode() keeps; and, as "held", while the caller
+   still holds its last result: fresh memory every call), iter_decode() into one reused
+   block buffer, and a row source materialized (convert's path); beside decode(), in the
+   same rounds, a decoder with no arithmetic (read the stored weight, write a fresh output
+   of the same size) and the bound its ratio puts on the held decode()'s.
 
 Usage: python bench/codec_speed.py [--quick] [--rounds N] [--out DIR] [--threads T]
        [--sections codec,scaling,dequantize] [--scaling-rounds N] [--decoders a,b]
@@ -57,7 +59,7 @@ from safetensors.torch import save_file  # noqa: E402
 from comfyquant import codecs  # noqa: E402
 from comfyquant.numerics.assemble import fill_rows  # noqa: E402
 from comfyquant.numerics.hadamard import unrotate  # noqa: E402
-from comfyquant.numerics.pages import empty_output, reused_outputs  # noqa: E402
+from comfyquant.numerics.pages import empty_output, release_spare, reused_outputs  # noqa: E402
 from comfyquant.numerics.rows import materialize, row_ranges  # noqa: E402
 
 SHAPES = [(3072, 3072), (5120, 13824)]
@@ -257,6 +259,10 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
     def fresh(layer: tuple) -> None:
         codec.decode(*layer, dtype=dtype)
 
+    def held(layer: tuple) -> None:  # as if the caller still held its last result: no kept memory to reuse
+        release_spare()
+        codec.decode(*layer, dtype=dtype)
+
     def streamed(layer: tuple) -> None:
         for _ in codec.iter_decode(*layer, dtype=dtype):
             pass
@@ -280,7 +286,7 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
             how(layer)
         return time.perf_counter() - t
 
-    paths = ((fresh, ""), (output, "_out"), (streamed, "_it"), (source, "_src")) + (((gemm, "_gemm"),) if whole else ())
+    paths = ((fresh, ""), (held, "_held"), (output, "_out"), (streamed, "_it"), (source, "_src")) + (((gemm, "_gemm"),) if whole else ())
     for how, _tag in paths:  # warm-up: first-call costs (tables, the allocator's pools)
         run(how, small, 1)
         run(how, large, 1)
@@ -295,7 +301,7 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
             out["small" + tag].append(r_s)
             out["large" + tag].append(r_l)
             out["ratio" + tag].append(r_l / r_s)
-        out["bound"].append(_output_bound(out["small"][-1], out["small_out"][-1], out["large_out"][-1]))
+        out["bound"].append(_output_bound(out["small_held"][-1], out["small_out"][-1], out["large_out"][-1]))
         # materialize also writes a fresh output of the layer's size: the same bound, at its own small rate
         out["bound_src"].append(_output_bound(out["small_src"][-1], out["small_out"][-1], out["large_out"][-1]))
         # iter_decode writes no fresh output; a one-GEMM decoder's extra cost is that GEMM's operand and product
@@ -334,7 +340,8 @@ def scaling_rows(rounds: int, dtype: torch.dtype = torch.bfloat16, only: set[str
         del small, large
         row = {"variant": name, "format": fmt, **{key: statistics.median(v) for key, v in got.items()}}
         rows.append(row)
-        print(f"{name:13s} | {row['small']:8.0f} {row['large']:8.0f} {row['ratio']:5.2f}x {_verdict(row['ratio'], row['bound']):9s}"
+        print(f"{name:13s} | {row['small']:8.0f} {row['large']:8.0f} {row['ratio']:5.2f}x {_verdict(row['ratio'], _NO_BOUND):9s}"
+              f" {row['ratio_held']:5.2f}x {_verdict(row['ratio_held'], row['bound']):9s}"
               f" {row['ratio_out']:5.2f}x {row['bound']:5.2f}x | {row['small_it']:8.0f} {row['large_it']:8.0f}"
               f" {row['ratio_it']:5.2f}x {_verdict(row['ratio_it'], row['bound_it']):9s} {_bound(row['bound_it'])} |"
               f" {row['small_src']:8.0f}"
@@ -342,6 +349,10 @@ def scaling_rows(rounds: int, dtype: torch.dtype = torch.bfloat16, only: set[str
               f" {row['bound_src']:5.2f}x",
               flush=True)
     return rows
+
+
+_NO_BOUND = float("nan")
+"""decode() dropping each result reuses its memory (``empty_result``): no fresh-output bound."""
 
 
 def _bound(bound: float) -> str:
@@ -362,18 +373,21 @@ def print_scaling_header(rounds: int) -> None:
     small, large = f"{n0}x{k0}", f"{n1}x{k1}"
     print(f"\ndecoder scaling: MB/s of dense BF16 output, median of {rounds} interleaved rounds; "
           f"ratio = median per-round {large} rate / {small} rate (target >= 0.8)")
-    print("  decode: a fresh output tensor per call.  output: the same without decoding -- a fresh output of the "
-          "same size, written once from the stored weight's bytes (_fresh_output: a large one is new memory the "
-          "kernel faults in and zeroes, too big for the cache with its input; a small one is reused heap memory "
-          "that stays in cache).  bound: decode()'s ratio if the large layer cost it only that extra time per "
-          "byte (_output_bound); the row source writes such an output too and has its own bound.  iter_decode: row blocks into one reused buffer (what dequantize, compare and "
+    print("  decode: a new output tensor per call, each dropped before the next call (a large one then takes the "
+          "memory of the last one, which decode() keeps: numerics.pages.empty_result).  held: the same while the "
+          "caller still holds its previous result, so every large output is fresh memory.  output: held without "
+          "decoding -- a fresh output of the same size, written once from the stored weight's bytes (_fresh_output: "
+          "a large one is new memory the kernel faults in and zeroes, too big for the cache with its input; a small "
+          "one is reused heap memory that stays in cache).  bound: held's ratio if the large layer cost it only "
+          "that extra time per byte (_output_bound); the row source writes such an output too and has its own "
+          "bound.  iter_decode: row blocks into one reused buffer (what dequantize, compare and "
           "quantize's error report stream); its bound, for the decoders that un-rotate the whole layer in one "
           "F32 GEMM as comfy-kitchen does (kept for its bits): its ratio if the large layer cost it only the extra "
           "time per byte of that GEMM's own work (_one_gemm: an F32 operand filled from the stored bytes, the GEMM, "
           "the product rounded in blocks).  row source: materialize(row_source), how convert and quantize read "
           "a quantized input")
-    print(f"{'':13s} | {'decode':^43s} | {'iter_decode':^40s} | {'row source':^42s}")
-    print(f"{'decoder':13s} | {small:>8s} {large:>8s} ratio  {'':9s} output bound | {small:>8s} {large:>8s} ratio"
+    print(f"{'':13s} | {'decode':^60s} | {'iter_decode':^40s} | {'row source':^42s}")
+    print(f"{'decoder':13s} | {small:>8s} {large:>8s} ratio  {'':9s} held  {'':9s} output bound | {small:>8s} {large:>8s} ratio"
           f"  {'':9s} bound | {small:>8s} {large:>8s} ratio  {'':9s} bound")
 
 

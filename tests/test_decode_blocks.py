@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 from comfy_kitchen.tensor import QuantizedTensor
@@ -283,6 +284,121 @@ def test_reused_outputs_without_torchs_count_of_users_reuses_nothing(monkeypatch
         assert pages._REUSE is None  # no pool: empty_output is torch.empty as outside the scope
         b = pages.empty_output((1024, 9000), torch.float32)
         assert tuple(b.shape) == (1024, 9000) and b.dtype == torch.float32 and b.is_contiguous()
+
+
+@pytest.fixture
+def spare(monkeypatch):
+    """Small test layers (above 64 KiB) count as large; no result memory kept before or after."""
+    monkeypatch.setattr(pages, "LARGE_BYTES", 64 << 10)
+    pages.release_spare()
+    yield
+    pages.release_spare()
+
+
+def _fresh_decode(codec, enc, dtype=torch.bfloat16) -> torch.Tensor:
+    """The reference bits: decoded into memory of the test's own (``out=``)."""
+    n, k = codec.plan(enc, enc.marker).shape
+    return codec.decode(enc, enc.marker, dtype=dtype, out=torch.empty((n, k), dtype=dtype))
+
+
+def test_a_large_result_reuses_the_last_ones_memory_once_nothing_uses_it(spare):
+    """decode() of a large layer into fresh memory paid the kernel's faulting and zeroing of
+    every page (on this VM more than an FP8 decode's arithmetic); the memory of the last large
+    result is kept and a later result takes it -- only once no tensor, view, NumPy array or
+    memoryview uses it, and only when its size fits."""
+    codec = codecs.get("float8_e4m3fn")
+    enc_a = codec.encode(weight("gauss", 4096, 2048, torch.bfloat16, seed=5))  # 16 MiB of BF16
+    enc_b = codec.encode(weight("gauss", 4096, 2048, torch.bfloat16, seed=6))
+    ref_a, ref_b = _fresh_decode(codec, enc_a), _fresh_decode(codec, enc_b)
+    a = codec.decode(enc_a, enc_a.marker)
+    kept = a.data_ptr()
+    assert same_bits(a, ref_a)
+    del a
+    b = codec.decode(enc_b, enc_b.marker)
+    assert b.data_ptr() == kept and same_bits(b, ref_b)  # the dropped result's memory, new values
+    c = codec.decode(enc_a, enc_a.marker)  # b is in use: new memory, b untouched
+    assert c.data_ptr() != kept and same_bits(b, ref_b) and same_bits(c, ref_a)
+    assert len(pages._SPARE) == 1  # one buffer kept, never more
+    del b  # no longer referenced by the module either: freed
+    kept = c.data_ptr()
+    holders = []
+    encs, refs, last = (enc_a, enc_b), (ref_a, ref_b), 0
+    for hold in (lambda t: t[1:], lambda t: t.view(torch.int16).numpy(), lambda t: memoryview(t.view(torch.int16).numpy())):
+        holders.append((hold(c), refs[last]))
+        del c
+        last = 1 - last
+        c = codec.decode(encs[last], encs[last].marker)
+        assert c.data_ptr() != kept and same_bits(c, refs[last])  # a view of the last result holds it
+        kept = c.data_ptr()
+    for holder, ref in holders:  # and each still shows its own result's values
+        assert np.array_equal(np.asarray(holder if not isinstance(holder, torch.Tensor) else holder.view(torch.int16))
+                              .reshape(-1)[-512:], ref.view(torch.int16).reshape(-1)[-512:].numpy())
+    half = codec.encode(weight("gauss", 2048, 2048, torch.bfloat16, seed=7))
+    del c
+    d = codec.decode(half, half.marker)  # half the size: it would waste half the memory
+    assert same_bits(d, _fresh_decode(codec, half))
+    assert len(pages._SPARE) == 1 and pages._SPARE[0][0].numel() == 8 << 20  # the idle 16 MiB went
+    assert codecs.release_memory() == -(-d.nbytes // pages.HUGE_PAGE) * pages.HUGE_PAGE  # the public name
+    assert pages.release_spare() == 0 and same_bits(d, _fresh_decode(codec, half))  # d stays valid
+
+
+def test_a_materialized_row_source_and_a_scope_share_the_rule(spare, reuse_pools):
+    """materialize (convert's and quantize's read of a quantized layer) hands out a result
+    too; inside ``reused_outputs`` the scope's pool serves and the kept memory is left alone."""
+    codec = codecs.get("int8_tensorwise")
+    enc = codec.encode(weight("gauss", 512, 512, torch.bfloat16, seed=8), per_channel=True)
+    ref = _fresh_decode(codec, enc)
+    a = materialize(codec.row_source(enc, enc.marker))
+    kept = a.data_ptr()
+    del a
+    b = materialize(codec.row_source(enc, enc.marker))
+    assert b.data_ptr() == kept and same_bits(b, ref)
+    del b
+    with pages.reused_outputs():
+        c = codec.decode(enc, enc.marker)
+        assert c.data_ptr() != kept and same_bits(c, ref)
+        del c
+        d = codec.decode(enc, enc.marker)
+        assert reuse_pools[-1].reused == d.nbytes and same_bits(d, ref)
+        del d
+    assert pages._SPARE and pages._SPARE[0][0].data_ptr() == kept  # untouched by the scope
+
+
+def test_results_decoded_in_two_threads_never_share_memory(spare):
+    """Two threads decoding layer after layer, each holding its last result while it decodes
+    the next: every result keeps its own bits (the kept memory is handed out under a lock)."""
+    import threading
+
+    codec = codecs.get("float8_e4m3fn")
+    encs = [codec.encode(weight("gauss", 512, 512, torch.bfloat16, seed=s)) for s in (9, 10)]
+    refs = [_fresh_decode(codec, e) for e in encs]
+    bad: list[str] = []
+
+    def run(i: int) -> None:
+        last = None
+        for step in range(40):
+            j = (i + step) % 2
+            now = codec.decode(encs[j], encs[j].marker)
+            if last is not None and not same_bits(last[1], refs[last[0]]):
+                bad.append(f"thread {i} step {step}")
+            last = (j, now)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+
+
+def test_without_torchs_count_of_users_no_result_memory_is_kept(spare, monkeypatch):
+    """With a torch that does not count a storage's users, every result is fresh memory."""
+    monkeypatch.delattr(torch._C, "_storage_Use_Count")
+    monkeypatch.setattr(pages, "_USER_COUNT", [])
+    codec = codecs.get("float8_e4m3fn")
+    enc = codec.encode(weight("gauss", 512, 512, torch.bfloat16, seed=5))
+    a = codec.decode(enc, enc.marker)
+    assert same_bits(a, _fresh_decode(codec, enc)) and not pages._SPARE
 
 
 def test_empty_output_without_madvise_is_a_plain_tensor(monkeypatch):

@@ -35,6 +35,17 @@ def get(format_name: str):
     return fmt.codec()
 
 
+def release_memory() -> int:
+    """Let go of the memory kept for the next large decoded layer: ``decode()`` keeps the
+    memory of its last large result (over 32 MiB) for the next one once the caller has
+    dropped it (:func:`~comfyquant.numerics.pages.empty_result`).  Returns the bytes released
+    (0 when nothing was kept; no import of torch)."""
+    import sys
+
+    pages = sys.modules.get("comfyquant.numerics.pages")
+    return pages.release_spare() if pages is not None else 0
+
+
 def __getattr__(name: str):
     if name in ("CodecError", "Encoded", "Codec"):
         from ..formats import codec

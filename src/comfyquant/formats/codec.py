@@ -37,7 +37,7 @@ import torch
 from ..errors import ComfyQuantError
 from ..numerics.dtypes import DENSE, DTYPE_NAMES, FLOAT_DTYPES, parse_float_dtype
 from ..numerics.hadamard import is_power_of_4
-from ..numerics.pages import PAGE, empty_output
+from ..numerics.pages import PAGE, empty_output, empty_result
 from ..numerics.rows import RowSource, Weight, row_blocks, row_ranges
 from . import registry
 from .base import Format, Meta
@@ -321,12 +321,13 @@ class Codec:
                out: torch.Tensor | None = None) -> torch.Tensor:
         """The dense rows ``span`` (default: the whole weight) of an already validated layer,
         decoded block by block straight into one output tensor (``exact``: see
-        :meth:`iter_decode`).  A large output is put on huge pages before it is written
-        (:mod:`~comfyquant.numerics.pages`): faulting it in 4 KiB pages cost as much as an
-        FP8 decode, which made large layers slower per byte than small ones."""
+        :meth:`iter_decode`).  A large output is put on huge pages before it is written, or
+        is the memory of the last large result once its caller has let it go
+        (:func:`~comfyquant.numerics.pages.empty_result`): fresh memory, faulted in and zeroed
+        by the kernel, made large layers slower per byte than small ones."""
         start, stop = span or (0, plan.shape[0])
         if out is None:
-            out = empty_output((stop - start, plan.shape[1]), dtype)
+            out = empty_result((stop - start, plan.shape[1]), dtype)
         for _ in self._blocks(tensors, plan, dtype, block_elements, out, span=span, exact=exact, state=state):
             pass
         return out

@@ -154,6 +154,61 @@ def reused_outputs() -> Iterator[None]:
         _REUSE = None
 
 
+# -- the memory of the last large result, kept for the next one ----------------------------
+# A caller that decodes layer after layer with ``decode()`` and drops each result before the
+# next call gets the memory glibc keeps for reuse when layers are small (under its mmap
+# threshold) and a fresh mapping, faulted in and zeroed by the kernel, every time they are
+# large: on a virtual machine that zeroing cost a 5120x13824 FP8 decode more time than its
+# arithmetic.  So the memory of the last large result is kept (one buffer: no more than the
+# caller held already) and a later large result that fits it reuses it once the caller has let
+# it go; :func:`release_spare` gives it back.
+
+
+def empty_result(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """:func:`empty_output` for a tensor handed to the caller as a result (a decoded layer):
+    a large one (over :data:`LARGE_BYTES`) reuses the memory of the previous large result
+    when no tensor uses it any more (torch's count of its users) and its size fits (up to a
+    quarter larger), else it is new memory, which is then kept for the next result in its
+    place.  Inside :func:`reused_outputs` the scope's pool serves instead."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if _REUSE is not None or nbytes <= LARGE_BYTES or not _user_count_known():
+        return empty_output(shape, dtype)
+    size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+    with _SPARE_LOCK:  # the view is made under the lock: until it exists the buffer looks free
+        if _SPARE:
+            buf, idle = _SPARE[0]
+            if _users(buf) == idle and size <= buf.numel() <= size + max(size // _Pool.SLACK, HUGE_PAGE):
+                return buf[:nbytes].view(dtype).view(shape)
+            _SPARE.clear()  # an idle buffer that does not fit is freed before the new one exists
+        buf = torch.empty(size, dtype=torch.uint8)
+        advise_huge(buf, 0)
+        _SPARE.append((buf, _users(buf)))
+        return buf[:nbytes].view(dtype).view(shape)
+
+
+def release_spare() -> int:
+    """Let go of the memory kept for the next large result (:func:`empty_result`); the bytes
+    it held (0 when there was none).  A result still in use stays valid: only this module's
+    reference to its memory is dropped."""
+    with _SPARE_LOCK:
+        held = sum(buf.numel() for buf, _ in _SPARE)
+        _SPARE.clear()
+    return held
+
+
+_SPARE: list[tuple[torch.Tensor, int]] = []
+"""At most one ``(buffer, its storage's use count when free)``: the last large result's memory."""
+_SPARE_LOCK = threading.Lock()
+_USER_COUNT: list[bool] = []
+"""Whether torch tells a storage's user count (:func:`_counts_users`), asked once."""
+
+
+def _user_count_known() -> bool:
+    if not _USER_COUNT:
+        _USER_COUNT.append(_counts_users())
+    return _USER_COUNT[0]
+
+
 def _users(buf: torch.Tensor) -> int:
     """How many tensors (and other holders) use ``buf``'s storage, by torch's count."""
     return torch._C._storage_Use_Count(buf.untyped_storage()._cdata)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from .pages import empty_output
+from .pages import empty_result
 
 MIN_BLOCK_ROWS = 16
 MIN_BLOCK_ELEMENTS = 1 << 14
@@ -155,7 +155,7 @@ def materialize(weight: Weight, r0: int = 0, r1: int | None = None) -> torch.Ten
     r1 = n if r1 is None else r1
     if isinstance(weight, torch.Tensor):
         return weight[r0:r1]
-    out = empty_output((r1 - r0, k), weight.dtype)
+    out = empty_result((r1 - r0, k), weight.dtype)
     if weight.writes_into:
         # One call: the decoder writes ``out`` in its own row blocks, exactly as
         # ``decode(out=...)`` does (one path, one bound), instead of 1M-element reads that
