@@ -23,7 +23,8 @@
 
 3. Decoder scaling (``--sections scaling``): every decoder's MB/s (of dense BF16 output) at
    3072x3072 and at 5120x13824, measured in the same rounds (each round decodes the small
-   layer as many times as make the large one's bytes, then the large one once), with the
+   layer as many times as make the large one's bytes and the large one once, in alternating
+   order from round to round), with the
    median over rounds of the per-round ratio large/small.  Target: >= 0.8 for every decoder.
    Three ways to decode: decode() into a new tensor (each result dropped before the next
    call, so a large one reuses the memory decode() keeps; and, as "held", while the caller
@@ -294,10 +295,14 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
     mb_l = _dense_mb(codec, large)
     out: dict[str, list[float]] = {f"{key}{tag}": [] for _, tag in paths for key in ("small", "large", "ratio")}
     out["bound"], out["bound_src"], out["bound_it"] = [], [], []
-    for _ in range(rounds):
+    for rnd in range(rounds):
         for how, tag in paths:
-            r_s = mb_s / run(how, small, repeat)
-            r_l = mb_l / run(how, large, 1)
+            if rnd % 2:  # alternating order: a machine slowing down during a round favours neither size
+                r_l = mb_l / run(how, large, 1)
+                r_s = mb_s / run(how, small, repeat)
+            else:
+                r_s = mb_s / run(how, small, repeat)
+                r_l = mb_l / run(how, large, 1)
             out["small" + tag].append(r_s)
             out["large" + tag].append(r_l)
             out["ratio" + tag].append(r_l / r_s)
