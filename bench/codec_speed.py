@@ -29,7 +29,8 @@
    Three ways to decode: decode() into a new tensor (each result dropped before the next
    call, so a large one reuses the memory decode() keeps; and, as "held", while the caller
    still holds its last result: fresh memory every call), iter_decode() into one reused
-   block buffer, and a row source materialized (convert's path); beside decode(), in the
+   block buffer (layer after layer in one ``reused_outputs`` scope, as dequantize runs it),
+   and a row source materialized (convert's path); beside decode(), in the
    same rounds, a decoder with no arithmetic (read the stored weight, write a fresh output
    of the same size) and the bound its ratio puts on the held decode()'s.
 
@@ -40,6 +41,7 @@ Usage: python bench/codec_speed.py [--quick] [--rounds N] [--out DIR] [--threads
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -256,7 +258,9 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
     fresh output of each size (:func:`_fresh_output`) and the bound they put on decode()'s
     ratio (see :func:`_output_bound`).  For a layer decoded by one GEMM over the whole layer
     (comfy-kitchen's call shape, kept for its bits), also the rates of that GEMM's own work
-    (:func:`_one_gemm`) and the bound they put on ``iter_decode``'s ratio."""
+    (:func:`_one_gemm`) and the bound they put on ``iter_decode``'s ratio.  ``iter_decode``
+    and that yardstick run as the commands that stream layers run them: in a
+    ``reused_outputs`` scope, after a first layer of the same size."""
     def fresh(layer: tuple) -> None:
         codec.decode(*layer, dtype=dtype)
 
@@ -281,11 +285,19 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
 
     whole = codec.decodes_whole(large[0], codec.plan(*large), dtype)
 
+    scoped = {streamed, gemm}  # run as dequantize, compare and the error report run them
+
     def run(how, layer: tuple, times: int) -> float:
-        t = time.perf_counter()
-        for _ in range(times):
-            how(layer)
-        return time.perf_counter() - t
+        """Seconds of ``times`` calls; for the streamed paths layer after layer inside one
+        ``reused_outputs`` scope, timed after the scope's first layer (a file's first layer
+        gets fresh memory, the ones after it the memory the last ones let go of)."""
+        with reused_outputs() if how in scoped else contextlib.nullcontext():
+            if how in scoped:
+                how(layer)
+            t = time.perf_counter()
+            for _ in range(times):
+                how(layer)
+            return time.perf_counter() - t
 
     paths = ((fresh, ""), (held, "_held"), (output, "_out"), (streamed, "_it"), (source, "_src")) + (((gemm, "_gemm"),) if whole else ())
     for how, _tag in paths:  # warm-up: first-call costs (tables, the allocator's pools)
@@ -386,7 +398,7 @@ def print_scaling_header(rounds: int) -> None:
           "one is reused heap memory that stays in cache).  bound: held's ratio if the large layer cost it only "
           "that extra time per byte (_output_bound); the row source writes such an output too and has its own "
           "bound.  iter_decode: row blocks into one reused buffer (what dequantize, compare and "
-          "quantize's error report stream); its bound, for the decoders that un-rotate the whole layer in one "
+          "quantize's error report stream, timed as they run it: inside one reused_outputs scope, after the scope's first layer of that size); its bound, for the decoders that un-rotate the whole layer in one "
           "F32 GEMM as comfy-kitchen does (kept for its bits): its ratio if the large layer cost it only the extra "
           "time per byte of that GEMM's own work (_one_gemm: an F32 operand filled from the stored bytes, the GEMM, "
           "the product rounded in blocks).  row source: materialize(row_source), how convert and quantize read "
