@@ -119,3 +119,55 @@ def test_encode_matches_kitchen_at_any_thread_count(threads, variant, bits):
     ours = codecs.get("asym_w4a8_int8").encode(w, bits=bits)
     ref = quantize(variant, w)
     assert all(same_bits(ours[s], ref[s]) for s in ref)
+
+
+@pytest.mark.parametrize("variant,bits", [("w4a8_codebook", 4), ("w6a8", 6)])
+def test_blocks_encoded_side_by_side_are_kitchens_bits(monkeypatch, variant, bits):
+    """The per-block search is many small operations that each run on one core; with two
+    torch threads the encoder computes two row blocks at once in threads of its own.  Every
+    block is still computed from its own rows alone: comfy-kitchen's bits, in order."""
+    import threading
+
+    from comfyquant.numerics import rows
+
+    monkeypatch.setattr(rows, "encode_block_elements", lambda: 32 * 768)  # 11 blocks of 32 rows
+    seen: set[str] = set()
+    quantize_rotated = enc._quantize_rotated
+
+    def recorded(*args):
+        seen.add(threading.current_thread().name)
+        return quantize_rotated(*args)
+
+    monkeypatch.setattr(enc, "_quantize_rotated", recorded)
+    gen = torch.Generator().manual_seed(11)
+    w = (torch.randn(333, 768, generator=gen) * 0.02).to(torch.bfloat16)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ours = codecs.get("asym_w4a8_int8").encode(w, bits=bits)
+    finally:
+        torch.set_num_threads(before)
+    assert seen and all(name.startswith("comfyquant-rows") for name in seen)  # not in the caller's thread
+    ref = quantize(variant, w)
+    assert all(same_bits(ours[s], ref[s]) for s in ref)
+    assert not [t for t in threading.enumerate() if t.name.startswith("comfyquant-rows")]  # the pool is gone
+
+
+def test_an_error_in_a_block_computed_aside_is_raised_and_leaves_no_thread():
+    """A failing block's exception reaches the caller (the first in block order), blocks
+    not started are dropped, and no worker thread outlives the call."""
+    import threading
+
+    from comfyquant.numerics.rows import gather_rows
+
+    def fn(block):
+        if int(block[0, 0]) == 3:
+            raise ValueError("block 3")
+        return (block * 2,)
+
+    blocks = [(i, i + 1, torch.full((1, 4), float(i))) for i in range(8)]
+    with pytest.raises(ValueError, match="block 3"):
+        gather_rows(iter(blocks), fn, 8, workers=2)
+    assert not [t for t in threading.enumerate() if t.name.startswith("comfyquant-rows")]
+    (out,) = gather_rows(iter(blocks[:3]), fn, 3, workers=2)
+    assert torch.equal(out, torch.tensor([[0.0] * 4, [2.0] * 4, [4.0] * 4]))

@@ -168,7 +168,7 @@ def materialize(weight: Weight, r0: int = 0, r1: int | None = None) -> torch.Ten
 
 
 def gather_rows(blocks: Iterable[tuple[int, int, torch.Tensor]], fn: Callable[[torch.Tensor], Sequence[torch.Tensor]],
-                rows: int, dtypes: Sequence[torch.dtype | None] = ()) -> list[torch.Tensor]:
+                rows: int, dtypes: Sequence[torch.dtype | None] = (), workers: int = 1) -> list[torch.Tensor]:
     """Apply ``fn`` to every block and write each of its results into rows ``r0:`` of one
     output tensor of ``rows`` rows (dtype and trailing shape from the first block, or the
     dtype ``dtypes`` gives for that result: the copy is then also the cast, e.g. INT8 levels
@@ -176,10 +176,12 @@ def gather_rows(blocks: Iterable[tuple[int, int, torch.Tensor]], fn: Callable[[t
 
     The outputs are allocated once and filled in place: no list of parts and no ``cat``,
     which would hold the encoded layer twice.  A block's result may have more rows than the
-    block (the padded last block of NVFP4 and MXFP8)."""
+    block (the padded last block of NVFP4 and MXFP8).
+
+    ``workers`` > 1: up to that many blocks are computed at once, in threads (see
+    :func:`_computed_in_order`); ``fn`` must then depend on its block alone."""
     outs: list[torch.Tensor] | None = None
-    for r0, _r1, block in blocks:
-        parts = fn(block)
+    for r0, parts in _computed_in_order(blocks, fn, workers):
         if outs is None:
             casts = list(dtypes) + [None] * (len(parts) - len(dtypes))
             outs = [torch.empty((rows, *p.shape[1:]), dtype=d or p.dtype) for p, d in zip(parts, casts)]
@@ -189,6 +191,43 @@ def gather_rows(blocks: Iterable[tuple[int, int, torch.Tensor]], fn: Callable[[t
     if outs is None:
         raise ValueError("gather_rows needs at least one row block")
     return outs
+
+
+def _computed_in_order(blocks: Iterable[tuple[int, int, torch.Tensor]], fn: Callable, workers: int) -> Iterator[tuple]:
+    """``(r0, fn(block))`` in block order.  With ``workers`` > 1 up to that many blocks are
+    computed at once in a pool of threads while this thread produces the next block: an
+    encoder whose per-block steps are many small operations (below torch's parallel grain,
+    so each runs on one core) uses every core that way, as torch's own threads do for large
+    operations.  Each block's operations and operands are those of the serial order, so the
+    results are the same bits.  The caller's grad mode is the workers' (it is per thread)."""
+    if workers <= 1:
+        for r0, _r1, block in blocks:
+            yield r0, fn(block)
+        return
+    import collections
+    from concurrent.futures import ThreadPoolExecutor
+
+    grad = torch.is_grad_enabled()
+
+    def run(block: torch.Tensor):
+        with torch.set_grad_enabled(grad):
+            return fn(block)
+
+    pending: collections.deque = collections.deque()
+    with ThreadPoolExecutor(workers, thread_name_prefix="comfyquant-rows") as pool:
+        try:
+            for r0, _r1, block in blocks:
+                pending.append((r0, pool.submit(run, block)))
+                del block
+                if len(pending) >= workers:
+                    r, done = pending.popleft()
+                    yield r, done.result()
+            while pending:
+                r, done = pending.popleft()
+                yield r, done.result()
+        finally:  # an error or an interrupt: blocks not started are dropped, running ones end
+            for _, future in pending:
+                future.cancel()
 
 
 def cast_rows(weight: Weight, dtype: torch.dtype, compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:

@@ -77,9 +77,11 @@ def encode_w4a8(weight: Weight, params: dict, name: str, fmt: str) -> tuple[dict
         release_memory()  # the decision's blocks, before the quantizer's (other sizes)
         if tuple(table.shape) != (16,):
             raise CodecError(f"{name}: codebook must have shape (16,), got {tuple(table.shape)}")
+    # the per-block search is many small operations on one core each: blocks side by side
+    # use the cores torch is given (one with --jobs, whose workers take a core each)
     parts = gather_rows(_rotated_blocks(weight, c),
                         lambda rows: _quantize_rotated(rows, g, symmetric, scale_dtype, table, bits, search),
-                        weight.shape[0])
+                        weight.shape[0], workers=torch.get_num_threads())
     packed, s_rel, s_channel = parts[:3]
     corr = parts[3].t().contiguous() if len(parts) > 3 else None
     tensors = {"weight": packed.view(torch.int8), "weight_s_rel": s_rel, "weight_s_channel": s_channel}
