@@ -15,7 +15,7 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from ..dtypes import DTYPE_BITS
 from .tempfiles import sweep_stale, temp_prefix
@@ -44,16 +44,23 @@ def _nbytes(dtype: str, shape) -> int:
     return n * DTYPE_BITS[dtype] // 8
 
 
+def _layout(tensors: dict[str, tuple[str, tuple, Data]]) -> Iterator[tuple[str, int, int]]:
+    """``(name, start, stop)`` of each tensor's bytes in the data section, in file order."""
+    offset = 0
+    for name, (dtype, shape, _data) in tensors.items():
+        n = _nbytes(dtype, shape)
+        yield name, offset, offset + n
+        offset += n
+
+
 def build_header(tensors: dict[str, tuple[str, tuple, Data]], metadata: dict[str, str] | None) -> bytes:
     """Header bytes (length prefix included), 8-byte aligned like the safetensors library."""
     obj: dict = {}
     if metadata:
         obj["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    offset = 0
-    for name, (dtype, shape, _data) in tensors.items():
-        n = _nbytes(dtype, shape)
-        obj[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
-        offset += n
+    for name, start, stop in _layout(tensors):
+        dtype, shape, _data = tensors[name]
+        obj[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [start, stop]}
     text = json.dumps(obj, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)
     return len(text).to_bytes(8, "little") + text
@@ -62,12 +69,8 @@ def build_header(tensors: dict[str, tuple[str, tuple, Data]], metadata: dict[str
 def data_offsets(tensors: dict[str, tuple[str, tuple, Data]], metadata: dict[str, str] | None) -> dict[str, int]:
     """Where each tensor's bytes will start in the file :func:`write_safetensors` writes for
     ``tensors`` and ``metadata`` (from the file's first byte)."""
-    at = len(build_header(tensors, metadata))
-    offsets = {}
-    for name, (dtype, shape, _data) in tensors.items():
-        offsets[name] = at
-        at += _nbytes(dtype, shape)
-    return offsets
+    header = len(build_header(tensors, metadata))
+    return {name: header + start for name, start, _stop in _layout(tensors)}
 
 
 def _fault(stage: str) -> None:
