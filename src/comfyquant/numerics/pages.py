@@ -173,17 +173,15 @@ def empty_result(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     nbytes = math.prod(shape) * dtype.itemsize
     if _REUSE is not None or nbytes <= LARGE_BYTES or not _user_count_known():
         return empty_output(shape, dtype)
-    size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+    size = _huge_pages(nbytes)
     with _SPARE_LOCK:  # the view is made under the lock: until it exists the buffer looks free
         if _SPARE:
             buf, idle = _SPARE[0]
-            if _users(buf) == idle and size <= buf.numel() <= size + max(size // _Pool.SLACK, HUGE_PAGE):
+            if _users(buf) == idle and _serves(buf, size):
                 return buf[:nbytes].view(dtype).view(shape)
             _SPARE.clear()  # an idle buffer that does not fit is freed before the new one exists
-        buf = torch.empty(size, dtype=torch.uint8)
-        advise_huge(buf, 0)
-        _SPARE.append((buf, _users(buf)))
-        return buf[:nbytes].view(dtype).view(shape)
+        _SPARE.append(_held_buffer(size))
+        return _SPARE[0][0][:nbytes].view(dtype).view(shape)
 
 
 def release_spare() -> int:
@@ -209,6 +207,29 @@ def _user_count_known() -> bool:
     return _USER_COUNT[0]
 
 
+SLACK = 4
+"""A free buffer serves a request up to a quarter (or a huge page) smaller than itself."""
+
+
+def _huge_pages(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole huge pages: the unit of the buffers kept for reuse."""
+    return -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+
+
+def _serves(buf: torch.Tensor, size: int) -> bool:
+    """Whether a kept buffer fits a request of ``size`` (:func:`_huge_pages`) bytes without
+    wasting more than :data:`SLACK` allows."""
+    return size <= buf.numel() <= size + max(size // SLACK, HUGE_PAGE)
+
+
+def _held_buffer(size: int) -> tuple[torch.Tensor, int]:
+    """A new flat byte buffer of ``size`` on huge pages, kept for reuse, with its storage's
+    use count when only the keeper holds it."""
+    buf = torch.empty(size, dtype=torch.uint8)
+    advise_huge(buf, 0)
+    return buf, _users(buf)
+
+
 def _users(buf: torch.Tensor) -> int:
     """How many tensors (and other holders) use ``buf``'s storage, by torch's count."""
     return torch._C._storage_Use_Count(buf.untyped_storage()._cdata)
@@ -227,9 +248,6 @@ class _Pool:
     """The memory of one :func:`reused_outputs` scope: flat byte tensors on huge pages, each
     free when torch counts no user of its storage besides the pool's own reference."""
 
-    SLACK = 4
-    """A free buffer serves a request up to a quarter (or a huge page) smaller than itself."""
-
     def __init__(self) -> None:
         self._held: list[tuple[torch.Tensor, int]] = []  # (buffer, its storage's use count when free)
         self._lock = threading.Lock()
@@ -242,16 +260,15 @@ class _Pool:
         that fits, else a new one (then free ones are let go, smallest first, while the
         memory held exceeds the most the scope's buffers were ever in use at once).  The
         view is made under the lock: until it exists the buffer looks free to other threads."""
-        size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+        size = _huge_pages(nbytes)
         with self._lock:
             free = [buf for buf, idle in self._held if _users(buf) == idle]
-            fits = [buf for buf in free if size <= buf.numel() <= size + max(size // self.SLACK, HUGE_PAGE)]
+            fits = [buf for buf in free if _serves(buf, size)]
             if fits:
                 self.reused += nbytes
                 return view(min(fits, key=torch.Tensor.numel))
-            buf = torch.empty(size, dtype=torch.uint8)
-            advise_huge(buf, 0)
-            self._held.append((buf, _users(buf)))
+            self._held.append(_held_buffer(size))
+            buf = self._held[-1][0]
             held = sum(b.numel() for b, _ in self._held)
             self._peak = max(self._peak, held - sum(b.numel() for b in free))
             for old in sorted(free, key=torch.Tensor.numel):
