@@ -12,14 +12,13 @@ import torch.nn.functional as F  # noqa: N812
 from ...numerics.blocked import ceil_to, from_blocked, padded_blocks, to_blocked
 from ...numerics.floats import (
     E4M3,
-    E4M3_BF16_SHIFT,
     FP8_MAX,
     e8m0_decode,
     e8m0_from_amax,
     fp8_decode,
     fp8_decode_scaled,
 )
-from ...numerics.fp8_widen import has_nan_codes, widen_e4m3_scaled
+from ...numerics.fp8_widen import folded_scale, has_nan_codes, widen_e4m3_scaled
 from ...numerics.rows import gather_rows, row_blocks
 from ..codec import Codec, finish, reject_unknown
 
@@ -67,8 +66,7 @@ class MXFP8Codec(Codec):
         # Powers of two are exact in BF16, and a BF16 product is the F32 product rounded
         # once: the same bits as comfy-kitchen's F32 multiply + cast, at half the traffic.
         scales = scales.to(torch.bfloat16)
-        folded = (scales.float() * E4M3_BF16_SHIFT).to(torch.bfloat16)
-        return scales, folded if bool(torch.isfinite(folded).all()) else None
+        return scales, folded_scale(t["weight"], scales, dtype, scan=False)  # NaN codes: per block
 
     def _decode_rows(self, t, plan, dtype, r0, r1, state, out):
         k = plan.env["K"]
