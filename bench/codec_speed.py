@@ -473,6 +473,14 @@ GEMM's): dequantize pays them too, so this is its yardstick; the warm figure is 
 beside it."""
 
 
+def _child_json(script: str, *args: str) -> dict:
+    """Run ``script`` in a fresh interpreter (:data:`CHILD_ENV`) and return the JSON object
+    its last line of output prints."""
+    res = subprocess.run([sys.executable, "-c", script, *args], check=True, capture_output=True, text=True,
+                         env=CHILD_ENV)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 """The dequantize child imports compiled modules, as an installed comfyquant does: the format
 codecs it imports lazily, inside its timed run, are otherwise compiled again in every child
@@ -580,10 +588,9 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
             out = os.path.join(folder, "dense.safetensors")
 
             def run_dequantize() -> dict:
-                res = subprocess.run([sys.executable, "-c", CHILD, src, out], check=True,  # noqa: B023
-                                     capture_output=True, text=True, env=CHILD_ENV)
+                info = _child_json(CHILD, src, out)  # noqa: B023
                 os.unlink(out)  # noqa: B023
-                return json.loads(res.stdout.strip().splitlines()[-1])
+                return info
 
             def run_bound() -> float:
                 t, _ = timed(lambda: least_dequantize(src, dst, info["written"], True))  # noqa: B023
@@ -591,9 +598,7 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
                 return t
 
             def run_decode(*extra: str) -> dict:
-                res = subprocess.run([sys.executable, "-c", DECODE_CHILD, src, *extra], check=True,  # noqa: B023
-                                     capture_output=True, text=True, env=CHILD_ENV)
-                return json.loads(res.stdout.strip().splitlines()[-1])
+                return _child_json(DECODE_CHILD, src, *extra)  # noqa: B023
 
             # dequantize sits between its two yardsticks, in alternating order (adjacent runs see
             # the same machine; this one is shared and its speed drifts)
