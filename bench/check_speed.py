@@ -300,8 +300,19 @@ def build(root: str, quick: bool) -> tuple[dict, dict, Built]:
         c = rep.counts
         apparent, used = disk_usage(path)
         loads = " ".join(f"{t}={'ok' if v.loads else 'FAIL'}" for t, v in rep.verdicts.items())
-        rows.append([name, lay.shards, lay.tensors, lay.quant_layers, "yes" if lay.header_markers else "no",
-                     f"{apparent / 1e9:.1f} GB", f"{used / 1024:.0f} KiB", f"{c['error']}/{c['warning']}/{c['info']}", loads])
+        rows.append(
+            [
+                name,
+                lay.shards,
+                lay.tensors,
+                lay.quant_layers,
+                "yes" if lay.header_markers else "no",
+                f"{apparent / 1e9:.1f} GB",
+                f"{used / 1024:.0f} KiB",
+                f"{c['error']}/{c['warning']}/{c['info']}",
+                loads,
+            ]
+        )
         if c["error"] or c["warning"]:
             bad.append((name, rep))
     print(table(rows, ["layout", "shards", "tensors", "q-layers", "hdr-map", "size", "on disk", "err/warn/info", "verdicts"]))
@@ -330,8 +341,9 @@ def check_nogc(path: str) -> None:
 
 def section_inprocess(built: dict, rounds: int) -> dict:
     has_cache = clear_caches()
-    print(f"== 2. In-process cost per layout (median of {rounds} interleaved rounds, ms; "
-          "ratio = median of per-round check/floor)")
+    print(
+        f"== 2. In-process cost per layout (median of {rounds} interleaved rounds, ms; ratio = median of per-round check/floor)"
+    )
     rows, results = [], {}
     for name, lay in built.items():
         path = lay.path
@@ -354,14 +366,23 @@ def section_inprocess(built: dict, rounds: int) -> dict:
         ratio = ratio_of(times, "check")
         results[name] = {**t, "ratio": ratio}
         results[name]["least_ratio"] = ratio_of(times, "least")
-        row = [name, lay.tensors, ms(t["floor"]), ms(t["least"]), f"{ratio_of(times, 'least'):5.2f}x",
-               ms(t["check"]), f"{ratio:5.1f}x", ms(t["nogc"]),
-               f"{ratio_of(times, 'nogc'):5.1f}x", ms(t["files"]), ms(t["compat"])]
+        row = [
+            name,
+            lay.tensors,
+            ms(t["floor"]),
+            ms(t["least"]),
+            f"{ratio_of(times, 'least'):5.2f}x",
+            ms(t["check"]),
+            f"{ratio:5.1f}x",
+            ms(t["nogc"]),
+            f"{ratio_of(times, 'nogc'):5.1f}x",
+            ms(t["files"]),
+            ms(t["compat"]),
+        ]
         if has_cache:
             row += [ms(t["warm"]), f"{ratio_of(times, 'warm'):5.1f}x"]
         rows.append(row + ["PASS" if ratio <= TARGET_RATIO else "FAIL"])
-    head = ["layout", "tensors", "floor", "least", "ratio", "check", "ratio", "check-nogc", "ratio", "check(files)",
-            "cq-sglang"]
+    head = ["layout", "tensors", "floor", "least", "ratio", "check", "ratio", "check-nogc", "ratio", "check(files)", "cq-sglang"]
     if has_cache:
         head += ["check-warm", "ratio"]
     print(table(rows, head + [f"<= {TARGET_RATIO}x"]))
@@ -369,8 +390,10 @@ def section_inprocess(built: dict, rounds: int) -> dict:
     print("                 markers parsed; no rules, verdicts or findings: least_check): a lower bound for check")
     least = [r["least_ratio"] for r in results.values()]
     if least and min(least) > TARGET_RATIO:
-        print(f"  -> even the lower bound is {min(least):.2f}-{max(least):.2f}x the floor: <= {TARGET_RATIO}x is out of reach "
-              "for any checker in Python here")
+        print(
+            f"  -> even the lower bound is {min(least):.2f}-{max(least):.2f}x the floor: <= {TARGET_RATIO}x is out of reach "
+            "for any checker in Python here"
+        )
     if has_cache:
         print("  check        = comfyquant.check(path) with the module-level caches cleared first (as in a fresh CLI")
         print("                 process; checker.layers._CACHE or comfyquant.memo.clear(), whichever exists)")
@@ -390,16 +413,19 @@ def section_safe_open(built: dict, rounds: int) -> None:
     everything else in the process, so it runs in a child process of its own."""
     names = [n for n in built if n != "wan14b-w4a8-2sh"]
     args = [f"{n}={built[n].path}" for n in names]
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-safe-open", str(rounds), *args],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child-safe-open", str(rounds), *args], capture_output=True, text=True
+    )
     print(f"== 2b. SGLang-style inspection (child process with torch imported; median of {rounds} rounds, ms)")
     if out.returncode != 0:
         print("  skipped: " + (out.stderr.strip().splitlines() or ["child failed"])[-1])
         print()
         return
     res = json.loads(out.stdout.strip().splitlines()[-1])
-    rows = [[n, ms(r["floor"]), ms(r["safe_open"]), f"{r['ratio_so']:5.1f}x", ms(r["check"]), f"{r['ratio_cq']:5.1f}x"]
-            for n, r in res.items()]
+    rows = [
+        [n, ms(r["floor"]), ms(r["safe_open"]), f"{r['ratio_so']:5.1f}x", ms(r["check"]), f"{r['ratio_cq']:5.1f}x"]
+        for n, r in res.items()
+    ]
     print(table(rows, ["layout", "floor", "safe_open", "ratio", "check", "ratio"]))
     print("  safe_open = safetensors.safe_open(framework='pt') per shard, get_slice per tensor, get_tensor per marker")
     print("  (the I/O pattern of SGLang's inspect_comfy_quant_markers; its shape rules are omitted)")
@@ -417,8 +443,11 @@ def child_safe_open(rounds: int, pairs: list[str]) -> int:
         files = layouts.shard_files(path)
         sglang_style(files)
         check_cold(path)
-        funcs = {"floor": lambda f=files: floor_read(f), "safe_open": lambda f=files: sglang_style(f),
-                 "check": lambda p=path: check_cold(p)}
+        funcs = {
+            "floor": lambda f=files: floor_read(f),
+            "safe_open": lambda f=files: sglang_style(f),
+            "check": lambda p=path: check_cold(p),
+        }
         times = interleaved(funcs, rounds)
         out[name] = {k: med(v) for k, v in times.items()}
         out[name]["ratio_so"] = ratio_of(times, "safe_open")
@@ -445,7 +474,18 @@ def section_scaling(scaling: dict, rounds: int) -> None:
         c, f = t[name + ":check"], t[name + ":floor"]
         per = c / n * 1e6
         base = base or per
-        rows.append([name, n, ms(f), ms(c), f"{f / n * 1e6:7.2f}", f"{per:7.2f}", f"{per / base:5.2f}", f"{ratio_of(times, name + ':check', name + ':floor'):5.1f}x"])
+        rows.append(
+            [
+                name,
+                n,
+                ms(f),
+                ms(c),
+                f"{f / n * 1e6:7.2f}",
+                f"{per:7.2f}",
+                f"{per / base:5.2f}",
+                f"{ratio_of(times, name + ':check', name + ':floor'):5.1f}x",
+            ]
+        )
     print(table(rows, ["layout", "tensors", "floor ms", "check ms", "floor us/t", "check us/t", "vs 1x", "ratio"]))
     print("  'vs 1x' = check time per tensor relative to the 1x layout (1.00 = linear)")
     print()
@@ -485,6 +525,7 @@ def section_cli(path: str, runs: int) -> None:
     def runner(cmd):
         def go():
             subprocess.run(cmd, env=env, capture_output=True)
+
         return go
 
     t = interleaved({k: runner(c) for k, c in cmds.items()}, runs)
@@ -497,10 +538,14 @@ def section_cli(path: str, runs: int) -> None:
     above = med([a - b for a, b in zip(cli_t, bare_t)])
     imp = med([a - b for a, b in zip(t["python -c 'import comfyquant.checker.run'"], bare_t)])
     verdict = "PASS" if cli * 1e3 <= TARGET_CLI_MS else "FAIL"
-    print(f"  CLI {cli * 1e3:.1f} ms (target <= {TARGET_CLI_MS:.0f} ms: {verdict}); per-round CLI minus bare "
-          f"'python -c pass': {above * 1e3:.1f} ms, of which importing comfyquant.checker.run ~{imp * 1e3:.1f} ms")
-    print(f"  bare interpreter start here is {med(bare_t) * 1e3:.0f} ms ({med(t['python -S -c pass (no site/.pth)']) * 1e3:.0f} ms "
-          "without site): the sandbox's certifi .pth eats most of the 100 ms budget")
+    print(
+        f"  CLI {cli * 1e3:.1f} ms (target <= {TARGET_CLI_MS:.0f} ms: {verdict}); per-round CLI minus bare "
+        f"'python -c pass': {above * 1e3:.1f} ms, of which importing comfyquant.checker.run ~{imp * 1e3:.1f} ms"
+    )
+    print(
+        f"  bare interpreter start here is {med(bare_t) * 1e3:.0f} ms ({med(t['python -S -c pass (no site/.pth)']) * 1e3:.0f} ms "
+        "without site): the sandbox's certifi .pth eats most of the 100 ms budget"
+    )
     print()
 
 
@@ -532,8 +577,16 @@ def section_cli_phases(path: str, runs: int) -> None:
     env = child_env()
     cmd = [sys.executable, "-c", _PHASES_CHILD, path]
     subprocess.run(cmd, env=env, capture_output=True)
-    names = ["interpreter + site", "import comfyquant.cli", "argparse build + parse", "import checker.run",
-             "check() 1st call (lazy imports)", "render_report", "exit / teardown", "(check() 2nd call, same process)"]
+    names = [
+        "interpreter + site",
+        "import comfyquant.cli",
+        "argparse build + parse",
+        "import checker.run",
+        "check() 1st call (lazy imports)",
+        "render_report",
+        "exit / teardown",
+        "(check() 2nd call, same process)",
+    ]
     samples: list[list[float]] = [[] for _ in names]
     for _ in range(runs):
         start = time.time()
@@ -559,8 +612,10 @@ def section_cli_phases(path: str, runs: int) -> None:
         bare.append((t0 - start, end - t0))
     print(f"== 4b. CLI phases in a fresh process (wall clock, median of {runs} runs, ms)")
     rows = [[n, ms(med(v))] for n, v in zip(names, samples)]
-    rows += [["(bare python -c: interpreter + site)", ms(med([b[0] for b in bare]))],
-             ["(bare python -c: exit / teardown)", ms(med([b[1] for b in bare]))]]
+    rows += [
+        ["(bare python -c: interpreter + site)", ms(med([b[0] for b in bare]))],
+        ["(bare python -c: exit / teardown)", ms(med([b[1] for b in bare]))],
+    ]
     print(table(rows, ["phase", "ms"]))
     print("  'exit / teardown' = subprocess end seen by the parent minus the child's last mark (interpreter finalization")
     print("  and process reaping); os._exit() after flushing skips the finalization")
@@ -608,9 +663,19 @@ def section_memory(big: Built, small_path: str) -> None:
             print(f"  {label}: child failed: {out.stderr.strip()[-400:]}")
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        rows.append([label, f"{r['rss_before_kb'] / 1024:.1f}", f"{r['rss_after_kb'] / 1024:.1f}", f"{r['hwm_kb'] / 1024:.1f}",
-                     f"{(r['hwm_kb'] - r['rss_before_kb']) / 1024:.1f}", len(r["mmaps"]), r["reads"],
-                     f"{r['bytes_read'] / 1024:.0f} KiB", "ok" if r["ok"] else "ERRORS"])
+        rows.append(
+            [
+                label,
+                f"{r['rss_before_kb'] / 1024:.1f}",
+                f"{r['rss_after_kb'] / 1024:.1f}",
+                f"{r['hwm_kb'] / 1024:.1f}",
+                f"{(r['hwm_kb'] - r['rss_before_kb']) / 1024:.1f}",
+                len(r["mmaps"]),
+                r["reads"],
+                f"{r['bytes_read'] / 1024:.0f} KiB",
+                "ok" if r["ok"] else "ERRORS",
+            ]
+        )
     print(table(rows, ["checkpoint", "RSS before", "RSS after", "peak", "peak-before", "mmap calls", "reads", "read", "result"]))
     print(f"  the big file occupies {used / 1024:.0f} KiB on disk; a whole-file map or read would show GBs here")
     print()
@@ -626,13 +691,14 @@ def section_importtime(path: str, runs: int = 5) -> None:
     owner: dict[str, str] = {}
     """module -> the top-level import that pulled it in (site, comfyquant.cli, ...)."""
     for _ in range(runs):
-        err = subprocess.run([sys.executable, "-X", "importtime", script, "check", path], env=env,
-                             capture_output=True, text=True).stderr
+        err = subprocess.run(
+            [sys.executable, "-X", "importtime", script, "check", path], env=env, capture_output=True, text=True
+        ).stderr
         pending: list[str] = []  # -X importtime prints children before their parent
         for line in err.splitlines():
             if not line.startswith("import time:") or "self [us]" in line:
                 continue
-            s, c, name = line[len("import time:"):].split("|", 2)
+            s, c, name = line[len("import time:") :].split("|", 2)
             level = (len(name) - len(name.lstrip(" ")) - 1) // 2
             name = name.strip()
             selfs.setdefault(name, []).append(int(s))
@@ -647,19 +713,25 @@ def section_importtime(path: str, runs: int = 5) -> None:
     def ms_(xs):
         return f"{med(xs) / 1e3:7.2f}"
 
-    print(f"== 6. Import time of the CLI (python -X importtime {os.path.basename(script)} check <wan 4 shards>, "
-          f"median of {runs}, ms; -X importtime inflates absolute numbers)")
+    print(
+        f"== 6. Import time of the CLI (python -X importtime {os.path.basename(script)} check <wan 4 shards>, "
+        f"median of {runs}, ms; -X importtime inflates absolute numbers)"
+    )
     ours = [n for n in top if not n.startswith("comfyquant")]
     cq = [n for n in top if n.startswith("comfyquant")]
-    print(f"  top-level imports: {sum(med(cums[n]) for n in top) / 1e3:.1f} ms; of which comfyquant.* trees "
-          f"{sum(med(cums[n]) for n in cq) / 1e3:.1f} ms, interpreter/site {sum(med(cums[n]) for n in ours) / 1e3:.1f} ms")
+    print(
+        f"  top-level imports: {sum(med(cums[n]) for n in top) / 1e3:.1f} ms; of which comfyquant.* trees "
+        f"{sum(med(cums[n]) for n in cq) / 1e3:.1f} ms, interpreter/site {sum(med(cums[n]) for n in ours) / 1e3:.1f} ms"
+    )
     rows = [[n, ms_(cums[n]), ms_(selfs[n])] for n in sorted(top, key=lambda n: -med(cums[n]))[:12]]
     print(table(rows, ["top-level import", "cumul", "self"]))
     inside = [n for n, o in owner.items() if o.startswith("comfyquant")]
     rows = [[n, owner[n], ms_(selfs[n]), ms_(cums[n])] for n in sorted(inside, key=lambda n: -med(selfs[n]))[:20]]
     print(table(rows, ["module imported for comfyquant (by self)", "pulled in by", "self", "cumul"]))
-    rows = [[n, owner[n], ms_(selfs[n]), ms_(cums[n])]
-            for n in sorted((n for n in owner if not owner[n].startswith("comfyquant")), key=lambda n: -med(selfs[n]))[:8]]
+    rows = [
+        [n, owner[n], ms_(selfs[n]), ms_(cums[n])]
+        for n in sorted((n for n in owner if not owner[n].startswith("comfyquant")), key=lambda n: -med(selfs[n]))[:8]
+    ]
     print(table(rows, ["module imported at interpreter start (by self)", "pulled in by", "self", "cumul"]))
     print()
 
@@ -681,8 +753,10 @@ def section_profile(path: str, iters: int = 10) -> None:
             where = os.path.basename(file)
         entries.append((f"{func} ({where}:{line})", nc / iters, tt / iters * 1e3, ct / iters * 1e3))
     total = max(e[3] for e in entries)
-    print(f"== 7. cProfile of comfyquant.check({HEADLINE}, cold), per call, {iters} calls "
-          f"(profiled total {total:.1f} ms/call; profiling inflates ~2x)")
+    print(
+        f"== 7. cProfile of comfyquant.check({HEADLINE}, cold), per call, {iters} calls "
+        f"(profiled total {total:.1f} ms/call; profiling inflates ~2x)"
+    )
     rows = [[n[:90], f"{c:.0f}", f"{tt:7.2f}", f"{ct:7.2f}"] for n, c, tt, ct in sorted(entries, key=lambda e: -e[3])[:25]]
     print(table(rows, ["function (by cumulative)", "calls", "self ms", "cumul ms"]))
     print()
@@ -716,9 +790,24 @@ for _ in range(n):
 def instructions(what: str, path: str, n: int) -> int:
     """Instructions executed by ``n`` calls (valgrind's callgrind: deterministic, unlike time)."""
     env = dict(os.environ, PYTHONHASHSEED="0")
-    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c",
-                          INSTR_CHILD, os.path.dirname(os.path.abspath(__file__)), what, path, str(n)],
-                         capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            "-c",
+            INSTR_CHILD,
+            os.path.dirname(os.path.abspath(__file__)),
+            what,
+            path,
+            str(n),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     for line in out.stderr.splitlines():
         if "Collected :" in line:
             return int(line.split("Collected :")[1])
@@ -737,8 +826,16 @@ def section_instructions(built: dict) -> None:
             continue
         path = built[name].path
         per = {w: (instructions(w, path, 4) - instructions(w, path, 1)) / 3 for w in ("floor", "check", "files")}
-        rows.append([name, f"{per['floor'] / 1e6:7.1f}", f"{per['check'] / 1e6:7.1f}", f"{per['check'] / per['floor']:.2f}x",
-                     f"{per['files'] / 1e6:7.1f}", f"{per['files'] / per['floor']:.2f}x"])
+        rows.append(
+            [
+                name,
+                f"{per['floor'] / 1e6:7.1f}",
+                f"{per['check'] / 1e6:7.1f}",
+                f"{per['check'] / per['floor']:.2f}x",
+                f"{per['files'] / 1e6:7.1f}",
+                f"{per['files'] / per['floor']:.2f}x",
+            ]
+        )
     print("== 2c. Instructions per call (valgrind callgrind, millions; deterministic)")
     print(table(rows, ["layout", "floor", "check", "ratio", "check(files)", "ratio"]))
     print("  check(files) is given the shard list, so it reads no index.json (the floor reads none)\n")
@@ -761,8 +858,10 @@ def no_dialects():
 def section_dialects(built: dict, rounds: int) -> None:
     """Dialect detection on marker files (which no dialect claims) must add <= 5% to check:
     interleaved timings, and where valgrind is installed, instruction counts."""
-    print(f"== 2d. Dialect detection on marker files (median of {rounds} interleaved rounds; "
-          f"target: check <= {1 + DIALECT_BUDGET:.2f}x check without detection)")
+    print(
+        f"== 2d. Dialect detection on marker files (median of {rounds} interleaved rounds; "
+        f"target: check <= {1 + DIALECT_BUDGET:.2f}x check without detection)"
+    )
     rows = []
     for name, lay in built.items():
         path = lay.path
@@ -773,14 +872,23 @@ def section_dialects(built: dict, rounds: int) -> None:
 
         times = interleaved({"without": without, "check": lambda p=path: check_cold(p)}, rounds)
         ratio = ratio_of(times, "check", "without")
-        rows.append([name, ms(med(times["without"])), ms(med(times["check"])), f"{ratio:5.3f}x",
-                     "PASS" if ratio <= 1 + DIALECT_BUDGET else "FAIL"])
+        rows.append(
+            [
+                name,
+                ms(med(times["without"])),
+                ms(med(times["check"])),
+                f"{ratio:5.3f}x",
+                "PASS" if ratio <= 1 + DIALECT_BUDGET else "FAIL",
+            ]
+        )
     print(table(rows, ["layout", "no detection", "check", "ratio", f"<= {1 + DIALECT_BUDGET:.2f}x"]))
     if shutil.which("valgrind") is not None and HEADLINE in built:
         path = built[HEADLINE].path
         per = {w: (instructions(w, path, 4) - instructions(w, path, 1)) / 3 for w in ("nodialects", "check")}
-        print(f"  instructions per call ({HEADLINE}): {per['nodialects'] / 1e6:.1f}M without detection, "
-              f"{per['check'] / 1e6:.1f}M with: {per['check'] / per['nodialects']:.4f}x")
+        print(
+            f"  instructions per call ({HEADLINE}): {per['nodialects'] / 1e6:.1f}M without detection, "
+            f"{per['check'] / 1e6:.1f}M with: {per['check'] / per['nodialects']:.4f}x"
+        )
     print()
 
 
@@ -791,9 +899,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, help="interleaved rounds for in-process timings (default 15, quick 5)")
     ap.add_argument("--cli-runs", type=int, help="CLI subprocess runs per command (default 20, quick 8)")
     ap.add_argument("--no-safe-open", action="store_true", help="skip the SGLang-style safe_open timing (imports torch)")
-    ap.add_argument("--skip", default="",
-                    help="comma list of sections to skip: inproc,instructions,dialects,safe_open,scaling,cli,memory,"
-                         "importtime,profile")
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="comma list of sections to skip: inproc,instructions,dialects,safe_open,scaling,cli,memory,importtime,profile",
+    )
     ap.add_argument("--child-safe-open", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_safe_open:

@@ -100,8 +100,9 @@ def same(a: dict, b: dict) -> bool:
     def bits(t):
         return t.contiguous().reshape(-1).view(torch.uint8)
 
-    return set(a) == set(b) and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(bits(a[k]), bits(b[k]))
-                                    for k in a)
+    return set(a) == set(b) and all(
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(bits(a[k]), bits(b[k])) for k in a
+    )
 
 
 def codec_rows(rounds: int, quick: bool) -> tuple[list[dict], dict]:
@@ -135,9 +136,17 @@ def codec_rows(rounds: int, quick: bool) -> tuple[list[dict], dict]:
                 t, d_cq = timed(lambda: codec.decode(ref, marker, dtype=torch.bfloat16))  # noqa: B023
                 t_cq_d = min(t_cq_d, t)
             dec_exact = torch.equal(d_cq.view(torch.int16), q.dequantize().view(torch.int16))
-            row = {"variant": name, "shape": f"{n}x{k}", "mb": mb,
-                   "encode_ck": mb / t_ck_e, "encode_cq": mb / t_cq_e, "decode_ck": mb / t_ck_d, "decode_cq": mb / t_cq_d,
-                   "encode_exact": enc_exact, "decode_exact": dec_exact}
+            row = {
+                "variant": name,
+                "shape": f"{n}x{k}",
+                "mb": mb,
+                "encode_ck": mb / t_ck_e,
+                "encode_cq": mb / t_cq_e,
+                "decode_ck": mb / t_ck_d,
+                "decode_cq": mb / t_cq_d,
+                "encode_exact": enc_exact,
+                "decode_exact": dec_exact,
+            }
             rows.append(row)
             print_row(row)
             if (n, k) == shapes[-1] and name in MARKERS:
@@ -151,9 +160,12 @@ def print_header() -> None:
 
 
 def print_row(r: dict) -> None:
-    print(f"{r['variant']:13s} {r['shape']:11s} | {r['encode_ck']:7.1f} {r['encode_cq']:7.1f} {r['encode_cq'] / r['encode_ck']:7.2f}x"
-          f" | {r['decode_ck']:7.1f} {r['decode_cq']:7.1f} {r['decode_cq'] / r['decode_ck']:7.2f}x"
-          f" | {'yes' if r['encode_exact'] else 'NO':3s} {'yes' if r['decode_exact'] else 'NO'}", flush=True)
+    print(
+        f"{r['variant']:13s} {r['shape']:11s} | {r['encode_ck']:7.1f} {r['encode_cq']:7.1f} {r['encode_cq'] / r['encode_ck']:7.2f}x"
+        f" | {r['decode_ck']:7.1f} {r['decode_cq']:7.1f} {r['decode_cq'] / r['decode_ck']:7.2f}x"
+        f" | {'yes' if r['encode_exact'] else 'NO':3s} {'yes' if r['decode_exact'] else 'NO'}",
+        flush=True,
+    )
 
 
 # -- decoder scaling: large layer vs small layer ------------------------------------------------
@@ -195,17 +207,21 @@ def scaling_layer(fmt: str, kw: dict | None, n: int, k: int) -> tuple[dict, dict
     gen = torch.Generator().manual_seed(2)
     if fmt == "awq_w4a16":  # no quantizer (offline calibration): random codes, scales, zeros
         g = 128
-        t = {"weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
-             "weight_scale": (torch.rand(k // g, n, generator=gen) * 0.01).to(torch.bfloat16),
-             "weight_zeros": (torch.randn(k // g, n, generator=gen) * 0.01).to(torch.bfloat16)}
+        t = {
+            "weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
+            "weight_scale": (torch.rand(k // g, n, generator=gen) * 0.01).to(torch.bfloat16),
+            "weight_zeros": (torch.randn(k // g, n, generator=gen) * 0.01).to(torch.bfloat16),
+        }
         return t, {"format": fmt, "group_size": g}
     if fmt == "svdquant_w4a4":
         r = 32
-        t = {"weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
-             "weight_scale": (torch.rand(k // 64, n, generator=gen) * 0.01 + 0.001).to(torch.bfloat16),
-             "weight_proj_down": (torch.randn(k, r, generator=gen) * 0.05).to(torch.bfloat16),
-             "weight_proj_up": (torch.randn(n, r, generator=gen) * 0.05).to(torch.bfloat16),
-             "weight_smooth_factor": (torch.rand(k, generator=gen) + 0.5).to(torch.bfloat16)}
+        t = {
+            "weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
+            "weight_scale": (torch.rand(k // 64, n, generator=gen) * 0.01 + 0.001).to(torch.bfloat16),
+            "weight_proj_down": (torch.randn(k, r, generator=gen) * 0.05).to(torch.bfloat16),
+            "weight_proj_up": (torch.randn(n, r, generator=gen) * 0.05).to(torch.bfloat16),
+            "weight_smooth_factor": (torch.rand(k, generator=gen) + 0.5).to(torch.bfloat16),
+        }
         return t, {"format": fmt}
     w = (torch.randn(TILE_ROWS, k, generator=gen) * 0.02).to(torch.bfloat16)
     enc = codecs.get(fmt).encode(w, **kw)
@@ -241,7 +257,7 @@ def _one_gemm(shape: tuple[int, int], dtype: torch.dtype, stored: torch.Tensor, 
     def fill(r0: int, r1: int, dest: torch.Tensor) -> None:
         flat = dest.view(-1)
         at = (r0 * k) % max(1, src.numel() - flat.numel())
-        flat.copy_(src[at:at + flat.numel()])
+        flat.copy_(src[at : at + flat.numel()])
 
     product = unrotate(lambda: fill_rows(shape, torch.float32, fill), size, torch.float32)
     buf = None
@@ -250,8 +266,7 @@ def _one_gemm(shape: tuple[int, int], dtype: torch.dtype, stored: torch.Tensor, 
         buf[: r1 - r0].copy_(product[r0:r1])
 
 
-def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
-                    dtype: torch.dtype) -> dict[str, list[float]]:
+def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int, dtype: torch.dtype) -> dict[str, list[float]]:
     """Per round, for ``decode`` (a fresh output tensor) and ``iter_decode`` (row blocks in one
     reused buffer, what dequantize streams): MB/s of ``repeat`` small decodes, MB/s of one
     large decode, and their ratio; beside them, in the same round, the rates of producing a
@@ -261,6 +276,7 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
     (:func:`_one_gemm`) and the bound they put on ``iter_decode``'s ratio.  ``iter_decode``
     and that yardstick run as the commands that stream layers run them: in a
     ``reused_outputs`` scope, after a first layer of the same size."""
+
     def fresh(layer: tuple) -> None:
         codec.decode(*layer, dtype=dtype)
 
@@ -299,7 +315,9 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
                 how(layer)
             return time.perf_counter() - t
 
-    paths = ((fresh, ""), (held, "_held"), (output, "_out"), (streamed, "_it"), (source, "_src")) + (((gemm, "_gemm"),) if whole else ())
+    paths = ((fresh, ""), (held, "_held"), (output, "_out"), (streamed, "_it"), (source, "_src")) + (
+        ((gemm, "_gemm"),) if whole else ()
+    )
     for how, _tag in paths:  # warm-up: first-call costs (tables, the allocator's pools)
         run(how, small, 1)
         run(how, large, 1)
@@ -322,8 +340,9 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
         # materialize also writes a fresh output of the layer's size: the same bound, at its own small rate
         out["bound_src"].append(_output_bound(out["small_src"][-1], out["small_out"][-1], out["large_out"][-1]))
         # iter_decode writes no fresh output; a one-GEMM decoder's extra cost is that GEMM's operand and product
-        out["bound_it"].append(_output_bound(out["small_it"][-1], out["small_gemm"][-1], out["large_gemm"][-1])
-                               if whole else float("nan"))
+        out["bound_it"].append(
+            _output_bound(out["small_it"][-1], out["small_gemm"][-1], out["large_gemm"][-1]) if whole else float("nan")
+        )
     return out
 
 
@@ -357,14 +376,16 @@ def scaling_rows(rounds: int, dtype: torch.dtype = torch.bfloat16, only: set[str
         del small, large
         row = {"variant": name, "format": fmt, **{key: statistics.median(v) for key, v in got.items()}}
         rows.append(row)
-        print(f"{name:13s} | {row['small']:8.0f} {row['large']:8.0f} {row['ratio']:5.2f}x {_verdict(row['ratio'], _NO_BOUND):9s}"
-              f" {row['ratio_held']:5.2f}x {_verdict(row['ratio_held'], row['bound']):9s}"
-              f" {row['ratio_out']:5.2f}x {row['bound']:5.2f}x | {row['small_it']:8.0f} {row['large_it']:8.0f}"
-              f" {row['ratio_it']:5.2f}x {_verdict(row['ratio_it'], row['bound_it']):9s} {_bound(row['bound_it'])} |"
-              f" {row['small_src']:8.0f}"
-              f" {row['large_src']:8.0f} {row['ratio_src']:5.2f}x {_verdict(row['ratio_src'], row['bound_src']):9s}"
-              f" {row['bound_src']:5.2f}x",
-              flush=True)
+        print(
+            f"{name:13s} | {row['small']:8.0f} {row['large']:8.0f} {row['ratio']:5.2f}x {_verdict(row['ratio'], _NO_BOUND):9s}"
+            f" {row['ratio_held']:5.2f}x {_verdict(row['ratio_held'], row['bound']):9s}"
+            f" {row['ratio_out']:5.2f}x {row['bound']:5.2f}x | {row['small_it']:8.0f} {row['large_it']:8.0f}"
+            f" {row['ratio_it']:5.2f}x {_verdict(row['ratio_it'], row['bound_it']):9s} {_bound(row['bound_it'])} |"
+            f" {row['small_src']:8.0f}"
+            f" {row['large_src']:8.0f} {row['ratio_src']:5.2f}x {_verdict(row['ratio_src'], row['bound_src']):9s}"
+            f" {row['bound_src']:5.2f}x",
+            flush=True,
+        )
     return rows
 
 
@@ -388,24 +409,30 @@ def _verdict(ratio: float, bound: float) -> str:
 def print_scaling_header(rounds: int) -> None:
     (n0, k0), (n1, k1) = SHAPES
     small, large = f"{n0}x{k0}", f"{n1}x{k1}"
-    print(f"\ndecoder scaling: MB/s of dense BF16 output, median of {rounds} interleaved rounds; "
-          f"ratio = median per-round {large} rate / {small} rate (target >= 0.8)")
-    print("  decode: a new output tensor per call, each dropped before the next call (a large one then takes the "
-          "memory of the last one, which decode() keeps: numerics.pages.empty_result).  held: the same while the "
-          "caller still holds its previous result, so every large output is fresh memory.  output: held without "
-          "decoding -- a fresh output of the same size, written once from the stored weight's bytes (_fresh_output: "
-          "a large one is new memory the kernel faults in and zeroes, too big for the cache with its input; a small "
-          "one is reused heap memory that stays in cache).  bound: held's ratio if the large layer cost it only "
-          "that extra time per byte (_output_bound); the row source writes such an output too and has its own "
-          "bound.  iter_decode: row blocks into one reused buffer (what dequantize, compare and "
-          "quantize's error report stream, timed as they run it: inside one reused_outputs scope, after the scope's first layer of that size); its bound, for the decoders that un-rotate the whole layer in one "
-          "F32 GEMM as comfy-kitchen does (kept for its bits): its ratio if the large layer cost it only the extra "
-          "time per byte of that GEMM's own work (_one_gemm: an F32 operand filled from the stored bytes, the GEMM, "
-          "the product rounded in blocks).  row source: materialize(row_source), how convert and quantize read "
-          "a quantized input")
+    print(
+        f"\ndecoder scaling: MB/s of dense BF16 output, median of {rounds} interleaved rounds; "
+        f"ratio = median per-round {large} rate / {small} rate (target >= 0.8)"
+    )
+    print(
+        "  decode: a new output tensor per call, each dropped before the next call (a large one then takes the "
+        "memory of the last one, which decode() keeps: numerics.pages.empty_result).  held: the same while the "
+        "caller still holds its previous result, so every large output is fresh memory.  output: held without "
+        "decoding -- a fresh output of the same size, written once from the stored weight's bytes (_fresh_output: "
+        "a large one is new memory the kernel faults in and zeroes, too big for the cache with its input; a small "
+        "one is reused heap memory that stays in cache).  bound: held's ratio if the large layer cost it only "
+        "that extra time per byte (_output_bound); the row source writes such an output too and has its own "
+        "bound.  iter_decode: row blocks into one reused buffer (what dequantize, compare and "
+        "quantize's error report stream, timed as they run it: inside one reused_outputs scope, after the scope's first layer of that size); its bound, for the decoders that un-rotate the whole layer in one "
+        "F32 GEMM as comfy-kitchen does (kept for its bits): its ratio if the large layer cost it only the extra "
+        "time per byte of that GEMM's own work (_one_gemm: an F32 operand filled from the stored bytes, the GEMM, "
+        "the product rounded in blocks).  row source: materialize(row_source), how convert and quantize read "
+        "a quantized input"
+    )
     print(f"{'':13s} | {'decode':^60s} | {'iter_decode':^40s} | {'row source':^42s}")
-    print(f"{'decoder':13s} | {small:>8s} {large:>8s} ratio  {'':9s} held  {'':9s} output bound | {small:>8s} {large:>8s} ratio"
-          f"  {'':9s} bound | {small:>8s} {large:>8s} ratio  {'':9s} bound")
+    print(
+        f"{'decoder':13s} | {small:>8s} {large:>8s} ratio  {'':9s} held  {'':9s} output bound | {small:>8s} {large:>8s} ratio"
+        f"  {'':9s} bound | {small:>8s} {large:>8s} ratio  {'':9s} bound"
+    )
 
 
 # -- dequantize vs cp -------------------------------------------------------------------------
@@ -476,8 +503,7 @@ beside it."""
 def _child_json(script: str, *args: str) -> dict:
     """Run ``script`` in a fresh interpreter (:data:`CHILD_ENV`) and return the JSON object
     its last line of output prints."""
-    res = subprocess.run([sys.executable, "-c", script, *args], check=True, capture_output=True, text=True,
-                         env=CHILD_ENV)
+    res = subprocess.run([sys.executable, "-c", script, *args], check=True, capture_output=True, text=True, env=CHILD_ENV)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -633,42 +659,69 @@ def dequantize_rows(layers: dict, folder: str, rounds: int) -> list[dict]:
         budget = 2 * info["largest"] / 2**20 + 200
         floor = whole_layer_floor(chosen)
         floor_mb = info["base_mb"] + floor / 2**20 if floor else 0.0
-        row = {"file": label, "input_mb": mb, "output_mb": info["written"] / 1e6, "cp_mbs": mb / best_cp,
-               "cp_sync_mbs": mb / best_sync, "dq_mbs": mb / best_dq, "rss_mb": info["rss_mb"], "rss_budget_mb": budget,
-               "startup_s": best_start, "out_mbs": info["written"] / 1e6 / best_dq,
-               "least_mbs": mb / best_least, "least_nosync_mbs": mb / best_least_nosync,
-               "of_bound_median": statistics.median(per_round), "decode_only_mbs": mb / statistics.median(decode_times),
-               "decode_warm_mbs": mb / statistics.median(warm_times),
-               "decode_loaded_mbs": mb / statistics.median(loaded_times),
-               "both_mbs": mb / statistics.median(both_times),
-               "of_loaded_median": statistics.median(per_round_loaded),
-               "of_limit_median": statistics.median(per_round_limit), "rss_floor_mb": floor_mb,
-               "rss_base_mb": info["base_mb"]}
+        row = {
+            "file": label,
+            "input_mb": mb,
+            "output_mb": info["written"] / 1e6,
+            "cp_mbs": mb / best_cp,
+            "cp_sync_mbs": mb / best_sync,
+            "dq_mbs": mb / best_dq,
+            "rss_mb": info["rss_mb"],
+            "rss_budget_mb": budget,
+            "startup_s": best_start,
+            "out_mbs": info["written"] / 1e6 / best_dq,
+            "least_mbs": mb / best_least,
+            "least_nosync_mbs": mb / best_least_nosync,
+            "of_bound_median": statistics.median(per_round),
+            "decode_only_mbs": mb / statistics.median(decode_times),
+            "decode_warm_mbs": mb / statistics.median(warm_times),
+            "decode_loaded_mbs": mb / statistics.median(loaded_times),
+            "both_mbs": mb / statistics.median(both_times),
+            "of_loaded_median": statistics.median(per_round_loaded),
+            "of_limit_median": statistics.median(per_round_limit),
+            "rss_floor_mb": floor_mb,
+            "rss_base_mb": info["base_mb"],
+        }
         rows.append(row)
-        print(f"{label:20s} in {mb:6.1f} MB -> out {row['output_mb']:6.1f} MB | cp {row['cp_mbs']:6.0f} MB/s, cp+sync "
-              f"{row['cp_sync_mbs']:6.0f} MB/s | dequantize {row['dq_mbs']:6.1f} MB/s of input ({best_dq:.2f} s; "
-              f"{row['dq_mbs'] / row['cp_mbs']:.2f}x cp, {row['dq_mbs'] / row['cp_sync_mbs']:.2f}x cp+sync; "
-              f"writes {row['out_mbs']:.0f} MB/s of output) | peak RSS {row['rss_mb']:.0f} MB (budget {budget:.0f} MB) | "
-              f"start-up (imports) {best_start:.2f} s, not in the times", flush=True)
-        print(f"{'':20s} lower bound (read the input, write the output's bytes from memory, no decoding): "
-              f"{row['least_mbs']:6.0f} MB/s = {row['least_mbs'] / row['cp_mbs']:.2f}x cp with fsync, "
-              f"{row['least_nosync_mbs']:6.0f} MB/s = {row['least_nosync_mbs'] / row['cp_mbs']:.2f}x cp without; "
-              f"dequantize reaches {row['of_bound_median']:.2f}x of the bound (median over {len(per_round)} interleaved "
-              f"rounds of bound time / dequantize time; target >= 0.8)", flush=True)
+        print(
+            f"{label:20s} in {mb:6.1f} MB -> out {row['output_mb']:6.1f} MB | cp {row['cp_mbs']:6.0f} MB/s, cp+sync "
+            f"{row['cp_sync_mbs']:6.0f} MB/s | dequantize {row['dq_mbs']:6.1f} MB/s of input ({best_dq:.2f} s; "
+            f"{row['dq_mbs'] / row['cp_mbs']:.2f}x cp, {row['dq_mbs'] / row['cp_sync_mbs']:.2f}x cp+sync; "
+            f"writes {row['out_mbs']:.0f} MB/s of output) | peak RSS {row['rss_mb']:.0f} MB (budget {budget:.0f} MB) | "
+            f"start-up (imports) {best_start:.2f} s, not in the times",
+            flush=True,
+        )
+        print(
+            f"{'':20s} lower bound (read the input, write the output's bytes from memory, no decoding): "
+            f"{row['least_mbs']:6.0f} MB/s = {row['least_mbs'] / row['cp_mbs']:.2f}x cp with fsync, "
+            f"{row['least_nosync_mbs']:6.0f} MB/s = {row['least_nosync_mbs'] / row['cp_mbs']:.2f}x cp without; "
+            f"dequantize reaches {row['of_bound_median']:.2f}x of the bound (median over {len(per_round)} interleaved "
+            f"rounds of bound time / dequantize time; target >= 0.8)",
+            flush=True,
+        )
         if floor:
-            print(f"{'':20s} peak RSS: the budget is below what its one-GEMM layers need in comfy-kitchen itself: "
-                  f"{floor_mb:.0f} MiB = {info['base_mb']:.0f} MiB after importing torch + {floor / 2**20:.0f} MiB (packed "
-                  f"tensors + the F32 operand + the F32 product of the largest such layer's un-rotation GEMM); "
-                  f"dequantize's peak is {row['rss_mb'] - floor_mb:+.0f} MiB from that floor", flush=True)
-        print(f"{'':20s} decode only (a fresh process, every layer's row blocks, no I/O timed): {row['decode_only_mbs']:6.0f}"
-              f" MB/s of input (in this warm process: {row['decode_warm_mbs']:.0f} MB/s); dequantize reaches {row['of_limit_median']:.2f}x of the slower of bound and decode-only "
-              f"(median over rounds; target >= 0.8)", flush=True)
-        print(f"{'':20s} the same decode-only while another process writes the output's bytes with O_DIRECT and "
-              f"fsync (dd, started with the decode; no dependency between them): the decoding {row['decode_loaded_mbs']:.0f}"
-              f" MB/s of input ({row['decode_loaded_mbs'] / row['decode_only_mbs']:.2f}x decode-only: what the disk "
-              f"traffic costs it here), both done {row['both_mbs']:.0f} MB/s (what a perfect overlap of decoding and "
-              f"writing reaches here); dequantize, which can write a block only once it is decoded, reaches "
-              f"{row['of_loaded_median']:.2f}x of that (median over rounds)", flush=True)
+            print(
+                f"{'':20s} peak RSS: the budget is below what its one-GEMM layers need in comfy-kitchen itself: "
+                f"{floor_mb:.0f} MiB = {info['base_mb']:.0f} MiB after importing torch + {floor / 2**20:.0f} MiB (packed "
+                f"tensors + the F32 operand + the F32 product of the largest such layer's un-rotation GEMM); "
+                f"dequantize's peak is {row['rss_mb'] - floor_mb:+.0f} MiB from that floor",
+                flush=True,
+            )
+        print(
+            f"{'':20s} decode only (a fresh process, every layer's row blocks, no I/O timed): {row['decode_only_mbs']:6.0f}"
+            f" MB/s of input (in this warm process: {row['decode_warm_mbs']:.0f} MB/s); dequantize reaches {row['of_limit_median']:.2f}x of the slower of bound and decode-only "
+            f"(median over rounds; target >= 0.8)",
+            flush=True,
+        )
+        print(
+            f"{'':20s} the same decode-only while another process writes the output's bytes with O_DIRECT and "
+            f"fsync (dd, started with the decode; no dependency between them): the decoding {row['decode_loaded_mbs']:.0f}"
+            f" MB/s of input ({row['decode_loaded_mbs'] / row['decode_only_mbs']:.2f}x decode-only: what the disk "
+            f"traffic costs it here), both done {row['both_mbs']:.0f} MB/s (what a perfect overlap of decoding and "
+            f"writing reaches here); dequantize, which can write a block only once it is decoded, reaches "
+            f"{row['of_loaded_median']:.2f}x of that (median over rounds)",
+            flush=True,
+        )
         os.unlink(src)
     return rows
 
@@ -677,13 +730,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3072x3072 only, no dequantize section")
     ap.add_argument("--rounds", type=int, default=2, help="timing rounds (best of); default 2")
-    ap.add_argument("--dequantize-rounds", type=int, default=5,
-                    help="interleaved dequantize / bound rounds (the median ratio counts); default 5")
+    ap.add_argument(
+        "--dequantize-rounds",
+        type=int,
+        default=5,
+        help="interleaved dequantize / bound rounds (the median ratio counts); default 5",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", help="folder for the dequantize files (default: a temporary folder)")
-    ap.add_argument("--sections", default="codec,scaling,dequantize",
-                    help="comma-separated: codec (vs comfy-kitchen), scaling (decoders, large vs small layer), "
-                         "dequantize (vs its bound); default all")
+    ap.add_argument(
+        "--sections",
+        default="codec,scaling,dequantize",
+        help="comma-separated: codec (vs comfy-kitchen), scaling (decoders, large vs small layer), "
+        "dequantize (vs its bound); default all",
+    )
     ap.add_argument("--decoders", help="comma-separated decoder names of the scaling section (default: all)")
     ap.add_argument("--scaling-rounds", type=int, default=7, help="interleaved rounds of the scaling section; default 7")
     args = ap.parse_args()
@@ -693,9 +753,11 @@ def main() -> None:
         ap.error(f"unknown section(s): {', '.join(sorted(unknown))}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
-          f"MB = MB of BF16 source weight (N x K x 2 bytes)\n")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
+        f"MB = MB of BF16 source weight (N x K x 2 bytes)\n"
+    )
     keep: dict = {}
     if "codec" in sections:
         print_header()
@@ -710,9 +772,11 @@ def main() -> None:
     if not keep:  # the codec section did not run: the same layers, built as the scaling section builds them
         n, k = SHAPES[-1]
         keep = {name: scaling_layer(fmt, kw, n, k) for name, fmt, kw in SCALING if name in MARKERS}
-    print("\ndequantize: a fresh child process per run (time measured inside it, after importing comfyquant.codecs and "
-          "torch, whose start-up is shown apart); all read a warm page cache; dequantize writes 2-4x the input's bytes "
-          "and fsyncs them, cp does neither, cp+sync fsyncs")
+    print(
+        "\ndequantize: a fresh child process per run (time measured inside it, after importing comfyquant.codecs and "
+        "torch, whose start-up is shown apart); all read a warm page cache; dequantize writes 2-4x the input's bytes "
+        "and fsyncs them, cp does neither, cp+sync fsyncs"
+    )
     folder = args.out or tempfile.mkdtemp(prefix="codec_speed-")
     os.makedirs(folder, exist_ok=True)  # --out DIR need not exist yet
     try:

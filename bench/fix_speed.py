@@ -111,12 +111,13 @@ def main() -> None:
         print(f"{'comfyquant fix':14}{fix_s:10.2f}{size / 2**30 / fix_s:8.2f}")
         print(f"throughput ratio fix/cp: {cp_s / fix_s:.2f}x (target >= 0.5x); fix/(cp + sync): {sync_s / fix_s:.2f}x")
         print("  fix fsyncs its output before the rename (cp does not) and reads it back to verify")
-        print(f"peak RSS of fix: {max(rss) / 2**20:.0f} MiB; bound 2 x largest tensor + 200 MiB = {bound / 2**20:.0f} MiB "
-              f"({'OK' if max(rss) <= bound else 'OVER'})")
+        print(
+            f"peak RSS of fix: {max(rss) / 2**20:.0f} MiB; bound 2 x largest tensor + 200 MiB = {bound / 2**20:.0f} MiB "
+            f"({'OK' if max(rss) <= bound else 'OVER'})"
+        )
     finally:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
-
 
 
 if __name__ == "__main__":

@@ -66,10 +66,18 @@ SHAPES = [(3072, 3072), (12288, 3072)]
 # name, layout, comfy-kitchen quantize kwargs, marker (what ComfyUI's writer puts in the file)
 FORMATS = [
     ("fp8", "TensorCoreFP8Layout", {}, {"format": "float8_e4m3fn"}),
-    ("int8_convrot", "TensorWiseINT8Layout", {"per_channel": True, "convrot": True, "convrot_groupsize": 256},
-     {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}),
-    ("w4a8", "AsymW4A8Int8Layout", {"group_size": 16, "convrot_groupsize": 256},
-     {"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256}),
+    (
+        "int8_convrot",
+        "TensorWiseINT8Layout",
+        {"per_channel": True, "convrot": True, "convrot_groupsize": 256},
+        {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256},
+    ),
+    (
+        "w4a8",
+        "AsymW4A8Int8Layout",
+        {"group_size": 16, "convrot_groupsize": 256},
+        {"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256},
+    ),
     ("w4a4", "TensorCoreConvRotW4A4Layout", {"convrot_groupsize": 256}, {"format": "convrot_w4a4", "convrot_groupsize": 256}),
     ("nvfp4", "TensorCoreNVFP4Layout", {}, {"format": "nvfp4"}),
     ("mxfp8", "TensorCoreMXFP8Layout", {}, {"format": "mxfp8"}),
@@ -126,12 +134,22 @@ def bench_forward(rounds: int, tokens: int, shapes) -> list[dict]:
                 ours.append(a)
                 theirs.append(b)
                 ratios.append(b / a)
-            row = {"format": name, "shape": [n, k], "tokens": tokens, "quantlinear_ms": 1e3 * statistics.median(ours),
-                   "kitchen_ms": 1e3 * statistics.median(theirs), "ratio": statistics.median(ratios),
-                   "bit_identical": same, "compute": layer.compute()[0]}
+            row = {
+                "format": name,
+                "shape": [n, k],
+                "tokens": tokens,
+                "quantlinear_ms": 1e3 * statistics.median(ours),
+                "kitchen_ms": 1e3 * statistics.median(theirs),
+                "ratio": statistics.median(ratios),
+                "bit_identical": same,
+                "compute": layer.compute()[0],
+            }
             rows.append(row)
-            print(f"  {name:13s} {n:5d}x{k:<5d} QuantLinear {row['quantlinear_ms']:8.2f} ms  kitchen {row['kitchen_ms']:8.2f} ms"
-                  f"  ratio {row['ratio']:.3f}  bit-identical {same}  ({row['compute']})", flush=True)
+            print(
+                f"  {name:13s} {n:5d}x{k:<5d} QuantLinear {row['quantlinear_ms']:8.2f} ms  kitchen {row['kitchen_ms']:8.2f} ms"
+                f"  ratio {row['ratio']:.3f}  bit-identical {same}  ({row['compute']})",
+                flush=True,
+            )
     return rows
 
 
@@ -204,8 +222,10 @@ def rss() -> dict[str, int]:
 
 def child(op: str, path: str, blocks: int) -> dict:
     code = CHILD.format(bench=os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"),
-                                                       os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"), os.environ.get("PYTHONPATH", "")]),
+    )
     done = subprocess.run([sys.executable, "-c", code, op, path, str(blocks)], capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"child {op} failed:\n{done.stderr}")
@@ -242,26 +262,49 @@ def bench_load(folder: str, blocks: int, rounds: int) -> list[dict]:
             runs["load_file"].append(b)
             runs["dense_bf16"].append(c)
             ratios.append(a["seconds"] / b["seconds"])
-        med = {op: {"seconds": statistics.median(r["seconds"] for r in rs),
-                    "peak_above_start": statistics.median(r["peak"] - r["before"] for r in rs)} for op, rs in runs.items()}
+        med = {
+            op: {
+                "seconds": statistics.median(r["seconds"] for r in rs),
+                "peak_above_start": statistics.median(r["peak"] - r["before"] for r in rs),
+            }
+            for op, rs in runs.items()
+        }
         bound = size + largest + 300 * 2**20
-        row = {"format": fmt, "blocks": blocks, "file_bytes": size, "dense_file_bytes": os.path.getsize(dense),
-               "largest_layer_dense_bytes": largest, "bound_bytes": bound, "time_ratio_vs_load_file": statistics.median(ratios),
-               **{op: v for op, v in med.items()}}
+        row = {
+            "format": fmt,
+            "blocks": blocks,
+            "file_bytes": size,
+            "dense_file_bytes": os.path.getsize(dense),
+            "largest_layer_dense_bytes": largest,
+            "bound_bytes": bound,
+            "time_ratio_vs_load_file": statistics.median(ratios),
+            **{op: v for op, v in med.items()},
+        }
         rows.append(row)
         mib = 2**20
-        print(f"  {fmt:14s} file {size / mib:7.0f} MiB  load_quantized {med['load_quantized']['seconds']:6.2f} s "
-              f"peak +{med['load_quantized']['peak_above_start'] / mib:6.0f} MiB (bound {bound / mib:.0f})  | load_file "
-              f"{med['load_file']['seconds']:6.2f} s peak +{med['load_file']['peak_above_start'] / mib:6.0f} MiB  | dense BF16 "
-              f"{med['dense_bf16']['seconds']:6.2f} s peak +{med['dense_bf16']['peak_above_start'] / mib:6.0f} MiB  "
-              f"| time ratio {row['time_ratio_vs_load_file']:.2f}x", flush=True)
+        print(
+            f"  {fmt:14s} file {size / mib:7.0f} MiB  load_quantized {med['load_quantized']['seconds']:6.2f} s "
+            f"peak +{med['load_quantized']['peak_above_start'] / mib:6.0f} MiB (bound {bound / mib:.0f})  | load_file "
+            f"{med['load_file']['seconds']:6.2f} s peak +{med['load_file']['peak_above_start'] / mib:6.0f} MiB  | dense BF16 "
+            f"{med['dense_bf16']['seconds']:6.2f} s peak +{med['dense_bf16']['peak_above_start'] / mib:6.0f} MiB  "
+            f"| time ratio {row['time_ratio_vs_load_file']:.2f}x",
+            flush=True,
+        )
     return rows
 
 
 # -- 3. diffusers ---------------------------------------------------------------------------------
 
-FLUX_CONFIG = dict(patch_size=1, in_channels=64, num_attention_heads=24, attention_head_dim=128, joint_attention_dim=4096,
-                   pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=[16, 56, 56])
+FLUX_CONFIG = dict(
+    patch_size=1,
+    in_channels=64,
+    num_attention_heads=24,
+    attention_head_dim=128,
+    joint_attention_dim=4096,
+    pooled_projection_dim=768,
+    guidance_embeds=True,
+    axes_dims_rope=[16, 56, 56],
+)
 FLUX_DENSE = ("time_in.", "vector_in.", "guidance_in.", "txt_in.", "img_in.", "final_layer.")
 """Layers a Flux file keeps dense (embedders and the final layer, as ComfyUI's fp8mixed files do)."""
 
@@ -379,8 +422,10 @@ print(json.dumps({{"seconds": seconds, "before": before, "peak": rss()["VmHWM"]}
 
 def flux_child(op: str, path: str, blocks: int, cfg: str) -> dict:
     code = FLUX_CHILD.format(bench=os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"),
-                                                       os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"), os.environ.get("PYTHONPATH", "")]),
+    )
     done = subprocess.run([sys.executable, "-c", code, op, path, str(blocks), cfg], capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"child {op} failed:\n{done.stderr[-3000:]}")
@@ -391,8 +436,7 @@ def bench_diffusers(folder: str, blocks: int, rounds: int) -> list[dict]:
     cfg = os.path.join(folder, "flux_config")
     os.makedirs(cfg, exist_ok=True)
     with open(os.path.join(cfg, "config.json"), "w") as fh:
-        json.dump(dict(FLUX_CONFIG, num_layers=blocks, num_single_layers=2 * blocks,
-                       _class_name="FluxTransformer2DModel"), fh)
+        json.dump(dict(FLUX_CONFIG, num_layers=blocks, num_single_layers=2 * blocks, _class_name="FluxTransformer2DModel"), fh)
     t = time.perf_counter()
     paths = write_flux_files(folder, blocks)
     print(f"  wrote the BF16, W4A8 and FP8 files in {time.perf_counter() - t:.1f} s", flush=True)
@@ -412,28 +456,48 @@ def bench_diffusers(folder: str, blocks: int, rounds: int) -> list[dict]:
             for op, r in zip(runs, (a, b, c)):
                 runs[op].append(r)
             ratios.append(a["seconds"] / b["seconds"])
-        med = {op: {"seconds": statistics.median(r["seconds"] for r in rs),
-                    "peak_above_start": statistics.median(r["peak"] - r["before"] for r in rs)} for op, rs in runs.items()}
+        med = {
+            op: {
+                "seconds": statistics.median(r["seconds"] for r in rs),
+                "peak_above_start": statistics.median(r["peak"] - r["before"] for r in rs),
+            }
+            for op, rs in runs.items()
+        }
         bound = size + largest + 300 * mib
         overhead = med["load_transformer"]["peak_above_start"] - size
         # the full model's file: this file scaled by its share of quantized bytes per block
         per_block = (size - _flux_file_bytes(shapes, fmt, 0)) / blocks
         full_size = _flux_file_bytes(full, fmt, 0) + per_block * 19
-        row = {"format": fmt, "double_blocks": blocks, "single_blocks": 2 * blocks, "file_bytes": size,
-               "bf16_file_bytes": os.path.getsize(paths["bf16"]), "largest_layer_dense_bytes": largest, "bound_bytes": bound,
-               "time_ratio_vs_construct_load_file": statistics.median(ratios), "overhead_above_file_bytes": overhead,
-               "full_flux_file_bytes_estimate": full_size, **med}
+        row = {
+            "format": fmt,
+            "double_blocks": blocks,
+            "single_blocks": 2 * blocks,
+            "file_bytes": size,
+            "bf16_file_bytes": os.path.getsize(paths["bf16"]),
+            "largest_layer_dense_bytes": largest,
+            "bound_bytes": bound,
+            "time_ratio_vs_construct_load_file": statistics.median(ratios),
+            "overhead_above_file_bytes": overhead,
+            "full_flux_file_bytes_estimate": full_size,
+            **med,
+        }
         rows.append(row)
         lt, cl, fs = med["load_transformer"], med["construct_load_file"], med["from_single_file_bf16"]
-        print(f"  {fmt:5s} file {size / mib:6.0f} MiB  load_transformer {lt['seconds']:6.2f} s peak +{lt['peak_above_start'] / mib:6.0f}"
-              f" MiB (bound {bound / mib:.0f}, {'ok' if lt['peak_above_start'] <= bound else 'OVER'})  | construct + load_file "
-              f"{cl['seconds']:6.2f} s peak +{cl['peak_above_start'] / mib:6.0f} MiB  | from_single_file BF16 "
-              f"({os.path.getsize(paths['bf16']) / mib:.0f} MiB) {fs['seconds']:6.2f} s peak +{fs['peak_above_start'] / mib:6.0f} MiB"
-              f"  | time ratio {row['time_ratio_vs_construct_load_file']:.2f}x", flush=True)
-        print(f"        overhead above the file {overhead / mib:.0f} MiB (a constant: one layer in flight); full Flux.1 "
-              f"(19 + 38 blocks): file ~{full_size / gib:.1f} GiB -> peak ~{(full_size + overhead) / gib:.1f} GiB "
-              f"(bound {(full_size + largest + 300 * mib) / gib:.1f} GiB); its BF16 file "
-              f"{sum(_numel(s) for s in full.values()) * 2 / gib:.1f} GiB", flush=True)
+        print(
+            f"  {fmt:5s} file {size / mib:6.0f} MiB  load_transformer {lt['seconds']:6.2f} s peak +{lt['peak_above_start'] / mib:6.0f}"
+            f" MiB (bound {bound / mib:.0f}, {'ok' if lt['peak_above_start'] <= bound else 'OVER'})  | construct + load_file "
+            f"{cl['seconds']:6.2f} s peak +{cl['peak_above_start'] / mib:6.0f} MiB  | from_single_file BF16 "
+            f"({os.path.getsize(paths['bf16']) / mib:.0f} MiB) {fs['seconds']:6.2f} s peak +{fs['peak_above_start'] / mib:6.0f} MiB"
+            f"  | time ratio {row['time_ratio_vs_construct_load_file']:.2f}x",
+            flush=True,
+        )
+        print(
+            f"        overhead above the file {overhead / mib:.0f} MiB (a constant: one layer in flight); full Flux.1 "
+            f"(19 + 38 blocks): file ~{full_size / gib:.1f} GiB -> peak ~{(full_size + overhead) / gib:.1f} GiB "
+            f"(bound {(full_size + largest + 300 * mib) / gib:.1f} GiB); its BF16 file "
+            f"{sum(_numel(s) for s in full.values()) * 2 / gib:.1f} GiB",
+            flush=True,
+        )
     return rows
 
 
@@ -457,8 +521,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--out", help="folder for load_speed.json (created)")
     ap.add_argument("--sections", default="1,2,3", help="which sections to run (comma list of 1, 2, 3)")
-    ap.add_argument("--flux-blocks", type=int, default=2,
-                    help="section 3: Flux.1 double blocks (single blocks: twice as many; full model: 19)")
+    ap.add_argument(
+        "--flux-blocks",
+        type=int,
+        default=2,
+        help="section 3: Flux.1 double blocks (single blocks: twice as many; full model: 19)",
+    )
     ap.add_argument("--tmp", help="folder for the temporary checkpoints (default: the system's)")
     args = ap.parse_args()
     rounds = 1 if args.quick else args.rounds

@@ -84,10 +84,18 @@ ENCODERS = {
     "w4a8": ("asym_w4a8_int8", {}, "AsymW4A8Int8Layout", {}),
     "w6a8": ("asym_w4a8_int8", {"codebook": False, "bits": 6}, "AsymW4A8Int8Layout", {"codebook": False, "bits": 6}),
     "w4a8-uniform": ("asym_w4a8_int8", {"codebook": False}, "AsymW4A8Int8Layout", {"codebook": False}),
-    "w4a8-asym": ("asym_w4a8_int8", {"codebook": False, "symmetric": False}, "AsymW4A8Int8Layout",
-                  {"codebook": False, "symmetric": False}),
-    "int8": ("int8_tensorwise", {"per_channel": True, "convrot": True, "convrot_groupsize": 256},
-             "TensorWiseINT8Layout", {"per_channel": True, "convrot": True}),
+    "w4a8-asym": (
+        "asym_w4a8_int8",
+        {"codebook": False, "symmetric": False},
+        "AsymW4A8Int8Layout",
+        {"codebook": False, "symmetric": False},
+    ),
+    "int8": (
+        "int8_tensorwise",
+        {"per_channel": True, "convrot": True, "convrot_groupsize": 256},
+        "TensorWiseINT8Layout",
+        {"per_channel": True, "convrot": True},
+    ),
     "w4a4": ("convrot_w4a4", {}, "TensorCoreConvRotW4A4Layout", {}),
     "nvfp4": ("nvfp4", {}, "TensorCoreNVFP4Layout", {}),
     "mxfp8": ("mxfp8", {}, "TensorCoreMXFP8Layout", {}),
@@ -112,7 +120,7 @@ def encoder_section(shapes: list[tuple[int, int]], names: list[str], rounds: int
     rows = []
     for n, k in shapes:
         gen = torch.Generator().manual_seed(0)
-        w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(torch.bfloat16)
+        w = (torch.randn(n, k, generator=gen) * k**-0.5).to(torch.bfloat16)
         mb = w.numel() * w.element_size() / MB
         for name in names:
             fmt, params, layout, kwargs = ENCODERS[name]
@@ -137,22 +145,40 @@ def encoder_section(shapes: list[tuple[int, int]], names: list[str], rounds: int
                     del out
             ref, enc = outputs["ck"], outputs["cq"]
             same = set(ref) == set(enc) and all(
-                ref[s].dtype == enc[s].dtype and ref[s].shape == enc[s].shape
+                ref[s].dtype == enc[s].dtype
+                and ref[s].shape == enc[s].shape
                 and torch.equal(ref[s].reshape(-1).view(torch.uint8), enc[s].reshape(-1).view(torch.uint8))
-                for s in ref)
+                for s in ref
+            )
             del outputs, ref, enc
             ratios = [b / a for a, b in zip(times["cq"], times["ck"])]
-            row = {"shape": f"{n}x{k}", "format": name, "cq": mb / statistics.median(times["cq"]),
-                   "ck": mb / statistics.median(times["ck"]), "ratio": statistics.median(ratios), "exact": same}
+            row = {
+                "shape": f"{n}x{k}",
+                "format": name,
+                "cq": mb / statistics.median(times["cq"]),
+                "ck": mb / statistics.median(times["ck"]),
+                "ratio": statistics.median(ratios),
+                "exact": same,
+            }
             rows.append(row)
-            print(f"{row['shape']:>11} {name:<13} {row['cq']:>9.1f} {row['ck']:>9.1f} {row['ratio']:>6.2f}x "
-                  f"{'yes' if same else 'NO':>9}", flush=True)
+            print(
+                f"{row['shape']:>11} {name:<13} {row['cq']:>9.1f} {row['ck']:>9.1f} {row['ratio']:>6.2f}x "
+                f"{'yes' if same else 'NO':>9}",
+                flush=True,
+            )
     return rows
 
 
-DOUBLE = (("img_attn.qkv", 9216, 3072), ("img_attn.proj", 3072, 3072), ("img_mlp.0", 12288, 3072),
-          ("img_mlp.2", 3072, 12288), ("txt_attn.qkv", 9216, 3072), ("txt_attn.proj", 3072, 3072),
-          ("txt_mlp.0", 12288, 3072), ("txt_mlp.2", 3072, 12288))
+DOUBLE = (
+    ("img_attn.qkv", 9216, 3072),
+    ("img_attn.proj", 3072, 3072),
+    ("img_mlp.0", 12288, 3072),
+    ("img_mlp.2", 3072, 12288),
+    ("txt_attn.qkv", 9216, 3072),
+    ("txt_attn.proj", 3072, 3072),
+    ("txt_mlp.0", 12288, 3072),
+    ("txt_mlp.2", 3072, 12288),
+)
 SINGLE = (("linear1", 21504, 3072), ("linear2", 3072, 15360))
 """FLUX.1's linear shapes: a double block's image and text streams, a single block's two linears."""
 
@@ -169,12 +195,14 @@ def measure_section(names: list[str], n: int, k: int, rounds: int) -> None:
     from comfyquant.numerics.rows import encode_block_elements
 
     blocks = encode_block_elements()
-    print(f"quality measurement, decode + quantized forward of one {n}x{k} BF16 layer (16 input rows), "
-          f"{torch.get_num_threads()} torch threads, load average {os.getloadavg()[0]:.2f}, median of {rounds} rounds")
+    print(
+        f"quality measurement, decode + quantized forward of one {n}x{k} BF16 layer (16 input rows), "
+        f"{torch.get_num_threads()} torch threads, load average {os.getloadavg()[0]:.2f}, median of {rounds} rounds"
+    )
     for name in names:
         fmt, params, _layout, _kwargs = ENCODERS[name]
         codec = codecs.get(fmt)
-        w = (torch.randn(n, k, generator=torch.Generator().manual_seed(0)) * k ** -0.5).to(torch.bfloat16)
+        w = (torch.randn(n, k, generator=torch.Generator().manual_seed(0)) * k**-0.5).to(torch.bfloat16)
         enc = codec.encode(w, layer="l", **dict(params))
         tensors, marker = dict(enc), enc.marker
         x = torch.randn(16, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
@@ -191,7 +219,7 @@ def measure_section(names: list[str], n: int, k: int, rounds: int) -> None:
         times: dict[str, list[float]] = {"apart": [], "one": []}
         for r in range(max(1, rounds)):
             order = [("apart", apart), ("one", one_pass)]
-            for kind, fn in order[r % 2:] + order[:r % 2]:
+            for kind, fn in order[r % 2 :] + order[: r % 2]:
                 t0 = time.perf_counter()
                 fn()
                 times[kind].append(time.perf_counter() - t0)
@@ -213,7 +241,7 @@ def gaussian_weight(n: int, k: int, gen, rows: int):
 
     w = torch.empty(n, k, dtype=torch.bfloat16)
     for r in range(0, n, rows):
-        w[r:r + rows] = torch.randn(min(rows, n - r), k, generator=gen) * k ** -0.5
+        w[r : r + rows] = torch.randn(min(rows, n - r), k, generator=gen) * k**-0.5
     return w
 
 
@@ -270,13 +298,20 @@ def child_slice_quantize(src: str, name: str, jobs: str, out_dir: str) -> dict:
 
     fmt, params, _layout, _kwargs = ENCODERS[name]
     out = os.path.join(out_dir, f"slice-{name}-j{jobs}.safetensors")
-    r = comfyquant.quantize(src, out, fmt, dict(params), target="comfy-kitchen", jobs=jobs, progress=False,
-                            overwrite=True, preset="none")
+    r = comfyquant.quantize(
+        src, out, fmt, dict(params), target="comfy-kitchen", jobs=jobs, progress=False, overwrite=True, preset="none"
+    )
     seconds = time.perf_counter() - started
     own, kids = _peaks()
     os.unlink(out)
-    return {"seconds": seconds, "rss_main": own, "rss_worker": kids, "ok": r.ok,
-            "layers": r.doc["totals"]["quantized"], "jobs": r.doc["jobs"]}
+    return {
+        "seconds": seconds,
+        "rss_main": own,
+        "rss_worker": kids,
+        "ok": r.ok,
+        "layers": r.doc["totals"]["quantized"],
+        "jobs": r.doc["jobs"],
+    }
 
 
 E2E_RUNS = (
@@ -310,27 +345,35 @@ def e2e_section(folder: str, names: list[str], double: int, single: int, rounds:
     largest = max(n * k * 2 for _, n, k in layers) / MB
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     shapes = sorted({(n, k) for _, n, k in layers}, key=lambda s: -s[0] * s[1])
-    print(f"end to end on a Flux-shaped slice: {double} double block(s) (image and text streams) + {single} single "
-          f"block(s), {len(layers)} linears ({', '.join(f'{n}x{k}' for n, k in shapes)}), {nbytes / 1e6:.0f} MB of "
-          f"BF16 weights, largest layer {largest:.0f} MiB; {cores} cores; load average {os.getloadavg()[0]:.2f}; "
-          f"median of {max(1, rounds)} interleaved rounds, each run a fresh process; "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+    print(
+        f"end to end on a Flux-shaped slice: {double} double block(s) (image and text streams) + {single} single "
+        f"block(s), {len(layers)} linears ({', '.join(f'{n}x{k}' for n, k in shapes)}), {nbytes / 1e6:.0f} MB of "
+        f"BF16 weights, largest layer {largest:.0f} MiB; {cores} cores; load average {os.getloadavg()[0]:.2f}; "
+        f"median of {max(1, rounds)} interleaved rounds, each run a fresh process; "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}"
+    )
     for kind, label in E2E_RUNS:
         print(f"  {kind:<5} {label}")
     verdicts = []
     for name in names:
         runs: dict[str, list[dict]] = {kind: [] for kind, _label in E2E_RUNS}
-        kinds = [("enc1", ("encode-only", src, name, "1")), ("enc", ("encode-only", src, name, "0")),
-                 ("j1", ("slice", src, name, "1", folder)), ("j2", ("slice", src, name, "2", folder)),
-                 ("auto", ("slice", src, name, "auto", folder))]
+        kinds = [
+            ("enc1", ("encode-only", src, name, "1")),
+            ("enc", ("encode-only", src, name, "0")),
+            ("j1", ("slice", src, name, "1", folder)),
+            ("j2", ("slice", src, name, "2", folder)),
+            ("auto", ("slice", src, name, "auto", folder)),
+        ]
         for r in range(max(1, rounds)):
-            for kind, args in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+            for kind, args in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
                 t0 = time.perf_counter()
                 res = run_child(*args)
                 res["wall"] = time.perf_counter() - t0
                 runs[kind].append(res)
-        rate = {kind: [nbytes / 1e6 / (r["seconds"] if kind.startswith("enc") else r["wall"]) for r in rs]
-                for kind, rs in runs.items()}
+        rate = {
+            kind: [nbytes / 1e6 / (r["seconds"] if kind.startswith("enc") else r["wall"]) for r in rs]
+            for kind, rs in runs.items()
+        }
         med = {kind: statistics.median(v) for kind, v in rate.items()}
         print(f"{name}: MB/s " + ", ".join(f"{kind} {med[kind]:.1f}" for kind in med), flush=True)
         for label, (x, y, target) in E2E_RATIOS.items():
@@ -343,13 +386,17 @@ def e2e_section(folder: str, names: list[str], double: int, single: int, rounds:
             workers = runs[kind][0]["jobs"]["workers"]
             rss = max(r["rss_main"] + workers * r["rss_worker"] for r in runs[kind])
             budget = 3 * largest * max(1, workers) + 300
-            line = (f"{name}: peak RSS {kind} ({runs[kind][0]['jobs']['workers']} workers) {rss:.0f} MiB "
-                    f"(budget {budget:.0f}): {'MET' if rss <= budget else 'NOT MET'}")
+            line = (
+                f"{name}: peak RSS {kind} ({runs[kind][0]['jobs']['workers']} workers) {rss:.0f} MiB "
+                f"(budget {budget:.0f}): {'MET' if rss <= budget else 'NOT MET'}"
+            )
             print("  " + line)
             verdicts.append(line)
     print(f"(load average at the end: {os.getloadavg()[0]:.2f})")
-    print("encoder: codec.encode alone on each weight already in memory; quantize: the whole run (process "
-          "start, torch import, read, encode, quality report, write, fsync, check, rename), wall clock")
+    print(
+        "encoder: codec.encode alone on each weight already in memory; quantize: the whole run (process "
+        "start, torch import, read, encode, quality report, write, fsync, check, rename), wall clock"
+    )
     for v in verdicts:
         print("  " + v)
     print()
@@ -390,8 +437,15 @@ def child_comfyquant(src: str, fmt: str, jobs: int, out_dir: str) -> dict:
     own, kids = _peaks()
     os.unlink(out)
     t = r.doc["totals"]
-    return {"seconds": seconds, "rel_l2": t["weight_rel_l2_mean"], "out_rel_l2": t["output_rel_l2_mean"],
-            "rss_main": own, "rss_worker": kids, "ok": r.ok, "layers": t["quantized"]}
+    return {
+        "seconds": seconds,
+        "rel_l2": t["weight_rel_l2_mean"],
+        "out_rel_l2": t["output_rel_l2_mean"],
+        "rss_main": own,
+        "rss_worker": kids,
+        "ok": r.ok,
+        "layers": t["quantized"],
+    }
 
 
 def child_convert(src: str, to: str, out_dir: str) -> dict:
@@ -405,16 +459,17 @@ def child_convert(src: str, to: str, out_dir: str) -> dict:
     own, _ = _peaks()
     os.unlink(out)
     t = r.doc["totals"]
-    return {"seconds": seconds, "rel_l2": t["weight_rel_l2_mean"], "rss_main": own, "ok": r.ok,
-            "layers": t["quantized"]}
+    return {"seconds": seconds, "rel_l2": t["weight_rel_l2_mean"], "rss_main": own, "ok": r.ok, "layers": t["quantized"]}
 
 
 def convert_section(src: str, folder: str, pairs: list[tuple[str, str]], repeat: int, quantized_bytes: int) -> None:
     """``convert FROM -> TO`` against ``quantize dense -> TO`` on the same model, side by side
     (issue 16 measured convert nvfp4 -> w4a8 at 230 s where quantizing from dense took 40 s)."""
     print("convert (decode the quantized input, re-encode) vs quantize from the dense original, --jobs 1:")
-    head = (f"{'from -> to':<16} {'convert s':>10} {'quantize s':>11} {'ratio':>7} {'convert MB/s':>13} {'layers':>7} "
-            f"{'RSS MiB convert / quantize':>27}")
+    head = (
+        f"{'from -> to':<16} {'convert s':>10} {'quantize s':>11} {'ratio':>7} {'convert MB/s':>13} {'layers':>7} "
+        f"{'RSS MiB convert / quantize':>27}"
+    )
     print(head)
     print("-" * len(head))
     for frm, to in pairs:
@@ -428,8 +483,10 @@ def convert_section(src: str, folder: str, pairs: list[tuple[str, str]], repeat:
             conv.append(run_child("convert", qsrc, to, folder))
             quant.append(run_child("comfyquant", src, to, "1", folder))
         c, q = best_of(conv), best_of(quant)
-        print(f"{frm + ' -> ' + to:<16} {c['seconds']:>10.2f} {q['seconds']:>11.2f} {c['seconds'] / q['seconds']:>6.2f}x "
-              f"{quantized_bytes / 1e6 / c['seconds']:>13.1f} {c['layers']:>7} {c['rss_main']:>13.0f} / {q['rss_main']:>11.0f}")
+        print(
+            f"{frm + ' -> ' + to:<16} {c['seconds']:>10.2f} {q['seconds']:>11.2f} {c['seconds'] / q['seconds']:>6.2f}x "
+            f"{quantized_bytes / 1e6 / c['seconds']:>13.1f} {c['layers']:>7} {c['rss_main']:>13.0f} / {q['rss_main']:>11.0f}"
+        )
     print()
 
 
@@ -480,21 +537,37 @@ def main() -> None:
     ap.add_argument("--shapes", default="3072x3072,5120x13824", help="encoder section weight shapes NxK")
     ap.add_argument("--rounds", type=int, default=3, help="encoder section rounds; the median counts (default 3)")
     ap.add_argument("--encoders-only", action="store_true", help="run only the encoder section")
-    ap.add_argument("--threads", type=int, help="torch threads for the encoder section (default: torch's); "
-                    "1 measures compute, not fork-join waits, on a machine whose cores are shared")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads for the encoder section (default: torch's); "
+        "1 measures compute, not fork-join waits, on a machine whose cores are shared",
+    )
     ap.add_argument("--no-encoders", action="store_true", help="skip the encoder section")
-    ap.add_argument("--convert", default="nvfp4:w4a8,fp8:int8",
-                    help="convert rows FROM:TO,... timed against quantize dense -> TO ('' skips them)")
-    ap.add_argument("--e2e", default="w4a8", metavar="ROWS",
-                    help="end-to-end section: encoder rows (as --encoders) quantized end to end on the Flux-shaped "
-                         "slice with --jobs 1 and 2, beside the encoder alone ('' skips it; default w4a8)")
-    ap.add_argument("--slice", default="2,2", metavar="D,S",
-                    help="the slice: D double blocks and S single blocks of FLUX.1 (default 2,2)")
+    ap.add_argument(
+        "--convert",
+        default="nvfp4:w4a8,fp8:int8",
+        help="convert rows FROM:TO,... timed against quantize dense -> TO ('' skips them)",
+    )
+    ap.add_argument(
+        "--e2e",
+        default="w4a8",
+        metavar="ROWS",
+        help="end-to-end section: encoder rows (as --encoders) quantized end to end on the Flux-shaped "
+        "slice with --jobs 1 and 2, beside the encoder alone ('' skips it; default w4a8)",
+    )
+    ap.add_argument(
+        "--slice", default="2,2", metavar="D,S", help="the slice: D double blocks and S single blocks of FLUX.1 (default 2,2)"
+    )
     ap.add_argument("--e2e-rounds", type=int, default=3, help="end-to-end section rounds; medians count (default 3)")
     ap.add_argument("--e2e-only", action="store_true", help="run only the end-to-end section")
-    ap.add_argument("--measure", metavar="ROWS", default="",
-                    help="measurement section: decode + forward in one pass vs apart, for these encoder rows "
-                         "(e.g. w4a8,int8,fp8; one 12288x3072 layer, --threads applies); then exit")
+    ap.add_argument(
+        "--measure",
+        metavar="ROWS",
+        default="",
+        help="measurement section: decode + forward in one pass vs apart, for these encoder rows "
+        "(e.g. w4a8,int8,fp8; one 12288x3072 layer, --threads applies); then exit",
+    )
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -525,9 +598,11 @@ def main() -> None:
         if args.threads:
             torch.set_num_threads(args.threads)
         shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
-        print(f"encoders alone, BF16 Gaussian weights, in one process; {os.cpu_count()} cores, "
-              f"{torch.get_num_threads()} torch threads; load average {os.getloadavg()[0]:.2f}; "
-              f"median of {max(1, args.rounds)} interleaved rounds")
+        print(
+            f"encoders alone, BF16 Gaussian weights, in one process; {os.cpu_count()} cores, "
+            f"{torch.get_num_threads()} torch threads; load average {os.getloadavg()[0]:.2f}; "
+            f"median of {max(1, args.rounds)} interleaved rounds"
+        )
         head = f"{'shape':>11} {'format':<13} {'cq MB/s':>9} {'ck MB/s':>9} {'ratio':>7} {'bit-exact':>9}"
         print(head)
         print("-" * len(head), flush=True)
@@ -552,9 +627,11 @@ def main() -> None:
         build_model(src)
     quantized_bytes = sum(n * k * 2 for _, n, k in LAYERS)
     largest = max(n * k * 2 for _, n, k in LAYERS) / MB
-    print(f"model: {len(LAYERS)} linears ({', '.join(f'{n}x{k}' for _, n, k in LAYERS)}), BF16, "
-          f"{quantized_bytes / MB:.0f} MiB of weights; largest layer {largest:.0f} MiB; {os.cpu_count()} cores; "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"model: {len(LAYERS)} linears ({', '.join(f'{n}x{k}' for _, n, k in LAYERS)}), BF16, "
+        f"{quantized_bytes / MB:.0f} MiB of weights; largest layer {largest:.0f} MiB; {os.cpu_count()} cores; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     pairs = [tuple(p.split(":")) for p in args.convert.split(",") if p]
     if pairs:
         convert_section(src, folder, pairs, args.repeat, quantized_bytes)
@@ -571,8 +648,10 @@ def main() -> None:
         ck = best_of(ck_runs)
         rows += [(fmt, jobs, best_of(cq_runs[jobs]), ck) for jobs in jobs_list]
     print()
-    head = (f"{'format':<6} {'jobs':>4} {'cq MB/s':>8} {'ck MB/s':>8} {'speed':>6} {'cq relL2':>9} {'ck relL2':>9} "
-            f"{'cq RSS MiB (main/worker)':>24} {'budget':>7} {'ck RSS':>7}")
+    head = (
+        f"{'format':<6} {'jobs':>4} {'cq MB/s':>8} {'ck MB/s':>8} {'speed':>6} {'cq relL2':>9} {'ck relL2':>9} "
+        f"{'cq RSS MiB (main/worker)':>24} {'budget':>7} {'ck RSS':>7}"
+    )
     print(head)
     print("-" * len(head))
     verdicts = []
@@ -580,15 +659,21 @@ def main() -> None:
         cq_rate = quantized_bytes / 1e6 / cq["seconds"]
         ck_rate = quantized_bytes / 1e6 / ck["seconds"]
         total_rss = cq["rss_main"] + (cq["rss_worker"] * jobs if jobs > 1 else 0)
-        print(f"{fmt:<6} {jobs:>4} {cq_rate:>8.1f} {ck_rate:>8.1f} {cq_rate / ck_rate:>5.2f}x {cq['rel_l2']:>9.5f} "
-              f"{ck['rel_l2']:>9.5f} {cq['rss_main']:>11.0f} / {cq['rss_worker'] if jobs > 1 else 0:>8.0f}"
-              f" {budget[jobs]:>7.0f} {ck['rss_main']:>7.0f}")
+        print(
+            f"{fmt:<6} {jobs:>4} {cq_rate:>8.1f} {ck_rate:>8.1f} {cq_rate / ck_rate:>5.2f}x {cq['rel_l2']:>9.5f} "
+            f"{ck['rel_l2']:>9.5f} {cq['rss_main']:>11.0f} / {cq['rss_worker'] if jobs > 1 else 0:>8.0f}"
+            f" {budget[jobs]:>7.0f} {ck['rss_main']:>7.0f}"
+        )
         if fmt == "w4a8":
-            verdicts.append(f"W4A8 --jobs {jobs}: throughput {cq_rate / ck_rate:.2f}x comfy-kitchen (target >= 1.0), "
-                            f"error {cq['rel_l2']:.5f} vs {ck['rel_l2']:.5f} (target <=): "
-                            f"{'MET' if cq_rate >= ck_rate and cq['rel_l2'] <= ck['rel_l2'] + 1e-12 else 'NOT MET'}")
-        verdicts.append(f"{fmt} --jobs {jobs}: peak RSS {total_rss:.0f} MiB (budget {budget[jobs]:.0f} MiB): "
-                        f"{'MET' if total_rss <= budget[jobs] else 'NOT MET'}")
+            verdicts.append(
+                f"W4A8 --jobs {jobs}: throughput {cq_rate / ck_rate:.2f}x comfy-kitchen (target >= 1.0), "
+                f"error {cq['rel_l2']:.5f} vs {ck['rel_l2']:.5f} (target <=): "
+                f"{'MET' if cq_rate >= ck_rate and cq['rel_l2'] <= ck['rel_l2'] + 1e-12 else 'NOT MET'}"
+            )
+        verdicts.append(
+            f"{fmt} --jobs {jobs}: peak RSS {total_rss:.0f} MiB (budget {budget[jobs]:.0f} MiB): "
+            f"{'MET' if total_rss <= budget[jobs] else 'NOT MET'}"
+        )
     print(f"(load average at the end: {os.getloadavg()[0]:.2f}; runs per child: {max(1, args.repeat)})")
     print()
     print("comfyquant: end to end (process start, read, encode, quality report, write, check, rename);")

@@ -218,21 +218,55 @@ def main() -> int:
         limit = TARGET_REQUESTS_HEADER_ONLY if r["header_only"] else TARGET_REQUESTS
         meets = r["max_requests"] <= limit and r["ratio"] <= TARGET_BYTES and r["same"]
         ok &= meets
-        rows.append([
-            r["name"], f"{r['size'] / 1e9:.1f} GB", r["shards"], f"{r['requests_per_shard']:.2f} (<= {limit})",
-            r["index_requests"] or "-", f"{r['header'] / 1024:.0f}+{r['marker'] / 1024:.0f} KiB",
-            f"{r['read'] / 1024:.0f} KiB", f"{r['ratio']:.3f}", f"{r['index_bytes'] / 1024:.0f} KiB" if r["index_bytes"] else "-",
-            f"{r['written_ratio']:.2f}", f"{r['remote_ms']:.1f}", f"{r['local_ms']:.1f}",
-            f"{r['remote_ms'] / r['local_ms']:.1f}x", "yes" if r["same"] else "NO", "ok" if meets else "MISSED",
-        ])
+        rows.append(
+            [
+                r["name"],
+                f"{r['size'] / 1e9:.1f} GB",
+                r["shards"],
+                f"{r['requests_per_shard']:.2f} (<= {limit})",
+                r["index_requests"] or "-",
+                f"{r['header'] / 1024:.0f}+{r['marker'] / 1024:.0f} KiB",
+                f"{r['read'] / 1024:.0f} KiB",
+                f"{r['ratio']:.3f}",
+                f"{r['index_bytes'] / 1024:.0f} KiB" if r["index_bytes"] else "-",
+                f"{r['written_ratio']:.2f}",
+                f"{r['remote_ms']:.1f}",
+                f"{r['local_ms']:.1f}",
+                f"{r['remote_ms'] / r['local_ms']:.1f}x",
+                "yes" if r["same"] else "NO",
+                "ok" if meets else "MISSED",
+            ]
+        )
     latency = f", server latency {args.latency:g} ms per request" if args.latency else ""
     print(f"remote check over HTTP on 127.0.0.1 (medians of {args.rounds} rounds{latency})\n")
-    print(table(rows, ["layout", "size", "shards", "req/shard", "index", "header+marker", "read", "read/need",
-                       "index read", "sent/need", "remote ms", "local ms", "vs local", "same", "target"]))
-    print("\nreq/shard: requests per shard (the index's own request is under 'index').  read/need: bytes "
-          "comfyquant read ÷ (header + marker bytes); target <= 1.2.  sent/need: body bytes the server wrote "
-          "to its sockets, the same way (the first request asks for up to 512 KiB and is dropped at the "
-          "header's end; loopback buffers absorb the rest).")
+    print(
+        table(
+            rows,
+            [
+                "layout",
+                "size",
+                "shards",
+                "req/shard",
+                "index",
+                "header+marker",
+                "read",
+                "read/need",
+                "index read",
+                "sent/need",
+                "remote ms",
+                "local ms",
+                "vs local",
+                "same",
+                "target",
+            ],
+        )
+    )
+    print(
+        "\nreq/shard: requests per shard (the index's own request is under 'index').  read/need: bytes "
+        "comfyquant read ÷ (header + marker bytes); target <= 1.2.  sent/need: body bytes the server wrote "
+        "to its sockets, the same way (the first request asks for up to 512 KiB and is dropped at the "
+        "header's end; loopback buffers absorb the rest)."
+    )
     print("\nall targets met" if ok else "\nSOME TARGETS MISSED")
     return 0 if ok else 1
 

@@ -35,7 +35,7 @@ def tensors() -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(6)
     out: dict[str, torch.Tensor] = {}
     for name, (n, k) in LINEARS:
-        out[f"{name}.weight"] = (torch.randn(n, k, generator=gen) * k ** -0.5).to(torch.bfloat16)
+        out[f"{name}.weight"] = (torch.randn(n, k, generator=gen) * k**-0.5).to(torch.bfloat16)
         out[f"{name}.bias"] = (torch.randn(n, generator=gen) * 0.01).to(torch.bfloat16)
     for name in NORMS:
         out[f"{name}.weight"] = (1.0 + 0.05 * torch.randn(256, generator=gen)).to(torch.bfloat16)

@@ -16,8 +16,15 @@ from safetensors.torch import save_file
 
 from comfyquant.checkpoint import open_checkpoint
 
-TORCH = {"U8": torch.uint8, "I8": torch.int8, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-         "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+TORCH = {
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+}
 
 
 def as_tensor(dtype: str, shape: tuple, data: bytes) -> torch.Tensor:
@@ -50,8 +57,7 @@ def write_claim(src: str, claim, dst: str) -> dict[str, tuple[str, tuple, bytes]
             if name not in consumed and name not in out:
                 out[name] = (e.dtype, tuple(e.shape), ckpt.read_bytes(e))
         meta = dict(ckpt.metadata())
-    layer_map = json.loads(meta.get("_quantization_metadata", "null") or "null") or {"format_version": "1.0",
-                                                                                      "layers": {}}
+    layer_map = json.loads(meta.get("_quantization_metadata", "null") or "null") or {"format_version": "1.0", "layers": {}}
     for prefix, marker in markers.items():
         if marker is None:
             layer_map["layers"].pop(prefix, None)
@@ -88,5 +94,8 @@ def export_claim(path: str, dialect: str):
 
 def stored(path: str, prefix: str) -> dict[str, torch.Tensor]:
     """A layer's tensors by suffix, as stored (torch)."""
-    return {n[len(prefix) + 1:]: as_tensor(*v) for n, v in raw_tensors(path).items() if n.startswith(prefix + ".")
-            and "." not in n[len(prefix) + 1:]}
+    return {
+        n[len(prefix) + 1 :]: as_tensor(*v)
+        for n, v in raw_tensors(path).items()
+        if n.startswith(prefix + ".") and "." not in n[len(prefix) + 1 :]
+    }

@@ -137,8 +137,11 @@ class KitchenLayer:
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same dtype, shape and bytes: bit-identical, NaN payloads and signed zeros included."""
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
-                                                                    b.reshape(-1).view(torch.uint8))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    )
 
 
 def make_weight(n: int, k: int, dtype: torch.dtype = torch.bfloat16, seed: int = 0, std: float = 0.02) -> torch.Tensor:
@@ -147,7 +150,9 @@ def make_weight(n: int, k: int, dtype: torch.dtype = torch.bfloat16, seed: int =
     return (torch.randn(n, k, generator=gen, dtype=torch.float32) * std).to(dtype)
 
 
-def quantize(variant: str | Variant, weight: torch.Tensor, group_size: int = 16, convrot_groupsize: int = 256) -> dict[str, torch.Tensor]:
+def quantize(
+    variant: str | Variant, weight: torch.Tensor, group_size: int = 16, convrot_groupsize: int = 256
+) -> dict[str, torch.Tensor]:
     """comfy-kitchen's state dict for ``weight``, keyed by suffix (``weight``, ``weight_scale`` ...)."""
     v = VARIANTS[variant] if isinstance(variant, str) else variant
     kwargs = dict(v.kwargs)
@@ -205,8 +210,9 @@ BANK_ROWS = ("weight", "weight_scale", "weight_s_rel", "weight_s_channel", "bias
 banks (spec 3.9)."""
 
 
-def moe_bank_layer(variant: str, prefix: str, experts: int = 4, n: int = 32, k: int = 256, seed: int = 0,
-                   marker: str = "comfyui") -> tuple[KitchenLayer, dict[str, torch.Tensor]]:
+def moe_bank_layer(
+    variant: str, prefix: str, experts: int = 4, n: int = 32, k: int = 256, seed: int = 0, marker: str = "comfyui"
+) -> tuple[KitchenLayer, dict[str, torch.Tensor]]:
     """A MoE expert bank of ``experts`` experts of ``[n, k]`` (spec 3.9), quantized by comfy-kitchen.
 
     W4A8 and row-scaled INT8 banks are one layer of ``experts * n`` rows, quantized as such and
@@ -229,13 +235,15 @@ def moe_bank_layer(variant: str, prefix: str, experts: int = 4, n: int = 32, k: 
         stored["bias"] = bias.reshape(experts, n).contiguous()
         for e, r in enumerate(reference):
             r["bias"] = stored["bias"][e]
-    layer = KitchenLayer(prefix, stored, dict(comfy, num_experts=experts), dict(sglang, num_experts=experts), chosen,
-                         variant, n, k)
+    layer = KitchenLayer(
+        prefix, stored, dict(comfy, num_experts=experts), dict(sglang, num_experts=experts), chosen, variant, n, k
+    )
     return layer, reference
 
 
-def dense_layer(prefix: str, shape: tuple[int, ...], dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                bias: bool = False) -> KitchenLayer:
+def dense_layer(
+    prefix: str, shape: tuple[int, ...], dtype: torch.dtype = torch.bfloat16, seed: int = 0, bias: bool = False
+) -> KitchenLayer:
     """An unquantized layer (e.g. a norm): ``weight`` of ``shape`` and optionally a bias."""
     gen = torch.Generator().manual_seed(seed)
     tensors = {"weight": (1.0 + 0.01 * torch.randn(*shape, generator=gen)).to(dtype)}
@@ -283,8 +291,9 @@ def write_layers(path, layers: Iterable[KitchenLayer], marker_mode: str = "tenso
     return str(path)
 
 
-def write_sharded(folder, shards: list[list[KitchenLayer]], marker_mode: str = "tensor",
-                  metadata: dict | None = None, basename: str = "model") -> list[str]:
+def write_sharded(
+    folder, shards: list[list[KitchenLayer]], marker_mode: str = "tensor", metadata: dict | None = None, basename: str = "model"
+) -> list[str]:
     """Write one file per group of layers plus ``<basename>.safetensors.index.json``."""
     os.makedirs(folder, exist_ok=True)
     total = len(shards)

@@ -83,8 +83,9 @@ def test_import_and_check_stay_light():
     mods = _imported_after("import comfyquant")
     assert not _roots(mods) & {*HEAVY, "dataclasses"}
     assert not [m for m in mods if m.startswith("comfyquant.") and m != "comfyquant.version"]
-    mods = _imported_after("import comfyquant\ncomfyquant.open_checkpoint\n"
-                           "r = comfyquant.check('examples/w4a8_sglang.safetensors')\nassert r.layers")
+    mods = _imported_after(
+        "import comfyquant\ncomfyquant.open_checkpoint\nr = comfyquant.check('examples/w4a8_sglang.safetensors')\nassert r.layers"
+    )
     assert not _roots(mods) & {*HEAVY, "dataclasses"}
 
 
@@ -134,12 +135,20 @@ def _private_imports(path: Path) -> list[str]:
                     (modules if own else external).add(alias.asname or alias.name)
         elif isinstance(node, ast.Import):
             external.update((a.asname or a.name).split(".")[0] for a in node.names)  # os._exit is public
-    own_attrs = {t.attr for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
-                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
-                 if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    own_attrs = {
+        t.attr
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    }
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.attr.startswith("_") and not node.attr.startswith("__")):
+        if not (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
             continue
         if node.value.id in modules:
             found.append(f"{path.name}:{node.lineno} reads {node.value.id}.{node.attr}")

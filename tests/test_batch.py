@@ -52,8 +52,14 @@ def tree(tmp_path):
     return str(root)
 
 
-LABELS = ["flux/model.safetensors.index.json", "good.safetensors", "nested/deeper/c.safetensors",
-          "seed.safetensors", "wan/vae-NNNNN-of-00002.safetensors", "wan/wan-NNNNN-of-00003.safetensors"]
+LABELS = [
+    "flux/model.safetensors.index.json",
+    "good.safetensors",
+    "nested/deeper/c.safetensors",
+    "seed.safetensors",
+    "wan/vae-NNNNN-of-00002.safetensors",
+    "wan/wan-NNNNN-of-00003.safetensors",
+]
 
 
 def test_grouping(tree):
@@ -70,21 +76,34 @@ def test_grouping(tree):
 
 
 def test_group_rules_on_names():
-    files = ["r/a/x.safetensors.index.json", "r/a/x-00001-of-00002.safetensors", "r/a/x-00002-of-00002.safetensors",
-             "r/a/odd-00007-of-00002.safetensors", "r/a/y-1-of-2.safetensors", "r/b/y-2-of-2.safetensors"]
+    files = [
+        "r/a/x.safetensors.index.json",
+        "r/a/x-00001-of-00002.safetensors",
+        "r/a/x-00002-of-00002.safetensors",
+        "r/a/odd-00007-of-00002.safetensors",
+        "r/a/y-1-of-2.safetensors",
+        "r/b/y-2-of-2.safetensors",
+    ]
     # the index cannot be read (it does not exist): it is its own checkpoint, its shards group by stem
     labels = [(g.label, len(g.paths), len(g.missing)) for g in group(files, "r")]
-    assert labels == [("a/odd-00007-of-00002.safetensors", 1, 0), ("a/x-NNNNN-of-00002.safetensors", 2, 0),
-                      ("a/x.safetensors.index.json", 1, 0), ("a/y-N-of-2.safetensors", 1, 1), ("b/y-N-of-2.safetensors", 1, 1)]
+    assert labels == [
+        ("a/odd-00007-of-00002.safetensors", 1, 0),
+        ("a/x-NNNNN-of-00002.safetensors", 2, 0),
+        ("a/x.safetensors.index.json", 1, 0),
+        ("a/y-N-of-2.safetensors", 1, 1),
+        ("b/y-N-of-2.safetensors", 1, 1),
+    ]
 
 
 def test_each_checkpoint_checked_like_alone(tree):
     result = check_tree([tree])
     assert [i.label for i in result.items] == LABELS
     by = {i.label: i for i in result.items}
-    for label, alone in [("flux/model.safetensors.index.json", os.path.join(tree, "flux")),
-                         ("seed.safetensors", os.path.join(tree, "seed.safetensors")),
-                         ("good.safetensors", os.path.join(tree, "good.safetensors"))]:
+    for label, alone in [
+        ("flux/model.safetensors.index.json", os.path.join(tree, "flux")),
+        ("seed.safetensors", os.path.join(tree, "seed.safetensors")),
+        ("good.safetensors", os.path.join(tree, "good.safetensors")),
+    ]:
         r, a = by[label].report.to_dict(), check(alone).to_dict()
         assert [f["code"] for f in r["findings"]] == [f["code"] for f in a["findings"]]
         assert r["targets"] == a["targets"]
@@ -134,8 +153,18 @@ def test_cli_text_lines_and_table(tree, capsys):
     assert lines[1].startswith("OK      good.safetensors: 1 file, 3 layers, 0 errors")
     assert any(line.startswith("FAILED  wan/wan-NNNNN-of-00003.safetensors: 2 files") for line in lines)
     table_head = next(line for line in lines if line.startswith("checkpoint"))
-    assert table_head.split() == ["checkpoint", "files", "layers", "errors", "warnings", "sglang", "comfyui",
-                                  "comfy-kitchen", "requests", "read"]
+    assert table_head.split() == [
+        "checkpoint",
+        "files",
+        "layers",
+        "errors",
+        "warnings",
+        "sglang",
+        "comfyui",
+        "comfy-kitchen",
+        "requests",
+        "read",
+    ]
     assert lines[-1].startswith("6 checkpoints: 3 OK, 3 FAILED; loads: sglang ")
     rc, out, _ = cli(capsys, "check", tree, "-r", "-v", "--target", "comfyui")
     assert "        read " in out and " requests, " in out

@@ -50,7 +50,9 @@ def test_torch_and_numpy_paths_are_bit_identical(rows, cols):
 
 
 def test_fix_transforms_do_not_import_torch():
-    code = ("import sys; from comfyquant.numerics import bytewise as transforms; "
-            "transforms.from_blocked(transforms.to_blocked(bytes(range(60)), 20, 3)[0], 20, 3); "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys; from comfyquant.numerics import bytewise as transforms; "
+        "transforms.from_blocked(transforms.to_blocked(bytes(range(60)), 20, 3)[0], 20, 3); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -26,8 +26,11 @@ def run(capsys, *args):
 
 def test_exit_codes(tmp_path, capsys):
     good = write(tmp_path / "good.safetensors", w4a8_layer(P), dense_layer("norm"))
-    warn = write(tmp_path / "warn.safetensors", w4a8_layer(P, marker=dict(W4A8_MARKER, convrot_groupsize=256)),
-                 metadata={"_quantization_metadata": json.dumps({"layers": {}})})
+    warn = write(
+        tmp_path / "warn.safetensors",
+        w4a8_layer(P, marker=dict(W4A8_MARKER, convrot_groupsize=256)),
+        metadata={"_quantization_metadata": json.dumps({"layers": {}})},
+    )
     bad = write(tmp_path / "bad.safetensors", w4a8_layer(P, correction=zeros("BF16", (32, 16))))
     assert run(capsys, "check", good)[0] == 0
     assert run(capsys, "check", warn)[0] == 0  # info/warnings only
@@ -51,8 +54,12 @@ def test_check_json_schema(tmp_path, capsys):
     for t in doc["targets"].values():
         assert TARGET_KEYS <= set(t)
         assert isinstance(t["loads"], bool)
-    assert doc["targets"]["sglang"] == {**doc["targets"]["sglang"], "loads": False, "exception": "ValueError",
-                                        "error": f"Comfy W4A8 layer '{P}' has an incompatible correction tensor"}
+    assert doc["targets"]["sglang"] == {
+        **doc["targets"]["sglang"],
+        "loads": False,
+        "exception": "ValueError",
+        "error": f"Comfy W4A8 layer '{P}' has an incompatible correction tensor",
+    }
     assert doc["findings"]
     for f in doc["findings"]:
         assert FINDING_KEYS <= set(f)
@@ -67,7 +74,9 @@ def test_check_json_schema(tmp_path, capsys):
 def test_text_output_groups_repeated_findings(tmp_path, capsys):
     layers = {}
     for i in range(12):
-        layers.update(w4a8_layer(f"blocks.{i}.q", marker={"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256}))
+        layers.update(
+            w4a8_layer(f"blocks.{i}.q", marker={"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256})
+        )
     p = write(tmp_path / "many.safetensors", layers)
     rc, out, _ = run(capsys, "check", p)
     assert rc == 1
@@ -124,11 +133,14 @@ def test_commands_that_need_an_extra_say_which(tmp_path):
     import sys
 
     src = os.path.join(os.path.dirname(__file__), "..", "examples", "mixed_comfyui.safetensors")
-    code = ("import sys; sys.modules['torch'] = None\n"  # import torch now fails as on a light install
-            "from comfyquant.cli import main\n"
-            "sys.exit(main(sys.argv[1:]))\n")
-    r = subprocess.run([sys.executable, "-c", code, "dequantize", src, str(tmp_path / "d.safetensors")],
-                       capture_output=True, text=True)
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # import torch now fails as on a light install
+        "from comfyquant.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, "dequantize", src, str(tmp_path / "d.safetensors")], capture_output=True, text=True
+    )
     assert r.returncode == 2
     assert r.stderr == "comfyquant dequantize: needs torch, which is not installed (pip install 'comfyquant[torch]')\n"
     r = subprocess.run([sys.executable, "-c", code, "check", src], capture_output=True, text=True)

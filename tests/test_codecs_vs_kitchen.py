@@ -215,21 +215,26 @@ def test_awq_decode_and_linear(dtype_name):
 
 def awq_layer(dtype, n: int, k: int, g: int, gen: torch.Generator) -> tuple[dict, QuantizedTensor]:
     """Random AWQ W4A16 tensors (drawn from ``gen``) and comfy-kitchen's tensor of them."""
-    t = {"weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
-         "weight_scale": (torch.rand(k // g, n, generator=gen) * 0.01).to(dtype),
-         "weight_zeros": (torch.randn(k // g, n, generator=gen) * 0.01).to(dtype)}
-    params = TensorCoreAWQW4A16Layout.Params(scale=t["weight_scale"], orig_dtype=dtype, orig_shape=(n, k),
-                                             zeros=t["weight_zeros"], group_size=g)
+    t = {
+        "weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
+        "weight_scale": (torch.rand(k // g, n, generator=gen) * 0.01).to(dtype),
+        "weight_zeros": (torch.randn(k // g, n, generator=gen) * 0.01).to(dtype),
+    }
+    params = TensorCoreAWQW4A16Layout.Params(
+        scale=t["weight_scale"], orig_dtype=dtype, orig_shape=(n, k), zeros=t["weight_zeros"], group_size=g
+    )
     return t, QuantizedTensor(t["weight"], "TensorCoreAWQW4A16Layout", params)
 
 
 def svdquant_tensors(dtype, n=128, k=256, r=16, packed=False, seed=4):
     gen = torch.Generator().manual_seed(seed)
-    t = {"weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
-         "weight_scale": (torch.rand(k // 64, n, generator=gen) * 0.01 + 0.001).to(dtype),
-         "weight_proj_down": (torch.randn(k, r, generator=gen) * 0.05).to(dtype),
-         "weight_proj_up": (torch.randn(n, r, generator=gen) * 0.05).to(dtype),
-         "weight_smooth_factor": (torch.rand(k, generator=gen) + 0.5).to(dtype)}
+    t = {
+        "weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
+        "weight_scale": (torch.rand(k // 64, n, generator=gen) * 0.01 + 0.001).to(dtype),
+        "weight_proj_down": (torch.randn(k, r, generator=gen) * 0.05).to(dtype),
+        "weight_proj_up": (torch.randn(n, r, generator=gen) * 0.05).to(dtype),
+        "weight_smooth_factor": (torch.rand(k, generator=gen) + 0.5).to(dtype),
+    }
     if packed:  # kitchen_tile_packed_w4a4, the inverse of the spec's mapping
         nt, kg = n // 128, k // 64
         t["weight"] = t["weight"].view(nt, 32, 4, kg, 32).permute(0, 3, 1, 2, 4).reshape(nt, kg, 32, 128).contiguous()
@@ -245,9 +250,15 @@ def test_svdquant_decode_and_linear(dtype_name, unsigned, packed):
     dtype = DTYPES[dtype_name]
     n, k = 128, 256
     t = svdquant_tensors(dtype, n, k, packed=packed)
-    params = TensorCoreSVDQuantW4A4Layout.Params(scale=t["weight_scale"], orig_dtype=dtype, orig_shape=(n, k),
-                                                 proj_down=t["weight_proj_down"], proj_up=t["weight_proj_up"],
-                                                 smooth_factor=t["weight_smooth_factor"], act_unsigned=unsigned)
+    params = TensorCoreSVDQuantW4A4Layout.Params(
+        scale=t["weight_scale"],
+        orig_dtype=dtype,
+        orig_shape=(n, k),
+        proj_down=t["weight_proj_down"],
+        proj_up=t["weight_proj_up"],
+        smooth_factor=t["weight_smooth_factor"],
+        act_unsigned=unsigned,
+    )
     q = QuantizedTensor(t["weight"], "TensorCoreSVDQuantW4A4Layout", params)
     marker = {"format": "svdquant_w4a4", "act_unsigned": unsigned}
     codec = codecs.get("svdquant_w4a4")
@@ -271,6 +282,7 @@ def test_row_blocks_decode_to_the_same_bits(variant):
 
 
 # -- bad input --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("fmt", ["float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4", "mxfp8"])
 def test_nan_or_inf_in_encode_input_names_the_layer(fmt):
@@ -314,7 +326,10 @@ def test_tensors_that_contradict_the_marker_are_refused_with_the_checker_message
     codec = codecs.get("asym_w4a8_int8")
     enc = codec.encode(weight("gauss", 32, 256, torch.bfloat16), symmetric=False, codebook=False)
     bad = dict(enc, weight_correction=enc["weight_correction"].t().contiguous())
-    with pytest.raises(CodecError, match=r"layer 'blocks\.0\.mlp' \(asym_w4a8_int8\): weight_correction is BF16 \(32, 16\), expected F32 \(16, 32\)"):
+    with pytest.raises(
+        CodecError,
+        match=r"layer 'blocks\.0\.mlp' \(asym_w4a8_int8\): weight_correction is BF16 \(32, 16\), expected F32 \(16, 32\)",
+    ):
         codec.decode(bad, enc.marker, layer="blocks.0.mlp")
     with pytest.raises(CodecError, match="s_rel"):
         codec.decode(dict(enc, weight_s_rel=enc["weight_s_rel"][:, :8]), enc.marker, layer="x")
@@ -425,8 +440,9 @@ def _recording_source(w: torch.Tensor, reads: list):
     return RowSource(tuple(w.shape), w.dtype, read)
 
 
-@pytest.mark.parametrize("variant", ["w4a8_codebook", "w4a8_asym", "w6a8", "int8_convrot", "int8_scalar", "w4a4",
-                                     "nvfp4", "mxfp8", "fp8"])
+@pytest.mark.parametrize(
+    "variant", ["w4a8_codebook", "w4a8_asym", "w6a8", "int8_convrot", "int8_scalar", "w4a4", "nvfp4", "mxfp8", "fp8"]
+)
 def test_row_source_encodes_like_the_tensor_and_is_never_read_whole(monkeypatch, variant):
     import comfyquant.numerics.rows as rows
 
@@ -538,8 +554,10 @@ def test_w4a8_exact_unrotation_in_either_dtype(variant, gemm_dtype):
     assert not codec._whole_layer(plan.env, torch.bfloat16, ref)
     table = codec._prepare(ref, plan.env, torch.bfloat16)
     gemm = DTYPES[gemm_dtype]
-    blocks = [rotate_weight(codec._rotated(ref, plan.env, r0, r1, table, torch.bfloat16).to(gemm), 256).to(torch.bfloat16)
-              for r0, r1 in ((0, 5), (5, 21), (21, 90), (90, 96))]
+    blocks = [
+        rotate_weight(codec._rotated(ref, plan.env, r0, r1, table, torch.bfloat16).to(gemm), 256).to(torch.bfloat16)
+        for r0, r1 in ((0, 5), (5, 21), (21, 90), (90, 96))
+    ]
     assert same_bits(torch.cat(blocks), q.dequantize())
     assert w4a8._EXACT_MAX_BLOCK == 256
 

@@ -77,6 +77,7 @@ def quantized(tmp_path, fmt: str, name: str = "q.safetensors", src: str | None =
 
 # -- compare: figures ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "int8", "w4a8", "fp8", "mxfp8", "w4a4"])
 def test_figures_equal_a_direct_computation_in_model_order(tmp_path, fmt):
     src, out = quantized(tmp_path, fmt)
@@ -177,12 +178,20 @@ def test_padded_decode_compares_the_models_part(tmp_path):
 
 
 def test_only_in_one_file_differing_shapes_and_layer_globs(tmp_path, capsys):
-    a = {"blocks.1.x.weight": make_weight(32, 64, seed=1), "blocks.2.y.weight": make_weight(32, 64, seed=2),
-         "only_a.weight": make_weight(8, 64, seed=3), "idx.weight": torch.arange(8, dtype=torch.int64),
-         "wide.weight": make_weight(4, 8, torch.float64, seed=6)}
-    b = {"blocks.1.x.weight": make_weight(32, 64, seed=4), "blocks.2.y.weight": make_weight(64, 32, seed=2),
-         "only_b.weight": make_weight(8, 64, seed=5), "idx.weight": torch.arange(8, dtype=torch.int64),
-         "wide.weight": make_weight(4, 8, torch.float32, seed=7)}
+    a = {
+        "blocks.1.x.weight": make_weight(32, 64, seed=1),
+        "blocks.2.y.weight": make_weight(32, 64, seed=2),
+        "only_a.weight": make_weight(8, 64, seed=3),
+        "idx.weight": torch.arange(8, dtype=torch.int64),
+        "wide.weight": make_weight(4, 8, torch.float64, seed=6),
+    }
+    b = {
+        "blocks.1.x.weight": make_weight(32, 64, seed=4),
+        "blocks.2.y.weight": make_weight(64, 32, seed=2),
+        "only_b.weight": make_weight(8, 64, seed=5),
+        "idx.weight": torch.arange(8, dtype=torch.int64),
+        "wide.weight": make_weight(4, 8, torch.float32, seed=7),
+    }
     save_file(a, str(tmp_path / "a.safetensors"))
     save_file(b, str(tmp_path / "b.safetensors"))
     result = compare(str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), progress=False)
@@ -193,8 +202,9 @@ def test_only_in_one_file_differing_shapes_and_layer_globs(tmp_path, capsys):
     assert_figures(by["blocks.1.x"], a["blocks.1.x.weight"], b["blocks.1.x.weight"])
     assert (by["wide"].a, by["wide"].b) == ("dense F64", "dense F32")
     assert_figures(by["wide"], a["wide.weight"], b["wide.weight"])
-    code, out, _ = run_cli(["compare", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"),
-                            "--layers", "blocks.*"], capsys)
+    code, out, _ = run_cli(
+        ["compare", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), "--layers", "blocks.*"], capsys
+    )
     assert code == 0
     assert "not compared: blocks.2.y: shapes differ" in out and "only_a" not in out and "idx" not in out
     code, out, _ = run_cli(["compare", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), "--json"], capsys)
@@ -213,8 +223,9 @@ def test_nonfinite_values_are_reported_not_hidden(tmp_path, capsys):
     code, out, _ = run_cli(["compare", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), "--json"], capsys)
     row = json.loads(out)["layers"][0]
     assert code == 0 and row["nonfinite"] == 1 and row["rel_l2"] is None
-    code, out, _ = run_cli(["compare", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"),
-                            "--max-error", "0.5"], capsys)
+    code, out, _ = run_cli(
+        ["compare", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), "--max-error", "0.5"], capsys
+    )
     assert code == 1 and "NaN/Inf" in out and "FAILED: 1 layer above it" in out
 
 
@@ -247,9 +258,11 @@ def test_broken_inputs_are_refused_in_one_line(tmp_path, capsys):
 
 # -- the --max-error gate and --reference ----------------------------------------------------
 
+
 def _errors(doc: dict, key: str = "weight") -> dict[str, float]:
-    return {r["layer"]: (r["reference"] if key == "reference" else r)["weight"]["rel_l2"]
-            for r in doc["layers"] if r.get("weight")}
+    return {
+        r["layer"]: (r["reference"] if key == "reference" else r)["weight"]["rel_l2"] for r in doc["layers"] if r.get("weight")
+    }
 
 
 def test_quantize_gate_passes_and_fails_with_exit_codes_and_names(tmp_path, capsys):
@@ -269,19 +282,24 @@ def test_quantize_gate_passes_and_fails_with_exit_codes_and_names(tmp_path, caps
     # the same run over the limit leaves a file it cannot silently replace
     code, _, err = run_cli(["quantize", src, out, "-f", "int8", "--no-progress", "--max-error", repr(limit)], capsys)
     assert code == 2 and "q.over-max-error.safetensors: exists; pass --overwrite" in err and "--max-error" in err
-    code, text, _ = run_cli(["quantize", src, out, "-f", "int8", "--no-progress", "--max-error", "0.5", "--json",
-                             "--overwrite"], capsys)
+    code, text, _ = run_cli(
+        ["quantize", src, out, "-f", "int8", "--no-progress", "--max-error", "0.5", "--json", "--overwrite"], capsys
+    )
     doc = json.loads(text)
-    assert code == 0 and os.path.exists(out) and doc["max_error"] == {
-        "limit": 0.5, "against": "source", "ok": True, "measured": 3, "over": []}
+    assert (
+        code == 0
+        and os.path.exists(out)
+        and doc["max_error"] == {"limit": 0.5, "against": "source", "ok": True, "measured": 3, "over": []}
+    )
     code, _, err = run_cli(["quantize", src, out, "-f", "int8", "--max-error", "-1", "--overwrite"], capsys)
     assert code == 2 and "--max-error must be a finite number >= 0" in err
 
 
 def test_quantize_gate_default_name_and_sharded_folder(tmp_path, capsys):
     src = dense_model(tmp_path / "dense.safetensors")
-    code, _, _ = run_cli(["quantize", src, "-f", "nvfp4", "--target", "comfy-kitchen", "--no-progress",
-                          "--max-error", "0.001"], capsys)
+    code, _, _ = run_cli(
+        ["quantize", src, "-f", "nvfp4", "--target", "comfy-kitchen", "--no-progress", "--max-error", "0.001"], capsys
+    )
     assert code == 1
     assert sorted(os.listdir(tmp_path)) == ["dense.nvfp4.over-max-error.safetensors", "dense.safetensors"]
     folder = tmp_path / "model"
@@ -316,12 +334,14 @@ def test_convert_reference_measures_against_the_original(tmp_path, capsys):
     # a limit between the two: passes against the decoded input, fails against the original
     limit = 2 * max(_errors(doc).values())
     assert limit < min(_errors(doc, "reference").values())
-    code, text, _ = run_cli(["convert", q, out, "--to", "int8", "--max-error", repr(limit), "--overwrite",
-                             "--no-progress"], capsys)
+    code, text, _ = run_cli(
+        ["convert", q, out, "--to", "int8", "--max-error", repr(limit), "--overwrite", "--no-progress"], capsys
+    )
     assert code == 0 and "max-error gate: passed" in text
     os.unlink(out)
-    code, text, _ = run_cli(["convert", q, out, "--to", "int8", "--reference", src, "--max-error", repr(limit),
-                             "--no-progress"], capsys)
+    code, text, _ = run_cli(
+        ["convert", q, out, "--to", "int8", "--reference", src, "--max-error", repr(limit), "--no-progress"], capsys
+    )
     assert code == 1 and not os.path.exists(out) and os.path.exists(str(tmp_path / "c.over-max-error.safetensors"))
     assert "FAILED: 3 layers" in text and "against the reference" in text and "vs reference" in text
 
@@ -392,8 +412,9 @@ def test_fix_gate(tmp_path, capsys):
 def test_fix_gate_never_replaces_the_input_in_place(tmp_path, capsys):
     src, ref = _int8_unsized(tmp_path)
     before = open(src, "rb").read()
-    code, _, _ = run_cli(["fix", src, "--in-place", "--convrot-groupsize", "256", "--reference", ref,
-                          "--max-error", "0.0001"], capsys)
+    code, _, _ = run_cli(
+        ["fix", src, "--in-place", "--convrot-groupsize", "256", "--reference", ref, "--max-error", "0.0001"], capsys
+    )
     assert code == 1 and open(src, "rb").read() == before
     assert os.path.exists(str(tmp_path / "in.over-max-error.safetensors"))
 
@@ -406,8 +427,11 @@ def test_moe_expert_banks_against_their_dense_experts(tmp_path, variant):
     layer, _ = moe_bank_layer(variant, "blocks.0.moe.experts", experts, n, k, seed=3)
     path = write_layers(tmp_path / "bank.safetensors", [layer])
     flat = VARIANTS[variant].format == "asym_w4a8_int8" or VARIANTS[variant].kwargs.get("per_channel")
-    dense = (make_weight(experts * n, k, seed=3).reshape(experts, n, k) if flat
-             else torch.stack([make_weight(n, k, seed=3 + e) for e in range(experts)]))
+    dense = (
+        make_weight(experts * n, k, seed=3).reshape(experts, n, k)
+        if flat
+        else torch.stack([make_weight(n, k, seed=3 + e) for e in range(experts)])
+    )
     save_file({"blocks.0.moe.experts.weight": dense.contiguous()}, str(tmp_path / "ref.safetensors"))
     [row] = compare(path, str(tmp_path / "ref.safetensors"), progress=False).layers
     assert row.compared and row.shape == [experts, n, k]
@@ -454,10 +478,10 @@ def test_layer_after_layer_reuses_memory_and_the_figures_stay(tmp_path, monkeypa
     from comfyquant.numerics import pages
 
     pools = reuse_pools  # small layers' buffers count as large
-    a = write_layers(tmp_path / "a.safetensors", [make_layer("int8_convrot", prefix=f"l{i}", n=512, k=512, seed=i)
-                                                  for i in range(3)])
-    b = write_layers(tmp_path / "b.safetensors", [make_layer("w4a4", prefix=f"l{i}", n=512, k=512, seed=i)
-                                                  for i in range(3)])
+    a = write_layers(
+        tmp_path / "a.safetensors", [make_layer("int8_convrot", prefix=f"l{i}", n=512, k=512, seed=i) for i in range(3)]
+    )
+    b = write_layers(tmp_path / "b.safetensors", [make_layer("w4a4", prefix=f"l{i}", n=512, k=512, seed=i) for i in range(3)])
     reused = compare(a, b, progress=False).to_dict()
     assert len(pools) == 1 and pools[0].reused > 0 and pages._REUSE is None
     monkeypatch.setattr(comparison, "_reused_outputs", contextlib.nullcontext)
@@ -474,10 +498,14 @@ def test_large_packed_tensors_are_mapped_and_the_figures_stay(tmp_path, monkeypa
     import comfyquant.io.source as source
 
     monkeypatch.setattr(dq, "MAP_MIN", 4096)
-    a = write_layers(tmp_path / "a.safetensors", [make_layer(v, prefix=f"l{i}", n=256, k=512, seed=i)
-                                                  for i, v in enumerate(["fp8", "int8_convrot", "nvfp4"])])
-    b = write_layers(tmp_path / "b.safetensors", [make_layer(v, prefix=f"l{i}", n=256, k=512, seed=i)
-                                                  for i, v in enumerate(["w4a8_codebook", "mxfp8", "w4a4"])])
+    a = write_layers(
+        tmp_path / "a.safetensors",
+        [make_layer(v, prefix=f"l{i}", n=256, k=512, seed=i) for i, v in enumerate(["fp8", "int8_convrot", "nvfp4"])],
+    )
+    b = write_layers(
+        tmp_path / "b.safetensors",
+        [make_layer(v, prefix=f"l{i}", n=256, k=512, seed=i) for i, v in enumerate(["w4a8_codebook", "mxfp8", "w4a4"])],
+    )
     real = source.LocalFile.mapped
     calls = []
 

@@ -76,10 +76,15 @@ def test_named_pipes_and_devices_are_refused_without_blocking(tmp_path, capsys):
     rules = tmp_path / "other" / "rules.toml"
     os.mkfifo(rules)
     dense = write(tmp_path / "other" / "dense.safetensors", dense_layer("blocks.0.fc"))
-    runs = [("check", str(pipe)), ("check", str(tmp_path)), ("inspect", str(index)), ("check", "/dev/zero"),
-            ("quantize", "/dev/zero", str(tmp_path / "q.safetensors"), "-f", "fp8"),
-            ("dequantize", str(pipe), str(tmp_path / "d.safetensors")),
-            ("quantize", dense, str(tmp_path / "r.safetensors"), "--rules", str(rules))]
+    runs = [
+        ("check", str(pipe)),
+        ("check", str(tmp_path)),
+        ("inspect", str(index)),
+        ("check", "/dev/zero"),
+        ("quantize", "/dev/zero", str(tmp_path / "q.safetensors"), "-f", "fp8"),
+        ("dequantize", str(pipe), str(tmp_path / "d.safetensors")),
+        ("quantize", dense, str(tmp_path / "r.safetensors"), "--rules", str(rules)),
+    ]
     results = []
     worker = threading.Thread(target=lambda: results.extend(run_cli(capsys, *r) for r in runs), daemon=True)
     worker.start()
@@ -101,8 +106,10 @@ def test_json_nested_too_deeply_is_bad_input_not_a_crash(tmp_path, capsys):
     rc, _, err = run_cli(capsys, "check", header)
     assert rc == 2 and err.count("\n") == 1 and "header is not valid safetensors JSON (nested too deeply" in err
     marker = ('{"format":' + deep + "}").encode()
-    entries = {"x.comfy_quant": {"dtype": "U8", "shape": [len(marker)], "data_offsets": [0, len(marker)]},
-               "x.weight": {"dtype": "F8_E4M3", "shape": [4, 4], "data_offsets": [len(marker), len(marker) + 16]}}
+    entries = {
+        "x.comfy_quant": {"dtype": "U8", "shape": [len(marker)], "data_offsets": [0, len(marker)]},
+        "x.weight": {"dtype": "F8_E4M3", "shape": [4, 4], "data_offsets": [len(marker), len(marker) + 16]},
+    }
     p = raw_file(tmp_path / "m.safetensors", json.dumps(entries), marker + bytes(16))
     assert "M001" in {f.code for f in check(p).findings}
     p = raw_file(tmp_path / "q.safetensors", json.dumps({"__metadata__": {"_quantization_metadata": '{"layers":' + deep + "}"}}))
@@ -183,9 +190,25 @@ def test_sparse_40gb_file_checks_without_reading_data(tmp_path):
         tensors[f"{p}.weight"] = ("I8", (n, k // 2), b"")
         tensors[f"{p}.weight_s_rel"] = ("F8_E4M3", (n, k // 16), b"")
         tensors[f"{p}.weight_s_channel"] = ("F32", (n,), b"")
-    header = build_header(tensors, {"_quantization_metadata": json.dumps(
-        {"format_version": "1.0", "layers": {f"blocks.{i}.ff": {"format": "asym_w4a8_int8", "group_size": 16,
-                                                               "convrot_groupsize": 256, "convrot": True} for i in range(4)}})})
+    header = build_header(
+        tensors,
+        {
+            "_quantization_metadata": json.dumps(
+                {
+                    "format_version": "1.0",
+                    "layers": {
+                        f"blocks.{i}.ff": {
+                            "format": "asym_w4a8_int8",
+                            "group_size": 16,
+                            "convrot_groupsize": 256,
+                            "convrot": True,
+                        }
+                        for i in range(4)
+                    },
+                }
+            )
+        },
+    )
     total = len(header) + sum(n * k // 2 + n * k // 16 + 4 * n for _ in range(4))
     path = tmp_path / "huge.safetensors"
     with open(path, "wb") as fh:
@@ -207,8 +230,7 @@ def headers(draw):
     """A valid header (tensors tiling the data area in a shuffled order, zero-length ones
     included) and, half of the time, one corruption of one entry."""
     n = draw(st.integers(0, 12))
-    specs = [(draw(st.sampled_from(sorted(_DTYPES))), tuple(draw(st.lists(st.integers(0, 5), max_size=3))))
-             for _ in range(n)]
+    specs = [(draw(st.sampled_from(sorted(_DTYPES))), tuple(draw(st.lists(st.integers(0, 5), max_size=3)))) for _ in range(n)]
     order = draw(st.permutations(range(n)))
     obj, pos = {}, 0
     for i in order:

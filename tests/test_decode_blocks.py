@@ -25,9 +25,18 @@ from test_codecs_vs_kitchen import DTYPES, ENCODE_ARGS, awq_layer, kitchen_qtens
 
 # (variant, N, K): rotated formats need K a multiple of 256 (64 for W4A4's groups)
 SHAPES = {
-    "fp8": (203, 200), "fp8_e5m2": (203, 200), "int8_scalar": (203, 200), "int8_rowwise": (203, 200),
-    "int8_convrot": (203, 512), "w4a8_codebook": (203, 512), "w4a8_uniform": (203, 512), "w4a8_asym": (203, 512),
-    "w6a8": (203, 512), "w4a4": (203, 512), "nvfp4": (203, 200), "mxfp8": (203, 200),
+    "fp8": (203, 200),
+    "fp8_e5m2": (203, 200),
+    "int8_scalar": (203, 200),
+    "int8_rowwise": (203, 200),
+    "int8_convrot": (203, 512),
+    "w4a8_codebook": (203, 512),
+    "w4a8_uniform": (203, 512),
+    "w4a8_asym": (203, 512),
+    "w6a8": (203, 512),
+    "w4a4": (203, 512),
+    "nvfp4": (203, 200),
+    "mxfp8": (203, 200),
 }
 BLOCKS = (1 << 24, 16 * 512, 5000)
 """One block for the whole layer, blocks of 16 rows (at K=512), and blocks whose size is
@@ -92,9 +101,15 @@ def test_blocked_svdquant_decode_equals_kitchen(dtype_name, threads):
     dtype = DTYPES[dtype_name]
     n, k = 384, 320  # three 128-row tiles; K not a multiple of 256 (the low-rank GEMM's padding)
     t = svdquant_tensors(dtype, n, k, seed=9)
-    params = TensorCoreSVDQuantW4A4Layout.Params(scale=t["weight_scale"], orig_dtype=dtype, orig_shape=(n, k),
-                                                 proj_down=t["weight_proj_down"], proj_up=t["weight_proj_up"],
-                                                 smooth_factor=t["weight_smooth_factor"], act_unsigned=False)
+    params = TensorCoreSVDQuantW4A4Layout.Params(
+        scale=t["weight_scale"],
+        orig_dtype=dtype,
+        orig_shape=(n, k),
+        proj_down=t["weight_proj_down"],
+        proj_up=t["weight_proj_up"],
+        smooth_factor=t["weight_smooth_factor"],
+        act_unsigned=False,
+    )
     expected = QuantizedTensor(t["weight"], "TensorCoreSVDQuantW4A4Layout", params).dequantize()
     for got in _decodes(codecs.get("svdquant_w4a4"), t, {"format": "svdquant_w4a4"}, dtype):
         assert same_bits(got, expected)
@@ -331,8 +346,10 @@ def test_a_large_result_reuses_the_last_ones_memory_once_nothing_uses_it(spare):
         assert c.data_ptr() != kept and same_bits(c, refs[last])  # a view of the last result holds it
         kept = c.data_ptr()
     for holder, ref in holders:  # and each still shows its own result's values
-        assert np.array_equal(np.asarray(holder if not isinstance(holder, torch.Tensor) else holder.view(torch.int16))
-                              .reshape(-1)[-512:], ref.view(torch.int16).reshape(-1)[-512:].numpy())
+        assert np.array_equal(
+            np.asarray(holder if not isinstance(holder, torch.Tensor) else holder.view(torch.int16)).reshape(-1)[-512:],
+            ref.view(torch.int16).reshape(-1)[-512:].numpy(),
+        )
     half = codec.encode(weight("gauss", 2048, 2048, torch.bfloat16, seed=7))
     del c
     d = codec.decode(half, half.marker)  # half the size: it would waste half the memory
@@ -546,8 +563,7 @@ def test_fp8_layer_with_nan_codes_decodes_like_torch(nan):
     q = codes.view(torch.float8_e4m3fn)
     s = torch.tensor(0.01)
     assert folded_scale(q, s, torch.bfloat16) is None
-    got = codecs.get("float8_e4m3fn").decode({"weight": q, "weight_scale": s}, {"format": "float8_e4m3fn"},
-                                             dtype=torch.bfloat16)
+    got = codecs.get("float8_e4m3fn").decode({"weight": q, "weight_scale": s}, {"format": "float8_e4m3fn"}, dtype=torch.bfloat16)
     assert same_bits(got, q.to(torch.bfloat16) * s.to(torch.bfloat16))
 
 
@@ -600,8 +616,7 @@ def test_mxfp8_bit_path_equals_kitchen_for_every_code_and_scale(case, monkeypatc
     monkeypatch.setattr(mx, "widen_e4m3_scaled", lambda *a: used.append(1) or real(*a))
     codec = codecs.get("mxfp8")
     for b in (1 << 20, 16 * k):
-        got = codec.decode({"weight": q, "weight_scale": scale}, {"format": "mxfp8"}, dtype=torch.bfloat16,
-                           block_elements=b)
+        got = codec.decode({"weight": q, "weight_scale": scale}, {"format": "mxfp8"}, dtype=torch.bfloat16, block_elements=b)
         assert same_bits(got, expected), b
     assert bool(used) == (case in ("every code", "a NaN code"))
 
@@ -618,7 +633,7 @@ def test_nvfp4_packed_weight_decode_equals_the_unpacked_codes():
     packed.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)
     scales = (torch.rand(48, 128 // 16, generator=g) * 448).to(torch.float8_e4m3fn)
     scales[0, 0] = 0.0
-    scales[1, 1] = torch.tensor(2.0 ** -9).to(torch.float8_e4m3fn)  # the smallest E4M3 subnormal
+    scales[1, 1] = torch.tensor(2.0**-9).to(torch.float8_e4m3fn)  # the smallest E4M3 subnormal
     for ts in (torch.tensor(0.0123), torch.tensor(1.0), torch.tensor(3.0e-6)):
         want = dequantize_f32(unpack_nibbles(packed, HNF), scales, ts)
         got = dequantize_packed_f32(packed, scales, ts)
@@ -657,8 +672,12 @@ def test_decode_into_a_wrong_destination_is_refused():
     w = weight("gauss", 64, 256, torch.bfloat16, seed=2)
     codec = codecs.get("float8_e4m3fn")
     enc = codec.encode(w)
-    bad = {"shape": torch.empty(64, 255, dtype=torch.bfloat16), "dtype": torch.empty(64, 256, dtype=torch.float16),
-           "strides": torch.empty(256, 64, dtype=torch.bfloat16).t(), "type": [0.0] * 64}
+    bad = {
+        "shape": torch.empty(64, 255, dtype=torch.bfloat16),
+        "dtype": torch.empty(64, 256, dtype=torch.float16),
+        "strides": torch.empty(256, 64, dtype=torch.bfloat16).t(),
+        "type": [0.0] * 64,
+    }
     for out in bad.values():
         with pytest.raises(CodecError, match="^blk.0: out must be"):
             codec.decode(enc, enc.marker, dtype=torch.bfloat16, layer="blk.0", out=out)
@@ -690,12 +709,17 @@ def test_blocks_placed_at_a_file_phase_are_the_same_bits_at_that_phase(variant):
         count = len(list(codec.iter_decode(enc, enc.marker, dtype=dtype, block_elements=16 * k)))
         plan = codec.plan(enc, enc.marker)
         # a one-GEMM layer whose product is the output dtype hands out slices of that product
-        own = codec.decodes_whole(enc, plan, dtype) and \
-            codec._decode_whole(enc, plan, dtype, codec._prepare(enc, plan.env, dtype), None).dtype == dtype
+        own = (
+            codec.decodes_whole(enc, plan, dtype)
+            and codec._decode_whole(enc, plan, dtype, codec._prepare(enc, plan.env, dtype), None).dtype == dtype
+        )
         for phase in (0, 4, 2052, 4092):
             for round_whole in (False, True):
-                blocks = list(codec.iter_decode(enc, enc.marker, dtype=dtype, block_elements=16 * k, buffers=count,
-                                                phase=phase, round_whole=round_whole))
+                blocks = list(
+                    codec.iter_decode(
+                        enc, enc.marker, dtype=dtype, block_elements=16 * k, buffers=count, phase=phase, round_whole=round_whole
+                    )
+                )
                 assert same_bits(torch.cat(blocks), whole), (dtype, phase, round_whole)
                 if k == 512 and not own:  # 1024- or 2048-byte rows: 4 or 2 of them make a page
                     assert {b.data_ptr() % pages.PAGE for b in blocks} == {phase}, (dtype, phase, round_whole)

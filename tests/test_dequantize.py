@@ -21,35 +21,52 @@ from comfyquant.cli import main
 from comfyquant.dequantizer import DequantizeError
 from kitchen_fixtures import KitchenLayer, dense_layer, make_layer, seed_defect, write_layers, write_sharded
 
-VARIANTS = ["fp8", "fp8_static", "fp8_e5m2", "int8_scalar", "int8_rowwise", "int8_convrot", "w4a8_codebook",
-            "w4a8_uniform", "w4a8_asym", "w6a8", "w4a4", "w4a4_int8", "nvfp4", "mxfp8"]
+VARIANTS = [
+    "fp8",
+    "fp8_static",
+    "fp8_e5m2",
+    "int8_scalar",
+    "int8_rowwise",
+    "int8_convrot",
+    "w4a8_codebook",
+    "w4a8_uniform",
+    "w4a8_asym",
+    "w6a8",
+    "w4a4",
+    "w4a4_int8",
+    "nvfp4",
+    "mxfp8",
+]
 META = {"modelspec.title": "tiny", "note": "kept"}
 
 
 def awq_layer(prefix: str, n=32, k=128, seed=0) -> KitchenLayer:
     gen = torch.Generator().manual_seed(seed)
-    t = {"weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
-         "weight_scale": (torch.rand(k // 64, n, generator=gen) * 0.01).to(torch.bfloat16),
-         "weight_zeros": (torch.randn(k // 64, n, generator=gen) * 0.01).to(torch.bfloat16),
-         "bias": torch.zeros(n, dtype=torch.bfloat16)}
+    t = {
+        "weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
+        "weight_scale": (torch.rand(k // 64, n, generator=gen) * 0.01).to(torch.bfloat16),
+        "weight_zeros": (torch.randn(k // 64, n, generator=gen) * 0.01).to(torch.bfloat16),
+        "bias": torch.zeros(n, dtype=torch.bfloat16),
+    }
     m = {"format": "awq_w4a16", "group_size": 64}
     return KitchenLayer(prefix, t, m, m, dict(m), "awq", n, k)
 
 
 def svdquant_layer(prefix: str, n=128, k=128, r=8, seed=0) -> KitchenLayer:
     gen = torch.Generator().manual_seed(seed)
-    t = {"weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
-         "weight_scale": (torch.rand(k // 64, n, generator=gen) * 0.01 + 1e-3).to(torch.bfloat16),
-         "weight_proj_down": (torch.randn(k, r, generator=gen) * 0.05).to(torch.bfloat16),
-         "weight_proj_up": (torch.randn(n, r, generator=gen) * 0.05).to(torch.bfloat16),
-         "weight_smooth_factor": (torch.rand(k, generator=gen) + 0.5).to(torch.bfloat16)}
+    t = {
+        "weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=gen),
+        "weight_scale": (torch.rand(k // 64, n, generator=gen) * 0.01 + 1e-3).to(torch.bfloat16),
+        "weight_proj_down": (torch.randn(k, r, generator=gen) * 0.05).to(torch.bfloat16),
+        "weight_proj_up": (torch.randn(n, r, generator=gen) * 0.05).to(torch.bfloat16),
+        "weight_smooth_factor": (torch.rand(k, generator=gen) + 0.5).to(torch.bfloat16),
+    }
     m = {"format": "svdquant_w4a4"}
     return KitchenLayer(prefix, t, m, m, dict(m), "svdquant", n, k)
 
 
 def model_layers(n=32, k=256) -> list[KitchenLayer]:
-    layers = [make_layer(v, prefix=f"blocks.{i}.proj", n=n if v != "nvfp4" else 40, k=k, seed=i)
-              for i, v in enumerate(VARIANTS)]
+    layers = [make_layer(v, prefix=f"blocks.{i}.proj", n=n if v != "nvfp4" else 40, k=k, seed=i) for i, v in enumerate(VARIANTS)]
     layers.append(awq_layer("blocks.90.mod"))
     layers.append(svdquant_layer("blocks.91.attn"))
     layers.append(dense_layer("blocks.0.norm", (k,), dtype=torch.float32))
@@ -110,8 +127,11 @@ def test_sharded_input_to_sharded_and_single_outputs(tmp_path):
     write_sharded(tmp_path / "src", [layers[:7], layers[7:]], metadata=META)
     out = tmp_path / "dense"
     summary = comfyquant.dequantize(str(tmp_path / "src"), str(out), dtype="f32")
-    assert sorted(os.listdir(out)) == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-                                       "model.safetensors.index.json"]
+    assert sorted(os.listdir(out)) == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]
     merged: dict = {}
     for shard in sorted(os.listdir(out)):
         if shard.endswith(".safetensors"):
@@ -131,8 +151,10 @@ def test_sharded_input_to_sharded_and_single_outputs(tmp_path):
 
 
 def test_output_dtype_choice(tmp_path):
-    layers = [make_layer("w4a8_codebook", prefix="a", dtype=torch.float16, seed=1),
-              make_layer("nvfp4", prefix="b", bias=False, seed=2)]
+    layers = [
+        make_layer("w4a8_codebook", prefix="a", dtype=torch.float16, seed=1),
+        make_layer("nvfp4", prefix="b", bias=False, seed=2),
+    ]
     src = write_layers(tmp_path / "m.safetensors", layers, metadata=META)
     comfyquant.dequantize(src, str(tmp_path / "auto.safetensors"))
     tensors, _ = read_all(tmp_path / "auto.safetensors")
@@ -175,12 +197,16 @@ def _wrap_blocks(fn, seen):
 
 # -- refusals ---------------------------------------------------------------------------------
 
+
 def test_refuses_layers_the_checker_finds_broken(tmp_path):
     broken = seed_defect(make_layer("w4a8_asym", prefix="blocks.0.mlp.fc1"))
     src = write_layers(tmp_path / "m.safetensors", [make_layer("fp8", prefix="ok"), broken])
     out = tmp_path / "d.safetensors"
-    with pytest.raises(DequantizeError, match=r"refusing to dequantize: layer blocks\.0\.mlp\.fc1 \(asym_w4a8_int8\): "
-                                              r"weight_correction is BF16 \(32, 16\), expected F32 \(16, 32\).*\[L004\]"):
+    with pytest.raises(
+        DequantizeError,
+        match=r"refusing to dequantize: layer blocks\.0\.mlp\.fc1 \(asym_w4a8_int8\): "
+        r"weight_correction is BF16 \(32, 16\), expected F32 \(16, 32\).*\[L004\]",
+    ):
         comfyquant.dequantize(src, str(out))
     assert not out.exists()
 
@@ -211,6 +237,7 @@ def test_refuses_to_overwrite_its_input(tmp_path):
 
 
 # -- CLI --------------------------------------------------------------------------------------
+
 
 def test_summary_times_the_torch_import_apart(monkeypatch, tmp_path):
     """A fresh import of torch (the start-up) is not counted in the run's seconds."""
@@ -250,8 +277,10 @@ def test_cli_module_top_stays_light():
     import subprocess
     import sys
 
-    code = ("import sys; from comfyquant.cli import _build_parser; _build_parser('dequantize'); "
-            "print(sorted(m for m in ('torch', 'rich', 'numpy', 'comfyquant.codecs') if m in sys.modules))")
+    code = (
+        "import sys; from comfyquant.cli import _build_parser; _build_parser('dequantize'); "
+        "print(sorted(m for m in ('torch', 'rich', 'numpy', 'comfyquant.codecs') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -262,12 +291,14 @@ def test_rotated_layers_decode_in_smaller_blocks():
     import comfyquant.formats.codec as base
 
     w = (torch.randn(64, 256, generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16)
-    cases = [("int8_tensorwise", {"per_channel": True, "convrot": True}, base.ROTATED_BLOCK_ELEMENTS),
-             ("int8_tensorwise", {"per_channel": True}, base.DEFAULT_BLOCK_ELEMENTS),
-             ("asym_w4a8_int8", {}, base.ROTATED_BLOCK_ELEMENTS),
-             ("convrot_w4a4", {}, base.ROTATED_BLOCK_ELEMENTS),
-             ("float8_e4m3fn", {}, base.DEFAULT_BLOCK_ELEMENTS),
-             ("mxfp8", {}, base.DEFAULT_BLOCK_ELEMENTS)]
+    cases = [
+        ("int8_tensorwise", {"per_channel": True, "convrot": True}, base.ROTATED_BLOCK_ELEMENTS),
+        ("int8_tensorwise", {"per_channel": True}, base.DEFAULT_BLOCK_ELEMENTS),
+        ("asym_w4a8_int8", {}, base.ROTATED_BLOCK_ELEMENTS),
+        ("convrot_w4a4", {}, base.ROTATED_BLOCK_ELEMENTS),
+        ("float8_e4m3fn", {}, base.DEFAULT_BLOCK_ELEMENTS),
+        ("mxfp8", {}, base.DEFAULT_BLOCK_ELEMENTS),
+    ]
     assert base.ROTATED_BLOCK_ELEMENTS < base.DEFAULT_BLOCK_ELEMENTS
     for fmt, kw, want in cases:
         codec = codecs.get(fmt)
@@ -276,6 +307,7 @@ def test_rotated_layers_decode_in_smaller_blocks():
 
 
 # -- output safety: space, all-or-nothing shards, checked before the rename --------------------
+
 
 def test_refuses_at_once_when_the_output_cannot_fit(tmp_path, monkeypatch, capsys):
     """The dense size is known from the plan: too little free space is one line before any

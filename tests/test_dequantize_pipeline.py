@@ -70,8 +70,12 @@ def _blocked_run(tmp_path, monkeypatch, layers, dtype: str) -> tuple[list[str], 
 
 
 def test_the_next_layer_is_read_while_this_one_is_written(tmp_path, monkeypatch):
-    layers = [make_layer("fp8", prefix="a", seed=1), dense_layer("between", (64,)),
-              make_layer("nvfp4", prefix="b", n=64, seed=2), make_layer("int8_convrot", prefix="c", seed=3)]
+    layers = [
+        make_layer("fp8", prefix="a", seed=1),
+        dense_layer("between", (64,)),
+        make_layer("nvfp4", prefix="b", n=64, seed=2),
+        make_layer("int8_convrot", prefix="c", seed=3),
+    ]
     src = write_layers(tmp_path / "m.safetensors", layers)
     events = _record(monkeypatch)
     comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
@@ -92,8 +96,11 @@ def test_the_next_layer_is_read_while_this_one_is_written(tmp_path, monkeypatch)
 def test_whole_layer_products_are_never_held_two_at_once(tmp_path, monkeypatch):
     """An F32 output of a layer decoded by one GEMM is handed out as slices of that product:
     the next layer is only decoded once the writer is done with them."""
-    layers = [make_layer("int8_convrot", prefix="a", n=300, seed=1), make_layer("w4a4", prefix="b", n=300, seed=2),
-              make_layer("fp8", prefix="c", n=300, seed=3)]
+    layers = [
+        make_layer("int8_convrot", prefix="a", n=300, seed=1),
+        make_layer("w4a4", prefix="b", n=300, seed=2),
+        make_layer("fp8", prefix="c", n=300, seed=3),
+    ]
     order, written = _blocked_run(tmp_path, monkeypatch, layers, "f32")
     for this, following in zip(written, written[1:]):
         if this in ("a", "b"):  # a one-GEMM layer's product is let go before the next is read
@@ -142,8 +149,11 @@ def test_a_one_gemm_layer_in_a_narrower_dtype_is_written_while_the_next_is_unrot
     """BF16 output of layers decoded by one GEMM: each is rounded whole and its F32 product
     let go, so the next such layer is read and un-rotated while this one is still being
     written (before: only after its last block), in the same row blocks and the same bits."""
-    layers = [make_layer("int8_convrot", prefix="a", n=300, seed=1), make_layer("w4a4", prefix="b", n=300, seed=2),
-              make_layer("int8_convrot", prefix="c", n=300, seed=3)]
+    layers = [
+        make_layer("int8_convrot", prefix="a", n=300, seed=1),
+        make_layer("w4a4", prefix="b", n=300, seed=2),
+        make_layer("int8_convrot", prefix="c", n=300, seed=3),
+    ]
     order, written = _blocked_run(tmp_path, monkeypatch, layers, "bf16")
     assert written == ["a", "b", "c"]
     for this, following in zip(written, written[1:]):
@@ -165,8 +175,12 @@ def test_the_heap_is_trimmed_only_where_the_decoder_changes(tmp_path, monkeypatc
     format's temporaries would otherwise add to the next format's peak)."""
     import comfyquant.numerics.rows as rows
 
-    layers = [make_layer("fp8", prefix="a", seed=1), make_layer("fp8", prefix="b", seed=2),
-              make_layer("nvfp4", prefix="c", n=64, seed=3), make_layer("nvfp4", prefix="d", n=64, seed=4)]
+    layers = [
+        make_layer("fp8", prefix="a", seed=1),
+        make_layer("fp8", prefix="b", seed=2),
+        make_layer("nvfp4", prefix="c", n=64, seed=3),
+        make_layer("nvfp4", prefix="d", n=64, seed=4),
+    ]
     src = write_layers(tmp_path / "m.safetensors", layers)
     trims, real = [], rows.release_memory
 
@@ -247,8 +261,12 @@ def test_large_packed_tensors_are_mapped_from_the_file_not_copied(tmp_path, monk
     """Packed weights from MAP_MIN bytes are mapped from the page cache (no copy on the decode
     thread's path); smaller tensors are read.  The output is the codecs' decode, bit for bit."""
     monkeypatch.setattr(dq, "MAP_MIN", 4096)
-    layers = [make_layer("fp8", prefix="a", n=128, k=256, seed=1), make_layer("int8_convrot", prefix="b", n=64, seed=2),
-              make_layer("nvfp4", prefix="c", n=64, seed=3), make_layer("w4a8_codebook", prefix="d", n=64, seed=4)]
+    layers = [
+        make_layer("fp8", prefix="a", n=128, k=256, seed=1),
+        make_layer("int8_convrot", prefix="b", n=64, seed=2),
+        make_layer("nvfp4", prefix="c", n=64, seed=3),
+        make_layer("w4a8_codebook", prefix="d", n=64, seed=4),
+    ]
     src = write_layers(tmp_path / "m.safetensors", layers)
     calls = _mapping_spy(monkeypatch)
     comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
@@ -296,7 +314,10 @@ def test_a_file_truncated_after_its_check_is_one_clean_error(tmp_path, monkeypat
         return real_read(self, entries)
 
     monkeypatch.setattr(dq._Work, "_read", truncating_read)
-    with pytest.raises(dq.DequantizeError, match=r"m\.safetensors: file ended early \(truncated since it was checked\?\) -- while reading tensor 'b\.weight'"):
+    with pytest.raises(
+        dq.DequantizeError,
+        match=r"m\.safetensors: file ended early \(truncated since it was checked\?\) -- while reading tensor 'b\.weight'",
+    ):
         comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
 
@@ -315,10 +336,10 @@ def test_a_mapped_view_outlives_its_name_and_equals_the_bytes_read(tmp_path):
     src = LocalFile(str(path))
     try:
         view = src.mapped(4099, 300001)
-        assert view is not None and bytes(view) == data[4099:4099 + 300001] == src.pread(4099, 300001)
+        assert view is not None and bytes(view) == data[4099 : 4099 + 300001] == src.pread(4099, 300001)
         t = from_bytes(view, "U8", (300001,))
         del view
-        assert bytes(t.numpy().tobytes()) == data[4099:4099 + 300001]
+        assert bytes(t.numpy().tobytes()) == data[4099 : 4099 + 300001]
         with pytest.raises(InputError, match=r"bytes\.bin: file ended early"):
             src.mapped(len(data) - 10, 11)
     finally:

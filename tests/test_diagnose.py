@@ -21,13 +21,16 @@ def slot(fmt: Format, suffix: str) -> Slot:
     return next(s for s in fmt.slots if s.suffix == suffix)
 
 
-@pytest.mark.parametrize(("suffix", "actual", "kind", "step"), [
-    ("weight_correction", (32, 16), dg.TRANSPOSED, "transpose to (K // group_size, N)"),
-    ("weight_correction", (8, 32), dg.OTHER_GROUP_SIZE, ""),
-    ("weight_correction", (32, 8), dg.OTHER_GROUP_SIZE, ""),
-    ("weight_correction", (5, 7), dg.OTHER_SHAPE, ""),
-    ("weight_s_rel", (32, 32), dg.OTHER_GROUP_SIZE, ""),
-])
+@pytest.mark.parametrize(
+    ("suffix", "actual", "kind", "step"),
+    [
+        ("weight_correction", (32, 16), dg.TRANSPOSED, "transpose to (K // group_size, N)"),
+        ("weight_correction", (8, 32), dg.OTHER_GROUP_SIZE, ""),
+        ("weight_correction", (32, 8), dg.OTHER_GROUP_SIZE, ""),
+        ("weight_correction", (5, 7), dg.OTHER_SHAPE, ""),
+        ("weight_s_rel", (32, 32), dg.OTHER_GROUP_SIZE, ""),
+    ],
+)
 def test_shape_cause_kinds(suffix, actual, kind, step):
     s = slot(W4A8, suffix)
     cause = dg.shape_cause(s, ENV, actual, s.expected_shape(ENV))
@@ -44,22 +47,29 @@ def test_other_layout_is_the_slots_known_shape():
     assert cause.step == f"convert to {s.shape}"
 
 
-@pytest.mark.parametrize(("suffix", "actual", "kind", "severity"), [
-    ("weight_correction", "BF16", dg.DOWNCAST, "warning"),  # a known dtype: its note and severity
-    ("weight_s_channel", "F16", dg.DOWNCAST, "error"),
-    ("weight_s_rel", "U8", dg.RELABELLED, "warning"),
-    ("weight", "U8", dg.RELABELLED, "error"),
-    ("weight_s_rel", "F32", dg.OTHER_DTYPE, "warning"),
-    ("weight_s_channel", "I32", dg.OTHER_DTYPE, "error"),
-])
+@pytest.mark.parametrize(
+    ("suffix", "actual", "kind", "severity"),
+    [
+        ("weight_correction", "BF16", dg.DOWNCAST, "warning"),  # a known dtype: its note and severity
+        ("weight_s_channel", "F16", dg.DOWNCAST, "error"),
+        ("weight_s_rel", "U8", dg.RELABELLED, "warning"),
+        ("weight", "U8", dg.RELABELLED, "error"),
+        ("weight_s_rel", "F32", dg.OTHER_DTYPE, "warning"),
+        ("weight_s_channel", "I32", dg.OTHER_DTYPE, "error"),
+    ],
+)
 def test_dtype_cause_kinds(suffix, actual, kind, severity):
     cause = dg.dtype_cause(slot(W4A8, suffix), actual)
     assert (cause.kind, cause.severity) == (kind, severity)
 
 
 def test_other_shapes_evaluates_the_known_shapes():
-    s = Slot("weight_scale", "F32", "(N, 1)", alt_shapes=(("(N,)", "flat", "info"), ("(K // missing,)", "unknown name"),
-                                                      ("(K // 0,)", "division by zero")))
+    s = Slot(
+        "weight_scale",
+        "F32",
+        "(N, 1)",
+        alt_shapes=(("(N,)", "flat", "info"), ("(K // missing,)", "unknown name"), ("(K // 0,)", "division by zero")),
+    )
     assert list(s.other_shapes({"N": 4, "K": 8})) == [((4,), "flat", "info")]
 
 
@@ -74,20 +84,27 @@ TRICKY = Format(
     title="a test format whose causes use misleading words",
     slots=(
         Slot("weight", "I8", "(N, K)", kind="weight"),
-        Slot("weight_scale", "F8_E4M3", "(N, 1)",
-             alt_shapes=(("(N,)", "stored transposed by an exporter that made for group_size=8 files"),),
-             also_dtypes={"F32": ("a downcast-free copy labelled F32 and made for scale_dtype=float32", "warning")}),
+        Slot(
+            "weight_scale",
+            "F8_E4M3",
+            "(N, 1)",
+            alt_shapes=(("(N,)", "stored transposed by an exporter that made for group_size=8 files"),),
+            also_dtypes={"F32": ("a downcast-free copy labelled F32 and made for scale_dtype=float32", "warning")},
+        ),
     ),
     keys=(FORMAT_KEY,),
     geometry=_geometry,
 )
 
 
-@pytest.mark.parametrize(("scale", "fix"), [
-    (Meta("F8_E4M3", (4,)), "convert to (N, 1): comfyquant fix"),
-    (Meta("F32", (4, 1)), "convert to F8_E4M3: comfyquant fix"),
-    (Meta("F32", (4,)), "convert to (N, 1) and convert to F8_E4M3: comfyquant fix"),
-])
+@pytest.mark.parametrize(
+    ("scale", "fix"),
+    [
+        (Meta("F8_E4M3", (4,)), "convert to (N, 1): comfyquant fix"),
+        (Meta("F32", (4, 1)), "convert to F8_E4M3: comfyquant fix"),
+        (Meta("F32", (4,)), "convert to (N, 1) and convert to F8_E4M3: comfyquant fix"),
+    ],
+)
 def test_fix_follows_the_kind_not_the_words(scale, fix):
     findings, _env = check_layer(TRICKY, {"format": TRICKY.name}, {"weight": Meta("I8", (4, 8)), "weight_scale": scale})
     (f,) = findings

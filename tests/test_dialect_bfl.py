@@ -48,8 +48,7 @@ def bfl_nvfp4(n: int, k: int, seed: int, bias: bool = True, input_scale: bool = 
 
 
 def write(path, layers: dict[str, dict[str, torch.Tensor]], metadata: dict | None = None) -> str:
-    save_file({f"{p}.{s}": t.contiguous() for p, ts in layers.items() for s, t in ts.items()}, str(path),
-              metadata=metadata)
+    save_file({f"{p}.{s}": t.contiguous() for p, ts in layers.items() for s, t in ts.items()}, str(path), metadata=metadata)
     return str(path)
 
 
@@ -63,9 +62,9 @@ def kitchen_dense(t: dict[str, torch.Tensor], n: int) -> torch.Tensor:
 
 
 SHAPES = {
-    "blocks.0.qkv": (256, 512),      # N % 128 == 0, K/16 % 4 == 0: both scale layouts have one shape
-    "blocks.0.proj": (48, 80),        # K/16 = 5: only the linear layout fits
-    "blocks.0.odd": (13, 64),         # N % 16 != 0: Comfy pads the rows (the bias keeps N)
+    "blocks.0.qkv": (256, 512),  # N % 128 == 0, K/16 % 4 == 0: both scale layouts have one shape
+    "blocks.0.proj": (48, 80),  # K/16 = 5: only the linear layout fits
+    "blocks.0.odd": (13, 64),  # N % 16 != 0: Comfy pads the rows (the bias keeps N)
 }
 
 
@@ -135,8 +134,10 @@ def test_round_trip_bfl_comfy_bfl_is_byte_identical(bfl_file, tmp_path):
 def test_round_trip_kitchen_comfy_bfl_comfy_is_byte_identical(tmp_path):
     """A comfy-kitchen file (padded rows, blocked scales) -> BFL -> Comfy gives its bytes back, and
     diffusers' dequantization of the BFL form equals comfy-kitchen's of the Comfy form."""
-    kl = [make_layer("nvfp4", prefix=f"l{i}", n=n, k=k, seed=i, marker="comfyui") for i, (n, k) in
-          enumerate([(13, 64), (256, 512), (48, 80)])]
+    kl = [
+        make_layer("nvfp4", prefix=f"l{i}", n=n, k=k, seed=i, marker="comfyui")
+        for i, (n, k) in enumerate([(13, 64), (256, 512), (48, 80)])
+    ]
     kl = [x.with_tensor("input_scale", torch.tensor(0.02)) for x in kl]
     src = write_layers(tmp_path / "kitchen.safetensors", kl, marker_mode="header")
     exported = export_claim(src, "bfl")
@@ -155,8 +156,11 @@ def test_round_trip_kitchen_comfy_bfl_comfy_is_byte_identical(tmp_path):
 
 def test_export_refuses_what_bfl_cannot_hold(tmp_path):
     no_input = make_layer("nvfp4", prefix="a", n=32, k=64, marker="comfyui")
-    pre = make_layer("nvfp4", prefix="b", n=32, k=64, marker="comfyui").with_tensor(
-        "pre_quant_scale", torch.ones(64, dtype=torch.bfloat16)).with_tensor("input_scale", torch.tensor(0.1))
+    pre = (
+        make_layer("nvfp4", prefix="b", n=32, k=64, marker="comfyui")
+        .with_tensor("pre_quant_scale", torch.ones(64, dtype=torch.bfloat16))
+        .with_tensor("input_scale", torch.tensor(0.1))
+    )
     src = write_layers(tmp_path / "k.safetensors", [no_input, pre], marker_mode="header")
     exported = export_claim(src, "bfl")
     assert exported.layers["a"].verdict == REFUSED and "input_scale" in exported.layers["a"].why
@@ -190,8 +194,11 @@ def test_coinciding_shapes_follow_the_file(tmp_path):
     # the same layer next to a marked Comfy layer: a Comfy file that lost a marker, not BFL
     marked = make_layer("nvfp4", prefix="m", n=32, k=64, marker="comfyui")
     layers = {"x": bfl_nvfp4(128, 64, seed=1), "m": marked.tensors}
-    mixed = write(tmp_path / "mixed.safetensors", layers, metadata={"_quantization_metadata": json.dumps(
-        {"format_version": "1.0", "layers": {"m": {"format": "nvfp4"}}})})
+    mixed = write(
+        tmp_path / "mixed.safetensors",
+        layers,
+        metadata={"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": {"m": {"format": "nvfp4"}}})},
+    )
     claim, found = detect_claim(mixed, "bfl")
     assert claim is None and found.layers == {} and found.name == "comfy"
     # next to an unmarked layer whose scales are blocked: a Comfy layout without markers
@@ -211,8 +218,13 @@ def test_fp8r_decodes_like_diffusers_and_is_lossy(tmp_path):
     w = make_weight(24, 64, torch.float32, seed=3)
     q, s = quantize_fp8r(w)
     one_q, one_s = quantize_fp8r(make_weight(1, 64, torch.float32, seed=4))
-    path = write(tmp_path / "fp8r.safetensors", {"r": {"weight": q, "weight_scale": s, "input_scale": torch.tensor(1.0)},
-                                                 "one": {"weight": one_q, "weight_scale": one_s}})
+    path = write(
+        tmp_path / "fp8r.safetensors",
+        {
+            "r": {"weight": q, "weight_scale": s, "input_scale": torch.tensor(1.0)},
+            "one": {"weight": one_q, "weight_scale": one_s},
+        },
+    )
     claim, _ = detect_claim(path, "bfl")
     tr = claim.layers["r"]
     assert tr.verdict == LOSSY and tr.format is None and tr.lossy.format == "float8_e4m3fn"
@@ -323,9 +335,15 @@ def test_detection_reads_the_header_only(bfl_file, tmp_path):
     """check and inspect detect dialects on every file: no tensor byte is read for it."""
     path, _ = bfl_file
     mo = str(tmp_path / "mo.safetensors")
-    save_file({"x.weight": torch.zeros(48, 40, dtype=torch.uint8), "x.weight_scale": torch.zeros(
-        48, 5, dtype=torch.float8_e4m3fn), "x.weight_scale_2": torch.tensor(1.0)}, mo,
-        metadata={"quantization_config": json.dumps({"quant_method": "modelopt", "quant_algo": "NVFP4"})})
+    save_file(
+        {
+            "x.weight": torch.zeros(48, 40, dtype=torch.uint8),
+            "x.weight_scale": torch.zeros(48, 5, dtype=torch.float8_e4m3fn),
+            "x.weight_scale_2": torch.tensor(1.0),
+        },
+        mo,
+        metadata={"quantization_config": json.dumps({"quant_method": "modelopt", "quant_algo": "NVFP4"})},
+    )
     for p, name in ((path, "bfl"), (mo, "modelopt")):
         with open_checkpoint([p]) as ckpt:
             before = {s.name: s.bytes_read for s in ckpt.sources}

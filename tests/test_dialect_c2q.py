@@ -114,20 +114,29 @@ def test_every_extra_format_is_detected_and_named(tmp_path):
     q4, s4 = block3d(w, 64)
     mx = make_layer("mxfp8", prefix="e", n=128, k=256, marker="comfyui", bias=False)
     t5, m5 = hybrid(mx.tensors, mx.marker)
-    path = save(tmp_path / "c2q.safetensors", {
-        "a": ({"weight": q1, "weight_scale": s1}, {"format": "float8_e4m3fn_rowwise", "orig_dtype": "float32"}),
-        "b": ({"weight": q2, "weight_scale": s2}, {"format": "float8_e4m3fn_blockwise", "group_size": 64}),
-        "c": ({"weight": q3, "weight_scale": s3, "input_scale": torch.tensor(1.0)}, {"format": "int8_blockwise", "group_size": 128}),
-        "d": ({"weight": q4, "weight_scale": s4}, {"format": "float8_e4m3fn_block3d"}),
-        "e": (t5, m5)})
+    path = save(
+        tmp_path / "c2q.safetensors",
+        {
+            "a": ({"weight": q1, "weight_scale": s1}, {"format": "float8_e4m3fn_rowwise", "orig_dtype": "float32"}),
+            "b": ({"weight": q2, "weight_scale": s2}, {"format": "float8_e4m3fn_blockwise", "group_size": 64}),
+            "c": (
+                {"weight": q3, "weight_scale": s3, "input_scale": torch.tensor(1.0)},
+                {"format": "int8_blockwise", "group_size": 128},
+            ),
+            "d": ({"weight": q4, "weight_scale": s4}, {"format": "float8_e4m3fn_block3d"}),
+            "e": (t5, m5),
+        },
+    )
     det = detect(path)
     assert det.name == NAME
     got = {p: (t.variant, t.verdict, t.format) for p, t in det.layers.items()}
-    assert got == {"a": ("float8_e4m3fn_rowwise", LOSSY, None),
-                   "b": ("float8_e4m3fn_blockwise 64x64", LOSSY, None),
-                   "c": ("int8_blockwise 128x128", LOSSY, None),
-                   "d": ("float8_e4m3fn_block3d", LOSSY, None),
-                   "e": ("hybrid_mxfp8", EXACT, "mxfp8")}
+    assert got == {
+        "a": ("float8_e4m3fn_rowwise", LOSSY, None),
+        "b": ("float8_e4m3fn_blockwise 64x64", LOSSY, None),
+        "c": ("int8_blockwise 128x128", LOSSY, None),
+        "d": ("float8_e4m3fn_block3d", LOSSY, None),
+        "e": ("hybrid_mxfp8", EXACT, "mxfp8"),
+    }
     assert det.layers["c"].lossy.format == "int8_tensorwise" and det.layers["a"].lossy.format == "float8_e4m3fn"
     assert "1 hybrid_mxfp8" in det.to_dict()["notes"][0]
 
@@ -159,11 +168,14 @@ def test_the_block_size_comes_from_the_marker_or_ctqs_default(tmp_path):
     tr = detect(save(tmp_path / "c.safetensors", {"x": ({"weight": q, "weight_scale": s}, {"format": "int8_blockwise"})}))
     assert tr.layers["x"].variant == "int8_blockwise 128x128"
     q, s = tiles(w, 32)  # a marker that disagrees with the scale's shape: the canonical rules say what is wrong
-    path = save(tmp_path / "d.safetensors", {"x": ({"weight": q, "weight_scale": s},
-                                                   {"format": "float8_e4m3fn_blockwise", "group_size": 64})})
+    path = save(
+        tmp_path / "d.safetensors",
+        {"x": ({"weight": q, "weight_scale": s}, {"format": "float8_e4m3fn_blockwise", "group_size": 64})},
+    )
     assert "x" not in detect(path).layers
-    assert any(f.layer == "x" and f.tensor == "x.weight_scale" and "group_size=32" in f.message
-               for f in comfyquant.check(path).findings)
+    assert any(
+        f.layer == "x" and f.tensor == "x.weight_scale" and "group_size=32" in f.message for f in comfyquant.check(path).findings
+    )
 
 
 def test_hybrid_mxfp8_is_mxfp8_with_the_scalar_dropped(tmp_path):
@@ -184,11 +196,15 @@ def test_wrong_tensors_are_refused_or_left_to_the_canonical_rules(tmp_path):
     """Tensors that fit none of ctq's layouts: a format the registry describes is diagnosed by
     the canonical rules (expected vs stored shapes); one it does not know is a refused layer."""
     q, s = rowwise(weight())
-    path = save(tmp_path / "c.safetensors", {
-        "a": ({"weight": q, "weight_scale": s[:5].clone()}, {"format": "float8_e4m3fn_rowwise"}),
-        "b": ({"weight": q.view(torch.uint8).clone(), "weight_scale": s.clone()}, {"format": "float8_e4m3fn_rowwise"}),
-        "c": ({"weight": q.clone()}, {"format": "hybrid_mxfp8"}),
-        "d": ({"weight": q.clone(), "weight_scale": torch.rand(128, 5, 1)}, {"format": "float8_e4m3fn_block3d"})})
+    path = save(
+        tmp_path / "c.safetensors",
+        {
+            "a": ({"weight": q, "weight_scale": s[:5].clone()}, {"format": "float8_e4m3fn_rowwise"}),
+            "b": ({"weight": q.view(torch.uint8).clone(), "weight_scale": s.clone()}, {"format": "float8_e4m3fn_rowwise"}),
+            "c": ({"weight": q.clone()}, {"format": "hybrid_mxfp8"}),
+            "d": ({"weight": q.clone(), "weight_scale": torch.rand(128, 5, 1)}, {"format": "float8_e4m3fn_block3d"}),
+        },
+    )
     det = detect(path)
     assert {p: t.verdict for p, t in det.layers.items()} == {"c": REFUSED, "d": REFUSED}
     assert "without weight_scale" in det.layers["c"].why and "is not [128, K/B, 1]" in det.layers["d"].why
@@ -228,7 +244,8 @@ def test_inspect_json_names_the_dialect(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["dialect"] == NAME
     assert {r["layer"]: (r["dialect"], r["verdict"]) for r in out["layers"]} == {
-        "a": ("convert-to-quant (float8_e4m3fn_rowwise)", LOSSY)}
+        "a": ("convert-to-quant (float8_e4m3fn_rowwise)", LOSSY)
+    }
 
 
 @wired
@@ -251,8 +268,10 @@ def test_hybrid_migrates_to_the_mxfp8_it_was(tmp_path):
 def test_dequantize_uses_ctqs_formula(tmp_path):
     w = weight()
     q, s = tiles(w, 64)
-    path = save(tmp_path / "c.safetensors", {"x": ({"weight": q, "weight_scale": s},
-                                                   {"format": "float8_e4m3fn_blockwise", "group_size": 64})})
+    path = save(
+        tmp_path / "c.safetensors",
+        {"x": ({"weight": q, "weight_scale": s}, {"format": "float8_e4m3fn_blockwise", "group_size": 64})},
+    )
     assert torch.equal(dense(path)["x.weight"], tiles_dequant(q, s, 64))
 
 
@@ -261,8 +280,9 @@ def test_check_reports_what_each_runtime_does(tmp_path):
     q, s = rowwise(weight())
     mx = make_layer("mxfp8", prefix="h", n=128, k=256, marker="comfyui")
     t, m = hybrid(mx.tensors, mx.marker)
-    path = save(tmp_path / "c.safetensors", {"a": ({"weight": q, "weight_scale": s}, {"format": "float8_e4m3fn_rowwise"}),
-                                             "h": (t, m)})
+    path = save(
+        tmp_path / "c.safetensors", {"a": ({"weight": q, "weight_scale": s}, {"format": "float8_e4m3fn_rowwise"}), "h": (t, m)}
+    )
     report = comfyquant.check(path)
     comfy = report.verdicts["comfyui"].first
     assert (comfy.exception, comfy.message) == ("KeyError", "'float8_e4m3fn_rowwise'")

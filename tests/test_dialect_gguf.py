@@ -31,8 +31,7 @@ from comfyquant.dialects.registry import detect  # noqa: E402
 from comfyquant.errors import InputError  # noqa: E402
 from comfyquant.io.shards import ShardSet  # noqa: E402
 
-FP16_FIELDS = {"Q6_K": (208,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q3_K": (108,), "Q2_K": (80, 82), "IQ4_XS": (0,),
-               "IQ4_NL": (0,)}
+FP16_FIELDS = {"Q6_K": (208,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q3_K": (108,), "Q2_K": (80, 82), "IQ4_XS": (0,), "IQ4_NL": (0,)}
 """Byte offsets of the FP16 scales in one block of the types ``gguf.quants`` cannot quantize."""
 
 HIDDEN = 256
@@ -45,7 +44,7 @@ def raw_blocks(qtype, rows: int, k: int, seed: int) -> np.ndarray:
     data = rng.integers(0, 256, (rows, k // block, size), dtype=np.uint8)
     scales = (rng.random((rows, k // block)) * 0.02 + 1e-3).astype(np.float16).view(np.uint8).reshape(rows, k // block, 2)
     for off in FP16_FIELDS[qtype.name]:
-        data[:, :, off:off + 2] = scales
+        data[:, :, off : off + 2] = scales
     return data.reshape(rows, -1)
 
 
@@ -82,8 +81,9 @@ FLUX = [
 ]
 
 
-def write_gguf(path, spec=FLUX, arch: str | None = "flux", kv: dict | None = None, seed: int = 0,
-               orig_shape_type=V.INT32) -> dict[str, tuple[str, tuple]]:
+def write_gguf(
+    path, spec=FLUX, arch: str | None = "flux", kv: dict | None = None, seed: int = 0, orig_shape_type=V.INT32
+) -> dict[str, tuple[str, tuple]]:
     """Write ``spec`` with GGUFWriter; returns name -> (ggml type name, true shape)."""
     writer = gguf.GGUFWriter(str(path), arch=arch or "unused")
     if arch is None:
@@ -173,7 +173,7 @@ def test_dense_tensors_read_through_the_files_bytes(flux):
             if t.tensor_type in (T.F32, T.F16, T.BF16):
                 data = source._spans[[s[3] for s in source._spans].index(t.name)][2]
                 assert data.start == t.data_offset and data.length == t.n_bytes
-                assert raw[data.start:data.start + data.length] == np.asarray(t.data).tobytes()
+                assert raw[data.start : data.start + data.length] == np.asarray(t.data).tobytes()
     finally:
         source.close()
 
@@ -237,9 +237,11 @@ def test_discovery_and_sniffing_import_neither_gguf_nor_numpy(flux):
     import sys
 
     path, _ = flux
-    code = ("import sys; import comfyquant.dialects.registry; from comfyquant.dialects.gguf import is_gguf; "
-            f"assert is_gguf({str(path)!r}); print(sorted(m for m in ('gguf', 'numpy', 'comfyquant.io.virtual') "
-            "if m in sys.modules))")
+    code = (
+        "import sys; import comfyquant.dialects.registry; from comfyquant.dialects.gguf import is_gguf; "
+        f"assert is_gguf({str(path)!r}); print(sorted(m for m in ('gguf', 'numpy', 'comfyquant.io.virtual') "
+        "if m in sys.modules))"
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "[]"
@@ -261,8 +263,11 @@ def test_detection_claims_exactly_the_quantized_layers(flux):
     with open_view(path) as ckpt:
         found = detect(ckpt)
         assert found.name == "gguf"
-        quantized = {n[:-len(".weight")]: (t, shape) for n, (t, shape) in written.items()
-                     if t not in ("F32", "F16", "BF16") and n.endswith(".weight")}
+        quantized = {
+            n[: -len(".weight")]: (t, shape)
+            for n, (t, shape) in written.items()
+            if t not in ("F32", "F16", "BF16") and n.endswith(".weight")
+        }
         assert set(found.layers) == set(quantized)
         for prefix, tr in found.layers.items():
             type_name, shape = quantized[prefix]
@@ -280,25 +285,30 @@ def test_detection_claims_exactly_the_quantized_layers(flux):
         assert not any(p.startswith(("img_in", "time_in", "single_blocks.0.linear1")) for p in found.layers)
 
 
-@pytest.mark.parametrize("types, fmt, params", [
-    (["Q8_0"], "int8_tensorwise", {}),
-    (["Q6_K"], "int8_tensorwise", {}),
-    (["Q5_1"], "int8_tensorwise", {}),
-    (["Q4_0"], "asym_w4a8_int8", {"bits": 4}),
-    (["Q4_K"], "asym_w4a8_int8", {"bits": 4}),
-    (["Q4_K", "Q3_K", "Q2_K"], "asym_w4a8_int8", {"bits": 4}),
-    (["Q4_K", "Q6_K"], "int8_tensorwise", {}),  # a Q4_K_M mix: the deepest type decides, for every layer
-    (["MXFP4"], "nvfp4", {}),
-    (["MXFP4", "Q4_0"], "asym_w4a8_int8", {"bits": 4}),
-])
+@pytest.mark.parametrize(
+    "types, fmt, params",
+    [
+        (["Q8_0"], "int8_tensorwise", {}),
+        (["Q6_K"], "int8_tensorwise", {}),
+        (["Q5_1"], "int8_tensorwise", {}),
+        (["Q4_0"], "asym_w4a8_int8", {"bits": 4}),
+        (["Q4_K"], "asym_w4a8_int8", {"bits": 4}),
+        (["Q4_K", "Q3_K", "Q2_K"], "asym_w4a8_int8", {"bits": 4}),
+        (["Q4_K", "Q6_K"], "int8_tensorwise", {}),  # a Q4_K_M mix: the deepest type decides, for every layer
+        (["MXFP4"], "nvfp4", {}),
+        (["MXFP4", "Q4_0"], "asym_w4a8_int8", {"bits": 4}),
+    ],
+)
 def test_one_lossy_target_per_file_by_its_deepest_type(tmp_path, types, fmt, params):
     path = tmp_path / "mix.gguf"
-    write_gguf(path, [(f"blocks.{i}.weight", getattr(T, t), (8, 256), False) for i, t in enumerate(types)]
-               + [("blocks.9.weight", T.Q8_0, (2, 4, 256), False)])  # 3-D: exact, does not vote
+    write_gguf(
+        path,
+        [(f"blocks.{i}.weight", getattr(T, t), (8, 256), False) for i, t in enumerate(types)]
+        + [("blocks.9.weight", T.Q8_0, (2, 4, 256), False)],
+    )  # 3-D: exact, does not vote
     with open_view(path) as ckpt:
         found = detect(ckpt).layers
-    assert {p: tr.variant for p, tr in found.items()} == {**{f"blocks.{i}": t for i, t in enumerate(types)},
-                                                          "blocks.9": "Q8_0"}
+    assert {p: tr.variant for p, tr in found.items()} == {**{f"blocks.{i}": t for i, t in enumerate(types)}, "blocks.9": "Q8_0"}
     assert found["blocks.9"].verdict == EXACT
     for i in range(len(types)):
         assert (found[f"blocks.{i}"].lossy.format, found[f"blocks.{i}"].lossy.params) == (fmt, params)
@@ -326,9 +336,15 @@ def test_dense_gguf_is_still_the_gguf_dialect(tmp_path):
         assert DIALECTS[0].runtime("comfyui", ckpt, found.claim("gguf"))[0].blocking
 
 
-@pytest.mark.parametrize("arch, words", [("flux", "accepts"), ("t5", "CLIPLoaderGGUF"),
-                                         ("llama_diffusion_x", "refuses architecture 'llama_diffusion_x'"),
-                                         (None, "compatibility mode")])
+@pytest.mark.parametrize(
+    "arch, words",
+    [
+        ("flux", "accepts"),
+        ("t5", "CLIPLoaderGGUF"),
+        ("llama_diffusion_x", "refuses architecture 'llama_diffusion_x'"),
+        (None, "compatibility mode"),
+    ],
+)
 def test_notes_say_what_comfyui_gguf_does_with_the_architecture(tmp_path, arch, words):
     path = tmp_path / "a.gguf"
     write_gguf(path, [("blocks.0.weight", T.Q8_0, (8, 32), False)], arch=arch)
@@ -349,8 +365,11 @@ def test_non_int32_orig_shape_is_read_and_noted(tmp_path):
 def test_gguf_metadata_copied_into_safetensors_is_not_gguf(tmp_path):
     from builders import dense_layer, write
 
-    path = write(tmp_path / "copy.safetensors", dense_layer("blocks.0"),
-                 metadata={"comfyquant.container": "gguf", "comfyquant.gguf.types": '{"blocks.0.weight": "Q8_0"}'})
+    path = write(
+        tmp_path / "copy.safetensors",
+        dense_layer("blocks.0"),
+        metadata={"comfyquant.container": "gguf", "comfyquant.gguf.types": '{"blocks.0.weight": "Q8_0"}'},
+    )
     with open_checkpoint(path) as ckpt:
         assert detect(ckpt).name != "gguf"
 
@@ -363,8 +382,7 @@ def test_decoder_is_the_exact_f32_weight(flux):
     ref = reference(path)
     with open_view(path) as ckpt:
         for prefix, tr in detect(ckpt).layers.items():
-            stored = {s: torch.from_numpy(as_array(ckpt, e.name).copy()) for s, e in tr.inputs.items()
-                      if e.dtype in NP}
+            stored = {s: torch.from_numpy(as_array(ckpt, e.name).copy()) for s, e in tr.inputs.items() if e.dtype in NP}
             out = tr.decoder(stored)
             assert out.dtype == torch.float32
             assert torch.equal(out.view(torch.int32), torch.from_numpy(ref[prefix + ".weight"].copy()).view(torch.int32))
@@ -426,32 +444,38 @@ def test_truncated_anywhere_is_one_line(tmp_path):
 def test_truncated_data_names_the_tensor(tmp_path):
     path = small(tmp_path)
     end = max(t.data_offset + t.n_bytes for t in gguf.GGUFReader(str(path)).tensors)
-    path.write_bytes(path.read_bytes()[:end - 1])
+    path.write_bytes(path.read_bytes()[: end - 1])
     refused(path, "blocks.0.bias", "past the end of the file")
 
 
-@pytest.mark.parametrize("field, fmt, value, words", [
-    ("type", "<I", 99, ("blocks.0.weight", "ggml type 99")),
-    ("ndims", "<I", 0, ("blocks.0.weight", "0 dimensions")),
-    ("ndims", "<I", 9, ("blocks.0.weight", "9 dimensions")),
-    ("dims", "<Q", 65, ("blocks.0.weight", "not a whole number of 32-element blocks")),
-    ("dims", "<Q", 2**40, ("blocks.0.weight", "past the end")),
-    ("offset", "<Q", 2**62, ("blocks.0.weight", "past the end")),
-    ("name", "<Q", 2**60, ("name of tensor #0",)),
-])
+@pytest.mark.parametrize(
+    "field, fmt, value, words",
+    [
+        ("type", "<I", 99, ("blocks.0.weight", "ggml type 99")),
+        ("ndims", "<I", 0, ("blocks.0.weight", "0 dimensions")),
+        ("ndims", "<I", 9, ("blocks.0.weight", "9 dimensions")),
+        ("dims", "<Q", 65, ("blocks.0.weight", "not a whole number of 32-element blocks")),
+        ("dims", "<Q", 2**40, ("blocks.0.weight", "past the end")),
+        ("offset", "<Q", 2**62, ("blocks.0.weight", "past the end")),
+        ("name", "<Q", 2**60, ("name of tensor #0",)),
+    ],
+)
 def test_bad_tensor_info(tmp_path, field, fmt, value, words):
     path = small(tmp_path)
     patched(path, header_offsets(path.read_bytes())[field], fmt, value)
     refused(path, *words)
 
 
-@pytest.mark.parametrize("at, fmt, value, words", [
-    (0, "<4s", b"GGUX", ("not a GGUF file",)),
-    (4, "<I", 1, ("version 1",)),
-    (4, "<I", 3 << 24, ("big-endian",)),
-    (8, "<Q", 2**60, ("2", "tensors")),
-    (16, "<Q", 2**61, ("key/value pairs",)),
-])
+@pytest.mark.parametrize(
+    "at, fmt, value, words",
+    [
+        (0, "<4s", b"GGUX", ("not a GGUF file",)),
+        (4, "<I", 1, ("version 1",)),
+        (4, "<I", 3 << 24, ("big-endian",)),
+        (8, "<Q", 2**60, ("2", "tensors")),
+        (16, "<Q", 2**61, ("key/value pairs",)),
+    ],
+)
 def test_bad_preamble(tmp_path, at, fmt, value, words):
     path = small(tmp_path)
     patched(path, at, fmt, value)
@@ -479,8 +503,9 @@ def test_custom_alignment_is_honoured_and_a_bad_one_refused(tmp_path):
     path = tmp_path / "a64.gguf"
     writer = gguf.GGUFWriter(str(path), arch="flux")
     writer.add_custom_alignment(64)
-    writer.add_tensor("a.weight", gguf.quants.quantize(np.linspace(-1, 1, 3 * 64, dtype=np.float32).reshape(3, 64), T.Q8_0),
-                      raw_dtype=T.Q8_0)
+    writer.add_tensor(
+        "a.weight", gguf.quants.quantize(np.linspace(-1, 1, 3 * 64, dtype=np.float32).reshape(3, 64), T.Q8_0), raw_dtype=T.Q8_0
+    )
     writer.add_tensor("b.weight", np.arange(5, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -537,19 +562,27 @@ def test_generated_headers_open_or_refuse_in_one_line(tmp_path_factory, data):
     kvs = []
     for i in range(draw(st.integers(0, 4))):
         vtype = draw(st.integers(0, 13))
-        key = draw(st.sampled_from([b"general.architecture", b"general.alignment", b"comfy.gguf.orig_shape.t0"]
-                                   + [f"k{i}".encode()] * 5))
+        key = draw(
+            st.sampled_from([b"general.architecture", b"general.alignment", b"comfy.gguf.orig_shape.t0"] + [f"k{i}".encode()] * 5)
+        )
         kvs.append(struct.pack("<Q", len(key)) + key + struct.pack("<I", vtype) + _value_bytes(draw, vtype))
     infos = []
     for i in range(draw(st.integers(0, 3))):
         name = f"t{i}".encode()
-        dims = draw(st.lists(st.sampled_from([1, 2, 32, 256]), min_size=1, max_size=2)
-                    | st.lists(st.sampled_from([0, 1, 3, 2**40]), min_size=0, max_size=5))
+        dims = draw(
+            st.lists(st.sampled_from([1, 2, 32, 256]), min_size=1, max_size=2)
+            | st.lists(st.sampled_from([0, 1, 3, 2**40]), min_size=0, max_size=5)
+        )
         rank = draw(st.sampled_from([len(dims)] * 5 + [2**31]))
         qtype = draw(st.sampled_from([0, 1, 2, 8, 12, 14, 16, 30, 39, 40, 99]))
         offset = draw(st.sampled_from([0, 0, 32, 64, 2**63]))
-        infos.append(struct.pack("<Q", len(name)) + name + struct.pack("<I", rank) + struct.pack(f"<{len(dims)}Q", *dims)
-                     + struct.pack("<IQ", qtype, offset))
+        infos.append(
+            struct.pack("<Q", len(name))
+            + name
+            + struct.pack("<I", rank)
+            + struct.pack(f"<{len(dims)}Q", *dims)
+            + struct.pack("<IQ", qtype, offset)
+        )
     n_tensors = draw(st.sampled_from([len(infos)] * 5 + [2**63]))
     n_kv = draw(st.sampled_from([len(kvs)] * 5 + [2**40]))
     raw = b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv) + b"".join(kvs) + b"".join(infos)
@@ -578,10 +611,15 @@ _FUZZ_BASE: dict[str, bytes] = {}
 def _fuzz_base(tmp_path_factory) -> bytes:
     if "raw" not in _FUZZ_BASE:
         path = tmp_path_factory.mktemp("fuzz") / "base.gguf"
-        write_gguf(path, [("double_blocks.0.img_attn.qkv.weight", T.Q8_0, (4, 64), False),
-                          ("double_blocks.0.img_mlp.0.weight", T.Q4_K, (2, 256), False),
-                          ("blocks.0.bias", T.F32, (4,), False),
-                          ("blocks.1.weight", T.Q4_0, (2, 2, 64), True)])
+        write_gguf(
+            path,
+            [
+                ("double_blocks.0.img_attn.qkv.weight", T.Q8_0, (4, 64), False),
+                ("double_blocks.0.img_mlp.0.weight", T.Q4_K, (2, 256), False),
+                ("blocks.0.bias", T.F32, (4,), False),
+                ("blocks.1.weight", T.Q4_0, (2, 2, 64), True),
+            ],
+        )
         _FUZZ_BASE["raw"] = path.read_bytes()
     return _FUZZ_BASE["raw"]
 
@@ -595,7 +633,7 @@ def test_fuzzed_files_open_and_read_or_refuse_in_one_line(tmp_path_factory, data
         at = data.draw(st.integers(0, min(header, len(raw) - 1)))
         width = data.draw(st.sampled_from([1, 4, 8]))
         value = data.draw(st.integers(0, 2 ** (8 * width) - 1) | st.sampled_from([0, 1, 2 ** (8 * width) - 1]))
-        raw[at:at + width] = value.to_bytes(width, "little")[: len(raw) - at]
+        raw[at : at + width] = value.to_bytes(width, "little")[: len(raw) - at]
     if data.draw(st.booleans()):
         raw = raw[: data.draw(st.integers(0, len(raw)))]
     path = tmp_path_factory.mktemp("f") / "fuzzed.gguf"
@@ -657,9 +695,14 @@ def test_check_says_comfyui_and_sglang_cannot_load_a_gguf_file(flux, capsys):
 def test_damaged_gguf_is_one_line_exit_2_in_every_command(tmp_path, capsys):
     path = small(tmp_path)
     end = max(t.data_offset + t.n_bytes for t in gguf.GGUFReader(str(path)).tensors)
-    path.write_bytes(path.read_bytes()[:end - 3])
-    for args in (["check", path], ["inspect", path], ["dequantize", path, "-o", tmp_path / "o.safetensors"],
-                 ["convert", path, "--to", "fp8", "-o", tmp_path / "c.safetensors"], ["migrate", path, "--allow-lossy"]):
+    path.write_bytes(path.read_bytes()[: end - 3])
+    for args in (
+        ["check", path],
+        ["inspect", path],
+        ["dequantize", path, "-o", tmp_path / "o.safetensors"],
+        ["convert", path, "--to", "fp8", "-o", tmp_path / "c.safetensors"],
+        ["migrate", path, "--allow-lossy"],
+    ):
         rc, out, err = cli(capsys, *args)
         assert rc == 2, (args, out, err)
         assert err.count("\n") == 1 and str(path) in err and "blocks.0.bias" in err, err
@@ -706,8 +749,11 @@ def test_convert_to_fp8_requantizes_the_gguf_layers_and_keeps_the_dense_ones(flu
     rc, _, err = cli(capsys, "convert", path, "--to", "fp8", "-o", out)
     assert rc == 0, err
     ref = reference(path)
-    linear = [n[:-len(".weight")] for n, (t, shape) in written.items()
-              if t not in ("F32", "F16", "BF16") and n.endswith(".weight") and len(shape) == 2]
+    linear = [
+        n[: -len(".weight")]
+        for n, (t, shape) in written.items()
+        if t not in ("F32", "F16", "BF16") and n.endswith(".weight") and len(shape) == 2
+    ]
     with safe_open(str(out), "pt") as f:
         keys = set(f.keys())
         for prefix in linear:
@@ -718,7 +764,7 @@ def test_convert_to_fp8_requantizes_the_gguf_layers_and_keeps_the_dense_ones(flu
             exact = torch.from_numpy(ref[prefix + ".weight"].copy())
             assert (decoded - exact).norm() / exact.norm() < 0.06, prefix
         for name in ("img_in.weight", "time_in.in_layer.weight", "double_blocks.0.img_attn.qkv.bias"):
-            assert name in keys and not any(k.startswith(name[:-len(".weight")] + ".comfy_quant") for k in keys)
+            assert name in keys and not any(k.startswith(name[: -len(".weight")] + ".comfy_quant") for k in keys)
             got = f.get_tensor(name)
             assert got.numpy().tobytes() == np.ascontiguousarray(ref[name]).tobytes(), name
     rc, report, _ = cli(capsys, "check", out, "--json")
@@ -730,10 +776,15 @@ def test_migrate_needs_allow_lossy_then_writes_one_comfy_format(tmp_path, capsys
     from safetensors import safe_open
 
     path = tmp_path / "flux1-tiny-Q4_K_M.gguf"
-    write_gguf(path, [("img_in.weight", T.F32, (64, 32), False),
-                      ("double_blocks.0.img_attn.qkv.weight", T.Q4_K, (96, 256), False),
-                      ("double_blocks.0.img_attn.qkv.bias", T.F32, (96,), False),
-                      ("double_blocks.0.img_mlp.2.weight", T.Q6_K, (32, 256), False)])
+    write_gguf(
+        path,
+        [
+            ("img_in.weight", T.F32, (64, 32), False),
+            ("double_blocks.0.img_attn.qkv.weight", T.Q4_K, (96, 256), False),
+            ("double_blocks.0.img_attn.qkv.bias", T.F32, (96,), False),
+            ("double_blocks.0.img_mlp.2.weight", T.Q6_K, (32, 256), False),
+        ],
+    )
     out = tmp_path / "migrated.safetensors"
     rc, _, err = cli(capsys, "migrate", path, "-o", out)
     assert rc == 2 and "--allow-lossy" in err and err.count("\n") == 1 and not out.exists()  # a MigrateError (InputError)
@@ -741,7 +792,9 @@ def test_migrate_needs_allow_lossy_then_writes_one_comfy_format(tmp_path, capsys
     assert rc == 0, err + text
     rows = {r["layer"]: r for r in json.loads(text)["layers"]}
     assert {p: (r["verdict"], r["format"]) for p, r in rows.items()} == {
-        "double_blocks.0.img_attn.qkv": ("lossy", "int8_tensorwise"), "double_blocks.0.img_mlp.2": ("lossy", "int8_tensorwise")}
+        "double_blocks.0.img_attn.qkv": ("lossy", "int8_tensorwise"),
+        "double_blocks.0.img_mlp.2": ("lossy", "int8_tensorwise"),
+    }
     assert all(0 < r["error"] < 0.02 for r in rows.values()), rows
     with safe_open(str(out), "np") as f:
         assert f.get_tensor("img_in.weight").tobytes() == reference(path)["img_in.weight"].tobytes()

@@ -55,7 +55,7 @@ def sylvester(size: int) -> torch.Tensor:
     h = torch.ones(1, 1)
     while h.shape[0] < size:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / size ** 0.5
+    return h / size**0.5
 
 
 def save(path, layers: dict, metadata=None, extra=None) -> str:
@@ -124,10 +124,15 @@ def test_scalar_scale_and_flat_row_scale_are_reshaped_exactly(tmp_path):
     w = weight()
     q1, s1 = int8_scalar(w)
     q2, s2 = int8_rowwise(w)
-    path = save(tmp_path / "i8.safetensors", {
-        "a": (q1, s1, {"convrot": False, "per_row": False}, None),
-        "b": (q2, s2.reshape(64), {"format": "int8_tensorwise", "per_row": True}, None),
-        "c": (q1.clone(), s1.clone().reshape(1), {"format": "int8_tensorwise", "per_row": False}, None)}, META)
+    path = save(
+        tmp_path / "i8.safetensors",
+        {
+            "a": (q1, s1, {"convrot": False, "per_row": False}, None),
+            "b": (q2, s2.reshape(64), {"format": "int8_tensorwise", "per_row": True}, None),
+            "c": (q1.clone(), s1.clone().reshape(1), {"format": "int8_tensorwise", "per_row": False}, None),
+        },
+        META,
+    )
     det = detect(path)
     a, b, c = (det.layers[ROOT + x] for x in "abc")
     assert [t.verdict for t in (a, b, c)] == [EXACT] * 3
@@ -145,11 +150,15 @@ def test_the_format_less_marker_is_claimed_without_the_header_flags(tmp_path):
 
 def test_other_writers_int8_layers_are_not_claimed(tmp_path):
     q, s = int8_rowwise(weight())
-    path = save(tmp_path / "i8.safetensors", {
-        # ComfyUI / comfyquant: the canonical marker
-        "a": (q, s, {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}, None),
-        # convert_to_quant: per_row together with orig_dtype
-        "b": (q.clone(), s.clone(), {"format": "int8_tensorwise", "per_row": True, "orig_dtype": "bfloat16"}, None)})
+    path = save(
+        tmp_path / "i8.safetensors",
+        {
+            # ComfyUI / comfyquant: the canonical marker
+            "a": (q, s, {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}, None),
+            # convert_to_quant: per_row together with orig_dtype
+            "b": (q.clone(), s.clone(), {"format": "int8_tensorwise", "per_row": True, "orig_dtype": "bfloat16"}, None),
+        },
+    )
     assert NAME not in detect(path).names
 
 
@@ -157,9 +166,14 @@ def test_canonical_layers_in_a_flagged_file_are_comfys(tmp_path):
     """What ``migrate`` writes keeps INT8-Fast's header flags; its layers are canonical and
     nothing claims them any more."""
     q, s = int8_rowwise(weight())
-    path = save(tmp_path / "i8.safetensors", {
-        "a": (q, s, {"format": "int8_tensorwise"}, None),
-        "b": (q.clone(), s.clone(), {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}, None)}, META)
+    path = save(
+        tmp_path / "i8.safetensors",
+        {
+            "a": (q, s, {"format": "int8_tensorwise"}, None),
+            "b": (q.clone(), s.clone(), {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}, None),
+        },
+        META,
+    )
     assert detect(path).names == ["comfy"]
 
 
@@ -171,9 +185,14 @@ def test_wint8_sylvester_rotation_is_lossy_and_decodes_to_the_unrotated_weight(t
     scale = (amax / 127.0).clamp(min=1e-8)
     q = (rotated / scale).round().clamp(-128, 127).to(torch.int8)
     m = {"format": "int8_tensorwise", "per_row": True, "convrot": True, "convrot_groupsize": 128}
-    path = save(tmp_path / "w.safetensors", {"x": (q, scale, m, {"input_scale": torch.tensor(1.0)})},
-                extra={"int8_quantized": torch.tensor(1, dtype=torch.uint8),
-                       "int8_model_type": torch.tensor(list(b"flux2"), dtype=torch.uint8)})
+    path = save(
+        tmp_path / "w.safetensors",
+        {"x": (q, scale, m, {"input_scale": torch.tensor(1.0)})},
+        extra={
+            "int8_quantized": torch.tensor(1, dtype=torch.uint8),
+            "int8_model_type": torch.tensor(list(b"flux2"), dtype=torch.uint8),
+        },
+    )
     det = detect(path)
     assert sorted(det.claim(NAME).drop) == ["int8_model_type", "int8_quantized"]  # WINT8's marks go with its rotation
     tr = det.layers[ROOT + "x"]
@@ -195,25 +214,33 @@ def test_the_hadamard_is_scipys(tmp_path):
 def test_a_wint8_power_of_4_rotation_is_still_sylvester(tmp_path):
     q, s = int8_rowwise(weight())
     m = {"format": "int8_tensorwise", "per_row": True, "convrot": True, "convrot_groupsize": 64}
-    path = save(tmp_path / "w.safetensors", {"x": (q, s, m, {"input_scale": torch.tensor(1.0)})},
-                extra={"int8_quantized": torch.tensor(1, dtype=torch.uint8)})
+    path = save(
+        tmp_path / "w.safetensors",
+        {"x": (q, s, m, {"input_scale": torch.tensor(1.0)})},
+        extra={"int8_quantized": torch.tensor(1, dtype=torch.uint8)},
+    )
     assert detect(path).layers[ROOT + "x"].verdict == LOSSY
 
 
 def test_unrotated_wint8_layers_drop_input_scale_exactly(tmp_path):
     q, s = int8_rowwise(weight())
-    path = save(tmp_path / "w.safetensors", {"x": (q, s, {"format": "int8_tensorwise", "per_row": True},
-                                                    {"input_scale": torch.tensor(1.0)})},
-                extra={"int8_quantized": torch.tensor(1, dtype=torch.uint8)})
+    path = save(
+        tmp_path / "w.safetensors",
+        {"x": (q, s, {"format": "int8_tensorwise", "per_row": True}, {"input_scale": torch.tensor(1.0)})},
+        extra={"int8_quantized": torch.tensor(1, dtype=torch.uint8)},
+    )
     tr = detect(path).layers[ROOT + "x"]
     assert tr.verdict == EXACT and tr.drops == [ROOT + "x.input_scale"]
     assert "input_scale" not in [m.suffix for m in tr.moves]
 
 
-@pytest.mark.parametrize("m, why", [
-    ({"convrot": True, "convrot_groupsize": 96, "per_row": True}, "not a power of 2"),
-    ({"convrot": True, "convrot_groupsize": "x", "per_row": True}, "not a positive size"),
-])
+@pytest.mark.parametrize(
+    "m, why",
+    [
+        ({"convrot": True, "convrot_groupsize": 96, "per_row": True}, "not a power of 2"),
+        ({"convrot": True, "convrot_groupsize": "x", "per_row": True}, "not a positive size"),
+    ],
+)
 def test_impossible_rotations_are_refused(tmp_path, m, why):
     q, s = int8_rowwise(weight())
     tr = detect(save(tmp_path / "i8.safetensors", {"x": (q, s, m, None)})).layers[ROOT + "x"]
@@ -222,10 +249,14 @@ def test_impossible_rotations_are_refused(tmp_path, m, why):
 
 def test_runtime_models(tmp_path):
     q, s = int8_rowwise(weight())
-    path = save(tmp_path / "i8.safetensors", {
-        "blocks.0.qkv": (q, s, {"convrot": False, "per_row": True}, None),
-        "blocks.1.qkv": (q.clone(), s.clone(), {"format": "int8_tensorwise", "convrot": False, "per_row": True}, None)},
-        META)
+    path = save(
+        tmp_path / "i8.safetensors",
+        {
+            "blocks.0.qkv": (q, s, {"convrot": False, "per_row": True}, None),
+            "blocks.1.qkv": (q.clone(), s.clone(), {"format": "int8_tensorwise", "convrot": False, "per_row": True}, None),
+        },
+        META,
+    )
     with open_checkpoint(path) as ck:
         det = registry.detect(ck)
         dialect, claim = registry.DIALECTS[NAME], det.claim(NAME)
@@ -238,12 +269,24 @@ def test_runtime_models(tmp_path):
 
 def test_sylvester_layers_fail_in_comfyui(tmp_path):
     q, s = int8_rowwise(weight())
-    path = save(tmp_path / "w.safetensors", {
-        "a": (q, s, {"format": "int8_tensorwise", "per_row": True, "convrot": True, "convrot_groupsize": 128},
-              {"input_scale": torch.tensor(1.0)}),
-        "b": (q.clone(), s.clone(), {"format": "int8_tensorwise", "per_row": True, "convrot": True, "convrot_groupsize": 64},
-              {"input_scale": torch.tensor(1.0)})},
-        extra={"int8_quantized": torch.tensor(1, dtype=torch.uint8)})
+    path = save(
+        tmp_path / "w.safetensors",
+        {
+            "a": (
+                q,
+                s,
+                {"format": "int8_tensorwise", "per_row": True, "convrot": True, "convrot_groupsize": 128},
+                {"input_scale": torch.tensor(1.0)},
+            ),
+            "b": (
+                q.clone(),
+                s.clone(),
+                {"format": "int8_tensorwise", "per_row": True, "convrot": True, "convrot_groupsize": 64},
+                {"input_scale": torch.tensor(1.0)},
+            ),
+        },
+        extra={"int8_quantized": torch.tensor(1, dtype=torch.uint8)},
+    )
     with open_checkpoint(path) as ck:
         det = registry.detect(ck)
         comfy = registry.DIALECTS[NAME].runtime("comfyui", ck, det.claim(NAME))
@@ -268,9 +311,14 @@ def int8_fast_file(tmp_path) -> str:
     w = weight()
     q1, s1 = int8_rowwise(w)
     q2, s2 = int8_scalar(w)
-    return save(tmp_path / "i8.safetensors", {
-        "blocks.0.qkv": (q1, s1, {"convrot": False, "per_row": True}, None),
-        "blocks.1.qkv": (q2, s2, {"format": "int8_tensorwise", "convrot": False, "per_row": False}, None)}, META)
+    return save(
+        tmp_path / "i8.safetensors",
+        {
+            "blocks.0.qkv": (q1, s1, {"convrot": False, "per_row": True}, None),
+            "blocks.1.qkv": (q2, s2, {"format": "int8_tensorwise", "convrot": False, "per_row": False}, None),
+        },
+        META,
+    )
 
 
 @wired
@@ -317,8 +365,11 @@ def test_wint8_sylvester_layers_migrate_with_allow_lossy(tmp_path):
     scale = (rotated.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-8)
     q = (rotated / scale).round().clamp(-128, 127).to(torch.int8)
     m = {"format": "int8_tensorwise", "per_row": True, "convrot": True, "convrot_groupsize": 128}
-    src = save(tmp_path / "w.safetensors", {"x": (q, scale, m, {"input_scale": torch.tensor(1.0)})},
-               extra={"int8_quantized": torch.tensor(1, dtype=torch.uint8)})
+    src = save(
+        tmp_path / "w.safetensors",
+        {"x": (q, scale, m, {"input_scale": torch.tensor(1.0)})},
+        extra={"int8_quantized": torch.tensor(1, dtype=torch.uint8)},
+    )
     out = str(tmp_path / "comfy.safetensors")
     with pytest.raises(InputError, match="allow-lossy"):
         comfyquant.migrate(src, out, target="comfyui")

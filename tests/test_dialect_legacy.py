@@ -29,8 +29,21 @@ ROOT = "model.diffusion_model."
 SCALE_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
-def legacy_file(path, *, prefix="", sentinel=(0,), scale_dtype="F32", scale_shape=(), scale_input=None,
-                dummy_dense=True, e5m2=False, per_channel=False, n=64, k=256, seed=0) -> dict:
+def legacy_file(
+    path,
+    *,
+    prefix="",
+    sentinel=(0,),
+    scale_dtype="F32",
+    scale_shape=(),
+    scale_input=None,
+    dummy_dense=True,
+    e5m2=False,
+    per_channel=False,
+    n=64,
+    k=256,
+    seed=0,
+) -> dict:
     """A legacy scaled-FP8 checkpoint: two FP8 linears (one with ``scale_input``), a BF16
     linear with a dummy ``scale_weight`` (optional), a norm, and the sentinel."""
     g = torch.Generator().manual_seed(seed)
@@ -41,7 +54,7 @@ def legacy_file(path, *, prefix="", sentinel=(0,), scale_dtype="F32", scale_shap
         p = f"{prefix}{name}"
         amax = w.abs().amax()
         if per_channel and i == 1:
-            scale = (w.abs().amax(dim=1, keepdim=True) / 448.0)
+            scale = w.abs().amax(dim=1, keepdim=True) / 448.0
             sd[f"{p}.weight"] = (w / scale).to(fp8)
             sd[f"{p}.scale_weight"] = scale.to(torch.float32)
         else:
@@ -248,7 +261,10 @@ def test_migrate_on_a_comfy_file_has_nothing_to_do(tmp_path, capsys):
 def test_remote_detection_costs_what_a_marker_file_costs(tmp_path, server):  # noqa: F811
     legacy_file(tmp_path / "legacy.safetensors")
     out = tmp_path / "comfy.safetensors"
-    comfyquant.migrate(str(tmp_path / "legacy.safetensors"), str(out), )
+    comfyquant.migrate(
+        str(tmp_path / "legacy.safetensors"),
+        str(out),
+    )
     legacy = comfyquant.check(server.url("legacy.safetensors"))
     assert legacy.to_dict()["dialect"] == "comfy-legacy-fp8"
     n_legacy = server.requests("legacy.safetensors")

@@ -45,9 +45,9 @@ from dialect_helpers import detect_claim, export_claim, raw_tensors, stored, wri
 from kitchen_fixtures import make_layer, make_weight, write_layers
 
 SHAPES = {
-    "blocks.0.qkv": (256, 512),   # N % 128 == 0, K/16 % 4 == 0: linear and blocked scales have one shape
-    "blocks.0.proj": (48, 80),     # K/16 = 5: the shape tells
-    "blocks.0.odd": (13, 64),      # N % 16 != 0 (bias keeps N)
+    "blocks.0.qkv": (256, 512),  # N % 128 == 0, K/16 % 4 == 0: linear and blocked scales have one shape
+    "blocks.0.proj": (48, 80),  # K/16 = 5: the shape tells
+    "blocks.0.odd": (13, 64),  # N % 16 != 0 (bias keeps N)
 }
 
 
@@ -65,8 +65,9 @@ def _ceil(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def modelopt_layer(n: int, k: int, seed: int, *, swizzle: bool, padding: str | None, bias: bool = True,
-                   pre_quant_scale: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def modelopt_layer(
+    n: int, k: int, seed: int, *, swizzle: bool, padding: str | None, bias: bool = True, pre_quant_scale: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(the layer as ModelOpt's ComfyUI export writes it, its unpadded linear form)."""
     w = make_weight(n, k, torch.float32, seed)
     q, s, s2 = quantize_nvfp4(w)
@@ -90,27 +91,41 @@ def modelopt_layer(n: int, k: int, seed: int, *, swizzle: bool, padding: str | N
 def fp8_layer(n: int, k: int, seed: int) -> dict[str, torch.Tensor]:
     w = make_weight(n, k, torch.float32, seed)
     scale = w.abs().amax() / 448.0
-    return {"weight": (w / scale).clamp(-448, 448).to(torch.float8_e4m3fn), "weight_scale": scale.reshape(()),
-            "input_scale": torch.tensor(0.05), "bias": torch.zeros(n, dtype=torch.bfloat16)}
+    return {
+        "weight": (w / scale).clamp(-448, 448).to(torch.float8_e4m3fn),
+        "weight_scale": scale.reshape(()),
+        "input_scale": torch.tensor(0.05),
+        "bias": torch.zeros(n, dtype=torch.bfloat16),
+    }
 
 
-def modelopt_file(path, layers: dict[str, dict[str, torch.Tensor]], algo: str, layer_map: bool = True,
-                  extra: dict[str, torch.Tensor] | None = None) -> str:
+def modelopt_file(
+    path,
+    layers: dict[str, dict[str, torch.Tensor]],
+    algo: str,
+    layer_map: bool = True,
+    extra: dict[str, torch.Tensor] | None = None,
+) -> str:
     sd = {f"{p}.{s}": t.contiguous() for p, ts in layers.items() for s, t in ts.items()}
     sd.update(extra or {})
-    config = {"config_groups": {"group_0": {"targets": ["Linear"]}}, "ignore": [], "quant_algo": algo,
-              "producer": {"name": "modelopt", "version": "0.41.0"}, "quant_method": "modelopt"}
+    config = {
+        "config_groups": {"group_0": {"targets": ["Linear"]}},
+        "ignore": [],
+        "quant_algo": algo,
+        "producer": {"name": "modelopt", "version": "0.41.0"},
+        "quant_method": "modelopt",
+    }
     meta = {"quantization_config": json.dumps(config)}
     if layer_map:
-        meta["_quantization_metadata"] = json.dumps({"format_version": "1.0", "layers": {
-            p: {"format": algo.lower()} for p, ts in layers.items() if "weight_scale" in ts}})
+        meta["_quantization_metadata"] = json.dumps(
+            {"format_version": "1.0", "layers": {p: {"format": algo.lower()} for p, ts in layers.items() if "weight_scale" in ts}}
+        )
     save_file(sd, str(path), metadata=meta)
     return str(path)
 
 
 def nvfp4_file(tmp_path, name: str, swizzle: bool, padding: str | None, shapes=SHAPES, **kw):
-    built = {p: modelopt_layer(n, k, i, swizzle=swizzle, padding=padding, **kw) for i, (p, (n, k)) in
-             enumerate(shapes.items())}
+    built = {p: modelopt_layer(n, k, i, swizzle=swizzle, padding=padding, **kw) for i, (p, (n, k)) in enumerate(shapes.items())}
     path = modelopt_file(tmp_path / name, {p: b[0] for p, b in built.items()}, "NVFP4")
     return path, {p: b[1] for p, b in built.items()}
 
@@ -129,8 +144,7 @@ def test_nvfp4_migrates_by_permutation_and_dequantizes_bit_exactly(tmp_path, swi
     comfy = str(tmp_path / "comfy.safetensors")
     write_claim(path, claim, comfy)
     for prefix, (n, k) in SHAPES.items():
-        reference = dequantize_nvfp4(plain[prefix]["weight"], plain[prefix]["weight_scale"],
-                                     plain[prefix]["weight_scale_2"])
+        reference = dequantize_nvfp4(plain[prefix]["weight"], plain[prefix]["weight_scale"], plain[prefix]["weight_scale_2"])
         c = stored(comfy, prefix)
         dense = ck_dequantize_nvfp4(c["weight"], c["weight_scale_2"], c["weight_scale"], torch.float32)
         assert same_bits(dense[:n, :k], reference)
@@ -170,8 +184,10 @@ def test_all_coinciding_shapes_are_refused_not_guessed(tmp_path):
 
 
 def test_comfy_exports_to_modelopt_and_back_with_its_layout_recorded(tmp_path):
-    kl = [make_layer("nvfp4", prefix=f"l{i}", n=n, k=k, seed=i, marker="comfyui") for i, (n, k) in
-          enumerate([(128, 64), (256, 128)])]
+    kl = [
+        make_layer("nvfp4", prefix=f"l{i}", n=n, k=k, seed=i, marker="comfyui")
+        for i, (n, k) in enumerate([(128, 64), (256, 128)])
+    ]
     src = write_layers(tmp_path / "kitchen.safetensors", kl, marker_mode="header")
     exported = export_claim(src, "modelopt")
     mo = str(tmp_path / "mo.safetensors")
@@ -182,9 +198,12 @@ def test_comfy_exports_to_modelopt_and_back_with_its_layout_recorded(tmp_path):
     for x in kl:
         m = stored(mo, x.prefix)
         assert m["weight_scale"].shape == (x.n, x.k // 16)  # ModelOpt's plain (linear) layout
-        assert same_bits(dequantize_nvfp4(m["weight"], m["weight_scale"], m["weight_scale_2"]),
-                         ck_dequantize_nvfp4(x.tensors["weight"], x.tensors["weight_scale_2"],
-                                             x.tensors["weight_scale"], torch.float32)[: x.n])
+        assert same_bits(
+            dequantize_nvfp4(m["weight"], m["weight_scale"], m["weight_scale_2"]),
+            ck_dequantize_nvfp4(x.tensors["weight"], x.tensors["weight_scale_2"], x.tensors["weight_scale"], torch.float32)[
+                : x.n
+            ],
+        )
     # every layer's shapes coincide: the layout the export recorded decides
     claim, _ = detect_claim(mo, "modelopt")
     assert {t.verdict for t in claim.layers.values()} == {PERMUTATION}
@@ -221,8 +240,10 @@ def test_fp8_layers_are_exact_with_a_comfy_marker(tmp_path):
     write_claim(path, claim, out)
     c = stored(out, "blocks.0.mlp")
     assert all(torch.equal(c[s].reshape(-1).view(torch.uint8), layer[s].reshape(-1).view(torch.uint8)) for s in layer)
-    assert same_bits(codecs.get("float8_e4m3fn").decode(c, {"format": "float8_e4m3fn"}, dtype=torch.float32),
-                     layer["weight"].float() * layer["weight_scale"])
+    assert same_bits(
+        codecs.get("float8_e4m3fn").decode(c, {"format": "float8_e4m3fn"}, dtype=torch.float32),
+        layer["weight"].float() * layer["weight_scale"],
+    )
     with open_checkpoint([out]) as ckpt:
         report = check_checkpoint(ckpt)
     assert all(v.loads for v in report.verdicts.values()), report.findings
@@ -235,8 +256,10 @@ def test_pre_quant_scale_is_kept(tmp_path):
     write_claim(path, claim, out)
     c = stored(out, "x")
     assert torch.equal(c["pre_quant_scale"], plain["x"]["pre_quant_scale"])
-    reference = dequantize_nvfp4(plain["x"]["weight"], plain["x"]["weight_scale"], plain["x"]["weight_scale_2"]) \
+    reference = (
+        dequantize_nvfp4(plain["x"]["weight"], plain["x"]["weight_scale"], plain["x"]["weight_scale_2"])
         * plain["x"]["pre_quant_scale"].float()
+    )
     assert same_bits(codecs.get("nvfp4").decode(c, {"format": "nvfp4"}, dtype=torch.float32), reference)
     assert same_bits(claim.layers["x"].decoder(stored(path, "x")), reference)
 
@@ -257,8 +280,12 @@ def test_scale_padding_that_holds_values_is_refused_by_settle(tmp_path):
 
 def test_svdquant_residual_is_refused(tmp_path):
     layer, _ = modelopt_layer(48, 80, 7, swizzle=True, padding="row")
-    path = modelopt_file(tmp_path / "svd.safetensors", {"x": layer}, "NVFP4_SVD",
-                         extra={"x.svdquant_lora_a": torch.zeros(4, 80), "x.svdquant_lora_b": torch.zeros(48, 4)})
+    path = modelopt_file(
+        tmp_path / "svd.safetensors",
+        {"x": layer},
+        "NVFP4_SVD",
+        extra={"x.svdquant_lora_a": torch.zeros(4, 80), "x.svdquant_lora_b": torch.zeros(48, 4)},
+    )
     claim, _ = detect_claim(path, "modelopt")
     assert claim.layers["x"].verdict == REFUSED and "svdquant_lora_a" in claim.layers["x"].why
 
@@ -306,6 +333,7 @@ def test_per_channel_fp8_is_lossy(tmp_path):
 def _random_layer(gen: torch.Generator) -> dict[str, torch.Tensor]:
     """A packed-FP4 or FP8 layer with shapes drawn to hit every branch: consistent, padded,
     swizzled, inconsistent, odd rows, missing or malformed companions."""
+
     def pick(options):
         return options[int(torch.randint(len(options), (1,), generator=gen))]
 
@@ -315,8 +343,7 @@ def _random_layer(gen: torch.Generator) -> dict[str, torch.Tensor]:
         kb = max(1, 2 * cb // 16)
         out["weight"] = torch.randint(0, 256, (n, cb), dtype=torch.uint8, generator=gen)
         rows, cols = pick([(n, kb), (_ceil(n, 128), _ceil(kb, 4)), (n, _ceil(kb, 16)), (n + 1, kb), (n, kb + 3)])
-        out["weight_scale"] = torch.randint(0, 120, (rows, cols), dtype=torch.uint8, generator=gen).view(
-            torch.float8_e4m3fn)
+        out["weight_scale"] = torch.randint(0, 120, (rows, cols), dtype=torch.uint8, generator=gen).view(torch.float8_e4m3fn)
         out["weight_scale_2"] = pick([torch.tensor(0.5), torch.tensor([0.5]), torch.ones(2)])
     else:
         out["weight"] = torch.randint(0, 120, (n, cb), dtype=torch.uint8, generator=gen).view(torch.float8_e4m3fn)
@@ -397,8 +424,7 @@ def test_cli_migrate_modelopt_to_comfy_and_back(tmp_path, swizzle, padding):
     assert main(["check", "--target", "comfyui", out]) == 0
     before, after = dense(path, tmp_path, "before"), dense(out, tmp_path, "after")
     for prefix, (_n, k) in SHAPES.items():
-        reference = dequantize_nvfp4(plain[prefix]["weight"], plain[prefix]["weight_scale"],
-                                     plain[prefix]["weight_scale_2"])
+        reference = dequantize_nvfp4(plain[prefix]["weight"], plain[prefix]["weight_scale"], plain[prefix]["weight_scale_2"])
         assert same_bits(before[f"{prefix}.weight"][:, :k], reference)
         assert same_bits(after[f"{prefix}.weight"], before[f"{prefix}.weight"])
     back = str(tmp_path / "back.safetensors")

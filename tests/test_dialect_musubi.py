@@ -30,8 +30,7 @@ PREFIX = "blocks.0.attn.qkv"
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
 
-def musubi_quantize(w: torch.Tensor, mode: str, block_size: int = 64, fp8=torch.float8_e4m3fn,
-                    two_level: bool = False):
+def musubi_quantize(w: torch.Tensor, mode: str, block_size: int = 64, fp8=torch.float8_e4m3fn, two_level: bool = False):
     """(q, scale_weight, scale_weight_tensor or None) as musubi's ``quantize_weight`` returns them
     (``two_level``: the exp branch, which also falls back to per-tensor instead of per-channel)."""
     m = FP8_MAX[fp8]
@@ -119,6 +118,7 @@ def apply_moves(path, tr) -> dict[str, tuple[str, tuple, bytes]]:
 
 # -- tensor mode: exact ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("shape1", [True, False], ids=["first-writer-[1]", "scalar-[]"])
 def test_tensor_mode_is_exact_float8_e4m3fn(tmp_path, shape1):
     w = weight()
@@ -145,6 +145,7 @@ def test_tensor_mode_e5m2_is_exact_float8_e5m2(tmp_path):
 
 
 # -- channel and block: lossy, decoded by the writer's formula ---------------------------
+
 
 @pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_channel_mode_is_lossy_and_decodes_like_musubi(tmp_path, scale_dtype):
@@ -205,8 +206,10 @@ def test_block_falls_back_per_writer_when_k_is_not_a_multiple(tmp_path):
 
 def test_mixed_file_and_notes(tmp_path):
     w = weight().float()
-    layers = {f"blocks.{i}.x": musubi_quantize(w, mode, two_level=two)
-              for i, (mode, two) in enumerate([("tensor", False), ("channel", False), ("block", False), ("block", True)])}
+    layers = {
+        f"blocks.{i}.x": musubi_quantize(w, mode, two_level=two)
+        for i, (mode, two) in enumerate([("tensor", False), ("channel", False), ("block", False), ("block", True)])
+    }
     path = write(tmp_path / "m.safetensors", layers)
     det, _ = detected(path)
     assert det.name == NAME
@@ -217,10 +220,10 @@ def test_mixed_file_and_notes(tmp_path):
 
 # -- what is not musubi's ----------------------------------------------------------------
 
+
 def test_a_file_with_the_legacy_sentinel_is_not_claimed(tmp_path):
     q, s, _ = musubi_quantize(weight().float(), "tensor")
-    path = write(tmp_path / "m.safetensors", {PREFIX: (q, s, None)},
-                 {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)})
+    path = write(tmp_path / "m.safetensors", {PREFIX: (q, s, None)}, {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)})
     det, _ = detected(path)
     assert det.names == ["comfy-legacy-fp8"]
 
@@ -232,8 +235,11 @@ def test_two_level_layers_beside_the_legacy_sentinel_are_musubis(tmp_path):
     w = weight().float()
     qt, st, _ = musubi_quantize(w, "tensor")
     qb, sb, tb = musubi_quantize(w, "block", two_level=True)
-    path = write(tmp_path / "m.safetensors", {"plain": (qt, st, None), "two": (qb, sb, tb)},
-                 {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)})
+    path = write(
+        tmp_path / "m.safetensors",
+        {"plain": (qt, st, None), "two": (qb, sb, tb)},
+        {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)},
+    )
     det, _ = detected(path)
     assert sorted(det.names) == sorted(["comfy-legacy-fp8", NAME])
     assert det.layers["two"].dialect == NAME and det.layers["two"].variant == "block, two-level"
@@ -260,18 +266,24 @@ def test_a_non_scalar_tensor_factor_is_refused(tmp_path):
 def test_marked_and_dense_layers_are_left_alone(tmp_path):
     q, s, _ = musubi_quantize(weight().float(), "tensor")
     marker = torch.tensor(list(b'{"format": "float8_e4m3fn"}'), dtype=torch.uint8)
-    save_file({"a.weight": q, "a.weight_scale": s, "a.comfy_quant": marker, "b.weight": weight(),
-               "b.scale_weight": torch.ones(())}, str(tmp_path / "c.safetensors"))
+    save_file(
+        {"a.weight": q, "a.weight_scale": s, "a.comfy_quant": marker, "b.weight": weight(), "b.scale_weight": torch.ones(())},
+        str(tmp_path / "c.safetensors"),
+    )
     det, _ = detected(str(tmp_path / "c.safetensors"))
     assert NAME not in det.names
 
 
 # -- settle and runtimes -----------------------------------------------------------------
 
+
 def test_settle_drops_a_unit_scale_input_and_refuses_a_broken_scale(tmp_path):
     q, s, _ = musubi_quantize(weight().float(), "tensor")
-    path = write(tmp_path / "m.safetensors", {"a": (q, s, None), "b": (q.clone(), torch.tensor(-1.0), None)},
-                 {"a.scale_input": torch.tensor(1.0)})
+    path = write(
+        tmp_path / "m.safetensors",
+        {"a": (q, s, None), "b": (q.clone(), torch.tensor(-1.0), None)},
+        {"a.scale_input": torch.tensor(1.0)},
+    )
     with open_checkpoint(path) as ck:
         det = registry.detect(ck)
         a, b = det.layers["a"], det.layers["b"]
@@ -285,8 +297,10 @@ def test_settle_drops_a_unit_scale_input_and_refuses_a_broken_scale(tmp_path):
 
 def test_runtime_models(tmp_path):
     w = weight().float()
-    path = write(tmp_path / "m.safetensors", {"a": musubi_quantize(w, "block", two_level=True),
-                                              "b": musubi_quantize(w, "tensor", fp8=torch.float8_e5m2)})
+    path = write(
+        tmp_path / "m.safetensors",
+        {"a": musubi_quantize(w, "block", two_level=True), "b": musubi_quantize(w, "tensor", fp8=torch.float8_e5m2)},
+    )
     with open_checkpoint(path) as ck:
         det = registry.detect(ck)
         dialect, claim = registry.DIALECTS[NAME], det.claim(NAME)
@@ -323,8 +337,10 @@ def dense(path) -> dict[str, torch.Tensor]:
 
 def mixed_file(tmp_path) -> str:
     w = weight().float()
-    return write(tmp_path / "m.safetensors", {"t": musubi_quantize(w, "tensor"), "c": musubi_quantize(w, "channel"),
-                                              "b": musubi_quantize(w, "block", two_level=True)})
+    return write(
+        tmp_path / "m.safetensors",
+        {"t": musubi_quantize(w, "tensor"), "c": musubi_quantize(w, "channel"), "b": musubi_quantize(w, "block", two_level=True)},
+    )
 
 
 @wired
@@ -333,8 +349,10 @@ def test_inspect_json_names_the_dialect(tmp_path, capsys):
     assert rc == 0 and out["dialect"] == NAME and out["dialects"] == [NAME]
     rows = {r["layer"]: r for r in out["layers"]}
     assert {p: (rows[p]["dialect"], rows[p]["verdict"]) for p in "tcb"} == {
-        "t": ("musubi-fp8 (tensor)", EXACT), "c": ("musubi-fp8 (channel)", LOSSY),
-        "b": ("musubi-fp8 (block, two-level)", LOSSY)}
+        "t": ("musubi-fp8 (tensor)", EXACT),
+        "c": ("musubi-fp8 (channel)", LOSSY),
+        "b": ("musubi-fp8 (block, two-level)", LOSSY),
+    }
 
 
 @wired
@@ -349,15 +367,19 @@ def test_check_says_comfyui_computes_garbage_and_sglang_refuses(tmp_path):
 def test_migrate_tensor_mode_is_an_exact_round_trip(tmp_path):
     w = weight().float()
     q, s, _ = musubi_quantize(w, "tensor")
-    src = write(tmp_path / "m.safetensors", {"a": (q, s.to(torch.bfloat16).reshape(1), None),
-                                             "b": musubi_quantize(w, "tensor", fp8=torch.float8_e5m2)})
+    src = write(
+        tmp_path / "m.safetensors",
+        {"a": (q, s.to(torch.bfloat16).reshape(1), None), "b": musubi_quantize(w, "tensor", fp8=torch.float8_e5m2)},
+    )
     out = str(tmp_path / "comfy.safetensors")
     with pytest.raises(InputError, match="sglang"):  # SGLang has no float8_e5m2: the default target refuses
         comfyquant.migrate(src, out)
     result = comfyquant.migrate(src, out, target="comfyui")
     assert result.ok, result.to_dict()
     assert {r["layer"]: (r["verdict"], r["format"]) for r in result.to_dict()["layers"]} == {
-        "a": (EXACT, "float8_e4m3fn"), "b": (EXACT, "float8_e5m2")}
+        "a": (EXACT, "float8_e4m3fn"),
+        "b": (EXACT, "float8_e5m2"),
+    }
     with open_checkpoint(out) as ck:
         assert registry.detect(ck).names == ["comfy"]
         assert ck.layers["a"].marker == {"format": "float8_e4m3fn"}

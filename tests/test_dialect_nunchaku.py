@@ -94,11 +94,21 @@ def svdq_layer(n: int, k: int, rank: int = 32, bias: bool = True, dtype=torch.bf
     smooth = (torch.rand(k, generator=GEN) + 0.5).to(dtype)
     down = (torch.randn(rank, k, generator=GEN) * 0.05).to(dtype)  # the packer's [R, K] down weight
     up = (torch.randn(n, rank, generator=GEN) * 0.05).to(dtype)
-    stored = {"qweight": ref_pack_weight(codes), "wscales": ref_pack_scale(scales), "smooth_factor":
-              ref_pack_scale(smooth), "smooth_factor_orig": smooth.clone(), "proj_down": ref_pack_lowrank(down, True),
-              "proj_up": ref_pack_lowrank(up, False)}
-    natural = {"weight": natural_int4(codes), "weight_scale": scales.t().contiguous(), "weight_smooth_factor": smooth,
-               "weight_proj_down": down.t().contiguous(), "weight_proj_up": up}
+    stored = {
+        "qweight": ref_pack_weight(codes),
+        "wscales": ref_pack_scale(scales),
+        "smooth_factor": ref_pack_scale(smooth),
+        "smooth_factor_orig": smooth.clone(),
+        "proj_down": ref_pack_lowrank(down, True),
+        "proj_up": ref_pack_lowrank(up, False),
+    }
+    natural = {
+        "weight": natural_int4(codes),
+        "weight_scale": scales.t().contiguous(),
+        "weight_smooth_factor": smooth,
+        "weight_proj_down": down.t().contiguous(),
+        "weight_proj_up": up,
+    }
     if bias:
         b = torch.randn(n, generator=GEN).to(dtype)
         stored["bias"] = ref_pack_scale(b)
@@ -120,9 +130,14 @@ FLUX_META = {
     "format": "pt",
     "config": json.dumps({"_class_name": "FluxTransformer2DModel", "num_layers": 1, "num_single_layers": 1}),
     "comfy_config": json.dumps({"model_class": "Flux", "model_config": {"image_model": "flux", "depth": 1}}),
-    "quantization_config": json.dumps({"method": "svdquant", "rank": 32,
-                                       "weight": {"dtype": "int4", "scale_dtype": None, "group_size": 64},
-                                       "activation": {"dtype": "int4", "scale_dtype": None, "group_size": 64}}),
+    "quantization_config": json.dumps(
+        {
+            "method": "svdquant",
+            "rank": 32,
+            "weight": {"dtype": "int4", "scale_dtype": None, "group_size": 64},
+            "activation": {"dtype": "int4", "scale_dtype": None, "group_size": 64},
+        }
+    ),
 }
 H = 256  # hidden size (Flux: 3072); every dimension a multiple of 128 as nunchaku requires
 
@@ -130,9 +145,14 @@ H = 256  # hidden size (Flux: 3072); every dimension a multiple of 128 as nuncha
 def flux_file(tmp_path, meta: dict | None = FLUX_META, name="svdq-int4-flux.safetensors"):
     """A one-block Flux transformer as nunchaku stores it; returns (path, {prefix: natural tensors})."""
     tensors, natural = {}, {}
-    svdq = {"transformer_blocks.0.attn.to_qkv": (3 * H, H), "transformer_blocks.0.attn.add_qkv_proj": (3 * H, H),
-            "transformer_blocks.0.attn.to_out.0": (H, H), "transformer_blocks.0.ff.net.0.proj": (4 * H, H),
-            "transformer_blocks.0.ff.net.2": (H, 4 * H), "single_transformer_blocks.0.mlp_fc2": (H, 4 * H)}
+    svdq = {
+        "transformer_blocks.0.attn.to_qkv": (3 * H, H),
+        "transformer_blocks.0.attn.add_qkv_proj": (3 * H, H),
+        "transformer_blocks.0.attn.to_out.0": (H, H),
+        "transformer_blocks.0.ff.net.0.proj": (4 * H, H),
+        "transformer_blocks.0.ff.net.2": (H, 4 * H),
+        "single_transformer_blocks.0.mlp_fc2": (H, 4 * H),
+    }
     for prefix, (n, k) in svdq.items():
         st, nat = svdq_layer(n, k)
         tensors.update({f"{prefix}.{s}": v for s, v in st.items()})
@@ -180,8 +200,14 @@ def test_detects_flux_layers_variants_and_metadata(tmp_path):
         assert variants["transformer_blocks.0.norm1.linear"] == "awq w4a16"
         assert {v for p, v in variants.items() if p != "transformer_blocks.0.norm1.linear"} == {"svdq int4"}
         notes = " | ".join(claim.notes)
-        for said in ("NunchakuFluxTransformer2dModel", "comfy_config model_class Flux", "precision int4", "rank 32",
-                     "group size 64", "FluxTransformer2DModel"):
+        for said in (
+            "NunchakuFluxTransformer2dModel",
+            "comfy_config model_class Flux",
+            "precision int4",
+            "rank 32",
+            "group size 64",
+            "FluxTransformer2DModel",
+        ):
             assert said in notes, said
         assert "2 fused q/k/v layer(s)" in notes
         assert "modulation" in notes
@@ -228,8 +254,7 @@ def test_awq_translation_before_settle_and_exact_decoder(tmp_path):
     with open_checkpoint(str(path)) as ckpt:
         claim = detect(ckpt).claim("nunchaku")
         tr = claim.layers[prefix]
-        assert tr.verdict == PERMUTATION and tr.format == "awq_w4a16" and tr.marker == {"format": "awq_w4a16",
-                                                                                          "group_size": 64}
+        assert tr.verdict == PERMUTATION and tr.format == "awq_w4a16" and tr.marker == {"format": "awq_w4a16", "group_size": 64}
         assert tr.unsettled and claim.unsettled  # the zero points are only provisionally exact
         out = _apply(ckpt, tr)  # before settle: the zeros move reads the scales itself
         raw = _stored(ckpt, [e.name for e in tr.inputs.values()])
@@ -245,8 +270,14 @@ def test_awq_translation_before_settle_and_exact_decoder(tmp_path):
 
 
 def _tensor(data: bytes, entry) -> torch.Tensor:
-    dt = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I32": torch.int32, "I8": torch.int8,
-          "F8_E4M3": torch.float8_e4m3fn}[entry.dtype]
+    dt = {
+        "BF16": torch.bfloat16,
+        "F16": torch.float16,
+        "F32": torch.float32,
+        "I32": torch.int32,
+        "I8": torch.int8,
+        "F8_E4M3": torch.float8_e4m3fn,
+    }[entry.dtype]
     return torch.frombuffer(bytearray(data), dtype=dt).view(tuple(entry.shape))
 
 
@@ -267,16 +298,18 @@ def test_awq_settle_makes_exact_comfy_layer(tmp_path):
     n, k = 6 * H, H
     codes = natural[prefix]["codes"]
     assert out["weight"] == _as_bytes(natural_int4(codes))
-    t = {"weight": torch.frombuffer(bytearray(out["weight"]), dtype=torch.int8).view(n, k // 2),
-         "weight_scale": torch.frombuffer(bytearray(out["weight_scale"]), dtype=torch.float32).view(k // 64, n),
-         "weight_zeros": torch.frombuffer(bytearray(out["weight_zeros"]), dtype=torch.float32).view(k // 64, n)}
+    t = {
+        "weight": torch.frombuffer(bytearray(out["weight"]), dtype=torch.int8).view(n, k // 2),
+        "weight_scale": torch.frombuffer(bytearray(out["weight_scale"]), dtype=torch.float32).view(k // 64, n),
+        "weight_zeros": torch.frombuffer(bytearray(out["weight_zeros"]), dtype=torch.float32).view(k // 64, n),
+    }
     comfy = AWQCodec()._weight(t, {"K": k, "group_size": 64}, 0, n, torch.float32)
     assert torch.equal(comfy, dense)  # Comfy's (u - 8) * s + (z + 8 s) == nunchaku's u * s + z, bit for bit
 
 
 def test_awq_inexact_zero_points_stay_refused(tmp_path):
     st, _ = awq_layer(256, 256)
-    st["wzeros"][0, 0] = torch.tensor(2.0 ** -40, dtype=torch.bfloat16)  # z + 8 s needs > 24 bits
+    st["wzeros"][0, 0] = torch.tensor(2.0**-40, dtype=torch.bfloat16)  # z + 8 s needs > 24 bits
     st["wscales"][0, 0] = torch.tensor(1.0, dtype=torch.bfloat16)
     path = tmp_path / "awq.safetensors"
     save_file({f"blocks.0.img_mod.1.{s}": v for s, v in st.items()}, str(path), metadata=FLUX_META)
@@ -318,13 +351,20 @@ def test_metadata_without_comfy_config(tmp_path):
 
 def test_nvfp4_is_refused_without_decoder(tmp_path):
     n, k = 256, 256
-    t = {"qweight": torch.randint(-128, 127, (n, k // 2), generator=GEN, dtype=torch.int8),
-         "wscales": torch.ones(k // 16, n).to(torch.float8_e4m3fn),
-         "smooth_factor": torch.ones(k, dtype=torch.bfloat16), "smooth_factor_orig": torch.ones(k, dtype=torch.bfloat16),
-         "proj_down": torch.zeros(k, 32, dtype=torch.bfloat16), "proj_up": torch.zeros(n, 32, dtype=torch.bfloat16),
-         "wcscales": torch.ones(n, dtype=torch.bfloat16), "wtscale": torch.ones(1, dtype=torch.bfloat16)}
-    meta = dict(FLUX_META, quantization_config=json.dumps({"method": "svdquant", "rank": 32,
-                                                           "weight": {"dtype": "fp4_e2m1_all", "group_size": 16}}))
+    t = {
+        "qweight": torch.randint(-128, 127, (n, k // 2), generator=GEN, dtype=torch.int8),
+        "wscales": torch.ones(k // 16, n).to(torch.float8_e4m3fn),
+        "smooth_factor": torch.ones(k, dtype=torch.bfloat16),
+        "smooth_factor_orig": torch.ones(k, dtype=torch.bfloat16),
+        "proj_down": torch.zeros(k, 32, dtype=torch.bfloat16),
+        "proj_up": torch.zeros(n, 32, dtype=torch.bfloat16),
+        "wcscales": torch.ones(n, dtype=torch.bfloat16),
+        "wtscale": torch.ones(1, dtype=torch.bfloat16),
+    }
+    meta = dict(
+        FLUX_META,
+        quantization_config=json.dumps({"method": "svdquant", "rank": 32, "weight": {"dtype": "fp4_e2m1_all", "group_size": 16}}),
+    )
     path = tmp_path / "svdq-fp4.safetensors"
     save_file({f"transformer_blocks.0.attn.to_out.0.{s}": v for s, v in t.items()}, str(path), metadata=meta)
     with open_checkpoint(str(path)) as ckpt:
@@ -334,12 +374,15 @@ def test_nvfp4_is_refused_without_decoder(tmp_path):
         assert "no Comfy format" in tr.why and "precision nvfp4" in " ".join(claim.notes)
 
 
-@pytest.mark.parametrize("n,k,why", [(200, 256, "N=200 is not a multiple of 128"),
-                                     (256, 192, "K=192 is not a multiple of 128")])
+@pytest.mark.parametrize("n,k,why", [(200, 256, "N=200 is not a multiple of 128"), (256, 192, "K=192 is not a multiple of 128")])
 def test_unpackable_geometry_is_refused(tmp_path, n, k, why):
-    t = {"qweight": torch.zeros(n, k // 2, dtype=torch.int8), "wscales": torch.ones(k // 64, n, dtype=torch.bfloat16),
-         "smooth_factor": torch.ones(k, dtype=torch.bfloat16), "proj_down": torch.zeros(k, 32, dtype=torch.bfloat16),
-         "proj_up": torch.zeros(n, 32, dtype=torch.bfloat16)}
+    t = {
+        "qweight": torch.zeros(n, k // 2, dtype=torch.int8),
+        "wscales": torch.ones(k // 64, n, dtype=torch.bfloat16),
+        "smooth_factor": torch.ones(k, dtype=torch.bfloat16),
+        "proj_down": torch.zeros(k, 32, dtype=torch.bfloat16),
+        "proj_up": torch.zeros(n, 32, dtype=torch.bfloat16),
+    }
     path = tmp_path / "odd.safetensors"
     save_file({f"blocks.0.attn.to_out.{s}": v for s, v in t.items()}, str(path))
     with open_checkpoint(str(path)) as ckpt:
@@ -395,9 +438,13 @@ def test_tile_unpack_round_trips_random_shapes():
 
 
 def _good_svdq(n=256, k=256, r=32) -> dict:
-    return {"qweight": torch.zeros(n, k // 2, dtype=torch.int8), "wscales": torch.ones(k // 64, n, dtype=torch.bfloat16),
-            "smooth_factor": torch.ones(k, dtype=torch.bfloat16), "proj_down": torch.zeros(k, r, dtype=torch.bfloat16),
-            "proj_up": torch.zeros(n, r, dtype=torch.bfloat16)}
+    return {
+        "qweight": torch.zeros(n, k // 2, dtype=torch.int8),
+        "wscales": torch.ones(k // 64, n, dtype=torch.bfloat16),
+        "smooth_factor": torch.ones(k, dtype=torch.bfloat16),
+        "proj_down": torch.zeros(k, r, dtype=torch.bfloat16),
+        "proj_up": torch.zeros(n, r, dtype=torch.bfloat16),
+    }
 
 
 BROKEN = {
@@ -411,12 +458,21 @@ BROKEN = {
     "no smooth_factor": {k: v for k, v in _good_svdq().items() if k != "smooth_factor"},
     "bias wrong length": dict(_good_svdq(), bias=torch.zeros(255, dtype=torch.bfloat16)),
     "extra weight": dict(_good_svdq(), weight=torch.zeros(256, 256, dtype=torch.bfloat16)),
-    "awq zeros shape": {"qweight": torch.zeros(64, 128, dtype=torch.int32), "wscales": torch.ones(4, 256, dtype=torch.bfloat16),
-                        "wzeros": torch.ones(2, 256, dtype=torch.bfloat16)},
-    "awq wscales 1-D": {"qweight": torch.zeros(64, 128, dtype=torch.int32), "wscales": torch.ones(256, dtype=torch.bfloat16),
-                        "wzeros": torch.ones(256, dtype=torch.bfloat16)},
-    "awq K not 64": {"qweight": torch.zeros(64, 16, dtype=torch.int32), "wscales": torch.ones(1, 256, dtype=torch.bfloat16),
-                     "wzeros": torch.ones(1, 256, dtype=torch.bfloat16)},
+    "awq zeros shape": {
+        "qweight": torch.zeros(64, 128, dtype=torch.int32),
+        "wscales": torch.ones(4, 256, dtype=torch.bfloat16),
+        "wzeros": torch.ones(2, 256, dtype=torch.bfloat16),
+    },
+    "awq wscales 1-D": {
+        "qweight": torch.zeros(64, 128, dtype=torch.int32),
+        "wscales": torch.ones(256, dtype=torch.bfloat16),
+        "wzeros": torch.ones(256, dtype=torch.bfloat16),
+    },
+    "awq K not 64": {
+        "qweight": torch.zeros(64, 16, dtype=torch.int32),
+        "wscales": torch.ones(1, 256, dtype=torch.bfloat16),
+        "wzeros": torch.ones(1, 256, dtype=torch.bfloat16),
+    },
     "qweight alone": {"qweight": torch.zeros(256, 128, dtype=torch.int8)},
 }
 
@@ -454,7 +510,6 @@ def test_svdq_int4_decoder_equals_comfy_codec_on_the_writers_numbers(tmp_path):
 
 
 # -- end to end through the commands (needs the lead's wiring: inspect/check dialects, migrate) ---------------
-
 
 
 def written(path) -> tuple[dict, dict, dict]:
@@ -541,17 +596,22 @@ def test_migrate_refuses_nvfp4_and_inexact_awq_with_the_reason(tmp_path):
     from comfyquant.repair.migrate import MigrateError
 
     n, k = 256, 256
-    t = {"qweight": torch.zeros(n, k // 2, dtype=torch.int8), "wscales": torch.ones(k // 16, n).to(torch.float8_e4m3fn),
-         "smooth_factor": torch.ones(k, dtype=torch.bfloat16), "proj_down": torch.zeros(k, 32, dtype=torch.bfloat16),
-         "proj_up": torch.zeros(n, 32, dtype=torch.bfloat16), "wcscales": torch.ones(n, dtype=torch.bfloat16),
-         "wtscale": torch.ones(1, dtype=torch.bfloat16)}
+    t = {
+        "qweight": torch.zeros(n, k // 2, dtype=torch.int8),
+        "wscales": torch.ones(k // 16, n).to(torch.float8_e4m3fn),
+        "smooth_factor": torch.ones(k, dtype=torch.bfloat16),
+        "proj_down": torch.zeros(k, 32, dtype=torch.bfloat16),
+        "proj_up": torch.zeros(n, 32, dtype=torch.bfloat16),
+        "wcscales": torch.ones(n, dtype=torch.bfloat16),
+        "wtscale": torch.ones(1, dtype=torch.bfloat16),
+    }
     src, out = tmp_path / "fp4.safetensors", tmp_path / "out.safetensors"
     save_file({f"transformer_blocks.0.attn.to_out.0.{s}": v for s, v in t.items()}, str(src))
     with pytest.raises(MigrateError, match="no Comfy format holds it"):
         comfyquant.migrate(str(src), str(out), target="comfy-kitchen")
     assert not out.exists()
     st, _ = awq_layer(256, 256)
-    st["wzeros"][0, 0] = torch.tensor(2.0 ** -40, dtype=torch.bfloat16)
+    st["wzeros"][0, 0] = torch.tensor(2.0**-40, dtype=torch.bfloat16)
     st["wscales"][0, 0] = torch.tensor(1.0, dtype=torch.bfloat16)
     src = tmp_path / "awq.safetensors"
     save_file({f"blocks.0.img_mod.1.{s}": v for s, v in st.items()}, str(src))

@@ -72,10 +72,12 @@ BLOCKED = {"nvfp4": 16, "mxfp8": 32}
 
 # -- name maps: diffusers key -> [(ComfyUI key, rows of the diffusers tensor or None)] ---------
 
-QK_NORMS = [("attn.norm_added_q.weight", "txt_attn.norm.query_norm.scale"),
-            ("attn.norm_added_k.weight", "txt_attn.norm.key_norm.scale"),
-            ("attn.norm_q.weight", "img_attn.norm.query_norm.scale"),
-            ("attn.norm_k.weight", "img_attn.norm.key_norm.scale")]
+QK_NORMS = [
+    ("attn.norm_added_q.weight", "txt_attn.norm.query_norm.scale"),
+    ("attn.norm_added_k.weight", "txt_attn.norm.key_norm.scale"),
+    ("attn.norm_q.weight", "img_attn.norm.query_norm.scale"),
+    ("attn.norm_k.weight", "img_attn.norm.key_norm.scale"),
+]
 """diffusers' QK-norm weights -> BFL's, the same in Flux.1 and Flux.2 double blocks."""
 
 
@@ -90,17 +92,32 @@ def flux1_names(key: str, config: dict) -> list[tuple[str, int, tuple | None]]:
     m = re.match(r"transformer_blocks\.(\d+)\.(.*)", key)
     if m:
         i, rest = m.groups()
-        fused = {"attn.to_q": ("img_attn.qkv", 0), "attn.to_k": ("img_attn.qkv", 1), "attn.to_v": ("img_attn.qkv", 2),
-                 "attn.add_q_proj": ("txt_attn.qkv", 0), "attn.add_k_proj": ("txt_attn.qkv", 1),
-                 "attn.add_v_proj": ("txt_attn.qkv", 2)}
+        fused = {
+            "attn.to_q": ("img_attn.qkv", 0),
+            "attn.to_k": ("img_attn.qkv", 1),
+            "attn.to_v": ("img_attn.qkv", 2),
+            "attn.add_q_proj": ("txt_attn.qkv", 0),
+            "attn.add_k_proj": ("txt_attn.qkv", 1),
+            "attn.add_v_proj": ("txt_attn.qkv", 2),
+        }
         mod, suffix = rest.rsplit(".", 1)
         if mod in fused:
             name, order = fused[mod]
             return [(f"double_blocks.{i}.{name}.{suffix}", order, None)]
-        rest = _sub(rest, [("norm1_context.linear", "txt_mod.lin"), ("norm1.linear", "img_mod.lin"), *QK_NORMS,
-                           ("ff_context.net.0.proj", "txt_mlp.0"), ("ff_context.net.2", "txt_mlp.2"),
-                           ("ff.net.0.proj", "img_mlp.0"), ("ff.net.2", "img_mlp.2"),
-                           ("attn.to_out.0", "img_attn.proj"), ("attn.to_add_out", "txt_attn.proj")])
+        rest = _sub(
+            rest,
+            [
+                ("norm1_context.linear", "txt_mod.lin"),
+                ("norm1.linear", "img_mod.lin"),
+                *QK_NORMS,
+                ("ff_context.net.0.proj", "txt_mlp.0"),
+                ("ff_context.net.2", "txt_mlp.2"),
+                ("ff.net.0.proj", "img_mlp.0"),
+                ("ff.net.2", "img_mlp.2"),
+                ("attn.to_out.0", "img_attn.proj"),
+                ("attn.to_add_out", "txt_attn.proj"),
+            ],
+        )
         return [(f"double_blocks.{i}.{rest}", 0, None)]
     m = re.match(r"single_transformer_blocks\.(\d+)\.(.*)", key)
     if m:
@@ -109,19 +126,38 @@ def flux1_names(key: str, config: dict) -> list[tuple[str, int, tuple | None]]:
         order = {"attn.to_q": 0, "attn.to_k": 1, "attn.to_v": 2, "proj_mlp": 3}.get(mod)
         if order is not None:
             return [(f"single_blocks.{i}.linear1.{suffix}", order, None)]
-        rest = _sub(rest, [("norm.linear", "modulation.lin"), ("attn.norm_q.weight", "norm.query_norm.scale"),
-                           ("attn.norm_k.weight", "norm.key_norm.scale"), ("proj_out", "linear2")])
+        rest = _sub(
+            rest,
+            [
+                ("norm.linear", "modulation.lin"),
+                ("attn.norm_q.weight", "norm.query_norm.scale"),
+                ("attn.norm_k.weight", "norm.key_norm.scale"),
+                ("proj_out", "linear2"),
+            ],
+        )
         return [(f"single_blocks.{i}.{rest}", 0, None)]
     if key.startswith("norm_out.linear."):
         return _swapped("final_layer.adaLN_modulation.1." + key.rsplit(".", 1)[1], config)
-    return [(_sub(key, [("time_text_embed.timestep_embedder.linear_1", "time_in.in_layer"),
-                        ("time_text_embed.timestep_embedder.linear_2", "time_in.out_layer"),
-                        ("time_text_embed.text_embedder.linear_1", "vector_in.in_layer"),
-                        ("time_text_embed.text_embedder.linear_2", "vector_in.out_layer"),
-                        ("time_text_embed.guidance_embedder.linear_1", "guidance_in.in_layer"),
-                        ("time_text_embed.guidance_embedder.linear_2", "guidance_in.out_layer"),
-                        ("context_embedder", "txt_in"), ("x_embedder", "img_in"),
-                        ("proj_out", "final_layer.linear")]), 0, None)]
+    return [
+        (
+            _sub(
+                key,
+                [
+                    ("time_text_embed.timestep_embedder.linear_1", "time_in.in_layer"),
+                    ("time_text_embed.timestep_embedder.linear_2", "time_in.out_layer"),
+                    ("time_text_embed.text_embedder.linear_1", "vector_in.in_layer"),
+                    ("time_text_embed.text_embedder.linear_2", "vector_in.out_layer"),
+                    ("time_text_embed.guidance_embedder.linear_1", "guidance_in.in_layer"),
+                    ("time_text_embed.guidance_embedder.linear_2", "guidance_in.out_layer"),
+                    ("context_embedder", "txt_in"),
+                    ("x_embedder", "img_in"),
+                    ("proj_out", "final_layer.linear"),
+                ],
+            ),
+            0,
+            None,
+        )
+    ]
 
 
 def _swapped(comfy_key: str, config: dict) -> list:
@@ -136,53 +172,118 @@ def flux2_names(key: str, config: dict) -> list:
     if m:
         i, rest = m.groups()
         mod, suffix = rest.rsplit(".", 1)
-        fused = {"attn.to_q": ("img_attn.qkv", 0), "attn.to_k": ("img_attn.qkv", 1), "attn.to_v": ("img_attn.qkv", 2),
-                 "attn.add_q_proj": ("txt_attn.qkv", 0), "attn.add_k_proj": ("txt_attn.qkv", 1),
-                 "attn.add_v_proj": ("txt_attn.qkv", 2)}
+        fused = {
+            "attn.to_q": ("img_attn.qkv", 0),
+            "attn.to_k": ("img_attn.qkv", 1),
+            "attn.to_v": ("img_attn.qkv", 2),
+            "attn.add_q_proj": ("txt_attn.qkv", 0),
+            "attn.add_k_proj": ("txt_attn.qkv", 1),
+            "attn.add_v_proj": ("txt_attn.qkv", 2),
+        }
         if mod in fused:
             return [(f"double_blocks.{i}.{fused[mod][0]}.{suffix}", fused[mod][1], None)]
-        rest = _sub(rest, [*QK_NORMS, ("attn.to_out.0", "img_attn.proj"), ("attn.to_add_out", "txt_attn.proj"),
-                           ("ff_context.linear_in", "txt_mlp.0"), ("ff_context.linear_out", "txt_mlp.2"),
-                           ("ff.linear_in", "img_mlp.0"), ("ff.linear_out", "img_mlp.2")])
+        rest = _sub(
+            rest,
+            [
+                *QK_NORMS,
+                ("attn.to_out.0", "img_attn.proj"),
+                ("attn.to_add_out", "txt_attn.proj"),
+                ("ff_context.linear_in", "txt_mlp.0"),
+                ("ff_context.linear_out", "txt_mlp.2"),
+                ("ff.linear_in", "img_mlp.0"),
+                ("ff.linear_out", "img_mlp.2"),
+            ],
+        )
         return [(f"double_blocks.{i}.{rest}", 0, None)]
     m = re.match(r"single_transformer_blocks\.(\d+)\.(.*)", key)
     if m:
         i, rest = m.groups()
-        rest = _sub(rest, [("attn.to_qkv_mlp_proj", "linear1"), ("attn.to_out", "linear2"),
-                           ("attn.norm_q.weight", "norm.query_norm.scale"), ("attn.norm_k.weight", "norm.key_norm.scale")])
+        rest = _sub(
+            rest,
+            [
+                ("attn.to_qkv_mlp_proj", "linear1"),
+                ("attn.to_out", "linear2"),
+                ("attn.norm_q.weight", "norm.query_norm.scale"),
+                ("attn.norm_k.weight", "norm.key_norm.scale"),
+            ],
+        )
         return [(f"single_blocks.{i}.{rest}", 0, None)]
     if key.startswith("norm_out.linear."):
         return _swapped("final_layer.adaLN_modulation.1." + key.rsplit(".", 1)[1], config)
-    return [(_sub(key, [("time_guidance_embed.timestep_embedder.linear_1", "time_in.in_layer"),
-                        ("time_guidance_embed.timestep_embedder.linear_2", "time_in.out_layer"),
-                        ("time_guidance_embed.guidance_embedder.linear_1", "guidance_in.in_layer"),
-                        ("time_guidance_embed.guidance_embedder.linear_2", "guidance_in.out_layer"),
-                        ("modulation_img.linear", "modulation_img.lin"), ("modulation_txt.linear", "modulation_txt.lin"),
-                        ("single_stream_modulation.linear", "single_stream_modulation.lin"),
-                        ("context_embedder", "txt_in"), ("x_embedder", "img_in"), ("proj_out", "final_layer.linear")]),
-             0, None)]
+    return [
+        (
+            _sub(
+                key,
+                [
+                    ("time_guidance_embed.timestep_embedder.linear_1", "time_in.in_layer"),
+                    ("time_guidance_embed.timestep_embedder.linear_2", "time_in.out_layer"),
+                    ("time_guidance_embed.guidance_embedder.linear_1", "guidance_in.in_layer"),
+                    ("time_guidance_embed.guidance_embedder.linear_2", "guidance_in.out_layer"),
+                    ("modulation_img.linear", "modulation_img.lin"),
+                    ("modulation_txt.linear", "modulation_txt.lin"),
+                    ("single_stream_modulation.linear", "single_stream_modulation.lin"),
+                    ("context_embedder", "txt_in"),
+                    ("x_embedder", "img_in"),
+                    ("proj_out", "final_layer.linear"),
+                ],
+            ),
+            0,
+            None,
+        )
+    ]
 
 
 def zimage_names(key: str, config: dict) -> list:
     m = re.match(r"(.*)\.attention\.to_([qkv])\.(\w+)$", key)
     if m:
         return [(f"{m.group(1)}.attention.qkv.{m.group(3)}", "qkv".index(m.group(2)), None)]
-    return [(_sub(key, [("all_final_layer.2-1.", "final_layer."), ("all_x_embedder.2-1.", "x_embedder."),
-                        (".attention.to_out.0.", ".attention.out."), (".attention.norm_k.", ".attention.k_norm."),
-                        (".attention.norm_q.", ".attention.q_norm.")]), 0, None)]
+    return [
+        (
+            _sub(
+                key,
+                [
+                    ("all_final_layer.2-1.", "final_layer."),
+                    ("all_x_embedder.2-1.", "x_embedder."),
+                    (".attention.to_out.0.", ".attention.out."),
+                    (".attention.norm_k.", ".attention.k_norm."),
+                    (".attention.norm_q.", ".attention.q_norm."),
+                ],
+            ),
+            0,
+            None,
+        )
+    ]
 
 
 def wan_names(key: str, config: dict) -> list:
     key = re.sub(r"^scale_shift_table$", "head.modulation", key)
     key = re.sub(r"^(blocks\.\d+)\.scale_shift_table$", r"\1.modulation", key)
-    return [(_sub(key, [("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
-                        ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
-                        ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
-                        ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
-                        ("condition_embedder.time_proj", "time_projection.1"), ("attn2", "cross_attn"),
-                        ("attn1", "self_attn"), (".to_out.0.", ".o."), (".to_q.", ".q."), (".to_k.", ".k."),
-                        (".to_v.", ".v."), ("proj_out", "head.head"), ("ffn.net.0.proj", "ffn.0"), ("ffn.net.2", "ffn.2"),
-                        ("norm2", "norm3")]), 0, None)]
+    return [
+        (
+            _sub(
+                key,
+                [
+                    ("condition_embedder.time_embedder.linear_1", "time_embedding.0"),
+                    ("condition_embedder.time_embedder.linear_2", "time_embedding.2"),
+                    ("condition_embedder.text_embedder.linear_1", "text_embedding.0"),
+                    ("condition_embedder.text_embedder.linear_2", "text_embedding.2"),
+                    ("condition_embedder.time_proj", "time_projection.1"),
+                    ("attn2", "cross_attn"),
+                    ("attn1", "self_attn"),
+                    (".to_out.0.", ".o."),
+                    (".to_q.", ".q."),
+                    (".to_k.", ".k."),
+                    (".to_v.", ".v."),
+                    ("proj_out", "head.head"),
+                    ("ffn.net.0.proj", "ffn.0"),
+                    ("ffn.net.2", "ffn.2"),
+                    ("norm2", "norm3"),
+                ],
+            ),
+            0,
+            None,
+        )
+    ]
 
 
 def qwen_names(key: str, config: dict) -> list:
@@ -191,45 +292,67 @@ def qwen_names(key: str, config: dict) -> list:
 
 # -- inputs -----------------------------------------------------------------------------------
 
+
 def _g(seed=0):
     return torch.Generator().manual_seed(seed)
 
 
 def flux1_inputs(c):
     g = _g(1)
-    return dict(hidden_states=torch.randn(1, 16, c["in_channels"], generator=g).to(DTYPE),
-                encoder_hidden_states=torch.randn(1, 8, c["joint_attention_dim"], generator=g).to(DTYPE),
-                pooled_projections=torch.randn(1, c["pooled_projection_dim"], generator=g).to(DTYPE),
-                timestep=torch.tensor([0.5]), img_ids=torch.randint(0, 4, (16, 3), generator=g).float(),
-                txt_ids=torch.zeros(8, 3), return_dict=False)
+    return dict(
+        hidden_states=torch.randn(1, 16, c["in_channels"], generator=g).to(DTYPE),
+        encoder_hidden_states=torch.randn(1, 8, c["joint_attention_dim"], generator=g).to(DTYPE),
+        pooled_projections=torch.randn(1, c["pooled_projection_dim"], generator=g).to(DTYPE),
+        timestep=torch.tensor([0.5]),
+        img_ids=torch.randint(0, 4, (16, 3), generator=g).float(),
+        txt_ids=torch.zeros(8, 3),
+        return_dict=False,
+    )
 
 
 def flux2_inputs(c):
     g = _g(1)
-    return dict(hidden_states=torch.randn(1, 16, c["in_channels"], generator=g).to(DTYPE),
-                encoder_hidden_states=torch.randn(1, 8, c["joint_attention_dim"], generator=g).to(DTYPE),
-                timestep=torch.tensor([0.5]), img_ids=torch.randint(0, 4, (16, 4), generator=g).float(),
-                txt_ids=torch.zeros(8, 4), guidance=torch.tensor([3.5]), return_dict=False)
+    return dict(
+        hidden_states=torch.randn(1, 16, c["in_channels"], generator=g).to(DTYPE),
+        encoder_hidden_states=torch.randn(1, 8, c["joint_attention_dim"], generator=g).to(DTYPE),
+        timestep=torch.tensor([0.5]),
+        img_ids=torch.randint(0, 4, (16, 4), generator=g).float(),
+        txt_ids=torch.zeros(8, 4),
+        guidance=torch.tensor([3.5]),
+        return_dict=False,
+    )
 
 
 def zimage_inputs(c):
     g = _g(1)
-    return dict(x=[torch.randn(c["in_channels"], 1, 8, 8, generator=g).to(DTYPE)], t=torch.tensor([0.5]),
-                cap_feats=[torch.randn(8, c["cap_feat_dim"], generator=g).to(DTYPE)], return_dict=False)
+    return dict(
+        x=[torch.randn(c["in_channels"], 1, 8, 8, generator=g).to(DTYPE)],
+        t=torch.tensor([0.5]),
+        cap_feats=[torch.randn(8, c["cap_feat_dim"], generator=g).to(DTYPE)],
+        return_dict=False,
+    )
 
 
 def wan_inputs(c):
     g = _g(1)
-    return dict(hidden_states=torch.randn(1, c["in_channels"], 1, 8, 8, generator=g).to(DTYPE), timestep=torch.tensor([500]),
-                encoder_hidden_states=torch.randn(1, 8, c["text_dim"], generator=g).to(DTYPE), return_dict=False)
+    return dict(
+        hidden_states=torch.randn(1, c["in_channels"], 1, 8, 8, generator=g).to(DTYPE),
+        timestep=torch.tensor([500]),
+        encoder_hidden_states=torch.randn(1, 8, c["text_dim"], generator=g).to(DTYPE),
+        return_dict=False,
+    )
 
 
 def qwen_inputs(c):
     g = _g(1)
-    return dict(hidden_states=torch.randn(1, 16, c["in_channels"], generator=g).to(DTYPE),
-                encoder_hidden_states=torch.randn(1, 8, c["joint_attention_dim"], generator=g).to(DTYPE),
-                encoder_hidden_states_mask=torch.ones(1, 8, dtype=torch.long), timestep=torch.tensor([0.5]),
-                img_shapes=[(1, 4, 4)], return_dict=False)
+    return dict(
+        hidden_states=torch.randn(1, 16, c["in_channels"], generator=g).to(DTYPE),
+        encoder_hidden_states=torch.randn(1, 8, c["joint_attention_dim"], generator=g).to(DTYPE),
+        encoder_hidden_states_mask=torch.ones(1, 8, dtype=torch.long),
+        timestep=torch.tensor([0.5]),
+        img_shapes=[(1, 4, 4)],
+        return_dict=False,
+    )
 
 
 @dataclass
@@ -248,41 +371,107 @@ CASES = {
     # diffusers' Flux.1 converter hard-codes inner_dim 3072 and mlp_ratio 4 when it splits
     # single_blocks.N.linear1: one double and one single block at width 3072; only the layers the
     # converter splits or swaps (and one plain one) are quantized, which keeps the test quick
-    "flux1": Case("FluxTransformer2DModel",
-                  dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=128,
-                       num_attention_heads=24, joint_attention_dim=256, pooled_projection_dim=256, guidance_embeds=False,
-                       axes_dims_rope=(16, 56, 56)),
-                  flux1_names, flux1_inputs, formats=("fp8", "int8", "w4a8", "nvfp4"),
-                  exclude=(r"^(?!.*(img_attn\.qkv|single_blocks\.0\.linear1|final_layer\.adaLN|txt_attn\.proj)).*",),
-                  # NVFP4 (a slow encoder) quantizes only the swapped adaLN (chunk + cat: the join whose
-                  # shared weight_scale_2 must match); Flux.2 covers W4A8's swap and every format's QKV chunk
-                  extra={"nvfp4": (r"^(?!final_layer\.adaLN).*",)},
-                  prefix=""),
-    "flux2": Case("Flux2Transformer2DModel",
-                  dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=128,
-                       num_attention_heads=2, joint_attention_dim=256, timestep_guidance_channels=256, mlp_ratio=3.0,
-                       axes_dims_rope=(32, 32, 32, 32), guidance_embeds=True),
-                  flux2_names, flux2_inputs),
-    "zimage": Case("ZImageTransformer2DModel",
-                   dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=256, n_layers=1, n_refiner_layers=1,
-                        n_heads=2, n_kv_heads=2, cap_feat_dim=256, axes_dims=[32, 48, 48], axes_lens=[64, 32, 32]),
-                   # t_embedder stays dense as `--preset z-image` keeps it: Z-Image casts the timestep features
-                   # to t_embedder.mlp[0].weight.dtype, which for a quantized layer is the stored dtype
-                   # w6a8 keeps the 256x682 w2 dense (6-bit rows need K % 32 == 0): the loader sees a mix
-                   zimage_names, zimage_inputs, formats=tuple(QUANT),
-                   exclude=(r"pad_token", r"t_embedder")),
-    "wan": Case("WanTransformer3DModel",
-                dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=128, in_channels=16, out_channels=16,
-                     text_dim=256, freq_dim=256, ffn_dim=512, num_layers=1, rope_max_seq_len=64),
-                wan_names, wan_inputs),
-    "qwen": Case("QwenImageTransformer2DModel",
-                 dict(patch_size=2, in_channels=64, out_channels=16, num_layers=1, attention_head_dim=128,
-                      num_attention_heads=2, joint_attention_dim=256, axes_dims_rope=(16, 56, 56)),
-                 qwen_names, qwen_inputs),
+    "flux1": Case(
+        "FluxTransformer2DModel",
+        dict(
+            patch_size=1,
+            in_channels=64,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=128,
+            num_attention_heads=24,
+            joint_attention_dim=256,
+            pooled_projection_dim=256,
+            guidance_embeds=False,
+            axes_dims_rope=(16, 56, 56),
+        ),
+        flux1_names,
+        flux1_inputs,
+        formats=("fp8", "int8", "w4a8", "nvfp4"),
+        exclude=(r"^(?!.*(img_attn\.qkv|single_blocks\.0\.linear1|final_layer\.adaLN|txt_attn\.proj)).*",),
+        # NVFP4 (a slow encoder) quantizes only the swapped adaLN (chunk + cat: the join whose
+        # shared weight_scale_2 must match); Flux.2 covers W4A8's swap and every format's QKV chunk
+        extra={"nvfp4": (r"^(?!final_layer\.adaLN).*",)},
+        prefix="",
+    ),
+    "flux2": Case(
+        "Flux2Transformer2DModel",
+        dict(
+            patch_size=1,
+            in_channels=64,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=128,
+            num_attention_heads=2,
+            joint_attention_dim=256,
+            timestep_guidance_channels=256,
+            mlp_ratio=3.0,
+            axes_dims_rope=(32, 32, 32, 32),
+            guidance_embeds=True,
+        ),
+        flux2_names,
+        flux2_inputs,
+    ),
+    "zimage": Case(
+        "ZImageTransformer2DModel",
+        dict(
+            all_patch_size=(2,),
+            all_f_patch_size=(1,),
+            in_channels=16,
+            dim=256,
+            n_layers=1,
+            n_refiner_layers=1,
+            n_heads=2,
+            n_kv_heads=2,
+            cap_feat_dim=256,
+            axes_dims=[32, 48, 48],
+            axes_lens=[64, 32, 32],
+        ),
+        # t_embedder stays dense as `--preset z-image` keeps it: Z-Image casts the timestep features
+        # to t_embedder.mlp[0].weight.dtype, which for a quantized layer is the stored dtype
+        # w6a8 keeps the 256x682 w2 dense (6-bit rows need K % 32 == 0): the loader sees a mix
+        zimage_names,
+        zimage_inputs,
+        formats=tuple(QUANT),
+        exclude=(r"pad_token", r"t_embedder"),
+    ),
+    "wan": Case(
+        "WanTransformer3DModel",
+        dict(
+            patch_size=(1, 2, 2),
+            num_attention_heads=2,
+            attention_head_dim=128,
+            in_channels=16,
+            out_channels=16,
+            text_dim=256,
+            freq_dim=256,
+            ffn_dim=512,
+            num_layers=1,
+            rope_max_seq_len=64,
+        ),
+        wan_names,
+        wan_inputs,
+    ),
+    "qwen": Case(
+        "QwenImageTransformer2DModel",
+        dict(
+            patch_size=2,
+            in_channels=64,
+            out_channels=16,
+            num_layers=1,
+            attention_head_dim=128,
+            num_attention_heads=2,
+            joint_attention_dim=256,
+            axes_dims_rope=(16, 56, 56),
+        ),
+        qwen_names,
+        qwen_inputs,
+    ),
 }
 
 
 # -- writing the ComfyUI-named file -----------------------------------------------------------
+
 
 def comfy_state(case: Case, sd: dict) -> tuple[dict, dict]:
     """The file's tensors, and per diffusers module the (Comfy layer, [(rows of the Comfy
@@ -294,7 +483,7 @@ def comfy_state(case: Case, sd: dict) -> tuple[dict, dict]:
     out, sources = {}, {}
     for ckey, parts in groups.items():
         parts.sort(key=lambda p: p[0])
-        out[case.prefix + ckey] = torch.cat([t if rows is None else t[rows[0]:rows[1]] for _, _, rows, t in parts]).contiguous()
+        out[case.prefix + ckey] = torch.cat([t if rows is None else t[rows[0] : rows[1]] for _, _, rows, t in parts]).contiguous()
         start = 0
         for _, key, rows, t in parts:
             n = (rows[1] - rows[0]) if rows is not None else t.shape[0]
@@ -330,8 +519,10 @@ def build_case(name: str, tmp_path_factory, cache: dict):
     save_file(state, str(dense))
     # the inverse is right: diffusers' own converter gives back the model's state dict
     conv = SINGLE_FILE_LOADABLE_CLASSES[case.cls]["checkpoint_mapping_fn"]
-    ck = {k[len("model.diffusion_model."):] if k.startswith("model.diffusion_model.") else k: v
-          for k, v in load_file(str(dense)).items()}
+    ck = {
+        k[len("model.diffusion_model.") :] if k.startswith("model.diffusion_model.") else k: v
+        for k, v in load_file(str(dense)).items()
+    }
     back = conv(checkpoint=ck, config=case.config)
     assert set(back) == set(sd), set(back) ^ set(sd)
     assert all(torch.equal(back[k], sd[k]) for k in sd)
@@ -348,12 +539,21 @@ def quantized_file(folder, dense, case: Case, fmt_key: str, **extra) -> str:
     out = folder / f"{fmt_key}{'_fpmm' if extra else ''}.safetensors"
     if not out.exists():
         exclude = list(case.extra.get(fmt_key, case.exclude))
-        comfyquant.quantize(str(dense), str(out), format=fmt, params=params, exclude=exclude, preset="none",
-                            target="comfy-kitchen", progress=False)
+        comfyquant.quantize(
+            str(dense),
+            str(out),
+            format=fmt,
+            params=params,
+            exclude=exclude,
+            preset="none",
+            target="comfy-kitchen",
+            progress=False,
+        )
     return str(out)
 
 
 # -- the reference: comfy-kitchen QuantizedTensor layers from the test's own splits -------------
+
 
 def _rows_of(fmt: str, suffix: str, t: torch.Tensor, n: int, k: int, rows: list[tuple[int, int]]) -> torch.Tensor:
     """The tensor of a layer holding ``rows`` (in order) of the stored layer (spec 3.3)."""
@@ -386,8 +586,11 @@ class KitchenReference(torch.nn.Module):
         if self.marker.get("full_precision_matrix_mult"):
             y = torch.nn.functional.linear(x2, self.q.to(x.dtype).dequantize(), bias)
         elif bias is None:
-            y = kitchen_linear(self.variant, self.q.to(x.dtype), self.stored, x2, torch.zeros(self.n, dtype=x.dtype)) \
-                if self.fmt in BLOCKED else kitchen_linear(self.variant, self.q.to(x.dtype), self.stored, x2, None)
+            y = (
+                kitchen_linear(self.variant, self.q.to(x.dtype), self.stored, x2, torch.zeros(self.n, dtype=x.dtype))
+                if self.fmt in BLOCKED
+                else kitchen_linear(self.variant, self.q.to(x.dtype), self.stored, x2, None)
+            )
         else:
             y = kitchen_linear(self.variant, self.q.to(x.dtype), self.stored, x2, bias)
         return y.reshape(*x.shape[:-1], self.n)
@@ -407,8 +610,11 @@ def reference_model(case: Case, dense_model, path: str, sources: dict, variant: 
             continue
         marker = json.loads(bytes(marker_t.tolist()).decode())
         fmt = marker["format"]
-        tensors = {k[len(layer) + 1:]: v for k, v in stored_all.items()
-                   if k.startswith(layer + ".") and k[len(layer) + 1:] not in ("comfy_quant", "bias")}
+        tensors = {
+            k[len(layer) + 1 :]: v
+            for k, v in stored_all.items()
+            if k.startswith(layer + ".") and k[len(layer) + 1 :] not in ("comfy_quant", "bias")
+        }
         n, k = stored_all[f"{layer}.weight"].shape[0], _model_k(ref, mod)
         # the diffusers tensor's rows in the stored layer's rows, in the diffusers order
         rows = [(a, b) for a, b, _within in spans]
@@ -503,8 +709,11 @@ def test_forbidden_fuse_raises_naming_the_layer(tmp_path):
     codebooks) cannot become one layer: torch.cat raises, naming both layers."""
     from comfyquant import codecs
 
-    for fmt, kw, differs in (("nvfp4", {}, "weight_scale_2"), ("asym_w4a8_int8", {}, "weight_codebook"),
-                             ("float8_e4m3fn", {}, "weight_scale")):
+    for fmt, kw, differs in (
+        ("nvfp4", {}, "weight_scale_2"),
+        ("asym_w4a8_int8", {}, "weight_codebook"),
+        ("float8_e4m3fn", {}, "weight_scale"),
+    ):
         parts = []
         for i in range(2):
             enc = dict(codecs.get(fmt).encode(torch.randn(256, 256, generator=_g(i)).to(DTYPE) * (1 + i), **kw))
@@ -522,9 +731,14 @@ def test_inexact_operations_raise_naming_the_layer():
 
     enc = codecs.get("nvfp4").encode(torch.randn(384, 256, generator=_g()).to(DTYPE))
     p = ComfyQuantParameter.from_layer(dict(enc), enc.marker, "double_blocks.0.img_attn.qkv", DTYPE)
-    for op, words in ((lambda: torch.chunk(p, 2, dim=1), "dim 1"), (lambda: p.T, "T is not"),
-                      (lambda: p * 2, "not an exact"), (lambda: torch.split(p, [64, 320]), "128-row tiles"),
-                      (lambda: p[:, :128], "only a row range"), (lambda: p.reshape(-1), "not an exact")):
+    for op, words in (
+        (lambda: torch.chunk(p, 2, dim=1), "dim 1"),
+        (lambda: p.T, "T is not"),
+        (lambda: p * 2, "not an exact"),
+        (lambda: torch.split(p, [64, 320]), "128-row tiles"),
+        (lambda: p[:, :128], "only a row range"),
+        (lambda: p.reshape(-1), "not an exact"),
+    ):
         with pytest.raises(LoadError, match=r"double_blocks\.0\.img_attn\.qkv.*" + words):
             op()
     q, k, v = torch.chunk(p, 3, dim=0)
@@ -639,7 +853,8 @@ def test_padded_nvfp4_layer_keeps_the_model_rows():
     p = ComfyQuantParameter.from_layer(dict(enc), enc.marker, "proj", DTYPE, bias=torch.zeros(200, dtype=DTYPE))
     assert tuple(p.shape) == (200, 256)
     full = p.dequantize()
-    assert torch.equal(full, codecs.get("nvfp4").decode(dict(enc, bias=torch.zeros(200, dtype=DTYPE)), enc.marker,
-                                                        dtype=DTYPE)[:200])
+    assert torch.equal(
+        full, codecs.get("nvfp4").decode(dict(enc, bias=torch.zeros(200, dtype=DTYPE)), enc.marker, dtype=DTYPE)[:200]
+    )
     with pytest.raises(LoadError, match=r"proj.*128-row tiles"):
         torch.split(p, [100, 100])

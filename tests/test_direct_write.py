@@ -24,7 +24,7 @@ def _chunked(data: bytes, sizes: list[int]):
         pos, i = 0, 0
         while pos < len(data):
             n = sizes[i % len(sizes)]
-            yield memoryview(data)[pos:pos + n]
+            yield memoryview(data)[pos : pos + n]
             pos += n
             i += 1
 
@@ -38,20 +38,23 @@ def _tensors(src_path) -> dict:
     with open(src_path, "wb") as fh:
         fh.write(rnd)
     fd = os.open(src_path, os.O_RDONLY)
-    big = rnd[7:7 + 70_002]
+    big = rnd[7 : 7 + 70_002]
 
     def copy(offset, length):
-        return CopyRange(fd, offset, length, _chunked(rnd[offset:offset + length], [4096]))
+        return CopyRange(fd, offset, length, _chunked(rnd[offset : offset + length], [4096]))
 
-    return fd, {
-        "a": ("U8", (13,), rnd[:13]),
-        "b": ("BF16", (20_001,), _chunked(rnd[100:100 + 40_002], [1, 4095, 8193, 3, 20_000])),
-        "c": ("U8", (999,), copy(1234, 999)),                  # small untouched: read into staging
-        "d": ("U8", (70_002,), copy(7, 70_002)),               # large untouched: kernel copy
-        "e": ("F32", (2, 9_999), bytearray(rnd[50_000:50_000 + 79_992])),
-        "f": ("U8", (70_002,), _chunked(big, [70_002])),
-        "g": ("U8", (1,), b"z"),
-    }
+    return (
+        fd,
+        {
+            "a": ("U8", (13,), rnd[:13]),
+            "b": ("BF16", (20_001,), _chunked(rnd[100 : 100 + 40_002], [1, 4095, 8193, 3, 20_000])),
+            "c": ("U8", (999,), copy(1234, 999)),  # small untouched: read into staging
+            "d": ("U8", (70_002,), copy(7, 70_002)),  # large untouched: kernel copy
+            "e": ("F32", (2, 9_999), bytearray(rnd[50_000 : 50_000 + 79_992])),
+            "f": ("U8", (70_002,), _chunked(big, [70_002])),
+            "g": ("U8", (1,), b"z"),
+        },
+    )
 
 
 @pytest.fixture
@@ -112,8 +115,10 @@ def test_dequantize_writes_its_output_with_o_direct(tmp_path, monkeypatch):
         pytest.skip("no plain O_DIRECT here")
     monkeypatch.setattr(writer, "DIRECT_MIN", 0)
     monkeypatch.setattr(direct, "STAGE", 16384)
-    layers = [make_layer(v, prefix=f"b.{i}", n=64, k=256, seed=i)
-              for i, v in enumerate(["fp8", "int8_convrot", "w4a8_codebook", "nvfp4"])]
+    layers = [
+        make_layer(v, prefix=f"b.{i}", n=64, k=256, seed=i)
+        for i, v in enumerate(["fp8", "int8_convrot", "w4a8_codebook", "nvfp4"])
+    ]
     layers.append(dense_layer("norm", (999,)))
     src = write_layers(tmp_path / "m.safetensors", layers)
     flags = _direct_used(monkeypatch)
@@ -202,8 +207,9 @@ def test_the_filesystem_is_found_by_device(tmp_path, monkeypatch):
     import subprocess
 
     try:
-        want = subprocess.run(["df", "--output=fstype", str(tmp_path)], capture_output=True, text=True,
-                              check=True).stdout.split()[-1]
+        want = subprocess.run(
+            ["df", "--output=fstype", str(tmp_path)], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
     except (OSError, subprocess.CalledProcessError, IndexError):
         pytest.skip("no df(1) that prints file system types")
     got = direct.filesystem(str(tmp_path))
@@ -237,8 +243,8 @@ def _placed(data: bytes, phase: int) -> memoryview:
     import mmap
 
     buf = mmap.mmap(-1, len(data) + 2 * direct.ALIGN)
-    buf[phase:phase + len(data)] = data
-    return memoryview(buf)[phase:phase + len(data)]
+    buf[phase : phase + len(data)] = data
+    return memoryview(buf)[phase : phase + len(data)]
 
 
 def _staged_bytes(monkeypatch) -> list[int]:
@@ -273,10 +279,14 @@ def test_chunks_placed_like_their_file_offsets_are_written_from_their_own_memory
         pytest.skip("no O_DIRECT on this filesystem")
     monkeypatch.setattr(direct, "IN_PLACE_MIN", 4096)
     rnd = os.urandom(400_000)
-    table = {"a": ("U8", (13,), rnd[:13]), "x": ("BF16", (100_001,), None), "y": ("U8", (150_001,), None),
-             "z": ("U8", (3,), b"end")}
+    table = {
+        "a": ("U8", (13,), rnd[:13]),
+        "x": ("BF16", (100_001,), None),
+        "y": ("U8", (150_001,), None),
+        "z": ("U8", (3,), b"end"),
+    }
     offsets = writer.data_offsets(table, {"k": "v"})
-    x = _placed(rnd[13:13 + 200_002], offsets["x"] % direct.ALIGN)
+    x = _placed(rnd[13 : 13 + 200_002], offsets["x"] % direct.ALIGN)
     y = _placed(rnd[:150_001], (offsets["y"] + 2) % direct.ALIGN)  # two bytes off its file offset's place
     table["x"] = ("BF16", (100_001,), _chunked(bytes(x), [200_002]))
     table["y"] = ("U8", (150_001,), _chunked(bytes(y), [150_001]))
@@ -317,8 +327,10 @@ def test_dequantize_writes_decoded_blocks_from_where_they_were_decoded(tmp_path,
     monkeypatch.setattr(direct, "STAGE", 16384)
     monkeypatch.setattr(direct, "IN_PLACE_MIN", 4096)
     layers = [dense_layer("head", (777,))]
-    layers += [make_layer(v, prefix=f"b.{i}", n=256, k=512, seed=i)
-               for i, v in enumerate(["fp8", "int8_convrot", "w4a8_codebook", "nvfp4", "w4a4", "mxfp8"])]
+    layers += [
+        make_layer(v, prefix=f"b.{i}", n=256, k=512, seed=i)
+        for i, v in enumerate(["fp8", "int8_convrot", "w4a8_codebook", "nvfp4", "w4a4", "mxfp8"])
+    ]
     src = write_layers(tmp_path / "m.safetensors", layers)
     staged = _staged_bytes(monkeypatch)
     comfyquant.dequantize(src, str(tmp_path / "fast.safetensors"))

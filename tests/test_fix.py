@@ -70,8 +70,7 @@ def assert_fixed(src, out, target="all"):
 
 def test_seed_case_end_to_end(tmp_path, capsys):
     corr = rand_f32((32, 16))  # stored (N, K/G): transposed, and BF16
-    src = write(tmp_path / "seed.safetensors", w4a8_layer(P, correction=("BF16", (32, 16), bf16(corr))),
-                dense_layer("norm"))
+    src = write(tmp_path / "seed.safetensors", w4a8_layer(P, correction=("BF16", (32, 16), bf16(corr))), dense_layer("norm"))
     before = digest(src)
     assert main(["check", src]) == 1
     assert main(["fix", src, "--dry-run"]) == 0
@@ -96,30 +95,61 @@ def test_seed_case_end_to_end(tmp_path, capsys):
 
 REPAIRS = [
     # (name, layer builder, check that the output holds the right thing)
-    ("f16 codebook", lambda: {**w4a8_layer(P, codebook_=False), f"{P}.weight_codebook": ("F16", (16,), np.arange(16, dtype="<f2").tobytes())},
-     lambda t: np.array_equal(np.frombuffer(t[f"{P}.weight_codebook"][2], "<f4"), np.arange(16, dtype="<f4"))),
-    ("bf16 s_channel", lambda: {**w4a8_layer(P), f"{P}.weight_s_channel": ("BF16", (32,), b"\x80\x3f" * 32)},
-     lambda t: t[f"{P}.weight_s_channel"][:2] == ("F32", (32,))),
-    ("u8 s_rel relabel", lambda: {**w4a8_layer(P), f"{P}.weight_s_rel": ones("U8", (32, 16))},
-     lambda t: t[f"{P}.weight_s_rel"] == ones("F8_E4M3", (32, 16))),
-    ("nvfp4 u8 scale relabel", lambda: {**nvfp4_layer(P), f"{P}.weight_scale": ones("U8", (128, 16))},
-     lambda t: t[f"{P}.weight_scale"][0] == "F8_E4M3"),
+    (
+        "f16 codebook",
+        lambda: {**w4a8_layer(P, codebook_=False), f"{P}.weight_codebook": ("F16", (16,), np.arange(16, dtype="<f2").tobytes())},
+        lambda t: np.array_equal(np.frombuffer(t[f"{P}.weight_codebook"][2], "<f4"), np.arange(16, dtype="<f4")),
+    ),
+    (
+        "bf16 s_channel",
+        lambda: {**w4a8_layer(P), f"{P}.weight_s_channel": ("BF16", (32,), b"\x80\x3f" * 32)},
+        lambda t: t[f"{P}.weight_s_channel"][:2] == ("F32", (32,)),
+    ),
+    (
+        "u8 s_rel relabel",
+        lambda: {**w4a8_layer(P), f"{P}.weight_s_rel": ones("U8", (32, 16))},
+        lambda t: t[f"{P}.weight_s_rel"] == ones("F8_E4M3", (32, 16)),
+    ),
+    (
+        "nvfp4 u8 scale relabel",
+        lambda: {**nvfp4_layer(P), f"{P}.weight_scale": ones("U8", (128, 16))},
+        lambda t: t[f"{P}.weight_scale"][0] == "F8_E4M3",
+    ),
     ("int8 [N] scale", lambda: int8_layer(P, scale_shape=(32,)), lambda t: t[f"{P}.weight_scale"][1] == (32, 1)),
-    ("int8 [1] scale", lambda: int8_layer("txt_embed", scale_shape=(1,), marker={"format": "int8_tensorwise"}),
-     lambda t: t["txt_embed.weight_scale"][1] == ()),
-    ("w4a8 missing convrot", lambda: w4a8_layer(P, marker={"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256}),
-     None),
+    (
+        "int8 [1] scale",
+        lambda: int8_layer("txt_embed", scale_shape=(1,), marker={"format": "int8_tensorwise"}),
+        lambda t: t["txt_embed.weight_scale"][1] == (),
+    ),
+    (
+        "w4a8 missing convrot",
+        lambda: w4a8_layer(P, marker={"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256}),
+        None,
+    ),
     ("w4a8 implicit sizes", lambda: w4a8_layer(P, marker={"format": "asym_w4a8_int8", "convrot": True}), None),
     ("int8 convrot without size", lambda: int8_layer(P, marker={"format": "int8_tensorwise", "convrot": True}), None),
-    ("nested params", lambda: int8_layer(P, marker={"format": "int8_tensorwise", "params": {"convrot": True, "convrot_groupsize": 256}}),
-     None),
-    ("underscore keys and convrot 1", lambda: int8_layer(P, marker={"format": "int8_tensorwise", "convrot": 1, "convrot_groupsize": 256,
-                                                                    "_is_rowwise": True}), None),
+    (
+        "nested params",
+        lambda: int8_layer(P, marker={"format": "int8_tensorwise", "params": {"convrot": True, "convrot_groupsize": 256}}),
+        None,
+    ),
+    (
+        "underscore keys and convrot 1",
+        lambda: int8_layer(P, marker={"format": "int8_tensorwise", "convrot": 1, "convrot_groupsize": 256, "_is_rowwise": True}),
+        None,
+    ),
     ("nvfp4 with convrot", lambda: nvfp4_layer(P, marker={"format": "nvfp4", "convrot": True}), None),
     ("unmarked fp8", lambda: fp8_layer(P, marker=False), None),
     ("unmarked nvfp4", lambda: nvfp4_layer(P, marker=False), None),
-    ("marker stored as I8", lambda: {**int8_layer(P, marker=False), f"{P}.comfy_quant": ("I8",) + marker_tensor(
-        {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256})[1:]}, None),
+    (
+        "marker stored as I8",
+        lambda: {
+            **int8_layer(P, marker=False),
+            f"{P}.comfy_quant": ("I8",)
+            + marker_tensor({"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256})[1:],
+        },
+        None,
+    ),
 ]
 
 
@@ -193,8 +223,11 @@ def test_rotating_format_needs_convrot_groupsize(tmp_path):
 
 
 def test_legacy_scaled_fp8(tmp_path):
-    layer = {f"{P}.weight": zeros("F8_E4M3", (32, 256)), f"{P}.scale_weight": ones("F32", ()),
-             "scaled_fp8": zeros("F8_E4M3", (2,))}
+    layer = {
+        f"{P}.weight": zeros("F8_E4M3", (32, 256)),
+        f"{P}.scale_weight": ones("F32", ()),
+        "scaled_fp8": zeros("F8_E4M3", (2,)),
+    }
     src = write(tmp_path / "in.safetensors", layer)
     dest = str(tmp_path / "out.safetensors")
     assert fix(src, out=dest).ok
@@ -230,9 +263,11 @@ def test_sharded_stays_sharded(tmp_path):
     d = tmp_path / "ck"
     d.mkdir()
     a = write(d / "model-00001-of-00002.safetensors", w4a8_layer("a", correction=zeros("BF16", (32, 16))))
-    b = write(d / "model-00002-of-00002.safetensors",
-              w4a8_layer("b", marker={"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256}),
-              dense_layer("n"))
+    b = write(
+        d / "model-00002-of-00002.safetensors",
+        w4a8_layer("b", marker={"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256}),
+        dense_layer("n"),
+    )
     wm = {}
     for path in (a, b):
         with open_checkpoint(path) as ck:
@@ -241,8 +276,11 @@ def test_sharded_stays_sharded(tmp_path):
     out = tmp_path / "out"
     r = fix(str(d), out=str(out))
     assert r.ok
-    assert sorted(os.listdir(out)) == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-                                       "model.safetensors.index.json"]
+    assert sorted(os.listdir(out)) == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]
     idx = json.loads((out / "model.safetensors.index.json").read_text())
     assert idx["metadata"] == {"total_size": 1} and idx["weight_map"]["a.comfy_quant"] == "model-00001-of-00002.safetensors"
     report = check(str(out))
@@ -293,15 +331,13 @@ def test_enospc_leaves_nothing(tmp_path, monkeypatch):
 def _fix_subprocess(args, env_extra=None, preexec=None):
     env = dict(os.environ, **(env_extra or {}))
     code = "import sys; from comfyquant.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, "fix", *args], env=env, capture_output=True, text=True,
-                          preexec_fn=preexec)
+    return subprocess.run([sys.executable, "-c", code, "fix", *args], env=env, capture_output=True, text=True, preexec_fn=preexec)
 
 
 @pytest.mark.parametrize("stage", ["after-header", "after-tensor:0", "after-tensor:3", "before-rename"])
 @pytest.mark.parametrize("in_place", [False, True])
 def test_sigkill_leaves_input_intact(tmp_path, stage, in_place):
-    src = write(tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)), dense_layer("n", n=256, k=1024),
-                w4a4_layer("c"))
+    src = write(tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)), dense_layer("n", n=256, k=1024), w4a4_layer("c"))
     before = digest(src)
     dest = tmp_path / "out.safetensors"
     args = [src, "--in-place"] if in_place else [src, "-o", str(dest)]
@@ -339,7 +375,9 @@ def test_json_output(tmp_path, capsys):
 
 
 def test_codebook_bf16_upcast_is_exact(tmp_path):
-    levels = np.array([-0.98, -0.79, -0.64, -0.5, -0.38, -0.26, -0.16, -0.05, 0.05, 0.16, 0.27, 0.38, 0.5, 0.64, 0.79, 0.98], "<f4")
+    levels = np.array(
+        [-0.98, -0.79, -0.64, -0.5, -0.38, -0.26, -0.16, -0.05, 0.05, 0.16, 0.27, 0.38, 0.5, 0.64, 0.79, 0.98], "<f4"
+    )
     layer = {**w4a8_layer(P, codebook_=False), f"{P}.weight_codebook": ("BF16", (16,), bf16(levels))}
     src = write(tmp_path / "in.safetensors", layer)
     dest = str(tmp_path / "out.safetensors")
@@ -347,7 +385,6 @@ def test_codebook_bf16_upcast_is_exact(tmp_path):
     got = np.frombuffer(tensors_of(dest)[f"{P}.weight_codebook"][2], "<f4")
     want = (np.frombuffer(bf16(levels), "<u2").astype("<u4") << 16).view("<f4")
     assert np.array_equal(got, want)
-
 
 
 def test_outputs_get_normal_permissions(tmp_path):
@@ -388,8 +425,9 @@ def test_copies_are_compared_while_writing(tmp_path, monkeypatch):
 
     from comfyquant.repair import execute
 
-    src = write(tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)), dense_layer("a", n=64, k=256),
-                dense_layer("b", n=64, k=256))
+    src = write(
+        tmp_path / "m.safetensors", int8_layer(P, scale_shape=(32,)), dense_layer("a", n=64, k=256), dense_layer("b", n=64, k=256)
+    )
     where: list[str] = []
     real = execute._same_bytes
 
@@ -480,6 +518,7 @@ def test_top_level_api_fixes_the_seed_case(tmp_path):
 
 # -- damaged containers: refused whole, or repaired without losing anything -------------------
 
+
 def _edit_header(path, edit) -> str:
     """Rewrite a written file's header with ``edit(header dict, data) -> data or None``."""
     import struct
@@ -519,8 +558,9 @@ def _truncated(h, data):
     return data[:-10]
 
 
-@pytest.mark.parametrize(("edit", "code"), [(_unknown_dtype, "C005"), (_malformed, "C006"), (_wrong_span, "C001"),
-                                            (_truncated, "C002")])
+@pytest.mark.parametrize(
+    ("edit", "code"), [(_unknown_dtype, "C005"), (_malformed, "C006"), (_wrong_span, "C001"), (_truncated, "C002")]
+)
 def test_container_damage_that_a_rewrite_cannot_carry_is_refused_whole(tmp_path, capsys, edit, code):
     """An unknown dtype, a malformed entry, a span that does not match dtype x shape, a
     tensor past the end of the file: writing the other repairs would drop or garble data (a
@@ -540,8 +580,11 @@ def test_container_damage_that_a_rewrite_cannot_carry_is_refused_whole(tmp_path,
 def test_nonstring_metadata_is_kept_as_json_text(tmp_path):
     """C007 (safetensors refuses non-string metadata): the value is written as its JSON text,
     a planned change of its own, instead of being dropped."""
-    src = _seed_with(tmp_path, "in.safetensors", lambda h, d: h.setdefault("__metadata__", {}).update(
-        {"steps": 42, "cfg": {"a": [1, 2]}, "name": "kept"}))
+    src = _seed_with(
+        tmp_path,
+        "in.safetensors",
+        lambda h, d: h.setdefault("__metadata__", {}).update({"steps": 42, "cfg": {"a": [1, 2]}, "name": "kept"}),
+    )
     assert "C007" in {f.code for f in check(src).findings}
     out = str(tmp_path / "out.safetensors")
     result = fix(src, out=out)
@@ -556,6 +599,7 @@ def test_nonstring_metadata_is_kept_as_json_text(tmp_path):
 def test_overlapping_and_gapped_tensors_are_rewritten_without_loss(tmp_path):
     """Overlaps (C003) and gaps (C004) are repaired by the rewrite itself: every tensor keeps
     its bytes, each in its own span."""
+
     def alias_and_gap(h, data):
         bias = h[f"{P}.bias"]
         h["extra.alias"] = {"dtype": bias["dtype"], "shape": bias["shape"], "data_offsets": list(bias["data_offsets"])}

@@ -25,7 +25,6 @@ def _write(path, layer, header_marker: dict) -> str:
     return write_layers(path, [layer], metadata=meta)
 
 
-
 def test_tensor_marker_fits_the_tensors(tmp_path):
     layer = make_layer("w4a8_codebook", group_size=16)
     src = _write(tmp_path / "in.safetensors", layer, dict(layer.marker, group_size=32))
@@ -90,8 +89,9 @@ def test_both_sides_fit_still_needs_prefer(tmp_path):
 
 def test_neither_side_fits_still_needs_prefer(tmp_path):
     layer = make_layer("w4a8_codebook", group_size=16)
-    src = _write(tmp_path / "in.safetensors", layer.with_marker(dict(layer.marker, group_size=64)),
-                 dict(layer.marker, group_size=32))
+    src = _write(
+        tmp_path / "in.safetensors", layer.with_marker(dict(layer.marker, group_size=64)), dict(layer.marker, group_size=32)
+    )
     result = fix(src, out=str(tmp_path / "out.safetensors"))
     assert result.plan.refused and "--prefer" in result.plan.refused[0][1]
     l003 = next(f for f in check(src).findings if f.code == "L003")

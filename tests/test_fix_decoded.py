@@ -43,25 +43,55 @@ def _marker(layer: KitchenLayer, **changes) -> KitchenLayer:
 # a fix kwarg "metadata" is written into the damaged file's header instead of passed to fix
 CASES = [
     ("seed: correction transposed and BF16", "w4a8_asym", {}, seed_defect, {}),
-    ("s_rel stored as U8", "w4a8_codebook", {}, lambda x: x.with_tensor("weight_s_rel", x.tensors["weight_s_rel"].view(torch.uint8)), {}),
+    (
+        "s_rel stored as U8",
+        "w4a8_codebook",
+        {},
+        lambda x: x.with_tensor("weight_s_rel", x.tensors["weight_s_rel"].view(torch.uint8)),
+        {},
+    ),
     ("codebook downcast to F16", "w4a8_codebook", {}, _f16_codebook, {}),
     ("W4A8 marker without convrot", "w4a8_uniform", {}, lambda x: _marker(x, convrot=None), {}),
     ("W4A8 marker without sizes", "w4a8_codebook", {}, lambda x: _marker(x, group_size=None, convrot_groupsize=None), {}),
-    ("int8 ConvRot row scales [N]", "int8_convrot", {},
-     lambda x: x.with_tensor("weight_scale", x.tensors["weight_scale"].reshape(-1)), {}),
-    ("int8 embedding scale [1]", "int8_scalar", {"prefix": "txt_embed"},
-     lambda x: x.with_tensor("weight_scale", x.tensors["weight_scale"].reshape(1)), {"target": "sglang"}),
-    ("int8 ConvRot in nested params", "int8_convrot", {},
-     lambda x: x.with_marker({"format": "int8_tensorwise", "params": {"convrot": True, "convrot_groupsize": 256}}), {}),
+    (
+        "int8 ConvRot row scales [N]",
+        "int8_convrot",
+        {},
+        lambda x: x.with_tensor("weight_scale", x.tensors["weight_scale"].reshape(-1)),
+        {},
+    ),
+    (
+        "int8 embedding scale [1]",
+        "int8_scalar",
+        {"prefix": "txt_embed"},
+        lambda x: x.with_tensor("weight_scale", x.tensors["weight_scale"].reshape(1)),
+        {"target": "sglang"},
+    ),
+    (
+        "int8 ConvRot in nested params",
+        "int8_convrot",
+        {},
+        lambda x: x.with_marker({"format": "int8_tensorwise", "params": {"convrot": True, "convrot_groupsize": 256}}),
+        {},
+    ),
     ("int8 ConvRot without its size", "int8_convrot", {}, lambda x: _marker(x, convrot_groupsize=None), {}),
-    ("NVFP4 scale stored as U8", "nvfp4", {"n": 128},
-     lambda x: x.with_tensor("weight_scale", x.tensors["weight_scale"].view(torch.uint8)), {"target": "sglang"}),
+    (
+        "NVFP4 scale stored as U8",
+        "nvfp4",
+        {"n": 128},
+        lambda x: x.with_tensor("weight_scale", x.tensors["weight_scale"].view(torch.uint8)),
+        {"target": "sglang"},
+    ),
     ("NVFP4 scale not blocked", "nvfp4", {"n": 40}, _unblocked_nvfp4, {"target": "comfy-kitchen"}),
-    ("MXFP8 E8M0 scales under SGLang's quant_format", "mxfp8", {"n": 128, "k": 128}, lambda x: x.with_marker(None),
-     {"target": "sglang", "metadata": {"quant_format": "mxfp8"}}),
+    (
+        "MXFP8 E8M0 scales under SGLang's quant_format",
+        "mxfp8",
+        {"n": 128, "k": 128},
+        lambda x: x.with_marker(None),
+        {"target": "sglang", "metadata": {"quant_format": "mxfp8"}},
+    ),
     ("FP8 without a marker", "fp8", {}, lambda x: x.with_marker(None), {}),
 ]
-
 
 
 def _bits(t: torch.Tensor) -> bytes:

@@ -32,8 +32,7 @@ def test_unmarked_6bit_w4a8_layer_gets_its_own_group_size(tmp_path):
     dest = str(tmp_path / "out.safetensors")
     result = fix(src, out=dest, convrot_groupsize=64, target="comfyui")  # SGLang reads no 6-bit rows
     assert result.ok, [f.message for f in result.remaining] + [w for _, w in result.plan.refused]
-    assert result.plan.markers[P] == {"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 64,
-                                      "convrot": True}
+    assert result.plan.markers[P] == {"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 64, "convrot": True}
     assert check(dest, target="comfyui").ok
     assert torch.equal(decoded_layer(dest, P), decoded_layer(marked, P))
 
@@ -70,8 +69,11 @@ def test_every_lossy_recode_writes_what_its_slots_describe():
     fmts = [f for f in FORMATS.values() if f.lossy is not None]
     assert fmts
     for fmt in fmts:
-        tensors = {"weight": Meta("I8", (64, 192)), "weight_s_rel": Meta("F8_E4M3", (64, 16)),
-                   "weight_s_channel": Meta("F32", (64,))}
+        tensors = {
+            "weight": Meta("I8", (64, 192)),
+            "weight_s_rel": Meta("F8_E4M3", (64, 16)),
+            "weight_s_channel": Meta("F32", (64,)),
+        }
         env = fmt.geometry(tensors, fmt.params({"format": fmt.name, "group_size": 16, "convrot_groupsize": 64}))
         assert env["bits"] == 6
         recode = fmt.lossy(fmt, env, tensors, "sglang")
@@ -94,8 +96,7 @@ def test_repair_names_no_format(module):
     """No format name appears as a string in repair/ (docstrings included): what fix knows
     about a format, it asks the format's package."""
     names = set(FORMATS)
-    hits = [(line, text) for line, text in _string_literals(os.path.join(REPAIR, module))
-            if any(name in text for name in names)]
+    hits = [(line, text) for line, text in _string_literals(os.path.join(REPAIR, module)) if any(name in text for name in names)]
     assert not hits, f"repair/{module} names formats: {hits}"
 
 

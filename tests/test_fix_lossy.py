@@ -17,15 +17,21 @@ from kitchen_fixtures import make_layer, seed_defect, write_layers
 def decoded(path: str, prefix: str) -> torch.Tensor:
     with open_checkpoint(path) as ck:
         layer = ck.layers[prefix]
-        tensors = {s: from_bytes(ck.read_bytes(e), e.dtype, e.shape) for s, e in layer.tensors.items()
-                   if s not in ("comfy_quant", "bias")}
+        tensors = {
+            s: from_bytes(ck.read_bytes(e), e.dtype, e.shape)
+            for s, e in layer.tensors.items()
+            if s not in ("comfy_quant", "bias")
+        }
         return get(layer.format_name).decode(tensors, layer.marker, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("variant, target, why", [
-    ("w6a8", "sglang", "6-bit rows -> 4-bit"),
-    ("w4a8_asym", "comfyui", "asymmetric -> symmetric"),
-])
+@pytest.mark.parametrize(
+    "variant, target, why",
+    [
+        ("w6a8", "sglang", "6-bit rows -> 4-bit"),
+        ("w4a8_asym", "comfyui", "asymmetric -> symmetric"),
+    ],
+)
 def test_lossy_requantization(tmp_path, variant, target, why):
     layer = make_layer(variant, n=64, k=256)
     src = write_layers(tmp_path / "in.safetensors", [layer])

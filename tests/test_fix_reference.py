@@ -77,7 +77,8 @@ def test_values_the_shapes_single_out_are_not_assumptions(tmp_path):
     result = fix(src, out=str(tmp_path / "out.safetensors"))
     assert result.ok
     assert [(a.key, a.value, a.source) for a in result.plan.assumptions] == [
-        ("convrot_groupsize", 256, "the readers' default for a missing key")]
+        ("convrot_groupsize", 256, "the readers' default for a missing key")
+    ]
 
 
 def test_a_stated_marker_assumes_nothing(tmp_path):
@@ -90,8 +91,9 @@ def test_a_stated_marker_assumes_nothing(tmp_path):
 
 def test_prefer_between_values_the_tensors_both_fit_is_an_assumption(tmp_path):
     layer = _int8()
-    meta = {"_quantization_metadata": json.dumps({"format_version": "1.0",
-                                                  "layers": {P: dict(layer.marker, convrot_groupsize=64)}})}
+    meta = {
+        "_quantization_metadata": json.dumps({"format_version": "1.0", "layers": {P: dict(layer.marker, convrot_groupsize=64)}})
+    }
     src = write_layers(tmp_path / "in.safetensors", [layer], metadata=meta)
     result = fix(src, out=str(tmp_path / "out.safetensors"), prefer="header")
     [a] = result.plan.assumptions
@@ -144,8 +146,12 @@ def test_reference_problems_are_one_line_errors(tmp_path):
     other = _reference(tmp_path / "other.safetensors", [make_layer("int8_convrot", prefix="blocks.9.ff", n=64)])
     wrong = _reference(tmp_path / "wrong.safetensors", [make_layer("int8_convrot", n=32, k=256)])
     dest = tmp_path / "out.safetensors"
-    cases = [(other, f"has no tensor '{P}.weight'"), (wrong, "has shape [32, 256]"), (src, "is I8, not a dense float"),
-             (str(tmp_path / "missing.safetensors"), "missing.safetensors")]
+    cases = [
+        (other, f"has no tensor '{P}.weight'"),
+        (wrong, "has shape [32, 256]"),
+        (src, "is I8, not a dense float"),
+        (str(tmp_path / "missing.safetensors"), "missing.safetensors"),
+    ]
     for ref, text in cases:
         with pytest.raises(ComfyQuantError) as exc:
             fix(src, out=str(dest), convrot_groupsize=256, reference=ref)
@@ -158,12 +164,26 @@ def test_reference_needs_torch_on_a_light_install(tmp_path):
     layer = _int8()
     src = write_layers(tmp_path / "in.safetensors", [_without(layer, "convrot_groupsize")])
     ref = _reference(tmp_path / "dense.safetensors", [layer])
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "from comfyquant.cli import main\n"
-            "sys.exit(main(sys.argv[1:]))\n")
+    code = "import sys; sys.modules['torch'] = None\nfrom comfyquant.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    r = subprocess.run([sys.executable, "-c", code, "fix", src, "-o", str(tmp_path / "o.safetensors"),
-                        "--convrot-groupsize", "256", "--reference", ref], capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "fix",
+            src,
+            "-o",
+            str(tmp_path / "o.safetensors"),
+            "--convrot-groupsize",
+            "256",
+            "--reference",
+            ref,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 2
     assert r.stderr == "comfyquant fix: needs torch, which is not installed (pip install 'comfyquant[torch]')\n"
     assert not (tmp_path / "o.safetensors").exists()

@@ -46,8 +46,13 @@ def codes(report):
 def flux(path, seed_broken=False):
     """A small "full model": the same tensor names in every variant, as flux1-dev and -schnell."""
     corr = zeros("BF16", (32, 16)) if seed_broken else None
-    return write(path, w4a8_layer("double_blocks.0.img_attn.qkv"), w4a8_layer("double_blocks.0.img_mlp.0", correction=corr),
-                 dense_layer("img_in"), dense_layer("final_layer.linear"))
+    return write(
+        path,
+        w4a8_layer("double_blocks.0.img_attn.qkv"),
+        w4a8_layer("double_blocks.0.img_mlp.0", correction=corr),
+        dense_layer("img_in"),
+        dense_layer("final_layer.linear"),
+    )
 
 
 @pytest.fixture
@@ -98,8 +103,11 @@ def test_comfyui_folder_is_separate_checkpoints_each_with_its_verdict(diffusion_
     rc, out, _ = run(capsys, "check", diffusion_models, "--json")
     doc = json.loads(out)
     assert rc == 0 and doc["summary"]["checkpoints"] == 3 and doc["ok"]
-    assert [c["checkpoint"] for c in doc["checkpoints"]] == ["flux1-dev-fp8.safetensors", "flux1-schnell-fp8.safetensors",
-                                                            "qwen_image_fp8.safetensors"]
+    assert [c["checkpoint"] for c in doc["checkpoints"]] == [
+        "flux1-dev-fp8.safetensors",
+        "flux1-schnell-fp8.safetensors",
+        "qwen_image_fp8.safetensors",
+    ]
     assert all(c["findings"] == [] and len(c["files"]) == 1 for c in doc["checkpoints"])
     assert "separate checkpoints" in doc["note"]
 
@@ -127,8 +135,12 @@ def test_writing_commands_refuse_a_folder_of_separate_checkpoints_naming_them(di
         assert err.count("\n") == 1 and "3 separate checkpoints, not the shards of one model" in err, err
         assert "flux1-dev-fp8.safetensors, flux1-schnell-fp8.safetensors, qwen_image_fp8.safetensors" in err
         assert not out.exists()
-    assert sorted(os.listdir(diffusion_models)) == ["flux1-dev-fp8.safetensors", "flux1-schnell-fp8.safetensors",
-                                                   "put_diffusion_model_files_here", "qwen_image_fp8.safetensors"]
+    assert sorted(os.listdir(diffusion_models)) == [
+        "flux1-dev-fp8.safetensors",
+        "flux1-schnell-fp8.safetensors",
+        "put_diffusion_model_files_here",
+        "qwen_image_fp8.safetensors",
+    ]
     with pytest.raises(SeparateCheckpoints):
         check(str(diffusion_models))
 
@@ -156,7 +168,8 @@ def test_index_plus_unrelated_file_and_two_index_variants(tmp_path, capsys):
     assert rc == 0, out
     assert [(c["checkpoint"], len(c["files"]), c["findings"]) for c in doc["checkpoints"]] == [
         ("diffusion_pytorch_model.fp16.safetensors.index.json", 2, []),
-        ("diffusion_pytorch_model.safetensors.index.json", 2, [])]
+        ("diffusion_pytorch_model.safetensors.index.json", 2, []),
+    ]
     # an index plus a file it does not name: two checkpoints, the file is not silently ignored
     os.remove(d / "diffusion_pytorch_model.fp16.safetensors.index.json")
     for f in (a16, b16):
@@ -307,8 +320,10 @@ def test_a_link_to_another_member_is_read_once_with_a_note(tmp_path):
     r = check(str(d))
     assert r.files == [real]
     note = next(f for f in r.findings if f.code == "C015")
-    assert note.message == "current.safetensors is the same file as flux1-dev.safetensors: read once, as part of " \
-                           "flux1-dev.safetensors"
+    assert (
+        note.message == "current.safetensors is the same file as flux1-dev.safetensors: read once, as part of "
+        "flux1-dev.safetensors"
+    )
     # a link to a shard of a series is that shard, read once
     a, b = shard_pair(d / "sharded")
     os.symlink(os.path.basename(a), d / "sharded" / "first.safetensors")
@@ -341,8 +356,11 @@ def test_check_recursive_uses_the_same_rules(tmp_path):
     os.symlink(root / "gone.safetensors", root / "big" / "stale.safetensors")
     result = check_tree([str(root)])
     by = {i.label: i for i in result.items}
-    assert sorted(by) == ["big/model.safetensors.index.json", "diffusion_models/dangling.safetensors",
-                          "diffusion_models/flux.safetensors"]
+    assert sorted(by) == [
+        "big/model.safetensors.index.json",
+        "diffusion_models/dangling.safetensors",
+        "diffusion_models/flux.safetensors",
+    ]
     assert "dangling symbolic link" in by["diffusion_models/dangling.safetensors"].error
     assert [f.code for f in by["diffusion_models/flux.safetensors"].report.findings] == ["C015"]
     assert [f.code for f in by["big/model.safetensors.index.json"].report.findings] == ["C015"]
@@ -352,15 +370,18 @@ def test_check_recursive_uses_the_same_rules(tmp_path):
 # -- index entries ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("entry, why", [
-    ("../outside.safetensors", "a '..' step out of the index's folder"),
-    ("sub/../../outside.safetensors", "a '..' step out of the index's folder"),
-    ("..\\outside.safetensors", "a '..' step out of the index's folder"),
-    ("{abs}", "an absolute path"),
-    ("C:\\models\\x.safetensors", "an absolute path"),
-    ("model\u0000.safetensors", "a NUL character"),
-    ("", "an empty file name"),
-])
+@pytest.mark.parametrize(
+    "entry, why",
+    [
+        ("../outside.safetensors", "a '..' step out of the index's folder"),
+        ("sub/../../outside.safetensors", "a '..' step out of the index's folder"),
+        ("..\\outside.safetensors", "a '..' step out of the index's folder"),
+        ("{abs}", "an absolute path"),
+        ("C:\\models\\x.safetensors", "an absolute path"),
+        ("model\u0000.safetensors", "a NUL character"),
+        ("", "an empty file name"),
+    ],
+)
 def test_index_naming_files_outside_its_folder_is_refused(tmp_path, capsys, entry, why):
     """Was: followed (``../`` and absolute paths read files anywhere; a NUL made a missing shard)."""
     outside = write(tmp_path / "outside.safetensors", int8_layer("secret"))
@@ -369,15 +390,22 @@ def test_index_naming_files_outside_its_folder_is_refused(tmp_path, capsys, entr
     inside = write(d / "model-00001-of-00001.safetensors", int8_layer("a"))
     entry = entry.replace("{abs}", outside)
     index = index_for(d, [inside], extra={"secret.weight": entry})
-    for argv in (("check", index), ("check", d), ("inspect", index), ("dequantize", index, tmp_path / "o.safetensors"),
-                 ("fix", index, "--dry-run")):
+    for argv in (
+        ("check", index),
+        ("check", d),
+        ("inspect", index),
+        ("dequantize", index, tmp_path / "o.safetensors"),
+        ("fix", index, "--dry-run"),
+    ):
         rc, out, err = run(capsys, *argv)
         assert rc == 2 and err.count("\n") == 1, (argv, out, err)
         assert f"{index}: index maps 'secret.weight' to {entry!r}, {why}" in err, err
     assert not (tmp_path / "o.safetensors").exists()
     with pytest.raises(InputError, match="a '..' step"):
-        read_index("https://host/org/model/model.safetensors.index.json",
-                   json.dumps({"weight_map": {"a.weight": "../../other/model.safetensors"}}))
+        read_index(
+            "https://host/org/model/model.safetensors.index.json",
+            json.dumps({"weight_map": {"a.weight": "../../other/model.safetensors"}}),
+        )
 
 
 def test_index_entries_in_subfolders_and_dot_paths_are_fine(tmp_path):
@@ -386,9 +414,19 @@ def test_index_entries_in_subfolders_and_dot_paths_are_fine(tmp_path):
     a = write(d / "part" / "a.safetensors", int8_layer("a"))
     b = write(d / "b.safetensors", int8_layer("b"))
     with open(d / "model.safetensors.index.json", "w") as fh:
-        json.dump({"weight_map": {"a.weight": "part/a.safetensors", "a.weight_scale": "part/a.safetensors",
-                                  "a.comfy_quant": "./part/a.safetensors", "b.weight": "b.safetensors",
-                                  "b.weight_scale": "b.safetensors", "b.comfy_quant": "b.safetensors"}}, fh)
+        json.dump(
+            {
+                "weight_map": {
+                    "a.weight": "part/a.safetensors",
+                    "a.weight_scale": "part/a.safetensors",
+                    "a.comfy_quant": "./part/a.safetensors",
+                    "b.weight": "b.safetensors",
+                    "b.weight_scale": "b.safetensors",
+                    "b.comfy_quant": "b.safetensors",
+                }
+            },
+            fh,
+        )
     r = check(str(d))
     assert r.ok and r.files == [a, b]
 
@@ -405,8 +443,9 @@ def random_folder(folder, seed):
     os.makedirs(folder)
     made: list[str] = []
     for i in range(rng.randint(1, 6)):
-        kind = rng.choice(["model", "model", "series", "index", "dangling", "loop", "dirlink", "samelink", "fifo",
-                           "badindex", "outside"])
+        kind = rng.choice(
+            ["model", "model", "series", "index", "dangling", "loop", "dirlink", "samelink", "fifo", "badindex", "outside"]
+        )
         if kind == "model":
             made.append(flux(os.path.join(folder, f"m{i}.safetensors")))
         elif kind == "series":
@@ -445,8 +484,14 @@ def test_random_folders_never_crash(tmp_path, capsys, seed):
     d = str(tmp_path / "f")
     random_folder(d, seed)
     before = sorted(os.listdir(d))
-    for argv in (("check", d), ("check", d, "--json"), ("inspect", d), ("check", "-r", d), ("fix", d, "--dry-run"),
-                 ("dequantize", d, str(tmp_path / "o.safetensors"))):
+    for argv in (
+        ("check", d),
+        ("check", d, "--json"),
+        ("inspect", d),
+        ("check", "-r", d),
+        ("fix", d, "--dry-run"),
+        ("dequantize", d, str(tmp_path / "o.safetensors")),
+    ):
         rc, out, err = run(capsys, *argv)
         assert rc in (0, 1, 2), (argv, out, err)
         assert "internal error" not in err and "Traceback" not in err, (argv, err)
@@ -470,7 +515,10 @@ def test_remote_folder_follows_the_same_rule(diffusion_models, tmp_path, capsys)
         doc = json.loads(out)
         assert rc == 0 and err == ""
         assert [(c["checkpoint"], c["findings"]) for c in doc["checkpoints"]] == [
-            ("flux1-dev-fp8.safetensors", []), ("flux1-schnell-fp8.safetensors", []), ("qwen_image_fp8.safetensors", [])]
+            ("flux1-dev-fp8.safetensors", []),
+            ("flux1-schnell-fp8.safetensors", []),
+            ("qwen_image_fp8.safetensors", []),
+        ]
         rc, _, err = run(capsys, "dequantize", url, tmp_path / "o.safetensors")
         assert rc == 2 and err.count("\n") == 1 and "3 separate checkpoints, not the shards of one model" in err
         # one model and its index: one checkpoint, as locally
@@ -492,8 +540,10 @@ def test_an_implausible_shard_count_is_not_a_series(tmp_path):
     from comfyquant.checker.batch import group
 
     groups = group(["r/x-00001-of-1000000.safetensors", "r/y-00001-of-00002.safetensors"], "r")
-    assert [(g.label, g.missing) for g in groups] == [("x-00001-of-1000000.safetensors", []),
-                                                      ("y-NNNNN-of-00002.safetensors", ["r/y-00002-of-00002.safetensors"])]
+    assert [(g.label, g.missing) for g in groups] == [
+        ("x-00001-of-1000000.safetensors", []),
+        ("y-NNNNN-of-00002.safetensors", ["r/y-00002-of-00002.safetensors"]),
+    ]
     d = tmp_path / "m"
     d.mkdir()
     write(d / "x-00001-of-999999999.safetensors", int8_layer("a"))
@@ -506,8 +556,12 @@ def test_grouped_tensor_findings_keep_the_rest_of_the_message(tmp_path, capsys):
     'model-00002-of-00002.safetensors' alone, so both C012 findings are one group."""
     d = tmp_path / "ck"
     d.mkdir()
-    a = write(d / "model-00001-of-00002.safetensors", int8_layer("blocks.0.a"), {"model": zeros("BF16", (4,))},
-              {"x": zeros("BF16", (4,))})
+    a = write(
+        d / "model-00001-of-00002.safetensors",
+        int8_layer("blocks.0.a"),
+        {"model": zeros("BF16", (4,))},
+        {"x": zeros("BF16", (4,))},
+    )
     b = write(d / "model-00002-of-00002.safetensors", int8_layer("blocks.1.a"))
     index_for(d, [a, b], extra={"model": "model-00002-of-00002.safetensors", "x": "model-00002-of-00002.safetensors"})
     rc, out, _ = run(capsys, "check", d)

@@ -103,8 +103,9 @@ def test_convert_both_ways_through_e4m3(tmp_path):
     sd = load_file(back)
     assert sd[f"{PREFIX}.weight"].dtype == torch.float8_e5m2
     # codec round trip: what convert decoded is what the codec decodes
-    dense = codecs.get(NAME).decode({k.split(".")[-1]: v for k, v in sd.items() if k.startswith(PREFIX)},
-                                    {"format": NAME}, dtype=torch.float32)
+    dense = codecs.get(NAME).decode(
+        {k.split(".")[-1]: v for k, v in sd.items() if k.startswith(PREFIX)}, {"format": NAME}, dtype=torch.float32
+    )
     assert dense.shape == (64, 256) and torch.isfinite(dense).all()
 
 

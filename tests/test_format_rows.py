@@ -18,8 +18,20 @@ N, K = 384, 512
 def example(fmt, n=N, k=K, bias_rows=None, extra=None):
     """A header-only layer of ``fmt`` built from its own slots, read back by its geometry."""
     params = fmt.params({"format": fmt.name, **(extra or {})})
-    env = dict(params, N=n, K=k, N_model=bias_rows or n, K_model=k, bits=4, R=32, packed=False, variant="",
-               has_codebook=False, has_correction=False, scale_layout="row")
+    env = dict(
+        params,
+        N=n,
+        K=k,
+        N_model=bias_rows or n,
+        K_model=k,
+        bits=4,
+        R=32,
+        packed=False,
+        variant="",
+        has_codebook=False,
+        has_correction=False,
+        scale_layout="row",
+    )
     metas = {}
     for suffix, slot in fmt.slots_for(env).items():
         if not slot.is_forbidden(env) and (slot.required or suffix in ("bias", "weight_correction", "input_scale")):
@@ -45,8 +57,9 @@ def test_split_and_join_every_format(name):
             continue
         assert (a.start, a.stop, b.start, b.stop) == (0, a.stop, a.stop, meta.shape[a.axis])
         assert a.shape[a.axis] + b.shape[b.axis] == meta.shape[a.axis]
-    part_envs = [fmt.geometry({s: Meta(metas[s].dtype, c.shape) for s, c in p.items()}, fmt.params({"format": name}))
-                 for p in parts]
+    part_envs = [
+        fmt.geometry({s: Meta(metas[s].dtype, c.shape) for s, c in p.items()}, fmt.params({"format": name})) for p in parts
+    ]
     assert [e["N"] for e in part_envs] == [128, 256]
     rules = join_rows(fmt, part_envs, [{s: Meta(metas[s].dtype, c.shape) for s, c in p.items()} for p in parts])
     assert not isinstance(rules, str), rules
@@ -82,9 +95,13 @@ def test_what_each_slot_follows():
 
 def test_tile_packed_rows_split_only_at_128():
     svd = FORMATS["svdquant_w4a4"]
-    metas = {"weight": Meta("I8", (3, 8, 32, 128)), "weight_scale": Meta("BF16", (3, 8, 128)),
-             "weight_proj_down": Meta("BF16", (512, 32)), "weight_proj_up": Meta("BF16", (3, 32, 128)),
-             "weight_smooth_factor": Meta("BF16", (512,))}
+    metas = {
+        "weight": Meta("I8", (3, 8, 32, 128)),
+        "weight_scale": Meta("BF16", (3, 8, 128)),
+        "weight_proj_down": Meta("BF16", (512, 32)),
+        "weight_proj_up": Meta("BF16", (3, 32, 128)),
+        "weight_smooth_factor": Meta("BF16", (512,)),
+    }
     env = svd.geometry(metas, svd.params({"format": svd.name}))
     assert env["packed"] and env["N"] == 384
     refused = split_rows(svd, env, metas, [64, 320])

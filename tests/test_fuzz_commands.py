@@ -20,18 +20,44 @@ from hypothesis import strategies as st
 from builders import dense_layer, fp8_layer, int8_layer, mxfp8_layer, nvfp4_layer, w4a4_layer, w4a8_layer
 from comfyquant.cli import main
 
-SPECIAL_NUMBERS = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e-400", "-0", "0", "-1", "-16", "16.0",
-                   "16.5", "true", "false", "null", "1" + "0" * 40, "9" * 400, "4294967296", "18446744073709551617"]
+SPECIAL_NUMBERS = [
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "1e400",
+    "-1e400",
+    "1e-400",
+    "-0",
+    "0",
+    "-1",
+    "-16",
+    "16.0",
+    "16.5",
+    "true",
+    "false",
+    "null",
+    "1" + "0" * 40,
+    "9" * 400,
+    "4294967296",
+    "18446744073709551617",
+]
 
 json_literals = st.sampled_from(SPECIAL_NUMBERS)
 json_strings = st.text(st.characters(codec=None, blacklist_categories=()), max_size=6).map(
-    lambda s: json.dumps(s, ensure_ascii=True))
+    lambda s: json.dumps(s, ensure_ascii=True)
+)
 surrogate_strings = st.sampled_from(['"\\ud800"', '"a\\udfffb"', '"\\ud83d\\ude00"', '"16"', '""', '"nvfp4"'])
 scalars = st.one_of(json_literals, json_strings, surrogate_strings, st.integers(-300, 70000).map(str))
-json_values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3).map(lambda xs: "[" + ", ".join(xs) + "]"),
-    st.dictionaries(st.sampled_from(['"a"', '"group_size"', '"format"']), inner, max_size=2).map(
-        lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}")), max_leaves=4)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3).map(lambda xs: "[" + ", ".join(xs) + "]"),
+        st.dictionaries(st.sampled_from(['"a"', '"group_size"', '"format"']), inner, max_size=2).map(
+            lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"
+        ),
+    ),
+    max_leaves=4,
+)
 
 
 def base_tensors() -> dict:
@@ -49,13 +75,26 @@ def base_tensors() -> dict:
 BASE = base_tensors()
 NAMES = list(BASE)
 MARKERS = [n for n in NAMES if n.endswith(".comfy_quant")]
-MARKER_KEYS = ['"format"', '"group_size"', '"convrot_groupsize"', '"convrot"', '"orig_dtype"',
-               '"full_precision_matrix_mult"', '"params"', '"_x"', '"bits"']
+MARKER_KEYS = [
+    '"format"',
+    '"group_size"',
+    '"convrot_groupsize"',
+    '"convrot"',
+    '"orig_dtype"',
+    '"full_precision_matrix_mult"',
+    '"params"',
+    '"_x"',
+    '"bits"',
+]
 
 mutation = st.one_of(
     st.tuples(st.just("marker"), st.sampled_from(MARKERS), st.sampled_from(MARKER_KEYS), json_values),
     st.tuples(st.just("map"), st.sampled_from(MARKERS), st.sampled_from(MARKER_KEYS), json_values),
-    st.tuples(st.just("dtype"), st.sampled_from(NAMES), json_values | st.sampled_from(['"F32"', '"U8"', '"I8"', '"F8_E4M3"', '"BF16"', '"X"'])),
+    st.tuples(
+        st.just("dtype"),
+        st.sampled_from(NAMES),
+        json_values | st.sampled_from(['"F32"', '"U8"', '"I8"', '"F8_E4M3"', '"BF16"', '"X"']),
+    ),
     st.tuples(st.just("shape"), st.sampled_from(NAMES), json_values),
     st.tuples(st.just("dim"), st.sampled_from(NAMES), st.integers(0, 2), json_values),
     st.tuples(st.just("offsets"), st.sampled_from(NAMES), json_values, json_values),
@@ -118,7 +157,8 @@ def build(path: str, mutations) -> None:
     meta = dict(metadata)
     if header_map:
         meta['"_quantization_metadata"'] = json.dumps(
-            '{"format_version": "1.0", "layers": {' + ", ".join(f"{k}: {v}" for k, v in header_map.items()) + "}}")
+            '{"format_version": "1.0", "layers": {' + ", ".join(f"{k}: {v}" for k, v in header_map.items()) + "}}"
+        )
     if meta:
         parts.insert(0, '"__metadata__": {' + ", ".join(f"{k}: {v}" for k, v in meta.items()) + "}")
     text = ("{" + ", ".join(parts) + "}").encode("utf-8", "surrogatepass")
@@ -133,8 +173,13 @@ def digest(path: str) -> str:
 
 
 COMMANDS = [
-    ["check"], ["check", "--json", "--deep"], ["inspect", "--json"], ["inspect"],
-    ["fix", "-o", "{out}"], ["dequantize", "{out}"], ["convert", "{out}", "-t", "fp8", "--no-progress"],
+    ["check"],
+    ["check", "--json", "--deep"],
+    ["inspect", "--json"],
+    ["inspect"],
+    ["fix", "-o", "{out}"],
+    ["dequantize", "{out}"],
+    ["convert", "{out}", "-t", "fp8", "--no-progress"],
 ]
 
 
@@ -165,8 +210,7 @@ def test_mutated_checkpoints_never_crash_any_command(capsys, mutations, command)
         assert sorted(os.listdir(folder)) in (["in.safetensors"], ["in.safetensors", "out.safetensors"])
 
 
-ODD_NUMBERS = ["9" * 400, "18446744073709551617", "9223372036854775808", "1e400", "NaN", "-1", "1.5", "true", "null",
-               "[]", '"x"']
+ODD_NUMBERS = ["9" * 400, "18446744073709551617", "9223372036854775808", "1e400", "NaN", "-1", "1.5", "true", "null", "[]", '"x"']
 
 
 @pytest.mark.parametrize("value", ODD_NUMBERS)
@@ -174,8 +218,14 @@ def test_odd_numbers_in_every_header_field(tmp_path, capsys, value):
     """Each odd number in a dimension, an offset and a dtype of a weight, a scale and a marker
     tensor (the systematic complement of the random campaign above)."""
     for target in ("blocks.0.w.weight", "blocks.0.i.weight_scale", "blocks.0.f.comfy_quant", "norm.bias"):
-        for mutations in ([("dim", target, 0, value)], [("dim", target, 1, value)], [("offsets", target, "0", value)],
-                          [("offsets", target, value, "8")], [("shape", target, value)], [("dtype", target, value)]):
+        for mutations in (
+            [("dim", target, 0, value)],
+            [("dim", target, 1, value)],
+            [("offsets", target, "0", value)],
+            [("offsets", target, value, "8")],
+            [("shape", target, value)],
+            [("dtype", target, value)],
+        ):
             src = str(tmp_path / "in.safetensors")
             build(src, mutations)
             before = digest(src)

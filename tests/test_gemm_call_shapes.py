@@ -48,7 +48,6 @@ def block_rows(k: int) -> int:
     return 16 if k >= 1024 else 64
 
 
-
 def _source(w: torch.Tensor, reads: list[int]) -> RowSource:
     def read(r0: int, r1: int) -> torch.Tensor:
         reads.append(r1 - r0)
@@ -158,10 +157,10 @@ def test_svdquant_decode_like_kitchen_at_any_row_count(threads, n, k):
     smooth = (torch.rand(k, generator=gen) + 0.5).to(torch.bfloat16)
     down = (torch.randn(k, rank, generator=gen) * 0.1).to(torch.bfloat16)
     up = (torch.randn(n, rank, generator=gen) * 0.1).to(torch.bfloat16)
-    tensors = {"weight": q, "weight_scale": scale, "weight_smooth_factor": smooth,
-               "weight_proj_down": down, "weight_proj_up": up}
-    params = TensorCoreSVDQuantW4A4Layout.Params(scale=scale, orig_dtype=torch.bfloat16, orig_shape=(n, k),
-                                                 smooth_factor=smooth, proj_down=down, proj_up=up)
+    tensors = {"weight": q, "weight_scale": scale, "weight_smooth_factor": smooth, "weight_proj_down": down, "weight_proj_up": up}
+    params = TensorCoreSVDQuantW4A4Layout.Params(
+        scale=scale, orig_dtype=torch.bfloat16, orig_shape=(n, k), smooth_factor=smooth, proj_down=down, proj_up=up
+    )
     expected = QuantizedTensor(q, "TensorCoreSVDQuantW4A4Layout", params).dequantize()
     codec = codecs.get("svdquant_w4a4")
     marker = {"format": "svdquant_w4a4"}
@@ -171,6 +170,7 @@ def test_svdquant_decode_like_kitchen_at_any_row_count(threads, n, k):
 
 
 # -- the W4A8 exactness argument (codecs/w4a8.py) ---------------------------------------------
+
 
 def _adversarial_rows(rows: int, k: int, seed: int) -> torch.Tensor:
     """``bf16(f32(g * s))`` as the decoder builds it, with the extremes of the argument: grid
@@ -223,13 +223,13 @@ def test_w4a8_decodes_whole_where_the_argument_does_not_hold():
     assert codec._whole_layer(codec.plan(asym, asym.marker).env, torch.bfloat16, asym)
     big = codec.encode(w, codebook=False, convrot_groupsize=1024)
     assert codec._whole_layer(codec.plan(big, big.marker).env, torch.bfloat16, big)
-    for bad in (2.0 ** 100, float("inf"), float("nan"), 2.0 ** -101, 2.0 ** -130, 0.0):
+    for bad in (2.0**100, float("inf"), float("nan"), 2.0**-101, 2.0**-130, 0.0):
         s = plain["weight_s_channel"].clone()
         s[3] = bad
         assert codec._whole_layer(env, torch.bfloat16, dict(plain, weight_s_channel=s)), bad
 
 
-@pytest.mark.parametrize("scale", [2.0 ** 110, 2.0 ** -135, 2.0 ** -120])
+@pytest.mark.parametrize("scale", [2.0**110, 2.0**-135, 2.0**-120])
 def test_extreme_scales_decode_like_kitchen(threads, scale):
     """A W4A8 layer whose row scales reach 2^100 and more (where a partial sum could overflow)
     or are tiny (subnormal values, which BF16 GEMMs flush) still decodes to comfy-kitchen's
@@ -240,8 +240,9 @@ def test_extreme_scales_decode_like_kitchen(threads, scale):
     s = ref["weight_s_channel"].clone()
     s[::3] = scale
     ref = dict(ref, weight_s_channel=s)
-    expected = dequantize_w4a8_int8_weight(ref["weight"], ref["weight_s_rel"], s, group_size=16, convrot_groupsize=256,
-                                           output_dtype=torch.bfloat16)
+    expected = dequantize_w4a8_int8_weight(
+        ref["weight"], ref["weight_s_rel"], s, group_size=16, convrot_groupsize=256, output_dtype=torch.bfloat16
+    )
     marker = markers_for("w4a8_uniform")[1]
     assert same_bits(codecs.get("asym_w4a8_int8").decode(ref, marker, dtype=torch.bfloat16), expected)
 
@@ -269,27 +270,44 @@ def test_the_same_on_an_avx2_only_cpu():
     check = "import torch; assert torch.backends.cpu.get_cpu_capability() == 'AVX2', torch.backends.cpu.get_cpu_capability()"
     subprocess.run([sys.executable, "-c", check], env=env, check=True)
     me = os.path.join(here, os.path.basename(__file__))
-    chosen = ["test_int8_convrot_decode_of_the_original_failure", "test_w4a8_bf16_unrotation_sums_are_exact_in_f32",
-              "test_svdquant_decode_like_kitchen_at_any_row_count", "test_extreme_scales_decode_like_kitchen"]
-    chosen += [f"{test}[{threads}-{variant}-{shape}]"
-               for test in ("test_rotated_formats_decode_like_kitchen_at_any_row_count",
-                            "test_rotated_formats_encode_like_kitchen_at_any_row_count")
-               for threads in ("1thread", "2threads")
-               for variant, shape in (("int8_convrot", "200-256"), ("w4a4", "17-1024"), ("w4a8_asym", "15-1024"),
-                                      ("w4a8_uniform", "1031-256"), ("w6a8", "3-1024"))]
+    chosen = [
+        "test_int8_convrot_decode_of_the_original_failure",
+        "test_w4a8_bf16_unrotation_sums_are_exact_in_f32",
+        "test_svdquant_decode_like_kitchen_at_any_row_count",
+        "test_extreme_scales_decode_like_kitchen",
+    ]
+    chosen += [
+        f"{test}[{threads}-{variant}-{shape}]"
+        for test in (
+            "test_rotated_formats_decode_like_kitchen_at_any_row_count",
+            "test_rotated_formats_encode_like_kitchen_at_any_row_count",
+        )
+        for threads in ("1thread", "2threads")
+        for variant, shape in (
+            ("int8_convrot", "200-256"),
+            ("w4a4", "17-1024"),
+            ("w4a8_asym", "15-1024"),
+            ("w4a8_uniform", "1031-256"),
+            ("w6a8", "3-1024"),
+        )
+    ]
     chosen += [f"test_rotated_formats_run_like_kitchen[1thread-{variant}-17]" for variant in ROTATED]
     # The INT8 GEMMs: oneDNN's AVX2 kernel saturates pair sums in int16, so the runtime's
     # product is not the exact one there; the forward is comfy-kitchen's call all the same, in
     # any row blocks, and the quality report's products stay exact.
-    others = [f"test_numerics.py::test_runtime_int8_matmul_is_kitchens_call[{shape}]"
-              for shape in ("5-512-48", "17-250-333")]
-    others += [f"test_numerics.py::test_int8_product_of_any_weight_rows_gives_those_columns_bit_for_bit[{r}]"
-               for r in ("False", "True")]
-    others += [f"test_codecs_vs_kitchen.py::test_encode_decode_linear_bit_exact[{variant}-bf16-heavy]"
-               for variant in ("int8_scalar", "int8_rowwise", "int8_convrot", "w4a8_codebook", "w6a8")]
+    others = [f"test_numerics.py::test_runtime_int8_matmul_is_kitchens_call[{shape}]" for shape in ("5-512-48", "17-250-333")]
+    others += [
+        f"test_numerics.py::test_int8_product_of_any_weight_rows_gives_those_columns_bit_for_bit[{r}]" for r in ("False", "True")
+    ]
+    others += [
+        f"test_codecs_vs_kitchen.py::test_encode_decode_linear_bit_exact[{variant}-bf16-heavy]"
+        for variant in ("int8_scalar", "int8_rowwise", "int8_convrot", "w4a8_codebook", "w6a8")
+    ]
     others += [f"test_codecs_vs_kitchen.py::test_row_blocked_linear[{variant}]" for variant in ("int8_scalar", "w4a8_uniform")]
-    others += [f"test_measure_blocks.py::test_measure_blocks_are_the_decode_and_the_forward[{variant}-bf16]"
-               for variant in ("int8_rowwise", "w4a8_codebook")]
+    others += [
+        f"test_measure_blocks.py::test_measure_blocks_are_the_decode_and_the_forward[{variant}-bf16]"
+        for variant in ("int8_rowwise", "w4a8_codebook")
+    ]
     others += ["test_codecs_vs_kitchen.py::test_convrot_int8_of_a_finite_weight_whose_rotation_overflows_matches_kitchen"]
     tests = [f"{me}::{c}" for c in chosen] + [os.path.join(here, c) for c in others]
     args = [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider", *tests]

@@ -22,8 +22,12 @@ class Tty(io.StringIO):
 
 
 def sample(tmp_path) -> str:
-    layers = [w4a8_layer(LONG), int8_layer("model.diffusion_model.single_blocks.37.linear2"), fp8_layer("a.fp8"),
-              dense_layer("final_layer.linear")]
+    layers = [
+        w4a8_layer(LONG),
+        int8_layer("model.diffusion_model.single_blocks.37.linear2"),
+        fp8_layer("a.fp8"),
+        dense_layer("final_layer.linear"),
+    ]
     return write(tmp_path / "m.safetensors", *layers, metadata={"modelspec.title": "x" * 500, **header_markers({})})
 
 

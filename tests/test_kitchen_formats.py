@@ -117,8 +117,18 @@ SPEC7 = {
 }
 # Marker byte lengths of spec 7 (json.dumps default spacing); W4A8 is the SGLang-compatible one.
 MARKER_BYTES = {
-    "fp8": 27, "fp8_static": 27, "int8_scalar": 29, "int8_rowwise": 29, "int8_convrot": 72,
-    "w4a8_codebook": 89, "w4a8_uniform": 89, "w4a8_asym": 89, "w6a8": 89, "w4a4": 52, "nvfp4": 19, "mxfp8": 19,
+    "fp8": 27,
+    "fp8_static": 27,
+    "int8_scalar": 29,
+    "int8_rowwise": 29,
+    "int8_convrot": 72,
+    "w4a8_codebook": 89,
+    "w4a8_uniform": 89,
+    "w4a8_asym": 89,
+    "w6a8": 89,
+    "w4a4": 52,
+    "nvfp4": 19,
+    "mxfp8": 19,
 }
 
 
@@ -402,8 +412,12 @@ def test_w4a8_asym_f32_passes_sglang(write):
     assert layout(path)[f"{PREFIX}.weight_correction"] == ("F32", (16, 32))
     assert inspect_comfy_quant_markers([path]) == {
         PREFIX: {
-            "format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256, "convrot": True,
-            "_has_codebook": False, "_has_correction": True,
+            "format": "asym_w4a8_int8",
+            "group_size": 16,
+            "convrot_groupsize": 256,
+            "convrot": True,
+            "_has_codebook": False,
+            "_has_correction": True,
         }
     }
     assert_clean_for(path, "sglang")
@@ -485,8 +499,9 @@ def test_mxfp8_marker_only_loads_everywhere(write):
 def test_mxfp8_quant_format_with_ck_scales_fails_x1(write):
     """Spec 5 I-19: with quant_format=mxfp8 SGLang needs U8 [N, K/32]; ck writes F8_E8M0 blocked."""
     path = write(make_layer("mxfp8"), metadata={"quant_format": "mxfp8"})
-    msg = ("MXFP8 layer 'blocks.0.attn.qkv' has incompatible weight/scale metadata: "
-           "('F8_E4M3', (32, 256)) and ('F8_E8M0', (128, 8))")
+    msg = (
+        "MXFP8 layer 'blocks.0.attn.qkv' has incompatible weight/scale metadata: ('F8_E4M3', (32, 256)) and ('F8_E8M0', (128, 8))"
+    )
     assert sglang_message(path) == msg
     report = comfyquant.check(path)
     assert report.verdicts["sglang"].first.rule == "sglang.X1"
@@ -513,13 +528,16 @@ def test_mixed_formats_comfyui_only(write):
     report = comfyquant.check(path)
     first = report.verdicts["sglang"].first
     assert first.rule == "sglang.R0" and first.exception == "NotImplementedError"
-    assert first.message == ("Unsupported Comfy quantization format(s): asym_w4a8_int8, convrot_w4a4, float8_e4m3fn, "
-                             "int8_tensorwise, mxfp8, nvfp4")
+    assert first.message == (
+        "Unsupported Comfy quantization format(s): asym_w4a8_int8, convrot_w4a4, float8_e4m3fn, int8_tensorwise, mxfp8, nvfp4"
+    )
     for target in ("comfyui", "comfy-kitchen"):
         assert_clean_for(path, target)
 
 
-@pytest.mark.parametrize(("a", "b"), [("fp8", "int8_convrot"), ("fp8", "nvfp4"), ("w4a8_codebook", "w4a4"), ("mxfp8", "int8_convrot")])
+@pytest.mark.parametrize(
+    ("a", "b"), [("fp8", "int8_convrot"), ("fp8", "nvfp4"), ("w4a8_codebook", "w4a4"), ("mxfp8", "int8_convrot")]
+)
 def test_rejected_pairs(write, a, b):
     path = write([make_layer(a, n=128), make_layer(b, prefix="blocks.1.ff", n=128, seed=1)])
     report = comfyquant.check(path)
@@ -597,8 +615,10 @@ def test_dropin_conflicting_markers(tmp_path):
 
 def test_dropin_mapper_and_collision(write):
     root = "model.diffusion_model."
-    mapper = lambda name: name[len(root):] if name.startswith(root) else name  # noqa: E731
-    path = write([make_layer("w4a8_codebook", prefix=root + PREFIX), make_layer("w4a8_uniform", prefix=root + "blocks.1.ff", seed=1)])
+    mapper = lambda name: name[len(root) :] if name.startswith(root) else name  # noqa: E731
+    path = write(
+        [make_layer("w4a8_codebook", prefix=root + PREFIX), make_layer("w4a8_uniform", prefix=root + "blocks.1.ff", seed=1)]
+    )
     assert inspect_comfy_quant_markers([path], mapper) == {
         PREFIX: INSPECT["w4a8_codebook"],
         "blocks.1.ff": INSPECT["w4a8_uniform"],
@@ -621,7 +641,10 @@ def test_sharded_checkpoint(tmp_path, marker_mode):
     root = "model.diffusion_model."
     shards = [
         [make_layer("int8_convrot", prefix=root + "blocks.0.attn.qkv", n=64, seed=1)],
-        [make_layer("int8_convrot", prefix=root + "blocks.1.attn.qkv", n=64, seed=2), dense_layer(root + "norm", (256,), bias=True)],
+        [
+            make_layer("int8_convrot", prefix=root + "blocks.1.attn.qkv", n=64, seed=2),
+            dense_layer(root + "norm", (256,), bias=True),
+        ],
     ]
     folder = tmp_path / "ckpt"
     files = write_sharded(folder, shards, marker_mode=marker_mode)
@@ -631,7 +654,7 @@ def test_sharded_checkpoint(tmp_path, marker_mode):
         assert report.files and len(report.files) == 2
         for target in ALL:
             assert_clean_for(source, target)
-    mapper = lambda name: name[len(root):] if name.startswith(root) else name  # noqa: E731
+    mapper = lambda name: name[len(root) :] if name.startswith(root) else name  # noqa: E731
     got = inspect_comfy_quant_markers(files, mapper)
     assert got == {f"blocks.{i}.attn.qkv": INSPECT["int8_convrot"] for i in (0, 1)}
     weight_map = json.loads(index.read_text())["weight_map"]

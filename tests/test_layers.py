@@ -83,11 +83,14 @@ def test_a_new_format_package_is_found_with_no_other_edit(tmp_path):
     pkg.mkdir()
     (pkg / "__init__.py").write_text(_NEW_PACKAGE)
     f = tmp_path / "m.safetensors"
-    write_safetensors(str(f), {
-        "l.weight": ones("F8_E4M3", (4, 8)),
-        "l.weight_scale": ones("F32", ()),
-        "l.comfy_quant": marker_tensor({"format": "zz_test_fp8"}),
-    })
+    write_safetensors(
+        str(f),
+        {
+            "l.weight": ones("F8_E4M3", (4, 8)),
+            "l.weight_scale": ones("F32", ()),
+            "l.comfy_quant": marker_tensor({"format": "zz_test_fp8"}),
+        },
+    )
     code = textwrap.dedent(f"""
         import json, comfyquant
         from comfyquant.formats import registry

@@ -29,8 +29,7 @@ def _encoded(variant: str, dtype: torch.dtype):
 
 def _run(codec, tensors, marker, x, dtype, block):
     rows, ys = [], []
-    for r0, r1, b, y in codec.measure_blocks(tensors, x, marker, dtype=dtype, layer="blocks.0.fc",
-                                             block_elements=block):
+    for r0, r1, b, y in codec.measure_blocks(tensors, x, marker, dtype=dtype, layer="blocks.0.fc", block_elements=block):
         assert b.shape[0] == y.shape[1] == r1 - r0
         rows.append(b.clone())
         ys.append(y)
@@ -45,8 +44,7 @@ def test_measure_blocks_are_the_decode_and_the_forward(variant, dtype_name, monk
     x = torch.randn(16, SHAPE[1], generator=torch.Generator().manual_seed(3)).to(dtype)
     for block in BLOCKS:
         rows, ys = _run(codec, tensors, marker, x, dtype, block)
-        decoded = [b.clone() for b in codec.iter_decode(tensors, marker, dtype=dtype, block_elements=block,
-                                                        exact=False)]
+        decoded = [b.clone() for b in codec.iter_decode(tensors, marker, dtype=dtype, block_elements=block, exact=False)]
         assert len(rows) == len(decoded) and all(same_bits(a, b) for a, b in zip(rows, decoded))
         with monkeypatch.context() as m:  # the plain path: decode and forward each on their own
             m.setattr(type(codec), "_measure_rows", Codec._measure_rows)
@@ -58,8 +56,11 @@ def test_measure_blocks_are_the_decode_and_the_forward(variant, dtype_name, monk
             m.setattr(int8, "runtime_int8_matmul", int8.int8_matmul)
             exact = codec.linear(x, tensors, marker)
         y = torch.cat(ys, dim=1)[:, : whole.shape[1]]
-        integer = not torch.is_floating_point(tensors["weight"]) and VARIANTS[variant].format == "asym_w4a8_int8" \
+        integer = (
+            not torch.is_floating_point(tensors["weight"])
+            and VARIANTS[variant].format == "asym_w4a8_int8"
             and "weight_correction" not in tensors
+        )
         for runtime in (exact, whole) if int_mm_is_exact() else (exact,):
             if integer:
                 assert same_bits(y, runtime)  # integer GEMM: exact for any subset of output features

@@ -82,7 +82,8 @@ def test_sglang_refuses_expert_banks(tmp_path):
     src = write_bank(tmp_path / "int8.safetensors", stored, marker)
     verdict = check(src, target="sglang").verdicts["sglang"]
     assert not verdict.loads and verdict.first.message == (
-        f"Comfy INT8 layer '{P}' has incompatible weight/scale shapes: ({E}, {OUT}, {K}) and ({E}, {OUT}, 1)")
+        f"Comfy INT8 layer '{P}' has incompatible weight/scale shapes: ({E}, {OUT}, {K}) and ({E}, {OUT}, 1)"
+    )
     fp8 = codecs.get("float8_e4m3fn").encode(make_weight(E * OUT, K))
     banked = {"weight": fp8["weight"].reshape(E, OUT, K).contiguous(), "weight_scale": fp8["weight_scale"].reshape(1).repeat(E)}
     src = write_bank(tmp_path / "fp8.safetensors", banked, {"format": "float8_e4m3fn", "num_experts": E})
@@ -124,8 +125,11 @@ def test_stacked_bank_with_one_shared_scale(tmp_path):
     weights = [make_weight(OUT, K, seed=20 + e) for e in range(E)]
     scale = max(float(w.float().abs().amax()) for w in weights) / 448.0
     experts = [dict(codec.encode(w, scale=scale)) for w in weights]
-    stored = {"weight": torch.stack([x["weight"] for x in experts]).contiguous(), "weight_scale": experts[0]["weight_scale"],
-              "bias": torch.zeros(E, OUT, dtype=torch.bfloat16)}
+    stored = {
+        "weight": torch.stack([x["weight"] for x in experts]).contiguous(),
+        "weight_scale": experts[0]["weight_scale"],
+        "bias": torch.zeros(E, OUT, dtype=torch.bfloat16),
+    }
     for x in experts:
         x["bias"] = stored["bias"][0]
     _check_and_dequantize_stacked(tmp_path, stored, {"format": "float8_e4m3fn", "num_experts": E}, experts, OUT)
@@ -178,9 +182,13 @@ def test_fix_leaves_a_bank_as_stored(tmp_path):
     """A repair elsewhere in the file copies the bank's tensors byte for byte, shapes kept."""
     stored, marker, _ = bank_of("w4a8_codebook")
     other = quantize("int8_convrot", make_weight(OUT, K, seed=3))
-    extra = {"blocks.1.attn.qkv.weight": other["weight"], "blocks.1.attn.qkv.weight_scale": other["weight_scale"].reshape(-1),
-             "blocks.1.attn.qkv.comfy_quant": torch.tensor(list(json.dumps(markers_for("int8_convrot")[1]).encode()),
-                                                           dtype=torch.uint8)}
+    extra = {
+        "blocks.1.attn.qkv.weight": other["weight"],
+        "blocks.1.attn.qkv.weight_scale": other["weight_scale"].reshape(-1),
+        "blocks.1.attn.qkv.comfy_quant": torch.tensor(
+            list(json.dumps(markers_for("int8_convrot")[1]).encode()), dtype=torch.uint8
+        ),
+    }
     src = write_bank(tmp_path / "in.safetensors", stored, marker, extra)
     dest = str(tmp_path / "out.safetensors")
     result = fix(src, out=dest, target="comfyui")

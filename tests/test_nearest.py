@@ -14,12 +14,32 @@ from hypothesis import strategies as st
 
 from comfyquant.numerics import nearest as nr
 
-SPECIAL = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan"), 1e-45, -1e-45, 1.17549435e-38,
-           -1.17549435e-38, 3.4028235e38, -3.4028235e38, 0.5, -0.5, 127.0, -127.0]
+SPECIAL = [
+    0.0,
+    -0.0,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    -float("nan"),
+    1e-45,
+    -1e-45,
+    1.17549435e-38,
+    -1.17549435e-38,
+    3.4028235e38,
+    -3.4028235e38,
+    0.5,
+    -0.5,
+    127.0,
+    -127.0,
+]
 
 f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
-small = st.one_of(f32, st.sampled_from([0.0, -0.0, 1e-45, -1e-45, 2e-40, 0.5, -0.5, 1.0, -1.0]),
-                  st.integers(-127, 127).map(float), st.floats(-2, 2, width=32))
+small = st.one_of(
+    f32,
+    st.sampled_from([0.0, -0.0, 1e-45, -1e-45, 2e-40, 0.5, -0.5, 1.0, -1.0]),
+    st.integers(-127, 127).map(float),
+    st.floats(-2, 2, width=32),
+)
 
 
 def sorted_cuts(values: list[float]) -> torch.Tensor:
@@ -81,8 +101,10 @@ def test_row_lookup_equals_searchsorted_of_the_gathered_rows(count, nrows, data)
 @given(st.lists(st.floats(-1.5, 1.5, width=32), min_size=16, max_size=16), st.booleans(), st.data())
 def test_grid_by_code_assignment_equals_searchsorted(levels, ordered, data):
     """The FP8-scale grids of a 16-level codebook (sorted or not) and of the 63 6-bit levels."""
-    for table in (torch.tensor(levels).sort().values if ordered else torch.tensor(levels),
-                  torch.arange(-31, 32, dtype=torch.float32)):
+    for table in (
+        torch.tensor(levels).sort().values if ordered else torch.tensor(levels),
+        torch.arange(-31, 32, dtype=torch.float32),
+    ):
         _levels, cuts = nr.grid_by_code(table)
         codes = torch.tensor(data.draw(st.lists(st.integers(0, 255), min_size=1, max_size=16)), dtype=torch.uint8)
         spread = torch.tensor(data.draw(st.lists(st.floats(-200, 200, width=32), min_size=8, max_size=8)))
@@ -117,7 +139,13 @@ def test_nearest_keeps_the_reference_tie_rule():
 
 
 def test_lookup_survives_degenerate_tables():
-    for cuts in (torch.zeros(0), torch.zeros(15), torch.full((15,), -0.0), torch.tensor([1e-45] * 7 + [2e-45] * 8),
-                 torch.tensor([-3.4028235e38] * 8 + [3.4028235e38] * 7), torch.tensor([float("inf")] * 15)):
+    for cuts in (
+        torch.zeros(0),
+        torch.zeros(15),
+        torch.full((15,), -0.0),
+        torch.tensor([1e-45] * 7 + [2e-45] * 8),
+        torch.tensor([-3.4028235e38] * 8 + [3.4028235e38] * 7),
+        torch.tensor([float("inf")] * 15),
+    ):
         t = probes(cuts, [])
         assert same(nr.CutLookup(cuts).index(t), torch.searchsorted(cuts, t))

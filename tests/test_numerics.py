@@ -31,6 +31,7 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 # -- FP8 E4M3 / E5M2 (spec 2.1) ---------------------------------------------------------------
 
+
 def e4m3_value(code: int) -> float:
     s, e, m = code >> 7, (code >> 3) & 0xF, code & 7
     if e == 15 and m == 7:
@@ -69,7 +70,9 @@ def test_fp8_decode_scaled_equals_cast_then_multiply(scale):
         assert bits_equal(floats.fp8_decode_scaled(q, s, torch.bfloat16), want)
     blocks = finite.view(2, 127)
     per_row = torch.tensor([[2.0**-3], [2.0**9]])
-    assert bits_equal(floats.fp8_decode_scaled(blocks, per_row, torch.bfloat16), blocks.to(torch.bfloat16) * per_row.to(torch.bfloat16))
+    assert bits_equal(
+        floats.fp8_decode_scaled(blocks, per_row, torch.bfloat16), blocks.to(torch.bfloat16) * per_row.to(torch.bfloat16)
+    )
 
 
 @pytest.mark.parametrize("fp8,limit", [(floats.E4M3, 448.0), (floats.E5M2, 57344.0)])
@@ -90,6 +93,7 @@ def test_fp8_neighbours_are_bit_pattern_steps_clamped_like_the_reference():
 
 
 # -- FP4 E2M1 (spec 2.2) ----------------------------------------------------------------------
+
 
 def test_e2m1_ties_follow_the_spec_table():
     x = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, 6.0, -6.0, 0.0, -0.0, 0.2500001])
@@ -115,14 +119,16 @@ def test_e2m1_encode_counts_decision_points_for_every_value():
         return torch.bucketize(x.abs(), bounds).to(torch.uint8) | (torch.signbit(x).to(torch.uint8) << 3)
 
     every_bf16 = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
-    near = [(b.view(torch.int32) + torch.arange(-5000, 5000, dtype=torch.int32)).view(torch.float32)
-            for b in bounds.reshape(-1, 1)]
+    near = [
+        (b.view(torch.int32) + torch.arange(-5000, 5000, dtype=torch.int32)).view(torch.float32) for b in bounds.reshape(-1, 1)
+    ]
     x = torch.cat([every_bf16, *near, -torch.cat(near), torch.tensor([float("nan"), -float("nan"), 7.5, -1e30])])
     assert torch.equal(floats.e2m1_encode(x), reference(x))
     assert floats.e2m1_encode(torch.tensor([float("nan"), -float("nan")])).tolist() == [7, 15]
 
 
 # -- E8M0 (spec 2.3) --------------------------------------------------------------------------
+
 
 def test_e8m0_decode_special_cases_and_kitchen():
     e = torch.arange(256, dtype=torch.int32).to(torch.uint8)
@@ -146,6 +152,7 @@ def test_e8m0_exponent_fits_the_block_and_matches_kitchen():
 
 
 # -- BF16 / F16 -------------------------------------------------------------------------------
+
 
 def bf16_rne_bits(x: torch.Tensor) -> torch.Tensor:
     """Round-to-nearest-even F32 -> BF16 on the raw bits (finite inputs)."""
@@ -186,6 +193,7 @@ def test_bytes_round_trip_without_copy():
 
 # -- packing (spec 2.5, 3.3, 7.9) -------------------------------------------------------------
 
+
 def test_spec_byte_examples():
     lnf = packing.pack_nibbles(torch.tensor([[3, 12, 0, 15]]), packing.LNF)
     assert lnf.tolist() == [[0xC3, 0xF0]] and lnf.view(torch.int8).tolist() == [[-61, -16]]
@@ -223,6 +231,7 @@ def test_w4a8_packing_matches_kitchen(bits):
 
 # -- blocked layout (spec 2.4, 7.5) -----------------------------------------------------------
 
+
 def test_blocked_offsets_of_the_worked_example():
     cp = blocked.blocked_shape(32, 16)[1]
     assert blocked.blocked_shape(32, 16) == (128, 16)
@@ -246,6 +255,7 @@ def test_blocked_round_trip_padding_and_kitchen(rows, cols):
 
 
 # -- Hadamard (spec 2.6) ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("size", [4, 16, 64, 256, 1024])
 def test_regular_hadamard_properties(size):
@@ -286,13 +296,14 @@ def test_rotations_are_bit_exact_with_kitchen_and_self_inverse(dtype, size):
     # Any row count is comfy-kitchen's call on those rows (the same GEMM, the same bits on any
     # CPU).  Row blocks of one layer need not round like the whole: on AVX2 an F32 GEMM over 8
     # rows differs from one over 40 -- which is why a decoder that must match un-rotates whole.
-    parts = torch.cat([hadamard.rotate_weight(w[r:r + 8], size) for r in range(0, 40, 8)])
-    assert bits_equal(parts, torch.cat([_rotate_weight(w[r:r + 8], h, size) for r in range(0, 40, 8)]))
+    parts = torch.cat([hadamard.rotate_weight(w[r : r + 8], size) for r in range(0, 40, 8)])
+    assert bits_equal(parts, torch.cat([_rotate_weight(w[r : r + 8], h, size) for r in range(0, 40, 8)]))
     with pytest.raises(ValueError, match="not divisible"):
         hadamard.rotate_weight(w[:, :500], size)
 
 
 # -- dynamic INT8 (spec 2.7) ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", DENSE)
 def test_rowwise_int8_matches_kitchen(dtype):
@@ -358,9 +369,21 @@ def test_int8_product_of_any_weight_rows_gives_those_columns_bit_for_bit(runtime
 
 # -- row blocking -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n,k,block,multiple", [(200, 256, 64 * 256, 1), (1000, 768, 1 << 20, 1), (97, 1024, 1 << 16, 1),
-                                                (65, 1 << 16, 1 << 20, 1), (5, 256, 1 << 20, 1), (333, 512, 100 * 512, 32),
-                                                (130, 512, 64 * 512, 16), (1, 8, 64, 1), (100, 12288, 1 << 18, 1)])
+
+@pytest.mark.parametrize(
+    "n,k,block,multiple",
+    [
+        (200, 256, 64 * 256, 1),
+        (1000, 768, 1 << 20, 1),
+        (97, 1024, 1 << 16, 1),
+        (65, 1 << 16, 1 << 20, 1),
+        (5, 256, 1 << 20, 1),
+        (333, 512, 100 * 512, 32),
+        (130, 512, 64 * 512, 16),
+        (1, 8, 64, 1),
+        (100, 12288, 1 << 18, 1),
+    ],
+)
 def test_row_ranges_cover_every_row_once_in_blocks_never_small(n, k, block, multiple):
     ranges = rows.row_ranges(n, k, block, multiple)
     assert ranges[0][0] == 0 and ranges[-1][1] == n
@@ -401,6 +424,7 @@ def test_row_source_reads_blocks_and_selected_rows():
 
 
 # -- nearest-level assignment -----------------------------------------------------------------
+
 
 def test_codebook_assignment_equals_kitchen_including_ties():
     torch.manual_seed(6)

@@ -18,10 +18,11 @@ from builders import W4A8_MARKER, dense_layer, w4a8_layer, write
 from comfyquant.cli import main
 from comfyquant.errors import ComfyQuantError
 
-COMMANDS = ["fix", *(pytest.param(c, marks=pytest.mark.needs_torch)
-                     for c in ("quantize", "convert", "convert-dense", "dequantize"))]
-TAG = {"fix": "fixed", "quantize": "float8_e4m3fn", "convert": "int8_tensorwise", "convert-dense": "dense",
-       "dequantize": "dense"}
+COMMANDS = [
+    "fix",
+    *(pytest.param(c, marks=pytest.mark.needs_torch) for c in ("quantize", "convert", "convert-dense", "dequantize")),
+]
+TAG = {"fix": "fixed", "quantize": "float8_e4m3fn", "convert": "int8_tensorwise", "convert-dense": "dense", "dequantize": "dense"}
 """The default name's tag: the command's word, or the full name of the format written."""
 BROKEN = {k: v for k, v in W4A8_MARKER.items() if k != "convrot"}
 """A W4A8 marker without its ``convrot`` key: something ``fix`` repairs (losslessly)."""
@@ -38,8 +39,13 @@ def source(tmp_path, command: str, name: str = "model.safetensors") -> str:
 
 def cli_args(command: str, inputs, out=None) -> list[str]:
     inputs = [str(p) for p in (inputs if isinstance(inputs, list) else [inputs])]
-    extra = {"fix": [], "dequantize": ["--no-progress"], "quantize": ["-f", "fp8", "--no-progress"],
-             "convert": ["-t", "int8", "--no-progress"], "convert-dense": ["-t", "dense", "--no-progress"]}[command]
+    extra = {
+        "fix": [],
+        "dequantize": ["--no-progress"],
+        "quantize": ["-f", "fp8", "--no-progress"],
+        "convert": ["-t", "int8", "--no-progress"],
+        "convert-dense": ["-t", "dense", "--no-progress"],
+    }[command]
     return [command.split("-")[0], *inputs, *(["-o", str(out)] if out is not None else []), *extra]
 
 
@@ -49,8 +55,11 @@ def api(command: str, src, out=None, **kw):
         return comfyquant.fix(src, out=None if out is None else str(out), **kw)
     if command == "dequantize":
         return comfyquant.dequantize(src, None if out is None else str(out), progress=False, **kw)
-    fn, fmt = {"quantize": (comfyquant.quantize, "fp8"), "convert": (comfyquant.convert, "int8"),
-               "convert-dense": (comfyquant.convert, "dense")}[command]
+    fn, fmt = {
+        "quantize": (comfyquant.quantize, "fp8"),
+        "convert": (comfyquant.convert, "int8"),
+        "convert-dense": (comfyquant.convert, "dense"),
+    }[command]
     return fn(src, None if out is None else str(out), fmt, progress=False, **kw)
 
 
@@ -90,13 +99,13 @@ def refused(capsys, tmp_path, command: str, args: list[str], src, out, message: 
 
 # -- each situation, for every writing command ----------------------------------------------------
 
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_an_existing_output_is_replaced_only_with_overwrite(tmp_path, capsys, command):
     src = source(tmp_path, command)
     out = tmp_path / "out.safetensors"
     out.write_bytes(b"someone's file")
-    refused(capsys, tmp_path, command, cli_args(command, src, out), src, out,
-            f"{out}: exists; pass --overwrite to replace it")
+    refused(capsys, tmp_path, command, cli_args(command, src, out), src, out, f"{out}: exists; pass --overwrite to replace it")
     assert main(cli_args(command, src, out) + ["--overwrite"]) in (0, 1)
     capsys.readouterr()
     assert out.read_bytes()[:8] != b"someone'" and comfyquant.check(str(out), target="comfy-kitchen").ok
@@ -111,8 +120,7 @@ def test_an_existing_output_is_replaced_only_with_overwrite(tmp_path, capsys, co
 @pytest.mark.parametrize("how", ["same path", "hard link", "symbolic link"])
 def test_an_input_is_never_an_output(tmp_path, capsys, command, how):
     src = source(tmp_path, command)
-    out = {"same path": src, "hard link": tmp_path / "alias.safetensors",
-           "symbolic link": tmp_path / "link.safetensors"}[how]
+    out = {"same path": src, "hard link": tmp_path / "alias.safetensors", "symbolic link": tmp_path / "link.safetensors"}[how]
     if how == "hard link":
         os.link(src, out)
     elif how == "symbolic link":
@@ -170,11 +178,11 @@ def test_a_dangling_link_at_the_output_is_an_existing_output(tmp_path, capsys, c
     src = source(tmp_path, command)
     out = tmp_path / "out.safetensors"
     os.symlink(tmp_path / "gone.safetensors", out)
-    refused(capsys, tmp_path, command, cli_args(command, src, out), src, out,
-            f"{out}: exists; pass --overwrite to replace it")
+    refused(capsys, tmp_path, command, cli_args(command, src, out), src, out, f"{out}: exists; pass --overwrite to replace it")
 
 
 # -- default names --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_without_an_output_every_command_names_it_alike(tmp_path, capsys, command):
@@ -185,8 +193,7 @@ def test_without_an_output_every_command_names_it_alike(tmp_path, capsys, comman
     assert main(cli_args(command, src)) in (0, 1)
     assert str(default) in capsys.readouterr().out and default.exists()
     assert comfyquant.check(str(default), target="comfy-kitchen").ok
-    refused(capsys, tmp_path, command, cli_args(command, src), src, None,
-            f"{default}: exists; pass --overwrite to replace it")
+    refused(capsys, tmp_path, command, cli_args(command, src), src, None, f"{default}: exists; pass --overwrite to replace it")
     assert main(cli_args(command, src) + ["--overwrite"]) in (0, 1)
     capsys.readouterr()
     os.unlink(default)
@@ -204,16 +211,22 @@ def test_shards_default_to_a_folder_next_to_theirs(tmp_path, capsys, command):
     assert main(cli_args(command, shards)) in (0, 1), capsys.readouterr()
     capsys.readouterr()
     assert {"m-00001-of-00002.safetensors", "m-00002-of-00002.safetensors"} <= set(os.listdir(default))
-    refused(capsys, tmp_path, command, cli_args(command, shards), str(shards), None,
-            f"{default / 'm-00001-of-00002.safetensors'}: exists; pass --overwrite to replace it")
+    refused(
+        capsys,
+        tmp_path,
+        command,
+        cli_args(command, shards),
+        str(shards),
+        None,
+        f"{default / 'm-00001-of-00002.safetensors'}: exists; pass --overwrite to replace it",
+    )
 
 
 def test_default_names_of_urls_land_in_the_current_folder(tmp_path, monkeypatch):
     from comfyquant.io.outputs import default_output
 
     monkeypatch.chdir(tmp_path)
-    assert default_output(["https://host/org/repo/model.safetensors?download=1"], None, "fixed") == \
-        "model.fixed.safetensors"
+    assert default_output(["https://host/org/repo/model.safetensors?download=1"], None, "fixed") == "model.fixed.safetensors"
     shards = ["hf://org/repo/unet/m-00001-of-00002.safetensors", "hf://org/repo/unet/m-00002-of-00002.safetensors"]
     assert default_output(shards, None, "dense") == str(tmp_path / "unet.dense")
     assert default_output([str(tmp_path / "a" / "m.safetensors")], None, "nvfp4") == str(tmp_path / "a" / "m.nvfp4.safetensors")
@@ -221,6 +234,7 @@ def test_default_names_of_urls_land_in_the_current_folder(tmp_path, monkeypatch)
 
 
 # -- sharded outputs: the index is an output like the shards ----------------------------------------
+
 
 def sharded(tmp_path, command: str):
     """Two shards and their index in ``tmp_path/src``."""
@@ -245,8 +259,15 @@ def test_an_existing_index_in_the_output_folder_is_an_existing_output(tmp_path, 
     out = tmp_path / "out"
     out.mkdir()
     (out / "m.safetensors.index.json").write_text("{}")
-    refused(capsys, tmp_path, command, cli_args(command, index, out), index, out,
-            f"{out / 'm.safetensors.index.json'}: exists; pass --overwrite to replace it")
+    refused(
+        capsys,
+        tmp_path,
+        command,
+        cli_args(command, index, out),
+        index,
+        out,
+        f"{out / 'm.safetensors.index.json'}: exists; pass --overwrite to replace it",
+    )
     assert main(cli_args(command, index, out) + ["--overwrite"]) in (0, 1)
     capsys.readouterr()
     assert json.loads((out / "m.safetensors.index.json").read_text())["weight_map"]
@@ -263,8 +284,15 @@ def test_dequantize_refuses_to_replace_an_index_it_makes_up(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "model.safetensors.index.json").write_text("{}")
-    refused(capsys, tmp_path, "dequantize", cli_args("dequantize", [first, second], out), [first, second], out,
-            f"{out / 'model.safetensors.index.json'}: exists; pass --overwrite to replace it")
+    refused(
+        capsys,
+        tmp_path,
+        "dequantize",
+        cli_args("dequantize", [first, second], out),
+        [first, second],
+        out,
+        f"{out / 'model.safetensors.index.json'}: exists; pass --overwrite to replace it",
+    )
 
 
 @pytest.mark.needs_torch
@@ -297,6 +325,7 @@ def test_the_quality_report_is_an_output_too(tmp_path, capsys):
 
 # -- the flag's names -------------------------------------------------------------------------------
 
+
 def test_fix_force_is_a_hidden_alias_of_overwrite(tmp_path, capsys):
     src = source(tmp_path, "fix")
     out = tmp_path / "out.safetensors"
@@ -320,8 +349,15 @@ def test_a_new_output_folder_needs_its_parent(tmp_path, capsys, command):
     """Shards give the folder OUT, created; the folders above it never are."""
     index = sharded(tmp_path, command)
     out = tmp_path / "nope" / "out"
-    refused(capsys, tmp_path, command, cli_args(command, index, out) + ["--overwrite"], index, out,
-            f"{out}: the folder {tmp_path / 'nope'} does not exist")
+    refused(
+        capsys,
+        tmp_path,
+        command,
+        cli_args(command, index, out) + ["--overwrite"],
+        index,
+        out,
+        f"{out}: the folder {tmp_path / 'nope'} does not exist",
+    )
 
 
 @pytest.mark.parametrize("command", COMMANDS)

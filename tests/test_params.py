@@ -94,8 +94,11 @@ def test_defaults_are_valid_and_frozen(fmt):
 @pytest.mark.parametrize("fmt", WRITABLE, ids=IDS)
 def test_refusals_are_one_line_and_list_what_is_allowed(fmt):
     cls = fmt.params_class()
-    with pytest.raises(InputError, match=rf"^-f: {fmt.name} has no parameter 'nope'; its parameters: "
-                                         rf"{re.escape(', '.join(cls.names()))}$"):
+    with pytest.raises(
+        InputError,
+        match=rf"^-f: {fmt.name} has no parameter 'nope'; its parameters: "
+        rf"{re.escape(', '.join(cls.names()))}$",
+    ):
         validate(fmt.name, {"nope": 1}, "-f")
     wrong = {"bool": 1, "int": True, "str": 3}
     for spec in dataclasses.fields(cls):
@@ -175,8 +178,14 @@ def test_aliases_come_from_the_packages():
         assert resolve_format(alias) == name == resolve_format(alias.upper())
         assert registry.lookup(alias) is registry.FORMATS[name]
     # the short names the CLI documents
-    for alias, name in {"w4a8": "asym_w4a8_int8", "w4a4": "convrot_w4a4", "int8": "int8_tensorwise",
-                        "fp8": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2", "e5m2": "float8_e5m2"}.items():
+    for alias, name in {
+        "w4a8": "asym_w4a8_int8",
+        "w4a4": "convrot_w4a4",
+        "int8": "int8_tensorwise",
+        "fp8": "float8_e4m3fn",
+        "fp8_e5m2": "float8_e5m2",
+        "e5m2": "float8_e5m2",
+    }.items():
         assert resolve_format(alias) == name
     listed = format_names()
     for fmt in WRITABLE:
@@ -245,13 +254,15 @@ def test_check_and_inspect_do_not_import_params():
     ``inspect`` never loads them."""
     example = str(SRC.parent.parent / "examples" / "w4a8_sglang.safetensors")
     for command, dataclasses_ok in (("check", False), ("inspect", True)):
-        code = ("import runpy, sys\n"
-                f"sys.argv = ['comfyquant', {command!r}, {example!r}]\n"
-                "try:\n    runpy.run_module('comfyquant', run_name='__main__')\n"
-                "except SystemExit:\n    pass\n"
-                "loaded = [m for m in sys.modules if m.endswith('.params') or m == 'torch']\n"
-                "if 'dataclasses' in sys.modules:\n    loaded.append('dataclasses')\n"
-                "print(loaded, file=sys.stderr)\n")
+        code = (
+            "import runpy, sys\n"
+            f"sys.argv = ['comfyquant', {command!r}, {example!r}]\n"
+            "try:\n    runpy.run_module('comfyquant', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "loaded = [m for m in sys.modules if m.endswith('.params') or m == 'torch']\n"
+            "if 'dataclasses' in sys.modules:\n    loaded.append('dataclasses')\n"
+            "print(loaded, file=sys.stderr)\n"
+        )
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         loaded = eval(r.stderr.strip().splitlines()[-1])
         if dataclasses_ok:
@@ -376,11 +387,15 @@ def test_six_bit_layer_of_an_odd_width_is_kept_dense(tmp_path):
 
     src = tmp_path / "m.safetensors"
     g = torch.Generator().manual_seed(0)
-    save_file({"odd.weight": torch.randn(256, 682, generator=g).bfloat16(),
-               "fine.weight": torch.randn(64, 256, generator=g).bfloat16()}, str(src))
+    save_file(
+        {
+            "odd.weight": torch.randn(256, 682, generator=g).bfloat16(),
+            "fine.weight": torch.randn(64, 256, generator=g).bfloat16(),
+        },
+        str(src),
+    )
     out = tmp_path / "q.safetensors"
-    result = comfyquant.quantize(str(src), str(out), format="w4a8", params={"bits": 6, "codebook": False},
-                                 target="comfyui")
+    result = comfyquant.quantize(str(src), str(out), format="w4a8", params={"bits": 6, "codebook": False}, target="comfyui")
     with open_checkpoint(str(out)) as ck:
         assert ck.layers["odd"].format_name is None and ck.tensors["odd.weight"].dtype == "BF16"
         assert ck.layers["fine"].format_name == "asym_w4a8_int8"

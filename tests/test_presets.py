@@ -33,45 +33,104 @@ def _save(path, shapes: dict[str, tuple], extra: dict | None = None, prefix: str
 
 
 FLUX = {
-    "img_in": (H, 64), "txt_in": (H, 256),
-    "time_in.in_layer": (H, 256), "time_in.out_layer": (H, H),
-    "vector_in.in_layer": (H, 256), "vector_in.out_layer": (H, H),
-    "guidance_in.in_layer": (H, 256), "guidance_in.out_layer": (H, H),
-    **{f"double_blocks.{b}.{s}": (n, H) for b in range(2) for s, n in
-       (("img_attn.qkv", 3 * H), ("img_attn.proj", H), ("img_mlp.0", 4 * H), ("img_mod.lin", 6 * H),
-        ("txt_attn.qkv", 3 * H), ("txt_mlp.0", 4 * H), ("txt_mod.lin", 6 * H))},
+    "img_in": (H, 64),
+    "txt_in": (H, 256),
+    "time_in.in_layer": (H, 256),
+    "time_in.out_layer": (H, H),
+    "vector_in.in_layer": (H, 256),
+    "vector_in.out_layer": (H, H),
+    "guidance_in.in_layer": (H, 256),
+    "guidance_in.out_layer": (H, H),
+    **{
+        f"double_blocks.{b}.{s}": (n, H)
+        for b in range(2)
+        for s, n in (
+            ("img_attn.qkv", 3 * H),
+            ("img_attn.proj", H),
+            ("img_mlp.0", 4 * H),
+            ("img_mod.lin", 6 * H),
+            ("txt_attn.qkv", 3 * H),
+            ("txt_mlp.0", 4 * H),
+            ("txt_mod.lin", 6 * H),
+        )
+    },
     **{f"double_blocks.{b}.img_attn.norm.key_norm": (16,) for b in range(2)},
     **{f"single_blocks.{b}.{s}": (n, H) for b in range(2) for s, n in (("linear1", 7 * H), ("modulation.lin", 3 * H))},
-    "final_layer.linear": (64, H), "final_layer.adaLN_modulation.1": (2 * H, H),
+    "final_layer.linear": (64, H),
+    "final_layer.adaLN_modulation.1": (2 * H, H),
 }
-FLUX_KEPT = {"img_in", "txt_in", "time_in.in_layer", "time_in.out_layer", "vector_in.in_layer", "vector_in.out_layer",
-             "guidance_in.in_layer", "guidance_in.out_layer", "final_layer.linear", "final_layer.adaLN_modulation.1"}
+FLUX_KEPT = {
+    "img_in",
+    "txt_in",
+    "time_in.in_layer",
+    "time_in.out_layer",
+    "vector_in.in_layer",
+    "vector_in.out_layer",
+    "guidance_in.in_layer",
+    "guidance_in.out_layer",
+    "final_layer.linear",
+    "final_layer.adaLN_modulation.1",
+}
 
 WAN = {
     "patch_embedding": (H, 16, 1, 2, 2),
-    "text_embedding.0": (H, 256), "text_embedding.2": (H, H),
-    "time_embedding.0": (H, 256), "time_embedding.2": (H, H), "time_projection.1": (6 * H, H),
-    **{f"blocks.{b}.{s}": (H, H) for b in range(2) for s in
-       ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.k", "cross_attn.v",
-        "cross_attn.o")},
+    "text_embedding.0": (H, 256),
+    "text_embedding.2": (H, H),
+    "time_embedding.0": (H, 256),
+    "time_embedding.2": (H, H),
+    "time_projection.1": (6 * H, H),
+    **{
+        f"blocks.{b}.{s}": (H, H)
+        for b in range(2)
+        for s in (
+            "self_attn.q",
+            "self_attn.k",
+            "self_attn.v",
+            "self_attn.o",
+            "cross_attn.q",
+            "cross_attn.k",
+            "cross_attn.v",
+            "cross_attn.o",
+        )
+    },
     **{f"blocks.{b}.ffn.0": (4 * H, H) for b in range(2)},
     **{f"blocks.{b}.self_attn.norm_q": (H,) for b in range(2)},
     "blocks.0.modulation": (1, 6, H),
-    "head.head": (64, H), "head.modulation": (1, 2, H),
+    "head.head": (64, H),
+    "head.modulation": (1, 2, H),
 }
 WAN_KEPT = {"text_embedding.0", "text_embedding.2", "time_embedding.0", "time_embedding.2", "time_projection.1", "head.head"}
 
 QWEN = {
-    "img_in": (H, 64), "txt_in": (H, 256), "txt_norm": (256,),
-    "time_text_embed.timestep_embedder.linear_1": (H, 256), "time_text_embed.timestep_embedder.linear_2": (H, H),
-    **{f"transformer_blocks.{b}.{s}": (n, H) for b in range(2) for s, n in
-       (("img_mod.1", 6 * H), ("txt_mod.1", 6 * H), ("attn.to_q", H), ("attn.add_q_proj", H), ("attn.to_out.0", H),
-        ("img_mlp.net.0.proj", 4 * H))},
-    "norm_out.linear": (2 * H, H), "proj_out": (64, H),
+    "img_in": (H, 64),
+    "txt_in": (H, 256),
+    "txt_norm": (256,),
+    "time_text_embed.timestep_embedder.linear_1": (H, 256),
+    "time_text_embed.timestep_embedder.linear_2": (H, H),
+    **{
+        f"transformer_blocks.{b}.{s}": (n, H)
+        for b in range(2)
+        for s, n in (
+            ("img_mod.1", 6 * H),
+            ("txt_mod.1", 6 * H),
+            ("attn.to_q", H),
+            ("attn.add_q_proj", H),
+            ("attn.to_out.0", H),
+            ("img_mlp.net.0.proj", 4 * H),
+        )
+    },
+    "norm_out.linear": (2 * H, H),
+    "proj_out": (64, H),
 }
-QWEN_KEPT = {"img_in", "txt_in", "time_text_embed.timestep_embedder.linear_1",
-             "time_text_embed.timestep_embedder.linear_2", "norm_out.linear", "proj_out",
-             "transformer_blocks.0.img_mod.1"}
+QWEN_KEPT = {
+    "img_in",
+    "txt_in",
+    "time_text_embed.timestep_embedder.linear_1",
+    "time_text_embed.timestep_embedder.linear_2",
+    "norm_out.linear",
+    "proj_out",
+    "transformer_blocks.0.img_mod.1",
+}
 
 
 def _plan(path, **kw):
@@ -84,11 +143,14 @@ def _split(result) -> tuple[set, set]:
     return quantized, dense
 
 
-@pytest.mark.parametrize("shapes,kept,family,evidence", [
-    (FLUX, FLUX_KEPT, "flux", "double_blocks, single_blocks, img_in"),
-    (WAN, WAN_KEPT, "wan", "blocks, text_embedding, head"),
-    (QWEN, QWEN_KEPT, "qwen-image", "transformer_blocks, txt_norm, img_in"),
-])
+@pytest.mark.parametrize(
+    "shapes,kept,family,evidence",
+    [
+        (FLUX, FLUX_KEPT, "flux", "double_blocks, single_blocks, img_in"),
+        (WAN, WAN_KEPT, "wan", "blocks, text_embedding, head"),
+        (QWEN, QWEN_KEPT, "qwen-image", "transformer_blocks, txt_norm, img_in"),
+    ],
+)
 def test_detected_preset_keeps_the_family_list_dense(tmp_path, capsys, shapes, kept, family, evidence):
     src = _save(tmp_path / "m.safetensors", shapes)
     r = _plan(src)
@@ -147,20 +209,48 @@ def test_unknown_family_needs_a_format(tmp_path, capsys):
 
 # tensor names of each family as their reference layouts spell them (a few per family)
 FAMILY_NAMES = {
-    "flux2": ["double_blocks.0.img_attn.qkv.weight", "single_blocks.0.linear1.weight", "img_in.weight",
-              "double_stream_modulation_img.lin.weight", "single_stream_modulation.lin.weight"],
-    "chroma": ["double_blocks.0.img_attn.qkv.weight", "single_blocks.0.linear1.weight", "img_in.weight",
-               "distilled_guidance_layer.in_proj.weight"],
-    "hunyuan-video": ["double_blocks.0.img_attn_qkv.weight", "single_blocks.0.linear1.weight", "img_in.proj.weight",
-                      "txt_in.individual_token_refiner.blocks.0.self_attn_qkv.weight", "vector_in.in_layer.weight"],
-    "flux": ["double_blocks.0.img_attn.qkv.weight", "single_blocks.0.linear1.weight", "img_in.weight",
-             "vector_in.in_layer.weight", "guidance_in.in_layer.weight"],
+    "flux2": [
+        "double_blocks.0.img_attn.qkv.weight",
+        "single_blocks.0.linear1.weight",
+        "img_in.weight",
+        "double_stream_modulation_img.lin.weight",
+        "single_stream_modulation.lin.weight",
+    ],
+    "chroma": [
+        "double_blocks.0.img_attn.qkv.weight",
+        "single_blocks.0.linear1.weight",
+        "img_in.weight",
+        "distilled_guidance_layer.in_proj.weight",
+    ],
+    "hunyuan-video": [
+        "double_blocks.0.img_attn_qkv.weight",
+        "single_blocks.0.linear1.weight",
+        "img_in.proj.weight",
+        "txt_in.individual_token_refiner.blocks.0.self_attn_qkv.weight",
+        "vector_in.in_layer.weight",
+    ],
+    "flux": [
+        "double_blocks.0.img_attn.qkv.weight",
+        "single_blocks.0.linear1.weight",
+        "img_in.weight",
+        "vector_in.in_layer.weight",
+        "guidance_in.in_layer.weight",
+    ],
     "wan": ["blocks.0.self_attn.q.weight", "text_embedding.0.weight", "head.head.weight", "head.modulation"],
     "qwen-image": ["img_in.weight", "txt_norm.weight", "transformer_blocks.0.img_mod.1.weight"],
-    "z-image": ["cap_embedder.1.weight", "context_refiner.0.attention.qkv.weight", "noise_refiner.0.attention.qkv.weight",
-                "layers.0.attention.qkv.weight", "x_embedder.weight"],
-    "ltx2": ["adaln_single.emb.timestep_embedder.linear_1.weight", "audio_adaln_single.linear.weight",
-             "transformer_blocks.0.attn1.to_q.weight", "patchify_proj.weight"],
+    "z-image": [
+        "cap_embedder.1.weight",
+        "context_refiner.0.attention.qkv.weight",
+        "noise_refiner.0.attention.qkv.weight",
+        "layers.0.attention.qkv.weight",
+        "x_embedder.weight",
+    ],
+    "ltx2": [
+        "adaln_single.emb.timestep_embedder.linear_1.weight",
+        "audio_adaln_single.linear.weight",
+        "transformer_blocks.0.attn1.to_q.weight",
+        "patchify_proj.weight",
+    ],
 }
 
 
@@ -184,9 +274,12 @@ def _header(path) -> dict:
 def test_all_in_one_quantizes_the_diffusion_model_only(tmp_path, capsys):
     te = "text_encoders.t5xxl.transformer.encoder.block.0.layer.0.SelfAttention.q"
     vae = "vae.decoder.mid.attn.q"
-    extra = {f"{te}.weight": make_weight(H, H, seed=50), f"{vae}.weight": make_weight(H, H, seed=51),
-             "first_stage_model.decoder.conv_in.weight": torch.zeros(8, 4, 3, 3, dtype=torch.bfloat16),
-             "cond_stage_model.clip_l.transformer.text_model.encoder.layers.0.mlp.fc1.weight": make_weight(H, H, seed=52)}
+    extra = {
+        f"{te}.weight": make_weight(H, H, seed=50),
+        f"{vae}.weight": make_weight(H, H, seed=51),
+        "first_stage_model.decoder.conv_in.weight": torch.zeros(8, 4, 3, 3, dtype=torch.bfloat16),
+        "cond_stage_model.clip_l.transformer.text_model.encoder.layers.0.mlp.fc1.weight": make_weight(H, H, seed=52),
+    }
     src = _save(tmp_path / "aio.safetensors", FLUX, extra, prefix="model.diffusion_model.")
     r = _plan(src)
     q, d = _split(r)

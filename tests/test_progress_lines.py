@@ -55,7 +55,11 @@ def test_dequantize_writes_progress_lines_into_a_log(tmp_path):
 
     src = write(tmp_path / "m.safetensors", *[fp8_layer(f"b{i}", n=256, k=1024) for i in range(4)], dense_layer("n"))
     env = dict(os.environ, COMFYQUANT_PROGRESS_EVERY="0")
-    out = subprocess.run([sys.executable, "-m", "comfyquant", "dequantize", src, "-o", str(tmp_path / "d.safetensors")],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "comfyquant", "dequantize", src, "-o", str(tmp_path / "d.safetensors")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     assert "dequantize: " in out.stderr and "\r" not in out.stderr

@@ -87,8 +87,9 @@ def test_quant_format_ignored_when_shards_disagree(tmp_path):
     paths = write_sharded(tmp_path / "qf", [layers[:2]], metadata={"quant_format": "mxfp8"})
     write_layers(tmp_path / "qf" / "extra.safetensors", layers[2:], metadata={"quant_format": "fp8"})
     with pytest.raises(DequantizeError, match=r"M023"):
-        comfyquant.dequantize([*paths, str(tmp_path / "qf" / "extra.safetensors")], str(tmp_path / "a.safetensors"),
-                              progress=False)
+        comfyquant.dequantize(
+            [*paths, str(tmp_path / "qf" / "extra.safetensors")], str(tmp_path / "a.safetensors"), progress=False
+        )
 
 
 def test_dequantize_refuses_a_quant_format_layer_that_is_not_mxfp8(tmp_path):
@@ -123,8 +124,9 @@ def test_convert_copies_a_quant_format_layer_with_its_marker(tmp_path):
 
 @pytest.mark.parametrize("target", ["comfyui", "all"])
 def test_fix_writes_the_markers_quant_format_implies(tmp_path, target):
-    qf = write_layers(tmp_path / "qf.safetensors", _layers(marked=False)[:2] + _layers(False)[3:],
-                      metadata={"quant_format": "mxfp8"})
+    qf = write_layers(
+        tmp_path / "qf.safetensors", _layers(marked=False)[:2] + _layers(False)[3:], metadata={"quant_format": "mxfp8"}
+    )
     assert not check(qf, target="comfyui").ok  # ComfyUI does not read quant_format
     dest = str(tmp_path / "fixed.safetensors")
     result = fix(qf, out=dest, target=target)
@@ -167,15 +169,20 @@ def test_quant_format_file_from_comfyquant_quantize(tmp_path):
     markers dropped, ``quant_format=mxfp8`` set, scales relabelled U8."""
     from safetensors.torch import save_file
 
-    dense = {"blocks.0.ff.weight": (torch.randn(256, 128, generator=torch.Generator().manual_seed(7)) * 0.02)
-             .to(torch.bfloat16), "blocks.0.ff.bias": torch.zeros(256, dtype=torch.bfloat16),
-             "blocks.1.ff.weight": (torch.randn(128, 256, generator=torch.Generator().manual_seed(8)) * 0.02)
-             .to(torch.bfloat16), "blocks.1.ff.bias": torch.zeros(128, dtype=torch.bfloat16)}
+    dense = {
+        "blocks.0.ff.weight": (torch.randn(256, 128, generator=torch.Generator().manual_seed(7)) * 0.02).to(torch.bfloat16),
+        "blocks.0.ff.bias": torch.zeros(256, dtype=torch.bfloat16),
+        "blocks.1.ff.weight": (torch.randn(128, 256, generator=torch.Generator().manual_seed(8)) * 0.02).to(torch.bfloat16),
+        "blocks.1.ff.bias": torch.zeros(128, dtype=torch.bfloat16),
+    }
     save_file(dense, str(tmp_path / "dense.safetensors"))
     marked = str(tmp_path / "marked.safetensors")
     assert comfyquant.quantize(str(tmp_path / "dense.safetensors"), marked, "mxfp8", progress=False).ok
-    t = {n: (v.view(torch.uint8) if n.endswith("weight_scale") else v) for n, v in _tensors(marked).items()
-         if not n.endswith(".comfy_quant")}
+    t = {
+        n: (v.view(torch.uint8) if n.endswith("weight_scale") else v)
+        for n, v in _tensors(marked).items()
+        if not n.endswith(".comfy_quant")
+    }
     qf = str(tmp_path / "qf.safetensors")
     save_file(t, qf, metadata={"quant_format": "mxfp8"})
     assert check(qf, target="sglang").ok

@@ -119,8 +119,11 @@ def test_output_markers_stamp_and_metadata(tmp_path):
 
 def test_plan_reasons_and_dry_run(tmp_path, capsys):
     layers = ((P, 128, 256), ("img_in", 128, 48), ("blocks.0.mlp.fc2", 64, 1024))
-    src = dense_model(tmp_path / "in.safetensors", layers,
-                      extra={"pos": torch.zeros(4, 256, dtype=torch.bfloat16), "conv.weight": torch.zeros(8, 4, 3, 3)})
+    src = dense_model(
+        tmp_path / "in.safetensors",
+        layers,
+        extra={"pos": torch.zeros(4, 256, dtype=torch.bfloat16), "conv.weight": torch.zeros(8, 4, 3, 3)},
+    )
     out = tmp_path / "out.safetensors"
     assert main(["quantize", src, str(out), "--format", "nvfp4", "--target", "sglang", "--dry-run"]) == 0
     text = capsys.readouterr().out
@@ -130,22 +133,30 @@ def test_plan_reasons_and_dry_run(tmp_path, capsys):
     assert "nvfp4 cannot take [128, 48]" in text  # K=48: sglang's K % 64 rule
     r = comfyquant.quantize(src, str(out), "nvfp4", target="comfyui", dry_run=True)
     actions = {lp.name: lp.action for lp in r.plan.layers}
-    assert actions == {P: "quantize", "img_in": "quantize", "blocks.0.mlp.fc2": "quantize", "blocks.0.norm1": "dense",
-                       "token_embed": "dense", "conv": "dense"}  # ComfyUI takes padded NVFP4 shapes
+    assert actions == {
+        P: "quantize",
+        "img_in": "quantize",
+        "blocks.0.mlp.fc2": "quantize",
+        "blocks.0.norm1": "dense",
+        "token_embed": "dense",
+        "conv": "dense",
+    }  # ComfyUI takes padded NVFP4 shapes
     assert r.doc["other_tensors"] == ["pos"] and r.doc["dry_run"]
 
 
 def test_rules_precedence_keep_and_exclude(tmp_path):
-    rules = parse_rules({
-        "default": {"format": "int8"},
-        "rules": [
-            {"match": "blocks.*", "format": "w4a8"},
-            {"match": "blocks.*.mlp.*", "format": "w4a8", "group_size": 32},  # more literal characters: wins
-            {"match": "blocks.1.mlp.fc2", "format": "keep"},  # exact name beats every glob
-            {"match": ["*.attn.*"], "format": "w4a8", "convrot_groupsize": 64},
-            {"match": "blocks.*.attn.*", "format": "w4a8", "convrot_groupsize": 16},  # same specificity? no: longer
-        ],
-    })
+    rules = parse_rules(
+        {
+            "default": {"format": "int8"},
+            "rules": [
+                {"match": "blocks.*", "format": "w4a8"},
+                {"match": "blocks.*.mlp.*", "format": "w4a8", "group_size": 32},  # more literal characters: wins
+                {"match": "blocks.1.mlp.fc2", "format": "keep"},  # exact name beats every glob
+                {"match": ["*.attn.*"], "format": "w4a8", "convrot_groupsize": 64},
+                {"match": "blocks.*.attn.*", "format": "w4a8", "convrot_groupsize": 16},  # same specificity? no: longer
+            ],
+        }
+    )
     choose = rules.choose
     assert choose("blocks.0.mlp.fc1").params["group_size"] == 32
     assert choose("blocks.1.mlp.fc2").keep
@@ -167,19 +178,24 @@ def test_rules_precedence_keep_and_exclude(tmp_path):
     assert got["blocks.0.attn.qkv"] == ("dense", "excluded by --exclude 'attn'")
     assert got["final"] == ("dense", "no rule matches and no --format")
     r = comfyquant.quantize(src, str(tmp_path / "o.safetensors"), "fp8", rules=str(path), dry_run=True, target="comfyui")
-    assert {lp.name: lp.format for lp in r.plan.quantized} == {"blocks.0.mlp.fc1": "asym_w4a8_int8",
-                                                               "blocks.0.attn.qkv": "asym_w4a8_int8",
-                                                               "final": "float8_e4m3fn"}
+    assert {lp.name: lp.format for lp in r.plan.quantized} == {
+        "blocks.0.mlp.fc1": "asym_w4a8_int8",
+        "blocks.0.attn.qkv": "asym_w4a8_int8",
+        "final": "float8_e4m3fn",
+    }
 
 
-@pytest.mark.parametrize("doc,message", [
-    ({"rules": [{"match": "x", "format": "w4a8", "group_size": 12}]}, "group_size=12 is not allowed: >= 4 and dividing 16"),
-    ({"rules": [{"match": "x", "format": "nvfp4", "group_size": 16}]}, "nvfp4 has no parameter 'group_size'; its parameters"),
-    ({"rules": [{"match": "x", "format": "awq_w4a16"}]}, "offline calibration only"),
-    ({"rules": [{"match": "x", "format": "keep", "bits": 4}]}, "takes no parameters"),
-    ({"rules": [{"format": "w4a8"}]}, "match must be"),
-    ({"rule": []}, "unknown top-level key"),
-])
+@pytest.mark.parametrize(
+    "doc,message",
+    [
+        ({"rules": [{"match": "x", "format": "w4a8", "group_size": 12}]}, "group_size=12 is not allowed: >= 4 and dividing 16"),
+        ({"rules": [{"match": "x", "format": "nvfp4", "group_size": 16}]}, "nvfp4 has no parameter 'group_size'; its parameters"),
+        ({"rules": [{"match": "x", "format": "awq_w4a16"}]}, "offline calibration only"),
+        ({"rules": [{"match": "x", "format": "keep", "bits": 4}]}, "takes no parameters"),
+        ({"rules": [{"format": "w4a8"}]}, "match must be"),
+        ({"rule": []}, "unknown top-level key"),
+    ],
+)
 def test_bad_rules(doc, message):
     with pytest.raises(InputError, match=message):
         parse_rules(doc, "r.toml")
@@ -223,19 +239,25 @@ def test_report_needs_matplotlib(tmp_path, capsys, monkeypatch):
     assert "pip install 'comfyquant[plot]'" in err and not (tmp_path / "o.safetensors").exists()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["-f", "w4a8", "--target", "sglang", "--bits", "6"], "cannot be written for --target sglang"),
-    (["-f", "fp8_e5m2"], "Unsupported Comfy quantization format(s): float8_e5m2"),
-    (["-f", "w4a8", "--asymmetric", "--target", "comfyui"], "ComfyUI does not load weight_correction"),
-    (["-f", "w4a8", "--scale-dtype", "f32", "--target", "sglang"], "SGLang refuses it"),
-    (["-f", "w4a4", "--convrot-groupsize", "1024", "--target", "sglang"], "unsupported convrot_groupsize=1024"),
-    (["-f", "nvfp4", "--group-size", "16"], "nvfp4 has no parameter 'group_size'; its parameters: full_precision_matrix_mult"),
-    (["-f", "w4a8", "--group-size", "12"], "group_size=12 is not allowed"),
-    (["-f", "q5_k"], "'q5_k' is an unknown format; choose from asym_w4a8_int8 (w4a8)"),
-    (["--group-size", "32"], "need --format F"),
-    ([], "give --format F or --rules FILE"),
-    (["-f", "w4a8", "--exclude", "("], "not a valid regular expression"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["-f", "w4a8", "--target", "sglang", "--bits", "6"], "cannot be written for --target sglang"),
+        (["-f", "fp8_e5m2"], "Unsupported Comfy quantization format(s): float8_e5m2"),
+        (["-f", "w4a8", "--asymmetric", "--target", "comfyui"], "ComfyUI does not load weight_correction"),
+        (["-f", "w4a8", "--scale-dtype", "f32", "--target", "sglang"], "SGLang refuses it"),
+        (["-f", "w4a4", "--convrot-groupsize", "1024", "--target", "sglang"], "unsupported convrot_groupsize=1024"),
+        (
+            ["-f", "nvfp4", "--group-size", "16"],
+            "nvfp4 has no parameter 'group_size'; its parameters: full_precision_matrix_mult",
+        ),
+        (["-f", "w4a8", "--group-size", "12"], "group_size=12 is not allowed"),
+        (["-f", "q5_k"], "'q5_k' is an unknown format; choose from asym_w4a8_int8 (w4a8)"),
+        (["--group-size", "32"], "need --format F"),
+        ([], "give --format F or --rules FILE"),
+        (["-f", "w4a8", "--exclude", "("], "not a valid regular expression"),
+    ],
+)
 def test_refusals_are_one_line(tmp_path, capsys, args, message):
     src = dense_model(tmp_path / "in.safetensors")
     out = tmp_path / "o.safetensors"
@@ -249,8 +271,11 @@ def test_format_combination_the_target_refuses(tmp_path):
     layers = ((P, 64, 256), ("blocks.0.mlp.fc1", 64, 256))
     src = dense_model(tmp_path / "in.safetensors", layers)
     rules = parse_rules({"rules": [{"match": "*.attn.*", "format": "w4a4"}, {"match": "*.mlp.*", "format": "w4a8"}]})
-    with pytest.raises(InputError, match=r"would not load for --target sglang: .*Unsupported Comfy quantization "
-                                         r"format\(s\): asym_w4a8_int8, convrot_w4a4"):
+    with pytest.raises(
+        InputError,
+        match=r"would not load for --target sglang: .*Unsupported Comfy quantization "
+        r"format\(s\): asym_w4a8_int8, convrot_w4a4",
+    ):
         comfyquant.quantize(src, str(tmp_path / "o.safetensors"), rules=rules, target="sglang")
     r = comfyquant.quantize(src, str(tmp_path / "o.safetensors"), rules=rules, target="comfyui", progress=False)
     assert r.ok and r.plan.formats() == {"asym_w4a8_int8": 1, "convrot_w4a4": 1}
@@ -327,8 +352,11 @@ def test_f16_and_f32_sources(tmp_path):
 def sharded(tmp_path) -> str:
     folder = tmp_path / "model"
     folder.mkdir()
-    a = {f"{P}.weight": make_weight(64, 256, seed=1), f"{P}.bias": torch.zeros(64, dtype=torch.bfloat16),
-         "blocks.0.norm1.weight": torch.ones(256, dtype=torch.bfloat16)}
+    a = {
+        f"{P}.weight": make_weight(64, 256, seed=1),
+        f"{P}.bias": torch.zeros(64, dtype=torch.bfloat16),
+        "blocks.0.norm1.weight": torch.ones(256, dtype=torch.bfloat16),
+    }
     b = {"blocks.1.mlp.fc1.weight": make_weight(128, 256, seed=2), "final.weight": make_weight(64, 512, seed=3)}
     save_file(a, str(folder / "model-00001-of-00002.safetensors"))
     save_file(b, str(folder / "model-00002-of-00002.safetensors"))
@@ -422,26 +450,25 @@ def test_convert_to_dense_uses_dequantize(tmp_path, capsys):
 
 
 def test_api_is_lazy_and_callable():
-    code = ("import sys, comfyquant; assert 'torch' not in sys.modules; import comfyquant.quantizer.plan; "
-            "assert callable(comfyquant.quantize) and callable(comfyquant.convert); "
-            "from comfyquant.quantizer import convert; assert convert is comfyquant.convert; "
-            "assert 'torch' not in sys.modules")
+    code = (
+        "import sys, comfyquant; assert 'torch' not in sys.modules; import comfyquant.quantizer.plan; "
+        "assert callable(comfyquant.quantize) and callable(comfyquant.convert); "
+        "from comfyquant.quantizer import convert; assert convert is comfyquant.convert; "
+        "assert 'torch' not in sys.modules"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
 
 
 def test_params_keep_explicit_markers():
-    assert validate("int8_tensorwise", {}).marker() == \
-        {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}
-    assert validate("convrot_w4a4", {"convrot_groupsize": 64}).marker() == \
-        {"format": "convrot_w4a4", "convrot_groupsize": 64}
+    assert validate("int8_tensorwise", {}).marker() == {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}
+    assert validate("convrot_w4a4", {"convrot_groupsize": 64}).marker() == {"format": "convrot_w4a4", "convrot_groupsize": 64}
     assert validate("nvfp4", {}).marker() == {"format": "nvfp4"}
 
 
 def test_worker_failure_leaves_no_spill_files(tmp_path, monkeypatch):
     """With --jobs, encoded layers travel through spill files next to the output; a run that
     fails midway removes them along with its temporary output."""
-    src = dense_model(tmp_path / "in.safetensors", ((P, 64, 256), ("blocks.0.mlp.fc1", 64, 256),
-                                                    ("blocks.1.mlp.fc1", 64, 256)))
+    src = dense_model(tmp_path / "in.safetensors", ((P, 64, 256), ("blocks.0.mlp.fc1", 64, 256), ("blocks.1.mlp.fc1", 64, 256)))
     out = tmp_path / "out"
     out.mkdir()
     from comfyquant.quantizer import runner
@@ -468,8 +495,10 @@ def test_worker_failure_leaves_no_spill_files(tmp_path, monkeypatch):
 def test_empty_weights_are_copied_dense(tmp_path, fmt):
     """A [0, K] or [N, 0] weight has nothing to quantize: it is copied with the reason (it used
     to crash the encoder's finite scan); the other layers are quantized as usual."""
-    extra = {"blocks.7.fc.weight": torch.zeros((0, 256), dtype=torch.bfloat16),
-             "blocks.8.fc.weight": torch.zeros((64, 0), dtype=torch.bfloat16)}
+    extra = {
+        "blocks.7.fc.weight": torch.zeros((0, 256), dtype=torch.bfloat16),
+        "blocks.8.fc.weight": torch.zeros((64, 0), dtype=torch.bfloat16),
+    }
     src = dense_model(tmp_path / "in.safetensors", extra=extra)
     out = str(tmp_path / "out.safetensors")
     r = comfyquant.quantize(src, out, fmt, progress=False)
@@ -488,16 +517,23 @@ def test_padded_formats_keep_the_model_shape_or_the_layer_dense(tmp_path, fmt, m
     compares only the model's rows: it used to crash on the padding); without one, or when K
     would be padded (nothing records the model's K), the layer is kept dense with the reason."""
     n = 4 * multiple + 2
-    sd = {"a.fc.weight": make_weight(n, 256, seed=1), "a.fc.bias": torch.zeros(n, dtype=torch.bfloat16),
-          "b.fc.weight": make_weight(n, 256, seed=2),
-          "c.fc.weight": make_weight(64, 2 * multiple + 4, seed=3), "c.fc.bias": torch.zeros(64, dtype=torch.bfloat16)}
+    sd = {
+        "a.fc.weight": make_weight(n, 256, seed=1),
+        "a.fc.bias": torch.zeros(n, dtype=torch.bfloat16),
+        "b.fc.weight": make_weight(n, 256, seed=2),
+        "c.fc.weight": make_weight(64, 2 * multiple + 4, seed=3),
+        "c.fc.bias": torch.zeros(64, dtype=torch.bfloat16),
+    }
     src = str(tmp_path / "in.safetensors")
     save_file(sd, src)
     out = str(tmp_path / "q.safetensors")
     r = comfyquant.quantize(src, out, fmt, target="comfyui", progress=False)
     plans = {lp.name: lp for lp in r.plan.layers}
     assert plans["a.fc"].action == "quantize"
-    assert plans["b.fc"].action == "dense" and f"N={n} is not a multiple of {multiple} and the layer has no bias" in plans["b.fc"].reason
+    assert (
+        plans["b.fc"].action == "dense"
+        and f"N={n} is not a multiple of {multiple} and the layer has no bias" in plans["b.fc"].reason
+    )
     assert plans["c.fc"].action == "dense" and f"K={2 * multiple + 4} is not a multiple of {multiple}" in plans["c.fc"].reason
     row = {x["layer"]: x for x in r.doc["layers"]}["a.fc"]
     assert row["weight"]["rel_l2"] < 0.2

@@ -126,8 +126,14 @@ def test_output_bytes_and_quality_do_not_depend_on_the_pipeline(tmp_path):
 def test_on_layer_sees_every_layer_in_file_order_with_its_quality(tmp_path):
     src = model(tmp_path / "in.safetensors")
     seen = []
-    comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "fp8", jobs=1, progress=False,
-                        on_layer=lambda lp, res: seen.append((lp.name, res["quality"]["weight"]["rel_l2"] > 0)))
+    comfyquant.quantize(
+        src,
+        str(tmp_path / "q.safetensors"),
+        "fp8",
+        jobs=1,
+        progress=False,
+        on_layer=lambda lp, res: seen.append((lp.name, res["quality"]["weight"]["rel_l2"] > 0)),
+    )
     assert seen == [(name, True) for name, _n, _k in LAYERS]
 
 
@@ -156,8 +162,7 @@ def test_a_failed_encode_fails_the_run_with_its_one_line_error(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(InputError, match=r"NaN/Inf.*\[3, 7\].*--keep-bad"):
-        comfyquant.quantize(str(tmp_path / "in.safetensors"), str(out / "q.safetensors"), "w4a8", jobs=1,
-                            progress=False)
+        comfyquant.quantize(str(tmp_path / "in.safetensors"), str(out / "q.safetensors"), "w4a8", jobs=1, progress=False)
     assert os.listdir(out) == []
 
 
@@ -381,14 +386,34 @@ def test_ctrl_c_while_workers_start_prints_one_line_and_leaves_nothing(tmp_path)
     import sys
 
     src = model(tmp_path / "in.safetensors")
-    proc = subprocess.Popen([sys.executable, "-m", "comfyquant", "quantize", src, "-o", str(tmp_path / "q.safetensors"),
-                             "--format", "w4a8", "--jobs", "2", "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "comfyquant",
+            "quantize",
+            src,
+            "-o",
+            str(tmp_path / "q.safetensors"),
+            "--format",
+            "w4a8",
+            "--jobs",
+            "2",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     # interrupted once every worker has loaded torch's library: they are inside `import torch`
     # (its Python modules take a second or more after the library), where it used to show
-    while not (len(_workers_of(proc.pid)) == 2 and all(_maps_torch(w) for w in _workers_of(proc.pid))) \
-            and proc.poll() is None and time.monotonic() < deadline:
+    while (
+        not (len(_workers_of(proc.pid)) == 2 and all(_maps_torch(w) for w in _workers_of(proc.pid)))
+        and proc.poll() is None
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.005)
     assert proc.poll() is None, "the run ended before its workers started"
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does
@@ -423,13 +448,29 @@ def test_ctrl_c_while_workers_compute_stops_at_once_and_leaves_nothing(tmp_path)
 
     layers = tuple((f"blocks.{i}.mlp.fc1", 1024, 3072) for i in range(12))
     src = model(tmp_path / "in.safetensors", layers)
-    proc = subprocess.Popen([sys.executable, "-m", "comfyquant", "quantize", src, "-o", str(tmp_path / "q.safetensors"),
-                             "--format", "w4a8", "--jobs", "2", "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "comfyquant",
+            "quantize",
+            src,
+            "-o",
+            str(tmp_path / "q.safetensors"),
+            "--format",
+            "w4a8",
+            "--jobs",
+            "2",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     # a first layer handed over (a spill file next to the output): the workers are computing
-    while not [n for n in os.listdir(tmp_path) if n.endswith(".spill")] and proc.poll() is None \
-            and time.monotonic() < deadline:
+    while not [n for n in os.listdir(tmp_path) if n.endswith(".spill")] and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     assert proc.poll() is None, "the run ended before its workers computed"
     os.killpg(proc.pid, signal.SIGINT)

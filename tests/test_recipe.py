@@ -39,14 +39,33 @@ def _dense(path, names: dict[str, tuple[int, int]], skip: set = frozenset()) -> 
 
 
 FLUX = {
-    "img_in": (H, 64), "txt_in": (H, H), "time_in.in_layer": (H, H), "time_in.out_layer": (H, H),
-    **{f"double_blocks.{b}.{s}": (n, k) for b in range(3) for s, n, k in
-       (("img_attn.qkv", 3 * H, H), ("img_attn.proj", H, H), ("img_mlp.0", 2 * H, H), ("img_mlp.2", H, 2 * H),
-        ("img_mod.lin", 2 * H, H), ("txt_attn.qkv", 3 * H, H), ("txt_attn.proj", H, H), ("txt_mlp.0", 2 * H, H),
-        ("txt_mlp.2", H, 2 * H), ("txt_mod.lin", 2 * H, H))},
-    **{f"single_blocks.{b}.{s}": (n, k) for b in range(3) for s, n, k in
-       (("linear1", 3 * H, H), ("linear2", H, 2 * H), ("modulation.lin", 2 * H, H))},
-    "final_layer.linear": (64, H), "final_layer.adaLN_modulation.1": (2 * H, H),
+    "img_in": (H, 64),
+    "txt_in": (H, H),
+    "time_in.in_layer": (H, H),
+    "time_in.out_layer": (H, H),
+    **{
+        f"double_blocks.{b}.{s}": (n, k)
+        for b in range(3)
+        for s, n, k in (
+            ("img_attn.qkv", 3 * H, H),
+            ("img_attn.proj", H, H),
+            ("img_mlp.0", 2 * H, H),
+            ("img_mlp.2", H, 2 * H),
+            ("img_mod.lin", 2 * H, H),
+            ("txt_attn.qkv", 3 * H, H),
+            ("txt_attn.proj", H, H),
+            ("txt_mlp.0", 2 * H, H),
+            ("txt_mlp.2", H, 2 * H),
+            ("txt_mod.lin", 2 * H, H),
+        )
+    },
+    **{
+        f"single_blocks.{b}.{s}": (n, k)
+        for b in range(3)
+        for s, n, k in (("linear1", 3 * H, H), ("linear2", H, 2 * H), ("modulation.lin", 2 * H, H))
+    },
+    "final_layer.linear": (64, H),
+    "final_layer.adaLN_modulation.1": (2 * H, H),
 }
 
 RULES = """
@@ -83,8 +102,14 @@ format = "keep"
 
 
 def _layers(plan) -> dict:
-    return {lp.name: (lp.action, lp.format if lp.action == "quantize" else None,
-                      lp.params.as_dict() if lp.action == "quantize" else None) for lp in plan.layers}
+    return {
+        lp.name: (
+            lp.action,
+            lp.format if lp.action == "quantize" else None,
+            lp.params.as_dict() if lp.action == "quantize" else None,
+        )
+        for lp in plan.layers
+    }
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +164,9 @@ def test_recipe_groups_into_globs_and_names_the_exceptions(made):
     assert "double_blocks.0.txt_attn.qkv" not in recipe.exact and "double_blocks.0.img_mlp.2" not in recipe.exact
     assert len(recipe.exact) <= 4  # those two, and img_in/txt_in: single-component names have no glob
     entries = recipe.doc()["rules"]
-    exact = [e for e in entries if e["match"] in recipe.exact or (isinstance(e["match"], list) and
-                                                                   set(e["match"]) & set(recipe.exact))]
+    exact = [
+        e for e in entries if e["match"] in recipe.exact or (isinstance(e["match"], list) and set(e["match"]) & set(recipe.exact))
+    ]
     assert exact
     assert len(entries) < len({lp.name for lp in made_by.plan.layers}) // 4  # globs, not a list of names
     # every layer quantize can decide is in the recipe with GOOD's format and parameters
@@ -158,8 +184,10 @@ def test_recipe_groups_into_globs_and_names_the_exceptions(made):
 
 def test_recipe_is_header_only(made):
     _d, _src, good, _r = made
-    code = ("import sys; from comfyquant.cli import main; rc = main(['recipe', sys.argv[1], '--json']); "
-            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
+    code = (
+        "import sys; from comfyquant.cli import main; rc = main(['recipe', sys.argv[1], '--json']); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
+    )
     p = subprocess.run([sys.executable, "-c", code, good], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["rules"][0]["match"] == "*"
@@ -192,9 +220,17 @@ def test_recipe_of_a_dense_file_is_refused(tmp_path, capsys):
         read_recipe(src)
 
 
-KITCHEN = [("int8_convrot", "sglang"), ("int8_rowwise", "comfyui"), ("nvfp4", "sglang"), ("fp8", "comfyui"),
-           ("w4a8_codebook", "sglang"), ("w6a8", "sglang"), ("w4a8_uniform", "comfyui"), ("mxfp8", "comfyui"),
-           ("w4a4", "comfyui")]
+KITCHEN = [
+    ("int8_convrot", "sglang"),
+    ("int8_rowwise", "comfyui"),
+    ("nvfp4", "sglang"),
+    ("fp8", "comfyui"),
+    ("w4a8_codebook", "sglang"),
+    ("w6a8", "sglang"),
+    ("w4a8_uniform", "comfyui"),
+    ("mxfp8", "comfyui"),
+    ("w4a4", "comfyui"),
+]
 
 
 def test_recipe_of_a_comfy_kitchen_file(tmp_path, capsys):
@@ -239,8 +275,10 @@ def test_recipe_of_a_comfy_kitchen_file(tmp_path, capsys):
 
 
 def test_unreproducible_layers_are_said(tmp_path, capsys):
-    layers = [make_layer("fp8_static" if i == 0 else "fp8", prefix=f"blocks.{i}.q", n=64, k=256, seed=i, marker="comfyui")
-              for i in range(2)]
+    layers = [
+        make_layer("fp8_static" if i == 0 else "fp8", prefix=f"blocks.{i}.q", n=64, k=256, seed=i, marker="comfyui")
+        for i in range(2)
+    ]
     good = write_layers(tmp_path / "good.safetensors", layers)
     assert main(["recipe", good]) == 1
     out, err = capsys.readouterr()
@@ -294,9 +332,11 @@ def test_recipe_of_a_legacy_scaled_fp8_file(tmp_path, capsys):
     legacy_file(src)
     assert main(["recipe", str(src), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["layers"] == {"blocks.0.attn.qkv": {"format": "float8_e4m3fn"},
-                             "blocks.0.mlp.fc1": {"format": "float8_e4m3fn"},
-                             "final_layer.linear": {"format": "keep"}}
+    assert doc["layers"] == {
+        "blocks.0.attn.qkv": {"format": "float8_e4m3fn"},
+        "blocks.0.mlp.fc1": {"format": "float8_e4m3fn"},
+        "final_layer.linear": {"format": "keep"},
+    }
     lossy = tmp_path / "channel.safetensors"
     legacy_file(lossy, per_channel=True)
     assert main(["recipe", str(lossy)]) == 1

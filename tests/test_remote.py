@@ -133,15 +133,22 @@ def header_len(path) -> int:
 def same_verdicts(remote, local) -> None:
     """The remote report says what the local one says (file names aside)."""
     r, lc = remote.to_dict(), local.to_dict()
-    assert [(f["code"], f["layer"], f["tensor"]) for f in r["findings"]] == [(f["code"], f["layer"], f["tensor"]) for f in lc["findings"]]
+    assert [(f["code"], f["layer"], f["tensor"]) for f in r["findings"]] == [
+        (f["code"], f["layer"], f["tensor"]) for f in lc["findings"]
+    ]
     assert r["targets"] == lc["targets"] and r["ok"] == lc["ok"] and r["counts"] == lc["counts"]
     assert r["layers"] == lc["layers"]
 
 
 def broken(tmp_path, name="bad.safetensors"):
     """A checkpoint with the seed defect (transposed, downcast correction) and other layers."""
-    return write(tmp_path / name, w4a8_layer(P, correction=zeros("BF16", (32, 16))), int8_layer("b.int8"),
-                 fp8_layer("c.fp8"), dense_layer("norm"))
+    return write(
+        tmp_path / name,
+        w4a8_layer(P, correction=zeros("BF16", (32, 16))),
+        int8_layer("b.int8"),
+        fp8_layer("c.fp8"),
+        dense_layer("norm"),
+    )
 
 
 # -- single files ------------------------------------------------------------------------------
@@ -167,8 +174,12 @@ def test_single_file_same_verdict_two_requests(tmp_path, server):
 
 def test_markers_only_in_header_cost_one_request(tmp_path, server):
     marker = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}
-    write(tmp_path / "h.safetensors", int8_layer("a", marker=False), int8_layer("b", marker=False),
-          metadata=header_markers({"a": marker, "b": marker}))
+    write(
+        tmp_path / "h.safetensors",
+        int8_layer("a", marker=False),
+        int8_layer("b", marker=False),
+        metadata=header_markers({"a": marker, "b": marker}),
+    )
     r = check(server.url("h.safetensors"))
     assert r.ok
     assert server.requests() == 1
@@ -237,8 +248,10 @@ def test_index_url_brings_its_shards(tmp_path, server):
     url = server.url("sharded/model.safetensors.index.json")
     remote = check(url)
     same_verdicts(remote, check(folder))
-    assert remote.files == [server.url("sharded/model-00001-of-00002.safetensors"),
-                            server.url("sharded/model-00002-of-00002.safetensors")]
+    assert remote.files == [
+        server.url("sharded/model-00001-of-00002.safetensors"),
+        server.url("sharded/model-00002-of-00002.safetensors"),
+    ]
     assert remote.io[url]["requests"] == 1
     assert server.requests() == 1 + 2 * 2  # the index, then header + markers per shard
     for f in (a, b):
@@ -275,7 +288,9 @@ def test_missing_shard_is_a_finding_like_locally(tmp_path, server):
     os.remove(b)
     r = check(server.url("sharded/model.safetensors.index.json"))
     assert any(f.code == "C011" and "model-00002-of-00002" in f.message for f in r.findings)
-    assert [f.code for f in r.findings if f.code.startswith("C")] == [f.code for f in check(folder).findings if f.code.startswith("C")]
+    assert [f.code for f in r.findings if f.code.startswith("C")] == [
+        f.code for f in check(folder).findings if f.code.startswith("C")
+    ]
 
 
 def test_redirect_is_counted_and_followed_once(tmp_path, server):
@@ -338,10 +353,15 @@ def test_small_file_served_whole_is_fine(tmp_path, server):
     assert remote.io[url] == {"requests": 1, "bytes": os.path.getsize(path)}
 
 
-@pytest.mark.parametrize("code, needle, attempts", [(404, "not found (HTTP 404)", 1),
-                                                    (403, "access denied (HTTP 403 Forbidden)", 1),
-                                                    (500, "server error (HTTP 500 Internal Server Error) (after 4 attempts)", 4),
-                                                    (418, "HTTP 418", 1)])
+@pytest.mark.parametrize(
+    "code, needle, attempts",
+    [
+        (404, "not found (HTTP 404)", 1),
+        (403, "access denied (HTTP 403 Forbidden)", 1),
+        (500, "server error (HTTP 500 Internal Server Error) (after 4 attempts)", 4),
+        (418, "HTTP 418", 1),
+    ],
+)
 def test_http_errors(tmp_path, server, code, needle, attempts):
     broken(tmp_path)
     server.status["/bad.safetensors"] = code

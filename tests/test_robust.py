@@ -70,8 +70,11 @@ def every_command(tmp_path, src: str) -> list[tuple[str, list[str], str | None]]
         ("dequantize", ["dequantize", src, o("dense.safetensors")], o("dense.safetensors")),
         ("dequantize --json", ["dequantize", src, o("dense2.safetensors"), "--json"], o("dense2.safetensors")),
         ("convert", ["convert", src, o("conv.safetensors"), "-t", "fp8", "--no-progress"], o("conv.safetensors")),
-        ("convert --json", ["convert", src, o("conv2.safetensors"), "-t", "int8", "--json", "--no-progress"],
-         o("conv2.safetensors")),
+        (
+            "convert --json",
+            ["convert", src, o("conv2.safetensors"), "-t", "int8", "--json", "--no-progress"],
+            o("conv2.safetensors"),
+        ),
         ("convert dense", ["convert", src, o("cd.safetensors"), "-t", "dense", "--no-progress"], o("cd.safetensors")),
         ("quantize", ["quantize", src, o("q.safetensors"), "-f", "fp8", "--no-progress"], o("q.safetensors")),
     ]
@@ -121,8 +124,12 @@ def test_non_finite_number_in_the_header_map(tmp_path, capsys, number):
     layers = {"a.b": {**W4A8_MARKER}, "c": {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}}
     text = json.dumps({"format_version": "1.0", "layers": layers})
     text = text.replace('"convrot_groupsize": 256}}', f'"convrot_groupsize": {number}}}}}')
-    src = write(tmp_path / "in.safetensors", w4a8_layer("a.b", marker=False), int8_layer("c", marker=False),
-                metadata={"_quantization_metadata": text})
+    src = write(
+        tmp_path / "in.safetensors",
+        w4a8_layer("a.b", marker=False),
+        int8_layer("c", marker=False),
+        metadata={"_quantization_metadata": text},
+    )
     results = assert_no_crash(capsys, tmp_path, src)
     assert "M010" in results["check"][1]
 
@@ -142,6 +149,7 @@ def test_odd_numbers_in_every_marker_key(tmp_path, capsys, value):
 
 # -- names that are not Unicode -----------------------------------------------------------------
 
+
 def surrogate_checkpoint(tmp_path) -> str:
     tensors = {}
     tensors.update(w4a8_layer("\ud800x.b", marker=dict(W4A8_MARKER, group_size=32)))  # also a finding
@@ -156,8 +164,10 @@ def test_lone_surrogate_names_in_every_command(tmp_path, capsys):
     out = results["check"][1]
     assert "ERROR C006" in out and "\\ud800x.b.weight" in out and "ERROR C007" in out
     doc = json.loads(results["check --json"][1])
-    assert any(f["code"] == "C006" and f["tensor"] == "\ud800x.b.weight" and "lone UTF-16 surrogate" in f["message"]
-               for f in doc["findings"])
+    assert any(
+        f["code"] == "C006" and f["tensor"] == "\ud800x.b.weight" and "lone UTF-16 surrogate" in f["message"]
+        for f in doc["findings"]
+    )
     # fix cannot carry a name safetensors refuses: it says so and writes nothing
     assert results["fix"][0] == 1 and "C006" in results["fix"][1]
 
@@ -175,6 +185,7 @@ def test_lone_surrogate_names_on_a_real_stdout(tmp_path):
 
 # -- --deep on a span that is not dtype x shape -------------------------------------------------
 
+
 def test_deep_on_a_c001_scale_is_a_finding(tmp_path, capsys):
     tensors = fp8_layer("a.b")
     tensors["a.b.weight_scale"] = ("F32", (), b"\x00\x00\x80?\x00")  # 5 bytes for one F32
@@ -189,20 +200,31 @@ def test_deep_on_a_c001_scale_is_a_finding(tmp_path, capsys):
 
 # -- output paths -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("command", ["fix", *(pytest.param(c, marks=pytest.mark.needs_torch)
-                                              for c in ("dequantize", "quantize", "convert", "convert-dense"))])
+
+@pytest.mark.parametrize(
+    "command",
+    ["fix", *(pytest.param(c, marks=pytest.mark.needs_torch) for c in ("dequantize", "quantize", "convert", "convert-dense"))],
+)
 def test_existing_folder_as_output_receives_the_input_name(tmp_path, capsys, command):
     if command == "quantize":
         src = write(tmp_path / "model.safetensors", dense_layer("a"), dense_layer("b"))
     elif command == "fix":
-        src = write(tmp_path / "model.safetensors", w4a8_layer("a.b", marker={k: v for k, v in W4A8_MARKER.items()
-                                                                            if k != "convrot"}), dense_layer("n"))
+        src = write(
+            tmp_path / "model.safetensors",
+            w4a8_layer("a.b", marker={k: v for k, v in W4A8_MARKER.items() if k != "convrot"}),
+            dense_layer("n"),
+        )
     else:
         src = write(tmp_path / "model.safetensors", w4a8_layer("a.b"), dense_layer("n"))
     folder = tmp_path / "X.safetensors"
     folder.mkdir()
-    extra = {"fix": [], "dequantize": [], "quantize": ["-f", "fp8", "--no-progress"],
-             "convert": ["-t", "int8", "--no-progress"], "convert-dense": ["-t", "dense", "--no-progress"]}[command]
+    extra = {
+        "fix": [],
+        "dequantize": [],
+        "quantize": ["-f", "fp8", "--no-progress"],
+        "convert": ["-t", "int8", "--no-progress"],
+        "convert-dense": ["-t", "dense", "--no-progress"],
+    }[command]
     rc, out, err = run(capsys, command.split("-")[0], src, "-o", folder, *extra)
     assert rc in (0, 1) and "internal error" not in err, err
     assert os.listdir(folder) == ["model.safetensors"]
@@ -223,8 +245,10 @@ def test_shards_into_a_file_path_are_refused_alike(tmp_path, capsys):
     shards = tmp_path / "src"
     shards.mkdir()
     # named as one model's shards: other names would be two separate checkpoints (refused as such)
-    write(shards / "m-00001-of-00002.safetensors",
-          w4a8_layer("a.b", marker={k: v for k, v in W4A8_MARKER.items() if k != "convrot"}))
+    write(
+        shards / "m-00001-of-00002.safetensors",
+        w4a8_layer("a.b", marker={k: v for k, v in W4A8_MARKER.items() if k != "convrot"}),
+    )
     write(shards / "m-00002-of-00002.safetensors", dense_layer("n"))
     target = tmp_path / "out.safetensors"
     for args in (["fix", shards, "-o", target], ["convert", shards, target, "-t", "int8", "--no-progress"]):
@@ -233,6 +257,7 @@ def test_shards_into_a_file_path_are_refused_alike(tmp_path, capsys):
 
 
 # -- fix: unused bytes, symbolic links ----------------------------------------------------------
+
 
 @pytest.mark.needs_torch
 @pytest.mark.parametrize("where", ["trailing", "gap"])
@@ -277,8 +302,11 @@ def test_fix_removes_unused_bytes(tmp_path, capsys, where):
 def test_fix_in_place_through_a_symlink_writes_the_target(tmp_path, capsys):
     real_dir = tmp_path / "store"
     real_dir.mkdir()
-    target = write(real_dir / "model.safetensors", w4a8_layer("a.b", marker={k: v for k, v in W4A8_MARKER.items()
-                                                                          if k != "convrot"}), dense_layer("n"))
+    target = write(
+        real_dir / "model.safetensors",
+        w4a8_layer("a.b", marker={k: v for k, v in W4A8_MARKER.items() if k != "convrot"}),
+        dense_layer("n"),
+    )
     link = tmp_path / "model.safetensors"
     link.symlink_to(target)
     before = digest(target)
@@ -293,20 +321,22 @@ def test_fix_in_place_through_a_symlink_writes_the_target(tmp_path, capsys):
 
 # -- the input gate -----------------------------------------------------------------------------
 
+
 def test_decoding_commands_refuse_what_check_fails(tmp_path, capsys):
     """A marker value the format does not allow (M035; comfy-kitchen raises on it): check fails,
     and dequantize, convert (to a format or to dense) and quantize all refuse it with the same
     reason.  (A string "16" is no longer the example: every runtime int()s it, so it is a
     warning now that severity follows the verdicts.)"""
-    src = write(tmp_path / "in.safetensors", w4a8_layer("a.b", marker=dict(W4A8_MARKER, group_size=24)),
-                dense_layer("n"))
+    src = write(tmp_path / "in.safetensors", w4a8_layer("a.b", marker=dict(W4A8_MARKER, group_size=24)), dense_layer("n"))
     rc, out, _ = run(capsys, "check", src, "--target", "comfy-kitchen")
     assert rc == 1 and "M035" in out
     reasons = set()
-    for args in (["dequantize", src, tmp_path / "d.safetensors"],
-                 ["convert", src, tmp_path / "c.safetensors", "-t", "int8", "--no-progress"],
-                 ["convert", src, tmp_path / "cd.safetensors", "-t", "dense", "--no-progress"],
-                 ["quantize", src, tmp_path / "q.safetensors", "-f", "fp8", "--no-progress"]):
+    for args in (
+        ["dequantize", src, tmp_path / "d.safetensors"],
+        ["convert", src, tmp_path / "c.safetensors", "-t", "int8", "--no-progress"],
+        ["convert", src, tmp_path / "cd.safetensors", "-t", "dense", "--no-progress"],
+        ["quantize", src, tmp_path / "q.safetensors", "-f", "fp8", "--no-progress"],
+    ):
         rc, _, err = run(capsys, *args)
         assert rc == 2 and "refusing to" in err and "[M035]" in err, err
         reasons.add(err.split(": ", 2)[-1])
@@ -316,11 +346,15 @@ def test_decoding_commands_refuse_what_check_fails(tmp_path, capsys):
 
 # -- stale temporary files ----------------------------------------------------------------------
 
+
 def test_temp_file_of_a_killed_run_is_removed_by_the_next_run(tmp_path):
     from comfyquant.io.tempfiles import make_temp
 
-    src = write(tmp_path / "in.safetensors", w4a8_layer("a.b", marker={k: v for k, v in W4A8_MARKER.items()
-                                                                      if k != "convrot"}), dense_layer("n"))
+    src = write(
+        tmp_path / "in.safetensors",
+        w4a8_layer("a.b", marker={k: v for k, v in W4A8_MARKER.items() if k != "convrot"}),
+        dense_layer("n"),
+    )
     env = {**os.environ, "PYTHONPATH": SRC, "COMFYQUANT_FAULT": "after-tensor:2"}
     cmd = [sys.executable, "-m", "comfyquant.cli", "fix", src, "-o", str(tmp_path / "out.safetensors")]
     killed = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -367,6 +401,7 @@ def test_temp_owner_identity_survives_pid_reuse(tmp_path):
 
 
 # -- --timeout bounds the whole remote read -----------------------------------------------------
+
 
 class TrickleServer:
     """Answers range requests at once, then sends the body one byte every 0.5 s."""
@@ -443,8 +478,13 @@ def test_a_string_among_large_dimensions_is_a_finding_not_a_huge_allocation(tmp_
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
     env = {**os.environ, "PYTHONPATH": SRC}
-    p = subprocess.run([sys.executable, "-m", "comfyquant.cli", "check", src, "--json"], capture_output=True, env=env,
-                       timeout=120, preexec_fn=limit)
+    p = subprocess.run(
+        [sys.executable, "-m", "comfyquant.cli", "check", src, "--json"],
+        capture_output=True,
+        env=env,
+        timeout=120,
+        preexec_fn=limit,
+    )
     assert p.returncode == 1, p.stderr
     doc = json.loads(p.stdout)
     assert {f["tensor"] for f in doc["findings"] if f["code"] == "C006"} >= {"a.b.weight", "n.weight"}
@@ -455,8 +495,9 @@ def test_zero_convrot_size_in_every_format(tmp_path, capsys, value):
     """A ConvRot size that is (or truncates to) zero: the runtimes' own divisibility tests
     divide by it; the profiles say so (ZeroDivisionError) instead of raising it themselves."""
     parts = [
-        w4a8_layer("w", marker=json.dumps(W4A8_MARKER).replace('"convrot_groupsize": 256',
-                                                                f'"convrot_groupsize": {value}').encode()),
+        w4a8_layer(
+            "w", marker=json.dumps(W4A8_MARKER).replace('"convrot_groupsize": 256', f'"convrot_groupsize": {value}').encode()
+        ),
         w4a4_layer("a", marker=f'{{"format": "convrot_w4a4", "convrot_groupsize": {value}}}'.encode()),
         int8_layer("i", marker=f'{{"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": {value}}}'.encode()),
         dense_layer("n"),
@@ -472,15 +513,18 @@ def test_an_output_that_is_not_a_regular_file_is_never_replaced(tmp_path, capsys
     import stat
 
     dense = write(tmp_path / "d.safetensors", dense_layer("a"))
-    quant = write(tmp_path / "q.safetensors", w4a8_layer("a.b", marker={k: v for k, v in W4A8_MARKER.items()
-                                                                        if k != "convrot"}))
+    quant = write(tmp_path / "q.safetensors", w4a8_layer("a.b", marker={k: v for k, v in W4A8_MARKER.items() if k != "convrot"}))
     fifo = tmp_path / "out.safetensors"
     os.mkfifo(fifo)
-    for args in (["fix", quant, "-o", fifo, "--force"], ["fix", quant, "-o", fifo, "--overwrite"], ["dequantize", quant, fifo],
-                 ["dequantize", quant, fifo, "--overwrite"],
-                 ["quantize", dense, fifo, "-f", "fp8", "--overwrite", "--no-progress"],
-                 ["convert", quant, fifo, "-t", "int8", "--overwrite", "--no-progress"],
-                 ["convert", quant, fifo, "-t", "dense", "--overwrite", "--no-progress"]):
+    for args in (
+        ["fix", quant, "-o", fifo, "--force"],
+        ["fix", quant, "-o", fifo, "--overwrite"],
+        ["dequantize", quant, fifo],
+        ["dequantize", quant, fifo, "--overwrite"],
+        ["quantize", dense, fifo, "-f", "fp8", "--overwrite", "--no-progress"],
+        ["convert", quant, fifo, "-t", "int8", "--overwrite", "--no-progress"],
+        ["convert", quant, fifo, "-t", "dense", "--overwrite", "--no-progress"],
+    ):
         rc, _, err = run(capsys, *args)
         light = not HAS_TORCH and args[0] != "fix" and "needs torch" in err  # the extra is named first
         assert rc == 2 and ("not a regular file" in err or light), (args, err)
@@ -495,9 +539,16 @@ def test_shards_into_an_existing_folder_keep_their_names(tmp_path, capsys, comma
     broken = {k: v for k, v in W4A8_MARKER.items() if k != "convrot"} if command == "fix" else None
     write(shards / "m-1.safetensors", w4a8_layer("a.b", marker=broken))
     write(shards / "m-2.safetensors", dense_layer("n"))
-    wm = {"a.b.weight": "m-1.safetensors", "a.b.weight_s_rel": "m-1.safetensors", "a.b.weight_s_channel": "m-1.safetensors",
-          "a.b.weight_codebook": "m-1.safetensors", "a.b.bias": "m-1.safetensors", "a.b.comfy_quant": "m-1.safetensors",
-          "n.weight": "m-2.safetensors", "n.bias": "m-2.safetensors"}
+    wm = {
+        "a.b.weight": "m-1.safetensors",
+        "a.b.weight_s_rel": "m-1.safetensors",
+        "a.b.weight_s_channel": "m-1.safetensors",
+        "a.b.weight_codebook": "m-1.safetensors",
+        "a.b.bias": "m-1.safetensors",
+        "a.b.comfy_quant": "m-1.safetensors",
+        "n.weight": "m-2.safetensors",
+        "n.bias": "m-2.safetensors",
+    }
     (shards / "m.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
     out = tmp_path / "out.safetensors"  # an existing folder, whatever its name says
     out.mkdir()
@@ -514,7 +565,8 @@ def test_runtimes_parse_a_non_finite_size_in_the_header_map_and_int_fails(tmp_pa
     int()s the group size: its verdict is Python's own int() error (not "Invalid
     _quantization_metadata", which it raises only for text json refuses)."""
     text = json.dumps({"format_version": "1.0", "layers": {"a.b": dict(W4A8_MARKER)}}).replace(
-        '"group_size": 16', f'"group_size": {number}')
+        '"group_size": 16', f'"group_size": {number}'
+    )
     src = write(tmp_path / "in.safetensors", w4a8_layer("a.b", marker=False), metadata={"_quantization_metadata": text})
     value = json.loads(text)["layers"]["a.b"]["group_size"]
     with pytest.raises((ValueError, OverflowError)) as exc:
@@ -529,8 +581,9 @@ def test_runtimes_parse_a_non_finite_size_in_the_header_map_and_int_fails(tmp_pa
 def test_a_non_finite_value_in_an_unused_key_of_the_header_map_leaves_sglang_its_tensor_markers(tmp_path):
     """SGLang parses the map (Python's json takes NaN) and reads the file's tensor markers as
     usual: a NaN in a key nothing int()s does not stop it."""
-    text = json.dumps({"format_version": "1.0", "layers": {"a.b": {**W4A8_MARKER, "note": 1}}}).replace('"note": 1',
-                                                                                                     '"note": NaN')
+    text = json.dumps({"format_version": "1.0", "layers": {"a.b": {**W4A8_MARKER, "note": 1}}}).replace(
+        '"note": 1', '"note": NaN'
+    )
     src = write(tmp_path / "in.safetensors", w4a8_layer("a.b"), metadata={"_quantization_metadata": text})
     report = check(src)
     assert report.verdicts["sglang"].loads and report.verdicts["comfyui"].loads

@@ -44,8 +44,22 @@ def _plan_lines(tmp_path, fmt: str) -> dict[str, str]:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "comfyquant", "quantize", str(EXAMPLES / "dense_tiny.safetensors"),
-                          str(tmp_path / "o.safetensors"), "-f", fmt, "--dry-run", "-v"], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "comfyquant",
+            "quantize",
+            str(EXAMPLES / "dense_tiny.safetensors"),
+            str(tmp_path / "o.safetensors"),
+            "-f",
+            fmt,
+            "--dry-run",
+            "-v",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     return {line.split()[0]: line for line in out.stdout.splitlines() if line.startswith("  ")}
 
@@ -71,10 +85,13 @@ def test_transposed_blocked_scales_name_both_shapes(tmp_path):
     assert "stored transposed: (pad(K // 16, 4), pad(N, 128)) instead of (pad(N, 128), pad(K // 16, 4))" in f.cause
 
 
-@pytest.mark.parametrize(("layer", "expected"), [
-    ("w4a8", "add the marker: comfyquant fix --convrot-groupsize C, C being the ConvRot size the layer was rotated with"),
-    ("fp8", "add the marker: comfyquant fix"),
-])
+@pytest.mark.parametrize(
+    ("layer", "expected"),
+    [
+        ("w4a8", "add the marker: comfyquant fix --convrot-groupsize C, C being the ConvRot size the layer was rotated with"),
+        ("fp8", "add the marker: comfyquant fix"),
+    ],
+)
 def test_unmarked_layer_fix_reads_as_a_command(tmp_path, layer, expected):
     """M023's fix is a command line a user can type, and says what C is (it read 'add the marker
     (comfyquant fix) --convrot-groupsize C')."""

@@ -131,8 +131,11 @@ def test_unknown_and_converter_only_formats(tmp_path):
     r = check(write(tmp_path / "u.safetensors", int8_layer(P, marker={"format": "int8_tensorwize"})))
     f = only(r, "M031")[0]
     assert "int8_tensorwise" in f.cause
-    layer = {f"{P}.weight": zeros("I8", (32, 256)), f"{P}.weight_scale": ones("F32", (1, 2)),
-             f"{P}.comfy_quant": marker_tensor({"format": "int8_blockwise", "group_size": 128})}
+    layer = {
+        f"{P}.weight": zeros("I8", (32, 256)),
+        f"{P}.weight_scale": ones("F32", (1, 2)),
+        f"{P}.comfy_quant": marker_tensor({"format": "int8_blockwise", "group_size": 128}),
+    }
     r = check(write(tmp_path / "b.safetensors", layer))
     assert only(r, "M032") and r.verdicts["sglang"].first.rule == "sglang.R0"
     assert not r.verdicts["comfyui"].loads and r.verdicts["comfyui"].first.exception == "KeyError"
@@ -181,8 +184,11 @@ def test_geometry_constraints(tmp_path):
     assert any("not a power of 4" in x for x in msgs)
     assert r.verdicts["comfy-kitchen"].first.message == "Regular Hadamard size must be a power of 4, got 128"
     r = check(write(tmp_path / "k.safetensors", w4a8_layer(P, k=288, marker=dict(W4A8_MARKER, convrot_groupsize=64))))
-    assert any("K=288 must be a multiple of 64 (16, group_size=16 and convrot_groupsize=64 must all divide it)" in f.message
-               for f in r.findings if f.code == "L005")
+    assert any(
+        "K=288 must be a multiple of 64 (16, group_size=16 and convrot_groupsize=64 must all divide it)" in f.message
+        for f in r.findings
+        if f.code == "L005"
+    )
 
 
 def test_int8_scale_shapes(tmp_path):
@@ -295,13 +301,17 @@ def _scalar(dtype: str, value: float) -> tuple:
     return (dtype, (), struct.pack(fmt, value))
 
 
-@pytest.mark.parametrize("value, code", [(0.0, "D002"), (-0.0, "D002"), (-2.0, "D003"), (float("nan"), "D001"),
-                                         (float("inf"), "D001")])
-@pytest.mark.parametrize("layer_of, tensor", [
-    (lambda: fp8_layer("f"), "f.weight_scale"),
-    (lambda: int8_layer("i", marker={"format": "int8_tensorwise"}, scale_shape=()), "i.weight_scale"),
-    (lambda: nvfp4_layer("n"), "n.weight_scale_2"),
-])
+@pytest.mark.parametrize(
+    "value, code", [(0.0, "D002"), (-0.0, "D002"), (-2.0, "D003"), (float("nan"), "D001"), (float("inf"), "D001")]
+)
+@pytest.mark.parametrize(
+    "layer_of, tensor",
+    [
+        (lambda: fp8_layer("f"), "f.weight_scale"),
+        (lambda: int8_layer("i", marker={"format": "int8_tensorwise"}, scale_shape=()), "i.weight_scale"),
+        (lambda: nvfp4_layer("n"), "n.weight_scale_2"),
+    ],
+)
 def test_deep_single_element_scales_are_judged_like_many(tmp_path, layer_of, tensor, value, code):
     """A per-tensor scale of zero makes the whole layer output zeros; negative flips it, NaN
     poisons it: each is an error naming the tensor, as for a multi-element scale."""

@@ -21,15 +21,18 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "comfyquant", *args], capture_output=True, text=True)
 
 
-@pytest.mark.parametrize(("given", "expected"), [
-    ("all", ("sglang", "comfyui", "comfy-kitchen")),
-    ("comfyui", ("comfyui",)),
-    ("comfyui,sglang", ("comfyui", "sglang")),
-    (" comfyui , comfy-kitchen ", ("comfyui", "comfy-kitchen")),
-    ("comfyui,comfyui", ("comfyui",)),
-    ("sglang,all", ("sglang", "comfyui", "comfy-kitchen")),
-    (["comfyui", "sglang"], ("comfyui", "sglang")),
-])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("all", ("sglang", "comfyui", "comfy-kitchen")),
+        ("comfyui", ("comfyui",)),
+        ("comfyui,sglang", ("comfyui", "sglang")),
+        (" comfyui , comfy-kitchen ", ("comfyui", "comfy-kitchen")),
+        ("comfyui,comfyui", ("comfyui",)),
+        ("sglang,all", ("sglang", "comfyui", "comfy-kitchen")),
+        (["comfyui", "sglang"], ("comfyui", "sglang")),
+    ],
+)
 def test_parse_targets(given, expected):
     assert parse_targets(given) == expected
 

@@ -82,6 +82,7 @@ def meta_model(cls=TwoLayers, **kw) -> nn.Module:
 
 # -- every format comfy-kitchen writes, from files written by comfy-kitchen -------------------
 
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_forward_bit_identical_to_kitchen_on_kitchen_files(tmp_path, variant):
     w = make_weight(N, K, torch.bfloat16, seed=3)
@@ -91,9 +92,11 @@ def test_forward_bit_identical_to_kitchen_on_kitchen_files(tmp_path, variant):
     assert all(same_bits(layer.tensors[s], sd[s]) for s in sd)  # the layer is comfy-kitchen's own
     dense = {"norm.weight": torch.ones(K), "norm.bias": torch.zeros(K)}
     path = tmp_path / "m.safetensors"
-    sd_file = {**{f"blocks.0.proj.{s}": t for s, t in layer.tensors.items()},
-               "blocks.0.proj.comfy_quant": torch.tensor(list(json.dumps(layer.marker).encode()), dtype=torch.uint8),
-               **dense}
+    sd_file = {
+        **{f"blocks.0.proj.{s}": t for s, t in layer.tensors.items()},
+        "blocks.0.proj.comfy_quant": torch.tensor(list(json.dumps(layer.marker).encode()), dtype=torch.uint8),
+        **dense,
+    }
     save_file(sd_file, str(path))
     model = meta_model()
     report = load_quantized(model, path)
@@ -112,14 +115,17 @@ def test_forward_bit_identical_to_kitchen_on_kitchen_files(tmp_path, variant):
 
 # -- and from files written by `comfyquant quantize` ------------------------------------------
 
+
 @pytest.mark.parametrize("variant", list(QUANTIZE_ARGS))
 def test_forward_bit_identical_to_kitchen_on_quantize_output(tmp_path, variant):
     fmt, params = QUANTIZE_ARGS[variant]
     w = make_weight(N, K, torch.bfloat16, seed=5)
     bias = (torch.randn(N, generator=torch.Generator().manual_seed(6)) * 0.1).to(torch.bfloat16)
     dense = tmp_path / "dense.safetensors"
-    save_file({"blocks.0.proj.weight": w, "blocks.0.proj.bias": bias, "norm.weight": torch.ones(K),
-               "norm.bias": torch.zeros(K)}, str(dense))
+    save_file(
+        {"blocks.0.proj.weight": w, "blocks.0.proj.bias": bias, "norm.weight": torch.ones(K), "norm.bias": torch.zeros(K)},
+        str(dense),
+    )
     out = tmp_path / "q.safetensors"
     comfyquant.quantize(str(dense), str(out), format=fmt, params=params, target="comfy-kitchen", progress=False)
     q = kitchen_qtensor(variant, w)
@@ -141,22 +147,31 @@ def test_forward_bit_identical_to_kitchen_on_quantize_output(tmp_path, variant):
 
 # -- weight-only and calibrated formats (no quantizer): random stored tensors ------------------
 
+
 def _awq(dtype):
     g = torch.Generator().manual_seed(3)
     n, k, gs = 48, 256, 64
-    t = {"weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=g),
-         "weight_scale": (torch.rand(k // gs, n, generator=g) * 0.01).to(dtype),
-         "weight_zeros": (torch.randn(k // gs, n, generator=g) * 0.01).to(dtype)}
-    p = TensorCoreAWQW4A16Layout.Params(scale=t["weight_scale"], orig_dtype=dtype, orig_shape=(n, k), zeros=t["weight_zeros"],
-                                        group_size=gs)
+    t = {
+        "weight": torch.randint(-128, 128, (n, k // 2), dtype=torch.int8, generator=g),
+        "weight_scale": (torch.rand(k // gs, n, generator=g) * 0.01).to(dtype),
+        "weight_zeros": (torch.randn(k // gs, n, generator=g) * 0.01).to(dtype),
+    }
+    p = TensorCoreAWQW4A16Layout.Params(
+        scale=t["weight_scale"], orig_dtype=dtype, orig_shape=(n, k), zeros=t["weight_zeros"], group_size=gs
+    )
     return t, {"format": "awq_w4a16", "group_size": gs}, QuantizedTensor(t["weight"], "TensorCoreAWQW4A16Layout", p)
 
 
 def _svdquant(dtype):
     t = svdquant_tensors(dtype, 128, 256)
-    p = TensorCoreSVDQuantW4A4Layout.Params(scale=t["weight_scale"], orig_dtype=dtype, orig_shape=(128, 256),
-                                            proj_down=t["weight_proj_down"], proj_up=t["weight_proj_up"],
-                                            smooth_factor=t["weight_smooth_factor"])
+    p = TensorCoreSVDQuantW4A4Layout.Params(
+        scale=t["weight_scale"],
+        orig_dtype=dtype,
+        orig_shape=(128, 256),
+        proj_down=t["weight_proj_down"],
+        proj_up=t["weight_proj_up"],
+        smooth_factor=t["weight_smooth_factor"],
+    )
     return t, {"format": "svdquant_w4a4"}, QuantizedTensor(t["weight"], "TensorCoreSVDQuantW4A4Layout", p)
 
 
@@ -174,6 +189,7 @@ def test_forward_bit_identical_for_calibrated_formats(build, dtype):
 
 
 # -- without comfy-kitchen: the codecs ---------------------------------------------------------
+
 
 @pytest.fixture
 def no_kitchen(monkeypatch):
@@ -261,6 +277,7 @@ def test_module_casts_keep_the_stored_tensors():
 
 
 # -- load_quantized ---------------------------------------------------------------------------
+
 
 class Block(nn.Module):
     """A transformer-like block: attention projections, an MLP, norms, an embedding."""
@@ -385,8 +402,13 @@ def test_dialect_file_loads_through_its_comfy_view(tmp_path):
     class Legacy(nn.Module):
         def __init__(self):
             super().__init__()
-            self.blocks = nn.ModuleList([nn.ModuleDict({"attn": nn.ModuleDict({"qkv": nn.Linear(256, 64)}),
-                                                        "mlp": nn.ModuleDict({"fc1": nn.Linear(256, 64)})})])
+            self.blocks = nn.ModuleList(
+                [
+                    nn.ModuleDict(
+                        {"attn": nn.ModuleDict({"qkv": nn.Linear(256, 64)}), "mlp": nn.ModuleDict({"fc1": nn.Linear(256, 64)})}
+                    )
+                ]
+            )
             self.final_layer = nn.ModuleDict({"linear": nn.Linear(256, 16, bias=False)})
             self.norm = nn.LayerNorm(256, bias=False)
 
@@ -400,9 +422,11 @@ def test_dialect_file_loads_through_its_comfy_view(tmp_path):
         for dtype in DTYPES:
             for x in inputs(256, dtype):
                 # ComfyUI's legacy path: scale_weight is the FP8 layout's scale, scale_input the activation's
-                w = QuantizedTensor(raw["weight"], "TensorCoreFP8Layout",
-                                    TensorCoreFP8Layout.Params(scale=raw["scale_weight"].float(), orig_dtype=dtype,
-                                                               orig_shape=(64, 256)))
+                w = QuantizedTensor(
+                    raw["weight"],
+                    "TensorCoreFP8Layout",
+                    TensorCoreFP8Layout.Params(scale=raw["scale_weight"].float(), orig_dtype=dtype, orig_shape=(64, 256)),
+                )
                 xq, p = TensorCoreFP8Layout.quantize(x.reshape(-1, 256), scale=torch.tensor(s_x), dtype=torch.float8_e4m3fn)
                 ref = F.linear(QuantizedTensor(xq, "TensorCoreFP8Layout", p), w, raw["bias"].to(dtype))
                 assert same_bits(ql(x), ref.reshape(*x.shape[:-1], 64)), (name, dtype)
@@ -411,8 +435,10 @@ def test_dialect_file_loads_through_its_comfy_view(tmp_path):
 # -- quantize_ + save_quantized ---------------------------------------------------------------
 
 TARGET = "comfyui,comfy-kitchen"
-RULES = {"default": {"format": "w4a8", "group_size": 32},
-         "rules": [{"match": "fc2", "format": "keep"}, {"match": "proj", "format": "float8_e4m3fn"}]}
+RULES = {
+    "default": {"format": "w4a8", "group_size": 32},
+    "rules": [{"match": "fc2", "format": "keep"}, {"match": "proj", "format": "float8_e4m3fn"}],
+}
 
 
 def test_quantize_save_check_load_round_trip(tmp_path):
@@ -432,8 +458,10 @@ def test_quantize_save_check_load_round_trip(tmp_path):
 
     # the same rules through the command write the same tensors and markers
     rules_path = tmp_path / "rules.toml"
-    rules_path.write_text('[default]\nformat = "w4a8"\ngroup_size = 32\n[[rules]]\nmatch = "fc2"\nformat = "keep"\n'
-                          '[[rules]]\nmatch = "proj"\nformat = "float8_e4m3fn"\n')
+    rules_path.write_text(
+        '[default]\nformat = "w4a8"\ngroup_size = 32\n[[rules]]\nmatch = "fc2"\nformat = "keep"\n'
+        '[[rules]]\nmatch = "proj"\nformat = "float8_e4m3fn"\n'
+    )
     cmd = str(tmp_path / "cmd.safetensors")
     comfyquant.quantize(dense, cmd, rules=str(rules_path), target=TARGET, progress=False)
     mine, theirs = load_file(path), load_file(cmd)

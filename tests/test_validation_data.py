@@ -38,8 +38,11 @@ def _code_strings(tree: ast.AST) -> list[tuple[int, str]]:
                 docs.add(id(body[0].value))
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             docs.add(id(node.value))  # attribute docstrings after an assignment
-    return [(n.lineno, n.value) for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+    return [
+        (n.lineno, n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+    ]
 
 
 def _key_names() -> set[str]:
@@ -66,8 +69,13 @@ def test_generic_modules_compare_no_key_name(module):
             operands = [node.left, *node.comparators]
             reads_name = any(isinstance(o, ast.Attribute) and o.attr == "name" for o in operands)
             literals = [o.value for o in operands if isinstance(o, ast.Constant) and isinstance(o.value, str)]
-            literals += [e.value for o in operands if isinstance(o, (ast.Tuple, ast.List, ast.Set))
-                         for e in o.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            literals += [
+                e.value
+                for o in operands
+                if isinstance(o, (ast.Tuple, ast.List, ast.Set))
+                for e in o.elts
+                if isinstance(e, ast.Constant) and isinstance(e.value, str)
+            ]
             if reads_name and any(v in keys for v in literals):
                 hits.append((node.lineno, ast.unparse(node)))
     assert not hits, f"{module} branches on key names: {hits}"
@@ -91,10 +99,16 @@ def test_layer_suffixes_take_the_legacy_names_from_the_formats():
 
 # -- each attribute reaches its finding ---------------------------------------------------------
 
+
 def _fmt(slots=(), keys=(), constraints=()) -> Format:
-    return Format(name="made_up", title="a format only this test knows", keys=(FORMAT_KEY, *keys),
-                  slots=(Slot("weight", "I8", "(N, K)", kind="weight"), *slots),
-                  geometry=lambda t, p: dict(dense_geometry(t, p), has_extra="extra" in t), constraints=constraints)
+    return Format(
+        name="made_up",
+        title="a format only this test knows",
+        keys=(FORMAT_KEY, *keys),
+        slots=(Slot("weight", "I8", "(N, K)", kind="weight"), *slots),
+        geometry=lambda t, p: dict(dense_geometry(t, p), has_extra="extra" in t),
+        constraints=constraints,
+    )
 
 
 def _findings(fmt: Format, marker: dict | None, **tensors) -> list:
@@ -108,23 +122,31 @@ def _one(findings, code):
     return got[0]
 
 
-@pytest.mark.parametrize("forbidden_cause, env_extra, expected", [
-    ("", {}, "not allowed in this variant"),
-    ("the made-up format stores no extra", {}, "the made-up format stores no extra"),
-    ((("N == 99", "never"), ("has_extra", "second reason")), {}, "second reason"),
-    ((("N == 99", "never"),), {}, "not allowed in this variant"),
-])
+@pytest.mark.parametrize(
+    "forbidden_cause, env_extra, expected",
+    [
+        ("", {}, "not allowed in this variant"),
+        ("the made-up format stores no extra", {}, "the made-up format stores no extra"),
+        ((("N == 99", "never"), ("has_extra", "second reason")), {}, "second reason"),
+        ((("N == 99", "never"),), {}, "not allowed in this variant"),
+    ],
+)
 def test_forbidden_cause_comes_from_the_slot(forbidden_cause, env_extra, expected):
-    fmt = _fmt(slots=(Slot("extra", "F32", "(N,)", required=False, forbidden="has_extra",
-                           forbidden_cause=forbidden_cause),))
+    fmt = _fmt(slots=(Slot("extra", "F32", "(N,)", required=False, forbidden="has_extra", forbidden_cause=forbidden_cause),))
     f = _one(_findings(fmt, {"format": "made_up"}, extra=Meta("F32", (8,))), "L006")
     assert f.cause == expected and f.tensor == "extra"
 
 
 def test_missing_text_and_suggested_come_from_the_key():
     plain = MarkerKey("flag", (bool,), explicit=True, why_explicit="readers disagree")
-    worded = MarkerKey("flag", (bool,), explicit=True, why_explicit="readers disagree",
-                       missing_text="the made-up flag is missing", suggested="false")
+    worded = MarkerKey(
+        "flag",
+        (bool,),
+        explicit=True,
+        why_explicit="readers disagree",
+        missing_text="the made-up flag is missing",
+        suggested="false",
+    )
     f = _one(_findings(_fmt(keys=(plain,)), {"format": "made_up"}), "M036")
     assert f.message.endswith("marker has no flag: flag left to its default (None)")
     assert f.fix == "add flag: a value (comfyquant fix)"
@@ -133,15 +155,22 @@ def test_missing_text_and_suggested_come_from_the_key():
     assert f.fix == "add flag: false (comfyquant fix)" and f.cause == "readers disagree"
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("A", "the made-up mode is lower case"),
-    ("b", "mode must be 'a'"),
-    (7, "any mode but 'a' is refused"),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("A", "the made-up mode is lower case"),
+        ("b", "mode must be 'a'"),
+        (7, "any mode but 'a' is refused"),
+    ],
+)
 def test_invalid_cause_comes_from_the_key(value, expected):
-    key = MarkerKey("mode", (str,), allowed="v == 'a'", allowed_text="'a'",
-                    invalid_cause=(("v == 'A'", "the made-up mode is lower case"),
-                                   ("v + 1 == 8", "any mode but 'a' is refused")))
+    key = MarkerKey(
+        "mode",
+        (str,),
+        allowed="v == 'a'",
+        allowed_text="'a'",
+        invalid_cause=(("v == 'A'", "the made-up mode is lower case"), ("v + 1 == 8", "any mode but 'a' is refused")),
+    )
     f = _one(_findings(_fmt(keys=(key,)), {"format": "made_up", "mode": value}), "M035")
     assert f.cause == expected
 
@@ -153,8 +182,10 @@ def test_invalid_cause_may_be_one_text():
 
 def test_constraint_finding_shows_the_formats_numeric_keys():
     key = MarkerKey("block", (int,), default=3)
-    fmt = _fmt(keys=(key, MarkerKey("note", (str,), default="x")),
-               constraints=(Constraint("K % block == 0", "K={K} is not a multiple of block={block}"),))
+    fmt = _fmt(
+        keys=(key, MarkerKey("note", (str,), default="x")),
+        constraints=(Constraint("K % block == 0", "K={K} is not a multiple of block={block}"),),
+    )
     f = _one(_findings(fmt, {"format": "made_up", "block": 3}), "L005")
     assert f.actual == "N=8, K=16, bits=8, block=3"
 
@@ -162,13 +193,16 @@ def test_constraint_finding_shows_the_formats_numeric_keys():
 def test_nested_params_cause_lists_every_nested_key():
     """The M033 words for the current formats (ComfyUI's fallback keys, spec 1.5), pinned."""
     f = _one(_findings(FORMATS["int8_tensorwise"], {"format": "int8_tensorwise", "params": {"convrot": True}}), "M033")
-    assert f.cause == ("ComfyUI reads convrot, convrot_groupsize, group_size and linear_dtype from params; "
-                       "SGLang ignores them (a ConvRot flag there is silently lost)")
+    assert f.cause == (
+        "ComfyUI reads convrot, convrot_groupsize, group_size and linear_dtype from params; "
+        "SGLang ignores them (a ConvRot flag there is silently lost)"
+    )
     nested = sorted({k.name for fmt in FORMATS.values() for k in fmt.keys if k.nested_ok})
     assert nested == ["convrot", "convrot_groupsize", "group_size", "linear_dtype"]
 
 
 # -- the current formats' words, byte for byte, on real files ---------------------------------
+
 
 def _put(d: dict, suffix: str, value) -> dict:
     return {**d, f"{P}.{suffix}": value}
@@ -186,8 +220,10 @@ def test_w4a8_forbidden_words(tmp_path):
     assert f.cause == "a codebook and a correction on one layer: no tool writes both and the decode is wrong"
     six = _put(_put(w4a8_layer(P, bits=6), "weight_codebook", codebook()), "weight_correction", zeros("F32", (16, 32)))
     causes = {f.tensor.rsplit(".", 1)[-1]: f.cause for f in _only(check(write(tmp_path / "six.safetensors", six)), "L006")}
-    assert causes == {"weight_codebook": "6-bit storage is uniform and symmetric: no codebook or correction",
-                      "weight_correction": "6-bit storage is uniform and symmetric: no codebook or correction"}
+    assert causes == {
+        "weight_codebook": "6-bit storage is uniform and symmetric: no codebook or correction",
+        "weight_correction": "6-bit storage is uniform and symmetric: no codebook or correction",
+    }
 
 
 def test_convrot_words(tmp_path):
@@ -197,8 +233,10 @@ def test_convrot_words(tmp_path):
     assert f.fix == "add convrot: true (comfyquant fix)"
     for i, value in enumerate((1, "true")):
         w4a8 = write(tmp_path / f"w{i}.safetensors", w4a8_layer(P, marker=dict(W4A8_MARKER, convrot=value)))
-        int8 = write(tmp_path / f"i{i}.safetensors",
-                     int8_layer(P, marker={"format": "int8_tensorwise", "convrot": value, "convrot_groupsize": 256}))
+        int8 = write(
+            tmp_path / f"i{i}.safetensors",
+            int8_layer(P, marker={"format": "int8_tensorwise", "convrot": value, "convrot_groupsize": 256}),
+        )
         for path in (w4a8, int8):
             assert _only(check(path), "M035")[0].cause == "convrot must be JSON true: SGLang tests identity with True"
 
@@ -213,14 +251,19 @@ def test_nvfp4_convrot_is_not_told_to_be_json_true(tmp_path, value):
 
 # -- marker parameters the shapes cannot use ----------------------------------------------------
 
-@pytest.mark.parametrize("fmt, value", [("int8_blockwise", 0), ("int8_blockwise", "x"),
-                                         ("float8_e4m3fn_blockwise", 0), ("awq_w4a16", 0)])
+
+@pytest.mark.parametrize(
+    "fmt, value", [("int8_blockwise", 0), ("int8_blockwise", "x"), ("float8_e4m3fn_blockwise", 0), ("awq_w4a16", 0)]
+)
 def test_group_size_the_shapes_cannot_use_is_a_finding_not_a_crash(tmp_path, capsys, fmt, value):
     """``group_size: 0`` under ``K // group_size`` used to end ``check`` and ``fix`` with an
     internal error (exit 3); the geometry now refuses it, naming the tensor and the value."""
     dtype = "F8_E4M3" if fmt.startswith("float8") else "I8"
-    tensors = {f"{P}.weight": zeros(dtype, (128, 128)), f"{P}.weight_scale": ones("F32", (1, 1)),
-               f"{P}.comfy_quant": marker_tensor({"format": fmt, "group_size": value})}
+    tensors = {
+        f"{P}.weight": zeros(dtype, (128, 128)),
+        f"{P}.weight_scale": ones("F32", (1, 1)),
+        f"{P}.comfy_quant": marker_tensor({"format": fmt, "group_size": value}),
+    }
     path = write(tmp_path / "g.safetensors", tensors)
     assert main(["check", path]) == 1
     out = capsys.readouterr().out

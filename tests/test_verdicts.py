@@ -52,6 +52,7 @@ P = "blocks.0.attn.qkv"
 
 # -- the installed safetensors is the reference ----------------------------------------------
 
+
 def real_error(path: str) -> tuple[str, str] | None:
     """(exception type name, message) safetensors raises opening ``path``, or None.  Both entry
     points the runtimes use are asked and must agree (up to the one thing the library leaves
@@ -133,6 +134,7 @@ def assert_fails_like_safetensors(path: str, selected=TARGETS):
 
 # -- item 2: a damaged container fails every runtime with safetensors' own error -----------------
 
+
 def _base(tmp_path) -> str:
     return write(tmp_path / "m.safetensors", w4a8_layer(P), fp8_layer("blocks.1.ff"))
 
@@ -145,6 +147,7 @@ def _set(name, key, value):
     def mutate(h):
         h[name][key] = value
         return h
+
     return mutate
 
 
@@ -197,11 +200,11 @@ DAMAGE = {
     "meta_object": lambda p: rewrite(p, lambda h: _meta(h, {"a": "b"})),
     # several defects: safetensors reports the first in its own order
     "meta_after_bad_entry": lambda p: rewrite(p, lambda h: _meta(_set(f"{P}.weight", "dtype", "Q4")(h), 1, last=True)),
-    "bad_entry_and_gap": lambda p: rewrite(p, lambda h: _set(f"{P}.weight", "dtype", "Q4")(_gap(h)),
-                                           data=lambda b: b + b"\0\0"),
+    "bad_entry_and_gap": lambda p: rewrite(p, lambda h: _set(f"{P}.weight", "dtype", "Q4")(_gap(h)), data=lambda b: b + b"\0\0"),
     "multiline_header": lambda p: rewrite(p, lambda h: json.dumps(_set(f"{P}.bias", "shape", [-1])(h), indent=2)),
-    "unicode_names": lambda p: rewrite(p, lambda h: {("é" + k if k != "__metadata__" else k): v for k, v in
-                                                     _set(f"{P}.bias", "dtype", "Q")(h).items()}),
+    "unicode_names": lambda p: rewrite(
+        p, lambda h: {("é" + k if k != "__metadata__" else k): v for k, v in _set(f"{P}.bias", "dtype", "Q")(h).items()}
+    ),
 }
 
 
@@ -283,8 +286,9 @@ def test_truncated_download_cli(tmp_path, capsys):
 def test_header_above_safetensors_limit(tmp_path):
     """safetensors refuses a header over 100,000,000 bytes (comfyquant's reader allows 100
     MiB): C008, and every target fails with ``header too large``."""
-    header = json.dumps({"__metadata__": {"pad": "x" * 100_000_000}, "a.weight": {"dtype": "BF16", "shape": [2],
-                                                                                 "data_offsets": [0, 4]}})
+    header = json.dumps(
+        {"__metadata__": {"pad": "x" * 100_000_000}, "a.weight": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}
+    )
     assert 100_000_000 < len(header) < 100 * 1024 * 1024
     path = raw_file(tmp_path / "big.safetensors", header, b"\0" * 4)
     try:
@@ -331,8 +335,15 @@ def test_container_safetensors_accepts_is_not_an_error(tmp_path, entry):
 
 _DTYPES = {"F32": 4, "BF16": 2, "U8": 1, "I8": 1, "F8_E4M3": 1}
 _TEXT = st.text(st.sampled_from('ab"\\\n\t\x01\x7fé\u0301\u200b ~'), max_size=3)
-_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**65), st.floats(allow_nan=False, allow_infinity=False),
-                    _TEXT, st.lists(st.integers(-1, 9), max_size=3), st.builds(dict))
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 2**65),
+    st.floats(allow_nan=False, allow_infinity=False),
+    _TEXT,
+    st.lists(st.integers(-1, 9), max_size=3),
+    st.builds(dict),
+)
 
 
 @st.composite
@@ -367,11 +378,15 @@ def damaged_headers(draw):
                 continue
             if kind == "field":
                 victim[draw(st.sampled_from(["dtype", "shape", "data_offsets"]))] = draw(
-                    st.one_of(_VALUES, st.sampled_from(["Q7", "F4", "U8", "F8_E8M0"])))
+                    st.one_of(_VALUES, st.sampled_from(["Q7", "F4", "U8", "F8_E8M0"]))
+                )
             elif kind == "drop":
                 victim.pop(draw(st.sampled_from(["dtype", "shape", "data_offsets"])), None)
-            elif isinstance(victim.get("data_offsets"), list) and len(victim["data_offsets"]) == 2 \
-                    and all(type(x) is int for x in victim["data_offsets"]):
+            elif (
+                isinstance(victim.get("data_offsets"), list)
+                and len(victim["data_offsets"]) == 2
+                and all(type(x) is int for x in victim["data_offsets"])
+            ):
                 a, b = victim["data_offsets"]
                 victim["data_offsets"] = [max(0, a + draw(st.integers(-2, 2))), max(0, b + draw(st.integers(-2, 2)))]
     return obj, data_len, draw(st.sampled_from([None, 1, 2]))
@@ -401,9 +416,32 @@ def test_container_model_matches_safetensors_on_fuzzed_headers(tmp_path_factory,
         assert hdr.findings
 
 
-@pytest.mark.parametrize("value", ["1e-6", "2e-6", "9.99e-6", "1e-5", "1.0", "123.456", "1e15", "9.999e15", "1e16",
-                                   "1.5e16", "1e100", "5e-324", "1.7976931348623157e308", "0.1", "-1e16", "-1e-7",
-                                   "12345.678e3", "0.000015", "1.25e-5", "-0.0", "18446744073709551616"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "1e-6",
+        "2e-6",
+        "9.99e-6",
+        "1e-5",
+        "1.0",
+        "123.456",
+        "1e15",
+        "9.999e15",
+        "1e16",
+        "1.5e16",
+        "1e100",
+        "5e-324",
+        "1.7976931348623157e308",
+        "0.1",
+        "-1e16",
+        "-1e-7",
+        "12345.678e3",
+        "0.000015",
+        "1.25e-5",
+        "-0.0",
+        "18446744073709551616",
+    ],
+)
 def test_float_rendering_matches_serde(tmp_path, value):
     """serde prints floats its own way (``0.00001``, ``1.5e-7``, ``1e+16``): the message says
     exactly what safetensors says."""
@@ -413,6 +451,7 @@ def test_float_rendering_matches_serde(tmp_path, value):
 
 
 # -- item 3: severity and verdicts agree, over many broken files ---------------------------------
+
 
 def _cast(layer: dict, suffix: str, dtype: str) -> dict:
     layer = dict(layer)
@@ -476,26 +515,41 @@ def _broken_files(tmp_path):
             files.append(out(f"{name} {suffix} flat", _reshape(layer, suffix, (max(1, shape[0] if shape else 1),))))
             files.append(out(f"{name} without {suffix}", _drop(layer, suffix)))
         marker = json.loads(layer[next(k for k in layer if k.endswith(".comfy_quant"))][2])
-        for bad in ({}, {"format": "nope"}, {**marker, "convrot": False}, {**marker, "group_size": 12},
-                    {**marker, "convrot_groupsize": 128}, {**marker, "convrot_groupsize": "x"}, [1, 2], b"\xff{"):
+        for bad in (
+            {},
+            {"format": "nope"},
+            {**marker, "convrot": False},
+            {**marker, "group_size": 12},
+            {**marker, "convrot_groupsize": 128},
+            {**marker, "convrot_groupsize": "x"},
+            [1, 2],
+            b"\xff{",
+        ):
             files.append(out(f"{name} marker {bad!r}", _remark(layer, bad)))
         files.append(out(f"{name} unmarked", {k: v for k, v in layer.items() if not k.endswith(".comfy_quant")}))
         prefix = next(k for k in layer if k.endswith(".comfy_quant"))[: -len(".comfy_quant")]
-        files.append(out(f"{name} header disagrees", layer,
-                         metadata=header_markers({prefix: {**marker, "format": "int8_tensorwise"}})))
+        files.append(
+            out(f"{name} header disagrees", layer, metadata=header_markers({prefix: {**marker, "format": "int8_tensorwise"}}))
+        )
         files.append(out(f"{name} header names no layer", layer, metadata=header_markers({"nowhere.x": marker})))
     files.append(out("mixed formats", *(make() for make in LAYERS.values())))
     files.append(out("fp8 scale bf16 x3", *(_cast(fp8_layer(f"b.{i}"), "weight_scale", "BF16") for i in range(3))))
     for kind, damage in sorted(DAMAGE.items()):
-        files.append((f"container {kind}", damage(write(tmp_path / f"c_{kind}.safetensors", w4a8_layer(P),
-                                                        fp8_layer("blocks.1.ff")))))
+        files.append(
+            (f"container {kind}", damage(write(tmp_path / f"c_{kind}.safetensors", w4a8_layer(P), fp8_layer("blocks.1.ff"))))
+        )
     # a sharded checkpoint whose index names a missing shard and a tensor no shard holds
     shard_dir = tmp_path / "shards"
     shard_dir.mkdir()
     write(shard_dir / "m-00001-of-00002.safetensors", w4a8_layer("blocks.0.w"))
-    index = {"metadata": {}, "weight_map": {**{k: "m-00001-of-00002.safetensors" for k in w4a8_layer("blocks.0.w")},
-                                            "blocks.9.x.weight": "m-00002-of-00002.safetensors",
-                                            "blocks.8.x.weight": "m-00001-of-00002.safetensors"}}
+    index = {
+        "metadata": {},
+        "weight_map": {
+            **{k: "m-00001-of-00002.safetensors" for k in w4a8_layer("blocks.0.w")},
+            "blocks.9.x.weight": "m-00002-of-00002.safetensors",
+            "blocks.8.x.weight": "m-00001-of-00002.safetensors",
+        },
+    }
     (shard_dir / "m.safetensors.index.json").write_text(json.dumps(index))
     files.append(("missing shard", str(shard_dir)))
     return files
@@ -568,8 +622,14 @@ def _kitchen_outcome(variant: str, layer, comfyui: bool):
     v = VARIANTS[variant]
     t = dict(layer.tensors)
     marker = layer.marker
-    storage = {"float8_e4m3fn": torch.float8_e4m3fn, "nvfp4": torch.uint8, "mxfp8": torch.float8_e4m3fn,
-               "int8_tensorwise": torch.int8, "convrot_w4a4": torch.int8, "asym_w4a8_int8": torch.int8}[v.format]
+    storage = {
+        "float8_e4m3fn": torch.float8_e4m3fn,
+        "nvfp4": torch.uint8,
+        "mxfp8": torch.float8_e4m3fn,
+        "int8_tensorwise": torch.int8,
+        "convrot_w4a4": torch.int8,
+        "asym_w4a8_int8": torch.int8,
+    }[v.format]
 
     def scale(name, view=None):
         x = t.get(name)
@@ -589,14 +649,23 @@ def _kitchen_outcome(variant: str, layer, comfyui: bool):
             if marker.get("convrot"):
                 sc.update(convrot=True, convrot_groupsize=int(marker.get("convrot_groupsize", 256)))
         elif v.format == "convrot_w4a4":
-            sc = {"scale": scale("weight_scale"), "convrot_groupsize": int(marker.get("convrot_groupsize", 256)),
-                  "quant_group_size": 64, "linear_dtype": marker.get("linear_dtype", "int4")}
+            sc = {
+                "scale": scale("weight_scale"),
+                "convrot_groupsize": int(marker.get("convrot_groupsize", 256)),
+                "quant_group_size": 64,
+                "linear_dtype": marker.get("linear_dtype", "int4"),
+            }
         else:
             s_rel = t["weight_s_rel"]
             if comfyui and s_rel.dtype == torch.uint8:
                 s_rel = s_rel.view(torch.float8_e4m3fn)
-            sc = {"scale": s_rel, "s_channel": t.get("weight_s_channel"), "codebook": t.get("weight_codebook"),
-                  "group_size": int(marker.get("group_size", 16)), "convrot_groupsize": int(marker.get("convrot_groupsize", 256))}
+            sc = {
+                "scale": s_rel,
+                "s_channel": t.get("weight_s_channel"),
+                "codebook": t.get("weight_codebook"),
+                "group_size": int(marker.get("group_size", 16)),
+                "convrot_groupsize": int(marker.get("convrot_groupsize", 256)),
+            }
             if not comfyui and "weight_correction" in t:
                 sc["correction"] = t["weight_correction"]
         params = get_layout_class(v.layout).Params(**sc, orig_dtype=torch.bfloat16, orig_shape=(layer.n, layer.k))
@@ -617,13 +686,24 @@ def _sets_sorted(message: str) -> str:
     return _SET.sub(lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", message)
 
 
-SCALES = [(variant, suffix) for variant, suffixes in {
-    "fp8": ("weight_scale",), "fp8_static": ("weight_scale", "input_scale"),
-    "int8_scalar": ("weight_scale",), "int8_rowwise": ("weight_scale",), "int8_convrot": ("weight_scale",),
-    "w4a8_codebook": ("weight_s_rel", "weight_s_channel", "weight_codebook"), "w4a8_uniform": ("weight_s_channel",),
-    "w4a8_asym": ("weight_s_channel", "weight_correction"), "w6a8": ("weight_s_rel", "weight_s_channel"),
-    "w4a4": ("weight_scale",), "nvfp4": ("weight_scale", "weight_scale_2"), "mxfp8": ("weight_scale",),
-}.items() for suffix in suffixes]
+SCALES = [
+    (variant, suffix)
+    for variant, suffixes in {
+        "fp8": ("weight_scale",),
+        "fp8_static": ("weight_scale", "input_scale"),
+        "int8_scalar": ("weight_scale",),
+        "int8_rowwise": ("weight_scale",),
+        "int8_convrot": ("weight_scale",),
+        "w4a8_codebook": ("weight_s_rel", "weight_s_channel", "weight_codebook"),
+        "w4a8_uniform": ("weight_s_channel",),
+        "w4a8_asym": ("weight_s_channel", "weight_correction"),
+        "w6a8": ("weight_s_rel", "weight_s_channel"),
+        "w4a4": ("weight_scale",),
+        "nvfp4": ("weight_scale", "weight_scale_2"),
+        "mxfp8": ("weight_scale",),
+    }.items()
+    for suffix in suffixes
+]
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "u8"])
@@ -646,8 +726,12 @@ def test_scale_dtype_verdicts_match_comfy_kitchen(tmp_path, variant, suffix, dty
         cast = original.float().to(DTYPES[dtype])
     layer = base.with_tensor(suffix, cast)
     # the reference keeps the original dtype and holds the cast values
-    ref = base.with_tensor(suffix, cast.to(original.dtype) if original.dtype.is_floating_point and original.dtype.itemsize >= 2
-                           and dtype != "u8" else original)
+    ref = base.with_tensor(
+        suffix,
+        cast.to(original.dtype)
+        if original.dtype.is_floating_point and original.dtype.itemsize >= 2 and dtype != "u8"
+        else original,
+    )
     path = write_layers(tmp_path / "m.safetensors", [layer])
     report = check(path)
     for name, comfyui in (("comfy-kitchen", False), ("comfyui", True)):
@@ -685,8 +769,17 @@ def test_comfyui_views_a_scalar_block_scale(tmp_path, variant, dtype):
     assert any(f.severity == "error" and "comfyui" in f.targets for f in report.findings)
 
 
-SURROGATE_NAMES = [r"\ud800x", r"\ud800", r"\ud800\n", r"\ud800\u0041", r"\ud800\ud800", r"\udc80", r"ab\udfff",
-                   r"\ud800\"q", r"\ud800\\q"]
+SURROGATE_NAMES = [
+    r"\ud800x",
+    r"\ud800",
+    r"\ud800\n",
+    r"\ud800\u0041",
+    r"\ud800\ud800",
+    r"\udc80",
+    r"ab\udfff",
+    r"\ud800\"q",
+    r"\ud800\\q",
+]
 
 
 @pytest.mark.parametrize("where", ["name", "metadata key", "metadata value"])
@@ -695,9 +788,11 @@ def test_lone_surrogates_fail_every_target_like_safetensors(tmp_path, escape, wh
     """Python's json decodes a lone surrogate escape into a string that is not text; serde_json
     refuses the header at its own position: every target FAILS with that exact message."""
     entry = '{"dtype":"U8","shape":[4],"data_offsets":[0,4]}'
-    text = {"name": '{"a' + escape + '":' + entry + "}",
-            "metadata key": '{"__metadata__":{"k' + escape + '":"v"},"a":' + entry + "}",
-            "metadata value": '{"__metadata__":{"k":"v' + escape + '"},"a":' + entry + "}"}[where]
+    text = {
+        "name": '{"a' + escape + '":' + entry + "}",
+        "metadata key": '{"__metadata__":{"k' + escape + '":"v"},"a":' + entry + "}",
+        "metadata value": '{"__metadata__":{"k":"v' + escape + '"},"a":' + entry + "}",
+    }[where]
     path = raw_file(tmp_path / "s.safetensors", text, bytes(4))
     report = assert_fails_like_safetensors(path)
     assert not report.ok
@@ -711,9 +806,13 @@ def test_surrogate_pairs_and_escaped_backslashes_load(tmp_path, pair):
     assert all(v.loads for v in check(path).verdicts.values())
 
 
-OUT_OF_RANGE = ['"shape":1e400,"data_offsets":[0,4]', '"shape":[1e400],"data_offsets":[0,4]',
-                '"shape":[4],"data_offsets":[0,1e400]', '"shape":[4],"data_offsets":[0,-1e400]',
-                '"shape":[' + "9" * 400 + '],"data_offsets":[0,4]']
+OUT_OF_RANGE = [
+    '"shape":1e400,"data_offsets":[0,4]',
+    '"shape":[1e400],"data_offsets":[0,4]',
+    '"shape":[4],"data_offsets":[0,1e400]',
+    '"shape":[4],"data_offsets":[0,-1e400]',
+    '"shape":[' + "9" * 400 + '],"data_offsets":[0,4]',
+]
 
 
 @pytest.mark.parametrize("fields", OUT_OF_RANGE)
@@ -725,6 +824,7 @@ def test_numbers_out_of_range_fail_like_safetensors(tmp_path, fields):
 
 
 def test_number_out_of_range_in_metadata_fails_like_safetensors(tmp_path):
-    path = raw_file(tmp_path / "o.safetensors",
-                    '{"__metadata__":{"k":1e400},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}', bytes(4))
+    path = raw_file(
+        tmp_path / "o.safetensors", '{"__metadata__":{"k":1e400},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}', bytes(4)
+    )
     assert_fails_like_safetensors(path)

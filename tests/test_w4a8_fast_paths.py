@@ -20,13 +20,46 @@ from comfyquant.formats.w4a8 import encoder as enc
 from comfyquant.numerics import nearest as nr
 from kitchen_fixtures import quantize, same_bits
 
-SPECIAL = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan"), 1e-45, -1e-45, 1.17549435e-38,
-           -1.17549435e-38, 3.4028235e38, -3.4028235e38, 0.5, -0.5, 127.0, -127.0, 126.5, -126.5]
+SPECIAL = [
+    0.0,
+    -0.0,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    -float("nan"),
+    1e-45,
+    -1e-45,
+    1.17549435e-38,
+    -1.17549435e-38,
+    3.4028235e38,
+    -3.4028235e38,
+    0.5,
+    -0.5,
+    127.0,
+    -127.0,
+    126.5,
+    -126.5,
+]
 
-PATTERNS = [0x7F800001, 0x7F807FFF, 0x7F808000, 0x7FC00000, 0x7FFFFFFF, 0xFF800000 - (1 << 32),
-            0xFF800001 - (1 << 32), 0xFF807FFF - (1 << 32), 0xFFC00000 - (1 << 32), 0xFFFFFFFF - (1 << 32),
-            0x80000001 - (1 << 32), 0x80007FFF - (1 << 32), 0x80008000 - (1 << 32), 0x00007FFF, 0x00008000,
-            0x7F7FFFFF, 0xFF7FFFFF - (1 << 32)]
+PATTERNS = [
+    0x7F800001,
+    0x7F807FFF,
+    0x7F808000,
+    0x7FC00000,
+    0x7FFFFFFF,
+    0xFF800000 - (1 << 32),
+    0xFF800001 - (1 << 32),
+    0xFF807FFF - (1 << 32),
+    0xFFC00000 - (1 << 32),
+    0xFFFFFFFF - (1 << 32),
+    0x80000001 - (1 << 32),
+    0x80007FFF - (1 << 32),
+    0x80008000 - (1 << 32),
+    0x00007FFF,
+    0x00008000,
+    0x7F7FFFFF,
+    0xFF7FFFFF - (1 << 32),
+]
 """F32 bit patterns at the edges of the lookup's bit buckets (``bits >> 15``): NaNs with small
 payloads beside +-inf, the signed zeros' and subnormals' buckets, the largest finite values."""
 
@@ -35,10 +68,16 @@ def targets(cuts: torch.Tensor, n: int, scale: float, seed: int) -> torch.Tensor
     """``n`` targets: Gaussian ones, every cut and its float neighbours, specials, subnormals."""
     gen = torch.Generator().manual_seed(seed)
     c = cuts[torch.isfinite(cuts)].reshape(-1)
-    near = torch.cat([c, torch.nextafter(c, torch.full_like(c, float("inf"))),
-                      torch.nextafter(c, torch.full_like(c, float("-inf"))), torch.tensor(SPECIAL),
-                      torch.randint(-(1 << 23), 1 << 23, (64,), generator=gen).to(torch.int32).view(torch.float32),
-                      torch.tensor(PATTERNS, dtype=torch.int64).to(torch.int32).view(torch.float32)])
+    near = torch.cat(
+        [
+            c,
+            torch.nextafter(c, torch.full_like(c, float("inf"))),
+            torch.nextafter(c, torch.full_like(c, float("-inf"))),
+            torch.tensor(SPECIAL),
+            torch.randint(-(1 << 23), 1 << 23, (64,), generator=gen).to(torch.int32).view(torch.float32),
+            torch.tensor(PATTERNS, dtype=torch.int64).to(torch.int32).view(torch.float32),
+        ]
+    )
     t = torch.randn(n, generator=gen) * scale
     at = torch.randint(0, n, (near.numel() * 8,), generator=gen)
     t[at] = near.repeat(8)
@@ -96,12 +135,12 @@ def test_normalized_samples_equal_the_whole_division(g):
     rotated = (torch.randn(77, 512, generator=gen) * 0.02).to(torch.bfloat16)
     flat = rotated.view(-1)
     flat[:g] = 0.0  # a zero group: divided by the 1e-8 floor
-    flat[g:2 * g] = -0.0
+    flat[g : 2 * g] = -0.0
     flat[5 * g + 1] = float("nan")
     flat[7 * g + 2] = float("inf")
     flat[9 * g + 3] = float("-inf")
-    flat[11 * g:12 * g] = torch.tensor(1e-40).to(torch.bfloat16)  # subnormal BF16 values
-    flat[13 * g + 4] = 2 ** -130
+    flat[11 * g : 12 * g] = torch.tensor(1e-40).to(torch.bfloat16)  # subnormal BF16 values
+    flat[13 * g + 4] = 2**-130
     index = torch.cat([torch.arange(20 * g), torch.randint(0, flat.numel(), (5000,), generator=gen)])
     whole = rotated.float().view(77, -1, g)
     expected = (whole / whole.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8)).flatten()[index]

@@ -22,8 +22,7 @@ def _policy(env_value: str | None, before: str = "") -> str:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if env_value is not None:
         env["OMP_WAIT_POLICY"] = env_value
-    out = subprocess.run([sys.executable, "-c", PROBE.format(before=before)], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", PROBE.format(before=before)], env=env, capture_output=True, text=True, check=True)
     return out.stdout.strip().splitlines()[-1]
 
 

@@ -48,8 +48,19 @@ class Bank:
 class Layer:
     """A layer: its tensors by suffix and the marker that applies to it (if any)."""
 
-    __slots__ = ("prefix", "name", "tensors", "stored", "marker", "sources", "format_name", "inferred", "bank",
-                 "class_ids", "_sig")
+    __slots__ = (
+        "prefix",
+        "name",
+        "tensors",
+        "stored",
+        "marker",
+        "sources",
+        "format_name",
+        "inferred",
+        "bank",
+        "class_ids",
+        "_sig",
+    )
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -292,20 +303,38 @@ def _check_index(ckpt: Checkpoint, ss: ShardSet, findings: list[Finding]) -> Non
         if entry is None:
             if shard not in missing_set:
                 findings.append(
-                    Finding("C014", f"index maps {name!r} to {shard}, but no shard contains it", tensor=name,
-                            expected=shard, actual="absent", fix="regenerate the index from the shards",
-                            file=ss.index_path)
+                    Finding(
+                        "C014",
+                        f"index maps {name!r} to {shard}, but no shard contains it",
+                        tensor=name,
+                        expected=shard,
+                        actual="absent",
+                        fix="regenerate the index from the shards",
+                        file=ss.index_path,
+                    )
                 )
         elif shard_name.get(entry.file) != shard and _norm(shard_name.get(entry.file, "")) != _norm(shard):
             findings.append(
-                Finding("C012", f"index maps {name!r} to {shard}, but it is in {entry.file}", tensor=name,
-                        expected=shard, actual=entry.file, fix="regenerate the index from the shards", file=ss.index_path)
+                Finding(
+                    "C012",
+                    f"index maps {name!r} to {shard}, but it is in {entry.file}",
+                    tensor=name,
+                    expected=shard,
+                    actual=entry.file,
+                    fix="regenerate the index from the shards",
+                    file=ss.index_path,
+                )
             )
     for name, entry in tensors.items():
         if name not in wm:
             findings.append(
-                Finding("C013", f"tensor {name!r} in {entry.file} is not listed in the index", tensor=name,
-                        fix="regenerate the index from the shards", file=ss.index_path)
+                Finding(
+                    "C013",
+                    f"tensor {name!r} in {entry.file} is not listed in the index",
+                    tensor=name,
+                    fix="regenerate the index from the shards",
+                    file=ss.index_path,
+                )
             )
 
 
@@ -356,8 +385,12 @@ def _apply_markers(ckpt: Checkpoint, name_mapper: NameMapper | None) -> None:
                 if fmt is not None:
                     layer.format_name = fmt.name
                     layer.inferred = True
-        elif "num_experts" in layer.marker and (w := layer.tensors.get("weight")) is not None and len(w.shape) == 3 \
-                and w.shape[0] > 0:
+        elif (
+            "num_experts" in layer.marker
+            and (w := layer.tensors.get("weight")) is not None
+            and len(w.shape) == 3
+            and w.shape[0] > 0
+        ):
             _as_bank(layer)
         if name_mapper is not None:
             mapped = name_mapper(layer.prefix + ".weight")

@@ -36,7 +36,9 @@ def _module(name: str):
 
 
 def _build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    p = _Parser(prog="comfyquant", description="Check, inspect, repair, quantize and dequantize Comfy quantized safetensors checkpoints.")
+    p = _Parser(
+        prog="comfyquant", description="Check, inspect, repair, quantize and dequantize Comfy quantized safetensors checkpoints."
+    )
     p.add_argument("--version", action="version", version=f"comfyquant {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
@@ -122,15 +124,19 @@ def main(argv: list[str] | None = None) -> int:
             except ComfyQuantError as bad:
                 sys.stderr.write(f"comfyquant: {bad}\n")
                 return 2
-            sys.stderr.write(f"comfyquant {args.command}: needs {module}, which is not installed "
-                             f"(pip install 'comfyquant[{OPTIONAL_MODULES[module]}]')\n")
+            sys.stderr.write(
+                f"comfyquant {args.command}: needs {module}, which is not installed "
+                f"(pip install 'comfyquant[{OPTIONAL_MODULES[module]}]')\n"
+            )
             return 2
         import os
 
         if os.environ.get("COMFYQUANT_DEBUG"):
             raise
-        sys.stderr.write(f"comfyquant: internal error: {type(exc).__name__}: {exc} "
-                         f"(set COMFYQUANT_DEBUG=1 for the traceback; please report it)\n")
+        sys.stderr.write(
+            f"comfyquant: internal error: {type(exc).__name__}: {exc} "
+            f"(set COMFYQUANT_DEBUG=1 for the traceback; please report it)\n"
+        )
         return 3
 
 

@@ -68,9 +68,19 @@ class LayerComparison:
         return self.refused is None
 
     def to_dict(self) -> dict:
-        return {"layer": self.layer, "index": self.index, "shape": self.shape, "a": self.a, "b": self.b,
-                "rel_l2": _finite(self.rel_l2), "cosine": _finite(self.cosine), "max_abs": _finite(self.max_abs),
-                "nonfinite": self.nonfinite, "note": self.note, "refused": self.refused}
+        return {
+            "layer": self.layer,
+            "index": self.index,
+            "shape": self.shape,
+            "a": self.a,
+            "b": self.b,
+            "rel_l2": _finite(self.rel_l2),
+            "cosine": _finite(self.cosine),
+            "max_abs": _finite(self.max_abs),
+            "nonfinite": self.nonfinite,
+            "note": self.note,
+            "refused": self.refused,
+        }
 
 
 def _finite(x: float | None) -> float | None:
@@ -108,8 +118,9 @@ class Comparison:
         finite = [r for r in done if r.rel_l2 is not None and math.isfinite(r.rel_l2)]
         worst = self.worst()
         top_abs = max(done, key=lambda r: _sort_value(r.max_abs), default=None)
-        low_cos = min(done, key=lambda r: r.cosine if r.cosine is not None and math.isfinite(r.cosine) else -math.inf,
-                      default=None)
+        low_cos = min(
+            done, key=lambda r: r.cosine if r.cosine is not None and math.isfinite(r.cosine) else -math.inf, default=None
+        )
         return {
             "compared": len(done),
             "refused": len(self.refused),
@@ -126,10 +137,21 @@ class Comparison:
         }
 
     def to_dict(self) -> dict:
-        return {"schema": 1, "tool": "comfyquant", "command": "compare", "a": self.a, "b": self.b,
-                "reference": "b", "dtype": self.dtype, "layers_selected": self.selected,
-                "summary": self.summary(), "layers": [r.to_dict() for r in self.layers],
-                "only_a": self.only_a, "only_b": self.only_b, "seconds": round(self.seconds, 3)}
+        return {
+            "schema": 1,
+            "tool": "comfyquant",
+            "command": "compare",
+            "a": self.a,
+            "b": self.b,
+            "reference": "b",
+            "dtype": self.dtype,
+            "layers_selected": self.selected,
+            "summary": self.summary(),
+            "layers": [r.to_dict() for r in self.layers],
+            "only_a": self.only_a,
+            "only_b": self.only_b,
+            "seconds": round(self.seconds, 3),
+        }
 
     def render(self, sort: str = "model") -> str:
         """The table (model order, or ``sort="error"``: worst first), the summary and the
@@ -142,21 +164,27 @@ class Comparison:
         lines = [f"compare A: {name(self.a)}", f"   with B: {name(self.b)} (the reference: relative L2 = ||A-B|| / ||B||)"]
         rows = self.worst() if sort == "error" else self.compared
         if rows:
-            cells = [[r.layer, "x".join(map(str, r.shape)), r.a, r.b, _num(r.rel_l2, 5), _num(r.cosine, 6),
-                      _num(r.max_abs, 4, "g")] for r in rows]
+            cells = [
+                [r.layer, "x".join(map(str, r.shape)), r.a, r.b, _num(r.rel_l2, 5), _num(r.cosine, 6), _num(r.max_abs, 4, "g")]
+                for r in rows
+            ]
             lines += ["  " + x for x in table(["layer", "shape", "A", "B", "rel L2", "cosine", "max abs"], cells, {4, 5, 6})]
         s = self.summary()
         if s["compared"]:
-            lines.append(f"{s['compared']} layer{'s' * (s['compared'] != 1)} compared: relative L2 mean "
-                         f"{_num(s['rel_l2_mean'], 5)}, max {_num(s['rel_l2_max'], 5)} ({s['rel_l2_max_layer']}); "
-                         f"cosine min {_num(s['cosine_min'], 6)} ({s['cosine_min_layer']}); "
-                         f"max abs error {_num(s['max_abs'], 4, 'g')} ({s['max_abs_layer']})")
+            lines.append(
+                f"{s['compared']} layer{'s' * (s['compared'] != 1)} compared: relative L2 mean "
+                f"{_num(s['rel_l2_mean'], 5)}, max {_num(s['rel_l2_max'], 5)} ({s['rel_l2_max_layer']}); "
+                f"cosine min {_num(s['cosine_min'], 6)} ({s['cosine_min_layer']}); "
+                f"max abs error {_num(s['max_abs'], 4, 'g')} ({s['max_abs_layer']})"
+            )
         else:
             lines.append("no layer compared")
         bad = [r for r in self.compared if r.nonfinite]
         if bad:
-            lines.append(f"warning: {len(bad)} layer{'s' * (len(bad) != 1)} hold NaN/Inf values (figures not finite): "
-                         + _names([r.layer for r in bad]))
+            lines.append(
+                f"warning: {len(bad)} layer{'s' * (len(bad) != 1)} hold NaN/Inf values (figures not finite): "
+                + _names([r.layer for r in bad])
+            )
         for r in self.refused:
             lines.append(f"not compared: {r.layer}: {r.refused}")
         if self.only_a:
@@ -188,8 +216,10 @@ def _names(names: list[str], shown: int = 8) -> str:
 
 # -- the API ----------------------------------------------------------------------------------
 
-def compare(a, b, *, layers: str | Iterable[str] | None = None, dtype: str | None = None,
-            progress: bool | None = None) -> Comparison:
+
+def compare(
+    a, b, *, layers: str | Iterable[str] | None = None, dtype: str | None = None, progress: bool | None = None
+) -> Comparison:
     """Compare the checkpoint ``a`` with the reference ``b`` (each a file, shards, a folder or
     an index; any Comfy format, dense, or a dialect) layer by layer.
 
@@ -296,8 +326,7 @@ class _Side:
             raw = mapped_entries(self.ckpt, needed, CompareError)
             rest = [e for e in needed if e.name not in raw]
             raw.update((name, bytearray(data)) for name, data in self.ckpt.read_many(rest).items())
-            tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in entries.items()
-                       if e.name in raw}
+            tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in entries.items() if e.name in raw}
             try:
                 yield from layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan)
             except CodecError as exc:
@@ -370,7 +399,8 @@ def _crop(wa: _Weight, wb: _Weight):
                 side = which.upper()
                 return (which, small.shape[0], small.shape[1]), (
                     f"{side} ({big.kind}) decodes to the padded shape {list(big.shape)}: its first "
-                    f"{small.shape[0]} rows and {small.shape[1]} columns are compared")
+                    f"{small.shape[0]} rows and {small.shape[1]} columns are compared"
+                )
     return f"shapes differ: A ({wa.kind}) is {list(wa.shape)}, B ({wb.kind}) is {list(wb.shape)}"
 
 
@@ -438,13 +468,13 @@ def _measure(row: LayerComparison, blocks_a: Iterator, blocks_b: Iterator) -> No
 
 # -- the plot ---------------------------------------------------------------------------------
 
+
 def require_matplotlib() -> None:
     """Refuse ``--plot`` before any work when matplotlib (the ``plot`` extra) is missing."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise InputError("--plot draws a PNG with matplotlib, which is not installed: "
-                         "pip install 'comfyquant[plot]'") from None
+        raise InputError("--plot draws a PNG with matplotlib, which is not installed: pip install 'comfyquant[plot]'") from None
 
 
 def write_png(result: Comparison, path: str) -> None:
@@ -476,8 +506,10 @@ def write_png(result: Comparison, path: str) -> None:
     s = result.summary()
     a = os.path.basename(result.a[0].rstrip("/")) if result.a else "A"
     b = os.path.basename(result.b[0].rstrip("/")) if result.b else "B"
-    ax.set_title(f"comfyquant compare: {a} vs {b}: {len(rows)} layers, mean {_num(s['rel_l2_mean'], 4)}, "
-                 f"max {_num(s['rel_l2_max'], 4)}", fontsize=10)
+    ax.set_title(
+        f"comfyquant compare: {a} vs {b}: {len(rows)} layers, mean {_num(s['rel_l2_mean'], 4)}, max {_num(s['rel_l2_max'], 4)}",
+        fontsize=10,
+    )
     fig.tight_layout()
     tmp = path + ".tmp.png"
     try:
@@ -490,6 +522,7 @@ def write_png(result: Comparison, path: str) -> None:
 
 
 # -- the --max-error gate ---------------------------------------------------------------------
+
 
 def over_limit(errors: dict[str, float], limit: float) -> list[tuple[str, float]]:
     """``(layer, error)`` of every layer above ``limit`` (a NaN error is above any), worst first."""

@@ -114,9 +114,11 @@ class Summary:
         if self.overflowed:
             worst = max(self.overflowed, key=self.overflowed.get)
             total = sum(self.overflowed.values())
-            lines.append(f"warning: {total} value{'s' * (total != 1)} in {len(self.overflowed)} layer"
-                         f"{'s' * (len(self.overflowed) != 1)} exceed F16's range and were written as +-inf "
-                         f"(most: {worst}, {self.overflowed[worst]}); use --dtype bf16 or f32")
+            lines.append(
+                f"warning: {total} value{'s' * (total != 1)} in {len(self.overflowed)} layer"
+                f"{'s' * (len(self.overflowed) != 1)} exceed F16's range and were written as +-inf "
+                f"(most: {worst}, {self.overflowed[worst]}); use --dtype bf16 or f32"
+            )
         lines += [f"wrote {p}" for p in self.outputs]
         return "\n".join(lines)
 
@@ -146,8 +148,9 @@ class DecodedLayer:
             from .checkpoint import expert_entry
 
             self.shape = (bank.experts, n, k)
-            self.per_expert = [{s: expert_entry(e, bank.experts, i) for s, e in layer.stored.items()}
-                               for i in range(bank.experts)]
+            self.per_expert = [
+                {s: expert_entry(e, bank.experts, i) for s, e in layer.stored.items()} for i in range(bank.experts)
+            ]
 
     @property
     def nbytes(self) -> int:
@@ -155,8 +158,9 @@ class DecodedLayer:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def dequantize(src: Paths, out: str | None = None, dtype: str | None = None, *, progress: bool | None = None,
-               overwrite: bool = False) -> Summary:
+def dequantize(
+    src: Paths, out: str | None = None, dtype: str | None = None, *, progress: bool | None = None, overwrite: bool = False
+) -> Summary:
     """Write a dense copy of the checkpoint ``src`` (file, shards, folder or index) to ``out``.
 
     ``out`` ending in ``.safetensors`` is one file; anything else is a folder keeping the
@@ -231,16 +235,31 @@ def _load_modules() -> None:
     Python may not write them), so that the run's seconds are the run's."""
     import importlib
 
-    for name in ("formats.codec", "codecs", "dialects.containers", "dialects.view", "gate", "markers",
-                 "checker.run", "checkpoint", "io.shards", "io.writer", "io.direct", "io.copying",
-                 "numerics.dtypes", "numerics.rows"):
+    for name in (
+        "formats.codec",
+        "codecs",
+        "dialects.containers",
+        "dialects.view",
+        "gate",
+        "markers",
+        "checker.run",
+        "checkpoint",
+        "io.shards",
+        "io.writer",
+        "io.direct",
+        "io.copying",
+        "numerics.dtypes",
+        "numerics.rows",
+    ):
         importlib.import_module(f"{__package__}.{name}")
 
 
 # -- checking and planning --------------------------------------------------------------------
 
-def plan_layers(ckpt, dtype, implied: dict[str, dict], verb: str = "dequantize",
-                error: type[ComfyQuantError] = DequantizeError) -> dict[str, DecodedLayer]:
+
+def plan_layers(
+    ckpt, dtype, implied: dict[str, dict], verb: str = "dequantize", error: type[ComfyQuantError] = DequantizeError
+) -> dict[str, DecodedLayer]:
     """Validated decode plans for every marked layer, keyed by the weight tensor's name.  A
     layer without a marker of its own is decoded with the marker the file's ``quant_format``
     implies (``implied``), if any.  ``verb``/``error``: how a refusal reads and what it raises
@@ -263,7 +282,11 @@ def plan_layers(ckpt, dtype, implied: dict[str, dict], verb: str = "dequantize",
             plan = codec.plan(entries, marker, prefix)
             out_dtype = codec.output_dtype(dtype, entries, plan.marker)
         except (CodecError, ValueError) as exc:
-            why = "" if layer.marker is not None else f" (it has no marker: the file's quant_format makes it {fmt}, as SGLang reads it)"
+            why = (
+                ""
+                if layer.marker is not None
+                else f" (it has no marker: the file's quant_format makes it {fmt}, as SGLang reads it)"
+            )
             raise error(f"refusing to {verb}: {exc}{why}") from None
         drop = {s.suffix for s in FORMATS[fmt].slots} - {"weight", "bias"}
         drop.add("comfy_quant")
@@ -278,8 +301,16 @@ def _plan_outputs(ckpt, out: str | None, overwrite: bool) -> tuple[list[tuple[st
     for h in ckpt.headers:
         names = sorted((n for n, e in h.tensors.items() if ckpt.tensors.get(n) is e), key=lambda n: h.tensors[n].start)
         per_file.append((h.file, names))
-    dest = claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag="dense", merge=True,
-                 index_for_shards="model.safetensors.index.json", error=DequantizeError)
+    dest = claim(
+        list(ckpt.files),
+        ckpt.shardset.index_path,
+        out,
+        overwrite=overwrite,
+        tag="dense",
+        merge=True,
+        index_for_shards="model.safetensors.index.json",
+        error=DequantizeError,
+    )
     dests = dest.files
     if dests is None:
         files = [(dest.merged, None, [n for _, names in per_file for n in names])]
@@ -322,14 +353,17 @@ def _verify_output(temps: list[str], files: list, work) -> None:
             planned = {n for n in names if n in work.sizes}
             wrong = [n for n in planned if n not in written or written[n].nbytes != work.sizes[n]]
             if wrong or len(written) != len(planned):
-                raise DequantizeError(f"{path}: the written file does not hold the planned tensors "
-                                      f"(first: {(wrong or sorted(set(written) - planned))[0]!r}); nothing was "
-                                      "written (please report this)")
+                raise DequantizeError(
+                    f"{path}: the written file does not hold the planned tensors "
+                    f"(first: {(wrong or sorted(set(written) - planned))[0]!r}); nothing was "
+                    "written (please report this)"
+                )
         report = check_checkpoint(out, target="comfy-kitchen")
     errors = [f for f in report.findings if f.severity == "error"]
     if errors:
-        raise DequantizeError(f"the written output fails check: {errors[0].message} [{errors[0].code}]; nothing was "
-                              "written (please report this)")
+        raise DequantizeError(
+            f"the written output fails check: {errors[0].message} [{errors[0].code}]; nothing was written (please report this)"
+        )
 
 
 def _commit(temps: list[str], files: list) -> None:
@@ -353,6 +387,7 @@ def _write_index(path: str, files: list, sizes: dict[str, int]) -> None:
 
 
 # -- streaming --------------------------------------------------------------------------------
+
 
 class _Work:
     """Builds each output file's tensor table with lazy data and keeps the counts."""
@@ -382,8 +417,9 @@ class _Work:
 
     def planned_bytes(self, names: list[str]) -> int:
         """Tensor bytes :meth:`output` will write for ``names``."""
-        return sum(self.layers[n].nbytes if n in self.layers else 0 if self._dropped(n) else self.ckpt.tensors[n].nbytes
-                   for n in names)
+        return sum(
+            self.layers[n].nbytes if n in self.layers else 0 if self._dropped(n) else self.ckpt.tensors[n].nbytes for n in names
+        )
 
     def output(self, names: list[str], metadata: dict) -> tuple[dict, dict]:
         from .io.copying import copy_range
@@ -508,19 +544,26 @@ class _Work:
                 raw = self._read(needed)
                 tensors = {s: from_bytes(raw[e.name], e.dtype, e.shape) for s, e in entries.items() if e.name in raw}
                 yield layer, "read", sum(e.nbytes for e in needed)
-                if layer.per_expert is None and layer.dtype != torch.float32 and \
-                        layer.codec.decodes_whole(tensors, layer.plan, layer.dtype):
+                if (
+                    layer.per_expert is None
+                    and layer.dtype != torch.float32
+                    and layer.codec.decodes_whole(tensors, layer.plan, layer.dtype)
+                ):
                     # One GEMM over the layer (comfy-kitchen's), rounded to the output dtype
                     # whole, its F32 operand and product freed: the blocks (slices of it) go to
                     # the writer as one item, so this thread reads and un-rotates the next
                     # layer while this one is written, instead of after its last block.
-                    blocks = list(layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype,
-                                                          plan=layer.plan, round_whole=True, phase=phase))
+                    blocks = list(
+                        layer.codec.iter_decode(
+                            tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan, round_whole=True, phase=phase
+                        )
+                    )
                     yield layer, "blocks", [(b, int(torch.isinf(b).sum()) if f16 else 0) for b in blocks]
                     del blocks, tensors, raw
                     continue
-                for block in layer.codec.iter_decode(tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan,
-                                                     buffers=AHEAD + 2, phase=phase):
+                for block in layer.codec.iter_decode(
+                    tensors, layer.plan.marker, dtype=layer.dtype, plan=layer.plan, buffers=AHEAD + 2, phase=phase
+                ):
                     if self._in_buffer(block):  # a view of the packed input: the next read overwrites it
                         block = block.clone()
                     largest = max(largest, block.nbytes)
@@ -570,7 +613,7 @@ class _Work:
                 if kind == "read":
                     self._advance(value)
                     continue
-                for block, inf in (value if kind == "blocks" else [value]):
+                for block, inf in value if kind == "blocks" else [value]:
                     if inf:
                         self.summary.overflowed[layer.name] = self.summary.overflowed.get(layer.name, 0) + inf
                     data = to_bytes(block)
@@ -689,8 +732,15 @@ class _RichBar:
         from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-        self.progress = Progress(TextColumn("dequantize"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                                 TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+        self.progress = Progress(
+            TextColumn("dequantize"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self.task = self.progress.add_task("dequantize", total=total)
 
     def __enter__(self):

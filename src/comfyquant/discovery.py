@@ -16,13 +16,17 @@ def subpackages(package: str, init_file: str) -> list[ModuleType]:
     name order; folders starting with ``_`` or ``.`` are skipped."""
     here = os.path.dirname(init_file)
     with os.scandir(here) as entries:
-        names = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith(("_", "."))
-                       and os.path.isfile(os.path.join(e.path, "__init__.py")))
+        names = sorted(
+            e.name
+            for e in entries
+            if e.is_dir() and not e.name.startswith(("_", ".")) and os.path.isfile(os.path.join(e.path, "__init__.py"))
+        )
     return [import_module(f"{package}.{name}") for name in names]
 
 
-def lazy_exports(package: str, where: dict[str, str],
-                 public: list[str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, where: dict[str, str], public: list[str]
+) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for a package whose public names live in its submodules
     (``where``: name -> module, relative to the package): each is imported on first access, so
     importing the package costs nothing (start-up time is a product feature; torch and

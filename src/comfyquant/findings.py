@@ -96,10 +96,20 @@ class Finding:
 
     __slots__ = ("code", "message", "layer", "tensor", "expected", "actual", "cause", "fix", "severity", "targets", "file")
 
-    def __init__(self, code: str, message: str, layer: str | None = None, tensor: str | None = None,
-                 expected: str | None = None, actual: str | None = None, cause: str | None = None,
-                 fix: str | None = None, severity: str = "", targets: list[str] | None = None,
-                 file: str | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        layer: str | None = None,
+        tensor: str | None = None,
+        expected: str | None = None,
+        actual: str | None = None,
+        cause: str | None = None,
+        fix: str | None = None,
+        severity: str = "",
+        targets: list[str] | None = None,
+        file: str | None = None,
+    ) -> None:
         self.code = code
         self.message = message
         self.layer = layer

@@ -51,13 +51,19 @@ def _relabelled_for_kitchen(ckpt, report) -> set[str]:
     return only_dtype - still
 
 
-def refuse_errors(report, verb: str, error: type[ComfyQuantError] = InputError, implied: set[str] = frozenset(),
-                  viewed: set[str] = frozenset()) -> None:
+def refuse_errors(
+    report, verb: str, error: type[ComfyQuantError] = InputError, implied: set[str] = frozenset(), viewed: set[str] = frozenset()
+) -> None:
     """``implied``: unmarked layers a file-level ``quant_format`` covers (their missing marker,
     M023, is no obstacle); ``viewed``: layers whose only comfy-kitchen failure is a dtype label
     ComfyUI views as the right one (no finding of theirs is an obstacle)."""
-    errors = [f for f in report.findings if (f.severity == "error" or f.code in ALWAYS_BLOCKING)
-              and f.layer not in viewed and not (f.code == "M023" and f.layer in implied)]
+    errors = [
+        f
+        for f in report.findings
+        if (f.severity == "error" or f.code in ALWAYS_BLOCKING)
+        and f.layer not in viewed
+        and not (f.code == "M023" and f.layer in implied)
+    ]
     if not errors:
         return
     first = errors[0]

@@ -18,12 +18,36 @@ class LayerRow:
     """One layer of the inventory.  (Hand-written rather than a dataclass: ``inspect`` is a
     start-up-bound command and ``import dataclasses`` would be a tenth of its instructions.)"""
 
-    __slots__ = ("name", "format", "n", "k", "params", "dtypes", "bytes", "bits_per_weight", "marked", "dialect",
-                 "verdict", "marker", "stored")
+    __slots__ = (
+        "name",
+        "format",
+        "n",
+        "k",
+        "params",
+        "dtypes",
+        "bytes",
+        "bits_per_weight",
+        "marked",
+        "dialect",
+        "verdict",
+        "marker",
+        "stored",
+    )
 
-    def __init__(self, name: str, format: str, n: int | None, k: int | None, params: str, dtypes: str, bytes: int,
-                 bits_per_weight: float | None, marked: bool = True, dialect: str = "comfy",
-                 verdict: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        format: str,
+        n: int | None,
+        k: int | None,
+        params: str,
+        dtypes: str,
+        bytes: int,
+        bits_per_weight: float | None,
+        marked: bool = True,
+        dialect: str = "comfy",
+        verdict: str | None = None,
+    ) -> None:
         self.name = name
         self.format = format
         self.n = n
@@ -69,11 +93,30 @@ class LayerRow:
 class Inventory:
     """Every layer's row and the checkpoint's totals (hand-written for start-up, as LayerRow)."""
 
-    __slots__ = ("paths", "files", "rows", "other_bytes", "other_tensors", "file_bytes", "bf16_bytes", "dialects",
-                 "notes", "metadata", "tensors")
+    __slots__ = (
+        "paths",
+        "files",
+        "rows",
+        "other_bytes",
+        "other_tensors",
+        "file_bytes",
+        "bf16_bytes",
+        "dialects",
+        "notes",
+        "metadata",
+        "tensors",
+    )
 
-    def __init__(self, paths: list[str], files: list[str], rows: list[LayerRow] | None = None, other_bytes: int = 0,
-                 other_tensors: int = 0, file_bytes: int = 0, bf16_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        paths: list[str],
+        files: list[str],
+        rows: list[LayerRow] | None = None,
+        other_bytes: int = 0,
+        other_tensors: int = 0,
+        file_bytes: int = 0,
+        bf16_bytes: int = 0,
+    ) -> None:
         self.paths = paths
         self.files = files
         self.rows = rows if rows is not None else []
@@ -183,8 +226,9 @@ def _translated_row(tr, name: str, counted: set[str], kept: _AsStored) -> LayerR
 
 def _structured(row: LayerRow, marker: dict | None, stored: dict, kept: _AsStored | None = None) -> LayerRow:
     row.marker = marker
-    row.stored = {s: {"dtype": kept.dtype(e) if kept else e.dtype, "shape": list(e.shape)}
-                  for s, e in stored.items() if s != "comfy_quant"}
+    row.stored = {
+        s: {"dtype": kept.dtype(e) if kept else e.dtype, "shape": list(e.shape)} for s, e in stored.items() if s != "comfy_quant"
+    }
     return row
 
 
@@ -224,10 +268,24 @@ def inventory(ckpt: Checkpoint) -> Inventory:
             name = DENSE if w.dtype in ("F32", "F16", "BF16", "F64") else f"unknown ({w.dtype})"
             n, k = (w.shape[0], w.numel // w.shape[0]) if len(w.shape) >= 2 and w.shape[0] else (None, None)
             numel = w.numel
-            inv.rows.append(_structured(LayerRow(layer.name, name, n, k, "x".join(map(str, w.shape)), dtypes, size,
-                                                 round(8 * size / numel, 3) if numel else None, layer.marker is not None,
-                                                 "comfy" if layer.marker is not None else "dense"),
-                                        layer.marker, layer.stored))
+            inv.rows.append(
+                _structured(
+                    LayerRow(
+                        layer.name,
+                        name,
+                        n,
+                        k,
+                        "x".join(map(str, w.shape)),
+                        dtypes,
+                        size,
+                        round(8 * size / numel, 3) if numel else None,
+                        layer.marker is not None,
+                        "comfy" if layer.marker is not None else "dense",
+                    ),
+                    layer.marker,
+                    layer.stored,
+                )
+            )
             inv.bf16_bytes += 2 * numel + (bias.nbytes if bias else 0)
             continue
         try:
@@ -242,14 +300,26 @@ def inventory(ckpt: Checkpoint) -> Inventory:
         params = _params_text(fmt, env, layer.marker) if env else "?"
         if layer.bank is not None:
             params = f"E={layer.bank.experts} bank" + ("" if params == "?" else f" {params}")
-        inv.rows.append(_structured(LayerRow(layer.name, label, n, k, params, dtypes, size, bpw, not layer.inferred),
-                                    layer.marker, layer.stored))
+        inv.rows.append(
+            _structured(
+                LayerRow(layer.name, label, n, k, params, dtypes, size, bpw, not layer.inferred), layer.marker, layer.stored
+            )
+        )
         inv.bf16_bytes += 2 * (n or 0) * (k or 0) + (bias.nbytes if bias else 0)
     inv.metadata = {h.file: dict(h.metadata) for h in ckpt.headers}
     owner = {e.name: p for p, lay in ckpt.layers.items() for e in lay.stored.values()}
     owner.update({e.name: p for p, tr in claimed.items() for e in tr.inputs.values()})
-    inv.tensors = [{"name": n, "dtype": kept.dtype(e), "shape": list(e.shape), "bytes": kept.nbytes(e), "file": e.file,
-                    "layer": owner.get(n)} for n, e in ckpt.tensors.items()]
+    inv.tensors = [
+        {
+            "name": n,
+            "dtype": kept.dtype(e),
+            "shape": list(e.shape),
+            "bytes": kept.nbytes(e),
+            "file": e.file,
+            "layer": owner.get(n),
+        }
+        for n, e in ckpt.tensors.items()
+    ]
     for name, e in ckpt.tensors.items():
         if name not in counted:
             inv.other_tensors += 1

@@ -187,7 +187,7 @@ def nonfinite_sizes(obj) -> list[tuple[str, str, float]]:
     """``(layer, key, value)`` of a parsed header map whose size key holds a non-finite float."""
     layers = obj.get("layers") if isinstance(obj, dict) else None
     out = []
-    for prefix, marker in (layers.items() if isinstance(layers, dict) else ()):
+    for prefix, marker in layers.items() if isinstance(layers, dict) else ():
         if isinstance(marker, dict):
             for key in SIZE_KEYS:
                 v = marker.get(key)
@@ -211,15 +211,23 @@ def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
     except (ValueError, RecursionError) as exc:
         hm.error = "M010"
         ms.findings.append(
-            Finding("M010", f"{file}: _quantization_metadata is not valid JSON ({exc})", file=file,
-                    fix="rewrite the header markers (comfyquant fix)")
+            Finding(
+                "M010",
+                f"{file}: _quantization_metadata is not valid JSON ({exc})",
+                file=file,
+                fix="rewrite the header markers (comfyquant fix)",
+            )
         )
         return
     if not isinstance(obj, dict):
         hm.error = "M011"
         ms.findings.append(
-            Finding("M011", f"{file}: _quantization_metadata is a JSON {type(obj).__name__}, expected an object",
-                    file=file, fix="rewrite the header markers (comfyquant fix)")
+            Finding(
+                "M011",
+                f"{file}: _quantization_metadata is a JSON {type(obj).__name__}, expected an object",
+                file=file,
+                fix="rewrite the header markers (comfyquant fix)",
+            )
         )
         return
     hm.format_version = obj.get("format_version")
@@ -227,24 +235,39 @@ def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
     if not isinstance(layers, dict):
         hm.error = "M012"
         ms.findings.append(
-            Finding("M012", f"{file}: _quantization_metadata has no 'layers' object", file=file,
-                    expected='{"format_version": "1.0", "layers": {...}}',
-                    fix="rewrite the header markers (comfyquant fix)")
+            Finding(
+                "M012",
+                f"{file}: _quantization_metadata has no 'layers' object",
+                file=file,
+                expected='{"format_version": "1.0", "layers": {...}}',
+                fix="rewrite the header markers (comfyquant fix)",
+            )
         )
         return
     if "format_version" not in obj:
         ms.findings.append(
-            Finding("M014", f"{file}: _quantization_metadata has no format_version", file=file,
-                    expected='"format_version": "1.0"', fix="comfyquant fix writes it")
+            Finding(
+                "M014",
+                f"{file}: _quantization_metadata has no format_version",
+                file=file,
+                expected='"format_version": "1.0"',
+                fix="comfyquant fix writes it",
+            )
         )
     for prefix, marker in layers.items():
         rec = MarkerRecord(HEADER, file, prefix, prefix, marker)
         if not isinstance(marker, dict):
             rec.error = "M013"
             ms.findings.append(
-                Finding("M013", f"{file}: _quantization_metadata entry for {prefix!r} is a {type(marker).__name__}, expected an object",
-                        layer=prefix, actual=json.dumps(marker)[:80], expected='{"format": ...}', file=file,
-                        fix="rewrite the header markers (comfyquant fix)")
+                Finding(
+                    "M013",
+                    f"{file}: _quantization_metadata entry for {prefix!r} is a {type(marker).__name__}, expected an object",
+                    layer=prefix,
+                    actual=json.dumps(marker)[:80],
+                    expected='{"format": ...}',
+                    file=file,
+                    fix="rewrite the header markers (comfyquant fix)",
+                )
             )
         ms.records.append(rec)
 
@@ -256,9 +279,16 @@ def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
     ms.records.append(rec)
     if dtype != "U8" or len(shape) != 1:
         ms.findings.append(
-            Finding("M003", f"marker {entry.name!r} is stored as {entry.dtype} {list(entry.shape)}; writers use 1-D U8",
-                    layer=prefix, tensor=entry.name, expected="U8 (L,)", actual=f"{entry.dtype} {entry.shape}",
-                    file=entry.file, fix="rewrite the marker as U8 (comfyquant fix)")
+            Finding(
+                "M003",
+                f"marker {entry.name!r} is stored as {entry.dtype} {list(entry.shape)}; writers use 1-D U8",
+                layer=prefix,
+                tensor=entry.name,
+                expected="U8 (L,)",
+                actual=f"{entry.dtype} {entry.shape}",
+                file=entry.file,
+                fix="rewrite the marker as U8 (comfyquant fix)",
+            )
         )
     obj = _PARSED.get(data)
     try:
@@ -270,17 +300,30 @@ def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
         rec.error = "M001"
         hint = " (trailing NUL byte)" if data.endswith(b"\0") else ""
         ms.findings.append(
-            Finding("M001", f"marker {entry.name!r} is not UTF-8 JSON{hint}: {exc}", layer=prefix, tensor=entry.name,
-                    actual=repr(data[:60]), file=entry.file, fix="rewrite the marker (comfyquant fix)")
+            Finding(
+                "M001",
+                f"marker {entry.name!r} is not UTF-8 JSON{hint}: {exc}",
+                layer=prefix,
+                tensor=entry.name,
+                actual=repr(data[:60]),
+                file=entry.file,
+                fix="rewrite the marker (comfyquant fix)",
+            )
         )
         return
     rec.obj = obj
     if not isinstance(obj, dict):
         rec.error = "M002"
         ms.findings.append(
-            Finding("M002", f"marker {entry.name!r} holds a JSON {type(obj).__name__}, expected an object",
-                    layer=prefix, tensor=entry.name, actual=json.dumps(obj)[:80], file=entry.file,
-                    fix="rewrite the marker (comfyquant fix)")
+            Finding(
+                "M002",
+                f"marker {entry.name!r} holds a JSON {type(obj).__name__}, expected an object",
+                layer=prefix,
+                tensor=entry.name,
+                actual=json.dumps(obj)[:80],
+                file=entry.file,
+                fix="rewrite the marker (comfyquant fix)",
+            )
         )
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         signature: tuple
         class_ids: dict[int, tuple[object, int]] | None
 
+
 _CLASS_IDS: dict[tuple, int] = {}
 _NEXT_ID = itertools.count()
 """Ids never repeat, even after ``clear()``: a live Memo's ids stay unambiguous."""

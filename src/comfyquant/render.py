@@ -54,12 +54,31 @@ def _group(findings):
     groups: dict[tuple, list] = {}
     for f in findings:
         if _by_tensor(f):
-            key = (f.severity, f.code, None, _template(f, f.expected), _template(f, f.actual), f.cause, f.fix,
-                   tuple(f.targets), _template(f, f.message), f.file)
+            key = (
+                f.severity,
+                f.code,
+                None,
+                _template(f, f.expected),
+                _template(f, f.actual),
+                f.cause,
+                f.fix,
+                tuple(f.targets),
+                _template(f, f.message),
+                f.file,
+            )
         else:
             suffix = f.tensor.rsplit(".", 1)[-1] if f.tensor and f.layer else f.tensor
-            key = (f.severity, f.code, suffix, f.expected, f.actual, f.cause, f.fix, tuple(f.targets),
-                   f.message if not f.layer else None)
+            key = (
+                f.severity,
+                f.code,
+                suffix,
+                f.expected,
+                f.actual,
+                f.cause,
+                f.fix,
+                tuple(f.targets),
+                f.message if not f.layer else None,
+            )
         groups.setdefault(key, []).append(f)
     return list(groups.values())
 
@@ -129,8 +148,10 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
     c = report.counts
     hidden = "" if verbose or not c["info"] else " (-v lists info)"
     lines.append("")
-    lines.append(f"{c['error']} error{'s' * (c['error'] != 1)}, {c['warning']} warning{'s' * (c['warning'] != 1)}, "
-                 f"{c['info']} info{hidden}: {'OK' if report.ok else 'FAILED'}")
+    lines.append(
+        f"{c['error']} error{'s' * (c['error'] != 1)}, {c['warning']} warning{'s' * (c['warning'] != 1)}, "
+        f"{c['info']} info{hidden}: {'OK' if report.ok else 'FAILED'}"
+    )
     if verbose and report.io:
         for file, st in report.io.items():
             lines.append(f"  read {file}: {_plural(st['requests'], 'request')}, {st['bytes']} bytes")
@@ -142,8 +163,10 @@ def table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset
     for r in rows:
         for i, cell in enumerate(r):
             widths[i] = max(widths[i], len(cell))
+
     def fmt(r):
         return "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)).rstrip()
+
     return [fmt(headers), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
 
 
@@ -165,8 +188,8 @@ def _fit(head: list[str], rows: list[list[str]], width: int | None) -> tuple[lis
             break
         if name in head:
             i = head.index(name)
-            head = head[:i] + head[i + 1:]
-            rows = [r[:i] + r[i + 1:] for r in rows]
+            head = head[:i] + head[i + 1 :]
+            rows = [r[:i] + r[i + 1 :] for r in rows]
             dropped.append(name)
     if width is not None and rows and wide(head, rows) > width:
         # still too wide: long layer names lose their middle (the block index and the tail stay)
@@ -181,15 +204,14 @@ def _elide(name: str, keep: int) -> str:
     if len(name) <= keep:
         return name
     tail = (keep - 3) * 2 // 3
-    return name[: keep - 3 - tail] + "..." + name[len(name) - tail:]
+    return name[: keep - 3 - tail] + "..." + name[len(name) - tail :]
 
 
 def _paint(cell: str, kind: str, color: bool) -> str:
     return f"{_FORMAT_COLORS[kind]}{cell}\033[0m" if color else cell
 
 
-def render_inventory(inv, stream=None, width: int | None = None, metadata: bool = False,
-                     tensors: list | None = None) -> str:
+def render_inventory(inv, stream=None, width: int | None = None, metadata: bool = False, tensors: list | None = None) -> str:
     """The inventory as text.  ``width``: fit the layer table to that many columns (a
     terminal's; None: every column); ``metadata``: also ``__metadata__``; ``tensors``: also
     the per-tensor list (``Inventory.tensor_rows``).  Formats are coloured on a terminal."""
@@ -205,8 +227,15 @@ def render_inventory(inv, stream=None, width: int | None = None, metadata: bool 
         if foreign:
             row.insert(1, f"{r.dialect.split(' (')[0]} [{r.verdict}]" if r.verdict else r.dialect)
         rows.append(row)
-        kinds.append("foreign" if r.verdict else "dense" if r.format == "dense" else
-                     "unknown" if r.format.startswith("unknown") else "quantized")
+        kinds.append(
+            "foreign"
+            if r.verdict
+            else "dense"
+            if r.format == "dense"
+            else "unknown"
+            if r.format.startswith("unknown")
+            else "quantized"
+        )
     head = ["layer", "format", "NxK", "params", "dtypes", "bytes", "bits/w"]
     if foreign:
         head.insert(1, "layout [migrate]")
@@ -226,22 +255,37 @@ def render_inventory(inv, stream=None, width: int | None = None, metadata: bool 
     lines.append("")
     trows = []
     for fmt, t in sorted(inv.totals().items()):
-        trows.append([fmt, str(t["layers"]), f"{t['weights']:,}", human_size(t["bytes"]),
-                      f"{t['bits_per_weight']:.2f}" if t["bits_per_weight"] else "-"])
+        trows.append(
+            [
+                fmt,
+                str(t["layers"]),
+                f"{t['weights']:,}",
+                human_size(t["bytes"]),
+                f"{t['bits_per_weight']:.2f}" if t["bits_per_weight"] else "-",
+            ]
+        )
     lines.extend(table(["format", "layers", "weights", "bytes", "bits/w"], trows, right={1, 2, 3, 4}))
     lines.append("")
     ratio = inv.bf16_bytes / inv.file_bytes if inv.file_bytes else 0
     lines.append(f"other tensors: {inv.other_tensors} ({human_size(inv.other_bytes)})")
-    lines.append(f"files: {len(inv.files)}, {human_size(inv.file_bytes)}; as BF16: {human_size(inv.bf16_bytes)} "
-                 f"(compression {ratio:.2f}x)")
+    lines.append(
+        f"files: {len(inv.files)}, {human_size(inv.file_bytes)}; as BF16: {human_size(inv.bf16_bytes)} (compression {ratio:.2f}x)"
+    )
     if metadata:
         lines.append("")
         lines.extend(_metadata_lines(inv.metadata, width))
     if tensors is not None:
         lines.append("")
-        lines.extend(table(["tensor", "dtype", "shape", "bytes", "layer"],
-                           [[t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "scalar", human_size(t["bytes"]),
-                             t["layer"] or "-"] for t in tensors], right={3}))
+        lines.extend(
+            table(
+                ["tensor", "dtype", "shape", "bytes", "layer"],
+                [
+                    [t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "scalar", human_size(t["bytes"]), t["layer"] or "-"]
+                    for t in tensors
+                ],
+                right={3},
+            )
+        )
     return "\n".join(lines)
 
 
@@ -261,8 +305,9 @@ def _metadata_lines(metadata: dict[str, dict[str, str]], width: int | None) -> l
 def render_migrate(result) -> str:
     """One line per group of layers with the same dialect, variant, verdict and format."""
     if result.nothing:
-        return (f"nothing to migrate: the file's layout is {result.dialect}"
-                + (" (already a Comfy quantized checkpoint)" if result.dialect.startswith("comfy") and "+" not in result.dialect else ""))
+        return f"nothing to migrate: the file's layout is {result.dialect}" + (
+            " (already a Comfy quantized checkpoint)" if result.dialect.startswith("comfy") and "+" not in result.dialect else ""
+        )
     lines = [f"layout: {result.dialect} -> {result.to or 'comfy'}"]
     groups: dict[tuple, list[dict]] = {}
     for row in result.layers:
@@ -298,16 +343,22 @@ def render_fix(result) -> str:
     head = "plan (dry run, nothing written)" if result.dry_run else "plan"
     blocked = any(layer is None for layer, _ in plan.refused)
     if plan.empty and blocked:
-        lines.append("not repaired: the checkpoint's container is damaged (below)"
-                     + ("" if result.dry_run else "; nothing was written"))
+        lines.append(
+            "not repaired: the checkpoint's container is damaged (below)" + ("" if result.dry_run else "; nothing was written")
+        )
     elif plan.empty:
-        lines.append("nothing to repair: " + ("check finds no error" if result.before.ok else "no finding has an exact repair")
-                     + ("" if result.dry_run else "; nothing was written"))
+        lines.append(
+            "nothing to repair: "
+            + ("check finds no error" if result.before.ok else "no finding has an exact repair")
+            + ("" if result.dry_run else "; nothing was written")
+        )
     else:
         kinds = "all lossless" if not lossy else f"{lossy} lossy"
         assumed = len(plan.assumptions)
         if assumed:
-            kinds += f"; {assumed} value{'s' * (assumed != 1)} assumed (the file cannot confirm {'them' if assumed > 1 else 'it'})"
+            kinds += (
+                f"; {assumed} value{'s' * (assumed != 1)} assumed (the file cannot confirm {'them' if assumed > 1 else 'it'})"
+            )
         lines.append(f"{head}: {len(plan.changes)} change{'s' * (len(plan.changes) != 1)}, {kinds}")
         groups: dict[tuple, list] = {}
         for c in plan.changes:
@@ -343,21 +394,27 @@ def render_fix(result) -> str:
             lines.append(f"max-error gate: passed ({gate['measured']} layers at most {gate['limit']:g} relative L2 error)")
         else:
             over = gate["over"]
-            lines.append(f"max-error gate: FAILED: {len(over)} layer{'s' * (len(over) != 1)} above {gate['limit']:g} "
-                         "relative L2 error (worst first): " + ", ".join(f"{o['layer']} {o['rel_l2']:.4f}" for o in over)
-                         + ("" if result.dry_run else "; the output is kept under an .over-max-error name, not at the "
-                            "requested path"))
+            lines.append(
+                f"max-error gate: FAILED: {len(over)} layer{'s' * (len(over) != 1)} above {gate['limit']:g} "
+                "relative L2 error (worst first): "
+                + ", ".join(f"{o['layer']} {o['rel_l2']:.4f}" for o in over)
+                + ("" if result.dry_run else "; the output is kept under an .over-max-error name, not at the requested path")
+            )
     unverified = {a.layer for a in plan.assumptions} - {m.layer for m in plan.measured if m.ok}
     remaining = result.remaining
     lines.append("")
     if result.after is not None:
         for path in result.outputs:
             if unverified:
-                lines.append(f"wrote {path} (re-checked, untouched tensors byte-identical; not verified: the values "
-                             f"assumed for {len(unverified)} layer{'s' * (len(unverified) != 1)} above)")
+                lines.append(
+                    f"wrote {path} (re-checked, untouched tensors byte-identical; not verified: the values "
+                    f"assumed for {len(unverified)} layer{'s' * (len(unverified) != 1)} above)"
+                )
             else:
-                lines.append(f"wrote {path} (verified: re-checked, untouched tensors byte-identical"
-                             + (", repaired layers measured against the original weights)" if plan.measured else ")"))
+                lines.append(
+                    f"wrote {path} (verified: re-checked, untouched tensors byte-identical"
+                    + (", repaired layers measured against the original weights)" if plan.measured else ")")
+                )
         state = "after repair"
     else:
         state = "as found" if not result.dry_run else "not addressed by the plan"
@@ -375,13 +432,17 @@ def render_fix(result) -> str:
     elif result.after is not None:
         lines.append(f"{state}: check passes for {', '.join(result.after.verdicts)}")
     elif result.dry_run and not plan.empty:
-        lines.append("every error has a planned repair; run without --dry-run to apply it (the output is re-checked"
-                     + (" before it is kept)" if unverified else " and verified before it is kept)"))
+        lines.append(
+            "every error has a planned repair; run without --dry-run to apply it (the output is re-checked"
+            + (" before it is kept)" if unverified else " and verified before it is kept)")
+        )
     if unverified:
         items = [f"{a.layer}: {a.key}={json.dumps(a.value)}" for a in plan.assumptions if a.layer in unverified]
         shown = "; ".join(items[:3]) + (f" (+{len(items) - 3} more)" if len(items) > 3 else "")
-        lines.append(f"assumed, not verified (the file cannot confirm it): {shown}; pass --reference "
-                     "DENSE.safetensors (the original weights) to measure the repaired layers against them")
+        lines.append(
+            f"assumed, not verified (the file cannot confirm it): {shown}; pass --reference "
+            "DENSE.safetensors (the original weights) to measure the repaired layers against them"
+        )
     while lines and not lines[-1]:
         lines.pop()
     return "\n".join(lines)
@@ -407,10 +468,15 @@ def render_summary_line(item, verbose: bool = False) -> str:
         return f"{status:<7} {item.error}"
     r = item.report
     c = r.counts
-    line = (f"{status:<7} {item.label}: {_plural(len(r.files), 'file')}, {_plural(r.layers, 'layer')}, "
-            f"{_plural(c['error'], 'error')}, {_plural(c['warning'], 'warning')}")
-    fails = [f"{name} fails ({v.first.exception + ': ' if v.first.exception else ''}{v.first.message})"
-             for name, v in r.verdicts.items() if v.first is not None]
+    line = (
+        f"{status:<7} {item.label}: {_plural(len(r.files), 'file')}, {_plural(r.layers, 'layer')}, "
+        f"{_plural(c['error'], 'error')}, {_plural(c['warning'], 'warning')}"
+    )
+    fails = [
+        f"{name} fails ({v.first.exception + ': ' if v.first.exception else ''}{v.first.message})"
+        for name, v in r.verdicts.items()
+        if v.first is not None
+    ]
     if fails:
         line += "; " + fails[0] + (f" (+{len(fails) - 1} more runtime{'s' * (len(fails) > 2)})" if len(fails) > 1 else "")
     if verbose:
@@ -434,13 +500,16 @@ def render_summary(result, verbose: bool = False) -> str:
     for item in result.items:
         r = item.report
         if r is None:
-            rows.append([item.label, "-", "-", "-", "-"] + ["unreadable" if i == 0 else "" for i in range(len(targets))]
-                        + ["-", "-"])
+            rows.append(
+                [item.label, "-", "-", "-", "-"] + ["unreadable" if i == 0 else "" for i in range(len(targets))] + ["-", "-"]
+            )
             continue
         requests, nbytes = _io_total(r)
-        rows.append([item.label, str(len(r.files)), str(r.layers), str(r.counts["error"]), str(r.counts["warning"])]
-                    + ["loads" if r.verdicts[t].loads else "FAILS" for t in targets]
-                    + [str(requests), human_size(nbytes)])
+        rows.append(
+            [item.label, str(len(r.files)), str(r.layers), str(r.counts["error"]), str(r.counts["warning"])]
+            + ["loads" if r.verdicts[t].loads else "FAILS" for t in targets]
+            + [str(requests), human_size(nbytes)]
+        )
     heads = ["checkpoint", "files", "layers", "errors", "warnings"] + targets + ["requests", "read"]
     right = {1, 2, 3, 4, len(heads) - 2, len(heads) - 1}
     lines = [""] + table(heads, rows, right=right)
@@ -449,6 +518,8 @@ def render_summary(result, verbose: bool = False) -> str:
     readable = s["checkpoints"] - s["unreadable"]
     loads = ", ".join(f"{t} {v['loads']}/{readable}" for t, v in s["targets"].items())
     lines.append("")
-    lines.append(f"{_plural(s['checkpoints'], 'checkpoint')}: {', '.join(parts)}; loads: {loads}; "
-                 f"{_plural(s['requests'], 'request')}, {human_size(s['bytes'])} read")
+    lines.append(
+        f"{_plural(s['checkpoints'], 'checkpoint')}: {', '.join(parts)}; loads: {loads}; "
+        f"{_plural(s['requests'], 'request')}, {human_size(s['bytes'])} read"
+    )
     return "\n".join(lines)

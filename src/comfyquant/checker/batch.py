@@ -40,8 +40,19 @@ from .run import Targets, check_checkpoint, parse_targets
 if TYPE_CHECKING:
     from ..io.remote import RemoteOptions
 
-__all__ = ["INDEX_SUFFIX", "SHARD_NAME", "Group", "Item", "TreeResult", "check_group", "check_groups", "open_group", "check_tree",
-           "discover", "group"]
+__all__ = [
+    "INDEX_SUFFIX",
+    "SHARD_NAME",
+    "Group",
+    "Item",
+    "TreeResult",
+    "check_group",
+    "check_groups",
+    "open_group",
+    "check_tree",
+    "discover",
+    "group",
+]
 _CHECK_LOCK = threading.Lock()
 
 
@@ -50,8 +61,9 @@ class Item:
 
     __slots__ = ("label", "paths", "report", "error", "seconds")
 
-    def __init__(self, label: str, paths: list[str], report: Report | None = None, error: str | None = None,
-                 seconds: float = 0.0) -> None:
+    def __init__(
+        self, label: str, paths: list[str], report: Report | None = None, error: str | None = None, seconds: float = 0.0
+    ) -> None:
         self.label = label
         self.paths = paths
         self.report = report
@@ -65,8 +77,7 @@ class Item:
         return "ok" if self.report.ok else "failed"
 
     def to_dict(self) -> dict:
-        head = {"checkpoint": self.label, "status": self.status, "error": self.error,
-                "seconds": round(self.seconds, 4)}
+        head = {"checkpoint": self.label, "status": self.status, "error": self.error, "seconds": round(self.seconds, 4)}
         if self.report is None:
             return {**head, "paths": list(self.paths)}
         return {**head, **self.report.to_dict()}
@@ -157,7 +168,7 @@ def discover(root: str) -> list[str]:
         prefix = root.rstrip("/")
         out = []
         for p in found:
-            rel = p[len(base):].lstrip("/") if p.startswith(base) else p.rsplit("/", 1)[-1]
+            rel = p[len(base) :].lstrip("/") if p.startswith(base) else p.rsplit("/", 1)[-1]
             if _wanted(rel) and not any(part.startswith(".") for part in rel.split("/")[:-1]):
                 out.append(f"{prefix}/{rel}")
         return sorted(out)
@@ -229,8 +240,7 @@ def group(files: list[str], root: str = "", remote: RemoteOptions | None = None)
 
     lone = () if is_url(root) else _lone()
     for folder in sorted(by_folder):
-        for g in group_folder(folder, sorted(by_folder[folder]), lambda index: _index_shards(index, remote), join,
-                              lone=lone):
+        for g in group_folder(folder, sorted(by_folder[folder]), lambda index: _index_shards(index, remote), join, lone=lone):
             g.label = label(join(folder, g.label))
             groups.append(g)
     groups.sort(key=lambda g: g.label)
@@ -266,15 +276,26 @@ def open_group(grp: Group, name_mapper: NameMapper | None = None, remote: Remote
     ckpt = open_checkpoint(grp.paths, name_mapper=name_mapper, remote=remote)
     for m in grp.missing:  # a remote folder's <stem>-<i>-of-<n> files without number i
         ckpt.findings.append(
-            Finding("C011", f"shard {m} is missing (the shard names count {len(grp.paths) + len(grp.missing)} files)",
-                    expected=m, actual="no such file", cause="incomplete download or copy",
-                    fix="download the missing shard", file=m)
+            Finding(
+                "C011",
+                f"shard {m} is missing (the shard names count {len(grp.paths) + len(grp.missing)} files)",
+                expected=m,
+                actual="no such file",
+                cause="incomplete download or copy",
+                fix="download the missing shard",
+                file=m,
+            )
         )
     return ckpt
 
 
-def check_group(grp: Group, target: Targets = "all", deep: bool = False, name_mapper: NameMapper | None = None,
-                remote: RemoteOptions | None = None) -> Item:
+def check_group(
+    grp: Group,
+    target: Targets = "all",
+    deep: bool = False,
+    name_mapper: NameMapper | None = None,
+    remote: RemoteOptions | None = None,
+) -> Item:
     """Open and check one group; an unreadable checkpoint becomes an Item with its error."""
     t0 = time.perf_counter()
     try:
@@ -291,9 +312,16 @@ def check_group(grp: Group, target: Targets = "all", deep: bool = False, name_ma
     return Item(grp.label, grp.paths, report=report, seconds=time.perf_counter() - t0)
 
 
-def check_groups(roots: list[str], groups: list[Group], target: Targets = "all", deep: bool = False,
-                 name_mapper: NameMapper | None = None, jobs: int = 1, remote: RemoteOptions | None = None,
-                 on_result: Callable[[Item], None] | None = None) -> TreeResult:
+def check_groups(
+    roots: list[str],
+    groups: list[Group],
+    target: Targets = "all",
+    deep: bool = False,
+    name_mapper: NameMapper | None = None,
+    jobs: int = 1,
+    remote: RemoteOptions | None = None,
+    on_result: Callable[[Item], None] | None = None,
+) -> TreeResult:
     """Check each group (``on_result`` sees each Item in order as it is done)."""
     selected = parse_targets(target)
 
@@ -317,9 +345,15 @@ def check_groups(roots: list[str], groups: list[Group], target: Targets = "all",
     return TreeResult(list(roots), items, selected)
 
 
-def check_tree(roots: list[str], target: Targets = "all", deep: bool = False, name_mapper: NameMapper | None = None,
-               jobs: int = 1, remote: RemoteOptions | None = None,
-               on_result: Callable[[Item], None] | None = None) -> TreeResult:
+def check_tree(
+    roots: list[str],
+    target: Targets = "all",
+    deep: bool = False,
+    name_mapper: NameMapper | None = None,
+    jobs: int = 1,
+    remote: RemoteOptions | None = None,
+    on_result: Callable[[Item], None] | None = None,
+) -> TreeResult:
     """Check every checkpoint under ``roots``; ``on_result`` sees each Item in order as it is done."""
     parse_targets(target)
     groups: list[Group] = []
@@ -334,5 +368,6 @@ def check_tree(roots: list[str], target: Targets = "all", deep: bool = False, na
             continue
         base = root if (is_url(root) or os.path.isdir(root)) else ""
         groups.extend(settle_local(group(found, base, remote)))
-    return check_groups(roots, groups, target=target, deep=deep, name_mapper=name_mapper, jobs=jobs, remote=remote,
-                        on_result=on_result)
+    return check_groups(
+        roots, groups, target=target, deep=deep, name_mapper=name_mapper, jobs=jobs, remote=remote, on_result=on_result
+    )

@@ -29,13 +29,21 @@ def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, 
         if f.code not in GARBAGE_CODES or not f.tensor or not f.layer:
             continue
         prefix = prefixes.get(f.layer, f.layer)
-        suffix = f.tensor[len(prefix) + 1:] if f.tensor.startswith(prefix + ".") else f.tensor
+        suffix = f.tensor[len(prefix) + 1 :] if f.tensor.startswith(prefix + ".") else f.tensor
         for verdict in verdicts.values():
             if any(not v.fails and v.layer == prefix and v.tensor == suffix for v in verdict.violations):
                 continue
-            v = Violation(f"{verdict.target}.values", f"layer '{prefix}' computes garbage (no error): {f.message}",
-                          exception=None, layer=prefix, tensor=suffix, blocking=False, cause=f.cause, fix=f.fix,
-                          severity="error")
+            v = Violation(
+                f"{verdict.target}.values",
+                f"layer '{prefix}' computes garbage (no error): {f.message}",
+                exception=None,
+                layer=prefix,
+                tensor=suffix,
+                blocking=False,
+                cause=f.cause,
+                fix=f.fix,
+                severity="error",
+            )
             v.covers = f
             verdict.violations.append(v)
 
@@ -122,34 +130,92 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
     fix = "re-export the layer from the original weights (comfyquant quantize)"
     if slot.kind == CODEBOOK:
         if n_bad:
-            out.append(Finding("D005", f"{what}: {n_bad} non-finite codebook entries", layer=layer, tensor=tensor,
-                               actual=f"{n_bad} NaN/Inf", fix=fix))
+            out.append(
+                Finding(
+                    "D005",
+                    f"{what}: {n_bad} non-finite codebook entries",
+                    layer=layer,
+                    tensor=tensor,
+                    actual=f"{n_bad} NaN/Inf",
+                    fix=fix,
+                )
+            )
         elif v.size > 1 and np.any(np.diff(v) < 0):
-            out.append(Finding("D004", f"{what}: codebook is not sorted ascending", layer=layer, tensor=tensor,
-                               expected="ascending levels", actual=np.array2string(v, precision=3, max_line_width=200),
-                               cause="codes and levels may have been permuted by a faulty writer", fix=fix))
+            out.append(
+                Finding(
+                    "D004",
+                    f"{what}: codebook is not sorted ascending",
+                    layer=layer,
+                    tensor=tensor,
+                    expected="ascending levels",
+                    actual=np.array2string(v, precision=3, max_line_width=200),
+                    cause="codes and levels may have been permuted by a faulty writer",
+                    fix=fix,
+                )
+            )
         return out
     if n_bad:
         code = "D001" if slot.positive else "D007"
-        out.append(Finding(code, f"{what}: {n_bad} of {v.size} values are NaN or Inf", layer=layer, tensor=tensor,
-                           expected="finite values", actual=f"{n_bad} NaN/Inf",
-                           cause="overflow during quantization or a corrupted file", fix=fix))
+        out.append(
+            Finding(
+                code,
+                f"{what}: {n_bad} of {v.size} values are NaN or Inf",
+                layer=layer,
+                tensor=tensor,
+                expected="finite values",
+                actual=f"{n_bad} NaN/Inf",
+                cause="overflow during quantization or a corrupted file",
+                fix=fix,
+            )
+        )
     if slot.positive:
         zeros = int((v == 0).sum())
         neg = int((v < 0).sum())
         if zeros:
             # a single (per-tensor) scale of zero, or all of them, zeroes the whole layer's output
             whole = zeros == v.size
-            said = ("the scale is zero" if v.size == 1 else "every scale is zero") if whole \
+            said = (
+                ("the scale is zero" if v.size == 1 else "every scale is zero")
+                if whole
                 else f"{zeros} of {v.size} scales are zero"
-            out.append(Finding("D002", f"{what}: {said}", layer=layer, tensor=tensor,
-                               expected="> 0", actual=f"{zeros} zero" + ("" if zeros == 1 else "s"),
-                               cause="the whole layer decodes to zero (it outputs only its bias)" if whole
-                               else "those rows/groups decode to zero (dead outputs) or divide by zero", fix=fix))
+            )
+            out.append(
+                Finding(
+                    "D002",
+                    f"{what}: {said}",
+                    layer=layer,
+                    tensor=tensor,
+                    expected="> 0",
+                    actual=f"{zeros} zero" + ("" if zeros == 1 else "s"),
+                    cause="the whole layer decodes to zero (it outputs only its bias)"
+                    if whole
+                    else "those rows/groups decode to zero (dead outputs) or divide by zero",
+                    fix=fix,
+                )
+            )
         if neg:
-            out.append(Finding("D003", f"{what}: {neg} of {v.size} scales are negative", layer=layer, tensor=tensor,
-                               expected="> 0", actual=f"{neg} negative", cause="sign-flipped scales invert weights", fix=fix))
+            out.append(
+                Finding(
+                    "D003",
+                    f"{what}: {neg} of {v.size} scales are negative",
+                    layer=layer,
+                    tensor=tensor,
+                    expected="> 0",
+                    actual=f"{neg} negative",
+                    cause="sign-flipped scales invert weights",
+                    fix=fix,
+                )
+            )
     if v.size > 1 and not np.any(v != 0):
-        out.append(Finding("D006", f"{what}: every value is zero", layer=layer, tensor=tensor, actual="all zeros",
-                           cause="the tensor was never written (placeholder export?)", fix=fix))
+        out.append(
+            Finding(
+                "D006",
+                f"{what}: every value is zero",
+                layer=layer,
+                tensor=tensor,
+                actual="all zeros",
+                cause="the tensor was never written (placeholder export?)",
+                fix=fix,
+            )
+        )
     return out

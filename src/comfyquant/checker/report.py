@@ -24,8 +24,16 @@ class Report:
 
     __slots__ = ("paths", "files", "layers", "findings", "verdicts", "selected", "io", "dialect")
 
-    def __init__(self, paths: list[str], files: list[str], layers: int, findings: list[Finding] | None = None,
-                 verdicts: dict[str, Verdict] | None = None, selected: tuple[str, ...] = TARGETS, io: dict | None = None):
+    def __init__(
+        self,
+        paths: list[str],
+        files: list[str],
+        layers: int,
+        findings: list[Finding] | None = None,
+        verdicts: dict[str, Verdict] | None = None,
+        selected: tuple[str, ...] = TARGETS,
+        io: dict | None = None,
+    ):
         self.paths = paths
         self.files = files
         self.layers = layers
@@ -65,7 +73,9 @@ class Report:
         }
 
 
-def assemble(findings: list[Finding], verdicts: dict[str, Verdict], selected: tuple[str, ...], names: dict[str, str]) -> list[Finding]:
+def assemble(
+    findings: list[Finding], verdicts: dict[str, Verdict], selected: tuple[str, ...], names: dict[str, str]
+) -> list[Finding]:
     """Merge runtime violations into findings and set severities for the selected targets.
 
     Severity follows the verdicts: a finding is an error exactly when it stops a selected

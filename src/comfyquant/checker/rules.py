@@ -30,23 +30,43 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
         if marker is not None:
             fmt_name = marker.get("format")
             if fmt_name is None:
-                findings.append(Finding("M030", f"layer {name}: marker has no format key", layer=name,
-                                        actual=json.dumps(marker)[:120], expected='{"format": ...}',
-                                        fix="add the format key (comfyquant fix infers it where unambiguous)"))
+                findings.append(
+                    Finding(
+                        "M030",
+                        f"layer {name}: marker has no format key",
+                        layer=name,
+                        actual=json.dumps(marker)[:120],
+                        expected='{"format": ...}',
+                        fix="add the format key (comfyquant fix infers it where unambiguous)",
+                    )
+                )
                 continue
             fmt = FORMATS.get(fmt_name) if isinstance(fmt_name, str) else None
             if fmt is None:
                 guess = infer_format(layer.tensors)
-                findings.append(Finding("M031", f"layer {name}: unknown format {fmt_name!r}", layer=name,
-                                        actual=repr(fmt_name), expected=" | ".join(FORMATS),
-                                        cause="typo or a format from a fork" + (f"; the tensors look like {guess.name}" if guess else ""),
-                                        fix=f"set format to {guess.name!r}" if guess else "convert the layer"))
+                findings.append(
+                    Finding(
+                        "M031",
+                        f"layer {name}: unknown format {fmt_name!r}",
+                        layer=name,
+                        actual=repr(fmt_name),
+                        expected=" | ".join(FORMATS),
+                        cause="typo or a format from a fork" + (f"; the tensors look like {guess.name}" if guess else ""),
+                        fix=f"set format to {guess.name!r}" if guess else "convert the layer",
+                    )
+                )
                 continue
             if fmt.converter_only:
-                findings.append(Finding("M032", f"layer {name}: format {fmt.name!r} is written by convert_to_quant only; "
-                                                f"no runtime loads it", layer=name, actual=fmt.name,
-                                        cause="exported with a converter-only format",
-                                        fix="convert to a loadable format (comfyquant convert)"))
+                findings.append(
+                    Finding(
+                        "M032",
+                        f"layer {name}: format {fmt.name!r} is written by convert_to_quant only; no runtime loads it",
+                        layer=name,
+                        actual=fmt.name,
+                        cause="exported with a converter-only format",
+                        fix="convert to a loadable format (comfyquant convert)",
+                    )
+                )
             if layer.bank is not None:
                 findings.append(_bank_finding(layer, fmt, marker))
             layer_findings, env = check_layer(fmt, marker, layer.tensors, ckpt.memo, layer)
@@ -54,28 +74,49 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
             w = layer.tensors.get("weight")
             if w is None or w.dtype not in QUANTIZED_WEIGHT_DTYPES:
                 if w is None and any(s not in ("bias", "comfy_quant") for s in layer.tensors):
-                    findings.append(Finding("L009", f"layer {name}: {sorted(layer.tensors)} without a weight or marker",
-                                            layer=name, cause="the weight is in a missing shard, or left over from an edit",
-                                            fix="remove the orphan tensors or restore the weight"))
+                    findings.append(
+                        Finding(
+                            "L009",
+                            f"layer {name}: {sorted(layer.tensors)} without a weight or marker",
+                            layer=name,
+                            cause="the weight is in a missing shard, or left over from an edit",
+                            fix="remove the orphan tensors or restore the weight",
+                        )
+                    )
                 continue
             fmt = FORMATS.get(layer.format_name) if layer.format_name else None
             guess = f"the tensors look like {fmt.name}" if fmt else "the tensors match no known format"
-            cause = ("marker lost on re-save (markers are tensors or header metadata some tools drop); "
-                     "ComfyUI casts the weight by value (garbage), SGLang refuses it")
+            cause = (
+                "marker lost on re-save (markers are tensors or header metadata some tools drop); "
+                "ComfyUI casts the weight by value (garbage), SGLang refuses it"
+            )
             if fmt is None:
                 fix = "re-export the layer"
             elif fmt.rotation != "none":
-                fix = ("add the marker: comfyquant fix --convrot-groupsize C, C being the ConvRot size the layer was "
-                       "rotated with (the tensors cannot tell it)")
+                fix = (
+                    "add the marker: comfyquant fix --convrot-groupsize C, C being the ConvRot size the layer was "
+                    "rotated with (the tensors cannot tell it)"
+                )
             else:
                 fix = "add the marker: comfyquant fix"
             if file_fmt is not None and w.dtype in FILE_LEVEL_DTYPES:
-                cause = (f"only SGLang reads the file's quant_format={file_fmt.quant_format} (as a {file_fmt.name} marker "
-                         "for every unmarked quantized weight); ComfyUI casts the weight by value (garbage)")
+                cause = (
+                    f"only SGLang reads the file's quant_format={file_fmt.quant_format} (as a {file_fmt.name} marker "
+                    "for every unmarked quantized weight); ComfyUI casts the weight by value (garbage)"
+                )
                 fix = f"write the {file_fmt.name} markers per layer (comfyquant fix)"
-            findings.append(Finding("M023", f"layer {name}: {w.dtype} weight has no comfy_quant marker ({guess})",
-                                    layer=name, tensor=f"{prefix}.weight", expected="a marker", actual="none",
-                                    cause=cause, fix=fix))
+            findings.append(
+                Finding(
+                    "M023",
+                    f"layer {name}: {w.dtype} weight has no comfy_quant marker ({guess})",
+                    layer=name,
+                    tensor=f"{prefix}.weight",
+                    expected="a marker",
+                    actual="none",
+                    cause=cause,
+                    fix=fix,
+                )
+            )
             if fmt is None:
                 continue
             layer_findings, env = check_layer(fmt, None, layer.tensors, ckpt.memo, layer)
@@ -115,20 +156,33 @@ def _bank_finding(layer, fmt, marker: dict) -> Finding:
     experts, name, tensor = layer.bank.experts, layer.name, f"{layer.prefix}.weight"
     declared = marker.get("num_experts")
     if type(declared) is not int or declared != experts:
-        return Finding("L010", f"layer {name} ({fmt.name}) is a MoE expert bank whose weight holds {experts} experts, but "
-                               f"its marker has num_experts {declared!r}", layer=name, tensor=tensor,
-                       expected=f"num_experts: {experts}", actual=f"num_experts: {declared!r}",
-                       cause="ComfyUI reads the expert count of a bank from the marker's num_experts", targets=["comfyui"],
-                       fix=f"set num_experts to {experts} in the marker")
+        return Finding(
+            "L010",
+            f"layer {name} ({fmt.name}) is a MoE expert bank whose weight holds {experts} experts, but "
+            f"its marker has num_experts {declared!r}",
+            layer=name,
+            tensor=tensor,
+            expected=f"num_experts: {experts}",
+            actual=f"num_experts: {declared!r}",
+            cause="ComfyUI reads the expert count of a bank from the marker's num_experts",
+            targets=["comfyui"],
+            fix=f"set num_experts to {experts} in the marker",
+        )
     if layer.bank.layout == "rows":
         how = f"checked as one layer of {layer.tensors['weight'].shape[0]} rows, as ComfyUI's loader reads it"
         cause = "expert banks flatten [E, out, ...] to [E*out, ...] for this format (spec 3.9)"
     else:
         how = "checked as one expert's layer: the stored [E, ...] tensors give every expert that layout"
         cause = "each expert's tensors carry a leading expert dimension; per-tensor scales are [E] or shared (spec 3.9)"
-    return Finding("L010", f"layer {name} ({fmt.name}) is a MoE expert bank of {experts} experts (ComfyUI only): {how}",
-                   layer=name, tensor=tensor, severity="info", cause=cause,
-                   fix="none for ComfyUI; SGLang has no loader for expert banks (keep such a model for ComfyUI)")
+    return Finding(
+        "L010",
+        f"layer {name} ({fmt.name}) is a MoE expert bank of {experts} experts (ComfyUI only): {how}",
+        layer=name,
+        tensor=tensor,
+        severity="info",
+        cause=cause,
+        fix="none for ComfyUI; SGLang has no loader for expert banks (keep such a model for ComfyUI)",
+    )
 
 
 def check_marker_prefixes(ckpt) -> list[Finding]:
@@ -143,9 +197,17 @@ def check_marker_prefixes(ckpt) -> list[Finding]:
         if match:
             cause = f"prefix mismatch: the marker says {prefix!r}, the tensors are named {match!r}"
             fix = "re-key the header markers to the tensor names (comfyquant fix)"
-        out.append(Finding("M022", f"marker for {prefix!r} names no layer in the checkpoint", layer=prefix,
-                           expected=match or "tensors named " + prefix + ".*", actual="no such tensors",
-                           cause=cause, fix=fix))
+        out.append(
+            Finding(
+                "M022",
+                f"marker for {prefix!r} names no layer in the checkpoint",
+                layer=prefix,
+                expected=match or "tensors named " + prefix + ".*",
+                actual="no such tensors",
+                cause=cause,
+                fix=fix,
+            )
+        )
     return out
 
 
@@ -153,8 +215,8 @@ def prefix_match(prefix: str, layers: dict) -> str | None:
     for root in KNOWN_ROOTS:
         if root + prefix in layers:
             return root + prefix
-        if prefix.startswith(root) and prefix[len(root):] in layers:
-            return prefix[len(root):]
+        if prefix.startswith(root) and prefix[len(root) :] in layers:
+            return prefix[len(root) :]
     return None
 
 
@@ -166,8 +228,14 @@ def check_mapping(ckpt) -> list[Finding]:
             continue
         other = seen.get(layer.name)
         if other is not None and other != prefix:
-            out.append(Finding("M040", f"layers {other!r} and {prefix!r} both map to {layer.name!r}", layer=layer.name,
-                               cause="the prefix mapping is not one-to-one (a model-prefixed and an unprefixed copy?)",
-                               fix="remove the duplicate layer"))
+            out.append(
+                Finding(
+                    "M040",
+                    f"layers {other!r} and {prefix!r} both map to {layer.name!r}",
+                    layer=layer.name,
+                    cause="the prefix mapping is not one-to-one (a model-prefixed and an unprefixed copy?)",
+                    fix="remove the duplicate layer",
+                )
+            )
         seen[layer.name] = prefix
     return out

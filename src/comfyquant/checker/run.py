@@ -40,7 +40,7 @@ def parse_targets(target: Targets) -> tuple[str, ...]:
 
 def strip_prefix_mapper(prefix: str) -> NameMapper:
     def mapper(name: str) -> str:
-        return name[len(prefix):] if name.startswith(prefix) else name
+        return name[len(prefix) :] if name.startswith(prefix) else name
 
     return mapper
 
@@ -76,15 +76,26 @@ def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = Fal
 
         value_failures(values, verdicts, {name: p for p, name in names.items()})
     findings = assemble(findings, verdicts, selected, names)
-    report = Report(ckpt.paths, ckpt.files, sum(1 for x in ckpt.layers.values() if x.weight is not None), findings,
-                    {n: verdicts[n] for n in selected}, selected)
+    report = Report(
+        ckpt.paths,
+        ckpt.files,
+        sum(1 for x in ckpt.layers.values() if x.weight is not None),
+        findings,
+        {n: verdicts[n] for n in selected},
+        selected,
+    )
     report.io = ckpt.io_stats()
     report.dialect = {"dialect": detection.name, "dialects": detection.names, "quantized_layers": detection.quantized}
     return report
 
 
-def check(paths: Paths, target: Targets = "all", deep: bool = False, name_mapper: NameMapper | None = None,
-          strip_prefix: str | None = None) -> Report:
+def check(
+    paths: Paths,
+    target: Targets = "all",
+    deep: bool = False,
+    name_mapper: NameMapper | None = None,
+    strip_prefix: str | None = None,
+) -> Report:
     """Check a checkpoint (file, shards, folder, index.json or URL) and return a :class:`Report`.
 
     ``target`` selects the runtimes whose verdicts set the severities; ``deep`` also reads

@@ -29,11 +29,18 @@ def _count(kind: type, least: float):
 
 def add_remote_arguments(parser) -> None:
     """``--gap`` and ``--timeout`` (shared with ``inspect``)."""
-    parser.add_argument("--gap", type=_count(int, 0), metavar="BYTES",
-                        help="remote: read markers closer than BYTES with one request (default 65536)")
-    parser.add_argument("--timeout", type=_count(float, 0.001), metavar="S",
-                        help="remote: seconds the whole read of a checkpoint may take, every request, retry and "
-                             "shard included (default 30)")
+    parser.add_argument(
+        "--gap",
+        type=_count(int, 0),
+        metavar="BYTES",
+        help="remote: read markers closer than BYTES with one request (default 65536)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_count(float, 0.001),
+        metavar="S",
+        help="remote: seconds the whole read of a checkpoint may take, every request, retry and shard included (default 30)",
+    )
 
 
 def remote_options(args, roots: list[str]):
@@ -62,10 +69,20 @@ def add_parser(sub) -> None:
     c.add_argument("--json", action="store_true", help="print the report as JSON (schema 1)")
     c.add_argument("--strip-prefix", metavar="P", help="map layer names by removing prefix P (e.g. model.diffusion_model.)")
     c.add_argument("-v", "--verbose", action="store_true", help="also list info findings and I/O counts")
-    c.add_argument("-r", "--recursive", action="store_true",
-                   help="check every checkpoint under each folder: one summary line each, then a table")
-    c.add_argument("-j", "--jobs", type=_count(int, 1), default=1, metavar="N",
-                   help="with --recursive: check N checkpoints at a time (threads, for remote I/O)")
+    c.add_argument(
+        "-r",
+        "--recursive",
+        action="store_true",
+        help="check every checkpoint under each folder: one summary line each, then a table",
+    )
+    c.add_argument(
+        "-j",
+        "--jobs",
+        type=_count(int, 1),
+        default=1,
+        metavar="N",
+        help="with --recursive: check N checkpoints at a time (threads, for remote I/O)",
+    )
     add_remote_arguments(c)
 
 
@@ -123,8 +140,9 @@ def _run_each(args, separate, mapper, remote) -> int:
         def printer(item) -> None:
             print(render_section(item, verbose=args.verbose), flush=True)
 
-    result = check_groups(args.paths, separate.groups, target=args.target, deep=args.deep, name_mapper=mapper,
-                          remote=remote, on_result=printer)
+    result = check_groups(
+        args.paths, separate.groups, target=args.target, deep=args.deep, name_mapper=mapper, remote=remote, on_result=printer
+    )
     for item in result.items:
         if item.error:
             sys.stderr.write(f"comfyquant: {item.error}\n")
@@ -149,8 +167,9 @@ def _run_recursive(args, mapper, remote) -> int:
         def printer(item) -> None:
             print(render_summary_line(item, verbose=args.verbose), flush=True)
 
-    result = check_tree(args.paths, target=args.target, deep=args.deep, name_mapper=mapper, jobs=args.jobs,
-                        remote=remote, on_result=printer)
+    result = check_tree(
+        args.paths, target=args.target, deep=args.deep, name_mapper=mapper, jobs=args.jobs, remote=remote, on_result=printer
+    )
     for item in result.items:
         if item.error:
             sys.stderr.write(f"comfyquant: {item.error}\n")

@@ -28,8 +28,13 @@ def target_list(text: str) -> str:
 
 def add_target_argument(p, help: str) -> None:
     """``--target``: the same values on every command (one runtime, ``all`` or a comma list)."""
-    p.add_argument("--target", default="all", type=target_list, metavar="RUNTIMES",
-                   help=f"{help}: sglang, comfyui, comfy-kitchen, a comma list of them, or all (default: all)")
+    p.add_argument(
+        "--target",
+        default="all",
+        type=target_list,
+        metavar="RUNTIMES",
+        help=f"{help}: sglang, comfyui, comfy-kitchen, a comma list of them, or all (default: all)",
+    )
 
 
 OVERWRITE_HELP = "replace existing output files (never an input)"

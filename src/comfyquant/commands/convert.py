@@ -9,9 +9,12 @@ def add_parser(sub) -> None:
     from .quantize import add_common_arguments
 
     c = sub.add_parser("convert", help=HELP, description=HELP)
-    c.add_argument("-t", "--to", metavar="F",
-                   help="new format of every quantized layer no rule names (w4a8, w4a4, int8, fp8, nvfp4, mxfp8 ...), "
-                        "or dense")
+    c.add_argument(
+        "-t",
+        "--to",
+        metavar="F",
+        help="new format of every quantized layer no rule names (w4a8, w4a4, int8, fp8, nvfp4, mxfp8 ...), or dense",
+    )
     c.add_argument("--dtype", choices=["bf16", "f16", "f32"], help="with --to dense: dtype of the decoded weights")
     add_common_arguments(c, "--to")
 
@@ -22,8 +25,22 @@ def run(args) -> int:
     from .quantize import params_of, show
 
     inputs, out = inputs_and_output(args)
-    result = convert(inputs, out, args.to, params_of(args), rules=args.rules, exclude=args.exclude,
-                     target=args.target, jobs=args.jobs, report=args.report, dry_run=args.dry_run, keep_bad=args.keep_bad,
-                     overwrite=args.overwrite, progress=args.progress, dtype=args.dtype,
-                     reference=args.reference, max_error=args.max_error)
+    result = convert(
+        inputs,
+        out,
+        args.to,
+        params_of(args),
+        rules=args.rules,
+        exclude=args.exclude,
+        target=args.target,
+        jobs=args.jobs,
+        report=args.report,
+        dry_run=args.dry_run,
+        keep_bad=args.keep_bad,
+        overwrite=args.overwrite,
+        progress=args.progress,
+        dtype=args.dtype,
+        reference=args.reference,
+        max_error=args.max_error,
+    )
     return show(result, args)

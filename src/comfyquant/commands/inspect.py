@@ -18,8 +18,11 @@ def add_parser(sub) -> None:
     i.add_argument("--strip-prefix", metavar="P", help="map layer names by removing prefix P")
     i.add_argument("--metadata", action="store_true", help="also show each file's __metadata__")
     i.add_argument("--tensors", action="store_true", help="also list every tensor (name, dtype, shape, bytes, layer)")
-    i.add_argument("--wide", action="store_true",
-                   help="every column, however wide (default on a terminal: fit its width, least useful columns first)")
+    i.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column, however wide (default on a terminal: fit its width, least useful columns first)",
+    )
     add_remote_arguments(i)
 
 

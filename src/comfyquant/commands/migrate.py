@@ -10,27 +10,40 @@ HELP = "rewrite a file of another layout (legacy scaled FP8, musubi, ModelOpt, B
 def add_parser(sub) -> None:
     from .common import add_overwrite_argument, add_target_argument
 
-    m = sub.add_parser("migrate", help=HELP, description=HELP + ": a verdict per layer (exact, byte-permutation, "
-                       "lossy, refused); streaming, atomic, verified like fix")
+    m = sub.add_parser(
+        "migrate",
+        help=HELP,
+        description=HELP + ": a verdict per layer (exact, byte-permutation, "
+        "lossy, refused); streaming, atomic, verified like fix",
+    )
     m.add_argument("paths", nargs="+", metavar="IN", help="file(s), folder or *.safetensors.index.json (or a .gguf)")
-    m.add_argument("-o", "--output", metavar="OUT",
-                   help="output file (or folder for shards); default: <name>.comfy.safetensors")
+    m.add_argument("-o", "--output", metavar="OUT", help="output file (or folder for shards); default: <name>.comfy.safetensors")
     m.add_argument("--in-place", action="store_true", help="replace the input, only after the new file is verified")
     add_target_argument(m, "runtime(s) the migrated file must load in")
     m.add_argument("--dry-run", action="store_true", help="print the verdict per layer, write nothing")
     m.add_argument("--json", action="store_true", help="print the result as JSON")
-    m.add_argument("--allow-lossy", action="store_true",
-                   help="re-quantize layers that have no exact Comfy form (each with its measured error; needs torch)")
-    m.add_argument("--to", metavar="DIALECT",
-                   help="write the Comfy layers in another layout instead (e.g. bfl, modelopt)")
+    m.add_argument(
+        "--allow-lossy",
+        action="store_true",
+        help="re-quantize layers that have no exact Comfy form (each with its measured error; needs torch)",
+    )
+    m.add_argument("--to", metavar="DIALECT", help="write the Comfy layers in another layout instead (e.g. bfl, modelopt)")
     add_overwrite_argument(m)
 
 
 def run(args) -> int:
     from ..repair.migration import migrate
 
-    result = migrate(args.paths, out=args.output, in_place=args.in_place, target=args.target, dry_run=args.dry_run,
-                     allow_lossy=args.allow_lossy, overwrite=args.overwrite, to=args.to)
+    result = migrate(
+        args.paths,
+        out=args.output,
+        in_place=args.in_place,
+        target=args.target,
+        dry_run=args.dry_run,
+        allow_lossy=args.allow_lossy,
+        overwrite=args.overwrite,
+        to=args.to,
+    )
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
     else:

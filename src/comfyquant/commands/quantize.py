@@ -13,6 +13,7 @@ from .common import add_io_arguments, add_target_argument, inputs_and_output
 
 HELP = "quantize a dense checkpoint (W4A8, W4A4, INT8, FP8, NVFP4, MXFP8) with a per-layer quality report"
 
+
 def param_flags() -> list[tuple[str, str, dict]]:
     """The format-parameter flags, as the writable formats' Params declare them (each once, in
     the formats' listing order, the recommended one first; a ``{default}`` in a help text becomes the declaring field's default).
@@ -34,33 +35,58 @@ def param_flags() -> list[tuple[str, str, dict]]:
 
 def add_common_arguments(p, format_flag: str) -> None:
     """Arguments ``quantize`` and ``convert`` share."""
-    add_io_arguments(p, "file(s), folder or *.safetensors.index.json", "output file, or folder for sharded inputs",
-                     f"<name>.<format>.safetensors next to the input, <folder>.<format> for shards, <format> being "
-                     f"{format_flag}'s full name, or '{'quantized' if format_flag == '--format' else 'converted'}' "
-                     "with --rules alone")
+    add_io_arguments(
+        p,
+        "file(s), folder or *.safetensors.index.json",
+        "output file, or folder for sharded inputs",
+        f"<name>.<format>.safetensors next to the input, <folder>.<format> for shards, <format> being "
+        f"{format_flag}'s full name, or '{'quantized' if format_flag == '--format' else 'converted'}' "
+        "with --rules alone",
+    )
     g = p.add_argument_group("format parameters (for the default format; rules files carry their own)")
     for flag, dest, kw in param_flags():
         g.add_argument(flag, dest=f"param_{dest}", default=None, **kw)
     p.add_argument("--rules", metavar="FILE", help="TOML rules: layer-name globs -> format and parameters, or keep")
-    p.add_argument("--exclude", action="append", default=[], metavar="REGEX",
-                   help="keep layers whose name matches REGEX as they are (repeatable)")
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="keep layers whose name matches REGEX as they are (repeatable)",
+    )
     add_target_argument(p, "runtime(s) the output must load in")
-    p.add_argument("-j", "--jobs", default="auto", metavar="N",
-                   help="compute on N cores: 1 = this process, one torch thread; N > 1 = N worker processes. "
-                        "Default auto: every core, worker processes when slow encoders (W4A8, W4A4) dominate")
+    p.add_argument(
+        "-j",
+        "--jobs",
+        default="auto",
+        metavar="N",
+        help="compute on N cores: 1 = this process, one torch thread; N > 1 = N worker processes. "
+        "Default auto: every core, worker processes when slow encoders (W4A8, W4A4) dominate",
+    )
     p.add_argument("--report", metavar="FILE", help="write the quality report: FILE.json and FILE.png (needs the plot extra)")
-    p.add_argument("--reference", metavar="DENSE",
-                   help="the original dense checkpoint: measure every quantized layer against its weights too")
-    p.add_argument("--max-error", type=float, metavar="X",
-                   help="quality gate: a layer's relative L2 weight error above X (against --reference, else the "
-                        "source) exits 1 and keeps the output as <name>.over-max-error.safetensors, not at OUT")
+    p.add_argument(
+        "--reference",
+        metavar="DENSE",
+        help="the original dense checkpoint: measure every quantized layer against its weights too",
+    )
+    p.add_argument(
+        "--max-error",
+        type=float,
+        metavar="X",
+        help="quality gate: a layer's relative L2 weight error above X (against --reference, else the "
+        "source) exits 1 and keeps the output as <name>.over-max-error.safetensors, not at OUT",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the per-layer plan, compute and write nothing")
     p.add_argument("--keep-bad", action="store_true", help="keep layers with NaN/Inf weights as they are instead of refusing")
     p.add_argument("--json", action="store_true", help="print the report document as JSON")
     shown = p.add_mutually_exclusive_group()
-    shown.add_argument("--progress", dest="progress", action="store_true", default=None,
-                       help="always redraw the progress line on stderr (default: redrawn on a terminal, a plain line "
-                            "every 10 s in a log)")
+    shown.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="always redraw the progress line on stderr (default: redrawn on a terminal, a plain line every 10 s in a log)",
+    )
     shown.add_argument("--no-progress", dest="progress", action="store_false", help="no progress on stderr")
     p.add_argument("-v", "--verbose", action="store_true", help="print the full per-layer plan")
 
@@ -70,21 +96,33 @@ def add_parser(sub) -> None:
 
     from ..quantizer.presets import PRESETS, help_text
 
-    q = sub.add_parser("quantize", help=HELP, description=HELP, epilog=help_text(),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    q = sub.add_parser(
+        "quantize", help=HELP, description=HELP, epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     q.add_argument("-f", "--format", metavar="F", help=f"format of every layer no rule names: {writable_names()}")
     add_common_arguments(q, "--format")
     g = q.add_argument_group("model presets and recipes")
-    g.add_argument("--preset", metavar="NAME",
-                   help=f"keep the layers a model family keeps dense ({', '.join(PRESETS)}; the lists and their "
-                        f"sources are below); others get --format, else the preset's format; default: detected from "
-                        "the tensor names; none: no preset")
-    g.add_argument("--include", action="append", default=[], metavar="PARTS",
-                   help="in a ComfyUI all-in-one checkpoint, quantize these parts too (text-encoders, vae, all; "
-                        "comma list): by default only the diffusion model (model.diffusion_model.*)")
-    g.add_argument("--like", metavar="GOOD",
-                   help="give every layer the format and parameters it has in the quantized checkpoint GOOD "
-                        "(what comfyquant recipe GOOD prints)")
+    g.add_argument(
+        "--preset",
+        metavar="NAME",
+        help=f"keep the layers a model family keeps dense ({', '.join(PRESETS)}; the lists and their "
+        f"sources are below); others get --format, else the preset's format; default: detected from "
+        "the tensor names; none: no preset",
+    )
+    g.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PARTS",
+        help="in a ComfyUI all-in-one checkpoint, quantize these parts too (text-encoders, vae, all; "
+        "comma list): by default only the diffusion model (model.diffusion_model.*)",
+    )
+    g.add_argument(
+        "--like",
+        metavar="GOOD",
+        help="give every layer the format and parameters it has in the quantized checkpoint GOOD "
+        "(what comfyquant recipe GOOD prints)",
+    )
 
 
 def writable_names() -> str:
@@ -103,11 +141,26 @@ def run(args) -> int:
     from ..quantizer.api import quantize
 
     inputs, out = inputs_and_output(args)
-    result = quantize(inputs, out, args.format, params_of(args), rules=args.rules, exclude=args.exclude,
-                      target=args.target, jobs=args.jobs, report=args.report, dry_run=args.dry_run,
-                      keep_bad=args.keep_bad, overwrite=args.overwrite, progress=args.progress,
-                      reference=args.reference, max_error=args.max_error,
-                      preset=args.preset, include=args.include, like=args.like)
+    result = quantize(
+        inputs,
+        out,
+        args.format,
+        params_of(args),
+        rules=args.rules,
+        exclude=args.exclude,
+        target=args.target,
+        jobs=args.jobs,
+        report=args.report,
+        dry_run=args.dry_run,
+        keep_bad=args.keep_bad,
+        overwrite=args.overwrite,
+        progress=args.progress,
+        reference=args.reference,
+        max_error=args.max_error,
+        preset=args.preset,
+        include=args.include,
+        like=args.like,
+    )
     return show(result, args)
 
 

@@ -40,8 +40,16 @@ class Move:
 
     __slots__ = ("suffix", "source", "dtype", "shape", "transform", "kind", "what")
 
-    def __init__(self, suffix: str, source: str, dtype: str, shape: tuple, transform: Transform | None = None,
-                 kind: str = EXACT, what: str = "") -> None:
+    def __init__(
+        self,
+        suffix: str,
+        source: str,
+        dtype: str,
+        shape: tuple,
+        transform: Transform | None = None,
+        kind: str = EXACT,
+        what: str = "",
+    ) -> None:
         self.suffix = suffix
         self.source = source
         self.dtype = dtype
@@ -79,14 +87,45 @@ class Translation:
     the exact dense decode (F32), for dequantize/convert and the lossy path; ``lossy``: the
     requantization ``--allow-lossy`` uses."""
 
-    __slots__ = ("prefix", "out_prefix", "dialect", "variant", "inputs", "format", "marker", "moves", "drops",
-                 "dropped_why", "verdict", "why", "unsettled", "decoder", "lossy", "header_only")
+    __slots__ = (
+        "prefix",
+        "out_prefix",
+        "dialect",
+        "variant",
+        "inputs",
+        "format",
+        "marker",
+        "moves",
+        "drops",
+        "dropped_why",
+        "verdict",
+        "why",
+        "unsettled",
+        "decoder",
+        "lossy",
+        "header_only",
+    )
 
-    def __init__(self, prefix: str, dialect: str, variant: str, inputs: dict, *, verdict: str, why: str = "",
-                 format: str | None = None, marker: dict | None = None, moves: list[Move] | None = None,
-                 drops: list[str] | None = None, dropped_why: str = "", out_prefix: str | None = None,
-                 unsettled: list[str] | None = None, decoder: Decoder | None = None, lossy: Lossy | None = None,
-                 header_only: bool = False) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        dialect: str,
+        variant: str,
+        inputs: dict,
+        *,
+        verdict: str,
+        why: str = "",
+        format: str | None = None,
+        marker: dict | None = None,
+        moves: list[Move] | None = None,
+        drops: list[str] | None = None,
+        dropped_why: str = "",
+        out_prefix: str | None = None,
+        unsettled: list[str] | None = None,
+        decoder: Decoder | None = None,
+        lossy: Lossy | None = None,
+        header_only: bool = False,
+    ) -> None:
         if verdict not in VERDICTS:
             raise ValueError(f"unknown verdict {verdict!r}")
         self.prefix = prefix
@@ -114,9 +153,17 @@ class Translation:
         return f"{self.dialect} ({self.variant})" if self.variant else self.dialect
 
     def to_dict(self) -> dict:
-        return {"layer": self.prefix, "dialect": self.dialect, "variant": self.variant, "verdict": self.verdict,
-                "format": self.format, "marker": self.marker, "why": self.why, "unsettled": list(self.unsettled),
-                "out_prefix": self.out_prefix}
+        return {
+            "layer": self.prefix,
+            "dialect": self.dialect,
+            "variant": self.variant,
+            "verdict": self.verdict,
+            "format": self.format,
+            "marker": self.marker,
+            "why": self.why,
+            "unsettled": list(self.unsettled),
+            "out_prefix": self.out_prefix,
+        }
 
     def __repr__(self) -> str:
         return f"Translation({self.prefix!r}, {self.label}, {self.verdict} -> {self.format})"
@@ -129,9 +176,16 @@ class Claim:
 
     __slots__ = ("dialect", "layers", "drop", "metadata_drop", "metadata_set", "notes", "unsettled", "settled")
 
-    def __init__(self, dialect: str, layers: dict[str, Translation] | None = None, drop: list[str] | None = None,
-                 metadata_drop: list[str] | None = None, metadata_set: dict[str, str] | None = None,
-                 notes: list[str] | None = None, unsettled: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        dialect: str,
+        layers: dict[str, Translation] | None = None,
+        drop: list[str] | None = None,
+        metadata_drop: list[str] | None = None,
+        metadata_set: dict[str, str] | None = None,
+        notes: list[str] | None = None,
+        unsettled: list[str] | None = None,
+    ) -> None:
         self.dialect = dialect
         self.layers = layers or {}
         self.drop = drop or []
@@ -168,9 +222,19 @@ class Dialect:
 
     __slots__ = ("name", "title", "writer", "source", "detect", "runtime", "settle", "export", "order")
 
-    def __init__(self, name: str, title: str, *, writer: str, source: str, detect: Detect,
-                 runtime: Runtime | None = None, settle: Settle | None = None, export: Export | None = None,
-                 order: int = 100) -> None:
+    def __init__(
+        self,
+        name: str,
+        title: str,
+        *,
+        writer: str,
+        source: str,
+        detect: Detect,
+        runtime: Runtime | None = None,
+        settle: Settle | None = None,
+        export: Export | None = None,
+        order: int = 100,
+    ) -> None:
         self.name = name
         self.title = title
         self.writer = writer
@@ -194,8 +258,9 @@ class Container:
 
     __slots__ = ("name", "sniff", "open", "suffixes")
 
-    def __init__(self, name: str, sniff: Callable[[str], bool], open: Callable[[str], Any],
-                 suffixes: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, name: str, sniff: Callable[[str], bool], open: Callable[[str], Any], suffixes: tuple[str, ...] = ()
+    ) -> None:
         self.name = name
         self.sniff = sniff
         self.open = open

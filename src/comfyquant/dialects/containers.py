@@ -54,5 +54,7 @@ def _refuse_mixed(paths: Paths) -> None:
         if not is_url(p) and os.path.isfile(p):
             for c in CONTAINERS:
                 if c.sniff(p):
-                    raise InputError(f"{p}: a {c.name.upper()} file is read on its own (it is no shard of a safetensors "
-                                     "checkpoint): name it alone")
+                    raise InputError(
+                        f"{p}: a {c.name.upper()} file is read on its own (it is no shard of a safetensors "
+                        "checkpoint): name it alone"
+                    )

@@ -8,8 +8,7 @@ in the writer's order), so the result is bit-identical to what that writer's loa
 from __future__ import annotations
 
 
-def scaled_fp8(weight_suffix: str = "weight", scale_suffix: str = "scale_weight",
-               second_suffix: str | None = None):
+def scaled_fp8(weight_suffix: str = "weight", scale_suffix: str = "scale_weight", second_suffix: str | None = None):
     """``W = q * scale`` (per tensor, per output channel ``[N, 1]``/``[N]``, or per block
     ``[N, B, 1]`` over K in B equal blocks), times ``second_suffix``'s scalar when given."""
 

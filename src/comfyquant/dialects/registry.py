@@ -74,10 +74,13 @@ class Detection:
         return next((c for c in self.claims if c.dialect == dialect), None)
 
     def to_dict(self) -> dict:
-        return {"dialect": self.name, "dialects": self.names,
-                "notes": [n for c in self.claims for n in c.notes],
-                "unsettled": [u for c in self.claims for u in c.unsettled],
-                "layers": {p: t.to_dict() for p, t in self.layers.items()}}
+        return {
+            "dialect": self.name,
+            "dialects": self.names,
+            "notes": [n for c in self.claims for n in c.notes],
+            "unsettled": [u for c in self.claims for u in c.unsettled],
+            "layers": {p: t.to_dict() for p, t in self.layers.items()},
+        }
 
 
 def detect(ckpt) -> Detection:

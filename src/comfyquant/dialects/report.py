@@ -38,18 +38,38 @@ def dialect_findings(detection: Detection) -> list[Finding]:
         else:
             fix = None
         notes = f"; {'; '.join(claim.notes)}" if claim.notes else ""
-        out.append(Finding("F001", f"{n} layer{'s' * (n != 1)} in the {dialect.title} layout ({dialect.name}): "
-                                   f"{_summary(claim) or 'no layer'}{notes}",
-                           cause=f"written by {dialect.writer}", fix=fix, actual=dialect.name, expected="comfy"))
+        out.append(
+            Finding(
+                "F001",
+                f"{n} layer{'s' * (n != 1)} in the {dialect.title} layout ({dialect.name}): "
+                f"{_summary(claim) or 'no layer'}{notes}",
+                cause=f"written by {dialect.writer}",
+                fix=fix,
+                actual=dialect.name,
+                expected="comfy",
+            )
+        )
         for t in claim.layers.values():
             if t.verdict == REFUSED:
-                out.append(Finding("F002", f"layer {t.prefix}: {dialect.name} {t.variant} layer has no Comfy form: "
-                                           f"{t.why}", layer=t.prefix, actual=t.label, cause=t.why,
-                                   fix="keep the file for a runtime that reads this layout, or dequantize it"))
+                out.append(
+                    Finding(
+                        "F002",
+                        f"layer {t.prefix}: {dialect.name} {t.variant} layer has no Comfy form: {t.why}",
+                        layer=t.prefix,
+                        actual=t.label,
+                        cause=t.why,
+                        fix="keep the file for a runtime that reads this layout, or dequantize it",
+                    )
+                )
         unsettled = list(dict.fromkeys([*claim.unsettled, *(u for t in claim.layers.values() for u in t.unsettled)]))
         if unsettled:
-            out.append(Finding("F003", f"{dialect.name}: only the tensor data can tell: {'; '.join(unsettled)}",
-                               fix="comfyquant check --deep reads it"))
+            out.append(
+                Finding(
+                    "F003",
+                    f"{dialect.name}: only the tensor data can tell: {'; '.join(unsettled)}",
+                    fix="comfyquant check --deep reads it",
+                )
+            )
     return out
 
 

@@ -40,8 +40,9 @@ def comfy_view(ckpt: Checkpoint, verb: str) -> Checkpoint:
     for claim in detection.claims:
         for tr in claim.layers.values():
             if tr.verdict not in (EXACT, PERMUTATION) and not (tr.verdict == LOSSY and tr.decoder is not None):
-                raise DialectError(f"refusing to {verb}: {ckpt.files[0]}: layer {tr.prefix!r} ({tr.label}) cannot be "
-                                   f"read: {tr.why}")
+                raise DialectError(
+                    f"refusing to {verb}: {ckpt.files[0]}: layer {tr.prefix!r} ({tr.label}) cannot be read: {tr.why}"
+                )
     sources = [_virtual_file(ckpt, h, detection) for h in ckpt.headers]
     names = [s.name for s in sources]
     view = open_checkpoint(names, sources=sources, shardset=ShardSet(files=names))

@@ -23,8 +23,12 @@ if TYPE_CHECKING:
 
 __all__ = ["load_transformer", "ComfyQuantParameter", "InexactOperation", "SUPPORTED"]
 
-_WHERE = {"load_transformer": "load", "ComfyQuantParameter": "parameter", "InexactOperation": "parameter",
-          "SUPPORTED": "versions"}
+_WHERE = {
+    "load_transformer": "load",
+    "ComfyQuantParameter": "parameter",
+    "InexactOperation": "parameter",
+    "SUPPORTED": "versions",
+}
 
 if not TYPE_CHECKING:
     __getattr__, __dir__ = lazy_exports(__name__, _WHERE, __all__)

@@ -35,8 +35,16 @@ COMFY_PREFIX = "model.diffusion_model."
 Flux.2 converter would otherwise misparse block indices, Qwen-Image's identity converter keep it)."""
 
 
-def load_transformer(path, cls, *, config=None, subfolder: str | None = None, torch_dtype: torch.dtype = torch.bfloat16,
-                     device="cpu", strict: bool = True) -> nn.Module:
+def load_transformer(
+    path,
+    cls,
+    *,
+    config=None,
+    subfolder: str | None = None,
+    torch_dtype: torch.dtype = torch.bfloat16,
+    device="cpu",
+    strict: bool = True,
+) -> nn.Module:
     """Load the ComfyUI/BFL-named single file at ``path`` into the diffusers class ``cls``
     (the class or its name); returns the model in eval mode, its :class:`~comfyquant.torch.LoadReport`
     as ``model.comfyquant_report``.
@@ -65,7 +73,7 @@ def load_transformer(path, cls, *, config=None, subfolder: str | None = None, to
         checkpoint, origin = _read_checkpoint(ckpt, torch_dtype, device, report)
         file_tensors = list(ckpt.tensors)
     model_config = _config(cls, mapping, config, subfolder, checkpoint, label)
-    named = {(k[len(COMFY_PREFIX):] if k.startswith(COMFY_PREFIX) else k): v for k, v in checkpoint.items()}
+    named = {(k[len(COMFY_PREFIX) :] if k.startswith(COMFY_PREFIX) else k): v for k, v in checkpoint.items()}
     if len(named) != len(checkpoint):
         raise LoadError(f"{label}: tensor names collide once {COMFY_PREFIX!r} is removed")
     converter = mapping["checkpoint_mapping_fn"]
@@ -75,8 +83,10 @@ def load_transformer(path, cls, *, config=None, subfolder: str | None = None, to
     except InexactOperation as exc:
         raise LoadError(f"{label}: {exc}") from None
     except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:
-        raise LoadError(f"{label}: diffusers' {cls.__name__} converter failed ({type(exc).__name__}: {exc}): "
-                        f"is this a {cls.__name__} checkpoint?") from None
+        raise LoadError(
+            f"{label}: diffusers' {cls.__name__} converter failed ({type(exc).__name__}: {exc}): "
+            f"is this a {cls.__name__} checkpoint?"
+        ) from None
     kept = {id(v) for v in converted.values()}
     dropped = {k: v for k, v in leftover.items() if id(v) not in kept}  # what diffusers would drop silently
 
@@ -129,8 +139,9 @@ def _read_checkpoint(ckpt, dtype: torch.dtype, device: torch.device, report: Loa
         if marker is None:
             continue
         if layer.bank is not None:
-            raise LoadError(f"{report.path}: layer {prefix!r} is a quantized MoE expert bank: diffusers' converters "
-                            "take no banks")
+            raise LoadError(
+                f"{report.path}: layer {prefix!r} is a quantized MoE expert bank: diffusers' converters take no banks"
+            )
         entries = {s: e for s, e in layer.stored.items() if s not in ("bias", "comfy_quant")}
         names = [e.name for e in layer.stored.values()]
         tensors = {s: read_tensor(ckpt, e, device, report) for s, e in entries.items()}
@@ -140,8 +151,14 @@ def _read_checkpoint(ckpt, dtype: torch.dtype, device: torch.device, report: Loa
             checkpoint[f"{prefix}.bias"] = bias
             origin[_key(bias)] = layer.stored["bias"].name
         try:
-            param = ComfyQuantParameter.from_layer(tensors, marker, prefix, dtype, names=[n for n in names
-                                                   if n != getattr(layer.stored.get("bias"), "name", None)], bias=bias)
+            param = ComfyQuantParameter.from_layer(
+                tensors,
+                marker,
+                prefix,
+                dtype,
+                names=[n for n in names if n != getattr(layer.stored.get("bias"), "name", None)],
+                bias=bias,
+            )
         except Exception as exc:  # noqa: BLE001 -- a codec's refusal of the layer, said in one line
             raise LoadError(f"{report.path}: layer {prefix!r}: {exc}") from None
         checkpoint[f"{prefix}.weight"] = param
@@ -170,8 +187,10 @@ def _config(cls, mapping: Mapping, config, subfolder: str | None, checkpoint: di
         try:
             inferred = fetch_diffusers_config(checkpoint)
         except Exception as exc:  # noqa: BLE001 -- diffusers' inference found no model type
-            raise LoadError(f"{label}: diffusers cannot infer the model type ({type(exc).__name__}: {exc}); "
-                            "pass config= (a dict or a local folder with config.json)") from None
+            raise LoadError(
+                f"{label}: diffusers cannot infer the model type ({type(exc).__name__}: {exc}); "
+                "pass config= (a dict or a local folder with config.json)"
+            ) from None
         config = inferred["pretrained_model_name_or_path"]
         subfolder = subfolder or mapping.get("default_subfolder") or inferred.get("subfolder")
         where = f"diffusers' default config {config!r} (subfolder {subfolder!r})"
@@ -187,8 +206,9 @@ def _config(cls, mapping: Mapping, config, subfolder: str | None, checkpoint: di
         return dict(cls.load_config(path, subfolder=subfolder, local_files_only=True))
     except Exception as exc:  # noqa: BLE001 -- missing folder, no cache, bad JSON: one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LoadError(f"{label}: cannot read {where} without network ({first}); pass config= as a dict or a "
-                        "local folder with config.json") from None
+        raise LoadError(
+            f"{label}: cannot read {where} without network ({first}); pass config= as a dict or a local folder with config.json"
+        ) from None
 
 
 @contextmanager
@@ -210,8 +230,18 @@ def _empty_parameters() -> Iterator[None]:
         nn.Module.register_parameter = register
 
 
-def _load_converted(model: nn.Module, converted: dict, dropped: dict, origin: dict[int, str], file_tensors: list[str],
-                    report: LoadReport, dtype: torch.dtype, device: torch.device, label: str, strict: bool) -> None:
+def _load_converted(
+    model: nn.Module,
+    converted: dict,
+    dropped: dict,
+    origin: dict[int, str],
+    file_tensors: list[str],
+    report: LoadReport,
+    dtype: torch.dtype,
+    device: torch.device,
+    label: str,
+    strict: bool,
+) -> None:
     modules = dict(model.named_modules())
     targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     targets.update(dict(model.named_buffers(remove_duplicate=False)))
@@ -236,13 +266,17 @@ def _load_converted(model: nn.Module, converted: dict, dropped: dict, origin: di
                 report.unexpected.extend(value.names or [key])
                 continue
             if not isinstance(module, nn.Linear):
-                raise LoadError(f"{label}: {value.where()} is quantized ({value.format}) but lands on {name!r}, "
-                                f"a {type(module).__name__}: only nn.Linear layers load quantized")
+                raise LoadError(
+                    f"{label}: {value.where()} is quantized ({value.format}) but lands on {name!r}, "
+                    f"a {type(module).__name__}: only nn.Linear layers load quantized"
+                )
             rows, cols = FORMATS[value.format].pad  # padded storage reads as the model's shape
             out_f, in_f = module.out_features, module.in_features
             if tuple(value.shape) not in ((out_f, in_f), (-(-out_f // rows) * rows, -(-in_f // cols) * cols)):
-                raise LoadError(f"{label}: {value.where()} is a [{value.shape[0]}, {value.shape[1]}] weight, the model's "
-                                f"{name!r} is nn.Linear({module.in_features}, {module.out_features})")
+                raise LoadError(
+                    f"{label}: {value.where()} is a [{value.shape[0]}, {value.shape[1]}] weight, the model's "
+                    f"{name!r} is nn.Linear({module.in_features}, {module.out_features})"
+                )
             quants.append((name, value))
             covered.add(key)
             continue
@@ -251,8 +285,10 @@ def _load_converted(model: nn.Module, converted: dict, dropped: dict, origin: di
             report.unexpected.extend(file_names(value) or [key])
             continue
         if tuple(target.shape) != tuple(value.shape):
-            raise LoadError(f"{label}: {key!r} ({', '.join(file_names(value)) or 'converted'}) is {list(value.shape)}, "
-                            f"the model's is {list(target.shape)}")
+            raise LoadError(
+                f"{label}: {key!r} ({', '.join(file_names(value)) or 'converted'}) is {list(value.shape)}, "
+                f"the model's is {list(target.shape)}"
+            )
         dense.append((key, value))
         covered.add(key)
     report.missing = sorted(n for n in wanted if n not in covered)

@@ -43,8 +43,27 @@ class InexactOperation(LoadError):
     row operation at all); the message names the layer."""
 
 
-_PROPERTIES = frozenset({"shape", "dtype", "device", "ndim", "is_meta", "layout", "requires_grad", "is_cuda", "is_cpu",
-                         "is_sparse", "is_quantized", "is_leaf", "grad_fn", "grad", "names", "is_nested", "itemsize"})
+_PROPERTIES = frozenset(
+    {
+        "shape",
+        "dtype",
+        "device",
+        "ndim",
+        "is_meta",
+        "layout",
+        "requires_grad",
+        "is_cuda",
+        "is_cpu",
+        "is_sparse",
+        "is_quantized",
+        "is_leaf",
+        "grad_fn",
+        "grad",
+        "names",
+        "is_nested",
+        "itemsize",
+    }
+)
 """Tensor attributes a converter may read from the pose (metadata only)."""
 
 
@@ -69,10 +88,20 @@ class ComfyQuantParameter(torch.Tensor):
     names: tuple[str, ...]
 
     @staticmethod
-    def __new__(cls, quant: QuantWeight, shape: Sequence[int], dtype: torch.dtype, *, env: Mapping, source: str,
-                rows: str = "", names: Sequence[str] = ()):
-        self = torch.Tensor._make_wrapper_subclass(cls, tuple(shape), dtype=dtype, device=torch.device("meta"),
-                                                   requires_grad=False)
+    def __new__(
+        cls,
+        quant: QuantWeight,
+        shape: Sequence[int],
+        dtype: torch.dtype,
+        *,
+        env: Mapping,
+        source: str,
+        rows: str = "",
+        names: Sequence[str] = (),
+    ):
+        self = torch.Tensor._make_wrapper_subclass(
+            cls, tuple(shape), dtype=dtype, device=torch.device("meta"), requires_grad=False
+        )
         self.quant = quant
         self.env = dict(env)
         self.source = source
@@ -85,8 +114,15 @@ class ComfyQuantParameter(torch.Tensor):
 
     # -- construction ----------------------------------------------------------------------------
     @classmethod
-    def from_layer(cls, tensors: Mapping[str, torch.Tensor], marker: Mapping, source: str, dtype: torch.dtype,
-                   names: Sequence[str] = (), bias: torch.Tensor | None = None) -> ComfyQuantParameter:
+    def from_layer(
+        cls,
+        tensors: Mapping[str, torch.Tensor],
+        marker: Mapping,
+        source: str,
+        dtype: torch.dtype,
+        names: Sequence[str] = (),
+        bias: torch.Tensor | None = None,
+    ) -> ComfyQuantParameter:
         """The parameter of one checkpoint layer; its model shape is the codec's (a padded
         format reads the model's rows from ``bias`` when there is one, as every reader does)."""
         quant = QuantWeight(tensors, marker, source)
@@ -96,8 +132,14 @@ class ComfyQuantParameter(torch.Tensor):
         plan = codecs.get(quant.format).plan(probe, quant.marker, source)
         return cls(quant, plan.shape, dtype, env=plan.env, source=source, names=names)
 
-    def derived(self, tensors: dict[str, torch.Tensor], rows: int, where: str, source: str | None = None,
-                names: Sequence[str] | None = None) -> ComfyQuantParameter:
+    def derived(
+        self,
+        tensors: dict[str, torch.Tensor],
+        rows: int,
+        where: str,
+        source: str | None = None,
+        names: Sequence[str] | None = None,
+    ) -> ComfyQuantParameter:
         """A part (or a join) of this layer: ``rows`` model rows; its geometry is read back
         from its tensors (a padded format keeps the model's row count)."""
         fmt = self.format
@@ -110,8 +152,15 @@ class ComfyQuantParameter(torch.Tensor):
         if "N_model" in env:
             env["N_model"] = rows
         quant = QuantWeight(tensors, self.quant.marker, name)
-        return ComfyQuantParameter(quant, (rows, self.shape[1]), self.dtype, env=env, source=name, rows=where,
-                                   names=self.names if names is None else names)
+        return ComfyQuantParameter(
+            quant,
+            (rows, self.shape[1]),
+            self.dtype,
+            env=env,
+            source=name,
+            rows=where,
+            names=self.names if names is None else names,
+        )
 
     # -- what it is ------------------------------------------------------------------------------
     @property
@@ -142,8 +191,9 @@ class ComfyQuantParameter(torch.Tensor):
     # -- the operations converters use ------------------------------------------------------------
     def check_row_dim(self, dim, op: str) -> None:
         if dim not in (0, -2):
-            raise InexactOperation(f"{self.where()}: {op} along dim {dim} of a quantized {self.format} weight: only row "
-                                   "(dim 0) operations are exact")
+            raise InexactOperation(
+                f"{self.where()}: {op} along dim {dim} of a quantized {self.format} weight: only row (dim 0) operations are exact"
+            )
 
     def split_rows(self, sections: Sequence[int], op: str) -> tuple[ComfyQuantParameter, ...]:
         """Parts of ``sections`` model rows each, in order (exact or :class:`InexactOperation`)."""
@@ -181,8 +231,9 @@ class ComfyQuantParameter(torch.Tensor):
     def slice_rows(self, key) -> ComfyQuantParameter:
         rows = key[0] if isinstance(key, tuple) and key and all(k == slice(None) for k in key[1:]) else key
         if not isinstance(rows, slice) or rows.step not in (None, 1):
-            raise InexactOperation(f"{self.where()}: indexing a quantized {self.format} weight with {key!r}: only a row "
-                                   "range [a:b] is exact")
+            raise InexactOperation(
+                f"{self.where()}: indexing a quantized {self.format} weight with {key!r}: only a row range [a:b] is exact"
+            )
         n = self.shape[0]
         a, b, _ = rows.indices(n)
         b = max(a, b)
@@ -206,8 +257,10 @@ class ComfyQuantParameter(torch.Tensor):
         if len(quant) == 1:
             return first
         if any(p.format != first.format or p.marker != first.marker for p in quant):
-            raise InexactOperation(f"{names}: the parts differ in format or marker ({', '.join(str(p.marker) for p in quant)}): "
-                                   "they cannot be one quantized layer")
+            raise InexactOperation(
+                f"{names}: the parts differ in format or marker ({', '.join(str(p.marker) for p in quant)}): "
+                "they cannot be one quantized layer"
+            )
         if any(p.shape[1] != first.shape[1] or p.dtype != first.dtype for p in quant):
             raise InexactOperation(f"{names}: the parts differ in columns or dtype")
         fmt = FORMATS[first.format]
@@ -224,7 +277,8 @@ class ComfyQuantParameter(torch.Tensor):
                     if not _same(p.stored[suffix], first.stored[suffix]):
                         raise InexactOperation(
                             f"{names}: joining them is not exact for {first.format}: their {suffix} differs "
-                            f"(every part must share one {suffix}; re-quantize the fused layer instead)")
+                            f"(every part must share one {suffix}; re-quantize the fused layer instead)"
+                        )
                 joined[suffix] = first.stored[suffix]
             else:
                 joined[suffix] = torch.cat([p.stored[suffix] for p in quant], dim=rule.axis)
@@ -244,8 +298,9 @@ class ComfyQuantParameter(torch.Tensor):
             return self
         tensors = {s: t.to(device) for s, t in self.stored.items()}
         quant = QuantWeight(tensors, self.marker, self.source)
-        return ComfyQuantParameter(quant, self.shape, self.dtype, env=self.env, source=self.source, rows=self.rows,
-                                   names=self.names)
+        return ComfyQuantParameter(
+            quant, self.shape, self.dtype, env=self.env, source=self.source, rows=self.rows, names=self.names
+        )
 
     # -- dispatch ----------------------------------------------------------------------------------
     @classmethod
@@ -258,14 +313,22 @@ class ComfyQuantParameter(torch.Tensor):
         if (getattr(func, "__name__", None) == "__get__" and attr in _PROPERTIES) or func in _METADATA:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
-        who = next((a for a in list(args) + [x for a in args if isinstance(a, (list, tuple)) for x in a]
-                    if isinstance(a, ComfyQuantParameter)), None)
+        who = next(
+            (
+                a
+                for a in list(args) + [x for a in args if isinstance(a, (list, tuple)) for x in a]
+                if isinstance(a, ComfyQuantParameter)
+            ),
+            None,
+        )
         where = who.where() if who is not None else "a quantized layer"
         name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
         if attr is not None and getattr(func, "__name__", None) == "__get__":
             name = attr
-        raise InexactOperation(f"{where}: {name} is not an exact operation on a quantized weight "
-                               "(only row chunk/split/[a:b]/cat and a float cast are)")
+        raise InexactOperation(
+            f"{where}: {name} is not an exact operation on a quantized weight "
+            "(only row chunk/split/[a:b]/cat and a float cast are)"
+        )
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -309,18 +372,35 @@ def _float_cast(dtype):
 
 
 _HANDLERS = {
-    torch.chunk: _chunk, torch.Tensor.chunk: _chunk,
-    torch.split: _split, torch.Tensor.split: _split,
-    torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat,
+    torch.chunk: _chunk,
+    torch.Tensor.chunk: _chunk,
+    torch.split: _split,
+    torch.Tensor.split: _split,
+    torch.cat: _cat,
+    torch.concat: _cat,
+    torch.concatenate: _cat,
     torch.Tensor.__getitem__: _getitem,
     torch.Tensor.to: ComfyQuantParameter.to_dense_or_moved,
-    torch.Tensor.float: _float_cast(torch.float32), torch.Tensor.bfloat16: _float_cast(torch.bfloat16),
-    torch.Tensor.half: _float_cast(torch.float16), torch.Tensor.double: _float_cast(torch.float64),
-    torch.Tensor.contiguous: _same_object, torch.Tensor.detach: _same_object,
+    torch.Tensor.float: _float_cast(torch.float32),
+    torch.Tensor.bfloat16: _float_cast(torch.bfloat16),
+    torch.Tensor.half: _float_cast(torch.float16),
+    torch.Tensor.double: _float_cast(torch.float64),
+    torch.Tensor.contiguous: _same_object,
+    torch.Tensor.detach: _same_object,
     torch.Tensor.__hash__: lambda t: id(t),
     torch.Tensor.__repr__: lambda t, *a, **k: ComfyQuantParameter.__repr__(t),
 }
 
-_METADATA = frozenset({torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.Tensor.__len__,
-                       torch.Tensor.is_floating_point, torch.Tensor.is_complex, torch.Tensor.element_size,
-                       torch.Tensor.nelement, torch.Tensor.get_device})
+_METADATA = frozenset(
+    {
+        torch.Tensor.size,
+        torch.Tensor.dim,
+        torch.Tensor.numel,
+        torch.Tensor.__len__,
+        torch.Tensor.is_floating_point,
+        torch.Tensor.is_complex,
+        torch.Tensor.element_size,
+        torch.Tensor.nelement,
+        torch.Tensor.get_device,
+    }
+)

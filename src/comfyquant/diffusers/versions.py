@@ -22,6 +22,8 @@ def require_diffusers():
         raise LoadError("comfyquant.diffusers needs diffusers 0.42.x: pip install 'comfyquant[diffusers]'") from None
     version = str(getattr(diffusers, "__version__", "unknown"))
     if not version.startswith(SUPPORTED):
-        raise LoadError(f"comfyquant.diffusers supports diffusers {', '.join(s + 'x' for s in SUPPORTED)}, "
-                        f"this is diffusers {version}: pip install 'diffusers==0.42.1'")
+        raise LoadError(
+            f"comfyquant.diffusers supports diffusers {', '.join(s + 'x' for s in SUPPORTED)}, "
+            f"this is diffusers {version}: pip install 'diffusers==0.42.1'"
+        )
     return diffusers

@@ -106,15 +106,45 @@ class Slot:
     (the first that holds is shown; none: the checker's generic words).
     """
 
-    __slots__ = ("suffix", "dtype", "shape", "kind", "required", "meaning", "when", "forbidden", "also_dtypes",
-                 "alt_shapes", "positive", "blocked", "rows", "forbidden_cause", "_shape", "_when", "_forbidden",
-                 "_alts", "_forbidden_causes")
+    __slots__ = (
+        "suffix",
+        "dtype",
+        "shape",
+        "kind",
+        "required",
+        "meaning",
+        "when",
+        "forbidden",
+        "also_dtypes",
+        "alt_shapes",
+        "positive",
+        "blocked",
+        "rows",
+        "forbidden_cause",
+        "_shape",
+        "_when",
+        "_forbidden",
+        "_alts",
+        "_forbidden_causes",
+    )
 
-    def __init__(self, suffix: str, dtype: str, shape: str, kind: str = SCALE, required: bool = True, meaning: str = "",
-                 when: str | None = None, forbidden: str | None = None,
-                 also_dtypes: dict[str, tuple[str, str]] | None = None, alt_shapes: tuple[tuple[str, ...], ...] = (),
-                 positive: bool = False, blocked: int = 0, rows: str | int | None = None,
-                 forbidden_cause: str | tuple[tuple[str, str], ...] = "") -> None:
+    def __init__(
+        self,
+        suffix: str,
+        dtype: str,
+        shape: str,
+        kind: str = SCALE,
+        required: bool = True,
+        meaning: str = "",
+        when: str | None = None,
+        forbidden: str | None = None,
+        also_dtypes: dict[str, tuple[str, str]] | None = None,
+        alt_shapes: tuple[tuple[str, ...], ...] = (),
+        positive: bool = False,
+        blocked: int = 0,
+        rows: str | int | None = None,
+        forbidden_cause: str | tuple[tuple[str, str], ...] = "",
+    ) -> None:
         self.suffix = suffix
         self.dtype = dtype
         self.shape = shape
@@ -176,14 +206,39 @@ class MarkerKey:
     ``invalid_cause``, why a value is refused -- one text, or ``(condition over v, text)``
     pairs whose first that holds is shown (``convrot`` written as ``1`` or ``"true"``)."""
 
-    __slots__ = ("name", "types", "default", "allowed", "allowed_text", "explicit", "why_explicit", "nested_ok",
-                 "drop_invalid", "missing_text", "suggested", "invalid_cause", "_allowed", "_explicit",
-                 "_invalid_causes")
+    __slots__ = (
+        "name",
+        "types",
+        "default",
+        "allowed",
+        "allowed_text",
+        "explicit",
+        "why_explicit",
+        "nested_ok",
+        "drop_invalid",
+        "missing_text",
+        "suggested",
+        "invalid_cause",
+        "_allowed",
+        "_explicit",
+        "_invalid_causes",
+    )
 
-    def __init__(self, name: str, types: tuple[type, ...], default: Any = None, allowed: str | None = None,
-                 allowed_text: str = "", explicit: str | bool = False, why_explicit: str = "",
-                 nested_ok: bool = False, drop_invalid: bool = False, missing_text: str = "", suggested: str = "",
-                 invalid_cause: str | tuple[tuple[str, str], ...] = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        types: tuple[type, ...],
+        default: Any = None,
+        allowed: str | None = None,
+        allowed_text: str = "",
+        explicit: str | bool = False,
+        why_explicit: str = "",
+        nested_ok: bool = False,
+        drop_invalid: bool = False,
+        missing_text: str = "",
+        suggested: str = "",
+        invalid_cause: str | tuple[tuple[str, str], ...] = "",
+    ) -> None:
         self.name = name
         self.types = types
         self.default = default
@@ -324,22 +379,66 @@ class Format:
       replaces (spec 1.6, scaled FP8: ``scale_weight`` -> ``weight_scale``).
     """
 
-    __slots__ = ("name", "title", "slots", "keys", "_geometry", "constraints", "bits_text", "rotation", "loaders",
-                 "converter_only", "recognize", "bank_rows", "bank_rows_if", "pad", "quant_format", "encode_params",
-                 "reference_factor", "codec_module", "order", "infer_rank", "params_module", "aliases", "inspect_text",
-                 "infer_marker", "lossy", "legacy_renames", "heavy_encoder")
+    __slots__ = (
+        "name",
+        "title",
+        "slots",
+        "keys",
+        "_geometry",
+        "constraints",
+        "bits_text",
+        "rotation",
+        "loaders",
+        "converter_only",
+        "recognize",
+        "bank_rows",
+        "bank_rows_if",
+        "pad",
+        "quant_format",
+        "encode_params",
+        "reference_factor",
+        "codec_module",
+        "order",
+        "infer_rank",
+        "params_module",
+        "aliases",
+        "inspect_text",
+        "infer_marker",
+        "lossy",
+        "legacy_renames",
+        "heavy_encoder",
+    )
 
-    def __init__(self, name: str, title: str, slots: tuple[Slot, ...], keys: tuple[MarkerKey, ...],
-                 geometry: Callable[[dict, dict], dict], constraints: tuple[Constraint, ...] = (), bits_text: str = "",
-                 rotation: str = "none", loaders: frozenset[str] = frozenset(), converter_only: bool = False,
-                 recognize: Callable[[dict], bool] | None = None, bank_rows: tuple[str, ...] = (),
-                 bank_rows_if: str | None = None, pad: tuple[int, int] = (1, 1),
-                 quant_format: str | None = None, encode_params: Callable[[dict, dict], dict] | None = None,
-                 reference_factor: float = 2.0, codec_module: str | None = None, order: int = 100,
-                 infer_rank: int | None = None, params_module: str | None = None, aliases: tuple[str, ...] = (),
-                 inspect_text: Callable[[dict], str] | None = None, infer_marker: Callable[..., dict | str] | None = None,
-                 lossy: Callable[..., Any] | None = None, legacy_renames: dict[str, str] | None = None,
-                 heavy_encoder: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        title: str,
+        slots: tuple[Slot, ...],
+        keys: tuple[MarkerKey, ...],
+        geometry: Callable[[dict, dict], dict],
+        constraints: tuple[Constraint, ...] = (),
+        bits_text: str = "",
+        rotation: str = "none",
+        loaders: frozenset[str] = frozenset(),
+        converter_only: bool = False,
+        recognize: Callable[[dict], bool] | None = None,
+        bank_rows: tuple[str, ...] = (),
+        bank_rows_if: str | None = None,
+        pad: tuple[int, int] = (1, 1),
+        quant_format: str | None = None,
+        encode_params: Callable[[dict, dict], dict] | None = None,
+        reference_factor: float = 2.0,
+        codec_module: str | None = None,
+        order: int = 100,
+        infer_rank: int | None = None,
+        params_module: str | None = None,
+        aliases: tuple[str, ...] = (),
+        inspect_text: Callable[[dict], str] | None = None,
+        infer_marker: Callable[..., dict | str] | None = None,
+        lossy: Callable[..., Any] | None = None,
+        legacy_renames: dict[str, str] | None = None,
+        heavy_encoder: bool = False,
+    ) -> None:
         self.name = name
         self.title = title
         self.slots = slots

@@ -184,8 +184,16 @@ class Codec:
         so the separate pass over the weight can be skipped."""
         return False
 
-    def decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
-               block_elements: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        tensors: dict,
+        marker: dict | None = None,
+        *,
+        dtype=None,
+        layer: str | None = None,
+        block_elements: int | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The dense weight ``[N, K]`` in ``dtype`` (default: the layer's model dtype).
 
         ``out``: a contiguous ``[N, K]`` tensor of that dtype to decode into (and return)
@@ -198,8 +206,7 @@ class Codec:
             check_destination(out, plan.shape, dtype, plan.name)
         return self._dense(tensors, plan, dtype, block_elements, out=out)
 
-    def row_source(self, tensors: dict, marker: dict | None = None, *, dtype=None,
-                   layer: str | None = None) -> RowSource:
+    def row_source(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None) -> RowSource:
         """The dense weight as a :class:`~comfyquant.numerics.rows.RowSource`: rows decoded when
         asked for (every pass decodes again), so re-encoding never holds the decoded layer --
         except a layer that decodes whole (:meth:`_whole_layer`), which is decoded once and
@@ -223,11 +230,12 @@ class Codec:
                     prepared.append(self._prepare(tensors, plan.env, dtype))
                 return prepared[0]
 
-            return RowSource(plan.shape, dtype,
-                             lambda r0, r1: self._dense(tensors, plan, dtype, span=(r0, r1), exact=exact,
-                                                        state=state()),
-                             lambda r0, r1, dest: self._dense(tensors, plan, dtype, span=(r0, r1), exact=exact,
-                                                              state=state(), out=dest))
+            return RowSource(
+                plan.shape,
+                dtype,
+                lambda r0, r1: self._dense(tensors, plan, dtype, span=(r0, r1), exact=exact, state=state()),
+                lambda r0, r1, dest: self._dense(tensors, plan, dtype, span=(r0, r1), exact=exact, state=state(), out=dest),
+            )
         held: list[torch.Tensor] = []
 
         def read(r0: int, r1: int) -> torch.Tensor:
@@ -237,10 +245,20 @@ class Codec:
 
         return RowSource(plan.shape, dtype, read)
 
-    def iter_decode(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None,
-                    block_elements: int | None = None, plan: Plan | None = None,
-                    exact: bool = True, buffers: int = 1, round_whole: bool = False,
-                    phase: int | None = None) -> Iterator[torch.Tensor]:
+    def iter_decode(
+        self,
+        tensors: dict,
+        marker: dict | None = None,
+        *,
+        dtype=None,
+        layer: str | None = None,
+        block_elements: int | None = None,
+        plan: Plan | None = None,
+        exact: bool = True,
+        buffers: int = 1,
+        round_whole: bool = False,
+        phase: int | None = None,
+    ) -> Iterator[torch.Tensor]:
         """The dense weight in row blocks of about ``block_elements`` elements.  Blocks take
         turns in ``buffers`` block-sized buffers: a block stays valid while the next
         ``buffers - 1`` are produced (one buffer: use or copy each block before requesting
@@ -265,19 +283,36 @@ class Codec:
         worth): an ``O_DIRECT`` writer writes them from where they are instead of copying them
         to aligned memory.  The values are the same."""
         plan = plan or self.plan(tensors, marker, layer)
-        yield from self._blocks(tensors, plan, self.output_dtype(dtype, tensors, plan.marker), block_elements,
-                                reuse=max(1, buffers), exact=exact, round_whole=round_whole, phase=phase)
+        yield from self._blocks(
+            tensors,
+            plan,
+            self.output_dtype(dtype, tensors, plan.marker),
+            block_elements,
+            reuse=max(1, buffers),
+            exact=exact,
+            round_whole=round_whole,
+            phase=phase,
+        )
 
     def decodes_whole(self, tensors: dict, plan: Plan, dtype: torch.dtype) -> bool:
         """Whether the layer decodes to ``dtype`` in one piece: one float GEMM over the layer,
         as comfy-kitchen runs it (:meth:`_whole_layer`); its row blocks are slices of it."""
         return self._whole_layer(plan.env, dtype, tensors)
 
-    def _blocks(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None,
-                out: torch.Tensor | None = None, reuse: int = 0,
-                span: tuple[int, int] | None = None, exact: bool = True,
-                state: object = _UNPREPARED, round_whole: bool = False,
-                phase: int | None = None) -> Iterator[torch.Tensor]:
+    def _blocks(
+        self,
+        tensors: dict,
+        plan: Plan,
+        dtype: torch.dtype,
+        block_elements: int | None,
+        out: torch.Tensor | None = None,
+        reuse: int = 0,
+        span: tuple[int, int] | None = None,
+        exact: bool = True,
+        state: object = _UNPREPARED,
+        round_whole: bool = False,
+        phase: int | None = None,
+    ) -> Iterator[torch.Tensor]:
         """Row blocks of rows ``span`` (default: all), written into ``out`` when given.  With
         ``reuse`` (a count) the blocks take turns in that many block-sized buffers: a
         consumer must use a block before ``reuse`` more are produced (the streaming writer
@@ -304,21 +339,29 @@ class Codec:
                 start = 0
             if whole.dtype == dtype and out is None or whole is out:
                 for r0, r1 in ranges:
-                    yield whole[start + r0:start + r1]
+                    yield whole[start + r0 : start + r1]
                 return
             turns = _buffers(reuse if out is None else 0, ranges, k, dtype, phase)
             for i, (r0, r1) in enumerate(ranges):
                 dest = turns[i % len(turns)][: r1 - r0] if turns else out[r0:r1] if out is not None else None
-                yield finish(whole[start + r0:start + r1], dtype, dest)
+                yield finish(whole[start + r0 : start + r1], dtype, dest)
             return
         turns = _buffers(reuse if out is None else 0, ranges, k, dtype, phase)
         for i, (r0, r1) in enumerate(ranges):
             dest = out[r0:r1] if out is not None else turns[i % len(turns)][: r1 - r0] if turns else None
             yield self._decode_rows(tensors, plan, dtype, start + r0, start + r1, state, dest)
 
-    def _dense(self, tensors: dict, plan: Plan, dtype: torch.dtype, block_elements: int | None = None,
-               span: tuple[int, int] | None = None, exact: bool = True, state: object = _UNPREPARED,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+    def _dense(
+        self,
+        tensors: dict,
+        plan: Plan,
+        dtype: torch.dtype,
+        block_elements: int | None = None,
+        span: tuple[int, int] | None = None,
+        exact: bool = True,
+        state: object = _UNPREPARED,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The dense rows ``span`` (default: the whole weight) of an already validated layer,
         decoded block by block straight into one output tensor (``exact``: see
         :meth:`iter_decode`).  A large output is put on huge pages before it is written, or
@@ -332,8 +375,16 @@ class Codec:
             pass
         return out
 
-    def linear(self, x: torch.Tensor, tensors: dict, marker: dict | None = None, bias: torch.Tensor | None = None,
-               *, layer: str | None = None, block_elements: int | None = None) -> torch.Tensor:
+    def linear(
+        self,
+        x: torch.Tensor,
+        tensors: dict,
+        marker: dict | None = None,
+        bias: torch.Tensor | None = None,
+        *,
+        layer: str | None = None,
+        block_elements: int | None = None,
+    ) -> torch.Tensor:
         """``x @ W.T + bias`` the way the runtime executes the format; output in ``x.dtype``.
 
         ``bias`` defaults to the layer's own ``bias`` tensor when there is one.  By default the
@@ -365,8 +416,7 @@ class Codec:
                 y[:, r0:r1] = rows(r0, r1)
         return y.reshape(*x.shape[:-1], n)
 
-    def _forward(self, x2: torch.Tensor, tensors: dict, plan: Plan, exact: bool,
-                 runtime: bool = True) -> tuple[bool, object]:
+    def _forward(self, x2: torch.Tensor, tensors: dict, plan: Plan, exact: bool, runtime: bool = True) -> tuple[bool, object]:
         """(dense, state): how the runtime runs this layer on ``x2`` -- a float matmul with the
         decoded weight (:meth:`_dense_linear`) or the format's own GEMM (:meth:`_linear_rows`)
         -- and the work done once for all row blocks.  ``runtime`` False: exact integer
@@ -377,17 +427,25 @@ class Codec:
             return dense, self._dense_state(x2, tensors, plan, exact)
         return dense, self._linear_setup(x2, tensors, plan, runtime)
 
-    def _forward_rows(self, forward: tuple[bool, object], tensors: dict, plan: Plan, bias: torch.Tensor | None,
-                      r0: int, r1: int) -> torch.Tensor:
+    def _forward_rows(
+        self, forward: tuple[bool, object], tensors: dict, plan: Plan, bias: torch.Tensor | None, r0: int, r1: int
+    ) -> torch.Tensor:
         """Output features ``r0:r1`` of the forward prepared by :meth:`_forward`."""
         dense, state = forward
         if dense:
             return self._dense_linear(state, bias, r0, r1)
         return self._linear_rows(state, tensors, plan, bias, r0, r1)
 
-    def measure_blocks(self, tensors: dict, x: torch.Tensor, marker: dict | None = None, *, dtype=None,
-                       layer: str | None = None, block_elements: int | None = None
-                       ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    def measure_blocks(
+        self,
+        tensors: dict,
+        x: torch.Tensor,
+        marker: dict | None = None,
+        *,
+        dtype=None,
+        layer: str | None = None,
+        block_elements: int | None = None,
+    ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
         """One pass for a quality measurement: per row block ``(r0, r1, rows, y)``, the decoded
         rows in ``dtype`` (as :meth:`iter_decode` with ``exact=False``, in one reused buffer)
         and the runtime's forward of ``x`` ``[M, K]`` over those output features (no bias;
@@ -406,8 +464,9 @@ class Codec:
             rows, y = self._measure_rows(tensors, plan, dtype, r0, r1, state, turns[0][: r1 - r0], forward)
             yield r0, r1, rows, y
 
-    def _measure_rows(self, t: dict, plan: Plan, dtype: torch.dtype, r0: int, r1: int, state, out: torch.Tensor,
-                      forward: tuple[bool, object]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _measure_rows(
+        self, t: dict, plan: Plan, dtype: torch.dtype, r0: int, r1: int, state, out: torch.Tensor, forward: tuple[bool, object]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoded rows ``r0:r1`` (into ``out``) and their forward columns: by default the two
         separately."""
         return self._decode_rows(t, plan, dtype, r0, r1, state, out), self._forward_rows(forward, t, plan, None, r0, r1)
@@ -418,8 +477,7 @@ class Codec:
         return x2, self._source(t, plan, x2.dtype, exact)
 
     @staticmethod
-    def _dense_linear(state: tuple[torch.Tensor, RowSource], bias: torch.Tensor | None, r0: int,
-                      r1: int) -> torch.Tensor:
+    def _dense_linear(state: tuple[torch.Tensor, RowSource], bias: torch.Tensor | None, r0: int, r1: int) -> torch.Tensor:
         """Output features ``r0:r1`` of a float matmul with the decoded weight (what runtimes do
         for ``full_precision_matrix_mult`` layers and for asymmetric W4A8); ``state`` from
         :meth:`_dense_state`.  Over all rows it is the runtime's one ``F.linear``."""
@@ -436,8 +494,9 @@ class Codec:
         """Per-layer work shared by all row blocks (e.g. unblocking scales)."""
         return None
 
-    def _decode_rows(self, t: dict, plan: Plan, dtype: torch.dtype, r0: int, r1: int, state,
-                     out: torch.Tensor | None) -> torch.Tensor:
+    def _decode_rows(
+        self, t: dict, plan: Plan, dtype: torch.dtype, r0: int, r1: int, state, out: torch.Tensor | None
+    ) -> torch.Tensor:
         """Dense rows ``r0:r1`` (columns ``:plan.shape[1]``) in ``dtype``, written into ``out``
         (a ``[r1 - r0, K]`` view of the result) when given; returns them."""
         raise NotImplementedError
@@ -461,8 +520,9 @@ class Codec:
         raise NotImplementedError
 
 
-def _buffers(count: int, ranges: list[tuple[int, int]], k: int, dtype: torch.dtype,
-             phase: int | None = None) -> list[torch.Tensor]:
+def _buffers(
+    count: int, ranges: list[tuple[int, int]], k: int, dtype: torch.dtype, phase: int | None = None
+) -> list[torch.Tensor]:
     """``count`` buffers of the largest block's shape (none for no blocks), made as the
     blocks need them: a layer of fewer blocks than buffers allocates only what it uses.
     ``phase``: see :func:`~comfyquant.numerics.pages.empty_output` (every buffer keeps it when
@@ -474,7 +534,7 @@ def _buffers(count: int, ranges: list[tuple[int, int]], k: int, dtype: torch.dty
     if count == 1 and phase is None:
         return [torch.empty((rows, k), dtype=dtype)]
     arena = empty_output((count * rows, k), dtype, least=BLOCK_ARENA_HUGE, phase=phase)
-    return [arena[i * rows:(i + 1) * rows] for i in range(count)]
+    return [arena[i * rows : (i + 1) * rows] for i in range(count)]
 
 
 def page_rows(k: int, dtype: torch.dtype, block_elements: int) -> int | None:
@@ -491,8 +551,10 @@ def check_destination(out, shape: tuple[int, int], dtype: torch.dtype, name: str
     if not isinstance(out, torch.Tensor):
         raise CodecError(f"{name}: out must be a torch tensor, got {type(out).__name__}")
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype or not out.is_contiguous():
-        raise CodecError(f"{name}: out must be a contiguous {list(shape)} {dtype} tensor, got "
-                         f"{'a non-contiguous ' if not out.is_contiguous() else ''}{list(out.shape)} {out.dtype}")
+        raise CodecError(
+            f"{name}: out must be a contiguous {list(shape)} {dtype} tensor, got "
+            f"{'a non-contiguous ' if not out.is_contiguous() else ''}{list(out.shape)} {out.dtype}"
+        )
 
 
 def check_dense(weight: Weight, name: str, scan: bool = True) -> torch.Tensor | None:
@@ -531,8 +593,9 @@ def refuse_nonfinite(weight: Weight, name: str) -> None:
     found = scan_nonfinite(weight)
     if found is not None:
         count, (r, c), value = found
-        raise CodecError(f"{name}: weight has {count} NaN/Inf value(s), first at [{r}, {c}] ({value}); "
-                         "quantizing needs finite values")
+        raise CodecError(
+            f"{name}: weight has {count} NaN/Inf value(s), first at [{r}, {c}] ({value}); quantizing needs finite values"
+        )
 
 
 def scan_nonfinite(weight: Weight) -> tuple[int, tuple[int, int], float] | None:
@@ -561,8 +624,12 @@ def output_dtype(dtype, tensors: dict, marker: dict, model_dtype_scales: bool = 
     if isinstance(orig, str) and orig.replace("torch.", "") in FLOAT_DTYPES:
         return FLOAT_DTYPES[orig.replace("torch.", "")]
     scales = DENSE if model_dtype_scales else ()
-    for suffix, allowed in (("bias", DENSE), ("pre_quant_scale", DENSE), ("weight_smooth_factor", DENSE),
-                            ("weight_scale", scales)):
+    for suffix, allowed in (
+        ("bias", DENSE),
+        ("pre_quant_scale", DENSE),
+        ("weight_smooth_factor", DENSE),
+        ("weight_scale", scales),
+    ):
         d = _dense(tensors.get(suffix))
         if d is not None and d in allowed:
             return d

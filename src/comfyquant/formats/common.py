@@ -50,8 +50,14 @@ def has_2d_weight(tensors: dict, dtype: str) -> bool:
 
 def padded_bias_slot(multiple: int) -> Slot:
     """Bias of a format that pads its stored rows: it keeps the model's own N."""
-    return Slot("bias", "float", "(N_model,)", kind=BIAS, required=False,
-                meaning=f"bias, never quantized; model rows (storage pads rows to {multiple})")
+    return Slot(
+        "bias",
+        "float",
+        "(N_model,)",
+        kind=BIAS,
+        required=False,
+        meaning=f"bias, never quantized; model rows (storage pads rows to {multiple})",
+    )
 
 
 def model_size(tensors: dict, suffix: str, stored: int, multiple: int) -> int:

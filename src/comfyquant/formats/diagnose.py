@@ -83,8 +83,11 @@ def dtype_cause(slot: Slot, actual: str) -> Cause:
     if downcast:
         text = f"{actual}, needs F32 (downcast; upcasting back is exact)"
     elif kind == RELABELLED:
-        text = ("packed bytes labelled U8 instead of I8 (same bytes: relabel)" if slot.dtype == "I8"
-                else f"{slot.dtype} bytes labelled U8 (same bytes: relabel)")
+        text = (
+            "packed bytes labelled U8 instead of I8 (same bytes: relabel)"
+            if slot.dtype == "I8"
+            else f"{slot.dtype} bytes labelled U8 (same bytes: relabel)"
+        )
     else:
         text = f"stored as {actual}, the format needs {slot.dtype}"
     return Cause(kind, text, "error", step)

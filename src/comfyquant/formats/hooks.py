@@ -20,8 +20,15 @@ class Recode:
 
     __slots__ = ("why", "params", "writes", "replaces", "marker", "after")
 
-    def __init__(self, why: str, params: dict[str, Any], writes: dict[str, tuple[str, tuple]], replaces: tuple[str, ...],
-                 marker: dict, after: str) -> None:
+    def __init__(
+        self,
+        why: str,
+        params: dict[str, Any],
+        writes: dict[str, tuple[str, tuple]],
+        replaces: tuple[str, ...],
+        marker: dict,
+        after: str,
+    ) -> None:
         self.why = why
         self.params = params
         self.writes = writes

@@ -22,10 +22,16 @@ KINDS = {"bool": bool, "int": int, "str": str}
 """Field annotations (strings under postponed evaluation) -> the Python type a value must have."""
 
 
-CONVROT_SIZE_FLAG = ("--convrot-groupsize", "convrot_groupsize",
-                     {"type": int, "metavar": "C", "help": "ConvRot block size (default {default}; SGLang: 16, 64 or 256)"})
-FULL_PRECISION_FLAG = ("--full-precision-matmul", "full_precision_matrix_mult",
-                       {"action": "store_const", "const": True, "help": "marker flag: runtimes dequantize and run a float matmul"})
+CONVROT_SIZE_FLAG = (
+    "--convrot-groupsize",
+    "convrot_groupsize",
+    {"type": int, "metavar": "C", "help": "ConvRot block size (default {default}; SGLang: 16, 64 or 256)"},
+)
+FULL_PRECISION_FLAG = (
+    "--full-precision-matmul",
+    "full_precision_matrix_mult",
+    {"action": "store_const", "const": True, "help": "marker flag: runtimes dequantize and run a float matmul"},
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,13 +57,15 @@ def planned_tensors(params: Params, n: int, k: int) -> dict[str, tuple[str, tupl
         env = fmt.geometry(metas, fmt.params(marker))
     except GeometryError as exc:
         raise _refusal(fmt, guess) or PlanError(
-            f"{name}: the format description cannot read its own planned tensors: {exc}") from None
+            f"{name}: the format description cannot read its own planned tensors: {exc}"
+        ) from None
     second = _evaluate(fmt, env, chosen)
     if second != first:
         # a shape the format cannot hold (6-bit rows of a K that is no multiple of 4 lose
         # bits in the packing) is refused by one of its constraints; anything else is a bug
         raise _refusal(fmt, {**env, **guess}) or PlanError(
-            f"{name} [{n}, {k}]: planned tensors {first} do not round-trip through the format geometry ({second})")
+            f"{name} [{n}, {k}]: planned tensors {first} do not round-trip through the format geometry ({second})"
+        )
     return first
 
 
@@ -73,7 +75,9 @@ def _evaluate(fmt, env: dict, chosen: dict[str, str]) -> dict[str, tuple[str, tu
         if slot.kind == BIAS:
             continue
         if not slot.required:
-            produced = (slot.kind == CODEBOOK and env.get("has_codebook")) or (slot.kind == CORRECTION and env.get("has_correction"))
+            produced = (slot.kind == CODEBOOK and env.get("has_codebook")) or (
+                slot.kind == CORRECTION and env.get("has_correction")
+            )
             if not produced or slot.is_forbidden(env):
                 continue
         if slot.dtype == "float":

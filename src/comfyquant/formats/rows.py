@@ -132,8 +132,10 @@ def split_rows(fmt: Format, env: dict, tensors: dict, sections: list[int] | tupl
         rules[suffix] = rule
         for r in bounds[1:-1]:
             if rule.axis is not None and r % rule.granularity:
-                return (f"a split at row {r} is not exact for {fmt.name}: {rule.why}, so splits must fall on "
-                        f"multiples of {rule.granularity} rows")
+                return (
+                    f"a split at row {r} is not exact for {fmt.name}: {rule.why}, so splits must fall on "
+                    f"multiples of {rule.granularity} rows"
+                )
     parts: list[dict[str, Cut]] = []
     for i, (r0, r1) in enumerate(zip(bounds, bounds[1:])):
         part_env = dict(env, **{name: min(env[name], r1) - r0 for name in ROW_NAMES if isinstance(env.get(name), int)})
@@ -152,7 +154,7 @@ def split_rows(fmt: Format, env: dict, tensors: dict, sections: list[int] | tupl
             start = r0 // rule.rows_per_index
             if rule.axis >= len(stored) or start + length > stored[rule.axis]:
                 return f"part {i} (rows {r0}:{r1}): {suffix} {list(stored)} has no rows {start}:{start + length} along axis {rule.axis}"
-            shape = stored[:rule.axis] + (length,) + stored[rule.axis + 1:]
+            shape = stored[: rule.axis] + (length,) + stored[rule.axis + 1 :]
             cuts[suffix] = Cut(rule.axis, start, start + length, shape)
         why = _invalid_part(fmt, cuts, tensors, env, part_env)
         if why:

@@ -36,14 +36,25 @@ def _check(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Findin
     except GeometryError as exc:
         if "weight" not in tensors:
             out.append(
-                Finding("L001", f"layer {{layer}} ({fmt.name}) has no weight tensor", tensor="weight",
-                        expected="weight", actual="absent",
-                        cause="the weight is in a shard that is missing, or the marker names the wrong layer",
-                        fix="check the shards and the marker's layer name")
+                Finding(
+                    "L001",
+                    f"layer {{layer}} ({fmt.name}) has no weight tensor",
+                    tensor="weight",
+                    expected="weight",
+                    actual="absent",
+                    cause="the weight is in a shard that is missing, or the marker names the wrong layer",
+                    fix="check the shards and the marker's layer name",
+                )
             )
         else:
-            out.append(Finding("L008", f"layer {{layer}} ({fmt.name}): {exc}", tensor="weight",
-                               actual=f"{tensors['weight'].dtype} {fmt_shape(tensors['weight'].shape)}"))
+            out.append(
+                Finding(
+                    "L008",
+                    f"layer {{layer}} ({fmt.name}): {exc}",
+                    tensor="weight",
+                    actual=f"{tensors['weight'].dtype} {fmt_shape(tensors['weight'].shape)}",
+                )
+            )
         return out, None
     slots = fmt.slots_for(env)
     for suffix, slot in slots.items():
@@ -51,34 +62,54 @@ def _check(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Findin
         if entry is None:
             if slot.required:
                 out.append(
-                    Finding("L001", f"layer {{layer}} ({fmt.name}) is missing {suffix} ({slot.meaning})", tensor=suffix,
-                            expected=f"{slot.dtype} {slot.shape}", actual="absent",
-                            cause="incomplete export or the tensor is in a missing shard",
-                            fix="re-export the layer (comfyquant quantize)")
+                    Finding(
+                        "L001",
+                        f"layer {{layer}} ({fmt.name}) is missing {suffix} ({slot.meaning})",
+                        tensor=suffix,
+                        expected=f"{slot.dtype} {slot.shape}",
+                        actual="absent",
+                        cause="incomplete export or the tensor is in a missing shard",
+                        fix="re-export the layer (comfyquant quantize)",
+                    )
                 )
             continue
         if slot.is_forbidden(env):
             out.append(
-                Finding("L006", f"layer {{layer}} ({fmt.name}, {env.get('variant', '')}) must not have {suffix}",
-                        tensor=suffix, expected="absent", actual=f"{entry.dtype} {fmt_shape(entry.shape)}",
-                        cause=slot.why_forbidden(env) or "not allowed in this variant",
-                        fix="re-export the layer from the original weights (comfyquant quantize)")
+                Finding(
+                    "L006",
+                    f"layer {{layer}} ({fmt.name}, {env.get('variant', '')}) must not have {suffix}",
+                    tensor=suffix,
+                    expected="absent",
+                    actual=f"{entry.dtype} {fmt_shape(entry.shape)}",
+                    cause=slot.why_forbidden(env) or "not allowed in this variant",
+                    fix="re-export the layer from the original weights (comfyquant quantize)",
+                )
             )
             continue
         _check_slot(fmt, slot, env, entry, out)
     for suffix, entry in tensors.items():
         if suffix not in slots and suffix != "comfy_quant":
             out.append(
-                Finding("L007", f"layer {{layer}} ({fmt.name}) has {suffix}, which the format does not define",
-                        tensor=suffix, actual=f"{entry.dtype} {fmt_shape(entry.shape)}",
-                        cause="left over from another format or export; runtimes leave it unconsumed",
-                        fix="remove the tensor (comfyquant fix)")
+                Finding(
+                    "L007",
+                    f"layer {{layer}} ({fmt.name}) has {suffix}, which the format does not define",
+                    tensor=suffix,
+                    actual=f"{entry.dtype} {fmt_shape(entry.shape)}",
+                    cause="left over from another format or export; runtimes leave it unconsumed",
+                    fix="remove the tensor (comfyquant fix)",
+                )
             )
     for c in fmt.constraints:
         if not c.holds(env):
             out.append(
-                Finding("L005", f"layer {{layer}} ({fmt.name}): " + c.message.format(**env),
-                        expected=c.expr, actual=_env_text(fmt, env), cause=c.cause or None, fix=c.fix or None)
+                Finding(
+                    "L005",
+                    f"layer {{layer}} ({fmt.name}): " + c.message.format(**env),
+                    expected=c.expr,
+                    actual=_env_text(fmt, env),
+                    cause=c.cause or None,
+                    fix=c.fix or None,
+                )
             )
     return out, env
 
@@ -129,35 +160,51 @@ def _check_keys(fmt: Format, marker: dict, params: dict, out: list[Finding]) -> 
     if "params" in marker:
         moved = sorted(nested) if isinstance(nested, dict) else []
         out.append(
-            Finding("M033", f"layer {{layer}}: marker nests {moved} in a 'params' object",
-                    expected="flat marker keys", actual=f"params={nested!r}"[:120],
-                    cause=f"ComfyUI reads {_nested_keys_text()} from params; SGLang ignores them (a ConvRot flag there is silently lost)",
-                    fix="flatten the marker (comfyquant fix)")
+            Finding(
+                "M033",
+                f"layer {{layer}}: marker nests {moved} in a 'params' object",
+                expected="flat marker keys",
+                actual=f"params={nested!r}"[:120],
+                cause=f"ComfyUI reads {_nested_keys_text()} from params; SGLang ignores them (a ConvRot flag there is silently lost)",
+                fix="flatten the marker (comfyquant fix)",
+            )
         )
     for key in marker:
         if key.startswith("_"):
             out.append(
-                Finding("M034", f"layer {{layer}}: marker key {key!r} starts with an underscore",
-                        actual=f"{key}={marker[key]!r}",
-                        cause="SGLang adds internal '_' keys in memory; a stored one can conflict with them",
-                        fix="drop the key (comfyquant fix)")
+                Finding(
+                    "M034",
+                    f"layer {{layer}}: marker key {key!r} starts with an underscore",
+                    actual=f"{key}={marker[key]!r}",
+                    cause="SGLang adds internal '_' keys in memory; a stored one can conflict with them",
+                    fix="drop the key (comfyquant fix)",
+                )
             )
     for k in fmt.keys:
         if k.name in marker or (k.nested_ok and isinstance(nested, dict) and k.name in nested):
             value = params[k.name]
             if not k.valid(value):
                 out.append(
-                    Finding("M035", f"layer {{layer}} ({fmt.name}): marker {k.name}={value!r} is not allowed",
-                            expected=f"{k.name}: {k.allowed_text}", actual=f"{k.name}={value!r}",
-                            cause=k.why_invalid(value) or _key_cause(k, value), fix=f"set {k.name} to {k.allowed_text}")
+                    Finding(
+                        "M035",
+                        f"layer {{layer}} ({fmt.name}): marker {k.name}={value!r} is not allowed",
+                        expected=f"{k.name}: {k.allowed_text}",
+                        actual=f"{k.name}={value!r}",
+                        cause=k.why_invalid(value) or _key_cause(k, value),
+                        fix=f"set {k.name} to {k.allowed_text}",
+                    )
                 )
         elif k.must_be_explicit(params):
             what = k.missing_text or f"{k.name} left to its default ({k.default!r})"
             out.append(
-                Finding("M036", f"layer {{layer}} ({fmt.name}): marker has no {k.name}: {what}",
-                        expected=f"{k.name} written explicitly ({k.allowed_text})", actual="absent",
-                        cause=k.why_explicit or None,
-                        fix=f"add {k.name}: {_default_text(k)} (comfyquant fix)")
+                Finding(
+                    "M036",
+                    f"layer {{layer}} ({fmt.name}): marker has no {k.name}: {what}",
+                    expected=f"{k.name} written explicitly ({k.allowed_text})",
+                    actual="absent",
+                    cause=k.why_explicit or None,
+                    fix=f"add {k.name}: {_default_text(k)} (comfyquant fix)",
+                )
             )
 
 

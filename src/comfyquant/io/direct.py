@@ -172,7 +172,7 @@ class DirectStream:
                 length -= len(chunk)
                 continue
             n = min(STAGE - self._fill, length)
-            got = os.preadv(fd, [memoryview(self._buf)[self._fill:self._fill + n]], offset)
+            got = os.preadv(fd, [memoryview(self._buf)[self._fill : self._fill + n]], offset)
             if got <= 0:
                 return False
             self._fill += got

@@ -122,10 +122,17 @@ def read_header(source: ByteSource) -> Header:
     odd = 2 if b"true" in raw or b"false" in raw else 1 if b"-" in raw else 0
     hdr = parse_header_object(obj, path, size, n, odd)
     if n > SAFETENSORS_MAX_HEADER:
-        hdr.findings.append(Finding("C008", f"{path}: header is {n} bytes, more than the safetensors library's limit of "
-                                            f"{SAFETENSORS_MAX_HEADER}", expected=f"<= {SAFETENSORS_MAX_HEADER} bytes",
-                                    actual=f"{n} bytes", cause="very many tensors or very long metadata",
-                                    fix="move metadata out of the header or split the file into shards", file=path))
+        hdr.findings.append(
+            Finding(
+                "C008",
+                f"{path}: header is {n} bytes, more than the safetensors library's limit of {SAFETENSORS_MAX_HEADER}",
+                expected=f"<= {SAFETENSORS_MAX_HEADER} bytes",
+                actual=f"{n} bytes",
+                cause="very many tensors or very long metadata",
+                fix="move metadata out of the header or split the file into shards",
+                file=path,
+            )
+        )
     # Lone surrogates: every name at once (isascii() is O(1): the usual case costs one copy)
     meta = "".join(chain.from_iterable(hdr.metadata.items()))
     if not (_ascii_or_text("".join(obj)) and _ascii_or_text(meta)) or hdr.nonstring_metadata:
@@ -157,20 +164,31 @@ def _lone_surrogates(hdr: Header, obj: dict) -> None:
     for name in obj:
         if not _is_text(name):
             hdr.findings.append(
-                Finding("C006", f"{path}: tensor name {name!r} holds a lone UTF-16 surrogate, which is not Unicode "
-                                "text: the safetensors library refuses the header",
-                        tensor=name, actual=ascii(name)[:120], expected="a UTF-8 tensor name",
-                        cause="written by a tool that does not follow the safetensors format",
-                        fix="rename the tensor (the file cannot be loaded as it is)", file=path)
+                Finding(
+                    "C006",
+                    f"{path}: tensor name {name!r} holds a lone UTF-16 surrogate, which is not Unicode "
+                    "text: the safetensors library refuses the header",
+                    tensor=name,
+                    actual=ascii(name)[:120],
+                    expected="a UTF-8 tensor name",
+                    cause="written by a tool that does not follow the safetensors format",
+                    fix="rename the tensor (the file cannot be loaded as it is)",
+                    file=path,
+                )
             )
     for key, value in [*hdr.metadata.items(), *hdr.nonstring_metadata.items()]:
         if not _is_text(key) or not _is_text(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)):
             hdr.findings.append(
-                Finding("C007", f"{path}: __metadata__[{key!r}] holds a lone UTF-16 surrogate, which is not Unicode "
-                                "text: the safetensors library refuses the header",
-                        expected="UTF-8 text", actual=ascii(value)[:120],
-                        cause="written by a tool that does not follow the safetensors format",
-                        fix="re-save the metadata value as UTF-8 text", file=path)
+                Finding(
+                    "C007",
+                    f"{path}: __metadata__[{key!r}] holds a lone UTF-16 surrogate, which is not Unicode "
+                    "text: the safetensors library refuses the header",
+                    expected="UTF-8 text",
+                    actual=ascii(value)[:120],
+                    cause="written by a tool that does not follow the safetensors format",
+                    fix="re-save the metadata value as UTF-8 text",
+                    file=path,
+                )
             )
 
 
@@ -280,8 +298,7 @@ def _enter_tensors(hdr: Header, obj: dict, data_len: int, strict_dims: bool) -> 
         _check_empty(empty, sorted(zip(begins, ends, (n for n in tensors if tensors[n].nbytes))), path, findings)
 
 
-def _check_empty(empty: list[tuple[int, str]], spans: list[tuple[int, int, str]], path: str,
-                 findings: list[Finding]) -> None:
+def _check_empty(empty: list[tuple[int, str]], spans: list[tuple[int, int, str]], path: str, findings: list[Finding]) -> None:
     """A zero-length tensor must sit on a tensor boundary: safetensors sorts entries by
     (begin, end) and refuses one whose begin is not where the previous tensor ended."""
     from bisect import bisect_left
@@ -320,12 +337,7 @@ def _validate_entry(name: str, entry, path: str, data_len: int, findings: list[F
             )
         )
         return None
-    if (
-        type(begin) is int
-        and type(end) is int
-        and all(type(d) is int for d in shape)
-        and max(begin, end, *shape) > MAX_SIZE
-    ):
+    if type(begin) is int and type(end) is int and all(type(d) is int for d in shape) and max(begin, end, *shape) > MAX_SIZE:
         findings.append(
             Finding(
                 "C006",

@@ -78,9 +78,19 @@ def _url_path(url: str) -> str:
     return url.partition("://")[2].split("?", 1)[0].split("#", 1)[0].rstrip("/")
 
 
-def claim(files: list[str], index: str | None, out: str | None, *, overwrite: bool, tag: str,
-          merge: bool = False, in_place: bool = False, index_for_shards: str | None = None,
-          also: list[str] | tuple[str, ...] = (), error: type[Exception] = InputError) -> Outputs:
+def claim(
+    files: list[str],
+    index: str | None,
+    out: str | None,
+    *,
+    overwrite: bool,
+    tag: str,
+    merge: bool = False,
+    in_place: bool = False,
+    index_for_shards: str | None = None,
+    also: list[str] | tuple[str, ...] = (),
+    error: type[Exception] = InputError,
+) -> Outputs:
     """The destinations of a run, refused (``error``, one line naming the path) before any work
     when they cannot be written as asked.
 
@@ -114,26 +124,30 @@ def claim(files: list[str], index: str | None, out: str | None, *, overwrite: bo
     return result
 
 
-def _destinations(files: list[str], index: str | None, out: str, merge: bool,
-                  error: type[Exception]) -> tuple[list[str] | None, str | None, bool]:
+def _destinations(
+    files: list[str], index: str | None, out: str, merge: bool, error: type[Exception]
+) -> tuple[list[str] | None, str | None, bool]:
     """(destination per input file, or None when the inputs merge into the file ``out``;
     destination of the index or None; whether ``out`` is a folder still to create)."""
     single = len(files) == 1 and not index
     if os.path.isdir(out):
         folder, create = out, False
-    elif out.endswith(("/", os.sep)) and not os.path.lexists(out.rstrip("/" + os.sep)):  # "OUT/" says a folder, whatever the input
+    elif out.endswith(("/", os.sep)) and not os.path.lexists(
+        out.rstrip("/" + os.sep)
+    ):  # "OUT/" says a folder, whatever the input
         folder, create = out, True
     elif merge and out.endswith(SUFFIX):
         return None, None, False
     elif single and not merge:
         return [out], None, False
     elif os.path.lexists(out):
-        raise error(f"{out}: exists and is not a folder; the input has {len(files)} file(s)"
-                    f"{' and an index' if index else ''}: give a folder"
-                    f"{' or a .safetensors file' if merge else ''} as OUT")
+        raise error(
+            f"{out}: exists and is not a folder; the input has {len(files)} file(s)"
+            f"{' and an index' if index else ''}: give a folder"
+            f"{' or a .safetensors file' if merge else ''} as OUT"
+        )
     elif out.endswith(SUFFIX):
-        raise error(f"{out}: the input has {len(files)} shard(s){' and an index' if index else ''}; "
-                    "give a folder as OUT")
+        raise error(f"{out}: the input has {len(files)} shard(s){' and an index' if index else ''}; give a folder as OUT")
     else:
         folder, create = out, True
     dests = [os.path.join(folder, os.path.basename(_local_name(f))) for f in files]

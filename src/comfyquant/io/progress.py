@@ -32,8 +32,15 @@ class Progress:
     ``enabled``: None shows the redrawn line on a terminal and periodic lines elsewhere; True
     the redrawn line always; False nothing."""
 
-    def __init__(self, layers: int, nbytes: int, enabled: bool | None = None, label: str = "quantize",
-                 stream=None, every: float = LOG_EVERY) -> None:
+    def __init__(
+        self,
+        layers: int,
+        nbytes: int,
+        enabled: bool | None = None,
+        label: str = "quantize",
+        stream=None,
+        every: float = LOG_EVERY,
+    ) -> None:
         self.stream = stream or sys.stderr
         tty = _isatty(self.stream)
         self.enabled = enabled is not False
@@ -71,9 +78,11 @@ class Progress:
         frac = self.bytes / self.total_bytes if self.total_bytes else 1.0
         left = (self.total_bytes - self.bytes) / rate if rate > 0 and frac < 1 else 0.0
         layers = f" layers {self.layers}/{self.total_layers}," if self.total_layers else ""
-        return (f"{self.label}: {frac:4.0%}{layers} "
-                f"{human_size(self.bytes)} of {human_size(self.total_bytes)}, {rate / 1e6:.1f} MB/s, "
-                f"{elapsed:.0f} s elapsed, {left:.0f} s left")
+        return (
+            f"{self.label}: {frac:4.0%}{layers} "
+            f"{human_size(self.bytes)} of {human_size(self.total_bytes)}, {rate / 1e6:.1f} MB/s, "
+            f"{elapsed:.0f} s elapsed, {left:.0f} s left"
+        )
 
     def _draw(self, now: float) -> None:
         elapsed = max(now - self.started, 1e-9)
@@ -82,8 +91,10 @@ class Progress:
         fill = int(width * min(frac, 1.0))
         rate = self.bytes / elapsed
         left = (self.total_bytes - self.bytes) / rate if rate > 0 and frac < 1 else 0.0
-        line = (f"{self.label} [{'#' * fill}{'.' * (width - fill)}] layers {self.layers}/{self.total_layers}  "
-                f"{human_size(self.bytes)}/{human_size(self.total_bytes)}  {rate / 1e6:.1f} MB/s  {left:.0f} s left")
+        line = (
+            f"{self.label} [{'#' * fill}{'.' * (width - fill)}] layers {self.layers}/{self.total_layers}  "
+            f"{human_size(self.bytes)}/{human_size(self.total_bytes)}  {rate / 1e6:.1f} MB/s  {left:.0f} s left"
+        )
         self.stream.write("\r" + line + "\x1b[K")
         self.stream.flush()
         self._shown = True

@@ -65,9 +65,22 @@ USER_AGENT = "comfyquant (header check; range requests)"
 
 # fsspec protocol -> package that implements it (for the "install X" message).
 PACKAGES = {
-    "s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "hf": "huggingface_hub",
-    "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs", "adl": "adlfs", "oci": "ocifs", "webhdfs": "fsspec",
-    "sftp": "paramiko", "ssh": "paramiko", "smb": "smbprotocol", "gdrive": "gdrivefs", "dropbox": "dropboxdrivefs",
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "hf": "huggingface_hub",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "abfss": "adlfs",
+    "adl": "adlfs",
+    "oci": "ocifs",
+    "webhdfs": "fsspec",
+    "sftp": "paramiko",
+    "ssh": "paramiko",
+    "smb": "smbprotocol",
+    "gdrive": "gdrivefs",
+    "dropbox": "dropboxdrivefs",
 }
 
 
@@ -76,8 +89,17 @@ class RemoteOptions:
 
     __slots__ = ("timeout", "gap", "first_read", "retries", "backoff", "parallel", "max_span", "prefetch", "deadline")
 
-    def __init__(self, timeout: float = 30.0, gap: int = DEFAULT_GAP, first_read: int = FIRST_READ, retries: int = 3,
-                 backoff: float = 0.5, parallel: int = 8, max_span: int = MAX_SPAN, prefetch: bool = True) -> None:
+    def __init__(
+        self,
+        timeout: float = 30.0,
+        gap: int = DEFAULT_GAP,
+        first_read: int = FIRST_READ,
+        retries: int = 3,
+        backoff: float = 0.5,
+        parallel: int = 8,
+        max_span: int = MAX_SPAN,
+        prefetch: bool = True,
+    ) -> None:
         self.timeout = timeout
         """Seconds the whole remote read of one checkpoint may take (every request, retry and
         wait of every shard): :func:`open_remote` turns it into ``deadline``."""
@@ -380,8 +402,10 @@ class HttpClient:
     def _deadline_error(self, answered: bool = True) -> InputError:
         if not answered:
             return self._timeout()
-        return InputError(f"{self.name}: not read within {self.options.timeout:g} s (--timeout bounds the whole "
-                          "remote read; the server sends too slowly)")
+        return InputError(
+            f"{self.name}: not read within {self.options.timeout:g} s (--timeout bounds the whole "
+            "remote read; the server sends too slowly)"
+        )
 
     def _get(self, consume: Callable, start: int | None, stop: int | None, dog: _Watchdog | None):
         import http.client
@@ -471,7 +495,9 @@ class HttpClient:
         if code in (404, 410):
             raise RemoteNotFound(f"{self.name}: not found (HTTP {code})")
         if code in (401, 403):
-            raise InputError(f"{self.name}: access denied (HTTP {code} {reason}): private, gated or expired URL?".replace(" )", ")"))
+            raise InputError(
+                f"{self.name}: access denied (HTTP {code} {reason}): private, gated or expired URL?".replace(" )", ")")
+            )
         if code in RETRY_STATUS:
             after = exc.headers.get("Retry-After") if exc.headers else None
             delay = float(after) if after and after.strip().isdigit() else None
@@ -481,8 +507,9 @@ class HttpClient:
     def ignores_range(self, resp) -> InputError:
         length = resp.headers.get("Content-Length")
         what = f"the whole {int(length):,}-byte file" if length and length.isdigit() else "the whole file"
-        return InputError(f"{self.name}: the server ignores Range requests (HTTP 200 with {what}); "
-                          "stopped instead of downloading it")
+        return InputError(
+            f"{self.name}: the server ignores Range requests (HTTP 200 with {what}); stopped instead of downloading it"
+        )
 
     def get_all(self, limit: int) -> bytes:
         """A whole small file (an index.json), refusing anything over ``limit`` bytes."""
@@ -556,8 +583,10 @@ class HttpSource(HttpClient):
         cr = resp.headers.get("Content-Range")
         a, b, total = _content_range(cr)
         if a != 0 or b is None or total is None:
-            raise InputError(f"{self.name}: unusable Content-Range {cr!r} in the answer to a range request "
-                             "(the server must report the file size)")
+            raise InputError(
+                f"{self.name}: unusable Content-Range {cr!r} in the answer to a range request "
+                "(the server must report the file size)"
+            )
         self.size = total
         avail = b + 1
         head = self.read_body(resp, min(8, avail))
@@ -570,8 +599,10 @@ class HttpSource(HttpClient):
                 preview = head + self.read_body(resp, min(56, avail - 8))
                 if _looks_like_text(preview):
                     ctype = resp.headers.get("Content-Type") or "text"
-                    raise InputError(f"{self.name}: not a safetensors file: the server sent {ctype.split(';')[0]} "
-                                     f"starting with {preview.decode('ascii')[:48]!r}")
+                    raise InputError(
+                        f"{self.name}: not a safetensors file: the server sent {ctype.split(';')[0]} "
+                        f"starting with {preview.decode('ascii')[:48]!r}"
+                    )
                 return head  # read_header names the problem (length too large / past the end)
         if len(head) < want:
             head += self.read_body(resp, want - len(head))
@@ -587,8 +618,9 @@ class HttpSource(HttpClient):
                 raise self.ignores_range(resp)
             a, _b, _total = _content_range(resp.headers.get("Content-Range"))
             if a != start:
-                raise InputError(f"{self.name}: asked for bytes from {start}, the server sent "
-                                 f"{resp.headers.get('Content-Range')!r}")
+                raise InputError(
+                    f"{self.name}: asked for bytes from {start}, the server sent {resp.headers.get('Content-Range')!r}"
+                )
             data = self.read_body(resp, stop - start)
             if len(data) < stop - start:
                 raise _Retry(f"connection lost after {len(data)} of {stop - start} bytes")
@@ -637,8 +669,9 @@ def filesystem(url: str):
     except ImportError as exc:
         pkg = PACKAGES.get(scheme)
         hint = f"pip install {pkg}" if pkg else _one_line(exc)
-        raise InputError(f"{url}: reading {scheme}:// URLs needs the fsspec implementation {pkg or ''} ({hint})"
-                         .replace("  ", " ")) from None
+        raise InputError(
+            f"{url}: reading {scheme}:// URLs needs the fsspec implementation {pkg or ''} ({hint})".replace("  ", " ")
+        ) from None
     except ValueError as exc:
         if "not known" in str(exc).lower():
             raise InputError(f"{url}: unknown protocol {scheme}:// (neither http(s) nor an fsspec protocol)") from None
@@ -685,8 +718,7 @@ class FsspecSource:
         if end <= offset:
             return b""
         if self.options.deadline is not None and self.options.remaining() <= 0:
-            raise InputError(f"{self.name}: not read within {self.options.timeout:g} s (--timeout bounds the whole "
-                             "remote read)")
+            raise InputError(f"{self.name}: not read within {self.options.timeout:g} s (--timeout bounds the whole remote read)")
         with self._lock:
             try:
                 self._f.seek(offset)
@@ -820,8 +852,10 @@ def open_remote(paths: list[str], options: RemoteOptions | None = None) -> tuple
             use_index(url)
         elif is_http(url):
             if path.endswith("/") or path.count("/") < 3:
-                raise InputError(f"{url}: an HTTP server cannot list a folder: give the URL of the .safetensors "
-                                 "file(s) or of the *.safetensors.index.json")
+                raise InputError(
+                    f"{url}: an HTTP server cannot list a folder: give the URL of the .safetensors "
+                    "file(s) or of the *.safetensors.index.json"
+                )
             plan.setdefault(url, (url, False))
         elif not path.endswith(".safetensors") and (names := list_folder(url)) is not None:
             base = url.rstrip("/") + "/"

@@ -52,11 +52,16 @@ class ShardSet:
     ``index_dir``).  (Plain class, not a dataclass: importing dataclasses costs ~10 ms of
     start-up, a tenth of the budget of ``check``.)"""
 
-    __slots__ = ("files", "missing", "index_path", "weight_map", "index_dir", "index_io", "why", "notes", "count",
-                 "explicit")
+    __slots__ = ("files", "missing", "index_path", "weight_map", "index_dir", "index_io", "why", "notes", "count", "explicit")
 
-    def __init__(self, files: list[str] | None = None, missing: list[str] | None = None, index_path: str | None = None,
-                 weight_map: dict[str, str] | None = None, index_dir: str = "") -> None:
+    def __init__(
+        self,
+        files: list[str] | None = None,
+        missing: list[str] | None = None,
+        index_path: str | None = None,
+        weight_map: dict[str, str] | None = None,
+        index_dir: str = "",
+    ) -> None:
         self.files = files if files is not None else []
         self.missing = missing if missing is not None else []
         self.index_path = index_path
@@ -95,8 +100,15 @@ class Group:
 
     __slots__ = ("label", "paths", "missing", "error", "kind", "why", "notes", "count", "members", "folder", "parsed")
 
-    def __init__(self, label: str, paths: list[str], missing: list[str] | None = None, error: str | None = None,
-                 kind: str = "file", folder: str | None = None) -> None:
+    def __init__(
+        self,
+        label: str,
+        paths: list[str],
+        missing: list[str] | None = None,
+        error: str | None = None,
+        kind: str = "file",
+        folder: str | None = None,
+    ) -> None:
         self.label = label
         self.paths = paths
         self.missing = missing or []
@@ -140,21 +152,30 @@ class SeparateCheckpoints(InputError):
         names = [g.label + (f" (unreadable: {g.error.split(': ', 1)[-1]})" if g.error else "") for g in groups]
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
         why = f" ({reason})" if reason else ""
-        super().__init__(f"{where}: {len(groups)} separate checkpoints, not the shards of one model{why}: "
-                         f"{shown}; give one of them (check and inspect report each)")
+        super().__init__(
+            f"{where}: {len(groups)} separate checkpoints, not the shards of one model{why}: "
+            f"{shown}; give one of them (check and inspect report each)"
+        )
 
     @property
     def note(self) -> str:
         """The heading ``check`` and ``inspect`` print before their per-checkpoint sections."""
         why = f" ({self.reason})" if self.reason else ""
-        return (f"{self.where}: {len(self.groups)} separate checkpoints, not the shards of one model{why}; "
-                "each is reported on its own")
+        return (
+            f"{self.where}: {len(self.groups)} separate checkpoints, not the shards of one model{why}; "
+            "each is reported on its own"
+        )
 
 
 def is_url(path: str) -> bool:
     """``scheme://...`` (http, https, s3, gs, hf, ...); a Windows drive (``C:\\``) is not a scheme."""
     scheme, sep, _ = path.partition("://")
-    return bool(sep) and len(scheme) > 1 and scheme[0].isalpha() and scheme.replace("+", "").replace("-", "").replace(".", "").isalnum()
+    return (
+        bool(sep)
+        and len(scheme) > 1
+        and scheme[0].isalpha()
+        and scheme.replace("+", "").replace("-", "").replace(".", "").isalnum()
+    )
 
 
 def _outside(shard: str) -> str | None:
@@ -198,8 +219,9 @@ def read_index(path: str, text: str | None = None) -> tuple[list[str], dict[str,
         why = _outside(shard)
         if why is not None:
             tensor = next(t for t, s in wm.items() if s == shard)
-            raise InputError(f"{path}: index maps {tensor!r} to {shard!r}, {why}: an index may only name shard files "
-                             "in its own folder")
+            raise InputError(
+                f"{path}: index maps {tensor!r} to {shard!r}, {why}: an index may only name shard files in its own folder"
+            )
     folder = os.path.dirname(path)
     shards = []
     for shard in names:
@@ -212,8 +234,13 @@ def read_index(path: str, text: str | None = None) -> tuple[list[str], dict[str,
 # -- grouping a folder's files (names only: shared with check --recursive and URLs) ----------
 
 
-def group_folder(folder: str, names: list[str], index_shards: Callable[[str], list[str] | None],
-                 join: Callable[[str, str], str], lone: tuple[str, ...] = ()) -> list[Group]:
+def group_folder(
+    folder: str,
+    names: list[str],
+    index_shards: Callable[[str], list[str] | None],
+    join: Callable[[str, str], str],
+    lone: tuple[str, ...] = (),
+) -> list[Group]:
     """Group one folder's ``*.safetensors`` and index names into checkpoints by the module's
     rules, from the names alone (``index_shards`` reads an index: its shard paths, or None);
     labels are the names relative to the folder, sorted.  A name ending in one of ``lone``
@@ -247,8 +274,9 @@ def group_folder(folder: str, names: list[str], index_shards: Callable[[str], li
     for (stem, total), present in stems.items():
         width = len(next(iter(present.values())).rsplit("-of-", 1)[0].rsplit("-", 1)[1])
         paths = [join(folder, present[i]) for i in sorted(present)]
-        missing = [join(folder, f"{stem}-{i:0{width}d}-of-{total}.safetensors") for i in range(1, int(total) + 1)
-                   if i not in present]
+        missing = [
+            join(folder, f"{stem}-{i:0{width}d}-of-{total}.safetensors") for i in range(1, int(total) + 1) if i not in present
+        ]
         g = Group(f"{stem}-{'N' * width}-of-{total}.safetensors", paths, missing, kind="shards", folder=folder)
         g.count = int(total)
         groups.append(g)
@@ -298,8 +326,10 @@ def settle(groups: list[Group]) -> list[Group]:
             g.missing.sort()
             if not kept:
                 first = g.missing[0]
-                g.error = (f"{os.path.join(os.path.dirname(first), os.path.basename(g.label))}: none of its shards can be read "
-                           f"({os.path.basename(first)} {g.why.get(first, 'does not exist')})")
+                g.error = (
+                    f"{os.path.join(os.path.dirname(first), os.path.basename(g.label))}: none of its shards can be read "
+                    f"({os.path.basename(first)} {g.why.get(first, 'does not exist')})"
+                )
             out.append(g)
         else:
             p = g.paths[0]
@@ -312,8 +342,9 @@ def settle(groups: list[Group]) -> list[Group]:
             else:
                 other = seen.get((st.st_dev, st.st_ino))
                 if other is not None:
-                    other[1].notes.append((p, f"{g.label} is the same file as {os.path.basename(other[0])}: "
-                                              f"read once, as part of {other[1].label}"))
+                    other[1].notes.append(
+                        (p, f"{g.label} is the same file as {os.path.basename(other[0])}: read once, as part of {other[1].label}")
+                    )
                     continue
                 seen[(st.st_dev, st.st_ino)] = (p, g)
             out.append(g)
@@ -337,8 +368,10 @@ def folder_groups(folder: str) -> list[Group]:
     wanted = [n for n in names if (n.endswith(".safetensors") or n.endswith(INDEX_SUFFIX)) and not _hidden(n)]
     if not wanted:
         subs = any(os.path.isdir(os.path.join(folder, n)) and not n.startswith(".") for n in names)
-        raise InputError(f"{folder}: folder holds no .safetensors files"
-                         + ("; check --recursive also looks in its sub-folders" if subs else ""))
+        raise InputError(
+            f"{folder}: folder holds no .safetensors files"
+            + ("; check --recursive also looks in its sub-folders" if subs else "")
+        )
     parsed: dict[str, tuple[list[str], dict[str, str]]] = {}
 
     def index_shards(index: str) -> list[str] | None:
@@ -469,6 +502,8 @@ def _use_index(result: ShardSet, path: str, parsed: tuple[list[str], dict[str, s
             result.why[shard] = problem
     if not result.files:
         first = result.missing[0] if result.missing else "(none)"
-        raise InputError(f"{path}: none of the shards the index names exist or can be read: {first}"
-                         + (f" {result.why[first]}" if first in result.why else "")
-                         + (f" (+{len(result.missing) - 1} more)" if len(result.missing) > 1 else ""))
+        raise InputError(
+            f"{path}: none of the shards the index names exist or can be read: {first}"
+            + (f" {result.why[first]}" if first in result.why else "")
+            + (f" (+{len(result.missing) - 1} more)" if len(result.missing) > 1 else "")
+        )

@@ -20,8 +20,13 @@ _MADV_POPULATE_READ = 22
 """Linux's ``madvise`` advice that maps a file range's pages now and fails (EFAULT) where a
 page lies past the end of the file, instead of a SIGBUS at first touch (Linux 5.14)."""
 
-_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+_KINDS = (
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
 
 
 def not_regular(path: str, mode: int) -> InputError | None:

@@ -128,6 +128,8 @@ def sweep_stale(folder: str, announce: bool = True) -> list[tuple[str, int]]:
 
         total = human_size(sum(n for _, n in removed))
         names = ", ".join(os.path.basename(p) for p, _ in removed[:3]) + (" ..." if len(removed) > 3 else "")
-        sys.stderr.write(f"comfyquant: removed {len(removed)} stale temporary file{'s' * (len(removed) > 1)} "
-                         f"({total}) of interrupted comfyquant runs from {folder}: {names}\n")
+        sys.stderr.write(
+            f"comfyquant: removed {len(removed)} stale temporary file{'s' * (len(removed) > 1)} "
+            f"({total}) of interrupted comfyquant runs from {folder}: {names}\n"
+        )
     return removed

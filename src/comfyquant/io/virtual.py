@@ -39,8 +39,13 @@ class VirtualSource:
 
     first_read = 1 << 16
 
-    def __init__(self, name: str, tensors: dict[str, tuple[str, tuple, Range | Produce | bytes | None]],
-                 metadata: dict[str, str] | None = None, keep: int = 4) -> None:
+    def __init__(
+        self,
+        name: str,
+        tensors: dict[str, tuple[str, tuple, Range | Produce | bytes | None]],
+        metadata: dict[str, str] | None = None,
+        keep: int = 4,
+    ) -> None:
         self.name = name
         self.path = name
         self._header = build_header(tensors, metadata)
@@ -84,7 +89,7 @@ class VirtualSource:
         end = min(offset + length, self.size)
         out = bytearray()
         if offset < len(self._header):
-            out += self._header[offset:min(end, len(self._header))]
+            out += self._header[offset : min(end, len(self._header))]
         i = max(0, bisect.bisect_right(self._starts, offset) - 1)
         while i < len(self._spans) and len(out) < end - offset:
             start, stop, data, tname = self._spans[i]
@@ -95,9 +100,9 @@ class VirtualSource:
                 elif data is None:
                     out += bytes(hi - lo)
                 elif isinstance(data, (bytes, bytearray)):
-                    out += data[lo - start:hi - start]
+                    out += data[lo - start : hi - start]
                 else:
-                    out += self._produced(tname, data, stop - start)[lo - start:hi - start]
+                    out += self._produced(tname, data, stop - start)[lo - start : hi - start]
             i += 1
         self.bytes_read += len(out)
         return bytes(out)

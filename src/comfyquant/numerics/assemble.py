@@ -24,15 +24,23 @@ OPERAND_BLOCK_ELEMENTS = 1 << 18
 core's L2 cache while they are computed and rounded."""
 
 
-def assemble_rows(shape: tuple[int, int], dtype: torch.dtype, rows: Callable[[int, int], torch.Tensor],
-                  block_elements: int = OPERAND_BLOCK_ELEMENTS) -> torch.Tensor:
+def assemble_rows(
+    shape: tuple[int, int],
+    dtype: torch.dtype,
+    rows: Callable[[int, int], torch.Tensor],
+    block_elements: int = OPERAND_BLOCK_ELEMENTS,
+) -> torch.Tensor:
     """A new ``[N, K]`` tensor of ``dtype`` whose rows ``r0:r1`` are ``rows(r0, r1)`` (any
     dtype: the copy is the rounding), filled block by block."""
     return fill_rows(shape, dtype, lambda r0, r1, dest: dest.copy_(rows(r0, r1)), block_elements)
 
 
-def fill_rows(shape: tuple[int, int], dtype: torch.dtype, fill: Callable[[int, int, torch.Tensor], object],
-              block_elements: int = OPERAND_BLOCK_ELEMENTS) -> torch.Tensor:
+def fill_rows(
+    shape: tuple[int, int],
+    dtype: torch.dtype,
+    fill: Callable[[int, int, torch.Tensor], object],
+    block_elements: int = OPERAND_BLOCK_ELEMENTS,
+) -> torch.Tensor:
     """A new ``[N, K]`` tensor of ``dtype`` (on huge pages when large) whose rows ``r0:r1``
     ``fill(r0, r1, dest)`` writes into ``dest`` (that ``[r1 - r0, K]`` view), block by
     block: an elementwise operand computed in place, with no layer-sized temporary and

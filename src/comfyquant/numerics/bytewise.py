@@ -14,8 +14,22 @@ if TYPE_CHECKING:  # numpy loads with the first transform: marker-only repairs n
     import numpy as np
 
 _NP = {
-    "F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8", "I8": "i1", "U8": "u1", "F8_E4M3": "u1", "F8_E5M2": "u1",
-    "F8_E8M0": "u1", "I16": "<i2", "I32": "<i4", "I64": "<i8", "U16": "<u2", "U32": "<u4", "U64": "<u8", "BOOL": "u1",
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "<u2",
+    "F64": "<f8",
+    "I8": "i1",
+    "U8": "u1",
+    "F8_E4M3": "u1",
+    "F8_E5M2": "u1",
+    "F8_E8M0": "u1",
+    "I16": "<i2",
+    "I32": "<i4",
+    "I64": "<i8",
+    "U16": "<u2",
+    "U32": "<u4",
+    "U64": "<u8",
+    "BOOL": "u1",
 }
 
 

@@ -25,6 +25,7 @@ E8M0_BIAS = 127
 
 # -- FP8 --------------------------------------------------------------------------------------
 
+
 def fp8_encode(x: torch.Tensor, fp8: torch.dtype = E4M3) -> torch.Tensor:
     """Saturate to the format's range in ``x``'s dtype, then round to nearest even."""
     lim = FP8_MAX[fp8]
@@ -64,8 +65,7 @@ def fp8_decode(q: torch.Tensor, dtype: torch.dtype = torch.float32, out: torch.T
     return q.to(dtype) if out is None else out.copy_(q)
 
 
-def fp8_decode_scaled(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+def fp8_decode_scaled(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
     """``fp8(q).to(dtype) * scale.to(dtype)`` (``scale`` broadcastable), bit for bit, in one
     multiply when the shift can be folded into the scale without overflowing BF16."""
     s = scale.to(dtype)
@@ -89,6 +89,7 @@ def fp8_neighbours(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # -- FP4 E2M1 ---------------------------------------------------------------------------------
+
 
 def _e2m1_bounds() -> torch.Tensor:
     # Decision points between neighbouring magnitudes.  A tie goes to the even code: at
@@ -135,6 +136,7 @@ def e2m1_decode(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torc
 
 # -- E8M0 -------------------------------------------------------------------------------------
 
+
 def e8m0_from_amax(amax: torch.Tensor, fp8_max: float = 448.0) -> torch.Tensor:
     """MXFP8 block exponent (uint8) for block maxima ``amax`` (comfy-kitchen's rule, spec 3.6).
 
@@ -157,8 +159,7 @@ def e8m0_decode(e: torch.Tensor) -> torch.Tensor:
 
 # -- BF16 / F16 -------------------------------------------------------------------------------
 
-_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
-         torch.float64: torch.int64}
+_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float64: torch.int64}
 
 
 def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -24,8 +24,13 @@ _CACHE: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
 def is_power_of_4(size) -> bool:
     """4, 16, 64, 256, 1024, ... (the sizes comfy-kitchen can build)."""
-    return isinstance(size, int) and not isinstance(size, bool) and size >= 4 and (size & (size - 1)) == 0 \
+    return (
+        isinstance(size, int)
+        and not isinstance(size, bool)
+        and size >= 4
+        and (size & (size - 1)) == 0
         and (size.bit_length() - 1) % 2 == 0
+    )
 
 
 def _check_size(size) -> None:
@@ -77,8 +82,9 @@ def rotate_weight(weight: torch.Tensor, size: int, out: torch.Tensor | None = No
     return out
 
 
-def unrotate(dequantize: Callable[[], torch.Tensor], size: int, dtype: torch.dtype,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+def unrotate(
+    dequantize: Callable[[], torch.Tensor], size: int, dtype: torch.dtype, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """The un-rotation of a whole dequantized layer: comfy-kitchen's ``_rotate_weight(w, H)``,
     the GEMM on the same operands (in ``w``'s dtype), whose rounding to ``dtype`` is left to
     the caller -- except that a product already in ``dtype`` is written straight into

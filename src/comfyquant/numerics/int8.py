@@ -101,8 +101,14 @@ def runtime_int8_matmul(q_x: torch.Tensor, q_w: torch.Tensor) -> torch.Tensor:
     return out[:, :n] if pad_n else out
 
 
-def int8_linear(x: torch.Tensor, q_w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
-                out_dtype: torch.dtype, runtime: bool = True) -> torch.Tensor:
+def int8_linear(
+    x: torch.Tensor,
+    q_w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    runtime: bool = True,
+) -> torch.Tensor:
     """Dynamic row-wise INT8 activations times an INT8 weight grid (already rotated ``x``),
     by default with the runtime's GEMM call (see :func:`int8_product`).
 
@@ -112,8 +118,15 @@ def int8_linear(x: torch.Tensor, q_w: torch.Tensor, w_scale: torch.Tensor, bias:
     return int8_product(q_x, s_x, q_w, w_scale, bias, out_dtype, runtime).reshape(*lead, q_w.shape[0])
 
 
-def int8_product(q_x: torch.Tensor, s_x: torch.Tensor, q_w: torch.Tensor, w_scale: torch.Tensor,
-                 bias: torch.Tensor | None, out_dtype: torch.dtype, runtime: bool = False) -> torch.Tensor:
+def int8_product(
+    q_x: torch.Tensor,
+    s_x: torch.Tensor,
+    q_w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    runtime: bool = False,
+) -> torch.Tensor:
     """The GEMM and epilogue of :func:`int8_linear` for already quantized activations
     ``(q_x [M, K], s_x [M, 1])``: exact integer products (``runtime``: the runtime's own
     GEMM call, :func:`runtime_int8_matmul`); the epilogue is per output feature."""

@@ -89,8 +89,9 @@ def table_thresholds(table: torch.Tensor) -> torch.Tensor | None:
     return found.clone()
 
 
-def nearest(table: torch.Tensor, target: torch.Tensor, cuts: torch.Tensor | None = None,
-            dtype: torch.dtype = torch.int64) -> torch.Tensor:
+def nearest(
+    table: torch.Tensor, target: torch.Tensor, cuts: torch.Tensor | None = None, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
     """Index (``dtype``) of the nearest entry of a sorted table, ties to the lower index."""
     if cuts is None:
         cuts = table_thresholds(table)
@@ -138,8 +139,9 @@ def grid_by_code(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return levels, cuts.contiguous()
 
 
-def grid_nearest_by_code(cuts: torch.Tensor, codes: torch.Tensor, target: torch.Tensor,
-                         dtype: torch.dtype = torch.int64) -> torch.Tensor:
+def grid_nearest_by_code(
+    cuts: torch.Tensor, codes: torch.Tensor, target: torch.Tensor, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
     """Nearest grid level index (``dtype``) for ``target [R, G]`` whose rows use the grids of
     the FP8 bytes ``codes [R]`` (decision points from :func:`grid_by_code`)."""
     return cut_lookup(cuts).index(target, codes.reshape(-1), dtype=dtype)
@@ -263,15 +265,15 @@ class CutLookup:
         index_dtype = torch.uint8 if count < 256 else torch.int32
         return (value, low.reshape(-1).to(index_dtype), high.reshape(-1).to(index_dtype)), separated
 
-    def index(self, target: torch.Tensor, rows: torch.Tensor | None = None,
-              dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    def index(self, target: torch.Tensor, rows: torch.Tensor | None = None, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         """Counts for ``target`` (F32): against row 0 for any shape when ``rows`` is None,
         else ``target [R, G]`` against the rows ``rows [R]`` (integers)."""
         count = self.lookup(target, rows)[0]
         return count if count.dtype == dtype else count.to(dtype)
 
-    def lookup(self, target: torch.Tensor, rows: torch.Tensor | None = None,
-               payloads: tuple[torch.Tensor | None, ...] = (None,)) -> list[torch.Tensor]:
+    def lookup(
+        self, target: torch.Tensor, rows: torch.Tensor | None = None, payloads: tuple[torch.Tensor | None, ...] = (None,)
+    ) -> list[torch.Tensor]:
         """Per payload, ``payload[row, count]`` for every target (``count`` as :meth:`index`
         gives it, in the lookup's own narrow dtype, for a payload of None).
 
@@ -319,10 +321,10 @@ class CutLookup:
         top, last, scale, offset = float(self.size), self.size - 1, self.scale, self.offset
         by_bits = self.by_bits and base is None
         for s0 in range(lo, hi, step):
-            tt = t[s0:s0 + step]
+            tt = t[s0 : s0 + step]
             if tt.shape[0] < step:  # the last, short step: views of the scratch
                 n = tt.numel()
-                x, at, flat_at, value, above = x[:tt.shape[0]], at[:tt.shape[0]], flat_at[:n], value[:n], above[:n]
+                x, at, flat_at, value, above = x[: tt.shape[0]], at[: tt.shape[0]], flat_at[:n], value[:n], above[:n]
             if by_bits:
                 torch.bitwise_right_shift(tt.view(torch.int32), _BIT_SHIFT, out=at).add_(1 << 16)
                 torch.index_select(self.value, 0, flat_at, out=value)
@@ -331,12 +333,12 @@ class CutLookup:
                 torch.mul(tt, scale, out=x).add_(offset).clamp_(0, last).nan_to_num_(nan=top)
                 at.copy_(x)
                 if base is not None:
-                    torch.add(base[s0:s0 + step], at, out=at)
+                    torch.add(base[s0 : s0 + step], at, out=at)
                 torch.index_select(self.value, 0, flat_at, out=value)
                 torch.gt(tt.reshape(-1), value, out=above)
             torch.add(above, flat_at, alpha=2, out=flat_at)
             for table, out in zip(tables, outs):
-                torch.index_select(table, 0, flat_at, out=out[s0:s0 + step].view(-1))
+                torch.index_select(table, 0, flat_at, out=out[s0 : s0 + step].view(-1))
 
     def _payload_pairs(self, payload: torch.Tensor | None) -> torch.Tensor:
         """``payload[row, low]``, ``payload[row, high]`` interleaved per (row, bucket), as
@@ -369,8 +371,13 @@ class CutLookup:
         return out.copy_(flat.index_select(0, rows.reshape(-1).to(torch.int64)).view(-1, 1).expand(shape))
 
 
-def _binary_search_rows(lookup: CutLookup, t: torch.Tensor, rows: torch.Tensor | None,
-                        payloads: tuple[torch.Tensor | None, ...], outs: list[torch.Tensor]) -> None:
+def _binary_search_rows(
+    lookup: CutLookup,
+    t: torch.Tensor,
+    rows: torch.Tensor | None,
+    payloads: tuple[torch.Tensor | None, ...],
+    outs: list[torch.Tensor],
+) -> None:
     """torch's own search for the targets whose rows the lookup cannot count exactly."""
     if rows is None:
         found = torch.searchsorted(lookup.cuts[0], t.contiguous()).view(t.shape)
@@ -400,7 +407,7 @@ def _bucket_map(cuts: torch.Tensor, size: int) -> tuple[float, float]:
     reach = max(abs(lo), abs(hi), 1e-30)
     exponent = math.floor(math.log2((size - 2) / span)) if span > 0 else 0
     exponent = min(exponent, math.floor(math.log2((1 << 22) / reach)), 100)
-    scale = 2.0 ** exponent
+    scale = 2.0**exponent
     return scale, float(1 - math.floor(lo * scale))
 
 
@@ -428,8 +435,8 @@ def count_below_rows(cuts: torch.Tensor, target: torch.Tensor, dtype: torch.dtyp
     out = torch.empty(t.shape, dtype=torch.uint8 if count < 256 else torch.int32)
     step = max(1, _STEP // max(1, t.shape[1] * count))
     for r0 in range(0, rows, step):
-        at_or_above = torch.le(t[r0:r0 + step].unsqueeze(-1), cuts[r0:r0 + step].unsqueeze(-2))
-        torch.sum(at_or_above.view(torch.uint8), -1, dtype=out.dtype, out=out[r0:r0 + step])
+        at_or_above = torch.le(t[r0 : r0 + step].unsqueeze(-1), cuts[r0 : r0 + step].unsqueeze(-2))
+        torch.sum(at_or_above.view(torch.uint8), -1, dtype=out.dtype, out=out[r0 : r0 + step])
     out = torch.sub(count, out) if count < 256 else count - out
     result = out.to(dtype)
     exact = torch.isfinite(cuts).all(dim=1)

@@ -149,8 +149,18 @@ def broadcast_rows(data: bytes, rows: int) -> bytes:
     return bytes(data) * rows
 
 
-def decode(weight: Any, scale: Any, scale_2: Any, *, nibbles: str, layout: str, scale_cols: int,
-           rows: int | None = None, cols: int | None = None, pre_quant_scale: Any = None):
+def decode(
+    weight: Any,
+    scale: Any,
+    scale_2: Any,
+    *,
+    nibbles: str,
+    layout: str,
+    scale_cols: int,
+    rows: int | None = None,
+    cols: int | None = None,
+    pre_quant_scale: Any = None,
+):
     """Dense F32 weight of packed NVFP4 codes ``weight`` [R, Cb] (torch uint8), block scales
     ``scale`` (E4M3 or their bytes, ``layout``, ``scale_cols`` logical columns) and the tensor
     scale ``scale_2``: ``E2M1(code) * (block_scale * scale_2)``, F32, the formula of

@@ -76,8 +76,7 @@ def _advise_range(address: int, nbytes: int) -> bool:
     return stop > start and fn(start, stop - start, MADV_HUGEPAGE) == 0
 
 
-def empty_output(shape: tuple[int, ...], dtype: torch.dtype, least: int | None = None,
-                 phase: int | None = None) -> torch.Tensor:
+def empty_output(shape: tuple[int, ...], dtype: torch.dtype, least: int | None = None, phase: int | None = None) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype)``, on huge pages when over ``least`` bytes (see the
     module doc) -- or, inside :func:`reused_outputs`, memory an earlier output of the scope
     no longer uses.

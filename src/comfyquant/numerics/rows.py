@@ -89,8 +89,13 @@ class RowSource:
 
     __slots__ = ("shape", "dtype", "_read", "_read_into")
 
-    def __init__(self, shape: tuple[int, int], dtype: torch.dtype, read: Callable[[int, int], torch.Tensor],
-                 read_into: Callable[[int, int, torch.Tensor], object] | None = None) -> None:
+    def __init__(
+        self,
+        shape: tuple[int, int],
+        dtype: torch.dtype,
+        read: Callable[[int, int], torch.Tensor],
+        read_into: Callable[[int, int, torch.Tensor], object] | None = None,
+    ) -> None:
         self.shape = (int(shape[0]), int(shape[1]))
         self.dtype = dtype
         self._read = read
@@ -133,8 +138,7 @@ def as_source(weight: Weight) -> RowSource:
     return RowSource(tuple(weight.shape), weight.dtype, lambda r0, r1: weight[r0:r1])
 
 
-def row_blocks(t: Weight, block_elements: int | None = None,
-               multiple: int = 1) -> Iterator[tuple[int, int, torch.Tensor]]:
+def row_blocks(t: Weight, block_elements: int | None = None, multiple: int = 1) -> Iterator[tuple[int, int, torch.Tensor]]:
     """``(r0, r1, rows r0:r1)`` for the blocks of :func:`row_ranges` (views of a tensor; a
     :class:`RowSource` reads each block when it is reached).  ``block_elements`` defaults
     to :func:`encode_block_elements`."""
@@ -167,8 +171,13 @@ def materialize(weight: Weight, r0: int = 0, r1: int | None = None) -> torch.Ten
     return out
 
 
-def gather_rows(blocks: Iterable[tuple[int, int, torch.Tensor]], fn: Callable[[torch.Tensor], Sequence[torch.Tensor]],
-                rows: int, dtypes: Sequence[torch.dtype | None] = (), workers: int = 1) -> list[torch.Tensor]:
+def gather_rows(
+    blocks: Iterable[tuple[int, int, torch.Tensor]],
+    fn: Callable[[torch.Tensor], Sequence[torch.Tensor]],
+    rows: int,
+    dtypes: Sequence[torch.dtype | None] = (),
+    workers: int = 1,
+) -> list[torch.Tensor]:
     """Apply ``fn`` to every block and write each of its results into rows ``r0:`` of one
     output tensor of ``rows`` rows (dtype and trailing shape from the first block, or the
     dtype ``dtypes`` gives for that result: the copy is then also the cast, e.g. INT8 levels
@@ -186,7 +195,7 @@ def gather_rows(blocks: Iterable[tuple[int, int, torch.Tensor]], fn: Callable[[t
             casts = list(dtypes) + [None] * (len(parts) - len(dtypes))
             outs = [torch.empty((rows, *p.shape[1:]), dtype=d or p.dtype) for p, d in zip(parts, casts)]
         for out, part in zip(outs, parts):
-            out[r0:r0 + part.shape[0]].copy_(part)
+            out[r0 : r0 + part.shape[0]].copy_(part)
         del parts
     if outs is None:
         raise ValueError("gather_rows needs at least one row block")

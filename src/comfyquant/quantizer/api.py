@@ -31,8 +31,15 @@ OnLayer = Callable[[Any, Any], None]
 class Result:
     """What a run did: the plan, the report document, the output check, the files written."""
 
-    def __init__(self, plan: Plan | None, doc: dict, check=None, outputs: list[str] | None = None,
-                 report_files: list[str] | None = None, dense_summary=None) -> None:
+    def __init__(
+        self,
+        plan: Plan | None,
+        doc: dict,
+        check=None,
+        outputs: list[str] | None = None,
+        report_files: list[str] | None = None,
+        dense_summary=None,
+    ) -> None:
         self.plan = plan
         self.doc = doc
         self.check = check
@@ -82,12 +89,28 @@ def _rules(rules) -> Rules | None:
     return load_rules(str(rules))
 
 
-def quantize(paths: Paths, out: str | None = None, format: str | None = None, params: dict | None = None, *,
-             rules: str | os.PathLike[str] | Rules | None = None, exclude: list[str] | tuple = (), target: Targets = "all", jobs: int | str | None = None, report: str | None = None,
-             dry_run: bool = False, keep_bad: bool = False, overwrite: bool = False, progress: bool | None = None,
-             on_layer: OnLayer | None = None, reference: str | os.PathLike[str] | None = None,
-             max_error: float | None = None,
-             preset: str | None = None, include: list[str] | tuple = (), like: Paths | None = None) -> Result:
+def quantize(
+    paths: Paths,
+    out: str | None = None,
+    format: str | None = None,
+    params: dict | None = None,
+    *,
+    rules: str | os.PathLike[str] | Rules | None = None,
+    exclude: list[str] | tuple = (),
+    target: Targets = "all",
+    jobs: int | str | None = None,
+    report: str | None = None,
+    dry_run: bool = False,
+    keep_bad: bool = False,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    on_layer: OnLayer | None = None,
+    reference: str | os.PathLike[str] | None = None,
+    max_error: float | None = None,
+    preset: str | None = None,
+    include: list[str] | tuple = (),
+    like: Paths | None = None,
+) -> Result:
     """Quantize a dense checkpoint (file, shards, folder or index) into ``out``.
 
     ``format``/``params``: the format of every layer no rule names (``params``: fields of the
@@ -113,35 +136,109 @@ def quantize(paths: Paths, out: str | None = None, format: str | None = None, pa
     (:mod:`.recipe`)."""
     default = _default_choice(format, params, "--format")
     select = _select_args(like, rules, default, preset, include)
-    return _run("quantize", paths, out, default, select.rules if select.recipe is not None else rules, exclude, target, jobs,
-                report, dry_run, keep_bad, overwrite, progress, on_layer, reference, max_error, select=select)
+    return _run(
+        "quantize",
+        paths,
+        out,
+        default,
+        select.rules if select.recipe is not None else rules,
+        exclude,
+        target,
+        jobs,
+        report,
+        dry_run,
+        keep_bad,
+        overwrite,
+        progress,
+        on_layer,
+        reference,
+        max_error,
+        select=select,
+    )
 
 
-def convert(paths: Paths, out: str | None = None, to: str | None = None, params: dict | None = None, *,
-            rules: str | os.PathLike[str] | Rules | None = None, exclude: list[str] | tuple = (), target: Targets = "all", jobs: int | str | None = None, report: str | None = None,
-            dry_run: bool = False, keep_bad: bool = False, overwrite: bool = False, progress: bool | None = None,
-            dtype: str | None = None, on_layer: OnLayer | None = None, reference: str | os.PathLike[str] | None = None,
-            max_error: float | None = None) -> Result:
+def convert(
+    paths: Paths,
+    out: str | None = None,
+    to: str | None = None,
+    params: dict | None = None,
+    *,
+    rules: str | os.PathLike[str] | Rules | None = None,
+    exclude: list[str] | tuple = (),
+    target: Targets = "all",
+    jobs: int | str | None = None,
+    report: str | None = None,
+    dry_run: bool = False,
+    keep_bad: bool = False,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    dtype: str | None = None,
+    on_layer: OnLayer | None = None,
+    reference: str | os.PathLike[str] | None = None,
+    max_error: float | None = None,
+) -> Result:
     """Re-encode a quantized checkpoint's layers in another format or with other parameters
     (decode, then encode), or decode everything (``to="dense"``, via ``comfyquant.dequantize``).
 
     ``reference``/``max_error`` as for :func:`quantize`: with a reference, the re-encoded
     layers are measured against the original weights, not only against the decoded input."""
     if isinstance(to, str) and to.strip().lower() in ("dense", "dequantize"):
-        if rules is not None or exclude or report or params and any(v is not None for v in params.values()) \
-                or reference is not None or max_error is not None:
-            raise InputError("--to dense decodes every layer exactly: --rules, --exclude, --report, --reference, "
-                             "--max-error and format parameters do not apply (comfyquant compare measures a file "
-                             "against its original)")
+        if (
+            rules is not None
+            or exclude
+            or report
+            or params
+            and any(v is not None for v in params.values())
+            or reference is not None
+            or max_error is not None
+        ):
+            raise InputError(
+                "--to dense decodes every layer exactly: --rules, --exclude, --report, --reference, "
+                "--max-error and format parameters do not apply (comfyquant compare measures a file "
+                "against its original)"
+            )
         return _dense(paths, out, dtype, overwrite, dry_run, progress)
     if dtype is not None:
         raise InputError("--dtype applies to --to dense only (quantized layers keep their model dtype)")
-    return _run("convert", paths, out, _default_choice(to, params, "--to"), rules, exclude, target, jobs, report,
-                dry_run, keep_bad, overwrite, progress, on_layer, reference, max_error)
+    return _run(
+        "convert",
+        paths,
+        out,
+        _default_choice(to, params, "--to"),
+        rules,
+        exclude,
+        target,
+        jobs,
+        report,
+        dry_run,
+        keep_bad,
+        overwrite,
+        progress,
+        on_layer,
+        reference,
+        max_error,
+    )
 
 
-def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_run, keep_bad, overwrite, progress,
-         on_layer, reference=None, max_error=None, select=None) -> Result:
+def _run(
+    mode,
+    paths,
+    out,
+    default,
+    rules,
+    exclude,
+    target,
+    jobs,
+    report,
+    dry_run,
+    keep_bad,
+    overwrite,
+    progress,
+    on_layer,
+    reference=None,
+    max_error=None,
+    select=None,
+) -> Result:
     from ..comparison import check_limit
     from ..dialects.containers import open_any
     from ..dialects.view import viewed
@@ -159,8 +256,11 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
     if report and not dry_run:
         rep.require_matplotlib()
     rules = _rules(rules)
-    if default is None and (rules is None or (not rules.rules and rules.default is None)) and \
-            (select is None or not select.may_default):
+    if (
+        default is None
+        and (rules is None or (not rules.rules and rules.default is None))
+        and (select is None or not select.may_default)
+    ):
         flag = "--format" if mode == "quantize" else "--to"
         raise InputError(f"nothing to do: give {flag} F or --rules FILE")
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
@@ -204,8 +304,17 @@ def _run(mode, paths, out, default, rules, exclude, target, jobs, report, dry_ru
             from .runner import execute
 
             compute = resolve(jobs, plan, in_process_only=ckpt is not raw)
-            results, check = execute(ckpt, plan, dests, index_dest, jobs=compute, progress=bar, on_layer=on_layer,
-                                     references=references, redirect=gate.redirect if gate is not None else None)
+            results, check = execute(
+                ckpt,
+                plan,
+                dests,
+                index_dest,
+                jobs=compute,
+                progress=bar,
+                on_layer=on_layer,
+                references=references,
+                redirect=gate.redirect if gate is not None else None,
+            )
         except BaseException:
             if created and os.path.isdir(created) and not os.listdir(created):
                 shutil.rmtree(created, ignore_errors=True)
@@ -271,11 +380,15 @@ def _references(plan: Plan, reference: str) -> dict[str, tuple]:
             if entry is None:
                 raise InputError(f"--reference {reference}: has no tensor {name!r} (the original of layer {lp.name!r})")
             if entry.dtype not in REFERENCE_DTYPES:
-                raise InputError(f"--reference {reference}: {name!r} is {entry.dtype}, not a dense float weight (F32, "
-                                 "BF16 or F16): --reference takes the original, unquantized checkpoint")
+                raise InputError(
+                    f"--reference {reference}: {name!r} is {entry.dtype}, not a dense float weight (F32, "
+                    "BF16 or F16): --reference takes the original, unquantized checkpoint"
+                )
             if tuple(entry.shape) != (lp.n, lp.k):
-                raise InputError(f"--reference {reference}: {name!r} has shape {list(entry.shape)}, but layer "
-                                 f"{lp.name!r} is [{lp.n}, {lp.k}]: not the original of this layer")
+                raise InputError(
+                    f"--reference {reference}: {name!r} has shape {list(entry.shape)}, but layer "
+                    f"{lp.name!r} is [{lp.n}, {lp.k}]: not the original of this layer"
+                )
             out[lp.name] = entry_spec(entry)
     return out
 
@@ -308,8 +421,13 @@ class _Gate:
         return self.dests, self.index
 
     def to_dict(self) -> dict:
-        return {"limit": self.limit, "against": self.against, "ok": not self.over, "measured": len(self.errors),
-                "over": [{"layer": n, "rel_l2": e} for n, e in self.over]}
+        return {
+            "limit": self.limit,
+            "against": self.against,
+            "ok": not self.over,
+            "measured": len(self.errors),
+            "over": [{"layer": n, "rel_l2": e} for n, e in self.over],
+        }
 
 
 def _keep_bad(plan: Plan) -> None:

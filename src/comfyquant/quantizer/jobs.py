@@ -51,8 +51,7 @@ class Jobs:
     """What was asked for (``auto`` or the number), for the report."""
 
     def to_dict(self) -> dict:
-        return {"requested": self.requested, "workers": self.workers, "threads": self.threads,
-                "overlap": self.overlap}
+        return {"requested": self.requested, "workers": self.workers, "threads": self.threads, "overlap": self.overlap}
 
 
 def parse(jobs) -> int | None:

@@ -47,6 +47,7 @@ def format_findings(params: Params, planned: dict[str, tuple[str, tuple]], bias:
 
 # -- virtual checkpoints ----------------------------------------------------------------------
 
+
 class SkeletonSource:
     """A byte source holding a header and a few blobs (marker bytes); all else reads as zeros.
 
@@ -66,7 +67,7 @@ class SkeletonSource:
         for start, data in self._parts:
             lo, hi = max(offset, start), min(end, start + len(data))
             if lo < hi:
-                out[lo - offset:hi - offset] = data[lo - start:hi - start]
+                out[lo - offset : hi - offset] = data[lo - start : hi - start]
         return bytes(out)
 
     def pread_many(self, ranges: list[tuple[int, int]]) -> list[bytes]:

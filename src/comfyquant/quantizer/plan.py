@@ -38,8 +38,23 @@ class LayerPlan:
     ``convert``), ``dense`` (copied, stays dense) or ``copy`` (a quantized layer copied
     unchanged, with ``marker`` written for it)."""
 
-    __slots__ = ("name", "index", "action", "format", "params", "marker", "source", "reason", "n", "k", "entries",
-                 "planned", "src_format", "src_marker", "dtype")
+    __slots__ = (
+        "name",
+        "index",
+        "action",
+        "format",
+        "params",
+        "marker",
+        "source",
+        "reason",
+        "n",
+        "k",
+        "entries",
+        "planned",
+        "src_format",
+        "src_marker",
+        "dtype",
+    )
 
     def __init__(self, name: str, entries: dict, action: str, reason: str | None = None) -> None:
         self.name = name
@@ -150,9 +165,15 @@ class Plan:
         return sum(lp.bytes_out for lp in self.layers) + sum(e.nbytes for e in self.others)
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "target": self.target, "formats": self.formats(),
-                "layers": [lp.to_dict() for lp in self.layers], "other_tensors": [e.name for e in self.others],
-                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
+        return {
+            "mode": self.mode,
+            "target": self.target,
+            "formats": self.formats(),
+            "layers": [lp.to_dict() for lp in self.layers],
+            "other_tensors": [e.name for e in self.others],
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+        }
 
 
 def is_embedding(name: str) -> bool:
@@ -232,8 +253,7 @@ def _refuse_choices(ckpt, options: Options) -> None:
         seen.add(c.params)
         found = format_problems(c.params, options.target, "<layer>")
         if found:
-            raise InputError(f"{c.source}: {c.params.describe()} cannot be written for --target {options.target}: "
-                             f"{found[0]}")
+            raise InputError(f"{c.source}: {c.params.describe()} cannot be written for --target {options.target}: {found[0]}")
 
 
 def _dense(layer, reason: str) -> LayerPlan:
@@ -243,8 +263,10 @@ def _dense(layer, reason: str) -> LayerPlan:
 def _plan_quantize(layer, options: Options) -> LayerPlan:
     name = layer.prefix
     if layer.marker is not None or layer.inferred:
-        raise InputError(f"layer {name!r} is already quantized ({layer.format_name}); quantize takes dense checkpoints "
-                         "(use comfyquant convert to change the format of a quantized one)")
+        raise InputError(
+            f"layer {name!r} is already quantized ({layer.format_name}); quantize takes dense checkpoints "
+            "(use comfyquant convert to change the format of a quantized one)"
+        )
     w = layer.weight
     if w is None:
         return _dense(layer, "no weight tensor (copied)")
@@ -261,8 +283,10 @@ def _plan_quantize(layer, options: Options) -> LayerPlan:
         return _dense(layer, f"kept by {choice.source}")
     if w.dtype not in ENCODABLE_DTYPES:
         what = "a float dtype quantize does not take" if w.dtype in FLOAT_DTYPES else "not a float dtype"
-        raise InputError(f"layer {name!r}: weight is {w.dtype}, {what}; quantize takes BF16, F16 or F32 weights "
-                         "(--exclude the layer to copy it unchanged)")
+        raise InputError(
+            f"layer {name!r}: weight is {w.dtype}, {what}; quantize takes BF16, F16 or F32 weights "
+            "(--exclude the layer to copy it unchanged)"
+        )
     return _encode_plan(layer, choice, options, w.shape[0], w.shape[1], "dense", w.dtype)
 
 
@@ -293,8 +317,9 @@ def _encode_plan(layer, choice: Choice, options: Options, n: int, k: int, source
     bias = layer.tensors.get("bias")
     why = _padding_loses_shape(choice.format, n, k, bias)
     if why is None:
-        found = layer_problems(name, choice.params, n, k, None if bias is None else (bias.dtype, tuple(bias.shape)),
-                               options.target)
+        found = layer_problems(
+            name, choice.params, n, k, None if bias is None else (bias.dtype, tuple(bias.shape)), options.target
+        )
         why = found[0] if found else None
     if why is not None:
         kept = DENSE if source == "dense" else COPY
@@ -319,11 +344,15 @@ def _padding_loses_shape(fmt_name: str, n: int, k: int, bias) -> str | None:
 
     rows, cols = FORMATS[fmt_name].pad
     if k % cols:
-        return f"K={k} is not a multiple of {cols}: the weight would be stored padded to K={-(-k // cols) * cols}, " \
-               "and the file keeps no record of the model's K"
+        return (
+            f"K={k} is not a multiple of {cols}: the weight would be stored padded to K={-(-k // cols) * cols}, "
+            "and the file keeps no record of the model's K"
+        )
     if n % rows and (bias is None or tuple(bias.shape) != (n,)):
-        return f"N={n} is not a multiple of {rows} and the layer has no bias: the weight would be stored padded to " \
-               f"N={-(-n // rows) * rows}, and nothing in the file would keep the model's N"
+        return (
+            f"N={n} is not a multiple of {rows} and the layer has no bias: the weight would be stored padded to "
+            f"N={-(-n // rows) * rows}, and nothing in the file would keep the model's N"
+        )
     return None
 
 
@@ -348,8 +377,12 @@ def _plan_convert(layer, options: Options, implied: dict | None = None) -> Layer
         codec_plan = codecs.get(fmt).plan(dict(layer.tensors), marker, name)
         dtype = dtype_name(output_dtype(None, dict(layer.tensors), codec_plan.marker))
     except CodecError as exc:
-        why = "" if layer.marker is not None else f" (it has no marker: the file's quant_format makes it {fmt}, as SGLang reads it)"
-        raise InputError(f"cannot convert: {exc}{why} (comfyquant check lists every problem; comfyquant fix repairs most)") from None
+        why = (
+            "" if layer.marker is not None else f" (it has no marker: the file's quant_format makes it {fmt}, as SGLang reads it)"
+        )
+        raise InputError(
+            f"cannot convert: {exc}{why} (comfyquant check lists every problem; comfyquant fix repairs most)"
+        ) from None
 
     def copy(reason: str, out_marker: dict | None = None) -> LayerPlan:
         lp = LayerPlan(name, dict(layer.stored), COPY, reason)  # as stored: a bank keeps its shapes
@@ -449,8 +482,7 @@ def _check_whole(ckpt, plan: Plan) -> None:
     found = problems(report)
     if found:
         formats = ", ".join(plan.formats()) or "no quantized layers"
-        plan.refusal = (f"refusing: the output ({formats}) would not load for --target {plan.target}: {found[0]}"
-                        f"{_culprits(plan)}")
+        plan.refusal = f"refusing: the output ({formats}) would not load for --target {plan.target}: {found[0]}{_culprits(plan)}"
         raise PlanRefused(plan.refusal, plan)
 
 
@@ -469,6 +501,8 @@ def _culprits(plan: Plan) -> str:
         return ""
     shown = "; ".join(f"{lp.name} stays {lp.marker.get('format')} ({lp.reason})" for lp in copied[:4])
     more = f"; and {len(copied) - 4} more" if len(copied) > 4 else ""
-    return (f". Layers left in their input format: {shown}{more}. Give them a format this target loads with "
-            f"the others, or decode them (a rules file: [[rules]] match = [\"{copied[0].name}\"] format = \"dense\"), "
-            f"or choose a --target that loads the mix (--dry-run prints the whole plan)")
+    return (
+        f". Layers left in their input format: {shown}{more}. Give them a format this target loads with "
+        f'the others, or decode them (a rules file: [[rules]] match = ["{copied[0].name}"] format = "dense"), '
+        f"or choose a --target that loads the mix (--dry-run prints the whole plan)"
+    )

@@ -57,8 +57,9 @@ class Preset:
 
     __slots__ = ("name", "title", "keep", "detect", "format")
 
-    def __init__(self, name: str, title: str, keep: tuple[tuple[str, str], ...], detect: tuple[str, ...] = (),
-                 format: str = "") -> None:
+    def __init__(
+        self, name: str, title: str, keep: tuple[tuple[str, str], ...], detect: tuple[str, ...] = (), format: str = ""
+    ) -> None:
         self.name = name
         self.title = title
         self.keep = keep
@@ -112,20 +113,34 @@ def help_text(width: int = 79) -> str:
     import textwrap
 
     formats = sorted({p.format for p in PRESETS.values()})
-    lines = textwrap.wrap("presets (--preset NAME): layers whose name contains one of these names stay dense; other "
-                          f"layers get {' or '.join(formats)} (as listed) unless --format or a rules [default] says "
-                          "otherwise.", width)
+    lines = textwrap.wrap(
+        "presets (--preset NAME): layers whose name contains one of these names stay dense; other "
+        f"layers get {' or '.join(formats)} (as listed) unless --format or a rules [default] says "
+        "otherwise.",
+        width,
+    )
     for p in PRESETS.values():
         by_source: dict[str, list[str]] = {}
         for sub, src in p.keep:
             by_source.setdefault(src, []).append(sub)
         kept = "; ".join(f"{', '.join(subs)} [{src}]" for src, subs in by_source.items())
-        lines += textwrap.wrap(f"{p.name}: {p.title}, else {p.format}: {kept}", width, initial_indent="  ", subsequent_indent="      ",
-                               break_on_hyphens=False)
+        lines += textwrap.wrap(
+            f"{p.name}: {p.title}, else {p.format}: {kept}",
+            width,
+            initial_indent="  ",
+            subsequent_indent="      ",
+            break_on_hyphens=False,
+        )
     lines.append("sources:")
     for key, where in SOURCES.items():
-        lines += textwrap.wrap(f"[{key}] {where}", width, initial_indent="  ", subsequent_indent="      ",
-                               break_on_hyphens=False, break_long_words=False)
+        lines += textwrap.wrap(
+            f"[{key}] {where}",
+            width,
+            initial_indent="  ",
+            subsequent_indent="      ",
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
     return "\n".join(lines)
 
 
@@ -183,8 +198,15 @@ class Selection:
     ``choose(name)`` gives a ``keep`` choice (with its reason) or None (the default applies);
     the user's own rules come first (``plan.Options``), ``--exclude`` before everything."""
 
-    def __init__(self, preset: Preset | None, how: str, evidence: list[str], all_in_one: bool,
-                 include: frozenset[str], prefixed: bool = False) -> None:
+    def __init__(
+        self,
+        preset: Preset | None,
+        how: str,
+        evidence: list[str],
+        all_in_one: bool,
+        include: frozenset[str],
+        prefixed: bool = False,
+    ) -> None:
         self.preset = preset
         self.how = how  # "detected", "given", "none" (disabled), "undetected"
         self.evidence = evidence
@@ -194,16 +216,19 @@ class Selection:
         self.rules = preset.rules() if preset is not None else None
         self.notes: list[str] = []
         if preset is not None and how == "detected":
-            self.notes.append(f"preset {preset.name} detected from tensor names ({', '.join(evidence)}); "
-                              "--preset none disables it")
+            self.notes.append(
+                f"preset {preset.name} detected from tensor names ({', '.join(evidence)}); --preset none disables it"
+            )
         elif preset is not None:
             self.notes.append(f"preset {preset.name} (--preset)")
         elif how == "undetected":
             self.notes.append("no preset: the tensor names match no known model family (--preset NAME to choose one)")
         if all_in_one:
             widened = ", ".join(sorted(include)) or "nothing else"
-            self.notes.append(f"all-in-one checkpoint: quantizing the diffusion model ({DIFFUSION_PREFIX}*) and "
-                              f"{widened}; --include text-encoders,vae widens")
+            self.notes.append(
+                f"all-in-one checkpoint: quantizing the diffusion model ({DIFFUSION_PREFIX}*) and "
+                f"{widened}; --include text-encoders,vae widens"
+            )
 
     def default_choice(self) -> Choice | None:
         """The preset's format for layers nothing else decides (None without a preset)."""
@@ -219,14 +244,17 @@ class Selection:
         inner = name
         if self.prefixed:
             if name.startswith(DIFFUSION_PREFIX):
-                inner = name[len(DIFFUSION_PREFIX):]
+                inner = name[len(DIFFUSION_PREFIX) :]
             elif self.all_in_one:
                 kind = component(name)
                 if kind in self.include:
                     return None
                 flag = f"--include {kind}" if kind != "other" else "--include all"
-                return Choice(KEEP, None, f"all-in-one checkpoint: {kind if kind != 'other' else 'not the diffusion model'} "
-                                          f"({flag} quantizes it)")
+                return Choice(
+                    KEEP,
+                    None,
+                    f"all-in-one checkpoint: {kind if kind != 'other' else 'not the diffusion model'} ({flag} quantizes it)",
+                )
         if self.rules is not None:
             chosen = self.rules.choose(inner)
             if chosen is not None:
@@ -234,10 +262,16 @@ class Selection:
         return None
 
     def to_dict(self) -> dict:
-        return {"preset": self.preset.name if self.preset is not None else None, "how": self.how,
-                "evidence": self.evidence, "keep": self.preset.globs() if self.preset is not None else [],
-                "sources": {s: SOURCES[s] for s in self.preset.sources} if self.preset is not None else {},
-                "all_in_one": self.all_in_one, "include": sorted(self.include), "notes": self.notes}
+        return {
+            "preset": self.preset.name if self.preset is not None else None,
+            "how": self.how,
+            "evidence": self.evidence,
+            "keep": self.preset.globs() if self.preset is not None else [],
+            "sources": {s: SOURCES[s] for s in self.preset.sources} if self.preset is not None else {},
+            "all_in_one": self.all_in_one,
+            "include": sorted(self.include),
+            "notes": self.notes,
+        }
 
 
 def select(names, preset: str | None = None, include=()) -> Selection:
@@ -250,9 +284,11 @@ def select(names, preset: str | None = None, include=()) -> Selection:
     prefixed = any(n.startswith(DIFFUSION_PREFIX) for n in names)
     all_in_one = prefixed and any(not n.startswith(DIFFUSION_PREFIX) for n in names)
     if wanted and not all_in_one:
-        raise InputError(f"--include {', '.join(sorted(wanted - {'other'}))}: not an all-in-one checkpoint "
-                         f"({DIFFUSION_PREFIX}* next to text encoders or a VAE): every layer is already quantized")
-    inner = [n[len(DIFFUSION_PREFIX):] for n in names if n.startswith(DIFFUSION_PREFIX)] if prefixed else names
+        raise InputError(
+            f"--include {', '.join(sorted(wanted - {'other'}))}: not an all-in-one checkpoint "
+            f"({DIFFUSION_PREFIX}* next to text encoders or a VAE): every layer is already quantized"
+        )
+    inner = [n[len(DIFFUSION_PREFIX) :] for n in names if n.startswith(DIFFUSION_PREFIX)] if prefixed else names
     if chosen == "none":
         return Selection(None, "none", [], all_in_one, wanted, prefixed)
     if chosen is not None:
@@ -275,8 +311,10 @@ class Request:
         self.selection: Selection | None = None
         if like is not None:
             if rules is not None or default is not None or self.preset not in (None, "none") or self.include:
-                raise InputError("--like GOOD gives every layer its format and parameters: it does not combine with "
-                                 "--format, format parameters, --rules, --preset or --include")
+                raise InputError(
+                    "--like GOOD gives every layer its format and parameters: it does not combine with "
+                    "--format, format parameters, --rules, --preset or --include"
+                )
             from .recipe import read_recipe
 
             self.recipe = read_recipe(like)
@@ -321,7 +359,10 @@ class Request:
     def to_dict(self, plan) -> dict:
         out = self.selection.to_dict() if self.selection is not None else {"preset": None, "how": "none"}
         if self.recipe is not None:
-            out["like"] = {"inputs": self.recipe.paths, "differences": self.recipe.differences(plan),
-                           "unreproducible": [c.name for c in self.recipe.unreproducible]}
+            out["like"] = {
+                "inputs": self.recipe.paths,
+                "differences": self.recipe.differences(plan),
+                "unreproducible": [c.name for c in self.recipe.unreproducible],
+            }
         out["notes"] = list(plan.notes)
         return out

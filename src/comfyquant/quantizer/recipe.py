@@ -70,8 +70,11 @@ class Recipe:
         self.unreproducible = [c for c in choices.values() if c.why]
 
     def doc(self) -> dict:
-        return {"rules": [{"match": patterns if len(patterns) > 1 else patterns[0], **choice.entry()}
-                          for patterns, choice in self.entries]}
+        return {
+            "rules": [
+                {"match": patterns if len(patterns) > 1 else patterns[0], **choice.entry()} for patterns, choice in self.entries
+            ]
+        }
 
     def rules(self):
         """The :class:`~.rules.Rules` ``quantize --like`` applies."""
@@ -82,10 +85,11 @@ class Recipe:
         for c in self.choices.values():
             counts[c.format] = counts.get(c.format, 0) + 1
         summary = ", ".join(f"{n} {f}" for f, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "no layers"
-        lines = [f"# comfyquant recipe of {', '.join(self.paths)}",
-                 f"# {len(self.choices)} layers: {summary}; {len(self.free)} more are never quantized (norms, "
-                 "embeddings, ...)",
-                 "# apply: comfyquant quantize --like GOOD DENSE  (or --rules THIS_FILE)"]
+        lines = [
+            f"# comfyquant recipe of {', '.join(self.paths)}",
+            f"# {len(self.choices)} layers: {summary}; {len(self.free)} more are never quantized (norms, embeddings, ...)",
+            "# apply: comfyquant quantize --like GOOD DENSE  (or --rules THIS_FILE)",
+        ]
         for c in self.unreproducible:
             lines.append(f"# NOT REPRODUCIBLE, kept dense: {_comment(c.name)}: {_comment(c.why)}")
         for patterns, choice in self.entries:
@@ -101,12 +105,17 @@ class Recipe:
         return "\n".join(lines) + "\n"
 
     def to_dict(self) -> dict:
-        return {"schema": SCHEMA, "inputs": self.paths, **self.doc(),
-                "layers": {n: (c.entry() if not c.why else {"format": KEEP, "unreproducible": c.why})
-                           for n, c in self.choices.items()},
-                "never_quantized": self.free,
-                "exact_names": self.exact,
-                "unreproducible": [{"layer": c.name, "why": c.why} for c in self.unreproducible]}
+        return {
+            "schema": SCHEMA,
+            "inputs": self.paths,
+            **self.doc(),
+            "layers": {
+                n: (c.entry() if not c.why else {"format": KEEP, "unreproducible": c.why}) for n, c in self.choices.items()
+            },
+            "never_quantized": self.free,
+            "exact_names": self.exact,
+            "unreproducible": [{"layer": c.name, "why": c.why} for c in self.unreproducible],
+        }
 
     def differences(self, plan) -> list[str]:
         """How a ``quantize`` plan differs from GOOD, one line per layer (empty: identical)."""
@@ -137,6 +146,7 @@ class Recipe:
 
 # -- reading GOOD -------------------------------------------------------------------------------
 
+
 def read_recipe(paths) -> Recipe:
     """The recipe of a quantized checkpoint (file, shards, folder or index; another layout is
     read as the Comfy file it translates to).  Header reads only."""
@@ -153,16 +163,19 @@ def read_recipe(paths) -> Recipe:
     with open_any(paths) as raw, viewed(raw, "read a recipe of") as ckpt:
         # layers of another layout that no Comfy format holds exactly read as their dense decode:
         # they were quantized, but nothing quantize writes reproduces them
-        lossy = {tr.out_prefix: tr.label for claim in detect(raw).claims for tr in claim.layers.values()
-                 if tr.verdict == LOSSY} if ckpt is not raw else {}
+        lossy = (
+            {tr.out_prefix: tr.label for claim in detect(raw).claims for tr in claim.layers.values() if tr.verdict == LOSSY}
+            if ckpt is not raw
+            else {}
+        )
         if not lossy and not any(layer.marker is not None or layer.inferred for layer in ckpt.layers.values()):
-            raise InputError(f"{paths[0]}: no quantized layer (no comfy_quant marker): a recipe describes a quantized "
-                             "checkpoint")
+            raise InputError(f"{paths[0]}: no quantized layer (no comfy_quant marker): a recipe describes a quantized checkpoint")
         for prefix in sorted(ckpt.layers, key=natural_key):
             layer = ckpt.layers[prefix]
             if prefix in lossy:
-                choices[prefix] = LayerChoice(prefix, KEEP, why=f"stored as {lossy[prefix]}, which no format quantize "
-                                                                "writes holds exactly")
+                choices[prefix] = LayerChoice(
+                    prefix, KEEP, why=f"stored as {lossy[prefix]}, which no format quantize writes holds exactly"
+                )
                 continue
             if layer.marker is None and not layer.inferred:
                 if unquantizable(layer) is not None:
@@ -245,6 +258,7 @@ def _candidates(spec, marker_params: dict, env: dict) -> list:
 
 
 # -- grouping -----------------------------------------------------------------------------------
+
 
 def _patterns(name: str) -> list[str]:
     """Candidate globs for a layer name: numbered components as ``*``, leading and trailing runs
@@ -368,6 +382,7 @@ def _mismatches(entries, choices: dict[str, LayerChoice]) -> list[str]:
 
 
 # -- TOML text ----------------------------------------------------------------------------------
+
 
 def _toml_str(text: str) -> str:
     out = []

@@ -32,8 +32,9 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise InputError("--report draws a PNG plot with matplotlib, which is not installed: "
-                         "pip install 'comfyquant[plot]'") from None
+        raise InputError(
+            "--report draws a PNG plot with matplotlib, which is not installed: pip install 'comfyquant[plot]'"
+        ) from None
 
 
 def _mean(values: list[float]) -> float | None:
@@ -59,8 +60,15 @@ def _totals(rows: list[dict]) -> dict:
     return out
 
 
-def build(plan: Plan, inputs: list[str], outputs: list[str], results: dict[str, dict], check=None,
-          seconds: float = 0.0, dry_run: bool = False) -> dict:
+def build(
+    plan: Plan,
+    inputs: list[str],
+    outputs: list[str],
+    results: dict[str, dict],
+    check=None,
+    seconds: float = 0.0,
+    dry_run: bool = False,
+) -> dict:
     """The report document (also what ``--json`` prints)."""
     rows = []
     for lp in plan.layers:
@@ -89,7 +97,8 @@ def build(plan: Plan, inputs: list[str], outputs: list[str], results: dict[str, 
         "compression": round(bytes_in / bytes_out, 4) if bytes_out else None,
         "seconds": round(seconds, 3),
         "throughput_mb_s": round(sum(r["bytes_in"] for r in rows if r["action"] == QUANTIZE) / 1e6 / seconds, 2)
-        if seconds > 0 and not dry_run else None,
+        if seconds > 0 and not dry_run
+        else None,
         **_totals(rows),
         "by_format": {f: {"layers": len(rs), **_totals(rs)} for f, rs in sorted(by_format.items())},
     }
@@ -104,14 +113,19 @@ def build(plan: Plan, inputs: list[str], outputs: list[str], results: dict[str, 
         "inputs": inputs,
         "outputs": outputs,
         "target": plan.target,
-        "quality_input": {"rows": QUALITY_ROWS, "seed": QUALITY_SEED, "distribution": "standard normal, model dtype",
-                          "reference": "dense weight, F32 product"},
+        "quality_input": {
+            "rows": QUALITY_ROWS,
+            "seed": QUALITY_SEED,
+            "distribution": "standard normal, model dtype",
+            "reference": "dense weight, F32 product",
+        },
         "layers": rows,
         "other_tensors": [e.name for e in plan.others],
         "totals": totals,
         "worst": [r["layer"] for r in worst],
-        "check": None if check is None else {"ok": check.ok, "counts": check.counts,
-                                             "targets": {n: v.to_dict() for n, v in check.verdicts.items()}},
+        "check": None
+        if check is None
+        else {"ok": check.ok, "counts": check.counts, "targets": {n: v.to_dict() for n, v in check.verdicts.items()}},
     }
     return doc
 
@@ -135,8 +149,10 @@ def write_png(doc: dict, path: str) -> None:
     fig, axes = plt.subplots(2, 1, figsize=(max(8.0, min(24.0, 0.12 * len(rows) + 6)), 7), sharex=True)
     formats = sorted({r["format"] for r in rows})
     colors = plt.get_cmap("tab10")
-    for ax, key, title in ((axes[0], "weight", "decoded weight vs source"),
-                           (axes[1], "output", f"layer output on a fixed random input ({QUALITY_ROWS} rows)")):
+    for ax, key, title in (
+        (axes[0], "weight", "decoded weight vs source"),
+        (axes[1], "output", f"layer output on a fixed random input ({QUALITY_ROWS} rows)"),
+    ):
         for i, fmt in enumerate(formats):
             pts = [(j, r[key]["rel_l2"]) for j, r in enumerate(rows) if r["format"] == fmt]
             ax.bar([p[0] for p in pts], [p[1] for p in pts], width=0.8, color=colors(i % 10), label=fmt)
@@ -151,8 +167,11 @@ def write_png(doc: dict, path: str) -> None:
     else:
         axes[1].set_xlabel("quantized layer (model order)")
     t = doc["totals"]
-    fig.suptitle(f"comfyquant {doc['command']}: {len(rows)} layers, mean weight error {t['weight_rel_l2_mean'] or 0:.4f}, "
-                 f"mean output error {t['output_rel_l2_mean'] or 0:.4f}", fontsize=11)
+    fig.suptitle(
+        f"comfyquant {doc['command']}: {len(rows)} layers, mean weight error {t['weight_rel_l2_mean'] or 0:.4f}, "
+        f"mean output error {t['output_rel_l2_mean'] or 0:.4f}",
+        fontsize=11,
+    )
     fig.tight_layout()
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=110)
@@ -161,6 +180,7 @@ def write_png(doc: dict, path: str) -> None:
 
 
 # -- text -------------------------------------------------------------------------------------
+
 
 def _table(header: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
@@ -177,15 +197,26 @@ def render_plan(plan: Plan, full: bool) -> str:
     q = plan.quantized
     verb = "quantize" if plan.mode == "quantize" else "re-encode"
     kinds = ", ".join(f"{n} {f}" for f, n in sorted(_count(q).items())) or "none"
-    lines.append(f"plan: {verb} {len(q)} of {len(plan.layers)} layers ({kinds}); "
-                 f"{human_size(plan.bytes_in)} -> {human_size(plan.bytes_out)}")
+    lines.append(
+        f"plan: {verb} {len(q)} of {len(plan.layers)} layers ({kinds}); "
+        f"{human_size(plan.bytes_in)} -> {human_size(plan.bytes_out)}"
+    )
     if full:
         rows = []
         for lp in plan.layers:
             w = lp.entries.get("weight")
             shape = "x".join(str(d) for d in w.shape) if w is not None else "-"
-            rows.append([lp.name, shape, w.dtype if w is not None else "-", lp.action, lp.describe(),
-                         human_size(lp.bytes_in), human_size(lp.bytes_out)])
+            rows.append(
+                [
+                    lp.name,
+                    shape,
+                    w.dtype if w is not None else "-",
+                    lp.action,
+                    lp.describe(),
+                    human_size(lp.bytes_in),
+                    human_size(lp.bytes_out),
+                ]
+            )
         lines += ["  " + x for x in _table(["layer", "shape", "dtype", "action", "format / reason", "in", "out"], rows, {5, 6})]
         if plan.others:
             lines.append(f"  other tensors (copied): {len(plan.others)}, {human_size(sum(e.nbytes for e in plan.others))}")
@@ -224,8 +255,10 @@ def render_result(doc: dict, check=None) -> str:
     if not doc["dry_run"]:
         rate = f" ({t['throughput_mb_s']:.1f} MB/s quantized)" if t.get("throughput_mb_s") else ""
         comp = f" ({t['compression']:.2f}x)" if t.get("compression") else ""
-        lines.append(f"{'quantized' if doc['command'] == 'quantize' else 'converted'} {t['quantized']} layers, "
-                     f"{human_size(t['bytes_in'])} -> {human_size(t['bytes_out'])}{comp} in {t['seconds']:.1f} s{rate}")
+        lines.append(
+            f"{'quantized' if doc['command'] == 'quantize' else 'converted'} {t['quantized']} layers, "
+            f"{human_size(t['bytes_in'])} -> {human_size(t['bytes_out'])}{comp} in {t['seconds']:.1f} s{rate}"
+        )
     if check is not None:
         for name, v in check.verdicts.items():
             state = "loads" if v.loads else f"FAILS {v.first.message}"
@@ -233,10 +266,21 @@ def render_result(doc: dict, check=None) -> str:
     rows = [r for r in doc["layers"] if r["layer"] in doc["worst"]]
     rows.sort(key=lambda r: -r["output"]["rel_l2"])
     if rows:
-        lines.append(f"mean relative L2 error: weight {t['weight_rel_l2_mean']:.4f}, output {t['output_rel_l2_mean']:.4f}; "
-                     f"worst layers (output error):")
-        table = [[r["layer"], r["format"], f"{r['weight']['rel_l2']:.4f}", f"{r['weight']['cosine']:.5f}",
-                  f"{r['output']['rel_l2']:.4f}", f"{r['output']['cosine']:.5f}"] for r in rows]
+        lines.append(
+            f"mean relative L2 error: weight {t['weight_rel_l2_mean']:.4f}, output {t['output_rel_l2_mean']:.4f}; "
+            f"worst layers (output error):"
+        )
+        table = [
+            [
+                r["layer"],
+                r["format"],
+                f"{r['weight']['rel_l2']:.4f}",
+                f"{r['weight']['cosine']:.5f}",
+                f"{r['output']['rel_l2']:.4f}",
+                f"{r['output']['cosine']:.5f}",
+            ]
+            for r in rows
+        ]
         head = ["layer", "format", "weight relL2", "cos", "output relL2", "cos"]
         if t.get("reference_weight_rel_l2_mean") is not None:  # --reference: the error against the original
             head += ["vs reference: weight", "output"]
@@ -245,9 +289,11 @@ def render_result(doc: dict, check=None) -> str:
                 cells += [f"{ref['weight']['rel_l2']:.4f}", f"{ref['output']['rel_l2']:.4f}"] if ref else ["-", "-"]
         lines += ["  " + x for x in _table(head, table, set(range(2, len(head))))]
     if t.get("reference_weight_rel_l2_mean") is not None:
-        lines.append(f"against the reference {doc.get('reference')}: mean relative L2 error weight "
-                     f"{t['reference_weight_rel_l2_mean']:.4f} (max {t['reference_weight_rel_l2_max']:.4f}), "
-                     f"output {t['reference_output_rel_l2_mean']:.4f}")
+        lines.append(
+            f"against the reference {doc.get('reference')}: mean relative L2 error weight "
+            f"{t['reference_weight_rel_l2_mean']:.4f} (max {t['reference_weight_rel_l2_max']:.4f}), "
+            f"output {t['reference_output_rel_l2_mean']:.4f}"
+        )
     lines += render_gate(doc)
     return "\n".join(lines)
 
@@ -260,11 +306,12 @@ def render_gate(doc: dict) -> list[str]:
         return []
     what = "the reference" if gate["against"] == "reference" else "the source"
     if gate["ok"]:
-        return [f"max-error gate: passed ({gate['measured']} layers at most {gate['limit']:g} relative L2 error "
-                f"against {what})"]
+        return [f"max-error gate: passed ({gate['measured']} layers at most {gate['limit']:g} relative L2 error against {what})"]
     over = gate["over"]
     shown = ", ".join(f"{o['layer']} {o['rel_l2']:.4f}" for o in over[:10])
     more = f", ... ({len(over)} layers)" if len(over) > 10 else ""
-    return [f"max-error gate: FAILED: {len(over)} layer{'s' * (len(over) != 1)} above {gate['limit']:g} relative L2 "
-            f"error against {what} (worst first): {shown}{more}",
-            f"the output was kept as {', '.join(doc['outputs'])}, not at the requested path"]
+    return [
+        f"max-error gate: FAILED: {len(over)} layer{'s' * (len(over) != 1)} above {gate['limit']:g} relative L2 "
+        f"error against {what} (worst first): {shown}{more}",
+        f"the output was kept as {', '.join(doc['outputs'])}, not at the requested path",
+    ]

@@ -171,13 +171,13 @@ def parse_rules(doc: dict, path: str = "rules") -> Rules:
 
 def _choice(entry: dict, where: str, source: str, patterns: bool = True) -> Choice:
     if "format" not in entry:
-        raise InputError(f"{where}: needs format = \"<format>\" (or \"keep\")")
+        raise InputError(f'{where}: needs format = "<format>" (or "keep")')
     fmt = resolve_format(entry["format"], where, allow_keep=True)
     params = {k: v for k, v in entry.items() if k not in _RULE_KEYS}
     if not patterns and "match" in entry:
         raise InputError(f"{where}: [default] takes no match (it applies to layers no rule matches)")
     if fmt in (KEEP, DECODE):
         if params:
-            raise InputError(f"{where}: format = \"{fmt}\" takes no parameters, got {', '.join(sorted(params))}")
+            raise InputError(f'{where}: format = "{fmt}" takes no parameters, got {", ".join(sorted(params))}')
         return Choice(fmt, None, source)
     return Choice(fmt, validate(fmt, params, where), source)

@@ -71,8 +71,7 @@ class _InProcess:
 
     AHEAD = 1
 
-    def __init__(self, quality: bool, references: dict | None = None, threads: int | None = None,
-                 overlap: bool = True) -> None:
+    def __init__(self, quality: bool, references: dict | None = None, threads: int | None = None, overlap: bool = True) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.restore = _use_threads(threads)  # before the threads below start: they inherit it
@@ -196,8 +195,9 @@ class _Pool:
         self.quality = quality
         self.references = references or {}
         self.spill_dir = spill_dir
-        self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=worker_context(),
-                                        initializer=init_worker, initargs=(threads,))
+        self.pool = ProcessPoolExecutor(
+            max_workers=jobs, mp_context=worker_context(), initializer=init_worker, initargs=(threads,)
+        )
         for _ in range(jobs):  # every worker starts now (interpreter, torch import), not at its first layer
             self.pool.submit(worker_ready)
         self.order: list[LayerPlan] = []
@@ -233,8 +233,9 @@ class _Pool:
             self.futures[lp.name] = future
             raise
         del out["spill"]  # taken over (the future is no longer among those close() cleans up)
-        out["tensors"] = {s: (dtype, shape, (spill, offset, length)) for s, (dtype, shape, offset, length)
-                          in out["tensors"].items()}
+        out["tensors"] = {
+            s: (dtype, shape, (spill, offset, length)) for s, (dtype, shape, offset, length) in out["tensors"].items()
+        }
         out["quality"] = _done((out["quality"], 0.0))
         return out
 
@@ -289,13 +290,24 @@ class Runner:
     counted when that layer's first tensor is requested (kernel copies cannot report as
     they go), the rest when the file ends."""
 
-    def __init__(self, ckpt, plan: Plan, jobs: Jobs, quality: bool, progress: Progress,
-                 on_layer: Callable[[LayerPlan, dict], None] | None = None, spill_dir: str = ".",
-                 references: dict | None = None) -> None:
+    def __init__(
+        self,
+        ckpt,
+        plan: Plan,
+        jobs: Jobs,
+        quality: bool,
+        progress: Progress,
+        on_layer: Callable[[LayerPlan, dict], None] | None = None,
+        spill_dir: str = ".",
+        references: dict | None = None,
+    ) -> None:
         self.ckpt = ckpt
         self.plan = plan
-        self.compute = _InProcess(quality, references, jobs.threads, jobs.overlap) if not jobs.workers else \
-            _Pool(jobs.workers, jobs.threads or 1, quality, spill_dir, references)
+        self.compute = (
+            _InProcess(quality, references, jobs.threads, jobs.overlap)
+            if not jobs.workers
+            else _Pool(jobs.workers, jobs.threads or 1, quality, spill_dir, references)
+        )
         self.progress = progress
         self.on_layer = on_layer
         self.results: dict[str, dict] = {}
@@ -406,8 +418,7 @@ class Runner:
             from .work import entry_spec, read_spec
 
             stored = {s: read_spec(entry_spec(e)) for s, e in lp.entries.items() if s not in ("comfy_quant", "bias")}
-            weight = codecs.get(lp.src_format).decode(stored, lp.src_marker, dtype=TORCH_DTYPES[lp.dtype],
-                                                      layer=lp.name)
+            weight = codecs.get(lp.src_format).decode(stored, lp.src_marker, dtype=TORCH_DTYPES[lp.dtype], layer=lp.name)
             if tuple(weight.shape) != (lp.n, lp.k):
                 weight = weight[: lp.n, : lp.k]
             self.progress.add(lp.bytes_in, 1)
@@ -431,10 +442,22 @@ class Runner:
                 history = list(json.loads(previous).get("history", []))
             except (ValueError, AttributeError, TypeError, RecursionError):
                 history = []
-        entry = {"version": __version__, "command": self.plan.mode, "target": self.plan.target,
-                 "formats": self.plan.formats(), "quantized": len(self.plan.quantized)}
-        meta[STAMP_KEY] = json.dumps({"tool": "comfyquant", "version": __version__, "command": self.plan.mode,
-                                      "formats": self.plan.formats(), "history": history + [entry]})
+        entry = {
+            "version": __version__,
+            "command": self.plan.mode,
+            "target": self.plan.target,
+            "formats": self.plan.formats(),
+            "quantized": len(self.plan.quantized),
+        }
+        meta[STAMP_KEY] = json.dumps(
+            {
+                "tool": "comfyquant",
+                "version": __version__,
+                "command": self.plan.mode,
+                "formats": self.plan.formats(),
+                "history": history + [entry],
+            }
+        )
         return meta
 
     def close(self) -> None:
@@ -443,9 +466,19 @@ class Runner:
             self.compute.close()
 
 
-def execute(ckpt, plan: Plan, dests: list[str], index_dest: str | None, *, jobs: Jobs, quality: bool = True,
-            progress: Progress | None = None, on_layer=None, references: dict | None = None,
-            redirect: Callable | None = None) -> tuple[dict[str, dict], object]:
+def execute(
+    ckpt,
+    plan: Plan,
+    dests: list[str],
+    index_dest: str | None,
+    *,
+    jobs: Jobs,
+    quality: bool = True,
+    progress: Progress | None = None,
+    on_layer=None,
+    references: dict | None = None,
+    redirect: Callable | None = None,
+) -> tuple[dict[str, dict], object]:
     """Write, check and commit; returns (per-layer results, the check report of the output).
 
     ``references``: layer -> read spec of its original dense weight (``--reference``), measured
@@ -456,8 +489,9 @@ def execute(ckpt, plan: Plan, dests: list[str], index_dest: str | None, *, jobs:
     from ..checkpoint import open_checkpoint
 
     progress = progress or Progress(0, 0, enabled=False)
-    runner = Runner(ckpt, plan, jobs, quality, progress, on_layer,
-                    spill_dir=os.path.dirname(os.path.abspath(dests[0])), references=references)
+    runner = Runner(
+        ckpt, plan, jobs, quality, progress, on_layer, spill_dir=os.path.dirname(os.path.abspath(dests[0])), references=references
+    )
     temps: list[str] = []
     try:
         tables = runner.files()
@@ -474,8 +508,9 @@ def execute(ckpt, plan: Plan, dests: list[str], index_dest: str | None, *, jobs:
             report = check_checkpoint(out, target=plan.target)
         if not report.ok:
             found = problems(report, warnings=False)
-            raise InputError(f"the written output fails check --target {plan.target}: {found[0]}; nothing was written "
-                             "(please report this)")
+            raise InputError(
+                f"the written output fails check --target {plan.target}: {found[0]}; nothing was written (please report this)"
+            )
         if redirect is not None:
             dests, index_dest = redirect(runner.results, dests, index_dest)
         for temp, dest in zip(temps, dests):
@@ -490,4 +525,3 @@ def execute(ckpt, plan: Plan, dests: list[str], index_dest: str | None, *, jobs:
         progress.done()
         for t in temps:
             discard(t)
-

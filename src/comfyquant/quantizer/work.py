@@ -131,8 +131,17 @@ def entry_spec(e) -> tuple:
 def task_for(lp, quality: bool = True, reference: tuple | None = None) -> dict:
     """Everything a worker needs for one planned layer (``reference``: the read spec of the
     original dense weight the quality is also measured against, ``--reference``)."""
-    task = {"name": lp.name, "format": lp.format, "params": lp.params, "marker": lp.marker, "planned": lp.planned,
-            "source": lp.source, "dtype": lp.dtype, "quality": quality, "reference": reference}
+    task = {
+        "name": lp.name,
+        "format": lp.format,
+        "params": lp.params,
+        "marker": lp.marker,
+        "planned": lp.planned,
+        "source": lp.source,
+        "dtype": lp.dtype,
+        "quality": quality,
+        "reference": reference,
+    }
     if lp.source == "dense":
         task["weight"] = entry_spec(lp.entries["weight"])
     else:
@@ -154,8 +163,9 @@ def load_source(task: dict):
 
     tensors = {s: read_spec(spec) for s, spec in task["src"].items()}
     try:
-        source = codecs.get(task["src_format"]).row_source(tensors, task["src_marker"], dtype=task["dtype"].lower(),
-                                                            layer=task["name"])
+        source = codecs.get(task["src_format"]).row_source(
+            tensors, task["src_marker"], dtype=task["dtype"].lower(), layer=task["name"]
+        )
         # Decoded once and held (one dense layer, within the per-job memory budget): the
         # encoders make several passes over their source (W4A8's least squares: six or more),
         # and decoding the input again for each pass made convert 5x slower than quantize.
@@ -271,8 +281,9 @@ def measure(codec, source, tensors: dict, marker: dict, name: str, reference=Non
     # Decoded as iter_decode(exact=False): rotated layers too are decoded block by block
     # (comfy-kitchen's whole-layer un-rotation GEMM would hold two F32 copies of the layer; a
     # last bit cannot show here).
-    for r0, r1, block, y_block in codec.measure_blocks(tensors, x, marker, dtype=source.dtype, layer=name,
-                                                       block_elements=block_elements):
+    for r0, r1, block, y_block in codec.measure_blocks(
+        tensors, x, marker, dtype=source.dtype, layer=name, block_elements=block_elements
+    ):
         # Formats that pad (NVFP4 to 16, MXFP8 to 32) decode the padding too when the encoded
         # tensors alone cannot tell the model's size: only the model's [n, k] is compared.
         if r0 >= n:
@@ -289,8 +300,10 @@ def measure(codec, source, tensors: dict, marker: dict, name: str, reference=Non
             y_orig[:, r0:r1] = F.linear(xf, o)
     out = {"weight": _metrics(*(float(v) for v in acc)), "output": _metrics(*(float(v) for v in error_sums(y, y_ref)))}
     if reference is not None:
-        out["reference"] = {"weight": _metrics(*(float(v) for v in ref_acc)),
-                            "output": _metrics(*(float(v) for v in error_sums(y, y_orig)))}
+        out["reference"] = {
+            "weight": _metrics(*(float(v) for v in ref_acc)),
+            "output": _metrics(*(float(v) for v in error_sums(y, y_orig))),
+        }
     return out
 
 
@@ -301,6 +314,7 @@ def _metrics(e2: float, r2: float, dot: float, d2: float) -> dict:
 
 
 # -- worker processes -------------------------------------------------------------------------
+
 
 def init_worker(threads: int) -> None:
     """Worker start: torch threads for this job's share of the cores, and exit when the parent
@@ -331,6 +345,7 @@ def init_worker(threads: int) -> None:
     atexit.register(_leave_now)
     parent = multiprocessing.parent_process()
     if parent is not None:
+
         def watch() -> None:
             from multiprocessing.connection import wait
 

@@ -90,8 +90,11 @@ def _stamp(metadata: dict[str, str], plan: Plan) -> dict[str, str]:
 
 def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str, object]]]:
     """Per input file: (tensors to write, metadata, input entry of each copied tensor by output name)."""
-    layer_file = {p: (lay.weight.file if lay.weight is not None else next(iter(lay.tensors.values())).file)
-                  for p, lay in ckpt.layers.items() if lay.tensors}
+    layer_file = {
+        p: (lay.weight.file if lay.weight is not None else next(iter(lay.tensors.values())).file)
+        for p, lay in ckpt.layers.items()
+        if lay.tensors
+    }
     layer_file.update(plan.homes)
     out = []
     for h in ckpt.headers:

@@ -67,8 +67,7 @@ class Requant:
         from ..numerics.dtypes import from_bytes
 
         layer = ckpt.layers[self.prefix]
-        stored = {s: from_bytes(ckpt.read_bytes(e), e.dtype, e.shape) for s, e in layer.tensors.items()
-                  if s in self.replaces}
+        stored = {s: from_bytes(ckpt.read_bytes(e), e.dtype, e.shape) for s, e in layer.tensors.items() if s in self.replaces}
         return get(self.format.name).decode(stored, self.source_marker, dtype=torch.float32, layer=self.prefix)
 
 
@@ -154,8 +153,9 @@ def requantize(ckpt, op: Requant, keep: bool = False) -> dict[str, bytes]:
     for suffix, (dtype, shape) in op.specs.items():
         t = encoded[suffix]
         if tuple(t.shape) != shape or dtype_name(t.dtype) != dtype:
-            raise ValueError(f"{op.prefix}.{suffix}: re-quantized {dtype_name(t.dtype)} {tuple(t.shape)} "
-                             f"!= planned {dtype} {shape}")
+            raise ValueError(
+                f"{op.prefix}.{suffix}: re-quantized {dtype_name(t.dtype)} {tuple(t.shape)} != planned {dtype} {shape}"
+            )
         out[suffix] = bytes(to_bytes(t))
     if keep:
         op.outputs = dict(out)

@@ -59,8 +59,11 @@ def plan_dialects(ckpt, plan: Plan, markers: dict[str, dict], allow_lossy: bool,
                 _requant(plan, markers, tr)
             elif tr.verdict == LOSSY:
                 into = f" as {tr.lossy.format}" if tr.lossy is not None else ""
-                how = (f"--allow-lossy re-quantizes it{into}" if tr.decoder is not None and tr.lossy is not None
-                       else "no decoder: dequantize cannot read it either")
+                how = (
+                    f"--allow-lossy re-quantizes it{into}"
+                    if tr.decoder is not None and tr.lossy is not None
+                    else "no decoder: dequantize cannot read it either"
+                )
                 plan.refused.append((tr.prefix, f"{tr.label}: {tr.why}; no exact Comfy form ({how})"))
             else:
                 plan.refused.append((tr.prefix, f"{tr.label}: {tr.why}"))
@@ -105,12 +108,16 @@ def _apply(ckpt, plan: Plan, markers: dict[str, dict], tr: Translation) -> None:
     plan.markers_changed = True
     after = json.dumps(tr.marker) if tr.marker is not None else "dense layer"
     if tr.drops:
-        after += f"; dropped {', '.join(n.rsplit('.', 1)[-1] for n in tr.drops)}" + \
-                 (f" ({tr.dropped_why})" if tr.dropped_why else "")
+        after += f"; dropped {', '.join(n.rsplit('.', 1)[-1] for n in tr.drops)}" + (
+            f" ({tr.dropped_why})" if tr.dropped_why else ""
+        )
     if steps:
         after += "; " + "; ".join(steps)
-    plan.changes.append(Change(tr.prefix, None, f"migrate {tr.dialect} layer ({tr.variant}) [{tr.verdict}]",
-                               tr.why or tr.variant, after, LOSSLESS))
+    plan.changes.append(
+        Change(
+            tr.prefix, None, f"migrate {tr.dialect} layer ({tr.variant}) [{tr.verdict}]", tr.why or tr.variant, after, LOSSLESS
+        )
+    )
 
 
 def _requant(plan: Plan, markers: dict[str, dict], tr: Translation) -> None:
@@ -135,8 +142,14 @@ def _requant(plan: Plan, markers: dict[str, dict], tr: Translation) -> None:
     if tr.out_prefix != tr.prefix:
         markers.pop(tr.prefix, None)
     plan.markers_changed = True
-    op.change = Change(tr.prefix, None, f"re-quantize {tr.dialect} layer ({tr.variant}) as {fmt.name} [{LOSSY}]",
-                       tr.why, params.describe(), "lossy")
+    op.change = Change(
+        tr.prefix,
+        None,
+        f"re-quantize {tr.dialect} layer ({tr.variant}) as {fmt.name} [{LOSSY}]",
+        tr.why,
+        params.describe(),
+        "lossy",
+    )
     plan.changes.append(op.change)
 
 

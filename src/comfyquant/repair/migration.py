@@ -55,16 +55,33 @@ class MigrateResult:
         return not self.plan.refused
 
     def to_dict(self) -> dict:
-        return {"schema": 1, "ok": self.ok, "dry_run": self.dry_run, "dialect": self.dialect, "to": self.to or "comfy",
-                "layers": self.layers, "refused": [{"layer": layer, "why": why} for layer, why in self.plan.refused],
-                "plan": self.plan.to_dict(), "outputs": self.outputs,
-                "before": self.before.to_dict(), "preview": self.preview.to_dict() if self.preview else None,
-                "after": self.after.to_dict() if self.after else None}
+        return {
+            "schema": 1,
+            "ok": self.ok,
+            "dry_run": self.dry_run,
+            "dialect": self.dialect,
+            "to": self.to or "comfy",
+            "layers": self.layers,
+            "refused": [{"layer": layer, "why": why} for layer, why in self.plan.refused],
+            "plan": self.plan.to_dict(),
+            "outputs": self.outputs,
+            "before": self.before.to_dict(),
+            "preview": self.preview.to_dict() if self.preview else None,
+            "after": self.after.to_dict() if self.after else None,
+        }
 
 
-def migrate(paths: Paths, out: str | None = None, *, in_place: bool = False, target: Targets = "all",
-            dry_run: bool = False, allow_lossy: bool = False, overwrite: bool = False,
-            to: str | None = None) -> MigrateResult:
+def migrate(
+    paths: Paths,
+    out: str | None = None,
+    *,
+    in_place: bool = False,
+    target: Targets = "all",
+    dry_run: bool = False,
+    allow_lossy: bool = False,
+    overwrite: bool = False,
+    to: str | None = None,
+) -> MigrateResult:
     """Rewrite a dialect file (see :mod:`comfyquant.dialects`) as a Comfy quantized checkpoint.
 
     ``out``: default ``<name>.comfy.safetensors`` (``<name>.<to>.safetensors`` with ``to``);
@@ -101,8 +118,9 @@ def migrate(paths: Paths, out: str | None = None, *, in_place: bool = False, tar
         tag = to or "comfy"
         dest = claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag=tag, in_place=in_place)
         dest.make_folder()
-        result.after, result.outputs = write_and_verify(ckpt, plan, dest.files, dest.index, target,
-                                                        lambda c, t: check_checkpoint(c, target=t))
+        result.after, result.outputs = write_and_verify(
+            ckpt, plan, dest.files, dest.index, target, lambda c, t: check_checkpoint(c, target=t)
+        )
     return result
 
 

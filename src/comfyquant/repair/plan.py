@@ -42,8 +42,15 @@ class Change:
         self.assumed: list[Assumption] = []
 
     def to_dict(self) -> dict:
-        return {"layer": self.layer, "tensor": self.tensor, "what": self.what, "before": self.before,
-                "after": self.after, "kind": self.kind, "assumed": [a.text for a in self.assumed]}
+        return {
+            "layer": self.layer,
+            "tensor": self.tensor,
+            "what": self.what,
+            "before": self.before,
+            "after": self.after,
+            "kind": self.kind,
+            "assumed": [a.text for a in self.assumed],
+        }
 
 
 class Assumption:
@@ -132,10 +139,12 @@ class Plan:
         return False
 
     def to_dict(self) -> dict:
-        return {"changes": [c.to_dict() for c in self.changes],
-                "refused": [{"layer": layer, "why": why} for layer, why in self.refused],
-                "assumed": [a.to_dict() for a in self.assumptions],
-                "measured": [m.to_dict() for m in self.measured]}
+        return {
+            "changes": [c.to_dict() for c in self.changes],
+            "refused": [{"layer": layer, "why": why} for layer, why in self.refused],
+            "assumed": [a.to_dict() for a in self.assumptions],
+            "measured": [m.to_dict() for m in self.measured],
+        }
 
     @property
     def repaired_layers(self) -> list[str]:
@@ -146,8 +155,14 @@ class Plan:
 class Options:
     __slots__ = ("target", "prefer", "convrot_groupsize", "allow_lossy", "to")
 
-    def __init__(self, target: str = "all", prefer: str | None = None, convrot_groupsize: int | None = None,
-                 allow_lossy: bool = False, to: str | None = None) -> None:
+    def __init__(
+        self,
+        target: str = "all",
+        prefer: str | None = None,
+        convrot_groupsize: int | None = None,
+        allow_lossy: bool = False,
+        to: str | None = None,
+    ) -> None:
         self.target = target
         self.prefer = prefer
         self.convrot_groupsize = convrot_groupsize
@@ -165,11 +180,14 @@ in two shards, a missing shard.  Writing anyway would drop or garble data."""
 def plan_repairs(ckpt, options: Options) -> Plan:
     plan = Plan()
     plan.options = options
-    damage = next((f for f in [*(f for h in ckpt.headers for f in h.findings), *ckpt.findings]
-                   if f.code in UNCARRIABLE), None)
+    damage = next((f for f in [*(f for h in ckpt.headers for f in h.findings), *ckpt.findings] if f.code in UNCARRIABLE), None)
     if damage is not None:
-        plan.refused.append((None, f"{damage.message} [{damage.code}]: fix rewrites a checkpoint only when it can carry "
-                                   "every tensor over exactly"))
+        plan.refused.append(
+            (
+                None,
+                f"{damage.message} [{damage.code}]: fix rewrites a checkpoint only when it can carry every tensor over exactly",
+            )
+        )
         return plan
     _metadata_text(ckpt, plan)
     markers = _final_markers(ckpt, options, plan)
@@ -205,8 +223,13 @@ def plan_repairs(ckpt, options: Options) -> Plan:
             probe.options = options
             _repair_tensors(ckpt, layer, fmt, marker, probe)
             if probe.changes or probe.requant or probe.refused:
-                plan.refused.append((prefix, f"MoE expert bank of {layer.bank.experts} experts: fix does not rewrite the "
-                                             "tensors of expert banks; re-export the bank"))
+                plan.refused.append(
+                    (
+                        prefix,
+                        f"MoE expert bank of {layer.bank.experts} experts: fix does not rewrite the "
+                        "tensors of expert banks; re-export the bank",
+                    )
+                )
             continue
         _repair_tensors(ckpt, layer, fmt, marker, plan)
     plan.markers = markers
@@ -219,6 +242,7 @@ def plan_repairs(ckpt, options: Options) -> Plan:
 
 # -- markers ---------------------------------------------------------------------------------
 
+
 def _final_markers(ckpt, options: Options, plan: Plan) -> dict[str, dict]:
     """Merge each layer's marker sources, then normalise them against the format's keys."""
     ms = ckpt.markers
@@ -229,8 +253,15 @@ def _final_markers(ckpt, options: Options, plan: Plan) -> dict[str, dict]:
         if prefix not in layers:
             match = prefix_match(prefix, layers)
             if match is None:
-                plan.changes.append(Change(prefix, None, "remove marker for a layer that does not exist",
-                                           json.dumps(ms.effective[prefix]), "(removed)"))
+                plan.changes.append(
+                    Change(
+                        prefix,
+                        None,
+                        "remove marker for a layer that does not exist",
+                        json.dumps(ms.effective[prefix]),
+                        "(removed)",
+                    )
+                )
                 plan.markers_changed = True
                 continue
             target_prefix = match
@@ -272,16 +303,29 @@ def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan, lay
         fit = fitting_side(sources, layer_tensors) if layer_tensors is not None else None
         if fit is not None:
             side, chosen, other = fit
-            plan.changes.append(Change(prefix, None, f"resolve marker conflict: {explain(side, chosen, other, took=True)}",
-                                       ", ".join(f"{k}: header {(chosen if side == HEADER else other)[k]!r} / "
-                                                 f"tensor {(chosen if side == TENSOR else other)[k]!r}"
-                                                 for k in differing_keys(chosen, other)),
-                                       json.dumps(chosen)))
+            plan.changes.append(
+                Change(
+                    prefix,
+                    None,
+                    f"resolve marker conflict: {explain(side, chosen, other, took=True)}",
+                    ", ".join(
+                        f"{k}: header {(chosen if side == HEADER else other)[k]!r} / "
+                        f"tensor {(chosen if side == TENSOR else other)[k]!r}"
+                        for k in differing_keys(chosen, other)
+                    ),
+                    json.dumps(chosen),
+                )
+            )
             plan.markers_changed = True
             return dict(chosen)
         keys = ", ".join(sorted({c[0] for c in conflicts}))
-        plan.refused.append((prefix, f"header and tensor markers disagree on {keys} and the tensors fit both or neither: "
-                                     "choose --prefer header or --prefer tensor"))
+        plan.refused.append(
+            (
+                prefix,
+                f"header and tensor markers disagree on {keys} and the tensors fit both or neither: "
+                "choose --prefer header or --prefer tensor",
+            )
+        )
         return None
     first, second = (tensor_recs, header_recs) if options.prefer == TENSOR else (header_recs, tensor_recs)
     preferred = MarkerMerge()  # the preferred side is read first, so its values win
@@ -290,8 +334,11 @@ def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan, lay
     chosen = dict(preferred.merged[prefix])
     for key, old, new in conflicts:
         keep = chosen[key]
-        plan.changes.append(Change(prefix, None, f"resolve marker conflict on {key!r} (--prefer {options.prefer})",
-                                   f"{old!r} / {new!r}", repr(keep)))
+        plan.changes.append(
+            Change(
+                prefix, None, f"resolve marker conflict on {key!r} (--prefer {options.prefer})", f"{old!r} / {new!r}", repr(keep)
+            )
+        )
     plan.markers_changed = True
     return chosen
 
@@ -323,7 +370,9 @@ def _normalise(prefix: str, marker: dict, options: Options, plan: Plan) -> dict:
                 if fixed is not _NO:
                     if fixed is _REMOVE:
                         del new[key.name]
-                        plan.changes.append(Change(prefix, None, f"remove {key.name} ({key.allowed_text})", repr(value), "(removed)"))
+                        plan.changes.append(
+                            Change(prefix, None, f"remove {key.name} ({key.allowed_text})", repr(value), "(removed)")
+                        )
                     else:
                         new[key.name] = fixed
                         plan.changes.append(Change(prefix, None, f"set {key.name} to a valid value", repr(value), repr(fixed)))
@@ -391,8 +440,9 @@ def _assumptions(ckpt, plan: Plan) -> None:
         if not found:
             continue
         plan.assumptions.extend(found)
-        lines = [c for c in plan.changes if c.layer == prefix and c.tensor is None] or \
-                [c for c in plan.changes if c.layer == prefix]
+        lines = [c for c in plan.changes if c.layer == prefix and c.tensor is None] or [
+            c for c in plan.changes if c.layer == prefix
+        ]
         if not lines:
             continue  # no plan line writes it (the summary still lists it)
         for a in found:
@@ -486,8 +536,13 @@ def _infer_marker(layer, options: Options, plan: Plan) -> dict | None:
         plan.refused.append((layer.prefix, f"{w.dtype} weight without a marker and no known format matches its tensors"))
         return None
     if fmt.rotation != "none" and options.convrot_groupsize is None:
-        plan.refused.append((layer.prefix, f"unmarked layer looks like {fmt.name}, but its ConvRot size cannot be told "
-                                           f"from the tensors: pass --convrot-groupsize C (16, 64 or 256)"))
+        plan.refused.append(
+            (
+                layer.prefix,
+                f"unmarked layer looks like {fmt.name}, but its ConvRot size cannot be told "
+                f"from the tensors: pass --convrot-groupsize C (16, 64 or 256)",
+            )
+        )
         return None
     keys = (fmt.infer_marker or _generic_marker)(fmt, layer.tensors, options.convrot_groupsize)
     if isinstance(keys, str):
@@ -519,14 +574,26 @@ def _file_level_marker(layer, marker: dict, plan: Plan) -> dict | None:
     if fmt.recognize is not None and not fmt.recognize(layer.tensors):
         guess = infer_format(layer.tensors)
         looks = f"; they look like {guess.name}" if guess is not None else ""
-        plan.refused.append((layer.prefix, f"quant_format={fmt.quant_format} makes this unmarked layer {fmt.name} in SGLang, "
-                                           f"but its tensors are not {fmt.name} (weight {w.dtype} {fmt_shape(w.shape)}{looks}): "
-                                           f"SGLang refuses the file (X1); re-export the layer, or remove quant_format "
-                                           f"and run fix again"))
+        plan.refused.append(
+            (
+                layer.prefix,
+                f"quant_format={fmt.quant_format} makes this unmarked layer {fmt.name} in SGLang, "
+                f"but its tensors are not {fmt.name} (weight {w.dtype} {fmt_shape(w.shape)}{looks}): "
+                f"SGLang refuses the file (X1); re-export the layer, or remove quant_format "
+                f"and run fix again",
+            )
+        )
         return None
-    plan.changes.append(Change(layer.prefix, None, f"write the marker quant_format={fmt.quant_format} implies (only SGLang "
-                                                   "reads quant_format; ComfyUI and comfy-kitchen need a marker per layer)",
-                               "(none)", json.dumps(marker)))
+    plan.changes.append(
+        Change(
+            layer.prefix,
+            None,
+            f"write the marker quant_format={fmt.quant_format} implies (only SGLang "
+            "reads quant_format; ComfyUI and comfy-kitchen need a marker per layer)",
+            "(none)",
+            json.dumps(marker),
+        )
+    )
     plan.markers_changed = True
     return dict(marker)
 
@@ -539,8 +606,9 @@ def _metadata_text(ckpt, plan: Plan) -> None:
             text = json.dumps(value)
             plan.metadata_text.setdefault(h.file, {})[key] = text
             shown = text if len(text) <= 40 else text[:37] + "..."
-            plan.changes.append(Change(None, None, f"store __metadata__[{key!r}] as JSON text",
-                                       f"{type(value).__name__} {shown}", "string"))
+            plan.changes.append(
+                Change(None, None, f"store __metadata__[{key!r}] as JSON text", f"{type(value).__name__} {shown}", "string")
+            )
 
 
 def _marker_storage(ckpt, plan: Plan) -> None:
@@ -561,6 +629,7 @@ def _marker_storage(ckpt, plan: Plan) -> None:
 
 
 # -- tensors ---------------------------------------------------------------------------------
+
 
 def _repair_tensors(ckpt, layer, fmt: Format, marker: dict, plan: Plan) -> None:
     tensors = dict(layer.tensors)
@@ -618,8 +687,9 @@ def _repair_tensors(ckpt, layer, fmt: Format, marker: dict, plan: Plan) -> None:
             continue
         name = plan.renames.get(entry.name, entry.name)
         plan.edits[entry.name] = TensorEdit(name, dtype, shape, _chain(steps) if steps else None)
-        plan.changes.append(Change(layer.prefix, name, ", ".join(notes), f"{entry.dtype} {fmt_shape(entry.shape)}",
-                                   f"{dtype} {fmt_shape(shape)}"))
+        plan.changes.append(
+            Change(layer.prefix, name, ", ".join(notes), f"{entry.dtype} {fmt_shape(entry.shape)}", f"{dtype} {fmt_shape(shape)}")
+        )
 
 
 def _lossy(layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Plan) -> bool:
@@ -630,12 +700,18 @@ def _lossy(layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Pla
     if op is None:
         return False
     if not plan.options.allow_lossy:
-        plan.refused.append((layer.prefix, f"{op.why}: a lossy re-quantization; re-run with --allow-lossy "
-                                           f"(the error is measured and reported)"))
+        plan.refused.append(
+            (layer.prefix, f"{op.why}: a lossy re-quantization; re-run with --allow-lossy (the error is measured and reported)")
+        )
         return True
-    op.change = Change(layer.prefix, None, f"re-quantize: {op.why}", f"{tensors['weight'].dtype} "
-                       f"{fmt_shape(tensors['weight'].shape)} ({env.get('variant')})", op.recode.after,
-                       kind="lossy")
+    op.change = Change(
+        layer.prefix,
+        None,
+        f"re-quantize: {op.why}",
+        f"{tensors['weight'].dtype} {fmt_shape(tensors['weight'].shape)} ({env.get('variant')})",
+        op.recode.after,
+        kind="lossy",
+    )
     plan.changes.append(op.change)
     plan.requant[layer.prefix] = op
     plan.markers[layer.prefix] = op.marker

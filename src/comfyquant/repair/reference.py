@@ -52,13 +52,22 @@ class Measurement:
 
     @property
     def text(self) -> str:
-        own = (f"a fresh {self.format} encode of the original: {self.fresh:.4f}" if self.fresh is not None
-               else f"no encoder for {self.format}")
+        own = (
+            f"a fresh {self.format} encode of the original: {self.fresh:.4f}"
+            if self.fresh is not None
+            else f"no encoder for {self.format}"
+        )
         return f"relative error {self.error:.4f} ({own}; limit {self.limit:.4f})"
 
     def to_dict(self) -> dict:
-        return {"layer": self.layer, "format": self.format, "error": self.error, "fresh": self.fresh,
-                "limit": self.limit, "ok": self.ok}
+        return {
+            "layer": self.layer,
+            "format": self.format,
+            "error": self.error,
+            "fresh": self.fresh,
+            "limit": self.limit,
+            "ok": self.ok,
+        }
 
 
 def measure(ckpt, plan, reference: str) -> list[Measurement]:
@@ -103,10 +112,10 @@ def _measure_layer(ckpt, plan, ref, ref_path: str, prefix: str) -> Measurement:
         try:
             encoded = codec.encode(original, layer=prefix, **params)
         except CodecError as exc:
-            raise ReferenceError(f"{ref_path}: cannot encode {prefix}.weight as {fmt.name} to measure the format's "
-                                 f"own error: {exc}") from None
-        fresh = _relative_error(codec.iter_decode(dict(encoded), encoded.marker, dtype=torch.float32, layer=prefix),
-                                original)
+            raise ReferenceError(
+                f"{ref_path}: cannot encode {prefix}.weight as {fmt.name} to measure the format's own error: {exc}"
+            ) from None
+        fresh = _relative_error(codec.iter_decode(dict(encoded), encoded.marker, dtype=torch.float32, layer=prefix), original)
         limit = fmt.reference_factor * fresh + ABS_SLACK
     else:
         limit = MAX_ERROR_WITHOUT_ENCODER
@@ -150,11 +159,15 @@ def _reference_rows(ref, ref_path: str, prefix: str, shape: tuple[int, int]):
     if entry is None:
         raise ReferenceError(f"{ref_path}: has no tensor {name!r} (the original of repaired layer {prefix!r})")
     if entry.dtype not in DENSE_DTYPES:
-        raise ReferenceError(f"{ref_path}: {name!r} is {entry.dtype}, not a dense float weight (F32, BF16 or F16): "
-                             "--reference takes the original, unquantized checkpoint")
+        raise ReferenceError(
+            f"{ref_path}: {name!r} is {entry.dtype}, not a dense float weight (F32, BF16 or F16): "
+            "--reference takes the original, unquantized checkpoint"
+        )
     if tuple(entry.shape) != tuple(shape):
-        raise ReferenceError(f"{ref_path}: {name!r} has shape {list(entry.shape)}, but repaired layer {prefix!r} decodes "
-                             f"to {list(shape)}: not the original of this layer")
+        raise ReferenceError(
+            f"{ref_path}: {name!r} has shape {list(entry.shape)}, but repaired layer {prefix!r} decodes "
+            f"to {list(shape)}: not the original of this layer"
+        )
     return file_rows(ref.source(entry.file), entry, ReferenceError)
 
 

@@ -19,8 +19,9 @@ class FixResult:
 
     __slots__ = ("plan", "before", "after", "outputs", "dry_run", "gate")
 
-    def __init__(self, plan: Plan, before, after=None, outputs: list[str] | None = None, dry_run: bool = False,
-                 gate: dict | None = None):
+    def __init__(
+        self, plan: Plan, before, after=None, outputs: list[str] | None = None, dry_run: bool = False, gate: dict | None = None
+    ):
         self.plan = plan
         self.before = before
         self.after = after
@@ -64,10 +65,21 @@ class FixResult:
         }
 
 
-def fix(paths: Paths, out: str | None = None, in_place: bool = False, target: Targets = "all", dry_run: bool = False,
-        allow_lossy: bool = False, prefer: str | None = None, convrot_groupsize: int | None = None,
-        overwrite: bool = False, reference: str | None = None, *, force: bool | None = None,
-        max_error: float | None = None) -> FixResult:
+def fix(
+    paths: Paths,
+    out: str | None = None,
+    in_place: bool = False,
+    target: Targets = "all",
+    dry_run: bool = False,
+    allow_lossy: bool = False,
+    prefer: str | None = None,
+    convrot_groupsize: int | None = None,
+    overwrite: bool = False,
+    reference: str | None = None,
+    *,
+    force: bool | None = None,
+    max_error: float | None = None,
+) -> FixResult:
     """Repair a checkpoint.  Writes nothing when ``dry_run`` or when nothing can be fixed.
 
     ``out``: default ``<name>.fixed.safetensors`` (``<folder>.fixed`` for shards);
@@ -93,13 +105,16 @@ def fix(paths: Paths, out: str | None = None, in_place: bool = False, target: Ta
 
         max_error = check_limit(max_error)
         if reference is None:
-            raise InputError("--max-error needs --reference DENSE for fix: the repaired layers are measured against "
-                             "the original weights")
+            raise InputError(
+                "--max-error needs --reference DENSE for fix: the repaired layers are measured against the original weights"
+            )
     options = Options(target, prefer, convrot_groupsize, allow_lossy)
     found = container_of(paths)
     if found is not None:  # read as safetensors it would be "header length ... exceeds the 100 MB limit"
-        raise InputError(f"{found[0]}: a {found[1].name.upper()} file: fix repairs safetensors checkpoints; rewrite it as "
-                         "one with comfyquant migrate --allow-lossy, convert --to FORMAT or dequantize")
+        raise InputError(
+            f"{found[0]}: a {found[1].name.upper()} file: fix repairs safetensors checkpoints; rewrite it as "
+            "one with comfyquant migrate --allow-lossy, convert --to FORMAT or dequantize"
+        )
     with open_checkpoint(paths) as ckpt:
         gc.disable()
         try:
@@ -122,8 +137,7 @@ def fix(paths: Paths, out: str | None = None, in_place: bool = False, target: Ta
         dests, index_dest = output_paths(ckpt, out, in_place, overwrite)
         if gate is not None and not gate["ok"]:
             dests, index_dest = _over_paths(ckpt, out, in_place, overwrite)
-        after, written = write_and_verify(ckpt, plan, dests, index_dest, target,
-                                          lambda c, t: check_checkpoint(c, target=t))
+        after, written = write_and_verify(ckpt, plan, dests, index_dest, target, lambda c, t: check_checkpoint(c, target=t))
     return FixResult(plan, before, after, written, gate=gate)
 
 
@@ -132,8 +146,13 @@ def _gate(plan: Plan, limit: float) -> dict:
     from ..comparison import over_limit
 
     over = over_limit({m.layer: m.error for m in plan.measured}, limit)
-    return {"limit": limit, "against": "reference", "ok": not over, "measured": len(plan.measured),
-            "over": [{"layer": n, "rel_l2": e} for n, e in over]}
+    return {
+        "limit": limit,
+        "against": "reference",
+        "ok": not over,
+        "measured": len(plan.measured),
+        "over": [{"layer": n, "rel_l2": e} for n, e in over],
+    }
 
 
 def _over_paths(ckpt, out: str | None, in_place: bool, overwrite: bool) -> tuple[list[str], str | None]:
@@ -161,11 +180,15 @@ def _measure(ckpt, plan: Plan, reference: str) -> None:
         return
     m = bad[0]
     assumed = [f"{a.key}={json.dumps(a.value)} ({a.source})" for a in plan.assumptions if a.layer == m.layer]
-    why = (f": a value fix assumed is wrong: {'; '.join(assumed)}" if assumed
-           else ": the repaired layer does not decode to its original")
+    why = (
+        f": a value fix assumed is wrong: {'; '.join(assumed)}"
+        if assumed
+        else ": the repaired layer does not decode to its original"
+    )
     more = f" (and {len(bad) - 1} more layer{'s' * (len(bad) > 2)})" if len(bad) > 1 else ""
-    raise ReferenceRefused(f"refusing the repair: layer {m.layer!r} decodes with {m.text} against {reference}{why}"
-                           f"{more}; nothing was written")
+    raise ReferenceRefused(
+        f"refusing the repair: layer {m.layer!r} decodes with {m.text} against {reference}{why}{more}; nothing was written"
+    )
 
 
 def _retile(ckpt, plan: Plan) -> None:
@@ -175,5 +198,12 @@ def _retile(ckpt, plan: Plan) -> None:
     for h in ckpt.headers:
         unused = [f for f in h.findings if f.code == "C004"]
         if unused:
-            plan.changes.append(Change(None, None, "drop unused bytes from the data area",
-                                       "; ".join(f.message for f in unused), f"{h.file}: tensors tile the data area"))
+            plan.changes.append(
+                Change(
+                    None,
+                    None,
+                    "drop unused bytes from the data area",
+                    "; ".join(f.message for f in unused),
+                    f"{h.file}: tensors tile the data area",
+                )
+            )

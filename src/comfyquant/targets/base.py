@@ -14,9 +14,19 @@ class Violation:
 
     __slots__ = ("rule", "message", "exception", "layer", "tensor", "blocking", "cause", "fix", "severity", "file", "covers")
 
-    def __init__(self, rule: str, message: str, exception: str | None = "ValueError", layer: str | None = None,
-                 tensor: str | None = None, blocking: bool = True, cause: str | None = None, fix: str | None = None,
-                 severity: str = "", file: str | None = None) -> None:
+    def __init__(
+        self,
+        rule: str,
+        message: str,
+        exception: str | None = "ValueError",
+        layer: str | None = None,
+        tensor: str | None = None,
+        blocking: bool = True,
+        cause: str | None = None,
+        fix: str | None = None,
+        severity: str = "",
+        file: str | None = None,
+    ) -> None:
         self.rule = rule
         self.message = message
         self.exception = exception
@@ -85,8 +95,7 @@ LAYER = "\x00layer\x00"
 def bind(templates: list[Violation], prefix: str) -> list[Violation]:
     """Concrete violations for one layer from cached templates."""
     return [
-        Violation(v.rule, v.message.replace(LAYER, prefix), v.exception, prefix, v.tensor, v.blocking, v.cause, v.fix,
-                  v.severity)
+        Violation(v.rule, v.message.replace(LAYER, prefix), v.exception, prefix, v.tensor, v.blocking, v.cause, v.fix, v.severity)
         for v in templates
     ]
 
@@ -95,9 +104,17 @@ def container_violation(target: str, file: str, message: str, rule: str = "safet
     """The ``SafetensorError`` a runtime raises opening a damaged file (targets/container.py)."""
     from .container import EXCEPTION
 
-    return Violation(f"{target}.{rule}", message, EXCEPTION, None, None, True,
-                     f"the safetensors library refuses {file} (damaged container)",
-                     "re-download or rewrite the file; see the container findings", file=file)
+    return Violation(
+        f"{target}.{rule}",
+        message,
+        EXCEPTION,
+        None,
+        None,
+        True,
+        f"the safetensors library refuses {file} (damaged container)",
+        "re-download or rewrite the file; see the container findings",
+        file=file,
+    )
 
 
 INCOMPLETE = ("C011", "C014")
@@ -118,8 +135,7 @@ def incomplete_violations(target: str, ckpt, blocking: bool, consequence: str) -
     out = []
     for f in ckpt.findings:
         if f.code in INCOMPLETE:
-            v = Violation(f"{target}.incomplete", f"{f.message}: {consequence}", None, None, None, blocking, f.cause,
-                          f.fix)
+            v = Violation(f"{target}.incomplete", f"{f.message}: {consequence}", None, None, None, blocking, f.cause, f.fix)
             v.covers = f
             out.append(v)
     return out

@@ -23,9 +23,23 @@ VIEWS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
     "asym_w4a8_int8": {"weight_s_rel": ("F8_E4M3", ("U8",))},
 }
 SCALAR_TYPES = {
-    "BOOL": "Bool", "U8": "Byte", "I8": "Char", "I16": "Short", "U16": "UInt16", "I32": "Int", "U32": "UInt32",
-    "I64": "Long", "U64": "UInt64", "F16": "Half", "BF16": "BFloat16", "F32": "Float", "F64": "Double",
-    "C64": "ComplexFloat", "F8_E4M3": "Float8_e4m3fn", "F8_E5M2": "Float8_e5m2", "F8_E8M0": "Float8_e8m0fnu",
+    "BOOL": "Bool",
+    "U8": "Byte",
+    "I8": "Char",
+    "I16": "Short",
+    "U16": "UInt16",
+    "I32": "Int",
+    "U32": "UInt32",
+    "I64": "Long",
+    "U64": "UInt64",
+    "F16": "Half",
+    "BF16": "BFloat16",
+    "F32": "Float",
+    "F64": "Double",
+    "C64": "ComplexFloat",
+    "F8_E4M3": "Float8_e4m3fn",
+    "F8_E5M2": "Float8_e5m2",
+    "F8_E8M0": "Float8_e8m0fnu",
 }
 """torch's ScalarType names, as its view error prints them."""
 QUANT_ALGOS = ("float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8", "int8_tensorwise", "convrot_w4a4", "asym_w4a8_int8", "awq_w4a16")
@@ -59,10 +73,21 @@ REQUIRED = {
 }
 
 
-def _fail(out: list, rule: str, message: str, layer=None, tensor=None, exception="ValueError", blocking=True,
-          cause=None, fix=None, severity="") -> None:
-    out.append(Violation(f"comfyui.{rule}", message, exception if blocking else None, layer, tensor, blocking,
-                         cause, fix, severity))
+def _fail(
+    out: list,
+    rule: str,
+    message: str,
+    layer=None,
+    tensor=None,
+    exception="ValueError",
+    blocking=True,
+    cause=None,
+    fix=None,
+    severity="",
+) -> None:
+    out.append(
+        Violation(f"comfyui.{rule}", message, exception if blocking else None, layer, tensor, blocking, cause, fix, severity)
+    )
 
 
 def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
@@ -72,29 +97,62 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
         if rec.kind == "tensor" and isinstance(rec.obj, dict):
             markers[rec.prefix] = rec.obj
         elif rec.kind == "tensor" and rec.obj is not None:
-            _fail(out, "marker", f"'{type(rec.obj).__name__}' object has no attribute 'get'", rec.prefix, "comfy_quant",
-                  exception="AttributeError", cause="the marker is not a JSON object", fix="rewrite the marker (comfyquant fix)")
+            _fail(
+                out,
+                "marker",
+                f"'{type(rec.obj).__name__}' object has no attribute 'get'",
+                rec.prefix,
+                "comfy_quant",
+                exception="AttributeError",
+                cause="the marker is not a JSON object",
+                fix="rewrite the marker (comfyquant fix)",
+            )
         elif rec.kind == "tensor":
-            _fail(out, "marker", f"cannot parse marker {rec.key!r}: not UTF-8 JSON object", rec.prefix, "comfy_quant",
-                  exception="JSONDecodeError")
+            _fail(
+                out,
+                "marker",
+                f"cannot parse marker {rec.key!r}: not UTF-8 JSON object",
+                rec.prefix,
+                "comfy_quant",
+                exception="JSONDecodeError",
+            )
     for hm in ckpt.markers.headers:
         if hm.error == "M010":
             try:
                 obj = json.loads(hm.raw)
             except (ValueError, RecursionError) as exc:
-                _fail(out, "header", str(exc), exception=type(exc).__name__,
-                      cause="the header marker map is not JSON", fix="rewrite the header markers (comfyquant fix)")
+                _fail(
+                    out,
+                    "header",
+                    str(exc),
+                    exception=type(exc).__name__,
+                    cause="the header marker map is not JSON",
+                    fix="rewrite the header markers (comfyquant fix)",
+                )
             else:  # Python's json takes NaN/Infinity/1e400: ComfyUI reads the map; a non-finite size fails
                 sizes = nonfinite_sizes(obj)
                 if sizes:
                     prefix, key, value = sizes[0]
-                    _fail(out, "header", f"(no ComfyUI message modelled) layer '{prefix}': {key}={value} in the header "
-                          "marker map cannot be a size", prefix, exception=None,
-                          cause="a writer stored a non-finite marker value", fix="rewrite the header markers (comfyquant fix)")
+                    _fail(
+                        out,
+                        "header",
+                        f"(no ComfyUI message modelled) layer '{prefix}': {key}={value} in the header "
+                        "marker map cannot be a size",
+                        prefix,
+                        exception=None,
+                        cause="a writer stored a non-finite marker value",
+                        fix="rewrite the header markers (comfyquant fix)",
+                    )
             continue
         if hm.error in ("M011", "M012"):
-            _fail(out, "header", "'layers'", exception="KeyError" if hm.error == "M012" else "TypeError",
-                  cause="the header marker map has no layers object", fix="rewrite the header markers (comfyquant fix)")
+            _fail(
+                out,
+                "header",
+                "'layers'",
+                exception="KeyError" if hm.error == "M012" else "TypeError",
+                cause="the header marker map has no layers object",
+                fix="rewrite the header markers (comfyquant fix)",
+            )
             continue
     layers = ckpt.layers
     for rec in ckpt.markers.records:
@@ -102,18 +160,30 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
             continue
         target = rec.prefix
         if target not in layers:
-            alt = target[len(DIFFUSION_PREFIX):] if target.startswith(DIFFUSION_PREFIX) else DIFFUSION_PREFIX + target
+            alt = target[len(DIFFUSION_PREFIX) :] if target.startswith(DIFFUSION_PREFIX) else DIFFUSION_PREFIX + target
             if alt in layers:
                 target = alt
             else:
-                _fail(out, "stray", f"header marker for {rec.prefix!r} names no layer: left over as a stray "
-                                    f"'{rec.prefix}.comfy_quant' key", rec.prefix, blocking=False,
-                      cause="header marker without tensors (prefix mismatch?)", fix="re-key or remove it (comfyquant fix)")
+                _fail(
+                    out,
+                    "stray",
+                    f"header marker for {rec.prefix!r} names no layer: left over as a stray '{rec.prefix}.comfy_quant' key",
+                    rec.prefix,
+                    blocking=False,
+                    cause="header marker without tensors (prefix mismatch?)",
+                    fix="re-key or remove it (comfyquant fix)",
+                )
                 continue
         if not isinstance(rec.obj, dict):
-            _fail(out, "header", f"'{type(rec.obj).__name__}' object has no attribute 'get'", rec.prefix,
-                  exception="AttributeError", cause="a header marker entry is not an object",
-                  fix="rewrite the header markers (comfyquant fix)")
+            _fail(
+                out,
+                "header",
+                f"'{type(rec.obj).__name__}' object has no attribute 'get'",
+                rec.prefix,
+                exception="AttributeError",
+                cause="a header marker entry is not an object",
+                fix="rewrite the header markers (comfyquant fix)",
+            )
             continue
         # The same marker as the checkpoint's merged one (the usual case: header and tensor
         # markers written identical) is that object, so per-layer results cached under it
@@ -137,10 +207,18 @@ def comfyui_verdict(ckpt) -> Verdict:
             if prefix in foreign:
                 continue  # what ComfyUI does with a dialect's layer is that dialect's runtime model
             if w is not None and w.dtype in QUANTIZED_WEIGHT_DTYPES:
-                _fail(out, "unmarked", f"layer '{prefix}' has a {w.dtype} weight but no marker: ComfyUI casts it to the "
-                                       f"compute dtype by value (garbage output, no error)", prefix, "weight",
-                      blocking=False, severity="error", cause="quantized weight without a marker",
-                      fix="add the marker (comfyquant fix)")
+                _fail(
+                    out,
+                    "unmarked",
+                    f"layer '{prefix}' has a {w.dtype} weight but no marker: ComfyUI casts it to the "
+                    f"compute dtype by value (garbage output, no error)",
+                    prefix,
+                    "weight",
+                    blocking=False,
+                    severity="error",
+                    cause="quantized weight without a marker",
+                    fix="add the marker (comfyquant fix)",
+                )
             continue
         load, first_forward = ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_templates(m, t))
         if load:
@@ -151,20 +229,38 @@ def comfyui_verdict(ckpt) -> Verdict:
         if bank is not None:
             declared = marker.get("num_experts")
             if type(declared) is not int or declared != bank.experts:
-                _fail(out, "bank", f"(no ComfyUI message modelled) layer '{prefix}' is read as a bank of "
-                                   f"num_experts {declared!r} while its weight holds {bank.experts} experts", prefix,
-                      "weight", exception=None, cause="ComfyUI splits a bank by the marker's num_experts",
-                      fix=f"set num_experts to {bank.experts} in the marker")
+                _fail(
+                    out,
+                    "bank",
+                    f"(no ComfyUI message modelled) layer '{prefix}' is read as a bank of "
+                    f"num_experts {declared!r} while its weight holds {bank.experts} experts",
+                    prefix,
+                    "weight",
+                    exception=None,
+                    cause="ComfyUI splits a bank by the marker's num_experts",
+                    fix=f"set num_experts to {bank.experts} in the marker",
+                )
     out.extend(forward)  # the whole model is loaded before its first forward
     # load_state_dict(strict=False) logs missing keys and leaves those weights uninitialized
-    for v in incomplete_violations("comfyui", ckpt, False, "ComfyUI logs the missing keys and runs with those "
-                                                           "weights uninitialized (garbage output, no error)"):
+    for v in incomplete_violations(
+        "comfyui",
+        ckpt,
+        False,
+        "ComfyUI logs the missing keys and runs with those weights uninitialized (garbage output, no error)",
+    ):
         v.severity = "error"
         out.append(v)
     if any(e.dtype == "F8_E8M0" for lay in ckpt.layers.values() if lay.format_name == "mxfp8" for e in lay.tensors.values()):
-        _fail(out, "e8m0", "F8_E8M0 tensors: ComfyUI's own (aimdo) safetensors reader has no F8_E8M0 entry; the "
-                           "safe_open path reads them (unverified)", blocking=False, severity="info",
-              cause="F8_E8M0 dtype", fix="relabel the scales as U8 (same bytes) if your ComfyUI fails to read them")
+        _fail(
+            out,
+            "e8m0",
+            "F8_E8M0 tensors: ComfyUI's own (aimdo) safetensors reader has no F8_E8M0 entry; the "
+            "safe_open path reads them (unverified)",
+            blocking=False,
+            severity="info",
+            cause="F8_E8M0 dtype",
+            fix="relabel the scales as U8 (same bytes) if your ComfyUI fails to read them",
+        )
     return Verdict("comfyui", out)
 
 
@@ -182,46 +278,106 @@ def _layer_templates(marker: dict, t: dict) -> tuple[list[Violation], list[Viola
 def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
     fmt = marker.get("format")
     if fmt is None:
-        return _fail(out, "format", f"Unknown quantization format for layer {prefix}", prefix,
-                     cause="marker has no format key", fix="add the format key (comfyquant fix)")
+        return _fail(
+            out,
+            "format",
+            f"Unknown quantization format for layer {prefix}",
+            prefix,
+            cause="marker has no format key",
+            fix="add the format key (comfyquant fix)",
+        )
     if fmt not in QUANT_ALGOS:
-        return _fail(out, "format", repr(fmt), prefix, exception="KeyError",
-                     cause=f"stock ComfyUI does not know format {fmt!r}", fix="convert the layer (comfyquant convert)")
+        return _fail(
+            out,
+            "format",
+            repr(fmt),
+            prefix,
+            exception="KeyError",
+            cause=f"stock ComfyUI does not know format {fmt!r}",
+            fix="convert the layer (comfyquant convert)",
+        )
     for suffix, (dtype, sources) in VIEWS.get(fmt, {}).items():
         e = t.get(suffix)
-        if e is not None and not e.shape and (sources is None or e.dtype in sources) \
-                and DTYPE_BITS.get(e.dtype, 8) != DTYPE_BITS[dtype] and e.dtype in SCALAR_TYPES:
-            return _fail(out, "view", f"self.dim() cannot be 0 to view {SCALAR_TYPES[e.dtype]} as {SCALAR_TYPES[dtype]} "
-                                      "(different element sizes)", prefix, suffix, exception="RuntimeError",
-                         cause=f"ComfyUI reinterprets {suffix} as {dtype}, which a scalar of another width cannot be",
-                         fix=f"store {suffix} as {dtype} in its blocked layout")
+        if (
+            e is not None
+            and not e.shape
+            and (sources is None or e.dtype in sources)
+            and DTYPE_BITS.get(e.dtype, 8) != DTYPE_BITS[dtype]
+            and e.dtype in SCALAR_TYPES
+        ):
+            return _fail(
+                out,
+                "view",
+                f"self.dim() cannot be 0 to view {SCALAR_TYPES[e.dtype]} as {SCALAR_TYPES[dtype]} (different element sizes)",
+                prefix,
+                suffix,
+                exception="RuntimeError",
+                cause=f"ComfyUI reinterprets {suffix} as {dtype}, which a scalar of another width cannot be",
+                fix=f"store {suffix} as {dtype} in its blocked layout",
+            )
     if fmt in REQUIRED:
         needed, message = REQUIRED[fmt]
         if any(s not in t for s in needed):
-            return _fail(out, "missing", message.format(layer=prefix), prefix,
-                         cause="a required scale tensor is missing", fix="re-export the layer")
+            return _fail(
+                out,
+                "missing",
+                message.format(layer=prefix),
+                prefix,
+                cause="a required scale tensor is missing",
+                fix="re-export the layer",
+            )
     w = t.get("weight")
     if w is None:
-        return _fail(out, "weight", f"Missing weight for layer {prefix}", prefix, "weight", blocking=False,
-                     severity="error", cause="marked layer without a weight")
+        return _fail(
+            out,
+            "weight",
+            f"Missing weight for layer {prefix}",
+            prefix,
+            "weight",
+            blocking=False,
+            severity="error",
+            cause="marked layer without a weight",
+        )
     if w.dtype != STORAGE[fmt]:
-        _fail(out, "cast", f"layer '{prefix}': {w.dtype} weight is value-cast to {STORAGE[fmt]} (garbage, no error)", prefix,
-              "weight", blocking=False, severity="error", cause=f"weight stored as {w.dtype}, the format needs {STORAGE[fmt]}",
-              fix=f"relabel the weight as {STORAGE[fmt]} if the bytes are right")
+        _fail(
+            out,
+            "cast",
+            f"layer '{prefix}': {w.dtype} weight is value-cast to {STORAGE[fmt]} (garbage, no error)",
+            prefix,
+            "weight",
+            blocking=False,
+            severity="error",
+            cause=f"weight stored as {w.dtype}, the format needs {STORAGE[fmt]}",
+            fix=f"relabel the weight as {STORAGE[fmt]} if the bytes are right",
+        )
     if fmt == "asym_w4a8_int8":
         _w4a8(out, prefix, marker, t)
     for suffix in t:
         if suffix in ("weight", "bias", "comfy_quant") or suffix in CONSUMED[fmt]:
             continue
         if suffix == "weight_correction":
-            _fail(out, "correction", f"layer '{prefix}': ComfyUI does not load weight_correction; the asymmetric W4A8 layer "
-                                     f"decodes wrongly (no error)", prefix, suffix, blocking=False,
-                  cause="ComfyUI's W4A8 loader passes only s_rel, s_channel and codebook",
-                  fix="for ComfyUI, re-quantize symmetric (comfyquant fix --target comfyui --allow-lossy)")
+            _fail(
+                out,
+                "correction",
+                f"layer '{prefix}': ComfyUI does not load weight_correction; the asymmetric W4A8 layer "
+                f"decodes wrongly (no error)",
+                prefix,
+                suffix,
+                blocking=False,
+                cause="ComfyUI's W4A8 loader passes only s_rel, s_channel and codebook",
+                fix="for ComfyUI, re-quantize symmetric (comfyquant fix --target comfyui --allow-lossy)",
+            )
         else:
-            _fail(out, "unconsumed", f"layer '{prefix}': {suffix} is not consumed and stays as a left-over key",
-                  prefix, suffix, blocking=False, cause="tensor the ComfyUI loader does not read",
-                  fix="remove it (comfyquant fix)")
+            _fail(
+                out,
+                "unconsumed",
+                f"layer '{prefix}': {suffix} is not consumed and stays as a left-over key",
+                prefix,
+                suffix,
+                blocking=False,
+                cause="tensor the ComfyUI loader does not read",
+                fix="remove it (comfyquant fix)",
+            )
 
 
 def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> None:

@@ -47,8 +47,30 @@ MAX_HEADER = 100_000_000
 """safetensors' limit (decimal; comfyquant's own reader allows 100 MiB)."""
 _U64 = (1 << 64) - 1
 
-SERDE_DTYPES = ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
-                "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64")
+SERDE_DTYPES = (
+    "BOOL",
+    "F4",
+    "F6_E2M3",
+    "F6_E3M2",
+    "U8",
+    "I8",
+    "F8_E5M2",
+    "F8_E4M3",
+    "F8_E8M0",
+    "F8_E4M3FNUZ",
+    "F8_E5M2FNUZ",
+    "I16",
+    "U16",
+    "F16",
+    "BF16",
+    "I32",
+    "U32",
+    "F32",
+    "C64",
+    "F64",
+    "I64",
+    "U64",
+)
 """safetensors' Dtype variants, in the order its unknown-variant message lists them."""
 _VARIANTS = ", ".join(f"`{d}`" for d in SERDE_DTYPES)
 
@@ -56,8 +78,7 @@ TOO_LARGE = "header too large"
 INCOMPLETE = "incomplete metadata, file not fully covered"
 INVALID_INFO = "invalid shape, data type, or offset for tensor"
 OVERFLOW = "overflow computing buffer size from shape and/or element type"
-MISALIGNED = ("The slice is slicing for subbytes dtypes, and the slice does not end up at a byte boundary, "
-              "this is invalid.")
+MISALIGNED = "The slice is slicing for subbytes dtypes, and the slice does not end up at a byte boundary, this is invalid."
 
 
 _ERRORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -234,8 +255,9 @@ def _out_of_range_end(text: str, pos: int) -> int:
     return pos
 
 
-_STRICT = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_keep_pairs, parse_float=_finite_number,
-                           parse_int=_finite_number)
+_STRICT = json.JSONDecoder(
+    parse_constant=_no_constants, object_pairs_hook=_keep_pairs, parse_float=_finite_number, parse_int=_finite_number
+)
 
 
 class _Fail(Exception):
@@ -290,11 +312,11 @@ def _surrogate_error(text: str) -> _Fail | None:
             return _Fail("lone leading surrogate in hex escape", pos)
         if not 0xD800 <= code <= 0xDBFF:
             continue
-        if text[pos:pos + 1] != "\\":
+        if text[pos : pos + 1] != "\\":
             return _Fail("unexpected end of hex escape", pos + 1)
-        if text[pos + 1:pos + 2] != "u":
+        if text[pos + 1 : pos + 2] != "u":
             return _Fail("unexpected end of hex escape", pos + 2)
-        low = text[pos + 2:pos + 6]
+        low = text[pos + 2 : pos + 6]
         if len(low) < 4 or not all(c in "0123456789abcdefABCDEF" for c in low) or not 0xDC00 <= int(low, 16) <= 0xDFFF:
             return _Fail("lone leading surrogate in hex escape", pos + 6)
         pos += 6
@@ -396,6 +418,7 @@ def _constant_position(text: str, pos: int) -> int:
 
 # -- serde's Content -> TensorInfo ---------------------------------------------------------
 
+
 def _content_kind(v) -> str:
     """Which serde Content a Python JSON value is (serde_json: non-negative ints are u64,
     negative ones i64, integers beyond both and all non-integers f64)."""
@@ -483,7 +506,7 @@ def _dtype_error(v) -> str | None:
     if kind == "map":
         if len(v) != 1:
             return "invalid value: map, expected map with a single key"
-        (name, inner), = v.items()
+        ((name, inner),) = v.items()
         if name not in SERDE_DTYPES:
             return f"unknown variant `{name}`, expected one of {_VARIANTS}"
         return None if inner is None else f"invalid type: {_unexpected(inner)}, expected unit variant"

@@ -19,8 +19,16 @@ from ..formats.w4a8 import group_size_ok, k_fits, six_bit_fits
 from .base import LAYER, Verdict, Violation, bind, container_violations
 
 
-def _v(rule: str, message: str, layer: str, tensor: str | None = None, exception: str = "ValueError",
-       blocking: bool = True, cause: str | None = None, fix: str | None = None) -> Violation:
+def _v(
+    rule: str,
+    message: str,
+    layer: str,
+    tensor: str | None = None,
+    exception: str = "ValueError",
+    blocking: bool = True,
+    cause: str | None = None,
+    fix: str | None = None,
+) -> Violation:
     return Violation(f"comfy-kitchen.{rule}", message, exception if blocking else None, layer, tensor, blocking, cause, fix)
 
 
@@ -33,8 +41,9 @@ def kitchen_verdict(ckpt) -> Verdict:
     for prefix, layer in ckpt.layers.items():
         if layer.marker is None or layer.format_name is None:
             continue
-        load, first_forward = memo.get("comfy-kitchen", layer.marker, layer,
-                                       lambda lay=layer: _layer_templates(lay.format_name, lay.marker, lay.tensors))
+        load, first_forward = memo.get(
+            "comfy-kitchen", layer.marker, layer, lambda lay=layer: _layer_templates(lay.format_name, lay.marker, lay.tensors)
+        )
         if load:
             out.extend(bind(load, prefix))
         if first_forward:
@@ -53,9 +62,16 @@ def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
     prefix = LAYER
     fmt = FORMATS.get(name)
     if fmt is None or "comfy-kitchen" not in fmt.loaders:
-        return [_v("layout", f"no comfy-kitchen layout for format {name!r} (layer '{prefix}')", prefix,
-                   exception="KeyError", cause="format comfy-kitchen does not implement",
-                   fix="convert the layer (comfyquant convert)")]
+        return [
+            _v(
+                "layout",
+                f"no comfy-kitchen layout for format {name!r} (layer '{prefix}')",
+                prefix,
+                exception="KeyError",
+                cause="format comfy-kitchen does not implement",
+                fix="convert the layer (comfyquant convert)",
+            )
+        ]
     try:
         env = fmt.geometry(tensors, fmt.params(marker))
     except GeometryError as exc:
@@ -67,8 +83,13 @@ def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
 
 def _hadamard(prefix: str, c) -> Violation | None:
     if not is_pow4(c):
-        return _v("hadamard", f"Regular Hadamard size must be a power of 4, got {c}", prefix,
-                  cause="ConvRot size comfy-kitchen cannot build", fix="re-quantize with convrot_groupsize 16, 64 or 256")
+        return _v(
+            "hadamard",
+            f"Regular Hadamard size must be a power of 4, got {c}",
+            prefix,
+            cause="ConvRot size comfy-kitchen cannot build",
+            fix="re-quantize with convrot_groupsize 16, 64 or 256",
+        )
     return None
 
 
@@ -77,8 +98,12 @@ def _int8(prefix: str, t: dict, env: dict) -> Violation | None:
     if s is None:
         return _v("missing", f"layer '{prefix}' has no weight_scale", prefix, "weight_scale")
     if s.numel not in (1, env["N"]):
-        return _v("int8", f"INT8 weight scale must be scalar or per-output-channel, got {list(s.shape)} for weight shape "
-                          f"{list(w.shape)}", prefix, "weight_scale")
+        return _v(
+            "int8",
+            f"INT8 weight scale must be scalar or per-output-channel, got {list(s.shape)} for weight shape {list(w.shape)}",
+            prefix,
+            "weight_scale",
+        )
     if env.get("convrot"):
         c = env.get("convrot_groupsize")
         v = _hadamard(prefix, c)
@@ -87,10 +112,16 @@ def _int8(prefix: str, t: dict, env: dict) -> Violation | None:
         if env["K"] % c:
             return _v("int8", f"ConvRot group size {c} does not divide input features {env['K']}", prefix)
     if s.shape == (env["N"],) and env["N"] != 1:
-        return _v("int8", f"layer '{prefix}': row scale of shape [N] is broadcast along K by dequantize "
-                          f"({'wrong values' if env['N'] == env['K'] else 'raises'}); linear still runs", prefix,
-                  "weight_scale", blocking=False, cause="row scales stored as [N] instead of [N, 1]",
-                  fix="reshape to [N, 1] (comfyquant fix)")
+        return _v(
+            "int8",
+            f"layer '{prefix}': row scale of shape [N] is broadcast along K by dequantize "
+            f"({'wrong values' if env['N'] == env['K'] else 'raises'}); linear still runs",
+            prefix,
+            "weight_scale",
+            blocking=False,
+            cause="row scales stored as [N] instead of [N, 1]",
+            fix="reshape to [N, 1] (comfyquant fix)",
+        )
     return None
 
 
@@ -104,11 +135,21 @@ def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False
     if not group_size_ok(g):
         return _v("w4a8", f"group_size={g} must be >=4 and divide 16 or be a multiple of 16", prefix)
     if c == 0 and k % 16 == 0 and k % g == 0:  # the same test in comfy-kitchen divides by it
-        return _v("w4a8", "integer modulo by zero", prefix, exception="ZeroDivisionError",
-                  cause="convrot_groupsize 0", fix="set convrot_groupsize to 16, 64 or 256")
+        return _v(
+            "w4a8",
+            "integer modulo by zero",
+            prefix,
+            exception="ZeroDivisionError",
+            cause="convrot_groupsize 0",
+            fix="set convrot_groupsize to 16, 64 or 256",
+        )
     if c == 0 or not k_fits(k, g, c):
-        return _v("w4a8", f"K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; group_size must be "
-                          f">=4 and divide 16 or be a multiple of 16", prefix)
+        return _v(
+            "w4a8",
+            f"K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; group_size must be "
+            f">=4 and divide 16 or be a multiple of 16",
+            prefix,
+        )
     v = _hadamard(prefix, c)
     if v is not None:
         return v
@@ -116,8 +157,11 @@ def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False
         return _v("w4a8", f"packed row width {w.shape[1]} does not match K={k} at 4 or 6 bits", prefix, "weight")
     if bits == 6:
         if not six_bit_fits(k, g):
-            return _v("w4a8", f"6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={k}, "
-                              f"group_size={g}", prefix)
+            return _v(
+                "w4a8",
+                f"6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={k}, group_size={g}",
+                prefix,
+            )
         if "weight_codebook" in t or ("weight_correction" in t and not dropped_correction):
             return _v("w4a8", "6-bit storage is uniform and symmetric: no codebook or correction", prefix)
     if s_rel is None or len(s_rel.shape) != 2:
@@ -138,8 +182,14 @@ def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False
 def _w4a4(prefix: str, t: dict, env: dict) -> Violation | None:
     k, c = env["K"], env["convrot_groupsize"]
     if c == 0:  # the same test in comfy-kitchen divides by it
-        return _v("w4a4", "integer modulo by zero", prefix, exception="ZeroDivisionError",
-                  cause="convrot_groupsize 0", fix="set convrot_groupsize to 16, 64 or 256")
+        return _v(
+            "w4a4",
+            "integer modulo by zero",
+            prefix,
+            exception="ZeroDivisionError",
+            cause="convrot_groupsize 0",
+            fix="set convrot_groupsize to 16, 64 or 256",
+        )
     if k % c:
         return _v("w4a4", f"in_features {k} not divisible by convrot_groupsize {c}", prefix)
     if k % 64:
@@ -154,10 +204,25 @@ def _w4a4(prefix: str, t: dict, env: dict) -> Violation | None:
 
 
 TORCH_DTYPES = {
-    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32", "U32": "uint32",
-    "I64": "int64", "U64": "uint64", "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
-    "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "I32": "int32",
+    "U32": "uint32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F32": "float32",
+    "F64": "float64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
 }
 """safetensors dtype -> torch dtype name (as comfy-kitchen's messages print it: ``torch.<name>``)."""
 
@@ -165,17 +230,25 @@ FORWARD: dict[str, tuple[str, tuple[tuple[str, str, tuple[str, ...]], ...], int,
     # format: (comfy-kitchen op of the first forward, (suffix, operand, accepted dtypes) in the
     # order the op's constraints list them, elements per block scale (0: none), elements per
     # stored weight byte)
-    "asym_w4a8_int8": ("w4a8_int8_linear", (("weight_s_rel", "s_rel", ("F8_E4M3", "F32")),
-                                            ("weight_s_channel", "s_channel", ("F32",)),
-                                            ("weight_codebook", "codebook", ("F32",))), 0, 2),
+    "asym_w4a8_int8": (
+        "w4a8_int8_linear",
+        (
+            ("weight_s_rel", "s_rel", ("F8_E4M3", "F32")),
+            ("weight_s_channel", "s_channel", ("F32",)),
+            ("weight_codebook", "codebook", ("F32",)),
+        ),
+        0,
+        2,
+    ),
     "nvfp4": ("dequantize_nvfp4", (("weight_scale", "block_scales", ("F8_E4M3",)),), 16, 2),
     "mxfp8": ("dequantize_mxfp8", (("weight_scale", "block_scales", ("F8_E8M0",)),), 32, 1),
 }
 """What comfy-kitchen's eager backend requires when a layer first runs (spec 4.4; measured)."""
 
 
-def forward_templates(target: str, name: str, t: dict, views: dict[str, tuple[str, tuple[str, ...] | None]] | None = None
-                      ) -> list[Violation]:
+def forward_templates(
+    target: str, name: str, t: dict, views: dict[str, tuple[str, tuple[str, ...] | None]] | None = None
+) -> list[Violation]:
     """What one layer's first forward raises in comfy-kitchen, or nothing.  ``views``: the
     dtypes ComfyUI reinterprets operands as before they reach comfy-kitchen (suffix ->
     (dtype, only these source dtypes or None for any))."""
@@ -192,12 +265,20 @@ def forward_templates(target: str, name: str, t: dict, views: dict[str, tuple[st
         viewed[suffix] = (dtype, numel)
         if dtype not in accepted:
             names = ", ".join(f"torch.{TORCH_DTYPES[d]}" for d in accepted)
-            return [Violation(f"{target}.dtype", f"No backend can handle '{op}': eager: {operand}: dtype "
-                                                 f"torch.{TORCH_DTYPES.get(dtype, dtype)} not in {{{names}}}",
-                              "NoCapableBackendError", LAYER, suffix, True,
-                              f"{suffix} stored as {e.dtype}: comfy-kitchen's {op} takes {' or '.join(accepted)} "
-                              "(raised at the first forward, not at load)",
-                              f"store {suffix} as {accepted[0]} (comfyquant fix converts it when that is exact)")]
+            return [
+                Violation(
+                    f"{target}.dtype",
+                    f"No backend can handle '{op}': eager: {operand}: dtype "
+                    f"torch.{TORCH_DTYPES.get(dtype, dtype)} not in {{{names}}}",
+                    "NoCapableBackendError",
+                    LAYER,
+                    suffix,
+                    True,
+                    f"{suffix} stored as {e.dtype}: comfy-kitchen's {op} takes {' or '.join(accepted)} "
+                    "(raised at the first forward, not at load)",
+                    f"store {suffix} as {accepted[0]} (comfyquant fix converts it when that is exact)",
+                )
+            ]
     if block and "weight_scale" in viewed and "weight" in t and len(t["weight"].shape) == 2:
         rows, cols = t["weight"].shape
         num_cols = cols * per_byte // block
@@ -205,11 +286,19 @@ def forward_templates(target: str, name: str, t: dict, views: dict[str, tuple[st
         rb, cb = -(-rows // 128), -(-num_cols // 4)
         shape = "[-1, 32, 16]" if numel % 512 else f"[{rb}, {cb}, 4, 32, 4]" if numel != rb * cb * 512 else None
         if shape is not None:
-            return [Violation(f"{target}.blocked", f"shape '{shape}' is invalid for input of size {numel}", "RuntimeError",
-                              LAYER, "weight_scale", True,
-                              f"from_blocked cannot read {numel} block scales as the blocked, padded layout of "
-                              f"[{rows}, {num_cols}] ({rb * cb * 512}); raised at the first forward",
-                              "convert the scales to the blocked layout (comfyquant fix)")]
+            return [
+                Violation(
+                    f"{target}.blocked",
+                    f"shape '{shape}' is invalid for input of size {numel}",
+                    "RuntimeError",
+                    LAYER,
+                    "weight_scale",
+                    True,
+                    f"from_blocked cannot read {numel} block scales as the blocked, padded layout of "
+                    f"[{rows}, {num_cols}] ({rb * cb * 512}); raised at the first forward",
+                    "convert the scales to the blocked layout (comfyquant fix)",
+                )
+            ]
     return []
 
 

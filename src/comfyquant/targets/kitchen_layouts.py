@@ -28,12 +28,32 @@ class Field:
 class KitchenLayout:
     """One format as ComfyUI builds it for comfy-kitchen."""
 
-    __slots__ = ("layout", "storage", "fields", "keys", "constants", "quantize_input", "input_dtype", "unit_input_scale",
-                 "input_scale", "pre_scale")
+    __slots__ = (
+        "layout",
+        "storage",
+        "fields",
+        "keys",
+        "constants",
+        "quantize_input",
+        "input_dtype",
+        "unit_input_scale",
+        "input_scale",
+        "pre_scale",
+    )
 
-    def __init__(self, layout: str, storage: str, fields: tuple[Field, ...], keys: tuple[tuple[str, str, type], ...] = (),
-                 constants: dict | None = None, quantize_input: bool = False, input_dtype: str | None = None,
-                 unit_input_scale: bool = False, input_scale: str | None = None, pre_scale: str | None = None) -> None:
+    def __init__(
+        self,
+        layout: str,
+        storage: str,
+        fields: tuple[Field, ...],
+        keys: tuple[tuple[str, str, type], ...] = (),
+        constants: dict | None = None,
+        quantize_input: bool = False,
+        input_dtype: str | None = None,
+        unit_input_scale: bool = False,
+        input_scale: str | None = None,
+        pre_scale: str | None = None,
+    ) -> None:
         self.layout = layout
         self.storage = storage
         """The weight's dtype in the layout (ComfyUI value-casts the stored weight to it)."""
@@ -54,29 +74,72 @@ class KitchenLayout:
 
 
 LAYOUTS: dict[str, KitchenLayout] = {
-    "float8_e4m3fn": KitchenLayout("TensorCoreFP8Layout", "F8_E4M3", (Field("scale", "weight_scale"),), quantize_input=True,
-                                   input_dtype="F8_E4M3", unit_input_scale=True, input_scale="input_scale"),
-    "float8_e5m2": KitchenLayout("TensorCoreFP8Layout", "F8_E5M2", (Field("scale", "weight_scale"),), quantize_input=True,
-                                 input_dtype="F8_E5M2", unit_input_scale=True, input_scale="input_scale"),
-    "int8_tensorwise": KitchenLayout("TensorWiseINT8Layout", "I8", (Field("scale", "weight_scale"),),
-                                     (("convrot", "convrot", bool), ("convrot_groupsize", "convrot_groupsize", int))),
-    "asym_w4a8_int8": KitchenLayout("AsymW4A8Int8Layout", "I8",
-                                    (Field("scale", "weight_s_rel", "F8_E4M3"), Field("s_channel", "weight_s_channel"),
-                                     Field("codebook", "weight_codebook", required=False),
-                                     Field("correction", "weight_correction", required=False)),
-                                    (("group_size", "group_size", int), ("convrot_groupsize", "convrot_groupsize", int))),
-    "convrot_w4a4": KitchenLayout("TensorCoreConvRotW4A4Layout", "I8", (Field("scale", "weight_scale"),),
-                                  (("convrot_groupsize", "convrot_groupsize", int), ("linear_dtype", "linear_dtype", str)),
-                                  {"quant_group_size": 64}),
-    "nvfp4": KitchenLayout("TensorCoreNVFP4Layout", "U8",
-                           (Field("scale", "weight_scale_2"), Field("block_scale", "weight_scale", "F8_E4M3")),
-                           quantize_input=True, input_scale="input_scale", pre_scale="pre_quant_scale"),
-    "mxfp8": KitchenLayout("TensorCoreMXFP8Layout", "F8_E4M3", (Field("scale", "weight_scale", "F8_E8M0"),),
-                           quantize_input=True),
-    "awq_w4a16": KitchenLayout("TensorCoreAWQW4A16Layout", "I8", (Field("scale", "weight_scale"), Field("zeros", "weight_zeros")),
-                               (("group_size", "group_size", int),)),
-    "svdquant_w4a4": KitchenLayout("TensorCoreSVDQuantW4A4Layout", "I8",
-                                   (Field("scale", "weight_scale"), Field("proj_down", "weight_proj_down"),
-                                    Field("proj_up", "weight_proj_up"), Field("smooth_factor", "weight_smooth_factor")),
-                                   (("act_unsigned", "act_unsigned", bool),)),
+    "float8_e4m3fn": KitchenLayout(
+        "TensorCoreFP8Layout",
+        "F8_E4M3",
+        (Field("scale", "weight_scale"),),
+        quantize_input=True,
+        input_dtype="F8_E4M3",
+        unit_input_scale=True,
+        input_scale="input_scale",
+    ),
+    "float8_e5m2": KitchenLayout(
+        "TensorCoreFP8Layout",
+        "F8_E5M2",
+        (Field("scale", "weight_scale"),),
+        quantize_input=True,
+        input_dtype="F8_E5M2",
+        unit_input_scale=True,
+        input_scale="input_scale",
+    ),
+    "int8_tensorwise": KitchenLayout(
+        "TensorWiseINT8Layout",
+        "I8",
+        (Field("scale", "weight_scale"),),
+        (("convrot", "convrot", bool), ("convrot_groupsize", "convrot_groupsize", int)),
+    ),
+    "asym_w4a8_int8": KitchenLayout(
+        "AsymW4A8Int8Layout",
+        "I8",
+        (
+            Field("scale", "weight_s_rel", "F8_E4M3"),
+            Field("s_channel", "weight_s_channel"),
+            Field("codebook", "weight_codebook", required=False),
+            Field("correction", "weight_correction", required=False),
+        ),
+        (("group_size", "group_size", int), ("convrot_groupsize", "convrot_groupsize", int)),
+    ),
+    "convrot_w4a4": KitchenLayout(
+        "TensorCoreConvRotW4A4Layout",
+        "I8",
+        (Field("scale", "weight_scale"),),
+        (("convrot_groupsize", "convrot_groupsize", int), ("linear_dtype", "linear_dtype", str)),
+        {"quant_group_size": 64},
+    ),
+    "nvfp4": KitchenLayout(
+        "TensorCoreNVFP4Layout",
+        "U8",
+        (Field("scale", "weight_scale_2"), Field("block_scale", "weight_scale", "F8_E4M3")),
+        quantize_input=True,
+        input_scale="input_scale",
+        pre_scale="pre_quant_scale",
+    ),
+    "mxfp8": KitchenLayout("TensorCoreMXFP8Layout", "F8_E4M3", (Field("scale", "weight_scale", "F8_E8M0"),), quantize_input=True),
+    "awq_w4a16": KitchenLayout(
+        "TensorCoreAWQW4A16Layout",
+        "I8",
+        (Field("scale", "weight_scale"), Field("zeros", "weight_zeros")),
+        (("group_size", "group_size", int),),
+    ),
+    "svdquant_w4a4": KitchenLayout(
+        "TensorCoreSVDQuantW4A4Layout",
+        "I8",
+        (
+            Field("scale", "weight_scale"),
+            Field("proj_down", "weight_proj_down"),
+            Field("proj_up", "weight_proj_up"),
+            Field("smooth_factor", "weight_smooth_factor"),
+        ),
+        (("act_unsigned", "act_unsigned", bool),),
+    ),
 }

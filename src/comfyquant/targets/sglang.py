@@ -26,8 +26,10 @@ CONVROT_SIZES = (16, 64, 256)
 
 # How each SGLang rule is explained when it is the only thing that flags a layer.
 EXPLAIN: dict[str, tuple[str, str]] = {
-    "safetensors": ("the safetensors library refuses the file (damaged container): safe_open raises before any "
-                    "marker is read", "re-download or rewrite the file; see the container findings"),
+    "safetensors": (
+        "the safetensors library refuses the file (damaged container): safe_open raises before any marker is read",
+        "re-download or rewrite the file; see the container findings",
+    ),
     "H1": ("the header marker map is not JSON", "rewrite the header markers (comfyquant fix)"),
     "H2": ("the header marker map is not an object", "rewrite the header markers (comfyquant fix)"),
     "H3": ("the header marker map has no layers object", "rewrite the header markers (comfyquant fix)"),
@@ -54,7 +56,10 @@ EXPLAIN: dict[str, tuple[str, str]] = {
         "convert the checkpoint to one supported format set (comfyquant convert)",
     ),
     "R1": ("INT8 linear markers must set convrot to JSON true", "set convrot: true (comfyquant fix)"),
-    "R2": ("INT8 ConvRot layers must declare convrot_groupsize 16, 64 or 256", "add convrot_groupsize (comfyquant fix --convrot-groupsize C)"),
+    "R2": (
+        "INT8 ConvRot layers must declare convrot_groupsize 16, 64 or 256",
+        "add convrot_groupsize (comfyquant fix --convrot-groupsize C)",
+    ),
     "R3": ("missing ConvRot flag: ComfyUI writes W4A8 markers without convrot: true", "add convrot: true (comfyquant fix)"),
     "R4": ("only INT8 embedding markers may accompany W4A8 in SGLang", "convert those layers to W4A8 or keep them dense"),
     "R5": ("only INT8 markers may accompany W4A4 in SGLang", "convert those layers to W4A4 or keep them dense"),
@@ -70,8 +75,10 @@ EXPLAIN: dict[str, tuple[str, str]] = {
         "re-quantize the layer with ConvRot (comfyquant convert) or keep it dense",
     ),
     "B5": ("ConvRot INT8 layers need row-wise [N, 1] scales in SGLang", "re-quantize the layer row-wise"),
-    "B6": ("MoE expert banks are ComfyUI-only (spec 3.9): SGLang builds 2-D linear layers from Comfy markers",
-           "keep the bank dense for SGLang, or load the checkpoint in ComfyUI"),
+    "B6": (
+        "MoE expert banks are ComfyUI-only (spec 3.9): SGLang builds 2-D linear layers from Comfy markers",
+        "keep the bank dense for SGLang, or load the checkpoint in ComfyUI",
+    ),
 }
 
 
@@ -92,8 +99,16 @@ class Run:
         self.collect = collect
         self.violations: list[Violation] = []
 
-    def fail(self, rule: str, message: str, layer: str | None = None, tensor: str | None = None,
-             exception: str | None = "ValueError", blocking: bool = True, file: str | None = None) -> None:
+    def fail(
+        self,
+        rule: str,
+        message: str,
+        layer: str | None = None,
+        tensor: str | None = None,
+        exception: str | None = "ValueError",
+        blocking: bool = True,
+        file: str | None = None,
+    ) -> None:
         cause, fix = EXPLAIN.get(rule, (None, None))
         v = Violation(f"sglang.{rule}", message, exception, layer, tensor, blocking, cause, fix, file=file)
         if not self.collect and blocking:
@@ -161,9 +176,18 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
             t = layers[prefix].stored
             w, s = t["weight"], t.get("weight_scale")
             wmeta, smeta = (w.dtype, w.shape), (s.dtype, s.shape) if s is not None else None
-            if w.dtype != "F8_E4M3" or len(w.shape) != 2 or w.shape[1] % 32 != 0 or smeta != ("U8", (w.shape[0], w.shape[1] // 32)):
-                run.fail("X1", f"MXFP8 layer {prefix!r} has incompatible weight/scale metadata: {wmeta} and {smeta}",
-                         prefix, "weight_scale")
+            if (
+                w.dtype != "F8_E4M3"
+                or len(w.shape) != 2
+                or w.shape[1] % 32 != 0
+                or smeta != ("U8", (w.shape[0], w.shape[1] // 32))
+            ):
+                run.fail(
+                    "X1",
+                    f"MXFP8 layer {prefix!r} has incompatible weight/scale metadata: {wmeta} and {smeta}",
+                    prefix,
+                    "weight_scale",
+                )
                 continue
             raw.setdefault(prefix, MXFP8_MARKER)
 
@@ -251,16 +275,22 @@ def _check_w4a8(marker: dict, t: dict):
     if g < 4:
         return _fail_tpl("W1", f"Comfy W4A8 layer {P} has invalid group_size={g}")
     if wdt != "I8" or sdt != "F8_E4M3":
-        return _fail_tpl("W2", f"Comfy W4A8 layer {P} needs I8 weights and FP8 group scales, got {wdt} and {sdt}",
-                         "weight" if wdt != "I8" else "weight_s_rel")
+        return _fail_tpl(
+            "W2",
+            f"Comfy W4A8 layer {P} needs I8 weights and FP8 group scales, got {wdt} and {sdt}",
+            "weight" if wdt != "I8" else "weight_s_rel",
+        )
     if cdt != "F32":
         return _fail_tpl("W3", f"Comfy W4A8 layer {P} needs F32 channel scales, got {cdt}", "weight_s_channel")
     if len(wsh) != 2:
         return _fail_tpl("W4", f"Comfy W4A8 layer {P} needs a 2D packed weight, got {wsh}", "weight")
     k = wsh[1] * 2
     if ssh != (wsh[0], k // g) or csh != (wsh[0],):
-        return _fail_tpl("W5", f"Comfy W4A8 layer {P} has incompatible weight/scale shapes: {wsh}, {ssh}, and {csh}",
-                         "weight_s_rel" if csh == (wsh[0],) else "weight_s_channel")
+        return _fail_tpl(
+            "W5",
+            f"Comfy W4A8 layer {P} has incompatible weight/scale shapes: {wsh}, {ssh}, and {csh}",
+            "weight_s_rel" if csh == (wsh[0],) else "weight_s_channel",
+        )
     keys = {"_has_codebook": "weight_codebook" in t, "_has_correction": "weight_correction" in t}
     if keys["_has_codebook"] and _meta(t, "weight_codebook") != ("F32", (16,)):
         return _fail_tpl("W6", f"Comfy W4A8 layer {P} needs an F32[16] codebook", "weight_codebook", keys)
@@ -274,8 +304,11 @@ def _check_w4a4(marker: dict, t: dict):
     wdt, wsh = _meta(t, "weight")
     sdt, ssh = _meta(t, "weight_scale")
     if wdt != "I8" or sdt != "F32":
-        return _fail_tpl("A1", f"Comfy W4A4 layer {P} needs I8 packed weights and F32 scales, got {wdt} and {sdt}",
-                         "weight" if wdt != "I8" else "weight_scale")
+        return _fail_tpl(
+            "A1",
+            f"Comfy W4A4 layer {P} needs I8 packed weights and F32 scales, got {wdt} and {sdt}",
+            "weight" if wdt != "I8" else "weight_scale",
+        )
     if len(wsh) != 2 or ssh != (wsh[0],):
         return _fail_tpl("A2", f"Comfy W4A4 layer {P} has incompatible weight/scale shapes: {wsh} and {ssh}", "weight_scale")
     k = wsh[1] * 2
@@ -286,8 +319,9 @@ def _check_w4a4(marker: dict, t: dict):
     if c not in CONVROT_SIZES:
         return _fail_tpl("A3", f"Comfy W4A4 layer {P} has unsupported convrot_groupsize={c}")
     if k % 64 or k % c:
-        return _fail_tpl("A4", f"Comfy W4A4 layer {P} has input size {k}, incompatible with quant_group_size=64 "
-                               f"and convrot_groupsize={c}")
+        return _fail_tpl(
+            "A4", f"Comfy W4A4 layer {P} has input size {k}, incompatible with quant_group_size=64 and convrot_groupsize={c}"
+        )
     return None, "", None, {}
 
 
@@ -297,8 +331,11 @@ def _check_nvfp4(t: dict):
     sdt, ssh = _meta(t, "weight_scale")
     s2dt, s2sh = _meta(t, "weight_scale_2")
     if wdt != "U8" or sdt != "F8_E4M3":
-        return _fail_tpl("F1", f"Comfy NVFP4 layer {P} needs U8 packed weights and FP8 block scales, got {wdt} and {sdt}",
-                         "weight" if wdt != "U8" else "weight_scale")
+        return _fail_tpl(
+            "F1",
+            f"Comfy NVFP4 layer {P} needs U8 packed weights and FP8 block scales, got {wdt} and {sdt}",
+            "weight" if wdt != "U8" else "weight_scale",
+        )
     if s2dt != "F32" or s2sh not in ((), (1,)):
         return _fail_tpl("F2", f"Comfy NVFP4 layer {P} needs a scalar F32 weight_scale_2, got {s2dt}{s2sh}", "weight_scale_2")
     if len(wsh) != 2:
@@ -310,8 +347,9 @@ def _check_nvfp4(t: dict):
     if keys["_has_pre_quant_scale"]:
         pdt, psh = _meta(t, "pre_quant_scale")
         if pdt not in ("BF16", "F16", "F32") or psh != (k,):
-            return _fail_tpl("F5", f"Comfy NVFP4 layer {P} has an incompatible pre_quant_scale: {pdt}{psh}",
-                             "pre_quant_scale", keys)
+            return _fail_tpl(
+                "F5", f"Comfy NVFP4 layer {P} has an incompatible pre_quant_scale: {pdt}{psh}", "pre_quant_scale", keys
+            )
     return None, "", None, keys
 
 
@@ -324,14 +362,18 @@ def _check_int8(t: dict):
             return _fail_tpl("I1", f"Comfy tensorwise INT8 layer {P} needs a 2D weight, got {wsh}", "weight")
         return None, "", None, {"_is_tensorwise_scalar": True}
     if wdt != "I8" or sdt != "F32":
-        return _fail_tpl("I2", f"Comfy INT8 layer {P} needs I8 weights and F32 scales, got {wdt} and {sdt}",
-                         "weight" if wdt != "I8" else "weight_scale")
+        return _fail_tpl(
+            "I2",
+            f"Comfy INT8 layer {P} needs I8 weights and F32 scales, got {wdt} and {sdt}",
+            "weight" if wdt != "I8" else "weight_scale",
+        )
     if len(wsh) != 2 or ssh != (wsh[0], 1):
         return _fail_tpl("I3", f"Comfy INT8 layer {P} has incompatible weight/scale shapes: {wsh} and {ssh}", "weight_scale")
     return None, "", None, {"_is_rowwise": True}
 
 
 # -- resolve and config constructors (spec 4.2) ---------------------------------------------
+
 
 def is_int8_embedding_marker(marker: dict, derived: dict | None = None) -> bool:
     d = derived or {}
@@ -367,13 +409,19 @@ def resolve(markers: dict[str, dict], derived: dict[str, dict], run: Run) -> str
                     run.fail("R6", str(exc), prefix, exception=type(exc).__name__)
                     continue
                 if c not in CONVROT_SIZES:
-                    run.fail("R6", f"Serialized W4A4 layer {prefix!r} has unsupported convrot_groupsize={c}; "
-                                   f"expected one of (16, 64, 256)", prefix)
+                    run.fail(
+                        "R6",
+                        f"Serialized W4A4 layer {prefix!r} has unsupported convrot_groupsize={c}; expected one of (16, 64, 256)",
+                        prefix,
+                    )
                     continue
                 ld = m.get("linear_dtype", "int4")
                 if ld not in ("int4", "int8"):
-                    run.fail("R7", f"Serialized W4A4 layer {prefix!r} has unsupported linear_dtype={ld!r}; "
-                                   f"expected one of ('int4', 'int8')", prefix)
+                    run.fail(
+                        "R7",
+                        f"Serialized W4A4 layer {prefix!r} has unsupported linear_dtype={ld!r}; expected one of ('int4', 'int8')",
+                        prefix,
+                    )
             elif m.get("format") == "int8_tensorwise":
                 _int8_config({prefix: m}, derived, run)
             else:
@@ -404,18 +452,23 @@ def _int8_config(markers: dict[str, dict], derived: dict[str, dict], run: Run) -
             continue
         c = m.get("convrot_groupsize")
         if c not in CONVROT_SIZES:
-            run.fail("R2", f"Serialized convrot_int8 layer {prefix!r} must declare convrot_groupsize in (16, 64, 256), got {c!r}",
-                     prefix)
+            run.fail(
+                "R2",
+                f"Serialized convrot_int8 layer {prefix!r} must declare convrot_groupsize in (16, 64, 256), got {c!r}",
+                prefix,
+            )
 
 
 # -- layer construction (spec 4.3) ----------------------------------------------------------
+
 
 def _is_embedding(prefix: str) -> bool:
     return "embed" in prefix.rsplit(".", 1)[-1]
 
 
-def build_layers(markers: dict[str, dict], derived: dict[str, dict], raw_prefix: dict[str, str], ckpt,
-                 config: str | None, run: Run) -> None:
+def build_layers(
+    markers: dict[str, dict], derived: dict[str, dict], raw_prefix: dict[str, str], ckpt, config: str | None, run: Run
+) -> None:
     layers = ckpt.layers
     memo = ckpt.memo
     for name, m in markers.items():
@@ -424,15 +477,24 @@ def build_layers(markers: dict[str, dict], derived: dict[str, dict], raw_prefix:
         if layer is None:
             continue
         if layer.bank is not None:
-            run.fail("B6", f"(no SGLang message) layer {prefix!r} is a MoE expert bank of {layer.bank.experts} experts "
-                           "(weight [E, out, ...]); SGLang has no loader for Comfy quantized expert banks",
-                     prefix, "weight", exception=None)
+            run.fail(
+                "B6",
+                f"(no SGLang message) layer {prefix!r} is a MoE expert bank of {layer.bank.experts} experts "
+                "(weight [E, out, ...]); SGLang has no loader for Comfy quantized expert banks",
+                prefix,
+                "weight",
+                exception=None,
+            )
             continue
         d = derived.get(name) or {}
         embedding_config = config in ("KitchenW4A8Config", "ComfyNvfp4Config")
         emb = _is_embedding(prefix)
-        outcome = memo.get(f"sglang-build:{embedding_config}:{emb}", m, layer,
-                           lambda m=m, t=layer.stored, d=d, e=embedding_config, emb=emb: _build_layer(m, t, d, e, emb))
+        outcome = memo.get(
+            f"sglang-build:{embedding_config}:{emb}",
+            m,
+            layer,
+            lambda m=m, t=layer.stored, d=d, e=embedding_config, emb=emb: _build_layer(m, t, d, e, emb),
+        )
         if outcome is not None:
             rule, template, tensor, exception = outcome
             run.fail(rule, template.replace(PREFIX, repr(prefix)), prefix, tensor, exception=exception)
@@ -460,8 +522,12 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
         except GeometryError:
             k = 2 * cols
         if not (group_size_ok(g) and k_fits(k, g, c)):
-            return "B1", (f"Serialized W4A8 layer {P} has input size {k}, incompatible with group_size={g} "
-                          f"and convrot_groupsize={c}"), None, "ValueError"
+            return (
+                "B1",
+                (f"Serialized W4A8 layer {P} has input size {k}, incompatible with group_size={g} and convrot_groupsize={c}"),
+                None,
+                "ValueError",
+            )
     elif fmt == "convrot_w4a4":
         try:
             c, k = int(m.get("convrot_groupsize", 256)), 2 * cols
@@ -470,22 +536,50 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
         if c == 0:
             return None  # the marker stage refuses it first (not 16, 64 or 256); k % 0 would raise here
         if k % 64 or k % c:
-            return "B2", (f"Serialized W4A4 layer {P} has input size {k}, incompatible with quant_group_size=64 "
-                          f"and convrot_groupsize={c}"), None, "ValueError"
+            return (
+                "B2",
+                (
+                    f"Serialized W4A4 layer {P} has input size {k}, incompatible with quant_group_size=64 "
+                    f"and convrot_groupsize={c}"
+                ),
+                None,
+                "ValueError",
+            )
     elif fmt == "int8_tensorwise" and not is_embedding:
         if is_int8_embedding_marker(m, d):
             if embedding_config:
                 return "B4", f"Unsupported quantized linear marker for {P}", None, "ValueError"
-            return "B4", (f"(no SGLang message) layer {P} has a plain INT8 marker, which SGLang treats as "
-                          f"embedding-only: the linear is built unquantized and its I8 weight cannot load"), None, None
+            return (
+                "B4",
+                (
+                    f"(no SGLang message) layer {P} has a plain INT8 marker, which SGLang treats as "
+                    f"embedding-only: the linear is built unquantized and its I8 weight cannot load"
+                ),
+                None,
+                None,
+            )
         if m.get("convrot") is True:
             c = m.get("convrot_groupsize")
             if isinstance(c, (int, float)) and int(c) and cols % int(c):  # int(0.5) is 0: no modulo by it
-                return "B3", (f"Serialized convrot_int8 layer {P} has input size {cols}, which is not divisible "
-                              f"by its ConvRot group size {int(c)}"), None, "ValueError"
+                return (
+                    "B3",
+                    (
+                        f"Serialized convrot_int8 layer {P} has input size {cols}, which is not divisible "
+                        f"by its ConvRot group size {int(c)}"
+                    ),
+                    None,
+                    "ValueError",
+                )
             if d.get("_is_tensorwise_scalar"):
-                return "B5", (f"(no SGLang message) ConvRot INT8 layer {P} has a scalar weight_scale; SGLang's "
-                              f"parameter is [N, 1] and the load fails"), "weight_scale", None
+                return (
+                    "B5",
+                    (
+                        f"(no SGLang message) ConvRot INT8 layer {P} has a scalar weight_scale; SGLang's "
+                        f"parameter is [N, 1] and the load fails"
+                    ),
+                    "weight_scale",
+                    None,
+                )
     return None
 
 
@@ -503,8 +597,11 @@ def run_all(ckpt, param_name_mapper=None, collect: bool = True) -> tuple[dict, d
     if run.collect:
         # weights that are not in any shard: SGLang's weight loading cannot fill those
         # parameters (its exact message is not modelled)
-        run.violations.extend(incomplete_violations("sglang", ckpt, True, "(no SGLang message modelled) SGLang "
-                                                                          "cannot load weights that are not there"))
+        run.violations.extend(
+            incomplete_violations(
+                "sglang", ckpt, True, "(no SGLang message modelled) SGLang cannot load weights that are not there"
+            )
+        )
     return markers, derived, run.violations, config
 
 

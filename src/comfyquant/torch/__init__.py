@@ -23,8 +23,15 @@ if TYPE_CHECKING:
 
 __all__ = ["QuantLinear", "QuantWeight", "load_quantized", "LoadReport", "LoadError", "quantize_", "save_quantized"]
 
-_WHERE = {"QuantLinear": "linear", "QuantWeight": "linear", "load_quantized": "load", "LoadReport": "load",
-          "LoadError": "load", "quantize_": "quant", "save_quantized": "quant"}
+_WHERE = {
+    "QuantLinear": "linear",
+    "QuantWeight": "linear",
+    "load_quantized": "load",
+    "LoadReport": "load",
+    "LoadError": "load",
+    "quantize_": "quant",
+    "save_quantized": "quant",
+}
 
 if not TYPE_CHECKING:
     __getattr__, __dir__ = lazy_exports(__name__, _WHERE, __all__)

@@ -37,8 +37,7 @@ def layout_for(fmt: str) -> KitchenLayout | None:
     return spec if spec.layout in REGISTERED else None
 
 
-def build(spec: KitchenLayout, tensors: dict[str, torch.Tensor], marker_params: dict, shape: tuple[int, int],
-          dtype: torch.dtype):
+def build(spec: KitchenLayout, tensors: dict[str, torch.Tensor], marker_params: dict, shape: tuple[int, int], dtype: torch.dtype):
     """The weight as ComfyUI hands it to comfy-kitchen: ``QuantizedTensor(qdata, layout, Params)``
     with ``orig_shape`` the model's ``[N, K]`` and ``orig_dtype`` the compute dtype (ComfyUI
     casts the weight to the input's dtype, which for a QuantizedTensor changes only that)."""
@@ -88,8 +87,9 @@ def gemm_unsupported(spec: KitchenLayout, device: torch.device, dtype: torch.dty
         from comfy_kitchen.tensor import QuantizedTensor
 
         try:
-            w = QuantizedTensor.from_float(torch.ones((128, 128), dtype=dtype, device=device), spec.layout,
-                                           **_input_kwargs(spec, with_scale=False))
+            w = QuantizedTensor.from_float(
+                torch.ones((128, 128), dtype=dtype, device=device), spec.layout, **_input_kwargs(spec, with_scale=False)
+            )
             x = QuantizedTensor.from_float(torch.ones((1, 128), dtype=dtype, device=device), spec.layout, **_input_kwargs(spec))
             torch.nn.functional.linear(x, w)
             _SUPPORT[key] = None

@@ -45,8 +45,10 @@ class QuantWeight:
     def __init__(self, tensors: Mapping[str, torch.Tensor], marker: Mapping, name: str | None = None) -> None:
         fmt = marker.get("format") if isinstance(marker, Mapping) else None
         if not isinstance(fmt, str) or not codecs.has(fmt):
-            raise CodecError(f"{name or 'layer'}: marker {dict(marker) if isinstance(marker, Mapping) else marker!r} "
-                             f"names no format comfyquant can run; formats: {', '.join(codecs.NAMES)}")
+            raise CodecError(
+                f"{name or 'layer'}: marker {dict(marker) if isinstance(marker, Mapping) else marker!r} "
+                f"names no format comfyquant can run; formats: {', '.join(codecs.NAMES)}"
+            )
         self.tensors = {s: t for s, t in tensors.items() if s not in ("bias", "comfy_quant")}
         self.marker = dict(marker)
         self.name = name
@@ -66,8 +68,14 @@ class QuantLinear(nn.Module):
     ``forward`` accepts BF16, F16 or F32 input with any leading dimensions and returns the
     input's dtype; ``dequantize()`` gives the dense ``[out_features, in_features]`` weight."""
 
-    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None, *, in_features: int | None = None,
-                 out_features: int | None = None) -> None:
+    def __init__(
+        self,
+        weight: QuantWeight,
+        bias: torch.Tensor | None = None,
+        *,
+        in_features: int | None = None,
+        out_features: int | None = None,
+    ) -> None:
         super().__init__()
         name = weight.name or "layer"
         codec = codecs.get(weight.format)
@@ -80,8 +88,9 @@ class QuantLinear(nn.Module):
         in_features = k if in_features is None else in_features
         rows, cols = FORMATS[weight.format].pad
         if (n, k) != (out_features, in_features) and (n, k) != (-(-out_features // rows) * rows, -(-in_features // cols) * cols):
-            raise CodecError(f"{name}: stored {weight.format} weight is [{n}, {k}], the model's layer is "
-                             f"[{out_features}, {in_features}]")
+            raise CodecError(
+                f"{name}: stored {weight.format} weight is [{n}, {k}], the model's layer is [{out_features}, {in_features}]"
+            )
         self.in_features = in_features
         self.out_features = out_features
         self.marker = dict(plan.marker)
@@ -121,14 +130,17 @@ class QuantLinear(nn.Module):
             return DENSE, "the marker sets full_precision_matrix_mult: dequantized weight, float matmul"
         spec = kitchen.layout_for(self.format)
         if spec is None:
-            why = "comfy-kitchen is not installed" if not kitchen.available() else \
-                f"comfy-kitchen has no layout for {self.format}"
+            why = (
+                "comfy-kitchen is not installed" if not kitchen.available() else f"comfy-kitchen has no layout for {self.format}"
+            )
             return CODEC, f"{why}: comfyquant's codec runs the same arithmetic"
         device = device or self.weight.device
         refused = kitchen.gemm_unsupported(spec, device, dtype)
         if refused is not None:
-            return EMULATED, (f"comfy-kitchen has no {self.format} GEMM on {device.type} ({refused}): "
-                              "emulated with dequantized operands and an F32 GEMM, as ComfyUI runs it there")
+            return EMULATED, (
+                f"comfy-kitchen has no {self.format} GEMM on {device.type} ({refused}): "
+                "emulated with dequantized operands and an F32 GEMM, as ComfyUI runs it there"
+            )
         return KITCHEN, None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -201,8 +213,10 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         params = ", ".join(f"{k}={v}" for k, v in self.marker.items() if k != "format")
         path, _ = self.compute()
-        text = f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, " \
-               f"format={self.format}"
+        text = (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"format={self.format}"
+        )
         return f"{text}{', ' + params if params else ''}, compute={path}"
 
     # -- device and dtype moves, loads ---------------------------------------------------------

@@ -51,8 +51,15 @@ class LoadReport:
         return not self.missing and not self.unexpected
 
     def to_dict(self) -> dict:
-        return {"path": self.path, "loaded": self.loaded, "missing": self.missing, "unexpected": self.unexpected,
-                "quantized": self.quantized, "fallbacks": self.fallbacks, "bytes_read": self.bytes_read}
+        return {
+            "path": self.path,
+            "loaded": self.loaded,
+            "missing": self.missing,
+            "unexpected": self.unexpected,
+            "quantized": self.quantized,
+            "fallbacks": self.fallbacks,
+            "bytes_read": self.bytes_read,
+        }
 
     def problems(self) -> str:
         """The missing and unexpected keys in one clause (what a strict load refuses with)."""
@@ -60,9 +67,11 @@ class LoadReport:
 
     def summary(self) -> str:
         """One line: counts of each list."""
-        return (f"{self.path}: {len(self.loaded)} tensors loaded, {len(self.quantized)} quantized layers, "
-                f"{len(self.fallbacks)} on dequantized compute, {len(self.missing)} missing, "
-                f"{len(self.unexpected)} unexpected")
+        return (
+            f"{self.path}: {len(self.loaded)} tensors loaded, {len(self.quantized)} quantized layers, "
+            f"{len(self.fallbacks)} on dequantized compute, {len(self.missing)} missing, "
+            f"{len(self.unexpected)} unexpected"
+        )
 
 
 class _QuantPlan:
@@ -72,8 +81,9 @@ class _QuantPlan:
         self.name, self.prefix, self.entries, self.marker, self.bias = name, prefix, entries, marker, bias
 
 
-def load_quantized(model: nn.Module, path, *, device="cpu", dtype=None, strip_prefix: str | None = None,
-                   strict: bool = True) -> LoadReport:
+def load_quantized(
+    model: nn.Module, path, *, device="cpu", dtype=None, strip_prefix: str | None = None, strict: bool = True
+) -> LoadReport:
     """Load the checkpoint at ``path`` (file, shards, folder, dialect file) into ``model``.
 
     ``device``: where the tensors go; ``dtype``: dense floating-point tensors (biases, norms,
@@ -125,7 +135,7 @@ def _plan(model: nn.Module, ckpt, implied: dict, strip_prefix: str | None, label
     report = LoadReport(label)
 
     def strip(name: str) -> str:
-        return name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name
+        return name[len(strip_prefix) :] if strip_prefix and name.startswith(strip_prefix) else name
 
     quants: list[_QuantPlan] = []
     dense: list[tuple[str, object]] = []
@@ -142,8 +152,10 @@ def _plan(model: nn.Module, ckpt, implied: dict, strip_prefix: str | None, label
         if module is None or layer.bank is not None or not isinstance(module, (nn.Linear, QuantLinear)):
             if module is not None:
                 what = "a MoE expert bank" if layer.bank is not None else f"a {type(module).__name__}"
-                raise LoadError(f"{label}: layer {prefix!r} is quantized ({marker.get('format')}) but the model's "
-                                f"{name!r} is {what}: only nn.Linear layers load quantized")
+                raise LoadError(
+                    f"{label}: layer {prefix!r} is quantized ({marker.get('format')}) but the model's "
+                    f"{name!r} is {what}: only nn.Linear layers load quantized"
+                )
             report.unexpected.extend(names)
             continue
         _check_linear(label, prefix, name, module, marker, entries, bias)
@@ -168,8 +180,9 @@ def _plan(model: nn.Module, ckpt, implied: dict, strip_prefix: str | None, label
             report.unexpected.append(tensor_name)
             continue
         if tuple(target.shape) != tuple(entry.shape):
-            raise LoadError(f"{label}: tensor {tensor_name!r} is {list(entry.shape)}, the model's {name!r} is "
-                            f"{list(target.shape)}")
+            raise LoadError(
+                f"{label}: tensor {tensor_name!r} is {list(entry.shape)}, the model's {name!r} is {list(target.shape)}"
+            )
         dense.append((name, entry))
         covered.add(name)
         report.loaded.append(tensor_name)
@@ -197,5 +210,6 @@ def _check_linear(label, prefix, name, module, marker, entries, bias) -> None:
     rows, cols = FORMATS[fmt].pad
     out_f, in_f = module.out_features, module.in_features
     if (n, k) not in ((out_f, in_f), (-(-out_f // rows) * rows, -(-in_f // cols) * cols)):
-        raise LoadError(f"{label}: layer {prefix!r} holds a [{n}, {k}] {fmt} weight, the model's {name!r} is "
-                        f"nn.Linear({in_f}, {out_f})")
+        raise LoadError(
+            f"{label}: layer {prefix!r} holds a [{n}, {k}] {fmt} weight, the model's {name!r} is nn.Linear({in_f}, {out_f})"
+        )

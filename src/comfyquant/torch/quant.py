@@ -21,8 +21,9 @@ from ..numerics.dtypes import DTYPE_NAMES, dtype_name, to_bytes
 from .linear import QuantLinear, QuantWeight
 
 
-def quantize_(model: nn.Module, format: str | None = None, rules=None, *, exclude: list[str] | tuple = (),
-              target="all", **params) -> dict[str, str]:
+def quantize_(
+    model: nn.Module, format: str | None = None, rules=None, *, exclude: list[str] | tuple = (), target="all", **params
+) -> dict[str, str]:
     """Quantize ``model``'s ``nn.Linear`` layers in place; returns layer -> what was done
     (the format and parameters, or why the layer stays dense).
 
@@ -128,8 +129,9 @@ def save_quantized(model: nn.Module, path, *, target="all", metadata: dict[str, 
         errors = [f for f in report.findings if f.severity == "error"]
         if errors:
             first = errors[0]
-            raise InputError(f"refusing to write {path}: the written file does not pass comfyquant check: "
-                             f"{first.message} [{first.code}]")
+            raise InputError(
+                f"refusing to write {path}: the written file does not pass comfyquant check: {first.message} [{first.code}]"
+            )
         commit_file(tmp, path)
         tmp = None
     finally:

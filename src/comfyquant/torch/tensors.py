@@ -57,8 +57,11 @@ def read_tensor(ckpt, entry, device: torch.device, report=None, cast: torch.dtyp
         if entry.nbytes and source.readinto(entry.start, memoryview(buf.numpy())) != entry.nbytes:
             raise LoadError(f"{entry.file}: file ended early while reading tensor {entry.name!r} (truncated?)")
     else:
-        buf = torch.frombuffer(bytearray(ckpt.read_bytes(entry)), dtype=torch.uint8) if entry.nbytes else \
-            torch.empty(0, dtype=torch.uint8)
+        buf = (
+            torch.frombuffer(bytearray(ckpt.read_bytes(entry)), dtype=torch.uint8)
+            if entry.nbytes
+            else torch.empty(0, dtype=torch.uint8)
+        )
     if report is not None:
         report.bytes_read += entry.nbytes
     t = buf.view(dtype).reshape(tuple(entry.shape))

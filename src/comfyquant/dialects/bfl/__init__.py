@@ -41,8 +41,15 @@ that has them as swizzled and swaps nibbles (``_build_nvfp4_config_from_safetens
 def fp8r_tensors(t: dict) -> bool:
     """An F8_E4M3 ``[N, K]`` weight with one float scale per row ``[N]`` and no tensor scale."""
     w, s = t.get("weight"), t.get("weight_scale")
-    return (w is not None and w.dtype == "F8_E4M3" and len(w.shape) == 2 and s is not None
-            and s.dtype in FLOAT_SCALE_DTYPES and tuple(s.shape) == (w.shape[0],) and "weight_scale_2" not in t)
+    return (
+        w is not None
+        and w.dtype == "F8_E4M3"
+        and len(w.shape) == 2
+        and s is not None
+        and s.dtype in FLOAT_SCALE_DTYPES
+        and tuple(s.shape) == (w.shape[0],)
+        and "weight_scale_2" not in t
+    )
 
 
 def detect(ckpt, claimed: set) -> Claim | None:
@@ -72,19 +79,29 @@ def detect(ckpt, claimed: set) -> Claim | None:
     both = [p for p, f in nv.items() if len(f) == 2 and "input_scale" in ckpt.layers[p].tensors]
     comfy = blocked_only[0] if blocked_only else None
     if comfy is not None or marked:
-        why = (f"layer {comfy!r} has blocked scales {fmt_shape(ckpt.layers[comfy].tensors['weight_scale'].shape)}"
-               if comfy is not None else "the file has comfy_quant markers (a Comfy writer marks its layers)")
+        why = (
+            f"layer {comfy!r} has blocked scales {fmt_shape(ckpt.layers[comfy].tensors['weight_scale'].shape)}"
+            if comfy is not None
+            else "the file has comfy_quant markers (a Comfy writer marks its layers)"
+        )
         if both:
-            notes.append(f"{len(both)} unmarked U8 layer(s) (e.g. {both[0]}) fit both the linear and the blocked "
-                         f"scale layout; {why}: left as Comfy nvfp4 without a marker")
+            notes.append(
+                f"{len(both)} unmarked U8 layer(s) (e.g. {both[0]}) fit both the linear and the blocked "
+                f"scale layout; {why}: left as Comfy nvfp4 without a marker"
+            )
         both = []
     elif both:
-        evidence = (f"layer {linear_only[0]!r} of this file has scales only the linear layout fits" if linear_only
-                    else "no layer's shape tells, the file has no comfy_quant marker (a Comfy writer marks its "
-                         "layers) and no ModelOpt quantization_config: the BFL writer's linear layout")
-        unsettled.append(f"{len(both)} NVFP4 layer(s) (e.g. {both[0]}) have N % 128 == 0 and (K/16) % 4 == 0, where "
-                         f"linear and blocked scales have the same shape: read as linear because {evidence}; the "
-                         "nibble order (low first) is the writer's; neither the header nor the data shows either")
+        evidence = (
+            f"layer {linear_only[0]!r} of this file has scales only the linear layout fits"
+            if linear_only
+            else "no layer's shape tells, the file has no comfy_quant marker (a Comfy writer marks its "
+            "layers) and no ModelOpt quantization_config: the BFL writer's linear layout"
+        )
+        unsettled.append(
+            f"{len(both)} NVFP4 layer(s) (e.g. {both[0]}) have N % 128 == 0 and (K/16) % 4 == 0, where "
+            f"linear and blocked scales have the same shape: read as linear because {evidence}; the "
+            "nibble order (low first) is the writer's; neither the header nor the data shows either"
+        )
     for prefix in linear_only + both:
         t = ckpt.layers[prefix].tensors
         layers[prefix] = _nvfp4(prefix, t, nv[prefix][lay.LINEAR], unsettled if prefix in both else None)
@@ -96,11 +113,19 @@ def detect(ckpt, claimed: set) -> Claim | None:
 
 
 def _nvfp4(prefix: str, t: dict, scale_cols: int, unsettled: list[str] | None) -> Translation:
-    tr = nvfp4.to_comfy(prefix, t, dialect=NAME, variant=NVFP4, nibbles=lay.LOW_FIRST, layout=lay.LINEAR,
-                        scale_cols=scale_cols, source=SOURCE, unsettled=list(unsettled or []))
+    tr = nvfp4.to_comfy(
+        prefix,
+        t,
+        dialect=NAME,
+        variant=NVFP4,
+        nibbles=lay.LOW_FIRST,
+        layout=lay.LINEAR,
+        scale_cols=scale_cols,
+        source=SOURCE,
+        unsettled=list(unsettled or []),
+    )
     if "input_scale" not in t and tr.verdict == PERMUTATION:
-        tr.why += "; no input_scale (diffusers' BFL quantizer refuses such a layer; Comfy runs it with dynamic " \
-                  "activation scales)"
+        tr.why += "; no input_scale (diffusers' BFL quantizer refuses such a layer; Comfy runs it with dynamic activation scales)"
     return tr
 
 
@@ -110,16 +135,33 @@ def _fp8r(prefix: str, t: dict) -> Translation:
     drops = [si.name] if si is not None else []
     dropped_why = "fp8r quantizes activations per row at run time: diffusers never applies input_scale"
     if w.shape[0] == 1:  # one row: the per-row scale is a per-tensor scale
-        return Translation(prefix, NAME, FP8R, t, verdict=EXACT, format="float8_e4m3fn",
-                           marker={"format": "float8_e4m3fn"}, why="one row: its per-row scale is a per-tensor scale",
-                           moves=[copy(w, "weight"), scalar_scale(s, prefix, "weight_scale"), *others], drops=drops,
-                           dropped_why=dropped_why)
-    return Translation(prefix, NAME, FP8R, t, verdict=LOSSY,
-                       why=f"per-row weight_scale {fmt_shape(s.shape)}: no Comfy FP8 format has per-row scales "
-                           "(convert_to_quant's float8_e4m3fn_rowwise is unregistered in ComfyUI and SGLang)",
-                       moves=others, drops=drops, dropped_why=dropped_why,
-                       decoder=scaled_fp8("weight", "weight_scale"),
-                       lossy=Lossy("float8_e4m3fn", why="requantized with one scale per tensor"))
+        return Translation(
+            prefix,
+            NAME,
+            FP8R,
+            t,
+            verdict=EXACT,
+            format="float8_e4m3fn",
+            marker={"format": "float8_e4m3fn"},
+            why="one row: its per-row scale is a per-tensor scale",
+            moves=[copy(w, "weight"), scalar_scale(s, prefix, "weight_scale"), *others],
+            drops=drops,
+            dropped_why=dropped_why,
+        )
+    return Translation(
+        prefix,
+        NAME,
+        FP8R,
+        t,
+        verdict=LOSSY,
+        why=f"per-row weight_scale {fmt_shape(s.shape)}: no Comfy FP8 format has per-row scales "
+        "(convert_to_quant's float8_e4m3fn_rowwise is unregistered in ComfyUI and SGLang)",
+        moves=others,
+        drops=drops,
+        dropped_why=dropped_why,
+        decoder=scaled_fp8("weight", "weight_scale"),
+        lossy=Lossy("float8_e4m3fn", why="requantized with one scale per tensor"),
+    )
 
 
 def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
@@ -132,25 +174,52 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
         w = tr.inputs["weight"]
         if target == "comfyui":
             if tr.variant == NVFP4:
-                out.append(Violation(
-                    "comfyui.bfl", f"(no exact ComfyUI message modelled) layer '{tr.prefix}': no marker, so ComfyUI "
-                    f"loads the U8 weight {fmt_shape(w.shape)} as a plain weight where the model has "
-                    f"[{w.shape[0]}, {2 * w.shape[1]}]: size mismatch at load_state_dict", "RuntimeError", tr.prefix,
-                    "weight", True, "BFL/diffusers NVFP4 layout without comfy_quant markers", "comfyquant migrate"))
+                out.append(
+                    Violation(
+                        "comfyui.bfl",
+                        f"(no exact ComfyUI message modelled) layer '{tr.prefix}': no marker, so ComfyUI "
+                        f"loads the U8 weight {fmt_shape(w.shape)} as a plain weight where the model has "
+                        f"[{w.shape[0]}, {2 * w.shape[1]}]: size mismatch at load_state_dict",
+                        "RuntimeError",
+                        tr.prefix,
+                        "weight",
+                        True,
+                        "BFL/diffusers NVFP4 layout without comfy_quant markers",
+                        "comfyquant migrate",
+                    )
+                )
             else:
-                out.append(Violation(
-                    "comfyui.bfl", f"layer '{tr.prefix}': no marker, so ComfyUI casts the F8_E4M3 weight to the compute "
-                    "dtype by value and never applies its per-row weight_scale (garbage output, no error)", None,
-                    tr.prefix, "weight", False, "BFL fp8r layout without comfy_quant markers",
-                    "comfyquant migrate --allow-lossy, or dequantize", severity="error"))
+                out.append(
+                    Violation(
+                        "comfyui.bfl",
+                        f"layer '{tr.prefix}': no marker, so ComfyUI casts the F8_E4M3 weight to the compute "
+                        "dtype by value and never applies its per-row weight_scale (garbage output, no error)",
+                        None,
+                        tr.prefix,
+                        "weight",
+                        False,
+                        "BFL fp8r layout without comfy_quant markers",
+                        "comfyquant migrate --allow-lossy, or dequantize",
+                        severity="error",
+                    )
+                )
         elif target == "sglang":
             if tr.variant == NVFP4 and packed_qkv:
-                out.append(Violation(
-                    "sglang.bfl", f"(no SGLang message modelled) layer '{tr.prefix}': the file has BFL packed-QKV "
-                    "names, so SGLang's diffusion loader reads its NVFP4 scales as swizzled and swaps nibbles; "
-                    "these are linear and low-nibble-first (garbage output, no error)", None, tr.prefix,
-                    "weight_scale", False, "BFL/diffusers NVFP4 layout under BFL (FLUX) names",
-                    "comfyquant migrate (Comfy layout, which SGLang reads)", severity="error"))
+                out.append(
+                    Violation(
+                        "sglang.bfl",
+                        f"(no SGLang message modelled) layer '{tr.prefix}': the file has BFL packed-QKV "
+                        "names, so SGLang's diffusion loader reads its NVFP4 scales as swizzled and swaps nibbles; "
+                        "these are linear and low-nibble-first (garbage output, no error)",
+                        None,
+                        tr.prefix,
+                        "weight_scale",
+                        False,
+                        "BFL/diffusers NVFP4 layout under BFL (FLUX) names",
+                        "comfyquant migrate (Comfy layout, which SGLang reads)",
+                        severity="error",
+                    )
+                )
     return out
 
 
@@ -165,17 +234,31 @@ def export(ckpt, claimed: set) -> Claim | None:
         t = layer.tensors
         if layer.format_name == NVFP4 and nvfp4.nvfp4_tensors(t):
             if "pre_quant_scale" in t:
-                layers[prefix] = Translation(prefix, NAME, NVFP4, t, verdict=REFUSED,
-                                             why="pre_quant_scale: diffusers' BFL quantizer never applies one")
+                layers[prefix] = Translation(
+                    prefix, NAME, NVFP4, t, verdict=REFUSED, why="pre_quant_scale: diffusers' BFL quantizer never applies one"
+                )
                 continue
             tr = layers[prefix] = nvfp4.from_comfy(
-                prefix, t, dialect=NAME, variant=NVFP4, nibbles=lay.LOW_FIRST, layout=lay.LINEAR, keep_rows=False,
-                pad_scale_cols=False, marker=None,
+                prefix,
+                t,
+                dialect=NAME,
+                variant=NVFP4,
+                nibbles=lay.LOW_FIRST,
+                layout=lay.LINEAR,
+                keep_rows=False,
+                pad_scale_cols=False,
+                marker=None,
                 require_input_scale="no input_scale: diffusers' BFL quantizer refuses an nvfp4 layer without one "
-                                    "('has `weight_scale_2` but no `input_scale`')")
+                "('has `weight_scale_2` but no `input_scale`')",
+            )
             nvfp4.check_padding(ckpt, tr)
-        elif layer.format_name == "float8_e4m3fn" and t.get("weight") is not None and t["weight"].dtype == "F8_E4M3" \
-                and len(t["weight"].shape) == 2 and is_scalar_float(t.get("weight_scale")):
+        elif (
+            layer.format_name == "float8_e4m3fn"
+            and t.get("weight") is not None
+            and t["weight"].dtype == "F8_E4M3"
+            and len(t["weight"].shape) == 2
+            and is_scalar_float(t.get("weight_scale"))
+        ):
             layers[prefix] = _to_fp8r(prefix, t)
     return Claim(NAME, layers) if layers else None
 
@@ -189,18 +272,40 @@ def _to_fp8r(prefix: str, t: dict) -> Translation:
 
         return lay.broadcast_rows(to_f32(data, dtype), rows)
 
-    moves = [copy(w, "weight"), Move("weight_scale", s.name, "F32", (rows,), per_row, EXACT,
-                                     f"per-tensor scale -> the same value for each of {rows} rows")]
-    moves += [copy(e, suffix) for suffix, e in t.items() if suffix not in ("weight", "weight_scale", "input_scale",
-                                                                           "comfy_quant")]
+    moves = [
+        copy(w, "weight"),
+        Move(
+            "weight_scale", s.name, "F32", (rows,), per_row, EXACT, f"per-tensor scale -> the same value for each of {rows} rows"
+        ),
+    ]
+    moves += [
+        copy(e, suffix) for suffix, e in t.items() if suffix not in ("weight", "weight_scale", "input_scale", "comfy_quant")
+    ]
     drops = [si.name] if si is not None else []
     drops += [t["comfy_quant"].name] if "comfy_quant" in t else []
-    return Translation(prefix, NAME, FP8R, t, verdict=EXACT, why="per-tensor weight_scale repeated per row",
-                       moves=moves, drops=drops,
-                       dropped_why="fp8r quantizes activations per row at run time (no input_scale); no marker")
+    return Translation(
+        prefix,
+        NAME,
+        FP8R,
+        t,
+        verdict=EXACT,
+        why="per-tensor weight_scale repeated per row",
+        moves=moves,
+        drops=drops,
+        dropped_why="fp8r quantizes activations per row at run time (no input_scale); no marker",
+    )
 
 
-DIALECTS = (Dialect(NAME, "BFL FLUX.2 fp8r / nvfp4 (diffusers BFL quantizer layout)",
-                    writer="diffusers 0.42 BFL quantizer layout (quantize_fp8r / quantize_nvfp4), BFL FLUX.2 files",
-                    source="spec dialects-and-loading.md §2, §3.2; diffusers quantizers/bfl/utils.py",
-                    detect=detect, runtime=runtime, settle=nvfp4.settle, export=export, order=40),)
+DIALECTS = (
+    Dialect(
+        NAME,
+        "BFL FLUX.2 fp8r / nvfp4 (diffusers BFL quantizer layout)",
+        writer="diffusers 0.42 BFL quantizer layout (quantize_fp8r / quantize_nvfp4), BFL FLUX.2 files",
+        source="spec dialects-and-loading.md §2, §3.2; diffusers quantizers/bfl/utils.py",
+        detect=detect,
+        runtime=runtime,
+        settle=nvfp4.settle,
+        export=export,
+        order=40,
+    ),
+)

@@ -41,8 +41,15 @@ def comfy_pad() -> tuple[int, int]:
 def nvfp4_tensors(t: dict) -> bool:
     """A packed-FP4 layer: U8 2-D weight, 2-D E4M3 block scales, a scalar tensor scale."""
     w, s, s2 = t.get("weight"), t.get("weight_scale"), t.get("weight_scale_2")
-    return (w is not None and w.dtype == "U8" and len(w.shape) == 2 and s is not None and s.dtype in SCALE_DTYPES
-            and len(s.shape) == 2 and is_scalar_float(s2))
+    return (
+        w is not None
+        and w.dtype == "U8"
+        and len(w.shape) == 2
+        and s is not None
+        and s.dtype in SCALE_DTYPES
+        and len(s.shape) == 2
+        and is_scalar_float(s2)
+    )
 
 
 def fits(t: dict) -> dict[str, int]:
@@ -65,8 +72,18 @@ def model_rows(t: dict, rows: int) -> int | None:
     return None
 
 
-def to_comfy(prefix: str, t: dict, *, dialect: str, variant: str, nibbles: str, layout: str, scale_cols: int,
-             source: str, unsettled: list[str] | None = None) -> Translation:
+def to_comfy(
+    prefix: str,
+    t: dict,
+    *,
+    dialect: str,
+    variant: str,
+    nibbles: str,
+    layout: str,
+    scale_cols: int,
+    source: str,
+    unsettled: list[str] | None = None,
+) -> Translation:
     """The Comfy ``nvfp4`` translation of a packed-FP4 layer stored with ``nibbles`` order and
     ``layout`` scales of ``scale_cols`` logical columns (``source`` says who writes it so)."""
     w, s, s2, si = t["weight"], t["weight_scale"], t["weight_scale_2"], t.get("input_scale")
@@ -76,13 +93,17 @@ def to_comfy(prefix: str, t: dict, *, dialect: str, variant: str, nibbles: str, 
     n_model = model_rows(t, rows)
     refuse = partial(Translation, prefix, dialect, variant, t, verdict=REFUSED, unsettled=unsettled)
     if (2 * cb) % pad_cols:
-        return refuse(why=f"packed weight {fmt_shape(w.shape)} holds K = {2 * cb}, not a multiple of {pad_cols}: "
-                          "Comfy nvfp4 pads K, and nothing would record the model's K")
+        return refuse(
+            why=f"packed weight {fmt_shape(w.shape)} holds K = {2 * cb}, not a multiple of {pad_cols}: "
+            "Comfy nvfp4 pads K, and nothing would record the model's K"
+        )
     if n_model is None:
         return refuse(why=f"bias {fmt_shape(t['bias'].shape)} does not fit weight {fmt_shape(w.shape)}")
     if rows % pad_rows and "bias" not in t:
-        return refuse(why=f"N = {rows} rows, not a multiple of {pad_rows}: Comfy nvfp4 pads them to "
-                          f"{ceil_to(rows, pad_rows)} and, without a bias, nothing in the Comfy file would keep N")
+        return refuse(
+            why=f"N = {rows} rows, not a multiple of {pad_rows}: Comfy nvfp4 pads them to "
+            f"{ceil_to(rows, pad_rows)} and, without a bias, nothing in the Comfy file would keep N"
+        )
     if si is not None and not is_scalar_float(si):
         return refuse(why=f"input_scale {si.dtype} {fmt_shape(si.shape)} is not one float")
     out_rows = ceil_to(rows, pad_rows)
@@ -91,9 +112,15 @@ def to_comfy(prefix: str, t: dict, *, dialect: str, variant: str, nibbles: str, 
         what.append("nibbles low-first -> high-first")
     if out_rows != rows:
         what.append(f"rows {rows} -> {out_rows} (zero padding)")
-    weight = Move("weight", w.name, "U8", (out_rows, cb),
-                  partial(lay.weight_to_comfy, rows=rows, cols=cb, out_rows=out_rows, out_cols=cb, nibbles=nibbles),
-                  PERMUTATION if what else EXACT, ", ".join(what))
+    weight = Move(
+        "weight",
+        w.name,
+        "U8",
+        (out_rows, cb),
+        partial(lay.weight_to_comfy, rows=rows, cols=cb, out_rows=out_rows, out_cols=cb, nibbles=nibbles),
+        PERMUTATION if what else EXACT,
+        ", ".join(what),
+    )
     s_what = [f"{layout} {fmt_shape(s.shape)} -> blocked {fmt_shape(blocked_shape(rows, kblocks))}"]
     if scale_cols != kblocks:
         s_what.append(f"scale columns {scale_cols} -> {kblocks} (zero padding dropped)")
@@ -103,9 +130,14 @@ def to_comfy(prefix: str, t: dict, *, dialect: str, variant: str, nibbles: str, 
     if drops and layout == lay.BLOCKED:
         s_what.append("the blocked layout's zero padding dropped")
     scale = (Dropping if drops else Move)(
-        "weight_scale", s.name, "F8_E4M3", blocked_shape(rows, kblocks),
-        partial(lay.scales_to_comfy, layout=layout, rows=rows, cols=scale_cols, kblocks=kblocks), PERMUTATION,
-        ", ".join(s_what))
+        "weight_scale",
+        s.name,
+        "F8_E4M3",
+        blocked_shape(rows, kblocks),
+        partial(lay.scales_to_comfy, layout=layout, rows=rows, cols=scale_cols, kblocks=kblocks),
+        PERMUTATION,
+        ", ".join(s_what),
+    )
     moves = [weight, scale, scalar_scale(s2, prefix, "weight_scale_2")]
     if si is not None:
         moves.append(scalar_scale(si, prefix, "input_scale"))
@@ -114,18 +146,48 @@ def to_comfy(prefix: str, t: dict, *, dialect: str, variant: str, nibbles: str, 
     pre = t.get("pre_quant_scale")
     k_model = pre.shape[0] if pre is not None and len(pre.shape) == 1 else 2 * cb
     decoder = partial(_decode, nibbles=nibbles, layout=layout, scale_cols=scale_cols, rows=n_model, cols=k_model)
-    return Translation(prefix, dialect, variant, t, verdict=PERMUTATION, why=why, format=COMFY,
-                       marker={"format": COMFY}, moves=moves, unsettled=unsettled, decoder=decoder)
+    return Translation(
+        prefix,
+        dialect,
+        variant,
+        t,
+        verdict=PERMUTATION,
+        why=why,
+        format=COMFY,
+        marker={"format": COMFY},
+        moves=moves,
+        unsettled=unsettled,
+        decoder=decoder,
+    )
 
 
 def _decode(stored: dict, *, nibbles: str, layout: str, scale_cols: int, rows: int, cols: int):
-    return lay.decode(stored["weight"], stored["weight_scale"], stored["weight_scale_2"], nibbles=nibbles,
-                      layout=layout, scale_cols=scale_cols, rows=rows, cols=cols,
-                      pre_quant_scale=stored.get("pre_quant_scale"))
+    return lay.decode(
+        stored["weight"],
+        stored["weight_scale"],
+        stored["weight_scale_2"],
+        nibbles=nibbles,
+        layout=layout,
+        scale_cols=scale_cols,
+        rows=rows,
+        cols=cols,
+        pre_quant_scale=stored.get("pre_quant_scale"),
+    )
 
 
-def from_comfy(prefix: str, t: dict, *, dialect: str, variant: str, nibbles: str, layout: str, keep_rows: bool,
-               pad_scale_cols: bool, marker: dict | None, require_input_scale: str = "") -> Translation:
+def from_comfy(
+    prefix: str,
+    t: dict,
+    *,
+    dialect: str,
+    variant: str,
+    nibbles: str,
+    layout: str,
+    keep_rows: bool,
+    pad_scale_cols: bool,
+    marker: dict | None,
+    require_input_scale: str = "",
+) -> Translation:
     """A Comfy ``nvfp4`` layer in another layout: ``nibbles`` order, ``layout`` scales, rows cut
     to the model's N (the bias length) unless ``keep_rows``, packed and scale columns padded to
     16 when ``pad_scale_cols`` (ModelOpt's ``row_col``).  Dropped padding must be zero (the
@@ -134,10 +196,13 @@ def from_comfy(prefix: str, t: dict, *, dialect: str, variant: str, nibbles: str
     rows, cb = w.shape
     kblocks = 2 * cb // lay.BLOCK
     refuse = partial(Translation, prefix, dialect, variant, t, verdict=REFUSED)
-    if (2 * cb) % lay.BLOCK or tuple(s.shape) != blocked_shape(rows, kblocks) or not is_scalar_float(s2) \
-            or s.dtype not in SCALE_DTYPES:
-        return refuse(why=f"not a Comfy nvfp4 layer: weight {fmt_shape(w.shape)}, weight_scale {s.dtype} "
-                          f"{fmt_shape(s.shape)}")
+    if (
+        (2 * cb) % lay.BLOCK
+        or tuple(s.shape) != blocked_shape(rows, kblocks)
+        or not is_scalar_float(s2)
+        or s.dtype not in SCALE_DTYPES
+    ):
+        return refuse(why=f"not a Comfy nvfp4 layer: weight {fmt_shape(w.shape)}, weight_scale {s.dtype} {fmt_shape(s.shape)}")
     if si is None and require_input_scale:
         return refuse(why=require_input_scale)
     if si is not None and not is_scalar_float(si):
@@ -154,22 +219,42 @@ def from_comfy(prefix: str, t: dict, *, dialect: str, variant: str, nibbles: str
     if out_cb != cb:
         what.append(f"packed columns {cb} -> {out_cb} (zero padding)")
     weight = (Dropping if out_rows < rows else Move)(
-        "weight", w.name, "U8", (out_rows, out_cb),
+        "weight",
+        w.name,
+        "U8",
+        (out_rows, out_cb),
         partial(lay.weight_from_comfy, rows=rows, cols=cb, out_rows=out_rows, out_cols=out_cb, nibbles=nibbles),
-        PERMUTATION, ", ".join(what))
+        PERMUTATION,
+        ", ".join(what),
+    )
     s_shape = (out_rows, out_sc) if layout == lay.LINEAR else blocked_shape(out_rows, out_sc)
     scale = (Dropping if out_rows < rows or tuple(s.shape) != (rows, kblocks) else Move)(
-        "weight_scale", s.name, "F8_E4M3", s_shape,
-        partial(lay.scales_from_comfy, rows=rows, kblocks=kblocks, out_rows=out_rows, out_cols=out_sc,
-                layout=layout), PERMUTATION, f"blocked {fmt_shape(s.shape)} -> {layout} {fmt_shape(s_shape)}")
+        "weight_scale",
+        s.name,
+        "F8_E4M3",
+        s_shape,
+        partial(lay.scales_from_comfy, rows=rows, kblocks=kblocks, out_rows=out_rows, out_cols=out_sc, layout=layout),
+        PERMUTATION,
+        f"blocked {fmt_shape(s.shape)} -> {layout} {fmt_shape(s_shape)}",
+    )
     moves = [weight, scale, scalar_scale(s2, prefix, "weight_scale_2")]
     if si is not None:
         moves.append(scalar_scale(si, prefix, "input_scale"))
     moves += [copy(e, suffix) for suffix, e in t.items() if suffix not in HANDLED]
     why = ", ".join(what + [scale.what])
-    return Translation(prefix, dialect, variant, t, verdict=PERMUTATION, why=why, format=None, marker=marker,
-                       moves=moves, drops=[t["comfy_quant"].name] if "comfy_quant" in t else [],
-                       dropped_why="the layout has no comfy_quant marker")
+    return Translation(
+        prefix,
+        dialect,
+        variant,
+        t,
+        verdict=PERMUTATION,
+        why=why,
+        format=None,
+        marker=marker,
+        moves=moves,
+        drops=[t["comfy_quant"].name] if "comfy_quant" in t else [],
+        dropped_why="the layout has no comfy_quant marker",
+    )
 
 
 def check_padding(ckpt, tr: Translation) -> str | None:
@@ -199,8 +284,13 @@ def settle(ckpt, claim) -> list[Finding]:
         if tr.verdict == PERMUTATION and tr.format == COMFY:
             problem = check_padding(ckpt, tr)
             if problem is not None:
-                findings.append(Finding("F004", f"layer {tr.prefix}: {problem}", layer=tr.prefix,
-                                        cause=f"a {claim.dialect} NVFP4 layer whose padding holds values",
-                                        fix="re-export the layer from its writer, or dequantize it"))
+                findings.append(
+                    Finding(
+                        "F004",
+                        f"layer {tr.prefix}: {problem}",
+                        layer=tr.prefix,
+                        cause=f"a {claim.dialect} NVFP4 layer whose padding holds values",
+                        fix="re-export the layer from its writer, or dequantize it",
+                    )
+                )
     return findings
-

@@ -69,9 +69,15 @@ def detect(ckpt, claimed: set) -> Claim | None:
         e = ckpt.tensors[n]
         mm = "no FP8 matmul (full_precision_matrix_mult)" if e.numel == 2 else "FP8 matmul allowed"
         notes.append(f"sentinel {n!r} {e.dtype} {fmt_shape(e.shape)}: {mm}")
-    return Claim(NAME, layers, drop=flags, notes=notes,
-                 unsettled=["scale_input == 1.0 (ComfyUI then drops it: dynamic activations)"]
-                 if any("scale_input" in tr.inputs for tr in layers.values()) else [])
+    return Claim(
+        NAME,
+        layers,
+        drop=flags,
+        notes=notes,
+        unsettled=["scale_input == 1.0 (ComfyUI then drops it: dynamic activations)"]
+        if any("scale_input" in tr.inputs for tr in layers.values())
+        else [],
+    )
 
 
 def _translate(prefix: str, t: dict, full_precision: bool) -> Translation:
@@ -81,13 +87,27 @@ def _translate(prefix: str, t: dict, full_precision: bool) -> Translation:
     renames = COMFY_READING.legacy_renames
     if w.dtype in DENSE_DTYPES:
         drops = [sw.name] + ([si.name] if si is not None else [])
-        return Translation(prefix, NAME, "dense layer, dummy scale", t, verdict=EXACT,
-                           why=f"{w.dtype} weight: the scale is a placeholder, dropped",
-                           moves=[copy(w, "weight"), *others], drops=drops, dropped_why="dummy scale on a dense layer",
-                           unsettled=["the dummy scale_weight is 1.0"])
+        return Translation(
+            prefix,
+            NAME,
+            "dense layer, dummy scale",
+            t,
+            verdict=EXACT,
+            why=f"{w.dtype} weight: the scale is a placeholder, dropped",
+            moves=[copy(w, "weight"), *others],
+            drops=drops,
+            dropped_why="dummy scale on a dense layer",
+            unsettled=["the dummy scale_weight is 1.0"],
+        )
     if fmt is None:
-        return Translation(prefix, NAME, "unknown", t, verdict=REFUSED,
-                           why=f"{w.dtype} weight with scale_weight: not an FP8 layer ComfyUI's legacy layout knows")
+        return Translation(
+            prefix,
+            NAME,
+            "unknown",
+            t,
+            verdict=REFUSED,
+            why=f"{w.dtype} weight with scale_weight: not an FP8 layer ComfyUI's legacy layout knows",
+        )
     if is_scalar_float(sw) and (si is None or is_scalar_float(si)):
         marker = {"format": fmt}
         if full_precision:
@@ -99,16 +119,38 @@ def _translate(prefix: str, t: dict, full_precision: bool) -> Translation:
         why = ", ".join(f"rename {old} -> {new}" for old, new in renames.items() if old in t)
         if sw.dtype != "F32":
             why += f", {sw.dtype} scale -> F32 (exact)"
-        return Translation(prefix, NAME, variant, t, verdict=EXACT, why=why, format=fmt, marker=marker, moves=moves,
-                           unsettled=["scale_input == 1.0"] if si is not None else [])
-    if sw.dtype in FLOAT_SCALE_DTYPES and (len(sw.shape) in (1, 2, 3)) and len(w.shape) == 2 \
-            and _scale_fits(w.shape, sw.shape):
+        return Translation(
+            prefix,
+            NAME,
+            variant,
+            t,
+            verdict=EXACT,
+            why=why,
+            format=fmt,
+            marker=marker,
+            moves=moves,
+            unsettled=["scale_input == 1.0"] if si is not None else [],
+        )
+    if sw.dtype in FLOAT_SCALE_DTYPES and (len(sw.shape) in (1, 2, 3)) and len(w.shape) == 2 and _scale_fits(w.shape, sw.shape):
         variant = "block" if len(sw.shape) == 3 else "channel"
-        return Translation(prefix, NAME, variant, t, verdict=LOSSY,
-                           why=f"{variant} scale {fmt_shape(sw.shape)}: no Comfy FP8 format has per-{variant} scales",
-                           decoder=scaled_fp8(), lossy=Lossy(COMFY_READING.name, why="re-quantized per tensor"))
-    return Translation(prefix, NAME, "unknown", t, verdict=REFUSED,
-                       why=f"scale_weight {sw.dtype} {fmt_shape(sw.shape)} does not fit weight {fmt_shape(w.shape)}")
+        return Translation(
+            prefix,
+            NAME,
+            variant,
+            t,
+            verdict=LOSSY,
+            why=f"{variant} scale {fmt_shape(sw.shape)}: no Comfy FP8 format has per-{variant} scales",
+            decoder=scaled_fp8(),
+            lossy=Lossy(COMFY_READING.name, why="re-quantized per tensor"),
+        )
+    return Translation(
+        prefix,
+        NAME,
+        "unknown",
+        t,
+        verdict=REFUSED,
+        why=f"scale_weight {sw.dtype} {fmt_shape(sw.shape)} does not fit weight {fmt_shape(w.shape)}",
+    )
 
 
 def _scale_fits(wshape: tuple, sshape: tuple) -> bool:
@@ -122,9 +164,15 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
     """Read the scalars the header cannot tell: ``scale_input == 1.0`` (ComfyUI drops it, so
     the migrated layer drops it too: the file keeps behaving as ComfyUI ran it) and whether a
     dense layer's dummy scale is 1.0 (any other value: which weight was meant is unknown)."""
-    wanted = [tr.inputs[s] for tr in claim.layers.values() for s in ("scale_input", "scale_weight")
-              if s in tr.inputs and tr.inputs[s].numel == 1 and tr.inputs[s].dtype in FLOAT_SCALE_DTYPES
-              and (s == "scale_input" or tr.format is None)]
+    wanted = [
+        tr.inputs[s]
+        for tr in claim.layers.values()
+        for s in ("scale_input", "scale_weight")
+        if s in tr.inputs
+        and tr.inputs[s].numel == 1
+        and tr.inputs[s].dtype in FLOAT_SCALE_DTYPES
+        and (s == "scale_input" or tr.format is None)
+    ]
     values = ckpt.read_many(wanted) if wanted else {}
     ones, findings = [], []
     for tr in claim.layers.values():
@@ -142,19 +190,33 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
                 v = float_scalar(values[sw.name], sw.dtype)
                 if v != 1.0:
                     tr.verdict = REFUSED
-                    tr.why = (f"dense {tr.inputs['weight'].dtype} weight with scale_weight {v!r}, not 1.0: whether the "
-                              "weight or weight x scale is meant is unknown")
-                    findings.append(Finding("F004", f"layer {tr.prefix}: dense weight carries scale_weight {v!r}, not a "
-                                                    "dummy 1.0", layer=tr.prefix, tensor=sw.name,
-                                            cause="a dense layer with a real scale in a legacy file",
-                                            fix="compare with the original weights before using this layer"))
+                    tr.why = (
+                        f"dense {tr.inputs['weight'].dtype} weight with scale_weight {v!r}, not 1.0: whether the "
+                        "weight or weight x scale is meant is unknown"
+                    )
+                    findings.append(
+                        Finding(
+                            "F004",
+                            f"layer {tr.prefix}: dense weight carries scale_weight {v!r}, not a dummy 1.0",
+                            layer=tr.prefix,
+                            tensor=sw.name,
+                            cause="a dense layer with a real scale in a legacy file",
+                            fix="compare with the original weights before using this layer",
+                        )
+                    )
         tr.unsettled = []
     claim.unsettled = []
     if ones:
-        findings.append(Finding("F004", f"{len(ones)} legacy layer(s) have scale_input == 1.0 (e.g. {ones[0]}): ComfyUI "
-                                        "drops it and runs them with dynamic activation scales", severity="info",
-                                cause="the value, not the header, decides ComfyUI's activation scheme",
-                                fix="nothing to do; comfyquant migrate drops it the same way"))
+        findings.append(
+            Finding(
+                "F004",
+                f"{len(ones)} legacy layer(s) have scale_input == 1.0 (e.g. {ones[0]}): ComfyUI "
+                "drops it and runs them with dynamic activation scales",
+                severity="info",
+                cause="the value, not the header, decides ComfyUI's activation scheme",
+                fix="nothing to do; comfyquant migrate drops it the same way",
+            )
+        )
     return findings
 
 
@@ -169,46 +231,105 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
     fp8 = [tr for tr in claim.layers.values() if tr.format is not None or tr.verdict == LOSSY]
     if ckpt.markers.headers:
         for tr in fp8:
-            out.append(Violation("comfyui.legacy", f"layer '{tr.prefix}': the header has _quantization_metadata, so "
-                                 "ComfyUI skips its legacy translation and casts the FP8 weight by value without its "
-                                 "scale_weight (garbage output, no error)", None, tr.prefix, "weight", False,
-                                 "legacy layers in a file that also has a marker map", "comfyquant migrate",
-                                 severity="error"))
+            out.append(
+                Violation(
+                    "comfyui.legacy",
+                    f"layer '{tr.prefix}': the header has _quantization_metadata, so "
+                    "ComfyUI skips its legacy translation and casts the FP8 weight by value without its "
+                    "scale_weight (garbage output, no error)",
+                    None,
+                    tr.prefix,
+                    "weight",
+                    False,
+                    "legacy layers in a file that also has a marker map",
+                    "comfyquant migrate",
+                    severity="error",
+                )
+            )
         return out
     roots = {root_of(p) for p in claim.layers}
     flag_roots = {n[: -len(SENTINEL)] for n in claim.drop}
     lost = [r for r in roots if r in DIFFUSION_ROOTS and r not in flag_roots]
     for tr in fp8:
         if root_of(tr.prefix) in lost:
-            out.append(Violation("comfyui.legacy", f"layer '{tr.prefix}': ComfyUI strips '{root_of(tr.prefix)}' before "
-                                 f"looking for the sentinel, and the file has it as {sorted(claim.drop)[0]!r}: the "
-                                 "sentinel is lost and the FP8 weight is cast by value without its scale (garbage "
-                                 "output, no error)", None, tr.prefix, "weight", False,
-                                 "scaled_fp8 sentinel outside the diffusion model's prefix", "comfyquant migrate",
-                                 severity="error"))
+            out.append(
+                Violation(
+                    "comfyui.legacy",
+                    f"layer '{tr.prefix}': ComfyUI strips '{root_of(tr.prefix)}' before "
+                    f"looking for the sentinel, and the file has it as {sorted(claim.drop)[0]!r}: the "
+                    "sentinel is lost and the FP8 weight is cast by value without its scale (garbage "
+                    "output, no error)",
+                    None,
+                    tr.prefix,
+                    "weight",
+                    False,
+                    "scaled_fp8 sentinel outside the diffusion model's prefix",
+                    "comfyquant migrate",
+                    severity="error",
+                )
+            )
     for tr in claim.layers.values():
         w = tr.inputs["weight"]
         if tr.format is not None and tr.format != COMFY_READING.name:
-            out.append(Violation("comfyui.legacy", f"layer '{tr.prefix}': ComfyUI's legacy translation marks every "
-                                 f"layer {COMFY_READING.name} and re-casts this {w.dtype} weight by value (garbage output, "
-                                 "no error)", None, tr.prefix, "weight", False, f"{w.dtype} weights in a legacy file",
-                                 f"comfyquant migrate (writes {tr.format} markers)", severity="error"))
+            out.append(
+                Violation(
+                    "comfyui.legacy",
+                    f"layer '{tr.prefix}': ComfyUI's legacy translation marks every "
+                    f"layer {COMFY_READING.name} and re-casts this {w.dtype} weight by value (garbage output, "
+                    "no error)",
+                    None,
+                    tr.prefix,
+                    "weight",
+                    False,
+                    f"{w.dtype} weights in a legacy file",
+                    f"comfyquant migrate (writes {tr.format} markers)",
+                    severity="error",
+                )
+            )
         elif tr.format is None and tr.verdict != LOSSY and w.dtype in DENSE_DTYPES:
-            out.append(Violation("comfyui.legacy", f"layer '{tr.prefix}': ComfyUI marks any layer with a scale_weight "
-                                 f"{COMFY_READING.name} and casts this {w.dtype} weight to FP8 (precision lost, no error)",
-                                 None, tr.prefix, "weight", False, "dummy scale_weight on a dense layer",
-                                 "comfyquant migrate (drops the dummy scale)", severity="warning"))
+            out.append(
+                Violation(
+                    "comfyui.legacy",
+                    f"layer '{tr.prefix}': ComfyUI marks any layer with a scale_weight "
+                    f"{COMFY_READING.name} and casts this {w.dtype} weight to FP8 (precision lost, no error)",
+                    None,
+                    tr.prefix,
+                    "weight",
+                    False,
+                    "dummy scale_weight on a dense layer",
+                    "comfyquant migrate (drops the dummy scale)",
+                    severity="warning",
+                )
+            )
         elif tr.verdict == LOSSY:
             rank = len(tr.inputs["scale_weight"].shape)
-            out.append(Violation("comfyui.legacy", f"(no exact ComfyUI message modelled) layer '{tr.prefix}': "
-                                 f"{tr.variant} scale_weight {fmt_shape(tr.inputs['scale_weight'].shape)} is not a "
-                                 "per-tensor scale: ComfyUI's float8_e4m3fn layout takes one scale per tensor",
-                                 None if rank < 3 else "RuntimeError", tr.prefix, "scale_weight", rank == 3,
-                                 "per-channel or block scales (ComfyUI issue #10491)",
-                                 "comfyquant migrate --allow-lossy, or dequantize", severity="error"))
+            out.append(
+                Violation(
+                    "comfyui.legacy",
+                    f"(no exact ComfyUI message modelled) layer '{tr.prefix}': "
+                    f"{tr.variant} scale_weight {fmt_shape(tr.inputs['scale_weight'].shape)} is not a "
+                    "per-tensor scale: ComfyUI's float8_e4m3fn layout takes one scale per tensor",
+                    None if rank < 3 else "RuntimeError",
+                    tr.prefix,
+                    "scale_weight",
+                    rank == 3,
+                    "per-channel or block scales (ComfyUI issue #10491)",
+                    "comfyquant migrate --allow-lossy, or dequantize",
+                    severity="error",
+                )
+            )
     return out
 
 
-DIALECTS = (Dialect(NAME, "ComfyUI legacy scaled FP8", writer="ComfyUI before 0.4 (fp8_scaled checkpoints)",
-                    source="spec dialects-and-loading.md §1; ComfyUI comfy/utils.py convert_old_quants",
-                    detect=detect, runtime=runtime, settle=settle, order=10),)
+DIALECTS = (
+    Dialect(
+        NAME,
+        "ComfyUI legacy scaled FP8",
+        writer="ComfyUI before 0.4 (fp8_scaled checkpoints)",
+        source="spec dialects-and-loading.md §1; ComfyUI comfy/utils.py convert_old_quants",
+        detect=detect,
+        runtime=runtime,
+        settle=settle,
+        order=10,
+    ),
+)

@@ -42,10 +42,15 @@ INT8_BLOCKWISE, HYBRID = "int8_blockwise", "hybrid_mxfp8"
 WEIGHT_DTYPE = {ROWWISE: "F8_E4M3", BLOCKWISE: "F8_E4M3", BLOCK3D: "F8_E4M3", INT8_BLOCKWISE: "I8", HYBRID: "F8_E4M3"}
 DEFAULT_BLOCK = {BLOCKWISE: 64, INT8_BLOCKWISE: 128}
 """ctq's ``QUANT_ALGOS`` fallback ``group_size`` when the marker names none."""
-TARGET = {"F8_E4M3": Lossy("float8_e4m3fn", why="re-quantized with one scale per tensor: no Comfy FP8 format keeps "
-                                                "per-row or block scales"),
-          "I8": Lossy("int8_tensorwise", why="re-quantized as int8_tensorwise (quantize's default INT8 layout): "
-                                             "no Comfy INT8 format keeps 2-D block scales")}
+TARGET = {
+    "F8_E4M3": Lossy(
+        "float8_e4m3fn", why="re-quantized with one scale per tensor: no Comfy FP8 format keeps per-row or block scales"
+    ),
+    "I8": Lossy(
+        "int8_tensorwise",
+        why="re-quantized as int8_tensorwise (quantize's default INT8 layout): no Comfy INT8 format keeps 2-D block scales",
+    ),
+}
 
 
 def scalars(ckpt) -> dict[str, object]:
@@ -94,23 +99,47 @@ def _translate(prefix: str, t: dict, marker: dict) -> Translation:
     if fmt == ROWWISE:
         if s.shape not in ((n,), (n, 1)):
             return _refused(prefix, t, fmt, f"row scale {fmt_shape(s.shape)} is not [{n}] for weight {fmt_shape(w.shape)}")
-        return Translation(prefix, NAME, fmt, t, verdict=LOSSY, decoder=scaled_fp8(scale_suffix="weight_scale"), lossy=lossy,
-                           why=f"one scale per row {fmt_shape(s.shape)}: no Comfy FP8 format has per-row scales")
+        return Translation(
+            prefix,
+            NAME,
+            fmt,
+            t,
+            verdict=LOSSY,
+            decoder=scaled_fp8(scale_suffix="weight_scale"),
+            lossy=lossy,
+            why=f"one scale per row {fmt_shape(s.shape)}: no Comfy FP8 format has per-row scales",
+        )
     if fmt == BLOCK3D:
         if len(s.shape) != 3 or s.shape[0] != n or s.shape[2] != 1 or not s.shape[1] or k % s.shape[1]:
-            return _refused(prefix, t, fmt, f"block3d scale {fmt_shape(s.shape)} is not [{n}, K/B, 1] for weight "
-                                            f"{fmt_shape(w.shape)}")
-        return Translation(prefix, NAME, fmt, t, verdict=LOSSY, decoder=scaled_fp8(scale_suffix="weight_scale"), lossy=lossy,
-                           why=f"per-row block scales {fmt_shape(s.shape)} (blocks of {k // s.shape[1]}): no Comfy FP8 "
-                               "format has block scales")
+            return _refused(
+                prefix, t, fmt, f"block3d scale {fmt_shape(s.shape)} is not [{n}, K/B, 1] for weight {fmt_shape(w.shape)}"
+            )
+        return Translation(
+            prefix,
+            NAME,
+            fmt,
+            t,
+            verdict=LOSSY,
+            decoder=scaled_fp8(scale_suffix="weight_scale"),
+            lossy=lossy,
+            why=f"per-row block scales {fmt_shape(s.shape)} (blocks of {k // s.shape[1]}): no Comfy FP8 format has block scales",
+        )
     size = marker.get("group_size", DEFAULT_BLOCK[fmt])
     if type(size) is not int or size <= 0 or n % size or k % size or s.shape != (n // size, k // size):
-        return _refused(prefix, t, fmt, f"scale {fmt_shape(s.shape)} is not one per {size!r} x {size!r} tile of weight "
-                                        f"{fmt_shape(w.shape)}")
+        return _refused(
+            prefix, t, fmt, f"scale {fmt_shape(s.shape)} is not one per {size!r} x {size!r} tile of weight {fmt_shape(w.shape)}"
+        )
     kind = "FP8" if w.dtype == "F8_E4M3" else "INT8"
-    return Translation(prefix, NAME, f"{fmt} {size}x{size}", t, verdict=LOSSY, decoder=tile_decoder(size), lossy=lossy,
-                       why=f"one scale per {size}x{size} tile {fmt_shape(s.shape)}: no Comfy {kind} format has 2-D block "
-                           "scales")
+    return Translation(
+        prefix,
+        NAME,
+        f"{fmt} {size}x{size}",
+        t,
+        verdict=LOSSY,
+        decoder=tile_decoder(size),
+        lossy=lossy,
+        why=f"one scale per {size}x{size} tile {fmt_shape(s.shape)}: no Comfy {kind} format has 2-D block scales",
+    )
 
 
 def _hybrid(prefix: str, t: dict, marker: dict) -> Translation:
@@ -121,9 +150,20 @@ def _hybrid(prefix: str, t: dict, marker: dict) -> Translation:
     why = "format hybrid_mxfp8 -> mxfp8 (weight and E8M0 block scales unchanged)"
     if drops:
         why += f", drop {SCALAR}"
-    return Translation(prefix, NAME, HYBRID, t, verdict=EXACT, why=why, format="mxfp8", marker=new, moves=moves,
-                       drops=drops, dropped_why=f"{SCALAR}: the per-tensor fallback scale; the MXFP8 numbers do not "
-                                                "use it (ctq's hybrid conversion adds it next to the unchanged layer)")
+    return Translation(
+        prefix,
+        NAME,
+        HYBRID,
+        t,
+        verdict=EXACT,
+        why=why,
+        format="mxfp8",
+        marker=new,
+        moves=moves,
+        drops=drops,
+        dropped_why=f"{SCALAR}: the per-tensor fallback scale; the MXFP8 numbers do not "
+        "use it (ctq's hybrid conversion adds it next to the unchanged layer)",
+    )
 
 
 def tile_decoder(size: int):
@@ -146,9 +186,15 @@ def _refused(prefix: str, t: dict, fmt: str, why: str) -> Translation:
     return Translation(prefix, NAME, fmt, t, verdict=REFUSED, why=why)
 
 
-DIALECTS = (Dialect(NAME, "convert_to_quant's own formats (row/block FP8, block INT8, hybrid MXFP8)",
-                    writer="silveroxides/convert_to_quant (ctq)",
-                    source="spec dialects-and-loading.md §2; convert_to_quant comfy/quant_ops.py (RowWiseFP8Layout, "
-                           "BlockWiseFP8Layout, BlockWiseINT8Layout), formats/hybrid_mxfp8_conversion.py, "
-                           "formats/format_migration.py",
-                    detect=detect, order=40),)
+DIALECTS = (
+    Dialect(
+        NAME,
+        "convert_to_quant's own formats (row/block FP8, block INT8, hybrid MXFP8)",
+        writer="silveroxides/convert_to_quant (ctq)",
+        source="spec dialects-and-loading.md §2; convert_to_quant comfy/quant_ops.py (RowWiseFP8Layout, "
+        "BlockWiseFP8Layout, BlockWiseINT8Layout), formats/hybrid_mxfp8_conversion.py, "
+        "formats/format_migration.py",
+        detect=detect,
+        order=40,
+    ),
+)

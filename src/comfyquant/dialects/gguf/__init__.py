@@ -24,8 +24,20 @@ from .keys import ARCH_KEY, CONTAINER_KEY, DENSE, ORIG_SHAPE_KEY, TYPES_KEY, is_
 
 NAME = "gguf"
 
-COMFYUI_GGUF_IMAGE_ARCHS = ("flux", "sd1", "sdxl", "sd3", "aura", "hidream", "cosmos", "ltxv", "hyvid", "wan", "lumina2",
-                            "qwen_image")
+COMFYUI_GGUF_IMAGE_ARCHS = (
+    "flux",
+    "sd1",
+    "sdxl",
+    "sd3",
+    "aura",
+    "hidream",
+    "cosmos",
+    "ltxv",
+    "hyvid",
+    "wan",
+    "lumina2",
+    "qwen_image",
+)
 """Architectures ComfyUI-GGUF's UnetLoaderGGUF accepts (``loader.py`` IMG_ARCH_LIST, stored
 snapshot 001ffcf); any other name raises "Unexpected architecture type in GGUF file"."""
 COMFYUI_GGUF_TEXT_ARCHS = ("t5", "t5encoder", "llama", "qwen2vl")
@@ -49,8 +61,10 @@ def layout_of(type_name: str) -> tuple[str, str]:
     if type_name in LAYOUTS:
         return LAYOUTS[type_name]
     if type_name.endswith("_K"):
-        return ("codes in 256-weight super-blocks with 6/8-bit sub-block scales (and minimums) under FP16 super-block "
-                "scales", "nested super-block scales")
+        return (
+            "codes in 256-weight super-blocks with 6/8-bit sub-block scales (and minimums) under FP16 super-block scales",
+            "nested super-block scales",
+        )
     if type_name.startswith("IQ"):
         return ("lattice (codebook) indices with sub-block scales in 256-weight super-blocks", "lattice codebooks")
     if type_name.startswith("TQ"):
@@ -92,10 +106,16 @@ def lossy_target(type_names) -> Lossy:
     if all(t in ("MXFP4", "NVFP4") for t in names):
         return Lossy("nvfp4", {}, f"{what}{whole} -> nvfp4: FP4 codes with FP8 block scales")
     if bpw is None or bpw > 4.5:
-        return Lossy("int8_tensorwise", {}, f"{what}{whole} -> int8_tensorwise: 8-bit codes with per-row scales, no "
-                                            "fewer bits than the GGUF spends")
-    return Lossy("asym_w4a8_int8", {"bits": 4}, f"{what}{whole} -> W4A8: 4-bit grouped codes with per-group scales, "
-                                                "the nearest Comfy layout to ggml's scaled blocks")
+        return Lossy(
+            "int8_tensorwise",
+            {},
+            f"{what}{whole} -> int8_tensorwise: 8-bit codes with per-row scales, no fewer bits than the GGUF spends",
+        )
+    return Lossy(
+        "asym_w4a8_int8",
+        {"bits": 4},
+        f"{what}{whole} -> W4A8: 4-bit grouped codes with per-group scales, the nearest Comfy layout to ggml's scaled blocks",
+    )
 
 
 def _identity(suffix: str):
@@ -158,10 +178,12 @@ def detect(ckpt, claimed: set) -> Claim | None:
                 tr.lossy = target
     notes = _notes(meta, types)
     if loose:
-        notes.append(f"{len(loose)} quantized tensor(s) that are no layer's weight (e.g. {loose[0]!r}) are read as their "
-                     "exact F32 decode")
-    return Claim(NAME, layers, notes=notes,
-                 metadata_drop=[k for k in meta if k.startswith("comfyquant.gguf.") or k == CONTAINER_KEY])
+        notes.append(
+            f"{len(loose)} quantized tensor(s) that are no layer's weight (e.g. {loose[0]!r}) are read as their exact F32 decode"
+        )
+    return Claim(
+        NAME, layers, notes=notes, metadata_drop=[k for k in meta if k.startswith("comfyquant.gguf.") or k == CONTAINER_KEY]
+    )
 
 
 def _translate(ckpt, prefix: str, type_name: str) -> Translation:
@@ -178,11 +200,21 @@ def _translate(ckpt, prefix: str, type_name: str) -> Translation:
     layout, missing = layout_of(type_name)
     if len(w.shape) != 2:
         moves = [Move(s, e.name, e.dtype, tuple(e.shape)) for s, e in inputs.items()]
-        return Translation(prefix, NAME, type_name, inputs, verdict=EXACT, moves=moves, decoder=_identity("weight"),
-                           why=f"{type_name}{size} {len(w.shape)}-D weight {list(w.shape)}: no Comfy format quantizes it; "
-                               "it becomes its exact dense F32 decode")
-    why = (f"{type_name}{size}: {layout}; no Comfy layout has {missing}, so the layer is exact only as its dense F32 "
-           "weight (dequantize); any Comfy format requantizes it")
+        return Translation(
+            prefix,
+            NAME,
+            type_name,
+            inputs,
+            verdict=EXACT,
+            moves=moves,
+            decoder=_identity("weight"),
+            why=f"{type_name}{size} {len(w.shape)}-D weight {list(w.shape)}: no Comfy format quantizes it; "
+            "it becomes its exact dense F32 decode",
+        )
+    why = (
+        f"{type_name}{size}: {layout}; no Comfy layout has {missing}, so the layer is exact only as its dense F32 "
+        "weight (dequantize); any Comfy format requantizes it"
+    )
     return Translation(prefix, NAME, type_name, inputs, verdict=LOSSY, why=why, decoder=_identity("weight"))
 
 
@@ -192,11 +224,12 @@ def _notes(meta: dict, types: dict) -> list[str]:
         counts[t] = counts.get(t, 0) + 1
     arch = meta.get(ARCH_KEY)
     mix = ", ".join(f"{t} x{n}" for t, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    notes = [f"GGUF v{meta.get('comfyquant.gguf.version', '?')} file, architecture {arch!r}: {len(types)} tensors ({mix}); "
-             "quantized tensors are read dequantized into F32 (exact)"]
+    notes = [
+        f"GGUF v{meta.get('comfyquant.gguf.version', '?')} file, architecture {arch!r}: {len(types)} tensors ({mix}); "
+        "quantized tensors are read dequantized into F32 (exact)"
+    ]
     if arch is None:
-        notes.append("no general.architecture: ComfyUI-GGUF loads it in compatibility mode, guessing the model from "
-                     "tensor names")
+        notes.append("no general.architecture: ComfyUI-GGUF loads it in compatibility mode, guessing the model from tensor names")
     elif arch in COMFYUI_GGUF_IMAGE_ARCHS:
         notes.append(f"ComfyUI-GGUF's UnetLoaderGGUF accepts architecture {arch!r}")
     elif arch in COMFYUI_GGUF_TEXT_ARCHS:
@@ -208,29 +241,57 @@ def _notes(meta: dict, types: dict) -> list[str]:
         odd = sorted(n for n, s in shapes.items() if isinstance(s, dict) and s.get("type") != "INT32")
         notes.append(f"{len(shapes)} tensor(s) stored flattened with comfy.gguf.orig_shape (read in their original shape)")
         if odd:
-            notes.append(f"comfy.gguf.orig_shape.{odd[0]} is not an INT32 array ({len(odd)} such): ComfyUI-GGUF raises "
-                         "TypeError: Bad original shape metadata")
+            notes.append(
+                f"comfy.gguf.orig_shape.{odd[0]} is not an INT32 array ({len(odd)} such): ComfyUI-GGUF raises "
+                "TypeError: Bad original shape metadata"
+            )
     return notes
 
 
 def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
     if target == "comfyui":
-        return [Violation("comfyui.gguf", "(no ComfyUI message modelled) a GGUF file: ComfyUI's own model loaders read "
-                          "safetensors (and pickle) files and do not list .gguf ones; it loads only through the "
-                          "ComfyUI-GGUF custom node (Unet Loader (GGUF), UnetLoaderGGUF)", None, None,
-                          None, True, "GGUF container (city96 ComfyUI-GGUF)",
-                          "install city96/ComfyUI-GGUF and load it with UnetLoaderGGUF, or comfyquant dequantize / "
-                          "convert it to a safetensors file")]
+        return [
+            Violation(
+                "comfyui.gguf",
+                "(no ComfyUI message modelled) a GGUF file: ComfyUI's own model loaders read "
+                "safetensors (and pickle) files and do not list .gguf ones; it loads only through the "
+                "ComfyUI-GGUF custom node (Unet Loader (GGUF), UnetLoaderGGUF)",
+                None,
+                None,
+                None,
+                True,
+                "GGUF container (city96 ComfyUI-GGUF)",
+                "install city96/ComfyUI-GGUF and load it with UnetLoaderGGUF, or comfyquant dequantize / "
+                "convert it to a safetensors file",
+            )
+        ]
     if target == "sglang":
-        return [Violation("sglang.gguf", "(no SGLang message modelled) a GGUF file: SGLang's diffusion loader reads "
-                          "safetensors weights, not GGUF", None, None, None, True, "GGUF container",
-                          "comfyquant convert it to a Comfy safetensors file (lossy) or dequantize it")]
+        return [
+            Violation(
+                "sglang.gguf",
+                "(no SGLang message modelled) a GGUF file: SGLang's diffusion loader reads safetensors weights, not GGUF",
+                None,
+                None,
+                None,
+                True,
+                "GGUF container",
+                "comfyquant convert it to a Comfy safetensors file (lossy) or dequantize it",
+            )
+        ]
     return []
 
 
-DIALECTS = (Dialect(NAME, "GGUF (city96 ComfyUI-GGUF)", writer="city96 ComfyUI-GGUF tools/convert.py, llama.cpp gguf-py",
-                    source="spec dialects-and-loading.md §2.5; city96/ComfyUI-GGUF loader.py, tools/convert.py",
-                    detect=detect, runtime=runtime, order=1),)
+DIALECTS = (
+    Dialect(
+        NAME,
+        "GGUF (city96 ComfyUI-GGUF)",
+        writer="city96 ComfyUI-GGUF tools/convert.py, llama.cpp gguf-py",
+        source="spec dialects-and-loading.md §2.5; city96/ComfyUI-GGUF loader.py, tools/convert.py",
+        detect=detect,
+        runtime=runtime,
+        order=1,
+    ),
+)
 
 CONTAINERS = (Container(NAME, sniff=is_gguf, open=virtual_source, suffixes=(".gguf",)),)
 """A local ``.gguf`` file opens as its virtual safetensors view (``dialects/containers.open_any``)."""

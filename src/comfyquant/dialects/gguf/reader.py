@@ -46,8 +46,21 @@ CHUNK = 1 << 16
 # GGUF value types (the file format's own numbering) -> struct code; 8 string, 9 array.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
-VALUE_TYPE_NAMES = {0: "UINT8", 1: "INT8", 2: "UINT16", 3: "INT16", 4: "UINT32", 5: "INT32", 6: "FLOAT32", 7: "BOOL",
-                    8: "STRING", 9: "ARRAY", 10: "UINT64", 11: "INT64", 12: "FLOAT64"}
+VALUE_TYPE_NAMES = {
+    0: "UINT8",
+    1: "INT8",
+    2: "UINT16",
+    3: "INT16",
+    4: "UINT32",
+    5: "INT32",
+    6: "FLOAT32",
+    7: "BOOL",
+    8: "STRING",
+    9: "ARRAY",
+    10: "UINT64",
+    11: "INT64",
+    12: "FLOAT64",
+}
 
 
 class GGUFTensor:
@@ -129,7 +142,7 @@ class _Cursor:
             if len(self._buf) < n:
                 raise self.fail(f"GGUF header truncated: {what} at byte {self.pos}: the read came back short")
         self.pos += n
-        return self._buf[lo:lo + n]
+        return self._buf[lo : lo + n]
 
     def skip(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
@@ -149,8 +162,10 @@ class _Cursor:
         """A key or tensor name: strict UTF-8, at most :data:`MAX_NAME` bytes."""
         n = self.u64(f"the length of {what}")
         if n > min(MAX_NAME, self.remaining()):
-            raise self.fail(f"{what} at byte {self.pos} claims {n} bytes (names are at most {MAX_NAME}; "
-                            f"{self.remaining()} bytes left in the file)")
+            raise self.fail(
+                f"{what} at byte {self.pos} claims {n} bytes (names are at most {MAX_NAME}; "
+                f"{self.remaining()} bytes left in the file)"
+            )
         raw = self.take(n, what)
         try:
             return raw.decode("utf-8")
@@ -187,8 +202,10 @@ def _array(cur: _Cursor, item: int, n: int, what: str, depth: int = 0):
     if code is not None:
         size = struct.calcsize("<" + code)
         if n * size > cur.remaining():
-            raise cur.fail(f"{what}: an array of {n} {VALUE_TYPE_NAMES[item]} at byte {cur.pos} runs past the end of "
-                           f"the file ({cur.remaining()} bytes left)")
+            raise cur.fail(
+                f"{what}: an array of {n} {VALUE_TYPE_NAMES[item]} at byte {cur.pos} runs past the end of "
+                f"the file ({cur.remaining()} bytes left)"
+            )
         if n > KEEP_ITEMS:
             cur.skip(n * size, what)
             return _Skipped(item, n)
@@ -197,8 +214,10 @@ def _array(cur: _Cursor, item: int, n: int, what: str, depth: int = 0):
         raise cur.fail(f"{what}: unknown GGUF value type {item} for array elements at byte {cur.pos - 12}")
     least = 8 if item == _STRING else 12
     if n * least > cur.remaining() or n > MAX_ITEMS:
-        raise cur.fail(f"{what}: an array of {n} {VALUE_TYPE_NAMES[item]} at byte {cur.pos} is an absurd count "
-                       f"({cur.remaining()} bytes left)")
+        raise cur.fail(
+            f"{what}: an array of {n} {VALUE_TYPE_NAMES[item]} at byte {cur.pos} is an absurd count "
+            f"({cur.remaining()} bytes left)"
+        )
     values = [_value(cur, item, f"{what}[{i}]", depth + 1) for i in range(n)]
     return values if n <= KEEP_ITEMS else _Skipped(item, n)
 
@@ -265,8 +284,9 @@ def read_header(source, path: str) -> GGUFHeader:
     align = hdr.kv.get("general.alignment")
     if align is not None:
         if align[0] != 4 or not isinstance(align[1], int) or align[1] <= 0 or align[1] & (align[1] - 1):
-            raise cur.fail(f"general.alignment is {align[1]!r} ({VALUE_TYPE_NAMES.get(align[0], align[0])}), not a "
-                           "UINT32 power of two")
+            raise cur.fail(
+                f"general.alignment is {align[1]!r} ({VALUE_TYPE_NAMES.get(align[0], align[0])}), not a UINT32 power of two"
+            )
         hdr.alignment = align[1]
     hdr.data_start = cur.pos + (-cur.pos % hdr.alignment)
     for name, dims, raw_type, offset in infos:
@@ -276,13 +296,16 @@ def read_header(source, path: str) -> GGUFHeader:
         except (ValueError, KeyError):
             raise cur.fail(f"tensor {name!r} has ggml type {raw_type}, which gguf does not know") from None
         if dims[0] % block:
-            raise cur.fail(f"tensor {name!r}: a {qtype.name} row of {dims[0]} elements is not a whole number of "
-                           f"{block}-element blocks")
+            raise cur.fail(
+                f"tensor {name!r}: a {qtype.name} row of {dims[0]} elements is not a whole number of {block}-element blocks"
+            )
         nbytes = math.prod(dims) // block * type_size
         start = hdr.data_start + offset
         if start + nbytes > cur.size:
-            raise cur.fail(f"tensor {name!r}: its data [{start}, {start + nbytes}) runs past the end of the file "
-                           f"({cur.size} bytes; truncated download?)")
+            raise cur.fail(
+                f"tensor {name!r}: its data [{start}, {start + nbytes}) runs past the end of the file "
+                f"({cur.size} bytes; truncated download?)"
+            )
         hdr.tensors.append(GGUFTensor(name, qtype, dims, start, nbytes, block, type_size))
     _apply_orig_shapes(hdr, path)
     return hdr
@@ -295,16 +318,21 @@ def _apply_orig_shapes(hdr: GGUFHeader, path: str) -> None:
     for key, (vtype, value, _item) in hdr.kv.items():
         if not key.startswith(ORIG_SHAPE_PREFIX):
             continue
-        name = key[len(ORIG_SHAPE_PREFIX):]
+        name = key[len(ORIG_SHAPE_PREFIX) :]
         t = by_name.get(name)
         if t is None:
             continue  # a shape for a tensor the file does not have: nothing to reshape
-        if vtype != _ARRAY or not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                                      for v in value):
+        if (
+            vtype != _ARRAY
+            or not isinstance(value, list)
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
             raise InputError(f"{path}: tensor {name!r}: {key} is not an array of integers")
         if not value or any(v < 0 for v in value) or math.prod(value) != t.numel:
-            raise InputError(f"{path}: tensor {name!r}: {key} is {value}, {math.prod(value)} elements, but the tensor "
-                             f"has {t.numel} ({list(t.shape)})")
+            raise InputError(
+                f"{path}: tensor {name!r}: {key} is {value}, {math.prod(value)} elements, but the tensor "
+                f"has {t.numel} ({list(t.shape)})"
+            )
         t.shape = tuple(value)
 
 
@@ -356,21 +384,27 @@ def _probe(t: GGUFTensor, path: str) -> None:
     except NotImplementedError:
         import gguf
 
-        raise InputError(f"{path}: tensor {t.name!r} has ggml type {t.type_name}, which gguf {gguf.__version__} cannot "
-                         "dequantize") from None
+        raise InputError(
+            f"{path}: tensor {t.name!r} has ggml type {t.type_name}, which gguf {gguf.__version__} cannot dequantize"
+        ) from None
 
 
 def _metadata(hdr: GGUFHeader) -> dict[str, str]:
     """The virtual file's ``__metadata__``: the container, the architecture, every tensor's
     ggml type, the original shapes (with their array's element type: ComfyUI-GGUF takes
     INT32 only) and the other scalar keys as ``gguf.<key>`` (tokenizer arrays left out)."""
-    meta = {CONTAINER_KEY: "gguf", "comfyquant.gguf.version": str(hdr.version),
-            TYPES_KEY: json.dumps({t.name: t.type_name for t in hdr.tensors}, separators=(",", ":"))}
+    meta = {
+        CONTAINER_KEY: "gguf",
+        "comfyquant.gguf.version": str(hdr.version),
+        TYPES_KEY: json.dumps({t.name: t.type_name for t in hdr.tensors}, separators=(",", ":")),
+    }
     shapes = {}
     for key, (vtype, value, item) in hdr.kv.items():
         if key.startswith(ORIG_SHAPE_PREFIX):
-            shapes[key[len(ORIG_SHAPE_PREFIX):]] = {"shape": value if isinstance(value, list) else None,
-                                                    "type": VALUE_TYPE_NAMES.get(item if item is not None else vtype, "?")}
+            shapes[key[len(ORIG_SHAPE_PREFIX) :]] = {
+                "shape": value if isinstance(value, list) else None,
+                "type": VALUE_TYPE_NAMES.get(item if item is not None else vtype, "?"),
+            }
         elif key == "general.architecture" and isinstance(value, str):
             meta[ARCH_KEY] = value
         elif isinstance(value, (str, int, float)):
@@ -384,8 +418,7 @@ def virtual_source(path: str) -> GGUFSource:
     """The GGUF file at ``path`` as a virtual safetensors file (see the module docstring)."""
     path = str(path)
     if is_url(path):
-        raise InputError(f"{path}: GGUF files are read from local paths only (remote GGUF is not supported: download it "
-                         "first)")
+        raise InputError(f"{path}: GGUF files are read from local paths only (remote GGUF is not supported: download it first)")
     file = LocalFile(path)
     try:
         hdr = read_header(file, path)

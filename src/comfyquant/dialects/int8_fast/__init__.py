@@ -40,8 +40,9 @@ FORMAT = "int8_tensorwise"
 FLAGS = ("int8_quantized", "int8_model_type")
 """File-level flags: ``__metadata__`` keys (INT8ModelSave, kept: its loader reads them) or U8
 tensors (the WINT8 quantizer's, which also tell that ``convrot`` means its Sylvester rotation)."""
-WRITER_KEYS = frozenset({"format", "convrot", "convrot_groupsize", "per_row", "quarot", "quarot_groupsize",
-                         "full_precision_matrix_mult"})
+WRITER_KEYS = frozenset(
+    {"format", "convrot", "convrot_groupsize", "per_row", "quarot", "quarot_groupsize", "full_precision_matrix_mult"}
+)
 """Every key these writers put in a marker (a marker with another key is someone else's)."""
 DEFAULT_GROUP = 256
 """ConvRot size the writers use when the marker names none (``CONVROT_GROUP_SIZE``)."""
@@ -74,8 +75,11 @@ def _ours(marker: dict, t: dict, wint8: bool) -> bool:
         return bool(set(marker) & {"convrot", "per_row", "quarot"})
     if fmt != FORMAT:
         return False
-    return bool(set(marker) & {"per_row", "quarot", "quarot_groupsize"}) or "input_scale" in t \
+    return (
+        bool(set(marker) & {"per_row", "quarot", "quarot_groupsize"})
+        or "input_scale" in t
         or (wint8 and bool(marker.get("convrot")))
+    )
 
 
 def detect(ckpt, claimed: set) -> Claim | None:
@@ -94,15 +98,22 @@ def detect(ckpt, claimed: set) -> Claim | None:
         return None
     notes = []
     if meta_keys:
-        notes.append("header metadata " + ", ".join(f"{k}={ckpt.metadata().get(k)!r}" for k in meta_keys)
-                     + ": kept (ComfyUI-INT8-Fast's loader and save node read them)")
+        notes.append(
+            "header metadata "
+            + ", ".join(f"{k}={ckpt.metadata().get(k)!r}" for k in meta_keys)
+            + ": kept (ComfyUI-INT8-Fast's loader and save node read them)"
+        )
     if flag_tensors:
-        notes.append(f"flag tensors {flag_tensors} (the WINT8 quantizer's mark, which says its rotations are "
-                     "Sylvester Hadamards): dropped, no longer true of the migrated layers")
+        notes.append(
+            f"flag tensors {flag_tensors} (the WINT8 quantizer's mark, which says its rotations are "
+            "Sylvester Hadamards): dropped, no longer true of the migrated layers"
+        )
     prefixed = sum(1 for p in layers if root_of(p))
     if prefixed:
-        notes.append(f"{prefixed} layer(s) under {root_of(next(p for p in layers if root_of(p)))!r} "
-                     "(comfy.sd.save_checkpoint's prefix): kept, ComfyUI's loaders read it")
+        notes.append(
+            f"{prefixed} layer(s) under {root_of(next(p for p in layers if root_of(p)))!r} "
+            "(comfy.sd.save_checkpoint's prefix): kept, ComfyUI's loaders read it"
+        )
     return Claim(NAME, layers, drop=flag_tensors, notes=notes)
 
 
@@ -126,22 +137,37 @@ def _translate(prefix: str, t: dict, marker: dict, sylvester_default: bool) -> T
             what.append(f"{fmt_shape(s.shape)} -> [{n}, 1]")
         scale_move = Move("weight_scale", s.name, "F32", (n, 1), upcast(s.dtype), EXACT, ", ".join(what))
     else:
-        return _refused(prefix, t, f"weight_scale {fmt_shape(s.shape)} is neither a scalar nor one scale per row "
-                                   f"[{n}, 1] of weight {fmt_shape(w.shape)}")
+        return _refused(
+            prefix,
+            t,
+            f"weight_scale {fmt_shape(s.shape)} is neither a scalar nor one scale per row "
+            f"[{n}, 1] of weight {fmt_shape(w.shape)}",
+        )
     rotated, group, sylvester, key = _rotation(marker, sylvester_default or "input_scale" in t)
     if rotated and not group:
         return _refused(prefix, t, f"{key}_groupsize {marker.get(key + '_groupsize')!r} is not a positive size")
     if rotated and layout != "per-row":
         return _refused(prefix, t, f"{key} with a scalar weight_scale: ConvRot layers carry one scale per row")
     if rotated and (k % group or group & (group - 1)):
-        return _refused(prefix, t, f"rotation size {group} is not a power of 2 dividing K={k}: no Hadamard rotation "
-                                   "of that size exists in these writers")
+        return _refused(
+            prefix,
+            t,
+            f"rotation size {group} is not a power of 2 dividing K={k}: no Hadamard rotation "
+            "of that size exists in these writers",
+        )
     if sylvester:
-        return Translation(prefix, NAME, f"{layout}, Sylvester Hadamard {group}", t, verdict=LOSSY,
-                           why=f"rotated with the Sylvester Hadamard of size {group} (scipy.linalg.hadamard): ComfyUI "
-                               "and comfy-kitchen rotate with the regular Hadamard of a power-of-4 size, so no Comfy "
-                               "marker describes this layer; it is requantized from the un-rotated weight",
-                           decoder=sylvester_decoder(group), lossy=Lossy(FORMAT, why="re-quantized as ConvRot INT8"))
+        return Translation(
+            prefix,
+            NAME,
+            f"{layout}, Sylvester Hadamard {group}",
+            t,
+            verdict=LOSSY,
+            why=f"rotated with the Sylvester Hadamard of size {group} (scipy.linalg.hadamard): ComfyUI "
+            "and comfy-kitchen rotate with the regular Hadamard of a power-of-4 size, so no Comfy "
+            "marker describes this layer; it is requantized from the un-rotated weight",
+            decoder=sylvester_decoder(group),
+            lossy=Lossy(FORMAT, why="re-quantized as ConvRot INT8"),
+        )
     new = {"format": FORMAT}
     if rotated:
         new["convrot"] = True
@@ -153,8 +179,10 @@ def _translate(prefix: str, t: dict, marker: dict, sylvester_default: bool) -> T
     drops, dropped_why = [], ""
     if "input_scale" in t:
         drops.append(t["input_scale"].name)
-        dropped_why = ("input_scale: INT8 activations are always dynamic; ComfyUI does not read it for int8_tensorwise "
-                       "and INT8-Fast's loader pops and ignores it")
+        dropped_why = (
+            "input_scale: INT8 activations are always dynamic; ComfyUI does not read it for int8_tensorwise "
+            "and INT8-Fast's loader pops and ignores it"
+        )
     changes = []
     if "format" not in marker:
         changes.append("add format")
@@ -170,8 +198,19 @@ def _translate(prefix: str, t: dict, marker: dict, sylvester_default: bool) -> T
     if drops:
         changes.append("drop input_scale")
     variant = ("convrot" if rotated else layout) + ("" if "format" in marker else ", no format")
-    return Translation(prefix, NAME, variant, t, verdict=EXACT, why=", ".join(changes) or "marker normalised",
-                       format=FORMAT, marker=new, moves=moves, drops=drops, dropped_why=dropped_why)
+    return Translation(
+        prefix,
+        NAME,
+        variant,
+        t,
+        verdict=EXACT,
+        why=", ".join(changes) or "marker normalised",
+        format=FORMAT,
+        marker=new,
+        moves=moves,
+        drops=drops,
+        dropped_why=dropped_why,
+    )
 
 
 def _rotation(marker: dict, sylvester: bool) -> tuple[bool, int, bool, str]:
@@ -230,15 +269,34 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
         size = marker.get("convrot_groupsize", DEFAULT_GROUP)
         if isinstance(size, int) and not _is_pow4(size):
             if target == "comfyui":
-                out.append(Violation("comfyui.int8-fast", f"Regular Hadamard size must be a power of 4, got {size}",
-                                     "ValueError", tr.prefix, MARKER_TENSOR, True,
-                                     "a Sylvester-Hadamard rotation size in a ConvRot marker", "comfyquant migrate --allow-lossy"))
+                out.append(
+                    Violation(
+                        "comfyui.int8-fast",
+                        f"Regular Hadamard size must be a power of 4, got {size}",
+                        "ValueError",
+                        tr.prefix,
+                        MARKER_TENSOR,
+                        True,
+                        "a Sylvester-Hadamard rotation size in a ConvRot marker",
+                        "comfyquant migrate --allow-lossy",
+                    )
+                )
         elif target in ("comfyui", "comfy-kitchen", "sglang"):
-            out.append(Violation(f"{target}.int8-fast", f"layer '{tr.prefix}': the weight was rotated with the Sylvester "
-                                 f"Hadamard of size {size}, the runtime rotates activations with ConvRot's regular one "
-                                 "(garbage output, no error)", None, tr.prefix, "weight", False,
-                                 "a WINT8 Sylvester rotation written as a ConvRot marker", "comfyquant migrate --allow-lossy",
-                                 severity="error"))
+            out.append(
+                Violation(
+                    f"{target}.int8-fast",
+                    f"layer '{tr.prefix}': the weight was rotated with the Sylvester "
+                    f"Hadamard of size {size}, the runtime rotates activations with ConvRot's regular one "
+                    "(garbage output, no error)",
+                    None,
+                    tr.prefix,
+                    "weight",
+                    False,
+                    "a WINT8 Sylvester rotation written as a ConvRot marker",
+                    "comfyquant migrate --allow-lossy",
+                    severity="error",
+                )
+            )
     return out
 
 
@@ -247,8 +305,15 @@ def _marker_of(ckpt, prefix: str) -> dict | None:
     return layer.marker if layer is not None else None
 
 
-DIALECTS = (Dialect(NAME, "ComfyUI-INT8-Fast (and WINT8) int8 checkpoints",
-                    writer="BobJohnson24/ComfyUI-INT8-Fast INT8ModelSave; Winnougan/WINT8-ComfyUI WINT8ModelQuantizer",
-                    source="spec dialects-and-loading.md §2.4; ComfyUI-INT8-Fast int8_save.py, int8_quant.py, quarot.py; "
-                           "WINT8-ComfyUI wint8_model_quantizer.py, wint8_quarot.py",
-                    detect=detect, runtime=runtime, order=30),)
+DIALECTS = (
+    Dialect(
+        NAME,
+        "ComfyUI-INT8-Fast (and WINT8) int8 checkpoints",
+        writer="BobJohnson24/ComfyUI-INT8-Fast INT8ModelSave; Winnougan/WINT8-ComfyUI WINT8ModelQuantizer",
+        source="spec dialects-and-loading.md §2.4; ComfyUI-INT8-Fast int8_save.py, int8_quant.py, quarot.py; "
+        "WINT8-ComfyUI wint8_model_quantizer.py, wint8_quarot.py",
+        detect=detect,
+        runtime=runtime,
+        order=30,
+    ),
+)

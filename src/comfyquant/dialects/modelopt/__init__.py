@@ -83,8 +83,7 @@ def recorded_layout(meta: dict) -> dict | None:
 
 def fp8_tensors(t: dict) -> bool:
     w = t.get("weight")
-    return w is not None and w.dtype == "F8_E4M3" and len(w.shape) == 2 and "weight_scale" in t \
-        and "weight_scale_2" not in t
+    return w is not None and w.dtype == "F8_E4M3" and len(w.shape) == 2 and "weight_scale" in t and "weight_scale_2" not in t
 
 
 def detect(ckpt, claimed: set) -> Claim | None:
@@ -107,11 +106,15 @@ def detect(ckpt, claimed: set) -> Claim | None:
         elif fp8_tensors(layer.tensors):
             fp8.append(prefix)
     algo = cfg.get("quant_algo")
-    notes = [f"quantization_config: quant_method modelopt, quant_algo {algo!r}; NVFP4 codes are packed low nibble "
-             "first (ModelOpt's packing; the header cannot show it)"]
+    notes = [
+        f"quantization_config: quant_method modelopt, quant_algo {algo!r}; NVFP4 codes are packed low nibble "
+        "first (ModelOpt's packing; the header cannot show it)"
+    ]
     if comfy_marked:
-        notes.append(f"{len(comfy_marked)} layer(s) (e.g. {comfy_marked[0]}) have comfy_quant tensors, which ModelOpt "
-                     "never writes: left as Comfy layers")
+        notes.append(
+            f"{len(comfy_marked)} layer(s) (e.g. {comfy_marked[0]}) have comfy_quant tensors, which ModelOpt "
+            "never writes: left as Comfy layers"
+        )
     layers: dict[str, Translation] = {}
     unsettled: list[str] = []
     scales, evidence = _scale_layout(nv, record)
@@ -124,8 +127,7 @@ def detect(ckpt, claimed: set) -> Claim | None:
     keep = {SAVED_CONFIG_KEY: meta[CONFIG_KEY]}
     if nv:
         keep[LAYOUT_KEY] = json.dumps({"scales": scales, **_padding(ckpt, nv, scales)})
-    return Claim(NAME, layers, metadata_drop=[CONFIG_KEY, LAYOUT_KEY], metadata_set=keep, notes=notes,
-                 unsettled=unsettled)
+    return Claim(NAME, layers, metadata_drop=[CONFIG_KEY, LAYOUT_KEY], metadata_set=keep, notes=notes, unsettled=unsettled)
 
 
 def _scale_layout(nv: dict[str, dict[str, int]], record: dict | None) -> tuple[str | None, str]:
@@ -135,45 +137,86 @@ def _scale_layout(nv: dict[str, dict[str, int]], record: dict | None) -> tuple[s
     linear = [p for p, f in nv.items() if set(f) == {lay.LINEAR}]
     blocked = [p for p, f in nv.items() if set(f) == {lay.BLOCKED}]
     if linear and blocked:
-        return None, (f"layers {linear[0]!r} (linear scales) and {blocked[0]!r} (blocked scales) disagree, and "
-                      "ModelOpt swizzles all layers of a file or none")
+        return None, (
+            f"layers {linear[0]!r} (linear scales) and {blocked[0]!r} (blocked scales) disagree, and "
+            "ModelOpt swizzles all layers of a file or none"
+        )
     if linear or blocked:
         layout, which = (lay.LINEAR, linear[0]) if linear else (lay.BLOCKED, blocked[0])
-        return layout, f"layer {which!r} of this file has scales only the {layout} layout fits (ModelOpt swizzles " \
-                       "all layers of a file or none)"
-    return None, ("no layer of this file has a shape that tells, and the header does not record whether ModelOpt "
-                  "swizzled the scales (enable_swizzle_layout)")
+        return (
+            layout,
+            f"layer {which!r} of this file has scales only the {layout} layout fits (ModelOpt swizzles "
+            "all layers of a file or none)",
+        )
+    return None, (
+        "no layer of this file has a shape that tells, and the header does not record whether ModelOpt "
+        "swizzled the scales (enable_swizzle_layout)"
+    )
 
 
-def _nvfp4(ckpt, prefix: str, fits: dict[str, int], scales: str | None, evidence: str,
-           unsettled: list[str]) -> Translation:
+def _nvfp4(ckpt, prefix: str, fits: dict[str, int], scales: str | None, evidence: str, unsettled: list[str]) -> Translation:
     t = ckpt.layers[prefix].tensors
     svd = [n for n in (f"{prefix}.{s}" for s in SVD_SUFFIXES) if n in ckpt.tensors]
     if svd:
-        return Translation(prefix, NAME, "nvfp4", t, verdict=REFUSED,
-                           why=f"NVFP4_SVD low-rank residual {svd[0]!r}: Comfy nvfp4 has no slot for it")
+        return Translation(
+            prefix,
+            NAME,
+            "nvfp4",
+            t,
+            verdict=REFUSED,
+            why=f"NVFP4_SVD low-rank residual {svd[0]!r}: Comfy nvfp4 has no slot for it",
+        )
     if not fits:
-        return Translation(prefix, NAME, "nvfp4", t, verdict=REFUSED,
-                           why=f"weight_scale {fmt_shape(t['weight_scale'].shape)} fits neither linear nor blocked "
-                               f"scales of weight {fmt_shape(t['weight'].shape)}")
+        return Translation(
+            prefix,
+            NAME,
+            "nvfp4",
+            t,
+            verdict=REFUSED,
+            why=f"weight_scale {fmt_shape(t['weight_scale'].shape)} fits neither linear nor blocked "
+            f"scales of weight {fmt_shape(t['weight'].shape)}",
+        )
     if len(fits) == 1:
         layout = next(iter(fits))
         if scales is not None and layout != scales:
-            return Translation(prefix, NAME, "nvfp4", t, verdict=REFUSED,
-                               why=f"its scales fit only the {layout} layout, while {evidence} says {scales}")
+            return Translation(
+                prefix,
+                NAME,
+                "nvfp4",
+                t,
+                verdict=REFUSED,
+                why=f"its scales fit only the {layout} layout, while {evidence} says {scales}",
+            )
         note = []
     elif scales is None:
-        return Translation(prefix, NAME, "nvfp4", t, verdict=REFUSED,
-                           why=f"weight_scale {fmt_shape(t['weight_scale'].shape)} fits both the linear and the "
-                               f"blocked layout (N % 128 == 0, columns % 4 == 0); {evidence}")
+        return Translation(
+            prefix,
+            NAME,
+            "nvfp4",
+            t,
+            verdict=REFUSED,
+            why=f"weight_scale {fmt_shape(t['weight_scale'].shape)} fits both the linear and the "
+            f"blocked layout (N % 128 == 0, columns % 4 == 0); {evidence}",
+        )
     else:
         layout = scales
-        note = [f"scale layout: linear and blocked have the same shape here (the data does not show it either); "
-                f"{layout} because {evidence}"]
+        note = [
+            f"scale layout: linear and blocked have the same shape here (the data does not show it either); "
+            f"{layout} because {evidence}"
+        ]
         if note[0] not in unsettled:
             unsettled.append(note[0])
-    tr = nvfp4.to_comfy(prefix, t, dialect=NAME, variant="nvfp4", nibbles=lay.LOW_FIRST, layout=layout,
-                        scale_cols=fits[layout], source=SOURCE, unsettled=note)
+    tr = nvfp4.to_comfy(
+        prefix,
+        t,
+        dialect=NAME,
+        variant="nvfp4",
+        nibbles=lay.LOW_FIRST,
+        layout=layout,
+        scale_cols=fits[layout],
+        source=SOURCE,
+        unsettled=note,
+    )
     return _marker_note(tr, ckpt.layers[prefix])
 
 
@@ -182,27 +225,51 @@ def _fp8(prefix: str, layer) -> Translation:
     w, s, si = t["weight"], t["weight_scale"], t.get("input_scale")
     others = [copy(e, suffix) for suffix, e in t.items() if suffix not in ("weight", "weight_scale", "input_scale")]
     if "pre_quant_scale" in t:
-        return Translation(prefix, NAME, "fp8", t, verdict=REFUSED,
-                           why="pre_quant_scale on an FP8 layer: Comfy float8_e4m3fn has no slot for it")
+        return Translation(
+            prefix, NAME, "fp8", t, verdict=REFUSED, why="pre_quant_scale on an FP8 layer: Comfy float8_e4m3fn has no slot for it"
+        )
     if si is not None and not is_scalar_float(si):
-        return Translation(prefix, NAME, "fp8", t, verdict=REFUSED,
-                           why=f"input_scale {si.dtype} {fmt_shape(si.shape)} is not one float")
+        return Translation(
+            prefix, NAME, "fp8", t, verdict=REFUSED, why=f"input_scale {si.dtype} {fmt_shape(si.shape)} is not one float"
+        )
     if is_scalar_float(s):
         moves = [copy(w, "weight"), scalar_scale(s, prefix, "weight_scale"), *others]
         if si is not None:
             moves.append(scalar_scale(si, prefix, "input_scale"))
         changes = [m.what for m in moves if m.what]
         why = "Comfy float8_e4m3fn tensors" + (f" ({', '.join(changes)})" if changes else "")
-        tr = Translation(prefix, NAME, "fp8", t, verdict=EXACT, why=why, format="float8_e4m3fn",
-                         marker={"format": "float8_e4m3fn"}, moves=moves)
+        tr = Translation(
+            prefix,
+            NAME,
+            "fp8",
+            t,
+            verdict=EXACT,
+            why=why,
+            format="float8_e4m3fn",
+            marker={"format": "float8_e4m3fn"},
+            moves=moves,
+        )
         return _marker_note(tr, layer)
     if s.dtype in FLOAT_SCALE_DTYPES and tuple(s.shape) in ((w.shape[0],), (w.shape[0], 1)):
-        return Translation(prefix, NAME, "fp8 per-channel", t, verdict=LOSSY,
-                           why=f"per-channel weight_scale {fmt_shape(s.shape)}: Comfy FP8 takes one scale per tensor",
-                           moves=[m for m in others], decoder=scaled_fp8("weight", "weight_scale"),
-                           lossy=Lossy("float8_e4m3fn", why="requantized with one scale per tensor"))
-    return Translation(prefix, NAME, "fp8", t, verdict=REFUSED,
-                       why=f"weight_scale {s.dtype} {fmt_shape(s.shape)} does not fit weight {fmt_shape(w.shape)}")
+        return Translation(
+            prefix,
+            NAME,
+            "fp8 per-channel",
+            t,
+            verdict=LOSSY,
+            why=f"per-channel weight_scale {fmt_shape(s.shape)}: Comfy FP8 takes one scale per tensor",
+            moves=[m for m in others],
+            decoder=scaled_fp8("weight", "weight_scale"),
+            lossy=Lossy("float8_e4m3fn", why="requantized with one scale per tensor"),
+        )
+    return Translation(
+        prefix,
+        NAME,
+        "fp8",
+        t,
+        verdict=REFUSED,
+        why=f"weight_scale {s.dtype} {fmt_shape(s.shape)} does not fit weight {fmt_shape(w.shape)}",
+    )
 
 
 def _marker_note(tr: Translation, layer) -> Translation:
@@ -254,23 +321,48 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
         if layer.marker is None:
             if target == "comfyui":
                 u8 = w.dtype == "U8"
-                what = (f"loads the U8 weight {fmt_shape(w.shape)} as a plain weight where the model has "
-                        f"[{w.shape[0]}, {2 * w.shape[1]}] (size mismatch at load)") if u8 else \
-                    "casts the F8 weight by value without its weight_scale (garbage output, no error)"
-                out.append(Violation("comfyui.modelopt", f"(no exact ComfyUI message modelled) layer '{tr.prefix}': no "
-                                     f"_quantization_metadata entry, so ComfyUI {what}", "RuntimeError" if u8 else None,
-                                     tr.prefix, "weight", u8, "ModelOpt export without enable_layerwise_quant_metadata",
-                                     "comfyquant migrate", severity="error"))
+                what = (
+                    (
+                        f"loads the U8 weight {fmt_shape(w.shape)} as a plain weight where the model has "
+                        f"[{w.shape[0]}, {2 * w.shape[1]}] (size mismatch at load)"
+                    )
+                    if u8
+                    else "casts the F8 weight by value without its weight_scale (garbage output, no error)"
+                )
+                out.append(
+                    Violation(
+                        "comfyui.modelopt",
+                        f"(no exact ComfyUI message modelled) layer '{tr.prefix}': no "
+                        f"_quantization_metadata entry, so ComfyUI {what}",
+                        "RuntimeError" if u8 else None,
+                        tr.prefix,
+                        "weight",
+                        u8,
+                        "ModelOpt export without enable_layerwise_quant_metadata",
+                        "comfyquant migrate",
+                        severity="error",
+                    )
+                )
             continue
         if layer.marker.get("format") != "nvfp4" or not nvfp4.nvfp4_tensors(tr.inputs):
             continue  # the runtime's own profile judges the marker (an unknown format raises there)
         if target == "comfyui" and set(nvfp4.fits(tr.inputs)) == {lay.LINEAR}:
             continue  # the ComfyUI profile has from_blocked's reshape error for these scales
-        out.append(Violation(f"{target}.modelopt", f"(no {runtime_name} message modelled) layer '{tr.prefix}': "
-                             f"{runtime_name} reads a marked nvfp4 layer high nibble first (and its scales as "
-                             "blocked); ModelOpt packs the low nibble first (garbage output, no error)", None,
-                             tr.prefix, "weight", False, "ModelOpt NVFP4 layout under a Comfy marker",
-                             "comfyquant migrate", severity="error"))
+        out.append(
+            Violation(
+                f"{target}.modelopt",
+                f"(no {runtime_name} message modelled) layer '{tr.prefix}': "
+                f"{runtime_name} reads a marked nvfp4 layer high nibble first (and its scales as "
+                "blocked); ModelOpt packs the low nibble first (garbage output, no error)",
+                None,
+                tr.prefix,
+                "weight",
+                False,
+                "ModelOpt NVFP4 layout under a Comfy marker",
+                "comfyquant migrate",
+                severity="error",
+            )
+        )
     return out
 
 
@@ -288,8 +380,9 @@ def export(ckpt, claimed: set) -> Claim | None:
             continue
         if layer.format_name == "nvfp4" and nvfp4.nvfp4_tensors(layer.tensors):
             picked[prefix] = "NVFP4"
-        elif layer.format_name == "float8_e4m3fn" and fp8_tensors(layer.tensors) \
-                and is_scalar_float(layer.tensors["weight_scale"]):
+        elif (
+            layer.format_name == "float8_e4m3fn" and fp8_tensors(layer.tensors) and is_scalar_float(layer.tensors["weight_scale"])
+        ):
             picked[prefix] = "FP8"
     if not picked:
         return None
@@ -301,25 +394,61 @@ def export(ckpt, claimed: set) -> Claim | None:
         t = ckpt.layers[prefix].tensors
         if kind == "NVFP4":
             tr = layers[prefix] = nvfp4.from_comfy(
-                prefix, t, dialect=NAME, variant="nvfp4", nibbles=lay.LOW_FIRST, layout=layout["scales"],
-                keep_rows=layout["rows"] == "padded", pad_scale_cols=bool(layout["row_col"]), marker=dict(marker))
+                prefix,
+                t,
+                dialect=NAME,
+                variant="nvfp4",
+                nibbles=lay.LOW_FIRST,
+                layout=layout["scales"],
+                keep_rows=layout["rows"] == "padded",
+                pad_scale_cols=bool(layout["row_col"]),
+                marker=dict(marker),
+            )
             tr.header_only = True
             nvfp4.check_padding(ckpt, tr)
         else:
             moves = [copy(e, suffix) for suffix, e in t.items() if suffix != "comfy_quant"]
-            layers[prefix] = Translation(prefix, NAME, "fp8", t, verdict=EXACT, why="the same tensors, ModelOpt's marker",
-                                         marker=dict(marker), moves=moves, header_only=True,
-                                         drops=[t["comfy_quant"].name] if "comfy_quant" in t else [],
-                                         dropped_why="ModelOpt writes the header map only")
-    config = meta.get(SAVED_CONFIG_KEY) if saved else json.dumps(
-        {"quant_algo": algo, "quant_method": "modelopt", "ignore": [],
-         "producer": {"name": "comfyquant", "version": __version__}})
-    return Claim(NAME, layers, metadata_drop=[SAVED_CONFIG_KEY],
-                 metadata_set={CONFIG_KEY: config, LAYOUT_KEY: json.dumps(layout)})
+            layers[prefix] = Translation(
+                prefix,
+                NAME,
+                "fp8",
+                t,
+                verdict=EXACT,
+                why="the same tensors, ModelOpt's marker",
+                marker=dict(marker),
+                moves=moves,
+                header_only=True,
+                drops=[t["comfy_quant"].name] if "comfy_quant" in t else [],
+                dropped_why="ModelOpt writes the header map only",
+            )
+    config = (
+        meta.get(SAVED_CONFIG_KEY)
+        if saved
+        else json.dumps(
+            {
+                "quant_algo": algo,
+                "quant_method": "modelopt",
+                "ignore": [],
+                "producer": {"name": "comfyquant", "version": __version__},
+            }
+        )
+    )
+    return Claim(
+        NAME, layers, metadata_drop=[SAVED_CONFIG_KEY], metadata_set={CONFIG_KEY: config, LAYOUT_KEY: json.dumps(layout)}
+    )
 
 
-DIALECTS = (Dialect(NAME, "NVIDIA ModelOpt ComfyUI export (FP8 / NVFP4)",
-                    writer="NVIDIA ModelOpt export_hf_checkpoint with its ComfyUI post-processing",
-                    source="spec dialects-and-loading.md §2.2; NVIDIA/Model-Optimizer modelopt/torch/export/"
-                           "diffusers_utils.py, unified_export_hf.py, convert_hf_config.py",
-                    detect=detect, runtime=runtime, settle=settle, export=export, order=20),)
+DIALECTS = (
+    Dialect(
+        NAME,
+        "NVIDIA ModelOpt ComfyUI export (FP8 / NVFP4)",
+        writer="NVIDIA ModelOpt export_hf_checkpoint with its ComfyUI post-processing",
+        source="spec dialects-and-loading.md §2.2; NVIDIA/Model-Optimizer modelopt/torch/export/"
+        "diffusers_utils.py, unified_export_hf.py, convert_hf_config.py",
+        detect=detect,
+        runtime=runtime,
+        settle=settle,
+        export=export,
+        order=20,
+    ),
+)

@@ -51,8 +51,11 @@ TENSOR_SCALE = TWO_LEVEL_SCALE
 """The two-level block mode's per-tensor factor; :func:`detect` groups it with its layer."""
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 OWN = ("weight", "scale_weight", "scale_input", TENSOR_SCALE)
-LOSSY_TARGET = Lossy("float8_e4m3fn", why="re-quantized with one scale per tensor: no Comfy FP8 format keeps "
-                                         "per-channel or per-block scales, and per-tensor E4M3 loads in every runtime")
+LOSSY_TARGET = Lossy(
+    "float8_e4m3fn",
+    why="re-quantized with one scale per tensor: no Comfy FP8 format keeps "
+    "per-channel or per-block scales, and per-tensor E4M3 loads in every runtime",
+)
 
 
 def detect(ckpt, claimed: set) -> Claim | None:
@@ -85,8 +88,10 @@ def detect(ckpt, claimed: set) -> Claim | None:
         variants[tr.variant] = variants.get(tr.variant, 0) + 1
     notes.append("musubi-tuner fp8_scaled layers: " + "; ".join(f"{n} {v}" for v, n in sorted(variants.items())))
     if all(tr.variant.startswith("tensor") for tr in layers.values()):
-        notes.append("per-tensor scales only: this may also be a ComfyUI legacy scaled-FP8 file without its scaled_fp8 "
-                     "sentinel; the translation is the same either way")
+        notes.append(
+            "per-tensor scales only: this may also be a ComfyUI legacy scaled-FP8 file without its scaled_fp8 "
+            "sentinel; the translation is the same either way"
+        )
     orphans = sorted(p for p in second if p not in layers)
     if orphans:
         notes.append(f"{len(orphans)} {TENSOR_SCALE} tensor(s) belong to no FP8 layer (e.g. {orphans[0]!r}): left as they are")
@@ -106,8 +111,9 @@ def _translate(prefix: str, t: dict) -> Translation:
     if sw.dtype not in FLOAT_SCALE_DTYPES:
         return _refused(prefix, t, f"scale_weight is {sw.dtype}: musubi writes F32/BF16/F16 scales")
     if st is not None and not is_scalar_float(st):
-        return _refused(prefix, t, f"{TENSOR_SCALE} {st.dtype} {fmt_shape(st.shape)} is not one float: musubi writes "
-                                   "an F32 scalar")
+        return _refused(
+            prefix, t, f"{TENSOR_SCALE} {st.dtype} {fmt_shape(st.shape)} is not one float: musubi writes an F32 scalar"
+        )
     if len(w.shape) != 2:
         return _refused(prefix, t, f"{fmt_shape(w.shape)} weight: Comfy FP8 formats hold 2-D linear weights")
     n, k = w.shape
@@ -118,23 +124,48 @@ def _translate(prefix: str, t: dict) -> Translation:
             return _refused(prefix, t, f"no Comfy format holds a {w.dtype} weight with one scale")
         return _per_tensor(prefix, t, fmt, others)
     if sw.shape in ((n,), (n, 1)):
-        return Translation(prefix, NAME, "channel", t, verdict=LOSSY,
-                           why=f"per-channel scale_weight {fmt_shape(sw.shape)}: no Comfy FP8 format has per-channel scales",
-                           decoder=scaled_fp8(), lossy=LOSSY_TARGET)
+        return Translation(
+            prefix,
+            NAME,
+            "channel",
+            t,
+            verdict=LOSSY,
+            why=f"per-channel scale_weight {fmt_shape(sw.shape)}: no Comfy FP8 format has per-channel scales",
+            decoder=scaled_fp8(),
+            lossy=LOSSY_TARGET,
+        )
     if len(sw.shape) == 3 and sw.shape[0] == n and sw.shape[2] == 1 and sw.shape[1] > 0 and k % sw.shape[1] == 0:
         size = k // sw.shape[1]
         if st is not None:
-            return Translation(prefix, NAME, "block, two-level", t, verdict=LOSSY,
-                               why=f"block scales {fmt_shape(sw.shape)} (blocks of {size}) times the per-tensor "
-                                   f"{TENSOR_SCALE}: no Comfy FP8 format has block scales (MXFP8 needs blocks of 32 "
-                                   "with power-of-two scales)",
-                               decoder=scaled_fp8(second_suffix=TENSOR_SCALE), lossy=LOSSY_TARGET)
-        return Translation(prefix, NAME, "block", t, verdict=LOSSY,
-                           why=f"block scales {fmt_shape(sw.shape)} (blocks of {size}, total scale per block): no Comfy "
-                               "FP8 format has block scales (MXFP8 needs blocks of 32 with power-of-two scales)",
-                           decoder=scaled_fp8(), lossy=LOSSY_TARGET)
-    return _refused(prefix, t, f"scale_weight {sw.dtype} {fmt_shape(sw.shape)} fits none of musubi's modes for weight "
-                               f"{fmt_shape(w.shape)} ([1]/[] tensor, [N, 1] channel, [N, K/B, 1] block)")
+            return Translation(
+                prefix,
+                NAME,
+                "block, two-level",
+                t,
+                verdict=LOSSY,
+                why=f"block scales {fmt_shape(sw.shape)} (blocks of {size}) times the per-tensor "
+                f"{TENSOR_SCALE}: no Comfy FP8 format has block scales (MXFP8 needs blocks of 32 "
+                "with power-of-two scales)",
+                decoder=scaled_fp8(second_suffix=TENSOR_SCALE),
+                lossy=LOSSY_TARGET,
+            )
+        return Translation(
+            prefix,
+            NAME,
+            "block",
+            t,
+            verdict=LOSSY,
+            why=f"block scales {fmt_shape(sw.shape)} (blocks of {size}, total scale per block): no Comfy "
+            "FP8 format has block scales (MXFP8 needs blocks of 32 with power-of-two scales)",
+            decoder=scaled_fp8(),
+            lossy=LOSSY_TARGET,
+        )
+    return _refused(
+        prefix,
+        t,
+        f"scale_weight {sw.dtype} {fmt_shape(sw.shape)} fits none of musubi's modes for weight "
+        f"{fmt_shape(w.shape)} ([1]/[] tensor, [N, 1] channel, [N, K/B, 1] block)",
+    )
 
 
 def _per_tensor(prefix: str, t: dict, fmt: str, others: list) -> Translation:
@@ -155,12 +186,25 @@ def _per_tensor(prefix: str, t: dict, fmt: str, others: list) -> Translation:
     if st is not None:
         # fp8_linear_forward_patch multiplies by scale_weight_tensor in its block branch only
         drops.append(st.name)
-        dropped_why = (dropped_why + "; " if dropped_why else "") + \
-            f"{TENSOR_SCALE}, which musubi applies to block scales only (its loader ignores it here)"
+        dropped_why = (
+            dropped_why + "; " if dropped_why else ""
+        ) + f"{TENSOR_SCALE}, which musubi applies to block scales only (its loader ignores it here)"
     variant = "tensor" if w.dtype == "F8_E4M3" else "tensor, e5m2"
-    return Translation(prefix, NAME, variant, t, verdict=EXACT, why=why, format=fmt, marker={"format": fmt},
-                       moves=moves, drops=drops, dropped_why=dropped_why, unsettled=unsettled,
-                       decoder=scaled_fp8())
+    return Translation(
+        prefix,
+        NAME,
+        variant,
+        t,
+        verdict=EXACT,
+        why=why,
+        format=fmt,
+        marker={"format": fmt},
+        moves=moves,
+        drops=drops,
+        dropped_why=dropped_why,
+        unsettled=unsettled,
+        decoder=scaled_fp8(),
+    )
 
 
 def _refused(prefix: str, t: dict, why: str) -> Translation:
@@ -191,10 +235,17 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
                     continue  # dropped: musubi never reads it on a per-tensor layer
                 tr.verdict, tr.format, tr.marker, tr.moves, tr.decoder, tr.lossy = REFUSED, None, None, [], None, None
                 tr.why = f"{s} is {v!r}: musubi's scales are positive (clamped to >= 1e-8), this one decodes to garbage"
-                findings.append(Finding("F004", f"layer {tr.prefix}: {s} is {v!r}, not a positive finite scale",
-                                        layer=tr.prefix, tensor=e.name, severity="error",
-                                        cause="a damaged or hand-edited musubi scale",
-                                        fix="re-export the layer from its source weights"))
+                findings.append(
+                    Finding(
+                        "F004",
+                        f"layer {tr.prefix}: {s} is {v!r}, not a positive finite scale",
+                        layer=tr.prefix,
+                        tensor=e.name,
+                        severity="error",
+                        cause="a damaged or hand-edited musubi scale",
+                        fix="re-export the layer from its source weights",
+                    )
+                )
             elif s == TENSOR_SCALE and v == 1.0 and tr.variant == "block, two-level":
                 unit_tensor.append(tr.prefix)
         si = tr.inputs.get("scale_input")
@@ -206,13 +257,27 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
         tr.unsettled = []
     claim.unsettled = []
     if ones:
-        findings.append(Finding("F004", f"{len(ones)} musubi layer(s) carry scale_input == 1.0 (e.g. {ones[0]}): dropped, "
-                                        "the layer runs with dynamic activation scales", severity="info",
-                                cause="musubi never reads scale_input", fix="nothing to do"))
+        findings.append(
+            Finding(
+                "F004",
+                f"{len(ones)} musubi layer(s) carry scale_input == 1.0 (e.g. {ones[0]}): dropped, "
+                "the layer runs with dynamic activation scales",
+                severity="info",
+                cause="musubi never reads scale_input",
+                fix="nothing to do",
+            )
+        )
     if unit_tensor:
-        findings.append(Finding("F004", f"{len(unit_tensor)} two-level block layer(s) have {TENSOR_SCALE} == 1.0 (e.g. "
-                                        f"{unit_tensor[0]}): their block scales are the total scales", severity="info",
-                                cause="the tensor factor is 1.0", fix="nothing to do"))
+        findings.append(
+            Finding(
+                "F004",
+                f"{len(unit_tensor)} two-level block layer(s) have {TENSOR_SCALE} == 1.0 (e.g. "
+                f"{unit_tensor[0]}): their block scales are the total scales",
+                severity="info",
+                cause="the tensor factor is 1.0",
+                fix="nothing to do",
+            )
+        )
     return findings
 
 
@@ -244,10 +309,19 @@ def _comfyui(tr: Translation) -> Violation:
     cause = "musubi scales without a marker or the scaled_fp8 sentinel"
     if block:
         cause += "; block scales are not read even with the sentinel (ComfyUI issue #10491)"
-    return Violation("comfyui.musubi", f"layer '{tr.prefix}' has a {w.dtype} weight with a musubi {tr.variant} scale_weight "
-                     "but no marker and no scaled_fp8 sentinel: ComfyUI casts it to the compute dtype by value "
-                     "without its scale (garbage output, no error)", None, tr.prefix, "weight", False, cause, _fix(tr),
-                     severity="error")
+    return Violation(
+        "comfyui.musubi",
+        f"layer '{tr.prefix}' has a {w.dtype} weight with a musubi {tr.variant} scale_weight "
+        "but no marker and no scaled_fp8 sentinel: ComfyUI casts it to the compute dtype by value "
+        "without its scale (garbage output, no error)",
+        None,
+        tr.prefix,
+        "weight",
+        False,
+        cause,
+        _fix(tr),
+        severity="error",
+    )
 
 
 def _sglang(claim: Claim) -> list[Violation]:
@@ -257,15 +331,34 @@ def _sglang(claim: Claim) -> list[Violation]:
     out: list[Violation] = []
     for prefix, tr in claim.layers.items():
         if tr.inputs["weight"].dtype == "F8_E5M2":
-            out.append(Violation("sglang.musubi", f"(no SGLang message modelled) layer '{prefix}': SGLang does not count "
-                                 "F8_E5M2 weights as quantized and loads this one as a dense weight by value, without "
-                                 "its scale_weight (garbage output)", None, prefix, "weight", False,
-                                 "E5M2 musubi layer without a marker", _fix(tr), severity="error"))
+            out.append(
+                Violation(
+                    "sglang.musubi",
+                    f"(no SGLang message modelled) layer '{prefix}': SGLang does not count "
+                    "F8_E5M2 weights as quantized and loads this one as a dense weight by value, without "
+                    "its scale_weight (garbage output)",
+                    None,
+                    prefix,
+                    "weight",
+                    False,
+                    "E5M2 musubi layer without a marker",
+                    _fix(tr),
+                    severity="error",
+                )
+            )
     return out
 
 
-DIALECTS = (Dialect(NAME, "musubi-tuner fp8_scaled (per-tensor, per-channel, per-block)",
-                    writer="kohya-ss/musubi-tuner --fp8_scaled (fp8_optimization_utils.quantize_weight)",
-                    source="spec dialects-and-loading.md §2.1; musubi-tuner src/musubi_tuner/modules/"
-                           "fp8_optimization_utils.py quantize_weight, fp8_linear_forward_patch",
-                    detect=detect, runtime=runtime, settle=settle, order=20),)
+DIALECTS = (
+    Dialect(
+        NAME,
+        "musubi-tuner fp8_scaled (per-tensor, per-channel, per-block)",
+        writer="kohya-ss/musubi-tuner --fp8_scaled (fp8_optimization_utils.quantize_weight)",
+        source="spec dialects-and-loading.md §2.1; musubi-tuner src/musubi_tuner/modules/"
+        "fp8_optimization_utils.py quantize_weight, fp8_linear_forward_patch",
+        detect=detect,
+        runtime=runtime,
+        settle=settle,
+        order=20,
+    ),
+)

@@ -30,8 +30,7 @@ from .decoders import via_comfy
 NAME = "nunchaku"
 SVDQ_FORMAT = SVDQUANT_W4A4.name
 AWQ_FORMAT = AWQ_W4A16.name
-SVDQ_SUFFIXES = ("qweight", "wscales", "smooth_factor", "smooth_factor_orig", "proj_down", "proj_up", "wcscales",
-                 "wtscale")
+SVDQ_SUFFIXES = ("qweight", "wscales", "smooth_factor", "smooth_factor_orig", "proj_down", "proj_up", "wcscales", "wtscale")
 AWQ_SUFFIXES = ("qweight", "wscales", "wzeros")
 SUFFIXES = frozenset(SVDQ_SUFFIXES + AWQ_SUFFIXES)
 FLOAT16 = ("BF16", "F16")
@@ -68,39 +67,49 @@ def _groups(ckpt) -> dict[str, dict]:
 
 
 def detect(ckpt, claimed: set) -> Claim | None:
-    groups = {p: t for p, t in _groups(ckpt).items() if p not in claimed
-              and (p not in ckpt.layers or ckpt.layers[p].marker is None)}
+    groups = {
+        p: t for p, t in _groups(ckpt).items() if p not in claimed and (p not in ckpt.layers or ckpt.layers[p].marker is None)
+    }
     if not groups:
         return None
     facts = metadata.read(ckpt.metadata())
     layers = {p: _translate(p, t, ckpt) for p, t in sorted(groups.items())}
     notes = facts.notes()
-    ranks = sorted({t["proj_down"].shape[1] for t in groups.values()
-                    if "proj_down" in t and len(t["proj_down"].shape) == 2})
+    ranks = sorted({t["proj_down"].shape[1] for t in groups.values() if "proj_down" in t and len(t["proj_down"].shape) == 2})
     if ranks:
         notes.append("low-rank branch rank " + "/".join(map(str, ranks)) + " (proj_down)")
-    if facts.precision and any(tr.variant.startswith("svdq") and facts.precision not in tr.variant
-                               for tr in layers.values()):
-        notes.append(f"quantization_config says precision {facts.precision}, but some layers' tensors are another "
-                     "precision (the tensors decide)")
+    if facts.precision and any(tr.variant.startswith("svdq") and facts.precision not in tr.variant for tr in layers.values()):
+        notes.append(
+            f"quantization_config says precision {facts.precision}, but some layers' tensors are another "
+            "precision (the tensors decide)"
+        )
     fused = [p for p in layers if p.rsplit(".", 1)[-1] in FUSED_QKV]
     if fused:
-        notes.append(f"{len(fused)} fused q/k/v layer(s) (e.g. {fused[0]}): nunchaku stores attention projections "
-                     "fused; a runtime with separate q/k/v layers must split each along N (slice weight rows, "
-                     "weight_scale columns, proj_up rows and bias in three; give each part the same proj_down and "
-                     "smooth_factor, exact) -- diffusers' Nunchaku Lite warns that fused checkpoints do not load into "
-                     "a model config with separate Q, K and V; migrate keeps nunchaku's (diffusers) names, and "
-                     "ComfyUI's diffusers-name conversion maps only separate to_q/to_k/to_v, so a loader must map "
-                     "the fused names itself")
+        notes.append(
+            f"{len(fused)} fused q/k/v layer(s) (e.g. {fused[0]}): nunchaku stores attention projections "
+            "fused; a runtime with separate q/k/v layers must split each along N (slice weight rows, "
+            "weight_scale columns, proj_up rows and bias in three; give each part the same proj_down and "
+            "smooth_factor, exact) -- diffusers' Nunchaku Lite warns that fused checkpoints do not load into "
+            "a model config with separate Q, K and V; migrate keeps nunchaku's (diffusers) names, and "
+            "ComfyUI's diffusers-name conversion maps only separate to_q/to_k/to_v, so a loader must map "
+            "the fused names itself"
+        )
     mod = [p for p, tr in layers.items() if tr.variant == "awq w4a16" and any(m in p for m in MODULATION)]
     if mod:
-        notes.append(f"{len(mod)} AWQ modulation layer(s) (e.g. {mod[0]}): deepcompressor's converter may have "
-                     "interleaved their output rows across the modulation chunks and folded +1 into the scale "
-                     "biases (convert_to_nunchaku_w4x16_linear_weight, adanorm_splits); migrate keeps the rows as "
-                     "stored, which is what nunchaku's model expects, not ComfyUI's")
+        notes.append(
+            f"{len(mod)} AWQ modulation layer(s) (e.g. {mod[0]}): deepcompressor's converter may have "
+            "interleaved their output rows across the modulation chunks and folded +1 into the scale "
+            "biases (convert_to_nunchaku_w4x16_linear_weight, adanorm_splits); migrate keeps the rows as "
+            "stored, which is what nunchaku's model expects, not ComfyUI's"
+        )
     unsettled = [AWQ_UNSETTLED] if any(AWQ_UNSETTLED in tr.unsettled for tr in layers.values()) else []
-    return Claim(NAME, layers, notes=notes, unsettled=unsettled,
-                 metadata_drop=[k for k in ("quantization_config", "comfy_config", "model_class") if k in ckpt.metadata()])
+    return Claim(
+        NAME,
+        layers,
+        notes=notes,
+        unsettled=unsettled,
+        metadata_drop=[k for k in ("quantization_config", "comfy_config", "model_class") if k in ckpt.metadata()],
+    )
 
 
 def _variant(t: dict) -> str:
@@ -118,11 +127,17 @@ def _translate(prefix: str, t: dict, ckpt) -> Translation:
     if variant == "awq w4a16":
         return _awq(prefix, t, variant, ckpt)
     if variant == "svdq nvfp4":
-        return Translation(prefix, NAME, variant, t, verdict=REFUSED,
-                           why="SVDQuant NVFP4 (FP4 E2M1 residual, F8_E4M3 scales per 16 columns, wcscales/wtscale): "
-                               "no Comfy format holds it (svdquant_w4a4 is int4 with group 64); no decoder either: "
-                               "nunchaku's FP4 micro-scale packing (pack_micro_scale) and wcscales/wtscale semantics "
-                               "are not verified here")
+        return Translation(
+            prefix,
+            NAME,
+            variant,
+            t,
+            verdict=REFUSED,
+            why="SVDQuant NVFP4 (FP4 E2M1 residual, F8_E4M3 scales per 16 columns, wcscales/wtscale): "
+            "no Comfy format holds it (svdquant_w4a4 is int4 with group 64); no decoder either: "
+            "nunchaku's FP4 micro-scale packing (pack_micro_scale) and wcscales/wtscale semantics "
+            "are not verified here",
+        )
     return _svdq_int4(prefix, t, variant)
 
 
@@ -148,8 +163,9 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
             return _refuse(prefix, t, variant, f"{s} {e.dtype}: nunchaku's int4 layers store it BF16/F16")
         if len(e.shape) != len(shape) or any(w is not None and w != d for w, d in zip(shape, e.shape)):
             want = fmt_shape(["R" if d is None else d for d in shape])
-            return _refuse(prefix, t, variant, f"{s} {fmt_shape(e.shape)} does not fit qweight {fmt_shape(q.shape)} "
-                                               f"(expected {want})")
+            return _refuse(
+                prefix, t, variant, f"{s} {fmt_shape(e.shape)} does not fit qweight {fmt_shape(q.shape)} (expected {want})"
+            )
     rank = down.shape[1]
     if rank == 0:
         return _refuse(prefix, t, variant, "rank 0: proj_down/proj_up are empty")
@@ -162,42 +178,102 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
     if bias is not None and (tuple(bias.shape) != (n,) or bias.dtype not in ITEMSIZE or bias.dtype == "F8_E4M3"):
         return _refuse(prefix, t, variant, f"bias {bias.dtype} {fmt_shape(bias.shape)} does not fit N={n}")
     moves = [
-        Move("weight", q.name, "I8", (n, k // 2), lambda d, n=n, k=k: tiles.svdq_weight(d, n, k), PERMUTATION,
-             "MMA tile order -> row-major int4 pairs"),
-        Move("weight_scale", ws.name, ws.dtype, (k // 64, n),
-             lambda d, g=k // 64, n=n: tiles.svdq_scales(d, g, n, 2), PERMUTATION, "lane order -> [K/64, N]"),
-        Move("weight_smooth_factor", sm.name, sm.dtype, (k,), lambda d, k=k: tiles.svdq_vector(d, k, 2), PERMUTATION,
-             "lane order -> natural"),
-        Move("weight_proj_down", down.name, down.dtype, (k, rank),
-             lambda d, k=k, r=rank: tiles.lowrank_down(d, k, r, 2), PERMUTATION, "16x16 packs -> [K, R]"),
-        Move("weight_proj_up", up.name, up.dtype, (n, rank),
-             lambda d, n=n, r=rank: tiles.lowrank_up(d, n, r, 2), PERMUTATION, "16x16 packs -> [N, R]"),
+        Move(
+            "weight",
+            q.name,
+            "I8",
+            (n, k // 2),
+            lambda d, n=n, k=k: tiles.svdq_weight(d, n, k),
+            PERMUTATION,
+            "MMA tile order -> row-major int4 pairs",
+        ),
+        Move(
+            "weight_scale",
+            ws.name,
+            ws.dtype,
+            (k // 64, n),
+            lambda d, g=k // 64, n=n: tiles.svdq_scales(d, g, n, 2),
+            PERMUTATION,
+            "lane order -> [K/64, N]",
+        ),
+        Move(
+            "weight_smooth_factor",
+            sm.name,
+            sm.dtype,
+            (k,),
+            lambda d, k=k: tiles.svdq_vector(d, k, 2),
+            PERMUTATION,
+            "lane order -> natural",
+        ),
+        Move(
+            "weight_proj_down",
+            down.name,
+            down.dtype,
+            (k, rank),
+            lambda d, k=k, r=rank: tiles.lowrank_down(d, k, r, 2),
+            PERMUTATION,
+            "16x16 packs -> [K, R]",
+        ),
+        Move(
+            "weight_proj_up",
+            up.name,
+            up.dtype,
+            (n, rank),
+            lambda d, n=n, r=rank: tiles.lowrank_up(d, n, r, 2),
+            PERMUTATION,
+            "16x16 packs -> [N, R]",
+        ),
     ]
     if bias is not None:
         size = ITEMSIZE[bias.dtype]
-        moves.append(Move("bias", bias.name, bias.dtype, (n,), lambda d, n=n, s=size: tiles.svdq_vector(d, n, s),
-                          PERMUTATION, "lane order -> natural (nunchaku's kernel reads the bias packed)"))
+        moves.append(
+            Move(
+                "bias",
+                bias.name,
+                bias.dtype,
+                (n,),
+                lambda d, n=n, s=size: tiles.svdq_vector(d, n, s),
+                PERMUTATION,
+                "lane order -> natural (nunchaku's kernel reads the bias packed)",
+            )
+        )
     drops = [t[s].name for s in ("smooth_factor_orig",) if s in t]
-    others = [s for s in t if s not in ("qweight", "wscales", "smooth_factor", "smooth_factor_orig", "proj_down",
-                                        "proj_up", "bias")]
+    others = [
+        s for s in t if s not in ("qweight", "wscales", "smooth_factor", "smooth_factor_orig", "proj_down", "proj_up", "bias")
+    ]
     if others:
         return _refuse(prefix, t, variant, "unexpected tensors next to an int4 SVDQuant layer: " + ", ".join(others))
     marker = {"format": SVDQ_FORMAT}
     why = "byte permutation of nunchaku's MMA tile layout into Comfy's natural svdquant_w4a4 layout"
     if prefix.endswith(UNSIGNED_ACT):
         marker["act_unsigned"] = True
-        why += ("; act_unsigned: true (nunchaku runs post-GELU fc2 layers with unsigned activations; inferred "
-                "from the layer name, the file does not record it)")
+        why += (
+            "; act_unsigned: true (nunchaku runs post-GELU fc2 layers with unsigned activations; inferred "
+            "from the layer name, the file does not record it)"
+        )
     if prefix.rsplit(".", 1)[-1] in FUSED_QKV:
         why += "; fused q/k/v: split along N for a runtime with separate q/k/v layers"
-    return Translation(prefix, NAME, variant, t, verdict=PERMUTATION, why=why, format=SVDQ_FORMAT, marker=marker,
-                       moves=moves, drops=drops, decoder=via_comfy(moves, SVDQ_FORMAT, marker),
-                       dropped_why="smooth_factor_orig: nunchaku's unused copy of the smoothing factors" if drops else "")
+    return Translation(
+        prefix,
+        NAME,
+        variant,
+        t,
+        verdict=PERMUTATION,
+        why=why,
+        format=SVDQ_FORMAT,
+        marker=marker,
+        moves=moves,
+        drops=drops,
+        decoder=via_comfy(moves, SVDQ_FORMAT, marker),
+        dropped_why="smooth_factor_orig: nunchaku's unused copy of the smoothing factors" if drops else "",
+    )
 
 
-AWQ_WHY = ("TinyChat 4-row interleave -> Comfy row-major codes; nunchaku's codes are unsigned (w = u * wscales + "
-           "wzeros) and Comfy's awq_w4a16 subtracts 8 (w = (u - 8) * scale + zeros), so the zero points become "
-           "wzeros + 8 * wscales in F32 (scales upcast to F32, exact; ComfyUI then computes this layer in F32)")
+AWQ_WHY = (
+    "TinyChat 4-row interleave -> Comfy row-major codes; nunchaku's codes are unsigned (w = u * wscales + "
+    "wzeros) and Comfy's awq_w4a16 subtracts 8 (w = (u - 8) * scale + zeros), so the zero points become "
+    "wzeros + 8 * wscales in F32 (scales upcast to F32, exact; ComfyUI then computes this layer in F32)"
+)
 AWQ_UNSETTLED = "AWQ zero points: wzeros + 8 * wscales exact in F32"
 
 
@@ -218,11 +294,17 @@ def _awq(prefix: str, t: dict, variant: str, ckpt) -> Translation:
         return _refuse(prefix, t, variant, f"qweight {fmt_shape(q.shape)}: {bad}")
     for e in (ws, wz):
         if e.dtype not in FLOAT16 or len(e.shape) != 2 or e.shape[1] != n or e.shape[0] == 0 or k % e.shape[0]:
-            return _refuse(prefix, t, variant, f"{e.name.rsplit('.', 1)[-1]} {e.dtype} {fmt_shape(e.shape)} does not "
-                                               f"fit qweight {fmt_shape(q.shape)} (expected BF16/F16 [K/G, {n}])")
+            return _refuse(
+                prefix,
+                t,
+                variant,
+                f"{e.name.rsplit('.', 1)[-1]} {e.dtype} {fmt_shape(e.shape)} does not "
+                f"fit qweight {fmt_shape(q.shape)} (expected BF16/F16 [K/G, {n}])",
+            )
     if ws.shape != wz.shape or ws.dtype != wz.dtype:
-        return _refuse(prefix, t, variant, f"wscales {ws.dtype} {fmt_shape(ws.shape)} and wzeros {wz.dtype} "
-                                           f"{fmt_shape(wz.shape)} differ")
+        return _refuse(
+            prefix, t, variant, f"wscales {ws.dtype} {fmt_shape(ws.shape)} and wzeros {wz.dtype} {fmt_shape(wz.shape)} differ"
+        )
     bias = t.get("bias")
     if bias is not None and tuple(bias.shape) != (n,):
         return _refuse(prefix, t, variant, f"bias {fmt_shape(bias.shape)} does not fit N={n}")
@@ -233,16 +315,43 @@ def _awq(prefix: str, t: dict, variant: str, ckpt) -> Translation:
             raise InexactZeros(f"layer {prefix}: wzeros + 8 * wscales is not exact in F32")
         return out
 
-    moves = [Move("weight", q.name, "I8", (n, k // 2), lambda d, n=n, k=k: tiles.awq_weight(d, n, k), PERMUTATION,
-                  "TinyChat 4-row interleave -> row-major unsigned int4 pairs"),
-             Move("weight_scale", ws.name, "F32", tuple(ws.shape), lambda d, dt=ws.dtype: _to_f32(d, dt), EXACT,
-                  f"{ws.dtype} -> F32 (exact)"),
-             Move("weight_zeros", wz.name, "F32", tuple(wz.shape), zeros, EXACT, "wzeros + 8 * wscales in F32")]
+    moves = [
+        Move(
+            "weight",
+            q.name,
+            "I8",
+            (n, k // 2),
+            lambda d, n=n, k=k: tiles.awq_weight(d, n, k),
+            PERMUTATION,
+            "TinyChat 4-row interleave -> row-major unsigned int4 pairs",
+        ),
+        Move(
+            "weight_scale",
+            ws.name,
+            "F32",
+            tuple(ws.shape),
+            lambda d, dt=ws.dtype: _to_f32(d, dt),
+            EXACT,
+            f"{ws.dtype} -> F32 (exact)",
+        ),
+        Move("weight_zeros", wz.name, "F32", tuple(wz.shape), zeros, EXACT, "wzeros + 8 * wscales in F32"),
+    ]
     if bias is not None:
         moves.append(Move("bias", bias.name, bias.dtype, tuple(bias.shape)))
     marker = {"format": AWQ_FORMAT, "group_size": k // ws.shape[0]}
-    return Translation(prefix, NAME, variant, t, verdict=PERMUTATION, why=AWQ_WHY, format=AWQ_FORMAT, marker=marker,
-                       moves=moves, decoder=awq_decoder(), unsettled=[AWQ_UNSETTLED])
+    return Translation(
+        prefix,
+        NAME,
+        variant,
+        t,
+        verdict=PERMUTATION,
+        why=AWQ_WHY,
+        format=AWQ_FORMAT,
+        marker=marker,
+        moves=moves,
+        decoder=awq_decoder(),
+        unsettled=[AWQ_UNSETTLED],
+    )
 
 
 def _shifted_zeros(dtype: str, s_bytes: bytes, z_bytes: bytes) -> bytes | None:
@@ -275,19 +384,32 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
         if zeros is None:
             inexact.append(tr.prefix)
             tr.verdict, tr.format, tr.marker, tr.moves = REFUSED, None, None, []
-            tr.why = ("nunchaku's AWQ codes are unsigned (w = u * wscales + wzeros), Comfy's awq_w4a16 subtracts 8: "
-                      "the zero points would be wzeros + 8 * wscales, and some of those sums are not exact in F32")
+            tr.why = (
+                "nunchaku's AWQ codes are unsigned (w = u * wscales + wzeros), Comfy's awq_w4a16 subtracts 8: "
+                "the zero points would be wzeros + 8 * wscales, and some of those sums are not exact in F32"
+            )
             continue
-        tr.moves = [m if m.suffix != "weight_zeros" else
-                    Move(m.suffix, m.source, m.dtype, m.shape, lambda d, z=zeros: z, EXACT,
-                         "wzeros + 8 * wscales in F32 (verified exact)") for m in tr.moves]
+        tr.moves = [
+            m
+            if m.suffix != "weight_zeros"
+            else Move(
+                m.suffix, m.source, m.dtype, m.shape, lambda d, z=zeros: z, EXACT, "wzeros + 8 * wscales in F32 (verified exact)"
+            )
+            for m in tr.moves
+        ]
     claim.unsettled = [u for u in claim.unsettled if u != AWQ_UNSETTLED]
     if not inexact:
         return []
-    return [Finding("F004", f"{len(inexact)} nunchaku AWQ layer(s) (e.g. {inexact[0]}) have zero points whose Comfy "
-                            "form wzeros + 8 * wscales is not exact in F32", layer=inexact[0],
-                    cause="nunchaku's unsigned-code convention differs from Comfy's",
-                    fix="keep these layers for nunchaku's loader; they cannot be migrated or dequantized exactly")]
+    return [
+        Finding(
+            "F004",
+            f"{len(inexact)} nunchaku AWQ layer(s) (e.g. {inexact[0]}) have zero points whose Comfy "
+            "form wzeros + 8 * wscales is not exact in F32",
+            layer=inexact[0],
+            cause="nunchaku's unsigned-code convention differs from Comfy's",
+            fix="keep these layers for nunchaku's loader; they cannot be migrated or dequantized exactly",
+        )
+    ]
 
 
 def _to_f32(data: bytes, dtype: str) -> bytes:
@@ -298,20 +420,30 @@ def _to_f32(data: bytes, dtype: str) -> bytes:
 
 # -- runtimes -------------------------------------------------------------------------------------------------
 
+
 def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
     if target == "comfyui":
         return _comfyui(ckpt, claim)
     if target == "sglang":
         return _sglang(claim)
     if target == "comfy-kitchen":
-        return [Violation("comfy-kitchen.nunchaku", f"layer '{tr.prefix}': comfy-kitchen reads SVDQuant/AWQ only in "
-                          "Comfy's layouts (a comfy_quant marker and weight/weight_scale/... tensors; its 4-D "
-                          "tile-packed svdquant storage is its own, not nunchaku's MMA order): this "
-                          f"{tr.variant} layer is not loaded", None, tr.prefix, "qweight", False,
-                          "nunchaku layout, not a Comfy layout",
-                          "comfyquant migrate" if tr.verdict != REFUSED else "load it with nunchaku",
-                          severity="error")
-                for tr in claim.layers.values()]
+        return [
+            Violation(
+                "comfy-kitchen.nunchaku",
+                f"layer '{tr.prefix}': comfy-kitchen reads SVDQuant/AWQ only in "
+                "Comfy's layouts (a comfy_quant marker and weight/weight_scale/... tensors; its 4-D "
+                "tile-packed svdquant storage is its own, not nunchaku's MMA order): this "
+                f"{tr.variant} layer is not loaded",
+                None,
+                tr.prefix,
+                "qweight",
+                False,
+                "nunchaku layout, not a Comfy layout",
+                "comfyquant migrate" if tr.verdict != REFUSED else "load it with nunchaku",
+                severity="error",
+            )
+            for tr in claim.layers.values()
+        ]
     return []
 
 
@@ -320,47 +452,105 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
     loader = "load it with ComfyUI-nunchaku's Nunchaku DiT loader"
     if not facts.comfy_config_ok:
         loader += " (which needs the header's comfy_config, missing or unreadable here)"
-    return [Violation("comfyui.nunchaku", f"layer '{tr.prefix}': ComfyUI core has no nunchaku loader: no "
-                      f"'{tr.prefix}.weight' reaches the model (diffusers names: convert_diffusers_mmdit maps only "
-                      "known keys and leaves qweight/wscales/... over; other names: load_state_dict(strict=False) "
-                      "logs them as 'unet unexpected'), ComfyUI logs 'unet missing' and the layer keeps "
-                      "uninitialized weights (garbage output, no error) -- when it detects the model type at all",
-                      None, tr.prefix, "qweight", False, "nunchaku SVDQuant file in ComfyUI core",
-                      f"{loader}, or comfyquant migrate" if tr.verdict != REFUSED else loader, severity="error")
-            for tr in claim.layers.values()]
+    return [
+        Violation(
+            "comfyui.nunchaku",
+            f"layer '{tr.prefix}': ComfyUI core has no nunchaku loader: no "
+            f"'{tr.prefix}.weight' reaches the model (diffusers names: convert_diffusers_mmdit maps only "
+            "known keys and leaves qweight/wscales/... over; other names: load_state_dict(strict=False) "
+            "logs them as 'unet unexpected'), ComfyUI logs 'unet missing' and the layer keeps "
+            "uninitialized weights (garbage output, no error) -- when it detects the model type at all",
+            None,
+            tr.prefix,
+            "qweight",
+            False,
+            "nunchaku SVDQuant file in ComfyUI core",
+            f"{loader}, or comfyquant migrate" if tr.verdict != REFUSED else loader,
+            severity="error",
+        )
+        for tr in claim.layers.values()
+    ]
 
 
 def _sglang(claim: Claim) -> list[Violation]:
-    out = [Violation("sglang.nunchaku", "(no SGLang message modelled) SGLang reads nunchaku files only through its "
-                     "nunchaku path (multimodal_gen NunchakuConfig, quant_method svdquant / nunchaku_lite, with the "
-                     "nunchaku package installed), which runs the tensors as stored; its comfy_quant reader does "
-                     "not read them", None, None, None, False, "nunchaku layout",
-                     "start SGLang with the nunchaku quantization config", severity="warning")]
+    out = [
+        Violation(
+            "sglang.nunchaku",
+            "(no SGLang message modelled) SGLang reads nunchaku files only through its "
+            "nunchaku path (multimodal_gen NunchakuConfig, quant_method svdquant / nunchaku_lite, with the "
+            "nunchaku package installed), which runs the tensors as stored; its comfy_quant reader does "
+            "not read them",
+            None,
+            None,
+            None,
+            False,
+            "nunchaku layout",
+            "start SGLang with the nunchaku quantization config",
+            severity="warning",
+        )
+    ]
     for tr in claim.layers.values():
         low = tr.prefix.lower()
         skip = next((p for p in SGLANG_SKIP if p in low), None)
         awq_rule = any(p in tr.prefix for p in SGLANG_AWQ)
         if skip is not None:
-            out.append(Violation("sglang.nunchaku", f"(no SGLang message modelled) layer '{tr.prefix}': SGLang's "
-                                 f"nunchaku config skips layers whose name contains '{skip}' (unquantized linear): "
-                                 f"the {tr.variant} tensors are not loaded and the layer has no weight", None,
-                                 tr.prefix, "qweight", False, "SGLang nunchaku skip pattern", severity="error"))
+            out.append(
+                Violation(
+                    "sglang.nunchaku",
+                    f"(no SGLang message modelled) layer '{tr.prefix}': SGLang's "
+                    f"nunchaku config skips layers whose name contains '{skip}' (unquantized linear): "
+                    f"the {tr.variant} tensors are not loaded and the layer has no weight",
+                    None,
+                    tr.prefix,
+                    "qweight",
+                    False,
+                    "SGLang nunchaku skip pattern",
+                    severity="error",
+                )
+            )
         elif tr.variant == "awq w4a16" and not awq_rule:
-            out.append(Violation("sglang.nunchaku", f"layer '{tr.prefix}': SGLang's nunchaku config runs AWQ W4A16 "
-                                 f"only for names containing {' / '.join(SGLANG_AWQ)}; it builds this layer as SVDQ "
-                                 "W4A4 (qweight I8 [N, K/2]) and the stored I32 [N/4, K/2] qweight does not fit",
-                                 "AssertionError", tr.prefix, "qweight", True, "SGLang nunchaku AWQ pattern",
-                                 severity="error"))
+            out.append(
+                Violation(
+                    "sglang.nunchaku",
+                    f"layer '{tr.prefix}': SGLang's nunchaku config runs AWQ W4A16 "
+                    f"only for names containing {' / '.join(SGLANG_AWQ)}; it builds this layer as SVDQ "
+                    "W4A4 (qweight I8 [N, K/2]) and the stored I32 [N/4, K/2] qweight does not fit",
+                    "AssertionError",
+                    tr.prefix,
+                    "qweight",
+                    True,
+                    "SGLang nunchaku AWQ pattern",
+                    severity="error",
+                )
+            )
         elif tr.variant != "awq w4a16" and awq_rule:
-            out.append(Violation("sglang.nunchaku", f"layer '{tr.prefix}': SGLang's nunchaku config runs names "
-                                 f"containing {' / '.join(SGLANG_AWQ)} as AWQ W4A16 (qweight I32 [N/4, K/2]); this "
-                                 f"{tr.variant} layer does not fit", "AssertionError", tr.prefix, "qweight", True,
-                                 "SGLang nunchaku AWQ pattern", severity="error"))
+            out.append(
+                Violation(
+                    "sglang.nunchaku",
+                    f"layer '{tr.prefix}': SGLang's nunchaku config runs names "
+                    f"containing {' / '.join(SGLANG_AWQ)} as AWQ W4A16 (qweight I32 [N/4, K/2]); this "
+                    f"{tr.variant} layer does not fit",
+                    "AssertionError",
+                    tr.prefix,
+                    "qweight",
+                    True,
+                    "SGLang nunchaku AWQ pattern",
+                    severity="error",
+                )
+            )
     return out
 
 
-DIALECTS = (Dialect(NAME, "nunchaku SVDQuant (SVDQ W4A4 int4/nvfp4, AWQ W4A16)",
-                    writer="nunchaku / deepcompressor (svdq-int4-*, svdq-fp4-* checkpoints), ComfyUI-nunchaku",
-                    source="spec dialects-and-loading.md §2.3; nunchaku lora/flux/packer.py, deepcompressor "
-                           "backend/nunchaku/utils.py and backend/tinychat/utils.py; diffusers quantizers/nunchaku",
-                    detect=detect, runtime=runtime, settle=settle, order=60),)
+DIALECTS = (
+    Dialect(
+        NAME,
+        "nunchaku SVDQuant (SVDQ W4A4 int4/nvfp4, AWQ W4A16)",
+        writer="nunchaku / deepcompressor (svdq-int4-*, svdq-fp4-* checkpoints), ComfyUI-nunchaku",
+        source="spec dialects-and-loading.md §2.3; nunchaku lora/flux/packer.py, deepcompressor "
+        "backend/nunchaku/utils.py and backend/tinychat/utils.py; diffusers quantizers/nunchaku",
+        detect=detect,
+        runtime=runtime,
+        settle=settle,
+        order=60,
+    ),
+)

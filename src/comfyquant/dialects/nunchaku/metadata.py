@@ -15,15 +15,27 @@ from __future__ import annotations
 import json
 
 KEYS = ("model_class", "config", "comfy_config", "quantization_config", "format")
-MISSING_COMFY_CONFIG = ("ComfyUI-nunchaku's DiT loader reads json.loads(metadata.get('comfy_config')) and fails with "
-                        "\"TypeError: the JSON object must be str, bytes or bytearray, not NoneType\"")
+MISSING_COMFY_CONFIG = (
+    "ComfyUI-nunchaku's DiT loader reads json.loads(metadata.get('comfy_config')) and fails with "
+    '"TypeError: the JSON object must be str, bytes or bytearray, not NoneType"'
+)
 
 
 class Facts:
     """The header's nunchaku facts (None where absent) and what is wrong with them, in words."""
 
-    __slots__ = ("present", "model_class", "diffusers_class", "comfy_class", "precision", "rank", "group_size",
-                 "awq_group_size", "problems", "comfy_config_ok")
+    __slots__ = (
+        "present",
+        "model_class",
+        "diffusers_class",
+        "comfy_class",
+        "precision",
+        "rank",
+        "group_size",
+        "awq_group_size",
+        "problems",
+        "comfy_config_ok",
+    )
 
     def __init__(self) -> None:
         self.present: list[str] = []
@@ -44,8 +56,10 @@ class Facts:
     def notes(self) -> list[str]:
         """One line naming the model and quantization, then one per problem."""
         if not self.present:
-            return ["no nunchaku metadata in the header (model_class, config, comfy_config, quantization_config): "
-                    f"recognised from tensor names only; {MISSING_COMFY_CONFIG}"]
+            return [
+                "no nunchaku metadata in the header (model_class, config, comfy_config, quantization_config): "
+                f"recognised from tensor names only; {MISSING_COMFY_CONFIG}"
+            ]
         said = []
         if self.model_class:
             said.append(f"model_class {self.model_class}")
@@ -99,8 +113,9 @@ def read(md: dict) -> Facts:
         if isinstance(comfy.get("model_class"), str):
             f.comfy_class = comfy["model_class"]
         elif comfy:
-            f.problems.append("comfy_config has no model_class: ComfyUI-nunchaku's Flux loader reads "
-                              "comfy_config['model_class'] (KeyError)")
+            f.problems.append(
+                "comfy_config has no model_class: ComfyUI-nunchaku's Flux loader reads comfy_config['model_class'] (KeyError)"
+            )
     elif comfy is not None:
         f.problems.append(f"comfy_config is JSON {type(comfy).__name__}, not an object")
     q = _json(md, "quantization_config", f)

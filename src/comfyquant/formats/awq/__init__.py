@@ -8,6 +8,7 @@ from ..common import BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2
 CODEC = __name__ + ".codec"
 """The module holding this package\'s codecs (imported on first use)."""
 
+
 def _geometry(tensors: dict, params: dict) -> dict:
     n, cols = weight_2d(tensors)
     return dict(params, N=n, K=2 * cols, bits=4, group_size=as_int(params.get("group_size"), 64))

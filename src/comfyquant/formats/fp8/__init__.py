@@ -19,9 +19,17 @@ def _scalar_scale_slot() -> Slot:
     )
 
 
-def per_tensor_fp8(name: str, weight_dtype: str, loaders: frozenset, title: str, order: int, infer_rank: int,
-                   aliases: tuple[str, ...], package: str = __name__,
-                   legacy_renames: dict[str, str] | None = None) -> Format:
+def per_tensor_fp8(
+    name: str,
+    weight_dtype: str,
+    loaders: frozenset,
+    title: str,
+    order: int,
+    infer_rank: int,
+    aliases: tuple[str, ...],
+    package: str = __name__,
+    legacy_renames: dict[str, str] | None = None,
+) -> Format:
     """An FP8 format with one F32 scale per tensor (spec 3.1) whose codec and Params live in
     ``package`` (``<package>.codec``, ``<package>.params``): the layout is the same for every
     FP8 element type, only the weight dtype, the runtimes that load it and the names differ."""
@@ -52,16 +60,26 @@ def per_tensor_fp8(name: str, weight_dtype: str, loaders: frozenset, title: str,
         geometry=dense_geometry,
         bits_text="8",
         loaders=loaders,
-        recognize=lambda t: has_2d_weight(t, weight_dtype)
-        and "weight_scale" in t
-        and len(t["weight_scale"].shape) <= 1
-        and t["weight_scale"].numel == 1,
+        recognize=lambda t: (
+            has_2d_weight(t, weight_dtype)
+            and "weight_scale" in t
+            and len(t["weight_scale"].shape) <= 1
+            and t["weight_scale"].numel == 1
+        ),
         legacy_renames=legacy_renames,
     )
 
 
-FLOAT8_E4M3FN = per_tensor_fp8("float8_e4m3fn", "F8_E4M3", ALL_RUNTIMES, "FP8 E4M3, per-tensor scale", 0, 7, ("fp8",),
-                     legacy_renames={"scale_weight": "weight_scale", "scale_input": "input_scale"})
+FLOAT8_E4M3FN = per_tensor_fp8(
+    "float8_e4m3fn",
+    "F8_E4M3",
+    ALL_RUNTIMES,
+    "FP8 E4M3, per-tensor scale",
+    0,
+    7,
+    ("fp8",),
+    legacy_renames={"scale_weight": "weight_scale", "scale_input": "input_scale"},
+)
 """Also what ComfyUI reads a legacy scaled-FP8 layer as (spec 1.6): ``legacy_renames``."""
 
 FLOAT8_E4M3FN_ROWWISE = Format(
@@ -98,5 +116,9 @@ FLOAT8_E4M3FN_BLOCKWISE = Format(
 
 __all__ = ["FLOAT8_E4M3FN", "FLOAT8_E4M3FN_ROWWISE", "FLOAT8_E4M3FN_BLOCKWISE"]
 
-FORMATS = (FLOAT8_E4M3FN, FLOAT8_E4M3FN_ROWWISE, FLOAT8_E4M3FN_BLOCKWISE,)
+FORMATS = (
+    FLOAT8_E4M3FN,
+    FLOAT8_E4M3FN_ROWWISE,
+    FLOAT8_E4M3FN_BLOCKWISE,
+)
 """The formats this package describes (the registry collects every package's ``FORMATS``)."""

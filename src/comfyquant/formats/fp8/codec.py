@@ -62,8 +62,17 @@ class FP8Codec(Codec):
         q_w = rows_of(t["weight"], r0, r1)
         b = None if bias is None else bias.to(dtype)
         try:
-            return F.scaled_mm(q_x, q_w.t(), scale_a=s_x, scale_recipe_a=F.ScalingType.TensorWise, scale_b=s_w,
-                               scale_recipe_b=F.ScalingType.TensorWise, bias=b, output_dtype=dtype, use_fast_accum=False)
+            return F.scaled_mm(
+                q_x,
+                q_w.t(),
+                scale_a=s_x,
+                scale_recipe_a=F.ScalingType.TensorWise,
+                scale_b=s_w,
+                scale_recipe_b=F.ScalingType.TensorWise,
+                bias=b,
+                output_dtype=dtype,
+                use_fast_accum=False,
+            )
         except (RuntimeError, TypeError, AttributeError):
             # No FP8 GEMM for these operands: dequantize both, as comfy-kitchen falls back.
             return F.linear(q_x.to(dtype) * s_x.to(dtype), q_w.to(dtype) * s_w.to(dtype), b)

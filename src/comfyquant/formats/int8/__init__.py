@@ -53,7 +53,10 @@ INT8_TENSORWISE = Format(
             positive=True,
             meaning="dequantization scale: scalar [] or per row [N, 1]",
             alt_shapes=(
-                ("(N,)", "row scales stored as [N] instead of [N, 1]: comfy-kitchen's dequantize misreads them and SGLang refuses them"),
+                (
+                    "(N,)",
+                    "row scales stored as [N] instead of [N, 1]: comfy-kitchen's dequantize misreads them and SGLang refuses them",
+                ),
                 ("(1,)", "scalar scale stored as [1] instead of []: SGLang refuses it"),
                 ("()", "scalar scale on a ConvRot layer: ConvRot layers carry row-wise [N, 1] scales"),
             ),
@@ -63,8 +66,9 @@ INT8_TENSORWISE = Format(
     keys=(
         FORMAT_KEY,
         FULL_PRECISION_KEY,
-        MarkerKey("convrot", (bool,), default=False, allowed_text="true or false", nested_ok=True,
-                  invalid_cause=CONVROT_JSON_TRUE),
+        MarkerKey(
+            "convrot", (bool,), default=False, allowed_text="true or false", nested_ok=True, invalid_cause=CONVROT_JSON_TRUE
+        ),
         MarkerKey(
             "convrot_groupsize",
             (int,),
@@ -100,10 +104,12 @@ INT8_TENSORWISE = Format(
     params_module=__name__ + ".params",
     aliases=("int8",),
     inspect_text=_inspect_text,
-    recognize=lambda t: has_2d_weight(t, "I8")
-    and "weight_scale" in t
-    and t["weight_scale"].dtype == "F32"
-    and (t["weight_scale"].numel == 1 or t["weight_scale"].shape == (t["weight"].shape[0], 1)),
+    recognize=lambda t: (
+        has_2d_weight(t, "I8")
+        and "weight_scale" in t
+        and t["weight_scale"].dtype == "F32"
+        and (t["weight_scale"].numel == 1 or t["weight_scale"].shape == (t["weight"].shape[0], 1))
+    ),
 )
 
 INT8_BLOCKWISE = Format(
@@ -122,5 +128,8 @@ INT8_BLOCKWISE = Format(
     converter_only=True,
 )
 
-FORMATS = (INT8_TENSORWISE, INT8_BLOCKWISE,)
+FORMATS = (
+    INT8_TENSORWISE,
+    INT8_BLOCKWISE,
+)
 """The formats this package describes (the registry collects every package's ``FORMATS``)."""

@@ -25,8 +25,10 @@ class Int8Codec(Codec):
         convrot = bool(params.pop("convrot", False))
         per_channel = _row_scaled(params.pop("per_channel", None), convrot)
         if not convrot and "convrot_groupsize" in params:
-            raise CodecError(f"{name}: convrot_groupsize={params['convrot_groupsize']!r} needs convrot=True "
-                             "(without rotation the size would be ignored)")
+            raise CodecError(
+                f"{name}: convrot_groupsize={params['convrot_groupsize']!r} needs convrot=True "
+                "(without rotation the size would be ignored)"
+            )
         size = params.pop("convrot_groupsize", 256)
         scale = params.pop("scale", None)
         reject_unknown(params, name)
@@ -96,8 +98,9 @@ def _row_scaled(per_channel, convrot) -> bool:
     return bool(convrot if per_channel is None else per_channel)
 
 
-def _encode_rows(weight: Weight, fn, name: str, block_elements: int | None = None,
-                 rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+def _encode_rows(
+    weight: Weight, fn, name: str, block_elements: int | None = None, rows: torch.Tensor | None = None
+) -> list[torch.Tensor]:
     """``fn`` (block -> INT8 levels as floats and their row scales) over row blocks of
     ``rows`` (default: ``weight``), the levels cast to int8 as they are gathered.  A
     non-finite row scale means a NaN/Inf in the weight (see

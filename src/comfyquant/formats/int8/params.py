@@ -16,19 +16,27 @@ _SIZE_DEFAULT = INT8_TENSORWISE.key("convrot_groupsize").default
 @dataclass(frozen=True, slots=True)
 class Int8Params(Params):
     convrot: bool = field(default=True, metadata={"help": "ConvRot rotation (SGLang needs it on linear layers)"})
-    convrot_groupsize: int = field(default=INT8_TENSORWISE.key("convrot_groupsize").default,
-                                   metadata={"help": "ConvRot block size (16, 64 or 256 for SGLang)"})
+    convrot_groupsize: int = field(
+        default=INT8_TENSORWISE.key("convrot_groupsize").default,
+        metadata={"help": "ConvRot block size (16, 64 or 256 for SGLang)"},
+    )
     per_channel: bool = field(default=True, metadata={"help": "row-wise [N, 1] scales (false: one scalar scale)"})
 
     FORMAT = INT8_TENSORWISE.name
     LABELS = {"convrot_groupsize": "C"}
     RANK = 1
     FLAGS = (
-        ("--no-convrot", "convrot", {"action": "store_const", "const": False,
-                                     "help": "INT8 without rotation (SGLang loads it on embeddings only)"}),
+        (
+            "--no-convrot",
+            "convrot",
+            {"action": "store_const", "const": False, "help": "INT8 without rotation (SGLang loads it on embeddings only)"},
+        ),
         CONVROT_SIZE_FLAG,
-        ("--scalar-scale", "per_channel", {"action": "store_const", "const": False,
-                                           "help": "INT8 with one scalar scale (needs --no-convrot)"}),
+        (
+            "--scalar-scale",
+            "per_channel",
+            {"action": "store_const", "const": False, "help": "INT8 with one scalar scale (needs --no-convrot)"},
+        ),
         FULL_PRECISION_FLAG,
     )
 
@@ -38,8 +46,10 @@ class Int8Params(Params):
         if not self.convrot and given.get("convrot_groupsize", _SIZE_DEFAULT) != _SIZE_DEFAULT:
             # a size other than the default is a choice the output could not keep (the default
             # is what reading any INT8 marker gives, so it is no contradiction)
-            raise InputError(f"{where}: {self.FORMAT} convrot_groupsize={given['convrot_groupsize']!r} needs convrot=true "
-                             "(without rotation the size means nothing; drop one of them)")
+            raise InputError(
+                f"{where}: {self.FORMAT} convrot_groupsize={given['convrot_groupsize']!r} needs convrot=true "
+                "(without rotation the size means nothing; drop one of them)"
+            )
 
     def marker(self) -> dict[str, Any]:
         marker = Params.marker(self)

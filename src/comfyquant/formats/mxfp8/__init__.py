@@ -8,6 +8,7 @@ from ..common import ALL_RUNTIMES, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometr
 CODEC = __name__ + ".codec"
 """The module holding this package\'s codecs (imported on first use)."""
 
+
 def weight_rows(t: dict) -> int:
     return t["weight"].shape[0]
 
@@ -37,7 +38,10 @@ MXFP8 = Format(
             meaning="per-32-block E8M0 exponents, blocked 128x4 layout, zero padded",
             also_dtypes={"U8": ("E8M0 bytes labelled U8 (as convert_to_quant writes them); ComfyUI reads both", "info")},
             alt_shapes=(
-                ("(N, K // 32)", "unblocked [N, K/32] layout (SGLang quant_format=mxfp8 style): comfy-kitchen and ComfyUI read the blocked, padded layout"),
+                (
+                    "(N, K // 32)",
+                    "unblocked [N, K/32] layout (SGLang quant_format=mxfp8 style): comfy-kitchen and ComfyUI read the blocked, padded layout",
+                ),
             ),
         ),
         Slot("input_scale", "F32", "()", required=False, meaning="activation scale (ignored by the MXFP8 quantizer)"),

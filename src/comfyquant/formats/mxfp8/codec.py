@@ -46,8 +46,13 @@ class MXFP8Codec(Codec):
 
     def dense_shape(self, env, marker):
         orig = marker.get("orig_shape")
-        if isinstance(orig, list) and len(orig) == 2 and all(isinstance(v, int) and v > 0 for v in orig) \
-                and env["N"] == ceil_to(orig[0], BLOCK) and env["K"] == ceil_to(orig[1], BLOCK):
+        if (
+            isinstance(orig, list)
+            and len(orig) == 2
+            and all(isinstance(v, int) and v > 0 for v in orig)
+            and env["N"] == ceil_to(orig[0], BLOCK)
+            and env["K"] == ceil_to(orig[1], BLOCK)
+        ):
             return orig[0], orig[1]
         return env.get("N_model", env["N"]), env["K"]
 

@@ -8,13 +8,20 @@ from ..common import ALL_RUNTIMES, FORMAT_KEY, FULL_PRECISION_KEY, model_size, n
 CODEC = __name__ + ".codec"
 """The module holding this package\'s codecs (imported on first use)."""
 
+
 def _geometry(tensors: dict, params: dict) -> dict:
     rows, cols = weight_2d(tensors)
     # N and K are the stored (16-padded) sizes; the model's own sizes, which the bias and
     # pre_quant_scale keep, are read from those tensors when present.
     k = 2 * cols
-    return dict(params, N=rows, K=k, bits=4, N_model=model_size(tensors, "bias", rows, 16),
-                K_model=model_size(tensors, "pre_quant_scale", k, 16))
+    return dict(
+        params,
+        N=rows,
+        K=k,
+        bits=4,
+        N_model=model_size(tensors, "bias", rows, 16),
+        K_model=model_size(tensors, "pre_quant_scale", k, 16),
+    )
 
 
 NVFP4 = Format(
@@ -33,7 +40,10 @@ NVFP4 = Format(
             meaning="per-16-block FP8 scales, blocked 128x4 layout, zero padded",
             also_dtypes={"U8": ("FP8 bytes labelled U8: ComfyUI views them as FP8, SGLang refuses them", "warning")},
             alt_shapes=(
-                ("(N, K // 16)", "unblocked [N, K/16] scale layout: comfy-kitchen and ComfyUI read the blocked, 128x4-padded layout"),
+                (
+                    "(N, K // 16)",
+                    "unblocked [N, K/16] scale layout: comfy-kitchen and ComfyUI read the blocked, 128x4-padded layout",
+                ),
                 ("(pad(N, 128), K // 16)", "blocked rows but unpadded columns: block count per row must be padded to 4"),
             ),
         ),

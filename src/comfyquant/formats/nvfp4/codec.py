@@ -83,8 +83,7 @@ class NVFP4Codec(Codec):
             packed = torch.zeros((rp, cp // 2), dtype=torch.uint8)
             scales = torch.zeros((rp, cp // BLOCK), dtype=E4M3)
         else:
-            packed, scales = gather_rows(row_blocks(weight, multiple=BLOCK),
-                                         lambda w: _encode_block(stored(w), ts), rp)
+            packed, scales = gather_rows(row_blocks(weight, multiple=BLOCK), lambda w: _encode_block(stored(w), ts), rp)
         tensors = {"weight": packed, "weight_scale": to_blocked(scales), "weight_scale_2": ts}
         if input_scale is not None:
             tensors["input_scale"] = torch.as_tensor(input_scale).to(torch.float32).reshape(())

@@ -11,6 +11,7 @@ from ..common import BIAS_SLOT, FORMAT_KEY
 CODEC = __name__ + ".codec"
 """The module holding this package\'s codecs (imported on first use)."""
 
+
 def _geometry(tensors: dict, params: dict) -> dict:
     w = tensors.get("weight")
     if w is None:

@@ -8,6 +8,7 @@ from ..common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as
 CODEC = __name__ + ".codec"
 """The module holding this package\'s codecs (imported on first use)."""
 
+
 def _geometry(tensors: dict, params: dict) -> dict:
     n, cols = weight_2d(tensors)
     return dict(params, N=n, K=2 * cols, bits=4, convrot_groupsize=as_int(params.get("convrot_groupsize"), 256))
@@ -78,12 +79,14 @@ CONVROT_W4A4 = Format(
     params_module=__name__ + ".params",
     aliases=("w4a4",),
     inspect_text=lambda env: f"C={env['convrot_groupsize']}",
-    recognize=lambda t: "weight" in t
-    and t["weight"].dtype == "I8"
-    and len(t["weight"].shape) == 2
-    and "weight_scale" in t
-    and t["weight_scale"].dtype == "F32"
-    and t["weight_scale"].shape == (t["weight"].shape[0],),
+    recognize=lambda t: (
+        "weight" in t
+        and t["weight"].dtype == "I8"
+        and len(t["weight"].shape) == 2
+        and "weight_scale" in t
+        and t["weight_scale"].dtype == "F32"
+        and t["weight_scale"].shape == (t["weight"].shape[0],)
+    ),
 )
 
 FORMATS = (CONVROT_W4A4,)

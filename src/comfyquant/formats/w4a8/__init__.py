@@ -114,10 +114,14 @@ def _geometry(tensors: dict, params: dict) -> dict:
 def _encode_params(env: dict, tensors: dict) -> dict:
     """comfy-kitchen's arguments for this layer's variant (spec 3.3: A-D) and sizes."""
     s_rel = tensors.get("weight_s_rel")
-    return {"group_size": env["group_size"], "convrot_groupsize": env["convrot_groupsize"], "bits": env["bits"],
-            "symmetric": "weight_correction" not in tensors, "codebook": "weight_codebook" in tensors,
-            "scale_dtype": "float32" if s_rel is not None and str(s_rel.dtype) in ("F32", "torch.float32")
-            else "float8_e4m3fn"}  # header entries name dtypes, torch tensors carry torch dtypes
+    return {
+        "group_size": env["group_size"],
+        "convrot_groupsize": env["convrot_groupsize"],
+        "bits": env["bits"],
+        "symmetric": "weight_correction" not in tensors,
+        "codebook": "weight_codebook" in tensors,
+        "scale_dtype": "float32" if s_rel is not None and str(s_rel.dtype) in ("F32", "torch.float32") else "float8_e4m3fn",
+    }  # header entries name dtypes, torch tensors carry torch dtypes
 
 
 ASYM_W4A8_INT8 = Format(
@@ -128,7 +132,9 @@ ASYM_W4A8_INT8 = Format(
     codec_module=CODEC,
     title="grouped 4/6-bit weights, FP8 group scales, INT8 activations, ConvRot",
     slots=(
-        Slot("weight", "I8", "(N, K * bits // 8)", kind=WEIGHT, meaning="packed codes, K/2 (4-bit) or 3K/4 (6-bit) bytes per row"),
+        Slot(
+            "weight", "I8", "(N, K * bits // 8)", kind=WEIGHT, meaning="packed codes, K/2 (4-bit) or 3K/4 (6-bit) bytes per row"
+        ),
         Slot(
             "weight_s_rel",
             "F8_E4M3",

@@ -51,11 +51,11 @@ from ..codec import DEFAULT_BLOCK_ELEMENTS, Codec, finish, rows_of
 from .encoder import encode_w4a8
 
 _EXACT_MAX_BLOCK = 256
-_EXACT_MAX_SCALE = 2.0 ** 100
+_EXACT_MAX_SCALE = 2.0**100
 """Row scales from here on could make a partial sum of the un-rotation overflow F32 (values
 below ``2^(e+8)``, sums of up to 256 times ``2^-4`` of them below ``2^(e+12)``), where the
 order would decide between a finite result and infinity: such layers decode whole."""
-_EXACT_MIN_SCALE = 2.0 ** -100
+_EXACT_MIN_SCALE = 2.0**-100
 """Row scales below this could make a value, product or partial sum subnormal (every nonzero
 one is at least ``2^(e-11)``), and BF16 GEMMs flush subnormals (AMX and AVX512-BF16 dot
 products run with DAZ/FTZ: measured on AMX) while F32 GEMMs keep them: such layers (and a
@@ -102,8 +102,7 @@ class W4A8Codec(Codec):
         lo, hi = torch.aminmax(s.float().abs())
         return not (bool(lo >= _EXACT_MIN_SCALE) and bool(hi < _EXACT_MAX_SCALE))
 
-    def _rotated(self, t, env, r0: int, r1: int, table, dtype: torch.dtype,
-                 grid: torch.Tensor | None = None) -> torch.Tensor:
+    def _rotated(self, t, env, r0: int, r1: int, table, dtype: torch.dtype, grid: torch.Tensor | None = None) -> torch.Tensor:
         """``W_rot`` of rows ``r0:r1`` in ``dtype``: the grid times ``s_channel`` (plus the
         correction) in F32, then rounded to ``dtype`` -- comfy-kitchen's operand.  ``grid``:
         the rows' grid already built (it is scaled in place)."""

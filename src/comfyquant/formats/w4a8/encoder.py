@@ -32,8 +32,22 @@ from ..codec import CodecError, reject_unknown
 from . import GROUP_SIZE, group_size_ok, k_fits, six_bit_fits
 
 FIXED_CODEBOOK = (
-    -0.980602, -0.794529, -0.638165, -0.500986, -0.377321, -0.263187, -0.155210, -0.050720,
-    0.052541, 0.156985, 0.265284, 0.379533, 0.502636, 0.638953, 0.794876, 0.980671,
+    -0.980602,
+    -0.794529,
+    -0.638165,
+    -0.500986,
+    -0.377321,
+    -0.263187,
+    -0.155210,
+    -0.050720,
+    0.052541,
+    0.156985,
+    0.265284,
+    0.379533,
+    0.502636,
+    0.638953,
+    0.794876,
+    0.980671,
 )
 """Lloyd-Max levels for group-normalized Gaussian data (comfy-kitchen's built-in table)."""
 
@@ -79,9 +93,12 @@ def encode_w4a8(weight: Weight, params: dict, name: str, fmt: str) -> tuple[dict
             raise CodecError(f"{name}: codebook must have shape (16,), got {tuple(table.shape)}")
     # the per-block search is many small operations on one core each: blocks side by side
     # use the cores torch is given (one with --jobs, whose workers take a core each)
-    parts = gather_rows(_rotated_blocks(weight, c),
-                        lambda rows: _quantize_rotated(rows, g, symmetric, scale_dtype, table, bits, search),
-                        weight.shape[0], workers=torch.get_num_threads())
+    parts = gather_rows(
+        _rotated_blocks(weight, c),
+        lambda rows: _quantize_rotated(rows, g, symmetric, scale_dtype, table, bits, search),
+        weight.shape[0],
+        workers=torch.get_num_threads(),
+    )
     packed, s_rel, s_channel = parts[:3]
     corr = parts[3].t().contiguous() if len(parts) > 3 else None
     tensors = {"weight": packed.view(torch.int8), "weight_s_rel": s_rel, "weight_s_channel": s_channel}
@@ -97,11 +114,14 @@ def _validate(weight: Weight, g, c, bits, name: str) -> None:
     if bits not in (4, 6):
         raise CodecError(f"{name}: bits must be 4 or 6, got {bits}")
     if bits == 6 and (not group_size_ok(g) or not six_bit_fits(k, g)):
-        raise CodecError(f"{name}: 6-bit storage needs K divisible by 32 and group_size a multiple of 16, "
-                         f"got K={k}, group_size={g}")
+        raise CodecError(
+            f"{name}: 6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={k}, group_size={g}"
+        )
     if not isinstance(g, int) or not isinstance(c, int) or c <= 0 or not group_size_ok(g) or not k_fits(k, g, c):
-        raise CodecError(f"{name}: K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; "
-                         "group_size must be >=4 and divide 16 or be a multiple of 16")
+        raise CodecError(
+            f"{name}: K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; "
+            "group_size must be >=4 and divide 16 or be a multiple of 16"
+        )
     if not is_power_of_4(c):
         raise CodecError(f"{name}: Regular Hadamard size must be a power of 4, got {c}")
 
@@ -126,6 +146,7 @@ def _rotated_blocks(weight: Weight, c: int) -> Iterator[tuple[int, int, torch.Te
 
 
 # -- codebook ---------------------------------------------------------------------------------
+
 
 def _decide_codebook(weight: Weight, g: int, c: int) -> torch.Tensor:
     """One table per tensor, from evenly spaced sample rows (never from chunk boundaries).
@@ -158,7 +179,7 @@ def _normalized_at(rotated: torch.Tensor, g: int, index: torch.Tensor | None) ->
     amax = torch.empty(rows * (rotated.shape[1] // g), dtype=torch.float32)
     per_row = rotated.shape[1] // g
     for r0, r1, block in row_blocks(rotated):
-        torch.amax(block.float().view(-1, g).abs_(), dim=-1, out=amax[r0 * per_row:r1 * per_row])
+        torch.amax(block.float().view(-1, g).abs_(), dim=-1, out=amax[r0 * per_row : r1 * per_row])
     values = rotated.reshape(-1).index_select(0, index).float()
     return values.div_(amax.index_select(0, torch.div(index, g, rounding_mode="floor")).clamp_(min=1e-8))
 
@@ -206,13 +227,15 @@ def _fit_codebook(samples: torch.Tensor) -> torch.Tensor:
 
 # -- assignment -------------------------------------------------------------------------------
 
+
 def _grid_levels(table: torch.Tensor, s_rel: torch.Tensor) -> torch.Tensor:
     """INT8 value of every level in every group: ``clamp(round(level * s_rel), -127, 127)``."""
     return (table.view(1, 1, -1) * s_rel.float().unsqueeze(-1)).round_().clamp_(-127, 127)
 
 
-def _assign_grid(gw: torch.Tensor, levels: torch.Tensor, s_channel: torch.Tensor,
-                 target: torch.Tensor | None = None) -> torch.Tensor:
+def _assign_grid(
+    gw: torch.Tensor, levels: torch.Tensor, s_channel: torch.Tensor, target: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per group, the nearest decoded grid level of ``w / s_channel`` (same tie rule)."""
     n, groups, gsize = gw.shape
     if target is None:
@@ -276,6 +299,7 @@ def _search_scale_fp8(gw, s_rel, table, target):
 
 
 # -- one chunk of rotated rows ----------------------------------------------------------------
+
 
 def _quantize_rotated(rotated, g, symmetric, scale_dtype, table, bits, search) -> tuple[torch.Tensor, ...]:
     """(packed uint8, s_rel, s_channel) and, asymmetric, the correction (row-major

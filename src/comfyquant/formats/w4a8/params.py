@@ -23,10 +23,12 @@ class W4A8Params(Params):
     bits: int = field(default=4, metadata={"choices": (4, 6), "help": "4, or 6 (W6A8: ComfyUI and comfy-kitchen only)"})
     symmetric: bool = field(default=True, metadata={"help": "false: asymmetric with an F32 correction (ComfyUI drops it)"})
     codebook: bool = field(default=True, metadata={"help": "4-bit symmetric: code -> level table (false: uniform levels)"})
-    scale_dtype: str = field(default="fp8", metadata={"choices": tuple(SCALE_DTYPES),
-                                                      "help": "group scales: fp8 (every runtime) or f32 (not SGLang)"})
-    convrot: bool = field(default=True, metadata={"choices": (True,),
-                                                  "help": "always true: W4A8 always rotates (SGLang requires the key)"})
+    scale_dtype: str = field(
+        default="fp8", metadata={"choices": tuple(SCALE_DTYPES), "help": "group scales: fp8 (every runtime) or f32 (not SGLang)"}
+    )
+    convrot: bool = field(
+        default=True, metadata={"choices": (True,), "help": "always true: W4A8 always rotates (SGLang requires the key)"}
+    )
 
     FORMAT = ASYM_W4A8_INT8.name
     LABELS = {"group_size": "G", "convrot_groupsize": "C"}
@@ -35,10 +37,16 @@ class W4A8Params(Params):
         ("--group-size", "group_size", {"type": int, "metavar": "G", "help": "W4A8 scale group size (default {default})"}),
         CONVROT_SIZE_FLAG,
         ("--bits", "bits", {"type": int, "choices": [4, 6], "help": "W4A8 bit depth (6: not for SGLang)"}),
-        ("--asymmetric", "symmetric", {"action": "store_const", "const": False,
-                                       "help": "W4A8 asymmetric with an F32 correction (ComfyUI drops it)"}),
-        ("--no-codebook", "codebook", {"action": "store_const", "const": False,
-                                       "help": "W4A8 4-bit symmetric with uniform levels instead of the codebook"}),
+        (
+            "--asymmetric",
+            "symmetric",
+            {"action": "store_const", "const": False, "help": "W4A8 asymmetric with an F32 correction (ComfyUI drops it)"},
+        ),
+        (
+            "--no-codebook",
+            "codebook",
+            {"action": "store_const", "const": False, "help": "W4A8 4-bit symmetric with uniform levels instead of the codebook"},
+        ),
         ("--scale-dtype", "scale_dtype", {"choices": list(SCALE_DTYPES), "help": "W4A8 group scale dtype (f32: not for SGLang)"}),
         FULL_PRECISION_FLAG,
     )
