@@ -24,8 +24,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from mkdocs.structure.files import File, Files
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # document this tree's package, not another install
 
@@ -221,7 +219,9 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     return MARKER.sub(replace, markdown)
 
 
-def on_files(files: Files, config) -> Files:
+def on_files(files, config):
+    from mkdocs.structure.files import File  # imported here: the renderers serve tests without mkdocs
+
     for image in sorted((ROOT / "examples").glob("*.png")):
         files.append(File(f"examples/{image.name}", str(ROOT), config["site_dir"], config["use_directory_urls"]))
     return files
