@@ -44,7 +44,7 @@ ALIASES: dict[str, str] = _aliases()
 _INFERENCE_ORDER: tuple[Format, ...] = tuple(
     sorted((f for f in FORMATS.values() if f.infer_rank is not None and f.recognize is not None), key=lambda f: f.infer_rank)
 )
-"""The more specific tensor signatures are tried first (spec 6.6)."""
+"""The more specific tensor signatures are tried first."""
 
 LAYER_SUFFIXES: frozenset[str] = frozenset(
     {s.suffix for f in FORMATS.values() for s in f.slots}
@@ -52,8 +52,8 @@ LAYER_SUFFIXES: frozenset[str] = frozenset(
     | {"comfy_quant"}
 )
 """Every tensor suffix that belongs to a layer (used to group tensors into layers): each
-format's slots, the legacy names its ``legacy_renames`` replaces (scaled FP8, spec 1.6) and
-the marker tensor."""
+format's slots, the legacy names its ``legacy_renames`` replaces (scaled FP8, as ComfyUI 0.33.0
+``convert_old_quants`` renames them) and the marker tensor."""
 
 
 def get(name: str) -> Format | None:

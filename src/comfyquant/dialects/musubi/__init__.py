@@ -1,4 +1,5 @@
-"""musubi-tuner's ``fp8_scaled`` checkpoints (spec dialects §2.1): FP8 weights with musubi's scales.
+"""musubi-tuner's ``fp8_scaled`` checkpoints (musubi-tuner `src/musubi_tuner/modules/`): FP8
+weights with musubi's scales.
 
 kohya-ss/musubi-tuner ``src/musubi_tuner/modules/fp8_optimization_utils.py`` keeps each quantized
 ``<layer>.weight`` (F8_E4M3, or F8_E5M2 with ``--fp8_format e5m2``) and adds ``<layer>.scale_weight``
@@ -354,8 +355,7 @@ DIALECTS = (
         NAME,
         "musubi-tuner fp8_scaled (per-tensor, per-channel, per-block)",
         writer="kohya-ss/musubi-tuner --fp8_scaled (fp8_optimization_utils.quantize_weight)",
-        source="spec dialects-and-loading.md §2.1; musubi-tuner src/musubi_tuner/modules/"
-        "fp8_optimization_utils.py quantize_weight, fp8_linear_forward_patch",
+        source="musubi-tuner src/musubi_tuner/modules/fp8_optimization_utils.py quantize_weight, fp8_linear_forward_patch",
         detect=detect,
         runtime=runtime,
         settle=settle,
