@@ -124,9 +124,9 @@ def test_docs_document_every_rule_code_and_the_readme_starts_with_the_set_up_com
     root = os.path.join(os.path.dirname(__file__), "..")
     page = open(os.path.join(root, "docs", "rules.md"), encoding="utf-8").read()
     assert "<!-- generated: rules -->" in page
-    spec = importlib.util.spec_from_file_location("docs_generated", os.path.join(root, "docs", "hooks", "generated.py"))
-    generated = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generated)
+    hook = importlib.util.spec_from_file_location("docs_generated", os.path.join(root, "docs", "hooks", "generated.py"))
+    generated = importlib.util.module_from_spec(hook)
+    hook.loader.exec_module(generated)
     rendered = generated.on_page_markdown(page, None, None, None)
     missing = [code for code in RULES if f"`{code}`" not in rendered]
     assert not missing, f"rule codes missing from docs/rules.md: {missing}"

@@ -55,7 +55,7 @@ def test_check_and_inspect_a_kitchen_file(tmp_path, capsys):
     report = comfyquant.check(path)
     assert [f.code for f in report.findings if f.severity == "error" and "sglang" not in (f.targets or ())] == []
     assert report.verdicts["comfyui"].loads and report.verdicts["comfy-kitchen"].loads
-    # SGLang has no float8_e5m2 (spec 4.2 R0): its verdict is the runtime's own message
+    # SGLang has no float8_e5m2 (0.5.23 resolve_comfy_checkpoint_quantization, R0): its verdict is the runtime's own message
     assert "float8_e5m2" in report.verdicts["sglang"].first.message
     inv = comfyquant.inspect(path)
     [row] = [r for r in inv.rows if r.name == PREFIX]

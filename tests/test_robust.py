@@ -231,7 +231,7 @@ def test_existing_folder_as_output_receives_the_input_name(tmp_path, capsys, com
     assert run(capsys, "check", folder / "model.safetensors", "--target", "comfy-kitchen")[0] == 0
     # the same again: the file exists now; every command refuses alike unless told to replace it
     rc, _, err = run(capsys, command.split("-")[0], src, "-o", folder, *extra)
-    # dequantize replaced its outputs before it had --overwrite (issue 13: one rule): now it refuses alike
+    # dequantize refuses alike (one output rule for every command)
     assert rc == 2 and "model.safetensors: exists" in err
     before = (folder / "model.safetensors").read_bytes()
     rc, _, err = run(capsys, command.split("-")[0], src, "-o", folder, *extra, "--overwrite")

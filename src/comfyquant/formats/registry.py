@@ -51,7 +51,7 @@ LAYER_SUFFIXES: frozenset[str] = frozenset(
     | {old for f in FORMATS.values() for old in f.legacy_renames}
     | {"comfy_quant"}
 )
-"""Every tensor suffix that belongs to a layer (used to group tensors into layers): each
+"""Every tensor suffix that belongs to a layer (which grouping tensors into layers reads): each
 format's slots, the legacy names its ``legacy_renames`` replaces (scaled FP8, as ComfyUI 0.33.0
 ``convert_old_quants`` renames them) and the marker tensor."""
 
