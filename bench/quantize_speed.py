@@ -76,7 +76,7 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 """The children's wall clock includes their start-up (quantize's, and its workers' with
 ``--jobs 2``): they import compiled modules, as an installed comfyquant does, instead of
 compiling every module again in every process (what PYTHONDONTWRITEBYTECODE makes a source
-checkout do on this machine)."""
+checkout do)."""
 MB = 1 << 20
 """Sizes and RSS are binary (MiB); rates are decimal MB/s (comfyquant's one convention)."""
 ENCODERS = {

@@ -325,8 +325,8 @@ def test_fix_in_place_through_a_symlink_writes_the_target(tmp_path, capsys):
 def test_decoding_commands_refuse_what_check_fails(tmp_path, capsys):
     """A marker value the format does not allow (M035; comfy-kitchen raises on it): check fails,
     and dequantize, convert (to a format or to dense) and quantize all refuse it with the same
-    reason.  (A string "16" is no longer the example: every runtime int()s it, so it is a
-    warning now that severity follows the verdicts.)"""
+    reason.  (A string "16" would not do: every runtime int()s it, so it is a warning, severity
+    following the verdicts.)"""
     src = write(tmp_path / "in.safetensors", w4a8_layer("a.b", marker=dict(W4A8_MARKER, group_size=24)), dense_layer("n"))
     rc, out, _ = run(capsys, "check", src, "--target", "comfy-kitchen")
     assert rc == 1 and "M035" in out

@@ -267,8 +267,8 @@ def test_damaged_container_fails_every_target_like_safetensors(tmp_path, kind):
 
 
 def test_truncated_download_cli(tmp_path, capsys):
-    """The seed of item 2: a truncated file was an error finding while every target said
-    loads; now all three FAIL with safetensors' message and exit 1."""
+    """A truncated file: all three targets FAIL with safetensors' message (no target says
+    it loads while an error finding stands), and check exits 1."""
     path = DAMAGE["truncated_half"](_base(tmp_path))
     expected = real_error(path)
     assert main(["check", path, "--json"]) == 1
