@@ -1,4 +1,4 @@
-"""Hostile inputs and interrupted runs (issue "Honest and exact everywhere", items 9-10): every
+"""Hostile inputs and interrupted runs: every
 command ends with exit 0, 1 or 2 and one clear line, never an internal error (3), a hang, a
 partial output or a modified input; output paths follow one rule; temporary files of killed
 runs are cleaned up; ``fix`` repairs unused bytes and writes through symbolic links."""
