@@ -19,6 +19,7 @@ no torch, and a build takes seconds.
 from __future__ import annotations
 
 import argparse
+import html
 import re
 import sys
 from collections.abc import Callable
@@ -31,8 +32,12 @@ MARKER = re.compile(r"^<!-- generated: (?P<kind>[a-z]+)(?: (?P<arg>[\w-]+))? -->
 
 
 def _cell(text: object) -> str:
-    """Text fit for a Markdown table cell (pipes escaped, one line)."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Text fit for a Markdown table cell: one line, pipes escaped, and ``<``, ``>``, ``&``
+    outside code spans escaped (a help text's ``<name>.fixed.safetensors`` is no HTML tag)."""
+    parts = " ".join(str(text).split()).split("`")
+    for i in range(0, len(parts), 2):  # even parts are outside code spans
+        parts[i] = html.escape(parts[i], quote=False)
+    return "`".join(parts).replace("|", "\\|")
 
 
 def _code(text: object) -> str:
