@@ -1,4 +1,4 @@
-"""float8_e5m2, the format added by following docs/DESIGN.md's "How to add a format": one
+"""float8_e5m2, the format added by following docs/design.md's "How to add a format": one
 package (``formats/float8_e5m2/``), these tests and the docs.  Every command handles it, from
 files comfy-kitchen writes and from files comfyquant writes, bit-exact with comfy-kitchen."""
 
