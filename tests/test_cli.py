@@ -136,6 +136,20 @@ def test_docs_document_every_rule_code_and_the_readme_starts_with_the_set_up_com
     assert any(".ci/run" in line for line in first_lines)
 
 
+def test_every_code_a_bundled_example_raises_is_in_the_rule_registry(capsys):
+    """The registry is what the rule codes page lists: a canonical code the checker emits
+    (L010 for MoE expert banks, M036 for a marker key left to its default) must be in it."""
+    examples = os.path.join(os.path.dirname(__file__), "..", "examples")
+    codes = set()
+    for name in sorted(os.listdir(examples)):
+        if name.endswith(".safetensors"):
+            main(["check", "--json", os.path.join(examples, name)])
+            codes |= {f["code"] for f in json.loads(capsys.readouterr().out)["findings"]}
+    canonical = {code for code in codes if "." not in code}
+    assert "L010" in canonical
+    assert canonical <= set(RULES), sorted(canonical - set(RULES))
+
+
 def test_commands_that_need_an_extra_say_which(tmp_path):
     """On a light install (no torch), quantize/dequantize name the extra to install instead
     of reporting an internal error; check still works."""
