@@ -314,7 +314,7 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
                     tr.prefix,
                     "scale_weight",
                     rank == 3,
-                    "per-channel or block scales (ComfyUI bug report 10491)",
+                    "per-channel or block scales (ComfyUI report #10491)",
                     "comfyquant migrate --allow-lossy, or dequantize",
                     severity="error",
                 )

@@ -287,7 +287,7 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
     (``convert_old_quants``) does nothing, so each unmarked FP8 weight is cast to the compute dtype
     by value and ``scale_weight`` stays an unexpected key: garbage without an error (the ComfyUI
     profile leaves a claimed unmarked layer to this model).  Block scales fail even where a
-    sentinel makes ComfyUI read them (ComfyUI bug report 10491).  SGLang: see :func:`_sglang`.  comfy-kitchen
+    sentinel makes ComfyUI read them (ComfyUI report #10491).  SGLang: see :func:`_sglang`.  comfy-kitchen
     never sees an unmarked layer."""
     if target == "comfyui":
         return [_comfyui(tr) for tr in claim.layers.values()]
@@ -309,7 +309,7 @@ def _comfyui(tr: Translation) -> Violation:
     block = tr.variant.startswith("block")
     cause = "musubi scales without a marker or the scaled_fp8 sentinel"
     if block:
-        cause += "; block scales are not read even with the sentinel (ComfyUI bug report 10491)"
+        cause += "; block scales are not read even with the sentinel (ComfyUI report #10491)"
     return Violation(
         "comfyui.musubi",
         f"layer '{tr.prefix}' has a {w.dtype} weight with a musubi {tr.variant} scale_weight "
