@@ -134,8 +134,8 @@ def floor_read(files: list[str]) -> None:
 
 
 def least_check(files: list[str]) -> dict:
-    """A lower bound for any *complete* header check: the floor's reads plus the least the
-    issue asks of every checker -- each entry's byte span tested (dtype width x element count,
+    """A lower bound for any *complete* header check: the floor's reads plus the least
+    any checker must do -- each entry's byte span tested (dtype width x element count,
     inside the data area), the spans tested to tile the data area, the metadata tested to be
     strings, the tensors grouped into layers by prefix and every marker's JSON parsed.  No
     format rules, no runtime verdicts, no findings, no error messages: if even this costs

@@ -448,7 +448,7 @@ base = next(int(line.split()[1]) for line in open("/proc/self/status") if line.s
 s = comfyquant.dequantize(sys.argv[1], sys.argv[2], progress=False)
 # the run's own seconds: dequantize times the imports it needs (the checker, the writer...) apart
 # as start-up, like torch's (they are compiled anew in every process where Python may not
-# write .pyc files, as on this machine: PYTHONDONTWRITEBYTECODE)
+# write .pyc files: PYTHONDONTWRITEBYTECODE)
 seconds, startup = s.seconds, startup + s.startup
 # VmHWM is this process's own peak (ru_maxrss would include the big parent it was forked from)
 hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
@@ -510,7 +510,7 @@ def _child_json(script: str, *args: str) -> dict:
 CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 """The dequantize child imports compiled modules, as an installed comfyquant does: the format
 codecs it imports lazily, inside its timed run, are otherwise compiled again in every child
-(what PYTHONDONTWRITEBYTECODE makes a source checkout do on this machine: 0.04 s of a 2 s run)."""
+(what PYTHONDONTWRITEBYTECODE makes a source checkout do: 0.04 s of a 2 s run)."""
 
 
 def write_checkpoint(path: str, layers: dict) -> int:

@@ -14,7 +14,7 @@
    comfyquant's torch modules imported: one-time costs) of
    * the model built on the meta device + ``load_quantized``,
    * the model constructed as usual (dense BF16, initialised) + ``safetensors.torch.load_file``
-     of the same file -- the issue's yardstick for time --, one
+     of the same file -- the yardstick for time --, one
      byte of every page then read (``load_file`` maps the file lazily: without the read it
      costs nothing and holds nothing),
    * the dense route users take today at best: the model on the meta device, ``load_file``

@@ -10,7 +10,7 @@ and 3072x12288 / 12288x3072 MLP-like linears, with biases and norms) and, per fo
 * times comfy-kitchen 0.2.40's ``QuantizedTensor.from_float`` on the same weights in a fresh
   process (compute only: no reading, writing or checking) and measures its error the same way.
 
-Targets (issue 6): W4A8 throughput >= 1.0x comfy-kitchen with equal or lower error; peak RSS
+Targets: W4A8 throughput >= 1.0x comfy-kitchen with equal or lower error; peak RSS
 <= 3x the largest layer's dense size per job + 300 MB.
 
     python bench/quantize_speed.py [--formats w4a8,int8,...] [--keep DIR] [--repeat N] [--convert nvfp4:w4a8,...]
@@ -21,12 +21,12 @@ A convert section times ``convert FROM -> TO`` of a quantized copy of the same m
 The first section times the encoders alone, in this process, side by side with
 comfy-kitchen on the same BF16 weights (3072x3072 and 5120x13824 by default): per format
 the MB/s of both, the ratio (median of ``--rounds`` interleaved rounds) and whether every
-stored tensor is bit-identical to comfy-kitchen's.  Issue 17 asks for W4A8 (codebook) and
-W6A8 >= 4x comfy-kitchen, bit-identical.
+stored tensor is bit-identical to comfy-kitchen's.  The target for W4A8 (codebook) and W6A8 is
+>= 4x comfy-kitchen, bit-identical.
 
     python bench/quantize_speed.py --encoders-only [--shapes 3072x3072,5120x13824] [--rounds 3]
 
-The end-to-end section (issue 17 item 2) quantizes a Flux-shaped slice -- ``--slice D,S``
+The end-to-end section quantizes a Flux-shaped slice -- ``--slice D,S``
 FLUX.1 double blocks (image and text streams: qkv 9216x3072, proj 3072x3072, mlp
 12288x3072 / 3072x12288) and single blocks (linear1 21504x3072, linear2 3072x15360), 2,2 by
 default -- with ``quantize --jobs 1`` (one core), ``--jobs 2`` and the default ``auto``, each
@@ -76,7 +76,7 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 """The children's wall clock includes their start-up (quantize's, and its workers' with
 ``--jobs 2``): they import compiled modules, as an installed comfyquant does, instead of
 compiling every module again in every process (what PYTHONDONTWRITEBYTECODE makes a source
-checkout do on this machine)."""
+checkout do)."""
 MB = 1 << 20
 """Sizes and RSS are binary (MiB); rates are decimal MB/s (comfyquant's one convention)."""
 ENCODERS = {
@@ -463,8 +463,8 @@ def child_convert(src: str, to: str, out_dir: str) -> dict:
 
 
 def convert_section(src: str, folder: str, pairs: list[tuple[str, str]], repeat: int, quantized_bytes: int) -> None:
-    """``convert FROM -> TO`` against ``quantize dense -> TO`` on the same model, side by side
-    (issue 16 measured convert nvfp4 -> w4a8 at 230 s where quantizing from dense took 40 s)."""
+    """``convert FROM -> TO`` against ``quantize dense -> TO`` on the same model, side by side:
+    convert decodes each input layer once, so it should cost about what quantize does."""
     print("convert (decode the quantized input, re-encode) vs quantize from the dense original, --jobs 1:")
     head = (
         f"{'from -> to':<16} {'convert s':>10} {'quantize s':>11} {'ratio':>7} {'convert MB/s':>13} {'layers':>7} "

@@ -2,10 +2,10 @@
 
 Every helper quantizes a seeded random weight ``[N, K]`` with comfy-kitchen 0.2.40's CPU eager
 layouts and returns the tensors exactly as the layout's ``state_dict`` names them (``weight``,
-``weight_scale``, ``weight_s_rel`` ...), together with two markers (spec 1.2, 3, 5):
+``weight_scale``, ``weight_s_rel`` ...), together with two markers:
 
-* ``comfyui_marker``: what ComfyUI writes (W4A8 without ``convrot``, spec 5 I-1);
-* ``sglang_marker``: the "writes with ck, loads in both" profile of spec 5 (W4A8 with
+* ``comfyui_marker``: what ComfyUI writes (W4A8 without ``convrot``);
+* ``sglang_marker``: the marker comfy-kitchen's layers need to load in SGLang 0.5.23 too (W4A8 with
   ``"convrot": true`` and explicit ``group_size``/``convrot_groupsize``; INT8 ConvRot with an
   explicit ``convrot_groupsize``).
 
@@ -207,13 +207,13 @@ def make_layer(
 
 BANK_ROWS = ("weight", "weight_scale", "weight_s_rel", "weight_s_channel", "bias")
 """The tensors ComfyUI flattens from [E, out, ...] to [E*out, ...] in W4A8 and row-scaled INT8
-banks (spec 3.9)."""
+banks (ComfyUI 0.33.0 ``MoEExperts``)."""
 
 
 def moe_bank_layer(
     variant: str, prefix: str, experts: int = 4, n: int = 32, k: int = 256, seed: int = 0, marker: str = "comfyui"
 ) -> tuple[KitchenLayer, dict[str, torch.Tensor]]:
-    """A MoE expert bank of ``experts`` experts of ``[n, k]`` (spec 3.9), quantized by comfy-kitchen.
+    """A MoE expert bank of ``experts`` experts of ``[n, k]`` (as ComfyUI 0.33.0 ``MoEExperts`` reads it), quantized by comfy-kitchen.
 
     W4A8 and row-scaled INT8 banks are one layer of ``experts * n`` rows, quantized as such and
     stored ``[E, n, ...]``; other formats quantize each expert on its own and stack its tensors
@@ -253,12 +253,12 @@ def dense_layer(
 
 
 def marker_tensor(marker: dict) -> torch.Tensor:
-    """The ``.comfy_quant`` tensor writers produce (spec 1.2)."""
+    """The ``.comfy_quant`` tensor writers produce (ComfyUI, convert_to_quant, comfy-kitchen-based tools)."""
     return torch.tensor(list(json.dumps(marker).encode("utf-8")), dtype=torch.uint8)
 
 
 def header_markers(layers: Iterable[KitchenLayer]) -> str:
-    """The ``_quantization_metadata`` string (spec 1.4)."""
+    """The ``_quantization_metadata`` string (read by ComfyUI 0.33.0 ``convert_old_quants``)."""
     return json.dumps({"format_version": "1.0", "layers": {x.prefix: x.marker for x in layers if x.marker is not None}})
 
 

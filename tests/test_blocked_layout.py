@@ -1,4 +1,4 @@
-"""One blocked-scale layout (spec 2.4): ``fix`` (numpy bytes, no torch) and the codecs (torch)
+"""One blocked-scale layout (comfy-kitchen 0.2.40 ``float_utils.to_blocked``): ``fix`` (numpy bytes, no torch) and the codecs (torch)
 run the same code in numerics/blocked.py and agree bit for bit, both directions."""
 
 import importlib.util

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -117,13 +118,36 @@ def test_console_script_runs_without_torch(tmp_path):
     assert "HEAVY []" in out.stdout
 
 
-def test_readme_documents_every_rule_code():
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
-    missing = [code for code in RULES if f"`{code}`" not in readme]
-    assert not missing, f"rule codes missing from README: {missing}"
+def test_docs_document_every_rule_code_and_the_readme_starts_with_the_set_up_commands():
+    """The rule codes page is generated from RULES (docs/hooks/generated.py), so every code
+    is documented; the README's first lines are the two set-up commands."""
+    root = os.path.join(os.path.dirname(__file__), "..")
+    page = open(os.path.join(root, "docs", "rules.md"), encoding="utf-8").read()
+    assert "<!-- generated: rules -->" in page
+    hook = importlib.util.spec_from_file_location("docs_generated", os.path.join(root, "docs", "hooks", "generated.py"))
+    generated = importlib.util.module_from_spec(hook)
+    hook.loader.exec_module(generated)
+    rendered = generated.on_page_markdown(page, None, None, None)
+    missing = [code for code in RULES if f"`{code}`" not in rendered]
+    assert not missing, f"rule codes missing from docs/rules.md: {missing}"
+    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
     first_lines = readme.splitlines()[:6]
     assert any("comfyquant check examples/seed_broken_w4a8.safetensors" in line for line in first_lines)
     assert any(".ci/run" in line for line in first_lines)
+
+
+def test_every_code_a_bundled_example_raises_is_in_the_rule_registry(capsys):
+    """The registry is what the rule codes page lists: a canonical code the checker emits
+    (L010 for MoE expert banks, M036 for a marker key left to its default) must be in it."""
+    examples = os.path.join(os.path.dirname(__file__), "..", "examples")
+    codes = set()
+    for name in sorted(os.listdir(examples)):
+        if name.endswith(".safetensors"):
+            main(["check", "--json", os.path.join(examples, name)])
+            codes |= {f["code"] for f in json.loads(capsys.readouterr().out)["findings"]}
+    canonical = {code for code in codes if "." not in code}
+    assert "L010" in canonical
+    assert canonical <= set(RULES), sorted(canonical - set(RULES))
 
 
 def test_commands_that_need_an_extra_say_which(tmp_path):

@@ -235,7 +235,7 @@ def svdquant_tensors(dtype, n=128, k=256, r=16, packed=False, seed=4):
         "weight_proj_up": (torch.randn(n, r, generator=gen) * 0.05).to(dtype),
         "weight_smooth_factor": (torch.rand(k, generator=gen) + 0.5).to(dtype),
     }
-    if packed:  # kitchen_tile_packed_w4a4, the inverse of the spec's mapping
+    if packed:  # kitchen_tile_packed_w4a4, the inverse of comfy-kitchen's tile mapping
         nt, kg = n // 128, k // 64
         t["weight"] = t["weight"].view(nt, 32, 4, kg, 32).permute(0, 3, 1, 2, 4).reshape(nt, kg, 32, 128).contiguous()
         t["weight_scale"] = t["weight_scale"].view(kg, nt, 128).permute(1, 0, 2).contiguous()
@@ -397,7 +397,7 @@ def test_w4a8_group_and_rotation_sizes(group_size, size, dtype_name, variant):
     assert same_bits(codec.linear(x, ref, enc.marker), F.linear(x, q))
 
 
-# -- row-blocked encode and forward (issue 6: memory per layer) --------------------------------
+# -- row-blocked encode and forward (memory per layer) -----------------------------------------
 
 BLOCKED_SHAPES = [(200, 256), (333, 512), (97, 1024)]
 """Rows that are no multiple of the block rows (and, for 97, a tail that joins the block

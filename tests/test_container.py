@@ -269,7 +269,7 @@ def headers(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(headers(), st.sampled_from(["", "2024-01-01", "true", "- a note"]))
+@given(headers(), st.sampled_from(["", "Jan 1st", "true", "- a note"]))
 def test_header_pass_matches_strict_reference(tmp_path_factory, case, note):
     """Whatever shortcut the reader takes (dimensions checked only when the header text can
     hold a negative or boolean one), it enters and reports exactly what a check of every

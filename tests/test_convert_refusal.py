@@ -1,6 +1,5 @@
 """A convert whose output the target would not load names the layers that make the mix and
 why each stayed in its input format; ``--dry-run`` prints the whole plan before the refusal
-(issue 16: "stops without naming the layer; --dry-run prints the same refusal and no plan").
 Rules can keep such a layer as stored (``keep``: the refused mix again) or make it dense
 (``dense``: ``convert`` decodes it into its model dtype and writes no marker)."""
 

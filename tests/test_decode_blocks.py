@@ -1,5 +1,5 @@
 """Decoders in row blocks: any block size, any output dtype, 1 or 2 threads, the same bits as
-one block and as comfy-kitchen 0.2.40; large outputs on huge pages (issue 17 item 3).
+one block and as comfy-kitchen 0.2.40; large outputs on huge pages.
 
 The shapes are odd on purpose: row counts that leave a short tail block (fewer rows than
 :func:`~comfyquant.numerics.rows.min_rows`), and for the padded formats (NVFP4, MXFP8) model

@@ -199,8 +199,8 @@ def test_the_heap_is_trimmed_only_where_the_decoder_changes(tmp_path, monkeypatc
 
 def test_one_gemm_layers_reuse_the_memory_of_the_last_ones(tmp_path, reuse_pools, monkeypatch):
     """Each INT8 ConvRot / W4A4 layer needs an F32 operand and product of its size and, for a
-    BF16 output, the layer rounded whole: fresh pages were faulted in and zeroed for all
-    three at every layer (on this project's machine as long as the GEMM).  A run now reuses
+    BF16 output, the layer rounded whole: faulting in and zeroing fresh pages for all three at
+    every layer can cost as much as the GEMM on a virtual machine.  A run reuses
     the memory of the last layers' once nothing holds it -- the writer lets go of the last
     chunk it wrote -- and the bits are those of a decode into fresh memory.
 

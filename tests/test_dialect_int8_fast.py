@@ -1,4 +1,4 @@
-"""ComfyUI-INT8-Fast files (dialect ``int8-fast``, spec dialects §2.4).
+"""ComfyUI-INT8-Fast files (dialect ``int8-fast``).
 
 Files are built as the writers build them:
 * BobJohnson24/ComfyUI-INT8-Fast ``int8_save.py::INT8ModelSave.save``: ``comfy.sd.save_checkpoint``

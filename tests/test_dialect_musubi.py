@@ -1,4 +1,4 @@
-"""musubi-tuner ``fp8_scaled`` files (dialect ``musubi-fp8``, spec dialects §2.1).
+"""musubi-tuner ``fp8_scaled`` files (dialect ``musubi-fp8``).
 
 The files are built the way the writer builds them: :func:`musubi_quantize` restates
 kohya-ss/musubi-tuner ``src/musubi_tuner/modules/fp8_optimization_utils.py::quantize_weight``

@@ -1,4 +1,4 @@
-"""``comfyquant.diffusers.load_transformer`` (issue 15, item 2) on tiny diffusers models.
+"""``comfyquant.diffusers.load_transformer`` on tiny diffusers models.
 
 For each class a tiny-config model with random weights is written as a ComfyUI/BFL-named
 single file (this file's own inverse of diffusers' converter, checked by running diffusers'
@@ -11,7 +11,7 @@ loaded.  The assertions:
 * the forward is bit-identical to an independent reference: the original dense model whose
   quantized linears are replaced by comfy-kitchen ``QuantizedTensor`` layers (what ComfyUI
   runs, activation quantization included) built from the file's stored tensors, split and
-  swapped *by this test* per spec 3.3 -- rows of the row-following tensors, columns of W4A8's
+  swapped *by this test* as comfy-kitchen lays the tensors out -- rows of the row-following tensors, columns of W4A8's
   correction, whole shared scalars and codebooks, blocked scales through comfy-kitchen's own
   ``from_blocked``/``to_blocked`` -- with the test's own name map.  Only the build of one
   ``QuantizedTensor`` from one layer's tensors is shared with the code under test
@@ -556,7 +556,7 @@ def quantized_file(folder, dense, case: Case, fmt_key: str, **extra) -> str:
 
 
 def _rows_of(fmt: str, suffix: str, t: torch.Tensor, n: int, k: int, rows: list[tuple[int, int]]) -> torch.Tensor:
-    """The tensor of a layer holding ``rows`` (in order) of the stored layer (spec 3.3)."""
+    """The tensor of a layer holding ``rows`` (in order) of the stored layer."""
     if suffix == "weight_codebook" or t.dim() == 0 or (fmt == "int8_tensorwise" and t.shape[0] != n):
         return t  # shared by every part
     if suffix == "weight_correction":  # (K // group, N): columns follow the rows

@@ -2,7 +2,7 @@
 (``Format.infer_marker``, ``Format.lossy``, ``MarkerKey.drop_invalid``, ``legacy_renames``).
 
 The marker an unmarked W4A8 layer gets is the package's inference, which reads the packed
-row width for both bit depths: an unmarked 6-bit layer used to get the group size of 4-bit
+row width for both bit depths: an unmarked 6-bit layer must not get the group size of 4-bit
 rows (K = 2 x width), which misreads the layer."""
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ def test_repair_imports_no_format_package(module):
 
 def test_a_flag_the_format_always_sets_is_written_with_its_only_value(tmp_path):
     """W4A8 always rotates: ``convrot: false`` is ignored by ComfyUI and comfy-kitchen and
-    refused by SGLang.  fix used to plan "set convrot to a valid value: False -> False" and
-    write a file SGLang still refused."""
+    refused by SGLang.  fix must not plan "set convrot to a valid value: False -> False" and
+    write a file SGLang still refuses."""
     from builders import W4A8_MARKER, w4a8_layer, write
 
     src = write(tmp_path / "in.safetensors", w4a8_layer(P, marker=dict(W4A8_MARKER, convrot=False)))

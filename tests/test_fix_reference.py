@@ -191,7 +191,7 @@ def test_reference_needs_torch_on_a_light_install(tmp_path):
 
 def test_a_refused_conflict_keeps_its_markers_as_found(tmp_path):
     """Other repairs are written; the layer whose conflict fix cannot settle keeps both of its
-    markers unchanged (it used to lose them, leaving an unmarked INT8 weight)."""
+    markers unchanged (losing them would leave an unmarked INT8 weight)."""
     layer = _int8()
     fp8 = make_layer("fp8", prefix="blocks.1.ff", seed=3)
     fp8 = fp8.with_tensor("weight_scale", fp8.tensors["weight_scale"].reshape(1))

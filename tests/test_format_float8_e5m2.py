@@ -1,4 +1,4 @@
-"""float8_e5m2, the format added by following docs/DESIGN.md's "How to add a format": one
+"""float8_e5m2, the format added by following docs/design.md's "How to add a format": one
 package (``formats/float8_e5m2/``), these tests and the docs.  Every command handles it, from
 files comfy-kitchen writes and from files comfyquant writes, bit-exact with comfy-kitchen."""
 
@@ -55,7 +55,7 @@ def test_check_and_inspect_a_kitchen_file(tmp_path, capsys):
     report = comfyquant.check(path)
     assert [f.code for f in report.findings if f.severity == "error" and "sglang" not in (f.targets or ())] == []
     assert report.verdicts["comfyui"].loads and report.verdicts["comfy-kitchen"].loads
-    # SGLang has no float8_e5m2 (spec 4.2 R0): its verdict is the runtime's own message
+    # SGLang has no float8_e5m2 (0.5.23 resolve_comfy_checkpoint_quantization, R0): its verdict is the runtime's own message
     assert "float8_e5m2" in report.verdicts["sglang"].first.message
     inv = comfyquant.inspect(path)
     [row] = [r for r in inv.rows if r.name == PREFIX]

@@ -143,7 +143,7 @@ def test_sections_must_add_up():
 
 def test_blocked_scale_slices_are_the_parts_own_blocked_scales():
     """Cutting stored blocked scales at a 128-row boundary gives exactly the blocked layout of
-    each part's logical scales (spec 2.4), padding included for the last part."""
+    each part's logical scales (comfy-kitchen's ``to_blocked`` layout), padding included for the last part."""
     fmt = FORMATS["nvfp4"]
     env, metas = example(fmt, n=320)  # scales: 384 stored rows
     rng = np.random.default_rng(0)

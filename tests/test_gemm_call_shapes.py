@@ -1,5 +1,4 @@
-"""Bit-exactness that does not depend on the CPU's GEMM kernels (issue "Honest and exact
-everywhere", item 1).
+"""Bit-exactness that does not depend on the CPU's GEMM kernels.
 
 BLAS picks its kernel -- and with it the summation order -- by the operand shapes, the ISA and
 the thread count: on an AVX-512/AMX CPU an F32 un-rotation over an 8-row tail block rounded

@@ -1,9 +1,11 @@
-"""Real comfy-kitchen 0.2.40 layers, written with safetensors, checked against the spec.
+"""Real comfy-kitchen 0.2.40 layers, written with safetensors, checked as the runtimes read them.
 
 Every format/variant comfy-kitchen can write is quantized on CPU (``kitchen_fixtures``), saved
 with ``safetensors.torch.save_file`` and run through ``comfyquant.check`` and the SGLang
-drop-in.  Expectations come from /work/shared/spec/formats.md: sections 1 (markers), 3
-(tensors), 4 (rules and exact messages), 5 (disagreements) and 7 (worked examples).
+drop-in.  Expectations are what comfy-kitchen 0.2.40 writes (its layouts in
+``comfy_kitchen/tensor/``), what SGLang 0.5.23 raises (``inspect_comfy_quant_markers``,
+``resolve_comfy_checkpoint_quantization``, its linear methods) and where ComfyUI 0.33.0
+(``comfy/ops.py``, ``comfy/utils.py``) reads the same file differently.
 """
 
 from __future__ import annotations
@@ -86,10 +88,10 @@ def write(tmp_path):
     return _write
 
 
-# -- the fixtures produce what the spec says comfy-kitchen writes (spec 7) ---------------------
+# -- the fixtures produce what comfy-kitchen 0.2.40 writes --------------------------------------
 
 BIAS = {f"{PREFIX}.bias": ("BF16", (32,))}
-SPEC7 = {
+KITCHEN_WRITES = {
     "fp8": {"weight": ("F8_E4M3", (32, 256)), "weight_scale": ("F32", ())},
     "fp8_static": {"weight": ("F8_E4M3", (32, 256)), "weight_scale": ("F32", ()), "input_scale": ("F32", ())},
     "fp8_e5m2": {"weight": ("F8_E5M2", (32, 256)), "weight_scale": ("F32", ())},
@@ -115,7 +117,8 @@ SPEC7 = {
     "nvfp4": {"weight": ("U8", (32, 128)), "weight_scale": ("F8_E4M3", (128, 16)), "weight_scale_2": ("F32", ())},
     "mxfp8": {"weight": ("F8_E4M3", (32, 256)), "weight_scale": ("F8_E8M0", (128, 8))},
 }
-# Marker byte lengths of spec 7 (json.dumps default spacing); W4A8 is the SGLang-compatible one.
+# Marker byte lengths (json.dumps default spacing, as the writers dump them); W4A8 is the
+# SGLang-compatible one.
 MARKER_BYTES = {
     "fp8": 27,
     "fp8_static": 27,
@@ -133,14 +136,14 @@ MARKER_BYTES = {
 
 
 def test_every_variant_is_covered():
-    assert set(SPEC7) == set(VARIANTS)
+    assert set(KITCHEN_WRITES) == set(VARIANTS)
 
 
-@pytest.mark.parametrize("variant", sorted(SPEC7))
+@pytest.mark.parametrize("variant", sorted(KITCHEN_WRITES))
 def test_fixture_tensors_match_spec_section_7(write, variant):
     path = write(make_layer(variant))
     got = layout(path)
-    want = {f"{PREFIX}.{s}": v for s, v in SPEC7[variant].items()} | BIAS
+    want = {f"{PREFIX}.{s}": v for s, v in KITCHEN_WRITES[variant].items()} | BIAS
     marker = got.pop(f"{PREFIX}.comfy_quant")
     assert got == want
     assert marker[0] == "U8" and len(marker[1]) == 1
@@ -156,7 +159,8 @@ def test_marker_tensor_is_the_writers_bytes():
 
 
 def test_marker_styles():
-    """ComfyUI writes W4A8 markers without convrot (spec 5 I-1); the SGLang profile adds it."""
+    """ComfyUI writes W4A8 markers without convrot; SGLang 0.5.23 requires it, so the SGLang
+    profile adds it."""
     comfy, sglang = markers_for("w4a8_codebook")
     assert comfy == {"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256}
     assert json.dumps(sglang) == '{"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256, "convrot": true}'
@@ -184,7 +188,7 @@ def test_quantization_is_deterministic():
     assert not torch.equal(a.tensors["weight"], c.tensors["weight"])
 
 
-# -- verdicts per variant (spec 4, 5) -----------------------------------------------------------
+# -- verdicts per variant ----------------------------------------------------------------------
 
 # Which runtimes load a single ck layer `blocks.0.attn.qkv` [32, 256] (BF16, SGLang-style
 # marker) and, for SGLang, the rule and exact message it fails with.
@@ -192,29 +196,29 @@ QKV = repr(PREFIX)
 EXPECTED = {
     "fp8": (ALL, None),
     "fp8_static": (ALL, None),
-    # spec 4.2 R0 / I-24: SGLang has no float8_e5m2
+    # SGLang 0.5.23 resolve_comfy_checkpoint_quantization (R0): no float8_e5m2
     "fp8_e5m2": (("comfyui", "comfy-kitchen"), ("R0", "Unsupported Comfy quantization format(s): float8_e5m2")),
-    # spec 5 I-8: plain INT8 markers are embedding-only in SGLang; a linear cannot load them
+    # plain INT8 markers are embedding-only in SGLang 0.5.23; a linear cannot load them
     "int8_scalar": (("comfyui", "comfy-kitchen"), ("B4", None)),
     "int8_rowwise": (("comfyui", "comfy-kitchen"), ("B4", None)),
     "int8_convrot": (ALL, None),
     "w4a8_codebook": (ALL, None),
     "w4a8_uniform": (ALL, None),
-    # spec 5 I-2: ck writes the correction in BF16; SGLang needs F32 (W7)
+    # comfy-kitchen writes the correction in BF16; SGLang needs F32 (W7)
     "w4a8_asym": (("comfyui", "comfy-kitchen"), ("W7", f"Comfy W4A8 layer {QKV} has an incompatible correction tensor")),
-    # spec 5 I-3: W5 assumes 4-bit rows
+    # SGLang's W5 assumes 4-bit rows
     "w6a8": (
         ("comfyui", "comfy-kitchen"),
         ("W5", f"Comfy W4A8 layer {QKV} has incompatible weight/scale shapes: (32, 192), (32, 16), and (32,)"),
     ),
     "w4a4": (ALL, None),
     "w4a4_int8": (ALL, None),
-    # spec 5 I-14 / 7.5: the blocked, padded scale fails F4 unless N % 128 == 0 and K % 64 == 0
+    # the blocked, padded scale fails SGLang's F4 unless N % 128 == 0 and K % 64 == 0
     "nvfp4": (
         ("comfyui", "comfy-kitchen"),
         ("F4", f"Comfy NVFP4 layer {QKV} has incompatible weight/scale shapes: (32, 128) and (128, 16)"),
     ),
-    # spec 5 I-19: marker-only MXFP8 files are not validated by SGLang
+    # SGLang does not validate the tensors of marker-only MXFP8 files
     "mxfp8": (ALL, None),
 }
 
@@ -253,7 +257,7 @@ def test_weight_dtypes_and_larger_shapes(write, variant, dtype):
     if variant == "nvfp4":
         loaders = set(ALL)
     if variant == "w4a8_asym" and dtype == "f32":
-        loaders = set(ALL)  # spec 5 I-2: an F32 correction passes SGLang
+        loaders = set(ALL)  # an F32 correction passes SGLang
     report = comfyquant.check(path)
     assert {t for t, v in report.verdicts.items() if v.loads} == loaders
     for target in loaders:
@@ -274,7 +278,8 @@ def test_weight_dtypes_and_larger_shapes(write, variant, dtype):
     ],
 )
 def test_group_and_rotation_sizes(write, variant, group_size, convrot_groupsize):
-    """Group sizes ck allows (spec 3.3) and ConvRot sizes 16/64/256 load everywhere."""
+    """Group sizes comfy-kitchen allows (``AsymW4A8Int8Layout``) and ConvRot sizes 16/64/256 load
+    everywhere."""
     layer = make_layer(variant, n=64, k=256, group_size=group_size, convrot_groupsize=convrot_groupsize)
     path = write(layer)
     for target in ALL:
@@ -381,7 +386,7 @@ def test_w6a8_sglang(write):
     report = comfyquant.check(path)
     assert report.verdicts["sglang"].first.message == msg
     # The model's in_features is 256: no finding may claim the layer's input size is 384
-    # (spec 4.3 checks the model's K; 2 x 192 is only W5's 4-bit misreading).
+    # (SGLang's layer building checks the model's K; 2 x 192 is only W5's 4-bit misreading).
     assert not [f for f in report.findings if "384" in f.message], describe(report.findings)
 
 
@@ -445,7 +450,7 @@ def test_seed_defect_one_finding(write):
     assert canonical == [f]
     assert report.verdicts["sglang"].first.rule == "sglang.W7"
     assert not report.verdicts["comfy-kitchen"].loads  # correction must have shape (16, 32)
-    assert report.verdicts["comfyui"].loads  # ComfyUI never reads the correction (spec 5 I-2)
+    assert report.verdicts["comfyui"].loads  # ComfyUI never reads the correction
 
 
 def test_plain_int8_on_linear_and_embedding(write):

@@ -1,10 +1,10 @@
-"""MoE expert banks (spec 3.9, ComfyUI only): a marked layer whose tensors carry a leading
+"""MoE expert banks (ComfyUI only: 0.33.0 ``comfy/ops.py`` ``MoEExperts``): a marked layer whose tensors carry a leading
 expert dimension ``[E, out, ...]``.
 
 For W4A8 and for INT8 with 3-D scales, ComfyUI's loader flattens the bank to one 2-D layer of
 ``E*out`` rows; comfyquant reads such banks the same way (checked, inspected and dequantized
 as that layer, the file keeping its shapes).  Banks of other formats have no flattening rule
-in the spec: they are reported as not validated.  SGLang has no expert-bank loader.
+in ComfyUI: they are reported as not validated.  SGLang has no expert-bank loader.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def seed_defect_bank(stored: dict) -> dict:
 @pytest.mark.parametrize("variant", ["fp8", "nvfp4", "mxfp8", "w4a4", "int8_scalar"])
 def test_stacked_bank_is_checked_and_dequantized_expert_by_expert(tmp_path, variant):
     """Formats without a flattening rule: every quantized tensor has a leading expert
-    dimension and per-tensor scales are [E] (spec 3.9).  The bank is checked as one expert's
+    dimension and per-tensor scales are [E].  The bank is checked as one expert's
     layer and dequantized expert by expert into [E, out, K]."""
     n = 128 if variant in ("nvfp4", "mxfp8") else OUT  # no padding: every expert is a whole layer
     layer, experts = moe_bank_layer(variant, P, E, n, K, seed=7)
@@ -120,7 +120,7 @@ def test_stacked_bank_is_checked_and_dequantized_expert_by_expert(tmp_path, vari
 
 
 def test_stacked_bank_with_one_shared_scale(tmp_path):
-    """An FP8 bank whose experts share one scalar scale (spec 3.9: "[E] or a scalar")."""
+    """An FP8 bank whose experts share one scalar scale (ComfyUI's ``MoEExperts``: "[E] or scalar")."""
     codec = codecs.get("float8_e4m3fn")
     weights = [make_weight(OUT, K, seed=20 + e) for e in range(E)]
     scale = max(float(w.float().abs().amax()) for w in weights) / 448.0

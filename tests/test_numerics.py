@@ -1,7 +1,7 @@
-"""The numeric building blocks (spec section 2) against the spec's examples and comfy-kitchen.
+"""The numeric building blocks against worked byte examples and comfy-kitchen 0.2.40.
 
-Every block is checked twice: against the spec text (bit layouts, worked byte examples,
-tie rules) and, bit for bit, against comfy-kitchen 0.2.40's own helpers on random and edge
+Every block is checked twice: against the formats' definitions (bit layouts, worked byte
+examples, tie rules) and, bit for bit, against comfy-kitchen 0.2.40's own helpers on random and edge
 inputs.
 """
 
@@ -29,7 +29,7 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-# -- FP8 E4M3 / E5M2 (spec 2.1) ---------------------------------------------------------------
+# -- FP8 E4M3 / E5M2 -------------------------------------------------------------------------------
 
 
 def e4m3_value(code: int) -> float:
@@ -92,7 +92,7 @@ def test_fp8_neighbours_are_bit_pattern_steps_clamped_like_the_reference():
     assert upper.view(torch.uint8).tolist() == [2, 0x39, 0x7E]
 
 
-# -- FP4 E2M1 (spec 2.2) ----------------------------------------------------------------------
+# -- FP4 E2M1 --------------------------------------------------------------------------------------
 
 
 def test_e2m1_ties_follow_the_spec_table():
@@ -127,7 +127,7 @@ def test_e2m1_encode_counts_decision_points_for_every_value():
     assert floats.e2m1_encode(torch.tensor([float("nan"), -float("nan")])).tolist() == [7, 15]
 
 
-# -- E8M0 (spec 2.3) --------------------------------------------------------------------------
+# -- E8M0 ------------------------------------------------------------------------------------------
 
 
 def test_e8m0_decode_special_cases_and_kitchen():
@@ -151,7 +151,7 @@ def test_e8m0_exponent_fits_the_block_and_matches_kitchen():
     assert torch.equal(blocked.from_blocked(ck_scales.view(torch.uint8), 96, 8)[:65], e)
 
 
-# -- BF16 / F16 -------------------------------------------------------------------------------
+# -- BF16 / F16 ------------------------------------------------------------------------------------
 
 
 def bf16_rne_bits(x: torch.Tensor) -> torch.Tensor:
@@ -191,7 +191,7 @@ def test_bytes_round_trip_without_copy():
         parse_float_dtype("int8")
 
 
-# -- packing (spec 2.5, 3.3, 7.9) -------------------------------------------------------------
+# -- packing ---------------------------------------------------------------------------------------
 
 
 def test_spec_byte_examples():
@@ -229,7 +229,7 @@ def test_w4a8_packing_matches_kitchen(bits):
     assert torch.equal(back.to(torch.int32), _unpack_codes(mine.view(torch.int8), 64, bits))
 
 
-# -- blocked layout (spec 2.4, 7.5) -----------------------------------------------------------
+# -- blocked layout --------------------------------------------------------------------------------
 
 
 def test_blocked_offsets_of_the_worked_example():
@@ -254,7 +254,7 @@ def test_blocked_round_trip_padding_and_kitchen(rows, cols):
         blocked.from_blocked(b[:-1], rows, cols)
 
 
-# -- Hadamard (spec 2.6) ----------------------------------------------------------------------
+# -- Hadamard --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("size", [4, 16, 64, 256, 1024])
@@ -302,7 +302,7 @@ def test_rotations_are_bit_exact_with_kitchen_and_self_inverse(dtype, size):
         hadamard.rotate_weight(w[:, :500], size)
 
 
-# -- dynamic INT8 (spec 2.7) ------------------------------------------------------------------
+# -- dynamic INT8 ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", DENSE)
@@ -367,7 +367,7 @@ def test_int8_product_of_any_weight_rows_gives_those_columns_bit_for_bit(runtime
         assert bits_equal(part, whole[:, r0:r1])
 
 
-# -- row blocking -----------------------------------------------------------------------------
+# -- row blocking ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,4 @@
-"""One output rule for every writing command (issue 13: "one output-path helper with one
-overwrite flag"): ``fix``, ``quantize``, ``convert`` (also ``--to dense``) and ``dequantize``
+"""One output rule for every writing command (one output-path helper, one overwrite flag): ``fix``, ``quantize``, ``convert`` (also ``--to dense``) and ``dequantize``
 decide their destinations through ``comfyquant.io.outputs.claim``, take ``--overwrite`` (API:
 ``overwrite=``), name an output the user did not give the same way, and refuse each situation
 with the same line: exit 2, one line on stderr naming the path, nothing written, the input

@@ -321,7 +321,8 @@ def test_w4a8_group_rule_is_one_rule(g):
 
 
 def test_w4a8_encoder_refuses_a_zero_convrot_size_in_one_line():
-    """convrot_groupsize=0 used to raise ZeroDivisionError inside the encoder's validation."""
+    """convrot_groupsize=0 is refused in one line, not a ZeroDivisionError inside the encoder's
+    validation."""
     torch = pytest.importorskip("torch")
     from comfyquant.formats.codec import CodecError
     from comfyquant.formats.w4a8 import ASYM_W4A8_INT8
@@ -361,8 +362,8 @@ def test_cli_flags_come_from_the_params_classes():
 def test_any_shape_is_planned_or_refused_with_a_constraint(fmt):
     """For every parameter variant and awkward shapes (odd, prime, small, not a multiple of any
     group), the plan is either complete and clean, or a one-line ShapeRefused naming the rule
-    the shape breaks -- never a PlanError (a bug: 6-bit rows of K=682 used to raise one, and
-    `quantize --bits 6` exited as an internal error instead of keeping the layer dense)."""
+    the shape breaks -- never a PlanError (6-bit rows of K=682 must not raise one: `quantize --bits 6` keeps
+    the layer dense instead of exiting with an internal error)."""
     from comfyquant.formats.planned import PlanError, ShapeRefused
 
     for p in variants(fmt):

@@ -1,4 +1,4 @@
-"""File-level ``quant_format=mxfp8`` (spec 1.5): SGLang gives every unmarked F8/I8/U8 weight an
+"""File-level ``quant_format=mxfp8`` (SGLang 0.5.23 ``inspect_comfy_quant_markers``): SGLang gives every unmarked F8/I8/U8 weight an
 ``{"format": "mxfp8"}`` marker; ComfyUI and comfy-kitchen never read the key.
 
 ``dequantize``, ``convert`` and ``fix`` read such files as SGLang does: the layers decode
@@ -21,7 +21,7 @@ from kitchen_fixtures import dense_layer, make_layer, write_layers, write_sharde
 
 
 def _u8_scales(layer):
-    """The scale bytes relabelled U8, as SGLang's quant_format path requires (spec 1.5)."""
+    """The scale bytes relabelled U8, as SGLang's quant_format path requires."""
     return layer.with_tensor("weight_scale", layer.tensors["weight_scale"].view(torch.uint8))
 
 

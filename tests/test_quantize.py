@@ -314,7 +314,7 @@ def test_bad_weights(tmp_path, capsys):
 
 @pytest.mark.parametrize(("fmt", "passes"), [("int8", 2), ("nvfp4", 3)])
 def test_layers_are_read_encoded_and_measured_in_row_blocks(tmp_path, monkeypatch, fmt, passes):
-    """Issue 6: a layer is never in memory whole.  With 64-row blocks the weight is read in
+    """A layer is never in memory whole.  With 64-row blocks the weight is read in
     64-row pieces (once for the finite check, once to encode, once to measure), and the
     output is the one whole-layer blocks give, bit for bit.  Row-scaled INT8 finds NaN/Inf
     from its row scales, so it skips the separate finite check's pass."""
@@ -514,7 +514,7 @@ def test_empty_weights_are_copied_dense(tmp_path, fmt):
 def test_padded_formats_keep_the_model_shape_or_the_layer_dense(tmp_path, fmt, multiple):
     """NVFP4 and MXFP8 store weights padded to 16 / 32.  With a bias the model's N is read back
     from it, so such a layer is quantized and dequantizes to its own shape (the quality report
-    compares only the model's rows: it used to crash on the padding); without one, or when K
+    compares only the model's rows, never the padding); without one, or when K
     would be padded (nothing records the model's K), the layer is kept dense with the reason."""
     n = 4 * multiple + 2
     sd = {

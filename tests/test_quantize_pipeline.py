@@ -1,4 +1,4 @@
-"""quantize's pipeline (issue 17 item 2): reading, encoding, measuring and writing overlap,
+"""quantize's pipeline: reading, encoding, measuring and writing overlap,
 the output bytes do not depend on it, and memory stays bounded by a few layers."""
 
 from __future__ import annotations
@@ -408,7 +408,7 @@ def test_ctrl_c_while_workers_start_prints_one_line_and_leaves_nothing(tmp_path)
     )
     deadline = time.monotonic() + 120
     # interrupted once every worker has loaded torch's library: they are inside `import torch`
-    # (its Python modules take a second or more after the library), where it used to show
+    # (its Python modules take a second or more after the library), where a traceback would show
     while (
         not (len(_workers_of(proc.pid)) == 2 and all(_maps_torch(w) for w in _workers_of(proc.pid)))
         and proc.poll() is None

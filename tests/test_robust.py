@@ -1,4 +1,4 @@
-"""Hostile inputs and interrupted runs (issue "Honest and exact everywhere", items 9-10): every
+"""Hostile inputs and interrupted runs: every
 command ends with exit 0, 1 or 2 and one clear line, never an internal error (3), a hang, a
 partial output or a modified input; output paths follow one rule; temporary files of killed
 runs are cleaned up; ``fix`` repairs unused bytes and writes through symbolic links."""
@@ -231,7 +231,7 @@ def test_existing_folder_as_output_receives_the_input_name(tmp_path, capsys, com
     assert run(capsys, "check", folder / "model.safetensors", "--target", "comfy-kitchen")[0] == 0
     # the same again: the file exists now; every command refuses alike unless told to replace it
     rc, _, err = run(capsys, command.split("-")[0], src, "-o", folder, *extra)
-    # dequantize replaced its outputs before it had --overwrite (issue 13: one rule): now it refuses alike
+    # dequantize refuses alike (one output rule for every command)
     assert rc == 2 and "model.safetensors: exists" in err
     before = (folder / "model.safetensors").read_bytes()
     rc, _, err = run(capsys, command.split("-")[0], src, "-o", folder, *extra, "--overwrite")
@@ -325,8 +325,8 @@ def test_fix_in_place_through_a_symlink_writes_the_target(tmp_path, capsys):
 def test_decoding_commands_refuse_what_check_fails(tmp_path, capsys):
     """A marker value the format does not allow (M035; comfy-kitchen raises on it): check fails,
     and dequantize, convert (to a format or to dense) and quantize all refuse it with the same
-    reason.  (A string "16" is no longer the example: every runtime int()s it, so it is a
-    warning now that severity follows the verdicts.)"""
+    reason.  (A string "16" would not do: every runtime int()s it, so it is a warning, severity
+    following the verdicts.)"""
     src = write(tmp_path / "in.safetensors", w4a8_layer("a.b", marker=dict(W4A8_MARKER, group_size=24)), dense_layer("n"))
     rc, out, _ = run(capsys, "check", src, "--target", "comfy-kitchen")
     assert rc == 1 and "M035" in out

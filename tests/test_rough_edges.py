@@ -1,4 +1,4 @@
-"""API and message rough edges a new user hit (issue 16, item 6)."""
+"""API and message rough edges a new user hit."""
 
 from __future__ import annotations
 

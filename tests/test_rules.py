@@ -277,8 +277,8 @@ def test_deep_value_checks(tmp_path):
 
 
 def test_deep_on_a_truncated_file_reports_the_truncation_and_reads_only_what_is_there(tmp_path):
-    """Small tensors cut off by a truncation are left to C002 (found by fuzzing: reading half
-    a tensor used to crash --deep); the ones still whole are value-checked."""
+    """Small tensors cut off by a truncation are left to C002 (found by fuzzing: --deep must not
+    read half a tensor); the ones still whole are value-checked."""
     layer = w4a8_layer(P)
     layer[f"{P}.weight_s_channel"] = _f32([float("nan")] + [1.0] * 31)  # D001, whole
     p = write(tmp_path / "t.safetensors", layer)

@@ -1,4 +1,5 @@
-"""Every SGLang rule of spec 4.1-4.3: a failing case with SGLang's exact message and exception
+"""Every SGLang 0.5.23 rule (``inspect_comfy_quant_markers``, ``resolve_comfy_checkpoint_quantization``,
+the layer building): a failing case with SGLang's exact message and exception
 (first error, in SGLang's order) and a passing case; the drop-in raises the same."""
 
 from __future__ import annotations
@@ -438,7 +439,7 @@ def test_dropin_mapper_and_collision(tmp_path):
 
 
 def test_header_subset_merges_with_tensor_marker(tmp_path):
-    """The header may hold a subset of the tensor marker's keys (union merge, spec 1.4)."""
+    """The header may hold a subset of the tensor marker's keys (SGLang merges the two as a union)."""
     paths = _write(tmp_path, [(int8_layer(P), header_markers({P: {"format": "int8_tensorwise"}}))])
     verdict = check(paths, target="sglang").verdicts["sglang"]
     assert verdict.loads

@@ -1,5 +1,5 @@
 """``--target`` takes one runtime, ``all`` or a comma list, the same way on every command and in
-the API (issue 16: ``comfyui,sglang`` used to be refused)."""
+the API (``comfyui,sglang`` is accepted)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``comfyquant.torch``: QuantLinear, load_quantized, quantize_ / save_quantized (issue 15, item 1).
+"""``comfyquant.torch``: QuantLinear, load_quantized, quantize_ / save_quantized.
 
 References are comfy-kitchen 0.2.40's own objects on CPU: ``QuantizedTensor.from_float`` of
 the original dense weight (or, for formats without a quantizer, ``QuantizedTensor`` built from

@@ -1,5 +1,5 @@
 """The per-layer rules (``formats/validation.py``) hold no format knowledge: every word a
-finding says about one format comes from that format's description (issue #13, "one home per
+finding says about one format comes from that format's description ("one home per
 format").  A source scan keeps names out of the generic modules; each data attribute is shown
 to reach its finding by a made-up format that sets other words; the words of the current
 formats are pinned byte for byte."""
@@ -90,7 +90,7 @@ def test_rule_modules_hold_no_key_name(module):
 
 def test_layer_suffixes_take_the_legacy_names_from_the_formats():
     legacy = {old for f in FORMATS.values() for old in f.legacy_renames}
-    assert {"scale_weight", "scale_input"} <= legacy  # scaled FP8 (spec 1.6) is described by its package
+    assert {"scale_weight", "scale_input"} <= legacy  # scaled FP8 (ComfyUI's convert_old_quants) is described by its package
     slots = {s.suffix for f in FORMATS.values() for s in f.slots}
     assert LAYER_SUFFIXES == slots | legacy | {"comfy_quant"}
     code = {s for _, s in _code_strings(ast.parse((FORMATS_DIR / "registry.py").read_text()))}
@@ -191,7 +191,7 @@ def test_constraint_finding_shows_the_formats_numeric_keys():
 
 
 def test_nested_params_cause_lists_every_nested_key():
-    """The M033 words for the current formats (ComfyUI's fallback keys, spec 1.5), pinned."""
+    """The M033 words for the current formats (ComfyUI's fallback keys of a nested ``params``), pinned."""
     f = _one(_findings(FORMATS["int8_tensorwise"], {"format": "int8_tensorwise", "params": {"convrot": True}}), "M033")
     assert f.cause == (
         "ComfyUI reads convrot, convrot_groupsize, group_size and linear_dtype from params; "
@@ -256,8 +256,8 @@ def test_nvfp4_convrot_is_not_told_to_be_json_true(tmp_path, value):
     "fmt, value", [("int8_blockwise", 0), ("int8_blockwise", "x"), ("float8_e4m3fn_blockwise", 0), ("awq_w4a16", 0)]
 )
 def test_group_size_the_shapes_cannot_use_is_a_finding_not_a_crash(tmp_path, capsys, fmt, value):
-    """``group_size: 0`` under ``K // group_size`` used to end ``check`` and ``fix`` with an
-    internal error (exit 3); the geometry now refuses it, naming the tensor and the value."""
+    """``group_size: 0`` under ``K // group_size`` is no internal error (exit 3) of ``check`` or
+    ``fix``: the geometry refuses it, naming the tensor and the value."""
     dtype = "F8_E4M3" if fmt.startswith("float8") else "I8"
     tensors = {
         f"{P}.weight": zeros(dtype, (128, 128)),

@@ -132,7 +132,7 @@ def assert_fails_like_safetensors(path: str, selected=TARGETS):
     return report
 
 
-# -- item 2: a damaged container fails every runtime with safetensors' own error -----------------
+# -- a damaged container fails every runtime with safetensors' own error -----------------
 
 
 def _base(tmp_path) -> str:
@@ -267,8 +267,8 @@ def test_damaged_container_fails_every_target_like_safetensors(tmp_path, kind):
 
 
 def test_truncated_download_cli(tmp_path, capsys):
-    """The seed of item 2: a truncated file was an error finding while every target said
-    loads; now all three FAIL with safetensors' message and exit 1."""
+    """A truncated file: all three targets FAIL with safetensors' message (no target says
+    it loads while an error finding stands), and check exits 1."""
     path = DAMAGE["truncated_half"](_base(tmp_path))
     expected = real_error(path)
     assert main(["check", path, "--json"]) == 1
@@ -450,7 +450,7 @@ def test_float_rendering_matches_serde(tmp_path, value):
     assert f"floating point `{rust_float(float(value))}`" in expected[1]
 
 
-# -- item 3: severity and verdicts agree, over many broken files ---------------------------------
+# -- severity and verdicts agree, over many broken files ---------------------------------
 
 
 def _cast(layer: dict, suffix: str, dtype: str) -> dict:
@@ -559,7 +559,7 @@ SELECTIONS = [TARGETS] + [(t,) for t in TARGETS] + list(combinations(TARGETS, 2)
 
 
 def test_severity_and_verdicts_agree_on_many_broken_files(tmp_path):
-    """The rule of issue item 3, for every file and every selection of targets: each error
+    """Severity follows the verdicts, for every file and every selection of targets: each error
     names a selected runtime whose verdict FAILS, and each FAILS verdict has an error finding
     that names it; the exit code says errors exactly when a selected runtime fails."""
     files = _broken_files(tmp_path)
@@ -581,8 +581,8 @@ def test_severity_and_verdicts_agree_on_many_broken_files(tmp_path):
 
 
 def test_fp8_bf16_scales_are_not_errors(tmp_path, capsys):
-    """The example of item 3: FP8 weight_scale cast to BF16 printed 12 errors and exited 1
-    while every target loads.  All three runtimes upcast it exactly (comfy-kitchen's FP8 Params
+    """An FP8 weight_scale cast to BF16 must not be 12 errors and exit 1 while every target
+    loads.  All three runtimes upcast it exactly (comfy-kitchen's FP8 Params
     casts the scale to F32; ComfyUI builds those Params; SGLang copies it into its F32
     parameter), so it is a warning, and check passes."""
     layers = [_cast(fp8_layer(f"blocks.{i}.fc"), "weight_scale", "BF16") for i in range(12)]
@@ -605,7 +605,7 @@ def test_error_of_an_unselected_runtime_is_info(tmp_path, selected):
     assert f.severity == ("error" if "sglang" in selected else "info")
 
 
-# -- item 3: BF16/F16 scales in comfy-kitchen 0.2.40 and ComfyUI, run for real ------------------
+# -- BF16/F16 scales in comfy-kitchen 0.2.40 and ComfyUI, run for real ------------------
 
 torch = pytest.importorskip("torch")
 

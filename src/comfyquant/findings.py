@@ -74,6 +74,7 @@ RULES: dict[str, Rule] = {
         Rule("L007", WARNING, "tensor the format does not define"),
         Rule("L008", ERROR, "cannot infer the layer's geometry"),
         Rule("L009", ERROR, "quantization tensor without a weight"),
+        Rule("L010", ERROR, "MoE expert bank whose num_experts is not the weight's expert count (info: how a bank was read)"),
         # foreign layouts (dialects)
         Rule("F001", INFO, "layers written in another writer's layout (a dialect)"),
         Rule("F002", WARNING, "layer of a dialect that cannot become a Comfy layer"),

@@ -1,4 +1,5 @@
-"""Per-format codecs: encode, decode and run every Comfy quantized format (spec section 3).
+"""Per-format codecs: encode, decode and run every Comfy quantized format (the layouts of
+comfy-kitchen 0.2.40 ``comfy_kitchen/tensor/``).
 
 Each codec lives in its format's package (``formats/<family>/codec.py``); this module is the
 public way to reach them by name.  ``get(format_name)`` returns a codec with

@@ -44,16 +44,16 @@ ALIASES: dict[str, str] = _aliases()
 _INFERENCE_ORDER: tuple[Format, ...] = tuple(
     sorted((f for f in FORMATS.values() if f.infer_rank is not None and f.recognize is not None), key=lambda f: f.infer_rank)
 )
-"""The more specific tensor signatures are tried first (spec 6.6)."""
+"""The more specific tensor signatures are tried first."""
 
 LAYER_SUFFIXES: frozenset[str] = frozenset(
     {s.suffix for f in FORMATS.values() for s in f.slots}
     | {old for f in FORMATS.values() for old in f.legacy_renames}
     | {"comfy_quant"}
 )
-"""Every tensor suffix that belongs to a layer (used to group tensors into layers): each
-format's slots, the legacy names its ``legacy_renames`` replaces (scaled FP8, spec 1.6) and
-the marker tensor."""
+"""Every tensor suffix that belongs to a layer (which grouping tensors into layers reads): each
+format's slots, the legacy names its ``legacy_renames`` replaces (scaled FP8, as ComfyUI 0.33.0
+``convert_old_quants`` renames them) and the marker tensor."""
 
 
 def get(name: str) -> Format | None:

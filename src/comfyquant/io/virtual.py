@@ -1,6 +1,6 @@
 """A safetensors file that exists only as a header and a recipe per tensor.
 
-Used to read a checkpoint of another layout (a dialect, or a GGUF file) *as if* it were the
+Reads a checkpoint of another layout (a dialect, or a GGUF file) *as if* it were the
 Comfy or dense safetensors file it translates to, without writing that file: every command
 that reads safetensors (``dequantize``, ``convert``, the checker) then works on it unchanged.
 A tensor's bytes are either a range of an underlying source (read through, never held),

@@ -1,4 +1,5 @@
-"""Numeric building blocks shared by every codec (spec section 2).
+"""Numeric building blocks shared by every codec (comfy-kitchen 0.2.40 ``float_utils.py`` and
+its eager backend).
 
 Each module reproduces comfy-kitchen 0.2.40's reference arithmetic (its CPU eager backend)
 so that codecs built on them are bit-exact with it:

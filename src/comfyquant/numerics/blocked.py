@@ -1,4 +1,5 @@
-"""The blocked ("swizzled", cuBLAS SWIZZLE_32_4_4) scale layout and its inverse (spec 2.4).
+"""The blocked ("swizzled", cuBLAS SWIZZLE_32_4_4) scale layout and its inverse (comfy-kitchen
+0.2.40 ``float_utils.to_blocked``, ``from_blocked``).
 
 A logical scale matrix ``S[R, Cs]`` (one byte per block) is zero-padded to
 ``Rp = 128*ceil(R/128)`` rows and ``Cp = 4*ceil(Cs/4)`` columns and stored as 512-byte tiles

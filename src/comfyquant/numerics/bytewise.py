@@ -2,9 +2,9 @@
 
 Each takes the raw little-endian bytes of a tensor and returns the new bytes.  They are all
 lossless: a transpose moves elements, an upcast from BF16/F16 to F32 is exact, relabels and
-reshapes keep the bytes, and the blocked scale layout (spec 2.4, implemented once in
-:mod:`..numerics.blocked`) is a permutation plus zero padding.
-"""
+reshapes keep the bytes, and the blocked scale layout (comfy-kitchen 0.2.40
+``float_utils.to_blocked``, implemented once in :mod:`..numerics.blocked`) is a permutation plus
+zero padding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Small float formats: FP8 E4M3/E5M2, FP4 E2M1, E8M0, and BF16/F16 rounding (spec 2.1-2.3).
+"""Small float formats: FP8 E4M3/E5M2, FP4 E2M1, E8M0, and BF16/F16 rounding (comfy-kitchen
+0.2.40 ``float_utils.py``).
 
 Every encoder rounds to nearest with ties to even and saturates, which is what
 comfy-kitchen's quantizers do (they clamp before torch's casts).  Decoders follow
@@ -79,7 +80,8 @@ def fp8_decode_scaled(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, 
 
 
 def fp8_neighbours(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The next smaller and next larger positive E4M3 values by bit pattern (spec 3.3 step 5).
+    """The next smaller and next larger positive E4M3 values by bit pattern (the FP8 scale
+    search of comfy-kitchen 0.2.40 ``_search_group_scale``).
 
     ``raw - 1`` stops at 1 (the smallest subnormal) and ``raw + 1`` at 0x7E (448)."""
     raw = q.view(torch.uint8)
@@ -109,7 +111,7 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     """F32 values -> E2M1 codes (uint8, 0..15), saturating at +-6.
 
     The sign bit is copied from the input even when the magnitude rounds to zero, so -0.25
-    encodes as 0x8 (spec 2.2)."""
+    encodes as 0x8 (comfy-kitchen 0.2.40 ``float_utils._f32_to_floatx_unpacked``)."""
     a = x.abs()
     # The magnitude code is the number of decision points below |x| (what bucketize gives),
     # counted as 7 minus the points at or above it: seven byte-wide comparisons cost a fifth
@@ -138,7 +140,8 @@ def e2m1_decode(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torc
 
 
 def e8m0_from_amax(amax: torch.Tensor, fp8_max: float = 448.0) -> torch.Tensor:
-    """MXFP8 block exponent (uint8) for block maxima ``amax`` (comfy-kitchen's rule, spec 3.6).
+    """MXFP8 block exponent (uint8) for block maxima ``amax`` (comfy-kitchen 0.2.40's rule in
+    ``quantize_mxfp8``).
 
     ``e = clamp(ceil(log2(max(amax / 448, 2^-127))) + 127, 0, 254)``, and 0 for all-zero
     blocks.  ``log2`` is torch's F32 log2, whose rounding decides the exponent of maxima just

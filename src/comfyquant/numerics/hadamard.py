@@ -1,4 +1,5 @@
-"""The ConvRot rotation: a block-diagonal regular Hadamard matrix along K (spec 2.6).
+"""The ConvRot rotation: a block-diagonal regular Hadamard matrix along K (comfy-kitchen 0.2.40
+``tensor/int8_utils.py`` ``_build_hadamard``).
 
 ``H_C`` for ``C = 4^k`` is ``(H4 (x) ... (x) H4) / sqrt(C)`` with
 ``H4 = [[1,1,1,-1],[1,1,-1,1],[1,-1,1,1],[-1,1,1,1]]``: entry ``(i, j)`` is

@@ -1,4 +1,5 @@
-"""Dynamic INT8 quantization and the INT8 GEMM epilogue (spec 2.7).
+"""Dynamic INT8 quantization and the INT8 GEMM epilogue (comfy-kitchen 0.2.40
+``quantize_int8_rowwise``, ``mm_int8``).
 
 ``int8_tensorwise`` and ``asym_w4a8_int8`` (without a correction) run the same contract:
 quantize each activation row with its own scale, multiply exactly in integers, then scale

@@ -1,4 +1,5 @@
-"""Nibble packing in both orders and the 6-bit high-bit plane (spec 2.5, 3.3).
+"""Nibble packing in both orders and the 6-bit high-bit plane (comfy-kitchen 0.2.40
+``float_utils.pack_uint4``, ``AsymW4A8Int8Layout``).
 
 * LNF (low nibble first): byte j of a row holds column 2j in bits 0-3 and 2j+1 in bits 4-7
   (``asym_w4a8_int8``, ``convrot_w4a4``, ``awq_w4a16``, ``svdquant_w4a4``).

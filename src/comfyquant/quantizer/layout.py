@@ -103,7 +103,9 @@ def check_files(files: list[tuple[str, dict, dict | None]], target) -> Any:
 
 
 def marker_entries(layers: dict[str, dict]) -> tuple[dict[str, tuple], dict[str, str]]:
-    """Marker tensors and the identical header map for ``{prefix: marker}`` (spec 1.2, 1.4)."""
+    """Marker tensors and the identical header map for ``{prefix: marker}`` (what ComfyUI 0.33.0
+    ``comfy/utils.py`` ``convert_old_quants`` and SGLang 0.5.23 ``inspect_comfy_quant_markers``
+    read)."""
     tensors = {}
     for prefix, marker in layers.items():
         raw = json.dumps(marker).encode("utf-8")

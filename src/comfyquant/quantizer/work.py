@@ -4,7 +4,7 @@ Runs in the main process (``--jobs 1``) or in worker processes, so a task is pla
 file paths and byte ranges, never open handles or torch tensors.  Each worker opens the
 input files itself and reads only the layer it was given, in row blocks as the encoder and
 the quality measurement reach them: a job holds the encoded layer and a few blocks, never
-the dense layer (issue 6: peak memory per job within 3x the largest dense layer).
+the dense layer (peak memory per job stays within 3x the largest dense layer).
 
 The quality numbers compare the decoded weight with the source (relative L2 error, cosine
 similarity), block by block, and the layer's output on a fixed random input: the runtime's

@@ -565,10 +565,10 @@ def _generic_marker(fmt: Format, tensors: dict, convrot_groupsize: int | None) -
 
 
 def _file_level_marker(layer, marker: dict, plan: Plan) -> dict | None:
-    """The marker the file's ``quant_format`` gives this unmarked layer in SGLang (spec 1.5),
-    written per layer so that ComfyUI and comfy-kitchen, which never read ``quant_format``,
-    read the layer as SGLang does.  ``quant_format`` itself stays: it describes the same
-    layers, and SGLang keeps loading the file the way it did."""
+    """The marker the file's ``quant_format`` gives this unmarked layer in SGLang (0.5.23
+    ``inspect_comfy_quant_markers``), written per layer so that ComfyUI and comfy-kitchen, which
+    never read ``quant_format``, read the layer as SGLang does.  ``quant_format`` itself stays:
+    it describes the same layers, and SGLang keeps loading the file the way it did."""
     fmt = FORMATS[marker["format"]]
     w = layer.tensors["weight"]
     if fmt.recognize is not None and not fmt.recognize(layer.tensors):

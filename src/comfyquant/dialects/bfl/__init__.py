@@ -1,4 +1,5 @@
-"""BFL FLUX.2 quantized single files as diffusers' BFL quantizer reads them (spec dialects §2, §3.2).
+"""BFL FLUX.2 quantized single files as diffusers' BFL quantizer reads them (diffusers 0.42.1
+`quantizers/bfl/utils.py`).
 
 diffusers 0.42 ``quantizers/bfl`` loads two per-layer layouts, with no ``comfy_quant`` marker
 and no header metadata: the quantizer decides by the tensors (``maybe_update_state_dict``):
@@ -301,7 +302,7 @@ DIALECTS = (
         NAME,
         "BFL FLUX.2 fp8r / nvfp4 (diffusers BFL quantizer layout)",
         writer="diffusers 0.42 BFL quantizer layout (quantize_fp8r / quantize_nvfp4), BFL FLUX.2 files",
-        source="spec dialects-and-loading.md §2, §3.2; diffusers quantizers/bfl/utils.py",
+        source="diffusers quantizers/bfl/utils.py",
         detect=detect,
         runtime=runtime,
         settle=nvfp4.settle,

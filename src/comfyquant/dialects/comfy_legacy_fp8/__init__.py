@@ -1,4 +1,5 @@
-"""ComfyUI's legacy "scaled FP8" checkpoints (``*_fp8_scaled.safetensors``, spec dialects §1).
+"""ComfyUI's legacy "scaled FP8" checkpoints (``*_fp8_scaled.safetensors``; ComfyUI 0.33.0
+``comfy/utils.py`` ``convert_old_quants``).
 
 A ``scaled_fp8`` sentinel tensor at the diffusion model's prefix (its dtype the FP8 type, 0
 elements, or 2 for "no FP8 matmul"), and per linear layer an FP8 ``weight`` with a scalar
@@ -313,7 +314,7 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
                     tr.prefix,
                     "scale_weight",
                     rank == 3,
-                    "per-channel or block scales (ComfyUI issue #10491)",
+                    "per-channel or block scales (ComfyUI report #10491)",
                     "comfyquant migrate --allow-lossy, or dequantize",
                     severity="error",
                 )
@@ -326,7 +327,7 @@ DIALECTS = (
         NAME,
         "ComfyUI legacy scaled FP8",
         writer="ComfyUI before 0.4 (fp8_scaled checkpoints)",
-        source="spec dialects-and-loading.md §1; ComfyUI comfy/utils.py convert_old_quants",
+        source="ComfyUI 0.33.0 comfy/utils.py convert_old_quants",
         detect=detect,
         runtime=runtime,
         settle=settle,

@@ -1,4 +1,4 @@
-"""convert_to_quant's own formats (silveroxides/convert_to_quant; spec dialects §2 summary row).
+"""convert_to_quant's own formats (silveroxides/convert_to_quant).
 
 ``ctq`` writes Comfy markers, and for a few layouts format names that only its own ops know
 (``convert_to_quant/constants.py`` ``VALID_QUANT_FORMATS``, ``comfy/quant_ops.py`` ``QUANT_ALGOS``):
@@ -191,7 +191,7 @@ DIALECTS = (
         NAME,
         "convert_to_quant's own formats (row/block FP8, block INT8, hybrid MXFP8)",
         writer="silveroxides/convert_to_quant (ctq)",
-        source="spec dialects-and-loading.md §2; convert_to_quant comfy/quant_ops.py (RowWiseFP8Layout, "
+        source="convert_to_quant comfy/quant_ops.py (RowWiseFP8Layout, "
         "BlockWiseFP8Layout, BlockWiseINT8Layout), formats/hybrid_mxfp8_conversion.py, "
         "formats/format_migration.py",
         detect=detect,

@@ -1,4 +1,4 @@
-"""GGUF files of city96's ComfyUI-GGUF (spec dialects-and-loading.md §2.5).
+"""GGUF files of city96's ComfyUI-GGUF (ComfyUI-GGUF `loader.py`, `tools/convert.py`).
 
 GGUF is another container: :mod:`.reader` opens it as a virtual safetensors file in which
 every tensor has its original name and shape, dense tensors are the file's own bytes and
@@ -286,7 +286,7 @@ DIALECTS = (
         NAME,
         "GGUF (city96 ComfyUI-GGUF)",
         writer="city96 ComfyUI-GGUF tools/convert.py, llama.cpp gguf-py",
-        source="spec dialects-and-loading.md §2.5; city96/ComfyUI-GGUF loader.py, tools/convert.py",
+        source="city96/ComfyUI-GGUF loader.py, tools/convert.py",
         detect=detect,
         runtime=runtime,
         order=1,

@@ -37,7 +37,8 @@ vocabulary is far below); more is an absurd count, refused instead of walked."""
 KEEP_ITEMS = 64
 """Arrays up to this length are kept as values (shapes); longer ones are skipped."""
 MAX_NAME = 65535
-"""The longest key or tensor name GGUF allows (the spec's limit for keys)."""
+"""The longest key or tensor name GGUF allows (the limit the GGUF format, ggml ``docs/gguf.md``,
+sets for keys)."""
 KEEP_STRING = 4096
 """String values up to this length are carried into the virtual file's metadata."""
 CHUNK = 1 << 16

@@ -1,4 +1,4 @@
-"""ComfyUI-INT8-Fast checkpoints (BobJohnson24; spec dialects §2.4), and the WINT8 quantizer's.
+"""ComfyUI-INT8-Fast checkpoints (BobJohnson24), and the WINT8 quantizer's.
 
 ComfyUI-INT8-Fast's ``INT8ModelSave`` (``int8_save.py``) saves through ``comfy.sd.save_checkpoint``,
 so every tensor sits under ComfyUI's checkpoint prefix ``model.diffusion_model.``; it adds per
@@ -310,7 +310,7 @@ DIALECTS = (
         NAME,
         "ComfyUI-INT8-Fast (and WINT8) int8 checkpoints",
         writer="BobJohnson24/ComfyUI-INT8-Fast INT8ModelSave; Winnougan/WINT8-ComfyUI WINT8ModelQuantizer",
-        source="spec dialects-and-loading.md §2.4; ComfyUI-INT8-Fast int8_save.py, int8_quant.py, quarot.py; "
+        source="ComfyUI-INT8-Fast int8_save.py, int8_quant.py, quarot.py; "
         "WINT8-ComfyUI wint8_model_quantizer.py, wint8_quarot.py",
         detect=detect,
         runtime=runtime,

@@ -1,4 +1,5 @@
-"""NVIDIA ModelOpt's ComfyUI exports, FP8 and NVFP4 (spec dialects §2.2).
+"""NVIDIA ModelOpt's ComfyUI exports, FP8 and NVFP4 (NVIDIA Model-Optimizer
+`modelopt/torch/export/`).
 
 ``export_hf_checkpoint`` with ModelOpt's single-file post-processing
 (``modelopt/torch/export/unified_export_hf.py::_postprocess_safetensors``, ``diffusers_utils.py``)
@@ -443,8 +444,7 @@ DIALECTS = (
         NAME,
         "NVIDIA ModelOpt ComfyUI export (FP8 / NVFP4)",
         writer="NVIDIA ModelOpt export_hf_checkpoint with its ComfyUI post-processing",
-        source="spec dialects-and-loading.md §2.2; NVIDIA/Model-Optimizer modelopt/torch/export/"
-        "diffusers_utils.py, unified_export_hf.py, convert_hf_config.py",
+        source="NVIDIA/Model-Optimizer modelopt/torch/export/diffusers_utils.py, unified_export_hf.py, convert_hf_config.py",
         detect=detect,
         runtime=runtime,
         settle=settle,

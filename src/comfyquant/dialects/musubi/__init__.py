@@ -1,4 +1,5 @@
-"""musubi-tuner's ``fp8_scaled`` checkpoints (spec dialects §2.1): FP8 weights with musubi's scales.
+"""musubi-tuner's ``fp8_scaled`` checkpoints (musubi-tuner `src/musubi_tuner/modules/`): FP8
+weights with musubi's scales.
 
 kohya-ss/musubi-tuner ``src/musubi_tuner/modules/fp8_optimization_utils.py`` keeps each quantized
 ``<layer>.weight`` (F8_E4M3, or F8_E5M2 with ``--fp8_format e5m2``) and adds ``<layer>.scale_weight``
@@ -286,7 +287,7 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
     (``convert_old_quants``) does nothing, so each unmarked FP8 weight is cast to the compute dtype
     by value and ``scale_weight`` stays an unexpected key: garbage without an error (the ComfyUI
     profile leaves a claimed unmarked layer to this model).  Block scales fail even where a
-    sentinel makes ComfyUI read them (issue #10491).  SGLang: see :func:`_sglang`.  comfy-kitchen
+    sentinel makes ComfyUI read them (ComfyUI report #10491).  SGLang: see :func:`_sglang`.  comfy-kitchen
     never sees an unmarked layer."""
     if target == "comfyui":
         return [_comfyui(tr) for tr in claim.layers.values()]
@@ -308,7 +309,7 @@ def _comfyui(tr: Translation) -> Violation:
     block = tr.variant.startswith("block")
     cause = "musubi scales without a marker or the scaled_fp8 sentinel"
     if block:
-        cause += "; block scales are not read even with the sentinel (ComfyUI issue #10491)"
+        cause += "; block scales are not read even with the sentinel (ComfyUI report #10491)"
     return Violation(
         "comfyui.musubi",
         f"layer '{tr.prefix}' has a {w.dtype} weight with a musubi {tr.variant} scale_weight "
@@ -354,8 +355,7 @@ DIALECTS = (
         NAME,
         "musubi-tuner fp8_scaled (per-tensor, per-channel, per-block)",
         writer="kohya-ss/musubi-tuner --fp8_scaled (fp8_optimization_utils.quantize_weight)",
-        source="spec dialects-and-loading.md §2.1; musubi-tuner src/musubi_tuner/modules/"
-        "fp8_optimization_utils.py quantize_weight, fp8_linear_forward_patch",
+        source="musubi-tuner src/musubi_tuner/modules/fp8_optimization_utils.py quantize_weight, fp8_linear_forward_patch",
         detect=detect,
         runtime=runtime,
         settle=settle,

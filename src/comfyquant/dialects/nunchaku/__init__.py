@@ -1,4 +1,5 @@
-"""nunchaku SVDQuant single files (spec dialects §2.3): SVDQ W4A4 (int4, nvfp4) and AWQ W4A16 layers.
+"""nunchaku SVDQuant single files (nunchaku `lora/flux/packer.py`, deepcompressor): SVDQ W4A4
+(int4, nvfp4) and AWQ W4A16 layers.
 
 Per SVDQuant linear: ``qweight`` I8 ``[N, K/2]``, ``wscales`` ``[K/G, N]`` (BF16/F16 for int4,
 G = 64; F8_E4M3 for nvfp4, G = 16), ``smooth_factor`` and ``smooth_factor_orig`` ``[K]``,
@@ -546,7 +547,7 @@ DIALECTS = (
         NAME,
         "nunchaku SVDQuant (SVDQ W4A4 int4/nvfp4, AWQ W4A16)",
         writer="nunchaku / deepcompressor (svdq-int4-*, svdq-fp4-* checkpoints), ComfyUI-nunchaku",
-        source="spec dialects-and-loading.md §2.3; nunchaku lora/flux/packer.py, deepcompressor "
+        source="nunchaku lora/flux/packer.py, deepcompressor "
         "backend/nunchaku/utils.py and backend/tinychat/utils.py; diffusers quantizers/nunchaku",
         detect=detect,
         runtime=runtime,

@@ -1,4 +1,4 @@
-"""What a nunchaku file's header says about itself (spec dialects §2.3).
+"""What a nunchaku file's header says about itself.
 
 nunchaku's writers (deepcompressor's converter + ``nunchaku.merge_safetensors``, the Wan/SDXL
 exporters, diffusers' Nunchaku Lite) put JSON strings in ``__metadata__``: ``model_class``

@@ -1,4 +1,5 @@
-"""``awq_w4a16``: unsigned 4-bit codes, float group scales and zeros, float activations (spec 3.7).
+"""``awq_w4a16``: unsigned 4-bit codes, float group scales and zeros, float activations
+(comfy-kitchen 0.2.40 ``TensorCoreAWQW4A16Layout``).
 
 ``W[n, k] = (u - 8) * weight_scale[k // G, n] + weight_zeros[k // G, n]``, computed in the
 scales' dtype (group-major tensors, transposed).  There is no quantizer: AWQ needs offline

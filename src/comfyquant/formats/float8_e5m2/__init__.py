@@ -1,4 +1,5 @@
-"""``float8_e5m2``: FP8 E5M2 weights with one F32 scale per tensor (spec 3.1).
+"""``float8_e5m2``: FP8 E5M2 weights with one F32 scale per tensor (comfy-kitchen 0.2.40
+``TensorCoreFP8Layout``).
 
 The layout is per-tensor FP8's (:func:`..fp8.per_tensor_fp8`); E5M2 trades mantissa for range.
 ComfyUI and comfy-kitchen load it; SGLang has no E5M2 path (its profile says so), so the

@@ -30,9 +30,10 @@ def per_tensor_fp8(
     package: str = __name__,
     legacy_renames: dict[str, str] | None = None,
 ) -> Format:
-    """An FP8 format with one F32 scale per tensor (spec 3.1) whose codec and Params live in
-    ``package`` (``<package>.codec``, ``<package>.params``): the layout is the same for every
-    FP8 element type, only the weight dtype, the runtimes that load it and the names differ."""
+    """An FP8 format with one F32 scale per tensor (comfy-kitchen 0.2.40
+    ``TensorCoreFP8Layout``) whose codec and Params live in ``package`` (``<package>.codec``,
+    ``<package>.params``): the layout is the same for every FP8 element type, only the weight
+    dtype, the runtimes that load it and the names differ."""
     return Format(
         name=name,
         params_module=package + ".params",
@@ -80,7 +81,8 @@ FLOAT8_E4M3FN = per_tensor_fp8(
     ("fp8",),
     legacy_renames={"scale_weight": "weight_scale", "scale_input": "input_scale"},
 )
-"""Also what ComfyUI reads a legacy scaled-FP8 layer as (spec 1.6): ``legacy_renames``."""
+"""Also what ComfyUI reads a legacy scaled-FP8 layer as (0.33.0 ``comfy/utils.py``
+``convert_old_quants``): ``legacy_renames``."""
 
 FLOAT8_E4M3FN_ROWWISE = Format(
     name="float8_e4m3fn_rowwise",

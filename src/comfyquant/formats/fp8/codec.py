@@ -1,5 +1,6 @@
-"""Per-tensor FP8 weights with one F32 scale (spec 3.1): ``float8_e4m3fn`` here, and the codec
-class other per-tensor FP8 packages instantiate with their element type."""
+"""Per-tensor FP8 weights with one F32 scale (comfy-kitchen 0.2.40 ``TensorCoreFP8Layout``):
+``float8_e4m3fn`` here, and the codec class other per-tensor FP8 packages instantiate with their
+element type."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``int8_tensorwise``: INT8 weights with a scalar, row-wise or ConvRot row-wise scale (spec 3.2)."""
+"""``int8_tensorwise``: INT8 weights with a scalar, row-wise or ConvRot row-wise scale
+(comfy-kitchen 0.2.40 ``TensorWiseINT8Layout``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """What ``quantize`` writes as ``int8_tensorwise``: ConvRot with row-wise scales by default, the
-one INT8 variant every runtime loads (spec section 5: SGLang needs the rotation)."""
+one INT8 variant every runtime loads (SGLang 0.5.23 loads INT8 linears only through
+``ConvRotInt8Config``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``mxfp8``: FP8 E4M3 values with one E8M0 exponent per 1x32 block, blocked layout (spec 3.6).
+"""``mxfp8``: FP8 E4M3 values with one E8M0 exponent per 1x32 block, blocked layout
+(comfy-kitchen 0.2.40 ``TensorCoreMXFP8Layout``).
 
 Storage is padded to 32x32; the dense weight is sliced to the model's ``[N, K]`` (N from the
 bias, both from a convert_to_quant ``orig_shape`` marker key when present).

@@ -1,4 +1,5 @@
-"""``nvfp4``: E2M1 codes, FP8 scales per 1x16 block (blocked layout), an F32 tensor scale (spec 3.5).
+"""``nvfp4``: E2M1 codes, FP8 scales per 1x16 block (blocked layout), an F32 tensor scale
+(comfy-kitchen 0.2.40 ``TensorCoreNVFP4Layout``).
 
 Storage is padded to 16x16; the dense weight is sliced to the model's ``[N, K]`` (read from
 the bias and ``pre_quant_scale`` when present).  A ``pre_quant_scale`` multiplies the

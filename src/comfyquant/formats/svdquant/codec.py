@@ -1,5 +1,5 @@
 """``svdquant_w4a4``: signed 4-bit residual, per-64 group scales, smoothing and a low-rank
-branch (spec 3.8); natural or tile-packed storage.
+branch (comfy-kitchen 0.2.40 ``TensorCoreSVDQuantW4A4Layout``); natural or tile-packed storage.
 
 The effective weight is ``q * scale / smooth + proj_up @ proj_down.T``.  comfy-kitchen
 computes it by running its eager kernel on an identity input, so its roundings are those of

@@ -1,4 +1,5 @@
-"""``convrot_w4a4``: signed 4-bit weights with per-row F32 scales, INT4 activations (spec 3.4)."""
+"""``convrot_w4a4``: signed 4-bit weights with per-row F32 scales, INT4 activations
+(comfy-kitchen 0.2.40 ``TensorCoreConvRotW4A4Layout``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """``asym_w4a8_int8``: grouped 4-bit (or 6-bit) codes, FP8 group scales, always ConvRot.
 
-Four storage variants share the name (spec 3.3): codebook (A), uniform symmetric (B),
-asymmetric with a correction (C) and 6-bit rows (D).  The variant follows from the tensors
-present and the packed row width.
-"""
+Four storage variants share the name (comfy-kitchen 0.2.40 ``AsymW4A8Int8Layout``): codebook
+(A), uniform symmetric (B), asymmetric with a correction (C) and 6-bit rows (D).  The variant
+follows from the tensors present and the packed row width."""
 
 from __future__ import annotations
 
@@ -112,7 +111,7 @@ def _geometry(tensors: dict, params: dict) -> dict:
 
 
 def _encode_params(env: dict, tensors: dict) -> dict:
-    """comfy-kitchen's arguments for this layer's variant (spec 3.3: A-D) and sizes."""
+    """comfy-kitchen's arguments for this layer's variant (A-D above) and sizes."""
     s_rel = tensors.get("weight_s_rel")
     return {
         "group_size": env["group_size"],

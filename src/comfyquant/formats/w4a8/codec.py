@@ -1,4 +1,5 @@
-"""``asym_w4a8_int8``: grouped 4/6-bit codes on an INT8 grid, always ConvRot (spec 3.3).
+"""``asym_w4a8_int8``: grouped 4/6-bit codes on an INT8 grid, always ConvRot (comfy-kitchen
+0.2.40 ``AsymW4A8Int8Layout``).
 
 Decoding goes through the INT8 grid ``g = clamp(round(level * s_rel), -127, 127)``, then
 ``W_rot = g * s_channel (+ correction)`` in F32, cast to the output dtype and un-rotated in

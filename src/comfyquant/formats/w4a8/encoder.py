@@ -1,4 +1,5 @@
-"""The ``asym_w4a8_int8`` reference quantizer (spec 3.3, "Reference quantizer").
+"""The ``asym_w4a8_int8`` reference quantizer (comfy-kitchen 0.2.40
+``backends/eager/w4a8_int8.py`` ``quantize_w4a8_int8_weight``).
 
 Step by step as comfy-kitchen 0.2.40 eager does it, so codes, ``s_rel``, ``s_channel``, the
 codebook and the correction come out bit-identical:
