@@ -354,7 +354,7 @@ def test_runtime_int8_matmul_is_kitchens_call(m, k, n):
 @pytest.mark.parametrize("runtime", [False, True])
 def test_int8_product_of_any_weight_rows_gives_those_columns_bit_for_bit(runtime):
     """Exact products, and the runtime's call (shown here, and on AVX2 in a subprocess by
-    test_gemm_call_shapes: its saturation depends on the operands, not on the rows asked)."""
+    test_bit_exact_on_every_cpu: its saturation depends on the operands, not on the rows asked)."""
     torch.manual_seed(8)
     w = torch.randint(-127, 128, (200, 256), dtype=torch.int8)
     ws = torch.rand(200, 1) * 1e-3
