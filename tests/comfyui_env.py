@@ -65,7 +65,7 @@ def _torch_companions() -> list[str]:
     """torchvision and torchaudio resolved against the installed torch, which pip keeps."""
     from importlib.metadata import version
 
-    return [f"torch=={version('torch')}", "torchvision", "torchaudio"]
+    return [f"torch=={version('torch').split('+')[0]}", "torchvision", "torchaudio"]
 
 
 GUARDED_FAKES = ("torchvision::nms", "torchvision::qnms")
@@ -127,7 +127,8 @@ def comfyui_python() -> Path | None:
         for step in steps:
             proc = subprocess.run(step, capture_output=True, text=True, timeout=1800)
             if proc.returncode:
-                last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+                said = [line for line in proc.stderr.strip().splitlines() if not line.startswith("WARNING:")]
+                last = (said or ["no message"])[-1]
                 MISSING = f"ComfyUI's environment could not be made ({' '.join(step[:4])}): {last}"
                 shutil.rmtree(venv, ignore_errors=True)
                 return None
