@@ -70,7 +70,7 @@ def int8_fast(comfy: Path, out: Path) -> None:
         if name.endswith(".comfy_quant"):
             continue
         saved[root + name] = value
-    for prefix, marker in layers.items():
+    for prefix in layers:
         scale = sd[f"{prefix}.weight_scale"]
         theirs = {"convrot": False, "per_row": scale.numel() > 1}
         saved[f"{root}{prefix}.comfy_quant"] = torch.tensor(list(json.dumps(theirs).encode()), dtype=torch.uint8)
@@ -158,7 +158,10 @@ def unet_loader(name: str) -> dict:
 
 
 def cq_loader(name: str, allow_lossy: bool = False) -> dict:
-    return {"class_type": "ComfyQuantLoader", "inputs": {"model_name": name, "weight_dtype": "default", "allow_lossy": allow_lossy}}
+    return {
+        "class_type": "ComfyQuantLoader",
+        "inputs": {"model_name": name, "weight_dtype": "default", "allow_lossy": allow_lossy},
+    }
 
 
 def written_by(server: Server, command: str, name: str, *extra: str) -> str:
@@ -281,7 +284,16 @@ def test_quantize_save_writes_a_checked_file_in_the_format_and_preset_asked(serv
     assert layers and {m["format"] for m in layers.values()} == {"int8_tensorwise"}
     # the preset's keep list: the same layers as the command with the same choice
     cli_out = server.work / "cli.safetensors"
-    comfyquant_cli("quantize", str(server.models / "flux.bf16.safetensors"), "-o", str(cli_out), "--format", "int8_tensorwise", "--preset", "flux")
+    comfyquant_cli(
+        "quantize",
+        str(server.models / "flux.bf16.safetensors"),
+        "-o",
+        str(cli_out),
+        "--format",
+        "int8_tensorwise",
+        "--preset",
+        "flux",
+    )
     with safe_open(str(cli_out), "pt") as f:
         assert set(json.loads(f.metadata()["_quantization_metadata"])["layers"]) == set(layers)
     assert not any(n.startswith(("img_in", "txt_in", "final_layer", "time_in")) for n in layers)
