@@ -35,6 +35,9 @@ CONFIG = dict(
 
 def build(source: str, out: str) -> None:
     sys.path.insert(0, source)
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = True  # as ``main.py --cpu``: ComfyUI's device probe must not ask CUDA
     import comfy.ldm.flux.model
     import comfy.ops
     import comfy.utils
