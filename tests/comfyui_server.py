@@ -111,6 +111,13 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=30) as resp:
             return json.loads(resp.read())
 
+    def post(self, path: str, value) -> None:
+        req = urllib.request.Request(
+            self.url + path, data=json.dumps(value).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=30):
+            pass
+
     def queue(self, prompt: dict) -> tuple[int, dict]:
         """POST /prompt: (HTTP status, the answer)."""
         body = json.dumps({"prompt": prompt, "client_id": uuid.uuid4().hex}).encode()

@@ -70,9 +70,10 @@ def int8_fast(comfy: Path, out: Path) -> None:
         if name.endswith(".comfy_quant"):
             continue
         saved[root + name] = value
-    for prefix in layers:
-        scale = sd[f"{prefix}.weight_scale"]
-        theirs = {"convrot": False, "per_row": scale.numel() > 1}
+    for prefix, marker in layers.items():
+        theirs = {"convrot": marker.get("convrot", False), "per_row": sd[f"{prefix}.weight_scale"].numel() > 1}
+        if "convrot_groupsize" in marker:
+            theirs["convrot_groupsize"] = marker["convrot_groupsize"]
         saved[f"{root}{prefix}.comfy_quant"] = torch.tensor(list(json.dumps(theirs).encode()), dtype=torch.uint8)
     save_file(saved, str(out), metadata={"int8_quantized": "true", "int8_model_type": "flux"})
 
@@ -165,10 +166,11 @@ def cq_loader(name: str, allow_lossy: bool = False) -> dict:
 
 
 def written_by(server: Server, command: str, name: str, *extra: str) -> str:
-    """``comfyquant COMMAND`` (migrate, fix) of a model file, written into diffusion_models."""
+    """``comfyquant COMMAND`` (migrate, fix) of a model file for ComfyUI (as the Loader reads
+    it), written into diffusion_models."""
     out = server.models / f"{Path(name).stem}.{command}ed.safetensors"
     if not out.exists():
-        proc = comfyquant_cli(command, str(server.models / name), "-o", str(out), *extra)
+        proc = comfyquant_cli(command, str(server.models / name), "-o", str(out), "--target", "comfyui", *extra)
         assert out.exists(), proc.stdout + proc.stderr
     return out.name
 
@@ -259,7 +261,9 @@ def test_loader_refuses_a_lossy_layout_in_one_line_unless_allowed(server):
     assert error is not None and error["exception_type"].endswith("NodeError")
     message = error["exception_message"].strip()
     assert "\n" not in message and message.startswith("refusing to load ") and layer in message
-    assert not any("comfyquant" in frame and "nodes.py" not in frame for frame in error["traceback"])
+    package = str(ROOT / "src" / "comfyquant")
+    ours = [frame for frame in error["traceback"] if package in frame]
+    assert ours and all(str(Path(package) / "comfyui" / "nodes.py") in frame for frame in ours)
     ours = probe(server, cq_loader("flux.musubi-channel.safetensors", allow_lossy=True))
     assert ours["finite"] and ours["quantized"]
 
@@ -278,22 +282,17 @@ def test_quantize_save_writes_a_checked_file_in_the_format_and_preset_asked(serv
     summary = texts(entry, "2")[0]
     written = sorted((server.models / "cq").glob("flux_*_.int8_tensorwise.safetensors"))
     assert len(written) == 1 and f"wrote {written[0]}" in summary
+    assert "check --target comfyui: loads" in summary and "per-layer relative L2 error (13 layers)" in summary
     assert comfyquant_cli("check", str(written[0])).returncode == 0
     with safe_open(str(written[0]), "pt") as f:
         layers = json.loads(f.metadata()["_quantization_metadata"])["layers"]
     assert layers and {m["format"] for m in layers.values()} == {"int8_tensorwise"}
-    # the preset's keep list: the same layers as the command with the same choice
+    # the command with the same choices, on the weights as ComfyUI holds them (F32 on the CPU)
+    held = server.work / "held.safetensors"
+    save_file({k: v.float() for k, v in load_file(str(server.models / "flux.bf16.safetensors")).items()}, str(held))
+    assert "quantized from the model's weights as ComfyUI holds them: F32" in summary
     cli_out = server.work / "cli.safetensors"
-    comfyquant_cli(
-        "quantize",
-        str(server.models / "flux.bf16.safetensors"),
-        "-o",
-        str(cli_out),
-        "--format",
-        "int8_tensorwise",
-        "--preset",
-        "flux",
-    )
+    comfyquant_cli("quantize", str(held), "-o", str(cli_out), "--format", "int8_tensorwise", "--preset", "flux")
     with safe_open(str(cli_out), "pt") as f:
         assert set(json.loads(f.metadata()["_quantization_metadata"])["layers"]) == set(layers)
     assert not any(n.startswith(("img_in", "txt_in", "final_layer", "time_in")) for n in layers)
@@ -331,18 +330,29 @@ def test_check_node_shows_its_report_in_the_browser(server, tmp_path):
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page = browser.new_page(viewport={"width": 1440, "height": 760})
+            server.post("/settings/Comfy.TutorialCompleted", True)  # no first-run templates dialog over the graph
             page.goto(server.url, wait_until="domcontentloaded", timeout=120_000)
             page.wait_for_function("() => window.app && window.app.graph && window.app.extensionManager", timeout=120_000)
             page.evaluate("async (api) => { await window.app.loadApiJson(api, 'comfyquant example'); }", prompt)
+            page.evaluate(  # side by side: the API format carries no positions
+                "() => { window.app.graph._nodes.forEach((n, i) => { n.pos = [40 + i * 660, 60]; }); }"
+            )
             page.evaluate("async () => { await window.app.queuePrompt(0, 1); }")
-            report = page.locator("textarea.comfyquant-report").first
+            selector = 'textarea.comfyquant-report[data-node-type="ComfyQuantCheck"]'
+            report = page.locator(selector)
             report.wait_for(state="attached", timeout=300_000)
             page.wait_for_function(
-                "() => { const t = document.querySelector('textarea.comfyquant-report'); return t && t.value.length > 0; }",
+                "(s) => { const t = document.querySelector(s); return t && t.value.length > 0; }",
+                arg=selector,
                 timeout=300_000,
             )
             assert report.input_value() == expected
+            page.keyboard.press("Escape")
+            page.evaluate(
+                "() => { const c = window.app.canvas; c.ds.scale = 1.0; c.ds.offset = [0, 0]; c.setDirty(true, true); }"
+            )
+            page.wait_for_timeout(500)
             shot = tmp_path / "comfyui-check.png"
             page.screenshot(path=str(shot))
         finally:

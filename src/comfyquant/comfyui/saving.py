@@ -65,16 +65,30 @@ def output_path(filename_prefix: str, format: str) -> str:
     return os.path.join(folder, f"{filename}_{counter:05}_.{format}.safetensors")
 
 
+def layer_errors(doc: dict) -> list[str]:
+    """Every quantized layer's measured error (the report's per-layer figures), one line each."""
+    rows = [r for r in doc.get("layers", []) if isinstance(r.get("output"), dict) and isinstance(r.get("weight"), dict)]
+    if not rows:
+        return []
+    width = max(len(r["layer"]) for r in rows)
+    lines = [f"per-layer relative L2 error ({len(rows)} layers):", f"  {'layer':<{width}}  format            weight   output"]
+    for r in rows:
+        lines.append(f"  {r['layer']:<{width}}  {r['format']:<16}  {r['weight']['rel_l2']:.4f}   {r['output']['rel_l2']:.4f}")
+    return lines
+
+
 def quantize_model(model, format: str, preset: str, filename_prefix: str) -> str:
     """Quantize and save; the quantizer's per-layer summary, the output's check and its path."""
     import comfy.utils
     import folder_paths
 
+    from ..numerics.dtypes import DTYPE_NAMES
     from ..quantizer.api import quantize
     from ..quantizer.report import render_plan, render_result
     from .checking import report_text
 
     weights = dense_weights(model)
+    held = ", ".join(sorted({DTYPE_NAMES.get(v.dtype, str(v.dtype)) for v in weights.values()}))
     temp_dir = folder_paths.get_temp_directory()
     os.makedirs(temp_dir, exist_ok=True)
     dense = os.path.join(temp_dir, f"comfyquant-dense-{uuid.uuid4().hex}.safetensors")
@@ -103,7 +117,13 @@ def quantize_model(model, format: str, preset: str, filename_prefix: str) -> str
     if not result.ok or not result.outputs:
         why = result.plan.refusal if result.plan is not None and result.plan.refusal else "its check failed"
         raise InputError(f"QuantizeSave: {out}: not written: {why}")
-    lines = [render_plan(result.plan), render_result(result.to_dict(), result.check)]
+    doc = result.to_dict()
+    lines = [
+        f"quantized from the model's weights as ComfyUI holds them: {held}",
+        render_plan(result.plan, full=False),
+        render_result(doc, result.check),
+        *layer_errors(doc),
+    ]
     lines += [f"wrote {p}" for p in result.outputs]
     lines.append(report_text(result.outputs[0], "comfyui"))
     return "\n".join(lines)

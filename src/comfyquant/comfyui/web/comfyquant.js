@@ -13,6 +13,7 @@ function showReport(node, text) {
     widget.inputEl.readOnly = true;
     widget.inputEl.style.fontFamily = "monospace";
     widget.inputEl.classList.add("comfyquant-report");
+    widget.inputEl.dataset.nodeType = node.type;
     widget.serialize = false;
   }
   widget.value = text;
