@@ -268,6 +268,22 @@ def test_loader_refuses_a_lossy_layout_in_one_line_unless_allowed(server):
     assert ours["finite"] and ours["quantized"]
 
 
+@pytest.mark.parametrize("damage", ["not a checkpoint", "truncated"])
+def test_loader_refuses_an_unreadable_file_in_one_line(server, damage):
+    name = f"damaged.{damage.replace(' ', '-')}.safetensors"
+    data = (
+        b"not a checkpoint at all"
+        if damage == "not a checkpoint"
+        else (server.models / "flux.float8_e4m3fn.safetensors").read_bytes()[:200_000]
+    )
+    (server.models / name).write_bytes(data)
+    error = error_of(server.run({"1": cq_loader(name)}))
+    assert error is not None and error["exception_type"].endswith("NodeError")
+    message = error["exception_message"].strip()
+    assert "\n" not in message and str(server.models / name) in message
+    assert ("not a safetensors file" if damage == "not a checkpoint" else "file truncated?") in message
+
+
 def test_quantize_save_writes_a_checked_file_in_the_format_and_preset_asked(server):
     prompt = {
         "1": unet_loader("flux.bf16.safetensors"),

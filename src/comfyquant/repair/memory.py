@@ -122,7 +122,8 @@ def repaired(paths: Paths, target: str = "comfyui", allow_lossy: bool = False) -
             layer, why = plan.refused[0]
             where = f"layer {layer!r}: " if layer is not None else ""
             found = _first_error(before)
-            check = f" (comfyquant check: {found})" if found else ""
+            said = found is None or found.rsplit(" [", 1)[0] in why  # the refusal quotes the check already
+            check = "" if said else f" (comfyquant check: {found})"
             raise RepairRefused(f"refusing to load {label}: {where}{why}{check}")
         if plan.empty and not plan.translations:
             view = ckpt
