@@ -352,7 +352,7 @@ def test_check_node_shows_its_report_in_the_browser(server, tmp_path):
             page.wait_for_function("() => window.app && window.app.graph && window.app.extensionManager", timeout=120_000)
             page.evaluate("async (api) => { await window.app.loadApiJson(api, 'comfyquant example'); }", prompt)
             page.evaluate(  # side by side: the API format carries no positions
-                "() => { window.app.graph._nodes.forEach((n, i) => { n.pos = [40 + i * 660, 60]; }); }"
+                "() => { window.app.graph._nodes.forEach((n, i) => { n.pos = [110 + i * 680, 150]; }); }"
             )
             page.evaluate("async () => { await window.app.queuePrompt(0, 1); }")
             selector = 'textarea.comfyquant-report[data-node-type="ComfyQuantCheck"]'
