@@ -348,9 +348,17 @@ def test_check_node_shows_its_report_in_the_browser(server, tmp_path):
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 760})
             server.post("/settings/Comfy.TutorialCompleted", True)  # no first-run templates dialog over the graph
-            page.goto(server.url, wait_until="domcontentloaded", timeout=120_000)
+            page.goto(server.url, wait_until="networkidle", timeout=120_000)
             page.wait_for_function("() => window.app && window.app.graph && window.app.extensionManager", timeout=120_000)
-            page.evaluate("async (api) => { await window.app.loadApiJson(api, 'comfyquant example'); }", prompt)
+            wanted = sorted(node["class_type"] for node in prompt.values())
+            shown: list[str] = []
+            for _attempt in range(5):  # the frontend may still be restoring its start-up workflow
+                page.evaluate("async (api) => { await window.app.loadApiJson(api, 'comfyquant example'); }", prompt)
+                page.wait_for_timeout(1000)
+                shown = sorted(page.evaluate("() => window.app.graph._nodes.map((n) => n.type)"))
+                if shown == wanted:
+                    break
+            assert shown == wanted
             page.evaluate(  # side by side: the API format carries no positions
                 "() => { window.app.graph._nodes.forEach((n, i) => { n.pos = [110 + i * 680, 150]; }); }"
             )
