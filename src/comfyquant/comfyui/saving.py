@@ -96,7 +96,7 @@ def quantize_model(model, format: str, preset: str, filename_prefix: str) -> str
         comfy.utils.save_torch_file(weights, dense)
         del weights
         out = output_path(filename_prefix, format)
-        common = dict(format=format, preset=preset, target="comfyui", progress=False, jobs=1)
+        common = dict(format=format, preset=preset, target="comfyui", progress=False, jobs="auto")
         planned = quantize(dense, out, dry_run=True, **common)
         if planned.plan is not None and planned.plan.refusal:
             raise InputError(f"QuantizeSave: {planned.plan.refusal}")
