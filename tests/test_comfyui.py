@@ -130,6 +130,7 @@ def server(tmp_path_factory):
     legacy_scaled_fp8(fp8, models / "flux.legacy.safetensors")
     legacy_scaled_fp8(fp8, models / "flux.musubi.safetensors", sentinel=False)
     comfyquant_cli("migrate", str(fp8), "--to", "modelopt", "-o", str(models / "flux.modelopt.safetensors"))
+    comfyquant_cli("migrate", str(fp8), "--to", "bfl", "-o", str(models / "flux.bfl.safetensors"))
     int8_fast(models / "flux.int8_tensorwise.safetensors", models / "flux.int8fast.safetensors")
     without_markers(fp8, models / "broken.nomarkers.safetensors")
     relabelled(fp8, models / "broken.u8.safetensors")
@@ -266,6 +267,21 @@ def test_loader_refuses_a_lossy_layout_in_one_line_unless_allowed(server):
     assert ours and all(str(Path(package) / "comfyui" / "nodes.py") in frame for frame in ours)
     ours = probe(server, cq_loader("flux.musubi-channel.safetensors", allow_lossy=True))
     assert ours["finite"] and ours["quantized"]
+
+
+def test_loader_reencodes_a_lossy_layout_only_when_allowed(server):
+    """BFL's FP8 layers repeat their scale per row, which no Comfy FP8 format stores: refused
+    by default; with ``allow_lossy`` the model computes what ComfyUI computes from
+    ``comfyquant migrate --allow-lossy``'s file."""
+    name = "flux.bfl.safetensors"
+    error = error_of(server.run({"1": cq_loader(name)}))
+    assert error is not None and error["exception_type"].endswith("NodeError")
+    message = error["exception_message"].strip()
+    assert message.startswith(f"refusing to load {server.models / name}: layer ") and "--allow-lossy" in message
+    ours = probe(server, cq_loader(name, allow_lossy=True))
+    reference = probe(server, unet_loader(written_by(server, "migrate", name, "--allow-lossy")))
+    assert ours["quantized"] and ours["quantized"] == reference["quantized"]
+    assert ours["sha256"] == reference["sha256"]
 
 
 @pytest.mark.parametrize("damage", ["not a checkpoint", "truncated"])
