@@ -92,3 +92,12 @@ def test_says_so_when_comfyuis_python_cannot_import_comfyquant(comfyui, capsys, 
     )
     rc, _out, err = run(capsys, "comfyui", "install", str(comfyui), "--python", str(tmp_path / "nope"))
     assert rc == 1 and "cannot run it" in err
+
+
+def test_an_unwritable_custom_nodes_is_one_line(comfyui, capsys):
+    (comfyui / "custom_nodes").rmdir()
+    (comfyui / "custom_nodes").write_text("not a folder")
+    rc, out, err = run(capsys, "comfyui", "install", str(comfyui))
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"comfyquant: {comfyui / 'custom_nodes' / 'comfyquant'}: cannot write (")
+    assert (comfyui / "custom_nodes").read_text() == "not a folder"

@@ -51,8 +51,8 @@ def run(args) -> int:
     if missing:
         raise InputError(f"{root}: not a ComfyUI folder (no {', '.join(missing)}); nothing was written")
     target = os.path.join(root, "custom_nodes", "comfyquant")
-    _refuse_foreign(target)
     try:
+        _refuse_foreign(target)
         os.makedirs(target, exist_ok=True)
         shim = os.path.join(target, "__init__.py")
         temp = f"{shim}.{os.getpid()}.tmp"
