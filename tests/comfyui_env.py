@@ -155,7 +155,8 @@ if __name__ == "__main__":
     found = comfyui_python()
     if found is None:
         print(MISSING, file=sys.stderr)
-        sys.exit(1)
+        # no ComfyUI source here: its tests skip with this line; a failed set-up is an error
+        sys.exit(0 if MISSING == runtime_sources.COMFYUI_MISSING else 1)
     print(found)
     if "venv" in SECONDS:
         print(f"made in {SECONDS['venv']:.0f} s", file=sys.stderr)

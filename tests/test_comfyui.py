@@ -346,6 +346,15 @@ def test_example_workflow_runs(server):
     assert texts(entry, check)[0] == comfyquant_cli("check", str(server.models / "flux.legacy.safetensors")).stdout.rstrip("\n")
 
 
+def _json_or_none(payload) -> dict | None:
+    if not isinstance(payload, str):
+        return None  # binary frames carry preview images
+    try:
+        return json.loads(payload)
+    except ValueError:
+        return None
+
+
 def test_check_node_shows_its_report_in_the_browser(server, tmp_path):
     """Debian's chromium, headless, driven by Playwright: the frontend loads the example
     workflow, queues it, and the Check node shows the report on the node."""
@@ -363,6 +372,8 @@ def test_check_node_shows_its_report_in_the_browser(server, tmp_path):
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 760})
+            frames: list[str] = []
+            page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: frames.append(payload)))
             server.post("/settings/Comfy.TutorialCompleted", True)  # no first-run templates dialog over the graph
             page.goto(server.url, wait_until="networkidle", timeout=120_000)
             page.wait_for_function("() => window.app && window.app.graph && window.app.extensionManager", timeout=120_000)
@@ -388,6 +399,16 @@ def test_check_node_shows_its_report_in_the_browser(server, tmp_path):
                 timeout=300_000,
             )
             assert report.input_value() == expected
+            # the Loader read the file under ComfyUI's progress bar, up to its end
+            loader = next(k for k, v in prompt.items() if v["class_type"] == "ComfyQuantLoader")
+            page.wait_for_function(  # its notes come after its progress
+                "(s) => { const t = document.querySelector(s); return t && t.value.length > 0; }",
+                arg='textarea.comfyquant-report[data-node-type="ComfyQuantLoader"]',
+                timeout=300_000,
+            )
+            progress = [m["data"] for m in map(_json_or_none, frames) if m and m.get("type") == "progress"]
+            ours = [d for d in progress if d.get("node") == loader]
+            assert ours and ours[-1]["value"] == ours[-1]["max"] > 1
             page.keyboard.press("Escape")
             page.evaluate(
                 "() => { const c = window.app.canvas; c.ds.scale = 1.0; c.ds.offset = [0, 0]; c.setDirty(true, true); }"
