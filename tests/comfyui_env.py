@@ -7,8 +7,8 @@ it sees the main environment's CPU torch and comfy-kitchen, and ``pip`` installs
 ComfyUI's ``requirements.txt`` into it, without the torch lines and comfy-kitchen (the
 environment's own release is the one comfyquant is bit-exact with).
 
-ComfyUI imports torchvision and torchaudio at start-up (comfy/ldm/cosmos/model.py,
-comfy/ldm/audio). The index's wheels that pair with the CPU torch are CUDA builds whose
+ComfyUI 0.33.0 imports torchvision and torchaudio while starting (its model classes:
+comfy/ldm/cosmos/model.py, comfy/ldm/lightricks/vae/audio_vae.py ...). The index's wheels that pair with the CPU torch are CUDA builds whose
 compiled operators do not load; ComfyUI only needs their Python parts. So the environment
 installs them resolved against the installed torch (``torch==X torchvision torchaudio``:
 pip keeps that torch), guards torchvision's two fake-kernel registrations for operators
