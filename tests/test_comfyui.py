@@ -333,6 +333,21 @@ def test_quantize_save_writes_a_checked_file_in_the_format_and_preset_asked(serv
     assert not list((server.folder / "temp").glob("comfyquant-dense-*"))
 
 
+def test_quantize_save_refuses_a_quantized_model_in_one_line(server):
+    prompt = {
+        "1": unet_loader("flux.float8_e4m3fn.safetensors"),
+        "2": {
+            "class_type": "ComfyQuantQuantizeSave",
+            "inputs": {"model": ["1", 0], "format": "int8_tensorwise", "preset": "auto", "filename_prefix": "cq/requant"},
+        },
+    }
+    error = error_of(server.run(prompt))
+    assert error is not None and error["exception_type"].endswith("NodeError")
+    message = error["exception_message"].strip()
+    assert "\n" not in message and "is already quantized" in message and "load the dense checkpoint" in message
+    assert not (server.models / "cq").exists() or not list((server.models / "cq").glob("requant_*"))
+
+
 def test_example_workflow_runs(server):
     """The shipped example (Check, then Loader) runs as it is, on a file of another layout."""
     prompt = json.loads(EXAMPLE.read_text())

@@ -33,8 +33,8 @@ def dense_weights(model) -> dict:
             )
         if value.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             raise InputError(
-                f"QuantizeSave: the model's {name!r} is held as {value.dtype} (a weight_dtype choice or an FP8 file): "
-                "load the dense checkpoint with weight_dtype default to quantize it"
+                f"QuantizeSave: the model's {name!r} is already quantized (held as {str(value.dtype).removeprefix('torch.')}: "
+                "an FP8 file or a weight_dtype choice): load the dense checkpoint with weight_dtype default to quantize it"
             )
         out[name] = value.detach().to("cpu").contiguous()
     if not out:
