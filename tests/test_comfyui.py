@@ -221,7 +221,9 @@ def test_loader_translates_other_layouts_exactly(server, name, dialect):
     """The Loader's model computes what ComfyUI computes from the migrated file, bit for bit,
     and holds the same quantized layers; the file itself is untouched."""
     before = (server.models / name).read_bytes()
+    files = sorted(p for p in server.folder.rglob("*") if not p.is_symlink() and "user" not in p.parts)
     ours = probe(server, cq_loader(name))
+    assert sorted(p for p in server.folder.rglob("*") if not p.is_symlink() and "user" not in p.parts) == files  # nothing written
     reference = probe(server, unet_loader(written_by(server, "migrate", name)))
     assert ours["finite"] and ours["mean_abs"] > 0
     assert ours["quantized"] and ours["quantized"] == reference["quantized"]
