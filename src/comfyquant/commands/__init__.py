@@ -4,4 +4,4 @@
 only when its command runs (start-up time), except for building the parser.
 """
 
-COMMANDS = ("check", "inspect", "fix", "migrate", "dequantize", "quantize", "convert", "compare", "recipe")
+COMMANDS = ("check", "inspect", "fix", "migrate", "dequantize", "quantize", "convert", "compare", "recipe", "comfyui")
