@@ -172,9 +172,7 @@ def dequantize(
     output file is replaced only with ``overwrite=True``, an input never
     (:mod:`comfyquant.io.outputs`).
     """
-    from .dialects.containers import open_any
-    from .dialects.view import viewed
-    from .gate import check_input
+    from .gate import open_input
 
     if dtype is not None and dtype not in OUTPUT_DTYPES:
         raise DequantizeError(f"--dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
@@ -182,10 +180,9 @@ def dequantize(
     _load_modules()  # torch and the modules a run uses: the start-up, timed apart from the run
     startup = time.perf_counter() - t
     started = time.perf_counter()
-    with open_any(src) as raw, viewed(raw, "dequantize") as ckpt:
+    with open_input(src, "dequantize", DequantizeError) as (_stored, ckpt):  # the gate every decoding command shares
         from .markers import file_level_markers
 
-        check_input(ckpt, "dequantize", DequantizeError)  # the gate every decoding command shares
         layers = plan_layers(ckpt, dtype, file_level_markers(ckpt))
         files, index_dest = _plan_outputs(ckpt, out, overwrite)
         summary = Summary(list(ckpt.paths), [p for p, _, _ in files], dtype)

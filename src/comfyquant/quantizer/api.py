@@ -240,9 +240,7 @@ def _run(
     select=None,
 ) -> Result:
     from ..comparison import check_limit
-    from ..dialects.containers import open_any
-    from ..dialects.view import viewed
-    from ..gate import check_input
+    from ..gate import check_input, open_input
     from ..io.shards import is_url
     from . import report as rep
     from .work import use_sources
@@ -268,7 +266,7 @@ def _run(
     if any(is_url(p) for p in paths):
         raise InputError(f"{mode} reads local files; download the checkpoint first")
     started = time.perf_counter()
-    with open_any(paths) as raw, viewed(raw, mode) as ckpt:
+    with open_input(paths, mode, check=False) as (raw, ckpt):
         if ckpt is not raw:  # another layout, read through its translation in this process
             use_sources(ckpt.sources)
         check_input(ckpt, mode)  # the gate dequantize shares: check's errors refuse the input
@@ -367,6 +365,7 @@ def _references(plan: Plan, reference: str) -> dict[str, tuple]:
     """``--reference DENSE``: the read spec of each quantized layer's original weight, refused
     up front (one line naming the file and layer) when the reference cannot serve."""
     from ..checkpoint import open_checkpoint
+    from ..gate import refuse_damage
     from ..io.shards import is_url
     from .work import entry_spec
 
@@ -374,6 +373,7 @@ def _references(plan: Plan, reference: str) -> dict[str, tuple]:
         raise InputError(f"--reference {reference}: reads local files; download the checkpoint first")
     out: dict[str, tuple] = {}
     with open_checkpoint(reference) as ref:
+        refuse_damage(ref, f"use {reference} as --reference")
         for lp in plan.quantized:
             name = f"{lp.name}.weight"
             entry = ref.tensors.get(name)

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from ..errors import InputError
 from ..io.copying import copy_range, read_chunks
 from ..io.index import write_index
+from ..io.jsontext import parse as parse_json
 from ..io.outputs import claim
 from ..io.progress import Progress
 from ..io.shards import ShardSet
@@ -439,8 +440,8 @@ class Runner:
         previous = meta.get(STAMP_KEY)
         if previous:
             try:
-                history = list(json.loads(previous).get("history", []))
-            except (ValueError, AttributeError, TypeError, RecursionError):
+                history = list(parse_json(previous).get("history", []))
+            except (ValueError, AttributeError, TypeError):
                 history = []
         entry = {
             "version": __version__,

@@ -18,6 +18,7 @@ from ..checkpoint import open_checkpoint
 from ..errors import InputError
 from ..io.copying import copy_range as _copy
 from ..io.index import write_index
+from ..io.jsontext import parse as parse_json
 from ..io.outputs import claim
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
@@ -74,8 +75,8 @@ def _stamp(metadata: dict[str, str], plan: Plan) -> dict[str, str]:
     history = []
     if previous:
         try:
-            history = json.loads(previous).get("history", [])
-        except (ValueError, AttributeError, RecursionError):
+            history = parse_json(previous).get("history", [])
+        except (ValueError, AttributeError):
             history = []
     entry = {"version": __version__, "repaired": summary}
     if plan.assumptions:  # values the file could not confirm stay on record in the file itself
