@@ -472,24 +472,27 @@ def _measure(row: LayerComparison, blocks_a: Iterator, blocks_b: Iterator) -> No
 # -- the plot ---------------------------------------------------------------------------------
 
 
-def require_matplotlib() -> None:
-    """Refuse ``--plot`` before any work when matplotlib (the ``plot`` extra) is missing."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise InputError("--plot draws a PNG with matplotlib, which is not installed: pip install 'comfyquant[plot]'") from None
-
-
 def write_png(result: Comparison, path: str) -> None:
+    """:func:`figure` written to ``path`` by the one writer (temporary file, fsync, rename)."""
+    from .io.plots import stage_figure
+    from .io.writer import commit_file, discard
+
+    tmp = stage_figure(figure(result), path)
+    try:
+        commit_file(tmp, path)
+    except OSError as exc:
+        discard(tmp)
+        raise InputError(f"{path}: cannot write the plot ({exc.strerror or exc}); nothing was written") from None
+
+
+def figure(result: Comparison):
     """Relative L2 error per compared layer, bars in model order coloured by what A stores
     (format or dense dtype); the legend right of the plot, never over the bars."""
     import os
 
-    import matplotlib
+    from .io.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = [r for r in result.compared if r.rel_l2 is not None]
     fig, ax = plt.subplots(figsize=(max(8.0, min(24.0, 0.12 * len(rows) + 6)), 4.5))
     kinds = list(dict.fromkeys(r.a for r in rows))
@@ -514,14 +517,7 @@ def write_png(result: Comparison, path: str) -> None:
         fontsize=10,
     )
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write the plot ({exc.strerror or exc})") from None
-    finally:
-        plt.close(fig)
+    return fig
 
 
 # -- the --max-error gate ---------------------------------------------------------------------

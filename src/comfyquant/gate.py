@@ -40,9 +40,7 @@ absent (``C011`` a missing shard, ``C014`` a tensor no shard holds)."""
 
 
 @contextmanager
-def open_input(
-    paths, verb: str, error: type[ComfyQuantError] = InputError, *, check: bool = True, **open_kw
-) -> Iterator[tuple]:
+def open_input(paths, verb: str, error: type[ComfyQuantError] = InputError, *, check: bool = True, **open_kw) -> Iterator[tuple]:
     """``(stored, view)``: the checkpoint at ``paths`` opened (any container), judged as stored
     (:func:`refuse_damage`), then read as the Comfy file its layout translates to
     (``dialects/view``; ``view is stored`` for a Comfy file) and, with ``check``, judged as that

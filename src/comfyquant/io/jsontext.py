@@ -17,7 +17,6 @@ MAX_DEPTH = 64
 """Deepest nesting accepted (a marker map is 3 levels, an index 2)."""
 
 
-
 class TooDeep(ValueError):
     """JSON text nested deeper than :data:`MAX_DEPTH`."""
 

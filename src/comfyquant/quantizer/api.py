@@ -252,7 +252,9 @@ def _run(
 
     parse(jobs)  # refused before any work
     if report and not dry_run:
-        rep.require_matplotlib()
+        from ..io.plots import require_matplotlib
+
+        require_matplotlib("--report")
     rules = _rules(rules)
     if (
         default is None
@@ -297,11 +299,32 @@ def _run(
         gate = _Gate(max_error, reference is not None, over) if max_error is not None else None
         bar = Progress(len(plan.layers), plan.bytes_in, progress, label=mode)
         created = dest.folder
+        compute = resolve(jobs, plan, in_process_only=ckpt is not raw)
+
+        def document(results, check, dests, index_dest) -> dict:
+            outputs = dests + ([index_dest] if index_dest else [])
+            doc = rep.build(plan, list(ckpt.paths), outputs, results, check, time.perf_counter() - started)
+            doc["jobs"] = compute.to_dict()
+            if reference is not None:
+                doc["reference"] = str(reference)
+            if gate is not None:
+                doc["max_error"] = gate.to_dict()
+            if select is not None:
+                doc["selection"] = select.to_dict(plan)
+            return doc
+
+        made: list[dict] = []
+
+        def staged_report(results, check, dests, index_dest) -> list[tuple[str, str]]:
+            """The report's files, staged once the output passed its check (and the gate chose
+            its destinations) and committed with it: all of the run's files, or none."""
+            made.append(document(results, check, dests, index_dest))
+            return rep.stage_report(made[0], *rep.report_paths(report))
+
         try:
             dest.make_folder()
             from .runner import execute
 
-            compute = resolve(jobs, plan, in_process_only=ckpt is not raw)
             results, check = execute(
                 ckpt,
                 plan,
@@ -312,6 +335,7 @@ def _run(
                 on_layer=on_layer,
                 references=references,
                 redirect=gate.redirect if gate is not None else None,
+                also=staged_report if report else None,
             )
         except BaseException:
             if created and os.path.isdir(created) and not os.listdir(created):
@@ -322,21 +346,8 @@ def _run(
             if created and os.path.isdir(created) and not os.listdir(created):
                 shutil.rmtree(created, ignore_errors=True)  # the requested folder stays unwritten
     outputs = dests + ([index_dest] if index_dest else [])
-    doc = rep.build(plan, list(ckpt.paths), outputs, results, check, time.perf_counter() - started)
-    doc["jobs"] = compute.to_dict()
-    if reference is not None:
-        doc["reference"] = str(reference)
-    if gate is not None:
-        doc["max_error"] = gate.to_dict()
-    if select is not None:
-        doc["selection"] = select.to_dict(plan)
-    files = []
-    if report:
-        json_path, png_path = rep.report_paths(report)
-        rep.write_json(doc, json_path)
-        rep.write_png(doc, png_path)
-        files = [json_path, png_path]
-    return Result(plan, doc, check, outputs, files)
+    doc = made[0] if made else document(results, check, dests, index_dest)
+    return Result(plan, doc, check, outputs, list(rep.report_paths(report)) if report else [])
 
 
 def _select_args(like, rules, default, preset, include):
