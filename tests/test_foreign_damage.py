@@ -112,3 +112,18 @@ def test_the_bounded_parse_refuses_depth_as_invalid_json():
             parse("[" * depth + "]" * depth)
     assert issubclass(TooDeep, ValueError)  # every caller's "not JSON" path handles it
     assert parse('{"a": "[[[[[[[[[["}') == {"a": "[[[[[[[[[["}  # brackets in strings are text
+
+
+@pytest.mark.parametrize("kind", ["truncated", "span"])
+def test_a_damaged_reference_is_refused_before_the_work(tmp_path, capsys, kind):
+    """``quantize --reference`` reads the original weights: a damaged one is refused by the
+    same gate, naming it, before anything is quantized."""
+    from builders import dense_layer
+
+    src = write(str(tmp_path / "d.safetensors"), dense_layer("blocks.0.a", 32, 256), dense_layer("blocks.0.b", 32, 256))
+    ref = fs.damage(src, kind, str(tmp_path / "ref.safetensors"))
+    out = str(tmp_path / "o.safetensors")
+    before = fs.snapshot(tmp_path)
+    rc, err = run(capsys, ["quantize", src, "-f", "fp8", "-o", out, "--reference", ref, "--no-progress"])
+    assert rc == 2 and err.startswith(f"comfyquant: refusing to read --reference: {ref}: ") and " [C00" in err, err
+    assert fs.snapshot(tmp_path) == before

@@ -384,7 +384,7 @@ def _references(plan: Plan, reference: str) -> dict[str, tuple]:
         raise InputError(f"--reference {reference}: reads local files; download the checkpoint first")
     out: dict[str, tuple] = {}
     with open_checkpoint(reference) as ref:
-        refuse_damage(ref, f"use {reference} as --reference")
+        refuse_damage(ref, "read --reference")
         for lp in plan.quantized:
             name = f"{lp.name}.weight"
             entry = ref.tensors.get(name)

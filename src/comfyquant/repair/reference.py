@@ -79,7 +79,7 @@ def measure(ckpt, plan, reference: str) -> list[Measurement]:
     if not layers:
         return []
     with open_checkpoint(reference) as ref:
-        refuse_damage(ref, f"use {reference} as --reference")
+        refuse_damage(ref, "read --reference")
         return [_measure_layer(ckpt, plan, ref, reference, prefix) for prefix in layers]
 
 
