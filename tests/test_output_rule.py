@@ -275,3 +275,24 @@ def test_one_plot_helper_and_no_fixed_temporary_names():
             if not rel.startswith("io" + os.sep) and re.search(r"""\+ ?["']\.(comfyquant\.)?tmp""", text):
                 found["tmp"].append(rel)
     assert found == {"require": [os.path.join("io", "plots.py")], "tmp": [], "savefig": [os.path.join("io", "plots.py")]}
+
+
+def test_save_quantized_follows_the_output_rule(tmp_path):
+    """The Python API's writer refuses what every command refuses (it replaces an existing
+    file, as ``torch.save`` does)."""
+    import torch
+
+    from comfyquant.errors import InputError
+    from comfyquant.torch import save_quantized
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8))
+    fifo = tmp_path / "m.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="is not a regular file"):
+        save_quantized(model, fifo)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    with pytest.raises(InputError, match="does not exist"):
+        save_quantized(model, tmp_path / "nope" / "m.safetensors")
+    done = tmp_path / "ok.safetensors"
+    done.write_bytes(b"old")
+    assert save_quantized(model, done) == str(done) and done.read_bytes()[:8] != b"old"
