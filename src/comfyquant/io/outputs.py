@@ -15,7 +15,7 @@ the same everywhere and every refusal is the same line for the same situation.
   path, or the same file through a link), an existing output unless ``overwrite`` (never a
   folder, device, FIFO or socket, whatever ``overwrite`` says), an output whose folder does not
   exist, an output in a folder this process cannot create files in (read-only, immutable, a
-  read-only filesystem: tried with a temporary file named for this process, removed at once).
+  read-only filesystem).
   Only ``fix --in-place`` writes over its input, and it says so explicitly.
 * Files beside the model (``--report``, ``--plot``) are claimed by the same rules
   (:func:`claim_files`), before any work.
@@ -146,26 +146,32 @@ def claim_files(
 
 
 def _refuse_unwritable(paths: list[str], error: type[Exception]) -> None:
-    """Each folder the ``paths`` go into must take a new file now: a read-only or immutable
-    folder (or filesystem) is refused before the work, not found out when the finished file
-    cannot be created.  Tried with a temporary file named for this process, removed at once."""
-    from .tempfiles import make_temp
-
+    """Each folder the ``paths`` go into must take a new file: a read-only or immutable folder,
+    or a read-only filesystem, is refused before the work, not found out when the finished file
+    cannot be created.  Asked of the kernel (``access``, as this process's effective user),
+    without creating anything."""
     seen: set[str] = set()
     for path in paths:
         folder = os.path.dirname(os.path.abspath(path))
-        if folder in seen:
-            continue
+        if folder in seen or not os.path.isdir(folder):
+            continue  # a missing folder is refused by its own rule
         seen.add(folder)
-        try:
-            fd, tmp = make_temp(folder)
-        except OSError as exc:
-            raise error(f"{path}: cannot write in {folder} ({exc.strerror or exc})") from None
-        os.close(fd)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if not _can_create_in(folder):
+            raise error(f"{path}: cannot write in {folder} ({_why_not(folder)})")
+
+
+def _can_create_in(folder: str) -> bool:
+    effective = os.access in os.supports_effective_ids
+    return os.access(folder, os.W_OK | os.X_OK, effective_ids=effective)
+
+
+def _why_not(folder: str) -> str:
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "a read-only filesystem"
+    except (OSError, AttributeError):
+        pass
+    return "no permission to create files there: a read-only or immutable folder"
 
 
 def _destinations(
