@@ -17,7 +17,7 @@ import struct
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import foreign_seeds as fs
@@ -84,9 +84,9 @@ json_values = st.recursive(
     json_scalars,
     lambda inner: st.one_of(
         st.lists(inner, max_size=3).map(lambda xs: "[" + ", ".join(xs) + "]"),
-        st.dictionaries(st.sampled_from(['"format"', '"layers"', '"group_size"', '"quant_algo"', '"scales"', '"a"']), inner, max_size=3).map(
-            lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"
-        ),
+        st.dictionaries(
+            st.sampled_from(['"format"', '"layers"', '"group_size"', '"quant_algo"', '"scales"', '"a"']), inner, max_size=3
+        ).map(lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"),
     ),
     max_leaves=6,
 )
@@ -156,7 +156,11 @@ def mutate_header(header: dict, data: bytes, mutations) -> tuple[dict, bytes]:
         elif kind == "marker" and name:
             prefix = name.rsplit(".", 1)[0]
             blob = m[2].encode("utf-8")
-            header[f"{prefix}.comfy_quant"] = {"dtype": "U8", "shape": [len(blob)], "data_offsets": [len(data), len(data) + len(blob)]}
+            header[f"{prefix}.comfy_quant"] = {
+                "dtype": "U8",
+                "shape": [len(blob)],
+                "data_offsets": [len(data), len(data) + len(blob)],
+            }
             data += blob
     if meta:
         header["__metadata__"] = meta
@@ -240,6 +244,7 @@ def run_one(capsys, seeds, command, seed_name, header_mutations, byte_mutations,
         args = [a.replace("{src}", src).replace("{out}", out).replace("{ref}", ref) for a in COMMANDS[command]]
         rc = main(args)
         _stdout, err = capsys.readouterr()
+        event(f"exit {rc}")  # --hypothesis-show-statistics: how the campaign's runs ended
         what = f"{args}: seed {seed_name}, {header_mutations}, {byte_mutations}, shards {shards}: exit {rc}: {err}"
         assert rc in (0, 1, 2) and "internal error" not in err, what
         written = outputs(out)
