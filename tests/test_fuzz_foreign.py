@@ -98,6 +98,8 @@ header_mutation = st.one_of(
     st.tuples(st.just("shape"), st.integers(0, 99), st.lists(dims, max_size=4)),
     st.tuples(st.just("dim"), st.integers(0, 99), st.integers(0, 3), st.integers(-3, 3)),
     st.tuples(st.just("offsets"), st.integers(0, 99), st.integers(-16, 16), st.integers(-16, 16)),
+    st.tuples(st.just("reshape"), st.integers(0, 99), st.sampled_from(["swap", "flat", "split", "unsqueeze"])),
+    st.tuples(st.just("retype"), st.integers(0, 99), st.integers(0, 5)),
     st.tuples(st.just("drop"), st.integers(0, 99)),
     st.tuples(st.just("rename"), st.integers(0, 99), st.sampled_from(SUFFIXES)),
     st.tuples(st.just("metadata"), st.sampled_from(META_KEYS), json_values | deep | st.text(max_size=8)),
@@ -122,6 +124,29 @@ def seeds(tmp_path_factory):
     return out
 
 
+SAME_WIDTH = {
+    **dict.fromkeys(["F8_E4M3", "F8_E5M2", "F8_E8M0", "U8", "I8", "BOOL"], ["F8_E4M3", "F8_E5M2", "F8_E8M0", "U8", "I8"]),
+    **dict.fromkeys(["BF16", "F16", "I16", "U16"], ["BF16", "F16", "I16", "U16"]),
+    **dict.fromkeys(["F32", "I32", "U32"], ["F32", "I32", "U32"]),
+    **dict.fromkeys(["F64", "I64", "U64"], ["F64", "I64", "U64"]),
+}
+"""Dtypes of one width: a re-type that keeps every span valid."""
+
+
+def _reshaped(shape: list[int], how: str) -> list[int]:
+    """``shape`` with the same element count, rearranged."""
+    if how == "swap" and len(shape) >= 2:
+        return [*shape[:-2], shape[-1], shape[-2]]
+    if how == "flat":
+        n = 1
+        for d in shape:
+            n *= d
+        return [n]
+    if how == "split" and shape and shape[-1] % 2 == 0:
+        return [*shape[:-1], 2, shape[-1] // 2]
+    return [1, *shape]
+
+
 def mutate_header(header: dict, data: bytes, mutations) -> tuple[dict, bytes]:
     names = fs.tensors_of(header)
     meta = dict(header.get("__metadata__") or {})
@@ -139,6 +164,12 @@ def mutate_header(header: dict, data: bytes, mutations) -> tuple[dict, bytes]:
         elif kind == "offsets" and entry:
             a, b = entry["data_offsets"]
             entry["data_offsets"] = [max(0, a + m[2]), max(0, b + m[3])]
+        elif kind == "reshape" and entry:  # the same bytes, another shape: the container stays valid
+            entry["shape"] = _reshaped(entry["shape"], m[2])
+        elif kind == "retype" and entry:  # another dtype of the same width: the container stays valid
+            same = [d for d in SAME_WIDTH.get(entry["dtype"], []) if d != entry["dtype"]]
+            if same:
+                entry["dtype"] = same[m[2] % len(same)]
         elif kind == "drop" and entry:
             del header[name]
             names.remove(name)
