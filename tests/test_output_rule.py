@@ -296,3 +296,22 @@ def test_save_quantized_follows_the_output_rule(tmp_path):
     done = tmp_path / "ok.safetensors"
     done.write_bytes(b"old")
     assert save_quantized(model, done) == str(done) and done.read_bytes()[:8] != b"old"
+
+
+def test_fix_in_place_in_an_unwritable_folder_is_refused_before_the_work(tmp_path, capsys, locked, monkeypatch):
+    """The replacement is written beside the input: its folder must take a new file, known
+    before a byte of it is built."""
+    import comfyquant.repair.execute as execute
+
+    monkeypatch.setattr(execute, "build_shards", lambda *a, **k: pytest.fail("the work started"))
+    subprocess.run(["chattr", "-i", str(locked)], capture_output=True)
+    os.chmod(locked, 0o755)
+    src = write(locked / "q.safetensors", w4a8_layer("a.b", marker={"format": "asym_w4a8_int8"}), dense_layer("n"))
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(locked)], check=True)
+    else:
+        os.chmod(locked, 0o555)
+    before = fs.snapshot(tmp_path)
+    rc, err = run(capsys, ["fix", src, "--in-place"])
+    assert rc == 2 and err.count("\n") == 1 and err.startswith(f"comfyquant: {src}: cannot write in {locked} ("), err
+    assert fs.snapshot(tmp_path) == before

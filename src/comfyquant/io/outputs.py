@@ -113,7 +113,9 @@ def claim(
             raise error(f"{next(f for f in inputs if is_url(f))}: a URL cannot be replaced in place; give -o OUT")
         # Through a symbolic link, the link's target is what gets replaced (temp file next to
         # it, renamed onto it): the link stays a link.
-        return Outputs([os.path.realpath(f) for f in files], index and os.path.realpath(index))
+        result = Outputs([os.path.realpath(f) for f in files], index and os.path.realpath(index))
+        _refuse_unwritable(result.paths, error)
+        return result
     if out is None:
         out = default_output(list(files), index, tag)
     dests, index_dest, create = _destinations(list(files), index, out, merge, error)
