@@ -131,8 +131,11 @@ def locked(tmp_path):
     os.chmod(folder, 0o755)
 
 
-def test_a_report_into_an_unwritable_folder_is_refused_before_the_work(tmp_path, capsys, locked):
+def test_a_report_into_an_unwritable_folder_is_refused_before_the_work(tmp_path, capsys, locked, monkeypatch):
     pytest.importorskip("matplotlib")
+    import comfyquant.quantizer.runner as runner
+
+    monkeypatch.setattr(runner, "execute", lambda *a, **k: pytest.fail("the quantization started"))
     src = dense(tmp_path)
     out = tmp_path / "m.safetensors"
     report = locked / "rep"
