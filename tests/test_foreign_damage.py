@@ -127,3 +127,19 @@ def test_a_damaged_reference_is_refused_before_the_work(tmp_path, capsys, kind):
     rc, err = run(capsys, ["quantize", src, "-f", "fp8", "-o", out, "--reference", ref, "--no-progress"])
     assert rc == 2 and err.startswith(f"comfyquant: refusing to read --reference: {ref}: ") and " [C00" in err, err
     assert fs.snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["truncated", "span", "empty-dtype"])
+def test_the_pytorch_loader_refuses_a_damaged_foreign_file_in_one_line(tmp_path, seeds, kind):
+    """``load_quantized`` opens checkpoints through the same gate as the commands."""
+    import torch
+
+    from comfyquant.torch import load_quantized
+    from comfyquant.torch.tensors import LoadError
+
+    src = fs.damage(seeds["legacy"], kind, str(tmp_path / "d.safetensors"))
+    model = torch.nn.Module()
+    with pytest.raises(LoadError) as exc:
+        load_quantized(model, src, strict=False)
+    message = str(exc.value)
+    assert "\n" not in message and message.startswith(f"refusing to load {src}: {src}: ") and " [C00" in message
