@@ -25,7 +25,7 @@ from comfyquant.cli import main
 
 pytestmark = pytest.mark.needs_torch
 
-EXAMPLES = int(os.environ.get("COMFYQUANT_FUZZ_EXAMPLES", "6"))
+EXAMPLES = int(os.environ.get("COMFYQUANT_FUZZ_EXAMPLES", "5"))
 """Examples per command: a few seconds in CI; set COMFYQUANT_FUZZ_EXAMPLES=500 for a campaign."""
 
 COMMANDS = {
