@@ -180,6 +180,10 @@ COMMANDS = [
     ["fix", "-o", "{out}"],
     ["dequantize", "{out}"],
     ["convert", "{out}", "-t", "fp8", "--no-progress"],
+    ["migrate", "-o", "{out}", "--allow-lossy"],
+    ["compare", "{src}", "--no-progress"],
+    ["recipe"],
+    ["quantize", "-f", "int8", "-o", "{out}", "--no-progress"],
 ]
 
 
@@ -195,7 +199,7 @@ def test_mutated_checkpoints_never_crash_any_command(capsys, mutations, command)
         build(src, mutations)
         before = digest(src)
         out = os.path.join(folder, "out.safetensors")
-        args = [command[0], src] + [a.replace("{out}", out) for a in command[1:]]
+        args = [command[0], src] + [a.replace("{out}", out).replace("{src}", src) for a in command[1:]]
         t0 = time.monotonic()
         rc = main(args)
         took = time.monotonic() - t0
@@ -231,7 +235,7 @@ def test_odd_numbers_in_every_header_field(tmp_path, capsys, value):
             before = digest(src)
             for command in (["check", "--json", "--deep"], ["inspect"], ["fix", "-o", "{out}"], ["dequantize", "{out}"]):
                 out = str(tmp_path / "out.safetensors")
-                args = [command[0], src] + [a.replace("{out}", out) for a in command[1:]]
+                args = [command[0], src] + [a.replace("{out}", out).replace("{src}", src) for a in command[1:]]
                 rc = main(args)
                 _stdout, err = capsys.readouterr()
                 assert rc in (0, 1, 2) and "internal error" not in err, f"{args} {mutations}: exit {rc}: {err}"

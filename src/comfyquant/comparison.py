@@ -226,15 +226,19 @@ def compare(
     ``layers``: glob(s) of layer names to compare (``blocks.1*``); ``dtype``: decode quantized
     layers to ``bf16``/``f16``/``f32`` instead of their model dtype; ``progress``: a progress
     line on stderr (default: when it is a terminal, periodic lines otherwise)."""
-    from .dialects.containers import open_any
-    from .dialects.view import viewed
+    from .gate import open_input
     from .io.progress import Progress
 
     if dtype is not None and dtype not in ("bf16", "f16", "f32"):
         raise CompareError(f"--dtype must be one of bf16, f16, f32, got {dtype!r}")
     globs = [layers] if isinstance(layers, str) else list(layers) if layers is not None else None
     started = time.perf_counter()
-    with open_any(a) as raw_a, viewed(raw_a, "compare") as ca, open_any(b) as raw_b, viewed(raw_b, "compare") as cb:
+    # Each input passes the gate every decoding command shares (its stored file first, then the
+    # Comfy file it reads as): what check finds broken is refused here too, naming the input.
+    with (
+        open_input(a, "compare", CompareError, check=False) as (_, ca),
+        open_input(b, "compare", CompareError, check=False) as (_, cb),
+    ):
         side_a, side_b = _Side(ca, "A", dtype), _Side(cb, "B", dtype)
         result = Comparison(list(ca.paths), list(cb.paths), dtype, selected=globs)
         names_a = {p for p in side_a.weights if _selected(p, globs)}
@@ -287,7 +291,6 @@ class _Side:
         self.ckpt = ckpt
         self.label = label
         self.path = ckpt.paths[0] if len(ckpt.paths) == 1 else ckpt.files[0]
-        # The gate every decoding command shares: what check finds broken is refused here too.
         check_input(ckpt, f"compare {self.path}", CompareError)
         self.weights = {p: layer for p, layer in ckpt.layers.items() if layer.stored.get("weight") is not None}
         from .dequantizer import plan_layers
@@ -469,24 +472,27 @@ def _measure(row: LayerComparison, blocks_a: Iterator, blocks_b: Iterator) -> No
 # -- the plot ---------------------------------------------------------------------------------
 
 
-def require_matplotlib() -> None:
-    """Refuse ``--plot`` before any work when matplotlib (the ``plot`` extra) is missing."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise InputError("--plot draws a PNG with matplotlib, which is not installed: pip install 'comfyquant[plot]'") from None
-
-
 def write_png(result: Comparison, path: str) -> None:
+    """:func:`figure` written to ``path`` by the one writer (temporary file, fsync, rename)."""
+    from .io.plots import stage_figure
+    from .io.writer import commit_file, discard
+
+    tmp = stage_figure(figure(result), path)
+    try:
+        commit_file(tmp, path)
+    except OSError as exc:
+        discard(tmp)
+        raise InputError(f"{path}: cannot write the plot ({exc.strerror or exc}); nothing was written") from None
+
+
+def figure(result: Comparison):
     """Relative L2 error per compared layer, bars in model order coloured by what A stores
     (format or dense dtype); the legend right of the plot, never over the bars."""
     import os
 
-    import matplotlib
+    from .io.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = [r for r in result.compared if r.rel_l2 is not None]
     fig, ax = plt.subplots(figsize=(max(8.0, min(24.0, 0.12 * len(rows) + 6)), 4.5))
     kinds = list(dict.fromkeys(r.a for r in rows))
@@ -511,14 +517,7 @@ def write_png(result: Comparison, path: str) -> None:
         fontsize=10,
     )
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write the plot ({exc.strerror or exc})") from None
-    finally:
-        plt.close(fig)
+    return fig
 
 
 # -- the --max-error gate ---------------------------------------------------------------------

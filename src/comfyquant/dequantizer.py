@@ -34,7 +34,6 @@ names, plus a rebuilt ``*.safetensors.index.json``).  The input is never overwri
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import queue
@@ -173,9 +172,7 @@ def dequantize(
     output file is replaced only with ``overwrite=True``, an input never
     (:mod:`comfyquant.io.outputs`).
     """
-    from .dialects.containers import open_any
-    from .dialects.view import viewed
-    from .gate import check_input
+    from .gate import open_input
 
     if dtype is not None and dtype not in OUTPUT_DTYPES:
         raise DequantizeError(f"--dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
@@ -183,10 +180,9 @@ def dequantize(
     _load_modules()  # torch and the modules a run uses: the start-up, timed apart from the run
     startup = time.perf_counter() - t
     started = time.perf_counter()
-    with open_any(src) as raw, viewed(raw, "dequantize") as ckpt:
+    with open_input(src, "dequantize", DequantizeError) as (_stored, ckpt):  # the gate every decoding command shares
         from .markers import file_level_markers
 
-        check_input(ckpt, "dequantize", DequantizeError)  # the gate every decoding command shares
         layers = plan_layers(ckpt, dtype, file_level_markers(ckpt))
         files, index_dest = _plan_outputs(ckpt, out, overwrite)
         summary = Summary(list(ckpt.paths), [p for p, _, _ in files], dtype)
@@ -215,15 +211,16 @@ def dequantize(
                         work.stop()
                     work.settle()
             _verify_output(temps, files, work)
-            _commit(temps, files)
-            temps = []
+            staged = list(zip(temps, [path for path, _, _ in files]))
+            if index_dest:  # staged too, and committed with the shards: all of them or none
+                staged.append((_stage_index(index_dest, files, work.sizes, ckpt.shardset.index_path), index_dest))
+                temps.append(staged[-1][0])
+            _commit(staged, temps)
         finally:
             from .io.writer import discard
 
             for t in temps:
                 discard(t)
-        if index_dest:
-            _write_index(index_dest, files, work.sizes)
     summary.layers = dict(sorted(work.formats.items()))
     summary.seconds = time.perf_counter() - started
     summary.startup = startup
@@ -367,24 +364,23 @@ def _verify_output(temps: list[str], files: list, work) -> None:
         )
 
 
-def _commit(temps: list[str], files: list) -> None:
+def _commit(staged: list[tuple[str, str]], pending: list[str]) -> None:
+    """Rename each staged ``(temporary file, destination)`` into place; ``pending`` loses each
+    one committed (what is left there is discarded by the caller)."""
     from .io.writer import commit_file
 
-    for temp, (path, _source, _names) in zip(temps, files):
+    for temp, path in staged:
         commit_file(temp, path)
+        pending.remove(temp)
 
 
-def _write_index(path: str, files: list, sizes: dict[str, int]) -> None:
-    """The shards' index (tensor -> file), written like the shards: temp file, fsync, rename."""
+def _stage_index(path: str, files: list, sizes: dict[str, int], previous: str | None) -> str:
+    """The shards' index (tensor -> file) staged by the one index writer: the input index's
+    metadata kept, ``total_size`` the dense tensors' bytes."""
+    from .io.index import write_index
+
     weight_map = {n: os.path.basename(p) for p, _, names in files for n in names if n in sizes}
-    index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": dict(sorted(weight_map.items()))}
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(index, fh, indent=2)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    return write_index(weight_map, path, previous, total_size=sum(sizes.values()), commit=False)
 
 
 # -- streaming --------------------------------------------------------------------------------

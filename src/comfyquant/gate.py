@@ -1,20 +1,69 @@
-"""The input gate of the commands that decode a checkpoint into a new one (``dequantize``,
-``convert``, ``quantize``): they refuse exactly the inputs ``check`` finds broken, with the
-same one-line reason, so no command accepts what another refuses.
+"""The input gate of the commands that read a checkpoint to write or measure another
+(``dequantize``, ``convert``, ``quantize``, ``compare``, ``recipe``, the PyTorch loaders): every
+one opens its inputs through :func:`open_input`, which judges a file in two steps.
 
-Severity is judged for comfy-kitchen, whose decode these commands reproduce bit for bit: a
-finding that only stops another runtime (SGLang's stricter marker rules, say) does not make
-the weights undecodable.  ``fix`` has no gate: broken inputs are what it is for.
+1. The file as stored, before any dialect view reads it (:func:`refuse_damage`): container
+   damage -- a truncated file, a tensor whose bytes do not match its dtype and shape, an
+   unknown dtype, a malformed entry, a name in two shards -- and an incomplete shard set (a
+   shard the index or the shard names call for is missing, or the index lists a tensor no
+   shard holds) refuse the input in one line naming the file or shard, whatever the layout.
+   A dialect's translation reads the stored bytes, so it must never meet them damaged; and a
+   missing shard is never dropped from an output.
+2. The Comfy file it reads as (:func:`check_input`): the inputs ``check`` finds broken, with
+   the same one-line reason, so no command accepts what another refuses.  Severity is judged
+   for comfy-kitchen, whose decode these commands reproduce bit for bit: a finding that only
+   stops another runtime (SGLang's stricter marker rules, say) does not make the weights
+   undecodable.
+
+``fix`` and ``migrate`` have no gate: broken inputs are what they are for (they refuse what
+they cannot carry over exactly themselves).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from .errors import ComfyQuantError, InputError
+from .findings import ERROR, RULES
 
 GATE_TARGET = "comfy-kitchen"
 ALWAYS_BLOCKING = frozenset({"M023"})
 """Findings that stop a decoding command whatever their severity for comfy-kitchen: a
 quantized weight without a marker cannot be decoded, and copying it would leave it quantized."""
+
+
+DAMAGE = frozenset(code for code, rule in RULES.items() if code.startswith("C") and rule.severity == ERROR)
+"""Container and shard-set findings (``C0xx`` errors) that refuse an input before anything reads
+its tensors: the bytes are not what the header says, or tensors the checkpoint declares are
+absent (``C011`` a missing shard, ``C014`` a tensor no shard holds)."""
+
+
+@contextmanager
+def open_input(paths, verb: str, error: type[ComfyQuantError] = InputError, *, check: bool = True, **open_kw) -> Iterator[tuple]:
+    """``(stored, view)``: the checkpoint at ``paths`` opened (any container), judged as stored
+    (:func:`refuse_damage`), then read as the Comfy file its layout translates to
+    (``dialects/view``; ``view is stored`` for a Comfy file) and, with ``check``, judged as that
+    (:func:`check_input`).  Every refusal raises ``error`` ("refusing to <verb>: ...").  Both
+    are closed on leaving."""
+    from .dialects.containers import open_any
+    from .dialects.view import viewed
+
+    with open_any(paths, **open_kw) as stored:
+        refuse_damage(stored, verb, error)
+        with viewed(stored, verb) as view:
+            if check:
+                check_input(view, verb, error)
+            yield stored, view
+
+
+def refuse_damage(ckpt, verb: str, error: type[ComfyQuantError] = InputError) -> None:
+    """Raise ``error`` when the stored checkpoint has container damage or an incomplete shard
+    set (:data:`DAMAGE`), naming the file or the missing shard: "refusing to <verb>: <file>:
+    <what> [code] (and N more ...)"."""
+    damage = [f for f in ckpt.findings if f.code in DAMAGE]
+    if damage:
+        _refuse(damage, verb, error)
 
 
 def check_input(ckpt, verb: str, error: type[ComfyQuantError] = InputError):
@@ -64,8 +113,11 @@ def refuse_errors(
         and f.layer not in viewed
         and not (f.code == "M023" and f.layer in implied)
     ]
-    if not errors:
-        return
+    if errors:
+        _refuse(errors, verb, error)
+
+
+def _refuse(errors: list, verb: str, error: type[ComfyQuantError]) -> None:
     first = errors[0]
     where = first.file if not first.layer and first.file else None
     more = f" (and {len(errors) - 1} more error{'s' * (len(errors) > 2)}; see comfyquant check)" if len(errors) > 1 else ""

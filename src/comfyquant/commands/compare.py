@@ -35,6 +35,7 @@ def add_parser(sub) -> None:
     )
     c.add_argument("--json", action="store_true", help="print every figure as JSON")
     c.add_argument("--plot", metavar="PNG", help="draw the errors per layer into PNG (needs the plot extra)")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing --plot file (never an input)")
     c.add_argument(
         "--max-error",
         type=float,
@@ -45,11 +46,17 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..comparison import check_limit, compare, over_limit, require_matplotlib, write_png
+    from ..comparison import check_limit, compare, over_limit, write_png
 
     limit = check_limit(args.max_error) if args.max_error is not None else None
     if args.plot:
-        require_matplotlib()
+        from ..io.outputs import claim_files
+        from ..io.plots import require_matplotlib
+
+        require_matplotlib("--plot")
+        # the output rule every command follows, before any work: never an input, an existing
+        # file only with --overwrite, never a folder, device, FIFO or socket
+        claim_files([args.plot], [args.a, args.b], overwrite=args.overwrite)
     result = compare(args.a, args.b, layers=args.layers, dtype=args.dtype, progress=False if args.no_progress else None)
     if args.plot:
         write_png(result, args.plot)

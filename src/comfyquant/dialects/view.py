@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..errors import InputError
+from ..io.jsontext import parse as parse_json
 from ..io.shards import ShardSet
 from ..io.virtual import Range, VirtualSource
 from .base import EXACT, LOSSY, PERMUTATION, Translation
@@ -137,7 +138,7 @@ def _metadata(metadata: dict[str, str], detection, markers: dict[str, dict]) -> 
     text = out.get(MARKER_MAP)
     if text is not None:
         try:
-            doc = json.loads(text)
+            doc = parse_json(text)
             layers = doc.get("layers") if isinstance(doc, dict) else None
         except ValueError:
             layers = None

@@ -1,6 +1,7 @@
-"""Where a writing command's outputs go, and what it refuses: one rule for ``fix``,
-``quantize``, ``convert`` and ``dequantize``, so ``-o OUT`` and ``--overwrite`` mean the same
-everywhere and every refusal is the same line for the same situation.
+"""Where a writing command's outputs go, and what it refuses: one rule for every file a command
+writes (the model of ``fix``, ``migrate``, ``quantize``, ``convert`` and ``dequantize``, its
+index, ``--report``'s JSON and PNG, ``compare --plot``), so ``-o OUT`` and ``--overwrite`` mean
+the same everywhere and every refusal is the same line for the same situation.
 
 * No ``OUT``: the output is named after the input with a tag (``fixed``, the format, ``dense``):
   ``<stem>.<tag>.safetensors`` next to one input file, ``<folder>.<tag>`` next to the folder of
@@ -13,7 +14,11 @@ everywhere and every refusal is the same line for the same situation.
 * Refused before anything is written (:func:`claim`): an output that is an input (same
   path, or the same file through a link), an existing output unless ``overwrite`` (never a
   folder, device, FIFO or socket, whatever ``overwrite`` says), an output whose folder does not
-  exist.  Only ``fix --in-place`` writes over its input, and it says so explicitly.
+  exist, an output in a folder this process cannot create files in (read-only, immutable, a
+  read-only filesystem).
+  Only ``fix --in-place`` writes over its input, and it says so explicitly.
+* Files beside the model (``--report``, ``--plot``) are claimed by the same rules
+  (:func:`claim_files`), before any work.
 """
 
 from __future__ import annotations
@@ -108,7 +113,9 @@ def claim(
             raise error(f"{next(f for f in inputs if is_url(f))}: a URL cannot be replaced in place; give -o OUT")
         # Through a symbolic link, the link's target is what gets replaced (temp file next to
         # it, renamed onto it): the link stays a link.
-        return Outputs([os.path.realpath(f) for f in files], index and os.path.realpath(index))
+        result = Outputs([os.path.realpath(f) for f in files], index and os.path.realpath(index))
+        _refuse_unwritable(result.paths, error)
+        return result
     if out is None:
         out = default_output(list(files), index, tag)
     dests, index_dest, create = _destinations(list(files), index, out, merge, error)
@@ -119,9 +126,54 @@ def claim(
     result = Outputs(dests, index_dest, None if dests is not None else out, out if create else None)
     for path in result.paths:  # in a folder still to create: no file there yet, its parent checked
         _refuse_taken(path, inputs, overwrite, error, parent=not create)
-    for path in also:
-        _refuse_taken(path, inputs, overwrite, error)
+    claim_files(also, inputs, overwrite=overwrite, error=error)
+    _refuse_unwritable([*result.paths, *also] if not create else [out.rstrip("/" + os.sep), *also], error)
     return result
+
+
+def claim_files(
+    paths: list[str] | tuple[str, ...],
+    inputs: list[str] | tuple[str, ...] = (),
+    *,
+    overwrite: bool,
+    error: type[Exception] = InputError,
+) -> None:
+    """Refuse (``error``, one line naming the path) any of ``paths`` -- files a run writes beside
+    its model, or alone (``compare --plot``) -- that the output rule refuses: an input, an
+    existing file without ``overwrite``, a folder, device, FIFO or socket, a missing or
+    unwritable folder.  Called before any work."""
+    for path in paths:
+        _refuse_taken(path, list(inputs), overwrite, error)
+    _refuse_unwritable(list(paths), error)
+
+
+def _refuse_unwritable(paths: list[str], error: type[Exception]) -> None:
+    """Each folder the ``paths`` go into must take a new file: a read-only or immutable folder,
+    or a read-only filesystem, is refused before the work, not found out when the finished file
+    cannot be created.  Asked of the kernel (``access``, as this process's effective user),
+    without creating anything."""
+    seen: set[str] = set()
+    for path in paths:
+        folder = os.path.dirname(os.path.abspath(path))
+        if folder in seen or not os.path.isdir(folder):
+            continue  # a missing folder is refused by its own rule
+        seen.add(folder)
+        if not _can_create_in(folder):
+            raise error(f"{path}: cannot write in {folder} ({_why_not(folder)})")
+
+
+def _can_create_in(folder: str) -> bool:
+    effective = os.access in os.supports_effective_ids
+    return os.access(folder, os.W_OK | os.X_OK, effective_ids=effective)
+
+
+def _why_not(folder: str) -> str:
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "a read-only filesystem"
+    except (OSError, AttributeError):
+        pass
+    return "no permission to create files there: a read-only or immutable folder"
 
 
 def _destinations(

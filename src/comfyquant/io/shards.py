@@ -31,12 +31,12 @@ findings of the checkpoint (C011), not errors, so the rest is still checked.  UR
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable
 
 from ..errors import InputError
+from .jsontext import parse as parse_json
 
 SHARD_NAME = re.compile(r"^(?P<stem>.+)-(?P<i>\d+)-of-(?P<n>\d+)\.safetensors$")
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -208,8 +208,8 @@ def read_index(path: str, text: str | None = None) -> tuple[list[str], dict[str,
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"{path}: cannot read index ({exc})") from None
     try:
-        obj = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        obj = parse_json(text)
+    except ValueError as exc:
         raise InputError(f"{path}: index is not valid JSON ({exc})") from None
     wm = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(wm, dict) or not {*map(type, wm.values())} <= {str}:

@@ -1,4 +1,6 @@
-"""Write safetensors files: header first, data streamed, temporary file + fsync + atomic rename.
+"""The one writer of every file a command emits: safetensors files (header first, data
+streamed) and the small files beside them (an index, a JSON report, a PNG plot), each through a
+temporary file named for its owner, fsync, and an atomic rename made durable.
 
 Tensors are given as ``(dtype, shape, data)`` where ``data`` is ``bytes`` or a callable that
 yields byte chunks (so large tensors can be copied or computed piecewise without holding the
@@ -16,6 +18,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from typing import BinaryIO
 
 from ..dtypes import DTYPE_BITS
 from .tempfiles import sweep_stale, temp_prefix
@@ -395,6 +398,42 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def stage_file(path: str, fill: Callable[[BinaryIO], None]) -> str:
+    """Write a small output (an index, a JSON report, a PNG) the way every output is written:
+    ``fill(binary file)`` into a private temporary file beside ``path`` named for this process
+    (:mod:`~comfyquant.io.tempfiles`, so a killed run's leftover is swept), fsynced; returns
+    its path, for :func:`commit_file` once everything the run writes is ready, or
+    :func:`discard`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    sweep_stale(folder)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fill(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        discard(tmp)
+        raise
+    return tmp
+
+
+def write_file(path: str, fill: Callable[[BinaryIO], None]) -> None:
+    """:func:`stage_file` and :func:`commit_file`: ``path`` holds the complete file or what it
+    held before, never a part."""
+    tmp = stage_file(path, fill)
+    try:
+        commit_file(tmp, path)
+    except BaseException:
+        discard(tmp)
+        raise
+
+
+def json_filler(doc, indent: int = 1) -> Callable[[BinaryIO], None]:
+    """What :func:`stage_file` writes for a JSON document (UTF-8, a final newline)."""
+    return lambda fh: fh.write((json.dumps(doc, indent=indent) + "\n").encode("utf-8"))
 
 
 def discard(tmp: str) -> None:

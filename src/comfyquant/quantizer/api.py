@@ -240,9 +240,7 @@ def _run(
     select=None,
 ) -> Result:
     from ..comparison import check_limit
-    from ..dialects.containers import open_any
-    from ..dialects.view import viewed
-    from ..gate import check_input
+    from ..gate import check_input, open_input
     from ..io.shards import is_url
     from . import report as rep
     from .work import use_sources
@@ -254,7 +252,9 @@ def _run(
 
     parse(jobs)  # refused before any work
     if report and not dry_run:
-        rep.require_matplotlib()
+        from ..io.plots import require_matplotlib
+
+        require_matplotlib("--report")
     rules = _rules(rules)
     if (
         default is None
@@ -268,7 +268,7 @@ def _run(
     if any(is_url(p) for p in paths):
         raise InputError(f"{mode} reads local files; download the checkpoint first")
     started = time.perf_counter()
-    with open_any(paths) as raw, viewed(raw, mode) as ckpt:
+    with open_input(paths, mode, check=False) as (raw, ckpt):
         if ckpt is not raw:  # another layout, read through its translation in this process
             use_sources(ckpt.sources)
         check_input(ckpt, mode)  # the gate dequantize shares: check's errors refuse the input
@@ -299,11 +299,32 @@ def _run(
         gate = _Gate(max_error, reference is not None, over) if max_error is not None else None
         bar = Progress(len(plan.layers), plan.bytes_in, progress, label=mode)
         created = dest.folder
+        compute = resolve(jobs, plan, in_process_only=ckpt is not raw)
+
+        def document(results, check, dests, index_dest) -> dict:
+            outputs = dests + ([index_dest] if index_dest else [])
+            doc = rep.build(plan, list(ckpt.paths), outputs, results, check, time.perf_counter() - started)
+            doc["jobs"] = compute.to_dict()
+            if reference is not None:
+                doc["reference"] = str(reference)
+            if gate is not None:
+                doc["max_error"] = gate.to_dict()
+            if select is not None:
+                doc["selection"] = select.to_dict(plan)
+            return doc
+
+        made: list[dict] = []
+
+        def staged_report(results, check, dests, index_dest) -> list[tuple[str, str]]:
+            """The report's files, staged once the output passed its check (and the gate chose
+            its destinations) and committed with it: all of the run's files, or none."""
+            made.append(document(results, check, dests, index_dest))
+            return rep.stage_report(made[0], *rep.report_paths(report))
+
         try:
             dest.make_folder()
             from .runner import execute
 
-            compute = resolve(jobs, plan, in_process_only=ckpt is not raw)
             results, check = execute(
                 ckpt,
                 plan,
@@ -314,6 +335,7 @@ def _run(
                 on_layer=on_layer,
                 references=references,
                 redirect=gate.redirect if gate is not None else None,
+                also=staged_report if report else None,
             )
         except BaseException:
             if created and os.path.isdir(created) and not os.listdir(created):
@@ -324,21 +346,8 @@ def _run(
             if created and os.path.isdir(created) and not os.listdir(created):
                 shutil.rmtree(created, ignore_errors=True)  # the requested folder stays unwritten
     outputs = dests + ([index_dest] if index_dest else [])
-    doc = rep.build(plan, list(ckpt.paths), outputs, results, check, time.perf_counter() - started)
-    doc["jobs"] = compute.to_dict()
-    if reference is not None:
-        doc["reference"] = str(reference)
-    if gate is not None:
-        doc["max_error"] = gate.to_dict()
-    if select is not None:
-        doc["selection"] = select.to_dict(plan)
-    files = []
-    if report:
-        json_path, png_path = rep.report_paths(report)
-        rep.write_json(doc, json_path)
-        rep.write_png(doc, png_path)
-        files = [json_path, png_path]
-    return Result(plan, doc, check, outputs, files)
+    doc = made[0] if made else document(results, check, dests, index_dest)
+    return Result(plan, doc, check, outputs, list(rep.report_paths(report)) if report else [])
 
 
 def _select_args(like, rules, default, preset, include):
@@ -367,6 +376,7 @@ def _references(plan: Plan, reference: str) -> dict[str, tuple]:
     """``--reference DENSE``: the read spec of each quantized layer's original weight, refused
     up front (one line naming the file and layer) when the reference cannot serve."""
     from ..checkpoint import open_checkpoint
+    from ..gate import refuse_damage
     from ..io.shards import is_url
     from .work import entry_spec
 
@@ -374,6 +384,7 @@ def _references(plan: Plan, reference: str) -> dict[str, tuple]:
         raise InputError(f"--reference {reference}: reads local files; download the checkpoint first")
     out: dict[str, tuple] = {}
     with open_checkpoint(reference) as ref:
+        refuse_damage(ref, "read --reference")
         for lp in plan.quantized:
             name = f"{lp.name}.weight"
             entry = ref.tensors.get(name)

@@ -151,16 +151,15 @@ def read_recipe(paths) -> Recipe:
     """The recipe of a quantized checkpoint (file, shards, folder or index; another layout is
     read as the Comfy file it translates to).  Header reads only."""
     from ..dialects.base import LOSSY
-    from ..dialects.containers import open_any
     from ..dialects.registry import detect
-    from ..dialects.view import viewed
+    from ..gate import open_input
     from .plan import natural_key, unquantizable
 
     paths = [paths] if isinstance(paths, str) or hasattr(paths, "__fspath__") else list(paths)
     paths = [str(p) for p in paths]
     choices: dict[str, LayerChoice] = {}
     free: list[str] = []
-    with open_any(paths) as raw, viewed(raw, "read a recipe of") as ckpt:
+    with open_input(paths, "read a recipe of", check=False) as (raw, ckpt):
         # layers of another layout that no Comfy format holds exactly read as their dense decode:
         # they were quantized, but nothing quantize writes reproduces them
         lossy = (

@@ -8,9 +8,6 @@ if it is installed (the ``plot`` extra).
 
 from __future__ import annotations
 
-import json
-import os
-
 from ..errors import InputError
 from ..units import human_size
 from ..version import __version__
@@ -25,16 +22,6 @@ def report_paths(path: str) -> tuple[str, str]:
     """``--report PATH`` -> (JSON path, PNG path): ``PATH`` minus a .json/.png suffix, plus each."""
     stem = path[:-5] if path.endswith(".json") else path[:-4] if path.endswith(".png") else path
     return stem + ".json", stem + ".png"
-
-
-def require_matplotlib() -> None:
-    """Refuse ``--report`` up front (before any work) when the plot cannot be drawn."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise InputError(
-            "--report draws a PNG plot with matplotlib, which is not installed: pip install 'comfyquant[plot]'"
-        ) from None
 
 
 def _mean(values: list[float]) -> float | None:
@@ -130,21 +117,30 @@ def build(
     return doc
 
 
-def write_json(doc: dict, path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=1)
-        fh.write("\n")
-    os.replace(tmp, path)
+def stage_report(doc: dict, json_path: str, png_path: str) -> list[tuple[str, str]]:
+    """``(temporary file, destination)`` of the report's JSON and PNG, written by the one
+    writer but not yet in place: the run commits them with its model files, so a failure
+    leaves neither a model without its report nor a report without its model."""
+    from ..io.plots import stage_figure
+    from ..io.writer import discard, json_filler, stage_file
+
+    try:
+        staged = [(stage_file(json_path, json_filler(doc)), json_path)]
+    except OSError as exc:
+        raise InputError(f"{json_path}: cannot write the report ({exc.strerror or exc}); nothing was written") from None
+    try:
+        staged.append((stage_figure(figure(doc), png_path), png_path))
+    except BaseException:
+        discard(staged[0][0])
+        raise
+    return staged
 
 
-def write_png(doc: dict, path: str) -> None:
+def figure(doc: dict):
     """Error per layer in model order, coloured by format: weight (top) and output (bottom)."""
-    import matplotlib
+    from ..io.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = [r for r in doc["layers"] if r.get("weight")]
     fig, axes = plt.subplots(2, 1, figsize=(max(8.0, min(24.0, 0.12 * len(rows) + 6)), 7), sharex=True)
     formats = sorted({r["format"] for r in rows})
@@ -173,10 +169,7 @@ def write_png(doc: dict, path: str) -> None:
         fontsize=11,
     )
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    return fig
 
 
 # -- text -------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from ..errors import InputError
 from ..io.copying import copy_range, read_chunks
 from ..io.index import write_index
+from ..io.jsontext import parse as parse_json
 from ..io.outputs import claim
 from ..io.progress import Progress
 from ..io.shards import ShardSet
@@ -439,8 +440,8 @@ class Runner:
         previous = meta.get(STAMP_KEY)
         if previous:
             try:
-                history = list(json.loads(previous).get("history", []))
-            except (ValueError, AttributeError, TypeError, RecursionError):
+                history = list(parse_json(previous).get("history", []))
+            except (ValueError, AttributeError, TypeError):
                 history = []
         entry = {
             "version": __version__,
@@ -478,13 +479,17 @@ def execute(
     on_layer=None,
     references: dict | None = None,
     redirect: Callable | None = None,
+    also: Callable | None = None,
 ) -> tuple[dict[str, dict], object]:
     """Write, check and commit; returns (per-layer results, the check report of the output).
 
     ``references``: layer -> read spec of its original dense weight (``--reference``), measured
     too.  ``redirect(results, dests, index_dest)``: called once the output passed its check,
     before anything is renamed into place; returns the destinations to commit to (the
-    ``--max-error`` gate keeps an output over the limit under another name)."""
+    ``--max-error`` gate keeps an output over the limit under another name).
+    ``also(results, report, dests, index_dest)``: more files of the run (``--report``), staged
+    by the caller as ``(temporary file, destination)`` pairs and committed with the output, after
+    the model files and the index: a failure before the first rename leaves nothing."""
     from ..checker.run import check_checkpoint
     from ..checkpoint import open_checkpoint
 
@@ -513,12 +518,18 @@ def execute(
             )
         if redirect is not None:
             dests, index_dest = redirect(runner.results, dests, index_dest)
-        for temp, dest in zip(temps, dests):
-            commit_file(temp, dest)  # also gives the private temporary file normal permissions
-        temps = []
+        staged = list(zip(temps, dests))
         if index_dest:
             weight_map = {name: os.path.basename(dest) for (_f, tensors, _m), dest in zip(tables, dests) for name in tensors}
-            write_index(weight_map, index_dest, ckpt.shardset.index_path)
+            staged.append((write_index(weight_map, index_dest, ckpt.shardset.index_path, commit=False), index_dest))
+            temps.append(staged[-1][0])
+        if also is not None:
+            extra = also(runner.results, report, dests, index_dest)
+            staged += extra
+            temps += [t for t, _ in extra]
+        for temp, dest in staged:
+            commit_file(temp, dest)  # also gives the private temporary file normal permissions
+            temps.remove(temp)
         return runner.results, report
     finally:
         runner.close()

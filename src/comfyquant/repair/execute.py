@@ -18,6 +18,7 @@ from ..checkpoint import open_checkpoint
 from ..errors import InputError
 from ..io.copying import copy_range as _copy
 from ..io.index import write_index
+from ..io.jsontext import parse as parse_json
 from ..io.outputs import claim
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
@@ -74,8 +75,8 @@ def _stamp(metadata: dict[str, str], plan: Plan) -> dict[str, str]:
     history = []
     if previous:
         try:
-            history = json.loads(previous).get("history", [])
-        except (ValueError, AttributeError, RecursionError):
+            history = parse_json(previous).get("history", [])
+        except (ValueError, AttributeError):
             history = []
     entry = {"version": __version__, "repaired": summary}
     if plan.assumptions:  # values the file could not confirm stay on record in the file itself
@@ -173,11 +174,13 @@ def write_and_verify(ckpt, plan: Plan, dests: list[str], index_dest: str | None,
             except OSError as exc:
                 raise FixError(f"{dest}: cannot write ({exc.strerror or exc}); nothing was replaced") from None
         syncs = []
-        for temp, dest in zip(temps, dests):
+        staged = list(zip(temps, dests))
+        if index_dest:  # staged too, and committed with the shards: all of them or none
+            staged.append((_stage_index(ckpt, shards, dests, index_dest), index_dest))
+            temps.append(staged[-1][0])
+        for temp, dest in staged:
             commit_file(temp, dest)
-        temps = []
-        if index_dest:
-            _write_index(ckpt, shards, dests, index_dest)
+            temps.remove(temp)
         return report, list(dests)
     finally:
         if early is not None:
@@ -285,9 +288,9 @@ def _same_bytes(a, a_start: int, b, b_start: int, length: int, bufs: tuple[bytea
     return True
 
 
-def _write_index(ckpt, shards, dests: list[str], index_dest: str) -> None:
+def _stage_index(ckpt, shards, dests: list[str], index_dest: str) -> str:
     weight_map = {}
     for (tensors, _m, _h), dest in zip(shards, dests):
         for name in tensors:
             weight_map[name] = os.path.basename(dest)
-    write_index(weight_map, index_dest, ckpt.shardset.index_path)
+    return write_index(weight_map, index_dest, ckpt.shardset.index_path, commit=False)

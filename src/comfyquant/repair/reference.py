@@ -73,11 +73,13 @@ class Measurement:
 def measure(ckpt, plan, reference: str) -> list[Measurement]:
     """Measure every layer the plan repairs (marker or tensors) against ``reference``."""
     from ..checkpoint import open_checkpoint
+    from ..gate import refuse_damage
 
     layers = [p for p in plan.repaired_layers if _decodable(ckpt, plan, p)]
     if not layers:
         return []
     with open_checkpoint(reference) as ref:
+        refuse_damage(ref, "read --reference")
         return [_measure_layer(ckpt, plan, ref, reference, prefix) for prefix in layers]
 
 

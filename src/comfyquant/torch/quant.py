@@ -105,12 +105,17 @@ def save_quantized(model: nn.Module, path, *, target="all", metadata: dict[str, 
     tensors plus its marker (a ``.comfy_quant`` U8 tensor and the ``_quantization_metadata``
     header map), every other tensor as it is.  The file is written to a temporary name,
     checked with ``comfyquant check --target`` (refused, and removed, on an error), then
-    renamed into place.  Returns the path."""
+    renamed into place.  Returns the path.  An existing file at ``path`` is replaced (as
+    ``torch.save`` does); anything else the output rule refuses is refused before the work
+    (:func:`comfyquant.io.outputs.claim_files`: a folder, device or FIFO, a missing or
+    unwritable folder)."""
     from ..checker.run import check
+    from ..io.outputs import claim_files
     from ..io.writer import commit_file, write_safetensors
     from ..quantizer.layout import marker_entries
 
     path = os.fspath(path)
+    claim_files([path], overwrite=True)
     state = model.state_dict()
     markers = {name: m.marker for name, m in model.named_modules() if isinstance(m, QuantLinear)}
     entries: dict = {}

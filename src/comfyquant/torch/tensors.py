@@ -35,13 +35,10 @@ def open_checked(path) -> Iterator:
     """The checkpoint at ``path`` (file, shards, folder, dialect file) as its Comfy view,
     checked for comfy-kitchen first -- the gate every decoding command shares: a checkpoint
     a runtime could not load is refused with its findings in one line (:class:`LoadError`)."""
-    from ..dialects.containers import open_any
-    from ..dialects.view import viewed
-    from ..gate import check_input
+    from ..gate import open_input
 
     verb = f"load {path_label(path)}"  # "refusing to load <file>: <first finding> [code] (and N more ...)"
-    with open_any(path) as raw, viewed(raw, verb) as ckpt:
-        check_input(ckpt, verb, LoadError)
+    with open_input(path, verb, LoadError) as (_stored, ckpt):
         yield ckpt
 
 

@@ -16,8 +16,7 @@ SGLang reads safetensors.  The notes say what ComfyUI-GGUF itself would do with 
 
 from __future__ import annotations
 
-import json
-
+from ...io.jsontext import parse as parse_json
 from ...targets.base import Violation
 from ..base import EXACT, LOSSY, Claim, Container, Dialect, Lossy, Move, Translation
 from .keys import ARCH_KEY, CONTAINER_KEY, DENSE, ORIG_SHAPE_KEY, TYPES_KEY, is_gguf
@@ -148,7 +147,7 @@ def _is_gguf_view(ckpt) -> bool:
 
 def _json(meta: dict, key: str) -> dict:
     try:
-        value = json.loads(meta.get(key) or "{}")
+        value = parse_json(meta.get(key) or "{}")
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 
 from ...findings import Finding
+from ...io.jsontext import parse as parse_json
 from ...numerics import nvfp4_layouts as lay
 from ...numerics.blocked import ceil_to
 from ...targets.base import Violation
@@ -57,8 +58,8 @@ SVD_SUFFIXES = ("svdquant_lora_a", "svdquant_lora_b")
 
 def _json(text) -> dict | None:
     try:
-        obj = json.loads(text) if isinstance(text, str) else None
-    except (ValueError, RecursionError):
+        obj = parse_json(text) if isinstance(text, str) else None
+    except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
 

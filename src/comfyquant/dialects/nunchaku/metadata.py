@@ -12,7 +12,7 @@ config shapes exist: nunchaku's ``{"method": "svdquant", "rank": 32, "weight": {
 
 from __future__ import annotations
 
-import json
+from ...io.jsontext import parse as parse_json
 
 KEYS = ("model_class", "config", "comfy_config", "quantization_config", "format")
 MISSING_COMFY_CONFIG = (
@@ -84,7 +84,7 @@ def _json(md: dict, key: str, facts: Facts):
     if raw is None:
         return None
     try:
-        return json.loads(raw)
+        return parse_json(raw)
     except (TypeError, ValueError) as e:
         facts.problems.append(f"header metadata {key!r} is not JSON ({e})")
         return None
