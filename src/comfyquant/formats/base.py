@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..errors import ComfyQuantError
+
 
 def pad(x: int, m: int) -> int:
     """Round ``x`` up to a multiple of ``m``."""
@@ -315,6 +317,13 @@ class GeometryError(Exception):
     """The tensors do not determine N and K; the message says why."""
 
 
+class CodecError(ComfyQuantError):
+    """A layer cannot be encoded, decoded or run; the message names the layer and tensor.
+
+    Defined with the description (and re-exported by :mod:`.codec`) so that
+    :meth:`Format.codec` can raise it without importing the codec machinery."""
+
+
 class Format:
     """One quantization format, described once for every command.
 
@@ -511,8 +520,6 @@ class Format:
         import importlib
 
         if self.codec_module is None:
-            from .codec import CodecError
-
             raise CodecError(f"no codec for format {self.name!r}")
         return importlib.import_module(self.codec_module).CODECS[self.name]
 

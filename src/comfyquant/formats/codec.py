@@ -34,13 +34,12 @@ from collections.abc import Iterator
 
 import torch
 
-from ..errors import ComfyQuantError
 from ..numerics.dtypes import DENSE, DTYPE_NAMES, FLOAT_DTYPES, parse_float_dtype
 from ..numerics.hadamard import is_power_of_4
 from ..numerics.pages import PAGE, empty_output, empty_result
 from ..numerics.rows import RowSource, Weight, row_blocks, row_ranges
 from . import registry
-from .base import Format, Meta
+from .base import CodecError, Format, Meta
 from .validation import check_layer
 
 DEFAULT_BLOCK_ELEMENTS = 1 << 22
@@ -61,10 +60,6 @@ larger blocks."""
 
 _UNPREPARED = object()
 """No :meth:`Codec._prepare` result given: compute it."""
-
-
-class CodecError(ComfyQuantError):
-    """A layer cannot be encoded, decoded or run; the message names the layer and tensor."""
 
 
 def meta_of(t) -> Meta:
