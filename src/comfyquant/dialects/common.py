@@ -52,10 +52,6 @@ def root_of(name: str) -> str:
     return next((r for r in DIFFUSION_ROOTS if name.startswith(r)), "")
 
 
-def fmt_shape(shape) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
 def float_scalar(data: bytes, dtype: str) -> float:
     """The value of a one-element F32/F16/BF16 tensor's bytes (NaN for a short read: the
     container findings say why; such a scale is unusable)."""

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..numerics.dtypes import DENSE, DTYPE_NAMES, FLOAT_DTYPES, parse_float_dtype
+from ..numerics.dtypes import DENSE, DTYPE_NAMES, OUTPUT_DTYPE_NAMES, parse_float_dtype
 from ..numerics.hadamard import is_power_of_4
 from ..numerics.pages import PAGE, empty_output, empty_result
 from ..numerics.rows import RowSource, Weight, row_blocks, row_ranges
@@ -616,8 +616,8 @@ def output_dtype(dtype, tensors: dict, marker: dict, model_dtype_scales: bool = 
     if dtype is not None:
         return parse_float_dtype(dtype)
     orig = marker.get("orig_dtype")
-    if isinstance(orig, str) and orig.replace("torch.", "") in FLOAT_DTYPES:
-        return FLOAT_DTYPES[orig.replace("torch.", "")]
+    if isinstance(orig, str) and orig.replace("torch.", "") in OUTPUT_DTYPE_NAMES:
+        return OUTPUT_DTYPE_NAMES[orig.replace("torch.", "")]
     scales = DENSE if model_dtype_scales else ()
     for suffix, allowed in (
         ("bias", DENSE),
@@ -634,7 +634,7 @@ def output_dtype(dtype, tensors: dict, marker: dict, model_dtype_scales: bool = 
 def _dense(t) -> torch.dtype | None:
     d = getattr(t, "dtype", None)
     if isinstance(d, str):
-        d = FLOAT_DTYPES.get(d)
+        d = OUTPUT_DTYPE_NAMES.get(d)
     return d if d in DENSE else None
 
 

@@ -17,10 +17,11 @@ from ..checker.fit import differing_keys, explain, fitting_side
 from ..checker.rules import prefix_match
 from ..dtypes import QUANTIZED_WEIGHT_DTYPES
 from ..formats.base import Format, GeometryError
-from ..formats.diagnose import dtype_matches, fmt_shape
+from ..formats.diagnose import dtype_matches
 from ..formats.registry import FORMATS, infer_format
 from ..markers import HEADER, TENSOR, MarkerMerge, file_level_markers
 from ..numerics import bytewise as transforms
+from ..shapes import fmt_shape
 from .edits import STORAGE, Assumption, Change, Options, Plan, TensorEdit
 
 UNCARRIABLE = ("C001", "C002", "C005", "C006", "C010", "C011")
@@ -430,7 +431,7 @@ def _file_level_marker(layer, marker: dict, plan: Plan) -> dict | None:
             (
                 layer.prefix,
                 f"quant_format={fmt.quant_format} makes this unmarked layer {fmt.name} in SGLang, "
-                f"but its tensors are not {fmt.name} (weight {w.dtype} {fmt_shape(w.shape)}{looks}): "
+                f"but its tensors are not {fmt.name} (weight {w.dtype} {fmt_shape(w.shape, as_tuple=True)}{looks}): "
                 f"SGLang refuses the file (X1); re-export the layer, or remove quant_format "
                 f"and run fix again",
             )
@@ -540,7 +541,13 @@ def _repair_tensors(ckpt, layer, fmt: Format, marker: dict, plan: Plan) -> None:
         name = plan.renames.get(entry.name, entry.name)
         plan.edits[entry.name] = TensorEdit(name, dtype, shape, _chain(steps) if steps else None)
         plan.changes.append(
-            Change(layer.prefix, name, ", ".join(notes), f"{entry.dtype} {fmt_shape(entry.shape)}", f"{dtype} {fmt_shape(shape)}")
+            Change(
+                layer.prefix,
+                name,
+                ", ".join(notes),
+                f"{entry.dtype} {fmt_shape(entry.shape, as_tuple=True)}",
+                f"{dtype} {fmt_shape(shape, as_tuple=True)}",
+            )
         )
 
 
@@ -560,7 +567,7 @@ def _lossy(layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Pla
         layer.prefix,
         None,
         f"re-quantize: {op.why}",
-        f"{tensors['weight'].dtype} {fmt_shape(tensors['weight'].shape)} ({env.get('variant')})",
+        f"{tensors['weight'].dtype} {fmt_shape(tensors['weight'].shape, as_tuple=True)} ({env.get('variant')})",
         op.recode.after,
         kind="lossy",
     )

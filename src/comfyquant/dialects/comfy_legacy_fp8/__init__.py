@@ -15,6 +15,7 @@ from __future__ import annotations
 from ...findings import Finding
 from ...formats.registry import FORMATS, infer_format
 from ...io.header import TensorEntry
+from ...shapes import fmt_shape
 from ...targets.base import Violation
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
 from ..common import (
@@ -23,7 +24,6 @@ from ..common import (
     LEGACY_SENTINEL,
     copy,
     float_scalar,
-    fmt_shape,
     is_scalar_float,
     legacy_sentinels,
     root_of,

@@ -30,12 +30,15 @@ regular one): lossy, requantized from the un-rotated weights.
 from __future__ import annotations
 
 import math
+from functools import partial
 
+from ...shapes import fmt_shape
 from ...targets.base import Violation
-from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Move, Translation
-from ..common import FLOAT_SCALE_DTYPES, copy, fmt_shape, root_of, scalar_scale, upcast
+from ..base import EXACT, LOSSY, Claim, Dialect, Lossy, Move, Translation, refused
+from ..common import FLOAT_SCALE_DTYPES, copy, root_of, scalar_scale, upcast
 
 NAME = "int8-fast"
+_refused = partial(refused, NAME)
 FORMAT = "int8_tensorwise"
 FLAGS = ("int8_quantized", "int8_model_type")
 """File-level flags: ``__metadata__`` keys (INT8ModelSave, kept: its loader reads them) or U8
@@ -246,10 +249,6 @@ def sylvester_decoder(group: int):
         return (w.reshape(n, k // group, group) @ h).reshape(n, k).to(torch.float32)
 
     return decode
-
-
-def _refused(prefix: str, t: dict, why: str) -> Translation:
-    return Translation(prefix, NAME, "unknown", t, verdict=REFUSED, why=why)
 
 
 def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:

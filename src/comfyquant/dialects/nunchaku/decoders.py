@@ -11,9 +11,8 @@ to the activations' 16-bit dtype.)
 
 from __future__ import annotations
 
+from ...dtypes import TORCH_NAMES
 from ...numerics import nunchaku_tiles
-
-TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "I8": "int8", "I32": "int32"}
 
 
 def awq() -> object:
@@ -52,7 +51,7 @@ def via_comfy(moves: list, format_name: str, marker: dict) -> object:
             src = stored[m.source.rsplit(".", 1)[-1]].contiguous().cpu()
             data = src.view(torch.uint8).numpy().tobytes()
             out = m.transform(data) if m.transform is not None else data
-            dt = getattr(torch, TORCH_DTYPES[m.dtype])
+            dt = getattr(torch, TORCH_NAMES[m.dtype])
             natural[m.suffix] = torch.frombuffer(bytearray(out), dtype=dt).view(m.shape)
         return FORMATS[format_name].codec().decode(natural, marker, dtype=torch.float32)
 
