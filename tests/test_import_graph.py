@@ -99,3 +99,37 @@ def test_no_cycle_among_the_children_of_a_package(graph):
                         edges[child].add(owner)
         problems.extend(f"{package}: {' <-> '.join(c)}" for c in _cycles(edges))
     assert not problems, "import cycles between sibling packages:\n" + "\n".join(problems)
+
+
+def _contracts() -> dict[str, dict]:
+    import sys
+    from pathlib import Path
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        tomllib = pytest.importorskip("tomli")
+    root = Path(__file__).resolve().parent.parent
+    config = tomllib.loads((root / "pyproject.toml").read_text())
+    return {c["name"]: c for c in config["tool"]["importlinter"]["contracts"]}
+
+
+@pytest.mark.parametrize(
+    "contract, key, family",
+    [
+        ("Format packages: independent of each other", "modules", "formats"),
+        ("Format descriptions: torch is never imported", "source_modules", "formats"),
+        ("Dialect packages: independent of each other", "modules", "dialects"),
+    ],
+)
+def test_contracts_name_every_package_of_their_family(contract, key, family):
+    """The independence and no-torch contracts list packages by name: a package added to
+    ``formats/`` or ``dialects/`` must be added there too, or the contract says nothing about it."""
+    from pathlib import Path
+
+    import comfyquant
+
+    folder = Path(comfyquant.__file__).parent / family
+    packages = {f"comfyquant.{family}.{p.name}" for p in folder.iterdir() if (p / "__init__.py").is_file()}
+    assert len(packages) > 5
+    assert set(_contracts()[contract][key]) == packages

@@ -9,6 +9,8 @@ the weights undecodable.  ``fix`` has no gate: broken inputs are what it is for.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 from .errors import ComfyQuantError, InputError
 
 GATE_TARGET = "comfy-kitchen"
@@ -52,7 +54,11 @@ def _relabelled_for_kitchen(ckpt, report) -> set[str]:
 
 
 def refuse_errors(
-    report, verb: str, error: type[ComfyQuantError] = InputError, implied: set[str] = frozenset(), viewed: set[str] = frozenset()
+    report,
+    verb: str,
+    error: type[ComfyQuantError] = InputError,
+    implied: AbstractSet[str] = frozenset(),
+    viewed: AbstractSet[str] = frozenset(),
 ) -> None:
     """``implied``: unmarked layers a file-level ``quant_format`` covers (their missing marker,
     M023, is no obstacle); ``viewed``: layers whose only comfy-kitchen failure is a dtype label

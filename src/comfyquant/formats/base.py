@@ -543,6 +543,14 @@ class Format:
                 return k
         return None
 
+    def default(self, name: str):
+        """The default of this description's marker key ``name`` (what ``Params`` fields start
+        from); a KeyError names a key the description does not have."""
+        key = self.key(name)
+        if key is None:
+            raise KeyError(f"format {self.name!r} has no marker key {name!r}")
+        return key.default
+
     def params(self, marker: dict) -> dict:
         """Marker parameters with defaults; a nested ``params`` object is a fallback (ComfyUI)."""
         nested = marker.get("params") if isinstance(marker.get("params"), dict) else {}
