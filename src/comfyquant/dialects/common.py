@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import struct
 
-from ..dtypes import QUANTIZED_WEIGHT_DTYPES
+from ..dtypes import MODEL_FLOAT_DTYPES
 from ..numerics import bytewise
 from .base import EXACT, Move
 
-FLOAT_SCALE_DTYPES = ("F32", "F16", "BF16")
+FLOAT_SCALE_DTYPES = MODEL_FLOAT_DTYPES
 """Scale dtypes whose values upcast to F32 exactly."""
 
 DIFFUSION_ROOTS = ("model.diffusion_model.", "diffusion_model.")
@@ -40,11 +40,6 @@ def is_scalar_float(entry) -> bool:
 def copy(entry, suffix: str, prefix: str | None = None) -> Move:
     """The tensor carried over as it is (a rename when ``suffix`` differs)."""
     return Move(suffix, entry.name, entry.dtype, tuple(entry.shape))
-
-
-def quantized_weight(layer) -> bool:
-    w = layer.tensors.get("weight")
-    return w is not None and w.dtype in QUANTIZED_WEIGHT_DTYPES
 
 
 def root_of(name: str) -> str:

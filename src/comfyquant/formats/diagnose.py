@@ -9,11 +9,12 @@ per-format code.
 
 from __future__ import annotations
 
+from ..dtypes import MODEL_FLOAT_DTYPES
 from ..shapes import fmt_shape
 from .base import Slot
 
 GROUP_CANDIDATES = (4, 8, 16, 32, 48, 64, 96, 128, 256, 512)
-FLOATS = ("F32", "BF16", "F16")
+FLOATS = MODEL_FLOAT_DTYPES
 RELABELS = {("F8_E4M3", "U8"), ("F8_E8M0", "U8"), ("I8", "U8")}
 """(slot dtype, stored dtype) pairs whose bytes are the slot's own under another label."""
 

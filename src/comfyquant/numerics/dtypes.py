@@ -11,13 +11,35 @@ import warnings
 
 import torch
 
-from ..dtypes import COMPLEX_KIND, DTYPE_KINDS, FNUZ_KIND, TORCH_NAMES
+from ..dtypes import COMPLEX_KIND, DTYPE_KINDS, FNUZ_KIND, SCALAR_TYPES
 
 _NOT_CODEC_KINDS = (COMPLEX_KIND, FNUZ_KIND)
 """Dtypes no codec reads or writes: a dense tensor of one is copied, never decoded."""
 
+
+def _by_scalar_type() -> dict[str, torch.dtype]:
+    """torch's dtypes by ScalarType name, read from torch itself: a tensor's legacy type name
+    is ``torch.<ScalarType>Tensor``.  So the dtype table (:mod:`comfyquant.dtypes`) states each
+    dtype's torch name once, as the ScalarType its messages print."""
+    found: dict[str, torch.dtype] = {}
+    with warnings.catch_warnings():  # experimental and deprecated dtypes warn when made
+        warnings.simplefilter("ignore")
+        for value in vars(torch).values():
+            if isinstance(value, torch.dtype):
+                try:
+                    legacy = torch.empty(0, dtype=value).type()
+                except (RuntimeError, TypeError):  # dtypes without a plain tensor type
+                    continue
+                found.setdefault(legacy.removeprefix("torch.").removesuffix("Tensor"), value)
+    return found
+
+
+_TORCH_BY_SCALAR = _by_scalar_type()
+
 TORCH_DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, attribute) for name, attribute in TORCH_NAMES.items() if DTYPE_KINDS[name] not in _NOT_CODEC_KINDS
+    name: _TORCH_BY_SCALAR[scalar]
+    for name, scalar in SCALAR_TYPES.items()
+    if DTYPE_KINDS[name] not in _NOT_CODEC_KINDS and scalar in _TORCH_BY_SCALAR
 }
 """Header dtype string -> torch dtype (the dtypes the codecs can meet)."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 
-from ..dtypes import DENSE_FLOAT_DTYPES
+from ..dtypes import DENSE_FLOAT_DTYPES, MODEL_FLOAT_DTYPES
 from ..errors import InputError
 from ..formats.params import Params
 from ..naming import natural_key
@@ -28,7 +28,7 @@ DENSE = "dense"
 COPY = "copy"
 DECODE = "decode"
 """``convert`` writes a quantized input layer as its dense weight (rules ``format = "dense"``)."""
-ENCODABLE_DTYPES = ("BF16", "F16", "F32")
+ENCODABLE_DTYPES = MODEL_FLOAT_DTYPES
 
 
 class LayerPlan:

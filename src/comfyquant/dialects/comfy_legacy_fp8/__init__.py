@@ -12,6 +12,7 @@ switches the translation off.
 
 from __future__ import annotations
 
+from ...dtypes import MODEL_FLOAT_DTYPES
 from ...findings import Finding
 from ...formats.registry import FORMATS, infer_format
 from ...io.header import TensorEntry
@@ -34,7 +35,7 @@ from ..decoders import scaled_fp8
 
 NAME = "comfy-legacy-fp8"
 SENTINEL = LEGACY_SENTINEL
-DENSE_DTYPES = ("BF16", "F16", "F32")
+DENSE_DTYPES = MODEL_FLOAT_DTYPES
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 COMFY_READING = next(f for f in FORMATS.values() if f.legacy_renames)
 """The format ComfyUI's translation marks every legacy layer with: the one whose

@@ -45,7 +45,6 @@ UNSIGNED_ACT = (".net.2", ".mlp_fc2")
 ``NunchakuFeedForward`` sets ``net[2].act_unsigned``, the single blocks ``mlp_fc2.act_unsigned``
 (``nunchaku/models/transformers/transformer_flux_v2.py``).  The file does not record it."""
 MODULATION = ("norm1.linear", "norm1_context.linear", "norm.linear", "img_mod", "txt_mod")
-SGLANG_SVDQ = ("attn.to_qkv", "attn.to_out", "attn.add_qkv_proj", "attn.to_add_out", "img_mlp", "txt_mlp")
 SGLANG_AWQ = ("img_mod", "txt_mod")
 SGLANG_SKIP = ("norm", "embed", "rotary", "pos_embed")
 """SGLang multimodal_gen ``nunchaku_config.py``: skip > AWQ > SVDQ patterns, any other linear SVDQ."""

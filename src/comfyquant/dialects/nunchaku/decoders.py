@@ -11,7 +11,6 @@ to the activations' 16-bit dtype.)
 
 from __future__ import annotations
 
-from ...dtypes import TORCH_NAMES
 from ...numerics import nunchaku_tiles
 
 
@@ -43,6 +42,7 @@ def via_comfy(moves: list, format_name: str, marker: dict) -> object:
         import torch
 
         from ...formats.registry import FORMATS
+        from ...numerics.dtypes import TORCH_DTYPES
 
         natural = {}
         for m in moves:
@@ -51,7 +51,7 @@ def via_comfy(moves: list, format_name: str, marker: dict) -> object:
             src = stored[m.source.rsplit(".", 1)[-1]].contiguous().cpu()
             data = src.view(torch.uint8).numpy().tobytes()
             out = m.transform(data) if m.transform is not None else data
-            dt = getattr(torch, TORCH_NAMES[m.dtype])
+            dt = TORCH_DTYPES[m.dtype]
             natural[m.suffix] = torch.frombuffer(bytearray(out), dtype=dt).view(m.shape)
         return FORMATS[format_name].codec().decode(natural, marker, dtype=torch.float32)
 
