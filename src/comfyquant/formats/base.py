@@ -17,6 +17,7 @@ expected correction shape is shown as ``(K // group_size, N)``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from types import CodeType
 from typing import Any
 
 from ..errors import ComfyQuantError
@@ -43,7 +44,7 @@ class Expr:
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self._code = None
+        self._code: CodeType | None = None
 
     def __call__(self, env: dict) -> Any:
         code = self._code
@@ -553,7 +554,9 @@ class Format:
 
     def params(self, marker: dict) -> dict:
         """Marker parameters with defaults; a nested ``params`` object is a fallback (ComfyUI)."""
-        nested = marker.get("params") if isinstance(marker.get("params"), dict) else {}
+        nested = marker.get("params")
+        if not isinstance(nested, dict):
+            nested = {}
         out = {}
         for k in self.keys:
             if k.name in marker:

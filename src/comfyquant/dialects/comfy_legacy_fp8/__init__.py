@@ -12,6 +12,8 @@ switches the translation off.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...dtypes import MODEL_FLOAT_DTYPES
 from ...findings import Finding
 from ...formats.registry import FORMATS, infer_format
@@ -110,7 +112,7 @@ def _translate(prefix: str, t: dict, full_precision: bool) -> Translation:
             why=f"{w.dtype} weight with scale_weight: not an FP8 layer ComfyUI's legacy layout knows",
         )
     if is_scalar_float(sw) and (si is None or is_scalar_float(si)):
-        marker = {"format": fmt}
+        marker: dict[str, Any] = {"format": fmt}
         if full_precision:
             marker["full_precision_matrix_mult"] = True
         moves = [copy(w, "weight"), scalar_scale(sw, prefix, renames["scale_weight"]), *others]

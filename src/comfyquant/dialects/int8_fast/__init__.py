@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import Any
 
 from ...shapes import fmt_shape
 from ...targets.base import Violation
@@ -171,7 +172,7 @@ def _translate(prefix: str, t: dict, marker: dict, sylvester_default: bool) -> T
             decoder=sylvester_decoder(group),
             lossy=Lossy(FORMAT, why="re-quantized as ConvRot INT8"),
         )
-    new = {"format": FORMAT}
+    new: dict[str, Any] = {"format": FORMAT}
     if rotated:
         new["convrot"] = True
         new["convrot_groupsize"] = group
