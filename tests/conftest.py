@@ -1,6 +1,6 @@
 """Test set-up: ``tests/`` on the path (builders, kitchen_fixtures), and the light install.
 
-The light install (numpy and rich, no torch) runs ``check``, ``inspect`` and the lossless
+The light install (numpy, no torch) runs ``check``, ``inspect`` and the lossless
 ``fix``; ``.ci/run`` runs the suite a second time in such an environment.  There, the modules
 that import torch (or comfy-kitchen, or ``kitchen_fixtures``) at module level are not collected, and single tests that need it carry the
 ``needs_torch`` marker and are skipped.  Everything else must pass without torch.

@@ -37,6 +37,10 @@ def run_cli(capsys, *args):
         (lambda p: raw_file(p, "{}", length=10_000), "runs past the end of the file"),
         (lambda p: raw_file(p, "{}", length=200 * 1024 * 1024), "exceeds the 100 MB limit"),
         (lambda p: raw_file(p, "{not json"), "header is not valid JSON"),
+        (
+            lambda p: raw_file(p, '{"a": {"dtype": "F32", "shape": [' + "9" * 5000 + '], "data_offsets": [0, 4]}}'),
+            "for integer string conversion",
+        ),
         (lambda p: raw_file(p, "[1, 2]"), "header is a JSON list, expected an object"),
         (lambda p: raw_file(p, b"\xff\xfe{}"), "not UTF-8"),
         (lambda p: raw_file(p, '{"__metadata__": [1]}'), "__metadata__ is a JSON list"),

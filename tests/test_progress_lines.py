@@ -3,6 +3,7 @@ never silent for minutes), nothing when switched off."""
 
 from __future__ import annotations
 
+import ast
 import io
 import os
 import subprocess
@@ -63,3 +64,29 @@ def test_dequantize_writes_progress_lines_into_a_log(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "dequantize: " in out.stderr and "\r" not in out.stderr
+
+
+@pytest.mark.needs_torch
+def test_dequantize_on_a_terminal_draws_the_shared_progress_line(tmp_path):
+    """Every long command draws io.progress's line: dequantize's bar on a terminal is the same
+    redrawn line as quantize's (over bytes), erased at the end, and rich is never imported."""
+    pytest.importorskip("torch")
+    from builders import fp8_layer
+
+    src = write(tmp_path / "m.safetensors", *[fp8_layer(f"b{i}", n=256, k=1024) for i in range(4)], dense_layer("n"))
+    code = (
+        "import io, sys, comfyquant\n"
+        "class Tty(io.StringIO):\n"
+        "    def isatty(self): return True\n"
+        "sys.stderr = Tty()\n"
+        f"comfyquant.dequantize({src!r}, {str(tmp_path / 'd.safetensors')!r}, progress=True)\n"
+        "text = sys.stderr.getvalue()\n"
+        "sys.__stdout__.write(repr(text) + '\\n' + str('rich' in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    drawn, rich_loaded = out.stdout.rsplit("\n", 1)
+    text = ast.literal_eval(drawn)
+    assert text.startswith("\rdequantize [") and "MB/s" in text and "s left" in text
+    assert text.endswith("\r\x1b[K")
+    assert rich_loaded == "False"

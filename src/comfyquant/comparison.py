@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from .dtypes import MODEL_FLOAT_DTYPES
 from .errors import InputError
 from .naming import natural_key
 
@@ -341,6 +342,30 @@ class _Side:
         rows = file_rows(self.ckpt.source(entry.file), entry, CompareError)
         for r0, r1 in row_ranges(rows.shape[0], rows.shape[1], DENSE_BLOCK_ELEMENTS, join_tail=False):
             yield rows.rows(r0, r1)
+
+
+def reference_weight(
+    ref, label: str, layer: str, shape: tuple[int, ...], error: type[Exception], role: str = "layer", verb: str = "is"
+):
+    """The header entry of ``layer``'s original weight in the reference checkpoint ``ref``,
+    refused with ``error`` (naming ``label`` and the ``role`` of the layer) unless it is a dense
+    float weight of ``shape``: ``quantize --reference`` and ``fix --reference`` take the
+    original the same way."""
+    name = f"{layer}.weight"
+    entry = ref.tensors.get(name)
+    if entry is None:
+        raise error(f"{label}: has no tensor {name!r} (the original of {role} {layer!r})")
+    if entry.dtype not in MODEL_FLOAT_DTYPES:
+        raise error(
+            f"{label}: {name!r} is {entry.dtype}, not a dense float weight (F32, BF16 or F16): "
+            "--reference takes the original, unquantized checkpoint"
+        )
+    if tuple(entry.shape) != tuple(shape):
+        raise error(
+            f"{label}: {name!r} has shape {list(entry.shape)}, but {role} {layer!r} {verb} "
+            f"{list(shape)}: not the original of this layer"
+        )
+    return entry
 
 
 def file_rows(source, entry, error: type[Exception] = CompareError):

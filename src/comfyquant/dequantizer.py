@@ -37,7 +37,6 @@ from __future__ import annotations
 import math
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -197,7 +196,7 @@ def dequantize(
             # and product, its rounded copy, the block buffers) reuse the memory of the last
             # ones instead of fresh pages the kernel must fault in and zero.
             with _progress(progress, total) as bar, reused_outputs():
-                work.bar = bar
+                work.bar = bar.add
                 from .io.writer import data_offsets, write_safetensors
 
                 for path, source, names in files:
@@ -714,61 +713,8 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
-class _NoBar:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
-class _RichBar:
-    """A rich progress bar over input bytes, on stderr (rich is imported only here)."""
-
-    def __init__(self, total: int) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-
-        self.progress = Progress(
-            TextColumn("dequantize"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
-        self.task = self.progress.add_task("dequantize", total=total)
-
-    def __enter__(self):
-        self.progress.__enter__()
-        return lambda n: self.progress.advance(self.task, n)
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
-
-
-class _LogLines:
-    """Not a terminal (a CI log): a plain progress line every few seconds (io.progress)."""
-
-    def __init__(self, total: int) -> None:
-        from .io.progress import Progress
-
-        self.progress = Progress(0, total, None, label="dequantize")
-
-    def __enter__(self):
-        return self.progress.add
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
 def _progress(enabled: bool | None, total: int):
-    if enabled is False:
-        return _NoBar()
-    if enabled is None and not sys.stderr.isatty():
-        return _LogLines(total)
-    try:
-        return _RichBar(total)
-    except ImportError:  # rich is a declared dependency; a broken install still dequantizes
-        return _NoBar()
+    """dequantize's progress over input bytes: the progress line every long command draws."""
+    from .io.progress import Progress
+
+    return Progress(0, total, enabled, label="dequantize")

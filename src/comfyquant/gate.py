@@ -22,6 +22,7 @@ they cannot carry over exactly themselves).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 
 from .errors import ComfyQuantError, InputError
@@ -101,7 +102,11 @@ def _relabelled_for_kitchen(ckpt, report) -> set[str]:
 
 
 def refuse_errors(
-    report, verb: str, error: type[ComfyQuantError] = InputError, implied: set[str] = frozenset(), viewed: set[str] = frozenset()
+    report,
+    verb: str,
+    error: type[ComfyQuantError] = InputError,
+    implied: AbstractSet[str] = frozenset(),
+    viewed: AbstractSet[str] = frozenset(),
 ) -> None:
     """``implied``: unmarked layers a file-level ``quant_format`` covers (their missing marker,
     M023, is no obstacle); ``viewed``: layers whose only comfy-kitchen failure is a dtype label

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .checkpoint import Checkpoint, NameMapper, Paths
 from .dialects.containers import open_any
 from .dialects.registry import detect
+from .dtypes import MODEL_FLOAT_DTYPES
 from .formats.base import GeometryError
 from .formats.registry import FORMATS
 from .io.header import TensorEntry
@@ -324,7 +325,7 @@ def inventory(ckpt: Checkpoint) -> Inventory:
         if name not in counted:
             inv.other_tensors += 1
             inv.other_bytes += kept.nbytes(e)
-            inv.bf16_bytes += e.nbytes if e.dtype in ("F32", "BF16", "F16") and not name.endswith("comfy_quant") else 0
+            inv.bf16_bytes += e.nbytes if e.dtype in MODEL_FLOAT_DTYPES and not name.endswith("comfy_quant") else 0
     return inv
 
 

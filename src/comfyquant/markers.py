@@ -422,7 +422,7 @@ class MarkerMerge:
             first = sources[0]
             for key in merged:
                 origin[(prefix, key)] = first
-        conflicts = _NO_CONFLICTS
+        conflicts: list[tuple[str, Any, MarkerRecord]] | None = None
         wins = self.wins
         for key, value in obj.items():
             if key not in merged:
@@ -431,13 +431,13 @@ class MarkerMerge:
                 continue
             if merged[key] != value:
                 setter = origin[(prefix, key)]
-                if not conflicts:
+                if conflicts is None:
                     conflicts = []
                 conflicts.append((key, merged[key], setter))
                 if wins is not None and rec.kind == wins and setter.kind != wins:
                     merged[key] = value
                     origin[(prefix, key)] = rec
-        return conflicts
+        return _NO_CONFLICTS if conflicts is None else conflicts
 
 
 _NO_CONFLICTS: tuple = ()

@@ -96,8 +96,7 @@ def quantize_model(model, format: str, preset: str, filename_prefix: str) -> str
         comfy.utils.save_torch_file(weights, dense)
         del weights
         out = output_path(filename_prefix, format)
-        common = dict(format=format, preset=preset, target="comfyui", progress=False, jobs="auto")
-        planned = quantize(dense, out, dry_run=True, **common)
+        planned = quantize(dense, out, format=format, preset=preset, target="comfyui", progress=False, jobs="auto", dry_run=True)
         if planned.plan is not None and planned.plan.refusal:
             raise InputError(f"QuantizeSave: {planned.plan.refusal}")
         total = max(len(planned.plan.layers), 1) if planned.plan is not None else 1
@@ -108,13 +107,15 @@ def quantize_model(model, format: str, preset: str, filename_prefix: str) -> str
             done[0] += 1
             bar.update_absolute(min(done[0], total), total)
 
-        result = quantize(dense, out, on_layer=on_layer, **common)
+        result = quantize(
+            dense, out, format=format, preset=preset, target="comfyui", progress=False, jobs="auto", on_layer=on_layer
+        )
     finally:
         try:
             os.unlink(dense)
         except FileNotFoundError:
             pass
-    if not result.ok or not result.outputs:
+    if not result.ok or not result.outputs or result.plan is None:
         why = result.plan.refusal if result.plan is not None and result.plan.refusal else "its check failed"
         raise InputError(f"QuantizeSave: {out}: not written: {why}")
     doc = result.to_dict()

@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..quantizer.api import convert
     from .common import inputs_and_output
-    from .quantize import params_of, show
+    from .quantize import common_options, params_of, show
 
     inputs, out = inputs_and_output(args)
     result = convert(
@@ -30,17 +30,7 @@ def run(args) -> int:
         out,
         args.to,
         params_of(args),
-        rules=args.rules,
-        exclude=args.exclude,
-        target=args.target,
-        jobs=args.jobs,
-        report=args.report,
-        dry_run=args.dry_run,
-        keep_bad=args.keep_bad,
-        overwrite=args.overwrite,
-        progress=args.progress,
+        **common_options(args),
         dtype=args.dtype,
-        reference=args.reference,
-        max_error=args.max_error,
     )
     return show(result, args)

@@ -1,6 +1,6 @@
 """``comfyquant dequantize``: write a dense copy of a quantized checkpoint.
 
-The module top imports nothing heavy: torch, the codecs and rich load when the command runs.
+The module top imports nothing heavy: torch and the codecs load when the command runs.
 """
 
 from __future__ import annotations

@@ -91,6 +91,28 @@ def add_common_arguments(p, format_flag: str) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="print the full per-layer plan")
 
 
+COMMON_OPTIONS = (
+    "rules",
+    "exclude",
+    "target",
+    "jobs",
+    "report",
+    "dry_run",
+    "keep_bad",
+    "overwrite",
+    "progress",
+    "reference",
+    "max_error",
+)
+"""The options :func:`add_common_arguments` adds that ``quantize`` and ``convert`` pass to the
+API as keywords of the same names."""
+
+
+def common_options(args) -> dict:
+    """The API keywords of the shared options, read from the parsed arguments."""
+    return {name: getattr(args, name) for name in COMMON_OPTIONS}
+
+
 def add_parser(sub) -> None:
     import argparse
 
@@ -146,17 +168,7 @@ def run(args) -> int:
         out,
         args.format,
         params_of(args),
-        rules=args.rules,
-        exclude=args.exclude,
-        target=args.target,
-        jobs=args.jobs,
-        report=args.report,
-        dry_run=args.dry_run,
-        keep_bad=args.keep_bad,
-        overwrite=args.overwrite,
-        progress=args.progress,
-        reference=args.reference,
-        max_error=args.max_error,
+        **common_options(args),
         preset=args.preset,
         include=args.include,
         like=args.like,

@@ -169,6 +169,13 @@ class Translation:
         return f"Translation({self.prefix!r}, {self.label}, {self.verdict} -> {self.format})"
 
 
+def refused(dialect: str, prefix: str, inputs: dict, why: str, variant: str = "unknown", **more: Any) -> Translation:
+    """A layer of ``dialect`` that is recognised but not translated, and ``why`` (every dialect
+    refuses this way; ``more`` takes the other :class:`Translation` fields, e.g. a ``decoder``
+    that still reads the layer)."""
+    return Translation(prefix, dialect, variant, inputs, verdict=REFUSED, why=why, **more)
+
+
 class Claim:
     """What one dialect claims in a checkpoint: its layers' translations, the file-level
     tensors it drops (a sentinel), metadata keys it removes or sets in a migrated file, and

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import struct
 
-from ..dtypes import QUANTIZED_WEIGHT_DTYPES
+from ..dtypes import MODEL_FLOAT_DTYPES
 from ..numerics import bytewise
 from .base import EXACT, Move
 
-FLOAT_SCALE_DTYPES = ("F32", "F16", "BF16")
+FLOAT_SCALE_DTYPES = MODEL_FLOAT_DTYPES
 """Scale dtypes whose values upcast to F32 exactly."""
 
 DIFFUSION_ROOTS = ("model.diffusion_model.", "diffusion_model.")
@@ -42,18 +42,9 @@ def copy(entry, suffix: str, prefix: str | None = None) -> Move:
     return Move(suffix, entry.name, entry.dtype, tuple(entry.shape))
 
 
-def quantized_weight(layer) -> bool:
-    w = layer.tensors.get("weight")
-    return w is not None and w.dtype in QUANTIZED_WEIGHT_DTYPES
-
-
 def root_of(name: str) -> str:
     """The diffusion-model prefix a tensor name starts with ("" when none)."""
     return next((r for r in DIFFUSION_ROOTS if name.startswith(r)), "")
-
-
-def fmt_shape(shape) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
 def float_scalar(data: bytes, dtype: str) -> float:

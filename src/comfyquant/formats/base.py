@@ -17,7 +17,10 @@ expected correction shape is shown as ``(K // group_size, N)``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from types import CodeType
 from typing import Any
+
+from ..errors import ComfyQuantError
 
 
 def pad(x: int, m: int) -> int:
@@ -41,7 +44,7 @@ class Expr:
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self._code = None
+        self._code: CodeType | None = None
 
     def __call__(self, env: dict) -> Any:
         code = self._code
@@ -316,6 +319,13 @@ class GeometryError(Exception):
     """The tensors do not determine N and K; the message says why."""
 
 
+class CodecError(ComfyQuantError):
+    """A layer cannot be encoded, decoded or run; the message names the layer and tensor.
+
+    Defined with the description (and re-exported by :mod:`.codec`) so that
+    :meth:`Format.codec` can raise it without importing the codec machinery."""
+
+
 class Format:
     """One quantization format, described once for every command.
 
@@ -514,8 +524,6 @@ class Format:
         import importlib
 
         if self.codec_module is None:
-            from .codec import CodecError
-
             raise CodecError(f"no codec for format {self.name!r}")
         return importlib.import_module(self.codec_module).CODECS[self.name]
 
@@ -539,9 +547,19 @@ class Format:
                 return k
         return None
 
+    def default(self, name: str):
+        """The default of this description's marker key ``name`` (what ``Params`` fields start
+        from); a KeyError names a key the description does not have."""
+        key = self.key(name)
+        if key is None:
+            raise KeyError(f"format {self.name!r} has no marker key {name!r}")
+        return key.default
+
     def params(self, marker: dict) -> dict:
         """Marker parameters with defaults; a nested ``params`` object is a fallback (ComfyUI)."""
-        nested = marker.get("params") if isinstance(marker.get("params"), dict) else {}
+        nested = marker.get("params")
+        if not isinstance(nested, dict):
+            nested = {}
         out = {}
         for k in self.keys:
             if k.name in marker:

@@ -34,13 +34,12 @@ from collections.abc import Iterator
 
 import torch
 
-from ..errors import ComfyQuantError
-from ..numerics.dtypes import DENSE, DTYPE_NAMES, FLOAT_DTYPES, parse_float_dtype
+from ..numerics.dtypes import DENSE, DTYPE_NAMES, OUTPUT_DTYPE_NAMES, parse_float_dtype
 from ..numerics.hadamard import is_power_of_4
 from ..numerics.pages import PAGE, empty_output, empty_result
 from ..numerics.rows import RowSource, Weight, row_blocks, row_ranges
 from . import registry
-from .base import Format, Meta
+from .base import CodecError, Format, Meta
 from .validation import check_layer
 
 DEFAULT_BLOCK_ELEMENTS = 1 << 22
@@ -61,10 +60,6 @@ larger blocks."""
 
 _UNPREPARED = object()
 """No :meth:`Codec._prepare` result given: compute it."""
-
-
-class CodecError(ComfyQuantError):
-    """A layer cannot be encoded, decoded or run; the message names the layer and tensor."""
 
 
 def meta_of(t) -> Meta:
@@ -621,8 +616,8 @@ def output_dtype(dtype, tensors: dict, marker: dict, model_dtype_scales: bool = 
     if dtype is not None:
         return parse_float_dtype(dtype)
     orig = marker.get("orig_dtype")
-    if isinstance(orig, str) and orig.replace("torch.", "") in FLOAT_DTYPES:
-        return FLOAT_DTYPES[orig.replace("torch.", "")]
+    if isinstance(orig, str) and orig.replace("torch.", "") in OUTPUT_DTYPE_NAMES:
+        return OUTPUT_DTYPE_NAMES[orig.replace("torch.", "")]
     scales = DENSE if model_dtype_scales else ()
     for suffix, allowed in (
         ("bias", DENSE),
@@ -639,7 +634,7 @@ def output_dtype(dtype, tensors: dict, marker: dict, model_dtype_scales: bool = 
 def _dense(t) -> torch.dtype | None:
     d = getattr(t, "dtype", None)
     if isinstance(d, str):
-        d = FLOAT_DTYPES.get(d)
+        d = OUTPUT_DTYPE_NAMES.get(d)
     return d if d in DENSE else None
 
 

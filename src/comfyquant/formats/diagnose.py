@@ -9,10 +9,12 @@ per-format code.
 
 from __future__ import annotations
 
+from ..dtypes import MODEL_FLOAT_DTYPES
+from ..shapes import fmt_shape
 from .base import Slot
 
 GROUP_CANDIDATES = (4, 8, 16, 32, 48, 64, 96, 128, 256, 512)
-FLOATS = ("F32", "BF16", "F16")
+FLOATS = MODEL_FLOAT_DTYPES
 RELABELS = {("F8_E4M3", "U8"), ("F8_E8M0", "U8"), ("I8", "U8")}
 """(slot dtype, stored dtype) pairs whose bytes are the slot's own under another label."""
 
@@ -55,10 +57,6 @@ class Cause:
 
     def __repr__(self) -> str:
         return f"Cause({self.kind!r}, {self.text!r}, {self.severity!r})"
-
-
-def fmt_shape(shape: tuple) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def dtype_matches(slot: Slot, dtype: str) -> bool:
@@ -118,7 +116,7 @@ def shape_cause(slot: Slot, env: dict, actual: tuple, expected: tuple) -> Cause:
     """The cause of a shape that is not the slot's expected shape."""
     if len(actual) == 2 and len(expected) == 2 and actual == expected[::-1] and expected[0] != expected[1]:
         parts = _top_level_items(slot.shape)
-        rev = f"({parts[1]}, {parts[0]})" if len(parts) == 2 else fmt_shape(actual)
+        rev = f"({parts[1]}, {parts[0]})" if len(parts) == 2 else fmt_shape(actual, as_tuple=True)
         return Cause(TRANSPOSED, f"stored transposed: {rev} instead of {slot.shape}", "error", f"transpose to {slot.shape}")
     for alt, cause, severity in slot.other_shapes(env):
         if alt == actual and alt != expected:
@@ -136,7 +134,10 @@ def shape_cause(slot: Slot, env: dict, actual: tuple, expected: tuple) -> Cause:
                     return Cause(OTHER_GROUP_SIZE, f"made for {key}={g} (the marker says {env[key]})")
                 if len(alt) == 2 and alt[::-1] == actual:
                     return Cause(OTHER_GROUP_SIZE, f"made for {key}={g} (the marker says {env[key]}) and stored transposed")
-    return Cause(OTHER_SHAPE, f"shape {fmt_shape(actual)} does not match {slot.shape} = {fmt_shape(expected)}")
+    return Cause(
+        OTHER_SHAPE,
+        f"shape {fmt_shape(actual, as_tuple=True)} does not match {slot.shape} = {fmt_shape(expected, as_tuple=True)}",
+    )
 
 
 def fix_text(causes: list[Cause]) -> str:

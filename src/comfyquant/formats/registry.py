@@ -42,7 +42,7 @@ ALIASES: dict[str, str] = _aliases()
 """Short name -> format name, from every description's ``aliases``."""
 
 _INFERENCE_ORDER: tuple[Format, ...] = tuple(
-    sorted((f for f in FORMATS.values() if f.infer_rank is not None and f.recognize is not None), key=lambda f: f.infer_rank)
+    sorted((f for f in FORMATS.values() if f.infer_rank is not None and f.recognize is not None), key=lambda f: f.infer_rank or 0)
 )
 """The more specific tensor signatures are tried first."""
 
@@ -68,6 +68,6 @@ def lookup(name: str) -> Format | None:
 def infer_format(tensors: dict) -> Format | None:
     """The format an unmarked layer's tensors look like, or None.  ConvRot sizes are not recoverable."""
     for fmt in _INFERENCE_ORDER:
-        if fmt.recognize(tensors):
+        if fmt.recognize is not None and fmt.recognize(tensors):
             return fmt
     return None

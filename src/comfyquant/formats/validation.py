@@ -11,8 +11,9 @@ from __future__ import annotations
 from functools import cache
 
 from ..findings import Finding
+from ..shapes import fmt_shape
 from .base import Format, GeometryError, MarkerKey
-from .diagnose import dtype_cause, dtype_matches, fix_text, fmt_shape, shape_cause
+from .diagnose import dtype_cause, dtype_matches, fix_text, shape_cause
 
 
 def check_layer(fmt: Format, marker: dict | None, tensors: dict, memo=None, layer=None):
@@ -52,7 +53,7 @@ def _check(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Findin
                     "L008",
                     f"layer {{layer}} ({fmt.name}): {exc}",
                     tensor="weight",
-                    actual=f"{tensors['weight'].dtype} {fmt_shape(tensors['weight'].shape)}",
+                    actual=f"{tensors['weight'].dtype} {fmt_shape(tensors['weight'].shape, as_tuple=True)}",
                 )
             )
         return out, None
@@ -80,7 +81,7 @@ def _check(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Findin
                     f"layer {{layer}} ({fmt.name}, {env.get('variant', '')}) must not have {suffix}",
                     tensor=suffix,
                     expected="absent",
-                    actual=f"{entry.dtype} {fmt_shape(entry.shape)}",
+                    actual=f"{entry.dtype} {fmt_shape(entry.shape, as_tuple=True)}",
                     cause=slot.why_forbidden(env) or "not allowed in this variant",
                     fix="re-export the layer from the original weights (comfyquant quantize)",
                 )
@@ -94,7 +95,7 @@ def _check(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Findin
                     "L007",
                     f"layer {{layer}} ({fmt.name}) has {suffix}, which the format does not define",
                     tensor=suffix,
-                    actual=f"{entry.dtype} {fmt_shape(entry.shape)}",
+                    actual=f"{entry.dtype} {fmt_shape(entry.shape, as_tuple=True)}",
                     cause="left over from another format or export; runtimes leave it unconsumed",
                     fix="remove the tensor (comfyquant fix)",
                 )
@@ -128,8 +129,8 @@ def _check_slot(fmt: Format, slot, env: dict, entry, out: list[Finding]) -> None
     severities = [c.severity for c in causes]
     severity = "error" if "error" in severities else "warning" if "warning" in severities else "info"
     code = "L004" if not dtype_ok and not shape_ok else "L002" if not dtype_ok else "L003"
-    exp = f"{slot.dtype} {fmt_shape(expected)} = {slot.shape}"
-    act = f"{entry.dtype} {fmt_shape(entry.shape)}"
+    exp = f"{slot.dtype} {fmt_shape(expected, as_tuple=True)} = {slot.shape}"
+    act = f"{entry.dtype} {fmt_shape(entry.shape, as_tuple=True)}"
     cause = "; ".join(c.text for c in causes)
     out.append(
         Finding(

@@ -112,8 +112,10 @@ def read_header(source: ByteSource) -> Header:
         obj = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise _bad(path, "header is not UTF-8 text (not a safetensors file?)") from None
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise _bad(path, f"header is not valid JSON ({exc.msg} at byte {exc.pos})") from None
+    except ValueError as exc:  # the parser's other refusal: an integer literal past Python's digit limit
+        raise _bad(path, f"header is not valid JSON ({str(exc).split(':', 1)[0]})") from None
     except RecursionError:
         raise _bad(path, "header is not valid safetensors JSON (nested too deeply to parse)") from None
     if not isinstance(obj, dict):

@@ -68,7 +68,7 @@ class Progress:
                 self.stream.write(self._text(now) + "\n")
                 self.stream.flush()
             return
-        if now - self._last >= 0.2 or self.layers >= self.total_layers:
+        if now - self._last >= 0.2 or (self.total_layers and self.layers >= self.total_layers):
             self._last = now
             self._draw(now)
 
@@ -91,13 +91,20 @@ class Progress:
         fill = int(width * min(frac, 1.0))
         rate = self.bytes / elapsed
         left = (self.total_bytes - self.bytes) / rate if rate > 0 and frac < 1 else 0.0
+        layers = f" layers {self.layers}/{self.total_layers} " if self.total_layers else ""
         line = (
-            f"{self.label} [{'#' * fill}{'.' * (width - fill)}] layers {self.layers}/{self.total_layers}  "
+            f"{self.label} [{'#' * fill}{'.' * (width - fill)}]{layers} "
             f"{human_size(self.bytes)}/{human_size(self.total_bytes)}  {rate / 1e6:.1f} MB/s  {left:.0f} s left"
         )
         self.stream.write("\r" + line + "\x1b[K")
         self.stream.flush()
         self._shown = True
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done()
 
     def done(self) -> None:
         if self._shown:

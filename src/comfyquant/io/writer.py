@@ -433,7 +433,12 @@ def write_file(path: str, fill: Callable[[BinaryIO], None]) -> None:
 
 def json_filler(doc, indent: int = 1) -> Callable[[BinaryIO], None]:
     """What :func:`stage_file` writes for a JSON document (UTF-8, a final newline)."""
-    return lambda fh: fh.write((json.dumps(doc, indent=indent) + "\n").encode("utf-8"))
+    data = (json.dumps(doc, indent=indent) + "\n").encode("utf-8")
+
+    def fill(fh: BinaryIO) -> None:
+        fh.write(data)
+
+    return fill
 
 
 def discard(tmp: str) -> None:

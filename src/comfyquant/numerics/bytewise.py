@@ -10,33 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..dtypes import NUMPY_NAMES
+
 if TYPE_CHECKING:  # numpy loads with the first transform: marker-only repairs never need it (~60 ms)
     import numpy as np
-
-_NP = {
-    "F32": "<f4",
-    "F16": "<f2",
-    "BF16": "<u2",
-    "F64": "<f8",
-    "I8": "i1",
-    "U8": "u1",
-    "F8_E4M3": "u1",
-    "F8_E5M2": "u1",
-    "F8_E8M0": "u1",
-    "I16": "<i2",
-    "I32": "<i4",
-    "I64": "<i8",
-    "U16": "<u2",
-    "U32": "<u4",
-    "U64": "<u8",
-    "BOOL": "u1",
-}
 
 
 def as_array(data: bytes, dtype: str, shape: tuple) -> np.ndarray:
     import numpy as np
 
-    return np.frombuffer(data, dtype=_NP[dtype]).reshape(shape)
+    return np.frombuffer(data, dtype=NUMPY_NAMES[dtype]).reshape(shape)
 
 
 def transpose(data: bytes, dtype: str, shape: tuple) -> bytes:

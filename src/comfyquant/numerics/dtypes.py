@@ -11,29 +11,41 @@ import warnings
 
 import torch
 
+from ..dtypes import COMPLEX_KIND, DTYPE_KINDS, FNUZ_KIND, SCALAR_TYPES
+
+_NOT_CODEC_KINDS = (COMPLEX_KIND, FNUZ_KIND)
+"""Dtypes no codec reads or writes: a dense tensor of one is copied, never decoded."""
+
+
+def _by_scalar_type() -> dict[str, torch.dtype]:
+    """torch's dtypes by ScalarType name, read from torch itself: a tensor's legacy type name
+    is ``torch.<ScalarType>Tensor``.  So the dtype table (:mod:`comfyquant.dtypes`) states each
+    dtype's torch name once, as the ScalarType its messages print."""
+    found: dict[str, torch.dtype] = {}
+    with warnings.catch_warnings():  # experimental and deprecated dtypes warn when made
+        warnings.simplefilter("ignore")
+        for value in vars(torch).values():
+            if isinstance(value, torch.dtype):
+                try:
+                    legacy = torch.empty(0, dtype=value).type()
+                except (RuntimeError, TypeError):  # dtypes without a plain tensor type
+                    continue
+                found.setdefault(legacy.removeprefix("torch.").removesuffix("Tensor"), value)
+    return found
+
+
+_TORCH_BY_SCALAR = _by_scalar_type()
+
 TORCH_DTYPES: dict[str, torch.dtype] = {
-    "BOOL": torch.bool,
-    "U8": torch.uint8,
-    "I8": torch.int8,
-    "I16": torch.int16,
-    "U16": torch.uint16,
-    "I32": torch.int32,
-    "U32": torch.uint32,
-    "I64": torch.int64,
-    "U64": torch.uint64,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F32": torch.float32,
-    "F64": torch.float64,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "F8_E8M0": torch.float8_e8m0fnu,
+    name: _TORCH_BY_SCALAR[scalar]
+    for name, scalar in SCALAR_TYPES.items()
+    if DTYPE_KINDS[name] not in _NOT_CODEC_KINDS and scalar in _TORCH_BY_SCALAR
 }
 """Header dtype string -> torch dtype (the dtypes the codecs can meet)."""
 
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
 
-FLOAT_DTYPES: dict[str, torch.dtype] = {
+OUTPUT_DTYPE_NAMES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
     "BF16": torch.bfloat16,
@@ -66,7 +78,7 @@ def parse_float_dtype(value) -> torch.dtype:
             raise ValueError(f"output dtype must be bf16, f16 or f32, got {value}")
         return value
     try:
-        return FLOAT_DTYPES[str(value)]
+        return OUTPUT_DTYPE_NAMES[str(value)]
     except KeyError:
         raise ValueError(f"output dtype must be bf16, f16 or f32, got {value!r}") from None
 

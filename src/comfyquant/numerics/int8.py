@@ -50,12 +50,6 @@ def row_levels_inplace(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return int8_levels(x, safe_divisor(scale, x.dtype), out=x), scale
 
 
-def quantize_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tensor-wise INT8: one F32 scale ``max(amax / 127, 1e-30)`` (shape ``[]``)."""
-    scale = (x.abs().amax().float() / 127.0).clamp_(min=1e-30)
-    return quantize_with_scale(x, scale), scale
-
-
 MATMUL_BLOCK_ELEMENTS = 1 << 20
 """Weight elements converted to F64 at a time by :func:`int8_matmul` (8 MB)."""
 

@@ -236,8 +236,6 @@ class CutLookup:
 
     def _set_map(self, scale: float, offset: float, size: int) -> None:
         self.scale, self.offset, self.size = scale, offset, size
-        self._scale = torch.tensor(scale, dtype=torch.float32)
-        self._offset = torch.tensor(offset, dtype=torch.float32)
 
     def _tables(self, exact: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Per (row, bucket): the bucket's cut value (+inf if none), the count of the row's

@@ -369,13 +369,11 @@ def _over_outputs(ckpt, dest, overwrite: bool):
     return over_outputs(list(ckpt.files), ckpt.shardset.index_path, dest, overwrite)
 
 
-REFERENCE_DTYPES = ("F32", "BF16", "F16")
-
-
 def _references(plan: Plan, reference: str) -> dict[str, tuple]:
     """``--reference DENSE``: the read spec of each quantized layer's original weight, refused
     up front (one line naming the file and layer) when the reference cannot serve."""
     from ..checkpoint import open_checkpoint
+    from ..comparison import reference_weight
     from ..gate import refuse_damage
     from ..io.shards import is_url
     from .work import entry_spec
@@ -386,20 +384,7 @@ def _references(plan: Plan, reference: str) -> dict[str, tuple]:
     with open_checkpoint(reference) as ref:
         refuse_damage(ref, "read --reference")
         for lp in plan.quantized:
-            name = f"{lp.name}.weight"
-            entry = ref.tensors.get(name)
-            if entry is None:
-                raise InputError(f"--reference {reference}: has no tensor {name!r} (the original of layer {lp.name!r})")
-            if entry.dtype not in REFERENCE_DTYPES:
-                raise InputError(
-                    f"--reference {reference}: {name!r} is {entry.dtype}, not a dense float weight (F32, "
-                    "BF16 or F16): --reference takes the original, unquantized checkpoint"
-                )
-            if tuple(entry.shape) != (lp.n, lp.k):
-                raise InputError(
-                    f"--reference {reference}: {name!r} has shape {list(entry.shape)}, but layer "
-                    f"{lp.name!r} is [{lp.n}, {lp.k}]: not the original of this layer"
-                )
+            entry = reference_weight(ref, f"--reference {reference}", lp.name, (lp.n, lp.k), InputError)
             out[lp.name] = entry_spec(entry)
     return out
 

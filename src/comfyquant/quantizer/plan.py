@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 
-from ..dtypes import FLOAT_DTYPES
+from ..dtypes import DENSE_FLOAT_DTYPES, MODEL_FLOAT_DTYPES
 from ..errors import InputError
 from ..formats.params import Params
 from ..naming import natural_key
@@ -28,7 +28,7 @@ DENSE = "dense"
 COPY = "copy"
 DECODE = "decode"
 """``convert`` writes a quantized input layer as its dense weight (rules ``format = "dense"``)."""
-ENCODABLE_DTYPES = ("BF16", "F16", "F32")
+ENCODABLE_DTYPES = MODEL_FLOAT_DTYPES
 
 
 class LayerPlan:
@@ -282,7 +282,7 @@ def _plan_quantize(layer, options: Options) -> LayerPlan:
     if choice.keep:
         return _dense(layer, f"kept by {choice.source}")
     if w.dtype not in ENCODABLE_DTYPES:
-        what = "a float dtype quantize does not take" if w.dtype in FLOAT_DTYPES else "not a float dtype"
+        what = "a float dtype quantize does not take" if w.dtype in DENSE_FLOAT_DTYPES else "not a float dtype"
         raise InputError(
             f"layer {name!r}: weight is {w.dtype}, {what}; quantize takes BF16, F16 or F32 weights "
             "(--exclude the layer to copy it unchanged)"

@@ -23,6 +23,7 @@ from ..dialects.containers import open_any
 from ..errors import InputError
 from ..findings import ERROR
 from ..io.shards import ShardSet
+from ..io.source import ByteSource
 from ..io.virtual import Range, VirtualSource
 from ..io.writer import CopyRange
 from .execute import build_shards
@@ -91,7 +92,7 @@ def _readable(source, data):
 
 
 def _view(ckpt: Checkpoint, plan: Plan) -> Checkpoint:
-    sources = []
+    sources: list[ByteSource] = []
     for (tensors, metadata, _copied), header in zip(build_shards(ckpt, plan), ckpt.headers):
         source = ckpt.source(header.file)
         readable = {n: (d, s, _readable(source, data)) for n, (d, s, data) in tensors.items()}

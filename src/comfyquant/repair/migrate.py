@@ -16,7 +16,7 @@ from ..dialects.registry import DIALECTS, detect
 from ..dialects.report import settle
 from ..errors import InputError
 from ..formats.registry import FORMATS
-from .plan import LOSSLESS, Change, Plan, TensorEdit
+from .edits import LOSSLESS, Change, Plan, TensorEdit
 
 
 class MigrateError(InputError):

@@ -21,7 +21,6 @@ from ..errors import InputError
 from ..formats.registry import FORMATS
 from .lossy import requantize
 
-DENSE_DTYPES = ("F32", "BF16", "F16")
 ABS_SLACK = 1e-6
 """Added to every limit: exact formats (a fresh encode with error 0) still allow rounding."""
 MAX_ERROR_WITHOUT_ENCODER = 0.5
@@ -154,22 +153,9 @@ def _output_tensors(ckpt, plan, prefix: str) -> dict[str, torch.Tensor]:
 
 def _reference_rows(ref, ref_path: str, prefix: str, shape: tuple[int, int]):
     """The original weight as a row source read from the reference file block by block."""
-    from ..comparison import file_rows
+    from ..comparison import file_rows, reference_weight
 
-    name = f"{prefix}.weight"
-    entry = ref.tensors.get(name)
-    if entry is None:
-        raise ReferenceError(f"{ref_path}: has no tensor {name!r} (the original of repaired layer {prefix!r})")
-    if entry.dtype not in DENSE_DTYPES:
-        raise ReferenceError(
-            f"{ref_path}: {name!r} is {entry.dtype}, not a dense float weight (F32, BF16 or F16): "
-            "--reference takes the original, unquantized checkpoint"
-        )
-    if tuple(entry.shape) != tuple(shape):
-        raise ReferenceError(
-            f"{ref_path}: {name!r} has shape {list(entry.shape)}, but repaired layer {prefix!r} decodes "
-            f"to {list(shape)}: not the original of this layer"
-        )
+    entry = reference_weight(ref, ref_path, prefix, shape, ReferenceError, role="repaired layer", verb="decodes to")
     return file_rows(ref.source(entry.file), entry, ReferenceError)
 
 

@@ -15,10 +15,12 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from ..dtypes import DENSE_FLOAT_DTYPES
 from ..errors import InputError
 from ..numerics.dtypes import TORCH_DTYPES
 
-FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+DENSE_TORCH_DTYPES = frozenset(TORCH_DTYPES[name] for name in DENSE_FLOAT_DTYPES)
+"""The torch dtypes of dense float tensors: the ones a load may cast."""
 
 
 class LoadError(InputError):
@@ -62,7 +64,7 @@ def read_tensor(ckpt, entry, device: torch.device, report=None, cast: torch.dtyp
     if report is not None:
         report.bytes_read += entry.nbytes
     t = buf.view(dtype).reshape(tuple(entry.shape))
-    if cast is not None and t.dtype in FLOAT_DTYPES:
+    if cast is not None and t.dtype in DENSE_TORCH_DTYPES:
         t = t.to(cast)
     return t if device.type == "cpu" else t.to(device)
 

@@ -24,9 +24,10 @@ never in the header.
 from __future__ import annotations
 
 from ...numerics import nvfp4_layouts as lay
+from ...shapes import fmt_shape
 from ...targets.base import Violation
 from ..base import EXACT, LOSSY, PERMUTATION, REFUSED, Claim, Dialect, Lossy, Move, Translation
-from ..common import FLOAT_SCALE_DTYPES, copy, fmt_shape, is_scalar_float, scalar_scale
+from ..common import FLOAT_SCALE_DTYPES, copy, is_scalar_float, scalar_scale
 from ..decoders import scaled_fp8
 from . import nvfp4
 

@@ -16,8 +16,9 @@ from ...findings import Finding
 from ...formats.registry import FORMATS
 from ...numerics import nvfp4_layouts as lay
 from ...numerics.blocked import blocked_shape, ceil_to
+from ...shapes import fmt_shape
 from ..base import EXACT, PERMUTATION, REFUSED, Move, Translation
-from ..common import copy, fmt_shape, is_scalar_float, scalar_scale
+from ..common import copy, is_scalar_float, scalar_scale
 
 COMFY = "nvfp4"
 HANDLED = ("weight", "weight_scale", "weight_scale_2", "input_scale", "comfy_quant")

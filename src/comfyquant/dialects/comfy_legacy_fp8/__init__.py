@@ -13,9 +13,13 @@ switches the translation off.
 
 from __future__ import annotations
 
+from typing import Any
+
+from ...dtypes import MODEL_FLOAT_DTYPES
 from ...findings import Finding
 from ...formats.registry import FORMATS, infer_format
 from ...io.header import TensorEntry
+from ...shapes import fmt_shape
 from ...targets.base import Violation
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
 from ..common import (
@@ -24,7 +28,6 @@ from ..common import (
     LEGACY_SENTINEL,
     copy,
     float_scalar,
-    fmt_shape,
     is_scalar_float,
     legacy_sentinels,
     root_of,
@@ -35,7 +38,7 @@ from ..decoders import scaled_fp8
 
 NAME = "comfy-legacy-fp8"
 SENTINEL = LEGACY_SENTINEL
-DENSE_DTYPES = ("BF16", "F16", "F32")
+DENSE_DTYPES = MODEL_FLOAT_DTYPES
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 COMFY_READING = next(f for f in FORMATS.values() if f.legacy_renames)
 """The format ComfyUI's translation marks every legacy layer with: the one whose
@@ -110,7 +113,7 @@ def _translate(prefix: str, t: dict, full_precision: bool) -> Translation:
             why=f"{w.dtype} weight with scale_weight: not an FP8 layer ComfyUI's legacy layout knows",
         )
     if is_scalar_float(sw) and (si is None or is_scalar_float(si)):
-        marker = {"format": fmt}
+        marker: dict[str, Any] = {"format": fmt}
         if full_precision:
             marker["full_precision_matrix_mult"] = True
         moves = [copy(w, "weight"), scalar_scale(sw, prefix, renames["scale_weight"]), *others]

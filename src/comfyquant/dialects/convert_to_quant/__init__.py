@@ -28,12 +28,16 @@ nothing more about what they do.
 
 from __future__ import annotations
 
+from functools import partial
+
 from ...formats.registry import FORMATS
-from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
-from ..common import copy, fmt_shape
+from ...shapes import fmt_shape
+from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation, refused
+from ..common import copy
 from ..decoders import scaled_fp8
 
 NAME = "convert-to-quant"
+_refused = partial(refused, NAME)
 SCALAR = "weight_scalar"
 """hybrid_mxfp8's fallback scale: not a layer suffix the registry knows (a non-layer tensor)."""
 MARKER_TENSOR = "comfy_quant"
@@ -87,18 +91,22 @@ def _translate(prefix: str, t: dict, marker: dict) -> Translation:
     fmt = marker["format"]
     w, s = t.get("weight"), t.get("weight_scale")
     if w is None or s is None:
-        return _refused(prefix, t, fmt, f"{fmt} layer without {'weight' if w is None else 'weight_scale'}")
+        return _refused(prefix, t, variant=fmt, why=f"{fmt} layer without {'weight' if w is None else 'weight_scale'}")
     if w.dtype != WEIGHT_DTYPE[fmt] or len(w.shape) != 2:
-        return _refused(prefix, t, fmt, f"{fmt} needs a 2-D {WEIGHT_DTYPE[fmt]} weight, got {w.dtype} {fmt_shape(w.shape)}")
+        return _refused(
+            prefix, t, variant=fmt, why=f"{fmt} needs a 2-D {WEIGHT_DTYPE[fmt]} weight, got {w.dtype} {fmt_shape(w.shape)}"
+        )
     if fmt == HYBRID:
         return _hybrid(prefix, t, marker)
     if s.dtype != "F32":
-        return _refused(prefix, t, fmt, f"weight_scale is {s.dtype}: ctq writes F32 dequant scales")
+        return _refused(prefix, t, variant=fmt, why=f"weight_scale is {s.dtype}: ctq writes F32 dequant scales")
     n, k = w.shape
     lossy = TARGET[w.dtype]
     if fmt == ROWWISE:
         if s.shape not in ((n,), (n, 1)):
-            return _refused(prefix, t, fmt, f"row scale {fmt_shape(s.shape)} is not [{n}] for weight {fmt_shape(w.shape)}")
+            return _refused(
+                prefix, t, variant=fmt, why=f"row scale {fmt_shape(s.shape)} is not [{n}] for weight {fmt_shape(w.shape)}"
+            )
         return Translation(
             prefix,
             NAME,
@@ -112,7 +120,10 @@ def _translate(prefix: str, t: dict, marker: dict) -> Translation:
     if fmt == BLOCK3D:
         if len(s.shape) != 3 or s.shape[0] != n or s.shape[2] != 1 or not s.shape[1] or k % s.shape[1]:
             return _refused(
-                prefix, t, fmt, f"block3d scale {fmt_shape(s.shape)} is not [{n}, K/B, 1] for weight {fmt_shape(w.shape)}"
+                prefix,
+                t,
+                variant=fmt,
+                why=f"block3d scale {fmt_shape(s.shape)} is not [{n}, K/B, 1] for weight {fmt_shape(w.shape)}",
             )
         return Translation(
             prefix,
@@ -127,7 +138,10 @@ def _translate(prefix: str, t: dict, marker: dict) -> Translation:
     size = marker.get("group_size", DEFAULT_BLOCK[fmt])
     if type(size) is not int or size <= 0 or n % size or k % size or s.shape != (n // size, k // size):
         return _refused(
-            prefix, t, fmt, f"scale {fmt_shape(s.shape)} is not one per {size!r} x {size!r} tile of weight {fmt_shape(w.shape)}"
+            prefix,
+            t,
+            variant=fmt,
+            why=f"scale {fmt_shape(s.shape)} is not one per {size!r} x {size!r} tile of weight {fmt_shape(w.shape)}",
         )
     kind = "FP8" if w.dtype == "F8_E4M3" else "INT8"
     return Translation(
@@ -180,10 +194,6 @@ def tile_decoder(size: int):
         return tiles.reshape(n, k)
 
     return decode
-
-
-def _refused(prefix: str, t: dict, fmt: str, why: str) -> Translation:
-    return Translation(prefix, NAME, fmt, t, verdict=REFUSED, why=why)
 
 
 DIALECTS = (

@@ -98,7 +98,7 @@ def lossy_target(type_names) -> Lossy:
     """
     names = [type_names] if isinstance(type_names, str) else sorted(set(type_names))
     depths = {t: bits_per_weight(t) for t in names}
-    deepest = max(names, key=lambda t: 99.0 if depths[t] is None else depths[t])
+    deepest = max(names, key=lambda t: 99.0 if (depth := depths[t]) is None else depth)
     bpw = depths[deepest]
     what = f"{deepest}" + ("" if bpw is None else f" ({bpw:.2f} bits/weight)")
     whole = f", the deepest of the file's {', '.join(names)}" if len(names) > 1 else ""

@@ -30,12 +30,16 @@ regular one): lossy, requantized from the un-rotated weights.
 from __future__ import annotations
 
 import math
+from functools import partial
+from typing import Any
 
+from ...shapes import fmt_shape
 from ...targets.base import Violation
-from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Move, Translation
-from ..common import FLOAT_SCALE_DTYPES, copy, fmt_shape, root_of, scalar_scale, upcast
+from ..base import EXACT, LOSSY, Claim, Dialect, Lossy, Move, Translation, refused
+from ..common import FLOAT_SCALE_DTYPES, copy, root_of, scalar_scale, upcast
 
 NAME = "int8-fast"
+_refused = partial(refused, NAME)
 FORMAT = "int8_tensorwise"
 FLAGS = ("int8_quantized", "int8_model_type")
 """File-level flags: ``__metadata__`` keys (INT8ModelSave, kept: its loader reads them) or U8
@@ -168,7 +172,7 @@ def _translate(prefix: str, t: dict, marker: dict, sylvester_default: bool) -> T
             decoder=sylvester_decoder(group),
             lossy=Lossy(FORMAT, why="re-quantized as ConvRot INT8"),
         )
-    new = {"format": FORMAT}
+    new: dict[str, Any] = {"format": FORMAT}
     if rotated:
         new["convrot"] = True
         new["convrot_groupsize"] = group
@@ -246,10 +250,6 @@ def sylvester_decoder(group: int):
         return (w.reshape(n, k // group, group) @ h).reshape(n, k).to(torch.float32)
 
     return decode
-
-
-def _refused(prefix: str, t: dict, why: str) -> Translation:
-    return Translation(prefix, NAME, "unknown", t, verdict=REFUSED, why=why)
 
 
 def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:

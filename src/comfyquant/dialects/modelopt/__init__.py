@@ -36,11 +36,12 @@ from ...findings import Finding
 from ...io.jsontext import parse as parse_json
 from ...numerics import nvfp4_layouts as lay
 from ...numerics.blocked import ceil_to
+from ...shapes import fmt_shape
 from ...targets.base import Violation
 from ...version import __version__
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
 from ..bfl import nvfp4
-from ..common import FLOAT_SCALE_DTYPES, copy, fmt_shape, is_scalar_float, scalar_scale
+from ..common import FLOAT_SCALE_DTYPES, copy, is_scalar_float, scalar_scale
 from ..decoders import scaled_fp8
 
 NAME = "modelopt"

@@ -29,17 +29,19 @@ scales, so those layers are lossy (``--allow-lossy`` requantizes them from the e
 
 from __future__ import annotations
 
+from functools import partial
+
 from ...findings import Finding
 from ...formats.registry import infer_format
 from ...io.header import TensorEntry
+from ...shapes import fmt_shape
 from ...targets.base import Violation
-from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
+from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation, refused
 from ..common import (
     FLOAT_SCALE_DTYPES,
     TWO_LEVEL_SCALE,
     copy,
     float_scalar,
-    fmt_shape,
     is_scalar_float,
     legacy_sentinels,
     scalar_scale,
@@ -48,6 +50,7 @@ from ..common import (
 from ..decoders import scaled_fp8
 
 NAME = "musubi-fp8"
+_refused = partial(refused, NAME)
 TENSOR_SCALE = TWO_LEVEL_SCALE
 """The two-level block mode's per-tensor factor; :func:`detect` groups it with its layer."""
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
@@ -206,10 +209,6 @@ def _per_tensor(prefix: str, t: dict, fmt: str, others: list) -> Translation:
         unsettled=unsettled,
         decoder=scaled_fp8(),
     )
-
-
-def _refused(prefix: str, t: dict, why: str) -> Translation:
-    return Translation(prefix, NAME, "unknown", t, verdict=REFUSED, why=why)
 
 
 def settle(ckpt, claim: Claim) -> list[Finding]:

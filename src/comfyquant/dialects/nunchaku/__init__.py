@@ -17,32 +17,35 @@ are unsigned, Comfy subtracts 8) that only the values can prove exact (``settle`
 
 from __future__ import annotations
 
+from functools import partial
+
+from ...dtypes import DTYPE_BITS
 from ...findings import Finding
 from ...formats.awq import AWQ_W4A16
 from ...formats.svdquant import SVDQUANT_W4A4
 from ...numerics import nunchaku_tiles as tiles
+from ...shapes import fmt_shape
 from ...targets.base import Violation
-from ..base import EXACT, PERMUTATION, REFUSED, Claim, Dialect, Move, Translation
-from ..common import fmt_shape
+from ..base import EXACT, PERMUTATION, REFUSED, Claim, Dialect, Move, Translation, refused
 from . import metadata
 from .decoders import awq as awq_decoder
 from .decoders import via_comfy
 
 NAME = "nunchaku"
+_refused = partial(refused, NAME)
 SVDQ_FORMAT = SVDQUANT_W4A4.name
 AWQ_FORMAT = AWQ_W4A16.name
 SVDQ_SUFFIXES = ("qweight", "wscales", "smooth_factor", "smooth_factor_orig", "proj_down", "proj_up", "wcscales", "wtscale")
 AWQ_SUFFIXES = ("qweight", "wscales", "wzeros")
 SUFFIXES = frozenset(SVDQ_SUFFIXES + AWQ_SUFFIXES)
 FLOAT16 = ("BF16", "F16")
-ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1}
+BIAS_DTYPES = (*FLOAT16, "F32")
 FUSED_QKV = ("to_qkv", "add_qkv_proj", "qkv_proj")
 UNSIGNED_ACT = (".net.2", ".mlp_fc2")
 """Layers nunchaku's model code runs with unsigned (shifted post-GELU) activations in int4:
 ``NunchakuFeedForward`` sets ``net[2].act_unsigned``, the single blocks ``mlp_fc2.act_unsigned``
 (``nunchaku/models/transformers/transformer_flux_v2.py``).  The file does not record it."""
 MODULATION = ("norm1.linear", "norm1_context.linear", "norm.linear", "img_mod", "txt_mod")
-SGLANG_SVDQ = ("attn.to_qkv", "attn.to_out", "attn.add_qkv_proj", "attn.to_add_out", "img_mlp", "txt_mlp")
 SGLANG_AWQ = ("img_mod", "txt_mod")
 SGLANG_SKIP = ("norm", "embed", "rotary", "pos_embed")
 """SGLang multimodal_gen ``nunchaku_config.py``: skip > AWQ > SVDQ patterns, any other linear SVDQ."""
@@ -142,42 +145,43 @@ def _translate(prefix: str, t: dict, ckpt) -> Translation:
     return _svdq_int4(prefix, t, variant)
 
 
-def _refuse(prefix: str, t: dict, variant: str, why: str, decoder=None) -> Translation:
-    return Translation(prefix, NAME, variant, t, verdict=REFUSED, why=why, decoder=decoder)
-
-
 def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
     need = [s for s in ("qweight", "wscales", "smooth_factor", "proj_down", "proj_up") if s not in t]
     if need:
-        return _refuse(prefix, t, variant, "incomplete SVDQuant layer: no " + ", ".join(need))
+        return _refused(prefix, t, variant=variant, why="incomplete SVDQuant layer: no " + ", ".join(need))
     q, ws, sm, down, up = (t[s] for s in ("qweight", "wscales", "smooth_factor", "proj_down", "proj_up"))
     if q.dtype != "I8" or len(q.shape) != 2:
-        return _refuse(prefix, t, variant, f"qweight {q.dtype} {fmt_shape(q.shape)}: nunchaku's int4 qweight is I8 [N, K/2]")
+        return _refused(
+            prefix, t, variant=variant, why=f"qweight {q.dtype} {fmt_shape(q.shape)}: nunchaku's int4 qweight is I8 [N, K/2]"
+        )
     n, k = q.shape[0], 2 * q.shape[1]
     bad = "an empty weight" if n == 0 or k == 0 else tiles.svdq_weight_fits(n, k)
     if bad:
-        return _refuse(prefix, t, variant, f"qweight {fmt_shape(q.shape)}: {bad}")
+        return _refused(prefix, t, variant=variant, why=f"qweight {fmt_shape(q.shape)}: {bad}")
     expect = {"wscales": (k // 64, n), "smooth_factor": (k,), "proj_up": (n, None), "proj_down": (k, None)}
     for s, shape in expect.items():
         e = t[s]
         if e.dtype not in FLOAT16:
-            return _refuse(prefix, t, variant, f"{s} {e.dtype}: nunchaku's int4 layers store it BF16/F16")
+            return _refused(prefix, t, variant=variant, why=f"{s} {e.dtype}: nunchaku's int4 layers store it BF16/F16")
         if len(e.shape) != len(shape) or any(w is not None and w != d for w, d in zip(shape, e.shape)):
             want = fmt_shape(["R" if d is None else d for d in shape])
-            return _refuse(
-                prefix, t, variant, f"{s} {fmt_shape(e.shape)} does not fit qweight {fmt_shape(q.shape)} (expected {want})"
+            return _refused(
+                prefix,
+                t,
+                variant=variant,
+                why=f"{s} {fmt_shape(e.shape)} does not fit qweight {fmt_shape(q.shape)} (expected {want})",
             )
     rank = down.shape[1]
     if rank == 0:
-        return _refuse(prefix, t, variant, "rank 0: proj_down/proj_up are empty")
+        return _refused(prefix, t, variant=variant, why="rank 0: proj_down/proj_up are empty")
     if up.shape[1] != rank:
-        return _refuse(prefix, t, variant, f"proj_up rank {up.shape[1]} != proj_down rank {rank}")
+        return _refused(prefix, t, variant=variant, why=f"proj_up rank {up.shape[1]} != proj_down rank {rank}")
     bad = tiles.lowrank_fits(k, rank) or tiles.lowrank_fits(n, rank)
     if bad:
-        return _refuse(prefix, t, variant, f"low-rank factors {bad}")
+        return _refused(prefix, t, variant=variant, why=f"low-rank factors {bad}")
     bias = t.get("bias")
-    if bias is not None and (tuple(bias.shape) != (n,) or bias.dtype not in ITEMSIZE or bias.dtype == "F8_E4M3"):
-        return _refuse(prefix, t, variant, f"bias {bias.dtype} {fmt_shape(bias.shape)} does not fit N={n}")
+    if bias is not None and (tuple(bias.shape) != (n,) or bias.dtype not in BIAS_DTYPES):
+        return _refused(prefix, t, variant=variant, why=f"bias {bias.dtype} {fmt_shape(bias.shape)} does not fit N={n}")
     moves = [
         Move(
             "weight",
@@ -226,7 +230,7 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
         ),
     ]
     if bias is not None:
-        size = ITEMSIZE[bias.dtype]
+        size = DTYPE_BITS[bias.dtype] // 8
         moves.append(
             Move(
                 "bias",
@@ -243,7 +247,7 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
         s for s in t if s not in ("qweight", "wscales", "smooth_factor", "smooth_factor_orig", "proj_down", "proj_up", "bias")
     ]
     if others:
-        return _refuse(prefix, t, variant, "unexpected tensors next to an int4 SVDQuant layer: " + ", ".join(others))
+        return _refused(prefix, t, variant=variant, why="unexpected tensors next to an int4 SVDQuant layer: " + ", ".join(others))
     marker = {"format": SVDQ_FORMAT}
     why = "byte permutation of nunchaku's MMA tile layout into Comfy's natural svdquant_w4a4 layout"
     if prefix.endswith(UNSIGNED_ACT):
@@ -285,30 +289,35 @@ class InexactZeros(ValueError):
 def _awq(prefix: str, t: dict, variant: str, ckpt) -> Translation:
     need = [s for s in AWQ_SUFFIXES if s not in t]
     if need:
-        return _refuse(prefix, t, variant, "incomplete AWQ W4A16 layer: no " + ", ".join(need))
+        return _refused(prefix, t, variant=variant, why="incomplete AWQ W4A16 layer: no " + ", ".join(need))
     q, ws, wz = t["qweight"], t["wscales"], t["wzeros"]
     if q.dtype != "I32" or len(q.shape) != 2:
-        return _refuse(prefix, t, variant, f"qweight {q.dtype} {fmt_shape(q.shape)}: nunchaku's AWQ qweight is I32 [N/4, K/2]")
+        return _refused(
+            prefix, t, variant=variant, why=f"qweight {q.dtype} {fmt_shape(q.shape)}: nunchaku's AWQ qweight is I32 [N/4, K/2]"
+        )
     n, k = 4 * q.shape[0], 2 * q.shape[1]
     bad = "an empty weight" if n == 0 or k == 0 else tiles.awq_fits(n, k)
     if bad:
-        return _refuse(prefix, t, variant, f"qweight {fmt_shape(q.shape)}: {bad}")
+        return _refused(prefix, t, variant=variant, why=f"qweight {fmt_shape(q.shape)}: {bad}")
     for e in (ws, wz):
         if e.dtype not in FLOAT16 or len(e.shape) != 2 or e.shape[1] != n or e.shape[0] == 0 or k % e.shape[0]:
-            return _refuse(
+            return _refused(
                 prefix,
                 t,
-                variant,
-                f"{e.name.rsplit('.', 1)[-1]} {e.dtype} {fmt_shape(e.shape)} does not "
+                variant=variant,
+                why=f"{e.name.rsplit('.', 1)[-1]} {e.dtype} {fmt_shape(e.shape)} does not "
                 f"fit qweight {fmt_shape(q.shape)} (expected BF16/F16 [K/G, {n}])",
             )
     if ws.shape != wz.shape or ws.dtype != wz.dtype:
-        return _refuse(
-            prefix, t, variant, f"wscales {ws.dtype} {fmt_shape(ws.shape)} and wzeros {wz.dtype} {fmt_shape(wz.shape)} differ"
+        return _refused(
+            prefix,
+            t,
+            variant=variant,
+            why=f"wscales {ws.dtype} {fmt_shape(ws.shape)} and wzeros {wz.dtype} {fmt_shape(wz.shape)} differ",
         )
     bias = t.get("bias")
     if bias is not None and tuple(bias.shape) != (n,):
-        return _refuse(prefix, t, variant, f"bias {fmt_shape(bias.shape)} does not fit N={n}")
+        return _refused(prefix, t, variant=variant, why=f"bias {fmt_shape(bias.shape)} does not fit N={n}")
 
     def zeros(data: bytes, ws=ws) -> bytes:  # reads the scales itself; settle normally replaces this
         out = _shifted_zeros(ws.dtype, ckpt.read_bytes(ws), data)

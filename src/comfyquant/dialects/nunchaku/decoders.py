@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from ...numerics import nunchaku_tiles
 
-TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "I8": "int8", "I32": "int32"}
-
 
 def awq() -> object:
     """The decoder of a nunchaku AWQ W4A16 layer: ``{"qweight", "wscales", "wzeros"}`` -> F32 ``[N, K]``."""
@@ -44,6 +42,7 @@ def via_comfy(moves: list, format_name: str, marker: dict) -> object:
         import torch
 
         from ...formats.registry import FORMATS
+        from ...numerics.dtypes import TORCH_DTYPES
 
         natural = {}
         for m in moves:
@@ -52,7 +51,7 @@ def via_comfy(moves: list, format_name: str, marker: dict) -> object:
             src = stored[m.source.rsplit(".", 1)[-1]].contiguous().cpu()
             data = src.view(torch.uint8).numpy().tobytes()
             out = m.transform(data) if m.transform is not None else data
-            dt = getattr(torch, TORCH_DTYPES[m.dtype])
+            dt = TORCH_DTYPES[m.dtype]
             natural[m.suffix] = torch.frombuffer(bytearray(out), dtype=dt).view(m.shape)
         return FORMATS[format_name].codec().decode(natural, marker, dtype=torch.float32)
 

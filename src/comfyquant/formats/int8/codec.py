@@ -101,7 +101,7 @@ def _row_scaled(per_channel, convrot) -> bool:
 
 def _encode_rows(
     weight: Weight, fn, name: str, block_elements: int | None = None, rows: torch.Tensor | None = None
-) -> list[torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``fn`` (block -> INT8 levels as floats and their row scales) over row blocks of
     ``rows`` (default: ``weight``), the levels cast to int8 as they are gathered.  A
     non-finite row scale means a NaN/Inf in the weight (see

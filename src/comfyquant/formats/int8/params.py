@@ -11,14 +11,14 @@ from ...errors import InputError
 from ..params import CONVROT_SIZE_FLAG, FULL_PRECISION_FLAG, Params, collect
 from . import INT8_TENSORWISE
 
-_SIZE_DEFAULT = INT8_TENSORWISE.key("convrot_groupsize").default
+_SIZE_DEFAULT = INT8_TENSORWISE.default("convrot_groupsize")
 
 
 @dataclass(frozen=True, slots=True)
 class Int8Params(Params):
     convrot: bool = field(default=True, metadata={"help": "ConvRot rotation (SGLang needs it on linear layers)"})
     convrot_groupsize: int = field(
-        default=INT8_TENSORWISE.key("convrot_groupsize").default,
+        default=INT8_TENSORWISE.default("convrot_groupsize"),
         metadata={"help": "ConvRot block size (16, 64 or 256 for SGLang)"},
     )
     per_channel: bool = field(default=True, metadata={"help": "row-wise [N, 1] scales (false: one scalar scale)"})

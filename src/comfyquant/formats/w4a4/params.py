@@ -14,9 +14,9 @@ LINEAR_DTYPES = ("int4", "int8")
 @dataclass(frozen=True, slots=True)
 class W4A4Params(Params):
     convrot_groupsize: int = field(
-        default=CONVROT_W4A4.key("convrot_groupsize").default, metadata={"help": "ConvRot block size (16, 64 or 256 for SGLang)"}
+        default=CONVROT_W4A4.default("convrot_groupsize"), metadata={"help": "ConvRot block size (16, 64 or 256 for SGLang)"}
     )
-    linear_dtype: str = field(default=CONVROT_W4A4.key("linear_dtype").default, metadata={"choices": LINEAR_DTYPES})
+    linear_dtype: str = field(default=CONVROT_W4A4.default("linear_dtype"), metadata={"choices": LINEAR_DTYPES})
 
     FORMAT = CONVROT_W4A4.name
     LABELS = {"convrot_groupsize": "C"}

@@ -11,6 +11,7 @@ import math
 from ..base import CODEBOOK, CORRECTION, WEIGHT, Constraint, Expr, Format, GeometryError, MarkerKey, Slot
 from ..common import ALL_RUNTIMES, BIAS_SLOT, CONVROT_JSON_TRUE, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
 from .repair import infer_marker, lossy
+from .widths import k_by_bits
 
 CODEC = __name__ + ".codec"
 """The module holding this package\'s codecs (imported on first use)."""
@@ -64,15 +65,6 @@ def k_fits(k: int, g: int, c: int) -> bool:
 
 def _inspect_text(env: dict) -> str:
     return f"{env['variant']} {env['bits']}-bit G={env['group_size']} C={env['convrot_groupsize']}"
-
-
-def k_by_bits(cols: int) -> dict[int, int]:
-    """Bit depth -> input size K of a packed row ``cols`` bytes wide (4-bit first): two codes
-    per byte, or four 6-bit codes per three bytes."""
-    by_bits = {4: 2 * cols}
-    if (4 * cols) % 3 == 0:
-        by_bits[6] = 4 * cols // 3
-    return by_bits
 
 
 def _geometry(tensors: dict, params: dict) -> dict:

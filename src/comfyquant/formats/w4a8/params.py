@@ -10,7 +10,7 @@ from ...errors import InputError
 from ..params import CONVROT_SIZE_FLAG, FULL_PRECISION_FLAG, Params, collect
 from . import ASYM_W4A8_INT8, GROUP_SIZE, six_bit_group_ok
 
-CONVROT_GROUPSIZE = ASYM_W4A8_INT8.key("convrot_groupsize").default
+CONVROT_GROUPSIZE = ASYM_W4A8_INT8.default("convrot_groupsize")
 
 SCALE_DTYPES = {"fp8": "float8_e4m3fn", "f32": "float32"}
 """``scale_dtype`` values -> the encoder's names."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..base import BIAS, Format, GeometryError
+from .widths import k_by_bits
 
 if TYPE_CHECKING:  # imported when a re-encode is planned: check never needs it
     from ..hooks import Recode
@@ -26,8 +27,6 @@ def infer_marker(fmt: Format, tensors: dict, convrot_groupsize: int | None) -> d
     16) is taken, else the first that divides at all (the re-check then reports the layer).
     When both depths fit, the shapes do not single the group size out and the plan reports it
     as an assumption."""
-    from . import k_by_bits
-
     w, s_rel = tensors["weight"], tensors.get("weight_s_rel")
     if s_rel is None or len(s_rel.shape) != 2 or not s_rel.shape[1] or len(w.shape) != 2:
         return "unmarked W4A8 layer: group size cannot be told from weight_s_rel"
