@@ -11,6 +11,7 @@ import os
 import sys
 
 from .findings import ERROR, INFO, WARNING
+from .naming import printable
 from .units import human_size
 
 _COLORS = {ERROR: "\033[31m", WARNING: "\033[33m", INFO: "\033[36m"}
@@ -119,7 +120,7 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
         elif f.tensor and not tensors:
             where += " · " + f.tensor
         lines.append("")
-        lines.append(f"{_sev(f.severity, color)} {f.code} {where}")
+        lines.append((f.severity, f"{f.code} {where}"))
         msg = _template(f, f.message) if tensors else f.message
         if many and not tensors:
             msg = _layer_template(msg, f.layer)
@@ -155,10 +156,15 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
     if verbose and report.io:
         for file, st in report.io.items():
             lines.append(f"  read {file}: {_plural(st['requests'], 'request')}, {st['bytes']} bytes")
-    return "\n".join(lines)
+    # every line quotes names from the file: escaped, and only the severity label coloured
+    return "\n".join(
+        f"{_sev(line[0], color)} {printable(line[1])}" if isinstance(line, tuple) else printable(line) for line in lines
+    )
 
 
 def table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
+    """Aligned columns; cells hold names from files, so each is escaped before it is measured."""
+    rows = [[printable(cell) for cell in r] for r in rows]
     widths = [len(h) for h in headers]
     for r in rows:
         for i, cell in enumerate(r):
@@ -295,7 +301,7 @@ def _metadata_lines(metadata: dict[str, dict[str, str]], width: int | None) -> l
     for file, meta in metadata.items():
         out.append(f"metadata of {file}: {len(meta)} key{'s' * (len(meta) != 1)}" + ("" if meta else " (none)"))
         for key, value in meta.items():
-            text = f"  {key} = {value}"
+            text = printable(f"  {key} = {value}")
             if width is not None and len(text) > width:
                 text = text[: max(20, width - 25)] + f"... ({len(value):,} chars)"
             out.append(text)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .streams import say
+
 HELP = "find every defect and predict each runtime's verdict"
 PATHS_HELP = "file(s), folder, *.safetensors.index.json, or URL(s): https://, s3://, gs://, hf:// ..."
 
@@ -127,8 +129,6 @@ def run(args) -> int:
 def _run_each(args, separate, mapper, remote) -> int:
     """A folder (or list) of separate checkpoints: a full report for each, then the table of
     ``--recursive``; the exit code is the worst (2 unreadable, 1 errors, 0 ok)."""
-    import sys
-
     from ..checker.batch import check_groups
 
     printer = None
@@ -145,7 +145,7 @@ def _run_each(args, separate, mapper, remote) -> int:
     )
     for item in result.items:
         if item.error:
-            sys.stderr.write(f"comfyquant: {item.error}\n")
+            say(f"comfyquant: {item.error}")
     if args.json:
         print(json.dumps({**result.to_dict(), "note": separate.note}, indent=1))
     else:
@@ -156,8 +156,6 @@ def _run_each(args, separate, mapper, remote) -> int:
 
 
 def _run_recursive(args, mapper, remote) -> int:
-    import sys
-
     from ..checker.batch import check_tree
 
     printer = None
@@ -172,7 +170,7 @@ def _run_recursive(args, mapper, remote) -> int:
     )
     for item in result.items:
         if item.error:
-            sys.stderr.write(f"comfyquant: {item.error}\n")
+            say(f"comfyquant: {item.error}")
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
     else:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+from .streams import say
+
 HELP = "per-layer table of formats, shapes, sizes"
 
 
@@ -62,7 +64,6 @@ def _text(inv, args) -> str:
 def _run_each(args, separate, mapper, remote) -> int:
     """One inventory per checkpoint (JSON: ``{"note", "checkpoints": [...]}``, each with its
     ``checkpoint`` label, or its ``error``); exit 2 when one cannot be read."""
-    import sys
 
     from ..checker.batch import open_group
     from ..errors import InputError
@@ -75,7 +76,7 @@ def _run_each(args, separate, mapper, remote) -> int:
         try:
             ckpt = open_group(grp, name_mapper=mapper, remote=remote)
         except InputError as exc:
-            sys.stderr.write(f"comfyquant: {exc}\n")
+            say(f"comfyquant: {exc}")
             sections.append({"checkpoint": grp.label, "error": str(exc)})
             if not args.json:
                 print(f"\n== {grp.label} ==\nERROR {exc}", flush=True)
