@@ -164,7 +164,7 @@ def test_output_dtype_choice(tmp_path):
     tensors, _ = read_all(tmp_path / "f16.safetensors")
     assert {t.dtype for n, t in tensors.items() if n.endswith(".weight")} == {torch.float16}
     assert raw(tensors["b.weight"]) == raw(expected_dense(layers[1], "f16"))
-    with pytest.raises(DequantizeError, match="--dtype must be one of bf16, f16, f32"):
+    with pytest.raises(DequantizeError, match="^dtype must be one of bf16, f16, f32"):
         comfyquant.dequantize(src, str(tmp_path / "x.safetensors"), dtype="int8")
 
 

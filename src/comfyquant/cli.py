@@ -13,7 +13,7 @@ import sys
 
 from .commands import COMMANDS
 from .commands.streams import OutputError, guarded_stdout, say
-from .errors import ComfyQuantError
+from .errors import ComfyQuantError, command_line
 from .numerics.waits import prefer_passive_waits
 from .version import __version__
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     _tolerant_output()
     try:
-        with guarded_stdout():
+        with guarded_stdout(), command_line():
             return _main(argv)
     except OutputError as exc:  # raised by the final flush, after the command returned
         say(f"comfyquant: {exc}")

@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .errors import InputError
+from .errors import InputError, option
 from .naming import natural_key
 
 OVER_TAG = "over-max-error"
@@ -231,7 +231,7 @@ def compare(
     from .io.progress import Progress
 
     if dtype is not None and dtype not in ("bf16", "f16", "f32"):
-        raise CompareError(f"--dtype must be one of bf16, f16, f32, got {dtype!r}")
+        raise CompareError(f"{option('--dtype', 'dtype')} must be one of bf16, f16, f32, got {dtype!r}")
     globs = [layers] if isinstance(layers, str) else list(layers) if layers is not None else None
     started = time.perf_counter()
     with open_any(a) as raw_a, viewed(raw_a, "compare") as ca, open_any(b) as raw_b, viewed(raw_b, "compare") as cb:
@@ -535,9 +535,11 @@ def check_limit(value) -> float:
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise InputError(f"--max-error takes a number (a relative L2 error such as 0.05), got {value!r}") from None
+        raise InputError(
+            f"{option('--max-error', 'max_error')} takes a number (a relative L2 error such as 0.05), got {value!r}"
+        ) from None
     if not math.isfinite(x) or x < 0:
-        raise InputError(f"--max-error must be a finite number >= 0, got {value!r}")
+        raise InputError(f"{option('--max-error', 'max_error')} must be a finite number >= 0, got {value!r}")
     return x
 
 

@@ -44,7 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import ComfyQuantError, InputError
+from .errors import ComfyQuantError, InputError, option
 from .io.outputs import claim
 from .units import human_size
 
@@ -177,7 +177,7 @@ def dequantize(
     from .gate import check_input
 
     if dtype is not None and dtype not in OUTPUT_DTYPES:
-        raise DequantizeError(f"--dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
+        raise DequantizeError(f"{option('--dtype', 'dtype')} must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
     t = time.perf_counter()
     _load_modules()  # torch and the modules a run uses: the start-up, timed apart from the run
     startup = time.perf_counter() - t

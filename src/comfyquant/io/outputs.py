@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..errors import InputError, option
 from .shards import is_url
 
 SUFFIX = ".safetensors"
@@ -165,7 +165,7 @@ def _refuse_taken(path: str, inputs: list[str], overwrite: bool, error: type[Exc
     if parent:
         _refuse_missing_parent(path, error)
     if _output_exists(path, error) and not overwrite:
-        raise error(f"{path}: exists; pass --overwrite to replace it")
+        raise error(f"{path}: exists; pass {option('--overwrite', 'overwrite=True')} to replace it")
 
 
 def _refuse_missing_parent(path: str, error: type[Exception]) -> None:

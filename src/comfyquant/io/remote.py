@@ -49,9 +49,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..errors import InputError
+from ..errors import InputError, option
 from .header import MAX_HEADER_BYTES
 from .shards import ShardSet, is_url, read_index
+from .timeouts import timeout_problem
 
 FIRST_READ = 512 * 1024
 """Speculative first read: one request for headers up to this size (minus 8 bytes)."""
@@ -100,7 +101,7 @@ class RemoteOptions:
         max_span: int = MAX_SPAN,
         prefetch: bool = True,
     ) -> None:
-        self.timeout = timeout
+        self.timeout = _checked_timeout(timeout)
         """Seconds the whole remote read of one checkpoint may take (every request, retry and
         wait of every shard): :func:`open_remote` turns it into ``deadline``."""
         self.gap = gap
@@ -124,7 +125,8 @@ class RemoteOptions:
         new = RemoteOptions.__new__(RemoteOptions)
         for name in self.__slots__:
             setattr(new, name, getattr(self, name))
-        new.deadline = time.monotonic() + self.timeout
+        new.timeout = _checked_timeout(self.timeout)  # set after construction, as the CLI does
+        new.deadline = time.monotonic() + new.timeout
         return new
 
     def remaining(self) -> float:
@@ -132,6 +134,13 @@ class RemoteOptions:
         if self.deadline is None:
             return self.timeout
         return max(0.0, self.deadline - time.monotonic())
+
+
+def _checked_timeout(value) -> float:
+    problem = timeout_problem(value)
+    if problem is not None:
+        raise ValueError(f"RemoteOptions timeout {problem}")
+    return float(value)
 
 
 class RemoteNotFound(InputError):
@@ -364,7 +373,9 @@ class HttpClient:
                 parts.append(chunk)
                 got += len(chunk)
         except TimeoutError:
-            raise InputError(f"{self.name}: the server stopped sending for {self.options.timeout:g} s (--timeout)") from None
+            raise InputError(
+                f"{self.name}: the server stopped sending for {self.options.timeout:g} s ({option('--timeout', 'timeout')})"
+            ) from None
         except Exception as exc:  # reset, aborted, http.client.IncompleteRead: worth another try
             raise _Retry(f"connection lost while reading ({_one_line(exc)})") from None
         finally:
@@ -403,7 +414,7 @@ class HttpClient:
         if not answered:
             return self._timeout()
         return InputError(
-            f"{self.name}: not read within {self.options.timeout:g} s (--timeout bounds the whole "
+            f"{self.name}: not read within {self.options.timeout:g} s ({option('--timeout', 'timeout')} bounds the whole "
             "remote read; the server sends too slowly)"
         )
 
@@ -485,7 +496,7 @@ class HttpClient:
                 raise TimeoutError  # get() turns it into the deadline's error
 
     def _timeout(self) -> InputError:
-        return InputError(f"{self.name}: no answer within {self.options.timeout:g} s (--timeout)")
+        return InputError(f"{self.name}: no answer within {self.options.timeout:g} s ({option('--timeout', 'timeout')})")
 
     def _status_error(self, exc) -> None:
         code = exc.code
@@ -718,7 +729,9 @@ class FsspecSource:
         if end <= offset:
             return b""
         if self.options.deadline is not None and self.options.remaining() <= 0:
-            raise InputError(f"{self.name}: not read within {self.options.timeout:g} s (--timeout bounds the whole remote read)")
+            raise InputError(
+                f"{self.name}: not read within {self.options.timeout:g} s ({option('--timeout', 'timeout')} bounds the whole remote read)"
+            )
         with self._lock:
             try:
                 self._f.seek(offset)
