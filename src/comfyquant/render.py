@@ -34,20 +34,11 @@ def _by_tensor(f) -> bool:
 
 def _template(f, text):
     """``text`` with the finding's quoted tensor name (``'x.weight'``, as messages write it)
-    replaced by ``<tensor>``; ``text`` itself when the finding is about a layer, or None."""
+    taken out, for the grouping key only (never printed); ``text`` itself when the finding is
+    about a layer, or None."""
     if text is None or not _by_tensor(f):
         return text
     return text.replace(repr(f.tensor), "<tensor>")
-
-
-def _layer_template(msg: str, layer: str | None) -> str:
-    """``msg`` with the layer's name, where it stands as a whole name, replaced by ``<layer>``
-    (never a letter inside another word: a layer named ``a``)."""
-    if not layer:
-        return msg
-    import re
-
-    return re.sub(r"(?<![\w.])" + re.escape(layer) + r"(?![\w.])", "<layer>", msg)
 
 
 def _group(findings):
@@ -114,21 +105,20 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
         f = group[0]
         many = len(group) > 1
         tensors = many and _by_tensor(f)
-        where = f.layer or (f.file or "")
+        where = f.layer or f.file or "(checkpoint)"  # a finding about the whole file still says where
         if f.tensor and f.layer:
             where += " · " + f.tensor.rsplit(".", 1)[-1]
         elif f.tensor and not tensors:
             where += " · " + f.tensor
         lines.append("")
         lines.append((f.severity, f"{f.code} {where}"))
-        msg = _template(f, f.message) if tensors else f.message
-        if many and not tensors:
-            msg = _layer_template(msg, f.layer)
+        # a group prints its first finding's words as they are (the names they quote are real
+        # ones, never a placeholder); the list below names every layer or tensor it covers
         if not (f.expected and f.actual):
-            lines.append(f"  {msg}")
+            lines.append(f"  {f.message}")
         for label, value in (("expected", f.expected), ("actual", f.actual), ("cause", f.cause), ("fix", f.fix)):
             if value:
-                lines.append(f"  {label:<8} {_template(f, value) if tensors else value}")
+                lines.append(f"  {label:<8} {value}")
         if f.targets:
             lines.append(f"  {'affects':<8} {', '.join(f.targets)}")
         if tensors:
