@@ -207,6 +207,15 @@ def _paint(cell: str, kind: str, color: bool) -> str:
     return f"{_FORMAT_COLORS[kind]}{cell}\033[0m" if color else cell
 
 
+def _stored_shape(row) -> str:
+    """A layer without an N x K (a 1-D norm weight, a weight stored in more dimensions) shows
+    its weight's shape as stored, ``256`` or ``24x48x2x2``; ``?`` only when there is none."""
+    weight = (getattr(row, "stored", None) or {}).get("weight")
+    if weight is None:
+        return "?"
+    return "x".join(map(str, weight["shape"])) or "scalar"
+
+
 def render_inventory(inv, stream=None, width: int | None = None, metadata: bool = False, tensors: list | None = None) -> str:
     """The inventory as text.  ``width``: fit the layer table to that many columns (a
     terminal's; None: every column); ``metadata``: also ``__metadata__``; ``tensors``: also
@@ -217,7 +226,7 @@ def render_inventory(inv, stream=None, width: int | None = None, metadata: bool 
     kinds = []
     foreign = any(r.verdict for r in inv.rows)
     for r in inv.rows:
-        nk = f"{r.n}x{r.k}" if r.n is not None and r.k is not None else "?"
+        nk = f"{r.n}x{r.k}" if r.n is not None and r.k is not None else _stored_shape(r)
         bpw = f"{r.bits_per_weight:.2f}" if r.bits_per_weight is not None else "-"
         row = [r.name, r.format, nk, r.params, r.dtypes, human_size(r.bytes), bpw]
         if foreign:
@@ -237,6 +246,10 @@ def render_inventory(inv, stream=None, width: int | None = None, metadata: bool 
         head.insert(1, "layout [migrate]")
     head, rows, dropped = _fit(head, rows, width)
     lines = [f"layout: {inv.dialect}"] + [f"  {n}" for n in inv.notes]
+    if inv.damage:
+        first = inv.damage[0]
+        more = " (and more: comfyquant check lists every problem)" if len(inv.damage) > 1 else ""
+        lines.insert(0, f"DAMAGED: {first['message']} [{first['code']}]{more}; the table shows what the header claims")
     body = table(head, rows, right={len(head) - 2, len(head) - 1})
     if color:
         col = head.index("format")
@@ -264,9 +277,8 @@ def render_inventory(inv, stream=None, width: int | None = None, metadata: bool 
     lines.append("")
     ratio = inv.bf16_bytes / inv.file_bytes if inv.file_bytes else 0
     lines.append(f"other tensors: {inv.other_tensors} ({human_size(inv.other_bytes)})")
-    lines.append(
-        f"files: {len(inv.files)}, {human_size(inv.file_bytes)}; as BF16: {human_size(inv.bf16_bytes)} (compression {ratio:.2f}x)"
-    )
+    ratio_text = "compression not measured: the file is damaged" if inv.damage else f"compression {ratio:.2f}x"
+    lines.append(f"files: {len(inv.files)}, {human_size(inv.file_bytes)}; as BF16: {human_size(inv.bf16_bytes)} ({ratio_text})")
     if metadata:
         lines.append("")
         lines.extend(_metadata_lines(inv.metadata, width))
@@ -318,7 +330,7 @@ def render_migrate(result) -> str:
         lines.append("")
         lines.append(f"refused ({len(result.plan.refused)}): nothing is written")
         for layer, why in result.plan.refused[:20]:
-            lines.append(f"  {layer}: {why}")
+            lines.append(f"  {layer or '(checkpoint)'}: {why}")
         if len(result.plan.refused) > 20:
             lines.append(f"  ... and {len(result.plan.refused) - 20} more (--json lists all)")
     elif result.dry_run:
@@ -418,9 +430,11 @@ def render_fix(result) -> str:
         lines.append(f"{state}: {len(remaining)} error{'s' * (len(remaining) != 1)} left:")
         for group in _group(remaining):
             f = group[0]
-            where = f.layer or ""
+            where = f.layer or f.file or "(checkpoint)"
             if f.tensor and f.layer:
                 where += " · " + f.tensor.rsplit(".", 1)[-1]
+            elif f.tensor and len(group) == 1:
+                where += " · " + f.tensor
             more = f" (+{len(group) - 1} more {'tensors' if _by_tensor(f) else 'layers'})" if len(group) > 1 else ""
             lines.append(f"  {f.code} {where}{more}: {f.cause or f.message}")
             if f.fix:
