@@ -16,6 +16,8 @@ from safetensors.torch import save_file
 
 diffusers = pytest.importorskip("diffusers")
 
+from comfyquant.diffusers import load_transformer  # noqa: E402
+from comfyquant.torch import LoadError, QuantLinear  # noqa: E402
 from test_diffusers_load import (  # noqa: E402
     DTYPE,
     QUANT,
@@ -28,9 +30,6 @@ from test_diffusers_load import (  # noqa: E402
     reference_model,
     run,
 )
-
-from comfyquant.diffusers import load_transformer  # noqa: E402
-from comfyquant.torch import LoadError, QuantLinear  # noqa: E402
 
 
 def narrow_case(heads: int) -> Case:
