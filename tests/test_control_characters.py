@@ -111,3 +111,12 @@ def test_decoding_commands_print_names_escaped(hostile, tmp_path, capsys):
         assert code in (0, 1), (args, err)
         assert _raw_controls(out) == [], (args, out)
         assert _raw_controls(err) == [], (args, err)
+
+
+@pytest.mark.parametrize("args", [["check"], ["check", "-v"], ["inspect", "--tensors"], ["fix", "--dry-run"]], ids=" ".join)
+def test_a_line_break_in_a_name_cannot_forge_a_line(tmp_path, capsys, args):
+    forged = "blk\nERROR C999 forged\r"
+    path = b.write(tmp_path / "m.safetensors", b.int8_layer(forged, scale_shape=(1, 32)), b.dense_layer("d\n\tx"))
+    _code, out, err = _run(capsys, *args, path)
+    assert not any(line.startswith("ERROR C999") for line in (out + err).splitlines()), out
+    assert "blk\\x0aERROR C999 forged\\x0d" in out

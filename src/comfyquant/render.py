@@ -341,7 +341,7 @@ def render_migrate(result) -> str:
         else:
             caveat = "" if result.after is None or result.after.ok else " (the re-check still finds errors: see check)"
         lines.append(f"wrote {', '.join(result.outputs)}{caveat}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # lines quote layer names from the file
 
 
 def render_fix(result) -> str:
@@ -455,7 +455,7 @@ def render_fix(result) -> str:
         )
     while lines and not lines[-1]:
         lines.pop()
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # lines quote layer names from the file
 
 
 # -- check --recursive -----------------------------------------------------------------------
@@ -475,11 +475,11 @@ def render_summary_line(item, verbose: bool = False) -> str:
     """One line for one checkpoint of a tree (``-v``: plus the reads per file)."""
     status = _STATUS[item.status]
     if item.report is None:
-        return f"{status:<7} {item.error}"
+        return printable(f"{status:<7} {item.error}")
     r = item.report
     c = r.counts
     line = (
-        f"{status:<7} {item.label}: {_plural(len(r.files), 'file')}, {_plural(r.layers, 'layer')}, "
+        f"{status:<7} {printable(item.label)}: {_plural(len(r.files), 'file')}, {_plural(r.layers, 'layer')}, "
         f"{_plural(c['error'], 'error')}, {_plural(c['warning'], 'warning')}"
     )
     fails = [
@@ -488,7 +488,9 @@ def render_summary_line(item, verbose: bool = False) -> str:
         if v.first is not None
     ]
     if fails:
-        line += "; " + fails[0] + (f" (+{len(fails) - 1} more runtime{'s' * (len(fails) > 2)})" if len(fails) > 1 else "")
+        line += (
+            "; " + printable(fails[0]) + (f" (+{len(fails) - 1} more runtime{'s' * (len(fails) > 2)})" if len(fails) > 1 else "")
+        )
     if verbose:
         for file, st in r.io.items():
             line += f"\n        read {file}: {_plural(st['requests'], 'request')}, {st['bytes']} bytes"
@@ -497,9 +499,9 @@ def render_summary_line(item, verbose: bool = False) -> str:
 
 def render_section(item, verbose: bool = False, stream=None) -> str:
     """One checkpoint of a folder of separate checkpoints: a heading, then its full report."""
-    head = f"\n== {item.label} =="
+    head = f"\n== {printable(item.label)} =="
     if item.report is None:
-        return f"{head}\n{_STATUS[item.status]} {item.error}"
+        return f"{head}\n{_STATUS[item.status]} {printable(str(item.error))}"
     return f"{head}\n{render_report(item.report, verbose=verbose, stream=stream)}"
 
 
