@@ -37,9 +37,9 @@ def run_cli(capsys, *args):
         (lambda p: raw_file(p, "{}", length=10_000), "runs past the end of the file"),
         (lambda p: raw_file(p, "{}", length=200 * 1024 * 1024), "exceeds the 100 MB limit"),
         (lambda p: raw_file(p, "{not json"), "header is not valid JSON"),
-        (lambda p: raw_file(p, "[1, 2]"), "header is a JSON list, expected an object"),
+        (lambda p: raw_file(p, "[1, 2]"), "header is a JSON array, expected an object"),
         (lambda p: raw_file(p, b"\xff\xfe{}"), "not UTF-8"),
-        (lambda p: raw_file(p, '{"__metadata__": [1]}'), "__metadata__ is a JSON list"),
+        (lambda p: raw_file(p, '{"__metadata__": [1]}'), "__metadata__ is a JSON array"),
     ],
 )
 def test_unreadable_file_is_one_line_exit_2(tmp_path, capsys, build, needle):

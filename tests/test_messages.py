@@ -158,3 +158,20 @@ def test_a_default_output_is_named_for_the_model_not_the_container(tmp_path, nam
 
     assert default_output([str(tmp_path / name)], None, "comfy") == str(tmp_path / "x.comfy.safetensors")
     assert default_output([str(tmp_path / "flux.1-dev")], None, "comfy") == str(tmp_path / "flux.1-dev.comfy.safetensors")
+
+
+def test_json_problems_speak_json_and_show_text_not_python_reprs(tmp_path):
+    path = b.write(
+        tmp_path / "m.safetensors",
+        b.fp8_layer("blocks.0.a", marker=b"{not json"),
+        b.fp8_layer("blocks.1.a", marker=b""),
+        b.fp8_layer("blocks.2.a", marker=[1, 2]),
+    )
+    findings = {f.layer: f for f in comfyquant.check(path).findings if f.code in ("M001", "M002")}
+    assert findings["blocks.0.a"].actual == "9 bytes: '{not json'"
+    assert findings["blocks.1.a"].actual == "empty (0 bytes)"
+    assert "holds a JSON array, expected an object" in findings["blocks.2.a"].message
+    for f in findings.values():
+        assert "b'" not in (f.actual or "") and " list" not in f.message
+    with pytest.raises(ComfyQuantError, match="header is a JSON array, expected an object"):
+        comfyquant.check(b.raw_file(tmp_path / "h.safetensors", "[1, 2]"))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from ..checker.fit import differing_keys, explain, fitting_side
 from ..checker.rules import prefix_match
 from ..dtypes import QUANTIZED_WEIGHT_DTYPES
+from ..findings import json_kind
 from ..formats.base import Format, GeometryError
 from ..formats.diagnose import dtype_matches, fmt_shape
 from ..formats.registry import FORMATS, infer_format
@@ -607,7 +608,7 @@ def _metadata_text(ckpt, plan: Plan) -> None:
             plan.metadata_text.setdefault(h.file, {})[key] = text
             shown = text if len(text) <= 40 else text[:37] + "..."
             plan.changes.append(
-                Change(None, None, f"store __metadata__[{key!r}] as JSON text", f"{type(value).__name__} {shown}", "string")
+                Change(None, None, f"store __metadata__[{key!r}] as JSON text", f"{json_kind(value)} {shown}", "string")
             )
 
 

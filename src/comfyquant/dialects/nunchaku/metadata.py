@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 
+from ...findings import json_kind
+
 KEYS = ("model_class", "config", "comfy_config", "quantization_config", "format")
 MISSING_COMFY_CONFIG = (
     "ComfyUI-nunchaku's DiT loader reads json.loads(metadata.get('comfy_config')) and fails with "
@@ -117,12 +119,12 @@ def read(md: dict) -> Facts:
                 "comfy_config has no model_class: ComfyUI-nunchaku's Flux loader reads comfy_config['model_class'] (KeyError)"
             )
     elif comfy is not None:
-        f.problems.append(f"comfy_config is JSON {type(comfy).__name__}, not an object")
+        f.problems.append(f"comfy_config is a JSON {json_kind(comfy)}, not an object")
     q = _json(md, "quantization_config", f)
     if isinstance(q, dict):
         _quant(q, f)
     elif "quantization_config" in md and q is not None:
-        f.problems.append(f"quantization_config is JSON {type(q).__name__}, not an object")
+        f.problems.append(f"quantization_config is a JSON {json_kind(q)}, not an object")
     return f
 
 
