@@ -120,3 +120,19 @@ def test_a_line_break_in_a_name_cannot_forge_a_line(tmp_path, capsys, args):
     _code, out, err = _run(capsys, *args, path)
     assert not any(line.startswith("ERROR C999") for line in (out + err).splitlines()), out
     assert "blk\\x0aERROR C999 forged\\x0d" in out
+
+
+@pytest.mark.needs_torch
+def test_decoding_commands_cannot_be_forged_a_line_either(tmp_path, capsys):
+    src = b.write(tmp_path / "m.safetensors", b.fp8_layer("blk\nERROR C999 forged"), b.dense_layer("d\nFAKE LINE"))
+    dense = tmp_path / "dense.safetensors"
+    for args in (
+        ["dequantize", src, dense],
+        ["compare", src, dense],
+        ["quantize", dense, tmp_path / "q.safetensors", "--format", "float8_e4m3fn", "-v"],
+        ["quantize", dense, tmp_path / "q2.safetensors", "--format", "float8_e4m3fn", "--dry-run"],
+    ):
+        code, out, err = _run(capsys, *args)
+        assert code in (0, 1), (args, err)
+        lines = (out + err).splitlines()
+        assert not any(line.startswith(("ERROR C999", "FAKE LINE")) for line in lines), (args, out)

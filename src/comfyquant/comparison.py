@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from .errors import InputError, option
-from .naming import natural_key
+from .naming import natural_key, printable
 
 OVER_TAG = "over-max-error"
 """The word an output over ``--max-error`` is kept under (``<stem>.over-max-error.safetensors``)."""
@@ -191,7 +191,7 @@ class Comparison:
             lines.append(f"only in A ({len(self.only_a)}): {_names(self.only_a)}")
         if self.only_b:
             lines.append(f"only in B ({len(self.only_b)}): {_names(self.only_b)}")
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)  # lines quote names from the file
 
 
 def _sort_value(x: float | None) -> float:

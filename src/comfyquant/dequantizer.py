@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 
 from .errors import ComfyQuantError, InputError, option
 from .io.outputs import claim
+from .naming import printable
 from .units import human_size
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ class Summary:
                 f"(most: {worst}, {self.overflowed[worst]}); use --dtype bf16 or f32"
             )
         lines += [f"wrote {p}" for p in self.outputs]
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)  # lines quote names from the file
 
 
 class DecodedLayer:
