@@ -215,7 +215,7 @@ def test_header_markers_rekeyed_to_tensor_names(tmp_path):
 def test_rotating_format_needs_convrot_groupsize(tmp_path):
     src = write(tmp_path / "in.safetensors", w4a8_layer(P, marker=False))
     r = fix(src, out=str(tmp_path / "a.safetensors"))
-    assert any("--convrot-groupsize" in why for _, why in r.plan.refused)
+    assert any("pass convrot_groupsize=C" in why for _, why in r.plan.refused)  # the API names its keyword
     assert not os.path.exists(tmp_path / "a.safetensors")
     dest = str(tmp_path / "b.safetensors")
     assert fix(src, out=dest, convrot_groupsize=256).ok

@@ -118,7 +118,7 @@ class Summary:
             lines.append(
                 f"warning: {total} value{'s' * (total != 1)} in {len(self.overflowed)} layer"
                 f"{'s' * (len(self.overflowed) != 1)} exceed F16's range and were written as +-inf "
-                f"(most: {worst}, {self.overflowed[worst]}); use --dtype bf16 or f32"
+                f"(most: {worst}, {self.overflowed[worst]}); use {option('--dtype', 'dtype=')} bf16 or f32"
             )
         lines += [f"wrote {p}" for p in self.outputs]
         return "\n".join(printable(line) for line in lines)  # lines quote names from the file

@@ -386,12 +386,12 @@ def _references(plan: Plan, reference: str) -> dict[str, tuple]:
                 )
             if entry.dtype not in REFERENCE_DTYPES:
                 raise InputError(
-                    f"--reference {reference}: {name!r} is {entry.dtype}, not a dense float weight (F32, "
+                    f"{option('--reference', 'reference=')} {reference}: {name!r} is {entry.dtype}, not a dense float weight (F32, "
                     "BF16 or F16): --reference takes the original, unquantized checkpoint"
                 )
             if tuple(entry.shape) != (lp.n, lp.k):
                 raise InputError(
-                    f"--reference {reference}: {name!r} has shape {list(entry.shape)}, but layer "
+                    f"{option('--reference', 'reference=')} {reference}: {name!r} has shape {list(entry.shape)}, but layer "
                     f"{lp.name!r} is [{lp.n}, {lp.k}]: not the original of this layer"
                 )
             out[lp.name] = entry_spec(entry)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from ..checker.fit import differing_keys, explain, fitting_side
 from ..checker.rules import prefix_match
 from ..dtypes import QUANTIZED_WEIGHT_DTYPES
+from ..errors import option
 from ..findings import json_kind
 from ..formats.base import Format, GeometryError
 from ..formats.diagnose import dtype_matches, fmt_shape
@@ -541,7 +542,7 @@ def _infer_marker(layer, options: Options, plan: Plan) -> dict | None:
             (
                 layer.prefix,
                 f"unmarked layer looks like {fmt.name}, but its ConvRot size cannot be told "
-                f"from the tensors: pass --convrot-groupsize C (16, 64 or 256)",
+                f"from the tensors: pass {option('--convrot-groupsize C', 'convrot_groupsize=C')} (16, 64 or 256)",
             )
         )
         return None
@@ -702,7 +703,11 @@ def _lossy(layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Pla
         return False
     if not plan.options.allow_lossy:
         plan.refused.append(
-            (layer.prefix, f"{op.why}: a lossy re-quantization; re-run with --allow-lossy (the error is measured and reported)")
+            (
+                layer.prefix,
+                f"{op.why}: a lossy re-quantization; re-run with {option('--allow-lossy', 'allow_lossy=True')} "
+                "(the error is measured and reported)",
+            )
         )
         return True
     op.change = Change(

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, option
 from ..formats.registry import FORMATS
 from .lossy import requantize
 
@@ -161,7 +161,7 @@ def _reference_rows(ref, ref_path: str, prefix: str, shape: tuple[int, int]):
     if entry.dtype not in DENSE_DTYPES:
         raise ReferenceError(
             f"{ref_path}: {name!r} is {entry.dtype}, not a dense float weight (F32, BF16 or F16): "
-            "--reference takes the original, unquantized checkpoint"
+            f"{option('--reference', 'reference=')} takes the original, unquantized checkpoint"
         )
     if tuple(entry.shape) != tuple(shape):
         raise ReferenceError(
