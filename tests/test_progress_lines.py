@@ -85,3 +85,11 @@ def test_dequantize_writes_progress_lines_into_a_log(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "dequantize: " in out.stderr and "\r" not in out.stderr
+
+
+@pytest.mark.parametrize("value, every", [("nan", 10.0), ("inf", 10.0), ("-5", 0.0), ("abc", 10.0), ("2.5", 2.5)])
+def test_the_interval_setting_takes_a_finite_number_of_seconds(monkeypatch, value, every):
+    import comfyquant.io.progress as progress
+
+    monkeypatch.setenv("COMFYQUANT_PROGRESS_EVERY", value)
+    assert progress._every() == every
