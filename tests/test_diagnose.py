@@ -78,7 +78,7 @@ def _geometry(tensors: dict, params: dict) -> dict:
     return dict(params, N=n, K=k)
 
 
-# Causes worded with the words the fix text used to be picked by: the fix must follow the kind.
+# Causes worded with words a fix text could be picked by: the fix must follow the kind, not the words.
 TRICKY = Format(
     name="tricky_test_format",
     title="a test format whose causes use misleading words",

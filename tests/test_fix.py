@@ -564,7 +564,7 @@ def _truncated(h, data):
 def test_container_damage_that_a_rewrite_cannot_carry_is_refused_whole(tmp_path, capsys, edit, code):
     """An unknown dtype, a malformed entry, a span that does not match dtype x shape, a
     tensor past the end of the file: writing the other repairs would drop or garble data (a
-    malformed entry used to vanish from the output, the others crashed the writer), so
+    malformed entry would vanish from the output, the others would crash the writer), so
     nothing is written and the refusal names the damage."""
     src = _seed_with(tmp_path, "in.safetensors", edit)
     before = digest(src)

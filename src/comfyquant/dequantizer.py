@@ -22,7 +22,7 @@ renamed into place (a failure anywhere leaves no output file, not even of anothe
   the writer puts the bytes on disk with ``O_DIRECT`` where the filesystem allows
   (:mod:`comfyquant.io.direct`: a buffered ``write`` cost as much CPU as the FP8 decode).
 * A weight without a marker of its own in a file whose ``quant_format`` SGLang honours
-  (``mxfp8``, spec 1.5) is decoded with the marker SGLang gives it
+  (``mxfp8``, SGLang 0.5.23 inspect_comfy_quant_markers) is decoded with the marker SGLang gives it
   (:func:`comfyquant.markers.file_level_markers`); ComfyUI and comfy-kitchen never read the key.
 * ``__metadata__`` is kept, minus the marker map ``_quantization_metadata`` and SGLang's
   ``quant_format``, which would describe tensors that no longer exist.

@@ -1,4 +1,4 @@
-"""Marker discovery and merging (spec 1.2-1.5).
+"""Marker discovery and merging (ComfyUI comfy/utils.py ``convert_old_quants``, SGLang 0.5.23 inspect_comfy_quant_markers).
 
 Sources, per file and in the order SGLang reads them: the header's
 ``__metadata__._quantization_metadata`` (``{"format_version", "layers": {prefix: marker}}``),
@@ -110,12 +110,12 @@ def collect_markers(ckpt) -> MarkerSet:
 
 FILE_LEVEL_DTYPES = ("F8_E4M3", "I8", "U8")
 """Weight dtypes SGLang requires a marker for, and the ones a file-level ``quant_format`` gives
-one to (spec 1.3, 1.5)."""
+one to (SGLang 0.5.23 inspect_comfy_quant_markers)."""
 
 
 def file_level_format(ms: MarkerSet):
     """The :class:`~comfyquant.formats.base.Format` that the files' ``quant_format`` gives every
-    unmarked quantized weight, as SGLang reads it (spec 1.5): every file that sets a non-empty
+    unmarked quantized weight, as SGLang reads it (SGLang 0.5.23 inspect_comfy_quant_markers): every file that sets a non-empty
     ``quant_format`` sets the same value (compared in lower case), and a format description
     names that value as its ``quant_format``.  None otherwise (SGLang then ignores the key)."""
     lowered = {v.lower() for v in ms.quant_formats.values() if v}
@@ -128,7 +128,7 @@ def file_level_format(ms: MarkerSet):
 
 
 def file_level_markers(ckpt) -> dict[str, dict]:
-    """Prefix -> the marker SGLang creates from ``quant_format`` (``setdefault``, spec 1.5) for
+    """Prefix -> the marker SGLang creates from ``quant_format`` (``setdefault`` in SGLang 0.5.23 inspect_comfy_quant_markers) for
     each layer without a marker of its own whose stored weight is ``F8_E4M3``, ``I8`` or ``U8``.
 
     ComfyUI and comfy-kitchen never read ``quant_format``: ``dequantize``, ``convert`` and

@@ -95,7 +95,7 @@ class Slot:
     severity); ``alt_shapes``: known other shapes ``(expression, cause[, severity])`` that
     identify how a file went wrong; ``positive``: values must be finite and > 0 (``--deep``);
     ``blocked``: the tensor holds per-block scales of this block size (16, 32) in the blocked
-    128x4 layout (spec 2.4), which the fixer can convert from the unblocked ``[N, K/block]``.
+    128x4 layout (comfy-kitchen 0.2.40 ``float_utils.to_blocked``), which the fixer can convert from the unblocked ``[N, K/block]``.
 
     ``rows``: how the tensor follows a split of the layer's output rows (``formats/rows.py``).
     None: read from ``shape`` -- the axis whose size follows N, with the rows one index holds,
@@ -321,9 +321,9 @@ class Format:
     ``geometry(tensors by suffix, resolved params) -> env`` with N, K, bits, variant ... (may
     raise GeometryError); ``rotation`` is "none", "always" or "convrot key"; ``loaders`` the
     runtimes that load it ({"comfyui", "sglang", "comfy-kitchen"}); ``recognize(tensors)`` says
-    whether an unmarked layer's tensors look like this format (spec 6.6).
+    whether an unmarked layer's tensors look like this format.
 
-    MoE expert banks (spec 3.9, ComfyUI only) store a leading expert dimension ``[E, out, ...]``.
+    MoE expert banks (ComfyUI only: comfy/ops.py ``MoEExperts``) store a leading expert dimension ``[E, out, ...]``.
     ``bank_rows`` names the tensors ComfyUI's loader flattens to ``[E*out, ...]``, reading the
     bank as one 2-D layer of ``E*out`` rows; ``bank_rows_if`` names a tensor that must itself be
     3-D for that (INT8: a per-row ``weight_scale``).  A format without ``bank_rows`` has no
@@ -334,7 +334,7 @@ class Format:
     from none the encoders write.
 
     ``quant_format`` is the file-level ``__metadata__["quant_format"]`` value (lower case) that
-    makes SGLang read every unmarked ``F8_E4M3``/``I8``/``U8`` weight as this format (spec 1.5:
+    makes SGLang read every unmarked ``F8_E4M3``/``I8``/``U8`` weight as this format (SGLang 0.5.23 inspect_comfy_quant_markers:
     MXFP8 only); ComfyUI and comfy-kitchen read per-layer markers only.
 
     ``encode_params(env, tensors)`` gives the encoder arguments that reproduce a stored
@@ -348,7 +348,7 @@ class Format:
     format's codec, imported on first use so that describing a format never imports torch
     (None: nothing here encodes or decodes it).  ``order`` places the format in listings;
     ``infer_rank`` places ``recognize`` in the inference order (lower is tried first: the more
-    specific tensor signatures, spec 6.6; None: never inferred).
+    specific tensor signatures; None: never inferred).
 
     ``heavy_encoder``: encoding is compute bound far below disk speed (least-squares passes,
     a whole-layer GEMM), so ``quantize --jobs auto`` spreads such layers over worker processes,
@@ -376,7 +376,7 @@ class Format:
       tensors it writes and replaces), or None when the target can use the layer as stored.
       None: the format has no lossy repair.
     * ``legacy_renames``: old tensor suffix -> suffix, for the legacy layers this format
-      replaces (spec 1.6, scaled FP8: ``scale_weight`` -> ``weight_scale``).
+      replaces (ComfyUI's legacy scaled FP8 in comfy/utils.py: ``scale_weight`` -> ``weight_scale``).
     """
 
     __slots__ = (

@@ -30,7 +30,7 @@ _PROBE = 1024
 """Rows added to N to see which axes follow it (a multiple of every row granularity, 16 to 128)."""
 
 BLOCKED_TILE_ROWS = 128
-"""Rows of one tile of the blocked scale layout (spec 2.4): a split inside a tile is not a slice."""
+"""Rows of one tile of the blocked scale layout (comfy-kitchen 0.2.40 ``float_utils.to_blocked``): a split inside a tile is not a slice."""
 
 
 class Cut:

@@ -226,7 +226,7 @@ def _default_text(k: MarkerKey) -> str:
 @cache
 def _nested_keys_text() -> str:
     """The keys ComfyUI also reads from a nested ``params`` object: every format's
-    ``nested_ok`` keys (spec 1.5), in name order."""
+    ``nested_ok`` keys (ComfyUI comfy/quant_ops.py reads them there), in name order."""
     from .registry import FORMATS  # imports every format package: only on this rare path
 
     names = sorted({k.name for f in FORMATS.values() for k in f.keys if k.nested_ok})

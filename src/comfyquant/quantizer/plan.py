@@ -358,7 +358,7 @@ def _padding_loses_shape(fmt_name: str, n: int, k: int, bias) -> str | None:
 
 def _plan_convert(layer, options: Options, implied: dict | None = None) -> LayerPlan:
     """``implied``: the marker the file's ``quant_format`` gives this unmarked layer (SGLang's
-    reading, spec 1.5); the layer is then read with it, and a copy of it carries it as its own
+    reading in SGLang 0.5.23 inspect_comfy_quant_markers); the layer is then read with it, and a copy of it carries it as its own
     marker (the output drops ``quant_format``)."""
     from .. import codecs
     from ..formats.codec import CodecError, output_dtype

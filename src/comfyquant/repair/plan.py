@@ -567,7 +567,7 @@ def _generic_marker(fmt: Format, tensors: dict, convrot_groupsize: int | None) -
 
 
 def _file_level_marker(layer, marker: dict, plan: Plan) -> dict | None:
-    """The marker the file's ``quant_format`` gives this unmarked layer in SGLang (spec 1.5),
+    """The marker the file's ``quant_format`` gives this unmarked layer in SGLang (SGLang 0.5.23 inspect_comfy_quant_markers),
     written per layer so that ComfyUI and comfy-kitchen, which never read ``quant_format``,
     read the layer as SGLang does.  ``quant_format`` itself stays: it describes the same
     layers, and SGLang keeps loading the file the way it did."""
