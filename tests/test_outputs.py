@@ -230,7 +230,7 @@ def test_default_names_of_urls_land_in_the_current_folder(tmp_path, monkeypatch)
     shards = ["hf://org/repo/unet/m-00001-of-00002.safetensors", "hf://org/repo/unet/m-00002-of-00002.safetensors"]
     assert default_output(shards, None, "dense") == str(tmp_path / "unet.dense")
     assert default_output([str(tmp_path / "a" / "m.safetensors")], None, "nvfp4") == str(tmp_path / "a" / "m.nvfp4.safetensors")
-    assert default_output(["rel/x.bin"], None, "fixed") == "rel/x.bin.fixed.safetensors"
+    assert default_output(["rel/x.bin"], None, "fixed") == "rel/x.fixed.safetensors"  # named for the model, any extension
 
 
 # -- sharded outputs: the index is an output like the shards ----------------------------------------
