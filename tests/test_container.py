@@ -41,9 +41,9 @@ def run_cli(capsys, *args):
             lambda p: raw_file(p, '{"a": {"dtype": "F32", "shape": [' + "9" * 5000 + '], "data_offsets": [0, 4]}}'),
             "for integer string conversion",
         ),
-        (lambda p: raw_file(p, "[1, 2]"), "header is a JSON list, expected an object"),
+        (lambda p: raw_file(p, "[1, 2]"), "header is a JSON array, expected an object"),
         (lambda p: raw_file(p, b"\xff\xfe{}"), "not UTF-8"),
-        (lambda p: raw_file(p, '{"__metadata__": [1]}'), "__metadata__ is a JSON list"),
+        (lambda p: raw_file(p, '{"__metadata__": [1]}'), "__metadata__ is a JSON array"),
     ],
 )
 def test_unreadable_file_is_one_line_exit_2(tmp_path, capsys, build, needle):

@@ -164,7 +164,7 @@ def test_output_dtype_choice(tmp_path):
     tensors, _ = read_all(tmp_path / "f16.safetensors")
     assert {t.dtype for n, t in tensors.items() if n.endswith(".weight")} == {torch.float16}
     assert raw(tensors["b.weight"]) == raw(expected_dense(layers[1], "f16"))
-    with pytest.raises(DequantizeError, match="--dtype must be one of bf16, f16, f32"):
+    with pytest.raises(DequantizeError, match="^dtype must be one of bf16, f16, f32"):
         comfyquant.dequantize(src, str(tmp_path / "x.safetensors"), dtype="int8")
 
 
@@ -405,7 +405,7 @@ def test_output_is_checked_before_it_is_renamed(tmp_path, monkeypatch):
 def test_cli_output_by_option_like_fix(tmp_path, capsys):
     """``-o OUT`` works as the last positional does (``fix`` takes ``-o``); without either the
     output gets its default name, as ``fix``'s does (``<name>.dense.safetensors`` next to the
-    input), and a second run refuses to replace it with one line (the one output rule)."""
+    input), and a second run refuses to replace it with one line (the output rule every writing command shares)."""
     src = write_layers(tmp_path / "m.safetensors", model_layers(), metadata=META)
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     assert main(["dequantize", src, "-o", str(a), "--no-progress"]) == 0

@@ -22,16 +22,26 @@ from kitchen_fixtures import dense_layer, make_layer, write_layers
 from test_dequantize import raw, read_all
 
 
-def _record(monkeypatch) -> list[tuple]:
+def _record(monkeypatch, hold_for_next: list[str] | None = None) -> list[tuple]:
     """Events: ("read", thread name, entry names) at each read of packed tensors, and
     ("written", layer name) when the writer, done with a layer's last chunk, asks for more.
-    Writing is slow: 0.1 s per chunk (a slow disk), so the decode thread could run ahead."""
+    Writing is slow: 0.1 s per chunk (a slow disk), so a decode thread that ignored its
+    bounds would run ahead.  ``hold_for_next``: the quantized layers in file order; the writer
+    then finishes each one only once the next one has been read (or after 30 s, when it never
+    is): a pipeline that reads ahead lets it, one that reads a layer only when the writer
+    asks for it could not."""
     events: list[tuple] = []
     real_read, real_decoder, real_next = dq._Work._read, dq._Work._decoder, dq._Work._next
+    seen = threading.Condition()
 
     def read(self, entries):
-        events.append(("read", threading.current_thread().name, tuple(e.name for e in entries)))
+        with seen:
+            events.append(("read", threading.current_thread().name, tuple(e.name for e in entries)))
+            seen.notify_all()
         return real_read(self, entries)
+
+    def read_of(prefix: str) -> bool:
+        return any(e[0] == "read" and e[2][0].split(".")[0] == prefix for e in events)
 
     def decoder(self, layer):
         chunks = real_decoder(self, layer)
@@ -46,6 +56,10 @@ def _record(monkeypatch) -> list[tuple]:
     def next_item(self, layer):
         kind, value = real_next(self, layer)
         if kind == "end":
+            if hold_for_next and layer.name in hold_for_next[:-1]:
+                following = hold_for_next[hold_for_next.index(layer.name) + 1]
+                with seen:
+                    seen.wait_for(lambda: read_of(following), timeout=30)
             events.append(("written", layer.name))
         return kind, value
 
@@ -77,7 +91,7 @@ def test_the_next_layer_is_read_while_this_one_is_written(tmp_path, monkeypatch)
         make_layer("int8_convrot", prefix="c", seed=3),
     ]
     src = write_layers(tmp_path / "m.safetensors", layers)
-    events = _record(monkeypatch)
+    events = _record(monkeypatch, hold_for_next=["a", "b", "c"])
     comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
     reads = [e for e in events if e[0] == "read"]
     assert reads and all(name != threading.current_thread().name for _, name, _ in reads)
@@ -207,7 +221,7 @@ def test_one_gemm_layers_reuse_the_memory_of_the_last_ones(tmp_path, reuse_pools
     The decode thread runs ahead of the writer by design, so on a loaded machine (a CI run)
     a layer could be rounded while the writer still held the last one: new memory, by
     scheduling, not by a defect.  Here each layer after the first starts once every buffer of
-    the pool is free again, or after 5 s -- a writer that kept its last chunk (the defect this
+    the pool is free again, or after 30 s -- a writer that kept its last chunk (the defect this
     test is for) still leaves its buffer taken and fails the count."""
     import time
 
@@ -219,7 +233,7 @@ def test_one_gemm_layers_reuse_the_memory_of_the_last_ones(tmp_path, reuse_pools
         for item in produce(self, order):
             yield item
             if item[1] == "end":
-                pool, deadline = pages._REUSE, time.monotonic() + 5
+                pool, deadline = pages._REUSE, time.monotonic() + 30
                 while time.monotonic() < deadline and any(pages._users(b) != idle for b, idle in pool._held):
                     time.sleep(0.002)
 

@@ -24,7 +24,7 @@ def slot(fmt: Format, suffix: str) -> Slot:
 @pytest.mark.parametrize(
     ("suffix", "actual", "kind", "step"),
     [
-        ("weight_correction", (32, 16), dg.TRANSPOSED, "transpose to (K // group_size, N)"),
+        ("weight_correction", (32, 16), dg.TRANSPOSED, "transpose to (16, 32)"),
         ("weight_correction", (8, 32), dg.OTHER_GROUP_SIZE, ""),
         ("weight_correction", (32, 8), dg.OTHER_GROUP_SIZE, ""),
         ("weight_correction", (5, 7), dg.OTHER_SHAPE, ""),
@@ -44,7 +44,7 @@ def test_other_layout_is_the_slots_known_shape():
     env = {"N": 64, "K": 256}
     cause = dg.shape_cause(s, env, (64, 16), s.expected_shape(env))
     assert cause.kind == dg.OTHER_LAYOUT and "unblocked" in cause.text
-    assert cause.step == f"convert to {s.shape}"
+    assert cause.step == "convert to (128, 16)"  # the shape itself, never its formula
 
 
 @pytest.mark.parametrize(
@@ -78,7 +78,7 @@ def _geometry(tensors: dict, params: dict) -> dict:
     return dict(params, N=n, K=k)
 
 
-# Causes worded with words a fix text could be picked by: the fix must follow the kind.
+# Causes worded with words a fix text could be picked by: the fix must follow the kind, not the words.
 TRICKY = Format(
     name="tricky_test_format",
     title="a test format whose causes use misleading words",
@@ -100,9 +100,9 @@ TRICKY = Format(
 @pytest.mark.parametrize(
     ("scale", "fix"),
     [
-        (Meta("F8_E4M3", (4,)), "convert to (N, 1): comfyquant fix"),
+        (Meta("F8_E4M3", (4,)), "convert to (4, 1): comfyquant fix"),
         (Meta("F32", (4, 1)), "convert to F8_E4M3: comfyquant fix"),
-        (Meta("F32", (4,)), "convert to (N, 1) and convert to F8_E4M3: comfyquant fix"),
+        (Meta("F32", (4,)), "convert to (4, 1) and convert to F8_E4M3: comfyquant fix"),
     ],
 )
 def test_fix_follows_the_kind_not_the_words(scale, fix):
@@ -119,4 +119,4 @@ def test_seed_file_finding_renders_the_causes(tmp_path):
     causes = [dg.shape_cause(s, ENV, (32, 16), (16, 32)), dg.dtype_cause(s, "BF16")]
     assert [c.kind for c in causes] == [dg.TRANSPOSED, dg.DOWNCAST]
     assert f.cause == "; ".join(c.text for c in causes)
-    assert f.fix == "transpose to (K // group_size, N) and upcast to F32 (exact): comfyquant fix"
+    assert f.fix == "transpose to (16, 32) and upcast to F32 (exact): comfyquant fix"

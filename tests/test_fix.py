@@ -215,7 +215,7 @@ def test_header_markers_rekeyed_to_tensor_names(tmp_path):
 def test_rotating_format_needs_convrot_groupsize(tmp_path):
     src = write(tmp_path / "in.safetensors", w4a8_layer(P, marker=False))
     r = fix(src, out=str(tmp_path / "a.safetensors"))
-    assert any("--convrot-groupsize" in why for _, why in r.plan.refused)
+    assert any("pass convrot_groupsize=C" in why for _, why in r.plan.refused)  # the API names its keyword
     assert not os.path.exists(tmp_path / "a.safetensors")
     dest = str(tmp_path / "b.safetensors")
     assert fix(src, out=dest, convrot_groupsize=256).ok
@@ -564,7 +564,7 @@ def _truncated(h, data):
 def test_container_damage_that_a_rewrite_cannot_carry_is_refused_whole(tmp_path, capsys, edit, code):
     """An unknown dtype, a malformed entry, a span that does not match dtype x shape, a
     tensor past the end of the file: writing the other repairs would drop or garble data (a
-    malformed entry would vanish from the output, the others would break the writer), so
+    malformed entry would vanish from the output, the others would crash the writer), so
     nothing is written and the refusal names the damage."""
     src = _seed_with(tmp_path, "in.safetensors", edit)
     before = digest(src)

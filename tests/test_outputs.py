@@ -84,7 +84,7 @@ def snapshot(root) -> dict[str, str]:
 def refused(capsys, tmp_path, command: str, args: list[str], src, out, message: str) -> None:
     """The CLI refuses with exactly ``message`` and writes nothing, with or without
     ``--overwrite`` when the situation is not an existing output; the API raises the same
-    message."""
+    message, naming its keyword where the CLI names an option."""
     before = snapshot(tmp_path)
     assert main(args) == 2
     got = capsys.readouterr()
@@ -92,7 +92,7 @@ def refused(capsys, tmp_path, command: str, args: list[str], src, out, message: 
     assert snapshot(tmp_path) == before
     with pytest.raises(ComfyQuantError) as exc:
         api(command, src, out)
-    assert str(exc.value) == message
+    assert str(exc.value) == message.replace("pass --overwrite", "pass overwrite=True")  # the API's keyword
     assert snapshot(tmp_path) == before
 
 
@@ -229,7 +229,7 @@ def test_default_names_of_urls_land_in_the_current_folder(tmp_path, monkeypatch)
     shards = ["hf://org/repo/unet/m-00001-of-00002.safetensors", "hf://org/repo/unet/m-00002-of-00002.safetensors"]
     assert default_output(shards, None, "dense") == str(tmp_path / "unet.dense")
     assert default_output([str(tmp_path / "a" / "m.safetensors")], None, "nvfp4") == str(tmp_path / "a" / "m.nvfp4.safetensors")
-    assert default_output(["rel/x.bin"], None, "fixed") == "rel/x.bin.fixed.safetensors"
+    assert default_output(["rel/x.bin"], None, "fixed") == "rel/x.fixed.safetensors"  # named for the model, any extension
 
 
 # -- sharded outputs: the index is an output like the shards ----------------------------------------

@@ -32,23 +32,25 @@ def model(path, layers=LAYERS) -> str:
 
 
 def _wrap(monkeypatch, events: list, encode_hook=None, measure_hook=None) -> None:
-    """Record (what, layer, time) around the encoding and measuring halves of each layer."""
+    """Record (what, layer) around the encoding and measuring halves of each layer, in the
+    order they happen (the list is appended to under the GIL: its order is the order of
+    events, whatever the threads' timing)."""
     encode, measure = work.encode_task, work.measure_task
 
     def encode_task(task):
-        events.append(("encode", task["name"], time.perf_counter()))
+        events.append(("encode", task["name"]))
         if encode_hook:
             encode_hook(task)
         out = encode(task)
-        events.append(("encoded", task["name"], time.perf_counter()))
+        events.append(("encoded", task["name"]))
         return out
 
     def measure_task(task, *args):
-        events.append(("measure", task["name"], time.perf_counter()))
+        events.append(("measure", task["name"]))
         if measure_hook:
             measure_hook(task)
         out = measure(task, *args)
-        events.append(("measured", task["name"], time.perf_counter()))
+        events.append(("measured", task["name"]))
         return out
 
     monkeypatch.setattr(work, "encode_task", encode_task)
@@ -78,18 +80,32 @@ def test_auto_measures_a_layer_while_the_next_one_is_encoded(tmp_path, monkeypat
 
 def test_encoder_waits_for_the_measurement_two_layers_back(tmp_path, monkeypatch):
     """Memory bound: the encoder starts layer j only once layer j-2 is measured, so a slow
-    measurement never lets encoded layers pile up."""
+    measurement never lets encoded layers pile up.  A slow measurement gives an encoder that
+    ignored the bound every chance to show it; the order of events, not their times, is
+    asserted.  The overlap is proven by a wait: the measurement of layer 1 holds until layer 2's
+    encoding has started, which a pipeline that did not overlap could never let happen."""
     src = model(tmp_path / "in.safetensors")
     events: list = []
-    _wrap(monkeypatch, events, measure_hook=lambda task: time.sleep(0.2))
+    names = [name for name, _n, _k in LAYERS]
+    third_started = threading.Event()
+    overlapped = []
+
+    def on_encode(task):
+        if task["name"] == names[2]:
+            third_started.set()
+
+    def on_measure(task):
+        if task["name"] == names[1]:
+            overlapped.append(third_started.wait(30))
+        time.sleep(0.05)  # slow: an encoder that ran ahead of the bound would get there
+
+    _wrap(monkeypatch, events, on_encode, on_measure)
     r = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "int8", jobs="auto", progress=False)
     assert r.ok
-    at = {(what, name): t for what, name, t in events}
-    names = [name for name, _n, _k in LAYERS]
+    at = {(what, name): i for i, (what, name) in enumerate(events)}
     for j in range(2, len(names)):
-        assert at[("encode", names[j])] >= at[("measured", names[j - 2])]
-    # and the measurement did overlap: some layer was encoded while an earlier one was measured
-    assert any(at[("encode", names[j])] < at[("measured", names[j - 1])] for j in range(1, len(names)))
+        assert at[("encode", names[j])] > at[("measured", names[j - 2])], events
+    assert overlapped == [True]  # layer 2 was encoded while layer 1 was measured
 
 
 def test_output_bytes_and_quality_do_not_depend_on_the_pipeline(tmp_path):
@@ -168,27 +184,53 @@ def test_a_failed_encode_fails_the_run_with_its_one_line_error(tmp_path):
 
 def test_queued_layers_are_read_ahead(tmp_path, monkeypatch):
     """Each quantized layer's weight bytes are announced to the kernel (WILLNEED) before the
-    layer before it has finished encoding, so reading overlaps encoding."""
+    layer before it has finished encoding, so reading overlaps encoding.  Proven by a wait, not
+    by clocks: the encoding of each layer does not finish until the next layer's bytes have
+    been announced, which a pipeline that announced a layer only when its turn came could
+    never let happen (the wait would end empty-handed)."""
     if not hasattr(os, "posix_fadvise"):
         pytest.skip("no posix_fadvise on this platform")
     src = model(tmp_path / "in.safetensors")
-    events: list = []
     real = os.posix_fadvise
+    advised: list = []
+    announced = threading.Condition()
+    layer_ranges: dict = {}  # layer name -> (offset, length) of its weight, from the file
+    names = [name for name, _n, _k in LAYERS]
 
     def advise(fd, offset, length, advice):
-        events.append(("advise", (offset, length), time.perf_counter()))
+        with announced:
+            advised.append((offset, length))
+            announced.notify_all()
         return real(fd, offset, length, advice)
 
+    import json
+    import struct
+
+    with open(src, "rb") as fh:  # each weight's bytes, from the file's own header
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    for name in names:
+        a, b = header[f"{name}.weight"]["data_offsets"]
+        layer_ranges[name] = (8 + n + a, b - a)
+
+    waited = {}
+    encode = work.encode_task
+
+    def encode_task(task):
+        out = encode(task)
+        following = names.index(task["name"]) + 1
+        if following < len(names):
+            want = layer_ranges[names[following]]
+            with announced:
+                waited[task["name"]] = announced.wait_for(lambda: want in advised, timeout=30)
+        return out
+
     monkeypatch.setattr(os, "posix_fadvise", advise)
-    _wrap(monkeypatch, events)
+    monkeypatch.setattr(work, "encode_task", encode_task)
     r = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "int8", jobs=1, progress=False)
     ranges = {lp.name: (lp.entries["weight"].start, lp.entries["weight"].nbytes) for lp in r.plan.quantized}
-    advised = {what: t for kind, what, t in events if kind == "advise"}
-    done = {name: t for kind, name, t in events if kind == "encoded"}
-    names = [name for name, _n, _k in LAYERS]
-    assert set(advised) == set(ranges.values())
-    for prev, name in zip(names, names[1:]):
-        assert advised[ranges[name]] < done[prev]
+    assert ranges == layer_ranges and set(advised) == set(ranges.values())
+    assert waited == {name: True for name in names[:-1]}
 
 
 def test_workers_take_layers_ahead_of_the_writer(tmp_path, monkeypatch):
@@ -225,7 +267,7 @@ def test_jobs1_computes_on_one_core(tmp_path, monkeypatch):
     assert r.doc["jobs"] == {"requested": "1", "workers": 0, "threads": 1, "overlap": False}
     assert len(seen) == 2 * len(LAYERS) and {t for _name, t in seen} == {1}
     assert len({name for name, _t in seen}) == 1 and seen[0][0].startswith("comfyquant-encode")
-    order = [(what, name) for what, name, _t in events]
+    order = list(events)  # (what, layer) in the order it happened
     names = [name for name, _n, _k in LAYERS]
     assert order == [(what, name) for name in names for what in ("encode", "encoded", "measure", "measured")]
 
@@ -276,7 +318,7 @@ def test_bad_jobs_are_refused_before_any_work(tmp_path, value):
     src = model(tmp_path / "in.safetensors")
     out = tmp_path / "out"
     out.mkdir()
-    with pytest.raises(InputError, match="--jobs"):
+    with pytest.raises(InputError, match="^jobs must"):  # the API's keyword (the CLI says --jobs)
         comfyquant.quantize(src, str(out / "q.safetensors"), "int8", jobs=value, progress=False)
     assert os.listdir(out) == []
 

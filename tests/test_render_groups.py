@@ -1,5 +1,6 @@
-"""Grouped findings print the message once with ``<layer>`` for the layer's name: only where
-the name stands as a whole name, never inside other words (a layer named ``a``)."""
+"""Grouped findings print the message once, as the first finding says it: real names, never a
+placeholder standing for them, and never a name replaced inside other words (a layer named
+``a``)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,5 @@ def test_a_one_letter_layer_name_does_not_mangle_the_message(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "uantized weights are missing comfy_quant metadata" in out, out
     assert "Qu<layer>ntized" not in out and "<layer>re missing" not in out
+    assert "<layer>" not in out and "<tensor>" not in out
+    assert "missing comfy_quant metadata: ['a', 'b']" in out  # the message SGLang raises, as it raises it

@@ -267,6 +267,6 @@ def test_group_size_the_shapes_cannot_use_is_a_finding_not_a_crash(tmp_path, cap
     path = write(tmp_path / "g.safetensors", tensors)
     assert main(["check", path]) == 1
     out = capsys.readouterr().out
-    assert "L008" in out and "weight_scale has no shape" in out and f"group_size={value!r}" in out
+    assert "L008" in out and "weight_scale has no valid shape" in out and f"group_size={value!r}" in out
     assert main(["fix", path, "-o", str(tmp_path / "fixed.safetensors")]) in (0, 1, 2)
     assert "internal error" not in capsys.readouterr().err

@@ -12,7 +12,8 @@ import importlib
 import sys
 
 from .commands import COMMANDS
-from .errors import ComfyQuantError
+from .commands.streams import OutputError, guarded_stdout, say
+from .errors import ComfyQuantError, command_line
 from .numerics.waits import prefer_passive_waits
 from .version import __version__
 
@@ -23,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # usage errors: one line, exit 2
         prog = self.prog if self.command is None or self.prog != "comfyquant" else f"comfyquant {self.command}"
-        sys.stderr.write(f"{prog}: error: {message} (see {prog} --help)\n")
+        say(f"{prog}: error: {message} (see {prog} --help)")
         raise SystemExit(2)
 
 
@@ -88,6 +89,17 @@ def _allocation_failed(exc: BaseException) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     _tolerant_output()
+    try:
+        with guarded_stdout(), command_line():
+            return _main(argv)
+    except OutputError as exc:  # raised by the final flush, after the command returned
+        say(f"comfyquant: {exc}")
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+def _main(argv: list[str]) -> int:
     prefer_passive_waits()  # before any command imports torch (numerics/waits.py says why)
     # Build only the chosen command's full parser: importing every command's module costs time.
     first = next((a for a in argv if not a.startswith("-")), None)
@@ -103,39 +115,39 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _module(args.command).run(args)
     except ComfyQuantError as exc:
-        sys.stderr.write(f"comfyquant: {exc}\n")
+        say(f"comfyquant: {exc}")
         return 2
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:
-        sys.stderr.write("comfyquant: interrupted\n")
+        say("comfyquant: interrupted")
         return 130
     except MemoryError:
-        sys.stderr.write("comfyquant: out of memory\n")
+        say("comfyquant: out of memory")
         return 2
     except Exception as exc:  # a bug: one line, the traceback on request
         if _allocation_failed(exc):
-            sys.stderr.write("comfyquant: out of memory\n")
+            say("comfyquant: out of memory")
             return 2
         module = (getattr(exc, "name", None) or "").partition(".")[0] if isinstance(exc, ModuleNotFoundError) else ""
         if module in OPTIONAL_MODULES:  # not a bug: a light install running a command that needs an extra
             try:
                 _judge_input_first(args)
             except ComfyQuantError as bad:
-                sys.stderr.write(f"comfyquant: {bad}\n")
+                say(f"comfyquant: {bad}")
                 return 2
-            sys.stderr.write(
+            say(
                 f"comfyquant {args.command}: needs {module}, which is not installed "
-                f"(pip install 'comfyquant[{OPTIONAL_MODULES[module]}]')\n"
+                f"(pip install 'comfyquant[{OPTIONAL_MODULES[module]}]')"
             )
             return 2
         import os
 
         if os.environ.get("COMFYQUANT_DEBUG"):
             raise
-        sys.stderr.write(
+        say(
             f"comfyquant: internal error: {type(exc).__name__}: {exc} "
-            f"(set COMFYQUANT_DEBUG=1 for the traceback; please report it)\n"
+            f"(set COMFYQUANT_DEBUG=1 for the traceback; please report it)"
         )
         return 3
 
@@ -149,7 +161,7 @@ def run() -> None:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-    except BrokenPipeError:
+    except OSError:  # main() has reported a failed stdout already
         pass
     os._exit(code)
 

@@ -31,8 +31,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from .dtypes import MODEL_FLOAT_DTYPES
-from .errors import InputError
-from .naming import natural_key
+from .errors import InputError, option
+from .naming import natural_key, printable
 
 OVER_TAG = "over-max-error"
 """The word an output over ``--max-error`` is kept under (``<stem>.over-max-error.safetensors``)."""
@@ -192,7 +192,7 @@ class Comparison:
             lines.append(f"only in A ({len(self.only_a)}): {_names(self.only_a)}")
         if self.only_b:
             lines.append(f"only in B ({len(self.only_b)}): {_names(self.only_b)}")
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)  # lines quote names from the file
 
 
 def _sort_value(x: float | None) -> float:
@@ -231,7 +231,7 @@ def compare(
     from .io.progress import Progress
 
     if dtype is not None and dtype not in ("bf16", "f16", "f32"):
-        raise CompareError(f"--dtype must be one of bf16, f16, f32, got {dtype!r}")
+        raise CompareError(f"{option('--dtype', 'dtype')} must be one of bf16, f16, f32, got {dtype!r}")
     globs = [layers] if isinstance(layers, str) else list(layers) if layers is not None else None
     started = time.perf_counter()
     # Each input passes the gate every decoding command shares (its stored file first, then the
@@ -358,7 +358,7 @@ def reference_weight(
     if entry.dtype not in MODEL_FLOAT_DTYPES:
         raise error(
             f"{label}: {name!r} is {entry.dtype}, not a dense float weight (F32, BF16 or F16): "
-            "--reference takes the original, unquantized checkpoint"
+            f"{option('--reference', 'reference=')} takes the original, unquantized checkpoint"
         )
     if tuple(entry.shape) != tuple(shape):
         raise error(
@@ -559,9 +559,11 @@ def check_limit(value) -> float:
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise InputError(f"--max-error takes a number (a relative L2 error such as 0.05), got {value!r}") from None
+        raise InputError(
+            f"{option('--max-error', 'max_error')} takes a number (a relative L2 error such as 0.05), got {value!r}"
+        ) from None
     if not math.isfinite(x) or x < 0:
-        raise InputError(f"--max-error must be a finite number >= 0, got {value!r}")
+        raise InputError(f"{option('--max-error', 'max_error')} must be a finite number >= 0, got {value!r}")
     return x
 
 

@@ -43,8 +43,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import ComfyQuantError, InputError
+from .errors import ComfyQuantError, InputError, option
 from .io.outputs import claim
+from .naming import printable
 from .units import human_size
 
 if TYPE_CHECKING:
@@ -116,10 +117,10 @@ class Summary:
             lines.append(
                 f"warning: {total} value{'s' * (total != 1)} in {len(self.overflowed)} layer"
                 f"{'s' * (len(self.overflowed) != 1)} exceed F16's range and were written as +-inf "
-                f"(most: {worst}, {self.overflowed[worst]}); use --dtype bf16 or f32"
+                f"(most: {worst}, {self.overflowed[worst]}); use {option('--dtype', 'dtype=')} bf16 or f32"
             )
         lines += [f"wrote {p}" for p in self.outputs]
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)  # lines quote names from the file
 
 
 class DecodedLayer:
@@ -174,7 +175,7 @@ def dequantize(
     from .gate import open_input
 
     if dtype is not None and dtype not in OUTPUT_DTYPES:
-        raise DequantizeError(f"--dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
+        raise DequantizeError(f"{option('--dtype', 'dtype')} must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
     t = time.perf_counter()
     _load_modules()  # torch and the modules a run uses: the start-up, timed apart from the run
     startup = time.perf_counter() - t

@@ -160,3 +160,14 @@ class Finding:
             list(self.targets),
             self.file,
         )
+
+
+_JSON_KINDS = {"dict": "object", "list": "array", "str": "string", "int": "number", "float": "number", "bool": "boolean"}
+
+
+def json_kind(value) -> str:
+    """What JSON calls ``value`` (``array``, ``string`` ...): messages about a file's JSON speak
+    JSON, not Python (``list``, ``str``)."""
+    if value is None:
+        return "null"
+    return _JSON_KINDS.get(type(value).__name__, "value")

@@ -125,6 +125,8 @@ def refuse_errors(
 def _refuse(errors: list, verb: str, error: type[ComfyQuantError]) -> None:
     first = errors[0]
     where = first.file if not first.layer and first.file else None
-    more = f" (and {len(errors) - 1} more error{'s' * (len(errors) > 2)}; see comfyquant check)" if len(errors) > 1 else ""
+    # no count of its own: the gate judges for comfy-kitchen, check for every runtime, and a user
+    # who read two different numbers for one file could trust neither
+    more = " (and more: comfyquant check lists every problem)" if len(errors) > 1 else ""
     prefix = f"{where}: " if where and where not in first.message else ""
     raise error(f"refusing to {verb}: {prefix}{first.message} [{first.code}]{more}")

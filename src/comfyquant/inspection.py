@@ -106,6 +106,7 @@ class Inventory:
         "notes",
         "metadata",
         "tensors",
+        "damage",
     )
 
     def __init__(
@@ -132,6 +133,10 @@ class Inventory:
         """Each file's ``__metadata__``."""
         self.tensors: list[dict] = []
         """Every tensor: name, dtype, shape, bytes, file and the layer it belongs to (or None)."""
+        self.damage: list[dict] = []
+        """The container's errors (a truncated file, overlapping data, a missing shard ...):
+        code, message, file and tensor of each.  A damaged file's table is what its header
+        claims, not what it holds: ``inspect`` says so and exits 1, as ``check`` does."""
 
     @property
     def dialect(self) -> str:
@@ -166,7 +171,8 @@ class Inventory:
             "other_tensors": {"count": self.other_tensors, "bytes": self.other_bytes},
             "file_bytes": self.file_bytes,
             "bf16_bytes": self.bf16_bytes,
-            "compression_vs_bf16": round(self.bf16_bytes / self.file_bytes, 3) if self.file_bytes else None,
+            "compression_vs_bf16": round(self.bf16_bytes / self.file_bytes, 3) if self.file_bytes and not self.damage else None,
+            "damage": self.damage,
             **extra,
         }
 
@@ -241,6 +247,9 @@ def _add_translated(inv: Inventory, row: LayerRow, tr, kept: _AsStored) -> None:
 
 def inventory(ckpt: Checkpoint) -> Inventory:
     inv = Inventory(ckpt.paths, ckpt.files)
+    inv.damage = [
+        {"code": f.code, "message": f.message, "file": f.file, "tensor": f.tensor} for f in ckpt.findings if f.severity == "error"
+    ]
     sizes = {s.name: getattr(s, "stored_size", None) for s in ckpt.sources}
     inv.file_bytes = sum(sizes.get(h.file) or h.size for h in ckpt.headers)
     kept = _AsStored(ckpt)

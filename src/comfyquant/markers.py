@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from operator import methodcaller
 from typing import Any
 
-from .findings import Finding
+from .findings import Finding, json_kind
 
 HEADER = "header"
 TENSOR = "tensor"
@@ -227,7 +227,7 @@ def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
         ms.findings.append(
             Finding(
                 "M011",
-                f"{file}: _quantization_metadata is a JSON {type(obj).__name__}, expected an object",
+                f"{file}: _quantization_metadata is a JSON {json_kind(obj)}, expected an object",
                 file=file,
                 fix="rewrite the header markers (comfyquant fix)",
             )
@@ -264,7 +264,7 @@ def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
             ms.findings.append(
                 Finding(
                     "M013",
-                    f"{file}: _quantization_metadata entry for {prefix!r} is a {type(marker).__name__}, expected an object",
+                    f"{file}: _quantization_metadata entry for {prefix!r} is a JSON {json_kind(marker)}, expected an object",
                     layer=prefix,
                     actual=json.dumps(marker)[:80],
                     expected='{"format": ...}',
@@ -273,6 +273,14 @@ def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
                 )
             )
         ms.records.append(rec)
+
+
+def _bytes_text(data: bytes) -> str:
+    """An unreadable marker's bytes as a reader sees them: how many, and the start as text."""
+    if not data:
+        return "empty (0 bytes)"
+    shown = data[:60].decode("utf-8", "replace")
+    return f"{len(data)} bytes: {shown!r}" + (" ..." if len(data) > 60 else "")
 
 
 def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
@@ -287,8 +295,8 @@ def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
                 f"marker {entry.name!r} is stored as {entry.dtype} {list(entry.shape)}; writers use 1-D U8",
                 layer=prefix,
                 tensor=entry.name,
-                expected="U8 (L,)",
-                actual=f"{entry.dtype} {entry.shape}",
+                expected="U8, one dimension (the JSON's bytes)",
+                actual=f"{entry.dtype} {list(entry.shape)}",
                 file=entry.file,
                 fix="rewrite the marker as U8 (comfyquant fix)",
             )
@@ -308,7 +316,7 @@ def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
                 f"marker {entry.name!r} is not UTF-8 JSON{hint}: {exc}",
                 layer=prefix,
                 tensor=entry.name,
-                actual=repr(data[:60]),
+                actual=_bytes_text(data),
                 file=entry.file,
                 fix="rewrite the marker (comfyquant fix)",
             )
@@ -320,7 +328,7 @@ def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
         ms.findings.append(
             Finding(
                 "M002",
-                f"marker {entry.name!r} holds a JSON {type(obj).__name__}, expected an object",
+                f"marker {entry.name!r} holds a JSON {json_kind(obj)}, expected an object",
                 layer=prefix,
                 tensor=entry.name,
                 actual=json.dumps(obj)[:80],

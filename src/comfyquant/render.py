@@ -11,6 +11,7 @@ import os
 import sys
 
 from .findings import ERROR, INFO, WARNING
+from .naming import printable
 from .units import human_size
 
 _COLORS = {ERROR: "\033[31m", WARNING: "\033[33m", INFO: "\033[36m"}
@@ -33,20 +34,11 @@ def _by_tensor(f) -> bool:
 
 def _template(f, text):
     """``text`` with the finding's quoted tensor name (``'x.weight'``, as messages write it)
-    replaced by ``<tensor>``; ``text`` itself when the finding is about a layer, or None."""
+    taken out, for the grouping key only (never printed); ``text`` itself when the finding is
+    about a layer, or None."""
     if text is None or not _by_tensor(f):
         return text
     return text.replace(repr(f.tensor), "<tensor>")
-
-
-def _layer_template(msg: str, layer: str | None) -> str:
-    """``msg`` with the layer's name, where it stands as a whole name, replaced by ``<layer>``
-    (never a letter inside another word: a layer named ``a``)."""
-    if not layer:
-        return msg
-    import re
-
-    return re.sub(r"(?<![\w.])" + re.escape(layer) + r"(?![\w.])", "<layer>", msg)
 
 
 def _group(findings):
@@ -104,7 +96,7 @@ def _layout(report) -> list[str]:
 def render_report(report, verbose: bool = False, stream=None) -> str:
     stream = stream or sys.stdout
     color = _use_color(stream)
-    lines = []
+    lines: list[str | tuple[str, str]] = []
     nfiles = len(report.files)
     lines.append(f"checkpoint: {', '.join(report.paths)} ({nfiles} file{'s' * (nfiles != 1)}, {report.layers} layers)")
     lines.extend(_layout(report))
@@ -113,21 +105,20 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
         f = group[0]
         many = len(group) > 1
         tensors = many and _by_tensor(f)
-        where = f.layer or (f.file or "")
+        where = f.layer or f.file or "(checkpoint)"  # a finding about the whole file still says where
         if f.tensor and f.layer:
             where += " · " + f.tensor.rsplit(".", 1)[-1]
         elif f.tensor and not tensors:
             where += " · " + f.tensor
         lines.append("")
-        lines.append(f"{_sev(f.severity, color)} {f.code} {where}")
-        msg = _template(f, f.message) if tensors else f.message
-        if many and not tensors:
-            msg = _layer_template(msg, f.layer)
+        lines.append((f.severity, f"{f.code} {where}"))
+        # a group prints its first finding's words as they are (the names they quote are real
+        # ones, never a placeholder); the list below names every layer or tensor it covers
         if not (f.expected and f.actual):
-            lines.append(f"  {msg}")
+            lines.append(f"  {f.message}")
         for label, value in (("expected", f.expected), ("actual", f.actual), ("cause", f.cause), ("fix", f.fix)):
             if value:
-                lines.append(f"  {label:<8} {_template(f, value) if tensors else value}")
+                lines.append(f"  {label:<8} {value}")
         if f.targets:
             lines.append(f"  {'affects':<8} {', '.join(f.targets)}")
         if tensors:
@@ -155,10 +146,15 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
     if verbose and report.io:
         for file, st in report.io.items():
             lines.append(f"  read {file}: {_plural(st['requests'], 'request')}, {st['bytes']} bytes")
-    return "\n".join(lines)
+    # every line quotes names from the file: escaped, and only the severity label coloured
+    return "\n".join(
+        f"{_sev(line[0], color)} {printable(line[1])}" if isinstance(line, tuple) else printable(line) for line in lines
+    )
 
 
 def table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
+    """Aligned columns; cells hold names from files, so each is escaped before it is measured."""
+    rows = [[printable(cell) for cell in r] for r in rows]
     widths = [len(h) for h in headers]
     for r in rows:
         for i, cell in enumerate(r):
@@ -211,6 +207,15 @@ def _paint(cell: str, kind: str, color: bool) -> str:
     return f"{_FORMAT_COLORS[kind]}{cell}\033[0m" if color else cell
 
 
+def _stored_shape(row) -> str:
+    """A layer without an N x K (a 1-D norm weight, a weight stored in more dimensions) shows
+    its weight's shape as stored, ``256`` or ``24x48x2x2``; ``?`` only when there is none."""
+    weight = (getattr(row, "stored", None) or {}).get("weight")
+    if weight is None:
+        return "?"
+    return "x".join(map(str, weight["shape"])) or "scalar"
+
+
 def render_inventory(inv, stream=None, width: int | None = None, metadata: bool = False, tensors: list | None = None) -> str:
     """The inventory as text.  ``width``: fit the layer table to that many columns (a
     terminal's; None: every column); ``metadata``: also ``__metadata__``; ``tensors``: also
@@ -221,7 +226,7 @@ def render_inventory(inv, stream=None, width: int | None = None, metadata: bool 
     kinds = []
     foreign = any(r.verdict for r in inv.rows)
     for r in inv.rows:
-        nk = f"{r.n}x{r.k}" if r.n is not None and r.k is not None else "?"
+        nk = f"{r.n}x{r.k}" if r.n is not None and r.k is not None else _stored_shape(r)
         bpw = f"{r.bits_per_weight:.2f}" if r.bits_per_weight is not None else "-"
         row = [r.name, r.format, nk, r.params, r.dtypes, human_size(r.bytes), bpw]
         if foreign:
@@ -241,6 +246,10 @@ def render_inventory(inv, stream=None, width: int | None = None, metadata: bool 
         head.insert(1, "layout [migrate]")
     head, rows, dropped = _fit(head, rows, width)
     lines = [f"layout: {inv.dialect}"] + [f"  {n}" for n in inv.notes]
+    if inv.damage:
+        first = inv.damage[0]
+        more = " (and more: comfyquant check lists every problem)" if len(inv.damage) > 1 else ""
+        lines.insert(0, f"DAMAGED: {first['message']} [{first['code']}]{more}; the table shows what the header claims")
     body = table(head, rows, right={len(head) - 2, len(head) - 1})
     if color:
         col = head.index("format")
@@ -268,9 +277,8 @@ def render_inventory(inv, stream=None, width: int | None = None, metadata: bool 
     lines.append("")
     ratio = inv.bf16_bytes / inv.file_bytes if inv.file_bytes else 0
     lines.append(f"other tensors: {inv.other_tensors} ({human_size(inv.other_bytes)})")
-    lines.append(
-        f"files: {len(inv.files)}, {human_size(inv.file_bytes)}; as BF16: {human_size(inv.bf16_bytes)} (compression {ratio:.2f}x)"
-    )
+    ratio_text = "compression not measured: the file is damaged" if inv.damage else f"compression {ratio:.2f}x"
+    lines.append(f"files: {len(inv.files)}, {human_size(inv.file_bytes)}; as BF16: {human_size(inv.bf16_bytes)} ({ratio_text})")
     if metadata:
         lines.append("")
         lines.extend(_metadata_lines(inv.metadata, width))
@@ -295,7 +303,7 @@ def _metadata_lines(metadata: dict[str, dict[str, str]], width: int | None) -> l
     for file, meta in metadata.items():
         out.append(f"metadata of {file}: {len(meta)} key{'s' * (len(meta) != 1)}" + ("" if meta else " (none)"))
         for key, value in meta.items():
-            text = f"  {key} = {value}"
+            text = printable(f"  {key} = {value}")
             if width is not None and len(text) > width:
                 text = text[: max(20, width - 25)] + f"... ({len(value):,} chars)"
             out.append(text)
@@ -322,7 +330,7 @@ def render_migrate(result) -> str:
         lines.append("")
         lines.append(f"refused ({len(result.plan.refused)}): nothing is written")
         for layer, why in result.plan.refused[:20]:
-            lines.append(f"  {layer}: {why}")
+            lines.append(f"  {layer or '(checkpoint)'}: {why}")
         if len(result.plan.refused) > 20:
             lines.append(f"  ... and {len(result.plan.refused) - 20} more (--json lists all)")
     elif result.dry_run:
@@ -333,7 +341,7 @@ def render_migrate(result) -> str:
         else:
             caveat = "" if result.after is None or result.after.ok else " (the re-check still finds errors: see check)"
         lines.append(f"wrote {', '.join(result.outputs)}{caveat}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # lines quote layer names from the file
 
 
 def render_fix(result) -> str:
@@ -422,9 +430,11 @@ def render_fix(result) -> str:
         lines.append(f"{state}: {len(remaining)} error{'s' * (len(remaining) != 1)} left:")
         for group in _group(remaining):
             f = group[0]
-            where = f.layer or ""
+            where = f.layer or f.file or "(checkpoint)"
             if f.tensor and f.layer:
                 where += " · " + f.tensor.rsplit(".", 1)[-1]
+            elif f.tensor and len(group) == 1:
+                where += " · " + f.tensor
             more = f" (+{len(group) - 1} more {'tensors' if _by_tensor(f) else 'layers'})" if len(group) > 1 else ""
             lines.append(f"  {f.code} {where}{more}: {f.cause or f.message}")
             if f.fix:
@@ -445,7 +455,7 @@ def render_fix(result) -> str:
         )
     while lines and not lines[-1]:
         lines.pop()
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # lines quote layer names from the file
 
 
 # -- check --recursive -----------------------------------------------------------------------
@@ -465,11 +475,11 @@ def render_summary_line(item, verbose: bool = False) -> str:
     """One line for one checkpoint of a tree (``-v``: plus the reads per file)."""
     status = _STATUS[item.status]
     if item.report is None:
-        return f"{status:<7} {item.error}"
+        return printable(f"{status:<7} {item.error}")
     r = item.report
     c = r.counts
     line = (
-        f"{status:<7} {item.label}: {_plural(len(r.files), 'file')}, {_plural(r.layers, 'layer')}, "
+        f"{status:<7} {printable(item.label)}: {_plural(len(r.files), 'file')}, {_plural(r.layers, 'layer')}, "
         f"{_plural(c['error'], 'error')}, {_plural(c['warning'], 'warning')}"
     )
     fails = [
@@ -478,7 +488,9 @@ def render_summary_line(item, verbose: bool = False) -> str:
         if v.first is not None
     ]
     if fails:
-        line += "; " + fails[0] + (f" (+{len(fails) - 1} more runtime{'s' * (len(fails) > 2)})" if len(fails) > 1 else "")
+        line += (
+            "; " + printable(fails[0]) + (f" (+{len(fails) - 1} more runtime{'s' * (len(fails) > 2)})" if len(fails) > 1 else "")
+        )
     if verbose:
         for file, st in r.io.items():
             line += f"\n        read {file}: {_plural(st['requests'], 'request')}, {st['bytes']} bytes"
@@ -487,9 +499,9 @@ def render_summary_line(item, verbose: bool = False) -> str:
 
 def render_section(item, verbose: bool = False, stream=None) -> str:
     """One checkpoint of a folder of separate checkpoints: a heading, then its full report."""
-    head = f"\n== {item.label} =="
+    head = f"\n== {printable(item.label)} =="
     if item.report is None:
-        return f"{head}\n{_STATUS[item.status]} {item.error}"
+        return f"{head}\n{_STATUS[item.status]} {printable(str(item.error))}"
     return f"{head}\n{render_report(item.report, verbose=verbose, stream=stream)}"
 
 

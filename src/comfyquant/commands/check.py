@@ -7,37 +7,27 @@ to :mod:`comfyquant.checker.batch`.  Nothing here imports urllib or fsspec for l
 
 from __future__ import annotations
 
-import argparse
 import json
+
+from ..io.timeouts import MAX_TIMEOUT, MIN_TIMEOUT
+from .common import number
+from .streams import say
 
 HELP = "find every defect and predict each runtime's verdict"
 PATHS_HELP = "file(s), folder, *.safetensors.index.json, or URL(s): https://, s3://, gs://, hf:// ..."
-
-
-def _count(kind: type, least: float):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}, got {text}")
-        return value
-
-    return parse
 
 
 def add_remote_arguments(parser) -> None:
     """``--gap`` and ``--timeout`` (shared with ``inspect``)."""
     parser.add_argument(
         "--gap",
-        type=_count(int, 0),
+        type=number(int, 0),
         metavar="BYTES",
         help="remote: read markers closer than BYTES with one request (default 65536)",
     )
     parser.add_argument(
         "--timeout",
-        type=_count(float, 0.001),
+        type=number(float, MIN_TIMEOUT, MAX_TIMEOUT),
         metavar="S",
         help="remote: seconds the whole read of a checkpoint may take, every request, retry and shard included (default 30)",
     )
@@ -78,7 +68,7 @@ def add_parser(sub) -> None:
     c.add_argument(
         "-j",
         "--jobs",
-        type=_count(int, 1),
+        type=number(int, 1),
         default=1,
         metavar="N",
         help="with --recursive: check N checkpoints at a time (threads, for remote I/O)",
@@ -127,8 +117,6 @@ def run(args) -> int:
 def _run_each(args, separate, mapper, remote) -> int:
     """A folder (or list) of separate checkpoints: a full report for each, then the table of
     ``--recursive``; the exit code is the worst (2 unreadable, 1 errors, 0 ok)."""
-    import sys
-
     from ..checker.batch import check_groups
 
     printer = None
@@ -145,7 +133,7 @@ def _run_each(args, separate, mapper, remote) -> int:
     )
     for item in result.items:
         if item.error:
-            sys.stderr.write(f"comfyquant: {item.error}\n")
+            say(f"comfyquant: {item.error}")
     if args.json:
         print(json.dumps({**result.to_dict(), "note": separate.note}, indent=1))
     else:
@@ -156,8 +144,6 @@ def _run_each(args, separate, mapper, remote) -> int:
 
 
 def _run_recursive(args, mapper, remote) -> int:
-    import sys
-
     from ..checker.batch import check_tree
 
     printer = None
@@ -172,7 +158,7 @@ def _run_recursive(args, mapper, remote) -> int:
     )
     for item in result.items:
         if item.error:
-            sys.stderr.write(f"comfyquant: {item.error}\n")
+            say(f"comfyquant: {item.error}")
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
     else:

@@ -12,6 +12,29 @@ def name_mapper(prefix: str | None):
     return strip_prefix_mapper(prefix)
 
 
+def number(kind: type, least: float, most: float | None = None):
+    """An argparse type: ``kind`` (int or float) from the text, finite and within
+    ``[least, most]``, else a one-line usage error.  ``nan``, ``inf`` and ``1e308`` are numbers
+    to ``float()`` but mean nothing as a count, a size or a number of seconds."""
+    import argparse
+    import math
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"not {'a whole number' if kind is int else 'a number'}: {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least:g}, got {text}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most:g}, got {text}")
+        return value
+
+    return parse
+
+
 def target_list(text: str) -> str:
     """argparse type of ``--target``: one runtime, ``all`` or a comma list, refused in one line
     (the command then passes the text on; :func:`~comfyquant.checker.run.parse_targets` reads it)."""

@@ -9,7 +9,7 @@ HELP = "repair a broken checkpoint: streaming, atomic, verified"
 
 
 def add_parser(sub) -> None:
-    from .common import add_overwrite_argument, add_target_argument
+    from .common import add_overwrite_argument, add_target_argument, number
 
     f = sub.add_parser("fix", help=HELP, description=HELP)
     f.add_argument("paths", nargs="+", metavar="IN", help="file(s), folder or *.safetensors.index.json")
@@ -26,7 +26,10 @@ def add_parser(sub) -> None:
     f.add_argument("--allow-lossy", action="store_true", help="also apply repairs that change values (reported with their error)")
     f.add_argument("--prefer", choices=["header", "tensor"], help="which marker wins when header and tensor markers disagree")
     f.add_argument(
-        "--convrot-groupsize", type=int, metavar="C", help="ConvRot size for markers that lack one (16, 64 or 256); never guessed"
+        "--convrot-groupsize",
+        type=number(int, 1),
+        metavar="C",
+        help="ConvRot size for markers that lack one (16, 64 or 256); never guessed",
     )
     f.add_argument(
         "--reference",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+from .streams import say
+
 HELP = "per-layer table of formats, shapes, sizes"
 
 
@@ -46,7 +48,7 @@ def run(args) -> int:
         print(json.dumps({**inv.to_dict(args.metadata, args.tensors), "io": io}, indent=1))
     else:
         print(_text(inv, args))
-    return 0
+    return 1 if inv.damage else 0  # a damaged file is a defect found, as check says
 
 
 def _text(inv, args) -> str:
@@ -61,21 +63,22 @@ def _text(inv, args) -> str:
 
 def _run_each(args, separate, mapper, remote) -> int:
     """One inventory per checkpoint (JSON: ``{"note", "checkpoints": [...]}``, each with its
-    ``checkpoint`` label, or its ``error``); exit 2 when one cannot be read."""
-    import sys
+    ``checkpoint`` label, or its ``error``); exit 2 when one cannot be read, else 1 when one
+    is damaged."""
 
     from ..checker.batch import open_group
     from ..errors import InputError
     from ..inspection import inventory
 
     sections = []
+    damaged = False
     if not args.json:
         print(separate.note)
     for grp in separate.groups:
         try:
             ckpt = open_group(grp, name_mapper=mapper, remote=remote)
         except InputError as exc:
-            sys.stderr.write(f"comfyquant: {exc}\n")
+            say(f"comfyquant: {exc}")
             sections.append({"checkpoint": grp.label, "error": str(exc)})
             if not args.json:
                 print(f"\n== {grp.label} ==\nERROR {exc}", flush=True)
@@ -83,6 +86,7 @@ def _run_each(args, separate, mapper, remote) -> int:
         with ckpt:
             inv = inventory(ckpt)
             io = ckpt.io_stats()
+        damaged = damaged or bool(inv.damage)
         sections.append({"checkpoint": grp.label, "error": None, **inv.to_dict(args.metadata, args.tensors), "io": io})
         if not args.json:
             print(f"\n== {grp.label} ==\n{_text(inv, args)}", flush=True)
@@ -90,4 +94,4 @@ def _run_each(args, separate, mapper, remote) -> int:
         from ..inspection import SCHEMA
 
         print(json.dumps({"schema": SCHEMA, "note": separate.note, "checkpoints": sections}, indent=1))
-    return 2 if any(s["error"] for s in sections) else 0
+    return 2 if any(s["error"] for s in sections) else 1 if damaged else 0

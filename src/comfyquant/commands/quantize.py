@@ -7,9 +7,9 @@ when the command runs, never when the parser is built.
 from __future__ import annotations
 
 import json
-import sys
 
 from .common import add_io_arguments, add_target_argument, inputs_and_output
+from .streams import say
 
 HELP = "quantize a dense checkpoint (W4A8, W4A4, INT8, FP8, NVFP4, MXFP8) with a per-layer quality report"
 
@@ -179,7 +179,7 @@ def run(args) -> int:
 def show(result, args) -> int:
     """Print a run's outcome (text or JSON); the exit code."""
     for note in getattr(result.plan, "notes", None) or ():  # preset detected, --like differences
-        print(note, file=sys.stderr)
+        say(note)
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
         return 0 if result.ok else 1

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
+from .streams import say
+
 HELP = "print the rules file that reproduces a quantized checkpoint's per-layer formats (quantize --like applies it)"
 
 
@@ -28,5 +30,5 @@ def run(args) -> int:
     else:
         sys.stdout.write(recipe.toml())
     for c in recipe.unreproducible:
-        print(f"warning: {c.name}: cannot be reproduced by quantize: {c.why} (the recipe keeps it dense)", file=sys.stderr)
+        say(f"warning: {c.name}: cannot be reproduced by quantize: {c.why} (the recipe keeps it dense)")
     return 1 if recipe.unreproducible else 0

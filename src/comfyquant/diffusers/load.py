@@ -27,6 +27,7 @@ from ..formats.registry import FORMATS
 from ..torch.linear import QuantLinear, QuantWeight
 from ..torch.load import LoadReport
 from ..torch.tensors import LoadError, assign_tensor, open_checked, path_label, read_tensor, replace_module
+from . import flux_width
 from .parameter import ComfyQuantParameter, InexactOperation
 from .versions import require_diffusers
 
@@ -78,8 +79,11 @@ def load_transformer(
         raise LoadError(f"{label}: tensor names collide once {COMFY_PREFIX!r} is removed")
     converter = mapping["checkpoint_mapping_fn"]
     leftover = dict(named)
+    widened = flux_width.stand_in(converter, leftover, label)  # a Flux of another width than 3072
     try:
         converted = converter(checkpoint=leftover, config=model_config)
+        if widened is not None:
+            flux_width.put_back(converted, *widened)
     except InexactOperation as exc:
         raise LoadError(f"{label}: {exc}") from None
     except (KeyError, IndexError, ValueError, TypeError, RuntimeError) as exc:

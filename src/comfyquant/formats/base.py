@@ -502,9 +502,9 @@ class Format:
                 seen.add(slot.suffix)
                 if slot.suffix in tensors and not slot.is_forbidden(env):
                     slot.expected_shape(env)
-            except (ArithmeticError, TypeError, ValueError, KeyError, NameError) as exc:
+            except (ArithmeticError, TypeError, ValueError, KeyError, NameError):
                 used = ", ".join(f"{k}={env[k]!r}" for k in self._names(slot) if k in env)
-                raise GeometryError(f"{slot.suffix} has no shape {slot.shape} for {used or 'this layer'} ({exc})") from None
+                raise GeometryError(f"{slot.suffix} has no valid shape for {used or 'this layer'}") from None
         return env
 
     @staticmethod

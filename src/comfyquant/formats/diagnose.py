@@ -91,36 +91,19 @@ def dtype_cause(slot: Slot, actual: str) -> Cause:
     return Cause(kind, text, "error", step)
 
 
-def _top_level_items(shape_text: str) -> list[str]:
-    """The items of a shape expression's outer tuple: ``(pad(N, 128), K // 16)`` has two
-    (commas inside a call's parentheses do not separate items)."""
-    inner = shape_text.strip()
-    if inner.startswith("(") and inner.endswith(")"):
-        inner = inner[1:-1]
-    items, depth, start = [], 0, 0
-    for i, ch in enumerate(inner):
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            items.append(inner[start:i].strip())
-            start = i + 1
-    last = inner[start:].strip()
-    if last:
-        items.append(last)
-    return items
-
-
 def shape_cause(slot: Slot, env: dict, actual: tuple, expected: tuple) -> Cause:
     """The cause of a shape that is not the slot's expected shape."""
+    want = fmt_shape(expected, as_tuple=True)
     if len(actual) == 2 and len(expected) == 2 and actual == expected[::-1] and expected[0] != expected[1]:
-        parts = _top_level_items(slot.shape)
-        rev = f"({parts[1]}, {parts[0]})" if len(parts) == 2 else fmt_shape(actual, as_tuple=True)
-        return Cause(TRANSPOSED, f"stored transposed: {rev} instead of {slot.shape}", "error", f"transpose to {slot.shape}")
+        return Cause(
+            TRANSPOSED,
+            f"stored transposed: {fmt_shape(actual, as_tuple=True)} instead of {want}",
+            "error",
+            f"transpose to {want}",
+        )
     for alt, cause, severity in slot.other_shapes(env):
         if alt == actual and alt != expected:
-            return Cause(OTHER_LAYOUT, cause, severity, f"convert to {slot.shape}")
+            return Cause(OTHER_LAYOUT, cause, severity, f"convert to {want}")
     for key in ("group_size",):
         if key in slot.shape and key in env:
             for g in GROUP_CANDIDATES:
@@ -134,10 +117,7 @@ def shape_cause(slot: Slot, env: dict, actual: tuple, expected: tuple) -> Cause:
                     return Cause(OTHER_GROUP_SIZE, f"made for {key}={g} (the marker says {env[key]})")
                 if len(alt) == 2 and alt[::-1] == actual:
                     return Cause(OTHER_GROUP_SIZE, f"made for {key}={g} (the marker says {env[key]}) and stored transposed")
-    return Cause(
-        OTHER_SHAPE,
-        f"shape {fmt_shape(actual, as_tuple=True)} does not match {slot.shape} = {fmt_shape(expected, as_tuple=True)}",
-    )
+    return Cause(OTHER_SHAPE, f"shape {fmt_shape(actual, as_tuple=True)} instead of {want}")
 
 
 def fix_text(causes: list[Cause]) -> str:

@@ -177,7 +177,7 @@ def _invalid_part(fmt: Format, cuts: dict[str, Cut], tensors: dict, env: dict, p
             return f"its tensors read as {name}={got.get(name)}, not {part_env[name]}"
     for suffix, slot in fmt.slots_for(got).items():
         if suffix in metas and not slot.is_forbidden(got) and slot.expected_shape(got) != metas[suffix].shape:
-            return f"{suffix} {list(metas[suffix].shape)} is not {slot.shape} = {list(slot.expected_shape(got))}"
+            return f"{suffix} {list(metas[suffix].shape)} is not {list(slot.expected_shape(got))}"
     for c in fmt.constraints:
         if not c.holds(got):
             return c.message.format(**{k: v for k, v in got.items() if isinstance(k, str)})

@@ -67,7 +67,7 @@ def _check(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Findin
                         "L001",
                         f"layer {{layer}} ({fmt.name}) is missing {suffix} ({slot.meaning})",
                         tensor=suffix,
-                        expected=f"{slot.dtype} {slot.shape}",
+                        expected=_expected_text(slot, env),
                         actual="absent",
                         cause="incomplete export or the tensor is in a missing shard",
                         fix="re-export the layer (comfyquant quantize)",
@@ -115,6 +115,15 @@ def _check(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Findin
     return out, env
 
 
+def _expected_text(slot, env: dict) -> str:
+    """The dtype and concrete shape a missing tensor should have; the dtype alone when the
+    layer's other tensors cannot tell its shape (a finding never shows a formula)."""
+    try:
+        return f"{slot.dtype} {fmt_shape(slot.expected_shape(env))}"
+    except Exception:  # noqa: BLE001 -- the geometry is incomplete without the missing tensor
+        return slot.dtype
+
+
 def _check_slot(fmt: Format, slot, env: dict, entry, out: list[Finding]) -> None:
     expected = slot.expected_shape(env)
     dtype_ok = dtype_matches(slot, entry.dtype)
@@ -129,7 +138,7 @@ def _check_slot(fmt: Format, slot, env: dict, entry, out: list[Finding]) -> None
     severities = [c.severity for c in causes]
     severity = "error" if "error" in severities else "warning" if "warning" in severities else "info"
     code = "L004" if not dtype_ok and not shape_ok else "L002" if not dtype_ok else "L003"
-    exp = f"{slot.dtype} {fmt_shape(expected, as_tuple=True)} = {slot.shape}"
+    exp = f"{slot.dtype} {fmt_shape(expected, as_tuple=True)}"
     act = f"{entry.dtype} {fmt_shape(entry.shape, as_tuple=True)}"
     cause = "; ".join(c.text for c in causes)
     out.append(

@@ -17,7 +17,7 @@ from operator import itemgetter
 
 from ..dtypes import DTYPE_BITS
 from ..errors import InputError
-from ..findings import Finding
+from ..findings import Finding, json_kind
 from .source import ByteSource
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -119,7 +119,7 @@ def read_header(source: ByteSource) -> Header:
     except RecursionError:
         raise _bad(path, "header is not valid safetensors JSON (nested too deeply to parse)") from None
     if not isinstance(obj, dict):
-        raise _bad(path, f"header is a JSON {type(obj).__name__}, expected an object")
+        raise _bad(path, f"header is a JSON {json_kind(obj)}, expected an object")
     # Fast scans of the raw bytes: can any number be negative (1), or any value a boolean (2)?
     odd = 2 if b"true" in raw or b"false" in raw else 1 if b"-" in raw else 0
     hdr = parse_header_object(obj, path, size, n, odd)
@@ -205,7 +205,7 @@ def parse_header_object(obj: dict, path: str, size: int, header_len: int, odd_nu
     meta = obj.pop("__metadata__", None)
     if meta is not None:
         if not isinstance(meta, dict):
-            raise _bad(path, f"__metadata__ is a JSON {type(meta).__name__}, expected an object of strings")
+            raise _bad(path, f"__metadata__ is a JSON {json_kind(meta)}, expected an object of strings")
         for key, value in meta.items():
             if isinstance(value, str):
                 hdr.metadata[key] = value
@@ -214,9 +214,9 @@ def parse_header_object(obj: dict, path: str, size: int, header_len: int, odd_nu
                 findings.append(
                     Finding(
                         "C007",
-                        f"{path}: __metadata__[{key!r}] is a {type(value).__name__}, safetensors requires strings",
+                        f"{path}: __metadata__[{key!r}] is a JSON {json_kind(value)}, safetensors requires strings",
                         expected="string",
-                        actual=type(value).__name__,
+                        actual=json_kind(value),
                         cause="written by a tool that does not follow the safetensors format",
                         fix="re-save the metadata value as a JSON string",
                         file=path,

@@ -24,9 +24,10 @@ the same everywhere and every refusal is the same line for the same situation.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..errors import InputError, option
 from .shards import is_url
 
 SUFFIX = ".safetensors"
@@ -61,8 +62,7 @@ def default_output(files: list[str], index: str | None, tag: str) -> str:
     file, ``<folder>.<tag>`` for shards.  Next to the input, so a default never lands in an
     unrelated folder; a URL's output goes in the current folder under the URL's file name."""
     if len(files) == 1 and not index:
-        path = _local_name(files[0])
-        return (path[: -len(SUFFIX)] if path.endswith(SUFFIX) else path) + f".{tag}{SUFFIX}"
+        return _without_extension(_local_name(files[0])) + f".{tag}{SUFFIX}"
     first = index or files[0]
     if is_url(first):
         tail = _url_path(first).rpartition("/")[0]
@@ -70,6 +70,19 @@ def default_output(files: list[str], index: str | None, tag: str) -> str:
     else:
         folder = os.path.dirname(os.path.abspath(first))
     return (folder.rstrip(os.sep) or os.path.join(folder, "model")) + f".{tag}"  # shards in / give /model.<tag>
+
+
+_EXTENSION = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,11}$")
+"""A file name's extension (``.safetensors``, ``.gguf``, ``.sft``): a dot, then a letter first
+(``flux.1-dev`` has none)."""
+
+
+def _without_extension(path: str) -> str:
+    """``x.gguf`` -> ``x``, ``x.safetensors`` -> ``x``: an output is named for its model, not
+    for the container it was read from (never ``x.gguf.comfy.safetensors``)."""
+    folder, name = os.path.split(path)
+    stem = _EXTENSION.sub("", name)
+    return os.path.join(folder, stem or name)
 
 
 def _local_name(path: str) -> str:
@@ -217,7 +230,7 @@ def _refuse_taken(path: str, inputs: list[str], overwrite: bool, error: type[Exc
     if parent:
         _refuse_missing_parent(path, error)
     if _output_exists(path, error) and not overwrite:
-        raise error(f"{path}: exists; pass --overwrite to replace it")
+        raise error(f"{path}: exists; pass {option('--overwrite', 'overwrite=True')} to replace it")
 
 
 def _refuse_missing_parent(path: str, error: type[Exception]) -> None:

@@ -7,6 +7,7 @@ never silent for minutes and never fills with redraws.  ``enabled=False`` shows 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -15,10 +16,13 @@ from ..units import human_size
 
 
 def _every() -> float:
+    """``COMFYQUANT_PROGRESS_EVERY`` in seconds; the default 10 for anything that is not a
+    finite number (``nan`` would print a line at every step, ``inf`` never one)."""
     try:
-        return max(0.0, float(os.environ.get("COMFYQUANT_PROGRESS_EVERY", "10")))
+        value = float(os.environ.get("COMFYQUANT_PROGRESS_EVERY", "10"))
     except ValueError:
         return 10.0
+    return max(0.0, value) if math.isfinite(value) else 10.0
 
 
 LOG_EVERY = _every()

@@ -49,9 +49,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..errors import InputError
+from ..errors import InputError, option
 from .header import MAX_HEADER_BYTES
 from .shards import ShardSet, is_url, read_index
+from .timeouts import timeout_problem
 
 FIRST_READ = 512 * 1024
 """Speculative first read: one request for headers up to this size (minus 8 bytes)."""
@@ -100,7 +101,7 @@ class RemoteOptions:
         max_span: int = MAX_SPAN,
         prefetch: bool = True,
     ) -> None:
-        self.timeout = timeout
+        self.timeout = _checked_timeout(timeout)
         """Seconds the whole remote read of one checkpoint may take (every request, retry and
         wait of every shard): :func:`open_remote` turns it into ``deadline``."""
         self.gap = gap
@@ -124,7 +125,8 @@ class RemoteOptions:
         new = RemoteOptions.__new__(RemoteOptions)
         for name in self.__slots__:
             setattr(new, name, getattr(self, name))
-        new.deadline = time.monotonic() + self.timeout
+        new.timeout = _checked_timeout(self.timeout)  # set after construction, as the CLI does
+        new.deadline = time.monotonic() + new.timeout
         return new
 
     def remaining(self) -> float:
@@ -132,6 +134,13 @@ class RemoteOptions:
         if self.deadline is None:
             return self.timeout
         return max(0.0, self.deadline - time.monotonic())
+
+
+def _checked_timeout(value) -> float:
+    problem = timeout_problem(value)
+    if problem is not None:
+        raise ValueError(f"RemoteOptions timeout {problem}")
+    return float(value)
 
 
 class RemoteNotFound(InputError):
@@ -304,16 +313,36 @@ def _opener():
     return _OPENER
 
 
+_CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)\s*", re.IGNORECASE)
+
+
 def _content_range(value: str | None) -> tuple[int | None, int | None, int | None]:
-    """``bytes a-b/total`` -> (a, b, total); ``bytes */total`` -> (None, None, total)."""
-    if not value or not value.lower().startswith("bytes "):
+    """``bytes a-b/total`` -> (a, b, total); ``bytes */total`` -> (None, None, total);
+    ``total`` None when the server writes ``*``.  A header that contradicts itself is treated
+    as absent, (None, None, None): a span that ends before it starts, or past the total it
+    states (``bytes 0-65535/32767``), or a span over an empty file.  Its total must never
+    become the file size, nor its span be taken for the bytes asked for."""
+    match = _CONTENT_RANGE.fullmatch(value.strip()) if value else None
+    if match is None:
         return None, None, None
-    span, _, total = value[6:].strip().partition("/")
-    size = int(total) if total.strip().isdigit() else None
-    a, dash, b = span.partition("-")
-    if dash and a.strip().isdigit() and b.strip().isdigit():
-        return int(a), int(b), size
-    return None, None, size
+    first, last, total_text = match.groups()
+    total = None if total_text == "*" else int(total_text)
+    if first is None:
+        return (None, None, None) if total is None else (None, None, total)
+    a, b = int(first), int(last)
+    if b < a or (total is not None and b >= total):
+        return None, None, None
+    return a, b, total
+
+
+def _length_problem(resp, a: int, b: int) -> str | None:
+    """Why a 206 answer's ``Content-Length`` contradicts its ``Content-Range`` span, or None."""
+    length = resp.headers.get("Content-Length")
+    if length is None or not length.strip().isdigit():
+        return None
+    if int(length) != b - a + 1:
+        return f"Content-Length {int(length):,} for the {b - a + 1:,} bytes of its Content-Range"
+    return None
 
 
 def _status(resp) -> int:
@@ -364,7 +393,9 @@ class HttpClient:
                 parts.append(chunk)
                 got += len(chunk)
         except TimeoutError:
-            raise InputError(f"{self.name}: the server stopped sending for {self.options.timeout:g} s (--timeout)") from None
+            raise InputError(
+                f"{self.name}: the server stopped sending for {self.options.timeout:g} s ({option('--timeout', 'timeout')})"
+            ) from None
         except Exception as exc:  # reset, aborted, http.client.IncompleteRead: worth another try
             raise _Retry(f"connection lost while reading ({_one_line(exc)})") from None
         finally:
@@ -403,7 +434,7 @@ class HttpClient:
         if not answered:
             return self._timeout()
         return InputError(
-            f"{self.name}: not read within {self.options.timeout:g} s (--timeout bounds the whole "
+            f"{self.name}: not read within {self.options.timeout:g} s ({option('--timeout', 'timeout')} bounds the whole "
             "remote read; the server sends too slowly)"
         )
 
@@ -485,7 +516,7 @@ class HttpClient:
                 raise TimeoutError  # get() turns it into the deadline's error
 
     def _timeout(self) -> InputError:
-        return InputError(f"{self.name}: no answer within {self.options.timeout:g} s (--timeout)")
+        return InputError(f"{self.name}: no answer within {self.options.timeout:g} s ({option('--timeout', 'timeout')})")
 
     def _status_error(self, exc) -> None:
         code = exc.code
@@ -566,8 +597,14 @@ class HttpSource(HttpClient):
     def _first(self, resp) -> bytes:
         status = _status(resp)
         if status == 416:  # an empty file: "bytes */0"
-            _a, _b, total = _content_range(resp.headers.get("Content-Range"))
-            self.size = total or 0
+            cr = resp.headers.get("Content-Range")
+            _a, _b, total = _content_range(cr)
+            if total not in (None, 0):
+                raise InputError(
+                    f"{self.name}: the server refused bytes 0-{self.options.first_read - 1} (HTTP 416) "
+                    f"of a file it says has {total:,} bytes (Content-Range {cr!r})"
+                )
+            self.size = 0
             return b""
         if status != 206:
             length = resp.headers.get("Content-Length")
@@ -585,8 +622,13 @@ class HttpSource(HttpClient):
         if a != 0 or b is None or total is None:
             raise InputError(
                 f"{self.name}: unusable Content-Range {cr!r} in the answer to a range request "
-                "(the server must report the file size)"
+                "(the server must report the file size, and a span from byte 0 that ends inside it)"
             )
+        if b >= self.options.first_read:
+            raise InputError(f"{self.name}: asked for bytes 0-{self.options.first_read - 1}, the server sent {cr!r}")
+        problem = _length_problem(resp, a, b)
+        if problem is not None:
+            raise InputError(f"{self.name}: the server's answer contradicts itself: {problem}")
         self.size = total
         avail = b + 1
         head = self.read_body(resp, min(8, avail))
@@ -616,11 +658,17 @@ class HttpSource(HttpClient):
                 if _status(resp) == 416:
                     raise InputError(f"{self.name}: the server refused bytes {start}-{stop - 1} (HTTP 416): file changed?")
                 raise self.ignores_range(resp)
-            a, _b, _total = _content_range(resp.headers.get("Content-Range"))
-            if a != start:
+            cr = resp.headers.get("Content-Range")
+            a, b, total = _content_range(cr)
+            if a != start or b != stop - 1:
+                raise InputError(f"{self.name}: asked for bytes {start}-{stop - 1}, the server sent {cr!r}")
+            if total is not None and total != self.size:
                 raise InputError(
-                    f"{self.name}: asked for bytes from {start}, the server sent {resp.headers.get('Content-Range')!r}"
+                    f"{self.name}: the file changed size while read: {self.size:,} bytes, now {total:,} (Content-Range {cr!r})"
                 )
+            problem = _length_problem(resp, a, b)
+            if problem is not None:
+                raise InputError(f"{self.name}: the server's answer contradicts itself: {problem}")
             data = self.read_body(resp, stop - start)
             if len(data) < stop - start:
                 raise _Retry(f"connection lost after {len(data)} of {stop - start} bytes")
@@ -718,7 +766,9 @@ class FsspecSource:
         if end <= offset:
             return b""
         if self.options.deadline is not None and self.options.remaining() <= 0:
-            raise InputError(f"{self.name}: not read within {self.options.timeout:g} s (--timeout bounds the whole remote read)")
+            raise InputError(
+                f"{self.name}: not read within {self.options.timeout:g} s ({option('--timeout', 'timeout')} bounds the whole remote read)"
+            )
         with self._lock:
             try:
                 self._f.seek(offset)

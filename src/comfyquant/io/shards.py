@@ -197,16 +197,9 @@ def read_index(path: str, text: str | None = None) -> tuple[list[str], dict[str,
     Every shard must be a file inside the index's folder (see the module docstring): an index
     that names ``../../x`` or ``/etc/x`` is refused with the entry, not followed."""
     if text is None:
-        from .source import require_regular
+        from .text import read_text_file
 
-        require_regular(path)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except FileNotFoundError:
-            raise InputError(f"{path}: no such file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: cannot read index ({exc})") from None
+        text = read_text_file(path, "a shard index")
     try:
         obj = parse_json(text)
     except ValueError as exc:

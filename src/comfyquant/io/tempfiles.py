@@ -24,6 +24,8 @@ import re
 import sys
 import tempfile
 
+from ..naming import printable
+
 PREFIX = ".comfyquant-"
 _NAME = re.compile(r"^\.comfyquant-(\d+)-(\d+)-([0-9a-f]{8})-([0-9a-f]{8})-[A-Za-z0-9_]+\.(tmp|spill)$")
 _SWEPT: set[str] = set()
@@ -128,8 +130,9 @@ def sweep_stale(folder: str, announce: bool = True) -> list[tuple[str, int]]:
 
         total = human_size(sum(n for _, n in removed))
         names = ", ".join(os.path.basename(p) for p, _ in removed[:3]) + (" ..." if len(removed) > 3 else "")
-        sys.stderr.write(
+        line = (
             f"comfyquant: removed {len(removed)} stale temporary file{'s' * (len(removed) > 1)} "
-            f"({total}) of interrupted comfyquant runs from {folder}: {names}\n"
+            f"({total}) of interrupted comfyquant runs from {folder}: {names}"
         )
+        sys.stderr.write(printable(line) + "\n")
     return removed

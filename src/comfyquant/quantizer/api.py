@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InputError
+from ..errors import InputError, option
 from ..io.progress import Progress
 from .plan import COPY, DENSE, QUANTIZE, Options, Plan, PlanRefused, build_plan
 from .rules import Choice, Rules, load_rules
@@ -199,7 +199,10 @@ def convert(
             )
         return _dense(paths, out, dtype, overwrite, dry_run, progress)
     if dtype is not None:
-        raise InputError("--dtype applies to --to dense only (quantized layers keep their model dtype)")
+        raise InputError(
+            f"{option('--dtype', 'dtype')} applies to {option('--to dense', 'to=' + repr('dense'))} only "
+            "(quantized layers keep their model dtype)"
+        )
     return _run(
         "convert",
         paths,
@@ -261,8 +264,8 @@ def _run(
         and (rules is None or (not rules.rules and rules.default is None))
         and (select is None or not select.may_default)
     ):
-        flag = "--format" if mode == "quantize" else "--to"
-        raise InputError(f"nothing to do: give {flag} F or --rules FILE")
+        flag = option("--format F", "format=...") if mode == "quantize" else option("--to F", "to=...")
+        raise InputError(f"nothing to do: give {flag} or {option('--rules FILE', 'rules=...')}")
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     paths = [str(p) for p in paths]
     if any(is_url(p) for p in paths):
@@ -379,12 +382,12 @@ def _references(plan: Plan, reference: str) -> dict[str, tuple]:
     from .work import entry_spec
 
     if is_url(reference):
-        raise InputError(f"--reference {reference}: reads local files; download the checkpoint first")
+        raise InputError(f"{option('--reference', 'reference=')} {reference}: reads local files; download the checkpoint first")
     out: dict[str, tuple] = {}
     with open_checkpoint(reference) as ref:
         refuse_damage(ref, "read --reference")
         for lp in plan.quantized:
-            entry = reference_weight(ref, f"--reference {reference}", lp.name, (lp.n, lp.k), InputError)
+            entry = reference_weight(ref, f"{option('--reference', 'reference=')} {reference}", lp.name, (lp.n, lp.k), InputError)
             out[lp.name] = entry_spec(entry)
     return out
 

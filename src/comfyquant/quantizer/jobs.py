@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..errors import InputError, option
 
 AUTO = "auto"
 POOL_MIN_BYTES = 512 << 20
@@ -59,13 +59,13 @@ def parse(jobs) -> int | None:
     if jobs is None or (isinstance(jobs, str) and jobs.strip().lower() == AUTO):
         return None
     if isinstance(jobs, bool):
-        raise InputError(f"--jobs must be a number of cores or 'auto', got {jobs!r}")
+        raise InputError(f"{option('--jobs', 'jobs')} must be a number of cores or 'auto', got {jobs!r}")
     try:
         n = int(jobs)
     except (TypeError, ValueError):
-        raise InputError(f"--jobs must be a number of cores or 'auto', got {jobs!r}") from None
+        raise InputError(f"{option('--jobs', 'jobs')} must be a number of cores or 'auto', got {jobs!r}") from None
     if n < 1:
-        raise InputError(f"--jobs must be at least 1, got {n}")
+        raise InputError(f"{option('--jobs', 'jobs')} must be at least 1, got {n}")
     return n
 
 

@@ -17,7 +17,7 @@ import json
 import re
 
 from ..dtypes import DENSE_FLOAT_DTYPES, MODEL_FLOAT_DTYPES
-from ..errors import InputError
+from ..errors import InputError, option
 from ..formats.params import Params
 from ..naming import natural_key
 from .layout import check_files, format_problems, layer_problems, marker_entries, planned_tensors, problems
@@ -196,7 +196,7 @@ class Options:
             try:
                 self.excludes.append((rx, re.compile(rx)))
             except re.error as exc:
-                raise InputError(f"--exclude {rx!r}: not a valid regular expression ({exc})") from None
+                raise InputError(f"{option('--exclude ', 'exclude=')}{rx!r}: not a valid regular expression ({exc})") from None
 
     def excluded(self, name: str) -> str | None:
         for text, rx in self.excludes:

@@ -28,7 +28,7 @@ import fnmatch
 import re
 import sys
 
-from ..errors import InputError
+from ..errors import InputError, option
 from .params import KEEP
 from .rules import Choice, Rule, Rules
 
@@ -154,7 +154,7 @@ def resolve_preset(name: str | None) -> str | None:
     if key in ("none", "off"):
         return "none"
     if key not in PRESETS:
-        raise InputError(f"--preset {name!r}: unknown preset; choose from {', '.join(PRESETS)}, or none")
+        raise InputError(f"{option('--preset ', 'preset=')}{name!r}: unknown preset; choose from {', '.join(PRESETS)}, or none")
     return key
 
 
@@ -166,7 +166,7 @@ def resolve_include(values) -> frozenset[str]:
             if not key:
                 continue
             if key not in INCLUDE:
-                raise InputError(f"--include {part.strip()!r}: choose from {', '.join(INCLUDE)}")
+                raise InputError(f"{option('--include ', 'include=')}{part.strip()!r}: choose from {', '.join(INCLUDE)}")
             out.add(key)
     if "all" in out:
         out = {"text-encoders", "vae", "other"}
@@ -336,7 +336,8 @@ class Request:
         found = selection.default_choice()
         if found is None:
             why = "no preset matches the tensor names" if selection.how == "undetected" else "presets are off"
-            raise InputError(f"nothing to do: give --format F or --rules FILE (or --preset NAME: {why})")
+            give = option("--format F or --rules FILE (or --preset NAME", "format=... or rules=... (or preset=...")
+            raise InputError(f"nothing to do: give {give}: {why})")
         return found
 
     def annotate(self, plan) -> None:

@@ -9,6 +9,7 @@ if it is installed (the ``plot`` extra).
 from __future__ import annotations
 
 from ..errors import InputError
+from ..naming import printable
 from ..units import human_size
 from ..version import __version__
 from .plan import COPY, DECODE, DENSE, QUANTIZE, Plan
@@ -223,7 +224,7 @@ def render_plan(plan: Plan, full: bool) -> str:
         for (verb, reason), names in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
             shown = ", ".join(names[:4]) + (f", ... ({len(names)} layers)" if len(names) > 4 else "")
             lines.append(f"  {verb} ({len(names)}): {reason}: {shown}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # lines quote names from the file
 
 
 def _count(layers) -> dict[str, int]:
@@ -288,7 +289,7 @@ def render_result(doc: dict, check=None) -> str:
             f"output {t['reference_output_rel_l2_mean']:.4f}"
         )
     lines += render_gate(doc)
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # lines quote names from the file
 
 
 def render_gate(doc: dict) -> list[str]:

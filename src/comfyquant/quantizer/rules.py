@@ -124,19 +124,16 @@ def _toml():
 
 def load_rules(path: str) -> Rules:
     """Parse and validate a rules file; every problem is one line naming the file and entry."""
-    from ..io.source import require_regular
+    from ..io.text import read_text_file
 
     toml = _toml()
-    require_regular(path)
+    text = read_text_file(path, "a rules file")
     try:
-        with open(path, "rb") as fh:
-            doc = toml.load(fh)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such rules file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        doc = toml.loads(text)
     except toml.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:
+        raise InputError(f"{path}: not a rules file (its TOML nests too deeply to read)") from None
     return parse_rules(doc, path)
 
 

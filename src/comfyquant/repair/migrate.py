@@ -14,7 +14,7 @@ import json
 from ..dialects.base import EXACT, LOSSY, PERMUTATION, REFUSED, Claim, Translation
 from ..dialects.registry import DIALECTS, detect
 from ..dialects.report import settle
-from ..errors import InputError
+from ..errors import InputError, option
 from ..formats.registry import FORMATS
 from .edits import LOSSLESS, Change, Plan, TensorEdit
 
@@ -33,7 +33,9 @@ def claims_for(ckpt, to: str | None) -> list[Claim]:
     dialect = DIALECTS.get(to)
     if dialect is None or dialect.export is None:
         can = sorted(n for n, d in DIALECTS.items() if d.export is not None)
-        raise MigrateError(f"--to {to!r}: comfyquant writes no such layout; it can write {', '.join(can) or 'none'}")
+        raise MigrateError(
+            f"{option('--to ', 'to=')}{to!r}: comfyquant writes no such layout; it can write {', '.join(can) or 'none'}"
+        )
     claim = dialect.export(ckpt, set())
     return [claim] if claim is not None else []
 

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from ..checker.fit import differing_keys, explain, fitting_side
 from ..checker.rules import prefix_match
 from ..dtypes import QUANTIZED_WEIGHT_DTYPES
+from ..errors import option
+from ..findings import json_kind
 from ..formats.base import Format, GeometryError
 from ..formats.diagnose import dtype_matches
 from ..formats.registry import FORMATS, infer_format
@@ -393,7 +395,7 @@ def _infer_marker(layer, options: Options, plan: Plan) -> dict | None:
             (
                 layer.prefix,
                 f"unmarked layer looks like {fmt.name}, but its ConvRot size cannot be told "
-                f"from the tensors: pass --convrot-groupsize C (16, 64 or 256)",
+                f"from the tensors: pass {option('--convrot-groupsize C', 'convrot_groupsize=C')} (16, 64 or 256)",
             )
         )
         return None
@@ -460,7 +462,7 @@ def _metadata_text(ckpt, plan: Plan) -> None:
             plan.metadata_text.setdefault(h.file, {})[key] = text
             shown = text if len(text) <= 40 else text[:37] + "..."
             plan.changes.append(
-                Change(None, None, f"store __metadata__[{key!r}] as JSON text", f"{type(value).__name__} {shown}", "string")
+                Change(None, None, f"store __metadata__[{key!r}] as JSON text", f"{json_kind(value)} {shown}", "string")
             )
 
 
@@ -560,7 +562,11 @@ def _lossy(layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Pla
         return False
     if not plan.options.allow_lossy:
         plan.refused.append(
-            (layer.prefix, f"{op.why}: a lossy re-quantization; re-run with --allow-lossy (the error is measured and reported)")
+            (
+                layer.prefix,
+                f"{op.why}: a lossy re-quantization; re-run with {option('--allow-lossy', 'allow_lossy=True')} "
+                "(the error is measured and reported)",
+            )
         )
         return True
     op.change = Change(

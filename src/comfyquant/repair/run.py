@@ -8,7 +8,7 @@ import json
 from ..checker.run import Targets, check_checkpoint, parse_targets
 from ..checkpoint import Paths, open_checkpoint
 from ..dialects.containers import container_of
-from ..errors import InputError
+from ..errors import InputError, option
 from ..findings import ERROR
 from .execute import output_paths, write_and_verify
 from .plan import Change, Options, Plan, plan_repairs
@@ -106,8 +106,15 @@ def fix(
         max_error = check_limit(max_error)
         if reference is None:
             raise InputError(
-                "--max-error needs --reference DENSE for fix: the repaired layers are measured against the original weights"
+                f"{option('--max-error', 'max_error')} needs {option('--reference DENSE', 'reference=')} for fix: "
+                "the repaired layers are measured against the original weights"
             )
+    if convrot_groupsize is not None and (
+        isinstance(convrot_groupsize, bool) or not isinstance(convrot_groupsize, int) or convrot_groupsize < 1
+    ):
+        raise InputError(
+            f"{option('--convrot-groupsize', 'convrot_groupsize')} must be a positive whole number, got {convrot_groupsize!r}"
+        )
     options = Options(target, prefer, convrot_groupsize, allow_lossy)
     found = container_of(paths)
     if found is not None:  # read as safetensors it would be "header length ... exceeds the 100 MB limit"

@@ -12,6 +12,7 @@ config shapes exist: nunchaku's ``{"method": "svdquant", "rank": 32, "weight": {
 
 from __future__ import annotations
 
+from ...findings import json_kind
 from ...io.jsontext import parse as parse_json
 
 KEYS = ("model_class", "config", "comfy_config", "quantization_config", "format")
@@ -117,12 +118,12 @@ def read(md: dict) -> Facts:
                 "comfy_config has no model_class: ComfyUI-nunchaku's Flux loader reads comfy_config['model_class'] (KeyError)"
             )
     elif comfy is not None:
-        f.problems.append(f"comfy_config is JSON {type(comfy).__name__}, not an object")
+        f.problems.append(f"comfy_config is a JSON {json_kind(comfy)}, not an object")
     q = _json(md, "quantization_config", f)
     if isinstance(q, dict):
         _quant(q, f)
     elif "quantization_config" in md and q is not None:
-        f.problems.append(f"quantization_config is JSON {type(q).__name__}, not an object")
+        f.problems.append(f"quantization_config is a JSON {json_kind(q)}, not an object")
     return f
 
 
