@@ -119,7 +119,7 @@ def _expected_text(slot, env: dict) -> str:
     """The dtype and concrete shape a missing tensor should have; the dtype alone when the
     layer's other tensors cannot tell its shape (a finding never shows a formula)."""
     try:
-        return f"{slot.dtype} {fmt_shape(slot.expected_shape(env))}"
+        return f"{slot.dtype} {fmt_shape(slot.expected_shape(env), as_tuple=True)}"
     except Exception:  # noqa: BLE001 -- the geometry is incomplete without the missing tensor
         return slot.dtype
 
