@@ -20,7 +20,11 @@ from ..io.source import LocalFile
 from ..targets.container import EXCEPTION
 from ..targets.sglang import Run, SGLangError, inspect_markers
 
-_EXCEPTIONS = {"ValueError": ValueError, "NotImplementedError": NotImplementedError, "TypeError": TypeError}
+_EXCEPTIONS: dict[str, type[Exception]] = {
+    e.__name__: e for e in (ValueError, NotImplementedError, TypeError, OverflowError, RecursionError)
+}
+"""The exception types SGLang's marker functions raise (Python's own, from ``int()``, ``json``
+and torch's ``numpy()``)."""
 
 
 class SafetensorError(Exception):
