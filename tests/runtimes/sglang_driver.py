@@ -27,7 +27,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-VERSION = "0.5.23"
+from .outcome import Expected, expected
+from .outcome import Outcome as SharedOutcome
+
+SGLANG = "0.5.23"
 
 _QUANT = "sglang.multimodal_gen.runtime.layers.quantization"
 REAL = (
@@ -191,19 +194,19 @@ class SGLang:
                 del sys.modules[name]
             sys.modules.update(saved)
 
-    def outcome(self, paths: Iterable[str | Path], param_name_mapper: Callable[[str], str] | None = None) -> Outcome:
+    def outcome(self, paths: Iterable[str | Path], param_name_mapper: Callable[[str], str] | None = None) -> Result:
         """What SGLang's two functions do with the checkpoint made of ``paths`` (its shards)."""
         files = [str(p) for p in paths]
         try:
             markers = self.inspect_comfy_quant_markers(files, param_name_mapper)
         except Exception as exc:  # the oracle records whatever SGLang raises
-            return Outcome("inspect", type(exc).__name__, str(exc))
+            return Result("inspect", type(exc).__name__, str(exc))
         snapshot = _plain(markers)
         try:
             config = self.resolve_comfy_checkpoint_quantization(markers)
         except Exception as exc:
-            return Outcome("resolve", type(exc).__name__, str(exc), markers=snapshot)
-        return Outcome("ok", markers=snapshot, config=None if config is None else type(config).__name__)
+            return Result("resolve", type(exc).__name__, str(exc), markers=snapshot)
+        return Result("ok", markers=snapshot, config=None if config is None else type(config).__name__)
 
 
 def _plain(markers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -211,7 +214,7 @@ def _plain(markers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {prefix: dict(marker) for prefix, marker in markers.items()}
 
 
-class Outcome:
+class Result:
     """One file's outcome: where SGLang stopped (``inspect``, ``resolve`` or ``ok``), the exception
     it raised (type name and message), or the markers inspect returned and the config resolve built
     (its class name; None for an unquantized checkpoint)."""
@@ -236,11 +239,28 @@ class Outcome:
     def raises(self) -> bool:
         return self.exception is not None
 
+    def shared(self) -> SharedOutcome:
+        """As the ``Outcome`` every driver returns: a file safetensors refuses fails at ``read``,
+        everything else these functions raise at ``load``."""
+        if not self.raises:
+            return SharedOutcome("ok")
+        stage = "read" if self.exception == "SafetensorError" else "load"
+        return SharedOutcome("raises", stage, self.exception, self.message or "")
+
     def __repr__(self) -> str:
         if self.raises:
-            return f"Outcome({self.stage}: {self.exception}: {self.message})"
-        return f"Outcome(ok, config={self.config})"
+            return f"Result({self.stage}: {self.exception}: {self.message})"
+        return f"Result(ok, config={self.config})"
 
+
+TARGET = "sglang"
+VERSION = f"SGLang {SGLANG}"
+MISSING = ""
+"""Why SGLang's functions cannot run here (set when ``driver()`` returns None)."""
+
+LATER = frozenset({"B1", "B2", "B3", "B4", "B5", "B6", "incomplete"})
+"""comfyquant's SGLang rules for what SGLang does after these two functions (building each layer,
+loading its weights): modelled from SGLang's source, not run here."""
 
 _LOADED: dict[Path, SGLang] = {}
 
@@ -248,11 +268,44 @@ _LOADED: dict[Path, SGLang] = {}
 def sglang() -> SGLang | None:
     """The oracle, loaded once per process; None when the wheel cannot be had (the reason is
     ``runtime_sources.SGLANG_MISSING``)."""
-    from runtime_sources import sglang_wheel
+    global MISSING
+    import runtime_sources
 
-    wheel = sglang_wheel()
+    wheel = runtime_sources.sglang_wheel()
     if wheel is None:
+        MISSING = runtime_sources.SGLANG_MISSING
         return None
     if wheel not in _LOADED:
         _LOADED[wheel] = SGLang(wheel)
     return _LOADED[wheel]
+
+
+class Driver:
+    """The runtime driver of ``runtimes.agreement``: one file in, the shared ``Outcome`` out."""
+
+    def __init__(self, oracle: SGLang) -> None:
+        self.oracle = oracle
+
+    def __enter__(self) -> Driver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def run(self, path: str | Path) -> SharedOutcome:
+        return self.oracle.outcome([path]).shared()
+
+    @staticmethod
+    def predict(verdict: dict | None) -> Expected:
+        """comfyquant's verdict as far as these two functions go: a first failure from a later
+        stage (a rule in ``LATER``, or garbage computed without an exception: the values, read
+        with ``--deep``) means both functions pass."""
+        if verdict is not None and not verdict["loads"]:
+            if not verdict.get("exception") or (verdict.get("rule") or "").split(".", 1)[-1] in LATER:
+                return Expected("loads")
+        return expected(verdict)
+
+
+def driver() -> Driver | None:
+    oracle = sglang()
+    return None if oracle is None else Driver(oracle)
