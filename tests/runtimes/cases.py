@@ -109,13 +109,38 @@ class Case:
     path: Path | None = None
 
     def write(self, folder: Path) -> Path:
+        """Write the checkpoint, and beside it ``<id>.dense`` (the dense layers, for drivers
+        running in another process)."""
         path = Path(folder) / f"{self.id}.safetensors"
+        dense = {}
+        for layer, (weight, bias) in self.dense.items():
+            dense[f"{layer}.weight"] = weight.contiguous()
+            if bias is not None:
+                dense[f"{layer}.bias"] = bias.contiguous()
+        save_file(dense, str(dense_path(path)))
         if self.damage is None:
             save_file(self.tensors, str(path), metadata=self.metadata)
         else:
             path.write_bytes(self.damage(save(self.tensors, metadata=self.metadata)))
         self.path = path
         return path
+
+
+def dense_path(path: Path) -> Path:
+    """Where ``Case.write`` puts the dense layers of the checkpoint at ``path``."""
+    return Path(path).with_suffix(".dense")
+
+
+def read_dense(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """The dense layers ``Case.write`` kept beside the checkpoint at ``path``."""
+    from safetensors.torch import load_file
+
+    flat = load_file(str(dense_path(path)))
+    return {
+        name[: -len(".weight")]: (t, flat.get(name[: -len(".weight")] + ".bias"))
+        for name, t in flat.items()
+        if name.endswith(".weight")
+    }
 
 
 def _marker_tensor(marker) -> torch.Tensor:

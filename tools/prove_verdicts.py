@@ -1,0 +1,72 @@
+"""Record what the real runtimes do on the generated defect space and print where comfyquant's
+verdicts disagree.
+
+    python tools/prove_verdicts.py [--target comfyui,comfy-kitchen,sglang] [--seed 0]
+                                   [--only SUBSTRING] [--limit 40] [--json OUT]
+
+Each runtime is driven by its driver in ``tests/runtimes/`` (ComfyUI from its source tarball,
+comfy-kitchen as installed, SGLang from its wheel); a runtime that cannot run here is skipped
+with the reason.  To prove the verdicts for another version of a runtime, point its driver at
+that version (``COMFYQUANT_COMFYUI_TARBALL`` for ComfyUI, the installed comfy-kitchen) and
+read the disagreements.  Exit status: 0 when every verdict agrees, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
+
+from runtimes.agreement import DRIVERS, compare, driver_module, summary, table  # noqa: E402
+from runtimes.cases import generate  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default=",".join(DRIVERS), help="runtimes to drive (comma-separated)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", default="", help="only cases whose id contains this")
+    ap.add_argument("--limit", type=int, default=40, help="disagreements printed per runtime")
+    ap.add_argument("--json", default="", help="write every outcome and verdict to this file")
+    args = ap.parse_args(argv)
+    all_cases = [c for c in generate(args.seed) if args.only in c.id]
+    records = []
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="prove-verdicts-") as tmp:
+        for case in all_cases:
+            case.write(Path(tmp))
+        for target in args.target.split(","):
+            module = driver_module(target.strip())
+            drv = module.driver()
+            if drv is None:
+                print(f"{target}: skipped: {module.MISSING}")
+                continue
+            with drv:
+                rows = compare(drv, target, all_cases)
+            print(f"{module.VERSION}: {summary(rows)}")
+            bad = table(rows, args.limit)
+            if bad:
+                failed = True
+                print(bad)
+            records.extend(
+                {
+                    "target": target,
+                    "case": r.case.id,
+                    "outcome": r.outcome.to_dict(),
+                    "comfyquant": r.predicted.short(),
+                    "agrees": r.why is None,
+                }
+                for r in rows
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
