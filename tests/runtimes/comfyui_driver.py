@@ -130,9 +130,8 @@ class _Worker:
         import logging
 
         logging.disable(logging.CRITICAL)
-        import torch
-
         import comfy.options
+        import torch
 
         # ComfyUI started as ``main.py --cpu``: its arguments are parsed from sys.argv
         sys.argv = [sys.argv[0], "--cpu"]
