@@ -93,6 +93,9 @@ def _layout(report) -> list[str]:
     d = report.dialect
     if not d:
         return []
+    unreadable = {f.file for f in report.findings if f.code == "C009"}
+    if unreadable and len(unreadable) == len(report.files):
+        return ["layout: unknown (no header can be read)"]
     if d["dialects"] == ["dense"]:
         return ["layout: dense (no quantized layer: nothing for the runtimes' quantized loaders to check)"]
     foreign = [f for f in report.findings if f.code == "F001"]

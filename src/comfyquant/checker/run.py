@@ -110,7 +110,8 @@ def check(
     paused = gc.isenabled()
     gc.disable()
     try:
-        with open_any(paths, name_mapper=name_mapper) as ckpt:
+        # a file whose header cannot be read is reported (what each runtime raises), not refused
+        with open_any(paths, name_mapper=name_mapper, damaged_ok=True) as ckpt:
             return check_checkpoint(ckpt, target=target, deep=deep)
     finally:
         if paused:
