@@ -53,7 +53,8 @@ def inspect_comfy_quant_markers(
         safetensors_list = [safetensors_list]
     paths = [os.fspath(p) for p in safetensors_list]
     sources = [LocalFile(p) for p in paths]
-    ckpt = open_checkpoint(paths, sources=sources, shardset=ShardSet(files=paths))
+    # a file safetensors cannot open raises its SafetensorError below, as SGLang's safe_open does
+    ckpt = open_checkpoint(paths, sources=sources, shardset=ShardSet(files=paths), damaged_ok=True)
     try:
         try:
             markers, derived = inspect_markers(ckpt, param_name_mapper, Run(collect=False))

@@ -1,0 +1,156 @@
+"""comfyquant's SGLang verdicts equal what SGLang 0.5.23's own functions do on every case of the
+generated defect space and on the example checkpoints.
+
+The oracle is SGLang's ``inspect_comfy_quant_markers`` and ``resolve_comfy_checkpoint_quantization``
+(and the config constructors they call), executed from the ``sglang==0.5.23`` wheel with the rest
+of SGLang stubbed (``runtimes/sglang_driver.py``). For each file:
+
+* comfyquant's ``check`` verdict for SGLang, up to what these functions cover: FAILS with the same
+  exception type and message where they raise, and no failure of theirs where they pass (what
+  SGLang does afterwards, building layers and loading weights, is modelled from its source and not
+  run here: such a verdict counts as passing these functions);
+* the config SGLang resolves (its class) equals the one comfyquant's profile resolves;
+* comfyquant's drop-in ``comfyquant.compat.sglang.inspect_comfy_quant_markers`` returns the same
+  dict as the real one, or raises the same exception type with the same message.
+
+Skipped with one line when the wheel cannot be downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtimes import sglang_driver
+from runtimes.agreement import compare, summary, table
+from runtimes.cases import GROUPS, generate
+
+TARGET = "sglang"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sglang-cases")
+    cases = generate(0)
+    for case in cases:
+        case.write(folder)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    drv = sglang_driver.driver()
+    if drv is None:
+        pytest.skip(sglang_driver.MISSING)
+    with drv:
+        yield drv
+
+
+def _example_checkpoints() -> list[list[str]]:
+    """Every example checkpoint as SGLang is handed it: one file, or the list of its shards."""
+    out = [[str(p)] for p in sorted(EXAMPLES.glob("*.safetensors"))]
+    shards = sorted(str(p) for p in (EXAMPLES / "sharded").glob("*.safetensors"))
+    if shards:
+        out.append(shards)
+    return out
+
+
+def _ours(paths: list[str]) -> tuple[object, str | None]:
+    """comfyquant's verdict dict for SGLang on ``paths`` and the config its profile resolves."""
+    import comfyquant
+    from comfyquant.checkpoint import open_checkpoint
+    from comfyquant.targets.sglang import run_all
+
+    verdict = comfyquant.check(paths, target=TARGET).verdicts[TARGET].to_dict()
+    with open_checkpoint(paths, damaged_ok=True) as ckpt:
+        config = run_all(ckpt)[3]
+    return verdict, config
+
+
+def _dropin(paths: list[str]) -> tuple[str, object]:
+    from comfyquant.compat.sglang import inspect_comfy_quant_markers
+
+    try:
+        return "ok", _canonical(inspect_comfy_quant_markers(paths))
+    except Exception as exc:  # compared with what SGLang raises
+        return "raises", f"{type(exc).__name__}: {exc}"
+
+
+def _real_inspect(oracle, paths: list[str]) -> tuple[str, object]:
+    try:
+        return "ok", _canonical(oracle.inspect_comfy_quant_markers(paths))
+    except Exception as exc:  # the oracle's own exception
+        return "raises", f"{type(exc).__name__}: {exc}"
+
+
+def _canonical(markers: dict) -> str:
+    """A marker dict as comparable text (NaN equals NaN, key order does not matter)."""
+    return json.dumps(markers, sort_keys=True, default=repr)
+
+
+def _disagreements(oracle, checkpoints: list[tuple[str, list[str]]]) -> tuple[list[str], int]:
+    """One compact line block per checkpoint where comfyquant differs from SGLang's functions."""
+    lines: list[str] = []
+    raising = 0
+    for label, paths in checkpoints:
+        real = oracle.outcome(paths)
+        raising += real.raises
+        verdict, config = _ours(paths)
+        predicted = sglang_driver.Driver.predict(verdict)
+        why = []
+        if real.raises:
+            if (predicted.kind, predicted.exception, predicted.message) != ("raises", real.exception, real.message):
+                why.append(f"verdict: comfyquant {predicted.short()[:100]} | SGLang {real.exception}: {real.message[:100]}")
+        else:
+            if predicted.kind != "loads":
+                why.append(f"verdict: comfyquant {predicted.short()[:100]} | SGLang passes")
+            if config != real.config:
+                why.append(f"config: comfyquant {config} | SGLang {real.config}")
+        if real.stage != "resolve":  # inspect raised or returned: the drop-in must do the same
+            ours, theirs = _dropin(paths), _real_inspect(oracle, paths)
+            if ours != theirs:
+                why.append(f"drop-in: {ours[1][:100]} | SGLang {theirs[1][:100]}")
+        if why:
+            lines.append(label)
+            lines.extend(f"    {w}" for w in why)
+    return lines, raising
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_verdicts_agree(written, runtime, group):
+    """Through the shared harness (``runtimes.agreement``, as ``tools/prove_verdicts.py`` runs it)."""
+    rows = compare(runtime, TARGET, [c for c in written if c.group == group])
+    assert rows
+    bad = table(rows)
+    assert not bad, f"{sglang_driver.VERSION}: {summary(rows)}\n{bad}"
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_config_and_dropin_agree(written, runtime, group):
+    """The config each case resolves to, and the drop-in's dict or exception, are SGLang's."""
+    cases = [(c.id, [str(c.path)]) for c in written if c.group == group]
+    lines, _ = _disagreements(runtime.oracle, cases)
+    assert not lines, f"{sglang_driver.VERSION}, {len(cases)} cases of {group!r}:\n" + "\n".join(lines[:60])
+
+
+def test_examples_agree(runtime):
+    """The shipped examples, the sharded one as its list of shards."""
+    checkpoints = [(", ".join(Path(p).name for p in paths), paths) for paths in _example_checkpoints()]
+    assert len(checkpoints) >= 5
+    lines, raising = _disagreements(runtime.oracle, checkpoints)
+    assert not lines, "\n".join(lines)
+    assert 0 < raising < len(checkpoints)  # some examples load in SGLang and some do not
+
+
+def test_the_space_is_not_trivial(written, runtime):
+    """The oracle really decides: across the space SGLang's functions both raise (several distinct
+    messages) and pass, and the valid W4A8 and ConvRot INT8 layers (what SGLang serves) pass."""
+    outcomes = {c.id: runtime.oracle.outcome([str(c.path)]) for c in written if c.group in ("valid", "marker")}
+    messages = {o.message for o in outcomes.values() if o.raises}
+    assert len(messages) >= 20
+    passing = {cid for cid, o in outcomes.items() if not o.raises}
+    assert "int8_convrot_64x256.valid" in passing and "w4a8_codebook_64x256.valid" in passing
+    assert outcomes["fp8_e5m2_64x256.valid"].raises  # SGLang resolves no config for E5M2
