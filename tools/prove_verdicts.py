@@ -26,6 +26,26 @@ from runtimes.agreement import DRIVERS, compare, driver_module, summary, table  
 from runtimes.cases import generate  # noqa: E402
 
 
+class Replay:
+    """A runtime's outcomes as recorded by an earlier ``--json`` run (same seed): comfyquant's
+    side is checked again without running the runtime."""
+
+    def __init__(self, path: str, target: str, cases) -> None:
+        from runtimes.outcome import Outcome
+
+        recorded = {r["case"]: Outcome(**r["outcome"]) for r in json.loads(Path(path).read_text()) if r["target"] == target}
+        self.by_path = {str(c.path): recorded[c.id] for c in cases if c.id in recorded}
+
+    def run(self, path) -> object:
+        return self.by_path[str(path)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default=",".join(DRIVERS), help="runtimes to drive (comma-separated)")
@@ -33,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="only cases whose id contains this")
     ap.add_argument("--limit", type=int, default=40, help="disagreements printed per runtime")
     ap.add_argument("--json", default="", help="write every outcome and verdict to this file")
+    ap.add_argument("--replay", default="", help="take the runtimes' outcomes from a --json file instead of running them")
     args = ap.parse_args(argv)
     all_cases = [c for c in generate(args.seed) if args.only in c.id]
     records = []
@@ -42,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             case.write(Path(tmp))
         for target in args.target.split(","):
             module = driver_module(target.strip())
-            drv = module.driver()
+            drv = Replay(args.replay, target, all_cases) if args.replay else module.driver()
             if drv is None:
                 print(f"{target}: skipped: {module.MISSING}")
                 continue

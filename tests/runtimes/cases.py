@@ -296,7 +296,10 @@ def slot_cases(base: _Base) -> Iterator[Case]:
         for tag, mutated in tensor_mutations(t):
             tensors = dict(base.tensors)
             tensors[suffix] = mutated
-            yield base.case(f"{base.name}.{suffix}.{tag}", "slot", tensors)
+            # a runtime that casts a tensor by value computes normally or garbage depending on
+            # the values (codes stored in a wider dtype survive, reinterpreted bytes do not)
+            deep = tag.startswith(("cast-", "view-"))
+            yield base.case(f"{base.name}.{suffix}.{tag}", "slot", tensors, deep=deep)
     for suffix in EXTRA_SLOTS:
         if suffix in base.tensors:
             continue
@@ -533,6 +536,8 @@ def container_cases(base: _Base) -> Iterator[Case]:
         case.damage = damage
         yield case
 
+
+GROUPS = ("valid", "slot", "marker", "header", "legacy", "value", "container")
 
 # -- the space --------------------------------------------------------------------------------
 

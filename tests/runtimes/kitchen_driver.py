@@ -159,8 +159,10 @@ class KitchenDriver:
         errors = {}
         for layer, qt in built.items():
             weight, _ = dense[layer]
-            bias = tensors.get(f"{layer}.bias")
             x = reference_input(weight.shape[1])
+            bias = tensors.get(f"{layer}.bias")
+            if bias is not None and bias.dtype.is_floating_point:
+                bias = bias.to(x.dtype)  # the caller's bias in the compute dtype, as ComfyUI casts it
             try:
                 with torch.inference_mode():
                     qt.dequantize()

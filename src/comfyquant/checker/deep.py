@@ -12,11 +12,23 @@ from ..targets.base import Violation
 MAX_DEEP_BYTES = 256 * 1024 * 1024
 
 
-GARBAGE_CODES = frozenset({"D001", "D002", "D003", "D005", "D007"})
+GARBAGE_CODES = frozenset({"D001", "D005", "D007"})
 """Value findings that make a layer compute garbage in every runtime that reads the tensor:
-NaN/Inf poison the output, a zero scale zeroes it (all of it, for a per-tensor scale), a
-negative one flips it.  An unsorted codebook (D004) still decodes by its table, and an
-all-zero tensor that is not a scale (D006) may be a placeholder: those stay warnings."""
+NaN/Inf poison the output.  Zero and negative scales (D002, D003) do when every scale is
+(``WHOLE``): the layer decodes to zero or to its negation; one bad row or group among many
+leaves the output measurably close (relative error well under 0.9), so that stays a warning.
+An unsorted codebook (D004) still decodes by its table, and an all-zero tensor that is not a
+scale (D006) may be a placeholder: those stay warnings too."""
+WHOLE_CODES = frozenset({"D002", "D003"})
+WHOLE = "all"
+"""How a D002/D003 finding's ``actual`` begins when every scale of the tensor is affected."""
+TINY = 1.1754944e-38
+"""The smallest normal F32: scales below it are subnormal."""
+
+
+def makes_garbage(f: Finding) -> bool:
+    """Whether a value finding means the layer's output is garbage (see ``GARBAGE_CODES``)."""
+    return f.code in GARBAGE_CODES or (f.code in WHOLE_CODES and (f.actual or "").startswith(WHOLE + " "))
 
 
 def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, str]) -> None:
@@ -26,7 +38,7 @@ def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, 
     selected runtime computes with the tensor.  A runtime reads a tensor unless its profile
     already says it drops it (a silent loss on that tensor, e.g. ComfyUI's W4A8 correction)."""
     for f in findings:
-        if f.code not in GARBAGE_CODES or not f.tensor or not f.layer:
+        if not makes_garbage(f) or not f.tensor or not f.layer:
             continue
         prefix = prefixes.get(f.layer, f.layer)
         suffix = f.tensor[len(prefix) + 1 :] if f.tensor.startswith(prefix + ".") else f.tensor
@@ -171,7 +183,22 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
     if slot.positive:
         zeros = int((v == 0).sum())
         neg = int((v < 0).sum())
-        if zeros:
+        # scales below the smallest normal F32 decode the layer to (almost) zero as surely
+        tiny = int(((v != 0) & (np.abs(v) < TINY)).sum())
+        if zeros + tiny == v.size and tiny:
+            out.append(
+                Finding(
+                    "D002",
+                    f"{what}: " + ("the scale is" if v.size == 1 else "every scale is") + " zero or subnormal",
+                    layer=layer,
+                    tensor=tensor,
+                    expected=f">= {TINY:.3g}",
+                    actual=WHOLE + " zero or subnormal",
+                    cause="the whole layer decodes to zero (it outputs only its bias)",
+                    fix=fix,
+                )
+            )
+        elif zeros:
             # a single (per-tensor) scale of zero, or all of them, zeroes the whole layer's output
             whole = zeros == v.size
             said = (
@@ -186,7 +213,7 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
                     layer=layer,
                     tensor=tensor,
                     expected="> 0",
-                    actual=f"{zeros} zero" + ("" if zeros == 1 else "s"),
+                    actual=f"{WHOLE} zero" if whole else f"{zeros} zero" + ("" if zeros == 1 else "s"),
                     cause="the whole layer decodes to zero (it outputs only its bias)"
                     if whole
                     else "those rows/groups decode to zero (dead outputs) or divide by zero",
@@ -201,7 +228,7 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
                     layer=layer,
                     tensor=tensor,
                     expected="> 0",
-                    actual=f"{neg} negative",
+                    actual=f"{WHOLE} negative" if neg == v.size else f"{neg} negative",
                     cause="sign-flipped scales invert weights",
                     fix=fix,
                 )

@@ -13,7 +13,7 @@ import json
 from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, incomplete_violations
-from .kitchen import FORWARD, forward_templates
+from .kitchen import FORWARD, forward_templates, int_violation, marker_ints
 
 DIFFUSION_PREFIX = "model.diffusion_model."
 VIEWS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
@@ -42,7 +42,9 @@ SCALAR_TYPES = {
     "F8_E8M0": "Float8_e8m0fnu",
 }
 """torch's ScalarType names, as its view error prints them."""
-QUANT_ALGOS = ("float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8", "int8_tensorwise", "convrot_w4a4", "asym_w4a8_int8", "awq_w4a16")
+QUANT_ALGOS = ("float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8", "int8_tensorwise", "convrot_w4a4", "asym_w4a8_int8")
+"""The formats of ``QUANT_ALGOS`` in ComfyUI 0.33.0 comfy/quant_ops.py (no AWQ: a layer marked
+``awq_w4a16`` raises ``KeyError`` at load)."""
 STORAGE = {
     "float8_e4m3fn": "F8_E4M3",
     "float8_e5m2": "F8_E5M2",
@@ -51,7 +53,6 @@ STORAGE = {
     "int8_tensorwise": "I8",
     "convrot_w4a4": "I8",
     "asym_w4a8_int8": "I8",
-    "awq_w4a16": "I8",
 }
 CONSUMED = {
     "float8_e4m3fn": {"weight_scale", "input_scale"},
@@ -61,7 +62,6 @@ CONSUMED = {
     "int8_tensorwise": {"weight_scale"},
     "convrot_w4a4": {"weight_scale"},
     "asym_w4a8_int8": {"weight_s_rel", "weight_s_channel", "weight_codebook"},
-    "awq_w4a16": {"weight_scale", "weight_zeros"},
 }
 REQUIRED = {
     "mxfp8": (("weight_scale",), "Missing MXFP8 block scales for layer {layer}"),
@@ -69,7 +69,6 @@ REQUIRED = {
     "int8_tensorwise": (("weight_scale",), "Missing INT8 weight scale for layer {layer}"),
     "convrot_w4a4": (("weight_scale",), "Missing ConvRot W4A4 weight scale for layer {layer}"),
     "asym_w4a8_int8": (("weight_s_rel",), "Missing W4A8 group scale (weight_s_rel) for layer {layer}"),
-    "awq_w4a16": (("weight_scale", "weight_zeros"), "Missing AWQ W4A16 scale/zeros for layer {layer}"),
 }
 
 
@@ -268,11 +267,40 @@ def _layer_templates(marker: dict, t: dict) -> tuple[list[Violation], list[Viola
     """(what loading the layer raises or loses, what its first forward raises): cached per
     layer class.  A layer that does not load never runs."""
     out: list[Violation] = []
+    if "weight" not in t:
+        # the loader leaves the weight None and returns; the first forward reads its device
+        return [], [
+            Violation(
+                "comfyui.weight",
+                "'NoneType' object has no attribute 'device'",
+                "AttributeError",
+                LAYER,
+                "weight",
+                True,
+                "marked layer without a weight: ComfyUI logs 'Missing weight' and loads nothing",
+                "re-export the layer with its weight",
+            )
+        ]
+    marker = _read_marker(out, marker, t)
+    if out:
+        return out, []
     _layer(out, LAYER, marker, t)
     fmt = marker.get("format")
     if any(v.blocking for v in out) or not isinstance(fmt, str) or fmt not in FORWARD:
         return out, []
     return out, forward_templates("comfyui", fmt, t, VIEWS.get(fmt))
+
+
+def _read_marker(out: list, marker: dict, t: dict) -> dict:
+    """The marker with its integer keys read through ``int()`` as ComfyUI reads them; a value
+    ``int()`` refuses raises Python's own error at load, after a missing scale would have."""
+    fmt = marker.get("format")
+    if not isinstance(fmt, str) or fmt not in QUANT_ALGOS:
+        return marker
+    read, refused = marker_ints(fmt, marker)
+    if refused is not None and all(s in t for s in REQUIRED.get(fmt, ((), ""))[0]):
+        out.append(int_violation("comfyui", LAYER, refused))
+    return read
 
 
 def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
@@ -339,17 +367,21 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
             cause="marked layer without a weight",
         )
     if w.dtype != STORAGE[fmt]:
+        # ComfyUI casts the stored weight to the layout's dtype by value: codes stored in a
+        # wider dtype survive it exactly and the layer computes normally; other values (bytes
+        # of another dtype, a dense weight) do not.  Only the values tell (check --deep).
         _fail(
             out,
             "cast",
-            f"layer '{prefix}': {w.dtype} weight is value-cast to {STORAGE[fmt]} (garbage, no error)",
+            f"layer '{prefix}': {w.dtype} weight is value-cast to {STORAGE[fmt]} at load (exact when "
+            f"the values are {STORAGE[fmt]} codes, garbage otherwise; check --deep reads them)",
             prefix,
             "weight",
             blocking=False,
-            severity="error",
             cause=f"weight stored as {w.dtype}, the format needs {STORAGE[fmt]}",
-            fix=f"relabel the weight as {STORAGE[fmt]} if the bytes are right",
+            fix=f"store the weight as {STORAGE[fmt]} (relabel it if the bytes are {STORAGE[fmt]} codes)",
         )
+        t = dict(t, weight=type(w)(w.name, STORAGE[fmt], w.shape, w.start, w.end, w.file))
     if fmt == "asym_w4a8_int8":
         _w4a8(out, prefix, marker, t)
     for suffix in t:

@@ -72,6 +72,9 @@ def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
                 fix="convert the layer (comfyquant convert)",
             )
         ]
+    marker, refused = marker_ints(name, marker)
+    if refused is not None:
+        return [int_violation("comfy-kitchen", prefix, refused)]
     try:
         env = fmt.geometry(tensors, fmt.params(marker))
     except GeometryError as exc:
@@ -79,6 +82,58 @@ def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
     check = _CHECKS.get(name)
     v = check(prefix, tensors, env) if check is not None else None
     return [v] if v is not None else []
+
+
+INT_KEYS: dict[str, tuple[str, ...]] = {
+    "int8_tensorwise": ("convrot_groupsize",),
+    "convrot_w4a4": ("convrot_groupsize",),
+    "asym_w4a8_int8": ("group_size", "convrot_groupsize"),
+    "awq_w4a16": ("group_size",),
+}
+"""The marker keys ComfyUI passes through ``int()`` when it builds a layer's ``Params``, in its
+order (ComfyUI 0.33.0 comfy/ops.py ``_load_quantized_module``; INT8 reads its ConvRot size only
+when ``convrot`` is set).  A nested ``params`` object is the fallback for each key."""
+
+
+def _nested(marker: dict) -> dict:
+    nested = marker.get("params", {})
+    return nested if isinstance(nested, dict) else {}
+
+
+def marker_ints(name: str, marker: dict) -> tuple[dict, tuple[str, str, str] | None]:
+    """The marker as ComfyUI reads it: each key of ``INT_KEYS`` through Python's ``int()`` (a
+    string of digits or a float becomes an integer), ``convrot`` by truthiness.  Returns the
+    read marker and, when ``int()`` refuses a value, (exception type, Python's message, key)."""
+    nested = _nested(marker)
+    read = dict(marker)
+    if name == "int8_tensorwise":
+        convrot = bool(marker.get("convrot", nested.get("convrot", False)))
+        read["convrot"] = convrot
+        if not convrot:
+            return read, None
+    for key in INT_KEYS.get(name, ()):
+        if key not in marker and key not in nested:
+            continue
+        value = marker[key] if key in marker else nested[key]
+        try:
+            read[key] = int(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            return read, (type(exc).__name__, str(exc), key)
+    return read, None
+
+
+def int_violation(target: str, prefix: str, refused: tuple[str, str, str]) -> Violation:
+    exception, message, key = refused
+    return Violation(
+        f"{target}.marker",
+        message,
+        exception,
+        prefix,
+        "comfy_quant",
+        True,
+        f"marker key {key} is not a number ComfyUI's int() takes",
+        f"set {key} to an integer (comfyquant fix)",
+    )
 
 
 def _hadamard(prefix: str, c) -> Violation | None:

@@ -1,0 +1,49 @@
+"""comfyquant's comfy-kitchen verdicts equal what comfy-kitchen 0.2.40 alone really does on every
+case of the generated defect space (each layer built as ComfyUI hands it over, dequantized and
+run): loads / FAILS (same exception type and message) / FAILS silently (garbage measured
+against the dense layer)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtimes import kitchen_driver
+from runtimes.agreement import compare, summary, table
+from runtimes.cases import GROUPS, generate
+
+TARGET = "comfy-kitchen"
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kitchen-cases")
+    cases = generate(0)
+    for case in cases:
+        case.write(folder)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    drv = kitchen_driver.driver()
+    if drv is None:
+        pytest.skip(kitchen_driver.MISSING)
+    with drv:
+        yield drv
+
+
+def test_valid_layers_compute_normally(written, runtime):
+    """The oracle itself: every valid layer loads and computes within its format's usual error
+    (the asymmetric W4A8 layer whose correction was zeroed degrades)."""
+    rows = compare(runtime, TARGET, [c for c in written if c.group == "valid"])
+    got = {r.case.id: r.outcome.status for r in rows}
+    assert got.pop("w4a8_asym_64x256_corr.valid") == "degraded"
+    assert set(got.values()) == {"ok"}, got
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_verdicts_agree(written, runtime, group):
+    rows = compare(runtime, TARGET, [c for c in written if c.group == group])
+    assert rows
+    bad = table(rows)
+    assert not bad, f"{kitchen_driver.VERSION}: {summary(rows)}\n{bad}"
