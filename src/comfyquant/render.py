@@ -139,6 +139,8 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
             lines.append(f"  {'layers':<8} {_examples([g.layer for g in group])}")
     lines.append("")
     lines.append("targets:")
+    from .targets.proven import modelled, proven_text
+
     for name, verdict in report.verdicts.items():
         first = verdict.first
         warns = [v for v in verdict.violations if not v.fails]
@@ -147,7 +149,11 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
         else:
             exc = f"{first.exception}: " if first.exception else ""
             state = f"FAILS  {exc}{first.message}"
+            if what := modelled(name, first.rule):
+                state += f" ({what})"
         lines.append(f"  {name:<14} {state}")
+    if report.verdicts:
+        lines.append(f"verdicts proven for {'; '.join(proven_text(name) for name in report.verdicts)}")
     c = report.counts
     hidden = "" if verbose or not c["info"] else " (-v lists info)"
     lines.append("")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..findings import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding
 from ..targets.base import Verdict
+from ..targets.proven import PROVEN, modelled
 from ..targets.select import TARGETS
 
 SCHEMA = 1
@@ -67,10 +68,20 @@ class Report:
             "layers": self.layers,
             "counts": self.counts,
             "findings": [f.to_dict() for f in self.findings],
-            "targets": {name: v.to_dict() for name, v in self.verdicts.items()},
+            "targets": {name: target_dict(name, v) for name, v in self.verdicts.items()},
             "io": self.io,
             **(self.dialect or {}),
         }
+
+
+def target_dict(target: str, verdict: Verdict) -> dict:
+    """One target's verdict in the JSON report, with the runtime versions it is proven for and,
+    when the failure that decides it is modelled from the runtime's source rather than proven by
+    running it, what is modelled."""
+    out = verdict.to_dict()
+    out["proven_for"] = [r.to_dict() for r in PROVEN[target]]
+    out["modelled"] = modelled(target, out["rule"])
+    return out
 
 
 def assemble(

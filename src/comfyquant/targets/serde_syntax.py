@@ -138,32 +138,24 @@ class _Parser:
             self.digits()
         else:
             raise self.error("invalid number")
-        is_float = False
         if self.peek() == ord("."):
-            is_float = True
             self.index += 1
             if not self.digits():
                 c = self.next_char()
                 raise self.error("EOF while parsing a value" if c is None else "invalid number")
         if self.peek() in (ord("e"), ord("E")):
-            is_float = True
             self.index += 1
             if self.peek() in (ord("+"), ord("-")):
                 self.index += 1
             if not self.digits():
                 c = self.next_char()
                 raise self.error("EOF while parsing a value" if c is None else "invalid number")
-        token = self.data[start : self.index].decode("ascii")
-        if not is_float and token == "-0":
-            return -0.0  # serde_json reads a negative zero as a float
-        if not is_float:
-            value = int(token)
-            if -(1 << 63) <= value < (1 << 64):
-                return value
-        result = float(token)
-        if math.isinf(result):
+        from .container import serde_number  # serde_json's own (not always correctly rounded) reading
+
+        value = serde_number(self.data[start : self.index].decode("ascii"))
+        if isinstance(value, float) and math.isinf(value):
             raise self.error("number out of range")
-        return result
+        return value
 
     def string(self) -> str:
         data = self.data
