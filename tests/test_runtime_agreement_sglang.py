@@ -99,7 +99,7 @@ def _disagreements(oracle, checkpoints: list[tuple[str, list[str]]]) -> tuple[li
         real = oracle.outcome(paths)
         raising += real.raises
         verdict, config = _ours(paths)
-        predicted = sglang_driver.Driver.predict(verdict)
+        predicted = sglang_driver.predict(verdict)
         why = []
         if real.raises:
             if (predicted.kind, predicted.exception, predicted.message) != ("raises", real.exception, real.message):

@@ -7,8 +7,9 @@ verdicts disagree.
 Each runtime is driven by its driver in ``tests/runtimes/`` (ComfyUI from its source tarball,
 comfy-kitchen as installed, SGLang from its wheel); a runtime that cannot run here is skipped
 with the reason.  To prove the verdicts for another version of a runtime, point its driver at
-that version (``COMFYQUANT_COMFYUI_TARBALL`` for ComfyUI, the installed comfy-kitchen) and
-read the disagreements.  Exit status: 0 when every verdict agrees, 1 otherwise.
+that version (``COMFYQUANT_COMFYUI_TARBALL`` for ComfyUI, the installed comfy-kitchen,
+``COMFYQUANT_SGLANG_WHEEL`` for SGLang) and read the disagreements.  Exit status: 0 when every
+verdict agrees, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ class Replay:
     """A runtime's outcomes as recorded by an earlier ``--json`` run (same seed): comfyquant's
     side is checked again without running the runtime."""
 
-    def __init__(self, path: str, target: str, cases) -> None:
+    def __init__(self, path: str, target: str, cases, predict=None) -> None:
         from runtimes.outcome import Outcome
 
         recorded = {r["case"]: Outcome(**r["outcome"]) for r in json.loads(Path(path).read_text()) if r["target"] == target}
         self.by_path = {str(c.path): recorded[c.id] for c in cases if c.id in recorded}
+        if predict is not None:  # the driver runs part of its runtime: compare what it covers
+            self.predict = predict
 
     def run(self, path) -> object:
         return self.by_path[str(path)]
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             case.write(Path(tmp))
         for target in args.target.split(","):
             module = driver_module(target.strip())
-            drv = Replay(args.replay, target, all_cases) if args.replay else module.driver()
+            drv = Replay(args.replay, target, all_cases, getattr(module, "predict", None)) if args.replay else module.driver()
             if drv is None:
                 print(f"{target}: skipped: {module.MISSING}")
                 continue

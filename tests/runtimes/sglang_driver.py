@@ -20,6 +20,7 @@ import ast
 import importlib.abc
 import importlib.util
 import logging
+import os
 import sys
 import types
 import zipfile
@@ -267,14 +268,23 @@ _LOADED: dict[Path, SGLang] = {}
 
 def sglang() -> SGLang | None:
     """The oracle, loaded once per process; None when the wheel cannot be had (the reason is
-    ``runtime_sources.SGLANG_MISSING``)."""
-    global MISSING
+    ``MISSING``). ``COMFYQUANT_SGLANG_WHEEL`` names another SGLang wheel to prove the verdicts
+    against (``VERSION`` then names its version); by default the 0.5.23 wheel is downloaded."""
+    global MISSING, VERSION
     import runtime_sources
 
-    wheel = runtime_sources.sglang_wheel()
-    if wheel is None:
-        MISSING = runtime_sources.SGLANG_MISSING
-        return None
+    given = os.environ.get("COMFYQUANT_SGLANG_WHEEL")
+    if given:
+        wheel: Path | None = Path(given)
+        if not wheel.is_file():
+            MISSING = f"COMFYQUANT_SGLANG_WHEEL names no file: {given}"
+            return None
+        VERSION = f"SGLang {wheel.name.split('-')[1]}"
+    else:
+        wheel = runtime_sources.sglang_wheel()
+        if wheel is None:
+            MISSING = runtime_sources.SGLANG_MISSING
+            return None
     if wheel not in _LOADED:
         _LOADED[wheel] = SGLang(wheel)
     return _LOADED[wheel]
@@ -295,15 +305,19 @@ class Driver:
     def run(self, path: str | Path) -> SharedOutcome:
         return self.oracle.outcome([path]).shared()
 
-    @staticmethod
-    def predict(verdict: dict | None) -> Expected:
-        """comfyquant's verdict as far as these two functions go: a first failure from a later
-        stage (a rule in ``LATER``, or garbage computed without an exception: the values, read
-        with ``--deep``) means both functions pass."""
-        if verdict is not None and not verdict["loads"]:
-            if not verdict.get("exception") or (verdict.get("rule") or "").split(".", 1)[-1] in LATER:
-                return Expected("loads")
-        return expected(verdict)
+    def predict(self, verdict: dict | None) -> Expected:
+        """What ``runtimes.agreement`` compares with the outcome (:func:`predict`)."""
+        return predict(verdict)
+
+
+def predict(verdict: dict | None) -> Expected:
+    """comfyquant's verdict as far as SGLang's two functions go: a first failure from a later
+    stage (a rule in ``LATER``, or garbage computed without an exception: the values, read with
+    ``--deep``) means both functions pass."""
+    if verdict is not None and not verdict["loads"]:
+        if not verdict.get("exception") or (verdict.get("rule") or "").split(".", 1)[-1] in LATER:
+            return Expected("loads")
+    return expected(verdict)
 
 
 def driver() -> Driver | None:
