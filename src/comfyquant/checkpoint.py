@@ -30,7 +30,7 @@ Paths = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
 class Bank:
-    """A MoE expert bank (marker with ``num_experts``, weight ``[E, out, ...]``, spec 3.9).
+    """A MoE expert bank (marker with ``num_experts``, weight ``[E, out, ...]``).
 
     ``layout`` says how its layer's ``tensors`` view it: ``"rows"``, flattened to
     ``[E*out, ...]`` as ComfyUI reads W4A8 and INT8 banks (the same bytes: one 2-D layer);
@@ -71,7 +71,7 @@ class Layer:
         self.format_name: str | None = None
         self.inferred = False
         self.bank: Bank | None = None
-        """Set for a MoE expert bank (spec 3.9); ``tensors`` is then its 2-D view."""
+        """Set for a MoE expert bank; ``tensors`` is then its 2-D view."""
         self.stored = self.tensors
         """The tensors as stored in the file: ``tensors`` itself, except for a bank (SGLang,
         which has no banks, and value checks over every expert read these)."""
@@ -431,7 +431,7 @@ def _as_bank(layer: Layer) -> None:
 
 
 def expert_entry(e: TensorEntry, experts: int, index: int) -> TensorEntry:
-    """Expert ``index``'s part of a stacked bank tensor (spec 3.9: quantized tensors get a
+    """Expert ``index``'s part of a stacked bank tensor (quantized tensors get a
     leading expert dimension, per-tensor scales are ``[E]`` or one scalar for all): an
     ``[E, ...]`` tensor's slice, an ``[E]`` tensor's element; anything else is shared."""
     shape = e[2]

@@ -1,8 +1,12 @@
 """SGLang diffusion runtime (0.5.x): marker inspection, config resolution, layer building.
 
 Reproduces, in SGLang's own order and with its exact messages and exception types,
-``inspect_comfy_quant_markers`` (spec 4.1), ``resolve_comfy_checkpoint_quantization`` and the
-config constructors (4.2), and the checks made when layers are built (4.3).  In *collect* mode
+``inspect_comfy_quant_markers`` and ``resolve_comfy_checkpoint_quantization`` (SGLang 0.5.23
+``sglang/multimodal_gen/runtime/utils/quantization_utils.py``), the config constructors they call
+(``runtime/layers/quantization/configs/*.py``, ``comfy_fp8.py``, ``comfy_nvfp4.py``, ``mxfp8.py``),
+and the checks made when layers are built (the configs' ``get_quant_method``).  The first two
+stages are proven against SGLang's own functions (tests/test_runtime_agreement_sglang.py); the
+layer building is modelled from the source (``targets.proven.MODELLED``).  In *collect* mode
 every violation is listed (the first is the one SGLang raises); in *raise* mode the first is
 raised, which is what :mod:`comfyquant.compat.sglang` offers as a drop-in.
 
@@ -77,7 +81,7 @@ EXPLAIN: dict[str, tuple[str, str]] = {
     ),
     "B5": ("ConvRot INT8 layers need row-wise [N, 1] scales in SGLang", "re-quantize the layer row-wise"),
     "B6": (
-        "MoE expert banks are ComfyUI-only (spec 3.9): SGLang builds 2-D linear layers from Comfy markers",
+        "MoE expert banks are ComfyUI-only: SGLang builds 2-D linear layers from Comfy markers",
         "keep the bank dense for SGLang, or load the checkpoint in ComfyUI",
     ),
 }
@@ -455,7 +459,7 @@ def _check_int8(t: dict):
     return None, "", None, {"_is_rowwise": True}, None
 
 
-# -- resolve and config constructors (spec 4.2) ---------------------------------------------
+# -- resolve and config constructors ----------------------------------------------------------
 
 
 def is_int8_embedding_marker(marker: dict, derived: dict | None = None) -> bool:
@@ -550,7 +554,7 @@ def _int8_config(markers: dict[str, dict], derived: dict[str, dict], run: Run) -
             )
 
 
-# -- layer construction (spec 4.3) ----------------------------------------------------------
+# -- layer construction (the configs' get_quant_method) ---------------------------------------
 
 
 def _is_embedding(prefix: str) -> bool:
