@@ -11,7 +11,9 @@ For every layer with a marker (the ``.comfy_quant`` tensor, or its entry in the
 3. forward: ``dequantize()``, then ``F.linear`` with the ``QuantizedTensor`` on a seeded BF16
    input, measured against the dense layer (``measure``).
 
-A marker that cannot be parsed leaves its layer to ComfyUI (comfy-kitchen never sees it).
+A marker that cannot be parsed, or whose format is not a name, leaves its layer to ComfyUI
+(comfy-kitchen never sees it); a bias of the wrong shape is not passed (ComfyUI refuses it at
+load) and the bias is cast to the input's dtype as ComfyUI casts it.
 """
 
 from __future__ import annotations
@@ -150,8 +152,8 @@ class KitchenDriver:
         dense = read_dense(Path(path))
         built = {}
         for layer, conf in markers.items():
-            if layer not in dense:
-                continue
+            if layer not in dense or not isinstance(conf.get("format"), str):
+                continue  # a layer without a format name never reaches comfy-kitchen
             try:
                 built[layer] = self._build(conf, tensors, layer, tuple(dense[layer][0].shape))
             except Exception as exc:
@@ -161,8 +163,10 @@ class KitchenDriver:
             weight, _ = dense[layer]
             x = reference_input(weight.shape[1])
             bias = tensors.get(f"{layer}.bias")
-            if bias is not None and bias.dtype.is_floating_point:
-                bias = bias.to(x.dtype)  # the caller's bias in the compute dtype, as ComfyUI casts it
+            # the bias is the caller's, in the compute dtype (ComfyUI casts it); one of another
+            # shape never reaches comfy-kitchen (ComfyUI's load_state_dict refuses it)
+            if bias is not None:
+                bias = bias.to(x.dtype) if tuple(bias.shape) == (weight.shape[0],) else None
             try:
                 with torch.inference_mode():
                     qt.dequantize()

@@ -13,7 +13,7 @@ import json
 from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, incomplete_violations
-from .kitchen import FORWARD, forward_templates, int_violation, marker_ints
+from .kitchen import FORWARD, forward_templates, int_violation, marker_ints, not_2d_templates
 
 DIFFUSION_PREFIX = "model.diffusion_model."
 VIEWS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
@@ -144,14 +144,16 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
                     )
             continue
         if hm.error in ("M011", "M012"):
-            _fail(
-                out,
-                "header",
-                "'layers'",
-                exception="KeyError" if hm.error == "M012" else "TypeError",
-                cause="the header marker map has no layers object",
-                fix="rewrite the header markers (comfyquant fix)",
-            )
+            refused = _layers_refused(hm.raw)
+            if refused is not None:
+                _fail(
+                    out,
+                    "header",
+                    refused[1],
+                    exception=refused[0],
+                    cause="the header marker map has no layers object",
+                    fix="rewrite the header markers (comfyquant fix)",
+                )
             continue
     layers = ckpt.layers
     for rec in ckpt.markers.records:
@@ -190,6 +192,20 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
         effective = ckpt.markers.effective.get(target)
         markers[target] = effective if effective is not None and same_marker(effective, rec.obj) else rec.obj
     return markers
+
+
+def _layers_refused(raw: str) -> tuple[str, str] | None:
+    """What ComfyUI's ``convert_old_quants`` raises reading a parsed header map that has no
+    ``layers`` object: it indexes the map with ``"layers"`` and iterates ``.items()`` of the
+    result (ComfyUI 0.33.0 comfy/utils.py).  Python itself gives the exception and its words
+    (``TypeError: list indices must be integers or slices, not str``, ``KeyError: 'layers'``,
+    ``AttributeError: 'list' object has no attribute 'items'``...)."""
+    try:
+        obj = json.loads(raw)
+        obj["layers"].items()
+    except Exception as exc:  # the runtime's own exception, whatever the map holds
+        return type(exc).__name__, str(exc)
+    return None
 
 
 def comfyui_verdict(ckpt) -> Verdict:
@@ -239,6 +255,7 @@ def comfyui_verdict(ckpt) -> Verdict:
                     cause="ComfyUI splits a bank by the marker's num_experts",
                     fix=f"set num_experts to {bank.experts} in the marker",
                 )
+    out.extend(_bias_mismatches(ckpt))
     out.extend(forward)  # the whole model is loaded before its first forward
     # load_state_dict(strict=False) logs missing keys and leaves those weights uninitialized
     for v in incomplete_violations(
@@ -263,6 +280,31 @@ def comfyui_verdict(ckpt) -> Verdict:
     return Verdict("comfyui", out)
 
 
+def _bias_mismatches(ckpt) -> list[Violation]:
+    """``load_state_dict`` collects every bias whose shape is not the model's ``(N,)`` and
+    raises once all modules are loaded (before any forward).  torch's message opens with
+    ``Error(s) in loading state_dict for <model class>:``, which a file cannot tell; the
+    verdict carries the line that names the tensor."""
+    out = []
+    for prefix, layer in ckpt.layers.items():
+        w, b = layer.tensors.get("weight"), layer.tensors.get("bias")
+        if w is None or b is None or len(w.shape) != 2 or layer.bank is not None or tuple(b.shape) == (w.shape[0],):
+            continue
+        have = ", ".join(str(d) for d in b.shape)
+        _fail(
+            out,
+            "bias",
+            f"size mismatch for {prefix}.bias: copying a param with shape torch.Size([{have}]) from checkpoint, "
+            f"the shape in current model is torch.Size([{w.shape[0]}]).",
+            prefix,
+            "bias",
+            exception="RuntimeError",
+            cause=f"bias of shape {list(b.shape)} for a layer of {w.shape[0]} outputs",
+            fix=f"store the bias as [{w.shape[0]}]",
+        )
+    return out
+
+
 def _layer_templates(marker: dict, t: dict) -> tuple[list[Violation], list[Violation]]:
     """(what loading the layer raises or loses, what its first forward raises): cached per
     layer class.  A layer that does not load never runs."""
@@ -284,6 +326,11 @@ def _layer_templates(marker: dict, t: dict) -> tuple[list[Violation], list[Viola
     marker = _read_marker(out, marker, t)
     if out:
         return out, []
+    fmt = marker.get("format")
+    if isinstance(fmt, str) and fmt in QUANT_ALGOS and all(s in t for s in REQUIRED.get(fmt, ((), ""))[0]):
+        not_2d = not_2d_templates("comfyui", fmt, marker, t)
+        if not_2d is not None:
+            return out, not_2d
     _layer(out, LAYER, marker, t)
     fmt = marker.get("format")
     if any(v.blocking for v in out) or not isinstance(fmt, str) or fmt not in FORWARD:

@@ -52,8 +52,101 @@ def kitchen_verdict(ckpt) -> Verdict:
     return Verdict("comfy-kitchen", out)
 
 
+NOT_2D: dict[str, dict[str, tuple[str, str, str] | tuple[str, str]]] = {
+    # format: target -> (op, operand) refusing a weight that is not exactly 2-D, or
+    # (exception, message) of what fails instead.  comfy-kitchen alone dequantizes first;
+    # ComfyUI on CPU runs the INT8/W4A4/W4A8 linear ops and dequantizes FP8/NVFP4/MXFP8 (its
+    # fp8 compute is off there).  Measured with comfy-kitchen 0.2.40's eager backend.
+    "float8_e4m3fn": {
+        "comfy-kitchen": ("RuntimeError", "t() expects a tensor with <= 2 dimensions, but self is 3D"),
+        "comfyui": ("RuntimeError", "t() expects a tensor with <= 2 dimensions, but self is 3D"),
+    },
+    "float8_e5m2": {
+        "comfy-kitchen": ("RuntimeError", "t() expects a tensor with <= 2 dimensions, but self is 3D"),
+        "comfyui": ("RuntimeError", "t() expects a tensor with <= 2 dimensions, but self is 3D"),
+    },
+    "asym_w4a8_int8": {
+        "comfy-kitchen": ("dequantize_w4a8_int8_weight", "qdata", ""),
+        "comfyui": ("w4a8_int8_linear", "qdata", ""),
+    },
+    "convrot_w4a4": {
+        "comfy-kitchen": ("dequantize_convrot_w4a4_weight", "qdata", ""),
+        "comfyui": ("convrot_w4a4_linear", "qweight", ""),
+    },
+    "nvfp4": {"comfy-kitchen": ("dequantize_nvfp4", "qx", ""), "comfyui": ("dequantize_nvfp4", "qx", "")},
+    "mxfp8": {"comfy-kitchen": ("dequantize_mxfp8", "qx", ""), "comfyui": ("dequantize_mxfp8", "qx", "")},
+    "awq_w4a16": {"comfy-kitchen": ("ValueError", "too many values to unpack (expected 2)")},
+}
+INT8_NOT_2D = {
+    # INT8 with a single scale: the int_mm of the linear (both runtimes)
+    "scalar": ("RuntimeError", "int_mm_out_cpu: Expected mat2 to be of dimension 2 but got 3"),
+    # INT8 ConvRot: comfy-kitchen's dequantize refuses the operand
+    "convrot": ("dequantize_int8_convrot_weight_dtype", "q", ""),
+}
+
+
+def not_2d_templates(target: str, name: str, marker: dict, t: dict) -> list[Violation] | None:
+    """What the first forward of a layer whose weight is 3-D (and not an expert bank) raises,
+    or None when the weight is 2-D.  The message is the runtime's where it was measured; a
+    row-scaled INT8 layer fails inside its scale checks or broadcasting, depending on how the
+    rows are split."""
+    w = t.get("weight")
+    if w is None or len(w.shape) != 3:
+        return None
+    found = NOT_2D.get(name, {}).get(target)
+    if name == "int8_tensorwise":
+        s = t.get("weight_scale")
+        if s is not None and s.numel == 1:
+            found = INT8_NOT_2D["scalar"]
+        elif marker.get("convrot") and target == "comfy-kitchen":
+            found = INT8_NOT_2D["convrot"]
+        elif s is not None and (target == "comfyui" or w.shape[0] == 1):
+            # the INT8 linear's own scale check (ComfyUI runs it; comfy-kitchen's dequantize
+            # reaches it when the 3-D weight is one block of rows)
+            found = (
+                "ValueError",
+                f"INT8 weight scale must be scalar or per-output-channel, got ({s.numel},) for weight shape {tuple(w.shape)}",
+            )
+        elif s is not None:
+            found = (
+                "RuntimeError",
+                f"The size of tensor a ({w.shape[1]}) must match the size of tensor b ({s.numel}) at non-singleton dimension 1",
+            )
+    cause = f"weight stored 3-D {list(w.shape)}: the layer is a 2-D linear (a bank needs num_experts in its marker)"
+    fix = "store the weight 2-D [N, K] (or mark the bank with num_experts)"
+    if found is None:
+        return [
+            Violation(
+                f"{target}.not-2d",
+                f"(message depends on how the rows are split) the first forward refuses the 3-D weight {list(w.shape)}",
+                "RuntimeError",
+                LAYER,
+                "weight",
+                True,
+                cause,
+                fix,
+            )
+        ]
+    if len(found) == 3:
+        op, operand, _ = found
+        dims = ", ".join(str(d) for d in w.shape)
+        exception, message = (
+            "NoCapableBackendError",
+            f"No backend can handle '{op}': eager: {operand}: shape [{dims}] fails: exactly 2D",
+        )
+    else:
+        exception, message = found
+    return [Violation(f"{target}.not-2d", message, exception, LAYER, "weight", True, cause, fix)]
+
+
 def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Violation], list[Violation]]:
     """(what building the layer raises, what its first forward raises): cached per layer class."""
+    fmt = FORMATS.get(name)
+    if fmt is not None and "comfy-kitchen" in fmt.loaders:
+        read, refused = marker_ints(name, marker)
+        not_2d = None if refused is not None else not_2d_templates("comfy-kitchen", name, read, tensors)
+        if not_2d is not None:
+            return [], not_2d
     load = _load_templates(name, marker, tensors)
     return load, forward_templates("comfy-kitchen", name, tensors) if not load and name in FORWARD else []
 
@@ -65,7 +158,7 @@ def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
         return [
             _v(
                 "layout",
-                f"no comfy-kitchen layout for format {name!r} (layer '{prefix}')",
+                repr(name),
                 prefix,
                 exception="KeyError",
                 cause="format comfy-kitchen does not implement",
