@@ -60,6 +60,9 @@ def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, 
             verdict.violations.append(v)
 
 
+INTEGERS = {"U8": "u1", "I8": "i1", "I16": "<i2", "U16": "<u2", "I32": "<i4", "U32": "<u4", "I64": "<i8"}
+
+
 def _decoder():
     import numpy as np
 
@@ -91,6 +94,9 @@ def _decoder():
             out[raw == 0] = 0.0
             out[raw == 255] = np.inf
             return out
+        if dtype in INTEGERS:
+            # a scale stored as integers is read by value: runtimes that take it cast it
+            return np.frombuffer(data, dtype=INTEGERS[dtype]).astype(np.float32)
         return None
 
     return np, decode

@@ -280,6 +280,14 @@ def comfyui_verdict(ckpt) -> Verdict:
     return Verdict("comfyui", out)
 
 
+def _rows(entry) -> int | None:
+    """The output rows a per-row tensor (``[N]`` or ``[N, 1]``) speaks for."""
+    shape = entry.shape
+    if len(shape) == 1 or (len(shape) == 2 and shape[1] == 1):
+        return shape[0]
+    return None
+
+
 def _bias_mismatches(ckpt) -> list[Violation]:
     """``load_state_dict`` collects every bias whose shape is not the model's ``(N,)`` and
     raises once all modules are loaded (before any forward).  torch's message opens with
@@ -290,6 +298,8 @@ def _bias_mismatches(ckpt) -> list[Violation]:
         w, b = layer.tensors.get("weight"), layer.tensors.get("bias")
         if w is None or b is None or len(w.shape) != 2 or layer.bank is not None or tuple(b.shape) == (w.shape[0],):
             continue
+        if len(b.shape) == 1 and any(_rows(e) == b.shape[0] for e in layer.tensors.values() if e is not w and e is not b):
+            continue  # a per-row tensor agrees with the bias: the weight is what is off
         have = ", ".join(str(d) for d in b.shape)
         _fail(
             out,
