@@ -5,11 +5,12 @@ For every layer with a marker (the ``.comfy_quant`` tensor, or its entry in the
 
 1. read: the file through ``safetensors.safe_open`` (what every runtime uses);
 2. load: the layout's ``Params`` from the stored tensors and marker keys, field by field as
-   ComfyUI 0.33.0's ``_load_quantized_module`` (comfy/ops.py) fills them (U8-stored block
-   scales viewed as their float dtype, marker integers through ``int()``), and the
-   ``QuantizedTensor`` holding the stored weight as it is (comfy-kitchen alone casts nothing);
-3. forward: ``dequantize()``, then ``F.linear`` with the ``QuantizedTensor`` on a seeded BF16
-   input, measured against the dense layer (``measure``).
+   ComfyUI 0.33.0's ``_load_quantized_module`` (comfy/ops.py) fills them (marker integers
+   through ``int()``), every tensor as stored (comfy-kitchen alone casts and reinterprets
+   nothing: ComfyUI's U8 views and weight cast are ComfyUI's), in a ``QuantizedTensor``;
+3. forward: ``F.linear`` with the ``QuantizedTensor`` on a seeded BF16 input (the layout's
+   own linear), then ``dequantize()``; the output is measured against the dense layer
+   (``measure``).
 
 A marker that cannot be parsed, or whose format is not a name, leaves its layer to ComfyUI
 (comfy-kitchen never sees it); a bias of the wrong shape is not passed (ComfyUI refuses it at
@@ -78,10 +79,8 @@ class KitchenDriver:
         torch, ckt = self.torch, self.ckt
 
         def stored(suffix: str, view=None):
-            t = tensors.get(f"{layer}.{suffix}")
-            if t is not None and view is not None and t.dtype == torch.uint8:
-                t = t.view(view)
-            return t
+            # as stored: reinterpreting U8-labelled scales is ComfyUI's doing, not comfy-kitchen's
+            return tensors.get(f"{layer}.{suffix}")
 
         fmt = conf.get("format")
         common = {"orig_dtype": torch.bfloat16, "orig_shape": shape}
@@ -169,8 +168,8 @@ class KitchenDriver:
                 bias = bias.to(x.dtype) if tuple(bias.shape) == (weight.shape[0],) else None
             try:
                 with torch.inference_mode():
-                    qt.dequantize()
                     y = torch.nn.functional.linear(x, qt, bias)
+                    qt.dequantize()
             except Exception as exc:
                 return Outcome("raises", "forward", type(exc).__name__, str(exc), layer)
             errors[layer] = relative_error(y, weight, dense[layer][1], x)

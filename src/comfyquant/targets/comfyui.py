@@ -13,15 +13,9 @@ import json
 from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, incomplete_violations
-from .kitchen import FORWARD, forward_templates, int_violation, marker_ints, not_2d_templates
+from .kitchen import VIEWS, forward_templates, int_violation, marker_ints, not_2d_templates, runs_forward, w4a8_forward
 
 DIFFUSION_PREFIX = "model.diffusion_model."
-VIEWS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
-    # ComfyUI's pop_scale(..., dtype) views these scales as that dtype (the same bytes)
-    "nvfp4": {"weight_scale": ("F8_E4M3", None)},
-    "mxfp8": {"weight_scale": ("F8_E8M0", None)},
-    "asym_w4a8_int8": {"weight_s_rel": ("F8_E4M3", ("U8",))},
-}
 SCALAR_TYPES = {
     "BOOL": "Bool",
     "U8": "Byte",
@@ -280,6 +274,15 @@ def comfyui_verdict(ckpt) -> Verdict:
     return Verdict("comfyui", out)
 
 
+def _padded_rows(name: str | None) -> bool:
+    """Whether the format may store its weight with more rows than the model has (its bias
+    slot is sized by the model: ``N_model``)."""
+    from ..formats.registry import FORMATS
+
+    fmt = FORMATS.get(name) if name else None
+    return fmt is not None and any(s.suffix == "bias" and "N_model" in s.shape for s in fmt.slots)
+
+
 def _rows(entry) -> int | None:
     """The output rows a per-row tensor (``[N]`` or ``[N, 1]``) speaks for."""
     shape = entry.shape
@@ -300,6 +303,8 @@ def _bias_mismatches(ckpt) -> list[Violation]:
             continue
         if len(b.shape) == 1 and any(_rows(e) == b.shape[0] for e in layer.tensors.values() if e is not w and e is not b):
             continue  # a per-row tensor agrees with the bias: the weight is what is off
+        if len(b.shape) == 1 and b.shape[0] < w.shape[0] and _padded_rows(layer.format_name):
+            continue  # padded storage: the bias has the model's rows, the weight more
         have = ", ".join(str(d) for d in b.shape)
         _fail(
             out,
@@ -341,11 +346,13 @@ def _layer_templates(marker: dict, t: dict) -> tuple[list[Violation], list[Viola
         not_2d = not_2d_templates("comfyui", fmt, marker, t)
         if not_2d is not None:
             return out, not_2d
-    _layer(out, LAYER, marker, t)
+    first_forward = _layer(out, LAYER, marker, t)
     fmt = marker.get("format")
-    if any(v.blocking for v in out) or not isinstance(fmt, str) or fmt not in FORWARD:
+    if any(v.blocking for v in out) or not isinstance(fmt, str):
         return out, []
-    return out, forward_templates("comfyui", fmt, t, VIEWS.get(fmt))
+    if first_forward is not None:
+        return out, [first_forward]
+    return out, forward_templates("comfyui", fmt, t, VIEWS.get(fmt)) if runs_forward("comfyui", fmt) else []
 
 
 def _read_marker(out: list, marker: dict, t: dict) -> dict:
@@ -360,7 +367,7 @@ def _read_marker(out: list, marker: dict, t: dict) -> dict:
     return read
 
 
-def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
+def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
     fmt = marker.get("format")
     if fmt is None:
         return _fail(
@@ -439,8 +446,7 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
             fix=f"store the weight as {STORAGE[fmt]} (relabel it if the bytes are {STORAGE[fmt]} codes)",
         )
         t = dict(t, weight=type(w)(w.name, STORAGE[fmt], w.shape, w.start, w.end, w.file))
-    if fmt == "asym_w4a8_int8":
-        _w4a8(out, prefix, marker, t)
+    first_forward = _w4a8(out, prefix, marker, t) if fmt == "asym_w4a8_int8" else None
     for suffix in t:
         if suffix in ("weight", "bias", "comfy_quant") or suffix in CONSUMED[fmt]:
             continue
@@ -467,11 +473,13 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
                 cause="tensor the ComfyUI loader does not read",
                 fix="remove it (comfyquant fix)",
             )
+    return first_forward
 
 
-def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> None:
+def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
     """ComfyUI builds comfy-kitchen's W4A8 Params (with nested ``params`` as a fallback): the
-    layout's own validation decides, so the kitchen profile's check is reused as is."""
+    layout's own validation decides at load, so the kitchen profile's check is reused as is;
+    returns what the layer's first forward raises once it loaded."""
     from ..formats.base import GeometryError
     from ..formats.w4a8 import ASYM_W4A8_INT8
     from .kitchen import check_w4a8
@@ -479,7 +487,10 @@ def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> None:
     try:
         env = ASYM_W4A8_INT8.geometry(t, ASYM_W4A8_INT8.params(marker))
     except GeometryError as exc:
-        return _fail(out, "ck", f"layer '{prefix}': {exc}", prefix, "weight")
+        _fail(out, "ck", f"layer '{prefix}': {exc}", prefix, "weight")
+        return None
     v = check_w4a8(prefix, t, env, dropped_correction=True)
     if v is not None:
         _fail(out, "ck", v.message, prefix, v.tensor, exception=v.exception, cause=v.cause, fix=v.fix)
+        return None
+    return w4a8_forward("comfyui", t, env, dropped_correction=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..dtypes import DTYPE_BITS
 from ..formats.base import GeometryError, is_pow4
 from ..formats.registry import FORMATS
-from ..formats.w4a8 import group_size_ok, k_fits, six_bit_fits
+from ..formats.w4a8 import six_bit_fits
 from .base import LAYER, Verdict, Violation, bind, container_violations
 
 
@@ -54,9 +54,9 @@ def kitchen_verdict(ckpt) -> Verdict:
 
 NOT_2D: dict[str, dict[str, tuple[str, str, str] | tuple[str, str]]] = {
     # format: target -> (op, operand) refusing a weight that is not exactly 2-D, or
-    # (exception, message) of what fails instead.  comfy-kitchen alone dequantizes first;
-    # ComfyUI on CPU runs the INT8/W4A4/W4A8 linear ops and dequantizes FP8/NVFP4/MXFP8 (its
-    # fp8 compute is off there).  Measured with comfy-kitchen 0.2.40's eager backend.
+    # (exception, message) of what fails instead: the layout's linear (FP8, NVFP4 and MXFP8
+    # dequantize first: ComfyUI has no FP8 compute on CPU, and comfy-kitchen's linear with a
+    # float input dequantizes).  Measured with comfy-kitchen 0.2.40's eager backend.
     "float8_e4m3fn": {
         "comfy-kitchen": ("RuntimeError", "t() expects a tensor with <= 2 dimensions, but self is 3D"),
         "comfyui": ("RuntimeError", "t() expects a tensor with <= 2 dimensions, but self is 3D"),
@@ -66,22 +66,20 @@ NOT_2D: dict[str, dict[str, tuple[str, str, str] | tuple[str, str]]] = {
         "comfyui": ("RuntimeError", "t() expects a tensor with <= 2 dimensions, but self is 3D"),
     },
     "asym_w4a8_int8": {
-        "comfy-kitchen": ("dequantize_w4a8_int8_weight", "qdata", ""),
+        "comfy-kitchen": ("w4a8_int8_linear", "qdata", ""),
         "comfyui": ("w4a8_int8_linear", "qdata", ""),
     },
     "convrot_w4a4": {
-        "comfy-kitchen": ("dequantize_convrot_w4a4_weight", "qdata", ""),
+        "comfy-kitchen": ("convrot_w4a4_linear", "qweight", ""),
         "comfyui": ("convrot_w4a4_linear", "qweight", ""),
     },
     "nvfp4": {"comfy-kitchen": ("dequantize_nvfp4", "qx", ""), "comfyui": ("dequantize_nvfp4", "qx", "")},
     "mxfp8": {"comfy-kitchen": ("dequantize_mxfp8", "qx", ""), "comfyui": ("dequantize_mxfp8", "qx", "")},
-    "awq_w4a16": {"comfy-kitchen": ("ValueError", "too many values to unpack (expected 2)")},
+    "awq_w4a16": {"comfy-kitchen": ("gemv_awq_w4a16", "qweight", "")},
 }
 INT8_NOT_2D = {
     # INT8 with a single scale: the int_mm of the linear (both runtimes)
     "scalar": ("RuntimeError", "int_mm_out_cpu: Expected mat2 to be of dimension 2 but got 3"),
-    # INT8 ConvRot: comfy-kitchen's dequantize refuses the operand
-    "convrot": ("dequantize_int8_convrot_weight_dtype", "q", ""),
 }
 
 
@@ -98,19 +96,11 @@ def not_2d_templates(target: str, name: str, marker: dict, t: dict) -> list[Viol
         s = t.get("weight_scale")
         if s is not None and s.numel == 1:
             found = INT8_NOT_2D["scalar"]
-        elif marker.get("convrot") and target == "comfy-kitchen":
-            found = INT8_NOT_2D["convrot"]
-        elif s is not None and (target == "comfyui" or w.shape[0] == 1):
-            # the INT8 linear's own scale check (ComfyUI runs it; comfy-kitchen's dequantize
-            # reaches it when the 3-D weight is one block of rows)
+        elif s is not None:
+            # the INT8 linear's own scale check
             found = (
                 "ValueError",
                 f"INT8 weight scale must be scalar or per-output-channel, got ({s.numel},) for weight shape {tuple(w.shape)}",
-            )
-        elif s is not None:
-            found = (
-                "RuntimeError",
-                f"The size of tensor a ({w.shape[1]}) must match the size of tensor b ({s.numel}) at non-singleton dimension 1",
             )
     cause = f"weight stored 3-D {list(w.shape)}: the layer is a 2-D linear (a bank needs num_experts in its marker)"
     fix = "store the weight 2-D [N, K] (or mark the bank with num_experts)"
@@ -148,7 +138,15 @@ def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Viola
         if not_2d is not None:
             return [], not_2d
     load = _load_templates(name, marker, tensors)
-    return load, forward_templates("comfy-kitchen", name, tensors) if not load and name in FORWARD else []
+    read = marker_ints(name, marker)[0]
+    convrot = bool(read.get("convrot"))
+    if not load and name == "asym_w4a8_int8":
+        fmt = FORMATS[name]
+        v = w4a8_forward("comfy-kitchen", tensors, fmt.geometry(tensors, fmt.params(read)))
+        if v is not None:
+            return load, [v]
+    forward = forward_templates("comfy-kitchen", name, tensors, None, convrot) if runs_forward("comfy-kitchen", name) else []
+    return load, forward if not load else []
 
 
 def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
@@ -274,15 +272,21 @@ def _int8(prefix: str, t: dict, env: dict) -> Violation | None:
 
 
 def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False) -> Violation | None:
-    """comfy-kitchen's W4A8 operand validation.  ComfyUI never passes the correction in
+    """What building comfy-kitchen's W4A8 ``Params`` raises (at load), in its order: the
+    combined geometry rule, then the shapes of scale (s_rel), s_channel, correction and
+    codebook against the model's (N, K) (comfy-kitchen 0.2.40
+    ``AsymW4A8Int8Layout.Params``).  ComfyUI never passes the correction in
     (``dropped_correction``), so it is not validated there."""
-    n, k, g, c, bits = env["N"], env["K"], env["group_size"], env["convrot_groupsize"], env["bits"]
-    w, s_rel, s_ch = t["weight"], t.get("weight_s_rel"), t.get("weight_s_channel")
-    if w.dtype != "I8":
-        return _v("w4a8", "packed weight must be a 2D int8 tensor", prefix, "weight")
-    if not group_size_ok(g):
-        return _v("w4a8", f"group_size={g} must be >=4 and divide 16 or be a multiple of 16", prefix)
-    if c == 0 and k % 16 == 0 and k % g == 0:  # the same test in comfy-kitchen divides by it
+    n, k, g, c = env["N"], env["K"], env["group_size"], env["convrot_groupsize"]
+    s_rel, s_ch = t.get("weight_s_rel"), t.get("weight_s_channel")
+    if g < 4 or k % 16 or k % g or (c != 0 and k % c) or (16 % g and g % 16):
+        return _v(
+            "w4a8",
+            f"K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; group_size must be "
+            f">=4 and divide 16 or be a multiple of 16",
+            prefix,
+        )
+    if c == 0:  # the same test divides by it
         return _v(
             "w4a8",
             "integer modulo by zero",
@@ -291,40 +295,43 @@ def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False
             cause="convrot_groupsize 0",
             fix="set convrot_groupsize to 16, 64 or 256",
         )
-    if c == 0 or not k_fits(k, g, c):
-        return _v(
-            "w4a8",
-            f"K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; group_size must be "
-            f">=4 and divide 16 or be a multiple of 16",
-            prefix,
-        )
-    v = _hadamard(prefix, c)
-    if v is not None:
-        return v
-    if w.shape[1] * 8 not in (4 * k, 6 * k):
-        return _v("w4a8", f"packed row width {w.shape[1]} does not match K={k} at 4 or 6 bits", prefix, "weight")
-    if bits == 6:
+    groups = k // g
+    if s_rel is None or tuple(s_rel.shape) != (n, groups):
+        got = None if s_rel is None else tuple(s_rel.shape)
+        return _v("w4a8", f"scale must have shape {(n, groups)}, got {got}", prefix, "weight_s_rel")
+    if s_ch is None or tuple(s_ch.shape) != (n,):
+        got = None if s_ch is None else tuple(s_ch.shape)
+        return _v("w4a8", f"s_channel must have shape {(n,)}, got {got}", prefix, "weight_s_channel")
+    corr = None if dropped_correction else t.get("weight_correction")
+    if corr is not None and tuple(corr.shape) != (groups, n):
+        return _v("w4a8", f"correction must have shape {(groups, n)}, got {tuple(corr.shape)}", prefix, "weight_correction")
+    cb = t.get("weight_codebook")
+    if cb is not None and tuple(cb.shape) != (16,):
+        return _v("w4a8", f"codebook must have shape (16,), got {tuple(cb.shape)}", prefix, "weight_codebook")
+    return None
+
+
+def w4a8_forward(target: str, t: dict, env: dict, dropped_correction: bool = False) -> Violation | None:
+    """What W4A8's linear refuses at the first forward once ``Params`` built: a ConvRot size
+    that is not a power of 4, a packed row width that is neither 4 nor 6 bits of K, 6-bit
+    storage with a group size or extras it cannot have."""
+    k, g, c = env["K"], env["group_size"], env["convrot_groupsize"]
+    w = t["weight"]
+    v = _hadamard(LAYER, c)
+    if v is None and len(w.shape) == 2 and w.shape[1] * 8 not in (4 * k, 6 * k):
+        v = _v("w4a8", f"packed row width {w.shape[1]} does not match K={k} at 4 or 6 bits", LAYER, "weight")
+    if v is None and env["bits"] == 6:
         if not six_bit_fits(k, g):
-            return _v(
+            v = _v(
                 "w4a8",
                 f"6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={k}, group_size={g}",
-                prefix,
+                LAYER,
             )
-        if "weight_codebook" in t or ("weight_correction" in t and not dropped_correction):
-            return _v("w4a8", "6-bit storage is uniform and symmetric: no codebook or correction", prefix)
-    if s_rel is None or len(s_rel.shape) != 2:
-        return _v("w4a8", "s_rel must be 2D [N, K/group_size]", prefix, "weight_s_rel")
-    if s_rel.shape != (n, k // g):
-        return _v("w4a8", f"s_rel must have shape {(n, k // g)}, got {s_rel.shape}", prefix, "weight_s_rel")
-    if s_ch is None or s_ch.shape != (n,):
-        return _v("w4a8", f"s_channel must have shape {(n,)}, got {s_ch.shape if s_ch else None}", prefix, "weight_s_channel")
-    corr = None if dropped_correction else t.get("weight_correction")
-    cb = t.get("weight_codebook")
-    if corr is not None and corr.shape != (k // g, n):
-        return _v("w4a8", f"correction must have shape {(k // g, n)}, got {corr.shape}", prefix, "weight_correction")
-    if cb is not None and cb.shape != (16,):
-        return _v("w4a8", f"codebook must have shape (16,), got {cb.shape}", prefix, "weight_codebook")
-    return None
+        elif "weight_codebook" in t or ("weight_correction" in t and not dropped_correction):
+            v = _v("w4a8", "6-bit storage is uniform and symmetric: no codebook or correction", LAYER)
+    if v is not None:
+        v.rule = v.rule.replace("comfy-kitchen.", f"{target}.", 1)
+    return v
 
 
 def _w4a4(prefix: str, t: dict, env: dict) -> Violation | None:
@@ -391,16 +398,79 @@ FORWARD: dict[str, tuple[str, tuple[tuple[str, str, tuple[str, ...]], ...], int,
     "nvfp4": ("dequantize_nvfp4", (("weight_scale", "block_scales", ("F8_E4M3",)),), 16, 2),
     "mxfp8": ("dequantize_mxfp8", (("weight_scale", "block_scales", ("F8_E8M0",)),), 32, 1),
 }
-"""What comfy-kitchen's eager backend requires when a layer first runs (spec 4.4; measured)."""
+"""What comfy-kitchen's eager backend requires when a layer first runs (measured): the block
+scales' geometry (elements per block scale, elements per stored weight byte)."""
+
+VIEWS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
+    # ComfyUI's pop_scale(..., dtype) views these scales as that dtype (the same bytes) before
+    # they reach comfy-kitchen
+    "nvfp4": {"weight_scale": ("F8_E4M3", None)},
+    "mxfp8": {"weight_scale": ("F8_E8M0", None)},
+    "asym_w4a8_int8": {"weight_s_rel": ("F8_E4M3", ("U8",))},
+}
+FLOATS = ("F32", "F16", "BF16")
+OPERANDS: dict[str, dict[str, tuple[str, tuple[tuple[str, str, tuple[str, ...]], ...]]]] = {
+    # target -> format -> (the comfy-kitchen op the first forward runs, (suffix, operand,
+    # accepted dtypes), in the order it checks them).  Its message prints the accepted dtypes
+    # as a Python set, in an order that changes from one process to the next.  ComfyUI (on
+    # CPU) casts the weight to the layout's dtype itself.  Measured with comfy-kitchen 0.2.40's
+    # eager backend.
+    "comfy-kitchen": {
+        "float8_e4m3fn": ("dequantize_per_tensor_fp8", (("weight", "x", ("F8_E4M3", "F8_E5M2")),)),
+        "float8_e5m2": ("dequantize_per_tensor_fp8", (("weight", "x", ("F8_E4M3", "F8_E5M2")),)),
+        "int8_tensorwise": ("int8_linear", (("weight", "weight", ("I8",)), ("weight_scale", "weight_scale", FLOATS))),
+        "asym_w4a8_int8": (
+            "w4a8_int8_linear",
+            (
+                ("weight", "qdata", ("I8",)),
+                ("weight_s_rel", "s_rel", ("F32", "F8_E4M3")),
+                ("weight_s_channel", "s_channel", ("F32",)),
+                ("weight_codebook", "codebook", ("F32",)),
+                ("weight_correction", "correction", FLOATS),
+            ),
+        ),
+        "convrot_w4a4": ("convrot_w4a4_linear", (("weight", "qweight", ("I8",)), ("weight_scale", "wscales", FLOATS))),
+        "nvfp4": ("dequantize_nvfp4", (("weight", "qx", ("U8",)), ("weight_scale", "block_scales", ("F8_E4M3",)))),
+        "mxfp8": ("dequantize_mxfp8", (("weight", "qx", ("F8_E4M3",)), ("weight_scale", "block_scales", ("F8_E8M0",)))),
+        "awq_w4a16": (
+            "gemv_awq_w4a16",
+            (("weight", "qweight", ("I8",)), ("weight_scale", "wscales", FLOATS), ("weight_zeros", "wzeros", FLOATS)),
+        ),
+    },
+    "comfyui": {
+        "int8_tensorwise": ("int8_linear", (("weight_scale", "weight_scale", FLOATS),)),
+        "asym_w4a8_int8": (
+            "w4a8_int8_linear",
+            (
+                ("weight_s_rel", "s_rel", ("F32", "F8_E4M3")),
+                ("weight_s_channel", "s_channel", ("F32",)),
+                ("weight_codebook", "codebook", ("F32",)),
+            ),
+        ),
+        "convrot_w4a4": ("convrot_w4a4_linear", (("weight_scale", "wscales", FLOATS),)),
+        "nvfp4": ("dequantize_nvfp4", (("weight_scale", "block_scales", ("F8_E4M3",)),)),
+        "mxfp8": ("dequantize_mxfp8", (("weight_scale", "block_scales", ("F8_E8M0",)),)),
+    },
+}
+
+
+def runs_forward(target: str, name: str) -> bool:
+    """Whether the first forward of a ``name`` layer has operand rules modelled for ``target``."""
+    return name in OPERANDS[target] or name in FORWARD
 
 
 def forward_templates(
-    target: str, name: str, t: dict, views: dict[str, tuple[str, tuple[str, ...] | None]] | None = None
+    target: str,
+    name: str,
+    t: dict,
+    views: dict[str, tuple[str, tuple[str, ...] | None]] | None = None,
+    convrot: bool = False,
 ) -> list[Violation]:
     """What one layer's first forward raises in comfy-kitchen, or nothing.  ``views``: the
     dtypes ComfyUI reinterprets operands as before they reach comfy-kitchen (suffix ->
-    (dtype, only these source dtypes or None for any))."""
-    op, operands, block, per_byte = FORWARD[name]
+    (dtype, only these source dtypes or None for any)); ``convrot``: an INT8 ConvRot layer."""
+    op, operands = OPERANDS[target].get(name, ("", ()))
+    _, _, block, per_byte = FORWARD.get(name, ("", (), 0, 1))
     viewed: dict[str, tuple[str, int]] = {}
     for suffix, operand, accepted in operands:
         e = t.get(suffix)
