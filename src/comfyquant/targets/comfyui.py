@@ -101,14 +101,34 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
                 fix="rewrite the marker (comfyquant fix)",
             )
         elif rec.kind == "tensor":
-            _fail(
-                out,
-                "marker",
-                f"cannot parse marker {rec.key!r}: not UTF-8 JSON object",
-                rec.prefix,
-                "comfy_quant",
-                exception="JSONDecodeError",
-            )
+            # ComfyUI parses the bytes with Python's json, which also takes NaN and Infinity
+            try:
+                obj = json.loads(ckpt.markers.marker_bytes.get((rec.file, rec.key), b""))
+            except (ValueError, RecursionError) as exc:
+                _fail(
+                    out,
+                    "marker",
+                    str(exc),
+                    rec.prefix,
+                    "comfy_quant",
+                    exception=type(exc).__name__,
+                    cause="the marker tensor's bytes are not JSON",
+                    fix="rewrite the marker (comfyquant fix)",
+                )
+                continue
+            if isinstance(obj, dict):
+                markers[rec.prefix] = obj
+            else:
+                _fail(
+                    out,
+                    "marker",
+                    f"'{type(obj).__name__}' object has no attribute 'get'",
+                    rec.prefix,
+                    "comfy_quant",
+                    exception="AttributeError",
+                    cause="the marker is not a JSON object",
+                    fix="rewrite the marker (comfyquant fix)",
+                )
     for hm in ckpt.markers.headers:
         if hm.error == "M010":
             try:
