@@ -15,6 +15,7 @@ short line where the two differ (None when they agree).  Agreement is on three c
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 STATUSES = ("raises", "garbage", "degraded", "ok")
@@ -95,13 +96,22 @@ def expected(verdict: dict | None) -> Expected:
 STATE_DICT = "Error(s) in loading state_dict for "
 
 
-def comparable(message: str) -> str:
-    """The part of a runtime's message a file can predict: torch's ``load_state_dict`` error
-    opens with the model's class name (``Error(s) in loading state_dict for Flux:``), which
-    depends on the model, not the file; the lines after it name the tensors."""
+def _sorted_sets(message: str) -> str:
+    """``{b, a}`` -> ``{a, b}``: comfy-kitchen prints the dtypes an op accepts as a Python set
+    of ``torch.dtype``, whose order changes from one process to the next."""
+    return re.sub(r"\{([^{}]*)\}", lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", message)
+
+
+def comparable(message: str | None) -> str | None:
+    """The part of a message a file can predict, in a canonical form: torch's
+    ``load_state_dict`` error opens with the model's class name (``Error(s) in loading
+    state_dict for Flux:``), which depends on the model, not the file (the lines after it name
+    the tensors); sets are compared whatever their printing order."""
+    if message is None:
+        return None
     if message.startswith(STATE_DICT) and ":\n\t" in message:
-        return message.split(":\n\t", 1)[1]
-    return message
+        message = message.split(":\n\t", 1)[1]
+    return _sorted_sets(message)
 
 
 def disagreement(outcome: Outcome, predicted: Expected) -> str | None:
@@ -111,6 +121,6 @@ def disagreement(outcome: Outcome, predicted: Expected) -> str | None:
     if outcome.kind == "raises":
         if predicted.exception != outcome.exception:
             return f"exception {predicted.exception} vs {outcome.exception}"
-        if predicted.message != comparable(outcome.message):
+        if comparable(predicted.message) != comparable(outcome.message):
             return "message differs"
     return None
