@@ -154,3 +154,68 @@ def test_the_space_is_not_trivial(written, runtime):
     passing = {cid for cid, o in outcomes.items() if not o.raises}
     assert "int8_convrot_64x256.valid" in passing and "w4a8_codebook_64x256.valid" in passing
     assert outcomes["fp8_e5m2_64x256.valid"].raises  # SGLang resolves no config for E5M2
+
+
+def _marker_bytes_cases(folder: Path) -> list[tuple[str, list[str]]]:
+    """Checkpoints that exercise how SGLang itself reads markers, beyond the generated space:
+    Python's json (NaN, Infinity, 1e400, a BOM, UTF-16), marker tensors of other dtypes (torch's
+    ``numpy()``), NaN conflicts between header and tensor markers, ``int()`` and ``str()`` of odd
+    values, and the order in which the W4A4 config reads its INT8 companions."""
+    from builders import (
+        INT8_CONVROT_MARKER,
+        W4A8_MARKER,
+        header_markers,
+        int8_layer,
+        w4a4_layer,
+        w4a8_layer,
+        write,
+    )
+
+    p = "blocks.0.attn.qkv"
+    w4a8 = json.dumps(W4A8_MARKER)
+    out: list[tuple[str, dict, dict | None]] = []
+    for label, text in (
+        ("nan-unused", w4a8[:-1] + ', "note": NaN}'),
+        ("inf-group", w4a8.replace('"group_size": 16', '"group_size": Infinity')),
+        ("huge-group", w4a8.replace('"group_size": 16', '"group_size": 1e400')),
+        ("nan-convrot", w4a8.replace('"convrot": true', '"convrot": NaN')),
+        ("bom", "\ufeff" + w4a8),
+    ):
+        out.append((f"marker.{label}", w4a8_layer(p, marker=text.encode("utf-8")), None))
+    out.append(("marker.utf16", w4a8_layer(p, marker=w4a8.encode("utf-16")), None))
+    for dtype in ("BF16", "F16", "F8_E4M3", "F8_E5M2", "I8", "F32"):
+        tensors = w4a8_layer(p)
+        raw = w4a8.encode()
+        width = {"BF16": 2, "F16": 2, "F32": 4}.get(dtype, 1)
+        raw += b" " * (-len(raw) % width)
+        tensors[f"{p}.comfy_quant"] = (dtype, (len(raw) // width,), raw)
+        out.append((f"marker.dtype-{dtype}", tensors, None))
+    for value in ("16", "sixteen", True, None, [16], 16.9, -4):
+        out.append((f"group_size={value!r}", w4a8_layer(p, marker=dict(W4A8_MARKER, group_size=value)), None))
+    for value in (4, None, "INT4", ["int4"]):
+        m = {"format": "convrot_w4a4", "convrot_groupsize": 256, "linear_dtype": value}
+        out.append((f"w4a4.linear_dtype={value!r}", w4a4_layer(p, marker=m), None))
+    bad_w4a4 = {"format": "convrot_w4a4", "convrot_groupsize": 100}
+    bad_int8 = dict(INT8_CONVROT_MARKER, convrot_groupsize=100)
+    both = {**w4a4_layer("blocks.0.a", marker=bad_w4a4), **int8_layer("blocks.1.b", marker=bad_int8)}
+    out.append(("w4a4+int8.both-bad", both, None))
+    nan_marker = dict(W4A8_MARKER)
+    text = header_markers({p: {"format": "asym_w4a8_int8"}})["_quantization_metadata"]
+    assert text.endswith('"asym_w4a8_int8"}}}')
+    header = {"_quantization_metadata": text[:-3] + ', "note": NaN}}}'}
+    tensors = w4a8_layer(p, marker=(json.dumps(nan_marker)[:-1] + ', "note": NaN}').encode())
+    out.append(("nan-in-header-and-tensor", tensors, header))
+    out.append(("nan-in-header-only", w4a8_layer(p), header))
+    out.append(("nan-as-header-entry", w4a8_layer(p), {"_quantization_metadata": text[:-2] + ', "x": NaN}}'}))
+    written = []
+    for i, (label, tensors, metadata) in enumerate(out):
+        path = write(folder / f"sg{i}.safetensors", tensors, metadata=metadata)
+        written.append((label, [path]))
+    return written
+
+
+def test_how_sglang_reads_markers_agrees(tmp_path, runtime):
+    checkpoints = _marker_bytes_cases(tmp_path)
+    lines, raising = _disagreements(runtime.oracle, checkpoints)
+    assert not lines, "\n".join(lines)
+    assert 0 < raising < len(checkpoints)

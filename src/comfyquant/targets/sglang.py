@@ -142,7 +142,8 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
     merge = MarkerMerge(skip_conflicting=True)  # SGLang raises on a conflicting record: it adds nothing
     damaged = container_errors(ckpt)
     lenient: set[str] = set()  # prefixes with a marker only Python's own json reads
-    file_headers = {h.file: h for h in ckpt.headers}
+    # markers stored in another dtype than U8 (each has its M003 finding): torch may not read them
+    odd = {(f.file, f.tensor) for f in ms.findings if f.code == "M003"}
     for path in ckpt.files:
         if path in damaged:
             # safe_open(path) raises before anything of this shard is read
@@ -151,7 +152,7 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
         if hm is not None and hm.error == "M010":
             # the strict reader refused the map; SGLang reads it with Python's json (NaN, Infinity)
             for rec in _lenient_header(hm, run):
-                _merge(merge, rec, run, lenient, python_only=True)
+                _merge_python(merge, rec, run, lenient)
         elif hm is not None and hm.error is not None:
             rule, text = {
                 "M011": ("H2", f"_quantization_metadata in {path} must contain an object"),
@@ -162,7 +163,7 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
             if rec.error == "M013":
                 run.fail("H4", f"Comfy quantization metadata for {rec.prefix!r} must be an object", rec.prefix)
                 continue
-            if rec.kind == TENSOR and (unread := _unreadable_dtype(file_headers, rec)) is not None:
+            if odd and (rec.file, rec.key) in odd and (unread := _unreadable_dtype(ckpt, rec)) is not None:
                 run.fail("P2", unread, rec.prefix, "comfy_quant", exception="TypeError")
                 continue
             python_only = rec.error == "M001"
@@ -173,7 +174,10 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
             if rec.error == "M002":
                 run.fail("P3", f"Comfy quantization marker {rec.key!r} must contain a JSON object", rec.prefix, "comfy_quant")
                 continue
-            _merge(merge, rec, run, lenient, python_only)
+            if python_only or (lenient and rec.prefix in lenient):
+                _merge_python(merge, rec, run, lenient)
+            elif merge.add(rec):
+                run.fail("P1", f"Conflicting Comfy quantization markers for {rec.prefix!r}", rec.prefix)
     raw: dict[str, dict] = {p: m if p in lenient else ms.effective.get(p, m) for p, m in merge.merged.items()}
 
     # SGLang sees the tensors as stored: it has no MoE expert banks, so no flattened view.
@@ -246,9 +250,9 @@ NO_NUMPY = {
 ``tensor.numpy().tobytes()``, and torch refuses these with its own ``TypeError``."""
 
 
-def _unreadable_dtype(headers: dict, rec: MarkerRecord) -> str | None:
+def _unreadable_dtype(ckpt, rec: MarkerRecord) -> str | None:
     """torch's message when SGLang cannot take a marker tensor's bytes (its dtype), else None."""
-    header = headers.get(rec.file)
+    header = next((h for h in ckpt.headers if h.file == rec.file), None)
     entry = header.tensors.get(rec.key) if header is not None else None
     name = NO_NUMPY.get(entry.dtype) if entry is not None else None
     return None if name is None else f"Got unsupported ScalarType {name}"
@@ -299,18 +303,14 @@ def _lenient_tensor(ms, rec: MarkerRecord, run: Run) -> MarkerRecord | None:
     return MarkerRecord(TENSOR, rec.file, rec.prefix, rec.key, obj, None if isinstance(obj, dict) else "M002")
 
 
-def _merge(merge: MarkerMerge, rec: MarkerRecord, run: Run, lenient: set[str], python_only: bool = False) -> None:
-    """SGLang's ``_merge_comfy_quant_marker``: a key already set to another value is a conflict.
-    A marker only Python's json reads (``python_only``) is compared key by key with ``!=``, as
-    SGLang compares, so a NaN never equals itself."""
+def _merge_python(merge: MarkerMerge, rec: MarkerRecord, run: Run, lenient: set[str]) -> None:
+    """SGLang's ``_merge_comfy_quant_marker`` for a marker only Python's json reads (or a prefix
+    one of those set): compared key by key with ``!=``, as SGLang compares, so a NaN never
+    equals itself; a conflicting record adds nothing."""
     prefix = rec.prefix
-    if python_only or prefix in lenient:
-        lenient.add(prefix)
-        previous = merge.merged.get(prefix) or {}
-        if any(key in previous and previous[key] != value for key, value in rec.obj.items()):
-            run.fail("P1", f"Conflicting Comfy quantization markers for {prefix!r}", prefix)
-            return
-    if merge.add(rec):
+    lenient.add(prefix)
+    previous = merge.merged.get(prefix) or {}
+    if any(key in previous and previous[key] != value for key, value in rec.obj.items()) or merge.add(rec):
         run.fail("P1", f"Conflicting Comfy quantization markers for {prefix!r}", prefix)
 
 
