@@ -38,11 +38,16 @@ def kitchen_verdict(ckpt) -> Verdict:
     out: list[Violation] = container_violations("comfy-kitchen", ckpt)
     memo = ckpt.memo
     forward: list[Violation] = []
+    lenient = python_json_markers(ckpt)
     for prefix, layer in ckpt.layers.items():
-        if layer.marker is None or layer.format_name is None:
+        marker, name = layer.marker, layer.format_name
+        if marker is None and prefix in lenient:
+            marker = lenient[prefix]
+            name = marker.get("format") if isinstance(marker.get("format"), str) else None
+        if marker is None or name is None:
             continue
         load, first_forward = memo.get(
-            "comfy-kitchen", layer.marker, layer, lambda lay=layer: _layer_templates(lay.format_name, lay.marker, lay.tensors)
+            "comfy-kitchen", marker, layer, lambda m=marker, n=name, lay=layer: _layer_templates(n, m, lay.tensors)
         )
         if load:
             out.extend(bind(load, prefix))
@@ -127,6 +132,25 @@ def not_2d_templates(target: str, name: str, marker: dict, t: dict) -> list[Viol
     else:
         exception, message = found
     return [Violation(f"{target}.not-2d", message, exception, LAYER, "weight", True, cause, fix)]
+
+
+def python_json_markers(ckpt) -> dict[str, dict]:
+    """Tensor markers comfyquant refuses but Python's ``json`` reads into an object (``NaN``,
+    ``Infinity``, ``1e400`` in them): ComfyUI parses markers with it, so their layers are built,
+    and fail on those values (``int()`` of a non-finite size)."""
+    import json
+
+    out: dict[str, dict] = {}
+    for rec in ckpt.markers.records:
+        if rec.kind != "tensor" or rec.obj is not None:
+            continue
+        try:
+            obj = json.loads(ckpt.markers.marker_bytes.get((rec.file, rec.key), b""))
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(obj, dict):
+            out[rec.prefix] = obj
+    return out
 
 
 def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Violation], list[Violation]]:
