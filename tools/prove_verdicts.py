@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -61,9 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     all_cases = [c for c in generate(args.seed) if args.only in c.id]
     records = []
     failed = False
-    with tempfile.TemporaryDirectory(prefix="prove-verdicts-") as tmp:
+    # one folder per seed, the same on every run: a runtime's message that names the file
+    # (a damaged container's) is then the same when replayed
+    folder = Path(tempfile.gettempdir()) / f"comfyquant-prove-verdicts-{args.seed}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    try:
         for case in all_cases:
-            case.write(Path(tmp))
+            case.write(folder)
         for target in args.target.split(","):
             module = driver_module(target.strip())
             drv = Replay(args.replay, target, all_cases, getattr(module, "predict", None)) if args.replay else module.driver()
@@ -87,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 for r in rows
             )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))
     return 1 if failed else 0

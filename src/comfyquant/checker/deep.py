@@ -90,7 +90,8 @@ def _decoder():
         if dtype == "F8_E4M3":
             return e4m3[raw]
         if dtype == "F8_E8M0":
-            out = np.exp2(raw.astype(np.float32) - 127)
+            with np.errstate(over="ignore"):  # 255 is NaN, set below; 2**128 overflows on the way
+                out = np.exp2(raw.astype(np.float32) - 127)
             out[raw == 0] = 0.0
             out[raw == 255] = np.inf
             return out
