@@ -88,6 +88,7 @@ RULES: dict[str, Rule] = {
         Rule("D005", ERROR, "codebook contains NaN or Inf"),
         Rule("D006", WARNING, "tensor is all zeros"),
         Rule("D007", ERROR, "tensor values contain NaN or Inf"),
+        Rule("D008", ERROR, "weight values a runtime's value cast to the format's dtype changes"),
     )
 }
 

@@ -27,8 +27,9 @@ TINY = 1.1754944e-38
 
 
 def makes_garbage(f: Finding) -> bool:
-    """Whether a value finding means the layer's output is garbage (see ``GARBAGE_CODES``)."""
-    return f.code in GARBAGE_CODES or (f.code in WHOLE_CODES and (f.actual or "").startswith(WHOLE + " "))
+    """Whether a value finding means the layer's output is garbage (see ``GARBAGE_CODES``;
+    D008: a weight the runtime's value cast changes)."""
+    return f.code in GARBAGE_CODES or f.code == "D008" or (f.code in WHOLE_CODES and (f.actual or "").startswith(WHOLE + " "))
 
 
 def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, str]) -> None:
@@ -43,7 +44,10 @@ def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, 
         prefix = prefixes.get(f.layer, f.layer)
         suffix = f.tensor[len(prefix) + 1 :] if f.tensor.startswith(prefix + ".") else f.tensor
         for verdict in verdicts.values():
-            if any(not v.fails and v.layer == prefix and v.tensor == suffix for v in verdict.violations):
+            if f.code in CAST_TARGETS and verdict.target not in CAST_TARGETS[f.code]:
+                continue
+            dropped = f.code not in CAST_TARGETS  # a cast weight is read, its warning says how
+            if dropped and any(not v.fails and v.layer == prefix and v.tensor == suffix for v in verdict.violations):
                 continue
             v = Violation(
                 f"{verdict.target}.values",
@@ -95,12 +99,51 @@ def _decoder():
             out[raw == 0] = 0.0
             out[raw == 255] = np.inf
             return out
+        if dtype == "F8_E5M2":  # the top byte of a float16
+            return (raw.astype(np.uint16) << 8).view("<f2").astype(np.float32)
         if dtype in INTEGERS:
             # a scale stored as integers is read by value: runtimes that take it cast it
             return np.frombuffer(data, dtype=INTEGERS[dtype]).astype(np.float32)
         return None
 
     return np, decode
+
+
+CASTS = ("I8", "U8", "F8_E4M3", "F8_E5M2")
+"""Weight dtypes ComfyUI casts a stored weight to by value (``weight.to(storage dtype)``)."""
+CAST_TARGETS = {"D008": ("comfyui",)}
+"""Value findings that only the listed runtimes turn into garbage (the others refuse the dtype)."""
+
+
+def _survives_cast(np, v, source: str, target: str) -> bool:
+    """Whether torch's value cast of ``v`` (stored as ``source``) to ``target`` keeps every
+    value: integers wrap modulo 256 into I8/U8 (so the same bytes come back), floats must be
+    whole numbers in range, and FP8 targets must hold each value exactly."""
+    if target in ("I8", "U8"):
+        lo = -128 if target == "I8" else 0
+        if source in INTEGERS:
+            wrapped = ((v.astype(np.int64) - lo) % 256) + lo
+            if source in ("U8", "I8"):
+                back_lo = -128 if source == "I8" else 0
+                wrapped = ((wrapped - back_lo) % 256) + back_lo
+            return bool(np.array_equal(wrapped, v.astype(np.int64)))
+        finite = np.isfinite(v)
+        return bool(finite.all() and (v == np.trunc(v)).all() and (v >= lo).all() and (v <= lo + 255).all())
+    table = _fp8_values(np, target)
+    return bool(np.isin(v[np.isfinite(v)], table).all() and (np.isfinite(v).all() or target == "F8_E5M2"))
+
+
+def _fp8_values(np, dtype: str):
+    """Every finite value of an FP8 dtype (E4M3: 4 exponent bits, bias 7; E5M2: 5, bias 15)."""
+    exp_bits, bias = (4, 7) if dtype == "F8_E4M3" else (5, 15)
+    man_bits = 7 - exp_bits
+    codes = np.arange(128, dtype=np.int64)
+    e, m = codes >> man_bits, codes & ((1 << man_bits) - 1)
+    val = np.where(e == 0, 2.0 ** (1 - bias) * m / (1 << man_bits), 2.0 ** (e - bias) * (1 + m / (1 << man_bits)))
+    top = (1 << exp_bits) - 1
+    special = (e == top) & (m == (1 << man_bits) - 1) if dtype == "F8_E4M3" else (e == top)
+    val = val[~special]
+    return np.concatenate([val, -val]).astype(np.float32)
 
 
 def deep_findings(ckpt) -> list[Finding]:
@@ -112,7 +155,8 @@ def deep_findings(ckpt) -> list[Finding]:
             continue
         for slot in fmt.slots:
             entry = layer.stored.get(slot.suffix)  # as stored: every expert of a MoE bank
-            if entry is None or slot.kind not in (SCALE, CODEBOOK, CORRECTION) or entry.nbytes > MAX_DEEP_BYTES:
+            cast = slot.suffix == "weight" and entry is not None and entry.dtype != slot.dtype and slot.dtype in CASTS
+            if entry is None or (slot.kind not in (SCALE, CODEBOOK, CORRECTION) and not cast) or entry.nbytes > MAX_DEEP_BYTES:
                 continue
             if entry.end > ends.get(entry.file, entry.end):
                 continue  # past the end of a truncated file: C002 reports it, there are no values to read
@@ -133,6 +177,23 @@ def deep_findings(ckpt) -> list[Finding]:
         done.add(entry.name)
         raw = data[entry.name]
         if len(raw) != entry.nbytes:  # the file changed under us or ended early: nothing sound to judge
+            continue
+        if slot.suffix == "weight":
+            values = decode(raw, entry.dtype, entry.dtype)
+            if values is not None and not _survives_cast(np, values, entry.dtype, slot.dtype):
+                out.append(
+                    Finding(
+                        "D008",
+                        f"{entry.name}: its {entry.dtype} values are not {slot.dtype} codes: the value cast "
+                        f"to {slot.dtype} ComfyUI applies at load changes them",
+                        layer=layer.name,
+                        tensor=entry.name,
+                        expected=f"{slot.dtype} codes",
+                        actual=f"{entry.dtype} values",
+                        cause="the weight's bytes or values are not the format's codes (a relabelled or re-cast weight)",
+                        fix=f"re-export the layer with a {slot.dtype} weight (comfyquant quantize)",
+                    )
+                )
             continue
         values = decode(raw, entry.dtype, slot.dtype if slot.dtype != "float" else entry.dtype)
         if values is None:
