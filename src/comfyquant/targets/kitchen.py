@@ -134,6 +134,44 @@ def not_2d_templates(target: str, name: str, marker: dict, t: dict) -> list[Viol
     return [Violation(f"{target}.not-2d", message, exception, LAYER, "weight", True, cause, fix)]
 
 
+MISSING_FORWARD: dict[str, tuple[tuple[str, str], ...]] = {
+    # format: (suffix, the attribute comfy-kitchen 0.2.40 reads off None at the first forward)
+    # for a tensor the layout needs but was not given (measured, eager backend)
+    "float8_e4m3fn": (("weight_scale", "to"),),
+    "float8_e5m2": (("weight_scale", "to"),),
+    "int8_tensorwise": (("weight_scale", "to"),),
+    "convrot_w4a4": (("weight_scale", "reshape"),),
+    "nvfp4": (("weight_scale", "reshape"), ("weight_scale_2", "to")),
+    "mxfp8": (("weight_scale", "view"),),
+    "awq_w4a16": (("weight_scale", "dtype"), ("weight_zeros", "t")),
+}
+
+
+def _none_attribute(target: str, suffix: str, attribute: str) -> Violation:
+    return Violation(
+        f"{target}.missing",
+        f"'NoneType' object has no attribute '{attribute}'",
+        "AttributeError",
+        LAYER,
+        suffix,
+        True,
+        f"{suffix} is missing: the layout is built without it and fails when it is used",
+        "re-export the layer with all its tensors",
+    )
+
+
+def missing_templates(name: str, tensors: dict) -> tuple[list[Violation], list[Violation]] | None:
+    """(load, first forward) of a comfy-kitchen layer missing a tensor it needs, or None: the
+    ``QuantizedTensor`` of no weight fails at once (``device``), a missing scale where the
+    layout first uses it."""
+    if "weight" not in tensors:
+        return [_none_attribute("comfy-kitchen", "weight", "device")], []
+    for suffix, attribute in MISSING_FORWARD.get(name, ()):
+        if suffix not in tensors:
+            return [], [_none_attribute("comfy-kitchen", suffix, attribute)]
+    return None
+
+
 def python_json_markers(ckpt) -> dict[str, dict]:
     """Tensor markers comfyquant refuses but Python's ``json`` reads into an object (``NaN``,
     ``Infinity``, ``1e400`` in them): ComfyUI parses markers with it, so their layers are built,
@@ -158,6 +196,10 @@ def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Viola
     fmt = FORMATS.get(name)
     if fmt is not None and "comfy-kitchen" in fmt.loaders:
         read, refused = marker_ints(name, marker)
+        if refused is None:
+            missing = missing_templates(name, tensors)
+            if missing is not None:
+                return missing
         not_2d = None if refused is not None else not_2d_templates("comfy-kitchen", name, read, tensors)
         if not_2d is not None:
             return [], not_2d
@@ -264,16 +306,9 @@ def _hadamard(prefix: str, c) -> Violation | None:
 
 
 def _int8(prefix: str, t: dict, env: dict) -> Violation | None:
-    w, s = t["weight"], t.get("weight_scale")
+    s = t.get("weight_scale")
     if s is None:
         return _v("missing", f"layer '{prefix}' has no weight_scale", prefix, "weight_scale")
-    if s.numel not in (1, env["N"]):
-        return _v(
-            "int8",
-            f"INT8 weight scale must be scalar or per-output-channel, got {list(s.shape)} for weight shape {list(w.shape)}",
-            prefix,
-            "weight_scale",
-        )
     if env.get("convrot"):
         c = env.get("convrot_groupsize")
         v = _hadamard(prefix, c)
@@ -320,9 +355,10 @@ def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False
             fix="set convrot_groupsize to 16, 64 or 256",
         )
     groups = k // g
-    if s_rel is None or tuple(s_rel.shape) != (n, groups):
-        got = None if s_rel is None else tuple(s_rel.shape)
-        return _v("w4a8", f"scale must have shape {(n, groups)}, got {got}", prefix, "weight_s_rel")
+    if s_rel is None:  # ComfyUI refuses it before ("Missing W4A8 group scale"); comfy-kitchen reads its shape
+        return _v("w4a8", "'NoneType' object has no attribute 'shape'", prefix, "weight_s_rel", exception="AttributeError")
+    if tuple(s_rel.shape) != (n, groups):
+        return _v("w4a8", f"scale must have shape {(n, groups)}, got {tuple(s_rel.shape)}", prefix, "weight_s_rel")
     if s_ch is None or tuple(s_ch.shape) != (n,):
         got = None if s_ch is None else tuple(s_ch.shape)
         return _v("w4a8", f"s_channel must have shape {(n,)}, got {got}", prefix, "weight_s_channel")
@@ -483,6 +519,46 @@ def runs_forward(target: str, name: str) -> bool:
     return name in OPERANDS[target] or name in FORWARD
 
 
+def broadcast_error(a: tuple, b: tuple) -> str | None:
+    """torch's message when shapes ``a`` and ``b`` do not broadcast (dimensions compared from
+    the last one, as torch's ``infer_size`` does), or None."""
+    ndim = max(len(a), len(b))
+    for i in range(ndim - 1, -1, -1):
+        back = ndim - 1 - i
+        da = a[len(a) - 1 - back] if back < len(a) else 1
+        db = b[len(b) - 1 - back] if back < len(b) else 1
+        if da != db and da != 1 and db != 1:
+            return f"The size of tensor a ({da}) must match the size of tensor b ({db}) at non-singleton dimension {i}"
+    return None
+
+
+def scale_shape_template(target: str, name: str, t: dict) -> Violation | None:
+    """A scale whose shape the first forward refuses: an FP8 per-tensor scale that does not
+    broadcast against the weight (torch's own error from the dequantize's multiply), an INT8
+    scale that is neither one value nor one per weight row (the INT8 linear's check)."""
+    w, s = t.get("weight"), t.get("weight_scale")
+    if w is None or s is None or len(w.shape) != 2:
+        return None
+    message = exception = None
+    if name in ("float8_e4m3fn", "float8_e5m2"):
+        message, exception = broadcast_error(tuple(w.shape), tuple(s.shape)), "RuntimeError"
+    elif name == "int8_tensorwise" and s.numel not in (1, w.shape[0]):
+        message = f"INT8 weight scale must be scalar or per-output-channel, got ({s.numel},) for weight shape {tuple(w.shape)}"
+        exception = "ValueError"
+    if message is None:
+        return None
+    return Violation(
+        f"{target}.scale-shape",
+        message,
+        exception,
+        LAYER,
+        "weight_scale",
+        True,
+        f"weight_scale of shape {list(s.shape)} for a weight of {list(w.shape)} (raised at the first forward)",
+        "store the scale as the format defines it (comfyquant fix reshapes it when the values allow)",
+    )
+
+
 def forward_templates(
     target: str,
     name: str,
@@ -521,6 +597,9 @@ def forward_templates(
                     f"store {suffix} as {accepted[0]} (comfyquant fix converts it when that is exact)",
                 )
             ]
+    shaped = scale_shape_template(target, name, t)
+    if shaped is not None:
+        return [shaped]
     if block and "weight_scale" in viewed and "weight" in t and len(t["weight"].shape) == 2:
         rows, cols = t["weight"].shape
         num_cols = cols * per_byte // block
