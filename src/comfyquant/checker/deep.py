@@ -46,6 +46,8 @@ def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, 
         for verdict in verdicts.values():
             if f.code in CAST_TARGETS and verdict.target not in CAST_TARGETS[f.code]:
                 continue
+            if suffix in UNUSED.get(verdict.target, ()):
+                continue
             dropped = f.code not in CAST_TARGETS  # a cast weight is read, its warning says how
             if dropped and any(not v.fails and v.layer == prefix and v.tensor == suffix for v in verdict.violations):
                 continue
@@ -112,6 +114,10 @@ def _decoder():
 CASTS = ("I8", "U8", "F8_E4M3", "F8_E5M2")
 """Weight dtypes ComfyUI casts a stored weight to by value (``weight.to(storage dtype)``)."""
 CAST_TARGETS = {"D008": ("comfyui",)}
+UNUSED = {"comfyui": frozenset({"input_scale"}), "comfy-kitchen": frozenset({"input_scale"})}
+"""Tensors a runtime does not compute with on the path the verdicts are proven for: ComfyUI on
+CPU has no FP8 compute, so it never quantizes the activation with ``input_scale`` (on a GPU
+with FP8 compute it does), and comfy-kitchen's layouts do not take it."""
 """Value findings that only the listed runtimes turn into garbage (the others refuse the dtype)."""
 
 

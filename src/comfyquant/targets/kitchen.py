@@ -144,6 +144,7 @@ MISSING_FORWARD: dict[str, tuple[tuple[str, str], ...]] = {
     "nvfp4": (("weight_scale", "reshape"), ("weight_scale_2", "to")),
     "mxfp8": (("weight_scale", "view"),),
     "awq_w4a16": (("weight_scale", "dtype"), ("weight_zeros", "t")),
+    "svdquant_w4a4": (("weight_proj_down", "shape"), ("weight_proj_up", "shape"), ("weight_smooth_factor", "shape")),
 }
 
 
@@ -168,7 +169,9 @@ def missing_templates(name: str, tensors: dict) -> tuple[list[Violation], list[V
         return [_none_attribute("comfy-kitchen", "weight", "device")], []
     for suffix, attribute in MISSING_FORWARD.get(name, ()):
         if suffix not in tensors:
-            return [], [_none_attribute("comfy-kitchen", suffix, attribute)]
+            # the op refuses a weight of the wrong dtype before it reads the missing tensor
+            refused = forward_templates("comfy-kitchen", name, {"weight": tensors["weight"]})
+            return [], refused or [_none_attribute("comfy-kitchen", suffix, attribute)]
     return None
 
 
