@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from runtimes import comfyui_driver
-from runtimes.agreement import compare, summary, table
+from runtimes.agreement import compare, known_disagreements, summary, table
 from runtimes.cases import GROUPS, generate
 
 TARGET = "comfyui"
@@ -44,7 +44,13 @@ def test_valid_layers_compute(written, runtime):
 
 @pytest.mark.parametrize("group", GROUPS)
 def test_verdicts_agree(written, runtime, group):
+    """Every case agrees, except the ones ``tests/runtimes/known/`` lists (classes of defect
+    the profile does not model yet, each listed case by case): a new disagreement fails, and
+    so does a listed case that now agrees (take it off the list)."""
     rows = compare(runtime, TARGET, [c for c in written if c.group == group])
     assert rows
-    bad = table(rows)
-    assert not bad, f"{comfyui_driver.VERSION}: {summary(rows)}\n{bad}"
+    known = known_disagreements(TARGET)
+    new = [r for r in rows if r.why is not None and r.case.id not in known]
+    assert not new, f"{comfyui_driver.VERSION}: {summary(rows)}\n{table(new)}"
+    fixed = sorted(r.case.id for r in rows if r.why is None and r.case.id in known)
+    assert not fixed, f"these cases now agree: take them off tests/runtimes/known/{TARGET}.txt: {fixed}"

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
 
-from runtimes.agreement import DRIVERS, compare, driver_module, summary, table  # noqa: E402
+from runtimes.agreement import DRIVERS, compare, driver_module, summary, table, write_known  # noqa: E402
 from runtimes.cases import generate  # noqa: E402
 
 
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="only cases whose id contains this")
     ap.add_argument("--limit", type=int, default=40, help="disagreements printed per runtime")
     ap.add_argument("--json", default="", help="write every outcome and verdict to this file")
+    ap.add_argument("--write-known", action="store_true", help="record the disagreements as tests/runtimes/known/<target>.txt")
     ap.add_argument("--replay", default="", help="take the runtimes' outcomes from a --json file instead of running them")
     args = ap.parse_args(argv)
     all_cases = [c for c in generate(args.seed) if args.only in c.id]
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             with drv:
                 rows = compare(drv, target, all_cases)
             print(f"{module.VERSION}: {summary(rows)}")
+            if args.write_known:
+                print(f"wrote {write_known(target, rows)}")
             bad = table(rows, args.limit)
             if bad:
                 failed = True

@@ -13,6 +13,7 @@ import importlib
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from .cases import Case
 from .outcome import Expected, Outcome, disagreement, expected
@@ -31,6 +32,33 @@ class Row:
     predicted: Expected
     why: str | None
     """None when comfyquant agrees with the runtime."""
+
+
+KNOWN = Path(__file__).resolve().parent / "known"
+
+
+def known_disagreements(target: str) -> set[str]:
+    """The case ids ``known/<target>.txt`` lists: where comfyquant is known to differ from the
+    runtime (one id a line, ``#`` starts a comment)."""
+    path = KNOWN / f"{target}.txt"
+    if not path.is_file():
+        return set()
+    return {line.split("#", 1)[0].strip() for line in path.read_text().splitlines()} - {""}
+
+
+def write_known(target: str, rows: list[Row]) -> Path:
+    """Record the cases where comfyquant differs from the runtime as ``known/<target>.txt``."""
+    KNOWN.mkdir(exist_ok=True)
+    path = KNOWN / f"{target}.txt"
+    lines = [
+        f"# Cases of the generated space (seed 0) where comfyquant's {target} verdict differs from the",
+        "# runtime's: classes the profile does not model yet.  Written by",
+        "# tools/prove_verdicts.py --write-known; the agreement test fails on any other disagreement",
+        "# and on a listed case that agrees.",
+    ]
+    lines += [f"{r.case.id}  # {r.why}" for r in rows if r.why is not None]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def driver_module(target: str):
