@@ -427,6 +427,18 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
                 cause=f"ComfyUI reinterprets {suffix} as {dtype}, which a scalar of another width cannot be",
                 fix=f"store {suffix} as {dtype} in its blocked layout",
             )
+    if fmt in ("float8_e4m3fn", "float8_e5m2") and "weight_scale" not in t and "weight" in t:
+        # ComfyUI's FP8 layout copies its scale when the parameters are built
+        return _fail(
+            out,
+            "missing",
+            "'NoneType' object has no attribute 'clone'",
+            prefix,
+            "weight_scale",
+            exception="AttributeError",
+            cause="an FP8 layer without weight_scale",
+            fix="re-export the layer with its weight_scale",
+        )
     if fmt in REQUIRED:
         needed, message = REQUIRED[fmt]
         if any(s not in t for s in needed):

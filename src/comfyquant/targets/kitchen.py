@@ -501,6 +501,10 @@ OPERANDS: dict[str, dict[str, tuple[str, tuple[tuple[str, str, tuple[str, ...]],
         ),
     },
     "comfyui": {
+        # the weight is cast to FP8 by ComfyUI and the scale to F32: no operand to refuse, but
+        # the dequantize's multiply checks the scale's shape (scale_shape_template)
+        "float8_e4m3fn": ("dequantize_per_tensor_fp8", ()),
+        "float8_e5m2": ("dequantize_per_tensor_fp8", ()),
         "int8_tensorwise": ("int8_linear", (("weight_scale", "weight_scale", FLOATS),)),
         "asym_w4a8_int8": (
             "w4a8_int8_linear",
