@@ -410,3 +410,44 @@ def _safetensors_error_or_none(path: str) -> str | None:
             return None
     except Exception as exc:  # the library's own SafetensorError
         return str(exc)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_damaged_files_get_the_message_safetensors_raises(tmp_path, seed):
+    """Seeded damage anywhere in a real file (cut short, its length field changed, header bytes
+    changed or removed with or without the length following, bytes appended): check's verdict
+    names exactly the SafetensorError safetensors raises opening the file, or none when it opens."""
+    import random
+    import struct
+
+    pytest.importorskip("safetensors")
+    rng = random.Random(seed)
+    base = write(tmp_path / "base.safetensors", w4a8_layer("blocks.0.x"), dense_layer("blocks.1.y"))
+    data = open(base, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    differ = []
+    for i in range(150):
+        damaged = bytearray(data)
+        kind = rng.randrange(5)
+        if kind == 0:
+            damaged = damaged[: rng.randrange(len(damaged))]
+        elif kind == 1:
+            damaged[rng.randrange(8)] = rng.randrange(256)
+        elif kind == 2:
+            damaged[8 + rng.randrange(n)] = rng.choice(b'{}[]",:0123456789 \xff')
+        elif kind == 3:
+            at = 8 + rng.randrange(n)
+            cut = rng.randint(1, 5)
+            del damaged[at : at + cut]
+            if rng.random() < 0.5:
+                damaged[:8] = struct.pack("<Q", n - cut)
+        else:
+            damaged += bytes(rng.randrange(1, 20))
+        path = tmp_path / f"d{i}.safetensors"
+        path.write_bytes(bytes(damaged))
+        real = _safetensors_error_or_none(str(path))
+        first = check(str(path), target="sglang").verdicts["sglang"].first
+        ours = first.message if first is not None and first.exception == "SafetensorError" else None
+        if ours != real:
+            differ.append(f"damage {kind} ({bytes(damaged[:40])!r}...)\n  safetensors: {real}\n  comfyquant:  {ours}")
+    assert not differ, "\n".join(differ[:10])

@@ -323,10 +323,6 @@ class _Parser:
         value = self.value()
         return self.error(f"invalid type: {_kind(value)}, expected {expected}")
 
-    def end(self) -> None:
-        if self.whitespace() is not None:
-            raise self.peek_error("trailing characters")
-
 
 def _kind(value: object) -> str:
     """How serde names an unexpected value's type (``Unexpected``'s Display)."""
@@ -359,7 +355,16 @@ def stream_error(data: bytes) -> str | None:
         if c != ord("{"):
             raise p.invalid_type(STRUCT)
         p.value()
-        p.end()
+        end = p.index
+        if p.whitespace() is not None:
+            # the struct's deferred checks of the tensor entries run when its closing brace is
+            # read, before serde_json looks past it
+            from .container import serde_header
+
+            deferred = serde_header(data[:end])
+            if isinstance(deferred, str):
+                return deferred
+            raise p.peek_error("trailing characters")
     except SerdeError as exc:
         return f"{exc.code} at {position(data, exc.index)}"
     return None
