@@ -221,3 +221,39 @@ def test_how_sglang_reads_markers_agrees(tmp_path, runtime):
     lines, raising = _disagreements(runtime.oracle, checkpoints)
     assert not lines, "\n".join(lines)
     assert 0 < raising < len(checkpoints)
+
+
+def test_dropin_maps_names_as_sglang_does(tmp_path, runtime):
+    """``param_name_mapper`` gets each raw prefix, and a collision after mapping is SGLang's."""
+    import re
+
+    from builders import W4A8_MARKER, int8_layer, w4a8_layer, write
+    from comfyquant.compat.sglang import inspect_comfy_quant_markers
+
+    root = "model.diffusion_model."
+    files = [
+        write(tmp_path / "a.safetensors", w4a8_layer(root + "blocks.0.q"), w4a8_layer(root + "blocks.1.k")),
+        write(tmp_path / "b.safetensors", w4a8_layer(root + "blocks.0.q"), w4a8_layer("blocks.0.q")),
+        write(tmp_path / "c.safetensors", int8_layer("Blocks.0.Q"), int8_layer("blocks.0.q", marker=dict(W4A8_MARKER))),
+    ]
+    mappers = {
+        "strip root": lambda name: name.removeprefix(root),
+        "regex on the weight name": lambda name: re.sub(r"^model\.diffusion_model\.(.*)\.weight$", r"\1", name),
+        "append": lambda name: name + ".w",
+        "lower": str.lower,
+    }
+    differ = []
+    for path in files:
+        for label, mapper in mappers.items():
+            ours = _call(inspect_comfy_quant_markers, [path], mapper)
+            theirs = _call(runtime.oracle.inspect_comfy_quant_markers, [path], mapper)
+            if ours != theirs:
+                differ.append(f"{Path(path).name} / {label}: comfyquant {ours[:120]} | SGLang {theirs[:120]}")
+    assert not differ, "\n".join(differ)
+
+
+def _call(fn, *args) -> str:
+    try:
+        return "ok " + _canonical(fn(*args))
+    except Exception as exc:  # compared with what SGLang raises
+        return f"raises {type(exc).__name__}: {exc}"

@@ -47,6 +47,9 @@ def inspect_comfy_quant_markers(
 ) -> dict[str, dict[str, Any]]:
     """Read and validate Comfy quantization markers exactly as SGLang does.
 
+    ``param_name_mapper`` is called with each raw layer prefix (``"model.diffusion_model.x"``)
+    and returns the runtime's prefix, as SGLang calls it.
+
     ``safetensors_list`` is SGLang's list of shard paths; one path (a string or path object)
     is taken as a list of one, where iterating it would read each character as a file."""
     if isinstance(safetensors_list, (str, os.PathLike)):

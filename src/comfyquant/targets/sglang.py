@@ -223,10 +223,7 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
     mapped: dict[str, dict] = {}
     mapped_derived: dict[str, dict] = {}
     for prefix, marker in raw.items():
-        name = prefix
-        if param_name_mapper is not None:
-            m = param_name_mapper(prefix + ".weight")
-            name = m[: -len(".weight")] if m.endswith(".weight") else m
+        name = prefix if param_name_mapper is None else param_name_mapper(prefix)  # SGLang maps the prefix itself
         if name in mapped:
             run.fail("M1", f"Comfy markers collide after parameter mapping at {name!r}", prefix)
             continue
@@ -686,8 +683,7 @@ def run_all(ckpt, param_name_mapper=None, collect: bool = True) -> tuple[dict, d
     raw_prefix = {}
     if param_name_mapper is not None:
         for prefix in ckpt.layers:
-            m = param_name_mapper(prefix + ".weight")
-            raw_prefix[m[: -len(".weight")] if m.endswith(".weight") else m] = prefix
+            raw_prefix[param_name_mapper(prefix)] = prefix
     build_layers(markers, derived, raw_prefix, ckpt, config, run)
     if run.collect:
         # weights that are not in any shard: SGLang's weight loading cannot fill those
