@@ -62,3 +62,13 @@ def test_sglang_layer_building_is_said_to_be_modelled(tmp_path, capsys):
     rc, out, _ = run(capsys, "check", marker, "--target", "sglang", "--json")
     sglang = json.loads(out)["targets"]["sglang"]
     assert rc == 1 and sglang["rule"] == "sglang.R3" and sglang["modelled"] is None
+
+
+def test_recursive_check_names_the_versions(tmp_path, capsys):
+    write(tmp_path / "a.safetensors", w4a8_layer(P))
+    rc, out, _ = run(capsys, "check", tmp_path, "-r", "--target", "sglang,comfyui")
+    lines = out.splitlines()
+    assert rc == 0 and lines[-2] == "verdicts proven for SGLang 0.5.23; ComfyUI 0.33.0 at 783545f with comfy-kitchen 0.2.40"
+    rc, out, _ = run(capsys, "check", tmp_path, "-r", "--json")
+    summary = json.loads(out)["summary"]["targets"]
+    assert summary["comfy-kitchen"]["proven_for"] == [{"runtime": "comfy-kitchen", "version": "0.2.40", "commit": None}]

@@ -527,6 +527,10 @@ def render_summary(result, verbose: bool = False) -> str:
     readable = s["checkpoints"] - s["unreadable"]
     loads = ", ".join(f"{t} {v['loads']}/{readable}" for t, v in s["targets"].items())
     lines.append("")
+    if targets:
+        from .targets.proven import proven_text
+
+        lines.append(f"verdicts proven for {'; '.join(proven_text(t) for t in targets)}")
     lines.append(
         f"{_plural(s['checkpoints'], 'checkpoint')}: {', '.join(parts)}; loads: {loads}; "
         f"{_plural(s['requests'], 'request')}, {human_size(s['bytes'])} read"

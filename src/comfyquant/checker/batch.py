@@ -34,7 +34,7 @@ from ..checkpoint import Checkpoint, NameMapper, open_checkpoint
 from ..errors import InputError
 from ..findings import Finding
 from ..io.shards import INDEX_SUFFIX, SHARD_NAME, Group, group_folder, is_url, read_index, settle
-from .report import Report
+from .report import Report, proven_for
 from .run import Targets, check_checkpoint, parse_targets
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class TreeResult:
         }
         for t in self.targets:
             loads = sum(1 for r in reports if t in r.verdicts and r.verdicts[t].loads)
-            out["targets"][t] = {"loads": loads, "fails": len(reports) - loads}
+            out["targets"][t] = {"loads": loads, "fails": len(reports) - loads, "proven_for": proven_for(t)}
         return out
 
     def to_dict(self) -> dict:

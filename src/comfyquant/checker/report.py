@@ -74,12 +74,17 @@ class Report:
         }
 
 
+def proven_for(target: str) -> list[dict]:
+    """The runtime versions ``target``'s verdicts are proven for, as JSON lists them."""
+    return [r.to_dict() for r in PROVEN[target]]
+
+
 def target_dict(target: str, verdict: Verdict) -> dict:
     """One target's verdict in the JSON report, with the runtime versions it is proven for and,
     when the failure that decides it is modelled from the runtime's source rather than proven by
     running it, what is modelled."""
     out = verdict.to_dict()
-    out["proven_for"] = [r.to_dict() for r in PROVEN[target]]
+    out["proven_for"] = proven_for(target)
     out["modelled"] = modelled(target, out["rule"])
     return out
 
