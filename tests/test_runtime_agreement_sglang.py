@@ -257,3 +257,67 @@ def _call(fn, *args) -> str:
         return "ok " + _canonical(fn(*args))
     except Exception as exc:  # compared with what SGLang raises
         return f"raises {type(exc).__name__}: {exc}"
+
+
+def _merge_cases(folder: Path) -> list[tuple[str, list[str]]]:
+    """Checkpoints that exercise how SGLang merges markers and reads ``quant_format``: header map
+    and tensor marker values that compare equal but differ in type (SGLang keeps the later one),
+    header maps in another shard, ``quant_format`` in every case and with every layer kind."""
+    from builders import (
+        W4A8_MARKER,
+        dense_layer,
+        fp8_layer,
+        header_markers,
+        int8_layer,
+        mxfp8_layer,
+        nvfp4_layer,
+        ones,
+        w4a8_layer,
+        write,
+    )
+
+    out: list[tuple[str, list[str]]] = []
+
+    def add(label: str, *shards: tuple[tuple[dict, ...], dict | None]) -> None:
+        paths = [write(folder / f"{label}-{i}.safetensors", *parts, metadata=meta) for i, (parts, meta) in enumerate(shards)]
+        out.append((label, paths))
+
+    rowwise_mx = ones("U8", (128, 8))
+    for key, value in (("convrot", 1), ("group_size", 16.0), ("convrot_groupsize", 256.0), ("group_size", True)):
+        add(f"header-{key}={value!r}", ((w4a8_layer("a"),), header_markers({"a": dict(W4A8_MARKER, **{key: value})})))
+    add(
+        "header-in-other-shard",
+        ((w4a8_layer("a", marker=False),), None),
+        ((dense_layer("b"),), header_markers({"a": W4A8_MARKER})),
+    )
+    add(
+        "header-conflict-other-shard",
+        ((w4a8_layer("a"),), None),
+        ((dense_layer("b"),), header_markers({"a": dict(W4A8_MARKER, group_size=32)})),
+    )
+    for qf in ("mxfp8", "MXFP8", "", "nvfp4"):
+        meta = {"quant_format": qf}
+        add(f"qf-{qf}-unmarked", ((mxfp8_layer("a", marker=False, scale=rowwise_mx),), meta))
+        add(f"qf-{qf}-blocked", ((mxfp8_layer("a", marker=False),), meta))
+        add(f"qf-{qf}-marked", ((mxfp8_layer("a", scale=rowwise_mx),), meta))
+        add(f"qf-{qf}-int8", ((int8_layer("a"),), meta))
+        add(f"qf-{qf}-fp8", ((fp8_layer("a", marker=False),), meta))
+        add(f"qf-{qf}-nvfp4", ((nvfp4_layer("a", scale_shape=(128, 16)),), meta))
+    add(
+        "qf-shards-disagree",
+        ((mxfp8_layer("a", marker=False, scale=rowwise_mx),), {"quant_format": "mxfp8"}),
+        ((dense_layer("b"),), {"quant_format": "nvfp4"}),
+    )
+    add(
+        "qf-in-one-shard",
+        ((mxfp8_layer("a", marker=False, scale=rowwise_mx),), {"quant_format": "mxfp8"}),
+        ((mxfp8_layer("b", marker=False, scale=rowwise_mx),), None),
+    )
+    return out
+
+
+def test_how_sglang_merges_markers_agrees(tmp_path, runtime):
+    checkpoints = _merge_cases(tmp_path)
+    lines, raising = _disagreements(runtime.oracle, checkpoints)
+    assert not lines, "\n".join(lines)
+    assert 0 < raising < len(checkpoints)
