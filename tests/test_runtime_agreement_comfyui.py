@@ -39,6 +39,7 @@ def test_valid_layers_compute(written, runtime):
     got = {r.case.id: (r.outcome.status, r.outcome.exception) for r in rows}
     assert got.pop("awq_64x256.valid") == ("raises", "KeyError")
     assert got.pop("w4a8_asym_64x256.valid")[0] == "degraded"
+    assert got.pop("w4a8_asym_64x256_corr.valid")[0] == "degraded"
     assert {status for status, _ in got.values()} == {"ok"}, got
 
 

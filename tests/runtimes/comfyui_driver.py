@@ -13,7 +13,9 @@ inherit.  For each file the worker runs ComfyUI's own functions in ComfyUI's ord
 3. load: the dtypes ``model_management`` picks for a CPU model supporting BF16/F16/F32,
    ``comfy.ops.pick_operations``, a module tree of the picked ``Linear`` at the model's layer
    names (the dense source's shapes: the model, not the file, decides them) and
-   ``load_state_dict(strict=False)`` as ``BaseModel.load_model_weights`` does;
+   ``load_state_dict(strict=False)`` as ``BaseModel.load_model_weights`` does (a parameter the
+   file does not fill keeps uninitialized memory in ComfyUI; the driver creates it as NaN, so
+   that garbage is the same on every run);
 4. forward: each layer's first forward under ``torch.inference_mode()`` on a seeded input,
    measured against the dense layer (``measure``).
 
@@ -121,6 +123,12 @@ def _tree(torch, linear_cls, layers: dict, dtype):
             parent = getattr(parent, part)
         n, k = weight.shape
         parent.add_module(parts[-1], linear_cls(k, n, bias=bias is not None, dtype=dtype))
+    # parameters the file does not fill keep the memory they were created with (torch.empty):
+    # NaN there makes that garbage measured the same way on every run
+    with torch.no_grad():
+        for param in root.parameters():
+            if param.dtype.is_floating_point:
+                param.fill_(float("nan"))
     return root
 
 

@@ -13,7 +13,16 @@ import json
 from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, incomplete_violations
-from .kitchen import VIEWS, forward_templates, int_violation, marker_ints, not_2d_templates, runs_forward, w4a8_forward
+from .kitchen import (
+    VIEWS,
+    convrot_forward,
+    forward_templates,
+    int_violation,
+    marker_ints,
+    not_2d_templates,
+    runs_forward,
+    w4a8_forward,
+)
 
 DIFFUSION_PREFIX = "model.diffusion_model."
 SCALAR_TYPES = {
@@ -478,7 +487,7 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
             fix=f"store the weight as {STORAGE[fmt]} (relabel it if the bytes are {STORAGE[fmt]} codes)",
         )
         t = dict(t, weight=type(w)(w.name, STORAGE[fmt], w.shape, w.start, w.end, w.file))
-    first_forward = _w4a8(out, prefix, marker, t) if fmt == "asym_w4a8_int8" else None
+    first_forward = _w4a8(out, prefix, marker, t) if fmt == "asym_w4a8_int8" else _convrot(out, prefix, fmt, marker, t)
     for suffix in t:
         if suffix in ("weight", "bias", "comfy_quant") or suffix in CONSUMED[fmt]:
             continue
@@ -506,6 +515,28 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
                 fix="remove it (comfyquant fix)",
             )
     return first_forward
+
+
+def _convrot(out: list, prefix: str, fmt: str, marker: dict, t: dict) -> Violation | None:
+    """ConvRot W4A4's ``Params`` (its linear_dtype, at load) and what a ConvRot layer's first
+    forward refuses (group size 0, not dividing K, not a power of 4), as comfy-kitchen decides."""
+    from ..formats.base import GeometryError
+    from ..formats.registry import FORMATS
+    from .kitchen import _w4a4
+
+    if fmt not in ("convrot_w4a4", "int8_tensorwise"):
+        return None
+    desc = FORMATS[fmt]
+    try:
+        env = desc.geometry(t, desc.params(marker))
+    except GeometryError:
+        return None
+    if fmt == "convrot_w4a4":
+        v = _w4a4(prefix, t, env)
+        if v is not None:
+            _fail(out, "ck", v.message, prefix, v.tensor, exception=v.exception, cause=v.cause, fix=v.fix)
+            return None
+    return convrot_forward("comfyui", fmt, env)
 
 
 def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:

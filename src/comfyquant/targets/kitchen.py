@@ -209,11 +209,19 @@ def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Viola
     load = _load_templates(name, marker, tensors)
     read = marker_ints(name, marker)[0]
     convrot = bool(read.get("convrot"))
-    if not load and name == "asym_w4a8_int8":
+    if not load and name in ("asym_w4a8_int8", "convrot_w4a4", "int8_tensorwise"):
         fmt = FORMATS[name]
-        v = w4a8_forward("comfy-kitchen", tensors, fmt.geometry(tensors, fmt.params(read)))
-        if v is not None:
-            return load, [v]
+        try:
+            env = fmt.geometry(tensors, fmt.params(read))
+        except GeometryError:
+            env = None
+        if env is not None:
+            if name == "asym_w4a8_int8":
+                v = w4a8_forward("comfy-kitchen", tensors, env)
+            else:
+                v = convrot_forward("comfy-kitchen", name, env)
+            if v is not None:
+                return load, [v]
     forward = forward_templates("comfy-kitchen", name, tensors, None, convrot) if runs_forward("comfy-kitchen", name) else []
     return load, forward if not load else []
 
@@ -312,13 +320,6 @@ def _int8(prefix: str, t: dict, env: dict) -> Violation | None:
     s = t.get("weight_scale")
     if s is None:
         return _v("missing", f"layer '{prefix}' has no weight_scale", prefix, "weight_scale")
-    if env.get("convrot"):
-        c = env.get("convrot_groupsize")
-        v = _hadamard(prefix, c)
-        if v is not None:
-            return v
-        if env["K"] % c:
-            return _v("int8", f"ConvRot group size {c} does not divide input features {env['K']}", prefix)
     if s.shape == (env["N"],) and env["N"] != 1:
         return _v(
             "int8",
@@ -398,27 +399,41 @@ def w4a8_forward(target: str, t: dict, env: dict, dropped_correction: bool = Fal
 
 
 def _w4a4(prefix: str, t: dict, env: dict) -> Violation | None:
-    k, c = env["K"], env["convrot_groupsize"]
-    if c == 0:  # the same test in comfy-kitchen divides by it
-        return _v(
-            "w4a4",
-            "integer modulo by zero",
-            prefix,
-            exception="ZeroDivisionError",
-            cause="convrot_groupsize 0",
-            fix="set convrot_groupsize to 16, 64 or 256",
-        )
-    if k % c:
-        return _v("w4a4", f"in_features {k} not divisible by convrot_groupsize {c}", prefix)
-    if k % 64:
-        return _v("w4a4", f"in_features {k} not divisible by quant_group_size 64", prefix)
-    v = _hadamard(prefix, c)
-    if v is not None:
-        return v
+    """What building ConvRot W4A4's ``Params`` raises (at load): its ``linear_dtype``."""
     ld = env.get("linear_dtype", "int4")
     if ld not in ("int4", "int8"):
         return _v("w4a4", f"ConvRot W4A4 linear_dtype must be 'int4' or 'int8', got {ld!r}", prefix)
     return None
+
+
+CONVROT_DIVIDES = {
+    "convrot_w4a4": "Input K={K} not divisible by convrot_groupsize {c}",
+    "int8_tensorwise": "ConvRot group size {c} does not divide input features {K}",
+}
+"""What each ConvRot linear says when its group size does not divide K (comfy-kitchen 0.2.40)."""
+
+
+def convrot_forward(target: str, name: str, env: dict) -> Violation | None:
+    """What a ConvRot layer's first forward refuses, in the linear's order (measured): a group
+    size of 0 (Python's modulo by zero), one that does not divide K, then one that is not a
+    power of 4 (the Hadamard rotation it builds)."""
+    if name not in CONVROT_DIVIDES or (name == "int8_tensorwise" and not env.get("convrot")):
+        return None
+    k, c = env["K"], env.get("convrot_groupsize")
+    if not isinstance(c, int):
+        return None
+    if c == 0:
+        v = _v("convrot", "integer modulo by zero", LAYER, exception="ZeroDivisionError", cause="convrot_groupsize 0")
+    elif k % c:
+        v = _v("convrot", CONVROT_DIVIDES[name].format(K=k, c=c), LAYER, cause=f"ConvRot group size {c} for K={k}")
+    elif name == "convrot_w4a4" and k % 64:
+        v = _v("convrot", f"in_features {k} not divisible by quant_group_size 64", LAYER)
+    else:
+        v = _hadamard(LAYER, c)
+    if v is not None:
+        v.rule = v.rule.replace("comfy-kitchen.", f"{target}.", 1)
+        v.fix = v.fix or "re-quantize with convrot_groupsize 16, 64 or 256 dividing K"
+    return v
 
 
 TORCH_DTYPES = {
