@@ -522,7 +522,7 @@ def _convrot(out: list, prefix: str, fmt: str, marker: dict, t: dict) -> Violati
     forward refuses (group size 0, not dividing K, not a power of 4), as comfy-kitchen decides."""
     from ..formats.base import GeometryError
     from ..formats.registry import FORMATS
-    from .kitchen import _w4a4
+    from .kitchen import w4a4_params
 
     if fmt not in ("convrot_w4a4", "int8_tensorwise"):
         return None
@@ -532,7 +532,7 @@ def _convrot(out: list, prefix: str, fmt: str, marker: dict, t: dict) -> Violati
     except GeometryError:
         return None
     if fmt == "convrot_w4a4":
-        v = _w4a4(prefix, t, env)
+        v = w4a4_params(prefix, t, env)
         if v is not None:
             _fail(out, "ck", v.message, prefix, v.tensor, exception=v.exception, cause=v.cause, fix=v.fix)
             return None

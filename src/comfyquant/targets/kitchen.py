@@ -398,7 +398,7 @@ def w4a8_forward(target: str, t: dict, env: dict, dropped_correction: bool = Fal
     return v
 
 
-def _w4a4(prefix: str, t: dict, env: dict) -> Violation | None:
+def w4a4_params(prefix: str, t: dict, env: dict) -> Violation | None:
     """What building ConvRot W4A4's ``Params`` raises (at load): its ``linear_dtype``."""
     ld = env.get("linear_dtype", "int4")
     if ld not in ("int4", "int8"):
@@ -654,7 +654,7 @@ def _block_scale(prefix: str, t: dict, env: dict) -> Violation | None:
 _CHECKS = {
     "int8_tensorwise": _int8,
     "asym_w4a8_int8": check_w4a8,
-    "convrot_w4a4": _w4a4,
+    "convrot_w4a4": w4a4_params,
     "nvfp4": _block_scale,
     "mxfp8": _block_scale,
 }
