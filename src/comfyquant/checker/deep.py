@@ -122,9 +122,11 @@ with FP8 compute it does), and comfy-kitchen's layouts do not take it."""
 
 
 def _survives_cast(np, v, source: str, target: str) -> bool:
-    """Whether torch's value cast of ``v`` (stored as ``source``) to ``target`` keeps every
-    value: integers wrap modulo 256 into I8/U8 (so the same bytes come back), floats must be
-    whole numbers in range, and FP8 targets must hold each value exactly."""
+    """Whether torch's value cast of ``v`` (stored as ``source``) to ``target`` leaves the
+    weight close to what it holds: integers wrap modulo 256 into I8/U8 (the same bytes come
+    back: the codes survive); otherwise the cast values (floats truncated and wrapped into
+    I8/U8, rounded to the nearest FP8 value) must stay within a relative error of
+    ``CAST_GARBAGE`` of the stored ones."""
     if target in ("I8", "U8"):
         lo = -128 if target == "I8" else 0
         if source in INTEGERS:
@@ -132,11 +134,31 @@ def _survives_cast(np, v, source: str, target: str) -> bool:
             if source in ("U8", "I8"):
                 back_lo = -128 if source == "I8" else 0
                 wrapped = ((wrapped - back_lo) % 256) + back_lo
-            return bool(np.array_equal(wrapped, v.astype(np.int64)))
-        finite = np.isfinite(v)
-        return bool(finite.all() and (v == np.trunc(v)).all() and (v >= lo).all() and (v <= lo + 255).all())
-    table = _fp8_values(np, target)
-    return bool(np.isin(v[np.isfinite(v)], table).all() and (np.isfinite(v).all() or target == "F8_E5M2"))
+            if np.array_equal(wrapped, v.astype(np.int64)):
+                return True
+            cast = (((v.astype(np.int64) - lo) % 256) + lo).astype(np.float64)
+        else:
+            if not np.isfinite(v).all():
+                return False
+            cast = ((np.trunc(v).astype(np.int64) - lo) % 256 + lo).astype(np.float64)
+    else:
+        if not np.isfinite(v).all():
+            return False
+        table = np.sort(_fp8_values(np, target).astype(np.float64))
+        idx = np.clip(np.searchsorted(table, v), 1, len(table) - 1)
+        left, right = table[idx - 1], table[idx]
+        cast = np.where(np.abs(v - left) <= np.abs(right - v), left, right)
+        cast = np.where(v > table[-1], table[-1], np.where(v < table[0], table[0], cast))
+    ref = v.astype(np.float64)
+    norm = float(np.sqrt((ref * ref).sum()))
+    if norm == 0.0:
+        return bool((cast == 0).all())
+    return float(np.sqrt(((cast - ref) ** 2).sum())) / norm < CAST_GARBAGE
+
+
+CAST_GARBAGE = 0.9
+"""Relative change of the weight from which the cast layer computes garbage (the harness's
+output threshold; a smaller change degrades the layer, and check only warns)."""
 
 
 def _fp8_values(np, dtype: str):

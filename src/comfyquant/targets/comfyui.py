@@ -407,6 +407,16 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
             cause="marker has no format key",
             fix="add the format key (comfyquant fix)",
         )
+    if isinstance(fmt, (list, dict)):  # looked up in a set of formats first
+        return _fail(
+            out,
+            "format",
+            f"unhashable type: '{type(fmt).__name__}'",
+            prefix,
+            exception="TypeError",
+            cause="the marker's format is not a name",
+            fix="set the format to a format name (comfyquant fix)",
+        )
     if fmt not in QUANT_ALGOS:
         return _fail(
             out,
