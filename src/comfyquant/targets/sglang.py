@@ -178,10 +178,21 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
                 _merge_python(merge, rec, run, lenient)
             elif merge.add(rec):
                 run.fail("P1", f"Conflicting Comfy quantization markers for {rec.prefix!r}", rec.prefix)
-    raw: dict[str, dict] = {p: m if p in lenient else ms.effective.get(p, m) for p, m in merge.merged.items()}
-    for prefix, sources in merge.sources.items():
-        if len(sources) > 1 and (later := _later_values(sources, raw[prefix])) is not None:
-            raw[prefix] = later
+    raw: dict[str, dict] = merge.merged  # SGLang's own union: a later equal value of another type wins
+    if run.collect:
+        # check: where the union equals ComfyUI's merged marker, that object (per-layer results
+        # cached under it serve both profiles), unless their convrot differs in type (1 for
+        # true), the one such difference that changes what SGLang does
+        effective = ms.effective
+        raw = {
+            p: e
+            if p not in lenient
+            and (e := effective.get(p)) is not None
+            and e == m
+            and type(e.get("convrot")) is type(m.get("convrot"))
+            else m
+            for p, m in raw.items()
+        }
 
     # SGLang sees the tensors as stored: it has no MoE expert banks, so no flattened view.
     needs_marker = [p for p, layer in layers.items() if (w := layer.stored.get("weight")) is not None and w.dtype in QUANT_DTYPES]
@@ -301,27 +312,6 @@ def _lenient_tensor(ms, rec: MarkerRecord, run: Run) -> MarkerRecord | None:
     if not ok:
         return None
     return MarkerRecord(TENSOR, rec.file, rec.prefix, rec.key, obj, None if isinstance(obj, dict) else "M002")
-
-
-def _later_values(sources: list[MarkerRecord], merged: dict) -> dict | None:
-    """SGLang's union of one prefix's records where it differs from ``merged``: SGLang
-    ``update()``s its dict with each record, so a later record's value that compares equal
-    (no conflict) but is another JSON value (``1`` for ``true``, ``16.0`` for ``16``) replaces
-    the earlier one. None when no record does that (the usual case: nothing is copied)."""
-    out = None
-    for rec in sources[1:]:
-        for key, value in rec.obj.items():
-            current = (out or merged).get(key, _ABSENT)
-            if current is _ABSENT or current != value:
-                continue  # a new key is in the union already; a conflicting record adds nothing
-            if type(current) is not type(value) or (isinstance(value, (list, dict)) and repr(current) != repr(value)):
-                if out is None:
-                    out = dict(merged)
-                out[key] = value
-    return out
-
-
-_ABSENT = object()
 
 
 def _merge_python(merge: MarkerMerge, rec: MarkerRecord, run: Run, lenient: set[str]) -> None:
