@@ -237,9 +237,17 @@ def comfyui_verdict(ckpt) -> Verdict:
     markers = comfyui_markers(ckpt, out)
     foreign = ckpt.foreign
     forward: list[Violation] = []
+    biases: list[Violation] = []
     for prefix, layer in ckpt.layers.items():
         marker = markers.get(prefix)
         t = layer.tensors
+        b = t.get("bias")
+        if b is not None:
+            w = t.get("weight")  # entries are tuples: [2] is the shape
+            if w is not None and (len(b[2]) != 1 or len(w[2]) != 2 or b[2][0] != w[2][0]):
+                v = _bias_mismatch(prefix, layer, w, b)
+                if v is not None:
+                    biases.append(v)
         if marker is None:
             w = t.get("weight")
             if prefix in foreign:
@@ -278,7 +286,7 @@ def comfyui_verdict(ckpt) -> Verdict:
                     cause="ComfyUI splits a bank by the marker's num_experts",
                     fix=f"set num_experts to {bank.experts} in the marker",
                 )
-    out.extend(_bias_mismatches(ckpt))
+    out.extend(biases)  # load_state_dict raises them once every module is loaded
     out.extend(forward)  # the whole model is loaded before its first forward
     # load_state_dict(strict=False) logs missing keys and leaves those weights uninitialized
     for v in incomplete_violations(
@@ -320,33 +328,31 @@ def _rows(entry) -> int | None:
     return None
 
 
-def _bias_mismatches(ckpt) -> list[Violation]:
-    """``load_state_dict`` collects every bias whose shape is not the model's ``(N,)`` and
+def _bias_mismatch(prefix: str, layer, w, b) -> Violation | None:
+    """A bias whose shape is not the model's ``(N,)``: ``load_state_dict`` collects them and
     raises once all modules are loaded (before any forward).  torch's message opens with
     ``Error(s) in loading state_dict for <model class>:``, which a file cannot tell; the
     verdict carries the line that names the tensor."""
-    out = []
-    for prefix, layer in ckpt.layers.items():
-        w, b = layer.tensors.get("weight"), layer.tensors.get("bias")
-        if w is None or b is None or len(w.shape) != 2 or layer.bank is not None or tuple(b.shape) == (w.shape[0],):
-            continue
-        if len(b.shape) == 1 and any(_rows(e) == b.shape[0] for e in layer.tensors.values() if e is not w and e is not b):
-            continue  # a per-row tensor agrees with the bias: the weight is what is off
-        if len(b.shape) == 1 and b.shape[0] < w.shape[0] and _padded_rows(layer.format_name):
-            continue  # padded storage: the bias has the model's rows, the weight more
-        have = ", ".join(str(d) for d in b.shape)
-        _fail(
-            out,
-            "bias",
-            f"size mismatch for {prefix}.bias: copying a param with shape torch.Size([{have}]) from checkpoint, "
-            f"the shape in current model is torch.Size([{w.shape[0]}]).",
-            prefix,
-            "bias",
-            exception="RuntimeError",
-            cause=f"bias of shape {list(b.shape)} for a layer of {w.shape[0]} outputs",
-            fix=f"store the bias as [{w.shape[0]}]",
-        )
-    return out
+    if len(w.shape) != 2 or layer.bank is not None or tuple(b.shape) == (w.shape[0],):
+        return None
+    if len(b.shape) == 1 and any(_rows(e) == b.shape[0] for e in layer.tensors.values() if e is not w and e is not b):
+        return None  # a per-row tensor agrees with the bias: the weight is what is off
+    if len(b.shape) == 1 and b.shape[0] < w.shape[0] and _padded_rows(layer.format_name):
+        return None  # padded storage: the bias has the model's rows, the weight more
+    have = ", ".join(str(d) for d in b.shape)
+    out: list[Violation] = []
+    _fail(
+        out,
+        "bias",
+        f"size mismatch for {prefix}.bias: copying a param with shape torch.Size([{have}]) from checkpoint, "
+        f"the shape in current model is torch.Size([{w.shape[0]}]).",
+        prefix,
+        "bias",
+        exception="RuntimeError",
+        cause=f"bias of shape {list(b.shape)} for a layer of {w.shape[0]} outputs",
+        fix=f"store the bias as [{w.shape[0]}]",
+    )
+    return out[0]
 
 
 def _layer_templates(marker: dict, t: dict) -> tuple[list[Violation], list[Violation]]:
