@@ -131,9 +131,14 @@ def test_unreadable_checkpoint_and_missing_root(tree, tmp_path):
     (tmp_path / "models" / "corrupt.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
     result = check_tree([tree, str(tmp_path / "nope")])
     bad = [i for i in result.items if i.status == "unreadable"]
-    assert [i.label for i in bad] == ["corrupt.safetensors", str(tmp_path / "nope")]
-    assert "header is not valid JSON" in bad[0].error and bad[0].error.startswith(str(tmp_path))
-    assert "no such file or folder" in bad[1].error
+    assert [i.label for i in bad] == [str(tmp_path / "nope")]
+    assert "no such file or folder" in bad[0].error
+    # a file whose header is not JSON gets a report: C009, and every runtime FAILS opening it
+    (corrupt,) = [i for i in result.items if i.label == "corrupt.safetensors"]
+    assert corrupt.status == "failed" and corrupt.error is None
+    (c009,) = [f for f in corrupt.report.findings if f.code == "C009"]
+    assert "header is not valid JSON" in c009.message and c009.message.startswith(str(tmp_path))
+    assert all(v.first.exception == "SafetensorError" for v in corrupt.report.verdicts.values())
     assert result.exit_code == 2
     assert len(result.items) == len(LABELS) + 2  # the rest is still checked
 
@@ -186,10 +191,14 @@ def test_cli_exit_codes(tmp_path, capsys):
     write(clean / "a.safetensors", int8_layer("a"))
     write(clean / "b.safetensors", fp8_layer("b"))
     assert cli(capsys, "check", clean, "-r")[0] == 0
-    (clean / "z.safetensors").write_bytes(b"short")
+    (clean / "z.safetensors").write_bytes(b"short")  # a report (C009): FAILED, not unreadable
     rc, out, err = cli(capsys, "check", clean, "-r")
-    assert rc == 2 and "2 OK, 0 FAILED, 1 unreadable" in out.splitlines()[-1]
-    assert err.strip().startswith("comfyquant: ") and "truncated" in err and err.count("\n") == 1
+    assert rc == 1 and "2 OK, 1 FAILED;" in out.splitlines()[-1] and err == ""
+    (clean / "z.safetensors").unlink()
+    (clean / "link.safetensors").symlink_to(clean / "gone.safetensors")  # what cannot be opened stays one line
+    rc, out, err = cli(capsys, "check", clean, "-r")
+    assert rc == 2 and "1 unreadable" in out.splitlines()[-1]
+    assert err.strip().startswith("comfyquant: ") and err.count("\n") == 1
     empty = tmp_path / "empty"
     empty.mkdir()
     rc, _, err = cli(capsys, "check", empty, "-r")

@@ -16,7 +16,7 @@ from comfyquant.findings import RULES
 
 P = "blocks.0.attn.qkv"
 FINDING_KEYS = {"code", "severity", "layer", "tensor", "expected", "actual", "cause", "fix", "message"}
-TARGET_KEYS = {"loads", "error", "exception"}
+TARGET_KEYS = {"loads", "error", "exception", "proven_for", "modelled"}
 
 
 def run(capsys, *args):

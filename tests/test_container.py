@@ -1,5 +1,5 @@
-"""The safetensors reader: structural damage is one clear line (exit 2); per-tensor damage is
-a finding; nothing is modified."""
+"""The safetensors reader: structural damage is one clear line (exit 2) for the writing commands
+and a report for check; per-tensor damage is a finding; nothing is modified."""
 
 from __future__ import annotations
 
@@ -46,16 +46,72 @@ def run_cli(capsys, *args):
         (lambda p: raw_file(p, '{"__metadata__": [1]}'), "__metadata__ is a JSON array"),
     ],
 )
-def test_unreadable_file_is_one_line_exit_2(tmp_path, capsys, build, needle):
+def test_unreadable_file_is_one_line_exit_2_for_the_writing_commands(tmp_path, capsys, build, needle):
     path = build(tmp_path / "bad.safetensors")
     before = hashlib.sha256(open(path, "rb").read()).hexdigest()
     with pytest.raises(InputError, match=needle):
-        check(path)
-    rc, out, err = run_cli(capsys, "check", path)
+        read_header(LocalFile(path))
+    rc, out, err = run_cli(capsys, "fix", path, "-o", str(tmp_path / "fixed.safetensors"))
     assert rc == 2
     assert err.count("\n") == 1 and str(path) in err and needle in err
     assert "Traceback" not in err
+    assert not (tmp_path / "fixed.safetensors").exists()
     assert hashlib.sha256(open(path, "rb").read()).hexdigest() == before
+
+
+@pytest.mark.parametrize(
+    "build, needle",
+    [
+        (lambda p: (p.write_bytes(b"abc"), str(p))[1], "truncated: 3 bytes"),
+        (lambda p: (p.write_bytes(b""), str(p))[1], "truncated: 0 bytes"),
+        (lambda p: raw_file(p, "{}", length=10_000), "runs past the end of the file"),
+        (lambda p: raw_file(p, "{}", length=200 * 1024 * 1024), "exceeds the 100 MB limit"),
+        (lambda p: raw_file(p, "{not json"), "header is not valid JSON"),
+        (lambda p: raw_file(p, "not json"), "header is not valid JSON"),
+        (lambda p: raw_file(p, '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]', data=b"ab"), "not valid JSON"),
+        (lambda p: raw_file(p, "[1, 2]"), "header is a JSON list, expected an object"),
+        (lambda p: raw_file(p, '"text"'), "header is a JSON str, expected an object"),
+        (lambda p: raw_file(p, b"\xff\xfe{}"), "not UTF-8"),
+        (lambda p: raw_file(p, b'{"\xc3": 1}'), "not UTF-8"),
+        (lambda p: raw_file(p, '{"__metadata__": [1]}'), "__metadata__ is a JSON list"),
+        (lambda p: raw_file(p, "[" * 2000 + "]" * 2000), "nested too deeply"),
+    ],
+)
+def test_unreadable_file_gets_a_report_with_safetensors_own_message(tmp_path, capsys, build, needle):
+    """check reports a file nothing can read (exit 1): a C009 finding that says why, and every
+    runtime FAILS with the SafetensorError the safetensors library itself raises opening it."""
+    path = build(tmp_path / "bad.safetensors")
+    before = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    report = check(path)
+    (c009,) = [f for f in report.findings if f.code == "C009"]
+    assert needle in c009.message and c009.severity == "error"
+    real = _safetensors_error(path)
+    for verdict in report.verdicts.values():
+        first = verdict.first
+        assert not verdict.loads and first.exception == "SafetensorError"
+        if real is not None:
+            assert first.message == real
+    rc, out, err = run_cli(capsys, "check", path)
+    assert rc == 1 and err == "" and "C009" in out and "FAILS  SafetensorError: Error while deserializing header: " in out
+    rc, out, _ = run_cli(capsys, "check", path, "--json")
+    doc = json.loads(out)
+    assert rc == 1 and all(v["exception"] == "SafetensorError" for v in doc["targets"].values())
+    assert hashlib.sha256(open(path, "rb").read()).hexdigest() == before
+
+
+def _safetensors_error(path: str) -> str | None:
+    """The message safetensors raises opening ``path`` (None where it is not installed)."""
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        return None
+    try:
+        with safe_open(path, framework="np"):
+            pass
+    except Exception as exc:  # the library's own SafetensorError
+        assert type(exc).__name__ == "SafetensorError"
+        return str(exc)
+    raise AssertionError(f"safetensors opened {path}")
 
 
 def test_missing_path_and_empty_folder(tmp_path, capsys):
@@ -104,10 +160,15 @@ def test_named_pipes_and_devices_are_refused_without_blocking(tmp_path, capsys):
 
 def test_json_nested_too_deeply_is_bad_input_not_a_crash(tmp_path, capsys):
     """json.loads gives up on 100,000 nested arrays with RecursionError (not ValueError): in the
-    header it is a one-line refusal, in a marker M001, in the header marker map M010."""
+    header it is a report for check (C009, and safetensors' own message) and a one-line refusal
+    for the writing commands, in a marker M001, in the header marker map M010."""
     deep = "[" * 100_000 + "]" * 100_000
     header = raw_file(tmp_path / "h.safetensors", '{"a":' + deep + "}")
-    rc, _, err = run_cli(capsys, "check", header)
+    rc, out, err = run_cli(capsys, "check", header)
+    assert rc == 1 and err == "" and "header is not valid safetensors JSON (nested too deeply" in out
+    real = _safetensors_error(header)
+    assert real is None or f"FAILS  SafetensorError: {real}" in out
+    rc, _, err = run_cli(capsys, "fix", header, "-o", str(tmp_path / "fixed.safetensors"))
     assert rc == 2 and err.count("\n") == 1 and "header is not valid safetensors JSON (nested too deeply" in err
     marker = ('{"format":' + deep + "}").encode()
     entries = {
@@ -294,3 +355,103 @@ def test_header_pass_matches_strict_reference(tmp_path_factory, case, note):
     _enter_tensors(ref, json.loads(json.dumps(obj)), data_len, strict_dims=True)
     assert got.tensors == ref.tensors and list(got.tensors) == list(ref.tensors)
     assert [(f.code, f.message) for f in got.findings] == [(f.code, f.message) for f in ref.findings]
+
+
+def _mutations(seed: int, count: int) -> list[bytes]:
+    """Seeded damage to a real header's text: bytes cut, inserted, replaced or the text ended early."""
+    import random
+
+    rng = random.Random(seed)
+    good = json.dumps(
+        {
+            "__metadata__": {"format": "pt", "quant": "x"},
+            "w.weight": {"dtype": "F8_E4M3", "shape": [2, 3], "data_offsets": [0, 6]},
+            "w.comfy_quant": {"dtype": "U8", "shape": [4], "data_offsets": [6, 10]},
+        },
+        indent=1 if seed % 2 else None,
+    ).encode()
+    alphabet = b'{}[]:,"\\ \n\t0123456789-+.eEnulltruefalsexyz\x01\xff\xc3\xa9u'
+    out = []
+    for _ in range(count):
+        text = bytearray(good)
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randrange(len(text) + 1)
+            op = rng.randrange(4)
+            if op == 0:
+                del text[i : i + rng.randint(1, 4)]
+            elif op == 1:
+                text[i:i] = bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 3)))
+            elif op == 2 and i < len(text):
+                text[i] = rng.choice(alphabet)
+            else:
+                del text[i:]
+        out.append(bytes(text))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_damaged_headers_get_the_message_safetensors_raises(tmp_path, seed):
+    """Every runtime opens files with safetensors: on seeded damage to a header's text, the
+    verdict's message is the one safetensors raises opening the very file (where it opens it,
+    the verdict does not blame the container)."""
+    pytest.importorskip("safetensors")
+    differ = []
+    for i, header in enumerate(_mutations(seed, 150)):
+        path = raw_file(tmp_path / f"m{i}.safetensors", header, data=bytes(10))
+        real = _safetensors_error_or_none(path)
+        first = check(path, target="sglang").verdicts["sglang"].first
+        ours = first.message if first is not None and first.exception == "SafetensorError" else None
+        if ours != real:
+            differ.append(f"{header[:70]!r}\n  safetensors: {real}\n  comfyquant:  {ours}")
+    assert not differ, "\n".join(differ[:10])
+
+
+def _safetensors_error_or_none(path: str) -> str | None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, framework="np"):
+            return None
+    except Exception as exc:  # the library's own SafetensorError
+        return str(exc)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_damaged_files_get_the_message_safetensors_raises(tmp_path, seed):
+    """Seeded damage anywhere in a real file (cut short, its length field changed, header bytes
+    changed or removed with or without the length following, bytes appended): check's verdict
+    names exactly the SafetensorError safetensors raises opening the file, or none when it opens."""
+    import random
+    import struct
+
+    pytest.importorskip("safetensors")
+    rng = random.Random(seed)
+    base = write(tmp_path / "base.safetensors", w4a8_layer("blocks.0.x"), dense_layer("blocks.1.y"))
+    data = open(base, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    differ = []
+    for i in range(150):
+        damaged = bytearray(data)
+        kind = rng.randrange(5)
+        if kind == 0:
+            damaged = damaged[: rng.randrange(len(damaged))]
+        elif kind == 1:
+            damaged[rng.randrange(8)] = rng.randrange(256)
+        elif kind == 2:
+            damaged[8 + rng.randrange(n)] = rng.choice(b'{}[]",:0123456789 \xff')
+        elif kind == 3:
+            at = 8 + rng.randrange(n)
+            cut = rng.randint(1, 5)
+            del damaged[at : at + cut]
+            if rng.random() < 0.5:
+                damaged[:8] = struct.pack("<Q", n - cut)
+        else:
+            damaged += bytes(rng.randrange(1, 20))
+        path = tmp_path / f"d{i}.safetensors"
+        path.write_bytes(bytes(damaged))
+        real = _safetensors_error_or_none(str(path))
+        first = check(str(path), target="sglang").verdicts["sglang"].first
+        ours = first.message if first is not None and first.exception == "SafetensorError" else None
+        if ours != real:
+            differ.append(f"damage {kind} ({bytes(damaged[:40])!r}...)\n  safetensors: {real}\n  comfyquant:  {ours}")
+    assert not differ, "\n".join(differ[:10])

@@ -441,12 +441,16 @@ def test_html_instead_of_safetensors(tmp_path, server, capsys):
 
 
 def test_binary_garbage_and_truncation(tmp_path, server, capsys):
+    """A remote file nothing can read gets a report as a local one does: C009 says why, and
+    every runtime FAILS with the SafetensorError safetensors raises opening it."""
     (tmp_path / "noise.safetensors").write_bytes(bytes(range(256)) * 4)
-    err = one_line_error(capsys, server.url("noise.safetensors"))
-    assert "header length" in err
+    rc, out, err = cli(capsys, "check", server.url("noise.safetensors"))
+    assert rc == 1 and err == "" and "C009" in out and "header length" in out
+    assert "FAILS  SafetensorError: Error while deserializing header: header too large" in out
     (tmp_path / "empty.safetensors").write_bytes(b"")
-    err = one_line_error(capsys, server.url("empty.safetensors"))
-    assert "truncated: 0 bytes" in err
+    rc, out, err = cli(capsys, "check", server.url("empty.safetensors"))
+    assert rc == 1 and err == "" and "truncated: 0 bytes" in out
+    assert "FAILS  SafetensorError: Error while deserializing header: header too small" in out
 
 
 def test_connection_refused_and_bad_urls(capsys, server):

@@ -183,8 +183,13 @@ def open_checkpoint(
     sources: list[ByteSource] | None = None,
     shardset: ShardSet | None = None,
     remote: RemoteOptions | None = None,
+    damaged_ok: bool = False,
 ) -> Checkpoint:
     """Open a checkpoint from files, shards, a folder or an index.json (header reads only).
+
+    A file whose header cannot be read is refused (:class:`InputError`), unless ``damaged_ok``
+    (``check``, which reports what each runtime raises on it): it is then a shard with no
+    tensors and a C009 finding.
 
     ``name_mapper`` maps a raw tensor name (``prefix + ".weight"``) to the runtime's name, like
     SGLang's ``param_names_mapping``; layers keep their raw prefix and get the mapped ``name``.
@@ -214,7 +219,7 @@ def open_checkpoint(
     elif shardset is None:
         shardset = ShardSet(files=[s.name for s in sources])
     try:
-        headers = [read_header(s) for s in sources]
+        headers = [read_header(s, damaged_ok) for s in sources]
     except InputError:
         for s in sources:
             s.close()

@@ -36,6 +36,7 @@ RULES: dict[str, Rule] = {
         Rule("C006", ERROR, "malformed tensor entry in the header"),
         Rule("C007", ERROR, "__metadata__ value is not a string"),
         Rule("C008", ERROR, "header longer than the safetensors library's 100,000,000-byte limit"),
+        Rule("C009", ERROR, "header unreadable: file too short, header length out of range, not UTF-8 or not a JSON object"),
         Rule("C010", ERROR, "tensor name present in more than one shard"),
         Rule("C011", ERROR, "shard named by the index (or by the shard file names) is missing or unreadable"),
         Rule("C012", ERROR, "index maps a tensor to the wrong shard"),
@@ -88,6 +89,7 @@ RULES: dict[str, Rule] = {
         Rule("D005", ERROR, "codebook contains NaN or Inf"),
         Rule("D006", WARNING, "tensor is all zeros"),
         Rule("D007", ERROR, "tensor values contain NaN or Inf"),
+        Rule("D008", ERROR, "weight values a runtime's value cast to the format's dtype changes"),
     )
 }
 

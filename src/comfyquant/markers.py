@@ -364,8 +364,10 @@ class MarkerMerge:
 
     ``merged[prefix]`` is a key's first value read, unless ``wins`` names a kind (HEADER) and a
     later record of that kind disagrees with a value another kind set: it replaces it (ComfyUI
-    lets the header win).  With ``skip_conflicting``, a record that disagrees with the union so
-    far adds nothing (SGLang raises on it; a collecting run goes on without it).  ``add``
+    lets the header win).  With ``skip_conflicting`` (SGLang's merge), a record that disagrees
+    with the union so far adds nothing (SGLang raises on it; a collecting run goes on without
+    it), and a later value equal to an earlier one of another type (``1``, ``true``) replaces it,
+    as SGLang's ``dict.update`` does.  ``add``
     returns each record's conflicts, so every caller words them its own way: the checker's
     findings, SGLang's messages, fix's plan.  The first record's object is kept as is (shared,
     never mutated) until another one adds a key: most layers have identical header and tensor
@@ -419,6 +421,10 @@ class MarkerMerge:
         if obj == merged:
             # Nothing to add and no conflict (header and tensor markers written identical): the
             # comparison is the one conflicts are found with (Python's ==, 1 == True), in C.
+            if self.skip_conflicting:
+                # SGLang update()s its dict: the later record's values are the ones it keeps
+                # (true rather than an equal 1); the same keys, so its object is the union
+                self.merged[prefix] = obj
             return _NO_CONFLICTS
         origin = self._origin
         if self.skip_conflicting:
@@ -445,6 +451,8 @@ class MarkerMerge:
                 if wins is not None and rec.kind == wins and setter.kind != wins:
                     merged[key] = value
                     origin[(prefix, key)] = rec
+            elif self.skip_conflicting and type(merged[key]) is not type(value):
+                merged[key] = value  # an equal value of another type: SGLang keeps the later one
         return _NO_CONFLICTS if conflicts is None else conflicts
 
 

@@ -85,6 +85,9 @@ def _layout(report) -> list[str]:
     d = report.dialect
     if not d:
         return []
+    unreadable = {f.file for f in report.findings if f.code == "C009"}
+    if unreadable and len(unreadable) == len(report.files):
+        return ["layout: unknown (no header can be read)"]
     if d["dialects"] == ["dense"]:
         return ["layout: dense (no quantized layer: nothing for the runtimes' quantized loaders to check)"]
     foreign = [f for f in report.findings if f.code == "F001"]
@@ -127,6 +130,8 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
             lines.append(f"  {'layers':<8} {_examples([g.layer for g in group])}")
     lines.append("")
     lines.append("targets:")
+    from .targets.proven import modelled, proven_text
+
     for name, verdict in report.verdicts.items():
         first = verdict.first
         warns = [v for v in verdict.violations if not v.fails]
@@ -135,7 +140,11 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
         else:
             exc = f"{first.exception}: " if first.exception else ""
             state = f"FAILS  {exc}{first.message}"
+            if what := modelled(name, first.rule):
+                state += f" ({what})"
         lines.append(f"  {name:<14} {state}")
+    if report.verdicts:
+        lines.append(f"verdicts proven for {'; '.join(proven_text(name) for name in report.verdicts)}")
     c = report.counts
     hidden = "" if verbose or not c["info"] else " (-v lists info)"
     lines.append("")
@@ -530,6 +539,10 @@ def render_summary(result, verbose: bool = False) -> str:
     readable = s["checkpoints"] - s["unreadable"]
     loads = ", ".join(f"{t} {v['loads']}/{readable}" for t, v in s["targets"].items())
     lines.append("")
+    if targets:
+        from .targets.proven import proven_text
+
+        lines.append(f"verdicts proven for {'; '.join(proven_text(t) for t in targets)}")
     lines.append(
         f"{_plural(s['checkpoints'], 'checkpoint')}: {', '.join(parts)}; loads: {loads}; "
         f"{_plural(s['requests'], 'request')}, {human_size(s['bytes'])} read"

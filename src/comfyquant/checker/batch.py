@@ -34,7 +34,7 @@ from ..checkpoint import Checkpoint, NameMapper, open_checkpoint
 from ..errors import InputError
 from ..findings import Finding
 from ..io.shards import INDEX_SUFFIX, SHARD_NAME, Group, group_folder, is_url, read_index, settle
-from .report import Report
+from .report import Report, proven_for
 from .run import Targets, check_checkpoint, parse_targets
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class TreeResult:
         }
         for t in self.targets:
             loads = sum(1 for r in reports if t in r.verdicts and r.verdicts[t].loads)
-            out["targets"][t] = {"loads": loads, "fails": len(reports) - loads}
+            out["targets"][t] = {"loads": loads, "fails": len(reports) - loads, "proven_for": proven_for(t)}
         return out
 
     def to_dict(self) -> dict:
@@ -262,18 +262,21 @@ def settle_local(groups: list[Group]) -> list[Group]:
 # -- checking -------------------------------------------------------------------------------
 
 
-def open_group(grp: Group, name_mapper: NameMapper | None = None, remote: RemoteOptions | None = None) -> Checkpoint:
+def open_group(
+    grp: Group, name_mapper: NameMapper | None = None, remote: RemoteOptions | None = None, damaged_ok: bool = False
+) -> Checkpoint:
     """Open one group as a checkpoint (``check`` and ``inspect`` of separate checkpoints, and
-    ``--recursive``); its one-line error as an InputError."""
+    ``--recursive``); its one-line error as an InputError. ``damaged_ok``: a file whose header
+    cannot be read is a shard with a C009 finding (``check`` reports it)."""
     if grp.error:
         raise InputError(grp.error)
     if not any(is_url(p) for p in grp.paths):
         if grp.kind == "file":  # maybe a file of another container (GGUF): its own reader
             from ..dialects.containers import open_any
 
-            return open_any(grp.paths, name_mapper=name_mapper, shardset=grp.shardset())
-        return open_checkpoint(grp.paths, name_mapper=name_mapper, shardset=grp.shardset())
-    ckpt = open_checkpoint(grp.paths, name_mapper=name_mapper, remote=remote)
+            return open_any(grp.paths, name_mapper=name_mapper, shardset=grp.shardset(), damaged_ok=damaged_ok)
+        return open_checkpoint(grp.paths, name_mapper=name_mapper, shardset=grp.shardset(), damaged_ok=damaged_ok)
+    ckpt = open_checkpoint(grp.paths, name_mapper=name_mapper, remote=remote, damaged_ok=damaged_ok)
     for m in grp.missing:  # a remote folder's <stem>-<i>-of-<n> files without number i
         ckpt.findings.append(
             Finding(
@@ -299,7 +302,7 @@ def check_group(
     """Open and check one group; an unreadable checkpoint becomes an Item with its error."""
     t0 = time.perf_counter()
     try:
-        ckpt = open_group(grp, name_mapper=name_mapper, remote=remote)
+        ckpt = open_group(grp, name_mapper=name_mapper, remote=remote, damaged_ok=True)
     except InputError as exc:
         return Item(grp.label, grp.paths, error=str(exc), seconds=time.perf_counter() - t0)
     try:

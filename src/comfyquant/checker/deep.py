@@ -12,11 +12,24 @@ from ..targets.base import Violation
 MAX_DEEP_BYTES = 256 * 1024 * 1024
 
 
-GARBAGE_CODES = frozenset({"D001", "D002", "D003", "D005", "D007"})
+GARBAGE_CODES = frozenset({"D001", "D005", "D007"})
 """Value findings that make a layer compute garbage in every runtime that reads the tensor:
-NaN/Inf poison the output, a zero scale zeroes it (all of it, for a per-tensor scale), a
-negative one flips it.  An unsorted codebook (D004) still decodes by its table, and an
-all-zero tensor that is not a scale (D006) may be a placeholder: those stay warnings."""
+NaN/Inf poison the output.  Zero and negative scales (D002, D003) do when every scale is
+(``WHOLE``): the layer decodes to zero or to its negation; one bad row or group among many
+leaves the output measurably close (relative error well under 0.9), so that stays a warning.
+An unsorted codebook (D004) still decodes by its table, and an all-zero tensor that is not a
+scale (D006) may be a placeholder: those stay warnings too."""
+WHOLE_CODES = frozenset({"D002", "D003"})
+WHOLE = "all"
+"""How a D002/D003 finding's ``actual`` begins when every scale of the tensor is affected."""
+TINY = 1.1754944e-38
+"""The smallest normal F32: scales below it are subnormal."""
+
+
+def makes_garbage(f: Finding) -> bool:
+    """Whether a value finding means the layer's output is garbage (see ``GARBAGE_CODES``;
+    D008: a weight the runtime's value cast changes)."""
+    return f.code in GARBAGE_CODES or f.code == "D008" or (f.code in WHOLE_CODES and (f.actual or "").startswith(WHOLE + " "))
 
 
 def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, str]) -> None:
@@ -26,12 +39,17 @@ def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, 
     selected runtime computes with the tensor.  A runtime reads a tensor unless its profile
     already says it drops it (a silent loss on that tensor, e.g. ComfyUI's W4A8 correction)."""
     for f in findings:
-        if f.code not in GARBAGE_CODES or not f.tensor or not f.layer:
+        if not makes_garbage(f) or not f.tensor or not f.layer:
             continue
         prefix = prefixes.get(f.layer, f.layer)
         suffix = f.tensor[len(prefix) + 1 :] if f.tensor.startswith(prefix + ".") else f.tensor
         for verdict in verdicts.values():
-            if any(not v.fails and v.layer == prefix and v.tensor == suffix for v in verdict.violations):
+            if f.code in CAST_TARGETS and verdict.target not in CAST_TARGETS[f.code]:
+                continue
+            if suffix in UNUSED.get(verdict.target, ()):
+                continue
+            dropped = f.code not in CAST_TARGETS  # a cast weight is read, its warning says how
+            if dropped and any(not v.fails and v.layer == prefix and v.tensor == suffix for v in verdict.violations):
                 continue
             v = Violation(
                 f"{verdict.target}.values",
@@ -46,6 +64,9 @@ def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, 
             )
             v.covers = f
             verdict.violations.append(v)
+
+
+INTEGERS = {"U8": "u1", "I8": "i1", "I16": "<i2", "U16": "<u2", "I32": "<i4", "U32": "<u4", "I64": "<i8"}
 
 
 def _decoder():
@@ -75,13 +96,82 @@ def _decoder():
         if dtype == "F8_E4M3":
             return e4m3[raw]
         if dtype == "F8_E8M0":
-            out = np.exp2(raw.astype(np.float32) - 127)
+            with np.errstate(over="ignore"):  # 255 is NaN, set below; 2**128 overflows on the way
+                out = np.exp2(raw.astype(np.float32) - 127)
             out[raw == 0] = 0.0
             out[raw == 255] = np.inf
             return out
+        if dtype == "F8_E5M2":  # the top byte of a float16
+            return (raw.astype(np.uint16) << 8).view("<f2").astype(np.float32)
+        if dtype in INTEGERS:
+            # a scale stored as integers is read by value: runtimes that take it cast it
+            return np.frombuffer(data, dtype=INTEGERS[dtype]).astype(np.float32)
         return None
 
     return np, decode
+
+
+CASTS = ("I8", "U8", "F8_E4M3", "F8_E5M2")
+"""Weight dtypes ComfyUI casts a stored weight to by value (``weight.to(storage dtype)``)."""
+CAST_TARGETS = {"D008": ("comfyui",)}
+UNUSED = {"comfyui": frozenset({"input_scale"}), "comfy-kitchen": frozenset({"input_scale"})}
+"""Tensors a runtime does not compute with on the path the verdicts are proven for: ComfyUI on
+CPU has no FP8 compute, so it never quantizes the activation with ``input_scale`` (on a GPU
+with FP8 compute it does), and comfy-kitchen's layouts do not take it."""
+"""Value findings that only the listed runtimes turn into garbage (the others refuse the dtype)."""
+
+
+def _survives_cast(np, v, source: str, target: str) -> bool:
+    """Whether torch's value cast of ``v`` (stored as ``source``) to ``target`` leaves the
+    weight close to what it holds: integers wrap modulo 256 into I8/U8 (the same bytes come
+    back: the codes survive); otherwise the cast values (floats truncated and wrapped into
+    I8/U8, rounded to the nearest FP8 value) must stay within a relative error of
+    ``CAST_GARBAGE`` of the stored ones."""
+    if target in ("I8", "U8"):
+        lo = -128 if target == "I8" else 0
+        if source in INTEGERS:
+            wrapped = ((v.astype(np.int64) - lo) % 256) + lo
+            if source in ("U8", "I8"):
+                back_lo = -128 if source == "I8" else 0
+                wrapped = ((wrapped - back_lo) % 256) + back_lo
+            if np.array_equal(wrapped, v.astype(np.int64)):
+                return True
+            cast = (((v.astype(np.int64) - lo) % 256) + lo).astype(np.float64)
+        else:
+            if not np.isfinite(v).all():
+                return False
+            cast = ((np.trunc(v).astype(np.int64) - lo) % 256 + lo).astype(np.float64)
+    else:
+        if not np.isfinite(v).all():
+            return False
+        table = np.sort(_fp8_values(np, target).astype(np.float64))
+        idx = np.clip(np.searchsorted(table, v), 1, len(table) - 1)
+        left, right = table[idx - 1], table[idx]
+        cast = np.where(np.abs(v - left) <= np.abs(right - v), left, right)
+        cast = np.where(v > table[-1], table[-1], np.where(v < table[0], table[0], cast))
+    ref = v.astype(np.float64)
+    norm = float(np.sqrt((ref * ref).sum()))
+    if norm == 0.0:
+        return bool((cast == 0).all())
+    return float(np.sqrt(((cast - ref) ** 2).sum())) / norm < CAST_GARBAGE
+
+
+CAST_GARBAGE = 0.9
+"""Relative change of the weight from which the cast layer computes garbage (the harness's
+output threshold; a smaller change degrades the layer, and check only warns)."""
+
+
+def _fp8_values(np, dtype: str):
+    """Every finite value of an FP8 dtype (E4M3: 4 exponent bits, bias 7; E5M2: 5, bias 15)."""
+    exp_bits, bias = (4, 7) if dtype == "F8_E4M3" else (5, 15)
+    man_bits = 7 - exp_bits
+    codes = np.arange(128, dtype=np.int64)
+    e, m = codes >> man_bits, codes & ((1 << man_bits) - 1)
+    val = np.where(e == 0, 2.0 ** (1 - bias) * m / (1 << man_bits), 2.0 ** (e - bias) * (1 + m / (1 << man_bits)))
+    top = (1 << exp_bits) - 1
+    special = (e == top) & (m == (1 << man_bits) - 1) if dtype == "F8_E4M3" else (e == top)
+    val = val[~special]
+    return np.concatenate([val, -val]).astype(np.float32)
 
 
 def deep_findings(ckpt) -> list[Finding]:
@@ -93,7 +183,8 @@ def deep_findings(ckpt) -> list[Finding]:
             continue
         for slot in fmt.slots:
             entry = layer.stored.get(slot.suffix)  # as stored: every expert of a MoE bank
-            if entry is None or slot.kind not in (SCALE, CODEBOOK, CORRECTION) or entry.nbytes > MAX_DEEP_BYTES:
+            cast = slot.suffix == "weight" and entry is not None and entry.dtype != slot.dtype and slot.dtype in CASTS
+            if entry is None or (slot.kind not in (SCALE, CODEBOOK, CORRECTION) and not cast) or entry.nbytes > MAX_DEEP_BYTES:
                 continue
             if entry.end > ends.get(entry.file, entry.end):
                 continue  # past the end of a truncated file: C002 reports it, there are no values to read
@@ -114,6 +205,23 @@ def deep_findings(ckpt) -> list[Finding]:
         done.add(entry.name)
         raw = data[entry.name]
         if len(raw) != entry.nbytes:  # the file changed under us or ended early: nothing sound to judge
+            continue
+        if slot.suffix == "weight":
+            values = decode(raw, entry.dtype, entry.dtype)
+            if values is not None and not _survives_cast(np, values, entry.dtype, slot.dtype):
+                out.append(
+                    Finding(
+                        "D008",
+                        f"{entry.name}: its {entry.dtype} values are not {slot.dtype} codes: the value cast "
+                        f"to {slot.dtype} ComfyUI applies at load changes them",
+                        layer=layer.name,
+                        tensor=entry.name,
+                        expected=f"{slot.dtype} codes",
+                        actual=f"{entry.dtype} values",
+                        cause="the weight's bytes or values are not the format's codes (a relabelled or re-cast weight)",
+                        fix=f"re-export the layer with a {slot.dtype} weight (comfyquant quantize)",
+                    )
+                )
             continue
         values = decode(raw, entry.dtype, slot.dtype if slot.dtype != "float" else entry.dtype)
         if values is None:
@@ -171,7 +279,22 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
     if slot.positive:
         zeros = int((v == 0).sum())
         neg = int((v < 0).sum())
-        if zeros:
+        # scales below the smallest normal F32 decode the layer to (almost) zero as surely
+        tiny = int(((v != 0) & (np.abs(v) < TINY)).sum())
+        if zeros + tiny == v.size and tiny:
+            out.append(
+                Finding(
+                    "D002",
+                    f"{what}: " + ("the scale is" if v.size == 1 else "every scale is") + " zero or subnormal",
+                    layer=layer,
+                    tensor=tensor,
+                    expected=f">= {TINY:.3g}",
+                    actual=WHOLE + " zero or subnormal",
+                    cause="the whole layer decodes to zero (it outputs only its bias)",
+                    fix=fix,
+                )
+            )
+        elif zeros:
             # a single (per-tensor) scale of zero, or all of them, zeroes the whole layer's output
             whole = zeros == v.size
             said = (
@@ -186,7 +309,7 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
                     layer=layer,
                     tensor=tensor,
                     expected="> 0",
-                    actual=f"{zeros} zero" + ("" if zeros == 1 else "s"),
+                    actual=f"{WHOLE} zero" if whole else f"{zeros} zero" + ("" if zeros == 1 else "s"),
                     cause="the whole layer decodes to zero (it outputs only its bias)"
                     if whole
                     else "those rows/groups decode to zero (dead outputs) or divide by zero",
@@ -201,7 +324,7 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
                     layer=layer,
                     tensor=tensor,
                     expected="> 0",
-                    actual=f"{neg} negative",
+                    actual=f"{WHOLE} negative" if neg == v.size else f"{neg} negative",
                     cause="sign-flipped scales invert weights",
                     fix=fix,
                 )

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from ..findings import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding
 from ..targets.base import Verdict
+from ..targets.proven import PROVEN, modelled
 from ..targets.select import TARGETS
 
 SCHEMA = 1
-HEADER_CODES = frozenset({"C001", "C002", "C003", "C004", "C005", "C006", "C007", "C008"})
+HEADER_CODES = frozenset({"C001", "C002", "C003", "C004", "C005", "C006", "C007", "C008", "C009"})
 """Findings about one file's header and data area: what explains safetensors refusing it."""
 
 
@@ -67,10 +68,25 @@ class Report:
             "layers": self.layers,
             "counts": self.counts,
             "findings": [f.to_dict() for f in self.findings],
-            "targets": {name: v.to_dict() for name, v in self.verdicts.items()},
+            "targets": {name: target_dict(name, v) for name, v in self.verdicts.items()},
             "io": self.io,
             **(self.dialect or {}),
         }
+
+
+def proven_for(target: str) -> list[dict]:
+    """The runtime versions ``target``'s verdicts are proven for, as JSON lists them."""
+    return [r.to_dict() for r in PROVEN[target]]
+
+
+def target_dict(target: str, verdict: Verdict) -> dict:
+    """One target's verdict in the JSON report, with the runtime versions it is proven for and,
+    when the failure that decides it is modelled from the runtime's source rather than proven by
+    running it, what is modelled."""
+    out = verdict.to_dict()
+    out["proven_for"] = proven_for(target)
+    out["modelled"] = modelled(target, out["rule"])
+    return out
 
 
 def assemble(

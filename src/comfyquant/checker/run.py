@@ -100,8 +100,10 @@ def check(
 
     ``target`` selects the runtimes whose verdicts set the severities; ``deep`` also reads
     the tensors' values; ``name_mapper`` (or ``strip_prefix``) maps tensor names to the
-    runtime's names.  Raises :class:`~comfyquant.errors.InputError` for input it cannot read
-    (``SeparateCheckpoints`` for several checkpoints)."""
+    runtime's names.  A file whose header cannot be read is reported (a C009 finding, and each
+    runtime's ``SafetensorError``); raises :class:`~comfyquant.errors.InputError` for input it
+    cannot open at all (a missing path, an empty folder; ``SeparateCheckpoints`` for several
+    checkpoints)."""
     if strip_prefix and name_mapper is None:
         name_mapper = strip_prefix_mapper(strip_prefix)
     parse_targets(target)
@@ -110,7 +112,8 @@ def check(
     paused = gc.isenabled()
     gc.disable()
     try:
-        with open_any(paths, name_mapper=name_mapper) as ckpt:
+        # a file whose header cannot be read is reported (what each runtime raises), not refused
+        with open_any(paths, name_mapper=name_mapper, damaged_ok=True) as ckpt:
             return check_checkpoint(ckpt, target=target, deep=deep)
     finally:
         if paused:

@@ -97,7 +97,8 @@ def run(args) -> int:
     # left for the OS to reclaim (the console entry skips interpreter teardown).
     gc.disable()
     try:
-        ckpt = open_any(args.paths, name_mapper=mapper, remote=remote)  # a GGUF file opens as its safetensors view
+        # a GGUF file opens as its safetensors view; a damaged file is reported, not refused
+        ckpt = open_any(args.paths, name_mapper=mapper, remote=remote, damaged_ok=True)
     except SeparateCheckpoints as separate:
         return _run_each(args, separate, mapper, remote)
     try:

@@ -20,7 +20,11 @@ from ..io.source import LocalFile
 from ..targets.container import EXCEPTION
 from ..targets.sglang import Run, SGLangError, inspect_markers
 
-_EXCEPTIONS = {"ValueError": ValueError, "NotImplementedError": NotImplementedError, "TypeError": TypeError}
+_EXCEPTIONS: dict[str, type[Exception]] = {
+    e.__name__: e for e in (ValueError, NotImplementedError, TypeError, OverflowError, RecursionError)
+}
+"""The exception types SGLang's marker functions raise (Python's own, from ``int()``, ``json``
+and torch's ``numpy()``)."""
 
 
 class SafetensorError(Exception):
@@ -43,13 +47,17 @@ def inspect_comfy_quant_markers(
 ) -> dict[str, dict[str, Any]]:
     """Read and validate Comfy quantization markers exactly as SGLang does.
 
+    ``param_name_mapper`` is called with each raw layer prefix (``"model.diffusion_model.x"``)
+    and returns the runtime's prefix, as SGLang calls it.
+
     ``safetensors_list`` is SGLang's list of shard paths; one path (a string or path object)
     is taken as a list of one, where iterating it would read each character as a file."""
     if isinstance(safetensors_list, (str, os.PathLike)):
         safetensors_list = [safetensors_list]
     paths = [os.fspath(p) for p in safetensors_list]
     sources = [LocalFile(p) for p in paths]
-    ckpt = open_checkpoint(paths, sources=sources, shardset=ShardSet(files=paths))
+    # a file safetensors cannot open raises its SafetensorError below, as SGLang's safe_open does
+    ckpt = open_checkpoint(paths, sources=sources, shardset=ShardSet(files=paths), damaged_ok=True)
     try:
         try:
             markers, derived = inspect_markers(ckpt, param_name_mapper, Run(collect=False))

@@ -2,7 +2,9 @@
 
 Layout: 8-byte little-endian header length ``n``, ``n`` bytes of JSON, then the data area.
 Structural damage that makes the file unreadable (truncation, a header past the end, non-JSON,
-non-object) raises :class:`InputError`.  Damage confined to single entries (unknown dtype,
+non-object) raises :class:`InputError`, or, for ``check`` (``damaged_ok``), gives an empty
+header with one C009 finding and the bytes safetensors would read (``unreadable``, ``raw``), so
+the report can say what each runtime raises.  Damage confined to single entries (unknown dtype,
 bad offsets, overlaps) becomes container findings so the rest of the checkpoint is still
 checked.
 """
@@ -68,7 +70,18 @@ _tuple_new = tuple.__new__
 class Header:
     """A parsed header: metadata, tensor entries in file order, and container findings."""
 
-    __slots__ = ("file", "size", "header_len", "data_start", "metadata", "tensors", "findings", "nonstring_metadata")
+    __slots__ = (
+        "file",
+        "size",
+        "header_len",
+        "data_start",
+        "metadata",
+        "tensors",
+        "findings",
+        "nonstring_metadata",
+        "unreadable",
+        "raw",
+    )
 
     def __init__(self, file: str, size: int, header_len: int) -> None:
         self.file = file
@@ -81,27 +94,46 @@ class Header:
         self.nonstring_metadata: dict[str, object] = {}
         """``__metadata__`` values that are not strings (C007), kept so ``fix`` can store them as
         JSON text instead of dropping them."""
+        self.unreadable = False
+        """Whether the header could not be read at all (C009): no tensors, no metadata."""
+        self.raw: bytes | None = None
+        """For an unreadable header: the ``header_len`` bytes after the length field, when the
+        file holds them (what safetensors would try to parse); None otherwise."""
 
 
 def _bad(path: str, what: str) -> InputError:
     return InputError(f"{path}: {what}")
 
 
-def read_header(source: ByteSource) -> Header:
+def read_header(source: ByteSource, damaged_ok: bool = False) -> Header:
     """Read and validate ``source``'s header: one read of ``source.first_read`` bytes (64 KB
-    locally, 512 KB remotely), and one more for exactly the rest of a longer header."""
+    locally, 512 KB remotely), and one more for exactly the rest of a longer header.
+
+    A header that cannot be read raises :class:`InputError`, unless ``damaged_ok``: then it is
+    an empty :class:`Header` marked ``unreadable`` with the reason as its C009 finding."""
     path = source.name
     size = source.size
     if size < 8:
-        raise _bad(path, f"truncated: {size} bytes, a safetensors file starts with an 8-byte header length")
+        return _unreadable(
+            path, size, 0, None, f"truncated: {size} bytes, a safetensors file starts with an 8-byte header length", damaged_ok
+        )
     head = source.pread(0, min(size, getattr(source, "first_read", FIRST_READ)))
     if len(head) < 8:
         raise _bad(path, f"only {len(head)} of the first 8 bytes could be read (file changed or cut short?)")
     (n,) = struct.unpack_from("<Q", head, 0)
     if n > MAX_HEADER_BYTES:
-        raise _bad(path, f"header length {n} exceeds the 100 MB limit (not a safetensors file?)")
+        return _unreadable(
+            path, size, n, None, f"header length {n} exceeds the 100 MB limit (not a safetensors file?)", damaged_ok
+        )
     if 8 + n > size:
-        raise _bad(path, f"header length {n} runs past the end of the file ({size} bytes): truncated or not safetensors")
+        return _unreadable(
+            path,
+            size,
+            n,
+            None,
+            f"header length {n} runs past the end of the file ({size} bytes): truncated or not safetensors",
+            damaged_ok,
+        )
     if 8 + n <= len(head):
         raw = head[8 : 8 + n]
     elif len(head) == 8:
@@ -111,18 +143,21 @@ def read_header(source: ByteSource) -> Header:
     try:
         obj = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise _bad(path, "header is not UTF-8 text (not a safetensors file?)") from None
+        return _unreadable(path, size, n, raw, "header is not UTF-8 text (not a safetensors file?)", damaged_ok)
     except json.JSONDecodeError as exc:
-        raise _bad(path, f"header is not valid JSON ({exc.msg} at byte {exc.pos})") from None
+        return _unreadable(path, size, n, raw, f"header is not valid JSON ({exc.msg} at byte {exc.pos})", damaged_ok)
     except ValueError as exc:  # the parser's other refusal: an integer literal past Python's digit limit
-        raise _bad(path, f"header is not valid JSON ({str(exc).split(':', 1)[0]})") from None
+        return _unreadable(path, size, n, raw, f"header is not valid JSON ({str(exc).split(':', 1)[0]})", damaged_ok)
     except RecursionError:
-        raise _bad(path, "header is not valid safetensors JSON (nested too deeply to parse)") from None
+        return _unreadable(path, size, n, raw, "header is not valid safetensors JSON (nested too deeply to parse)", damaged_ok)
     if not isinstance(obj, dict):
-        raise _bad(path, f"header is a JSON {json_kind(obj)}, expected an object")
+        return _unreadable(path, size, n, raw, f"header is a JSON {json_kind(obj)}, expected an object", damaged_ok)
     # Fast scans of the raw bytes: can any number be negative (1), or any value a boolean (2)?
     odd = 2 if b"true" in raw or b"false" in raw else 1 if b"-" in raw else 0
-    hdr = parse_header_object(obj, path, size, n, odd)
+    try:
+        hdr = parse_header_object(obj, path, size, n, odd)
+    except InputError as exc:  # a header nothing can read (its __metadata__ is no object)
+        return _unreadable(path, size, n, raw, str(exc).removeprefix(f"{path}: "), damaged_ok)
     if n > SAFETENSORS_MAX_HEADER:
         hdr.findings.append(
             Finding(
@@ -139,6 +174,26 @@ def read_header(source: ByteSource) -> Header:
     meta = "".join(chain.from_iterable(hdr.metadata.items()))
     if not (_ascii_or_text("".join(obj)) and _ascii_or_text(meta)) or hdr.nonstring_metadata:
         _lone_surrogates(hdr, obj)
+    return hdr
+
+
+def _unreadable(path: str, size: int, header_len: int, raw: bytes | None, what: str, damaged_ok: bool) -> Header:
+    """The header of a file whose header cannot be read: the one-line refusal (InputError), or
+    with ``damaged_ok`` an empty header that says why (C009) and keeps what safetensors reads."""
+    if not damaged_ok:
+        raise _bad(path, what)
+    hdr = Header(path, size, header_len)
+    hdr.unreadable = True
+    hdr.raw = raw
+    hdr.findings.append(
+        Finding(
+            "C009",
+            f"{path}: {what}",
+            cause="a truncated or interrupted download, a damaged disk, or not a safetensors file",
+            fix="re-download or rewrite the file (nothing in it can be read)",
+            file=path,
+        )
+    )
     return hdr
 
 

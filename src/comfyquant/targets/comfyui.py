@@ -13,15 +13,18 @@ import json
 from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, incomplete_violations
-from .kitchen import FORWARD, forward_templates
+from .kitchen import (
+    VIEWS,
+    convrot_forward,
+    forward_templates,
+    int_violation,
+    marker_ints,
+    not_2d_templates,
+    runs_forward,
+    w4a8_forward,
+)
 
 DIFFUSION_PREFIX = "model.diffusion_model."
-VIEWS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
-    # ComfyUI's pop_scale(..., dtype) views these scales as that dtype (the same bytes)
-    "nvfp4": {"weight_scale": ("F8_E4M3", None)},
-    "mxfp8": {"weight_scale": ("F8_E8M0", None)},
-    "asym_w4a8_int8": {"weight_s_rel": ("F8_E4M3", ("U8",))},
-}
 SCALAR_TYPES = {
     "BOOL": "Bool",
     "U8": "Byte",
@@ -42,7 +45,9 @@ SCALAR_TYPES = {
     "F8_E8M0": "Float8_e8m0fnu",
 }
 """torch's ScalarType names, as its view error prints them."""
-QUANT_ALGOS = ("float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8", "int8_tensorwise", "convrot_w4a4", "asym_w4a8_int8", "awq_w4a16")
+QUANT_ALGOS = ("float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8", "int8_tensorwise", "convrot_w4a4", "asym_w4a8_int8")
+"""The formats of ``QUANT_ALGOS`` in ComfyUI 0.33.0 comfy/quant_ops.py (no AWQ: a layer marked
+``awq_w4a16`` raises ``KeyError`` at load)."""
 STORAGE = {
     "float8_e4m3fn": "F8_E4M3",
     "float8_e5m2": "F8_E5M2",
@@ -51,7 +56,6 @@ STORAGE = {
     "int8_tensorwise": "I8",
     "convrot_w4a4": "I8",
     "asym_w4a8_int8": "I8",
-    "awq_w4a16": "I8",
 }
 CONSUMED = {
     "float8_e4m3fn": {"weight_scale", "input_scale"},
@@ -61,7 +65,6 @@ CONSUMED = {
     "int8_tensorwise": {"weight_scale"},
     "convrot_w4a4": {"weight_scale"},
     "asym_w4a8_int8": {"weight_s_rel", "weight_s_channel", "weight_codebook"},
-    "awq_w4a16": {"weight_scale", "weight_zeros"},
 }
 REQUIRED = {
     "mxfp8": (("weight_scale",), "Missing MXFP8 block scales for layer {layer}"),
@@ -69,7 +72,6 @@ REQUIRED = {
     "int8_tensorwise": (("weight_scale",), "Missing INT8 weight scale for layer {layer}"),
     "convrot_w4a4": (("weight_scale",), "Missing ConvRot W4A4 weight scale for layer {layer}"),
     "asym_w4a8_int8": (("weight_s_rel",), "Missing W4A8 group scale (weight_s_rel) for layer {layer}"),
-    "awq_w4a16": (("weight_scale", "weight_zeros"), "Missing AWQ W4A16 scale/zeros for layer {layer}"),
 }
 
 
@@ -108,14 +110,34 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
                 fix="rewrite the marker (comfyquant fix)",
             )
         elif rec.kind == "tensor":
-            _fail(
-                out,
-                "marker",
-                f"cannot parse marker {rec.key!r}: not UTF-8 JSON object",
-                rec.prefix,
-                "comfy_quant",
-                exception="JSONDecodeError",
-            )
+            # ComfyUI parses the bytes with Python's json, which also takes NaN and Infinity
+            try:
+                obj = json.loads(ckpt.markers.marker_bytes.get((rec.file, rec.key), b""))
+            except (ValueError, RecursionError) as exc:
+                _fail(
+                    out,
+                    "marker",
+                    str(exc),
+                    rec.prefix,
+                    "comfy_quant",
+                    exception=type(exc).__name__,
+                    cause="the marker tensor's bytes are not JSON",
+                    fix="rewrite the marker (comfyquant fix)",
+                )
+                continue
+            if isinstance(obj, dict):
+                markers[rec.prefix] = obj
+            else:
+                _fail(
+                    out,
+                    "marker",
+                    f"'{type(obj).__name__}' object has no attribute 'get'",
+                    rec.prefix,
+                    "comfy_quant",
+                    exception="AttributeError",
+                    cause="the marker is not a JSON object",
+                    fix="rewrite the marker (comfyquant fix)",
+                )
     for hm in ckpt.markers.headers:
         if hm.error == "M010":
             try:
@@ -145,14 +167,16 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
                     )
             continue
         if hm.error in ("M011", "M012"):
-            _fail(
-                out,
-                "header",
-                "'layers'",
-                exception="KeyError" if hm.error == "M012" else "TypeError",
-                cause="the header marker map has no layers object",
-                fix="rewrite the header markers (comfyquant fix)",
-            )
+            refused = _layers_refused(hm.raw)
+            if refused is not None:
+                _fail(
+                    out,
+                    "header",
+                    refused[1],
+                    exception=refused[0],
+                    cause="the header marker map has no layers object",
+                    fix="rewrite the header markers (comfyquant fix)",
+                )
             continue
     layers = ckpt.layers
     for rec in ckpt.markers.records:
@@ -193,15 +217,37 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
     return markers
 
 
+def _layers_refused(raw: str) -> tuple[str, str] | None:
+    """What ComfyUI's ``convert_old_quants`` raises reading a parsed header map that has no
+    ``layers`` object: it indexes the map with ``"layers"`` and iterates ``.items()`` of the
+    result (ComfyUI 0.33.0 comfy/utils.py).  Python itself gives the exception and its words
+    (``TypeError: list indices must be integers or slices, not str``, ``KeyError: 'layers'``,
+    ``AttributeError: 'list' object has no attribute 'items'``...)."""
+    try:
+        obj = json.loads(raw)
+        obj["layers"].items()
+    except Exception as exc:  # the runtime's own exception, whatever the map holds
+        return type(exc).__name__, str(exc)
+    return None
+
+
 def comfyui_verdict(ckpt) -> Verdict:
     # load_torch_file opens the file with safetensors.safe_open before anything else
     out: list[Violation] = container_violations("comfyui", ckpt)
     markers = comfyui_markers(ckpt, out)
     foreign = ckpt.foreign
     forward: list[Violation] = []
+    biases: list[Violation] = []
     for prefix, layer in ckpt.layers.items():
         marker = markers.get(prefix)
         t = layer.tensors
+        b = t.get("bias")
+        if b is not None:
+            w = t.get("weight")  # entries are tuples: [2] is the shape
+            if w is not None and (len(b[2]) != 1 or len(w[2]) != 2 or b[2][0] != w[2][0]):
+                v = _bias_mismatch(prefix, layer, w, b)
+                if v is not None:
+                    biases.append(v)
         if marker is None:
             w = t.get("weight")
             if prefix in foreign:
@@ -240,6 +286,7 @@ def comfyui_verdict(ckpt) -> Verdict:
                     cause="ComfyUI splits a bank by the marker's num_experts",
                     fix=f"set num_experts to {bank.experts} in the marker",
                 )
+    out.extend(biases)  # load_state_dict raises them once every module is loaded
     out.extend(forward)  # the whole model is loaded before its first forward
     # load_state_dict(strict=False) logs missing keys and leaves those weights uninitialized
     for v in incomplete_violations(
@@ -264,18 +311,98 @@ def comfyui_verdict(ckpt) -> Verdict:
     return Verdict("comfyui", out)
 
 
+def _padded_rows(name: str | None) -> bool:
+    """Whether the format may store its weight with more rows than the model has (its bias
+    slot is sized by the model: ``N_model``)."""
+    from ..formats.registry import FORMATS
+
+    fmt = FORMATS.get(name) if name else None
+    return fmt is not None and any(s.suffix == "bias" and "N_model" in s.shape for s in fmt.slots)
+
+
+def _rows(entry) -> int | None:
+    """The output rows a per-row tensor (``[N]`` or ``[N, 1]``) speaks for."""
+    shape = entry.shape
+    if len(shape) == 1 or (len(shape) == 2 and shape[1] == 1):
+        return shape[0]
+    return None
+
+
+def _bias_mismatch(prefix: str, layer, w, b) -> Violation | None:
+    """A bias whose shape is not the model's ``(N,)``: ``load_state_dict`` collects them and
+    raises once all modules are loaded (before any forward).  torch's message opens with
+    ``Error(s) in loading state_dict for <model class>:``, which a file cannot tell; the
+    verdict carries the line that names the tensor."""
+    if len(w.shape) != 2 or layer.bank is not None or tuple(b.shape) == (w.shape[0],):
+        return None
+    if len(b.shape) == 1 and any(_rows(e) == b.shape[0] for e in layer.tensors.values() if e is not w and e is not b):
+        return None  # a per-row tensor agrees with the bias: the weight is what is off
+    if len(b.shape) == 1 and b.shape[0] < w.shape[0] and _padded_rows(layer.format_name):
+        return None  # padded storage: the bias has the model's rows, the weight more
+    have = ", ".join(str(d) for d in b.shape)
+    out: list[Violation] = []
+    _fail(
+        out,
+        "bias",
+        f"size mismatch for {prefix}.bias: copying a param with shape torch.Size([{have}]) from checkpoint, "
+        f"the shape in current model is torch.Size([{w.shape[0]}]).",
+        prefix,
+        "bias",
+        exception="RuntimeError",
+        cause=f"bias of shape {list(b.shape)} for a layer of {w.shape[0]} outputs",
+        fix=f"store the bias as [{w.shape[0]}]",
+    )
+    return out[0]
+
+
 def _layer_templates(marker: dict, t: dict) -> tuple[list[Violation], list[Violation]]:
     """(what loading the layer raises or loses, what its first forward raises): cached per
     layer class.  A layer that does not load never runs."""
     out: list[Violation] = []
-    _layer(out, LAYER, marker, t)
-    fmt = marker.get("format")
-    if any(v.blocking for v in out) or not isinstance(fmt, str) or fmt not in FORWARD:
+    if "weight" not in t:
+        # the loader leaves the weight None and returns; the first forward reads its device
+        return [], [
+            Violation(
+                "comfyui.weight",
+                "'NoneType' object has no attribute 'device'",
+                "AttributeError",
+                LAYER,
+                "weight",
+                True,
+                "marked layer without a weight: ComfyUI logs 'Missing weight' and loads nothing",
+                "re-export the layer with its weight",
+            )
+        ]
+    marker = _read_marker(out, marker, t)
+    if out:
         return out, []
-    return out, forward_templates("comfyui", fmt, t, VIEWS.get(fmt))
+    fmt = marker.get("format")
+    if isinstance(fmt, str) and fmt in QUANT_ALGOS and all(s in t for s in REQUIRED.get(fmt, ((), ""))[0]):
+        not_2d = not_2d_templates("comfyui", fmt, marker, t)
+        if not_2d is not None:
+            return out, not_2d
+    first_forward = _layer(out, LAYER, marker, t)
+    fmt = marker.get("format")
+    if any(v.blocking for v in out) or not isinstance(fmt, str):
+        return out, []
+    if first_forward is not None:
+        return out, [first_forward]
+    return out, forward_templates("comfyui", fmt, t, VIEWS.get(fmt)) if runs_forward("comfyui", fmt) else []
 
 
-def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
+def _read_marker(out: list, marker: dict, t: dict) -> dict:
+    """The marker with its integer keys read through ``int()`` as ComfyUI reads them; a value
+    ``int()`` refuses raises Python's own error at load, after a missing scale would have."""
+    fmt = marker.get("format")
+    if not isinstance(fmt, str) or fmt not in QUANT_ALGOS:
+        return marker
+    read, refused = marker_ints(fmt, marker)
+    if refused is not None and all(s in t for s in REQUIRED.get(fmt, ((), ""))[0]):
+        out.append(int_violation("comfyui", LAYER, refused))
+    return read
+
+
+def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
     fmt = marker.get("format")
     if fmt is None:
         return _fail(
@@ -285,6 +412,16 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
             prefix,
             cause="marker has no format key",
             fix="add the format key (comfyquant fix)",
+        )
+    if isinstance(fmt, (list, dict)):  # looked up in a set of formats first
+        return _fail(
+            out,
+            "format",
+            f"unhashable type: '{type(fmt).__name__}'",
+            prefix,
+            exception="TypeError",
+            cause="the marker's format is not a name",
+            fix="set the format to a format name (comfyquant fix)",
         )
     if fmt not in QUANT_ALGOS:
         return _fail(
@@ -315,6 +452,18 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
                 cause=f"ComfyUI reinterprets {suffix} as {dtype}, which a scalar of another width cannot be",
                 fix=f"store {suffix} as {dtype} in its blocked layout",
             )
+    if fmt in ("float8_e4m3fn", "float8_e5m2") and "weight_scale" not in t and "weight" in t:
+        # ComfyUI's FP8 layout copies its scale when the parameters are built
+        return _fail(
+            out,
+            "missing",
+            "'NoneType' object has no attribute 'clone'",
+            prefix,
+            "weight_scale",
+            exception="AttributeError",
+            cause="an FP8 layer without weight_scale",
+            fix="re-export the layer with its weight_scale",
+        )
     if fmt in REQUIRED:
         needed, message = REQUIRED[fmt]
         if any(s not in t for s in needed):
@@ -339,19 +488,22 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
             cause="marked layer without a weight",
         )
     if w.dtype != STORAGE[fmt]:
+        # ComfyUI casts the stored weight to the layout's dtype by value: codes stored in a
+        # wider dtype survive it exactly and the layer computes normally; other values (bytes
+        # of another dtype, a dense weight) do not.  Only the values tell (check --deep).
         _fail(
             out,
             "cast",
-            f"layer '{prefix}': {w.dtype} weight is value-cast to {STORAGE[fmt]} (garbage, no error)",
+            f"layer '{prefix}': {w.dtype} weight is value-cast to {STORAGE[fmt]} at load (exact when "
+            f"the values are {STORAGE[fmt]} codes, garbage otherwise; check --deep reads them)",
             prefix,
             "weight",
             blocking=False,
-            severity="error",
             cause=f"weight stored as {w.dtype}, the format needs {STORAGE[fmt]}",
-            fix=f"relabel the weight as {STORAGE[fmt]} if the bytes are right",
+            fix=f"store the weight as {STORAGE[fmt]} (relabel it if the bytes are {STORAGE[fmt]} codes)",
         )
-    if fmt == "asym_w4a8_int8":
-        _w4a8(out, prefix, marker, t)
+        t = dict(t, weight=type(w)(w.name, STORAGE[fmt], w.shape, w.start, w.end, w.file))
+    first_forward = _w4a8(out, prefix, marker, t) if fmt == "asym_w4a8_int8" else _convrot(out, prefix, fmt, marker, t)
     for suffix in t:
         if suffix in ("weight", "bias", "comfy_quant") or suffix in CONSUMED[fmt]:
             continue
@@ -378,11 +530,35 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> None:
                 cause="tensor the ComfyUI loader does not read",
                 fix="remove it (comfyquant fix)",
             )
+    return first_forward
 
 
-def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> None:
+def _convrot(out: list, prefix: str, fmt: str, marker: dict, t: dict) -> Violation | None:
+    """ConvRot W4A4's ``Params`` (its linear_dtype, at load) and what a ConvRot layer's first
+    forward refuses (group size 0, not dividing K, not a power of 4), as comfy-kitchen decides."""
+    from ..formats.base import GeometryError
+    from ..formats.registry import FORMATS
+    from .kitchen import w4a4_params
+
+    if fmt not in ("convrot_w4a4", "int8_tensorwise"):
+        return None
+    desc = FORMATS[fmt]
+    try:
+        env = desc.geometry(t, desc.params(marker))
+    except GeometryError:
+        return None
+    if fmt == "convrot_w4a4":
+        v = w4a4_params(prefix, t, env)
+        if v is not None:
+            _fail(out, "ck", v.message, prefix, v.tensor, exception=v.exception, cause=v.cause, fix=v.fix)
+            return None
+    return convrot_forward("comfyui", fmt, env)
+
+
+def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
     """ComfyUI builds comfy-kitchen's W4A8 Params (with nested ``params`` as a fallback): the
-    layout's own validation decides, so the kitchen profile's check is reused as is."""
+    layout's own validation decides at load, so the kitchen profile's check is reused as is;
+    returns what the layer's first forward raises once it loaded."""
     from ..formats.base import GeometryError
     from ..formats.w4a8 import ASYM_W4A8_INT8
     from .kitchen import check_w4a8
@@ -390,7 +566,10 @@ def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> None:
     try:
         env = ASYM_W4A8_INT8.geometry(t, ASYM_W4A8_INT8.params(marker))
     except GeometryError as exc:
-        return _fail(out, "ck", f"layer '{prefix}': {exc}", prefix, "weight")
+        _fail(out, "ck", f"layer '{prefix}': {exc}", prefix, "weight")
+        return None
     v = check_w4a8(prefix, t, env, dropped_correction=True)
     if v is not None:
         _fail(out, "ck", v.message, prefix, v.tensor, exception=v.exception, cause=v.cause, fix=v.fix)
+        return None
+    return w4a8_forward("comfyui", t, env, dropped_correction=True)

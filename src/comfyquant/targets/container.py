@@ -103,17 +103,45 @@ def open_error(hdr, read_raw) -> str | None:
     """The message safetensors raises opening the file of ``hdr`` (a parsed header), or None.
 
     ``read_raw()`` returns the header's JSON bytes; it is called only when serde decides."""
+    if hdr.unreadable:
+        return PREFIX + unreadable_error(hdr)
     if hdr.header_len > MAX_HEADER:
         return PREFIX + TOO_LARGE
     if not hdr.findings:
         return None  # the reader found the tiling exact and every entry well-formed
     # serde's own reading of the entries decides (Python's json and comfyquant's reader accept
-    # things serde does not: a dict as a shape, integers beyond u64 ...).
-    outcome = serde_header(read_raw())
+    # things serde does not: a dict as a shape, integers beyond u64, nesting beyond 128 ...).
+    from .serde_syntax import stream_error
+
+    raw = read_raw()
+    streamed = stream_error(raw)
+    outcome = streamed if streamed is not None else serde_header(raw)
     if isinstance(outcome, str):
         return PREFIX + "invalid JSON in header: " + outcome
     message = validate(outcome, hdr.size - hdr.data_start)
     return None if message is None else PREFIX + message
+
+
+def unreadable_error(hdr) -> str:
+    """What safetensors says of a header comfyquant could not read at all (``hdr.unreadable``),
+    in its own order: the length field, the length against the file, UTF-8, then serde_json."""
+    from .serde_syntax import stream_error, utf8_error
+
+    if hdr.size < 8:
+        return "header too small"
+    if hdr.header_len > MAX_HEADER:
+        return TOO_LARGE
+    raw = hdr.raw
+    if raw is None:
+        return "invalid header length"
+    if (text := utf8_error(raw)) is not None:
+        return "invalid UTF-8 in header: " + text
+    if (text := stream_error(raw)) is not None:
+        return "invalid JSON in header: " + text
+    outcome = serde_header(raw)  # serde reads what Python's json did not (nesting deeper than Python's limit)
+    if isinstance(outcome, str):
+        return "invalid JSON in header: " + outcome
+    return validate(outcome, hdr.size - hdr.data_start) or INCOMPLETE
 
 
 def validate(tensors: list[tuple[str, str, tuple, int, int]], data_len: int) -> str | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..dtypes import DTYPE_BITS
 from ..formats.base import GeometryError, is_pow4
 from ..formats.registry import FORMATS
-from ..formats.w4a8 import group_size_ok, k_fits, six_bit_fits
+from ..formats.w4a8 import six_bit_fits
 from .base import LAYER, Verdict, Violation, bind, container_violations
 
 
@@ -38,11 +38,16 @@ def kitchen_verdict(ckpt) -> Verdict:
     out: list[Violation] = container_violations("comfy-kitchen", ckpt)
     memo = ckpt.memo
     forward: list[Violation] = []
+    lenient = python_json_markers(ckpt)
     for prefix, layer in ckpt.layers.items():
-        if layer.marker is None or layer.format_name is None:
+        marker, name = layer.marker, layer.format_name
+        if marker is None and prefix in lenient:
+            marker = lenient[prefix]
+            name = marker.get("format") if isinstance(marker.get("format"), str) else None
+        if marker is None or name is None:
             continue
         load, first_forward = memo.get(
-            "comfy-kitchen", layer.marker, layer, lambda lay=layer: _layer_templates(lay.format_name, lay.marker, lay.tensors)
+            "comfy-kitchen", marker, layer, lambda m=marker, n=name, lay=layer: _layer_templates(n, m, lay.tensors)
         )
         if load:
             out.extend(bind(load, prefix))
@@ -52,10 +57,173 @@ def kitchen_verdict(ckpt) -> Verdict:
     return Verdict("comfy-kitchen", out)
 
 
+NOT_2D: dict[str, dict[str, tuple[str, str, str] | tuple[str, str]]] = {
+    # format: target -> (op, operand) refusing a weight that is not exactly 2-D, or
+    # (exception, message) of what fails instead: the layout's linear (FP8, NVFP4 and MXFP8
+    # dequantize first: ComfyUI has no FP8 compute on CPU, and comfy-kitchen's linear with a
+    # float input dequantizes).  Measured with comfy-kitchen 0.2.40's eager backend.
+    "float8_e4m3fn": {
+        "comfy-kitchen": ("RuntimeError", "t() expects a tensor with <= 2 dimensions, but self is 3D"),
+        "comfyui": ("RuntimeError", "t() expects a tensor with <= 2 dimensions, but self is 3D"),
+    },
+    "float8_e5m2": {
+        "comfy-kitchen": ("RuntimeError", "t() expects a tensor with <= 2 dimensions, but self is 3D"),
+        "comfyui": ("RuntimeError", "t() expects a tensor with <= 2 dimensions, but self is 3D"),
+    },
+    "asym_w4a8_int8": {
+        "comfy-kitchen": ("w4a8_int8_linear", "qdata", ""),
+        "comfyui": ("w4a8_int8_linear", "qdata", ""),
+    },
+    "convrot_w4a4": {
+        "comfy-kitchen": ("convrot_w4a4_linear", "qweight", ""),
+        "comfyui": ("convrot_w4a4_linear", "qweight", ""),
+    },
+    "nvfp4": {"comfy-kitchen": ("dequantize_nvfp4", "qx", ""), "comfyui": ("dequantize_nvfp4", "qx", "")},
+    "mxfp8": {"comfy-kitchen": ("dequantize_mxfp8", "qx", ""), "comfyui": ("dequantize_mxfp8", "qx", "")},
+    "awq_w4a16": {"comfy-kitchen": ("gemv_awq_w4a16", "qweight", "")},
+}
+INT8_NOT_2D = {
+    # INT8 with a single scale: the int_mm of the linear (both runtimes)
+    "scalar": ("RuntimeError", "int_mm_out_cpu: Expected mat2 to be of dimension 2 but got 3"),
+}
+
+
+def not_2d_templates(target: str, name: str, marker: dict, t: dict) -> list[Violation] | None:
+    """What the first forward of a layer whose weight is 3-D (and not an expert bank) raises,
+    or None when the weight is 2-D.  The message is the runtime's where it was measured; a
+    row-scaled INT8 layer fails inside its scale checks or broadcasting, depending on how the
+    rows are split."""
+    w = t.get("weight")
+    if w is None or len(w.shape) != 3:
+        return None
+    found = NOT_2D.get(name, {}).get(target)
+    if name == "int8_tensorwise":
+        s = t.get("weight_scale")
+        if s is not None and s.numel == 1:
+            found = INT8_NOT_2D["scalar"]
+        elif s is not None:
+            # the INT8 linear's own scale check
+            found = (
+                "ValueError",
+                f"INT8 weight scale must be scalar or per-output-channel, got ({s.numel},) for weight shape {tuple(w.shape)}",
+            )
+    cause = f"weight stored 3-D {list(w.shape)}: the layer is a 2-D linear (a bank needs num_experts in its marker)"
+    fix = "store the weight 2-D [N, K] (or mark the bank with num_experts)"
+    if found is None:
+        return [
+            Violation(
+                f"{target}.not-2d",
+                f"(message depends on how the rows are split) the first forward refuses the 3-D weight {list(w.shape)}",
+                "RuntimeError",
+                LAYER,
+                "weight",
+                True,
+                cause,
+                fix,
+            )
+        ]
+    if len(found) == 3:
+        op, operand, _ = found
+        dims = ", ".join(str(d) for d in w.shape)
+        exception, message = (
+            "NoCapableBackendError",
+            f"No backend can handle '{op}': eager: {operand}: shape [{dims}] fails: exactly 2D",
+        )
+    else:
+        exception, message = found
+    return [Violation(f"{target}.not-2d", message, exception, LAYER, "weight", True, cause, fix)]
+
+
+MISSING_FORWARD: dict[str, tuple[tuple[str, str], ...]] = {
+    # format: (suffix, the attribute comfy-kitchen 0.2.40 reads off None at the first forward)
+    # for a tensor the layout needs but was not given (measured, eager backend)
+    "float8_e4m3fn": (("weight_scale", "to"),),
+    "float8_e5m2": (("weight_scale", "to"),),
+    "int8_tensorwise": (("weight_scale", "to"),),
+    "convrot_w4a4": (("weight_scale", "reshape"),),
+    "nvfp4": (("weight_scale", "reshape"), ("weight_scale_2", "to")),
+    "mxfp8": (("weight_scale", "view"),),
+    "awq_w4a16": (("weight_scale", "dtype"), ("weight_zeros", "t")),
+    "svdquant_w4a4": (("weight_proj_down", "shape"), ("weight_proj_up", "shape"), ("weight_smooth_factor", "shape")),
+}
+
+
+def _none_attribute(target: str, suffix: str, attribute: str) -> Violation:
+    return Violation(
+        f"{target}.missing",
+        f"'NoneType' object has no attribute '{attribute}'",
+        "AttributeError",
+        LAYER,
+        suffix,
+        True,
+        f"{suffix} is missing: the layout is built without it and fails when it is used",
+        "re-export the layer with all its tensors",
+    )
+
+
+def missing_templates(name: str, tensors: dict) -> tuple[list[Violation], list[Violation]] | None:
+    """(load, first forward) of a comfy-kitchen layer missing a tensor it needs, or None: the
+    ``QuantizedTensor`` of no weight fails at once (``device``), a missing scale where the
+    layout first uses it."""
+    if "weight" not in tensors:
+        return [_none_attribute("comfy-kitchen", "weight", "device")], []
+    for suffix, attribute in MISSING_FORWARD.get(name, ()):
+        if suffix not in tensors:
+            # the op refuses a weight of the wrong dtype before it reads the missing tensor
+            refused = forward_templates("comfy-kitchen", name, {"weight": tensors["weight"]})
+            return [], refused or [_none_attribute("comfy-kitchen", suffix, attribute)]
+    return None
+
+
+def python_json_markers(ckpt) -> dict[str, dict]:
+    """Tensor markers comfyquant refuses but Python's ``json`` reads into an object (``NaN``,
+    ``Infinity``, ``1e400`` in them): ComfyUI parses markers with it, so their layers are built,
+    and fail on those values (``int()`` of a non-finite size)."""
+    import json
+
+    out: dict[str, dict] = {}
+    for rec in ckpt.markers.records:
+        if rec.kind != "tensor" or rec.obj is not None:
+            continue
+        try:
+            obj = json.loads(ckpt.markers.marker_bytes.get((rec.file, rec.key), b""))
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(obj, dict):
+            out[rec.prefix] = obj
+    return out
+
+
 def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Violation], list[Violation]]:
     """(what building the layer raises, what its first forward raises): cached per layer class."""
+    fmt = FORMATS.get(name)
+    if fmt is not None and "comfy-kitchen" in fmt.loaders:
+        read, refused = marker_ints(name, marker)
+        if refused is None:
+            missing = missing_templates(name, tensors)
+            if missing is not None:
+                return missing
+        not_2d = None if refused is not None else not_2d_templates("comfy-kitchen", name, read, tensors)
+        if not_2d is not None:
+            return [], not_2d
     load = _load_templates(name, marker, tensors)
-    return load, forward_templates("comfy-kitchen", name, tensors) if not load and name in FORWARD else []
+    read = marker_ints(name, marker)[0]
+    convrot = bool(read.get("convrot"))
+    if not load and name in ("asym_w4a8_int8", "convrot_w4a4", "int8_tensorwise"):
+        fmt = FORMATS[name]
+        try:
+            env = fmt.geometry(tensors, fmt.params(read))
+        except GeometryError:
+            env = None
+        if env is not None:
+            if name == "asym_w4a8_int8":
+                v = w4a8_forward("comfy-kitchen", tensors, env)
+            else:
+                v = convrot_forward("comfy-kitchen", name, env)
+            if v is not None:
+                return load, [v]
+    forward = forward_templates("comfy-kitchen", name, tensors, None, convrot) if runs_forward("comfy-kitchen", name) else []
+    return load, forward if not load else []
 
 
 def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
@@ -65,13 +233,16 @@ def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
         return [
             _v(
                 "layout",
-                f"no comfy-kitchen layout for format {name!r} (layer '{prefix}')",
+                repr(name),
                 prefix,
                 exception="KeyError",
                 cause="format comfy-kitchen does not implement",
                 fix="convert the layer (comfyquant convert)",
             )
         ]
+    marker, refused = marker_ints(name, marker)
+    if refused is not None:
+        return [int_violation("comfy-kitchen", prefix, refused)]
     try:
         env = fmt.geometry(tensors, fmt.params(marker))
     except GeometryError as exc:
@@ -79,6 +250,58 @@ def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
     check = _CHECKS.get(name)
     v = check(prefix, tensors, env) if check is not None else None
     return [v] if v is not None else []
+
+
+INT_KEYS: dict[str, tuple[str, ...]] = {
+    "int8_tensorwise": ("convrot_groupsize",),
+    "convrot_w4a4": ("convrot_groupsize",),
+    "asym_w4a8_int8": ("group_size", "convrot_groupsize"),
+    "awq_w4a16": ("group_size",),
+}
+"""The marker keys ComfyUI passes through ``int()`` when it builds a layer's ``Params``, in its
+order (ComfyUI 0.33.0 comfy/ops.py ``_load_quantized_module``; INT8 reads its ConvRot size only
+when ``convrot`` is set).  A nested ``params`` object is the fallback for each key."""
+
+
+def _nested(marker: dict) -> dict:
+    nested = marker.get("params", {})
+    return nested if isinstance(nested, dict) else {}
+
+
+def marker_ints(name: str, marker: dict) -> tuple[dict, tuple[str, str, str] | None]:
+    """The marker as ComfyUI reads it: each key of ``INT_KEYS`` through Python's ``int()`` (a
+    string of digits or a float becomes an integer), ``convrot`` by truthiness.  Returns the
+    read marker and, when ``int()`` refuses a value, (exception type, Python's message, key)."""
+    nested = _nested(marker)
+    read = dict(marker)
+    if name == "int8_tensorwise":
+        convrot = bool(marker.get("convrot", nested.get("convrot", False)))
+        read["convrot"] = convrot
+        if not convrot:
+            return read, None
+    for key in INT_KEYS.get(name, ()):
+        if key not in marker and key not in nested:
+            continue
+        value = marker[key] if key in marker else nested[key]
+        try:
+            read[key] = int(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            return read, (type(exc).__name__, str(exc), key)
+    return read, None
+
+
+def int_violation(target: str, prefix: str, refused: tuple[str, str, str]) -> Violation:
+    exception, message, key = refused
+    return Violation(
+        f"{target}.marker",
+        message,
+        exception,
+        prefix,
+        "comfy_quant",
+        True,
+        f"marker key {key} is not a number ComfyUI's int() takes",
+        f"set {key} to an integer (comfyquant fix)",
+    )
 
 
 def _hadamard(prefix: str, c) -> Violation | None:
@@ -94,23 +317,9 @@ def _hadamard(prefix: str, c) -> Violation | None:
 
 
 def _int8(prefix: str, t: dict, env: dict) -> Violation | None:
-    w, s = t["weight"], t.get("weight_scale")
+    s = t.get("weight_scale")
     if s is None:
         return _v("missing", f"layer '{prefix}' has no weight_scale", prefix, "weight_scale")
-    if s.numel not in (1, env["N"]):
-        return _v(
-            "int8",
-            f"INT8 weight scale must be scalar or per-output-channel, got {list(s.shape)} for weight shape {list(w.shape)}",
-            prefix,
-            "weight_scale",
-        )
-    if env.get("convrot"):
-        c = env.get("convrot_groupsize")
-        v = _hadamard(prefix, c)
-        if v is not None:
-            return v
-        if env["K"] % c:
-            return _v("int8", f"ConvRot group size {c} does not divide input features {env['K']}", prefix)
     if s.shape == (env["N"],) and env["N"] != 1:
         return _v(
             "int8",
@@ -126,81 +335,105 @@ def _int8(prefix: str, t: dict, env: dict) -> Violation | None:
 
 
 def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False) -> Violation | None:
-    """comfy-kitchen's W4A8 operand validation.  ComfyUI never passes the correction in
+    """What building comfy-kitchen's W4A8 ``Params`` raises (at load), in its order: the
+    combined geometry rule, then the shapes of scale (s_rel), s_channel, correction and
+    codebook against the model's (N, K) (comfy-kitchen 0.2.40
+    ``AsymW4A8Int8Layout.Params``).  ComfyUI never passes the correction in
     (``dropped_correction``), so it is not validated there."""
-    n, k, g, c, bits = env["N"], env["K"], env["group_size"], env["convrot_groupsize"], env["bits"]
-    w, s_rel, s_ch = t["weight"], t.get("weight_s_rel"), t.get("weight_s_channel")
-    if w.dtype != "I8":
-        return _v("w4a8", "packed weight must be a 2D int8 tensor", prefix, "weight")
-    if not group_size_ok(g):
-        return _v("w4a8", f"group_size={g} must be >=4 and divide 16 or be a multiple of 16", prefix)
-    if c == 0 and k % 16 == 0 and k % g == 0:  # the same test in comfy-kitchen divides by it
-        return _v(
-            "w4a8",
-            "integer modulo by zero",
-            prefix,
-            exception="ZeroDivisionError",
-            cause="convrot_groupsize 0",
-            fix="set convrot_groupsize to 16, 64 or 256",
-        )
-    if c == 0 or not k_fits(k, g, c):
+    n, k, g, c = env["N"], env["K"], env["group_size"], env["convrot_groupsize"]
+    s_rel, s_ch = t.get("weight_s_rel"), t.get("weight_s_channel")
+    if g < 4 or k % 16 or k % g or (c != 0 and k % c) or (16 % g and g % 16):
         return _v(
             "w4a8",
             f"K={k} must be divisible by 16, group_size={g}, and convrot_groupsize={c}; group_size must be "
             f">=4 and divide 16 or be a multiple of 16",
             prefix,
         )
-    v = _hadamard(prefix, c)
-    if v is not None:
-        return v
-    if w.shape[1] * 8 not in (4 * k, 6 * k):
-        return _v("w4a8", f"packed row width {w.shape[1]} does not match K={k} at 4 or 6 bits", prefix, "weight")
-    if bits == 6:
-        if not six_bit_fits(k, g):
-            return _v(
-                "w4a8",
-                f"6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={k}, group_size={g}",
-                prefix,
-            )
-        if "weight_codebook" in t or ("weight_correction" in t and not dropped_correction):
-            return _v("w4a8", "6-bit storage is uniform and symmetric: no codebook or correction", prefix)
-    if s_rel is None or len(s_rel.shape) != 2:
-        return _v("w4a8", "s_rel must be 2D [N, K/group_size]", prefix, "weight_s_rel")
-    if s_rel.shape != (n, k // g):
-        return _v("w4a8", f"s_rel must have shape {(n, k // g)}, got {s_rel.shape}", prefix, "weight_s_rel")
-    if s_ch is None or s_ch.shape != (n,):
-        return _v("w4a8", f"s_channel must have shape {(n,)}, got {s_ch.shape if s_ch else None}", prefix, "weight_s_channel")
-    corr = None if dropped_correction else t.get("weight_correction")
-    cb = t.get("weight_codebook")
-    if corr is not None and corr.shape != (k // g, n):
-        return _v("w4a8", f"correction must have shape {(k // g, n)}, got {corr.shape}", prefix, "weight_correction")
-    if cb is not None and cb.shape != (16,):
-        return _v("w4a8", f"codebook must have shape (16,), got {cb.shape}", prefix, "weight_codebook")
-    return None
-
-
-def _w4a4(prefix: str, t: dict, env: dict) -> Violation | None:
-    k, c = env["K"], env["convrot_groupsize"]
-    if c == 0:  # the same test in comfy-kitchen divides by it
+    if c == 0:  # the same test divides by it
         return _v(
-            "w4a4",
+            "w4a8",
             "integer modulo by zero",
             prefix,
             exception="ZeroDivisionError",
             cause="convrot_groupsize 0",
             fix="set convrot_groupsize to 16, 64 or 256",
         )
-    if k % c:
-        return _v("w4a4", f"in_features {k} not divisible by convrot_groupsize {c}", prefix)
-    if k % 64:
-        return _v("w4a4", f"in_features {k} not divisible by quant_group_size 64", prefix)
-    v = _hadamard(prefix, c)
+    groups = k // g
+    if s_rel is None:  # ComfyUI refuses it before ("Missing W4A8 group scale"); comfy-kitchen reads its shape
+        return _v("w4a8", "'NoneType' object has no attribute 'shape'", prefix, "weight_s_rel", exception="AttributeError")
+    if tuple(s_rel.shape) != (n, groups):
+        return _v("w4a8", f"scale must have shape {(n, groups)}, got {tuple(s_rel.shape)}", prefix, "weight_s_rel")
+    if s_ch is None or tuple(s_ch.shape) != (n,):
+        got = None if s_ch is None else tuple(s_ch.shape)
+        return _v("w4a8", f"s_channel must have shape {(n,)}, got {got}", prefix, "weight_s_channel")
+    corr = None if dropped_correction else t.get("weight_correction")
+    if corr is not None and tuple(corr.shape) != (groups, n):
+        return _v("w4a8", f"correction must have shape {(groups, n)}, got {tuple(corr.shape)}", prefix, "weight_correction")
+    cb = t.get("weight_codebook")
+    if cb is not None and tuple(cb.shape) != (16,):
+        return _v("w4a8", f"codebook must have shape (16,), got {tuple(cb.shape)}", prefix, "weight_codebook")
+    return None
+
+
+def w4a8_forward(target: str, t: dict, env: dict, dropped_correction: bool = False) -> Violation | None:
+    """What W4A8's linear refuses at the first forward once ``Params`` built: a ConvRot size
+    that is not a power of 4, a packed row width that is neither 4 nor 6 bits of K, 6-bit
+    storage with a group size or extras it cannot have."""
+    k, g, c = env["K"], env["group_size"], env["convrot_groupsize"]
+    w = t["weight"]
+    v = _hadamard(LAYER, c)
+    if v is None and len(w.shape) == 2 and w.shape[1] * 8 not in (4 * k, 6 * k):
+        v = _v("w4a8", f"packed row width {w.shape[1]} does not match K={k} at 4 or 6 bits", LAYER, "weight")
+    if v is None and env["bits"] == 6:
+        if not six_bit_fits(k, g):
+            v = _v(
+                "w4a8",
+                f"6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={k}, group_size={g}",
+                LAYER,
+            )
+        elif "weight_codebook" in t or ("weight_correction" in t and not dropped_correction):
+            v = _v("w4a8", "6-bit storage is uniform and symmetric: no codebook or correction", LAYER)
     if v is not None:
-        return v
+        v.rule = v.rule.replace("comfy-kitchen.", f"{target}.", 1)
+    return v
+
+
+def w4a4_params(prefix: str, t: dict, env: dict) -> Violation | None:
+    """What building ConvRot W4A4's ``Params`` raises (at load): its ``linear_dtype``."""
     ld = env.get("linear_dtype", "int4")
     if ld not in ("int4", "int8"):
         return _v("w4a4", f"ConvRot W4A4 linear_dtype must be 'int4' or 'int8', got {ld!r}", prefix)
     return None
+
+
+CONVROT_DIVIDES = {
+    "convrot_w4a4": "Input K={K} not divisible by convrot_groupsize {c}",
+    "int8_tensorwise": "ConvRot group size {c} does not divide input features {K}",
+}
+"""What each ConvRot linear says when its group size does not divide K (comfy-kitchen 0.2.40)."""
+
+
+def convrot_forward(target: str, name: str, env: dict) -> Violation | None:
+    """What a ConvRot layer's first forward refuses, in the linear's order (measured): a group
+    size of 0 (Python's modulo by zero), one that does not divide K, then one that is not a
+    power of 4 (the Hadamard rotation it builds)."""
+    if name not in CONVROT_DIVIDES or (name == "int8_tensorwise" and not env.get("convrot")):
+        return None
+    k, c = env["K"], env.get("convrot_groupsize")
+    if not isinstance(c, int):
+        return None
+    if c == 0:
+        v = _v("convrot", "integer modulo by zero", LAYER, exception="ZeroDivisionError", cause="convrot_groupsize 0")
+    elif k % c:
+        v = _v("convrot", CONVROT_DIVIDES[name].format(K=k, c=c), LAYER, cause=f"ConvRot group size {c} for K={k}")
+    elif name == "convrot_w4a4" and k % 64:
+        v = _v("convrot", f"in_features {k} not divisible by quant_group_size 64", LAYER)
+    else:
+        v = _hadamard(LAYER, c)
+    if v is not None:
+        v.rule = v.rule.replace("comfy-kitchen.", f"{target}.", 1)
+        v.fix = v.fix or "re-quantize with convrot_groupsize 16, 64 or 256 dividing K"
+    return v
 
 
 TORCH_DTYPES = {
@@ -243,16 +476,123 @@ FORWARD: dict[str, tuple[str, tuple[tuple[str, str, tuple[str, ...]], ...], int,
     "nvfp4": ("dequantize_nvfp4", (("weight_scale", "block_scales", ("F8_E4M3",)),), 16, 2),
     "mxfp8": ("dequantize_mxfp8", (("weight_scale", "block_scales", ("F8_E8M0",)),), 32, 1),
 }
-"""What comfy-kitchen's eager backend requires when a layer first runs (spec 4.4; measured)."""
+"""What comfy-kitchen's eager backend requires when a layer first runs (measured): the block
+scales' geometry (elements per block scale, elements per stored weight byte)."""
+
+VIEWS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
+    # ComfyUI's pop_scale(..., dtype) views these scales as that dtype (the same bytes) before
+    # they reach comfy-kitchen
+    "nvfp4": {"weight_scale": ("F8_E4M3", None)},
+    "mxfp8": {"weight_scale": ("F8_E8M0", None)},
+    "asym_w4a8_int8": {"weight_s_rel": ("F8_E4M3", ("U8",))},
+}
+FLOATS = ("F32", "F16", "BF16")
+OPERANDS: dict[str, dict[str, tuple[str, tuple[tuple[str, str, tuple[str, ...]], ...]]]] = {
+    # target -> format -> (the comfy-kitchen op the first forward runs, (suffix, operand,
+    # accepted dtypes), in the order it checks them).  Its message prints the accepted dtypes
+    # as a Python set, in an order that changes from one process to the next.  ComfyUI (on
+    # CPU) casts the weight to the layout's dtype itself.  Measured with comfy-kitchen 0.2.40's
+    # eager backend.
+    "comfy-kitchen": {
+        "float8_e4m3fn": ("dequantize_per_tensor_fp8", (("weight", "x", ("F8_E4M3", "F8_E5M2")),)),
+        "float8_e5m2": ("dequantize_per_tensor_fp8", (("weight", "x", ("F8_E4M3", "F8_E5M2")),)),
+        "int8_tensorwise": ("int8_linear", (("weight", "weight", ("I8",)), ("weight_scale", "weight_scale", FLOATS))),
+        "asym_w4a8_int8": (
+            "w4a8_int8_linear",
+            (
+                ("weight", "qdata", ("I8",)),
+                ("weight_s_rel", "s_rel", ("F32", "F8_E4M3")),
+                ("weight_s_channel", "s_channel", ("F32",)),
+                ("weight_codebook", "codebook", ("F32",)),
+                ("weight_correction", "correction", FLOATS),
+            ),
+        ),
+        "convrot_w4a4": ("convrot_w4a4_linear", (("weight", "qweight", ("I8",)), ("weight_scale", "wscales", FLOATS))),
+        "nvfp4": ("dequantize_nvfp4", (("weight", "qx", ("U8",)), ("weight_scale", "block_scales", ("F8_E4M3",)))),
+        "mxfp8": ("dequantize_mxfp8", (("weight", "qx", ("F8_E4M3",)), ("weight_scale", "block_scales", ("F8_E8M0",)))),
+        "awq_w4a16": (
+            "gemv_awq_w4a16",
+            (("weight", "qweight", ("I8",)), ("weight_scale", "wscales", FLOATS), ("weight_zeros", "wzeros", FLOATS)),
+        ),
+    },
+    "comfyui": {
+        # the weight is cast to FP8 by ComfyUI and the scale to F32: no operand to refuse, but
+        # the dequantize's multiply checks the scale's shape (scale_shape_template)
+        "float8_e4m3fn": ("dequantize_per_tensor_fp8", ()),
+        "float8_e5m2": ("dequantize_per_tensor_fp8", ()),
+        "int8_tensorwise": ("int8_linear", (("weight_scale", "weight_scale", FLOATS),)),
+        "asym_w4a8_int8": (
+            "w4a8_int8_linear",
+            (
+                ("weight_s_rel", "s_rel", ("F32", "F8_E4M3")),
+                ("weight_s_channel", "s_channel", ("F32",)),
+                ("weight_codebook", "codebook", ("F32",)),
+            ),
+        ),
+        "convrot_w4a4": ("convrot_w4a4_linear", (("weight_scale", "wscales", FLOATS),)),
+        "nvfp4": ("dequantize_nvfp4", (("weight_scale", "block_scales", ("F8_E4M3",)),)),
+        "mxfp8": ("dequantize_mxfp8", (("weight_scale", "block_scales", ("F8_E8M0",)),)),
+    },
+}
+
+
+def runs_forward(target: str, name: str) -> bool:
+    """Whether the first forward of a ``name`` layer has operand rules modelled for ``target``."""
+    return name in OPERANDS[target] or name in FORWARD
+
+
+def broadcast_error(a: tuple, b: tuple) -> str | None:
+    """torch's message when shapes ``a`` and ``b`` do not broadcast (dimensions compared from
+    the last one, as torch's ``infer_size`` does), or None."""
+    ndim = max(len(a), len(b))
+    for i in range(ndim - 1, -1, -1):
+        back = ndim - 1 - i
+        da = a[len(a) - 1 - back] if back < len(a) else 1
+        db = b[len(b) - 1 - back] if back < len(b) else 1
+        if da != db and da != 1 and db != 1:
+            return f"The size of tensor a ({da}) must match the size of tensor b ({db}) at non-singleton dimension {i}"
+    return None
+
+
+def scale_shape_template(target: str, name: str, t: dict) -> Violation | None:
+    """A scale whose shape the first forward refuses: an FP8 per-tensor scale that does not
+    broadcast against the weight (torch's own error from the dequantize's multiply), an INT8
+    scale that is neither one value nor one per weight row (the INT8 linear's check)."""
+    w, s = t.get("weight"), t.get("weight_scale")
+    if w is None or s is None or len(w.shape) != 2:
+        return None
+    message = exception = None
+    if name in ("float8_e4m3fn", "float8_e5m2"):
+        message, exception = broadcast_error(tuple(w.shape), tuple(s.shape)), "RuntimeError"
+    elif name == "int8_tensorwise" and s.numel not in (1, w.shape[0]):
+        message = f"INT8 weight scale must be scalar or per-output-channel, got ({s.numel},) for weight shape {tuple(w.shape)}"
+        exception = "ValueError"
+    if message is None:
+        return None
+    return Violation(
+        f"{target}.scale-shape",
+        message,
+        exception,
+        LAYER,
+        "weight_scale",
+        True,
+        f"weight_scale of shape {list(s.shape)} for a weight of {list(w.shape)} (raised at the first forward)",
+        "store the scale as the format defines it (comfyquant fix reshapes it when the values allow)",
+    )
 
 
 def forward_templates(
-    target: str, name: str, t: dict, views: dict[str, tuple[str, tuple[str, ...] | None]] | None = None
+    target: str,
+    name: str,
+    t: dict,
+    views: dict[str, tuple[str, tuple[str, ...] | None]] | None = None,
+    convrot: bool = False,
 ) -> list[Violation]:
     """What one layer's first forward raises in comfy-kitchen, or nothing.  ``views``: the
     dtypes ComfyUI reinterprets operands as before they reach comfy-kitchen (suffix ->
-    (dtype, only these source dtypes or None for any))."""
-    op, operands, block, per_byte = FORWARD[name]
+    (dtype, only these source dtypes or None for any)); ``convrot``: an INT8 ConvRot layer."""
+    op, operands = OPERANDS[target].get(name, ("", ()))
+    _, _, block, per_byte = FORWARD.get(name, ("", (), 0, 1))
     viewed: dict[str, tuple[str, int]] = {}
     for suffix, operand, accepted in operands:
         e = t.get(suffix)
@@ -279,6 +619,9 @@ def forward_templates(
                     f"store {suffix} as {accepted[0]} (comfyquant fix converts it when that is exact)",
                 )
             ]
+    shaped = scale_shape_template(target, name, t)
+    if shaped is not None:
+        return [shaped]
     if block and "weight_scale" in viewed and "weight" in t and len(t["weight"].shape) == 2:
         rows, cols = t["weight"].shape
         num_cols = cols * per_byte // block
@@ -311,7 +654,7 @@ def _block_scale(prefix: str, t: dict, env: dict) -> Violation | None:
 _CHECKS = {
     "int8_tensorwise": _int8,
     "asym_w4a8_int8": check_w4a8,
-    "convrot_w4a4": _w4a4,
+    "convrot_w4a4": w4a4_params,
     "nvfp4": _block_scale,
     "mxfp8": _block_scale,
 }

@@ -1,8 +1,12 @@
 """SGLang diffusion runtime (0.5.x): marker inspection, config resolution, layer building.
 
 Reproduces, in SGLang's own order and with its exact messages and exception types,
-``inspect_comfy_quant_markers`` (spec 4.1), ``resolve_comfy_checkpoint_quantization`` and the
-config constructors (4.2), and the checks made when layers are built (4.3).  In *collect* mode
+``inspect_comfy_quant_markers`` and ``resolve_comfy_checkpoint_quantization`` (SGLang 0.5.23
+``sglang/multimodal_gen/runtime/utils/quantization_utils.py``), the config constructors they call
+(``runtime/layers/quantization/configs/*.py``, ``comfy_fp8.py``, ``comfy_nvfp4.py``, ``mxfp8.py``),
+and the checks made when layers are built (the configs' ``get_quant_method``).  The first two
+stages are proven against SGLang's own functions (tests/test_runtime_agreement_sglang.py); the
+layer building is modelled from the source (``targets.proven.MODELLED``).  In *collect* mode
 every violation is listed (the first is the one SGLang raises); in *raise* mode the first is
 raised, which is what :mod:`comfyquant.compat.sglang` offers as a drop-in.
 
@@ -12,11 +16,12 @@ is assumed.  A layer counts as an embedding when its last name component contain
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from ..formats.base import GeometryError
 from ..formats.w4a8 import ASYM_W4A8_INT8, GROUP_SIZE, group_size_ok, k_fits
-from ..markers import MarkerMerge, int_error, lenient_nonfinite_sizes
+from ..markers import HEADER, TENSOR, MarkerMerge, MarkerRecord
 from .base import Verdict, Violation, incomplete_violations
 from .container import EXCEPTION, container_errors
 
@@ -76,7 +81,7 @@ EXPLAIN: dict[str, tuple[str, str]] = {
     ),
     "B5": ("ConvRot INT8 layers need row-wise [N, 1] scales in SGLang", "re-quantize the layer row-wise"),
     "B6": (
-        "MoE expert banks are ComfyUI-only (spec 3.9): SGLang builds 2-D linear layers from Comfy markers",
+        "MoE expert banks are ComfyUI-only: SGLang builds 2-D linear layers from Comfy markers",
         "keep the bank dense for SGLang, or load the checkpoint in ComfyUI",
     ),
 }
@@ -136,20 +141,20 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
         by_file.setdefault(rec.file, []).append(rec)
     merge = MarkerMerge(skip_conflicting=True)  # SGLang raises on a conflicting record: it adds nothing
     damaged = container_errors(ckpt)
+    lenient: set[str] = set()  # prefixes with a marker only Python's own json reads
+    # markers stored in another dtype than U8 (each has its M003 finding): torch may not read them
+    odd = {(f.file, f.tensor) for f in ms.findings if f.code == "M003"}
     for path in ckpt.files:
         if path in damaged:
             # safe_open(path) raises before anything of this shard is read
             run.fail("safetensors", damaged[path], exception=EXCEPTION, file=path)
         hm = headers.get(path)
-        if hm is not None and hm.error == "M010" and (sizes := lenient_nonfinite_sizes(hm.raw)) is not None:
-            # Python's json takes NaN/Infinity/1e400: SGLang reads the map and int()s the sizes
-            if sizes:
-                prefix, _key, value = sizes[0]
-                exception, message = int_error(value)
-                run.fail("H1", message, prefix, exception=exception)
+        if hm is not None and hm.error == "M010":
+            # the strict reader refused the map; SGLang reads it with Python's json (NaN, Infinity)
+            for rec in _lenient_header(hm, run):
+                _merge_python(merge, rec, run, lenient)
         elif hm is not None and hm.error is not None:
             rule, text = {
-                "M010": ("H1", f"Invalid _quantization_metadata in {path}"),
                 "M011": ("H2", f"_quantization_metadata in {path} must contain an object"),
                 "M012": ("H3", f"_quantization_metadata in {path} must contain a layers object"),
             }[hm.error]
@@ -158,15 +163,36 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
             if rec.error == "M013":
                 run.fail("H4", f"Comfy quantization metadata for {rec.prefix!r} must be an object", rec.prefix)
                 continue
-            if rec.error == "M001":
-                run.fail("P2", f"Invalid Comfy quantization marker {rec.key!r} in {path}", rec.prefix, "comfy_quant")
+            if odd and (rec.file, rec.key) in odd and (unread := _unreadable_dtype(ckpt, rec)) is not None:
+                run.fail("P2", unread, rec.prefix, "comfy_quant", exception="TypeError")
                 continue
+            python_only = rec.error == "M001"
+            if python_only:
+                rec = _lenient_tensor(ms, rec, run)
+                if rec is None:
+                    continue
             if rec.error == "M002":
                 run.fail("P3", f"Comfy quantization marker {rec.key!r} must contain a JSON object", rec.prefix, "comfy_quant")
                 continue
-            if merge.add(rec):
+            if python_only or (lenient and rec.prefix in lenient):
+                _merge_python(merge, rec, run, lenient)
+            elif merge.add(rec):
                 run.fail("P1", f"Conflicting Comfy quantization markers for {rec.prefix!r}", rec.prefix)
-    raw: dict[str, dict] = {p: ms.effective.get(p, m) for p, m in merge.merged.items()}
+    raw: dict[str, dict] = merge.merged  # SGLang's own union: a later equal value of another type wins
+    if run.collect:
+        # check: where the union equals ComfyUI's merged marker, that object (per-layer results
+        # cached under it serve both profiles), unless their convrot differs in type (1 for
+        # true), the one such difference that changes what SGLang does
+        effective = ms.effective
+        raw = {
+            p: e
+            if p not in lenient
+            and (e := effective.get(p)) is not None
+            and e == m
+            and type(e.get("convrot")) is type(m.get("convrot"))
+            else m
+            for p, m in raw.items()
+        }
 
     # SGLang sees the tensors as stored: it has no MoE expert banks, so no flattened view.
     needs_marker = [p for p, layer in layers.items() if (w := layer.stored.get("weight")) is not None and w.dtype in QUANT_DTYPES]
@@ -202,19 +228,16 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
     for prefix, marker in raw.items():
         layer = layers.get(prefix)
         outcome = memo.get("sglang", marker, layer, lambda m=marker, t=(layer.stored if layer else {}): _check_marker(m, t))
-        rule, template, tensor, keys = outcome
+        rule, template, tensor, keys, exception = outcome
         if rule is not None:
-            run.fail(rule, template.replace(PREFIX, repr(prefix)).replace(RAW, prefix), prefix, tensor)
+            run.fail(rule, template.replace(PREFIX, repr(prefix)).replace(RAW, prefix), prefix, tensor, exception)
         if keys:
             derived[prefix] = keys
 
     mapped: dict[str, dict] = {}
     mapped_derived: dict[str, dict] = {}
     for prefix, marker in raw.items():
-        name = prefix
-        if param_name_mapper is not None:
-            m = param_name_mapper(prefix + ".weight")
-            name = m[: -len(".weight")] if m.endswith(".weight") else m
+        name = prefix if param_name_mapper is None else param_name_mapper(prefix)  # SGLang maps the prefix itself
         if name in mapped:
             run.fail("M1", f"Comfy markers collide after parameter mapping at {name!r}", prefix)
             continue
@@ -226,17 +249,92 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
 
 MXFP8_MARKER = {"format": "mxfp8"}
 
+NO_NUMPY = {
+    "BF16": "BFloat16",
+    "F8_E4M3": "Float8_e4m3fn",
+    "F8_E5M2": "Float8_e5m2",
+    "F8_E8M0": "Float8_e8m0fnu",
+    "F8_E4M3FNUZ": "Float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "Float8_e5m2fnuz",
+}
+"""Marker tensor dtypes whose torch tensor has no NumPy view: SGLang reads a marker's bytes with
+``tensor.numpy().tobytes()``, and torch refuses these with its own ``TypeError``."""
+
+
+def _unreadable_dtype(ckpt, rec: MarkerRecord) -> str | None:
+    """torch's message when SGLang cannot take a marker tensor's bytes (its dtype), else None."""
+    header = next((h for h in ckpt.headers if h.file == rec.file), None)
+    entry = header.tensors.get(rec.key) if header is not None else None
+    name = NO_NUMPY.get(entry.dtype) if entry is not None else None
+    return None if name is None else f"Got unsupported ScalarType {name}"
+
+
+def _python_json(text: str | bytes, run: Run, rule: str, message: str, prefix: str | None) -> tuple[bool, object]:
+    """Python's own ``json.loads`` of ``text`` (what SGLang parses markers with: it accepts NaN,
+    Infinity and numbers beyond the float range, and detects UTF-16/32 and a BOM in bytes):
+    (True, the object), or (False, None) after failing ``rule`` with ``message`` as SGLang does."""
+    try:
+        return True, json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        run.fail(rule, message, prefix)
+    except RecursionError as exc:  # not caught by SGLang: it raises through
+        run.fail(rule, str(exc), prefix, exception="RecursionError")
+    return False, None
+
+
+def _lenient_header(hm, run: Run) -> list[MarkerRecord]:
+    """The records of a header map only Python's json reads (SGLang's H1-H4 on it)."""
+    path = hm.file
+    ok, obj = _python_json(hm.raw, run, "H1", f"Invalid _quantization_metadata in {path}", None)
+    if not ok:
+        return []
+    if not isinstance(obj, dict):
+        run.fail("H2", f"_quantization_metadata in {path} must contain an object")
+        return []
+    layers = obj.get("layers")
+    if not isinstance(layers, dict):
+        run.fail("H3", f"_quantization_metadata in {path} must contain a layers object")
+        return []
+    out = []
+    for prefix, marker in layers.items():
+        if not isinstance(marker, dict):
+            run.fail("H4", f"Comfy quantization metadata for {prefix!r} must be an object", prefix)
+            continue
+        out.append(MarkerRecord(HEADER, path, prefix, prefix, marker))
+    return out
+
+
+def _lenient_tensor(ms, rec: MarkerRecord, run: Run) -> MarkerRecord | None:
+    """A tensor marker the strict reader refused, as SGLang reads it (P2 when it cannot)."""
+    data = ms.marker_bytes.get((rec.file, rec.key), b"")
+    message = f"Invalid Comfy quantization marker {rec.key!r} in {rec.file}"
+    ok, obj = _python_json(data, run, "P2", message, rec.prefix)
+    if not ok:
+        return None
+    return MarkerRecord(TENSOR, rec.file, rec.prefix, rec.key, obj, None if isinstance(obj, dict) else "M002")
+
+
+def _merge_python(merge: MarkerMerge, rec: MarkerRecord, run: Run, lenient: set[str]) -> None:
+    """SGLang's ``_merge_comfy_quant_marker`` for a marker only Python's json reads (or a prefix
+    one of those set): compared key by key with ``!=``, as SGLang compares, so a NaN never
+    equals itself; a conflicting record adds nothing."""
+    prefix = rec.prefix
+    lenient.add(prefix)
+    previous = merge.merged.get(prefix) or {}
+    if any(key in previous and previous[key] != value for key, value in rec.obj.items()) or merge.add(rec):
+        run.fail("P1", f"Conflicting Comfy quantization markers for {prefix!r}", prefix)
+
 
 def _meta(tensors: dict, suffix: str):
     e = tensors.get(suffix)
     return None if e is None else (e.dtype, e.shape)
 
 
-def _check_marker(marker: dict, t: dict) -> tuple[str | None, str, str | None, dict]:
-    """One marker's inspection: (rule, message template, tensor suffix, derived keys)."""
+def _check_marker(marker: dict, t: dict) -> tuple[str | None, str, str | None, dict, str | None]:
+    """One marker's inspection: (rule, message template, tensor suffix, derived keys, exception)."""
     fmt = marker.get("format")
     if fmt not in VALIDATED:
-        return None, "", None, {}
+        return None, "", None, {}, None
     P = PREFIX
     if fmt == "asym_w4a8_int8":
         required = ("weight", "weight_s_rel", "weight_s_channel")
@@ -247,9 +345,9 @@ def _check_marker(marker: dict, t: dict) -> tuple[str | None, str, str | None, d
     missing = sorted(s for s in required if s not in t)
     if missing:
         names = ", ".join(f"'{RAW}.{s}'" for s in missing)
-        return "T1", f"Comfy layer {P} is missing checkpoint tensors: [{names}]", missing[0], {}
+        return "T1", f"Comfy layer {P} is missing checkpoint tensors: [{names}]", missing[0], {}, "ValueError"
     if fmt == "float8_e4m3fn":
-        return None, "", None, {"_activation_scheme": "static" if "input_scale" in t else "dynamic"}
+        return None, "", None, {"_activation_scheme": "static" if "input_scale" in t else "dynamic"}, None
     if fmt == "asym_w4a8_int8":
         return _check_w4a8(marker, t)
     if fmt == "convrot_w4a4":
@@ -259,8 +357,8 @@ def _check_marker(marker: dict, t: dict) -> tuple[str | None, str, str | None, d
     return _check_int8(t)
 
 
-def _fail_tpl(rule: str, message: str, tensor: str | None = None, keys: dict | None = None):
-    return rule, message, tensor, keys or {}
+def _fail_tpl(rule: str, message: str, tensor: str | None = None, keys: dict | None = None, exception: str = "ValueError"):
+    return rule, message, tensor, keys or {}, exception
 
 
 def _check_w4a8(marker: dict, t: dict):
@@ -270,8 +368,8 @@ def _check_w4a8(marker: dict, t: dict):
     cdt, csh = _meta(t, "weight_s_channel")
     try:
         g = int(marker.get("group_size", GROUP_SIZE))
-    except (TypeError, ValueError, OverflowError) as exc:
-        return _fail_tpl("W1", str(exc))
+    except (TypeError, ValueError, OverflowError) as exc:  # SGLang's own int() of the value
+        return _fail_tpl("W1", str(exc), exception=type(exc).__name__)
     if g < 4:
         return _fail_tpl("W1", f"Comfy W4A8 layer {P} has invalid group_size={g}")
     if wdt != "I8" or sdt != "F8_E4M3":
@@ -296,7 +394,7 @@ def _check_w4a8(marker: dict, t: dict):
         return _fail_tpl("W6", f"Comfy W4A8 layer {P} needs an F32[16] codebook", "weight_codebook", keys)
     if keys["_has_correction"] and _meta(t, "weight_correction") != ("F32", (k // g, wsh[0])):
         return _fail_tpl("W7", f"Comfy W4A8 layer {P} has an incompatible correction tensor", "weight_correction", keys)
-    return None, "", None, keys
+    return None, "", None, keys, None
 
 
 def _check_w4a4(marker: dict, t: dict):
@@ -314,15 +412,15 @@ def _check_w4a4(marker: dict, t: dict):
     k = wsh[1] * 2
     try:
         c = int(marker.get("convrot_groupsize", 256))
-    except (TypeError, ValueError, OverflowError) as exc:
-        return _fail_tpl("A3", str(exc))
+    except (TypeError, ValueError, OverflowError) as exc:  # SGLang's own int() of the value
+        return _fail_tpl("A3", str(exc), exception=type(exc).__name__)
     if c not in CONVROT_SIZES:
         return _fail_tpl("A3", f"Comfy W4A4 layer {P} has unsupported convrot_groupsize={c}")
     if k % 64 or k % c:
         return _fail_tpl(
             "A4", f"Comfy W4A4 layer {P} has input size {k}, incompatible with quant_group_size=64 and convrot_groupsize={c}"
         )
-    return None, "", None, {}
+    return None, "", None, {}, None
 
 
 def _check_nvfp4(t: dict):
@@ -350,7 +448,7 @@ def _check_nvfp4(t: dict):
             return _fail_tpl(
                 "F5", f"Comfy NVFP4 layer {P} has an incompatible pre_quant_scale: {pdt}{psh}", "pre_quant_scale", keys
             )
-    return None, "", None, keys
+    return None, "", None, keys, None
 
 
 def _check_int8(t: dict):
@@ -360,7 +458,7 @@ def _check_int8(t: dict):
     if wdt == "I8" and sdt == "F32" and ssh == ():
         if len(wsh) != 2:
             return _fail_tpl("I1", f"Comfy tensorwise INT8 layer {P} needs a 2D weight, got {wsh}", "weight")
-        return None, "", None, {"_is_tensorwise_scalar": True}
+        return None, "", None, {"_is_tensorwise_scalar": True}, None
     if wdt != "I8" or sdt != "F32":
         return _fail_tpl(
             "I2",
@@ -369,19 +467,25 @@ def _check_int8(t: dict):
         )
     if len(wsh) != 2 or ssh != (wsh[0], 1):
         return _fail_tpl("I3", f"Comfy INT8 layer {P} has incompatible weight/scale shapes: {wsh} and {ssh}", "weight_scale")
-    return None, "", None, {"_is_rowwise": True}
+    return None, "", None, {"_is_rowwise": True}, None
 
 
-# -- resolve and config constructors (spec 4.2) ---------------------------------------------
+# -- resolve and config constructors ----------------------------------------------------------
 
 
 def is_int8_embedding_marker(marker: dict, derived: dict | None = None) -> bool:
+    """SGLang's ``is_comfy_int8_embedding`` on the dict inspect returns: the marker with the
+    keys inspect derived (``derived``) laid over it, so a marker's own ``_is_rowwise`` counts."""
     d = derived or {}
     return (
         marker.get("format") == "int8_tensorwise"
-        and not marker.get("convrot")
-        and bool(d.get("_is_tensorwise_scalar") or d.get("_is_rowwise"))
+        and not marker.get("convrot", False)
+        and bool(_derived(marker, d, "_is_rowwise") or _derived(marker, d, "_is_tensorwise_scalar"))
     )
+
+
+def _derived(marker: dict, derived: dict, key: str):
+    return derived[key] if key in derived else marker.get(key)
 
 
 def resolve(markers: dict[str, dict], derived: dict[str, dict], run: Run) -> str | None:
@@ -401,31 +505,33 @@ def resolve(markers: dict[str, dict], derived: dict[str, dict], run: Run) -> str
                 run.fail("R4", f"Unsupported Comfy W4A8 format for {prefix!r}: {m.get('format')!r}", prefix)
         return "KitchenW4A8Config"
     if formats in (["convrot_w4a4"], ["convrot_w4a4", "int8_tensorwise"]):
+        # the constructor builds its INT8 config from every INT8 marker before it reads a W4A4 one
+        _int8_config({p: m for p, m in markers.items() if m.get("format") == "int8_tensorwise"}, derived, run)
         for prefix, m in markers.items():
-            if m.get("format") == "convrot_w4a4":
-                try:
-                    c = int(m.get("convrot_groupsize", 256))
-                except (TypeError, ValueError, OverflowError) as exc:  # the constructor's own int()
-                    run.fail("R6", str(exc), prefix, exception=type(exc).__name__)
-                    continue
-                if c not in CONVROT_SIZES:
-                    run.fail(
-                        "R6",
-                        f"Serialized W4A4 layer {prefix!r} has unsupported convrot_groupsize={c}; expected one of (16, 64, 256)",
-                        prefix,
-                    )
-                    continue
-                ld = m.get("linear_dtype", "int4")
-                if ld not in ("int4", "int8"):
-                    run.fail(
-                        "R7",
-                        f"Serialized W4A4 layer {prefix!r} has unsupported linear_dtype={ld!r}; expected one of ('int4', 'int8')",
-                        prefix,
-                    )
-            elif m.get("format") == "int8_tensorwise":
-                _int8_config({prefix: m}, derived, run)
-            else:
+            if m.get("format") == "int8_tensorwise":
+                continue
+            if m.get("format") != "convrot_w4a4":
                 run.fail("R5", f"Unsupported Comfy W4A4 format for {prefix!r}: {m.get('format')!r}", prefix)
+                continue
+            try:
+                c = int(m.get("convrot_groupsize", 256))
+            except (TypeError, ValueError, OverflowError) as exc:  # the constructor's own int()
+                run.fail("R6", str(exc), prefix, exception=type(exc).__name__)
+                continue
+            if c not in CONVROT_SIZES:
+                run.fail(
+                    "R6",
+                    f"Serialized W4A4 layer {prefix!r} has unsupported convrot_groupsize={c}; expected one of (16, 64, 256)",
+                    prefix,
+                )
+                continue
+            ld = str(m.get("linear_dtype", "int4"))  # the constructor's own str()
+            if ld not in ("int4", "int8"):
+                run.fail(
+                    "R7",
+                    f"Serialized W4A4 layer {prefix!r} has unsupported linear_dtype={ld!r}; expected one of ('int4', 'int8')",
+                    prefix,
+                )
         return "KitchenW4A4Config"
     if formats == ["float8_e4m3fn"]:
         return "ComfyFp8Config"
@@ -459,7 +565,7 @@ def _int8_config(markers: dict[str, dict], derived: dict[str, dict], run: Run) -
             )
 
 
-# -- layer construction (spec 4.3) ----------------------------------------------------------
+# -- layer construction (the configs' get_quant_method) ---------------------------------------
 
 
 def _is_embedding(prefix: str) -> bool:
@@ -560,7 +666,7 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
             )
         if m.get("convrot") is True:
             c = m.get("convrot_groupsize")
-            if isinstance(c, (int, float)) and int(c) and cols % int(c):  # int(0.5) is 0: no modulo by it
+            if c in CONVROT_SIZES and cols % int(c):  # any other size fails the config (R2) first
                 return (
                     "B3",
                     (
@@ -591,8 +697,7 @@ def run_all(ckpt, param_name_mapper=None, collect: bool = True) -> tuple[dict, d
     raw_prefix = {}
     if param_name_mapper is not None:
         for prefix in ckpt.layers:
-            m = param_name_mapper(prefix + ".weight")
-            raw_prefix[m[: -len(".weight")] if m.endswith(".weight") else m] = prefix
+            raw_prefix[param_name_mapper(prefix)] = prefix
     build_layers(markers, derived, raw_prefix, ckpt, config, run)
     if run.collect:
         # weights that are not in any shard: SGLang's weight loading cannot fill those

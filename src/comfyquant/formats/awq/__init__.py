@@ -35,7 +35,7 @@ AWQ_W4A16 = Format(
     inspect_text=lambda env: f"G={env['group_size']}",
     constraints=(Constraint("K % group_size == 0", "group_size={group_size} does not divide K={K}"),),
     bits_text="4",
-    loaders=frozenset({"comfyui", "comfy-kitchen"}),
+    loaders=frozenset({"comfy-kitchen"}),
     recognize=lambda t: "weight_zeros" in t and "weight" in t and t["weight"].dtype == "I8",
 )
 

@@ -1,0 +1,107 @@
+"""Every case through one runtime's driver and through comfyquant's check, side by side.
+
+A driver module (``comfyui_driver``, ``kitchen_driver``, ``sglang_driver``) exposes
+``TARGET`` (comfyquant's name of the runtime), ``VERSION``, ``MISSING`` (why it cannot run
+here, set when ``driver()`` returns None) and ``driver()``; the driver it returns is a context
+manager with ``run(path) -> Outcome``.  ``compare`` returns one row per case;
+``table`` prints the disagreements compactly (case id, comfyquant's verdict, the runtime's).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cases import Case
+from .outcome import Expected, Outcome, disagreement, expected
+
+DRIVERS = {
+    "comfyui": "runtimes.comfyui_driver",
+    "comfy-kitchen": "runtimes.kitchen_driver",
+    "sglang": "runtimes.sglang_driver",
+}
+
+
+@dataclass
+class Row:
+    case: Case
+    outcome: Outcome
+    predicted: Expected
+    why: str | None
+    """None when comfyquant agrees with the runtime."""
+
+
+KNOWN = Path(__file__).resolve().parent / "known"
+
+
+def known_disagreements(target: str) -> set[str]:
+    """The case ids ``known/<target>.txt`` lists: where comfyquant is known to differ from the
+    runtime (one id a line, ``#`` starts a comment)."""
+    path = KNOWN / f"{target}.txt"
+    if not path.is_file():
+        return set()
+    return {line.split("#", 1)[0].strip() for line in path.read_text().splitlines()} - {""}
+
+
+def write_known(target: str, rows: list[Row]) -> Path:
+    """Record the cases where comfyquant differs from the runtime as ``known/<target>.txt``."""
+    KNOWN.mkdir(exist_ok=True)
+    path = KNOWN / f"{target}.txt"
+    lines = [
+        f"# Cases of the generated space (seed 0) where comfyquant's {target} verdict differs from the",
+        "# runtime's: classes the profile does not model yet.  Written by",
+        "# tools/prove_verdicts.py --write-known; the agreement test fails on any other disagreement",
+        "# and on a listed case that agrees.",
+    ]
+    lines += [f"{r.case.id}  # {r.why}" for r in rows if r.why is not None]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def driver_module(target: str):
+    return importlib.import_module(DRIVERS[target])
+
+
+def verdict(case: Case, target: str) -> dict | None:
+    """comfyquant's verdict for ``target`` on the written case (None: check refused the file)."""
+    import comfyquant
+    from comfyquant.errors import InputError
+
+    try:
+        report = comfyquant.check(str(case.path), target=target, deep=case.deep)
+    except InputError:
+        return None
+    return report.verdicts[target].to_dict()
+
+
+def compare(drv, target: str, cases: Iterable[Case]) -> list[Row]:
+    rows = []
+    predict = getattr(drv, "predict", expected)  # a driver that runs part of a runtime says what it covers
+    for case in cases:
+        outcome = drv.run(case.path)
+        predicted = predict(verdict(case, target))
+        rows.append(Row(case, outcome, predicted, disagreement(outcome, predicted)))
+    return rows
+
+
+def summary(rows: list[Row]) -> str:
+    statuses = Counter(r.outcome.status for r in rows)
+    total = len(rows) or 1
+    shares = ", ".join(f"{s} {statuses[s]} ({100 * statuses[s] / total:.1f}%)" for s in ("raises", "garbage", "degraded", "ok"))
+    agree = sum(r.why is None for r in rows)
+    return f"{len(rows)} cases: {shares}; comfyquant agrees on {agree}/{len(rows)}"
+
+
+def table(rows: list[Row], limit: int | None = None, width: int = 110) -> str:
+    bad = [r for r in rows if r.why is not None]
+    lines = []
+    for r in bad[:limit]:
+        lines.append(f"{r.case.id}  [{r.why}]")
+        lines.append(f"    comfyquant: {r.predicted.short()[:width]}")
+        lines.append(f"    runtime:    {r.outcome.stage or '-'}: {r.outcome.short()[:width]}")
+    if limit is not None and len(bad) > limit:
+        lines.append(f"... and {len(bad) - limit} more")
+    return "\n".join(lines)

@@ -1,0 +1,584 @@
+"""A generated space of defective checkpoints, deterministic from a seed.
+
+Each case is one small safetensors file holding one quantized layer (``LAYER``), built from a
+valid layer that comfy-kitchen 0.2.40 quantized from a seeded dense weight, then broken in one
+way.  The dense weight and bias are kept with the case so a driver can measure the output of
+what a runtime computes against the layer it was meant to be.
+
+The space (``generate``): for every format comfy-kitchen writes (FP8 E4M3/E5M2, INT8 scalar,
+row-wise and ConvRot, W4A8 4/6-bit, codebook and uniform, with and without a correction,
+ConvRot W4A4 int4/int8, NVFP4, MXFP8) at two geometries, plus AWQ W4A16 and legacy scaled FP8:
+
+* ``valid``: the layer as written (marker as tensor, in the header map, or both);
+* ``slot``: every stored tensor missing, cast to each plausible wrong dtype (by value, or by
+  bits for same-width dtypes), transposed, each dimension one more and one less, scalar <->
+  vector <-> matrix, padded <-> unpadded, 3-D; and every tensor the format does not have, extra;
+* ``marker``: every marker key missing, of a wrong type, out of range, non-finite; an unknown
+  key; the format unknown;
+* ``header``: header map vs tensor marker conflicts and malformed header maps;
+* ``legacy``: ComfyUI's scaled-FP8 forms;
+* ``value`` (``deep``): scales zero, negative, NaN, inf, subnormal; a weight cast by value;
+* ``container``: truncated files, wrong header lengths, headers that are not JSON, overlapping
+  and short data offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import save, save_file
+
+from kitchen_fixtures import make_layer, make_weight
+
+LAYER = "blocks.0.attn.qkv"
+
+# (variant name in kitchen_fixtures, shapes) -- two geometries per format, K a multiple of
+# every group size the format uses with its defaults.
+VARIANTS: dict[str, tuple[tuple[int, int], ...]] = {
+    "fp8": ((64, 256), (96, 128)),
+    "fp8_static": ((64, 256),),
+    "fp8_e5m2": ((64, 256), (96, 128)),
+    "int8_scalar": ((64, 256), (96, 128)),
+    "int8_rowwise": ((64, 256), (96, 128)),
+    "int8_convrot": ((64, 256), (96, 512)),
+    "w4a8_codebook": ((64, 256), (96, 512)),
+    "w4a8_uniform": ((64, 256),),
+    "w4a8_asym": ((64, 256),),
+    "w6a8": ((64, 256), (96, 512)),
+    "w4a4": ((64, 256), (96, 512)),
+    "w4a4_int8": ((64, 256),),
+    "nvfp4": ((64, 256), (128, 128)),
+    "mxfp8": ((64, 256), (128, 128)),
+}
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+WRONG_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.uint8, torch.int8, torch.int32)
+"""Plausible dtypes a writer puts on a tensor by mistake."""
+
+EXTRA_SLOTS = (
+    "weight_scale",
+    "input_scale",
+    "weight_scale_2",
+    "pre_quant_scale",
+    "weight_s_rel",
+    "weight_s_channel",
+    "weight_codebook",
+    "weight_correction",
+    "weight_zeros",
+)
+
+MARKER_KEYS = {
+    "float8_e4m3fn": ("format", "full_precision_matrix_mult"),
+    "float8_e5m2": ("format", "full_precision_matrix_mult"),
+    "int8_tensorwise": ("format", "convrot", "convrot_groupsize", "full_precision_matrix_mult"),
+    "asym_w4a8_int8": ("format", "group_size", "convrot_groupsize", "convrot"),
+    "convrot_w4a4": ("format", "convrot_groupsize", "linear_dtype"),
+    "nvfp4": ("format", "group_size"),
+    "mxfp8": ("format", "group_size"),
+    "awq_w4a16": ("format", "group_size"),
+}
+
+WRONG_TYPES: tuple = ("16", 16.5, [16], None, True, {"v": 16})
+OUT_OF_RANGE: tuple = (0, -1, 7, 32, 64, 128, 1024)
+NON_FINITE: tuple = (float("nan"), float("inf"), -float("inf"))
+FORMAT_VALUES: tuple = ("float8", "int4", "", "FLOAT8_E4M3FN", "awq_w4a16", "svdquant_w4a4", 5)
+LINEAR_DTYPES: tuple = ("fp8", "int16", "INT4")
+
+
+@dataclass
+class Case:
+    """One generated checkpoint: written by ``write`` into a folder as ``<id>.safetensors``."""
+
+    id: str
+    group: str
+    tensors: dict[str, torch.Tensor]
+    metadata: dict[str, str] | None = None
+    dense: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
+    """Layer -> (dense weight [N, K] in F32, bias or None): what the layer is meant to compute."""
+    deep: bool = False
+    """Whether only the tensors' values show the defect (comfyquant needs ``--deep``)."""
+    damage: Callable[[bytes], bytes] | None = None
+    """Container damage applied to the written bytes."""
+    path: Path | None = None
+
+    def write(self, folder: Path) -> Path:
+        """Write the checkpoint, and beside it ``<id>.dense`` (the dense layers, for drivers
+        running in another process)."""
+        path = Path(folder) / f"{self.id}.safetensors"
+        dense = {}
+        for layer, (weight, bias) in self.dense.items():
+            dense[f"{layer}.weight"] = weight.contiguous()
+            if bias is not None:
+                dense[f"{layer}.bias"] = bias.contiguous()
+        save_file(dense, str(dense_path(path)))
+        if self.damage is None:
+            save_file(self.tensors, str(path), metadata=self.metadata)
+        else:
+            path.write_bytes(self.damage(save(self.tensors, metadata=self.metadata)))
+        self.path = path
+        return path
+
+
+def dense_path(path: Path) -> Path:
+    """Where ``Case.write`` puts the dense layers of the checkpoint at ``path``."""
+    return Path(path).with_suffix(".dense")
+
+
+def read_dense(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """The dense layers ``Case.write`` kept beside the checkpoint at ``path``."""
+    from safetensors.torch import load_file
+
+    flat = load_file(str(dense_path(path)))
+    return {
+        name[: -len(".weight")]: (t, flat.get(name[: -len(".weight")] + ".bias"))
+        for name, t in flat.items()
+        if name.endswith(".weight")
+    }
+
+
+def _marker_tensor(marker) -> torch.Tensor:
+    raw = marker if isinstance(marker, bytes) else json.dumps(marker).encode("utf-8")
+    return torch.tensor(list(raw), dtype=torch.uint8)
+
+
+class _Base:
+    """A valid layer: its tensors by suffix, marker, dense source."""
+
+    def __init__(self, name: str, tensors: dict[str, torch.Tensor], marker: dict, dense, bias) -> None:
+        self.name, self.tensors, self.marker, self.dense, self.bias = name, tensors, marker, dense, bias
+
+    def named(self, tensors: dict[str, torch.Tensor] | None = None, marker=None, marker_tensor=True) -> dict:
+        out = {f"{LAYER}.{s}": t.contiguous() for s, t in (self.tensors if tensors is None else tensors).items()}
+        if marker_tensor:
+            out[f"{LAYER}.comfy_quant"] = _marker_tensor(self.marker if marker is None else marker)
+        return out
+
+    def case(self, cid: str, group: str, tensors=None, marker=None, metadata=None, deep=False, marker_tensor=True) -> Case:
+        return Case(
+            cid,
+            group,
+            self.named(tensors, marker, marker_tensor),
+            metadata,
+            {LAYER: (self.dense, self.bias)},
+            deep,
+        )
+
+
+def _base(variant: str, n: int, k: int, seed: int) -> _Base:
+    layer = make_layer(variant, LAYER, n, k, seed=seed, marker="sglang")
+    dense = make_weight(n, k, torch.bfloat16, seed).float()
+    return _Base(f"{variant}_{n}x{k}", dict(layer.tensors), dict(layer.marker), dense, layer.tensors.get("bias"))
+
+
+def _w4a8_correction(base: _Base) -> _Base:
+    g = base.marker.get("group_size", 16)
+    n, k = base.dense.shape
+    tensors = dict(base.tensors)
+    tensors["weight_correction"] = torch.zeros(k // g, n, dtype=torch.float32)
+    return _Base(base.name + "_corr", tensors, base.marker, base.dense, base.bias)
+
+
+def _awq(n: int, k: int, seed: int, group: int = 64) -> _Base:
+    """AWQ W4A16 (offline-calibrated only): random codes, scales and zeros; the dense source is
+    comfy-kitchen's own decode of the valid layer."""
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randint(-128, 128, (n, k // 2), generator=gen, dtype=torch.int16).to(torch.int8)
+    scale = (torch.rand(k // group, n, generator=gen) * 0.01 + 0.001).to(torch.bfloat16)
+    zeros = (torch.rand(k // group, n, generator=gen) * -0.05).to(torch.bfloat16)
+    bias = (torch.randn(n, generator=gen) * 0.01).to(torch.bfloat16)
+    tensors = {"weight": weight, "weight_scale": scale, "weight_zeros": zeros, "bias": bias}
+    from comfy_kitchen.tensor import QuantizedTensor, TensorCoreAWQW4A16Layout
+
+    params = TensorCoreAWQW4A16Layout.Params(
+        scale=scale, zeros=zeros, group_size=group, orig_dtype=torch.bfloat16, orig_shape=(n, k)
+    )
+    dense = QuantizedTensor(weight, "TensorCoreAWQW4A16Layout", params).dequantize().float()
+    return _Base(f"awq_{n}x{k}", tensors, {"format": "awq_w4a16", "group_size": group}, dense, bias)
+
+
+# -- tensor mutations -------------------------------------------------------------------------
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if t.dtype.is_floating_point and not dtype.is_floating_point:
+        info = torch.iinfo(dtype)
+        return t.float().clamp(info.min, info.max).to(dtype)
+    return t.to(dtype)
+
+
+def _resize(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    if size <= 0:
+        return t.narrow(dim, 0, 0)
+    if size <= t.shape[dim]:
+        return t.narrow(dim, 0, size).contiguous()
+    pad_shape = list(t.shape)
+    pad_shape[dim] = size - t.shape[dim]
+    return torch.cat(
+        [t, torch.zeros(pad_shape, dtype=t.dtype) if t.dtype != torch.float8_e8m0fnu else t.narrow(dim, 0, 1).expand(pad_shape)],
+        dim,
+    )
+
+
+def _pad_to(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def tensor_mutations(t: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every plausible way one stored tensor is wrong: (tag, mutated tensor)."""
+    for dtype in WRONG_DTYPES:
+        if dtype == t.dtype:
+            continue
+        tag = str(dtype).removeprefix("torch.")
+        yield f"cast-{tag}", _cast(t, dtype)
+        if dtype.itemsize == t.dtype.itemsize and t.dim() > 0 and t.dtype != torch.float8_e8m0fnu:
+            yield f"view-{tag}", t.view(dtype)
+    if t.dtype == torch.uint8 and t.dim() > 0:
+        yield "view-float8_e8m0fnu", t.view(torch.float8_e8m0fnu)
+    if t.dim() == 2 and t.shape[0] != t.shape[1]:
+        yield "transposed", t.t().contiguous()
+    for d in range(t.dim()):
+        yield f"dim{d}+1", _resize(t, d, t.shape[d] + 1)
+        if t.shape[d] > 1:
+            yield f"dim{d}-1", _resize(t, d, t.shape[d] - 1)
+    if t.dim() == 0:
+        yield "as-vector1", t.reshape(1)
+        yield "as-matrix1x1", t.reshape(1, 1)
+        yield "as-vector4", t.reshape(1).expand(4).contiguous()
+    elif t.dim() == 1:
+        yield "as-scalar", t[0].clone()
+        yield "as-column", t.reshape(-1, 1)
+        yield "as-row", t.reshape(1, -1)
+    elif t.dim() == 2:
+        if t.shape[1] == 1:
+            yield "as-vector", t.reshape(-1)
+        if t.shape[0] == 1 or t.shape[1] == 1:
+            yield "as-scalar", t.reshape(-1)[0].clone()
+        rows, cols = _pad_to(t.shape[0], 128), _pad_to(t.shape[1], 4)
+        if (rows, cols) != tuple(t.shape):
+            yield "padded", _resize(_resize(t, 0, rows), 1, cols)
+        if t.shape[0] > 64 and t.shape[0] % 128 == 0:
+            yield "unpadded", t.narrow(0, 0, t.shape[0] // 2).contiguous()
+    if t.dim() >= 1:
+        yield "3d-unsqueezed", t.unsqueeze(0)
+        if t.dim() == 2 and t.shape[0] % 2 == 0:
+            yield "3d-split", t.reshape(2, t.shape[0] // 2, *t.shape[1:])
+
+
+def _extra(suffix: str, base: _Base) -> torch.Tensor:
+    n, k = base.dense.shape
+    if suffix in ("input_scale", "weight_scale_2"):
+        return torch.tensor(0.01, dtype=torch.float32)
+    if suffix == "pre_quant_scale":
+        return torch.ones(k, dtype=torch.bfloat16)
+    if suffix == "weight_s_channel":
+        return torch.ones(n, dtype=torch.float32)
+    if suffix == "weight_codebook":
+        return torch.linspace(-1, 1, 16, dtype=torch.float32)
+    if suffix in ("weight_correction", "weight_zeros"):
+        return torch.zeros(k // 16, n, dtype=torch.float32)
+    if suffix == "weight_s_rel":
+        return torch.ones(n, k // 16, dtype=torch.float32).to(torch.float8_e4m3fn)
+    return torch.ones(n, 1, dtype=torch.float32)
+
+
+def slot_cases(base: _Base) -> Iterator[Case]:
+    for suffix, t in base.tensors.items():
+        tensors = dict(base.tensors)
+        del tensors[suffix]
+        yield base.case(f"{base.name}.{suffix}.missing", "slot", tensors)
+        for tag, mutated in tensor_mutations(t):
+            tensors = dict(base.tensors)
+            tensors[suffix] = mutated
+            # a runtime that casts a tensor by value computes normally or garbage depending on
+            # the values (codes stored in a wider dtype survive, reinterpreted bytes do not)
+            deep = tag.startswith(("cast-", "view-"))
+            yield base.case(f"{base.name}.{suffix}.{tag}", "slot", tensors, deep=deep)
+    for suffix in EXTRA_SLOTS:
+        if suffix in base.tensors:
+            continue
+        tensors = dict(base.tensors)
+        tensors[suffix] = _extra(suffix, base)
+        yield base.case(f"{base.name}.{suffix}.extra", "slot", tensors)
+    if "pre_quant_scale" not in base.tensors:
+        k = base.dense.shape[1]
+        for size in (k - 1, k + 1, 1):
+            tensors = dict(base.tensors)
+            tensors["pre_quant_scale"] = torch.ones(size, dtype=torch.bfloat16)
+            yield base.case(f"{base.name}.pre_quant_scale.extra-len{size}", "slot", tensors)
+
+
+def marker_cases(base: _Base) -> Iterator[Case]:
+    fmt = base.marker["format"]
+    keys = MARKER_KEYS.get(fmt, ("format",))
+    for key in keys:
+        marker = dict(base.marker)
+        if key in marker:
+            del marker[key]
+            yield base.case(f"{base.name}.marker.{key}.missing", "marker", marker=marker)
+        values: list = []
+        if key == "format":
+            values = list(FORMAT_VALUES) + [None, [fmt]]
+        elif key == "linear_dtype":
+            values = list(LINEAR_DTYPES) + ["int8", None, 4]
+        elif key in ("convrot", "full_precision_matrix_mult"):
+            values = ["true", 1, 0, None, not marker.get(key, False)]
+        else:
+            values = list(WRONG_TYPES) + list(OUT_OF_RANGE) + list(NON_FINITE)
+        for i, value in enumerate(values):
+            marker = dict(base.marker)
+            marker[key] = value
+            yield base.case(f"{base.name}.marker.{key}.v{i}", "marker", marker=marker)
+    marker = dict(base.marker, unknown_key=1)
+    yield base.case(f"{base.name}.marker.unknown-key", "marker", marker=marker)
+    for i, raw in enumerate((b"not json", b"[1, 2]", b'"float8_e4m3fn"', b"")):
+        yield Case(
+            f"{base.name}.marker.raw{i}",
+            "marker",
+            dict(base.named(), **{f"{LAYER}.comfy_quant": torch.tensor(list(raw), dtype=torch.uint8)}),
+            None,
+            {LAYER: (base.dense, base.bias)},
+        )
+
+
+def header_cases(base: _Base) -> Iterator[Case]:
+    good = json.dumps({"format_version": "1.0", "layers": {LAYER: base.marker}})
+    yield base.case(f"{base.name}.header.map-only", "header", metadata={"_quantization_metadata": good}, marker_tensor=False)
+    yield base.case(f"{base.name}.header.both", "header", metadata={"_quantization_metadata": good})
+    other = {"format": "float8_e4m3fn"} if base.marker["format"] != "float8_e4m3fn" else {"format": "int8_tensorwise"}
+    conflict = json.dumps({"format_version": "1.0", "layers": {LAYER: other}})
+    yield base.case(f"{base.name}.header.conflict", "header", metadata={"_quantization_metadata": conflict})
+    yield base.case(
+        f"{base.name}.header.conflict-map-only",
+        "header",
+        metadata={"_quantization_metadata": conflict},
+        marker_tensor=False,
+    )
+    malformed = (
+        "not json",
+        json.dumps([1, 2]),
+        json.dumps({"layers": [LAYER]}),
+        json.dumps({"layers": {LAYER: "float8_e4m3fn"}}),
+        json.dumps({"layers": {LAYER: [base.marker]}}),
+        json.dumps({"format_version": "1.0"}),
+        json.dumps({"layers": None}),
+        json.dumps({"layers": {}}),
+        json.dumps({"layers": {"blocks.9.other": base.marker}}),
+    )
+    for i, text in enumerate(malformed):
+        yield base.case(f"{base.name}.header.malformed{i}", "header", metadata={"_quantization_metadata": text})
+
+
+def _fill(t: torch.Tensor, value: float, everywhere: bool) -> torch.Tensor:
+    out = t.clone()
+    if out.dtype == torch.float8_e8m0fnu:
+        raw = out.view(torch.uint8)
+        byte = {0.0: 0, -1.0: 0, math.inf: 255, -math.inf: 255}.get(value, 255 if value != value else 0)
+        if everywhere:
+            raw.fill_(byte)
+        else:
+            raw.reshape(-1)[0] = byte
+        return out
+    cell = torch.tensor(value, dtype=torch.float32).to(out.dtype)
+    if everywhere or out.dim() == 0:
+        out.copy_(cell.expand_as(out))
+    else:
+        out.reshape(-1)[0] = cell
+    return out
+
+
+VALUES = {"zero": 0.0, "negative": -1.0, "nan": math.nan, "inf": math.inf, "subnormal": 1e-40}
+SCALES = ("weight_scale", "weight_scale_2", "input_scale", "weight_s_rel", "weight_s_channel", "pre_quant_scale")
+
+
+def value_cases(base: _Base) -> Iterator[Case]:
+    for suffix in SCALES:
+        t = base.tensors.get(suffix)
+        if t is None:
+            continue
+        for tag, value in VALUES.items():
+            for everywhere in (True, False) if t.dim() else (True,):
+                tensors = dict(base.tensors)
+                if tag == "negative" and t.dtype in FLOAT_DTYPES:
+                    tensors[suffix] = -t if everywhere else _fill(t, -float(t.reshape(-1)[0].float().abs()), False)
+                else:
+                    tensors[suffix] = _fill(t, value, everywhere)
+                where = "all" if everywhere else "one"
+                yield base.case(f"{base.name}.{suffix}.value-{tag}-{where}", "value", tensors, deep=True)
+
+
+def cast_weight_cases(base: _Base) -> Iterator[Case]:
+    """The dense BF16 weight cast by value into the format's weight dtype with a scale of 1."""
+    w = base.tensors["weight"]
+    if w.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8) or w.shape != base.dense.shape:
+        return
+    tensors = dict(base.tensors)
+    tensors["weight"] = _cast(base.dense.to(torch.bfloat16), w.dtype)
+    scale = tensors.get("weight_scale")
+    if scale is not None and scale.dtype == torch.float32:
+        tensors["weight_scale"] = torch.ones_like(scale)
+    yield base.case(f"{base.name}.weight.value-cast", "value", tensors, deep=True)
+
+
+def legacy_cases(seed: int) -> Iterator[Case]:
+    """ComfyUI's scaled-FP8 layout: ``scaled_fp8`` marker tensor, ``scale_weight``/``scale_input``."""
+    from comfy_kitchen.tensor import QuantizedTensor
+
+    n, k = 64, 256
+    gen = torch.Generator().manual_seed(seed + 7)
+    dense = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)
+    bias = (torch.randn(n, generator=gen) * 0.01).to(torch.bfloat16)
+    q = QuantizedTensor.from_float(dense, "TensorCoreFP8Layout")
+    sd = q.state_dict("weight")
+    weight, scale = sd["weight"], sd["weight_scale"].float().reshape(())
+
+    def case(cid, marker=None, scale_weight=scale, scale_input=None, w=weight, extra=None):
+        t = {f"{LAYER}.weight": w, f"{LAYER}.bias": bias}
+        if marker is not None:
+            t["scaled_fp8"] = marker
+        if scale_weight is not None:
+            t[f"{LAYER}.scale_weight"] = scale_weight
+        if scale_input is not None:
+            t[f"{LAYER}.scale_input"] = scale_input
+        t.update(extra or {})
+        return Case(f"legacy.{cid}", "legacy", t, None, {LAYER: (dense.float(), bias)})
+
+    e4 = torch.empty(0, dtype=torch.float8_e4m3fn)
+    yield case("ok", marker=e4)
+    yield case("marker-2", marker=torch.zeros(2, dtype=torch.float8_e4m3fn))
+    yield case("marker-f32", marker=torch.tensor(0.0))
+    yield case("marker-e5m2", marker=torch.empty(0, dtype=torch.float8_e5m2))
+    yield case("scale-input-1", marker=e4, scale_input=torch.tensor(1.0))
+    yield case("scale-input-0.5", marker=e4, scale_input=torch.tensor(0.5))
+    yield case("scale-input-vector", marker=e4, scale_input=torch.ones(2))
+    yield case("no-scale-weight", marker=e4, scale_weight=None)
+    yield case("scale-weight-vector", marker=e4, scale_weight=scale.reshape(1).expand(n).contiguous())
+    yield case("scale-weight-bf16", marker=e4, scale_weight=scale.to(torch.bfloat16))
+    yield case("no-marker", marker=None)
+    yield case("weight-bf16", marker=e4, w=dense)
+    yield case("weight-e5m2", marker=e4, w=weight.float().to(torch.float8_e5m2))
+
+
+# -- damaged containers -----------------------------------------------------------------------
+
+
+def _header_len(data: bytes) -> int:
+    return struct.unpack("<Q", data[:8])[0]
+
+
+def _with_header(data: bytes, header: bytes) -> bytes:
+    body = data[8 + _header_len(data) :]
+    return struct.pack("<Q", len(header)) + header + body
+
+
+def _edit_header(edit: Callable[[dict], None]) -> Callable[[bytes], bytes]:
+    def damage(data: bytes) -> bytes:
+        header = json.loads(data[8 : 8 + _header_len(data)])
+        edit(header)
+        return _with_header(data, json.dumps(header).encode())
+
+    return damage
+
+
+def _overlap(header: dict) -> None:
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    a, b = header[names[0]], header[names[1]]
+    b["data_offsets"] = [a["data_offsets"][0], a["data_offsets"][0] + (b["data_offsets"][1] - b["data_offsets"][0])]
+
+
+def _short(header: dict) -> None:
+    name = max(
+        (k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][1] - header[k]["data_offsets"][0]
+    )
+    start, end = header[name]["data_offsets"]
+    header[name]["data_offsets"] = [start, end - 1]
+
+
+def _beyond(header: dict) -> None:
+    name = max((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][1])
+    start, end = header[name]["data_offsets"]
+    header[name]["data_offsets"] = [start, end + 64]
+
+
+def _bad_dtype(header: dict) -> None:
+    name = next(k for k in header if k.endswith(".weight"))
+    header[name]["dtype"] = "F7"
+
+
+DAMAGES: dict[str, Callable[[bytes], bytes]] = {
+    "truncated-half": lambda d: d[: len(d) // 2],
+    "truncated-1": lambda d: d[:-1],
+    "truncated-header": lambda d: d[: 8 + _header_len(d) // 2],
+    "only-length": lambda d: d[:8],
+    "empty": lambda d: b"",
+    "header-length-huge": lambda d: struct.pack("<Q", 1 << 40) + d[8:],
+    "header-length-short": lambda d: struct.pack("<Q", _header_len(d) - 5) + d[8:],
+    "header-length-long": lambda d: struct.pack("<Q", _header_len(d) + 5) + d[8:],
+    "header-not-json": lambda d: _with_header(d, b"{not json" + b" " * 8),
+    "header-list": lambda d: _with_header(d, b"[1, 2, 3]"),
+    "overlapping": _edit_header(_overlap),
+    "short-offsets": _edit_header(_short),
+    "offsets-beyond-end": _edit_header(_beyond),
+    "unknown-dtype": _edit_header(_bad_dtype),
+    "trailing-bytes": lambda d: d + b"\0" * 16,
+}
+
+
+def container_cases(base: _Base) -> Iterator[Case]:
+    for tag, damage in DAMAGES.items():
+        case = base.case(f"{base.name}.container.{tag}", "container")
+        case.damage = damage
+        yield case
+
+
+GROUPS = ("valid", "slot", "marker", "header", "legacy", "value", "container")
+
+# -- the space --------------------------------------------------------------------------------
+
+
+def bases(seed: int = 0) -> list[_Base]:
+    """The valid layers every defect starts from."""
+    out = []
+    for i, (variant, shapes) in enumerate(VARIANTS.items()):
+        for j, (n, k) in enumerate(shapes):
+            base = _base(variant, n, k, seed * 1000 + i * 10 + j)
+            out.append(base)
+            if variant.startswith("w4a8") and j == 0:
+                out.append(_w4a8_correction(base))
+    out.append(_awq(64, 256, seed * 1000 + 900))
+    return out
+
+
+def generate(seed: int = 0) -> list[Case]:
+    """Every case of the space, in a fixed order (not yet written)."""
+    rng = random.Random(seed)
+    out: list[Case] = []
+    all_bases = bases(seed)
+    for index, base in enumerate(all_bases):
+        out.append(base.case(f"{base.name}.valid", "valid"))
+        out.extend(slot_cases(base))
+        out.extend(marker_cases(base))
+        out.extend(header_cases(base))
+        out.extend(value_cases(base))
+        out.extend(cast_weight_cases(base))
+        if index % 4 == rng.randrange(4) or base.name.startswith("fp8_64"):
+            out.extend(container_cases(base))
+    out.extend(legacy_cases(seed))
+    ids = [c.id for c in out]
+    if len(ids) != len(set(ids)):
+        raise AssertionError("case ids must be unique")
+    return out
+
+
+def cases(folder: Path, seed: int = 0, select: Callable[[Case], bool] | None = None) -> Iterator[Case]:
+    """Write each case (selected by ``select``) into ``folder`` and yield it."""
+    for case in generate(seed):
+        if select is None or select(case):
+            case.write(folder)
+            yield case

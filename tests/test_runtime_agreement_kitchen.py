@@ -1,0 +1,57 @@
+"""comfyquant's comfy-kitchen verdicts equal what comfy-kitchen 0.2.40 alone really does on every
+case of the generated defect space (each layer built as ComfyUI hands it over, dequantized and
+run): loads / FAILS (same exception type and message) / FAILS silently (garbage measured
+against the dense layer)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="the generated cases and the runtimes need torch")
+
+from runtimes import kitchen_driver  # noqa: E402
+from runtimes.agreement import compare, known_disagreements, summary, table  # noqa: E402
+from runtimes.cases import GROUPS, generate  # noqa: E402
+
+TARGET = "comfy-kitchen"
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kitchen-cases")
+    cases = generate(0)
+    for case in cases:
+        case.write(folder)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    drv = kitchen_driver.driver()
+    if drv is None:
+        pytest.skip(kitchen_driver.MISSING)
+    with drv:
+        yield drv
+
+
+def test_valid_layers_compute_normally(written, runtime):
+    """The oracle itself: every valid layer loads and computes within its format's usual error
+    (the asymmetric W4A8 layer whose correction was zeroed degrades)."""
+    rows = compare(runtime, TARGET, [c for c in written if c.group == "valid"])
+    got = {r.case.id: r.outcome.status for r in rows}
+    assert got.pop("w4a8_asym_64x256_corr.valid") == "degraded"
+    assert set(got.values()) == {"ok"}, got
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_verdicts_agree(written, runtime, group):
+    """Every case agrees, except the ones ``tests/runtimes/known/`` lists (classes of defect
+    the profile does not model yet, each listed case by case): a new disagreement fails, and
+    so does a listed case that now agrees (take it off the list)."""
+    rows = compare(runtime, TARGET, [c for c in written if c.group == group])
+    assert rows
+    known = known_disagreements(TARGET)
+    new = [r for r in rows if r.why is not None and r.case.id not in known]
+    assert not new, f"{kitchen_driver.VERSION}: {summary(rows)}\n{table(new)}"
+    fixed = sorted(r.case.id for r in rows if r.why is None and r.case.id in known)
+    assert not fixed, f"these cases now agree: take them off tests/runtimes/known/{TARGET}.txt: {fixed}"
