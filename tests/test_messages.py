@@ -173,5 +173,9 @@ def test_json_problems_speak_json_and_show_text_not_python_reprs(tmp_path):
     assert "holds a JSON array, expected an object" in findings["blocks.2.a"].message
     for f in findings.values():
         assert "b'" not in (f.actual or "") and " list" not in f.message
+    # a header no runtime can read gets a report (C009), its words JSON's too
+    unreadable = comfyquant.check(b.raw_file(tmp_path / "h.safetensors", "[1, 2]"))
+    assert [f.code for f in unreadable.findings if f.code == "C009"] == ["C009"]
+    assert "header is a JSON array, expected an object" in next(f.message for f in unreadable.findings if f.code == "C009")
     with pytest.raises(ComfyQuantError, match="header is a JSON array, expected an object"):
-        comfyquant.check(b.raw_file(tmp_path / "h.safetensors", "[1, 2]"))
+        comfyquant.fix(b.raw_file(tmp_path / "h.safetensors", "[1, 2]"), str(tmp_path / "f.safetensors"))
