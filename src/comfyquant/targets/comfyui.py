@@ -405,7 +405,7 @@ def _read_marker(out: list, marker: dict, t: dict) -> dict:
 def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
     fmt = marker.get("format")
     if fmt is None:
-        return _fail(
+        _fail(
             out,
             "format",
             f"Unknown quantization format for layer {prefix}",
@@ -413,8 +413,9 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
             cause="marker has no format key",
             fix="add the format key (comfyquant fix)",
         )
+        return None
     if isinstance(fmt, (list, dict)):  # looked up in a set of formats first
-        return _fail(
+        _fail(
             out,
             "format",
             f"unhashable type: '{type(fmt).__name__}'",
@@ -423,8 +424,9 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
             cause="the marker's format is not a name",
             fix="set the format to a format name (comfyquant fix)",
         )
+        return None
     if fmt not in QUANT_ALGOS:
-        return _fail(
+        _fail(
             out,
             "format",
             repr(fmt),
@@ -433,6 +435,7 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
             cause=f"stock ComfyUI does not know format {fmt!r}",
             fix="convert the layer (comfyquant convert)",
         )
+        return None
     for suffix, (dtype, sources) in VIEWS.get(fmt, {}).items():
         e = t.get(suffix)
         if (
@@ -442,7 +445,7 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
             and DTYPE_BITS.get(e.dtype, 8) != DTYPE_BITS[dtype]
             and e.dtype in SCALAR_TYPES
         ):
-            return _fail(
+            _fail(
                 out,
                 "view",
                 f"self.dim() cannot be 0 to view {SCALAR_TYPES[e.dtype]} as {SCALAR_TYPES[dtype]} (different element sizes)",
@@ -452,9 +455,10 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
                 cause=f"ComfyUI reinterprets {suffix} as {dtype}, which a scalar of another width cannot be",
                 fix=f"store {suffix} as {dtype} in its blocked layout",
             )
+            return None
     if fmt in ("float8_e4m3fn", "float8_e5m2") and "weight_scale" not in t and "weight" in t:
         # ComfyUI's FP8 layout copies its scale when the parameters are built
-        return _fail(
+        _fail(
             out,
             "missing",
             "'NoneType' object has no attribute 'clone'",
@@ -464,10 +468,11 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
             cause="an FP8 layer without weight_scale",
             fix="re-export the layer with its weight_scale",
         )
+        return None
     if fmt in REQUIRED:
         needed, message = REQUIRED[fmt]
         if any(s not in t for s in needed):
-            return _fail(
+            _fail(
                 out,
                 "missing",
                 message.format(layer=prefix),
@@ -475,9 +480,10 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
                 cause="a required scale tensor is missing",
                 fix="re-export the layer",
             )
+            return None
     w = t.get("weight")
     if w is None:
-        return _fail(
+        _fail(
             out,
             "weight",
             f"Missing weight for layer {prefix}",
@@ -487,6 +493,7 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
             severity="error",
             cause="marked layer without a weight",
         )
+        return None
     if w.dtype != STORAGE[fmt]:
         # ComfyUI casts the stored weight to the layout's dtype by value: codes stored in a
         # wider dtype survive it exactly and the layer computes normally; other values (bytes

@@ -423,7 +423,9 @@ def convrot_forward(target: str, name: str, env: dict) -> Violation | None:
     if not isinstance(c, int):
         return None
     if c == 0:
-        v = _v("convrot", "integer modulo by zero", LAYER, exception="ZeroDivisionError", cause="convrot_groupsize 0")
+        v: Violation | None = _v(
+            "convrot", "integer modulo by zero", LAYER, exception="ZeroDivisionError", cause="convrot_groupsize 0"
+        )
     elif k % c:
         v = _v("convrot", CONVROT_DIVIDES[name].format(K=k, c=c), LAYER, cause=f"ConvRot group size {c} for K={k}")
     elif name == "convrot_w4a4" and k % 64:
