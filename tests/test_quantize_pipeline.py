@@ -4,6 +4,7 @@ the output bytes do not depend on it, and memory stays bounded by a few layers."
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -525,8 +526,9 @@ def test_ctrl_c_while_workers_compute_stops_at_once_and_leaves_nothing(tmp_path)
 
 
 def test_a_worker_interrupted_before_its_result_is_delivered_removes_the_spill(tmp_path, monkeypatch):
-    """Between returning a layer and the pool's delivery of it, an interruption ends the worker;
-    the run is being abandoned, so its spill file would be left next to the output."""
+    """Between returning a layer and the pool's delivery of it, an interruption removes the
+    spill file (the run is being abandoned: it would be left next to the output) and marks the
+    worker stopping; the worker itself stays until the pool ends it (see the next test)."""
     spill = tmp_path / ".comfyquant-x.spill"
     spill.write_bytes(b"encoded layer")
     monkeypatch.setattr(work, "_SENT_SPILL", str(spill))
@@ -534,15 +536,33 @@ def test_a_worker_interrupted_before_its_result_is_delivered_removes_the_spill(t
     monkeypatch.setattr(work, "_STOPPING", False)
 
     def leave():
-        raise SystemExit(0)  # os._exit in a worker
+        raise AssertionError("an idle worker left at an interruption")
 
     monkeypatch.setattr(work, "_leave_now", leave)
-    with pytest.raises(SystemExit):
-        work._interrupted(2, None)
+    assert work._interrupted(2, None) is None
     assert not spill.exists() and work._STOPPING
     monkeypatch.setattr(work, "_IN_TASK", True)  # during a task: the task stops (and cleans up) itself
     with pytest.raises(KeyboardInterrupt):
         work._interrupted(2, None)
+
+
+@pytest.mark.needs_torch
+def test_idle_workers_interrupted_leave_the_pool_working(tmp_path):
+    """An idle worker waits in the pool's call queue holding that queue's lock, a semaphore all
+    workers share. A worker that ended at a SIGINT there left the lock held: the other workers
+    then waited for it forever, and so did the pool's shutdown (a Ctrl-C that never returned).
+    Interrupted while idle, every worker stays usable and the pool closes."""
+    pool = runner._Pool(2, 1, False, str(tmp_path))
+    try:
+        pids = {pool.pool.submit(os.getpid).result(timeout=300) for _ in range(8)}
+        workers = [p.pid for p in pool.pool._processes.values()]
+        for pid in workers:
+            os.kill(pid, signal.SIGINT)
+        done = [pool.pool.submit(os.getpid) for _ in range(4)]
+        assert {f.result(timeout=300) for f in done} <= set(workers)
+    finally:
+        pool.close()
+    assert pids <= set(workers)
 
 
 def test_a_second_interrupt_does_not_cut_the_spill_clean_up_short(tmp_path, monkeypatch):

@@ -323,9 +323,10 @@ def init_worker(threads: int) -> None:
     Ctrl-C reaches the whole process group.  The main process reports the interruption in one
     line; a worker interrupted while it starts (importing torch) or while it waits for a task
     printed a ``KeyboardInterrupt`` traceback beside it.  So a worker starts with SIGINT
-    blocked (:mod:`.spawn`), and here takes it up with a handler that ends the process quietly
-    -- except during a task, where the task stops as before (its spill file is removed and the
-    main process gets the interruption)."""
+    blocked (:mod:`.spawn`), and here takes it up with a handler that raises nothing between
+    tasks (the worker then ends with the pool, its queued layers skipped) -- and during a task
+    stops the task as before (its spill file is removed and the main process gets the
+    interruption)."""
     import atexit
     import multiprocessing
     import signal
@@ -384,7 +385,11 @@ def _interrupted(signum, frame) -> None:
             return
         _RAISED = True
         raise KeyboardInterrupt
-    _leave_now()
+    # Between tasks the worker waits in the pool's call queue, holding that queue's lock (a
+    # semaphore shared by every worker). Ending the process here would leave the lock held:
+    # the other workers would wait for it forever, and so would the pool's shutdown. So the
+    # worker goes on waiting: the layers queued to it end at once (_STOPPING), and the pool's
+    # shutdown ends it as usual.
 
 
 def _leave_now() -> None:
