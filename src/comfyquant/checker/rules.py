@@ -151,7 +151,7 @@ def _name_fitting_side(layer, conflict: Finding, bound: list[Finding], cache: di
 
 
 def _bank_finding(layer, fmt, marker: dict) -> Finding:
-    """L010: what comfyquant makes of a MoE expert bank (spec 3.9), and whether its marker
+    """L010: what comfyquant makes of a MoE expert bank (ComfyUI 0.33.0 comfy/ops.py MoEExperts), and whether its marker
     declares the expert count the weight holds."""
     experts, name, tensor = layer.bank.experts, layer.name, f"{layer.prefix}.weight"
     declared = marker.get("num_experts")
@@ -170,10 +170,10 @@ def _bank_finding(layer, fmt, marker: dict) -> Finding:
         )
     if layer.bank.layout == "rows":
         how = f"checked as one layer of {layer.tensors['weight'].shape[0]} rows, as ComfyUI's loader reads it"
-        cause = "expert banks flatten [E, out, ...] to [E*out, ...] for this format (spec 3.9)"
+        cause = "expert banks flatten [E, out, ...] to [E*out, ...] for this format (ComfyUI 0.33.0 comfy/ops.py MoEExperts)"
     else:
         how = "checked as one expert's layer: the stored [E, ...] tensors give every expert that layout"
-        cause = "each expert's tensors carry a leading expert dimension; per-tensor scales are [E] or shared (spec 3.9)"
+        cause = "each expert's tensors carry a leading expert dimension; per-tensor scales are [E] or shared (ComfyUI 0.33.0 comfy/ops.py MoEExperts)"
     return Finding(
         "L010",
         f"layer {name} ({fmt.name}) is a MoE expert bank of {experts} experts (ComfyUI only): {how}",
