@@ -37,15 +37,15 @@ import math
 import re
 import unicodedata
 import weakref
-from decimal import Decimal
 
 from ..dtypes import DTYPE_BITS
+from .serde_numbers import U64 as _U64
+from .serde_numbers import rust_float, serde_number
 
 EXCEPTION = "SafetensorError"
 PREFIX = "Error while deserializing header: "
 MAX_HEADER = 100_000_000
 """safetensors' limit (decimal; comfyquant's own reader allows 100 MiB)."""
-_U64 = (1 << 64) - 1
 
 SERDE_DTYPES = (
     "BOOL",
@@ -114,7 +114,7 @@ def open_error(hdr, read_raw) -> str | None:
     from .serde_syntax import stream_error
 
     raw = read_raw()
-    streamed = stream_error(raw)
+    streamed = stream_error(raw, serde_header)
     outcome = streamed if streamed is not None else serde_header(raw)
     if isinstance(outcome, str):
         return PREFIX + "invalid JSON in header: " + outcome
@@ -136,7 +136,7 @@ def unreadable_error(hdr) -> str:
         return "invalid header length"
     if (text := utf8_error(raw)) is not None:
         return "invalid UTF-8 in header: " + text
-    if (text := stream_error(raw)) is not None:
+    if (text := stream_error(raw, serde_header)) is not None:
         return "invalid JSON in header: " + text
     outcome = serde_header(raw)  # serde reads what Python's json did not (nesting deeper than Python's limit)
     if isinstance(outcome, str):
@@ -191,72 +191,6 @@ def _keep_pairs(pairs: list) -> _Pairs:
     d = _Pairs(pairs)
     d.pairs = pairs
     return d
-
-
-_POW10 = [float(f"1e{i}") for i in range(309)]
-
-
-def _overflows(a: int, b: int, c: int) -> bool:
-    """serde_json's ``overflow!(a * 10 + b, c)``."""
-    return a >= c // 10 and (a > c // 10 or b > c % 10)
-
-
-def serde_number(token: str) -> int | float:
-    """A JSON number as serde_json 1.x reads it (without ``float_roundtrip``): integers that
-    fit u64 (or i64 when negative) stay integers, ``-0`` and every other integer become f64;
-    floats are ``significand (u64, later digits dropped) x 10^exponent`` in one multiplication
-    or division by a power of ten, which is not always the correctly rounded value Python
-    gives (``1.1305118554741463e-56`` reads as ``...465e-56``)."""
-    negative = token.startswith("-")
-    digits = token[1:] if negative else token
-    i, n = 0, len(digits)
-    significand, exponent, is_float = 0, 0, False
-    while i < n and digits[i].isdigit():
-        d = ord(digits[i]) - 48
-        if is_float or _overflows(significand, d, _U64):
-            is_float = True  # parse_long_integer: later digits only scale
-            exponent += 1
-        else:
-            significand = significand * 10 + d
-        i += 1
-    if i < n and digits[i] == ".":
-        is_float = True
-        i += 1
-        dropping = False
-        while i < n and digits[i].isdigit():
-            d = ord(digits[i]) - 48
-            if dropping or _overflows(significand, d, _U64):
-                dropping = True  # parse_decimal_overflow: ignore further digits
-            else:
-                significand = significand * 10 + d
-                exponent -= 1
-            i += 1
-    if i < n and digits[i] in "eE":
-        is_float = True
-        i += 1
-        sign = 1
-        if digits[i] in "+-":
-            sign = -1 if digits[i] == "-" else 1
-            i += 1
-        exp = int(digits[i:])
-        if exp > 2**31 - 1:
-            return (-0.0 if negative else 0.0) if sign < 0 or significand == 0 else float("-inf" if negative else "inf")
-        exponent = max(-(2**31), min(2**31 - 1, exponent + sign * exp))
-    if not is_float:
-        if not negative:
-            return significand
-        return -significand if 0 < significand <= 2**63 else -float(significand)
-    f = float(significand)
-    while True:
-        if abs(exponent) < len(_POW10):
-            f = f * _POW10[exponent] if exponent >= 0 else f / _POW10[-exponent]
-            break
-        if f == 0.0 or exponent >= 0:
-            f = f * float("inf") if exponent >= 0 and f else f
-            break
-        f /= 1e308
-        exponent += 308
-    return -f if negative else f
 
 
 class _OutOfRange(Exception):
@@ -465,21 +399,6 @@ def _content_kind(v) -> str:
     if isinstance(v, list):
         return "seq"
     return "map"
-
-
-def rust_float(x: float) -> str:
-    """serde's rendering of an f64 in messages: shortest round-trip digits, positional for
-    1e-5 <= |x| < 1e16 (with ``.0`` when integral), else ``1.5e-7`` / ``1e+16``."""
-    if x == 0:
-        return "-0.0" if str(x).startswith("-") else "0.0"
-    d = Decimal(repr(x))
-    sign, digits, exponent = d.as_tuple()
-    sci = len(digits) - 1 + exponent
-    if -5 <= sci < 16:
-        s = format(d, "f")
-        return s if "." in s else s + ".0"
-    mant = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
-    return f"{'-' if sign else ''}{mant}e{'+' if sci >= 0 else '-'}{abs(sci)}"
 
 
 def _rust_debug_str(s: str) -> str:

@@ -14,6 +14,9 @@ validation is :mod:`comfyquant.targets.container`'s.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+
+from .serde_numbers import rust_float, serde_number
 
 RECURSION_LIMIT = 128
 _WS = b" \t\n\r"
@@ -150,7 +153,6 @@ class _Parser:
             if not self.digits():
                 c = self.next_char()
                 raise self.error("EOF while parsing a value" if c is None else "invalid number")
-        from .container import serde_number  # serde_json's own (not always correctly rounded) reading
 
         value = serde_number(self.data[start : self.index].decode("ascii"))
         if isinstance(value, float) and math.isinf(value):
@@ -333,19 +335,18 @@ def _kind(value: object) -> str:
     if isinstance(value, int):
         return f"integer `{value}`"
     if isinstance(value, float):
-        from .container import rust_float
-
         return f"floating point `{rust_float(value)}`"
     if isinstance(value, str):
         return f'string "{value}"'
     return "map" if isinstance(value, dict) else "sequence"
 
 
-def stream_error(data: bytes) -> str | None:
+def stream_error(data: bytes, entries: Callable[[bytes], object]) -> str | None:
     """serde_json's message (with its position) for what fails while the header is read: text
     that is not JSON, a value that is not an object, a ``__metadata__`` that is not a map of
     strings; None when it reads through (the tensor entries, which the struct collects and
-    checks only after the closing brace, are :func:`container.serde_header`'s).
+    checks only after the closing brace, are ``entries``': the header reader's
+    :func:`container.serde_header`, which returns their error text or the tensors).
     ``data`` must be UTF-8 (safetensors checks that first)."""
     p = _Parser(data)
     try:
@@ -359,9 +360,7 @@ def stream_error(data: bytes) -> str | None:
         if p.whitespace() is not None:
             # the struct's deferred checks of the tensor entries run when its closing brace is
             # read, before serde_json looks past it
-            from .container import serde_header
-
-            deferred = serde_header(data[:end])
+            deferred = entries(data[:end])
             if isinstance(deferred, str):
                 return deferred
             raise p.peek_error("trailing characters")
