@@ -2,7 +2,8 @@
 
 The light install (numpy, no torch) runs ``check``, ``inspect`` and the lossless
 ``fix``; ``.ci/run`` runs the suite a second time in such an environment.  There, the modules
-that import torch (or comfy-kitchen, or ``kitchen_fixtures``) at module level are not collected, and single tests that need it carry the
+that import torch or comfy-kitchen at module level, themselves or through a helper module of the
+tests' folder, are not collected, and single tests that need it carry the
 ``needs_torch`` marker and are skipped.  Everything else must pass without torch.
 """
 
@@ -10,6 +11,7 @@ import importlib.util
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,15 +22,31 @@ OpenMP threads sleep at barriers instead of spinning on cores shared with other 
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
-_TORCH_IMPORT = re.compile(r"^(?:import|from)\s+(?:torch|comfy_kitchen|safetensors\.torch|kitchen_fixtures)\b", re.M)
+_TORCH_IMPORT = re.compile(r"^(?:import|from)\s+(?:torch|comfy_kitchen|safetensors\.torch)\b", re.M)
 """A module-level import of torch (or of what imports it): such a test module needs torch."""
+_LOCAL_IMPORT = re.compile(r"^(?:import|from)\s+(\w+)", re.M)
+"""A module-level import, possibly of a helper module beside the tests (builders, fixtures)."""
+
+
+def _needs_torch(path: Path, seen: set[Path]) -> bool:
+    """Whether ``path`` imports torch at module level, itself or through a helper module of
+    the tests' folder that does (e.g. a fixtures module built on torch)."""
+    seen.add(path)
+    text = path.read_text(encoding="utf-8")
+    if _TORCH_IMPORT.search(text):
+        return True
+    for name in _LOCAL_IMPORT.findall(text):
+        helper = path.parent / f"{name}.py"
+        if helper not in seen and helper.is_file() and _needs_torch(helper, seen):
+            return True
+    return False
 
 
 def pytest_ignore_collect(collection_path, config):
     """On a light install, leave out the test modules that import torch at module level."""
     if HAS_TORCH or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
         return None
-    return True if _TORCH_IMPORT.search(collection_path.read_text(encoding="utf-8")) else None
+    return True if _needs_torch(Path(collection_path), set()) else None
 
 
 def pytest_configure(config):

@@ -83,6 +83,7 @@ def test_no_finding_prints_an_empty_location(tmp_path, capsys):
     assert any(line.endswith(" (checkpoint)") for line in heads), heads
 
 
+@pytest.mark.needs_torch
 @pytest.mark.parametrize("api", [True, False], ids=["api", "cli"])
 def test_the_api_names_keywords_the_cli_names_options(tmp_path, capsys, api):
     src = b.write(tmp_path / "m.safetensors", b.fp8_layer("blocks.0.attn"))
