@@ -90,6 +90,7 @@ RULES: dict[str, Rule] = {
         Rule("D006", WARNING, "tensor is all zeros"),
         Rule("D007", ERROR, "tensor values contain NaN or Inf"),
         Rule("D008", ERROR, "weight values a runtime's value cast to the format's dtype changes"),
+        Rule("D009", ERROR, "every scale at its dtype's largest value (overflowed and clipped)"),
     )
 }
 

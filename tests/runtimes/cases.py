@@ -91,6 +91,46 @@ NON_FINITE: tuple = (float("nan"), float("inf"), -float("inf"))
 FORMAT_VALUES: tuple = ("float8", "int4", "", "FLOAT8_E4M3FN", "awq_w4a16", "svdquant_w4a4", 5)
 LINEAR_DTYPES: tuple = ("fp8", "int16", "INT4")
 
+UNDECIDABLE = {
+    "bias-absent": (
+        "the layer has no bias tensor: nothing in the file says whether the model's layer has "
+        "one (ComfyUI then computes with a bias it never initialised)"
+    ),
+    "rotation-size": (
+        "the marker's ConvRot group size is one the runtime accepts for this K but not the one "
+        "the weights were rotated with: the stored codes of a rotated weight do not record the "
+        "rotation size, the marker is its only record"
+    ),
+    "rotation-flag": (
+        "the marker's convrot flag says the weights are (not) rotated and they are the other "
+        "way: a rotated weight's codes do not show the rotation, the marker is its only record"
+    ),
+    "bytes-of-other-float": (
+        "a 16-bit float tensor without a sign or range rule (a bias, a correction) holds the "
+        "bytes of the other 16-bit float: both readings are valid numbers, the file does not "
+        "record which the writer meant, and whether the output is garbage depends on the "
+        "activations the model feeds the layer"
+    ),
+}
+"""Classes of defect a file cannot show, even to ``--deep``, with what information is
+missing (docs/runtimes.md lists them): the agreement tests hold comfyquant to "loads" on
+them and the runtime to not raising."""
+
+WRONG_ROTATION_SIZES: tuple = ("16", 16.5, 16, 64)
+"""Marker ConvRot sizes comfy-kitchen reads (through ``int()``) as a power of 4 that divides
+the K of every generated ConvRot layer, none of them the size the layer was rotated with."""
+
+
+def _undecidable_marker(fmt_marker: dict, key: str, value) -> str | None:
+    """The ``UNDECIDABLE`` class of a marker edit the runtime accepts but that does not match
+    how the weights were written (None: the edit is decidable from the file)."""
+    if key == "convrot_groupsize" and value in WRONG_ROTATION_SIZES and type(value) is not bool:
+        if fmt_marker.get("format") != "int8_tensorwise" or fmt_marker.get("convrot"):
+            return "rotation-size"
+    if key == "convrot" and fmt_marker.get("format") == "int8_tensorwise" and bool(value) != bool(fmt_marker.get("convrot")):
+        return "rotation-flag"
+    return None
+
 
 @dataclass
 class Case:
@@ -106,6 +146,9 @@ class Case:
     """Whether only the tensors' values show the defect (comfyquant needs ``--deep``)."""
     damage: Callable[[bytes], bytes] | None = None
     """Container damage applied to the written bytes."""
+    undecidable: str | None = None
+    """The ``UNDECIDABLE`` class of a defect the file cannot show (None: it can): comfyquant
+    must say the file loads, and the runtime must not raise (it may compute garbage)."""
     path: Path | None = None
 
     def write(self, folder: Path) -> Path:
@@ -292,14 +335,19 @@ def slot_cases(base: _Base) -> Iterator[Case]:
     for suffix, t in base.tensors.items():
         tensors = dict(base.tensors)
         del tensors[suffix]
-        yield base.case(f"{base.name}.{suffix}.missing", "slot", tensors)
+        case = base.case(f"{base.name}.{suffix}.missing", "slot", tensors)
+        case.undecidable = "bias-absent" if suffix == "bias" else None
+        yield case
         for tag, mutated in tensor_mutations(t):
             tensors = dict(base.tensors)
             tensors[suffix] = mutated
             # a runtime that casts a tensor by value computes normally or garbage depending on
             # the values (codes stored in a wider dtype survive, reinterpreted bytes do not)
             deep = tag.startswith(("cast-", "view-"))
-            yield base.case(f"{base.name}.{suffix}.{tag}", "slot", tensors, deep=deep)
+            case = base.case(f"{base.name}.{suffix}.{tag}", "slot", tensors, deep=deep)
+            if suffix in ("bias", "weight_correction") and tag in ("view-float16", "view-bfloat16"):
+                case.undecidable = "bytes-of-other-float"
+            yield case
     for suffix in EXTRA_SLOTS:
         if suffix in base.tensors:
             continue
@@ -321,7 +369,9 @@ def marker_cases(base: _Base) -> Iterator[Case]:
         marker = dict(base.marker)
         if key in marker:
             del marker[key]
-            yield base.case(f"{base.name}.marker.{key}.missing", "marker", marker=marker)
+            case = base.case(f"{base.name}.marker.{key}.missing", "marker", marker=marker)
+            case.undecidable = _undecidable_marker(base.marker, key, False) if key == "convrot" else None
+            yield case
         values: list = []
         if key == "format":
             values = list(FORMAT_VALUES) + [None, [fmt]]
@@ -334,7 +384,9 @@ def marker_cases(base: _Base) -> Iterator[Case]:
         for i, value in enumerate(values):
             marker = dict(base.marker)
             marker[key] = value
-            yield base.case(f"{base.name}.marker.{key}.v{i}", "marker", marker=marker)
+            case = base.case(f"{base.name}.marker.{key}.v{i}", "marker", marker=marker)
+            case.undecidable = _undecidable_marker(base.marker, key, value)
+            yield case
     marker = dict(base.marker, unknown_key=1)
     yield base.case(f"{base.name}.marker.unknown-key", "marker", marker=marker)
     for i, raw in enumerate((b"not json", b"[1, 2]", b'"float8_e4m3fn"', b"")):

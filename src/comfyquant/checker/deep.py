@@ -26,10 +26,26 @@ TINY = 1.1754944e-38
 """The smallest normal F32: scales below it are subnormal."""
 
 
+SATURATED = "D009"
+"""Every scale at its dtype's largest finite value: the writer's scale overflowed and the
+cast saturated it, so each weight decodes hundreds of times too large (garbage)."""
+ON_GRID = "decoded onto the INT8 grid"
+"""How a NaN/Inf finding's ``actual`` ends on a group scale the decode clamps (``CLAMPED``)."""
+CLAMPED = frozenset({("asym_w4a8_int8", "weight_s_rel")})
+"""(format, slot) whose decode rounds and clamps code x scale onto the INT8 grid
+(comfy-kitchen 0.2.40 ``backends/eager/w4a8_int8.py`` ``_dequant_int4_grouped_to_int8``): a
+non-finite group scale gives that group one constant code instead of a non-finite output, so
+only every group scale non-finite is garbage; some of them degrade the layer (measured: a NaN
+in one group leaves the output finite and close)."""
+
+
 def makes_garbage(f: Finding) -> bool:
     """Whether a value finding means the layer's output is garbage (see ``GARBAGE_CODES``;
-    D008: a weight the runtime's value cast changes)."""
-    return f.code in GARBAGE_CODES or f.code == "D008" or (f.code in WHOLE_CODES and (f.actual or "").startswith(WHOLE + " "))
+    D008: a weight the runtime's value cast changes; D009: saturated scales)."""
+    actual = f.actual or ""
+    if f.code in ("D001", "D007") and actual.endswith(ON_GRID):
+        return actual.startswith(WHOLE + " ")
+    return f.code in GARBAGE_CODES or f.code in ("D008", SATURATED) or (f.code in WHOLE_CODES and actual.startswith(WHOLE + " "))
 
 
 def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, str]) -> None:
@@ -98,8 +114,7 @@ def _decoder():
         if dtype == "F8_E8M0":
             with np.errstate(over="ignore"):  # 255 is NaN, set below; 2**128 overflows on the way
                 out = np.exp2(raw.astype(np.float32) - 127)
-            out[raw == 0] = 0.0
-            out[raw == 255] = np.inf
+            out[raw == 255] = np.inf  # E8M0 has no zero: 0 is 2**-127 (subnormal in F32)
             return out
         if dtype == "F8_E5M2":  # the top byte of a float16
             return (raw.astype(np.uint16) << 8).view("<f2").astype(np.float32)
@@ -226,14 +241,45 @@ def deep_findings(ckpt) -> list[Finding]:
         values = decode(raw, entry.dtype, slot.dtype if slot.dtype != "float" else entry.dtype)
         if values is None:
             continue
-        out.extend(_value_findings(np, layer.name, entry.name, slot, values))
+        clamped = (layer.format_name, slot.suffix) in CLAMPED
+        out.extend(_value_findings(np, layer.name, entry.name, slot, values, clamped))
+        saturated = _saturated(np, entry.name, slot, values, entry.dtype if slot.dtype == "float" else slot.dtype)
+        if saturated is not None:
+            out.append(Finding(SATURATED, saturated[0], layer=layer.name, tensor=entry.name, **saturated[1]))
     return out
 
 
-def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
+FLOAT8_MAX = {"F8_E4M3": 448.0, "F8_E5M2": 57344.0}
+
+
+def _saturated(np, tensor: str, slot, v, dtype: str) -> tuple[str, dict] | None:
+    """A SATURATED finding's message and fields when every non-zero scale of an FP8 scale
+    tensor sits at the dtype's largest finite magnitude (zeros are a blocked layout's padding).
+    A writer's absmax scales spread over the dtype's range; all of them at its ceiling means
+    they overflowed and the cast clipped them."""
+    top = FLOAT8_MAX.get(dtype)
+    if top is None or slot.kind != SCALE or v.size < 2:
+        return None
+    nonzero = v[v != 0]
+    if nonzero.size < 2 or not np.isfinite(nonzero).all() or not np.all(np.abs(nonzero) == top):
+        return None
+    return (
+        f"{tensor} ({slot.meaning or slot.kind}): every scale is {top:g}, the largest {dtype} value",
+        {
+            "expected": f"scales spread below {top:g}",
+            "actual": f"{WHOLE} {top:g}",
+            "cause": "the scales overflowed the dtype and were clipped to its largest value: every weight decodes far too large",
+            "fix": "re-export the layer from the original weights (comfyquant quantize)",
+        },
+    )
+
+
+def _value_findings(np, layer: str, tensor: str, slot, v, clamped: bool = False) -> list[Finding]:
     out = []
     finite = np.isfinite(v)
     n_bad = int(v.size - finite.sum())
+    if slot.blocked and slot.kind == SCALE:
+        return out + _blocked_findings(np, layer, tensor, slot, v, n_bad)
     what = f"{tensor} ({slot.meaning or slot.kind})"
     fix = "re-export the layer from the original weights (comfyquant quantize)"
     if slot.kind == CODEBOOK:
@@ -264,6 +310,13 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
         return out
     if n_bad:
         code = "D001" if slot.positive else "D007"
+        actual = f"{n_bad} NaN/Inf"
+        cause = "overflow during quantization or a corrupted file"
+        if clamped:
+            actual = f"{WHOLE if n_bad == v.size else n_bad} NaN/Inf, {ON_GRID}"
+            cause += ": the decode clamps those groups onto the INT8 grid, each becomes one constant code" + (
+                " (every group: the output is garbage)" if n_bad == v.size else " (the output degrades, stays finite)"
+            )
         out.append(
             Finding(
                 code,
@@ -271,8 +324,8 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
                 layer=layer,
                 tensor=tensor,
                 expected="finite values",
-                actual=f"{n_bad} NaN/Inf",
-                cause="overflow during quantization or a corrupted file",
+                actual=actual,
+                cause=cause,
                 fix=fix,
             )
         )
@@ -342,3 +395,54 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
             )
         )
     return out
+
+
+def _blocked_findings(np, layer: str, tensor: str, slot, v, n_bad: int) -> list[Finding]:
+    """Findings on a blocked per-block scale (NVFP4's E4M3, MXFP8's E8M0, in the 128x4 layout):
+    its padding cells are zero by design, so only a layer with no positive normal scale at all
+    decodes to zero or to its negation (garbage); some zero or negative blocks degrade it."""
+    what = f"{tensor} ({slot.meaning or slot.kind})"
+    fix = "re-export the layer from the original weights (comfyquant quantize)"
+    if n_bad:
+        return [
+            Finding(
+                "D007",
+                f"{what}: {n_bad} of {v.size} values are NaN or Inf",
+                layer=layer,
+                tensor=tensor,
+                expected="finite values",
+                actual=f"{n_bad} NaN/Inf",
+                cause="overflow during quantization or a corrupted file",
+                fix=fix,
+            )
+        ]
+    positive = int((v >= TINY).sum())
+    negative = int((v < 0).sum())
+    if positive == 0:
+        sign = "negative" if negative else "zero or subnormal"
+        return [
+            Finding(
+                "D003" if negative else "D002",
+                f"{what}: every block scale is {sign}",
+                layer=layer,
+                tensor=tensor,
+                expected=f">= {TINY:.3g} (zero only in the padding)",
+                actual=f"{WHOLE} {sign}",
+                cause="the whole layer decodes to " + ("its negation" if negative else "zero (it outputs only its bias)"),
+                fix=fix,
+            )
+        ]
+    if negative:
+        return [
+            Finding(
+                "D003",
+                f"{what}: {negative} of {v.size} block scales are negative",
+                layer=layer,
+                tensor=tensor,
+                expected="> 0",
+                actual=f"{negative} negative",
+                cause="sign-flipped scales invert those blocks",
+                fix=fix,
+            )
+        ]
+    return []
