@@ -567,11 +567,11 @@ def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
     layout's own validation decides at load, so the kitchen profile's check is reused as is;
     returns what the layer's first forward raises once it loaded."""
     from ..formats.base import GeometryError
-    from ..formats.w4a8 import ASYM_W4A8_INT8
+    from ..formats.w4a8 import ASYM_W4A8_INT8, layer_geometry
     from .kitchen import check_w4a8
 
     try:
-        env = ASYM_W4A8_INT8.geometry(t, ASYM_W4A8_INT8.params(marker))
+        env = layer_geometry(t, ASYM_W4A8_INT8.params(marker))
     except GeometryError as exc:
         _fail(out, "ck", f"layer '{prefix}': {exc}", prefix, "weight")
         return None

@@ -15,8 +15,9 @@ from __future__ import annotations
 from ..dtypes import DTYPE_BITS
 from ..formats.base import GeometryError, is_pow4
 from ..formats.registry import FORMATS
-from ..formats.w4a8 import six_bit_fits
+from ..formats.w4a8 import layer_geometry, six_bit_fits
 from .base import LAYER, Verdict, Violation, bind, container_violations
+from .kitchen_awq import awq_forward
 
 
 def _v(
@@ -208,6 +209,11 @@ def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Viola
             return [], not_2d
     load = _load_templates(name, marker, tensors)
     read = marker_ints(name, marker)[0]
+    if name == "awq_w4a16":
+        if load or any(len(tensors[s].shape) != 2 for s in ("weight",) if s in tensors):
+            return load, []
+        v = awq_forward(tensors, FORMATS[name].params(read)["group_size"])
+        return load, [v] if v is not None else []
     convrot = bool(read.get("convrot"))
     if not load and name in ("asym_w4a8_int8", "convrot_w4a4", "int8_tensorwise"):
         fmt = FORMATS[name]
@@ -243,8 +249,12 @@ def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
     marker, refused = marker_ints(name, marker)
     if refused is not None:
         return [int_violation("comfy-kitchen", prefix, refused)]
+    if name == "awq_w4a16":
+        return []  # its Params validate nothing: the first forward decides (awq_forward)
+    # W4A8's Params check the group size themselves, against the model's K
+    geometry = layer_geometry if name == "asym_w4a8_int8" else fmt.geometry
     try:
-        env = fmt.geometry(tensors, fmt.params(marker))
+        env = geometry(tensors, fmt.params(marker))
     except GeometryError as exc:
         return [_v("shape", f"layer '{prefix}': {exc}", prefix, "weight")]
     check = _CHECKS.get(name)

@@ -67,24 +67,34 @@ def _inspect_text(env: dict) -> str:
     return f"{env['variant']} {env['bits']}-bit G={env['group_size']} C={env['convrot_groupsize']}"
 
 
-def _geometry(tensors: dict, params: dict) -> dict:
+def _input_size(cols: int, s_rel, g: int) -> tuple[int, int]:
+    """(K, bits) the stored tensors show: K = groups x group_size with the groups read from
+    the natural [N, NG] s_rel, else the transposed one (a transposed s_rel still yields the
+    geometry and is reported).  When the marker's group size explains neither width (the
+    marker is what is wrong), the width whose K the stored groups split into a group size the
+    kernels take; else 4-bit rows (the s_rel slot then reports the mismatch)."""
+    by_bits = k_by_bits(cols)
+    if s_rel is None or len(s_rel.shape) != 2:
+        return 2 * cols, 4
+    for groups in (s_rel.shape[1], s_rel.shape[0]):
+        for b, kk in by_bits.items():
+            if g > 0 and groups * g == kk:
+                return kk, b
+    groups = s_rel.shape[1]
+    for b, kk in by_bits.items():
+        if groups > 0 and kk % groups == 0 and group_size_ok(kk // groups):
+            return kk, b
+    return 2 * cols, 4
+
+
+def layer_geometry(tensors: dict, params: dict) -> dict:
+    """The layer's geometry whatever its group size: a runtime builds the layer with the
+    model's (N, K) and the marker's group size, and its own check refuses a group size that
+    cannot define groups (``_geometry`` raises for those instead)."""
     n, cols = weight_2d(tensors)
     g = as_int(params.get("group_size"), GROUP_SIZE)
     c = as_int(params.get("convrot_groupsize"), 256)
-    if g <= 0:
-        raise GeometryError(f"group_size={params.get('group_size')!r} cannot define groups")
-    by_bits = k_by_bits(cols)
-    k = bits = None
-    s_rel = tensors.get("weight_s_rel")
-    if s_rel is not None and len(s_rel.shape) == 2:
-        # K = groups x group_size; groups are read from the natural [N, NG] shape, else the
-        # transposed one, so a transposed s_rel still yields the geometry and is reported.
-        for groups in (s_rel.shape[1], s_rel.shape[0]):
-            for b, kk in by_bits.items():
-                if k is None and groups * g == kk:
-                    k, bits = kk, b
-    if k is None:
-        k, bits = 2 * cols, 4  # assume 4-bit rows; the s_rel slot then reports the mismatch
+    k, bits = _input_size(cols, tensors.get("weight_s_rel"), g)
     has_codebook = "weight_codebook" in tensors
     has_correction = "weight_correction" in tensors
     variant = "6-bit" if bits == 6 else "asymmetric" if has_correction else "codebook" if has_codebook else "uniform"
@@ -100,6 +110,13 @@ def _geometry(tensors: dict, params: dict) -> dict:
         has_correction=has_correction,
         K_multiple=math.lcm(16, g, c) if g > 0 and c > 0 else 16,
     )
+
+
+def _geometry(tensors: dict, params: dict) -> dict:
+    g = as_int(params.get("group_size"), GROUP_SIZE)
+    if g <= 0:
+        raise GeometryError(f"group_size={params.get('group_size')!r} cannot define groups")
+    return layer_geometry(tensors, params)
 
 
 def _encode_params(env: dict, tensors: dict) -> dict:
