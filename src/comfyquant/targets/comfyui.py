@@ -385,9 +385,44 @@ def _layer_templates(marker: dict, t: dict) -> tuple[list[Violation], list[Viola
     fmt = marker.get("format")
     if any(v.blocking for v in out) or not isinstance(fmt, str):
         return out, []
+    smoothing = _pre_quant_scale(fmt, marker, t)
+    if smoothing is not None:  # the forward multiplies the input by it before anything else
+        return out, [smoothing]
     if first_forward is not None:
         return out, [first_forward]
     return out, forward_templates("comfyui", fmt, t, VIEWS.get(fmt)) if runs_forward("comfyui", fmt) else []
+
+
+def _pre_quant_scale(fmt: str, marker: dict, t: dict) -> Violation | None:
+    """A ``pre_quant_scale`` ComfyUI loads (the formats whose parameters list it) that does not
+    broadcast against the input: the forward's opening ``input * pre_quant_scale`` raises
+    torch's broadcasting error, for an input of shape [4, K] (K the layer's input size)."""
+    from ..formats.base import GeometryError
+    from ..formats.registry import FORMATS
+    from .kitchen import broadcast_error
+
+    e = t.get("pre_quant_scale")
+    if e is None or "pre_quant_scale" not in CONSUMED.get(fmt, ()):
+        return None
+    desc = FORMATS[fmt]
+    try:
+        k = desc.geometry(t, desc.params(marker))["K"]
+    except (GeometryError, KeyError):
+        return None
+    message = broadcast_error((4, k), tuple(e.shape))
+    if message is None:
+        return None
+    return Violation(
+        "comfyui.pre-quant-scale",
+        message,
+        "RuntimeError",
+        LAYER,
+        "pre_quant_scale",
+        True,
+        f"pre_quant_scale of shape {list(e.shape)} for a layer of {k} inputs: the first forward (on an input "
+        f"of shape [4, {k}]) multiplies the input by it",
+        f"store pre_quant_scale as [{k}]",
+    )
 
 
 def _read_marker(out: list, marker: dict, t: dict) -> dict:

@@ -137,14 +137,14 @@ def not_2d_templates(target: str, name: str, marker: dict, t: dict) -> list[Viol
 
 MISSING_FORWARD: dict[str, tuple[tuple[str, str], ...]] = {
     # format: (suffix, the attribute comfy-kitchen 0.2.40 reads off None at the first forward)
-    # for a tensor the layout needs but was not given (measured, eager backend)
+    # for a tensor the layout needs but was not given (measured, eager backend); AWQ's are
+    # read inside its op, after its operand checks (kitchen_awq)
     "float8_e4m3fn": (("weight_scale", "to"),),
     "float8_e5m2": (("weight_scale", "to"),),
     "int8_tensorwise": (("weight_scale", "to"),),
     "convrot_w4a4": (("weight_scale", "reshape"),),
     "nvfp4": (("weight_scale", "reshape"), ("weight_scale_2", "to")),
     "mxfp8": (("weight_scale", "view"),),
-    "awq_w4a16": (("weight_scale", "dtype"), ("weight_zeros", "t")),
     "svdquant_w4a4": (("weight_proj_down", "shape"), ("weight_proj_up", "shape"), ("weight_smooth_factor", "shape")),
 }
 

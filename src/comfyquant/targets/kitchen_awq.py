@@ -44,6 +44,16 @@ def _fail(message: str, exception: str, tensor: str | None, cause: str, fix: str
     return Violation("comfy-kitchen.awq", message, exception, LAYER, tensor, True, cause, fix)
 
 
+def _absent(suffix: str, attribute: str) -> Violation:
+    return _fail(
+        f"'NoneType' object has no attribute '{attribute}'",
+        "AttributeError",
+        suffix,
+        f"{suffix} is missing: the layout is built without it and the op fails where it reads it",
+        "re-export the layer with its scales and zeros",
+    )
+
+
 def awq_forward(t: dict, group_size: int) -> Violation | None:
     """The first failure of ``gemv_awq_w4a16`` on the stored tensors ``t`` (header entries)
     with the marker's group size, on an input of shape ``[4, K]``; None when it runs."""
@@ -52,7 +62,7 @@ def awq_forward(t: dict, group_size: int) -> Violation | None:
     for suffix, operand, accepted in OPERANDS:
         e = t.get(suffix)
         if e is None:
-            return None  # refused before, where the layout reads it (missing_templates)
+            continue  # an absent operand is not checked; the op fails where it reads it
         if e.dtype not in accepted:
             names = ", ".join(f"torch.{TORCH_DTYPES[d]}" for d in accepted)
             return _fail(
@@ -70,7 +80,7 @@ def awq_forward(t: dict, group_size: int) -> Violation | None:
                 f"{suffix} of shape {list(e.shape)}: comfy-kitchen's {OP} takes it exactly 2-D",
                 "store the weight as [N, K / 2] and its scales and zeros as [K / group_size, N]",
             )
-    w, scale, zeros = t["weight"], t["weight_scale"], t["weight_zeros"]
+    w, scale, zeros = t["weight"], t.get("weight_scale"), t.get("weight_zeros")
     n, k_half = w.shape
     k, g = 2 * k_half, group_size
     regroup = "re-export the layer with the group size it was quantized with"
@@ -81,6 +91,8 @@ def awq_forward(t: dict, group_size: int) -> Violation | None:
             f"K={k} not divisible by group_size={g}", "ValueError", None, f"group_size {g} does not divide K={k}", regroup
         )
     groups = k // g
+    if scale is None:  # the scales' dtype is the compute dtype
+        return _absent("weight_scale", "dtype")
     if groups < 0:
         return _fail(
             f"invalid shape dimension {groups} at index 1 of shape [{n}, {groups}, {g}]",
@@ -89,6 +101,8 @@ def awq_forward(t: dict, group_size: int) -> Violation | None:
             f"negative group_size {g}",
             regroup,
         )
+    if zeros is None:  # both are transposed before either is applied
+        return _absent("weight_zeros", "t")
     shape = (n, groups, g)
     for suffix, e in (("weight_scale", scale), ("weight_zeros", zeros)):
         applied = (e.shape[1], e.shape[0], 1)  # stored [groups, N], applied transposed
