@@ -553,8 +553,8 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
             _fail(
                 out,
                 "correction",
-                f"layer '{prefix}': ComfyUI does not load weight_correction; the asymmetric W4A8 layer "
-                f"decodes wrongly (no error)",
+                f"layer '{prefix}': ComfyUI does not load weight_correction: the layer computes without "
+                f"it, off by the correction's share of the weight (no error; check --deep measures it)",
                 prefix,
                 suffix,
                 blocking=False,
@@ -602,11 +602,11 @@ def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
     layout's own validation decides at load, so the kitchen profile's check is reused as is;
     returns what the layer's first forward raises once it loaded."""
     from ..formats.base import GeometryError
-    from ..formats.w4a8 import ASYM_W4A8_INT8, layer_geometry
+    from ..formats.w4a8 import ASYM_W4A8_INT8, model_geometry
     from .kitchen import check_w4a8
 
     try:
-        env = layer_geometry(t, ASYM_W4A8_INT8.params(marker))
+        env = model_geometry(t, ASYM_W4A8_INT8.params(marker))
     except GeometryError as exc:
         _fail(out, "ck", f"layer '{prefix}': {exc}", prefix, "weight")
         return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..dtypes import DTYPE_BITS
 from ..formats.base import GeometryError, is_pow4
 from ..formats.registry import FORMATS
-from ..formats.w4a8 import layer_geometry, six_bit_fits
+from ..formats.w4a8 import model_geometry, six_bit_fits
 from .base import LAYER, Verdict, Violation, bind, container_violations
 from .kitchen_awq import awq_forward
 
@@ -217,8 +217,9 @@ def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Viola
     convrot = bool(read.get("convrot"))
     if not load and name in ("asym_w4a8_int8", "convrot_w4a4", "int8_tensorwise"):
         fmt = FORMATS[name]
+        geometry = model_geometry if name == "asym_w4a8_int8" else fmt.geometry
         try:
-            env = fmt.geometry(tensors, fmt.params(read))
+            env = geometry(tensors, fmt.params(read))
         except GeometryError:
             env = None
         if env is not None:
@@ -252,7 +253,7 @@ def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
     if name == "awq_w4a16":
         return []  # its Params validate nothing: the first forward decides (awq_forward)
     # W4A8's Params check the group size themselves, against the model's K
-    geometry = layer_geometry if name == "asym_w4a8_int8" else fmt.geometry
+    geometry = model_geometry if name == "asym_w4a8_int8" else fmt.geometry
     try:
         env = geometry(tensors, fmt.params(marker))
     except GeometryError as exc:
@@ -386,26 +387,46 @@ def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False
 
 
 def w4a8_forward(target: str, t: dict, env: dict, dropped_correction: bool = False) -> Violation | None:
-    """What W4A8's linear refuses at the first forward once ``Params`` built: a ConvRot size
-    that is not a power of 4, a packed row width that is neither 4 nor 6 bits of K, 6-bit
-    storage with a group size or extras it cannot have."""
-    k, g, c = env["K"], env["group_size"], env["convrot_groupsize"]
-    w = t["weight"]
+    """What W4A8's linear refuses at the first forward once ``Params`` built with the model's
+    (N, K) (comfy-kitchen 0.2.40 ``validate_w4a8_operands``, eager backend): a ConvRot size
+    that is not a power of 4; then the stored tensors against each other, K read off s_rel's
+    groups: a packed row width that is neither 4 nor 6 bits of that K, 6-bit storage with a
+    group size or extras it cannot have, s_rel and s_channel against the weight's rows; last,
+    the input's K (the model's, for an input of shape [4, K]) against the stored one."""
+    k_model, g, c = env["K"], env["group_size"], env["convrot_groupsize"]
+    w, s_rel, s_ch = t["weight"], t.get("weight_s_rel"), t.get("weight_s_channel")
     v = _hadamard(LAYER, c)
-    if v is None and len(w.shape) == 2 and w.shape[1] * 8 not in (4 * k, 6 * k):
-        v = _v("w4a8", f"packed row width {w.shape[1]} does not match K={k} at 4 or 6 bits", LAYER, "weight")
-    if v is None and env["bits"] == 6:
+    if v is None and len(w.shape) == 2 and s_rel is not None and len(s_rel.shape) == 2:
+        v = _w4a8_operands(tuple(w.shape), tuple(s_rel.shape), s_ch, t, g, c, dropped_correction, k_model)
+    if v is not None:
+        v.rule = v.rule.replace("comfy-kitchen.", f"{target}.", 1)
+    return v
+
+
+def _w4a8_operands(w: tuple, s_rel: tuple, s_ch, t: dict, g: int, c: int, dropped: bool, k_model: int) -> Violation | None:
+    n, cols = w
+    k = s_rel[1] * g
+    bits = cols * 8 // k if k > 0 else 0
+    if k <= 0 or bits not in (4, 6) or k * bits != cols * 8:
+        return _v("w4a8", f"packed row width {cols} does not match K={k} at 4 or 6 bits", LAYER, "weight")
+    if bits == 6:
         if not six_bit_fits(k, g):
-            v = _v(
+            return _v(
                 "w4a8",
                 f"6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={k}, group_size={g}",
                 LAYER,
             )
-        elif "weight_codebook" in t or ("weight_correction" in t and not dropped_correction):
-            v = _v("w4a8", "6-bit storage is uniform and symmetric: no codebook or correction", LAYER)
-    if v is not None:
-        v.rule = v.rule.replace("comfy-kitchen.", f"{target}.", 1)
-    return v
+        if "weight_codebook" in t or ("weight_correction" in t and not dropped):
+            return _v("w4a8", "6-bit storage is uniform and symmetric: no codebook or correction", LAYER)
+    if k % 16 or (c and k % c):
+        return _v("w4a8", f"K={k} must be divisible by 16 and convrot_groupsize={c}", LAYER)
+    if s_rel != (n, k // g):
+        return _v("w4a8", f"s_rel must have shape {(n, k // g)}, got {s_rel}", LAYER, "weight_s_rel")
+    if s_ch is not None and tuple(s_ch.shape) != (n,):
+        return _v("w4a8", f"s_channel must have shape {(n,)}, got {tuple(s_ch.shape)}", LAYER, "weight_s_channel")
+    if k_model != k:
+        return _v("w4a8", f"Input K={k_model} does not match qdata K={k}", LAYER, "weight")
+    return None
 
 
 def w4a4_params(prefix: str, t: dict, env: dict) -> Violation | None:
