@@ -8,6 +8,7 @@ from ..findings import Finding
 from ..formats.base import CODEBOOK, CORRECTION, SCALE
 from ..formats.registry import FORMATS
 from ..targets.base import Violation
+from . import dropped
 
 MAX_DEEP_BYTES = 256 * 1024 * 1024
 
@@ -43,6 +44,8 @@ def makes_garbage(f: Finding) -> bool:
     """Whether a value finding means the layer's output is garbage (see ``GARBAGE_CODES``;
     D008: a weight the runtime's value cast changes; D009: saturated scales)."""
     actual = f.actual or ""
+    if f.code == dropped.CODE:
+        return actual.startswith("garbage")
     if f.code in ("D001", "D007") and actual.endswith(ON_GRID):
         return actual.startswith(WHOLE + " ")
     return f.code in GARBAGE_CODES or f.code in ("D008", SATURATED) or (f.code in WHOLE_CODES and actual.startswith(WHOLE + " "))
@@ -64,8 +67,8 @@ def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, 
                 continue
             if suffix in UNUSED.get(verdict.target, ()):
                 continue
-            dropped = f.code not in CAST_TARGETS  # a cast weight is read, its warning says how
-            if dropped and any(not v.fails and v.layer == prefix and v.tensor == suffix for v in verdict.violations):
+            unread = f.code not in CAST_TARGETS  # a cast weight is read, its warning says how
+            if unread and any(not v.fails and v.layer == prefix and v.tensor == suffix for v in verdict.violations):
                 continue
             v = Violation(
                 f"{verdict.target}.values",
@@ -128,7 +131,7 @@ def _decoder():
 
 CASTS = ("I8", "U8", "F8_E4M3", "F8_E5M2")
 """Weight dtypes ComfyUI casts a stored weight to by value (``weight.to(storage dtype)``)."""
-CAST_TARGETS = {"D008": ("comfyui",)}
+CAST_TARGETS = {"D008": ("comfyui",), dropped.CODE: ("comfyui",)}
 UNUSED = {"comfyui": frozenset({"input_scale"}), "comfy-kitchen": frozenset({"input_scale"})}
 """Tensors a runtime does not compute with on the path the verdicts are proven for: ComfyUI on
 CPU has no FP8 compute, so it never quantizes the activation with ``input_scale`` (on a GPU
@@ -192,7 +195,10 @@ def _fp8_values(np, dtype: str):
 def deep_findings(ckpt) -> list[Finding]:
     wanted = []
     ends = {h.file: h.size for h in ckpt.headers}
+    corrected = []  # W4A8 layers whose correction ComfyUI drops: how much it moves the output
     for _prefix, layer in ckpt.layers.items():
+        if dropped.wanted(layer) and _readable(layer, dropped.SUFFIXES + ("weight_codebook",), ends):
+            corrected.append(layer)
         fmt = FORMATS.get(layer.format_name) if layer.format_name else None
         if fmt is None:
             continue
@@ -206,12 +212,19 @@ def deep_findings(ckpt) -> list[Finding]:
             if entry.nbytes * 8 != entry.numel * DTYPE_BITS.get(entry.dtype, -1):
                 continue  # the span is not dtype x shape (C001 reports it): no sound values to read
             wanted.append((layer, slot, entry))
-    if not wanted:
+    if not wanted and not corrected:
         return []
     np, decode = _decoder()
     seen: set[str] = set()
-    entries = [e for _, _, e in wanted if not (e.name in seen or seen.add(e.name))]
+    extra = [e for layer in corrected for s, e in layer.stored.items() if s in dropped.SUFFIXES or s == "weight_codebook"]
+    entries = [e for e in [e for _, _, e in wanted] + extra if not (e.name in seen or seen.add(e.name))]
     data = ckpt.read_many(entries)
+    out_dropped = []
+    for layer in corrected:
+        if all(len(data[e.name]) == e.nbytes for s, e in layer.stored.items() if e.name in data):
+            measured = dropped.share(np, decode, layer, data)
+            if measured is not None:
+                out_dropped.append(dropped.finding(layer, measured))
     out: list[Finding] = []
     done: set[str] = set()
     for layer, slot, entry in wanted:
@@ -246,7 +259,21 @@ def deep_findings(ckpt) -> list[Finding]:
         saturated = _saturated(np, entry.name, slot, values, entry.dtype if slot.dtype == "float" else slot.dtype)
         if saturated is not None:
             out.append(Finding(SATURATED, saturated[0], layer=layer.name, tensor=entry.name, **saturated[1]))
-    return out
+    return out + out_dropped
+
+
+def _readable(layer, suffixes: tuple[str, ...], ends: dict) -> bool:
+    """Whether the layer's tensors among ``suffixes`` lie within their files, each span exactly
+    dtype x shape and small enough to read (``MAX_DEEP_BYTES``)."""
+    for suffix in suffixes:
+        e = layer.stored.get(suffix)
+        if e is None:
+            continue
+        if e.end > ends.get(e.file, e.end) or e.nbytes > MAX_DEEP_BYTES:
+            return False
+        if e.nbytes * 8 != e.numel * DTYPE_BITS.get(e.dtype, -1):
+            return False
+    return True
 
 
 FLOAT8_MAX = {"F8_E4M3": 448.0, "F8_E5M2": 57344.0}
