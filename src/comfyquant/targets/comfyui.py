@@ -581,6 +581,7 @@ def _convrot(out: list, prefix: str, fmt: str, marker: dict, t: dict) -> Violati
     from ..formats.base import GeometryError
     from ..formats.registry import FORMATS
     from .kitchen import w4a4_params
+    from .kitchen_w4a4 import w4a4_scale_length, w4a4_scale_rank
 
     if fmt not in ("convrot_w4a4", "int8_tensorwise"):
         return None
@@ -594,7 +595,11 @@ def _convrot(out: list, prefix: str, fmt: str, marker: dict, t: dict) -> Violati
         if v is not None:
             _fail(out, "ck", v.message, prefix, v.tensor, exception=v.exception, cause=v.cause, fix=v.fix)
             return None
-    return convrot_forward("comfyui", fmt, env)
+        ranked = w4a4_scale_rank("comfyui", t)  # the op's dispatch checks it before the linear's own checks
+        if ranked is not None:
+            return ranked
+    v = convrot_forward("comfyui", fmt, env)
+    return v if v is not None or fmt != "convrot_w4a4" else w4a4_scale_length("comfyui", t)
 
 
 def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:

@@ -18,6 +18,7 @@ from ..formats.registry import FORMATS
 from ..formats.w4a8 import model_geometry, six_bit_fits
 from .base import LAYER, Verdict, Violation, bind, container_violations
 from .kitchen_awq import awq_forward
+from .kitchen_w4a4 import w4a4_scale_length, w4a4_scale_rank
 
 
 def _v(
@@ -215,6 +216,10 @@ def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Viola
         v = awq_forward(tensors, FORMATS[name].params(read)["group_size"])
         return load, [v] if v is not None else []
     convrot = bool(read.get("convrot"))
+    if not load and name == "convrot_w4a4":
+        ranked = w4a4_scale_rank("comfy-kitchen", tensors)
+        if ranked is not None:
+            return load, [ranked]
     if not load and name in ("asym_w4a8_int8", "convrot_w4a4", "int8_tensorwise"):
         fmt = FORMATS[name]
         geometry = model_geometry if name == "asym_w4a8_int8" else fmt.geometry
@@ -227,6 +232,8 @@ def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Viola
                 v = w4a8_forward("comfy-kitchen", tensors, env)
             else:
                 v = convrot_forward("comfy-kitchen", name, env)
+                if v is None and name == "convrot_w4a4":
+                    v = w4a4_scale_length("comfy-kitchen", tensors)
             if v is not None:
                 return load, [v]
     forward = forward_templates("comfy-kitchen", name, tensors, None, convrot) if runs_forward("comfy-kitchen", name) else []
