@@ -237,7 +237,37 @@ def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Viola
             if v is not None:
                 return load, [v]
     forward = forward_templates("comfy-kitchen", name, tensors, None, convrot) if runs_forward("comfy-kitchen", name) else []
+    if not load and not forward and name == "int8_tensorwise":
+        v = int8_dequantize(tensors, convrot)
+        forward = [v] if v is not None else []
     return load, forward if not load else []
+
+
+def int8_dequantize(t: dict, convrot: bool) -> Violation | None:
+    """What ``dequantize()`` of an INT8 layer raises once its linear ran: the codes times the
+    scale as stored, so a scale of one value per row that is not [N, 1] raises torch's
+    broadcasting error, and a ConvRot layer, which unpacks the product as [N, K] to rotate it
+    back, refuses one broadcast to more dimensions."""
+    w, s = t.get("weight"), t.get("weight_scale")
+    if w is None or s is None or len(w.shape) != 2:
+        return None
+    message = broadcast_error(tuple(w.shape), tuple(s.shape))
+    exception = "RuntimeError"
+    if message is None and convrot and len(s.shape) > 2:
+        message, exception = "too many values to unpack (expected 2)", "ValueError"
+    if message is None:
+        return None
+    return Violation(
+        "comfy-kitchen.int8-dequantize",
+        message,
+        exception,
+        LAYER,
+        "weight_scale",
+        True,
+        f"weight_scale of shape {list(s.shape)} for a weight of {list(w.shape)}: the linear takes it, "
+        "dequantize() multiplies the codes by it as stored",
+        "store per-row scales as [N, 1] (comfyquant fix)",
+    )
 
 
 def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
