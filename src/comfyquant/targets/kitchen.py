@@ -712,7 +712,35 @@ def forward_templates(
                     "convert the scales to the blocked layout (comfyquant fix)",
                 )
             ]
+    if name == "nvfp4":
+        v = _nvfp4_global_scale(target, t)
+        if v is not None:
+            return [v]
     return []
+
+
+def _nvfp4_global_scale(target: str, t: dict) -> Violation | None:
+    """NVFP4's dequantize multiplies its per-tensor scale by the block scales read back as
+    [N, K / 16]: a ``weight_scale_2`` of several values that does not broadcast against them
+    raises torch's broadcasting error (scale first, block scales second)."""
+    w, s2 = t.get("weight"), t.get("weight_scale_2")
+    if w is None or s2 is None or len(w.shape) != 2 or s2.numel <= 1:
+        return None
+    blocks = (w.shape[0], w.shape[1] * 2 // 16)
+    message = broadcast_error(tuple(s2.shape), blocks)
+    if message is None:
+        return None
+    return Violation(
+        f"{target}.scale-shape",
+        message,
+        "RuntimeError",
+        LAYER,
+        "weight_scale_2",
+        True,
+        f"weight_scale_2 of shape {list(s2.shape)}: NVFP4 takes one per-tensor value, multiplied by the "
+        f"{list(blocks)} block scales at the first forward",
+        "store weight_scale_2 as one value",
+    )
 
 
 def _block_scale(prefix: str, t: dict, env: dict) -> Violation | None:
