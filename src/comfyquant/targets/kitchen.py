@@ -237,9 +237,10 @@ def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Viola
             if v is not None:
                 return load, [v]
     forward = forward_templates("comfy-kitchen", name, tensors, None, convrot) if runs_forward("comfy-kitchen", name) else []
-    if not load and not forward and name == "int8_tensorwise":
+    if name == "int8_tensorwise" and not forward and not any(v.blocking for v in load):
         v = int8_dequantize(tensors, convrot)
-        forward = [v] if v is not None else []
+        if v is not None:  # beside the load's note on a row scale stored [N]
+            return load, [v]
     return load, forward if not load else []
 
 
