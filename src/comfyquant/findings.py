@@ -92,6 +92,7 @@ RULES: dict[str, Rule] = {
         Rule("D008", ERROR, "weight values a runtime's value cast to the format's dtype changes"),
         Rule("D009", ERROR, "every scale at its dtype's largest value (overflowed and clipped)"),
         Rule("D010", ERROR, "a W4A8 correction ComfyUI drops, measured (error when its output is garbage)"),
+        Rule("D011", ERROR, "W4A8 group scales sized for a codebook on a layer without one"),
     )
 }
 

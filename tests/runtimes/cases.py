@@ -335,7 +335,8 @@ def slot_cases(base: _Base) -> Iterator[Case]:
     for suffix, t in base.tensors.items():
         tensors = dict(base.tensors)
         del tensors[suffix]
-        case = base.case(f"{base.name}.{suffix}.missing", "slot", tensors)
+        # a codebook's absence shows only in the group scales' values, sized for its levels
+        case = base.case(f"{base.name}.{suffix}.missing", "slot", tensors, deep=suffix == "weight_codebook")
         case.undecidable = "bias-absent" if suffix == "bias" else None
         yield case
         for tag, mutated in tensor_mutations(t):

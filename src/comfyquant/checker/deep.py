@@ -48,7 +48,11 @@ def makes_garbage(f: Finding) -> bool:
         return actual.startswith("garbage")
     if f.code in ("D001", "D007") and actual.endswith(ON_GRID):
         return actual.startswith(WHOLE + " ")
-    return f.code in GARBAGE_CODES or f.code in ("D008", SATURATED) or (f.code in WHOLE_CODES and actual.startswith(WHOLE + " "))
+    return (
+        f.code in GARBAGE_CODES
+        or f.code in ("D008", SATURATED, LEVEL_MISMATCH)
+        or (f.code in WHOLE_CODES and actual.startswith(WHOLE + " "))
+    )
 
 
 def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, str]) -> None:
@@ -139,7 +143,7 @@ with FP8 compute it does), and comfy-kitchen's layouts do not take it."""
 """Value findings that only the listed runtimes turn into garbage (the others refuse the dtype)."""
 
 
-def _survives_cast(np, v, source: str, target: str) -> bool:
+def _survives_cast(np, v, source: str, target: str, packed: bool = False) -> bool:
     """Whether torch's value cast of ``v`` (stored as ``source``) to ``target`` leaves the
     weight close to what it holds: integers wrap modulo 256 into I8/U8 (the same bytes come
     back: the codes survive); otherwise the cast values (floats truncated and wrapped into
@@ -168,12 +172,19 @@ def _survives_cast(np, v, source: str, target: str) -> bool:
         cast = np.where(np.abs(v - left) <= np.abs(right - v), left, right)
         cast = np.where(v > table[-1], table[-1], np.where(v < table[0], table[0], cast))
     ref = v.astype(np.float64)
+    if packed:  # two or more codes a byte: any changed byte changes its codes
+        if source in EXACT_INTEGERS and not bool((np.abs(ref) <= EXACT_INTEGERS[source]).all()):
+            return False  # the bytes went through a float8 by value: past its exact integers they were rounded
+        return bool(np.array_equal(cast, ref))
     norm = float(np.sqrt((ref * ref).sum()))
     if norm == 0.0:
         return bool((cast == 0).all())
     return float(np.sqrt(((cast - ref) ** 2).sum())) / norm < CAST_GARBAGE
 
 
+EXACT_INTEGERS = {"F8_E4M3": 16, "F8_E5M2": 8}
+"""The largest magnitude up to which a float8 dtype holds every integer: bytes of packed codes
+stored in it by value lost their low bits past it, and their codes with them."""
 CAST_GARBAGE = 0.9
 """Relative change of the weight from which the cast layer computes garbage (the harness's
 output threshold; a smaller change degrades the layer, and check only warns)."""
@@ -236,7 +247,8 @@ def deep_findings(ckpt) -> list[Finding]:
             continue
         if slot.suffix == "weight":
             values = decode(raw, entry.dtype, entry.dtype)
-            if values is not None and not _survives_cast(np, values, entry.dtype, slot.dtype):
+            packed = "//" in slot.shape  # the stored width is a fraction of K: packed codes
+            if values is not None and not _survives_cast(np, values, entry.dtype, slot.dtype, packed):
                 out.append(
                     Finding(
                         "D008",
@@ -255,6 +267,10 @@ def deep_findings(ckpt) -> list[Finding]:
         if values is None:
             continue
         clamped = (layer.format_name, slot.suffix) in CLAMPED
+        if clamped:
+            levels = _missing_codebook(np, layer, entry.name, values)
+            if levels is not None:
+                out.append(levels)
         out.extend(_value_findings(np, layer.name, entry.name, slot, values, clamped))
         saturated = _saturated(np, entry.name, slot, values, entry.dtype if slot.dtype == "float" else slot.dtype)
         if saturated is not None:
@@ -277,6 +293,60 @@ def _readable(layer, suffixes: tuple[str, ...], ends: dict) -> bool:
 
 
 FLOAT8_MAX = {"F8_E4M3": 448.0, "F8_E5M2": 57344.0}
+LEVEL_MISMATCH = "D011"
+UNIFORM_TOP = {4: 8, 6: 32}
+"""The largest uniform level magnitude of 4- and 6-bit W4A8 codes (code - 8, code - 32)."""
+
+
+def _missing_codebook(np, layer, tensor: str, s_rel) -> Finding | None:
+    """Group scales that do not fit the layer's levels on the INT8 grid.  Too small: the
+    largest level times the scale rounds to 0 in most groups (a codebook's levels are about 1
+    in magnitude), and the layer decodes to zero.  Too large: a W4A8 layer without a codebook decodes uniform levels (up to 8 or 32 in magnitude) onto
+    the INT8 grid with ``s_rel`` (comfy-kitchen 0.2.40 ``_dequant_int4_grouped_to_int8``), so a
+    writer's ``s_rel`` stays near 127 / top.  Group scales whose median is past 127 / (top / 2)
+    clip every code beyond half the range: they were sized for a codebook's levels (magnitude
+    about 1, ``s_rel`` near 127), and the layer that has none computes garbage."""
+    t = layer.stored
+    w, rel = t.get("weight"), t.get("weight_s_rel")
+    group_size = (layer.marker or {}).get("group_size", 16)
+    if w is None or rel is None or len(w.shape) != 2 or len(rel.shape) != 2:
+        return None
+    if type(group_size) is not int or group_size <= 0 or not s_rel.size:
+        return None
+    k = rel.shape[1] * group_size
+    bits = 4 if w.shape[1] * 2 == k else 6 if w.shape[1] * 4 == k * 3 else None
+    finite = s_rel[np.isfinite(s_rel)]
+    if bits is None or not finite.size:
+        return None
+    median = float(np.median(np.abs(finite)))
+    top = 1.0 if "weight_codebook" in t else UNIFORM_TOP[bits]
+    if median * top < 0.5:
+        return Finding(
+            LEVEL_MISMATCH,
+            f"{tensor}: group scales of median {median:g}: the largest level times the scale rounds to 0 on "
+            f"the INT8 grid in most groups",
+            layer=layer.name,
+            tensor=tensor,
+            expected=f"median >= {0.5 / top:g}",
+            actual=f"median {median:g}",
+            cause="the group scales are far too small for the levels (stored as another dtype's values?): "
+            "most groups decode to zero",
+            fix="re-export the layer (comfyquant quantize)",
+        )
+    limit = 127 / (UNIFORM_TOP[bits] / 2)
+    if "weight_codebook" in t or median <= limit:
+        return None
+    return Finding(
+        LEVEL_MISMATCH,
+        f"{tensor}: group scales of median {median:g} on a {bits}-bit layer without a codebook: every code "
+        f"beyond half the uniform range leaves the INT8 grid",
+        layer=layer.name,
+        tensor=tensor,
+        expected=f"median <= {limit:g} (uniform levels up to {UNIFORM_TOP[bits]})",
+        actual=f"median {median:g}",
+        cause="the group scales were sized for a codebook's levels (magnitude about 1) and the layer has no codebook",
+        fix="restore the layer's weight_codebook, or re-export it (comfyquant quantize)",
+    )
 
 
 def _saturated(np, tensor: str, slot, v, dtype: str) -> tuple[str, dict] | None:
