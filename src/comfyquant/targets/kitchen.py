@@ -713,11 +713,41 @@ def forward_templates(
                     "convert the scales to the blocked layout (comfyquant fix)",
                 )
             ]
+    if name in ROW_BLOCKS and "weight" in t and len(t["weight"].shape) == 2:
+        v = _row_blocks(target, name, t["weight"].shape)
+        if v is not None:
+            return [v]
     if name == "nvfp4":
         v = _nvfp4_global_scale(target, t)
         if v is not None:
             return [v]
     return []
+
+
+ROW_BLOCKS = {"mxfp8": (32, 1), "nvfp4": (16, 2)}
+"""Formats whose dequantize reshapes each stored row into blocks: (elements per block,
+elements per stored byte)."""
+
+
+def _row_blocks(target: str, name: str, shape: tuple) -> Violation | None:
+    """A weight row whose element count is not whole blocks: the dequantize's reshape into
+    blocks fails with torch's view error (MXFP8 names the block count, NVFP4 infers it)."""
+    block, per_byte = ROW_BLOCKS[name]
+    rows, cols = shape
+    elements = cols * per_byte
+    if elements % block == 0:
+        return None
+    blocks = elements // block if name == "mxfp8" else -1
+    return Violation(
+        f"{target}.row-blocks",
+        f"shape '[{rows}, {blocks}, {block}]' is invalid for input of size {rows * elements}",
+        "RuntimeError",
+        LAYER,
+        "weight",
+        True,
+        f"weight rows of {elements} elements: {name} dequantizes whole blocks of {block} (raised at the first forward)",
+        f"store the weight with K a multiple of {block}",
+    )
 
 
 def _nvfp4_global_scale(target: str, t: dict) -> Violation | None:
