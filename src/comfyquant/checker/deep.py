@@ -149,6 +149,13 @@ def _survives_cast(np, v, source: str, target: str, packed: bool = False) -> boo
     back: the codes survive); otherwise the cast values (floats truncated and wrapped into
     I8/U8, rounded to the nearest FP8 value) must stay within a relative error of
     ``CAST_GARBAGE`` of the stored ones."""
+    if (
+        source == "U8"
+        and target in ("F8_E4M3", "F8_E5M2")
+        and v.size
+        and RELABELLED[0] <= float((v >= 128).mean()) <= RELABELLED[1]
+    ):
+        return False  # FP8 bytes labelled U8: the cast turns each code's bits into a count
     if target in ("I8", "U8"):
         lo = -128 if target == "I8" else 0
         if source in INTEGERS:
@@ -185,6 +192,11 @@ def _survives_cast(np, v, source: str, target: str, packed: bool = False) -> boo
 
 
 CAST_GARBAGE = 0.9
+RELABELLED = (0.3, 0.7)
+"""The share of U8 values of 128 and more (an FP8 code's sign bit) that marks a U8 weight in an
+FP8 slot as FP8 bytes labelled U8: a weight's signs are balanced, so its FP8 bytes set the top
+bit about half the time, where U8 values of a weight cast by value (negatives clamped to 0)
+rarely reach 128.  ComfyUI casts those bytes by value: garbage (measured 2.6 relative)."""
 """Relative change of the weight from which the cast layer computes garbage (the harness's
 output threshold; a smaller change degrades the layer, and check only warns)."""
 
