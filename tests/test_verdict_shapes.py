@@ -5,7 +5,7 @@ Classes: W4A8 group sizes the marker gets wrong and W6A8 group scales of the wro
 model's K is what the stored tensors show); AWQ's first forward (group size against K, scale
 and zero broadcasting, operand ranks, dtypes); ConvRot W4A4 scales that are not 1-D or not N
 long; INT8 per-row scales ``dequantize()`` cannot broadcast; NVFP4 per-tensor scales of
-several values; MXFP8 and NVFP4 rows that are no whole blocks; ComfyUI's ``pre_quant_scale`` multiply and its legacy scaled-FP8 translation.
+several values; MXFP8 and NVFP4 rows that are no whole blocks; INT8 weights stored transposed; ComfyUI's ``pre_quant_scale`` multiply and its legacy scaled-FP8 translation.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ KITCHEN_CLASSES = (
     "nvfp4_128x128.weight_scale_2.as-vector4",
     "nvfp4_64x256.weight.dim1+1",  # rows of 258 codes are no whole blocks of 16
     "mxfp8_128x128.weight.dim1-1",
+    "int8_convrot_96x512.weight.transposed",  # the scale and the bias show N: the weight is [K, N]
 )
 COMFYUI_CLASSES = (
     "w6a8_64x256.marker.group_size.v4",
@@ -54,6 +55,7 @@ COMFYUI_CLASSES = (
     "legacy.scale-input-vector",
     "legacy.scale-weight-vector",
     "mxfp8_64x256.weight.dim1+1",
+    "int8_rowwise_64x256.weight.transposed",
 )
 
 

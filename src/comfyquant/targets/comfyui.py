@@ -581,6 +581,7 @@ def _convrot(out: list, prefix: str, fmt: str, marker: dict, t: dict) -> Violati
     from ..formats.base import GeometryError
     from ..formats.registry import FORMATS
     from .kitchen import w4a4_params
+    from .kitchen_int8 import int8_input_k
     from .kitchen_w4a4 import w4a4_scale_length, w4a4_scale_rank
 
     if fmt not in ("convrot_w4a4", "int8_tensorwise"):
@@ -598,6 +599,10 @@ def _convrot(out: list, prefix: str, fmt: str, marker: dict, t: dict) -> Violati
         ranked = w4a4_scale_rank("comfyui", t)  # the op's dispatch checks it before the linear's own checks
         if ranked is not None:
             return ranked
+    if fmt == "int8_tensorwise":
+        v = int8_input_k("comfyui", t)  # the linear compares the input's K first
+        if v is not None:
+            return v
     v = convrot_forward("comfyui", fmt, env)
     return v if v is not None or fmt != "convrot_w4a4" else w4a4_scale_length("comfyui", t)
 

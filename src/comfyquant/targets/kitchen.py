@@ -18,6 +18,7 @@ from ..formats.registry import FORMATS
 from ..formats.w4a8 import model_geometry, six_bit_fits
 from .base import LAYER, Verdict, Violation, bind, container_violations
 from .kitchen_awq import awq_forward
+from .kitchen_int8 import int8_input_k
 from .kitchen_w4a4 import w4a4_scale_length, w4a4_scale_rank
 
 
@@ -230,6 +231,8 @@ def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Viola
         if env is not None:
             if name == "asym_w4a8_int8":
                 v = w4a8_forward("comfy-kitchen", tensors, env)
+            elif name == "int8_tensorwise" and int8_input_k("comfy-kitchen", tensors) is not None:
+                v = int8_input_k("comfy-kitchen", tensors)  # the linear compares the input's K first
             else:
                 v = convrot_forward("comfy-kitchen", name, env)
                 if v is None and name == "convrot_w4a4":
