@@ -414,13 +414,17 @@ def header_cases(base: _Base) -> Iterator[Case]:
     yield base.case(f"{base.name}.header.both", "header", metadata={"_quantization_metadata": good})
     other = {"format": "float8_e4m3fn"} if base.marker["format"] != "float8_e4m3fn" else {"format": "int8_tensorwise"}
     conflict = json.dumps({"format_version": "1.0", "layers": {LAYER: other}})
-    yield base.case(f"{base.name}.header.conflict", "header", metadata={"_quantization_metadata": conflict})
-    yield base.case(
+    # the map's format makes ComfyUI cast the weight by value: whether that keeps it, the values tell
+    yield base.case(f"{base.name}.header.conflict", "header", metadata={"_quantization_metadata": conflict}, deep=True)
+    case = base.case(
         f"{base.name}.header.conflict-map-only",
         "header",
         metadata={"_quantization_metadata": conflict},
         marker_tensor=False,
+        deep=True,
     )
+    case.undecidable = "rotation-flag" if base.marker.get("convrot") and base.marker["format"] == "int8_tensorwise" else None
+    yield case
     malformed = (
         "not json",
         json.dumps([1, 2]),

@@ -213,8 +213,31 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
         # markers written identical) is that object, so per-layer results cached under it
         # serve ComfyUI too.
         effective = ckpt.markers.effective.get(target)
+        replaced = markers.get(target)
+        if isinstance(replaced, dict) and _rotated(replaced) and not _rotated(rec.obj):
+            _fail(
+                out,
+                "rotation",
+                f"layer '{target}': ComfyUI takes the header map's marker ({rec.obj.get('format')!r}, no rotation) "
+                f"over the tensor marker, which says the weights are ConvRot-rotated: the layer computes "
+                f"without the rotation (garbage output, no error)",
+                target,
+                "comfy_quant",
+                blocking=False,
+                cause="the header marker map and the tensor marker disagree on the layer's rotation",
+                fix="rewrite the header markers from the tensor markers (comfyquant fix)",
+                severity="error",
+            )
         markers[target] = effective if effective is not None and same_marker(effective, rec.obj) else rec.obj
     return markers
+
+
+def _rotated(marker: dict) -> bool:
+    """Whether a marker says its layer's weights are stored ConvRot-rotated: W4A8 and W4A4
+    always are, INT8 with a true ``convrot`` (ComfyUI 0.33.0 comfy/quant_ops.py reads it with
+    ``bool``)."""
+    fmt = marker.get("format")
+    return fmt in ("asym_w4a8_int8", "convrot_w4a4") or (fmt == "int8_tensorwise" and bool(marker.get("convrot")))
 
 
 def _layers_refused(raw: str) -> tuple[str, str] | None:
