@@ -422,7 +422,7 @@ def _pre_quant_scale(fmt: str, marker: dict, t: dict) -> Violation | None:
     torch's broadcasting error, for an input of shape [4, K] (K the layer's input size)."""
     from ..formats.base import GeometryError
     from ..formats.registry import FORMATS
-    from .kitchen import broadcast_error
+    from .torch_text import broadcast_error
 
     e = t.get("pre_quant_scale")
     if e is None or "pre_quant_scale" not in CONSUMED.get(fmt, ()):

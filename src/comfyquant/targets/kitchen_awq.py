@@ -14,6 +14,7 @@ from the stored shapes and dtypes, for a first forward on an input of shape
 from __future__ import annotations
 
 from .base import LAYER, Violation
+from .torch_text import TORCH_DTYPES, broadcast_error
 
 OP = "gemv_awq_w4a16"
 FLOATS = ("F32", "F16", "BF16")
@@ -57,8 +58,6 @@ def _absent(suffix: str, attribute: str) -> Violation:
 def awq_forward(t: dict, group_size: int) -> Violation | None:
     """The first failure of ``gemv_awq_w4a16`` on the stored tensors ``t`` (header entries)
     with the marker's group size, on an input of shape ``[4, K]``; None when it runs."""
-    from .kitchen import TORCH_DTYPES, broadcast_error
-
     for suffix, operand, accepted in OPERANDS:
         e = t.get(suffix)
         if e is None:

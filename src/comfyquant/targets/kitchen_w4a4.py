@@ -11,6 +11,7 @@ of shape [4, K].
 from __future__ import annotations
 
 from .base import LAYER, Violation
+from .torch_text import broadcast_error
 
 OP = "convrot_w4a4_linear"
 FLOATS = ("F32", "F16", "BF16")
@@ -48,8 +49,6 @@ def w4a4_scale_rank(target: str, t: dict) -> Violation | None:
 def w4a4_scale_length(target: str, t: dict) -> Violation | None:
     """A 1-D ``weight_scale`` whose length is not the weight's rows: the output scaling's
     broadcasting error, once the linear's own checks passed."""
-    from .kitchen import broadcast_error
-
     pair = _scale(t)
     if pair is None or len(pair[1].shape) != 1:
         return None

@@ -22,7 +22,7 @@ from ...formats.registry import FORMATS, infer_format
 from ...io.header import TensorEntry
 from ...shapes import fmt_shape
 from ...targets.base import Violation
-from ...targets.kitchen import broadcast_error
+from ...targets.torch_text import broadcast_error
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
 from ..common import (
     DIFFUSION_ROOTS,
