@@ -245,7 +245,7 @@ def deep_findings(ckpt) -> list[Finding]:
     for layer in corrected:
         if all(len(data[e.name]) == e.nbytes for s, e in layer.stored.items() if e.name in data):
             measured = dropped.share(np, decode, layer, data)
-            if measured is not None:
+            if measured is not None and measured >= dropped.GARBAGE:  # below, the header's warning says it
                 out_dropped.append(dropped.finding(layer, measured))
     out: list[Finding] = []
     done: set[str] = set()

@@ -87,7 +87,9 @@ def share(np, decode, layer, data: dict[str, bytes]) -> float | None:
 
 def finding(layer, share_: float) -> Finding:
     """The D010 finding: what ComfyUI computes without the correction (garbage from
-    ``GARBAGE``; the verdict follows, see ``deep.makes_garbage``)."""
+    ``GARBAGE``; the verdict follows, see ``deep.makes_garbage``).  ``deep`` reports it only
+    from ``GARBAGE``: below, ComfyUI's profile already warns that the layer computes without
+    its correction, and a valid asymmetric layer (about 0.4) raises no value finding."""
     tensor = layer.stored["weight_correction"].name
     if share_ >= GARBAGE:
         what, actual = "garbage", f"garbage: relative error {share_:.2f}"
