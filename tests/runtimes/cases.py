@@ -111,6 +111,12 @@ UNDECIDABLE = {
         "record which the writer meant, and whether the output is garbage depends on the "
         "activations the model feeds the layer"
     ),
+    "values-not-the-source": (
+        "a weight whose stored codes, times its stored scales, are a valid weight the runtime "
+        "computes faithfully (a dense weight cast into INT8 or MXFP8 codes with the scales left "
+        "as they were, E5M2 codes stored as INT8 or E4M3 values): that it is not the weight the "
+        "layer was meant to hold shows only against the dense weight, which the file does not contain"
+    ),
     "packed-through-float8": (
         "bytes of packed 4-bit codes stored in a float8 dtype by value: past 16 the float8 rounded "
         "away their low bits, so some codes are lost; how far the output moves (measured from "
@@ -124,6 +130,21 @@ them and the runtime to not raising."""
 WRONG_ROTATION_SIZES: tuple = ("16", 16.5, 16, 64)
 """Marker ConvRot sizes comfy-kitchen reads (through ``int()``) as a power of 4 that divides
 the K of every generated ConvRot layer, none of them the size the layer was rotated with."""
+
+
+def _faithful(stored: torch.Tensor, storage: torch.dtype) -> bool:
+    """Whether a runtime that casts ``stored`` by value into the layout's ``storage`` dtype
+    computes with the values the file holds (within 10%): the file is then consistent, and
+    only the dense weight it was meant to hold shows it wrong.  U8 values are left out: in an
+    FP8 slot comfyquant reads them as FP8 bytes when their top bits say so."""
+    if stored.dtype == torch.uint8 or stored.dtype == storage:
+        return False
+    values = stored.float()
+    cast = stored.to(storage).float() if storage.is_floating_point else _cast(stored.float(), storage).float()
+    if not bool(torch.isfinite(values).all()) or not bool(torch.isfinite(cast).all()):
+        return False
+    norm = float(values.norm())
+    return norm > 0 and float((cast - values).norm()) / norm < 0.1
 
 
 def _undecidable_marker(fmt_marker: dict, key: str, value) -> str | None:
@@ -354,6 +375,8 @@ def slot_cases(base: _Base) -> Iterator[Case]:
             if suffix in ("bias", "weight_correction") and tag in ("view-float16", "view-bfloat16"):
                 case.undecidable = "bytes-of-other-float"
             packed = suffix == "weight" and t.shape != base.dense.shape and not t.dtype.is_floating_point
+            if suffix == "weight" and not packed and tag.startswith(("cast-", "view-")) and _faithful(mutated, t.dtype):
+                case.undecidable = "values-not-the-source"
             if packed and tag.startswith("cast-float8"):
                 case.undecidable = "packed-through-float8"
             yield case
@@ -488,7 +511,9 @@ def cast_weight_cases(base: _Base) -> Iterator[Case]:
     scale = tensors.get("weight_scale")
     if scale is not None and scale.dtype == torch.float32:
         tensors["weight_scale"] = torch.ones_like(scale)
-    yield base.case(f"{base.name}.weight.value-cast", "value", tensors, deep=True)
+    case = base.case(f"{base.name}.weight.value-cast", "value", tensors, deep=True)
+    case.undecidable = "values-not-the-source"  # codes x scales are a valid weight, not the dense one
+    yield case
 
 
 def legacy_cases(seed: int) -> Iterator[Case]:
