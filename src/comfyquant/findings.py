@@ -90,8 +90,16 @@ RULES: dict[str, Rule] = {
         Rule("D006", WARNING, "tensor is all zeros"),
         Rule("D007", ERROR, "tensor values contain NaN or Inf"),
         Rule("D008", ERROR, "weight values a runtime's value cast to the format's dtype changes"),
+        Rule("D009", ERROR, "every scale at its dtype's largest value (overflowed and clipped)"),
+        Rule("D010", ERROR, "a W4A8 correction ComfyUI drops, measured (error when its output is garbage)"),
+        Rule("D011", ERROR, "W4A8 group scales sized for a codebook on a layer without one"),
     )
 }
+
+
+ONE_RUNTIME = {"D010": "comfyui"}
+"""Findings that speak of one runtime's computation only (D010: the W4A8 correction ComfyUI
+drops): another runtime's violation on the same tensor never attaches to them."""
 
 
 class Finding:

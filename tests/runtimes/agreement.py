@@ -77,14 +77,35 @@ def verdict(case: Case, target: str) -> dict | None:
     return report.verdicts[target].to_dict()
 
 
+def judge_undecidable(case: Case, outcome: Outcome, predicted: Expected) -> str | None:
+    """Agreement on a defect the file cannot show (``cases.UNDECIDABLE``): where the runtime
+    computes (normally or garbage), comfyquant must say the file loads, having nothing to tell
+    it otherwise; where the runtime raises, the usual exact agreement applies."""
+    if outcome.kind == "raises":
+        return disagreement(outcome, predicted)
+    if predicted.kind != "loads":
+        return f"undecidable ({case.undecidable}): {predicted.kind} vs {outcome.kind}"
+    return None
+
+
 def compare(drv, target: str, cases: Iterable[Case]) -> list[Row]:
     rows = []
     predict = getattr(drv, "predict", expected)  # a driver that runs part of a runtime says what it covers
     for case in cases:
         outcome = drv.run(case.path)
         predicted = predict(verdict(case, target))
-        rows.append(Row(case, outcome, predicted, disagreement(outcome, predicted)))
+        if case.undecidable is not None:
+            why = judge_undecidable(case, outcome, predicted)
+        else:
+            why = disagreement(outcome, predicted)
+        rows.append(Row(case, outcome, predicted, why))
     return rows
+
+
+def undecided(rows: list[Row]) -> Counter:
+    """How many cases of each ``cases.UNDECIDABLE`` class the runtime computed garbage on
+    (comfyquant, which cannot see these defects, said they load)."""
+    return Counter(r.case.undecidable for r in rows if r.case.undecidable and r.outcome.kind == "garbage")
 
 
 def summary(rows: list[Row]) -> str:
@@ -92,7 +113,12 @@ def summary(rows: list[Row]) -> str:
     total = len(rows) or 1
     shares = ", ".join(f"{s} {statuses[s]} ({100 * statuses[s] / total:.1f}%)" for s in ("raises", "garbage", "degraded", "ok"))
     agree = sum(r.why is None for r in rows)
-    return f"{len(rows)} cases: {shares}; comfyquant agrees on {agree}/{len(rows)}"
+    line = f"{len(rows)} cases: {shares}; comfyquant agrees on {agree}/{len(rows)}"
+    hidden = undecided(rows)
+    if hidden:
+        classes = ", ".join(f"{name} {count}" for name, count in sorted(hidden.items()))
+        line += f" (of them garbage the file cannot show: {classes})"
+    return line
 
 
 def table(rows: list[Row], limit: int | None = None, width: int = 110) -> str:

@@ -91,6 +91,72 @@ NON_FINITE: tuple = (float("nan"), float("inf"), -float("inf"))
 FORMAT_VALUES: tuple = ("float8", "int4", "", "FLOAT8_E4M3FN", "awq_w4a16", "svdquant_w4a4", 5)
 LINEAR_DTYPES: tuple = ("fp8", "int16", "INT4")
 
+UNDECIDABLE = {
+    "bias-absent": (
+        "the layer has no bias tensor: nothing in the file says whether the model's layer has "
+        "one (ComfyUI then computes with a bias it never initialised)"
+    ),
+    "rotation-size": (
+        "the marker's ConvRot group size is one the runtime accepts for this K but not the one "
+        "the weights were rotated with: the stored codes of a rotated weight do not record the "
+        "rotation size, the marker is its only record"
+    ),
+    "rotation-flag": (
+        "the marker's convrot flag says the weights are (not) rotated and they are the other "
+        "way: a rotated weight's codes do not show the rotation, the marker is its only record"
+    ),
+    "bytes-of-other-float": (
+        "a 16-bit float tensor without a sign or range rule (a bias, a correction) holds the "
+        "bytes of the other 16-bit float: both readings are valid numbers, the file does not "
+        "record which the writer meant, and whether the output is garbage depends on the "
+        "activations the model feeds the layer"
+    ),
+    "values-not-the-source": (
+        "a weight whose stored codes, times its stored scales, are a valid weight the runtime "
+        "computes faithfully (a dense weight cast into INT8 or MXFP8 codes with the scales left "
+        "as they were, E5M2 codes stored as INT8 or E4M3 values): that it is not the weight the "
+        "layer was meant to hold shows only against the dense weight, which the file does not contain"
+    ),
+    "packed-through-float8": (
+        "bytes of packed 4-bit codes stored in a float8 dtype by value: past 16 the float8 rounded "
+        "away their low bits, so some codes are lost; how far the output moves (measured from "
+        "degraded to just past garbage) depends on the lost bits, which the file no longer holds"
+    ),
+}
+"""Classes of defect a file cannot show, even to ``--deep``, with what information is
+missing (docs/runtimes.md lists them): the agreement tests hold comfyquant to "loads" on
+them and the runtime to not raising."""
+
+WRONG_ROTATION_SIZES: tuple = ("16", 16.5, 16, 64)
+"""Marker ConvRot sizes comfy-kitchen reads (through ``int()``) as a power of 4 that divides
+the K of every generated ConvRot layer, none of them the size the layer was rotated with."""
+
+
+def _faithful(stored: torch.Tensor, storage: torch.dtype) -> bool:
+    """Whether a runtime that casts ``stored`` by value into the layout's ``storage`` dtype
+    computes with the values the file holds (within 10%): the file is then consistent, and
+    only the dense weight it was meant to hold shows it wrong.  U8 values are left out: in an
+    FP8 slot comfyquant reads them as FP8 bytes when their top bits say so."""
+    if stored.dtype == torch.uint8 or stored.dtype == storage:
+        return False
+    values = stored.float()
+    cast = stored.to(storage).float() if storage.is_floating_point else _cast(stored.float(), storage).float()
+    if not bool(torch.isfinite(values).all()) or not bool(torch.isfinite(cast).all()):
+        return False
+    norm = float(values.norm())
+    return norm > 0 and float((cast - values).norm()) / norm < 0.1
+
+
+def _undecidable_marker(fmt_marker: dict, key: str, value) -> str | None:
+    """The ``UNDECIDABLE`` class of a marker edit the runtime accepts but that does not match
+    how the weights were written (None: the edit is decidable from the file)."""
+    if key == "convrot_groupsize" and value in WRONG_ROTATION_SIZES and type(value) is not bool:
+        if fmt_marker.get("format") != "int8_tensorwise" or fmt_marker.get("convrot"):
+            return "rotation-size"
+    if key == "convrot" and fmt_marker.get("format") == "int8_tensorwise" and bool(value) != bool(fmt_marker.get("convrot")):
+        return "rotation-flag"
+    return None
+
 
 @dataclass
 class Case:
@@ -106,6 +172,9 @@ class Case:
     """Whether only the tensors' values show the defect (comfyquant needs ``--deep``)."""
     damage: Callable[[bytes], bytes] | None = None
     """Container damage applied to the written bytes."""
+    undecidable: str | None = None
+    """The ``UNDECIDABLE`` class of a defect the file cannot show (None: it can): comfyquant
+    must say the file loads, and the runtime must not raise (it may compute garbage)."""
     path: Path | None = None
 
     def write(self, folder: Path) -> Path:
@@ -292,14 +361,25 @@ def slot_cases(base: _Base) -> Iterator[Case]:
     for suffix, t in base.tensors.items():
         tensors = dict(base.tensors)
         del tensors[suffix]
-        yield base.case(f"{base.name}.{suffix}.missing", "slot", tensors)
+        # a codebook's absence shows only in the group scales' values, sized for its levels
+        case = base.case(f"{base.name}.{suffix}.missing", "slot", tensors, deep=suffix == "weight_codebook")
+        case.undecidable = "bias-absent" if suffix == "bias" else None
+        yield case
         for tag, mutated in tensor_mutations(t):
             tensors = dict(base.tensors)
             tensors[suffix] = mutated
             # a runtime that casts a tensor by value computes normally or garbage depending on
             # the values (codes stored in a wider dtype survive, reinterpreted bytes do not)
             deep = tag.startswith(("cast-", "view-"))
-            yield base.case(f"{base.name}.{suffix}.{tag}", "slot", tensors, deep=deep)
+            case = base.case(f"{base.name}.{suffix}.{tag}", "slot", tensors, deep=deep)
+            if suffix in ("bias", "weight_correction") and tag in ("view-float16", "view-bfloat16"):
+                case.undecidable = "bytes-of-other-float"
+            packed = suffix == "weight" and t.shape != base.dense.shape and not t.dtype.is_floating_point
+            if suffix == "weight" and not packed and tag.startswith(("cast-", "view-")) and _faithful(mutated, t.dtype):
+                case.undecidable = "values-not-the-source"
+            if packed and tag.startswith("cast-float8"):
+                case.undecidable = "packed-through-float8"
+            yield case
     for suffix in EXTRA_SLOTS:
         if suffix in base.tensors:
             continue
@@ -321,7 +401,9 @@ def marker_cases(base: _Base) -> Iterator[Case]:
         marker = dict(base.marker)
         if key in marker:
             del marker[key]
-            yield base.case(f"{base.name}.marker.{key}.missing", "marker", marker=marker)
+            case = base.case(f"{base.name}.marker.{key}.missing", "marker", marker=marker)
+            case.undecidable = _undecidable_marker(base.marker, key, False) if key == "convrot" else None
+            yield case
         values: list = []
         if key == "format":
             values = list(FORMAT_VALUES) + [None, [fmt]]
@@ -334,7 +416,9 @@ def marker_cases(base: _Base) -> Iterator[Case]:
         for i, value in enumerate(values):
             marker = dict(base.marker)
             marker[key] = value
-            yield base.case(f"{base.name}.marker.{key}.v{i}", "marker", marker=marker)
+            case = base.case(f"{base.name}.marker.{key}.v{i}", "marker", marker=marker)
+            case.undecidable = _undecidable_marker(base.marker, key, value)
+            yield case
     marker = dict(base.marker, unknown_key=1)
     yield base.case(f"{base.name}.marker.unknown-key", "marker", marker=marker)
     for i, raw in enumerate((b"not json", b"[1, 2]", b'"float8_e4m3fn"', b"")):
@@ -353,13 +437,17 @@ def header_cases(base: _Base) -> Iterator[Case]:
     yield base.case(f"{base.name}.header.both", "header", metadata={"_quantization_metadata": good})
     other = {"format": "float8_e4m3fn"} if base.marker["format"] != "float8_e4m3fn" else {"format": "int8_tensorwise"}
     conflict = json.dumps({"format_version": "1.0", "layers": {LAYER: other}})
-    yield base.case(f"{base.name}.header.conflict", "header", metadata={"_quantization_metadata": conflict})
-    yield base.case(
+    # the map's format makes ComfyUI cast the weight by value: whether that keeps it, the values tell
+    yield base.case(f"{base.name}.header.conflict", "header", metadata={"_quantization_metadata": conflict}, deep=True)
+    case = base.case(
         f"{base.name}.header.conflict-map-only",
         "header",
         metadata={"_quantization_metadata": conflict},
         marker_tensor=False,
+        deep=True,
     )
+    case.undecidable = "rotation-flag" if base.marker.get("convrot") and base.marker["format"] == "int8_tensorwise" else None
+    yield case
     malformed = (
         "not json",
         json.dumps([1, 2]),
@@ -423,7 +511,9 @@ def cast_weight_cases(base: _Base) -> Iterator[Case]:
     scale = tensors.get("weight_scale")
     if scale is not None and scale.dtype == torch.float32:
         tensors["weight_scale"] = torch.ones_like(scale)
-    yield base.case(f"{base.name}.weight.value-cast", "value", tensors, deep=True)
+    case = base.case(f"{base.name}.weight.value-cast", "value", tensors, deep=True)
+    case.undecidable = "values-not-the-source"  # codes x scales are a valid weight, not the dense one
+    yield case
 
 
 def legacy_cases(seed: int) -> Iterator[Case]:

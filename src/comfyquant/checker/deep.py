@@ -8,6 +8,7 @@ from ..findings import Finding
 from ..formats.base import CODEBOOK, CORRECTION, SCALE
 from ..formats.registry import FORMATS
 from ..targets.base import Violation
+from . import dropped
 
 MAX_DEEP_BYTES = 256 * 1024 * 1024
 
@@ -26,10 +27,32 @@ TINY = 1.1754944e-38
 """The smallest normal F32: scales below it are subnormal."""
 
 
+SATURATED = "D009"
+"""Every scale at its dtype's largest finite value: the writer's scale overflowed and the
+cast saturated it, so each weight decodes hundreds of times too large (garbage)."""
+ON_GRID = "decoded onto the INT8 grid"
+"""How a NaN/Inf finding's ``actual`` ends on a group scale the decode clamps (``CLAMPED``)."""
+CLAMPED = frozenset({("asym_w4a8_int8", "weight_s_rel")})
+"""(format, slot) whose decode rounds and clamps code x scale onto the INT8 grid
+(comfy-kitchen 0.2.40 ``backends/eager/w4a8_int8.py`` ``_dequant_int4_grouped_to_int8``): a
+non-finite group scale gives that group one constant code instead of a non-finite output, so
+only every group scale non-finite is garbage; some of them degrade the layer (measured: a NaN
+in one group leaves the output finite and close)."""
+
+
 def makes_garbage(f: Finding) -> bool:
     """Whether a value finding means the layer's output is garbage (see ``GARBAGE_CODES``;
-    D008: a weight the runtime's value cast changes)."""
-    return f.code in GARBAGE_CODES or f.code == "D008" or (f.code in WHOLE_CODES and (f.actual or "").startswith(WHOLE + " "))
+    D008: a weight the runtime's value cast changes; D009: saturated scales)."""
+    actual = f.actual or ""
+    if f.code == dropped.CODE:
+        return actual.startswith("garbage")
+    if f.code in ("D001", "D007") and actual.endswith(ON_GRID):
+        return actual.startswith(WHOLE + " ")
+    return (
+        f.code in GARBAGE_CODES
+        or f.code in ("D008", SATURATED, LEVEL_MISMATCH)
+        or (f.code in WHOLE_CODES and actual.startswith(WHOLE + " "))
+    )
 
 
 def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, str]) -> None:
@@ -48,8 +71,8 @@ def value_failures(findings: list[Finding], verdicts: dict, prefixes: dict[str, 
                 continue
             if suffix in UNUSED.get(verdict.target, ()):
                 continue
-            dropped = f.code not in CAST_TARGETS  # a cast weight is read, its warning says how
-            if dropped and any(not v.fails and v.layer == prefix and v.tensor == suffix for v in verdict.violations):
+            unread = f.code not in CAST_TARGETS  # a cast weight is read, its warning says how
+            if unread and any(not v.fails and v.layer == prefix and v.tensor == suffix for v in verdict.violations):
                 continue
             v = Violation(
                 f"{verdict.target}.values",
@@ -98,8 +121,7 @@ def _decoder():
         if dtype == "F8_E8M0":
             with np.errstate(over="ignore"):  # 255 is NaN, set below; 2**128 overflows on the way
                 out = np.exp2(raw.astype(np.float32) - 127)
-            out[raw == 0] = 0.0
-            out[raw == 255] = np.inf
+            out[raw == 255] = np.inf  # E8M0 has no zero: 0 is 2**-127 (subnormal in F32)
             return out
         if dtype == "F8_E5M2":  # the top byte of a float16
             return (raw.astype(np.uint16) << 8).view("<f2").astype(np.float32)
@@ -113,7 +135,7 @@ def _decoder():
 
 CASTS = ("I8", "U8", "F8_E4M3", "F8_E5M2")
 """Weight dtypes ComfyUI casts a stored weight to by value (``weight.to(storage dtype)``)."""
-CAST_TARGETS = {"D008": ("comfyui",)}
+CAST_TARGETS = {"D008": ("comfyui",), dropped.CODE: ("comfyui",)}
 UNUSED = {"comfyui": frozenset({"input_scale"}), "comfy-kitchen": frozenset({"input_scale"})}
 """Tensors a runtime does not compute with on the path the verdicts are proven for: ComfyUI on
 CPU has no FP8 compute, so it never quantizes the activation with ``input_scale`` (on a GPU
@@ -121,12 +143,19 @@ with FP8 compute it does), and comfy-kitchen's layouts do not take it."""
 """Value findings that only the listed runtimes turn into garbage (the others refuse the dtype)."""
 
 
-def _survives_cast(np, v, source: str, target: str) -> bool:
+def _survives_cast(np, v, source: str, target: str, packed: bool = False) -> bool:
     """Whether torch's value cast of ``v`` (stored as ``source``) to ``target`` leaves the
     weight close to what it holds: integers wrap modulo 256 into I8/U8 (the same bytes come
     back: the codes survive); otherwise the cast values (floats truncated and wrapped into
     I8/U8, rounded to the nearest FP8 value) must stay within a relative error of
     ``CAST_GARBAGE`` of the stored ones."""
+    if (
+        source == "U8"
+        and target in ("F8_E4M3", "F8_E5M2")
+        and v.size
+        and RELABELLED[0] <= float((v >= 128).mean()) <= RELABELLED[1]
+    ):
+        return False  # FP8 bytes labelled U8: the cast turns each code's bits into a count
     if target in ("I8", "U8"):
         lo = -128 if target == "I8" else 0
         if source in INTEGERS:
@@ -150,6 +179,12 @@ def _survives_cast(np, v, source: str, target: str) -> bool:
         cast = np.where(np.abs(v - left) <= np.abs(right - v), left, right)
         cast = np.where(v > table[-1], table[-1], np.where(v < table[0], table[0], cast))
     ref = v.astype(np.float64)
+    if packed:  # two or more codes a byte: any changed byte changes its codes
+        if source in ("F8_E4M3", "F8_E5M2") and bool((np.trunc(ref) == ref).all()):
+            # whole numbers in a float8: bytes written by value, their low bits already rounded
+            # away; what that cost is not in the file any more (the verdict cannot tell)
+            return True
+        return bool(np.array_equal(cast, ref))
     norm = float(np.sqrt((ref * ref).sum()))
     if norm == 0.0:
         return bool((cast == 0).all())
@@ -157,6 +192,11 @@ def _survives_cast(np, v, source: str, target: str) -> bool:
 
 
 CAST_GARBAGE = 0.9
+RELABELLED = (0.3, 0.7)
+"""The share of U8 values of 128 and more (an FP8 code's sign bit) that marks a U8 weight in an
+FP8 slot as FP8 bytes labelled U8: a weight's signs are balanced, so its FP8 bytes set the top
+bit about half the time, where U8 values of a weight cast by value (negatives clamped to 0)
+rarely reach 128.  ComfyUI casts those bytes by value: garbage (measured 2.6 relative)."""
 """Relative change of the weight from which the cast layer computes garbage (the harness's
 output threshold; a smaller change degrades the layer, and check only warns)."""
 
@@ -177,7 +217,10 @@ def _fp8_values(np, dtype: str):
 def deep_findings(ckpt) -> list[Finding]:
     wanted = []
     ends = {h.file: h.size for h in ckpt.headers}
+    corrected = []  # W4A8 layers whose correction ComfyUI drops: how much it moves the output
     for _prefix, layer in ckpt.layers.items():
+        if dropped.wanted(layer) and _readable(layer, dropped.SUFFIXES + ("weight_codebook",), ends):
+            corrected.append(layer)
         fmt = FORMATS.get(layer.format_name) if layer.format_name else None
         if fmt is None:
             continue
@@ -191,12 +234,19 @@ def deep_findings(ckpt) -> list[Finding]:
             if entry.nbytes * 8 != entry.numel * DTYPE_BITS.get(entry.dtype, -1):
                 continue  # the span is not dtype x shape (C001 reports it): no sound values to read
             wanted.append((layer, slot, entry))
-    if not wanted:
+    if not wanted and not corrected:
         return []
     np, decode = _decoder()
     seen: set[str] = set()
-    entries = [e for _, _, e in wanted if not (e.name in seen or seen.add(e.name))]
+    extra = [e for layer in corrected for s, e in layer.stored.items() if s in dropped.SUFFIXES or s == "weight_codebook"]
+    entries = [e for e in [e for _, _, e in wanted] + extra if not (e.name in seen or seen.add(e.name))]
     data = ckpt.read_many(entries)
+    out_dropped = []
+    for layer in corrected:
+        if all(len(data[e.name]) == e.nbytes for s, e in layer.stored.items() if e.name in data):
+            measured = dropped.share(np, decode, layer, data)
+            if measured is not None and measured >= dropped.GARBAGE:  # below, the header's warning says it
+                out_dropped.append(dropped.finding(layer, measured))
     out: list[Finding] = []
     done: set[str] = set()
     for layer, slot, entry in wanted:
@@ -208,7 +258,8 @@ def deep_findings(ckpt) -> list[Finding]:
             continue
         if slot.suffix == "weight":
             values = decode(raw, entry.dtype, entry.dtype)
-            if values is not None and not _survives_cast(np, values, entry.dtype, slot.dtype):
+            packed = "//" in slot.shape  # the stored width is a fraction of K: packed codes
+            if values is not None and not _survives_cast(np, values, entry.dtype, slot.dtype, packed):
                 out.append(
                     Finding(
                         "D008",
@@ -226,14 +277,117 @@ def deep_findings(ckpt) -> list[Finding]:
         values = decode(raw, entry.dtype, slot.dtype if slot.dtype != "float" else entry.dtype)
         if values is None:
             continue
-        out.extend(_value_findings(np, layer.name, entry.name, slot, values))
-    return out
+        clamped = (layer.format_name, slot.suffix) in CLAMPED
+        if clamped:
+            levels = _missing_codebook(np, layer, entry.name, values)
+            if levels is not None:
+                out.append(levels)
+        out.extend(_value_findings(np, layer.name, entry.name, slot, values, clamped))
+        saturated = _saturated(np, entry.name, slot, values, entry.dtype if slot.dtype == "float" else slot.dtype)
+        if saturated is not None:
+            out.append(Finding(SATURATED, saturated[0], layer=layer.name, tensor=entry.name, **saturated[1]))
+    return out + out_dropped
 
 
-def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
+def _readable(layer, suffixes: tuple[str, ...], ends: dict) -> bool:
+    """Whether the layer's tensors among ``suffixes`` lie within their files, each span exactly
+    dtype x shape and small enough to read (``MAX_DEEP_BYTES``)."""
+    for suffix in suffixes:
+        e = layer.stored.get(suffix)
+        if e is None:
+            continue
+        if e.end > ends.get(e.file, e.end) or e.nbytes > MAX_DEEP_BYTES:
+            return False
+        if e.nbytes * 8 != e.numel * DTYPE_BITS.get(e.dtype, -1):
+            return False
+    return True
+
+
+FLOAT8_MAX = {"F8_E4M3": 448.0, "F8_E5M2": 57344.0}
+LEVEL_MISMATCH = "D011"
+UNIFORM_TOP = {4: 8, 6: 32}
+"""The largest uniform level magnitude of 4- and 6-bit W4A8 codes (code - 8, code - 32)."""
+
+
+def _missing_codebook(np, layer, tensor: str, s_rel) -> Finding | None:
+    """Group scales that do not fit the layer's levels on the INT8 grid.  Too small: the
+    largest level times the scale rounds to 0 in most groups (a codebook's levels are about 1
+    in magnitude), and the layer decodes to zero.  Too large: a W4A8 layer without a codebook decodes uniform levels (up to 8 or 32 in magnitude) onto
+    the INT8 grid with ``s_rel`` (comfy-kitchen 0.2.40 ``_dequant_int4_grouped_to_int8``), so a
+    writer's ``s_rel`` stays near 127 / top.  Group scales whose median is past 127 / (top / 2)
+    clip every code beyond half the range: they were sized for a codebook's levels (magnitude
+    about 1, ``s_rel`` near 127), and the layer that has none computes garbage."""
+    t = layer.stored
+    w, rel = t.get("weight"), t.get("weight_s_rel")
+    group_size = (layer.marker or {}).get("group_size", 16)
+    if w is None or rel is None or len(w.shape) != 2 or len(rel.shape) != 2:
+        return None
+    if type(group_size) is not int or group_size <= 0 or not s_rel.size:
+        return None
+    k = rel.shape[1] * group_size
+    bits = 4 if w.shape[1] * 2 == k else 6 if w.shape[1] * 4 == k * 3 else None
+    finite = s_rel[np.isfinite(s_rel)]
+    if bits is None or not finite.size:
+        return None
+    median = float(np.median(np.abs(finite)))
+    top = 1.0 if "weight_codebook" in t else UNIFORM_TOP[bits]
+    if median * top < 0.5:
+        return Finding(
+            LEVEL_MISMATCH,
+            f"{tensor}: group scales of median {median:g}: the largest level times the scale rounds to 0 on "
+            f"the INT8 grid in most groups",
+            layer=layer.name,
+            tensor=tensor,
+            expected=f"median >= {0.5 / top:g}",
+            actual=f"median {median:g}",
+            cause="the group scales are far too small for the levels (stored as another dtype's values?): "
+            "most groups decode to zero",
+            fix="re-export the layer (comfyquant quantize)",
+        )
+    limit = 127 / (UNIFORM_TOP[bits] / 2)
+    if "weight_codebook" in t or median <= limit:
+        return None
+    return Finding(
+        LEVEL_MISMATCH,
+        f"{tensor}: group scales of median {median:g} on a {bits}-bit layer without a codebook: every code "
+        f"beyond half the uniform range leaves the INT8 grid",
+        layer=layer.name,
+        tensor=tensor,
+        expected=f"median <= {limit:g} (uniform levels up to {UNIFORM_TOP[bits]})",
+        actual=f"median {median:g}",
+        cause="the group scales were sized for a codebook's levels (magnitude about 1) and the layer has no codebook",
+        fix="restore the layer's weight_codebook, or re-export it (comfyquant quantize)",
+    )
+
+
+def _saturated(np, tensor: str, slot, v, dtype: str) -> tuple[str, dict] | None:
+    """A SATURATED finding's message and fields when every non-zero scale of an FP8 scale
+    tensor sits at the dtype's largest finite magnitude (zeros are a blocked layout's padding).
+    A writer's absmax scales spread over the dtype's range; all of them at its ceiling means
+    they overflowed and the cast clipped them."""
+    top = FLOAT8_MAX.get(dtype)
+    if top is None or slot.kind != SCALE or v.size < 2:
+        return None
+    nonzero = v[v != 0]
+    if nonzero.size < 2 or not np.isfinite(nonzero).all() or not np.all(np.abs(nonzero) == top):
+        return None
+    return (
+        f"{tensor} ({slot.meaning or slot.kind}): every scale is {top:g}, the largest {dtype} value",
+        {
+            "expected": f"scales spread below {top:g}",
+            "actual": f"{WHOLE} {top:g}",
+            "cause": "the scales overflowed the dtype and were clipped to its largest value: every weight decodes far too large",
+            "fix": "re-export the layer from the original weights (comfyquant quantize)",
+        },
+    )
+
+
+def _value_findings(np, layer: str, tensor: str, slot, v, clamped: bool = False) -> list[Finding]:
     out = []
     finite = np.isfinite(v)
     n_bad = int(v.size - finite.sum())
+    if slot.blocked and slot.kind == SCALE:
+        return out + _blocked_findings(np, layer, tensor, slot, v, n_bad)
     what = f"{tensor} ({slot.meaning or slot.kind})"
     fix = "re-export the layer from the original weights (comfyquant quantize)"
     if slot.kind == CODEBOOK:
@@ -264,6 +418,13 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
         return out
     if n_bad:
         code = "D001" if slot.positive else "D007"
+        actual = f"{n_bad} NaN/Inf"
+        cause = "overflow during quantization or a corrupted file"
+        if clamped:
+            actual = f"{WHOLE if n_bad == v.size else n_bad} NaN/Inf, {ON_GRID}"
+            cause += ": the decode clamps those groups onto the INT8 grid, each becomes one constant code" + (
+                " (every group: the output is garbage)" if n_bad == v.size else " (the output degrades, stays finite)"
+            )
         out.append(
             Finding(
                 code,
@@ -271,8 +432,8 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
                 layer=layer,
                 tensor=tensor,
                 expected="finite values",
-                actual=f"{n_bad} NaN/Inf",
-                cause="overflow during quantization or a corrupted file",
+                actual=actual,
+                cause=cause,
                 fix=fix,
             )
         )
@@ -342,3 +503,54 @@ def _value_findings(np, layer: str, tensor: str, slot, v) -> list[Finding]:
             )
         )
     return out
+
+
+def _blocked_findings(np, layer: str, tensor: str, slot, v, n_bad: int) -> list[Finding]:
+    """Findings on a blocked per-block scale (NVFP4's E4M3, MXFP8's E8M0, in the 128x4 layout):
+    its padding cells are zero by design, so only a layer with no positive normal scale at all
+    decodes to zero or to its negation (garbage); some zero or negative blocks degrade it."""
+    what = f"{tensor} ({slot.meaning or slot.kind})"
+    fix = "re-export the layer from the original weights (comfyquant quantize)"
+    if n_bad:
+        return [
+            Finding(
+                "D007",
+                f"{what}: {n_bad} of {v.size} values are NaN or Inf",
+                layer=layer,
+                tensor=tensor,
+                expected="finite values",
+                actual=f"{n_bad} NaN/Inf",
+                cause="overflow during quantization or a corrupted file",
+                fix=fix,
+            )
+        ]
+    positive = int((v >= TINY).sum())
+    negative = int((v < 0).sum())
+    if positive == 0:
+        sign = "negative" if negative else "zero or subnormal"
+        return [
+            Finding(
+                "D003" if negative else "D002",
+                f"{what}: every block scale is {sign}",
+                layer=layer,
+                tensor=tensor,
+                expected=f">= {TINY:.3g} (zero only in the padding)",
+                actual=f"{WHOLE} {sign}",
+                cause="the whole layer decodes to " + ("its negation" if negative else "zero (it outputs only its bias)"),
+                fix=fix,
+            )
+        ]
+    if negative:
+        return [
+            Finding(
+                "D003",
+                f"{what}: {negative} of {v.size} block scales are negative",
+                layer=layer,
+                tensor=tensor,
+                expected="> 0",
+                actual=f"{negative} negative",
+                cause="sign-flipped scales invert those blocks",
+                fix=fix,
+            )
+        ]
+    return []

@@ -10,7 +10,7 @@ when it stops a selected runtime; one that only concerns runtimes the user did n
 
 from __future__ import annotations
 
-from ..findings import ERROR, INFO, SEVERITY_ORDER, WARNING, Finding
+from ..findings import ERROR, INFO, ONE_RUNTIME, SEVERITY_ORDER, WARNING, Finding
 from ..targets.base import Verdict
 from ..targets.proven import PROVEN, modelled
 from ..targets.select import TARGETS
@@ -121,6 +121,7 @@ def assemble(
                 covering = by_file.get(v.file, [])  # a file the runtime cannot open
             else:
                 covering = _covering(by_layer.get(layer, []), v.tensor) if layer and serious else []
+                covering = [f for f in covering if ONE_RUNTIME.get(f.code, target) == target]
             if covering:
                 for f in covering:
                     if target not in f.targets:

@@ -213,8 +213,31 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
         # markers written identical) is that object, so per-layer results cached under it
         # serve ComfyUI too.
         effective = ckpt.markers.effective.get(target)
+        replaced = markers.get(target)
+        if isinstance(replaced, dict) and _rotated(replaced) and not _rotated(rec.obj):
+            _fail(
+                out,
+                "rotation",
+                f"layer '{target}': ComfyUI takes the header map's marker ({rec.obj.get('format')!r}, no rotation) "
+                f"over the tensor marker, which says the weights are ConvRot-rotated: the layer computes "
+                f"without the rotation (garbage output, no error)",
+                target,
+                "comfy_quant",
+                blocking=False,
+                cause="the header marker map and the tensor marker disagree on the layer's rotation",
+                fix="rewrite the header markers from the tensor markers (comfyquant fix)",
+                severity="error",
+            )
         markers[target] = effective if effective is not None and same_marker(effective, rec.obj) else rec.obj
     return markers
+
+
+def _rotated(marker: dict) -> bool:
+    """Whether a marker says its layer's weights are stored ConvRot-rotated: W4A8 and W4A4
+    always are, INT8 with a true ``convrot`` (ComfyUI 0.33.0 comfy/quant_ops.py reads it with
+    ``bool``)."""
+    fmt = marker.get("format")
+    return fmt in ("asym_w4a8_int8", "convrot_w4a4") or (fmt == "int8_tensorwise" and bool(marker.get("convrot")))
 
 
 def _layers_refused(raw: str) -> tuple[str, str] | None:
@@ -385,9 +408,44 @@ def _layer_templates(marker: dict, t: dict) -> tuple[list[Violation], list[Viola
     fmt = marker.get("format")
     if any(v.blocking for v in out) or not isinstance(fmt, str):
         return out, []
+    smoothing = _pre_quant_scale(fmt, marker, t)
+    if smoothing is not None:  # the forward multiplies the input by it before anything else
+        return out, [smoothing]
     if first_forward is not None:
         return out, [first_forward]
     return out, forward_templates("comfyui", fmt, t, VIEWS.get(fmt)) if runs_forward("comfyui", fmt) else []
+
+
+def _pre_quant_scale(fmt: str, marker: dict, t: dict) -> Violation | None:
+    """A ``pre_quant_scale`` ComfyUI loads (the formats whose parameters list it) that does not
+    broadcast against the input: the forward's opening ``input * pre_quant_scale`` raises
+    torch's broadcasting error, for an input of shape [4, K] (K the layer's input size)."""
+    from ..formats.base import GeometryError
+    from ..formats.registry import FORMATS
+    from .torch_text import broadcast_error
+
+    e = t.get("pre_quant_scale")
+    if e is None or "pre_quant_scale" not in CONSUMED.get(fmt, ()):
+        return None
+    desc = FORMATS[fmt]
+    try:
+        k = desc.geometry(t, desc.params(marker))["K"]
+    except (GeometryError, KeyError):
+        return None
+    message = broadcast_error((4, k), tuple(e.shape))
+    if message is None:
+        return None
+    return Violation(
+        "comfyui.pre-quant-scale",
+        message,
+        "RuntimeError",
+        LAYER,
+        "pre_quant_scale",
+        True,
+        f"pre_quant_scale of shape {list(e.shape)} for a layer of {k} inputs: the first forward (on an input "
+        f"of shape [4, {k}]) multiplies the input by it",
+        f"store pre_quant_scale as [{k}]",
+    )
 
 
 def _read_marker(out: list, marker: dict, t: dict) -> dict:
@@ -518,8 +576,8 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
             _fail(
                 out,
                 "correction",
-                f"layer '{prefix}': ComfyUI does not load weight_correction; the asymmetric W4A8 layer "
-                f"decodes wrongly (no error)",
+                f"layer '{prefix}': ComfyUI does not load weight_correction: the layer computes without "
+                f"it, off by the correction's share of the weight (no error; check --deep measures it)",
                 prefix,
                 suffix,
                 blocking=False,
@@ -546,6 +604,8 @@ def _convrot(out: list, prefix: str, fmt: str, marker: dict, t: dict) -> Violati
     from ..formats.base import GeometryError
     from ..formats.registry import FORMATS
     from .kitchen import w4a4_params
+    from .kitchen_int8 import int8_input_k
+    from .kitchen_w4a4 import w4a4_scale_length, w4a4_scale_rank
 
     if fmt not in ("convrot_w4a4", "int8_tensorwise"):
         return None
@@ -559,7 +619,15 @@ def _convrot(out: list, prefix: str, fmt: str, marker: dict, t: dict) -> Violati
         if v is not None:
             _fail(out, "ck", v.message, prefix, v.tensor, exception=v.exception, cause=v.cause, fix=v.fix)
             return None
-    return convrot_forward("comfyui", fmt, env)
+        ranked = w4a4_scale_rank("comfyui", t)  # the op's dispatch checks it before the linear's own checks
+        if ranked is not None:
+            return ranked
+    if fmt == "int8_tensorwise":
+        v = int8_input_k("comfyui", t)  # the linear compares the input's K first
+        if v is not None:
+            return v
+    v = convrot_forward("comfyui", fmt, env)
+    return v if v is not None or fmt != "convrot_w4a4" else w4a4_scale_length("comfyui", t)
 
 
 def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
@@ -567,11 +635,11 @@ def _w4a8(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
     layout's own validation decides at load, so the kitchen profile's check is reused as is;
     returns what the layer's first forward raises once it loaded."""
     from ..formats.base import GeometryError
-    from ..formats.w4a8 import ASYM_W4A8_INT8
+    from ..formats.w4a8 import ASYM_W4A8_INT8, model_geometry
     from .kitchen import check_w4a8
 
     try:
-        env = ASYM_W4A8_INT8.geometry(t, ASYM_W4A8_INT8.params(marker))
+        env = model_geometry(t, ASYM_W4A8_INT8.params(marker))
     except GeometryError as exc:
         _fail(out, "ck", f"layer '{prefix}': {exc}", prefix, "weight")
         return None

@@ -15,8 +15,12 @@ from __future__ import annotations
 from ..dtypes import DTYPE_BITS
 from ..formats.base import GeometryError, is_pow4
 from ..formats.registry import FORMATS
-from ..formats.w4a8 import six_bit_fits
+from ..formats.w4a8 import model_geometry, six_bit_fits
 from .base import LAYER, Verdict, Violation, bind, container_violations
+from .kitchen_awq import awq_forward
+from .kitchen_int8 import int8_input_k
+from .kitchen_w4a4 import w4a4_scale_length, w4a4_scale_rank
+from .torch_text import TORCH_DTYPES, broadcast_error
 
 
 def _v(
@@ -136,14 +140,14 @@ def not_2d_templates(target: str, name: str, marker: dict, t: dict) -> list[Viol
 
 MISSING_FORWARD: dict[str, tuple[tuple[str, str], ...]] = {
     # format: (suffix, the attribute comfy-kitchen 0.2.40 reads off None at the first forward)
-    # for a tensor the layout needs but was not given (measured, eager backend)
+    # for a tensor the layout needs but was not given (measured, eager backend); AWQ's are
+    # read inside its op, after its operand checks (kitchen_awq)
     "float8_e4m3fn": (("weight_scale", "to"),),
     "float8_e5m2": (("weight_scale", "to"),),
     "int8_tensorwise": (("weight_scale", "to"),),
     "convrot_w4a4": (("weight_scale", "reshape"),),
     "nvfp4": (("weight_scale", "reshape"), ("weight_scale_2", "to")),
     "mxfp8": (("weight_scale", "view"),),
-    "awq_w4a16": (("weight_scale", "dtype"), ("weight_zeros", "t")),
     "svdquant_w4a4": (("weight_proj_down", "shape"), ("weight_proj_up", "shape"), ("weight_smooth_factor", "shape")),
 }
 
@@ -208,22 +212,67 @@ def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Viola
             return [], not_2d
     load = _load_templates(name, marker, tensors)
     read = marker_ints(name, marker)[0]
+    if name == "awq_w4a16":
+        if load or any(len(tensors[s].shape) != 2 for s in ("weight",) if s in tensors):
+            return load, []
+        v = awq_forward(tensors, FORMATS[name].params(read)["group_size"])
+        return load, [v] if v is not None else []
     convrot = bool(read.get("convrot"))
+    if not load and name == "convrot_w4a4":
+        ranked = w4a4_scale_rank("comfy-kitchen", tensors)
+        if ranked is not None:
+            return load, [ranked]
     if not load and name in ("asym_w4a8_int8", "convrot_w4a4", "int8_tensorwise"):
         fmt = FORMATS[name]
+        geometry = model_geometry if name == "asym_w4a8_int8" else fmt.geometry
         try:
-            env = fmt.geometry(tensors, fmt.params(read))
+            env = geometry(tensors, fmt.params(read))
         except GeometryError:
             env = None
         if env is not None:
             if name == "asym_w4a8_int8":
                 v = w4a8_forward("comfy-kitchen", tensors, env)
+            elif name == "int8_tensorwise" and int8_input_k("comfy-kitchen", tensors) is not None:
+                v = int8_input_k("comfy-kitchen", tensors)  # the linear compares the input's K first
             else:
                 v = convrot_forward("comfy-kitchen", name, env)
+                if v is None and name == "convrot_w4a4":
+                    v = w4a4_scale_length("comfy-kitchen", tensors)
             if v is not None:
                 return load, [v]
     forward = forward_templates("comfy-kitchen", name, tensors, None, convrot) if runs_forward("comfy-kitchen", name) else []
+    if name == "int8_tensorwise" and not forward and not any(v.blocking for v in load):
+        v = int8_dequantize(tensors, convrot)
+        if v is not None:  # beside the load's note on a row scale stored [N]
+            return load, [v]
     return load, forward if not load else []
+
+
+def int8_dequantize(t: dict, convrot: bool) -> Violation | None:
+    """What ``dequantize()`` of an INT8 layer raises once its linear ran: the codes times the
+    scale as stored, so a scale of one value per row that is not [N, 1] raises torch's
+    broadcasting error, and a ConvRot layer, which unpacks the product as [N, K] to rotate it
+    back, refuses one broadcast to more dimensions."""
+    w, s = t.get("weight"), t.get("weight_scale")
+    if w is None or s is None or len(w.shape) != 2:
+        return None
+    message = broadcast_error(tuple(w.shape), tuple(s.shape))
+    exception = "RuntimeError"
+    if message is None and convrot and len(s.shape) > 2:
+        message, exception = "too many values to unpack (expected 2)", "ValueError"
+    if message is None:
+        return None
+    return Violation(
+        "comfy-kitchen.int8-dequantize",
+        message,
+        exception,
+        LAYER,
+        "weight_scale",
+        True,
+        f"weight_scale of shape {list(s.shape)} for a weight of {list(w.shape)}: the linear takes it, "
+        "dequantize() multiplies the codes by it as stored",
+        "store per-row scales as [N, 1] (comfyquant fix)",
+    )
 
 
 def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
@@ -243,8 +292,12 @@ def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
     marker, refused = marker_ints(name, marker)
     if refused is not None:
         return [int_violation("comfy-kitchen", prefix, refused)]
+    if name == "awq_w4a16":
+        return []  # its Params validate nothing: the first forward decides (awq_forward)
+    # W4A8's Params check the group size themselves, against the model's K
+    geometry = model_geometry if name == "asym_w4a8_int8" else fmt.geometry
     try:
-        env = fmt.geometry(tensors, fmt.params(marker))
+        env = geometry(tensors, fmt.params(marker))
     except GeometryError as exc:
         return [_v("shape", f"layer '{prefix}': {exc}", prefix, "weight")]
     check = _CHECKS.get(name)
@@ -376,26 +429,46 @@ def check_w4a8(prefix: str, t: dict, env: dict, dropped_correction: bool = False
 
 
 def w4a8_forward(target: str, t: dict, env: dict, dropped_correction: bool = False) -> Violation | None:
-    """What W4A8's linear refuses at the first forward once ``Params`` built: a ConvRot size
-    that is not a power of 4, a packed row width that is neither 4 nor 6 bits of K, 6-bit
-    storage with a group size or extras it cannot have."""
-    k, g, c = env["K"], env["group_size"], env["convrot_groupsize"]
-    w = t["weight"]
+    """What W4A8's linear refuses at the first forward once ``Params`` built with the model's
+    (N, K) (comfy-kitchen 0.2.40 ``validate_w4a8_operands``, eager backend): a ConvRot size
+    that is not a power of 4; then the stored tensors against each other, K read off s_rel's
+    groups: a packed row width that is neither 4 nor 6 bits of that K, 6-bit storage with a
+    group size or extras it cannot have, s_rel and s_channel against the weight's rows; last,
+    the input's K (the model's, for an input of shape [4, K]) against the stored one."""
+    k_model, g, c = env["K"], env["group_size"], env["convrot_groupsize"]
+    w, s_rel, s_ch = t["weight"], t.get("weight_s_rel"), t.get("weight_s_channel")
     v = _hadamard(LAYER, c)
-    if v is None and len(w.shape) == 2 and w.shape[1] * 8 not in (4 * k, 6 * k):
-        v = _v("w4a8", f"packed row width {w.shape[1]} does not match K={k} at 4 or 6 bits", LAYER, "weight")
-    if v is None and env["bits"] == 6:
+    if v is None and len(w.shape) == 2 and s_rel is not None and len(s_rel.shape) == 2:
+        v = _w4a8_operands(tuple(w.shape), tuple(s_rel.shape), s_ch, t, g, c, dropped_correction, k_model)
+    if v is not None:
+        v.rule = v.rule.replace("comfy-kitchen.", f"{target}.", 1)
+    return v
+
+
+def _w4a8_operands(w: tuple, s_rel: tuple, s_ch, t: dict, g: int, c: int, dropped: bool, k_model: int) -> Violation | None:
+    n, cols = w
+    k = s_rel[1] * g
+    bits = cols * 8 // k if k > 0 else 0
+    if k <= 0 or bits not in (4, 6) or k * bits != cols * 8:
+        return _v("w4a8", f"packed row width {cols} does not match K={k} at 4 or 6 bits", LAYER, "weight")
+    if bits == 6:
         if not six_bit_fits(k, g):
-            v = _v(
+            return _v(
                 "w4a8",
                 f"6-bit storage needs K divisible by 32 and group_size a multiple of 16, got K={k}, group_size={g}",
                 LAYER,
             )
-        elif "weight_codebook" in t or ("weight_correction" in t and not dropped_correction):
-            v = _v("w4a8", "6-bit storage is uniform and symmetric: no codebook or correction", LAYER)
-    if v is not None:
-        v.rule = v.rule.replace("comfy-kitchen.", f"{target}.", 1)
-    return v
+        if "weight_codebook" in t or ("weight_correction" in t and not dropped):
+            return _v("w4a8", "6-bit storage is uniform and symmetric: no codebook or correction", LAYER)
+    if k % 16 or (c and k % c):
+        return _v("w4a8", f"K={k} must be divisible by 16 and convrot_groupsize={c}", LAYER)
+    if s_rel != (n, k // g):
+        return _v("w4a8", f"s_rel must have shape {(n, k // g)}, got {s_rel}", LAYER, "weight_s_rel")
+    if s_ch is not None and tuple(s_ch.shape) != (n,):
+        return _v("w4a8", f"s_channel must have shape {(n,)}, got {tuple(s_ch.shape)}", LAYER, "weight_s_channel")
+    if k_model != k:
+        return _v("w4a8", f"Input K={k_model} does not match qdata K={k}", LAYER, "weight")
+    return None
 
 
 def w4a4_params(prefix: str, t: dict, env: dict) -> Violation | None:
@@ -437,29 +510,6 @@ def convrot_forward(target: str, name: str, env: dict) -> Violation | None:
         v.fix = v.fix or "re-quantize with convrot_groupsize 16, 64 or 256 dividing K"
     return v
 
-
-TORCH_DTYPES = {
-    "BOOL": "bool",
-    "U8": "uint8",
-    "I8": "int8",
-    "I16": "int16",
-    "U16": "uint16",
-    "I32": "int32",
-    "U32": "uint32",
-    "I64": "int64",
-    "U64": "uint64",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F32": "float32",
-    "F64": "float64",
-    "C64": "complex64",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E8M0": "float8_e8m0fnu",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz",
-}
-"""safetensors dtype -> torch dtype name (as comfy-kitchen's messages print it: ``torch.<name>``)."""
 
 FORWARD: dict[str, tuple[str, tuple[tuple[str, str, tuple[str, ...]], ...], int, int]] = {
     # format: (comfy-kitchen op of the first forward, (suffix, operand, accepted dtypes) in the
@@ -541,19 +591,6 @@ OPERANDS: dict[str, dict[str, tuple[str, tuple[tuple[str, str, tuple[str, ...]],
 def runs_forward(target: str, name: str) -> bool:
     """Whether the first forward of a ``name`` layer has operand rules modelled for ``target``."""
     return name in OPERANDS[target] or name in FORWARD
-
-
-def broadcast_error(a: tuple, b: tuple) -> str | None:
-    """torch's message when shapes ``a`` and ``b`` do not broadcast (dimensions compared from
-    the last one, as torch's ``infer_size`` does), or None."""
-    ndim = max(len(a), len(b))
-    for i in range(ndim - 1, -1, -1):
-        back = ndim - 1 - i
-        da = a[len(a) - 1 - back] if back < len(a) else 1
-        db = b[len(b) - 1 - back] if back < len(b) else 1
-        if da != db and da != 1 and db != 1:
-            return f"The size of tensor a ({da}) must match the size of tensor b ({db}) at non-singleton dimension {i}"
-    return None
 
 
 def scale_shape_template(target: str, name: str, t: dict) -> Violation | None:
@@ -644,7 +681,65 @@ def forward_templates(
                     "convert the scales to the blocked layout (comfyquant fix)",
                 )
             ]
+    if name in ROW_BLOCKS and "weight" in t and len(t["weight"].shape) == 2:
+        v = _row_blocks(target, name, t["weight"].shape)
+        if v is not None:
+            return [v]
+    if name == "nvfp4":
+        v = _nvfp4_global_scale(target, t)
+        if v is not None:
+            return [v]
     return []
+
+
+ROW_BLOCKS = {"mxfp8": (32, 1), "nvfp4": (16, 2)}
+"""Formats whose dequantize reshapes each stored row into blocks: (elements per block,
+elements per stored byte)."""
+
+
+def _row_blocks(target: str, name: str, shape: tuple) -> Violation | None:
+    """A weight row whose element count is not whole blocks: the dequantize's reshape into
+    blocks fails with torch's view error (MXFP8 names the block count, NVFP4 infers it)."""
+    block, per_byte = ROW_BLOCKS[name]
+    rows, cols = shape
+    elements = cols * per_byte
+    if elements % block == 0:
+        return None
+    blocks = elements // block if name == "mxfp8" else -1
+    return Violation(
+        f"{target}.row-blocks",
+        f"shape '[{rows}, {blocks}, {block}]' is invalid for input of size {rows * elements}",
+        "RuntimeError",
+        LAYER,
+        "weight",
+        True,
+        f"weight rows of {elements} elements: {name} dequantizes whole blocks of {block} (raised at the first forward)",
+        f"store the weight with K a multiple of {block}",
+    )
+
+
+def _nvfp4_global_scale(target: str, t: dict) -> Violation | None:
+    """NVFP4's dequantize multiplies its per-tensor scale by the block scales read back as
+    [N, K / 16]: a ``weight_scale_2`` of several values that does not broadcast against them
+    raises torch's broadcasting error (scale first, block scales second)."""
+    w, s2 = t.get("weight"), t.get("weight_scale_2")
+    if w is None or s2 is None or len(w.shape) != 2 or s2.numel <= 1:
+        return None
+    blocks = (w.shape[0], w.shape[1] * 2 // 16)
+    message = broadcast_error(tuple(s2.shape), blocks)
+    if message is None:
+        return None
+    return Violation(
+        f"{target}.scale-shape",
+        message,
+        "RuntimeError",
+        LAYER,
+        "weight_scale_2",
+        True,
+        f"weight_scale_2 of shape {list(s2.shape)}: NVFP4 takes one per-tensor value, multiplied by the "
+        f"{list(blocks)} block scales at the first forward",
+        "store weight_scale_2 as one value",
+    )
 
 
 def _block_scale(prefix: str, t: dict, env: dict) -> Violation | None:

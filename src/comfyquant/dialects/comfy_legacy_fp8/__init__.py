@@ -13,6 +13,7 @@ switches the translation off.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ...dtypes import MODEL_FLOAT_DTYPES
@@ -21,6 +22,7 @@ from ...formats.registry import FORMATS, infer_format
 from ...io.header import TensorEntry
 from ...shapes import fmt_shape
 from ...targets.base import Violation
+from ...targets.torch_text import broadcast_error
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
 from ..common import (
     DIFFUSION_ROOTS,
@@ -272,6 +274,25 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
                     severity="error",
                 )
             )
+    for tr in sorted(claim.layers.values(), key=lambda tr: tr.prefix):
+        si = tr.inputs.get("scale_input")
+        count = math.prod(si.shape) if si is not None else 1
+        if root_of(tr.prefix) not in lost and count != 1:
+            # the translation reads scale_input with .item() to drop a 1.0: the whole load stops
+            out.append(
+                Violation(
+                    "comfyui.legacy",
+                    f"a Tensor with {count} elements cannot be converted to Scalar",
+                    "RuntimeError",
+                    tr.prefix,
+                    "scale_input",
+                    True,
+                    f"scale_input of shape {fmt_shape(si.shape)}: ComfyUI's legacy translation reads it as one value",
+                    "store scale_input as one value (comfyquant migrate)",
+                    severity="error",
+                )
+            )
+            break
     for tr in claim.layers.values():
         w = tr.inputs["weight"]
         if tr.format is not None and tr.format != COMFY_READING.name:
@@ -303,6 +324,23 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
                     "dummy scale_weight on a dense layer",
                     "comfyquant migrate (drops the dummy scale)",
                     severity="warning",
+                )
+            )
+        elif tr.verdict == LOSSY and broadcast_error(tuple(w.shape), tuple(tr.inputs["scale_weight"].shape)):
+            sw = tr.inputs["scale_weight"]
+            # the float8_e4m3fn layout multiplies the weight by its scale as stored: torch's error
+            out.append(
+                Violation(
+                    "comfyui.legacy",
+                    broadcast_error(tuple(w.shape), tuple(sw.shape)) or "",
+                    "RuntimeError",
+                    tr.prefix,
+                    "scale_weight",
+                    True,
+                    f"{tr.variant} scale_weight {fmt_shape(sw.shape)} for a weight of {fmt_shape(w.shape)}: ComfyUI's "
+                    "float8_e4m3fn layout multiplies the weight by it at the first forward",
+                    "comfyquant migrate --allow-lossy, or dequantize",
+                    severity="error",
                 )
             )
         elif tr.verdict == LOSSY:

@@ -69,7 +69,7 @@ def _ours(marker: dict, t: dict, wint8: bool) -> bool:
     """Whether a layer is one of these writers' and needs translating: a marker without
     ``format`` made of their keys only, or an ``int8_tensorwise`` marker with their ``per_row``
     or ``quarot`` key (convert_to_quant, the other writer of ``per_row``, also writes
-    ``orig_dtype``), or WINT8's layer (its ``input_scale``, or ConvRot in a WINT8 file).  A layer
+    ``orig_dtype``), or WINT8's layer (an ``input_scale`` or ConvRot in a WINT8 file).  A layer
     already canonical is Comfy's, whatever the file's flags say (a migrated file keeps
     INT8-Fast's metadata)."""
     if not set(marker) <= WRITER_KEYS:
@@ -79,10 +79,10 @@ def _ours(marker: dict, t: dict, wint8: bool) -> bool:
         return bool(set(marker) & {"convrot", "per_row", "quarot"})
     if fmt != FORMAT:
         return False
-    return (
-        bool(set(marker) & {"per_row", "quarot", "quarot_groupsize"})
-        or "input_scale" in t
-        or (wint8 and bool(marker.get("convrot")))
+    # an input_scale alone is no trace of WINT8 (a canonical layer may carry an extra one, which
+    # ComfyUI leaves unread): WINT8 writes per_row in every marker, or its flags mark the file
+    return bool(set(marker) & {"per_row", "quarot", "quarot_groupsize"}) or (
+        wint8 and ("input_scale" in t or bool(marker.get("convrot")))
     )
 
 

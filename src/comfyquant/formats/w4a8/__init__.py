@@ -67,24 +67,47 @@ def _inspect_text(env: dict) -> str:
     return f"{env['variant']} {env['bits']}-bit G={env['group_size']} C={env['convrot_groupsize']}"
 
 
-def _geometry(tensors: dict, params: dict) -> dict:
+def _input_size(cols: int, s_rel, g: int, c: int) -> tuple[int, int]:
+    """(K, bits) the stored tensors show: K = groups x group_size with the groups read from
+    the natural [N, NG] s_rel, else the transposed one (a transposed s_rel still yields the
+    geometry and is reported).  When the marker's group size explains neither width (the
+    marker is what is wrong), the width whose K the stored groups split into a group size the
+    kernels take; else the nearest fitting width (``_nearest``: the s_rel slot then reports the
+    mismatch)."""
+    by_bits = k_by_bits(cols)
+    if s_rel is None or len(s_rel.shape) != 2:
+        return _nearest(by_bits, s_rel, g, c)
+    for groups in (s_rel.shape[1], s_rel.shape[0]):
+        for b, kk in by_bits.items():
+            if g > 0 and groups * g == kk:
+                return kk, b
+    groups = s_rel.shape[1]
+    for b, kk in by_bits.items():
+        if groups > 0 and kk % groups == 0 and group_size_ok(kk // groups):
+            return kk, b
+    return _nearest(by_bits, s_rel, g, c)
+
+
+def _nearest(by_bits: dict[int, int], s_rel, g: int, c: int) -> tuple[int, int]:
+    """(K, bits) when the stored groups fit no width exactly (s_rel is what is off): the widths
+    whose K fits the grouping and the rotation, the one whose group count is nearest s_rel's
+    last dimension."""
+    fitting = {b: kk for b, kk in by_bits.items() if g > 0 and c > 0 and k_fits(kk, g, c)} or by_bits
+    if s_rel is None or not s_rel.shape or g <= 0:
+        return next((kk, b) for b, kk in fitting.items())
+    stored = s_rel.shape[-1]
+    b = min(fitting, key=lambda b: (abs(fitting[b] // g - stored), b))
+    return fitting[b], b
+
+
+def layer_geometry(tensors: dict, params: dict) -> dict:
+    """The layer's geometry whatever its group size: a runtime builds the layer with the
+    model's (N, K) and the marker's group size, and its own check refuses a group size that
+    cannot define groups (``_geometry`` raises for those instead)."""
     n, cols = weight_2d(tensors)
     g = as_int(params.get("group_size"), GROUP_SIZE)
     c = as_int(params.get("convrot_groupsize"), 256)
-    if g <= 0:
-        raise GeometryError(f"group_size={params.get('group_size')!r} cannot define groups")
-    by_bits = k_by_bits(cols)
-    k = bits = None
-    s_rel = tensors.get("weight_s_rel")
-    if s_rel is not None and len(s_rel.shape) == 2:
-        # K = groups x group_size; groups are read from the natural [N, NG] shape, else the
-        # transposed one, so a transposed s_rel still yields the geometry and is reported.
-        for groups in (s_rel.shape[1], s_rel.shape[0]):
-            for b, kk in by_bits.items():
-                if k is None and groups * g == kk:
-                    k, bits = kk, b
-    if k is None:
-        k, bits = 2 * cols, 4  # assume 4-bit rows; the s_rel slot then reports the mismatch
+    k, bits = _input_size(cols, tensors.get("weight_s_rel"), g, c)
     has_codebook = "weight_codebook" in tensors
     has_correction = "weight_correction" in tensors
     variant = "6-bit" if bits == 6 else "asymmetric" if has_correction else "codebook" if has_codebook else "uniform"
@@ -100,6 +123,46 @@ def _geometry(tensors: dict, params: dict) -> dict:
         has_correction=has_correction,
         K_multiple=math.lcm(16, g, c) if g > 0 and c > 0 else 16,
     )
+
+
+def _rows(tensors: dict, weight_rows: int) -> int:
+    """The output size most of the layer's tensors show (the weight's on a tie): the weight's
+    rows, s_rel's rows, s_channel's and the bias's length, the correction's columns."""
+    seen = [weight_rows]
+    for suffix, rank, axis in (("weight_s_rel", 2, 0), ("weight_s_channel", 1, 0), ("bias", 1, 0), ("weight_correction", 2, 1)):
+        e = tensors.get(suffix)
+        if e is not None and len(e.shape) == rank:
+            seen.append(e.shape[axis])
+    return max(seen, key=lambda n: (seen.count(n), n == weight_rows))
+
+
+def model_geometry(tensors: dict, params: dict) -> dict:
+    """The geometry of the model a runtime builds for this layer (its ``Params`` are checked
+    against it, the stored tensors against each other at the first forward): N is what most
+    tensors show; K is the stored groups' when the weight's width fits no K they show (the
+    weight is what is off)."""
+    env = layer_geometry(tensors, params)
+    rows = env["N"]
+    env["N"] = _rows(tensors, rows)
+    s_rel, g, c = tensors.get("weight_s_rel"), env["group_size"], env["convrot_groupsize"]
+    if s_rel is not None and len(s_rel.shape) == 2 and g > 0 and c > 0:
+        groups = s_rel.shape[1]
+        grouped = groups * g
+        widths = k_by_bits(weight_2d(tensors)[1]).values()
+        # a width the stored groups split into a valid group size: the marker is what is off,
+        # unless the weight's rows are not the model's (the weight is)
+        split = rows == env["N"] and groups > 0 and any(kk % groups == 0 and group_size_ok(kk // groups) for kk in widths)
+        explained = env["K"] == s_rel.shape[0] * g  # a transposed s_rel
+        if grouped not in widths and not split and not explained and k_fits(grouped, g, c) and group_size_ok(g):
+            env["K"] = grouped
+    return env
+
+
+def _geometry(tensors: dict, params: dict) -> dict:
+    g = as_int(params.get("group_size"), GROUP_SIZE)
+    if g <= 0:
+        raise GeometryError(f"group_size={params.get('group_size')!r} cannot define groups")
+    return layer_geometry(tensors, params)
 
 
 def _encode_params(env: dict, tensors: dict) -> dict:
@@ -158,7 +221,11 @@ ASYM_W4A8_INT8 = Format(
             forbidden="bits == 6 or has_codebook",
             forbidden_cause=(
                 ("bits == 6", SIX_BIT_FORBIDS),
-                ("has_codebook", "a codebook and a correction on one layer: no tool writes both and the decode is wrong"),
+                (
+                    "has_codebook",
+                    "a codebook and a correction on one layer: comfy-kitchen's writer never stores both "
+                    "(comfy-kitchen 0.2.40 decodes the levels plus the correction; ComfyUI drops the correction)",
+                ),
             ),
             also_dtypes={
                 "BF16": ("comfy-kitchen writes the correction in the source weight dtype; SGLang requires F32", "warning"),
