@@ -383,7 +383,7 @@ def _saturated(np, tensor: str, slot, v, dtype: str) -> tuple[str, dict] | None:
 
 
 def _value_findings(np, layer: str, tensor: str, slot, v, clamped: bool = False) -> list[Finding]:
-    out = []
+    out: list[Finding] = []
     finite = np.isfinite(v)
     n_bad = int(v.size - finite.sum())
     if slot.blocked and slot.kind == SCALE:

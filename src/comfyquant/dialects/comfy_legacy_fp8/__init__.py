@@ -277,7 +277,7 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
     for tr in sorted(claim.layers.values(), key=lambda tr: tr.prefix):
         si = tr.inputs.get("scale_input")
         count = math.prod(si.shape) if si is not None else 1
-        if root_of(tr.prefix) not in lost and count != 1:
+        if si is not None and root_of(tr.prefix) not in lost and count != 1:
             # the translation reads scale_input with .item() to drop a 1.0: the whole load stops
             out.append(
                 Violation(
