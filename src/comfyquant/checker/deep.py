@@ -121,7 +121,7 @@ def _decoder():
         if dtype == "F8_E8M0":
             with np.errstate(over="ignore"):  # 255 is NaN, set below; 2**128 overflows on the way
                 out = np.exp2(raw.astype(np.float32) - 127)
-            out[raw == 255] = np.inf  # E8M0 has no zero: 0 is 2**-127 (subnormal in F32)
+            out[raw == 255] = np.inf  # byte 0 is 2**-127 (comfy-kitchen: 0): either way below TINY, no scale
             return out
         if dtype == "F8_E5M2":  # the top byte of a float16
             return (raw.astype(np.uint16) << 8).view("<f2").astype(np.float32)
