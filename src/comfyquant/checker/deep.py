@@ -32,6 +32,10 @@ SATURATED = "D009"
 cast saturated it, so each weight decodes hundreds of times too large (garbage)."""
 ON_GRID = "decoded onto the INT8 grid"
 """How a NaN/Inf finding's ``actual`` ends on a group scale the decode clamps (``CLAMPED``)."""
+OFFSET = frozenset({("awq_w4a16", "weight_scale")})
+"""(format, slot) of group scales whose decode adds zero points after scaling (comfy-kitchen
+0.2.40 AWQ W4A16: code x scale + zeros): every scale zero or subnormal leaves the zero points,
+a degraded output (measured 0.58), not garbage; every scale negative is garbage (1.17)."""
 CLAMPED = frozenset({("asym_w4a8_int8", "weight_s_rel")})
 """(format, slot) whose decode rounds and clamps code x scale onto the INT8 grid
 (comfy-kitchen 0.2.40 ``backends/eager/w4a8_int8.py`` ``_dequant_int4_grouped_to_int8``): a
@@ -121,7 +125,7 @@ def _decoder():
         if dtype == "F8_E8M0":
             with np.errstate(over="ignore"):  # 255 is NaN, set below; 2**128 overflows on the way
                 out = np.exp2(raw.astype(np.float32) - 127)
-            out[raw == 255] = np.inf  # E8M0 has no zero: 0 is 2**-127 (subnormal in F32)
+            out[raw == 255] = np.inf  # byte 0 is 2**-127 (comfy-kitchen: 0): either way below TINY, no scale
             return out
         if dtype == "F8_E5M2":  # the top byte of a float16
             return (raw.astype(np.uint16) << 8).view("<f2").astype(np.float32)
@@ -278,11 +282,12 @@ def deep_findings(ckpt) -> list[Finding]:
         if values is None:
             continue
         clamped = (layer.format_name, slot.suffix) in CLAMPED
+        offset = (layer.format_name, slot.suffix) in OFFSET
         if clamped:
             levels = _missing_codebook(np, layer, entry.name, values)
             if levels is not None:
                 out.append(levels)
-        out.extend(_value_findings(np, layer.name, entry.name, slot, values, clamped))
+        out.extend(_value_findings(np, layer.name, entry.name, slot, values, clamped, offset))
         saturated = _saturated(np, entry.name, slot, values, entry.dtype if slot.dtype == "float" else slot.dtype)
         if saturated is not None:
             out.append(Finding(SATURATED, saturated[0], layer=layer.name, tensor=entry.name, **saturated[1]))
@@ -382,7 +387,7 @@ def _saturated(np, tensor: str, slot, v, dtype: str) -> tuple[str, dict] | None:
     )
 
 
-def _value_findings(np, layer: str, tensor: str, slot, v, clamped: bool = False) -> list[Finding]:
+def _value_findings(np, layer: str, tensor: str, slot, v, clamped: bool = False, offset: bool = False) -> list[Finding]:
     out: list[Finding] = []
     finite = np.isfinite(v)
     n_bad = int(v.size - finite.sum())
@@ -450,8 +455,10 @@ def _value_findings(np, layer: str, tensor: str, slot, v, clamped: bool = False)
                     layer=layer,
                     tensor=tensor,
                     expected=f">= {TINY:.3g}",
-                    actual=WHOLE + " zero or subnormal",
-                    cause="the whole layer decodes to zero (it outputs only its bias)",
+                    actual=("every scale zero or subnormal, zero points kept" if offset else WHOLE + " zero or subnormal"),
+                    cause="the layer decodes to its zero points only (a degraded output)"
+                    if offset
+                    else "the whole layer decodes to zero (it outputs only its bias)",
                     fix=fix,
                 )
             )
@@ -470,8 +477,14 @@ def _value_findings(np, layer: str, tensor: str, slot, v, clamped: bool = False)
                     layer=layer,
                     tensor=tensor,
                     expected="> 0",
-                    actual=f"{WHOLE} zero" if whole else f"{zeros} zero" + ("" if zeros == 1 else "s"),
-                    cause="the whole layer decodes to zero (it outputs only its bias)"
+                    actual=("every scale zero, zero points kept" if offset else f"{WHOLE} zero")
+                    if whole
+                    else f"{zeros} zero" + ("" if zeros == 1 else "s"),
+                    cause=(
+                        "the layer decodes to its zero points only (a degraded output)"
+                        if offset
+                        else "the whole layer decodes to zero (it outputs only its bias)"
+                    )
                     if whole
                     else "those rows/groups decode to zero (dead outputs) or divide by zero",
                     fix=fix,

@@ -22,7 +22,7 @@ AWQ_W4A16 = Format(
     title="4-bit weight-only (AWQ), float group scales and zeros",
     slots=(
         Slot("weight", "I8", "(N, K // 2)", kind=WEIGHT, meaning="unsigned nibbles, low nibble first"),
-        Slot("weight_scale", "float", "(K // group_size, N)", meaning="group scales, group-major"),
+        Slot("weight_scale", "float", "(K // group_size, N)", positive=True, meaning="group scales, group-major"),
         Slot("weight_zeros", "float", "(K // group_size, N)", meaning="group zero points, group-major"),
         BIAS_SLOT,
     ),
