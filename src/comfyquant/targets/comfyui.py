@@ -1,4 +1,4 @@
-"""ComfyUI's loader (spec 1.4, 1.6, 4.5): what raises, and what it silently loses.
+"""ComfyUI 0.33.0's loader (``comfy/utils.py`` ``convert_old_quants``, ``comfy/sd.py``, ``comfy/ops.py``): what raises, and what it silently loses.
 
 ComfyUI replaces tensor markers with header markers (trying names with and without the
 diffusion-model prefix), then loads each marked layer through comfy-kitchen layouts built

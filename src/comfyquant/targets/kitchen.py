@@ -1,4 +1,4 @@
-"""comfy-kitchen 0.2.x layouts (spec 3, 4.4): would each layer's tensors build and run?
+"""comfy-kitchen 0.2.40 layouts (its ``Params`` and eager ops): would each layer's tensors build and run?
 
 comfy-kitchen validates operands when a layout's parameters are built (at load) and when it
 runs (the first forward); the messages below are its own.  Load-time checks come first in a

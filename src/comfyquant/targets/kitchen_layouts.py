@@ -1,5 +1,5 @@
 """How ComfyUI hands each format to comfy-kitchen: a model of ComfyUI's ``QUANT_ALGOS`` table
-and its loader ``_load_quantized_module`` (spec formats.md 1.8, 4.5), as data.
+and its loader ``_load_quantized_module`` (ComfyUI 0.33.0 ``comfy/quant_ops.py``, ``comfy/ops.py``), as data.
 
 Per format: the comfy-kitchen layout class, the dtype the stored weight must have, which
 stored tensor feeds which field of the layout's ``Params`` (and the dtype ComfyUI views a
@@ -9,7 +9,7 @@ hands the float activation to the layout's linear handler (INT8, W4A4 and W4A8 q
 there; AWQ and SVDQuant do not).  ``comfyquant.torch`` builds comfy-kitchen's
 ``QuantizedTensor`` from it.  Pure data (safetensors dtype names): no torch here.
 
-One deliberate difference: ComfyUI drops W4A8's ``weight_correction`` (spec I-2); the model
+One deliberate difference: ComfyUI drops W4A8's ``weight_correction`` (its loader never passes it); the model
 passes it, so the result is comfy-kitchen's (and the codecs') asymmetric W4A8.
 """
 
@@ -66,7 +66,7 @@ class KitchenLayout:
         self.input_dtype = input_dtype
         """The element dtype the activation is quantized to, when the layout takes one."""
         self.unit_input_scale = unit_input_scale
-        """Without a stored input scale ComfyUI quantizes with 1.0 (not a dynamic scale; spec I-18)."""
+        """Without a stored input scale ComfyUI quantizes with 1.0 (not a dynamic scale)."""
         self.input_scale = input_scale
         """Stored tensor ComfyUI passes as the activation's scale (None: the layout's own rule)."""
         self.pre_scale = pre_scale
