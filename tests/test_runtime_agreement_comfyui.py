@@ -9,27 +9,20 @@ import pytest
 pytest.importorskip("torch", reason="the generated cases and the runtimes need torch")
 
 from runtimes import comfyui_driver  # noqa: E402
-from runtimes.agreement import compare, known_disagreements, summary, table  # noqa: E402
-from runtimes.cases import GROUPS, generate  # noqa: E402
+from runtimes.agreement import compare, known_disagreements, running, summary, table, write_space  # noqa: E402
+from runtimes.cases import GROUPS  # noqa: E402
 
 TARGET = "comfyui"
 
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("comfyui-cases")
-    cases = generate(0)
-    for case in cases:
-        case.write(folder)
-    return cases
+    return write_space(tmp_path_factory.mktemp("comfyui-cases"))
 
 
 @pytest.fixture(scope="module")
 def runtime():
-    drv = comfyui_driver.driver()
-    if drv is None:
-        pytest.skip(comfyui_driver.MISSING)
-    with drv:
+    with running(comfyui_driver) as drv:
         yield drv
 
 

@@ -10,27 +10,20 @@ import pytest
 pytest.importorskip("torch", reason="the generated cases and the runtimes need torch")
 
 from runtimes import kitchen_driver  # noqa: E402
-from runtimes.agreement import compare, known_disagreements, summary, table  # noqa: E402
-from runtimes.cases import GROUPS, generate  # noqa: E402
+from runtimes.agreement import compare, known_disagreements, running, summary, table, write_space  # noqa: E402
+from runtimes.cases import GROUPS  # noqa: E402
 
 TARGET = "comfy-kitchen"
 
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("kitchen-cases")
-    cases = generate(0)
-    for case in cases:
-        case.write(folder)
-    return cases
+    return write_space(tmp_path_factory.mktemp("kitchen-cases"))
 
 
 @pytest.fixture(scope="module")
 def runtime():
-    drv = kitchen_driver.driver()
-    if drv is None:
-        pytest.skip(kitchen_driver.MISSING)
-    with drv:
+    with running(kitchen_driver) as drv:
         yield drv
 
 

@@ -26,8 +26,8 @@ import pytest
 pytest.importorskip("torch", reason="SGLang's own functions read marker tensors through torch")
 
 from runtimes import sglang_driver  # noqa: E402
-from runtimes.agreement import compare, summary, table  # noqa: E402
-from runtimes.cases import GROUPS, generate  # noqa: E402
+from runtimes.agreement import compare, running, summary, table, write_space  # noqa: E402
+from runtimes.cases import GROUPS  # noqa: E402
 
 TARGET = "sglang"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -35,19 +35,12 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("sglang-cases")
-    cases = generate(0)
-    for case in cases:
-        case.write(folder)
-    return cases
+    return write_space(tmp_path_factory.mktemp("sglang-cases"))
 
 
 @pytest.fixture(scope="module")
 def runtime():
-    drv = sglang_driver.driver()
-    if drv is None:
-        pytest.skip(sglang_driver.MISSING)
-    with drv:
+    with running(sglang_driver) as drv:
         yield drv
 
 

@@ -9,13 +9,14 @@ manager with ``run(path) -> Outcome``.  ``compare`` returns one row per case;
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cases import Case
+from .cases import Case, generate
 from .outcome import Expected, Outcome, disagreement, expected
 
 DRIVERS = {
@@ -35,6 +36,27 @@ class Row:
 
 
 KNOWN = Path(__file__).resolve().parent / "known"
+
+
+def write_space(folder: Path, seed: int = 0) -> list[Case]:
+    """The generated space of ``seed``, written into ``folder``: what an agreement test reads."""
+    cases = generate(seed)
+    for case in cases:
+        case.write(folder)
+    return cases
+
+
+@contextlib.contextmanager
+def running(module) -> Iterator:
+    """A runtime driver's module started for the length of a test module; the test is skipped
+    with the driver's one-line reason when the runtime cannot be had here."""
+    import pytest
+
+    drv = module.driver()
+    if drv is None:
+        pytest.skip(module.MISSING)
+    with drv:
+        yield drv
 
 
 def known_disagreements(target: str) -> set[str]:
