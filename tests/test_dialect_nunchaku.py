@@ -509,7 +509,7 @@ def test_svdq_int4_decoder_equals_comfy_codec_on_the_writers_numbers(tmp_path):
         assert not torch.equal(FORMATS["svdquant_w4a4"].codec().decode(nat, tr.marker, dtype=torch.float32), got)
 
 
-# -- end to end through the commands (needs the lead's wiring: inspect/check dialects, migrate) ---------------
+# -- end to end through the commands ---------------
 
 
 def written(path) -> tuple[dict, dict, dict]:
