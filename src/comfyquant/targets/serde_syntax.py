@@ -207,48 +207,40 @@ class _Parser:
             raise self.error("invalid escape")
         return int(digits, 16)
 
+    def _item(self, close: str, what: str, first: bool) -> int | None:
+        """The first byte of a list's or an object's next item, or None at its closing bracket
+        (read): serde's errors for what stands before an item, in serde's order."""
+        c = self.whitespace()
+        if c == ord(close):
+            self.index += 1
+            return None
+        if c == ord(",") and not first:
+            self.index += 1
+            c = self.whitespace()
+        elif c is None:
+            raise self.peek_error(f"EOF while parsing {what}")
+        elif not first:
+            raise self.peek_error(f"expected `,` or `{close}`")
+        if c == ord(close):
+            raise self.peek_error("trailing comma")
+        if c is None:
+            raise self.peek_error("EOF while parsing a value")
+        return c
+
     def sequence(self) -> list:
         out: list = []
-        first = True
-        while True:
-            c = self.whitespace()
-            if c == ord("]"):
-                self.index += 1
-                return out
-            if c == ord(",") and not first:
-                self.index += 1
-                c = self.whitespace()
-            elif c is None:
-                raise self.peek_error("EOF while parsing a list")
-            elif not first:
-                raise self.peek_error("expected `,` or `]`")
-            first = False
-            if c == ord("]"):
-                raise self.peek_error("trailing comma")
-            if c is None:
-                raise self.peek_error("EOF while parsing a value")
+        while self._item("]", "a list", not out) is not None:
             out.append(self.value())
+        return out
 
     def mapping(self) -> dict:
         out: dict = {}
         first = True
         while True:
-            c = self.whitespace()
-            if c == ord("}"):
-                self.index += 1
-                return out
-            if c == ord(",") and not first:
-                self.index += 1
-                c = self.whitespace()
-            elif c is None:
-                raise self.peek_error("EOF while parsing an object")
-            elif not first:
-                raise self.peek_error("expected `,` or `}`")
-            first = False
-            if c == ord("}"):
-                raise self.peek_error("trailing comma")
+            c = self._item("}", "an object", first)
             if c is None:
-                raise self.peek_error("EOF while parsing a value")
+                return out
+            first = False
             if c != ord('"'):
                 raise self.peek_error("key must be a string")
             self.index += 1
