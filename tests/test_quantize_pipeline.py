@@ -420,35 +420,30 @@ def _maps_torch(pid: int) -> bool:
         return False
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc and process groups")
-def test_ctrl_c_while_workers_start_prints_one_line_and_leaves_nothing(tmp_path):
-    """Ctrl-C reaches the whole process group.  A worker interrupted while it started (importing
-    torch) printed a KeyboardInterrupt traceback beside the main process's one-line report."""
-    import signal
+def _quantize_in_own_session(src, out):
+    """``quantize --format w4a8 --jobs 2`` as a terminal starts it, in a process group of its own
+    (so a test's SIGINT to the group is a Ctrl-C), its output captured."""
     import subprocess
     import sys
 
-    src = model(tmp_path / "in.safetensors")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "comfyquant",
-            "quantize",
-            src,
-            "-o",
-            str(tmp_path / "q.safetensors"),
-            "--format",
-            "w4a8",
-            "--jobs",
-            "2",
-            "--no-progress",
-        ],
+    command = [sys.executable, "-m", "comfyquant", "quantize", src, "-o", str(out), "--format", "w4a8"]
+    return subprocess.Popen(
+        [*command, "--jobs", "2", "--no-progress"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc and process groups")
+def test_ctrl_c_while_workers_start_prints_one_line_and_leaves_nothing(tmp_path):
+    """Ctrl-C reaches the whole process group.  A worker interrupted while it started (importing
+    torch) printed a KeyboardInterrupt traceback beside the main process's one-line report."""
+    import signal
+
+    src = model(tmp_path / "in.safetensors")
+    proc = _quantize_in_own_session(src, tmp_path / "q.safetensors")
     deadline = time.monotonic() + 120
     # interrupted once every worker has loaded torch's library: they are inside `import torch`
     # (its Python modules take a second or more after the library), where a traceback would show
@@ -486,31 +481,10 @@ def test_an_interrupted_worker_computes_none_of_its_queued_layers(tmp_path, monk
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc and process groups")
 def test_ctrl_c_while_workers_compute_stops_at_once_and_leaves_nothing(tmp_path):
     import signal
-    import subprocess
-    import sys
 
     layers = tuple((f"blocks.{i}.mlp.fc1", 1024, 3072) for i in range(12))
     src = model(tmp_path / "in.safetensors", layers)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "comfyquant",
-            "quantize",
-            src,
-            "-o",
-            str(tmp_path / "q.safetensors"),
-            "--format",
-            "w4a8",
-            "--jobs",
-            "2",
-            "--no-progress",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _quantize_in_own_session(src, tmp_path / "q.safetensors")
     deadline = time.monotonic() + 120
     # a first layer handed over (a spill file next to the output): the workers are computing
     while not [n for n in os.listdir(tmp_path) if n.endswith(".spill")] and proc.poll() is None and time.monotonic() < deadline:
