@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -110,6 +111,15 @@ def judge_undecidable(case: Case, outcome: Outcome, predicted: Expected) -> str 
     return None
 
 
+def judge_resized(outcome: Outcome, predicted: Expected) -> str | None:
+    """Agreement on a case whose model is the size the file records (``Case.model``), not the
+    dense source's: what that layer should compute is not known, so a finite output counts as
+    computing (a non-finite one is still garbage); exceptions agree exactly as usual."""
+    if outcome.kind == "garbage" and outcome.error is not None and math.isfinite(outcome.error):
+        return None if predicted.kind == "loads" else f"{predicted.kind} vs computes (model of the recorded size)"
+    return disagreement(outcome, predicted)
+
+
 def compare(drv, target: str, cases: Iterable[Case]) -> list[Row]:
     rows = []
     predict = getattr(drv, "predict", expected)  # a driver that runs part of a runtime says what it covers
@@ -118,6 +128,8 @@ def compare(drv, target: str, cases: Iterable[Case]) -> list[Row]:
         predicted = predict(verdict(case, target))
         if case.undecidable is not None:
             why = judge_undecidable(case, outcome, predicted)
+        elif case.model is not None:
+            why = judge_resized(outcome, predicted)
         else:
             why = disagreement(outcome, predicted)
         rows.append(Row(case, outcome, predicted, why))

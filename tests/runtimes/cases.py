@@ -175,24 +175,153 @@ class Case:
     undecidable: str | None = None
     """The ``UNDECIDABLE`` class of a defect the file cannot show (None: it can): comfyquant
     must say the file loads, and the runtime must not raise (it may compute garbage)."""
+    valid: tuple[dict[str, torch.Tensor], dict] | None = None
+    """The layer's tensors before a defect that changes a stored tensor's shape: the model the
+    runtime is driven with is then the one the file records (``recorded_size``), which may
+    differ from the dense source's (``write`` sets ``model``)."""
+    model: tuple[int, int] | None = None
+    """The layer size the runtime's model is built with when it is not the dense source's: the
+    size the file records (``write`` sets it for a ``resized`` case whose file records another)."""
     path: Path | None = None
 
     def write(self, folder: Path) -> Path:
         """Write the checkpoint, and beside it ``<id>.dense`` (the dense layers, for drivers
         running in another process)."""
         path = Path(folder) / f"{self.id}.safetensors"
-        dense = {}
-        for layer, (weight, bias) in self.dense.items():
-            dense[f"{layer}.weight"] = weight.contiguous()
-            if bias is not None:
-                dense[f"{layer}.bias"] = bias.contiguous()
-        save_file(dense, str(dense_path(path)))
         if self.damage is None:
             save_file(self.tensors, str(path), metadata=self.metadata)
         else:
             path.write_bytes(self.damage(save(self.tensors, metadata=self.metadata)))
+        layers = dict(self.dense)
+        if self.valid is not None:
+            size = recorded_size(path, LAYER, *self.valid)
+            weight, bias = layers[LAYER]
+            if size is not None and size != tuple(weight.shape):
+                self.model = size
+                layers[LAYER] = _recut(weight, bias, size)
+        dense = {}
+        for layer, (weight, bias) in layers.items():
+            dense[f"{layer}.weight"] = weight.contiguous()
+            if bias is not None:
+                dense[f"{layer}.bias"] = bias.contiguous()
+        save_file(dense, str(dense_path(path)))
         self.path = path
         return path
+
+
+def recorded_size(path: Path, layer: str, valid: dict[str, torch.Tensor], marker: dict) -> tuple[int, int] | None:
+    """The size (N, K) of the model layer the file at ``path`` records for ``layer`` when it is
+    not the one its valid layer (``valid`` and ``marker``, before the defect) records: what a
+    header-only verdict has to assume.  None when the file records the valid layer's size (the
+    model is then the dense source).
+
+    Each dimension is decided alone, between the size the weight records (comfyquant's geometry
+    of the stored layer under its marker, the unpadded size for formats that pad their storage)
+    and the valid layer's.  The weight speaks for its own size, every other stored tensor for the
+    sizes under which the format's description gives it its stored shape; the weight's size wins when no fewer tensors speak
+    for it alone than for the valid size alone (the weight decides a tie), unless it is no valid
+    layer (a constraint of the format fails) while another tensor records that dimension."""
+    from comfyquant.checkpoint import open_checkpoint
+    from comfyquant.errors import ComfyQuantError
+    from comfyquant.formats.base import GeometryError, Meta
+    from comfyquant.formats.registry import FORMATS
+
+    try:
+        with open_checkpoint(str(path)) as ckpt:
+            lay = ckpt.layers.get(layer)
+            fmt = FORMATS.get(lay.format_name) if lay is not None and lay.format_name else None
+            if fmt is None:
+                return None
+            stored = {s: e for s, e in lay.tensors.items() if s != "comfy_quant"}
+            env = fmt.geometry(stored, fmt.params(lay.marker or {}))
+            was = FORMATS[marker["format"]]
+            before = was.geometry({s: Meta(_DTYPE_NAMES[t.dtype], tuple(t.shape)) for s, t in valid.items()}, was.params(marker))
+    except (ComfyQuantError, GeometryError, ValueError, KeyError, TypeError, ArithmeticError):
+        return None
+    model = dict(env)  # the stored layer's geometry, its sizes taken from the valid layer...
+    for name in ("N", "K"):
+        model[name] = model[f"{name}_model"] = _model_size(before, name)
+    for name in ("N", "K"):  # ... then each dimension the weight records otherwise, if it wins
+        if _model_size(env, name) == model[name]:
+            continue
+        weight = dict(model, **{name: env.get(name), f"{name}_model": _model_size(env, name)})
+        if not all(c.holds(weight) for c in fmt.constraints) and _recorded_elsewhere(fmt, weight, name, stored):
+            continue
+        # the weight speaks for its own size; the other tensors for the sizes that give them their shapes
+        others = {s: e for s, e in stored.items() if s != "weight"}
+        for_weight, for_valid = _speaking_for(fmt, weight, others) | {"weight"}, _speaking_for(fmt, model, others)
+        if len(for_weight - for_valid) >= len(for_valid - for_weight):
+            model = weight
+    size = (_model_size(model, "N"), _model_size(model, "K"))
+    if size == (_model_size(before, "N"), _model_size(before, "K")):
+        return None
+    return size if all(isinstance(d, int) and d > 0 for d in size) else None
+
+
+def _model_size(env: dict, name: str):
+    return env.get(f"{name}_model", env.get(name))
+
+
+def _speaking_for(fmt, env: dict, stored: dict) -> set[str]:
+    """The stored tensors whose shape is the one the format gives them under ``env``."""
+    slots = fmt.slots_for(env)
+    out = set()
+    for suffix, entry in stored.items():
+        slot = slots.get(suffix)
+        try:
+            if slot is not None and not slot.is_forbidden(env) and tuple(slot.expected_shape(env)) == tuple(entry.shape):
+                out.add(suffix)
+        except (ArithmeticError, TypeError, ValueError, KeyError, NameError):
+            pass
+    return out
+
+
+def _recorded_elsewhere(fmt, env: dict, name: str, stored: dict) -> bool:
+    """Whether a stored tensor other than the weight records dimension ``name``: its expected
+    shape moves when that dimension does."""
+    probe = dict(env)
+    for key in (name, f"{name}_model"):
+        if isinstance(probe.get(key), int):
+            probe[key] = 2 * probe[key]
+    slots, moved = fmt.slots_for(env), fmt.slots_for(probe)
+    for suffix in stored:
+        if suffix == "weight" or suffix not in slots or suffix not in moved:
+            continue
+        try:
+            if tuple(slots[suffix].expected_shape(env)) != tuple(moved[suffix].expected_shape(probe)):
+                return True
+        except (ArithmeticError, TypeError, ValueError, KeyError, NameError):
+            continue
+    return False
+
+
+_DTYPE_NAMES = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.float8_e8m0fnu: "F8_E8M0",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.int16: "I16",
+    torch.int32: "I32",
+}
+"""safetensors' name of each torch dtype a valid generated layer stores."""
+
+
+def _recut(weight: torch.Tensor, bias: torch.Tensor | None, size: tuple[int, int]):
+    """The dense layer cut or zero-padded to ``size``: the layer a model of that size computes
+    with the file's values (what the runtime's output is measured against)."""
+    n, k = size
+    w = torch.zeros(n, k, dtype=weight.dtype)
+    rows, cols = min(n, weight.shape[0]), min(k, weight.shape[1])
+    w[:rows, :cols] = weight[:rows, :cols]
+    if bias is None:
+        return w, None
+    b = torch.zeros(n, dtype=bias.dtype)
+    b[:rows] = bias[:rows]
+    return w, b
 
 
 def dense_path(path: Path) -> Path:
@@ -230,7 +359,7 @@ class _Base:
         return out
 
     def case(self, cid: str, group: str, tensors=None, marker=None, metadata=None, deep=False, marker_tensor=True) -> Case:
-        return Case(
+        case = Case(
             cid,
             group,
             self.named(tensors, marker, marker_tensor),
@@ -238,6 +367,9 @@ class _Base:
             {LAYER: (self.dense, self.bias)},
             deep,
         )
+        if group in ("slot", "marker"):  # the defect may change the size the file records
+            case.valid = (self.tensors, self.marker)
+        return case
 
 
 def _base(variant: str, n: int, k: int, seed: int) -> _Base:
