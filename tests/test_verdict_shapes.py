@@ -50,7 +50,7 @@ COMFYUI_CLASSES = (
     "w4a8_uniform_64x256.weight.transposed",
     "w4a4_int8_64x256.weight_scale.as-scalar",
     "w4a4_64x256.weight_scale.dim0+1",
-    "nvfp4_64x256.pre_quant_scale.extra-len255",
+    "nvfp4_64x256.pre_quant_scale.extra-len257",  # one past the padded K: 255 would be a valid layer of 255 inputs
     "nvfp4_64x256.weight_scale_2.as-vector4",
     "legacy.scale-input-vector",
     "legacy.scale-weight-vector",

@@ -220,7 +220,9 @@ def recorded_size(path: Path, layer: str, valid: dict[str, torch.Tensor], marker
     and the valid layer's.  The weight speaks for its own size, every other stored tensor for the
     sizes under which the format's description gives it its stored shape; the weight's size wins when no fewer tensors speak
     for it alone than for the valid size alone (the weight decides a tie), unless it is no valid
-    layer (a constraint of the format fails) while another tensor records that dimension."""
+    layer (a constraint of the format fails) while another tensor records that dimension.  A
+    weight whose columns are the output size the others record is stored transposed: its rows
+    are the K it records."""
     from comfyquant.checkpoint import open_checkpoint
     from comfyquant.errors import ComfyQuantError
     from comfyquant.formats.base import GeometryError, Meta
@@ -241,10 +243,14 @@ def recorded_size(path: Path, layer: str, valid: dict[str, torch.Tensor], marker
     model = dict(env)  # the stored layer's geometry, its sizes taken from the valid layer...
     for name in ("N", "K"):
         model[name] = model[f"{name}_model"] = _model_size(before, name)
+    w = stored.get("weight")
     for name in ("N", "K"):  # ... then each dimension the weight records otherwise, if it wins
-        if _model_size(env, name) == model[name]:
+        recorded = (env.get(name), _model_size(env, name))
+        if name == "K" and w is not None and len(w.shape) == 2 and env.get("K") == w.shape[1] == model["N"] != env.get("N"):
+            recorded = (w.shape[0], w.shape[0])  # its columns are the model's N: stored transposed, its rows are K
+        if recorded[1] == model[name]:
             continue
-        weight = dict(model, **{name: env.get(name), f"{name}_model": _model_size(env, name)})
+        weight = dict(model, **{name: recorded[0], f"{name}_model": recorded[1]})
         if not all(c.holds(weight) for c in fmt.constraints) and _recorded_elsewhere(fmt, weight, name, stored):
             continue
         # the weight speaks for its own size; the other tensors for the sizes that give them their shapes

@@ -21,6 +21,7 @@ from .kitchen import (
     marker_ints,
     not_2d_templates,
     runs_forward,
+    short_padded_rows,
     w4a8_forward,
 )
 
@@ -343,6 +344,14 @@ def _padded_rows(name: str | None) -> bool:
     return fmt is not None and any(s.suffix == "bias" and "N_model" in s.shape for s in fmt.slots)
 
 
+def _row_padding(name: str | None) -> int:
+    """The multiple a format pads its stored rows to (1: no padding)."""
+    from ..formats.registry import FORMATS
+
+    fmt = FORMATS.get(name) if name else None
+    return (fmt.pad[0] if fmt is not None and fmt.pad else 1) or 1
+
+
 def _rows(entry) -> int | None:
     """The output rows a per-row tensor (``[N]`` or ``[N, 1]``) speaks for."""
     shape = entry.shape
@@ -360,8 +369,12 @@ def _bias_mismatch(prefix: str, layer, w, b) -> Violation | None:
         return None
     if len(b.shape) == 1 and any(_rows(e) == b.shape[0] for e in layer.tensors.values() if e is not w and e is not b):
         return None  # a per-row tensor agrees with the bias: the weight is what is off
-    if len(b.shape) == 1 and b.shape[0] < w.shape[0] and _padded_rows(layer.format_name):
-        return None  # padded storage: the bias has the model's rows, the weight more
+    if len(b.shape) == 1 and _padded_rows(layer.format_name):
+        pad = _row_padding(layer.format_name)
+        if b.shape[0] < w.shape[0] and -(-b.shape[0] // pad) * pad == w.shape[0]:
+            return None  # padded storage: the bias has the model's rows, the weight those padded
+        if w.shape[0] % pad:
+            return None  # rows no padded storage has: the weight is what is off, the bias the model's
     have = ", ".join(str(d) for d in b.shape)
     out: list[Violation] = []
     _fail(
@@ -413,13 +426,19 @@ def _layer_templates(marker: dict, t: dict) -> tuple[list[Violation], list[Viola
         return out, [smoothing]
     if first_forward is not None:
         return out, [first_forward]
-    return out, forward_templates("comfyui", fmt, t, VIEWS.get(fmt)) if runs_forward("comfyui", fmt) else []
+    forward = forward_templates("comfyui", fmt, t, VIEWS.get(fmt)) if runs_forward("comfyui", fmt) else []
+    if not forward:
+        short = short_padded_rows("comfyui", fmt, t)
+        if short is not None:
+            return out, [short]
+    return out, forward
 
 
 def _pre_quant_scale(fmt: str, marker: dict, t: dict) -> Violation | None:
     """A ``pre_quant_scale`` ComfyUI loads (the formats whose parameters list it) that does not
     broadcast against the input: the forward's opening ``input * pre_quant_scale`` raises
-    torch's broadcasting error, for an input of shape [4, K] (K the layer's input size)."""
+    torch's broadcasting error, for an input of shape [4, K] (K the layer's input size: the
+    unpadded one a padded weight records with its ``pre_quant_scale``)."""
     from ..formats.base import GeometryError
     from ..formats.registry import FORMATS
     from .torch_text import broadcast_error
@@ -429,7 +448,8 @@ def _pre_quant_scale(fmt: str, marker: dict, t: dict) -> Violation | None:
         return None
     desc = FORMATS[fmt]
     try:
-        k = desc.geometry(t, desc.params(marker))["K"]
+        env = desc.geometry(t, desc.params(marker))
+        k = env.get("K_model", env["K"])
     except (GeometryError, KeyError):
         return None
     message = broadcast_error((4, k), tuple(e.shape))

@@ -241,11 +241,43 @@ def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Viola
             if v is not None:
                 return load, [v]
     forward = forward_templates("comfy-kitchen", name, tensors, None, convrot) if runs_forward("comfy-kitchen", name) else []
+    if not forward and not load:
+        short = short_padded_rows("comfy-kitchen", name, tensors)
+        if short is not None:
+            return load, [short]
     if name == "int8_tensorwise" and not forward and not any(v.blocking for v in load):
         v = int8_dequantize(tensors, convrot)
         if v is not None:  # beside the load's note on a row scale stored [N]
             return load, [v]
     return load, forward if not load else []
+
+
+def short_padded_rows(target: str, name: str, t: dict) -> Violation | None:
+    """A format that pads its stored rows (NVFP4, MXFP8) with a weight of fewer rows than the
+    bias, and a row count no padded storage has: the bias has the model's rows, the weight is
+    what is off.  The linear computes one output per stored row and the bias added to its
+    output of shape [4, rows] does not broadcast (torch's ``expand`` error, raised at the first
+    forward; the 4 is the input's rows)."""
+    fmt = FORMATS.get(name)
+    w, b = t.get("weight"), t.get("bias")
+    if fmt is None or w is None or b is None or len(w.shape) != 2 or len(b.shape) != 1:
+        return None
+    rows, pad = w.shape[0], fmt.pad[0]
+    if pad <= 1 or rows % pad == 0 or b.shape[0] <= rows:
+        return None
+    n = b.shape[0]
+    return Violation(
+        f"{target}.rows",
+        f"The expanded size of the tensor ({rows}) must match the existing size ({n}) at non-singleton dimension 1.  "
+        f"Target sizes: [4, {rows}].  Tensor sizes: [{n}]",
+        "RuntimeError",
+        LAYER,
+        "weight",
+        True,
+        f"weight stored with {rows} rows for a layer of {n} outputs (its bias): {name} pads its stored rows "
+        f"to a multiple of {pad}, so the weight is short (raised at the first forward, where the bias is added)",
+        "re-export the layer from its original weights (comfyquant quantize)",
+    )
 
 
 def int8_dequantize(t: dict, convrot: bool) -> Violation | None:
