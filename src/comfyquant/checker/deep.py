@@ -111,8 +111,8 @@ def _decoder():
     e4m3 = fp8_e4m3_table()
 
     def decode(data: bytes, dtype: str, as_dtype: str):
-        if dtype == "U8" and as_dtype in ("F8_E4M3", "F8_E8M0"):
-            dtype = as_dtype
+        if dtype in ("U8", "I8") and as_dtype in ("F8_E4M3", "F8_E8M0"):
+            dtype = as_dtype  # one-byte codes in an FP8 slot: ComfyUI views their bytes as FP8
         raw = np.frombuffer(data, dtype=np.uint8)
         if dtype == "F32":
             return np.frombuffer(data, dtype="<f4")
