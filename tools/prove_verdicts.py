@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
 
 from runtimes.agreement import DRIVERS, compare, driver_module, summary, table, write_known  # noqa: E402
-from runtimes.cases import generate  # noqa: E402
+from runtimes.cases import HELD_OUT, generate  # noqa: E402
 
 
 class Replay:
@@ -55,17 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default=",".join(DRIVERS), help="runtimes to drive (comma-separated)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="", help="only cases whose id contains this")
+    ap.add_argument("--held-out", action="store_true", help="the space over other geometries than the tests' (cases.HELD_OUT)")
     ap.add_argument("--limit", type=int, default=40, help="disagreements printed per runtime")
     ap.add_argument("--json", default="", help="write every outcome and verdict to this file")
     ap.add_argument("--write-known", action="store_true", help="record the disagreements as tests/runtimes/known/<target>.txt")
     ap.add_argument("--replay", default="", help="take the runtimes' outcomes from a --json file instead of running them")
     args = ap.parse_args(argv)
-    all_cases = [c for c in generate(args.seed) if args.only in c.id]
+    all_cases = [c for c in generate(args.seed, HELD_OUT if args.held_out else None) if args.only in c.id]
     records = []
     failed = False
     # one folder per seed, the same on every run: a runtime's message that names the file
     # (a damaged container's) is then the same when replayed
-    folder = Path(tempfile.gettempdir()) / f"comfyquant-prove-verdicts-{args.seed}"
+    folder = Path(tempfile.gettempdir()) / f"comfyquant-prove-verdicts-{args.seed}{'-held-out' if args.held_out else ''}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     try:

@@ -145,7 +145,11 @@ def unreadable_error(hdr) -> str:
 
 
 def validate(tensors: list[tuple[str, str, tuple, int, int]], data_len: int) -> str | None:
-    """``Metadata::validate`` and the coverage test over (name, dtype, shape, begin, end)."""
+    """``Metadata::validate`` and the coverage test over (name, dtype, shape, begin, end).
+
+    safetensors sorts the tensors by offsets starting from a hash map's order, which changes
+    from one process to the next: of two tensors at the same offsets, either may be the one it
+    names.  The stable sort here names the later one in header order."""
     start = 0
     for name, dtype, shape, begin, end in sorted(tensors, key=lambda t: (t[3], t[4])):
         if begin != start or end < begin:

@@ -55,6 +55,24 @@ def _absent(suffix: str, attribute: str) -> Violation:
     )
 
 
+def model_k(w, scale, zeros, g: int) -> int:
+    """The model's input size K for an AWQ layer: the weight's (two codes per byte), unless
+    the weight is what is off while the scales and zeros, both ``[groups, N]``, record the same
+    other K: its rows are not the N they record, or its K is a multiple neither of the group
+    size nor of their group count (a K their groups split evenly says the marker's group size
+    is what is off)."""
+    n, k_half = w.shape
+    k = 2 * k_half
+    if scale is None or zeros is None or len(scale.shape) != 2 or tuple(scale.shape) != tuple(zeros.shape) or g <= 0:
+        return k
+    groups, rows = scale.shape
+    if groups * g == k or groups <= 0:
+        return k
+    if rows != n or (k % g and k % groups):  # (a K the stored groups split evenly: the marker is off)
+        return groups * g
+    return k
+
+
 def awq_forward(t: dict, group_size: int) -> Violation | None:
     """The first failure of ``gemv_awq_w4a16`` on the stored tensors ``t`` (header entries)
     with the marker's group size, on an input of shape ``[4, K]``; None when it runs."""
@@ -81,13 +99,23 @@ def awq_forward(t: dict, group_size: int) -> Violation | None:
             )
     w, scale, zeros = t["weight"], t.get("weight_scale"), t.get("weight_zeros")
     n, k_half = w.shape
-    k, g = 2 * k_half, group_size
+    g = group_size
     regroup = "re-export the layer with the group size it was quantized with"
     if g == 0:
         return _fail("integer modulo by zero", "ZeroDivisionError", None, "marker group_size 0", regroup)
+    k = model_k(w, scale, zeros, g)
     if k % g:
         return _fail(
             f"K={k} not divisible by group_size={g}", "ValueError", None, f"group_size {g} does not divide K={k}", regroup
+        )
+    if k != 2 * k_half:
+        return _fail(
+            f"qweight K//2={k_half} inconsistent with x K={k}",
+            "ValueError",
+            "weight",
+            f"weight of shape {list(w.shape)} ({2 * k_half} inputs) where its scales and zeros record {k} "
+            f"(their {k // g} groups of {g}): the input has the model's {k}",
+            "re-export the layer from its original weights",
         )
     groups = k // g
     if scale is None:  # the scales' dtype is the compute dtype
