@@ -179,7 +179,11 @@ def test_e5m2_becomes_float8_e5m2_never_a_silent_recast(tmp_path):
     src = tmp_path / "e5m2.safetensors"
     sd = legacy_file(src, e5m2=True, dummy_dense=False)
     report = comfyquant.check(str(src), target="comfyui")
-    assert "re-casts this F8_E5M2 weight by value" in report.verdicts["comfyui"].first.message
+    # ComfyUI re-casts the E5M2 codes by value: said in every check, and measured with --deep
+    # (these codes lie within E4M3's range: the real runtime computes them normally)
+    recast = [f for f in report.findings if "re-casts this F8_E5M2 weight by value" in f.message]
+    assert recast and recast[0].severity == "warning"
+    assert comfyquant.check(str(src), target="comfyui", deep=True).verdicts["comfyui"].loads
     out = tmp_path / "out.safetensors"
     # SGLang loads no float8_e5m2: refused for it, with nothing written
     with pytest.raises(MigrateError, match="would not load"):
@@ -270,3 +274,54 @@ def test_remote_detection_costs_what_a_marker_file_costs(tmp_path, server):  # n
     n_legacy = server.requests("legacy.safetensors")
     comfyquant.check(server.url("comfy.safetensors"))
     assert n_legacy <= server.requests("comfy.safetensors")
+
+
+def _e5m2_file(path, amax: float) -> None:
+    """One legacy layer whose weight is E5M2 codes scaled so their largest is ``amax``."""
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(3)) * 0.05
+    scale = w.abs().amax() / amax
+    save_file(
+        {
+            "blocks.0.attn.qkv.weight": (w / scale).to(torch.float8_e5m2),
+            "blocks.0.attn.qkv.scale_weight": scale.reshape(()).float(),
+            "scaled_fp8": torch.zeros(0, dtype=torch.float8_e4m3fn),
+        },
+        str(path),
+    )
+
+
+@pytest.mark.parametrize(("amax", "garbage"), [(448.0, False), (57344.0, True)])
+def test_e5m2_weights_cast_to_e4m3_are_garbage_only_past_its_range(tmp_path, amax, garbage):
+    # ComfyUI casts the E5M2 codes by value to E4M3: codes within E4M3's range (448) survive,
+    # codes scaled to E5M2's own range (57344) saturate
+    src = tmp_path / "e5m2.safetensors"
+    _e5m2_file(src, amax)
+    header = comfyquant.check(str(src), target="comfyui")
+    assert header.verdicts["comfyui"].loads  # the header alone cannot tell: a warning
+    assert any("check --deep reads them" in f.message for f in header.findings if f.severity == "warning")
+    deep = comfyquant.check(str(src), target="comfyui", deep=True)
+    assert deep.verdicts["comfyui"].loads is not garbage
+    assert any(f.code == "D008" and f.severity == "error" for f in deep.findings) is garbage
+
+
+@pytest.mark.parametrize(("codes", "scale", "garbage"), [(False, 1e-4, True), (False, 1.0, False), (True, 1e-3, False)])
+def test_dense_weight_with_a_scale_is_garbage_when_the_cast_times_the_scale_is_not_it(tmp_path, codes, scale, garbage):
+    # ComfyUI casts a dense weight with a scale_weight to E4M3 and multiplies by the scale: a
+    # dense weight with a real scale is garbage; FP8 values stored wide with their scale are not
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(64, 256, generator=g) * (100.0 if codes else 0.05)
+    if codes:
+        w = w.to(torch.float8_e4m3fn).float()
+    src = tmp_path / "dense.safetensors"
+    save_file(
+        {
+            "blocks.0.attn.qkv.weight": w.to(torch.bfloat16),
+            "blocks.0.attn.qkv.scale_weight": torch.tensor(scale),
+            "scaled_fp8": torch.zeros(0, dtype=torch.float8_e4m3fn),
+        },
+        str(src),
+    )
+    assert comfyquant.check(str(src), target="comfyui").verdicts["comfyui"].loads
+    deep = comfyquant.check(str(src), target="comfyui", deep=True)
+    assert deep.verdicts["comfyui"].loads is not garbage
+    assert any(f.code == "D008" for f in deep.findings) is garbage

@@ -714,8 +714,11 @@ def legacy_cases(seed: int) -> Iterator[Case]:
     yield case("scale-weight-vector", marker=e4, scale_weight=scale.reshape(1).expand(n).contiguous())
     yield case("scale-weight-bf16", marker=e4, scale_weight=scale.to(torch.bfloat16))
     yield case("no-marker", marker=None)
-    yield case("weight-bf16", marker=e4, w=dense)
-    yield case("weight-e5m2", marker=e4, w=weight.float().to(torch.float8_e5m2))
+    # the weight's values decide what ComfyUI's value cast to E4M3 makes of it (--deep)
+    for cid, w in (("weight-bf16", dense), ("weight-e5m2", weight.float().to(torch.float8_e5m2))):
+        c = case(cid, marker=e4, w=w)
+        c.deep = True
+        yield c
 
 
 # -- damaged containers -----------------------------------------------------------------------

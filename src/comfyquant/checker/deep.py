@@ -177,11 +177,7 @@ def _survives_cast(np, v, source: str, target: str, packed: bool = False) -> boo
     else:
         if not np.isfinite(v).all():
             return False
-        table = np.sort(_fp8_values(np, target).astype(np.float64))
-        idx = np.clip(np.searchsorted(table, v), 1, len(table) - 1)
-        left, right = table[idx - 1], table[idx]
-        cast = np.where(np.abs(v - left) <= np.abs(right - v), left, right)
-        cast = np.where(v > table[-1], table[-1], np.where(v < table[0], table[0], cast))
+        cast = _to_fp8(np, v, target)
     ref = v.astype(np.float64)
     if packed:  # two or more codes a byte: any changed byte changes its codes
         if source in ("F8_E4M3", "F8_E5M2") and bool((np.trunc(ref) == ref).all()):
@@ -193,6 +189,82 @@ def _survives_cast(np, v, source: str, target: str, packed: bool = False) -> boo
     if norm == 0.0:
         return bool((cast == 0).all())
     return float(np.sqrt(((cast - ref) ** 2).sum())) / norm < CAST_GARBAGE
+
+
+def _to_fp8(np, v, target: str):
+    """``v`` cast by value to the FP8 dtype ``target`` as torch does: the nearest value, ties
+    to the lower one, saturated at the largest (float64)."""
+    table = np.sort(_fp8_values(np, target).astype(np.float64))
+    idx = np.clip(np.searchsorted(table, v), 1, len(table) - 1)
+    left, right = table[idx - 1], table[idx]
+    cast = np.where(np.abs(v - left) <= np.abs(right - v), left, right)
+    return np.where(v > table[-1], table[-1], np.where(v < table[0], table[0], cast))
+
+
+def _cast_error(np, values, source: str, target: str, scale: float | None) -> float | None:
+    """Relative weight error of a dialect's weight a runtime casts by value to the FP8
+    ``target`` and multiplies by ``scale`` (None: no scale, or one that applies to both
+    readings alike).  A dense weight whose values are all ``target`` values is read as FP8
+    codes stored wide (meant: codes x scale, which the runtime computes); any other dense
+    weight is read as the weight itself (meant: the values as stored).  None when the values
+    are not finite (other findings say so)."""
+    v = values.astype(np.float64)
+    if not np.isfinite(v).all():
+        return None
+    cast = _to_fp8(np, v, target)
+    norm = float(np.sqrt((v * v).sum()))
+    if norm == 0.0:
+        return 0.0
+    if scale is None or np.array_equal(cast, v):
+        return float(np.sqrt(((cast - v) ** 2).sum())) / norm
+    return float(np.sqrt(((cast * scale - v) ** 2).sum())) / norm
+
+
+def _value_cast_findings(np, decode, ckpt, casts: list, ends: dict) -> list[Finding]:
+    """D008 for every dialect weight (``dialects.base.ValueCast``) whose value cast, times its
+    scale, moves it by ``CAST_GARBAGE`` or more."""
+    wanted = []
+    for c in casts:
+        entries = [c.weight] + ([c.scale] if c.scale is not None else [])
+        if all(
+            e.nbytes <= MAX_DEEP_BYTES
+            and e.end <= ends.get(e.file, e.end)
+            and e.nbytes * 8 == e.numel * DTYPE_BITS.get(e.dtype, -1)
+            for e in entries
+        ):
+            wanted.append(c)
+    if not wanted:
+        return []
+    data = ckpt.read_many([e for c in wanted for e in [c.weight] + ([c.scale] if c.scale is not None else [])])
+    out = []
+    for c in wanted:
+        values = decode(data[c.weight.name], c.weight.dtype, c.weight.dtype)
+        scale = None
+        if c.scale is not None:
+            read = decode(data[c.scale.name], c.scale.dtype, c.scale.dtype)
+            if read is None or read.size != 1:
+                continue
+            scale = float(read.reshape(-1)[0])
+        if values is None or len(data[c.weight.name]) != c.weight.nbytes:
+            continue
+        error = _cast_error(np, values, c.weight.dtype, c.target, scale)
+        if error is None or error < CAST_GARBAGE:
+            continue
+        times = "" if scale is None else f" times its scale {scale:.4g}"
+        out.append(
+            Finding(
+                "D008",
+                f"{c.weight.name}: its {c.weight.dtype} values cast to {c.target}{times} are not the weight "
+                f"it holds (relative error {error:.3g})",
+                layer=c.layer,
+                tensor=c.weight.name,
+                expected=f"{c.target} codes",
+                actual=f"{c.weight.dtype} values",
+                cause="the runtime casts this weight by value to its reading's dtype",
+                fix="re-export the layer in its own format (comfyquant migrate, or quantize from the original weights)",
+            )
+        )
+    return out
 
 
 CAST_GARBAGE = 0.9
@@ -218,9 +290,16 @@ def _fp8_values(np, dtype: str):
     return np.concatenate([val, -val]).astype(np.float32)
 
 
-def deep_findings(ckpt) -> list[Finding]:
+def deep_findings(ckpt, casts: list | None = None) -> list[Finding]:
+    """The value findings of every marked layer, of the W4A8 layers whose correction ComfyUI
+    drops, and of the dialect weights a runtime casts by value (``casts``)."""
     wanted = []
     ends = {h.file: h.size for h in ckpt.headers}
+    if casts:
+        np, decode = _decoder()
+        cast_findings = _value_cast_findings(np, decode, ckpt, casts, ends)
+    else:
+        cast_findings = []
     corrected = []  # W4A8 layers whose correction ComfyUI drops: how much it moves the output
     for _prefix, layer in ckpt.layers.items():
         if dropped.wanted(layer) and _readable(layer, dropped.SUFFIXES + ("weight_codebook",), ends):
@@ -239,7 +318,7 @@ def deep_findings(ckpt) -> list[Finding]:
                 continue  # the span is not dtype x shape (C001 reports it): no sound values to read
             wanted.append((layer, slot, entry))
     if not wanted and not corrected:
-        return []
+        return cast_findings
     np, decode = _decoder()
     seen: set[str] = set()
     extra = [e for layer in corrected for s, e in layer.stored.items() if s in dropped.SUFFIXES or s == "weight_codebook"]
@@ -291,7 +370,7 @@ def deep_findings(ckpt) -> list[Finding]:
         saturated = _saturated(np, entry.name, slot, values, entry.dtype if slot.dtype == "float" else slot.dtype)
         if saturated is not None:
             out.append(Finding(SATURATED, saturated[0], layer=layer.name, tensor=entry.name, **saturated[1]))
-    return out + out_dropped
+    return out + out_dropped + cast_findings
 
 
 def _readable(layer, suffixes: tuple[str, ...], ends: dict) -> bool:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from ..checkpoint import Checkpoint, NameMapper, Paths
 from ..dialects.containers import open_any
 from ..dialects.registry import detect
-from ..dialects.report import dialect_findings, dialect_violations, settle
+from ..dialects.report import dialect_findings, dialect_violations, settle, value_casts
 from ..targets.select import TARGETS, run_target
 from .report import Report, assemble
 from .rules import check_layers, check_mapping, check_marker_prefixes
@@ -62,7 +62,7 @@ def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = Fal
     if deep:
         from .deep import deep_findings
 
-        values = deep_findings(ckpt)
+        values = deep_findings(ckpt, value_casts(detection) if detection.claims else None)
         findings.extend(values)
     # Every profile runs so findings can say which runtimes they break; severities follow
     # the selection.

@@ -211,9 +211,26 @@ Runtime = Callable[[str, Any, "Claim"], list]
 Settle = Callable[[Any, "Claim"], list]
 """(checkpoint, claim) -> findings from the tensor data (``--deep``); may refine the claim's
 translations (a value that decides a move: ``scale_input == 1.0``, a dummy scale)."""
+ValueCasts = Callable[["Claim"], list]
+"""claim -> ``ValueCast`` s: the weights a runtime casts by value into another dtype."""
 Export = Callable[[Any, set], "Claim | None"]
 """(Comfy checkpoint, prefixes already claimed) -> translations of its marked layers *into*
 this dialect (``migrate --to DIALECT``): the same vocabulary, the other direction."""
+
+
+class ValueCast:
+    """A weight a runtime casts by value into ``target`` (then multiplies by ``scale``, a
+    one-value tensor, when there is one): ``check --deep`` reads the weight and says whether
+    the cast layer computes garbage (D008)."""
+
+    __slots__ = ("layer", "weight", "target", "scale", "runtimes")
+
+    def __init__(self, layer: str, weight, target: str, scale=None, runtimes: tuple[str, ...] = ("comfyui",)) -> None:
+        self.layer = layer
+        self.weight = weight
+        self.target = target
+        self.scale = scale
+        self.runtimes = runtimes
 
 
 class Dialect:
@@ -224,10 +241,11 @@ class Dialect:
     claimed layers (loads, translates, refuses with its message, or computes garbage without
     an error); ``settle`` reads tensor data for what the header cannot tell (``--deep``).
     ``export`` (optional) translates Comfy layers into this layout, for the layouts a
-    runtime needs and Comfy can be rewritten to exactly (NVFP4 both ways).
+    runtime needs and Comfy can be rewritten to exactly (NVFP4 both ways).  ``value_casts``
+    (optional) lists the claimed weights a runtime casts by value into another dtype.
     ``order``: detection order (a more specific layout first)."""
 
-    __slots__ = ("name", "title", "writer", "source", "detect", "runtime", "settle", "export", "order")
+    __slots__ = ("name", "title", "writer", "source", "detect", "runtime", "settle", "export", "value_casts", "order")
 
     def __init__(
         self,
@@ -240,6 +258,7 @@ class Dialect:
         runtime: Runtime | None = None,
         settle: Settle | None = None,
         export: Export | None = None,
+        value_casts: ValueCasts | None = None,
         order: int = 100,
     ) -> None:
         self.name = name
@@ -250,6 +269,7 @@ class Dialect:
         self.runtime = runtime
         self.settle = settle
         self.export = export
+        self.value_casts = value_casts
         self.order = order
 
     def __repr__(self) -> str:

@@ -93,3 +93,13 @@ def settle(ckpt, detection: Detection) -> list[Finding]:
             claim.settled = fn(ckpt, claim) if fn is not None else []
         out.extend(claim.settled)
     return out
+
+
+def value_casts(detection: Detection) -> list:
+    """Every ``ValueCast`` the claimed layers' dialects list (what ``--deep`` reads)."""
+    out: list = []
+    for claim in detection.claims:
+        fn = DIALECTS[claim.dialect].value_casts
+        if fn is not None:
+            out.extend(fn(claim))
+    return out

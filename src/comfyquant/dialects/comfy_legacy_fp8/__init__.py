@@ -23,7 +23,7 @@ from ...io.header import TensorEntry
 from ...shapes import fmt_shape
 from ...targets.base import Violation
 from ...targets.torch_text import broadcast_error
-from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
+from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation, ValueCast
 from ..common import (
     DIFFUSION_ROOTS,
     FLOAT_SCALE_DTYPES,
@@ -45,6 +45,8 @@ FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 COMFY_READING = next(f for f in FORMATS.values() if f.legacy_renames)
 """The format ComfyUI's translation marks every legacy layer with: the one whose
 ``legacy_renames`` say it replaces the legacy names."""
+COMFY_DTYPE = next(s.dtype for s in COMFY_READING.slots if s.suffix == "weight")
+"""The weight dtype of that reading, which every legacy weight is cast to."""
 
 
 def _per_tensor_format(w) -> str | None:
@@ -226,6 +228,20 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
     return findings
 
 
+def value_casts(claim: Claim) -> list[ValueCast]:
+    """The weights ComfyUI's translation casts by value to its FP8 reading: a weight of another
+    FP8 type (its scale applies to both readings alike) and a dense weight, which it then
+    multiplies by ``scale_weight``."""
+    out = []
+    for tr in claim.layers.values():
+        w, sw = tr.inputs["weight"], tr.inputs.get("scale_weight")
+        if tr.format is not None and tr.format != COMFY_READING.name:
+            out.append(ValueCast(tr.prefix, w, COMFY_DTYPE))
+        elif tr.format is None and tr.verdict != LOSSY and w.dtype in DENSE_DTYPES and sw is not None and sw.numel == 1:
+            out.append(ValueCast(tr.prefix, w, COMFY_DTYPE, sw))
+    return out
+
+
 def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
     if target == "comfyui":
         return _comfyui(ckpt, claim)
@@ -299,16 +315,16 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
             out.append(
                 Violation(
                     "comfyui.legacy",
-                    f"layer '{tr.prefix}': ComfyUI's legacy translation marks every "
-                    f"layer {COMFY_READING.name} and re-casts this {w.dtype} weight by value (garbage output, "
-                    "no error)",
+                    f"layer '{tr.prefix}': ComfyUI's legacy translation marks every layer {COMFY_READING.name} "
+                    f"and re-casts this {w.dtype} weight by value (garbage where its values lie outside "
+                    f"{COMFY_READING.name}'s range; check --deep reads them)",
                     None,
                     tr.prefix,
                     "weight",
                     False,
                     f"{w.dtype} weights in a legacy file",
                     f"comfyquant migrate (writes {tr.format} markers)",
-                    severity="error",
+                    severity="warning",
                 )
             )
         elif tr.format is None and tr.verdict != LOSSY and w.dtype in DENSE_DTYPES:
@@ -316,13 +332,15 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
                 Violation(
                     "comfyui.legacy",
                     f"layer '{tr.prefix}': ComfyUI marks any layer with a scale_weight "
-                    f"{COMFY_READING.name} and casts this {w.dtype} weight to FP8 (precision lost, no error)",
+                    f"{COMFY_READING.name}, casts this {w.dtype} weight to FP8 and multiplies it by the scale "
+                    "(precision lost with a dummy 1.0; garbage with another scale unless the weight holds FP8 "
+                    "values; check --deep reads them)",
                     None,
                     tr.prefix,
                     "weight",
                     False,
-                    "dummy scale_weight on a dense layer",
-                    "comfyquant migrate (drops the dummy scale)",
+                    "scale_weight on a dense layer",
+                    "comfyquant migrate (drops a dummy scale)",
                     severity="warning",
                 )
             )
@@ -372,6 +390,7 @@ DIALECTS = (
         detect=detect,
         runtime=runtime,
         settle=settle,
+        value_casts=value_casts,
         order=10,
     ),
 )
