@@ -50,16 +50,29 @@ def wanted(layer) -> bool:
     )
 
 
+OTHER_HALF = {"F16": "BF16", "BF16": "F16"}
+"""A 16-bit float correction's bytes read as the other 16-bit float: both are valid numbers,
+and the file does not record which one the writer meant."""
+
+
 def share(np, decode, layer, data: dict[str, bytes]) -> float | None:
     """The correction's share of the full weight, ``|C| / |W + C|`` (Frobenius, per group
-    expanded), or None when the values cannot be read soundly."""
+    expanded), or None when the values cannot be read soundly.  A 16-bit correction is read
+    both ways (``OTHER_HALF``) and the smaller share is the one a file can vouch for."""
+    dtype = layer.stored["weight_correction"].dtype
+    shares = [_share(np, decode, layer, data, d) for d in (dtype, OTHER_HALF.get(dtype)) if d is not None]
+    known = [v for v in shares if v is not None]
+    return min(known) if known else None
+
+
+def _share(np, decode, layer, data: dict[str, bytes], corr_dtype: str) -> float | None:
     t = layer.stored
     w = t["weight"]
     n, packed = w.shape
     k = packed * 2
     s_rel = decode(data[t["weight_s_rel"].name], t["weight_s_rel"].dtype, "F8_E4M3")
     s_channel = decode(data[t["weight_s_channel"].name], t["weight_s_channel"].dtype, "F32")
-    corr = decode(data[t["weight_correction"].name], t["weight_correction"].dtype, "F32")
+    corr = decode(data[t["weight_correction"].name], corr_dtype, "F32")
     codebook_entry = t.get("weight_codebook")
     codebook = decode(data[codebook_entry.name], codebook_entry.dtype, "F32") if codebook_entry else None
     if any(v is None for v in (s_rel, s_channel, corr)) or (codebook_entry is not None and codebook is None):
