@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch", reason="the generated cases and the runtimes need torch")
 
 from runtimes import comfyui_driver  # noqa: E402
-from runtimes.agreement import compare, known_disagreements, running, summary, table, write_space  # noqa: E402
+from runtimes.agreement import assert_agreement, compare, running, write_space  # noqa: E402
 from runtimes.cases import GROUPS  # noqa: E402
 
 TARGET = "comfyui"
@@ -43,10 +43,13 @@ def test_verdicts_agree(written, runtime, group):
     """Every case agrees, except the ones ``tests/runtimes/known/`` lists (classes of defect
     the profile does not model yet, each listed case by case): a new disagreement fails, and
     so does a listed case that now agrees (take it off the list)."""
-    rows = compare(runtime, TARGET, [c for c in written if c.group == group])
-    assert rows
-    known = known_disagreements(TARGET)
-    new = [r for r in rows if r.why is not None and r.case.id not in known]
-    assert not new, f"{comfyui_driver.VERSION}: {summary(rows)}\n{table(new)}"
-    fixed = sorted(r.case.id for r in rows if r.why is None and r.case.id in known)
-    assert not fixed, f"these cases now agree: take them off tests/runtimes/known/{TARGET}.txt: {fixed}"
+    assert_agreement(runtime, TARGET, [c for c in written if c.group == group], comfyui_driver.VERSION)
+
+
+def test_verdicts_agree_in_a_whole_checkpoint(tmp_path_factory, runtime):
+    """The same space with each case as one layer of a whole checkpoint (every tensor under the
+    diffusion model's prefix, the header map's names too, beside dense layers and a VAE
+    tensor): the runtime strips the prefix before building its model, and the verdicts name
+    the layers as it does."""
+    cases = write_space(tmp_path_factory.mktemp("comfyui-checkpoint-cases"), checkpoint=True)
+    assert_agreement(runtime, TARGET, cases, comfyui_driver.VERSION, checkpoint=True)

@@ -123,6 +123,15 @@ def test_verdicts_agree(written, runtime, group):
     assert not bad, f"{sglang_driver.VERSION}: {summary(rows)}\n{bad}"
 
 
+def test_verdicts_agree_in_a_whole_checkpoint(tmp_path_factory, runtime):
+    """The same space with each case as one layer of a whole checkpoint (every tensor under the
+    diffusion model's prefix, beside dense layers and a VAE tensor)."""
+    rows = compare(runtime, TARGET, write_space(tmp_path_factory.mktemp("sglang-checkpoint-cases"), checkpoint=True))
+    assert rows
+    bad = table(rows)
+    assert not bad, f"{sglang_driver.VERSION}: {summary(rows)}\n{bad}"
+
+
 @pytest.mark.parametrize("group", GROUPS)
 def test_config_and_dropin_agree(written, runtime, group):
     """The config each case resolves to, and the drop-in's dict or exception, are SGLang's."""

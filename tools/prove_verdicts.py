@@ -56,17 +56,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="", help="only cases whose id contains this")
     ap.add_argument("--held-out", action="store_true", help="the space over other geometries than the tests' (cases.HELD_OUT)")
+    ap.add_argument("--checkpoint", action="store_true", help="each case as one layer of a whole prefixed checkpoint")
     ap.add_argument("--limit", type=int, default=40, help="disagreements printed per runtime")
     ap.add_argument("--json", default="", help="write every outcome and verdict to this file")
     ap.add_argument("--write-known", action="store_true", help="record the disagreements as tests/runtimes/known/<target>.txt")
     ap.add_argument("--replay", default="", help="take the runtimes' outcomes from a --json file instead of running them")
     args = ap.parse_args(argv)
-    all_cases = [c for c in generate(args.seed, HELD_OUT if args.held_out else None) if args.only in c.id]
+    all_cases = [c for c in generate(args.seed, HELD_OUT if args.held_out else None, args.checkpoint) if args.only in c.id]
     records = []
     failed = False
     # one folder per seed, the same on every run: a runtime's message that names the file
     # (a damaged container's) is then the same when replayed
-    folder = Path(tempfile.gettempdir()) / f"comfyquant-prove-verdicts-{args.seed}{'-held-out' if args.held_out else ''}"
+    folder = (
+        Path(tempfile.gettempdir())
+        / f"comfyquant-prove-verdicts-{args.seed}{'-held-out' if args.held_out else ''}{'-checkpoint' if args.checkpoint else ''}"
+    )
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     try:
@@ -82,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows = compare(drv, target, all_cases)
             print(f"{module.VERSION}: {summary(rows)}")
             if args.write_known:
-                print(f"wrote {write_known(target, rows)}")
+                print(f"wrote {write_known(target, rows, args.checkpoint)}")
             bad = table(rows, args.limit)
             if bad:
                 failed = True

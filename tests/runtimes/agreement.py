@@ -40,9 +40,10 @@ class Row:
 KNOWN = Path(__file__).resolve().parent / "known"
 
 
-def write_space(folder: Path, seed: int = 0) -> list[Case]:
-    """The generated space of ``seed``, written into ``folder``: what an agreement test reads."""
-    cases = generate(seed)
+def write_space(folder: Path, seed: int = 0, checkpoint: bool = False) -> list[Case]:
+    """The generated space of ``seed``, written into ``folder``: what an agreement test reads
+    (``checkpoint``: each case as one layer of a whole checkpoint)."""
+    cases = generate(seed, checkpoint=checkpoint)
     for case in cases:
         case.write(folder)
     return cases
@@ -61,21 +62,26 @@ def running(module) -> Iterator:
         yield drv
 
 
-def known_disagreements(target: str) -> set[str]:
-    """The case ids ``known/<target>.txt`` lists: where comfyquant is known to differ from the
-    runtime (one id a line, ``#`` starts a comment)."""
-    path = KNOWN / f"{target}.txt"
+def known_path(target: str, checkpoint: bool = False) -> Path:
+    """``known/<target>.txt``, or ``known/<target>.checkpoint.txt`` for the whole-checkpoint space."""
+    return KNOWN / f"{target}{'.checkpoint' if checkpoint else ''}.txt"
+
+
+def known_disagreements(target: str, checkpoint: bool = False) -> set[str]:
+    """The case ids ``known_path`` lists: where comfyquant is known to differ from the runtime
+    (one id a line, ``#`` starts a comment)."""
+    path = known_path(target, checkpoint)
     if not path.is_file():
         return set()
     return {line.split("#", 1)[0].strip() for line in path.read_text().splitlines()} - {""}
 
 
-def write_known(target: str, rows: list[Row]) -> Path:
-    """Record the cases where comfyquant differs from the runtime as ``known/<target>.txt``."""
+def write_known(target: str, rows: list[Row], checkpoint: bool = False) -> Path:
+    """Record the cases where comfyquant differs from the runtime in ``known_path``."""
     KNOWN.mkdir(exist_ok=True)
-    path = KNOWN / f"{target}.txt"
+    path = known_path(target, checkpoint)
     lines = [
-        f"# Cases of the generated space (seed 0) where comfyquant's {target} verdict differs from the",
+        f"# Cases of the generated space (seed 0{', each in a whole checkpoint' if checkpoint else ''}) where comfyquant's {target} verdict differs from the",
         "# runtime's: classes the profile does not model yet.  Written by",
         "# tools/prove_verdicts.py --write-known; the agreement test fails on any other disagreement",
         "# and on a listed case that agrees.",
@@ -194,3 +200,15 @@ def table(rows: list[Row], limit: int | None = None, width: int = 110) -> str:
     if limit is not None and len(bad) > limit:
         lines.append(f"... and {len(bad) - limit} more")
     return "\n".join(lines)
+
+
+def assert_agreement(drv, target: str, cases: list[Case], version: str, checkpoint: bool = False) -> None:
+    """Every case agrees except the ones ``known_path`` lists: a new disagreement fails, and
+    so does a listed case that now agrees (take it off the list)."""
+    rows = compare(drv, target, cases)
+    assert rows
+    known = known_disagreements(target, checkpoint)
+    new = [r for r in rows if r.why is not None and r.case.id not in known]
+    assert not new, f"{version}: {summary(rows)}\n{table(new)}"
+    fixed = sorted(r.case.id for r in rows if r.why is None and r.case.id in known)
+    assert not fixed, f"these cases now agree: take them off {known_path(target, checkpoint).name}: {fixed}"

@@ -199,6 +199,9 @@ class Case:
     """The layer's tensors before a defect that changes a stored tensor's shape: the model the
     runtime is driven with is then the one the file records (``recorded_size``), which may
     differ from the dense source's (``write`` sets ``model``)."""
+    prefix: str = ""
+    """The prefix every tensor of the file carries (``in_checkpoint``): the runtime's model
+    names its layers without it, as ComfyUI does once it strips the diffusion model's prefix."""
     model: tuple[int, int] | None = None
     """The layer size the runtime's model is built with when it is not the dense source's: the
     size the file records (``write`` sets it for a ``resized`` case whose file records another)."""
@@ -214,7 +217,7 @@ class Case:
             path.write_bytes(self.damage(save(self.tensors, metadata=self.metadata)))
         layers = dict(self.dense)
         if self.valid is not None:
-            size = recorded_size(path, LAYER, *self.valid)
+            size = recorded_size(path, self.prefix + LAYER, *self.valid)
             weight, bias = layers[LAYER]
             if size is not None and size != tuple(weight.shape):
                 self.model = size
@@ -227,6 +230,39 @@ class Case:
         save_file(dense, str(dense_path(path)))
         self.path = path
         return path
+
+
+DIFFUSION_PREFIX = "model.diffusion_model."
+CHECKPOINT_LAYERS = ("img_in", "final_layer.linear")
+"""Dense BF16 layers ``in_checkpoint`` puts beside the case's layer."""
+
+
+def in_checkpoint(case: Case, seed: int = 0) -> Case:
+    """The case as one layer of a whole checkpoint: every tensor under the diffusion model's
+    prefix (the header map's layer names too), beside dense BF16 layers and a tensor of
+    another model part (a VAE's), as full checkpoints hold them."""
+    renamed = {DIFFUSION_PREFIX + name: t for name, t in case.tensors.items()}
+    dense = dict(case.dense)
+    for i, layer in enumerate(CHECKPOINT_LAYERS):
+        weight = make_weight(64, 256, torch.bfloat16, seed * 1000 + 500 + i)
+        bias = (torch.randn(64, generator=torch.Generator().manual_seed(seed + i)) * 0.01).to(torch.bfloat16)
+        renamed[f"{DIFFUSION_PREFIX}{layer}.weight"] = weight
+        renamed[f"{DIFFUSION_PREFIX}{layer}.bias"] = bias
+        dense[layer] = (weight.float(), bias)
+    renamed["first_stage_model.decoder.conv_in.weight"] = torch.ones(8, 4, 3, 3, dtype=torch.bfloat16)
+    metadata = case.metadata
+    text = (metadata or {}).get("_quantization_metadata")
+    if text is not None:
+        try:
+            parsed = json.loads(text)
+            layers = parsed["layers"]
+            parsed["layers"] = {DIFFUSION_PREFIX + k: v for k, v in layers.items()}
+            metadata = dict(metadata, _quantization_metadata=json.dumps(parsed))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # a malformed map stays as it is
+    out = Case(f"ckpt.{case.id}", case.group, renamed, metadata, dense, case.deep, None, case.undecidable)
+    out.valid, out.prefix = case.valid, DIFFUSION_PREFIX
+    return out
 
 
 def recorded_size(path: Path, layer: str, valid: dict[str, torch.Tensor], marker: dict) -> tuple[int, int] | None:
@@ -812,8 +848,12 @@ def bases(seed: int = 0, shapes: dict[str, tuple[tuple[int, int], ...]] | None =
     return out
 
 
-def generate(seed: int = 0, shapes: dict[str, tuple[tuple[int, int], ...]] | None = None) -> list[Case]:
-    """Every case of the space, in a fixed order (not yet written)."""
+def generate(seed: int = 0, shapes: dict[str, tuple[tuple[int, int], ...]] | None = None, checkpoint: bool = False) -> list[Case]:
+    """Every case of the space, in a fixed order (not yet written); ``checkpoint``: each one
+    as a layer of a whole checkpoint (``in_checkpoint``; damaged containers, whose damage
+    names the layer's tensors, are left out)."""
+    if checkpoint:
+        return [in_checkpoint(c, seed) for c in generate(seed, shapes) if c.group != "container"]
     rng = random.Random(seed)
     out: list[Case] = []
     all_bases = bases(seed, shapes)

@@ -25,6 +25,9 @@ from pathlib import Path
 from .outcome import Outcome
 
 TARGET = "comfy-kitchen"
+PREFIX = "model.diffusion_model."
+"""The diffusion model's prefix in a whole checkpoint: ComfyUI strips it (``unet_prefix_from_state_dict``
+finds it on more than five keys) before its layers reach comfy-kitchen."""
 VERSION = "comfy-kitchen 0.2.40"
 MISSING = ""
 
@@ -148,6 +151,9 @@ class KitchenDriver:
         except Exception as exc:
             return Outcome("raises", "read", type(exc).__name__, str(exc))
         markers = _markers(metadata, tensors)
+        if sum(name.startswith(PREFIX) for name in tensors) > 5:  # ComfyUI strips the diffusion model's prefix
+            tensors = {name[len(PREFIX) :]: t for name, t in tensors.items() if name.startswith(PREFIX)}
+            markers = {name.removeprefix(PREFIX): conf for name, conf in markers.items()}
         dense = read_dense(Path(path))
         built = {}
         for layer, conf in markers.items():

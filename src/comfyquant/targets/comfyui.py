@@ -9,6 +9,7 @@ unmarked INT8/FP8 weight cast by value) are non-blocking violations.
 from __future__ import annotations
 
 import json
+import re
 
 from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..markers import nonfinite_sizes, same_marker
@@ -255,10 +256,43 @@ def _layers_refused(raw: str) -> tuple[str, str] | None:
     return None
 
 
+PREFIX_CANDIDATES = ("model.diffusion_model.", "model.model.", "net.")
+"""The diffusion model's prefixes ComfyUI looks for, in its order (ComfyUI 0.33.0
+``comfy/model_detection.py`` ``unet_prefix_from_state_dict``)."""
+
+
+def model_prefix(names) -> str:
+    """The prefix ComfyUI strips from a checkpoint's keys before building the diffusion model:
+    the candidate most keys start with when more than five do, else ``model.``; "" when no key
+    starts with it (``load_diffusion_model_state_dict`` then keeps the keys as they are)."""
+    names = list(names)
+    counts = dict.fromkeys(PREFIX_CANDIDATES, 0)
+    for name in names:
+        for candidate in PREFIX_CANDIDATES:
+            if name.startswith(candidate):
+                counts[candidate] += 1
+                break
+    top = max(counts, key=lambda c: counts[c])
+    prefix = top if counts[top] > 5 else "model."
+    return prefix if any(name.startswith(prefix) for name in names) else ""
+
+
+def _as_comfyui_names(violations: list[Violation], prefix: str) -> None:
+    """What loading and running the layers raise names them as ComfyUI's model does, without
+    the prefix it stripped (the messages only: the violations keep the file's layer names)."""
+    if not prefix:
+        return
+    pattern = re.compile(r"(?<![\w.])" + re.escape(prefix) + r"(?=[\w])")
+    for v in violations:
+        if v.message and prefix in v.message:
+            v.message = pattern.sub("", v.message)
+
+
 def comfyui_verdict(ckpt) -> Verdict:
     # load_torch_file opens the file with safetensors.safe_open before anything else
     out: list[Violation] = container_violations("comfyui", ckpt)
     markers = comfyui_markers(ckpt, out)
+    read_and_convert = len(out)  # what follows is raised by loading and running the model
     foreign = ckpt.foreign
     forward: list[Violation] = []
     biases: list[Violation] = []
@@ -312,6 +346,7 @@ def comfyui_verdict(ckpt) -> Verdict:
                 )
     out.extend(biases)  # load_state_dict raises them once every module is loaded
     out.extend(forward)  # the whole model is loaded before its first forward
+    _as_comfyui_names(out[read_and_convert:], model_prefix(ckpt.tensors))
     # load_state_dict(strict=False) logs missing keys and leaves those weights uninitialized
     for v in incomplete_violations(
         "comfyui",
