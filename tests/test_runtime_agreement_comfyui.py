@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch", reason="the generated cases and the runtimes need torch")
 
 from runtimes import comfyui_driver  # noqa: E402
-from runtimes.agreement import assert_agreement, compare, running, write_space  # noqa: E402
+from runtimes.agreement import assert_agreement, compare, running, write_pairs, write_space  # noqa: E402
 from runtimes.cases import GROUPS  # noqa: E402
 
 TARGET = "comfyui"
@@ -52,4 +52,12 @@ def test_verdicts_agree_in_a_whole_checkpoint(tmp_path_factory, runtime):
     tensor): the runtime strips the prefix before building its model, and the verdicts name
     the layers as it does."""
     cases = write_space(tmp_path_factory.mktemp("comfyui-checkpoint-cases"), checkpoint=True)
-    assert_agreement(runtime, TARGET, cases, comfyui_driver.VERSION, checkpoint=True)
+    assert_agreement(runtime, TARGET, cases, comfyui_driver.VERSION, "checkpoint")
+
+
+def test_verdicts_agree_on_files_of_two_defective_layers(tmp_path_factory, runtime):
+    """Files of two defective layers (400 drawn pairs): the runtime meets the layers in its
+    model's order, each stage (loading, then the first forward) in turn, and the verdict names
+    the failure it meets first."""
+    cases = write_pairs(tmp_path_factory.mktemp("comfyui-pairs"))
+    assert_agreement(runtime, TARGET, cases, comfyui_driver.VERSION, "pairs")

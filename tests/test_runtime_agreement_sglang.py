@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("torch", reason="SGLang's own functions read marker tensors through torch")
 
 from runtimes import sglang_driver  # noqa: E402
-from runtimes.agreement import compare, running, summary, table, write_space  # noqa: E402
+from runtimes.agreement import compare, running, summary, table, write_pairs, write_space  # noqa: E402
 from runtimes.cases import GROUPS  # noqa: E402
 
 TARGET = "sglang"
@@ -127,6 +127,14 @@ def test_verdicts_agree_in_a_whole_checkpoint(tmp_path_factory, runtime):
     """The same space with each case as one layer of a whole checkpoint (every tensor under the
     diffusion model's prefix, beside dense layers and a VAE tensor)."""
     rows = compare(runtime, TARGET, write_space(tmp_path_factory.mktemp("sglang-checkpoint-cases"), checkpoint=True))
+    assert rows
+    bad = table(rows)
+    assert not bad, f"{sglang_driver.VERSION}: {summary(rows)}\n{bad}"
+
+
+def test_verdicts_agree_on_files_of_two_defective_layers(tmp_path_factory, runtime):
+    """Files of two defective layers (400 drawn pairs)."""
+    rows = compare(runtime, TARGET, write_pairs(tmp_path_factory.mktemp("sglang-pairs")))
     assert rows
     bad = table(rows)
     assert not bad, f"{sglang_driver.VERSION}: {summary(rows)}\n{bad}"

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
 
 from runtimes.agreement import DRIVERS, compare, driver_module, summary, table, write_known  # noqa: E402
-from runtimes.cases import HELD_OUT, generate  # noqa: E402
+from runtimes.cases import HELD_OUT, generate, in_pairs  # noqa: E402
 
 
 class Replay:
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="only cases whose id contains this")
     ap.add_argument("--held-out", action="store_true", help="the space over other geometries than the tests' (cases.HELD_OUT)")
     ap.add_argument("--checkpoint", action="store_true", help="each case as one layer of a whole prefixed checkpoint")
+    ap.add_argument("--pairs", type=int, default=0, help="instead, this many files of two defective layers each")
     ap.add_argument("--limit", type=int, default=40, help="disagreements printed per runtime")
     ap.add_argument("--json", default="", help="write every outcome and verdict to this file")
     ap.add_argument("--write-known", action="store_true", help="record the disagreements as tests/runtimes/known/<target>.txt")
@@ -74,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     try:
+        if args.pairs:
+            singles = folder / "singles"
+            singles.mkdir()
+            all_cases = in_pairs(all_cases, singles, args.seed, args.pairs)
         for case in all_cases:
             case.write(folder)
         for target in args.target.split(","):
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows = compare(drv, target, all_cases)
             print(f"{module.VERSION}: {summary(rows)}")
             if args.write_known:
-                print(f"wrote {write_known(target, rows, args.checkpoint)}")
+                print(f"wrote {write_known(target, rows, 'checkpoint' if args.checkpoint else 'pairs' if args.pairs else '')}")
             bad = table(rows, args.limit)
             if bad:
                 failed = True

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cases import Case, generate
+from .cases import Case, generate, in_pairs
 from .outcome import Expected, Outcome, disagreement, expected
 
 DRIVERS = {
@@ -62,26 +62,40 @@ def running(module) -> Iterator:
         yield drv
 
 
-def known_path(target: str, checkpoint: bool = False) -> Path:
-    """``known/<target>.txt``, or ``known/<target>.checkpoint.txt`` for the whole-checkpoint space."""
-    return KNOWN / f"{target}{'.checkpoint' if checkpoint else ''}.txt"
+SPACES = {"": "", "checkpoint": ", each in a whole checkpoint", "pairs": ", two defective layers a file"}
+"""The spaces the agreement tests run, by the suffix of their ``known`` lists."""
 
 
-def known_disagreements(target: str, checkpoint: bool = False) -> set[str]:
+def write_pairs(folder: Path, seed: int = 0, count: int = 400) -> list[Case]:
+    """``count`` files of two defective layers each (``cases.in_pairs``), written into ``folder``."""
+    singles = Path(folder) / "singles"
+    singles.mkdir(parents=True, exist_ok=True)
+    pairs = in_pairs(generate(seed), singles, seed, count)
+    for case in pairs:
+        case.write(folder)
+    return pairs
+
+
+def known_path(target: str, space: str = "") -> Path:
+    """``known/<target>.txt``, or ``known/<target>.<space>.txt`` for another space (``SPACES``)."""
+    return KNOWN / f"{target}{'.' + space if space else ''}.txt"
+
+
+def known_disagreements(target: str, space: str = "") -> set[str]:
     """The case ids ``known_path`` lists: where comfyquant is known to differ from the runtime
     (one id a line, ``#`` starts a comment)."""
-    path = known_path(target, checkpoint)
+    path = known_path(target, space)
     if not path.is_file():
         return set()
     return {line.split("#", 1)[0].strip() for line in path.read_text().splitlines()} - {""}
 
 
-def write_known(target: str, rows: list[Row], checkpoint: bool = False) -> Path:
+def write_known(target: str, rows: list[Row], space: str = "") -> Path:
     """Record the cases where comfyquant differs from the runtime in ``known_path``."""
     KNOWN.mkdir(exist_ok=True)
-    path = known_path(target, checkpoint)
+    path = known_path(target, space)
     lines = [
-        f"# Cases of the generated space (seed 0{', each in a whole checkpoint' if checkpoint else ''}) where comfyquant's {target} verdict differs from the",
+        f"# Cases of the generated space (seed 0{SPACES[space]}) where comfyquant's {target} verdict differs from the",
         "# runtime's: classes the profile does not model yet.  Written by",
         "# tools/prove_verdicts.py --write-known; the agreement test fails on any other disagreement",
         "# and on a listed case that agrees.",
@@ -202,13 +216,13 @@ def table(rows: list[Row], limit: int | None = None, width: int = 110) -> str:
     return "\n".join(lines)
 
 
-def assert_agreement(drv, target: str, cases: list[Case], version: str, checkpoint: bool = False) -> None:
+def assert_agreement(drv, target: str, cases: list[Case], version: str, space: str = "") -> None:
     """Every case agrees except the ones ``known_path`` lists: a new disagreement fails, and
     so does a listed case that now agrees (take it off the list)."""
     rows = compare(drv, target, cases)
     assert rows
-    known = known_disagreements(target, checkpoint)
+    known = known_disagreements(target, space)
     new = [r for r in rows if r.why is not None and r.case.id not in known]
     assert not new, f"{version}: {summary(rows)}\n{table(new)}"
     fixed = sorted(r.case.id for r in rows if r.why is None and r.case.id in known)
-    assert not fixed, f"these cases now agree: take them off {known_path(target, checkpoint).name}: {fixed}"
+    assert not fixed, f"these cases now agree: take them off {known_path(target, space).name}: {fixed}"

@@ -265,6 +265,36 @@ def in_checkpoint(case: Case, seed: int = 0) -> Case:
     return out
 
 
+def in_pairs(cases: list[Case], folder: Path, seed: int = 0, count: int = 600) -> list[Case]:
+    """``count`` files of two defective layers each (``blocks.0`` and ``blocks.1``, two cases
+    of the space drawn with ``seed``): the runtime meets both, in the model's order.  Cases
+    whose model is not the dense source's, or whose defect the file cannot show, are left out
+    (each layer must be judged on its own terms); each drawn case is written into ``folder``
+    first to learn that."""
+    rng = random.Random(seed)
+    pool = [c for c in cases if c.group in ("slot", "marker", "value") and c.undecidable is None and c.metadata is None]
+    out: list[Case] = []
+    seen: set[str] = set()
+    while len(out) < count:
+        a, b = rng.sample(pool, 2)
+        if a.id == b.id or f"{a.id}+{b.id}" in seen:
+            continue
+        seen.add(f"{a.id}+{b.id}")
+        for c in (a, b):
+            if c.path is None:
+                c.write(folder)
+        if a.model is not None or b.model is not None:
+            continue
+        tensors, dense = {}, {}
+        for i, c in enumerate((a, b)):
+            layer = f"blocks.{i}.attn.qkv"
+            tensors.update({name.replace(LAYER, layer, 1): t.clone() for name, t in c.tensors.items()})
+            weight, bias = c.dense[LAYER]
+            dense[layer] = (weight.clone(), None if bias is None else bias.clone())
+        out.append(Case(f"pair.{a.id}+{b.id}", "pair", tensors, None, dense, a.deep or b.deep))
+    return out
+
+
 def recorded_size(path: Path, layer: str, valid: dict[str, torch.Tensor], marker: dict) -> tuple[int, int] | None:
     """The size (N, K) of the model layer the file at ``path`` records for ``layer`` when it is
     not the one its valid layer (``valid`` and ``marker``, before the defect) records: what a

@@ -139,3 +139,20 @@ def incomplete_violations(target: str, ckpt, blocking: bool, consequence: str) -
             v.covers = f
             out.append(v)
     return out
+
+
+def module_order(name: str) -> list:
+    """A layer's place in a model's module order as far as its name tells: block numbers
+    compared as numbers (``blocks.2`` before ``blocks.10``); the model decides the rest."""
+    import re
+
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name) if part]
+
+
+def in_module_order(violations: list[Violation]) -> list[Violation]:
+    """The violations of one stage (loading, or the first forward) in the order a runtime
+    meets their layers, its model's module order; the file's order (a header sorts its tensors
+    by dtype) says nothing of it.  Unnamed ones stay first."""
+    if len({v.layer for v in violations}) < 2:
+        return violations
+    return sorted(violations, key=lambda v: module_order(v.layer) if v.layer else [])

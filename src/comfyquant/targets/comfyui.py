@@ -13,7 +13,7 @@ import re
 
 from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..markers import nonfinite_sizes, same_marker
-from .base import LAYER, Verdict, Violation, bind, container_violations, incomplete_violations
+from .base import LAYER, Verdict, Violation, bind, container_violations, in_module_order, incomplete_violations
 from .kitchen import (
     VIEWS,
     convrot_forward,
@@ -94,9 +94,12 @@ def _fail(
     )
 
 
-def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
-    """The marker ComfyUI ends up with per prefix: the header replaces the tensor marker."""
+def comfyui_markers(ckpt, out: list, at_load: list) -> dict[str, dict]:
+    """The marker ComfyUI ends up with per prefix: the header replaces the tensor marker.  A
+    header map is read while the file is converted (``out``); a tensor marker by its module
+    as the model loads (``at_load``)."""
     markers: dict[str, dict] = {}
+    header_out, out = out, at_load
     for rec in ckpt.markers.records:
         if rec.kind == "tensor" and isinstance(rec.obj, dict):
             markers[rec.prefix] = rec.obj
@@ -140,6 +143,7 @@ def comfyui_markers(ckpt, out: list) -> dict[str, dict]:
                     cause="the marker is not a JSON object",
                     fix="rewrite the marker (comfyquant fix)",
                 )
+    out = header_out
     for hm in ckpt.markers.headers:
         if hm.error == "M010":
             try:
@@ -277,6 +281,19 @@ def model_prefix(names) -> str:
     return prefix if any(name.startswith(prefix) for name in names) else ""
 
 
+def _collected(mismatches: list[Violation]) -> list[Violation]:
+    """torch's ``load_state_dict`` raises the size mismatches of every module at once, one line
+    each in the model's module order after ``Error(s) in loading state_dict for <model>:``:
+    several become one violation carrying those lines (joined as torch joins them)."""
+    if len(mismatches) < 2:
+        return mismatches
+    ordered = in_module_order(mismatches)
+    first = ordered[0]
+    first.message = "\n\t".join(v.message for v in ordered)
+    first.cause = f"{len(ordered)} layers' biases do not fit their layers (the first: {first.cause})"
+    return [first]
+
+
 def _as_comfyui_names(violations: list[Violation], prefix: str) -> None:
     """What loading and running the layers raise names them as ComfyUI's model does, without
     the prefix it stripped (the messages only: the violations keep the file's layer names)."""
@@ -291,8 +308,10 @@ def _as_comfyui_names(violations: list[Violation], prefix: str) -> None:
 def comfyui_verdict(ckpt) -> Verdict:
     # load_torch_file opens the file with safetensors.safe_open before anything else
     out: list[Violation] = container_violations("comfyui", ckpt)
-    markers = comfyui_markers(ckpt, out)
+    at_load: list[Violation] = []
+    markers = comfyui_markers(ckpt, out, at_load)
     read_and_convert = len(out)  # what follows is raised by loading and running the model
+    out.extend(at_load)
     foreign = ckpt.foreign
     forward: list[Violation] = []
     biases: list[Violation] = []
@@ -344,8 +363,9 @@ def comfyui_verdict(ckpt) -> Verdict:
                     cause="ComfyUI splits a bank by the marker's num_experts",
                     fix=f"set num_experts to {bank.experts} in the marker",
                 )
-    out.extend(biases)  # load_state_dict raises them once every module is loaded
-    out.extend(forward)  # the whole model is loaded before its first forward
+    out[read_and_convert:] = in_module_order(out[read_and_convert:])  # each module loads in turn
+    out.extend(_collected(biases))  # load_state_dict raises them once every module is loaded
+    out.extend(in_module_order(forward))  # the whole model is loaded before its first forward
     _as_comfyui_names(out[read_and_convert:], model_prefix(ckpt.tensors))
     # load_state_dict(strict=False) logs missing keys and leaves those weights uninitialized
     for v in incomplete_violations(

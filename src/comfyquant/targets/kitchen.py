@@ -16,7 +16,7 @@ from ..dtypes import DTYPE_BITS
 from ..formats.base import GeometryError, is_pow4
 from ..formats.registry import FORMATS
 from ..formats.w4a8 import model_geometry, six_bit_fits
-from .base import LAYER, Verdict, Violation, bind, container_violations
+from .base import LAYER, Verdict, Violation, bind, container_violations, in_module_order
 from .kitchen_awq import awq_forward
 from .kitchen_int8 import int8_input_k
 from .kitchen_w4a4 import w4a4_scale_length, w4a4_scale_rank
@@ -42,6 +42,7 @@ def kitchen_verdict(ckpt) -> Verdict:
     out: list[Violation] = container_violations("comfy-kitchen", ckpt)
     memo = ckpt.memo
     forward: list[Violation] = []
+    built = len(out)
     lenient = python_json_markers(ckpt)
     for prefix, layer in ckpt.layers.items():
         marker, name = layer.marker, layer.format_name
@@ -57,7 +58,8 @@ def kitchen_verdict(ckpt) -> Verdict:
             out.extend(bind(load, prefix))
         if first_forward:
             forward.extend(bind(first_forward, prefix))
-    out.extend(forward)  # every layer is built (loaded) before the first forward
+    out[built:] = in_module_order(out[built:])  # each layer is built in turn
+    out.extend(in_module_order(forward))  # every layer is built (loaded) before the first forward
     return Verdict("comfy-kitchen", out)
 
 
