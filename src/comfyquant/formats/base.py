@@ -79,6 +79,11 @@ def _first_cause(compiled: tuple[tuple[Expr | None, str], ...], env: dict) -> st
     return ""
 
 
+UNPLACED = 100
+"""The listing position of a format the ordering table does not name (``Format(order=)``'s
+default): after every format the table places, which take the positions from 0 up."""
+
+
 # Tensor kinds: drive --deep value checks, the inspector's byte accounting and the loader.
 WEIGHT = "weight"
 SCALE = "scale"
@@ -361,7 +366,10 @@ class Format:
     format's codec, imported on first use so that describing a format never imports torch
     (None: nothing here encodes or decodes it).  ``order`` places the format in listings;
     ``infer_rank`` places ``recognize`` in the inference order (lower is tried first: the more
-    specific tensor signatures; None: never inferred).
+    specific tensor signatures; None: never inferred).  Both are positions among the other
+    formats, so the registry derives them from the table in :mod:`comfyquant.formats.ordering`;
+    only a package that table does not name declares them here (by default ``UNPLACED``: listed
+    after every format the table places).
 
     ``heavy_encoder``: encoding is compute bound far below disk speed (least-squares passes,
     a whole-layer GEMM), so ``quantize --jobs auto`` spreads such layers over worker processes,
@@ -442,7 +450,7 @@ class Format:
         encode_params: Callable[[dict, dict], dict] | None = None,
         reference_factor: float = 2.0,
         codec_module: str | None = None,
-        order: int = 100,
+        order: int = UNPLACED,
         infer_rank: int | None = None,
         params_module: str | None = None,
         aliases: tuple[str, ...] = (),

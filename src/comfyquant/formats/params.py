@@ -40,14 +40,13 @@ class Params:
 
     Field metadata: ``choices`` (allowed values of an encode-only knob), ``help`` (its text).
     ``FORMAT`` is the format's name, ``LABELS`` the short labels :meth:`describe` gives
-    parameters it always shows when they are in the marker (``G=16``), ``RANK`` the place of
-    the format in quantize's listings (the recommended format first)."""
+    parameters it always shows when they are in the marker (``G=16``).  Where quantize lists
+    the format among the others is the writing order of :mod:`comfyquant.formats.ordering`."""
 
     full_precision_matrix_mult: bool = False
 
     FORMAT: ClassVar[str] = ""
     LABELS: ClassVar[dict[str, str]] = {}
-    RANK: ClassVar[int] = 100
     FLAGS: ClassVar[tuple[tuple[str, str, dict], ...]] = (FULL_PRECISION_FLAG,)
     """The command-line flags of ``quantize``/``convert`` that set this format's parameters:
     ``(flag, parameter, argparse keywords)``; a ``{default}`` in the help is the field's default.

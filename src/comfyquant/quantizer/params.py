@@ -22,9 +22,8 @@ decoded (its model dtype) and written without a marker; for ``quantize`` it is `
 
 
 def writable() -> list[str]:
-    """The formats quantize writes, the recommended first."""
-    classes = [f.params_class() for f in registry.FORMATS.values() if f.writable]
-    return [c.FORMAT for c in sorted(classes, key=lambda c: c.RANK)]
+    """The formats quantize writes, the recommended first (the registry's ``WRITING_ORDER``)."""
+    return [f.name for f in registry.WRITING_ORDER]
 
 
 def format_names() -> str:

@@ -15,8 +15,6 @@ FLOAT8_E5M2 = per_tensor_fp8(
     "F8_E5M2",
     frozenset({"comfyui", "comfy-kitchen"}),
     "FP8 E5M2, per-tensor scale",
-    order=1,
-    infer_rank=8,
     aliases=("fp8_e5m2", "e5m2"),
     package=__name__,
 )

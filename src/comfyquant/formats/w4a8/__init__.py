@@ -180,9 +180,7 @@ def _encode_params(env: dict, tensors: dict) -> dict:
 
 ASYM_W4A8_INT8 = Format(
     name="asym_w4a8_int8",
-    order=3,
     heavy_encoder=True,
-    infer_rank=0,
     codec_module=CODEC,
     title="grouped 4/6-bit weights, FP8 group scales, INT8 activations, ConvRot",
     slots=(
