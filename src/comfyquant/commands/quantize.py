@@ -104,7 +104,7 @@ COMMON_OPTIONS = (
     "reference",
     "max_error",
 )
-"""The options :func:`add_common_arguments` adds that ``quantize`` and ``convert`` pass to the
+"""The options ``add_common_arguments`` adds that ``quantize`` and ``convert`` pass to the
 API as keywords of the same names."""
 
 

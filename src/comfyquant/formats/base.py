@@ -1,6 +1,6 @@
 """The declarative description of a quantization format.
 
-A :class:`Format` lists its tensor slots (suffix, dtype, shape as an expression of the layer
+A ``Format`` lists its tensor slots (suffix, dtype, shape as an expression of the layer
 geometry), its marker keys (type, default, allowed values), the constraints its geometry must
 meet, and a function that infers that geometry (N, K, bit depth, variant) from the stored
 tensors.  The checker, inspector, fixer, quantizer and loader all read these descriptions;
@@ -327,8 +327,8 @@ class GeometryError(Exception):
 class CodecError(ComfyQuantError):
     """A layer cannot be encoded, decoded or run; the message names the layer and tensor.
 
-    Defined with the description (and re-exported by :mod:`.codec`) so that
-    :meth:`Format.codec` can raise it without importing the codec machinery."""
+    Defined with the description (and re-exported by ``codec``) so that
+    ``Format.codec`` can raise it without importing the codec machinery."""
 
 
 class Format:
@@ -367,13 +367,13 @@ class Format:
     (None: nothing here encodes or decodes it).  ``order`` places the format in listings;
     ``infer_rank`` places ``recognize`` in the inference order (lower is tried first: the more
     specific tensor signatures; None: never inferred).  Both are positions among the other
-    formats, so the registry derives them from the table in :mod:`comfyquant.formats.ordering`;
+    formats, so the registry derives them from the table in ``comfyquant.formats.ordering``;
     only a package that table does not name declares them here (by default ``UNPLACED``: listed
     after every format the table places).
 
     ``heavy_encoder``: encoding is compute bound far below disk speed (least-squares passes,
     a whole-layer GEMM), so ``quantize --jobs auto`` spreads such layers over worker processes,
-    one per core (:mod:`comfyquant.quantizer.jobs`); for the other encoders reading and
+    one per core (``comfyquant.quantizer.jobs``); for the other encoders reading and
     writing dominate.  A plain flag here, not on the codec: deciding must not import torch in
     the process that only writes.
 

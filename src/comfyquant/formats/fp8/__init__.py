@@ -1,5 +1,5 @@
 """Per-tensor FP8 E4M3 (``float8_e4m3fn``), the description every per-tensor FP8 format shares
-(:func:`per_tensor_fp8`, which other FP8 packages build on), and c2q's FP8 converter-only
+(``per_tensor_fp8``, which other FP8 packages build on), and c2q's FP8 converter-only
 variants."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ GROUP_SIZE = 16
 
 def group_rule(g: str) -> str:
     """The group sizes comfy-kitchen's W4A8 kernels take, as an expression over the name ``g``
-    (the marker key's allowed values, the geometry constraint and :func:`group_size_ok`)."""
+    (the marker key's allowed values, the geometry constraint and ``group_size_ok``)."""
     return f"{g} >= 4 and (16 % {g} == 0 or {g} % 16 == 0)"
 
 
