@@ -12,8 +12,8 @@ package:
   (listing, inference, what ``quantize`` offers first), from ``formats.ordering``;
 * ``dialects``: every dialect package (name, writer, source), from ``dialects.registry.DIALECTS``.
 
-It also serves the bundled example images (``examples/*.png``) at ``examples/`` in the site,
-so pages show the very files the repository ships.  Only header-level modules are imported:
+It also serves the bundled example images and workflows (``examples/*.png``, ``*.json``) at
+``examples/`` in the site, so pages show and link the very files the repository ships.  Only header-level modules are imported:
 no torch, and a build takes seconds.
 """
 
@@ -248,6 +248,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 def on_files(files, config):
     from mkdocs.structure.files import File  # imported here: the renderers serve tests without mkdocs
 
-    for image in sorted((ROOT / "examples").glob("*.png")):
-        files.append(File(f"examples/{image.name}", str(ROOT), config["site_dir"], config["use_directory_urls"]))
+    shipped = [*(ROOT / "examples").glob("*.png"), *(ROOT / "examples").glob("*.json")]
+    for path in sorted(shipped):
+        files.append(File(f"examples/{path.name}", str(ROOT), config["site_dir"], config["use_directory_urls"]))
     return files
