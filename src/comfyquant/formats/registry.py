@@ -3,7 +3,7 @@
 Each subpackage of ``formats/`` describes its formats in a ``FORMATS`` tuple; this module
 finds the subpackages on disk, so a new format package registers with no other edit.  Where
 the formats stand against each other (listing, inference, what ``quantize`` offers first) is
-the one table in ``ordering``: this module writes each format's ``order`` and
+the one table in ``formats/ordering.py``: this module writes each format's ``order`` and
 ``infer_rank`` from it.  Listing order is each format's ``order``; inference tries
 ``infer_rank`` ascending.  The short names of the writing commands (``w4a8``) are each
 description's ``aliases``.
