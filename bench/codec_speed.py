@@ -230,7 +230,7 @@ def scaling_layer(fmt: str, kw: dict | None, n: int, k: int) -> tuple[dict, dict
 
 def _fresh_output(shape: tuple[int, int], dtype: torch.dtype, stored: torch.Tensor) -> None:
     """A decoder with no arithmetic: the output allocated as decode() allocates it
-    (:func:`~comfyquant.numerics.pages.empty_output`) and written once -- its first bytes
+    (``empty_output``) and written once -- its first bytes
     copied from the stored weight (every input byte read once), the rest filled.  Its
     large/small rate ratio is what reading the layer and producing a fresh output of its
     size cost on the large layer: fresh pages the kernel faults in and zeroes, and 70 + 141
@@ -270,10 +270,10 @@ def _scaling_rounds(codec, small: tuple, large: tuple, repeat: int, rounds: int,
     """Per round, for ``decode`` (a fresh output tensor) and ``iter_decode`` (row blocks in one
     reused buffer, what dequantize streams): MB/s of ``repeat`` small decodes, MB/s of one
     large decode, and their ratio; beside them, in the same round, the rates of producing a
-    fresh output of each size (:func:`_fresh_output`) and the bound they put on decode()'s
-    ratio (see :func:`_output_bound`).  For a layer decoded by one GEMM over the whole layer
+    fresh output of each size (``_fresh_output``) and the bound they put on decode()'s
+    ratio (see ``_output_bound``).  For a layer decoded by one GEMM over the whole layer
     (comfy-kitchen's call shape, kept for its bits), also the rates of that GEMM's own work
-    (:func:`_one_gemm`) and the bound they put on ``iter_decode``'s ratio.  ``iter_decode``
+    (``_one_gemm``) and the bound they put on ``iter_decode``'s ratio.  ``iter_decode``
     and that yardstick run as the commands that stream layers run them: in a
     ``reused_outputs`` scope, after a first layer of the same size."""
 
@@ -501,7 +501,7 @@ beside it."""
 
 
 def _child_json(script: str, *args: str) -> dict:
-    """Run ``script`` in a fresh interpreter (:data:`CHILD_ENV`) and return the JSON object
+    """Run ``script`` in a fresh interpreter (``CHILD_ENV``) and return the JSON object
     its last line of output prints."""
     res = subprocess.run([sys.executable, "-c", script, *args], check=True, capture_output=True, text=True, env=CHILD_ENV)
     return json.loads(res.stdout.strip().splitlines()[-1])

@@ -1,6 +1,6 @@
 """Apply a dialect's claim the way ``migrate`` writes it, for dialect-level tests.
 
-``write_claim`` reads the input file's raw bytes, runs every :class:`Move` of every claimed
+``write_claim`` reads the input file's raw bytes, runs every ``Move`` of every claimed
 layer (its transform on the stored bytes), copies what no layer claims, drops what the claim
 drops, writes the markers into the header map and the claim's metadata edits, and saves the
 result with ``safetensors.torch.save_file``.  The dialect tests use it to round-trip files

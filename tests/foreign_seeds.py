@@ -16,7 +16,7 @@ import struct
 import torch
 
 SEEDS = ("legacy", "musubi", "modelopt", "bfl", "int8-fast", "c2q", "nunchaku")
-"""The safetensors layouts; :func:`gguf_seed` makes the GGUF one (when ``gguf`` is installed)."""
+"""The safetensors layouts; ``gguf_seed`` makes the GGUF one (when ``gguf`` is installed)."""
 
 
 def seed(name: str, folder) -> str:

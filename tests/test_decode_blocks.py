@@ -2,7 +2,7 @@
 one block and as comfy-kitchen 0.2.40; large outputs on huge pages.
 
 The shapes are odd on purpose: row counts that leave a short tail block (fewer rows than
-:func:`~comfyquant.numerics.rows.min_rows`), and for the padded formats (NVFP4, MXFP8) model
+``min_rows``), and for the padded formats (NVFP4, MXFP8) model
 shapes that are not multiples of their 16/32 blocks."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Files are built as silveroxides/convert_to_quant builds them: the quantize/dequa
 below restate ``convert_to_quant/comfy/quant_ops.py`` (``RowWiseFP8Layout``,
 ``BlockWiseFP8Layout``, ``BlockWiseINT8Layout`` with ``is_weight=True``), ``block3d`` is the
 ``[N, K/B, 1]`` layout ``formats/format_migration.py`` names ``float8_e4m3fn_block3d``, and
-:func:`hybrid` restates ``formats/hybrid_mxfp8_conversion.py::convert_to_hybrid_mxfp8`` on an
+``hybrid`` restates ``formats/hybrid_mxfp8_conversion.py::convert_to_hybrid_mxfp8`` on an
 ``mxfp8`` layer comfy-kitchen wrote.  Markers are written as ctq writes them (tensor markers with
 ``group_size`` for the block formats, ``orig_dtype``).
 """

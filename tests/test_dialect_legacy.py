@@ -5,7 +5,7 @@ The files are built following ComfyUI's published legacy layout (comfy/ops.py
 ``scaled_fp8_ops``: an FP8 ``weight`` and a scalar ``scale_weight``, optional
 ``scale_input``; comfy/model_detection.py: a ``scaled_fp8`` sentinel at the diffusion model's
 prefix, 2 elements for "no FP8 matmul").  What ComfyUI makes of them today is re-stated from
-comfy/utils.py ``convert_old_quants`` (:func:`comfyui_translation`), and the migrated file
+comfy/utils.py ``convert_old_quants`` (``comfyui_translation``), and the migrated file
 must carry exactly its markers for the true FP8 layers.
 """
 

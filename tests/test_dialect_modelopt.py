@@ -1,6 +1,6 @@
 """The ``modelopt`` dialect on files built the way NVIDIA ModelOpt writes them.
 
-ModelOpt is not installed here, so :func:`modelopt_file` builds its ComfyUI export following
+ModelOpt is not installed here, so ``modelopt_file`` builds its ComfyUI export following
 its published code (NVIDIA/Model-Optimizer, ``modelopt/torch/export``):
 
 * NVFP4 codes packed even element in the low nibble (``quantization/qtensor/nvfp4_tensor.py``:

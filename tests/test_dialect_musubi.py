@@ -1,11 +1,11 @@
 """musubi-tuner ``fp8_scaled`` files (dialect ``musubi-fp8``).
 
-The files are built the way the writer builds them: :func:`musubi_quantize` restates
+The files are built the way the writer builds them: ``musubi_quantize`` restates
 kohya-ss/musubi-tuner ``src/musubi_tuner/modules/fp8_optimization_utils.py::quantize_weight``
 (main branch: modes tensor / channel / block, the scale saved in the original weight dtype by
 ``load_safetensors_with_fp8_optimization``; branch ``exp-nvfp4-support-for-torch-2-10``, commit
 0c9905b: two-level block scales with ``scale_weight_tensor`` saved as F32), and
-:func:`musubi_dequantize` restates the dequantize branch of ``fp8_linear_forward_patch``
+``musubi_dequantize`` restates the dequantize branch of ``fp8_linear_forward_patch``
 (block factor first, then ``scale_weight_tensor``).
 """
 

@@ -8,11 +8,12 @@ package:
   ``comfyquant.cli`` builds for the command line;
 * ``rules``: the canonical rule codes with their default severity, from ``findings.RULES``;
 * ``formats``: every format package's description (slots, dtypes, shapes, marker keys and
-  their defaults), from ``formats.registry.FORMATS``;
+  their defaults), from ``formats.registry.FORMATS``, and the formats' relative orders
+  (listing, inference, what ``quantize`` offers first), from ``formats.ordering``;
 * ``dialects``: every dialect package (name, writer, source), from ``dialects.registry.DIALECTS``.
 
-It also serves the bundled example images (``examples/*.png``) at ``examples/`` in the site,
-so pages show the very files the repository ships.  Only header-level modules are imported:
+It also serves the bundled example images and workflows (``examples/*.png``, ``*.json``) at
+``examples/`` in the site, so pages show and link the very files the repository ships.  Only header-level modules are imported:
 no torch, and a build takes seconds.
 """
 
@@ -133,14 +134,34 @@ def _types(types: tuple[type, ...]) -> str:
 
 
 def render_formats(_: str | None = None) -> str:
-    from comfyquant.formats.registry import FORMATS
+    from comfyquant.formats.registry import _INFERENCE_ORDER, FORMATS, WRITING_ORDER
 
+    inferred = {fmt.name: i for i, fmt in enumerate(_INFERENCE_ORDER, 1)}
+    offered = {fmt.name: i for i, fmt in enumerate(WRITING_ORDER, 1)}
     summary = []
     for fmt in FORMATS.values():
         loaders = ", ".join(sorted(fmt.loaders)) or "none"
         aliases = ", ".join(f"`{a}`" for a in fmt.aliases)
-        summary.append((f"[`{fmt.name}`](#{fmt.name})", _cell(fmt.title), aliases, loaders))
-    out = [_table(("format", "what it is", "short names", "runtimes that load it"), summary), ""]
+        summary.append(
+            (
+                f"[`{fmt.name}`](#{fmt.name})",
+                _cell(fmt.title),
+                aliases,
+                loaders,
+                str(inferred.get(fmt.name, "–")),
+                str(offered.get(fmt.name, "–")),
+            )
+        )
+    head = ("format", "what it is", "short names", "runtimes that load it", "tried unmarked", "quantize offers")
+    out = [_table(head, summary), ""]
+    out += [
+        "Rows are in listing order. *tried unmarked*: the place of the format's tensor signature "
+        "when a layer without a marker is matched against every format (the first match wins, so "
+        "the more specific signatures come first). *quantize offers*: where `quantize` lists the "
+        "formats it writes, the recommended one first. The three orders are one table in "
+        "`src/comfyquant/formats/ordering.py`.",
+        "",
+    ]
     for fmt in FORMATS.values():
         out += [f"### {fmt.name} {{ #{fmt.name} }}", "", _cell(fmt.title) + ".", ""]
         facts = [f"rotation: {fmt.rotation}"]
@@ -227,6 +248,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 def on_files(files, config):
     from mkdocs.structure.files import File  # imported here: the renderers serve tests without mkdocs
 
-    for image in sorted((ROOT / "examples").glob("*.png")):
-        files.append(File(f"examples/{image.name}", str(ROOT), config["site_dir"], config["use_directory_urls"]))
+    shipped = [*(ROOT / "examples").glob("*.png"), *(ROOT / "examples").glob("*.json")]
+    for path in sorted(shipped):
+        files.append(File(f"examples/{path.name}", str(ROOT), config["site_dir"], config["use_directory_urls"]))
     return files

@@ -3,7 +3,7 @@
 ``open_checkpoint`` reads every shard's header (one read each) and every ``.comfy_quant``
 marker (one positioned read each) and nothing else.  Tensors are grouped into layers by
 their prefix (the name up to the last known layer suffix); each layer gets its effective
-marker (see :mod:`comfyquant.markers`).
+marker (see ``comfyquant.markers``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Bank:
     ``layout`` says how its layer's ``tensors`` view it: ``"rows"``, flattened to
     ``[E*out, ...]`` as ComfyUI reads W4A8 and INT8 banks (the same bytes: one 2-D layer);
     ``"experts"``, as expert 0's layer (``[E, ...]`` tensors without their leading dimension,
-    ``[E]`` per-tensor scales as scalars; :func:`expert_entry` gives any expert's byte
+    ``[E]`` per-tensor scales as scalars; ``expert_entry`` gives any expert's byte
     ranges); None when the format is unknown (no view)."""
 
     __slots__ = ("experts", "layout")
@@ -78,7 +78,7 @@ class Layer:
         """The tensors as stored in the file: ``tensors`` itself, except for a bank (SGLang,
         which has no banks, and value checks over every expert read these)."""
         self.class_ids: dict[int, tuple[object, int]] | None = None
-        """The layer's class per marker, kept by :class:`comfyquant.memo.Memo` (marker id ->
+        """The layer's class per marker, kept by ``comfyquant.memo.Memo`` (marker id ->
         (marker, class id); None until first asked): every rule set asks for the same layer's
         class, with one to three marker objects, several times per check."""
         self._sig: tuple | None = None
@@ -187,13 +187,13 @@ def open_checkpoint(
 ) -> Checkpoint:
     """Open a checkpoint from files, shards, a folder or an index.json (header reads only).
 
-    A file whose header cannot be read is refused (:class:`InputError`), unless ``damaged_ok``
+    A file whose header cannot be read is refused (``InputError``), unless ``damaged_ok``
     (``check``, which reports what each runtime raises on it): it is then a shard with no
     tensors and a C009 finding.
 
     ``name_mapper`` maps a raw tensor name (``prefix + ".weight"``) to the runtime's name, like
     SGLang's ``param_names_mapping``; layers keep their raw prefix and get the mapped ``name``.
-    URLs (``https://``, ``s3://``, ...) are opened by :mod:`comfyquant.io.remote` with ``remote``
+    URLs (``https://``, ``s3://``, ...) are opened by ``comfyquant.io.remote`` with ``remote``
     (a ``RemoteOptions``; defaults when None).
     """
     from .markers import collect_markers
@@ -409,7 +409,7 @@ def _as_bank(layer: Layer) -> None:
     E = weight.shape[0] experts (without the key a 3-D weight is just a wrong shape: L008).
     Where the format description gives ComfyUI's flattening rule, the layer's tensors become
     views ``[E*out, ...]`` of the same bytes; otherwise the view of expert 0 (see
-    :class:`Bank`).  ``layer.stored`` and ``ckpt.tensors`` keep the stored entries."""
+    ``Bank``).  ``layer.stored`` and ``ckpt.tensors`` keep the stored entries."""
     from .formats.registry import FORMATS
 
     experts = layer.tensors["weight"].shape[0]

@@ -3,22 +3,22 @@
 ``B`` is the reference: for every layer whose ``weight`` both files hold, the relative L2
 error ``||a - b|| / ||b||``, the cosine similarity and the largest absolute difference.  Either
 file may be dense or quantized (any Comfy format, or any dialect: both are read through
-:func:`comfyquant.dialects.view.viewed`, as ``dequantize`` reads them), so the same command
+``comfyquant.dialects.view.viewed``, as ``dequantize`` reads them), so the same command
 answers "how far is this quantized file from its original" and "how far apart are two
 quantizations".
 
-A quantized layer is decoded with its codec (:func:`comfyquant.dequantizer.plan_layers`, the
+A quantized layer is decoded with its codec (``comfyquant.dequantizer.plan_layers``, the
 decode ``dequantize`` writes) to its model dtype, or to ``dtype`` when given; a dense weight is
 read from the file.  Both are walked in row blocks side by side and only the sums are kept
-(F32 products summed in F64, :mod:`comfyquant.numerics.closeness`, the arithmetic of
+(F32 products summed in F64, ``comfyquant.numerics.closeness``, the arithmetic of
 ``quantize``'s quality report), so memory is a block of each -- at most a whole layer of each,
 for the formats whose decode is one GEMM over the layer.  Layers are listed in model order
-(:func:`comfyquant.naming.natural_key`); layers only one file has are listed, and a layer whose
+(``comfyquant.naming.natural_key``); layers only one file has are listed, and a layer whose
 shapes differ is not compared, with the reason.
 
 The module also holds what the ``--max-error`` quality gate of ``quantize``, ``convert`` and
 ``fix`` shares: the layers over the limit, worst first, and where an output over it is kept
-(:func:`over_outputs`: never at the requested path).  torch is imported only when layers are
+(``over_outputs``: never at the requested path).  torch is imported only when layers are
 compared.
 """
 
@@ -369,7 +369,7 @@ def reference_weight(
 
 
 def file_rows(source, entry, error: type[Exception] = CompareError):
-    """A stored dense tensor as a :class:`~comfyquant.numerics.rows.RowSource` of ``[rows,
+    """A stored dense tensor as a ``RowSource`` of ``[rows,
     last dimension]`` (a 1-D tensor is one row), each block read from ``source`` when asked
     for: what ``compare`` and ``fix --reference`` read a dense weight with."""
     from .numerics.dtypes import TORCH_DTYPES, from_bytes
@@ -498,7 +498,7 @@ def _measure(row: LayerComparison, blocks_a: Iterator, blocks_b: Iterator) -> No
 
 
 def write_png(result: Comparison, path: str) -> None:
-    """:func:`figure` written to ``path`` by the one writer (temporary file, fsync, rename)."""
+    """``figure`` written to ``path`` by the one writer (temporary file, fsync, rename)."""
     from .io.plots import stage_figure
     from .io.writer import commit_file, discard
 
@@ -580,7 +580,7 @@ def over_name(path: str) -> str:
 
 def over_outputs(files: list[str], index: str | None, primary, overwrite: bool, error: type[Exception] = InputError):
     """Where a run over ``--max-error`` keeps its output instead of ``primary`` (the claimed
-    :class:`~comfyquant.io.outputs.Outputs`), claimed by the same rules before any work: one
+    ``Outputs``), claimed by the same rules before any work: one
     output file ``D`` -> ``<D stem>.over-max-error.safetensors`` next to it; an output folder
     (shards) -> ``<folder>.over-max-error`` beside it, same file names inside.  The requested
     path is never written by such a run."""

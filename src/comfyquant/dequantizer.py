@@ -4,7 +4,7 @@ The checkpoint is checked first (``comfyquant.check`` with comfy-kitchen's rules
 arithmetic the codecs reproduce); any error refuses the whole run with the finding's message,
 so nothing is ever decoded from tensors that contradict their marker.  Then every output file
 is planned from the headers alone (names, dtypes, shapes), refused at once if it cannot fit on
-its filesystem, and written by :func:`comfyquant.io.writer.write_safetensors` to a temporary
+its filesystem, and written by ``comfyquant.io.writer.write_safetensors`` to a temporary
 file (fsynced); the written headers are re-read and checked, and only then are all files
 renamed into place (a failure anywhere leaves no output file, not even of another shard).
 
@@ -20,10 +20,10 @@ renamed into place (a failure anywhere leaves no output file, not even of anothe
 * One decode thread per output file reads and decodes its layers in file order, a block
   ahead of the writer (the next layer's read and first blocks overlap the end of this one);
   the writer puts the bytes on disk with ``O_DIRECT`` where the filesystem allows
-  (:mod:`comfyquant.io.direct`: a buffered ``write`` cost as much CPU as the FP8 decode).
+  (``comfyquant.io.direct``: a buffered ``write`` cost as much CPU as the FP8 decode).
 * A weight without a marker of its own in a file whose ``quant_format`` SGLang honours
   (``mxfp8``, read by SGLang 0.5.23 ``inspect_comfy_quant_markers``) is decoded with the marker
-  SGLang gives it (:func:`comfyquant.markers.file_level_markers`); ComfyUI and comfy-kitchen
+  SGLang gives it (``comfyquant.markers.file_level_markers``); ComfyUI and comfy-kitchen
   never read the key.
 * ``__metadata__`` is kept, minus the marker map ``_quantization_metadata`` and SGLang's
   ``quant_format``, which would describe tensors that no longer exist.
@@ -75,7 +75,7 @@ class Summary:
     bytes_read: int = 0
     bytes_written: int = 0
     seconds: float = 0.0
-    """Time of the run itself, after :attr:`startup`."""
+    """Time of the run itself, after ``startup``."""
     startup: float = 0.0
     """Time to import torch and the codecs (paid once per process, before the run)."""
     largest_layer: tuple[str, int] = ("", 0)
@@ -170,7 +170,7 @@ def dequantize(
     An existing folder ``out`` receives the outputs under the input files' names; no ``out``:
     ``<name>.dense.safetensors`` next to the input (``<folder>.dense`` for shards).  An existing
     output file is replaced only with ``overwrite=True``, an input never
-    (:mod:`comfyquant.io.outputs`).
+    (``comfyquant.io.outputs``).
     """
     from .gate import open_input
 
@@ -294,7 +294,7 @@ def plan_layers(
 
 def _plan_outputs(ckpt, out: str | None, overwrite: bool) -> tuple[list[tuple[str, str | None, list[str]]], str | None]:
     """(output path, input file or None for all, tensor names in file order) per output file,
-    and the index's path (shards kept as shards).  :func:`comfyquant.io.outputs.claim` refuses."""
+    and the index's path (shards kept as shards).  ``comfyquant.io.outputs.claim`` refuses."""
     per_file = []
     for h in ckpt.headers:
         names = sorted((n for n, e in h.tensors.items() if ckpt.tensors.get(n) is e), key=lambda n: h.tensors[n].start)
@@ -406,14 +406,14 @@ class _Work:
         self.largest = max((sum(_aligned(e.nbytes) for e in packed_entries(x)) for x in layers.values()), default=0)
         self.buffer = bytearray()
         """Read buffer for the packed tensors of one layer that are not mapped, reused (see
-        :meth:`_read`)."""
+        ``_read``)."""
 
     def _dropped(self, name: str) -> bool:
         """A marker or a quantization-only tensor: not written to the dense output."""
         return name in self.dropped_names or name.endswith(".comfy_quant")
 
     def planned_bytes(self, names: list[str]) -> int:
-        """Tensor bytes :meth:`output` will write for ``names``."""
+        """Tensor bytes ``output`` will write for ``names``."""
         return sum(
             self.layers[n].nbytes if n in self.layers else 0 if self._dropped(n) else self.ckpt.tensors[n].nbytes for n in names
         )
@@ -446,7 +446,7 @@ class _Work:
 
     def _read(self, entries: list) -> dict:
         """The layer's packed tensors.  From local files the large ones are mapped from the page
-        cache (:meth:`~comfyquant.io.source.LocalFile.mapped`: no copy on the decoder's path;
+        cache (``mapped``: no copy on the decoder's path;
         each mapping goes with the layer's tensors) and the rest are read into one buffer
         reused by every layer (no fresh allocation per layer); remote sources coalesce their
         reads instead.  Safe to reuse: a layer's blocks are all decoded and written before
@@ -493,7 +493,7 @@ class _Work:
 
     def start(self, names: list[str], offsets: dict[str, int] | None = None) -> None:
         """Decode the layers among ``names`` (one output file's tensors, in file order) in a
-        thread, as the writer asks for them; :meth:`stop` ends it.  ``offsets``: where each
+        thread, as the writer asks for them; ``stop`` ends it.  ``offsets``: where each
         tensor starts in the output file -- blocks are placed in memory for the writer's
         ``O_DIRECT`` writes from where they are (``iter_decode``'s ``phase``)."""
         self.stop()
@@ -628,10 +628,10 @@ class _Work:
 
 MAP_MIN = 1 << 20
 """Packed tensors from this size are mapped from a local file rather than read (see
-:meth:`_Work._read`); smaller ones are not worth a mapping each."""
+``_Work._read``); smaller ones are not worth a mapping each."""
 
 AHEAD = 2
-"""Blocks decoded ahead of the one being written (:func:`decoded_ahead`): with AHEAD in the
+"""Blocks decoded ahead of the one being written (``decoded_ahead``): with AHEAD in the
 queue and one being decoded, ``iter_decode`` needs ``AHEAD + 2`` buffers."""
 
 
@@ -682,8 +682,8 @@ def decoded_ahead(blocks: Iterator, ahead: int = AHEAD) -> Iterator:
 
 
 def mapped_entries(ckpt, entries: list, error: type[Exception]) -> dict:
-    """The entries of :data:`MAP_MIN` bytes or more that local files can map from the page
-    cache (:meth:`~comfyquant.io.source.LocalFile.mapped`), by name: the caller reads the
+    """The entries of ``MAP_MIN`` bytes or more that local files can map from the page
+    cache (``mapped``), by name: the caller reads the
     others.  A file truncated since it was checked raises ``error`` naming the tensor."""
     out = {}
     for e in entries:

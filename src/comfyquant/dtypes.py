@@ -64,7 +64,7 @@ NUMPY_NAMES: dict[str, str] = {row[0]: row[3] for row in DTYPES if row[3] is not
 
 SCALAR_TYPES: dict[str, str] = {row[0]: row[4] for row in DTYPES if row[4] is not None}
 """Header dtype string -> torch's ScalarType name (``"F16"`` -> ``"Half"``): what torch's
-messages print, and how :mod:`comfyquant.numerics.dtypes` finds each torch dtype."""
+messages print, and how ``comfyquant.numerics.dtypes`` finds each torch dtype."""
 
 DENSE_FLOAT_DTYPES = frozenset(name for name, kind in DTYPE_KINDS.items() if kind == FLOAT_KIND)
 """Dense floating-point dtypes a model's unquantized weights use (F16, BF16, F32, F64)."""

@@ -1,6 +1,6 @@
 """Exceptions that carry a one-line, user-facing message.
 
-Every command turns an :class:`InputError` into a single line on stderr and exit code 2, so
+Every command turns an ``InputError`` into a single line on stderr and exit code 2, so
 the message must name the file (and tensor or layer) and say what is wrong.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 
 _COMMAND_LINE = False
-"""True while the command line runs a command (:func:`command_line`): messages then name its
+"""True while the command line runs a command (``command_line``): messages then name its
 options; otherwise the caller is the Python API and they name its keywords."""
 
 
@@ -21,7 +21,7 @@ def option(flag: str, keyword: str) -> str:
 
 @contextlib.contextmanager
 def command_line():
-    """Inside the block, :func:`option` speaks of command-line options."""
+    """Inside the block, ``option`` speaks of command-line options."""
     global _COMMAND_LINE
     before = _COMMAND_LINE
     _COMMAND_LINE = True

@@ -1,15 +1,15 @@
 """The input gate of the commands that read a checkpoint to write or measure another
 (``dequantize``, ``convert``, ``quantize``, ``compare``, ``recipe``, the PyTorch loaders): every
-one opens its inputs through :func:`open_input`, which judges a file in two steps.
+one opens its inputs through ``open_input``, which judges a file in two steps.
 
-1. The file as stored, before any dialect view reads it (:func:`refuse_damage`): container
+1. The file as stored, before any dialect view reads it (``refuse_damage``): container
    damage -- a truncated file, a tensor whose bytes do not match its dtype and shape, an
    unknown dtype, a malformed entry, a name in two shards -- and an incomplete shard set (a
    shard the index or the shard names call for is missing, or the index lists a tensor no
    shard holds) refuse the input in one line naming the file or shard, whatever the layout.
    A dialect's translation reads the stored bytes, so it must never meet them damaged; and a
    missing shard is never dropped from an output.
-2. The Comfy file it reads as (:func:`check_input`): the inputs ``check`` finds broken, with
+2. The Comfy file it reads as (``check_input``): the inputs ``check`` finds broken, with
    the same one-line reason, so no command accepts what another refuses.  Severity is judged
    for comfy-kitchen, whose decode these commands reproduce bit for bit: a finding that only
    stops another runtime (SGLang's stricter marker rules, say) does not make the weights
@@ -43,9 +43,9 @@ absent (``C011`` a missing shard, ``C014`` a tensor no shard holds)."""
 @contextmanager
 def open_input(paths, verb: str, error: type[ComfyQuantError] = InputError, *, check: bool = True, **open_kw) -> Iterator[tuple]:
     """``(stored, view)``: the checkpoint at ``paths`` opened (any container), judged as stored
-    (:func:`refuse_damage`), then read as the Comfy file its layout translates to
+    (``refuse_damage``), then read as the Comfy file its layout translates to
     (``dialects/view``; ``view is stored`` for a Comfy file) and, with ``check``, judged as that
-    (:func:`check_input`).  Every refusal raises ``error`` ("refusing to <verb>: ...").  Both
+    (``check_input``).  Every refusal raises ``error`` ("refusing to <verb>: ...").  Both
     are closed on leaving."""
     from .dialects.containers import open_any
     from .dialects.view import viewed
@@ -60,7 +60,7 @@ def open_input(paths, verb: str, error: type[ComfyQuantError] = InputError, *, c
 
 def refuse_damage(ckpt, verb: str, error: type[ComfyQuantError] = InputError) -> None:
     """Raise ``error`` when the stored checkpoint has container damage or an incomplete shard
-    set (:data:`DAMAGE`), naming the file or the missing shard: "refusing to <verb>: <file>:
+    set (``DAMAGE``), naming the file or the missing shard: "refusing to <verb>: <file>:
     <what> [code] (and N more ...)"."""
     damage = [f for f in ckpt.findings if f.code in DAMAGE]
     if damage:
@@ -72,7 +72,7 @@ def check_input(ckpt, verb: str, error: type[ComfyQuantError] = InputError):
     more ...)") if it has an error; returns the report otherwise.
 
     A weight without a marker of its own is decodable when the file's ``quant_format`` gives
-    it one (:func:`~comfyquant.markers.file_level_markers`, as SGLang reads it): its ``M023``
+    it one (``file_level_markers``, as SGLang reads it): its ``M023``
     does not block; the commands validate its tensors against that format when they plan it."""
     from .checker.run import check_checkpoint
     from .markers import file_level_markers

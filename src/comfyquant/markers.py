@@ -6,7 +6,7 @@ Sources, per file and in the order SGLang reads them: the header's
 then the ``<prefix>.comfy_quant`` U8 tensors (sorted by name), plus the file-level
 ``quant_format``.  Markers for one prefix are merged as a union of keys; a key with two
 different values is a conflict (SGLang raises, ComfyUI lets the header win: so does the
-effective marker here, and the conflict is reported).  :class:`MarkerMerge` is the one merge:
+effective marker here, and the conflict is reported).  ``MarkerMerge`` is the one merge:
 the SGLang profile and ``fix`` run it with their own precedence.
 """
 
@@ -115,7 +115,7 @@ one to (SGLang 0.5.23 ``inspect_comfy_quant_markers``)."""
 
 
 def file_level_format(ms: MarkerSet):
-    """The :class:`~comfyquant.formats.base.Format` that the files' ``quant_format`` gives every
+    """The ``Format`` that the files' ``quant_format`` gives every
     unmarked quantized weight, as SGLang 0.5.23 ``inspect_comfy_quant_markers`` reads it: every
     file that sets a non-empty ``quant_format`` sets the same value (compared in lower case),
     and a format description names that value as its ``quant_format``.  None otherwise (SGLang
@@ -395,7 +395,7 @@ class MarkerMerge:
         return self._add_more(rec, merged)
 
     def add_all(self, records) -> list[tuple[MarkerRecord, Sequence[tuple[str, Any, MarkerRecord]]]]:
-        """:meth:`add` for every parsed record (``error`` None) of ``records``; returns
+        """``add`` for every parsed record (``error`` None) of ``records``; returns
         (record, its conflicts) for those that have any.  One loop, for the checker's merge
         of every marker of a checkpoint (most prefixes have one record)."""
         merged_map, sources_map, more = self.merged, self.sources, self._add_more
@@ -413,7 +413,7 @@ class MarkerMerge:
         return out
 
     def _add_more(self, rec: MarkerRecord, merged: dict) -> Sequence[tuple[str, Any, MarkerRecord]]:
-        """:meth:`add` for a prefix that has a marker already (``merged``)."""
+        """``add`` for a prefix that has a marker already (``merged``)."""
         prefix = rec.prefix
         obj = rec.obj
         sources = self.sources[prefix]

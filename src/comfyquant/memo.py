@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     class Classified(Protocol):
-        """What the memo reads and keeps on a layer (:class:`comfyquant.checkpoint.Layer`)."""
+        """What the memo reads and keeps on a layer (``comfyquant.checkpoint.Layer``)."""
 
         signature: tuple
         class_ids: dict[int, tuple[object, int]] | None

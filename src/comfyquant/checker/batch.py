@@ -2,7 +2,7 @@
 
 Teams publish folders of many checkpoints; checking them one command at a time is slow to
 type and slow to run.  Each folder of the tree is grouped into checkpoints by the one rule
-every command uses (:mod:`comfyquant.io.shards`):
+every command uses (``comfyquant.io.shards``):
 
 1. each ``*.safetensors.index.json`` is one checkpoint with the shards it names;
 2. the remaining ``<stem>-0000N-of-0000M.safetensors`` files with the same stem and M are one
@@ -12,7 +12,7 @@ every command uses (:mod:`comfyquant.io.shards`):
    another container a dialect reads (``*.gguf``, local folders only).
 
 The same machinery checks the separate checkpoints of one folder given to plain ``check``
-(:func:`check_groups`).  Roots are local folders, fsspec folder URLs (``s3://bucket/models/``;
+(``check_groups``).  Roots are local folders, fsspec folder URLs (``s3://bucket/models/``;
 HTTP cannot list), or single files and URLs.  Hidden folders (``.git``, ``.cache``) are skipped.
 
 ``jobs`` threads open checkpoints concurrently: reading headers and markers is I/O (network
@@ -219,7 +219,7 @@ def _index_shards(index: str, remote: RemoteOptions | None) -> list[str] | None:
 def group(files: list[str], root: str = "", remote: RemoteOptions | None = None) -> list[Group]:
     """Group found files into checkpoints (see the module docstring); labels are relative to root.
 
-    Names only: :func:`~comfyquant.io.shards.settle` then looks at local files on disk."""
+    Names only: ``settle`` then looks at local files on disk."""
     by_folder: dict[str, list[str]] = {}
     for f in files:
         folder, name = _split(f)
@@ -248,7 +248,7 @@ def group(files: list[str], root: str = "", remote: RemoteOptions | None = None)
 
 
 def settle_local(groups: list[Group]) -> list[Group]:
-    """:func:`~comfyquant.io.shards.settle` each local folder's groups (URL groups pass as they are)."""
+    """``settle`` each local folder's groups (URL groups pass as they are)."""
     by_folder: dict[str | None, list[Group]] = {}
     for g in groups:
         by_folder.setdefault(g.folder, []).append(g)

@@ -5,7 +5,7 @@ finding (its ``targets`` list); one that nothing describes becomes a finding of 
 the runtime's rule code (``sglang.W5`` ...).  A file a runtime cannot open (safetensors
 refuses it) is explained by that file's container findings.  A finding is an error exactly
 when it stops a selected runtime; one that only concerns runtimes the user did not select is
-``info``; anything else that deviates is a ``warning`` (see :func:`assemble`).
+``info``; anything else that deviates is a ``warning`` (see ``assemble``).
 """
 
 from __future__ import annotations

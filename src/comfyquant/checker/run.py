@@ -96,12 +96,12 @@ def check(
     name_mapper: NameMapper | None = None,
     strip_prefix: str | None = None,
 ) -> Report:
-    """Check a checkpoint (file, shards, folder, index.json or URL) and return a :class:`Report`.
+    """Check a checkpoint (file, shards, folder, index.json or URL) and return a ``Report``.
 
     ``target`` selects the runtimes whose verdicts set the severities; ``deep`` also reads
     the tensors' values; ``name_mapper`` (or ``strip_prefix``) maps tensor names to the
     runtime's names.  A file whose header cannot be read is reported (a C009 finding, and each
-    runtime's ``SafetensorError``); raises :class:`~comfyquant.errors.InputError` for input it
+    runtime's ``SafetensorError``); raises ``InputError`` for input it
     cannot open at all (a missing path, an empty folder; ``SeparateCheckpoints`` for several
     checkpoints)."""
     if strip_prefix and name_mapper is None:

@@ -27,7 +27,7 @@ def has(format_name: str) -> bool:
 
 
 def get(format_name: str):
-    """The codec of ``format_name``; raises :class:`~comfyquant.formats.codec.CodecError` if none."""
+    """The codec of ``format_name``; raises ``CodecError`` if none."""
     fmt = FORMATS.get(format_name)
     if fmt is None or not fmt.has_codec:
         from ..formats.codec import CodecError
@@ -39,7 +39,7 @@ def get(format_name: str):
 def release_memory() -> int:
     """Let go of the memory kept for the next large decoded layer: ``decode()`` keeps the
     memory of its last large result (over 32 MiB) for the next one once the caller has
-    dropped it (:func:`~comfyquant.numerics.pages.empty_result`).  Returns the bytes released
+    dropped it (``empty_result``).  Returns the bytes released
     (0 when nothing was kept; no import of torch)."""
     import sys
 

@@ -1,5 +1,5 @@
 """The Loader node's work: a file of any layout, translated and repaired in memory by
-:func:`comfyquant.repair.memory.repaired`, handed to ComfyUI's own
+``comfyquant.repair.memory.repaired``, handed to ComfyUI's own
 ``comfy.sd.load_diffusion_model_state_dict`` (ComfyUI 0.33.0 comfy/sd.py), which detects
 the model from the tensors' names and shapes as it does for a file it reads itself."""
 

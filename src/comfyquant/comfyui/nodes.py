@@ -1,7 +1,7 @@
 """The three nodes: their sockets (what ComfyUI's frontend shows) and the calls behind them.
 
-Each node is a thin shell: the work is comfyquant's (``check``, :mod:`.loading`,
-:mod:`.saving`).  A comfyquant error reaches the UI as :class:`NodeError`, raised here with
+Each node is a thin shell: the work is comfyquant's (``check``, ``loading``,
+``saving``).  A comfyquant error reaches the UI as ``NodeError``, raised here with
 the error's one line and without its chain, so what ComfyUI shows is that line and the node's
 own frame, never comfyquant's internals.
 """
@@ -23,7 +23,7 @@ class NodeError(Exception):
 
 
 def guarded(work: Callable, *args, **kwargs):
-    """Run ``work``; comfyquant's refusals and unreadable files become one :class:`NodeError`."""
+    """Run ``work``; comfyquant's refusals and unreadable files become one ``NodeError``."""
     from ..errors import ComfyQuantError
 
     try:

@@ -1,8 +1,8 @@
 """``comfyquant check``: every defect, and each runtime's verdict.
 
-Local paths go through :func:`comfyquant.check`; URLs are opened with the remote options
-(``--gap``, ``--timeout``, see :mod:`comfyquant.io.remote`); ``--recursive`` hands folder trees
-to :mod:`comfyquant.checker.batch`.  Nothing here imports urllib or fsspec for local paths.
+Local paths go through ``comfyquant.check``; URLs are opened with the remote options
+(``--gap``, ``--timeout``, see ``comfyquant.io.remote``); ``--recursive`` hands folder trees
+to ``comfyquant.checker.batch``.  Nothing here imports urllib or fsspec for local paths.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``comfyquant comfyui install COMFYUI_DIR``: put comfyquant's nodes into a ComfyUI.
 
 It writes ``custom_nodes/comfyquant/__init__.py``, a shim that imports
-:mod:`comfyquant.comfyui` from the Python ComfyUI runs on, so the nodes are the installed
+``comfyquant.comfyui`` from the Python ComfyUI runs on, so the nodes are the installed
 package's and upgrade with it.  The folder must be a ComfyUI (``main.py``, ``nodes.py`` and
 ``comfy/``); a ``custom_nodes/comfyquant`` that this command did not write is never
 replaced.  ComfyUI's Python (``--python``, default: this one) is asked whether it can import

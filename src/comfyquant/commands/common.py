@@ -37,7 +37,7 @@ def number(kind: type, least: float, most: float | None = None):
 
 def target_list(text: str) -> str:
     """argparse type of ``--target``: one runtime, ``all`` or a comma list, refused in one line
-    (the command then passes the text on; :func:`~comfyquant.checker.run.parse_targets` reads it)."""
+    (the command then passes the text on; ``parse_targets`` reads it)."""
     import argparse
 
     from ..checker.run import parse_targets
@@ -65,7 +65,7 @@ OVERWRITE_HELP = "replace existing output files (never an input)"
 
 def add_overwrite_argument(p) -> None:
     """``--overwrite``, the same flag with the same words on every writing command
-    (:mod:`comfyquant.io.outputs` applies it)."""
+    (``comfyquant.io.outputs`` applies it)."""
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 
@@ -80,7 +80,7 @@ def add_io_arguments(p, inputs_help: str, out_help: str, default_help: str) -> N
 
 
 def inputs_and_output(args) -> tuple[list[str], str | None]:
-    """(input paths, output path or None for the default name) from :func:`add_io_arguments`'s
+    """(input paths, output path or None for the default name) from ``add_io_arguments``'s
     arguments."""
     paths = list(args.inputs) + ([args.out] if args.out is not None else [])
     if args.out_option is not None:

@@ -1,6 +1,6 @@
 """``comfyquant inspect``: per-layer table of formats, shapes and sizes (local paths or URLs).
 
-A folder of separate checkpoints (:mod:`comfyquant.io.shards`) gets one table per checkpoint."""
+A folder of separate checkpoints (``comfyquant.io.shards``) gets one table per checkpoint."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ HELP = "quantize a dense checkpoint (W4A8, W4A4, INT8, FP8, NVFP4, MXFP8) with a
 
 def param_flags() -> list[tuple[str, str, dict]]:
     """The format-parameter flags, as the writable formats' Params declare them (each once, in
-    the formats' listing order, the recommended one first; a ``{default}`` in a help text becomes the declaring field's default).
+    the order quantize offers the formats, the recommended one first; a ``{default}`` in a help text becomes the declaring field's default).
     Imports the Params modules: only the quantize and convert parsers are built with them."""
     from dataclasses import fields
 
@@ -104,7 +104,7 @@ COMMON_OPTIONS = (
     "reference",
     "max_error",
 )
-"""The options :func:`add_common_arguments` adds that ``quantize`` and ``convert`` pass to the
+"""The options ``add_common_arguments`` adds that ``quantize`` and ``convert`` pass to the
 API as keywords of the same names."""
 
 

@@ -1,13 +1,13 @@
 """Standard output as the command line writes it: printable, and a failed write a one-line error.
 
-Every command prints through ``sys.stdout``; :func:`guarded_stdout` puts :class:`GuardedOutput`
+Every command prints through ``sys.stdout``; ``guarded_stdout`` puts ``GuardedOutput``
 there for the length of a command.  Two things then hold for every command and every renderer
 without each having to remember them:
 
 * a control character that reaches the terminal (from a tensor name, a metadata value, a
-  marker string) is written escaped (:func:`comfyquant.naming.printable`), except the
+  marker string) is written escaped (``comfyquant.naming.printable``), except the
   renderers' own line breaks, tabs and colours;
-* a write that fails (a full disk, ``> /dev/full``, an I/O error) raises :class:`OutputError`,
+* a write that fails (a full disk, ``> /dev/full``, an I/O error) raises ``OutputError``,
   which the command line reports in one line with exit code 2.  A closed pipe stays a
   ``BrokenPipeError``: the reader has all it wanted, which is not an error.
 """
@@ -35,7 +35,7 @@ class OutputError(ComfyQuantError):
 
 def escape_foreign(text: str) -> str:
     """``text`` with every control character escaped except the renderers' own sequences
-    (:data:`RENDERER_SEQUENCES`), line breaks and tabs."""
+    (``RENDERER_SEQUENCES``), line breaks and tabs."""
     if not CONTROLS.search(text):
         return text
     out = []
@@ -50,7 +50,7 @@ def escape_foreign(text: str) -> str:
 
 class GuardedOutput:
     """A text stream over ``stream`` (standard output) that escapes foreign control
-    characters and turns a failed write into :class:`OutputError`; everything else
+    characters and turns a failed write into ``OutputError``; everything else
     (``isatty``, ``encoding``, ``fileno`` ...) is the wrapped stream's."""
 
     def __init__(self, stream) -> None:
@@ -104,7 +104,7 @@ def _drain(stream) -> None:
 
 @contextlib.contextmanager
 def guarded_stdout():
-    """``sys.stdout`` is a :class:`GuardedOutput` inside the block and flushed at its end
+    """``sys.stdout`` is a ``GuardedOutput`` inside the block and flushed at its end
     (so a write error surfaces while the command can still report it), then restored."""
     original = sys.stdout
     guard = GuardedOutput(original)

@@ -3,8 +3,8 @@
 A *dialect* is a layout some other writer uses for quantized weights (ComfyUI's legacy scaled
 FP8, musubi-tuner, NVIDIA ModelOpt, BFL, ComfyUI-INT8-Fast, convert_to_quant, nunchaku, GGUF).
 Each lives in one package under ``dialects/`` and says, from the header alone, which layers
-are its own and what each one becomes: a :class:`Translation` (output tensors as
-:class:`Move` s from input tensors, the Comfy marker, and a verdict: exact, byte permutation,
+are its own and what each one becomes: a ``Translation`` (output tensors as
+``Move`` s from input tensors, the Comfy marker, and a verdict: exact, byte permutation,
 lossy or refused).  Every command reads these: ``check``/``inspect`` name them, ``migrate``
 writes them, ``dequantize``/``convert`` read a dialect file through them.
 
@@ -171,7 +171,7 @@ class Translation:
 
 def refused(dialect: str, prefix: str, inputs: dict, why: str, variant: str = "unknown", **more: Any) -> Translation:
     """A layer of ``dialect`` that is recognised but not translated, and ``why`` (every dialect
-    refuses this way; ``more`` takes the other :class:`Translation` fields, e.g. a ``decoder``
+    refuses this way; ``more`` takes the other ``Translation`` fields, e.g. a ``decoder``
     that still reads the layer)."""
     return Translation(prefix, dialect, variant, inputs, verdict=REFUSED, why=why, **more)
 
@@ -237,7 +237,7 @@ class Dialect:
     """A foreign layout: its name, who writes it, how to spot it and what runtimes do with it.
 
     ``detect`` looks at the header only (tensor names, dtypes, shapes, ``__metadata__``) and
-    returns a :class:`Claim`; ``runtime`` says, per target, what that runtime does with the
+    returns a ``Claim``; ``runtime`` says, per target, what that runtime does with the
     claimed layers (loads, translates, refuses with its message, or computes garbage without
     an error); ``settle`` reads tensor data for what the header cannot tell (``--deep``).
     ``export`` (optional) translates Comfy layers into this layout, for the layouts a
@@ -279,7 +279,7 @@ class Dialect:
 class Container:
     """A file format other than safetensors that a dialect reads (GGUF): ``sniff(path)`` says
     whether a local file is one (a few bytes, never raises), ``open(path)`` returns a byte
-    source that reads as the equivalent safetensors file (:class:`comfyquant.io.virtual.VirtualSource`).
+    source that reads as the equivalent safetensors file (``comfyquant.io.virtual.VirtualSource``).
     ``suffixes`` are the file names it is looked for under in a folder (``check --recursive``):
     each such file is a checkpoint of its own."""
 

@@ -1,5 +1,5 @@
 """Open any checkpoint a command accepts: safetensors (file, shards, folder, URL) as
-:func:`comfyquant.checkpoint.open_checkpoint` does, and a local file of another container
+``comfyquant.checkpoint.open_checkpoint`` does, and a local file of another container
 (GGUF) through its dialect's virtual safetensors view."""
 
 from __future__ import annotations

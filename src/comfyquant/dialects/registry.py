@@ -1,7 +1,7 @@
 """Every dialect package, and the detection that asks each of them which layers are its own.
 
 Each subpackage of ``dialects/`` lists its dialects in a ``DIALECTS`` tuple; this module finds
-them on disk.  :func:`detect` runs them in ``order`` over the header view of a checkpoint
+them on disk.  ``detect`` runs them in ``order`` over the header view of a checkpoint
 (first claim of a layer wins) and keeps the result on the checkpoint, so ``check``,
 ``inspect`` and the writers ask once.
 """

@@ -32,7 +32,7 @@ class DialectError(InputError):
 def comfy_view(ckpt: Checkpoint, verb: str) -> Checkpoint:
     """``ckpt`` itself when no dialect claims a layer; else a new checkpoint over virtual
     files (the input's names) holding the translation.  ``ckpt`` must stay open while the
-    view is used.  Raises :class:`DialectError` for a layer that cannot be read ("refusing to
+    view is used.  Raises ``DialectError`` for a layer that cannot be read ("refusing to
     <verb>: ...")."""
     detection = detect(ckpt)
     if not detection.claims:
@@ -53,7 +53,7 @@ def comfy_view(ckpt: Checkpoint, verb: str) -> Checkpoint:
 
 @contextmanager
 def viewed(ckpt: Checkpoint, verb: str) -> Iterator[Checkpoint]:
-    """:func:`comfy_view` as a context: the view is closed after use (``ckpt`` stays the
+    """``comfy_view`` as a context: the view is closed after use (``ckpt`` stays the
     caller's to close)."""
     view = comfy_view(ckpt, verb)
     try:

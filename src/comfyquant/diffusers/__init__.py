@@ -1,11 +1,11 @@
 """Load Comfy quantized single files into diffusers models (needs the ``[diffusers]`` extra).
 
-* :func:`load_transformer` -- a ComfyUI/BFL-named checkpoint (any format, any dialect) into a
+* ``load_transformer`` -- a ComfyUI/BFL-named checkpoint (any format, any dialect) into a
   diffusers transformer class through diffusers' own key converter, every quantized layer a
-  :class:`~comfyquant.torch.QuantLinear`;
-* :class:`ComfyQuantParameter` -- a quantized layer posing as its dense weight while a
+  ``QuantLinear``;
+* ``ComfyQuantParameter`` -- a quantized layer posing as its dense weight while a
   converter splits and fuses it (exact row operations only);
-* :data:`SUPPORTED` -- the diffusers versions it is written against.
+* ``SUPPORTED`` -- the diffusers versions it is written against.
 
 Names resolve on first use, so ``import comfyquant.diffusers`` imports neither torch nor diffusers.
 """

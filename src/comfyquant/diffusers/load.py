@@ -2,7 +2,7 @@
 
 1. The checkpoint (any format, any dialect through its Comfy view) is checked for
    comfy-kitchen -- the gate of every decoding command -- and read: each quantized layer's
-   tensors and marker become one :class:`~.parameter.ComfyQuantParameter` under
+   tensors and marker become one ``ComfyQuantParameter`` under
    ``<layer>.weight`` (positioned reads into their final storage); dense tensors are read and
    cast to ``torch_dtype`` one at a time.  Nothing dense is made of a quantized layer.
 2. diffusers' own converter (``SINGLE_FILE_LOADABLE_CLASSES[cls]["checkpoint_mapping_fn"]``)
@@ -10,7 +10,7 @@
    or raise naming the layer.
 3. The model is built from its config with its parameters on the meta device (buffers it
    computes in ``__init__`` stay real), each linear whose weight arrived quantized becomes a
-   :class:`~comfyquant.torch.QuantLinear`, every other tensor is assigned.  Peak host memory:
+   ``QuantLinear``, every other tensor is assigned.  Peak host memory:
    the quantized bytes and the dense tensors the model keeps, plus one layer in flight.
 """
 
@@ -47,15 +47,15 @@ def load_transformer(
     strict: bool = True,
 ) -> nn.Module:
     """Load the ComfyUI/BFL-named single file at ``path`` into the diffusers class ``cls``
-    (the class or its name); returns the model in eval mode, its :class:`~comfyquant.torch.LoadReport`
+    (the class or its name); returns the model in eval mode, its ``LoadReport``
     as ``model.comfyquant_report``.
 
     ``config``: a dict, a local folder (with ``subfolder``) or ``config.json`` file, or a repo id
     already in the local Hugging Face cache; None: the one diffusers' ``from_single_file``
     infers, read from the local cache only.  ``torch_dtype``: dense tensors (biases, norms,
     layers kept dense) and the dtype quantized layers compute in by default.  ``strict``:
-    raise :class:`~comfyquant.torch.LoadError` naming every missing or unexpected key.
-    Raises :class:`~comfyquant.torch.LoadError` (one line, naming the file and the layer) for
+    raise ``LoadError`` naming every missing or unexpected key.
+    Raises ``LoadError`` (one line, naming the file and the layer) for
     an inexact split or join, a layer that lands on no ``nn.Linear``, and an unsupported
     diffusers."""
     diffusers = require_diffusers()
@@ -130,7 +130,7 @@ def _resolve_class(diffusers, cls):
 
 
 def _read_checkpoint(ckpt, dtype: torch.dtype, device: torch.device, report: LoadReport):
-    """Checkpoint name -> tensor or :class:`ComfyQuantParameter`, and the file names behind each
+    """Checkpoint name -> tensor or ``ComfyQuantParameter``, and the file names behind each
     dense value (by storage, so views a converter makes still name their file tensor)."""
     from ..markers import file_level_markers
 

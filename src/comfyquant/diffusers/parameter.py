@@ -12,15 +12,15 @@ It poses as the dense ``[out, in]`` weight in the model's dtype (a tensor withou
 the meta device) and implements what the converters do with a weight, exactly:
 
 * ``torch.chunk`` / ``torch.split`` / ``tensor[a:b]`` along dim 0: every stored tensor is cut
-  by :func:`comfyquant.formats.rows.split_rows` (which axis of each tensor follows the rows,
+  by ``comfyquant.formats.rows.split_rows`` (which axis of each tensor follows the rows,
   which tensors every part shares, where a blocked-scale split may fall) -- the format's own
   description decides, no format is named here;
-* ``torch.cat`` along dim 0: :func:`~comfyquant.formats.rows.join_rows`, and the tensors every
+* ``torch.cat`` along dim 0: ``join_rows``, and the tensors every
   part shares must be equal (NVFP4 parts with different ``weight_scale_2``, W4A8 parts with
   different codebooks cannot be one layer exactly);
 * a float cast (``.to(dtype)``, ``.float()`` ...): the dequantized weight.
 
-Anything else (a K-dim operation, a reshape, arithmetic) raises :class:`InexactOperation`
+Anything else (a K-dim operation, a reshape, arithmetic) raises ``InexactOperation``
 naming the layer: a silent dense fallback is what this object exists to prevent.
 """
 
@@ -196,7 +196,7 @@ class ComfyQuantParameter(torch.Tensor):
             )
 
     def split_rows(self, sections: Sequence[int], op: str) -> tuple[ComfyQuantParameter, ...]:
-        """Parts of ``sections`` model rows each, in order (exact or :class:`InexactOperation`)."""
+        """Parts of ``sections`` model rows each, in order (exact or ``InexactOperation``)."""
         sections = [int(s) for s in sections]
         if len(sections) == 1:
             return (self,)

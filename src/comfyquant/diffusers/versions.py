@@ -15,7 +15,7 @@ SUPPORTED = ("0.42.",)
 
 
 def require_diffusers():
-    """The imported ``diffusers`` module, or :class:`LoadError` saying what to install."""
+    """The imported ``diffusers`` module, or ``LoadError`` saying what to install."""
     try:
         import diffusers
     except ImportError:

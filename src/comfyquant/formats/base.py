@@ -1,6 +1,6 @@
 """The declarative description of a quantization format.
 
-A :class:`Format` lists its tensor slots (suffix, dtype, shape as an expression of the layer
+A ``Format`` lists its tensor slots (suffix, dtype, shape as an expression of the layer
 geometry), its marker keys (type, default, allowed values), the constraints its geometry must
 meet, and a function that infers that geometry (N, K, bit depth, variant) from the stored
 tensors.  The checker, inspector, fixer, quantizer and loader all read these descriptions;
@@ -77,6 +77,11 @@ def _first_cause(compiled: tuple[tuple[Expr | None, str], ...], env: dict) -> st
         except Exception:  # a condition over a value it cannot compare: not this cause
             continue
     return ""
+
+
+UNPLACED = 100
+"""The listing position of a format the ordering table does not name (``Format(order=)``'s
+default): after every format the table places, which take the positions from 0 up."""
 
 
 # Tensor kinds: drive --deep value checks, the inspector's byte accounting and the loader.
@@ -322,8 +327,8 @@ class GeometryError(Exception):
 class CodecError(ComfyQuantError):
     """A layer cannot be encoded, decoded or run; the message names the layer and tensor.
 
-    Defined with the description (and re-exported by :mod:`.codec`) so that
-    :meth:`Format.codec` can raise it without importing the codec machinery."""
+    Defined with the description (and re-exported by ``codec``) so that
+    ``Format.codec`` can raise it without importing the codec machinery."""
 
 
 class Format:
@@ -361,11 +366,14 @@ class Format:
     format's codec, imported on first use so that describing a format never imports torch
     (None: nothing here encodes or decodes it).  ``order`` places the format in listings;
     ``infer_rank`` places ``recognize`` in the inference order (lower is tried first: the more
-    specific tensor signatures; None: never inferred).
+    specific tensor signatures; None: never inferred).  Both are positions among the other
+    formats, so the registry derives them from the table in ``comfyquant.formats.ordering``;
+    only a package that table does not name declares them here (by default ``UNPLACED``: listed
+    after every format the table places).
 
     ``heavy_encoder``: encoding is compute bound far below disk speed (least-squares passes,
     a whole-layer GEMM), so ``quantize --jobs auto`` spreads such layers over worker processes,
-    one per core (:mod:`comfyquant.quantizer.jobs`); for the other encoders reading and
+    one per core (``comfyquant.quantizer.jobs``); for the other encoders reading and
     writing dominate.  A plain flag here, not on the codec: deciding must not import torch in
     the process that only writes.
 
@@ -442,7 +450,7 @@ class Format:
         encode_params: Callable[[dict, dict], dict] | None = None,
         reference_factor: float = 2.0,
         codec_module: str | None = None,
-        order: int = 100,
+        order: int = UNPLACED,
         infer_rank: int | None = None,
         params_module: str | None = None,
         aliases: tuple[str, ...] = (),

@@ -2,12 +2,12 @@
 
 A codec knows arithmetic only.  Which tensors a layer has, their dtypes and shapes, the marker
 keys and the layer geometry (N, K, bit depth, variant) come from the declarative
-:class:`~comfyquant.formats.base.Format`; before decoding, the tensors are checked with the
-same rules as ``comfyquant check`` (:func:`comfyquant.checker.layers.check_layer`), so a codec
+``Format``; before decoding, the tensors are checked with the
+same rules as ``comfyquant check`` (``comfyquant.checker.layers.check_layer``), so a codec
 never decodes tensors whose shapes or dtypes contradict the marker.
 
-Encoding, decoding (:meth:`Codec.iter_decode`) and, on request, the forward run in row
-blocks (:mod:`comfyquant.numerics.rows`): every format's rows are independent once the
+Encoding, decoding (``Codec.iter_decode``) and, on request, the forward run in row
+blocks (``comfyquant.numerics.rows``): every format's rows are independent once the
 per-tensor reductions are known, so peak memory is bounded by a block, not by the layer,
 and the bits do not change -- except through a float matrix product.
 
@@ -19,11 +19,11 @@ un-rotation of an 8-row tail on AVX-512).  So no result here rests on a measured
 behaviour: every float GEMM whose rounding is not provably order-independent is made with
 comfy-kitchen's own operands -- same shapes, dtypes and strides, hence the same kernel
 whatever the CPU picks.  A decode whose product comfy-kitchen computes over the whole layer
-(ConvRot un-rotations, the SVDQuant low-rank term) says so in :meth:`Codec._whole_layer`
-and computes the layer in one :meth:`Codec._decode_whole`; its row blocks are then slices of
+(ConvRot un-rotations, the SVDQuant low-rank term) says so in ``Codec._whole_layer``
+and computes the layer in one ``Codec._decode_whole``; its row blocks are then slices of
 that result (memory: the dense layer, as in comfy-kitchen).  Where blocks stay, the codec
-states why their sums are exact (e.g. W4A8's BF16 un-rotation in :mod:`.w4a8`).  INT8 GEMMs
-are the runtime's own call in :meth:`Codec.linear` (``torch._int_mm``, which saturates on CPUs
+states why their sums are exact (e.g. W4A8's BF16 un-rotation in ``w4a8``).  INT8 GEMMs
+are the runtime's own call in ``Codec.linear`` (``torch._int_mm``, which saturates on CPUs
 without VNNI, as the runtime does there) and exact F64 products in the quality report.
 """
 
@@ -53,17 +53,17 @@ ROTATED_BLOCK_ELEMENTS = 1 << 20
 """Elements per decoded row block of a rotated (ConvRot) layer.  Where the un-rotation runs
 per block (W4A8's exact BF16 case) its GEMM and the elementwise passes around it stay in
 cache with 4 MB blocks (measured at 5120x13824: W4A8 1.7x faster than with 16 MB blocks);
-layers un-rotated whole (:meth:`Codec._whole_layer`) are only rounded to the output dtype
+layers un-rotated whole (``Codec._whole_layer``) are only rounded to the output dtype
 and handed out in blocks of this size.  Unrotated formats are a little faster with the
 larger blocks."""
 
 
 _UNPREPARED = object()
-"""No :meth:`Codec._prepare` result given: compute it."""
+"""No ``Codec._prepare`` result given: compute it."""
 
 
 def meta_of(t) -> Meta:
-    """A :class:`Meta` for a torch tensor, a header ``TensorEntry`` or a ``Meta``."""
+    """A ``Meta`` for a torch tensor, a header ``TensorEntry`` or a ``Meta``."""
     if isinstance(t, torch.Tensor):
         try:
             return Meta(DTYPE_NAMES[t.dtype], tuple(t.shape))
@@ -127,7 +127,7 @@ class Codec:
         return Plan(name, env, marker, self.dense_shape(env, marker))
 
     def output_dtype(self, dtype, tensors: dict, marker: dict) -> torch.dtype:
-        """``dtype`` if given, else the layer's model dtype (see :func:`output_dtype`)."""
+        """``dtype`` if given, else the layer's model dtype (see ``output_dtype``)."""
         return output_dtype(dtype, tensors, marker, self.model_dtype_scales)
 
     def dense_shape(self, env: dict, marker: dict) -> tuple[int, int]:
@@ -135,7 +135,7 @@ class Codec:
         return env["N"], env["K"]
 
     def _whole_layer(self, env: dict, dtype: torch.dtype, tensors: dict) -> bool:
-        """Whether decoding to ``dtype`` needs :meth:`_decode_whole`: a float GEMM that
+        """Whether decoding to ``dtype`` needs ``_decode_whole``: a float GEMM that
         comfy-kitchen runs over the whole layer and whose rounding may depend on its row
         count (see the module doc).  Such a layer is decoded in one piece and handed out in
         row blocks (slices) afterwards."""
@@ -143,7 +143,7 @@ class Codec:
 
     def _decode_whole(self, t: dict, plan: Plan, dtype: torch.dtype, state, out: torch.Tensor | None) -> torch.Tensor:
         """The whole dense layer with comfy-kitchen's operand shapes for every float GEMM (see
-        :meth:`_whole_layer`): in ``dtype`` (written into ``out``, ``[N, K]``, when given), or
+        ``_whole_layer``): in ``dtype`` (written into ``out``, ``[N, K]``, when given), or
         in a wider dtype whose rounding to ``dtype`` is elementwise (an F32 product that
         comfy-kitchen then casts): the caller rounds it block by block, so no second copy of
         the layer is made."""
@@ -160,7 +160,7 @@ class Codec:
     def encode(self, weight: Weight, *, layer: str | None = None, **params) -> Encoded:
         """Quantize a dense ``[N, K]`` weight as comfy-kitchen's reference quantizer does.
 
-        ``weight`` is a tensor or a :class:`~comfyquant.numerics.rows.RowSource`; either is
+        ``weight`` is a tensor or a ``RowSource``; either is
         processed in row blocks, so memory is the encoded tensors plus a block's temporaries
         (and, for a tensor, the tensor)."""
         name = layer or "layer"
@@ -175,7 +175,7 @@ class Codec:
 
     def _checks_finite(self, params: dict) -> bool:
         """True when ``_encode`` with these parameters needs no ``max|weight|`` and finds NaN/Inf
-        itself, from reductions it computes anyway (row scales: see :func:`refuse_nonfinite`),
+        itself, from reductions it computes anyway (row scales: see ``refuse_nonfinite``),
         so the separate pass over the weight can be skipped."""
         return False
 
@@ -194,7 +194,7 @@ class Codec:
         ``out``: a contiguous ``[N, K]`` tensor of that dtype to decode into (and return)
         instead of a new one.  A caller that decodes layer after layer into one reused
         buffer skips what a fresh large output costs: new pages the kernel faults in and
-        zeroes (see :mod:`~comfyquant.numerics.pages`).  The bits are the same."""
+        zeroes (see ``pages``).  The bits are the same."""
         plan = self.plan(tensors, marker, layer)
         dtype = self.output_dtype(dtype, tensors, plan.marker)
         if out is not None:
@@ -202,19 +202,19 @@ class Codec:
         return self._dense(tensors, plan, dtype, block_elements, out=out)
 
     def row_source(self, tensors: dict, marker: dict | None = None, *, dtype=None, layer: str | None = None) -> RowSource:
-        """The dense weight as a :class:`~comfyquant.numerics.rows.RowSource`: rows decoded when
+        """The dense weight as a ``RowSource``: rows decoded when
         asked for (every pass decodes again), so re-encoding never holds the decoded layer --
-        except a layer that decodes whole (:meth:`_whole_layer`), which is decoded once and
+        except a layer that decodes whole (``_whole_layer``), which is decoded once and
         held while the source lives."""
         plan = self.plan(tensors, marker, layer)
         return self._source(tensors, plan, self.output_dtype(dtype, tensors, plan.marker))
 
     def _source(self, tensors: dict, plan: Plan, dtype: torch.dtype, exact: bool = True) -> RowSource:
-        """:meth:`row_source` of a validated layer.  A layer that decodes whole
-        (:meth:`_whole_layer`) is decoded once, on the first read, and its rows are views of
+        """``row_source`` of a validated layer.  A layer that decodes whole
+        (``_whole_layer``) is decoded once, on the first read, and its rows are views of
         that dense layer: decoding it again for every block would repeat the layer's GEMM
         per block.  ``exact=False``: every read decodes its rows alone (see
-        :meth:`iter_decode`)."""
+        ``iter_decode``)."""
         if not (exact and self._whole_layer(plan.env, dtype, tensors)):
             # The per-layer work (_prepare: unblocked scales, a scan for NaN codes) is done on
             # the first read and kept: done per read, a layer of B blocks was scanned B times.
@@ -259,18 +259,18 @@ class Codec:
         ``buffers - 1`` are produced (one buffer: use or copy each block before requesting
         the next; more let a consumer write one block while others are decoded).
 
-        ``round_whole``: a layer that decodes in one piece (:meth:`decodes_whole`) into a wider
+        ``round_whole``: a layer that decodes in one piece (``decodes_whole``) into a wider
         product is rounded to ``dtype`` whole, its product freed, and its blocks are slices of
         that layer, valid as long as the consumer keeps them (same bits: rounding is
         elementwise).  A streaming writer can then hold one layer in the output dtype while
         the next layer's GEMM runs, instead of the product until its last block is written.
 
         ``exact=False`` decodes every layer block by block, also those that comfy-kitchen
-        computes with one GEMM over the layer (:meth:`_whole_layer`): memory then follows a
+        computes with one GEMM over the layer (``_whole_layer``): memory then follows a
         block, but such a GEMM over a block may round a last bit differently -- for
         measurements (quantize's error report), never for output.
 
-        ``phase``: the remainder modulo :data:`~comfyquant.numerics.pages.PAGE` of the file
+        ``phase``: the remainder modulo ``PAGE`` of the file
         offset the consumer writes the layer's first byte at.  The block buffers (and a layer
         rounded whole) are then placed so that each block's memory starts at the same offset
         within a page as its bytes in the file, and blocks are whole numbers of pages (rows
@@ -291,7 +291,7 @@ class Codec:
 
     def decodes_whole(self, tensors: dict, plan: Plan, dtype: torch.dtype) -> bool:
         """Whether the layer decodes to ``dtype`` in one piece: one float GEMM over the layer,
-        as comfy-kitchen runs it (:meth:`_whole_layer`); its row blocks are slices of it."""
+        as comfy-kitchen runs it (``_whole_layer``); its row blocks are slices of it."""
         return self._whole_layer(plan.env, dtype, tensors)
 
     def _blocks(
@@ -312,8 +312,8 @@ class Codec:
         ``reuse`` (a count) the blocks take turns in that many block-sized buffers: a
         consumer must use a block before ``reuse`` more are produced (the streaming writer
         does), and memory stays ``reuse`` blocks whatever the layer size.  ``state``: the
-        layer's :meth:`_prepare` result when the caller has it already.  ``phase``: see
-        :meth:`iter_decode`."""
+        layer's ``_prepare`` result when the caller has it already.  ``phase``: see
+        ``iter_decode``."""
         n, k = plan.shape
         start, stop = span or (0, n)
         if state is _UNPREPARED:
@@ -359,9 +359,9 @@ class Codec:
     ) -> torch.Tensor:
         """The dense rows ``span`` (default: the whole weight) of an already validated layer,
         decoded block by block straight into one output tensor (``exact``: see
-        :meth:`iter_decode`).  A large output is put on huge pages before it is written, or
+        ``iter_decode``).  A large output is put on huge pages before it is written, or
         is the memory of the last large result once its caller has let it go
-        (:func:`~comfyquant.numerics.pages.empty_result`): fresh memory, faulted in and zeroed
+        (``empty_result``): fresh memory, faulted in and zeroed
         by the kernel, made large layers slower per byte than small ones."""
         start, stop = span or (0, plan.shape[0])
         if out is None:
@@ -413,10 +413,10 @@ class Codec:
 
     def _forward(self, x2: torch.Tensor, tensors: dict, plan: Plan, exact: bool, runtime: bool = True) -> tuple[bool, object]:
         """(dense, state): how the runtime runs this layer on ``x2`` -- a float matmul with the
-        decoded weight (:meth:`_dense_linear`) or the format's own GEMM (:meth:`_linear_rows`)
+        decoded weight (``_dense_linear``) or the format's own GEMM (``_linear_rows``)
         -- and the work done once for all row blocks.  ``runtime`` False: exact integer
         products where the runtime's own INT8 GEMM call is not exact on this CPU (see
-        :meth:`_linear_setup`)."""
+        ``_linear_setup``)."""
         dense = plan.marker.get("full_precision_matrix_mult") is True or self._runs_dense(tensors)
         if dense:
             return dense, self._dense_state(x2, tensors, plan, exact)
@@ -425,7 +425,7 @@ class Codec:
     def _forward_rows(
         self, forward: tuple[bool, object], tensors: dict, plan: Plan, bias: torch.Tensor | None, r0: int, r1: int
     ) -> torch.Tensor:
-        """Output features ``r0:r1`` of the forward prepared by :meth:`_forward`."""
+        """Output features ``r0:r1`` of the forward prepared by ``_forward``."""
         dense, state = forward
         if dense:
             return self._dense_linear(state, bias, r0, r1)
@@ -442,10 +442,10 @@ class Codec:
         block_elements: int | None = None,
     ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
         """One pass for a quality measurement: per row block ``(r0, r1, rows, y)``, the decoded
-        rows in ``dtype`` (as :meth:`iter_decode` with ``exact=False``, in one reused buffer)
+        rows in ``dtype`` (as ``iter_decode`` with ``exact=False``, in one reused buffer)
         and the runtime's forward of ``x`` ``[M, K]`` over those output features (no bias;
-        as :meth:`linear` with ``block_elements``).  A format whose decode and forward share
-        per-block work (W4A8's grid) does it once (:meth:`_measure_rows`)."""
+        as ``linear`` with ``block_elements``).  A format whose decode and forward share
+        per-block work (W4A8's grid) does it once (``_measure_rows``)."""
         plan = self.plan(tensors, marker, layer)
         dtype = self.output_dtype(dtype, tensors, plan.marker)
         n, k = plan.shape
@@ -467,22 +467,22 @@ class Codec:
         return self._decode_rows(t, plan, dtype, r0, r1, state, out), self._forward_rows(forward, t, plan, None, r0, r1)
 
     def _dense_state(self, x2: torch.Tensor, t: dict, plan: Plan, exact: bool = True) -> tuple[torch.Tensor, RowSource]:
-        """The input and the decoded weight (a row source) of :meth:`_dense_linear`; not
-        ``exact`` (a blocked forward, see :meth:`linear`), the weight is decoded per block."""
+        """The input and the decoded weight (a row source) of ``_dense_linear``; not
+        ``exact`` (a blocked forward, see ``linear``), the weight is decoded per block."""
         return x2, self._source(t, plan, x2.dtype, exact)
 
     @staticmethod
     def _dense_linear(state: tuple[torch.Tensor, RowSource], bias: torch.Tensor | None, r0: int, r1: int) -> torch.Tensor:
         """Output features ``r0:r1`` of a float matmul with the decoded weight (what runtimes do
         for ``full_precision_matrix_mult`` layers and for asymmetric W4A8); ``state`` from
-        :meth:`_dense_state`.  Over all rows it is the runtime's one ``F.linear``."""
+        ``_dense_state``.  Over all rows it is the runtime's one ``F.linear``."""
         x2, weight = state
         return torch.nn.functional.linear(x2, weight.rows(r0, r1), None if bias is None else bias.to(x2.dtype))
 
     # -- subclass hooks -----------------------------------------------------------------------
     def _encode(self, weight: Weight, params: dict, name: str, amax: torch.Tensor) -> tuple[dict, dict]:
         """Tensors and marker; ``amax`` is ``max|weight|`` in the weight's dtype (already known).
-        ``weight`` is read through :func:`~comfyquant.numerics.rows.row_blocks`, never whole."""
+        ``weight`` is read through ``row_blocks``, never whole."""
         raise NotImplementedError
 
     def _prepare(self, t: dict, env: dict, dtype: torch.dtype) -> object:
@@ -498,15 +498,15 @@ class Codec:
 
     def _runs_dense(self, t: dict) -> bool:
         """Whether the runtime runs this layer as dequantize + float matmul whatever its
-        marker says (comfy-kitchen's asymmetric W4A8): :meth:`_dense_linear`."""
+        marker says (comfy-kitchen's asymmetric W4A8): ``_dense_linear``."""
         return False
 
     def _linear_setup(self, x2: torch.Tensor, t: dict, plan: Plan, runtime: bool = True) -> object:
         """The activation side of the forward, done once for all row blocks (rotation,
         quantization) of the 2-D input ``x2``.  ``runtime``: the INT8 GEMM is the runtime's own
-        call (:meth:`linear`, bit for bit on this CPU), else the exact integer product (the
+        call (``linear``, bit for bit on this CPU), else the exact integer product (the
         quality report: the two differ only on CPUs where that call saturates, see
-        :func:`~comfyquant.numerics.int8.runtime_int8_matmul`)."""
+        ``runtime_int8_matmul``)."""
         raise NotImplementedError
 
     def _linear_rows(self, state, t: dict, plan: Plan, bias: torch.Tensor | None, r0: int, r1: int) -> torch.Tensor:
@@ -520,7 +520,7 @@ def _buffers(
 ) -> list[torch.Tensor]:
     """``count`` buffers of the largest block's shape (none for no blocks), made as the
     blocks need them: a layer of fewer blocks than buffers allocates only what it uses.
-    ``phase``: see :func:`~comfyquant.numerics.pages.empty_output` (every buffer keeps it when
+    ``phase``: see ``empty_output`` (every buffer keeps it when
     a block's bytes are a whole number of pages)."""
     if not count or not ranges:
         return []
@@ -534,7 +534,7 @@ def _buffers(
 
 def page_rows(k: int, dtype: torch.dtype, block_elements: int) -> int | None:
     """The fewest rows of ``k`` ``dtype`` elements that make a whole number of memory pages
-    (:data:`~comfyquant.numerics.pages.PAGE`), or None when a block of them would be more than
+    (``PAGE``), or None when a block of them would be more than
     four times ``block_elements`` (an odd ``K``): blocks of a multiple of it keep one phase."""
     row_bytes = k * dtype.itemsize
     rows = PAGE // math.gcd(PAGE, row_bytes) if row_bytes else 1
@@ -580,7 +580,7 @@ def check_dense(weight: Weight, name: str, scan: bool = True) -> torch.Tensor | 
 def refuse_nonfinite(weight: Weight, name: str) -> None:
     """Raise the encode error naming the weight's first NaN/Inf, if it has one.
 
-    Also the check of encoders that skip :func:`check_dense`'s scan: a NaN or Inf makes its
+    Also the check of encoders that skip ``check_dense``'s scan: a NaN or Inf makes its
     row's ``max|row|`` (of the rotated row, for ConvRot: every output of a group that holds
     one is NaN or infinite) non-finite, so they call this when a row scale is; if the weight
     is finite after all (a rotation overflowed), nothing is raised and they go on, as the

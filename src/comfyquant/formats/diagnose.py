@@ -1,7 +1,7 @@
 """Explain a slot mismatch: transposed, downcast, another group size, another layout ...
 
 Given the slot description, the layer geometry and what was found, return the most likely
-cause as a :class:`Cause`: its *kind* (what the fix step and any other reader branch on), the
+cause as a ``Cause``: its *kind* (what the fix step and any other reader branch on), the
 words a finding shows, the severity and the fix step.  The candidates come from the description
 itself (alternative shapes and dtypes, the parameters its shape expression uses), not from
 per-format code.
@@ -45,7 +45,7 @@ class Cause:
 
     ``kind`` is one of the kinds above; ``text`` the words a finding shows; ``severity`` how
     much it matters ("error", "warning", "info"); ``step`` the edit that repairs it (e.g.
-    ``transpose to (K // group_size, N)``), empty for a kind in :data:`REEXPORT`."""
+    ``transpose to (K // group_size, N)``), empty for a kind in ``REEXPORT``."""
 
     __slots__ = ("kind", "text", "severity", "step")
 

@@ -1,4 +1,4 @@
-"""What a format package's ``fix`` hooks return (see :class:`~.base.Format`).
+"""What a format package's ``fix`` hooks return (see ``Format``).
 
 Kept apart from the descriptions: only ``fix`` reads these, and a format package's
 ``repair.py`` builds them from its own description.

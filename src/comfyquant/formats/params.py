@@ -1,7 +1,7 @@
 """What ``quantize``/``convert`` write for a format: the shared half of every format's ``Params``.
 
 Each format package that ``quantize`` writes has a ``params`` module with a frozen dataclass
-derived from :class:`Params`: its fields are the parameters with their profile defaults
+derived from ``Params``: its fields are the parameters with their profile defaults
 (stated there once), and it adds only what is particular to the format (the combinations
 comfy-kitchen refuses, the encoder's own argument names, the slots a parameter stores in
 another dtype).  Everything else is read from the format's description: which parameters are
@@ -39,15 +39,14 @@ class Params:
     """Validated parameters of one format; frozen, so a choice can be shared and hashed.
 
     Field metadata: ``choices`` (allowed values of an encode-only knob), ``help`` (its text).
-    ``FORMAT`` is the format's name, ``LABELS`` the short labels :meth:`describe` gives
-    parameters it always shows when they are in the marker (``G=16``), ``RANK`` the place of
-    the format in quantize's listings (the recommended format first)."""
+    ``FORMAT`` is the format's name, ``LABELS`` the short labels ``describe`` gives
+    parameters it always shows when they are in the marker (``G=16``).  Where quantize lists
+    the format among the others is the writing order of ``comfyquant.formats.ordering``."""
 
     full_precision_matrix_mult: bool = False
 
     FORMAT: ClassVar[str] = ""
     LABELS: ClassVar[dict[str, str]] = {}
-    RANK: ClassVar[int] = 100
     FLAGS: ClassVar[tuple[tuple[str, str, dict], ...]] = (FULL_PRECISION_FLAG,)
     """The command-line flags of ``quantize``/``convert`` that set this format's parameters:
     ``(flag, parameter, argparse keywords)``; a ``{default}`` in the help is the field's default.

@@ -1,6 +1,6 @@
 """What an encode writes, known before anything is computed.
 
-:func:`planned_tensors` derives every tensor an encode will produce (suffix -> dtype, shape)
+``planned_tensors`` derives every tensor an encode will produce (suffix -> dtype, shape)
 from the format description's slots and geometry and the format's ``Params``, so a writer can
 lay out the output header first and stream the tensors after it (``quantize``, ``convert``,
 and ``migrate --allow-lossy``).  A mismatch with what the encoder then writes is a bug.

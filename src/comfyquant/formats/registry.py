@@ -1,31 +1,68 @@
 """Name -> Format for every format package, and the inference of a format for unmarked layers.
 
 Each subpackage of ``formats/`` describes its formats in a ``FORMATS`` tuple; this module
-finds the subpackages on disk, so adding a format means adding a package and nothing else.
-Listing order is each format's ``order``; inference tries ``infer_rank`` ascending.  The
-short names of the writing commands (``w4a8``) are each description's ``aliases``.
+finds the subpackages on disk, so a new format package registers with no other edit.  Where
+the formats stand against each other (listing, inference, what ``quantize`` offers first) is
+the one table in ``formats/ordering.py``: this module writes each format's ``order`` and
+``infer_rank`` from it.  Listing order is each format's ``order``; inference tries
+``infer_rank`` ascending.  The short names of the writing commands (``w4a8``) are each
+description's ``aliases``.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from ..discovery import subpackages
-from .base import Format
+from .base import UNPLACED, Format
+from .ordering import Orders, orders
 
 
-def _discover() -> dict[str, Format]:
-    found: list[Format] = []
-    for module in subpackages(__package__, __file__):
-        found.extend(getattr(module, "FORMATS", ()))
+def _place(found: list[Format], table: Orders) -> None:
+    """Each format's ``order`` and ``infer_rank`` from its positions in the table.  A format
+    the table places must not declare its own numbers (one home for the order), each sequence
+    names a described format at most once, an inferred format has a ``recognize`` and a
+    writing one a ``Params``; any of these mistakes stops the import."""
+    described = set(found)  # a Format compares by identity
+    for column in Orders.__slots__:
+        sequence = getattr(table, column)
+        if len(set(sequence)) != len(sequence):
+            raise RuntimeError(f"formats/ordering.py: the {column} order names a format twice")
+        stray = [f for f in sequence if f not in described]
+        if stray:
+            raise RuntimeError(f"formats/ordering.py: the {column} order names {stray!r}, which no package describes")
+    for position, fmt in enumerate(table.listing):
+        if fmt.order != UNPLACED:
+            raise RuntimeError(f"{fmt!r} declares order={fmt.order}; its place is in formats/ordering.py")
+        fmt.order = position
+    for position, fmt in enumerate(table.inference):
+        if fmt.infer_rank is not None:
+            raise RuntimeError(f"{fmt!r} declares infer_rank={fmt.infer_rank}; its place is in formats/ordering.py")
+        if fmt.recognize is None:
+            raise RuntimeError(f"formats/ordering.py: {fmt!r} is in the inference order but has no recognize")
+        fmt.infer_rank = position
+    for fmt in table.writing:
+        if not fmt.writable:
+            raise RuntimeError(f"formats/ordering.py: {fmt!r} is in the writing order but quantize does not write it")
+
+
+def _discover() -> tuple[dict[str, Format], Orders]:
+    packages = subpackages(__package__, __file__)
+    found: list[Format] = [f for module in packages for f in getattr(module, "FORMATS", ())]
+    table = orders(SimpleNamespace(**{module.__name__.rpartition(".")[2]: module for module in packages}))
+    _place(found, table)
     found.sort(key=lambda f: (f.order, f.name))
     out: dict[str, Format] = {}
     for f in found:
         if f.name in out:
             raise RuntimeError(f"format {f.name!r} is described twice ({out[f.name]!r} and {f!r})")
         out[f.name] = f
-    return out
+    return out, table
 
 
-FORMATS: dict[str, Format] = _discover()
+FORMATS: dict[str, Format]
+_TABLE: Orders
+FORMATS, _TABLE = _discover()
 
 
 def _aliases() -> dict[str, str]:
@@ -45,6 +82,10 @@ _INFERENCE_ORDER: tuple[Format, ...] = tuple(
     sorted((f for f in FORMATS.values() if f.infer_rank is not None and f.recognize is not None), key=lambda f: f.infer_rank or 0)
 )
 """The more specific tensor signatures are tried first."""
+
+WRITING_ORDER: tuple[Format, ...] = _TABLE.writing + tuple(f for f in FORMATS.values() if f.writable and f not in _TABLE.writing)
+"""The formats ``quantize`` writes, in the order it offers them (the recommended first): the
+table's writing order, then any other writable format in listing order."""
 
 LAYER_SUFFIXES: frozenset[str] = frozenset(
     {s.suffix for f in FORMATS.values() for s in f.slots}

@@ -75,7 +75,7 @@ def _probe_env(env: dict, delta: int) -> dict:
 
 
 def row_rule(slot: Slot, env: dict) -> RowRule | str:
-    """The slot's :class:`RowRule` in this geometry, or why its tensor cannot follow a split."""
+    """The slot's ``RowRule`` in this geometry, or why its tensor cannot follow a split."""
     try:
         base = slot.expected_shape(env)
         probed = slot.expected_shape(_probe_env(env, _PROBE))
@@ -105,7 +105,7 @@ def row_rule(slot: Slot, env: dict) -> RowRule | str:
 
 def split_rows(fmt: Format, env: dict, tensors: dict, sections: list[int] | tuple[int, ...]) -> list[dict[str, Cut]] | str:
     """Split a layer of ``fmt`` (geometry ``env``, tensors by suffix with ``.shape``) into parts
-    of ``sections`` output rows each, in order: per part, suffix -> :class:`Cut`.
+    of ``sections`` output rows each, in order: per part, suffix -> ``Cut``.
 
     ``sections`` add up to the model's rows (``N_model`` where the format pads its stored
     rows, which the last part then carries) or to the stored ``N``.  Returns the text of a
@@ -186,7 +186,7 @@ def _invalid_part(fmt: Format, cuts: dict[str, Cut], tensors: dict, env: dict, p
 
 def join_rows(fmt: Format, envs: list[dict], parts: list[dict]) -> dict[str, RowRule] | str:
     """How the parts of a split layer (geometry and tensors by suffix, in row order) join back:
-    per suffix its :class:`RowRule` -- concatenate along ``axis``, or (``axis`` None) one copy,
+    per suffix its ``RowRule`` -- concatenate along ``axis``, or (``axis`` None) one copy,
     exact only when every part's copy is equal, which the caller compares.  A refusal text
     when the parts cannot be one layer: different tensors or shared shapes, a boundary off
     the granularity."""

@@ -3,7 +3,7 @@
 The result depends only on the format, the marker and the (suffix, dtype, shape) of the
 layer's tensors, so results are cached by that signature: a 14B model has ~600 layers but a
 few dozen distinct signatures.  Findings are layer-relative (``tensor`` is the suffix and the
-message holds a ``{layer}`` placeholder) until bound with :meth:`Finding.with_layer`.
+message holds a ``{layer}`` placeholder) until bound with ``Finding.with_layer``.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def copy_range(source, start: int, length: int) -> CopyRange | Callable[[], Iter
 
 
 def read_chunks(source, start: int, length: int) -> Callable[[], Iterator[bytes]]:
-    """A callable yielding the range in chunks of at most :data:`CHUNK` bytes (bounded memory)."""
+    """A callable yielding the range in chunks of at most ``CHUNK`` bytes (bounded memory)."""
 
     def chunks() -> Iterator[bytes]:
         pos, end = start, start + length

@@ -9,7 +9,7 @@ everything else out of the page cache.
 
 ``O_DIRECT`` wants memory, file offsets and lengths aligned to the device's block size.  The
 bytes handed in (at any offset, in chunks of any size) are copied -- a ``memcpy``, 0.8 ms per
-8 MiB -- into page-aligned staging buffers whose file offsets are multiples of :data:`ALIGN`;
+8 MiB -- into page-aligned staging buffers whose file offsets are multiples of ``ALIGN``;
 a background thread writes each full buffer with ``O_DIRECT`` while the next one fills.  A
 large chunk whose memory already sits at its file offset's place within a page (a decoder
 told where its blocks go puts them so) skips the copy: its whole pages are written from where
@@ -36,7 +36,7 @@ BUFFERS = 3
 """Staging buffers: one filling, up to two queued or being written."""
 IN_PLACE_MIN = 1 << 20
 """Chunks from this size are written from their own memory when it is placed for it (see
-:meth:`DirectStream.write`); smaller ones are staged."""
+``DirectStream.write``); smaller ones are staged."""
 FILESYSTEMS = frozenset({"ext4", "ext3", "xfs", "btrfs", "f2fs", "bcachefs"})
 """Local block filesystems whose ``O_DIRECT`` is plain and fast.  Elsewhere (tmpfs, network
 and FUSE filesystems, ZFS) ``O_DIRECT`` is refused, ignored or slower: buffered writes."""
@@ -44,7 +44,7 @@ and FUSE filesystems, ZFS) ``O_DIRECT`` is refused, ignored or slower: buffered 
 
 def supported(folder: str) -> bool:
     """Whether files in ``folder`` are written with ``O_DIRECT``: Linux, a filesystem of
-    :data:`FILESYSTEMS` (from ``/proc/self/mountinfo``, matched by device number), and
+    ``FILESYSTEMS`` (from ``/proc/self/mountinfo``, matched by device number), and
     ``COMFYQUANT_NO_DIRECT_IO`` unset."""
     if os.environ.get("COMFYQUANT_NO_DIRECT_IO") or not hasattr(os, "O_DIRECT"):
         return False
@@ -86,10 +86,10 @@ def _copy(buf: mmap.mmap, at: int, data: memoryview) -> None:
 
 
 class DirectStream:
-    """Sequential bytes of one file from offset ``pos`` on: :meth:`write` copies them into
+    """Sequential bytes of one file from offset ``pos`` on: ``write`` copies them into
     staging buffers written with ``O_DIRECT`` in a thread.  ``fd`` is the file's ordinary
-    descriptor (for the unaligned edges).  :meth:`flush` hands the partly filled buffer over
-    (before bytes arrive by another route, e.g. a kernel copy at :attr:`pos`); :meth:`close`
+    descriptor (for the unaligned edges).  ``flush`` hands the partly filled buffer over
+    (before bytes arrive by another route, e.g. a kernel copy at ``pos``); ``close``
     waits for every write and raises the first error (an ``OSError``, as a buffered write
     would have).  Opening raises ``OSError`` when the filesystem has no ``O_DIRECT``."""
 
@@ -184,7 +184,7 @@ class DirectStream:
         return True
 
     def flush(self) -> None:
-        """Hand the partly filled buffer to the writer thread (its bytes up to :attr:`pos`)."""
+        """Hand the partly filled buffer to the writer thread (its bytes up to ``pos``)."""
         if self._buf is not None:
             if self._fill:
                 self._submit()
@@ -259,7 +259,7 @@ class DirectStream:
 
     def _direct_pages(self, view: memoryview, offset: int) -> int:
         """Write ``view`` (whole pages, at an aligned ``offset`` and address) with ``O_DIRECT``
-        until it is done, the filesystem refuses (``EINVAL``: :attr:`direct` goes False, every
+        until it is done, the filesystem refuses (``EINVAL``: ``direct`` goes False, every
         later byte goes through the ordinary descriptor) or a write ends off a page boundary;
         returns the bytes written.  Shared by the writer thread and in-place writes."""
         done = 0

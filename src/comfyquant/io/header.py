@@ -2,7 +2,7 @@
 
 Layout: 8-byte little-endian header length ``n``, ``n`` bytes of JSON, then the data area.
 Structural damage that makes the file unreadable (truncation, a header past the end, non-JSON,
-non-object) raises :class:`InputError`, or, for ``check`` (``damaged_ok``), gives an empty
+non-object) raises ``InputError``, or, for ``check`` (``damaged_ok``), gives an empty
 header with one C009 finding and the bytes safetensors would read (``unreadable``, ``raw``), so
 the report can say what each runtime raises.  Damage confined to single entries (unknown dtype,
 bad offsets, overlaps) becomes container findings so the rest of the checkpoint is still
@@ -109,8 +109,8 @@ def read_header(source: ByteSource, damaged_ok: bool = False) -> Header:
     """Read and validate ``source``'s header: one read of ``source.first_read`` bytes (64 KB
     locally, 512 KB remotely), and one more for exactly the rest of a longer header.
 
-    A header that cannot be read raises :class:`InputError`, unless ``damaged_ok``: then it is
-    an empty :class:`Header` marked ``unreadable`` with the reason as its C009 finding."""
+    A header that cannot be read raises ``InputError``, unless ``damaged_ok``: then it is
+    an empty ``Header`` marked ``unreadable`` with the reason as its C009 finding."""
     path = source.name
     size = source.size
     if size < 8:
@@ -252,7 +252,7 @@ def _lone_surrogates(hdr: Header, obj: dict) -> None:
 def parse_header_object(obj: dict, path: str, size: int, header_len: int, odd_numbers: int = 2) -> Header:
     """Validate a decoded header object; see the module docstring for the error policy.
     ``odd_numbers`` says what the header text may hold: 0 no minus sign and no JSON boolean,
-    1 minus signs but no boolean, 2 anything (:func:`read_header` knows from the raw bytes;
+    1 minus signs but no boolean, 2 anything (``read_header`` knows from the raw bytes;
     fewer possibilities, cheaper validation)."""
     hdr = Header(path, size, header_len)
     findings = hdr.findings
@@ -302,7 +302,7 @@ def _enter_tensors(hdr: Header, obj: dict, data_len: int, strict_dims: bool) -> 
 
     One lean pass: per tensor, one arithmetic test (byte span == dtype width x element count,
     integer offsets inside the data area), and the tiling test on whole sets at the end; only a
-    suspicious entry goes to :func:`_validate_entry`.  Dimensions are checked one by one only
+    suspicious entry goes to ``_validate_entry``.  Dimensions are checked one by one only
     with ``strict_dims``; otherwise floats fail the integer test and the caller looks for
     negative or boolean ones afterwards, only when the header text can hold them."""
     path = hdr.file

@@ -1,7 +1,7 @@
 """Write a ``*.safetensors.index.json`` for a sharded checkpoint.
 
 Shared by ``fix``, ``quantize``, ``convert`` and ``dequantize``, through the one writer
-(:func:`comfyquant.io.writer.stage_file`): the index is staged beside the shards and committed
+(``comfyquant.io.writer.stage_file``): the index is staged beside the shards and committed
 with them, so a failure leaves either the old index or the new one, never a partial file.
 """
 
@@ -39,7 +39,7 @@ def write_index(
 ) -> str:
     """Write the index of ``weight_map`` (tensor -> shard file name) to ``dest`` (temp file,
     fsync, rename); with ``commit=False`` the staged temporary file's path is returned for the
-    caller to commit with the shards (:func:`~comfyquant.io.writer.commit_file`)."""
+    caller to commit with the shards (``commit_file``)."""
     tmp = stage_file(dest, json_filler(index_document(weight_map, previous, total_size), indent=2))
     if commit:
         commit_file(tmp, dest)

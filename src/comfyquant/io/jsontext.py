@@ -4,8 +4,8 @@ dialect's metadata, an index, a version stamp).
 Python's ``json`` parses nesting by recursion: a ``_quantization_metadata`` nested tens of
 thousands deep raises ``RecursionError``, and one just under the interpreter's limit parses but
 breaks whatever walks or re-serializes it later.  No format comfyquant reads nests deeper than
-a handful of levels, so :func:`parse` refuses more than :data:`MAX_DEPTH` as it refuses text
-that is not JSON: with a ``ValueError`` (:class:`TooDeep`), which every caller already handles.
+a handful of levels, so ``parse`` refuses more than ``MAX_DEPTH`` as it refuses text
+that is not JSON: with a ``ValueError`` (``TooDeep``), which every caller already handles.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ MAX_DEPTH = 64
 
 
 class TooDeep(ValueError):
-    """JSON text nested deeper than :data:`MAX_DEPTH`."""
+    """JSON text nested deeper than ``MAX_DEPTH``."""
 
 
 def deeper_than(obj, limit: int) -> bool:

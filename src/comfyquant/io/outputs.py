@@ -11,14 +11,14 @@ the same everywhere and every refusal is the same line for the same situation.
 * Otherwise one input file gives the file ``OUT``; shards (or an index) give the folder
   ``OUT`` (created).  ``dequantize`` names by suffix instead (``merge``): a ``.safetensors``
   OUT is one file, whatever the input (shards merge into it), any other OUT a folder.
-* Refused before anything is written (:func:`claim`): an output that is an input (same
+* Refused before anything is written (``claim``): an output that is an input (same
   path, or the same file through a link), an existing output unless ``overwrite`` (never a
   folder, device, FIFO or socket, whatever ``overwrite`` says), an output whose folder does not
   exist, an output in a folder this process cannot create files in (read-only, immutable, a
   read-only filesystem).
   Only ``fix --in-place`` writes over its input, and it says so explicitly.
 * Files beside the model (``--report``, ``--plot``) are claimed by the same rules
-  (:func:`claim_files`), before any work.
+  (``claim_files``), before any work.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Outputs:
     merged: str | None = None
     """The one output file the inputs merge into (``dequantize`` with a ``.safetensors`` OUT)."""
     folder: str | None = None
-    """The output folder still to create (:meth:`make_folder`), or None."""
+    """The output folder still to create (``make_folder``), or None."""
 
     @property
     def paths(self) -> list[str]:
@@ -52,7 +52,7 @@ class Outputs:
         return [*(self.files if self.files is not None else [self.merged]), *([self.index] if self.index else [])]
 
     def make_folder(self) -> None:
-        """Create the output folder (its parent exists: :func:`claim` checked it)."""
+        """Create the output folder (its parent exists: ``claim`` checked it)."""
         if self.folder:
             os.makedirs(self.folder, exist_ok=True)
 
@@ -112,7 +112,7 @@ def claim(
     """The destinations of a run, refused (``error``, one line naming the path) before any work
     when they cannot be written as asked.
 
-    ``out``: the user's OUT, or None for the default name (:func:`default_output` with ``tag``).
+    ``out``: the user's OUT, or None for the default name (``default_output`` with ``tag``).
     ``overwrite``: replace existing output files.  ``merge``: ``dequantize``'s rule (a
     ``.safetensors`` OUT is one file whatever the input).  ``in_place``: ``fix --in-place``, the
     inputs themselves (through links, their targets).  ``index_for_shards``: the name of the index

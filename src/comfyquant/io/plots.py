@@ -1,5 +1,5 @@
 """The PNG outputs (``quantize --report``, ``compare --plot``): matplotlib refused up front
-when missing, and each figure written by the one writer (:func:`~comfyquant.io.writer.stage_file`).
+when missing, and each figure written by the one writer (``stage_file``).
 matplotlib is imported only here and only when a plot is drawn (the ``plot`` extra)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Progress of long runs on stderr: layers and bytes done, rate, time left.
 
 On a terminal, one line redrawn with ``\\r`` a few times a second and erased at the end; on
-anything else (a CI log, a file), a plain line every :data:`LOG_EVERY` seconds, so a log is
+anything else (a CI log, a file), a plain line every ``LOG_EVERY`` seconds, so a log is
 never silent for minutes and never fills with redraws.  ``enabled=False`` shows neither.
 """
 

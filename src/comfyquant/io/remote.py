@@ -103,7 +103,7 @@ class RemoteOptions:
     ) -> None:
         self.timeout = _checked_timeout(timeout)
         """Seconds the whole remote read of one checkpoint may take (every request, retry and
-        wait of every shard): :func:`open_remote` turns it into ``deadline``."""
+        wait of every shard): ``open_remote`` turns it into ``deadline``."""
         self.gap = gap
         self.first_read = max(8, first_read)
         self.retries = retries
@@ -216,7 +216,7 @@ def _one_line(what: object) -> str:
 _OPENER = None
 _HOPS = threading.local()
 _LIVE = threading.local()
-"""The :class:`_Watchdog` of the request running in this thread (its connections register)."""
+"""The ``_Watchdog`` of the request running in this thread (its connections register)."""
 
 
 class _Watchdog:
@@ -406,8 +406,8 @@ class HttpClient:
         """``GET`` (bytes ``[start, stop)`` when given) and return ``consume(response)``.
 
         Retries 408/425/429/5xx answers and dropped connections with backoff; every other
-        failure is one :class:`InputError` line naming the URL.  ``consume`` may raise
-        :class:`_Retry` for a body that broke off.  A 416 answer is passed to ``consume``.
+        failure is one ``InputError`` line naming the URL.  ``consume`` may raise
+        ``_Retry`` for a body that broke off.  A 416 answer is passed to ``consume``.
         With a deadline (``RemoteOptions.started``), everything ends by it: retries included."""
         opts = self.options
         if opts.deadline is None:
@@ -563,7 +563,7 @@ class HttpSource(HttpClient):
     """A remote file read with HTTP range requests (see the module docstring).
 
     Opening it performs the speculative first read, so ``size`` is known and ``first_read``
-    tells :func:`~comfyquant.io.header.read_header` how many bytes are already here."""
+    tells ``read_header`` how many bytes are already here."""
 
     def __init__(self, name: str, url: str | None = None, options: RemoteOptions | None = None) -> None:
         super().__init__(name, url, options)
@@ -805,7 +805,7 @@ def _path_part(url: str) -> str:
 
 
 def open_source(name: str, url: str | None = None, options: RemoteOptions | None = None):
-    """An opened :class:`HttpSource` or :class:`FsspecSource` for one remote file."""
+    """An opened ``HttpSource`` or ``FsspecSource`` for one remote file."""
     return HttpSource(name, url, options) if is_http(url or name) else FsspecSource(name, url, options)
 
 
@@ -855,8 +855,8 @@ def join(base_url: str, name: str) -> tuple[str, str]:
 
 
 def _one_checkpoint(url: str, base: str, names: list[str], options: RemoteOptions, fetched: dict) -> None:
-    """Raise :class:`~comfyquant.io.shards.SeparateCheckpoints` when a folder URL holds several
-    checkpoints by the rule every input follows (:mod:`comfyquant.io.shards`)."""
+    """Raise ``SeparateCheckpoints`` when a folder URL holds several
+    checkpoints by the rule every input follows (``comfyquant.io.shards``)."""
     from .shards import SeparateCheckpoints, folder_reason, group_folder
 
     def index_shards(index: str) -> list[str] | None:
@@ -874,7 +874,7 @@ def _one_checkpoint(url: str, base: str, names: list[str], options: RemoteOption
 def open_remote(paths: list[str], options: RemoteOptions | None = None) -> tuple[ShardSet, list]:
     """Resolve URLs (files, index.json, fsspec folders) and open every shard, concurrently.
 
-    Like :func:`~comfyquant.io.shards.resolve_local`: an index brings its shards and a shard it
+    Like ``resolve_local``: an index brings its shards and a shard it
     names that does not exist (404) is reported as missing by the checkpoint."""
     options = (options or RemoteOptions()).started()  # --timeout bounds this checkpoint's whole read
     local = [p for p in paths if not is_url(p)]

@@ -15,9 +15,9 @@ of ``check --recursive``:
   models side by side.
 * Files named on the command line are one checkpoint, the shards of one model, unless they
   repeat tensor names (``.comfy_quant`` markers aside, which shards may repeat): then they are
-  grouped by the folder rule (:func:`separate_repeats`, after their headers are read).
+  grouped by the folder rule (``separate_repeats``, after their headers are read).
 
-More than one checkpoint raises :class:`SeparateCheckpoints`, a one-line refusal naming them
+More than one checkpoint raises ``SeparateCheckpoints``, a one-line refusal naming them
 for the commands that write one output; ``check`` and ``inspect`` catch it and report each.
 
 A folder member that cannot be read (dangling symbolic link, link loop, directory, pipe) is a
@@ -26,7 +26,7 @@ own; skipped with a note when the folder has an index (then only the files an in
 matter).  A file reached twice through a link is read once, with a note; two shard names of
 one group that are the same file make the second a missing shard.  Missing shards are
 findings of the checkpoint (C011), not errors, so the rest is still checked.  URLs
-(``is_url``) are resolved by :mod:`comfyquant.io.remote`.
+(``is_url``) are resolved by ``comfyquant.io.remote``.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class ShardSet:
         self.count: int | None = None
         """The shard count the file names give (``-of-00003``) when no index names the shards."""
         self.explicit = False
-        """Several files named on the command line: :func:`separate_repeats` may split them."""
+        """Several files named on the command line: ``separate_repeats`` may split them."""
 
     def missing_message(self, path: str) -> tuple[str, str]:
         """(message, actual) of the C011 finding for a missing shard."""
@@ -120,7 +120,7 @@ class Group:
         self.members: list[str] | None = None
         self.folder = folder
         self.parsed: tuple[list[str], dict[str, str]] | None = None
-        """The index as :func:`read_index` parsed it while grouping (not read twice)."""
+        """The index as ``read_index`` parsed it while grouping (not read twice)."""
 
     def __repr__(self) -> str:
         return f"Group({self.label!r}, {self.paths}, missing={self.missing})"
@@ -423,14 +423,14 @@ def plan_local(paths: list[str]) -> list[Group]:
 
 
 def folder_reason(groups: list[Group]) -> str:
-    """Why a folder's files are several checkpoints, for :class:`SeparateCheckpoints`."""
+    """Why a folder's files are several checkpoints, for ``SeparateCheckpoints``."""
     if any(g.kind == "index" for g in groups):
         return "an index names its own shards; other files stand alone"
     return "no index names them together, and the file names are not one <stem>-<i>-of-<n> series"
 
 
 def resolve_local(paths: list[str]) -> ShardSet:
-    """Turn command-line paths into one shard set, or raise :class:`SeparateCheckpoints`."""
+    """Turn command-line paths into one shard set, or raise ``SeparateCheckpoints``."""
     groups = plan_local(paths)
     if len(groups) > 1:
         folders = [p for p in paths if not p.endswith(".json") and os.path.isdir(p)]

@@ -84,7 +84,7 @@ def stat_member(path: str) -> tuple[os.stat_result | None, str | None]:
 
 
 def require_regular(path: str) -> None:
-    """Raise :func:`not_regular`'s error before anything opens ``path`` (missing paths pass:
+    """Raise ``not_regular``'s error before anything opens ``path`` (missing paths pass:
     the open reports them)."""
     try:
         mode = os.stat(path).st_mode
@@ -179,7 +179,7 @@ class LocalFile:
         mapping goes with the last view or tensor made from it.
 
         The pages are mapped in one system call before this returns, and a range the file no
-        longer holds (truncated since it was checked) raises :class:`InputError` here, as a
+        longer holds (truncated since it was checked) raises ``InputError`` here, as a
         short read would.  Touching an unpopulated page past the end of a file kills the
         process (SIGBUS), so a file truncated by another program between this call and the
         decoding of the range still would: the window is one layer's decoding."""

@@ -1,6 +1,6 @@
 """What a remote read's ``timeout`` may be: a positive, finite number of seconds, at most a week.
 
-Shared by ``--timeout`` (argparse refuses the rest in one line) and :class:`RemoteOptions`
+Shared by ``--timeout`` (argparse refuses the rest in one line) and ``RemoteOptions``
 (the Python API refuses it with ``ValueError``): ``inf`` or ``1e308`` overflow the clocks the
 waits are computed on, ``nan`` compares false with every clock and ends each wait at once, and
 zero or a negative number can never be met.  A torch-free base module: ``check`` imports it.

@@ -34,7 +34,7 @@ class Range:
 
 class VirtualSource:
     """A byte source whose header is built from ``tensors`` (name -> (dtype, shape, data), data
-    a :class:`Range` or a callable returning the bytes) and ``metadata``.  ``keep``: how many
+    a ``Range`` or a callable returning the bytes) and ``metadata``.  ``keep``: how many
     produced tensors stay cached (a layer is read a few tensors at a time)."""
 
     first_read = 1 << 16

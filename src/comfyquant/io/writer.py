@@ -6,7 +6,7 @@ Tensors are given as ``(dtype, shape, data)`` where ``data`` is ``bytes`` or a c
 yields byte chunks (so large tensors can be copied or computed piecewise without holding the
 whole file in memory).  Nothing appears at ``path`` until the file is complete and synced; a
 temporary file a killed run left behind is removed by the next write into its folder
-(:mod:`comfyquant.io.tempfiles`).
+(``comfyquant.io.tempfiles``).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def build_header(tensors: dict[str, tuple[str, tuple, Data]], metadata: dict[str
 
 
 def data_offsets(tensors: dict[str, tuple[str, tuple, Data]], metadata: dict[str, str] | None) -> dict[str, int]:
-    """Where each tensor's bytes will start in the file :func:`write_safetensors` writes for
+    """Where each tensor's bytes will start in the file ``write_safetensors`` writes for
     ``tensors`` and ``metadata`` (from the file's first byte)."""
     header = len(build_header(tensors, metadata))
     return {name: header + start for name, start, _stop in _layout(tensors)}
@@ -140,7 +140,7 @@ def free_bytes(folder: str) -> int | None:
 
 
 def ensure_space(needs: Iterable[tuple[str, int]]) -> None:
-    """Raise :class:`NoSpace` (ENOSPC, with a message saying how much is needed and free) if
+    """Raise ``NoSpace`` (ENOSPC, with a message saying how much is needed and free) if
     the ``(folder, bytes)`` outputs cannot fit, summed per filesystem.  A 40 GB output then
     fails at once instead of after writing 12 GB of it."""
     per_fs: dict[int, list] = {}
@@ -173,12 +173,12 @@ def write_safetensors(
 ) -> str:
     """Write ``tensors`` (in the given order) next to ``path`` in a temporary file, fsync it and
     rename it to ``path``.  With ``commit=False`` the temporary file's path is returned and the
-    caller renames it with :func:`commit_file` (after verifying it, for instance).  With
-    ``sync=False`` as well, the caller makes it durable first (:class:`BackgroundSync` lets the
+    caller renames it with ``commit_file`` (after verifying it, for instance).  With
+    ``sync=False`` as well, the caller makes it durable first (``BackgroundSync`` lets the
     disk catch up while the caller verifies the file).  ``on_tensor(temp path, name, offset,
     length)`` is called once each tensor's bytes are in the file, so a caller can verify them
     while later tensors are still being written.  ``direct=True`` writes a large file's
-    tensor bytes with ``O_DIRECT`` where the filesystem allows (:mod:`comfyquant.io.direct`:
+    tensor bytes with ``O_DIRECT`` where the filesystem allows (``comfyquant.io.direct``:
     a fraction of the CPU, no page cache; the same bytes): for outputs nothing re-reads soon
     (``dequantize``), not for ones a caller verifies by reading them back."""
     if commit and not sync:
@@ -213,7 +213,7 @@ buffers and a thread are not worth it)."""
 
 
 def _direct_stream(fd: int, tmp: str, folder: str, start: int, size: int):
-    """A :class:`~comfyquant.io.direct.DirectStream` from offset ``start`` of the temporary
+    """A ``DirectStream`` from offset ``start`` of the temporary
     file, or None (a small file, a filesystem without plain ``O_DIRECT``, or the open refused).
     The file gets its final size first, so no direct write extends it."""
     if size < DIRECT_MIN:
@@ -267,7 +267,7 @@ def _write_buffered(fh, tmp: str, path: str, header: bytes, tensors: dict, on_te
 
 
 def _write_direct(stream, fd: int, tmp: str, path: str, header: bytes, tensors: dict, on_tensor) -> None:
-    """The same bytes as :func:`_write_buffered`, tensor data through ``stream`` (O_DIRECT);
+    """The same bytes as ``_write_buffered``, tensor data through ``stream`` (O_DIRECT);
     the header, and large untouched tensors (copied by the kernel), through ``fd``."""
     try:
         _pwrite(fd, header, 0)
@@ -320,7 +320,7 @@ def _pwrite(fd: int, data, offset: int) -> None:
 class BackgroundSync:
     """``fsync`` of a finished file in a thread, so the write-back (the slowest part of a
     rewrite on most disks) overlaps whatever the caller does next, e.g. verifying the file.
-    :meth:`wait` must return before the file is renamed into place; it re-raises a failure."""
+    ``wait`` must return before the file is renamed into place; it re-raises a failure."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -403,9 +403,9 @@ def _umask() -> int:
 def stage_file(path: str, fill: Callable[[BinaryIO], None]) -> str:
     """Write a small output (an index, a JSON report, a PNG) the way every output is written:
     ``fill(binary file)`` into a private temporary file beside ``path`` named for this process
-    (:mod:`~comfyquant.io.tempfiles`, so a killed run's leftover is swept), fsynced; returns
-    its path, for :func:`commit_file` once everything the run writes is ready, or
-    :func:`discard`."""
+    (``tempfiles``, so a killed run's leftover is swept), fsynced; returns
+    its path, for ``commit_file`` once everything the run writes is ready, or
+    ``discard``."""
     folder = os.path.dirname(os.path.abspath(path))
     sweep_stale(folder)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix=".tmp", dir=folder)
@@ -421,7 +421,7 @@ def stage_file(path: str, fill: Callable[[BinaryIO], None]) -> str:
 
 
 def write_file(path: str, fill: Callable[[BinaryIO], None]) -> None:
-    """:func:`stage_file` and :func:`commit_file`: ``path`` holds the complete file or what it
+    """``stage_file`` and ``commit_file``: ``path`` holds the complete file or what it
     held before, never a part."""
     tmp = stage_file(path, fill)
     try:
@@ -432,7 +432,7 @@ def write_file(path: str, fill: Callable[[BinaryIO], None]) -> None:
 
 
 def json_filler(doc, indent: int = 1) -> Callable[[BinaryIO], None]:
-    """What :func:`stage_file` writes for a JSON document (UTF-8, a final newline)."""
+    """What ``stage_file`` writes for a JSON document (UTF-8, a final newline)."""
     data = (json.dumps(doc, indent=indent) + "\n").encode("utf-8")
 
     def fill(fh: BinaryIO) -> None:

@@ -1,7 +1,7 @@
 """Assemble a whole-layer GEMM operand block by block.
 
 Some decoders must multiply the whole layer in one float GEMM, on comfy-kitchen's operand
-(its rounding may depend on the row count; see :mod:`comfyquant.numerics.rows`).  The
+(its rounding may depend on the row count; see ``comfyquant.numerics.rows``).  The
 operand itself is elementwise work per row -- dequantized values rounded to the GEMM's
 dtype -- and computing it for the whole layer at once in F32 before the cast would hold an
 F32 copy of the layer beside the operand (W4A8 with a correction, decoded to BF16: 283 MB

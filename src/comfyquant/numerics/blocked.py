@@ -7,10 +7,10 @@ of 128 rows x 4 columns, tile-row-major; inside a tile, row ``32*i + j`` and col
 at byte ``16*j + 4*i + c``.  The stored 2-D shape ``[Rp, Cp]`` is only that byte sequence
 reshaped.  NVFP4 (FP8 scales per 1x16 block) and MXFP8 (E8M0 per 1x32) both use it.
 
-This is the one implementation of the layout.  :func:`to_blocked` and :func:`from_blocked`
+This is the one implementation of the layout.  ``to_blocked`` and ``from_blocked``
 take a torch tensor (the codecs) or a numpy array (``fix``, which runs without torch): both
-are the same reshape and axis permutation (:data:`TILE_PERM` over the tile views below), so
-the two cannot drift apart.  torch is imported only by :func:`padded_blocks`, which only the
+are the same reshape and axis permutation (``TILE_PERM`` over the tile views below), so
+the two cannot drift apart.  torch is imported only by ``padded_blocks``, which only the
 codecs call.
 """
 
@@ -52,7 +52,7 @@ def blocked_offset(r: int, c: int, cp: int) -> int:
 
 
 def _tiles(x, view: tuple[int, ...]):
-    """``x`` viewed as ``view`` with :data:`TILE_PERM` applied (torch ``permute`` or numpy ``transpose``)."""
+    """``x`` viewed as ``view`` with ``TILE_PERM`` applied (torch ``permute`` or numpy ``transpose``)."""
     x = x.reshape(view)
     return x.permute(*TILE_PERM) if hasattr(x, "permute") else x.transpose(TILE_PERM)
 

@@ -3,7 +3,7 @@
 Each takes the raw little-endian bytes of a tensor and returns the new bytes.  They are all
 lossless: a transpose moves elements, an upcast from BF16/F16 to F32 is exact, relabels and
 reshapes keep the bytes, and the blocked scale layout (comfy-kitchen 0.2.40
-``float_utils.to_blocked``, implemented once in :mod:`..numerics.blocked`) is a permutation plus
+``float_utils.to_blocked``, implemented once in ``numerics.blocked``) is a permutation plus
 zero padding."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def to_f32(data: bytes, dtype: str) -> bytes:
 
 def to_blocked(data: bytes, rows: int, cols: int) -> tuple[bytes, tuple[int, int]]:
     """Logical per-block scales ``[rows, cols]`` (1 byte each) -> blocked, zero-padded bytes
-    and the stored shape (the layout of :mod:`..numerics.blocked`, on a numpy array)."""
+    and the stored shape (the layout of ``numerics.blocked``, on a numpy array)."""
     import numpy as np
 
     from . import blocked
@@ -54,7 +54,7 @@ def to_blocked(data: bytes, rows: int, cols: int) -> tuple[bytes, tuple[int, int
 
 
 def from_blocked(data: bytes, rows: int, cols: int) -> bytes:
-    """Blocked bytes -> logical ``[rows, cols]`` scales (the inverse of :func:`to_blocked`)."""
+    """Blocked bytes -> logical ``[rows, cols]`` scales (the inverse of ``to_blocked``)."""
     import numpy as np
 
     from . import blocked

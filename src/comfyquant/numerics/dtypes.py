@@ -19,7 +19,7 @@ _NOT_CODEC_KINDS = (COMPLEX_KIND, FNUZ_KIND)
 
 def _by_scalar_type() -> dict[str, torch.dtype]:
     """torch's dtypes by ScalarType name, read from torch itself: a tensor's legacy type name
-    is ``torch.<ScalarType>Tensor``.  So the dtype table (:mod:`comfyquant.dtypes`) states each
+    is ``torch.<ScalarType>Tensor``.  So the dtype table (``comfyquant.dtypes``) states each
     dtype's torch name once, as the ScalarType its messages print."""
     found: dict[str, torch.dtype] = {}
     with warnings.catch_warnings():  # experimental and deprecated dtypes warn when made

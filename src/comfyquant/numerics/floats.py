@@ -58,7 +58,7 @@ def e4m3_bf16_shifted(q: torch.Tensor, out: torch.Tensor | None = None) -> torch
 
 def fp8_decode(q: torch.Tensor, dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
     """FP8 values widened to ``dtype``: the same bits as ``q.to(dtype)``, optionally into ``out``
-    (E4M3 -> BF16 through :func:`e4m3_bf16_shifted`, everything else by torch's cast)."""
+    (E4M3 -> BF16 through ``e4m3_bf16_shifted``, everything else by torch's cast)."""
     if q.dtype == E4M3 and dtype == torch.bfloat16:
         w = e4m3_bf16_shifted(q, out)
         if w is not None:

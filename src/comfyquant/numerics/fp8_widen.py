@@ -1,6 +1,6 @@
 """Per-tensor E4M3 -> BF16 decoding with the per-layer work done once per layer.
 
-:func:`~comfyquant.numerics.floats.fp8_decode_scaled` checks every block for NaN codes
+``fp8_decode_scaled`` checks every block for NaN codes
 (two passes and a synchronisation) and moves the bits in four integer passes.  For a
 per-tensor scale both can be cheaper: the NaN codes (0x7F, 0xFF) are looked for once per
 layer, as the largest int8 (127) and the largest uint8 (255) byte, two read-only
@@ -8,7 +8,7 @@ reductions without temporaries; and the byte, read as int8, is sign-extended int
 int16 by the copy itself, so one shift left by 4 puts the sign in bit 15 (through the
 extension) and the seven exponent-and-mantissa bits at bits 4-10, and a mask keeps those:
 three passes (copy, shift, mask) instead of four, the same bits as
-:func:`~comfyquant.numerics.floats.e4m3_bf16_shifted` (``value * 2^-120``).  Then one
+``e4m3_bf16_shifted`` (``value * 2^-120``).  Then one
 multiply by ``2^120 * scale`` (exact scaling folded into the BF16 scale, one rounding)
 gives ``q.to(bf16) * scale.to(bf16)`` bit for bit.  Every elementwise pass is a parallel
 region whose barrier costs most when the cores are shared; per block this makes four
@@ -25,10 +25,10 @@ _SIGN_AND_BITS = -30736  # 0x87F0 as int16: bit 15 and bits 4-10
 
 
 def folded_scale(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, scan: bool = True) -> torch.Tensor | None:
-    """The BF16 factor ``2^120 * bf16(scale)`` for :func:`widen_e4m3_scaled`, or None where
+    """The BF16 factor ``2^120 * bf16(scale)`` for ``widen_e4m3_scaled``, or None where
     that path does not apply: not E4M3 -> BF16, the folded factor overflows BF16, or (with
     ``scan``) ``q`` has NaN codes (their BF16 pattern differs).  Without ``scan`` the caller
-    asks :func:`has_nan_codes` of each block it widens instead."""
+    asks ``has_nan_codes`` of each block it widens instead."""
     if q.dtype != E4M3 or dtype != torch.bfloat16:
         return None
     folded = (scale.to(dtype).float() * E4M3_BF16_SHIFT).to(dtype)
@@ -51,7 +51,7 @@ def has_nan_codes(q: torch.Tensor) -> bool:
 
 def widen_e4m3_scaled(q: torch.Tensor, folded: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``q.to(bf16) * scale.to(bf16)`` of E4M3 rows without NaN codes, ``folded`` from
-    :func:`folded_scale`, written into ``out`` (BF16, ``q``'s shape) when given."""
+    ``folded_scale``, written into ``out`` (BF16, ``q``'s shape) when given."""
     if out is None:
         out = torch.empty(q.shape, dtype=torch.bfloat16)
     bits = out.view(torch.int16)

@@ -7,7 +7,7 @@
 It is symmetric, orthogonal and its own inverse, and every entry is +-2^-k (exact in every
 float dtype).
 
-:func:`rotate_weight` / :func:`rotate_activation` multiply by the matrix in the operand's dtype
+``rotate_weight`` / ``rotate_activation`` multiply by the matrix in the operand's dtype
 exactly as comfy-kitchen does (weights by ``H.T``, activations by ``H``; the memory layout of
 the right-hand side changes BLAS's summation order, so both are kept).
 """
@@ -71,7 +71,7 @@ def rotate_weight(weight: torch.Tensor, size: int, out: torch.Tensor | None = No
     product over fewer rows may round differently (MKL/oneDNN choose kernels by ``M``).
     ``out`` (contiguous ``[n, k]``, same dtype, not ``weight``) receives the product: the
     same GEMM writing into a given buffer instead of a fresh one.  Without ``out`` the
-    product is a new tensor on huge pages when large (:func:`~.pages.empty_output`): a
+    product is a new tensor on huge pages when large (``empty_output``): a
     whole layer's product (283 MB in F32 at 5120x13824) was faulted in 4 KiB pages, about
     70k faults per layer that decoded whole; the GEMM call and its bits are the same."""
     n, k = weight.shape

@@ -27,7 +27,7 @@ def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def int8_levels(x: torch.Tensor, divisor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``clamp(round(x / divisor), -128, 127)`` in ``x``'s dtype (integral values, exact in
-    any cast to int8), computed in ``out`` when given; ``divisor`` from :func:`safe_divisor`."""
+    any cast to int8), computed in ``out`` when given; ``divisor`` from ``safe_divisor``."""
     return torch.div(x, divisor, out=out).round_().clamp_(-128.0, 127.0)
 
 
@@ -44,14 +44,14 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def row_levels_inplace(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize_rows` before the int8 cast, computed in ``x`` itself (a temporary the
+    """``quantize_rows`` before the int8 cast, computed in ``x`` itself (a temporary the
     caller owns, e.g. a freshly rotated block): ``(levels in x's dtype, scales F32 [..., 1])``."""
     scale = row_scales(x)
     return int8_levels(x, safe_divisor(scale, x.dtype), out=x), scale
 
 
 MATMUL_BLOCK_ELEMENTS = 1 << 20
-"""Weight elements converted to F64 at a time by :func:`int8_matmul` (8 MB)."""
+"""Weight elements converted to F64 at a time by ``int8_matmul`` (8 MB)."""
 
 
 def int8_matmul(q_x: torch.Tensor, q_w: torch.Tensor) -> torch.Tensor:
@@ -78,9 +78,9 @@ def runtime_int8_matmul(q_x: torch.Tensor, q_w: torch.Tensor) -> torch.Tensor:
 
     Not always the exact product: on CPUs without VNNI (AVX2, early AVX-512) oneDNN's int8
     kernel adds pairs of products in saturating int16 arithmetic, so large sums come out
-    wrong -- and the runtime computes exactly that on such a CPU.  :meth:`Codec.linear`, which
+    wrong -- and the runtime computes exactly that on such a CPU.  ``Codec.linear``, which
     promises the runtime's bits, multiplies this way; the quality report, which measures the
-    checkpoint, multiplies exactly (:func:`int8_matmul`: what GPUs and VNNI CPUs compute)."""
+    checkpoint, multiplies exactly (``int8_matmul``: what GPUs and VNNI CPUs compute)."""
     m, k = q_x.shape
     n = q_w.shape[0]
     rhs = q_w.t().contiguous()
@@ -105,7 +105,7 @@ def int8_linear(
     runtime: bool = True,
 ) -> torch.Tensor:
     """Dynamic row-wise INT8 activations times an INT8 weight grid (already rotated ``x``),
-    by default with the runtime's GEMM call (see :func:`int8_product`).
+    by default with the runtime's GEMM call (see ``int8_product``).
 
     ``y = out(f32(acc) * (s_row * w_scale)) + out(bias)`` with ``w_scale`` F32 of numel 1 or N."""
     lead = x.shape[:-1]
@@ -122,9 +122,9 @@ def int8_product(
     out_dtype: torch.dtype,
     runtime: bool = False,
 ) -> torch.Tensor:
-    """The GEMM and epilogue of :func:`int8_linear` for already quantized activations
+    """The GEMM and epilogue of ``int8_linear`` for already quantized activations
     ``(q_x [M, K], s_x [M, 1])``: exact integer products (``runtime``: the runtime's own
-    GEMM call, :func:`runtime_int8_matmul`); the epilogue is per output feature."""
+    GEMM call, ``runtime_int8_matmul``); the epilogue is per output feature."""
     acc = runtime_int8_matmul(q_x, q_w) if runtime else int8_matmul(q_x, q_w)
     scales = s_x * w_scale.to(torch.float32).reshape(1, -1)
     y = acc.float().mul_(scales).to(out_dtype)

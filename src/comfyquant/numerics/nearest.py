@@ -10,7 +10,7 @@ two subtractions and a select -- and bit-identical, because ``tau`` is found by 
 on the very same F32 predicate rather than taken as the midpoint.
 
 ``#{tau < t}`` is then counted without a per-element binary search (torch's ``searchsorted``
-costs a mispredicted branch per step, ~20 ns an element): :class:`CutLookup` splits the
+costs a mispredicted branch per step, ~20 ns an element): ``CutLookup`` splits the
 line into buckets by a monotone F32 map (``clamp(t * 2^k + o)``, exact operations applied
 to the cuts and the targets alike), fine enough that a bucket holds at most one distinct
 cut value.  A cut in a lower bucket is below every target of the bucket, one in a higher
@@ -39,7 +39,7 @@ _BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 """Buckets per row tried, fewest first: the first that separates every distinct cut wins."""
 _BIT_SHIFT = 15
 """Bit-pattern buckets of one cut row: ``bits >> 15``, 2^17 of them (see
-:meth:`CutLookup._set_bit_tables`)."""
+``CutLookup._set_bit_tables``)."""
 _lookup_cache: dict[bytes, CutLookup] = {}
 _LOOKUP_CACHE_SIZE = 16
 _threshold_cache: dict[bytes, torch.Tensor] = {}
@@ -143,7 +143,7 @@ def grid_nearest_by_code(
     cuts: torch.Tensor, codes: torch.Tensor, target: torch.Tensor, dtype: torch.dtype = torch.int64
 ) -> torch.Tensor:
     """Nearest grid level index (``dtype``) for ``target [R, G]`` whose rows use the grids of
-    the FP8 bytes ``codes [R]`` (decision points from :func:`grid_by_code`)."""
+    the FP8 bytes ``codes [R]`` (decision points from ``grid_by_code``)."""
     return cut_lookup(cuts).index(target, codes.reshape(-1), dtype=dtype)
 
 
@@ -151,7 +151,7 @@ class CutLookup:
     """``#{cuts[r] < t}`` (what ``searchsorted(cuts[r], t)`` returns) for rows of cuts.
 
     Exact for every target (NaN counts as above every cut, as in ``searchsorted``): see the
-    module docstring.  Built once per cut table (:func:`cut_lookup` caches them)."""
+    module docstring.  Built once per cut table (``cut_lookup`` caches them)."""
 
     def __init__(self, cuts: torch.Tensor) -> None:
         count = cuts.shape[-1] if cuts.dim() else 0
@@ -272,7 +272,7 @@ class CutLookup:
     def lookup(
         self, target: torch.Tensor, rows: torch.Tensor | None = None, payloads: tuple[torch.Tensor | None, ...] = (None,)
     ) -> list[torch.Tensor]:
-        """Per payload, ``payload[row, count]`` for every target (``count`` as :meth:`index`
+        """Per payload, ``payload[row, count]`` for every target (``count`` as ``index``
         gives it, in the lookup's own narrow dtype, for a payload of None).
 
         A payload is a ``[count + 1]`` table (``rows`` None) or one row per cut row,
@@ -340,7 +340,7 @@ class CutLookup:
 
     def _payload_pairs(self, payload: torch.Tensor | None) -> torch.Tensor:
         """``payload[row, low]``, ``payload[row, high]`` interleaved per (row, bucket), as
-        :attr:`pair` holds the counts themselves (cached per payload)."""
+        ``pair`` holds the counts themselves (cached per payload)."""
         if payload is None:
             return self.pair
         p = payload.contiguous()
@@ -410,7 +410,7 @@ def _bucket_map(cuts: torch.Tensor, size: int) -> tuple[float, float]:
 
 
 def cut_lookup(cuts: torch.Tensor) -> CutLookup:
-    """The (cached) :class:`CutLookup` of a cut table ``[L]`` or ``[R, L]``."""
+    """The (cached) ``CutLookup`` of a cut table ``[L]`` or ``[R, L]``."""
     c = cuts.to(torch.float32).contiguous()
     key = bytes(str(tuple(c.shape)), "ascii") + c.view(torch.uint8).numpy().tobytes()
     found = _lookup_cache.get(key)

@@ -4,7 +4,7 @@ The same NVFP4 numbers (E2M1 codes, one E4M3 scale per 1x16 block, an F32 tensor
 stored three ways by the writers comfyquant meets:
 
 * Comfy (comfy-kitchen ``quantize_nvfp4``): codes packed **high nibble first**, the weight
-  zero-padded to 16x16, the block scales in the blocked 128x4 layout (:mod:`.blocked`).
+  zero-padded to 16x16, the block scales in the blocked 128x4 layout (``blocked``).
 * diffusers' BFL quantizer (``quantizers/bfl/utils.py::quantize_nvfp4``) and NVIDIA ModelOpt
   (``qtensor/nvfp4_tensor.py``, ``(q[..., 1::2] << 4) | q[..., 0::2]``): **low nibble first**
   (the even element in bits 0-3), scales **linear** ``[N, K/16]``, nothing padded.
@@ -15,8 +15,8 @@ stored three ways by the writers comfyquant meets:
 Every conversion between them is a permutation of bytes plus zero padding: nibbles swap
 inside a byte, scales move between the linear and blocked arrangements, zero rows or columns
 appear or go.  The functions here do exactly that on raw bytes (numpy, no torch), and refuse
-(:class:`PaddingNotZero`) to drop bytes that are not zero, so a conversion never loses a number.
-:func:`decode` is the dense decode of any of these layouts (torch, for the dialect decoders).
+(``PaddingNotZero``) to drop bytes that are not zero, so a conversion never loses a number.
+``decode`` is the dense decode of any of these layouts (torch, for the dialect decoders).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def swap_nibbles(data: bytes) -> bytes:
 
 def resize(data: bytes, shape: tuple[int, int], new_shape: tuple[int, int], what: str = "tensor") -> bytes:
     """A row-major byte matrix cut or zero-padded at its end to ``new_shape`` (rows and columns
-    independently); the bytes cut away must be zero (:class:`PaddingNotZero` names them)."""
+    independently); the bytes cut away must be zero (``PaddingNotZero`` names them)."""
     import numpy as np
 
     if tuple(shape) == tuple(new_shape):
@@ -77,7 +77,7 @@ def resize(data: bytes, shape: tuple[int, int], new_shape: tuple[int, int], what
 
 def block(data: bytes, rows: int, cols: int) -> bytes:
     """Linear ``[rows, cols]`` scale bytes -> the blocked layout, zero padded to
-    ``[pad(rows, 128), pad(cols, 4)]`` (:func:`.blocked.to_blocked`)."""
+    ``[pad(rows, 128), pad(cols, 4)]`` (``blocked.to_blocked``)."""
     import numpy as np
 
     return np.ascontiguousarray(to_blocked(_array(data, (rows, cols)))).tobytes()
@@ -85,7 +85,7 @@ def block(data: bytes, rows: int, cols: int) -> bytes:
 
 def unblock(data: bytes, rows: int, cols: int, what: str = "scales") -> bytes:
     """Blocked scale bytes -> linear ``[rows, cols]``; the layout's padding must be zero (else
-    the linear form would not give the same bytes back: :class:`PaddingNotZero`)."""
+    the linear form would not give the same bytes back: ``PaddingNotZero``)."""
     import numpy as np
 
     rp, cp = blocked_shape(rows, cols)

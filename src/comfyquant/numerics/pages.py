@@ -25,7 +25,7 @@ import torch
 
 HUGE_PAGE = 2 << 20
 PAGE = 4096
-"""The memory page (and the ``O_DIRECT`` alignment) that :func:`empty_output`'s ``phase`` is
+"""The memory page (and the ``O_DIRECT`` alignment) that ``empty_output``'s ``phase`` is
 within."""
 LARGE_BYTES = 32 << 20
 """glibc's largest mmap threshold: buffers above it are always fresh mappings (smaller
@@ -35,7 +35,7 @@ MADV_HUGEPAGE = 14
 _MADVISE = None
 """libc's ``madvise`` once looked up, or False where there is none."""
 _REUSE: _Pool | None = None
-"""The pool of the active :func:`reused_outputs` scope, if any."""
+"""The pool of the active ``reused_outputs`` scope, if any."""
 
 
 def _madvise():
@@ -59,7 +59,7 @@ def _madvise():
 def advise_huge(t: torch.Tensor, least: int | None = None) -> bool:
     """Ask for huge pages on the 2 MiB-aligned interior of ``t``'s memory (before it is
     touched); True when the kernel accepted the advice.  Tensors of ``least`` bytes or fewer
-    (default :data:`LARGE_BYTES`) are left alone."""
+    (default ``LARGE_BYTES``) are left alone."""
     if t.nbytes <= (LARGE_BYTES if least is None else least):
         return False
     return _advise_range(t.data_ptr(), t.nbytes)
@@ -78,13 +78,13 @@ def _advise_range(address: int, nbytes: int) -> bool:
 
 def empty_output(shape: tuple[int, ...], dtype: torch.dtype, least: int | None = None, phase: int | None = None) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype)``, on huge pages when over ``least`` bytes (see the
-    module doc) -- or, inside :func:`reused_outputs`, memory an earlier output of the scope
+    module doc) -- or, inside ``reused_outputs``, memory an earlier output of the scope
     no longer uses.
 
-    ``phase``: where the tensor's first byte falls within a :data:`PAGE` of memory (a
+    ``phase``: where the tensor's first byte falls within a ``PAGE`` of memory (a
     multiple of the dtype's size).  A writer that puts this tensor's bytes at a file offset
     with the same remainder can hand them to ``O_DIRECT`` writes from where they are
-    (:mod:`comfyquant.io.direct`), since the page boundaries of memory and file then meet."""
+    (``comfyquant.io.direct``), since the page boundaries of memory and file then meet."""
     nbytes = math.prod(shape) * dtype.itemsize
     if phase is not None and phase % dtype.itemsize:
         raise ValueError(f"phase {phase} is not a multiple of {dtype}'s {dtype.itemsize} bytes")
@@ -107,7 +107,7 @@ def empty_output(shape: tuple[int, ...], dtype: torch.dtype, least: int | None =
 
 def byte_buffer(nbytes: int):
     """A writable anonymous buffer of ``nbytes``: a page-aligned ``mmap`` on huge pages when
-    over :data:`LARGE_BYTES`, or a ``bytearray`` where there is no ``madvise`` (not Linux).
+    over ``LARGE_BYTES``, or a ``bytearray`` where there is no ``madvise`` (not Linux).
     A read buffer for packed tensors, filled by ``readinto``: a ``bytearray`` of a layer's
     100 MB was faulted in 4 KiB pages by its first read."""
     import ctypes
@@ -130,13 +130,13 @@ def byte_buffer(nbytes: int):
 # touch: the kernel faults it in and zeroes it.  Where that is slow (a virtual machine whose
 # host backs guest memory on first use), a whole-layer decode spent as long zeroing its F32
 # operand and product as multiplying them.  A command that decodes layer after layer
-# (dequantize) needs the same few sizes again and again, so within :func:`reused_outputs`
+# (dequantize) needs the same few sizes again and again, so within ``reused_outputs``
 # a large output is cut from the memory of an earlier one that nothing references any more.
 
 
 @contextlib.contextmanager
 def reused_outputs() -> Iterator[None]:
-    """Within this scope (any thread of the process), :func:`empty_output` reuses the memory
+    """Within this scope (any thread of the process), ``empty_output`` reuses the memory
     of the scope's earlier large outputs once no tensor uses it (torch's own count of the
     memory's users says so: a view, a NumPy array or a memoryview of one keeps it taken).  The
     memory held for reuse never exceeds the most the scope's outputs used at once; it is
@@ -160,15 +160,15 @@ def reused_outputs() -> Iterator[None]:
 # large: on a virtual machine that zeroing cost a 5120x13824 FP8 decode more time than its
 # arithmetic.  So the memory of the last large result is kept (one buffer: no more than the
 # caller held already) and a later large result that fits it reuses it once the caller has let
-# it go; :func:`release_spare` gives it back.
+# it go; ``release_spare`` gives it back.
 
 
 def empty_result(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """:func:`empty_output` for a tensor handed to the caller as a result (a decoded layer):
-    a large one (over :data:`LARGE_BYTES`) reuses the memory of the previous large result
+    """``empty_output`` for a tensor handed to the caller as a result (a decoded layer):
+    a large one (over ``LARGE_BYTES``) reuses the memory of the previous large result
     when no tensor uses it any more (torch's count of its users) and its size fits (up to a
     quarter larger), else it is new memory, which is then kept for the next result in its
-    place.  Inside :func:`reused_outputs` the scope's pool serves instead."""
+    place.  Inside ``reused_outputs`` the scope's pool serves instead."""
     nbytes = math.prod(shape) * dtype.itemsize
     if _REUSE is not None or nbytes <= LARGE_BYTES or not _user_count_known():
         return empty_output(shape, dtype)
@@ -184,7 +184,7 @@ def empty_result(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 def release_spare() -> int:
-    """Let go of the memory kept for the next large result (:func:`empty_result`); the bytes
+    """Let go of the memory kept for the next large result (``empty_result``); the bytes
     it held (0 when there was none).  A result still in use stays valid: only this module's
     reference to its memory is dropped."""
     with _SPARE_LOCK:
@@ -197,7 +197,7 @@ _SPARE: list[tuple[torch.Tensor, int]] = []
 """At most one ``(buffer, its storage's use count when free)``: the last large result's memory."""
 _SPARE_LOCK = threading.Lock()
 _USER_COUNT: list[bool] = []
-"""Whether torch tells a storage's user count (:func:`_counts_users`), asked once."""
+"""Whether torch tells a storage's user count (``_counts_users``), asked once."""
 
 
 def _user_count_known() -> bool:
@@ -216,8 +216,8 @@ def _huge_pages(nbytes: int) -> int:
 
 
 def _serves(buf: torch.Tensor, size: int) -> bool:
-    """Whether a kept buffer fits a request of ``size`` (:func:`_huge_pages`) bytes without
-    wasting more than :data:`SLACK` allows."""
+    """Whether a kept buffer fits a request of ``size`` (``_huge_pages``) bytes without
+    wasting more than ``SLACK`` allows."""
     return size <= buf.numel() <= size + max(size // SLACK, HUGE_PAGE)
 
 
@@ -244,7 +244,7 @@ def _counts_users() -> bool:
 
 
 class _Pool:
-    """The memory of one :func:`reused_outputs` scope: flat byte tensors on huge pages, each
+    """The memory of one ``reused_outputs`` scope: flat byte tensors on huge pages, each
     free when torch counts no user of its storage besides the pool's own reference."""
 
     def __init__(self) -> None:

@@ -7,13 +7,13 @@ one exception: a float matrix product (the ConvRot rotation) may sum in another 
 its row count changes, on some CPUs even for large blocks (BLAS picks kernels by shape, ISA
 and thread count).  So no float GEMM is ever computed over these blocks unless its sums are
 provably exact: the rotations run on comfy-kitchen's own operands (the whole layer, or
-comfy-kitchen's W4A8 row chunks; :func:`materialize` assembles a row source for them) and
+comfy-kitchen's W4A8 row chunks; ``materialize`` assembles a row source for them) and
 only the row-independent work after them is blocked.  Blocks still have at least
-:func:`min_rows` rows (16, and at least :data:`MIN_BLOCK_ELEMENTS` elements) unless the
+``min_rows`` rows (16, and at least ``MIN_BLOCK_ELEMENTS`` elements) unless the
 whole tensor is smaller -- a short tail joins the block before it -- which keeps per-block
 overhead small; bit-exactness does not rest on it.
 
-A weight need not be in memory at all: a :class:`RowSource` hands out rows on demand (read
+A weight need not be in memory at all: a ``RowSource`` hands out rows on demand (read
 from the file, or decoded from a quantized layer), so ``quantize`` holds one block of the
 source at a time instead of the whole layer; every function here takes either.
 """
@@ -30,7 +30,7 @@ MIN_BLOCK_ROWS = 16
 MIN_BLOCK_ELEMENTS = 1 << 14
 """A block has at least ``MIN_BLOCK_ROWS`` rows and this many elements (64 rows of 256)."""
 ENCODE_BLOCK_ELEMENTS = 1 << 19
-"""Encoded elements per row block and torch thread (see :func:`encode_block_elements`)."""
+"""Encoded elements per row block and torch thread (see ``encode_block_elements``)."""
 MAX_ENCODE_BLOCK_ELEMENTS = 1 << 22
 
 
@@ -40,8 +40,8 @@ def min_rows(k: int) -> int:
 
 
 def encode_block_elements() -> int:
-    """Elements per encoded row block: :data:`ENCODE_BLOCK_ELEMENTS` per torch thread, at
-    most :data:`MAX_ENCODE_BLOCK_ELEMENTS` (comfy-kitchen's W4A8 chunk).
+    """Elements per encoded row block: ``ENCODE_BLOCK_ELEMENTS`` per torch thread, at
+    most ``MAX_ENCODE_BLOCK_ELEMENTS`` (comfy-kitchen's W4A8 chunk).
 
     The encoders' temporaries are about 20 bytes per element of a block (W4A8), so one
     thread's stay near 10 MB; with more threads each parallel operation gets more work,
@@ -54,8 +54,8 @@ def encode_block_elements() -> int:
 
 def rotation_encode_block_elements() -> int:
     """Elements per row block for encoders that are mostly a rotation GEMM over elementwise
-    work with small temporaries (INT8 ConvRot): four times :func:`encode_block_elements`,
-    at most :data:`MAX_ENCODE_BLOCK_ELEMENTS`.  The GEMM runs faster on larger blocks
+    work with small temporaries (INT8 ConvRot): four times ``encode_block_elements``,
+    at most ``MAX_ENCODE_BLOCK_ELEMENTS``.  The GEMM runs faster on larger blocks
     (measured at 5120x13824 with 2 threads: 1M -> 4M elements, 231 -> 218 ms)."""
     return min(MAX_ENCODE_BLOCK_ELEMENTS, 4 * encode_block_elements())
 
@@ -63,7 +63,7 @@ def rotation_encode_block_elements() -> int:
 def row_ranges(n: int, k: int, block_elements: int, multiple: int = 1, join_tail: bool = True) -> list[tuple[int, int]]:
     """``[r0, r1)`` blocks covering ``n`` rows of ``k`` columns, about ``block_elements`` each.
 
-    Blocks have at least :func:`min_rows` rows and start at multiples of ``multiple``
+    Blocks have at least ``min_rows`` rows and start at multiples of ``multiple``
     (formats that pad rows to 16 or 32 then pad only their last block).  With ``join_tail`` a
     last block shorter than that joins the one before it, so no block is a small-M product;
     without it every block but the last has the nominal size (decoding: its un-rotation of
@@ -83,7 +83,7 @@ class RowSource:
 
     ``read(r0, r1)`` returns rows ``r0:r1`` as a tensor of ``dtype``: read from a file or
     decoded, fresh on every call (each pass over the weight reads again), or a view of a
-    tensor held anyway (:func:`as_source`).  ``read_into(r0, r1, dest)``, when given, writes
+    tensor held anyway (``as_source``).  ``read_into(r0, r1, dest)``, when given, writes
     those rows into ``dest`` (a contiguous ``[r1 - r0, K]`` tensor of ``dtype``) instead:
     a decoder then writes its result where it is wanted, with no block-sized copy."""
 
@@ -107,7 +107,7 @@ class RowSource:
 
     @property
     def writes_into(self) -> bool:
-        """Whether :meth:`rows_into` writes rows where they are wanted (no block-sized copy):
+        """Whether ``rows_into`` writes rows where they are wanted (no block-sized copy):
         a decoder, which splits any range into its own row blocks."""
         return self._read_into is not None
 
@@ -128,20 +128,20 @@ class RowSource:
 
 
 Weight = torch.Tensor | RowSource
-"""What the encoders take: a 2-D tensor or a :class:`RowSource`."""
+"""What the encoders take: a 2-D tensor or a ``RowSource``."""
 
 
 def as_source(weight: Weight) -> RowSource:
-    """``weight`` as a :class:`RowSource` (a 2-D tensor's rows are views of it)."""
+    """``weight`` as a ``RowSource`` (a 2-D tensor's rows are views of it)."""
     if isinstance(weight, RowSource):
         return weight
     return RowSource(tuple(weight.shape), weight.dtype, lambda r0, r1: weight[r0:r1])
 
 
 def row_blocks(t: Weight, block_elements: int | None = None, multiple: int = 1) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """``(r0, r1, rows r0:r1)`` for the blocks of :func:`row_ranges` (views of a tensor; a
-    :class:`RowSource` reads each block when it is reached).  ``block_elements`` defaults
-    to :func:`encode_block_elements`."""
+    """``(r0, r1, rows r0:r1)`` for the blocks of ``row_ranges`` (views of a tensor; a
+    ``RowSource`` reads each block when it is reached).  ``block_elements`` defaults
+    to ``encode_block_elements``."""
     source = as_source(t)
     n, k = source.shape
     for r0, r1 in row_ranges(n, k, block_elements or encode_block_elements(), multiple):
@@ -150,7 +150,7 @@ def row_blocks(t: Weight, block_elements: int | None = None, multiple: int = 1) 
 
 def materialize(weight: Weight, r0: int = 0, r1: int | None = None) -> torch.Tensor:
     """Rows ``r0:r1`` (default: all) of ``weight`` as one tensor: a view of a tensor, or a
-    :class:`RowSource` read into one new tensor -- block by block (no read is larger than a
+    ``RowSource`` read into one new tensor -- block by block (no read is larger than a
     block), or, by a source that writes into a destination (a decoder), in one call that
     blocks itself.  For the products comfy-kitchen computes over a whole layer or row chunk,
     whose rounding may depend on the row count (ConvRot weight rotations): those rows are
@@ -188,7 +188,7 @@ def gather_rows(
     block (the padded last block of NVFP4 and MXFP8).
 
     ``workers`` > 1: up to that many blocks are computed at once, in threads (see
-    :func:`_computed_in_order`); ``fn`` must then depend on its block alone."""
+    ``_computed_in_order``); ``fn`` must then depend on its block alone."""
     outs: list[torch.Tensor] | None = None
     for r0, parts in _computed_in_order(blocks, fn, workers):
         if outs is None:

@@ -9,7 +9,7 @@ README's numerics section has the measurement).  On an idle machine the passive 
 wake-up per region, microseconds against a decode block's milliseconds.
 
 libgomp (and Intel's OpenMP) read the variable once, when torch loads them, so
-:func:`prefer_passive_waits` must run before ``import torch``; the command line calls it
+``prefer_passive_waits`` must run before ``import torch``; the command line calls it
 first thing.  A value the user set is kept.  This module imports nothing heavy.
 """
 

@@ -1,14 +1,14 @@
 """Write consistent Comfy quantized checkpoints from dense weights, with a quality report.
 
-* :mod:`.params`   format names and short names -> the format package's ``Params`` (refusals list the allowed values);
-* :mod:`.rules`    TOML rules files: layer-name globs -> format or ``keep``, most specific wins;
-* :mod:`.layout`   planned tensors from the format descriptions, validated by the format packages;
+* ``params``   format names and short names -> the format package's ``Params`` (refusals list the allowed values);
+* ``rules``    TOML rules files: layer-name globs -> format or ``keep``, most specific wins;
+* ``layout``   planned tensors from the format descriptions, validated by the format packages;
   virtual checkpoints for the runtime profiles;
-* :mod:`.plan`     per-layer decisions with reasons, judged as a whole before any computing;
-* :mod:`.work`     one layer: read, encode, measure (in this process or a worker);
-* :mod:`.runner`   streaming into temporary files with ``--jobs`` processes, check, commit;
-* :mod:`.report`   JSON document, PNG plot, text;
-* :mod:`.api`      :func:`quantize` and :func:`convert`.
+* ``plan``     per-layer decisions with reasons, judged as a whole before any computing;
+* ``work``     one layer: read, encode, measure (in this process or a worker);
+* ``runner``   streaming into temporary files with ``--jobs`` processes, check, commit;
+* ``report``   JSON document, PNG plot, text;
+* ``api``      ``quantize`` and ``convert``.
 
 The public functions are ``comfyquant.quantize`` and ``comfyquant.convert`` (this package is
 named ``quantizer`` so that those names stay plain functions).

@@ -2,7 +2,7 @@
 
 Both run the same pipeline: open the input (headers and markers only), plan every layer,
 judge the plan with the checker on a virtual output (refusing what the target cannot load
-before computing anything), stream the output through temporary files on the cores ``jobs`` asks for (:mod:`.jobs`),
+before computing anything), stream the output through temporary files on the cores ``jobs`` asks for (``jobs``),
 check the written files with ``check --target``, rename them into place, and
 report the quality of every quantized layer.
 """
@@ -115,13 +115,13 @@ def quantize(
 
     ``format``/``params``: the format of every layer no rule names (``params``: fields of the
     format's ``Params``, e.g. ``{"group_size": 32}``); ``rules``: a rules file path or
-    :class:`~.rules.Rules`; ``exclude``: regular expressions of layers to keep dense;
+    ``Rules``; ``exclude``: regular expressions of layers to keep dense;
     ``target``: runtime(s) the output must load in; ``report``: write ``<stem>.json`` and
     ``<stem>.png``; ``out``: default ``<name>.<format>.safetensors`` next to the input
     (``<folder>.<format>`` for shards); ``overwrite``: replace existing output files (never an
-    input; :mod:`comfyquant.io.outputs`); ``jobs``: the cores to compute on -- 1 is this process
+    input; ``comfyquant.io.outputs``); ``jobs``: the cores to compute on -- 1 is this process
     with one torch thread, N > 1 is N worker processes, None or ``"auto"`` every core in the
-    shape :mod:`.jobs` picks.  Raises :class:`~comfyquant.errors.InputError` for bad input.
+    shape ``jobs`` picks.  Raises ``InputError`` for bad input.
 
     ``reference``: the original dense checkpoint; every quantized layer is measured against
     its weight too (the report's ``reference`` figures).  ``max_error``: the quality gate on
@@ -129,11 +129,11 @@ def quantize(
     against the source): above it the output is kept as ``<out stem>.over-max-error.safetensors``
     (``<folder>.over-max-error`` for shards), never at ``out``, and ``Result.ok`` is False.
 
-    ``preset``: a model family's keep-dense list (:mod:`.presets`; None detects it from the
+    ``preset``: a model family's keep-dense list (``presets``; None detects it from the
     tensor names, ``"none"`` turns presets off); ``include``: the parts of a ComfyUI all-in-one
     checkpoint quantized besides the diffusion model (``"text-encoders"``, ``"vae"``, ``"all"``);
     ``like``: a quantized checkpoint whose per-layer formats and parameters the output repeats
-    (:mod:`.recipe`)."""
+    (``recipe``)."""
     default = _default_choice(format, params, "--format")
     select = _select_args(like, rules, default, preset, include)
     return _run(
@@ -180,7 +180,7 @@ def convert(
     """Re-encode a quantized checkpoint's layers in another format or with other parameters
     (decode, then encode), or decode everything (``to="dense"``, via ``comfyquant.dequantize``).
 
-    ``reference``/``max_error`` as for :func:`quantize`: with a reference, the re-encoded
+    ``reference``/``max_error`` as for ``quantize``: with a reference, the re-encoded
     layers are measured against the original weights, not only against the decoded input."""
     if isinstance(to, str) and to.strip().lower() in ("dense", "dequantize"):
         if (

@@ -10,7 +10,7 @@ take every core.
 Without ``--jobs`` (``auto``) the run uses every core in the shape that suits the plan:
 
 * worker processes, one per core, when most of the work is in encoders that are compute
-  bound far below disk speed (the format's ``heavy_encoder``, :class:`comfyquant.formats.base.Format`:
+  bound far below disk speed (the format's ``heavy_encoder``, ``comfyquant.formats.base.Format``:
   several least-squares passes, a whole-layer GEMM) and there is enough of it to pay for starting
   the workers: separate processes then run the encoders' Python-driven steps side by side;
 * otherwise this process alone with all its torch threads, the measurement of each layer in

@@ -1,14 +1,14 @@
 """What a planned output looks like before anything is computed, and whether it will load.
 
-* :func:`~comfyquant.formats.planned.planned_tensors` (re-exported here) derives every tensor
+* ``planned_tensors`` (re-exported here) derives every tensor
   an encode will produce; the runner checks each encoded layer against it.
-* :func:`format_findings` validates a planned layer (its marker and its planned tensors)
+* ``format_findings`` validates a planned layer (its marker and its planned tensors)
   against the format package directly: the description's marker keys, slots and constraints
-  (:func:`comfyquant.formats.validation.check_layer`).  A layer whose plan contradicts its
+  (``comfyquant.formats.validation.check_layer``).  A layer whose plan contradicts its
   own format is never written.
-* :func:`check_files` and :func:`layer_problems` judge what the format rules cannot: whether
+* ``check_files`` and ``layer_problems`` judge what the format rules cannot: whether
   the selected runtimes load it.  The runtime profiles read a checkpoint, so they run on a
-  *virtual* one: the planned header and marker bytes, served by :class:`SkeletonSource`;
+  *virtual* one: the planned header and marker bytes, served by ``SkeletonSource``;
   every other byte reads as zero and is never needed.  That is how quantize knows, before
   computing, which layers a target cannot take and which format combinations it refuses,
   with the runtime's own message.
@@ -121,7 +121,7 @@ def layer_problems(name: str, params: Params, n: int, k: int, bias: tuple | None
     """Why this one layer cannot be written in this format, or the selected targets cannot
     take it (empty: they can).
 
-    First the format package's own rules on the planned layer (:func:`format_findings`: an
+    First the format package's own rules on the planned layer (``format_findings``: an
     error there is a plan the format forbids, whatever the target); then the runtimes, on a
     file holding only this layer.  Results depend on the shape, parameters and bias, not on
     the name (except SGLang's embedding test), so they are cached."""
@@ -147,7 +147,7 @@ def layer_problems(name: str, params: Params, n: int, k: int, bias: tuple | None
 
 
 def _finding_lines(findings: list, layer: str) -> list[str]:
-    """The format's errors on a planned layer, one line each as :func:`problems` words them."""
+    """The format's errors on a planned layer, one line each as ``problems`` words them."""
     return [_LAYER_LEAD.sub("", f.message.replace("{layer}", repr(layer))) for f in findings if f.severity == "error"]
 
 

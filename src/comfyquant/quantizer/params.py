@@ -2,7 +2,7 @@
 
 Everything about one format (short names, parameters and defaults, validation, the marker it
 writes) is in the format's package: the description's ``aliases`` and the frozen ``Params``
-class of its ``params`` module (:mod:`comfyquant.formats.params`).  This module only looks
+class of its ``params`` module (``comfyquant.formats.params``).  This module only looks
 them up by name, with the one-line refusals that list what is allowed.
 """
 
@@ -22,9 +22,8 @@ decoded (its model dtype) and written without a marker; for ``quantize`` it is `
 
 
 def writable() -> list[str]:
-    """The formats quantize writes, the recommended first."""
-    classes = [f.params_class() for f in registry.FORMATS.values() if f.writable]
-    return [c.FORMAT for c in sorted(classes, key=lambda c: c.RANK)]
+    """The formats quantize writes, the recommended first (the registry's ``WRITING_ORDER``)."""
+    return [f.name for f in registry.WRITING_ORDER]
 
 
 def format_names() -> str:
@@ -59,6 +58,6 @@ def resolve_format(name: str, where: str = "--format", allow_keep: bool = False)
 
 
 def validate(fmt_name: str, given: dict[str, Any], where: str = "--format") -> Params:
-    """``given`` checked against the format (see :meth:`Params.validate`): the frozen
+    """``given`` checked against the format (see ``Params.validate``): the frozen
     parameters with every default filled in."""
     return registry.FORMATS[fmt_name].params_class().validate(given, where)

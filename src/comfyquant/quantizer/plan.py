@@ -7,7 +7,7 @@ reason.  ``convert`` (quantized input): each quantized layer is decoded and enco
 the new format, or copied unchanged when it already has that format and those parameters.
 
 The plan is then judged as a whole by the checker on a virtual checkpoint
-(:mod:`.layout`): a format combination the target refuses (e.g. W4A8 with W4A4 for SGLang)
+(``layout``): a format combination the target refuses (e.g. W4A8 with W4A4 for SGLang)
 stops the run here, with the runtime's message, before anything is computed.
 """
 
@@ -189,7 +189,7 @@ class Options:
         self.default = default
         self.target = target
         self.selection = selection
-        """A :class:`~.presets.Selection` (preset keep rules, all-in-one scope) or None: it
+        """A ``Selection`` (preset keep rules, all-in-one scope) or None: it
         decides what the user's own rules do not match, before the default format."""
         self.excludes = []
         for rx in excludes:

@@ -2,7 +2,7 @@
 
 A preset is data (``presets.toml`` next to this module): per family, keep-dense name lists,
 each with its source, and the format of every other layer.  It becomes a rules set in the
-rules-file machinery (:class:`~.rules.Rules` of ``keep`` choices), so ``--dry-run`` says which
+rules-file machinery (``Rules`` of ``keep`` choices), so ``--dry-run`` says which
 preset rule kept each layer.  Each keep list is the one a published quantizer uses for that
 family, matched the way that source matches it: a *substring* of the layer name (the glob
 ``*NAME*``).  The sources (``[sources]`` in the data file):
@@ -301,7 +301,7 @@ def select(names, preset: str | None = None, include=()) -> Selection:
 
 class Request:
     """What a ``quantize`` call asked of the selection (``preset``, ``include``, ``like``),
-    checked before the input is opened; :meth:`apply` then reads the checkpoint's names."""
+    checked before the input is opened; ``apply`` then reads the checkpoint's names."""
 
     def __init__(self, like, rules, default: Choice | None, preset: str | None, include) -> None:
         self.preset = resolve_preset(preset)

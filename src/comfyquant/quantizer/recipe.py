@@ -4,14 +4,14 @@ Read from the headers alone (no torch): every quantized layer's format and the `
 that make ``quantize`` write exactly its marker and its tensors (dtypes and shapes), every
 dense 2-D linear layer as ``keep``.  Layers ``quantize`` never quantizes (norms, embeddings,
 convolutions, no weight) need no rule.  The choices are then written as few rules as stay
-exact under the rules' own precedence (:mod:`.rules`: exact name, then the glob with more
+exact under the rules' own precedence (``rules``: exact name, then the glob with more
 literal characters, then the later rule): a ``"*"`` rule for the commonest choice, globs
 found greedily (a numbered block as ``*``, a leading or trailing run of name components),
 exact names where nothing shorter is exact.  The result is verified by parsing it back and
 choosing every layer; ``quantize --like GOOD`` applies it.
 
 The catch-all is a ``[[rules]] match = "*"`` rather than ``[default]`` on purpose: a rule a
-file states beats a preset's keep list and ``--format`` (:class:`~.plan.Options`), so the
+file states beats a preset's keep list and ``--format`` (``Options``), so the
 recipe reproduces the file the same way under ``--rules`` as under ``--like``.
 """
 
@@ -77,7 +77,7 @@ class Recipe:
         }
 
     def rules(self):
-        """The :class:`~.rules.Rules` ``quantize --like`` applies."""
+        """The ``Rules`` ``quantize --like`` applies."""
         return parse_rules(self.doc(), f"recipe of {self.paths[0]}")
 
     def toml(self) -> str:

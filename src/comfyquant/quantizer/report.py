@@ -1,7 +1,7 @@
 """The quality report of a ``quantize``/``convert`` run: JSON document, PNG plot, text.
 
 Per quantized layer: relative L2 error and cosine similarity of the decoded weight against
-the source, and of the layer output on a fixed random input (see :mod:`.work`); totals per
+the source, and of the layer output on a fixed random input (see ``work``); totals per
 format and overall; the worst layers.  matplotlib is imported only to draw the PNG, and only
 if it is installed (the ``plot`` extra).
 """

@@ -1,13 +1,13 @@
 """Stream a plan into the output files: compute layers in order, write, check, then commit.
 
 The header of every output file is known from the plan, so each file is written front to
-back by :func:`comfyquant.io.writer.write_safetensors` into a temporary file next to its
+back by ``comfyquant.io.writer.write_safetensors`` into a temporary file next to its
 destination: dense tensors are copied by the kernel, quantized tensors are produced when the
 writer reaches them -- computed ahead, so reading, encoding, measuring and writing overlap.
-The layers are computed in this process (:class:`_InProcess`: ``--jobs 1`` on one core, or
+The layers are computed in this process (``_InProcess``: ``--jobs 1`` on one core, or
 ``auto`` with every core and the measurement in a thread of its own) or by worker processes
-that compute up to 2N layers ahead, handing each over in a spill file (:class:`_Pool`);
-:mod:`.jobs` decides which.  Results are consumed in file order, and memory stays bounded by a
+that compute up to 2N layers ahead, handing each over in a spill file (``_Pool``);
+``jobs`` decides which.  Results are consumed in file order, and memory stays bounded by a
 few layers (see each class).
 
 After the last byte, the temporary files are opened again and checked with
@@ -45,7 +45,7 @@ DROP_METADATA = ("_quantization_metadata", "quant_format")
 
 
 def output_paths(ckpt, out: str | None, overwrite: bool, tag: str, also: list[str] | tuple = ()):
-    """The run's :class:`~comfyquant.io.outputs.Outputs` (refused before any work): one input
+    """The run's ``Outputs`` (refused before any work): one input
     file gives one output file (``OUT``, or ``OUT/<name>`` when OUT is a folder, default
     ``<name>.<tag>.safetensors``); shards give a folder ``OUT`` with the same shard names and
     the index rewritten.  ``also``: the report files."""
@@ -55,7 +55,7 @@ def output_paths(ckpt, out: str | None, overwrite: bool, tag: str, also: list[st
 class _InProcess:
     """Layers computed in this process, beside the writer (``--jobs 1``, or ``auto``).
 
-    The encoder thread encodes the layers in file order, at most :attr:`AHEAD` layer ahead of
+    The encoder thread encodes the layers in file order, at most ``AHEAD`` layer ahead of
     the one the writer waits for, so writing layer i and encoding layer i+1 overlap (torch and
     the writer's system calls release the GIL).  With ``overlap`` (``auto``: every core) a
     measurement thread measures each encoded layer while the encoder goes on with the next,
@@ -180,7 +180,7 @@ def _done(value) -> Future:
 class _Pool:
     """``--jobs N``: worker processes compute layers ahead of the writer, in file order.
 
-    Up to :attr:`WINDOW` ``* N`` layers are submitted and not yet written: a worker that
+    Up to ``WINDOW`` ``* N`` layers are submitted and not yet written: a worker that
     finished a short layer takes the next one at once instead of waiting for the writer to
     reach it (the finished layers wait in their spill files, on disk, not in memory)."""
 
@@ -229,7 +229,7 @@ class _Pool:
             raise InputError("a worker process died (out of memory?); try fewer --jobs") from None
         except BaseException:
             # Interrupted while waiting (Ctrl-C): the layer may still be computed and spilled,
-            # or be spilled and not yet taken over; back among the futures, :meth:`close` waits
+            # or be spilled and not yet taken over; back among the futures, ``close`` waits
             # for it and removes its spill file.
             self.futures[lp.name] = future
             raise
@@ -260,7 +260,7 @@ class _Pool:
         close_sources()  # the files opened here for the read-ahead hints
 
     def _interrupt_workers(self) -> None:
-        """SIGINT to every worker (:func:`.work.init_worker` handles it): the layer being
+        """SIGINT to every worker (``work.init_worker`` handles it): the layer being
         computed stops and removes its spill file, and the layers already queued to a worker
         are not computed.  Without this, closing the pool after an error waited for up to
         2N layers that nobody would write (2-5 s after a Ctrl-C, measured)."""

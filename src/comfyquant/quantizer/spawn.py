@@ -2,7 +2,7 @@
 
 multiprocessing's ``spawn`` start method imports the parent's main module again in every
 child (as ``__mp_main__``), so that functions defined there can be unpickled.  The workers
-of ``quantize --jobs N`` run only tasks of :mod:`.work`, which they import by name, so that
+of ``quantize --jobs N`` run only tasks of ``work``, which they import by name, so that
 import buys nothing and costs two things:
 
 * it runs the top-level code of the caller's script again in every worker; a script that
@@ -16,7 +16,7 @@ So workers are started while ``sys.modules["__main__"]`` is a bare module: the c
 from a plain interpreter and imports what its tasks need.  The swap lasts as long as starting
 the process (the child's start-up data is taken then) and is serialised by a lock.  SIGINT is
 blocked meanwhile, and so in the child until its initializer handles it (see
-:func:`_sigint_blocked`).
+``_sigint_blocked``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class _BareMainProcess(SpawnProcess):
 def _sigint_blocked():
     """SIGINT blocked in this thread while a worker is started: the child inherits the blocked
     mask through ``exec`` and starts without being interruptible until its initializer takes
-    SIGINT up (:func:`.work.init_worker`), so a Ctrl-C during its start-up prints no traceback.
+    SIGINT up (``work.init_worker``), so a Ctrl-C during its start-up prints no traceback.
     Here the signal is only deferred: it is delivered when the mask is restored."""
     block = getattr(signal, "pthread_sigmask", None)
     if block is None:

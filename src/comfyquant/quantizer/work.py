@@ -43,7 +43,7 @@ def _source(path: str):
 
 def use_sources(sources) -> None:
     """Read these byte sources by their names instead of opening the files of those names (a
-    dialect file's translated view, :mod:`comfyquant.dialects.view`: in this process only)."""
+    dialect file's translated view, ``comfyquant.dialects.view``: in this process only)."""
     for src in sources:
         _SOURCES[src.name] = src
 
@@ -87,7 +87,7 @@ def _pread(file: str, start: int, nbytes: int) -> bytearray:
 
 
 def _file_rows(spec: tuple):
-    """A 2-D tensor of the file as a :class:`~comfyquant.numerics.rows.RowSource`: each block
+    """A 2-D tensor of the file as a ``RowSource``: each block
     is read when asked for, so the layer is never in memory whole (other shapes: the tensor)."""
     from ..numerics.dtypes import TORCH_DTYPES, from_bytes
     from ..numerics.rows import RowSource
@@ -198,7 +198,7 @@ def run_task(task: dict) -> dict:
 
 
 def encode_task(task: dict) -> tuple[dict, Any, Any]:
-    """The encoding half of :func:`run_task`: (tensors as planned, the codec, the source the
+    """The encoding half of ``run_task``: (tensors as planned, the codec, the source the
     measurement compares with)."""
     import torch
 
@@ -241,7 +241,7 @@ def encode_task(task: dict) -> tuple[dict, Any, Any]:
 
 
 def measure_task(task: dict, codec, source, tensors: dict) -> dict | None:
-    """The measuring half of :func:`run_task` (None without ``task["quality"]``)."""
+    """The measuring half of ``run_task`` (None without ``task["quality"]``)."""
     if not task["quality"]:
         return None
     reference = _file_rows(task["reference"]) if task.get("reference") else None
@@ -255,7 +255,7 @@ def measure(codec, source, tensors: dict, marker: dict, name: str, reference=Non
     shape): the decoded weight and the layer output are measured against it as well, under
     ``"reference"`` -- for ``convert`` the error against the original, not the decoded input.
 
-    One pass in the encoders' row blocks (``encode_block_elements``, :meth:`Codec.measure_blocks`):
+    One pass in the encoders' row blocks (``encode_block_elements``, ``Codec.measure_blocks``):
     each block of the decoded weight is compared with the same rows of ``source`` (a tensor
     or a row source, read once more), which also give their columns of the F32 reference
     product, and the quantized forward gives the same output features (work the decode and
@@ -323,7 +323,7 @@ def init_worker(threads: int) -> None:
     Ctrl-C reaches the whole process group.  The main process reports the interruption in one
     line; a worker interrupted while it starts (importing torch) or while it waits for a task
     printed a ``KeyboardInterrupt`` traceback beside it.  So a worker starts with SIGINT
-    blocked (:mod:`.spawn`), and here takes it up with a handler that raises nothing between
+    blocked (``spawn``), and here takes it up with a handler that raises nothing between
     tasks (the worker then ends with the pool, its queued layers skipped) -- and during a task
     stops the task as before (its spill file is removed and the main process gets the
     interruption)."""
@@ -357,7 +357,7 @@ def init_worker(threads: int) -> None:
 
 
 _IN_TASK = False
-"""Whether this worker is computing a task (:func:`run_task_spilled`)."""
+"""Whether this worker is computing a task (``run_task_spilled``)."""
 _STOPPING = False
 """Set by an interruption: the tasks already queued to this worker end at once."""
 _RAISED = False

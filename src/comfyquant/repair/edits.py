@@ -1,8 +1,8 @@
-"""What a repair plan holds: its lines (:class:`Change`), the values it assumes, the tensor
+"""What a repair plan holds: its lines (``Change``), the values it assumes, the tensor
 edits, and the options it was made with.
 
-The planner (:mod:`.plan`) and the dialect migrations (:mod:`.migrate`) both fill a
-:class:`Plan`; keeping the data model below both lets the planner call the migrations
+The planner (``plan``) and the dialect migrations (``migrate``) both fill a
+``Plan``; keeping the data model below both lets the planner call the migrations
 without either importing the other back.
 """
 
@@ -17,7 +17,7 @@ STORAGE = "write markers as tensors and header map, identical"
 
 class Change:
     """One line of the plan: what changes on which layer/tensor, before -> after.  ``assumed``
-    lists the values this line writes that the file cannot confirm (:class:`Assumption`)."""
+    lists the values this line writes that the file cannot confirm (``Assumption``)."""
 
     __slots__ = ("layer", "tensor", "what", "before", "after", "kind", "assumed")
 

@@ -37,7 +37,7 @@ class FixError(InputError):
 
 def output_paths(ckpt, out: str | None, in_place: bool, overwrite: bool) -> tuple[list[str], str | None]:
     """Destination of each shard (in input order) and of the index (if the input had one):
-    :func:`comfyquant.io.outputs.claim`'s rule, default ``<name>.fixed.safetensors``."""
+    ``comfyquant.io.outputs.claim``'s rule, default ``<name>.fixed.safetensors``."""
     dest = claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag="fixed", in_place=in_place)
     dest.make_folder()
     return dest.files, dest.index
@@ -197,7 +197,7 @@ class _EarlyComparison:
     kernel's copying of the tensors after it instead of following the whole write.
 
     Only an accelerator: it records the (offset, length) in the temporary file at which a
-    tensor was found equal, and :func:`_verify_copies` accepts that only where the re-read
+    tensor was found equal, and ``_verify_copies`` accepts that only where the re-read
     output header puts the tensor at exactly that place; anything not confirmed here (a
     difference, a read error, a comparison not reached) is compared again there, in the main
     thread, which reports it."""
@@ -254,7 +254,7 @@ def _verify_copies(ckpt, out, shards, temps: list[str], dests: list[str], compar
     """Every copied tensor compared byte for byte with its input (stronger than a hash, and
     faster: both sides are still in the page cache).  Two reused buffers: no allocation per
     chunk, and ``bytearray ==`` is a memcmp.  ``compared`` holds the tensors that
-    :class:`_EarlyComparison` already found equal, with the place it compared: they are
+    ``_EarlyComparison`` already found equal, with the place it compared: they are
     skipped only where the re-read header has them at that very place."""
     bufs = (bytearray(CHUNK), bytearray(CHUNK))
     compared = compared or {}

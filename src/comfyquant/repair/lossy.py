@@ -2,7 +2,7 @@
 stored, from its own decoded weights, and measure what that costs.
 
 Which layers need it, and into what, is the format's own knowledge (``Format.lossy``, e.g.
-W4A8's 6-bit rows for SGLang -> 4-bit): it returns a :class:`~..formats.hooks.Recode` with the
+W4A8's 6-bit rows for SGLang -> 4-bit): it returns a ``Recode`` with the
 encoder arguments and the tensors written.  Here the layer is decoded with its codec, encoded
 again with those arguments, and the relative L2 error of the new decoded weight against the
 old one is reported.  torch is imported only here, only when such a repair runs.
@@ -15,7 +15,7 @@ from ..formats.hooks import Recode
 
 
 class Requant:
-    """One layer to re-encode: the format's :class:`Recode`, the marker the layer is decoded
+    """One layer to re-encode: the format's ``Recode``, the marker the layer is decoded
     with, and the measured error."""
 
     __slots__ = ("prefix", "out_prefix", "format", "recode", "source_marker", "error", "change", "outputs", "_after")

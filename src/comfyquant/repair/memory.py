@@ -3,9 +3,9 @@
 A loader inside a runtime (the ComfyUI node) wants what ``fix`` and ``migrate`` would produce
 -- other writers' layouts translated exactly, lossless repairs applied, with ``allow_lossy``
 the re-encodes too -- but as tensors in memory, with nothing written to disk.  The plan is
-``fix``'s own (:func:`~.plan.plan_repairs`) and the output tensors are ``fix``'s own
-(:func:`~.execute.build_shards`); instead of streaming them into files they become virtual
-files (:class:`~comfyquant.io.virtual.VirtualSource`: copied tensors read through to the
+``fix``'s own (``plan_repairs``) and the output tensors are ``fix``'s own
+(``build_shards``); instead of streaming them into files they become virtual
+files (``VirtualSource``: copied tensors read through to the
 input, edited ones computed when read), and the result is checked exactly as ``fix``
 re-checks what it wrote.  A checkpoint the runtime still could not load is refused with the
 check's own words.
@@ -112,7 +112,7 @@ def _first_error(report) -> str | None:
 def repaired(paths: Paths, target: str = "comfyui", allow_lossy: bool = False) -> Iterator[Repaired]:
     """The checkpoint at ``paths`` as ``fix`` would write it for ``target``, in memory.
 
-    Raises :class:`RepairRefused` (one line naming the file and layer) when a layer has no
+    Raises ``RepairRefused`` (one line naming the file and layer) when a layer has no
     exact translation or repair and ``allow_lossy`` is false, or when the result would still
     fail ``target``'s check."""
     with open_any(paths) as ckpt:

@@ -1,7 +1,7 @@
 """Plan the rewrite of a dialect's layers as Comfy layers (``migrate``, and ``fix`` for the
 exact ones), or of Comfy layers into a dialect (``migrate --to``).
 
-Each :class:`~comfyquant.dialects.base.Translation` becomes repair-plan lines: its moves are
+Each ``Translation`` becomes repair-plan lines: its moves are
 renames and byte edits, its drops removals, its marker the layer's final marker.  A lossy
 layer is re-quantized only when asked (``--allow-lossy``): decoded by its dialect's exact
 decoder, encoded by the format it names, its error measured.  A refused layer refuses.

@@ -82,12 +82,12 @@ def migrate(
     overwrite: bool = False,
     to: str | None = None,
 ) -> MigrateResult:
-    """Rewrite a dialect file (see :mod:`comfyquant.dialects`) as a Comfy quantized checkpoint.
+    """Rewrite a dialect file (see ``comfyquant.dialects``) as a Comfy quantized checkpoint.
 
     ``out``: default ``<name>.comfy.safetensors`` (``<name>.<to>.safetensors`` with ``to``);
     ``allow_lossy``: re-quantize layers with no exact Comfy form (their error is measured);
     ``to``: write Comfy layers in that dialect's layout instead (``bfl``, ``modelopt``).
-    Raises :class:`MigrateError` (nothing written) when a layer is refused."""
+    Raises ``MigrateError`` (nothing written) when a layer is refused."""
     parse_targets(target)
     with open_any(paths) as ckpt:
         gc.disable()

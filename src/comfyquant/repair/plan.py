@@ -142,7 +142,7 @@ def _final_markers(ckpt, options: Options, plan: Plan) -> dict[str, dict]:
 
 def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan, layer_tensors: dict | None) -> dict | None:
     """The union of a layer's markers.  On a conflict, ``--prefer`` decides; without it, the
-    side whose values the tensors fit when exactly one does (:mod:`..checker.fit`); else the
+    side whose values the tensors fit when exactly one does (``checker.fit``); else the
     layer is refused."""
     header_recs = [r for r in sources if r.kind == HEADER]
     tensor_recs = [r for r in sources if r.kind == TENSOR]
@@ -251,7 +251,7 @@ CANDIDATES = {int: (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 512, 1024, 4096), 
 def _assumptions(ckpt, plan: Plan) -> None:
     """Every marker value about to be written that the file does not state (no marker source
     of the layer has it, or its sources disagree) and the tensors' shapes do not single out
-    (another allowed value fits them as well) is an :class:`Assumption`, attached to the plan
+    (another allowed value fits them as well) is an ``Assumption``, attached to the plan
     lines of its layer."""
     from ..checker.fit import layer_errors
 

@@ -87,7 +87,7 @@ def fix(
     ``force`` is the deprecated name of ``overwrite``.
 
     ``reference``: the original dense checkpoint; every repaired layer is decoded and measured
-    against its weight, and the whole repair is refused (:class:`ReferenceRefused`, nothing
+    against its weight, and the whole repair is refused (``ReferenceRefused``, nothing
     written) when a layer's error is not that of its format.
 
     ``max_error``: a quality gate on the measured layers' relative L2 error (needs
@@ -164,7 +164,7 @@ def _gate(plan: Plan, limit: float) -> dict:
 
 def _over_paths(ckpt, out: str | None, in_place: bool, overwrite: bool) -> tuple[list[str], str | None]:
     """Where a repair over ``--max-error`` is written instead of the requested output (or the
-    input, with ``--in-place``): :func:`comfyquant.comparison.over_outputs`."""
+    input, with ``--in-place``): ``comfyquant.comparison.over_outputs``."""
     from ..comparison import over_outputs
     from ..io.outputs import claim
 

@@ -1,10 +1,10 @@
 """Run Comfy quantized checkpoints in plain PyTorch (needs the ``[torch]`` extra).
 
-* :class:`QuantLinear` -- one quantized linear layer (any format), computing what ComfyUI
+* ``QuantLinear`` -- one quantized linear layer (any format), computing what ComfyUI
   computes (comfy-kitchen's ``QuantizedTensor`` when installed, comfyquant's codecs otherwise);
-* :func:`load_quantized` -- load a checkpoint into a model (built on the meta device or not),
-  replacing each quantized ``nn.Linear`` by a :class:`QuantLinear`, layer by layer;
-* :func:`quantize_` / :func:`save_quantized` -- quantize an in-memory model with the rules of
+* ``load_quantized`` -- load a checkpoint into a model (built on the meta device or not),
+  replacing each quantized ``nn.Linear`` by a ``QuantLinear``, layer by layer;
+* ``quantize_`` / ``save_quantized`` -- quantize an in-memory model with the rules of
   ``comfyquant quantize`` and write it as a Comfy checkpoint.
 
 Names resolve on first use, so ``import comfyquant.torch`` costs nothing until one is used.

@@ -1,6 +1,6 @@
 """comfy-kitchen's ``QuantizedTensor`` built from a layer's stored tensors, as ComfyUI builds it.
 
-What goes where is the runtime model in :mod:`comfyquant.targets.kitchen_layouts` (data);
+What goes where is the runtime model in ``comfyquant.targets.kitchen_layouts`` (data);
 this module turns it into comfy-kitchen objects: the weight (``QuantizedTensor(qdata,
 layout, Params)`` with the model's shape and the compute dtype), the activation ComfyUI
 quantizes for the layouts that need it, and whether comfy-kitchen can run the layout's

@@ -4,7 +4,7 @@ It holds the layer's stored tensors (buffers named by their suffixes, so its ``s
 keys are the checkpoint's) and its marker, and computes what ComfyUI computes with them:
 
 * comfy-kitchen installed: the weight is comfy-kitchen's ``QuantizedTensor`` built the way
-  ComfyUI's loader builds it (:mod:`.kitchen`), and the forward is ComfyUI's -- the
+  ComfyUI's loader builds it (``kitchen``), and the forward is ComfyUI's -- the
   activation quantized by the layout where ComfyUI does it (FP8, NVFP4, MXFP8), then
   ``F.linear(x, QuantizedTensor, bias)``, whose layout handler quantizes the activation
   itself for INT8, W4A4 and W4A8.  A layout whose activation quantization comfy-kitchen
@@ -13,7 +13,7 @@ keys are the checkpoint's) and its marker, and computes what ComfyUI computes wi
 * without comfy-kitchen: the codec's ``linear`` (bit-exact with comfy-kitchen's eager backend).
 * ``full_precision_matrix_mult`` in the marker: the dequantized weight and a float matmul.
 
-A loader builds it from one :class:`QuantWeight` (the "parameter object": stored tensors by
+A loader builds it from one ``QuantWeight`` (the "parameter object": stored tensors by
 suffix plus the marker), which is what a converter that splits or fuses rows passes around.
 """
 

@@ -8,7 +8,7 @@
    Missing and unexpected keys are known here, before any data is read: ``strict`` raises.
 2. Layer by layer: each quantized layer's tensors are read straight into their final storage
    (positioned reads, no memory map, no intermediate copy), the ``nn.Linear`` is replaced by
-   a :class:`~.linear.QuantLinear`; each dense tensor is read and assigned (``assign=True``
+   a ``QuantLinear``; each dense tensor is read and assigned (``assign=True``
    semantics: a model built on the meta device gets real tensors without ever allocating its
    dense weights).  Peak host memory: the quantized bytes held by the model plus one tensor
    in flight (one dense layer for a dialect's lossy layer, decoded exactly to F32).
@@ -30,7 +30,7 @@ __all__ = ["LoadError", "LoadReport", "load_quantized"]
 
 @dataclass
 class LoadReport:
-    """What :func:`load_quantized` did: keys are the checkpoint's names (before ``strip_prefix``)."""
+    """What ``load_quantized`` did: keys are the checkpoint's names (before ``strip_prefix``)."""
 
     path: str
     loaded: list[str] = field(default_factory=list)
@@ -40,7 +40,7 @@ class LoadReport:
     unexpected: list[str] = field(default_factory=list)
     """Checkpoint tensors no module takes."""
     quantized: dict[str, str] = field(default_factory=dict)
-    """Model layer -> format of every layer now a :class:`QuantLinear`."""
+    """Model layer -> format of every layer now a ``QuantLinear``."""
     fallbacks: dict[str, str] = field(default_factory=dict)
     """Model layer -> why it computes with a dequantized weight or operands instead of
     comfy-kitchen's quantized GEMM (marker, device, comfy-kitchen missing)."""
@@ -88,9 +88,9 @@ def load_quantized(
 
     ``device``: where the tensors go; ``dtype``: dense floating-point tensors (biases, norms,
     unquantized layers) are cast to it (quantized tensors keep their stored dtypes; a
-    :class:`QuantLinear` computes in its input's dtype); ``strip_prefix``: removed from
+    ``QuantLinear`` computes in its input's dtype); ``strip_prefix``: removed from
     checkpoint names that start with it (``model.diffusion_model.``); ``strict``: raise
-    :class:`LoadError` naming every missing or unexpected key before reading any data."""
+    ``LoadError`` naming every missing or unexpected key before reading any data."""
     from ..markers import file_level_markers
 
     device = torch.device(device)

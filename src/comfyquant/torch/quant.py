@@ -6,7 +6,7 @@ The model's ``nn.Linear`` layers are described to the quantizer as a virtual che
 applies, ``exclude``, embeddings, shapes a format or the target cannot take, format
 combinations a runtime refuses -- is exactly what the command decides for the same weights
 in a file.  Each chosen layer is encoded by its format's codec (as the command's workers do)
-and replaced by a :class:`~.linear.QuantLinear` holding the encoded tensors.
+and replaced by a ``QuantLinear`` holding the encoded tensors.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ def quantize_(
     (the format and parameters, or why the layer stays dense).
 
     ``format`` and ``params`` (e.g. ``format="w4a8", group_size=32``) as ``--format`` and
-    its flags; ``rules``: a rules file path, a parsed :class:`~comfyquant.quantizer.rules.Rules`
+    its flags; ``rules``: a rules file path, a parsed ``Rules``
     or a dict in the rules-file layout; ``exclude``: regular expressions of layers to keep;
     ``target``: the runtimes the result must load in.  Raises
-    :class:`~comfyquant.errors.InputError` with the command's messages."""
+    ``InputError`` with the command's messages."""
     from .. import codecs
     from ..checkpoint import open_checkpoint
     from ..io.shards import ShardSet
@@ -101,13 +101,13 @@ def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
 
 
 def save_quantized(model: nn.Module, path, *, target="all", metadata: dict[str, str] | None = None) -> str:
-    """Write ``model``'s state dict as a Comfy checkpoint: every :class:`QuantLinear`'s stored
+    """Write ``model``'s state dict as a Comfy checkpoint: every ``QuantLinear``'s stored
     tensors plus its marker (a ``.comfy_quant`` U8 tensor and the ``_quantization_metadata``
     header map), every other tensor as it is.  The file is written to a temporary name,
     checked with ``comfyquant check --target`` (refused, and removed, on an error), then
     renamed into place.  Returns the path.  An existing file at ``path`` is replaced (as
     ``torch.save`` does); anything else the output rule refuses is refused before the work
-    (:func:`comfyquant.io.outputs.claim_files`: a folder, device or FIFO, a missing or
+    (``comfyquant.io.outputs.claim_files``: a folder, device or FIFO, a missing or
     unwritable folder)."""
     from ..checker.run import check
     from ..io.outputs import claim_files

@@ -2,7 +2,7 @@
 checkpoint behind the decoding commands' gate, reading one tensor straight into its own
 storage, and putting tensors and modules into a model (``assign=True`` semantics).
 
-Kept apart from :mod:`.load` so the diffusers loader, which maps names through diffusers'
+Kept apart from ``load`` so the diffusers loader, which maps names through diffusers'
 converters instead of matching them to a model, reads and assigns tensors the same way.
 """
 
@@ -36,7 +36,7 @@ def path_label(path) -> str:
 def open_checked(path) -> Iterator:
     """The checkpoint at ``path`` (file, shards, folder, dialect file) as its Comfy view,
     checked for comfy-kitchen first -- the gate every decoding command shares: a checkpoint
-    a runtime could not load is refused with its findings in one line (:class:`LoadError`)."""
+    a runtime could not load is refused with its findings in one line (``LoadError``)."""
     from ..gate import open_input
 
     verb = f"load {path_label(path)}"  # "refusing to load <file>: <first finding> [code] (and N more ...)"

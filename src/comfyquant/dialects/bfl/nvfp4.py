@@ -2,7 +2,7 @@
 dialects (``bfl``, ``modelopt``) share.
 
 A foreign NVFP4 layer is described by its nibble order, its scale layout and how many logical
-scale columns it stores (:mod:`...numerics.nvfp4_layouts`); the Comfy layer gets the same
+scale columns it stores (``numerics.nvfp4_layouts``); the Comfy layer gets the same
 numbers high nibble first, rows zero-padded to the format's multiple (``Format.pad``) and the
 scales blocked.  Nothing here imports torch: the byte transforms run on numpy when a move is
 written, the decoder imports torch when it runs.
@@ -28,8 +28,8 @@ SCALE_DTYPES = ("F8_E4M3", "U8")
 
 class Dropping(Move):
     """A move whose transform drops bytes as zero padding (and raises
-    :class:`~...numerics.nvfp4_layouts.PaddingNotZero` when they are not zero):
-    :func:`check_padding` runs it on the stored data before anything is written."""
+    ``PaddingNotZero`` when they are not zero):
+    ``check_padding`` runs it on the stored data before anything is written."""
 
     __slots__ = ()
 
@@ -259,7 +259,7 @@ def from_comfy(
 
 
 def check_padding(ckpt, tr: Translation) -> str | None:
-    """Run the translation's :class:`Dropping` moves on the stored bytes: the bytes they drop
+    """Run the translation's ``Dropping`` moves on the stored bytes: the bytes they drop
     as padding must be zero.  When they are not, the layer is refused (its verdict and why
     say so) and the reason is returned."""
     for move in tr.moves:
@@ -279,7 +279,7 @@ def check_padding(ckpt, tr: Translation) -> str | None:
 
 def settle(ckpt, claim) -> list[Finding]:
     """``--deep`` (and ``migrate``) for the NVFP4 layers of a claim: padding a translation drops
-    must be zero (:func:`check_padding`)."""
+    must be zero (``check_padding``)."""
     findings: list[Finding] = []
     for tr in claim.layers.values():
         if tr.verdict == PERMUTATION and tr.format == COMFY:

@@ -5,7 +5,7 @@ A ``scaled_fp8`` sentinel tensor at the diffusion model's prefix (its dtype the 
 elements, or 2 for "no FP8 matmul"), and per linear layer an FP8 ``weight`` with a scalar
 ``scale_weight`` (and optionally ``scale_input``); layers kept in high precision may carry a
 *dummy* ``scale_weight``.  ComfyUI translates this at load time (``convert_old_quants``) into
-``float8_e4m3fn`` markers; that translation has known failure modes, which :func:`runtime`
+``float8_e4m3fn`` markers; that translation has known failure modes, which ``runtime``
 models: every layer is marked E4M3 (an E5M2 weight is re-cast by value), a dense layer with a
 dummy scale is cast to FP8, a sentinel outside the stripped prefix is lost, and a header map
 switches the translation off.

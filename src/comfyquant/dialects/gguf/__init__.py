@@ -1,6 +1,6 @@
 """GGUF files of city96's ComfyUI-GGUF (ComfyUI-GGUF `loader.py`, `tools/convert.py`).
 
-GGUF is another container: :mod:`.reader` opens it as a virtual safetensors file in which
+GGUF is another container: ``reader`` opens it as a virtual safetensors file in which
 every tensor has its original name and shape, dense tensors are the file's own bytes and
 every quantized ggml type is already decoded into F32 (exactly, by ``gguf.quants``).  This
 dialect recognises that view by its metadata and claims every layer whose tensor was
@@ -129,14 +129,14 @@ def _identity(suffix: str):
 
 
 def virtual_source(path: str):
-    """The GGUF file at ``path`` read as a safetensors file (:func:`.reader.virtual_source`)."""
+    """The GGUF file at ``path`` read as a safetensors file (``reader.virtual_source``)."""
     from .reader import virtual_source as open_view
 
     return open_view(path)
 
 
 def _is_gguf_view(ckpt) -> bool:
-    """The checkpoint is a GGUF file read through :mod:`.reader` (metadata alone could be a
+    """The checkpoint is a GGUF file read through ``reader`` (metadata alone could be a
     copy carried into a safetensors file by some writer; that file is no GGUF)."""
     if ckpt.metadata().get(CONTAINER_KEY) != "gguf":
         return False

@@ -1,7 +1,7 @@
 """A GGUF file read as the safetensors file it stands for (city96 ComfyUI-GGUF layout).
 
 GGUF is another container, so every command reads it through a *virtual* safetensors file
-(:class:`comfyquant.io.virtual.VirtualSource`): each GGUF tensor under its original name and
+(``comfyquant.io.virtual.VirtualSource``): each GGUF tensor under its original name and
 its true shape (GGUF lists dimensions innermost first; ComfyUI-GGUF's converter stores the
 shape of a tensor it flattened to ``(n/256, 256)`` in ``comfy.gguf.orig_shape.<name>``),
 dense tensors (F32, F16, BF16, F64, I8..I64) as ranges of the file's own bytes, and every
@@ -160,7 +160,7 @@ class _Cursor:
         return struct.unpack("<Q", self.take(8, what))[0]
 
     def name(self, what: str) -> str:
-        """A key or tensor name: strict UTF-8, at most :data:`MAX_NAME` bytes."""
+        """A key or tensor name: strict UTF-8, at most ``MAX_NAME`` bytes."""
         n = self.u64(f"the length of {what}")
         if n > min(MAX_NAME, self.remaining()):
             raise self.fail(
@@ -175,8 +175,8 @@ class _Cursor:
 
 
 def _value(cur: _Cursor, vtype: int, what: str, depth: int = 0):
-    """One GGUF value of type ``vtype``; arrays longer than :data:`KEEP_ITEMS` are skipped
-    (numeric ones in one step) and returned as :class:`_Skipped`."""
+    """One GGUF value of type ``vtype``; arrays longer than ``KEEP_ITEMS`` are skipped
+    (numeric ones in one step) and returned as ``_Skipped``."""
     code = _SCALARS.get(vtype)
     if code is not None:
         size = struct.calcsize("<" + code)

@@ -52,7 +52,7 @@ from ..decoders import scaled_fp8
 NAME = "musubi-fp8"
 _refused = partial(refused, NAME)
 TENSOR_SCALE = TWO_LEVEL_SCALE
-"""The two-level block mode's per-tensor factor; :func:`detect` groups it with its layer."""
+"""The two-level block mode's per-tensor factor; ``detect`` groups it with its layer."""
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 OWN = ("weight", "scale_weight", "scale_input", TENSOR_SCALE)
 LOSSY_TARGET = Lossy(
@@ -286,7 +286,7 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
     (``convert_old_quants``) does nothing, so each unmarked FP8 weight is cast to the compute dtype
     by value and ``scale_weight`` stays an unexpected key: garbage without an error (the ComfyUI
     profile leaves a claimed unmarked layer to this model).  Block scales fail even where a
-    sentinel makes ComfyUI read them (ComfyUI report #10491).  SGLang: see :func:`_sglang`.  comfy-kitchen
+    sentinel makes ComfyUI read them (ComfyUI report #10491).  SGLang: see ``_sglang``.  comfy-kitchen
     never sees an unmarked layer."""
     if target == "comfyui":
         return [_comfyui(tr) for tr in claim.layers.values()]

@@ -16,8 +16,6 @@ def _geometry(tensors: dict, params: dict) -> dict:
 
 AWQ_W4A16 = Format(
     name="awq_w4a16",
-    order=7,
-    infer_rank=1,
     codec_module=CODEC,
     title="4-bit weight-only (AWQ), float group scales and zeros",
     slots=(

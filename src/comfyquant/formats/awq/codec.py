@@ -3,7 +3,7 @@
 
 ``W[n, k] = (u - 8) * weight_scale[k // G, n] + weight_zeros[k // G, n]``, computed in the
 scales' dtype (group-major tensors, transposed).  There is no quantizer: AWQ needs offline
-calibration, so :meth:`encode` refuses, as comfy-kitchen does.
+calibration, so ``encode`` refuses, as comfy-kitchen does.
 """
 
 from __future__ import annotations

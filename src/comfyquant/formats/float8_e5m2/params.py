@@ -11,7 +11,6 @@ from . import FLOAT8_E5M2
 @dataclass(frozen=True, slots=True)
 class E5M2Params(Params):
     FORMAT = FLOAT8_E5M2.name
-    RANK = 6
 
 
 PARAMS = collect(E5M2Params)

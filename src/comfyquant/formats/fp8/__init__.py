@@ -1,5 +1,5 @@
 """Per-tensor FP8 E4M3 (``float8_e4m3fn``), the description every per-tensor FP8 format shares
-(:func:`per_tensor_fp8`, which other FP8 packages build on), and c2q's FP8 converter-only
+(``per_tensor_fp8``, which other FP8 packages build on), and c2q's FP8 converter-only
 variants."""
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ def per_tensor_fp8(
     weight_dtype: str,
     loaders: frozenset,
     title: str,
-    order: int,
-    infer_rank: int,
     aliases: tuple[str, ...],
     package: str = __name__,
     legacy_renames: dict[str, str] | None = None,
@@ -38,8 +36,6 @@ def per_tensor_fp8(
         name=name,
         params_module=package + ".params",
         aliases=aliases,
-        order=order,
-        infer_rank=infer_rank,
         codec_module=package + ".codec",
         encode_params=no_params,
         title=title,
@@ -76,8 +72,6 @@ FLOAT8_E4M3FN = per_tensor_fp8(
     "F8_E4M3",
     ALL_RUNTIMES,
     "FP8 E4M3, per-tensor scale",
-    0,
-    7,
     ("fp8",),
     legacy_renames={"scale_weight": "weight_scale", "scale_input": "input_scale"},
 )
@@ -86,7 +80,6 @@ FLOAT8_E4M3FN = per_tensor_fp8(
 
 FLOAT8_E4M3FN_ROWWISE = Format(
     name="float8_e4m3fn_rowwise",
-    order=9,
     title="FP8 E4M3, per-row scale (convert_to_quant only)",
     slots=(
         Slot("weight", "F8_E4M3", "(N, K)", kind=WEIGHT),
@@ -103,7 +96,6 @@ _BLOCK_KEY = MarkerKey("group_size", (int,), default=64, allowed="v > 0", allowe
 
 FLOAT8_E4M3FN_BLOCKWISE = Format(
     name="float8_e4m3fn_blockwise",
-    order=10,
     title="FP8 E4M3, 2-D block scales (convert_to_quant only)",
     slots=(
         Slot("weight", "F8_E4M3", "(N, K)", kind=WEIGHT),

@@ -11,7 +11,6 @@ from . import FLOAT8_E4M3FN
 @dataclass(frozen=True, slots=True)
 class E4M3Params(Params):
     FORMAT = FLOAT8_E4M3FN.name
-    RANK = 5
 
 
 PARAMS = collect(E4M3Params)

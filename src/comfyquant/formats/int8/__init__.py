@@ -40,8 +40,6 @@ def _encode_params(env: dict, tensors: dict) -> dict:
 
 INT8_TENSORWISE = Format(
     name="int8_tensorwise",
-    order=2,
-    infer_rank=6,
     codec_module=CODEC,
     title="INT8 weights, scalar / row-wise / ConvRot scales, dynamic INT8 activations",
     slots=(
@@ -114,7 +112,6 @@ INT8_TENSORWISE = Format(
 
 INT8_BLOCKWISE = Format(
     name="int8_blockwise",
-    order=11,
     title="INT8 with 2-D block scales (convert_to_quant only)",
     slots=(
         Slot("weight", "I8", "(N, K)", kind=WEIGHT),

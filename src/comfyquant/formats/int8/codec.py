@@ -105,7 +105,7 @@ def _encode_rows(
     """``fn`` (block -> INT8 levels as floats and their row scales) over row blocks of
     ``rows`` (default: ``weight``), the levels cast to int8 as they are gathered.  A
     non-finite row scale means a NaN/Inf in the weight (see
-    :func:`~comfyquant.formats.codec.refuse_nonfinite`): the encoder skipped the separate scan
+    ``refuse_nonfinite``): the encoder skipped the separate scan
     for it."""
     source = weight if rows is None else rows
     q, s = gather_rows(row_blocks(source, block_elements), fn, weight.shape[0], dtypes=(torch.int8,))

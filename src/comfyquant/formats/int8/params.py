@@ -25,7 +25,6 @@ class Int8Params(Params):
 
     FORMAT = INT8_TENSORWISE.name
     LABELS = {"convrot_groupsize": "C"}
-    RANK = 1
     FLAGS = (
         (
             "--no-convrot",

@@ -24,8 +24,6 @@ def _recognize(t: dict) -> bool:
 
 MXFP8 = Format(
     name="mxfp8",
-    order=6,
-    infer_rank=4,
     codec_module=CODEC,
     title="FP8 E4M3 weights, E8M0 1x32 block scales",
     slots=(

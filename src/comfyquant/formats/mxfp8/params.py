@@ -11,7 +11,6 @@ from . import MXFP8
 @dataclass(frozen=True, slots=True)
 class MXFP8Params(Params):
     FORMAT = MXFP8.name
-    RANK = 4
 
 
 PARAMS = collect(MXFP8Params)

@@ -26,8 +26,6 @@ def _geometry(tensors: dict, params: dict) -> dict:
 
 NVFP4 = Format(
     name="nvfp4",
-    order=5,
-    infer_rank=3,
     codec_module=CODEC,
     title="FP4 E2M1 weights, FP8 1x16 block scales, F32 tensor scale",
     slots=(

@@ -4,7 +4,7 @@
 Storage is padded to 16x16; the dense weight is sliced to the model's ``[N, K]`` (read from
 the bias and ``pre_quant_scale`` when present).  A ``pre_quant_scale`` multiplies the
 activation before quantization, so the dense equivalent weight is ``W * pre_quant_scale``
-per column; :meth:`NVFP4Codec.decode` returns that.
+per column; ``NVFP4Codec.decode`` returns that.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def dequantize_f32(codes: torch.Tensor, scales: torch.Tensor, tensor_scale: torc
 
 def dequantize_packed_f32(packed: torch.Tensor, scales: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
     """Packed weight bytes (high nibble first) and logical block scales -> F32 values: the same
-    numbers as :func:`dequantize_f32` of the unpacked codes, decoded a byte (two values) per
+    numbers as ``dequantize_f32`` of the unpacked codes, decoded a byte (two values) per
     gather instead of unpacking and indexing every code with a 64-bit index."""
     return _scaled(lookup_pairs(packed, pair_table(e2m1_table(torch.float32), HNF)), scales, tensor_scale)
 

@@ -11,7 +11,6 @@ from . import NVFP4
 @dataclass(frozen=True, slots=True)
 class NVFP4Params(Params):
     FORMAT = NVFP4.name
-    RANK = 3
 
 
 PARAMS = collect(NVFP4Params)

@@ -29,8 +29,6 @@ def _geometry(tensors: dict, params: dict) -> dict:
 
 SVDQUANT_W4A4 = Format(
     name="svdquant_w4a4",
-    order=8,
-    infer_rank=2,
     codec_module=CODEC,
     title="SVDQuant: 4-bit weights and activations plus a low-rank branch",
     slots=(

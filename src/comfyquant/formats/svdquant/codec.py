@@ -5,7 +5,7 @@ The effective weight is ``q * scale / smooth + proj_up @ proj_down.T``.  comfy-k
 computes it by running its eager kernel on an identity input, so its roundings are those of
 the kernel: ``a_k = T(7 * T(|T(1 / smooth_k)| / 7))`` (signed), the main term
 ``T(a_k * T(q * scale))``, the low-rank term in F32 rounded to ``T``, and one more rounding
-for their sum, all in the scales' dtype ``T``.  :meth:`decode` reproduces exactly that
+for their sum, all in the scales' dtype ``T``.  ``decode`` reproduces exactly that
 arithmetic without the K x K identity.  There is no quantizer (offline calibration only).
 """
 
@@ -62,7 +62,7 @@ class SVDQuantCodec(Codec):
         return True  # the low-rank term is one F32 GEMM over the whole layer (see _decode_whole)
 
     def _decode_whole(self, t, plan, dtype, state, out):
-        """The main term row block by row block (elementwise, see :meth:`_main_rows`) plus the
+        """The main term row block by row block (elementwise, see ``_main_rows``) plus the
         low-rank term, which comfy-kitchen computes as one F32 GEMM
         ``lora_act [Kp, R] @ proj_up.T`` with ``lora_act`` the identity's down-projection,
         padded to ``Kp`` (a multiple of 256) rows: made here on the same operands, since a

@@ -20,9 +20,7 @@ def _encode_params(env: dict, tensors: dict) -> dict:
 
 CONVROT_W4A4 = Format(
     name="convrot_w4a4",
-    order=4,
     heavy_encoder=True,
-    infer_rank=5,
     codec_module=CODEC,
     title="signed 4-bit weights and activations, per-row scales, ConvRot",
     slots=(

@@ -20,7 +20,6 @@ class W4A4Params(Params):
 
     FORMAT = CONVROT_W4A4.name
     LABELS = {"convrot_groupsize": "C"}
-    RANK = 2
     FLAGS = (
         CONVROT_SIZE_FLAG,
         ("--linear-dtype", "linear_dtype", {"choices": list(LINEAR_DTYPES), "help": "W4A4 activation dtype on CUDA"}),

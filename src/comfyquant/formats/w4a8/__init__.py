@@ -24,7 +24,7 @@ GROUP_SIZE = 16
 
 def group_rule(g: str) -> str:
     """The group sizes comfy-kitchen's W4A8 kernels take, as an expression over the name ``g``
-    (the marker key's allowed values, the geometry constraint and :func:`group_size_ok`)."""
+    (the marker key's allowed values, the geometry constraint and ``group_size_ok``)."""
     return f"{g} >= 4 and (16 % {g} == 0 or {g} % 16 == 0)"
 
 
@@ -180,9 +180,7 @@ def _encode_params(env: dict, tensors: dict) -> dict:
 
 ASYM_W4A8_INT8 = Format(
     name="asym_w4a8_int8",
-    order=3,
     heavy_encoder=True,
-    infer_rank=0,
     codec_module=CODEC,
     title="grouped 4/6-bit weights, FP8 group scales, INT8 activations, ConvRot",
     slots=(

@@ -6,7 +6,7 @@ Decoding goes through the INT8 grid ``g = clamp(round(level * s_rel), -127, 127)
 that dtype -- comfy-kitchen's one GEMM over the whole layer (``[N, G, C] @ H.T``, ``M = N*G``).
 
 Where that GEMM's rounding may depend on its row count, the layer is decoded whole with
-exactly those operands (:meth:`W4A8Codec._whole_layer`): with a correction, for F16 and F32
+exactly those operands (``W4A8Codec._whole_layer``): with a correction, for F16 and F32
 output, and for ConvRot blocks over 256.  Otherwise -- BF16 output, no correction, ``C <= 256``
 -- row blocks are un-rotated in F32 and the result is provably the same whatever the blocks,
 the BLAS kernel or the thread count:
@@ -35,7 +35,7 @@ the BLAS kernel or the thread count:
 hence decoded whole.  An earlier version chose between the F32 and a blocked BF16 GEMM by
 timing them; the choice is gone, no result depends on a measurement.)
 
-The quantizer (:mod:`.encoder`) reproduces comfy-kitchen's choices: codebook decision,
+The quantizer (``encoder``) reproduces comfy-kitchen's choices: codebook decision,
 ALS refinement, grid assignment and the 6-bit scale search.
 """
 

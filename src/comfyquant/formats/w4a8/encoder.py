@@ -133,7 +133,7 @@ def _rotated_blocks(weight: Weight, c: int) -> Iterator[tuple[int, int, torch.Te
     The rotation is comfy-kitchen's call: one GEMM per row chunk of ``ROW_BUDGET // K`` rows
     (at least one; the whole weight when it has no more rows), in the weight's dtype -- the
     same operand shapes, so the same rounding on any CPU (a GEMM over other row counts may
-    round differently, see :mod:`comfyquant.numerics.rows`).  Everything after the rotation
+    round differently, see ``comfyquant.numerics.rows``).  Everything after the rotation
     is per row, so the quantizer then takes each rotated chunk in row blocks: its
     temporaries, about 20 bytes per element, follow the block, not the chunk."""
     n, k = weight.shape

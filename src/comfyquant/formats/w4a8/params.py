@@ -32,7 +32,6 @@ class W4A8Params(Params):
 
     FORMAT = ASYM_W4A8_INT8.name
     LABELS = {"group_size": "G", "convrot_groupsize": "C"}
-    RANK = 0
     FLAGS = (
         ("--group-size", "group_size", {"type": int, "metavar": "G", "help": "W4A8 scale group size (default {default})"}),
         CONVROT_SIZE_FLAG,
