@@ -306,7 +306,7 @@ class Driver:
         return self.oracle.outcome([path]).shared()
 
     def predict(self, verdict: dict | None) -> Expected:
-        """What ``runtimes.agreement`` compares with the outcome (:func:`predict`)."""
+        """What ``runtimes.agreement`` compares with the outcome (``predict``)."""
         return predict(verdict)
 
 

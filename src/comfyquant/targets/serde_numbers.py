@@ -2,7 +2,7 @@
 
 serde_json 1.x (without ``float_roundtrip``) does not always read a float as Python does, and
 Rust prints an f64 in its own style; both are shared by the header reader
-(:mod:`.container`) and the header's syntax walk (:mod:`.serde_syntax`).
+(``container``) and the header's syntax walk (``serde_syntax``).
 """
 
 from __future__ import annotations

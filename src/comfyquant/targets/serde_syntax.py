@@ -8,7 +8,7 @@ the text the way serde_json's parser does (serde_json 1.x ``de.rs``: the same br
 same recursion limit of 128, positions counted in bytes, ``column`` the bytes since the last
 newline) and returns that message, so ``check`` can give it for a damaged file without importing
 safetensors. Text serde_json parses without error gives None: the rest of the header's
-validation is :mod:`comfyquant.targets.container`'s.
+validation is ``comfyquant.targets.container``'s.
 """
 
 from __future__ import annotations
@@ -338,7 +338,7 @@ def stream_error(data: bytes, entries: Callable[[bytes], object]) -> str | None:
     that is not JSON, a value that is not an object, a ``__metadata__`` that is not a map of
     strings; None when it reads through (the tensor entries, which the struct collects and
     checks only after the closing brace, are ``entries``': the header reader's
-    :func:`container.serde_header`, which returns their error text or the tensors).
+    ``container.serde_header``, which returns their error text or the tensors).
     ``data`` must be UTF-8 (safetensors checks that first)."""
     p = _Parser(data)
     try:

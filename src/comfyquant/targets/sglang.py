@@ -8,7 +8,7 @@ and the checks made when layers are built (the configs' ``get_quant_method``).  
 stages are proven against SGLang's own functions (tests/test_runtime_agreement_sglang.py); the
 layer building is modelled from the source (``targets.proven.MODELLED``).  In *collect* mode
 every violation is listed (the first is the one SGLang raises); in *raise* mode the first is
-raised, which is what :mod:`comfyquant.compat.sglang` offers as a drop-in.
+raised, which is what ``comfyquant.compat.sglang`` offers as a drop-in.
 
 Platform rules (MPS, CUDA capability) are not modelled: a CUDA device of capability >= 10.0
 is assumed.  A layer counts as an embedding when its last name component contains "embed".
@@ -97,8 +97,8 @@ class SGLangError(Exception):
 
 class Run:
     """One pass of SGLang's loading: in *collect* mode every violation is listed in
-    ``violations``; otherwise the first blocking one is raised as :class:`SGLangError`, as
-    SGLang raises it (what :mod:`comfyquant.compat.sglang` needs)."""
+    ``violations``; otherwise the first blocking one is raised as ``SGLangError``, as
+    SGLang raises it (what ``comfyquant.compat.sglang`` needs)."""
 
     def __init__(self, collect: bool) -> None:
         self.collect = collect
