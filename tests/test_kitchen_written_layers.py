@@ -295,7 +295,7 @@ def test_group_and_rotation_sizes(write, variant, group_size, convrot_groupsize)
 
 
 def test_nvfp4_f4_depends_on_n(write):
-    """Spec 7.5: N=32, K=256 fails SGLang F4; the same layer with N=128 passes."""
+    """N=32, K=256 fails SGLang F4; the same layer with N=128 passes."""
     small = write(make_layer("nvfp4", n=32, k=256))
     msg = "Comfy NVFP4 layer 'blocks.0.attn.qkv' has incompatible weight/scale shapes: (32, 128) and (128, 16)"
     assert sglang_message(small) == msg
@@ -311,7 +311,7 @@ def test_nvfp4_f4_depends_on_n(write):
 
 
 def test_nvfp4_k32_fails_f4(write):
-    """Spec 5 I-14: N=128, K=32 (scale [128, 4] vs (128, 2)) fails F4."""
+    """N=128, K=32 (scale [128, 4] vs (128, 2)) fails F4."""
     path = write(make_layer("nvfp4", n=128, k=32))
     assert sglang_message(path) == f"Comfy NVFP4 layer {QKV} has incompatible weight/scale shapes: (128, 16) and (128, 4)"
     for target in ("comfyui", "comfy-kitchen"):
@@ -329,7 +329,7 @@ def test_nvfp4_pre_quant_scale(write):
 
 @pytest.mark.parametrize(("variant", "n", "k"), [("nvfp4", 20, 40), ("nvfp4", 120, 256), ("mxfp8", 20, 40), ("mxfp8", 48, 80)])
 def test_padded_storage_with_model_sized_bias(write, variant, n, k):
-    """Spec 1.1, 3.5, 3.6: ck pads NVFP4 (16) and MXFP8 (32) storage; the bias keeps the model's
+    """comfy-kitchen pads NVFP4 (16) and MXFP8 (32) storage; the bias keeps the model's
     [N] (ComfyUI slices storage back to the model shape).  A valid ComfyUI/ck layer."""
     layer = make_layer(variant, n=n, k=k)
     assert layer.tensors["weight"].shape[0] > n and layer.tensors["bias"].shape == (n,)
@@ -341,9 +341,9 @@ def test_padded_storage_with_model_sized_bias(write, variant, n, k):
 
 
 def test_runtime_violation_stays_on_its_tensor(write):
-    """Spec 4.1 F4 names weight_scale: the SGLang failure of a padded NVFP4 layer (N=20, K=40)
-    must be reported on weight_scale with SGLang's message, not folded into a finding about
-    another tensor of the layer."""
+    """The SGLang failure of a padded NVFP4 layer (N=20, K=40), which names weight_scale, must
+    be reported on weight_scale with SGLang's message, not folded into a finding about another
+    tensor of the layer."""
     path = write(make_layer("nvfp4", n=20, k=40))
     msg = f"Comfy NVFP4 layer {QKV} has incompatible weight/scale shapes: (32, 24) and (128, 4)"
     assert sglang_message(path) == msg
@@ -357,7 +357,7 @@ def test_runtime_violation_stays_on_its_tensor(write):
 
 @pytest.mark.parametrize("variant", ["w4a8_codebook", "w4a8_uniform", "w4a8_asym", "w6a8"])
 def test_comfyui_w4a8_marker_without_convrot(write, variant):
-    """Spec 5 I-1: ComfyUI writes no convrot key; SGLang refuses the marker (R3) when the tensors pass."""
+    """ComfyUI writes no convrot key; SGLang refuses the marker (R3) when the tensors pass."""
     path = write(make_layer(variant, marker="comfyui", dtype=torch.float32))
     report = comfyquant.check(path)
     first = report.verdicts["sglang"].first
@@ -379,7 +379,7 @@ def test_comfyui_w4a8_marker_without_convrot(write, variant):
 
 
 def test_w6a8_sglang(write):
-    """Spec 5 I-3: SGLang W5; ComfyUI and ck load 6-bit rows."""
+    """SGLang W5; ComfyUI and ck load 6-bit rows."""
     path = write(make_layer("w6a8"))
     msg = f"Comfy W4A8 layer {QKV} has incompatible weight/scale shapes: (32, 192), (32, 16), and (32,)"
     assert sglang_message(path) == msg
@@ -392,7 +392,7 @@ def test_w6a8_sglang(write):
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_w4a8_asym_correction(write, dtype):
-    """Spec 5 I-2: ck's BF16/F16 correction fails SGLang W7; ComfyUI silently drops the correction."""
+    """comfy-kitchen's BF16/F16 correction fails SGLang W7; ComfyUI silently drops the correction."""
     path = write(make_layer("w4a8_asym", dtype=DTYPES[dtype]))
     assert sglang_message(path) == f"Comfy W4A8 layer {QKV} has an incompatible correction tensor"
     report = comfyquant.check(path)
@@ -454,7 +454,7 @@ def test_seed_defect_one_finding(write):
 
 
 def test_plain_int8_on_linear_and_embedding(write):
-    """Spec 5 I-8 / 4.2: plain INT8 is embedding-only in SGLang."""
+    """Plain INT8 is embedding-only in SGLang."""
     for variant, derived in (("int8_scalar", "_is_tensorwise_scalar"), ("int8_rowwise", "_is_rowwise")):
         linear = write(make_layer(variant))
         # inspect and resolve succeed ...
@@ -471,7 +471,7 @@ def test_plain_int8_on_linear_and_embedding(write):
 
 
 def test_plain_int8_linear_next_to_w4a8_raises(write):
-    """Spec 4.2: under KitchenW4A8Config a plain INT8 marker on a linear raises at layer build."""
+    """Under KitchenW4A8Config a plain INT8 marker on a linear raises at layer build."""
     path = write([make_layer("w4a8_codebook"), make_layer("int8_rowwise", prefix="blocks.0.mlp.fc1", seed=1)])
     first = comfyquant.check(path).verdicts["sglang"].first
     assert first.message == "Unsupported quantized linear marker for 'blocks.0.mlp.fc1'"
@@ -479,14 +479,14 @@ def test_plain_int8_linear_next_to_w4a8_raises(write):
 
 @pytest.mark.parametrize("main", ["w4a8_codebook", "nvfp4"])
 def test_int8_embedding_companion(write, main):
-    """Spec 4.2: W4A8 and NVFP4 configs accept INT8 embedding markers."""
+    """W4A8 and NVFP4 configs accept INT8 embedding markers."""
     path = write([make_layer(main, n=128), make_layer("int8_rowwise", prefix="txt.embed", n=64, k=128, bias=False)])
     for target in ALL:
         assert_clean_for(path, target)
 
 
 def test_convrot_int8_next_to_w4a8_is_r4(write):
-    """Spec 4.2 R4 / I-21: a ConvRot INT8 linear is not a W4A8 companion."""
+    """A ConvRot INT8 linear is not a W4A8 companion."""
     path = write([make_layer("w4a8_codebook"), make_layer("int8_convrot", prefix="blocks.0.mlp.fc1", seed=1)])
     first = comfyquant.check(path).verdicts["sglang"].first
     assert first.rule == "sglang.R4"
@@ -502,7 +502,7 @@ def test_mxfp8_marker_only_loads_everywhere(write):
 
 
 def test_mxfp8_quant_format_with_ck_scales_fails_x1(write):
-    """Spec 5 I-19: with quant_format=mxfp8 SGLang needs U8 [N, K/32]; ck writes F8_E8M0 blocked."""
+    """With quant_format=mxfp8 SGLang needs U8 [N, K/32]; ck writes F8_E8M0 blocked."""
     path = write(make_layer("mxfp8"), metadata={"quant_format": "mxfp8"})
     msg = (
         "MXFP8 layer 'blocks.0.attn.qkv' has incompatible weight/scale metadata: ('F8_E4M3', (32, 256)) and ('F8_E8M0', (128, 8))"
@@ -515,7 +515,7 @@ def test_mxfp8_quant_format_with_ck_scales_fails_x1(write):
 
 
 def test_mxfp8_quant_format_u8_scales_without_marker(write):
-    """Spec 1.5: N, K multiples of 128 and the scale relabelled U8: SGLang creates the marker."""
+    """N, K multiples of 128 and the scale relabelled U8: SGLang creates the marker."""
     layer = make_layer("mxfp8", n=128, k=128)
     layer = layer.with_tensor("weight_scale", layer.tensors["weight_scale"].view(torch.uint8)).with_marker(None)
     path = write(layer, metadata={"quant_format": "MXFP8"})
@@ -526,7 +526,8 @@ def test_mxfp8_quant_format_u8_scales_without_marker(write):
 
 
 def test_mixed_formats_comfyui_only(write):
-    """Spec 5 I-21: ComfyUI loads any per-layer mix; SGLang only the sets of 4.2."""
+    """ComfyUI loads any per-layer mix; SGLang only the sets its config resolution accepts
+    (0.5.23 ``resolve_comfy_checkpoint_quantization``)."""
     variants = ["fp8", "int8_convrot", "w4a8_codebook", "w4a4", "nvfp4", "mxfp8"]
     layers = [make_layer(v, prefix=f"blocks.{i}.ff", n=128, k=256, seed=i, marker="comfyui") for i, v in enumerate(variants)]
     path = write(layers)
@@ -593,7 +594,7 @@ def test_dropin_raises_sglang_message(write, variant, marker_mode):
 
 
 def test_dropin_header_subset_merges_with_tensor_marker(write, tmp_path):
-    """Spec 1.4: SGLang merges header and tensor markers per prefix as a union of keys."""
+    """SGLang merges header and tensor markers per prefix as a union of keys."""
     from safetensors.torch import save_file
 
     layer = make_layer("w4a8_uniform")
@@ -606,7 +607,7 @@ def test_dropin_header_subset_merges_with_tensor_marker(write, tmp_path):
 
 
 def test_dropin_conflicting_markers(tmp_path):
-    """Spec 4.1 P1: the same key with two values in header and tensor markers."""
+    """The same key with two values in header and tensor markers."""
     from safetensors.torch import save_file
 
     layer = make_layer("w4a8_uniform")
@@ -633,7 +634,7 @@ def test_dropin_mapper_and_collision(write):
 
 
 def test_dropin_missing_marker(write):
-    """Spec 4.1 M0: an I8 weight without a marker."""
+    """An I8 weight without a marker."""
     path = write([make_layer("w4a8_codebook"), make_layer("int8_convrot", prefix="blocks.1.ff", seed=1).with_marker(None)])
     assert sglang_message(path) == "Quantized weights are missing comfy_quant metadata: ['blocks.1.ff']"
 
