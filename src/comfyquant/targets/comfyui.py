@@ -294,9 +294,13 @@ def _collected(mismatches: list[Violation]) -> list[Violation]:
     return [first]
 
 
-def _as_comfyui_names(violations: list[Violation], prefix: str) -> None:
+def _as_comfyui_names(violations: list[Violation], ckpt) -> None:
     """What loading and running the layers raise names them as ComfyUI's model does, without
-    the prefix it stripped (the messages only: the violations keep the file's layer names)."""
+    the prefix it stripped (the messages only: the violations keep the file's layer names).
+    The prefix is looked for only when a message could hold one."""
+    if not any(v.message and any(c in v.message for c in ("model.", "net.")) for v in violations):
+        return
+    prefix = model_prefix(ckpt.tensors)
     if not prefix:
         return
     pattern = re.compile(r"(?<![\w.])" + re.escape(prefix) + r"(?=[\w])")
@@ -366,7 +370,7 @@ def comfyui_verdict(ckpt) -> Verdict:
     out[read_and_convert:] = in_module_order(out[read_and_convert:])  # each module loads in turn
     out.extend(_collected(biases))  # load_state_dict raises them once every module is loaded
     out.extend(in_module_order(forward))  # the whole model is loaded before its first forward
-    _as_comfyui_names(out[read_and_convert:], model_prefix(ckpt.tensors))
+    _as_comfyui_names(out[read_and_convert:], ckpt)
     # load_state_dict(strict=False) logs missing keys and leaves those weights uninitialized
     for v in incomplete_violations(
         "comfyui",
