@@ -94,12 +94,12 @@ def _fail(
     )
 
 
-def comfyui_markers(ckpt, out: list, at_load: list) -> dict[str, dict]:
+def comfyui_markers(ckpt, out: list, at_load: list | None = None) -> dict[str, dict]:
     """The marker ComfyUI ends up with per prefix: the header replaces the tensor marker.  A
     header map is read while the file is converted (``out``); a tensor marker by its module
-    as the model loads (``at_load``)."""
+    as the model loads (``at_load``; ``out`` too when not given)."""
     markers: dict[str, dict] = {}
-    header_out, out = out, at_load
+    header_out, out = out, (out if at_load is None else at_load)
     for rec in ckpt.markers.records:
         if rec.kind == "tensor" and isinstance(rec.obj, dict):
             markers[rec.prefix] = rec.obj
