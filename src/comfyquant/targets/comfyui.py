@@ -16,6 +16,7 @@ from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, in_module_order, incomplete_violations
 from .kitchen import (
     VIEWS,
+    block_rows,
     convrot_forward,
     forward_templates,
     int_violation,
@@ -428,6 +429,8 @@ def _bias_mismatch(prefix: str, layer, w, b) -> Violation | None:
         return None
     if len(b.shape) == 1 and any(_rows(e) == b.shape[0] for e in layer.tensors.values() if e is not w and e is not b):
         return None  # a per-row tensor agrees with the bias: the weight is what is off
+    if len(b.shape) == 1 and block_rows(layer.format_name, layer.tensors) == b.shape[0]:
+        return None  # the block scales' padded rows fit the bias, not the weight: the weight is off
     if len(b.shape) == 1 and _padded_rows(layer.format_name):
         pad = _row_padding(layer.format_name)
         if b.shape[0] < w.shape[0] and -(-b.shape[0] // pad) * pad == w.shape[0]:

@@ -723,7 +723,55 @@ def forward_templates(
         v = _nvfp4_global_scale(target, t)
         if v is not None:
             return [v]
+    if name in ROW_BLOCKS:
+        v = _sliced_transposed(target, name, t)
+        if v is not None:
+            return [v]
     return []
+
+
+def block_rows(name: str | None, t: dict) -> int | None:
+    """The model's rows of a block-scaled layer (NVFP4, MXFP8) where the bias and the block
+    scales outvote the weight: a bias whose length the scales' padded rows (a multiple of 128)
+    fit while the weight's rows do not.  None when they do not outvote it."""
+    if name not in ROW_BLOCKS:
+        return None
+    w, b, s = t.get("weight"), t.get("bias"), t.get("weight_scale")
+    if w is None or b is None or s is None or len(w.shape) != 2 or len(b.shape) != 1 or len(s.shape) != 2:
+        return None
+    padded = s.shape[0]
+    if -(-b.shape[0] // 128) * 128 == padded and -(-w.shape[0] // 128) * 128 != padded:
+        return b.shape[0]
+    return None
+
+
+def _sliced_transposed(target: str, name: str, t: dict) -> Violation | None:
+    """An MXFP8 weight stored transposed ([K, N], its columns the rows the bias and the block
+    scales record): the runtime dequantizes it as stored, slices it to the model's [N, K] (the
+    model's K is the weight's rows) and the first forward's matmul, on an input of shape
+    [4, K], meets a weight of fewer columns."""
+    block, per_byte = ROW_BLOCKS[name]
+    n = block_rows(name, t)
+    if n is None or per_byte != 1:
+        return None
+    rows, cols = t["weight"].shape
+    if cols != n:
+        return None
+    k = rows
+    sliced = (min(rows, n), min(cols, k))
+    if sliced[1] == k:
+        return None
+    return Violation(
+        f"{target}.sliced",
+        f"mat1 and mat2 shapes cannot be multiplied (4x{k} and {sliced[1]}x{sliced[0]})",
+        "RuntimeError",
+        LAYER,
+        "weight",
+        True,
+        f"weight stored [{rows}, {cols}] for a layer of {n} outputs (its bias and block scales): stored transposed; "
+        f"the first forward (on an input of shape [4, {k}]) meets its slice to the model's [{n}, {k}]",
+        f"store the weight as [{n}, {k}] (re-export the layer)",
+    )
 
 
 ROW_BLOCKS = {"mxfp8": (32, 1), "nvfp4": (16, 2)}
