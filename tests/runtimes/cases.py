@@ -313,6 +313,7 @@ def recorded_size(path: Path, layer: str, valid: dict[str, torch.Tensor], marker
     from comfyquant.errors import ComfyQuantError
     from comfyquant.formats.base import GeometryError, Meta
     from comfyquant.formats.registry import FORMATS
+    from comfyquant.numerics.dtypes import dtype_name
 
     try:
         with open_checkpoint(str(path)) as ckpt:
@@ -323,7 +324,7 @@ def recorded_size(path: Path, layer: str, valid: dict[str, torch.Tensor], marker
             stored = {s: e for s, e in lay.tensors.items() if s != "comfy_quant"}
             env = fmt.geometry(stored, fmt.params(lay.marker or {}))
             was = FORMATS[marker["format"]]
-            before = was.geometry({s: Meta(_DTYPE_NAMES[t.dtype], tuple(t.shape)) for s, t in valid.items()}, was.params(marker))
+            before = was.geometry({s: Meta(dtype_name(t.dtype), tuple(t.shape)) for s, t in valid.items()}, was.params(marker))
     except (ComfyQuantError, GeometryError, ValueError, KeyError, TypeError, ArithmeticError):
         return None
     model = dict(env)  # the stored layer's geometry, its sizes taken from the valid layer...
@@ -385,21 +386,6 @@ def _recorded_elsewhere(fmt, env: dict, name: str, stored: dict) -> bool:
         except (ArithmeticError, TypeError, ValueError, KeyError, NameError):
             continue
     return False
-
-
-_DTYPE_NAMES = {
-    torch.float32: "F32",
-    torch.bfloat16: "BF16",
-    torch.float16: "F16",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-    torch.float8_e8m0fnu: "F8_E8M0",
-    torch.uint8: "U8",
-    torch.int8: "I8",
-    torch.int16: "I16",
-    torch.int32: "I32",
-}
-"""safetensors' name of each torch dtype a valid generated layer stores."""
 
 
 def _recut(weight: torch.Tensor, bias: torch.Tensor | None, size: tuple[int, int]):

@@ -201,7 +201,7 @@ def _to_fp8(np, v, target: str):
     return np.where(v > table[-1], table[-1], np.where(v < table[0], table[0], cast))
 
 
-def _cast_error(np, values, source: str, target: str, scale: float | None) -> float | None:
+def _cast_error(np, values, target: str, scale: float | None) -> float | None:
     """Relative weight error of a dialect's weight a runtime casts by value to the FP8
     ``target`` and multiplies by ``scale`` (None: no scale, or one that applies to both
     readings alike).  A dense weight whose values are all ``target`` values is read as FP8
@@ -220,24 +220,11 @@ def _cast_error(np, values, source: str, target: str, scale: float | None) -> fl
     return float(np.sqrt(((cast * scale - v) ** 2).sum())) / norm
 
 
-def _value_cast_findings(np, decode, ckpt, casts: list, ends: dict) -> list[Finding]:
-    """D008 for every dialect weight (``dialects.base.ValueCast``) whose value cast, times its
-    scale, moves it by ``CAST_GARBAGE`` or more."""
-    wanted = []
-    for c in casts:
-        entries = [c.weight] + ([c.scale] if c.scale is not None else [])
-        if all(
-            e.nbytes <= MAX_DEEP_BYTES
-            and e.end <= ends.get(e.file, e.end)
-            and e.nbytes * 8 == e.numel * DTYPE_BITS.get(e.dtype, -1)
-            for e in entries
-        ):
-            wanted.append(c)
-    if not wanted:
-        return []
-    data = ckpt.read_many([e for c in wanted for e in [c.weight] + ([c.scale] if c.scale is not None else [])])
+def _value_cast_findings(np, decode, casts: list, data: dict[str, bytes]) -> list[Finding]:
+    """D008 for every dialect weight (``dialects.base.ValueCast``, read into ``data``) whose
+    value cast, times its scale, moves it by ``CAST_GARBAGE`` or more."""
     out = []
-    for c in wanted:
+    for c in casts:
         values = decode(data[c.weight.name], c.weight.dtype, c.weight.dtype)
         scale = None
         if c.scale is not None:
@@ -247,7 +234,7 @@ def _value_cast_findings(np, decode, ckpt, casts: list, ends: dict) -> list[Find
             scale = float(read.reshape(-1)[0])
         if values is None or len(data[c.weight.name]) != c.weight.nbytes:
             continue
-        error = _cast_error(np, values, c.weight.dtype, c.target, scale)
+        error = _cast_error(np, values, c.target, scale)
         if error is None or error < CAST_GARBAGE:
             continue
         times = "" if scale is None else f" times its scale {scale:.4g}"
@@ -295,11 +282,7 @@ def deep_findings(ckpt, casts: list | None = None) -> list[Finding]:
     drops, and of the dialect weights a runtime casts by value (``casts``)."""
     wanted = []
     ends = {h.file: h.size for h in ckpt.headers}
-    if casts:
-        np, decode = _decoder()
-        cast_findings = _value_cast_findings(np, decode, ckpt, casts, ends)
-    else:
-        cast_findings = []
+    casts = [c for c in casts or () if all(_sound(e, ends) for e in c.entries)]
     corrected = []  # W4A8 layers whose correction ComfyUI drops: how much it moves the output
     for _prefix, layer in ckpt.layers.items():
         if dropped.wanted(layer) and _readable(layer, dropped.SUFFIXES + ("weight_codebook",), ends):
@@ -310,20 +293,18 @@ def deep_findings(ckpt, casts: list | None = None) -> list[Finding]:
         for slot in fmt.slots:
             entry = layer.stored.get(slot.suffix)  # as stored: every expert of a MoE bank
             cast = slot.suffix == "weight" and entry is not None and entry.dtype != slot.dtype and slot.dtype in CASTS
-            if entry is None or (slot.kind not in (SCALE, CODEBOOK, CORRECTION) and not cast) or entry.nbytes > MAX_DEEP_BYTES:
+            if entry is None or (slot.kind not in (SCALE, CODEBOOK, CORRECTION) and not cast) or not _sound(entry, ends):
                 continue
-            if entry.end > ends.get(entry.file, entry.end):
-                continue  # past the end of a truncated file: C002 reports it, there are no values to read
-            if entry.nbytes * 8 != entry.numel * DTYPE_BITS.get(entry.dtype, -1):
-                continue  # the span is not dtype x shape (C001 reports it): no sound values to read
             wanted.append((layer, slot, entry))
-    if not wanted and not corrected:
-        return cast_findings
+    if not wanted and not corrected and not casts:
+        return []
     np, decode = _decoder()
     seen: set[str] = set()
     extra = [e for layer in corrected for s, e in layer.stored.items() if s in dropped.SUFFIXES or s == "weight_codebook"]
+    extra += [e for c in casts for e in c.entries]
     entries = [e for e in [e for _, _, e in wanted] + extra if not (e.name in seen or seen.add(e.name))]
     data = ckpt.read_many(entries)
+    cast_findings = _value_cast_findings(np, decode, casts, data)
     out_dropped = []
     for layer in corrected:
         if all(len(data[e.name]) == e.nbytes for s, e in layer.stored.items() if e.name in data):
@@ -373,18 +354,18 @@ def deep_findings(ckpt, casts: list | None = None) -> list[Finding]:
     return out + out_dropped + cast_findings
 
 
+def _sound(e, ends: dict) -> bool:
+    """Whether tensor ``e`` lies within its file (past the end of a truncated file C002 reports
+    it), its span is exactly dtype x shape (else C001 does) and it is small enough to read
+    (``MAX_DEEP_BYTES``): only then are its values read."""
+    return (
+        e.end <= ends.get(e.file, e.end) and e.nbytes <= MAX_DEEP_BYTES and e.nbytes * 8 == e.numel * DTYPE_BITS.get(e.dtype, -1)
+    )
+
+
 def _readable(layer, suffixes: tuple[str, ...], ends: dict) -> bool:
-    """Whether the layer's tensors among ``suffixes`` lie within their files, each span exactly
-    dtype x shape and small enough to read (``MAX_DEEP_BYTES``)."""
-    for suffix in suffixes:
-        e = layer.stored.get(suffix)
-        if e is None:
-            continue
-        if e.end > ends.get(e.file, e.end) or e.nbytes > MAX_DEEP_BYTES:
-            return False
-        if e.nbytes * 8 != e.numel * DTYPE_BITS.get(e.dtype, -1):
-            return False
-    return True
+    """Whether the layer's tensors among ``suffixes`` can all be read soundly (``_sound``)."""
+    return all(_sound(e, ends) for e in (layer.stored.get(s) for s in suffixes) if e is not None)
 
 
 FLOAT8_MAX = {"F8_E4M3": 448.0, "F8_E5M2": 57344.0}

@@ -223,14 +223,18 @@ class ValueCast:
     one-value tensor, when there is one): ``check --deep`` reads the weight and says whether
     the cast layer computes garbage (D008)."""
 
-    __slots__ = ("layer", "weight", "target", "scale", "runtimes")
+    __slots__ = ("layer", "weight", "target", "scale")
 
-    def __init__(self, layer: str, weight, target: str, scale=None, runtimes: tuple[str, ...] = ("comfyui",)) -> None:
+    def __init__(self, layer: str, weight, target: str, scale=None) -> None:
         self.layer = layer
         self.weight = weight
         self.target = target
         self.scale = scale
-        self.runtimes = runtimes
+
+    @property
+    def entries(self) -> list:
+        """The tensors to read: the weight, and its scale when there is one."""
+        return [self.weight] if self.scale is None else [self.weight, self.scale]
 
 
 class Dialect:

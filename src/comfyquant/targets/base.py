@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class Violation:
     """One rule of a runtime that the checkpoint breaks.
@@ -141,18 +143,24 @@ def incomplete_violations(target: str, ckpt, blocking: bool, consequence: str) -
     return out
 
 
+_NUMBERS = re.compile(r"(\d+)")
+
+
 def module_order(name: str) -> list:
     """A layer's place in a model's module order as far as its name tells: block numbers
-    compared as numbers (``blocks.2`` before ``blocks.10``); the model decides the rest."""
-    import re
-
-    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name) if part]
+    compared as numbers (``blocks.2`` before ``blocks.10``); the model decides the rest.  The
+    parts alternate text and number, so two keys compare text with text and number with number."""
+    parts: list = _NUMBERS.split(name)
+    parts[1::2] = map(int, parts[1::2])
+    return parts
 
 
 def in_module_order(violations: list[Violation]) -> list[Violation]:
     """The violations of one stage (loading, or the first forward) in the order a runtime
     meets their layers, its model's module order; the file's order (a header sorts its tensors
-    by dtype) says nothing of it.  Unnamed ones stay first."""
-    if len({v.layer for v in violations}) < 2:
+    by dtype) says nothing of it.  Unnamed ones stay first.  Each layer's key is made once."""
+    layers = {v.layer for v in violations}
+    if len(layers) < 2:
         return violations
-    return sorted(violations, key=lambda v: module_order(v.layer) if v.layer else [])
+    keys = {layer: module_order(layer) for layer in layers if layer}
+    return sorted(violations, key=lambda v: keys[v.layer] if v.layer else [])

@@ -228,16 +228,26 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
     return findings
 
 
+def _recast(tr: Translation) -> bool:
+    """A weight of another FP8 type, which ComfyUI's translation re-casts by value to its reading."""
+    return tr.format is not None and tr.format != COMFY_READING.name
+
+
+def _dense_cast(tr: Translation) -> bool:
+    """A dense weight beside a ``scale_weight``, which ComfyUI casts to FP8 and multiplies by it."""
+    return tr.format is None and tr.verdict != LOSSY and tr.inputs["weight"].dtype in DENSE_DTYPES
+
+
 def value_casts(claim: Claim) -> list[ValueCast]:
     """The weights ComfyUI's translation casts by value to its FP8 reading: a weight of another
     FP8 type (its scale applies to both readings alike) and a dense weight, which it then
-    multiplies by ``scale_weight``."""
+    multiplies by a one-value ``scale_weight``."""
     out = []
     for tr in claim.layers.values():
         w, sw = tr.inputs["weight"], tr.inputs.get("scale_weight")
-        if tr.format is not None and tr.format != COMFY_READING.name:
+        if _recast(tr):
             out.append(ValueCast(tr.prefix, w, COMFY_DTYPE))
-        elif tr.format is None and tr.verdict != LOSSY and w.dtype in DENSE_DTYPES and sw is not None and sw.numel == 1:
+        elif _dense_cast(tr) and sw is not None and sw.numel == 1:
             out.append(ValueCast(tr.prefix, w, COMFY_DTYPE, sw))
     return out
 
@@ -311,7 +321,7 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
             break
     for tr in claim.layers.values():
         w = tr.inputs["weight"]
-        if tr.format is not None and tr.format != COMFY_READING.name:
+        if _recast(tr):
             out.append(
                 Violation(
                     "comfyui.legacy",
@@ -327,7 +337,7 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
                     severity="warning",
                 )
             )
-        elif tr.format is None and tr.verdict != LOSSY and w.dtype in DENSE_DTYPES:
+        elif _dense_cast(tr):
             out.append(
                 Violation(
                     "comfyui.legacy",
