@@ -43,6 +43,7 @@ RULES: dict[str, Rule] = {
         Rule("C013", WARNING, "tensor not listed in the index"),
         Rule("C014", ERROR, "index lists a tensor no shard contains"),
         Rule("C015", INFO, "folder member skipped or read once (unreadable beside an index, or a link to another member)"),
+        Rule("C016", ERROR, "header JSON the safetensors library refuses that Python's JSON reads (a repeated key, NaN, ...)"),
         # markers
         Rule("M001", ERROR, "marker tensor is not UTF-8 JSON"),
         Rule("M002", ERROR, "marker is not a JSON object"),

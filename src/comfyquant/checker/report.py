@@ -16,7 +16,7 @@ from ..targets.proven import PROVEN, modelled
 from ..targets.select import TARGETS
 
 SCHEMA = 1
-HEADER_CODES = frozenset({"C001", "C002", "C003", "C004", "C005", "C006", "C007", "C008", "C009"})
+HEADER_CODES = frozenset({"C001", "C002", "C003", "C004", "C005", "C006", "C007", "C008", "C009", "C016"})
 """Findings about one file's header and data area: what explains safetensors refusing it."""
 
 

@@ -141,7 +141,10 @@ def read_header(source: ByteSource, damaged_ok: bool = False) -> Header:
     else:
         raw = head[8:] + source.pread(len(head), 8 + n - len(head))
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        obj = json.loads(text)
+        if b"-0" in raw:  # serde_json reads -0 as a float: a dimension or offset it refuses
+            obj = json.loads(text, parse_int=_serde_int)
     except UnicodeDecodeError:
         return _unreadable(path, size, n, raw, "header is not UTF-8 text (not a safetensors file?)", damaged_ok)
     except json.JSONDecodeError as exc:
@@ -154,6 +157,7 @@ def read_header(source: ByteSource, damaged_ok: bool = False) -> Header:
         return _unreadable(path, size, n, raw, f"header is a JSON {json_kind(obj)}, expected an object", damaged_ok)
     # Fast scans of the raw bytes: can any number be negative (1), or any value a boolean (2)?
     odd = 2 if b"true" in raw or b"false" in raw else 1 if b"-" in raw else 0
+    keys = len(obj)
     try:
         hdr = parse_header_object(obj, path, size, n, odd)
     except InputError as exc:  # a header nothing can read (its __metadata__ is no object)
@@ -171,10 +175,52 @@ def read_header(source: ByteSource, damaged_ok: bool = False) -> Header:
             )
         )
     # Lone surrogates: every name at once (isascii() is O(1): the usual case costs one copy)
+    names = "".join(obj)
     meta = "".join(chain.from_iterable(hdr.metadata.items()))
-    if not (_ascii_or_text("".join(obj)) and _ascii_or_text(meta)) or hdr.nonstring_metadata:
+    if not (_ascii_or_text(names) and _ascii_or_text(meta)) or hdr.nonstring_metadata:
         _lone_surrogates(hdr, obj)
+    if hdr.findings or not _plainly_read(raw, obj, keys, names, meta, len(hdr.metadata)):
+        _hidden_refusal(hdr, text, raw)
     return hdr
+
+
+def _serde_int(token: str) -> int | float:
+    return -0.0 if token == "-0" else int(token)
+
+
+def _plainly_read(raw: bytes, entries: dict, keys: int, names: str, meta: str, meta_keys: int) -> bool:
+    """Whether Python's reading of a header that has no finding holds all its text: every
+    entry has just its three fields (none ignored), and the colons of the text are exactly one
+    per key read plus those inside the strings read -- a repeated key, which Python reads once,
+    leaves a colon over.  (An escaped colon could hide one: such a text is not plain.)"""
+    fields = sum(map(len, entries.values()))
+    if fields != 3 * len(entries) or b"\\u003" in raw:
+        return False
+    return raw.count(b":") == keys + fields + meta_keys + names.count(":") + meta.count(":")
+
+
+def _hidden_refusal(hdr: Header, text: str, raw: bytes) -> None:
+    """A C016 finding for what safetensors refuses in the header that Python's reading hides
+    (``hidden``): a repeated key always, anything else when no other finding explains it."""
+    from .hidden import hidden_refusal
+
+    found = hidden_refusal(text, raw)
+    if found is None:
+        return
+    what, repeated = found
+    if not repeated and hdr.findings:
+        return
+    path = hdr.file
+    hdr.findings.append(
+        Finding(
+            "C016",
+            f"{path}: header {what}: the safetensors library refuses it (Python's JSON reads it)",
+            cause="written by a tool that does not write JSON as safetensors reads it (a repeated key, "
+            "or a value Python's JSON takes and serde_json does not)",
+            fix="rewrite the header with each key once and only JSON values (the file cannot be loaded as it is)",
+            file=path,
+        )
+    )
 
 
 def _unreadable(path: str, size: int, header_len: int, raw: bytes | None, what: str, damaged_ok: bool) -> Header:

@@ -26,10 +26,12 @@ from ..numerics import bytewise as transforms
 from ..shapes import fmt_shape
 from .edits import STORAGE, Assumption, Change, Options, Plan, TensorEdit
 
-UNCARRIABLE = ("C001", "C002", "C005", "C006", "C010", "C011")
+UNCARRIABLE = ("C001", "C002", "C005", "C006", "C010", "C011", "C016")
 """Container damage a rewrite cannot carry over exactly: a tensor whose bytes do not match its
 dtype and shape, or lie past the end of the file, an unknown dtype, a malformed entry, a name
-in two shards, a missing shard.  Writing anyway would drop or garble data."""
+in two shards, a missing shard, a header safetensors refuses that Python's JSON reads (which of
+a repeated key's values is meant is not for a rewrite to guess).  Writing anyway would drop or
+garble data."""
 
 
 def plan_repairs(ckpt, options: Options) -> Plan:

@@ -35,12 +35,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import unicodedata
 import weakref
 
 from ..dtypes import DTYPE_BITS
 from .serde_numbers import U64 as _U64
 from .serde_numbers import rust_float, serde_number
+from .serde_syntax import rust_debug
 
 EXCEPTION = "SafetensorError"
 PREFIX = "Error while deserializing header: "
@@ -315,7 +315,7 @@ def _top_level(text: str) -> tuple[list[tuple[str, object]], int]:
         pos = _ws(text, _ws(text, pos) + 1)  # past ":"
         if key == "__metadata__":
             if seen_meta:
-                raise _Fail("duplicate field `__metadata__`", key_end)
+                raise _Fail("duplicate field `__metadata__`", _ws(text, key_end))
             seen_meta = True
             pos = _metadata(text, pos)
         else:
@@ -405,29 +405,6 @@ def _content_kind(v) -> str:
     return "map"
 
 
-def _rust_debug_str(s: str) -> str:
-    out = ['"']
-    for ch in s:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\0":
-            out.append("\\0")
-        elif not ch.isprintable() or unicodedata.category(ch) in ("Mn", "Me"):
-            # Rust escapes what it cannot print (the same Unicode categories as Python's
-            # isprintable) and grapheme extenders
-            out.append(f"\\u{{{ord(ch):x}}}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
-
-
 def _unexpected(v) -> str:
     kind = _content_kind(v)
     if kind in ("u64", "i64"):
@@ -437,7 +414,7 @@ def _unexpected(v) -> str:
     if kind == "bool":
         return f"boolean `{'true' if v else 'false'}`"
     if kind == "str":
-        return "string " + _rust_debug_str(v)
+        return "string " + rust_debug(v)
     return {"unit": "null", "seq": "sequence", "map": "map"}[kind]
 
 
@@ -455,12 +432,12 @@ def _dtype_error(v) -> str | None:
     if kind == "str":
         return None if v in SERDE_DTYPES else f"unknown variant `{v}`, expected one of {_VARIANTS}"
     if kind == "map":
-        if len(v) != 1:
+        if len(v.pairs if isinstance(v, _Pairs) else v) != 1:  # a repeated variant counts twice
             return "invalid value: map, expected map with a single key"
         ((name, inner),) = v.items()
         if name not in SERDE_DTYPES:
             return f"unknown variant `{name}`, expected one of {_VARIANTS}"
-        return None if inner is None else f"invalid type: {_unexpected(inner)}, expected unit variant"
+        return None if inner is None else f"invalid type: {_unexpected(inner)}, expected unit"
     return f"invalid type: {_unexpected(v)}, expected string or map"
 
 

@@ -13,9 +13,12 @@ validation is ``comfyquant.targets.container``'s.
 
 from __future__ import annotations
 
+import json
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 
+from .rust_escapes import ESCAPED_FROM
 from .serde_numbers import rust_float, serde_number
 
 RECURSION_LIMIT = 128
@@ -167,7 +170,9 @@ class _Parser:
             if c is None:
                 raise self.error("EOF while parsing a string")
             if c == ord('"'):
-                return data[start : self.index - 1].decode("utf-8", "replace")
+                # the characters the string stands for, escapes decoded (checked above: no
+                # lone surrogate, no control character)
+                return json.decoder.scanstring(data[start - 1 : self.index].decode("utf-8"), 1)[0]
             if c == ord("\\"):
                 self.escape()
             elif c < 0x20:
@@ -245,13 +250,16 @@ class _Parser:
                 raise self.peek_error("key must be a string")
             self.index += 1
             key = self.string()
+            top = key == "__metadata__" and self.depth == RECURSION_LIMIT - 1
             c = self.whitespace()
+            if top and key in out:  # the struct's own field, refused once its key is read again
+                raise self.error("duplicate field `__metadata__`")
             if c is None:
                 raise self.peek_error("EOF while parsing an object")
             if c != ord(":"):
                 raise self.peek_error("expected `:`")
             self.index += 1
-            if key == "__metadata__" and self.depth == RECURSION_LIMIT - 1:
+            if top:
                 out[key] = self.metadata()
             else:
                 out[key] = self.value()
@@ -329,8 +337,30 @@ def _kind(value: object) -> str:
     if isinstance(value, float):
         return f"floating point `{rust_float(value)}`"
     if isinstance(value, str):
-        return f'string "{value}"'
+        return "string " + rust_debug(value)
     return "map" if isinstance(value, dict) else "sequence"
+
+
+_SHORT = {"\0": "\\0", "\t": "\\t", "\n": "\\n", "\r": "\\r", '"': '\\"', "\\": "\\\\"}
+
+
+def rust_debug(s: str) -> str:
+    """A string as Rust's ``{:?}`` prints it, which serde's messages quote: in double quotes,
+    ``\\0 \\t \\n \\r \\" \\\\`` for those six, ``\\u{hex}`` for every other character Rust's
+    Unicode tables call unprintable or a grapheme extender (``rust_escapes``, measured from the
+    library), the rest as is."""
+    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+        return f'"{s}"'
+    out = []
+    for ch in s:
+        short = _SHORT.get(ch)
+        if short is not None:
+            out.append(short)
+        elif bisect_right(ESCAPED_FROM, ord(ch)) % 2:
+            out.append(f"\\u{{{ord(ch):x}}}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 def stream_error(data: bytes, entries: Callable[[bytes], object]) -> str | None:
