@@ -75,7 +75,9 @@ REPEATED = {
     "__metadata__, first not a map": '{"__metadata__": [1], "__metadata__": {}, "a": ' + ENTRY + "}",
     "tensor name, first entry invalid": '{"a": {"dtype": "Q9", "shape": [2], "data_offsets": [0, 2]}, "a": ' + ENTRY + "}",
     "tensor name, first entry not an object": '{"a": 1, "a": ' + ENTRY + "}",
-    "tensor name, escaped, first entry NaN": '{"a": {"dtype": "U8", "shape": [NaN], "data_offsets": [0, 2]}, "\\u0061": ' + ENTRY + "}",
+    "tensor name, escaped, first entry NaN": '{"a": {"dtype": "U8", "shape": [NaN], "data_offsets": [0, 2]}, "\\u0061": '
+    + ENTRY
+    + "}",
     "metadata key, first value not a string": '{"__metadata__": {"k": 1, "k": "v"}, "a": ' + ENTRY + "}",
     "dtype variant": '{"a": {"dtype": {"U8": null, "U8": null}, "shape": [2], "data_offsets": [0, 2]}}',
 }
@@ -137,7 +139,10 @@ def test_a_repeated_key_refuses_the_gate_with_its_finding(tmp_path):
     from comfyquant.gate import open_input
 
     path = raw_file(tmp_path / "dup.safetensors", REPEATED["entry field dtype"], data=b"ab")
-    with pytest.raises(InputError, match=r"refusing to convert: .*dup\.safetensors: header repeats the field 'dtype' in the entry of tensor 'a'.*\[C016\]"):
+    with pytest.raises(
+        InputError,
+        match=r"refusing to convert: .*dup\.safetensors: header repeats the field 'dtype' in the entry of tensor 'a'.*\[C016\]",
+    ):
         with open_input([path], "convert"):
             pass
 

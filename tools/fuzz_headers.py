@@ -1,7 +1,7 @@
 """Differential fuzz of header reading: comfyquant's container verdict against the safetensors
 library's own, on mutated headers.
 
-    python tools/fuzz_headers.py [-n 100000] [--seed 0] [--show 10]
+    python tools/fuzz_headers.py [-n 100000] [--seed 0] [--show 10] [--check-every 50]
 
 Each execution writes nothing: a seeded mutator damages the JSON text of a valid header
 (bytes cut, inserted, replaced or the text ended early; keys repeated -- tensor names,
@@ -17,7 +17,8 @@ whitespace and newlines inserted), then compares, in one process:
   deserializing:`` becomes ``safe_open``'s ``Error while deserializing header:``).
 
 A header comfyquant reads with no container finding must also be one safetensors accepts, and
-the reverse.  Prints the count of each mutation kind, the outcomes, the time and every
+the reverse; every ``--check-every``-th header is also written to a file and given to the whole
+``check``, whose verdict must be the reader's.  Prints the count of each mutation kind, the outcomes, the time and every
 disagreement (the first ``--show`` in full); exit status 1 when any.
 """
 
@@ -121,7 +122,9 @@ def base_header(rng: random.Random) -> tuple[dict, int]:
     n = rng.randint(0, 4)
     obj: dict = {}
     if rng.random() < 0.6:
-        obj["__metadata__"] = {rng.choice(["format", "quant", "k", "é"]): rng.choice(["pt", "x", "1", "{\"a\": 1}"]) for _ in range(rng.randint(0, 3))}
+        obj["__metadata__"] = {
+            rng.choice(["format", "quant", "k", "é"]): rng.choice(["pt", "x", "1", '{"a": 1}']) for _ in range(rng.randint(0, 3))
+        }
     pos = 0
     names = [rng.choice(["w.weight", "w.comfy_quant", "b", "a.b.c", "x", "é"]) + str(i) for i in range(n)]
     rng.shuffle(names)
@@ -191,7 +194,9 @@ def _mutate(rng: random.Random, obj: dict, indent, kind: str, text: str | None =
     sep = (", ", ": ") if indent is None else (",", ": ")
     if kind == "extra" and text is None:
         pairs = list(obj.items())
-        value = _Raw([(rng.choice(["x", "dtype_", "__metadata__", "offsets"]), json.loads(rng.choice(VALUES[:28]))) for _ in range(2)])
+        value = _Raw(
+            [(rng.choice(["x", "dtype_", "__metadata__", "offsets"]), json.loads(rng.choice(VALUES[:28]))) for _ in range(2)]
+        )
         if pairs and rng.random() < 0.7:
             i = rng.randrange(len(pairs))
             name, entry = pairs[i]
@@ -261,7 +266,7 @@ def _mutate(rng: random.Random, obj: dict, indent, kind: str, text: str | None =
             inner = _decoded(text[s:e])
             if inner:
                 i = rng.randrange(len(inner))
-                new = _json_string(inner[:i], rng) [:-1] + _escape(inner[i]) + _json_string(inner[i + 1 :], rng)[1:]
+                new = _json_string(inner[:i], rng)[:-1] + _escape(inner[i]) + _json_string(inner[i + 1 :], rng)[1:]
                 text = text[:s] + new + text[e:]
                 spans = _strings(text)
         return text.encode("utf-8", "surrogatepass")
@@ -381,7 +386,26 @@ def _either(mine: str | None, real: str | None, data: bytes, tries: int = 64) ->
     return any(theirs(data) == mine for _ in range(tries))
 
 
-def run(count: int, seed: int, show: int = 10, out=sys.stdout) -> list[str]:
+def checked(data: bytes, folder: str) -> str | None:
+    """The verdict of the whole ``check`` on the bytes written as a file: the SafetensorError
+    message SGLang fails with, or None."""
+    import os
+
+    from comfyquant import check
+
+    path = os.path.join(folder, "m.safetensors")
+    with open(path, "wb") as fh:
+        fh.write(data)
+    first = check(path, target="sglang").verdicts["sglang"].first
+    return first.message if first is not None and first.exception == "SafetensorError" else None
+
+
+def run(count: int, seed: int, show: int = 10, out=sys.stdout, check_every: int = 50) -> list[str]:
+    """``count`` executions from ``seed``; every ``check_every``-th also runs the whole ``check``
+    on the bytes written as a file.  Returns the disagreements."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="fuzz-headers-")
     rng = random.Random(seed)
     kinds: Counter = Counter()
     outcomes: Counter = Counter()
@@ -398,6 +422,14 @@ def run(count: int, seed: int, show: int = 10, out=sys.stdout) -> list[str]:
             mine = f"CRASH {type(exc).__name__}: {exc}"
         real = theirs(data)
         outcomes["refused" if real else "accepted"] += 1
+        if check_every and i % check_every == 0:
+            outcomes["also checked whole"] += 1
+            try:
+                whole = checked(data, folder)
+            except Exception as exc:  # a crash is a finding too
+                whole = f"CRASH {type(exc).__name__}: {exc}"
+            if whole != mine:
+                findings.append(f"#{i} {kind} (check): {header!r}\n  reader: {mine}\n  check:  {whole}")
         if mine != real and _either(mine, real, data):
             outcomes["refused, one of the outcomes its hash order allows"] += 1
         elif mine != real:
@@ -405,6 +437,9 @@ def run(count: int, seed: int, show: int = 10, out=sys.stdout) -> list[str]:
             if len(findings) <= show:
                 print(findings[-1], file=out, flush=True)
     took = time.perf_counter() - start
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
     print(f"{count} executions in {took:.1f} s (seed {seed}): {len(findings)} findings", file=out)
     print("mutations: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())), file=out)
     print("safetensors: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())), file=out)
@@ -416,8 +451,9 @@ def main() -> int:
     parser.add_argument("-n", "--count", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--show", type=int, default=10)
+    parser.add_argument("--check-every", type=int, default=50, help="run the whole check on every Nth header (0: never)")
     args = parser.parse_args()
-    return 1 if run(args.count, args.seed, args.show) else 0
+    return 1 if run(args.count, args.seed, args.show, check_every=args.check_every) else 0
 
 
 if __name__ == "__main__":

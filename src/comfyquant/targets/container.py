@@ -24,10 +24,10 @@ torch import: ``check`` stays light), in the library's own order:
 4. the tiling must end at the end of the file (``incomplete metadata, file not fully covered``).
 
 The raw header is re-read only for a file whose header has a container finding, so clean
-files cost nothing.  Not modelled (documented): JSON
-features Python's parser accepts and serde does not in fields safetensors ignores (``NaN``
-literals there, lone UTF-16 surrogates, duplicate keys inside an ignored field), and which of
-several tensors with identical offsets safetensors names (it picks one by hash order).
+files cost nothing; what Python's JSON reading hides from the reader (a repeated key, ``NaN``
+in an ignored field ...) is such a finding (C016, ``io.hidden``).  Not modelled (documented):
+which of several tensors with identical offsets safetensors names (it picks one by hash
+order, which changes from one run to the next).
 """
 
 from __future__ import annotations

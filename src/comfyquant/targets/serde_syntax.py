@@ -172,7 +172,7 @@ class _Parser:
             if c == ord('"'):
                 # the characters the string stands for, escapes decoded (checked above: no
                 # lone surrogate, no control character)
-                return json.decoder.scanstring(data[start - 1 : self.index].decode("utf-8"), 1)[0]
+                return json.loads(data[start - 1 : self.index])
             if c == ord("\\"):
                 self.escape()
             elif c < 0x20:
