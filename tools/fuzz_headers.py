@@ -5,10 +5,11 @@ library's own, on mutated headers.
 
 Each execution writes nothing: a seeded mutator damages the JSON text of a valid header
 (bytes cut, inserted, replaced or the text ended early; keys repeated -- tensor names,
-``__metadata__``, its keys, an entry's fields, a dtype map's variant --; characters rewritten
-as ``\\uXXXX`` escapes; strings replaced by ones holding NUL, a byte-order mark, control
-characters, surrogate escapes, combining marks, non-ASCII text; values replaced by other JSON;
-whitespace and newlines inserted), then compares, in one process:
+``__metadata__``, its keys, an entry's fields, a dtype map's variant --; unknown fields added;
+entries written as lists; characters rewritten as ``\\uXXXX`` escapes; strings replaced by
+ones holding NUL, a byte-order mark, control characters, surrogate escapes, combining marks,
+non-ASCII text; values replaced by other JSON; integers moved by one or out of range;
+whitespace and newlines inserted; the data area one byte short or long), then compares, in one process:
 
 * comfyquant: ``read_header`` (as ``check`` reads, damage reported) and the container verdict
   ``targets.container.open_error`` -- the message every runtime fails with, or none;
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import struct
 import sys
 import time
@@ -119,7 +121,7 @@ class Bytes:
 
 def base_header(rng: random.Random) -> tuple[dict, int]:
     """A valid header (tensors tiling the data area in a shuffled order) and its data length."""
-    n = rng.randint(0, 4)
+    n = rng.randint(0, 4) if rng.random() < 0.9 else rng.randint(5, 40)
     obj: dict = {}
     if rng.random() < 0.6:
         obj["__metadata__"] = {
@@ -171,7 +173,7 @@ def _json_string(s: str, rng: random.Random) -> str:
 
 
 STRUCTURAL = ["dup_name", "dup_meta", "dup_meta_key", "dup_field", "dup_variant", "extra", "list_entry"]
-TEXTUAL = ["escape", "strange", "value", "space", "bytes"]
+TEXTUAL = ["escape", "strange", "value", "number", "space", "bytes"]
 
 
 def mutate(rng: random.Random, obj: dict, indent) -> tuple[str, bytes]:
@@ -287,6 +289,17 @@ def _mutate(rng: random.Random, obj: dict, indent, kind: str, text: str | None =
             s, e = rng.choice(tokens)
             text = text[:s] + rng.choice(VALUES) + text[e:]
         return text.encode("utf-8", "surrogatepass")
+    if kind == "number":
+        numbers = [m.span() for m in _INTEGER.finditer(text)]
+        for _ in range(rng.randint(1, 2)):
+            if not numbers:
+                break
+            s, e = rng.choice(numbers)
+            value = int(text[s:e])
+            new = str(rng.choice([value + 1, value - 1, value * 2, 0, -value, 2**63, 2**64 - 1, 2**64, 10**20]))
+            text = text[:s] + new + text[e:]
+            numbers = [m.span() for m in _INTEGER.finditer(text)]
+        return text.encode("utf-8", "surrogatepass")
     if kind == "space":
         data = bytearray(text.encode("utf-8", "surrogatepass"))
         for _ in range(rng.randint(1, 4)):
@@ -330,6 +343,10 @@ def _dump_pairs(pairs, indent, sep, rng: random.Random) -> bytes:
     if indent is not None:
         text = text.replace(", ", ",\n ")
     return text.encode("utf-8")
+
+
+_INTEGER = re.compile(r"(?<![\w.\\])-?\d+(?![\w.])")
+"""An integer outside a string, mostly (a mutation may hit one inside a name: more damage)."""
 
 
 def _values(text: str) -> list[tuple[int, int]]:
@@ -415,7 +432,7 @@ def run(count: int, seed: int, show: int = 10, out=sys.stdout, check_every: int 
         obj, data_len = base_header(rng)
         kind, header = mutate(rng, obj, rng.choice([None, None, 1]))
         kinds[kind] += 1
-        data = struct.pack("<Q", len(header)) + header + bytes(data_len + rng.choice([0, 0, 0, 1]))
+        data = struct.pack("<Q", len(header)) + header + bytes(max(0, data_len + rng.choice([0, 0, 0, 0, 1, -1])))
         try:
             mine = ours(data)
         except Exception as exc:  # a crash is a finding too
