@@ -75,6 +75,7 @@ REPEATED = {
     "__metadata__": '{"__metadata__": {}, "a": ' + ENTRY + ', "__metadata__": {"k": "v"}}',
     "__metadata__, null twice": '{"__metadata__": null, "__metadata__": null, "a": ' + ENTRY + "}",
     "__metadata__, whitespace before the colon": '{"__metadata__": {},\n "__metadata__" \t : {}, "a": ' + ENTRY + "}",
+    "__metadata__, the object closed after the key": '{"__metadata__": {}, "a": ' + ENTRY + ', "__metadata__" } null}',
     "__metadata__, escaped": '{"__metadata__": {}, "__m\\u0065tadata__": {}, "a": ' + ENTRY + "}",
     "__metadata__, first not a map": '{"__metadata__": [1], "__metadata__": {}, "a": ' + ENTRY + "}",
     "tensor name, first entry invalid": '{"a": {"dtype": "Q9", "shape": [2], "data_offsets": [0, 2]}, "a": ' + ENTRY + "}",

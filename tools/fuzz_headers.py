@@ -3,13 +3,14 @@ library's own, on mutated headers.
 
     python tools/fuzz_headers.py [-n 100000] [--seed 0] [--show 10] [--check-every 50]
 
-Each execution writes nothing: a seeded mutator damages the JSON text of a valid header
+Each execution but the ``--check-every``-th writes nothing: a seeded mutator damages the JSON text of a valid header
 (bytes cut, inserted, replaced or the text ended early; keys repeated -- tensor names,
 ``__metadata__``, its keys, an entry's fields, a dtype map's variant --; unknown fields added;
 entries written as lists; characters rewritten as ``\\uXXXX`` escapes; strings replaced by
 ones holding NUL, a byte-order mark, control characters, surrogate escapes, combining marks,
 non-ASCII text; values replaced by other JSON; integers moved by one or out of range;
-whitespace and newlines inserted; the data area one byte short or long), then compares, in one process:
+punctuation put or removed after a string; whitespace and newlines inserted; the data area
+one byte short or long), then compares, in one process:
 
 * comfyquant: ``read_header`` (as ``check`` reads, damage reported) and the container verdict
   ``targets.container.open_error`` -- the message every runtime fails with, or none;
@@ -19,8 +20,9 @@ whitespace and newlines inserted; the data area one byte short or long), then co
 
 A header comfyquant reads with no container finding must also be one safetensors accepts, and
 the reverse; every ``--check-every``-th header is also written to a file and given to the whole
-``check``, whose verdict must be the reader's.  Prints the count of each mutation kind, the outcomes, the time and every
-disagreement (the first ``--show`` in full); exit status 1 when any.
+``check``, whose verdict must be the reader's.  Prints the count of each mutation kind, the
+outcomes, the time and every disagreement (the first ``--show`` in full); exit status 1 when
+any.
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ def _json_string(s: str, rng: random.Random) -> str:
 
 
 STRUCTURAL = ["dup_name", "dup_meta", "dup_meta_key", "dup_field", "dup_variant", "extra", "list_entry"]
-TEXTUAL = ["escape", "strange", "value", "number", "space", "bytes"]
+TEXTUAL = ["escape", "strange", "value", "number", "punct", "space", "bytes"]
 
 
 def mutate(rng: random.Random, obj: dict, indent) -> tuple[str, bytes]:
@@ -299,6 +301,16 @@ def _mutate(rng: random.Random, obj: dict, indent, kind: str, text: str | None =
             new = str(rng.choice([value + 1, value - 1, value * 2, 0, -value, 2**63, 2**64 - 1, 2**64, 10**20]))
             text = text[:s] + new + text[e:]
             numbers = [m.span() for m in _INTEGER.finditer(text)]
+        return text.encode("utf-8", "surrogatepass")
+    if kind == "punct":
+        spans = _strings(text)
+        for _ in range(rng.randint(1, 2)):
+            if not spans:
+                break
+            _s, e = rng.choice(spans)
+            cut = rng.choice([0, 0, 1, 2])
+            text = text[:e] + rng.choice(["}", " }", "\n}", "]", ",", ":", " :", "", "{", "[", '"', "}}"]) + text[e + cut :]
+            spans = _strings(text)
         return text.encode("utf-8", "surrogatepass")
     if kind == "space":
         data = bytearray(text.encode("utf-8", "surrogatepass"))

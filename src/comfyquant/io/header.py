@@ -143,7 +143,7 @@ def read_header(source: ByteSource, damaged_ok: bool = False) -> Header:
     try:
         text = raw.decode("utf-8")
         obj = json.loads(text)
-        if b"-0" in raw:  # serde_json reads -0 as a float: a dimension or offset it refuses
+        if _minus_zero(raw):  # serde_json reads -0 as a float: a dimension or offset it refuses
             obj = json.loads(text, parse_int=_serde_int)
     except UnicodeDecodeError:
         return _unreadable(path, size, n, raw, "header is not UTF-8 text (not a safetensors file?)", damaged_ok)
@@ -188,15 +188,29 @@ def _serde_int(token: str) -> int | float:
     return -0.0 if token == "-0" else int(token)
 
 
+def _minus_zero(raw: bytes) -> bool:
+    """Whether ``-0`` occurs in the text: one ``find`` per minus sign (a header has few)."""
+    i = raw.find(b"-")
+    while i != -1:
+        if raw[i + 1 : i + 2] == b"0":
+            return True
+        i = raw.find(b"-", i + 1)
+    return False
+
+
 def _plainly_read(raw: bytes, entries: dict, keys: int, names: str, meta: str, meta_keys: int) -> bool:
-    """Whether Python's reading of a header that has no finding holds all its text: every
-    entry has just its three fields (none ignored), and the colons of the text are exactly one
-    per key read plus those inside the strings read -- a repeated key, which Python reads once,
-    leaves a colon over.  (An escaped colon could hide one: such a text is not plain.)"""
-    fields = sum(map(len, entries.values()))
-    if fields != 3 * len(entries) or b"\\u003" in raw:
+    """Whether Python's reading of a header that has no finding holds all its text.
+
+    Each key of the text has its colon, and so has each colon inside a string; Python reads a
+    repeated key once, and an entry's fields beyond its three are ignored.  Counting three
+    fields per entry, the text holds exactly as many colons as Python's reading accounts for
+    only when no key was repeated and no field is ignored (each leaves colons over).  An
+    escaped colon (``\\u003a``) in a name or metadata is one the text does not show: such a
+    text is not plain."""
+    in_strings = (names.count(":") if ":" in names else 0) + meta.count(":")
+    if in_strings and b"\\u003" in raw:
         return False
-    return raw.count(b":") == keys + fields + meta_keys + names.count(":") + meta.count(":")
+    return raw.count(b":") == keys + 3 * len(entries) + meta_keys + in_strings
 
 
 def _hidden_refusal(hdr: Header, text: str, raw: bytes) -> None:

@@ -315,7 +315,8 @@ def _top_level(text: str) -> tuple[list[tuple[str, object]], int]:
         pos = _ws(text, _ws(text, pos) + 1)  # past ":"
         if key == "__metadata__":
             if seen_meta:
-                raise _Fail("duplicate field `__metadata__`", _ws(text, key_end))
+                at = _ws(text, key_end)  # serde_json places it past what ends the object
+                raise _Fail("duplicate field `__metadata__`", at + (text[at : at + 1] == "}"))
             seen_meta = True
             pos = _metadata(text, pos)
         else:

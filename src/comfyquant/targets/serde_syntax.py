@@ -252,7 +252,12 @@ class _Parser:
             key = self.string()
             top = key == "__metadata__" and self.depth == RECURSION_LIMIT - 1
             c = self.whitespace()
-            if top and key in out:  # the struct's own field, refused once its key is read again
+            if top and key in out:
+                # the struct's own field, refused as its key is read again; serde_json then
+                # reads to the object's end (whitespace, and a closing brace) and places the
+                # error there
+                if c == ord("}"):
+                    self.index += 1
                 raise self.error("duplicate field `__metadata__`")
             if c is None:
                 raise self.peek_error("EOF while parsing an object")
