@@ -75,7 +75,6 @@ REPEATED = {
     "__metadata__": '{"__metadata__": {}, "a": ' + ENTRY + ', "__metadata__": {"k": "v"}}',
     "__metadata__, null twice": '{"__metadata__": null, "__metadata__": null, "a": ' + ENTRY + "}",
     "__metadata__, whitespace before the colon": '{"__metadata__": {},\n "__metadata__" \t : {}, "a": ' + ENTRY + "}",
-    "__metadata__, the object closed after the key": '{"__metadata__": {}, "a": ' + ENTRY + ', "__metadata__" } null}',
     "__metadata__, escaped": '{"__metadata__": {}, "__m\\u0065tadata__": {}, "a": ' + ENTRY + "}",
     "__metadata__, first not a map": '{"__metadata__": [1], "__metadata__": {}, "a": ' + ENTRY + "}",
     "tensor name, first entry invalid": '{"a": {"dtype": "Q9", "shape": [2], "data_offsets": [0, 2]}, "a": ' + ENTRY + "}",
@@ -129,6 +128,26 @@ def test_a_repeated_key_gets_safetensors_own_verdict_and_every_command_refuses_i
     text, err = capsys.readouterr()
     assert rc == 1 and err == "" and "C016" in text and real.split(": ", 1)[1] in text
     assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == before
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        '{"__metadata__": {}, "a": ' + ENTRY + ', "__metadata__" } null}',
+        '{"__metadata__": {}, "a": ' + ENTRY + ', "__metadata__"\n  }',
+        '{"__metadata__": {}, "a": ' + ENTRY + ', "__metadata__"  ] }',
+        '{"__metadata__": {}, "a": ' + ENTRY + ', "__metadata__"',
+        '{"__metadata__": {}, "__metadata__": [1, "a": ' + ENTRY + "}",
+    ],
+)
+def test_a_repeated_metadata_key_in_text_python_cannot_read_either(tmp_path, header):
+    """The repeated key stops serde_json before the text's damage does: the verdict is its
+    message, placed where serde_json places it (past whitespace and a closing brace)."""
+    path = raw_file(tmp_path / "dup.safetensors", header, data=b"ab")
+    real = _real(path)
+    assert real is not None and "duplicate field `__metadata__`" in real
+    assert _verdict(path) == real
+    assert "C009" in {f.code for f in check(path).findings}
 
 
 @pytest.mark.parametrize("kind", sorted(ACCEPTED))
