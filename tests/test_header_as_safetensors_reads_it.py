@@ -313,3 +313,15 @@ def _fuzz_module():
     finally:
         sys.path.pop(0)
     return fuzz_headers
+
+
+@pytest.mark.needs_torch
+def test_load_quantized_refuses_a_repeated_key_in_one_line(tmp_path):
+    torch = pytest.importorskip("torch")
+    from comfyquant.errors import ComfyQuantError
+    from comfyquant.torch.load import load_quantized
+
+    path = raw_file(tmp_path / "dup.safetensors", REPEATED["entry field shape"], data=b"ab")
+    with pytest.raises(ComfyQuantError) as exc:
+        load_quantized(torch.nn.Linear(2, 1), path)
+    assert "\n" not in str(exc.value) and "[C016]" in str(exc.value) and path in str(exc.value)
