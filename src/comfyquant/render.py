@@ -370,7 +370,8 @@ def render_fix(result) -> str:
             + ("" if result.dry_run else "; nothing was written")
         )
     else:
-        kinds = "all lossless" if not lossy else f"{lossy} lossy"
+        exact = len(plan.changes) - lossy
+        kinds = "all lossless" if not lossy else f"{exact} lossless, {lossy} lossy" if exact else "all lossy"
         assumed = len(plan.assumptions)
         if assumed:
             kinds += (
