@@ -18,7 +18,6 @@ from .errors import ComfyQuantError, command_line
 from .numerics.waits import prefer_passive_waits
 from .version import __version__
 
-
 EXIT_CODES = (
     "exit codes: 0 done, nothing wrong found (warnings allowed); 1 defects found; "
     "2 unreadable input, usage error or output that cannot be written; "
