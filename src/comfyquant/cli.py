@@ -13,18 +13,11 @@ import importlib
 import sys
 
 from .commands import COMMANDS
+from .commands.common import EXIT_CODES
 from .commands.streams import OutputError, guarded_stdout, say
 from .errors import ComfyQuantError, command_line
 from .numerics.waits import prefer_passive_waits
 from .version import __version__
-
-EXIT_CODES = (
-    "exit codes: 0 done, nothing wrong found (warnings allowed); 1 defects found; "
-    "2 unreadable input, usage error or output that cannot be written; "
-    "3 internal error (a bug: please report it); 130 interrupted (Ctrl-C)"
-)
-"""Every command's exit codes, shown at the end of every ``--help`` (docs/names-and-messages.md
-lists them with the same meanings)."""
 
 
 class _Parser(argparse.ArgumentParser):
