@@ -307,3 +307,56 @@ def test_every_docs_page_that_lists_exit_codes_lists_130():
             listed.append(os.path.basename(page))
             assert "130" in text, page
     assert "names-and-messages.md" in listed and "check.md" in listed and "fix.md" in listed
+
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+def test_migrate_on_a_broken_comfy_file_points_to_fix_and_check(capsys):
+    """A Comfy file has nothing to migrate; when check finds defects in it, the line says
+    which command repairs them and which lists them (exit 1: defects found)."""
+    seed = os.path.join(EXAMPLES, "seed_broken_w4a8.safetensors")
+    rc, out, err = run(capsys, "migrate", seed)
+    assert rc == 1 and err == ""
+    assert out == (
+        "nothing to migrate: the file's layout is comfy (already a Comfy quantized checkpoint); but check finds "
+        f"1 error and 1 warning in it: comfyquant fix {seed} repairs what has a repair (comfyquant check {seed} lists them)\n"
+    )
+    rc, _out, err = run(capsys, "migrate", seed, "--target", "comfyui")  # a repair it would need is lossy: refused
+    assert rc == 2 and err.count("\n") == 1
+    assert err.rstrip().endswith(
+        f"it is a Comfy checkpoint: comfyquant fix {seed} repairs it (comfyquant check {seed} lists its defects)"
+    )
+    clean = os.path.join(EXAMPLES, "w4a8_sglang.safetensors")
+    rc, out, _err = run(capsys, "migrate", clean)
+    assert rc == 0 and out == "nothing to migrate: the file's layout is comfy (already a Comfy quantized checkpoint)\n"
+
+
+@pytest.mark.needs_torch
+def test_the_bundled_legacy_example_migrates_exactly_and_then_passes_check(tmp_path, capsys):
+    """``examples/legacy_scaled_fp8.safetensors`` (ComfyUI's legacy scaled-FP8 layout) is what a
+    new user tries ``migrate`` on: check names the layout and fails for SGLang; migrate rewrites
+    it, every layer exact; the result passes check for every runtime, and its FP8 weights and
+    scales are the legacy file's own bytes and values."""
+    from safetensors.torch import load_file
+
+    legacy = os.path.join(EXAMPLES, "legacy_scaled_fp8.safetensors")
+    rc, out, _ = run(capsys, "check", legacy)
+    assert rc == 1 and "layout: 3 layers in the ComfyUI legacy scaled FP8 layout (comfy-legacy-fp8)" in out
+    assert "-> comfyquant migrate" in out
+    migrated = tmp_path / "legacy_scaled_fp8.comfy.safetensors"
+    rc, out, _ = run(capsys, "migrate", legacy, "-o", migrated)
+    assert rc == 0 and out.startswith("layout: comfy-legacy-fp8 -> comfy\n") and f"wrote {migrated}" in out
+    assert {line.split()[0] for line in out.splitlines()[1:] if line.startswith("  ") and line.split()[0].isalpha()} == {"exact"}
+    rc, out, _ = run(capsys, "check", migrated)
+    assert rc == 0 and out.rstrip().endswith("0 errors, 0 warnings, 0 info: OK")
+    before, after = load_file(legacy), load_file(str(migrated))
+    for layer in ("blocks.0.attn.qkv", "blocks.0.mlp.fc1"):
+        assert torch_equal(before[f"{layer}.weight"], after[f"{layer}.weight"])
+        assert torch_equal(before[f"{layer}.scale_weight"], after[f"{layer}.weight_scale"])
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))

@@ -166,4 +166,8 @@ def _refusal(ckpt, plan: Plan) -> str:
     more = len(plan.refused) - 1
     others = f" (and {more} more: see --dry-run)" if more else ""
     where = f"layer {layer!r}: " if layer is not None else ""
-    return f"{ckpt.files[0]}: not migrated: {where}{why}{others}; nothing was written"
+    line = f"{ckpt.files[0]}: not migrated: {where}{why}{others}; nothing was written"
+    if not plan.translations:  # no layer of another layout: what stops it is a Comfy file's defect
+        label = ckpt.files[0] if len(ckpt.files) == 1 else (ckpt.shardset.index_path or ckpt.files[0])
+        line += f"; it is a Comfy checkpoint: comfyquant fix {label} repairs it (comfyquant check {label} lists its defects)"
+    return line
