@@ -245,6 +245,9 @@ INTERRUPT_AFTER_FIRST_TENSOR = """
 import os, signal, sys
 import comfyquant.io.writer as writer
 
+# As in a terminal: a shell that starts a job in the background has it ignore SIGINT.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 real = writer.write_safetensors
 
 def write_then_ctrl_c(path, tensors, metadata=None, **kw):

@@ -106,6 +106,16 @@ class Comparison:
     def compared(self) -> list[LayerComparison]:
         return [r for r in self.layers if r.compared]
 
+    def __repr__(self) -> str:
+        s = self.summary()
+        worst = self.worst()
+        top = f" ({worst[0].layer})" if worst else ""
+        return (
+            f"Comparison({self.a} vs {self.b}: {s['compared']} layers compared, relative L2 mean "
+            f"{_num(s['rel_l2_mean'], 4)}, max {_num(s['rel_l2_max'], 4)}{top}; {s['refused']} refused, "
+            f"{s['only_a']} only in A, {s['only_b']} only in B)"
+        )
+
     @property
     def refused(self) -> list[LayerComparison]:
         return [r for r in self.layers if not r.compared]

@@ -45,6 +45,17 @@ class MigrateResult:
     def layers(self) -> list[dict]:
         return layer_results(self.plan)
 
+    def __repr__(self) -> str:
+        verdicts: dict[str, int] = {}
+        for row in self.layers:
+            verdicts[row["verdict"]] = verdicts.get(row["verdict"], 0) + 1
+        counted = ", ".join(f"{n} {v}" for v, n in verdicts.items()) or "none"
+        done = "dry run" if self.dry_run else f"outputs={self.outputs}"
+        return (
+            f"MigrateResult({self.before.paths}, {self.dialect} -> {self.to or 'comfy'}, "
+            f"{len(self.layers)} layers ({counted}), ok={self.ok}, {done})"
+        )
+
     @property
     def nothing(self) -> bool:
         """The file has no layer of another layout: there is nothing to migrate."""
