@@ -330,6 +330,11 @@ def test_migrate_on_a_broken_comfy_file_points_to_fix_and_check(capsys):
     assert err.rstrip().endswith(
         f"it is a Comfy checkpoint: comfyquant fix {seed} repairs it (comfyquant check {seed} lists its defects)"
     )
+    rc, out, _err = run(capsys, "migrate", seed, "--target", "comfyui", "--allow-lossy")  # a warning for ComfyUI only
+    assert rc == 0 and out.endswith(
+        f"but check finds 1 warning in it: comfyquant fix {seed} --target comfyui repairs what has a repair "
+        f"(comfyquant check {seed} --target comfyui lists them)\n"
+    )
     clean = os.path.join(EXAMPLES, "w4a8_sglang.safetensors")
     rc, out, _err = run(capsys, "migrate", clean)
     assert rc == 0 and out == "nothing to migrate: the file's layout is comfy (already a Comfy quantized checkpoint)\n"

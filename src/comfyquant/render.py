@@ -327,6 +327,9 @@ def _defects_hint(report) -> str:
     if not found:
         return ""
     label = report.paths[0] if len(report.paths) == 1 else " ".join(report.paths)
+    selected = tuple(report.verdicts) or tuple(report.selected)
+    if selected and len(selected) < 3:  # the runtimes asked for: fix and check judge for the same
+        label += f" --target {','.join(selected)}"
     return (
         f"; but check finds {' and '.join(found)} in it: comfyquant fix {label} repairs what has a repair "
         f"(comfyquant check {label} lists them)"
