@@ -167,8 +167,18 @@ class PlainSubclass(nn.Linear):
         return super().forward(x)
 
 
-REFUSING_KINDS = {"gated", "own_fp8", "lora", "wrong_shape", "non_linear"}
-KINDS = ["plain"] * 24 + ["subclass", "hooked", "hooked", "shared", "tied", "absent", "no_bias"] + sorted(REFUSING_KINDS)
+class StatefulLinear(nn.Linear):
+    """A Linear with extra state in its state dict (``get_extra_state``)."""
+
+    def get_extra_state(self):
+        return {"calibrated": True}
+
+    def set_extra_state(self, state) -> None:
+        pass
+
+
+REFUSING_KINDS = {"gated", "own_fp8", "lora", "wrong_shape", "non_linear", "extra_state", "tensor_attr", "forward_attr"}
+KINDS = ["plain"] * 40 + ["subclass", "hooked", "hooked", "shared", "tied", "absent", "no_bias"] + sorted(REFUSING_KINDS)
 
 
 @dataclass
@@ -192,6 +202,16 @@ def _linear(kind: str, n: int, bias: bool) -> nn.Module:
         return LoraLinear(K, n, bias)
     if kind == "subclass":
         return PlainSubclass(K, n, bias=bias)
+    if kind == "extra_state":
+        return StatefulLinear(K, n, bias=bias)
+    if kind == "tensor_attr":
+        m = nn.Linear(K, n, bias=bias)
+        m.cache = torch.zeros(2)
+        return m
+    if kind == "forward_attr":
+        m = nn.Linear(K, n, bias=bias)
+        m.forward = m.forward
+        return m
     if kind == "wrong_shape":
         return nn.Linear(K, n * 2, bias=bias)
     if kind == "non_linear":
@@ -359,7 +379,10 @@ def judge(case: Case) -> tuple[str, list[str]]:
     except Exception:  # noqa: BLE001 -- the finding
         return "crashed", [f"not a clean refusal: {traceback.format_exc(limit=6)}"]
     problems = [f"loaded although it must be refused: {why}" for why in case.must_refuse]
-    problems += _report_matches(case, before, report)
+    try:
+        problems += _report_matches(case, before, report)
+    except Exception:  # noqa: BLE001 -- a loaded layer that cannot run is the finding
+        problems.append(f"loaded model fails: {traceback.format_exc(limit=6)}")
     return "ok", problems
 
 
@@ -425,6 +448,13 @@ def _report_matches(case: Case, before: dict, report) -> list[str]:
     for name in report.missing:
         if name in dense_loaded:
             problems.append(f"{name!r} both loaded and missing")
+    for name in quantized:  # the layers run (tensors the file gave, on a real device)
+        m = mods_now.get(name)
+        if isinstance(m, QuantLinear) and not any(t.is_meta for t in (*m.buffers(), *m.parameters())):
+            dtype = case.dtype or torch.float32
+            y = m(torch.ones(2, m.in_features, dtype=dtype))
+            if y.dtype != dtype or tuple(y.shape) != (2, m.out_features):
+                problems.append(f"quantized {name!r} gives {y.dtype} {tuple(y.shape)} for {dtype} input")
     return problems
 
 
