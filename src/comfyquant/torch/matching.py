@@ -77,16 +77,9 @@ def tensor_kind(dtype: torch.dtype) -> str:
 
 
 def state_names(model: nn.Module) -> list[str]:
-    """The model's state-dict names, every path of a shared module included, without calling
-    ``state_dict`` (whose hooks are the user's code: a load only reads the model)."""
-    names = []
-    for mname, m in model.named_modules(remove_duplicate=False):
-        pre = f"{mname}." if mname else ""
-        names += [pre + n for n, p in m._parameters.items() if p is not None]
-        names += [pre + n for n, b in m._buffers.items() if b is not None and n not in m._non_persistent_buffers_set]
-        if type(m).get_extra_state is not nn.Module.get_extra_state:
-            names.append(pre + "_extra_state")
-    return names
+    """The model's state-dict names (persistent buffers and extra state included, every path
+    of a shared module listed)."""
+    return list(model.state_dict(keep_vars=True))
 
 
 def match(model: nn.Module, ckpt, implied: dict, strip_prefix: str | None, label: str) -> Matching:
@@ -201,7 +194,8 @@ def match(model: nn.Module, ckpt, implied: dict, strip_prefix: str | None, label
 
 def _module_state(name: str, module: nn.Module) -> list[str]:
     """The state names the module at ``name`` has (it has no submodules: ``lost_state``)."""
-    return [f"{name}.{n}" for n, t in (*module._parameters.items(), *module._buffers.items()) if t is not None]
+    own = (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False))
+    return [f"{name}.{n}" for n, _t in own]
 
 
 def _check_geometry(label, prefix, name, module, marker, entries, bias) -> None:

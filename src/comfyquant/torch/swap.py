@@ -49,16 +49,15 @@ def lost_state(module: nn.Module) -> str | None:
     """What of ``module`` a swap would drop, in words (``parameter 'gate'``); None: nothing
     but its weight, bias (or a ``QuantLinear``'s stored tensors) and hooks."""
     quant = isinstance(module, QuantLinear)
-    own_buffers = set(module.suffixes) if quant else set()
-    for name, p in module._parameters.items():
-        if p is not None and name not in ("weight", "bias"):
+    own_buffers = set(module.suffixes) if isinstance(module, QuantLinear) else set()
+    for name, _p in module.named_parameters(recurse=False):
+        if name not in ("weight", "bias"):
             return f"parameter {name!r}"
-    for name, b in module._buffers.items():
-        if b is not None and name not in own_buffers:
+    for name, _b in module.named_buffers(recurse=False):
+        if name not in own_buffers:
             return f"buffer {name!r}"
-    for name, m in module._modules.items():
-        if m is not None:
-            return f"submodule {name!r}"
+    for name, _m in module.named_children():
+        return f"submodule {name!r}"
     known = _MODULE_ATTRIBUTES | (_QUANT_ATTRIBUTES if quant else frozenset())
     for name, value in vars(module).items():
         if name not in known and isinstance(value, (torch.Tensor, nn.Module)):
@@ -73,13 +72,13 @@ def lost_state(module: nn.Module) -> str | None:
 def carry_over(old: nn.Module, new: nn.Module) -> list[str]:
     """Give ``new`` the hooks and training mode of ``old``; the hooks moved, counted by kind
     (``["2 forward hooks"]``).  ``old`` is only read: a load that fails later leaves it whole."""
-    moved = []
+    held, moved = vars(old), []
     for name, word in _HOOK_WORDS.items():
-        count = len(getattr(old, name))
+        count = len(held[name])
         if count:
             moved.append(f"{count} {word}{'s' * (count > 1)}")
     if moved:
         for name in _HOOK_STATE:
-            new.__dict__[name] = old.__dict__[name]
+            vars(new)[name] = held[name]
     new.training = old.training
     return moved
