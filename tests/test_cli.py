@@ -367,4 +367,8 @@ def test_the_bundled_legacy_example_migrates_exactly_and_then_passes_check(tmp_p
 def torch_equal(a, b) -> bool:
     import torch
 
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    )
