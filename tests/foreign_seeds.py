@@ -46,6 +46,13 @@ def _modelopt(path: str) -> None:
     modelopt_file(path, layers, "NVFP4")
 
 
+def _modelopt_padded(path: str) -> None:
+    from test_dialect_modelopt import modelopt_file, modelopt_layer
+
+    layers = {"blocks.0.proj": modelopt_layer(40, 80, 0, swizzle=True, padding="row_col")[0]}
+    modelopt_file(path, layers, "NVFP4")
+
+
 def _bfl(path: str) -> None:
     from test_dialect_bfl import bfl_nvfp4, write
 
@@ -78,10 +85,12 @@ def _c2q(path: str) -> None:
 def _nunchaku(path: str) -> None:
     from safetensors.torch import save_file
 
-    from test_dialect_nunchaku import FLUX_META, svdq_layer
+    from test_dialect_nunchaku import FLUX_META, awq_layer, svdq_layer
 
     stored, _ = svdq_layer(128, 128)
     tensors = {f"transformer_blocks.0.attn.to_out.0.{s}": t.contiguous() for s, t in stored.items()}
+    awq, _ = awq_layer(128, 128)
+    tensors.update({f"transformer_blocks.0.norm1.linear.{s}": t.contiguous() for s, t in awq.items()})
     tensors["x_embedder.weight"] = torch.zeros(128, 64, dtype=torch.bfloat16)
     save_file(tensors, path, metadata=FLUX_META)
 
@@ -90,6 +99,7 @@ BUILDERS = {
     "legacy": _legacy,
     "musubi": _musubi,
     "modelopt": _modelopt,
+    "modelopt-padded": _modelopt_padded,
     "bfl": _bfl,
     "int8-fast": _int8_fast,
     "c2q": _c2q,
