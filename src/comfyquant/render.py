@@ -79,7 +79,9 @@ def _group(findings):
 def _measured(f) -> str | None:
     """What ``check --deep`` measured on the finding's tensor, as the report's line says it."""
     m = getattr(f, "measured", None)
-    return f"{m['quantity']} {m['value']:.3g}" if m else None
+    if not m:
+        return None
+    return f"{m['quantity']} {m['value']:.3g}" if m["value"] is not None else f"{m['quantity']} not measured: {m.get('why')}"
 
 
 def _examples(names: list[str], shown: int = 8) -> str:

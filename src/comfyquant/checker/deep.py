@@ -3,6 +3,8 @@ their values.  numpy is imported here only, so plain ``check`` stays light."""
 
 from __future__ import annotations
 
+import math
+
 from ..dialects.common import file_ends, sound
 from ..findings import DEEP_MEASURES, Finding
 from ..formats.base import CODEBOOK, CORRECTION, SCALE
@@ -50,38 +52,55 @@ class Measured:
     (``findings.DEEP_MEASURES``) carries it, in the text report's ``measured`` line and as
     the JSON ``measured`` object."""
 
-    __slots__ = ("tensor", "quantity", "value")
+    __slots__ = ("tensor", "quantity", "value", "why")
 
-    def __init__(self, tensor: str, quantity: str, value: float) -> None:
+    def __init__(self, tensor: str, quantity: str, value: float | None, why: str | None = None) -> None:
         self.tensor = tensor
         self.quantity = quantity
         self.value = value
+        self.why = why
+        """Why there is no value (``value`` None): the measurement is undefined."""
 
     def to_dict(self) -> dict:
-        return {"quantity": self.quantity, "value": self.value}
+        out: dict = {"quantity": self.quantity, "value": self.value}
+        if self.why:
+            out["why"] = self.why
+        return out
 
 
 MEASURING = frozenset({"D008", dropped.CODE})
 """Findings that state a measurement's outcome (a cast that changes the weight, a dropped
 correction's share): they carry the value they rest on."""
 RELATIVE_ERROR = "relative error"
-NON_FINITE = "non-finite values"
-"""A measurement that could not be made because the values are not finite: how many are not."""
+NON_FINITE = "the values or their scale are not finite (other findings say which)"
+"""Why a relative error is undefined."""
+UNDEFINED_SHARE = "the layer's values are not finite or not of dtypes it decodes (other findings say which)"
+"""Why a dropped correction's share is undefined."""
+
+
+UNMEASURED = (
+    "its values cannot be read as the layer's format (a tensor of another dtype or shape, or bytes that are not "
+    "what the header says: the layer's other findings name it)"
+)
+"""Why a promised measurement was not made."""
 
 
 def attach(findings: list[Finding], measured: list[Measured]) -> None:
-    """Give each finding the measurement of its tensor when it rests on it or promises it."""
+    """Give each finding the measurement of its tensor when it rests on it or promises it; a
+    promise ``--deep`` could not keep says why (``value`` null), so every promise is answered."""
     by_tensor = {m.tensor: m for m in measured}
     for f in findings:
         m = by_tensor.get(f.tensor) if f.tensor else None
         if m is not None and (f.code in MEASURING or DEEP_MEASURES in f.message):
             f.measured = m.to_dict()
+        elif DEEP_MEASURES in f.message:
+            f.measured = {"quantity": RELATIVE_ERROR, "value": None, "why": UNMEASURED}
 
 
-def _measure(np, tensor: str, error: float | None, values) -> Measured:
-    """A relative error, or when it is undefined (non-finite values), how many values are not finite."""
-    if error is None:
-        return Measured(tensor, NON_FINITE, int(values.size - np.isfinite(values).sum()))
+def _measure(tensor: str, error: float | None) -> Measured:
+    """A relative error, or why it is undefined (non-finite values or scale)."""
+    if error is None or not math.isfinite(error):
+        return Measured(tensor, RELATIVE_ERROR, None, NON_FINITE)
     return Measured(tensor, RELATIVE_ERROR, round(float(error), 6))
 
 
@@ -307,7 +326,7 @@ def _value_cast_findings(np, decode, casts: list, data: dict[str, bytes], measur
         if values is None or len(data[c.weight.name]) != c.weight.nbytes:
             continue
         error = _cast_error(np, values, c.target, scale)
-        measured.append(_measure(np, c.weight.name, error, values))
+        measured.append(_measure(c.weight.name, error))
         if error is None or error < CAST_GARBAGE:
             continue
         times = "" if scale is None else f" times its scale {scale:.4g}"
@@ -391,9 +410,11 @@ def _read_values(np, decode, ckpt, wanted: list, corrected: list, casts: list, m
     for layer in corrected:
         if all(len(data[e.name]) == e.nbytes for s, e in layer.stored.items() if e.name in data):
             share = dropped.share(np, decode, layer, data)
+            name = layer.stored["weight_correction"].name
             if share is None:
+                measured.append(Measured(name, RELATIVE_ERROR, None, UNDEFINED_SHARE))
                 continue
-            measured.append(Measured(layer.stored["weight_correction"].name, RELATIVE_ERROR, round(share, 6)))
+            measured.append(_measure(name, share))
             if share >= dropped.GARBAGE:  # below, the header's warning says it, with this measurement
                 out_dropped.append(dropped.finding(layer, share))
     out: list[Finding] = []
@@ -411,7 +432,7 @@ def _read_values(np, decode, ckpt, wanted: list, corrected: list, casts: list, m
             if values is None:
                 continue
             meant = decode(raw, slot.dtype, slot.dtype) if _relabelled(np, values, entry.dtype, slot.dtype) else values
-            measured.append(_measure(np, entry.name, _weight_cast_error(np, values, meant, entry.dtype, slot.dtype), meant))
+            measured.append(_measure(entry.name, _weight_cast_error(np, values, meant, entry.dtype, slot.dtype)))
             if not _survives_cast(np, values, entry.dtype, slot.dtype, packed):
                 out.append(
                     Finding(

@@ -77,7 +77,7 @@ def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = Fal
 
         value_failures(values, verdicts, {name: p for p, name in names.items()})
     findings = assemble(findings, verdicts, selected, names)
-    if measured:  # every finding that rests on or promises a --deep measurement carries it
+    if deep:  # every finding that rests on or promises a --deep measurement carries it
         from .deep import attach
 
         attach(findings, measured)

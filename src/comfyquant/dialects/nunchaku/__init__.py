@@ -374,8 +374,8 @@ def _shifted_zeros(dtype: str, s_bytes: bytes, z_bytes: bytes) -> bytes | None:
             return np.frombuffer(b, dtype="<f2").astype(np.float64)
         return (np.frombuffer(b, dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
-    exact = f64(z_bytes) + 8.0 * f64(s_bytes)  # exact in F64: both are 16-bit floats
-    with np.errstate(over="ignore"):  # a sum past F32's range is not exact: refused below
+    with np.errstate(all="ignore"):  # NaN/Inf stay what they are; a sum past F32's range is not exact: refused below
+        exact = f64(z_bytes) + 8.0 * f64(s_bytes)  # exact in F64: both are 16-bit floats
         out = exact.astype(np.float32)
     if not np.array_equal(out.astype(np.float64), exact, equal_nan=True):
         return None
