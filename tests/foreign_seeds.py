@@ -598,4 +598,3 @@ def deep_outcome(path: str) -> tuple[int, str | None]:
         if DEEP_MEASURES in f.message and not (f.measured and (f.measured["value"] is not None or f.measured["why"])):
             return 3, f"promised measurement missing: {f.code} {f.tensor}: {f.message}"
     return (0 if report.ok else 1), None
-

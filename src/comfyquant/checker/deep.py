@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..dialects.common import file_ends, sound
+from ..dialects.reading import file_ends, sound
 from ..findings import DEEP_MEASURES, Finding
 from ..formats.base import CODEBOOK, CORRECTION, SCALE
 from ..formats.registry import FORMATS
@@ -465,7 +465,7 @@ def _read_values(np, decode, ckpt, wanted: list, corrected: list, casts: list, m
 
 
 def _sound(e, ends: dict) -> bool:
-    """Whether tensor ``e``'s bytes are the values its header describes (``dialects.common.sound``)
+    """Whether tensor ``e``'s bytes are the values its header describes (``dialects.reading.sound``)
     and it is small enough to read (``MAX_DEEP_BYTES``): only then are its values read."""
     return e.nbytes <= MAX_DEEP_BYTES and sound(e, ends)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from ..dtypes import DTYPE_BITS, MODEL_FLOAT_DTYPES
+from ..dtypes import MODEL_FLOAT_DTYPES
 from ..numerics import bytewise
 from .base import EXACT, Move
 
@@ -45,29 +45,6 @@ def copy(entry, suffix: str, prefix: str | None = None) -> Move:
 def root_of(name: str) -> str:
     """The diffusion-model prefix a tensor name starts with ("" when none)."""
     return next((r for r in DIFFUSION_ROOTS if name.startswith(r)), "")
-
-
-def file_ends(ckpt) -> dict[str, int]:
-    """Each file's size, by file: where a tensor's span must end (``sound``)."""
-    return {h.file: h.size for h in ckpt.headers}
-
-
-def sound(entry, ends: dict[str, int]) -> bool:
-    """Whether a tensor's bytes are the values its header describes: its span lies within its
-    file (a span past the end of a truncated file is C002's) and is exactly dtype x shape (a
-    span of another size is C001's).  Only such tensors are read for their values: a reader
-    that indexes a short or long span by its header's shape reads garbage or fails."""
-    return entry.end <= ends.get(entry.file, entry.end) and entry.nbytes * 8 == entry.numel * DTYPE_BITS.get(entry.dtype, -1)
-
-
-def read_sound(ckpt, entries) -> dict[str, bytes]:
-    """The bytes of each of ``entries`` that is ``sound`` and reads back whole, by name; the
-    others are left out (the container findings say what is wrong with them), so a reader
-    judges only values its tensor's header describes truly and leaves the rest unsettled."""
-    ends = file_ends(ckpt)
-    wanted = [e for e in dict.fromkeys(entries) if sound(e, ends)]
-    data = ckpt.read_many(wanted) if wanted else {}
-    return {e.name: data[e.name] for e in wanted if len(data.get(e.name, b"")) == e.nbytes}
 
 
 def float_scalar(data: bytes, dtype: str) -> float:

@@ -18,7 +18,8 @@ from ...numerics import nvfp4_layouts as lay
 from ...numerics.blocked import blocked_shape, ceil_to
 from ...shapes import fmt_shape
 from ..base import EXACT, PERMUTATION, REFUSED, Move, Translation
-from ..common import copy, is_scalar_float, read_sound, scalar_scale
+from ..common import copy, is_scalar_float, scalar_scale
+from ..reading import read_sound
 
 COMFY = "nvfp4"
 HANDLED = ("weight", "weight_scale", "weight_scale_2", "input_scale", "comfy_quant")

@@ -32,12 +32,12 @@ from ..common import (
     float_scalar,
     is_scalar_float,
     legacy_sentinels,
-    read_sound,
     root_of,
     scalar_scale,
     two_level_scales,
 )
 from ..decoders import scaled_fp8
+from ..reading import read_sound
 
 NAME = "comfy-legacy-fp8"
 SENTINEL = LEGACY_SENTINEL

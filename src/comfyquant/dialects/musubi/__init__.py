@@ -44,11 +44,11 @@ from ..common import (
     float_scalar,
     is_scalar_float,
     legacy_sentinels,
-    read_sound,
     scalar_scale,
     two_level_scales,
 )
 from ..decoders import scaled_fp8
+from ..reading import read_sound
 
 NAME = "musubi-fp8"
 _refused = partial(refused, NAME)

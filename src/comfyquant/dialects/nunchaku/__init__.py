@@ -27,7 +27,7 @@ from ...numerics import nunchaku_tiles as tiles
 from ...shapes import fmt_shape
 from ...targets.base import Violation
 from ..base import EXACT, PERMUTATION, REFUSED, Claim, Dialect, Move, Translation, refused
-from ..common import read_sound
+from ..reading import read_sound
 from . import metadata
 from .decoders import awq as awq_decoder
 from .decoders import via_comfy
