@@ -323,7 +323,7 @@ def _value_cast_findings(np, decode, casts: list, data: dict[str, bytes], measur
             if read is None or read.size != 1:
                 continue
             scale = float(read.reshape(-1)[0])
-        if values is None or len(data[c.weight.name]) != c.weight.nbytes:
+        if values is None:
             continue
         error = _cast_error(np, values, c.target, scale)
         measured.append(_measure(c.weight.name, error))
@@ -405,6 +405,7 @@ def _read_values(np, decode, ckpt, wanted: list, corrected: list, casts: list, m
     extra += [e for c in casts for e in c.entries]
     entries = [e for e in [e for _, _, e in wanted] + extra if not (e.name in seen or seen.add(e.name))]
     data = ckpt.read_many(entries)
+    casts = [c for c in casts if all(len(data[e.name]) == e.nbytes for e in c.entries)]  # none cut short by a changed file
     cast_findings = _value_cast_findings(np, decode, casts, data, measured)
     out_dropped = []
     for layer in corrected:
