@@ -5,7 +5,12 @@ mutated, and every command must end with exit 0, 1 or 2 -- never an internal err
 input as it was, no temporary file, and either no output or a complete one (a refusal leaves
 none).
 
-Sized for CI (a few examples per command); ``COMFYQUANT_FUZZ_EXAMPLES=500`` runs a campaign.
+``check --deep`` also meets one to three damaged tensors with the container kept whole
+(``foreign_seeds.damage_tensor``, GGUF's ``damage_gguf``): findings or a one-line refusal,
+nothing on stderr, strict JSON.
+
+Sized for CI (a few examples per command); ``COMFYQUANT_FUZZ_EXAMPLES=500`` runs a campaign;
+``tools/fuzz_deep.py`` runs the ``--deep`` damages in-process by the 100,000.
 """
 
 from __future__ import annotations
