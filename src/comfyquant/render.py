@@ -70,9 +70,18 @@ def _group(findings):
                 f.fix,
                 tuple(f.targets),
                 f.message if not f.layer else None,
+                _measured(f),
             )
         groups.setdefault(key, []).append(f)
     return list(groups.values())
+
+
+def _measured(f) -> str | None:
+    """What ``check --deep`` measured on the finding's tensor, as the report's line says it."""
+    m = getattr(f, "measured", None)
+    if not m:
+        return None
+    return f"{m['quantity']} {m['value']:.3g}" if m["value"] is not None else f"{m['quantity']} not measured: {m.get('why')}"
 
 
 def _examples(names: list[str], shown: int = 8) -> str:
@@ -119,7 +128,8 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
         # ones, never a placeholder); the list below names every layer or tensor it covers
         if not (f.expected and f.actual):
             lines.append(f"  {f.message}")
-        for label, value in (("expected", f.expected), ("actual", f.actual), ("cause", f.cause), ("fix", f.fix)):
+        fields = (("expected", f.expected), ("actual", f.actual), ("measured", _measured(f)), ("cause", f.cause), ("fix", f.fix))
+        for label, value in fields:
             if value:
                 lines.append(f"  {label:<8} {value}")
         if f.targets:
