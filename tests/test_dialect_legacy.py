@@ -298,7 +298,7 @@ def test_e5m2_weights_cast_to_e4m3_are_garbage_only_past_its_range(tmp_path, ama
     _e5m2_file(src, amax)
     header = comfyquant.check(str(src), target="comfyui")
     assert header.verdicts["comfyui"].loads  # the header alone cannot tell: a warning
-    assert any("check --deep reads them" in f.message for f in header.findings if f.severity == "warning")
+    assert any("check --deep measures the cast" in f.message for f in header.findings if f.severity == "warning")
     deep = comfyquant.check(str(src), target="comfyui", deep=True)
     assert deep.verdicts["comfyui"].loads is not garbage
     assert any(f.code == "D008" and f.severity == "error" for f in deep.findings) is garbage

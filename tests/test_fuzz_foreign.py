@@ -5,7 +5,12 @@ mutated, and every command must end with exit 0, 1 or 2 -- never an internal err
 input as it was, no temporary file, and either no output or a complete one (a refusal leaves
 none).
 
-Sized for CI (a few examples per command); ``COMFYQUANT_FUZZ_EXAMPLES=500`` runs a campaign.
+``check --deep`` also meets one to three damaged tensors with the container kept whole
+(``foreign_seeds.damage_tensor``, GGUF's ``damage_gguf``): findings or a one-line refusal,
+nothing on stderr, strict JSON.
+
+Sized for CI (a few examples per command); ``COMFYQUANT_FUZZ_EXAMPLES=500`` runs a campaign;
+``tools/fuzz_deep.py`` runs the ``--deep`` damages in-process by the 100,000.
 """
 
 from __future__ import annotations
@@ -300,3 +305,88 @@ def test_mutated_foreign_checkpoints_never_crash_any_command(capsys, seeds, comm
     byte_mutations = data.draw(st.lists(byte_mutation, max_size=2), label="bytes")
     shards = data.draw(shard_mutation, label="shards")
     run_one(capsys, seeds, command, seed_name, header_mutations, byte_mutations, shards)
+
+
+# -- check --deep on one damaged tensor, the container kept whole --------------------------------
+
+DEEP_EXAMPLES = int(os.environ.get("COMFYQUANT_FUZZ_EXAMPLES", "25"))
+"""Damaged files for ``check --deep`` (tools/fuzz_deep.py runs the same damages by the 100,000)."""
+tensor_damage = st.one_of(
+    st.tuples(st.just("shape"), st.integers(0, 99), st.integers(0, 63)),
+    st.tuples(st.just("dtype"), st.integers(0, 99), st.sampled_from(list(fs.WIDTHS))),
+    st.tuples(st.sampled_from(["short", "long", "missing", "retype"]), st.integers(0, 99)),
+    st.tuples(
+        st.just("extra"),
+        st.integers(0, 99),
+        st.sampled_from(fs.LAYER_SUFFIXES),
+        st.sampled_from(list(fs.WIDTHS)),
+        st.sampled_from(fs.FILLS),
+        st.integers(0, 63),
+    ),
+    st.tuples(st.just("values"), st.integers(0, 99), st.sampled_from(fs.FILLS)),
+    st.tuples(st.just("group"), st.integers(0, 99), st.sampled_from([0, 1, 3, 7, 8, 16, 32, 64, 128, 100_000, -16])),
+)
+gguf_damage = st.one_of(
+    st.tuples(st.just("type"), st.integers(0, 7), st.integers(0, 45)),
+    st.tuples(st.just("dim"), st.integers(0, 7), st.integers(0, 3), st.sampled_from([0, 1, 31, 32, 64, 65, 256, 1 << 40])),
+    st.tuples(st.just("offset"), st.integers(0, 7), st.sampled_from([-64, -1, 1, 32, 1 << 20])),
+    st.tuples(st.just("values"), st.integers(0, 1 << 16), st.sampled_from(fs.FILLS)),
+    st.tuples(st.just("truncate"), st.integers(1, 1000)),
+)
+
+
+@pytest.fixture(scope="module")
+def deep_seeds(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("deep-seeds")
+    out = {name: fs.seed(name, folder) for name in fs.DEEP_SEEDS}
+    out.update(fs.gguf_seeds(folder))
+    return out
+
+
+def _strict(text: str):
+    """JSON as the standard reads it: NaN and Infinity are not JSON."""
+
+    def refuse(word):
+        raise ValueError(f"{word} in the JSON report")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@settings(max_examples=DEEP_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_damaged_tensors_in_any_layout_give_deep_findings_or_a_one_line_refusal(capsys, deep_seeds, data):
+    import random
+
+    name = data.draw(st.sampled_from(sorted(deep_seeds)), label="seed")
+    rand = random.Random(data.draw(st.integers(0, 1 << 32), label="bytes"))
+    with tempfile.TemporaryDirectory() as folder:
+        if deep_seeds[name].endswith(".gguf"):
+            with open(deep_seeds[name], "rb") as fh:
+                raw = fh.read()
+            fields = fs.gguf_tensor_fields(raw)
+            damages = data.draw(st.lists(gguf_damage, min_size=1, max_size=2), label="damages")
+            for spec in damages:
+                raw = fs.damage_gguf(raw, fields, spec, rand)
+            src = os.path.join(folder, "in.gguf")
+            with open(src, "wb") as fh:
+                fh.write(raw)
+        else:
+            header, body = fs.read(deep_seeds[name])
+            damages = data.draw(st.lists(tensor_damage, min_size=1, max_size=3), label="damages")
+            for spec in damages:
+                header, body = fs.damage_tensor(header, body, spec, rand)
+            src = fs.write_raw(os.path.join(folder, "in.safetensors"), header, body)
+        before = fs.snapshot(folder)
+        for args in (["check", src, "--deep"], ["check", src, "--deep", "--json"]):
+            rc = main(args)
+            out, err = capsys.readouterr()
+            event(f"exit {rc}")
+            what = f"{args}: seed {name}, damages {damages}: exit {rc}: {err}"
+            assert rc in (0, 1, 2) and "internal error" not in err, what
+            if rc == 2:
+                assert err.count("\n") == 1 and out == "", what
+            else:
+                assert err == "", what  # nothing on stderr: no warning, no partial line
+                if "--json" in args:
+                    _strict(out)
+        assert fs.snapshot(folder) == before

@@ -103,10 +103,30 @@ ONE_RUNTIME = {"D010": "comfyui"}
 drops): another runtime's violation on the same tensor never attaches to them."""
 
 
-class Finding:
-    """One defect.  ``expected``/``actual`` are short human strings such as ``F32 (16, 32)``."""
+DEEP_MEASURES = "check --deep measures"
+"""The words a header-only finding uses to promise a measurement of its tensor's values:
+``check --deep`` gives every finding that says them the value it measured (``measured``)."""
 
-    __slots__ = ("code", "message", "layer", "tensor", "expected", "actual", "cause", "fix", "severity", "targets", "file")
+
+class Finding:
+    """One defect.  ``expected``/``actual`` are short human strings such as ``F32 (16, 32)``;
+    ``measured`` is what ``check --deep`` measured on the tensor (``{"quantity": ..., "value": ...}``)
+    for a finding that promises or rests on a measurement, else None."""
+
+    __slots__ = (
+        "code",
+        "message",
+        "layer",
+        "tensor",
+        "expected",
+        "actual",
+        "cause",
+        "fix",
+        "severity",
+        "targets",
+        "file",
+        "measured",
+    )
 
     def __init__(
         self,
@@ -136,6 +156,7 @@ class Finding:
         self.severity = severity
         self.targets = targets if targets is not None else []
         self.file = file
+        self.measured: dict | None = None
 
     def __repr__(self) -> str:
         return f"Finding({self.code}, {self.severity}, {self.layer!r}, {self.message!r})"
@@ -153,6 +174,7 @@ class Finding:
             "message": self.message,
             "targets": list(self.targets),
             "file": self.file,
+            "measured": dict(self.measured) if self.measured else None,
         }
 
     def with_layer(self, layer: str, prefix: str) -> Finding:

@@ -129,4 +129,6 @@ def _refuse(errors: list, verb: str, error: type[ComfyQuantError]) -> None:
     # who read two different numbers for one file could trust neither
     more = " (and more: comfyquant check lists every problem)" if len(errors) > 1 else ""
     prefix = f"{where}: " if where and where not in first.message else ""
+    if first.layer and first.layer not in first.message:  # a runtime's own words (Python's int() message)
+        prefix = f"layer {first.layer}: "
     raise error(f"refusing to {verb}: {prefix}{first.message} [{first.code}]{more}")

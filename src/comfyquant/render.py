@@ -70,9 +70,18 @@ def _group(findings):
                 f.fix,
                 tuple(f.targets),
                 f.message if not f.layer else None,
+                _measured(f),
             )
         groups.setdefault(key, []).append(f)
     return list(groups.values())
+
+
+def _measured(f) -> str | None:
+    """What ``check --deep`` measured on the finding's tensor, as the report's line says it."""
+    m = getattr(f, "measured", None)
+    if not m:
+        return None
+    return f"{m['quantity']} {m['value']:.3g}" if m["value"] is not None else f"{m['quantity']} not measured: {m.get('why')}"
 
 
 def _examples(names: list[str], shown: int = 8) -> str:
@@ -119,7 +128,8 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
         # ones, never a placeholder); the list below names every layer or tensor it covers
         if not (f.expected and f.actual):
             lines.append(f"  {f.message}")
-        for label, value in (("expected", f.expected), ("actual", f.actual), ("cause", f.cause), ("fix", f.fix)):
+        fields = (("expected", f.expected), ("actual", f.actual), ("measured", _measured(f)), ("cause", f.cause), ("fix", f.fix))
+        for label, value in fields:
             if value:
                 lines.append(f"  {label:<8} {value}")
         if f.targets:
@@ -319,12 +329,30 @@ def _metadata_lines(metadata: dict[str, dict[str, str]], width: int | None) -> l
     return out
 
 
+def _defects_hint(report) -> str:
+    """For a file ``migrate`` leaves as it is: where its defects are repaired (``fix``) and
+    listed (``check``), when the check finds errors or warnings; nothing otherwise."""
+    counts = report.counts
+    found = [f"{counts[s]} {s}{'s' * (counts[s] != 1)}" for s in ("error", "warning") if counts.get(s)]
+    if not found:
+        return ""
+    label = report.paths[0] if len(report.paths) == 1 else " ".join(report.paths)
+    selected = tuple(report.verdicts) or tuple(report.selected)
+    if selected and len(selected) < 3:  # the runtimes asked for: fix and check judge for the same
+        label += f" --target {','.join(selected)}"
+    return (
+        f"; but check finds {' and '.join(found)} in it: comfyquant fix {label} repairs what has a repair "
+        f"(comfyquant check {label} lists them)"
+    )
+
+
 def render_migrate(result) -> str:
     """One line per group of layers with the same dialect, variant, verdict and format."""
     if result.nothing:
-        return f"nothing to migrate: the file's layout is {result.dialect}" + (
+        line = f"nothing to migrate: the file's layout is {result.dialect}" + (
             " (already a Comfy quantized checkpoint)" if result.dialect.startswith("comfy") and "+" not in result.dialect else ""
         )
+        return printable(line + _defects_hint(result.before))
     lines = [f"layout: {result.dialect} -> {result.to or 'comfy'}"]
     groups: dict[tuple, list[dict]] = {}
     for row in result.layers:
@@ -370,7 +398,8 @@ def render_fix(result) -> str:
             + ("" if result.dry_run else "; nothing was written")
         )
     else:
-        kinds = "all lossless" if not lossy else f"{lossy} lossy"
+        exact = len(plan.changes) - lossy
+        kinds = "all lossless" if not lossy else f"{exact} lossless, {lossy} lossy" if exact else "all lossy"
         assumed = len(plan.assumptions)
         if assumed:
             kinds += (

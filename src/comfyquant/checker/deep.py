@@ -3,8 +3,10 @@ their values.  numpy is imported here only, so plain ``check`` stays light."""
 
 from __future__ import annotations
 
-from ..dtypes import DTYPE_BITS
-from ..findings import Finding
+import math
+
+from ..dialects.reading import file_ends, sound
+from ..findings import DEEP_MEASURES, Finding
 from ..formats.base import CODEBOOK, CORRECTION, SCALE
 from ..formats.registry import FORMATS
 from ..targets.base import Violation
@@ -42,6 +44,64 @@ CLAMPED = frozenset({("asym_w4a8_int8", "weight_s_rel")})
 non-finite group scale gives that group one constant code instead of a non-finite output, so
 only every group scale non-finite is garbage; some of them degrade the layer (measured: a NaN
 in one group leaves the output finite and close)."""
+
+
+class Measured:
+    """A value ``--deep`` measured on one tensor: what it is (``quantity``) and its ``value``.
+    Every finding on that tensor that rests on it (``MEASURING``) or promises it
+    (``findings.DEEP_MEASURES``) carries it, in the text report's ``measured`` line and as
+    the JSON ``measured`` object."""
+
+    __slots__ = ("tensor", "quantity", "value", "why")
+
+    def __init__(self, tensor: str, quantity: str, value: float | None, why: str | None = None) -> None:
+        self.tensor = tensor
+        self.quantity = quantity
+        self.value = value
+        self.why = why
+        """Why there is no value (``value`` None): the measurement is undefined."""
+
+    def to_dict(self) -> dict:
+        out: dict = {"quantity": self.quantity, "value": self.value}
+        if self.why:
+            out["why"] = self.why
+        return out
+
+
+MEASURING = frozenset({"D008", dropped.CODE})
+"""Findings that state a measurement's outcome (a cast that changes the weight, a dropped
+correction's share): they carry the value they rest on."""
+RELATIVE_ERROR = "relative error"
+NON_FINITE = "the values or their scale are not finite (other findings say which)"
+"""Why a relative error is undefined."""
+UNDEFINED_SHARE = "the layer's values are not finite or not of dtypes it decodes (other findings say which)"
+"""Why a dropped correction's share is undefined."""
+
+
+UNMEASURED = (
+    "its values cannot be read as the layer's format (a tensor of another dtype or shape, or bytes that are not "
+    "what the header says: the layer's other findings name it)"
+)
+"""Why a promised measurement was not made."""
+
+
+def attach(findings: list[Finding], measured: list[Measured]) -> None:
+    """Give each finding the measurement of its tensor when it rests on it or promises it; a
+    promise ``--deep`` could not keep says why (``value`` null), so every promise is answered."""
+    by_tensor = {m.tensor: m for m in measured}
+    for f in findings:
+        m = by_tensor.get(f.tensor) if f.tensor else None
+        if m is not None and (f.code in MEASURING or DEEP_MEASURES in f.message):
+            f.measured = m.to_dict()
+        elif DEEP_MEASURES in f.message:
+            f.measured = {"quantity": RELATIVE_ERROR, "value": None, "why": UNMEASURED}
+
+
+def _measure(tensor: str, error: float | None) -> Measured:
+    """A relative error, or why it is undefined (non-finite values or scale)."""
+    if error is None or not math.isfinite(error):
+        return Measured(tensor, RELATIVE_ERROR, None, NON_FINITE)
+    return Measured(tensor, RELATIVE_ERROR, round(float(error), 6))
 
 
 def makes_garbage(f: Finding) -> bool:
@@ -153,12 +213,7 @@ def _survives_cast(np, v, source: str, target: str, packed: bool = False) -> boo
     back: the codes survive); otherwise the cast values (floats truncated and wrapped into
     I8/U8, rounded to the nearest FP8 value) must stay within a relative error of
     ``CAST_GARBAGE`` of the stored ones."""
-    if (
-        source == "U8"
-        and target in ("F8_E4M3", "F8_E5M2")
-        and v.size
-        and RELABELLED[0] <= float((v >= 128).mean()) <= RELABELLED[1]
-    ):
+    if _relabelled(np, v, source, target):
         return False  # FP8 bytes labelled U8: the cast turns each code's bits into a count
     if target in ("I8", "U8"):
         lo = -128 if target == "I8" else 0
@@ -191,6 +246,41 @@ def _survives_cast(np, v, source: str, target: str, packed: bool = False) -> boo
     return float(np.sqrt(((cast - ref) ** 2).sum())) / norm < CAST_GARBAGE
 
 
+def _relabelled(np, v, source: str, target: str) -> bool:
+    """Whether a U8 weight in an FP8 slot holds FP8 bytes labelled U8 (``RELABELLED``)."""
+    return bool(
+        source == "U8"
+        and target in ("F8_E4M3", "F8_E5M2")
+        and v.size
+        and RELABELLED[0] <= float((v >= 128).mean()) <= RELABELLED[1]
+    )
+
+
+def _weight_cast_error(np, v, meant, source: str, target: str) -> float | None:
+    """The relative error of the weight ComfyUI's value cast of ``v`` (stored as ``source``)
+    to ``target`` computes with, against the weight the file holds (``meant``: the stored
+    values, or the FP8 values of FP8 bytes labelled U8).  Integers whose bytes come back
+    unchanged from the wrap into I8/U8 are the same codes: 0.  None when not finite."""
+    ref = meant.astype(np.float64)
+    if not np.isfinite(ref).all() or not np.isfinite(v).all():
+        return None
+    if target in ("I8", "U8"):
+        lo = -128 if target == "I8" else 0
+        if source in INTEGERS:
+            cast = (((v.astype(np.int64) - lo) % 256) + lo).astype(np.float64)
+            back_lo = -128 if source == "I8" else 0
+            if source in ("U8", "I8") and np.array_equal(((cast.astype(np.int64) - back_lo) % 256) + back_lo, v):
+                return 0.0  # the same bytes: the same codes
+        else:
+            cast = ((np.trunc(v).astype(np.int64) - lo) % 256 + lo).astype(np.float64)
+    else:
+        cast = _to_fp8(np, v.astype(np.float64), target)
+    norm = float(np.sqrt((ref * ref).sum()))
+    if norm == 0.0:
+        return 0.0 if bool((cast == 0).all()) else 1.0
+    return float(np.sqrt(((cast - ref) ** 2).sum())) / norm
+
+
 def _to_fp8(np, v, target: str):
     """``v`` cast by value to the FP8 dtype ``target`` as torch does: the nearest value, ties
     to the lower one, saturated at the largest (float64)."""
@@ -220,9 +310,10 @@ def _cast_error(np, values, target: str, scale: float | None) -> float | None:
     return float(np.sqrt(((cast * scale - v) ** 2).sum())) / norm
 
 
-def _value_cast_findings(np, decode, casts: list, data: dict[str, bytes]) -> list[Finding]:
+def _value_cast_findings(np, decode, casts: list, data: dict[str, bytes], measured: list[Measured]) -> list[Finding]:
     """D008 for every dialect weight (``dialects.base.ValueCast``, read into ``data``) whose
-    value cast, times its scale, moves it by ``CAST_GARBAGE`` or more."""
+    value cast, times its scale, moves it by ``CAST_GARBAGE`` or more; every cast's relative
+    error goes to ``measured``."""
     out = []
     for c in casts:
         values = decode(data[c.weight.name], c.weight.dtype, c.weight.dtype)
@@ -232,9 +323,10 @@ def _value_cast_findings(np, decode, casts: list, data: dict[str, bytes]) -> lis
             if read is None or read.size != 1:
                 continue
             scale = float(read.reshape(-1)[0])
-        if values is None or len(data[c.weight.name]) != c.weight.nbytes:
+        if values is None:
             continue
         error = _cast_error(np, values, c.target, scale)
+        measured.append(_measure(c.weight.name, error))
         if error is None or error < CAST_GARBAGE:
             continue
         times = "" if scale is None else f" times its scale {scale:.4g}"
@@ -277,11 +369,14 @@ def _fp8_values(np, dtype: str):
     return np.concatenate([val, -val]).astype(np.float32)
 
 
-def deep_findings(ckpt, casts: list | None = None) -> list[Finding]:
+def deep_findings(ckpt, casts: list | None = None, measured: list[Measured] | None = None) -> list[Finding]:
     """The value findings of every marked layer, of the W4A8 layers whose correction ComfyUI
-    drops, and of the dialect weights a runtime casts by value (``casts``)."""
+    drops, and of the dialect weights a runtime casts by value (``casts``).  What it measures
+    on the way (a cast's or a dropped correction's relative error) goes to ``measured``, for
+    ``attach``."""
+    measured = [] if measured is None else measured
     wanted = []
-    ends = {h.file: h.size for h in ckpt.headers}
+    ends = file_ends(ckpt)
     casts = [c for c in casts or () if all(_sound(e, ends) for e in c.entries)]
     corrected = []  # W4A8 layers whose correction ComfyUI drops: how much it moves the output
     for _prefix, layer in ckpt.layers.items():
@@ -299,18 +394,30 @@ def deep_findings(ckpt, casts: list | None = None) -> list[Finding]:
     if not wanted and not corrected and not casts:
         return []
     np, decode = _decoder()
+    with np.errstate(all="ignore"):  # NaN/Inf in a file are findings, not warnings on stderr
+        return _read_values(np, decode, ckpt, wanted, corrected, casts, measured)
+
+
+def _read_values(np, decode, ckpt, wanted: list, corrected: list, casts: list, measured: list[Measured]) -> list[Finding]:
+    """Read the tensors ``deep_findings`` chose and judge their values."""
     seen: set[str] = set()
     extra = [e for layer in corrected for s, e in layer.stored.items() if s in dropped.SUFFIXES or s == "weight_codebook"]
     extra += [e for c in casts for e in c.entries]
     entries = [e for e in [e for _, _, e in wanted] + extra if not (e.name in seen or seen.add(e.name))]
     data = ckpt.read_many(entries)
-    cast_findings = _value_cast_findings(np, decode, casts, data)
+    casts = [c for c in casts if all(len(data[e.name]) == e.nbytes for e in c.entries)]  # none cut short by a changed file
+    cast_findings = _value_cast_findings(np, decode, casts, data, measured)
     out_dropped = []
     for layer in corrected:
         if all(len(data[e.name]) == e.nbytes for s, e in layer.stored.items() if e.name in data):
-            measured = dropped.share(np, decode, layer, data)
-            if measured is not None and measured >= dropped.GARBAGE:  # below, the header's warning says it
-                out_dropped.append(dropped.finding(layer, measured))
+            share = dropped.share(np, decode, layer, data)
+            name = layer.stored["weight_correction"].name
+            if share is None:
+                measured.append(Measured(name, RELATIVE_ERROR, None, UNDEFINED_SHARE))
+                continue
+            measured.append(_measure(name, share))
+            if share >= dropped.GARBAGE:  # below, the header's warning says it, with this measurement
+                out_dropped.append(dropped.finding(layer, share))
     out: list[Finding] = []
     done: set[str] = set()
     for layer, slot, entry in wanted:
@@ -323,7 +430,11 @@ def deep_findings(ckpt, casts: list | None = None) -> list[Finding]:
         if slot.suffix == "weight":
             values = decode(raw, entry.dtype, entry.dtype)
             packed = "//" in slot.shape  # the stored width is a fraction of K: packed codes
-            if values is not None and not _survives_cast(np, values, entry.dtype, slot.dtype, packed):
+            if values is None:
+                continue
+            meant = decode(raw, slot.dtype, slot.dtype) if _relabelled(np, values, entry.dtype, slot.dtype) else values
+            measured.append(_measure(entry.name, _weight_cast_error(np, values, meant, entry.dtype, slot.dtype)))
+            if not _survives_cast(np, values, entry.dtype, slot.dtype, packed):
                 out.append(
                     Finding(
                         "D008",
@@ -355,12 +466,9 @@ def deep_findings(ckpt, casts: list | None = None) -> list[Finding]:
 
 
 def _sound(e, ends: dict) -> bool:
-    """Whether tensor ``e`` lies within its file (past the end of a truncated file C002 reports
-    it), its span is exactly dtype x shape (else C001 does) and it is small enough to read
-    (``MAX_DEEP_BYTES``): only then are its values read."""
-    return (
-        e.end <= ends.get(e.file, e.end) and e.nbytes <= MAX_DEEP_BYTES and e.nbytes * 8 == e.numel * DTYPE_BITS.get(e.dtype, -1)
-    )
+    """Whether tensor ``e``'s bytes are the values its header describes (``dialects.reading.sound``)
+    and it is small enough to read (``MAX_DEEP_BYTES``): only then are its values read."""
+    return e.nbytes <= MAX_DEEP_BYTES and sound(e, ends)
 
 
 def _readable(layer, suffixes: tuple[str, ...], ends: dict) -> bool:

@@ -59,10 +59,11 @@ def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = Fal
         findings.extend(dialect_findings(detection))
     findings.extend(settled)
     values: list = []
+    measured: list = []
     if deep:
         from .deep import deep_findings
 
-        values = deep_findings(ckpt, value_casts(detection) if detection.claims else None)
+        values = deep_findings(ckpt, value_casts(detection) if detection.claims else None, measured)
         findings.extend(values)
     # Every profile runs so findings can say which runtimes they break; severities follow
     # the selection.
@@ -76,6 +77,10 @@ def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = Fal
 
         value_failures(values, verdicts, {name: p for p, name in names.items()})
     findings = assemble(findings, verdicts, selected, names)
+    if deep:  # every finding that rests on or promises a --deep measurement carries it
+        from .deep import attach
+
+        attach(findings, measured)
     report = Report(
         ckpt.paths,
         ckpt.files,

@@ -2,6 +2,23 @@
 
 from __future__ import annotations
 
+EXIT_CODES = (
+    "exit codes: 0 done, nothing wrong found (warnings allowed); 1 defects found; "
+    "2 unreadable input, usage error or output that cannot be written; "
+    "3 internal error (a bug: please report it); 130 interrupted (Ctrl-C)"
+)
+"""Every command's exit codes, shown at the end of every ``--help`` (docs/names-and-messages.md
+lists them with the same meanings)."""
+
+
+def add_exit_codes(parser) -> None:
+    """End ``parser``'s help with ``EXIT_CODES``, after the epilog it has (a command's own
+    lists stay first); wrapped here, since a raw-text help prints it as it is."""
+    import textwrap
+
+    codes = textwrap.fill(EXIT_CODES, 79, break_on_hyphens=False)
+    parser.epilog = f"{parser.epilog}\n\n{codes}" if parser.epilog else codes
+
 
 def name_mapper(prefix: str | None):
     """The ``--strip-prefix`` mapping, or None."""

@@ -62,12 +62,22 @@ def dialect_findings(detection: Detection) -> list[Finding]:
                     )
                 )
         unsettled = list(dict.fromkeys([*claim.unsettled, *(u for t in claim.layers.values() for u in t.unsettled)]))
-        if unsettled:
+        if unsettled and claim.settled is None:
             out.append(
                 Finding(
                     "F003",
                     f"{dialect.name}: only the tensor data can tell: {'; '.join(unsettled)}",
                     fix="comfyquant check --deep reads it",
+                )
+            )
+        elif unsettled:  # --deep ran: what it could not read stays open
+            out.append(
+                Finding(
+                    "F003",
+                    f"{dialect.name}: the tensor data that tells cannot be read (its bytes are not what the "
+                    f"header describes): {'; '.join(unsettled)}",
+                    cause="a damaged file: the container findings name the tensors",
+                    fix="download or export the file again",
                 )
             )
     return out

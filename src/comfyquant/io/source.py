@@ -121,6 +121,7 @@ class LocalFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self.name = path
+        self._fd = -1
         try:
             # Non-blocking, so that a named pipe cannot hang the open; checked just below.
             self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -137,7 +138,7 @@ class LocalFile:
         st = os.fstat(self._fd)
         error = not_regular(path, st.st_mode)
         if error is not None:
-            os.close(self._fd)
+            self.close()  # and forget the number: __del__ must not close it again once reused
             raise error
         _blocking(self._fd)
         self.size = st.st_size

@@ -12,6 +12,7 @@ import json
 import re
 
 from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
+from ..findings import DEEP_MEASURES
 from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, in_module_order, incomplete_violations
 from .kitchen import (
@@ -642,7 +643,7 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
             out,
             "cast",
             f"layer '{prefix}': {w.dtype} weight is value-cast to {STORAGE[fmt]} at load (exact when "
-            f"the values are {STORAGE[fmt]} codes, garbage otherwise; check --deep reads them)",
+            f"the values are {STORAGE[fmt]} codes, garbage otherwise; {DEEP_MEASURES} the cast's relative error)",
             prefix,
             "weight",
             blocking=False,
@@ -659,7 +660,7 @@ def _layer(out: list, prefix: str, marker: dict, t: dict) -> Violation | None:
                 out,
                 "correction",
                 f"layer '{prefix}': ComfyUI does not load weight_correction: the layer computes without "
-                f"it, off by the correction's share of the weight (no error; check --deep measures it)",
+                f"it, off by the correction's share of the weight (no error; {DEEP_MEASURES} it)",
                 prefix,
                 suffix,
                 blocking=False,

@@ -29,6 +29,7 @@ from .. import codecs
 from ..formats.codec import CodecError, output_dtype
 from ..formats.registry import FORMATS
 from . import kitchen
+from .marker_fields import marker_problem
 
 KITCHEN = "comfy-kitchen"
 CODEC = "codec"
@@ -43,12 +44,9 @@ class QuantWeight:
     __slots__ = ("tensors", "marker", "name")
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], marker: Mapping, name: str | None = None) -> None:
-        fmt = marker.get("format") if isinstance(marker, Mapping) else None
-        if not isinstance(fmt, str) or not codecs.has(fmt):
-            raise CodecError(
-                f"{name or 'layer'}: marker {dict(marker) if isinstance(marker, Mapping) else marker!r} "
-                f"names no format comfyquant can run; formats: {', '.join(codecs.NAMES)}"
-            )
+        problem = marker_problem(marker, name or "layer")
+        if problem is not None:
+            raise CodecError(problem)
         self.tensors = {s: t for s, t in tensors.items() if s not in ("bias", "comfy_quant")}
         self.marker = dict(marker)
         self.name = name
@@ -149,22 +147,43 @@ class QuantLinear(nn.Module):
         if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise CodecError(f"{self.name or 'layer'}: activations must be BF16, F16 or F32, got {x.dtype}")
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        route = self._route(x.device, x.dtype)
+        compute = self._compute_dtype(x.dtype)
+        x2 = x.reshape(-1, self.in_features).to(compute)
+        bias = None if self.bias is None else self.bias.to(compute)
+        route = self._route(x.device, compute)
         if route is None:
             y = self._codec_linear(x2, bias)
         else:
             spec, qt, dense = route
             if dense:
                 if spec.pre_scale is not None and spec.pre_scale in self.suffixes:
-                    x2 = x2 * getattr(self, spec.pre_scale).to(x.dtype)
+                    x2 = x2 * getattr(self, spec.pre_scale).to(compute)
                 y = F.linear(x2, qt.dequantize(), bias)
             elif spec.quantize_input:
-                y = F.linear(kitchen.quantized_input(spec, x2, self.stored()), qt, bias)
+                y = F.linear(kitchen.quantized_input(spec, x2, self._operands(compute)), qt, bias)
             else:
                 y = F.linear(x2, qt, bias)
-        return y.reshape(*lead, self.out_features)
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def _compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype the layer computes in for input of ``dtype``: the input's, except for the
+        formats whose stored scales are in the model dtype (AWQ, SVDQuant), whose kernels need
+        the activation in the scales' dtype.  There an F32 input (or F32 scales) computes in
+        F32, the other side upcast exactly; a BF16 input to F16 scales or the reverse computes
+        in the scales' dtype, the file's model dtype.  The output is cast back to the input's
+        dtype by ``forward``."""
+        scales = self._buffers.get("weight_scale")
+        if scales is None or scales.dtype == dtype or not codecs.get(self.format).model_dtype_scales:
+            return dtype
+        return torch.float32 if torch.float32 in (dtype, scales.dtype) else scales.dtype
+
+    def _operands(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The stored tensors a forward in ``dtype`` uses: as stored, except that an F32
+        forward of a model-dtype-scales format reads its F16/BF16 tensors upcast to F32 (exact)."""
+        stored = self.stored()
+        if dtype != torch.float32 or not codecs.get(self.format).model_dtype_scales:
+            return stored
+        return {s: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t for s, t in stored.items()}
 
     def _route(self, device: torch.device, dtype: torch.dtype):
         """(layout model, comfy-kitchen weight in ``dtype``, dense?) of the comfy-kitchen path,
@@ -177,12 +196,12 @@ class QuantLinear(nn.Module):
                 self._qt[key] = None
             else:
                 params = FORMATS[self.format].params(self.marker)
-                qt = kitchen.build(spec, self.stored(), params, (self.out_features, self.in_features), dtype)
+                qt = kitchen.build(spec, self._operands(dtype), params, (self.out_features, self.in_features), dtype)
                 self._qt[key] = (spec, qt, path == DENSE)
         return self._qt[key]
 
     def _codec_linear(self, x2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        tensors = self.stored()
+        tensors = self._operands(x2.dtype)
         if bias is not None:
             tensors["bias"] = self.bias  # the model's N of padded storage, as the file keeps it
         codec = codecs.get(self.format)

@@ -1,17 +1,22 @@
-"""``load_quantized``: a Comfy quantized checkpoint into a PyTorch model, layer by layer.
+"""``load_quantized``: a Comfy quantized checkpoint into a PyTorch model, all or nothing.
 
-1. Header only: the checkpoint (any file ``comfyquant check`` reads, dialects included,
-   through their Comfy view) is checked for comfy-kitchen -- the gate every decoding command
-   shares -- and refused with its findings in one line; then every tensor name is matched to
-   the model (``strip_prefix`` removed first).  Quantized layers must land on ``nn.Linear``
-   modules of the same shape; dense tensors on parameters or buffers of the same shape.
-   Missing and unexpected keys are known here, before any data is read: ``strict`` raises.
-2. Layer by layer: each quantized layer's tensors are read straight into their final storage
-   (positioned reads, no memory map, no intermediate copy), the ``nn.Linear`` is replaced by
-   a ``QuantLinear``; each dense tensor is read and assigned (``assign=True``
-   semantics: a model built on the meta device gets real tensors without ever allocating its
-   dense weights).  Peak host memory: the quantized bytes held by the model plus one tensor
-   in flight (one dense layer for a dialect's lossy layer, decoded exactly to F32).
+1. Header only (``matching``): the checkpoint (any file ``comfyquant check`` reads, dialects
+   included, through their Comfy view) is checked for comfy-kitchen -- the gate every decoding
+   command shares -- and refused with its findings in one line; then every tensor is given its
+   place in the model (``strip_prefix`` removed first).  Quantized layers must land on
+   ``nn.Linear`` modules of the same shape that hold nothing a swap would drop (``swap``),
+   with markers whose fields have their types; dense tensors on parameters or buffers of the
+   same shape and kind of dtype; no two tensors in one place.  Missing and unexpected keys are
+   known here, before any data is read: ``strict`` raises.
+2. Reading: each quantized layer's tensors are read straight into their final storage
+   (positioned reads, no memory map, no intermediate copy) and its ``QuantLinear`` built; each
+   dense tensor is read.  The model is not touched yet, so a read or build that fails leaves
+   it as it was.
+3. The swaps and assignments (``assign=True`` semantics: a model built on the meta device gets
+   real tensors without ever allocating its dense weights), made together (``edits``).
+   Peak host memory: the quantized and dense bytes the model will hold, plus what the model
+   held before (nothing for a meta-device model), plus one dense layer for a dialect's lossy
+   layer (decoded exactly to F32).
 """
 
 from __future__ import annotations
@@ -21,9 +26,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..formats.codec import CodecError
 from ..numerics.dtypes import parse_float_dtype
+from .edits import Edits
 from .linear import QuantLinear, QuantWeight
-from .tensors import LoadError, assign_tensor, open_checked, path_label, read_tensor, replace_module
+from .matching import match
+from .swap import carry_over
+from .tensors import LoadError, open_checked, path_label, read_tensor
 
 __all__ = ["LoadError", "LoadReport", "load_quantized"]
 
@@ -44,11 +53,17 @@ class LoadReport:
     fallbacks: dict[str, str] = field(default_factory=dict)
     """Model layer -> why it computes with a dequantized weight or operands instead of
     comfy-kitchen's quantized GEMM (marker, device, comfy-kitchen missing)."""
+    carried: dict[str, list[str]] = field(default_factory=dict)
+    """Model layer -> the hooks moved from the replaced ``nn.Linear`` to its ``QuantLinear``
+    (``["1 forward hook"]``)."""
     bytes_read: int = 0
 
     @property
     def ok(self) -> bool:
         return not self.missing and not self.unexpected
+
+    def __repr__(self) -> str:
+        return f"LoadReport({self.summary()}, ok={self.ok})"
 
     def to_dict(self) -> dict:
         return {
@@ -58,6 +73,7 @@ class LoadReport:
             "unexpected": self.unexpected,
             "quantized": self.quantized,
             "fallbacks": self.fallbacks,
+            "carried": self.carried,
             "bytes_read": self.bytes_read,
         }
 
@@ -74,13 +90,6 @@ class LoadReport:
         )
 
 
-class _QuantPlan:
-    __slots__ = ("name", "prefix", "entries", "marker", "bias")
-
-    def __init__(self, name, prefix, entries, marker, bias) -> None:
-        self.name, self.prefix, self.entries, self.marker, self.bias = name, prefix, entries, marker, bias
-
-
 def load_quantized(
     model: nn.Module, path, *, device="cpu", dtype=None, strip_prefix: str | None = None, strict: bool = True
 ) -> LoadReport:
@@ -90,30 +99,53 @@ def load_quantized(
     unquantized layers) are cast to it (quantized tensors keep their stored dtypes; a
     ``QuantLinear`` computes in its input's dtype); ``strip_prefix``: removed from
     checkpoint names that start with it (``model.diffusion_model.``); ``strict``: raise
-    ``LoadError`` naming every missing or unexpected key before reading any data."""
+    ``LoadError`` naming every missing or unexpected key before reading any data.
+
+    All or nothing: every check is made and every tensor read before the model changes; a
+    ``LoadError`` (or any other failure) leaves it with the very modules, parameters and
+    buffers it had."""
     from ..markers import file_level_markers
 
     device = torch.device(device)
     cast = None if dtype is None else parse_float_dtype(dtype)
     label = path_label(path)
+    report = LoadReport(label)
     with open_checked(path) as ckpt:
-        quants, dense, report = _plan(model, ckpt, file_level_markers(ckpt), strip_prefix, label)
+        found = match(model, ckpt, file_level_markers(ckpt), strip_prefix, label)
+        report.loaded, report.missing, report.unexpected = found.loaded, found.missing, found.unexpected
         if strict and (report.missing or report.unexpected):
             raise LoadError(f"refusing to load {label}: " + _problems(report) + " (strict=False loads the rest)")
-        modules = dict(model.named_modules())
-        for qp in quants:
-            tensors = {s: read_tensor(ckpt, e, device, report) for s, e in qp.entries.items()}
-            bias = None if qp.bias is None else read_tensor(ckpt, qp.bias, device, report, cast)
-            linear = modules[qp.name]
-            layer = QuantLinear.from_weight(QuantWeight(tensors, qp.marker, qp.name), bias, linear)
-            replace_module(model, qp.name, layer)
-            report.quantized[qp.name] = layer.format
+        edits = Edits()
+        for sw in found.swaps:
+            layer = _quant_layer(ckpt, sw, device, cast, report, label)
+            edits.set(sw.parent, sw.leaf, layer)
+            report.quantized[sw.name] = layer.format
             _path, why = layer.compute(device, cast or layer.dtype)
             if why is not None:
-                report.fallbacks[qp.name] = why
-        for target, entry in dense:
-            assign_tensor(model, target, read_tensor(ckpt, entry, device, report, cast))
+                report.fallbacks[sw.name] = why
+            hooks = carry_over(sw.module, layer)
+            if hooks:
+                report.carried[sw.name] = hooks
+        for d in found.dense:
+            value = read_tensor(ckpt, d.entry, device, report, cast)
+            if isinstance(d.old, nn.Parameter):
+                value = nn.Parameter(value, requires_grad=d.old.requires_grad and value.is_floating_point())
+            edits.set(d.owner, d.leaf, value)
+    edits.apply()
     return report
+
+
+def _quant_layer(ckpt, sw, device, cast, report: LoadReport, label: str) -> QuantLinear:
+    """The ``QuantLinear`` of one planned swap, its tensors read (the model is not touched)."""
+    tensors = {s: read_tensor(ckpt, e, device, report) for s, e in sw.entries.items()}
+    bias = None if sw.bias is None else read_tensor(ckpt, sw.bias, device, report, cast)
+    try:
+        layer = QuantLinear.from_weight(QuantWeight(tensors, sw.marker, sw.name), bias, sw.module)
+    except CodecError as exc:
+        raise LoadError(f"{label}: {exc}") from None
+    if sw.bias is None and getattr(sw.module, "bias", None) is not None:
+        layer.bias = sw.module.bias  # not in the file: the model's own (reported missing)
+    return layer
 
 
 def _problems(report: LoadReport) -> str:
@@ -123,93 +155,3 @@ def _problems(report: LoadReport) -> str:
             shown = ", ".join(names[:8]) + (f" (and {len(names) - 8} more)" if len(names) > 8 else "")
             parts.append(f"{len(names)} {what} key{'s' * (len(names) > 1)}: {shown}")
     return "; ".join(parts)
-
-
-def _plan(model: nn.Module, ckpt, implied: dict, strip_prefix: str | None, label: str):
-    """Header-only matching of the checkpoint's tensors to the model."""
-    modules = dict(model.named_modules())
-    # tied parameters are listed under every name the state dict has
-    targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
-    targets.update(dict(model.named_buffers(remove_duplicate=False)))
-    wanted = set(model.state_dict(keep_vars=True))
-    report = LoadReport(label)
-
-    def strip(name: str) -> str:
-        return name[len(strip_prefix) :] if strip_prefix and name.startswith(strip_prefix) else name
-
-    quants: list[_QuantPlan] = []
-    dense: list[tuple[str, object]] = []
-    covered: set[str] = set()
-    for prefix, layer in ckpt.layers.items():
-        marker = layer.marker if layer.marker is not None else implied.get(prefix)
-        if marker is None:
-            continue
-        name = strip(prefix)
-        module = modules.get(name)
-        entries = {s: e for s, e in layer.stored.items() if s not in ("bias", "comfy_quant")}
-        bias = layer.stored.get("bias")
-        names = [e.name for e in layer.stored.values()]
-        if module is None or layer.bank is not None or not isinstance(module, (nn.Linear, QuantLinear)):
-            if module is not None:
-                what = "a MoE expert bank" if layer.bank is not None else f"a {type(module).__name__}"
-                raise LoadError(
-                    f"{label}: layer {prefix!r} is quantized ({marker.get('format')}) but the model's "
-                    f"{name!r} is {what}: only nn.Linear layers load quantized"
-                )
-            report.unexpected.extend(names)
-            continue
-        _check_linear(label, prefix, name, module, marker, entries, bias)
-        if bias is not None and getattr(module, "bias", None) is None:
-            report.unexpected.append(bias.name)
-            bias = None
-        quants.append(_QuantPlan(name, prefix, entries, marker, bias))
-        used = [e.name for e in entries.values()] + ([bias.name] if bias is not None else [])
-        if "comfy_quant" in layer.stored:
-            used.append(layer.stored["comfy_quant"].name)
-        report.loaded.extend(used)
-        covered.add(f"{name}.weight")
-        if bias is not None:
-            covered.add(f"{name}.bias")
-    done = set(report.loaded) | set(report.unexpected)
-    for tensor_name, entry in ckpt.tensors.items():
-        if tensor_name in done:
-            continue
-        name = strip(tensor_name)
-        target = targets.get(name)
-        if target is None or name in covered:
-            report.unexpected.append(tensor_name)
-            continue
-        if tuple(target.shape) != tuple(entry.shape):
-            raise LoadError(
-                f"{label}: tensor {tensor_name!r} is {list(entry.shape)}, the model's {name!r} is {list(target.shape)}"
-            )
-        dense.append((name, entry))
-        covered.add(name)
-        report.loaded.append(tensor_name)
-    report.missing = sorted(n for n in wanted if n not in covered)
-    report.loaded = sorted(set(report.loaded))
-    return quants, dense, report
-
-
-def _check_linear(label, prefix, name, module, marker, entries, bias) -> None:
-    """The quantized layer fits the module: its codec's geometry against in/out features."""
-    from .. import codecs
-    from ..formats.codec import CodecError
-    from ..formats.registry import FORMATS
-
-    fmt = marker.get("format")
-    if not codecs.has(fmt):
-        raise LoadError(f"{label}: layer {prefix!r}: format {fmt!r} cannot run here")
-    metas = dict(entries)
-    if bias is not None:
-        metas["bias"] = bias
-    try:
-        n, k = codecs.get(fmt).plan(metas, marker, prefix).shape
-    except CodecError as exc:
-        raise LoadError(f"{label}: {exc}") from None
-    rows, cols = FORMATS[fmt].pad
-    out_f, in_f = module.out_features, module.in_features
-    if (n, k) not in ((out_f, in_f), (-(-out_f // rows) * rows, -(-in_f // cols) * cols)):
-        raise LoadError(
-            f"{label}: layer {prefix!r} holds a [{n}, {k}] {fmt} weight, the model's {name!r} is nn.Linear({in_f}, {out_f})"
-        )

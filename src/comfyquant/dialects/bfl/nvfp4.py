@@ -19,10 +19,13 @@ from ...numerics.blocked import blocked_shape, ceil_to
 from ...shapes import fmt_shape
 from ..base import EXACT, PERMUTATION, REFUSED, Move, Translation
 from ..common import copy, is_scalar_float, scalar_scale
+from ..reading import read_sound
 
 COMFY = "nvfp4"
 HANDLED = ("weight", "weight_scale", "weight_scale_2", "input_scale", "comfy_quant")
 SCALE_DTYPES = ("F8_E4M3", "U8")
+PADDING_UNSETTLED = "the padding the translation drops is zero"
+"""What stays open for a layer whose padded tensor cannot be read as its header says."""
 """E4M3 block scales (U8: the same bytes under another label)."""
 
 
@@ -265,8 +268,13 @@ def check_padding(ckpt, tr: Translation) -> str | None:
     for move in tr.moves:
         if not isinstance(move, Dropping):
             continue
+        data = read_sound(ckpt, [ckpt.tensors[move.source]]).get(move.source)
+        if data is None:  # bytes that are not what the header says (C001/C002 name them): unsettled
+            if PADDING_UNSETTLED not in tr.unsettled:
+                tr.unsettled.append(PADDING_UNSETTLED)
+            continue
         try:
-            move.transform(ckpt.read_bytes(ckpt.tensors[move.source]))
+            move.transform(data)
         except lay.PaddingNotZero as exc:
             tr.verdict = REFUSED
             tr.format = tr.marker = None

@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from ...dtypes import MODEL_FLOAT_DTYPES
-from ...findings import Finding
+from ...findings import DEEP_MEASURES, Finding
 from ...formats.registry import FORMATS, infer_format
 from ...io.header import TensorEntry
 from ...shapes import fmt_shape
@@ -37,6 +37,7 @@ from ..common import (
     two_level_scales,
 )
 from ..decoders import scaled_fp8
+from ..reading import read_sound
 
 NAME = "comfy-legacy-fp8"
 SENTINEL = LEGACY_SENTINEL
@@ -172,18 +173,22 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
     """Read the scalars the header cannot tell: ``scale_input == 1.0`` (ComfyUI drops it, so
     the migrated layer drops it too: the file keeps behaving as ComfyUI ran it) and whether a
     dense layer's dummy scale is 1.0 (any other value: which weight was meant is unknown)."""
-    wanted = [
-        tr.inputs[s]
+    wanted = {
+        tr.prefix: [
+            tr.inputs[s]
+            for s in ("scale_input", "scale_weight")
+            if s in tr.inputs
+            and tr.inputs[s].numel == 1
+            and tr.inputs[s].dtype in FLOAT_SCALE_DTYPES
+            and (s == "scale_input" or tr.format is None)
+        ]
         for tr in claim.layers.values()
-        for s in ("scale_input", "scale_weight")
-        if s in tr.inputs
-        and tr.inputs[s].numel == 1
-        and tr.inputs[s].dtype in FLOAT_SCALE_DTYPES
-        and (s == "scale_input" or tr.format is None)
-    ]
-    values = ckpt.read_many(wanted) if wanted else {}
+    }
+    values = read_sound(ckpt, [e for entries in wanted.values() for e in entries])
     ones, findings = [], []
     for tr in claim.layers.values():
+        if any(e.name not in values for e in wanted[tr.prefix]):
+            continue  # a scale whose bytes are not what its header says: C001/C002 name it, it stays unsettled
         si = tr.inputs.get("scale_input")
         if si is not None and si.name in values and tr.format is not None:
             if float_scalar(values[si.name], si.dtype) == 1.0:
@@ -213,7 +218,7 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
                         )
                     )
         tr.unsettled = []
-    claim.unsettled = []
+    claim.unsettled = []  # what stays open is on the layers it concerns
     if ones:
         findings.append(
             Finding(
@@ -327,7 +332,7 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
                     "comfyui.legacy",
                     f"layer '{tr.prefix}': ComfyUI's legacy translation marks every layer {COMFY_READING.name} "
                     f"and re-casts this {w.dtype} weight by value (garbage where its values lie outside "
-                    f"{COMFY_READING.name}'s range; check --deep reads them)",
+                    f"{COMFY_READING.name}'s range; {DEEP_MEASURES} the cast's relative error)",
                     None,
                     tr.prefix,
                     "weight",
@@ -344,7 +349,7 @@ def _comfyui(ckpt, claim: Claim) -> list[Violation]:
                     f"layer '{tr.prefix}': ComfyUI marks any layer with a scale_weight "
                     f"{COMFY_READING.name}, casts this {w.dtype} weight to FP8 and multiplies it by the scale "
                     "(precision lost with a dummy 1.0; garbage with another scale unless the weight holds FP8 "
-                    "values; check --deep reads them)",
+                    f"values; {DEEP_MEASURES} the cast's relative error)",
                     None,
                     tr.prefix,
                     "weight",

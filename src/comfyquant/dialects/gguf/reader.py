@@ -381,13 +381,23 @@ def _probe(t: GGUFTensor, path: str) -> None:
     from gguf.quants import dequantize
 
     try:
-        dequantize(np.zeros((1, t.type_size), dtype=np.uint8), t.type)
-    except NotImplementedError:
-        import gguf
-
+        with np.errstate(all="ignore"):
+            dequantize(np.zeros((1, t.type_size), dtype=np.uint8), t.type)
+    except Exception:  # noqa: BLE001 -- gguf's own decoder refusing the type, however it says so
         raise InputError(
-            f"{path}: tensor {t.name!r} has ggml type {t.type_name}, which gguf {gguf.__version__} cannot dequantize"
+            f"{path}: tensor {t.name!r} has ggml type {t.type_name}, which gguf {_gguf_version()} cannot dequantize"
         ) from None
+
+
+def _gguf_version() -> str:
+    """The installed gguf package's version, from its distribution (the module has no
+    ``__version__``); ``(version unknown)`` when the metadata is missing."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return "(version unknown)"
 
 
 def _metadata(hdr: GGUFHeader) -> dict[str, str]:

@@ -48,6 +48,7 @@ from ..common import (
     two_level_scales,
 )
 from ..decoders import scaled_fp8
+from ..reading import read_sound
 
 NAME = "musubi-fp8"
 _refused = partial(refused, NAME)
@@ -215,16 +216,20 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
     """Read the one-element scales: a per-tensor ``scale_weight`` (and a two-level layer's
     ``scale_weight_tensor``) that is not finite and positive decodes to garbage, so the layer is
     refused; ``scale_input == 1.0`` is dropped (ComfyUI drops it too: dynamic activations)."""
-    wanted = []
+    wanted: dict[str, list] = {}
     for tr in claim.layers.values():
+        wanted[tr.prefix] = []
         for s in ("scale_weight", "scale_input", TENSOR_SCALE):
             e = tr.inputs.get(s)
             if e is not None and is_scalar_float(e) and tr.verdict != REFUSED:
-                wanted.append(e)
-    values = {n: float_scalar(d, ckpt.tensors[n].dtype) for n, d in (ckpt.read_many(wanted) if wanted else {}).items()}
+                wanted[tr.prefix].append(e)
+    read = read_sound(ckpt, [e for entries in wanted.values() for e in entries])
+    values = {n: float_scalar(d, ckpt.tensors[n].dtype) for n, d in read.items()}
     findings: list[Finding] = []
     ones, unit_tensor = [], []
     for tr in claim.layers.values():
+        if any(e.name not in values for e in wanted[tr.prefix]):
+            continue  # a scale whose bytes are not what its header says: C001/C002 name it, it stays unsettled
         for s in ("scale_weight", TENSOR_SCALE):
             e = tr.inputs.get(s)
             if e is None or e.name not in values:
@@ -255,7 +260,7 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
             tr.dropped_why = "scale_input == 1.0, which ComfyUI drops (dynamic activations)"
             ones.append(tr.prefix)
         tr.unsettled = []
-    claim.unsettled = []
+    claim.unsettled = []  # what stays open is on the layers it concerns
     if ones:
         findings.append(
             Finding(

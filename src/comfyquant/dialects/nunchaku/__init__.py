@@ -27,6 +27,7 @@ from ...numerics import nunchaku_tiles as tiles
 from ...shapes import fmt_shape
 from ...targets.base import Violation
 from ..base import EXACT, PERMUTATION, REFUSED, Claim, Dialect, Move, Translation, refused
+from ..reading import read_sound
 from . import metadata
 from .decoders import awq as awq_decoder
 from .decoders import via_comfy
@@ -373,8 +374,9 @@ def _shifted_zeros(dtype: str, s_bytes: bytes, z_bytes: bytes) -> bytes | None:
             return np.frombuffer(b, dtype="<f2").astype(np.float64)
         return (np.frombuffer(b, dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
-    exact = f64(z_bytes) + 8.0 * f64(s_bytes)  # exact in F64: both are 16-bit floats
-    out = exact.astype(np.float32)
+    with np.errstate(all="ignore"):  # NaN/Inf stay what they are; a sum past F32's range is not exact: refused below
+        exact = f64(z_bytes) + 8.0 * f64(s_bytes)  # exact in F64: both are 16-bit floats
+        out = exact.astype(np.float32)
     if not np.array_equal(out.astype(np.float64), exact, equal_nan=True):
         return None
     return out.astype("<f4").tobytes()
@@ -385,10 +387,12 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
     group the translation stands (the zeros are kept computed: the Comfy layer's F32 weight is
     then bit-identical to the nunchaku decoder's); otherwise the layer is refused."""
     awq = [tr for tr in claim.layers.values() if AWQ_UNSETTLED in tr.unsettled]
-    values = ckpt.read_many([tr.inputs[s] for tr in awq for s in ("wscales", "wzeros")]) if awq else {}
+    values = read_sound(ckpt, [tr.inputs[s] for tr in awq for s in ("wscales", "wzeros")])
     inexact = []
     for tr in awq:
         ws, wz = tr.inputs["wscales"], tr.inputs["wzeros"]
+        if ws.name not in values or wz.name not in values:
+            continue  # bytes that are not what the header says (C001/C002 name them): it stays unsettled
         zeros = _shifted_zeros(ws.dtype, values[ws.name], values[wz.name])
         tr.unsettled = []
         if zeros is None:
@@ -407,7 +411,7 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
             )
             for m in tr.moves
         ]
-    claim.unsettled = [u for u in claim.unsettled if u != AWQ_UNSETTLED]
+    claim.unsettled = [u for u in claim.unsettled if u != AWQ_UNSETTLED]  # what stays open is on its layers
     if not inexact:
         return []
     return [
