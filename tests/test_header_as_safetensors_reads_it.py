@@ -325,3 +325,34 @@ def test_load_quantized_refuses_a_repeated_key_in_one_line(tmp_path):
     with pytest.raises(ComfyQuantError) as exc:
         load_quantized(torch.nn.Linear(2, 1), path)
     assert "\n" not in str(exc.value) and "[C016]" in str(exc.value) and path in str(exc.value)
+
+
+NUMBERS = [
+    "1e400",
+    "1844e6744073709551616",
+    "1e2147483648",
+    "1E+99999999999999",
+    "123456789012345678901234567890e99999999999999",
+    "0e99999999999999",
+    "0.5e99999999999999",
+    "1e-99999999999999",
+    "1" * 400,
+]
+"""Numbers beyond an f64 (serde_json refuses an exponent beyond i32 at the digit that
+overflows it) and numbers it reads as zero."""
+
+
+@pytest.mark.parametrize("number", NUMBERS)
+@pytest.mark.parametrize(
+    "where",
+    [
+        '{"__metadata__": {"k": %s}, "a": ' + ENTRY + "}",
+        '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": %s}}',
+        '{"a": {"dtype": "U8", "shape": [%s], "data_offsets": [0, 2]}}',
+        "%s",
+        '{"a": ' + ENTRY + ', "b": [%s',
+    ],
+)
+def test_a_number_out_of_range_is_refused_where_serde_json_stops(tmp_path, number, where):
+    path = raw_file(tmp_path / "n.safetensors", where % number, data=b"ab")
+    assert _verdict(path) == _real(path)

@@ -39,7 +39,7 @@ import weakref
 
 from ..dtypes import DTYPE_BITS
 from .serde_numbers import U64 as _U64
-from .serde_numbers import rust_float, serde_number
+from .serde_numbers import out_of_range_stop, rust_float, serde_number
 from .serde_syntax import rust_debug
 
 EXCEPTION = "SafetensorError"
@@ -217,7 +217,7 @@ def _out_of_range_end(text: str, pos: int) -> int:
     (strings are skipped whole, so a number inside one is not taken)."""
     for m in _TOKEN.finditer(text, pos):
         if not m.group().startswith('"') and math.isinf(float(serde_number(m.group()))):
-            return m.end()
+            return m.start() + out_of_range_stop(m.group())
     return pos
 
 
@@ -358,7 +358,7 @@ def _metadata(text: str, pos: int) -> int:
             if m is None or m.end() == pos:
                 raise _Fail("expected value", _constant_position(text, pos))
             if math.isinf(serde_number(m.group())):
-                raise _Fail("number out of range", m.end())
+                raise _Fail("number out of range", m.start() + out_of_range_stop(m.group()))
             raise _Fail(f"invalid type: {_unexpected(serde_number(m.group()))}, expected a string", m.end())
         pos = _ws(text, pos)
         if text[pos] == "}":

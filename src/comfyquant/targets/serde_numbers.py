@@ -77,6 +77,29 @@ def serde_number(token: str) -> int | float:
     return -f if negative else f
 
 
+def out_of_range_stop(token: str) -> int:
+    """How much of an out-of-range number serde_json reads before it refuses it: the whole
+    token, except for an exponent beyond i32 (with a non-zero significand and no minus sign),
+    which it refuses at the digit that overflows (``1e99999999999`` ends after ``1e9999999999``)."""
+    e = max(token.find("e"), token.find("E"))
+    if e == -1:
+        return len(token)
+    i = e + 1
+    if token[i : i + 1] in ("+", "-"):
+        if token[i] == "-":
+            return len(token)
+        i += 1
+    if not any(c in "123456789" for c in token[:e]):
+        return len(token)  # a zero significand: serde_json reads the exponent to its end
+    exp = 0
+    for j in range(i, len(token)):
+        digit = ord(token[j]) - 48
+        if j > i and _overflows(exp, digit, 2**31 - 1):
+            return j + 1
+        exp = exp * 10 + digit
+    return len(token)
+
+
 def rust_float(x: float) -> str:
     """serde's rendering of an f64 in messages: shortest round-trip digits, positional for
     1e-5 <= |x| < 1e16 (with ``.0`` when integral), else ``1.5e-7`` / ``1e+16``."""

@@ -19,7 +19,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 
 from .rust_escapes import ESCAPED_FROM
-from .serde_numbers import rust_float, serde_number
+from .serde_numbers import out_of_range_stop, rust_float, serde_number
 
 RECURSION_LIMIT = 128
 _WS = b" \t\n\r"
@@ -157,8 +157,10 @@ class _Parser:
                 c = self.next_char()
                 raise self.error("EOF while parsing a value" if c is None else "invalid number")
 
-        value = serde_number(self.data[start : self.index].decode("ascii"))
+        token = self.data[start : self.index].decode("ascii")
+        value = serde_number(token)
         if isinstance(value, float) and math.isinf(value):
+            self.index = start + out_of_range_stop(token)
             raise self.error("number out of range")
         return value
 
