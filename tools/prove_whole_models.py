@@ -2,7 +2,7 @@
 verdicts, and print how far they agree.
 
     python tools/prove_whole_models.py [--seed 0] [--seeds 1,2,3] [--only SUBSTRING]
-                                       [--limit 40] [--jsonl OUT] [--write-known]
+                                       [--limit 40] [--jsonl OUT] [--copy-to DIR] [--write-known]
 
 Each seed's space (``tests/runtimes/whole_models.py``: tiny Flux and Wan 2.1 models built with
 ComfyUI's own classes, quantized by comfy-kitchen, with generated defects) is written once
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -27,7 +28,8 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
 
 from runtimes import comfyui_models  # noqa: E402
 from runtimes.agreement import table  # noqa: E402
-from runtimes.model_agreement import compare, counts, record, space_cases, summary, write_known  # noqa: E402
+from runtimes.model_agreement import compare, counts, load_cases, record, summary, write_known  # noqa: E402
+from runtimes.whole_models import space  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="only files whose case id contains this")
     ap.add_argument("--limit", type=int, default=40, help="disagreements printed per seed")
     ap.add_argument("--jsonl", default="", help="write one JSON line per file (outcome, verdict, agreement) here")
+    ap.add_argument("--copy-to", default="", help="copy the space into this folder (replacing it) and run it there")
     ap.add_argument("--write-known", action="store_true", help="record seed 0's disagreements as known/comfyui.models.txt")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()] or [args.seed]
@@ -49,11 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     total = {"cases": 0, "verdicts": 0, "agree": 0, "raises": 0, "messages": 0, "garbage": 0, "silent": 0}
     with drv:
         for seed in seeds:
-            cases = space_cases(seed)
-            if isinstance(cases, str):
-                print(f"skipped: {cases}")
+            found = space(seed)
+            if isinstance(found, str):
+                print(f"skipped: {found}")
                 return 2
-            cases = [c for c in cases if args.only in c.id]
+            folder, manifest = found
+            if args.copy_to:
+                folder = Path(args.copy_to) / (f"seed{seed}" if len(seeds) > 1 else "")
+                shutil.rmtree(folder, ignore_errors=True)
+                shutil.copytree(found[0], folder)
+            cases = [c for c in load_cases(folder, manifest) if args.only in c.id]
             rows = compare(drv, cases)
             print(f"seed {seed}: {summary(rows)}")
             for key, value in counts(rows).items():

@@ -384,6 +384,18 @@ def d_missing_weight(d: Draft, layer: str, rng) -> str:
     return "weight missing"
 
 
+def d_missing_norm(d: Draft, layer: str, rng) -> str:
+    """A norm scale of the layer's block missing (a converter that renamed ``.scale`` keys
+    and lost some): in the first block it is a key detection looks for."""
+    block = _block_of(layer)
+    norms = [k for k in d.tensors if k.startswith(block) and "norm" in k and d.tensors[k].dim() == 1]
+    if not norms:
+        return ""
+    key = rng.choice(norms)
+    del d.tensors[key]
+    return f"norm {key} missing"
+
+
 def d_marker_one(d: Draft, layer: str, rng) -> str:
     if layer not in d.markers:
         return ""
@@ -399,7 +411,7 @@ def d_markers_all(d: Draft, layer: str, rng) -> str:
 
 
 SHAPE = {"transposed": d_transposed, "padded": d_padded, "wide": d_wide, "narrow": d_narrow, "bias": d_bias}
-MISSING = {"no-bias": d_missing_bias, "no-scale": d_missing_scale, "no-weight": d_missing_weight}
+MISSING = {"no-bias": d_missing_bias, "no-scale": d_missing_scale, "no-weight": d_missing_weight, "no-norm": d_missing_norm}
 MARKER = {"marker-one": d_marker_one, "markers-all": d_markers_all}
 
 
@@ -667,14 +679,16 @@ def generate(seed: int, out: Path) -> list[Entry]:
                 ("prefix-transformer", "transformer.", "all"),
                 ("prefix-one-block", "model.diffusion_model.", None),
                 ("prefix-one-block-foreign", rng.choice(("transformer.", "diffusion_model.")), None),
+                ("prefix-one-layer", "model.diffusion_model.", "layer"),
             ):
                 if rng.random() >= 0.4 and fmt not in ("fp8", "nvfp4"):
                     continue
                 d = base.copy()
-                block = _block_of(rng.choice(layers)) if rule is None else "all"
-                d.prefix[prefix] = block
-                d.notes.append(f"prefix {prefix!r} on {'every key' if block == 'all' else block + '*'}")
-                write(f"{name}.{tag}{'' if block == 'all' else '.' + block.rstrip('.')}", d, "prefix")
+                picked = rng.choice(layers)
+                where = {"all": "all", "layer": picked + "."}.get(rule or "", _block_of(picked))
+                d.prefix[prefix] = where
+                d.notes.append(f"prefix {prefix!r} on {'every key' if where == 'all' else where + '*'}")
+                write(f"{name}.{tag}{'' if where == 'all' else '.' + where.rstrip('.')}", d, "prefix")
             if fmt in PACKED:
                 for key in DETECTION_KEYS[model]:
                     if key in layers:
@@ -735,15 +749,27 @@ def main(argv: list[str]) -> None:
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
-SOURCES = ("whole_models.py",)
-
-
 def source_hash() -> str:
     """What the written space depends on: this generator and the kitchen helpers it uses."""
     h = hashlib.sha256()
     for path in (ROOT / "whole_models.py", ROOT.parent / "kitchen_fixtures.py"):
         h.update(path.read_bytes())
     return h.hexdigest()[:12]
+
+
+STALE = 2 * 86400
+"""Seconds after which a space an earlier generator wrote (another source hash) is removed
+(not at once: another checkout may still be running it)."""
+
+
+def _drop_stale(folder: Path, seed: int) -> None:
+    import shutil
+    import time
+
+    for old in folder.parent.glob(f"seed{seed}-*"):
+        manifest = old / "manifest.json"
+        if old != folder and manifest.is_file() and time.time() - manifest.stat().st_mtime > STALE:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def space(seed: int = 0) -> tuple[Path, dict] | str:
@@ -771,6 +797,7 @@ def space(seed: int = 0) -> tuple[Path, dict] | str:
                 )
                 if proc.returncode:
                     raise RuntimeError(f"the whole-model space of seed {seed} could not be written:\n{proc.stderr[-3000:]}")
+                _drop_stale(folder, seed)
     return folder, json.loads(manifest.read_text())
 
 
