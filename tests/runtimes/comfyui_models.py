@@ -160,6 +160,8 @@ class _Worker:
         import torch
         from safetensors.torch import load_file
 
+        # one thread: the test process computes comfyquant's verdicts on the other core meanwhile
+        torch.set_num_threads(1)
         self.torch, self.sd, self.mm, self.load_file = torch, comfy.sd, comfy.model_management, load_file
         self.outputs: dict[str, object] = {}
         """Dense file -> the dense model's output (computed once)."""

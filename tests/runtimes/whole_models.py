@@ -617,8 +617,9 @@ class Entry:
 DETECTION_KEYS = {"flux": ("img_in", "txt_in", "vector_in.in_layer"), "wan": ("text_embedding.0", "blocks.0.ffn.0")}
 
 
-def generate(seed: int, out: Path) -> list[Entry]:
-    """Write ``seed``'s space into ``out`` (ComfyUI must be importable) and return its entries."""
+def generate(seed: int, out: Path, sks: dict[str, Skeleton]) -> list[Entry]:
+    """Write ``seed``'s space into ``out`` from the models' skeletons (``skeletons``) and return
+    its entries."""
     from safetensors.torch import save_file
 
     rng = random.Random(seed)
@@ -635,9 +636,8 @@ def generate(seed: int, out: Path) -> list[Entry]:
             save_file({k: v.contiguous() for k, v in d.reference.items()}, str(out / reference))
         entries.append(Entry(cid, d.model, d.fmt, group, path.name, d.notes, reference))
 
-    configs = model_configs(seed)
     for model in ("flux", "wan"):
-        sk = skeleton(model, configs[model])
+        sk = sks[model]
         dense = dense_weights(sk, seed * 100 + (1 if model == "flux" else 2))
         base_dense = Draft(model, "dense", dict(dense), {}, [], dense=dense)
         save_file(dense, str(out / f"{model}.dense.safetensors"))
@@ -734,8 +734,23 @@ def generate(seed: int, out: Path) -> list[Entry]:
     return entries
 
 
-def main(argv: list[str]) -> None:
-    source, seed, out = Path(argv[0]), int(argv[1]), Path(argv[2])
+def skeletons(source: Path, seed: int) -> dict[str, Skeleton]:
+    """Both models' skeletons, read in a child process: importing ComfyUI re-registers
+    comfy-kitchen's layout classes with its own (its FP8 layout quantizes with a scale of 1),
+    so the process that quantizes must never import it."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtimes.whole_models", "--skeletons", str(source), str(seed)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT.parent), os.environ.get("PYTHONPATH", "")) if p)),
+    )
+    if proc.returncode:
+        raise RuntimeError(f"ComfyUI's models could not be built:\n{proc.stderr[-3000:]}")
+    raw = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {m: Skeleton({k: tuple(v) for k, v in sk["shapes"]}, sk["linears"]) for m, sk in raw.items()}
+
+
+def _print_skeletons(source: Path, seed: int) -> None:
     sys.path.insert(0, str(source))
     import logging
 
@@ -744,7 +759,23 @@ def main(argv: list[str]) -> None:
 
     sys.argv = [sys.argv[0], "--cpu"]
     comfy.options.enable_args_parsing()
-    entries = generate(seed, out)
+    out = {}
+    for model, config in model_configs(seed).items():
+        sk = skeleton(model, config)
+        out[model] = {"shapes": [[k, list(v)] for k, v in sk.shapes.items()], "linears": sk.linears}
+    print(json.dumps(out))
+
+
+def main(argv: list[str]) -> None:
+    if argv[0] == "--skeletons":
+        _print_skeletons(Path(argv[1]), int(argv[2]))
+        return
+    source, seed, out = Path(argv[0]), int(argv[1]), Path(argv[2])
+    if "comfy" in sys.modules:
+        raise RuntimeError("the space must be quantized in a process that has not imported ComfyUI")
+    entries = generate(seed, out, skeletons(source, seed))
+    if any(name == "comfy" or name.startswith("comfy.") for name in sys.modules):
+        raise RuntimeError("ComfyUI was imported while quantizing: its layouts replace comfy-kitchen's")
     manifest = {"seed": seed, "configs": model_configs(seed), "entries": [e.__dict__ for e in entries]}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
