@@ -187,13 +187,14 @@ class _Worker:
             "c_crossattn": torch.randn(1, 8, dense["text_embedding.0.weight"].shape[1], generator=gen),
         }
 
-    def forward(self, patcher, dense: dict, measure: bool):
-        """One step of the loaded model: (its diffusion model's output, each linear layer's
-        relative error against the dense layer on the same input, the layer that was running
-        when it raised)."""
+    def forward(self, patcher, dense: dict):
+        """One step of the loaded model: (its diffusion model's output, each measured linear
+        layer's (input, output) pairs).  Hooks only record (the measuring is done after the
+        step, outside ComfyUI's path: an error of the harness is never taken for ComfyUI's);
+        an exception raised in the step carries the layer that was running (``layer``)."""
         torch = self.torch
         net = patcher.model.diffusion_model
-        errors: dict[str, float] = {}
+        seen: dict[str, list] = {}
         running: list[str] = []
         handles = []
         captured = {}
@@ -207,13 +208,9 @@ class _Worker:
         def post(name):
             def hook(module, args, output):
                 running.pop()
-                if not measure:
-                    return
+                # copies: the model may change a tensor in place after the layer ran
                 x = args[0] if args else None
-                weight, bias = dense.get(f"{name}.weight"), dense.get(f"{name}.bias")
-                if x is None or weight is None or weight.dim() != 2 or not torch.is_tensor(output):
-                    return
-                errors[name] = max(errors.get(name, 0.0), _relative(torch, output, x, weight, bias))
+                seen.setdefault(name, []).append(tuple(t.clone() if torch.is_tensor(t) else None for t in (x, output)))
 
             return hook
 
@@ -233,13 +230,26 @@ class _Worker:
         finally:
             for h in handles:
                 h.remove()
-        return captured.get("out"), errors
+        return captured.get("out"), seen
+
+    def errors(self, seen: dict, dense: dict) -> dict[str, float]:
+        """Each layer's worst relative error against the dense layer on the same inputs."""
+        torch = self.torch
+        out = {}
+        for name, calls in seen.items():
+            weight, bias = dense[f"{name}.weight"], dense.get(f"{name}.bias")
+            worst = 0.0
+            for x, y in calls:
+                if torch.is_tensor(x) and torch.is_tensor(y):
+                    worst = max(worst, _relative(torch, y, x, weight, bias))
+            out[name] = worst
+        return out
 
     def dense_output(self, dense_path: str, dense: dict):
         if dense_path not in self.outputs:
             patcher = self.sd.load_diffusion_model(dense_path)
             self.mm.load_models_gpu([patcher])
-            self.outputs[dense_path] = self.forward(patcher, dense, measure=False)[0].float()
+            self.outputs[dense_path] = self.forward(patcher, dense)[0].float()
             self.mm.unload_all_models()
         return self.outputs[dense_path]
 
@@ -262,12 +272,13 @@ class _Worker:
             self.mm.load_models_gpu([patcher])
             missing = self.log.missing()
             stage = "forward"
-            out, errors = self.forward(patcher, dense, measure=True)
+            out, seen = self.forward(patcher, dense)
         except Exception as exc:  # the runtime's own failure is the outcome
             layer = getattr(exc, "layer", None)
             return Outcome("raises", stage, type(exc).__name__, str(exc), layer, architecture=arch).to_dict()
         finally:
             self.mm.unload_all_models()
+        errors = self.errors(seen, dense)
         model_error = _relative_output(torch, out, expected)
         layer = max(errors, key=lambda n: errors[n]) if errors else None
         worst = errors[layer] if layer is not None else None
