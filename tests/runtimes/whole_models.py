@@ -27,7 +27,9 @@ The space (``generate``) holds, for each model and format, the valid file and it
   upcast to BF16, U8 scales, (N, 1) FP8 scales, 1-D INT8 row scales).
 
 Run in ComfyUI's environment (``python -m runtimes.whole_models SOURCE SEED OUT``) it writes
-the space into ``OUT`` with ``manifest.json`` last; ``space(seed)`` does that once per seed and
+the space into ``OUT`` with ``manifest.json`` last (the models' skeletons are read in a child
+process: importing ComfyUI replaces comfy-kitchen's layout classes with its own, so the
+quantizing process never imports it); ``space(seed)`` does that once per seed and
 source hash into the test cache and returns the manifest.
 """
 
@@ -230,6 +232,8 @@ class Draft:
     defect changed it (a LoRA merged into the weight)."""
     prefix: dict[str, str] = field(default_factory=dict)
     """Key prefix -> rule (``all`` or a key prefix) applied when written."""
+    header_prefix: str | None = None
+    """The prefix the header map's layer names carry, when not the keys' (None: the keys')."""
     notes: list[str] = field(default_factory=list)
 
     def copy(self) -> Draft:
@@ -244,6 +248,7 @@ class Draft:
             self.dense,
             dict(self.reference),
             dict(self.prefix),
+            self.header_prefix,
             list(self.notes),
         )
 
@@ -276,12 +281,16 @@ class Draft:
             meta["_quantization_metadata"] = json.dumps({"format_version": "1.0", "layers": self.markers})
         for prefix, rule in self.prefix.items():
             out = {(prefix + k if rule == "all" or k.startswith(rule) else k): t for k, t in out.items()}
-            if "_quantization_metadata" in meta:
+            if "_quantization_metadata" in meta and self.header_prefix is None:
                 parsed = json.loads(meta["_quantization_metadata"])
                 parsed["layers"] = {
                     (prefix + k if rule == "all" or (k + ".").startswith(rule) else k): v for k, v in parsed["layers"].items()
                 }
                 meta["_quantization_metadata"] = json.dumps(parsed)
+        if self.header_prefix and "_quantization_metadata" in meta:
+            parsed = json.loads(meta["_quantization_metadata"])
+            parsed["layers"] = {self.header_prefix + k: v for k, v in parsed["layers"].items()}
+            meta["_quantization_metadata"] = json.dumps(parsed)
         return out, meta or None
 
 
@@ -689,6 +698,19 @@ def generate(seed: int, out: Path, sks: dict[str, Skeleton]) -> list[Entry]:
                 d.prefix[prefix] = where
                 d.notes.append(f"prefix {prefix!r} on {'every key' if where == 'all' else where + '*'}")
                 write(f"{name}.{tag}{'' if where == 'all' else '.' + where.rstrip('.')}", d, "prefix")
+            if fmt in ("fp8", "nvfp4", "int8_convrot") or rng.random() < 0.3:
+                # markers only in the header map, its layer names and the keys prefixed differently
+                for tag, keys, header in (
+                    ("prefix-keys-not-header", "model.diffusion_model.", ""),
+                    ("prefix-header-not-keys", None, "model.diffusion_model."),
+                ):
+                    d = base.copy()
+                    d.marker_mode = "header"
+                    if keys:
+                        d.prefix[keys] = "all"
+                    d.header_prefix = header
+                    d.notes.append(f"markers in the header map named with {header!r}, keys with {keys or ''!r}")
+                    write(f"{name}.{tag}", d, "prefix")
             if fmt in PACKED:
                 for key in DETECTION_KEYS[model]:
                     if key in layers:
