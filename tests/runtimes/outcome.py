@@ -9,6 +9,8 @@ short line where the two differ (None when they agree).  Agreement is on three c
 * ``garbage``: the runtime runs without an error but its output is non-finite or its relative
   error against the dense source is at least ``GARBAGE``; comfyquant says FAILS silently (no
   exception);
+* ``undefined``: the runtime runs with a parameter the file did not fill (ComfyUI logs
+  ``unet missing: [...]`` and computes with uninitialised memory): judged as ``garbage``;
 * ``ok`` / ``degraded``: the runtime computes (``degraded``: clearly worse than the format's
   usual error, still useful); comfyquant says it loads.
 """
@@ -18,8 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-STATUSES = ("raises", "garbage", "degraded", "ok")
-STAGES = ("read", "convert", "load", "forward")
+STATUSES = ("raises", "garbage", "undefined", "degraded", "ok")
+STAGES = ("read", "convert", "detect", "load", "forward")
 
 GARBAGE = 0.9
 """Relative output error (``|y - y_ref| / |y_ref|``, Frobenius) from which an output is garbage."""
@@ -39,6 +41,10 @@ class Outcome:
     """The layer that raised or computed garbage (None for file-level failures)."""
     error: float | None = None
     """The measured relative output error of the worst layer, when the file computed."""
+    model_error: float | None = None
+    """The whole model's relative output error against the dense model's (whole-model drivers)."""
+    architecture: str | None = None
+    """What the runtime detected the file as (whole-model drivers), None when it did not."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -48,8 +54,10 @@ class Outcome:
 
     @property
     def kind(self) -> str:
-        """The class agreement is judged on: ``raises``, ``garbage`` or ``loads``."""
-        return "loads" if self.status in ("ok", "degraded") else self.status
+        """The class agreement is judged on: ``raises``, ``garbage`` (``undefined`` too) or ``loads``."""
+        if self.status in ("ok", "degraded"):
+            return "loads"
+        return "garbage" if self.status == "undefined" else self.status
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,8 +65,8 @@ class Outcome:
     def short(self) -> str:
         if self.status == "raises":
             return f"raises {self.exception}: {self.message}"
-        if self.status == "garbage":
-            return f"garbage ({self.message})" if self.message else "garbage"
+        if self.status in ("garbage", "undefined"):
+            return f"{self.status} ({self.message})" if self.message else self.status
         return self.status if self.error is None else f"{self.status} (err {self.error:.3g})"
 
 
