@@ -1,0 +1,155 @@
+"""Every command the README and the documentation tell a reader to type runs as shown.
+
+Each page's ``bash`` blocks (``tests/doc_blocks.py`` says how blocks are told apart) are run in
+order, in one shell per page, in a fresh copy of the project's tracked files, with nothing
+substituted: the paths, options and files are the page's own, and a file a command reads must
+come from the bundled examples or from an earlier command on the same page. ``comfyquant``,
+``python`` and ``pip`` are the installed environment's (the interpreter running the tests comes
+first on ``PATH``); a page that makes and activates a virtual environment runs the rest of its
+commands in it, as a reader would. A command that exits with another code than the one its
+block documents fails the test, naming the page, the line and the command.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import doc_blocks
+
+PAGE_SECONDS = 1500
+"""A page's commands stop after this long (a hang is a failure, not a stuck CI run)."""
+
+
+def _runnable(page: Path) -> list[doc_blocks.Command]:
+    return [
+        cmd
+        for block in doc_blocks.blocks(page)
+        if block.lang in doc_blocks.SHELL and block.not_run is None
+        for cmd in doc_blocks.commands(block)
+    ]
+
+
+PAGES = [p for p in doc_blocks.pages() if _runnable(p)]
+
+
+def test_pages_with_commands_are_found():
+    """The README's set-up and tour are among the pages run (the block reader works)."""
+    names = [p.relative_to(doc_blocks.ROOT).as_posix() for p in PAGES]
+    assert "README.md" in names, names
+    assert "docs/getting-started.md" in names, names
+
+
+def test_every_block_says_what_it_holds():
+    """A fence names its language; a ``console`` block is a transcript (``$`` lines); a block
+    that is not run says why; a command block is ``bash``, so it is run or marked."""
+    wrong = []
+    for page in doc_blocks.pages():
+        for block in doc_blocks.blocks(page):
+            where = f"{block.page}:{block.line}"
+            if not block.lang:
+                wrong.append(f"{where}: a fence without a language (bash to run it, console for a transcript, text)")
+            if block.lang == "console" and not any(line.startswith("$ ") for _, line in block.lines):
+                wrong.append(f"{where}: a console block without a '$ ' command line")
+            if block.not_run is not None and not block.not_run:
+                wrong.append(f"{where}: 'not run' without a reason")
+            if block.not_run is not None and block.lang not in doc_blocks.SHELL:
+                wrong.append(f"{where}: 'not run' marks a {block.lang or 'plain'} block, which is never run")
+            if block.lang in {"sh", "shell", "bash"} and any(line.startswith("$ ") for _, line in block.lines):
+                wrong.append(f"{where}: a shell block with a '$ ' prompt: fence a transcript as console")
+    assert not wrong, "\n".join(wrong)
+
+
+_FROM_INDEX = re.compile(r"pip install\s+(?:-{1,2}[\w-]+(?:[ =]\S+)?\s+)*['\"]?comfyquant\b")
+"""``pip install comfyquant`` or ``pip install 'comfyquant[extra]'``: from the package index."""
+
+
+def test_no_page_installs_comfyquant_from_the_package_index():
+    """comfyquant is installed from its source (a clone or a wheel built from it): the
+    package index has no comfyquant, so no page may tell a reader to fetch it from there."""
+    said = []
+    for page in doc_blocks.pages():
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if _FROM_INDEX.search(line):
+                said.append(f"{page.relative_to(doc_blocks.ROOT).as_posix()}:{number}: {line.strip()}")
+    assert not said, "\n".join(said)
+
+
+def test_the_index_rule_sees_every_spelling():
+    """The rule above catches the ways a page could say it (it is not vacuous)."""
+    for line in (
+        "pip install comfyquant",
+        "/path/venv/bin/pip install 'comfyquant[torch]' torch==2.13.0",
+        'python -m pip install --upgrade "comfyquant[diffusers]"',
+    ):
+        assert _FROM_INDEX.search(line), line
+    for line in ("pip install -e .", "pip install -e '.[torch]'", "pip install ./comfyquant-0.1.0-py3-none-any.whl"):
+        assert not _FROM_INDEX.search(line), line
+
+
+def _fresh_copy(dest: Path) -> None:
+    """The project's tracked files as the working tree has them: what a fresh clone holds."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=doc_blocks.ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    for raw in listed:
+        if not raw:
+            continue
+        rel = raw.decode()
+        src = doc_blocks.ROOT / rel
+        if not src.is_file():
+            continue  # deleted in the working tree, not yet committed
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+
+
+def _script(commands: list[doc_blocks.Command]) -> str:
+    """One shell for the page: each command as written, then its exit code checked."""
+    parts = []
+    for i, cmd in enumerate(commands):
+        parts.append(
+            f"echo {shlex.quote(f'$ {cmd.text}')}\n"
+            f"{cmd.text}\n"
+            f"__rc=$?\n"
+            f'if [ "$__rc" -ne {cmd.exit_code} ]; then echo "__DOCS_FAILED__ {i} $__rc"; exit 97; fi\n'
+        )
+    parts.append("echo __DOCS_DONE__\n")
+    return "".join(parts)
+
+
+@pytest.mark.needs_torch
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(doc_blocks.ROOT).as_posix() for p in PAGES])
+def test_documented_commands_run_as_shown(page, tmp_path):
+    commands = _runnable(page)
+    clone = tmp_path / "clone"
+    _fresh_copy(clone)
+    script = tmp_path / "page.sh"
+    script.write_text(_script(commands))
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.pop("VIRTUAL_ENV", None)
+    proc = subprocess.run(
+        ["bash", str(script)],
+        cwd=clone,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=PAGE_SECONDS,
+    )
+    out = proc.stdout
+    failed = re.search(r"^__DOCS_FAILED__ (\d+) (\d+)$", out, re.M)
+    if failed:
+        cmd = commands[int(failed[1])]
+        said = out[: failed.start()].rstrip().splitlines()[-15:]
+        pytest.fail(f"{cmd.where()}\n  exits {failed[2]}, expected {cmd.exit_code}:\n" + "\n".join(said))
+    assert "__DOCS_DONE__" in out, f"{page.name}: the shell stopped early (exit {proc.returncode}):\n{out[-3000:]}"
