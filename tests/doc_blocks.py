@@ -17,6 +17,8 @@ says which code it exits with (``check`` exits 1 on a file with errors).
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,3 +108,18 @@ def commands(block: Block) -> list[Command]:
         code = _EXIT.search(text)
         out.append(Command(block.page, first, text, int(code["code"]) if code else 0))
     return out
+
+
+def fresh_copy(dest: Path) -> None:
+    """The project's tracked files as the working tree has them: what a fresh clone holds."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    for raw in listed:
+        if not raw:
+            continue
+        rel = raw.decode()
+        src = ROOT / rel
+        if not src.is_file():
+            continue  # deleted in the working tree, not yet committed
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,23 +93,6 @@ def test_the_index_rule_sees_every_spelling():
         assert not _FROM_INDEX.search(line), line
 
 
-def _fresh_copy(dest: Path) -> None:
-    """The project's tracked files as the working tree has them: what a fresh clone holds."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=doc_blocks.ROOT, capture_output=True, check=True
-    ).stdout.split(b"\0")
-    for raw in listed:
-        if not raw:
-            continue
-        rel = raw.decode()
-        src = doc_blocks.ROOT / rel
-        if not src.is_file():
-            continue  # deleted in the working tree, not yet committed
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, target)
-
-
 def _script(commands: list[doc_blocks.Command]) -> str:
     """One shell for the page: each command as written, then its exit code checked."""
     parts = []
@@ -130,7 +112,7 @@ def _script(commands: list[doc_blocks.Command]) -> str:
 def test_documented_commands_run_as_shown(page, tmp_path):
     commands = _runnable(page)
     clone = tmp_path / "clone"
-    _fresh_copy(clone)
+    doc_blocks.fresh_copy(clone)
     script = tmp_path / "page.sh"
     script.write_text(_script(commands))
     env = dict(os.environ)
