@@ -62,9 +62,9 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *docs]
 
 
-def blocks(page: Path) -> list[Block]:
-    """Every fenced block of a page."""
-    rel = page.relative_to(ROOT).as_posix()
+def blocks(page: Path, root: Path = ROOT) -> list[Block]:
+    """Every fenced block of a page (named relative to ``root``)."""
+    rel = page.relative_to(root).as_posix()
     text = page.read_text(encoding="utf-8").splitlines()
     found = []
     i = 0

@@ -75,9 +75,10 @@ def test_no_page_installs_comfyquant_from_the_package_index():
     package index has no comfyquant, so no page may tell a reader to fetch it from there."""
     said = []
     for page in doc_blocks.pages():
-        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
-            if _FROM_INDEX.search(line):
-                said.append(f"{page.relative_to(doc_blocks.ROOT).as_posix()}:{number}: {line.strip()}")
+        text = page.read_text(encoding="utf-8")
+        for m in _FROM_INDEX.finditer(text):  # across line breaks too
+            number = text.count("\n", 0, m.start()) + 1
+            said.append(f"{page.relative_to(doc_blocks.ROOT).as_posix()}:{number}: {' '.join(m[0].split())}")
     assert not said, "\n".join(said)
 
 
@@ -87,6 +88,7 @@ def test_the_index_rule_sees_every_spelling():
         "pip install comfyquant",
         "/path/venv/bin/pip install 'comfyquant[torch]' torch==2.13.0",
         'python -m pip install --upgrade "comfyquant[diffusers]"',
+        "with `pip install\n'comfyquant[plot]'`",
     ):
         assert _FROM_INDEX.search(line), line
     for line in ("pip install -e .", "pip install -e '.[torch]'", "pip install ./comfyquant-0.1.0-py3-none-any.whl"):
@@ -107,31 +109,69 @@ def _script(commands: list[doc_blocks.Command]) -> str:
     return "".join(parts)
 
 
-@pytest.mark.needs_torch
-@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(doc_blocks.ROOT).as_posix() for p in PAGES])
-def test_documented_commands_run_as_shown(page, tmp_path):
-    commands = _runnable(page)
-    clone = tmp_path / "clone"
-    doc_blocks.fresh_copy(clone)
-    script = tmp_path / "page.sh"
+def run_page(commands: list[doc_blocks.Command], cwd: Path, timeout: float = PAGE_SECONDS) -> str | None:
+    """Run a page's commands in one shell in ``cwd``; None when each exits as documented, else
+    the page, line and command that did not, with the last lines it printed."""
+    script = cwd.parent / f"{cwd.name}.sh"
     script.write_text(_script(commands))
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.pop("VIRTUAL_ENV", None)
+    env["PIP_REQUIRE_VIRTUALENV"] = "1"  # a page installs into a venv it made, never into the tests' environment
     proc = subprocess.run(
         ["bash", str(script)],
-        cwd=clone,
+        cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=PAGE_SECONDS,
+        timeout=timeout,
     )
     out = proc.stdout
     failed = re.search(r"^__DOCS_FAILED__ (\d+) (\d+)$", out, re.M)
     if failed:
         cmd = commands[int(failed[1])]
         said = out[: failed.start()].rstrip().splitlines()[-15:]
-        pytest.fail(f"{cmd.where()}\n  exits {failed[2]}, expected {cmd.exit_code}:\n" + "\n".join(said))
-    assert "__DOCS_DONE__" in out, f"{page.name}: the shell stopped early (exit {proc.returncode}):\n{out[-3000:]}"
+        return f"{cmd.where()}\n  exits {failed[2]}, expected {cmd.exit_code}:\n" + "\n".join(said)
+    if "__DOCS_DONE__" not in out:
+        return f"the shell stopped early (exit {proc.returncode}):\n{out[-3000:]}"
+    return None
+
+
+def test_a_command_that_exits_otherwise_is_named(tmp_path):
+    """The runner keeps one shell per page (a ``cd`` or an activated venv carries over), reads
+    a documented exit code, and names the page, line and command that exits otherwise."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```bash\nmkdir sub && cd sub\ntouch made   # in sub\n```\n\n"
+        "<!-- not run: an example -->\n```bash\nfalse\n```\n\n"
+        "```bash\ntest -f made\nfalse   # exit 1: as documented\nls missing-file\n```\n"
+    )
+    block_list = doc_blocks.blocks(page, root=tmp_path)
+    assert [b.not_run for b in block_list] == [None, "an example", None]
+    commands = [c for b in block_list if b.not_run is None for c in doc_blocks.commands(b)]
+    assert [(c.line, c.exit_code) for c in commands] == [(2, 0), (3, 0), (12, 0), (13, 1), (14, 0)]
+    work = tmp_path / "work"
+    work.mkdir()
+    said = run_page(commands, work)
+    assert said is not None and said.startswith("page.md:14: ls missing-file\n  exits 2, expected 0:"), said
+    alone = run_page(commands[2:4], _fresh(tmp_path / "alone"), timeout=60)  # no cd into sub first
+    assert alone is not None and alone.startswith("page.md:12: test -f made\n  exits 1, expected 0:"), alone
+    assert run_page(commands[:4], _fresh(tmp_path / "again"), timeout=60) is None
+
+
+def _fresh(folder: Path) -> Path:
+    folder.mkdir()
+    return folder
+
+
+@pytest.mark.needs_torch
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(doc_blocks.ROOT).as_posix() for p in PAGES])
+def test_documented_commands_run_as_shown(page, tmp_path):
+    commands = _runnable(page)
+    clone = tmp_path / "clone"
+    doc_blocks.fresh_copy(clone)
+    said = run_page(commands, clone)
+    if said:
+        pytest.fail(said)
