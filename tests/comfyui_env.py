@@ -145,10 +145,12 @@ PROBE = (
 
 
 def _probe(python: Path) -> str:
-    """ "" when ComfyUI's environment imports what it needs from the right places, else why not."""
+    """Why ComfyUI's environment is not usable: it does not import what it needs, or imports
+    it from elsewhere than this environment and this tree; empty when it is."""
     from importlib.metadata import version
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(runtime_sources.ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    paths = [str(runtime_sources.ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     proc = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, env=env)
     if proc.returncode:
         last = (proc.stderr.strip().splitlines() or ["no message"])[-1]

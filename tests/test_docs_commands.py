@@ -57,6 +57,8 @@ def test_every_block_says_what_it_holds():
                 wrong.append(f"{where}: a fence without a language (bash to run it, console for a transcript, text)")
             if block.lang == "console" and not any(line.startswith("$ ") for _, line in block.lines):
                 wrong.append(f"{where}: a console block without a '$ ' command line")
+            if block.lang == "console" and all(line.startswith("$ ") for _, line in block.lines if line.strip()):
+                wrong.append(f"{where}: a console block of commands alone: fence it bash (run, or say why not)")
             if block.not_run is not None and not block.not_run:
                 wrong.append(f"{where}: 'not run' without a reason")
             if block.not_run is not None and block.lang not in doc_blocks.SHELL:
