@@ -7,17 +7,17 @@ environment running this module -- a virtual environment, a conda environment or
 Python alike -- through a ``.pth`` file naming that environment's site folders (a venv's
 ``--system-site-packages`` would name its *base* interpreter's instead, where a reader's
 virtual environment keeps neither torch nor comfy-kitchen). So it uses the main environment's
-CPU torch and comfy-kitchen, and ``pip`` installs the rest of ComfyUI's ``requirements.txt``
-into it, without the torch lines and comfy-kitchen (the environment's own release is the one
-comfyquant is bit-exact with). The cache key includes those folders, so each environment
-gets its own. The environment is ready only once torch, comfy-kitchen and this tree's
-comfyquant import in it.
+comfy-kitchen (the release comfyquant is bit-exact with) and ``pip`` installs the rest of
+ComfyUI's ``requirements.txt`` into it, without the torch lines and comfy-kitchen; torch is
+pinned to the main environment's release. The cache key includes those folders, so each
+environment gets its own. The environment is ready only once torch (the same release),
+comfy-kitchen (the same) and this tree's comfyquant import in it.
 
 ComfyUI 0.33.0 imports torchvision and torchaudio while starting (its model classes:
 comfy/ldm/cosmos/model.py, comfy/ldm/lightricks/vae/audio_vae.py ...). The index's wheels that pair with the CPU torch are CUDA builds whose
 compiled operators do not load; ComfyUI only needs their Python parts. So the environment
-installs them resolved against the installed torch (``torch==X torchvision torchaudio``:
-pip keeps that torch), guards torchvision's two fake-kernel registrations for operators
+installs them resolved against the main environment's torch (``torch==X torchvision
+torchaudio``, X its release), guards torchvision's two fake-kernel registrations for operators
 its library did not register (``_meta_registrations.py``: ``torchvision::nms`` and
 ``qnms``, which raise "operator does not exist" otherwise) and moves torchaudio's shared
 libraries aside (torchaudio then imports without its compiled extension). comfyquant is not

@@ -74,14 +74,17 @@ def test_comfyui_environment_from_the_readme_venv(tmp_path):
             str(comfy_python),
             "-c",
             "import torch, comfy_kitchen, comfyquant, transformers, torchvision; "
-            "print(torch.__file__, comfy_kitchen.__file__, comfyquant.__file__, sep='\\n')",
+            "print(torch.__version__, comfy_kitchen.__file__, comfyquant.__file__, sep='\\n')",
         ],
         env=dict(env, PYTHONPATH=str(clone / "src")),
         capture_output=True,
         text=True,
     )
     assert where.returncode == 0, where.stderr[-2000:]
-    torch_file, kitchen_file, comfyquant_file = where.stdout.split()
-    assert Path(torch_file).is_relative_to(site), (torch_file, site)
-    assert Path(kitchen_file).is_relative_to(site), (kitchen_file, site)
+    torch_version, kitchen_file, comfyquant_file = where.stdout.split()
+    readme_torch = subprocess.run(
+        [str(venv_python), "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert torch_version == readme_torch
+    assert Path(kitchen_file).is_relative_to(site), (kitchen_file, site)  # the README venv's, not the base's
     assert Path(comfyquant_file).is_relative_to(clone / "src"), comfyquant_file
