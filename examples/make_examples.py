@@ -17,6 +17,11 @@ Files (each well under 300 KB):
   ComfyUI and ck load it; SGLang rejects the mix of formats.
 * ``sharded/``: a two-shard W4A8 checkpoint with ``model.safetensors.index.json`` and
   ``model.diffusion_model.`` prefixed names.  Loads everywhere.
+* ``legacy_scaled_fp8.safetensors``: ComfyUI's legacy "scaled FP8" layout (dialect
+  ``comfy-legacy-fp8``, written with the safetensors library as those exports are): two FP8
+  linears with a scalar ``scale_weight`` (one with ``scale_input`` 1.0), a BF16 linear with a
+  placeholder ``scale_weight``, a norm and the ``scaled_fp8`` sentinel; no markers.  SGLang
+  refuses it; ``comfyquant migrate`` rewrites it as a Comfy checkpoint, exactly.
 * ``moe_banks_comfyui.safetensors``: MoE expert banks (spec 3.9) of 4 experts, one W4A8 (read
   flattened, as ComfyUI does) and one FP8 (stacked experts, ``[E]`` scales), plus a dense
   norm.  ComfyUI loads it; SGLang has no expert-bank loader.
@@ -40,6 +45,7 @@ W4A8_FILE = "w4a8_sglang.safetensors"
 MIXED_FILE = "mixed_comfyui.safetensors"
 SHARDED_DIR = "sharded"
 MOE_FILE = "moe_banks_comfyui.safetensors"
+LEGACY_FILE = "legacy_scaled_fp8.safetensors"
 
 K = 256  # in_features of every example layer
 
@@ -101,6 +107,16 @@ def moe_bank_layers():
     return [w4a8, fp8, dense_layer("blocks.0.norm", (K,), seed=32)]
 
 
+def write_legacy_scaled_fp8(path: str) -> str:
+    """The legacy scaled-FP8 example, by the layout's one writer in the tests
+    (``tests/test_dialect_legacy.py``, which follows ComfyUI 0.33.0's comfy/ops.py and
+    comfy/model_detection.py)."""
+    from test_dialect_legacy import legacy_file
+
+    legacy_file(path, n=32, k=64, scale_input=1.0, seed=40)
+    return path
+
+
 def build(out_dir: str = HERE) -> list[str]:
     """Write every example under ``out_dir``; return the written paths."""
     os.makedirs(out_dir, exist_ok=True)
@@ -109,6 +125,7 @@ def build(out_dir: str = HERE) -> list[str]:
         write_layers(os.path.join(out_dir, W4A8_FILE), w4a8_sglang_layers(), marker_mode="both"),
         write_layers(os.path.join(out_dir, MIXED_FILE), mixed_comfyui_layers()),
         write_layers(os.path.join(out_dir, MOE_FILE), moe_bank_layers()),
+        write_legacy_scaled_fp8(os.path.join(out_dir, LEGACY_FILE)),
     ]
     folder = os.path.join(out_dir, SHARDED_DIR)
     written += write_sharded(folder, sharded_layers(), marker_mode="both")

@@ -161,3 +161,70 @@ def _private_imports(path: Path) -> list[str]:
 def test_no_module_uses_another_modules_private_names():
     found = [x for p in sorted(PACKAGE.rglob("*.py")) for x in _private_imports(p)]
     assert found == []
+
+
+# -- what the results print as ----------------------------------------------------------------------
+
+
+def _assert_useful_repr(obj, *words: str) -> str:
+    """Short, named for its class, saying what it holds -- never ``<... object at 0x...>``."""
+    text = repr(obj)
+    assert " object at 0x" not in text and text.startswith(type(obj).__name__ + "("), text
+    assert len(text) <= 400 and "\n" not in text, text
+    for word in words:
+        assert word in text, (word, text)
+    return text
+
+
+@pytest.mark.needs_torch
+def test_every_public_result_prints_what_it_holds(tmp_path):
+    """Each API function's result (and the plans, plan lines and reports inside them) prints
+    as one short line naming what it holds, as ``check``'s ``Report`` always did."""
+    import torch
+
+    from comfyquant.torch import load_quantized
+
+    examples = ROOT / "examples"
+    seed, dense = str(examples / "seed_broken_w4a8.safetensors"), str(examples / "dense_tiny.safetensors")
+    called: set[str] = set()
+
+    def api(name: str, *args, **kw):
+        called.add(name)
+        return getattr(comfyquant, name)(*args, **kw)
+
+    _assert_useful_repr(api("check", seed), "seed_broken_w4a8", "ok=False")
+    with api("open_checkpoint", seed) as ckpt:
+        _assert_useful_repr(ckpt, "seed_broken_w4a8")
+    _assert_useful_repr(api("inspect", str(examples / "w4a8_sglang.safetensors")), "4 layers", "asym_w4a8_int8 x3")
+    fixed = api("fix", seed, out=str(tmp_path / "f.safetensors"), target="comfyui", allow_lossy=True)
+    _assert_useful_repr(fixed, "ok=True", "3 changes (2 lossless, 1 lossy)", "f.safetensors")
+    _assert_useful_repr(fixed.plan, "3 changes")
+    lossy = next(c for c in fixed.plan.changes if c.kind == "lossy")
+    _assert_useful_repr(lossy, "blocks.0.mlp.fc1", "[lossy]")
+    assumed = api("fix", _int8_without_rotation_size(tmp_path), dry_run=True, convrot_groupsize=64)
+    _assert_useful_repr(assumed.plan.assumptions[-1], "convrot_groupsize=64")
+    migrated = api("migrate", str(examples / "legacy_scaled_fp8.safetensors"), str(tmp_path / "m.safetensors"))
+    _assert_useful_repr(migrated, "comfy-legacy-fp8 -> comfy", "3 exact", "m.safetensors")
+    q = str(tmp_path / "q.safetensors")
+    quantized = api("quantize", dense, q, "nvfp4", progress=False)
+    _assert_useful_repr(quantized, "ok=True", "nvfp4 x4", "q.safetensors")
+    _assert_useful_repr(quantized.plan, "quantize: 4 of 10 layers")
+    converted = api("convert", q, str(tmp_path / "c.safetensors"), "mxfp8", target="comfyui", progress=False)
+    _assert_useful_repr(converted, "mxfp8", "c.safetensors")
+    _assert_useful_repr(api("dequantize", q, str(tmp_path / "d.safetensors"), progress=False), "4 layers decoded (nvfp4 x4)")
+    compared = api("compare", q, dense, progress=False)
+    _assert_useful_repr(compared, "10 layers compared", "relative L2 mean")
+    assert called == set(FUNCTIONS)  # every API function's result was printed
+    from comfyquant.torch import quantize_, save_quantized
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256))
+    quantize_(model, "fp8")
+    path = save_quantized(model, tmp_path / "t.safetensors")
+    _assert_useful_repr(load_quantized(torch.nn.Sequential(torch.nn.Linear(256, 256)), path), "1 quantized layers", "ok=True")
+
+
+def _int8_without_rotation_size(tmp_path) -> str:
+    """An unmarked rotated INT8 layer: ``fix --convrot-groupsize`` writes a value it assumes."""
+    from builders import int8_layer, write
+
+    return write(tmp_path / "int8.safetensors", int8_layer("blocks.0.attn.qkv", marker=False))

@@ -101,3 +101,58 @@ def test_an_unwritable_custom_nodes_is_one_line(comfyui, capsys):
     assert rc == 2 and out == "" and err.count("\n") == 1
     assert err.startswith(f"comfyquant: {comfyui / 'custom_nodes' / 'comfyquant'}: cannot write (")
     assert (comfyui / "custom_nodes").read_text() == "not a folder"
+
+
+def _interpreter(path, importable: bool):
+    """An executable standing for an environment's Python: this one (which imports comfyquant),
+    or one whose import of comfyquant fails as a bare environment's does."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if importable:
+        path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    else:
+        path.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'comfyquant'\" >&2\nexit 1\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    "where, how",
+    [
+        ("ComfyUI/venv/bin/python3", "found in COMFYUI_DIR/venv"),
+        ("ComfyUI/.venv/bin/python", "found in COMFYUI_DIR/.venv"),
+        ("python_embeded/python.exe", "found in python_embeded"),  # the Windows portable build's layout
+    ],
+)
+def test_without_python_it_checks_comfyuis_own_interpreter(comfyui, capsys, tmp_path, where, how):
+    """Without --python the command finds ComfyUI's Python by the documented rule and asks it,
+    not the Python running the command."""
+    python = _interpreter(tmp_path / where, importable=True)
+    rc, out, err = run(capsys, "comfyui", "install", str(comfyui))
+    assert rc == 0 and err == "", err
+    assert f"ComfyUI's Python: {python} ({how})" in out and f"{python} imports comfyquant from" in out
+
+
+def test_says_how_to_fix_it_when_comfyuis_venv_cannot_import_comfyquant(comfyui, capsys):
+    python = _interpreter(comfyui / "venv" / "bin" / "python3", importable=False)
+    rc, out, err = run(capsys, "comfyui", "install", str(comfyui))
+    assert rc == 1 and f"ComfyUI's Python: {python} (found in COMFYUI_DIR/venv)" in out
+    assert err.strip() == (
+        f"comfyquant is not importable from {python} (ModuleNotFoundError: No module named 'comfyquant'): "
+        f"ComfyUI will not load the nodes until it is; install it there: {python} -m pip install comfyquant; "
+        "if ComfyUI runs on another Python, pass it with --python PATH"
+    )
+
+
+def test_without_an_environment_it_says_which_python_it_asked(comfyui, capsys):
+    rc, out, _err = run(capsys, "comfyui", "install", str(comfyui))
+    assert rc == 0
+    assert (
+        f"ComfyUI's Python: {sys.executable} (no venv/, .venv/ or python_embeded/ found with the ComfyUI folder: "
+        "the Python running this command)" in out
+    )
+
+
+def test_python_given_wins_over_the_venv(comfyui, capsys, tmp_path):
+    _interpreter(comfyui / "venv" / "bin" / "python3", importable=False)
+    rc, out, _err = run(capsys, "comfyui", "install", str(comfyui), "--python", sys.executable)
+    assert rc == 0 and f"ComfyUI's Python: {sys.executable} (given with --python)" in out

@@ -523,3 +523,43 @@ def test_large_packed_tensors_are_mapped_and_the_figures_stay(tmp_path, monkeypa
     assert calls and not any(calls)
     mapped.pop("seconds", None), read.pop("seconds", None)
     assert mapped == read and len(mapped["layers"]) == 3
+
+
+# -- the plot's title ----------------------------------------------------------------------------
+
+
+def _title_inside(fig, words: str) -> None:
+    """The figure, rendered as the PNG is (``stage_figure``'s dpi), has a title holding
+    ``words`` (its lines joined) whose bounding box lies inside the figure."""
+    import io
+
+    fig.savefig(io.BytesIO(), format="png", dpi=110)
+    renderer = fig.canvas.get_renderer()
+    texts = [*fig.texts, *(ax.title for ax in fig.axes)]
+    titles = [t for t in texts if words in " ".join(t.get_text().split())]
+    assert len(titles) == 1, [t.get_text() for t in fig.texts]
+    box, frame = titles[0].get_window_extent(renderer), fig.bbox
+    assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, (box, frame)
+
+
+@pytest.mark.parametrize(
+    "name", ["q.safetensors", "flux1-dev-transformer-quantized-with-a-very-long-file-name-nvfp4.safetensors"]
+)
+def test_compare_plot_title_lies_inside_the_figure(tmp_path, capsys, name):
+    """The title names both files and the figures; however long the names, every line of it is
+    inside the PNG (it was centred on the axes and ran off the figure's left edge)."""
+    from comfyquant.comparison import figure
+
+    src, out = quantized(tmp_path, "nvfp4", name=name, src=dense_model(tmp_path / "dense_tiny.safetensors"))
+    png = tmp_path / "cmp.png"
+    code, _text, _ = run_cli(["compare", out, src, "--plot", str(png), "--no-progress"], capsys)
+    assert code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    _title_inside(figure(compare(out, src, progress=False)), f"comfyquant compare: {name} vs dense_tiny.safetensors")
+
+
+def test_quantize_report_title_lies_inside_the_figure(tmp_path):
+    from comfyquant.quantizer.report import figure
+
+    src = dense_model(tmp_path / "dense.safetensors")
+    result = comfyquant.quantize(src, str(tmp_path / "q.safetensors"), "nvfp4", target="comfy-kitchen", progress=False)
+    _title_inside(figure(result.to_dict()), "comfyquant quantize: 3 layers, mean weight error")

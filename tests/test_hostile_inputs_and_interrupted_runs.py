@@ -205,7 +205,9 @@ def test_deep_on_a_c001_scale_is_a_finding(tmp_path, capsys):
     "command",
     ["fix", *(pytest.param(c, marks=pytest.mark.needs_torch) for c in ("dequantize", "quantize", "convert", "convert-dense"))],
 )
-def test_existing_folder_as_output_receives_the_input_name(tmp_path, capsys, command):
+def test_existing_folder_as_output_receives_the_default_name(tmp_path, capsys, command):
+    """An existing folder as OUT holds the output under the name it gets without OUT
+    (``model.<tag>.safetensors``), never the input's own name."""
     if command == "quantize":
         src = write(tmp_path / "model.safetensors", dense_layer("a"), dense_layer("b"))
     elif command == "fix":
@@ -225,18 +227,25 @@ def test_existing_folder_as_output_receives_the_input_name(tmp_path, capsys, com
         "convert": ["-t", "int8", "--no-progress"],
         "convert-dense": ["-t", "dense", "--no-progress"],
     }[command]
+    name = {
+        "fix": "model.fixed.safetensors",
+        "dequantize": "model.dense.safetensors",
+        "quantize": "model.float8_e4m3fn.safetensors",
+        "convert": "model.int8_tensorwise.safetensors",
+        "convert-dense": "model.dense.safetensors",
+    }[command]
     rc, out, err = run(capsys, command.split("-")[0], src, "-o", folder, *extra)
     assert rc in (0, 1) and "internal error" not in err, err
-    assert os.listdir(folder) == ["model.safetensors"]
-    assert run(capsys, "check", folder / "model.safetensors", "--target", "comfy-kitchen")[0] == 0
+    assert os.listdir(folder) == [name]
+    assert run(capsys, "check", folder / name, "--target", "comfy-kitchen")[0] == 0
     # the same again: the file exists now; every command refuses alike unless told to replace it
     rc, _, err = run(capsys, command.split("-")[0], src, "-o", folder, *extra)
     # dequantize refuses alike (one output rule for every command)
-    assert rc == 2 and "model.safetensors: exists" in err
-    before = (folder / "model.safetensors").read_bytes()
+    assert rc == 2 and f"{name}: exists" in err
+    before = (folder / name).read_bytes()
     rc, _, err = run(capsys, command.split("-")[0], src, "-o", folder, *extra, "--overwrite")
     assert rc in (0, 1) and "internal error" not in err, err
-    assert os.listdir(folder) == ["model.safetensors"] and (folder / "model.safetensors").read_bytes() == before
+    assert os.listdir(folder) == [name] and (folder / name).read_bytes() == before
     if command == "dequantize":  # it still replaces its outputs, when told to
         assert rc == 0
 

@@ -321,3 +321,70 @@ def test_fix_in_place_in_an_unwritable_folder_is_refused_before_the_work(tmp_pat
     rc, err = run(capsys, ["fix", src, "--in-place"])
     assert rc == 2 and err.count("\n") == 1 and err.startswith(f"comfyquant: {src}: cannot write in {locked} ("), err
     assert fs.snapshot(tmp_path) == before
+
+
+# -- a folder as the output -----------------------------------------------------------------------
+
+
+def _folder_sources(tmp_path, command: str) -> tuple[list[str], str]:
+    """(the command's arguments before ``-o``, the default name of its output)."""
+    from builders import W4A8_MARKER
+
+    if command == "fix":
+        broken = {k: v for k, v in W4A8_MARKER.items() if k != "convrot"}
+        return ["fix", write(tmp_path / "m.safetensors", w4a8_layer("a.b", marker=broken), dense_layer("n", 8, 16))], "fixed"
+    if command == "migrate":
+        return ["migrate", fs.seed("legacy", tmp_path)], "comfy"
+    if command == "quantize":
+        return ["quantize", dense(tmp_path, "m.safetensors"), "-f", "fp8", "--no-progress"], "float8_e4m3fn"
+    src = write(tmp_path / "m.safetensors", fp8_layer("blocks.0.a", 32, 64), dense_layer("norm", 8, 16))
+    if command == "convert":
+        return ["convert", src, "-t", "int8", "--no-progress"], "int8_tensorwise"
+    return ["dequantize", src, "--no-progress"], "dense"
+
+
+@pytest.mark.parametrize("command", ["fix", "migrate", "quantize", "convert", "dequantize"])
+@pytest.mark.parametrize("how", ["existing", "slash"])
+def test_a_folder_as_the_output_holds_the_file_under_its_default_name(tmp_path, capsys, command, how):
+    """``-o FOLDER`` (an existing folder, or a new one written ``FOLDER/``) puts the output in
+    it under the name it gets without ``-o`` -- never under the input's own name (an FP8 file
+    called ``dense.safetensors``) -- and the file passes check."""
+    args, tag = _folder_sources(tmp_path, command)
+    stem = os.path.basename(args[1]).rsplit(".", 1)[0]
+    out = tmp_path / "outdir"
+    if how == "existing":
+        out.mkdir()
+    rc = main([*args, "-o", str(out) + ("/" if how == "slash" else "")])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    written = out / f"{stem}.{tag}.safetensors"
+    assert os.listdir(out) == [written.name] and str(written) in text
+    assert main(["check", str(written), "--target", "comfyui"]) == 0
+    capsys.readouterr()
+
+
+def test_a_folder_for_a_file_without_a_default_name_is_refused(tmp_path, capsys):
+    """``compare --plot``, ``quantize --report`` and ``save_quantized`` write files that have no
+    default name: a folder given for one is refused before the work, in one line, and nothing
+    is written."""
+    import torch
+
+    from comfyquant.errors import InputError
+    from comfyquant.torch import save_quantized
+
+    pytest.importorskip("matplotlib")
+    q, d = quantized(tmp_path), dense(tmp_path)
+    folder = tmp_path / "here"
+    folder.mkdir()
+    before = fs.snapshot(tmp_path)
+    rc, err = run(capsys, ["compare", q, d, "--plot", str(folder), "--no-progress", "--overwrite"])
+    assert rc == 2 and err == f"comfyquant: {folder}: is a folder; give the file's own path\n"
+    report = tmp_path / "rep.json"
+    report.mkdir()
+    before = fs.snapshot(tmp_path)
+    args = ["quantize", d, "-f", "fp8", "-o", str(tmp_path / "m.safetensors"), "--report", str(tmp_path / "rep")]
+    rc, err = run(capsys, [*args, "--no-progress", "--overwrite"])
+    assert rc == 2 and err == f"comfyquant: {report}: is a folder; give the file's own path\n"
+    with pytest.raises(InputError, match="is a folder; give the file's own path"):
+        save_quantized(torch.nn.Sequential(torch.nn.Linear(16, 8)), folder)
+    assert fs.snapshot(tmp_path) == before

@@ -154,11 +154,11 @@ def test_an_output_folder_that_is_a_file_is_refused(tmp_path, capsys, command):
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_folder_where_the_output_file_goes_is_never_replaced(tmp_path, capsys, command):
-    """OUT is a folder and the input's name in it is a folder too: refused, --overwrite or not."""
+    """OUT is a folder and the output's name in it is a folder too: refused, --overwrite or not."""
     src = source(tmp_path, command)
-    (tmp_path / "into" / "model.safetensors").mkdir(parents=True)
+    (tmp_path / "into" / f"model.{TAG[command]}.safetensors").mkdir(parents=True)
     out = tmp_path / "into"
-    message = f"{out / 'model.safetensors'}: is a folder; give the output file's path, or a folder for OUT"
+    message = f"{out / f'model.{TAG[command]}.safetensors'}: is a folder; give the output file's path, or a folder for OUT"
     refused(capsys, tmp_path, command, cli_args(command, src, out) + ["--overwrite"], src, out, message)
 
 
@@ -362,9 +362,10 @@ def test_a_new_output_folder_needs_its_parent(tmp_path, capsys, command):
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_trailing_slash_makes_out_a_new_folder(tmp_path, capsys, command):
     """``-o new/`` says a folder even for one input file: created, the output inside under the
-    input's name (it was taken for a file name ending in a slash)."""
+    name it gets without OUT (it was taken for a file name ending in a slash)."""
     src = source(tmp_path, command)
     assert main(cli_args(command, src, f"{tmp_path / 'new'}/")) in (0, 1)
     capsys.readouterr()
-    assert os.listdir(tmp_path / "new") == ["model.safetensors"]
-    assert comfyquant.check(str(tmp_path / "new" / "model.safetensors"), target="comfy-kitchen").ok
+    name = f"model.{TAG[command]}.safetensors"
+    assert os.listdir(tmp_path / "new") == [name]
+    assert comfyquant.check(str(tmp_path / "new" / name), target="comfy-kitchen").ok

@@ -130,6 +130,9 @@ class Checkpoint:
         self._source_by_file = {s.name: s for s in sources}
 
     # -- reading ---------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"Checkpoint({self.files}, {len(self.layers)} layers, {len(self.tensors)} tensors)"
+
     def source(self, file: str) -> ByteSource:
         return self._source_by_file[file]
 

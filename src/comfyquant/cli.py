@@ -1,8 +1,9 @@
 """The ``comfyquant`` command line.  Thin: parse arguments, call the API, render, exit.
 
-Each command is a module in ``commands/``.  Exit codes: 0 no errors (warnings allowed),
-1 errors found, 2 unreadable input or usage error.  Imports stay minimal: ``check`` of a 14B
-checkpoint must finish in well under 100 ms.
+Each command is a module in ``commands/``.  Exit codes (``EXIT_CODES``, the epilog of every
+``--help``): 0 no errors (warnings allowed), 1 errors found, 2 unreadable input or usage
+error, 3 internal error, 130 interrupted.  Imports stay minimal: ``check`` of a 14B checkpoint
+must finish in well under 100 ms.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib
 import sys
 
 from .commands import COMMANDS
+from .commands.common import EXIT_CODES
 from .commands.streams import OutputError, guarded_stdout, say
 from .errors import ComfyQuantError, command_line
 from .numerics.waits import prefer_passive_waits
@@ -38,13 +40,16 @@ def _module(name: str):
 
 def _build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = _Parser(
-        prog="comfyquant", description="Check, inspect, repair, quantize and dequantize Comfy quantized safetensors checkpoints."
+        prog="comfyquant",
+        description="Check, inspect, repair, quantize and dequantize Comfy quantized safetensors checkpoints.",
+        epilog=EXIT_CODES,
     )
     p.add_argument("--version", action="version", version=f"comfyquant {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         if only is None or name == only:
             _module(name).add_parser(sub)
+            sub.choices[name].epilog = EXIT_CODES
         else:
             sub.add_parser(name, help=getattr(_module(name), "HELP", None))
     return p

@@ -106,6 +106,16 @@ class Comparison:
     def compared(self) -> list[LayerComparison]:
         return [r for r in self.layers if r.compared]
 
+    def __repr__(self) -> str:
+        s = self.summary()
+        worst = self.worst()
+        top = f" ({worst[0].layer})" if worst else ""
+        return (
+            f"Comparison({self.a} vs {self.b}: {s['compared']} layers compared, relative L2 mean "
+            f"{_num(s['rel_l2_mean'], 4)}, max {_num(s['rel_l2_max'], 4)}{top}; {s['refused']} refused, "
+            f"{s['only_a']} only in A, {s['only_b']} only in B)"
+        )
+
     @property
     def refused(self) -> list[LayerComparison]:
         return [r for r in self.layers if not r.compared]
@@ -515,7 +525,7 @@ def figure(result: Comparison):
     (format or dense dtype); the legend right of the plot, never over the bars."""
     import os
 
-    from .io.plots import pyplot
+    from .io.plots import pyplot, title_figure
 
     plt = pyplot()
     rows = [r for r in result.compared if r.rel_l2 is not None]
@@ -537,11 +547,11 @@ def figure(result: Comparison):
     s = result.summary()
     a = os.path.basename(result.a[0].rstrip("/")) if result.a else "A"
     b = os.path.basename(result.b[0].rstrip("/")) if result.b else "B"
-    ax.set_title(
-        f"comfyquant compare: {a} vs {b}: {len(rows)} layers, mean {_num(s['rel_l2_mean'], 4)}, max {_num(s['rel_l2_max'], 4)}",
-        fontsize=10,
+    title_figure(
+        fig,
+        f"comfyquant compare: {a} vs {b}\n{len(rows)} layers, relative L2 error mean {_num(s['rel_l2_mean'], 4)}, "
+        f"max {_num(s['rel_l2_max'], 4)}",
     )
-    fig.tight_layout()
     return fig
 
 

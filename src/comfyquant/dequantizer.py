@@ -83,6 +83,13 @@ class Summary:
     overflowed: dict[str, int] = field(default_factory=dict)
     """Layers decoded to F16 with values beyond its range (written as +-inf): layer -> count."""
 
+    def __repr__(self) -> str:
+        formats = ", ".join(f"{f} x{n}" for f, n in sorted(self.layers.items())) or "none"
+        return (
+            f"Summary({self.inputs} -> {self.outputs}, {sum(self.layers.values())} layers decoded ({formats}) "
+            f"to {self.dtype or 'each layer model dtype'}, {self.copied} copied, {self.dropped} dropped)"
+        )
+
     def to_dict(self) -> dict:
         return {
             "inputs": self.inputs,

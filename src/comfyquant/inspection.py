@@ -142,6 +142,14 @@ class Inventory:
     def dialect(self) -> str:
         return "+".join(self.dialects)
 
+    def __repr__(self) -> str:
+        formats = ", ".join(f"{f} x{t['layers']}" for f, t in self.totals().items())
+        damaged = f", {len(self.damage)} damage" if self.damage else ""
+        return (
+            f"Inventory({self.paths}, {len(self.rows)} layers ({formats or 'none'}), layout {self.dialect}, "
+            f"{self.file_bytes} bytes{damaged})"
+        )
+
     def totals(self) -> dict[str, dict]:
         out: dict[str, dict] = {}
         for r in self.rows:

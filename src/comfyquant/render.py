@@ -319,12 +319,30 @@ def _metadata_lines(metadata: dict[str, dict[str, str]], width: int | None) -> l
     return out
 
 
+def _defects_hint(report) -> str:
+    """For a file ``migrate`` leaves as it is: where its defects are repaired (``fix``) and
+    listed (``check``), when the check finds errors or warnings; nothing otherwise."""
+    counts = report.counts
+    found = [f"{counts[s]} {s}{'s' * (counts[s] != 1)}" for s in ("error", "warning") if counts.get(s)]
+    if not found:
+        return ""
+    label = report.paths[0] if len(report.paths) == 1 else " ".join(report.paths)
+    selected = tuple(report.verdicts) or tuple(report.selected)
+    if selected and len(selected) < 3:  # the runtimes asked for: fix and check judge for the same
+        label += f" --target {','.join(selected)}"
+    return (
+        f"; but check finds {' and '.join(found)} in it: comfyquant fix {label} repairs what has a repair "
+        f"(comfyquant check {label} lists them)"
+    )
+
+
 def render_migrate(result) -> str:
     """One line per group of layers with the same dialect, variant, verdict and format."""
     if result.nothing:
-        return f"nothing to migrate: the file's layout is {result.dialect}" + (
+        line = f"nothing to migrate: the file's layout is {result.dialect}" + (
             " (already a Comfy quantized checkpoint)" if result.dialect.startswith("comfy") and "+" not in result.dialect else ""
         )
+        return printable(line + _defects_hint(result.before))
     lines = [f"layout: {result.dialect} -> {result.to or 'comfy'}"]
     groups: dict[tuple, list[dict]] = {}
     for row in result.layers:
@@ -370,7 +388,8 @@ def render_fix(result) -> str:
             + ("" if result.dry_run else "; nothing was written")
         )
     else:
-        kinds = "all lossless" if not lossy else f"{lossy} lossy"
+        exact = len(plan.changes) - lossy
+        kinds = "all lossless" if not lossy else f"{exact} lossless, {lossy} lossy" if exact else "all lossy"
         assumed = len(plan.assumptions)
         if assumed:
             kinds += (

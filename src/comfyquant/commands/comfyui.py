@@ -4,8 +4,8 @@ It writes ``custom_nodes/comfyquant/__init__.py``, a shim that imports
 ``comfyquant.comfyui`` from the Python ComfyUI runs on, so the nodes are the installed
 package's and upgrade with it.  The folder must be a ComfyUI (``main.py``, ``nodes.py`` and
 ``comfy/``); a ``custom_nodes/comfyquant`` that this command did not write is never
-replaced.  ComfyUI's Python (``--python``, default: this one) is asked whether it can import
-comfyquant, and the command says so when it cannot.
+replaced.  ComfyUI's Python (``--python``, else the one ``comfyui_python`` finds beside the
+folder) is asked whether it can import comfyquant, and the command says so when it cannot.
 """
 
 from __future__ import annotations
@@ -38,9 +38,36 @@ def add_parser(sub) -> None:
     i.add_argument(
         "--python",
         metavar="PATH",
-        default=sys.executable,
-        help="the Python ComfyUI runs on, asked whether it imports comfyquant (default: this one)",
+        help="the Python ComfyUI runs on, asked whether it imports comfyquant (default: COMFYUI_DIR's venv/ or "
+        ".venv/, else the portable build's python_embeded/, else the Python running this command)",
     )
+    from .common import EXIT_CODES
+
+    i.epilog = EXIT_CODES
+
+
+VENVS = ("venv", ".venv")
+"""Virtual environments inside the ComfyUI folder, as its install guide makes them."""
+EMBEDDED = "python_embeded"
+"""The Windows portable build's Python, beside the ComfyUI folder (spelled so by ComfyUI)."""
+INTERPRETERS = (("bin", "python3"), ("bin", "python"), ("Scripts", "python.exe"), ("python.exe",), ("python3",))
+"""Where an environment folder keeps its interpreter (POSIX venv, Windows venv, embedded)."""
+
+
+def comfyui_python(root: str) -> tuple[str, str]:
+    """(ComfyUI's Python, how it was found).  The rule: ``COMFYUI_DIR/venv`` or ``/.venv``;
+    else ``python_embeded`` beside or inside the folder (the portable build); else the Python
+    running this command (the one ComfyUI runs on when both are installed in one
+    environment, which is then said)."""
+    parent = os.path.dirname(os.path.abspath(root))
+    places = [(os.path.join(root, v), f"COMFYUI_DIR/{v}") for v in VENVS]
+    places += [(os.path.join(parent, EMBEDDED), EMBEDDED), (os.path.join(root, EMBEDDED), f"COMFYUI_DIR/{EMBEDDED}")]
+    for folder, name in places:
+        for parts in INTERPRETERS:
+            path = os.path.join(folder, *parts)
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                return path, f"found in {name}"
+    return sys.executable, f"no venv/, .venv/ or {EMBEDDED}/ found with the ComfyUI folder: the Python running this command"
 
 
 def run(args) -> int:
@@ -62,15 +89,18 @@ def run(args) -> int:
     except OSError as exc:
         raise InputError(f"{target}: cannot write ({exc.strerror or exc})") from None
     print(f"wrote {shim}")
-    found, why = _importable(args.python)
+    python, how = (args.python, "given with --python") if args.python else comfyui_python(root)
+    print(f"ComfyUI's Python: {python} ({how})")
+    found, why = _importable(python)
     if found is None:
+        other = "" if args.python else "; if ComfyUI runs on another Python, pass it with --python PATH"
         print(
-            f"comfyquant is not importable from {args.python} ({why}): ComfyUI will not load the nodes until it is; "
-            f"install it there: {args.python} -m pip install comfyquant",
+            f"comfyquant is not importable from {python} ({why}): ComfyUI will not load the nodes until it is; "
+            f"install it there: {python} -m pip install comfyquant{other}",
             file=sys.stderr,
         )
         return 1
-    print(f"{args.python} imports comfyquant from {found}: restart ComfyUI to load the nodes")
+    print(f"{python} imports comfyquant from {found}: restart ComfyUI to load the nodes")
     return 0
 
 

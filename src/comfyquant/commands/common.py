@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+EXIT_CODES = (
+    "exit codes: 0 done, nothing wrong found (warnings allowed); 1 defects found; "
+    "2 unreadable input, usage error or output that cannot be written; "
+    "3 internal error (a bug: please report it); 130 interrupted (Ctrl-C)"
+)
+"""Every command's exit codes, shown at the end of every ``--help`` (docs/names-and-messages.md
+lists them with the same meanings)."""
+
 
 def name_mapper(prefix: str | None):
     """The ``--strip-prefix`` mapping, or None."""

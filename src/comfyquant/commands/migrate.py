@@ -50,4 +50,6 @@ def run(args) -> int:
         from ..render import render_migrate
 
         print(render_migrate(result))
+    if result.nothing and not result.before.ok:
+        return 1  # a Comfy file with errors: migrate has nothing to do, fix has (the line says so)
     return 0 if result.ok else 1

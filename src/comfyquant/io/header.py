@@ -120,6 +120,11 @@ def read_header(source: ByteSource, damaged_ok: bool = False) -> Header:
     head = source.pread(0, min(size, getattr(source, "first_read", FIRST_READ)))
     if len(head) < 8:
         raise _bad(path, f"only {len(head)} of the first 8 bytes could be read (file changed or cut short?)")
+    if _starts_with_text(head):
+        raise NotACheckpoint(
+            f"{path}: not a checkpoint: it starts with text ({_shown(head)}), so it is not a safetensors file, "
+            "a GGUF file or a *.safetensors.index.json"
+        )
     (n,) = struct.unpack_from("<Q", head, 0)
     if n > MAX_HEADER_BYTES:
         return _unreadable(
@@ -175,6 +180,30 @@ def read_header(source: ByteSource, damaged_ok: bool = False) -> Header:
     if not (_ascii_or_text("".join(obj)) and _ascii_or_text(meta)) or hdr.nonstring_metadata:
         _lone_surrogates(hdr, obj)
     return hdr
+
+
+class NotACheckpoint(InputError):
+    """The file is no checkpoint at all (a README, a web page, a Git LFS pointer): refused in
+    one line by every command, ``check`` and ``inspect`` included, never reported as damage."""
+
+
+TEXT_BYTES = frozenset({9, 10, 13, *range(0x20, 0x7F), *range(0x80, 0x100)})
+"""Bytes of text (printable ASCII, tab and line ends, UTF-8's multi-byte sequences)."""
+
+
+def _starts_with_text(head: bytes) -> bool:
+    """Whether the first 8 bytes are text.  A safetensors file starts with its header length,
+    a little-endian 64-bit number below 100 MB: its high bytes are zero, never text; a GGUF
+    file's magic is followed by a small version number.  So eight bytes of text are the start
+    of a text file (by content, whatever the file's name), not of damaged safetensors."""
+    return len(head) >= 8 and all(b in TEXT_BYTES for b in head[:8])
+
+
+def _shown(head: bytes) -> str:
+    """The file's first line, cut short, as the one-line refusal quotes it."""
+    line = head[:64].decode("utf-8", errors="replace").splitlines()[0] if head[:64].strip() else ""
+    line = line.strip()
+    return repr(line[:40] + ("..." if len(line) > 40 else ""))
 
 
 def _unreadable(path: str, size: int, header_len: int, raw: bytes | None, what: str, damaged_ok: bool) -> Header:

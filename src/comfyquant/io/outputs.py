@@ -6,8 +6,9 @@ the same everywhere and every refusal is the same line for the same situation.
 * No ``OUT``: the output is named after the input with a tag (``fixed``, the format, ``dense``):
   ``<stem>.<tag>.safetensors`` next to one input file, ``<folder>.<tag>`` next to the folder of
   shards (a URL input: in the current folder).
-* ``OUT`` is an existing folder: each output goes into it under its input file's name
-  (``OUT/model.safetensors``), whether the input is one file or shards.
+* ``OUT`` is a folder (an existing one, or a new one written ``OUT/``): the output goes into
+  it under the name it gets without ``OUT``: ``OUT/<stem>.<tag>.safetensors`` for one input
+  file, the shards' own names (and the index) for shards.
 * Otherwise one input file gives the file ``OUT``; shards (or an index) give the folder
   ``OUT`` (created).  ``dequantize`` names by suffix instead (``merge``): a ``.safetensors``
   OUT is one file, whatever the input (shards merge into it), any other OUT a folder.
@@ -131,7 +132,7 @@ def claim(
         return result
     if out is None:
         out = default_output(list(files), index, tag)
-    dests, index_dest, create = _destinations(list(files), index, out, merge, error)
+    dests, index_dest, create = _destinations(list(files), index, out, merge, tag, error)
     if create:
         _refuse_missing_parent(out, error)  # OUT itself is created, never the folders above it
     if dests is not None and index_dest is None and index_for_shards and len(dests) > 1:
@@ -156,6 +157,9 @@ def claim_files(
     existing file without ``overwrite``, a folder, device, FIFO or socket, a missing or
     unwritable folder.  Called before any work."""
     for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            # Only a model's OUT names a folder to write into; these files have no default name.
+            raise error(f"{path}: is a folder; give the file's own path")
         _refuse_taken(path, list(inputs), overwrite, error)
     _refuse_unwritable(list(paths), error)
 
@@ -190,10 +194,15 @@ def _why_not(folder: str) -> str:
 
 
 def _destinations(
-    files: list[str], index: str | None, out: str, merge: bool, error: type[Exception]
+    files: list[str], index: str | None, out: str, merge: bool, tag: str, error: type[Exception]
 ) -> tuple[list[str] | None, str | None, bool]:
     """(destination per input file, or None when the inputs merge into the file ``out``;
-    destination of the index or None; whether ``out`` is a folder still to create)."""
+    destination of the index or None; whether ``out`` is a folder still to create).
+
+    A folder ``out`` holds the output under the name it gets without ``out``: one input file's
+    output is ``out/<stem>.<tag>.safetensors`` (never the input's own name: a quantized file
+    named like its dense source would be taken for it), shards keep their names (a sharded
+    model is its folder)."""
     single = len(files) == 1 and not index
     if os.path.isdir(out):
         folder, create = out, False
@@ -215,6 +224,8 @@ def _destinations(
         raise error(f"{out}: the input has {len(files)} shard(s){' and an index' if index else ''}; give a folder as OUT")
     else:
         folder, create = out, True
+    if single:
+        return [os.path.join(folder, os.path.basename(default_output(files, None, tag)))], None, create
     dests = [os.path.join(folder, os.path.basename(_local_name(f))) for f in files]
     if len(set(dests)) != len(dests):
         raise error(f"{out}: input shards share a file name; they cannot share one output folder")

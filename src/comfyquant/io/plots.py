@@ -28,6 +28,26 @@ def pyplot():
     return plt
 
 
+def title_figure(fig, text: str, fontsize: float = 10) -> None:
+    """Give ``fig`` its title and lay it out: the title is centred on the figure (an axes
+    title is centred on the axes, so a long one ran off the figure's left edge), wrapped into
+    as many lines as keep every line inside the figure, measured on the rendered text, and
+    the axes are fitted below it."""
+    import textwrap
+
+    fig.tight_layout()
+    width = fig.get_figwidth() * fig.dpi
+    chars = max(16, int(fig.get_figwidth() * 72 / (fontsize * 0.55)))
+    while True:
+        lines = [line for part in text.split("\n") for line in (textwrap.wrap(part, chars, break_on_hyphens=False) or [""])]
+        title = fig.suptitle("\n".join(lines), fontsize=fontsize)
+        box = title.get_window_extent(fig.canvas.get_renderer())
+        if (box.x0 >= 0 and box.x1 <= width) or chars <= 16:
+            break
+        chars = max(16, int(chars * width / box.width) - 1)
+    fig.tight_layout()
+
+
 def stage_figure(fig, path: str, dpi: int = 110) -> str:
     """``fig`` as a PNG staged beside ``path`` (returns the temporary file; the figure is
     closed).  A write error is one line naming ``path``."""

@@ -203,10 +203,10 @@ def read_index(path: str, text: str | None = None) -> tuple[list[str], dict[str,
     try:
         obj = parse_json(text)
     except ValueError as exc:
-        raise InputError(f"{path}: index is not valid JSON ({exc})") from None
+        raise InputError(f"{path}: not a checkpoint: index is not valid JSON ({exc})") from None
     wm = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(wm, dict) or not {*map(type, wm.values())} <= {str}:
-        raise InputError(f"{path}: index has no weight_map object of tensor -> shard file names")
+        raise InputError(f"{path}: not a checkpoint: index has no weight_map object of tensor -> shard file names")
     names = sorted(set(wm.values()))
     for shard in names:
         why = _outside(shard)

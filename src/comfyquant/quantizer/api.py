@@ -47,6 +47,11 @@ class Result:
         self.report_files = report_files or []
         self.dense_summary = dense_summary
 
+    def __repr__(self) -> str:
+        plan = repr(self.plan) if self.plan is not None else "no plan"
+        over = f", {len(self.over_max_error)} over --max-error" if self.over_max_error else ""
+        return f"Result(ok={self.ok}, {plan}, outputs={self.outputs}{over})"
+
     @property
     def over_max_error(self) -> list[dict]:
         """The layers above ``--max-error`` (worst first): ``{"layer", "rel_l2"}`` each."""

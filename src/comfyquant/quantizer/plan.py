@@ -148,6 +148,14 @@ class Plan:
     def quantized(self) -> list[LayerPlan]:
         return [lp for lp in self.layers if lp.action == QUANTIZE]
 
+    def __repr__(self) -> str:
+        formats = ", ".join(f"{f} x{n}" for f, n in self.formats().items()) or "none"
+        refused = ", refused" if self.refusal else ""
+        return (
+            f"Plan({self.mode}: {len(self.quantized)} of {len(self.layers)} layers encoded, formats {formats}, "
+            f"target {self.target}{refused})"
+        )
+
     def formats(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for lp in self.layers:

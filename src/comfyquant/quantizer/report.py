@@ -139,7 +139,7 @@ def stage_report(doc: dict, json_path: str, png_path: str) -> list[tuple[str, st
 
 def figure(doc: dict):
     """Error per layer in model order, coloured by format: weight (top) and output (bottom)."""
-    from ..io.plots import pyplot
+    from ..io.plots import pyplot, title_figure
 
     plt = pyplot()
     rows = [r for r in doc["layers"] if r.get("weight")]
@@ -164,12 +164,12 @@ def figure(doc: dict):
     else:
         axes[1].set_xlabel("quantized layer (model order)")
     t = doc["totals"]
-    fig.suptitle(
+    title_figure(
+        fig,
         f"comfyquant {doc['command']}: {len(rows)} layers, mean weight error {t['weight_rel_l2_mean'] or 0:.4f}, "
         f"mean output error {t['output_rel_l2_mean'] or 0:.4f}",
         fontsize=11,
     )
-    fig.tight_layout()
     return fig
 
 

@@ -46,8 +46,8 @@ DROP_METADATA = ("_quantization_metadata", "quant_format")
 
 def output_paths(ckpt, out: str | None, overwrite: bool, tag: str, also: list[str] | tuple = ()):
     """The run's ``Outputs`` (refused before any work): one input
-    file gives one output file (``OUT``, or ``OUT/<name>`` when OUT is a folder, default
-    ``<name>.<tag>.safetensors``); shards give a folder ``OUT`` with the same shard names and
+    file gives one output file (``OUT``, or ``OUT/<name>.<tag>.safetensors`` when OUT is a
+    folder, default ``<name>.<tag>.safetensors``); shards give a folder ``OUT`` with the same shard names and
     the index rewritten.  ``also``: the report files."""
     return claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag=tag, also=also)
 

@@ -30,6 +30,13 @@ class Change:
         self.kind = kind
         self.assumed: list[Assumption] = []
 
+    def __repr__(self) -> str:
+        tensor = (
+            self.tensor.rsplit(".", 1)[-1] if self.tensor and self.layer and self.tensor.startswith(self.layer) else self.tensor
+        )
+        where = " · ".join(x for x in (self.layer, tensor) if x) or "(checkpoint)"
+        return f"Change({where}: {self.what}: {self.before} -> {self.after} [{self.kind}])"
+
     def to_dict(self) -> dict:
         return {
             "layer": self.layer,
@@ -59,6 +66,9 @@ class Assumption:
     @property
     def text(self) -> str:
         return f"assumed: {self.key}={json.dumps(self.value)} ({self.source}; the file cannot confirm it)"
+
+    def __repr__(self) -> str:
+        return f"Assumption({self.layer}: {self.key}={json.dumps(self.value)} ({self.source}))"
 
     def to_dict(self) -> dict:
         return {"layer": self.layer, "key": self.key, "value": self.value, "source": self.source, "text": self.text}
@@ -113,6 +123,15 @@ class Plan:
         """``__metadata__`` keys a migration removes or sets (every output file)."""
         self.translations: list = []
         """``dialects.base.Translation`` of every dialect layer, with what was done to it."""
+
+    def summary(self) -> str:
+        """How many changes of each kind, refusals and assumptions: the plan in one clause."""
+        lossy = sum(1 for c in self.changes if c.kind != LOSSLESS)
+        text = f"{len(self.changes)} changes ({len(self.changes) - lossy} lossless, {lossy} lossy), {len(self.refused)} refused"
+        return text + (f", {len(self.assumptions)} assumed" if self.assumptions else "")
+
+    def __repr__(self) -> str:
+        return f"Plan({self.summary()})"
 
     @property
     def empty(self) -> bool:

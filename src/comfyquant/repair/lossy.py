@@ -18,7 +18,18 @@ class Requant:
     """One layer to re-encode: the format's ``Recode``, the marker the layer is decoded
     with, and the measured error."""
 
-    __slots__ = ("prefix", "out_prefix", "format", "recode", "source_marker", "error", "change", "outputs", "_after")
+    __slots__ = (
+        "prefix",
+        "out_prefix",
+        "format",
+        "recode",
+        "source_marker",
+        "source_edits",
+        "error",
+        "change",
+        "outputs",
+        "_after",
+    )
 
     def __init__(self, prefix: str, fmt: Format, recode: Recode, source_marker: dict) -> None:
         self.prefix = prefix
@@ -26,6 +37,10 @@ class Requant:
         self.format = fmt
         self.recode = recode
         self.source_marker = source_marker
+        self.source_edits: dict = {}
+        """Suffix -> ``TensorEdit``: the exact repairs of stored tensors the re-encode replaces
+        (a transposed or BF16 correction), applied before decoding: the codec reads the layer
+        only in its format's own shapes and dtypes."""
         self.error: float | None = None
         self.change = None
         self.outputs: dict[str, bytes] | None = None
@@ -67,7 +82,16 @@ class Requant:
         from ..numerics.dtypes import from_bytes
 
         layer = ckpt.layers[self.prefix]
-        stored = {s: from_bytes(ckpt.read_bytes(e), e.dtype, e.shape) for s, e in layer.tensors.items() if s in self.replaces}
+        stored = {}
+        for suffix, entry in layer.tensors.items():
+            if suffix not in self.replaces:
+                continue
+            data, dtype, shape = ckpt.read_bytes(entry), entry.dtype, entry.shape
+            edit = self.source_edits.get(suffix)
+            if edit is not None:
+                data = edit.transform(data) if edit.transform is not None else data
+                dtype, shape = edit.dtype, edit.shape
+            stored[suffix] = from_bytes(data, dtype, shape)
         return get(self.format.name).decode(stored, self.source_marker, dtype=torch.float32, layer=self.prefix)
 
 
@@ -80,6 +104,7 @@ class DialectRequant(Requant):
     def __init__(self, translation, params, planned: dict[str, tuple]) -> None:
         self.prefix = translation.prefix
         self.out_prefix = translation.out_prefix
+        self.source_edits = {}
         self.translation = translation
         self.params = params
         self.planned = planned

@@ -45,6 +45,17 @@ class MigrateResult:
     def layers(self) -> list[dict]:
         return layer_results(self.plan)
 
+    def __repr__(self) -> str:
+        verdicts: dict[str, int] = {}
+        for row in self.layers:
+            verdicts[row["verdict"]] = verdicts.get(row["verdict"], 0) + 1
+        counted = ", ".join(f"{n} {v}" for v, n in verdicts.items()) or "none"
+        done = "dry run" if self.dry_run else f"outputs={self.outputs}"
+        return (
+            f"MigrateResult({self.before.paths}, {self.dialect} -> {self.to or 'comfy'}, "
+            f"{len(self.layers)} layers ({counted}), ok={self.ok}, {done})"
+        )
+
     @property
     def nothing(self) -> bool:
         """The file has no layer of another layout: there is nothing to migrate."""
@@ -166,4 +177,8 @@ def _refusal(ckpt, plan: Plan) -> str:
     more = len(plan.refused) - 1
     others = f" (and {more} more: see --dry-run)" if more else ""
     where = f"layer {layer!r}: " if layer is not None else ""
-    return f"{ckpt.files[0]}: not migrated: {where}{why}{others}; nothing was written"
+    line = f"{ckpt.files[0]}: not migrated: {where}{why}{others}; nothing was written"
+    if not plan.translations:  # no layer of another layout: what stops it is a Comfy file's defect
+        label = ckpt.files[0] if len(ckpt.files) == 1 else (ckpt.shardset.index_path or ckpt.files[0])
+        line += f"; it is a Comfy checkpoint: comfyquant fix {label} repairs it (comfyquant check {label} lists its defects)"
+    return line

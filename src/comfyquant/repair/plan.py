@@ -18,7 +18,7 @@ from ..checker.rules import prefix_match
 from ..dtypes import QUANTIZED_WEIGHT_DTYPES
 from ..errors import option
 from ..findings import json_kind
-from ..formats.base import Format, GeometryError
+from ..formats.base import Format, GeometryError, Meta
 from ..formats.diagnose import dtype_matches
 from ..formats.registry import FORMATS, infer_format
 from ..markers import HEADER, TENSOR, MarkerMerge, file_level_markers
@@ -496,8 +496,52 @@ def _repair_tensors(ckpt, layer, fmt: Format, marker: dict, plan: Plan) -> None:
         env = fmt.geometry(tensors, fmt.params(marker))
     except GeometryError:
         return
-    if fmt.lossy is not None and _lossy(layer, fmt, env, tensors, marker, plan):
-        return
+    exact = _exact_edits(ckpt, layer, fmt, env, tensors, plan)
+    op = _lossy(layer, fmt, env, tensors, marker, plan) if fmt.lossy is not None else None
+    if op is False:
+        return  # a re-encode is needed but not allowed: refused, nothing planned for the layer
+    for suffix, entry, edit, change in exact:
+        if op is not None and suffix in op.replaces:
+            # The re-encode replaces this tensor: the exact repair is what it decodes from.
+            op.source_edits[suffix] = edit
+            change.what += "; the re-encode starts from the repaired tensor"
+        else:
+            plan.edits[entry.name] = edit
+        plan.changes.append(change)
+    if op is not None:
+        unreadable = _undecodable(fmt, marker, tensors, op)
+        if unreadable is not None:
+            plan.requant.pop(layer.prefix, None)
+            plan.markers[layer.prefix] = marker
+            plan.refused.append(
+                (
+                    layer.prefix,
+                    f"{unreadable}: the re-encode cannot decode the layer without an exact repair of it; re-export the layer",
+                )
+            )
+            return
+        plan.changes.append(op.change)  # after the exact repairs it builds on
+
+
+def _undecodable(fmt: Format, marker: dict, tensors: dict, op) -> str | None:
+    """The first error its codec would raise on decoding the tensors a re-encode replaces,
+    after their exact repairs (None: they decode).  Checked here, before anything is written
+    or computed, with the format description the codec itself checks against."""
+    from ..formats.validation import check_layer
+
+    metas = {}
+    for suffix, entry in tensors.items():
+        if suffix in op.replaces:
+            edit = op.source_edits.get(suffix)
+            metas[suffix] = Meta(edit.dtype, edit.shape) if edit is not None else Meta(entry.dtype, entry.shape)
+    findings, _env = check_layer(fmt, marker, metas)
+    bad = next((f for f in findings if f.severity == "error" and f.code.startswith("L")), None)
+    return None if bad is None else bad.message.replace("{layer}", repr(op.prefix))
+
+
+def _exact_edits(ckpt, layer, fmt: Format, env: dict, tensors: dict, plan: Plan) -> list[tuple]:
+    """(suffix, stored entry, ``TensorEdit``, plan line) of every exact repair of the layer's tensors."""
+    out: list[tuple] = []
     quant_format = {v.lower() for v in ckpt.markers.quant_formats.values() if v}
     for suffix, slot in fmt.slots_for(env).items():
         entry = tensors.get(suffix)
@@ -541,25 +585,27 @@ def _repair_tensors(ckpt, layer, fmt: Format, marker: dict, plan: Plan) -> None:
         if not notes:
             continue
         name = plan.renames.get(entry.name, entry.name)
-        plan.edits[entry.name] = TensorEdit(name, dtype, shape, _chain(steps) if steps else None)
-        plan.changes.append(
-            Change(
-                layer.prefix,
-                name,
-                ", ".join(notes),
-                f"{entry.dtype} {fmt_shape(entry.shape, as_tuple=True)}",
-                f"{dtype} {fmt_shape(shape, as_tuple=True)}",
-            )
+        edit = TensorEdit(name, dtype, shape, _chain(steps) if steps else None)
+        change = Change(
+            layer.prefix,
+            name,
+            ", ".join(notes),
+            f"{entry.dtype} {fmt_shape(entry.shape, as_tuple=True)}",
+            f"{dtype} {fmt_shape(shape, as_tuple=True)}",
         )
+        out.append((suffix, entry, edit, change))
+    return out
 
 
-def _lossy(layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Plan) -> bool:
-    """Plan the format's lossy re-encode when the target needs one (and it is allowed)."""
+def _lossy(layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Plan):
+    """The format's lossy re-encode when the target needs one and it is allowed (a
+    ``Requant``, its plan line not yet in the plan); None when none is needed; False when it
+    is needed but not allowed (the layer is refused)."""
     from .lossy import plan_requant
 
     op = plan_requant(layer.prefix, fmt, env, tensors, marker, plan.options.target)
     if op is None:
-        return False
+        return None
     if not plan.options.allow_lossy:
         plan.refused.append(
             (
@@ -568,7 +614,7 @@ def _lossy(layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Pla
                 "(the error is measured and reported)",
             )
         )
-        return True
+        return False
     op.change = Change(
         layer.prefix,
         None,
@@ -577,11 +623,10 @@ def _lossy(layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Pla
         op.recode.after,
         kind="lossy",
     )
-    plan.changes.append(op.change)
     plan.requant[layer.prefix] = op
     plan.markers[layer.prefix] = op.marker
     plan.markers_changed = True
-    return True
+    return op
 
 
 def _chain(steps: list[Callable[[bytes], bytes]]) -> Callable[[bytes], bytes]:

@@ -30,6 +30,10 @@ class FixResult:
         self.gate = gate
         """``--max-error``: ``{"limit", "against", "ok", "measured", "over": [{"layer", "rel_l2"}]}``."""
 
+    def __repr__(self) -> str:
+        done = "dry run" if self.dry_run else f"outputs={self.outputs}"
+        return f"FixResult({self.before.paths}, ok={self.ok}, {self.plan.summary()}, {len(self.remaining)} errors left, {done})"
+
     @property
     def remaining(self) -> list:
         """Error findings left after the repair; for a dry run, the errors no planned change

@@ -50,6 +50,9 @@ class LoadReport:
     def ok(self) -> bool:
         return not self.missing and not self.unexpected
 
+    def __repr__(self) -> str:
+        return f"LoadReport({self.summary()}, ok={self.ok})"
+
     def to_dict(self) -> dict:
         return {
             "path": self.path,
