@@ -7,11 +7,13 @@ environment running this module -- a virtual environment, a conda environment or
 Python alike -- through a ``.pth`` file naming that environment's site folders (a venv's
 ``--system-site-packages`` would name its *base* interpreter's instead, where a reader's
 virtual environment keeps neither torch nor comfy-kitchen). So it uses the main environment's
-comfy-kitchen (the release comfyquant is bit-exact with) and ``pip`` installs the rest of
-ComfyUI's ``requirements.txt`` into it, without the torch lines and comfy-kitchen; torch is
-pinned to the main environment's release. The cache key includes those folders, so each
-environment gets its own. The environment is ready only once torch (the same release),
-comfy-kitchen (the same) and this tree's comfyquant import in it.
+comfy-kitchen (the release comfyquant is bit-exact with), and ``pip`` installs the rest of
+ComfyUI's ``requirements.txt`` into it, without the torch lines and comfy-kitchen. ``pip``
+does not count what the ``.pth`` file lends as installed, so the dependencies of those
+requirements land in the new environment too, torch among them: it is pinned to the main
+environment's release. The cache key includes the lent folders, so each environment gets its
+own. The environment is ready only once torch (the main environment's release), comfy-kitchen
+(the main environment's own files) and this tree's comfyquant import in it.
 
 ComfyUI 0.33.0 imports torchvision and torchaudio while starting (its model classes:
 comfy/ldm/cosmos/model.py, comfy/ldm/lightricks/vae/audio_vae.py ...). The index's wheels that pair with the CPU torch are CUDA builds whose
@@ -137,14 +139,13 @@ def _see_environment(python: Path, sites: list[str]) -> None:
 
 PROBE = (
     "import sys, torch, torchvision, torchaudio, comfy_kitchen, aiohttp, transformers, comfyquant; "
-    "from importlib.metadata import version; "
-    "print(torch.__version__, version('comfy-kitchen'), comfyquant.__file__, sep='\\n')"
+    "print(torch.__version__, comfy_kitchen.__file__, comfyquant.__file__, sep='\\n')"
 )
 """What ComfyUI's server imports, and this tree's comfyquant (the tests put ``src`` first on
-``PYTHONPATH``); prints the versions and file found, which must be the running environment's."""
+``PYTHONPATH``); prints torch's release and where comfy-kitchen and comfyquant were found."""
 
 
-def _probe(python: Path) -> str:
+def _probe(python: Path, sites: list[str]) -> str:
     """Why ComfyUI's environment is not usable: it does not import what it needs, or imports
     it from elsewhere than this environment and this tree; empty when it is."""
     from importlib.metadata import version
@@ -155,11 +156,11 @@ def _probe(python: Path) -> str:
     if proc.returncode:
         last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
         return f"ComfyUI's environment does not import its packages: {last}"
-    torch_v, kitchen_v, comfyquant_file = proc.stdout.split("\n")[:3]
-    wanted = {"torch": version("torch"), "comfy-kitchen": version("comfy-kitchen")}
-    for name, got in (("torch", torch_v), ("comfy-kitchen", kitchen_v)):
-        if got != wanted[name]:
-            return f"ComfyUI's environment imports {name} {got}, not this environment's {wanted[name]}"
+    torch_v, kitchen_file, comfyquant_file = proc.stdout.split("\n")[:3]
+    if torch_v != version("torch"):
+        return f"ComfyUI's environment imports torch {torch_v}, not this environment's {version('torch')}"
+    if not any(Path(kitchen_file).resolve().is_relative_to(Path(folder).resolve()) for folder in sites):
+        return f"ComfyUI's environment imports comfy-kitchen from {kitchen_file}, not from this environment's {sites}"
     src = runtime_sources.ROOT / "src"
     if not Path(comfyquant_file).resolve().is_relative_to(src.resolve()):
         return f"ComfyUI's environment imports comfyquant from {comfyquant_file}, not from {src}"
@@ -226,7 +227,7 @@ def comfyui_python() -> Path | None:
         except (OSError, ValueError) as exc:
             MISSING = f"ComfyUI's environment could not be made (torchvision/torchaudio): {exc}"
             return None
-        MISSING = _probe(python)
+        MISSING = _probe(python, sites)
         if MISSING:
             return None
         ready.write_text(f"{source}\n")
