@@ -13,7 +13,7 @@ import importlib
 import sys
 
 from .commands import COMMANDS
-from .commands.common import EXIT_CODES
+from .commands.common import EXIT_CODES, add_exit_codes
 from .commands.streams import OutputError, guarded_stdout, say
 from .errors import ComfyQuantError, command_line
 from .numerics.waits import prefer_passive_waits
@@ -49,7 +49,7 @@ def _build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name in COMMANDS:
         if only is None or name == only:
             _module(name).add_parser(sub)
-            sub.choices[name].epilog = EXIT_CODES
+            add_exit_codes(sub.choices[name])
         else:
             sub.add_parser(name, help=getattr(_module(name), "HELP", None))
     return p

@@ -41,9 +41,9 @@ def add_parser(sub) -> None:
         help="the Python ComfyUI runs on, asked whether it imports comfyquant (default: COMFYUI_DIR's venv/ or "
         ".venv/, else the portable build's python_embeded/, else the Python running this command)",
     )
-    from .common import EXIT_CODES
+    from .common import add_exit_codes
 
-    i.epilog = EXIT_CODES
+    add_exit_codes(i)
 
 
 VENVS = ("venv", ".venv")

@@ -11,6 +11,15 @@ EXIT_CODES = (
 lists them with the same meanings)."""
 
 
+def add_exit_codes(parser) -> None:
+    """End ``parser``'s help with ``EXIT_CODES``, after the epilog it has (a command's own
+    lists stay first); wrapped here, since a raw-text help prints it as it is."""
+    import textwrap
+
+    codes = textwrap.fill(EXIT_CODES, 79, break_on_hyphens=False)
+    parser.epilog = f"{parser.epilog}\n\n{codes}" if parser.epilog else codes
+
+
 def name_mapper(prefix: str | None):
     """The ``--strip-prefix`` mapping, or None."""
     if not prefix:
