@@ -2,16 +2,24 @@
 
 The server needs packages the main environment must not hold (transformers, torchvision,
 torchaudio, av, ComfyUI's frontend), so it gets a virtual environment of its own in the test
-cache, made once (locked; marked ready only when complete) with ``--system-site-packages``:
-it sees the main environment's CPU torch and comfy-kitchen, and ``pip`` installs the rest of
-ComfyUI's ``requirements.txt`` into it, without the torch lines and comfy-kitchen (the
-environment's own release is the one comfyquant is bit-exact with).
+cache, made once (locked; marked ready only when complete). It sees the packages of the
+environment running this module -- a virtual environment, a conda environment or the system
+Python alike -- through a ``.pth`` file naming that environment's site folders (a venv's
+``--system-site-packages`` would name its *base* interpreter's instead, where a reader's
+virtual environment keeps neither torch nor comfy-kitchen). So it uses the main environment's
+comfy-kitchen (the release comfyquant is bit-exact with), and ``pip`` installs the rest of
+ComfyUI's ``requirements.txt`` into it, without the torch lines and comfy-kitchen. ``pip``
+does not count what the ``.pth`` file lends as installed, so the dependencies of those
+requirements land in the new environment too, torch among them: it is pinned to the main
+environment's release. The cache key includes the lent folders, so each environment gets its
+own. The environment is ready only once torch (the main environment's release), comfy-kitchen
+(the main environment's own files) and this tree's comfyquant import in it.
 
 ComfyUI 0.33.0 imports torchvision and torchaudio while starting (its model classes:
 comfy/ldm/cosmos/model.py, comfy/ldm/lightricks/vae/audio_vae.py ...). The index's wheels that pair with the CPU torch are CUDA builds whose
 compiled operators do not load; ComfyUI only needs their Python parts. So the environment
-installs them resolved against the installed torch (``torch==X torchvision torchaudio``:
-pip keeps that torch), guards torchvision's two fake-kernel registrations for operators
+installs them resolved against the main environment's torch (``torch==X torchvision
+torchaudio``, X its release), guards torchvision's two fake-kernel registrations for operators
 its library did not register (``_meta_registrations.py``: ``torchvision::nms`` and
 ``qnms``, which raise "operator does not exist" otherwise) and moves torchaudio's shared
 libraries aside (torchaudio then imports without its compiled extension). comfyquant is not
@@ -27,8 +35,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -98,6 +108,77 @@ def _python_parts_only(python: Path) -> None:
         os.replace(lib, aside / lib.name)
 
 
+def environment_sites() -> list[str]:
+    """The site folders of the environment running this module, in its own order: its
+    ``purelib`` and ``platlib``, then the other folders ``site`` added (a conda or system
+    Python's extra site folders, the user site when it is enabled)."""
+    paths = sysconfig.get_paths()
+    found = [paths["purelib"], paths["platlib"], *site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        found.append(site.getusersitepackages())
+    out: list[str] = []
+    for folder in found:
+        if folder not in out and os.path.isdir(folder):
+            out.append(folder)
+    return out
+
+
+def _see_environment(python: Path, sites: list[str]) -> None:
+    """A ``.pth`` file in the new environment's own site folder that adds ``sites`` with
+    ``site.addsitedir`` (their own ``.pth`` files, editable installs among them, apply too);
+    they come after the new environment's folder, so what it installs wins."""
+    own = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    lines = [f"import site; site.addsitedir({folder!r})" for folder in sites]
+    (Path(own) / "zz_comfyquant_environment.pth").write_text("\n".join(lines) + "\n")
+
+
+PROBE = (
+    "import sys, torch, torchvision, torchaudio, comfy_kitchen, aiohttp, transformers, comfyquant; "
+    "print(torch.__version__, comfy_kitchen.__file__, comfyquant.__file__, sep='\\n')"
+)
+"""What ComfyUI's server imports, and this tree's comfyquant (the tests put ``src`` first on
+``PYTHONPATH``); prints torch's release and where comfy-kitchen and comfyquant were found."""
+
+
+def _probe(python: Path, sites: list[str]) -> str:
+    """Why ComfyUI's environment is not usable: it does not import what it needs, or imports
+    it from elsewhere than this environment and this tree; empty when it is."""
+    from importlib.metadata import version
+
+    paths = [str(runtime_sources.ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    proc = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, env=env)
+    if proc.returncode:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"ComfyUI's environment does not import its packages: {last}"
+    torch_v, kitchen_file, comfyquant_file = proc.stdout.split("\n")[:3]
+    if torch_v != version("torch"):
+        return f"ComfyUI's environment imports torch {torch_v}, not this environment's {version('torch')}"
+    if not any(Path(kitchen_file).resolve().is_relative_to(Path(folder).resolve()) for folder in sites):
+        return f"ComfyUI's environment imports comfy-kitchen from {kitchen_file}, not from this environment's {sites}"
+    src = runtime_sources.ROOT / "src"
+    if not Path(comfyquant_file).resolve().is_relative_to(src.resolve()):
+        return f"ComfyUI's environment imports comfyquant from {comfyquant_file}, not from {src}"
+    return ""
+
+
+def _environment_missing() -> str:
+    """Why the running environment cannot lend ComfyUI's its torch and comfy-kitchen, or ""."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("torch", "comfy-kitchen"):
+        try:
+            version(name)
+        except PackageNotFoundError:
+            return f"{name} is not installed in {sys.prefix} (pip install -e '.[dev]'), so ComfyUI's environment cannot use it"
+    return ""
+
+
 def comfyui_python() -> Path | None:
     """The interpreter of ComfyUI's environment, made on first use; None (with ``MISSING``
     set to a one-line reason) when ComfyUI's source or its packages cannot be had."""
@@ -106,8 +187,12 @@ def comfyui_python() -> Path | None:
     if source is None:
         MISSING = runtime_sources.COMFYUI_MISSING
         return None
+    MISSING = _environment_missing()
+    if MISSING:
+        return None
     requirements = _requirements(source)
-    key = hashlib.sha256("\n".join([sys.executable, sys.version, *requirements]).encode()).hexdigest()[:12]
+    sites = environment_sites()
+    key = hashlib.sha256("\n".join([sys.executable, sys.version, *sites, *requirements]).encode()).hexdigest()[:12]
     venv = runtime_sources.cache_dir() / f"comfyui-{runtime_sources.COMFYUI_COMMIT[:7]}-venv-{key}"
     python = venv / "bin" / "python"
     ready = venv / ".ready"
@@ -119,8 +204,13 @@ def comfyui_python() -> Path | None:
         started = time.monotonic()
         if venv.exists():
             shutil.rmtree(venv)  # an earlier run stopped half-way
+        made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+        if made.returncode:
+            last = (made.stderr.strip().splitlines() or ["no message"])[-1]
+            MISSING = f"ComfyUI's environment could not be made ({sys.executable} -m venv): {last}"
+            return None
+        _see_environment(python, sites)
         steps = [
-            [sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
             [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements],
             [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *_torch_companions()],
         ]
@@ -137,14 +227,8 @@ def comfyui_python() -> Path | None:
         except (OSError, ValueError) as exc:
             MISSING = f"ComfyUI's environment could not be made (torchvision/torchaudio): {exc}"
             return None
-        probe = subprocess.run(
-            [str(python), "-c", "import torch, torchvision, torchaudio, comfy_kitchen, aiohttp, transformers"],
-            capture_output=True,
-            text=True,
-        )
-        if probe.returncode:
-            last = (probe.stderr.strip().splitlines() or ["no message"])[-1]
-            MISSING = f"ComfyUI's environment does not import its packages: {last}"
+        MISSING = _probe(python, sites)
+        if MISSING:
             return None
         ready.write_text(f"{source}\n")
         SECONDS["venv"] = time.monotonic() - started
@@ -155,8 +239,9 @@ if __name__ == "__main__":
     found = comfyui_python()
     if found is None:
         print(MISSING, file=sys.stderr)
-        # no ComfyUI source here: its tests skip with this line; a failed set-up is an error
-        sys.exit(0 if MISSING == runtime_sources.COMFYUI_MISSING else 1)
+        # no ComfyUI source here: its tests skip with this line, locally; under CI, and for a
+        # failed set-up, it is an error
+        sys.exit(0 if MISSING == runtime_sources.COMFYUI_MISSING and not runtime_sources.in_ci() else 1)
     print(found)
     if "venv" in SECONDS:
         print(f"made in {SECONDS['venv']:.0f} s", file=sys.stderr)

@@ -5,6 +5,11 @@ The light install (numpy, no torch) runs ``check``, ``inspect`` and the lossless
 that import torch or comfy-kitchen at module level, themselves or through a helper module of the
 tests' folder, are not collected, and single tests that need it carry the
 ``needs_torch`` marker and are skipped.  Everything else must pass without torch.
+
+A test whose runtime is missing (ComfyUI's source, SGLang's wheel, comfy-kitchen, chromium)
+skips with ``runtime_sources.skip_missing``. Under ``CI=true`` such a skip fails instead, with
+its one-line reason: CI must not pass with the runtime tests left out. The light run is exempt
+(there the runtimes that need torch are absent by design).
 """
 
 import importlib.util
@@ -16,6 +21,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+import runtime_sources  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 """As the command line does (``numerics/waits.py``): before any test imports torch, so its
 OpenMP threads sleep at barriers instead of spinning on cores shared with other jobs."""
@@ -60,6 +68,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "needs_torch" in item.keywords:
             item.add_marker(skip)
+
+
+RUNTIMES_REQUIRED = runtime_sources.in_ci() and HAS_TORCH
+"""Whether a missing runtime fails its test instead of skipping it (see the module docstring)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI, a skip for a missing runtime is a failure with the skip's reason."""
+    outcome = yield
+    report = outcome.get_result()
+    if not (RUNTIMES_REQUIRED and report.skipped and isinstance(report.longrepr, tuple)):
+        return
+    reason = str(report.longrepr[2])
+    if runtime_sources.MISSING_PREFIX in reason:
+        report.outcome = "failed"
+        said = reason.split(runtime_sources.MISSING_PREFIX, 1)[1]
+        report.longrepr = f"CI=true: a runtime this test needs is missing: {said}"
 
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])

@@ -3,7 +3,9 @@
 Each runtime is an oracle, never part of the package: ComfyUI's source is unpacked from its
 release tarball into a cache folder at test time, SGLang's wheel is downloaded with
 ``pip download --no-deps`` into the same cache. A function returns ``None`` with a one-line
-reason when its runtime cannot be had here, so the tests that need it skip with that reason.
+reason when its runtime cannot be had here, so the tests that need it skip with that reason
+(``skip_missing``): locally a missing runtime is a skip, but under ``CI=true`` the skip is a
+failure (``tests/conftest.py``), so CI never passes with the runtime tests left out.
 
 - ``COMFYQUANT_COMFYUI_TARBALL``: the ComfyUI source tarball (default: the one beside the
   project, ``../shared/runtimes/comfyui-783545f.tar.xz`` from the project's root).
@@ -20,12 +22,32 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 COMFYUI_COMMIT = "783545f689a0af730065994b46b382ae24844c99"
 COMFYUI_VERSION = "0.33.0"
 SGLANG_VERSION = "0.5.23"
 KITCHEN_VERSION = "0.2.40"
+
+
+MISSING_PREFIX = "runtime missing: "
+"""How a skip for a missing runtime starts (``skip_missing``); ``tests/conftest.py`` fails such
+skips under CI."""
+
+
+def in_ci() -> bool:
+    """Whether this is a CI run (``CI=true``, as CI services set it): there every runtime the
+    tests need must be present."""
+    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
+
+
+def skip_missing(reason: str) -> NoReturn:
+    """Skip the running test because a runtime it needs is missing (``reason``: one line saying
+    which and how to get it); a failure under CI (see ``in_ci``)."""
+    import pytest
+
+    pytest.skip(MISSING_PREFIX + reason)
 
 
 def cache_dir() -> Path:

@@ -122,7 +122,7 @@ def server(tmp_path_factory):
     started = time.monotonic()
     python = comfyui_env.comfyui_python()
     if python is None:
-        pytest.skip(comfyui_env.MISSING)
+        runtime_sources.skip_missing(comfyui_env.MISSING)
     TIMINGS["environment"] = comfyui_env.SECONDS.get("venv", time.monotonic() - started)
     source = runtime_sources.comfyui_source()
     root = tmp_path_factory.mktemp("comfyui")
@@ -400,10 +400,13 @@ def _json_or_none(payload) -> dict | None:
 def test_check_node_shows_its_report_in_the_browser(server, tmp_path):
     """Debian's chromium, headless, driven by Playwright: the frontend loads the example
     workflow, queues it, and the Check node shows the report on the node."""
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    try:
+        import playwright.sync_api as playwright
+    except ImportError:
+        runtime_sources.skip_missing("playwright is not installed (pip install -e '.[comfyui-test]')")
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     if not os.path.exists(chromium):
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+        runtime_sources.skip_missing("Debian's chromium is not installed (apt-get install chromium)")
     name = "broken.u8.safetensors"
     prompt = json.loads(EXAMPLE.read_text())
     for node in prompt.values():

@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the generated cases and the runtimes need torch")
 
+import runtime_sources  # noqa: E402
 from runtimes import comfyui_driver, kitchen_driver  # noqa: E402
 from runtimes.agreement import verdict  # noqa: E402
 from runtimes.cases import generate  # noqa: E402
@@ -84,7 +85,7 @@ def _agree(drv, target: str, case) -> None:
 def kitchen():
     drv = kitchen_driver.driver()
     if drv is None:
-        pytest.skip(kitchen_driver.MISSING)
+        runtime_sources.skip_missing(kitchen_driver.MISSING)
     with drv:
         yield drv
 
@@ -93,7 +94,7 @@ def kitchen():
 def comfyui():
     drv = comfyui_driver.driver()
     if drv is None:
-        pytest.skip(comfyui_driver.MISSING)
+        runtime_sources.skip_missing(comfyui_driver.MISSING)
     with drv:
         yield drv
 

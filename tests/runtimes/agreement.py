@@ -53,11 +53,11 @@ def write_space(folder: Path, seed: int = 0, checkpoint: bool = False) -> list[C
 def running(module) -> Iterator:
     """A runtime driver's module started for the length of a test module; the test is skipped
     with the driver's one-line reason when the runtime cannot be had here."""
-    import pytest
+    import runtime_sources
 
     drv = module.driver()
     if drv is None:
-        pytest.skip(module.MISSING)
+        runtime_sources.skip_missing(module.MISSING)
     with drv:
         yield drv
 
