@@ -13,7 +13,9 @@ import re
 
 from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..markers import nonfinite_sizes, same_marker
+from ..architectures.registry import comfyui_prefix
 from .base import LAYER, Verdict, Violation, bind, container_violations, in_module_order, incomplete_violations
+from .comfyui_model import WholeModel, whole_model
 from .kitchen import (
     VIEWS,
     block_rows,
@@ -261,24 +263,12 @@ def _layers_refused(raw: str) -> tuple[str, str] | None:
     return None
 
 
-PREFIX_CANDIDATES = ("model.diffusion_model.", "model.model.", "net.")
-"""The diffusion model's prefixes ComfyUI looks for, in its order (ComfyUI 0.33.0
-``comfy/model_detection.py`` ``unet_prefix_from_state_dict``)."""
-
-
 def model_prefix(names) -> str:
-    """The prefix ComfyUI strips from a checkpoint's keys before building the diffusion model:
-    the candidate most keys start with when more than five do, else ``model.``; "" when no key
-    starts with it (``load_diffusion_model_state_dict`` then keeps the keys as they are)."""
+    """The prefix ComfyUI strips from a checkpoint's keys before building the diffusion model
+    (``comfyquant.architectures.registry.comfyui_prefix``); "" when no key starts with it
+    (``load_diffusion_model_state_dict`` then keeps the keys as they are)."""
     names = list(names)
-    counts = dict.fromkeys(PREFIX_CANDIDATES, 0)
-    for name in names:
-        for candidate in PREFIX_CANDIDATES:
-            if name.startswith(candidate):
-                counts[candidate] += 1
-                break
-    top = max(counts, key=lambda c: counts[c])
-    prefix = top if counts[top] > 5 else "model."
+    prefix = comfyui_prefix(names)
     return prefix if any(name.startswith(prefix) for name in names) else ""
 
 
@@ -316,15 +306,28 @@ def comfyui_verdict(ckpt) -> Verdict:
     at_load: list[Violation] = []
     markers = comfyui_markers(ckpt, out, at_load)
     read_and_convert = len(out)  # what follows is raised by loading and running the model
+    whole = whole_model(ckpt, markers)
+    detection = whole.failure()
+    if detection is not None:  # detection ends the load before any module is built
+        out.append(detection)
+        return Verdict("comfyui", out)
     out.extend(at_load)
     foreign = ckpt.foreign
     forward: list[Violation] = []
     biases: list[Violation] = []
+    sized: set[str] = set()
     for prefix, layer in ckpt.layers.items():
         marker = markers.get(prefix)
         t = layer.tensors
+        if whole.model_name(prefix) is None:
+            _dropped(out, whole, prefix, marker, t)
+            continue
+        true = whole.linear(prefix)
         b = t.get("bias")
-        if b is not None:
+        if true is not None:
+            if _true_size(whole, prefix, layer, marker, true, biases, forward):
+                sized.add(prefix)
+        elif b is not None:
             w = t.get("weight")  # entries are tuples: [2] is the shape
             if w is not None and (len(b[2]) != 1 or len(w[2]) != 2 or b[2][0] != w[2][0]):
                 v = _bias_mismatch(prefix, layer, w, b)
@@ -334,7 +337,7 @@ def comfyui_verdict(ckpt) -> Verdict:
             w = t.get("weight")
             if prefix in foreign:
                 continue  # what ComfyUI does with a dialect's layer is that dialect's runtime model
-            if w is not None and w.dtype in QUANTIZED_WEIGHT_DTYPES:
+            if w is not None and w.dtype in QUANTIZED_WEIGHT_DTYPES and prefix not in sized:
                 _fail(
                     out,
                     "unmarked",
@@ -351,7 +354,7 @@ def comfyui_verdict(ckpt) -> Verdict:
         load, first_forward = ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_templates(m, t))
         if load:
             out.extend(bind(load, prefix))
-        if first_forward:
+        if first_forward and prefix not in sized:  # a layer of another size fails at its size first
             forward.extend(bind(first_forward, prefix))
         bank = layer.bank
         if bank is not None:
@@ -368,10 +371,13 @@ def comfyui_verdict(ckpt) -> Verdict:
                     cause="ComfyUI splits a bank by the marker's num_experts",
                     fix=f"set num_experts to {bank.experts} in the marker",
                 )
-    out[read_and_convert:] = in_module_order(out[read_and_convert:])  # each module loads in turn
-    out.extend(_collected(biases))  # load_state_dict raises them once every module is loaded
-    out.extend(in_module_order(forward))  # the whole model is loaded before its first forward
+    out[read_and_convert:] = _in_model_order(whole, out[read_and_convert:], whole.load_key)  # each module loads in turn
+    out.extend(_collected(_in_model_order(whole, biases, whole.load_key)))  # load_state_dict raises them at once
+    missing_forward, missing = _missing(whole, ckpt, markers)
+    forward.extend(missing_forward)
+    out.extend(_in_model_order(whole, forward, whole.forward_key))  # the whole model loads before its first forward
     _as_comfyui_names(out[read_and_convert:], ckpt)
+    out.extend(missing)
     # load_state_dict(strict=False) logs missing keys and leaves those weights uninitialized
     for v in incomplete_violations(
         "comfyui",
@@ -393,6 +399,164 @@ def comfyui_verdict(ckpt) -> Verdict:
             fix="relabel the scales as U8 (same bytes) if your ComfyUI fails to read them",
         )
     return Verdict("comfyui", out)
+
+
+def _in_model_order(whole: WholeModel, violations: list[Violation], key) -> list[Violation]:
+    """The violations of one stage in the order ComfyUI's model meets their layers: the
+    architecture's order (registration for loading, execution for the forward) where it is
+    known, else the order the names tell (``in_module_order``)."""
+    if whole.model is None or len(violations) < 2:
+        return in_module_order(violations)
+    ordered = in_module_order(violations)
+    return sorted(ordered, key=lambda v: key(v.layer))
+
+
+def _dropped(out: list, whole: WholeModel, prefix: str, marker, t: dict) -> None:
+    """A quantized layer outside the prefix ComfyUI adopts: its keys are dropped unread."""
+    w = t.get("weight")
+    if marker is None and (w is None or w.dtype not in QUANTIZED_WEIGHT_DTYPES):
+        return
+    kept = whole.resolution.prefix
+    _fail(
+        out,
+        "dropped",
+        f"layer '{prefix}' lies outside the prefix '{kept}' ComfyUI strips: its keys are dropped and it is not loaded",
+        prefix,
+        blocking=False,
+        cause=f"more than five keys carry the prefix '{kept}', and ComfyUI keeps only the keys that do",
+        fix=f"store every key under '{kept}' or none under it",
+    )
+
+
+def _true_size(whole: WholeModel, prefix: str, layer, marker, true, biases: list, forward: list) -> bool:
+    """The layer's tensors against the size ComfyUI's architecture builds it at; True when its
+    stored weight is not of that size (the per-layer forward rules, which assume the recorded
+    size, then do not apply)."""
+    from .comfyui_model import CUT_ON_CPU, recorded_fits, recorded_size, size_mismatch
+
+    t = layer.tensors
+    b = t.get("bias")
+    if b is not None and tuple(b.shape) != (true.n,):
+        v = Violation(
+            "comfyui.bias",
+            size_mismatch(prefix, "bias", tuple(b.shape), (true.n,)),
+            "RuntimeError",
+            prefix,
+            "bias",
+            True,
+            f"bias of shape {list(b.shape)} for a layer the model builds with {true.n} outputs",
+            f"store the bias as [{true.n}]",
+        )
+        biases.append(v)
+    fits = recorded_fits(layer, marker, true)
+    if fits is not False:
+        return False
+    w = t["weight"]
+    fmt = marker.get("format") if isinstance(marker, dict) else None
+    if marker is None and not whole.quantized:
+        biases.append(
+            Violation(
+                "comfyui.size",
+                size_mismatch(prefix, "weight", tuple(w.shape), (true.n, true.k)),
+                "RuntimeError",
+                prefix,
+                "weight",
+                True,
+                f"weight of shape {list(w.shape)} for a layer the model builds as [{true.n}, {true.k}] "
+                "(no layer is marked: ComfyUI loads the model with plain layers, which check every size)",
+                "store the weight at the model's size, with its marker if it is quantized",
+            )
+        )
+        return True
+    if marker is None:  # a quantized model's unmarked layer takes its weight unchecked
+        forward.append(
+            Violation(
+                "comfyui.model-size",
+                f"mat1 and mat2 shapes cannot be multiplied (Mx{true.k} and {w.shape[1]}x{w.shape[0]})",
+                "RuntimeError",
+                prefix,
+                "weight",
+                True,
+                f"unmarked weight of shape {list(w.shape)} in a quantized model: ComfyUI assigns it unchecked "
+                f"and the first forward multiplies an input of {true.k} features by it (M: the input's rows)",
+                "add the layer's marker, or store the weight at the model's size",
+            )
+        )
+        return True
+    size = recorded_size(layer, marker)
+    if fmt in CUT_ON_CPU and size is not None and size[0] >= true.n and size[1] >= true.k:
+        return True  # dequantized on CPU and cut back to the layer's size: it runs
+    have = f"[{size[0]}, {size[1]}]" if size else f"stored as {list(w.shape)}"
+    forward.append(
+        Violation(
+            "comfyui.model-size",
+            f"(no ComfyUI message modelled) layer '{prefix}': the weight records {have} while the model "
+            f"builds the layer as [{true.n}, {true.k}]",
+            "RuntimeError",
+            prefix,
+            "weight",
+            True,
+            f"quantized weight of another size than the model's [{true.n}, {true.k}]: comfy-kitchen gets the "
+            "model's size as orig_shape and the first forward fails on the stored one",
+            "re-quantize the layer at the model's size",
+        )
+    )
+    return True
+
+
+def _missing(whole: WholeModel, ckpt, markers: dict) -> tuple[list[Violation], list[Violation]]:
+    """(what the first forward raises, what runs undefined) for the model's parameters the file
+    does not hold: ``load_state_dict(strict=False)`` logs them (``unet missing``) and leaves them
+    as allocated, uninitialised; a quantized model's ``Linear`` without a weight keeps none and
+    its forward fails."""
+    model = whole.model
+    if model is None:
+        return [], []
+    kept = whole.resolution.kept
+    prefix = whole.resolution.prefix
+    forward: list[Violation] = []
+    missing: list[str] = []
+    no_weight: set[str] = set()
+    for p in model.params:
+        if p.name in kept or any(a in kept for a in p.aliases):
+            continue
+        if p.linear is not None and whole.quantized:
+            if p.linear in no_weight:
+                continue  # the module returned before loading its bias
+            if p.name.endswith(".weight"):
+                no_weight.add(p.linear)
+                if prefix + p.linear not in markers:  # a marked layer's own rule says it
+                    forward.append(
+                        Violation(
+                            "comfyui.weight",
+                            "'NoneType' object has no attribute 'device'",
+                            "AttributeError",
+                            prefix + p.linear,
+                            "weight",
+                            True,
+                            f"the model's layer {p.linear} has no weight in the file: ComfyUI logs 'Missing "
+                            "weight' and the layer's first forward reads the weight it does not have",
+                            "store the layer's weight",
+                        )
+                    )
+                continue
+        missing.append(p.name)
+    if not missing:
+        return forward, []
+    shown = ", ".join(repr(m) for m in missing[:8]) + (", ..." if len(missing) > 8 else "")
+    v = Violation(
+        "comfyui.missing",
+        f"unet missing: [{shown}]: ComfyUI runs with {'this parameter' if len(missing) == 1 else f'these {len(missing)} parameters'} "
+        "uninitialised (undefined output, no error)",
+        None,
+        prefix + missing[0].rsplit(".", 1)[0],
+        missing[0].rsplit(".", 1)[1],
+        False,
+        f"the file lacks {len(missing)} of the parameters the {whole.resolution.detected.name} model builds",  # type: ignore[union-attr]
+        "store every parameter of the model",
+        severity="error",
+    )
+    return forward, [v]
 
 
 def _padded_rows(name: str | None) -> bool:
