@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import re
 
+from ..architectures.registry import comfyui_prefix
 from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..markers import nonfinite_sizes, same_marker
-from ..architectures.registry import comfyui_prefix
 from .base import LAYER, Verdict, Violation, bind, container_violations, in_module_order, incomplete_violations
 from .comfyui_model import WholeModel, whole_model
 from .kitchen import (
