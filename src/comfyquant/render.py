@@ -80,6 +80,18 @@ def _examples(names: list[str], shown: int = 8) -> str:
     return f"{len(names)}: {', '.join(names[:shown])}{more}"
 
 
+def architecture_text(arch: dict) -> str:
+    """One line for the whole model a runtime builds (``Verdict.architecture``)."""
+    if arch.get("name") is None:
+        return f"architecture: {arch['note']}"
+    dims = ", ".join(f"{k} {v}" for k, v in arch["dims"].items())
+    cls = f" as {arch['model_class']}" if arch.get("model_class") else ""
+    prefix = f"prefix '{arch['prefix']}'" if arch.get("prefix") else "no prefix"
+    dropped = f", {arch['dropped']} keys dropped without it" if arch.get("dropped") else ""
+    text = f"architecture: {arch['name']}{cls} ({dims}; {prefix}{dropped})"
+    return text if arch.get("modelled") else f"{text}: {arch['note']}"
+
+
 def _layout(report) -> list[str]:
     """The file's layout in one line per dialect: what it is, before what is wrong with it."""
     d = report.dialect
@@ -143,6 +155,8 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
             if what := modelled(name, first.rule):
                 state += f" ({what})"
         lines.append(f"  {name:<14} {state}")
+        if verdict.architecture is not None:
+            lines.append(f"  {'':<14} {architecture_text(verdict.architecture)}")
     if report.verdicts:
         lines.append(f"verdicts proven for {'; '.join(proven_text(name) for name in report.verdicts)}")
     c = report.counts
@@ -255,6 +269,8 @@ def render_inventory(inv, stream=None, width: int | None = None, metadata: bool 
         head.insert(1, "layout [migrate]")
     head, rows, dropped = _fit(head, rows, width)
     lines = [f"layout: {inv.dialect}"] + [f"  {n}" for n in inv.notes]
+    if inv.architecture is not None:
+        lines.append(f"ComfyUI {architecture_text(inv.architecture)}")
     if inv.damage:
         first = inv.damage[0]
         more = " (and more: comfyquant check lists every problem)" if len(inv.damage) > 1 else ""

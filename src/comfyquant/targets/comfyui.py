@@ -275,13 +275,13 @@ def model_prefix(names) -> str:
 def _collected(mismatches: list[Violation]) -> list[Violation]:
     """torch's ``load_state_dict`` raises the size mismatches of every module at once, one line
     each in the model's module order after ``Error(s) in loading state_dict for <model>:``:
-    several become one violation carrying those lines (joined as torch joins them)."""
+    several (given in that order) become one violation carrying those lines (joined as torch
+    joins them)."""
     if len(mismatches) < 2:
         return mismatches
-    ordered = in_module_order(mismatches)
-    first = ordered[0]
-    first.message = "\n\t".join(v.message for v in ordered)
-    first.cause = f"{len(ordered)} layers' biases do not fit their layers (the first: {first.cause})"
+    first = mismatches[0]
+    first.message = "\n\t".join(v.message for v in mismatches)
+    first.cause = f"{len(mismatches)} tensors do not fit their layers (the first: {first.cause})"
     return [first]
 
 
@@ -310,7 +310,7 @@ def comfyui_verdict(ckpt) -> Verdict:
     detection = whole.failure()
     if detection is not None:  # detection ends the load before any module is built
         out.append(detection)
-        return Verdict("comfyui", out)
+        return Verdict("comfyui", out, whole.describe())
     out.extend(at_load)
     foreign = ckpt.foreign
     forward: list[Violation] = []
@@ -398,7 +398,7 @@ def comfyui_verdict(ckpt) -> Verdict:
             cause="F8_E8M0 dtype",
             fix="relabel the scales as U8 (same bytes) if your ComfyUI fails to read them",
         )
-    return Verdict("comfyui", out)
+    return Verdict("comfyui", out, whole.describe())
 
 
 def _in_model_order(whole: WholeModel, violations: list[Violation], key) -> list[Violation]:

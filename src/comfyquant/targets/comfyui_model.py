@@ -62,6 +62,28 @@ class WholeModel:
         name = self.model_name(stored) if stored else None
         return self._exe.get(name, len(self._exe)) if name is not None else -1
 
+    def describe(self) -> dict:
+        """The architecture ComfyUI detects, for ``check`` and ``inspect``: ``name`` (None when it
+        detects none), its ``dims``, the ``prefix`` it strips, how many keys it ``dropped``, and a
+        ``note`` saying how the layers are judged."""
+        res = self.resolution
+        d = res.detected
+        out: dict = {"name": None, "model_class": None, "dims": {}, "prefix": res.prefix, "dropped": len(res.dropped)}
+        if d is not None:
+            out.update(d.to_dict())
+            out["dropped"] = len(res.dropped)
+            out["note"] = (
+                "layers judged at the sizes the model builds them with"
+                if d.model is not None
+                else f"ComfyUI detects {d.name}, which comfyquant does not describe: layers judged at the sizes the file records"
+            )
+        elif res.failure is not None:
+            out["resembles"] = res.resembles
+            out["note"] = f"the file holds a {res.resembles} model, but ComfyUI detects no architecture from its keys"
+        else:
+            out["note"] = "architecture not recognised: layers judged at the sizes the file records"
+        return out
+
     def failure(self) -> Violation | None:
         """What detection raises, for a file that holds a described architecture."""
         res = self.resolution
@@ -78,12 +100,19 @@ class WholeModel:
             None,
             None,
             True,
-            f"the file holds a {res.resembles or 'described'} model{where}, but ComfyUI strips the prefix "
-            f"{res.prefix!r} and detects no architecture from the keys left"
+            _failure_cause(res, where)
             if exc == "RuntimeError"
             else f"ComfyUI's {res.resembles or 'model'} detection reads a key the file lacks or matches no model class",
             "store every key of the model under one prefix ComfyUI knows (model.diffusion_model.) or none",
         )
+
+
+def _failure_cause(res: Resolution, where: str) -> str:
+    if res.prefix:
+        kept = f"keeps only the keys under '{res.prefix}' ({len(res.dropped)} dropped)"
+    else:
+        kept = "finds no key under a prefix it strips and reads the keys as stored"
+    return f"the file holds a {res.resembles} model{where}; ComfyUI {kept} and detects no architecture from them"
 
 
 def whole_model(ckpt, markers: dict) -> WholeModel:
@@ -97,8 +126,17 @@ def whole_model(ckpt, markers: dict) -> WholeModel:
     kept_marked = any(res.prefix == "" or p.startswith(res.prefix) for p in marked)
     if kept_marked:
         res = resolve(shapes, quantized=True)
+    # the header map's markers are added again after the prefix is stripped: none is dropped
+    res.dropped = [k for k in res.dropped if k in ckpt.tensors]
     path = ckpt.paths[0] if ckpt.paths else ""
     return WholeModel(res, path, kept_marked)
+
+
+def architecture_of(ckpt) -> dict:
+    """``WholeModel.describe`` for a checkpoint outside a verdict (``inspect``): the markers are
+    the checkpoint's merged ones."""
+    markers = {p: m for p, m in (ckpt.markers.effective.items() if ckpt.markers is not None else ()) if m is not None}
+    return whole_model(ckpt, markers).describe()
 
 
 def recorded_fits(layer, marker: dict | None, true: Linear) -> bool | None:
