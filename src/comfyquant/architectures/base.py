@@ -43,7 +43,12 @@ class Model:
     """The ``Linear`` modules in the order the first forward runs them."""
 
     def registration_index(self) -> dict[str, int]:
-        return {name: i for i, name in enumerate(self.linears)}
+        """Each module's place in the order ``load_state_dict`` visits it (that of its first
+        parameter: a module's own parameters come before its children's)."""
+        out: dict[str, int] = {}
+        for i, p in enumerate(self.params):
+            out.setdefault(p.name.rsplit(".", 1)[0], i)
+        return out
 
     def execution_index(self) -> dict[str, int]:
         return {name: i for i, name in enumerate(self.execution)}

@@ -372,8 +372,8 @@ def comfyui_verdict(ckpt) -> Verdict:
                     fix=f"set num_experts to {bank.experts} in the marker",
                 )
     out[read_and_convert:] = _in_model_order(whole, out[read_and_convert:], whole.load_key)  # each module loads in turn
-    out.extend(_collected(_in_model_order(whole, biases, whole.load_key)))  # load_state_dict raises them at once
-    missing_forward, missing = _missing(whole, ckpt, markers)
+    sizes, missing_forward, missing = _parameters(whole, markers)
+    out.extend(_collected(_in_model_order(whole, biases + sizes, whole.load_key)))  # load_state_dict raises them at once
     forward.extend(missing_forward)
     out.extend(_in_model_order(whole, forward, whole.forward_key))  # the whole model loads before its first forward
     _as_comfyui_names(out[read_and_convert:], ckpt)
@@ -504,21 +504,42 @@ def _true_size(whole: WholeModel, prefix: str, layer, marker, true, biases: list
     return True
 
 
-def _missing(whole: WholeModel, ckpt, markers: dict) -> tuple[list[Violation], list[Violation]]:
-    """(what the first forward raises, what runs undefined) for the model's parameters the file
+def _parameters(whole: WholeModel, markers: dict) -> tuple[list[Violation], list[Violation], list[Violation]]:
+    """(what loading raises, what the first forward raises, what runs undefined) for the model's
+    parameters outside its ``Linear`` layers' own rules: a norm, convolution or modulation table
+    of another size than the model's (torch checks those at load), and the parameters the file
     does not hold: ``load_state_dict(strict=False)`` logs them (``unet missing``) and leaves them
     as allocated, uninitialised; a quantized model's ``Linear`` without a weight keeps none and
     its forward fails."""
+    from .comfyui_model import size_mismatch
+
     model = whole.model
     if model is None:
-        return [], []
+        return [], [], []
     kept = whole.resolution.kept
     prefix = whole.resolution.prefix
+    load: list[Violation] = []
     forward: list[Violation] = []
     missing: list[str] = []
     no_weight: set[str] = set()
     for p in model.params:
-        if p.name in kept or any(a in kept for a in p.aliases):
+        stored = p.name if p.name in kept else next((a for a in p.aliases if a in kept), None)
+        if stored is not None:
+            have = kept[stored]
+            if p.linear is None and tuple(have) != p.shape:
+                module, _, suffix = p.name.rpartition(".")
+                load.append(
+                    Violation(
+                        "comfyui.size",
+                        size_mismatch(prefix + module, suffix, tuple(have), p.shape),
+                        "RuntimeError",
+                        prefix + module,
+                        suffix,
+                        True,
+                        f"{stored} of shape {list(have)} where the model builds {list(p.shape)}",
+                        f"store {stored} as {list(p.shape)}",
+                    )
+                )
             continue
         if p.linear is not None and whole.quantized:
             if p.linear in no_weight:
@@ -542,21 +563,22 @@ def _missing(whole: WholeModel, ckpt, markers: dict) -> tuple[list[Violation], l
                 continue
         missing.append(p.name)
     if not missing:
-        return forward, []
+        return load, forward, []
     shown = ", ".join(repr(m) for m in missing[:8]) + (", ..." if len(missing) > 8 else "")
+    count = "this parameter" if len(missing) == 1 else f"these {len(missing)} parameters"
+    module, _, suffix = missing[0].rpartition(".")
     v = Violation(
         "comfyui.missing",
-        f"unet missing: [{shown}]: ComfyUI runs with {'this parameter' if len(missing) == 1 else f'these {len(missing)} parameters'} "
-        "uninitialised (undefined output, no error)",
+        f"unet missing: [{shown}]: ComfyUI runs with {count} uninitialised (undefined output, no error)",
         None,
-        prefix + missing[0].rsplit(".", 1)[0],
-        missing[0].rsplit(".", 1)[1],
+        prefix + module,
+        suffix,
         False,
         f"the file lacks {len(missing)} of the parameters the {whole.resolution.detected.name} model builds",  # type: ignore[union-attr]
         "store every parameter of the model",
         severity="error",
     )
-    return forward, [v]
+    return load, forward, [v]
 
 
 def _padded_rows(name: str | None) -> bool:
