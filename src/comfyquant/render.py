@@ -269,8 +269,6 @@ def render_inventory(inv, stream=None, width: int | None = None, metadata: bool 
         head.insert(1, "layout [migrate]")
     head, rows, dropped = _fit(head, rows, width)
     lines = [f"layout: {inv.dialect}"] + [f"  {n}" for n in inv.notes]
-    if inv.architecture is not None:
-        lines.append(f"ComfyUI {architecture_text(inv.architecture)}")
     if inv.damage:
         first = inv.damage[0]
         more = " (and more: comfyquant check lists every problem)" if len(inv.damage) > 1 else ""
@@ -304,6 +302,8 @@ def render_inventory(inv, stream=None, width: int | None = None, metadata: bool 
     lines.append(f"other tensors: {inv.other_tensors} ({human_size(inv.other_bytes)})")
     ratio_text = "compression not measured: the file is damaged" if inv.damage else f"compression {ratio:.2f}x"
     lines.append(f"files: {len(inv.files)}, {human_size(inv.file_bytes)}; as BF16: {human_size(inv.bf16_bytes)} ({ratio_text})")
+    if inv.architecture is not None:
+        lines.append(f"ComfyUI {architecture_text(inv.architecture)}")
     if metadata:
         lines.append("")
         lines.extend(_metadata_lines(inv.metadata, width))

@@ -70,6 +70,8 @@ class Detected:
     """The keys detection read a size from (as stored, with their shapes)."""
     model: Model | None = None
     """What ComfyUI builds, when the architecture is described here (None: only named)."""
+    dropped_correction: str = "degraded"
+    """The model's output when its W4A8 layers lose their correction: "garbage" or "degraded"."""
 
     def summary(self) -> str:
         dims = ", ".join(f"{k} {v}" for k, v in self.dims.items())

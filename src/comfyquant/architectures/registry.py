@@ -146,6 +146,7 @@ def _described(arch, keys: dict, prefix: str, quantized: bool) -> tuple[Detected
         return None, ("RuntimeError", "ERROR: Could not detect model type of: {path}\n{hint}")
     found = Detected(image_model, cls, dims, prefix, {prefix + k: v for k, v in read.items()})
     found.model = arch.build(image_model, dims)
+    found.dropped_correction = arch.DROPPED_CORRECTION
     return found, None
 
 

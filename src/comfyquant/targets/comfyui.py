@@ -372,6 +372,7 @@ def comfyui_verdict(ckpt) -> Verdict:
                     fix=f"set num_experts to {bank.experts} in the marker",
                 )
     out[read_and_convert:] = _in_model_order(whole, out[read_and_convert:], whole.load_key)  # each module loads in turn
+    _corrections_at_model_level(whole, out)
     sizes, missing_forward, missing = _parameters(whole, markers)
     out.extend(_collected(_in_model_order(whole, biases + sizes, whole.load_key)))  # load_state_dict raises them at once
     forward.extend(missing_forward)
@@ -409,6 +410,21 @@ def _in_model_order(whole: WholeModel, violations: list[Violation], key) -> list
         return in_module_order(violations)
     ordered = in_module_order(violations)
     return sorted(ordered, key=lambda v: key(v.layer))
+
+
+def _corrections_at_model_level(whole: WholeModel, violations: list[Violation]) -> None:
+    """The dropped W4A8 corrections, judged on the whole model: where its architecture's output
+    is garbage without them (``Detected.dropped_correction``), a silent error."""
+    d = whole.resolution.detected
+    if d is None or d.model is None or d.dropped_correction != "garbage":
+        return
+    for v in violations:
+        if v.rule == "comfyui.correction":
+            v.severity = "error"
+            v.message = v.message.replace(
+                "(no error; check --deep measures it)",
+                f"(no error): through the {d.name} model's blocks its output is garbage",
+            )
 
 
 def _dropped(out: list, whole: WholeModel, prefix: str, marker, t: dict) -> None:
