@@ -340,3 +340,48 @@ def test_dropped_w4a8_correction_is_garbage_through_flux_and_degraded_through_wa
     assert "ComfyUI does not load weight_correction" in flux["error"] and "output is garbage" in flux["error"]
     wan = comfyui(write(tmp_path / "w.safetensors", quantized(wan_tensors(), {"blocks.0.ffn.0": _asym})))
     assert wan["loads"] and any("does not load weight_correction" in w for w in wan["warnings"])
+
+
+L = "double_blocks.0.img_attn.proj"
+
+
+def _int8(p, n, k):
+    return int8_layer(p, n=n, k=k, marker={"format": "int8_tensorwise"})
+
+
+@pytest.mark.parametrize(
+    "build, n, k, expected",
+    [
+        # FP8, NVFP4 and MXFP8 are dequantized on CPU and cut to the model's size
+        ("fp8", H, H + 64, None),
+        ("fp8", H + 64, H, None),
+        ("nvfp4", H, H + 64, None),
+        ("mxfp8", H, H + 64, None),
+        ("fp8", H, H - 64, ("RuntimeError", f"mat1 and mat2 shapes cannot be multiplied (Mx{H} and {H - 64}x{H})")),
+        ("int8", H, H + 64, ("ValueError", f"Input and weight inner dimensions must match, got {H} and {H + 64}")),
+        (
+            "int8",
+            H + 64,
+            H,
+            (
+                "RuntimeError",
+                f"The size of tensor a ({H + 64}) must match the size of tensor b ({H}) at non-singleton dimension 1",
+            ),
+        ),
+        ("w4a8", H + 64, H, ("ValueError", f"scale must have shape ({H}, {H // 16}), got ({H + 64}, {H // 16})")),
+        ("w4a8", H, 2 * H, ("ValueError", f"scale must have shape ({H}, {H // 16}), got ({H}, {H // 8})")),
+    ],
+)
+def test_a_quantized_weight_meets_the_models_size(tmp_path, build, n, k, expected):
+    from builders import fp8_layer, mxfp8_layer, nvfp4_layer
+
+    builders = {"fp8": fp8_layer, "nvfp4": nvfp4_layer, "mxfp8": mxfp8_layer, "int8": _int8, "w4a8": w4a8_layer}
+    t = quantized(flux_tensors(), {"double_blocks.0.img_attn.qkv": int8_layer})
+    del t[f"{L}.weight"]
+    t |= builders[build](L, n=n, k=k)
+    t[f"{L}.bias"] = zeros("BF16", (H,))  # the model's size
+    v = comfyui(write(tmp_path / "f.safetensors", t))
+    if expected is None:
+        assert v["loads"], v["error"]
+    else:
+        assert (v["exception"], v["error"], v["layer"]) == (*expected, L)

@@ -352,6 +352,10 @@ def comfyui_verdict(ckpt) -> Verdict:
                 )
             continue
         load, first_forward = ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_templates(m, t))
+        if prefix in sized and marker.get("format") == "asym_w4a8_int8" and not any(v.blocking for v in load):
+            at_size = _w4a8_at_model_size(prefix, marker, t, true)
+            if at_size is not None:
+                out.append(at_size)
         if load:
             out.extend(bind(load, prefix))
         if first_forward and prefix not in sized:  # a layer of another size fails at its size first
@@ -448,7 +452,7 @@ def _true_size(whole: WholeModel, prefix: str, layer, marker, true, biases: list
     """The layer's tensors against the size ComfyUI's architecture builds it at; True when its
     stored weight is not of that size (the per-layer forward rules, which assume the recorded
     size, then do not apply)."""
-    from .comfyui_model import CUT_ON_CPU, recorded_fits, recorded_size, size_mismatch
+    from .comfyui_model import recorded_fits, recorded_size, size_mismatch
 
     t = layer.tensors
     b = t.get("bias")
@@ -500,24 +504,73 @@ def _true_size(whole: WholeModel, prefix: str, layer, marker, true, biases: list
         )
         return True
     size = recorded_size(layer, marker)
-    if fmt in CUT_ON_CPU and size is not None and size[0] >= true.n and size[1] >= true.k:
-        return True  # dequantized on CPU and cut back to the layer's size: it runs
-    have = f"[{size[0]}, {size[1]}]" if size else f"stored as {list(w.shape)}"
-    forward.append(
-        Violation(
+    if fmt == "asym_w4a8_int8":
+        return True  # its Params are checked against the model's size at load (_w4a8_at_model_size)
+    v = _forward_at_model_size(prefix, fmt, marker, t, w, size, true)
+    if v is not None:
+        forward.append(v)
+    return True
+
+
+def _w4a8_at_model_size(prefix: str, marker: dict, t: dict, true) -> Violation | None:
+    """comfy-kitchen's W4A8 ``Params`` built with the model's (N, K) as ``orig_shape``: what
+    loading a layer of another size raises."""
+    from ..formats.base import GeometryError
+    from ..formats.w4a8 import ASYM_W4A8_INT8, model_geometry
+    from .kitchen import check_w4a8
+
+    try:
+        env = model_geometry(t, ASYM_W4A8_INT8.params(marker))
+    except GeometryError:
+        return None
+    v = check_w4a8(prefix, t, dict(env, N=true.n, K=true.k), dropped_correction=True)
+    if v is None:
+        return None
+    return Violation("comfyui.ck", v.message, v.exception, prefix, v.tensor, True, v.cause, v.fix)
+
+
+def _forward_at_model_size(prefix: str, fmt, marker: dict, t: dict, w, size, true) -> Violation | None:
+    """What the first forward of a quantized layer stored at another size than the model's
+    raises.  On CPU, FP8, NVFP4 and MXFP8 are dequantized and cut to the model's size: a weight
+    that covers it runs, a narrower one meets the input in torch's matmul (M: the input's rows).
+    INT8's linear compares the input's K with the stored one, then adds the bias of the model's
+    N to an output of the stored N."""
+    from .comfyui_model import CUT_ON_CPU
+
+    cause = (
+        f"weight recording {list(size) if size else list(w.shape)} for a layer the model builds as [{true.n}, {true.k}]: "
+        "comfy-kitchen gets the model's size as orig_shape and the first forward meets the stored one"
+    )
+    fix = "re-quantize the layer at the model's size"
+    if size is None:
+        return None
+    n_file, k_file = size
+    if fmt in CUT_ON_CPU:
+        if n_file >= true.n and k_file >= true.k:
+            return None
+        return Violation(
             "comfyui.model-size",
-            f"(no ComfyUI message modelled) layer '{prefix}': the weight records {have} while the model "
-            f"builds the layer as [{true.n}, {true.k}]",
+            f"mat1 and mat2 shapes cannot be multiplied (Mx{true.k} and {min(k_file, true.k)}x{min(n_file, true.n)})",
             "RuntimeError",
             prefix,
             "weight",
             True,
-            f"quantized weight of another size than the model's [{true.n}, {true.k}]: comfy-kitchen gets the "
-            "model's size as orig_shape and the first forward fails on the stored one",
-            "re-quantize the layer at the model's size",
+            cause + " (M: the rows of the layer's input)",
+            fix,
         )
-    )
-    return True
+    plain_int8 = fmt == "int8_tensorwise" and not (marker.get("convrot") or (marker.get("params") or {}).get("convrot"))
+    if plain_int8 and k_file != true.k:
+        message, exc = f"Input and weight inner dimensions must match, got {true.k} and {k_file}", "ValueError"
+    elif plain_int8 and n_file != true.n and "bias" in t:
+        message = f"The size of tensor a ({n_file}) must match the size of tensor b ({true.n}) at non-singleton dimension 1"
+        exc = "RuntimeError"
+    else:
+        message = (
+            f"(no ComfyUI message modelled) layer '{prefix}': the weight records [{n_file}, {k_file}] while the model "
+            f"builds the layer as [{true.n}, {true.k}]"
+        )
+        exc = "RuntimeError"
+    return Violation("comfyui.model-size", message, exc, prefix, "weight", True, cause, fix)
 
 
 def _parameters(whole: WholeModel, markers: dict) -> tuple[list[Violation], list[Violation], list[Violation]]:
