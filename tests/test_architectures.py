@@ -385,3 +385,19 @@ def test_a_quantized_weight_meets_the_models_size(tmp_path, build, n, k, expecte
         assert v["loads"], v["error"]
     else:
         assert (v["exception"], v["error"], v["layer"]) == (*expected, L)
+
+
+def test_detection_reads_a_packed_weight_and_builds_the_layer_narrower(tmp_path):
+    from builders import nvfp4_layer
+
+    # img_in's columns are read as 4x the input channels: a packed NVFP4 weight halves them
+    nv = comfyui(write(tmp_path / "nv.safetensors", quantized(flux_tensors(), {"img_in": nvfp4_layer})))
+    assert nv["architecture"]["dims"]["in_channels"] == 8
+    assert (nv["exception"], nv["error"], nv["layer"]) == (
+        "RuntimeError",
+        f"mat1 and mat2 shapes cannot be multiplied (Mx64 and 32x{H})",
+        "img_in",
+    )
+    w = comfyui(write(tmp_path / "w.safetensors", quantized(flux_tensors(), {"img_in": w4a8_layer})))
+    assert (w["exception"], w["layer"]) == ("ValueError", "img_in")
+    assert w["error"].startswith("K=32 must be divisible by 16, group_size=16, and convrot_groupsize=256")

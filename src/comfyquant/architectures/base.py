@@ -41,6 +41,9 @@ class Model:
     """Every ``Linear`` by name, in registration order."""
     execution: list[str]
     """The ``Linear`` modules in the order the first forward runs them."""
+    external: frozenset[str] = frozenset()
+    """The ``Linear`` modules the model's inputs feed (latents, text embeddings): their input
+    has the data's width, which is the one the file records, whatever size detection built."""
 
     def registration_index(self) -> dict[str, int]:
         """Each module's place in the order ``load_state_dict`` visits it (that of its first
@@ -110,8 +113,8 @@ class Builder:
         if bias:
             self.param(f"{name}.bias", (dim,))
 
-    def model(self, execution: list[str]) -> Model:
-        return Model(self.params, self.linears, execution)
+    def model(self, execution: list[str], external: tuple[str, ...] = ()) -> Model:
+        return Model(self.params, self.linears, execution, frozenset(n for n in external if n in self.linears))
 
 
 def count_blocks(keys, prefix: str) -> int:

@@ -135,4 +135,4 @@ def build(image_model: str, dims: dict) -> Model | None:
         b.linear("img_emb.proj.1", CLIP_DIM, CLIP_DIM)
         b.linear("img_emb.proj.3", CLIP_DIM, d)
         b.norm("img_emb.proj.4", d, bias=True)
-    return b.model(execution)
+    return b.model(execution, ("text_embedding.0", "img_emb.proj.1"))

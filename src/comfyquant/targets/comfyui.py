@@ -352,10 +352,13 @@ def comfyui_verdict(ckpt) -> Verdict:
                 )
             continue
         load, first_forward = ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_templates(m, t))
-        if prefix in sized and marker.get("format") == "asym_w4a8_int8" and not any(v.blocking for v in load):
-            at_size = _w4a8_at_model_size(prefix, marker, t, true)
-            if at_size is not None:
-                out.append(at_size)
+        if prefix in sized and marker.get("format") == "asym_w4a8_int8":
+            # its Params are built with the model's size: that check replaces the file-sized one
+            load = [v for v in load if v.rule != "comfyui.ck"]
+            if not any(v.blocking for v in load):
+                at_size = _w4a8_at_model_size(prefix, marker, t, true)
+                if at_size is not None:
+                    out.append(at_size)
         if load:
             out.extend(bind(load, prefix))
         if first_forward and prefix not in sized:  # a layer of another size fails at its size first
@@ -506,7 +509,9 @@ def _true_size(whole: WholeModel, prefix: str, layer, marker, true, biases: list
     size = recorded_size(layer, marker)
     if fmt == "asym_w4a8_int8":
         return True  # its Params are checked against the model's size at load (_w4a8_at_model_size)
-    v = _forward_at_model_size(prefix, fmt, marker, t, w, size, true)
+    model = whole.model
+    external = model is not None and whole.model_name(prefix) in model.external
+    v = _forward_at_model_size(prefix, fmt, marker, t, w, size, true, external)
     if v is not None:
         forward.append(v)
     return True
@@ -529,12 +534,14 @@ def _w4a8_at_model_size(prefix: str, marker: dict, t: dict, true) -> Violation |
     return Violation("comfyui.ck", v.message, v.exception, prefix, v.tensor, True, v.cause, v.fix)
 
 
-def _forward_at_model_size(prefix: str, fmt, marker: dict, t: dict, w, size, true) -> Violation | None:
+def _forward_at_model_size(prefix: str, fmt, marker: dict, t: dict, w, size, true, external: bool) -> Violation | None:
     """What the first forward of a quantized layer stored at another size than the model's
     raises.  On CPU, FP8, NVFP4 and MXFP8 are dequantized and cut to the model's size: a weight
     that covers it runs, a narrower one meets the input in torch's matmul (M: the input's rows).
     INT8's linear compares the input's K with the stored one, then adds the bias of the model's
-    N to an output of the stored N."""
+    N to an output of the stored N.  A layer the model's inputs feed (``external``) gets the
+    data's width, the K the file records, even where detection built the layer narrower (a
+    packed weight read as the layer's width)."""
     from .comfyui_model import CUT_ON_CPU
 
     cause = (
@@ -546,11 +553,12 @@ def _forward_at_model_size(prefix: str, fmt, marker: dict, t: dict, w, size, tru
         return None
     n_file, k_file = size
     if fmt in CUT_ON_CPU:
-        if n_file >= true.n and k_file >= true.k:
+        width = k_file if external else true.k  # the model's inputs have the data's width
+        if n_file >= true.n and k_file >= true.k and width == true.k:
             return None
         return Violation(
             "comfyui.model-size",
-            f"mat1 and mat2 shapes cannot be multiplied (Mx{true.k} and {min(k_file, true.k)}x{min(n_file, true.n)})",
+            f"mat1 and mat2 shapes cannot be multiplied (Mx{width} and {min(k_file, true.k)}x{min(n_file, true.n)})",
             "RuntimeError",
             prefix,
             "weight",
