@@ -30,6 +30,9 @@ from .kitchen import (
 )
 
 DIFFUSION_PREFIX = "model.diffusion_model."
+BLOCK_SCALED = ("nvfp4", "mxfp8")
+"""Formats whose block scales comfy-kitchen reads at the model's size before the weight meets the
+input: what the per-layer rules find in them comes first at any size."""
 SCALAR_TYPES = {
     "BOOL": "Bool",
     "U8": "Byte",
@@ -338,6 +341,20 @@ def comfyui_verdict(ckpt) -> Verdict:
             if prefix in foreign:
                 continue  # what ComfyUI does with a dialect's layer is that dialect's runtime model
             if w is not None and w.dtype in QUANTIZED_WEIGHT_DTYPES and prefix not in sized:
+                if _per_tensor_fp8(t):
+                    _fail(
+                        out,
+                        "unmarked",
+                        f"layer '{prefix}' has a {w.dtype} weight but no marker: ComfyUI casts it to the compute "
+                        f"dtype by value and never reads its weight_scale (exact when the scale is 1, as comfy-kitchen "
+                        f"writes it for weights within FP8's range; garbage otherwise: check --deep reads it)",
+                        prefix,
+                        "weight",
+                        blocking=False,
+                        cause="FP8 weight without a marker",
+                        fix="add the marker (comfyquant fix)",
+                    )
+                    continue
                 _fail(
                     out,
                     "unmarked",
@@ -361,8 +378,11 @@ def comfyui_verdict(ckpt) -> Verdict:
                     out.append(at_size)
         if load:
             out.extend(bind(load, prefix))
-        if first_forward and prefix not in sized:  # a layer of another size fails at its size first
+        if first_forward and (prefix not in sized or marker.get("format") in BLOCK_SCALED):
+            if prefix in sized:  # the block scales are read before the weight meets the input
+                forward[:] = [v for v in forward if v.layer != prefix or v.rule != "comfyui.model-size"]
             forward.extend(bind(first_forward, prefix))
+        # else: a layer of another size fails at its size first
         bank = layer.bank
         if bank is not None:
             declared = marker.get("num_experts")
@@ -432,6 +452,15 @@ def _corrections_at_model_level(whole: WholeModel, violations: list[Violation]) 
                 "(no error; check --deep measures it)",
                 f"(no error): through the {d.name} model's blocks its output is garbage",
             )
+
+
+def _per_tensor_fp8(t: dict) -> bool:
+    """An FP8 weight whose only scale is one number: cast by value, its codes are the weight
+    times that scale, so the layer is exact when it is 1."""
+    w, scale = t.get("weight"), t.get("weight_scale")
+    if w is None or w.dtype not in ("F8_E4M3", "F8_E5M2"):
+        return False
+    return scale is None or all(d == 1 for d in scale.shape)
 
 
 def _dropped(out: list, whole: WholeModel, prefix: str, marker, t: dict) -> None:
@@ -511,7 +540,9 @@ def _true_size(whole: WholeModel, prefix: str, layer, marker, true, biases: list
         return True  # its Params are checked against the model's size at load (_w4a8_at_model_size)
     model = whole.model
     external = model is not None and whole.model_name(prefix) in model.external
-    v = _forward_at_model_size(prefix, fmt, marker, t, w, size, true, external)
+    detected = whole.resolution.detected
+    read_width = detected is not None and f"{prefix}.weight" in detected.read
+    v = _forward_at_model_size(prefix, fmt, marker, t, w, size, true, external, read_width)
     if v is not None:
         forward.append(v)
     return True
@@ -534,7 +565,9 @@ def _w4a8_at_model_size(prefix: str, marker: dict, t: dict, true) -> Violation |
     return Violation("comfyui.ck", v.message, v.exception, prefix, v.tensor, True, v.cause, v.fix)
 
 
-def _forward_at_model_size(prefix: str, fmt, marker: dict, t: dict, w, size, true, external: bool) -> Violation | None:
+def _forward_at_model_size(
+    prefix: str, fmt, marker: dict, t: dict, w, size, true, external: bool, read_width: bool
+) -> Violation | None:
     """What the first forward of a quantized layer stored at another size than the model's
     raises.  On CPU, FP8, NVFP4 and MXFP8 are dequantized and cut to the model's size: a weight
     that covers it runs, a narrower one meets the input in torch's matmul (M: the input's rows).
@@ -555,6 +588,19 @@ def _forward_at_model_size(prefix: str, fmt, marker: dict, t: dict, w, size, tru
     if fmt in CUT_ON_CPU:
         width = k_file if external else true.k  # the model's inputs have the data's width
         if n_file >= true.n and k_file >= true.k and width == true.k:
+            if k_file > true.k and read_width:  # the cut columns are the weight's own, not padding
+                return Violation(
+                    "comfyui.model-size",
+                    f"layer '{prefix}': ComfyUI built the layer {true.k} wide from the packed weight's width and cuts "
+                    f"the weight's {k_file} columns to it (garbage output, no error)",
+                    None,
+                    prefix,
+                    "weight",
+                    False,
+                    cause + " (detection read the layer's width from the packed weight)",
+                    fix,
+                    severity="error",
+                )
             return None
         return Violation(
             "comfyui.model-size",
@@ -566,10 +612,17 @@ def _forward_at_model_size(prefix: str, fmt, marker: dict, t: dict, w, size, tru
             cause + " (M: the rows of the layer's input)",
             fix,
         )
-    plain_int8 = fmt == "int8_tensorwise" and not (marker.get("convrot") or (marker.get("params") or {}).get("convrot"))
-    if plain_int8 and k_file != true.k:
+    scale = t.get("weight_scale")
+    per_row = scale is not None and len(scale.shape) in (1, 2) and (len(scale.shape) == 1 or scale.shape[1] == 1)
+    if fmt == "int8_tensorwise" and per_row and scale.shape[0] not in (1, n_file):
+        shape = f"({scale.shape[0]},)" if len(scale.shape) == 1 else f"({scale.shape[0]}, {scale.shape[1]})"
+        message = (
+            f"INT8 weight scale must be scalar or per-output-channel, got {shape} for weight shape ({w.shape[0]}, {w.shape[1]})"
+        )
+        exc = "ValueError"
+    elif fmt == "int8_tensorwise" and k_file != true.k:
         message, exc = f"Input and weight inner dimensions must match, got {true.k} and {k_file}", "ValueError"
-    elif plain_int8 and n_file != true.n and "bias" in t:
+    elif fmt == "int8_tensorwise" and n_file != true.n and "bias" in t:
         message = f"The size of tensor a ({n_file}) must match the size of tensor b ({true.n}) at non-singleton dimension 1"
         exc = "RuntimeError"
     else:
