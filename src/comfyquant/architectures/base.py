@@ -4,24 +4,23 @@ detection result."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Param:
+class Param(NamedTuple):
     """One tensor the model registers: ``name`` relative to the model, its ``shape``.  ``linear``
     names the ``Linear`` module it belongs to (weight or bias), None for other modules'
-    parameters (norms, convolutions, modulation tables)."""
+    parameters (norms, convolutions, modulation tables).  ``aliases``: other names a file may
+    store it under that ComfyUI renames to ``name`` before loading (Flux's ``*_norm.scale``
+    becomes ``*_norm.weight``).  A tuple: a model has thousands of them."""
 
     name: str
     shape: tuple[int, ...]
     linear: str | None = None
     aliases: tuple[str, ...] = ()
-    """Other names a file may store it under that ComfyUI renames to ``name`` before loading
-    (Flux's ``*_norm.scale`` becomes ``*_norm.weight``)."""
 
 
-@dataclass(frozen=True)
-class Linear:
+class Linear(NamedTuple):
     """A ``Linear`` the model builds: its true input and output sizes and whether it has a bias."""
 
     name: str
@@ -119,7 +118,8 @@ class Builder:
 
 def count_blocks(keys, prefix: str) -> int:
     """ComfyUI's ``count_blocks``: how many consecutive blocks ``prefix{i}.`` from 0 have a key."""
-    starts = {k.split(".", 1)[0] for k in (key[len(prefix) :] for key in keys if key.startswith(prefix))}
+    cut = len(prefix)
+    starts = {key[cut : key.find(".", cut)] for key in keys if key.startswith(prefix) and key.find(".", cut) > 0}
     n = 0
     while str(n) in starts:
         n += 1

@@ -49,10 +49,8 @@ def comfyui_prefix(names) -> str:
     """The prefix ``unet_prefix_from_state_dict`` picks."""
     counts = dict.fromkeys(PREFIX_CANDIDATES, 0)
     for name in names:
-        for candidate in PREFIX_CANDIDATES:
-            if name.startswith(candidate):
-                counts[candidate] += 1
-                break
+        if name.startswith(PREFIX_CANDIDATES):  # one test for the many names that have none
+            counts[next(c for c in PREFIX_CANDIDATES if name.startswith(c))] += 1
     top = max(counts, key=lambda c: counts[c])
     return top if counts[top] > 5 else DEFAULT_PREFIX
 
@@ -99,16 +97,22 @@ def _fires(keys, wanted) -> bool:
     return all(k in keys for k in wanted)
 
 
-def resolve(shapes: dict[str, tuple[int, ...]], quantized: bool) -> Resolution:
+def resolve(shapes: dict[str, tuple[int, ...]], quantized) -> Resolution:
     """ComfyUI's prefix rule and detection on a file's keys (``shapes``: name -> shape, as
-    stored); ``quantized``: some layer carries a marker (ComfyUI then sets the quantization
-    config on the model class it found)."""
+    stored); ``quantized``: whether some layer ComfyUI keeps carries a marker (ComfyUI then sets
+    the quantization config on the model class it found), or a function of the prefix that
+    tells."""
     prefix = comfyui_prefix(shapes)
-    kept = {k[len(prefix) :]: s for k, s in shapes.items() if k.startswith(prefix)}
-    if kept:
+    cut = len(prefix)
+    kept = {k[cut:]: s for k, s in shapes.items() if k.startswith(prefix)}
+    if len(kept) == len(shapes):
+        dropped: list[str] = []
+    elif kept:
         dropped = [k for k in shapes if not k.startswith(prefix)]
     else:
-        prefix, kept, dropped = "", dict(shapes), []
+        prefix, kept, dropped = "", shapes, []
+    if callable(quantized):
+        quantized = quantized(prefix)
     res = Resolution(prefix, kept, dropped)
     res.detected, res.failure = _detect(kept, prefix, quantized)
     if res.detected is None or res.detected.model is None:

@@ -328,7 +328,7 @@ def comfyui_verdict(ckpt) -> Verdict:
         true = whole.linear(prefix)
         b = t.get("bias")
         if true is not None:
-            if _true_size(whole, prefix, layer, marker, true, biases, forward):
+            if _true_size(whole, ckpt.memo, prefix, layer, marker, true, biases, forward):
                 sized.add(prefix)
         elif b is not None:
             w = t.get("weight")  # entries are tuples: [2] is the shape
@@ -480,7 +480,7 @@ def _dropped(out: list, whole: WholeModel, prefix: str, marker, t: dict) -> None
     )
 
 
-def _true_size(whole: WholeModel, prefix: str, layer, marker, true, biases: list, forward: list) -> bool:
+def _true_size(whole: WholeModel, memo, prefix: str, layer, marker, true, biases: list, forward: list) -> bool:
     """The layer's tensors against the size ComfyUI's architecture builds it at; True when its
     stored weight is not of that size (the per-layer forward rules, which assume the recorded
     size, then do not apply)."""
@@ -500,7 +500,12 @@ def _true_size(whole: WholeModel, prefix: str, layer, marker, true, biases: list
             f"store the bias as [{true.n}]",
         )
         biases.append(v)
-    fits = recorded_fits(layer, marker, true)
+    fits, size = memo.get(
+        f"comfyui.model-size {true.n} {true.k}",
+        marker,
+        layer,
+        lambda: (recorded_fits(layer, marker, true), recorded_size(layer, marker)),
+    )
     if fits is not False:
         return False
     w = t["weight"]
@@ -535,7 +540,6 @@ def _true_size(whole: WholeModel, prefix: str, layer, marker, true, biases: list
             )
         )
         return True
-    size = recorded_size(layer, marker)
     if fmt == "asym_w4a8_int8":
         return True  # its Params are checked against the model's size at load (_w4a8_at_model_size)
     model = whole.model

@@ -118,18 +118,19 @@ def _failure_cause(res: Resolution, where: str) -> str:
 def whole_model(ckpt, markers: dict) -> WholeModel:
     """ComfyUI's reading of ``ckpt`` as a whole model (``markers``: the per-layer markers ComfyUI
     ends up with).  Header only."""
-    shapes: dict[str, tuple[int, ...]] = {name: tuple(e[2]) for name, e in ckpt.tensors.items()}
+    shapes: dict[str, tuple[int, ...]] = {name: e[2] for name, e in ckpt.tensors.items()}
     for prefix in markers:  # header map markers become '<layer>.comfy_quant' keys when converted
         shapes.setdefault(prefix + ".comfy_quant", (0,))
     marked = set(markers) | {p for p, d in ckpt.foreign.items() if "legacy" in d}
-    res = resolve(shapes, quantized=False)
-    kept_marked = any(res.prefix == "" or p.startswith(res.prefix) for p in marked)
-    if kept_marked:
-        res = resolve(shapes, quantized=True)
+
+    def kept_marked(prefix: str) -> bool:
+        return any(not prefix or p.startswith(prefix) for p in marked)
+
+    res = resolve(shapes, quantized=kept_marked)
     # the header map's markers are added again after the prefix is stripped: none is dropped
     res.dropped = [k for k in res.dropped if k in ckpt.tensors]
     path = ckpt.paths[0] if ckpt.paths else ""
-    return WholeModel(res, path, kept_marked)
+    return WholeModel(res, path, kept_marked(res.prefix))
 
 
 def architecture_of(ckpt) -> dict:
