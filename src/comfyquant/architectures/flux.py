@@ -155,4 +155,5 @@ def build(image_model: str, dims: dict) -> Model | None:
     b.linear("final_layer.linear", h, 16 * PATCH * PATCH)
     b.linear("final_layer.adaLN_modulation.1", h, 2 * h)
     execution += ["final_layer.adaLN_modulation.1", "final_layer.linear"]
-    return b.model(execution, ("img_in", "txt_in", "vector_in.in_layer"))
+    # vector_in's input is cut to the model's vec_in_dim (``y[:, :vec_in_dim]``): not the data's width
+    return b.model(execution, ("img_in", "txt_in"))

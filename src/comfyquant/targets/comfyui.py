@@ -30,9 +30,10 @@ from .kitchen import (
 )
 
 DIFFUSION_PREFIX = "model.diffusion_model."
-BLOCK_SCALED = ("nvfp4", "mxfp8")
-"""Formats whose block scales comfy-kitchen reads at the model's size before the weight meets the
-input: what the per-layer rules find in them comes first at any size."""
+OWN_FORWARD = ("nvfp4", "mxfp8", "asym_w4a8_int8")
+"""Formats whose first forward checks their stored tensors against each other before the weight
+meets the input (NVFP4/MXFP8 block scales read at the model's size, W4A8's operands): what the
+per-layer rules find in them comes first at any size."""
 SCALAR_TYPES = {
     "BOOL": "Bool",
     "U8": "Byte",
@@ -373,12 +374,15 @@ def comfyui_verdict(ckpt) -> Verdict:
             # its Params are built with the model's size: that check replaces the file-sized one
             load = [v for v in load if v.rule != "comfyui.ck"]
             if not any(v.blocking for v in load):
-                at_size = _w4a8_at_model_size(prefix, marker, t, true)
-                if at_size is not None:
-                    out.append(at_size)
+                at_load, at_forward = _w4a8_at_model_size(prefix, marker, t, true)
+                if at_load is not None:
+                    out.append(at_load)
+                elif at_forward is not None:
+                    forward.append(at_forward)
+                first_forward = []  # judged at the model's size
         if load:
             out.extend(bind(load, prefix))
-        if first_forward and (prefix not in sized or marker.get("format") in BLOCK_SCALED):
+        if first_forward and (prefix not in sized or marker.get("format") in OWN_FORWARD):
             if prefix in sized:  # the block scales are read before the weight meets the input
                 forward[:] = [v for v in forward if v.layer != prefix or v.rule != "comfyui.model-size"]
             forward.extend(bind(first_forward, prefix))
@@ -552,21 +556,23 @@ def _true_size(whole: WholeModel, memo, prefix: str, layer, marker, true, biases
     return True
 
 
-def _w4a8_at_model_size(prefix: str, marker: dict, t: dict, true) -> Violation | None:
+def _w4a8_at_model_size(prefix: str, marker: dict, t: dict, true) -> tuple[Violation | None, Violation | None]:
     """comfy-kitchen's W4A8 ``Params`` built with the model's (N, K) as ``orig_shape``: what
-    loading a layer of another size raises."""
+    loading a layer of another size raises, else what its first forward raises (the stored
+    operands checked against each other, then against the model's K)."""
     from ..formats.base import GeometryError
     from ..formats.w4a8 import ASYM_W4A8_INT8, model_geometry
-    from .kitchen import check_w4a8
+    from .kitchen import check_w4a8, w4a8_forward
 
     try:
-        env = model_geometry(t, ASYM_W4A8_INT8.params(marker))
+        env = dict(model_geometry(t, ASYM_W4A8_INT8.params(marker)), N=true.n, K=true.k)
     except GeometryError:
-        return None
-    v = check_w4a8(prefix, t, dict(env, N=true.n, K=true.k), dropped_correction=True)
-    if v is None:
-        return None
-    return Violation("comfyui.ck", v.message, v.exception, prefix, v.tensor, True, v.cause, v.fix)
+        return None, None
+    v = check_w4a8(prefix, t, env, dropped_correction=True)
+    if v is not None:
+        return Violation("comfyui.ck", v.message, v.exception, prefix, v.tensor, True, v.cause, v.fix), None
+    first = w4a8_forward("comfyui", t, env, dropped_correction=True)
+    return None, (bind([first], prefix)[0] if first is not None else None)
 
 
 def _forward_at_model_size(
@@ -618,17 +624,22 @@ def _forward_at_model_size(
         )
     scale = t.get("weight_scale")
     per_row = scale is not None and len(scale.shape) in (1, 2) and (len(scale.shape) == 1 or scale.shape[1] == 1)
-    if fmt == "int8_tensorwise" and per_row and scale.shape[0] not in (1, n_file):
-        shape = f"({scale.shape[0]},)" if len(scale.shape) == 1 else f"({scale.shape[0]}, {scale.shape[1]})"
-        message = (
-            f"INT8 weight scale must be scalar or per-output-channel, got {shape} for weight shape ({w.shape[0]}, {w.shape[1]})"
+    width = k_file if external else true.k
+    if fmt == "int8_tensorwise" and k_file != width:
+        message, exc = f"Input and weight inner dimensions must match, got {width} and {k_file}", "ValueError"
+    elif fmt == "int8_tensorwise" and per_row and scale.shape[0] not in (1, n_file):
+        message = (  # ComfyUI hands the layout its row scales as a vector
+            f"INT8 weight scale must be scalar or per-output-channel, got ({scale.shape[0]},) for weight shape "
+            f"({w.shape[0]}, {w.shape[1]})"
         )
         exc = "ValueError"
-    elif fmt == "int8_tensorwise" and k_file != true.k:
-        message, exc = f"Input and weight inner dimensions must match, got {true.k} and {k_file}", "ValueError"
-    elif fmt == "int8_tensorwise" and n_file != true.n and "bias" in t:
+    elif fmt == "convrot_w4a4" and k_file != width:
+        message, exc = f"Input K={width} does not match qweight K={k_file}", "ValueError"
+    elif fmt in ("int8_tensorwise", "convrot_w4a4") and n_file != true.n and "bias" in t:
         message = f"The size of tensor a ({n_file}) must match the size of tensor b ({true.n}) at non-singleton dimension 1"
         exc = "RuntimeError"
+    elif fmt in ("int8_tensorwise", "convrot_w4a4"):
+        return None  # it runs at the stored size
     else:
         message = (
             f"(no ComfyUI message modelled) layer '{prefix}': the weight records [{n_file}, {k_file}] while the model "
