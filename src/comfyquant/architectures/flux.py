@@ -98,31 +98,31 @@ def build(image_model: str, dims: dict) -> Model | None:
     only: the other members of the family are named, not described)."""
     if image_model != "flux" or dims.get("yak_mlp") or dims.get("txt_norm"):
         return None
-    h = int(dims["hidden_size"])  # type: ignore[call-overload]
-    heads = int(dims["num_heads"])  # type: ignore[call-overload]
+    h = int(dims["hidden_size"])
+    heads = int(dims["num_heads"])
     if heads == 0:
         return None
     head_dim = h // heads
     mlp = int(h * 4.0)
     b = Builder()
-    b.linear("img_in", int(dims["in_channels"]) * PATCH * PATCH, h)  # type: ignore[call-overload]
+    b.linear("img_in", int(dims["in_channels"]) * PATCH * PATCH, h)
     b.linear("time_in.in_layer", 256, h)
     b.linear("time_in.out_layer", h, h)
     vec = dims.get("vec_in_dim")
     if vec is not None:
-        b.linear("vector_in.in_layer", int(vec), h)  # type: ignore[call-overload]
+        b.linear("vector_in.in_layer", int(vec), h)
         b.linear("vector_in.out_layer", h, h)
     if dims.get("guidance_embed"):
         b.linear("guidance_in.in_layer", 256, h)
         b.linear("guidance_in.out_layer", h, h)
-    b.linear("txt_in", int(dims["context_in_dim"]), h)  # type: ignore[call-overload]
+    b.linear("txt_in", int(dims["context_in_dim"]), h)
     execution = ["img_in", "time_in.in_layer", "time_in.out_layer"]
     if dims.get("guidance_embed"):
         execution += ["guidance_in.in_layer", "guidance_in.out_layer"]
     if vec is not None:
         execution += ["vector_in.in_layer", "vector_in.out_layer"]
     execution.append("txt_in")
-    for i in range(int(dims["depth"])):  # type: ignore[call-overload]
+    for i in range(int(dims["depth"])):
         p = f"double_blocks.{i}"
         for s in ("img", "txt"):
             b.linear(f"{p}.{s}_mod.lin", h, 6 * h)
@@ -144,7 +144,7 @@ def build(image_model: str, dims: dict) -> Model | None:
             f"{p}.txt_mlp.0",
             f"{p}.txt_mlp.2",
         ]
-    for i in range(int(dims["depth_single_blocks"])):  # type: ignore[call-overload]
+    for i in range(int(dims["depth_single_blocks"])):
         p = f"single_blocks.{i}"
         b.linear(f"{p}.linear1", h, 3 * h + mlp)
         b.linear(f"{p}.linear2", h + mlp, h)

@@ -22,7 +22,7 @@ PREFIX_CANDIDATES = ("model.diffusion_model.", "model.model.", "net.")
 """In ComfyUI's order (``unet_prefix_from_state_dict``)."""
 DEFAULT_PREFIX = "model."
 
-EARLIER = (
+EARLIER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mmdit", ("joint_blocks.0.context_block.attn.qkv.weight",)),
     ("stable_cascade", ("clf.1.weight",)),
     ("stable_audio", ("transformer.rotary_pos_emb.inv_freq",)),
@@ -31,7 +31,7 @@ EARLIER = (
     ("hunyuan_video", ("txt_in.individual_token_refiner.blocks.0.norm1.weight",)),
 )
 """Checks ComfyUI runs before Flux's, by the keys that make them fire (named, not described)."""
-BETWEEN = (
+BETWEEN: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mochi_preview", ("t5_yproj.weight",)),
     ("ltxv", ("adaln_single.emb.timestep_embedder.linear_1.bias",)),
     ("pixart", ("t_block.1.weight",)),

@@ -83,7 +83,7 @@ def model_class(image_model: str, dims: dict) -> str | None:
     if t == "t2v":
         return "WAN22_T2V" if dims.get("out_dim") == 48 else "WAN21_T2V"
     if t == "i2v":
-        return {36: "WAN21_I2V", 48: "WAN21_FunControl2V"}.get(in_dim)  # type: ignore[arg-type]
+        return {36: "WAN21_I2V", 48: "WAN21_FunControl2V"}.get(in_dim) if isinstance(in_dim, int) else None
     return None
 
 
@@ -92,13 +92,13 @@ def build(image_model: str, dims: dict) -> Model | None:
     model_type = dims.get("model_type")
     if model_type not in ("t2v", "i2v"):
         return None
-    d = int(dims["dim"])  # type: ignore[call-overload]
-    ffn = int(dims["ffn_dim"])  # type: ignore[call-overload]
-    out = int(dims["out_dim"]) * PATCH[0] * PATCH[1] * PATCH[2]  # type: ignore[call-overload]
-    if int(dims["num_heads"]) == 0:  # type: ignore[call-overload]
+    d = int(dims["dim"])
+    ffn = int(dims["ffn_dim"])
+    out = int(dims["out_dim"]) * PATCH[0] * PATCH[1] * PATCH[2]
+    if int(dims["num_heads"]) == 0:
         return None
     b = Builder()
-    b.param("patch_embedding.weight", (d, int(dims["in_dim"]), *PATCH))  # type: ignore[call-overload]
+    b.param("patch_embedding.weight", (d, int(dims["in_dim"]), *PATCH))
     b.param("patch_embedding.bias", (d,))
     b.linear("text_embedding.0", TEXT_DIM, d)
     b.linear("text_embedding.2", d, d)
@@ -108,7 +108,7 @@ def build(image_model: str, dims: dict) -> Model | None:
     execution = ["time_embedding.0", "time_embedding.2", "time_projection.1", "text_embedding.0", "text_embedding.2"]
     if model_type == "i2v":
         execution += ["img_emb.proj.1", "img_emb.proj.3"]
-    for i in range(int(dims["num_layers"])):  # type: ignore[call-overload]
+    for i in range(int(dims["num_layers"])):
         p = f"blocks.{i}"
         b.param(f"{p}.modulation", (1, 6, d))
         for attn in ("self_attn", "cross_attn"):

@@ -374,11 +374,11 @@ def comfyui_verdict(ckpt) -> Verdict:
             # its Params are built with the model's size: that check replaces the file-sized one
             load = [v for v in load if v.rule != "comfyui.ck"]
             if not any(v.blocking for v in load):
-                at_load, at_forward = _w4a8_at_model_size(prefix, marker, t, true)
-                if at_load is not None:
-                    out.append(at_load)
-                elif at_forward is not None:
-                    forward.append(at_forward)
+                sized_load, sized_forward = _w4a8_at_model_size(prefix, marker, t, true)
+                if sized_load is not None:
+                    out.append(sized_load)
+                elif sized_forward is not None:
+                    forward.append(sized_forward)
                 first_forward = []  # judged at the model's size
         if load:
             out.extend(bind(load, prefix))
@@ -550,9 +550,9 @@ def _true_size(whole: WholeModel, memo, prefix: str, layer, marker, true, biases
     external = model is not None and whole.model_name(prefix) in model.external
     detected = whole.resolution.detected
     read_width = detected is not None and f"{prefix}.weight" in detected.read
-    v = _forward_at_model_size(prefix, fmt, marker, t, w, size, true, external, read_width)
-    if v is not None:
-        forward.append(v)
+    at_size = _forward_at_model_size(prefix, fmt, marker, t, w, size, true, external, read_width)
+    if at_size is not None:
+        forward.append(at_size)
     return True
 
 
@@ -623,14 +623,15 @@ def _forward_at_model_size(
             fix,
         )
     scale = t.get("weight_scale")
-    per_row = scale is not None and len(scale.shape) in (1, 2) and (len(scale.shape) == 1 or scale.shape[1] == 1)
+    rows = scale.shape[0] if scale is not None and len(scale.shape) in (1, 2) and scale.shape[-1:] != (0,) else None
+    if scale is not None and len(scale.shape) == 2 and scale.shape[1] != 1:
+        rows = None  # not a row scale
     width = k_file if external else true.k
     if fmt == "int8_tensorwise" and k_file != width:
         message, exc = f"Input and weight inner dimensions must match, got {width} and {k_file}", "ValueError"
-    elif fmt == "int8_tensorwise" and per_row and scale.shape[0] not in (1, n_file):
+    elif fmt == "int8_tensorwise" and rows is not None and rows not in (1, n_file):
         message = (  # ComfyUI hands the layout its row scales as a vector
-            f"INT8 weight scale must be scalar or per-output-channel, got ({scale.shape[0]},) for weight shape "
-            f"({w.shape[0]}, {w.shape[1]})"
+            f"INT8 weight scale must be scalar or per-output-channel, got ({rows},) for weight shape ({w.shape[0]}, {w.shape[1]})"
         )
         exc = "ValueError"
     elif fmt == "convrot_w4a4" and k_file != width:

@@ -147,7 +147,7 @@ def recorded_fits(layer, marker: dict | None, true: Linear) -> bool | None:
     if w is None or len(w.shape) != 2:
         return None
     fmt = marker.get("format") if isinstance(marker, dict) else None
-    if fmt is None:
+    if fmt is None or marker is None:
         return tuple(w.shape) == (true.n, true.k)
     from ..formats.base import GeometryError, pad
     from ..formats.registry import FORMATS
@@ -175,7 +175,7 @@ def recorded_size(layer, marker: dict | None) -> tuple[int, int] | None:
     if w is None or len(w.shape) != 2:
         return None
     fmt = marker.get("format") if isinstance(marker, dict) else None
-    if fmt is None:
+    if fmt is None or marker is None:
         return w.shape[0], w.shape[1]
     from ..formats.base import GeometryError
     from ..formats.registry import FORMATS
@@ -187,7 +187,8 @@ def recorded_size(layer, marker: dict | None) -> tuple[int, int] | None:
         env = desc.geometry(layer.tensors, desc.params(marker))
     except (GeometryError, KeyError, TypeError, ValueError):
         return None
-    return env.get("N_model", env.get("N")), env.get("K_model", env.get("K"))
+    n, k = env.get("N_model", env.get("N")), env.get("K_model", env.get("K"))
+    return (n, k) if isinstance(n, int) and isinstance(k, int) else None
 
 
 def size_mismatch(name: str, suffix: str, have: tuple, want: tuple) -> str:
