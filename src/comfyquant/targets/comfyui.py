@@ -510,8 +510,10 @@ def _true_size(whole: WholeModel, memo, prefix: str, layer, marker, true, biases
         layer,
         lambda: (recorded_fits(layer, marker, true), recorded_size(layer, marker)),
     )
-    if fits is not False:
-        return False
+    if fits is not False and not (
+        isinstance(marker, dict) and marker.get("format") == "asym_w4a8_int8" and size != (true.n, true.k)
+    ):
+        return False  # (W4A8's Params are built with the model's size even when its weight fits it)
     w = t["weight"]
     fmt = marker.get("format") if isinstance(marker, dict) else None
     if marker is None and not whole.quantized:

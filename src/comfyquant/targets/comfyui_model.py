@@ -184,7 +184,12 @@ def recorded_size(layer, marker: dict | None) -> tuple[int, int] | None:
     if desc is None:
         return None
     try:
-        env = desc.geometry(layer.tensors, desc.params(marker))
+        if fmt == "asym_w4a8_int8":  # the size its tensors show together (formats/w4a8 model_geometry)
+            from ..formats.w4a8 import model_geometry
+
+            env = model_geometry(layer.tensors, desc.params(marker))
+        else:
+            env = desc.geometry(layer.tensors, desc.params(marker))
     except (GeometryError, KeyError, TypeError, ValueError):
         return None
     n, k = env.get("N_model", env.get("N")), env.get("K_model", env.get("K"))
