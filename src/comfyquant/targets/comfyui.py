@@ -614,9 +614,24 @@ def _forward_at_model_size(
                     severity="error",
                 )
             return None
+        rows, cols = min(n_file, true.n), min(k_file, true.k)  # the weight cut to the model's size
+        if cols == width and rows != true.n and "bias" in t:  # the product has too few columns for the bias
+            return Violation(
+                "comfyui.model-size",
+                f"The expanded size of the tensor ({rows}) must match the existing size ({true.n}) at non-singleton "
+                f"dimension 1.  Target sizes: [M, {rows}].  Tensor sizes: [{true.n}]",
+                "RuntimeError",
+                prefix,
+                "weight",
+                True,
+                cause + " (M: the rows of the layer's input)",
+                fix,
+            )
+        if cols == width:
+            return None  # the product has the weight's rows: what follows meets them
         return Violation(
             "comfyui.model-size",
-            f"mat1 and mat2 shapes cannot be multiplied (Mx{width} and {min(k_file, true.k)}x{min(n_file, true.n)})",
+            f"mat1 and mat2 shapes cannot be multiplied (Mx{width} and {cols}x{rows})",
             "RuntimeError",
             prefix,
             "weight",
