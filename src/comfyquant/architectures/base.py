@@ -3,8 +3,10 @@ detection result."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from operator import methodcaller
+from typing import Any, NamedTuple
 
 
 class Param(NamedTuple):
@@ -44,16 +46,18 @@ class Model:
     """The ``Linear`` modules the model's inputs feed (latents, text embeddings): their input
     has the data's width, which is the one the file records, whatever size detection built."""
 
+    modules: dict[str, int] = field(default_factory=dict)
+    """Each module's place in the order ``load_state_dict`` visits it (that of its first
+    parameter: a module's own parameters come before its children's)."""
+    _execution_index: dict[str, int] | None = None
+
     def registration_index(self) -> dict[str, int]:
-        """Each module's place in the order ``load_state_dict`` visits it (that of its first
-        parameter: a module's own parameters come before its children's)."""
-        out: dict[str, int] = {}
-        for i, p in enumerate(self.params):
-            out.setdefault(p.name.rsplit(".", 1)[0], i)
-        return out
+        return self.modules
 
     def execution_index(self) -> dict[str, int]:
-        return {name: i for i, name in enumerate(self.execution)}
+        if self._execution_index is None:
+            self._execution_index = {name: i for i, name in enumerate(self.execution)}
+        return self._execution_index
 
 
 @dataclass
@@ -91,20 +95,65 @@ class Detected:
         }
 
 
+class Shapes(Mapping):
+    """Name -> shape over a mapping whose values hold the shape at index ``at`` (a header's
+    entries: ``(name, dtype, shape, ...)``), read without copying the header.  Its keys are also
+    kept as one text (``text``: each full name after a newline), so that whether any key starts
+    with a prefix is one substring search, not a pass over thousands of names."""
+
+    __slots__ = ("raw", "at", "under", "_text")
+
+    def __init__(self, raw: Mapping[str, Any], at: int = 2, under: str = "", text: str | None = None) -> None:
+        self.raw = raw
+        self.at = at
+        self.under = under
+        """The prefix stripped from the names ``text`` holds whole."""
+        self._text = text
+
+    def __getitem__(self, key: str) -> tuple[int, ...]:
+        return tuple(self.raw[key][self.at])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.raw
+
+    def text(self) -> str:
+        if self._text is None:
+            self._text = "\n" + "\n".join(self.raw)
+        return self._text
+
+    def any_startswith(self, head: str) -> bool:
+        return "\n" + self.under + head in self.text()
+
+    def stripped(self, prefix: str) -> Shapes:
+        """The keys under ``prefix``, without it."""
+        cut = len(prefix)
+        raw = {k[cut:]: v for k, v in self.raw.items() if k.startswith(prefix)}
+        return Shapes(raw, self.at, self.under + prefix, self.text())
+
+
 class Builder:
     """Collects parameters in registration order (a small helper for the architecture modules)."""
 
     def __init__(self) -> None:
         self.params: list[Param] = []
         self.linears: dict[str, Linear] = {}
+        self.modules: dict[str, int] = {}
 
     def linear(self, name: str, k: int, n: int, bias: bool = True) -> None:
         self.linears[name] = Linear(name, k, n, bias)
+        self.modules.setdefault(name, len(self.params))
         self.params.append(Param(f"{name}.weight", (n, k), name))
         if bias:
             self.params.append(Param(f"{name}.bias", (n,), name))
 
     def param(self, name: str, shape: tuple[int, ...], aliases: tuple[str, ...] = ()) -> None:
+        self.modules.setdefault(name.rpartition(".")[0], len(self.params))
         self.params.append(Param(name, shape, None, aliases))
 
     def norm(self, name: str, dim: int, bias: bool = False, aliases: tuple[str, ...] = ()) -> None:
@@ -113,11 +162,25 @@ class Builder:
             self.param(f"{name}.bias", (dim,))
 
     def model(self, execution: list[str], external: tuple[str, ...] = ()) -> Model:
-        return Model(self.params, self.linears, execution, frozenset(n for n in external if n in self.linears))
+        external_ = frozenset(n for n in external if n in self.linears)
+        return Model(self.params, self.linears, execution, external_, self.modules)
 
 
-def count_blocks(keys, prefix: str) -> int:
-    """ComfyUI's ``count_blocks``: how many consecutive blocks ``prefix{i}.`` from 0 have a key."""
+def count_blocks(keys, prefix: str, probe: str = "") -> int:
+    """ComfyUI's ``count_blocks``: how many consecutive blocks ``prefix{i}.`` from 0 have a key.
+    ``probe``: a key every block of the architecture has (``prefix{i}.probe``): when blocks 0 to
+    n-1 have it, one pass over the keys tells whether block n has any key (the common case,
+    without splitting every key)."""
+    if probe and isinstance(keys, Mapping):
+        n = 0
+        while f"{prefix}{n}.{probe}" in keys:
+            n += 1
+        head = f"{prefix}{n}."
+        if isinstance(keys, Shapes):
+            if not keys.any_startswith(head):
+                return n
+        elif not any(map(methodcaller("startswith", head), keys)):
+            return n
     cut = len(prefix)
     starts = {key[cut : key.find(".", cut)] for key in keys if key.startswith(prefix) and key.find(".", cut) > 0}
     n = 0

@@ -11,6 +11,8 @@ over 128 (the rotary axes 16+56+56); the MLP ratio is fixed at 4.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from .base import Builder, Model, any_suffix, count_blocks
 
 NAME = "flux"
@@ -42,7 +44,7 @@ def fires(keys) -> bool:
     )
 
 
-def configure(shapes: dict[str, tuple[int, ...]]) -> tuple[str, dict, dict]:
+def configure(shapes: Mapping[str, tuple[int, ...]]) -> tuple[str, dict, dict]:
     """(image model, the dimensions detection derives, the keys it read a size from)."""
     keys = shapes
     read: dict[str, tuple[int, ...]] = {}
@@ -69,8 +71,8 @@ def configure(shapes: dict[str, tuple[int, ...]]) -> tuple[str, dict, dict]:
     assert isinstance(hidden, int)
     dims["num_heads"] = hidden // axes
     dims["mlp_ratio"] = 3.0 if image_model == "flux2" else 4.0
-    dims["depth"] = count_blocks(keys, "double_blocks.")
-    dims["depth_single_blocks"] = count_blocks(keys, "single_blocks.")
+    dims["depth"] = count_blocks(keys, "double_blocks.", "img_attn.qkv.weight")
+    dims["depth_single_blocks"] = count_blocks(keys, "single_blocks.", "linear1.weight")
     if any_suffix(keys, "distilled_guidance_layer.0.norms.0.") or any_suffix(keys, "distilled_guidance_layer.norms.0."):
         image_model = "chroma_radiance" if any_suffix(keys, "nerf_blocks.0.norm.") else "chroma"
     elif image_model == "flux":

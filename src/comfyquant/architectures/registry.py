@@ -13,10 +13,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from . import flux, wan
-from .base import Detected
+from .base import Detected, Shapes
 
 PREFIX_CANDIDATES = ("model.diffusion_model.", "model.model.", "net.")
 """In ComfyUI's order (``unet_prefix_from_state_dict``)."""
@@ -47,10 +49,13 @@ MIN_SIGNATURE = 3
 
 def comfyui_prefix(names) -> str:
     """The prefix ``unet_prefix_from_state_dict`` picks."""
-    counts = dict.fromkeys(PREFIX_CANDIDATES, 0)
-    for name in names:
-        if name.startswith(PREFIX_CANDIDATES):  # one test for the many names that have none
-            counts[next(c for c in PREFIX_CANDIDATES if name.startswith(c))] += 1
+    return _prefix_of("\n" + "\n".join(names))
+
+
+def _prefix_of(text: str) -> str:
+    """``comfyui_prefix`` of the names a text holds, each after a newline: the candidates
+    exclude each other (no key starts with two), so each is counted on its own."""
+    counts = {c: text.count("\n" + c) for c in PREFIX_CANDIDATES}
     top = max(counts, key=lambda c: counts[c])
     return top if counts[top] > 5 else DEFAULT_PREFIX
 
@@ -61,7 +66,7 @@ class Resolution:
 
     prefix: str
     """The prefix stripped ("" when no key had the one ComfyUI picked)."""
-    kept: dict[str, tuple[int, ...]]
+    kept: Mapping[str, tuple[int, ...]]
     """The keys ComfyUI detects and loads from, without the prefix, with their shapes."""
     dropped: list[str] = field(default_factory=list)
     """Keys dropped for lacking the prefix (as stored)."""
@@ -97,14 +102,21 @@ def _fires(keys, wanted) -> bool:
     return all(k in keys for k in wanted)
 
 
-def resolve(shapes: dict[str, tuple[int, ...]], quantized) -> Resolution:
+def resolve(shapes: Mapping[str, tuple[int, ...]], quantized, extra: Iterable[str] = ()) -> Resolution:
     """ComfyUI's prefix rule and detection on a file's keys (``shapes``: name -> shape, as
-    stored); ``quantized``: whether some layer ComfyUI keeps carries a marker (ComfyUI then sets
-    the quantization config on the model class it found), or a function of the prefix that
-    tells."""
-    prefix = comfyui_prefix(shapes)
-    cut = len(prefix)
-    kept = {k[cut:]: s for k, s in shapes.items() if k.startswith(prefix)}
+    stored, a dict or a ``Shapes`` view of header entries); ``quantized``: whether some layer
+    ComfyUI keeps carries a marker (ComfyUI then sets the quantization config on the model class
+    it found), or a function of the prefix that tells; ``extra``: keys ComfyUI adds before
+    choosing the prefix (the header map's markers), counted for the prefix only."""
+    text = shapes.text() if isinstance(shapes, Shapes) else "\n" + "\n".join(shapes)
+    extra = list(extra)
+    prefix = _prefix_of(text + "\n" + "\n".join(extra) if extra else text)
+    if "\n" + prefix not in text:
+        prefix = ""  # no key has it: the keys stay as they are
+    if isinstance(shapes, Shapes):
+        kept: Mapping[str, tuple[int, ...]] = shapes.stripped(prefix) if prefix else shapes
+    else:
+        kept = {k[len(prefix) :]: s for k, s in shapes.items() if k.startswith(prefix)}
     if len(kept) == len(shapes):
         dropped: list[str] = []
     elif kept:
@@ -124,7 +136,7 @@ def resolve(shapes: dict[str, tuple[int, ...]], quantized) -> Resolution:
     return res
 
 
-def _detect(keys: dict, prefix: str, quantized: bool) -> tuple[Detected | None, tuple[str, str] | None]:
+def _detect(keys: Mapping, prefix: str, quantized: bool) -> tuple[Detected | None, tuple[str, str] | None]:
     for name, wanted in EARLIER:
         if _fires(keys, wanted):
             return Detected(name, None, {}, prefix), None
@@ -141,7 +153,7 @@ def _detect(keys: dict, prefix: str, quantized: bool) -> tuple[Detected | None, 
     return None, None
 
 
-def _described(arch, keys: dict, prefix: str, quantized: bool) -> tuple[Detected | None, tuple[str, str] | None]:
+def _described(arch, keys: Mapping, prefix: str, quantized: bool) -> tuple[Detected | None, tuple[str, str] | None]:
     image_model, dims, read = arch.configure(keys)
     cls = arch.model_class(image_model, dims)
     if cls is None:
@@ -149,9 +161,16 @@ def _described(arch, keys: dict, prefix: str, quantized: bool) -> tuple[Detected
             return None, ("AttributeError", "'NoneType' object has no attribute 'quant_config'")
         return None, ("RuntimeError", "ERROR: Could not detect model type of: {path}\n{hint}")
     found = Detected(image_model, cls, dims, prefix, {prefix + k: v for k, v in read.items()})
-    found.model = arch.build(image_model, dims)
+    found.model = _built(arch, image_model, tuple(dims.items()))
     found.dropped_correction = arch.DROPPED_CORRECTION
     return found, None
+
+
+@lru_cache(maxsize=16)
+def _built(arch, image_model: str, dims: tuple):
+    """``arch.build``, once per configuration: a model description never changes (a 14B Wan
+    lists about 1,400 parameters)."""
+    return arch.build(image_model, dict(dims))
 
 
 def failure_message(message: str, path: str) -> str:

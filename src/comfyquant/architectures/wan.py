@@ -11,6 +11,8 @@ embedding widths are fixed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from .base import Builder, Model, count_blocks
 
 NAME = "wan2.1"
@@ -57,7 +59,7 @@ def missing_read(keys) -> str | None:
     return next((k for k in READS if k not in keys), None)
 
 
-def configure(shapes: dict[str, tuple[int, ...]]) -> tuple[str, dict, dict]:
+def configure(shapes: Mapping[str, tuple[int, ...]]) -> tuple[str, dict, dict]:
     read = {k: shapes[k] for k in READS}
     dim = shapes["head.modulation"][-1] if shapes["head.modulation"] else 0
     dims: dict[str, object] = {
@@ -65,7 +67,7 @@ def configure(shapes: dict[str, tuple[int, ...]]) -> tuple[str, dict, dict]:
         "out_dim": (shapes["head.head.weight"][0] if shapes["head.head.weight"] else 0) // 4,
         "num_heads": dim // 128,
         "ffn_dim": shapes["blocks.0.ffn.0.weight"][0] if shapes["blocks.0.ffn.0.weight"] else 0,
-        "num_layers": count_blocks(shapes, "blocks."),
+        "num_layers": count_blocks(shapes, "blocks.", "ffn.0.weight"),
         "in_dim": shapes["patch_embedding.weight"][1] if len(shapes["patch_embedding.weight"]) > 1 else 0,
     }
     model_type = next((t for k, t in VARIANTS if k in shapes), None)

@@ -12,7 +12,7 @@ that size at load, hands a quantized layer's weight to comfy-kitchen with that s
 
 from __future__ import annotations
 
-from ..architectures.base import Linear
+from ..architectures.base import Linear, Shapes
 from ..architectures.registry import Resolution, failure_message, resolve
 from .base import Violation
 
@@ -118,17 +118,14 @@ def _failure_cause(res: Resolution, where: str) -> str:
 def whole_model(ckpt, markers: dict) -> WholeModel:
     """ComfyUI's reading of ``ckpt`` as a whole model (``markers``: the per-layer markers ComfyUI
     ends up with).  Header only."""
-    shapes: dict[str, tuple[int, ...]] = {name: e[2] for name, e in ckpt.tensors.items()}
-    for prefix in markers:  # header map markers become '<layer>.comfy_quant' keys when converted
-        shapes.setdefault(prefix + ".comfy_quant", (0,))
+    # header map markers become '<layer>.comfy_quant' keys when converted
+    extra = [p + ".comfy_quant" for p in markers if p + ".comfy_quant" not in ckpt.tensors]
     marked = set(markers) | {p for p, d in ckpt.foreign.items() if "legacy" in d}
 
     def kept_marked(prefix: str) -> bool:
         return any(not prefix or p.startswith(prefix) for p in marked)
 
-    res = resolve(shapes, quantized=kept_marked)
-    # the header map's markers are added again after the prefix is stripped: none is dropped
-    res.dropped = [k for k in res.dropped if k in ckpt.tensors]
+    res = resolve(Shapes(ckpt.tensors), kept_marked, extra)
     path = ckpt.paths[0] if ckpt.paths else ""
     return WholeModel(res, path, kept_marked(res.prefix))
 

@@ -12,6 +12,10 @@ models (docs/runtimes.md, *Whole models*).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from ..architectures.base import Shapes
 from ..dtypes import QUANTIZED_WEIGHT_DTYPES
 from .base import Violation, bind
 from .comfyui_model import CUT_ON_CPU, WholeModel, recorded_fits, recorded_size, size_mismatch
@@ -79,12 +83,17 @@ def true_size(whole: WholeModel, memo, prefix: str, layer, marker, true, biases:
             f"store the bias as [{true.n}]",
         )
         biases.append(v)
-    fits, size = memo.get(
-        f"comfyui.model-size {true.n} {true.k}",
-        marker,
-        layer,
-        lambda: (recorded_fits(layer, marker, true), recorded_size(layer, marker)),
-    )
+    if marker is None:  # a plain weight records its size as it is
+        w = t.get("weight")
+        if w is None or len(w.shape) != 2 or (w.shape[0], w.shape[1]) == (true.n, true.k):
+            return False
+        fits, size = False, (w.shape[0], w.shape[1])
+    else:
+        by_size = memo.get("comfyui.model-size", marker, layer, dict)  # per layer class: size -> reading
+        reading = by_size.get((true.n, true.k))
+        if reading is None:
+            reading = by_size[(true.n, true.k)] = (recorded_fits(layer, marker, true), recorded_size(layer, marker))
+        fits, size = reading
     if fits is not False and not (
         isinstance(marker, dict) and marker.get("format") == "asym_w4a8_int8" and size != (true.n, true.k)
     ):
@@ -256,11 +265,20 @@ def parameters(whole: WholeModel, markers: dict) -> tuple[list[Violation], list[
     forward: list[Violation] = []
     missing: list[str] = []
     no_weight: set[str] = set()
+    # the header's own entries where the keys are stored unprefixed (no per-key view)
+    raw: Mapping[str, Any] = kept.raw if isinstance(kept, Shapes) else kept
+    at = kept.at if isinstance(kept, Shapes) else None
     for p in model.params:
-        stored = p.name if p.name in kept else next((a for a in p.aliases if a in kept), None)
+        if p.name in raw:
+            stored: str | None = p.name
+        else:
+            stored = next((a for a in p.aliases if a in raw), None) if p.aliases else None
         if stored is not None:
-            have = kept[stored]
-            if p.linear is None and tuple(have) != p.shape:
+            if p.linear is not None:
+                continue  # its layer's rules judge it
+            entry = raw[stored]
+            have = tuple(entry[at] if at is not None else entry)
+            if have != p.shape:
                 module, _, suffix = p.name.rpartition(".")
                 load.append(
                     Violation(
