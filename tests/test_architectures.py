@@ -401,28 +401,3 @@ def test_detection_reads_a_packed_weight_and_builds_the_layer_narrower(tmp_path)
     w = comfyui(write(tmp_path / "w.safetensors", quantized(flux_tensors(), {"img_in": w4a8_layer})))
     assert (w["exception"], w["layer"]) == ("ValueError", "img_in")
     assert w["error"].startswith("K=32 must be divisible by 16, group_size=16, and convrot_groupsize=256")
-
-
-def test_an_unmarked_fp8_weight_is_exact_only_at_scale_one_which_deep_reads(tmp_path):
-    import struct
-
-    from builders import fp8_layer
-
-    def unmarked(scale: float):
-        def build(p, n, k):
-            t = fp8_layer(p, n=n, k=k, marker=False)
-            t[f"{p}.weight_scale"] = ("F32", (), struct.pack("<f", scale))
-            return t
-
-        return build
-
-    layers = {"double_blocks.0.img_attn.qkv": int8_layer}
-    one = write(tmp_path / "one.safetensors", quantized(flux_tensors(), layers | {L: unmarked(1.0)}))
-    off = write(tmp_path / "off.safetensors", quantized(flux_tensors(), layers | {L: unmarked(0.0006)}))
-    for path in (one, off):  # the header cannot tell: a warning
-        v = comfyui(path)
-        assert v["loads"] and any(f"layer '{L}' has a F8_E4M3 weight but no marker" in w for w in v["warnings"])
-    assert check(one, target="comfyui", deep=True).verdicts["comfyui"].loads
-    deep = check(off, target="comfyui", deep=True).verdicts["comfyui"].to_dict()
-    assert (deep["loads"], deep["exception"], deep["layer"]) == (False, None, L)
-    assert "without a marker, scaled by 0.0006" in deep["error"]

@@ -296,17 +296,12 @@ def deep_findings(ckpt, casts: list | None = None) -> list[Finding]:
             if entry is None or (slot.kind not in (SCALE, CODEBOOK, CORRECTION) and not cast) or not _sound(entry, ends):
                 continue
             wanted.append((layer, slot, entry))
-    marked = ckpt.markers.effective if ckpt.markers is not None else {}
-    unmarked = [
-        layer for p, layer in ckpt.layers.items() if marked.get(p) is None and _unmarked_fp8_scale(layer, ends) is not None
-    ]
-    if not wanted and not corrected and not casts and not unmarked:
+    if not wanted and not corrected and not casts:
         return []
     np, decode = _decoder()
     seen: set[str] = set()
     extra = [e for layer in corrected for s, e in layer.stored.items() if s in dropped.SUFFIXES or s == "weight_codebook"]
     extra += [e for c in casts for e in c.entries]
-    extra += [layer.stored["weight_scale"] for layer in unmarked]
     entries = [e for e in [e for _, _, e in wanted] + extra if not (e.name in seen or seen.add(e.name))]
     data = ckpt.read_many(entries)
     cast_findings = _value_cast_findings(np, decode, casts, data)
@@ -356,50 +351,7 @@ def deep_findings(ckpt, casts: list | None = None) -> list[Finding]:
         saturated = _saturated(np, entry.name, slot, values, entry.dtype if slot.dtype == "float" else slot.dtype)
         if saturated is not None:
             out.append(Finding(SATURATED, saturated[0], layer=layer.name, tensor=entry.name, **saturated[1]))
-    return out + out_dropped + cast_findings + _unmarked_fp8_findings(np, decode, unmarked, data)
-
-
-def _unmarked_fp8_scale(layer, ends: dict):
-    """The one-number ``weight_scale`` of a layer with an FP8 weight (the caller knows it has no
-    marker: ComfyUI casts such a weight by value and never applies the scale), or None."""
-    w, scale = layer.stored.get("weight"), layer.stored.get("weight_scale")
-    if w is None or scale is None or w.dtype not in ("F8_E4M3", "F8_E5M2"):
-        return None
-    if any(d != 1 for d in scale.shape) or scale.dtype not in ("F32", "BF16", "F16") or not _sound(scale, ends):
-        return None
-    return scale
-
-
-def _unmarked_fp8_findings(np, decode, layers: list, data: dict[str, bytes]) -> list[Finding]:
-    """D008 for an unmarked FP8 weight whose scale is not 1: the value cast leaves the weight
-    off by that factor (its codes are the weight divided by the scale)."""
-    out = []
-    for layer in layers:
-        scale = layer.stored["weight_scale"]
-        raw = data.get(scale.name)
-        if raw is None or len(raw) != scale.nbytes:
-            continue
-        values = decode(raw, scale.dtype, scale.dtype)
-        if values is None or values.size != 1:
-            continue
-        value = float(values.reshape(-1)[0])
-        if value == 1.0:
-            continue
-        w = layer.stored["weight"]
-        out.append(
-            Finding(
-                "D008",
-                f"{w.name}: an {w.dtype} weight without a marker, scaled by {value:g}: ComfyUI casts it by value "
-                f"and never applies the scale",
-                layer=layer.name,
-                tensor=w.name,
-                expected="a marker, or a weight_scale of 1",
-                actual=f"weight_scale {value:g}",
-                cause="the layer's marker is missing",
-                fix="add the marker (comfyquant fix)",
-            )
-        )
-    return out
+    return out + out_dropped + cast_findings
 
 
 def _sound(e, ends: dict) -> bool:

@@ -16,7 +16,7 @@ from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, in_module_order, incomplete_violations
 from .comfyui_model import WholeModel, whole_model
-from .comfyui_sizes import corrections_at_model_level, dropped_layer, parameters, per_tensor_fp8, true_size, w4a8_at_model_size
+from .comfyui_sizes import corrections_at_model_level, dropped_layer, parameters, true_size, w4a8_at_model_size
 from .kitchen import (
     VIEWS,
     block_rows,
@@ -343,20 +343,6 @@ def comfyui_verdict(ckpt) -> Verdict:
             if prefix in foreign:
                 continue  # what ComfyUI does with a dialect's layer is that dialect's runtime model
             if w is not None and w.dtype in QUANTIZED_WEIGHT_DTYPES and prefix not in sized:
-                if per_tensor_fp8(t):
-                    _fail(
-                        out,
-                        "unmarked",
-                        f"layer '{prefix}' has a {w.dtype} weight but no marker: ComfyUI casts it to the compute "
-                        f"dtype by value and never reads its weight_scale (exact when the scale is 1, as comfy-kitchen "
-                        f"writes it for weights within FP8's range; garbage otherwise: check --deep reads it)",
-                        prefix,
-                        "weight",
-                        blocking=False,
-                        cause="FP8 weight without a marker",
-                        fix="add the marker (comfyquant fix)",
-                    )
-                    continue
                 _fail(
                     out,
                     "unmarked",

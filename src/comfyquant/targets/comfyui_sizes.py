@@ -36,15 +36,6 @@ def corrections_at_model_level(whole: WholeModel, violations: list[Violation]) -
             )
 
 
-def per_tensor_fp8(t: dict) -> bool:
-    """An FP8 weight whose only scale is one number: cast by value, its codes are the weight
-    times that scale, so the layer is exact when it is 1."""
-    w, scale = t.get("weight"), t.get("weight_scale")
-    if w is None or w.dtype not in ("F8_E4M3", "F8_E5M2"):
-        return False
-    return scale is None or all(d == 1 for d in scale.shape)
-
-
 def dropped_layer(out: list, whole: WholeModel, prefix: str, marker, t: dict) -> None:
     """A quantized layer outside the prefix ComfyUI adopts: its keys are dropped unread."""
     w = t.get("weight")
