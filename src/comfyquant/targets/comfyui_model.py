@@ -16,8 +16,6 @@ from ..architectures.base import Linear, Shapes
 from ..architectures.registry import Resolution, failure_message, resolve
 from .base import Violation
 
-LOAD_SIZE = "comfyui.size"
-FORWARD_SIZE = "comfyui.model-size"
 CUT_ON_CPU = {"float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8"}
 """Formats ComfyUI dequantizes on CPU (no FP8/FP4 compute) to the layer's ``orig_shape``: a
 weight that holds at least the model's rows and columns is cut back to them."""
