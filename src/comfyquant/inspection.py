@@ -9,6 +9,7 @@ from .dtypes import MODEL_FLOAT_DTYPES
 from .formats.base import GeometryError
 from .formats.registry import FORMATS
 from .io.header import TensorEntry
+from .targets.comfyui_model import architecture_of
 
 DENSE = "dense"
 SCHEMA = 2
@@ -107,6 +108,7 @@ class Inventory:
         "metadata",
         "tensors",
         "damage",
+        "architecture",
     )
 
     def __init__(
@@ -133,6 +135,8 @@ class Inventory:
         """Each file's ``__metadata__``."""
         self.tensors: list[dict] = []
         """Every tensor: name, dtype, shape, bytes, file and the layer it belongs to (or None)."""
+        self.architecture: dict | None = None
+        """The whole model ComfyUI builds from the file (``targets.comfyui_model``)."""
         self.damage: list[dict] = []
         """The container's errors (a truncated file, overlapping data, a missing shard ...):
         code, message, file and tensor of each.  A damaged file's table is what its header
@@ -181,6 +185,7 @@ class Inventory:
             "bf16_bytes": self.bf16_bytes,
             "compression_vs_bf16": round(self.bf16_bytes / self.file_bytes, 3) if self.file_bytes and not self.damage else None,
             "damage": self.damage,
+            "architecture": self.architecture,
             **extra,
         }
 
@@ -260,6 +265,7 @@ def inventory(ckpt: Checkpoint) -> Inventory:
     ]
     sizes = {s.name: getattr(s, "stored_size", None) for s in ckpt.sources}
     inv.file_bytes = sum(sizes.get(h.file) or h.size for h in ckpt.headers)
+    inv.architecture = architecture_of(ckpt)
     kept = _AsStored(ckpt)
     counted: set[str] = set()
     detection = detect(ckpt)

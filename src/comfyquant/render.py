@@ -89,6 +89,18 @@ def _examples(names: list[str], shown: int = 8) -> str:
     return f"{len(names)}: {', '.join(names[:shown])}{more}"
 
 
+def architecture_text(arch: dict) -> str:
+    """One line for the whole model a runtime builds (``Verdict.architecture``)."""
+    if arch.get("name") is None:
+        return f"architecture: {arch['note']}"
+    dims = ", ".join(f"{k} {v}" for k, v in arch["dims"].items())
+    cls = f" as {arch['model_class']}" if arch.get("model_class") else ""
+    prefix = f"prefix '{arch['prefix']}'" if arch.get("prefix") else "no prefix"
+    dropped = f", {arch['dropped']} keys dropped without it" if arch.get("dropped") else ""
+    text = f"architecture: {arch['name']}{cls} ({dims}; {prefix}{dropped})"
+    return text if arch.get("modelled") else f"{text}: {arch['note']}"
+
+
 def _layout(report) -> list[str]:
     """The file's layout in one line per dialect: what it is, before what is wrong with it."""
     d = report.dialect
@@ -153,6 +165,8 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
             if what := modelled(name, first.rule):
                 state += f" ({what})"
         lines.append(f"  {name:<14} {state}")
+        if verdict.architecture is not None:
+            lines.append(f"  {'':<14} {architecture_text(verdict.architecture)}")
     if report.verdicts:
         lines.append(f"verdicts proven for {'; '.join(proven_text(name) for name in report.verdicts)}")
     c = report.counts
@@ -298,6 +312,8 @@ def render_inventory(inv, stream=None, width: int | None = None, metadata: bool 
     lines.append(f"other tensors: {inv.other_tensors} ({human_size(inv.other_bytes)})")
     ratio_text = "compression not measured: the file is damaged" if inv.damage else f"compression {ratio:.2f}x"
     lines.append(f"files: {len(inv.files)}, {human_size(inv.file_bytes)}; as BF16: {human_size(inv.bf16_bytes)} ({ratio_text})")
+    if inv.architecture is not None:
+        lines.append(f"ComfyUI {architecture_text(inv.architecture)}")
     if metadata:
         lines.append("")
         lines.extend(_metadata_lines(inv.metadata, width))

@@ -56,11 +56,14 @@ class Violation:
 
 
 class Verdict:
-    __slots__ = ("target", "violations")
+    __slots__ = ("target", "violations", "architecture")
 
-    def __init__(self, target: str, violations: list[Violation] | None = None) -> None:
+    def __init__(self, target: str, violations: list[Violation] | None = None, architecture: dict | None = None) -> None:
         self.target = target
         self.violations = violations if violations is not None else []
+        self.architecture = architecture
+        """The whole model the runtime builds from the file, when its profile reads one
+        (ComfyUI: ``targets.comfyui_model.WholeModel.describe``)."""
 
     @property
     def first(self) -> Violation | None:
@@ -87,6 +90,7 @@ class Verdict:
             "rule": first.rule if first else None,
             "layer": first.layer if first else None,
             "warnings": [v.message for v in self.violations if not v.fails],
+            **({"architecture": self.architecture} if self.architecture is not None else {}),
         }
 
 

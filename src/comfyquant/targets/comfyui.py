@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import re
 
+from ..architectures.registry import comfyui_prefix
 from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..findings import DEEP_MEASURES
 from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, in_module_order, incomplete_violations
+from .comfyui_model import WholeModel, whole_model
+from .comfyui_sizes import corrections_at_model_level, dropped_layer, parameters, true_size, w4a8_at_model_size
 from .kitchen import (
     VIEWS,
     block_rows,
@@ -29,6 +32,10 @@ from .kitchen import (
 )
 
 DIFFUSION_PREFIX = "model.diffusion_model."
+OWN_FORWARD = ("nvfp4", "mxfp8", "asym_w4a8_int8")
+"""Formats whose first forward checks their stored tensors against each other before the weight
+meets the input (NVFP4/MXFP8 block scales read at the model's size, W4A8's operands): what the
+per-layer rules find in them comes first at any size."""
 SCALAR_TYPES = {
     "BOOL": "Bool",
     "U8": "Byte",
@@ -262,37 +269,25 @@ def _layers_refused(raw: str) -> tuple[str, str] | None:
     return None
 
 
-PREFIX_CANDIDATES = ("model.diffusion_model.", "model.model.", "net.")
-"""The diffusion model's prefixes ComfyUI looks for, in its order (ComfyUI 0.33.0
-``comfy/model_detection.py`` ``unet_prefix_from_state_dict``)."""
-
-
 def model_prefix(names) -> str:
-    """The prefix ComfyUI strips from a checkpoint's keys before building the diffusion model:
-    the candidate most keys start with when more than five do, else ``model.``; "" when no key
-    starts with it (``load_diffusion_model_state_dict`` then keeps the keys as they are)."""
+    """The prefix ComfyUI strips from a checkpoint's keys before building the diffusion model
+    (``comfyquant.architectures.registry.comfyui_prefix``); "" when no key starts with it
+    (``load_diffusion_model_state_dict`` then keeps the keys as they are)."""
     names = list(names)
-    counts = dict.fromkeys(PREFIX_CANDIDATES, 0)
-    for name in names:
-        for candidate in PREFIX_CANDIDATES:
-            if name.startswith(candidate):
-                counts[candidate] += 1
-                break
-    top = max(counts, key=lambda c: counts[c])
-    prefix = top if counts[top] > 5 else "model."
+    prefix = comfyui_prefix(names)
     return prefix if any(name.startswith(prefix) for name in names) else ""
 
 
 def _collected(mismatches: list[Violation]) -> list[Violation]:
     """torch's ``load_state_dict`` raises the size mismatches of every module at once, one line
     each in the model's module order after ``Error(s) in loading state_dict for <model>:``:
-    several become one violation carrying those lines (joined as torch joins them)."""
+    several (given in that order) become one violation carrying those lines (joined as torch
+    joins them)."""
     if len(mismatches) < 2:
         return mismatches
-    ordered = in_module_order(mismatches)
-    first = ordered[0]
-    first.message = "\n\t".join(v.message for v in ordered)
-    first.cause = f"{len(ordered)} layers' biases do not fit their layers (the first: {first.cause})"
+    first = mismatches[0]
+    first.message = "\n\t".join(v.message for v in mismatches)
+    first.cause = f"{len(mismatches)} tensors do not fit their layers (the first: {first.cause})"
     return [first]
 
 
@@ -317,15 +312,28 @@ def comfyui_verdict(ckpt) -> Verdict:
     at_load: list[Violation] = []
     markers = comfyui_markers(ckpt, out, at_load)
     read_and_convert = len(out)  # what follows is raised by loading and running the model
+    whole = whole_model(ckpt, markers)
+    detection = whole.failure()
+    if detection is not None:  # detection ends the load before any module is built
+        out.append(detection)
+        return Verdict("comfyui", out, whole.describe())
     out.extend(at_load)
     foreign = ckpt.foreign
     forward: list[Violation] = []
     biases: list[Violation] = []
+    sized: set[str] = set()
     for prefix, layer in ckpt.layers.items():
         marker = markers.get(prefix)
         t = layer.tensors
+        if whole.model_name(prefix) is None:
+            dropped_layer(out, whole, prefix, marker, t)
+            continue
+        true = whole.linear(prefix)
         b = t.get("bias")
-        if b is not None:
+        if true is not None:
+            if true_size(whole, ckpt.memo, prefix, layer, marker, true, biases, forward):
+                sized.add(prefix)
+        elif b is not None:
             w = t.get("weight")  # entries are tuples: [2] is the shape
             if w is not None and (len(b[2]) != 1 or len(w[2]) != 2 or b[2][0] != w[2][0]):
                 v = _bias_mismatch(prefix, layer, w, b)
@@ -335,7 +343,7 @@ def comfyui_verdict(ckpt) -> Verdict:
             w = t.get("weight")
             if prefix in foreign:
                 continue  # what ComfyUI does with a dialect's layer is that dialect's runtime model
-            if w is not None and w.dtype in QUANTIZED_WEIGHT_DTYPES:
+            if w is not None and w.dtype in QUANTIZED_WEIGHT_DTYPES and prefix not in sized:
                 _fail(
                     out,
                     "unmarked",
@@ -350,10 +358,23 @@ def comfyui_verdict(ckpt) -> Verdict:
                 )
             continue
         load, first_forward = ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_templates(m, t))
+        if prefix in sized and marker.get("format") == "asym_w4a8_int8":
+            # its Params are built with the model's size: that check replaces the file-sized one
+            load = [v for v in load if v.rule != "comfyui.ck"]
+            if not any(v.blocking for v in load):
+                sized_load, sized_forward = w4a8_at_model_size(prefix, marker, t, true)
+                if sized_load is not None:
+                    out.append(sized_load)
+                elif sized_forward is not None:
+                    forward.append(sized_forward)
+                first_forward = []  # judged at the model's size
         if load:
             out.extend(bind(load, prefix))
-        if first_forward:
+        if first_forward and (prefix not in sized or marker.get("format") in OWN_FORWARD):
+            if prefix in sized:  # the block scales are read before the weight meets the input
+                forward[:] = [v for v in forward if v.layer != prefix or v.rule != "comfyui.model-size"]
             forward.extend(bind(first_forward, prefix))
+        # else: a layer of another size fails at its size first
         bank = layer.bank
         if bank is not None:
             declared = marker.get("num_experts")
@@ -369,10 +390,14 @@ def comfyui_verdict(ckpt) -> Verdict:
                     cause="ComfyUI splits a bank by the marker's num_experts",
                     fix=f"set num_experts to {bank.experts} in the marker",
                 )
-    out[read_and_convert:] = in_module_order(out[read_and_convert:])  # each module loads in turn
-    out.extend(_collected(biases))  # load_state_dict raises them once every module is loaded
-    out.extend(in_module_order(forward))  # the whole model is loaded before its first forward
+    out[read_and_convert:] = _in_model_order(whole, out[read_and_convert:], whole.load_key)  # each module loads in turn
+    corrections_at_model_level(whole, out)
+    sizes, missing_forward, missing = parameters(whole, markers)
+    out.extend(_collected(_in_model_order(whole, biases + sizes, whole.load_key)))  # load_state_dict raises them at once
+    forward.extend(missing_forward)
+    out.extend(_in_model_order(whole, forward, whole.forward_key))  # the whole model loads before its first forward
     _as_comfyui_names(out[read_and_convert:], ckpt)
+    out.extend(missing)
     # load_state_dict(strict=False) logs missing keys and leaves those weights uninitialized
     for v in incomplete_violations(
         "comfyui",
@@ -393,7 +418,17 @@ def comfyui_verdict(ckpt) -> Verdict:
             cause="F8_E8M0 dtype",
             fix="relabel the scales as U8 (same bytes) if your ComfyUI fails to read them",
         )
-    return Verdict("comfyui", out)
+    return Verdict("comfyui", out, whole.describe())
+
+
+def _in_model_order(whole: WholeModel, violations: list[Violation], key) -> list[Violation]:
+    """The violations of one stage in the order ComfyUI's model meets their layers: the
+    architecture's order (registration for loading, execution for the forward) where it is
+    known, else the order the names tell (``in_module_order``)."""
+    if whole.model is None or len(violations) < 2:
+        return in_module_order(violations)
+    ordered = in_module_order(violations)
+    return sorted(ordered, key=lambda v: key(v.layer))
 
 
 def _padded_rows(name: str | None) -> bool:

@@ -1,0 +1,203 @@
+"""ComfyUI 0.33.0's whole-model path around the per-layer rules (``comfy/sd.py``
+``load_diffusion_model``): the prefix it strips and the keys it drops, the architecture it
+detects, the true size of every layer it builds, and what ``load_state_dict(strict=False)``
+leaves uninitialised.
+
+The per-layer rules (``comfyui``) judge each layer at the size the file records; this module
+says where the model disagrees: ComfyUI builds each ``Linear`` at the size its architecture
+gives it (``comfyquant.architectures``), checks a plain layer's tensors and every bias against
+that size at load, hands a quantized layer's weight to comfy-kitchen with that size as its
+``orig_shape``, and assigns an unmarked weight of a quantized model unchecked.
+"""
+
+from __future__ import annotations
+
+from ..architectures.base import Linear, Shapes
+from ..architectures.registry import Resolution, failure_message, resolve
+from .base import Violation
+
+CUT_ON_CPU = {"float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8"}
+"""Formats ComfyUI dequantizes on CPU (no FP8/FP4 compute) to the layer's ``orig_shape``: a
+weight that holds at least the model's rows and columns is cut back to them."""
+
+
+class WholeModel:
+    """What ComfyUI makes of one checkpoint as a whole model."""
+
+    __slots__ = ("resolution", "path", "quantized", "_reg", "_exe")
+
+    def __init__(self, resolution: Resolution, path: str, quantized: bool) -> None:
+        self.resolution = resolution
+        self.path = path
+        self.quantized = quantized
+        model = self.model
+        self._reg = model.registration_index() if model is not None else {}
+        self._exe = model.execution_index() if model is not None else {}
+
+    @property
+    def model(self):
+        d = self.resolution.detected
+        return d.model if d is not None else None
+
+    def model_name(self, stored: str) -> str | None:
+        """The name a stored layer has in ComfyUI's model (None: dropped with its prefix)."""
+        prefix = self.resolution.prefix
+        if not prefix:
+            return stored
+        return stored[len(prefix) :] if stored.startswith(prefix) else None
+
+    def linear(self, stored: str) -> Linear | None:
+        model = self.model
+        name = self.model_name(stored)
+        return model.linears.get(name) if model is not None and name is not None else None
+
+    def load_key(self, stored: str | None):
+        """A stored layer's place in the order ``load_state_dict`` visits modules."""
+        name = self.model_name(stored) if stored else None
+        return self._reg.get(name, len(self._reg)) if name is not None else -1
+
+    def forward_key(self, stored: str | None):
+        name = self.model_name(stored) if stored else None
+        return self._exe.get(name, len(self._exe)) if name is not None else -1
+
+    def describe(self) -> dict:
+        """The architecture ComfyUI detects, for ``check`` and ``inspect``: ``name`` (None when it
+        detects none), its ``dims``, the ``prefix`` it strips, how many keys it ``dropped``, and a
+        ``note`` saying how the layers are judged."""
+        res = self.resolution
+        d = res.detected
+        out: dict = {"name": None, "model_class": None, "dims": {}, "prefix": res.prefix, "dropped": len(res.dropped)}
+        if d is not None:
+            out.update(d.to_dict())
+            out["dropped"] = len(res.dropped)
+            out["note"] = (
+                "layers judged at the sizes the model builds them with"
+                if d.model is not None
+                else f"ComfyUI detects {d.name}, which comfyquant does not describe: layers judged at the sizes the file records"
+            )
+        elif res.failure is not None:
+            out["resembles"] = res.resembles
+            out["note"] = f"the file holds a {res.resembles} model, but ComfyUI detects no architecture from its keys"
+        else:
+            out["note"] = "architecture not recognised: layers judged at the sizes the file records"
+        return out
+
+    def failure(self) -> Violation | None:
+        """What detection raises, for a file that holds a described architecture."""
+        res = self.resolution
+        if res.failure is None:
+            return None
+        exc, message = res.failure
+        if exc == "RuntimeError":
+            message = failure_message(message, self.path)
+        where = f" under the prefix {res.resembles_prefix!r}" if res.resembles_prefix else ""
+        return Violation(
+            "comfyui.detect",
+            message,
+            exc,
+            None,
+            None,
+            True,
+            _failure_cause(res, where)
+            if exc == "RuntimeError"
+            else f"ComfyUI's {res.resembles or 'model'} detection reads a key the file lacks or matches no model class",
+            "store every key of the model under one prefix ComfyUI knows (model.diffusion_model.) or none",
+        )
+
+
+def _failure_cause(res: Resolution, where: str) -> str:
+    if res.prefix:
+        kept = f"keeps only the keys under '{res.prefix}' ({len(res.dropped)} dropped)"
+    else:
+        kept = "finds no key under a prefix it strips and reads the keys as stored"
+    return f"the file holds a {res.resembles} model{where}; ComfyUI {kept} and detects no architecture from them"
+
+
+def whole_model(ckpt, markers: dict) -> WholeModel:
+    """ComfyUI's reading of ``ckpt`` as a whole model (``markers``: the per-layer markers ComfyUI
+    ends up with).  Header only."""
+    # header map markers become '<layer>.comfy_quant' keys when converted
+    extra = [p + ".comfy_quant" for p in markers if p + ".comfy_quant" not in ckpt.tensors]
+    marked = set(markers) | {p for p, d in ckpt.foreign.items() if "legacy" in d}
+
+    def kept_marked(prefix: str) -> bool:
+        return any(not prefix or p.startswith(prefix) for p in marked)
+
+    res = resolve(Shapes(ckpt.tensors), kept_marked, extra)
+    path = ckpt.paths[0] if ckpt.paths else ""
+    return WholeModel(res, path, kept_marked(res.prefix))
+
+
+def architecture_of(ckpt) -> dict:
+    """``WholeModel.describe`` for a checkpoint outside a verdict (``inspect``): the markers are
+    the checkpoint's merged ones."""
+    markers = {p: m for p, m in (ckpt.markers.effective.items() if ckpt.markers is not None else ()) if m is not None}
+    return whole_model(ckpt, markers).describe()
+
+
+def recorded_fits(layer, marker: dict | None, true: Linear) -> bool | None:
+    """Whether the layer's stored weight is one of the model's true (N, K) in its format's
+    storage (padding included); None when the format cannot say."""
+    w = layer.tensors.get("weight")
+    if w is None or len(w.shape) != 2:
+        return None
+    fmt = marker.get("format") if isinstance(marker, dict) else None
+    if fmt is None or marker is None:
+        return tuple(w.shape) == (true.n, true.k)
+    from ..formats.base import GeometryError, pad
+    from ..formats.registry import FORMATS
+
+    desc = FORMATS.get(fmt) if isinstance(fmt, str) else None
+    if desc is None:
+        return None
+    try:
+        env = desc.geometry(layer.tensors, desc.params(marker))
+    except (GeometryError, KeyError, TypeError, ValueError):
+        return None
+    rows, cols = desc.pad or (1, 1)
+    env = dict(env, N=pad(true.n, rows or 1), K=pad(true.k, cols or 1), N_model=true.n, K_model=true.k)
+    slot = next((s for s in desc.slots if s.suffix == "weight"), None)
+    try:
+        expected = tuple(slot.expected_shape(env)) if slot is not None else None
+    except (ArithmeticError, TypeError, ValueError, KeyError, NameError):
+        return None
+    return expected == tuple(w.shape) if expected is not None else None
+
+
+def recorded_size(layer, marker: dict | None) -> tuple[int, int] | None:
+    """The (N, K) the file records for a layer (its weight's reading in its format)."""
+    w = layer.tensors.get("weight")
+    if w is None or len(w.shape) != 2:
+        return None
+    fmt = marker.get("format") if isinstance(marker, dict) else None
+    if fmt is None or marker is None:
+        return w.shape[0], w.shape[1]
+    from ..formats.base import GeometryError
+    from ..formats.registry import FORMATS
+
+    desc = FORMATS.get(fmt) if isinstance(fmt, str) else None
+    if desc is None:
+        return None
+    try:
+        if fmt == "asym_w4a8_int8":  # the size its tensors show together (formats/w4a8 model_geometry)
+            from ..formats.w4a8 import model_geometry
+
+            env = model_geometry(layer.tensors, desc.params(marker))
+        else:
+            env = desc.geometry(layer.tensors, desc.params(marker))
+    except (GeometryError, KeyError, TypeError, ValueError):
+        return None
+    n, k = env.get("N_model", env.get("N")), env.get("K_model", env.get("K"))
+    return (n, k) if isinstance(n, int) and isinstance(k, int) else None
+
+
+def size_mismatch(name: str, suffix: str, have: tuple, want: tuple) -> str:
+    """torch's ``load_state_dict`` line for a tensor of another shape than the model's."""
+
+    def size(s) -> str:
+        return f"torch.Size([{', '.join(str(d) for d in s)}])"
+
+    return (
+        f"size mismatch for {name}.{suffix}: copying a param with shape {size(have)} from checkpoint, "
+        f"the shape in current model is {size(want)}."
+    )
