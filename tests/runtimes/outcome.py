@@ -110,15 +110,22 @@ def _sorted_sets(message: str) -> str:
     return re.sub(r"\{([^{}]*)\}", lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", message)
 
 
+_MATMUL_ROWS = re.compile(r"(mat1 and mat2 shapes cannot be multiplied \(|Target sizes: \[)(?:\d+|M)(x|, )")
+"""The rows of a matmul's or a bias expansion's input: the tokens the model was given, not
+anything in the file."""
+
+
 def comparable(message: str | None) -> str | None:
     """The part of a message a file can predict, in a canonical form: torch's
     ``load_state_dict`` error opens with the model's class name (``Error(s) in loading
     state_dict for Flux:``), which depends on the model, not the file (the lines after it name
-    the tensors); sets are compared whatever their printing order."""
+    the tensors); a matmul's or a bias expansion's message names its input's rows, which the input decides (a
+    verdict writes them ``M``); sets are compared whatever their printing order."""
     if message is None:
         return None
     if message.startswith(STATE_DICT) and ":\n\t" in message:
         message = message.split(":\n\t", 1)[1]
+    message = _MATMUL_ROWS.sub(r"\1M\2", message)
     return _sorted_sets(message)
 
 

@@ -111,15 +111,21 @@ def resolve(shapes: Mapping[str, tuple[int, ...]], quantized, extra: Iterable[st
     text = shapes.text() if isinstance(shapes, Shapes) else "\n" + "\n".join(shapes)
     extra = list(extra)
     prefix = _prefix_of(text + "\n" + "\n".join(extra) if extra else text)
-    if "\n" + prefix not in text:
+    # the markers ComfyUI adds from the header map are keys too: when only they carry the
+    # prefix, stripping it keeps them alone and every tensor is dropped
+    marked_only = "\n" + prefix not in text and any(e.startswith(prefix) for e in extra)
+    if "\n" + prefix not in text and not marked_only:
         prefix = ""  # no key has it: the keys stay as they are
-    if isinstance(shapes, Shapes):
-        kept: Mapping[str, tuple[int, ...]] = shapes.stripped(prefix) if prefix else shapes
+    kept: Mapping[str, tuple[int, ...]]
+    if marked_only:
+        kept = {}
+    elif isinstance(shapes, Shapes):
+        kept = shapes.stripped(prefix) if prefix else shapes
     else:
         kept = {k[len(prefix) :]: s for k, s in shapes.items() if k.startswith(prefix)}
     if len(kept) == len(shapes):
         dropped: list[str] = []
-    elif kept:
+    elif kept or marked_only:
         dropped = [k for k in shapes if not k.startswith(prefix)]
     else:
         prefix, kept, dropped = "", shapes, []

@@ -116,8 +116,11 @@ def _failure_cause(res: Resolution, where: str) -> str:
 def whole_model(ckpt, markers: dict) -> WholeModel:
     """ComfyUI's reading of ``ckpt`` as a whole model (``markers``: the per-layer markers ComfyUI
     ends up with).  Header only."""
-    # header map markers become '<layer>.comfy_quant' keys when converted
-    extra = [p + ".comfy_quant" for p in markers if p + ".comfy_quant" not in ckpt.tensors]
+    # header map markers become '<layer>.comfy_quant' keys when converted, under the names the
+    # map gives them (before any prefix is chosen), whether or not a layer has that name
+    records = ckpt.markers.records if ckpt.markers is not None else ()
+    named = {rec.prefix for rec in records if rec.kind == "header"} | set(markers)
+    extra = [p + ".comfy_quant" for p in named if p + ".comfy_quant" not in ckpt.tensors]
     marked = set(markers) | {p for p, d in ckpt.foreign.items() if "legacy" in d}
 
     def kept_marked(prefix: str) -> bool:
