@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from builders import int8_layer, w4a8_layer, write, zeros
+from builders import fp8_layer, int8_layer, w4a8_layer, write, zeros
 from comfyquant import check, inspect
 from comfyquant.architectures.registry import comfyui_prefix, resolve
 from comfyquant.cli import main
@@ -401,3 +401,28 @@ def test_detection_reads_a_packed_weight_and_builds_the_layer_narrower(tmp_path)
     w = comfyui(write(tmp_path / "w.safetensors", quantized(flux_tensors(), {"img_in": w4a8_layer})))
     assert (w["exception"], w["layer"]) == ("ValueError", "img_in")
     assert w["error"].startswith("K=32 must be divisible by 16, group_size=16, and convrot_groupsize=256")
+
+
+@pytest.mark.parametrize("marked", [1, 6])
+def test_a_header_map_prefixed_where_the_keys_are_not_fails_detection(tmp_path, marked):
+    """ComfyUI adds the header map's markers as keys under the names the map gives them before
+    it picks the prefix: names under ``model.diffusion_model.`` (or any ``model.`` name, the
+    default prefix) over bare tensor names leave only the markers after stripping, and
+    detection finds no model, however few layers the map names."""
+    names = [
+        f"double_blocks.0.{m}" for m in ("img_mod.lin", "img_attn.qkv", "img_attn.proj", "img_mlp.0", "img_mlp.2", "txt_mod.lin")
+    ]
+    t = quantized(flux_tensors(), {name: fp8_layer for name in names[:marked]})
+    t = {k: v for k, v in t.items() if not k.endswith(".comfy_quant")}
+    layers = {f"model.diffusion_model.{name}": {"format": "float8_e4m3fn"} for name in names[:marked]}
+    meta = {"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": layers})}
+    path = write(tmp_path / "flux.safetensors", t, metadata=meta)
+    v = comfyui(path)
+    assert (v["exception"], v["error"]) == ("RuntimeError", f"ERROR: Could not detect model type of: {path}\n")
+    # the same map named as the keys loads
+    bare = {
+        "_quantization_metadata": json.dumps(
+            {"format_version": "1.0", "layers": {n[len("model.diffusion_model.") :]: m for n, m in layers.items()}}
+        )
+    }
+    assert comfyui(write(tmp_path / "bare.safetensors", t, metadata=bare))["loads"]
