@@ -11,7 +11,9 @@ holds:
 - ``text``, ``python``, ``json``, ``toml`` ...: not commands.
 
 A command is expected to exit 0; a trailing comment naming another code (``# ... exit 1``)
-says which code it exits with (``check`` exits 1 on a file with errors).
+says which code it exits with (``check`` exits 1 on a file with errors). A trailing comment
+holding ``(not run: REASON)`` leaves that one command out (the README's ``bash .ci/run``: CI
+itself, which runs these pages).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ SHELL = {"bash", "sh", "shell"}
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<lang>[^\s`]*)")
 _NOT_RUN = re.compile(r"^\s*<!--\s*not run:\s*(?P<reason>.*?)\s*-->\s*$")
 _EXIT = re.compile(r"#.*\bexit (?:code )?(?P<code>\d+)\b")
+_COMMAND_NOT_RUN = re.compile(r"#.*\(not run: (?P<reason>[^)]+)\)")
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,8 @@ def blocks(page: Path, root: Path = ROOT) -> list[Block]:
 
 
 def commands(block: Block) -> list[Command]:
-    """The commands of a shell block: one per line, ``\\``-continued lines joined; blank lines
-    and lines that are only a comment are skipped."""
+    """The commands of a shell block: one per line, ``\\``-continued lines joined; blank lines,
+    lines that are only a comment and commands marked ``(not run: REASON)`` are skipped."""
     out = []
     pending: list[str] = []
     first = 0
@@ -105,6 +108,8 @@ def commands(block: Block) -> list[Command]:
         pending.append(line)
         text = "\n".join(pending)
         pending = []
+        if _COMMAND_NOT_RUN.search(text):
+            continue
         code = _EXIT.search(text)
         out.append(Command(block.page, first, text, int(code["code"]) if code else 0))
     return out

@@ -148,16 +148,16 @@ def test_a_command_that_exits_otherwise_is_named(tmp_path):
     page.write_text(
         "```bash\nmkdir sub && cd sub\ntouch made   # in sub\n```\n\n"
         "<!-- not run: an example -->\n```bash\nfalse\n```\n\n"
-        "```bash\ntest -f made\nfalse   # exit 1: as documented\nls missing-file\n```\n"
+        "```bash\ntest -f made\nfalse   # exit 1: as documented\nfalse   # (not run: an example)\nls missing-file\n```\n"
     )
     block_list = doc_blocks.blocks(page, root=tmp_path)
     assert [b.not_run for b in block_list] == [None, "an example", None]
     commands = [c for b in block_list if b.not_run is None for c in doc_blocks.commands(b)]
-    assert [(c.line, c.exit_code) for c in commands] == [(2, 0), (3, 0), (12, 0), (13, 1), (14, 0)]
+    assert [(c.line, c.exit_code) for c in commands] == [(2, 0), (3, 0), (12, 0), (13, 1), (15, 0)]
     work = tmp_path / "work"
     work.mkdir()
     said = run_page(commands, work)
-    assert said is not None and said.startswith("page.md:14: ls missing-file\n  exits 2, expected 0:"), said
+    assert said is not None and said.startswith("page.md:15: ls missing-file\n  exits 2, expected 0:"), said
     alone = run_page(commands[2:4], _fresh(tmp_path / "alone"), timeout=60)  # no cd into sub first
     assert alone is not None and alone.startswith("page.md:12: test -f made\n  exits 1, expected 0:"), alone
     assert run_page(commands[:4], _fresh(tmp_path / "again"), timeout=60) is None

@@ -50,6 +50,20 @@ class Model:
     """Each module's place in the order ``load_state_dict`` visits it (that of its first
     parameter: a module's own parameters come before its children's)."""
     _execution_index: dict[str, int] | None = None
+    _names: frozenset[str] | None = None
+    _plain: list[Param] | None = None
+
+    def names(self) -> frozenset[str]:
+        """Every parameter's name: a file holding them all needs no per-parameter search."""
+        if self._names is None:
+            self._names = frozenset(p.name for p in self.params)
+        return self._names
+
+    def plain(self) -> list[Param]:
+        """The parameters outside ``Linear`` layers (norms, convolutions, tables), in order."""
+        if self._plain is None:
+            self._plain = [p for p in self.params if p.linear is None]
+        return self._plain
 
     def registration_index(self) -> dict[str, int]:
         return self.modules

@@ -325,13 +325,16 @@ def comfyui_verdict(ckpt) -> Verdict:
     for prefix, layer in ckpt.layers.items():
         marker = markers.get(prefix)
         t = layer.tensors
-        if whole.model_name(prefix) is None:
+        if not whole.kept(prefix):
             dropped_layer(out, whole, prefix, marker, t)
             continue
         true = whole.linear(prefix)
         b = t.get("bias")
+        # per layer class: (what loading raises or loses, what the first forward raises, the
+        # readings of the weight at each size a model builds the layer with)
+        cls = None if marker is None else ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_class(m, t))
         if true is not None:
-            if true_size(whole, ckpt.memo, prefix, layer, marker, true, biases, forward):
+            if true_size(whole, cls[2] if cls is not None else None, prefix, layer, marker, true, biases, forward):
                 sized.add(prefix)
         elif b is not None:
             w = t.get("weight")  # entries are tuples: [2] is the shape
@@ -357,7 +360,8 @@ def comfyui_verdict(ckpt) -> Verdict:
                     fix="add the marker (comfyquant fix)",
                 )
             continue
-        load, first_forward = ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_templates(m, t))
+        assert cls is not None
+        load, first_forward = cls[0], cls[1]
         if prefix in sized and marker.get("format") == "asym_w4a8_int8":
             # its Params are built with the model's size: that check replaces the file-sized one
             load = [v for v in load if v.rule != "comfyui.ck"]
@@ -487,6 +491,13 @@ def _bias_mismatch(prefix: str, layer, w, b) -> Violation | None:
         fix=f"store the bias as [{w.shape[0]}]",
     )
     return out[0]
+
+
+def _layer_class(marker: dict, t: dict) -> tuple[list[Violation], list[Violation], dict]:
+    """What ``comfyui_verdict`` keeps per layer class: the layer's templates and an empty map
+    of its readings at the sizes models build it with (``true_size`` fills it)."""
+    load, first_forward = _layer_templates(marker, t)
+    return load, first_forward, {}
 
 
 def _layer_templates(marker: dict, t: dict) -> tuple[list[Violation], list[Violation]]:

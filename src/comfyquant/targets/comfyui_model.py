@@ -24,7 +24,7 @@ weight that holds at least the model's rows and columns is cut back to them."""
 class WholeModel:
     """What ComfyUI makes of one checkpoint as a whole model."""
 
-    __slots__ = ("resolution", "path", "quantized", "_reg", "_exe")
+    __slots__ = ("resolution", "path", "quantized", "_reg", "_exe", "_linears")
 
     def __init__(self, resolution: Resolution, path: str, quantized: bool) -> None:
         self.resolution = resolution
@@ -33,6 +33,10 @@ class WholeModel:
         model = self.model
         self._reg = model.registration_index() if model is not None else {}
         self._exe = model.execution_index() if model is not None else {}
+        # each layer's true size under its stored name: one look-up per layer of the file
+        prefix = resolution.prefix
+        linears = model.linears if model is not None else {}
+        self._linears = {prefix + name: lin for name, lin in linears.items()} if prefix else linears
 
     @property
     def model(self):
@@ -46,10 +50,13 @@ class WholeModel:
             return stored
         return stored[len(prefix) :] if stored.startswith(prefix) else None
 
+    def kept(self, stored: str) -> bool:
+        """Whether a stored layer is loaded (False: dropped with the keys outside the prefix)."""
+        prefix = self.resolution.prefix
+        return not prefix or stored.startswith(prefix)
+
     def linear(self, stored: str) -> Linear | None:
-        model = self.model
-        name = self.model_name(stored)
-        return model.linears.get(name) if model is not None and name is not None else None
+        return self._linears.get(stored)
 
     def load_key(self, stored: str | None):
         """A stored layer's place in the order ``load_state_dict`` visits modules."""
@@ -119,8 +126,8 @@ def whole_model(ckpt, markers: dict) -> WholeModel:
     # header map markers become '<layer>.comfy_quant' keys when converted, under the names the
     # map gives them (before any prefix is chosen), whether or not a layer has that name
     records = ckpt.markers.records if ckpt.markers is not None else ()
-    named = {rec.prefix for rec in records if rec.kind == "header"} | set(markers)
-    extra = [p + ".comfy_quant" for p in named if p + ".comfy_quant" not in ckpt.tensors]
+    named = {rec.prefix + ".comfy_quant" for rec in records if rec.kind == "header"}
+    extra = [key for key in named if key not in ckpt.tensors]
     marked = set(markers) | {p for p, d in ckpt.foreign.items() if "legacy" in d}
 
     def kept_marked(prefix: str) -> bool:

@@ -56,10 +56,11 @@ def dropped_layer(out: list, whole: WholeModel, prefix: str, marker, t: dict) ->
     )
 
 
-def true_size(whole: WholeModel, memo, prefix: str, layer, marker, true, biases: list, forward: list) -> bool:
+def true_size(whole: WholeModel, by_size: dict | None, prefix: str, layer, marker, true, biases: list, forward: list) -> bool:
     """The layer's tensors against the size ComfyUI's architecture builds it at; True when its
     stored weight is not of that size (the per-layer forward rules, which assume the recorded
-    size, then do not apply)."""
+    size, then do not apply).  ``by_size``: the layer class's readings of its weight by model
+    size (None for an unmarked layer)."""
     t = layer.tensors
     b = t.get("bias")
     if b is not None and tuple(b.shape) != (true.n,):
@@ -80,7 +81,7 @@ def true_size(whole: WholeModel, memo, prefix: str, layer, marker, true, biases:
             return False
         fits, size = False, (w.shape[0], w.shape[1])
     else:
-        by_size = memo.get("comfyui.model-size", marker, layer, dict)  # per layer class: size -> reading
+        assert by_size is not None
         reading = by_size.get((true.n, true.k))
         if reading is None:
             reading = by_size[(true.n, true.k)] = (recorded_fits(layer, marker, true), recorded_size(layer, marker))
@@ -259,7 +260,10 @@ def parameters(whole: WholeModel, markers: dict) -> tuple[list[Violation], list[
     # the header's own entries where the keys are stored unprefixed (no per-key view)
     raw: Mapping[str, Any] = kept.raw if isinstance(kept, Shapes) else kept
     at = kept.at if isinstance(kept, Shapes) else None
-    for p in model.params:
+    # the usual file holds every parameter under its own name: only the sizes of those outside
+    # the Linear layers are left to see
+    params = model.plain() if model.names() <= raw.keys() else model.params
+    for p in params:
         if p.name in raw:
             stored: str | None = p.name
         else:
