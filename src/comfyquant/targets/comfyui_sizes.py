@@ -75,6 +75,8 @@ def true_size(whole: WholeModel, by_size: dict | None, prefix: str, layer, marke
             f"store the bias as [{true.n}]",
         )
         biases.append(v)
+    fits: bool | None
+    size: tuple[int, int] | None
     if marker is None:  # a plain weight records its size as it is
         w = t.get("weight")
         if w is None or len(w.shape) != 2 or (w.shape[0], w.shape[1]) == (true.n, true.k):
