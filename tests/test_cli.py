@@ -13,6 +13,7 @@ import pytest
 from builders import W4A8_MARKER, dense_layer, int8_layer, nvfp4_layer, w4a8_layer, write, zeros
 from comfyquant.cli import main
 from comfyquant.findings import RULES
+from comfyquant.installing import extra_command
 
 P = "blocks.0.attn.qkv"
 FINDING_KEYS = {"code", "severity", "layer", "tensor", "expected", "actual", "cause", "fix", "message"}
@@ -166,7 +167,7 @@ def test_commands_that_need_an_extra_say_which(tmp_path):
         [sys.executable, "-c", code, "dequantize", src, str(tmp_path / "d.safetensors")], capture_output=True, text=True
     )
     assert r.returncode == 2
-    assert r.stderr == "comfyquant dequantize: needs torch, which is not installed (pip install 'comfyquant[torch]')\n"
+    assert r.stderr == f"comfyquant dequantize: needs torch, which is not installed ({extra_command('torch')})\n"
     r = subprocess.run([sys.executable, "-c", code, "check", src], capture_output=True, text=True)
     assert r.returncode in (0, 1) and r.stderr == "" and "targets:" in r.stdout
 

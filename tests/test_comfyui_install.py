@@ -13,6 +13,7 @@ import pytest
 
 from comfyquant.cli import main
 from comfyquant.commands.comfyui import SHIM_MARK
+from comfyquant.installing import install_command
 
 
 @pytest.fixture
@@ -88,7 +89,7 @@ def test_says_so_when_comfyuis_python_cannot_import_comfyquant(comfyui, capsys, 
     assert rc == 1 and "wrote" in out
     assert err.strip() == (
         f"comfyquant is not importable from {python} (ModuleNotFoundError: No module named 'comfyquant'): "
-        f"ComfyUI will not load the nodes until it is; install it there: {python} -m pip install comfyquant"
+        f"ComfyUI will not load the nodes until it is; install it there: {install_command(str(python))}"
     )
     rc, _out, err = run(capsys, "comfyui", "install", str(comfyui), "--python", str(tmp_path / "nope"))
     assert rc == 1 and "cannot run it" in err
@@ -138,7 +139,7 @@ def test_says_how_to_fix_it_when_comfyuis_venv_cannot_import_comfyquant(comfyui,
     assert rc == 1 and f"ComfyUI's Python: {python} (found in COMFYUI_DIR/venv)" in out
     assert err.strip() == (
         f"comfyquant is not importable from {python} (ModuleNotFoundError: No module named 'comfyquant'): "
-        f"ComfyUI will not load the nodes until it is; install it there: {python} -m pip install comfyquant; "
+        f"ComfyUI will not load the nodes until it is; install it there: {install_command(str(python))}; "
         "if ComfyUI runs on another Python, pass it with --python PATH"
     )
 

@@ -72,6 +72,21 @@ _FROM_INDEX = re.compile(r"pip install\s+(?:-{1,2}[\w-]+(?:[ =]\S+)?\s+)*['\"]?c
 """``pip install comfyquant`` or ``pip install 'comfyquant[extra]'``: from the package index."""
 
 
+def test_no_message_installs_comfyquant_from_the_package_index():
+    """What the program says to install (a missing extra, comfyquant in ComfyUI's Python) names
+    the source, never the package index, which has no comfyquant."""
+    said = []
+    for path in sorted((doc_blocks.ROOT / "src" / "comfyquant").rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if _FROM_INDEX.search(line):
+                said.append(f"{path.relative_to(doc_blocks.ROOT)}:{number}: {line.strip()}")
+    assert not said, "\n".join(said)
+    from comfyquant.installing import extra_command, install_command
+
+    for hint in (extra_command("torch"), install_command("python3")):
+        assert not _FROM_INDEX.search(hint), hint
+
+
 def test_no_page_installs_comfyquant_from_the_package_index():
     """comfyquant is installed from its source (a clone or a wheel built from it): the
     package index has no comfyquant, so no page may tell a reader to fetch it from there."""

@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 from comfyquant import check, open_checkpoint
 from comfyquant.cli import main
 from comfyquant.errors import ComfyQuantError
+from comfyquant.installing import extra_command
 from comfyquant.render import render_fix
 from comfyquant.repair.reference import ReferenceError
 from comfyquant.repair.run import ReferenceRefused, fix
@@ -185,7 +186,7 @@ def test_reference_needs_torch_on_a_light_install(tmp_path):
         env=env,
     )
     assert r.returncode == 2
-    assert r.stderr == "comfyquant fix: needs torch, which is not installed (pip install 'comfyquant[torch]')\n"
+    assert r.stderr == f"comfyquant fix: needs torch, which is not installed ({extra_command('torch')})\n"
     assert not (tmp_path / "o.safetensors").exists()
 
 

@@ -16,6 +16,7 @@ from .commands import COMMANDS
 from .commands.common import EXIT_CODES, add_exit_codes
 from .commands.streams import OutputError, guarded_stdout, say
 from .errors import ComfyQuantError, command_line
+from .installing import extra_command
 from .numerics.waits import prefer_passive_waits
 from .version import __version__
 
@@ -141,10 +142,7 @@ def _main(argv: list[str]) -> int:
             except ComfyQuantError as bad:
                 say(f"comfyquant: {bad}")
                 return 2
-            say(
-                f"comfyquant {args.command}: needs {module}, which is not installed "
-                f"(pip install 'comfyquant[{OPTIONAL_MODULES[module]}]')"
-            )
+            say(f"comfyquant {args.command}: needs {module}, which is not installed ({extra_command(OPTIONAL_MODULES[module])})")
             return 2
         import os
 

@@ -70,7 +70,13 @@ def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = Fal
     verdicts = {name: run_target(name, ckpt) for name in TARGETS}
     if detection.claims:
         for name, verdict in verdicts.items():
-            verdict.violations.extend(dialect_violations(ckpt, detection, name))
+            extra = dialect_violations(ckpt, detection, name)
+            # a runtime that cannot read the file as a whole (a GGUF container) stops there,
+            # after the container's own damage and before it builds any model
+            whole = [v for v in extra if v.blocking and v.layer is None]
+            at = next((i for i, v in enumerate(verdict.violations) if v.file is None), len(verdict.violations))
+            verdict.violations[at:at] = whole
+            verdict.violations.extend(v for v in extra if not (v.blocking and v.layer is None))
     names = {p: layer.name for p, layer in ckpt.layers.items()}
     if values:
         from .deep import value_failures

@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 
+from ..installing import install_command
+
 HELP = "install comfyquant's nodes into a ComfyUI (comfyui install COMFYUI_DIR)"
 SHIM_MARK = "# Written by `comfyquant comfyui install`"
 SHIM = f"""{SHIM_MARK}: ComfyUI loads comfyquant's nodes from the comfyquant
@@ -96,7 +98,7 @@ def run(args) -> int:
         other = "" if args.python else "; if ComfyUI runs on another Python, pass it with --python PATH"
         print(
             f"comfyquant is not importable from {python} ({why}): ComfyUI will not load the nodes until it is; "
-            f"install it there: {python} -m pip install comfyquant{other}",
+            f"install it there: {install_command(python)}{other}",
             file=sys.stderr,
         )
         return 1

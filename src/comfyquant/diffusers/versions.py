@@ -8,6 +8,7 @@ release not listed here is refused in one line instead of loading a model subtly
 
 from __future__ import annotations
 
+from ..installing import extra_command
 from ..torch.tensors import LoadError
 
 SUPPORTED = ("0.42.",)
@@ -19,7 +20,7 @@ def require_diffusers():
     try:
         import diffusers
     except ImportError:
-        raise LoadError("comfyquant.diffusers needs diffusers 0.42.x: pip install 'comfyquant[diffusers]'") from None
+        raise LoadError(f"comfyquant.diffusers needs diffusers 0.42.x: {extra_command('diffusers')}") from None
     version = str(getattr(diffusers, "__version__", "unknown"))
     if not version.startswith(SUPPORTED):
         raise LoadError(

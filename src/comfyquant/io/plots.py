@@ -5,6 +5,7 @@ matplotlib is imported only here and only when a plot is drawn (the ``plot`` ext
 from __future__ import annotations
 
 from ..errors import InputError
+from ..installing import extra_command
 from .writer import stage_file
 
 
@@ -13,9 +14,7 @@ def require_matplotlib(option: str) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise InputError(
-            f"{option} draws a PNG plot with matplotlib, which is not installed: pip install 'comfyquant[plot]'"
-        ) from None
+        raise InputError(f"{option} draws a PNG plot with matplotlib, which is not installed: {extra_command('plot')}") from None
 
 
 def pyplot():

@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import InputError, option
+from ..installing import extra_command
 from .header import MAX_HEADER_BYTES
 from .shards import ShardSet, is_url, read_index
 from .timeouts import timeout_problem
@@ -711,7 +712,7 @@ def filesystem(url: str):
     try:
         import fsspec
     except ImportError:
-        raise InputError(f"{url}: reading {scheme}:// URLs needs fsspec: pip install 'comfyquant[remote]'") from None
+        raise InputError(f"{url}: reading {scheme}:// URLs needs fsspec: {extra_command('remote')}") from None
     try:
         return fsspec.core.url_to_fs(url)
     except ImportError as exc:

@@ -22,6 +22,7 @@ import math
 import struct
 
 from ...errors import InputError
+from ...installing import extra_command
 from ...io.shards import is_url
 from ...io.source import LocalFile
 from ...io.virtual import Range, VirtualSource
@@ -235,7 +236,7 @@ def read_header(source, path: str) -> GGUFHeader:
     """Parse and validate a GGUF header from ``source`` (a byte source with ``pread``/``size``)."""
     tables = _gguf_tables()
     if tables is None:
-        raise InputError(f"{path}: a GGUF file; reading it needs the gguf package (pip install 'comfyquant[gguf]')")
+        raise InputError(f"{path}: a GGUF file; reading it needs the gguf package ({extra_command('gguf')})")
     sizes, qtypes = tables
     cur = _Cursor(source, path)
     hdr = GGUFHeader()
