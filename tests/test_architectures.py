@@ -426,3 +426,21 @@ def test_a_header_map_prefixed_where_the_keys_are_not_fails_detection(tmp_path, 
         )
     }
     assert comfyui(write(tmp_path / "bare.safetensors", t, metadata=bare))["loads"]
+
+
+def test_a_file_safetensors_refuses_names_no_architecture(tmp_path):
+    """ComfyUI opens the file before it detects anything: a header safetensors refuses (a
+    repeated field here) ends there, and the verdict names no architecture."""
+    path = write(tmp_path / "flux.safetensors", flux_tensors())
+    raw = bytearray(open(path, "rb").read())
+    n = int.from_bytes(raw[:8], "little")
+    header = raw[8 : 8 + n].decode()
+    first = header.index('"dtype":')
+    header = header[:first] + '"dtype":"BF16",' + header[first:]
+    data = raw[8 + n :]
+    body = header.encode()
+    with open(path, "wb") as fh:
+        fh.write(len(body).to_bytes(8, "little") + body + data)
+    v = check(str(path), target="comfyui").verdicts["comfyui"]
+    assert v.first is not None and "duplicate field `dtype`" in v.first.message
+    assert v.architecture is None and "architecture" not in v.to_dict()

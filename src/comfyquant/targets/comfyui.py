@@ -422,7 +422,9 @@ def comfyui_verdict(ckpt) -> Verdict:
             cause="F8_E8M0 dtype",
             fix="relabel the scales as U8 (same bytes) if your ComfyUI fails to read them",
         )
-    return Verdict("comfyui", out, whole.describe())
+    # a file safetensors refuses never reaches detection: no architecture to name
+    opened = not any(v.file is not None for v in out[:read_and_convert])
+    return Verdict("comfyui", out, whole.describe() if opened else None)
 
 
 def _in_model_order(whole: WholeModel, violations: list[Violation], key) -> list[Violation]:
