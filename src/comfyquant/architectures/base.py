@@ -4,7 +4,6 @@ detection result."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from operator import methodcaller
 from typing import Any, NamedTuple
 
@@ -31,9 +30,26 @@ class Linear(NamedTuple):
     bias: bool
 
 
-@dataclass
 class Model:
-    """What ComfyUI builds for one detected configuration."""
+    """What ComfyUI builds for one detected configuration (a plain class: ``check`` imports no
+    ``dataclasses``, a start-up cost)."""
+
+    def __init__(
+        self,
+        params: list[Param],
+        linears: dict[str, Linear],
+        execution: list[str],
+        external: frozenset[str] = frozenset(),
+        modules: dict[str, int] | None = None,
+    ) -> None:
+        self.params = params
+        self.linears = linears
+        self.execution = execution
+        self.external = external
+        self.modules = modules if modules is not None else {}
+        self._execution_index: dict[str, int] | None = None
+        self._names: frozenset[str] | None = None
+        self._plain: list[Param] | None = None
 
     params: list[Param]
     """Every parameter, in the order ``load_state_dict`` visits them (module registration order,
@@ -42,16 +58,12 @@ class Model:
     """Every ``Linear`` by name, in registration order."""
     execution: list[str]
     """The ``Linear`` modules in the order the first forward runs them."""
-    external: frozenset[str] = frozenset()
+    external: frozenset[str]
     """The ``Linear`` modules the model's inputs feed (latents, text embeddings): their input
     has the data's width, which is the one the file records, whatever size detection built."""
-
-    modules: dict[str, int] = field(default_factory=dict)
+    modules: dict[str, int]
     """Each module's place in the order ``load_state_dict`` visits it (that of its first
     parameter: a module's own parameters come before its children's)."""
-    _execution_index: dict[str, int] | None = None
-    _names: frozenset[str] | None = None
-    _plain: list[Param] | None = None
 
     def names(self) -> frozenset[str]:
         """Every parameter's name: a file holding them all needs no per-parameter search."""
@@ -74,9 +86,26 @@ class Model:
         return self._execution_index
 
 
-@dataclass
 class Detected:
     """ComfyUI's detection of one checkpoint."""
+
+    def __init__(
+        self,
+        name: str,
+        model_class: str | None,
+        dims: dict[str, object],
+        prefix: str,
+        read: dict[str, tuple[int, ...]] | None = None,
+        model: Model | None = None,
+        dropped_correction: str = "degraded",
+    ) -> None:
+        self.name = name
+        self.model_class = model_class
+        self.dims = dims
+        self.prefix = prefix
+        self.read = read if read is not None else {}
+        self.model = model
+        self.dropped_correction = dropped_correction
 
     name: str
     """The architecture (ComfyUI's ``image_model``, with the model class it matched)."""
@@ -86,11 +115,11 @@ class Detected:
     """The dimensions detection derived, by ComfyUI's config names."""
     prefix: str
     """The prefix ComfyUI stripped from the keys ("" for none)."""
-    read: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    read: dict[str, tuple[int, ...]]
     """The keys detection read a size from (as stored, with their shapes)."""
-    model: Model | None = None
+    model: Model | None
     """What ComfyUI builds, when the architecture is described here (None: only named)."""
-    dropped_correction: str = "degraded"
+    dropped_correction: str
     """The model's output when its W4A8 layers lose their correction: "garbage" or "degraded"."""
 
     def summary(self) -> str:

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from functools import lru_cache
 
 from . import flux, wan
@@ -60,23 +59,31 @@ def _prefix_of(text: str) -> str:
     return top if counts[top] > 5 else DEFAULT_PREFIX
 
 
-@dataclass
 class Resolution:
     """What ComfyUI makes of a file's keys."""
+
+    def __init__(self, prefix: str, kept: Mapping[str, tuple[int, ...]], dropped: list[str] | None = None) -> None:
+        self.prefix = prefix
+        self.kept = kept
+        self.dropped = dropped if dropped is not None else []
+        self.detected: Detected | None = None
+        self.resembles: str | None = None
+        self.resembles_prefix = ""
+        self.failure: tuple[str, str] | None = None
 
     prefix: str
     """The prefix stripped ("" when no key had the one ComfyUI picked)."""
     kept: Mapping[str, tuple[int, ...]]
     """The keys ComfyUI detects and loads from, without the prefix, with their shapes."""
-    dropped: list[str] = field(default_factory=list)
+    dropped: list[str]
     """Keys dropped for lacking the prefix (as stored)."""
-    detected: Detected | None = None
+    detected: Detected | None
     """The architecture ComfyUI detects (None: none it knows, or none described here)."""
-    resembles: str | None = None
+    resembles: str | None
     """A described architecture the file holds (under whatever prefix), when ComfyUI's own
     detection does not end in it: the file is that model and ComfyUI will not load it."""
-    resembles_prefix: str = ""
-    failure: tuple[str, str] | None = None
+    resembles_prefix: str
+    failure: tuple[str, str] | None
     """(exception, message) detection ends in for a file that resembles a described
     architecture; the message's path is ``{path}`` (the caller's)."""
 
