@@ -30,10 +30,9 @@ def corrections_at_model_level(whole: WholeModel, violations: list[Violation]) -
     for v in violations:
         if v.rule == "comfyui.correction":
             v.severity = "error"
-            v.message = v.message.replace(
-                "(no error; check --deep measures it)",
-                f"(no error): through the {d.name} model's blocks its output is garbage",
-            )
+            # the layer's own words up to its "(no error; ...)" aside, then the model's verdict
+            head = v.message.rsplit(" (no error;", 1)[0]
+            v.message = f"{head} (no error): through the {d.name} model's blocks its output is garbage"
 
 
 def dropped_layer(out: list, whole: WholeModel, prefix: str, marker, t: dict) -> None:
