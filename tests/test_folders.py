@@ -44,14 +44,16 @@ def codes(report):
 
 
 def flux(path, seed_broken=False):
-    """A small "full model": the same tensor names in every variant, as flux1-dev and -schnell."""
+    """A small "full model": the same tensor names in every variant, as flux1-dev and -schnell.
+    Too few of Flux's own keys for a whole Flux (which ComfyUI would detect, build at its true
+    size and find most of its parameters missing): its layers are judged one by one."""
     corr = zeros("BF16", (32, 16)) if seed_broken else None
     return write(
         path,
         w4a8_layer("double_blocks.0.img_attn.qkv"),
-        w4a8_layer("double_blocks.0.img_mlp.0", correction=corr),
-        dense_layer("img_in"),
-        dense_layer("final_layer.linear"),
+        w4a8_layer("double_blocks.0.txt_mlp.0", correction=corr),
+        dense_layer("vector_in.in_layer"),
+        dense_layer("guidance_in.out_layer"),
     )
 
 

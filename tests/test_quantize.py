@@ -18,6 +18,7 @@ from comfyquant import codecs
 from comfyquant.checker.run import check
 from comfyquant.cli import main
 from comfyquant.errors import InputError
+from comfyquant.installing import extra_command
 from comfyquant.quantizer.params import validate
 from comfyquant.quantizer.rules import parse_rules
 from kitchen_fixtures import VARIANTS, make_weight, quantize
@@ -236,7 +237,7 @@ def test_report_needs_matplotlib(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert main(["quantize", src, str(tmp_path / "o.safetensors"), "-f", "w4a8", "--report", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
-    assert "pip install 'comfyquant[plot]'" in err and not (tmp_path / "o.safetensors").exists()
+    assert extra_command("plot") in err and not (tmp_path / "o.safetensors").exists()
 
 
 @pytest.mark.parametrize(

@@ -485,13 +485,30 @@ class PlanRefused(InputError):
 
 def _check_whole(ckpt, plan: Plan) -> None:
     """Refuse a plan whose output the target would not load (format combinations, markers),
-    naming the layers that make the combination and the way out."""
+    naming the layers that make the combination and the way out.  A runtime that does not load
+    the input either (a model its architecture does not fit, parameters it lacks) is no
+    measure of the quantization: its findings are left to ``check``."""
     report = check_files(virtual_files(ckpt, plan), plan.target)
-    found = problems(report)
+    found = new_problems(report, ckpt, plan.target)
     if found:
         formats = ", ".join(plan.formats()) or "no quantized layers"
         plan.refusal = f"refusing: the output ({formats}) would not load for --target {plan.target}: {found[0]}{_culprits(plan)}"
         raise PlanRefused(plan.refusal, plan)
+
+
+def new_problems(report, ckpt, target, warnings: bool = True) -> list[str]:
+    """``problems`` of an output's report, less those of the runtimes that do not load the
+    input as it is either: what the quantization itself would break."""
+    found = problems(report, warnings)
+    if not found:
+        return found
+    from ..checker.run import check_checkpoint
+
+    failing = {name for name, verdict in check_checkpoint(ckpt, target=target).verdicts.items() if not verdict.loads}
+    if not failing:
+        return found
+    report.findings = [f for f in report.findings if not (f.targets and set(f.targets) <= failing)]
+    return problems(report, warnings)
 
 
 def _culprits(plan: Plan) -> str:

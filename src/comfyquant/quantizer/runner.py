@@ -35,8 +35,8 @@ from ..io.source import LocalFile
 from ..io.writer import commit_file, discard, write_safetensors
 from ..version import __version__
 from .jobs import Jobs
-from .layout import marker_entries, problems
-from .plan import DECODE, DENSE, QUANTIZE, LayerPlan, Plan, output_files
+from .layout import marker_entries
+from .plan import DECODE, DENSE, QUANTIZE, LayerPlan, Plan, new_problems, output_files
 from .work import prefetch, run_task_spilled, task_for
 
 STAMP_KEY = "comfyquant"
@@ -511,8 +511,8 @@ def execute(
         progress.done()
         with open_checkpoint(temps, shardset=ShardSet(files=list(temps))) as out:
             report = check_checkpoint(out, target=plan.target)
-        if not report.ok:
-            found = problems(report, warnings=False)
+        found = [] if report.ok else new_problems(report, ckpt, plan.target, warnings=False)
+        if found:
             raise InputError(
                 f"the written output fails check --target {plan.target}: {found[0]}; nothing was written (please report this)"
             )
