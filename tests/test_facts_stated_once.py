@@ -21,6 +21,7 @@ from comfyquant.comfyui import loading, nodes
 from comfyquant.formats.registry import FORMATS
 from comfyquant.targets.select import TARGETS
 from test_params import format_name_literals
+from test_validation_data import _code_strings
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "comfyquant"
 MARKERS = SRC / "markers.py"
@@ -34,31 +35,17 @@ def _sources() -> list[Path]:
     return found
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                out.add(id(body[0].value))
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            out.add(id(node.value))  # attribute docstrings after an assignment
-    return out
-
-
 def marker_restatements(path: Path, base: Path = SRC) -> list[str]:
     """Where ``path`` restates what markers.py owns: the map's key or ``format_version`` as a
     string of its own (a key read or written: prose that mentions them is not), a tuple of
     exactly SGLang's marker dtypes, or a definition of a name markers.py defines."""
     tree = ast.parse(path.read_text(), str(path))
-    docs = _docstrings(tree)
     dtypes = set(markers.FILE_LEVEL_DTYPES)
-    hits = []
+    name = path.relative_to(base)
+    hits = [f"{name}:{line}: {text!r}" for line, text in _code_strings(tree) if text in (markers.MARKER_MAP, "format_version")]
     for node in ast.walk(tree):
-        where = f"{path.relative_to(base)}:{getattr(node, 'lineno', 0)}"
-        if isinstance(node, ast.Constant) and id(node) not in docs and node.value in (markers.MARKER_MAP, "format_version"):
-            hits.append(f"{where}: {node.value!r}")
-        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts:
+        where = f"{name}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts:
             values = [e.value for e in node.elts if isinstance(e, ast.Constant)]
             if len(values) == len(node.elts) and set(values) == dtypes:
                 hits.append(f"{where}: {tuple(values)!r}")
@@ -156,13 +143,7 @@ def test_checker_names_no_format(path):
     its code."""
     assert format_name_literals(path) == []
     own = _single_format_suffixes()
-    tree = ast.parse(path.read_text())
-    docs = _docstrings(tree)
-    hits = [
-        f"{n.lineno}: {n.value!r} ({own[n.value]})"
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Constant) and id(n) not in docs and isinstance(n.value, str) and n.value in own
-    ]
+    hits = [f"{line}: {text!r} ({own[text]})" for line, text in _code_strings(ast.parse(path.read_text())) if text in own]
     assert hits == []
 
 
