@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Any
@@ -29,6 +28,7 @@ from ..formats.validation import check_layer
 from ..io.header import FIRST_READ
 from ..io.shards import ShardSet
 from ..io.writer import build_header
+from ..markers import MARKER_MAP, marker_map_text, marker_tensor
 
 PROBE = "comfyquant_probe.linear"
 """Layer name used when one layer is checked on its own; replaced by the real name in messages."""
@@ -106,11 +106,8 @@ def marker_entries(layers: dict[str, dict]) -> tuple[dict[str, tuple], dict[str,
     """Marker tensors and the identical header map for ``{prefix: marker}`` (what ComfyUI 0.33.0
     ``comfy/utils.py`` ``convert_old_quants`` and SGLang 0.5.23 ``inspect_comfy_quant_markers``
     read)."""
-    tensors = {}
-    for prefix, marker in layers.items():
-        raw = json.dumps(marker).encode("utf-8")
-        tensors[f"{prefix}.comfy_quant"] = ("U8", (len(raw),), raw)
-    meta = {"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": layers})} if layers else {}
+    tensors = dict(marker_tensor(prefix, marker) for prefix, marker in layers.items())
+    meta = {MARKER_MAP: marker_map_text(layers)} if layers else {}
     return tensors, meta
 
 

@@ -21,11 +21,10 @@ from collections.abc import Callable
 
 from ..formats.base import GeometryError
 from ..formats.w4a8 import ASYM_W4A8_INT8, GROUP_SIZE, group_size_ok, k_fits
-from ..markers import HEADER, TENSOR, MarkerMerge, MarkerRecord
+from ..markers import FILE_LEVEL_DTYPES, HEADER, TENSOR, MarkerMerge, MarkerRecord
 from .base import Verdict, Violation, incomplete_violations
 from .container import EXCEPTION, container_errors
 
-QUANT_DTYPES = ("F8_E4M3", "I8", "U8")
 VALIDATED = ("float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4")
 CONVROT_SIZES = (16, 64, 256)
 
@@ -195,7 +194,9 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
         }
 
     # SGLang sees the tensors as stored: it has no MoE expert banks, so no flattened view.
-    needs_marker = [p for p, layer in layers.items() if (w := layer.stored.get("weight")) is not None and w.dtype in QUANT_DTYPES]
+    needs_marker = [
+        p for p, layer in layers.items() if (w := layer.stored.get("weight")) is not None and w.dtype in FILE_LEVEL_DTYPES
+    ]
     qfs = {v.lower() for v in ms.quant_formats.values() if v}
     if qfs == {"mxfp8"}:
         for prefix in sorted(needs_marker):
