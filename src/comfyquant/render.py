@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Set as AbstractSet
 
 from .findings import ERROR, INFO, WARNING
 from .naming import printable
@@ -185,7 +186,7 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
     )
 
 
-def table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
+def table(headers: list[str], rows: list[list[str]], right: AbstractSet[int] = frozenset()) -> list[str]:
     """Aligned columns; cells hold names from files, so each is escaped before it is measured."""
     rows = [[printable(cell) for cell in r] for r in rows]
     widths = [len(h) for h in headers]

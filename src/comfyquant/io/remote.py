@@ -48,12 +48,17 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import InputError, option
 from ..installing import extra_command
 from .header import MAX_HEADER_BYTES
 from .shards import ShardSet, is_url, read_index
 from .timeouts import timeout_problem
+
+if TYPE_CHECKING:
+    import http.client
+    import urllib.request
 
 FIRST_READ = 512 * 1024
 """Speculative first read: one request for headers up to this size (minus 8 bytes)."""
@@ -214,7 +219,7 @@ def _one_line(what: object) -> str:
 
 # -- HTTP ------------------------------------------------------------------------------------
 
-_OPENER = None
+_OPENER: urllib.request.OpenerDirector | None = None
 _HOPS = threading.local()
 _LIVE = threading.local()
 """The ``_Watchdog`` of the request running in this thread (its connections register)."""
@@ -268,20 +273,14 @@ def _shutdown(sock) -> None:
         pass
 
 
-def _watched(conn_class):
-    """``conn_class`` whose sockets the current request's watchdog can shut down."""
-
-    class Watched(conn_class):
-        def connect(self) -> None:
-            super().connect()
-            dog = getattr(_LIVE, "dog", None)
-            if dog is not None:
-                dog.watch(self.sock)
-
-    return Watched
+def _watch(conn: http.client.HTTPConnection) -> None:
+    """Hand a freshly connected socket to the current request's watchdog, which can shut it down."""
+    dog = getattr(_LIVE, "dog", None)
+    if dog is not None:
+        dog.watch(conn.sock)
 
 
-def _opener():
+def _opener() -> urllib.request.OpenerDirector:
     """A urllib opener that counts redirects (each one is a request the server answered)."""
     global _OPENER
     if _OPENER is None:
@@ -294,20 +293,31 @@ def _opener():
 
         import http.client
 
+        class WatchedHttp(http.client.HTTPConnection):
+            def connect(self) -> None:
+                super().connect()
+                _watch(self)
+
         class Http(urllib.request.HTTPHandler):
             def http_open(self, req):
-                return self.do_open(_watched(http.client.HTTPConnection), req)
+                return self.do_open(WatchedHttp, req)
 
-        handlers = [CountingRedirects, Http]
+        handlers: list[type[urllib.request.BaseHandler]] = [CountingRedirects, Http]
         if hasattr(http.client, "HTTPSConnection"):
-            https_conn = _watched(http.client.HTTPSConnection)
+
+            class WatchedHttps(http.client.HTTPSConnection):
+                def connect(self) -> None:
+                    super().connect()
+                    _watch(self)
 
             class Https(urllib.request.HTTPSHandler):
                 def https_open(self, req):
-                    kw = {"context": self._context}
+                    # typeshed leaves out the handler's private SSL context, which urllib's own
+                    # https_open passes the same way.
+                    kw = {"context": self._context}  # type: ignore[attr-defined]
                     if hasattr(self, "_check_hostname"):
                         kw["check_hostname"] = self._check_hostname
-                    return self.do_open(https_conn, req, **kw)
+                    return self.do_open(WatchedHttps, req, **kw)
 
             handlers.append(Https)
         _OPENER = urllib.request.build_opener(*handlers)

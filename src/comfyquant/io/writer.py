@@ -17,7 +17,7 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import BinaryIO
 
 from ..dtypes import DTYPE_BITS
@@ -38,6 +38,8 @@ class CopyRange:
 
 
 Data = bytes | bytearray | memoryview | CopyRange | Callable[[], Iterable[bytes]]
+Layout = Mapping[str, tuple[str, tuple, object]]
+"""Tensors as the header sees them: name -> (dtype, shape, anything); the data is not read."""
 
 
 def _nbytes(dtype: str, shape) -> int:
@@ -47,7 +49,7 @@ def _nbytes(dtype: str, shape) -> int:
     return n * DTYPE_BITS[dtype] // 8
 
 
-def _layout(tensors: dict[str, tuple[str, tuple, Data]]) -> Iterator[tuple[str, int, int]]:
+def _layout(tensors: Layout) -> Iterator[tuple[str, int, int]]:
     """``(name, start, stop)`` of each tensor's bytes in the data section, in file order."""
     offset = 0
     for name, (dtype, shape, _data) in tensors.items():
@@ -56,7 +58,7 @@ def _layout(tensors: dict[str, tuple[str, tuple, Data]]) -> Iterator[tuple[str, 
         offset += n
 
 
-def build_header(tensors: dict[str, tuple[str, tuple, Data]], metadata: dict[str, str] | None) -> bytes:
+def build_header(tensors: Layout, metadata: dict[str, str] | None) -> bytes:
     """Header bytes (length prefix included), 8-byte aligned like the safetensors library."""
     obj: dict = {}
     if metadata:
@@ -69,7 +71,7 @@ def build_header(tensors: dict[str, tuple[str, tuple, Data]], metadata: dict[str
     return len(text).to_bytes(8, "little") + text
 
 
-def data_offsets(tensors: dict[str, tuple[str, tuple, Data]], metadata: dict[str, str] | None) -> dict[str, int]:
+def data_offsets(tensors: Layout, metadata: dict[str, str] | None) -> dict[str, int]:
     """Where each tensor's bytes will start in the file ``write_safetensors`` writes for
     ``tensors`` and ``metadata`` (from the file's first byte)."""
     header = len(build_header(tensors, metadata))
@@ -250,7 +252,7 @@ def _write_buffered(fh, tmp: str, path: str, header: bytes, tensors: dict, on_te
                 data = data.fallback if got < data.length else None
             chunks = () if data is None else data() if callable(data) else (data,)
             for chunk in chunks:
-                view = memoryview(chunk)
+                view: memoryview | None = memoryview(chunk)
                 while view:
                     written = fh.write(view)
                     view = view[written:]
