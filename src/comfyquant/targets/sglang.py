@@ -336,6 +336,7 @@ def _check_marker(marker: dict, t: dict) -> tuple[str | None, str, str | None, d
     if fmt not in VALIDATED:
         return None, "", None, {}, None
     P = PREFIX
+    required: tuple[str, ...]
     if fmt == "asym_w4a8_int8":
         required = ("weight", "weight_s_rel", "weight_s_channel")
     elif fmt == "nvfp4":
@@ -665,13 +666,13 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
                 None,
             )
         if m.get("convrot") is True:
-            c = m.get("convrot_groupsize")
-            if c in CONVROT_SIZES and cols % int(c):  # any other size fails the config (R2) first
+            size = m.get("convrot_groupsize")
+            if size in CONVROT_SIZES and cols % int(size):  # any other size fails the config (R2) first
                 return (
                     "B3",
                     (
                         f"Serialized convrot_int8 layer {P} has input size {cols}, which is not divisible "
-                        f"by its ConvRot group size {int(c)}"
+                        f"by its ConvRot group size {int(size)}"
                     ),
                     None,
                     "ValueError",

@@ -31,6 +31,7 @@ claims a ModelOpt layout its tensors no longer have (SGLang falls back to
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ...findings import Finding
 from ...io.jsontext import parse as parse_json
@@ -374,7 +375,7 @@ def export(ckpt, claimed: set) -> Claim | None:
     migrated from (``comfyquant.modelopt_layout``), else ModelOpt's plain export (linear
     scales, nothing padded)."""
     meta = ckpt.metadata()
-    layout = dict(DEFAULT_LAYOUT)
+    layout: dict[str, Any] = dict(DEFAULT_LAYOUT)  # updated from the header's record: any JSON value
     layout.update({k: v for k, v in (recorded_layout(meta) or {}).items() if k in DEFAULT_LAYOUT and v is not None})
     saved = _json(meta.get(SAVED_CONFIG_KEY))
     picked: dict[str, str] = {}
