@@ -19,7 +19,7 @@ from ..io.header import Header, TensorEntry
 from ..io.jsontext import parse as parse_json
 from ..io.shards import ShardSet
 from ..io.source import ByteSource
-from ..io.virtual import Produce, Range, VirtualSource
+from ..io.virtual import Produce, Range, Span, VirtualSource
 from .base import EXACT, LOSSY, PERMUTATION, Move, Transform, Translation
 from .registry import Detection, detect
 from .report import settle
@@ -84,7 +84,7 @@ def _virtual_file(ckpt: Checkpoint, header: Header, detection: Detection) -> Vir
                 if marker is not None:
                     dropped.add(marker.name)
     source = ckpt.source(header.file)
-    tensors: dict[str, tuple[str, tuple, Range | Produce | bytes | None]] = {}
+    tensors: dict[str, tuple[str, tuple, Span]] = {}
     markers: dict[str, dict] = {}
     for entry in sorted(header.tensors.values(), key=lambda e: e.start):
         name = entry.name

@@ -11,6 +11,7 @@ refuses the run: nothing is written.
 from __future__ import annotations
 
 import gc
+from typing import TYPE_CHECKING
 
 from ..checker.run import Targets, check_checkpoint, parse_targets
 from ..checkpoint import Paths, open_checkpoint
@@ -23,6 +24,9 @@ from ..io.virtual import VirtualSource
 from .execute import build_shards, write_and_verify
 from .migrate import MigrateError, layer_results
 from .plan import Options, Plan, plan_repairs
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 
 class MigrateResult:
@@ -130,12 +134,12 @@ def migrate(
         dest = claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag=tag, in_place=in_place)
         dest.make_folder()
         result.after, result.outputs = write_and_verify(
-            ckpt, plan, dest.files, dest.index, target, lambda c, t: check_checkpoint(c, target=t)
+            ckpt, plan, dest.per_file, dest.index, target, lambda c, t: check_checkpoint(c, target=t)
         )
     return result
 
 
-def _preview(ckpt, plan: Plan, target):
+def _preview(ckpt: Checkpoint, plan: Plan, target):
     """The selected runtimes' verdict on the planned file, from its header and markers alone
     (nothing is encoded or transformed for it)."""
     shards = build_shards(ckpt, plan)
@@ -172,7 +176,7 @@ def _refuse_unloadable(plan: Plan, preview, before) -> None:
         plan.refused.append((prefix, f"the migrated layer would not load{runtimes}: {f.message}"))
 
 
-def _refusal(ckpt, plan: Plan) -> str:
+def _refusal(ckpt: Checkpoint, plan: Plan) -> str:
     layer, why = plan.refused[0]
     more = len(plan.refused) - 1
     others = f" (and {more} more: see --dry-run)" if more else ""
