@@ -63,7 +63,7 @@ def load_transformer(
 
     cls = _resolve_class(diffusers, cls)
     mapping = SINGLE_FILE_LOADABLE_CLASSES.get(cls.__name__)
-    if mapping is None:
+    if not isinstance(mapping, dict):  # None: no entry (diffusers types its table's values as object)
         raise LoadError(f"diffusers {diffusers.__version__} has no single-file converter for {cls.__name__}")
     if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
         raise LoadError(f"torch_dtype must be a floating-point torch.dtype, got {torch_dtype!r}")
@@ -227,11 +227,12 @@ def _empty_parameters() -> Iterator[None]:
             param = type(param)(param.to("meta"), requires_grad=param.requires_grad)
         register(module, name, param)
 
-    nn.Module.register_parameter = on_meta
+    # Swapping torch's method for the context is the point here; the stubs forbid assigning one.
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
     try:
         yield
     finally:
-        nn.Module.register_parameter = register
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
 def _load_converted(
@@ -266,7 +267,7 @@ def _load_converted(
         if isinstance(value, ComfyQuantParameter):
             name = key[: -len(".weight")] if key.endswith(".weight") else None
             module = modules.get(name) if name else None
-            if module is None:
+            if name is None or module is None:
                 report.unexpected.extend(value.names or [key])
                 continue
             if not isinstance(module, nn.Linear):

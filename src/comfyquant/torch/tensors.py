@@ -53,7 +53,7 @@ def read_tensor(ckpt, entry, device: torch.device, report=None, cast: torch.dtyp
     source = ckpt.source(entry.file)
     if hasattr(source, "readinto"):
         buf = torch.empty(entry.nbytes, dtype=torch.uint8)
-        if entry.nbytes and source.readinto(entry.start, memoryview(buf.numpy())) != entry.nbytes:
+        if entry.nbytes and source.readinto(entry.start, buf.numpy().data) != entry.nbytes:
             raise LoadError(f"{entry.file}: file ended early while reading tensor {entry.name!r} (truncated?)")
     else:
         buf = (
