@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import ComfyQuantError, InputError, option
 from .io.outputs import claim
@@ -119,7 +119,7 @@ class Summary:
             f"({rate:.1f} MB/s of input)" + (f", after {self.startup:.1f} s loading torch" if self.startup >= 0.05 else ""),
         ]
         if self.overflowed:
-            worst = max(self.overflowed, key=self.overflowed.get)
+            worst = max(self.overflowed, key=lambda name: self.overflowed[name])
             total = sum(self.overflowed.values())
             lines.append(
                 f"warning: {total} value{'s' * (total != 1)} in {len(self.overflowed)} layer"
@@ -144,7 +144,7 @@ class DecodedLayer:
         self.entries = entries
         self.drop = drop
         n, k = plan.shape
-        self.shape = (n, k)
+        self.shape: tuple[int, ...] = (n, k)
         """The dense weight's shape: a MoE bank's is [E, out, K], as the bank stores it."""
         self.per_expert = None
         """For a stacked bank, each expert's input entries (decoded one expert after another)."""
@@ -226,8 +226,8 @@ def dequantize(
         finally:
             from .io.writer import discard
 
-            for t in temps:
-                discard(t)
+            for tmp in temps:
+                discard(tmp)
     summary.layers = dict(sorted(work.formats.items()))
     summary.seconds = time.perf_counter() - started
     summary.startup = startup
@@ -317,8 +317,9 @@ def _plan_outputs(ckpt, out: str | None, overwrite: bool) -> tuple[list[tuple[st
         error=DequantizeError,
     )
     dests = dest.files
+    files: list[tuple[str, str | None, list[str]]]
     if dests is None:
-        files = [(dest.merged, None, [n for _, names in per_file for n in names])]
+        files = [(dest.merged_file, None, [n for _, names in per_file for n in names])]
     else:
         dest_of = dict(zip(ckpt.files, dests))
         files = [(dest_of[f], f, names) for f, names in per_file]
@@ -594,11 +595,16 @@ class _Work:
         at = block.untyped_storage().data_ptr()
         return start <= at < start + len(self.buffer)
 
-    def _next(self, layer: DecodedLayer) -> tuple[str, object]:
+    def _next(self, layer: DecodedLayer) -> tuple[str, Any]:
+        """The next (kind, value) of ``layer``: "read" and the bytes read, "block" and (tensor,
+        infinities), "blocks" and a list of those, "end" and None."""
         from .formats.codec import CodecError
 
+        items = self._items
+        if items is None:
+            raise RuntimeError(f"decoded nothing while writing {layer.name!r}")
         try:
-            got, kind, value = next(self._items)
+            got, kind, value = next(items)
         except CodecError as exc:
             raise DequantizeError(f"cannot decode: {exc}") from None
         if got is not layer:  # the writer asks for the tensors in the order given
