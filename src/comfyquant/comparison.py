@@ -29,10 +29,14 @@ import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .dtypes import MODEL_FLOAT_DTYPES
 from .errors import InputError, option
 from .naming import natural_key, printable
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint
 
 OVER_TAG = "over-max-error"
 """The word an output over ``--max-error`` is kept under (``<stem>.over-max-error.safetensors``)."""
@@ -295,7 +299,7 @@ class _Weight:
 class _Side:
     """One input: its weights by layer, quantized ones with their decode plans."""
 
-    def __init__(self, ckpt, label: str, dtype: str | None) -> None:
+    def __init__(self, ckpt: Checkpoint, label: str, dtype: str | None) -> None:
         from .gate import check_input
         from .markers import file_level_markers
 

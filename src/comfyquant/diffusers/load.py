@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -30,6 +31,9 @@ from ..torch.tensors import LoadError, assign_tensor, open_checked, path_label, 
 from . import flux_width
 from .parameter import ComfyQuantParameter, InexactOperation
 from .versions import require_diffusers
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 COMFY_PREFIX = "model.diffusion_model."
 """What ComfyUI files put before every transformer tensor; removed for every class (diffusers'
@@ -129,7 +133,7 @@ def _resolve_class(diffusers, cls):
     return cls
 
 
-def _read_checkpoint(ckpt, dtype: torch.dtype, device: torch.device, report: LoadReport):
+def _read_checkpoint(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, report: LoadReport):
     """Checkpoint name -> tensor or ``ComfyQuantParameter``, and the file names behind each
     dense value (by storage, so views a converter makes still name their file tensor)."""
     from ..markers import file_level_markers

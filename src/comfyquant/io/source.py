@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 import sys
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 from ..errors import InputError
 
@@ -109,6 +109,18 @@ class ByteSource(Protocol):
 
     def close(self) -> None:
         """Release the underlying handle."""
+
+
+class ReadsInto(ByteSource, Protocol):
+    """A byte source that reads into the caller's buffer (a local file): no copy per read."""
+
+    def readinto(self, offset: int, buf: bytearray | memoryview) -> int:
+        """Fill ``buf`` from ``offset``; the number of bytes read."""
+
+
+def reads_into(source: ByteSource) -> TypeGuard[ReadsInto]:
+    """Whether ``source`` reads into a given buffer."""
+    return hasattr(source, "readinto")
 
 
 class LocalFile:
