@@ -171,7 +171,7 @@ def _fp8r(prefix: str, t: dict) -> Translation:
     )
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     """What each runtime does with the unmarked BFL layers: ComfyUI's profile leaves them to
     this; SGLang's refuses unmarked quantized weights on its Comfy path (M0), and its diffusion
     loader's own NVFP4 path guesses the layout from the names (modelled here)."""

@@ -260,7 +260,7 @@ def value_casts(claim: Claim) -> list[ValueCast]:
     return out
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     if target == "comfyui":
         return _comfyui(ckpt, claim)
     return []  # SGLang and comfy-kitchen read markers only: their profiles judge the unmarked weights

@@ -252,7 +252,7 @@ def _notes(meta: dict, types: dict) -> list[str]:
     return notes
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     if target == "comfyui":
         return [
             Violation(

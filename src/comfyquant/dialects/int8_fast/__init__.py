@@ -255,7 +255,7 @@ def sylvester_decoder(group: int):
     return decode
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     """What only this dialect knows.  The runtime profiles judge these marked layers by their
     markers already (ComfyUI's ``Unknown quantization format for layer {name}`` on a marker
     without ``format``, MooshieUI #647 / ComfyUI #14777; SGLang's format set with ``None``; an

@@ -312,7 +312,7 @@ def settle(ckpt: Checkpoint, claim: Claim) -> list[Finding]:
     return nvfp4.settle(ckpt, claim)
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     """What ComfyUI and SGLang do with ModelOpt's layers as they are, beyond what their own
     profiles already say of a marked layer (ComfyUI's ``KeyError: 'fp8'``, SGLang's format set,
     a scale shape that fails ``from_blocked``): both read an ``nvfp4`` layer-map entry as Comfy's

@@ -290,7 +290,7 @@ def settle(ckpt: Checkpoint, claim: Claim) -> list[Finding]:
     return findings
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     """ComfyUI reads no musubi scales: without the ``scaled_fp8`` sentinel its legacy translation
     (``convert_old_quants``) does nothing, so each unmarked FP8 weight is cast to the compute dtype
     by value and ``scale_weight`` stays an unexpected key: garbage without an error (the ComfyUI

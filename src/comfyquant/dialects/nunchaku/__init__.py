@@ -131,7 +131,7 @@ def _variant(t: dict) -> str:
     return "svdq int4"
 
 
-def _translate(prefix: str, t: dict, ckpt) -> Translation:
+def _translate(prefix: str, t: dict, ckpt: Checkpoint) -> Translation:
     variant = _variant(t)
     if variant == "awq w4a16":
         return _awq(prefix, t, variant, ckpt)
@@ -291,7 +291,7 @@ class InexactZeros(ValueError):
     """A zero point whose Comfy form is not exact in F32 (``settle`` refuses such layers first)."""
 
 
-def _awq(prefix: str, t: dict, variant: str, ckpt) -> Translation:
+def _awq(prefix: str, t: dict, variant: str, ckpt: Checkpoint) -> Translation:
     need = [s for s in AWQ_SUFFIXES if s not in t]
     if need:
         return _refused(prefix, t, variant=variant, why="incomplete AWQ W4A16 layer: no " + ", ".join(need))
@@ -450,7 +450,7 @@ def _to_f32(data: bytes, dtype: str) -> bytes:
 # -- runtimes -------------------------------------------------------------------------------------------------
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     if target == "comfyui":
         return _comfyui(ckpt, claim)
     if target == "sglang":
