@@ -580,7 +580,7 @@ def _is_embedding(prefix: str) -> bool:
 
 
 def build_layers(
-    markers: dict[str, dict], derived: dict[str, dict], raw_prefix: dict[str, str], ckpt, config: str | None, run: Run
+    markers: dict[str, dict], derived: dict[str, dict], raw_prefix: dict[str, str], ckpt: Checkpoint, config: str | None, run: Run
 ) -> None:
     layers = ckpt.layers
     memo = ckpt.memo
@@ -606,7 +606,7 @@ def build_layers(
             f"sglang-build:{embedding_config}:{emb}",
             m,
             layer,
-            lambda m=m, t=layer.stored, d=d, e=embedding_config, emb=emb: _build_layer(m, t, d, e, emb),
+            partial(_build_layer, m, layer.stored, d, embedding_config, emb),
         )
         if outcome is not None:
             rule, template, tensor, exception = outcome
