@@ -18,10 +18,13 @@ import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..dtypes import DTYPE_BITS
 from .tempfiles import sweep_stale, temp_prefix
+
+if TYPE_CHECKING:
+    from .direct import DirectStream
 
 
 class CopyRange:
@@ -38,6 +41,8 @@ class CopyRange:
 
 
 Data = bytes | bytearray | memoryview | CopyRange | Callable[[], Iterable[bytes]]
+OnTensor = Callable[[str, str, int, int], None]
+"""Called once a tensor is in the file: (temporary path, tensor name, offset, byte count)."""
 Layout = Mapping[str, tuple[str, tuple, object]]
 """Tensors as the header sees them: name -> (dtype, shape, anything); the data is not read."""
 
@@ -170,7 +175,7 @@ def write_safetensors(
     *,
     commit: bool = True,
     sync: bool = True,
-    on_tensor: Callable[[str, str, int, int], None] | None = None,
+    on_tensor: OnTensor | None = None,
     direct: bool = False,
 ) -> str:
     """Write ``tensors`` (in the given order) next to ``path`` in a temporary file, fsync it and
@@ -236,7 +241,7 @@ def _direct_stream(fd: int, tmp: str, folder: str, start: int, size: int):
     return stream
 
 
-def _write_buffered(fh, tmp: str, path: str, header: bytes, tensors: dict, on_tensor) -> None:
+def _write_buffered(fh: BinaryIO, tmp: str, path: str, header: bytes, tensors: dict, on_tensor: OnTensor | None) -> None:
     """Every byte through ``write`` (the kernel copies untouched tensors), write-back started
     in the background as the file grows."""
     flusher = _Flusher(fh.fileno())
@@ -268,7 +273,9 @@ def _write_buffered(fh, tmp: str, path: str, header: bytes, tensors: dict, on_te
         flusher.stop()
 
 
-def _write_direct(stream, fd: int, tmp: str, path: str, header: bytes, tensors: dict, on_tensor) -> None:
+def _write_direct(
+    stream: DirectStream, fd: int, tmp: str, path: str, header: bytes, tensors: dict, on_tensor: OnTensor | None
+) -> None:
     """The same bytes as ``_write_buffered``, tensor data through ``stream`` (O_DIRECT);
     the header, and large untouched tensors (copied by the kernel), through ``fd``."""
     try:
@@ -311,7 +318,7 @@ def _check_size(path: str, name: str, dtype: str, shape, got: int, want: int) ->
         raise ValueError(f"{path}: tensor {name!r} produced {got} bytes, {dtype} {list(shape)} needs {want}")
 
 
-def _pwrite(fd: int, data, offset: int) -> None:
+def _pwrite(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)
@@ -346,7 +353,7 @@ class BackgroundSync:
             raise self.error
 
 
-def _kernel_copy(src: CopyRange, dst_fd: int, flusher, at: int | None = None) -> int:
+def _kernel_copy(src: CopyRange, dst_fd: int, flusher: _Flusher | None, at: int | None = None) -> int:
     """Copy as much of ``src`` as the kernel will, at the file position or at offset ``at``;
     returns the bytes copied (0 if unsupported)."""
     copy = getattr(os, "copy_file_range", None)
