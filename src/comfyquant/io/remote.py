@@ -58,6 +58,8 @@ from .timeouts import timeout_problem
 
 if TYPE_CHECKING:
     import http.client
+    import socket
+    import urllib.error
     import urllib.request
 
 FIRST_READ = 512 * 1024
@@ -249,7 +251,7 @@ class _Watchdog:
         for sock in socks:
             _shutdown(sock)
 
-    def watch(self, sock) -> None:
+    def watch(self, sock: socket.socket) -> None:
         with self._lock:
             self._socks.append(sock)
             fired = self.fired
@@ -264,7 +266,7 @@ class _Watchdog:
         self._timer.cancel()
 
 
-def _shutdown(sock) -> None:
+def _shutdown(sock: socket.socket) -> None:
     import socket
 
     try:
@@ -346,7 +348,7 @@ def _content_range(value: str | None) -> tuple[int | None, int | None, int | Non
     return a, b, total
 
 
-def _length_problem(resp, a: int, b: int) -> str | None:
+def _length_problem(resp: http.client.HTTPResponse, a: int, b: int) -> str | None:
     """Why a 206 answer's ``Content-Length`` contradicts its ``Content-Range`` span, or None."""
     length = resp.headers.get("Content-Length")
     if length is None or not length.strip().isdigit():
@@ -392,7 +394,7 @@ class HttpClient:
             self.reads += requests
             self.bytes_read += nbytes
 
-    def read_body(self, resp, n: int) -> bytes:
+    def read_body(self, resp: http.client.HTTPResponse, n: int) -> bytes:
         """Up to ``n`` bytes of ``resp``'s body (fewer only when it ends)."""
         parts = []
         got = 0
@@ -529,7 +531,7 @@ class HttpClient:
     def _timeout(self) -> InputError:
         return InputError(f"{self.name}: no answer within {self.options.timeout:g} s ({option('--timeout', 'timeout')})")
 
-    def _status_error(self, exc) -> None:
+    def _status_error(self, exc: urllib.error.HTTPError) -> None:
         code = exc.code
         reason = _one_line(exc.reason) if exc.reason else ""
         if 300 <= code < 400:
@@ -546,7 +548,7 @@ class HttpClient:
             raise _Retry(f"server error (HTTP {code} {reason})".replace(" )", ")"), delay)
         raise InputError(f"{self.name}: HTTP {code} {reason}".rstrip())
 
-    def ignores_range(self, resp) -> InputError:
+    def ignores_range(self, resp: http.client.HTTPResponse) -> InputError:
         length = resp.headers.get("Content-Length")
         what = f"the whole {int(length):,}-byte file" if length and length.isdigit() else "the whole file"
         return InputError(
@@ -556,7 +558,7 @@ class HttpClient:
     def get_all(self, limit: int) -> bytes:
         """A whole small file (an index.json), refusing anything over ``limit`` bytes."""
 
-        def consume(resp) -> bytes:
+        def consume(resp: http.client.HTTPResponse) -> bytes:
             if _status(resp) == 416:
                 return b""
             length = resp.headers.get("Content-Length")
@@ -605,7 +607,7 @@ class HttpSource(HttpClient):
             blocks = _map(lambda sp: self._range(sp[0], sp[1]), spans, self.options.parallel)
             self._spans = [(sp[0], block) for sp, block in zip(spans, blocks)]
 
-    def _first(self, resp) -> bytes:
+    def _first(self, resp: http.client.HTTPResponse) -> bytes:
         status = _status(resp)
         if status == 416:  # an empty file: "bytes */0"
             cr = resp.headers.get("Content-Range")
@@ -664,7 +666,7 @@ class HttpSource(HttpClient):
         return head  # leaving the body unread drops the connection: nothing more is read
 
     def _range(self, start: int, stop: int) -> bytes:
-        def consume(resp) -> bytes:
+        def consume(resp: http.client.HTTPResponse) -> bytes:
             if _status(resp) != 206:
                 if _status(resp) == 416:
                     raise InputError(f"{self.name}: the server refused bytes {start}-{stop - 1} (HTTP 416): file changed?")
