@@ -31,6 +31,7 @@ from .plan import Plan
 
 if TYPE_CHECKING:
     from ..checkpoint import Checkpoint
+    from .lossy import Requant
 
 STAMP_KEY = "comfyquant"
 
@@ -47,7 +48,7 @@ def output_paths(ckpt: Checkpoint, out: str | None, in_place: bool, overwrite: b
     return dest.per_file, dest.index
 
 
-def _requant_tensors(ckpt: Checkpoint, op) -> dict:
+def _requant_tensors(ckpt: Checkpoint, op: Requant) -> dict:
     """The re-quantized layer's tensors, computed when the writer reaches the first of them."""
     state: dict[str, bytes] = {}
 

@@ -26,6 +26,7 @@ from .migrate import MigrateError, layer_results
 from .plan import Options, Plan, plan_repairs
 
 if TYPE_CHECKING:
+    from ..checker.report import Report
     from ..checkpoint import Checkpoint
 
 
@@ -35,7 +36,7 @@ class MigrateResult:
 
     __slots__ = ("plan", "before", "preview", "after", "outputs", "dry_run", "dialect", "to")
 
-    def __init__(self, plan: Plan, before, dialect: str, dry_run: bool, to: str | None) -> None:
+    def __init__(self, plan: Plan, before: Report, dialect: str, dry_run: bool, to: str | None) -> None:
         self.plan = plan
         self.before = before
         self.preview = None

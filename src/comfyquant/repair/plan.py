@@ -29,7 +29,7 @@ from ..shapes import fmt_shape
 from .edits import STORAGE, Assumption, Change, Options, Plan, TensorEdit
 
 if TYPE_CHECKING:
-    from ..checkpoint import Checkpoint
+    from ..checkpoint import Checkpoint, Layer
 
 UNCARRIABLE = ("C001", "C002", "C005", "C006", "C010", "C011", "C016")
 """Container damage a rewrite cannot carry over exactly: a tensor whose bytes do not match its
@@ -388,7 +388,7 @@ def _record(prefix: str, before: dict, after: dict, plan: Plan) -> None:
         plan.markers_changed = True
 
 
-def _infer_marker(layer, options: Options, plan: Plan) -> dict | None:
+def _infer_marker(layer: Layer, options: Options, plan: Plan) -> dict | None:
     """A marker for an unmarked quantized layer, where the tensors say which format it is."""
     w = layer.tensors.get("weight")
     if w is None or w.dtype not in QUANTIZED_WEIGHT_DTYPES:
@@ -426,7 +426,7 @@ def _generic_marker(fmt: Format, tensors: dict, convrot_groupsize: int | None) -
     return keys
 
 
-def _file_level_marker(layer, marker: dict, plan: Plan) -> dict | None:
+def _file_level_marker(layer: Layer, marker: dict, plan: Plan) -> dict | None:
     """The marker the file's ``quant_format`` gives this unmarked layer in SGLang (0.5.23
     ``inspect_comfy_quant_markers``), written per layer so that ComfyUI and comfy-kitchen, which
     never read ``quant_format``, read the layer as SGLang does.  ``quant_format`` itself stays:
@@ -493,7 +493,7 @@ def _marker_storage(ckpt: Checkpoint, plan: Plan) -> None:
 # -- tensors ---------------------------------------------------------------------------------
 
 
-def _repair_tensors(ckpt: Checkpoint, layer, fmt: Format, marker: dict, plan: Plan) -> None:
+def _repair_tensors(ckpt: Checkpoint, layer: Layer, fmt: Format, marker: dict, plan: Plan) -> None:
     tensors = dict(layer.tensors)
     for old, new in plan.renames.items():
         suffix_old, suffix_new = old.rsplit(".", 1)[-1], new.rsplit(".", 1)[-1]
@@ -546,7 +546,7 @@ def _undecodable(fmt: Format, marker: dict, tensors: dict, op) -> str | None:
     return None if bad is None else bad.message.replace("{layer}", repr(op.prefix))
 
 
-def _exact_edits(ckpt: Checkpoint, layer, fmt: Format, env: dict, tensors: dict, plan: Plan) -> list[tuple]:
+def _exact_edits(ckpt: Checkpoint, layer: Layer, fmt: Format, env: dict, tensors: dict, plan: Plan) -> list[tuple]:
     """(suffix, stored entry, ``TensorEdit``, plan line) of every exact repair of the layer's tensors."""
     out: list[tuple] = []
     quant_format = {v.lower() for v in ckpt.markers.quant_formats.values() if v}
@@ -604,7 +604,7 @@ def _exact_edits(ckpt: Checkpoint, layer, fmt: Format, env: dict, tensors: dict,
     return out
 
 
-def _lossy(layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Plan):
+def _lossy(layer: Layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Plan):
     """The format's lossy re-encode when the target needs one and it is allowed (a
     ``Requant``, its plan line not yet in the plan); None when none is needed; False when it
     is needed but not allowed (the layer is refused)."""

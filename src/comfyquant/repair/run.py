@@ -15,6 +15,7 @@ from .execute import output_paths, write_and_verify
 from .plan import Change, Options, Plan, plan_repairs
 
 if TYPE_CHECKING:
+    from ..checker.report import Report
     from ..checkpoint import Checkpoint
 
 
@@ -24,7 +25,13 @@ class FixResult:
     __slots__ = ("plan", "before", "after", "outputs", "dry_run", "gate")
 
     def __init__(
-        self, plan: Plan, before, after=None, outputs: list[str] | None = None, dry_run: bool = False, gate: dict | None = None
+        self,
+        plan: Plan,
+        before: Report,
+        after: Report | None = None,
+        outputs: list[str] | None = None,
+        dry_run: bool = False,
+        gate: dict | None = None,
     ):
         self.plan = plan
         self.before = before
