@@ -19,6 +19,7 @@ from .formats.registry import LAYER_SUFFIXES
 from .io.header import Header, TensorEntry, read_header
 from .io.shards import ShardSet, is_url, resolve_local
 from .io.source import ByteSource, LocalFile
+from .markers import MarkerSet
 from .memo import Memo
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ class Layer:
 class Checkpoint:
     """All shards of one checkpoint, merged.  Close it (or use ``with``) to release files."""
 
-    def __init__(self, paths: list[str], shardset: ShardSet, sources: list[ByteSource], headers: list[Header]):
+    def __init__(self, paths: list[str], shardset: ShardSet, sources: Sequence[ByteSource], headers: list[Header]) -> None:
         self.paths = paths
         self.shardset = shardset
         self.sources = sources
@@ -116,10 +117,12 @@ class Checkpoint:
         self.marker_entries: list[TensorEntry] = []
         """Every ``.comfy_quant`` tensor of the merged view (duplicates across shards left out)."""
         self.duplicates = False
-        self.markers = None  # MarkerSet, set by open_checkpoint
+        self.markers = MarkerSet()
+        """Every marker of the checkpoint (``open_checkpoint`` collects them; empty until then)."""
         self.memo = Memo()
-        self.detection = None
-        """The checkpoint's dialects (``dialects.registry.detect`` fills it on first use)."""
+        self.detection: object | None = None
+        """The checkpoint's dialects, a ``dialects.registry.Detection`` (``detect`` fills it on
+        first use; typed there, as the dialects sit above this module)."""
         self.foreign: dict[str, str] = {}
         """Layer prefix -> dialect, for layers a foreign layout claims (set with ``detection``):
         the runtime profiles leave those layers to their dialect's own runtime model."""
@@ -176,14 +179,14 @@ class Checkpoint:
     def __enter__(self) -> Checkpoint:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
 def open_checkpoint(
     paths: Paths,
     name_mapper: NameMapper | None = None,
-    sources: list[ByteSource] | None = None,
+    sources: Sequence[ByteSource] | None = None,
     shardset: ShardSet | None = None,
     remote: RemoteOptions | None = None,
     damaged_ok: bool = False,
@@ -201,16 +204,14 @@ def open_checkpoint(
     """
     from .markers import collect_markers
 
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    paths = [str(p) for p in paths]
-    if sources is None and any(is_url(p) for p in paths):
+    names = [str(paths)] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
+    if sources is None and any(is_url(p) for p in names):
         from .io.remote import open_remote  # urllib/fsspec load only for URLs
 
-        shardset, sources = open_remote(paths, remote)
+        shardset, sources = open_remote(names, remote)
     elif sources is None:
         if shardset is None:
-            shardset = resolve_local(paths)
+            shardset = resolve_local(names)
         sources = []
         try:
             for f in shardset.files:
@@ -227,7 +228,7 @@ def open_checkpoint(
         for s in sources:
             s.close()
         raise
-    ckpt = Checkpoint(paths, shardset, sources, headers)
+    ckpt = Checkpoint(names, shardset, sources, headers)
     _merge(ckpt)
     if ckpt.duplicates and shardset.explicit:  # files named by the user that repeat tensor names
         from .io.shards import separate_repeats

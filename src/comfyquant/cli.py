@@ -39,7 +39,7 @@ def _module(name: str):
     return importlib.import_module(f".commands.{name.replace('-', '_')}", __package__)
 
 
-def _build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def _build_parser(only: str | None = None) -> _Parser:
     p = _Parser(
         prog="comfyquant",
         description="Check, inspect, repair, quantize and dequantize Comfy quantized safetensors checkpoints.",
@@ -61,10 +61,13 @@ def _tolerant_output() -> None:
     reported as C006) and paths undecodable bytes (kept as surrogates by Python): print them
     escaped (``\\ud800``) instead of failing with UnicodeEncodeError."""
     for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # a test's replacement may have none
+        if reconfigure is None:
+            continue
         try:
-            stream.reconfigure(errors="backslashreplace")
-        except (AttributeError, ValueError, OSError):
-            pass  # not a text stream we can adjust (a test's replacement, a closed stream)
+            reconfigure(errors="backslashreplace")
+        except (ValueError, OSError):
+            pass  # not a text stream we can adjust (a closed stream)
 
 
 DECODING_COMMANDS = ("dequantize", "convert", "quantize")

@@ -29,10 +29,14 @@ import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .dtypes import MODEL_FLOAT_DTYPES
 from .errors import InputError, option
 from .naming import natural_key, printable
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint
 
 OVER_TAG = "over-max-error"
 """The word an output over ``--max-error`` is kept under (``<stem>.over-max-error.safetensors``)."""
@@ -126,7 +130,7 @@ class Comparison:
 
     def summary(self) -> dict:
         done = self.compared
-        finite = [r for r in done if r.rel_l2 is not None and math.isfinite(r.rel_l2)]
+        finite = [r.rel_l2 for r in done if r.rel_l2 is not None and math.isfinite(r.rel_l2)]
         worst = self.worst()
         top_abs = max(done, key=lambda r: _sort_value(r.max_abs), default=None)
         low_cos = min(
@@ -138,7 +142,7 @@ class Comparison:
             "only_a": len(self.only_a),
             "only_b": len(self.only_b),
             "nonfinite_layers": sum(1 for r in done if r.nonfinite),
-            "rel_l2_mean": sum(r.rel_l2 for r in finite) / len(finite) if finite else None,
+            "rel_l2_mean": sum(finite) / len(finite) if finite else None,
             "rel_l2_max": _finite(worst[0].rel_l2) if worst else None,
             "rel_l2_max_layer": worst[0].layer if worst else None,
             "cosine_min": _finite(low_cos.cosine) if low_cos else None,
@@ -295,7 +299,7 @@ class _Weight:
 class _Side:
     """One input: its weights by layer, quantized ones with their decode plans."""
 
-    def __init__(self, ckpt, label: str, dtype: str | None) -> None:
+    def __init__(self, ckpt: Checkpoint, label: str, dtype: str | None) -> None:
         from .gate import check_input
         from .markers import file_level_markers
 
@@ -404,9 +408,8 @@ def _compare_layer(index: int, prefix: str, side_a: _Side, side_b: _Side) -> Lay
     kinds = [w.kind if isinstance(w, _Weight) else "-" for w in (wa, wb)]
     shape = next((list(w.shape) for w in (wb, wa) if isinstance(w, _Weight)), [])
     row = LayerComparison(prefix, index, shape, kinds[0], kinds[1])
-    why = wa if isinstance(wa, str) else wb if isinstance(wb, str) else None
-    if why is not None:
-        row.refused = why
+    if isinstance(wa, str) or isinstance(wb, str):
+        row.refused = wa if isinstance(wa, str) else str(wb)
         return row
     crop = _crop(wa, wb)
     if isinstance(crop, str):
@@ -533,7 +536,7 @@ def figure(result: Comparison):
     kinds = list(dict.fromkeys(r.a for r in rows))
     colors = plt.get_cmap("tab10")
     for i, kind in enumerate(kinds):
-        pts = [(j, r.rel_l2 if math.isfinite(r.rel_l2) else 0.0) for j, r in enumerate(rows) if r.a == kind]
+        pts = [(j, l2 if math.isfinite(l2) else 0.0) for j, r in enumerate(rows) if r.a == kind and (l2 := r.rel_l2) is not None]
         ax.bar([p[0] for p in pts], [p[1] for p in pts], width=0.8, color=colors(i % 10), label=kind)
     ax.set_ylabel("relative L2 error ||A-B|| / ||B||")
     ax.grid(axis="y", alpha=0.3)

@@ -41,16 +41,17 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import ComfyQuantError, InputError, option
 from .io.outputs import claim
+from .io.source import reads_into
 from .markers import DROP_METADATA
 from .naming import printable
 from .units import human_size
 
 if TYPE_CHECKING:
-    from .checkpoint import Paths
+    from .checkpoint import Checkpoint, Paths
 
 ALIGN = 64
 """Byte alignment of each packed tensor in the reused read buffer."""
@@ -119,7 +120,7 @@ class Summary:
             f"({rate:.1f} MB/s of input)" + (f", after {self.startup:.1f} s loading torch" if self.startup >= 0.05 else ""),
         ]
         if self.overflowed:
-            worst = max(self.overflowed, key=self.overflowed.get)
+            worst = max(self.overflowed, key=lambda name: self.overflowed[name])
             total = sum(self.overflowed.values())
             lines.append(
                 f"warning: {total} value{'s' * (total != 1)} in {len(self.overflowed)} layer"
@@ -144,7 +145,7 @@ class DecodedLayer:
         self.entries = entries
         self.drop = drop
         n, k = plan.shape
-        self.shape = (n, k)
+        self.shape: tuple[int, ...] = (n, k)
         """The dense weight's shape: a MoE bank's is [E, out, K], as the bank stores it."""
         self.per_expert = None
         """For a stacked bank, each expert's input entries (decoded one expert after another)."""
@@ -226,8 +227,8 @@ def dequantize(
         finally:
             from .io.writer import discard
 
-            for t in temps:
-                discard(t)
+            for tmp in temps:
+                discard(tmp)
     summary.layers = dict(sorted(work.formats.items()))
     summary.seconds = time.perf_counter() - started
     summary.startup = startup
@@ -263,7 +264,7 @@ def _load_modules() -> None:
 
 
 def plan_layers(
-    ckpt, dtype, implied: dict[str, dict], verb: str = "dequantize", error: type[ComfyQuantError] = DequantizeError
+    ckpt: Checkpoint, dtype, implied: dict[str, dict], verb: str = "dequantize", error: type[ComfyQuantError] = DequantizeError
 ) -> dict[str, DecodedLayer]:
     """Validated decode plans for every marked layer, keyed by the weight tensor's name.  A
     layer without a marker of its own is decoded with the marker the file's ``quant_format``
@@ -299,7 +300,9 @@ def plan_layers(
     return out
 
 
-def _plan_outputs(ckpt, out: str | None, overwrite: bool) -> tuple[list[tuple[str, str | None, list[str]]], str | None]:
+def _plan_outputs(
+    ckpt: Checkpoint, out: str | None, overwrite: bool
+) -> tuple[list[tuple[str, str | None, list[str]]], str | None]:
     """(output path, input file or None for all, tensor names in file order) per output file,
     and the index's path (shards kept as shards).  ``comfyquant.io.outputs.claim`` refuses."""
     per_file = []
@@ -317,8 +320,9 @@ def _plan_outputs(ckpt, out: str | None, overwrite: bool) -> tuple[list[tuple[st
         error=DequantizeError,
     )
     dests = dest.files
+    files: list[tuple[str, str | None, list[str]]]
     if dests is None:
-        files = [(dest.merged, None, [n for _, names in per_file for n in names])]
+        files = [(dest.merged_file, None, [n for _, names in per_file for n in names])]
     else:
         dest_of = dict(zip(ckpt.files, dests))
         files = [(dest_of[f], f, names) for f, names in per_file]
@@ -326,7 +330,7 @@ def _plan_outputs(ckpt, out: str | None, overwrite: bool) -> tuple[list[tuple[st
     return files, dest.index
 
 
-def _metadata(ckpt, source: str | None) -> dict[str, str]:
+def _metadata(ckpt: Checkpoint, source: str | None) -> dict[str, str]:
     """The input's metadata (one shard's, or all shards' merged) without the marker keys."""
     meta = ckpt.metadata(source) if source is not None else ckpt.metadata()
     return {k: v for k, v in meta.items() if k not in DROP_METADATA}
@@ -396,7 +400,7 @@ def _stage_index(path: str, files: list, sizes: dict[str, int], previous: str | 
 class _Work:
     """Builds each output file's tensor table with lazy data and keeps the counts."""
 
-    def __init__(self, ckpt, layers: dict[str, DecodedLayer], summary: Summary) -> None:
+    def __init__(self, ckpt: Checkpoint, layers: dict[str, DecodedLayer], summary: Summary) -> None:
         self.ckpt = ckpt
         self.layers = layers
         self.summary = summary
@@ -459,10 +463,11 @@ class _Work:
         reads instead.  Safe to reuse: a layer's blocks are all decoded and written before
         the next layer is read."""
         sources = [self.ckpt.source(e.file) for e in entries]
-        if not all(hasattr(src, "readinto") for src in sources):
+        readers = [src for src in sources if reads_into(src)]
+        if len(readers) != len(sources):
             return self.ckpt.read_many(entries)
         out = mapped_entries(self.ckpt, entries, DequantizeError)
-        rest = [(e, src) for e, src in zip(entries, sources) if e.name not in out]
+        rest = [(e, src) for e, src in zip(entries, readers) if e.name not in out]
         spans, total = [], 0
         for e, _src in rest:
             spans.append(total)
@@ -594,11 +599,16 @@ class _Work:
         at = block.untyped_storage().data_ptr()
         return start <= at < start + len(self.buffer)
 
-    def _next(self, layer: DecodedLayer) -> tuple[str, object]:
+    def _next(self, layer: DecodedLayer) -> tuple[str, Any]:
+        """The next (kind, value) of ``layer``: "read" and the bytes read, "block" and (tensor,
+        infinities), "blocks" and a list of those, "end" and None."""
         from .formats.codec import CodecError
 
+        items = self._items
+        if items is None:
+            raise RuntimeError(f"decoded nothing while writing {layer.name!r}")
         try:
-            got, kind, value = next(self._items)
+            got, kind, value = next(items)
         except CodecError as exc:
             raise DequantizeError(f"cannot decode: {exc}") from None
         if got is not layer:  # the writer asks for the tensors in the order given
@@ -688,7 +698,7 @@ def decoded_ahead(blocks: Iterator, ahead: int = AHEAD) -> Iterator:
         worker.join()
 
 
-def mapped_entries(ckpt, entries: list, error: type[Exception]) -> dict:
+def mapped_entries(ckpt: Checkpoint, entries: list, error: type[Exception]) -> dict:
     """The entries of ``MAP_MIN`` bytes or more that local files can map from the page
     cache (``mapped``), by name: the caller reads the
     others.  A file truncated since it was checked raises ``error`` naming the tensor."""

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     class Classified(Protocol):
         """What the memo reads and keeps on a layer (``comfyquant.checkpoint.Layer``)."""
 
-        signature: tuple
+        @property
+        def signature(self) -> tuple: ...
+
         class_ids: dict[int, tuple[object, int]] | None
 
 

@@ -9,15 +9,21 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, TextIO
 
-from .findings import ERROR, INFO, WARNING
+from .findings import ERROR, INFO, WARNING, Finding
 from .naming import printable
 from .units import human_size
+
+if TYPE_CHECKING:
+    from .checker.report import Report
 
 _COLORS = {ERROR: "\033[31m", WARNING: "\033[33m", INFO: "\033[36m"}
 
 
-def _use_color(stream) -> bool:
+def _use_color(stream: TextIO) -> bool:
     return hasattr(stream, "isatty") and stream.isatty() and not os.environ.get("NO_COLOR")
 
 
@@ -26,13 +32,13 @@ def _sev(sev: str, color: bool) -> str:
     return f"{_COLORS[sev]}{label}\033[0m" if color and sev in _COLORS else label
 
 
-def _by_tensor(f) -> bool:
+def _by_tensor(f: Finding) -> bool:
     """A finding about a tensor outside any layer (index and shard findings: C010, C012 ...):
     such findings group by their message with the tensor name taken out."""
     return bool(f.tensor) and not f.layer
 
 
-def _template(f, text):
+def _template(f: Finding, text: str | None) -> str | None:
     """``text`` with the finding's quoted tensor name (``'x.weight'``, as messages write it)
     taken out, for the grouping key only (never printed); ``text`` itself when the finding is
     about a layer, or None."""
@@ -41,10 +47,11 @@ def _template(f, text):
     return text.replace(repr(f.tensor), "<tensor>")
 
 
-def _group(findings):
+def _group(findings: Iterable[Finding]) -> list[list[Finding]]:
     """Findings that say the same thing about many layers, or many tensors, as one group."""
     groups: dict[tuple, list] = {}
     for f in findings:
+        key: tuple
         if _by_tensor(f):
             key = (
                 f.severity,
@@ -76,7 +83,7 @@ def _group(findings):
     return list(groups.values())
 
 
-def _measured(f) -> str | None:
+def _measured(f: Finding) -> str | None:
     """What ``check --deep`` measured on the finding's tensor, as the report's line says it."""
     m = getattr(f, "measured", None)
     if not m:
@@ -101,7 +108,7 @@ def architecture_text(arch: dict) -> str:
     return text if arch.get("modelled") else f"{text}: {arch['note']}"
 
 
-def _layout(report) -> list[str]:
+def _layout(report: Report) -> list[str]:
     """The file's layout in one line per dialect: what it is, before what is wrong with it."""
     d = report.dialect
     if not d:
@@ -117,7 +124,7 @@ def _layout(report) -> list[str]:
     return [f"layout: {f.message}" + (f" -> {f.fix}" if f.fix else "") for f in foreign]
 
 
-def render_report(report, verbose: bool = False, stream=None) -> str:
+def render_report(report: Report, verbose: bool = False, stream: TextIO | None = None) -> str:
     stream = stream or sys.stdout
     color = _use_color(stream)
     lines: list[str | tuple[str, str]] = []
@@ -147,9 +154,9 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
         if f.targets:
             lines.append(f"  {'affects':<8} {', '.join(f.targets)}")
         if tensors:
-            lines.append(f"  {'tensors':<8} {_examples([g.tensor for g in group])}")
+            lines.append(f"  {'tensors':<8} {_examples([g.tensor for g in group if g.tensor is not None])}")
         elif many:
-            lines.append(f"  {'layers':<8} {_examples([g.layer for g in group])}")
+            lines.append(f"  {'layers':<8} {_examples([g.layer for g in group if g.layer is not None])}")
     lines.append("")
     lines.append("targets:")
     from .targets.proven import modelled, proven_text
@@ -185,7 +192,7 @@ def render_report(report, verbose: bool = False, stream=None) -> str:
     )
 
 
-def table(headers: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
+def table(headers: list[str], rows: list[list[str]], right: AbstractSet[int] = frozenset()) -> list[str]:
     """Aligned columns; cells hold names from files, so each is escaped before it is measured."""
     rows = [[printable(cell) for cell in r] for r in rows]
     widths = [len(h) for h in headers]
@@ -345,7 +352,7 @@ def _metadata_lines(metadata: dict[str, dict[str, str]], width: int | None) -> l
     return out
 
 
-def _defects_hint(report) -> str:
+def _defects_hint(report: Report) -> str:
     """For a file ``migrate`` leaves as it is: where its defects are repaired (``fix``) and
     listed (``check``), when the check finds errors or warnings; nothing otherwise."""
     counts = report.counts
@@ -521,7 +528,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' * (n != 1)}"
 
 
-def _io_total(report) -> tuple[int, int]:
+def _io_total(report: Report) -> tuple[int, int]:
     return (sum(s["requests"] for s in report.io.values()), sum(s["bytes"] for s in report.io.values()))
 
 

@@ -53,8 +53,9 @@ def inspect_comfy_quant_markers(
     ``safetensors_list`` is SGLang's list of shard paths; one path (a string or path object)
     is taken as a list of one, where iterating it would read each character as a file."""
     if isinstance(safetensors_list, (str, os.PathLike)):
-        safetensors_list = [safetensors_list]
-    paths = [os.fspath(p) for p in safetensors_list]
+        paths = [os.fspath(safetensors_list)]
+    else:
+        paths = [os.fspath(p) for p in safetensors_list]
     sources = [LocalFile(p) for p in paths]
     # a file safetensors cannot open raises its SafetensorError below, as SGLang's safe_open does
     ckpt = open_checkpoint(paths, sources=sources, shardset=ShardSet(files=paths), damaged_ok=True)

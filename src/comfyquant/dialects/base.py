@@ -15,7 +15,11 @@ they need when called.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..io.header import TensorEntry
+    from ..io.source import ByteSource
 
 EXACT = "exact"
 """Renames, added markers, reshapes of the same bytes, exact scale upcasts."""
@@ -111,7 +115,7 @@ class Translation:
         prefix: str,
         dialect: str,
         variant: str,
-        inputs: dict,
+        inputs: dict[str, TensorEntry],
         *,
         verdict: str,
         why: str = "",
@@ -290,7 +294,7 @@ class Container:
     __slots__ = ("name", "sniff", "open", "suffixes")
 
     def __init__(
-        self, name: str, sniff: Callable[[str], bool], open: Callable[[str], Any], suffixes: tuple[str, ...] = ()
+        self, name: str, sniff: Callable[[str], bool], open: Callable[[str], ByteSource], suffixes: tuple[str, ...] = ()
     ) -> None:
         self.name = name
         self.sniff = sniff

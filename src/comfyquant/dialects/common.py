@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 from ..dtypes import MODEL_FLOAT_DTYPES
 from ..numerics import bytewise
 from .base import EXACT, Move
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 FLOAT_SCALE_DTYPES = MODEL_FLOAT_DTYPES
 """Scale dtypes whose values upcast to F32 exactly."""
@@ -66,7 +70,7 @@ tensors.  A layer that has one is musubi's, even in a file with the legacy senti
 legacy reading (one scale) would drop the factor."""
 
 
-def two_level_scales(ckpt) -> dict:
+def two_level_scales(ckpt: Checkpoint) -> dict:
     """``<layer>.scale_weight_tensor`` entries by layer prefix."""
     cut = len(TWO_LEVEL_SCALE) + 1
     return {n[:-cut]: ckpt.tensors[n] for n in ckpt.other_tensors if n.endswith("." + TWO_LEVEL_SCALE)}
@@ -76,7 +80,7 @@ LEGACY_SENTINEL = "scaled_fp8"
 """ComfyUI's legacy scaled-FP8 flag tensor, at the diffusion model's prefix (or none)."""
 
 
-def legacy_sentinels(ckpt) -> list[str]:
+def legacy_sentinels(ckpt: Checkpoint) -> list[str]:
     """The file's ``scaled_fp8`` sentinel tensors: the legacy layout's tell, which musubi's
     files never have."""
     return [n for n in ckpt.other_tensors if n == LEGACY_SENTINEL or n.endswith("." + LEGACY_SENTINEL)]

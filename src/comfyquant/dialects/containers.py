@@ -5,23 +5,28 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from ..checkpoint import Checkpoint, Paths, open_checkpoint
+from ..checkpoint import Checkpoint, NameMapper, Paths, open_checkpoint
 from ..errors import InputError
 from ..io.shards import ShardSet, is_url
+from ..io.source import ByteSource
+from .base import Container
 from .registry import CONTAINERS
 
+if TYPE_CHECKING:
+    from ..io.remote import RemoteOptions
 
-def container_of(paths: Paths) -> tuple[str, object] | None:
+
+def container_of(paths: Paths) -> tuple[str, Container] | None:
     """(path, container) when ``paths`` names one local file of a non-safetensors container."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    paths = [str(p) for p in paths]
-    if len(paths) != 1 or is_url(paths[0]) or not os.path.isfile(paths[0]):
+    names = [str(paths)] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
+    if len(names) != 1 or is_url(names[0]) or not os.path.isfile(names[0]):
         return None
     for c in CONTAINERS:
-        if c.sniff(paths[0]):
-            return paths[0], c
+        if c.sniff(names[0]):
+            return names[0], c
     return None
 
 
@@ -30,16 +35,23 @@ def container_suffixes() -> tuple[str, ...]:
     return tuple(s for c in CONTAINERS for s in c.suffixes)
 
 
-def open_any(paths: Paths, **kw) -> Checkpoint:
-    if kw.get("sources") is None:
+def open_any(
+    paths: Paths,
+    name_mapper: NameMapper | None = None,
+    sources: Sequence[ByteSource] | None = None,
+    shardset: ShardSet | None = None,
+    remote: RemoteOptions | None = None,
+    damaged_ok: bool = False,
+) -> Checkpoint:
+    """``open_checkpoint``, which it takes the arguments of, or a container file's view."""
+    if sources is None:
         found = container_of(paths)
         if found is not None:
             path, container = found
             source = container.open(path)
-            kw["shardset"] = ShardSet(files=[path])
-            return open_checkpoint(path, sources=[source], **kw)
+            return open_checkpoint(path, name_mapper, [source], ShardSet(files=[path]), remote, damaged_ok)
         _refuse_mixed(paths)
-    return open_checkpoint(paths, **kw)
+    return open_checkpoint(paths, name_mapper, sources, shardset, remote, damaged_ok)
 
 
 def _refuse_mixed(paths: Paths) -> None:
@@ -47,10 +59,10 @@ def _refuse_mixed(paths: Paths) -> None:
     length ... exceeds the 100 MB limit"): say what it is instead."""
     if isinstance(paths, (str, os.PathLike)):
         return
-    paths = [str(p) for p in paths]
-    if len(paths) < 2:
+    names = [str(p) for p in paths]
+    if len(names) < 2:
         return
-    for p in paths:
+    for p in names:
         if not is_url(p) and os.path.isfile(p):
             for c in CONTAINERS:
                 if c.sniff(p):

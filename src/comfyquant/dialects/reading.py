@@ -8,10 +8,15 @@ garbage or fails.  Plain data, no numpy: ``check`` imports it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..dtypes import DTYPE_BITS
 
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
-def file_ends(ckpt) -> dict[str, int]:
+
+def file_ends(ckpt: Checkpoint) -> dict[str, int]:
     """Each file's size, by file: where a tensor's span must end (``sound``)."""
     return {h.file: h.size for h in ckpt.headers}
 
@@ -24,7 +29,7 @@ def sound(entry, ends: dict[str, int]) -> bool:
     return entry.end <= ends.get(entry.file, entry.end) and entry.nbytes * 8 == entry.numel * DTYPE_BITS.get(entry.dtype, -1)
 
 
-def read_sound(ckpt, entries) -> dict[str, bytes]:
+def read_sound(ckpt: Checkpoint, entries) -> dict[str, bytes]:
     """The bytes of each of ``entries`` that is ``sound`` and reads back whole, by name; the
     others are left out (the container findings say what is wrong with them), so a reader
     judges only values its tensor's header describes truly and leaves the rest unsettled."""

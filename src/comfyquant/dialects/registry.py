@@ -8,9 +8,14 @@ them on disk.  ``detect`` runs them in ``order`` over the header view of a check
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..discovery import subpackages
 from ..dtypes import QUANTIZED_WEIGHT_DTYPES
 from .base import Claim, Container, Dialect, Translation
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 COMFY = "comfy"
 """Layers with a comfy_quant marker (the native layout)."""
@@ -83,10 +88,10 @@ class Detection:
         }
 
 
-def detect(ckpt) -> Detection:
+def detect(ckpt: Checkpoint) -> Detection:
     """The checkpoint's dialects (header only; computed once per checkpoint)."""
     found = ckpt.detection
-    if found is not None:
+    if isinstance(found, Detection):
         return found
     claims: list[Claim] = []
     claimed: set[str] = set()

@@ -8,10 +8,14 @@ what only the data can tell is one ``F003`` per dialect, settled by ``--deep``.
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from ..findings import Finding
 from .base import LOSSY, REFUSED
 from .registry import DIALECTS, Detection
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 
 def _summary(claim) -> str:
@@ -83,7 +87,7 @@ def dialect_findings(detection: Detection) -> list[Finding]:
     return out
 
 
-def dialect_violations(ckpt, detection: Detection, target: str) -> list:
+def dialect_violations(ckpt: Checkpoint, detection: Detection, target: str) -> list:
     """What ``target`` does with the claimed layers, from each dialect's runtime model."""
     out: list = []
     for claim in detection.claims:
@@ -93,7 +97,7 @@ def dialect_violations(ckpt, detection: Detection, target: str) -> list:
     return out
 
 
-def settle(ckpt, detection: Detection) -> list[Finding]:
+def settle(ckpt: Checkpoint, detection: Detection) -> list[Finding]:
     """Read the tensor data each dialect needs to settle what its header leaves open; the
     translations are refined in place (``migrate`` and ``--deep`` both call this)."""
     out: list[Finding] = []

@@ -15,11 +15,13 @@ from contextlib import contextmanager
 
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..errors import InputError
+from ..io.header import Header, TensorEntry
 from ..io.shards import ShardSet
-from ..io.virtual import Range, VirtualSource
+from ..io.source import ByteSource
+from ..io.virtual import Produce, Range, Span, VirtualSource
 from ..markers import MARKER_MAP, marker_map_text, marker_tensor, read_marker_map
-from .base import EXACT, LOSSY, PERMUTATION, Translation
-from .registry import detect
+from .base import EXACT, LOSSY, PERMUTATION, Move, Transform, Translation
+from .registry import Detection, detect
 from .report import settle
 
 
@@ -61,8 +63,8 @@ def viewed(ckpt: Checkpoint, verb: str) -> Iterator[Checkpoint]:
             view.close()
 
 
-def _virtual_file(ckpt: Checkpoint, header, detection) -> VirtualSource:
-    by_source: dict[str, tuple[Translation, object]] = {}
+def _virtual_file(ckpt: Checkpoint, header: Header, detection: Detection) -> VirtualSource:
+    by_source: dict[str, tuple[Translation, Move]] = {}
     lossy: dict[str, Translation] = {}
     dropped: set[str] = set()
     for claim in detection.claims:
@@ -80,7 +82,7 @@ def _virtual_file(ckpt: Checkpoint, header, detection) -> VirtualSource:
                 if marker is not None:
                     dropped.add(marker.name)
     source = ckpt.source(header.file)
-    tensors: dict = {}
+    tensors: dict[str, tuple[str, tuple, Span]] = {}
     markers: dict[str, dict] = {}
     for entry in sorted(header.tensors.values(), key=lambda e: e.start):
         name = entry.name
@@ -112,21 +114,25 @@ def _virtual_file(ckpt: Checkpoint, header, detection) -> VirtualSource:
     return VirtualSource(header.file, tensors, metadata)
 
 
-def _transformed(source, entry, transform):
+def _transformed(source: ByteSource, entry: TensorEntry, transform: Transform) -> Produce:
     return lambda: transform(source.pread(entry.start, entry.nbytes))
 
 
-def _decoded(ckpt: Checkpoint, tr: Translation):
+def _decoded(ckpt: Checkpoint, tr: Translation) -> Produce:
+    decoder = tr.decoder
+    if decoder is None:  # comfy_view refuses such a layer before it builds the view
+        raise DialectError(f"{ckpt.files[0]}: layer {tr.prefix!r} ({tr.label}) has no decoder")
+
     def produce() -> bytes:
         from ..numerics.dtypes import from_bytes, to_bytes
 
         stored = {s: from_bytes(ckpt.read_bytes(e), e.dtype, e.shape) for s, e in tr.inputs.items()}
-        return bytes(to_bytes(tr.decoder(stored).contiguous()))
+        return bytes(to_bytes(decoder(stored).contiguous()))
 
     return produce
 
 
-def _metadata(metadata: dict[str, str], detection, markers: dict[str, dict]) -> dict[str, str]:
+def _metadata(metadata: dict[str, str], detection: Detection, markers: dict[str, dict]) -> dict[str, str]:
     out = dict(metadata)
     claimed = set(detection.layers)
     for claim in detection.claims:

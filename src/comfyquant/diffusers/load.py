@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -30,6 +31,9 @@ from ..torch.tensors import LoadError, assign_tensor, open_checked, path_label, 
 from . import flux_width
 from .parameter import ComfyQuantParameter, InexactOperation
 from .versions import require_diffusers
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 COMFY_PREFIX = "model.diffusion_model."
 """What ComfyUI files put before every transformer tensor; removed for every class (diffusers'
@@ -63,7 +67,7 @@ def load_transformer(
 
     cls = _resolve_class(diffusers, cls)
     mapping = SINGLE_FILE_LOADABLE_CLASSES.get(cls.__name__)
-    if mapping is None:
+    if not isinstance(mapping, dict):  # None: no entry (diffusers types its table's values as object)
         raise LoadError(f"diffusers {diffusers.__version__} has no single-file converter for {cls.__name__}")
     if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
         raise LoadError(f"torch_dtype must be a floating-point torch.dtype, got {torch_dtype!r}")
@@ -129,7 +133,7 @@ def _resolve_class(diffusers, cls):
     return cls
 
 
-def _read_checkpoint(ckpt, dtype: torch.dtype, device: torch.device, report: LoadReport):
+def _read_checkpoint(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, report: LoadReport):
     """Checkpoint name -> tensor or ``ComfyQuantParameter``, and the file names behind each
     dense value (by storage, so views a converter makes still name their file tensor)."""
     from ..markers import file_level_markers
@@ -227,11 +231,12 @@ def _empty_parameters() -> Iterator[None]:
             param = type(param)(param.to("meta"), requires_grad=param.requires_grad)
         register(module, name, param)
 
-    nn.Module.register_parameter = on_meta
+    # Swapping torch's method for the context is the point here; the stubs forbid assigning one.
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
     try:
         yield
     finally:
-        nn.Module.register_parameter = register
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
 def _load_converted(
@@ -266,7 +271,7 @@ def _load_converted(
         if isinstance(value, ComfyQuantParameter):
             name = key[: -len(".weight")] if key.endswith(".weight") else None
             module = modules.get(name) if name else None
-            if module is None:
+            if name is None or module is None:
                 report.unexpected.extend(value.names or [key])
                 continue
             if not isinstance(module, nn.Linear):

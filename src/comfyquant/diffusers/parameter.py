@@ -175,10 +175,13 @@ class ComfyQuantParameter(torch.Tensor):
     def stored(self) -> dict[str, torch.Tensor]:
         return self.quant.tensors
 
-    def where(self) -> str:
+    # The place the messages name; torch's elementwise Tensor.where is no operation a quantized
+    # weight supports, so the stubs' signature for that name does not apply.
+    def where(self) -> str:  # type: ignore[override]
         return f"layer {self.source!r}{self.rows}"
 
-    def __repr__(self, *args, **kwargs) -> str:
+    # torch's stubs give Tensor.__repr__ a keyword-only parameter without a usable name.
+    def __repr__(self, *args, **kwargs) -> str:  # type: ignore[override]
         shapes = ", ".join(f"{s} {list(t.shape)}" for s, t in self.stored.items())
         return f"ComfyQuantParameter({self.where()}, {self.format}, model shape {list(self.shape)}: {shapes})"
 
@@ -330,8 +333,10 @@ class ComfyQuantParameter(torch.Tensor):
             "(only row chunk/split/[a:b]/cat and a float cast are)"
         )
 
+    # torch calls it as a classmethod with the operation first; its stubs declare the disabled
+    # default, (types, args, kwargs), instead.
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
         raise InexactOperation(f"a quantized weight reached the torch operation {func} (only row operations are exact)")
 
 

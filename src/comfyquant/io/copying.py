@@ -8,12 +8,16 @@ pass through Python; remote sources are streamed in bounded chunks instead.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from .writer import CHUNK, CopyRange
 
+if TYPE_CHECKING:
+    from .source import ByteSource
 
-def copy_range(source, start: int, length: int) -> CopyRange | Callable[[], Iterator[bytes]]:
+
+def copy_range(source: ByteSource, start: int, length: int) -> CopyRange | Callable[[], Iterator[bytes]]:
     """Writer data for ``length`` bytes at ``start`` of ``source``: a kernel copy for local
     files (with a streamed fallback), streamed reads otherwise (remote sources)."""
     fd = getattr(source, "_fd", None)
@@ -22,7 +26,7 @@ def copy_range(source, start: int, length: int) -> CopyRange | Callable[[], Iter
     return read_chunks(source, start, length)
 
 
-def read_chunks(source, start: int, length: int) -> Callable[[], Iterator[bytes]]:
+def read_chunks(source: ByteSource, start: int, length: int) -> Callable[[], Iterator[bytes]]:
     """A callable yielding the range in chunks of at most ``CHUNK`` bytes (bounded memory)."""
 
     def chunks() -> Iterator[bytes]:

@@ -290,7 +290,7 @@ def _ascii_or_text(s: str) -> bool:
     return s.isascii() or _is_text(s)
 
 
-def _is_text(s) -> bool:
+def _is_text(s: str) -> bool:
     """Whether ``s`` is a string that UTF-8 can encode: a lone surrogate (``"\\ud800"`` in the
     JSON) decodes to a Python string that cannot be encoded, and the safetensors library
     (serde) refuses the whole header."""

@@ -48,6 +48,20 @@ class Outputs:
     """The output folder still to create (``make_folder``), or None."""
 
     @property
+    def per_file(self) -> list[str]:
+        """``files`` of a run that writes one output per input (claimed without ``merge``)."""
+        if self.files is None:
+            raise ValueError(f"the inputs merge into {self.merged}: there is no output per input")
+        return self.files
+
+    @property
+    def merged_file(self) -> str:
+        """``merged`` of a run whose inputs merge into one file (claimed with ``merge``)."""
+        if self.merged is None:
+            raise ValueError("the inputs are not merged: there is one output per input")
+        return self.merged
+
+    @property
     def paths(self) -> list[str]:
         """Every path the run may write, index last."""
         return [*(self.files if self.files is not None else [self.merged]), *([self.index] if self.index else [])]

@@ -48,12 +48,19 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import InputError, option
 from ..installing import extra_command
 from .header import MAX_HEADER_BYTES
 from .shards import ShardSet, is_url, read_index
 from .timeouts import timeout_problem
+
+if TYPE_CHECKING:
+    import http.client
+    import socket
+    import urllib.error
+    import urllib.request
 
 FIRST_READ = 512 * 1024
 """Speculative first read: one request for headers up to this size (minus 8 bytes)."""
@@ -214,7 +221,7 @@ def _one_line(what: object) -> str:
 
 # -- HTTP ------------------------------------------------------------------------------------
 
-_OPENER = None
+_OPENER: urllib.request.OpenerDirector | None = None
 _HOPS = threading.local()
 _LIVE = threading.local()
 """The ``_Watchdog`` of the request running in this thread (its connections register)."""
@@ -244,7 +251,7 @@ class _Watchdog:
         for sock in socks:
             _shutdown(sock)
 
-    def watch(self, sock) -> None:
+    def watch(self, sock: socket.socket) -> None:
         with self._lock:
             self._socks.append(sock)
             fired = self.fired
@@ -259,7 +266,7 @@ class _Watchdog:
         self._timer.cancel()
 
 
-def _shutdown(sock) -> None:
+def _shutdown(sock: socket.socket) -> None:
     import socket
 
     try:
@@ -268,20 +275,14 @@ def _shutdown(sock) -> None:
         pass
 
 
-def _watched(conn_class):
-    """``conn_class`` whose sockets the current request's watchdog can shut down."""
-
-    class Watched(conn_class):
-        def connect(self) -> None:
-            super().connect()
-            dog = getattr(_LIVE, "dog", None)
-            if dog is not None:
-                dog.watch(self.sock)
-
-    return Watched
+def _watch(conn: http.client.HTTPConnection) -> None:
+    """Hand a freshly connected socket to the current request's watchdog, which can shut it down."""
+    dog = getattr(_LIVE, "dog", None)
+    if dog is not None:
+        dog.watch(conn.sock)
 
 
-def _opener():
+def _opener() -> urllib.request.OpenerDirector:
     """A urllib opener that counts redirects (each one is a request the server answered)."""
     global _OPENER
     if _OPENER is None:
@@ -294,20 +295,31 @@ def _opener():
 
         import http.client
 
+        class WatchedHttp(http.client.HTTPConnection):
+            def connect(self) -> None:
+                super().connect()
+                _watch(self)
+
         class Http(urllib.request.HTTPHandler):
             def http_open(self, req):
-                return self.do_open(_watched(http.client.HTTPConnection), req)
+                return self.do_open(WatchedHttp, req)
 
-        handlers = [CountingRedirects, Http]
+        handlers: list[type[urllib.request.BaseHandler]] = [CountingRedirects, Http]
         if hasattr(http.client, "HTTPSConnection"):
-            https_conn = _watched(http.client.HTTPSConnection)
+
+            class WatchedHttps(http.client.HTTPSConnection):
+                def connect(self) -> None:
+                    super().connect()
+                    _watch(self)
 
             class Https(urllib.request.HTTPSHandler):
                 def https_open(self, req):
-                    kw = {"context": self._context}
+                    # typeshed leaves out the handler's private SSL context, which urllib's own
+                    # https_open passes the same way.
+                    kw = {"context": self._context}  # type: ignore[attr-defined]
                     if hasattr(self, "_check_hostname"):
                         kw["check_hostname"] = self._check_hostname
-                    return self.do_open(https_conn, req, **kw)
+                    return self.do_open(WatchedHttps, req, **kw)
 
             handlers.append(Https)
         _OPENER = urllib.request.build_opener(*handlers)
@@ -336,7 +348,7 @@ def _content_range(value: str | None) -> tuple[int | None, int | None, int | Non
     return a, b, total
 
 
-def _length_problem(resp, a: int, b: int) -> str | None:
+def _length_problem(resp: http.client.HTTPResponse, a: int, b: int) -> str | None:
     """Why a 206 answer's ``Content-Length`` contradicts its ``Content-Range`` span, or None."""
     length = resp.headers.get("Content-Length")
     if length is None or not length.strip().isdigit():
@@ -382,7 +394,7 @@ class HttpClient:
             self.reads += requests
             self.bytes_read += nbytes
 
-    def read_body(self, resp, n: int) -> bytes:
+    def read_body(self, resp: http.client.HTTPResponse, n: int) -> bytes:
         """Up to ``n`` bytes of ``resp``'s body (fewer only when it ends)."""
         parts = []
         got = 0
@@ -519,7 +531,7 @@ class HttpClient:
     def _timeout(self) -> InputError:
         return InputError(f"{self.name}: no answer within {self.options.timeout:g} s ({option('--timeout', 'timeout')})")
 
-    def _status_error(self, exc) -> None:
+    def _status_error(self, exc: urllib.error.HTTPError) -> None:
         code = exc.code
         reason = _one_line(exc.reason) if exc.reason else ""
         if 300 <= code < 400:
@@ -536,7 +548,7 @@ class HttpClient:
             raise _Retry(f"server error (HTTP {code} {reason})".replace(" )", ")"), delay)
         raise InputError(f"{self.name}: HTTP {code} {reason}".rstrip())
 
-    def ignores_range(self, resp) -> InputError:
+    def ignores_range(self, resp: http.client.HTTPResponse) -> InputError:
         length = resp.headers.get("Content-Length")
         what = f"the whole {int(length):,}-byte file" if length and length.isdigit() else "the whole file"
         return InputError(
@@ -546,7 +558,7 @@ class HttpClient:
     def get_all(self, limit: int) -> bytes:
         """A whole small file (an index.json), refusing anything over ``limit`` bytes."""
 
-        def consume(resp) -> bytes:
+        def consume(resp: http.client.HTTPResponse) -> bytes:
             if _status(resp) == 416:
                 return b""
             length = resp.headers.get("Content-Length")
@@ -595,7 +607,7 @@ class HttpSource(HttpClient):
             blocks = _map(lambda sp: self._range(sp[0], sp[1]), spans, self.options.parallel)
             self._spans = [(sp[0], block) for sp, block in zip(spans, blocks)]
 
-    def _first(self, resp) -> bytes:
+    def _first(self, resp: http.client.HTTPResponse) -> bytes:
         status = _status(resp)
         if status == 416:  # an empty file: "bytes */0"
             cr = resp.headers.get("Content-Range")
@@ -654,7 +666,7 @@ class HttpSource(HttpClient):
         return head  # leaving the body unread drops the connection: nothing more is read
 
     def _range(self, start: int, stop: int) -> bytes:
-        def consume(resp) -> bytes:
+        def consume(resp: http.client.HTTPResponse) -> bytes:
             if _status(resp) != 206:
                 if _status(resp) == 416:
                     raise InputError(f"{self.name}: the server refused bytes {start}-{stop - 1} (HTTP 416): file changed?")

@@ -284,7 +284,7 @@ def _local_join(folder: str, name: str) -> str:
 def settle(groups: list[Group]) -> list[Group]:
     """Look at one local folder's grouped files on disk (module docstring): unreadable members
     become missing shards, errors or notes; a file reached twice is read once.  Never raises."""
-    from .source import stat_member
+    from .source import member_id
 
     seen: dict[tuple[int, int], tuple[str, Group]] = {}
     index = next((g for g in groups if g.kind == "index"), None)
@@ -297,20 +297,22 @@ def settle(groups: list[Group]) -> list[Group]:
     for g in sorted(groups, key=rank):
         if g.kind == "index":
             for p in g.members or ():
-                st, problem = stat_member(p)
-                if problem is None:
-                    seen.setdefault((st.st_dev, st.st_ino), (p, g))
+                key = member_id(p)
+                if not isinstance(key, str):
+                    seen.setdefault(key, (p, g))
             out.append(g)
         elif g.kind == "shards":
             kept: list[str] = []
             for p in g.paths:
-                st, problem = stat_member(p)
-                if problem is None:
-                    other = seen.get((st.st_dev, st.st_ino))
+                key = member_id(p)
+                if isinstance(key, str):
+                    problem = key
+                else:
+                    other = seen.get(key)
                     if other is not None and other[1] is g:
                         problem = f"is the same file as {os.path.basename(other[0])} (a link to it)"
                     else:
-                        seen.setdefault((st.st_dev, st.st_ino), (p, g))
+                        seen.setdefault(key, (p, g))
                         kept.append(p)
                         continue
                 g.missing.append(p)
@@ -326,20 +328,20 @@ def settle(groups: list[Group]) -> list[Group]:
             out.append(g)
         else:
             p = g.paths[0]
-            st, problem = stat_member(p)
-            if problem is not None:
+            key = member_id(p)
+            if isinstance(key, str):
                 if index is not None:
-                    index.notes.append((p, f"{g.label} {problem}: skipped (the index names the shards of this folder)"))
+                    index.notes.append((p, f"{g.label} {key}: skipped (the index names the shards of this folder)"))
                     continue
-                g.error = f"{p}: {problem}"
+                g.error = f"{p}: {key}"
             else:
-                other = seen.get((st.st_dev, st.st_ino))
+                other = seen.get(key)
                 if other is not None:
                     other[1].notes.append(
                         (p, f"{g.label} is the same file as {os.path.basename(other[0])}: read once, as part of {other[1].label}")
                     )
                     continue
-                seen[(st.st_dev, st.st_ino)] = (p, g)
+                seen[key] = (p, g)
             out.append(g)
     out.sort(key=lambda g: g.label)
     return out
@@ -382,7 +384,7 @@ def folder_groups(folder: str) -> list[Group]:
 
 def plan_local(paths: list[str]) -> list[Group]:
     """Command-line paths -> the checkpoints they hold (module docstring), in argument order."""
-    from .source import stat_member
+    from .source import member_id
 
     if not paths:
         raise InputError("no input path given")
@@ -400,12 +402,9 @@ def plan_local(paths: list[str]) -> list[Group]:
                     g.label = _local_join(path, g.label)
             groups.extend(found)
         else:
-            st, problem = stat_member(path)
-            if problem is not None:
-                if st is None and problem == "no such file":
-                    problem = "no such file or folder"
-                raise InputError(f"{path}: {problem}")
-            key = (st.st_dev, st.st_ino)  # the same file reached by two paths is one shard
+            key = member_id(path)  # the same file reached by two paths is one shard
+            if isinstance(key, str):
+                raise InputError(f"{path}: {'no such file or folder' if key == 'no such file' else key}")
             if key not in seen:
                 seen.add(key)
                 files.append(path)
@@ -456,9 +455,9 @@ def separate_repeats(ss: ShardSet, tensors: list[dict]) -> SeparateCheckpoints |
     by_folder: dict[str, list[str]] = {}
     for f in ss.files:
         by_folder.setdefault(os.path.dirname(f), []).append(os.path.basename(f))
-    groups = []
-    for folder, names in by_folder.items():
-        for g in group_folder(folder, sorted(names), lambda _i: None, _local_join):
+    groups: list[Group] = []
+    for folder, members in by_folder.items():
+        for g in group_folder(folder, sorted(members), lambda _i: None, _local_join):
             g.label = _local_join(folder, g.label)
             groups.append(g)
     if len(groups) <= 1:
@@ -470,23 +469,25 @@ def separate_repeats(ss: ShardSet, tensors: list[dict]) -> SeparateCheckpoints |
 def _use_index(result: ShardSet, path: str, parsed: tuple[list[str], dict[str, str]] | None = None) -> None:
     """Read an index into ``result`` (``parsed``: already read): its shards in order, the
     missing ones with the reason."""
-    from .source import stat_member
+    from .source import member_id
 
     if parsed is None:
-        st, problem = stat_member(path)
-        if problem is not None:
-            raise InputError(f"{path}: {problem}")
+        found = member_id(path)
+        if isinstance(found, str):
+            raise InputError(f"{path}: {found}")
     shards, wm = parsed or read_index(path)
     result.index_path = path
     result.index_dir = os.path.dirname(path)
     result.weight_map = wm
     seen: dict[tuple[int, int], str] = {}
     for shard in shards:
-        st, problem = stat_member(shard)
-        if problem is None:
-            first = seen.get((st.st_dev, st.st_ino))
+        key = member_id(shard)
+        if isinstance(key, str):
+            problem = key
+        else:
+            first = seen.get(key)
             if first is None:
-                seen[(st.st_dev, st.st_ino)] = shard
+                seen[key] = shard
                 result.files.append(shard)
                 continue
             problem = f"is the same file as {os.path.relpath(first, result.index_dir or '.')} (a link to it)"

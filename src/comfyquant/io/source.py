@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 import sys
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 from ..errors import InputError
 
@@ -67,20 +67,20 @@ def link_problem(path: str, exc: OSError) -> str:
     return f"cannot be read ({exc.strerror or exc})"
 
 
-def stat_member(path: str) -> tuple[os.stat_result | None, str | None]:
-    """(stat, None) for a readable regular file, else (stat or None, what is wrong with it):
-    a folder member or a shard may be a dangling link, a loop of links, a directory, a pipe.
-    Never raises."""
+def member_id(path: str) -> tuple[int, int] | str:
+    """A readable regular file's identity, (device, inode), else what is wrong with it: a
+    folder member or a shard may be a dangling link, a loop of links, a directory, a pipe.
+    Two paths with one identity are one file.  Never raises."""
     try:
         st = os.stat(path)
     except OSError as exc:
-        return None, link_problem(path, exc)
+        return link_problem(path, exc)
     except ValueError:  # a NUL in the name
-        return None, "is not a valid file name"
+        return "is not a valid file name"
     error = not_regular(path, st.st_mode)
     if error is not None:
-        return st, str(error)[len(path) + 2 :]
-    return st, None
+        return str(error)[len(path) + 2 :]
+    return st.st_dev, st.st_ino
 
 
 def require_regular(path: str) -> None:
@@ -109,6 +109,18 @@ class ByteSource(Protocol):
 
     def close(self) -> None:
         """Release the underlying handle."""
+
+
+class ReadsInto(ByteSource, Protocol):
+    """A byte source that reads into the caller's buffer (a local file): no copy per read."""
+
+    def readinto(self, offset: int, buf: bytearray | memoryview) -> int:
+        """Fill ``buf`` from ``offset``; the number of bytes read."""
+
+
+def reads_into(source: ByteSource) -> TypeGuard[ReadsInto]:
+    """Whether ``source`` reads into a given buffer."""
+    return hasattr(source, "readinto")
 
 
 class LocalFile:

@@ -129,10 +129,10 @@ def sweep_stale(folder: str, announce: bool = True) -> list[tuple[str, int]]:
         from ..units import human_size
 
         total = human_size(sum(n for _, n in removed))
-        names = ", ".join(os.path.basename(p) for p, _ in removed[:3]) + (" ..." if len(removed) > 3 else "")
+        shown = ", ".join(os.path.basename(p) for p, _ in removed[:3]) + (" ..." if len(removed) > 3 else "")
         line = (
             f"comfyquant: removed {len(removed)} stale temporary file{'s' * (len(removed) > 1)} "
-            f"({total}) of interrupted comfyquant runs from {folder}: {names}"
+            f"({total}) of interrupted comfyquant runs from {folder}: {shown}"
         )
         sys.stderr.write(printable(line) + "\n")
     return removed

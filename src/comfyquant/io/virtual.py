@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ..dtypes import DTYPE_BITS
+from .source import ByteSource
 from .writer import build_header
 
 Produce = Callable[[], bytes]
@@ -26,10 +27,15 @@ class Range:
 
     __slots__ = ("source", "start", "length")
 
-    def __init__(self, source, start: int, length: int) -> None:
+    def __init__(self, source: ByteSource, start: int, length: int) -> None:
         self.source = source
         self.start = start
         self.length = length
+
+
+Span = Range | Produce | bytes | bytearray | None
+"""A tensor's bytes in a virtual file: read from another source, produced on first read,
+given, or zeros (None)."""
 
 
 class VirtualSource:
@@ -42,14 +48,14 @@ class VirtualSource:
     def __init__(
         self,
         name: str,
-        tensors: dict[str, tuple[str, tuple, Range | Produce | bytes | None]],
+        tensors: Mapping[str, tuple[str, tuple, Span]],
         metadata: dict[str, str] | None = None,
         keep: int = 4,
     ) -> None:
         self.name = name
         self.path = name
         self._header = build_header(tensors, metadata)
-        self._spans: list[tuple[int, int, Range | Produce | bytes | None, str]] = []
+        self._spans: list[tuple[int, int, Span, str]] = []
         offset = len(self._header)
         for tname, (dtype, shape, data) in tensors.items():
             n = math.prod(shape) * DTYPE_BITS[dtype] // 8

@@ -17,11 +17,14 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from typing import BinaryIO
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..dtypes import DTYPE_BITS
 from .tempfiles import sweep_stale, temp_prefix
+
+if TYPE_CHECKING:
+    from .direct import DirectStream
 
 
 class CopyRange:
@@ -38,6 +41,10 @@ class CopyRange:
 
 
 Data = bytes | bytearray | memoryview | CopyRange | Callable[[], Iterable[bytes]]
+OnTensor = Callable[[str, str, int, int], None]
+"""Called once a tensor is in the file: (temporary path, tensor name, offset, byte count)."""
+Layout = Mapping[str, tuple[str, tuple, object]]
+"""Tensors as the header sees them: name -> (dtype, shape, anything); the data is not read."""
 
 
 def _nbytes(dtype: str, shape) -> int:
@@ -47,7 +54,7 @@ def _nbytes(dtype: str, shape) -> int:
     return n * DTYPE_BITS[dtype] // 8
 
 
-def _layout(tensors: dict[str, tuple[str, tuple, Data]]) -> Iterator[tuple[str, int, int]]:
+def _layout(tensors: Layout) -> Iterator[tuple[str, int, int]]:
     """``(name, start, stop)`` of each tensor's bytes in the data section, in file order."""
     offset = 0
     for name, (dtype, shape, _data) in tensors.items():
@@ -56,7 +63,7 @@ def _layout(tensors: dict[str, tuple[str, tuple, Data]]) -> Iterator[tuple[str, 
         offset += n
 
 
-def build_header(tensors: dict[str, tuple[str, tuple, Data]], metadata: dict[str, str] | None) -> bytes:
+def build_header(tensors: Layout, metadata: dict[str, str] | None) -> bytes:
     """Header bytes (length prefix included), 8-byte aligned like the safetensors library."""
     obj: dict = {}
     if metadata:
@@ -69,7 +76,7 @@ def build_header(tensors: dict[str, tuple[str, tuple, Data]], metadata: dict[str
     return len(text).to_bytes(8, "little") + text
 
 
-def data_offsets(tensors: dict[str, tuple[str, tuple, Data]], metadata: dict[str, str] | None) -> dict[str, int]:
+def data_offsets(tensors: Layout, metadata: dict[str, str] | None) -> dict[str, int]:
     """Where each tensor's bytes will start in the file ``write_safetensors`` writes for
     ``tensors`` and ``metadata`` (from the file's first byte)."""
     header = len(build_header(tensors, metadata))
@@ -168,7 +175,7 @@ def write_safetensors(
     *,
     commit: bool = True,
     sync: bool = True,
-    on_tensor: Callable[[str, str, int, int], None] | None = None,
+    on_tensor: OnTensor | None = None,
     direct: bool = False,
 ) -> str:
     """Write ``tensors`` (in the given order) next to ``path`` in a temporary file, fsync it and
@@ -234,7 +241,7 @@ def _direct_stream(fd: int, tmp: str, folder: str, start: int, size: int):
     return stream
 
 
-def _write_buffered(fh, tmp: str, path: str, header: bytes, tensors: dict, on_tensor) -> None:
+def _write_buffered(fh: BinaryIO, tmp: str, path: str, header: bytes, tensors: dict, on_tensor: OnTensor | None) -> None:
     """Every byte through ``write`` (the kernel copies untouched tensors), write-back started
     in the background as the file grows."""
     flusher = _Flusher(fh.fileno())
@@ -250,7 +257,7 @@ def _write_buffered(fh, tmp: str, path: str, header: bytes, tensors: dict, on_te
                 data = data.fallback if got < data.length else None
             chunks = () if data is None else data() if callable(data) else (data,)
             for chunk in chunks:
-                view = memoryview(chunk)
+                view: memoryview | None = memoryview(chunk)
                 while view:
                     written = fh.write(view)
                     view = view[written:]
@@ -266,7 +273,9 @@ def _write_buffered(fh, tmp: str, path: str, header: bytes, tensors: dict, on_te
         flusher.stop()
 
 
-def _write_direct(stream, fd: int, tmp: str, path: str, header: bytes, tensors: dict, on_tensor) -> None:
+def _write_direct(
+    stream: DirectStream, fd: int, tmp: str, path: str, header: bytes, tensors: dict, on_tensor: OnTensor | None
+) -> None:
     """The same bytes as ``_write_buffered``, tensor data through ``stream`` (O_DIRECT);
     the header, and large untouched tensors (copied by the kernel), through ``fd``."""
     try:
@@ -309,7 +318,7 @@ def _check_size(path: str, name: str, dtype: str, shape, got: int, want: int) ->
         raise ValueError(f"{path}: tensor {name!r} produced {got} bytes, {dtype} {list(shape)} needs {want}")
 
 
-def _pwrite(fd: int, data, offset: int) -> None:
+def _pwrite(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)
@@ -344,7 +353,7 @@ class BackgroundSync:
             raise self.error
 
 
-def _kernel_copy(src: CopyRange, dst_fd: int, flusher, at: int | None = None) -> int:
+def _kernel_copy(src: CopyRange, dst_fd: int, flusher: _Flusher | None, at: int | None = None) -> int:
     """Copy as much of ``src`` as the kernel will, at the file position or at offset ``at``;
     returns the bytes copied (0 if unsupported)."""
     copy = getattr(os, "copy_file_range", None)

@@ -20,6 +20,7 @@ import contextlib
 import math
 import threading
 from collections.abc import Callable, Iterator
+from typing import Literal
 
 import torch
 
@@ -32,13 +33,13 @@ LARGE_BYTES = 32 << 20
 ones may be reused heap memory, already mapped, where the advice would buy nothing)."""
 MADV_HUGEPAGE = 14
 
-_MADVISE = None
+_MADVISE: Callable[[int, int, int], int] | Literal[False] | None = None
 """libc's ``madvise`` once looked up, or False where there is none."""
 _REUSE: _Pool | None = None
 """The pool of the active ``reused_outputs`` scope, if any."""
 
 
-def _madvise():
+def _madvise() -> Callable[[int, int, int], int] | Literal[False] | None:
     global _MADVISE
     if _MADVISE is None:
         import ctypes

@@ -21,6 +21,7 @@ source at a time instead of the whole layer; every function here takes either.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Literal
 
 import torch
 
@@ -135,7 +136,7 @@ def as_source(weight: Weight) -> RowSource:
     """``weight`` as a ``RowSource`` (a 2-D tensor's rows are views of it)."""
     if isinstance(weight, RowSource):
         return weight
-    return RowSource(tuple(weight.shape), weight.dtype, lambda r0, r1: weight[r0:r1])
+    return RowSource((weight.shape[0], weight.shape[1]), weight.dtype, lambda r0, r1: weight[r0:r1])
 
 
 def row_blocks(t: Weight, block_elements: int | None = None, multiple: int = 1) -> Iterator[tuple[int, int, torch.Tensor]]:
@@ -257,7 +258,7 @@ def cast_rows(weight: Weight, dtype: torch.dtype, compute: Callable[[torch.Tenso
     return out
 
 
-_TRIM = None
+_TRIM: Callable[[int], int] | Literal[False] | None = None
 """glibc's ``malloc_trim`` once looked up, or False where there is none."""
 
 

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..checker.run import Targets
+    from .lossy import Requant
 
 LOSSLESS = "lossless"
 STORAGE = "write markers as tensors and header map, identical"
@@ -96,12 +101,13 @@ class Plan:
         self.markers: dict[str, dict] = {}
         """Final marker per layer prefix (written as tensor marker and in the header map)."""
         self.drop: set[str] = set()
-        self.requant: dict[str, object] = {}
+        self.requant: dict[str, Requant] = {}
         """Layers re-quantized by a lossy repair (``repair.lossy.Requant`` by prefix)."""
         self.refused: list[tuple[str | None, str]] = []
         """(layer, why) for defects the plan cannot repair."""
         self.markers_changed = False
-        self.options: Options | None = None
+        self.options = Options()
+        """What the plan was made with (``plan_repairs`` sets the caller's)."""
         self.metadata_text: dict[str, dict[str, str]] = {}
         """Per input file: ``__metadata__`` values that were not strings, as their JSON text."""
         self.stated: dict[str, list[dict]] = {}
@@ -165,7 +171,7 @@ class Options:
 
     def __init__(
         self,
-        target: str = "all",
+        target: Targets = "all",
         prefer: str | None = None,
         convrot_groupsize: int | None = None,
         allow_lossy: bool = False,

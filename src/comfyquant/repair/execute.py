@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import threading
+from typing import TYPE_CHECKING
 
 from ..checkpoint import open_checkpoint
 from ..errors import InputError
@@ -28,6 +29,10 @@ from ..version import __version__
 from .lossy import requantize
 from .plan import Plan
 
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
+    from .lossy import Requant
+
 STAMP_KEY = "comfyquant"
 
 
@@ -35,15 +40,15 @@ class FixError(InputError):
     """The repaired output did not verify, or could not be written; nothing was replaced."""
 
 
-def output_paths(ckpt, out: str | None, in_place: bool, overwrite: bool) -> tuple[list[str], str | None]:
+def output_paths(ckpt: Checkpoint, out: str | None, in_place: bool, overwrite: bool) -> tuple[list[str], str | None]:
     """Destination of each shard (in input order) and of the index (if the input had one):
     ``comfyquant.io.outputs.claim``'s rule, default ``<name>.fixed.safetensors``."""
     dest = claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag="fixed", in_place=in_place)
     dest.make_folder()
-    return dest.files, dest.index
+    return dest.per_file, dest.index
 
 
-def _requant_tensors(ckpt, op) -> dict:
+def _requant_tensors(ckpt: Checkpoint, op: Requant) -> dict:
     """The re-quantized layer's tensors, computed when the writer reaches the first of them."""
     state: dict[str, bytes] = {}
 
@@ -58,7 +63,7 @@ def _requant_tensors(ckpt, op) -> dict:
     return {f"{op.out_prefix}.{s}": (dtype, shape, producer(s)) for s, (dtype, shape) in op.specs.items()}
 
 
-def _edited(ckpt, entry, transform):
+def _edited(ckpt: Checkpoint, entry, transform):
     """An edited tensor's bytes, computed when the writer reaches it (one tensor in memory at
     a time, whatever the number of edits: a migration edits every weight)."""
 
@@ -78,18 +83,18 @@ def _stamp(metadata: dict[str, str], plan: Plan) -> dict[str, str]:
             history = parse_json(previous).get("history", [])
         except (ValueError, AttributeError):
             history = []
-    entry = {"version": __version__, "repaired": summary}
+    entry: dict[str, object] = {"version": __version__, "repaired": summary}
     if plan.assumptions:  # values the file could not confirm stay on record in the file itself
         entry["assumed"] = [f"{a.layer}: {a.key}={json.dumps(a.value)} ({a.source})" for a in plan.assumptions]
     if plan.measured:
         entry["measured"] = {m.layer: round(m.error, 6) for m in plan.measured}
-    stamp = {"tool": "comfyquant", "version": __version__, "repaired": summary, "history": history + [entry]}
+    stamp: dict[str, object] = {"tool": "comfyquant", "version": __version__, "repaired": summary, "history": history + [entry]}
     if "assumed" in entry:
         stamp["assumed"] = entry["assumed"]
     return {**metadata, STAMP_KEY: json.dumps(stamp)}
 
 
-def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str, object]]]:
+def build_shards(ckpt: Checkpoint, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str, object]]]:
     """Per input file: (tensors to write, metadata, input entry of each copied tensor by output name)."""
     layer_file = {
         p: (lay.weight.file if lay.weight is not None else next(iter(lay.tensors.values())).file)
@@ -144,7 +149,7 @@ def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str,
     return out
 
 
-def write_and_verify(ckpt, plan: Plan, dests: list[str], index_dest: str | None, target, check_fn) -> tuple:
+def write_and_verify(ckpt: Checkpoint, plan: Plan, dests: list[str], index_dest: str | None, target, check_fn) -> tuple:
     """Write every shard to a temporary file, re-check, verify copies; commit only if all pass.
 
     Returns (report after, list of written paths)."""
@@ -199,7 +204,7 @@ class _EarlyComparison:
     difference, a read error, a comparison not reached) is compared again there, in the main
     thread, which reports it."""
 
-    def __init__(self, ckpt) -> None:
+    def __init__(self, ckpt: Checkpoint) -> None:
         self.ckpt = ckpt
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.equal: dict[tuple[str, str], tuple[int, int]] = {}
@@ -247,7 +252,7 @@ class _EarlyComparison:
         self.finish()
 
 
-def _verify_copies(ckpt, out, shards, temps: list[str], dests: list[str], compared: dict | None = None) -> None:
+def _verify_copies(ckpt: Checkpoint, out, shards, temps: list[str], dests: list[str], compared: dict | None = None) -> None:
     """Every copied tensor compared byte for byte with its input (stronger than a hash, and
     faster: both sides are still in the page cache).  Two reused buffers: no allocation per
     chunk, and ``bytearray ==`` is a memcmp.  ``compared`` holds the tensors that
@@ -285,7 +290,7 @@ def _same_bytes(a, a_start: int, b, b_start: int, length: int, bufs: tuple[bytea
     return True
 
 
-def _stage_index(ckpt, shards, dests: list[str], index_dest: str) -> str:
+def _stage_index(ckpt: Checkpoint, shards, dests: list[str], index_dest: str) -> str:
     weight_map = {}
     for (tensors, _m, _h), dest in zip(shards, dests):
         for name in tensors:

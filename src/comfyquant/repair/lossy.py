@@ -10,8 +10,20 @@ old one is reported.  torch is imported only here, only when such a repair runs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 from ..formats.base import Format
 from ..formats.hooks import Recode
+
+if TYPE_CHECKING:
+    from ..checker.run import Targets
+    from ..checkpoint import Checkpoint
+
+
+class PlanLine(Protocol):
+    """The plan line of a re-encode (``repair.edits.Change``): its result is added to ``after``."""
+
+    after: str
 
 
 class Requant:
@@ -42,7 +54,7 @@ class Requant:
         (a transposed or BF16 correction), applied before decoding: the codec reads the layer
         only in its format's own shapes and dtypes."""
         self.error: float | None = None
-        self.change = None
+        self.change: PlanLine | None = None
         self.outputs: dict[str, bytes] | None = None
         """The re-quantized bytes, kept when computed before writing (``--reference``)."""
         self._after: str | None = None
@@ -74,7 +86,7 @@ class Requant:
     def encode_kwargs(self) -> dict:
         return dict(self.recode.params)
 
-    def decode_source(self, ckpt):
+    def decode_source(self, ckpt: Checkpoint):
         """The stored layer decoded to F32 by its own codec."""
         import torch
 
@@ -138,14 +150,14 @@ class DialectRequant(Requant):
     def encode_kwargs(self) -> dict:
         return self.params.encode_kwargs()
 
-    def decode_source(self, ckpt):
+    def decode_source(self, ckpt: Checkpoint):
         from ..numerics.dtypes import from_bytes
 
         stored = {s: from_bytes(ckpt.read_bytes(e), e.dtype, e.shape) for s, e in self.translation.inputs.items()}
         return self.translation.decoder(stored)
 
 
-def plan_requant(prefix: str, fmt: Format, env: dict, tensors: dict, marker: dict, target: str) -> Requant | None:
+def plan_requant(prefix: str, fmt: Format, env: dict, tensors: dict, marker: dict, target: Targets) -> Requant | None:
     """The re-encode ``target`` needs for this layer (None: none, or the format has no lossy repair)."""
     if fmt.lossy is None:
         return None
@@ -153,7 +165,7 @@ def plan_requant(prefix: str, fmt: Format, env: dict, tensors: dict, marker: dic
     return None if recode is None else Requant(prefix, fmt, recode, marker)
 
 
-def requantize(ckpt, op: Requant, keep: bool = False) -> dict[str, bytes]:
+def requantize(ckpt: Checkpoint, op: Requant, keep: bool = False) -> dict[str, bytes]:
     """Decode the stored layer, re-encode it, record the error; returns new bytes by suffix.
     With ``keep`` the bytes stay on ``op`` and the next call returns them (computed once)."""
     if op.outputs is not None:

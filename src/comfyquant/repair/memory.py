@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..checker.report import Report
 from ..checker.run import check_checkpoint
 from ..checkpoint import Checkpoint, Paths, open_checkpoint
 from ..dialects.containers import open_any
@@ -40,7 +41,7 @@ class Repaired:
 
     __slots__ = ("view", "plan", "before", "after", "source")
 
-    def __init__(self, view: Checkpoint, plan: Plan, before, after, source: Checkpoint) -> None:
+    def __init__(self, view: Checkpoint, plan: Plan, before: Report, after: Report, source: Checkpoint) -> None:
         self.view = view
         self.plan = plan
         self.before = before

@@ -10,6 +10,7 @@ decoder, encoded by the format it names, its error measured.  A refused layer re
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from ..dialects.base import EXACT, LOSSY, PERMUTATION, REFUSED, Claim, Translation
 from ..dialects.registry import DIALECTS, detect
@@ -18,12 +19,15 @@ from ..errors import InputError, option
 from ..formats.registry import FORMATS
 from .edits import LOSSLESS, Change, Plan, TensorEdit
 
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
+
 
 class MigrateError(InputError):
     """A layer cannot be migrated as asked; nothing was written."""
 
 
-def claims_for(ckpt, to: str | None) -> list[Claim]:
+def claims_for(ckpt: Checkpoint, to: str | None) -> list[Claim]:
     """The claims to rewrite: the file's dialects (into Comfy), or with ``to`` its Comfy
     layers translated into that dialect."""
     if to is None:
@@ -40,7 +44,7 @@ def claims_for(ckpt, to: str | None) -> list[Claim]:
     return [claim] if claim is not None else []
 
 
-def plan_dialects(ckpt, plan: Plan, markers: dict[str, dict], allow_lossy: bool, claims: list[Claim]) -> None:
+def plan_dialects(ckpt: Checkpoint, plan: Plan, markers: dict[str, dict], allow_lossy: bool, claims: list[Claim]) -> None:
     """Add every claimed layer's rewrite to ``plan`` (``markers``: the final markers)."""
     claimed = {p for c in claims for p in c.layers}
     if claimed:
@@ -76,7 +80,7 @@ def _home(tr: Translation) -> str:
     return first.file
 
 
-def _apply(ckpt, plan: Plan, markers: dict[str, dict], tr: Translation) -> None:
+def _apply(ckpt: Checkpoint, plan: Plan, markers: dict[str, dict], tr: Translation) -> None:
     moved: set[str] = set()
     steps: list[str] = []
     for m in tr.moves:
@@ -130,9 +134,13 @@ def _requant(plan: Plan, markers: dict[str, dict], tr: Translation) -> None:
     if w is None or len(w.shape) != 2:
         plan.refused.append((tr.prefix, f"{tr.label}: no 2-D weight to re-quantize"))
         return
-    fmt = FORMATS[tr.lossy.format]
+    lossy = tr.lossy
+    if lossy is None:  # a lossy translation names the format it re-quantizes into
+        plan.refused.append((tr.prefix, f"{tr.label}: names no format to re-quantize into"))
+        return
+    fmt = FORMATS[lossy.format]
     try:
-        params = fmt.params_class().validate(tr.lossy.params, where=f"{tr.dialect} layer {tr.prefix}")
+        params = fmt.params_class().validate(lossy.params, where=f"{tr.dialect} layer {tr.prefix}")
         planned = planned_tensors(params, w.shape[0], w.shape[1])
     except InputError as exc:
         plan.refused.append((tr.prefix, f"{tr.label}: cannot be re-quantized as {fmt.name}: {exc}"))
@@ -144,7 +152,7 @@ def _requant(plan: Plan, markers: dict[str, dict], tr: Translation) -> None:
     if tr.out_prefix != tr.prefix:
         markers.pop(tr.prefix, None)
     plan.markers_changed = True
-    op.change = Change(
+    op.change = change = Change(
         tr.prefix,
         None,
         f"re-quantize {tr.dialect} layer ({tr.variant}) as {fmt.name} [{LOSSY}]",
@@ -152,7 +160,7 @@ def _requant(plan: Plan, markers: dict[str, dict], tr: Translation) -> None:
         params.describe(),
         "lossy",
     )
-    plan.changes.append(op.change)
+    plan.changes.append(change)
 
 
 def layer_results(plan: Plan) -> list[dict]:

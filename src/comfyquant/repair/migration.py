@@ -11,6 +11,7 @@ refuses the run: nothing is written.
 from __future__ import annotations
 
 import gc
+from typing import TYPE_CHECKING
 
 from ..checker.run import Targets, check_checkpoint, parse_targets
 from ..checkpoint import Paths, open_checkpoint
@@ -24,6 +25,10 @@ from .execute import build_shards, write_and_verify
 from .migrate import MigrateError, layer_results
 from .plan import Options, Plan, plan_repairs
 
+if TYPE_CHECKING:
+    from ..checker.report import Report
+    from ..checkpoint import Checkpoint
+
 
 class MigrateResult:
     """What ``migrate`` did: the plan (``layers``: one row per dialect layer), the report of
@@ -31,7 +36,7 @@ class MigrateResult:
 
     __slots__ = ("plan", "before", "preview", "after", "outputs", "dry_run", "dialect", "to")
 
-    def __init__(self, plan: Plan, before, dialect: str, dry_run: bool, to: str | None) -> None:
+    def __init__(self, plan: Plan, before: Report, dialect: str, dry_run: bool, to: str | None) -> None:
         self.plan = plan
         self.before = before
         self.preview = None
@@ -130,12 +135,12 @@ def migrate(
         dest = claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag=tag, in_place=in_place)
         dest.make_folder()
         result.after, result.outputs = write_and_verify(
-            ckpt, plan, dest.files, dest.index, target, lambda c, t: check_checkpoint(c, target=t)
+            ckpt, plan, dest.per_file, dest.index, target, lambda c, t: check_checkpoint(c, target=t)
         )
     return result
 
 
-def _preview(ckpt, plan: Plan, target):
+def _preview(ckpt: Checkpoint, plan: Plan, target):
     """The selected runtimes' verdict on the planned file, from its header and markers alone
     (nothing is encoded or transformed for it)."""
     shards = build_shards(ckpt, plan)
@@ -172,7 +177,7 @@ def _refuse_unloadable(plan: Plan, preview, before) -> None:
         plan.refused.append((prefix, f"the migrated layer would not load{runtimes}: {f.message}"))
 
 
-def _refusal(ckpt, plan: Plan) -> str:
+def _refusal(ckpt: Checkpoint, plan: Plan) -> str:
     layer, why = plan.refused[0]
     more = len(plan.refused) - 1
     others = f" (and {more} more: see --dry-run)" if more else ""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 from ..checker.fit import differing_keys, explain, fitting_side
 from ..checker.rules import prefix_match
@@ -26,6 +28,9 @@ from ..numerics import bytewise as transforms
 from ..shapes import fmt_shape
 from .edits import STORAGE, Assumption, Change, Options, Plan, TensorEdit
 
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint, Layer
+
 UNCARRIABLE = ("C001", "C002", "C005", "C006", "C010", "C011", "C016")
 """Container damage a rewrite cannot carry over exactly: a tensor whose bytes do not match its
 dtype and shape, or lie past the end of the file, an unknown dtype, a malformed entry, a name
@@ -34,7 +39,7 @@ a repeated key's values is meant is not for a rewrite to guess).  Writing anyway
 garble data."""
 
 
-def plan_repairs(ckpt, options: Options) -> Plan:
+def plan_repairs(ckpt: Checkpoint, options: Options) -> Plan:
     plan = Plan()
     plan.options = options
     damage = next((f for f in [*(f for h in ckpt.headers for f in h.findings), *ckpt.findings] if f.code in UNCARRIABLE), None)
@@ -69,7 +74,7 @@ def plan_repairs(ckpt, options: Options) -> Plan:
             if marker is None:
                 continue
             markers[prefix] = marker
-        fmt = FORMATS.get(marker.get("format")) if isinstance(marker.get("format"), str) else None
+        fmt = _format_of(marker)
         if fmt is None:
             continue
         if layer.bank is not None:
@@ -100,7 +105,7 @@ def plan_repairs(ckpt, options: Options) -> Plan:
 # -- markers ---------------------------------------------------------------------------------
 
 
-def _final_markers(ckpt, options: Options, plan: Plan) -> dict[str, dict]:
+def _final_markers(ckpt: Checkpoint, options: Options, plan: Plan) -> dict[str, dict]:
     """Merge each layer's marker sources, then normalise them against the format's keys."""
     ms = ckpt.markers
     out: dict[str, dict] = {}
@@ -201,7 +206,7 @@ def _merge_sources(prefix: str, sources: list, options: Options, plan: Plan, lay
 
 
 def _normalise(prefix: str, marker: dict, options: Options, plan: Plan) -> dict:
-    fmt = FORMATS.get(marker.get("format")) if isinstance(marker.get("format"), str) else None
+    fmt = _format_of(marker)
     new = {k: v for k, v in marker.items() if not k.startswith("_")}
     for k in marker:
         if k.startswith("_"):
@@ -250,7 +255,7 @@ CANDIDATES = {int: (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 512, 1024, 4096), 
 """Other values tried for a key, to learn whether the tensors' shapes single out the written one."""
 
 
-def _assumptions(ckpt, plan: Plan) -> None:
+def _assumptions(ckpt: Checkpoint, plan: Plan) -> None:
     """Every marker value about to be written that the file does not state (no marker source
     of the layer has it, or its sources disagree) and the tensors' shapes do not single out
     (another allowed value fits them as well) is an ``Assumption``, attached to the plan
@@ -261,7 +266,7 @@ def _assumptions(ckpt, plan: Plan) -> None:
     cache: dict = {}  # (signature, marker, key) -> singled out: a model's layers share signatures
     for prefix, marker in plan.markers.items():
         layer = ckpt.layers.get(prefix)
-        fmt = FORMATS.get(marker.get("format")) if isinstance(marker.get("format"), str) else None
+        fmt = _format_of(marker)
         if layer is None or fmt is None or layer.bank is not None:
             continue
         stated = plan.stated.get(prefix, [])
@@ -383,7 +388,7 @@ def _record(prefix: str, before: dict, after: dict, plan: Plan) -> None:
         plan.markers_changed = True
 
 
-def _infer_marker(layer, options: Options, plan: Plan) -> dict | None:
+def _infer_marker(layer: Layer, options: Options, plan: Plan) -> dict | None:
     """A marker for an unmarked quantized layer, where the tensors say which format it is."""
     w = layer.tensors.get("weight")
     if w is None or w.dtype not in QUANTIZED_WEIGHT_DTYPES:
@@ -421,7 +426,7 @@ def _generic_marker(fmt: Format, tensors: dict, convrot_groupsize: int | None) -
     return keys
 
 
-def _file_level_marker(layer, marker: dict, plan: Plan) -> dict | None:
+def _file_level_marker(layer: Layer, marker: dict, plan: Plan) -> dict | None:
     """The marker the file's ``quant_format`` gives this unmarked layer in SGLang (0.5.23
     ``inspect_comfy_quant_markers``), written per layer so that ComfyUI and comfy-kitchen, which
     never read ``quant_format``, read the layer as SGLang does.  ``quant_format`` itself stays:
@@ -455,7 +460,7 @@ def _file_level_marker(layer, marker: dict, plan: Plan) -> dict | None:
     return dict(marker)
 
 
-def _metadata_text(ckpt, plan: Plan) -> None:
+def _metadata_text(ckpt: Checkpoint, plan: Plan) -> None:
     """Non-string ``__metadata__`` values (C007, which safetensors refuses) become their JSON
     text: the value is kept, only its type changes."""
     for h in ckpt.headers:
@@ -468,7 +473,7 @@ def _metadata_text(ckpt, plan: Plan) -> None:
             )
 
 
-def _marker_storage(ckpt, plan: Plan) -> None:
+def _marker_storage(ckpt: Checkpoint, plan: Plan) -> None:
     """Markers are written both as U8 tensors and in the header map; note where that changes."""
     for prefix in plan.markers:
         layer = ckpt.layers.get(prefix)
@@ -488,7 +493,7 @@ def _marker_storage(ckpt, plan: Plan) -> None:
 # -- tensors ---------------------------------------------------------------------------------
 
 
-def _repair_tensors(ckpt, layer, fmt: Format, marker: dict, plan: Plan) -> None:
+def _repair_tensors(ckpt: Checkpoint, layer: Layer, fmt: Format, marker: dict, plan: Plan) -> None:
     tensors = dict(layer.tensors)
     for old, new in plan.renames.items():
         suffix_old, suffix_new = old.rsplit(".", 1)[-1], new.rsplit(".", 1)[-1]
@@ -541,7 +546,7 @@ def _undecodable(fmt: Format, marker: dict, tensors: dict, op) -> str | None:
     return None if bad is None else bad.message.replace("{layer}", repr(op.prefix))
 
 
-def _exact_edits(ckpt, layer, fmt: Format, env: dict, tensors: dict, plan: Plan) -> list[tuple]:
+def _exact_edits(ckpt: Checkpoint, layer: Layer, fmt: Format, env: dict, tensors: dict, plan: Plan) -> list[tuple]:
     """(suffix, stored entry, ``TensorEdit``, plan line) of every exact repair of the layer's tensors."""
     out: list[tuple] = []
     quant_format = {v.lower() for v in ckpt.markers.quant_formats.values() if v}
@@ -555,7 +560,7 @@ def _exact_edits(ckpt, layer, fmt: Format, env: dict, tensors: dict, plan: Plan)
         notes: list[str] = []
         if shape != expected:
             if len(shape) == 2 and shape[::-1] == expected and shape[0] != shape[1]:
-                steps.append(lambda b, d=dtype, s=shape: transforms.transpose(b, d, s))
+                steps.append(partial(transforms.transpose, dtype=dtype, shape=shape))
                 notes.append("transpose")
                 shape = expected
             elif _numel(shape) == _numel(expected) and _squeeze(shape) == _squeeze(expected):
@@ -563,14 +568,14 @@ def _exact_edits(ckpt, layer, fmt: Format, env: dict, tensors: dict, plan: Plan)
                 shape = expected
             elif slot.blocked and len(shape) == 2 and shape == (env["N"], env["K"] // slot.blocked):
                 rows, cols = shape
-                steps.append(lambda b, r=rows, c=cols: transforms.to_blocked(b, r, c)[0])
+                steps.append(partial(_blocked_bytes, rows=rows, cols=cols))
                 notes.append("convert to the blocked layout")
                 shape = expected
             else:
                 continue  # not an exact transform: the re-check reports it with its cause
         if not dtype_matches(slot, dtype):
             if slot.dtype == "F32" and dtype in ("BF16", "F16"):
-                steps.append(lambda b, d=dtype: transforms.to_f32(b, d))
+                steps.append(partial(transforms.to_f32, dtype=dtype))
                 notes.append(f"upcast {dtype} -> F32 (exact)")
                 dtype = "F32"
             elif dtype == "U8" and slot.dtype in ("F8_E4M3", "I8"):
@@ -599,7 +604,7 @@ def _exact_edits(ckpt, layer, fmt: Format, env: dict, tensors: dict, plan: Plan)
     return out
 
 
-def _lossy(layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Plan):
+def _lossy(layer: Layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Plan):
     """The format's lossy re-encode when the target needs one and it is allowed (a
     ``Requant``, its plan line not yet in the plan); None when none is needed; False when it
     is needed but not allowed (the layer is refused)."""
@@ -629,6 +634,17 @@ def _lossy(layer, fmt: Format, env: dict, tensors: dict, marker: dict, plan: Pla
     plan.markers[layer.prefix] = op.marker
     plan.markers_changed = True
     return op
+
+
+def _format_of(marker: dict) -> Format | None:
+    """The described format a marker names (None: none, or no name)."""
+    name = marker.get("format")
+    return FORMATS.get(name) if isinstance(name, str) else None
+
+
+def _blocked_bytes(data: bytes, rows: int, cols: int) -> bytes:
+    """``to_blocked``'s bytes (its shape is the slot's, known already)."""
+    return transforms.to_blocked(data, rows, cols)[0]
 
 
 def _chain(steps: list[Callable[[bytes], bytes]]) -> Callable[[bytes], bytes]:

@@ -14,12 +14,17 @@ torch is imported only here.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import InputError
 from ..formats.registry import FORMATS
 from .lossy import requantize
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
+    from .edits import Plan
 
 ABS_SLACK = 1e-6
 """Added to every limit: exact formats (a fresh encode with error 0) still allow rounding."""
@@ -69,7 +74,7 @@ class Measurement:
         }
 
 
-def measure(ckpt, plan, reference: str) -> list[Measurement]:
+def measure(ckpt: Checkpoint, plan: Plan, reference: str) -> list[Measurement]:
     """Measure every layer the plan repairs (marker or tensors) against ``reference``."""
     from ..checkpoint import open_checkpoint
     from ..gate import refuse_damage
@@ -82,7 +87,7 @@ def measure(ckpt, plan, reference: str) -> list[Measurement]:
         return [_measure_layer(ckpt, plan, ref, reference, prefix) for prefix in layers]
 
 
-def _decodable(ckpt, plan, prefix: str) -> bool:
+def _decodable(ckpt: Checkpoint, plan: Plan, prefix: str) -> bool:
     from .. import codecs
 
     layer = ckpt.layers.get(prefix)
@@ -93,7 +98,7 @@ def _decodable(ckpt, plan, prefix: str) -> bool:
     return isinstance(name, str) and codecs.has(name) and all(r != prefix for r, _ in plan.refused)
 
 
-def _measure_layer(ckpt, plan, ref, ref_path: str, prefix: str) -> Measurement:
+def _measure_layer(ckpt: Checkpoint, plan: Plan, ref: Checkpoint, ref_path: str, prefix: str) -> Measurement:
     from .. import codecs
     from ..formats.codec import CodecError
 
@@ -123,7 +128,7 @@ def _measure_layer(ckpt, plan, ref, ref_path: str, prefix: str) -> Measurement:
     return Measurement(prefix, fmt.name, error, fresh, limit)
 
 
-def _output_tensors(ckpt, plan, prefix: str) -> dict[str, torch.Tensor]:
+def _output_tensors(ckpt: Checkpoint, plan: Plan, prefix: str) -> dict[str, torch.Tensor]:
     """The layer's tensors as ``fix`` will write them: edits and renames applied, re-quantized
     tensors computed (and the result cached for the writer)."""
     from ..numerics.dtypes import from_bytes
@@ -151,7 +156,7 @@ def _output_tensors(ckpt, plan, prefix: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def _reference_rows(ref, ref_path: str, prefix: str, shape: tuple[int, int]):
+def _reference_rows(ref: Checkpoint, ref_path: str, prefix: str, shape: tuple[int, int]):
     """The original weight as a row source read from the reference file block by block."""
     from ..comparison import file_rows, reference_weight
 

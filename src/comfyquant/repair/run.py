@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+from typing import TYPE_CHECKING
 
 from ..checker.run import Targets, check_checkpoint, parse_targets
 from ..checkpoint import Paths, open_checkpoint
@@ -13,6 +14,10 @@ from ..findings import ERROR
 from .execute import output_paths, write_and_verify
 from .plan import Change, Options, Plan, plan_repairs
 
+if TYPE_CHECKING:
+    from ..checker.report import Report
+    from ..checkpoint import Checkpoint
+
 
 class FixResult:
     """What ``fix`` did: the plan, the reports before and after, outputs, what is left."""
@@ -20,7 +25,13 @@ class FixResult:
     __slots__ = ("plan", "before", "after", "outputs", "dry_run", "gate")
 
     def __init__(
-        self, plan: Plan, before, after=None, outputs: list[str] | None = None, dry_run: bool = False, gate: dict | None = None
+        self,
+        plan: Plan,
+        before: Report,
+        after: Report | None = None,
+        outputs: list[str] | None = None,
+        dry_run: bool = False,
+        gate: dict | None = None,
     ):
         self.plan = plan
         self.before = before
@@ -166,7 +177,7 @@ def _gate(plan: Plan, limit: float) -> dict:
     }
 
 
-def _over_paths(ckpt, out: str | None, in_place: bool, overwrite: bool) -> tuple[list[str], str | None]:
+def _over_paths(ckpt: Checkpoint, out: str | None, in_place: bool, overwrite: bool) -> tuple[list[str], str | None]:
     """Where a repair over ``--max-error`` is written instead of the requested output (or the
     input, with ``--in-place``): ``comfyquant.comparison.over_outputs``."""
     from ..comparison import over_outputs
@@ -182,7 +193,7 @@ class ReferenceRefused(InputError):
     """A repaired layer does not decode to its original weights within its format's error."""
 
 
-def _measure(ckpt, plan: Plan, reference: str) -> None:
+def _measure(ckpt: Checkpoint, plan: Plan, reference: str) -> None:
     from .reference import measure
 
     plan.measured = measure(ckpt, plan, reference)
@@ -202,7 +213,7 @@ def _measure(ckpt, plan: Plan, reference: str) -> None:
     )
 
 
-def _retile(ckpt, plan: Plan) -> None:
+def _retile(ckpt: Checkpoint, plan: Plan) -> None:
     """Unused bytes in a data area (C004: a gap between tensors or trailing bytes) are a repair
     of their own: the writer lays tensors out end to end, so rewriting the file removes them,
     and every tensor's bytes are carried over (and compared) as they are."""

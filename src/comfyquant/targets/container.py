@@ -36,11 +36,16 @@ import json
 import math
 import re
 import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..dtypes import DTYPE_BITS
 from .serde_numbers import U64 as _U64
 from .serde_numbers import out_of_range_stop, rust_float, serde_number
 from .serde_syntax import rust_debug
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 EXCEPTION = "SafetensorError"
 PREFIX = "Error while deserializing header: "
@@ -85,7 +90,7 @@ _ERRORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """container_errors' results by checkpoint, for as long as the checkpoint lives."""
 
 
-def container_errors(ckpt) -> dict[str, str]:
+def container_errors(ckpt: Checkpoint) -> dict[str, str]:
     """The safetensors error message of every file it refuses, by file (computed once per
     checkpoint: every runtime profile asks)."""
     cached = _ERRORS.get(ckpt)
@@ -173,6 +178,9 @@ def validate(tensors: list[tuple[str, str, tuple, int, int]], data_len: int) -> 
 # -- serde_json's view of the header ----------------------------------------------------------
 
 _WS = re.compile(r"[ \t\n\r]*")
+_scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+"""The json module's string scanner: (the decoded string, the offset past its closing quote)
+from the offset past its opening quote.  (typeshed does not declare it; it is public in CPython.)"""
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
@@ -297,7 +305,8 @@ def _line_column(text: str, pos: int) -> tuple[int, int]:
 
 
 def _ws(text: str, pos: int) -> int:
-    return _WS.match(text, pos).end()
+    m = _WS.match(text, pos)  # a pattern of "*" matches everywhere
+    return m.end() if m is not None else pos
 
 
 def _top_level(text: str) -> tuple[list[tuple[str, object]], int]:
@@ -310,7 +319,7 @@ def _top_level(text: str) -> tuple[list[tuple[str, object]], int]:
     if text[pos] == "}":
         return entries, pos + 1
     while True:
-        key, pos = json.decoder.scanstring(text, pos + 1)
+        key, pos = _scanstring(text, pos + 1)
         key_end = pos
         pos = _ws(text, _ws(text, pos) + 1)  # past ":"
         if key == "__metadata__":
@@ -341,11 +350,11 @@ def _metadata(text: str, pos: int) -> int:
     if text[pos] == "}":
         return pos + 1
     while True:
-        _key, pos = json.decoder.scanstring(text, pos + 1)
+        _key, pos = _scanstring(text, pos + 1)
         pos = _ws(text, _ws(text, pos) + 1)
         c = text[pos]
         if c == '"':
-            _value, pos = json.decoder.scanstring(text, pos + 1)
+            _value, pos = _scanstring(text, pos + 1)
         elif c == "[":
             raise _Fail("invalid type: sequence, expected a string", pos)
         elif c == "{":
@@ -373,7 +382,7 @@ def _constant_position(text: str, pos: int) -> int:
     while i < n:
         c = text[i]
         if c == '"':
-            _s, i = json.decoder.scanstring(text, i + 1)
+            _s, i = _scanstring(text, i + 1)
             continue
         if c in "NI":
             return i + 1

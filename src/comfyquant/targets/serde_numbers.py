@@ -107,6 +107,8 @@ def rust_float(x: float) -> str:
         return "-0.0" if str(x).startswith("-") else "0.0"
     d = Decimal(repr(x))
     sign, digits, exponent = d.as_tuple()
+    if not isinstance(exponent, int):  # "n"/"N"/"F": NaN and the infinities have no digits
+        raise ValueError(f"{x!r} is not a finite number")
     sci = len(digits) - 1 + exponent
     if -5 <= sci < 16:
         s = format(d, "f")

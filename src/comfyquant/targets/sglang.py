@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 from ..formats.base import GeometryError
 from ..formats.w4a8 import ASYM_W4A8_INT8, GROUP_SIZE, group_size_ok, k_fits
 from ..markers import FILE_LEVEL_DTYPES, HEADER, TENSOR, MarkerMerge, MarkerRecord
 from .base import Verdict, Violation, incomplete_violations
 from .container import EXCEPTION, container_errors
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 VALIDATED = ("float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4")
 CONVROT_SIZES = (16, 64, 256)
@@ -126,7 +131,7 @@ RAW = "\x00raw\x00"
 """Placeholder for the prefix itself (inside tensor names)."""
 
 
-def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: Run) -> tuple[dict, dict]:
+def inspect_markers(ckpt: Checkpoint, param_name_mapper: Callable[[str], str] | None, run: Run) -> tuple[dict, dict]:
     """SGLang's ``inspect_comfy_quant_markers`` over an opened checkpoint.
 
     Returns (markers by mapped prefix, derived keys by mapped prefix).  Marker dicts are the
@@ -167,9 +172,10 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
                 continue
             python_only = rec.error == "M001"
             if python_only:
-                rec = _lenient_tensor(ms, rec, run)
-                if rec is None:
+                relaxed = _lenient_tensor(ms, rec, run)
+                if relaxed is None:
                     continue
+                rec = relaxed
             if rec.error == "M002":
                 run.fail("P3", f"Comfy quantization marker {rec.key!r} must contain a JSON object", rec.prefix, "comfy_quant")
                 continue
@@ -228,7 +234,7 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
     memo = ckpt.memo
     for prefix, marker in raw.items():
         layer = layers.get(prefix)
-        outcome = memo.get("sglang", marker, layer, lambda m=marker, t=(layer.stored if layer else {}): _check_marker(m, t))
+        outcome = memo.get("sglang", marker, layer, partial(_check_marker, marker, layer.stored if layer else {}))
         rule, template, tensor, keys, exception = outcome
         if rule is not None:
             run.fail(rule, template.replace(PREFIX, repr(prefix)).replace(RAW, prefix), prefix, tensor, exception)
@@ -262,7 +268,7 @@ NO_NUMPY = {
 ``tensor.numpy().tobytes()``, and torch refuses these with its own ``TypeError``."""
 
 
-def _unreadable_dtype(ckpt, rec: MarkerRecord) -> str | None:
+def _unreadable_dtype(ckpt: Checkpoint, rec: MarkerRecord) -> str | None:
     """torch's message when SGLang cannot take a marker tensor's bytes (its dtype), else None."""
     header = next((h for h in ckpt.headers if h.file == rec.file), None)
     entry = header.tensors.get(rec.key) if header is not None else None
@@ -337,6 +343,7 @@ def _check_marker(marker: dict, t: dict) -> tuple[str | None, str, str | None, d
     if fmt not in VALIDATED:
         return None, "", None, {}, None
     P = PREFIX
+    required: tuple[str, ...]
     if fmt == "asym_w4a8_int8":
         required = ("weight", "weight_s_rel", "weight_s_channel")
     elif fmt == "nvfp4":
@@ -574,7 +581,7 @@ def _is_embedding(prefix: str) -> bool:
 
 
 def build_layers(
-    markers: dict[str, dict], derived: dict[str, dict], raw_prefix: dict[str, str], ckpt, config: str | None, run: Run
+    markers: dict[str, dict], derived: dict[str, dict], raw_prefix: dict[str, str], ckpt: Checkpoint, config: str | None, run: Run
 ) -> None:
     layers = ckpt.layers
     memo = ckpt.memo
@@ -600,7 +607,7 @@ def build_layers(
             f"sglang-build:{embedding_config}:{emb}",
             m,
             layer,
-            lambda m=m, t=layer.stored, d=d, e=embedding_config, emb=emb: _build_layer(m, t, d, e, emb),
+            partial(_build_layer, m, layer.stored, d, embedding_config, emb),
         )
         if outcome is not None:
             rule, template, tensor, exception = outcome
@@ -666,13 +673,13 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
                 None,
             )
         if m.get("convrot") is True:
-            c = m.get("convrot_groupsize")
-            if c in CONVROT_SIZES and cols % int(c):  # any other size fails the config (R2) first
+            size = m.get("convrot_groupsize")
+            if size in CONVROT_SIZES and cols % int(size):  # any other size fails the config (R2) first
                 return (
                     "B3",
                     (
                         f"Serialized convrot_int8 layer {P} has input size {cols}, which is not divisible "
-                        f"by its ConvRot group size {int(c)}"
+                        f"by its ConvRot group size {int(size)}"
                     ),
                     None,
                     "ValueError",
@@ -690,7 +697,7 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
     return None
 
 
-def run_all(ckpt, param_name_mapper=None, collect: bool = True) -> tuple[dict, dict, list[Violation], str | None]:
+def run_all(ckpt: Checkpoint, param_name_mapper=None, collect: bool = True) -> tuple[dict, dict, list[Violation], str | None]:
     """Inspect, resolve and build, as SGLang loads a checkpoint.  Raises SGLangError unless ``collect``."""
     run = Run(collect)
     markers, derived = inspect_markers(ckpt, param_name_mapper, run)
@@ -711,6 +718,6 @@ def run_all(ckpt, param_name_mapper=None, collect: bool = True) -> tuple[dict, d
     return markers, derived, run.violations, config
 
 
-def sglang_verdict(ckpt, param_name_mapper=None) -> Verdict:
+def sglang_verdict(ckpt: Checkpoint, param_name_mapper=None) -> Verdict:
     _markers, _derived, violations, _config = run_all(ckpt, param_name_mapper, collect=True)
     return Verdict("sglang", violations)

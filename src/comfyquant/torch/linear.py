@@ -66,6 +66,11 @@ class QuantLinear(nn.Module):
     ``forward`` accepts BF16, F16 or F32 input with any leading dimensions and returns the
     input's dtype; ``dequantize()`` gives the dense ``[out_features, in_features]`` weight."""
 
+    weight: torch.Tensor
+    """The stored weight (a buffer registered under its suffix, like every stored tensor)."""
+    compute_dtype: torch.dtype
+    """Set by a loader whose convention it is (diffusers): the dtype the model computes in."""
+
     def __init__(
         self,
         weight: QuantWeight,
@@ -202,7 +207,7 @@ class QuantLinear(nn.Module):
 
     def _codec_linear(self, x2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         tensors = self._operands(x2.dtype)
-        if bias is not None:
+        if bias is not None and self.bias is not None:
             tensors["bias"] = self.bias  # the model's N of padded storage, as the file keeps it
         codec = codecs.get(self.format)
         plan_k = codec.plan(tensors, self.marker, self.name).shape[1]

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -33,6 +34,9 @@ from .linear import QuantLinear, QuantWeight
 from .matching import match
 from .swap import carry_over
 from .tensors import LoadError, open_checked, path_label, read_tensor
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 __all__ = ["LoadError", "LoadReport", "load_quantized"]
 
@@ -135,7 +139,7 @@ def load_quantized(
     return report
 
 
-def _quant_layer(ckpt, sw, device, cast, report: LoadReport, label: str) -> QuantLinear:
+def _quant_layer(ckpt: Checkpoint, sw, device, cast, report: LoadReport, label: str) -> QuantLinear:
     """The ``QuantLinear`` of one planned swap, its tensors read (the model is not touched)."""
     tensors = {s: read_tensor(ckpt, e, device, report) for s, e in sw.entries.items()}
     bias = None if sw.bias is None else read_tensor(ckpt, sw.bias, device, report, cast)

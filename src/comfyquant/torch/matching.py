@@ -12,6 +12,7 @@ module that replaced its owner (a dense ``fc.weight_scale`` into a quantized lay
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -21,6 +22,9 @@ from .linear import QuantLinear
 from .marker_fields import marker_problem
 from .swap import lost_state
 from .tensors import DENSE_TORCH_DTYPES, LoadError
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 
 @dataclass
@@ -82,7 +86,7 @@ def state_names(model: nn.Module) -> list[str]:
     return list(model.state_dict(keep_vars=True))
 
 
-def match(model: nn.Module, ckpt, implied: dict, strip_prefix: str | None, label: str) -> Matching:
+def match(model: nn.Module, ckpt: Checkpoint, implied: dict, strip_prefix: str | None, label: str) -> Matching:
     """Where every tensor of ``ckpt`` goes in ``model``; raises ``LoadError`` (one line naming
     the layer or tensor) on anything that cannot load."""
     modules = dict(model.named_modules(remove_duplicate=False))

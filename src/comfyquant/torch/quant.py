@@ -72,7 +72,10 @@ def quantize_(
             done[lp.name] = lp.reason or lp.action
             continue
         m = linears[lp.name]
-        enc = codecs.get(lp.format).encode(m.weight.detach().cpu(), layer=lp.name, **lp.params.encode_kwargs())
+        fmt, chosen, marker = lp.format, lp.params, lp.marker
+        if fmt is None or chosen is None or marker is None:  # the plan sets all three on a layer it quantizes
+            raise InputError(f"{lp.name}: the plan quantizes it into no format")
+        enc = codecs.get(fmt).encode(m.weight.detach().cpu(), layer=lp.name, **chosen.encode_kwargs())
         stored = {}
         for suffix, (dtype, shape) in lp.planned.items():
             t = enc[suffix]
@@ -82,9 +85,9 @@ def quantize_(
                 raise InputError(f"{lp.name}: {suffix} came out {tuple(t.shape)}, the plan says {tuple(shape)}")
             stored[suffix] = t.contiguous().to(m.weight.device)
         bias = None if m.bias is None else m.bias.detach()
-        layer = QuantLinear.from_weight(QuantWeight(stored, lp.marker, lp.name), bias, m)
+        layer = QuantLinear.from_weight(QuantWeight(stored, marker, lp.name), bias, m)
         _replace(model, lp.name, layer)
-        done[lp.name] = lp.params.describe()
+        done[lp.name] = chosen.describe()
     return done
 
 
@@ -129,6 +132,7 @@ def save_quantized(model: nn.Module, path, *, target="all", metadata: dict[str, 
     meta = dict(metadata or {})
     meta.update(marker_map)  # the header map always describes the markers written
     tmp = write_safetensors(path, entries, meta or None, commit=False)
+    committed = False
     try:
         report = check(tmp, target=target)
         errors = [f for f in report.findings if f.severity == "error"]
@@ -138,8 +142,8 @@ def save_quantized(model: nn.Module, path, *, target="all", metadata: dict[str, 
                 f"refusing to write {path}: the written file does not pass comfyquant check: {first.message} [{first.code}]"
             )
         commit_file(tmp, path)
-        tmp = None
+        committed = True
     finally:
-        if tmp is not None and os.path.exists(tmp):
+        if not committed and os.path.exists(tmp):
             os.unlink(tmp)
     return path

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,6 +19,9 @@ from torch import nn
 from ..dtypes import DENSE_FLOAT_DTYPES
 from ..errors import InputError
 from ..numerics.dtypes import TORCH_DTYPES
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 DENSE_TORCH_DTYPES = frozenset(TORCH_DTYPES[name] for name in DENSE_FLOAT_DTYPES)
 """The torch dtypes of dense float tensors: the ones a load may cast."""
@@ -44,7 +48,7 @@ def open_checked(path) -> Iterator:
         yield ckpt
 
 
-def read_tensor(ckpt, entry, device: torch.device, report=None, cast: torch.dtype | None = None) -> torch.Tensor:
+def read_tensor(ckpt: Checkpoint, entry, device: torch.device, report=None, cast: torch.dtype | None = None) -> torch.Tensor:
     """One tensor, read into its own storage (no memory map, no intermediate copy for local
     files); floating-point tensors cast to ``cast`` when given; ``report.bytes_read`` counts."""
     dtype = TORCH_DTYPES.get(entry.dtype)
@@ -53,7 +57,7 @@ def read_tensor(ckpt, entry, device: torch.device, report=None, cast: torch.dtyp
     source = ckpt.source(entry.file)
     if hasattr(source, "readinto"):
         buf = torch.empty(entry.nbytes, dtype=torch.uint8)
-        if entry.nbytes and source.readinto(entry.start, memoryview(buf.numpy())) != entry.nbytes:
+        if entry.nbytes and source.readinto(entry.start, buf.numpy().data) != entry.nbytes:
             raise LoadError(f"{entry.file}: file ended early while reading tensor {entry.name!r} (truncated?)")
     else:
         buf = (

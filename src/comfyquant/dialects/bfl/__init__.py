@@ -23,6 +23,8 @@ never in the header.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...numerics import nvfp4_layouts as lay
 from ...shapes import fmt_shape
 from ...targets.base import Violation
@@ -30,6 +32,9 @@ from ..base import EXACT, LOSSY, PERMUTATION, REFUSED, Claim, Dialect, Lossy, Mo
 from ..common import FLOAT_SCALE_DTYPES, copy, is_scalar_float, scalar_scale
 from ..decoders import scaled_fp8
 from . import nvfp4
+
+if TYPE_CHECKING:
+    from ...checkpoint import Checkpoint
 
 NAME = "bfl"
 NVFP4 = "nvfp4"
@@ -54,7 +59,7 @@ def fp8r_tensors(t: dict) -> bool:
     )
 
 
-def detect(ckpt, claimed: set) -> Claim | None:
+def detect(ckpt: Checkpoint, claimed: set) -> Claim | None:
     marked = False
     nv: dict[str, dict[str, int]] = {}
     rowwise: list[str] = []
@@ -166,7 +171,7 @@ def _fp8r(prefix: str, t: dict) -> Translation:
     )
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     """What each runtime does with the unmarked BFL layers: ComfyUI's profile leaves them to
     this; SGLang's refuses unmarked quantized weights on its Comfy path (M0), and its diffusion
     loader's own NVFP4 path guesses the layout from the names (modelled here)."""
@@ -225,7 +230,7 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
     return out
 
 
-def export(ckpt, claimed: set) -> Claim | None:
+def export(ckpt: Checkpoint, claimed: set) -> Claim | None:
     """Comfy ``nvfp4`` and ``float8_e4m3fn`` layers in the BFL layout diffusers' quantizer reads.
     Padding the BFL layout has no room for (rows past the bias, the blocked layout's) is read
     and must be zero, else the layer is refused."""

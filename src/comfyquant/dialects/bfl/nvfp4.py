@@ -11,6 +11,7 @@ written, the decoder imports torch when it runs.
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 from ...findings import Finding
 from ...formats.registry import FORMATS
@@ -20,6 +21,9 @@ from ...shapes import fmt_shape
 from ..base import EXACT, PERMUTATION, REFUSED, Move, Translation
 from ..common import copy, is_scalar_float, scalar_scale
 from ..reading import read_sound
+
+if TYPE_CHECKING:
+    from ...checkpoint import Checkpoint
 
 COMFY = "nvfp4"
 HANDLED = ("weight", "weight_scale", "weight_scale_2", "input_scale", "comfy_quant")
@@ -261,12 +265,13 @@ def from_comfy(
     )
 
 
-def check_padding(ckpt, tr: Translation) -> str | None:
+def check_padding(ckpt: Checkpoint, tr: Translation) -> str | None:
     """Run the translation's ``Dropping`` moves on the stored bytes: the bytes they drop
     as padding must be zero.  When they are not, the layer is refused (its verdict and why
     say so) and the reason is returned."""
     for move in tr.moves:
-        if not isinstance(move, Dropping):
+        transform = move.transform
+        if not isinstance(move, Dropping) or transform is None:
             continue
         data = read_sound(ckpt, [ckpt.tensors[move.source]]).get(move.source)
         if data is None:  # bytes that are not what the header says (C001/C002 name them): unsettled
@@ -274,7 +279,7 @@ def check_padding(ckpt, tr: Translation) -> str | None:
                 tr.unsettled.append(PADDING_UNSETTLED)
             continue
         try:
-            move.transform(data)
+            transform(data)
         except lay.PaddingNotZero as exc:
             tr.verdict = REFUSED
             tr.format = tr.marker = None
@@ -285,7 +290,7 @@ def check_padding(ckpt, tr: Translation) -> str | None:
     return None
 
 
-def settle(ckpt, claim) -> list[Finding]:
+def settle(ckpt: Checkpoint, claim) -> list[Finding]:
     """``--deep`` (and ``migrate``) for the NVFP4 layers of a claim: padding a translation drops
     must be zero (``check_padding``)."""
     findings: list[Finding] = []

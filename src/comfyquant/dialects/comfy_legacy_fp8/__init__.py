@@ -14,7 +14,7 @@ switches the translation off.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...dtypes import MODEL_FLOAT_DTYPES
 from ...findings import DEEP_MEASURES, Finding
@@ -39,6 +39,9 @@ from ..common import (
 from ..decoders import scaled_fp8
 from ..reading import read_sound
 
+if TYPE_CHECKING:
+    from ...checkpoint import Checkpoint
+
 NAME = "comfy-legacy-fp8"
 SENTINEL = LEGACY_SENTINEL
 DENSE_DTYPES = MODEL_FLOAT_DTYPES
@@ -59,7 +62,7 @@ def _per_tensor_format(w) -> str | None:
     return fmt.name if fmt is not None else None
 
 
-def detect(ckpt, claimed: set) -> Claim | None:
+def detect(ckpt: Checkpoint, claimed: set) -> Claim | None:
     flags = legacy_sentinels(ckpt)
     if not flags:
         return None
@@ -169,7 +172,7 @@ def _scale_fits(wshape: tuple, sshape: tuple) -> bool:
     return sshape in ((n,), (n, 1))
 
 
-def settle(ckpt, claim: Claim) -> list[Finding]:
+def settle(ckpt: Checkpoint, claim: Claim) -> list[Finding]:
     """Read the scalars the header cannot tell: ``scale_input == 1.0`` (ComfyUI drops it, so
     the migrated layer drops it too: the file keeps behaving as ComfyUI ran it) and whether a
     dense layer's dummy scale is 1.0 (any other value: which weight was meant is unknown)."""
@@ -257,13 +260,13 @@ def value_casts(claim: Claim) -> list[ValueCast]:
     return out
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     if target == "comfyui":
         return _comfyui(ckpt, claim)
     return []  # SGLang and comfy-kitchen read markers only: their profiles judge the unmarked weights
 
 
-def _comfyui(ckpt, claim: Claim) -> list[Violation]:
+def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     out: list[Violation] = []
     fp8 = [tr for tr in claim.layers.values() if tr.format is not None or tr.verdict == LOSSY]
     if ckpt.markers.headers:

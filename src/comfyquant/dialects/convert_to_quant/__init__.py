@@ -29,12 +29,17 @@ nothing more about what they do.
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 from ...formats.registry import FORMATS
 from ...shapes import fmt_shape
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation, refused
 from ..common import copy
 from ..decoders import scaled_fp8
+
+if TYPE_CHECKING:
+    from ...checkpoint import Checkpoint
+    from ...io.header import TensorEntry
 
 NAME = "convert-to-quant"
 _refused = partial(refused, NAME)
@@ -57,32 +62,30 @@ TARGET = {
 }
 
 
-def scalars(ckpt) -> dict[str, object]:
+def scalars(ckpt: Checkpoint) -> dict[str, TensorEntry]:
     cut = len(SCALAR) + 1
     return {n[:-cut]: ckpt.tensors[n] for n in ckpt.other_tensors if n.endswith("." + SCALAR)}
 
 
-def detect(ckpt, claimed: set) -> Claim | None:
+def detect(ckpt: Checkpoint, claimed: set) -> Claim | None:
     extra = scalars(ckpt)
     layers: dict[str, Translation] = {}
+    counts: dict[str, int] = {}
     for prefix, layer in ckpt.layers.items():
         marker = layer.marker
         fmt = marker.get("format") if marker is not None else None
-        if prefix in claimed or not isinstance(fmt, str) or fmt not in WEIGHT_DTYPE:
+        if marker is None or prefix in claimed or not isinstance(fmt, str) or fmt not in WEIGHT_DTYPE:
             continue
         t = dict(layer.tensors)
         if prefix in extra:
             t[SCALAR] = extra[prefix]
         tr = _translate(prefix, t, marker)
-        if tr.verdict == REFUSED and marker["format"] in FORMATS:
+        if tr.verdict == REFUSED and fmt in FORMATS:
             continue  # tensors that do not fit a described format: the canonical rules diagnose them
         layers[prefix] = tr
+        counts[fmt] = counts.get(fmt, 0) + 1
     if not layers:
         return None
-    counts: dict[str, int] = {}
-    for p in layers:
-        f = ckpt.layers[p].marker["format"]
-        counts[f] = counts.get(f, 0) + 1
     notes = ["convert_to_quant formats: " + ", ".join(f"{n} {f}" for f, n in sorted(counts.items()))]
     return Claim(NAME, layers, notes=notes)
 

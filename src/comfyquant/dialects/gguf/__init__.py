@@ -16,10 +16,15 @@ SGLang reads safetensors.  The notes say what ComfyUI-GGUF itself would do with 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...io.jsontext import parse as parse_json
 from ...targets.base import Violation
 from ..base import EXACT, LOSSY, Claim, Container, Dialect, Lossy, Move, Translation
 from .keys import ARCH_KEY, CONTAINER_KEY, DENSE, ORIG_SHAPE_KEY, TYPES_KEY, is_gguf
+
+if TYPE_CHECKING:
+    from ...checkpoint import Checkpoint
 
 NAME = "gguf"
 
@@ -135,7 +140,7 @@ def virtual_source(path: str):
     return open_view(path)
 
 
-def _is_gguf_view(ckpt) -> bool:
+def _is_gguf_view(ckpt: Checkpoint) -> bool:
     """The checkpoint is a GGUF file read through ``reader`` (metadata alone could be a
     copy carried into a safetensors file by some writer; that file is no GGUF)."""
     if ckpt.metadata().get(CONTAINER_KEY) != "gguf":
@@ -153,7 +158,7 @@ def _json(meta: dict, key: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def detect(ckpt, claimed: set) -> Claim | None:
+def detect(ckpt: Checkpoint, claimed: set) -> Claim | None:
     if not _is_gguf_view(ckpt):
         return None
     meta = ckpt.metadata()
@@ -185,7 +190,7 @@ def detect(ckpt, claimed: set) -> Claim | None:
     )
 
 
-def _translate(ckpt, prefix: str, type_name: str) -> Translation:
+def _translate(ckpt: Checkpoint, prefix: str, type_name: str) -> Translation:
     """A quantized GGUF weight: LOSSY for a linear (2-D) weight, whose Comfy form requantizes it;
     EXACT as the dense F32 weight for any other rank (a conv kernel, a reshaped tensor), which
     no Comfy format quantizes, so the exact decode is its Comfy form."""
@@ -247,7 +252,7 @@ def _notes(meta: dict, types: dict) -> list[str]:
     return notes
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     if target == "comfyui":
         return [
             Violation(

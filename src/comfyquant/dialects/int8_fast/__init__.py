@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...shapes import fmt_shape
 from ...targets.base import Violation
 from ..base import EXACT, LOSSY, Claim, Dialect, Lossy, Move, Translation, refused
 from ..common import FLOAT_SCALE_DTYPES, copy, root_of, scalar_scale, upcast
+
+if TYPE_CHECKING:
+    from ...checkpoint import Checkpoint
 
 NAME = "int8-fast"
 _refused = partial(refused, NAME)
@@ -53,7 +56,7 @@ DEFAULT_GROUP = 256
 MARKER_TENSOR = "comfy_quant"
 
 
-def _flags(ckpt) -> tuple[list[str], list[str]]:
+def _flags(ckpt: Checkpoint) -> tuple[list[str], list[str]]:
     """(metadata keys, tensor names) of the file-level flags."""
     meta = ckpt.metadata()
     keys = [k for k in FLAGS if k in meta]
@@ -86,7 +89,7 @@ def _ours(marker: dict, t: dict, wint8: bool) -> bool:
     )
 
 
-def detect(ckpt, claimed: set) -> Claim | None:
+def detect(ckpt: Checkpoint, claimed: set) -> Claim | None:
     meta_keys, flag_tensors = _flags(ckpt)
     wint8 = bool(flag_tensors)
     layers: dict[str, Translation] = {}
@@ -252,7 +255,7 @@ def sylvester_decoder(group: int):
     return decode
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     """What only this dialect knows.  The runtime profiles judge these marked layers by their
     markers already (ComfyUI's ``Unknown quantization format for layer {name}`` on a marker
     without ``format``, MooshieUI #647 / ComfyUI #14777; SGLang's format set with ``None``; an
@@ -300,7 +303,7 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
     return out
 
 
-def _marker_of(ckpt, prefix: str) -> dict | None:
+def _marker_of(ckpt: Checkpoint, prefix: str) -> dict | None:
     layer = ckpt.layers.get(prefix)
     return layer.marker if layer is not None else None
 

@@ -31,6 +31,7 @@ claims a ModelOpt layout its tensors no longer have (SGLang falls back to
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 from ...findings import Finding
 from ...io.jsontext import parse as parse_json
@@ -43,6 +44,9 @@ from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
 from ..bfl import nvfp4
 from ..common import FLOAT_SCALE_DTYPES, copy, is_scalar_float, scalar_scale
 from ..decoders import scaled_fp8
+
+if TYPE_CHECKING:
+    from ...checkpoint import Checkpoint
 
 NAME = "modelopt"
 CONFIG_KEY = "quantization_config"
@@ -89,7 +93,7 @@ def fp8_tensors(t: dict) -> bool:
     return w is not None and w.dtype == "F8_E4M3" and len(w.shape) == 2 and "weight_scale" in t and "weight_scale_2" not in t
 
 
-def detect(ckpt, claimed: set) -> Claim | None:
+def detect(ckpt: Checkpoint, claimed: set) -> Claim | None:
     meta = ckpt.metadata()
     cfg = modelopt_config(meta)
     if cfg is None:
@@ -157,7 +161,9 @@ def _scale_layout(nv: dict[str, dict[str, int]], record: dict | None) -> tuple[s
     )
 
 
-def _nvfp4(ckpt, prefix: str, fits: dict[str, int], scales: str | None, evidence: str, unsettled: list[str]) -> Translation:
+def _nvfp4(
+    ckpt: Checkpoint, prefix: str, fits: dict[str, int], scales: str | None, evidence: str, unsettled: list[str]
+) -> Translation:
     t = ckpt.layers[prefix].tensors
     svd = [n for n in (f"{prefix}.{s}" for s in SVD_SUFFIXES) if n in ckpt.tensors]
     if svd:
@@ -283,7 +289,7 @@ def _marker_note(tr: Translation, layer) -> Translation:
     return tr
 
 
-def _padding(ckpt, nv: dict[str, dict[str, int]], scales: str | None) -> dict:
+def _padding(ckpt: Checkpoint, nv: dict[str, dict[str, int]], scales: str | None) -> dict:
     """What the shapes show of ModelOpt's ``padding_strategy``: rows padded past the bias
     (``row``), scale columns padded to 16 (``row_col``, which pads the rows too)."""
     rows = "model"
@@ -300,13 +306,13 @@ def _padding(ckpt, nv: dict[str, dict[str, int]], scales: str | None) -> dict:
     return {"rows": "padded" if row_col else rows, "row_col": row_col}
 
 
-def settle(ckpt, claim: Claim) -> list[Finding]:
+def settle(ckpt: Checkpoint, claim: Claim) -> list[Finding]:
     """Read the block scales whose translation drops padding (``row_col`` scale columns, the
     blocked layout's padding): padding that is not zero is not padding, and the layer is refused."""
     return nvfp4.settle(ckpt, claim)
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     """What ComfyUI and SGLang do with ModelOpt's layers as they are, beyond what their own
     profiles already say of a marked layer (ComfyUI's ``KeyError: 'fp8'``, SGLang's format set,
     a scale shape that fails ``from_blocked``): both read an ``nvfp4`` layer-map entry as Comfy's
@@ -369,12 +375,12 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
     return out
 
 
-def export(ckpt, claimed: set) -> Claim | None:
+def export(ckpt: Checkpoint, claimed: set) -> Claim | None:
     """Comfy ``nvfp4`` / ``float8_e4m3fn`` layers in ModelOpt's layout: the layout the file was
     migrated from (``comfyquant.modelopt_layout``), else ModelOpt's plain export (linear
     scales, nothing padded)."""
     meta = ckpt.metadata()
-    layout = dict(DEFAULT_LAYOUT)
+    layout: dict[str, Any] = dict(DEFAULT_LAYOUT)  # updated from the header's record: any JSON value
     layout.update({k: v for k, v in (recorded_layout(meta) or {}).items() if k in DEFAULT_LAYOUT and v is not None})
     saved = _json(meta.get(SAVED_CONFIG_KEY))
     picked: dict[str, str] = {}
@@ -425,8 +431,8 @@ def export(ckpt, claimed: set) -> Claim | None:
                 dropped_why="ModelOpt writes the header map only",
             )
     config = (
-        meta.get(SAVED_CONFIG_KEY)
-        if saved
+        text
+        if saved and (text := meta.get(SAVED_CONFIG_KEY)) is not None
         else json.dumps(
             {
                 "quant_algo": algo,

@@ -30,6 +30,7 @@ scales, so those layers are lossy (``--allow-lossy`` requantizes them from the e
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 from ...findings import Finding
 from ...formats.registry import infer_format
@@ -50,6 +51,9 @@ from ..common import (
 from ..decoders import scaled_fp8
 from ..reading import read_sound
 
+if TYPE_CHECKING:
+    from ...checkpoint import Checkpoint
+
 NAME = "musubi-fp8"
 _refused = partial(refused, NAME)
 TENSOR_SCALE = TWO_LEVEL_SCALE
@@ -63,7 +67,7 @@ LOSSY_TARGET = Lossy(
 )
 
 
-def detect(ckpt, claimed: set) -> Claim | None:
+def detect(ckpt: Checkpoint, claimed: set) -> Claim | None:
     """Unmarked layers with an FP8 weight and a ``scale_weight``, in a file without the legacy
     sentinel; in a file with it, only the layers with a two-level ``scale_weight_tensor`` (the
     legacy dialect leaves those: its one-scale reading would drop the factor).  Header only."""
@@ -212,7 +216,7 @@ def _per_tensor(prefix: str, t: dict, fmt: str, others: list) -> Translation:
     )
 
 
-def settle(ckpt, claim: Claim) -> list[Finding]:
+def settle(ckpt: Checkpoint, claim: Claim) -> list[Finding]:
     """Read the one-element scales: a per-tensor ``scale_weight`` (and a two-level layer's
     ``scale_weight_tensor``) that is not finite and positive decodes to garbage, so the layer is
     refused; ``scale_input == 1.0`` is dropped (ComfyUI drops it too: dynamic activations)."""
@@ -286,7 +290,7 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
     return findings
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     """ComfyUI reads no musubi scales: without the ``scaled_fp8`` sentinel its legacy translation
     (``convert_old_quants``) does nothing, so each unmarked FP8 weight is cast to the compute dtype
     by value and ``scale_weight`` stays an unexpected key: garbage without an error (the ComfyUI

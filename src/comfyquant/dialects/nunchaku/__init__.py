@@ -18,6 +18,7 @@ are unsigned, Comfy subtracts 8) that only the values can prove exact (``settle`
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 from ...dtypes import DTYPE_BITS
 from ...findings import Finding
@@ -31,6 +32,9 @@ from ..reading import read_sound
 from . import metadata
 from .decoders import awq as awq_decoder
 from .decoders import via_comfy
+
+if TYPE_CHECKING:
+    from ...checkpoint import Checkpoint
 
 NAME = "nunchaku"
 _refused = partial(refused, NAME)
@@ -52,7 +56,7 @@ SGLANG_SKIP = ("norm", "embed", "rotary", "pos_embed")
 """SGLang multimodal_gen ``nunchaku_config.py``: skip > AWQ > SVDQ patterns, any other linear SVDQ."""
 
 
-def _groups(ckpt) -> dict[str, dict]:
+def _groups(ckpt: Checkpoint) -> dict[str, dict]:
     """nunchaku tensors by layer prefix (only prefixes with a ``qweight``), plus their bias."""
     found: dict[str, dict] = {}
     for name in ckpt.other_tensors:
@@ -71,7 +75,7 @@ def _groups(ckpt) -> dict[str, dict]:
     return out
 
 
-def detect(ckpt, claimed: set) -> Claim | None:
+def detect(ckpt: Checkpoint, claimed: set) -> Claim | None:
     groups = {
         p: t for p, t in _groups(ckpt).items() if p not in claimed and (p not in ckpt.layers or ckpt.layers[p].marker is None)
     }
@@ -127,7 +131,7 @@ def _variant(t: dict) -> str:
     return "svdq int4"
 
 
-def _translate(prefix: str, t: dict, ckpt) -> Translation:
+def _translate(prefix: str, t: dict, ckpt: Checkpoint) -> Translation:
     variant = _variant(t)
     if variant == "awq w4a16":
         return _awq(prefix, t, variant, ckpt)
@@ -189,7 +193,7 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
             q.name,
             "I8",
             (n, k // 2),
-            lambda d, n=n, k=k: tiles.svdq_weight(d, n, k),
+            partial(tiles.svdq_weight, n=n, k=k),
             PERMUTATION,
             "MMA tile order -> row-major int4 pairs",
         ),
@@ -198,7 +202,7 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
             ws.name,
             ws.dtype,
             (k // 64, n),
-            lambda d, g=k // 64, n=n: tiles.svdq_scales(d, g, n, 2),
+            partial(tiles.svdq_scales, groups=k // 64, n=n, itemsize=2),
             PERMUTATION,
             "lane order -> [K/64, N]",
         ),
@@ -207,7 +211,7 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
             sm.name,
             sm.dtype,
             (k,),
-            lambda d, k=k: tiles.svdq_vector(d, k, 2),
+            partial(tiles.svdq_vector, n=k, itemsize=2),
             PERMUTATION,
             "lane order -> natural",
         ),
@@ -216,7 +220,7 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
             down.name,
             down.dtype,
             (k, rank),
-            lambda d, k=k, r=rank: tiles.lowrank_down(d, k, r, 2),
+            partial(tiles.lowrank_down, k=k, rank=rank, itemsize=2),
             PERMUTATION,
             "16x16 packs -> [K, R]",
         ),
@@ -225,7 +229,7 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
             up.name,
             up.dtype,
             (n, rank),
-            lambda d, n=n, r=rank: tiles.lowrank_up(d, n, r, 2),
+            partial(tiles.lowrank_up, n=n, rank=rank, itemsize=2),
             PERMUTATION,
             "16x16 packs -> [N, R]",
         ),
@@ -238,7 +242,7 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
                 bias.name,
                 bias.dtype,
                 (n,),
-                lambda d, n=n, s=size: tiles.svdq_vector(d, n, s),
+                partial(tiles.svdq_vector, n=n, itemsize=size),
                 PERMUTATION,
                 "lane order -> natural (nunchaku's kernel reads the bias packed)",
             )
@@ -249,7 +253,7 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
     ]
     if others:
         return _refused(prefix, t, variant=variant, why="unexpected tensors next to an int4 SVDQuant layer: " + ", ".join(others))
-    marker = {"format": SVDQ_FORMAT}
+    marker: dict[str, object] = {"format": SVDQ_FORMAT}
     why = "byte permutation of nunchaku's MMA tile layout into Comfy's natural svdquant_w4a4 layout"
     if prefix.endswith(UNSIGNED_ACT):
         marker["act_unsigned"] = True
@@ -287,7 +291,7 @@ class InexactZeros(ValueError):
     """A zero point whose Comfy form is not exact in F32 (``settle`` refuses such layers first)."""
 
 
-def _awq(prefix: str, t: dict, variant: str, ckpt) -> Translation:
+def _awq(prefix: str, t: dict, variant: str, ckpt: Checkpoint) -> Translation:
     need = [s for s in AWQ_SUFFIXES if s not in t]
     if need:
         return _refused(prefix, t, variant=variant, why="incomplete AWQ W4A16 layer: no " + ", ".join(need))
@@ -332,7 +336,7 @@ def _awq(prefix: str, t: dict, variant: str, ckpt) -> Translation:
             q.name,
             "I8",
             (n, k // 2),
-            lambda d, n=n, k=k: tiles.awq_weight(d, n, k),
+            partial(tiles.awq_weight, n=n, k=k),
             PERMUTATION,
             "TinyChat 4-row interleave -> row-major unsigned int4 pairs",
         ),
@@ -341,7 +345,7 @@ def _awq(prefix: str, t: dict, variant: str, ckpt) -> Translation:
             ws.name,
             "F32",
             tuple(ws.shape),
-            lambda d, dt=ws.dtype: _to_f32(d, dt),
+            partial(_to_f32, dtype=ws.dtype),
             EXACT,
             f"{ws.dtype} -> F32 (exact)",
         ),
@@ -382,7 +386,7 @@ def _shifted_zeros(dtype: str, s_bytes: bytes, z_bytes: bytes) -> bytes | None:
     return out.astype("<f4").tobytes()
 
 
-def settle(ckpt, claim: Claim) -> list[Finding]:
+def settle(ckpt: Checkpoint, claim: Claim) -> list[Finding]:
     """AWQ layers: read wscales/wzeros.  Where ``wzeros + 8 * wscales`` is exact in F32 for every
     group the translation stands (the zeros are kept computed: the Comfy layer's F32 weight is
     then bit-identical to the nunchaku decoder's); otherwise the layer is refused."""
@@ -407,7 +411,13 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
             m
             if m.suffix != "weight_zeros"
             else Move(
-                m.suffix, m.source, m.dtype, m.shape, lambda d, z=zeros: z, EXACT, "wzeros + 8 * wscales in F32 (verified exact)"
+                m.suffix,
+                m.source,
+                m.dtype,
+                m.shape,
+                partial(_constant, zeros),
+                EXACT,
+                "wzeros + 8 * wscales in F32 (verified exact)",
             )
             for m in tr.moves
         ]
@@ -426,6 +436,11 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
     ]
 
 
+def _constant(value: bytes, _data: bytes) -> bytes:
+    """A transform whose output does not depend on the stored bytes (computed at detection)."""
+    return value
+
+
 def _to_f32(data: bytes, dtype: str) -> bytes:
     from ...numerics import bytewise
 
@@ -435,7 +450,7 @@ def _to_f32(data: bytes, dtype: str) -> bytes:
 # -- runtimes -------------------------------------------------------------------------------------------------
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
+def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     if target == "comfyui":
         return _comfyui(ckpt, claim)
     if target == "sglang":
@@ -461,7 +476,7 @@ def runtime(target: str, ckpt, claim: Claim) -> list[Violation]:
     return []
 
 
-def _comfyui(ckpt, claim: Claim) -> list[Violation]:
+def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     facts = metadata.read(ckpt.metadata())
     loader = "load it with ComfyUI-nunchaku's Nunchaku DiT loader"
     if not facts.comfy_config_ok:

@@ -11,13 +11,16 @@ to the activations' 16-bit dtype.)
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...numerics import nunchaku_tiles
+from ..base import Decoder, Move
 
 
-def awq() -> object:
+def awq() -> Decoder:
     """The decoder of a nunchaku AWQ W4A16 layer: ``{"qweight", "wscales", "wzeros"}`` -> F32 ``[N, K]``."""
 
-    def decode(stored: dict):
+    def decode(stored: dict[str, Any]) -> Any:
         import torch
 
         s = stored["wscales"].to(torch.float32)
@@ -33,12 +36,12 @@ def awq() -> object:
     return decode
 
 
-def via_comfy(moves: list, format_name: str, marker: dict) -> object:
+def via_comfy(moves: list[Move], format_name: str, marker: dict) -> Decoder:
     """The decoder of a layer that is a Comfy layer after its moves (byte permutations): the
     moves applied to the stored tensors, then the Comfy format's own codec (so dequantizing the
     nunchaku file and the migrated file give the same bits)."""
 
-    def decode(stored: dict):
+    def decode(stored: dict[str, Any]) -> Any:
         import torch
 
         from ...formats.registry import FORMATS
