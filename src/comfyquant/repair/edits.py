@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..checker.run import Targets
 
 LOSSLESS = "lossless"
 STORAGE = "write markers as tensors and header map, identical"
@@ -161,11 +165,13 @@ class Plan:
 
 
 class Options:
+    """What the planner decides with: a part of a run's ``RewriteOptions`` (``options.planner``)."""
+
     __slots__ = ("target", "prefer", "convrot_groupsize", "allow_lossy", "to")
 
     def __init__(
         self,
-        target: str = "all",
+        target: Targets = "all",
         prefer: str | None = None,
         convrot_groupsize: int | None = None,
         allow_lossy: bool = False,
