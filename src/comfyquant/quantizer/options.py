@@ -55,6 +55,11 @@ class EncodeOptions:
     reference: str | os.PathLike[str] | None = None
     max_error: float | None = None
 
+    def __post_init__(self) -> None:
+        # Repeatable options arrive as a list from the command line and as any sequence from
+        # Python: held as tuples, so equal requests are equal objects and none changes later.
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+
     @property
     def default_format(self) -> str | None:
         """The format the command gives every layer no rule names (``--format``/``--to``)."""
@@ -78,6 +83,10 @@ class QuantizeOptions(EncodeOptions):
     preset: str | None = None
     include: Sequence[str] = ()
     like: Paths | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "include", tuple(self.include))
 
     @property
     def default_format(self) -> str | None:
