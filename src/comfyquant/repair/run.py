@@ -100,13 +100,14 @@ def fix(
     ``reference``): above it the repaired output is written as ``<out stem>.over-max-error.safetensors``
     (``<folder>.over-max-error`` for shards), never at ``out`` or over the input, and the result
     is not ``ok``."""
+    keywords = dict(locals())  # first, before any other name is bound here: the fields, and force
+    force = keywords.pop("force")  # the deprecated spelling of overwrite, not an option of its own
     if force is not None:
         import warnings
 
         warnings.warn("fix(force=...) is deprecated: use overwrite=...", DeprecationWarning, stacklevel=2)
-        overwrite = overwrite or force
-    del force  # the deprecated spelling of overwrite, not an option of its own
-    return run_fix(FixOptions(**locals()))  # the keywords are the fields (tests/test_options.py)
+        keywords["overwrite"] = overwrite or force
+    return run_fix(FixOptions(**keywords))  # the keywords are the fields (tests/test_options.py)
 
 
 def run_fix(options: FixOptions) -> FixResult:
