@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..dtypes import DENSE_FLOAT_DTYPES, MODEL_FLOAT_DTYPES
 from ..errors import InputError, option
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from ..checker.run import Targets
     from ..checkpoint import Checkpoint
     from ..io.header import TensorEntry
-    from .presets import Selection
 
 QUANTIZE = "quantize"
 DENSE = "dense"
@@ -196,6 +195,14 @@ def is_embedding(name: str) -> bool:
     return "embed" in name.rsplit(".", 1)[-1]
 
 
+class Chooser(Protocol):
+    """What a preset selection (``presets.Selection``) is to the plan: a choice for the layers
+    the user's own rules leave open (named here so that the plan does not import presets,
+    which imports the plan through ``recipe``)."""
+
+    def choose(self, name: str) -> Choice | None: ...
+
+
 class Options:
     """What decides the choices: rules, the default format, excludes, the target."""
 
@@ -205,7 +212,7 @@ class Options:
         default: Choice | None,
         excludes: list[str],
         target: Targets,
-        selection: Selection | None = None,
+        selection: Chooser | None = None,
     ) -> None:
         self.rules = rules
         self.default = default
