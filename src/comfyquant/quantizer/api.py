@@ -5,6 +5,9 @@ judge the plan with the checker on a virtual output (refusing what the target ca
 before computing anything), stream the output through temporary files on the cores ``jobs`` asks for (``jobs``),
 check the written files with ``check --target``, rename them into place, and
 report the quality of every quantized layer.
+
+``quantize`` and ``convert`` build the run's options object (``options``) from their keywords,
+the commands from their command lines; ``run`` takes it either way.
 """
 
 from __future__ import annotations
