@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterable
+
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
+
 EXIT_CODES = (
     "exit codes: 0 done, nothing wrong found (warnings allowed); 1 defects found; "
     "2 unreadable input, usage error or output that cannot be written; "
@@ -96,7 +106,11 @@ def add_io_arguments(p, inputs_help: str, out_help: str, default_help: str) -> N
     add_overwrite_argument(p)
 
 
-def inputs_and_output(args) -> tuple[list[str], str | None]:
+IO_ARGUMENTS = ("inputs", "out", "out_option")
+"""The parsed arguments ``add_io_arguments`` adds (``inputs_and_output`` reads them)."""
+
+
+def inputs_and_output(args: argparse.Namespace) -> tuple[list[str], str | None]:
     """(input paths, output path or None for the default name) from ``add_io_arguments``'s
     arguments."""
     paths = list(args.inputs) + ([args.out] if args.out is not None else [])
@@ -105,3 +119,28 @@ def inputs_and_output(args) -> tuple[list[str], str | None]:
     if len(paths) < 2:
         return paths, None
     return paths[:-1], paths[-1]
+
+
+SHOWN = frozenset({"command", "json", "verbose"})
+"""Parsed arguments that choose how a result is printed (and which command runs), not what is done:
+no options object has a field for them."""
+
+
+def options_from_args(cls: type[T], args: argparse.Namespace, read: Iterable[str] = (), **given: object) -> T:
+    """The command's options object (a frozen dataclass) from its parsed arguments: each field
+    from the argument of its name, ``given`` fields as the command computed them from the
+    arguments named in ``read`` (the paths of ``add_io_arguments``, the format parameters).
+
+    A parsed argument that lands nowhere is a bug, refused on every run of the command: a flag
+    added to a parser without its field cannot be silently ignored."""
+    from dataclasses import fields
+
+    names = {f.name for f in fields(cls)}
+    parsed = vars(args)
+    read = set(read)
+    unplaced = set(parsed) - names - read - SHOWN
+    if unplaced:
+        raise TypeError(f"{cls.__name__} has no field for the parsed argument(s) {', '.join(sorted(unplaced))}")
+    values = {name: parsed[name] for name in names if name in parsed and name not in read}
+    values.update(given)
+    return cls(**values)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
+
 HELP = "re-encode a quantized checkpoint in another format or with other parameters (or --to dense)"
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     from .quantize import add_common_arguments
 
     c = sub.add_parser("convert", help=HELP, description=HELP)
@@ -19,18 +24,9 @@ def add_parser(sub) -> None:
     add_common_arguments(c, "--to")
 
 
-def run(args) -> int:
-    from ..quantizer.api import convert
-    from .common import inputs_and_output
-    from .quantize import common_options, params_of, show
+def run(args: argparse.Namespace) -> int:
+    from ..quantizer.api import run as execute
+    from ..quantizer.options import ConvertOptions
+    from .quantize import options_of, show
 
-    inputs, out = inputs_and_output(args)
-    result = convert(
-        inputs,
-        out,
-        args.to,
-        params_of(args),
-        **common_options(args),
-        dtype=args.dtype,
-    )
-    return show(result, args)
+    return show(execute(options_of(ConvertOptions, args)), args)

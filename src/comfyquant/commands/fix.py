@@ -8,7 +8,7 @@ import json
 HELP = "repair a broken checkpoint: streaming, atomic, verified"
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     from .common import add_overwrite_argument, add_target_argument, number
 
     f = sub.add_parser("fix", help=HELP, description=HELP)
@@ -16,6 +16,7 @@ def add_parser(sub) -> None:
     f.add_argument(
         "-o",
         "--output",
+        dest="out",
         metavar="OUT",
         help="output file (or folder for shards); default: <name>.fixed.safetensors / <folder>.fixed",
     )
@@ -49,22 +50,12 @@ def add_parser(sub) -> None:
     f.add_argument("--force", dest="overwrite", action="store_true", help=argparse.SUPPRESS)
 
 
-def run(args) -> int:
-    from ..repair.run import fix
+def run(args: argparse.Namespace) -> int:
+    from ..repair.options import FixOptions
+    from ..repair.run import run_fix
+    from .common import options_from_args
 
-    result = fix(
-        args.paths,
-        out=args.output,
-        in_place=args.in_place,
-        target=args.target,
-        dry_run=args.dry_run,
-        allow_lossy=args.allow_lossy,
-        prefer=args.prefer,
-        convrot_groupsize=args.convrot_groupsize,
-        overwrite=args.overwrite,
-        reference=args.reference,
-        max_error=args.max_error,
-    )
+    result = run_fix(options_from_args(FixOptions, args))
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
     else:

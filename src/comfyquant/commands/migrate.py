@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
 
 HELP = "rewrite a file of another layout (legacy scaled FP8, musubi, ModelOpt, BFL, ...) as a Comfy checkpoint"
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     from .common import add_overwrite_argument, add_target_argument
 
     m = sub.add_parser(
@@ -17,7 +21,9 @@ def add_parser(sub) -> None:
         "lossy, refused); streaming, atomic, verified like fix",
     )
     m.add_argument("paths", nargs="+", metavar="IN", help="file(s), folder or *.safetensors.index.json (or a .gguf)")
-    m.add_argument("-o", "--output", metavar="OUT", help="output file (or folder for shards); default: <name>.comfy.safetensors")
+    m.add_argument(
+        "-o", "--output", dest="out", metavar="OUT", help="output file (or folder for shards); default: <name>.comfy.safetensors"
+    )
     m.add_argument("--in-place", action="store_true", help="replace the input, only after the new file is verified")
     add_target_argument(m, "runtime(s) the migrated file must load in")
     m.add_argument("--dry-run", action="store_true", help="print the verdict per layer, write nothing")
@@ -31,19 +37,12 @@ def add_parser(sub) -> None:
     add_overwrite_argument(m)
 
 
-def run(args) -> int:
-    from ..repair.migration import migrate
+def run(args: argparse.Namespace) -> int:
+    from ..repair.migration import run_migrate
+    from ..repair.options import MigrateOptions
+    from .common import options_from_args
 
-    result = migrate(
-        args.paths,
-        out=args.output,
-        in_place=args.in_place,
-        target=args.target,
-        dry_run=args.dry_run,
-        allow_lossy=args.allow_lossy,
-        overwrite=args.overwrite,
-        to=args.to,
-    )
+    result = run_migrate(options_from_args(MigrateOptions, args))
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
     else:

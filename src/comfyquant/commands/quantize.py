@@ -7,9 +7,18 @@ when the command runs, never when the parser is built.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, TypeVar
 
-from .common import add_io_arguments, add_target_argument, inputs_and_output
+from .common import IO_ARGUMENTS, add_io_arguments, add_target_argument, inputs_and_output, options_from_args
 from .streams import say
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..quantizer.api import Result
+    from ..quantizer.options import EncodeOptions
+
+E = TypeVar("E", bound="EncodeOptions")
 
 HELP = "quantize a dense checkpoint (W4A8, W4A4, INT8, FP8, NVFP4, MXFP8) with a per-layer quality report"
 
@@ -33,7 +42,7 @@ def param_flags() -> list[tuple[str, str, dict]]:
     return list(out.values())
 
 
-def add_common_arguments(p, format_flag: str) -> None:
+def add_common_arguments(p: argparse.ArgumentParser, format_flag: str) -> None:
     """Arguments ``quantize`` and ``convert`` share."""
     add_io_arguments(
         p,
@@ -91,29 +100,7 @@ def add_common_arguments(p, format_flag: str) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="print the full per-layer plan")
 
 
-COMMON_OPTIONS = (
-    "rules",
-    "exclude",
-    "target",
-    "jobs",
-    "report",
-    "dry_run",
-    "keep_bad",
-    "overwrite",
-    "progress",
-    "reference",
-    "max_error",
-)
-"""The options ``add_common_arguments`` adds that ``quantize`` and ``convert`` pass to the
-API as keywords of the same names."""
-
-
-def common_options(args) -> dict:
-    """The API keywords of the shared options, read from the parsed arguments."""
-    return {name: getattr(args, name) for name in COMMON_OPTIONS}
-
-
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     import argparse
 
     from ..quantizer.presets import PRESETS, help_text
@@ -154,29 +141,35 @@ def writable_names() -> str:
     return ", ".join(f.aliases[0] if f.aliases else n for n, f in FORMATS.items() if f.writable) + " (or the full names)"
 
 
-def params_of(args) -> dict:
+PARAM_PREFIX = "param_"
+"""The parsed arguments of the format parameters: ``param_<field>``."""
+
+
+def params_of(args: argparse.Namespace) -> dict[str, object]:
     """The format parameters the command line set (``param_<name>`` destinations)."""
-    return {name[6:]: value for name, value in vars(args).items() if name.startswith("param_") and value is not None}
+    return {
+        name[len(PARAM_PREFIX) :]: value
+        for name, value in vars(args).items()
+        if name.startswith(PARAM_PREFIX) and value is not None
+    }
 
 
-def run(args) -> int:
-    from ..quantizer.api import quantize
-
+def options_of(cls: type[E], args: argparse.Namespace) -> E:
+    """The ``quantize``/``convert`` options object the command line asks for: the paths and the
+    format parameters gathered, every other argument by the field of its name."""
     inputs, out = inputs_and_output(args)
-    result = quantize(
-        inputs,
-        out,
-        args.format,
-        params_of(args),
-        **common_options(args),
-        preset=args.preset,
-        include=args.include,
-        like=args.like,
-    )
-    return show(result, args)
+    params = [name for name in vars(args) if name.startswith(PARAM_PREFIX)]
+    return options_from_args(cls, args, read=(*IO_ARGUMENTS, *params), paths=inputs, out=out, params=params_of(args))
 
 
-def show(result, args) -> int:
+def run(args: argparse.Namespace) -> int:
+    from ..quantizer.api import run as execute
+    from ..quantizer.options import QuantizeOptions
+
+    return show(execute(options_of(QuantizeOptions, args)), args)
+
+
+def show(result: Result, args: argparse.Namespace) -> int:
     """Print a run's outcome (text or JSON); the exit code."""
     for note in getattr(result.plan, "notes", None) or ():  # preset detected, --like differences
         say(note)
@@ -186,7 +179,8 @@ def show(result, args) -> int:
     from ..quantizer.report import render_plan, render_result
 
     if result.plan is None:  # convert --to dense
-        print(result.dense_summary.render())
+        if result.dense_summary is not None:
+            print(result.dense_summary.render())
         return 0
     print(render_plan(result.plan, full=args.dry_run or args.verbose))
     if args.dry_run:

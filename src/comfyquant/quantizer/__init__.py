@@ -8,7 +8,8 @@
 * ``work``     one layer: read, encode, measure (in this process or a worker);
 * ``runner``   streaming into temporary files with ``--jobs`` processes, check, commit;
 * ``report``   JSON document, PNG plot, text;
-* ``api``      ``quantize`` and ``convert``.
+* ``options``  what a ``quantize``/``convert`` run was asked to do, one frozen value from the command line or the API;
+* ``api``      ``quantize`` and ``convert``, and ``run`` (the options object -> the run).
 
 The public functions are ``comfyquant.quantize`` and ``comfyquant.convert`` (this package is
 named ``quantizer`` so that those names stay plain functions).

@@ -5,6 +5,9 @@ judge the plan with the checker on a virtual output (refusing what the target ca
 before computing anything), stream the output through temporary files on the cores ``jobs`` asks for (``jobs``),
 check the written files with ``check --target``, rename them into place, and
 report the quality of every quantized layer.
+
+``quantize`` and ``convert`` build the run's options object (``options``) from their keywords,
+the commands from their command lines; ``run`` takes it either way.
 """
 
 from __future__ import annotations
@@ -12,20 +15,28 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..comparison import check_limit
 from ..errors import InputError, option
+from ..gate import check_input, open_input
 from ..io.progress import Progress
+from . import report as rep
+from .options import ConvertOptions, EncodeOptions, OnLayer, QuantizeOptions
 from .plan import COPY, DENSE, QUANTIZE, Options, Plan, PlanRefused, build_plan
 from .rules import Choice, Rules, load_rules
+from .work import use_sources
 
 if TYPE_CHECKING:
+    from ..checker.report import Report
     from ..checker.run import Targets
-    from ..checkpoint import Paths
+    from ..checkpoint import Checkpoint, Paths
+    from ..dequantizer import Summary
+    from ..io.outputs import Outputs
+    from .presets import Request, Selection
 
-OnLayer = Callable[[Any, Any], None]
-"""``on_layer(layer_plan, result)``: called as each layer is written (progress in a caller's UI)."""
+__all__ = ["Result", "OnLayer", "quantize", "convert", "run"]
 
 
 class Result:
@@ -35,10 +46,10 @@ class Result:
         self,
         plan: Plan | None,
         doc: dict,
-        check=None,
+        check: Report | None = None,
         outputs: list[str] | None = None,
         report_files: list[str] | None = None,
-        dense_summary=None,
+        dense_summary: Summary | None = None,
     ) -> None:
         self.plan = plan
         self.doc = doc
@@ -67,7 +78,7 @@ class Result:
         return self.doc
 
 
-def _targets(target) -> None:
+def _targets(target: Targets) -> None:
     from ..checker.run import parse_targets
 
     try:
@@ -76,7 +87,7 @@ def _targets(target) -> None:
         raise InputError(str(exc)) from None
 
 
-def _default_choice(fmt: str | None, params: dict | None, flag: str) -> Choice | None:
+def _default_choice(fmt: str | None, params: Mapping[str, Any] | None, flag: str) -> Choice | None:
     from .params import resolve_format, validate
 
     given = {k: v for k, v in (params or {}).items() if v is not None}
@@ -88,7 +99,7 @@ def _default_choice(fmt: str | None, params: dict | None, flag: str) -> Choice |
     return Choice(name, validate(name, given, flag), flag)
 
 
-def _rules(rules) -> Rules | None:
+def _rules(rules: str | os.PathLike[str] | Rules | None) -> Rules | None:
     if rules is None or isinstance(rules, Rules):
         return rules
     return load_rules(str(rules))
@@ -98,10 +109,10 @@ def quantize(
     paths: Paths,
     out: str | None = None,
     format: str | None = None,
-    params: dict | None = None,
+    params: Mapping[str, Any] | None = None,
     *,
     rules: str | os.PathLike[str] | Rules | None = None,
-    exclude: list[str] | tuple = (),
+    exclude: Sequence[str] = (),
     target: Targets = "all",
     jobs: int | str | None = None,
     report: str | None = None,
@@ -113,7 +124,7 @@ def quantize(
     reference: str | os.PathLike[str] | None = None,
     max_error: float | None = None,
     preset: str | None = None,
-    include: list[str] | tuple = (),
+    include: Sequence[str] = (),
     like: Paths | None = None,
 ) -> Result:
     """Quantize a dense checkpoint (file, shards, folder or index) into ``out``.
@@ -139,37 +150,17 @@ def quantize(
     checkpoint quantized besides the diffusion model (``"text-encoders"``, ``"vae"``, ``"all"``);
     ``like``: a quantized checkpoint whose per-layer formats and parameters the output repeats
     (``recipe``)."""
-    default = _default_choice(format, params, "--format")
-    select = _select_args(like, rules, default, preset, include)
-    return _run(
-        "quantize",
-        paths,
-        out,
-        default,
-        select.rules if select.recipe is not None else rules,
-        exclude,
-        target,
-        jobs,
-        report,
-        dry_run,
-        keep_bad,
-        overwrite,
-        progress,
-        on_layer,
-        reference,
-        max_error,
-        select=select,
-    )
+    return run(QuantizeOptions(**locals()))  # the keywords are the fields (tests/test_options.py)
 
 
 def convert(
     paths: Paths,
     out: str | None = None,
     to: str | None = None,
-    params: dict | None = None,
+    params: Mapping[str, Any] | None = None,
     *,
     rules: str | os.PathLike[str] | Rules | None = None,
-    exclude: list[str] | tuple = (),
+    exclude: Sequence[str] = (),
     target: Targets = "all",
     jobs: int | str | None = None,
     report: str | None = None,
@@ -187,190 +178,204 @@ def convert(
 
     ``reference``/``max_error`` as for ``quantize``: with a reference, the re-encoded
     layers are measured against the original weights, not only against the decoded input."""
-    if isinstance(to, str) and to.strip().lower() in ("dense", "dequantize"):
+    return run(ConvertOptions(**locals()))  # the keywords are the fields (tests/test_options.py)
+
+
+def run(options: EncodeOptions) -> Result:
+    """Carry out a ``quantize`` or ``convert`` run as ``options`` describe it: what the command
+    line and the API functions both call."""
+    if isinstance(options, ConvertOptions):
+        _refuse_convert(options)
+        if options.dense:
+            return _dense(options)
+    default = _default_choice(options.default_format, options.params, options.format_flag)
+    select = _request(options, default) if isinstance(options, QuantizeOptions) else None
+    rules = _refuse_early(options, default, select)
+    paths = options.path_list()
+    started = time.perf_counter()
+    with open_input(paths, options.command, check=False) as (raw, ckpt):
+        if ckpt is not raw:  # another layout, read through its translation in this process
+            use_sources(ckpt.sources)
+        check_input(ckpt, options.command)  # the gate dequantize shares: check's errors refuse the input
+        selection = select.apply(ckpt) if select is not None else None
+        if select is not None and selection is not None:
+            default = select.default(default, rules, selection)  # a preset's format when none is given
+        plan, dest, over = _plan(ckpt, options, rules, default, selection)
+        if select is not None:
+            select.annotate(plan)
+        if options.keep_bad:
+            _keep_bad(plan)
+        references = _references(plan, str(options.reference)) if options.reference is not None else None
+        if dest is None:  # a dry run
+            doc = rep.build(plan, list(ckpt.paths), [], {}, dry_run=True)
+            if select is not None:
+                doc["selection"] = select.to_dict(plan)
+            return Result(plan, doc)
+        return _write(ckpt, raw, options, plan, dest, over, references, select, started)
+
+
+def _refuse_convert(options: ConvertOptions) -> None:
+    """``convert``'s own refusals: what does not apply to ``--to dense``, and ``--dtype`` without it."""
+    if options.dense:
+        params = options.params
         if (
-            rules is not None
-            or exclude
-            or report
+            options.rules is not None
+            or options.exclude
+            or options.report
             or params
             and any(v is not None for v in params.values())
-            or reference is not None
-            or max_error is not None
+            or options.reference is not None
+            or options.max_error is not None
         ):
             raise InputError(
                 "--to dense decodes every layer exactly: --rules, --exclude, --report, --reference, "
                 "--max-error and format parameters do not apply (comfyquant compare measures a file "
                 "against its original)"
             )
-        return _dense(paths, out, dtype, overwrite, dry_run, progress)
-    if dtype is not None:
+    elif options.dtype is not None:
         raise InputError(
             f"{option('--dtype', 'dtype')} applies to {option('--to dense', 'to=' + repr('dense'))} only "
             "(quantized layers keep their model dtype)"
         )
-    return _run(
-        "convert",
-        paths,
-        out,
-        _default_choice(to, params, "--to"),
-        rules,
-        exclude,
-        target,
-        jobs,
-        report,
-        dry_run,
-        keep_bad,
-        overwrite,
-        progress,
-        on_layer,
-        reference,
-        max_error,
-    )
 
 
-def _run(
-    mode,
-    paths,
-    out,
-    default,
-    rules,
-    exclude,
-    target,
-    jobs,
-    report,
-    dry_run,
-    keep_bad,
-    overwrite,
-    progress,
-    on_layer,
-    reference=None,
-    max_error=None,
-    select=None,
-) -> Result:
-    from ..comparison import check_limit
-    from ..gate import check_input, open_input
+def _request(options: QuantizeOptions, default: Choice | None) -> Request:
+    """``quantize``'s selection (``--preset``, ``--include``, ``--like``), checked before the
+    input is opened."""
+    from .presets import Request
+
+    return Request(options.like, options.rules, default, options.preset, options.include)
+
+
+def _refuse_early(options: EncodeOptions, default: Choice | None, select: Request | None) -> Rules | None:
+    """Every refusal that needs no input file, before any is opened; the rules the run uses."""
     from ..io.shards import is_url
-    from . import report as rep
-    from .work import use_sources
+    from .jobs import parse
 
-    _targets(target)
-    if max_error is not None:
-        max_error = check_limit(max_error)
-    from .jobs import parse, resolve
-
-    parse(jobs)  # refused before any work
-    if report and not dry_run:
+    _targets(options.target)
+    if options.max_error is not None:
+        check_limit(options.max_error)
+    parse(options.jobs)  # refused before any work
+    if options.report and not options.dry_run:
         from ..io.plots import require_matplotlib
 
         require_matplotlib("--report")
-    rules = _rules(rules)
+    rules = _rules(select.rules if select is not None and select.recipe is not None else options.rules)
     if (
         default is None
         and (rules is None or (not rules.rules and rules.default is None))
         and (select is None or not select.may_default)
     ):
-        flag = option("--format F", "format=...") if mode == "quantize" else option("--to F", "to=...")
+        flag = option(f"{options.format_flag} F", f"{options.format_flag[2:]}=...")
         raise InputError(f"nothing to do: give {flag} or {option('--rules FILE', 'rules=...')}")
-    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    paths = [str(p) for p in paths]
-    if any(is_url(p) for p in paths):
-        raise InputError(f"{mode} reads local files; download the checkpoint first")
-    started = time.perf_counter()
-    with open_input(paths, mode, check=False) as (raw, ckpt):
-        if ckpt is not raw:  # another layout, read through its translation in this process
-            use_sources(ckpt.sources)
-        check_input(ckpt, mode)  # the gate dequantize shares: check's errors refuse the input
-        selection = select.apply(ckpt) if select is not None else None
-        if selection is not None:
-            default = select.default(default, rules, selection)  # a preset's format when none is given
-        if not dry_run:
-            tag = default.format if default is not None else {"quantize": "quantized", "convert": "converted"}[mode]
-            dest = _outputs(ckpt, out, overwrite, tag, rep.report_paths(report) if report else ())  # refuse before any work
-            dests, index_dest = dest.files, dest.index
-            over = _over_outputs(ckpt, dest, overwrite) if max_error is not None else None
-        try:
-            plan = build_plan(ckpt, mode, Options(rules, default, list(exclude), target, selection))
-        except PlanRefused as refused:
-            if not dry_run:
-                raise
-            plan = refused.plan  # a dry run prints the plan, and the refusal after it
-        if select is not None:
-            select.annotate(plan)
-        if keep_bad:
-            _keep_bad(plan)
-        references = _references(plan, str(reference)) if reference is not None else None
-        if dry_run:
-            doc = rep.build(plan, list(ckpt.paths), [], {}, dry_run=True)
-            if select is not None:
-                doc["selection"] = select.to_dict(plan)
-            return Result(plan, doc)
-        gate = _Gate(max_error, reference is not None, over) if max_error is not None else None
-        bar = Progress(len(plan.layers), plan.bytes_in, progress, label=mode)
-        created = dest.folder
-        compute = resolve(jobs, plan, in_process_only=ckpt is not raw)
+    if any(is_url(p) for p in options.path_list()):
+        raise InputError(f"{options.command} reads local files; download the checkpoint first")
+    return rules
 
-        def document(results, check, dests, index_dest) -> dict:
-            outputs = dests + ([index_dest] if index_dest else [])
-            doc = rep.build(plan, list(ckpt.paths), outputs, results, check, time.perf_counter() - started)
-            doc["jobs"] = compute.to_dict()
-            if reference is not None:
-                doc["reference"] = str(reference)
-            if gate is not None:
-                doc["max_error"] = gate.to_dict()
-            if select is not None:
-                doc["selection"] = select.to_dict(plan)
-            return doc
 
-        made: list[dict] = []
-
-        def staged_report(results, check, dests, index_dest) -> list[tuple[str, str]]:
-            """The report's files, staged once the output passed its check (and the gate chose
-            its destinations) and committed with it: all of the run's files, or none."""
-            made.append(document(results, check, dests, index_dest))
-            return rep.stage_report(made[0], *rep.report_paths(report))
-
-        try:
-            dest.make_folder()
-            from .runner import execute
-
-            results, check = execute(
-                ckpt,
-                plan,
-                dests,
-                index_dest,
-                jobs=compute,
-                progress=bar,
-                on_layer=on_layer,
-                references=references,
-                redirect=gate.redirect if gate is not None else None,
-                also=staged_report if report else None,
-            )
-        except BaseException:
-            if created and os.path.isdir(created) and not os.listdir(created):
-                shutil.rmtree(created, ignore_errors=True)
+def _plan(
+    ckpt: Checkpoint, options: EncodeOptions, rules: Rules | None, default: Choice | None, selection: Selection | None
+) -> tuple[Plan, Outputs | None, Outputs | None]:
+    """The plan, and (unless a dry run) the claimed outputs: the requested one and where an
+    output over ``--max-error`` goes, claimed before any work."""
+    dest = over = None
+    if not options.dry_run:
+        tag = default.format if default is not None else options.default_tag
+        also = rep.report_paths(options.report) if options.report else ()
+        dest = _outputs(ckpt, options.out, options.overwrite, tag, also)
+        over = _over_outputs(ckpt, dest, options.overwrite) if options.max_error is not None else None
+    try:
+        plan = build_plan(ckpt, options.command, Options(rules, default, list(options.exclude), options.target, selection))
+    except PlanRefused as refused:
+        if not options.dry_run:
             raise
-        if gate is not None and gate.over:
-            dests, index_dest = gate.dests, gate.index
-            if created and os.path.isdir(created) and not os.listdir(created):
-                shutil.rmtree(created, ignore_errors=True)  # the requested folder stays unwritten
+        plan = refused.plan  # a dry run prints the plan, and the refusal after it
+    return plan, dest, over
+
+
+def _write(
+    ckpt: Checkpoint,
+    raw: Checkpoint,
+    options: EncodeOptions,
+    plan: Plan,
+    dest: Outputs,
+    over: Outputs | None,
+    references: dict[str, tuple] | None,
+    select: Request | None,
+    started: float,
+) -> Result:
+    """Compute, write, check and commit the planned output (and the report files with it)."""
+    from .jobs import resolve
+    from .runner import execute
+
+    gate = None
+    if options.max_error is not None and over is not None:
+        gate = _Gate(check_limit(options.max_error), options.reference is not None, over)
+    bar = Progress(len(plan.layers), plan.bytes_in, options.progress, label=options.command)
+    compute = resolve(options.jobs, plan, in_process_only=ckpt is not raw)
+    dests, index_dest = list(dest.files or ()), dest.index
+
+    def document(results: dict, check: Report | None, dests: list[str], index_dest: str | None) -> dict:
+        outputs = dests + ([index_dest] if index_dest else [])
+        doc = rep.build(plan, list(ckpt.paths), outputs, results, check, time.perf_counter() - started)
+        doc["jobs"] = compute.to_dict()
+        if options.reference is not None:
+            doc["reference"] = str(options.reference)
+        if gate is not None:
+            doc["max_error"] = gate.to_dict()
+        if select is not None:
+            doc["selection"] = select.to_dict(plan)
+        return doc
+
+    made: list[dict] = []
+
+    json_path, png_path = rep.report_paths(options.report) if options.report else ("", "")
+
+    def staged_report(results: dict, check: Report, dests: list[str], index_dest: str | None) -> list[tuple[str, str]]:
+        """The report's files, staged once the output passed its check (and the gate chose
+        its destinations) and committed with it: all of the run's files, or none."""
+        made.append(document(results, check, dests, index_dest))
+        return rep.stage_report(made[0], json_path, png_path)
+
+    created = dest.folder
+    try:
+        dest.make_folder()
+        results, check = execute(
+            ckpt,
+            plan,
+            dests,
+            index_dest,
+            jobs=compute,
+            progress=bar,
+            on_layer=options.on_layer,
+            references=references,
+            redirect=gate.redirect if gate is not None else None,
+            also=staged_report if options.report else None,
+        )
+    except BaseException:
+        _remove_empty(created)
+        raise
+    if gate is not None and gate.over:
+        dests, index_dest = gate.dests, gate.index
+        _remove_empty(created)  # the requested folder stays unwritten
     outputs = dests + ([index_dest] if index_dest else [])
     doc = made[0] if made else document(results, check, dests, index_dest)
-    return Result(plan, doc, check, outputs, list(rep.report_paths(report)) if report else [])
+    return Result(plan, doc, check, outputs, [json_path, png_path] if options.report else [])
 
 
-def _select_args(like, rules, default, preset, include):
-    from .presets import Request
+def _remove_empty(folder: str | None) -> None:
+    """Remove an output folder this run made and left empty."""
+    if folder and os.path.isdir(folder) and not os.listdir(folder):
+        shutil.rmtree(folder, ignore_errors=True)
 
-    return Request(like, rules, default, preset, include)
 
-
-def _outputs(ckpt, out: str | None, overwrite: bool, tag: str, also):
+def _outputs(ckpt: Checkpoint, out: str | None, overwrite: bool, tag: str, also: Sequence[str]) -> Outputs:
     from .runner import output_paths
 
     return output_paths(ckpt, out, overwrite, tag, also)
 
 
-def _over_outputs(ckpt, dest, overwrite: bool):
+def _over_outputs(ckpt: Checkpoint, dest: Outputs, overwrite: bool) -> Outputs:
     """Where an output over ``--max-error`` goes (claimed now, before any work)."""
     from ..comparison import over_outputs
 
@@ -401,7 +406,7 @@ class _Gate:
     """``--max-error``: decides, once the output passed its check and before it is renamed
     into place, whether it goes to the requested path or to the over-max-error name."""
 
-    def __init__(self, limit: float, against_reference: bool, over_dest) -> None:
+    def __init__(self, limit: float, against_reference: bool, over_dest: Outputs) -> None:
         self.limit = limit
         self.against = "reference" if against_reference else "source"
         self.over_dest = over_dest
@@ -410,18 +415,18 @@ class _Gate:
         self.dests: list[str] = []
         self.index: str | None = None
 
-    def redirect(self, results: dict, dests: list[str], index_dest: str | None):
+    def redirect(self, results: dict, dests: list[str], index_dest: str | None) -> tuple[list[str], str | None]:
         from ..comparison import over_limit
 
         for name, res in results.items():
             quality = res.get("quality") or {}
-            figures = quality.get("reference") if self.against == "reference" else quality
+            figures = quality["reference"] if self.against == "reference" else quality
             self.errors[name] = figures["weight"]["rel_l2"]
         self.over = over_limit(self.errors, self.limit)
         if not self.over:
             return dests, index_dest
         self.over_dest.make_folder()
-        self.dests, self.index = list(self.over_dest.files), self.over_dest.index
+        self.dests, self.index = list(self.over_dest.files or ()), self.over_dest.index
         return self.dests, self.index
 
     def to_dict(self) -> dict:
@@ -454,14 +459,14 @@ def _keep_bad(plan: Plan) -> None:
         close_sources()
 
 
-def _dense(paths, out: str | None, dtype: str | None, overwrite: bool, dry_run: bool, progress) -> Result:
+def _dense(options: ConvertOptions) -> Result:
     """``convert --to dense``: the dequantize command's streaming decoder does the work."""
     try:
         from ..dequantizer import dequantize
     except ImportError:  # pragma: no cover - shipped together
         raise InputError("convert --to dense needs comfyquant.dequantize, which this installation lacks") from None
-    if dry_run:
+    if options.dry_run:
         raise InputError("--to dense has no plan to show: every quantized layer is decoded, everything else copied")
-    summary = dequantize(paths, out, dtype, progress=progress, overwrite=overwrite)
+    summary = dequantize(options.paths, options.out, options.dtype, progress=options.progress, overwrite=options.overwrite)
     doc = {"schema": 1, "tool": "comfyquant", "command": "convert", "to": "dense", **summary.to_dict()}
     return Result(None, doc, outputs=list(summary.outputs), dense_summary=summary)

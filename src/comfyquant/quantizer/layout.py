@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..formats import registry
 from ..formats.base import Meta
@@ -29,6 +29,11 @@ from ..io.header import FIRST_READ
 from ..io.shards import ShardSet
 from ..io.writer import build_header
 from ..markers import MARKER_MAP, marker_map_text, marker_tensor
+
+if TYPE_CHECKING:
+    from ..checker.report import Report
+    from ..checker.run import Targets
+    from ..io.source import ByteSource
 
 PROBE = "comfyquant_probe.linear"
 """Layer name used when one layer is checked on its own; replaced by the real name in messages."""
@@ -91,12 +96,12 @@ def skeleton(name: str, tensors: dict[str, tuple[str, tuple, Any]], metadata: di
     return SkeletonSource(name, header, blobs, offset)
 
 
-def check_files(files: list[tuple[str, dict, dict | None]], target) -> Any:
+def check_files(files: list[tuple[str, dict, dict | None]], target: Targets) -> Report:
     """``check_checkpoint`` of the virtual checkpoint ``[(file name, tensors, metadata)]``."""
     from ..checker.run import check_checkpoint
     from ..checkpoint import open_checkpoint
 
-    sources = [skeleton(name, tensors, meta) for name, tensors, meta in files]
+    sources: list[ByteSource] = [skeleton(name, tensors, meta) for name, tensors, meta in files]
     names = [s.name for s in sources]
     with open_checkpoint(names, sources=sources, shardset=ShardSet(files=list(names))) as ckpt:
         return check_checkpoint(ckpt, target=target)

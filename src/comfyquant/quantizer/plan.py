@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TYPE_CHECKING, Protocol
 
 from ..dtypes import DENSE_FLOAT_DTYPES, MODEL_FLOAT_DTYPES
 from ..errors import InputError, option
@@ -22,6 +23,11 @@ from ..formats.params import Params
 from ..naming import natural_key
 from .layout import check_files, format_problems, layer_problems, marker_entries, planned_tensors, problems
 from .rules import Choice, Rules
+
+if TYPE_CHECKING:
+    from ..checker.run import Targets
+    from ..checkpoint import Checkpoint
+    from ..io.header import TensorEntry
 
 QUANTIZE = "quantize"
 DENSE = "dense"
@@ -102,7 +108,7 @@ class LayerPlan:
         return out
 
     def describe(self) -> str:
-        if self.action == QUANTIZE:
+        if self.action == QUANTIZE and self.params is not None:
             return self.params.describe()
         return self.reason or self.action
 
@@ -113,7 +119,7 @@ class LayerPlan:
             "index": self.index,
             "action": self.action,
             "format": self.format if self.action == QUANTIZE else (self.marker or {}).get("format"),
-            "params": self.params.as_dict() if self.action == QUANTIZE else None,
+            "params": self.params.as_dict() if self.action == QUANTIZE and self.params is not None else None,
             "marker": self.marker,
             "reason": self.reason,
             "shape": list(w.shape) if w is not None else None,
@@ -189,10 +195,25 @@ def is_embedding(name: str) -> bool:
     return "embed" in name.rsplit(".", 1)[-1]
 
 
+class Chooser(Protocol):
+    """What a preset selection (``presets.Selection``) is to the plan: a choice for the layers
+    the user's own rules leave open (named here so that the plan does not import presets,
+    which imports the plan through ``recipe``)."""
+
+    def choose(self, name: str) -> Choice | None: ...
+
+
 class Options:
     """What decides the choices: rules, the default format, excludes, the target."""
 
-    def __init__(self, rules: Rules, default: Choice | None, excludes: list[str], target, selection=None) -> None:
+    def __init__(
+        self,
+        rules: Rules | None,
+        default: Choice | None,
+        excludes: list[str],
+        target: Targets,
+        selection: Chooser | None = None,
+    ) -> None:
         self.rules = rules
         self.default = default
         self.target = target
@@ -214,7 +235,7 @@ class Options:
 
     def choose(self, name: str) -> Choice | None:
         chosen = self.rules.choose(name) if self.rules is not None else None
-        if self.selection is not None and (chosen is None or chosen is self.rules.default):
+        if self.selection is not None and (chosen is None or (self.rules is not None and chosen is self.rules.default)):
             picked = self.selection.choose(name)
             if picked is not None:
                 return picked
@@ -229,7 +250,7 @@ def build_plan(ckpt, mode: str, options: Options) -> Plan:
 
     _refuse_choices(ckpt, options)
     implied = file_level_markers(ckpt) if mode == "convert" else {}
-    layers = []
+    layers: list[LayerPlan] = []
     decoded = getattr(ckpt, "decoded", ())  # a dialect's quantized layers, read as their exact dense decode
     for prefix in sorted(ckpt.layers, key=natural_key):
         layer = ckpt.layers[prefix]
@@ -252,16 +273,17 @@ def _refuse_choices(ckpt, options: Options) -> None:
         choices += [r.choice for r in options.rules.rules]
         if options.rules.default is not None:
             choices.append(options.rules.default)
-    seen = set()
+    seen: set[Params] = set()
     for c in choices:
         if c is None or c.keep:
             continue
-        if c.params in seen:
+        params = c.encoding
+        if params in seen:
             continue
-        seen.add(c.params)
-        found = format_problems(c.params, options.target, "<layer>")
+        seen.add(params)
+        found = format_problems(params, options.target, "<layer>")
         if found:
-            raise InputError(f"{c.source}: {c.params.describe()} cannot be written for --target {options.target}: {found[0]}")
+            raise InputError(f"{c.source}: {params.describe()} cannot be written for --target {options.target}: {found[0]}")
 
 
 def _dense(layer, reason: str) -> LayerPlan:
@@ -326,7 +348,7 @@ def _encode_plan(layer, choice: Choice, options: Options, n: int, k: int, source
     why = _padding_loses_shape(choice.format, n, k, bias)
     if why is None:
         found = layer_problems(
-            name, choice.params, n, k, None if bias is None else (bias.dtype, tuple(bias.shape)), options.target
+            name, choice.encoding, n, k, None if bias is None else (bias.dtype, tuple(bias.shape)), options.target
         )
         why = found[0] if found else None
     if why is not None:
@@ -336,10 +358,11 @@ def _encode_plan(layer, choice: Choice, options: Options, n: int, k: int, source
             lp.marker = layer.marker
         return lp
     lp = LayerPlan(name, dict(layer.tensors), QUANTIZE, f"by {choice.source}")
-    lp.format, lp.params, lp.source = choice.format, choice.params, source
-    lp.marker = choice.params.marker()
+    params = choice.encoding
+    lp.format, lp.params, lp.source = choice.format, params, source
+    lp.marker = params.marker()
     lp.n, lp.k, lp.dtype = n, k, dtype
-    lp.planned = planned_tensors(choice.params, n, k)
+    lp.planned = planned_tensors(params, n, k)
     return lp
 
 
@@ -414,7 +437,7 @@ def _plan_convert(layer, options: Options, implied: dict | None = None) -> Layer
         return copy(f"kept by {choice.source}")
     n, k = codec_plan.shape
     if _already(layer, marker, choice, n, k):
-        return copy(f"already {choice.params.describe()} (copied unchanged)", choice.params.marker())
+        return copy(f"already {choice.encoding.describe()} (copied unchanged)", choice.encoding.marker())
     lp = _encode_plan(layer, choice, options, n, k, "decode", dtype)
     if lp.action == COPY:
         lp.marker = marker
@@ -430,40 +453,40 @@ def _already(layer, marker: dict, choice: Choice, n: int, k: int) -> bool:
     if marker.get("format") != choice.format:
         return False
     fmt = registry.FORMATS[choice.format]
-    want = choice.params.marker()
+    want = choice.encoding.marker()
     have = fmt.params(marker)
     if any(have.get(key) != value for key, value in want.items() if key != "format"):
         return False
     actual = {s: (e.dtype, e.shape) for s, e in layer.tensors.items() if s not in ("bias", "comfy_quant")}
     try:
-        return actual == planned_tensors(choice.params, n, k)
+        return actual == planned_tensors(choice.encoding, n, k)
     except InputError:  # the format cannot hold this shape: the stored layer is not its encode
         return False
 
 
-def output_files(ckpt, plan: Plan) -> list[tuple[str, list[tuple[LayerPlan | None, object]]]]:
+def output_files(ckpt: Checkpoint, plan: Plan) -> list[tuple[str, list[LayerPlan | TensorEntry]]]:
     """Per input file (in input order): its layers and other tensors, in model order.  A layer
     goes with its weight's file (the file of its first tensor when it has no weight)."""
-    by_file: dict[str, list] = {h.file: [] for h in ckpt.headers}
+    by_file: dict[str, list[LayerPlan | TensorEntry]] = {h.file: [] for h in ckpt.headers}
     for lp in plan.layers:
         anchor = lp.entries.get("weight") or next(iter(lp.entries.values()))
-        by_file[anchor.file].append((lp, None))
+        by_file[anchor.file].append(lp)
     for e in plan.others:
-        by_file[e.file].append((None, e))
+        by_file[e.file].append(e)
     for items in by_file.values():
-        items.sort(key=lambda it: natural_key(it[0].name if it[0] is not None else it[1].name))
+        items.sort(key=lambda it: natural_key(it.name))
     return list(by_file.items())
 
 
-def virtual_files(ckpt, plan: Plan) -> list[tuple[str, dict, dict]]:
+def virtual_files(ckpt: Checkpoint, plan: Plan) -> list[tuple[str, dict, dict | None]]:
     """The planned output as (name, tensors, metadata) per file: data None except markers."""
-    files = []
+    files: list[tuple[str, dict, dict | None]] = []
     for file, items in output_files(ckpt, plan):
         tensors: dict = {}
         markers: dict[str, dict] = {}
-        for lp, entry in items:
-            if lp is None:
-                tensors[entry.name] = (entry.dtype, entry.shape, None)
+        for lp in items:
+            if not isinstance(lp, LayerPlan):  # a tensor of no layer
+                tensors[lp.name] = (lp.dtype, lp.shape, None)
                 continue
             for suffix, dtype, shape in lp.output_tensors():
                 tensors[f"{lp.name}.{suffix}"] = (dtype, shape, None)
@@ -524,7 +547,7 @@ def _culprits(plan: Plan) -> str:
     copied = [lp for lp in plan.layers if lp.action == COPY and lp.marker]
     if not copied:
         return ""
-    shown = "; ".join(f"{lp.name} stays {lp.marker.get('format')} ({lp.reason})" for lp in copied[:4])
+    shown = "; ".join(f"{lp.name} stays {(lp.marker or {}).get('format')} ({lp.reason})" for lp in copied[:4])
     more = f"; and {len(copied) - 4} more" if len(copied) > 4 else ""
     return (
         f". Layers left in their input format: {shown}{more}. Give them a format this target loads with "

@@ -91,7 +91,7 @@ class Recipe:
             "# apply: comfyquant quantize --like GOOD DENSE  (or --rules THIS_FILE)",
         ]
         for c in self.unreproducible:
-            lines.append(f"# NOT REPRODUCIBLE, kept dense: {_comment(c.name)}: {_comment(c.why)}")
+            lines.append(f"# NOT REPRODUCIBLE, kept dense: {_comment(c.name)}: {_comment(c.why or '')}")
         for patterns, choice in self.entries:
             lines += ["", "[[rules]]"]
             if len(patterns) == 1:
@@ -281,8 +281,12 @@ def _escape(name: str) -> str:
     return re.sub(r"([*?\[\]])", r"[\1]", name)
 
 
-def _spec(pattern: str, example: str) -> tuple:
-    return Rule([pattern], Choice(KEEP, None, ""), 0).specificity(example)
+def _spec(pattern: str, example: str) -> tuple[int, int]:
+    """How specific ``pattern`` is on ``example``, a name it matches."""
+    spec = Rule([pattern], Choice(KEEP, None, ""), 0).specificity(example)
+    if spec is None:
+        raise ValueError(f"{pattern!r} does not match {example!r}")
+    return spec
 
 
 def _group(choices: dict[str, LayerChoice]) -> tuple[list[tuple[list[str], LayerChoice]], list[str]]:
@@ -299,15 +303,16 @@ def _group(choices: dict[str, LayerChoice]) -> tuple[list[tuple[list[str], Layer
     rules: list[tuple[str, tuple]] = [("*", common)]
     cur = [common] * len(names)
     cur_spec = [(0, 0)] * len(names)
-    matches: dict[str, tuple[list[int], tuple | None]] = {}
+    matches: dict[str, tuple[list[int], tuple[int, int]]] = {}
     patterns_of: dict[int, list[str]] = {}
 
-    def matched(pattern: str) -> tuple[list[int], tuple | None]:
+    def matched(pattern: str) -> tuple[list[int], tuple[int, int]]:
+        """The names ``pattern`` matches, and its specificity on them (they share it)."""
         found = matches.get(pattern)
         if found is None:
             rx = re.compile(fnmatch.translate(pattern))
             idx = [i for i, n in enumerate(names) if rx.fullmatch(n)]
-            found = matches[pattern] = (idx, _spec(pattern, names[idx[0]]) if idx else None)
+            found = matches[pattern] = (idx, _spec(pattern, names[idx[0]]) if idx else (0, 0))
         return found
 
     while True:

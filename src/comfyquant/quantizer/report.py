@@ -8,6 +8,8 @@ if it is installed (the ``plot`` extra).
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 from ..errors import InputError
 from ..naming import printable
 from ..units import human_size
@@ -176,7 +178,7 @@ def figure(doc: dict):
 # -- text -------------------------------------------------------------------------------------
 
 
-def _table(header: list[str], rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
+def _table(header: list[str], rows: list[list[str]], right: AbstractSet[int] = frozenset()) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
 
     def line(cells: list[str]) -> str:

@@ -52,6 +52,13 @@ class Choice:
         return self.format in (KEEP, DECODE)
 
     @property
+    def encoding(self) -> Params:
+        """The parameters of a choice that writes a format (any but ``keep`` and ``dense``)."""
+        if self.params is None:
+            raise ValueError(f"{self.source}: {self.format!r} writes no format, so it has no parameters")
+        return self.params
+
+    @property
     def decode(self) -> bool:
         """``format = "dense"``: ``convert`` decodes the layer to a dense weight."""
         return self.format == DECODE

@@ -21,10 +21,12 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from ..errors import InputError
+from ..formats.planned import PlanError
 from ..io.copying import copy_range, read_chunks
 from ..io.index import write_index
 from ..io.jsontext import parse as parse_json
@@ -40,16 +42,21 @@ from .layout import marker_entries
 from .plan import DECODE, DENSE, QUANTIZE, LayerPlan, Plan, new_problems, output_files
 from .work import prefetch, run_task_spilled, task_for
 
+if TYPE_CHECKING:
+    from ..checker.report import Report
+    from ..checkpoint import Checkpoint
+    from ..io.outputs import Outputs
+
 STAMP_KEY = "comfyquant"
 """The metadata key ``fix`` stamps as well: tool, version and the history of what was done."""
 
 
-def output_paths(ckpt, out: str | None, overwrite: bool, tag: str, also: list[str] | tuple = ()):
+def output_paths(ckpt: Checkpoint, out: str | None, overwrite: bool, tag: str, also: Sequence[str] = ()) -> Outputs:
     """The run's ``Outputs`` (refused before any work): one input
     file gives one output file (``OUT``, or ``OUT/<name>.<tag>.safetensors`` when OUT is a
     folder, default ``<name>.<tag>.safetensors``); shards give a folder ``OUT`` with the same shard names and
     the index rewritten.  ``also``: the report files."""
-    return claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag=tag, also=also)
+    return claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag=tag, also=tuple(also))
 
 
 class _InProcess:
@@ -335,9 +342,9 @@ class Runner:
         for file, items in output_files(self.ckpt, self.plan):
             tensors: dict = {}
             markers: dict[str, dict] = {}
-            for lp, entry in items:
-                if lp is None:
-                    tensors[entry.name] = (entry.dtype, entry.shape, self._copy(entry))
+            for lp in items:
+                if not isinstance(lp, LayerPlan):  # a tensor of no layer
+                    tensors[lp.name] = (lp.dtype, lp.shape, self._copy(lp))
                     continue
                 if lp.action == QUANTIZE:
                     order.append(lp)
@@ -370,11 +377,11 @@ class Runner:
 
     def _quantized(self, lp: LayerPlan) -> dict:
         """The layer's planned tensors (computed when the writer reaches the first), its bias."""
-        out = {}
+        out: dict[str, tuple] = {}
         before, self._copied = self._copied, [0, 0]
 
-        def producer(suffix: str):
-            def chunks() -> Iterator[bytes]:
+        def producer(suffix: str) -> Callable[[], Iterator[bytes | memoryview]]:
+            def chunks() -> Iterator[bytes | memoryview]:
                 state = self._pending.get(lp.name)
                 if state is None:
                     self.progress.add(before[0], before[1])
@@ -413,20 +420,24 @@ class Runner:
         """A quantized layer written as its dense weight (computed here, when the writer reaches
         it; one layer in memory), and its bias."""
 
-        def chunks() -> Iterator[bytes]:
+        fmt, dtype = lp.src_format, lp.dtype
+        if fmt is None or dtype is None:
+            raise PlanError(f"{lp.name}: planned to decode without its source format and model dtype")
+
+        def chunks() -> Iterator[bytes | memoryview]:
             from .. import codecs
             from ..numerics.dtypes import TORCH_DTYPES, to_bytes
             from .work import entry_spec, read_spec
 
             stored = {s: read_spec(entry_spec(e)) for s, e in lp.entries.items() if s not in ("comfy_quant", "bias")}
-            weight = codecs.get(lp.src_format).decode(stored, lp.src_marker, dtype=TORCH_DTYPES[lp.dtype], layer=lp.name)
+            weight = codecs.get(fmt).decode(stored, lp.src_marker, dtype=TORCH_DTYPES[dtype], layer=lp.name)
             if tuple(weight.shape) != (lp.n, lp.k):
                 weight = weight[: lp.n, : lp.k]
             self.progress.add(lp.bytes_in, 1)
-            yield to_bytes(weight.to(TORCH_DTYPES[lp.dtype]).contiguous())
+            yield to_bytes(weight.to(TORCH_DTYPES[dtype]).contiguous())
             del weight
 
-        out = {f"{lp.name}.weight": (lp.dtype, (lp.n, lp.k), chunks)}
+        out: dict[str, tuple] = {f"{lp.name}.weight": (dtype, (lp.n, lp.k), chunks)}
         bias = lp.entries.get("bias")
         if bias is not None:
             out[bias.name] = (bias.dtype, bias.shape, copy_range(self.ckpt.source(bias.file), bias.start, bias.nbytes))
@@ -480,7 +491,7 @@ def execute(
     references: dict | None = None,
     redirect: Callable | None = None,
     also: Callable | None = None,
-) -> tuple[dict[str, dict], object]:
+) -> tuple[dict[str, dict], Report]:
     """Write, check and commit; returns (per-layer results, the check report of the output).
 
     ``references``: layer -> read spec of its original dense weight (``--reference``), measured

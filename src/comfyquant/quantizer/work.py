@@ -294,12 +294,12 @@ def measure(codec, source, tensors: dict, marker: dict, name: str, reference=Non
         w = source.rows(r0, r1).to(torch.float32)
         acc += error_sums(block, w)
         y_ref[:, r0:r1] = F.linear(xf, w)
-        if reference is not None:
+        if reference is not None and y_orig is not None:
             o = reference.rows(r0, r1).to(torch.float32)
             ref_acc += error_sums(block, o)
             y_orig[:, r0:r1] = F.linear(xf, o)
     out = {"weight": _metrics(*(float(v) for v in acc)), "output": _metrics(*(float(v) for v in error_sums(y, y_ref)))}
-    if reference is not None:
+    if reference is not None and y_orig is not None:
         out["reference"] = {
             "weight": _metrics(*(float(v) for v in ref_acc)),
             "output": _metrics(*(float(v) for v in error_sums(y, y_orig))),

@@ -167,6 +167,8 @@ class Plan:
 
 
 class Options:
+    """What the planner decides with: a part of a run's ``RewriteOptions`` (``options.planner``)."""
+
     __slots__ = ("target", "prefer", "convrot_groupsize", "allow_lossy", "to")
 
     def __init__(

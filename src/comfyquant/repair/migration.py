@@ -23,7 +23,8 @@ from ..io.shards import ShardSet
 from ..io.virtual import VirtualSource
 from .execute import build_shards, write_and_verify
 from .migrate import MigrateError, layer_results
-from .plan import Options, Plan, plan_repairs
+from .options import MigrateOptions
+from .plan import Plan, plan_repairs
 
 if TYPE_CHECKING:
     from ..checker.report import Report
@@ -104,15 +105,21 @@ def migrate(
     ``allow_lossy``: re-quantize layers with no exact Comfy form (their error is measured);
     ``to``: write Comfy layers in that dialect's layout instead (``bfl``, ``modelopt``).
     Raises ``MigrateError`` (nothing written) when a layer is refused."""
+    return run_migrate(MigrateOptions(**locals()))  # the keywords are the fields (tests/test_options.py)
+
+
+def run_migrate(options: MigrateOptions) -> MigrateResult:
+    """Carry out a ``migrate`` run as ``options`` describe it: what the command line and ``migrate`` call."""
+    target, to, dry_run = options.target, options.to, options.dry_run
     parse_targets(target)
-    with open_any(paths) as ckpt:
+    with open_any(options.paths) as ckpt:
         gc.disable()
         try:
             before = check_checkpoint(ckpt, target=target)
         finally:
             gc.enable()
         detection = detect(ckpt)
-        plan = plan_repairs(ckpt, Options(target, allow_lossy=allow_lossy, to=to))
+        plan = plan_repairs(ckpt, options.planner())
         result = MigrateResult(plan, before, detection.name, dry_run, to)
         if result.nothing:
             return result
@@ -132,7 +139,14 @@ def migrate(
         if dry_run:
             return result
         tag = to or "comfy"
-        dest = claim(list(ckpt.files), ckpt.shardset.index_path, out, overwrite=overwrite, tag=tag, in_place=in_place)
+        dest = claim(
+            list(ckpt.files),
+            ckpt.shardset.index_path,
+            options.out,
+            overwrite=options.overwrite,
+            tag=tag,
+            in_place=options.in_place,
+        )
         dest.make_folder()
         result.after, result.outputs = write_and_verify(
             ckpt, plan, dest.per_file, dest.index, target, lambda c, t: check_checkpoint(c, target=t)

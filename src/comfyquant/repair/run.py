@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 from typing import TYPE_CHECKING
 
 from ..checker.run import Targets, check_checkpoint, parse_targets
@@ -12,7 +13,8 @@ from ..dialects.containers import container_of
 from ..errors import InputError, option
 from ..findings import ERROR
 from .execute import output_paths, write_and_verify
-from .plan import Change, Options, Plan, plan_repairs
+from .options import FixOptions
+from .plan import Change, Plan, plan_repairs
 
 if TYPE_CHECKING:
     from ..checker.report import Report
@@ -90,7 +92,7 @@ def fix(
     prefer: str | None = None,
     convrot_groupsize: int | None = None,
     overwrite: bool = False,
-    reference: str | None = None,
+    reference: str | os.PathLike[str] | None = None,
     *,
     force: bool | None = None,
     max_error: float | None = None,
@@ -109,53 +111,59 @@ def fix(
     ``reference``): above it the repaired output is written as ``<out stem>.over-max-error.safetensors``
     (``<folder>.over-max-error`` for shards), never at ``out`` or over the input, and the result
     is not ``ok``."""
+    keywords = dict(locals())  # first, before any other name is bound here: the fields, and force
+    force = keywords.pop("force")  # the deprecated spelling of overwrite, not an option of its own
     if force is not None:
         import warnings
 
         warnings.warn("fix(force=...) is deprecated: use overwrite=...", DeprecationWarning, stacklevel=2)
-        overwrite = overwrite or force
+        keywords["overwrite"] = overwrite or force
+    return run_fix(FixOptions(**keywords))  # the keywords are the fields (tests/test_options.py)
+
+
+def run_fix(options: FixOptions) -> FixResult:
+    """Carry out a ``fix`` run as ``options`` describe it: what the command line and ``fix`` call."""
+    target = options.target
     parse_targets(target)
-    if max_error is not None:
+    max_error = None
+    if options.max_error is not None:
         from ..comparison import check_limit
 
-        max_error = check_limit(max_error)
-        if reference is None:
+        max_error = check_limit(options.max_error)
+        if options.reference is None:
             raise InputError(
                 f"{option('--max-error', 'max_error')} needs {option('--reference DENSE', 'reference=')} for fix: "
                 "the repaired layers are measured against the original weights"
             )
-    if convrot_groupsize is not None and (
-        isinstance(convrot_groupsize, bool) or not isinstance(convrot_groupsize, int) or convrot_groupsize < 1
-    ):
-        raise InputError(
-            f"{option('--convrot-groupsize', 'convrot_groupsize')} must be a positive whole number, got {convrot_groupsize!r}"
-        )
-    options = Options(target, prefer, convrot_groupsize, allow_lossy)
-    found = container_of(paths)
+    convrot = options.convrot_groupsize
+    if convrot is not None and (isinstance(convrot, bool) or not isinstance(convrot, int) or convrot < 1):
+        raise InputError(f"{option('--convrot-groupsize', 'convrot_groupsize')} must be a positive whole number, got {convrot!r}")
+    found = container_of(options.paths)
     if found is not None:  # read as safetensors it would be "header length ... exceeds the 100 MB limit"
         raise InputError(
             f"{found[0]}: a {found[1].name.upper()} file: fix repairs safetensors checkpoints; rewrite it as "
             "one with comfyquant migrate --allow-lossy, convert --to FORMAT or dequantize"
         )
-    with open_checkpoint(paths) as ckpt:
+    with open_checkpoint(options.paths) as ckpt:
         gc.disable()
         try:
             before = check_checkpoint(ckpt, target=target)
         finally:
             gc.enable()
-        plan = plan_repairs(ckpt, options)
+        plan = plan_repairs(ckpt, options.planner())
         if not plan.refused:
             _retile(ckpt, plan)
-        if reference is not None and not plan.empty:
-            _measure(ckpt, plan, reference)
+        if options.reference is not None and not plan.empty:
+            _measure(ckpt, plan, str(options.reference))
         gate = _gate(plan, max_error) if max_error is not None else None
-        if dry_run and plan.requant:
+        if options.dry_run and plan.requant:
             from .lossy import requantize
 
             for op in plan.requant.values():
                 requantize(ckpt, op)  # the error is part of the plan; the bytes are discarded
-        if dry_run or plan.empty:
-            return FixResult(plan, before, dry_run=dry_run, gate=gate)
+        if options.dry_run or plan.empty:
+            return FixResult(plan, before, dry_run=options.dry_run, gate=gate)
+        out, in_place, overwrite = options.out, options.in_place, options.overwrite
         dests, index_dest = output_paths(ckpt, out, in_place, overwrite)
         if gate is not None and not gate["ok"]:
             dests, index_dest = _over_paths(ckpt, out, in_place, overwrite)
