@@ -177,6 +177,7 @@ class SGLang:
                 "sglang.srt.utils": {"is_npu": lambda: False},
             }
             modules = self._load(zf, wheel.name, values)
+            self.dequantize_rowwise_fp8_weight = _function(zf, wheel.name, _WEIGHT_ONLY_FP8, "dequantize_rowwise_fp8_weight")
         self.modules = modules
         utils = modules["sglang.multimodal_gen.runtime.utils.quantization_utils"]
         self.get_quant_config_from_safetensors_metadata: Callable[[str], Any] = utils.get_quant_config_from_safetensors_metadata
@@ -244,6 +245,24 @@ class SGLang:
         except Exception as exc:
             return Result("resolve", type(exc).__name__, str(exc), markers=snapshot)
         return Result("ok", markers=snapshot, config=None if config is None else type(config).__name__)
+
+
+_WEIGHT_ONLY_FP8 = f"{_QUANT}.weight_only_fp8"
+"""The module whose ``dequantize_rowwise_fp8_weight`` is how SGLang's FP8 linear turns a rowwise
+FP8 weight into its dense weight (``weight.to(dtype) * weight_scale.to(dtype)[:, None]``)."""
+
+
+def _function(zf: zipfile.ZipFile, label: str, module: str, name: str) -> Callable[..., Any]:
+    """The top-level function ``name`` of ``module`` in the wheel, defined alone (its module
+    imports SGLang's kernels) with the real ``torch`` as its only global."""
+    import torch
+
+    path = _source_path(module)
+    tree = ast.parse(zf.read(path).decode("utf-8"))
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(compile(ast.Module([node], []), f"{label}/{path}", "exec"), namespace)
+    return namespace[name]
 
 
 def _in_rowwise_reader(exc: BaseException) -> bool:

@@ -428,6 +428,7 @@ class Format:
         "lossy",
         "legacy_renames",
         "heavy_encoder",
+        "serialized_map",
     )
 
     def __init__(
@@ -459,6 +460,7 @@ class Format:
         lossy: Callable[..., Any] | None = None,
         legacy_renames: dict[str, str] | None = None,
         heavy_encoder: bool = False,
+        serialized_map: Callable[[list[str]], dict] | None = None,
     ) -> None:
         self.name = name
         self.title = title
@@ -467,6 +469,10 @@ class Format:
         self._geometry = geometry
         self.constraints = constraints
         self.bits_text = bits_text
+        self.serialized_map = serialized_map
+        """For a format a runtime reads from a header map of its own instead of Comfy markers
+        (SGLang's rowwise FP8): the ``_quantization_metadata`` object of a file whose quantized
+        layers (their prefixes) are all of this format; such a file has no marker tensors."""
         self.rotation = rotation
         self.loaders = loaders
         self.converter_only = converter_only

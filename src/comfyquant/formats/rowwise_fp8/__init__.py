@@ -26,7 +26,7 @@ SCALE_RECIPE = "rowwise"
 """The only ``quant_configs[ROWWISE_FP8]["scale_recipe"]`` SGLang 0.5.23 accepts."""
 
 
-def header_map(quantized: list[str], dense: list[str]) -> dict:
+def header_map(quantized: list[str], dense: tuple[str, ...] | list[str] = ()) -> dict:
     """The ``_quantization_metadata`` object of a rowwise FP8 file: its quantized layers and
     the linear layers it keeps dense (SGLang builds the latter unquantized)."""
     layers = {prefix: ROWWISE_FP8 for prefix in sorted(quantized)}
@@ -71,6 +71,7 @@ ROWWISE_FLOAT8_E4M3FN = Format(
     geometry=dense_geometry,
     bits_text="8",
     loaders=frozenset({"sglang"}),
+    serialized_map=header_map,
 )
 
 __all__ = ["ROWWISE_FLOAT8_E4M3FN", "ROWWISE_FP8", "DENSE", "FORMAT_VERSION", "SCALE_RECIPE", "header_map", "declares_rowwise"]
