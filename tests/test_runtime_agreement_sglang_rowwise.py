@@ -92,9 +92,9 @@ def _header(path: Path) -> dict:
 
 
 def test_quantize_writes_what_sglang_reads_and_computes(tmp_path, runtime):
-    import comfyquant
     from safetensors.torch import load_file
 
+    import comfyquant
     from comfyquant.formats.rowwise_fp8.codec import CODECS
 
     src = ROOT / "examples" / "dense_tiny.safetensors"

@@ -59,7 +59,9 @@ class _Layer:
         self.other = (torch.randn(k, k, generator=g) * 0.05).to(torch.bfloat16)
         self.name = f"rowwise_{n}x{k}"
 
-    def case(self, cid: str, group: str, tensors: dict | None = None, header: dict | None = None, extra: dict | None = None) -> Case:
+    def case(
+        self, cid: str, group: str, tensors: dict | None = None, header: dict | None = None, extra: dict | None = None
+    ) -> Case:
         t = {f"{LAYER}.{s}": v.contiguous() for s, v in (self.tensors if tensors is None else tensors).items() if v is not None}
         t[f"{OTHER}.weight"] = self.other
         t.update(extra or {})
@@ -77,8 +79,21 @@ def _valid(b: _Layer):
 
 VERSIONS = (_DROP, "1.0", "1.2", "", 1.1, 1, None, ["1.1"], {"v": "1.1"})
 LAYER_VALUES = ("float8_e4m3fn", "ROWWISE-FLOAT8_E4M3FN", "fp8", "", 0, None, 1.5, ["bf16"], {}, {"fmt": FP8}, {"format": None})
-CONFIGS = (_DROP, None, [], "rowwise", 1, {}, {FP8: None}, {FP8: "rowwise"}, {FP8: {}}, {FP8: {"scale_recipe": "tensorwise"}},
-           {FP8: {"scale_recipe": None}}, {FP8: {"scale_recipe": "ROWWISE"}}, {"other": {"scale_recipe": "rowwise"}})
+CONFIGS = (
+    _DROP,
+    None,
+    [],
+    "rowwise",
+    1,
+    {},
+    {FP8: None},
+    {FP8: "rowwise"},
+    {FP8: {}},
+    {FP8: {"scale_recipe": "tensorwise"}},
+    {FP8: {"scale_recipe": None}},
+    {FP8: {"scale_recipe": "ROWWISE"}},
+    {"other": {"scale_recipe": "rowwise"}},
+)
 
 
 def _map(b: _Layer):
