@@ -141,7 +141,7 @@ def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str,
         metadata.update(plan.metadata_set)
         if layers_here:
             metadata["_quantization_metadata"] = json.dumps({"format_version": "1.0", "layers": layers_here})
-        else:
+        elif "_quantization_metadata" not in plan.metadata_set:  # a layout's own map (migrate --to) stays
             metadata.pop("_quantization_metadata", None)
         out.append((tensors, _stamp(metadata, plan), copied))
     return out

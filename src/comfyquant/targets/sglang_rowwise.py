@@ -13,6 +13,7 @@ on its own, against its own tensors. A file that ``safe_open`` refuses, or whose
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ..formats.rowwise_fp8 import DENSE, FORMAT_VERSION, ROWWISE_FP8, SCALE_RECIPE, declared_format, declares_rowwise
 
@@ -59,7 +60,7 @@ def parsed_map(header) -> object:
         return None
 
 
-def rowwise_files(ckpt, damaged: dict) -> list[tuple[object, dict]]:
+def rowwise_files(ckpt, damaged: dict) -> list[tuple[Any, dict]]:
     """(header, parsed map) of each shard SGLang reads as rowwise FP8 (``declares_rowwise``)."""
     out = []
     for header in ckpt.headers:
@@ -69,7 +70,7 @@ def rowwise_files(ckpt, damaged: dict) -> list[tuple[object, dict]]:
         if not raw or (ROWWISE_FP8 not in raw and "\\u" not in raw):
             continue  # the format's name must be in the map (possibly escaped)
         obj = parsed_map(header)
-        if declares_rowwise(obj):
+        if isinstance(obj, dict) and declares_rowwise(obj):
             out.append((header, obj))
     return out
 
