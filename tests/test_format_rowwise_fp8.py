@@ -85,9 +85,15 @@ def test_quantize_writes_sglangs_map_and_the_verdicts(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, expected",
     [
-        ({"qmap": {"format_version": "1.0", "layers": {LAYER: NAME}}}, "unsupported quantization format_version '1.0'; expected one of ['1.1']"),
+        (
+            {"qmap": {"format_version": "1.0", "layers": {LAYER: NAME}}},
+            "unsupported quantization format_version '1.0'; expected one of ['1.1']",
+        ),
         ({"qmap": {"format_version": "1.1", "layers": {LAYER: NAME, "x": "fp16"}}}, "unknown quant format 'fp16' for layer 'x'"),
-        ({"qmap": {"format_version": "1.1", "layers": {LAYER: NAME}}}, "missing quant_configs['rowwise-float8_e4m3fn'] layout descriptor"),
+        (
+            {"qmap": {"format_version": "1.1", "layers": {LAYER: NAME}}},
+            "missing quant_configs['rowwise-float8_e4m3fn'] layout descriptor",
+        ),
         (
             {"qmap": {"format_version": "1.1", "layers": {LAYER: NAME}, "quant_configs": {NAME: {"scale_recipe": "tensorwise"}}}},
             "unsupported FP8 scale_recipe 'tensorwise'; only 'rowwise' is supported",

@@ -121,3 +121,20 @@ def test_quantize_writes_what_sglang_reads_and_computes(tmp_path, runtime):
         ref = dense[f"{prefix}.weight"].float()
         rel = ((theirs - ref).norm() / ref.norm()).item()
         assert rel < 0.05, (prefix, rel)
+
+
+@pytest.mark.parametrize("target", ["comfyui", "comfy-kitchen"])
+def test_comfyui_and_kitchen_verdicts_on_rowwise_files(space, target):
+    """What ComfyUI 0.33.0 (its own loader, from the source cache) and comfy-kitchen 0.2.40 do
+    with SGLang's rowwise FP8 files: comfyquant's verdicts for them agree, except the cases
+    ``known/comfyui.rowwise.txt`` lists (and none of those may agree)."""
+    from runtimes.agreement import driver_module, known_disagreements, known_path
+
+    with running(driver_module(target)) as drv:
+        rows = compare(drv, target, space)
+    known = known_disagreements(target, "rowwise")
+    print(f"{target}: {summary(rows)}")
+    new = [r for r in rows if r.why is not None and r.case.id not in known]
+    assert not new, f"{summary(rows)}\n{table(new)}"
+    fixed = sorted(r.case.id for r in rows if r.why is None and r.case.id in known)
+    assert not fixed, f"these cases now agree: take them off {known_path(target, 'rowwise').name}: {fixed}"

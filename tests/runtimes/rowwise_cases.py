@@ -66,7 +66,8 @@ class _Layer:
         t[f"{OTHER}.weight"] = self.other
         t.update(extra or {})
         meta = {"_quantization_metadata": json.dumps(_header() if header is None else header)}
-        return Case(f"{self.name}.{cid}", group, t, meta, {LAYER: (self.dense, None)})
+        dense = {LAYER: (self.dense, None), OTHER: (self.other.float(), None)}
+        return Case(f"{self.name}.{cid}", group, t, meta, dense)
 
 
 def _valid(b: _Layer):

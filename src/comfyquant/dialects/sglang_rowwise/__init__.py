@@ -78,7 +78,16 @@ def _exact(prefix: str, t: dict, why: str) -> Translation:
     if i is not None:
         moves.append(scalar_scale(i, prefix, "input_scale"))
     return Translation(
-        prefix, NAME, "rowwise", t, verdict=EXACT, why=why, format=COMFY, marker={"format": COMFY}, moves=moves + _others(t)
+        prefix,
+        NAME,
+        "rowwise",
+        t,
+        verdict=EXACT,
+        why=why,
+        format=COMFY,
+        marker={"format": COMFY},
+        moves=moves + _others(t),
+        declared=ROWWISE_FP8,
     )
 
 
@@ -91,7 +100,13 @@ def detect(ckpt, claimed: set) -> Claim | None:
         t = layer.tensors
         if not _rowwise_tensors(t):
             layers[prefix] = Translation(
-                prefix, NAME, "rowwise", t, verdict=REFUSED, why="not a valid rowwise FP8 layer (check names SGLang's error)"
+                prefix,
+                NAME,
+                "rowwise",
+                t,
+                verdict=REFUSED,
+                why="not a valid rowwise FP8 layer (check names SGLang's error)",
+                declared=ROWWISE_FP8,
             )
         elif t["weight"].shape[0] == 1:
             layers[prefix] = _exact(prefix, t, "one row: its row scale is a per-tensor scale")
@@ -108,6 +123,7 @@ def detect(ckpt, claimed: set) -> Claim | None:
                 unsettled=[UNSETTLED],
                 decoder=scaled_fp8("weight", "weight_scale"),
                 lossy=Lossy(COMFY, why="re-quantized with one scale per tensor"),
+                declared=ROWWISE_FP8,
             )
     if not layers:
         return None
