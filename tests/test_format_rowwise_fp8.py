@@ -160,3 +160,11 @@ def test_migrate_to_rowwise_refuses_other_formats_naming_the_layer(tmp_path):
         comfyquant.migrate(str(w4a8), out=str(tmp_path / "o.safetensors"), to="sglang-rowwise")
     text = str(err.value)
     assert "\n" not in text and "only rowwise-float8_e4m3fn and bf16 layers" in text and "layer '" in text
+
+
+def test_convert_writes_rowwise_from_a_comfy_file(tmp_path):
+    fp8, out = tmp_path / "fp8.safetensors", tmp_path / "rw.safetensors"
+    comfyquant.quantize(str(DENSE), str(fp8), format="fp8")
+    assert comfyquant.convert(str(fp8), str(out), to="rowwise-fp8", target="sglang").ok
+    assert set(_map(out)["layers"].values()) == {NAME}
+    assert comfyquant.check(str(out), target="sglang").verdicts["sglang"].loads

@@ -197,6 +197,13 @@ def export(ckpt, claimed: set) -> Claim | None:
 def _to_rowwise(prefix: str, t: dict) -> Translation:
     w, s, i = t["weight"], t["weight_scale"], t.get("input_scale")
     rows = w.shape[0]
+
+    def per_row(data: bytes, dtype: str = s.dtype) -> bytes:
+        return broadcast_rows(to_f32(data, dtype), rows)
+
+    def as_f32(data: bytes, dtype: str = i.dtype if i is not None else "F32") -> bytes:
+        return to_f32(data, dtype)
+
     moves = [
         copy(w, "weight"),
         Move(
@@ -204,13 +211,13 @@ def _to_rowwise(prefix: str, t: dict) -> Translation:
             s.name,
             "F32",
             (rows,),
-            lambda b, d=s.dtype: broadcast_rows(to_f32(b, d), rows),
+            per_row,
             EXACT,
             f"per-tensor scale -> the same value for each of {rows} rows",
         ),
     ]
     if i is not None:
-        moves.append(Move("input_scale", i.name, "F32", (1,), lambda b, d=i.dtype: to_f32(b, d), EXACT, "[] -> [1]"))
+        moves.append(Move("input_scale", i.name, "F32", (1,), as_f32, EXACT, "[] -> [1]"))
     drops = [t["comfy_quant"].name] if "comfy_quant" in t else []
     return Translation(
         prefix,
