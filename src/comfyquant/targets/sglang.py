@@ -696,7 +696,7 @@ def run_all(ckpt, param_name_mapper=None, collect: bool = True) -> tuple[dict, d
     run = Run(collect)
     if any(sglang_rowwise.META_KEY in h.metadata for h in ckpt.headers):
         # SGLang reads a map declaring its rowwise FP8 format before any Comfy marker
-        rowwise = sglang_rowwise.read(ckpt, container_errors(ckpt), run)
+        rowwise = sglang_rowwise.read(ckpt, lambda: container_errors(ckpt), run)
         if rowwise is not None or run.violations:
             if run.collect:
                 run.violations.extend(

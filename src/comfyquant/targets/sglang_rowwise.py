@@ -13,6 +13,7 @@ on its own, against its own tensors. A file that ``safe_open`` refuses, or whose
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ..formats.rowwise_fp8 import DENSE, FORMAT_VERSION, ROWWISE_FP8, SCALE_RECIPE, declared_format, declares_rowwise
@@ -60,17 +61,16 @@ def parsed_map(header) -> object:
         return None
 
 
-def rowwise_files(ckpt, damaged: dict) -> list[tuple[Any, dict]]:
-    """(header, parsed map) of each shard SGLang reads as rowwise FP8 (``declares_rowwise``)."""
+def rowwise_files(ckpt, damaged: Callable[[], dict]) -> list[tuple[Any, dict]]:
+    """(header, parsed map) of each shard SGLang reads as rowwise FP8 (``declares_rowwise``);
+    ``damaged()``: the shards ``safe_open`` refuses (asked only when a map names the format)."""
     out = []
     for header in ckpt.headers:
-        if header.file in damaged:
-            continue
         raw = header.metadata.get(META_KEY)
         if not raw or (ROWWISE_FP8 not in raw and "\\u" not in raw):
             continue  # the format's name must be in the map (possibly escaped)
         obj = parsed_map(header)
-        if isinstance(obj, dict) and declares_rowwise(obj):
+        if isinstance(obj, dict) and declares_rowwise(obj) and header.file not in damaged():
             out.append((header, obj))
     return out
 
@@ -151,7 +151,7 @@ def _validate_tensors(tensors: dict, fp8_layers: set[str]) -> set[str]:
     return static
 
 
-def read(ckpt, damaged: dict, run) -> str | None:
+def read(ckpt, damaged: Callable[[], dict], run) -> str | None:
     """SGLang's rowwise reading of every shard that declares the format: the first failure is
     failed on ``run`` (``targets.sglang.Run``); the config class name when every such shard
     builds one, None when no shard declares the format."""
