@@ -71,11 +71,19 @@ def _requirements(source: Path) -> list[str]:
     return kept
 
 
-def _torch_companions() -> list[str]:
-    """torchvision and torchaudio resolved against the installed torch, which pip keeps."""
+def _torch_pin() -> str:
+    """The main environment's torch release, asked for with ComfyUI's requirements: their
+    dependencies (torchsde, kornia, spandrel) would otherwise resolve torch to the newest
+    release the index has, a CUDA build that brings several GB of CUDA libraries along, and
+    replacing it afterwards leaves those behind."""
     from importlib.metadata import version
 
-    return [f"torch=={version('torch').split('+')[0]}", "torchvision", "torchaudio"]
+    return f"torch=={version('torch').split('+')[0]}"
+
+
+def _torch_companions() -> list[str]:
+    """torchvision and torchaudio resolved against the installed torch, which pip keeps."""
+    return [_torch_pin(), "torchvision", "torchaudio"]
 
 
 GUARDED_FAKES = ("torchvision::nms", "torchvision::qnms")
@@ -211,7 +219,7 @@ def comfyui_python() -> Path | None:
             return None
         _see_environment(python, sites)
         steps = [
-            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements],
+            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements, _torch_pin()],
             [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *_torch_companions()],
         ]
         for step in steps:

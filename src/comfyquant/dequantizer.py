@@ -45,13 +45,13 @@ from typing import TYPE_CHECKING
 
 from .errors import ComfyQuantError, InputError, option
 from .io.outputs import claim
+from .markers import DROP_METADATA
 from .naming import printable
 from .units import human_size
 
 if TYPE_CHECKING:
     from .checkpoint import Paths
 
-DROP_METADATA = ("_quantization_metadata", "quant_format")
 ALIGN = 64
 """Byte alignment of each packed tensor in the reused read buffer."""
 OUTPUT_DTYPES = ("bf16", "f16", "f32")

@@ -19,9 +19,66 @@ from operator import methodcaller
 from typing import Any
 
 from .findings import Finding, json_kind
+from .io.jsontext import parse as parse_json
 
 HEADER = "header"
 TENSOR = "tensor"
+
+MARKER_MAP = "_quantization_metadata"
+"""The ``__metadata__`` key of the header marker map (the name ComfyUI and SGLang read)."""
+QUANT_FORMAT = "quant_format"
+"""The ``__metadata__`` key of SGLang's file-level format (``file_level_format``)."""
+DROP_METADATA = (MARKER_MAP, QUANT_FORMAT)
+"""The metadata keys that describe the stored tensors' quantization: a writer that stores other
+tensors (``quantize``, ``dequantize``) drops them, or they would describe tensors that no
+longer exist."""
+MARKER_SUFFIX = ".comfy_quant"
+"""The suffix of a layer's marker tensor: ``<prefix>.comfy_quant``."""
+
+FORMAT_VERSION = "1.0"
+"""The ``format_version`` a marker map is written with unless its writer names another
+(``marker_map_text``); the reader records each file's (``HeaderMarkers.format_version``)."""
+
+
+VERSION_KEY = "format_version"
+"""The map document's version key: ``FORMAT_VERSION`` in Comfy's map; SGLang's rowwise FP8 map
+(``formats.rowwise_fp8``) states its own."""
+
+
+def marker_map_text(layers: dict, version: str = FORMAT_VERSION, more: dict | None = None) -> str:
+    """The header marker map of ``{prefix: marker}`` as the JSON text stored under
+    ``MARKER_MAP``: the one place the document is built, so every writer states the same
+    version and shape (``more``: further top-level keys of a map that has them, such as
+    SGLang's rowwise ``quant_configs``; its ``layers`` values are then format names)."""
+    return json.dumps({VERSION_KEY: version, "layers": layers, **(more or {})})
+
+
+def set_marker_map(metadata: dict[str, str], layers: dict[str, dict]) -> dict[str, str]:
+    """``metadata`` with the marker map of ``layers``, or without a map when there are none
+    (changed in place and returned)."""
+    if layers:
+        metadata[MARKER_MAP] = marker_map_text(layers)
+    else:
+        metadata.pop(MARKER_MAP, None)
+    return metadata
+
+
+def read_marker_map(text: str) -> dict | None:
+    """The parsed map document when ``text`` is an object with a ``layers`` object, else None:
+    for callers that rewrite or merge maps the checker already judged (a broken map stays as
+    it is; its findings are the reader's, ``collect_markers``)."""
+    try:
+        doc = parse_json(text)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("layers"), dict) else None
+
+
+def marker_tensor(prefix: str, marker: dict) -> tuple[str, tuple[str, tuple[int], bytes]]:
+    """(name, (dtype, shape, bytes)) of the marker tensor writers store for ``marker``: the
+    JSON's UTF-8 bytes as a 1-D U8 tensor."""
+    raw = json.dumps(marker).encode("utf-8")
+    return prefix + MARKER_SUFFIX, ("U8", (len(raw),), raw)
 
 
 class MarkerRecord:
@@ -78,10 +135,10 @@ def collect_markers(ckpt) -> MarkerSet:
         for e in ckpt.marker_entries:
             by_file.setdefault(e[5], []).append(e)
     for h in ckpt.headers:
-        qf = h.metadata.get("quant_format")
+        qf = h.metadata.get(QUANT_FORMAT)
         if qf is not None:
             ms.quant_formats[h.file] = qf
-        raw = h.metadata.get("_quantization_metadata")
+        raw = h.metadata.get(MARKER_MAP)
         if raw is not None:
             _read_header_markers(ms, h.file, raw)
         # Every shard's markers, duplicates included (SGLang reads them all), sorted by name.
@@ -242,7 +299,7 @@ def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
                 "M012",
                 f"{file}: _quantization_metadata has no 'layers' object",
                 file=file,
-                expected='{"format_version": "1.0", "layers": {...}}',
+                expected=f'{{"format_version": "{FORMAT_VERSION}", "layers": {{...}}}}',
                 fix="rewrite the header markers (comfyquant fix)",
             )
         )
@@ -253,7 +310,7 @@ def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
                 "M014",
                 f"{file}: _quantization_metadata has no format_version",
                 file=file,
-                expected='"format_version": "1.0"',
+                expected=f'"format_version": "{FORMAT_VERSION}"',
                 fix="comfyquant fix writes it",
             )
         )
@@ -301,7 +358,7 @@ def _bytes_text(data: bytes) -> str:
 
 def _read_tensor_marker(ms: MarkerSet, entry, data: bytes) -> None:
     name, dtype, shape, _start, _end, file = entry
-    prefix = name[: -len(".comfy_quant")]
+    prefix = name[: -len(MARKER_SUFFIX)]
     rec = MarkerRecord(TENSOR, file, prefix, name)
     ms.records.append(rec)
     if dtype != "U8" or len(shape) != 1:
@@ -371,7 +428,7 @@ def same_marker(a: dict, b: dict) -> bool:
 
 _ABSENT = object()
 _PARSED: dict[bytes, dict] = {}
-_IS_MARKER = methodcaller("endswith", ".comfy_quant")
+_IS_MARKER = methodcaller("endswith", MARKER_SUFFIX)
 
 
 class MarkerMerge:

@@ -33,17 +33,11 @@ SATURATED = "D009"
 """Every scale at its dtype's largest finite value: the writer's scale overflowed and the
 cast saturated it, so each weight decodes hundreds of times too large (garbage)."""
 ON_GRID = "decoded onto the INT8 grid"
-"""How a NaN/Inf finding's ``actual`` ends on a group scale the decode clamps (``CLAMPED``)."""
-OFFSET = frozenset({("awq_w4a16", "weight_scale")})
-"""(format, slot) of group scales whose decode adds zero points after scaling (comfy-kitchen
-0.2.40 AWQ W4A16: code x scale + zeros): every scale zero or subnormal leaves the zero points,
-a degraded output (measured 0.58), not garbage; every scale negative is garbage (1.17)."""
-CLAMPED = frozenset({("asym_w4a8_int8", "weight_s_rel")})
-"""(format, slot) whose decode rounds and clamps code x scale onto the INT8 grid
-(comfy-kitchen 0.2.40 ``backends/eager/w4a8_int8.py`` ``_dequant_int4_grouped_to_int8``): a
-non-finite group scale gives that group one constant code instead of a non-finite output, so
-only every group scale non-finite is garbage; some of them degrade the layer (measured: a NaN
-in one group leaves the output finite and close)."""
+"""How a NaN/Inf finding's ``actual`` ends on a scale the decode clamps onto the INT8 grid
+(``Slot.on_int8_grid``): a non-finite group scale gives that group one constant code instead
+of a non-finite output, so only every group scale non-finite is garbage; some of them degrade
+the layer.  A scale whose decode adds zero points (``Slot.adds_zero_points``) is a degraded
+output, not garbage, when every scale is zero or subnormal."""
 
 
 class Measured:
@@ -378,10 +372,11 @@ def deep_findings(ckpt, casts: list | None = None, measured: list[Measured] | No
     wanted = []
     ends = file_ends(ckpt)
     casts = [c for c in casts or () if all(_sound(e, ends) for e in c.entries)]
-    corrected = []  # W4A8 layers whose correction ComfyUI drops: how much it moves the output
+    corrected = []  # (layer, the part ComfyUI drops): how much dropping it moves the output
     for _prefix, layer in ckpt.layers.items():
-        if dropped.wanted(layer) and _readable(layer, dropped.SUFFIXES + ("weight_codebook",), ends):
-            corrected.append(layer)
+        part = dropped.part(layer)
+        if part is not None and _readable(layer, part.reads, ends):
+            corrected.append((layer, part))
         fmt = FORMATS.get(layer.format_name) if layer.format_name else None
         if fmt is None:
             continue
@@ -401,23 +396,23 @@ def deep_findings(ckpt, casts: list | None = None, measured: list[Measured] | No
 def _read_values(np, decode, ckpt, wanted: list, corrected: list, casts: list, measured: list[Measured]) -> list[Finding]:
     """Read the tensors ``deep_findings`` chose and judge their values."""
     seen: set[str] = set()
-    extra = [e for layer in corrected for s, e in layer.stored.items() if s in dropped.SUFFIXES or s == "weight_codebook"]
+    extra = [e for layer, part in corrected for s, e in layer.stored.items() if s in part.reads]
     extra += [e for c in casts for e in c.entries]
     entries = [e for e in [e for _, _, e in wanted] + extra if not (e.name in seen or seen.add(e.name))]
     data = ckpt.read_many(entries)
     casts = [c for c in casts if all(len(data[e.name]) == e.nbytes for e in c.entries)]  # none cut short by a changed file
     cast_findings = _value_cast_findings(np, decode, casts, data, measured)
     out_dropped = []
-    for layer in corrected:
+    for layer, part in corrected:
         if all(len(data[e.name]) == e.nbytes for s, e in layer.stored.items() if e.name in data):
-            share = dropped.share(np, decode, layer, data)
-            name = layer.stored["weight_correction"].name
+            share = dropped.share(np, decode, layer, part, data)
+            name = layer.stored[part.suffix].name
             if share is None:
                 measured.append(Measured(name, RELATIVE_ERROR, None, UNDEFINED_SHARE))
                 continue
             measured.append(_measure(name, share))
             if share >= dropped.GARBAGE:  # below, the header's warning says it, with this measurement
-                out_dropped.append(dropped.finding(layer, share))
+                out_dropped.append(dropped.finding(layer, part, share))
     out: list[Finding] = []
     done: set[str] = set()
     for layer, slot, entry in wanted:
@@ -452,13 +447,11 @@ def _read_values(np, decode, ckpt, wanted: list, corrected: list, casts: list, m
         values = decode(raw, entry.dtype, slot.dtype if slot.dtype != "float" else entry.dtype)
         if values is None:
             continue
-        clamped = (layer.format_name, slot.suffix) in CLAMPED
-        offset = (layer.format_name, slot.suffix) in OFFSET
-        if clamped:
-            levels = _missing_codebook(np, layer, entry.name, values)
+        if slot.deep_check is not None:
+            levels = slot.deep_check(np, layer, entry.name, values)
             if levels is not None:
-                out.append(levels)
-        out.extend(_value_findings(np, layer.name, entry.name, slot, values, clamped, offset))
+                out.append(Finding(LEVEL_MISMATCH, layer=layer.name, tensor=entry.name, **levels))
+        out.extend(_value_findings(np, layer.name, entry.name, slot, values, slot.on_int8_grid, slot.adds_zero_points))
         saturated = _saturated(np, entry.name, slot, values, entry.dtype if slot.dtype == "float" else slot.dtype)
         if saturated is not None:
             out.append(Finding(SATURATED, saturated[0], layer=layer.name, tensor=entry.name, **saturated[1]))
@@ -478,59 +471,7 @@ def _readable(layer, suffixes: tuple[str, ...], ends: dict) -> bool:
 
 FLOAT8_MAX = {"F8_E4M3": 448.0, "F8_E5M2": 57344.0}
 LEVEL_MISMATCH = "D011"
-UNIFORM_TOP = {4: 8, 6: 32}
-"""The largest uniform level magnitude of 4- and 6-bit W4A8 codes (code - 8, code - 32)."""
-
-
-def _missing_codebook(np, layer, tensor: str, s_rel) -> Finding | None:
-    """Group scales that do not fit the layer's levels on the INT8 grid.  Too small: the
-    largest level times the scale rounds to 0 in most groups (a codebook's levels are about 1
-    in magnitude), and the layer decodes to zero.  Too large: a W4A8 layer without a codebook decodes uniform levels (up to 8 or 32 in magnitude) onto
-    the INT8 grid with ``s_rel`` (comfy-kitchen 0.2.40 ``_dequant_int4_grouped_to_int8``), so a
-    writer's ``s_rel`` stays near 127 / top.  Group scales whose median is past 127 / (top / 2)
-    clip every code beyond half the range: they were sized for a codebook's levels (magnitude
-    about 1, ``s_rel`` near 127), and the layer that has none computes garbage."""
-    t = layer.stored
-    w, rel = t.get("weight"), t.get("weight_s_rel")
-    group_size = (layer.marker or {}).get("group_size", 16)
-    if w is None or rel is None or len(w.shape) != 2 or len(rel.shape) != 2:
-        return None
-    if type(group_size) is not int or group_size <= 0 or not s_rel.size:
-        return None
-    k = rel.shape[1] * group_size
-    bits = 4 if w.shape[1] * 2 == k else 6 if w.shape[1] * 4 == k * 3 else None
-    finite = s_rel[np.isfinite(s_rel)]
-    if bits is None or not finite.size:
-        return None
-    median = float(np.median(np.abs(finite)))
-    top = 1.0 if "weight_codebook" in t else UNIFORM_TOP[bits]
-    if median * top < 0.5:
-        return Finding(
-            LEVEL_MISMATCH,
-            f"{tensor}: group scales of median {median:g}: the largest level times the scale rounds to 0 on "
-            f"the INT8 grid in most groups",
-            layer=layer.name,
-            tensor=tensor,
-            expected=f"median >= {0.5 / top:g}",
-            actual=f"median {median:g}",
-            cause="the group scales are far too small for the levels (stored as another dtype's values?): "
-            "most groups decode to zero",
-            fix="re-export the layer (comfyquant quantize)",
-        )
-    limit = 127 / (UNIFORM_TOP[bits] / 2)
-    if "weight_codebook" in t or median <= limit:
-        return None
-    return Finding(
-        LEVEL_MISMATCH,
-        f"{tensor}: group scales of median {median:g} on a {bits}-bit layer without a codebook: every code "
-        f"beyond half the uniform range leaves the INT8 grid",
-        layer=layer.name,
-        tensor=tensor,
-        expected=f"median <= {limit:g} (uniform levels up to {UNIFORM_TOP[bits]})",
-        actual=f"median {median:g}",
-        cause="the group scales were sized for a codebook's levels (magnitude about 1) and the layer has no codebook",
-        fix="restore the layer's weight_codebook, or re-export it (comfyquant quantize)",
-    )
+"""Scales that do not fit the layer's levels (a slot's ``deep_check``, from its format)."""
 
 
 def _saturated(np, tensor: str, slot, v, dtype: str) -> tuple[str, dict] | None:

@@ -5,24 +5,28 @@ the model from the tensors' names and shapes as it does for a file it reads itse
 
 from __future__ import annotations
 
-import json
-
 from ..errors import InputError
+from ..markers import set_marker_map
 
-MARKER_MAP = "_quantization_metadata"
+WEIGHT_DTYPES: dict[str, dict] = {
+    "default": {},
+    "fp8_e4m3fn": {"dtype": "float8_e4m3fn"},
+    "fp8_e4m3fn_fast": {"dtype": "float8_e4m3fn", "fp8_optimizations": True},
+    "fp8_e5m2": {"dtype": "float8_e5m2"},
+}
+"""The Loader's ``weight_dtype`` choices, as ComfyUI's own diffusion model loader (nodes.py
+``UNETLoader``) offers them, and the model options it passes for each (``dtype`` names the
+torch dtype: the node's choices are read without importing torch)."""
 
 
 def model_options(weight_dtype: str) -> dict:
-    """What ComfyUI's ``UNETLoader`` (nodes.py) passes for each ``weight_dtype`` choice."""
-    import torch
+    """What ComfyUI's ``UNETLoader`` passes for a ``weight_dtype`` choice (``WEIGHT_DTYPES``)."""
+    options = dict(WEIGHT_DTYPES.get(weight_dtype, {}))
+    if "dtype" in options:
+        import torch
 
-    if weight_dtype == "fp8_e4m3fn":
-        return {"dtype": torch.float8_e4m3fn}
-    if weight_dtype == "fp8_e4m3fn_fast":
-        return {"dtype": torch.float8_e4m3fn, "fp8_optimizations": True}
-    if weight_dtype == "fp8_e5m2":
-        return {"dtype": torch.float8_e5m2}
-    return {}
+        options["dtype"] = getattr(torch, options["dtype"])
+    return options
 
 
 def state_dict(view, progress=None) -> dict:
@@ -43,13 +47,7 @@ def state_dict(view, progress=None) -> dict:
 def runtime_metadata(repaired) -> dict[str, str]:
     """The header metadata ComfyUI reads: the first file's, with one marker map of every
     file (ComfyUI takes its layers' markers from it when present)."""
-    metadata = dict(repaired.view.headers[0].metadata)
-    layers = repaired.quant_map()
-    if layers:
-        metadata[MARKER_MAP] = json.dumps({"format_version": "1.0", "layers": layers})
-    else:
-        metadata.pop(MARKER_MAP, None)
-    return metadata
+    return set_marker_map(dict(repaired.view.headers[0].metadata), repaired.quant_map())
 
 
 def describe(repaired) -> str:

@@ -12,9 +12,6 @@ import os
 from collections.abc import Callable
 
 CATEGORY = "comfyquant"
-TARGET_CHOICES = ["all", "comfyui", "sglang", "comfy-kitchen"]
-WEIGHT_DTYPES = ["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]
-"""As ComfyUI's own diffusion model loader (nodes.py ``UNETLoader``) offers them."""
 
 
 class NodeError(Exception):
@@ -61,6 +58,21 @@ def diffusion_models() -> list[str]:
     return folder_paths.get_filename_list("diffusion_models")
 
 
+def target_choices() -> list[str]:
+    """The Check node's ``targets``: all, then every runtime check judges by, ComfyUI's own
+    first (the node runs inside it)."""
+    from ..targets.select import TARGETS
+
+    return ["all", *sorted(TARGETS, key=lambda name: name != "comfyui")]
+
+
+def weight_dtypes() -> list[str]:
+    """The Loader's ``weight_dtype`` choices (``loading.WEIGHT_DTYPES``)."""
+    from .loading import WEIGHT_DTYPES
+
+    return list(WEIGHT_DTYPES)
+
+
 class ComfyQuantCheck:
     """``comfyquant check`` on a file of ``diffusion_models``: each runtime's verdict with its
     exact error, then the findings with their fixes; the report is shown on the node."""
@@ -79,7 +91,7 @@ class ComfyQuantCheck:
         return {
             "required": {
                 "model_name": (diffusion_models(),),
-                "targets": (TARGET_CHOICES, {"default": "all"}),
+                "targets": (target_choices(), {"default": "all"}),
             }
         }
 
@@ -115,7 +127,7 @@ class ComfyQuantLoader:
         return {
             "required": {
                 "model_name": (diffusion_models(),),
-                "weight_dtype": (WEIGHT_DTYPES, {"default": "default"}),
+                "weight_dtype": (weight_dtypes(), {"default": "default"}),
                 "allow_lossy": ("BOOLEAN", {"default": False}),
             }
         }

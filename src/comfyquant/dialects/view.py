@@ -15,14 +15,12 @@ from contextlib import contextmanager
 
 from ..checkpoint import Checkpoint, open_checkpoint
 from ..errors import InputError
-from ..io.jsontext import parse as parse_json
 from ..io.shards import ShardSet
 from ..io.virtual import Range, VirtualSource
+from ..markers import MARKER_MAP, marker_map_text, marker_tensor, read_marker_map
 from .base import EXACT, LOSSY, PERMUTATION, Translation
 from .registry import detect
 from .report import settle
-
-MARKER_MAP = "_quantization_metadata"
 
 
 class DialectError(InputError):
@@ -107,8 +105,8 @@ def _virtual_file(ckpt: Checkpoint, header, detection) -> VirtualSource:
         else:
             tensors[out] = (m.dtype, tuple(m.shape), _transformed(source, entry, m.transform))
         if tr.marker is not None and m.suffix == "weight":
-            raw = json.dumps(tr.marker).encode("utf-8")
-            tensors[f"{tr.out_prefix}.comfy_quant"] = ("U8", (len(raw),), raw)
+            name, spec = marker_tensor(tr.out_prefix, tr.marker)
+            tensors[name] = spec
             markers[tr.out_prefix] = tr.marker
     metadata = _metadata(header.metadata, detection, markers)
     return VirtualSource(header.file, tensors, metadata)
@@ -137,15 +135,11 @@ def _metadata(metadata: dict[str, str], detection, markers: dict[str, dict]) -> 
         out.update(claim.metadata_set)
     text = out.get(MARKER_MAP)
     if text is not None:
-        try:
-            doc = parse_json(text)
-            layers = doc.get("layers") if isinstance(doc, dict) else None
-        except ValueError:
-            layers = None
-        if isinstance(layers, dict):
-            kept = {p: m for p, m in layers.items() if p not in claimed}
+        doc = read_marker_map(text)
+        if doc is not None:
+            kept = {p: m for p, m in doc["layers"].items() if p not in claimed}
             doc["layers"] = {**kept, **markers}
             out[MARKER_MAP] = json.dumps(doc)
     elif markers:
-        out[MARKER_MAP] = json.dumps({"format_version": "1.0", "layers": markers})
+        out[MARKER_MAP] = marker_map_text(markers)
     return out

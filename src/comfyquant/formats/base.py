@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from types import CodeType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ComfyQuantError
+
+if TYPE_CHECKING:
+    from .hooks import DroppedPart
 
 
 def pad(x: int, m: int) -> int:
@@ -113,6 +116,14 @@ class Slot:
     ``forbidden_cause``: why the tensor must not be present, as a finding says it -- one text,
     or ``(condition, text)`` pairs over the geometry when ``forbidden`` has several reasons
     (the first that holds is shown; none: the checker's generic words).
+
+    How ``--deep`` judges a scale's values beyond ``positive`` (the decode the runtimes run):
+    ``adds_zero_points``, the decode adds zero points after scaling (code x scale + zeros), so
+    every scale zero or subnormal leaves the zero points, a degraded output rather than garbage;
+    ``on_int8_grid``, the decode rounds and clamps code x scale onto the INT8 grid, so a
+    non-finite scale gives its group one constant code (only every scale non-finite is
+    garbage); ``deep_check(np, layer, tensor, values)``, the format's own check of the
+    values, the fields of a finding (message, expected, actual, cause, fix) or None.
     """
 
     __slots__ = (
@@ -130,6 +141,9 @@ class Slot:
         "blocked",
         "rows",
         "forbidden_cause",
+        "adds_zero_points",
+        "on_int8_grid",
+        "deep_check",
         "_shape",
         "_when",
         "_forbidden",
@@ -153,6 +167,9 @@ class Slot:
         blocked: int = 0,
         rows: str | int | None = None,
         forbidden_cause: str | tuple[tuple[str, str], ...] = "",
+        adds_zero_points: bool = False,
+        on_int8_grid: bool = False,
+        deep_check: Callable[..., dict | None] | None = None,
     ) -> None:
         self.suffix = suffix
         self.dtype = dtype
@@ -168,6 +185,9 @@ class Slot:
         self.blocked = blocked
         self.rows = rows
         self.forbidden_cause = forbidden_cause
+        self.adds_zero_points = adds_zero_points
+        self.on_int8_grid = on_int8_grid
+        self.deep_check = deep_check
         self._shape = Expr(shape)
         self._when = Expr(when) if when else None
         self._forbidden = Expr(forbidden) if forbidden else None
@@ -398,7 +418,12 @@ class Format:
       None: the format has no lossy repair.
     * ``legacy_renames``: old tensor suffix -> suffix, for the legacy layers this format
       replaces (scaled FP8, as ComfyUI 0.33.0 ``convert_old_quants`` renames it:
-      ``scale_weight`` -> ``weight_scale``)."""
+      ``scale_weight`` -> ``weight_scale``).
+
+    Hook for ``check --deep`` (kept in the format package's ``deep.py``; None = not needed):
+    ``dropped``, the part of a layer ComfyUI's loader leaves out and how to measure its share
+    of the weight (``formats.hooks.DroppedPart``).  A slot's value checks are the slot's
+    (``Slot.adds_zero_points``, ``on_int8_grid``, ``deep_check``)."""
 
     __slots__ = (
         "name",
@@ -428,6 +453,7 @@ class Format:
         "lossy",
         "legacy_renames",
         "heavy_encoder",
+        "dropped",
         "serialized_map",
     )
 
@@ -460,7 +486,8 @@ class Format:
         lossy: Callable[..., Any] | None = None,
         legacy_renames: dict[str, str] | None = None,
         heavy_encoder: bool = False,
-        serialized_map: Callable[[list[str]], dict] | None = None,
+        dropped: DroppedPart | None = None,
+        serialized_map: Callable[[list[str]], str] | None = None,
     ) -> None:
         self.name = name
         self.title = title
@@ -471,8 +498,8 @@ class Format:
         self.bits_text = bits_text
         self.serialized_map = serialized_map
         """For a format a runtime reads from a header map of its own instead of Comfy markers
-        (SGLang's rowwise FP8): the ``_quantization_metadata`` object of a file whose quantized
-        layers (their prefixes) are all of this format; such a file has no marker tensors."""
+        (SGLang's rowwise FP8): the header map's text for a file whose quantized layers (their
+        prefixes) are all of this format; such a file has no marker tensors."""
         self.rotation = rotation
         self.loaders = loaders
         self.converter_only = converter_only
@@ -493,6 +520,7 @@ class Format:
         self.infer_marker = infer_marker
         self.lossy = lossy
         self.legacy_renames = legacy_renames or {}
+        self.dropped = dropped
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"

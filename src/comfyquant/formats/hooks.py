@@ -1,11 +1,14 @@
-"""What a format package's ``fix`` hooks return (see ``Format``).
+"""What a format package's hooks return or hold (see ``Format``): ``fix``'s re-encodes
+(``Recode``) and the part of a layer ``check --deep`` measures when a runtime drops it
+(``DroppedPart``).
 
-Kept apart from the descriptions: only ``fix`` reads these, and a format package's
-``repair.py`` builds them from its own description.
+Kept apart from the descriptions: a format package's ``repair.py`` and ``deep.py`` build them
+from its own description, and only ``fix`` and the checker's ``--deep`` read them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -38,3 +41,39 @@ class Recode:
 
     def __repr__(self) -> str:
         return f"Recode({self.why!r}, {self.params!r})"
+
+
+class DroppedPart:
+    """A stored part of a layer that ComfyUI's loader leaves out while the other runtimes apply
+    it (W4A8's correction), and how ``check --deep`` measures how far that moves the output.
+
+    ``suffix``: the dropped tensor; ``reads``: the suffixes the measurement reads;
+    ``wanted(layer)``: whether the layer's tensors let it be measured;
+    ``share(np, decode, layer, data, dtype)``: the dropped part's share of the full weight
+    (the relative output error) with the part's bytes read as ``dtype``, or None when the
+    values cannot be read soundly (numpy and the checker's decoder are handed in: a
+    description never imports numpy).  ``expected``, ``cause`` and ``fix``: the format's words
+    in the finding."""
+
+    __slots__ = ("suffix", "reads", "wanted", "share", "expected", "cause", "fix")
+
+    def __init__(
+        self,
+        suffix: str,
+        reads: tuple[str, ...],
+        wanted: Callable[[Any], bool],
+        share: Callable[..., float | None],
+        expected: str,
+        cause: str,
+        fix: str,
+    ) -> None:
+        self.suffix = suffix
+        self.reads = reads
+        self.wanted = wanted
+        self.share = share
+        self.expected = expected
+        self.cause = cause
+        self.fix = fix
+
+    def __repr__(self) -> str:
+        return f"DroppedPart({self.suffix!r})"

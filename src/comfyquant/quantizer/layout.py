@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Any
@@ -29,6 +28,7 @@ from ..formats.validation import check_layer
 from ..io.header import FIRST_READ
 from ..io.shards import ShardSet
 from ..io.writer import build_header
+from ..markers import MARKER_MAP, marker_map_text, marker_tensor
 
 PROBE = "comfyquant_probe.linear"
 """Layer name used when one layer is checked on its own; replaced by the real name in messages."""
@@ -107,18 +107,15 @@ def marker_entries(layers: dict[str, dict]) -> tuple[dict[str, tuple], dict[str,
     ``comfy/utils.py`` ``convert_old_quants`` and SGLang 0.5.23 ``inspect_comfy_quant_markers``
     read). A file whose layers are all of a format with a header map of its own
     (``Format.serialized_map``) gets that map and no marker tensors."""
-    tensors: dict[str, tuple] = {}
     own = _serialized_map(layers)
     if own is not None:
-        return tensors, {"_quantization_metadata": json.dumps(own)}
-    for prefix, marker in layers.items():
-        raw = json.dumps(marker).encode("utf-8")
-        tensors[f"{prefix}.comfy_quant"] = ("U8", (len(raw),), raw)
-    meta = {"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": layers})} if layers else {}
+        return {}, {MARKER_MAP: own}
+    tensors = dict(marker_tensor(prefix, marker) for prefix, marker in layers.items())
+    meta = {MARKER_MAP: marker_map_text(layers)} if layers else {}
     return tensors, meta
 
 
-def _serialized_map(layers: dict[str, dict]) -> dict | None:
+def _serialized_map(layers: dict[str, dict]) -> str | None:
     """The format's own header map when every layer is of one format that has one."""
     if not layers:
         return None

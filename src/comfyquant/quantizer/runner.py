@@ -33,6 +33,7 @@ from ..io.progress import Progress
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import commit_file, discard, write_safetensors
+from ..markers import DROP_METADATA
 from ..version import __version__
 from .jobs import Jobs
 from .layout import marker_entries
@@ -41,7 +42,6 @@ from .work import prefetch, run_task_spilled, task_for
 
 STAMP_KEY = "comfyquant"
 """The metadata key ``fix`` stamps as well: tool, version and the history of what was done."""
-DROP_METADATA = ("_quantization_metadata", "quant_format")
 
 
 def output_paths(ckpt, out: str | None, overwrite: bool, tag: str, also: list[str] | tuple = ()):

@@ -23,7 +23,7 @@ from ..io.outputs import claim
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import CHUNK, BackgroundSync, commit_file, discard, write_safetensors
-from ..markers import HEADER, TENSOR
+from ..markers import HEADER, MARKER_MAP, TENSOR, marker_tensor, set_marker_map
 from ..version import __version__
 from .lossy import requantize
 from .plan import Plan
@@ -126,23 +126,21 @@ def build_shards(ckpt, plan: Plan) -> list[tuple[dict, dict[str, str], dict[str,
         for prefix, marker in layers_here.items():
             if prefix in plan.header_only:
                 continue
-            raw = json.dumps(marker).encode("utf-8")
-            tensors[f"{prefix}.comfy_quant"] = ("U8", (len(raw),), raw)
+            name, spec = marker_tensor(prefix, marker)
+            tensors[name] = spec
         for prefix, kinds in plan.kept.items():  # refused marker conflicts: both sides as found
             if layer_file.get(prefix) != h.file:
                 continue
             if TENSOR in kinds:
-                raw = json.dumps(kinds[TENSOR]).encode("utf-8")
-                tensors[f"{prefix}.comfy_quant"] = ("U8", (len(raw),), raw)
+                name, spec = marker_tensor(prefix, kinds[TENSOR])
+                tensors[name] = spec
             if HEADER in kinds:
                 layers_here[prefix] = kinds[HEADER]
         metadata = {k: v for k, v in h.metadata.items() if k not in plan.metadata_drop}
         metadata.update(plan.metadata_text.get(h.file, {}))
         metadata.update(plan.metadata_set)
-        if layers_here:
-            metadata["_quantization_metadata"] = json.dumps({"format_version": "1.0", "layers": layers_here})
-        elif "_quantization_metadata" not in plan.metadata_set:  # a layout's own map (migrate --to) stays
-            metadata.pop("_quantization_metadata", None)
+        if layers_here or MARKER_MAP not in plan.metadata_set:  # a layout's own map (migrate --to) stays
+            set_marker_map(metadata, layers_here)
         out.append((tensors, _stamp(metadata, plan), copied))
     return out
 

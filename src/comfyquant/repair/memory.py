@@ -13,7 +13,6 @@ check's own words.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -26,10 +25,9 @@ from ..io.shards import ShardSet
 from ..io.source import ByteSource
 from ..io.virtual import Range, VirtualSource
 from ..io.writer import CopyRange
+from ..markers import MARKER_MAP, read_marker_map
 from .execute import build_shards
 from .plan import STORAGE, Options, Plan, plan_repairs
-
-MARKER_MAP = "_quantization_metadata"
 
 
 class RepairRefused(InputError):
@@ -71,13 +69,9 @@ class Repaired:
             text = h.metadata.get(MARKER_MAP)
             if not text:
                 continue
-            try:
-                doc = json.loads(text)
-            except ValueError:
-                continue
-            found = doc.get("layers") if isinstance(doc, dict) else None
-            if isinstance(found, dict):
-                layers.update(found)
+            doc = read_marker_map(text)
+            if doc is not None:
+                layers.update(doc["layers"])
         return layers
 
 

@@ -21,12 +21,11 @@ from collections.abc import Callable
 
 from ..formats.base import GeometryError
 from ..formats.w4a8 import ASYM_W4A8_INT8, GROUP_SIZE, group_size_ok, k_fits
-from ..markers import HEADER, TENSOR, MarkerMerge, MarkerRecord
+from ..markers import FILE_LEVEL_DTYPES, HEADER, MARKER_MAP, TENSOR, MarkerMerge, MarkerRecord
 from . import sglang_rowwise
 from .base import Verdict, Violation, incomplete_violations
 from .container import EXCEPTION, container_errors
 
-QUANT_DTYPES = ("F8_E4M3", "I8", "U8")
 VALIDATED = ("float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4")
 CONVROT_SIZES = (16, 64, 256)
 
@@ -197,7 +196,9 @@ def inspect_markers(ckpt, param_name_mapper: Callable[[str], str] | None, run: R
         }
 
     # SGLang sees the tensors as stored: it has no MoE expert banks, so no flattened view.
-    needs_marker = [p for p, layer in layers.items() if (w := layer.stored.get("weight")) is not None and w.dtype in QUANT_DTYPES]
+    needs_marker = [
+        p for p, layer in layers.items() if (w := layer.stored.get("weight")) is not None and w.dtype in FILE_LEVEL_DTYPES
+    ]
     qfs = {v.lower() for v in ms.quant_formats.values() if v}
     if qfs == {"mxfp8"}:
         for prefix in sorted(needs_marker):
@@ -694,7 +695,7 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
 def run_all(ckpt, param_name_mapper=None, collect: bool = True) -> tuple[dict, dict, list[Violation], str | None]:
     """Inspect, resolve and build, as SGLang loads a checkpoint.  Raises SGLangError unless ``collect``."""
     run = Run(collect)
-    if any(sglang_rowwise.META_KEY in h.metadata for h in ckpt.headers):
+    if any(MARKER_MAP in h.metadata for h in ckpt.headers):
         # SGLang reads a map declaring its rowwise FP8 format before any Comfy marker
         rowwise = sglang_rowwise.read(ckpt, lambda: container_errors(ckpt), run)
         if rowwise is not None or run.violations:

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..formats.rowwise_fp8 import DENSE, FORMAT_VERSION, ROWWISE_FP8, SCALE_RECIPE, declared_format, declares_rowwise
+from ..markers import MARKER_MAP as META_KEY
+from ..markers import VERSION_KEY
 
-META_KEY = "_quantization_metadata"
 ERROR = "RowwiseFp8Error"
 CONFIG = "RowwiseFp8Config"
 
@@ -82,7 +83,7 @@ def _attr(value, name: str) -> str:
 def validate(config: dict, tensors: dict) -> set[str]:
     """``RowwiseFp8Config._from_metadata`` with the file's tensors (``tensors``: name -> header
     entry with ``dtype`` and ``shape``): the layers with a static input scale, or ``Failure``."""
-    version = config.get("format_version")
+    version = config.get(VERSION_KEY)
     if isinstance(version, (list, dict)):  # SGLang tests membership in a frozenset
         raise Failure("RW9", f"unhashable type: '{type(version).__name__}'", exception="TypeError")
     if version != FORMAT_VERSION:

@@ -24,6 +24,7 @@ import json
 
 from ...findings import Finding
 from ...formats.rowwise_fp8 import ROWWISE_FP8, declared_format, declares_rowwise, header_map
+from ...markers import MARKER_MAP as META_KEY
 from ...numerics.bytewise import to_f32
 from ...numerics.nvfp4_layouts import broadcast_rows
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Move, Translation
@@ -32,7 +33,6 @@ from ..decoders import scaled_fp8
 from ..reading import read_sound
 
 NAME = "sglang-rowwise"
-META_KEY = "_quantization_metadata"
 COMFY = "float8_e4m3fn"
 UNSETTLED = "whether every row of weight_scale holds the same value (then the layer is exactly Comfy float8_e4m3fn)"
 
@@ -190,7 +190,7 @@ def export(ckpt, claimed: set) -> Claim | None:
         layers[prefix] = Translation(prefix, NAME, "rowwise", t, verdict=REFUSED, why=why)
     if not layers:
         return None
-    meta = {META_KEY: json.dumps(header_map(fp8))} if fp8 else {}
+    meta = {META_KEY: header_map(fp8)} if fp8 else {}
     return Claim(NAME, layers, metadata_set=meta)
 
 

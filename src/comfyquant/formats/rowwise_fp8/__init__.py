@@ -26,12 +26,14 @@ SCALE_RECIPE = "rowwise"
 """The only ``quant_configs[ROWWISE_FP8]["scale_recipe"]`` SGLang 0.5.23 accepts."""
 
 
-def header_map(quantized: list[str], dense: tuple[str, ...] | list[str] = ()) -> dict:
-    """The ``_quantization_metadata`` object of a rowwise FP8 file: its quantized layers and
+def header_map(quantized: list[str], dense: tuple[str, ...] | list[str] = ()) -> str:
+    """The ``_quantization_metadata`` text of a rowwise FP8 file: its quantized layers and
     the linear layers it keeps dense (SGLang builds the latter unquantized)."""
+    from ...markers import marker_map_text
+
     layers = {prefix: ROWWISE_FP8 for prefix in sorted(quantized)}
     layers.update({prefix: DENSE for prefix in sorted(dense)})
-    return {"format_version": FORMAT_VERSION, "layers": layers, "quant_configs": {ROWWISE_FP8: {"scale_recipe": SCALE_RECIPE}}}
+    return marker_map_text(layers, FORMAT_VERSION, {"quant_configs": {ROWWISE_FP8: {"scale_recipe": SCALE_RECIPE}}})
 
 
 def declared_format(entry) -> object:

@@ -10,6 +10,7 @@ import math
 
 from ..base import CODEBOOK, CORRECTION, WEIGHT, Constraint, Expr, Format, GeometryError, MarkerKey, Slot
 from ..common import ALL_RUNTIMES, BIAS_SLOT, CONVROT_JSON_TRUE, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
+from .deep import DROPPED_CORRECTION, level_mismatch
 from .repair import infer_marker, lossy
 from .widths import k_by_bits
 
@@ -192,6 +193,10 @@ ASYM_W4A8_INT8 = Format(
             "F8_E4M3",
             "(N, K // group_size)",
             positive=True,
+            # comfy-kitchen 0.2.40 ``_dequant_int4_grouped_to_int8`` rounds and clamps code x s_rel:
+            # a NaN in one group leaves the output finite and close (measured)
+            on_int8_grid=True,
+            deep_check=level_mismatch,
             meaning="per-group relative scale",
             also_dtypes={
                 "U8": ("FP8 bytes labelled U8: ComfyUI views them as FP8, SGLang refuses them", "warning"),
@@ -305,6 +310,7 @@ ASYM_W4A8_INT8 = Format(
     inspect_text=_inspect_text,
     infer_marker=infer_marker,
     lossy=lossy,
+    dropped=DROPPED_CORRECTION,
 )
 
 FORMATS = (ASYM_W4A8_INT8,)
