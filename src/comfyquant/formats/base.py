@@ -487,7 +487,7 @@ class Format:
         legacy_renames: dict[str, str] | None = None,
         heavy_encoder: bool = False,
         dropped: DroppedPart | None = None,
-        serialized_map: Callable[[list[str]], str] | None = None,
+        serialized_map: Callable[[list[str]], tuple[dict, str, dict]] | None = None,
     ) -> None:
         self.name = name
         self.title = title
@@ -498,8 +498,9 @@ class Format:
         self.bits_text = bits_text
         self.serialized_map = serialized_map
         """For a format a runtime reads from a header map of its own instead of Comfy markers
-        (SGLang's rowwise FP8): the header map's text for a file whose quantized layers (their
-        prefixes) are all of this format; such a file has no marker tensors."""
+        (SGLang's rowwise FP8): the header map of a file whose quantized layers (their prefixes)
+        are all of this format, as ``markers.marker_map_text``'s (layers, version, further
+        keys); such a file has no marker tensors."""
         self.rotation = rotation
         self.loaders = loaders
         self.converter_only = converter_only

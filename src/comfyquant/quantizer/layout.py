@@ -109,13 +109,13 @@ def marker_entries(layers: dict[str, dict]) -> tuple[dict[str, tuple], dict[str,
     (``Format.serialized_map``) gets that map and no marker tensors."""
     own = _serialized_map(layers)
     if own is not None:
-        return {}, {MARKER_MAP: own}
+        return {}, {MARKER_MAP: marker_map_text(*own)}
     tensors = dict(marker_tensor(prefix, marker) for prefix, marker in layers.items())
     meta = {MARKER_MAP: marker_map_text(layers)} if layers else {}
     return tensors, meta
 
 
-def _serialized_map(layers: dict[str, dict]) -> str | None:
+def _serialized_map(layers: dict[str, dict]) -> tuple[dict, str, dict] | None:
     """The format's own header map when every layer is of one format that has one."""
     if not layers:
         return None

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..formats.rowwise_fp8 import DENSE, FORMAT_VERSION, ROWWISE_FP8, SCALE_RECIPE, declared_format, declares_rowwise
+from ..formats.rowwise_fp8 import DENSE, MAP_VERSION, ROWWISE_FP8, SCALE_RECIPE, declared_format, declares_rowwise
 from ..markers import MARKER_MAP as META_KEY
 from ..markers import VERSION_KEY
 
@@ -86,8 +86,8 @@ def validate(config: dict, tensors: dict) -> set[str]:
     version = config.get(VERSION_KEY)
     if isinstance(version, (list, dict)):  # SGLang tests membership in a frozenset
         raise Failure("RW9", f"unhashable type: '{type(version).__name__}'", exception="TypeError")
-    if version != FORMAT_VERSION:
-        raise Failure("RW1", f"unsupported quantization format_version {version!r}; expected one of {[FORMAT_VERSION]}")
+    if version != MAP_VERSION:
+        raise Failure("RW1", f"unsupported quantization format_version {version!r}; expected one of {[MAP_VERSION]}")
     layers = config.get("layers")
     if not isinstance(layers, dict) or not layers:
         raise Failure("RW2", f"{META_KEY} has no 'layers' map")

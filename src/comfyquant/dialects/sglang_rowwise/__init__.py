@@ -25,6 +25,7 @@ import json
 from ...findings import Finding
 from ...formats.rowwise_fp8 import ROWWISE_FP8, declared_format, declares_rowwise, header_map
 from ...markers import MARKER_MAP as META_KEY
+from ...markers import marker_map_text
 from ...numerics.bytewise import to_f32
 from ...numerics.nvfp4_layouts import broadcast_rows
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Move, Translation
@@ -190,7 +191,7 @@ def export(ckpt, claimed: set) -> Claim | None:
         layers[prefix] = Translation(prefix, NAME, "rowwise", t, verdict=REFUSED, why=why)
     if not layers:
         return None
-    meta = {META_KEY: header_map(fp8)} if fp8 else {}
+    meta = {META_KEY: marker_map_text(*header_map(fp8))} if fp8 else {}
     return Claim(NAME, layers, metadata_set=meta)
 
 

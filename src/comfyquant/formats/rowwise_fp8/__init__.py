@@ -20,20 +20,19 @@ ROWWISE_FP8 = "rowwise-float8_e4m3fn"
 """The ``layers`` value of a quantized layer, and its ``quant_configs`` key."""
 DENSE = "bf16"
 """The ``layers`` value of a layer kept dense."""
-FORMAT_VERSION = "1.1"
+MAP_VERSION = "1.1"
 """The only ``format_version`` SGLang 0.5.23 accepts for this map."""
 SCALE_RECIPE = "rowwise"
 """The only ``quant_configs[ROWWISE_FP8]["scale_recipe"]`` SGLang 0.5.23 accepts."""
 
 
-def header_map(quantized: list[str], dense: tuple[str, ...] | list[str] = ()) -> str:
-    """The ``_quantization_metadata`` text of a rowwise FP8 file: its quantized layers and
-    the linear layers it keeps dense (SGLang builds the latter unquantized)."""
-    from ...markers import marker_map_text
-
+def header_map(quantized: list[str], dense: tuple[str, ...] | list[str] = ()) -> tuple[dict, str, dict]:
+    """The header map of a rowwise FP8 file as (layers, version, further keys), which
+    ``markers.marker_map_text`` writes: its quantized layers and the linear layers it keeps
+    dense (SGLang builds the latter unquantized)."""
     layers = {prefix: ROWWISE_FP8 for prefix in sorted(quantized)}
     layers.update({prefix: DENSE for prefix in sorted(dense)})
-    return marker_map_text(layers, FORMAT_VERSION, {"quant_configs": {ROWWISE_FP8: {"scale_recipe": SCALE_RECIPE}}})
+    return layers, MAP_VERSION, {"quant_configs": {ROWWISE_FP8: {"scale_recipe": SCALE_RECIPE}}}
 
 
 def declared_format(entry) -> object:
@@ -76,7 +75,7 @@ ROWWISE_FLOAT8_E4M3FN = Format(
     serialized_map=header_map,
 )
 
-__all__ = ["ROWWISE_FLOAT8_E4M3FN", "ROWWISE_FP8", "DENSE", "FORMAT_VERSION", "SCALE_RECIPE", "header_map", "declares_rowwise"]
+__all__ = ["ROWWISE_FLOAT8_E4M3FN", "ROWWISE_FP8", "DENSE", "MAP_VERSION", "SCALE_RECIPE", "header_map", "declares_rowwise"]
 
 FORMATS = (ROWWISE_FLOAT8_E4M3FN,)
 """The formats this package describes (the registry collects every package's ``FORMATS``)."""
