@@ -23,6 +23,7 @@ LISTING = [
     "mxfp8",
     "awq_w4a16",
     "svdquant_w4a4",
+    "rowwise-float8_e4m3fn",
     "float8_e4m3fn_rowwise",
     "float8_e4m3fn_blockwise",
     "int8_blockwise",
@@ -40,7 +41,16 @@ INFERENCE = [
     "float8_e5m2",
 ]
 
-WRITING = ["asym_w4a8_int8", "int8_tensorwise", "convrot_w4a4", "nvfp4", "mxfp8", "float8_e4m3fn", "float8_e5m2"]
+WRITING = [
+    "asym_w4a8_int8",
+    "int8_tensorwise",
+    "convrot_w4a4",
+    "nvfp4",
+    "mxfp8",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "rowwise-float8_e4m3fn",
+]
 
 
 def test_the_listing_order():
@@ -55,7 +65,7 @@ def test_the_order_quantize_offers_the_formats_in():
     assert writable() == WRITING
     assert format_names() == (
         "asym_w4a8_int8 (w4a8), int8_tensorwise (int8), convrot_w4a4 (w4a4), nvfp4, mxfp8, "
-        "float8_e4m3fn (fp8), float8_e5m2 (fp8_e5m2)"
+        "float8_e4m3fn (fp8), float8_e5m2 (fp8_e5m2), rowwise-float8_e4m3fn (rowwise-fp8)"
     )
 
 

@@ -284,7 +284,8 @@ def test_inspect_shows_what_quantize_wrote(tmp_path, fmt):
     w = torch.randn(128, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     save_file({"blocks.0.fc.weight": w, "blocks.0.fc.bias": torch.zeros(128, dtype=torch.bfloat16)}, src)
     p = validate(fmt.name, {})
-    r = comfyquant.quantize(src, out, fmt.name, target="comfyui" if "sglang" not in fmt.loaders else "all", progress=False)
+    target = "comfyui" if "sglang" not in fmt.loaders else "all" if "comfyui" in fmt.loaders else "sglang"
+    r = comfyquant.quantize(src, out, fmt.name, target=target, progress=False)
     assert r.ok and [lp.params for lp in r.plan.quantized] == [p]
     row = next(x for x in inspect(out).rows if x.name == "blocks.0.fc")
     assert row.format == fmt.name and row.marked

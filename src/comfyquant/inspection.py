@@ -240,8 +240,12 @@ def _translated_row(tr, name: str, counted: set[str], kept: _AsStored) -> LayerR
         if w is not None and len(w.shape) == 2:
             n, k = w.shape
     label = tr.format or ("dense" if tr.verdict in ("exact", "byte-permutation") else tr.verdict)
+    if tr.declared is not None:  # the file's own map names the format: shown as stored
+        label, params = tr.declared, ""
+        w = stored.get("weight")
+        n, k = w.shape if w is not None and len(w.shape) == 2 else (n, k)
     bpw = round(8 * size / (n * k), 3) if n and k else None
-    return LayerRow(name, label, n, k, params, dtypes, size, bpw, False, tr.label, tr.verdict)
+    return LayerRow(name, label, n, k, params, dtypes, size, bpw, tr.declared is not None, tr.label, tr.verdict)
 
 
 def _structured(row: LayerRow, marker: dict | None, stored: dict, kept: _AsStored | None = None) -> LayerRow:

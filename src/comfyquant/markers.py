@@ -40,11 +40,17 @@ FORMAT_VERSION = "1.0"
 (``marker_map_text``); the reader records each file's (``HeaderMarkers.format_version``)."""
 
 
-def marker_map_text(layers: dict[str, dict], version: str = FORMAT_VERSION) -> str:
+VERSION_KEY = "format_version"
+"""The map document's version key: ``FORMAT_VERSION`` in Comfy's map; SGLang's rowwise FP8 map
+(``formats.rowwise_fp8``) states its own."""
+
+
+def marker_map_text(layers: dict, version: str = FORMAT_VERSION, more: dict | None = None) -> str:
     """The header marker map of ``{prefix: marker}`` as the JSON text stored under
     ``MARKER_MAP``: the one place the document is built, so every writer states the same
-    version and shape."""
-    return json.dumps({"format_version": version, "layers": layers})
+    version and shape (``more``: further top-level keys of a map that has them, such as
+    SGLang's rowwise ``quant_configs``; its ``layers`` values are then format names)."""
+    return json.dumps({VERSION_KEY: version, "layers": layers, **(more or {})})
 
 
 def set_marker_map(metadata: dict[str, str], layers: dict[str, dict]) -> dict[str, str]:
@@ -308,22 +314,38 @@ def _read_header_markers(ms: MarkerSet, file: str, raw: str) -> None:
                 fix="comfyquant fix writes it",
             )
         )
+    rowwise = _declares_rowwise(obj)
     for prefix, marker in layers.items():
         rec = MarkerRecord(HEADER, file, prefix, prefix, marker)
         if not isinstance(marker, dict):
             rec.error = "M013"
+            what = f"a JSON {json_kind(marker)}"
+            if rowwise:  # SGLang's rowwise FP8 map: right for SGLang, no marker for ComfyUI
+                what = f"SGLang's rowwise FP8 declaration {json.dumps(marker)[:40]}"
             ms.findings.append(
                 Finding(
                     "M013",
-                    f"{file}: _quantization_metadata entry for {prefix!r} is a JSON {json_kind(marker)}, expected an object",
+                    f"{file}: _quantization_metadata entry for {prefix!r} is {what}, expected an object",
                     layer=prefix,
                     actual=json.dumps(marker)[:80],
                     expected='{"format": ...}',
                     file=file,
-                    fix="rewrite the header markers (comfyquant fix)",
+                    cause="SGLang's rowwise FP8 map (format_version 1.1): SGLang reads it, ComfyUI takes the entry for a marker"
+                    if rowwise
+                    else None,
+                    fix="comfyquant migrate (the Comfy layout; exact for layers whose rows share one scale)"
+                    if rowwise
+                    else "rewrite the header markers (comfyquant fix)",
                 )
             )
         ms.records.append(rec)
+
+
+def _declares_rowwise(obj: dict) -> bool:
+    """Whether the map is SGLang's rowwise FP8 map (``formats.rowwise_fp8.declares_rowwise``)."""
+    from .formats.rowwise_fp8 import declares_rowwise
+
+    return declares_rowwise(obj)
 
 
 def _bytes_text(data: bytes) -> str:

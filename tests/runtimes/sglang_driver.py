@@ -1,8 +1,10 @@
 """SGLang 0.5.23's own marker functions, run on real files as the oracle of comfyquant's SGLang verdicts.
 
 The wheel (``runtime_sources.sglang_wheel``) is opened as a zip and only the modules that hold
-``inspect_comfy_quant_markers``, ``resolve_comfy_checkpoint_quantization`` and the config
-constructors they call are executed from its source (``REAL``). Every other ``sglang.*`` module
+``inspect_comfy_quant_markers``, ``resolve_comfy_checkpoint_quantization``,
+``get_quant_config_from_safetensors_metadata`` (whose rowwise FP8 reader, ``rowwise_fp8.py``,
+SGLang runs on a file's header map before any Comfy marker) and the config constructors they
+call are executed from its source (``REAL``). Every other ``sglang.*`` module
 they import is a stub made here: the kernels, layers and model classes those modules import are
 used by later stages (building layers, loading weights, running kernels), not by these functions.
 The few stub values these functions do read are SGLang's own: the JIT kernel group sizes and the
@@ -37,6 +39,7 @@ _QUANT = "sglang.multimodal_gen.runtime.layers.quantization"
 REAL = (
     "sglang.multimodal_gen.runtime.utils.quantization_utils",
     f"{_QUANT}.configs.base_config",
+    f"{_QUANT}.rowwise_fp8",
     f"{_QUANT}.comfy_int8",
     f"{_QUANT}.configs.convrot_int8_config",
     f"{_QUANT}.configs.kitchen_w4a8_config",
@@ -174,7 +177,11 @@ class SGLang:
                 "sglang.srt.utils": {"is_npu": lambda: False},
             }
             modules = self._load(zf, wheel.name, values)
+            self.dequantize_rowwise_fp8_weight = _function(zf, wheel.name, _WEIGHT_ONLY_FP8, "dequantize_rowwise_fp8_weight")
+        self.modules = modules
         utils = modules["sglang.multimodal_gen.runtime.utils.quantization_utils"]
+        self.get_quant_config_from_safetensors_metadata: Callable[[str], Any] = utils.get_quant_config_from_safetensors_metadata
+        self.rowwise_config = modules[f"{_QUANT}.rowwise_fp8"].RowwiseFp8Config
         self.inspect_comfy_quant_markers: Callable[..., dict[str, dict[str, Any]]] = utils.inspect_comfy_quant_markers
         self.resolve_comfy_checkpoint_quantization: Callable[[dict], Any] = utils.resolve_comfy_checkpoint_quantization
 
@@ -188,16 +195,46 @@ class SGLang:
             del sys.modules[name]
         sys.meta_path.insert(0, finder)
         try:
-            return {name: importlib.import_module(name) for name in REAL}
+            for name in REAL:
+                importlib.import_module(name)
+            # every sglang module now imported (the REAL ones and their stubs): functions that
+            # import lazily (the rowwise FP8 reader) find them again through ``installed``
+            return {n: m for n, m in sys.modules.items() if n == "sglang" or n.startswith("sglang.")}
         finally:
             sys.meta_path.remove(finder)
             for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
                 del sys.modules[name]
             sys.modules.update(saved)
 
+    def serialized(self, paths: list[str]) -> Result | None:
+        """What ``get_quant_config_from_safetensors_metadata`` does with each shard when a shard's
+        header map is SGLang's rowwise FP8 map (it raises in, or returns, the rowwise reader's
+        config); None when no shard is read that way (SGLang goes on to the Comfy markers)."""
+        built = False
+        saved = {n: m for n, m in sys.modules.items() if n == "sglang" or n.startswith("sglang.")}
+        sys.modules.update(self.modules)
+        try:
+            for path in paths:
+                try:
+                    config = self.get_quant_config_from_safetensors_metadata(path)
+                except Exception as exc:  # the oracle records whatever SGLang raises
+                    if _in_rowwise_reader(exc):
+                        return Result("serialized", type(exc).__name__, str(exc))
+                    continue
+                built = built or isinstance(config, self.rowwise_config)
+        finally:
+            for name in self.modules:
+                del sys.modules[name]
+            sys.modules.update(saved)
+        return Result("ok", config="RowwiseFp8Config") if built else None
+
     def outcome(self, paths: Iterable[str | Path], param_name_mapper: Callable[[str], str] | None = None) -> Result:
-        """What SGLang's two functions do with the checkpoint made of ``paths`` (its shards)."""
+        """What SGLang does with the checkpoint made of ``paths`` (its shards): its rowwise FP8
+        reader when a header map declares that format, else its two Comfy marker functions."""
         files = [str(p) for p in paths]
+        rowwise = self.serialized(files)
+        if rowwise is not None:
+            return rowwise
         try:
             markers = self.inspect_comfy_quant_markers(files, param_name_mapper)
         except Exception as exc:  # the oracle records whatever SGLang raises
@@ -208,6 +245,38 @@ class SGLang:
         except Exception as exc:
             return Result("resolve", type(exc).__name__, str(exc), markers=snapshot)
         return Result("ok", markers=snapshot, config=None if config is None else type(config).__name__)
+
+
+_WEIGHT_ONLY_FP8 = f"{_QUANT}.weight_only_fp8"
+"""The module whose ``dequantize_rowwise_fp8_weight`` is how SGLang's FP8 linear turns a rowwise
+FP8 weight into its dense weight (``weight.to(dtype) * weight_scale.to(dtype)[:, None]``)."""
+
+
+def _function(zf: zipfile.ZipFile, label: str, module: str, name: str) -> Callable[..., Any]:
+    """The top-level function ``name`` of ``module`` in the wheel, defined alone (its module
+    imports SGLang's kernels) with the real ``torch`` as its only global."""
+    import torch
+
+    path = _source_path(module)
+    tree = ast.parse(zf.read(path).decode("utf-8"))
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(compile(ast.Module([node], []), f"{label}/{path}", "exec"), namespace)
+    return namespace[name]
+
+
+def _in_rowwise_reader(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside the rowwise FP8 reader (``rowwise_fp8.py``, or the
+    builder call that hands it the file's tensor header)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename.endswith("rowwise_fp8.py") or (
+            code.co_name == "<lambda>" and code.co_filename.endswith("quantization_utils.py")
+        ):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _plain(markers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

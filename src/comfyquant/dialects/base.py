@@ -108,6 +108,7 @@ class Translation:
         "decoder",
         "lossy",
         "header_only",
+        "declared",
     )
 
     def __init__(
@@ -129,6 +130,7 @@ class Translation:
         decoder: Decoder | None = None,
         lossy: Lossy | None = None,
         header_only: bool = False,
+        declared: str | None = None,
     ) -> None:
         if verdict not in VERDICTS:
             raise ValueError(f"unknown verdict {verdict!r}")
@@ -150,6 +152,9 @@ class Translation:
         self.header_only = header_only
         """The marker goes into the header's layer map only, no ``.comfy_quant`` tensor (the
         layout a dialect writes that way, e.g. ModelOpt: a reader takes such tensors for a Comfy file)."""
+        self.declared = declared
+        """The registered format the file itself declares the layer to be, in a map of its own
+        that a runtime reads (SGLang's rowwise FP8): ``inspect`` shows it as the layer's format."""
 
     @property
     def label(self) -> str:

@@ -454,6 +454,7 @@ class Format:
         "legacy_renames",
         "heavy_encoder",
         "dropped",
+        "serialized_map",
     )
 
     def __init__(
@@ -486,6 +487,7 @@ class Format:
         legacy_renames: dict[str, str] | None = None,
         heavy_encoder: bool = False,
         dropped: DroppedPart | None = None,
+        serialized_map: Callable[[list[str]], tuple[dict, str, dict]] | None = None,
     ) -> None:
         self.name = name
         self.title = title
@@ -494,6 +496,11 @@ class Format:
         self._geometry = geometry
         self.constraints = constraints
         self.bits_text = bits_text
+        self.serialized_map = serialized_map
+        """For a format a runtime reads from a header map of its own instead of Comfy markers
+        (SGLang's rowwise FP8): the header map of a file whose quantized layers (their prefixes)
+        are all of this format, as ``markers.marker_map_text``'s (layers, version, further
+        keys); such a file has no marker tensors."""
         self.rotation = rotation
         self.loaders = loaders
         self.converter_only = converter_only

@@ -60,6 +60,7 @@ def orders(p: SimpleNamespace) -> Orders:
             p.mxfp8.MXFP8,
             p.awq.AWQ_W4A16,
             p.svdquant.SVDQUANT_W4A4,
+            p.rowwise_fp8.ROWWISE_FLOAT8_E4M3FN,
             p.fp8.FLOAT8_E4M3FN_ROWWISE,
             p.fp8.FLOAT8_E4M3FN_BLOCKWISE,
             p.int8.INT8_BLOCKWISE,
@@ -87,5 +88,6 @@ def orders(p: SimpleNamespace) -> Orders:
             p.mxfp8.MXFP8,
             p.fp8.FLOAT8_E4M3FN,
             p.float8_e5m2.FLOAT8_E5M2,
+            p.rowwise_fp8.ROWWISE_FLOAT8_E4M3FN,
         ),
     )

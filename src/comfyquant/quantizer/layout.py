@@ -110,10 +110,27 @@ def check_files(files: list[tuple[str, dict, dict | None]], target: Targets) -> 
 def marker_entries(layers: dict[str, dict]) -> tuple[dict[str, tuple], dict[str, str]]:
     """Marker tensors and the identical header map for ``{prefix: marker}`` (what ComfyUI 0.33.0
     ``comfy/utils.py`` ``convert_old_quants`` and SGLang 0.5.23 ``inspect_comfy_quant_markers``
-    read)."""
+    read). A file whose layers are all of a format with a header map of its own
+    (``Format.serialized_map``) gets that map and no marker tensors."""
+    own = _serialized_map(layers)
+    if own is not None:
+        return {}, {MARKER_MAP: marker_map_text(*own)}
     tensors = dict(marker_tensor(prefix, marker) for prefix, marker in layers.items())
     meta = {MARKER_MAP: marker_map_text(layers)} if layers else {}
     return tensors, meta
+
+
+def _serialized_map(layers: dict[str, dict]) -> tuple[dict, str, dict] | None:
+    """The format's own header map when every layer is of one format that has one."""
+    if not layers:
+        return None
+    from ..formats.registry import FORMATS
+
+    names = {m.get("format") for m in layers.values()}
+    fmt = FORMATS.get(next(iter(names))) if len(names) == 1 else None
+    if fmt is None or fmt.serialized_map is None:
+        return None
+    return fmt.serialized_map(sorted(layers))
 
 
 _LAYER_MEMO: dict[tuple, list] = {}

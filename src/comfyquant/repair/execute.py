@@ -24,7 +24,7 @@ from ..io.outputs import claim
 from ..io.shards import ShardSet
 from ..io.source import LocalFile
 from ..io.writer import CHUNK, BackgroundSync, commit_file, discard, write_safetensors
-from ..markers import HEADER, TENSOR, marker_tensor, set_marker_map
+from ..markers import HEADER, MARKER_MAP, TENSOR, marker_tensor, set_marker_map
 from ..version import __version__
 from .lossy import requantize
 from .plan import Plan
@@ -144,7 +144,8 @@ def build_shards(ckpt: Checkpoint, plan: Plan) -> list[tuple[dict, dict[str, str
         metadata = {k: v for k, v in h.metadata.items() if k not in plan.metadata_drop}
         metadata.update(plan.metadata_text.get(h.file, {}))
         metadata.update(plan.metadata_set)
-        set_marker_map(metadata, layers_here)
+        if layers_here or MARKER_MAP not in plan.metadata_set:  # a layout's own map (migrate --to) stays
+            set_marker_map(metadata, layers_here)
         out.append((tensors, _stamp(metadata, plan), copied))
     return out
 

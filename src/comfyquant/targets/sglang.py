@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from ..formats.base import GeometryError
 from ..formats.w4a8 import ASYM_W4A8_INT8, GROUP_SIZE, group_size_ok, k_fits
-from ..markers import FILE_LEVEL_DTYPES, HEADER, TENSOR, MarkerMerge, MarkerRecord
+from ..markers import FILE_LEVEL_DTYPES, HEADER, MARKER_MAP, TENSOR, MarkerMerge, MarkerRecord
+from . import sglang_rowwise
 from .base import Verdict, Violation, incomplete_violations
 from .container import EXCEPTION, container_errors
 
@@ -88,6 +89,7 @@ EXPLAIN: dict[str, tuple[str, str]] = {
         "MoE expert banks are ComfyUI-only: SGLang builds 2-D linear layers from Comfy markers",
         "keep the bank dense for SGLang, or load the checkpoint in ComfyUI",
     ),
+    **sglang_rowwise.EXPLAIN,
 }
 
 
@@ -700,6 +702,17 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
 def run_all(ckpt: Checkpoint, param_name_mapper=None, collect: bool = True) -> tuple[dict, dict, list[Violation], str | None]:
     """Inspect, resolve and build, as SGLang loads a checkpoint.  Raises SGLangError unless ``collect``."""
     run = Run(collect)
+    if any(MARKER_MAP in h.metadata for h in ckpt.headers):
+        # SGLang reads a map declaring its rowwise FP8 format before any Comfy marker
+        rowwise = sglang_rowwise.read(ckpt, lambda: container_errors(ckpt), run)
+        if rowwise is not None or run.violations:
+            if run.collect:
+                run.violations.extend(
+                    incomplete_violations(
+                        "sglang", ckpt, True, "(no SGLang message modelled) SGLang cannot load weights that are not there"
+                    )
+                )
+            return {}, {}, run.violations, rowwise
     markers, derived = inspect_markers(ckpt, param_name_mapper, run)
     config = resolve(markers, derived, run)
     raw_prefix = {}
