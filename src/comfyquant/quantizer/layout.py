@@ -126,7 +126,7 @@ def _serialized_map(layers: dict[str, dict]) -> tuple[dict, str, dict] | None:
         return None
     from ..formats.registry import FORMATS
 
-    names = {m.get("format") for m in layers.values()}
+    names = {str(m.get("format")) for m in layers.values()}
     fmt = FORMATS.get(next(iter(names))) if len(names) == 1 else None
     if fmt is None or fmt.serialized_map is None:
         return None
