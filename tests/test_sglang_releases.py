@@ -1,0 +1,142 @@
+"""comfyquant's SGLang release groups (``comfyquant.targets.sglang_releases``) are what each SGLang
+release from 0.5.14 to 0.5.23 does, proven against each release's own code:
+
+* the groups are the releases whose Comfy reader files are byte-identical (each wheel's reader
+  files hashed, ``runtimes.sglang_releases.reader_digest``);
+* on the generated single-layer space, each group's verdict equals what its first release's own
+  functions do: the same exception type and message where they raise, no failure of theirs where
+  they pass, and the config they resolve (for releases before 0.5.19: the quantization method
+  their header and tensor scan choose).
+
+Wheels are downloaded once into the test cache; skipped with one line when they cannot be had
+(a failure under CI).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="SGLang's own functions read marker tensors through torch")
+
+import runtime_sources  # noqa: E402
+from runtimes import sglang_driver  # noqa: E402
+from runtimes import sglang_releases as oracle  # noqa: E402
+from runtimes.agreement import write_space  # noqa: E402
+
+from comfyquant.targets import sglang_releases as product  # noqa: E402
+
+
+def _wheels() -> dict[str, Path]:
+    out = {}
+    for version in oracle.RELEASES:
+        path = oracle.wheel(version)
+        if path is None:
+            runtime_sources.skip_missing(oracle.MISSING[version])
+        out[version] = path
+    return out
+
+
+def test_releases_are_the_products():
+    assert oracle.RELEASES == product.RELEASES
+    assert product.GROUPS[-1].releases == (product.NEWEST,)
+
+
+def test_groups_are_the_releases_with_byte_identical_readers():
+    wheels = _wheels()
+    digests = {v: oracle.reader_digest(p)[:12] for v, p in wheels.items()}
+    measured = collections.defaultdict(list)
+    for version, digest in digests.items():
+        measured[digest].append(version)
+    ours = {g.digest: list(g.releases) for g in product.GROUPS}
+    lines = [f"{', '.join(vs)}: {d}" for d, vs in measured.items()]
+    print("SGLang release groups (reader files' digest):\n  " + "\n  ".join(lines))
+    assert ours == dict(measured), "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def space(tmp_path_factory):
+    """The single-layer space, with comfyquant's 0.5.23 verdict, facts and config for each case."""
+    import comfyquant
+    from comfyquant.checkpoint import open_checkpoint
+    from comfyquant.targets.sglang import run_all
+
+    cases = write_space(tmp_path_factory.mktemp("sglang-release-cases"))
+    out = []
+    for case in cases:
+        paths = [str(case.path)]
+        verdict = comfyquant.check(paths, target="sglang").verdicts["sglang"].to_dict()
+        with open_checkpoint(paths, damaged_ok=True) as ckpt:
+            facts = product.facts_from_checkpoint(ckpt)
+            config = run_all(ckpt)[3]
+        out.append((case.id, paths, verdict, facts, config))
+    return out
+
+
+def _disagreement(group, real, verdict, facts, config) -> str | None:
+    ours = product.group_verdict(group, verdict, facts)
+    if group.reader == "metadata":
+        legacy = facts.legacy
+        if real.raises:
+            if legacy != f"raises {real.exception}: {real.message}":
+                return f"comfyquant {legacy} | SGLang raises {real.exception}: {real.message}"
+        elif legacy != real.config:
+            return f"comfyquant {legacy} | SGLang {real.config}"
+        return None
+    expected = sglang_driver.predict(
+        {"loads": ours.loads, "error": ours.error, "exception": ours.exception, "rule": ours.rule}
+    )
+    if real.raises:
+        if (expected.kind, expected.exception, expected.message) != ("raises", real.exception, real.message):
+            return f"comfyquant {expected.short()[:140]} | SGLang {real.exception}: {real.message[:140]}"
+        return None
+    if expected.kind != "loads":
+        return f"comfyquant {expected.short()[:140]} | SGLang passes"
+    mapped = group.configs.get(config, config) if config else config
+    if mapped != real.config:
+        return f"config: comfyquant {mapped} | SGLang {real.config}"
+    return None
+
+
+def test_each_release_group_agrees_on_the_single_layer_space(space):
+    wheels = _wheels()
+    del wheels
+    lines, summary = [], []
+    total = 0
+    for group in product.GROUPS:
+        release = oracle.release(group.releases[0])
+        assert release is not None
+        started = time.perf_counter()
+        bad = []
+        raising = 0
+        for cid, paths, verdict, facts, config in space:
+            real = release.outcome(paths)
+            raising += real.raises
+            why = _disagreement(group, real, verdict, facts, config)
+            if why:
+                bad.append(f"  {cid}: {why}")
+        total += len(space)
+        summary.append(
+            f"SGLang {group.name}: {len(space) - len(bad)}/{len(space)} agree ({raising} raise) "
+            f"in {time.perf_counter() - started:.1f}s"
+        )
+        if bad:
+            lines.append(f"SGLang {group.name}: {len(bad)} disagree")
+            lines.extend(bad[:30])
+    print(f"{len(space)} cases x {len(product.GROUPS)} release groups = {total}:\n  " + "\n  ".join(summary))
+    assert not lines, "\n".join(summary + lines)
+
+
+def test_first_loading_release():
+    groups = product.GROUPS
+
+    def v(*loads: bool) -> list:
+        return [product.ReleaseVerdict(g, ok) for g, ok in zip(groups, loads, strict=True)]
+
+    assert product.first_loading_release(v(*[True] * 7)) == "0.5.14"
+    assert product.first_loading_release(v(False, False, False, True, True, True, True)) == "0.5.19"
+    assert product.first_loading_release(v(True, True, True, False, True, True, True)) == "0.5.20"
+    assert product.first_loading_release(v(*[True] * 6, False)) is None
