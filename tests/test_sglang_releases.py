@@ -23,11 +23,10 @@ import pytest
 pytest.importorskip("torch", reason="SGLang's own functions read marker tensors through torch")
 
 import runtime_sources  # noqa: E402
+from comfyquant.targets import sglang_releases as product  # noqa: E402
 from runtimes import sglang_driver  # noqa: E402
 from runtimes import sglang_releases as oracle  # noqa: E402
 from runtimes.agreement import write_space  # noqa: E402
-
-from comfyquant.targets import sglang_releases as product  # noqa: E402
 
 
 def _wheels() -> dict[str, Path]:
@@ -86,9 +85,7 @@ def _disagreement(group, real, verdict, facts, config) -> str | None:
         elif legacy != real.config:
             return f"comfyquant {legacy} | SGLang {real.config}"
         return None
-    expected = sglang_driver.predict(
-        {"loads": ours.loads, "error": ours.error, "exception": ours.exception, "rule": ours.rule}
-    )
+    expected = sglang_driver.predict({"loads": ours.loads, "error": ours.error, "exception": ours.exception, "rule": ours.rule})
     if real.raises:
         if (expected.kind, expected.exception, expected.message) != ("raises", real.exception, real.message):
             return f"comfyquant {expected.short()[:140]} | SGLang {real.exception}: {real.message[:140]}"
@@ -140,3 +137,53 @@ def test_first_loading_release():
     assert product.first_loading_release(v(False, False, False, True, True, True, True)) == "0.5.19"
     assert product.first_loading_release(v(True, True, True, False, True, True, True)) == "0.5.20"
     assert product.first_loading_release(v(*[True] * 6, False)) is None
+
+
+def test_the_runtimes_page_lists_every_release_group():
+    import importlib.util
+
+    hook = Path(__file__).resolve().parent.parent / "docs" / "hooks" / "generated.py"
+    spec = importlib.util.spec_from_file_location("docs_generated", hook)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = (hook.parent.parent / "runtimes.md").read_text(encoding="utf-8")
+    assert "<!-- generated: sglangreleases -->" in page
+    rendered = module.on_page_markdown(page, None, None, None)
+    for group in product.GROUPS:
+        assert f"| {', '.join(group.releases)} | `{group.digest}` |" in rendered
+
+
+def test_a_rowwise_fp8_file_in_each_release_group(tmp_path):
+    """SGLang's row-wise FP8 layout (a header map of format_version 1.1): only 0.5.23 has a reader
+    for it; the marker readers before refuse the format, the readers before 0.5.19 take its
+    ``float8`` format name for their generic FP8 config."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    import comfyquant
+    from comfyquant.checkpoint import open_checkpoint
+
+    _wheels()
+    path = tmp_path / "rowwise.safetensors"
+    layer = "blocks.0.attn.qkv"
+    marker = {"format_version": "1.1", "layers": {layer: {"format": "rowwise-float8_e4m3fn"}}}
+    weight = (torch.randn(64, 256) * 0.1).to(torch.float8_e4m3fn)
+    save_file(
+        {f"{layer}.weight": weight, f"{layer}.weight_scale": torch.ones(64)},
+        str(path),
+        metadata={"_quantization_metadata": json.dumps(marker)},
+    )
+    paths = [str(path)]
+    verdict = comfyquant.check(paths, target="sglang").verdicts["sglang"].to_dict()
+    with open_checkpoint(paths, damaged_ok=True) as ckpt:
+        facts = product.facts_from_checkpoint(ckpt)
+    for group in product.GROUPS[:-1]:
+        real = oracle.release(group.releases[0]).outcome(paths)
+        ours = product.group_verdict(group, verdict, facts)
+        if group.reader == "metadata":
+            assert (real.config, ours.loads) == ("fp8", True), group.name
+        else:
+            assert real.raises and (ours.exception, ours.error) == (real.exception, real.message), group.name

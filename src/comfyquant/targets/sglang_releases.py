@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,6 +214,11 @@ def group_verdict(group: ReleaseGroup, verdict: Mapping[str, Any], facts: Facts)
         return ReleaseVerdict(
             group, False, f"(no SGLang message) SGLang {group.name} reads no Comfy markers: {UNQUANTIZED}", rule="sglang.legacy"
         )
+    formats = sorted({str(m.get("format")) for m in facts.markers.values()})
+    if group.releases[-1] != NEWEST and _after_inspect(verdict) and any(f.startswith("rowwise-") for f in formats):
+        # no row-wise FP8 reader: the format is one their resolve does not serve
+        message = "Unsupported Comfy quantization format(s): " + ", ".join(formats)
+        return ReleaseVerdict(group, False, message, "NotImplementedError", rule="sglang.R0")
     if _after_inspect(verdict) and (older := _older_resolve(group, facts.markers)) is not None:
         return ReleaseVerdict(group, False, older[1], older[0], rule=older[2])
     if verdict.get("loads"):
@@ -248,7 +253,7 @@ def group_of(release: str) -> ReleaseGroup:
 # -- the readers before 0.5.19 -----------------------------------------------------------------
 
 
-def legacy_choice(files: list[tuple[Mapping[str, str], Mapping[str, tuple[str, tuple[int, ...]]]]]) -> str | None:
+def legacy_choice(files: Sequence[tuple[Mapping[str, str], Mapping[str, tuple[str, tuple[int, ...]]]]]) -> str | None:
     """What SGLang 0.5.14-0.5.18 choose for a checkpoint whose files are ``(metadata, {tensor:
     (dtype, shape)})``: the quantization method named in the first file's header (``fp8``), else
     ``modelopt_fp4`` when the files hold NVFP4 tensors whose group size the shapes tell, else None;
@@ -288,7 +293,7 @@ def _metadata_method(metadata: Mapping[str, str]) -> str | None:
     return str(method) if method and method != "modelopt" else None
 
 
-def _nvfp4_method(files: list[tuple[Mapping[str, str], Mapping[str, tuple[str, tuple[int, ...]]]]]) -> str | None:
+def _nvfp4_method(files: Sequence[tuple[Mapping[str, str], Mapping[str, tuple[str, tuple[int, ...]]]]]) -> str | None:
     group_size = None
     signal = False
     for metadata, tensors in files:
@@ -317,9 +322,9 @@ def _nvfp4_method(files: list[tuple[Mapping[str, str], Mapping[str, tuple[str, t
             signal = True
         if group_size is None:
             for module in sorted(modules):
-                w, s = tensors.get(f"{module}.weight"), tensors.get(f"{module}.weight_scale")
-                if w is not None and s is not None:
-                    group_size = _group_size(w[1], s[1])
+                weight, scale = tensors.get(f"{module}.weight"), tensors.get(f"{module}.weight_scale")
+                if weight is not None and scale is not None:
+                    group_size = _group_size(weight[1], scale[1])
                     if group_size is not None:
                         break
     return "modelopt_fp4" if signal and group_size is not None else None
