@@ -187,3 +187,30 @@ def test_a_rowwise_fp8_file_in_each_release_group(tmp_path):
             assert (real.config, ours.loads) == ("fp8", True), group.name
         else:
             assert real.raises and (ours.exception, ours.error) == (real.exception, real.message), group.name
+
+
+def test_each_release_group_agrees_on_the_examples():
+    """The shipped examples (held out of the generated space), the sharded one as its shards."""
+    import comfyquant
+    from comfyquant.checkpoint import open_checkpoint
+    from comfyquant.targets.sglang import run_all
+
+    _wheels()
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    checkpoints = [[str(p)] for p in sorted(examples.glob("*.safetensors"))]
+    shards = sorted(str(p) for p in (examples / "sharded").glob("*.safetensors"))
+    if shards:
+        checkpoints.append(shards)
+    bad = []
+    for paths in checkpoints:
+        verdict = comfyquant.check(paths, target="sglang").verdicts["sglang"].to_dict()
+        with open_checkpoint(paths, damaged_ok=True) as ckpt:
+            facts = product.facts_from_checkpoint(ckpt)
+            config = run_all(ckpt)[3]
+        for group in product.GROUPS:
+            real = oracle.release(group.releases[0]).outcome(paths)
+            why = _disagreement(group, real, verdict, facts, config)
+            if why:
+                bad.append(f"{Path(paths[0]).name} / SGLang {group.name}: {why}")
+    print(f"{len(checkpoints)} example checkpoints x {len(product.GROUPS)} release groups")
+    assert not bad, "\n".join(bad)

@@ -150,6 +150,13 @@ class Facts:
     quantized: bool
 
 
+_LEGACY_CONFIGS = {
+    "fp8": ("float8_e4m3fn", "SGLang's generic FP8 config, chosen from the header's _quantization_metadata"),
+    "modelopt_fp4": ("nvfp4", "ModelOpt's NVFP4 config, built from the NVFP4 tensors"),
+}
+"""The configs of the readers before 0.5.19: the end of the Comfy format names each serves (FP8's
+takes E4M3 weights with a tensor or row scale), and how it is chosen."""
+
 _INSPECT_LATER = ("R", "B")
 """0.5.23 rules from its config constructors (R) and layer building (B): a failure of these, or
 none, means the markers passed inspection, where older config checks take over."""
@@ -205,10 +212,18 @@ def group_verdict(group: ReleaseGroup, verdict: Mapping[str, Any], facts: Facts)
         if legacy is not None and legacy.startswith("raises "):
             exception, _, message = legacy.removeprefix("raises ").partition(": ")
             return ReleaseVerdict(group, False, message, exception, rule="sglang.legacy")
-        if legacy == "fp8":
-            return ReleaseVerdict(group, True, how="SGLang's generic FP8 config, from the header's _quantization_metadata")
-        if legacy == "modelopt_fp4":
-            return ReleaseVerdict(group, True, how="ModelOpt's NVFP4 config, from the NVFP4 tensors")
+        if legacy in _LEGACY_CONFIGS:
+            serves, how = _LEGACY_CONFIGS[legacy]
+            others = sorted({f for m in facts.markers.values() if not (f := str(m.get("format"))).endswith(serves)})
+            if others:
+                return ReleaseVerdict(
+                    group,
+                    False,
+                    f"(no SGLang message) SGLang {group.name} builds the quantized layers with {how}: "
+                    f"the {', '.join(others)} layers do not fit it",
+                    rule="sglang.legacy",
+                )
+            return ReleaseVerdict(group, True, how=how)
         if not facts.quantized:
             return ReleaseVerdict(group, True, how="no quantized layers")
         return ReleaseVerdict(
