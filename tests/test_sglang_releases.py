@@ -137,6 +137,8 @@ def test_first_loading_release():
     assert product.first_loading_release(v(False, False, False, True, True, True, True)) == "0.5.19"
     assert product.first_loading_release(v(True, True, True, False, True, True, True)) == "0.5.20"
     assert product.first_loading_release(v(*[True] * 6, False)) is None
+    assert product.first_reading_release("asym_w4a8_int8") == "0.5.19"
+    assert product.first_reading_release("rowwise-float8_e4m3fn") == product.NEWEST
 
 
 def test_the_runtimes_page_lists_every_release_group():
@@ -152,6 +154,8 @@ def test_the_runtimes_page_lists_every_release_group():
     rendered = module.on_page_markdown(page, None, None, None)
     for group in product.GROUPS:
         assert f"| {', '.join(group.releases)} | `{group.digest}` |" in rendered
+    for fmt in product.FORMATS:
+        assert f"| `{fmt}` | {product.first_reading_release(fmt)} |" in rendered
 
 
 def test_a_rowwise_fp8_file_in_each_release_group(tmp_path):

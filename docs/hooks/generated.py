@@ -230,7 +230,7 @@ def render_dialects(_: str | None = None) -> str:
 
 
 def render_sglangreleases(_: str | None = None) -> str:
-    from comfyquant.targets.sglang_releases import GROUPS, NEWEST
+    from comfyquant.targets.sglang_releases import FORMATS, GROUPS, NEWEST, first_reading_release
 
     rows = []
     for g in GROUPS:
@@ -239,7 +239,8 @@ def render_sglangreleases(_: str | None = None) -> str:
         differ = [f"`{a}` → `{b}`" for a, b in g.messages] + [f"config `{a}` → `{b}`" for a, b in g.configs.items()]
         rows.append((", ".join(g.releases), f"`{g.digest}`", g.reader, reads, refuses, "<br>".join(differ) or "—"))
     head = ("releases", "reader files", "reader", "reads", "fails on", f"text that differs from {NEWEST}")
-    return _table(head, rows)
+    firsts = [(f"`{f}`", first_reading_release(f) or "none") for f in FORMATS]
+    return _table(("format", "read from SGLang"), firsts) + "\n\n" + _table(head, rows)
 
 
 RENDERERS: dict[str, Callable[[str | None], str]] = {

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NEWEST = "0.5.23"
-FORMATS = ("float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4", "mxfp8")
-"""The Comfy marker formats an SGLang release may read (rowwise FP8 has its own reader)."""
+FORMATS = ("float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4", "mxfp8", "rowwise-float8_e4m3fn")
+"""The Comfy formats an SGLang release may read (row-wise FP8 through its own reader, from 0.5.23)."""
 
 UNQUANTIZED = "no quantization config: the layer is built unquantized and its quantized weights do not fit it"
 
@@ -110,7 +110,13 @@ GROUPS: tuple[ReleaseGroup, ...] = (
         {"ConvRotInt8Config": "KitchenInt8Config"},
     ),
     ReleaseGroup(("0.5.22",), "340aefa5ed52", "markers", _MARKER_READS, _ROWWISE),
-    ReleaseGroup(("0.5.23",), "bed97966732f", "markers", _MARKER_READS, {}),
+    ReleaseGroup(
+        ("0.5.23",),
+        "bed97966732f",
+        "markers",
+        {**_MARKER_READS, "rowwise-float8_e4m3fn": "its row-wise FP8 reader (layers/quantization/rowwise_fp8.py)"},
+        {},
+    ),
 )
 RELEASES = tuple(r for g in GROUPS for r in g.releases)
 
@@ -254,6 +260,18 @@ def first_loading_release(verdicts: Iterable[ReleaseVerdict]) -> str | None:
             first = None
         elif first is None:
             first = v.group.releases[0]
+    return first
+
+
+def first_reading_release(fmt: str) -> str | None:
+    """The first release from which every later group reads the Comfy format ``fmt`` (under the
+    conditions ``ReleaseGroup.reads`` names); None when the newest does not."""
+    first = None
+    for g in GROUPS:
+        if fmt not in g.reads:
+            first = None
+        elif first is None:
+            first = g.releases[0]
     return first
 
 
