@@ -3,7 +3,8 @@ release from 0.5.14 to 0.5.23 does, proven against each release's own code:
 
 * the groups are the releases whose Comfy reader files are byte-identical (each wheel's reader
   files hashed, ``runtimes.sglang_releases.reader_digest``);
-* on the generated single-layer space, each group's verdict equals what its first release's own
+* on the generated single-layer space (and with each case in a whole checkpoint, and on the
+  shipped examples), each group's verdict equals what its first release's own
   functions do: the same exception type and message where they raise, no failure of theirs where
   they pass, and the config they resolve (for releases before 0.5.19: the quantization method
   their header and tensor scan choose).
@@ -56,14 +57,12 @@ def test_groups_are_the_releases_with_byte_identical_readers():
     assert ours == dict(measured), "\n".join(lines)
 
 
-@pytest.fixture(scope="module")
-def space(tmp_path_factory):
-    """The single-layer space, with comfyquant's 0.5.23 verdict, facts and config for each case."""
+def _judged(cases) -> list:
+    """Each case with comfyquant's 0.5.23 verdict, its release facts and the config it resolves."""
     import comfyquant
     from comfyquant.checkpoint import open_checkpoint
     from comfyquant.targets.sglang import run_all
 
-    cases = write_space(tmp_path_factory.mktemp("sglang-release-cases"))
     out = []
     for case in cases:
         paths = [str(case.path)]
@@ -73,6 +72,12 @@ def space(tmp_path_factory):
             config = run_all(ckpt)[3]
         out.append((case.id, paths, verdict, facts, config))
     return out
+
+
+@pytest.fixture(scope="module")
+def space(tmp_path_factory):
+    """The single-layer space, judged by comfyquant."""
+    return _judged(write_space(tmp_path_factory.mktemp("sglang-release-cases")))
 
 
 def _disagreement(group, real, verdict, facts, config) -> str | None:
@@ -98,11 +103,10 @@ def _disagreement(group, real, verdict, facts, config) -> str | None:
     return None
 
 
-def test_each_release_group_agrees_on_the_single_layer_space(space):
-    wheels = _wheels()
-    del wheels
+def _agree(space: list, label: str) -> None:
+    """Every release group's first release run on each judged case of ``space``."""
+    _wheels()
     lines, summary = [], []
-    total = 0
     for group in product.GROUPS:
         release = oracle.release(group.releases[0])
         assert release is not None
@@ -115,7 +119,6 @@ def test_each_release_group_agrees_on_the_single_layer_space(space):
             why = _disagreement(group, real, verdict, facts, config)
             if why:
                 bad.append(f"  {cid}: {why}")
-        total += len(space)
         summary.append(
             f"SGLang {group.name}: {len(space) - len(bad)}/{len(space)} agree ({raising} raise) "
             f"in {time.perf_counter() - started:.1f}s"
@@ -123,8 +126,20 @@ def test_each_release_group_agrees_on_the_single_layer_space(space):
         if bad:
             lines.append(f"SGLang {group.name}: {len(bad)} disagree")
             lines.extend(bad[:30])
-    print(f"{len(space)} cases x {len(product.GROUPS)} release groups = {total}:\n  " + "\n  ".join(summary))
+    total = len(space) * len(product.GROUPS)
+    print(f"{label}: {len(space)} cases x {len(product.GROUPS)} release groups = {total}:\n  " + "\n  ".join(summary))
     assert not lines, "\n".join(summary + lines)
+
+
+def test_each_release_group_agrees_on_the_single_layer_space(space):
+    _agree(space, "single layer")
+
+
+def test_each_release_group_agrees_with_each_case_in_a_whole_checkpoint(tmp_path_factory):
+    """The same space with each case as one layer of a whole checkpoint (under the diffusion
+    model's prefix, beside dense layers and a VAE tensor)."""
+    _wheels()
+    _agree(_judged(write_space(tmp_path_factory.mktemp("sglang-release-checkpoints"), checkpoint=True)), "whole checkpoint")
 
 
 def test_first_loading_release():
