@@ -404,13 +404,14 @@ def _python_header_error(path: str) -> str | None:
 def facts_from_checkpoint(ckpt) -> Facts:
     """``Facts`` of an opened checkpoint (``checkpoint.open_checkpoint``): its markers as
     ``targets.sglang`` reads them for 0.5.23, and what the releases before 0.5.19 choose."""
+    from ..markers import FILE_LEVEL_DTYPES
     from .container import EXCEPTION, container_errors
-    from .sglang import QUANT_DTYPES, Run, inspect_markers
+    from .sglang import Run, inspect_markers
 
     markers, derived = inspect_markers(ckpt, None, Run(collect=True))
     merged = {p: {**m, **derived.get(p, {})} for p, m in markers.items()}
     quantized = bool(markers) or any(
-        (w := layer.stored.get("weight")) is not None and w.dtype in QUANT_DTYPES for layer in ckpt.layers.values()
+        (w := layer.stored.get("weight")) is not None and w.dtype in FILE_LEVEL_DTYPES for layer in ckpt.layers.values()
     )
     damaged = container_errors(ckpt)
     for path in ckpt.files if damaged else ():
