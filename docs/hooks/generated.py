@@ -10,7 +10,9 @@ package:
 * ``formats``: every format package's description (slots, dtypes, shapes, marker keys and
   their defaults), from ``formats.registry.FORMATS``, and the formats' relative orders
   (listing, inference, what ``quantize`` offers first), from ``formats.ordering``;
-* ``dialects``: every dialect package (name, writer, source), from ``dialects.registry.DIALECTS``.
+* ``dialects``: every dialect package (name, writer, source), from ``dialects.registry.DIALECTS``;
+* ``sglangreleases``: what each SGLang release group reads of Comfy formats, from
+  ``targets.sglang_releases.GROUPS``.
 
 It also serves the bundled example images and workflows (``examples/*.png``, ``*.json``) at
 ``examples/`` in the site, so pages show and link the very files the repository ships.  Only header-level modules are imported:
@@ -224,11 +226,29 @@ def render_dialects(_: str | None = None) -> str:
     return _table(("dialect", "layout", "written by", "source"), rows)
 
 
+# -- SGLang releases ---------------------------------------------------------------------------
+
+
+def render_sglangreleases(_: str | None = None) -> str:
+    from comfyquant.targets.sglang_releases import FORMATS, GROUPS, NEWEST, first_reading_release
+
+    rows = []
+    for g in GROUPS:
+        reads = "<br>".join(f"`{f}`: {_cell(how)}" for f, how in g.reads.items())
+        refuses = "<br>".join(f"`{f}`: {_cell(how)}" for f, how in g.refuses.items()) or "—"
+        differ = [f"`{a}` → `{b}`" for a, b in g.messages] + [f"config `{a}` → `{b}`" for a, b in g.configs.items()]
+        rows.append((", ".join(g.releases), f"`{g.digest}`", g.reader, reads, refuses, "<br>".join(differ) or "—"))
+    head = ("releases", "reader files", "reader", "reads", "fails on", f"text that differs from {NEWEST}")
+    firsts = [(f"`{f}`", first_reading_release(f) or "none") for f in FORMATS]
+    return _table(("format", "read from SGLang"), firsts) + "\n\n" + _table(head, rows)
+
+
 RENDERERS: dict[str, Callable[[str | None], str]] = {
     "cli": render_cli,
     "rules": render_rules,
     "formats": render_formats,
     "dialects": render_dialects,
+    "sglangreleases": render_sglangreleases,
 }
 
 

@@ -1,0 +1,426 @@
+"""What each SGLang release from 0.5.14 to 0.5.23 does with a Comfy quantized checkpoint.
+
+Releases whose Comfy reader code is byte-identical form one group (``GROUPS``): the module that
+reads Comfy checkpoints (``runtime/utils/quantization_utils.py``) and every quantization module it
+imports, hashed together (``digest``). Two generations of reader exist:
+
+* ``metadata`` (0.5.14 to 0.5.18): no marker reader. A config is chosen from the first file's
+  ``_quantization_metadata`` (SGLang's generic FP8 config when a header layer names a ``float8``
+  format) or from the tensors (ModelOpt's NVFP4 config when a layer has U8 weights and 2-D FP8 block
+  scales); any other Comfy layer is built unquantized, which its quantized weights do not fit.
+* ``markers`` (0.5.19 on): ``inspect_comfy_quant_markers`` and ``resolve_comfy_checkpoint_quantization``,
+  which ``targets.sglang`` models for 0.5.23. A group's verdict is 0.5.23's with the group's own
+  messages (``messages``) and the config checks that differ (``_older_resolve``).
+
+Each group's behaviour is proven against that release's own functions on the generated
+single-layer space (tests/test_sglang_releases.py); what SGLang does after choosing a config
+(building layers, loading weights) is modelled as for 0.5.23 and not run.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+NEWEST = "0.5.23"
+FORMATS = ("float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4", "mxfp8", "rowwise-float8_e4m3fn")
+"""The Comfy formats an SGLang release may read (row-wise FP8 through its own reader, from 0.5.23)."""
+
+UNQUANTIZED = "no quantization config: the layer is built unquantized and its quantized weights do not fit it"
+
+
+@dataclass(frozen=True)
+class ReleaseGroup:
+    """Releases whose Comfy reader files are byte-identical, and what they do with Comfy formats."""
+
+    releases: tuple[str, ...]
+    digest: str
+    """The first 12 hex digits of SHA-256 over the reader files (name and bytes, in name order)."""
+    reader: str
+    """``metadata`` (a config chosen from header metadata and tensors) or ``markers`` (Comfy markers read)."""
+    reads: Mapping[str, str]
+    """Format -> how the release reads it."""
+    refuses: Mapping[str, str]
+    """Format -> how the release fails on it."""
+    messages: tuple[tuple[str, str], ...] = ()
+    """(text in 0.5.23's message, this group's text): the messages that differ, as the release raises them."""
+    configs: Mapping[str, str] = field(default_factory=dict)
+    """0.5.23's config class -> this group's, where it differs."""
+
+    @property
+    def name(self) -> str:
+        return self.releases[0] if len(self.releases) == 1 else f"{self.releases[0]}-{self.releases[-1]}"
+
+
+_OLD_READS = {
+    "float8_e4m3fn": "only when the header's _quantization_metadata names the layer: SGLang's generic FP8 config",
+    "nvfp4": "ModelOpt's NVFP4 config, built from the tensors (U8 weights, 2-D FP8 block scales)",
+}
+_OLD_REFUSES = {
+    "float8_e4m3fn": "marked only in tensors: " + UNQUANTIZED,
+    "int8_tensorwise": UNQUANTIZED,
+    "asym_w4a8_int8": UNQUANTIZED,
+    "convrot_w4a4": UNQUANTIZED,
+    "mxfp8": UNQUANTIZED,
+}
+_ROWWISE = {"rowwise-float8_e4m3fn": "NotImplementedError: Unsupported Comfy quantization format(s): rowwise-float8_e4m3fn"}
+_KITCHEN_INT8 = (("Serialized convrot_int8 layer", "Serialized kitchen_int8 layer"),)
+_MARKER_READS = {
+    "float8_e4m3fn": "ComfyFp8Config",
+    "int8_tensorwise": "ConvRot INT8 linears, INT8 embeddings",
+    "asym_w4a8_int8": "KitchenW4A8Config (with INT8 embeddings)",
+    "convrot_w4a4": "KitchenW4A4Config (with INT8 layers)",
+    "nvfp4": "ComfyNvfp4Config (with INT8 embeddings)",
+    "mxfp8": "MXFP8Config",
+}
+
+GROUPS: tuple[ReleaseGroup, ...] = (
+    ReleaseGroup(("0.5.14",), "f6a9316059fe", "metadata", _OLD_READS, _OLD_REFUSES),
+    ReleaseGroup(("0.5.15",), "4f28d65212dc", "metadata", _OLD_READS, _OLD_REFUSES),
+    ReleaseGroup(("0.5.16", "0.5.17", "0.5.18"), "bbc05b362914", "metadata", _OLD_READS, _OLD_REFUSES),
+    ReleaseGroup(
+        ("0.5.19",),
+        "298f23ce9b46",
+        "markers",
+        {
+            **_MARKER_READS,
+            "int8_tensorwise": "ConvRot INT8 linears (KitchenInt8Config); INT8 embeddings only beside NVFP4 or W4A8",
+            "nvfp4": "ComfyNvfp4Config, only layers whose marker sets full_precision_matrix_mult: true",
+        },
+        {
+            **_ROWWISE,
+            "int8_tensorwise": "a marker without convrot: true in an INT8-only checkpoint: "
+            "ValueError: Serialized kitchen_int8 layer '<layer>' must set convrot=true",
+            "nvfp4": "without full_precision_matrix_mult: true: "
+            "ValueError: Comfy NVFP4 layer '<layer>' must request full_precision_matrix_mult",
+        },
+        _KITCHEN_INT8,
+        {"ConvRotInt8Config": "KitchenInt8Config"},
+    ),
+    ReleaseGroup(
+        ("0.5.20", "0.5.21"),
+        "1038ca1bb5ef",
+        "markers",
+        {**_MARKER_READS, "int8_tensorwise": "KitchenInt8Config: ConvRot INT8 linears, INT8 embeddings"},
+        _ROWWISE,
+        _KITCHEN_INT8,
+        {"ConvRotInt8Config": "KitchenInt8Config"},
+    ),
+    ReleaseGroup(("0.5.22",), "340aefa5ed52", "markers", _MARKER_READS, _ROWWISE),
+    ReleaseGroup(
+        ("0.5.23",),
+        "bed97966732f",
+        "markers",
+        {**_MARKER_READS, "rowwise-float8_e4m3fn": "its row-wise FP8 reader (layers/quantization/rowwise_fp8.py)"},
+        {},
+    ),
+)
+RELEASES = tuple(r for g in GROUPS for r in g.releases)
+
+
+@dataclass(frozen=True)
+class ReleaseVerdict:
+    """One release group's verdict on a checkpoint (``error``/``exception``: what it fails with;
+    ``exception`` None with an ``error``: it fails without a message of its own)."""
+
+    group: ReleaseGroup
+    loads: bool
+    error: str | None = None
+    exception: str | None = None
+    how: str = ""
+    rule: str | None = None
+    """The rule of ``targets.sglang`` the failure comes from (0.5.23's, or ``sglang.R1``/``sglang.R8``
+    for the older config checks, ``sglang.legacy`` for the readers before 0.5.19)."""
+
+    def to_dict(self) -> dict:
+        return {
+            "releases": list(self.group.releases),
+            "loads": self.loads,
+            "error": self.error,
+            "exception": self.exception,
+            "how": self.how,
+        }
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the release verdicts need beyond 0.5.23's verdict: the markers as 0.5.23 reads them
+    (with the keys it derives, ``_is_rowwise``...), and what the releases before 0.5.19 choose
+    (``legacy``: ``fp8``, ``modelopt_fp4``, None, or ``raises Type: message``)."""
+
+    markers: Mapping[str, Mapping[str, Any]]
+    legacy: str | None
+    quantized: bool
+
+
+_LEGACY_CONFIGS = {
+    "fp8": ("float8_e4m3fn", "SGLang's generic FP8 config, chosen from the header's _quantization_metadata"),
+    "modelopt_fp4": ("nvfp4", "ModelOpt's NVFP4 config, built from the NVFP4 tensors"),
+}
+"""The configs of the readers before 0.5.19: the end of the Comfy format names each serves (FP8's
+takes E4M3 weights with a tensor or row scale), and how it is chosen."""
+
+_INSPECT_LATER = ("R", "B")
+"""0.5.23 rules from its config constructors (R) and layer building (B): a failure of these, or
+none, means the markers passed inspection, where older config checks take over."""
+
+
+def _after_inspect(verdict: Mapping[str, Any]) -> bool:
+    if verdict.get("loads"):
+        return True
+    rule = str(verdict.get("rule") or "").split(".", 1)[-1]
+    return rule == "incomplete" or (rule[:1] in _INSPECT_LATER and rule[1:].isdigit())
+
+
+def _older_resolve(group: ReleaseGroup, markers: Mapping[str, Mapping[str, Any]]) -> tuple[str, str, str] | None:
+    """The config checks of 0.5.19 that later releases relaxed: (exception, message, rule) or None."""
+    if group.releases != ("0.5.19",) or not markers:
+        return None
+    formats = sorted({str(m.get("format")) for m in markers.values()})
+    if formats == ["int8_tensorwise"]:
+        for prefix, m in markers.items():
+            if m.get("convrot") is not True:
+                return "ValueError", f"Serialized kitchen_int8 layer {prefix!r} must set convrot=true", "sglang.R1"
+            c = m.get("convrot_groupsize")
+            if c not in (16, 64, 256):
+                return (
+                    "ValueError",
+                    f"Serialized kitchen_int8 layer {prefix!r} must declare convrot_groupsize in (16, 64, 256), got {c!r}",
+                    "sglang.R2",
+                )
+    if formats in (["nvfp4"], ["int8_tensorwise", "nvfp4"]):
+        for prefix, m in markers.items():
+            fmt = m.get("format")
+            if fmt == "int8_tensorwise" and m.get("_is_rowwise"):
+                continue
+            if fmt != "nvfp4":
+                return "ValueError", f"Unsupported Comfy NVFP4 companion for {prefix!r}: {fmt!r}", "sglang.R8"
+            if m.get("full_precision_matrix_mult") is not True:
+                return "ValueError", f"Comfy NVFP4 layer {prefix!r} must request full_precision_matrix_mult", "sglang.R9"
+    return None
+
+
+def _renamed(group: ReleaseGroup, text: str | None) -> str | None:
+    if text is None:
+        return None
+    for newest, own in group.messages:
+        text = text.replace(newest, own)
+    return text
+
+
+def group_verdict(group: ReleaseGroup, verdict: Mapping[str, Any], facts: Facts) -> ReleaseVerdict:
+    """One group's verdict from 0.5.23's (``Verdict.to_dict()`` of ``targets.sglang``) and ``facts``."""
+    if group.reader == "metadata":
+        legacy = facts.legacy
+        if legacy is not None and legacy.startswith("raises "):
+            exception, _, message = legacy.removeprefix("raises ").partition(": ")
+            return ReleaseVerdict(group, False, message, exception, rule="sglang.legacy")
+        if legacy in _LEGACY_CONFIGS:
+            serves, how = _LEGACY_CONFIGS[legacy]
+            others = sorted({f for m in facts.markers.values() if not (f := str(m.get("format"))).endswith(serves)})
+            if others:
+                return ReleaseVerdict(
+                    group,
+                    False,
+                    f"(no SGLang message) SGLang {group.name} builds the quantized layers with {how}: "
+                    f"the {', '.join(others)} layers do not fit it",
+                    rule="sglang.legacy",
+                )
+            return ReleaseVerdict(group, True, how=how)
+        if not facts.quantized:
+            return ReleaseVerdict(group, True, how="no quantized layers")
+        return ReleaseVerdict(
+            group, False, f"(no SGLang message) SGLang {group.name} reads no Comfy markers: {UNQUANTIZED}", rule="sglang.legacy"
+        )
+    formats = sorted({str(m.get("format")) for m in facts.markers.values()})
+    if group.releases[-1] != NEWEST and _after_inspect(verdict) and any(f.startswith("rowwise-") for f in formats):
+        # no row-wise FP8 reader: the format is one their resolve does not serve
+        message = "Unsupported Comfy quantization format(s): " + ", ".join(formats)
+        return ReleaseVerdict(group, False, message, "NotImplementedError", rule="sglang.R0")
+    if _after_inspect(verdict) and (older := _older_resolve(group, facts.markers)) is not None:
+        return ReleaseVerdict(group, False, older[1], older[0], rule=older[2])
+    if verdict.get("loads"):
+        return ReleaseVerdict(group, True, how="Comfy markers")
+    return ReleaseVerdict(group, False, _renamed(group, verdict.get("error")), verdict.get("exception"), rule=verdict.get("rule"))
+
+
+def release_verdicts(verdict: Mapping[str, Any], facts: Facts) -> list[ReleaseVerdict]:
+    """Every release group's verdict, oldest first."""
+    return [group_verdict(g, verdict, facts) for g in GROUPS]
+
+
+def first_loading_release(verdicts: Iterable[ReleaseVerdict]) -> str | None:
+    """The first release from which every later one loads the file (None: the newest does not)."""
+    first = None
+    for v in verdicts:
+        if not v.loads:
+            first = None
+        elif first is None:
+            first = v.group.releases[0]
+    return first
+
+
+def first_reading_release(fmt: str) -> str | None:
+    """The first release from which every later group reads the Comfy format ``fmt`` (under the
+    conditions ``ReleaseGroup.reads`` names); None when the newest does not."""
+    first = None
+    for g in GROUPS:
+        if fmt not in g.reads:
+            first = None
+        elif first is None:
+            first = g.releases[0]
+    return first
+
+
+def group_of(release: str) -> ReleaseGroup:
+    """The group of one release (``0.5.21``); LookupError names the known ones."""
+    for g in GROUPS:
+        if release in g.releases:
+            return g
+    raise LookupError(f"SGLang {release} is not a known release (known: {', '.join(RELEASES)})")
+
+
+# -- the readers before 0.5.19 -----------------------------------------------------------------
+
+
+def legacy_choice(files: Sequence[tuple[Mapping[str, str], Mapping[str, tuple[str, tuple[int, ...]]]]]) -> str | None:
+    """What SGLang 0.5.14-0.5.18 choose for a checkpoint whose files are ``(metadata, {tensor:
+    (dtype, shape)})``: the quantization method named in the first file's header (``fp8``), else
+    ``modelopt_fp4`` when the files hold NVFP4 tensors whose group size the shapes tell, else None;
+    ``raises Type: message`` when their code raises on the header."""
+    try:
+        method = _metadata_method(files[0][0]) if files else None
+        return method if method is not None else _nvfp4_method(files)
+    except Exception as exc:  # what their own code raises on such a header
+        return f"raises {type(exc).__name__}: {exc}"
+
+
+def _metadata_method(metadata: Mapping[str, str]) -> str | None:
+    if not metadata:
+        return None
+    config: Any = None
+    text = metadata.get("_quantization_metadata")
+    if text:
+        try:
+            config = json.loads(text)
+        except Exception:
+            config = None
+    if config is None:
+        text = metadata.get("quantization_config")
+        if not text:
+            return None
+        try:
+            config = json.loads(text)
+        except Exception:
+            return None
+    if not config:
+        return None
+    if "quant_method" not in config and "format_version" in config and "layers" in config:
+        layers = config.get("layers", {})
+        if any(isinstance(v, dict) and "float8" in v.get("format", "") for v in layers.values()):
+            config["quant_method"] = "fp8"
+    method = config.get("quant_method")
+    return str(method) if method and method != "modelopt" else None
+
+
+def _nvfp4_method(files: Sequence[tuple[Mapping[str, str], Mapping[str, tuple[str, tuple[int, ...]]]]]) -> str | None:
+    group_size = None
+    signal = False
+    for metadata, tensors in files:
+        config = None
+        signals = False
+        text = (metadata or {}).get("_quantization_metadata")
+        if text:
+            try:
+                config = json.loads(text)
+            except json.JSONDecodeError:
+                config = None
+            else:
+                algo = str(config.get("quant_algo", "")).upper()
+                kind = str(config.get("quant_type", "")).upper()
+                signals = "NVFP4" in algo or "FP4" in algo or "NVFP4" in kind
+        modules: set[str] = set()
+        if config is not None and "format_version" in config and "layers" in config:
+            modules.update(k for k, v in config.get("layers", {}).items() if isinstance(v, dict) and v.get("format") == "nvfp4")
+        for key in tensors:
+            if key.endswith(".weight_scale"):
+                module = key[: -len(".weight_scale")]
+                w, s = tensors.get(f"{module}.weight"), tensors[key]
+                if w is not None and w[0].upper() == "U8" and "F8_E4M3" in s[0].upper() and len(s[1]) >= 2:
+                    modules.add(module)
+        if modules or signals:
+            signal = True
+        if group_size is None:
+            for module in sorted(modules):
+                weight, scale = tensors.get(f"{module}.weight"), tensors.get(f"{module}.weight_scale")
+                if weight is not None and scale is not None:
+                    group_size = _group_size(weight[1], scale[1])
+                    if group_size is not None:
+                        break
+    return "modelopt_fp4" if signal and group_size is not None else None
+
+
+def _group_size(weight: tuple[int, ...], scale: tuple[int, ...]) -> int | None:
+    if len(weight) < 2:
+        return None
+    k = int(weight[1]) * 2
+    if k <= 0:
+        return None
+    if len(scale) >= 2:
+        groups = [int(scale[-1])]
+    elif len(scale) == 1:
+        groups = ([1] if int(scale[0]) == int(weight[0]) else []) + [int(scale[0])]
+    else:
+        groups = [1]
+    for n in groups:
+        if n > 0 and k % n == 0:
+            return k // n
+    return None
+
+
+_HUGE = 1 << 48
+"""A header length no machine allocates: reading that many bytes raises MemoryError."""
+
+
+def _python_header_error(path: str) -> str | None:
+    """What reading ``path``'s header as the releases before 0.5.19 do raises (``raises Type:
+    message``), or None: the first 8 bytes as a little-endian length, that many bytes as JSON,
+    and its ``__metadata__`` entry popped."""
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length >= _HUGE:
+                raise MemoryError()
+            header = json.loads(f.read(length))
+        header.pop("__metadata__", None)
+    except Exception as exc:  # their own code raises it
+        return f"raises {type(exc).__name__}: {exc}"
+    return None
+
+
+def facts_from_checkpoint(ckpt) -> Facts:
+    """``Facts`` of an opened checkpoint (``checkpoint.open_checkpoint``): its markers as
+    ``targets.sglang`` reads them for 0.5.23, and what the releases before 0.5.19 choose."""
+    from ..markers import FILE_LEVEL_DTYPES
+    from .container import EXCEPTION, container_errors
+    from .sglang import Run, inspect_markers
+
+    markers, derived = inspect_markers(ckpt, None, Run(collect=True))
+    merged = {p: {**m, **derived.get(p, {})} for p, m in markers.items()}
+    quantized = bool(markers) or any(
+        (w := layer.stored.get("weight")) is not None and w.dtype in FILE_LEVEL_DTYPES for layer in ckpt.layers.values()
+    )
+    damaged = container_errors(ckpt)
+    for path in ckpt.files if damaged else ():
+        # their NVFP4 scan reads each file's header with Python's struct and json, then opens the
+        # file with safetensors: a damaged file raises at the first of these its damage breaks
+        error = _python_header_error(path)
+        if error is not None:
+            return Facts(merged, error, quantized)
+        if path in damaged:
+            return Facts(merged, f"raises {EXCEPTION}: {damaged[path]}", quantized)
+    files = [(h.metadata, {name: (t.dtype, tuple(t.shape)) for name, t in h.tensors.items()}) for h in ckpt.headers]
+    return Facts(merged, legacy_choice(files), quantized)

@@ -1,0 +1,235 @@
+"""comfyquant's SGLang release groups (``comfyquant.targets.sglang_releases``) are what each SGLang
+release from 0.5.14 to 0.5.23 does, proven against each release's own code:
+
+* the groups are the releases whose Comfy reader files are byte-identical (each wheel's reader
+  files hashed, ``runtimes.sglang_releases.reader_digest``);
+* on the generated single-layer space (and with each case in a whole checkpoint, and on the
+  shipped examples), each group's verdict equals what its first release's own
+  functions do: the same exception type and message where they raise, no failure of theirs where
+  they pass, and the config they resolve (for releases before 0.5.19: the quantization method
+  their header and tensor scan choose).
+
+Wheels are downloaded once into the test cache; skipped with one line when they cannot be had
+(a failure under CI).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="SGLang's own functions read marker tensors through torch")
+
+import runtime_sources  # noqa: E402
+from comfyquant.targets import sglang_releases as product  # noqa: E402
+from runtimes import sglang_driver  # noqa: E402
+from runtimes import sglang_releases as oracle  # noqa: E402
+from runtimes.agreement import write_space  # noqa: E402
+
+
+def _wheels() -> dict[str, Path]:
+    out = {}
+    for version in oracle.RELEASES:
+        path = oracle.wheel(version)
+        if path is None:
+            runtime_sources.skip_missing(oracle.MISSING[version])
+        out[version] = path
+    return out
+
+
+def test_releases_are_the_products():
+    assert oracle.RELEASES == product.RELEASES
+    assert product.GROUPS[-1].releases == (product.NEWEST,)
+
+
+def test_groups_are_the_releases_with_byte_identical_readers():
+    wheels = _wheels()
+    digests = {v: oracle.reader_digest(p)[:12] for v, p in wheels.items()}
+    measured = collections.defaultdict(list)
+    for version, digest in digests.items():
+        measured[digest].append(version)
+    ours = {g.digest: list(g.releases) for g in product.GROUPS}
+    lines = [f"{', '.join(vs)}: {d}" for d, vs in measured.items()]
+    print("SGLang release groups (reader files' digest):\n  " + "\n  ".join(lines))
+    assert ours == dict(measured), "\n".join(lines)
+
+
+def _judged(cases) -> list:
+    """Each case with comfyquant's 0.5.23 verdict, its release facts and the config it resolves."""
+    import comfyquant
+    from comfyquant.checkpoint import open_checkpoint
+    from comfyquant.targets.sglang import run_all
+
+    out = []
+    for case in cases:
+        paths = [str(case.path)]
+        verdict = comfyquant.check(paths, target="sglang").verdicts["sglang"].to_dict()
+        with open_checkpoint(paths, damaged_ok=True) as ckpt:
+            facts = product.facts_from_checkpoint(ckpt)
+            config = run_all(ckpt)[3]
+        out.append((case.id, paths, verdict, facts, config))
+    return out
+
+
+@pytest.fixture(scope="module")
+def space(tmp_path_factory):
+    """The single-layer space, judged by comfyquant."""
+    return _judged(write_space(tmp_path_factory.mktemp("sglang-release-cases")))
+
+
+def _disagreement(group, real, verdict, facts, config) -> str | None:
+    ours = product.group_verdict(group, verdict, facts)
+    if group.reader == "metadata":
+        legacy = facts.legacy
+        if real.raises:
+            if legacy != f"raises {real.exception}: {real.message}":
+                return f"comfyquant {legacy} | SGLang raises {real.exception}: {real.message}"
+        elif legacy != real.config:
+            return f"comfyquant {legacy} | SGLang {real.config}"
+        return None
+    expected = sglang_driver.predict({"loads": ours.loads, "error": ours.error, "exception": ours.exception, "rule": ours.rule})
+    if real.raises:
+        if (expected.kind, expected.exception, expected.message) != ("raises", real.exception, real.message):
+            return f"comfyquant {expected.short()[:140]} | SGLang {real.exception}: {real.message[:140]}"
+        return None
+    if expected.kind != "loads":
+        return f"comfyquant {expected.short()[:140]} | SGLang passes"
+    mapped = group.configs.get(config, config) if config else config
+    if mapped != real.config:
+        return f"config: comfyquant {mapped} | SGLang {real.config}"
+    return None
+
+
+def _agree(space: list, label: str) -> None:
+    """Every release group's first release run on each judged case of ``space``."""
+    _wheels()
+    lines, summary = [], []
+    for group in product.GROUPS:
+        release = oracle.release(group.releases[0])
+        assert release is not None
+        started = time.perf_counter()
+        bad = []
+        raising = 0
+        for cid, paths, verdict, facts, config in space:
+            real = release.outcome(paths)
+            raising += real.raises
+            why = _disagreement(group, real, verdict, facts, config)
+            if why:
+                bad.append(f"  {cid}: {why}")
+        summary.append(
+            f"SGLang {group.name}: {len(space) - len(bad)}/{len(space)} agree ({raising} raise) "
+            f"in {time.perf_counter() - started:.1f}s"
+        )
+        if bad:
+            lines.append(f"SGLang {group.name}: {len(bad)} disagree")
+            lines.extend(bad[:30])
+    total = len(space) * len(product.GROUPS)
+    print(f"{label}: {len(space)} cases x {len(product.GROUPS)} release groups = {total}:\n  " + "\n  ".join(summary))
+    assert not lines, "\n".join(summary + lines)
+
+
+def test_each_release_group_agrees_on_the_single_layer_space(space):
+    _agree(space, "single layer")
+
+
+def test_each_release_group_agrees_with_each_case_in_a_whole_checkpoint(tmp_path_factory):
+    """The same space with each case as one layer of a whole checkpoint (under the diffusion
+    model's prefix, beside dense layers and a VAE tensor)."""
+    _wheels()
+    _agree(_judged(write_space(tmp_path_factory.mktemp("sglang-release-checkpoints"), checkpoint=True)), "whole checkpoint")
+
+
+def test_first_loading_release():
+    groups = product.GROUPS
+
+    def v(*loads: bool) -> list:
+        return [product.ReleaseVerdict(g, ok) for g, ok in zip(groups, loads, strict=True)]
+
+    assert product.first_loading_release(v(*[True] * 7)) == "0.5.14"
+    assert product.first_loading_release(v(False, False, False, True, True, True, True)) == "0.5.19"
+    assert product.first_loading_release(v(True, True, True, False, True, True, True)) == "0.5.20"
+    assert product.first_loading_release(v(*[True] * 6, False)) is None
+    assert product.first_reading_release("asym_w4a8_int8") == "0.5.19"
+    assert product.first_reading_release("rowwise-float8_e4m3fn") == product.NEWEST
+
+
+def test_the_runtimes_page_lists_every_release_group():
+    import importlib.util
+
+    hook = Path(__file__).resolve().parent.parent / "docs" / "hooks" / "generated.py"
+    spec = importlib.util.spec_from_file_location("docs_generated", hook)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = (hook.parent.parent / "runtimes.md").read_text(encoding="utf-8")
+    assert "<!-- generated: sglangreleases -->" in page
+    rendered = module.on_page_markdown(page, None, None, None)
+    for group in product.GROUPS:
+        assert f"| {', '.join(group.releases)} | `{group.digest}` |" in rendered
+    for fmt in product.FORMATS:
+        assert f"| `{fmt}` | {product.first_reading_release(fmt)} |" in rendered
+
+
+def test_a_rowwise_fp8_file_in_each_release_group(tmp_path):
+    """SGLang's row-wise FP8 layout (a header map of format_version 1.1): only 0.5.23 has a reader
+    for it; the marker readers before refuse the format, the readers before 0.5.19 take its
+    ``float8`` format name for their generic FP8 config."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    import comfyquant
+    from comfyquant.checkpoint import open_checkpoint
+
+    _wheels()
+    path = tmp_path / "rowwise.safetensors"
+    layer = "blocks.0.attn.qkv"
+    marker = {"format_version": "1.1", "layers": {layer: {"format": "rowwise-float8_e4m3fn"}}}
+    weight = (torch.randn(64, 256) * 0.1).to(torch.float8_e4m3fn)
+    save_file(
+        {f"{layer}.weight": weight, f"{layer}.weight_scale": torch.ones(64)},
+        str(path),
+        metadata={"_quantization_metadata": json.dumps(marker)},
+    )
+    paths = [str(path)]
+    verdict = comfyquant.check(paths, target="sglang").verdicts["sglang"].to_dict()
+    with open_checkpoint(paths, damaged_ok=True) as ckpt:
+        facts = product.facts_from_checkpoint(ckpt)
+    for group in product.GROUPS[:-1]:
+        real = oracle.release(group.releases[0]).outcome(paths)
+        ours = product.group_verdict(group, verdict, facts)
+        if group.reader == "metadata":
+            assert (real.config, ours.loads) == ("fp8", True), group.name
+        else:
+            assert real.raises and (ours.exception, ours.error) == (real.exception, real.message), group.name
+
+
+def test_each_release_group_agrees_on_the_examples():
+    """The shipped examples (held out of the generated space), the sharded one as its shards."""
+    import comfyquant
+    from comfyquant.checkpoint import open_checkpoint
+    from comfyquant.targets.sglang import run_all
+
+    _wheels()
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    checkpoints = [[str(p)] for p in sorted(examples.glob("*.safetensors"))]
+    shards = sorted(str(p) for p in (examples / "sharded").glob("*.safetensors"))
+    if shards:
+        checkpoints.append(shards)
+    bad = []
+    for paths in checkpoints:
+        verdict = comfyquant.check(paths, target="sglang").verdicts["sglang"].to_dict()
+        with open_checkpoint(paths, damaged_ok=True) as ckpt:
+            facts = product.facts_from_checkpoint(ckpt)
+            config = run_all(ckpt)[3]
+        for group in product.GROUPS:
+            real = oracle.release(group.releases[0]).outcome(paths)
+            why = _disagreement(group, real, verdict, facts, config)
+            if why:
+                bad.append(f"{Path(paths[0]).name} / SGLang {group.name}: {why}")
+    print(f"{len(checkpoints)} example checkpoints x {len(product.GROUPS)} release groups")
+    assert not bad, "\n".join(bad)
