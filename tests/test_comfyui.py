@@ -233,6 +233,26 @@ def test_check_report_is_comfyquant_checks(server, name, targets):
     assert "comfyui" in report and "FAIL" in report
 
 
+@pytest.mark.parametrize("damage", ["header not JSON", "header cut short"])
+def test_check_reports_an_unreadable_header_as_comfyquant_check_does(server, damage):
+    """A file whose header cannot be read is a report on the node (C009, and what each runtime
+    raises opening it), the very text ``comfyquant check`` prints, not a node error."""
+    name = f"damaged.{damage.replace(' ', '-')}.safetensors"
+    data = (
+        b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all"
+        if damage == "header not JSON"
+        else (server.models / "flux.float8_e4m3fn.safetensors").read_bytes()[:200]
+    )
+    (server.models / name).write_bytes(data)
+    entry = server.run({"1": {"class_type": "ComfyQuantCheck", "inputs": {"model_name": name, "targets": "all"}}})
+    assert error_of(entry) is None, error_of(entry)
+    report = texts(entry, "1")[0]
+    cli = comfyquant_cli("check", str(server.models / name), "--target", "all")
+    assert cli.returncode == 1 and cli.stderr == ""
+    assert report == cli.stdout.rstrip("\n")
+    assert "ERROR C009 " in report and report.count("FAILS  SafetensorError") == 3
+
+
 @pytest.mark.parametrize(
     "name, dialect",
     [

@@ -15,27 +15,26 @@ The same machinery checks the separate checkpoints of one folder given to plain 
 (``check_groups``).  Roots are local folders, fsspec folder URLs (``s3://bucket/models/``;
 HTTP cannot list), or single files and URLs.  Hidden folders (``.git``, ``.cache``) are skipped.
 
+Each checkpoint is checked by ``comfyquant.checker.run.build_report``, as a single one is.
 ``jobs`` threads open checkpoints concurrently: reading headers and markers is I/O (network
 round trips for URLs), which threads overlap well.  The rules then run one checkpoint at a time
-under a lock: they are pure Python (the GIL would serialise them anyway) and share process-wide
-caches (the signature memo) that are not written for concurrent use.  Results come back in
+under ``build_report``'s lock: they are pure Python (the GIL would serialise them anyway) and
+share process-wide caches (the signature memo) that are not written for concurrent use.  Results come back in
 the grouping order whatever finishes first, so output is deterministic.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..checkpoint import Checkpoint, NameMapper, open_checkpoint
+from ..checkpoint import NameMapper
 from ..errors import InputError
-from ..findings import Finding
 from ..io.shards import INDEX_SUFFIX, SHARD_NAME, Group, group_folder, is_url, read_index, settle
 from .report import Report, proven_for
-from .run import Targets, check_checkpoint, parse_targets
+from .run import DEFAULTS, CheckOptions, Targets, build_report, open_group, parse_targets
 
 if TYPE_CHECKING:
     from ..io.remote import RemoteOptions
@@ -53,7 +52,6 @@ __all__ = [
     "discover",
     "group",
 ]
-_CHECK_LOCK = threading.Lock()
 
 
 class Item:
@@ -262,56 +260,13 @@ def settle_local(groups: list[Group]) -> list[Group]:
 # -- checking -------------------------------------------------------------------------------
 
 
-def open_group(
-    grp: Group, name_mapper: NameMapper | None = None, remote: RemoteOptions | None = None, damaged_ok: bool = False
-) -> Checkpoint:
-    """Open one group as a checkpoint (``check`` and ``inspect`` of separate checkpoints, and
-    ``--recursive``); its one-line error as an InputError. ``damaged_ok``: a file whose header
-    cannot be read is a shard with a C009 finding (``check`` reports it)."""
-    if grp.error:
-        raise InputError(grp.error)
-    if not any(is_url(p) for p in grp.paths):
-        if grp.kind == "file":  # maybe a file of another container (GGUF): its own reader
-            from ..dialects.containers import open_any
-
-            return open_any(grp.paths, name_mapper=name_mapper, shardset=grp.shardset(), damaged_ok=damaged_ok)
-        return open_checkpoint(grp.paths, name_mapper=name_mapper, shardset=grp.shardset(), damaged_ok=damaged_ok)
-    ckpt = open_checkpoint(grp.paths, name_mapper=name_mapper, remote=remote, damaged_ok=damaged_ok)
-    for m in grp.missing:  # a remote folder's <stem>-<i>-of-<n> files without number i
-        ckpt.findings.append(
-            Finding(
-                "C011",
-                f"shard {m} is missing (the shard names count {len(grp.paths) + len(grp.missing)} files)",
-                expected=m,
-                actual="no such file",
-                cause="incomplete download or copy",
-                fix="download the missing shard",
-                file=m,
-            )
-        )
-    return ckpt
-
-
-def check_group(
-    grp: Group,
-    target: Targets = "all",
-    deep: bool = False,
-    name_mapper: NameMapper | None = None,
-    remote: RemoteOptions | None = None,
-) -> Item:
-    """Open and check one group; an unreadable checkpoint becomes an Item with its error."""
+def check_group(grp: Group, options: CheckOptions = DEFAULTS) -> Item:
+    """Check one group; an unreadable checkpoint becomes an Item with its error."""
     t0 = time.perf_counter()
     try:
-        ckpt = open_group(grp, name_mapper=name_mapper, remote=remote, damaged_ok=True)
-    except InputError as exc:
+        report = build_report(grp, options)
+    except InputError as exc:  # unreadable, or a --deep read failed on the network
         return Item(grp.label, grp.paths, error=str(exc), seconds=time.perf_counter() - t0)
-    try:
-        with _CHECK_LOCK:
-            report = check_checkpoint(ckpt, target=target, deep=deep)
-    except InputError as exc:  # --deep reads can still fail on the network
-        return Item(grp.label, grp.paths, error=str(exc), seconds=time.perf_counter() - t0)
-    finally:
-        ckpt.close()
     return Item(grp.label, grp.paths, report=report, seconds=time.perf_counter() - t0)
 
 
@@ -327,9 +282,10 @@ def check_groups(
 ) -> TreeResult:
     """Check each group (``on_result`` sees each Item in order as it is done)."""
     selected = parse_targets(target)
+    options = CheckOptions(target, deep, name_mapper, remote)
 
     def one(g: Group) -> Item:
-        return check_group(g, target=target, deep=deep, name_mapper=name_mapper, remote=remote)
+        return check_group(g, options)
 
     items: list[Item] = []
     if jobs <= 1 or len(groups) <= 1:

@@ -1,17 +1,32 @@
-"""``check``: open a checkpoint, run every rule and the selected runtime profiles, report."""
+"""``check``: open a checkpoint, run every rule and the selected runtime profiles, report.
+
+``build_report`` is the one pipeline every check goes through: ``comfyquant.check``, the
+``check`` command (one checkpoint, each of several, ``--recursive``) and the ComfyUI Check
+node, so they open, judge and report a file alike, a damaged one included.
+``check_checkpoint`` judges a checkpoint that is already open (the writing commands use it on
+the checkpoints they build in memory).
+"""
 
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, NamedTuple
 
-from ..checkpoint import Checkpoint, NameMapper, Paths
+from ..checkpoint import Checkpoint, NameMapper, Paths, open_checkpoint
 from ..dialects.containers import open_any
 from ..dialects.registry import detect
 from ..dialects.report import dialect_findings, dialect_violations, settle, value_casts
+from ..errors import InputError
+from ..findings import Finding
+from ..io.shards import Group, is_url
 from ..targets.select import TARGETS, run_target
 from .report import Report, assemble
 from .rules import check_layers, check_mapping, check_marker_prefixes
+
+if TYPE_CHECKING:
+    from ..io.remote import RemoteOptions
 
 Targets = str | Iterable[str] | None
 """Runtime targets to judge by: a name from ``TARGETS``, several, or "all" (None: all)."""
@@ -100,6 +115,91 @@ def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = Fal
     return report
 
 
+class CheckOptions(NamedTuple):
+    """What a check is asked, the same for every caller: the runtimes whose verdicts set the
+    severities, whether to read the tensors' values, how tensor names map to the runtime's,
+    and how URLs are read (defaults when None)."""
+
+    target: Targets = "all"
+    deep: bool = False
+    name_mapper: NameMapper | None = None
+    remote: RemoteOptions | None = None
+
+
+DEFAULTS = CheckOptions()
+"""Every runtime, the header only, names as stored, URLs read with the default options."""
+
+_RULES_LOCK = threading.Lock()
+"""The rules share process-wide caches (the signature memo) not written for concurrent use:
+checkpoints open concurrently (``check --recursive --jobs``), and are judged one at a time."""
+
+_LEFT: list[Checkpoint] = []
+"""Checkpoints left for the OS to reclaim when the process ends right after their report."""
+
+
+def build_report(source: Paths | Group, options: CheckOptions = DEFAULTS, exiting: bool = False) -> Report:
+    """Open ``source`` (paths, or a ``Group`` of a folder), judge it and return its ``Report``.
+
+    A file whose header cannot be read is reported (a C009 finding, and what each runtime
+    raises), not refused; input that cannot be opened at all raises ``InputError``
+    (``SeparateCheckpoints`` for a folder of several checkpoints), an unknown target
+    ``ValueError``.  A header parse creates thousands of small objects that all live until the
+    check ends: the cyclic GC would only rescan them, so it pauses while the report is built.
+    ``exiting``: the process ends right after this report (the command line), so the GC stays
+    off and the checkpoint's objects are left for the OS to reclaim."""
+    parse_targets(options.target)
+    paused = gc.isenabled() and not exiting
+    gc.disable()
+    try:
+        ckpt = open_source(source, options)
+        try:
+            with _RULES_LOCK:
+                return check_checkpoint(ckpt, target=options.target, deep=options.deep)
+        finally:
+            ckpt.close()
+            if exiting:
+                _LEFT.append(ckpt)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def open_source(source: Paths | Group, options: CheckOptions = DEFAULTS) -> Checkpoint:
+    """Open paths or a group for a check: a file whose header cannot be read opens as a shard
+    with a C009 finding, and a file of another container (GGUF) as its safetensors view."""
+    if isinstance(source, Group):
+        return open_group(source, name_mapper=options.name_mapper, remote=options.remote, damaged_ok=True)
+    return open_any(source, name_mapper=options.name_mapper, remote=options.remote, damaged_ok=True)
+
+
+def open_group(
+    grp: Group, name_mapper: NameMapper | None = None, remote: RemoteOptions | None = None, damaged_ok: bool = False
+) -> Checkpoint:
+    """Open one group as a checkpoint (``check`` and ``inspect`` of separate checkpoints, and
+    ``--recursive``); its one-line error as an InputError. ``damaged_ok``: a file whose header
+    cannot be read is a shard with a C009 finding (``check`` reports it)."""
+    if grp.error:
+        raise InputError(grp.error)
+    if not any(is_url(p) for p in grp.paths):
+        if grp.kind == "file":  # maybe a file of another container (GGUF): its own reader
+            return open_any(grp.paths, name_mapper=name_mapper, shardset=grp.shardset(), damaged_ok=damaged_ok)
+        return open_checkpoint(grp.paths, name_mapper=name_mapper, shardset=grp.shardset(), damaged_ok=damaged_ok)
+    ckpt = open_checkpoint(grp.paths, name_mapper=name_mapper, remote=remote, damaged_ok=damaged_ok)
+    for m in grp.missing:  # a remote folder's <stem>-<i>-of-<n> files without number i
+        ckpt.findings.append(
+            Finding(
+                "C011",
+                f"shard {m} is missing (the shard names count {len(grp.paths) + len(grp.missing)} files)",
+                expected=m,
+                actual="no such file",
+                cause="incomplete download or copy",
+                fix="download the missing shard",
+                file=m,
+            )
+        )
+    return ckpt
+
+
 def check(
     paths: Paths,
     target: Targets = "all",
@@ -117,15 +217,4 @@ def check(
     checkpoints)."""
     if strip_prefix and name_mapper is None:
         name_mapper = strip_prefix_mapper(strip_prefix)
-    parse_targets(target)
-    # A header parse creates thousands of small objects that all live until the check ends:
-    # the cyclic GC would only rescan them, so it pauses for the duration.
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        # a file whose header cannot be read is reported (what each runtime raises), not refused
-        with open_any(paths, name_mapper=name_mapper, damaged_ok=True) as ckpt:
-            return check_checkpoint(ckpt, target=target, deep=deep)
-    finally:
-        if paused:
-            gc.enable()
+    return build_report(paths, CheckOptions(target, deep, name_mapper))

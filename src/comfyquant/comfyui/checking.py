@@ -1,11 +1,11 @@
-"""The Check node's report: the very text ``comfyquant check PATH --target T`` prints."""
+"""The Check node's report: the very text ``comfyquant check PATH --target T`` prints, built by
+the same ``build_report``, so a file whose header cannot be read is reported, not refused."""
 
 from __future__ import annotations
 
 
 def report_text(path: str, targets: str) -> str:
-    from ..checker.run import check_checkpoint, parse_targets
-    from ..dialects.containers import open_any
+    from ..checker.run import CheckOptions, build_report, parse_targets
     from ..errors import InputError
     from ..render import render_report
 
@@ -13,6 +13,4 @@ def report_text(path: str, targets: str) -> str:
         parse_targets(targets)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    with open_any(path) as ckpt:
-        report = check_checkpoint(ckpt, target=targets)
-    return render_report(report)
+    return render_report(build_report(path, CheckOptions(targets)))

@@ -1,8 +1,9 @@
 """``comfyquant check``: every defect, and each runtime's verdict.
 
-Local paths go through ``comfyquant.check``; URLs are opened with the remote options
-(``--gap``, ``--timeout``, see ``comfyquant.io.remote``); ``--recursive`` hands folder trees
-to ``comfyquant.checker.batch``.  Nothing here imports urllib or fsspec for local paths.
+Every report is built by ``comfyquant.checker.run.build_report``, as for ``comfyquant.check``;
+URLs are opened with the remote options (``--gap``, ``--timeout``, see
+``comfyquant.io.remote``); ``--recursive`` and a folder of separate checkpoints go through
+``comfyquant.checker.batch``.  Nothing here imports urllib or fsspec for local paths.
 """
 
 from __future__ import annotations
@@ -76,9 +77,6 @@ def add_parser(sub) -> None:
     add_remote_arguments(c)
 
 
-_KEEP: list = []
-
-
 def run(args) -> int:
     from .common import name_mapper
 
@@ -86,26 +84,14 @@ def run(args) -> int:
     remote = remote_options(args, args.paths)
     if args.recursive:
         return _run_recursive(args, mapper, remote)
-    import gc
-
-    from ..checker.run import check_checkpoint, parse_targets
-    from ..dialects.containers import open_any
+    from ..checker.run import CheckOptions, build_report
     from ..io.shards import SeparateCheckpoints
 
-    parse_targets(args.target)
-    # The process ends right after the report: no cyclic GC, and the checkpoint's objects are
-    # left for the OS to reclaim (the console entry skips interpreter teardown).
-    gc.disable()
     try:
-        # a GGUF file opens as its safetensors view; a damaged file is reported, not refused
-        ckpt = open_any(args.paths, name_mapper=mapper, remote=remote, damaged_ok=True)
+        # the process ends right after the report (the console entry skips interpreter teardown)
+        report = build_report(args.paths, CheckOptions(args.target, args.deep, mapper, remote), exiting=True)
     except SeparateCheckpoints as separate:
         return _run_each(args, separate, mapper, remote)
-    try:
-        report = check_checkpoint(ckpt, target=args.target, deep=args.deep)
-    finally:
-        ckpt.close()
-    _KEEP.append(ckpt)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
     else:
