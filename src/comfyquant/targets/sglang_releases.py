@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..markers import MARKER_MAP, VERSION_KEY
+
 NEWEST = "0.5.23"
 FORMATS = ("float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4", "mxfp8", "rowwise-float8_e4m3fn")
 """The Comfy formats an SGLang release may read (row-wise FP8 through its own reader, from 0.5.23)."""
@@ -302,7 +304,7 @@ def _metadata_method(metadata: Mapping[str, str]) -> str | None:
     if not metadata:
         return None
     config: Any = None
-    text = metadata.get("_quantization_metadata")
+    text = metadata.get(MARKER_MAP)
     if text:
         try:
             config = json.loads(text)
@@ -318,7 +320,7 @@ def _metadata_method(metadata: Mapping[str, str]) -> str | None:
             return None
     if not config:
         return None
-    if "quant_method" not in config and "format_version" in config and "layers" in config:
+    if "quant_method" not in config and VERSION_KEY in config and "layers" in config:
         layers = config.get("layers", {})
         if any(isinstance(v, dict) and "float8" in v.get("format", "") for v in layers.values()):
             config["quant_method"] = "fp8"
@@ -332,7 +334,7 @@ def _nvfp4_method(files: Sequence[tuple[Mapping[str, str], Mapping[str, tuple[st
     for metadata, tensors in files:
         config = None
         signals = False
-        text = (metadata or {}).get("_quantization_metadata")
+        text = (metadata or {}).get(MARKER_MAP)
         if text:
             try:
                 config = json.loads(text)
@@ -343,7 +345,7 @@ def _nvfp4_method(files: Sequence[tuple[Mapping[str, str], Mapping[str, tuple[st
                 kind = str(config.get("quant_type", "")).upper()
                 signals = "NVFP4" in algo or "FP4" in algo or "NVFP4" in kind
         modules: set[str] = set()
-        if config is not None and "format_version" in config and "layers" in config:
+        if config is not None and VERSION_KEY in config and "layers" in config:
             modules.update(k for k, v in config.get("layers", {}).items() if isinstance(v, dict) and v.get("format") == "nvfp4")
         for key in tensors:
             if key.endswith(".weight_scale"):
