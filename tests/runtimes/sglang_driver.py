@@ -210,6 +210,8 @@ class SGLang:
         """What ``get_quant_config_from_safetensors_metadata`` does with each shard when a shard's
         header map is SGLang's rowwise FP8 map (it raises in, or returns, the rowwise reader's
         config); None when no shard is read that way (SGLang goes on to the Comfy markers)."""
+        if self.rowwise_config is None:  # a release without the row-wise reader
+            return None
         built = False
         saved = {n: m for n, m in sys.modules.items() if n == "sglang" or n.startswith("sglang.")}
         sys.modules.update(self.modules)

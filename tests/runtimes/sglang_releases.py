@@ -216,10 +216,13 @@ class Release:
             modules = self._load(zf, f"sglang-{version}", values, real)
         utils = modules[READER]
         self.markers = hasattr(utils, "inspect_comfy_quant_markers")
-        if self.markers:
+        if self.markers and version == RELEASES[-1]:
+            self.oracle = drv.SGLang(path)  # the newest, with its row-wise FP8 reader: the suite's own driver
+        elif self.markers:
             self.oracle = drv.SGLang.__new__(drv.SGLang)
             self.oracle.inspect_comfy_quant_markers = utils.inspect_comfy_quant_markers
             self.oracle.resolve_comfy_checkpoint_quantization = utils.resolve_comfy_checkpoint_quantization
+            self.oracle.rowwise_config = None  # no row-wise reader before the newest release
         else:
             self.from_metadata = utils.get_quant_config_from_safetensors_metadata
             self.nvfp4 = utils.build_nvfp4_config_from_safetensors_list
