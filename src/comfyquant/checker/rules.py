@@ -85,7 +85,7 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
                     )
                 continue
             fmt = FORMATS.get(layer.format_name) if layer.format_name else None
-            guess = f"the tensors look like {fmt.name}" if fmt else "the tensors match no known format"
+            looks = f"the tensors look like {fmt.name}" if fmt else "the tensors match no known format"
             cause = (
                 "marker lost on re-save (markers are tensors or header metadata some tools drop); "
                 "ComfyUI casts the weight by value (garbage), SGLang refuses it"
@@ -108,7 +108,7 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
             findings.append(
                 Finding(
                     "M023",
-                    f"layer {name}: {w.dtype} weight has no comfy_quant marker ({guess})",
+                    f"layer {name}: {w.dtype} weight has no comfy_quant marker ({looks})",
                     layer=name,
                     tensor=f"{prefix}.weight",
                     expected="a marker",
