@@ -24,9 +24,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from .errors import ComfyQuantError, InputError
 from .findings import ERROR, RULES
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint
 
 GATE_TARGET = "comfy-kitchen"
 ALWAYS_BLOCKING = frozenset({"M023"})
@@ -58,7 +62,7 @@ def open_input(paths, verb: str, error: type[ComfyQuantError] = InputError, *, c
             yield stored, view
 
 
-def refuse_damage(ckpt, verb: str, error: type[ComfyQuantError] = InputError) -> None:
+def refuse_damage(ckpt: Checkpoint, verb: str, error: type[ComfyQuantError] = InputError) -> None:
     """Raise ``error`` when the stored checkpoint has container damage or an incomplete shard
     set (``DAMAGE``), naming the file or the missing shard: "refusing to <verb>: <file>:
     <what> [code] (and N more ...)"."""
@@ -67,7 +71,7 @@ def refuse_damage(ckpt, verb: str, error: type[ComfyQuantError] = InputError) ->
         _refuse(damage, verb, error)
 
 
-def check_input(ckpt, verb: str, error: type[ComfyQuantError] = InputError):
+def check_input(ckpt: Checkpoint, verb: str, error: type[ComfyQuantError] = InputError):
     """Check ``ckpt`` and raise ``error`` ("refusing to <verb>: <first error> [code] (and N
     more ...)") if it has an error; returns the report otherwise.
 
@@ -82,7 +86,7 @@ def check_input(ckpt, verb: str, error: type[ComfyQuantError] = InputError):
     return report
 
 
-def _relabelled_for_kitchen(ckpt, report) -> set[str]:
+def _relabelled_for_kitchen(ckpt: Checkpoint, report) -> set[str]:
     """Layers comfy-kitchen refuses only for an operand's dtype label that ComfyUI views as the
     right one before handing it over (an MXFP8 block scale stored as ``U8``, say: the same
     bytes).  The decoding commands decode the way ComfyUI runs comfy-kitchen, views included,

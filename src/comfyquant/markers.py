@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import methodcaller
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .findings import Finding, json_kind
 from .io.jsontext import parse as parse_json
+
+if TYPE_CHECKING:
+    from .io.header import Header, TensorEntry
+    from .io.source import ByteSource
 
 HEADER = "header"
 TENSOR = "tensor"
@@ -128,7 +132,43 @@ class MarkerSet:
         self.marker_bytes: dict[tuple[str, str], bytes] = {}
 
 
-def collect_markers(ckpt) -> MarkerSet:
+class StoredMarkers(Protocol):
+    """What ``collect_markers`` reads of an open checkpoint (``comfyquant.checkpoint.Checkpoint``,
+    which sits above this module and collects its markers with it)."""
+
+    @property
+    def duplicates(self) -> bool: ...
+
+    @property
+    def marker_entries(self) -> Sequence[TensorEntry]: ...
+
+    @property
+    def headers(self) -> Sequence[Header]: ...
+
+    def source(self, file: str) -> ByteSource: ...
+
+
+class MarkedLayer(Protocol):
+    """What ``file_level_markers`` reads of a checkpoint's layer."""
+
+    @property
+    def stored(self) -> Mapping[str, TensorEntry]: ...
+
+    @property
+    def marker(self) -> dict | None: ...
+
+
+class MarkedCheckpoint(Protocol):
+    """What ``file_level_markers`` reads of a checkpoint whose markers are collected."""
+
+    @property
+    def markers(self) -> MarkerSet: ...
+
+    @property
+    def layers(self) -> Mapping[str, MarkedLayer]: ...
+
+
+def collect_markers(ckpt: StoredMarkers) -> MarkerSet:
     ms = MarkerSet()
     by_file: dict[str, list] = {}
     if not ckpt.duplicates:  # the grouping listed them; with duplicates every shard is scanned
@@ -186,7 +226,7 @@ def file_level_format(ms: MarkerSet):
     return next((f for f in FORMATS.values() if f.quant_format == value), None)
 
 
-def file_level_markers(ckpt) -> dict[str, dict]:
+def file_level_markers(ckpt: MarkedCheckpoint) -> dict[str, dict]:
     """Prefix -> the marker SGLang creates from ``quant_format`` (``setdefault`` in
     ``inspect_comfy_quant_markers``) for each layer without a marker of its own whose stored
     weight is ``F8_E4M3``, ``I8`` or ``U8``.

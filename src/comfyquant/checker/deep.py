@@ -395,10 +395,12 @@ def deep_findings(ckpt, casts: list | None = None, measured: list[Measured] | No
 
 def _read_values(np, decode, ckpt, wanted: list, corrected: list, casts: list, measured: list[Measured]) -> list[Finding]:
     """Read the tensors ``deep_findings`` chose and judge their values."""
-    seen: set[str] = set()
     extra = [e for layer, part in corrected for s, e in layer.stored.items() if s in part.reads]
     extra += [e for c in casts for e in c.entries]
-    entries = [e for e in [e for _, _, e in wanted] + extra if not (e.name in seen or seen.add(e.name))]
+    first: dict = {}  # tensor name -> its first entry, in order
+    for e in [e for _, _, e in wanted] + extra:
+        first.setdefault(e.name, e)
+    entries = list(first.values())
     data = ckpt.read_many(entries)
     casts = [c for c in casts if all(len(data[e.name]) == e.nbytes for e in c.entries)]  # none cut short by a changed file
     cast_findings = _value_cast_findings(np, decode, casts, data, measured)

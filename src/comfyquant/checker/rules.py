@@ -4,6 +4,7 @@ quantized weights, orphan tensors and name-mapping collisions."""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from ..dtypes import QUANTIZED_WEIGHT_DTYPES
 from ..findings import Finding
@@ -11,10 +12,13 @@ from ..formats.registry import FORMATS, infer_format
 from ..formats.validation import check_layer
 from ..markers import FILE_LEVEL_DTYPES, file_level_format
 
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
+
 KNOWN_ROOTS = ("model.diffusion_model.", "diffusion_model.", "model.", "transformer.", "unet.")
 
 
-def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
+def check_layers(ckpt: Checkpoint) -> tuple[list[Finding], dict[str, dict]]:
     """All layer findings (bound to layer names) and each layer's geometry env."""
     findings: list[Finding] = []
     envs: dict[str, dict] = {}
@@ -85,7 +89,7 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
                     )
                 continue
             fmt = FORMATS.get(layer.format_name) if layer.format_name else None
-            guess = f"the tensors look like {fmt.name}" if fmt else "the tensors match no known format"
+            looks = f"the tensors look like {fmt.name}" if fmt else "the tensors match no known format"
             cause = (
                 "marker lost on re-save (markers are tensors or header metadata some tools drop); "
                 "ComfyUI casts the weight by value (garbage), SGLang refuses it"
@@ -108,7 +112,7 @@ def check_layers(ckpt) -> tuple[list[Finding], dict[str, dict]]:
             findings.append(
                 Finding(
                     "M023",
-                    f"layer {name}: {w.dtype} weight has no comfy_quant marker ({guess})",
+                    f"layer {name}: {w.dtype} weight has no comfy_quant marker ({looks})",
                     layer=name,
                     tensor=f"{prefix}.weight",
                     expected="a marker",
@@ -185,7 +189,7 @@ def _bank_finding(layer, fmt, marker: dict) -> Finding:
     )
 
 
-def check_marker_prefixes(ckpt) -> list[Finding]:
+def check_marker_prefixes(ckpt: Checkpoint) -> list[Finding]:
     """Header markers for prefixes without tensors: name the prefix mismatch when there is one."""
     out: list[Finding] = []
     layers = ckpt.layers
@@ -220,7 +224,7 @@ def prefix_match(prefix: str, layers: dict) -> str | None:
     return None
 
 
-def check_mapping(ckpt) -> list[Finding]:
+def check_mapping(ckpt: Checkpoint) -> list[Finding]:
     out: list[Finding] = []
     seen: dict[str, str] = {}
     for prefix, layer in ckpt.layers.items():

@@ -60,7 +60,9 @@ def run(args) -> int:
     result = compare(args.a, args.b, layers=args.layers, dtype=args.dtype, progress=False if args.no_progress else None)
     if args.plot:
         write_png(result, args.plot)
-    over = over_limit({r.layer: r.rel_l2 for r in result.compared}, limit) if limit is not None else []
+    # every compared layer has its figure (NaN/Inf when not finite); None is a refused layer's
+    errors = {r.layer: r.rel_l2 for r in result.compared if r.rel_l2 is not None}
+    over = over_limit(errors, limit) if limit is not None else []
     if args.json:
         doc = result.to_dict()
         if limit is not None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Literal
 
 import torch
 
@@ -41,6 +42,11 @@ from ..numerics.rows import RowSource, Weight, row_blocks, row_ranges
 from . import registry
 from .base import CodecError, Format, Meta
 from .validation import check_layer
+
+Forward = tuple[Literal[True], tuple[torch.Tensor, RowSource]] | tuple[Literal[False], object]
+"""A layer's forward prepared once for all row blocks (``Codec._forward``): a float matmul
+with the decoded weight (the input and the weight's row source), or the format's own GEMM
+(its ``_linear_setup`` state)."""
 
 DEFAULT_BLOCK_ELEMENTS = 1 << 22
 """Elements per decoded row block: 16 MB F32 temporaries, small enough for the allocator to
@@ -322,7 +328,7 @@ class Codec:
         per_page = None
         if phase is not None and out is None and phase % dtype.itemsize == 0:
             per_page = page_rows(k, dtype, size)  # blocks of whole pages keep the phase
-        phase = phase % PAGE if per_page else None
+        phase = phase % PAGE if per_page and phase is not None else None
         ranges = row_ranges(stop - start, k, size, multiple=per_page or 1, join_tail=False)
         if exact and self._whole_layer(plan.env, dtype, tensors):
             # One GEMM over the layer (comfy-kitchen's rounding); blocks are slices of it,
@@ -411,7 +417,7 @@ class Codec:
                 y[:, r0:r1] = rows(r0, r1)
         return y.reshape(*x.shape[:-1], n)
 
-    def _forward(self, x2: torch.Tensor, tensors: dict, plan: Plan, exact: bool, runtime: bool = True) -> tuple[bool, object]:
+    def _forward(self, x2: torch.Tensor, tensors: dict, plan: Plan, exact: bool, runtime: bool = True) -> Forward:
         """(dense, state): how the runtime runs this layer on ``x2`` -- a float matmul with the
         decoded weight (``_dense_linear``) or the format's own GEMM (``_linear_rows``)
         -- and the work done once for all row blocks.  ``runtime`` False: exact integer
@@ -419,17 +425,16 @@ class Codec:
         ``_linear_setup``)."""
         dense = plan.marker.get("full_precision_matrix_mult") is True or self._runs_dense(tensors)
         if dense:
-            return dense, self._dense_state(x2, tensors, plan, exact)
-        return dense, self._linear_setup(x2, tensors, plan, runtime)
+            return True, self._dense_state(x2, tensors, plan, exact)
+        return False, self._linear_setup(x2, tensors, plan, runtime)
 
     def _forward_rows(
-        self, forward: tuple[bool, object], tensors: dict, plan: Plan, bias: torch.Tensor | None, r0: int, r1: int
+        self, forward: Forward, tensors: dict, plan: Plan, bias: torch.Tensor | None, r0: int, r1: int
     ) -> torch.Tensor:
         """Output features ``r0:r1`` of the forward prepared by ``_forward``."""
-        dense, state = forward
-        if dense:
-            return self._dense_linear(state, bias, r0, r1)
-        return self._linear_rows(state, tensors, plan, bias, r0, r1)
+        if forward[0]:
+            return self._dense_linear(forward[1], bias, r0, r1)
+        return self._linear_rows(forward[1], tensors, plan, bias, r0, r1)
 
     def measure_blocks(
         self,
@@ -460,7 +465,7 @@ class Codec:
             yield r0, r1, rows, y
 
     def _measure_rows(
-        self, t: dict, plan: Plan, dtype: torch.dtype, r0: int, r1: int, state, out: torch.Tensor, forward: tuple[bool, object]
+        self, t: dict, plan: Plan, dtype: torch.dtype, r0: int, r1: int, state, out: torch.Tensor, forward: Forward
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoded rows ``r0:r1`` (into ``out``) and their forward columns: by default the two
         separately."""
@@ -480,8 +485,9 @@ class Codec:
         return torch.nn.functional.linear(x2, weight.rows(r0, r1), None if bias is None else bias.to(x2.dtype))
 
     # -- subclass hooks -----------------------------------------------------------------------
-    def _encode(self, weight: Weight, params: dict, name: str, amax: torch.Tensor) -> tuple[dict, dict]:
-        """Tensors and marker; ``amax`` is ``max|weight|`` in the weight's dtype (already known).
+    def _encode(self, weight: Weight, params: dict, name: str, amax: torch.Tensor | None) -> tuple[dict, dict]:
+        """Tensors and marker; ``amax`` is ``max|weight|`` in the weight's dtype (already known),
+        None when ``_checks_finite`` says the encoder finds NaN/Inf itself.
         ``weight`` is read through ``row_blocks``, never whole."""
         raise NotImplementedError
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..findings import Finding
 
 
 class Violation:
@@ -42,7 +46,7 @@ class Violation:
         self.file = file
         """Set for a file the runtime cannot open: the canonical container findings of that
         file (C0xx) are what explain it."""
-        self.covers = None
+        self.covers: Finding | None = None
         """The canonical finding that explains this violation, when the profile knows it."""
 
     @property

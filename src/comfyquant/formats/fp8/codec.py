@@ -9,7 +9,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from ...numerics.floats import E4M3, FP8_MAX, fp8_decode_scaled, fp8_encode
 from ...numerics.fp8_widen import folded_scale, has_nan_codes, widen_e4m3_scaled
-from ...numerics.rows import cast_rows
+from ...numerics.rows import Weight, cast_rows
 from ..codec import Codec, reject_unknown, rows_of
 
 
@@ -21,12 +21,13 @@ class FP8Codec(Codec):
         self.name = name
         self.fp8 = fp8
 
-    def _encode(self, weight: torch.Tensor, params: dict, name: str, amax: torch.Tensor) -> tuple[dict, dict]:
+    def _encode(self, weight: Weight, params: dict, name: str, amax: torch.Tensor | None) -> tuple[dict, dict]:
         scale = params.pop("scale", None)
         input_scale = params.pop("input_scale", None)
         reject_unknown(params, name)
         if scale is None:
             # amax / max in the weight's dtype, then widened (comfy-kitchen's rule).
+            assert amax is not None  # measured by ``encode``: this codec does not check finiteness itself
             scale = amax / FP8_MAX[self.fp8]
         scale = torch.as_tensor(scale).to(torch.float32).reshape(())
         if scale.item() == 0:

@@ -20,7 +20,7 @@ from . import ROWWISE_FP8
 class RowwiseFP8Codec(Codec):
     name = ROWWISE_FP8
 
-    def _encode(self, weight, params: dict, name: str, amax: torch.Tensor) -> tuple[dict, dict]:
+    def _encode(self, weight, params: dict, name: str, amax: torch.Tensor | None) -> tuple[dict, dict]:
         input_scale = params.pop("input_scale", None)
         reject_unknown(params, name)
         lim = FP8_MAX[E4M3]

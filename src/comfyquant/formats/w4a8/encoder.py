@@ -314,10 +314,10 @@ def _quantize_rotated(rotated, g, symmetric, scale_dtype, table, bits, search) -
     gw = rotated.float().view(n, groups, g)
     levels = None
     corr = None
+    codes: torch.Tensor  # the codebook and 6-bit cases assign theirs against the INT8 grid, below
     if bits == 6 or table is not None:
         levels = torch.arange(-SIX_BIT_LEVELS, SIX_BIT_LEVELS + 1, dtype=torch.float32) if bits == 6 else table
         gs, shifted = _refine_levels(gw, levels, bits)
-        codes = None
     elif symmetric:
         gs = (gw.abs().amax(dim=-1, keepdim=True) / 7.0).clamp(min=1e-8)
         signed = (gw / gs).round().clamp(-8, 7).to(torch.int32)
