@@ -238,8 +238,14 @@ def group_verdict(group: ReleaseGroup, verdict: Mapping[str, Any], facts: Facts)
             group, False, f"(no SGLang message) SGLang {group.name} reads no Comfy markers: {UNQUANTIZED}", rule="sglang.legacy"
         )
     formats = sorted({str(m.get("format")) for m in facts.markers.values()})
-    if group.releases[-1] != NEWEST and _after_inspect(verdict) and any(f.startswith("rowwise-") for f in formats):
-        # no row-wise FP8 reader: the format is one their resolve does not serve
+    newest_reader = str(verdict.get("rule") or "").split(".", 1)[-1].startswith("RW")
+    if (
+        group.releases[-1] != NEWEST
+        and (newest_reader or _after_inspect(verdict))
+        and any(f.startswith("rowwise-") for f in formats)
+    ):
+        # no row-wise FP8 reader (what 0.5.23's reader refuses never reaches theirs): the
+        # format is one their resolve does not serve
         message = "Unsupported Comfy quantization format(s): " + ", ".join(formats)
         return ReleaseVerdict(group, False, message, "NotImplementedError", rule="sglang.R0")
     if _after_inspect(verdict) and (older := _older_resolve(group, facts.markers)) is not None:
