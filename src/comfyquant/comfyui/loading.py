@@ -10,13 +10,14 @@ from ..markers import set_marker_map
 
 WEIGHT_DTYPES: dict[str, dict] = {
     "default": {},
-    "fp8_e4m3fn": {"dtype": "float8_e4m3fn"},
-    "fp8_e4m3fn_fast": {"dtype": "float8_e4m3fn", "fp8_optimizations": True},
-    "fp8_e5m2": {"dtype": "float8_e5m2"},
+    "fp8_e4m3fn": {"dtype": "e4m3fn"},
+    "fp8_e4m3fn_fast": {"dtype": "e4m3fn", "fp8_optimizations": True},
+    "fp8_e5m2": {"dtype": "e5m2"},
 }
 """The Loader's ``weight_dtype`` choices, as ComfyUI's own diffusion model loader (nodes.py
 ``UNETLoader``) offers them, and the model options it passes for each (``dtype`` names the
-torch dtype: the node's choices are read without importing torch)."""
+FP8 element type, torch's ``float8_<dtype>``: the node's choices are read without importing
+torch)."""
 
 
 def model_options(weight_dtype: str) -> dict:
@@ -25,7 +26,7 @@ def model_options(weight_dtype: str) -> dict:
     if "dtype" in options:
         import torch
 
-        options["dtype"] = getattr(torch, options["dtype"])
+        options["dtype"] = getattr(torch, f"float8_{options['dtype']}")
     return options
 
 

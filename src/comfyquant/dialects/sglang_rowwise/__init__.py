@@ -119,7 +119,7 @@ def detect(ckpt, claimed: set) -> Claim | None:
                 t,
                 verdict=LOSSY,
                 why=f"per-row weight_scale [{t['weight'].shape[0]}]: exactly Comfy FP8 only if every row has the same scale "
-                "(--deep reads them; migrate always does)",
+                "(migrate reads them)",
                 moves=_others(t),
                 unsettled=[UNSETTLED],
                 decoder=scaled_fp8("weight", "weight_scale"),
