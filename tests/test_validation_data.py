@@ -273,3 +273,54 @@ def test_group_size_the_shapes_cannot_use_is_a_finding_not_a_crash(tmp_path, cap
     assert "L008" in out and "weight_scale has no valid shape" in out and f"group_size={value!r}" in out
     assert main(["fix", path, "-o", str(tmp_path / "fixed.safetensors")]) in (0, 1, 2)
     assert "internal error" not in capsys.readouterr().err
+
+
+# -- one module judges, the other words ----------------------------------------------------------
+
+JUDGING = {"geometry", "params", "slots_for", "is_forbidden", "expected_shape", "applies", "accepts", "holds", "valid"}
+JUDGING |= {"must_be_explicit", "why_forbidden", "why_invalid", "other_shapes"}
+
+
+def test_validation_only_words_the_reading():
+    """``Format.interpret`` evaluates the description against a layer; ``validation.py`` calls
+    nothing that judges, so the two modules meet once per layer, in one direction."""
+    tree = ast.parse((FORMATS_DIR / "validation.py").read_text())
+    calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert "interpret" in calls
+    assert calls & JUDGING == set()
+
+
+def test_interpret_reads_a_layer_as_data():
+    from comfyquant.formats.base import FORBIDDEN, IMPLICIT, INVALID, MISMATCH, MISSING, UNDERSCORED
+
+    key = MarkerKey("group_size", (int,), 16, allowed="v in (16, 32)", allowed_text="16 or 32", explicit=True)
+    fmt = _fmt(
+        slots=(
+            Slot("scale", "F32", "(N,)"),
+            Slot("bias", "float", "(N,)", required=False),
+            Slot("extra", "F32", "(N,)", required=False, forbidden="has_extra", forbidden_cause="no extra here"),
+        ),
+        keys=(key, MarkerKey("mode", (str,), "a", explicit=True)),
+        constraints=(Constraint("K % 32 == 0", "K={K} is not a multiple of 32"),),
+    )
+    tensors = {
+        "weight": Meta("I8", (8, 16)),
+        "bias": Meta("F16", (16, 8)),
+        "extra": Meta("F32", (8,)),
+        "stray": Meta("F32", (1,)),
+    }
+    reading = fmt.interpret({"format": "made_up", "group_size": 7, "_x": 1}, tensors)
+    assert reading.params["group_size"] == 7 and reading.env is not None and reading.env["N"] == 8
+    assert [p[0] for p in reading.keys] == [UNDERSCORED, INVALID, IMPLICIT]
+    assert [(state, slot.suffix) for state, slot, _e, _d in reading.slots] == [
+        (MISSING, "scale"),
+        (MISMATCH, "bias"),
+        (FORBIDDEN, "extra"),
+    ]
+    assert reading.slots[0][3] == (8,)  # the missing tensor's expected shape
+    assert reading.slots[1][3] == ((8,), True, False)  # F16 is a float; the shape is off
+    assert reading.slots[2][3] == "no extra here"
+    assert [s for s, _e in reading.unknown] == ["stray"]
+    assert [c.expr for c in reading.failed] == ["K % 32 == 0"]
+    unmarked = fmt.interpret(None, {"bias": Meta("F16", (8,))})
+    assert unmarked.keys == [] and unmarked.env is None and unmarked.geometry_error

@@ -6,6 +6,8 @@ meet, and a function that infers that geometry (N, K, bit depth, variant) from t
 tensors.  The checker, inspector, fixer, quantizer and loader all read these descriptions;
 adding a format means adding one package under ``formats/`` (its description, its codec and
 the ``Params`` that ``quantize`` writes, the last two imported on first use).
+``Format.interpret`` is where a layer's marker and tensors are judged against the
+description, as data (``LayerReading``); the checker only words that reading as findings.
 
 Shape and constraint expressions are small Python expressions over the geometry names
 ``N`` (out features), ``K`` (in features), ``bits``, the marker parameters (``group_size``,
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterator
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
+from ..dtypes import MODEL_FLOAT_DTYPES
 from ..errors import ComfyQuantError
 
 if TYPE_CHECKING:
@@ -197,6 +200,10 @@ class Slot:
     def applies(self, env: dict) -> bool:
         return self._when is None or bool(self._when(env))
 
+    def accepts(self, dtype: str) -> bool:
+        """Whether a tensor stored as ``dtype`` has this slot's dtype (``"float"``: any dense float)."""
+        return dtype in MODEL_FLOAT_DTYPES if self.dtype == "float" else dtype == self.dtype
+
     def is_forbidden(self, env: dict) -> bool:
         return self._forbidden is not None and bool(self._forbidden(env))
 
@@ -349,6 +356,46 @@ class CodecError(ComfyQuantError):
 
     Defined with the description (and re-exported by ``codec``) so that
     ``Format.codec`` can raise it without importing the codec machinery."""
+
+
+# What ``Format.interpret`` says of one slot (``LayerReading.slots``) ...
+MISSING = "missing"
+"""A required tensor is absent; the detail is its expected shape (None: not known without it)."""
+FORBIDDEN = "forbidden"
+"""A tensor the geometry forbids is present; the detail is the format's words why ("": none)."""
+MISMATCH = "mismatch"
+"""A tensor's dtype or shape is not the slot's; the detail is (expected shape, dtype ok, shape ok)."""
+# ... and of one marker key (``LayerReading.keys``).
+NESTED = "nested"
+"""Keys nested in a ``params`` object: (NESTED, the object)."""
+UNDERSCORED = "underscored"
+"""A stored ``_`` key: (UNDERSCORED, key, value)."""
+INVALID = "invalid"
+"""A value the key does not allow: (INVALID, MarkerKey, value, the format's words why or "")."""
+IMPLICIT = "implicit"
+"""An explicit key left out: (IMPLICIT, MarkerKey)."""
+
+
+class LayerReading:
+    """A layer read against its format (``Format.interpret``), judged but not worded: the
+    checker turns it into findings.
+
+    ``params``: the resolved marker parameters; ``keys``: the marker's key problems; ``env``:
+    the geometry (None when the tensors do not determine it, ``geometry_error`` then says
+    why); ``slots``: (state, slot, tensor entry or None, detail) for each slot that is not
+    as described, in slot order; ``unknown``: (suffix, entry) of the tensors the format does
+    not define; ``failed``: the constraints the geometry breaks."""
+
+    __slots__ = ("params", "keys", "env", "geometry_error", "slots", "unknown", "failed")
+
+    def __init__(self) -> None:
+        self.params: dict = {}
+        self.keys: list[tuple] = []
+        self.env: dict | None = None
+        self.geometry_error = ""
+        self.slots: list[tuple[str, Slot, Any, Any]] = []
+        self.unknown: list[tuple[str, Any]] = []
+        self.failed: list[Constraint] = []
 
 
 class Format:
@@ -534,21 +581,92 @@ class Format:
         present (a marker ``group_size`` of 0 or ``"x"`` under ``K // group_size``): every
         reader of the env then gets the one error it already handles instead of each
         evaluating the shapes into a ZeroDivisionError or TypeError."""
+        return self._read(tensors, params)[0]
+
+    def _read(self, tensors: dict, params: dict) -> tuple[dict, list[tuple[Slot, bool, tuple | None]]]:
+        """The geometry env and, for each suffix, the slot that applies (``slots_for``'s order)
+        with whether its present tensor is forbidden and, for a present allowed one, its
+        expected shape; every expression evaluated once, so ``interpret`` reuses them."""
         env = self._geometry(tensors, params)
         seen: set[str] = set()
-        for slot in self.slots:  # what slots_for(env) picks, evaluated as the checker does
+        walk: list[tuple[Slot, bool, tuple | None]] = []
+        for slot in self.slots:
             if slot.suffix in seen:
                 continue
             try:
                 if not slot.applies(env):
                     continue
                 seen.add(slot.suffix)
-                if slot.suffix in tensors and not slot.is_forbidden(env):
-                    slot.expected_shape(env)
+                forbidden = False
+                expected = None
+                if slot.suffix in tensors:
+                    forbidden = slot.is_forbidden(env)
+                    if not forbidden:
+                        expected = slot.expected_shape(env)
             except (ArithmeticError, TypeError, ValueError, KeyError, NameError):
                 used = ", ".join(f"{k}={env[k]!r}" for k in self._names(slot) if k in env)
                 raise GeometryError(f"{slot.suffix} has no valid shape for {used or 'this layer'}") from None
-        return env
+            walk.append((slot, forbidden, expected))
+        return env, walk
+
+    def interpret(self, marker: dict | None, tensors: dict) -> LayerReading:
+        """Read one layer's marker and tensors against this description: every judgement the
+        checker words as a finding, as data (``LayerReading``), in the order it reports them.
+
+        ``marker`` None: the layer has no marker and the format was inferred, so its keys are
+        not read (defaults stand)."""
+        reading = LayerReading()
+        params = reading.params = self.params(marker or {})
+        if marker is not None:
+            reading.keys = self._read_keys(marker, params)
+        try:
+            env, walk = self._read(tensors, params)
+        except GeometryError as exc:
+            reading.geometry_error = str(exc)
+            return reading
+        reading.env = env
+        events = reading.slots
+        for slot, forbidden, expected in walk:
+            entry = tensors.get(slot.suffix)
+            if entry is None:
+                if slot.required:
+                    try:
+                        expected = slot.expected_shape(env)
+                    except Exception:  # noqa: BLE001 -- the geometry is incomplete without the missing tensor
+                        expected = None
+                    events.append((MISSING, slot, None, expected))
+            elif forbidden:
+                events.append((FORBIDDEN, slot, entry, slot.why_forbidden(env)))
+            else:
+                dtype_ok = slot.accepts(entry.dtype)
+                shape_ok = entry.shape == expected
+                if not (dtype_ok and shape_ok):
+                    events.append((MISMATCH, slot, entry, (expected, dtype_ok, shape_ok)))
+        defined = {slot.suffix for slot, _f, _e in walk}
+        reading.unknown = [
+            (suffix, entry) for suffix, entry in tensors.items() if suffix not in defined and suffix != "comfy_quant"
+        ]
+        reading.failed = [c for c in self.constraints if not c.holds(env)]
+        return reading
+
+    def _read_keys(self, marker: dict, params: dict) -> list[tuple]:
+        """The marker's key problems in report order: a nested ``params`` object, stored
+        ``_`` keys, then per description key an invalid value or a missing explicit key."""
+        out: list[tuple] = []
+        nested = marker.get("params")
+        if "params" in marker:
+            out.append((NESTED, nested))
+        for key in marker:
+            if key.startswith("_"):
+                out.append((UNDERSCORED, key, marker[key]))
+        for k in self.keys:
+            if k.name in marker or (k.nested_ok and isinstance(nested, dict) and k.name in nested):
+                value = params[k.name]
+                if not k.valid(value):
+                    out.append((INVALID, k, value, k.why_invalid(value)))
+            elif k.must_be_explicit(params):
+                out.append((IMPLICIT, k))
+        return out
 
     @staticmethod
     def _names(slot: Slot) -> list[str]:

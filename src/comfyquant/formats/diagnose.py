@@ -60,7 +60,7 @@ class Cause:
 
 
 def dtype_matches(slot: Slot, dtype: str) -> bool:
-    return dtype in FLOATS if slot.dtype == "float" else dtype == slot.dtype
+    return slot.accepts(dtype)
 
 
 def dtype_cause(slot: Slot, actual: str) -> Cause:

@@ -1,4 +1,8 @@
-"""Check one layer against its format description.
+"""Word one layer's reading against its format as findings.
+
+``Format.interpret`` judges the layer's marker and tensors against the description (all the
+evaluation of its expressions); this module only says what it found: codes, messages, causes
+and fixes.
 
 The result depends only on the format, the marker and the (suffix, dtype, shape) of the
 layer's tensors, so results are cached by that signature: a 14B model has ~600 layers but a
@@ -12,8 +16,8 @@ from functools import cache
 
 from ..findings import Finding
 from ..shapes import fmt_shape
-from .base import Format, GeometryError, MarkerKey
-from .diagnose import dtype_cause, dtype_matches, fix_text, shape_cause
+from .base import FORBIDDEN, INVALID, MISSING, NESTED, UNDERSCORED, Format, MarkerKey, Slot
+from .diagnose import dtype_cause, fix_text, shape_cause
 
 
 def check_layer(fmt: Format, marker: dict | None, tensors: dict, memo=None, layer=None):
@@ -28,108 +32,97 @@ def check_layer(fmt: Format, marker: dict | None, tensors: dict, memo=None, laye
 
 
 def _check(fmt: Format, marker: dict | None, tensors: dict) -> tuple[list[Finding], dict | None]:
+    reading = fmt.interpret(marker, tensors)
     out: list[Finding] = []
-    params = fmt.params(marker or {})
-    if marker is not None:
-        _check_keys(fmt, marker, params, out)
-    try:
-        env = fmt.geometry(tensors, params)
-    except GeometryError as exc:
-        if "weight" not in tensors:
+    for problem in reading.keys:
+        out.append(_key_finding(fmt, problem))
+    env = reading.env
+    if env is None:
+        out.append(_geometry_finding(fmt, tensors, reading.geometry_error))
+        return out, None
+    for state, slot, entry, detail in reading.slots:
+        if state == MISSING:
             out.append(
                 Finding(
                     "L001",
-                    f"layer {{layer}} ({fmt.name}) has no weight tensor",
-                    tensor="weight",
-                    expected="weight",
+                    f"layer {{layer}} ({fmt.name}) is missing {slot.suffix} ({slot.meaning})",
+                    tensor=slot.suffix,
+                    expected=_expected_text(slot, detail),
                     actual="absent",
-                    cause="the weight is in a shard that is missing, or the marker names the wrong layer",
-                    fix="check the shards and the marker's layer name",
+                    cause="incomplete export or the tensor is in a missing shard",
+                    fix="re-export the layer (comfyquant quantize)",
                 )
             )
-        else:
-            out.append(
-                Finding(
-                    "L008",
-                    f"layer {{layer}} ({fmt.name}): {exc}",
-                    tensor="weight",
-                    actual=f"{tensors['weight'].dtype} {fmt_shape(tensors['weight'].shape, as_tuple=True)}",
-                )
-            )
-        return out, None
-    slots = fmt.slots_for(env)
-    for suffix, slot in slots.items():
-        entry = tensors.get(suffix)
-        if entry is None:
-            if slot.required:
-                out.append(
-                    Finding(
-                        "L001",
-                        f"layer {{layer}} ({fmt.name}) is missing {suffix} ({slot.meaning})",
-                        tensor=suffix,
-                        expected=_expected_text(slot, env),
-                        actual="absent",
-                        cause="incomplete export or the tensor is in a missing shard",
-                        fix="re-export the layer (comfyquant quantize)",
-                    )
-                )
-            continue
-        if slot.is_forbidden(env):
+        elif state == FORBIDDEN:
             out.append(
                 Finding(
                     "L006",
-                    f"layer {{layer}} ({fmt.name}, {env.get('variant', '')}) must not have {suffix}",
-                    tensor=suffix,
+                    f"layer {{layer}} ({fmt.name}, {env.get('variant', '')}) must not have {slot.suffix}",
+                    tensor=slot.suffix,
                     expected="absent",
                     actual=f"{entry.dtype} {fmt_shape(entry.shape, as_tuple=True)}",
-                    cause=slot.why_forbidden(env) or "not allowed in this variant",
+                    cause=detail or "not allowed in this variant",
                     fix="re-export the layer from the original weights (comfyquant quantize)",
                 )
             )
-            continue
-        _check_slot(fmt, slot, env, entry, out)
-    for suffix, entry in tensors.items():
-        if suffix not in slots and suffix != "comfy_quant":
-            out.append(
-                Finding(
-                    "L007",
-                    f"layer {{layer}} ({fmt.name}) has {suffix}, which the format does not define",
-                    tensor=suffix,
-                    actual=f"{entry.dtype} {fmt_shape(entry.shape, as_tuple=True)}",
-                    cause="left over from another format or export; runtimes leave it unconsumed",
-                    fix="remove the tensor (comfyquant fix)",
-                )
+        else:
+            out.append(_mismatch_finding(fmt, slot, env, entry, *detail))
+    for suffix, entry in reading.unknown:
+        out.append(
+            Finding(
+                "L007",
+                f"layer {{layer}} ({fmt.name}) has {suffix}, which the format does not define",
+                tensor=suffix,
+                actual=f"{entry.dtype} {fmt_shape(entry.shape, as_tuple=True)}",
+                cause="left over from another format or export; runtimes leave it unconsumed",
+                fix="remove the tensor (comfyquant fix)",
             )
-    for c in fmt.constraints:
-        if not c.holds(env):
-            out.append(
-                Finding(
-                    "L005",
-                    f"layer {{layer}} ({fmt.name}): " + c.message.format(**env),
-                    expected=c.expr,
-                    actual=_env_text(fmt, env),
-                    cause=c.cause or None,
-                    fix=c.fix or None,
-                )
+        )
+    for c in reading.failed:
+        out.append(
+            Finding(
+                "L005",
+                f"layer {{layer}} ({fmt.name}): " + c.message.format(**env),
+                expected=c.expr,
+                actual=_env_text(fmt, env),
+                cause=c.cause or None,
+                fix=c.fix or None,
             )
+        )
     return out, env
 
 
-def _expected_text(slot, env: dict) -> str:
+def _geometry_finding(fmt: Format, tensors: dict, error: str) -> Finding:
+    if "weight" not in tensors:
+        return Finding(
+            "L001",
+            f"layer {{layer}} ({fmt.name}) has no weight tensor",
+            tensor="weight",
+            expected="weight",
+            actual="absent",
+            cause="the weight is in a shard that is missing, or the marker names the wrong layer",
+            fix="check the shards and the marker's layer name",
+        )
+    return Finding(
+        "L008",
+        f"layer {{layer}} ({fmt.name}): {error}",
+        tensor="weight",
+        actual=f"{tensors['weight'].dtype} {fmt_shape(tensors['weight'].shape, as_tuple=True)}",
+    )
+
+
+def _expected_text(slot: Slot, shape: tuple | None) -> str:
     """The dtype and concrete shape a missing tensor should have; the dtype alone when the
     layer's other tensors cannot tell its shape (a finding never shows a formula)."""
+    if shape is None:
+        return slot.dtype
     try:
-        return f"{slot.dtype} {fmt_shape(slot.expected_shape(env), as_tuple=True)}"
-    except Exception:  # noqa: BLE001 -- the geometry is incomplete without the missing tensor
+        return f"{slot.dtype} {fmt_shape(shape, as_tuple=True)}"
+    except Exception:  # noqa: BLE001 -- a shape that does not format is as unknown as none
         return slot.dtype
 
 
-def _check_slot(fmt: Format, slot, env: dict, entry, out: list[Finding]) -> None:
-    expected = slot.expected_shape(env)
-    dtype_ok = dtype_matches(slot, entry.dtype)
-    shape_ok = entry.shape == expected
-    if dtype_ok and shape_ok:
-        return
+def _mismatch_finding(fmt: Format, slot: Slot, env: dict, entry, expected: tuple, dtype_ok: bool, shape_ok: bool) -> Finding:
     causes = []
     if not shape_ok:
         causes.append(shape_cause(slot, env, entry.shape, expected))
@@ -141,17 +134,15 @@ def _check_slot(fmt: Format, slot, env: dict, entry, out: list[Finding]) -> None
     exp = f"{slot.dtype} {fmt_shape(expected, as_tuple=True)}"
     act = f"{entry.dtype} {fmt_shape(entry.shape, as_tuple=True)}"
     cause = "; ".join(c.text for c in causes)
-    out.append(
-        Finding(
-            code,
-            f"layer {{layer}} ({fmt.name}): {slot.suffix} is {act}, expected {exp}: " + cause,
-            tensor=slot.suffix,
-            expected=exp,
-            actual=act,
-            cause=cause,
-            fix=fix_text(causes),
-            severity=severity,
-        )
+    return Finding(
+        code,
+        f"layer {{layer}} ({fmt.name}): {slot.suffix} is {act}, expected {exp}: " + cause,
+        tensor=slot.suffix,
+        expected=exp,
+        actual=act,
+        cause=cause,
+        fix=fix_text(causes),
+        severity=severity,
     )
 
 
@@ -165,57 +156,48 @@ def _env_text(fmt: Format, env: dict) -> str:
     return ", ".join(f"{k}={env[k]}" for k in names if k in env)
 
 
-def _check_keys(fmt: Format, marker: dict, params: dict, out: list[Finding]) -> None:
-    nested = marker.get("params")
-    if "params" in marker:
+def _key_finding(fmt: Format, problem: tuple) -> Finding:
+    kind = problem[0]
+    if kind == NESTED:
+        nested = problem[1]
         moved = sorted(nested) if isinstance(nested, dict) else []
-        out.append(
-            Finding(
-                "M033",
-                f"layer {{layer}}: marker nests {moved} in a 'params' object",
-                expected="flat marker keys",
-                actual=f"params={nested!r}"[:120],
-                cause=f"ComfyUI reads {_nested_keys_text()} from params; SGLang ignores them (a ConvRot flag there is silently lost)",
-                fix="flatten the marker (comfyquant fix)",
-            )
+        return Finding(
+            "M033",
+            f"layer {{layer}}: marker nests {moved} in a 'params' object",
+            expected="flat marker keys",
+            actual=f"params={nested!r}"[:120],
+            cause=f"ComfyUI reads {_nested_keys_text()} from params; SGLang ignores them (a ConvRot flag there is silently lost)",
+            fix="flatten the marker (comfyquant fix)",
         )
-    for key in marker:
-        if key.startswith("_"):
-            out.append(
-                Finding(
-                    "M034",
-                    f"layer {{layer}}: marker key {key!r} starts with an underscore",
-                    actual=f"{key}={marker[key]!r}",
-                    cause="SGLang adds internal '_' keys in memory; a stored one can conflict with them",
-                    fix="drop the key (comfyquant fix)",
-                )
-            )
-    for k in fmt.keys:
-        if k.name in marker or (k.nested_ok and isinstance(nested, dict) and k.name in nested):
-            value = params[k.name]
-            if not k.valid(value):
-                out.append(
-                    Finding(
-                        "M035",
-                        f"layer {{layer}} ({fmt.name}): marker {k.name}={value!r} is not allowed",
-                        expected=f"{k.name}: {k.allowed_text}",
-                        actual=f"{k.name}={value!r}",
-                        cause=k.why_invalid(value) or _key_cause(k, value),
-                        fix=f"set {k.name} to {k.allowed_text}",
-                    )
-                )
-        elif k.must_be_explicit(params):
-            what = k.missing_text or f"{k.name} left to its default ({k.default!r})"
-            out.append(
-                Finding(
-                    "M036",
-                    f"layer {{layer}} ({fmt.name}): marker has no {k.name}: {what}",
-                    expected=f"{k.name} written explicitly ({k.allowed_text})",
-                    actual="absent",
-                    cause=k.why_explicit or None,
-                    fix=f"add {k.name}: {_default_text(k)} (comfyquant fix)",
-                )
-            )
+    if kind == UNDERSCORED:
+        _kind, key, value = problem
+        return Finding(
+            "M034",
+            f"layer {{layer}}: marker key {key!r} starts with an underscore",
+            actual=f"{key}={value!r}",
+            cause="SGLang adds internal '_' keys in memory; a stored one can conflict with them",
+            fix="drop the key (comfyquant fix)",
+        )
+    if kind == INVALID:
+        _kind, k, value, why = problem
+        return Finding(
+            "M035",
+            f"layer {{layer}} ({fmt.name}): marker {k.name}={value!r} is not allowed",
+            expected=f"{k.name}: {k.allowed_text}",
+            actual=f"{k.name}={value!r}",
+            cause=why or _key_cause(k, value),
+            fix=f"set {k.name} to {k.allowed_text}",
+        )
+    k = problem[1]
+    what = k.missing_text or f"{k.name} left to its default ({k.default!r})"
+    return Finding(
+        "M036",
+        f"layer {{layer}} ({fmt.name}): marker has no {k.name}: {what}",
+        expected=f"{k.name} written explicitly ({k.allowed_text})",
+        actual="absent",
+        cause=k.why_explicit or None,
+        fix=f"add {k.name}: {_default_text(k)} (comfyquant fix)",
+    )
 
 
 def _default_text(k: MarkerKey) -> str:
