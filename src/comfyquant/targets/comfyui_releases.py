@@ -15,6 +15,8 @@ raised it.  No torch: ``check`` reads these tables.
 
 from __future__ import annotations
 
+from .base import Verdict, Violation, module_order
+
 HEADER = "header map"
 TENSOR = ".comfy_quant tensors"
 
@@ -129,3 +131,237 @@ def group_of(release: str) -> ReleaseGroup:
         if release in g.releases:
             return g
     raise KeyError(release)
+
+
+# -- selection ----------------------------------------------------------------------------------
+
+OPERATORS = ("==", ">=", "<=", ">", "<")
+
+
+def split_release(text: str) -> tuple[str, tuple[str, str] | None]:
+    """``"comfyui>=0.27"`` -> ``("comfyui", (">=", "0.27"))``; a bare name has no spec.  A
+    version that is not dotted numbers is refused in one line."""
+    for op in OPERATORS:
+        name, sep, version = text.partition(op)
+        if sep:
+            name, version = name.strip(), version.strip()
+            if not version or not all(p.isdigit() for p in version.split(".")):
+                raise ValueError(f"target {text!r}: {version!r} is not a release number (e.g. {name}==0.31.0)")
+            return name, (op, version)
+    return text, None
+
+
+def _matches(release: str, spec: tuple[str, str]) -> bool:
+    op, version = spec
+    a, b = version_key(release), version_key(version)
+    if op == "==":
+        # "0.31" names the 0.31 releases, "0.31.0" exactly one
+        return a[: len(version.split("."))] == b[: len(version.split("."))] if len(version.split(".")) < 3 else a == b
+    return {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b}[op]
+
+
+def selected_releases(spec: tuple[str, str] | None) -> tuple[str, ...]:
+    """The releases a spec names, oldest first (all for None); none is refused in one line."""
+    if spec is None:
+        return RELEASES
+    found = tuple(r for r in RELEASES if _matches(r, spec))
+    if not found:
+        raise ValueError(
+            f"no ComfyUI release {''.join(spec)} is modelled: choose from {RELEASES[0]} .. {RELEASES[-1]} ({', '.join(RELEASES)})"
+        )
+    return found
+
+
+# -- verdicts per release -----------------------------------------------------------------------
+
+DIFFUSION_PREFIX = "model.diffusion_model."
+
+
+def _bare(prefix: str) -> str:
+    return prefix[len(DIFFUSION_PREFIX) :] if prefix.startswith(DIFFUSION_PREFIX) else prefix
+
+
+def marked_formats(ckpt) -> tuple[dict[str, object], dict[str, object]]:
+    """(header map, tensor markers): each layer's ``format`` as each marker form gives it, keyed
+    by the layer's name without the diffusion-model prefix (ComfyUI matches both)."""
+    header: dict[str, object] = {}
+    tensor: dict[str, object] = {}
+    for rec in ckpt.markers.records:
+        if isinstance(rec.obj, dict):
+            (header if rec.kind == "header" else tensor)[_bare(rec.prefix)] = rec.obj.get("format")
+    return header, tensor
+
+
+def first_knowing(fmt: str) -> ReleaseGroup | None:
+    """The oldest group whose ComfyUI knows ``fmt`` (None: no release does)."""
+    return next((g for g in GROUPS if fmt in g.formats), None)
+
+
+def release_verdict(group: ReleaseGroup, marked: tuple[dict, dict], newest):
+    """What ComfyUI ``group`` does with the file whose newest-release verdict is ``newest``:
+    the format it lacks on the first layer it loads raises its own error; a layer marked only
+    by a tensor marker, which a release that reads only the header map does not see, loads its
+    stored codes as a plain weight (garbage, no error); otherwise the newest release's verdict
+    (modelled: the releases' per-format messages are those of ComfyUI 0.33.0)."""
+    if group is NEWEST:
+        return newest
+    header, tensor = marked
+    reads_tensor = TENSOR in group.markers
+    read = dict(tensor) if reads_tensor else {}
+    read.update(header)  # the header map's marker replaces the tensor marker
+    unknown = [p for p, f in read.items() if isinstance(f, str) and f not in group.formats]
+    if unknown:
+        layer = min(unknown, key=module_order)
+        fmt = read[layer]
+        exc, message = group.unknown
+        knows = first_knowing(fmt)
+        fix = f"load it with ComfyUI {knows.first} or newer" if knows else "convert the layer (comfyquant convert)"
+        v = Violation("comfyui.release", message.format(format=fmt), exc, layer, "comfy_quant", True,
+                      f"ComfyUI {group.first} does not know format {fmt!r}", fix)  # fmt: skip
+        return Verdict("comfyui", [v], newest.architecture)
+    out = []
+    if not reads_tensor:
+        unread = sorted((p for p in tensor if p not in header), key=module_order)
+        if unread:
+            out.append(
+                Violation(
+                    "comfyui.release",
+                    f"layer '{unread[0]}': ComfyUI {group.first} reads only the header map, not the .comfy_quant "
+                    f"tensor marker: the stored codes load as a plain weight (garbage output, no error)",
+                    None,
+                    unread[0],
+                    "comfy_quant",
+                    False,
+                    f"ComfyUI before 0.4.0 reads quantization markers only from the {HEADER}",
+                    "add the header map (comfyquant fix) or load it with ComfyUI 0.4.0 or newer",
+                    severity="error",
+                )
+            )
+    return Verdict("comfyui", out + list(newest.violations), newest.architecture)
+
+
+class Releases:
+    """The file's verdict on each selected ComfyUI release group, oldest first."""
+
+    __slots__ = ("verdicts", "selected")
+
+    def __init__(self, verdicts: list, selected: tuple[str, ...]) -> None:
+        self.verdicts = verdicts
+        """(group, its releases, Verdict) per group, every release: the first loading release
+        is a fact of all of them."""
+        self.selected = selected
+        """The releases the target selects (all by default): the JSON lists their groups."""
+
+    @property
+    def chosen(self) -> list:
+        """The verdicts of the groups with a selected release, with only those releases."""
+        chosen = set(self.selected)
+        out = []
+        for group, releases, verdict in self.verdicts:
+            mine = tuple(r for r in releases if r in chosen)
+            if mine:
+                out.append((group, mine, verdict))
+        return out
+
+    @property
+    def first_loading(self) -> str | None:
+        """The first release of the newest run of releases that load the file (None: the
+        newest selected release does not)."""
+        first = None
+        for _, releases, v in self.verdicts:
+            if v.loads:
+                first = first or releases[0]
+            else:
+                first = None
+        return first
+
+    def changes(self) -> list[tuple[str, bool, object]]:
+        """(release, loads, verdict) where the file starts or stops loading, oldest first."""
+        out = []
+        prev = None
+        for _, releases, v in self.verdicts:
+            if prev is not None and v.loads != prev:
+                out.append((releases[0], v.loads, v))
+            prev = v.loads
+        return out
+
+    def lines(self) -> list[str]:
+        """``loads from ComfyUI 0.31.0 on; fails before: KeyError: 'asym_w4a8_int8'`` and the
+        releases where it stopped or started loading before."""
+        lines = []
+        if self.selected != RELEASES:
+            chosen = self.chosen
+            group, releases, _ = chosen[-1]
+            span = self.selected[0] if len(self.selected) == 1 else f"{self.selected[0]} .. {self.selected[-1]}"
+            lines.append(f"verdict of ComfyUI {releases[-1]} ({group.kitchen_text}); releases checked: {span}")
+        oldest, newest = RELEASES[0], RELEASES[-1]
+        first = self.first_loading
+        if first is None:
+            last = next((rs[-1] for _, rs, v in reversed(self.verdicts) if v.loads), None)
+            if last is None:
+                return [*lines, f"fails on every ComfyUI release {oldest} .. {newest}"]
+            return [*lines, f"fails from ComfyUI {_after(RELEASES, last)} on; last loads on {last}"]
+        if first == oldest:
+            return [*lines, f"loads on every ComfyUI release {oldest} .. {newest}"]
+        before = next(v for _, rs, v in reversed(self.verdicts) if version_key(rs[0]) < version_key(first))
+        lines.append(f"loads from ComfyUI {first} on; fails before: {_failure(before)}")
+        earlier = [(r, loads) for r, loads, _ in self.changes() if version_key(r) < version_key(first)]
+        for release, loads in earlier:
+            lines.append(f"{'starts' if loads else 'stops'} loading at ComfyUI {release}")
+        return lines
+
+    def to_dict(self) -> dict:
+        return {
+            "first_loading": self.first_loading,
+            "summary": self.lines(),
+            "releases": [
+                {
+                    **group.to_dict(),
+                    "releases": list(releases),
+                    **{k: v for k, v in verdict.to_dict().items() if k in ("loads", "error", "exception", "rule", "layer")},
+                }
+                for group, releases, verdict in self.chosen
+            ],
+        }
+
+
+def _after(releases: tuple[str, ...], release: str) -> str:
+    i = releases.index(release)
+    return releases[i + 1] if i + 1 < len(releases) else release
+
+
+def _failure(verdict) -> str:
+    first = verdict.first
+    if first is None:
+        return "loads"
+    return f"{first.exception}: {first.message}" if first.exception else first.message
+
+
+def releases_for(ckpt, newest, spec: tuple[str, str] | None) -> Releases:
+    """The file's verdict on every group with a release ``spec`` selects."""
+    marked = marked_formats(ckpt)
+    verdicts = [(group, group.releases, release_verdict(group, marked, newest)) for group in GROUPS]
+    return Releases(verdicts, selected_releases(spec))
+
+
+def released(newest, releases: Releases) -> ReleasedVerdict:
+    """The ComfyUI verdict a check reports: the newest selected release's, carrying the
+    file's verdict on every release (``ReleasedVerdict``)."""
+    last = releases.chosen[-1][2]
+    out = ReleasedVerdict(last.target, last.violations, last.architecture)
+    out.releases = releases
+    return out
+
+
+class ReleasedVerdict(Verdict):
+    """A ComfyUI verdict with the file's verdict on each release: the text report's lines and
+    the JSON's ``releases``."""
+
+    __slots__ = ("releases",)
+    releases: Releases
+
+    def release_lines(self) -> list[str]:
+        return self.releases.lines()
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "releases": self.releases.to_dict()}
