@@ -10,7 +10,9 @@ package:
 * ``formats``: every format package's description (slots, dtypes, shapes, marker keys and
   their defaults), from ``formats.registry.FORMATS``, and the formats' relative orders
   (listing, inference, what ``quantize`` offers first), from ``formats.ordering``;
-* ``dialects``: every dialect package (name, writer, source), from ``dialects.registry.DIALECTS``.
+* ``dialects``: every dialect package (name, writer, source), from ``dialects.registry.DIALECTS``;
+* ``releases comfyui``: per format and marker form, the first ComfyUI release that loads it, and
+  the release groups, from ``targets.comfyui_releases``.
 
 It also serves the bundled example images and workflows (``examples/*.png``, ``*.json``) at
 ``examples/`` in the site, so pages show and link the very files the repository ships.  Only header-level modules are imported:
@@ -224,11 +226,32 @@ def render_dialects(_: str | None = None) -> str:
     return _table(("dialect", "layout", "written by", "source"), rows)
 
 
+# -- ComfyUI releases --------------------------------------------------------------------------
+
+
+def render_comfyui_releases(_: str | None = None) -> str:
+    from comfyquant.targets.comfyui_releases import GROUPS, HEADER, NEWEST, TENSOR, first_loading
+
+    def first(fmt: str, marker: str) -> str:
+        group = first_loading(fmt, marker)
+        return f"{group.first} ({group.kitchen_text})" if group else "none"
+
+    rows = [(f"`{fmt}`", first(fmt, HEADER), first(fmt, TENSOR)) for fmt in NEWEST.formats]
+    out = [_table(("format", f"marked in the {HEADER}", f"marked by {TENSOR}"), rows), ""]
+    group_rows = [
+        (", ".join(g.releases), g.kitchen_text, ", ".join(f"`{f}`" for f in g.formats), f"`{g.unknown[0]}: {g.unknown[1]}`")
+        for g in GROUPS
+    ]
+    out.append(_table(("releases (one group)", "comfy-kitchen", "formats", "on another format"), group_rows))
+    return "\n".join(out)
+
+
 RENDERERS: dict[str, Callable[[str | None], str]] = {
     "cli": render_cli,
     "rules": render_rules,
     "formats": render_formats,
     "dialects": render_dialects,
+    "releases": render_comfyui_releases,
 }
 
 

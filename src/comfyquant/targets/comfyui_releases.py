@@ -365,3 +365,9 @@ class ReleasedVerdict(Verdict):
 
     def to_dict(self) -> dict:
         return {**super().to_dict(), "releases": self.releases.to_dict()}
+
+
+def first_loading(fmt: str, marker: str) -> ReleaseGroup | None:
+    """The oldest group that loads a valid layer of ``fmt`` marked by ``marker`` (``HEADER`` or
+    ``TENSOR``): it knows the format and reads that marker form."""
+    return next((g for g in GROUPS if fmt in g.formats and marker in g.markers), None)
