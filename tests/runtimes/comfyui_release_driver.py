@@ -148,13 +148,20 @@ class _Worker:
             else:
                 config.layer_quant_config = self.header_layers(metadata)
                 quantized = config.layer_quant_config is not None
+            scaled_fp8 = None
+            if self.header_layers is not None and "scaled_fp8" in sd:
+                # before 0.4.0, model detection pops the legacy key and the ops scale by it
+                marker = sd.pop("scaled_fp8")
+                scaled_fp8 = torch.float8_e4m3fn if marker.dtype == torch.float32 else marker.dtype
+                fp8_optimizations = marker.nelement() != 2
             stage = "load"
             supported = [torch.bfloat16, torch.float16, torch.float32]
             params = utils.calculate_parameters(sd)
             weight_dtype = None if quantized else utils.weight_dtype(sd)
             unet_dtype = self.mm.unet_dtype(model_params=params, supported_dtypes=supported, weight_dtype=weight_dtype)
             manual_cast = self.mm.unet_manual_cast(None if quantized else unet_dtype, self.device, supported)
-            ops = self.ops.pick_operations(unet_dtype, manual_cast, load_device=self.device, model_config=config)
+            extra = {"scaled_fp8": scaled_fp8, "fp8_optimizations": fp8_optimizations} if scaled_fp8 is not None else {}
+            ops = self.ops.pick_operations(unet_dtype, manual_cast, load_device=self.device, model_config=config, **extra)
             dense = read_dense(Path(path))
             model = _tree(torch, ops.Linear, dense, unet_dtype)
             model.load_state_dict(sd, strict=False)

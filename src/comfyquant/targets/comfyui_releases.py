@@ -197,15 +197,16 @@ def first_knowing(fmt: str) -> ReleaseGroup | None:
     return next((g for g in GROUPS if fmt in g.formats), None)
 
 
-def release_verdict(group: ReleaseGroup, marked: tuple[dict, dict], newest):
+def release_verdict(group: ReleaseGroup, marked: tuple[dict, dict], newest, ckpt):
     """What ComfyUI ``group`` does with the file whose newest-release verdict is ``newest``:
     the format it lacks on the first layer it loads raises its own error; a layer marked only
     by a tensor marker, which a release that reads only the header map does not see, loads its
     stored codes as a plain weight (garbage, no error); otherwise the newest release's verdict
     (modelled: the releases' per-format messages are those of ComfyUI 0.33.0)."""
-    if group is NEWEST:
-        return newest
     header, tensor = marked
+    if group is NEWEST:  # it knows every format and reads both marker forms
+        six = _six_bits(group, ckpt, {**tensor, **header})
+        return newest if six is None else Verdict("comfyui", [six], newest.architecture)
     reads_tensor = TENSOR in group.markers
     read = dict(tensor) if reads_tensor else {}
     read.update(header)  # the header map's marker replaces the tensor marker
@@ -223,21 +224,151 @@ def release_verdict(group: ReleaseGroup, marked: tuple[dict, dict], newest):
     if not reads_tensor:
         unread = sorted((p for p in tensor if p not in header), key=module_order)
         if unread:
-            out.append(
-                Violation(
-                    "comfyui.release",
-                    f"layer '{unread[0]}': ComfyUI {group.first} reads only the header map, not the .comfy_quant "
-                    f"tensor marker: the stored codes load as a plain weight (garbage output, no error)",
-                    None,
-                    unread[0],
-                    "comfy_quant",
-                    False,
-                    f"ComfyUI before 0.4.0 reads quantization markers only from the {HEADER}",
-                    "add the header map (comfyquant fix) or load it with ComfyUI 0.4.0 or newer",
-                    severity="error",
-                )
-            )
+            out.append(_unread(group, ckpt, unread))
+        legacy = _legacy_scales(ckpt)
+        if legacy is not None:  # loading fails before any forward
+            return Verdict("comfyui", [legacy], newest.architecture)
+    six = _six_bits(group, ckpt, read)
+    if six is not None:
+        out.append(six)
+    for layer, fmt in read.items():
+        error = FORWARD_ERRORS.get((group.first, fmt))
+        if error and error[0] in _tensors(ckpt, layer):
+            out.append(Violation("comfyui.release", error[2], error[1], layer, error[0], True,
+                                 f"ComfyUI {group.first} cannot run a {fmt} layer with {error[0]}",
+                                 "load it with a newer ComfyUI release"))  # fmt: skip
+            break
     return Verdict("comfyui", out + list(newest.violations), newest.architecture)
+
+
+FOUR_BIT_ONLY = frozenset({"0.2.28", "0.2.30", "0.2.31"})
+"""The comfy-kitchen releases ComfyUI's W4A8 groups pin whose W4A8 layout has no 6-bit storage:
+they read any packed row as 4-bit codes (K = 2 x the row's bytes)."""
+
+
+def _six_bits(group: ReleaseGroup, ckpt, read: dict):
+    """The first W4A8 layer stored 6-bit that the group's comfy-kitchen refuses (``_six_bit``)."""
+    if group.kitchen not in FOUR_BIT_ONLY:
+        return None
+    for layer in sorted((p for p, f in read.items() if f == "asym_w4a8_int8"), key=module_order):
+        v = _six_bit(group, ckpt, layer)
+        if v is not None:
+            return v
+    return None
+
+
+def _six_bit(group: ReleaseGroup, ckpt, layer: str):
+    """A W4A8 layer stored 6-bit (3K/4 bytes a row) under a comfy-kitchen that reads 4-bit codes
+    only: its eager linear takes K as twice the row's bytes and refuses the K or the group
+    scales' shape, in its own words."""
+    t = _tensors(ckpt, layer)
+    w, s_rel = t.get("weight"), t.get("weight_s_rel")
+    if w is None or s_rel is None or len(w.shape) != 2 or len(s_rel.shape) != 2:
+        return None
+    marker = ckpt.markers.effective.get(layer) or ckpt.markers.effective.get(DIFFUSION_PREFIX + layer) or {}
+    params = marker.get("params") if isinstance(marker.get("params"), dict) else {}
+    group_size = marker.get("group_size", params.get("group_size", 16))
+    convrot = marker.get("convrot_groupsize", params.get("convrot_groupsize", 256))
+    n, row = w.shape
+    k_model = s_rel.shape[1] * group_size if isinstance(group_size, int) else None
+    if k_model is None or row * 4 != k_model * 3:
+        return None  # not 6-bit storage
+    k = 2 * row
+    cause = f"{group.kitchen_text} (which ComfyUI {group.first} pins) has no 6-bit W4A8 storage"
+    fix = "load it with comfy-kitchen 0.2.40, or re-quantize 4-bit"
+    if group_size < 4 or k % 16 or k % group_size or k % convrot or (16 % group_size and group_size % 16):
+        message = (
+            f"K={k} must be divisible by 16, group_size={group_size}, and convrot_groupsize={convrot}; "
+            f"group_size must be >=4 and divide 16 or be a multiple of 16"
+        )
+    else:
+        message = f"s_rel must have shape {(n, k // group_size)}, got {tuple(s_rel.shape)}"
+    return Violation("comfyui.release", message, "ValueError", layer, "weight", True, cause, fix)
+
+
+FORWARD_ERRORS = {
+    ("0.3.68", "float8_e4m3fn"): (
+        "input_scale",
+        "TypeError",
+        "TensorCoreFP8Layout.quantize() got an unexpected keyword argument 'fp8_dtype'",
+    ),
+}
+"""(release group, format) -> (tensor, exception, message): what a release's first forward
+raises on a layer of a format it knows, holding that tensor (as running the release raised it)."""
+
+
+def _legacy_scales(ckpt):
+    """A legacy scaled-FP8 file (its ``scaled_fp8`` key) in a release before 0.4.0: the scaled
+    FP8 operations hold ``scale_weight`` and ``scale_input`` as scalars, so a stored vector
+    fails ``load_state_dict`` (torch's size mismatch, every such tensor, in module order)."""
+    if not any(name == "scaled_fp8" or name.endswith(".scaled_fp8") for name in ckpt.tensors):
+        return None
+    lines = []
+    for prefix in sorted(ckpt.layers, key=module_order):
+        for suffix in ("scale_weight", "scale_input"):
+            e = ckpt.layers[prefix].tensors.get(suffix)
+            if e is not None and tuple(e.shape) != ():
+                have = ", ".join(str(d) for d in e.shape)
+                name = _bare(prefix)
+                lines.append(
+                    f"size mismatch for {name}.{suffix}: copying a param with shape torch.Size([{have}]) from checkpoint, "
+                    "the shape in current model is torch.Size([])."
+                )
+    if not lines:
+        return None
+    return Violation("comfyui.release", "\n\t".join(lines), "RuntimeError", None, None, True,
+                     "ComfyUI before 0.4.0 holds legacy scaled-FP8 scales as scalars",
+                     "store the scales as scalars, or load it with ComfyUI 0.4.0 or newer")  # fmt: skip
+
+
+def _tensors(ckpt, bare: str) -> dict:
+    layer = ckpt.layers.get(bare) or ckpt.layers.get(DIFFUSION_PREFIX + bare)
+    return layer.tensors if layer is not None else {}
+
+
+def _unread(group: ReleaseGroup, ckpt, unread: list[str]):
+    """A layer marked by a tensor alone, in a release that reads only the header map: its
+    stored weight loads into a plain ``Linear``; a weight stored in another shape than the
+    model's (packed codes) fails ``load_state_dict``, one of the model's shape computes garbage."""
+    from ..formats.base import GeometryError
+    from ..formats.registry import FORMATS
+
+    mismatched = []
+    for name in unread:
+        t = _tensors(ckpt, name)
+        layer = ckpt.layers.get(name) or ckpt.layers.get(DIFFUSION_PREFIX + name)
+        w = t.get("weight")
+        fmt = FORMATS.get(layer.format_name) if layer is not None and layer.format_name else None
+        if w is None or fmt is None:
+            continue
+        marker = ckpt.markers.effective.get(layer.prefix, {})
+        try:
+            env = fmt.geometry(t, fmt.params(marker))
+        except (GeometryError, KeyError, TypeError, ValueError):
+            continue
+        model = (env.get("N_model", env.get("N")), env.get("K_model", env.get("K")))
+        if None not in model and tuple(w.shape) != model:
+            have = ", ".join(str(d) for d in w.shape)
+            mismatched.append(
+                f"size mismatch for {name}.weight: copying a param with shape torch.Size([{have}]) from checkpoint, "
+                f"the shape in current model is torch.Size([{model[0]}, {model[1]}])."
+            )
+    cause = f"ComfyUI before 0.4.0 reads quantization markers only from the {HEADER}"
+    fix = "add the header map (comfyquant fix) or load it with ComfyUI 0.4.0 or newer"
+    if mismatched:
+        return Violation("comfyui.release", "\n\t".join(mismatched), "RuntimeError", unread[0], "weight", True, cause, fix)
+    return Violation(
+        "comfyui.release",
+        f"layer '{unread[0]}': ComfyUI {group.first} reads only the header map, not the .comfy_quant "
+        f"tensor marker: the stored codes load as a plain weight (garbage output, no error)",
+        None,
+        unread[0],
+        "comfy_quant",
+        False,
+        cause,
+        fix,
+        severity="error",
+    )
 
 
 class Releases:
@@ -299,7 +430,7 @@ class Releases:
         if first is None:
             last = next((rs[-1] for _, rs, v in reversed(self.verdicts) if v.loads), None)
             if last is None:
-                return [*lines, f"fails on every ComfyUI release {oldest} .. {newest}"]
+                return [*lines, f"fails on every ComfyUI release {oldest} .. {newest} (each with the comfy-kitchen it pins)"]
             return [*lines, f"fails from ComfyUI {_after(RELEASES, last)} on; last loads on {last}"]
         if first == oldest:
             return [*lines, f"loads on every ComfyUI release {oldest} .. {newest}"]
@@ -340,14 +471,16 @@ def _failure(verdict) -> str:
 def releases_for(ckpt, newest, spec: tuple[str, str] | None) -> Releases:
     """The file's verdict on every group with a release ``spec`` selects."""
     marked = marked_formats(ckpt)
-    verdicts = [(group, group.releases, release_verdict(group, marked, newest)) for group in GROUPS]
+    verdicts = [(group, group.releases, release_verdict(group, marked, newest, ckpt)) for group in GROUPS]
     return Releases(verdicts, selected_releases(spec))
 
 
 def released(newest, releases: Releases) -> ReleasedVerdict:
     """The ComfyUI verdict a check reports: the newest selected release's, carrying the
     file's verdict on every release (``ReleasedVerdict``)."""
-    last = releases.chosen[-1][2]
+    # by default the verdict stays that of the proven pairing (ComfyUI 0.33.0 with comfy-kitchen
+    # 0.2.40); a release spec gives the selected release's, with the comfy-kitchen it pins
+    last = newest if releases.selected == RELEASES else releases.chosen[-1][2]
     out = ReleasedVerdict(last.target, last.violations, last.architecture)
     out.releases = releases
     return out
