@@ -266,12 +266,14 @@ def _six_bit(group: ReleaseGroup, ckpt, layer: str):
     if w is None or s_rel is None or len(w.shape) != 2 or len(s_rel.shape) != 2:
         return None
     marker = ckpt.markers.effective.get(layer) or ckpt.markers.effective.get(DIFFUSION_PREFIX + layer) or {}
-    params = marker.get("params") if isinstance(marker.get("params"), dict) else {}
+    nested = marker.get("params")
+    params: dict = nested if isinstance(nested, dict) else {}
     group_size = marker.get("group_size", params.get("group_size", 16))
     convrot = marker.get("convrot_groupsize", params.get("convrot_groupsize", 256))
     n, row = w.shape
-    k_model = s_rel.shape[1] * group_size if isinstance(group_size, int) else None
-    if k_model is None or row * 4 != k_model * 3:
+    if not isinstance(group_size, int) or not isinstance(convrot, int) or group_size <= 0 or convrot <= 0:
+        return None  # the marker's own errors decide
+    if row * 4 != s_rel.shape[1] * group_size * 3:
         return None  # not 6-bit storage
     k = 2 * row
     cause = f"{group.kitchen_text} (which ComfyUI {group.first} pins) has no 6-bit W4A8 storage"
