@@ -18,22 +18,7 @@ import runtime_sources  # noqa: E402
 from comfyquant.targets.comfyui_releases import GROUPS  # noqa: E402
 from runtimes import releases  # noqa: E402
 from runtimes.agreement import summary, table  # noqa: E402
-from runtimes.cases import VARIANTS, bases, header_cases, legacy_cases  # noqa: E402
-from runtimes.release_agreement import compare_group  # noqa: E402
-
-
-def format_cases(folder, seed: int = 0) -> list:
-    """Each format's valid layer (first geometry) as written, with its marker in the header map
-    only, and in both; and the legacy scaled-FP8 forms."""
-    shapes = {variant: sizes[:1] for variant, sizes in VARIANTS.items()}
-    out = []
-    for base in bases(seed, shapes):
-        out.append(base.case(f"{base.name}.valid", "valid"))
-        out.extend(c for c in header_cases(base) if c.id.endswith((".header.map-only", ".header.both")))
-    out.extend(legacy_cases(seed))
-    for case in out:
-        case.write(folder)
-    return out
+from runtimes.release_agreement import compare_group, format_cases  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 import runtime_sources
 
 from .agreement import Row
-from .cases import Case
+from .cases import VARIANTS, Case, bases, header_cases, legacy_cases
 from .outcome import Outcome, disagreement, expected
 
 
@@ -72,3 +72,18 @@ def compare_group(root: Path, group, cases: list[Case]) -> tuple[list[Row], int]
         guess = expected(predicted(case, group.first))
         rows.append(Row(case, outcome, guess, disagreement(outcome, guess)))
     return rows, driven
+
+
+def format_cases(folder: Path, seed: int = 0, shapes: dict | None = None) -> list[Case]:
+    """Each format's valid layer (first geometry of ``shapes``, default ``cases.VARIANTS``) as
+    written, with its marker in the header map only, and in both; and the legacy scaled-FP8
+    forms; written into ``folder``."""
+    shapes = {variant: sizes[:1] for variant, sizes in (shapes or VARIANTS).items()}
+    out: list[Case] = []
+    for base in bases(seed, shapes):
+        out.append(base.case(f"{base.name}.valid", "valid"))
+        out.extend(c for c in header_cases(base) if c.id.endswith((".header.map-only", ".header.both")))
+    out.extend(legacy_cases(seed))
+    for case in out:
+        case.write(folder)
+    return out
