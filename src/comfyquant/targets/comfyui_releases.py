@@ -232,7 +232,7 @@ def release_verdict(group: ReleaseGroup, marked: tuple[dict, dict], newest, ckpt
     if six is not None:
         out.append(six)
     for layer, fmt in read.items():
-        error = FORWARD_ERRORS.get((group.first, fmt))
+        error = FORWARD_ERRORS.get((group.first, fmt)) if isinstance(fmt, str) else None
         if error and error[0] in _tensors(ckpt, layer):
             out.append(Violation("comfyui.release", error[2], error[1], layer, error[0], True,
                                  f"ComfyUI {group.first} cannot run a {fmt} layer with {error[0]}",
@@ -346,7 +346,7 @@ def _unread(group: ReleaseGroup, ckpt, unread: list[str]):
         marker = ckpt.markers.effective.get(layer.prefix, {})
         try:
             env = fmt.geometry(t, fmt.params(marker))
-        except (GeometryError, KeyError, TypeError, ValueError):
+        except (GeometryError, KeyError, TypeError, ValueError, AttributeError):
             continue
         model = (env.get("N_model", env.get("N")), env.get("K_model", env.get("K")))
         if None not in model and tuple(w.shape) != model:
