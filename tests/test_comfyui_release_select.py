@@ -59,7 +59,7 @@ def test_tensor_markers_load_from_the_release_that_reads_them(capsys, tmp_path):
     header map as well, every release loads it."""
     tensor_only = write(tmp_path / "t.safetensors", fp8_layer(LAYER))
     _, out = run(capsys, tensor_only, "--target", "comfyui")
-    assert "loads from ComfyUI 0.4.0 on; fails before: layer 'blocks.0.attn.qkv': ComfyUI 0.3.76 reads only" in out
+    assert "loads from ComfyUI 0.4.0 on; fails before: layer 'blocks.0.attn.qkv': ComfyUI before 0.4.0 reads only" in out
     both = write(tmp_path / "h.safetensors", fp8_layer(LAYER), metadata=header_markers({LAYER: {"format": "float8_e4m3fn"}}))
     _, out = run(capsys, both, "--target", "comfyui")
     assert "loads on every ComfyUI release 0.3.68 .. 0.33.0" in out

@@ -197,48 +197,72 @@ def first_knowing(fmt: str) -> ReleaseGroup | None:
     return next((g for g in GROUPS if fmt in g.formats), None)
 
 
-def release_verdict(group: ReleaseGroup, marked: tuple[dict, dict], newest, ckpt):
+class Marked:
+    """The file's markers as ComfyUI's releases read them, worked out once per check: each
+    layer's format with both marker forms (the header map's replacing the tensor's) and with
+    the header map alone, the formats each names, and the layers a tensor alone marks."""
+
+    __slots__ = ("both", "header", "both_formats", "header_formats", "unread")
+
+    def __init__(self, ckpt) -> None:
+        header, tensor = marked_formats(ckpt)
+        self.header = header
+        self.both = {**tensor, **header}
+        self.both_formats = {f for f in self.both.values() if isinstance(f, str)}
+        self.header_formats = {f for f in header.values() if isinstance(f, str)}
+        self.unread = [p for p in tensor if p not in header]
+
+    def read(self, group: ReleaseGroup) -> tuple[dict, set]:
+        return (self.both, self.both_formats) if TENSOR in group.markers else (self.header, self.header_formats)
+
+
+def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
     """What ComfyUI ``group`` does with the file whose newest-release verdict is ``newest``:
     the format it lacks on the first layer it loads raises its own error; a layer marked only
     by a tensor marker, which a release that reads only the header map does not see, loads its
-    stored codes as a plain weight (garbage, no error); otherwise the newest release's verdict
-    (modelled: the releases' per-format messages are those of ComfyUI 0.33.0)."""
-    header, tensor = marked
+    stored weight as a plain one; otherwise the newest release's verdict (modelled: the
+    releases' per-format messages are those of ComfyUI 0.33.0), with what the comfy-kitchen the
+    release pins refuses."""
+    read, formats = marked.read(group)
     if group is NEWEST:  # it knows every format and reads both marker forms
-        six = _six_bits(group, ckpt, {**tensor, **header})
+        six = _six_bits(group, ckpt, read, formats)
         return newest if six is None else Verdict("comfyui", [six], newest.architecture)
-    reads_tensor = TENSOR in group.markers
-    read = dict(tensor) if reads_tensor else {}
-    read.update(header)  # the header map's marker replaces the tensor marker
-    unknown = [p for p, f in read.items() if isinstance(f, str) and f not in group.formats]
-    if unknown:
+    if not formats <= set(group.formats):
+        unknown = [p for p, f in read.items() if isinstance(f, str) and f not in group.formats]
         layer = min(unknown, key=module_order)
         fmt = read[layer]
         exc, message = group.unknown
         knows = first_knowing(fmt)
         fix = f"load it with ComfyUI {knows.first} or newer" if knows else "convert the layer (comfyquant convert)"
-        v = Violation("comfyui.release", message.format(format=fmt), exc, layer, "comfy_quant", True,
-                      f"ComfyUI {group.first} does not know format {fmt!r}", fix)  # fmt: skip
+        cause = f"ComfyUI before {knows.first} does not know format {fmt!r}" if knows else f"no ComfyUI release knows {fmt!r}"
+        v = Violation("comfyui.release", message.format(format=fmt), exc, layer, "comfy_quant", True, cause, fix)
         return Verdict("comfyui", [v], newest.architecture)
     out = []
-    if not reads_tensor:
-        unread = sorted((p for p in tensor if p not in header), key=module_order)
-        if unread:
-            out.append(_unread(group, ckpt, unread))
+    if TENSOR not in group.markers:
+        if marked.unread:
+            out.append(_unread(ckpt, sorted(marked.unread, key=module_order)))
         legacy = _legacy_scales(ckpt)
         if legacy is not None:  # loading fails before any forward
             return Verdict("comfyui", [legacy], newest.architecture)
-    six = _six_bits(group, ckpt, read)
+    six = _six_bits(group, ckpt, read, formats)
     if six is not None:
         out.append(six)
-    for layer, fmt in read.items():
-        error = FORWARD_ERRORS.get((group.first, fmt)) if isinstance(fmt, str) else None
-        if error and error[0] in _tensors(ckpt, layer):
+    for (release, fmt), error in FORWARD_ERRORS.items():
+        if release != group.first or fmt not in formats:
+            continue
+        layer = next((p for p, f in read.items() if f == fmt and error[0] in _tensors(ckpt, p)), None)
+        if layer is not None:
             out.append(Violation("comfyui.release", error[2], error[1], layer, error[0], True,
-                                 f"ComfyUI {group.first} cannot run a {fmt} layer with {error[0]}",
+                                 f"ComfyUI {release} cannot run a {fmt} layer with {error[0]}",
                                  "load it with a newer ComfyUI release"))  # fmt: skip
-            break
-    return Verdict("comfyui", out + list(newest.violations), newest.architecture)
+    return Verdict("comfyui", out + newest.violations, newest.architecture)
+
+
+def _memo_key(group: ReleaseGroup) -> tuple:
+    """What a group's verdict depends on besides the file: groups with the same key share it."""
+    forward = group.first if any(release == group.first for release, _ in FORWARD_ERRORS) else None
+    kitchen = group.kitchen if group.kitchen in FOUR_BIT_ONLY else None
+    return (group is NEWEST, group.markers, group.formats, group.unknown, kitchen, forward)
 
 
 FOUR_BIT_ONLY = frozenset({"0.2.28", "0.2.30", "0.2.31"})
@@ -246,9 +270,9 @@ FOUR_BIT_ONLY = frozenset({"0.2.28", "0.2.30", "0.2.31"})
 they read any packed row as 4-bit codes (K = 2 x the row's bytes)."""
 
 
-def _six_bits(group: ReleaseGroup, ckpt, read: dict):
+def _six_bits(group: ReleaseGroup, ckpt, read: dict, formats: set):
     """The first W4A8 layer stored 6-bit that the group's comfy-kitchen refuses (``_six_bit``)."""
-    if group.kitchen not in FOUR_BIT_ONLY:
+    if group.kitchen not in FOUR_BIT_ONLY or "asym_w4a8_int8" not in formats:
         return None
     for layer in sorted((p for p, f in read.items() if f == "asym_w4a8_int8"), key=module_order):
         v = _six_bit(group, ckpt, layer)
@@ -328,7 +352,7 @@ def _tensors(ckpt, bare: str) -> dict:
     return layer.tensors if layer is not None else {}
 
 
-def _unread(group: ReleaseGroup, ckpt, unread: list[str]):
+def _unread(ckpt, unread: list[str]):
     """A layer marked by a tensor alone, in a release that reads only the header map: its
     stored weight loads into a plain ``Linear``; a weight stored in another shape than the
     model's (packed codes) fails ``load_state_dict``, one of the model's shape computes garbage."""
@@ -361,7 +385,7 @@ def _unread(group: ReleaseGroup, ckpt, unread: list[str]):
         return Violation("comfyui.release", "\n\t".join(mismatched), "RuntimeError", unread[0], "weight", True, cause, fix)
     return Violation(
         "comfyui.release",
-        f"layer '{unread[0]}': ComfyUI {group.first} reads only the header map, not the .comfy_quant "
+        f"layer '{unread[0]}': ComfyUI before 0.4.0 reads only the header map, not the .comfy_quant "
         f"tensor marker: the stored codes load as a plain weight (garbage output, no error)",
         None,
         unread[0],
@@ -472,8 +496,15 @@ def _failure(verdict) -> str:
 
 def releases_for(ckpt, newest, spec: tuple[str, str] | None) -> Releases:
     """The file's verdict on every group with a release ``spec`` selects."""
-    marked = marked_formats(ckpt)
-    verdicts = [(group, group.releases, release_verdict(group, marked, newest, ckpt)) for group in GROUPS]
+    marked = Marked(ckpt)
+    memo: dict[tuple, Verdict] = {}
+    verdicts = []
+    for group in GROUPS:
+        key = _memo_key(group)
+        verdict = memo.get(key)
+        if verdict is None:
+            verdict = memo[key] = release_verdict(group, marked, newest, ckpt)
+        verdicts.append((group, group.releases, verdict))
     return Releases(verdicts, selected_releases(spec))
 
 
