@@ -202,7 +202,7 @@ class Marked:
     layer's format with both marker forms (the header map's replacing the tensor's) and with
     the header map alone, the formats each names, and the layers a tensor alone marks."""
 
-    __slots__ = ("both", "header", "both_formats", "header_formats", "unread")
+    __slots__ = ("both", "header", "both_formats", "header_formats", "unread", "_keys", "_firsts", "_done")
 
     def __init__(self, ckpt) -> None:
         header, tensor = marked_formats(ckpt)
@@ -211,6 +211,30 @@ class Marked:
         self.both_formats = {f for f in self.both.values() if isinstance(f, str)}
         self.header_formats = {f for f in header.values() if isinstance(f, str)}
         self.unread = [p for p in tensor if p not in header]
+        self._keys: dict[str, list] = {}
+        self._firsts: dict[tuple, str] = {}
+        self._done: dict[str, object] = {}
+        """Results that do not depend on the release (``once``)."""
+
+    def first(self, read: dict, formats: set) -> str:
+        """The first layer, in module order, that ``read`` marks with one of ``formats``
+        (each layer's order key made once per check)."""
+        key = (id(read), frozenset(formats))
+        if key in self._firsts:
+            return self._firsts[key]
+        keys = self._keys
+        for p, f in read.items():
+            if f in formats and p not in keys:
+                keys[p] = module_order(p)
+        found = min((p for p, f in read.items() if f in formats), key=keys.__getitem__)
+        self._firsts[key] = found
+        return found
+
+    def once(self, name: str, make):
+        """``make()``, worked out once per check."""
+        if name not in self._done:
+            self._done[name] = make()
+        return self._done[name]
 
     def read(self, group: ReleaseGroup) -> tuple[dict, set]:
         return (self.both, self.both_formats) if TENSOR in group.markers else (self.header, self.header_formats)
@@ -225,11 +249,10 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
     release pins refuses."""
     read, formats = marked.read(group)
     if group is NEWEST:  # it knows every format and reads both marker forms
-        six = _six_bits(group, ckpt, read, formats)
+        six = _six_bits(group, ckpt, read, formats, marked)
         return newest if six is None else Verdict("comfyui", [six], newest.architecture)
     if not formats <= set(group.formats):
-        unknown = [p for p, f in read.items() if isinstance(f, str) and f not in group.formats]
-        layer = min(unknown, key=module_order)
+        layer = marked.first(read, formats - set(group.formats))
         fmt = read[layer]
         exc, message = group.unknown
         knows = first_knowing(fmt)
@@ -240,19 +263,19 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
     out = []
     if TENSOR not in group.markers:
         if marked.unread:
-            out.append(_unread(ckpt, sorted(marked.unread, key=module_order)))
-        legacy = _legacy_scales(ckpt)
+            out.append(marked.once("unread", lambda: _unread(ckpt, sorted(marked.unread, key=module_order))))
+        legacy = marked.once("legacy", lambda: _legacy_scales(ckpt))
         if legacy is not None:  # loading fails before any forward
             return Verdict("comfyui", [legacy], newest.architecture)
-    six = _six_bits(group, ckpt, read, formats)
+    six = _six_bits(group, ckpt, read, formats, marked)
     if six is not None:
         out.append(six)
     for (release, fmt), error in FORWARD_ERRORS.items():
         if release != group.first or fmt not in formats:
             continue
-        layer = next((p for p, f in read.items() if f == fmt and error[0] in _tensors(ckpt, p)), None)
-        if layer is not None:
-            out.append(Violation("comfyui.release", error[2], error[1], layer, error[0], True,
+        holder = next((p for p, f in read.items() if f == fmt and error[0] in _tensors(ckpt, p)), None)
+        if holder is not None:
+            out.append(Violation("comfyui.release", error[2], error[1], holder, error[0], True,
                                  f"ComfyUI {release} cannot run a {fmt} layer with {error[0]}",
                                  "load it with a newer ComfyUI release"))  # fmt: skip
     return Verdict("comfyui", out + newest.violations, newest.architecture)
@@ -270,21 +293,28 @@ FOUR_BIT_ONLY = frozenset({"0.2.28", "0.2.30", "0.2.31"})
 they read any packed row as 4-bit codes (K = 2 x the row's bytes)."""
 
 
-def _six_bits(group: ReleaseGroup, ckpt, read: dict, formats: set):
+def _six_bits(group: ReleaseGroup, ckpt, read: dict, formats: set, marked: Marked):
     """The first W4A8 layer stored 6-bit that the group's comfy-kitchen refuses (``_six_bit``)."""
     if group.kitchen not in FOUR_BIT_ONLY or "asym_w4a8_int8" not in formats:
         return None
-    for layer in sorted((p for p, f in read.items() if f == "asym_w4a8_int8"), key=module_order):
+    six = marked.once(
+        "six", lambda: sorted((p for p, f in read.items() if f == "asym_w4a8_int8" and _six(ckpt, p)), key=module_order)
+    )
+    for layer in six:
         v = _six_bit(group, ckpt, layer)
         if v is not None:
             return v
     return None
 
 
-def _six_bit(group: ReleaseGroup, ckpt, layer: str):
-    """A W4A8 layer stored 6-bit (3K/4 bytes a row) under a comfy-kitchen that reads 4-bit codes
-    only: its eager linear takes K as twice the row's bytes and refuses the K or the group
-    scales' shape, in its own words."""
+def _six(ckpt, layer: str) -> bool:
+    """Whether a W4A8 layer's packed rows hold 6-bit codes (``_six_storage``)."""
+    return _six_storage(ckpt, layer) is not None
+
+
+def _six_storage(ckpt, layer: str):
+    """(weight, s_rel, group_size, convrot_groupsize) of a W4A8 layer stored 6-bit: 3K/4 bytes
+    a row, K = the group scales' columns x group_size (None otherwise)."""
     t = _tensors(ckpt, layer)
     w, s_rel = t.get("weight"), t.get("weight_s_rel")
     if w is None or s_rel is None or len(w.shape) != 2 or len(s_rel.shape) != 2:
@@ -294,11 +324,22 @@ def _six_bit(group: ReleaseGroup, ckpt, layer: str):
     params: dict = nested if isinstance(nested, dict) else {}
     group_size = marker.get("group_size", params.get("group_size", 16))
     convrot = marker.get("convrot_groupsize", params.get("convrot_groupsize", 256))
-    n, row = w.shape
     if not isinstance(group_size, int) or not isinstance(convrot, int) or group_size <= 0 or convrot <= 0:
         return None  # the marker's own errors decide
-    if row * 4 != s_rel.shape[1] * group_size * 3:
-        return None  # not 6-bit storage
+    if w.shape[1] * 4 != s_rel.shape[1] * group_size * 3:
+        return None
+    return w, s_rel, group_size, convrot
+
+
+def _six_bit(group: ReleaseGroup, ckpt, layer: str):
+    """A W4A8 layer stored 6-bit under a comfy-kitchen that reads 4-bit codes only: its eager
+    linear takes K as twice the row's bytes and refuses the K or the group scales' shape, in
+    its own words."""
+    found = _six_storage(ckpt, layer)
+    if found is None:
+        return None
+    w, s_rel, group_size, convrot = found
+    n, row = w.shape
     k = 2 * row
     cause = f"{group.kitchen_text} (which ComfyUI {group.first} pins) has no 6-bit W4A8 storage"
     fix = "load it with comfy-kitchen 0.2.40, or re-quantize 4-bit"
@@ -360,6 +401,7 @@ def _unread(ckpt, unread: list[str]):
     from ..formats.registry import FORMATS
 
     mismatched = []
+    sizes: dict[tuple, tuple] = {}  # per layer class: the model's (N, K)
     for name in unread:
         t = _tensors(ckpt, name)
         layer = ckpt.layers.get(name) or ckpt.layers.get(DIFFUSION_PREFIX + name)
@@ -368,11 +410,14 @@ def _unread(ckpt, unread: list[str]):
         if w is None or fmt is None:
             continue
         marker = ckpt.markers.effective.get(layer.prefix, {})
-        try:
-            env = fmt.geometry(t, fmt.params(marker))
-        except (GeometryError, KeyError, TypeError, ValueError, AttributeError):
-            continue
-        model = (env.get("N_model", env.get("N")), env.get("K_model", env.get("K")))
+        key = (fmt.name, id(marker), *((k, tuple(e.shape)) for k, e in t.items()))
+        model = sizes.get(key)
+        if model is None:
+            try:
+                env = fmt.geometry(t, fmt.params(marker))
+            except (GeometryError, KeyError, TypeError, ValueError, AttributeError):
+                continue
+            model = sizes[key] = (env.get("N_model", env.get("N")), env.get("K_model", env.get("K")))
         if None not in model and tuple(w.shape) != model:
             have = ", ".join(str(d) for d in w.shape)
             mismatched.append(
