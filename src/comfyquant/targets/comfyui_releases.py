@@ -15,6 +15,8 @@ raised it.  No torch: ``check`` reads these tables.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .base import Verdict, Violation, module_order
 
 HEADER = "header map"
@@ -368,7 +370,7 @@ def _legacy_scales(ckpt):
     """A legacy scaled-FP8 file (its ``scaled_fp8`` key) in a release before 0.4.0: the scaled
     FP8 operations hold ``scale_weight`` and ``scale_input`` as scalars, so a stored vector
     fails ``load_state_dict`` (torch's size mismatch, every such tensor, in module order)."""
-    if not any(name == "scaled_fp8" or name.endswith(".scaled_fp8") for name in ckpt.tensors):
+    if "scaled_fp8" not in ckpt.tensors and DIFFUSION_PREFIX + "scaled_fp8" not in ckpt.tensors:
         return None
     lines = []
     for prefix in sorted(ckpt.layers, key=module_order):
@@ -396,38 +398,16 @@ def _tensors(ckpt, bare: str) -> dict:
 def _unread(ckpt, unread: list[str]):
     """A layer marked by a tensor alone, in a release that reads only the header map: its
     stored weight loads into a plain ``Linear``; a weight stored in another shape than the
-    model's (packed codes) fails ``load_state_dict``, one of the model's shape computes garbage."""
-    from ..formats.base import GeometryError
-    from ..formats.registry import FORMATS
-
-    mismatched = []
-    sizes: dict[tuple, tuple] = {}  # per layer class: the model's (N, K)
-    for name in unread:
-        t = _tensors(ckpt, name)
-        layer = ckpt.layers.get(name) or ckpt.layers.get(DIFFUSION_PREFIX + name)
-        w = t.get("weight")
-        fmt = FORMATS.get(layer.format_name) if layer is not None and layer.format_name else None
-        if w is None or fmt is None:
-            continue
-        marker = ckpt.markers.effective.get(layer.prefix, {})
-        key = (fmt.name, id(marker), *((k, tuple(e.shape)) for k, e in t.items()))
-        model = sizes.get(key)
-        if model is None:
-            try:
-                env = fmt.geometry(t, fmt.params(marker))
-            except (GeometryError, KeyError, TypeError, ValueError, AttributeError):
-                continue
-            model = sizes[key] = (env.get("N_model", env.get("N")), env.get("K_model", env.get("K")))
-        if None not in model and tuple(w.shape) != model:
-            have = ", ".join(str(d) for d in w.shape)
-            mismatched.append(
-                f"size mismatch for {name}.weight: copying a param with shape torch.Size([{have}]) from checkpoint, "
-                f"the shape in current model is torch.Size([{model[0]}, {model[1]}])."
-            )
+    model's (packed codes) fails ``load_state_dict`` (torch lists every such tensor: the
+    message is written when it is read), one of the model's shape computes garbage."""
     cause = f"ComfyUI before 0.4.0 reads quantization markers only from the {HEADER}"
     fix = "add the header map (comfyquant fix) or load it with ComfyUI 0.4.0 or newer"
-    if mismatched:
-        return Violation("comfyui.release", "\n\t".join(mismatched), "RuntimeError", unread[0], "weight", True, cause, fix)
+    sizes: dict[tuple, tuple | None] = {}
+    for name in unread:
+        if _mismatch(ckpt, name, sizes) is not None:
+            v = _Mismatches("comfyui.release", "", "RuntimeError", name, "weight", True, cause, fix)
+            v.lines = lambda: [m for m in (_mismatch(ckpt, n, sizes) for n in unread) if m is not None]
+            return v
     return Violation(
         "comfyui.release",
         f"layer '{unread[0]}': ComfyUI before 0.4.0 reads only the header map, not the .comfy_quant "
@@ -439,6 +419,54 @@ def _unread(ckpt, unread: list[str]):
         cause,
         fix,
         severity="error",
+    )
+
+
+class _Mismatches(Violation):
+    """torch's size mismatches of the layers a release loads as plain ``Linear``s: its message
+    (one line per tensor) is made when it is first read."""
+
+    __slots__ = ("lines", "_text")
+    lines: Callable[[], list[str]]
+    _text: str | None
+
+    @property
+    def message(self) -> str:
+        if self._text is None:
+            self._text = "\n\t".join(self.lines())
+        return self._text
+
+    @message.setter
+    def message(self, value: str) -> None:
+        self._text = value if value else None
+
+
+def _mismatch(ckpt, name: str, sizes: dict) -> str | None:
+    """torch's size-mismatch line for a layer whose stored weight is not the model's shape."""
+    from ..formats.base import GeometryError
+    from ..formats.registry import FORMATS
+
+    t = _tensors(ckpt, name)
+    layer = ckpt.layers.get(name) or ckpt.layers.get(DIFFUSION_PREFIX + name)
+    w = t.get("weight")
+    fmt = FORMATS.get(layer.format_name) if layer is not None and layer.format_name else None
+    if w is None or fmt is None:
+        return None
+    marker = ckpt.markers.effective.get(layer.prefix, {})
+    key = (fmt.name, id(marker), *((k, tuple(e.shape)) for k, e in t.items()))
+    if key not in sizes:
+        try:
+            env = fmt.geometry(t, fmt.params(marker))
+            sizes[key] = (env.get("N_model", env.get("N")), env.get("K_model", env.get("K")))
+        except (GeometryError, KeyError, TypeError, ValueError, AttributeError):
+            sizes[key] = None
+    model = sizes[key]
+    if model is None or None in model or tuple(w.shape) == model:
+        return None
+    have = ", ".join(str(d) for d in w.shape)
+    return (
+        f"size mismatch for {name}.weight: copying a param with shape torch.Size([{have}]) from checkpoint, "
+        f"the shape in current model is torch.Size([{model[0]}, {model[1]}])."
     )
 
 
