@@ -299,9 +299,7 @@ def _six_bits(group: ReleaseGroup, ckpt, read: dict, formats: set, marked: Marke
     """The first W4A8 layer stored 6-bit that the group's comfy-kitchen refuses (``_six_bit``)."""
     if group.kitchen not in FOUR_BIT_ONLY or "asym_w4a8_int8" not in formats:
         return None
-    six = marked.once(
-        "six", lambda: sorted((p for p, f in read.items() if f == "asym_w4a8_int8" and _six(ckpt, p)), key=module_order)
-    )
+    six = marked.once("six", lambda: _six_layers(ckpt, read))
     for layer in six:
         v = _six_bit(group, ckpt, layer)
         if v is not None:
@@ -309,9 +307,24 @@ def _six_bits(group: ReleaseGroup, ckpt, read: dict, formats: set, marked: Marke
     return None
 
 
-def _six(ckpt, layer: str) -> bool:
-    """Whether a W4A8 layer's packed rows hold 6-bit codes (``_six_storage``)."""
-    return _six_storage(ckpt, layer) is not None
+def _six_layers(ckpt, read: dict) -> list[str]:
+    """The W4A8 layers whose packed rows hold 6-bit codes, in module order (``_six_storage``,
+    decided once per layer class: weight and group-scale shapes, marker)."""
+    seen: dict[tuple, bool] = {}
+    out = []
+    effective = ckpt.markers.effective
+    for p, f in read.items():
+        if f != "asym_w4a8_int8":
+            continue
+        t = _tensors(ckpt, p)
+        w, s_rel = t.get("weight"), t.get("weight_s_rel")
+        key = (w.shape if w is not None else None, s_rel.shape if s_rel is not None else None, id(effective.get(p)))
+        six = seen.get(key)
+        if six is None:
+            six = seen[key] = _six_storage(ckpt, p) is not None
+        if six:
+            out.append(p)
+    return sorted(out, key=module_order)
 
 
 def _six_storage(ckpt, layer: str):
