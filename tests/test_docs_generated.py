@@ -61,3 +61,16 @@ def test_an_unknown_generated_table_stops_the_build():
         _hook().on_page_markdown(
             "<!-- generated: nothing -->", type("Page", (), {"file": type("F", (), {"src_path": "x.md"})()})(), None, None
         )
+
+
+def test_the_runtimes_page_names_the_first_comfyui_release_per_format():
+    from comfyquant.targets.comfyui_releases import GROUPS, NEWEST, TENSOR, first_loading
+
+    page = open(os.path.join(ROOT, "docs", "runtimes.md"), encoding="utf-8").read()
+    assert "<!-- generated: releases comfyui -->" in page
+    rendered = _hook().on_page_markdown(page, None, None, None)
+    for fmt in NEWEST.formats:
+        row = next(line for line in rendered.splitlines() if line.startswith(f"| `{fmt}` |"))
+        assert f"| {first_loading(fmt, TENSOR).first} (" in row, row
+    for group in GROUPS:
+        assert f"| {', '.join(group.releases)} | {group.kitchen_text} |" in rendered

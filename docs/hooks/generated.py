@@ -13,6 +13,8 @@ package:
 * ``dialects``: every dialect package (name, writer, source), from ``dialects.registry.DIALECTS``;
 * ``sglangreleases``: what each SGLang release group reads of Comfy formats, from
   ``targets.sglang_releases.GROUPS``.
+* ``releases comfyui``: per format and marker form, the first ComfyUI release that loads it, and
+  the release groups, from ``targets.comfyui_releases``.
 
 It also serves the bundled example images and workflows (``examples/*.png``, ``*.json``) at
 ``examples/`` in the site, so pages show and link the very files the repository ships.  Only header-level modules are imported:
@@ -243,12 +245,33 @@ def render_sglangreleases(_: str | None = None) -> str:
     return _table(("format", "read from SGLang"), firsts) + "\n\n" + _table(head, rows)
 
 
+# -- ComfyUI releases --------------------------------------------------------------------------
+
+
+def render_comfyui_releases(_: str | None = None) -> str:
+    from comfyquant.targets.comfyui_releases import GROUPS, HEADER, NEWEST, TENSOR, first_loading
+
+    def first(fmt: str, marker: str) -> str:
+        group = first_loading(fmt, marker)
+        return f"{group.first} ({group.kitchen_text})" if group else "none"
+
+    rows = [(f"`{fmt}`", first(fmt, HEADER), first(fmt, TENSOR)) for fmt in NEWEST.formats]
+    out = [_table(("format", f"marked in the {HEADER}", f"marked by {TENSOR}"), rows), ""]
+    group_rows = [
+        (", ".join(g.releases), g.kitchen_text, ", ".join(f"`{f}`" for f in g.formats), f"`{g.unknown[0]}: {g.unknown[1]}`")
+        for g in GROUPS
+    ]
+    out.append(_table(("releases (one group)", "comfy-kitchen", "formats", "on another format"), group_rows))
+    return "\n".join(out)
+
+
 RENDERERS: dict[str, Callable[[str | None], str]] = {
     "cli": render_cli,
     "rules": render_rules,
     "formats": render_formats,
     "dialects": render_dialects,
     "sglangreleases": render_sglangreleases,
+    "releases": render_comfyui_releases,
 }
 
 

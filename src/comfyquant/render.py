@@ -174,6 +174,7 @@ def render_report(report: Report, verbose: bool = False, stream: TextIO | None =
         lines.append(f"  {name:<14} {state}")
         if verdict.architecture is not None:
             lines.append(f"  {'':<14} {architecture_text(verdict.architecture)}")
+        lines.extend(f"  {'':<14} {line}" for line in getattr(verdict, "release_lines", list)())
     if report.verdicts:
         lines.append(f"verdicts proven for {'; '.join(proven_text(name) for name in report.verdicts)}")
     c = report.counts

@@ -21,7 +21,7 @@ from ..dialects.report import dialect_findings, dialect_violations, settle, valu
 from ..errors import InputError
 from ..findings import Finding
 from ..io.shards import Group, is_url
-from ..targets.select import TARGETS, run_target
+from ..targets.select import TARGETS, run_target, split_target, with_releases
 from .report import Report, assemble
 from .rules import check_layers, check_mapping, check_marker_prefixes
 
@@ -44,6 +44,7 @@ def parse_targets(target: Targets) -> tuple[str, ...]:
         if not any(parts):
             raise ValueError(f"empty target {item!r}: choose from {', '.join(TARGETS)}, all")
         for n in parts:
+            n = split_target(n)[0] if isinstance(n, str) else n
             if n == "all":
                 return TARGETS
             if n not in TARGETS:
@@ -92,6 +93,8 @@ def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = Fal
             at = next((i for i, v in enumerate(verdict.violations) if v.file is None), len(verdict.violations))
             verdict.violations[at:at] = whole
             verdict.violations.extend(v for v in extra if not (v.blocking and v.layer is None))
+    if "comfyui" in selected:
+        with_releases(verdicts, target, ckpt)
     names = {p: layer.name for p, layer in ckpt.layers.items()}
     if values:
         from .deep import value_failures

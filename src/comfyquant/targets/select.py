@@ -23,3 +23,34 @@ def run_target(name: str, ckpt) -> Verdict:
 
         return kitchen_verdict(ckpt)
     raise ValueError(f"unknown target {name!r}: choose from {', '.join(TARGETS)}")
+
+
+def split_target(text: str) -> tuple[str, tuple[str, str] | None]:
+    """``"comfyui>=0.27"`` -> ``("comfyui", (">=", "0.27"))``: a runtime name with an optional
+    release spec (ComfyUI's releases only; a bare name has none)."""
+    if not any(op in text for op in "=<>"):
+        return text, None
+    from .comfyui_releases import selected_releases, split_release
+
+    name, spec = split_release(text)
+    if name != "comfyui":
+        raise ValueError(f"target {text!r}: releases are modelled for ComfyUI only (e.g. comfyui==0.31.0)")
+    selected_releases(spec)
+    return name, spec
+
+
+def with_releases(verdicts: dict, target, ckpt) -> None:
+    """Give the ComfyUI verdict its per-release verdicts: every release (or those ``target``
+    selects with a spec such as ``comfyui>=0.27``), and, for a spec, the newest selected
+    release's verdict in its place."""
+    if "comfyui" not in verdicts:
+        return
+    spec = None
+    for item in [target] if isinstance(target, str) else list(target or ()):
+        for part in str(item).split(","):
+            name, found = split_target(part.strip())
+            if name == "comfyui" and found is not None:
+                spec = found
+    from .comfyui_releases import released, releases_for
+
+    verdicts["comfyui"] = released(verdicts["comfyui"], releases_for(ckpt, verdicts["comfyui"], spec))

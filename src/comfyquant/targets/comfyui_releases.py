@@ -1,0 +1,625 @@
+"""ComfyUI's releases as groups that load quantized files alike, and each group's facts.
+
+A group is a run of releases whose deciding code (the definitions of ComfyUI's single-layer
+loading path in ``comfy/quant_ops.py``, ``comfy/float.py``, ``comfy/ops.py``,
+``comfy/utils.py``, ``comfy/sd.py``, ``comfy/model_detection.py``,
+``comfy/model_management.py`` and ``BaseModel.load_model_weights``) is byte-identical and
+which name the same comfy-kitchen: ``fingerprint`` is the digest of that code, and
+``tests/test_comfyui_releases.py`` recomputes every group from the releases' sources.  Per
+group: the comfy-kitchen it runs with (``==`` a pin; ``>=`` a minimum, the release then runs
+with whatever newer one is installed; none before 0.8.0, whose layouts are ComfyUI's own), the
+marker forms it reads, the formats its ``QUANT_ALGOS`` (``QUANT_FORMAT_MIXINS`` in 0.3.68)
+knows, and what it raises on a layer of a format it does not know, as running the release
+raised it.  No torch: ``check`` reads these tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .base import Verdict, Violation, module_order
+
+HEADER = "header map"
+TENSOR = ".comfy_quant tensors"
+
+FP8 = ("float8_e4m3fn",)
+KITCHEN_08 = (*FP8, "float8_e5m2", "nvfp4")
+MX = (*KITCHEN_08, "mxfp8")
+INT8 = (*MX, "int8_tensorwise")
+W4A4 = (*INT8, "convrot_w4a4")
+W4A8 = (*W4A4, "asym_w4a8_int8")
+
+
+class ReleaseGroup:
+    """Releases that load every file alike (see the module docstring)."""
+
+    __slots__ = ("releases", "kitchen", "pinned", "markers", "formats", "unknown", "fingerprint")
+
+    def __init__(
+        self,
+        releases: tuple[str, ...],
+        kitchen: str | None,
+        pinned: bool,
+        markers: tuple[str, ...],
+        formats: tuple[str, ...],
+        unknown: tuple[str, str],
+        fingerprint: str,
+    ) -> None:
+        self.releases = releases
+        self.kitchen = kitchen
+        """The comfy-kitchen release its requirements name (None: it runs without one)."""
+        self.pinned = pinned
+        """True: ``kitchen`` is pinned exactly; False: a minimum (``comfy-kitchen>=``)."""
+        self.markers = markers
+        self.formats = formats
+        self.unknown = unknown
+        """(exception, message with ``{format}``) raised loading a layer of a format it lacks."""
+        self.fingerprint = fingerprint
+
+    @property
+    def first(self) -> str:
+        return self.releases[0]
+
+    @property
+    def kitchen_text(self) -> str:
+        """``comfy-kitchen 0.2.31``, ``comfy-kitchen >= 0.2.8`` or ``no comfy-kitchen``."""
+        if self.kitchen is None:
+            return "no comfy-kitchen"
+        return f"comfy-kitchen {self.kitchen}" if self.pinned else f"comfy-kitchen >= {self.kitchen}"
+
+    def to_dict(self) -> dict:
+        return {
+            "releases": list(self.releases),
+            "comfy_kitchen": self.kitchen,
+            "comfy_kitchen_pinned": self.pinned,
+            "markers": list(self.markers),
+            "formats": list(self.formats),
+        }
+
+
+_KEY_ERROR = ("KeyError", "'{format}'")
+_BOTH = (HEADER, TENSOR)
+
+
+def _g(releases: str, kitchen: str | None, pinned: bool, markers, formats, fingerprint: str, unknown=_KEY_ERROR) -> ReleaseGroup:
+    return ReleaseGroup(tuple(releases.split()), kitchen, pinned, markers, formats, unknown, fingerprint)
+
+
+GROUPS: tuple[ReleaseGroup, ...] = (
+    _g("0.3.68", None, False, (HEADER,), FP8, "62d40d12b89a207f"),
+    _g("0.3.76", None, False, (HEADER,), FP8, "8d3c02a3b6781a69"),
+    _g("0.4.0", None, False, _BOTH, FP8, "3499a3812164e407"),
+    _g("0.5.1 0.6.0 0.7.0", None, False, _BOTH, FP8, "a4eb2c1591de6acf"),
+    _g("0.8.2", "0.2.5", False, _BOTH, KITCHEN_08, "a64f879f48591f72"),
+    _g("0.9.2", "0.2.6", False, _BOTH, KITCHEN_08, "549a8526895e4795"),
+    _g("0.10.0", "0.2.7", False, _BOTH, KITCHEN_08, "e8b317d976f4e7bc"),
+    _g("0.11.1", "0.2.7", False, _BOTH, KITCHEN_08, "5dcd76961cfb4168"),
+    _g("0.12.3", "0.2.7", False, _BOTH, KITCHEN_08, "0ac8bb354270afd8"),
+    _g("0.13.0", "0.2.7", False, _BOTH, KITCHEN_08, "7ab5be75e6edfb0b"),
+    _g("0.14.1", "0.2.7", False, _BOTH, KITCHEN_08, "b327cff035c20fca"),
+    _g("0.15.1", "0.2.7", False, _BOTH, KITCHEN_08, "6e5fbc15b0768955"),
+    _g("0.16.4", "0.2.7", False, _BOTH, KITCHEN_08, "d18b57e6c8942340"),
+    _g("0.17.0", "0.2.8", False, _BOTH, KITCHEN_08, "aeca95f77f343fcd"),
+    _g("0.18.1", "0.2.8", False, _BOTH, MX, "f31a16115e09dd2b"),
+    _g("0.19.3", "0.2.8", False, _BOTH, MX, "874ecebfcf81729f"),
+    _g("0.20.1", "0.2.8", False, _BOTH, MX, "430b5fee341444c8"),
+    _g("0.21.1", "0.2.8", False, _BOTH, MX, "15f9ad4cc11cbed3"),
+    _g("0.22.0", "0.2.8", False, _BOTH, MX, "dfb1027486b6a3d4"),
+    _g("0.23.0 0.24.0", "0.2.10", True, _BOTH, MX, "2f81e12beb743f4d"),
+    _g("0.25.0 0.26.0", "0.2.10", True, _BOTH, MX, "0cd051fc7f2f8777"),
+    _g("0.27.0", "0.2.16", True, _BOTH, INT8, "477328e3afe0ce1d"),
+    _g("0.28.0", "0.2.20", True, _BOTH, W4A4, "5c483ab14eee092b"),
+    _g("0.29.0", "0.2.22", True, _BOTH, W4A4, "f0415ee279840023"),
+    _g("0.30.0", "0.2.26", True, _BOTH, W4A4, "db4e1ee0d00038e2"),
+    _g("0.31.0", "0.2.28", True, _BOTH, W4A8, "f4ba3c38cb6dca1e"),
+    _g("0.32.0", "0.2.30", True, _BOTH, W4A8, "94f61ca080016b61"),
+    _g("0.33.0", "0.2.31", True, _BOTH, W4A8, "ce01bc8f777c3a53"),
+)
+"""Every group, oldest first: the releases 0.3.68 (the first that reads
+``_quantization_metadata``) to 0.33.0."""
+
+RELEASES: tuple[str, ...] = tuple(r for g in GROUPS for r in g.releases)
+NEWEST = GROUPS[-1]
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """``"0.31.0"`` -> ``(0, 31, 0)``; a shorter version compares as its zero-padded form."""
+    parts = tuple(int(p) for p in version.split("."))
+    return parts + (0,) * (3 - len(parts))
+
+
+def group_of(release: str) -> ReleaseGroup:
+    for g in GROUPS:
+        if release in g.releases:
+            return g
+    raise KeyError(release)
+
+
+# -- selection ----------------------------------------------------------------------------------
+
+OPERATORS = ("==", ">=", "<=", ">", "<")
+
+
+def split_release(text: str) -> tuple[str, tuple[str, str] | None]:
+    """``"comfyui>=0.27"`` -> ``("comfyui", (">=", "0.27"))``; a bare name has no spec.  A
+    version that is not dotted numbers is refused in one line."""
+    for op in OPERATORS:
+        name, sep, version = text.partition(op)
+        if sep:
+            name, version = name.strip(), version.strip()
+            if not version or not all(p.isdigit() for p in version.split(".")):
+                raise ValueError(f"target {text!r}: {version!r} is not a release number (e.g. {name}==0.31.0)")
+            return name, (op, version)
+    return text, None
+
+
+def _matches(release: str, spec: tuple[str, str]) -> bool:
+    op, version = spec
+    a, b = version_key(release), version_key(version)
+    if op == "==":
+        # "0.31" names the 0.31 releases, "0.31.0" exactly one
+        return a[: len(version.split("."))] == b[: len(version.split("."))] if len(version.split(".")) < 3 else a == b
+    return {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b}[op]
+
+
+def selected_releases(spec: tuple[str, str] | None) -> tuple[str, ...]:
+    """The releases a spec names, oldest first (all for None); none is refused in one line."""
+    if spec is None:
+        return RELEASES
+    found = tuple(r for r in RELEASES if _matches(r, spec))
+    if not found:
+        raise ValueError(
+            f"no ComfyUI release {''.join(spec)} is modelled: choose from {RELEASES[0]} .. {RELEASES[-1]} ({', '.join(RELEASES)})"
+        )
+    return found
+
+
+# -- verdicts per release -----------------------------------------------------------------------
+
+DIFFUSION_PREFIX = "model.diffusion_model."
+
+
+def _bare(prefix: str) -> str:
+    return prefix[len(DIFFUSION_PREFIX) :] if prefix.startswith(DIFFUSION_PREFIX) else prefix
+
+
+def marked_formats(ckpt) -> tuple[dict[str, object], dict[str, object]]:
+    """(header map, tensor markers): each layer's ``format`` as each marker form gives it, keyed
+    by the layer's name without the diffusion-model prefix (ComfyUI matches both)."""
+    header: dict[str, object] = {}
+    tensor: dict[str, object] = {}
+    for rec in ckpt.markers.records:
+        if isinstance(rec.obj, dict):
+            (header if rec.kind == "header" else tensor)[_bare(rec.prefix)] = rec.obj.get("format")
+    return header, tensor
+
+
+def first_knowing(fmt: str) -> ReleaseGroup | None:
+    """The oldest group whose ComfyUI knows ``fmt`` (None: no release does)."""
+    return next((g for g in GROUPS if fmt in g.formats), None)
+
+
+class Marked:
+    """The file's markers as ComfyUI's releases read them, worked out once per check: each
+    layer's format with both marker forms (the header map's replacing the tensor's) and with
+    the header map alone, the formats each names, and the layers a tensor alone marks."""
+
+    __slots__ = ("both", "header", "both_formats", "header_formats", "unread", "_keys", "_firsts", "_done")
+
+    def __init__(self, ckpt) -> None:
+        header, tensor = marked_formats(ckpt)
+        self.header = header
+        self.both = {**tensor, **header}
+        self.both_formats = {f for f in self.both.values() if isinstance(f, str)}
+        self.header_formats = {f for f in header.values() if isinstance(f, str)}
+        self.unread = [p for p in tensor if p not in header]
+        self._keys: dict[str, list] = {}
+        self._firsts: dict[tuple, str] = {}
+        self._done: dict[str, object] = {}
+        """Results that do not depend on the release (``once``)."""
+
+    def first(self, read: dict, formats: set) -> str:
+        """The first layer, in module order, that ``read`` marks with one of ``formats``
+        (each layer's order key made once per check)."""
+        key = (id(read), frozenset(formats))
+        if key in self._firsts:
+            return self._firsts[key]
+        keys = self._keys
+        for p, f in read.items():
+            if f in formats and p not in keys:
+                keys[p] = module_order(p)
+        found = min((p for p, f in read.items() if f in formats), key=keys.__getitem__)
+        self._firsts[key] = found
+        return found
+
+    def once(self, name: str, make):
+        """``make()``, worked out once per check."""
+        if name not in self._done:
+            self._done[name] = make()
+        return self._done[name]
+
+    def read(self, group: ReleaseGroup) -> tuple[dict, set]:
+        return (self.both, self.both_formats) if TENSOR in group.markers else (self.header, self.header_formats)
+
+
+def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
+    """What ComfyUI ``group`` does with the file whose newest-release verdict is ``newest``:
+    the format it lacks on the first layer it loads raises its own error; a layer marked only
+    by a tensor marker, which a release that reads only the header map does not see, loads its
+    stored weight as a plain one; otherwise the newest release's verdict (modelled: the
+    releases' per-format messages are those of ComfyUI 0.33.0), with what the comfy-kitchen the
+    release pins refuses."""
+    read, formats = marked.read(group)
+    if group is NEWEST:  # it knows every format and reads both marker forms
+        six = _six_bits(group, ckpt, read, formats, marked)
+        return newest if six is None else Verdict("comfyui", [six], newest.architecture)
+    if not formats <= set(group.formats):
+        layer = marked.first(read, formats - set(group.formats))
+        fmt = read[layer]
+        exc, message = group.unknown
+        knows = first_knowing(fmt)
+        fix = f"load it with ComfyUI {knows.first} or newer" if knows else "convert the layer (comfyquant convert)"
+        cause = f"ComfyUI before {knows.first} does not know format {fmt!r}" if knows else f"no ComfyUI release knows {fmt!r}"
+        v = Violation("comfyui.release", message.format(format=fmt), exc, layer, "comfy_quant", True, cause, fix)
+        return Verdict("comfyui", [v], newest.architecture)
+    out = []
+    if TENSOR not in group.markers:
+        if marked.unread:
+            out.append(marked.once("unread", lambda: _unread(ckpt, sorted(marked.unread, key=module_order))))
+        legacy = marked.once("legacy", lambda: _legacy_scales(ckpt))
+        if legacy is not None:  # loading fails before any forward
+            return Verdict("comfyui", [legacy], newest.architecture)
+    six = _six_bits(group, ckpt, read, formats, marked)
+    if six is not None:
+        out.append(six)
+    for (release, fmt), error in FORWARD_ERRORS.items():
+        if release != group.first or fmt not in formats:
+            continue
+        holder = next((p for p, f in read.items() if f == fmt and error[0] in _tensors(ckpt, p)), None)
+        if holder is not None:
+            out.append(Violation("comfyui.release", error[2], error[1], holder, error[0], True,
+                                 f"ComfyUI {release} cannot run a {fmt} layer with {error[0]}",
+                                 "load it with a newer ComfyUI release"))  # fmt: skip
+    return Verdict("comfyui", out + newest.violations, newest.architecture)
+
+
+def _memo_key(group: ReleaseGroup) -> tuple:
+    """What a group's verdict depends on besides the file: groups with the same key share it."""
+    forward = group.first if any(release == group.first for release, _ in FORWARD_ERRORS) else None
+    kitchen = group.kitchen if group.kitchen in FOUR_BIT_ONLY else None
+    return (group is NEWEST, group.markers, group.formats, group.unknown, kitchen, forward)
+
+
+FOUR_BIT_ONLY = frozenset({"0.2.28", "0.2.30", "0.2.31"})
+"""The comfy-kitchen releases ComfyUI's W4A8 groups pin whose W4A8 layout has no 6-bit storage:
+they read any packed row as 4-bit codes (K = 2 x the row's bytes)."""
+
+
+def _six_bits(group: ReleaseGroup, ckpt, read: dict, formats: set, marked: Marked):
+    """The first W4A8 layer stored 6-bit that the group's comfy-kitchen refuses (``_six_bit``)."""
+    if group.kitchen not in FOUR_BIT_ONLY or "asym_w4a8_int8" not in formats:
+        return None
+    six = marked.once("six", lambda: _six_layers(ckpt, read))
+    for layer in six:
+        v = _six_bit(group, ckpt, layer)
+        if v is not None:
+            return v
+    return None
+
+
+def _six_layers(ckpt, read: dict) -> list[str]:
+    """The W4A8 layers whose packed rows hold 6-bit codes, in module order (``_six_storage``,
+    decided once per layer class: weight and group-scale shapes, marker)."""
+    seen: dict[tuple, bool] = {}
+    out = []
+    effective = ckpt.markers.effective
+    for p, f in read.items():
+        if f != "asym_w4a8_int8":
+            continue
+        t = _tensors(ckpt, p)
+        w, s_rel = t.get("weight"), t.get("weight_s_rel")
+        key = (w.shape if w is not None else None, s_rel.shape if s_rel is not None else None, id(effective.get(p)))
+        six = seen.get(key)
+        if six is None:
+            six = seen[key] = _six_storage(ckpt, p) is not None
+        if six:
+            out.append(p)
+    return sorted(out, key=module_order)
+
+
+def _six_storage(ckpt, layer: str):
+    """(weight, s_rel, group_size, convrot_groupsize) of a W4A8 layer stored 6-bit: 3K/4 bytes
+    a row, K = the group scales' columns x group_size (None otherwise)."""
+    t = _tensors(ckpt, layer)
+    w, s_rel = t.get("weight"), t.get("weight_s_rel")
+    if w is None or s_rel is None or len(w.shape) != 2 or len(s_rel.shape) != 2:
+        return None
+    marker = ckpt.markers.effective.get(layer) or ckpt.markers.effective.get(DIFFUSION_PREFIX + layer) or {}
+    nested = marker.get("params")
+    params: dict = nested if isinstance(nested, dict) else {}
+    group_size = marker.get("group_size", params.get("group_size", 16))
+    convrot = marker.get("convrot_groupsize", params.get("convrot_groupsize", 256))
+    if not isinstance(group_size, int) or not isinstance(convrot, int) or group_size <= 0 or convrot <= 0:
+        return None  # the marker's own errors decide
+    if w.shape[1] * 4 != s_rel.shape[1] * group_size * 3:
+        return None
+    return w, s_rel, group_size, convrot
+
+
+def _six_bit(group: ReleaseGroup, ckpt, layer: str):
+    """A W4A8 layer stored 6-bit under a comfy-kitchen that reads 4-bit codes only: its eager
+    linear takes K as twice the row's bytes and refuses the K or the group scales' shape, in
+    its own words."""
+    found = _six_storage(ckpt, layer)
+    if found is None:
+        return None
+    w, s_rel, group_size, convrot = found
+    n, row = w.shape
+    k = 2 * row
+    cause = f"{group.kitchen_text} (which ComfyUI {group.first} pins) has no 6-bit W4A8 storage"
+    fix = "load it with comfy-kitchen 0.2.40, or re-quantize 4-bit"
+    if group_size < 4 or k % 16 or k % group_size or k % convrot or (16 % group_size and group_size % 16):
+        message = (
+            f"K={k} must be divisible by 16, group_size={group_size}, and convrot_groupsize={convrot}; "
+            f"group_size must be >=4 and divide 16 or be a multiple of 16"
+        )
+    else:
+        message = f"s_rel must have shape {(n, k // group_size)}, got {tuple(s_rel.shape)}"
+    return Violation("comfyui.release", message, "ValueError", layer, "weight", True, cause, fix)
+
+
+FORWARD_ERRORS = {
+    ("0.3.68", "float8_e4m3fn"): (
+        "input_scale",
+        "TypeError",
+        "TensorCoreFP8Layout.quantize() got an unexpected keyword argument 'fp8_dtype'",
+    ),
+}
+"""(release group, format) -> (tensor, exception, message): what a release's first forward
+raises on a layer of a format it knows, holding that tensor (as running the release raised it)."""
+
+
+def _legacy_scales(ckpt):
+    """A legacy scaled-FP8 file (its ``scaled_fp8`` key) in a release before 0.4.0: the scaled
+    FP8 operations hold ``scale_weight`` and ``scale_input`` as scalars, so a stored vector
+    fails ``load_state_dict`` (torch's size mismatch, every such tensor, in module order)."""
+    if "scaled_fp8" not in ckpt.tensors and DIFFUSION_PREFIX + "scaled_fp8" not in ckpt.tensors:
+        return None
+    lines = []
+    for prefix in sorted(ckpt.layers, key=module_order):
+        for suffix in ("scale_weight", "scale_input"):
+            e = ckpt.layers[prefix].tensors.get(suffix)
+            if e is not None and tuple(e.shape) != ():
+                have = ", ".join(str(d) for d in e.shape)
+                name = _bare(prefix)
+                lines.append(
+                    f"size mismatch for {name}.{suffix}: copying a param with shape torch.Size([{have}]) from checkpoint, "
+                    "the shape in current model is torch.Size([])."
+                )
+    if not lines:
+        return None
+    return Violation("comfyui.release", "\n\t".join(lines), "RuntimeError", None, None, True,
+                     "ComfyUI before 0.4.0 holds legacy scaled-FP8 scales as scalars",
+                     "store the scales as scalars, or load it with ComfyUI 0.4.0 or newer")  # fmt: skip
+
+
+def _tensors(ckpt, bare: str) -> dict:
+    layer = ckpt.layers.get(bare) or ckpt.layers.get(DIFFUSION_PREFIX + bare)
+    return layer.tensors if layer is not None else {}
+
+
+def _unread(ckpt, unread: list[str]):
+    """A layer marked by a tensor alone, in a release that reads only the header map: its
+    stored weight loads into a plain ``Linear``; a weight stored in another shape than the
+    model's (packed codes) fails ``load_state_dict`` (torch lists every such tensor: the
+    message is written when it is read), one of the model's shape computes garbage."""
+    cause = f"ComfyUI before 0.4.0 reads quantization markers only from the {HEADER}"
+    fix = "add the header map (comfyquant fix) or load it with ComfyUI 0.4.0 or newer"
+    sizes: dict[tuple, tuple | None] = {}
+    for name in unread:
+        if _mismatch(ckpt, name, sizes) is not None:
+            v = _Mismatches("comfyui.release", "", "RuntimeError", name, "weight", True, cause, fix)
+            v.lines = lambda: [m for m in (_mismatch(ckpt, n, sizes) for n in unread) if m is not None]
+            return v
+    return Violation(
+        "comfyui.release",
+        f"layer '{unread[0]}': ComfyUI before 0.4.0 reads only the header map, not the .comfy_quant "
+        f"tensor marker: the stored codes load as a plain weight (garbage output, no error)",
+        None,
+        unread[0],
+        "comfy_quant",
+        False,
+        cause,
+        fix,
+        severity="error",
+    )
+
+
+class _Mismatches(Violation):
+    """torch's size mismatches of the layers a release loads as plain ``Linear``s: its message
+    (one line per tensor) is made when it is first read."""
+
+    __slots__ = ("lines", "_text")
+    lines: Callable[[], list[str]]
+    _text: str | None
+
+    @property
+    def message(self) -> str:
+        if self._text is None:
+            self._text = "\n\t".join(self.lines())
+        return self._text
+
+    @message.setter
+    def message(self, value: str) -> None:
+        self._text = value if value else None
+
+
+def _mismatch(ckpt, name: str, sizes: dict) -> str | None:
+    """torch's size-mismatch line for a layer whose stored weight is not the model's shape."""
+    from ..formats.base import GeometryError
+    from ..formats.registry import FORMATS
+
+    t = _tensors(ckpt, name)
+    layer = ckpt.layers.get(name) or ckpt.layers.get(DIFFUSION_PREFIX + name)
+    w = t.get("weight")
+    fmt = FORMATS.get(layer.format_name) if layer is not None and layer.format_name else None
+    if w is None or fmt is None:
+        return None
+    marker = ckpt.markers.effective.get(layer.prefix, {})
+    key = (fmt.name, id(marker), *((k, tuple(e.shape)) for k, e in t.items()))
+    if key not in sizes:
+        try:
+            env = fmt.geometry(t, fmt.params(marker))
+            sizes[key] = (env.get("N_model", env.get("N")), env.get("K_model", env.get("K")))
+        except (GeometryError, KeyError, TypeError, ValueError, AttributeError):
+            sizes[key] = None
+    model = sizes[key]
+    if model is None or None in model or tuple(w.shape) == model:
+        return None
+    have = ", ".join(str(d) for d in w.shape)
+    return (
+        f"size mismatch for {name}.weight: copying a param with shape torch.Size([{have}]) from checkpoint, "
+        f"the shape in current model is torch.Size([{model[0]}, {model[1]}])."
+    )
+
+
+class Releases:
+    """The file's verdict on each selected ComfyUI release group, oldest first."""
+
+    __slots__ = ("verdicts", "selected")
+
+    def __init__(self, verdicts: list, selected: tuple[str, ...]) -> None:
+        self.verdicts = verdicts
+        """(group, its releases, Verdict) per group, every release: the first loading release
+        is a fact of all of them."""
+        self.selected = selected
+        """The releases the target selects (all by default): the JSON lists their groups."""
+
+    @property
+    def chosen(self) -> list:
+        """The verdicts of the groups with a selected release, with only those releases."""
+        chosen = set(self.selected)
+        out = []
+        for group, releases, verdict in self.verdicts:
+            mine = tuple(r for r in releases if r in chosen)
+            if mine:
+                out.append((group, mine, verdict))
+        return out
+
+    @property
+    def first_loading(self) -> str | None:
+        """The first release of the newest run of releases that load the file (None: the
+        newest selected release does not)."""
+        first = None
+        for _, releases, v in self.verdicts:
+            if v.loads:
+                first = first or releases[0]
+            else:
+                first = None
+        return first
+
+    def changes(self) -> list[tuple[str, bool, object]]:
+        """(release, loads, verdict) where the file starts or stops loading, oldest first."""
+        out = []
+        prev = None
+        for _, releases, v in self.verdicts:
+            if prev is not None and v.loads != prev:
+                out.append((releases[0], v.loads, v))
+            prev = v.loads
+        return out
+
+    def lines(self) -> list[str]:
+        """``loads from ComfyUI 0.31.0 on; fails before: KeyError: 'asym_w4a8_int8'`` and the
+        releases where it stopped or started loading before."""
+        lines = []
+        if self.selected != RELEASES:
+            chosen = self.chosen
+            group, releases, _ = chosen[-1]
+            span = self.selected[0] if len(self.selected) == 1 else f"{self.selected[0]} .. {self.selected[-1]}"
+            lines.append(f"verdict of ComfyUI {releases[-1]} ({group.kitchen_text}); releases checked: {span}")
+        oldest, newest = RELEASES[0], RELEASES[-1]
+        first = self.first_loading
+        if first is None:
+            last = next((rs[-1] for _, rs, v in reversed(self.verdicts) if v.loads), None)
+            if last is None:
+                return [*lines, f"fails on every ComfyUI release {oldest} .. {newest} (each with the comfy-kitchen it pins)"]
+            return [*lines, f"fails from ComfyUI {_after(RELEASES, last)} on; last loads on {last}"]
+        if first == oldest:
+            return [*lines, f"loads on every ComfyUI release {oldest} .. {newest}"]
+        before = next(v for _, rs, v in reversed(self.verdicts) if version_key(rs[0]) < version_key(first))
+        lines.append(f"loads from ComfyUI {first} on; fails before: {_failure(before)}")
+        earlier = [(r, loads) for r, loads, _ in self.changes() if version_key(r) < version_key(first)]
+        for release, loads in earlier:
+            lines.append(f"{'starts' if loads else 'stops'} loading at ComfyUI {release}")
+        return lines
+
+    def to_dict(self) -> dict:
+        return {
+            "first_loading": self.first_loading,
+            "summary": self.lines(),
+            "releases": [
+                {
+                    **group.to_dict(),
+                    "releases": list(releases),
+                    **{k: v for k, v in verdict.to_dict().items() if k in ("loads", "error", "exception", "rule", "layer")},
+                }
+                for group, releases, verdict in self.chosen
+            ],
+        }
+
+
+def _after(releases: tuple[str, ...], release: str) -> str:
+    i = releases.index(release)
+    return releases[i + 1] if i + 1 < len(releases) else release
+
+
+def _failure(verdict) -> str:
+    first = verdict.first
+    if first is None:
+        return "loads"
+    return f"{first.exception}: {first.message}" if first.exception else first.message
+
+
+def releases_for(ckpt, newest, spec: tuple[str, str] | None) -> Releases:
+    """The file's verdict on every group with a release ``spec`` selects."""
+    marked = Marked(ckpt)
+    memo: dict[tuple, Verdict] = {}
+    verdicts = []
+    for group in GROUPS:
+        key = _memo_key(group)
+        verdict = memo.get(key)
+        if verdict is None:
+            verdict = memo[key] = release_verdict(group, marked, newest, ckpt)
+        verdicts.append((group, group.releases, verdict))
+    return Releases(verdicts, selected_releases(spec))
+
+
+def released(newest, releases: Releases) -> ReleasedVerdict:
+    """The ComfyUI verdict a check reports: the newest selected release's, carrying the
+    file's verdict on every release (``ReleasedVerdict``)."""
+    # by default the verdict stays that of the proven pairing (ComfyUI 0.33.0 with comfy-kitchen
+    # 0.2.40); a release spec gives the selected release's, with the comfy-kitchen it pins
+    last = newest if releases.selected == RELEASES else releases.chosen[-1][2]
+    out = ReleasedVerdict(last.target, last.violations, last.architecture)
+    out.releases = releases
+    return out
+
+
+class ReleasedVerdict(Verdict):
+    """A ComfyUI verdict with the file's verdict on each release: the text report's lines and
+    the JSON's ``releases``."""
+
+    __slots__ = ("releases",)
+    releases: Releases
+
+    def release_lines(self) -> list[str]:
+        return self.releases.lines()
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "releases": self.releases.to_dict()}
+
+
+def first_loading(fmt: str, marker: str) -> ReleaseGroup | None:
+    """The oldest group that loads a valid layer of ``fmt`` marked by ``marker`` (``HEADER`` or
+    ``TENSOR``): it knows the format and reads that marker form."""
+    return next((g for g in GROUPS if fmt in g.formats and marker in g.markers), None)

@@ -1,0 +1,89 @@
+"""comfyquant's per-release ComfyUI verdicts against every release group's own code.
+
+Each group is driven once, by its oldest release with the comfy-kitchen the product records for
+it (``comfyui_release_driver``); the group's other releases share its results, their deciding
+code being byte-identical (``releases.fingerprint``).  comfyquant's side is ``check`` with
+``--target comfyui==<release>``.  The runtime's outcomes are cached per group fingerprint,
+comfy-kitchen and file content (``outcomes``), so a run after the first drives only what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import runtime_sources
+
+from .agreement import Row
+from .cases import VARIANTS, Case, bases, header_cases, legacy_cases
+from .outcome import Outcome, disagreement, expected
+
+
+def cache_file(group) -> Path:
+    folder = runtime_sources.cache_dir() / "comfyui-release-outcomes"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{group.fingerprint}-{group.kitchen or 'none'}.json"
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256(path.read_bytes())
+    dense = path.with_suffix(".dense")
+    if dense.is_file():
+        h.update(dense.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def outcomes(root: Path, group, cases: list[Case]) -> tuple[dict[str, Outcome], int]:
+    """The group's outcome per case id, driving its oldest release only for the files not in
+    the cache; also how many were driven."""
+    from .comfyui_release_driver import ReleaseDriver
+
+    path = cache_file(group)
+    cached = json.loads(path.read_text()) if path.is_file() else {}
+    keys = {c.id: _digest(c.path) for c in cases}
+    todo = [c for c in cases if keys[c.id] not in cached]
+    if todo:
+        with ReleaseDriver(root / f"comfyui-{group.first}", group.kitchen) as drv:
+            for case in todo:
+                cached[keys[case.id]] = drv.run(case.path).to_dict()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cached))
+        tmp.replace(path)
+    return {c.id: Outcome(**cached[keys[c.id]]) for c in cases}, len(todo)
+
+
+def predicted(case: Case, release: str) -> dict | None:
+    import comfyquant
+    from comfyquant.errors import InputError
+
+    try:
+        report = comfyquant.check(str(case.path), target=f"comfyui=={release}", deep=case.deep)
+    except InputError:
+        return None
+    return report.verdicts["comfyui"].to_dict()
+
+
+def compare_group(root: Path, group, cases: list[Case]) -> tuple[list[Row], int]:
+    got, driven = outcomes(root, group, cases)
+    rows = []
+    for case in cases:
+        outcome = got[case.id]
+        guess = expected(predicted(case, group.first))
+        rows.append(Row(case, outcome, guess, disagreement(outcome, guess)))
+    return rows, driven
+
+
+def format_cases(folder: Path, seed: int = 0, shapes: dict | None = None) -> list[Case]:
+    """Each format's valid layer (first geometry of ``shapes``, default ``cases.VARIANTS``) as
+    written, with its marker in the header map only, and in both; and the legacy scaled-FP8
+    forms; written into ``folder``."""
+    shapes = {variant: sizes[:1] for variant, sizes in (shapes or VARIANTS).items()}
+    out: list[Case] = []
+    for base in bases(seed, shapes):
+        out.append(base.case(f"{base.name}.valid", "valid"))
+        out.extend(c for c in header_cases(base) if c.id.endswith((".header.map-only", ".header.both")))
+    out.extend(legacy_cases(seed))
+    for case in out:
+        case.write(folder)
+    return out

@@ -1,0 +1,78 @@
+"""``check --target comfyui==X`` / ``comfyui>=X`` / ``comfyui<X``: the verdict of the newest
+selected ComfyUI release, the file's verdict on each selected release in ``--json``, and by
+default the first release that loads the file (``targets.comfyui_releases``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from builders import fp8_layer, header_markers, w4a8_layer, write
+from comfyquant.checker.run import parse_targets
+from comfyquant.cli import main
+
+LAYER = "blocks.0.attn.qkv"
+
+
+def run(capsys, *args) -> tuple[int, str]:
+    code = main(["check", *args])
+    return code, capsys.readouterr().out
+
+
+@pytest.fixture
+def w4a8(tmp_path):
+    return write(tmp_path / "w4a8.safetensors", w4a8_layer(LAYER))
+
+
+def test_default_names_the_first_release_that_loads(capsys, w4a8):
+    code, out = run(capsys, w4a8, "--target", "comfyui")
+    assert code == 0
+    assert "loads from ComfyUI 0.31.0 on; fails before: KeyError: 'asym_w4a8_int8'" in out
+
+
+def test_one_release_is_its_verdict(capsys, w4a8):
+    code, out = run(capsys, w4a8, "--target", "comfyui==0.30.0")
+    assert code == 1
+    assert "comfyui        FAILS  KeyError: 'asym_w4a8_int8'" in out
+    assert "fix      load it with ComfyUI 0.31.0 or newer" in out
+    code, out = run(capsys, w4a8, "--target", "comfyui==0.31.0")
+    assert code == 0 and "comfyui        loads" in out
+
+
+def test_ranges_list_each_selected_release_in_json(capsys, w4a8):
+    code, out = run(capsys, w4a8, "--target", "comfyui<0.31", "--json")
+    target = json.loads(out)["targets"]["comfyui"]
+    assert code == 1 and target["exception"] == "KeyError"
+    listed = [r for g in target["releases"]["releases"] for r in g["releases"]]
+    assert listed[0] == "0.3.68" and listed[-1] == "0.30.0"
+    assert target["releases"]["first_loading"] == "0.31.0"
+    code, out = run(capsys, w4a8, "--target", "comfyui>=0.27", "--json")
+    groups = json.loads(out)["targets"]["comfyui"]["releases"]["releases"]
+    assert [g["releases"][0] for g in groups] == ["0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
+    assert [g["loads"] for g in groups] == [False] * 4 + [True] * 3
+    assert groups[-1]["comfy_kitchen"] == "0.2.31" and groups[-1]["comfy_kitchen_pinned"]
+
+
+def test_tensor_markers_load_from_the_release_that_reads_them(capsys, tmp_path):
+    """FP8 marked by a tensor alone: releases before 0.4.0 read only the header map; with the
+    header map as well, every release loads it."""
+    tensor_only = write(tmp_path / "t.safetensors", fp8_layer(LAYER))
+    _, out = run(capsys, tensor_only, "--target", "comfyui")
+    assert "loads from ComfyUI 0.4.0 on; fails before: layer 'blocks.0.attn.qkv': ComfyUI before 0.4.0 reads only" in out
+    both = write(tmp_path / "h.safetensors", fp8_layer(LAYER), metadata=header_markers({LAYER: {"format": "float8_e4m3fn"}}))
+    _, out = run(capsys, both, "--target", "comfyui")
+    assert "loads on every ComfyUI release 0.3.68 .. 0.33.0" in out
+
+
+@pytest.mark.parametrize(
+    "target, words",
+    [
+        ("comfyui==9.9", "no ComfyUI release ==9.9 is modelled"),
+        ("comfyui>=0.x", "'0.x' is not a release number"),
+        ("sglang==0.5.21", "releases are modelled for ComfyUI only"),
+    ],
+)
+def test_bad_release_specs_are_refused_in_one_line(target, words):
+    with pytest.raises(ValueError, match=words):
+        parse_targets(target)

@@ -1,0 +1,79 @@
+"""The product's ComfyUI release groups (``comfyquant.targets.comfyui_releases``) are the
+releases' own: recomputed from the releases tarball, each group's releases share byte-identical
+deciding code (``tests/runtimes/releases.py``) and comfy-kitchen requirement, and the formats,
+marker forms and comfy-kitchen the product records per group are what each release's source
+says.  No torch: the sources are read, not run (``test_comfyui_releases_run.py`` runs them)."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+import runtime_sources
+from comfyquant.targets import comfyui_releases as product
+from runtimes import releases
+
+
+@pytest.fixture(scope="module")
+def root():
+    found = releases.releases_root()
+    if found is None:
+        runtime_sources.skip_missing(releases.MISSING)
+    return found
+
+
+def _formats(source) -> tuple[str, ...]:
+    """The formats a release's ``QUANT_ALGOS`` (or ``QUANT_FORMAT_MIXINS``, 0.3.68's ops)
+    defines: its dict literal's keys and the keys assigned into it after."""
+    found: list[str] = []
+    for rel, name in (("comfy/quant_ops.py", "QUANT_ALGOS"), ("comfy/ops.py", "QUANT_FORMAT_MIXINS")):
+        path = source / rel
+        if not path.is_file():
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Assign):
+                continue
+            for t in node.targets:
+                if isinstance(t, ast.Name) and t.id == name and isinstance(node.value, ast.Dict):
+                    found.extend(ast.literal_eval(k) for k in node.value.keys if k is not None)
+                if isinstance(t, ast.Subscript) and getattr(t.value, "id", "") == name:
+                    found.append(ast.literal_eval(t.slice))
+        if found:
+            break
+    return tuple(found)
+
+
+def _markers(source) -> tuple[str, ...]:
+    """Tensor markers are read where ``convert_old_quants`` folds ``.comfy_quant`` tensors into
+    the layers' configuration; before it, only the header map."""
+    utils = (source / "comfy" / "utils.py").read_text()
+    reads_tensors = "def convert_old_quants" in utils and "comfy_quant" in utils
+    return (product.HEADER, product.TENSOR) if reads_tensors else (product.HEADER,)
+
+
+def test_groups_are_the_releases_with_identical_deciding_code(root):
+    """Every release of the tarball is in the product's groups, in order, and the groups are
+    exactly the runs of identical fingerprints; each shared group is printed."""
+    found = releases.groups(root)
+    assert [list(g.releases) for g in product.GROUPS] == found
+    assert list(product.RELEASES) == releases.versions(root)
+    for group in product.GROUPS:
+        for release in group.releases:
+            assert releases.fingerprint(root / f"comfyui-{release}") == group.fingerprint, release
+        if len(group.releases) > 1:
+            print(f"ComfyUI {', '.join(group.releases)}: byte-identical deciding code ({group.fingerprint}), one group")
+    print(f"{len(product.RELEASES)} releases in {len(product.GROUPS)} groups")
+
+
+@pytest.mark.parametrize("group", product.GROUPS, ids=lambda g: g.first)
+def test_group_facts_are_the_release_source(root, group):
+    """The comfy-kitchen requirement (pin or minimum), the marker forms and the formats the
+    product records are those of every release in the group."""
+    for release in group.releases:
+        source = root / f"comfyui-{release}"
+        req = releases.kitchen_requirement(source)
+        assert (req[1] if req else None) == group.kitchen, release
+        assert (req is not None and req[0] == "==") == group.pinned, release
+        assert _markers(source) == group.markers, release
+        assert set(_formats(source)) == set(group.formats), release
