@@ -109,6 +109,7 @@ def comfyui_markers(ckpt, out: list, at_load: list | None = None) -> dict[str, d
     as the model loads (``at_load``; ``out`` too when not given)."""
     markers: dict[str, dict] = {}
     header_out, out = out, (out if at_load is None else at_load)
+    load_out = out
     for rec in ckpt.markers.records:
         if rec.kind == "tensor" and isinstance(rec.obj, dict):
             markers[rec.prefix] = rec.obj
@@ -214,15 +215,20 @@ def comfyui_markers(ckpt, out: list, at_load: list | None = None) -> dict[str, d
                 )
                 continue
         if not isinstance(rec.obj, dict):
-            _fail(
-                out,
-                "header",
-                f"'{type(rec.obj).__name__}' object has no attribute 'get'",
-                rec.prefix,
-                exception="AttributeError",
-                cause="a header marker entry is not an object",
-                fix="rewrite the header markers (comfyquant fix)",
-            )
+            # ComfyUI writes each entry of the map as the layer's marker tensor (replacing the
+            # file's own) and parses it as the layer loads: a null entry is no marker at all,
+            # any other value fails that layer's load, in module order
+            markers.pop(target, None)
+            if rec.obj is not None:
+                _fail(
+                    load_out,
+                    "header",
+                    f"'{type(rec.obj).__name__}' object has no attribute 'get'",
+                    rec.prefix,
+                    exception="AttributeError",
+                    cause="a header marker entry is not an object",
+                    fix="rewrite the header markers (comfyquant fix)",
+                )
             continue
         # The same marker as the checkpoint's merged one (the usual case: header and tensor
         # markers written identical) is that object, so per-layer results cached under it

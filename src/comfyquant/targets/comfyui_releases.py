@@ -16,6 +16,7 @@ raised it.  No torch: ``check`` reads these tables.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from .base import Verdict, Violation, module_order
 
@@ -310,21 +311,22 @@ def _six_bits(group: ReleaseGroup, ckpt, read: dict, formats: set, marked: Marke
 def _six_layers(ckpt, read: dict) -> list[str]:
     """The W4A8 layers whose packed rows hold 6-bit codes, in module order (``_six_storage``,
     decided once per layer class: weight and group-scale shapes, marker)."""
-    seen: dict[tuple, bool] = {}
     out = []
     effective = ckpt.markers.effective
     for p, f in read.items():
         if f != "asym_w4a8_int8":
             continue
-        t = _tensors(ckpt, p)
-        w, s_rel = t.get("weight"), t.get("weight_s_rel")
-        key = (w.shape if w is not None else None, s_rel.shape if s_rel is not None else None, id(effective.get(p)))
-        six = seen.get(key)
-        if six is None:
-            six = seen[key] = _six_storage(ckpt, p) is not None
-        if six:
+        layer = ckpt.layers.get(p) or ckpt.layers.get(DIFFUSION_PREFIX + p)
+        if layer is None:
+            continue
+        marker = effective.get(p) or effective.get(DIFFUSION_PREFIX + p)
+        if ckpt.memo.get("comfyui.release.six", marker, layer, partial(_is_six, ckpt, p)):
             out.append(p)
     return sorted(out, key=module_order)
+
+
+def _is_six(ckpt, layer: str) -> bool:
+    return _six_storage(ckpt, layer) is not None
 
 
 def _six_storage(ckpt, layer: str):
@@ -415,11 +417,10 @@ def _unread(ckpt, unread: list[str]):
     message is written when it is read), one of the model's shape computes garbage."""
     cause = f"ComfyUI before 0.4.0 reads quantization markers only from the {HEADER}"
     fix = "add the header map (comfyquant fix) or load it with ComfyUI 0.4.0 or newer"
-    sizes: dict[tuple, tuple | None] = {}
     for name in unread:
-        if _mismatch(ckpt, name, sizes) is not None:
+        if _mismatch(ckpt, name) is not None:
             v = _Mismatches("comfyui.release", "", "RuntimeError", name, "weight", True, cause, fix)
-            v.lines = lambda: [m for m in (_mismatch(ckpt, n, sizes) for n in unread) if m is not None]
+            v.lines = lambda: [m for m in (_mismatch(ckpt, n) for n in unread) if m is not None]
             return v
     return Violation(
         "comfyui.release",
@@ -454,9 +455,19 @@ class _Mismatches(Violation):
         self._text = value if value else None
 
 
-def _mismatch(ckpt, name: str, sizes: dict) -> str | None:
-    """torch's size-mismatch line for a layer whose stored weight is not the model's shape."""
+def _model_size(fmt, tensors: dict, marker: dict) -> tuple | None:
+    """(N, K) of the model a layer of ``fmt`` stands for, None when its geometry is not read."""
     from ..formats.base import GeometryError
+
+    try:
+        env = fmt.geometry(tensors, fmt.params(marker))
+    except (GeometryError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return (env.get("N_model", env.get("N")), env.get("K_model", env.get("K")))
+
+
+def _mismatch(ckpt, name: str) -> str | None:
+    """torch's size-mismatch line for a layer whose stored weight is not the model's shape."""
     from ..formats.registry import FORMATS
 
     t = _tensors(ckpt, name)
@@ -465,15 +476,8 @@ def _mismatch(ckpt, name: str, sizes: dict) -> str | None:
     fmt = FORMATS.get(layer.format_name) if layer is not None and layer.format_name else None
     if w is None or fmt is None:
         return None
-    marker = ckpt.markers.effective.get(layer.prefix, {})
-    key = (fmt.name, id(marker), *((k, tuple(e.shape)) for k, e in t.items()))
-    if key not in sizes:
-        try:
-            env = fmt.geometry(t, fmt.params(marker))
-            sizes[key] = (env.get("N_model", env.get("N")), env.get("K_model", env.get("K")))
-        except (GeometryError, KeyError, TypeError, ValueError, AttributeError):
-            sizes[key] = None
-    model = sizes[key]
+    marker = ckpt.markers.effective.get(layer.prefix)
+    model = ckpt.memo.get("comfyui.release.size", marker, layer, partial(_model_size, fmt, t, marker or {}))
     if model is None or None in model or tuple(w.shape) == model:
         return None
     have = ", ".join(str(d) for d in w.shape)
