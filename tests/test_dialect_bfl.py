@@ -26,6 +26,7 @@ from comfyquant.checkpoint import open_checkpoint
 from comfyquant.cli import main
 from comfyquant.dialects import registry
 from comfyquant.dialects.base import EXACT, LOSSY, PERMUTATION, REFUSED
+from comfyquant.dialects.report import claim_violations
 from comfyquant.numerics import nvfp4_layouts as lay
 from dialect_helpers import detect_claim, export_claim, raw_tensors, stored, write_claim
 from kitchen_fixtures import make_layer, make_weight, moe_bank_layer, write_layers
@@ -253,14 +254,13 @@ def test_runtime_says_what_each_runtime_does(bfl_file, tmp_path):
     path, _ = bfl_file
     with open_checkpoint([path]) as ckpt:
         claim = registry.detect(ckpt).claim("bfl")
-        dialect = registry.DIALECTS["bfl"]
-        comfy = dialect.runtime("comfyui", ckpt, claim)
+        comfy = claim_violations(ckpt, claim, "comfyui")
         assert len(comfy) == 3 and all(v.blocking and "size mismatch" in v.message for v in comfy)
-        assert dialect.runtime("sglang", ckpt, claim) == []  # diffusers names: SGLang reads linear, low first
+        assert claim_violations(ckpt, claim, "sglang") == []  # diffusers names: SGLang reads linear, low first
     packed = write(tmp_path / "flux.safetensors", {"double_blocks.0.img_attn.qkv": bfl_nvfp4(128, 64, seed=5)})
     with open_checkpoint([packed]) as ckpt:
         claim = registry.detect(ckpt).claim("bfl")
-        sglang = registry.DIALECTS["bfl"].runtime("sglang", ckpt, claim)
+        sglang = claim_violations(ckpt, claim, "sglang")
         assert len(sglang) == 1 and sglang[0].fails and "swaps nibbles" in sglang[0].message
 
 

@@ -26,8 +26,9 @@ from hypothesis import strategies as st  # noqa: E402
 
 from comfyquant.checkpoint import open_checkpoint  # noqa: E402
 from comfyquant.dialects.base import EXACT, LOSSY  # noqa: E402
-from comfyquant.dialects.gguf import DIALECTS, is_gguf, virtual_source  # noqa: E402
+from comfyquant.dialects.gguf import is_gguf, virtual_source  # noqa: E402
 from comfyquant.dialects.registry import detect  # noqa: E402
+from comfyquant.dialects.report import claim_violations  # noqa: E402
 from comfyquant.errors import InputError  # noqa: E402
 from comfyquant.installing import extra_command  # noqa: E402
 from comfyquant.io.shards import ShardSet  # noqa: E402
@@ -317,12 +318,11 @@ def test_one_lossy_target_per_file_by_its_deepest_type(tmp_path, types, fmt, par
 
 def test_runtimes_refuse_the_container(flux):
     path, _ = flux
-    dialect = DIALECTS[0]
     with open_view(path) as ckpt:
         claim = detect(ckpt).claim("gguf")
-        comfy = dialect.runtime("comfyui", ckpt, claim)
-        sglang = dialect.runtime("sglang", ckpt, claim)
-        assert dialect.runtime("kitchen", ckpt, claim) == []
+        comfy = claim_violations(ckpt, claim, "comfyui")
+        sglang = claim_violations(ckpt, claim, "sglang")
+        assert claim_violations(ckpt, claim, "kitchen") == []
     assert len(comfy) == 1 and comfy[0].blocking and "UnetLoaderGGUF" in comfy[0].message
     assert len(sglang) == 1 and sglang[0].blocking and "GGUF" in sglang[0].message
 
@@ -334,7 +334,7 @@ def test_dense_gguf_is_still_the_gguf_dialect(tmp_path):
     with open_view(path) as ckpt:
         found = detect(ckpt)
         assert found.name == "gguf" and not found.layers
-        assert DIALECTS[0].runtime("comfyui", ckpt, found.claim("gguf"))[0].blocking
+        assert claim_violations(ckpt, found.claim("gguf"), "comfyui")[0].blocking
 
 
 @pytest.mark.parametrize(

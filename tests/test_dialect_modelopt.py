@@ -41,6 +41,7 @@ from comfyquant.checkpoint import open_checkpoint
 from comfyquant.cli import main
 from comfyquant.dialects import registry
 from comfyquant.dialects.base import EXACT, LOSSY, PERMUTATION, REFUSED
+from comfyquant.dialects.report import claim_violations
 from dialect_helpers import detect_claim, export_claim, raw_tensors, stored, write_claim
 from kitchen_fixtures import make_layer, make_weight, write_layers
 
@@ -233,7 +234,7 @@ def test_fp8_layers_are_exact_with_a_comfy_marker(tmp_path):
         tr = claim.layers["blocks.0.mlp"]
         assert tr.verdict == EXACT and tr.format == "float8_e4m3fn" and tr.marker == {"format": "float8_e4m3fn"}
         assert "'fp8'" in tr.why
-        assert registry.DIALECTS["modelopt"].runtime("comfyui", ckpt, claim) == []  # the profile says it:
+        assert claim_violations(ckpt, claim, "comfyui") == []  # the profile says it:
     first = comfyquant.check(path, target="comfyui").verdicts["comfyui"].first
     assert (first.exception, first.message) == ("KeyError", "'fp8'")
     out = str(tmp_path / "comfy.safetensors")
@@ -296,8 +297,8 @@ def test_runtime_models_comfyui_on_the_raw_export(tmp_path):
     path, _ = nvfp4_file(tmp_path, "mo.safetensors", False, None, shapes={"lin": (48, 80), "both": (128, 64)})
     with open_checkpoint([path]) as ckpt:
         claim = registry.detect(ckpt).claim("modelopt")
-        out = {v.layer: v for v in registry.DIALECTS["modelopt"].runtime("comfyui", ckpt, claim)}
-        sglang = {v.layer: v for v in registry.DIALECTS["modelopt"].runtime("sglang", ckpt, claim)}
+        out = {v.layer: v for v in claim_violations(ckpt, claim, "comfyui")}
+        sglang = {v.layer: v for v in claim_violations(ckpt, claim, "sglang")}
     assert set(out) == {"both"} and set(sglang) == {"both", "lin"}
     assert not out["both"].blocking and out["both"].fails and "low nibble" in out["both"].message
     verdict = comfyquant.check(path, target="comfyui").verdicts["comfyui"]
@@ -316,7 +317,7 @@ def test_unmarked_modelopt_export_is_claimed_and_bfl_claims_nothing(tmp_path):
     assert found.name == "modelopt" and set(claim.layers) == {"x", "f"}
     assert "no marker" in claim.layers["x"].why and claim.layers["f"].verdict == EXACT
     with open_checkpoint([path]) as ckpt:
-        comfyui = registry.DIALECTS["modelopt"].runtime("comfyui", ckpt, registry.detect(ckpt).claim("modelopt"))
+        comfyui = claim_violations(ckpt, registry.detect(ckpt).claim("modelopt"), "comfyui")
     assert {v.layer: v.fails for v in comfyui} == {"x": True, "f": True}
 
 
@@ -375,7 +376,7 @@ def test_random_layers_never_break_detection_and_moves_fill_their_shapes(tmp_pat
             for claim in found.claims:
                 dialect = registry.DIALECTS[claim.dialect]
                 for target in ("comfyui", "sglang", "kitchen"):
-                    dialect.runtime(target, ckpt, claim)
+                    claim_violations(ckpt, claim, target)
                 if dialect.settle is not None:
                     dialect.settle(ckpt, claim)
             for tr in found.layers.values():

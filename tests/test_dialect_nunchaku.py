@@ -30,6 +30,7 @@ from comfyquant.checkpoint import open_checkpoint
 from comfyquant.cli import main
 from comfyquant.dialects.base import PERMUTATION, REFUSED
 from comfyquant.dialects.registry import DIALECTS, detect
+from comfyquant.dialects.report import claim_violations
 from comfyquant.numerics import nunchaku_tiles
 
 GEN = torch.Generator().manual_seed(7)
@@ -334,7 +335,7 @@ def test_without_metadata_names_the_loader_error(tmp_path):
         notes = " | ".join(claim.notes)
         assert "no nunchaku metadata" in notes
         assert "the JSON object must be str, bytes or bytearray, not NoneType" in notes
-        viol = DIALECTS["nunchaku"].runtime("comfyui", ckpt, claim)
+        viol = claim_violations(ckpt, claim, "comfyui")
         assert all("missing or unreadable" in v.fix for v in viol)
     report = comfyquant.check(str(path))
     f001 = [f for f in report.findings if f.code == "F001"]
@@ -394,13 +395,12 @@ def test_runtime_verdicts(tmp_path):
     path, natural = flux_file(tmp_path)
     with open_checkpoint(str(path)) as ckpt:
         claim = detect(ckpt).claim("nunchaku")
-        d = DIALECTS["nunchaku"]
-        comfy = d.runtime("comfyui", ckpt, claim)
+        comfy = claim_violations(ckpt, claim, "comfyui")
         assert {v.layer for v in comfy} == set(natural)
         assert all(v.fails and not v.blocking and "uninitialized" in v.message for v in comfy)
-        kitchen = d.runtime("comfy-kitchen", ckpt, claim)
+        kitchen = claim_violations(ckpt, claim, "comfy-kitchen")
         assert {v.layer for v in kitchen} == set(natural) and all(v.fails for v in kitchen)
-        sglang = d.runtime("sglang", ckpt, claim)
+        sglang = claim_violations(ckpt, claim, "sglang")
         by_layer = {v.layer: v for v in sglang if v.layer}
         # norm1.linear contains SGLang's skip pattern "norm": left unquantized, weight missing
         assert by_layer["transformer_blocks.0.norm1.linear"].fails
@@ -415,7 +415,7 @@ def test_sglang_awq_pattern_mismatch(tmp_path):
     save_file({f"transformer_blocks.0.img_mod.1.{s}": v for s, v in st.items()}, str(path))
     with open_checkpoint(str(path)) as ckpt:
         claim = detect(ckpt).claim("nunchaku")
-        viol = [v for v in DIALECTS["nunchaku"].runtime("sglang", ckpt, claim) if v.layer]
+        viol = [v for v in claim_violations(ckpt, claim, "sglang") if v.layer]
         assert len(viol) == 1 and viol[0].blocking and "AWQ W4A16" in viol[0].message
 
 
@@ -487,7 +487,7 @@ def test_broken_layers_are_refused_with_a_reason(tmp_path, case):
         assert tr.verdict == REFUSED and tr.why and not tr.moves, (case, tr.why)
         assert DIALECTS["nunchaku"].settle(ckpt, claim) is not None
         for target in ("comfyui", "sglang", "comfy-kitchen"):
-            assert DIALECTS["nunchaku"].runtime(target, ckpt, claim)
+            assert claim_violations(ckpt, claim, target)
         assert any("comfy_config" in n and "not JSON" in n for n in claim.notes)
 
 

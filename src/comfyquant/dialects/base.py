@@ -215,8 +215,9 @@ class Claim:
 
 Detect = Callable[[Any, set], "Claim | None"]
 """(checkpoint, prefixes already claimed) -> this dialect's claim, or None: header only."""
-Runtime = Callable[[str, Any, "Claim"], list]
-"""(target name, checkpoint, claim) -> ``targets.base.Violation`` s: what that runtime does."""
+Failures = Callable[[Any, "Claim"], list]
+"""(checkpoint, claim) -> ``targets.base.RuntimeFailure`` s: what each runtime does wrong with
+the claimed layers, as data (``targets.dialect_failures`` renders them)."""
 Settle = Callable[[Any, "Claim"], list]
 """(checkpoint, claim) -> findings from the tensor data (``--deep``); may refine the claim's
 translations (a value that decides a move: ``scale_input == 1.0``, a dummy scale)."""
@@ -250,15 +251,27 @@ class Dialect:
     """A foreign layout: its name, who writes it, how to spot it and what runtimes do with it.
 
     ``detect`` looks at the header only (tensor names, dtypes, shapes, ``__metadata__``) and
-    returns a ``Claim``; ``runtime`` says, per target, what that runtime does with the
-    claimed layers (loads, translates, refuses with its message, or computes garbage without
-    an error); ``settle`` reads tensor data for what the header cannot tell (``--deep``).
+    returns a ``Claim``; ``failures`` says, for every target, what that runtime does wrong
+    with the claimed layers (refuses with its message, or computes garbage without an error),
+    reported under the rules ``{target}.{rule_tag}``; ``settle`` reads tensor data for what the header cannot tell (``--deep``).
     ``export`` (optional) translates Comfy layers into this layout, for the layouts a
     runtime needs and Comfy can be rewritten to exactly (NVFP4 both ways).  ``value_casts``
     (optional) lists the claimed weights a runtime casts by value into another dtype.
     ``order``: detection order (a more specific layout first)."""
 
-    __slots__ = ("name", "title", "writer", "source", "detect", "runtime", "settle", "export", "value_casts", "order")
+    __slots__ = (
+        "name",
+        "title",
+        "writer",
+        "source",
+        "detect",
+        "failures",
+        "rule_tag",
+        "settle",
+        "export",
+        "value_casts",
+        "order",
+    )
 
     def __init__(
         self,
@@ -268,7 +281,8 @@ class Dialect:
         writer: str,
         source: str,
         detect: Detect,
-        runtime: Runtime | None = None,
+        failures: Failures | None = None,
+        rule_tag: str | None = None,
         settle: Settle | None = None,
         export: Export | None = None,
         value_casts: ValueCasts | None = None,
@@ -279,7 +293,8 @@ class Dialect:
         self.writer = writer
         self.source = source
         self.detect = detect
-        self.runtime = runtime
+        self.failures = failures
+        self.rule_tag = rule_tag or name
         self.settle = settle
         self.export = export
         self.value_casts = value_casts

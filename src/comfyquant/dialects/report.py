@@ -11,11 +11,13 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from ..findings import Finding
+from ..targets.dialect_failures import render
 from .base import LOSSY, REFUSED
 from .registry import DIALECTS, Detection
 
 if TYPE_CHECKING:
     from ..checkpoint import Checkpoint
+    from .base import Claim
 
 
 def _summary(claim) -> str:
@@ -87,13 +89,19 @@ def dialect_findings(detection: Detection) -> list[Finding]:
     return out
 
 
+def claim_violations(ckpt: Checkpoint, claim: Claim, target: str) -> list:
+    """What ``target`` does with one claim's layers, from its dialect's runtime failures."""
+    dialect = DIALECTS[claim.dialect]
+    if dialect.failures is None:
+        return []
+    return render(target, dialect.rule_tag, dialect.failures(ckpt, claim))
+
+
 def dialect_violations(ckpt: Checkpoint, detection: Detection, target: str) -> list:
-    """What ``target`` does with the claimed layers, from each dialect's runtime model."""
+    """What ``target`` does with the claimed layers, from each dialect's runtime failures."""
     out: list = []
     for claim in detection.claims:
-        runtime = DIALECTS[claim.dialect].runtime
-        if runtime is not None:
-            out.extend(runtime(target, ckpt, claim))
+        out.extend(claim_violations(ckpt, claim, target))
     return out
 
 

@@ -59,6 +59,52 @@ class Violation:
         return f"Violation({self.rule}, {self.message!r}, {self.exception}, {self.layer!r})"
 
 
+STAGES = ("file", "load", "forward", "silent")
+"""Where a runtime fails: it cannot open the file at all, it raises while loading the weights,
+it raises at the first forward, or it runs and computes garbage (or loses data) without an error."""
+
+
+class RuntimeFailure:
+    """What a runtime does wrong with a dialect's layers, as data: the dialect says which
+    target, where (``stage``), on which layer and tensor, with which exception and message;
+    ``targets.dialect_failures`` makes the ``Violation`` (rule name, blocking) from it.  The
+    fields mirror ``Violation``'s, with ``target`` and ``stage`` for its rule and ``blocking``."""
+
+    __slots__ = ("target", "message", "exception", "layer", "tensor", "stage", "cause", "fix", "severity")
+
+    def __init__(
+        self,
+        target: str,
+        message: str,
+        exception: str | None,
+        layer: str | None,
+        tensor: str | None,
+        stage: str,
+        cause: str | None = None,
+        fix: str | None = None,
+        severity: str = "",
+    ) -> None:
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}")
+        self.target = target
+        self.message = message
+        self.exception = exception
+        self.layer = layer
+        self.tensor = tensor
+        self.stage = stage
+        self.cause = cause
+        self.fix = fix
+        self.severity = severity
+
+    @property
+    def blocking(self) -> bool:
+        """Whether the runtime stops (it raises); a silent failure lets it run."""
+        return self.stage != "silent"
+
+    def __repr__(self) -> str:
+        return f"RuntimeFailure({self.target}, {self.stage}, {self.message!r}, {self.layer!r})"
+
+
 class Verdict:
     __slots__ = ("target", "violations", "architecture")
 

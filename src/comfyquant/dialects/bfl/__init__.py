@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from ...numerics import nvfp4_layouts as lay
 from ...shapes import fmt_shape
-from ...targets.base import Violation
+from ...targets.base import RuntimeFailure
 from ..base import EXACT, LOSSY, PERMUTATION, REFUSED, Claim, Dialect, Lossy, Move, Translation
 from ..common import FLOAT_SCALE_DTYPES, copy, is_scalar_float, scalar_scale
 from ..decoders import scaled_fp8
@@ -171,40 +171,44 @@ def _fp8r(prefix: str, t: dict) -> Translation:
     )
 
 
-def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
+def failures(ckpt: Checkpoint, claim: Claim) -> list[RuntimeFailure]:
+    return [f for target in ("comfyui", "sglang") for f in _failures(target, ckpt, claim)]
+
+
+def _failures(target: str, ckpt: Checkpoint, claim: Claim) -> list[RuntimeFailure]:
     """What each runtime does with the unmarked BFL layers: ComfyUI's profile leaves them to
     this; SGLang's refuses unmarked quantized weights on its Comfy path (M0), and its diffusion
     loader's own NVFP4 path guesses the layout from the names (modelled here)."""
-    out: list[Violation] = []
+    out: list[RuntimeFailure] = []
     packed_qkv = any(p.endswith(PACKED_QKV) for p in ckpt.layers)
     for tr in claim.layers.values():
         w = tr.inputs["weight"]
         if target == "comfyui":
             if tr.variant == NVFP4:
                 out.append(
-                    Violation(
-                        "comfyui.bfl",
+                    RuntimeFailure(
+                        "comfyui",
                         f"(no exact ComfyUI message modelled) layer '{tr.prefix}': no marker, so ComfyUI "
                         f"loads the U8 weight {fmt_shape(w.shape)} as a plain weight where the model has "
                         f"[{w.shape[0]}, {2 * w.shape[1]}]: size mismatch at load_state_dict",
                         "RuntimeError",
                         tr.prefix,
                         "weight",
-                        True,
+                        "load",
                         "BFL/diffusers NVFP4 layout without comfy_quant markers",
                         "comfyquant migrate",
                     )
                 )
             else:
                 out.append(
-                    Violation(
-                        "comfyui.bfl",
+                    RuntimeFailure(
+                        "comfyui",
                         f"layer '{tr.prefix}': no marker, so ComfyUI casts the F8_E4M3 weight to the compute "
                         "dtype by value and never applies its per-row weight_scale (garbage output, no error)",
                         None,
                         tr.prefix,
                         "weight",
-                        False,
+                        "silent",
                         "BFL fp8r layout without comfy_quant markers",
                         "comfyquant migrate --allow-lossy, or dequantize",
                         severity="error",
@@ -213,15 +217,15 @@ def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
         elif target == "sglang":
             if tr.variant == NVFP4 and packed_qkv:
                 out.append(
-                    Violation(
-                        "sglang.bfl",
+                    RuntimeFailure(
+                        "sglang",
                         f"(no SGLang message modelled) layer '{tr.prefix}': the file has BFL packed-QKV "
                         "names, so SGLang's diffusion loader reads its NVFP4 scales as swizzled and swaps nibbles; "
                         "these are linear and low-nibble-first (garbage output, no error)",
                         None,
                         tr.prefix,
                         "weight_scale",
-                        False,
+                        "silent",
                         "BFL/diffusers NVFP4 layout under BFL (FLUX) names",
                         "comfyquant migrate (Comfy layout, which SGLang reads)",
                         severity="error",
@@ -310,7 +314,8 @@ DIALECTS = (
         writer="diffusers 0.42 BFL quantizer layout (quantize_fp8r / quantize_nvfp4), BFL FLUX.2 files",
         source="diffusers quantizers/bfl/utils.py",
         detect=detect,
-        runtime=runtime,
+        failures=failures,
+        rule_tag="bfl",
         settle=nvfp4.settle,
         export=export,
         order=40,

@@ -21,7 +21,7 @@ from ...findings import DEEP_MEASURES, Finding
 from ...formats.registry import FORMATS, infer_format
 from ...io.header import TensorEntry
 from ...shapes import fmt_shape
-from ...targets.base import Violation
+from ...targets.base import RuntimeFailure
 from ...targets.torch_text import broadcast_error
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation, ValueCast
 from ..common import (
@@ -260,27 +260,23 @@ def value_casts(claim: Claim) -> list[ValueCast]:
     return out
 
 
-def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
-    if target == "comfyui":
-        return _comfyui(ckpt, claim)
-    return []  # SGLang and comfy-kitchen read markers only: their profiles judge the unmarked weights
-
-
-def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
-    out: list[Violation] = []
+def failures(ckpt: Checkpoint, claim: Claim) -> list[RuntimeFailure]:
+    """ComfyUI's only: SGLang and comfy-kitchen read markers only, and their profiles judge the
+    unmarked weights."""
+    out: list[RuntimeFailure] = []
     fp8 = [tr for tr in claim.layers.values() if tr.format is not None or tr.verdict == LOSSY]
     if ckpt.markers.headers:
         for tr in fp8:
             out.append(
-                Violation(
-                    "comfyui.legacy",
+                RuntimeFailure(
+                    "comfyui",
                     f"layer '{tr.prefix}': the header has _quantization_metadata, so "
                     "ComfyUI skips its legacy translation and casts the FP8 weight by value without its "
                     "scale_weight (garbage output, no error)",
                     None,
                     tr.prefix,
                     "weight",
-                    False,
+                    "silent",
                     "legacy layers in a file that also has a marker map",
                     "comfyquant migrate",
                     severity="error",
@@ -293,8 +289,8 @@ def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     for tr in fp8:
         if root_of(tr.prefix) in lost:
             out.append(
-                Violation(
-                    "comfyui.legacy",
+                RuntimeFailure(
+                    "comfyui",
                     f"layer '{tr.prefix}': ComfyUI strips '{root_of(tr.prefix)}' before "
                     f"looking for the sentinel, and the file has it as {sorted(claim.drop)[0]!r}: the "
                     "sentinel is lost and the FP8 weight is cast by value without its scale (garbage "
@@ -302,7 +298,7 @@ def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
                     None,
                     tr.prefix,
                     "weight",
-                    False,
+                    "silent",
                     "scaled_fp8 sentinel outside the diffusion model's prefix",
                     "comfyquant migrate",
                     severity="error",
@@ -314,13 +310,13 @@ def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
         if si is not None and root_of(tr.prefix) not in lost and count != 1:
             # the translation reads scale_input with .item() to drop a 1.0: the whole load stops
             out.append(
-                Violation(
-                    "comfyui.legacy",
+                RuntimeFailure(
+                    "comfyui",
                     f"a Tensor with {count} elements cannot be converted to Scalar",
                     "RuntimeError",
                     tr.prefix,
                     "scale_input",
-                    True,
+                    "load",
                     f"scale_input of shape {fmt_shape(si.shape)}: ComfyUI's legacy translation reads it as one value",
                     "store scale_input as one value (comfyquant migrate)",
                     severity="error",
@@ -331,15 +327,15 @@ def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
         w = tr.inputs["weight"]
         if _recast(tr):
             out.append(
-                Violation(
-                    "comfyui.legacy",
+                RuntimeFailure(
+                    "comfyui",
                     f"layer '{tr.prefix}': ComfyUI's legacy translation marks every layer {COMFY_READING.name} "
                     f"and re-casts this {w.dtype} weight by value (garbage where its values lie outside "
                     f"{COMFY_READING.name}'s range; {DEEP_MEASURES} the cast's relative error)",
                     None,
                     tr.prefix,
                     "weight",
-                    False,
+                    "silent",
                     f"{w.dtype} weights in a legacy file",
                     f"comfyquant migrate (writes {tr.format} markers)",
                     severity="warning",
@@ -347,8 +343,8 @@ def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
             )
         elif _dense_cast(tr):
             out.append(
-                Violation(
-                    "comfyui.legacy",
+                RuntimeFailure(
+                    "comfyui",
                     f"layer '{tr.prefix}': ComfyUI marks any layer with a scale_weight "
                     f"{COMFY_READING.name}, casts this {w.dtype} weight to FP8 and multiplies it by the scale "
                     "(precision lost with a dummy 1.0; garbage with another scale unless the weight holds FP8 "
@@ -356,7 +352,7 @@ def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
                     None,
                     tr.prefix,
                     "weight",
-                    False,
+                    "silent",
                     "scale_weight on a dense layer",
                     "comfyquant migrate (drops a dummy scale)",
                     severity="warning",
@@ -366,13 +362,13 @@ def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
             sw = tr.inputs["scale_weight"]
             # the float8_e4m3fn layout multiplies the weight by its scale as stored: torch's error
             out.append(
-                Violation(
-                    "comfyui.legacy",
+                RuntimeFailure(
+                    "comfyui",
                     broadcast_error(tuple(w.shape), tuple(sw.shape)) or "",
                     "RuntimeError",
                     tr.prefix,
                     "scale_weight",
-                    True,
+                    "forward",
                     f"{tr.variant} scale_weight {fmt_shape(sw.shape)} for a weight of {fmt_shape(w.shape)}: ComfyUI's "
                     "float8_e4m3fn layout multiplies the weight by it at the first forward",
                     "comfyquant migrate --allow-lossy, or dequantize",
@@ -382,15 +378,15 @@ def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
         elif tr.verdict == LOSSY:
             rank = len(tr.inputs["scale_weight"].shape)
             out.append(
-                Violation(
-                    "comfyui.legacy",
+                RuntimeFailure(
+                    "comfyui",
                     f"(no exact ComfyUI message modelled) layer '{tr.prefix}': "
                     f"{tr.variant} scale_weight {fmt_shape(tr.inputs['scale_weight'].shape)} is not a "
                     "per-tensor scale: ComfyUI's float8_e4m3fn layout takes one scale per tensor",
                     None if rank < 3 else "RuntimeError",
                     tr.prefix,
                     "scale_weight",
-                    rank == 3,
+                    "forward" if rank == 3 else "silent",
                     "per-channel or block scales (ComfyUI report #10491)",
                     "comfyquant migrate --allow-lossy, or dequantize",
                     severity="error",
@@ -406,7 +402,8 @@ DIALECTS = (
         writer="ComfyUI before 0.4 (fp8_scaled checkpoints)",
         source="ComfyUI 0.33.0 comfy/utils.py convert_old_quants",
         detect=detect,
-        runtime=runtime,
+        failures=failures,
+        rule_tag="legacy",
         settle=settle,
         value_casts=value_casts,
         order=10,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...io.jsontext import parse as parse_json
-from ...targets.base import Violation
+from ...targets.base import RuntimeFailure
 from ..base import EXACT, LOSSY, Claim, Container, Dialect, Lossy, Move, Translation
 from .keys import ARCH_KEY, CONTAINER_KEY, DENSE, ORIG_SHAPE_KEY, TYPES_KEY, is_gguf
 
@@ -252,37 +252,33 @@ def _notes(meta: dict, types: dict) -> list[str]:
     return notes
 
 
-def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
-    if target == "comfyui":
-        return [
-            Violation(
-                "comfyui.gguf",
-                "(no ComfyUI message modelled) a GGUF file: ComfyUI's own model loaders read "
-                "safetensors (and pickle) files and do not list .gguf ones; it loads only through the "
-                "ComfyUI-GGUF custom node (Unet Loader (GGUF), UnetLoaderGGUF)",
-                None,
-                None,
-                None,
-                True,
-                "GGUF container (city96 ComfyUI-GGUF)",
-                "install city96/ComfyUI-GGUF and load it with UnetLoaderGGUF, or comfyquant dequantize / "
-                "convert it to a safetensors file",
-            )
-        ]
-    if target == "sglang":
-        return [
-            Violation(
-                "sglang.gguf",
-                "(no SGLang message modelled) a GGUF file: SGLang's diffusion loader reads safetensors weights, not GGUF",
-                None,
-                None,
-                None,
-                True,
-                "GGUF container",
-                "comfyquant convert it to a Comfy safetensors file (lossy) or dequantize it",
-            )
-        ]
-    return []
+def failures(ckpt: Checkpoint, claim: Claim) -> list[RuntimeFailure]:
+    """Neither runtime opens a GGUF file: each stops at the file, before any layer."""
+    return [
+        RuntimeFailure(
+            "comfyui",
+            "(no ComfyUI message modelled) a GGUF file: ComfyUI's own model loaders read "
+            "safetensors (and pickle) files and do not list .gguf ones; it loads only through the "
+            "ComfyUI-GGUF custom node (Unet Loader (GGUF), UnetLoaderGGUF)",
+            None,
+            None,
+            None,
+            "file",
+            "GGUF container (city96 ComfyUI-GGUF)",
+            "install city96/ComfyUI-GGUF and load it with UnetLoaderGGUF, or comfyquant dequantize / "
+            "convert it to a safetensors file",
+        ),
+        RuntimeFailure(
+            "sglang",
+            "(no SGLang message modelled) a GGUF file: SGLang's diffusion loader reads safetensors weights, not GGUF",
+            None,
+            None,
+            None,
+            "file",
+            "GGUF container",
+            "comfyquant convert it to a Comfy safetensors file (lossy) or dequantize it",
+        ),
+    ]
 
 
 DIALECTS = (
@@ -292,7 +288,8 @@ DIALECTS = (
         writer="city96 ComfyUI-GGUF tools/convert.py, llama.cpp gguf-py",
         source="city96/ComfyUI-GGUF loader.py, tools/convert.py",
         detect=detect,
-        runtime=runtime,
+        failures=failures,
+        rule_tag="gguf",
         order=1,
     ),
 )

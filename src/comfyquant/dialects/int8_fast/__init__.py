@@ -34,7 +34,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ...shapes import fmt_shape
-from ...targets.base import Violation
+from ...targets.base import RuntimeFailure
 from ..base import EXACT, LOSSY, Claim, Dialect, Lossy, Move, Translation, refused
 from ..common import FLOAT_SCALE_DTYPES, copy, root_of, scalar_scale, upcast
 
@@ -255,7 +255,11 @@ def sylvester_decoder(group: int):
     return decode
 
 
-def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
+def failures(ckpt: Checkpoint, claim: Claim) -> list[RuntimeFailure]:
+    return [f for target in ("sglang", "comfyui", "comfy-kitchen") for f in _failures(target, ckpt, claim)]
+
+
+def _failures(target: str, ckpt: Checkpoint, claim: Claim) -> list[RuntimeFailure]:
     """What only this dialect knows.  The runtime profiles judge these marked layers by their
     markers already (ComfyUI's ``Unknown quantization format for layer {name}`` on a marker
     without ``format``, MooshieUI #647 / ComfyUI #14777; SGLang's format set with ``None``; an
@@ -264,7 +268,7 @@ def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     of 4 (its profile says so; ComfyUI's first forward hits the same error), and at 16, 64 or 256
     every runtime rotates the activations with the other, regular, Hadamard and computes garbage
     without an error."""
-    out: list[Violation] = []
+    out: list[RuntimeFailure] = []
     for tr in claim.layers.values():
         marker = _marker_of(ckpt, tr.prefix)
         if marker is None or tr.verdict != LOSSY or "format" not in marker or not marker.get("convrot"):
@@ -273,28 +277,28 @@ def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
         if isinstance(size, int) and not _is_pow4(size):
             if target == "comfyui":
                 out.append(
-                    Violation(
-                        "comfyui.int8-fast",
+                    RuntimeFailure(
+                        "comfyui",
                         f"Regular Hadamard size must be a power of 4, got {size}",
                         "ValueError",
                         tr.prefix,
                         MARKER_TENSOR,
-                        True,
+                        "forward",
                         "a Sylvester-Hadamard rotation size in a ConvRot marker",
                         "comfyquant migrate --allow-lossy",
                     )
                 )
         elif target in ("comfyui", "comfy-kitchen", "sglang"):
             out.append(
-                Violation(
-                    f"{target}.int8-fast",
+                RuntimeFailure(
+                    target,
                     f"layer '{tr.prefix}': the weight was rotated with the Sylvester "
                     f"Hadamard of size {size}, the runtime rotates activations with ConvRot's regular one "
                     "(garbage output, no error)",
                     None,
                     tr.prefix,
                     "weight",
-                    False,
+                    "silent",
                     "a WINT8 Sylvester rotation written as a ConvRot marker",
                     "comfyquant migrate --allow-lossy",
                     severity="error",
@@ -316,7 +320,8 @@ DIALECTS = (
         source="ComfyUI-INT8-Fast int8_save.py, int8_quant.py, quarot.py; "
         "WINT8-ComfyUI wint8_model_quantizer.py, wint8_quarot.py",
         detect=detect,
-        runtime=runtime,
+        failures=failures,
+        rule_tag="int8-fast",
         order=30,
     ),
 )

@@ -38,7 +38,7 @@ from ...io.jsontext import parse as parse_json
 from ...numerics import nvfp4_layouts as lay
 from ...numerics.blocked import ceil_to
 from ...shapes import fmt_shape
-from ...targets.base import Violation
+from ...targets.base import RuntimeFailure
 from ...version import __version__
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
 from ..bfl import nvfp4
@@ -312,13 +312,17 @@ def settle(ckpt: Checkpoint, claim: Claim) -> list[Finding]:
     return nvfp4.settle(ckpt, claim)
 
 
-def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
+def failures(ckpt: Checkpoint, claim: Claim) -> list[RuntimeFailure]:
+    return [f for target in ("comfyui", "sglang") for f in _failures(target, ckpt, claim)]
+
+
+def _failures(target: str, ckpt: Checkpoint, claim: Claim) -> list[RuntimeFailure]:
     """What ComfyUI and SGLang do with ModelOpt's layers as they are, beyond what their own
     profiles already say of a marked layer (ComfyUI's ``KeyError: 'fp8'``, SGLang's format set,
     a scale shape that fails ``from_blocked``): both read an ``nvfp4`` layer-map entry as Comfy's
     layout, high nibble first, which ModelOpt's codes are not (garbage output, no error).  A
     layer without a layer-map entry is left to this model by the ComfyUI profile."""
-    out: list[Violation] = []
+    out: list[RuntimeFailure] = []
     if target not in ("comfyui", "sglang"):
         return out
     runtime_name = "ComfyUI" if target == "comfyui" else "SGLang"
@@ -339,14 +343,14 @@ def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
                     else "casts the F8 weight by value without its weight_scale (garbage output, no error)"
                 )
                 out.append(
-                    Violation(
-                        "comfyui.modelopt",
+                    RuntimeFailure(
+                        "comfyui",
                         f"(no exact ComfyUI message modelled) layer '{tr.prefix}': no "
                         f"_quantization_metadata entry, so ComfyUI {what}",
                         "RuntimeError" if u8 else None,
                         tr.prefix,
                         "weight",
-                        u8,
+                        "load" if u8 else "silent",
                         "ModelOpt export without enable_layerwise_quant_metadata",
                         "comfyquant migrate",
                         severity="error",
@@ -358,15 +362,15 @@ def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
         if target == "comfyui" and set(nvfp4.fits(tr.inputs)) == {lay.LINEAR}:
             continue  # the ComfyUI profile has from_blocked's reshape error for these scales
         out.append(
-            Violation(
-                f"{target}.modelopt",
+            RuntimeFailure(
+                target,
                 f"(no {runtime_name} message modelled) layer '{tr.prefix}': "
                 f"{runtime_name} reads a marked nvfp4 layer high nibble first (and its scales as "
                 "blocked); ModelOpt packs the low nibble first (garbage output, no error)",
                 None,
                 tr.prefix,
                 "weight",
-                False,
+                "silent",
                 "ModelOpt NVFP4 layout under a Comfy marker",
                 "comfyquant migrate",
                 severity="error",
@@ -454,7 +458,8 @@ DIALECTS = (
         writer="NVIDIA ModelOpt export_hf_checkpoint with its ComfyUI post-processing",
         source="NVIDIA/Model-Optimizer modelopt/torch/export/diffusers_utils.py, unified_export_hf.py, convert_hf_config.py",
         detect=detect,
-        runtime=runtime,
+        failures=failures,
+        rule_tag="modelopt",
         settle=settle,
         export=export,
         order=20,

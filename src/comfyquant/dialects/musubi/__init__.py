@@ -36,7 +36,7 @@ from ...findings import Finding
 from ...formats.registry import infer_format
 from ...io.header import TensorEntry
 from ...shapes import fmt_shape
-from ...targets.base import Violation
+from ...targets.base import RuntimeFailure
 from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation, refused
 from ..common import (
     FLOAT_SCALE_DTYPES,
@@ -290,18 +290,14 @@ def settle(ckpt: Checkpoint, claim: Claim) -> list[Finding]:
     return findings
 
 
-def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
+def failures(ckpt: Checkpoint, claim: Claim) -> list[RuntimeFailure]:
     """ComfyUI reads no musubi scales: without the ``scaled_fp8`` sentinel its legacy translation
     (``convert_old_quants``) does nothing, so each unmarked FP8 weight is cast to the compute dtype
     by value and ``scale_weight`` stays an unexpected key: garbage without an error (the ComfyUI
     profile leaves a claimed unmarked layer to this model).  Block scales fail even where a
     sentinel makes ComfyUI read them (ComfyUI report #10491).  SGLang: see ``_sglang``.  comfy-kitchen
     never sees an unmarked layer."""
-    if target == "comfyui":
-        return [_comfyui(tr) for tr in claim.layers.values()]
-    if target == "sglang":
-        return _sglang(claim)
-    return []
+    return [*(_comfyui(tr) for tr in claim.layers.values()), *_sglang(claim)]
 
 
 def _fix(tr: Translation) -> str:
@@ -312,44 +308,44 @@ def _fix(tr: Translation) -> str:
     return "re-export the layer"
 
 
-def _comfyui(tr: Translation) -> Violation:
+def _comfyui(tr: Translation) -> RuntimeFailure:
     w = tr.inputs["weight"]
     block = tr.variant.startswith("block")
     cause = "musubi scales without a marker or the scaled_fp8 sentinel"
     if block:
         cause += "; block scales are not read even with the sentinel (ComfyUI report #10491)"
-    return Violation(
-        "comfyui.musubi",
+    return RuntimeFailure(
+        "comfyui",
         f"layer '{tr.prefix}' has a {w.dtype} weight with a musubi {tr.variant} scale_weight "
         "but no marker and no scaled_fp8 sentinel: ComfyUI casts it to the compute dtype by value "
         "without its scale (garbage output, no error)",
         None,
         tr.prefix,
         "weight",
-        False,
+        "silent",
         cause,
         _fix(tr),
         severity="error",
     )
 
 
-def _sglang(claim: Claim) -> list[Violation]:
+def _sglang(claim: Claim) -> list[RuntimeFailure]:
     """SGLang's profile refuses the unmarked E4M3 weights itself ("Quantized weights are
     missing comfy_quant metadata"); it does not count E5M2 as quantized, which only the dialect
     can say is a scaled weight loaded by value."""
-    out: list[Violation] = []
+    out: list[RuntimeFailure] = []
     for prefix, tr in claim.layers.items():
         if tr.inputs["weight"].dtype == "F8_E5M2":
             out.append(
-                Violation(
-                    "sglang.musubi",
+                RuntimeFailure(
+                    "sglang",
                     f"(no SGLang message modelled) layer '{prefix}': SGLang does not count "
                     "F8_E5M2 weights as quantized and loads this one as a dense weight by value, without "
                     "its scale_weight (garbage output)",
                     None,
                     prefix,
                     "weight",
-                    False,
+                    "silent",
                     "E5M2 musubi layer without a marker",
                     _fix(tr),
                     severity="error",
@@ -365,7 +361,8 @@ DIALECTS = (
         writer="kohya-ss/musubi-tuner --fp8_scaled (fp8_optimization_utils.quantize_weight)",
         source="musubi-tuner src/musubi_tuner/modules/fp8_optimization_utils.py quantize_weight, fp8_linear_forward_patch",
         detect=detect,
-        runtime=runtime,
+        failures=failures,
+        rule_tag="musubi",
         settle=settle,
         order=20,
     ),

@@ -26,7 +26,7 @@ from ...formats.awq import AWQ_W4A16
 from ...formats.svdquant import SVDQUANT_W4A4
 from ...numerics import nunchaku_tiles as tiles
 from ...shapes import fmt_shape
-from ...targets.base import Violation
+from ...targets.base import RuntimeFailure
 from ..base import EXACT, PERMUTATION, REFUSED, Claim, Dialect, Move, Translation, refused
 from ..reading import read_sound
 from . import metadata
@@ -450,40 +450,38 @@ def _to_f32(data: bytes, dtype: str) -> bytes:
 # -- runtimes -------------------------------------------------------------------------------------------------
 
 
-def runtime(target: str, ckpt: Checkpoint, claim: Claim) -> list[Violation]:
-    if target == "comfyui":
-        return _comfyui(ckpt, claim)
-    if target == "sglang":
-        return _sglang(claim)
-    if target == "comfy-kitchen":
-        return [
-            Violation(
-                "comfy-kitchen.nunchaku",
-                f"layer '{tr.prefix}': comfy-kitchen reads SVDQuant/AWQ only in "
-                "Comfy's layouts (a comfy_quant marker and weight/weight_scale/... tensors; its 4-D "
-                "tile-packed svdquant storage is its own, not nunchaku's MMA order): this "
-                f"{tr.variant} layer is not loaded",
-                None,
-                tr.prefix,
-                "qweight",
-                False,
-                "nunchaku layout, not a Comfy layout",
-                "comfyquant migrate" if tr.verdict != REFUSED else "load it with nunchaku",
-                severity="error",
-            )
-            for tr in claim.layers.values()
-        ]
-    return []
+def failures(ckpt: Checkpoint, claim: Claim) -> list[RuntimeFailure]:
+    return [*_comfyui(ckpt, claim), *_sglang(claim), *_kitchen(claim)]
 
 
-def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
+def _kitchen(claim: Claim) -> list[RuntimeFailure]:
+    return [
+        RuntimeFailure(
+            "comfy-kitchen",
+            f"layer '{tr.prefix}': comfy-kitchen reads SVDQuant/AWQ only in "
+            "Comfy's layouts (a comfy_quant marker and weight/weight_scale/... tensors; its 4-D "
+            "tile-packed svdquant storage is its own, not nunchaku's MMA order): this "
+            f"{tr.variant} layer is not loaded",
+            None,
+            tr.prefix,
+            "qweight",
+            "silent",
+            "nunchaku layout, not a Comfy layout",
+            "comfyquant migrate" if tr.verdict != REFUSED else "load it with nunchaku",
+            severity="error",
+        )
+        for tr in claim.layers.values()
+    ]
+
+
+def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[RuntimeFailure]:
     facts = metadata.read(ckpt.metadata())
     loader = "load it with ComfyUI-nunchaku's Nunchaku DiT loader"
     if not facts.comfy_config_ok:
         loader += " (which needs the header's comfy_config, missing or unreadable here)"
     return [
-        Violation(
-            "comfyui.nunchaku",
+        RuntimeFailure(
+            "comfyui",
             f"layer '{tr.prefix}': ComfyUI core has no nunchaku loader: no "
             f"'{tr.prefix}.weight' reaches the model (diffusers names: convert_diffusers_mmdit maps only "
             "known keys and leaves qweight/wscales/... over; other names: load_state_dict(strict=False) "
@@ -492,7 +490,7 @@ def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
             None,
             tr.prefix,
             "qweight",
-            False,
+            "silent",
             "nunchaku SVDQuant file in ComfyUI core",
             f"{loader}, or comfyquant migrate" if tr.verdict != REFUSED else loader,
             severity="error",
@@ -501,10 +499,10 @@ def _comfyui(ckpt: Checkpoint, claim: Claim) -> list[Violation]:
     ]
 
 
-def _sglang(claim: Claim) -> list[Violation]:
+def _sglang(claim: Claim) -> list[RuntimeFailure]:
     out = [
-        Violation(
-            "sglang.nunchaku",
+        RuntimeFailure(
+            "sglang",
             "(no SGLang message modelled) SGLang reads nunchaku files only through its "
             "nunchaku path (multimodal_gen NunchakuConfig, quant_method svdquant / nunchaku_lite, with the "
             "nunchaku package installed), which runs the tensors as stored; its comfy_quant reader does "
@@ -512,7 +510,7 @@ def _sglang(claim: Claim) -> list[Violation]:
             None,
             None,
             None,
-            False,
+            "silent",
             "nunchaku layout",
             "start SGLang with the nunchaku quantization config",
             severity="warning",
@@ -524,45 +522,45 @@ def _sglang(claim: Claim) -> list[Violation]:
         awq_rule = any(p in tr.prefix for p in SGLANG_AWQ)
         if skip is not None:
             out.append(
-                Violation(
-                    "sglang.nunchaku",
+                RuntimeFailure(
+                    "sglang",
                     f"(no SGLang message modelled) layer '{tr.prefix}': SGLang's "
                     f"nunchaku config skips layers whose name contains '{skip}' (unquantized linear): "
                     f"the {tr.variant} tensors are not loaded and the layer has no weight",
                     None,
                     tr.prefix,
                     "qweight",
-                    False,
+                    "silent",
                     "SGLang nunchaku skip pattern",
                     severity="error",
                 )
             )
         elif tr.variant == "awq w4a16" and not awq_rule:
             out.append(
-                Violation(
-                    "sglang.nunchaku",
+                RuntimeFailure(
+                    "sglang",
                     f"layer '{tr.prefix}': SGLang's nunchaku config runs AWQ W4A16 "
                     f"only for names containing {' / '.join(SGLANG_AWQ)}; it builds this layer as SVDQ "
                     "W4A4 (qweight I8 [N, K/2]) and the stored I32 [N/4, K/2] qweight does not fit",
                     "AssertionError",
                     tr.prefix,
                     "qweight",
-                    True,
+                    "load",
                     "SGLang nunchaku AWQ pattern",
                     severity="error",
                 )
             )
         elif tr.variant != "awq w4a16" and awq_rule:
             out.append(
-                Violation(
-                    "sglang.nunchaku",
+                RuntimeFailure(
+                    "sglang",
                     f"layer '{tr.prefix}': SGLang's nunchaku config runs names "
                     f"containing {' / '.join(SGLANG_AWQ)} as AWQ W4A16 (qweight I32 [N/4, K/2]); this "
                     f"{tr.variant} layer does not fit",
                     "AssertionError",
                     tr.prefix,
                     "qweight",
-                    True,
+                    "load",
                     "SGLang nunchaku AWQ pattern",
                     severity="error",
                 )
@@ -578,7 +576,8 @@ DIALECTS = (
         source="nunchaku lora/flux/packer.py, deepcompressor "
         "backend/nunchaku/utils.py and backend/tinychat/utils.py; diffusers quantizers/nunchaku",
         detect=detect,
-        runtime=runtime,
+        failures=failures,
+        rule_tag="nunchaku",
         settle=settle,
         order=60,
     ),

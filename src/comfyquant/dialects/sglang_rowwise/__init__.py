@@ -162,7 +162,7 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
     return []
 
 
-def runtime(target: str, ckpt, claim: Claim) -> list:
+def failures(ckpt, claim: Claim) -> list:
     """Nothing beyond the profiles: SGLang's reader is modelled in ``targets.sglang_rowwise``,
     ComfyUI fails on the map's first string entry (its header-map rule), comfy-kitchen reads
     the tensors without a map."""
@@ -240,7 +240,7 @@ DIALECTS = (
         writer="SGLang's rowwise FP8 exports; comfyquant quantize --format rowwise-fp8",
         source="SGLang 0.5.23 runtime/layers/quantization/rowwise_fp8.py",
         detect=detect,
-        runtime=runtime,
+        failures=failures,
         settle=settle,
         export=export,
         order=35,
