@@ -18,6 +18,25 @@ BIAS_SLOT = Slot("bias", "float", "(N,)", kind=BIAS, required=False, meaning="bi
 ALL_RUNTIMES = frozenset({"comfyui", "sglang", "comfy-kitchen"})
 
 
+def f32_scale_slot(shape: str, **kw) -> Slot:
+    """The F32 ``weight_scale`` of a layer whose dequantization scale must be finite and > 0."""
+    return Slot("weight_scale", "F32", shape, positive=True, **kw)
+
+
+def convrot_size_key(allowed_text: str, explicit: bool | str, why_explicit: str) -> MarkerKey:
+    """The ConvRot rotation size ``convrot_groupsize``: a power of 4, 256 when unwritten."""
+    return MarkerKey(
+        "convrot_groupsize",
+        (int,),
+        default=256,
+        allowed="is_pow4(v)",
+        allowed_text=allowed_text,
+        explicit=explicit,
+        why_explicit=why_explicit,
+        nested_ok=True,
+    )
+
+
 def as_int(value, default):
     """Marker numbers go through ``int()`` in the runtimes; fall back to the default if that fails."""
     if isinstance(value, bool):

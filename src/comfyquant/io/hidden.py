@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from itertools import accumulate
 
 from ..dtypes import DTYPE_BITS
@@ -169,20 +170,28 @@ def _dims(v: object) -> bool:
 _ESCAPE = re.compile(r"\\(?:u([dD][0-9a-fA-F]{3})|.)", re.S)
 
 
+def hex_escapes(pattern: re.Pattern[str], text: str) -> Iterator[tuple[str, int]]:
+    """The hex digits of each ``\\uXXXX`` escape in JSON text that ``pattern``'s group 1
+    captures, with the position just past the escape.  ``pattern`` matches every other escape
+    too (``\\\\.``), so an escaped backslash is never read as the start of one."""
+    pos = 0
+    while (m := pattern.search(text, pos)) is not None:
+        pos = m.end()
+        if m.group(1) is not None:
+            yield m.group(1), pos
+
+
 def _lone_surrogate(text: str) -> str | None:
     """A ``\\uXXXX`` escape anywhere in the text that is not half of a surrogate pair."""
-    pos = 0
-    while (m := _ESCAPE.search(text, pos)) is not None:
-        pos = m.end()
-        if m.group(1) is None:
-            continue
-        code = int(m.group(1), 16)
-        if code < 0xD800:
+    paired = 0  # the end of the last trailing half read with its leading one
+    for digits, pos in hex_escapes(_ESCAPE, text):
+        code = int(digits, 16)
+        if pos <= paired or code < 0xD800:
             continue
         if code <= 0xDBFF and re.match(r"\\u[dD][c-fC-F][0-9a-fA-F]{2}", text[pos : pos + 6]):
-            pos += 6
+            paired = pos + 6
             continue
-        return f"holds the lone UTF-16 surrogate escape \\u{m.group(1)}, which is not Unicode text"
+        return f"holds the lone UTF-16 surrogate escape \\u{digits}, which is not Unicode text"
     return None
 
 

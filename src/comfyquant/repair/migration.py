@@ -10,10 +10,9 @@ refuses the run: nothing is written.
 
 from __future__ import annotations
 
-import gc
 from typing import TYPE_CHECKING
 
-from ..checker.run import Targets, check_checkpoint, parse_targets
+from ..checker.run import Targets, check_checkpoint, check_paused_gc, parse_targets
 from ..checkpoint import Paths, open_checkpoint
 from ..dialects.containers import open_any
 from ..dialects.registry import detect
@@ -113,11 +112,7 @@ def run_migrate(options: MigrateOptions) -> MigrateResult:
     target, to, dry_run = options.target, options.to, options.dry_run
     parse_targets(target)
     with open_any(options.paths) as ckpt:
-        gc.disable()
-        try:
-            before = check_checkpoint(ckpt, target=target)
-        finally:
-            gc.enable()
+        before = check_paused_gc(ckpt, target)
         detection = detect(ckpt)
         plan = plan_repairs(ckpt, options.planner())
         result = MigrateResult(plan, before, detection.name, dry_run, to)

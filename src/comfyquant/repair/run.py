@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 from typing import TYPE_CHECKING
 
-from ..checker.run import Targets, check_checkpoint, parse_targets
+from ..checker.run import Targets, check_checkpoint, check_paused_gc, parse_targets
 from ..checkpoint import Paths, open_checkpoint
 from ..dialects.containers import container_of
 from ..errors import InputError, option
@@ -145,11 +144,7 @@ def run_fix(options: FixOptions) -> FixResult:
             "one with comfyquant migrate --allow-lossy, convert --to FORMAT or dequantize"
         )
     with open_checkpoint(options.paths) as ckpt:
-        gc.disable()
-        try:
-            before = check_checkpoint(ckpt, target=target)
-        finally:
-            gc.enable()
+        before = check_paused_gc(ckpt, target)
         plan = plan_repairs(ckpt, options.planner())
         if not plan.refused:
             _retile(ckpt, plan)

@@ -169,6 +169,20 @@ def _forward_at_model_size(
         "comfy-kitchen gets the model's size as orig_shape and the first forward meets the stored one"
     )
     fix = "re-quantize the layer at the model's size"
+
+    def matmul_error(message: str) -> Violation:
+        """torch's error where the cut weight meets the input (M: its rows) or the bias."""
+        return Violation(
+            "comfyui.model-size",
+            message,
+            "RuntimeError",
+            prefix,
+            "weight",
+            True,
+            cause + " (M: the rows of the layer's input)",
+            fix,
+        )
+
     if size is None:
         return None
     n_file, k_file = size
@@ -191,29 +205,13 @@ def _forward_at_model_size(
             return None
         rows, cols = min(n_file, true.n), min(k_file, true.k)  # the weight cut to the model's size
         if cols == width and rows != true.n and "bias" in t:  # the product has too few columns for the bias
-            return Violation(
-                "comfyui.model-size",
+            return matmul_error(
                 f"The expanded size of the tensor ({rows}) must match the existing size ({true.n}) at non-singleton "
-                f"dimension 1.  Target sizes: [M, {rows}].  Tensor sizes: [{true.n}]",
-                "RuntimeError",
-                prefix,
-                "weight",
-                True,
-                cause + " (M: the rows of the layer's input)",
-                fix,
+                f"dimension 1.  Target sizes: [M, {rows}].  Tensor sizes: [{true.n}]"
             )
         if cols == width:
             return None  # the product has the weight's rows: what follows meets them
-        return Violation(
-            "comfyui.model-size",
-            f"mat1 and mat2 shapes cannot be multiplied (Mx{width} and {cols}x{rows})",
-            "RuntimeError",
-            prefix,
-            "weight",
-            True,
-            cause + " (M: the rows of the layer's input)",
-            fix,
-        )
+        return matmul_error(f"mat1 and mat2 shapes cannot be multiplied (Mx{width} and {cols}x{rows})")
     scale = t.get("weight_scale")
     rows = scale.shape[0] if scale is not None and len(scale.shape) in (1, 2) and scale.shape[-1:] != (0,) else None
     if scale is not None and len(scale.shape) == 2 and scale.shape[1] != 1:

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..dtypes import DTYPE_BITS
+from ..io.hidden import hex_escapes
 from .serde_numbers import U64 as _U64
 from .serde_numbers import out_of_range_stop, rust_float, serde_number
 from .serde_syntax import rust_debug
@@ -276,12 +277,11 @@ def _surrogate_error(text: str) -> _Fail | None:
     surrogate pair (Python's json decodes a lone surrogate into a string that is not text):
     a trailing surrogate alone, or a leading one not followed by ``\\u`` and a trailing one.
     The positions are where serde stops reading (checked against safetensors in the tests)."""
-    pos = 0
-    while (m := _ESCAPE.search(text, pos)) is not None:
-        pos = m.end()
-        if m.group(1) is None:
+    paired = 0  # the end of the last trailing half read with its leading one
+    for digits, pos in hex_escapes(_ESCAPE, text):
+        code = int(digits, 16)
+        if pos <= paired:
             continue
-        code = int(m.group(1), 16)
         if 0xDC00 <= code <= 0xDFFF:
             return _Fail("lone leading surrogate in hex escape", pos)
         if not 0xD800 <= code <= 0xDBFF:
@@ -293,7 +293,7 @@ def _surrogate_error(text: str) -> _Fail | None:
         low = text[pos + 2 : pos + 6]
         if len(low) < 4 or not all(c in "0123456789abcdefABCDEF" for c in low) or not 0xDC00 <= int(low, 16) <= 0xDFFF:
             return _Fail("lone leading surrogate in hex escape", pos + 6)
-        pos += 6
+        paired = pos + 6
     return None
 
 

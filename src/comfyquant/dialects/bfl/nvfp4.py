@@ -94,7 +94,7 @@ def to_comfy(
 ) -> Translation:
     """The Comfy ``nvfp4`` translation of a packed-FP4 layer stored with ``nibbles`` order and
     ``layout`` scales of ``scale_cols`` logical columns (``source`` says who writes it so)."""
-    w, s, s2, si = t["weight"], t["weight_scale"], t["weight_scale_2"], t.get("input_scale")
+    w, s, si = t["weight"], t["weight_scale"], t.get("input_scale")
     rows, cb = w.shape
     kblocks = 2 * cb // lay.BLOCK
     pad_rows, pad_cols = comfy_pad()
@@ -146,27 +146,35 @@ def to_comfy(
         PERMUTATION,
         ", ".join(s_what),
     )
-    moves = [weight, scale, scalar_scale(s2, prefix, "weight_scale_2")]
-    if si is not None:
-        moves.append(scalar_scale(si, prefix, "input_scale"))
-    moves += [copy(e, suffix) for suffix, e in t.items() if suffix not in HANDLED]
     why = ", ".join(what + s_what[:1]) + f" ({source})"
     pre = t.get("pre_quant_scale")
     k_model = pre.shape[0] if pre is not None and len(pre.shape) == 1 else 2 * cb
     decoder = partial(_decode, nibbles=nibbles, layout=layout, scale_cols=scale_cols, rows=n_model, cols=k_model)
-    return Translation(
+    return _repacked(
         prefix,
+        t,
         dialect,
         variant,
-        t,
-        verdict=PERMUTATION,
-        why=why,
+        weight,
+        scale,
+        why,
         format=COMFY,
         marker={"format": COMFY},
-        moves=moves,
         unsettled=unsettled,
         decoder=decoder,
     )
+
+
+def _repacked(prefix: str, t: dict, dialect: str, variant: str, weight: Move, scale: Move, why: str, **kw) -> Translation:
+    """The translation of an NVFP4 layer whose weight and block scales are repacked into
+    another layout (``to_comfy`` and ``from_comfy``): the two global scales stay scalars, the
+    other tensors are copied, and ``kw`` carries what the direction adds (format, marker...)."""
+    moves = [weight, scale, scalar_scale(t["weight_scale_2"], prefix, "weight_scale_2")]
+    si = t.get("input_scale")
+    if si is not None:
+        moves.append(scalar_scale(si, prefix, "input_scale"))
+    moves += [copy(e, suffix) for suffix, e in t.items() if suffix not in HANDLED]
+    return Translation(prefix, dialect, variant, t, verdict=PERMUTATION, why=why, moves=moves, **kw)
 
 
 def _decode(stored: dict, *, nibbles: str, layout: str, scale_cols: int, rows: int, cols: int):
@@ -245,21 +253,16 @@ def from_comfy(
         PERMUTATION,
         f"blocked {fmt_shape(s.shape)} -> {layout} {fmt_shape(s_shape)}",
     )
-    moves = [weight, scale, scalar_scale(s2, prefix, "weight_scale_2")]
-    if si is not None:
-        moves.append(scalar_scale(si, prefix, "input_scale"))
-    moves += [copy(e, suffix) for suffix, e in t.items() if suffix not in HANDLED]
-    why = ", ".join(what + [scale.what])
-    return Translation(
+    return _repacked(
         prefix,
+        t,
         dialect,
         variant,
-        t,
-        verdict=PERMUTATION,
-        why=why,
+        weight,
+        scale,
+        ", ".join(what + [scale.what]),
         format=None,
         marker=marker,
-        moves=moves,
         drops=[t["comfy_quant"].name] if "comfy_quant" in t else [],
         dropped_why="the layout has no comfy_quant marker",
     )

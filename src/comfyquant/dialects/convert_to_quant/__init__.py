@@ -90,6 +90,12 @@ def detect(ckpt: Checkpoint, claimed: set) -> Claim | None:
     return Claim(NAME, layers, notes=notes)
 
 
+def _lossy_fp8(prefix: str, t: dict, fmt: str, lossy: Lossy, why: str) -> Translation:
+    """A layer whose scales no Comfy FP8 format can hold: it becomes scaled FP8 through its
+    dense weight (row and block3d scales take this one road)."""
+    return Translation(prefix, NAME, fmt, t, verdict=LOSSY, decoder=scaled_fp8(scale_suffix="weight_scale"), lossy=lossy, why=why)
+
+
 def _translate(prefix: str, t: dict, marker: dict) -> Translation:
     fmt = marker["format"]
     w, s = t.get("weight"), t.get("weight_scale")
@@ -110,15 +116,8 @@ def _translate(prefix: str, t: dict, marker: dict) -> Translation:
             return _refused(
                 prefix, t, variant=fmt, why=f"row scale {fmt_shape(s.shape)} is not [{n}] for weight {fmt_shape(w.shape)}"
             )
-        return Translation(
-            prefix,
-            NAME,
-            fmt,
-            t,
-            verdict=LOSSY,
-            decoder=scaled_fp8(scale_suffix="weight_scale"),
-            lossy=lossy,
-            why=f"one scale per row {fmt_shape(s.shape)}: no Comfy FP8 format has per-row scales",
+        return _lossy_fp8(
+            prefix, t, fmt, lossy, f"one scale per row {fmt_shape(s.shape)}: no Comfy FP8 format has per-row scales"
         )
     if fmt == BLOCK3D:
         if len(s.shape) != 3 or s.shape[0] != n or s.shape[2] != 1 or not s.shape[1] or k % s.shape[1]:
@@ -128,15 +127,12 @@ def _translate(prefix: str, t: dict, marker: dict) -> Translation:
                 variant=fmt,
                 why=f"block3d scale {fmt_shape(s.shape)} is not [{n}, K/B, 1] for weight {fmt_shape(w.shape)}",
             )
-        return Translation(
+        return _lossy_fp8(
             prefix,
-            NAME,
-            fmt,
             t,
-            verdict=LOSSY,
-            decoder=scaled_fp8(scale_suffix="weight_scale"),
-            lossy=lossy,
-            why=f"per-row block scales {fmt_shape(s.shape)} (blocks of {k // s.shape[1]}): no Comfy FP8 format has block scales",
+            fmt,
+            lossy,
+            f"per-row block scales {fmt_shape(s.shape)} (blocks of {k // s.shape[1]}): no Comfy FP8 format has block scales",
         )
     size = marker.get("group_size", DEFAULT_BLOCK[fmt])
     if type(size) is not int or size <= 0 or n % size or k % size or s.shape != (n // size, k // size):

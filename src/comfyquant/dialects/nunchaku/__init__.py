@@ -34,6 +34,8 @@ from .decoders import awq as awq_decoder
 from .decoders import via_comfy
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ...checkpoint import Checkpoint
 
 NAME = "nunchaku"
@@ -150,6 +152,12 @@ def _translate(prefix: str, t: dict, ckpt: Checkpoint) -> Translation:
     return _svdq_int4(prefix, t, variant)
 
 
+def _packed_weight(name: str, n: int, k: int, reorder: Callable[..., bytes], what: str) -> Move:
+    """The weight's move to Comfy's row-major int4 pairs ``[N, K/2]``: both Nunchaku layouts
+    store two nibbles a byte and differ only in the order ``reorder`` undoes."""
+    return Move("weight", name, "I8", (n, k // 2), partial(reorder, n=n, k=k), PERMUTATION, what)
+
+
 def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
     need = [s for s in ("qweight", "wscales", "smooth_factor", "proj_down", "proj_up") if s not in t]
     if need:
@@ -188,15 +196,7 @@ def _svdq_int4(prefix: str, t: dict, variant: str) -> Translation:
     if bias is not None and (tuple(bias.shape) != (n,) or bias.dtype not in BIAS_DTYPES):
         return _refused(prefix, t, variant=variant, why=f"bias {bias.dtype} {fmt_shape(bias.shape)} does not fit N={n}")
     moves = [
-        Move(
-            "weight",
-            q.name,
-            "I8",
-            (n, k // 2),
-            partial(tiles.svdq_weight, n=n, k=k),
-            PERMUTATION,
-            "MMA tile order -> row-major int4 pairs",
-        ),
+        _packed_weight(q.name, n, k, tiles.svdq_weight, "MMA tile order -> row-major int4 pairs"),
         Move(
             "weight_scale",
             ws.name,
@@ -331,15 +331,7 @@ def _awq(prefix: str, t: dict, variant: str, ckpt: Checkpoint) -> Translation:
         return out
 
     moves = [
-        Move(
-            "weight",
-            q.name,
-            "I8",
-            (n, k // 2),
-            partial(tiles.awq_weight, n=n, k=k),
-            PERMUTATION,
-            "TinyChat 4-row interleave -> row-major unsigned int4 pairs",
-        ),
+        _packed_weight(q.name, n, k, tiles.awq_weight, "TinyChat 4-row interleave -> row-major unsigned int4 pairs"),
         Move(
             "weight_scale",
             ws.name,

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from ..base import WEIGHT, Constraint, Format, MarkerKey, Slot
-from ..common import ALL_RUNTIMES, BIAS_SLOT, CONVROT_JSON_TRUE, FORMAT_KEY, FULL_PRECISION_KEY, dense_geometry, has_2d_weight
+from ..common import (
+    ALL_RUNTIMES,
+    BIAS_SLOT,
+    CONVROT_JSON_TRUE,
+    FORMAT_KEY,
+    FULL_PRECISION_KEY,
+    convrot_size_key,
+    dense_geometry,
+    f32_scale_slot,
+    has_2d_weight,
+)
 
 CODEC = __name__ + ".codec"
 """The module holding this package\'s codecs (imported on first use)."""
@@ -44,11 +54,8 @@ INT8_TENSORWISE = Format(
     title="INT8 weights, scalar / row-wise / ConvRot scales, dynamic INT8 activations",
     slots=(
         Slot("weight", "I8", "(N, K)", kind=WEIGHT, meaning="INT8 weight (rotated domain with ConvRot)"),
-        Slot(
-            "weight_scale",
-            "F32",
+        f32_scale_slot(
             "() if scale_layout == 'scalar' else (N, 1)",
-            positive=True,
             meaning="dequantization scale: scalar [] or per row [N, 1]",
             alt_shapes=(
                 (
@@ -67,15 +74,10 @@ INT8_TENSORWISE = Format(
         MarkerKey(
             "convrot", (bool,), default=False, allowed_text="true or false", nested_ok=True, invalid_cause=CONVROT_JSON_TRUE
         ),
-        MarkerKey(
-            "convrot_groupsize",
-            (int,),
-            default=256,
-            allowed="is_pow4(v)",
-            allowed_text="a power of 4 (SGLang: 16, 64 or 256)",
-            explicit="convrot",
-            why_explicit="SGLang has no default for INT8 ConvRot layers and requires 16, 64 or 256 written explicitly",
-            nested_ok=True,
+        convrot_size_key(
+            "a power of 4 (SGLang: 16, 64 or 256)",
+            "convrot",
+            "SGLang has no default for INT8 ConvRot layers and requires 16, 64 or 256 written explicitly",
         ),
         MarkerKey("per_row", (bool,), allowed_text="informational"),
     ),

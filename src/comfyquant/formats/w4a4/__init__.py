@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..base import WEIGHT, Constraint, Format, MarkerKey, Slot
-from ..common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
+from ..common import ALL_RUNTIMES, BIAS_SLOT, FORMAT_KEY, FULL_PRECISION_KEY, as_int, convrot_size_key, f32_scale_slot, weight_2d
 
 CODEC = __name__ + ".codec"
 """The module holding this package\'s codecs (imported on first use)."""
@@ -25,11 +25,8 @@ CONVROT_W4A4 = Format(
     title="signed 4-bit weights and activations, per-row scales, ConvRot",
     slots=(
         Slot("weight", "I8", "(N, K // 2)", kind=WEIGHT, meaning="signed nibbles, low nibble first"),
-        Slot(
-            "weight_scale",
-            "F32",
+        f32_scale_slot(
             "(N,)",
-            positive=True,
             meaning="per-row scale",
             alt_shapes=(("(N, 1)", "row scales stored as [N, 1]; this format stores them as [N]"),),
         ),
@@ -38,15 +35,8 @@ CONVROT_W4A4 = Format(
     keys=(
         FORMAT_KEY,
         FULL_PRECISION_KEY,
-        MarkerKey(
-            "convrot_groupsize",
-            (int,),
-            default=256,
-            allowed="is_pow4(v)",
-            allowed_text="a power of 4 (SGLang: 16, 64 or 256)",
-            explicit=True,
-            why_explicit="write the ConvRot size explicitly so every reader agrees",
-            nested_ok=True,
+        convrot_size_key(
+            "a power of 4 (SGLang: 16, 64 or 256)", True, "write the ConvRot size explicitly so every reader agrees"
         ),
         MarkerKey(
             "linear_dtype",

@@ -9,7 +9,16 @@ from __future__ import annotations
 import math
 
 from ..base import CODEBOOK, CORRECTION, WEIGHT, Constraint, Expr, Format, GeometryError, MarkerKey, Slot
-from ..common import ALL_RUNTIMES, BIAS_SLOT, CONVROT_JSON_TRUE, FORMAT_KEY, FULL_PRECISION_KEY, as_int, weight_2d
+from ..common import (
+    ALL_RUNTIMES,
+    BIAS_SLOT,
+    CONVROT_JSON_TRUE,
+    FORMAT_KEY,
+    FULL_PRECISION_KEY,
+    as_int,
+    convrot_size_key,
+    weight_2d,
+)
 from .deep import DROPPED_CORRECTION, level_mismatch
 from .repair import infer_marker, lossy
 from .widths import k_by_bits
@@ -250,15 +259,8 @@ ASYM_W4A8_INT8 = Format(
             why_explicit="write group sizes explicitly so every reader agrees",
             nested_ok=True,
         ),
-        MarkerKey(
-            "convrot_groupsize",
-            (int,),
-            default=256,
-            allowed="is_pow4(v)",
-            allowed_text="a power of 4 (16, 64 or 256 recommended)",
-            explicit=True,
-            why_explicit="write ConvRot sizes explicitly so every reader agrees",
-            nested_ok=True,
+        convrot_size_key(
+            "a power of 4 (16, 64 or 256 recommended)", True, "write ConvRot sizes explicitly so every reader agrees"
         ),
         MarkerKey(
             "convrot",
