@@ -76,3 +76,18 @@ def test_tensor_markers_load_from_the_release_that_reads_them(capsys, tmp_path):
 def test_bad_release_specs_are_refused_in_one_line(target, words):
     with pytest.raises(ValueError, match=words):
         parse_targets(target)
+
+
+@pytest.mark.parametrize("odd", [["int8_tensorwise"], {"f": 1}, 7, None])
+def test_a_format_of_any_json_value_beside_an_unknown_one(capsys, tmp_path, odd):
+    """The release verdicts read each layer's format as the file has it: a list, object, number
+    or null beside a format older releases do not know is judged, never a crash."""
+    other = "blocks.1.attn.qkv"
+    path = write(
+        tmp_path / "odd.safetensors",
+        fp8_layer(LAYER, marker=None),
+        fp8_layer(other, marker=None),
+        metadata=header_markers({LAYER: {"format": odd}, other: {"format": "float8"}}),
+    )
+    code, out = run(capsys, path, "--target", "comfyui==0.30.0")
+    assert code == 1 and "comfyui        FAILS" in out, out

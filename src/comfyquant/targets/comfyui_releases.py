@@ -226,10 +226,11 @@ class Marked:
         if key in self._firsts:
             return self._firsts[key]
         keys = self._keys
-        for p, f in read.items():
-            if f in formats and p not in keys:
+        named = [p for p, f in read.items() if isinstance(f, str) and f in formats]  # a format may be any JSON value
+        for p in named:
+            if p not in keys:
                 keys[p] = module_order(p)
-        found = min((p for p, f in read.items() if f in formats), key=keys.__getitem__)
+        found = min(named, key=keys.__getitem__)
         self._firsts[key] = found
         return found
 
