@@ -167,17 +167,6 @@ def build_report(source: Paths | Group, options: CheckOptions = DEFAULTS, exitin
             gc.enable()
 
 
-def check_paused_gc(ckpt: Checkpoint, target: Targets = "all") -> Report:
-    """``check_checkpoint`` of an open checkpoint with the cyclic GC paused: the report's
-    thousands of small objects all live until it ends, so a collection would only rescan them
-    (what ``fix`` and ``migrate`` check before they plan)."""
-    gc.disable()
-    try:
-        return check_checkpoint(ckpt, target=target)
-    finally:
-        gc.enable()
-
-
 def open_source(source: Paths | Group, options: CheckOptions = DEFAULTS) -> Checkpoint:
     """Open paths or a group for a check: a file whose header cannot be read opens as a shard
     with a C009 finding, and a file of another container (GGUF) as its safetensors view."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..checker.run import Targets, check_checkpoint, check_paused_gc, parse_targets
+from ..checker.run import Targets, check_checkpoint, parse_targets
 from ..checkpoint import Paths, open_checkpoint
 from ..dialects.containers import open_any
 from ..dialects.registry import detect
@@ -20,6 +20,7 @@ from ..findings import ERROR
 from ..io.outputs import claim
 from ..io.shards import ShardSet
 from ..io.virtual import VirtualSource
+from .before import check_paused_gc
 from .execute import build_shards, write_and_verify
 from .migrate import MigrateError, layer_results
 from .options import MigrateOptions

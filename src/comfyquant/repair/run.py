@@ -6,11 +6,12 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from ..checker.run import Targets, check_checkpoint, check_paused_gc, parse_targets
+from ..checker.run import Targets, check_checkpoint, parse_targets
 from ..checkpoint import Paths, open_checkpoint
 from ..dialects.containers import container_of
 from ..errors import InputError, option
 from ..findings import ERROR
+from .before import check_paused_gc
 from .execute import output_paths, write_and_verify
 from .options import FixOptions
 from .plan import Change, Plan, plan_repairs
