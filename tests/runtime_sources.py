@@ -94,10 +94,18 @@ def comfyui_source() -> Path | None:
     if not tarball.is_file():
         COMFYUI_MISSING = f"ComfyUI {COMFYUI_VERSION} source not found at {tarball} (set COMFYQUANT_COMFYUI_TARBALL)"
         return None
-    with _Locked("comfyui"):
-        if (src / "main.py").is_file():
-            return src
-        tmp = Path(tempfile.mkdtemp(prefix=".comfyui-", dir=cache_dir()))
+    unpack_once(tarball, target, src / "main.py", "comfyui")
+    return src
+
+
+def unpack_once(tarball: Path, target: Path, ready: Path, name: str) -> None:
+    """Unpack ``tarball`` into ``target`` in the cache, once and atomically: under the lock
+    ``name``, into a temporary folder renamed into place, unless ``ready`` (a file or folder
+    the unpacked tree holds) already exists; a half-unpacked tree is never used."""
+    with _Locked(name):
+        if ready.exists():
+            return
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache_dir()))
         try:
             with tarfile.open(tarball) as tar:
                 tar.extractall(tmp, filter="data")
@@ -107,7 +115,6 @@ def comfyui_source() -> Path | None:
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-    return src
 
 
 SGLANG_MISSING = ""

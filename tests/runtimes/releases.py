@@ -18,9 +18,6 @@ import ast
 import hashlib
 import os
 import re
-import shutil
-import tarfile
-import tempfile
 from pathlib import Path
 
 import runtime_sources
@@ -68,19 +65,7 @@ def releases_root() -> Path | None:
     if not tarball.is_file():
         MISSING = f"ComfyUI releases tarball not found at {tarball} (set COMFYQUANT_COMFYUI_RELEASES)"
         return None
-    with runtime_sources._Locked("comfyui-releases"):
-        if (target / "comfyui-0.33.0" / "comfy").is_dir():
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=".comfyui-releases-", dir=runtime_sources.cache_dir()))
-        try:
-            with tarfile.open(tarball) as tar:
-                tar.extractall(tmp, filter="data")
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+    runtime_sources.unpack_once(tarball, target, target / "comfyui-0.33.0" / "comfy", "comfyui-releases")
     return target
 
 
