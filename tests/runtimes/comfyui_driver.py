@@ -27,11 +27,11 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from .outcome import Outcome
+from .worker import Worker
 
 TARGET = "comfyui"
 VERSION = "ComfyUI 0.33.0 (783545f) with comfy-kitchen 0.2.40"
@@ -39,50 +39,17 @@ MISSING = ""
 """Why the driver cannot run here (set by ``driver()``)."""
 
 
-class ComfyUIDriver:
+class ComfyUIDriver(Worker):
     """A worker process with ComfyUI imported once; ``run`` sends it one file at a time."""
 
     target = TARGET
     version = VERSION
 
     def __init__(self, source: Path) -> None:
-        tests = Path(__file__).resolve().parent.parent
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tests), env.get("PYTHONPATH", "")) if p)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtimes.comfyui_driver", str(source)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        ready = self.proc.stdout.readline()
-        if ready.strip() != "ready":
-            self.close()
-            raise RuntimeError(f"ComfyUI worker did not start: {ready.strip() or 'no output'}")
+        super().__init__(sys.executable, "runtimes.comfyui_driver", [str(source)], "ComfyUI")
 
     def run(self, path: Path) -> Outcome:
-        self.proc.stdin.write(json.dumps({"path": str(path)}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"ComfyUI worker died on {path}")
-        return Outcome(**json.loads(line))
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-    def __enter__(self) -> ComfyUIDriver:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        return Outcome(**self.ask({"path": str(path)}, path))
 
 
 def driver() -> ComfyUIDriver | None:

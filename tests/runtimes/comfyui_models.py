@@ -27,12 +27,12 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
 import sys
 import traceback
 from pathlib import Path
 
 from .outcome import GARBAGE, Outcome
+from .worker import Worker
 
 TARGET = "comfyui"
 VERSION = "ComfyUI 0.33.0 (783545f) with comfy-kitchen 0.2.40, whole models"
@@ -44,53 +44,21 @@ DEGRADED = 0.3
 usual error (as ``measure.DEGRADED``)."""
 
 
-class ModelDriver:
+class ModelDriver(Worker):
     """A worker process in ComfyUI's environment; ``run`` sends it one file at a time."""
 
     target = TARGET
     version = VERSION
+    close_timeout = 60
 
     def __init__(self, python: Path, source: Path) -> None:
-        tests = Path(__file__).resolve().parent.parent
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tests), env.get("PYTHONPATH", "")) if p)
-        self.proc = subprocess.Popen(
-            [str(python), "-m", "runtimes.comfyui_models", str(source)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        ready = self.proc.stdout.readline()
-        if ready.strip() != "ready":
-            self.close()
-            raise RuntimeError(f"ComfyUI worker did not start: {ready.strip() or 'no output'}")
+        super().__init__(python, "runtimes.comfyui_models", [str(source)], "ComfyUI")
 
     def run(self, path: Path, dense: Path, reference: Path | None = None) -> Outcome:
         """What ComfyUI does with the file at ``path``, measured against the dense model at
         ``dense`` (with ``reference``'s tensors in place of the dense model's, where given)."""
         request = {"path": str(path), "dense": str(dense), "reference": None if reference is None else str(reference)}
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"ComfyUI worker died on {path}")
-        return Outcome(**json.loads(line))
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-    def __enter__(self) -> ModelDriver:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        return Outcome(**self.ask(request, path))
 
 
 def driver() -> ModelDriver | None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .comfyui_driver import _function_from, _tree
 from .outcome import Outcome
+from .worker import Worker
 
 TARGET = "comfyui"
 
@@ -47,56 +48,24 @@ def kitchen_folder(version: str) -> Path | None:
     return folder
 
 
-class ReleaseDriver:
+class ReleaseDriver(Worker):
     """A worker process with one ComfyUI release imported once; ``run`` sends it one file."""
 
     target = TARGET
 
     def __init__(self, source: Path, kitchen: str | None) -> None:
         self.version = f"ComfyUI {source.name.removeprefix('comfyui-')}" + (f" with comfy-kitchen {kitchen}" if kitchen else "")
-        tests = Path(__file__).resolve().parent.parent
-        env = dict(os.environ)
-        paths = [str(tests)]
+        paths = []
         if kitchen:
             folder = kitchen_folder(kitchen)
             if folder is None:
                 raise RuntimeError(f"comfy-kitchen {kitchen} could not be installed")
-            paths.insert(0, str(folder))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (*paths, env.get("PYTHONPATH", "")) if p)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtimes.comfyui_release_driver", str(source), "1" if kitchen else "0"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        ready = self.proc.stdout.readline()
-        if ready.strip() != "ready":
-            self.close()
-            raise RuntimeError(f"{self.version} worker did not start: {ready.strip() or 'no output'}")
+            paths.append(str(folder))
+        args = [str(source), "1" if kitchen else "0"]
+        super().__init__(sys.executable, "runtimes.comfyui_release_driver", args, self.version, paths)
 
     def run(self, path: Path) -> Outcome:
-        self.proc.stdin.write(json.dumps({"path": str(path)}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"{self.version} worker died on {path}")
-        return Outcome(**json.loads(line))
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-    def __enter__(self) -> ReleaseDriver:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        return Outcome(**self.ask({"path": str(path)}, path))
 
 
 class _Worker:
