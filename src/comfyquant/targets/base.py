@@ -68,9 +68,12 @@ class RuntimeFailure:
     """What a runtime does wrong with a dialect's layers, as data: the dialect says which
     target, where (``stage``), on which layer and tensor, with which exception and message;
     ``targets.dialect_failures`` makes the ``Violation`` (rule name, blocking) from it.  The
-    fields mirror ``Violation``'s, with ``target`` and ``stage`` for its rule and ``blocking``."""
+    fields mirror ``Violation``'s, with ``target`` and ``stage`` for its rule and ``blocking``.
 
-    __slots__ = ("target", "message", "exception", "layer", "tensor", "stage", "cause", "fix", "severity")
+    ``broadcast``: the two shapes the runtime multiplies when torch's broadcasting error is what
+    it raises; the rendering words that error (``torch_text``), so ``message`` stays empty."""
+
+    __slots__ = ("target", "message", "exception", "layer", "tensor", "stage", "cause", "fix", "severity", "broadcast")
 
     def __init__(
         self,
@@ -83,9 +86,11 @@ class RuntimeFailure:
         cause: str | None = None,
         fix: str | None = None,
         severity: str = "",
+        broadcast: tuple[tuple, tuple] | None = None,
     ) -> None:
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}")
+        self.broadcast = broadcast
         self.target = target
         self.message = message
         self.exception = exception

@@ -28,7 +28,7 @@ from ...markers import MARKER_MAP as META_KEY
 from ...markers import marker_map_text
 from ...numerics.bytewise import to_f32
 from ...numerics.nvfp4_layouts import broadcast_rows
-from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Move, Translation
+from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Move, Translation, exact
 from ..common import copy, is_scalar_float, scalar_scale
 from ..decoders import scaled_fp8
 from ..reading import read_sound
@@ -78,18 +78,7 @@ def _exact(prefix: str, t: dict, why: str) -> Translation:
     moves = [copy(w, "weight"), Move("weight_scale", s.name, "F32", (), lambda b: bytes(b[:4]), EXACT, "first row's scale")]
     if i is not None:
         moves.append(scalar_scale(i, prefix, "input_scale"))
-    return Translation(
-        prefix,
-        NAME,
-        "rowwise",
-        t,
-        verdict=EXACT,
-        why=why,
-        format=COMFY,
-        marker={"format": COMFY},
-        moves=moves + _others(t),
-        declared=ROWWISE_FP8,
-    )
+    return exact(NAME, prefix, t, "rowwise", COMFY, why, moves=moves + _others(t), declared=ROWWISE_FP8)
 
 
 def detect(ckpt, claimed: set) -> Claim | None:
