@@ -20,10 +20,10 @@ from comfyquant.cli import _build_parser
 from comfyquant.commands.common import IO_ARGUMENTS, SHOWN, options_from_args
 from comfyquant.commands.quantize import PARAM_PREFIX, options_of
 from comfyquant.quantizer import api
-from comfyquant.quantizer.options import ConvertOptions, EncodeOptions, QuantizeOptions
+from comfyquant.quantizer.options import ConvertKeywords, ConvertOptions, EncodeOptions, QuantizeKeywords, QuantizeOptions
 from comfyquant.repair import migration
 from comfyquant.repair import run as repair_run
-from comfyquant.repair.options import FixOptions, MigrateOptions
+from comfyquant.repair.options import FixOptions, MigrateKeywords, MigrateOptions
 
 COMMANDS = {"quantize": QuantizeOptions, "convert": ConvertOptions, "fix": FixOptions, "migrate": MigrateOptions}
 API = {"quantize": comfyquant.quantize, "convert": comfyquant.convert, "fix": comfyquant.fix, "migrate": comfyquant.migrate}
@@ -92,6 +92,39 @@ def test_api_keywords_are_the_fields(command):
             assert signature[name].default is inspect.Parameter.empty, name
         else:
             assert signature[name].default == field.default, name
+
+
+TYPED_KEYWORDS = {"quantize": QuantizeKeywords, "convert": ConvertKeywords, "migrate": MigrateKeywords}
+"""The ``TypedDict`` that types an API function's ``**kwargs`` (what type checkers and IDEs complete)."""
+
+
+@pytest.mark.parametrize("command", TYPED_KEYWORDS)
+def test_typed_keywords_are_the_fields(command):
+    """The typed ``**kwargs`` name every field the function's own parameters leave, with the
+    field's type: an IDE completes the same options the run takes."""
+    code = API[command].__code__
+    own = set(code.co_varnames[: code.co_argcount])
+    typed = {name: getattr(hint, "__forward_arg__", hint) for name, hint in TYPED_KEYWORDS[command].__annotations__.items()}
+    fields = {f.name: f.type for f in dataclasses.fields(COMMANDS[command]) if f.name not in own}
+    assert typed == fields
+
+
+@pytest.mark.parametrize("command", TYPED_KEYWORDS)
+def test_a_keyword_left_out_takes_the_field_default(command, monkeypatch):
+    """The API function builds its options from the keywords given; one left out is the field's default."""
+    seen: list = []
+
+    def capture(options):
+        seen.append(options)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(api, "run", capture)
+    monkeypatch.setattr(migration, "run_migrate", capture)
+    with pytest.raises(SystemExit):
+        API[command]("in.safetensors")
+    assert seen == [COMMANDS[command](paths="in.safetensors")]
+    with pytest.raises(TypeError, match="no_such_option"):
+        API[command]("in.safetensors", no_such_option=1)
 
 
 def _value_for(parser: argparse.ArgumentParser, command: str, action: argparse.Action) -> list[str] | None:
