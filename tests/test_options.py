@@ -109,9 +109,9 @@ def test_typed_keywords_are_the_fields(command):
     assert typed == fields
 
 
-@pytest.mark.parametrize("command", TYPED_KEYWORDS)
-def test_a_keyword_left_out_takes_the_field_default(command, monkeypatch):
-    """The API function builds its options from the keywords given; one left out is the field's default."""
+@pytest.fixture
+def captured(monkeypatch) -> list:
+    """The options objects the runs are handed (each run stops there, with ``SystemExit``)."""
     seen: list = []
 
     def capture(options):
@@ -119,10 +119,17 @@ def test_a_keyword_left_out_takes_the_field_default(command, monkeypatch):
         raise SystemExit(0)
 
     monkeypatch.setattr(api, "run", capture)
+    monkeypatch.setattr(repair_run, "run_fix", capture)
     monkeypatch.setattr(migration, "run_migrate", capture)
+    return seen
+
+
+@pytest.mark.parametrize("command", TYPED_KEYWORDS)
+def test_a_keyword_left_out_takes_the_field_default(command, captured):
+    """The API function builds its options from the keywords given; one left out is the field's default."""
     with pytest.raises(SystemExit):
         API[command]("in.safetensors")
-    assert seen == [COMMANDS[command](paths="in.safetensors")]
+    assert captured == [COMMANDS[command](paths="in.safetensors")]
     with pytest.raises(TypeError, match="no_such_option"):
         API[command]("in.safetensors", no_such_option=1)
 
@@ -158,17 +165,9 @@ def test_every_flag_reaches_the_options(command, capsys):
     capsys.readouterr()  # the refused candidate values' usage lines
 
 
-def test_command_line_and_api_build_equal_options(monkeypatch):
+def test_command_line_and_api_build_equal_options(captured):
     """The same run asked for on the command line and in Python: equal options objects."""
-    seen: list = []
-
-    def capture(options):
-        seen.append(options)
-        raise SystemExit(0)
-
-    monkeypatch.setattr(api, "run", capture)
-    monkeypatch.setattr(repair_run, "run_fix", capture)
-    monkeypatch.setattr(migration, "run_migrate", capture)
+    seen = captured
     cases = [
         (
             "quantize",
