@@ -6,6 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
     from ..findings import Finding
 
 
@@ -183,7 +184,7 @@ INCOMPLETE = ("C011", "C014")
 names is missing, or the index lists a tensor no shard holds)."""
 
 
-def container_violations(target: str, ckpt) -> list[Violation]:
+def container_violations(target: str, ckpt: Checkpoint) -> list[Violation]:
     """One violation per file safetensors refuses, in the order the runtime opens them."""
     from .container import container_errors
 
@@ -191,7 +192,7 @@ def container_violations(target: str, ckpt) -> list[Violation]:
     return [container_violation(target, f, errors[f]) for f in ckpt.files if f in errors] if errors else []
 
 
-def incomplete_violations(target: str, ckpt, blocking: bool, consequence: str) -> list[Violation]:
+def incomplete_violations(target: str, ckpt: Checkpoint, blocking: bool, consequence: str) -> list[Violation]:
     """One violation per piece of missing data (INCOMPLETE), explained by its finding."""
     out = []
     for f in ckpt.findings:
