@@ -11,16 +11,18 @@ parameters, then one keyword-only parameter per other field, with its type and d
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def keywords_of(options: type) -> Callable[[F], F]:
     """Decorate an API function whose ``**kwargs`` are the other fields of the dataclass
-    ``options``: its signature becomes its own parameters followed by those fields."""
+    ``options``: its signature becomes its own parameters followed by those fields, and an
+    unknown keyword is refused in the function's name."""
 
     def give(function: F) -> F:
         signature = inspect.signature(function)
@@ -31,8 +33,18 @@ def keywords_of(options: type) -> Callable[[F], F]:
             for f in dataclasses.fields(options)
             if f.name not in named
         ]
-        function.__signature__ = signature.replace(parameters=own + fields)  # type: ignore[attr-defined]
-        return function
+        known = frozenset(p.name for p in own + fields)
+
+        @functools.wraps(function)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            # a misspelt keyword is the caller's error: name the function called, as Python does
+            for name in kwargs:
+                if name not in known:
+                    raise TypeError(f"{function.__name__}() got an unexpected keyword argument {name!r}")
+            return function(*args, **kwargs)
+
+        checked.__signature__ = signature.replace(parameters=own + fields)  # type: ignore[attr-defined]
+        return cast(F, checked)
 
     return give
 
