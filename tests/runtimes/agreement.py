@@ -173,16 +173,22 @@ def compare(drv, target: str, cases: Iterable[Case]) -> list[Row]:
     for case in cases:
         outcome = drv.run(case.path)
         predicted = predict(verdict(case, target))
-        if case.undecidable is not None:
-            why = judge_undecidable(case, outcome, predicted)
-        elif case.model is not None:
-            why = judge_resized(outcome, predicted)
-        else:
-            why = disagreement(outcome, predicted)
-            if why == "message differs" and either_twin(case, outcome, predicted):
-                why = None
-        rows.append(Row(case, outcome, predicted, why))
+        rows.append(Row(case, outcome, predicted, judge(case, outcome, predicted)))
     return rows
+
+
+def judge(case: Case, outcome: Outcome, predicted: Expected) -> str | None:
+    """Why comfyquant's verdict on a generated case differs from the runtime's outcome (None:
+    they agree), with the case's own terms: a defect the file cannot show, a model of the size
+    the file records, two tensors at the same offsets."""
+    if case.undecidable is not None:
+        return judge_undecidable(case, outcome, predicted)
+    if case.model is not None:
+        return judge_resized(outcome, predicted)
+    why = disagreement(outcome, predicted)
+    if why == "message differs" and either_twin(case, outcome, predicted):
+        return None
+    return why
 
 
 def undecided(rows: list[Row]) -> Counter:

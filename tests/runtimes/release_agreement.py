@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import runtime_sources
@@ -45,12 +46,25 @@ def outcomes(root: Path, group, cases: list[Case]) -> tuple[dict[str, Outcome], 
     todo = [c for c in cases if keys[c.id] not in cached]
     if todo:
         with ReleaseDriver(root / f"comfyui-{group.first}", group.kitchen) as drv:
-            for case in todo:
+            for i, case in enumerate(todo, 1):
                 cached[keys[case.id]] = drv.run(case.path).to_dict()
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cached))
-        tmp.replace(path)
+                if i % SAVE_EVERY == 0:  # a long first run that is stopped keeps what it drove
+                    _save(path, cached)
+        _save(path, cached)
     return {c.id: Outcome(**cached[keys[c.id]]) for c in cases}, len(todo)
+
+
+SAVE_EVERY = 250
+"""Outcomes driven between two writes of the cache file."""
+
+
+def _save(path: Path, cached: dict) -> None:
+    """Write the cache atomically, keeping outcomes another process saved meanwhile."""
+    if path.is_file():
+        cached.update({k: v for k, v in json.loads(path.read_text()).items() if k not in cached})
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cached))
+    tmp.replace(path)
 
 
 def predicted(case: Case, release: str) -> dict | None:
