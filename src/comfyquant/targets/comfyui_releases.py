@@ -573,29 +573,50 @@ def releases_for(ckpt, newest, spec: tuple[str, str] | None) -> Releases:
     return Releases(verdicts, selected_releases(spec))
 
 
+NEWER_KITCHEN = "0.2.40"
+"""The comfy-kitchen the ComfyUI profile (``comfyui.comfyui_verdict``) models, newer than the
+one ComfyUI 0.33.0 pins: where it decides otherwise, the report says what upgrading does."""
+
+
 def released(newest, releases: Releases) -> ReleasedVerdict:
-    """The ComfyUI verdict a check reports: the newest selected release's, carrying the
-    file's verdict on every release (``ReleasedVerdict``)."""
-    # by default the verdict stays that of the proven pairing (ComfyUI 0.33.0 with comfy-kitchen
-    # 0.2.40); a release spec gives the selected release's, with the comfy-kitchen it pins
-    last = newest if releases.selected == RELEASES else releases.chosen[-1][2]
+    """The ComfyUI verdict a check reports: the newest selected release's with the comfy-kitchen
+    it pins (by default ComfyUI 0.33.0 with comfy-kitchen 0.2.31), carrying the file's verdict
+    on every release and, for ComfyUI 0.33.0, ``newest`` (its verdict with comfy-kitchen 0.2.40)
+    where that differs (``ReleasedVerdict``)."""
+    group, _, last = releases.chosen[-1]
     out = ReleasedVerdict(last.target, last.violations, last.architecture)
     out.releases = releases
+    out.newer = newest if group is NEWEST and _outcome(newest) != _outcome(last) else None
     return out
+
+
+def _outcome(verdict) -> tuple:
+    """What a runtime does with the file as a verdict says it: loads, or its first failure."""
+    first = verdict.first
+    return (None, None, None) if first is None else (first.exception, first.message, first.layer)
 
 
 class ReleasedVerdict(Verdict):
     """A ComfyUI verdict with the file's verdict on each release: the text report's lines and
-    the JSON's ``releases``."""
+    the JSON's ``releases``; and ``newer``, ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40
+    where it is not this one (None otherwise): the JSON's ``newer_kitchen``."""
 
-    __slots__ = ("releases",)
+    __slots__ = ("releases", "newer")
     releases: Releases
+    newer: Verdict | None
 
     def release_lines(self) -> list[str]:
-        return self.releases.lines()
+        lines = self.releases.lines()
+        if self.newer is not None:
+            lines.insert(0, f"with comfy-kitchen {NEWER_KITCHEN} instead of the pinned {NEWEST.kitchen}: {_failure(self.newer)}")
+        return lines
 
     def to_dict(self) -> dict:
-        return {**super().to_dict(), "releases": self.releases.to_dict()}
+        newer = None
+        if self.newer is not None:
+            said = self.newer.to_dict()
+            newer = {"comfy_kitchen": NEWER_KITCHEN, **{k: said[k] for k in ("loads", "error", "exception", "rule", "layer")}}
+        return {**super().to_dict(), "releases": self.releases.to_dict(), "newer_kitchen": newer}
 
 
 def first_loading(fmt: str, marker: str) -> ReleaseGroup | None:
