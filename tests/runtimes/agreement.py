@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cases import Case, generate, in_pairs
-from .outcome import Expected, Outcome, disagreement, expected
+from .outcome import Expected, Outcome, disagreement, expected, with_newer_kitchen
 
 DRIVERS = {
     "comfyui": "runtimes.comfyui_driver",
@@ -118,7 +118,8 @@ def verdict(case: Case, target: str) -> dict | None:
         report = comfyquant.check(str(case.path), target=target, deep=case.deep)
     except InputError:
         return None
-    return report.verdicts[target].to_dict()
+    said = report.verdicts[target].to_dict()
+    return with_newer_kitchen(said) if target == "comfyui" else said  # its driver runs comfy-kitchen 0.2.40
 
 
 def judge_undecidable(case: Case, outcome: Outcome, predicted: Expected) -> str | None:

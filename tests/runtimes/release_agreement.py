@@ -67,12 +67,14 @@ def _save(path: Path, cached: dict) -> None:
     tmp.replace(path)
 
 
-def predicted(case: Case, release: str) -> dict | None:
+def predicted(case: Case, release: str | None) -> dict | None:
+    """comfyquant's verdict for ComfyUI ``release`` (None: ``check``'s default ComfyUI verdict)."""
     import comfyquant
     from comfyquant.errors import InputError
 
     try:
-        report = comfyquant.check(str(case.path), target=f"comfyui=={release}", deep=case.deep)
+        target = "comfyui" if release is None else f"comfyui=={release}"
+        report = comfyquant.check(str(case.path), target=target, deep=case.deep)
     except InputError:
         return None
     return report.verdicts["comfyui"].to_dict()
@@ -85,6 +87,20 @@ def compare_group(root: Path, group, cases: list[Case]) -> tuple[list[Row], int]
         outcome = got[case.id]
         guess = expected(predicted(case, group.first))
         rows.append(Row(case, outcome, guess, disagreement(outcome, guess)))
+    return rows, driven
+
+
+def compare_space(root: Path, group, cases: list[Case], release: str | None) -> tuple[list[Row], int]:
+    """Like ``compare_group`` on any generated cases (the whole space), judged on each case's
+    own terms (``agreement.judge``: a defect the file cannot show, a model of the size the file
+    records); comfyquant's side is the verdict for ``release`` (None: ``check``'s default)."""
+    from .agreement import judge
+
+    got, driven = outcomes(root, group, cases)
+    rows = []
+    for case in cases:
+        guess = expected(predicted(case, release))
+        rows.append(Row(case, got[case.id], guess, judge(case, got[case.id], guess)))
     return rows, driven
 
 

@@ -134,18 +134,33 @@ def pinned_violations(violations: list[Violation], forwards: dict[str, Violation
                     out.append(new)
                 continue
         out.append(v)
-    for layer in sorted((p for p in forwards if p not in seen and forwards[p] is not None), key=module_order):
-        new = forwards[layer]
-        assert new is not None
-        new.cause = f"{new.cause}; {cause}" if new.cause else cause
-        new.fix = new.fix or "load it with comfy-kitchen 0.2.40 (which reads 6-bit W4A8 rows), or re-quantize 4-bit"
-        key = module_order(layer)
-        at = next((i for i, v in enumerate(out) if v.blocking and v.layer and module_order(v.layer) > key), None)
-        if at is None:
-            at = max((i + 1 for i, v in enumerate(out) if v.blocking), default=len(out))
-        out.insert(at, new)
-        changed = True
-    return out if changed else None
+    added = [p for p in forwards if p not in seen and forwards[p] is not None]
+    if not added:
+        return out if changed else None
+    keys = {p: module_order(p) for p in added}
+    for v in out:
+        if v.blocking and v.layer and v.layer not in keys:
+            keys[v.layer] = module_order(v.layer)
+    pending = sorted(added, key=keys.__getitem__)
+    merged: list[Violation] = []
+    last = max((i for i, v in enumerate(out) if v.blocking), default=len(out) - 1)
+    for i, v in enumerate(out):
+        while pending and v.blocking and v.layer and keys[pending[0]] < keys[v.layer]:
+            merged.append(_ran_with_newer(forwards[pending.pop(0)], cause))
+        merged.append(v)
+        if i == last:
+            merged.extend(_ran_with_newer(forwards[p], cause) for p in pending)
+            pending = []
+    merged.extend(_ran_with_newer(forwards[p], cause) for p in pending)
+    return merged
+
+
+def _ran_with_newer(v: Violation | None, cause: str) -> Violation:
+    """A W4A8 layer's pinned forward error where comfy-kitchen 0.2.40 runs the layer."""
+    assert v is not None
+    v.cause = f"{v.cause}; {cause}" if v.cause else cause
+    v.fix = v.fix or "load it with comfy-kitchen 0.2.40 (which reads 6-bit W4A8 rows), or re-quantize 4-bit"
+    return v
 
 
 def bound(template: Violation | None, layer: str) -> Violation | None:
