@@ -102,10 +102,13 @@ def first_forward(marker: dict, t: dict) -> Violation | None:
     return operands(t, env)
 
 
-def pinned_violations(violations: list[Violation], forwards: dict[str, Violation | None], cause: str) -> list[Violation] | None:
+def pinned_violations(
+    violations: list[Violation], forwards: dict[str, Violation | None], keys: dict[str, list], cause: str
+) -> list[Violation] | None:
     """The verdict's ``violations`` (comfy-kitchen 0.2.40's) with each W4A8 layer's first
     forward as the pinned comfy-kitchen runs it (``forwards``: layer -> its violation bound to
-    the layer, or None when it runs), or None when nothing changes.
+    the layer, or None when it runs; ``keys``: the module-order key of each layer that fails),
+    or None when nothing changes.
 
     The forward is reached only when nothing fails before it: when the 0.2.40 verdict's first
     error is a load error (or another layer's forward error, which is taken to come first)
@@ -137,7 +140,7 @@ def pinned_violations(violations: list[Violation], forwards: dict[str, Violation
     added = [p for p in forwards if p not in seen and forwards[p] is not None]
     if not added:
         return out if changed else None
-    keys = {p: module_order(p) for p in added}
+    keys = dict(keys)
     for v in out:
         if v.blocking and v.layer and v.layer not in keys:
             keys[v.layer] = module_order(v.layer)

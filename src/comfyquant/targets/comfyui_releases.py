@@ -295,31 +295,37 @@ FOUR_BIT_ONLY = frozenset({"0.2.28", "0.2.30", "0.2.31"})
 (``comfyui_pinned``): 4-bit codes only (K = 2 x the row's bytes), dtypes checked first."""
 
 
+PINNED_CAUSE = (
+    "the comfy-kitchen ComfyUI 0.31.0 to 0.33.0 pin (0.2.28 to 0.2.31) reads every W4A8 row as 4-bit codes "
+    "(K = 2 x the row's bytes) and checks the operands' dtypes first"
+)
+
+
 def _pinned(group: ReleaseGroup, ckpt, newest, read: dict, formats: set, marked: Marked):
     """``newest``'s violations with each W4A8 layer's first forward as the group's comfy-kitchen
-    runs it (``comfyui_pinned``), or None when that changes nothing.  Decided once per layer
-    class, for the W4A8 layers only."""
+    runs it (``comfyui_pinned``), or None when that changes nothing.  Decided once per check
+    (the groups pinning these comfy-kitchens share it) and once per W4A8 layer class."""
     if group.kitchen not in FOUR_BIT_ONLY or "asym_w4a8_int8" not in formats:
         return None
-    from .comfyui_pinned import pinned_violations
 
-    forwards = marked.once("pinned-forwards", lambda: _pinned_forwards(ckpt, read))
-    if not forwards:
-        return None
-    cause = (
-        f"{group.kitchen_text} (which ComfyUI {group.first} pins) reads every W4A8 row as 4-bit codes "
-        "(K = 2 x the row's bytes) and checks the operands' dtypes first"
-    )
-    return marked.once(f"pinned-{group.first}", lambda: pinned_violations(newest.violations, forwards(), cause))
+    def make():
+        from .comfyui_pinned import pinned_violations
+
+        forwards, keys = _pinned_forwards(ckpt, read)
+        return pinned_violations(newest.violations, forwards, keys, PINNED_CAUSE) if forwards else None
+
+    return marked.once("pinned", make)
 
 
-def _pinned_forwards(ckpt, read: dict):
-    """A function giving each W4A8 layer's pinned first forward (file layer name -> bound
-    violation or None), made fresh on each call (callers adjust the violations)."""
+def _pinned_forwards(ckpt, read: dict) -> tuple[dict, dict]:
+    """Each W4A8 layer's pinned first forward (file layer name -> violation or None), and each
+    such layer's module-order key."""
     from .comfyui_pinned import FORMAT, bound, first_forward
 
-    layers = []
+    forwards: dict = {}
+    keys: dict = {}
     markers = _read_markers(ckpt)
+    effective = ckpt.markers.effective
     for p, f in read.items():
         if f != FORMAT:
             continue
@@ -327,11 +333,14 @@ def _pinned_forwards(ckpt, read: dict):
         marker = markers.get(p)
         if layer is None or marker is None:
             continue
+        merged = effective.get(layer.prefix)
+        if merged is not None and merged is not marker and merged == marker:
+            marker = merged  # the object the other rules classed the layer with: its class is known
         template = ckpt.memo.get("comfyui.release.w4a8", marker, layer, partial(first_forward, marker, layer.tensors))
-        layers.append((layer.prefix, template))
-    if not layers:
-        return None
-    return lambda: {prefix: bound(template, prefix) for prefix, template in layers}
+        forwards[layer.prefix] = bound(template, layer.prefix)
+        if template is not None:
+            keys[layer.prefix] = module_order(layer.prefix)
+    return forwards, keys
 
 
 def _read_markers(ckpt) -> dict[str, dict]:
