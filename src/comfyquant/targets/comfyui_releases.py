@@ -614,6 +614,12 @@ class ReleasedVerdict(Verdict):
     releases: Releases
     newer: Verdict | None
 
+    @property
+    def with_newer_kitchen(self) -> Verdict:
+        """ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40 when this is 0.33.0's: ``newer``
+        where it differs, else this one."""
+        return self if self.newer is None else self.newer
+
     def release_lines(self) -> list[str]:
         lines = self.releases.lines()
         if self.newer is not None:
