@@ -35,7 +35,7 @@ def operands(t: dict, env: dict) -> Violation | None:
     (after the operand dtypes): K = 2 x the row's bytes against 16, the group size and the
     ConvRot size; the group, channel and codebook scales' shapes; the input's K (the model's);
     the ConvRot rotation's size.  ComfyUI never passes the correction in."""
-    from .kitchen import _hadamard
+    from ..formats.base import is_pow4
 
     w = t["weight"]
     if len(w.shape) != 2 or w.dtype != "I8":
@@ -69,10 +69,18 @@ def operands(t: dict, env: dict) -> Violation | None:
         )
     if env["K"] != k:
         return Violation("comfyui.w4a8", f"Input K={env['K']} does not match qdata K={k}", "ValueError", LAYER, "weight")
-    v = _hadamard(LAYER, c)
-    if v is not None:
-        v.rule = "comfyui.hadamard"
-    return v
+    if not is_pow4(c):
+        return Violation(
+            "comfyui.hadamard",
+            f"Regular Hadamard size must be a power of 4, got {c}",
+            "ValueError",
+            LAYER,
+            None,
+            True,
+            "ConvRot size comfy-kitchen cannot build",
+            "re-quantize with convrot_groupsize 16, 64 or 256",
+        )
+    return None
 
 
 def first_forward(marker: dict, t: dict) -> Violation | None:
@@ -82,13 +90,11 @@ def first_forward(marker: dict, t: dict) -> Violation | None:
     0.2.40 verdict stands)."""
     from ..formats.base import GeometryError
     from ..formats.w4a8 import ASYM_W4A8_INT8, model_geometry
-    from .comfyui import _read_marker
-    from .kitchen import VIEWS, forward_templates
+    from .kitchen import VIEWS, forward_templates, marker_ints
 
-    refused: list[Violation] = []
-    marker = _read_marker(refused, marker, t)
+    marker, refused = marker_ints(FORMAT, marker)  # ComfyUI reads the sizes through int()
     w = t.get("weight")
-    if refused or w is None or len(w.shape) != 2:
+    if refused is not None or w is None or len(w.shape) != 2:
         return None
     if w.dtype != "I8":  # ComfyUI casts the stored weight to the layout's dtype by value
         t = dict(t, weight=type(w)(w.name, "I8", w.shape, w.start, w.end, w.file))
