@@ -595,7 +595,8 @@ def released(newest, releases: Releases) -> ReleasedVerdict:
     group, _, last = releases.chosen[-1]
     out = ReleasedVerdict(last.target, last.violations, last.architecture)
     out.releases = releases
-    out.newer = newest if group is NEWEST and _outcome(newest) != _outcome(last) else None
+    out.newest = newest if group is NEWEST and newest.violations is not last.violations else None
+    out.made = len(last.violations)
     return out
 
 
@@ -610,26 +611,43 @@ class ReleasedVerdict(Verdict):
     the JSON's ``releases``; and ``newer``, ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40
     where it is not this one (None otherwise): the JSON's ``newer_kitchen``."""
 
-    __slots__ = ("releases", "newer")
+    __slots__ = ("releases", "newest", "made")
     releases: Releases
-    newer: Verdict | None
+    newest: Verdict | None
+    """ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40 when this verdict is 0.33.0's and
+    another list of violations (None otherwise)."""
+    made: int
+    """How many violations this verdict had when it was made: the check adds the silent errors
+    of ``--deep``'s values after, to both verdicts."""
+
+    @property
+    def newer(self) -> Verdict | None:
+        """ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40 where it differs from this one."""
+        if self.newest is None:
+            return None
+        added = self.violations[self.made :]
+        newer = Verdict(self.newest.target, self.newest.violations + added, self.newest.architecture) if added else self.newest
+        return newer if _outcome(newer) != _outcome(self) else None
 
     @property
     def with_newer_kitchen(self) -> Verdict:
         """ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40 when this is 0.33.0's: ``newer``
         where it differs, else this one."""
-        return self if self.newer is None else self.newer
+        newer = self.newer
+        return self if newer is None else newer
 
     def release_lines(self) -> list[str]:
         lines = self.releases.lines()
-        if self.newer is not None:
-            lines.insert(0, f"with comfy-kitchen {NEWER_KITCHEN} instead of the pinned {NEWEST.kitchen}: {_failure(self.newer)}")
+        newer = self.newer
+        if newer is not None:
+            lines.insert(0, f"with comfy-kitchen {NEWER_KITCHEN} instead of the pinned {NEWEST.kitchen}: {_failure(newer)}")
         return lines
 
     def to_dict(self) -> dict:
         newer = None
-        if self.newer is not None:
-            said = self.newer.to_dict()
+        found = self.newer
+        if found is not None:
+            said = found.to_dict()
             newer = {"comfy_kitchen": NEWER_KITCHEN, **{k: said[k] for k in ("loads", "error", "exception", "rule", "layer")}}
         return {**super().to_dict(), "releases": self.releases.to_dict(), "newer_kitchen": newer}
 
