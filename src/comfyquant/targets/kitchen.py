@@ -36,7 +36,9 @@ def _v(
     return Violation(f"comfy-kitchen.{rule}", message, exception if blocking else None, layer, tensor, blocking, cause, fix)
 
 
-def kitchen_verdict(ckpt) -> Verdict:
+def kitchen_verdict(ckpt, adjust=None) -> Verdict:
+    """comfy-kitchen 0.2.40's verdict; ``adjust(name, marker, layer, load, forward)``, when given,
+    returns another release's (load, first forward) templates of a layer (``kitchen_releases``)."""
     # comfy-kitchen is handed its tensors by ComfyUI: a file ComfyUI's safe_open refuses never
     # reaches it, so its verdict starts with the same SafetensorError
     out: list[Violation] = container_violations("comfy-kitchen", ckpt)
@@ -54,6 +56,8 @@ def kitchen_verdict(ckpt) -> Verdict:
         load, first_forward = memo.get(
             "comfy-kitchen", marker, layer, lambda m=marker, n=name, lay=layer: _layer_templates(n, m, lay.tensors)
         )
+        if adjust is not None:
+            load, first_forward = adjust(name, marker, layer, load, first_forward)
         if load:
             out.extend(bind(load, prefix))
         if first_forward:

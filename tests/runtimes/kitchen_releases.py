@@ -1,0 +1,91 @@
+"""comfy-kitchen's releases from the package index, and the code in each that the kitchen target models.
+
+Each release's wheel is downloaded once (``pip download --no-deps``) and only its Python
+sources are kept in the test cache (``comfy-kitchen-src-<version>/comfy_kitchen``): on CPU the
+eager backend is all that runs, and the CUDA extension of the wheel is never loaded.  A
+release's *deciding code* (``DECIDING``) is the modules that build a layer's layout and run its
+first forward on the eager backend; releases whose deciding code is byte-identical form one
+group (``digest``), which ``comfyquant.targets.kitchen_releases.GROUPS`` records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+PACKAGE = "comfy_kitchen"
+
+DECIDING_DIRS = ("tensor", "backends/eager")
+"""Folders of the package whose every module decides a layer: the layouts (their ``Params``,
+checks and linear) and the eager ops the first forward runs."""
+DECIDING_FILES = ("registry.py", "constraints.py", "exceptions.py", "float_utils.py")
+"""Modules beside them that decide: the backend registry and its operand constraints (the
+``NoCapableBackendError`` messages), the exceptions, the block-scale helpers."""
+SKIPPED = ("rope.py", "na.py", "adaln.py")
+"""Eager modules no quantized linear runs (rotary embeddings, neighbourhood attention, AdaLN)."""
+
+MISSING: dict[str, str] = {}
+"""Why a release's sources could not be had (set by ``source``)."""
+
+
+def deciding(root: Path) -> list[str]:
+    """The deciding modules of the package at ``root / comfy_kitchen``, as package paths in name order."""
+    pkg = root / PACKAGE
+    out = [f for f in DECIDING_FILES if (pkg / f).is_file()]
+    for folder in DECIDING_DIRS:
+        out.extend(
+            str(p.relative_to(pkg)) for p in sorted((pkg / folder).glob("*.py")) if p.name not in SKIPPED
+        )
+    return sorted(out)
+
+
+def digest(root: Path) -> str:
+    """The first 12 hex digits of SHA-256 over the deciding modules (path and bytes, in name order)."""
+    h = hashlib.sha256()
+    for rel in deciding(root):
+        h.update(rel.encode() + b"\0" + (root / PACKAGE / rel).read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def source(version: str) -> Path | None:
+    """The folder holding ``comfy_kitchen/`` (Python sources only) of comfy-kitchen ``version``,
+    fetched once; None when the package index cannot give it (the reason in ``MISSING``)."""
+    import runtime_sources
+
+    folder = runtime_sources.cache_dir() / f"comfy-kitchen-src-{version}"
+    if (folder / PACKAGE / "__init__.py").is_file():
+        return folder
+    with runtime_sources._Locked(f"comfy-kitchen-src-{version}"):
+        if (folder / PACKAGE / "__init__.py").is_file():
+            return folder
+        tmp = Path(tempfile.mkdtemp(prefix=".comfy-kitchen-", dir=runtime_sources.cache_dir()))
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--disable-pip-version-check"]
+                + [f"comfy-kitchen=={version}", "-d", str(tmp / "wheel")],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            wheels = sorted((tmp / "wheel").glob("*.whl"))
+            if proc.returncode or not wheels:
+                last = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
+                MISSING[version] = f"comfy-kitchen {version} could not be downloaded: {last}"
+                return None
+            unpacked = tmp / "src"
+            with zipfile.ZipFile(wheels[0]) as zf:
+                for name in zf.namelist():
+                    if name.startswith(PACKAGE + "/") and name.endswith(".py"):
+                        zf.extract(name, unpacked)
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(unpacked, folder)
+            return folder
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
