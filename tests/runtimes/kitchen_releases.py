@@ -21,6 +21,13 @@ from pathlib import Path
 
 PACKAGE = "comfy_kitchen"
 
+RELEASES = tuple(
+    "0.1.2 0.1.3 0.1.4 0.1.5 0.1.6 0.2.0 0.2.1 0.2.2 0.2.3 0.2.4 0.2.5 0.2.6 0.2.7 0.2.8 0.2.9 0.2.10 0.2.11 0.2.12 "
+    "0.2.13 0.2.14 0.2.15 0.2.16 0.2.17 0.2.18 0.2.19 0.2.20 0.2.21 0.2.22 0.2.23 0.2.24 0.2.25 0.2.26 0.2.27 0.2.28 "
+    "0.2.30 0.2.31 0.2.32 0.2.33 0.2.34 0.2.35 0.2.36 0.2.37 0.2.38 0.2.39 0.2.40".split()
+)
+"""Every comfy-kitchen release the package index has (``pip index versions comfy-kitchen``)."""
+
 DECIDING_DIRS = ("tensor", "backends/eager")
 """Folders of the package whose every module decides a layer: the layouts (their ``Params``,
 checks and linear) and the eager ops the first forward runs."""
@@ -89,3 +96,29 @@ def source(version: str) -> Path | None:
             return folder
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def exported_layouts(root: Path) -> set[str]:
+    """The layout classes ``comfy_kitchen.tensor`` of the release at ``root`` exports (the names
+    its ``__init__`` imports that end in ``Layout``)."""
+    import ast
+
+    tree = ast.parse((root / PACKAGE / "tensor" / "__init__.py").read_text())
+    return {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if (alias.asname or alias.name).endswith("Layout")
+    }
+
+
+def takes_layout_names(root: Path) -> bool:
+    """Whether the release's ``QuantizedTensor`` looks its layout up by name (``get_layout_class``)."""
+    return "def get_layout_class" in (root / PACKAGE / "tensor" / "base.py").read_text()
+
+
+def six_bit_w4a8(root: Path) -> bool:
+    """Whether the release's eager W4A8 op reads the code width off the packed row (``_w4a8_geometry``)."""
+    path = root / PACKAGE / "backends" / "eager" / "w4a8_int8.py"
+    return path.is_file() and "def _w4a8_geometry" in path.read_text()
