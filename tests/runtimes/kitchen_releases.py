@@ -46,9 +46,7 @@ def deciding(root: Path) -> list[str]:
     pkg = root / PACKAGE
     out = [f for f in DECIDING_FILES if (pkg / f).is_file()]
     for folder in DECIDING_DIRS:
-        out.extend(
-            str(p.relative_to(pkg)) for p in sorted((pkg / folder).glob("*.py")) if p.name not in SKIPPED
-        )
+        out.extend(str(p.relative_to(pkg)) for p in sorted((pkg / folder).glob("*.py")) if p.name not in SKIPPED)
     return sorted(out)
 
 
@@ -122,3 +120,45 @@ def six_bit_w4a8(root: Path) -> bool:
     """Whether the release's eager W4A8 op reads the code width off the packed row (``_w4a8_geometry``)."""
     path = root / PACKAGE / "backends" / "eager" / "w4a8_int8.py"
     return path.is_file() and "def _w4a8_geometry" in path.read_text()
+
+
+def outcomes(group, cases: list) -> tuple[dict, int]:
+    """The group's outcome per case id (its first release driven, ``kitchen_releases_driver``),
+    cached per group digest and file content; also how many cases were driven."""
+    import json
+
+    import runtime_sources
+
+    from .kitchen_releases_driver import KitchenReleaseDriver
+    from .outcome import Outcome
+    from .release_agreement import _digest
+
+    folder = runtime_sources.cache_dir() / "kitchen-release-outcomes"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{group.digest}.json"
+    cached = json.loads(path.read_text()) if path.is_file() else {}
+    keys = {c.id: _digest(c.path) for c in cases}
+    todo = [c for c in cases if keys[c.id] not in cached]
+    if todo:
+        root = source(group.first)
+        if root is None:
+            raise RuntimeError(MISSING[group.first])
+        with KitchenReleaseDriver(root, group.first) as drv:
+            for case in todo:
+                cached[keys[case.id]] = drv.run(case.path).to_dict()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cached))
+        tmp.replace(path)
+    return {c.id: Outcome(**cached[keys[c.id]]) for c in cases}, len(todo)
+
+
+def predicted(case, release: str) -> dict | None:
+    """comfyquant's verdict of comfy-kitchen ``release`` on the written case."""
+    import comfyquant
+    from comfyquant.errors import InputError
+
+    try:
+        report = comfyquant.check(str(case.path), target=f"comfy-kitchen=={release}", deep=case.deep)
+    except InputError:
+        return None
+    return report.verdicts["comfy-kitchen"].to_dict()
