@@ -150,3 +150,18 @@ def test_shipped_examples():
     for path in found:
         out = _check(path, "--target", "comfy-kitchen").stdout
         assert "comfy-kitchen release" in out or "comfy-kitchen 0." in out, (path.name, out)
+
+
+def test_the_runtimes_page_names_the_first_release_per_format():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generated_hook", ROOT / "docs" / "hooks" / "generated.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = (ROOT / "docs" / "runtimes.md").read_text(encoding="utf-8")
+    assert "<!-- generated: releases comfy-kitchen -->" in page
+    rendered = hook.on_page_markdown(page, None, None, None)
+    for fmt, layout in product.LAYOUTS.items():
+        assert f"| `{fmt}` | `{layout}` | {product.first_running(fmt).first} |" in rendered
+    for group in product.GROUPS:
+        assert f"| {', '.join(group.releases)} | `{group.digest}` |" in rendered
