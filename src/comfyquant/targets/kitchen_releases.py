@@ -166,7 +166,17 @@ def selected_releases(spec: tuple[str, str] | None) -> tuple[str, ...]:
 # -- verdicts per release -----------------------------------------------------------------------
 
 
-def _lacking(fmt: str) -> Violation:
+_LACKING: dict[str, list[Violation]] = {}
+
+
+def _lacking(fmt: str) -> list[Violation]:
+    """The load template of a layer of ``fmt`` in a release without its layout (made once)."""
+    if fmt not in _LACKING:
+        _LACKING[fmt] = [_lacking_violation(fmt)]
+    return _LACKING[fmt]
+
+
+def _lacking_violation(fmt: str) -> Violation:
     first = first_running(fmt)
     fix = f"load it with comfy-kitchen {first.first} or newer" if first else "convert the layer (comfyquant convert)"
     return Violation(
@@ -192,6 +202,7 @@ BY_CLASS = Violation(
     "load it with comfy-kitchen 0.2.0 or newer",
 )
 """What the first forward of any layer a release before 0.2.0 builds raises."""
+_BY_CLASS = [BY_CLASS]
 
 
 def six_bit_template(marker: dict, tensors: dict) -> Violation | None:
@@ -271,9 +282,9 @@ class Facts:
 def _adjuster(group: ReleaseGroup, ckpt) -> Callable:
     def adjust(name: str, marker: dict, layer, load: list, forward: list) -> tuple[list, list]:
         if name in LAYOUTS and name not in group.formats:
-            return [_lacking(name)], []
+            return _lacking(name), []
         if not group.by_name and name in LAYOUTS:
-            return load, [] if any(v.blocking for v in load) else [BY_CLASS]
+            return load, [] if any(v.blocking for v in load) else _BY_CLASS
         if name == "asym_w4a8_int8" and not group.six_bit and not any(v.blocking for v in load):
             six = ckpt.memo.get("comfy-kitchen.release.six", marker, layer, lambda: six_bit_template(marker, layer.tensors))
             if six is not None:
