@@ -39,7 +39,7 @@ def split_target(text: str) -> tuple[str, tuple[str, str] | None]:
         kitchen_selected(spec)
         return name, spec
     if name != "comfyui":
-        raise ValueError(f"target {text!r}: releases are modelled for ComfyUI and comfy-kitchen only (e.g. comfyui==0.31.0)")
+        raise ValueError(f"target {text!r}: releases are modelled for ComfyUI only (e.g. comfyui==0.31.0)")
     selected_releases(spec)
     return name, spec
 
