@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 from .base import LAYER, Verdict, Violation
 
@@ -294,7 +295,10 @@ def _adjuster(group: ReleaseGroup, ckpt) -> Callable:
     return adjust
 
 
+@cache
 def _dialect_tags() -> frozenset[str]:
+    """The rules of the violations dialects add to a comfy-kitchen verdict (``check`` has
+    imported the dialects by then: it detects them first)."""
     from ..dialects.registry import DIALECTS
 
     return frozenset(f"comfy-kitchen.{d.rule_tag}" for d in DIALECTS.values())
