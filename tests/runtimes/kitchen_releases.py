@@ -162,3 +162,9 @@ def predicted(case, release: str) -> dict | None:
     except InputError:
         return None
     return report.verdicts["comfy-kitchen"].to_dict()
+
+
+def casts_fp8_scale(root: Path) -> bool:
+    """Whether the release's FP8 layout casts its per-tensor scale to F32 when it is built."""
+    text = (root / PACKAGE / "tensor" / "fp8.py").read_text()
+    return '__setattr__(self, "scale", self.scale.to(dtype=torch.float32' in text

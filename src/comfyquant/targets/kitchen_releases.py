@@ -12,6 +12,9 @@ build a layer's layout and run its first forward on the eager backend (``comfy_k
 * ``by_name``: whether ``QuantizedTensor`` takes its layout by name, as ComfyUI hands it over.
   The releases before 0.2.0 take a class: every layer they build fails its first forward
   (``AttributeError: 'str' object has no attribute '__mro__'``);
+* ``fp8_scale_cast``: whether its FP8 layout casts the per-tensor scale to F32 when it is built;
+  0.2.0 and before do not, and their dequantize refuses a scale stored in another dtype at the
+  first forward (``NoCapableBackendError``);
 * ``six_bit``: whether its W4A8 layout stores 6-bit codes (3K/4 bytes a row).  The W4A8
   releases before 0.2.36 read any row as 4-bit codes (K = twice the row's bytes), and their
   eager linear refuses a 6-bit layer at its first forward.
@@ -63,6 +66,9 @@ class ReleaseGroup:
     """False: ``QuantizedTensor`` takes a layout class, not the name ComfyUI gives."""
     six_bit: bool = False
     """True: its W4A8 layout stores 6-bit codes too."""
+    fp8_scale_cast: bool = True
+    """True: its FP8 layout casts the per-tensor scale to F32 when it is built; False: the
+    dequantize refuses a scale stored otherwise."""
 
     @property
     def first(self) -> str:
@@ -76,15 +82,17 @@ class ReleaseGroup:
         return {"releases": list(self.releases), "digest": self.digest, "formats": list(self.formats)}
 
 
-def _g(releases: str, digest: str, formats: tuple[str, ...], by_name: bool = True, six_bit: bool = False) -> ReleaseGroup:
-    return ReleaseGroup(tuple(releases.split()), digest, formats, by_name, six_bit)
+def _g(
+    releases: str, digest: str, formats: tuple[str, ...], by_name: bool = True, six_bit: bool = False, cast: bool = True
+) -> ReleaseGroup:
+    return ReleaseGroup(tuple(releases.split()), digest, formats, by_name, six_bit, cast)
 
 
 GROUPS: tuple[ReleaseGroup, ...] = (
-    _g("0.1.2 0.1.3", "de60d5f645a3", FP8, by_name=False),
-    _g("0.1.4", "89308aecd409", FP8, by_name=False),
-    _g("0.1.5 0.1.6", "3591dd75e80b", FP8, by_name=False),
-    _g("0.2.0", "719334a40537", FP8),
+    _g("0.1.2 0.1.3", "de60d5f645a3", FP8, by_name=False, cast=False),
+    _g("0.1.4", "89308aecd409", FP8, by_name=False, cast=False),
+    _g("0.1.5 0.1.6", "3591dd75e80b", FP8, by_name=False, cast=False),
+    _g("0.2.0", "719334a40537", FP8, cast=False),
     _g("0.2.1", "562c881a5790", FP8),
     _g("0.2.2", "054bacc51a6d", FP8),
     _g("0.2.3 0.2.4", "c307c71de66f", FP8),
@@ -206,21 +214,20 @@ BY_CLASS = Violation(
 _BY_CLASS = [BY_CLASS]
 
 
-def six_bit_template(marker: dict, tensors: dict) -> Violation | None:
-    """What the first forward of a W4A8 layer stored 6-bit raises in a release that reads only
-    4-bit codes: its eager linear takes K as twice the row's bytes and refuses that K, or the
-    group scales' shape, in its own words (None: the layer is not stored 6-bit)."""
+def four_bit_template(marker: dict, tensors: dict) -> Violation | None:
+    """What the first forward of a W4A8 layer raises in a release that reads only 4-bit codes,
+    where 0.2.40 reads it otherwise: its eager linear takes K as twice the row's bytes and
+    refuses that K, or the group scales' shape, in its own words (None: it refuses neither, as
+    for a layer stored 4-bit)."""
+    from .kitchen import marker_ints
+
     w, s_rel = tensors.get("weight"), tensors.get("weight_s_rel")
     if w is None or s_rel is None or len(w.shape) != 2 or len(s_rel.shape) != 2:
         return None
-    nested = marker.get("params")
-    params: dict = nested if isinstance(nested, dict) else {}
-    group_size = marker.get("group_size", params.get("group_size", 16))
-    convrot = marker.get("convrot_groupsize", params.get("convrot_groupsize", 256))
-    if not isinstance(group_size, int) or not isinstance(convrot, int) or group_size <= 0 or convrot <= 0:
+    read, refused = marker_ints("asym_w4a8_int8", marker)
+    group_size, convrot = read.get("group_size", 16), read.get("convrot_groupsize", 256)
+    if refused is not None or not isinstance(group_size, int) or not isinstance(convrot, int) or group_size <= 0 or convrot <= 0:
         return None  # the marker's own errors decide
-    if w.shape[1] * 4 != s_rel.shape[1] * group_size * 3:
-        return None
     n, row = w.shape
     k = 2 * row
     if group_size < 4 or k % 16 or k % group_size or k % convrot or (16 % group_size and group_size % 16):
@@ -228,8 +235,10 @@ def six_bit_template(marker: dict, tensors: dict) -> Violation | None:
             f"K={k} must be divisible by 16, group_size={group_size}, and convrot_groupsize={convrot}; "
             f"group_size must be >=4 and divide 16 or be a multiple of 16"
         )
-    else:
+    elif tuple(s_rel.shape) != (n, k // group_size):
         message = f"s_rel must have shape {(n, k // group_size)}, got {tuple(s_rel.shape)}"
+    else:
+        return None
     first = first_running("asym_w4a8_int8/6-bit")
     return Violation(
         "comfy-kitchen.release",
@@ -238,14 +247,44 @@ def six_bit_template(marker: dict, tensors: dict) -> Violation | None:
         LAYER,
         "weight",
         True,
-        "this comfy-kitchen release has no 6-bit W4A8 storage: it reads the packed row as 4-bit codes",
+        f"this comfy-kitchen release reads every W4A8 row as 4-bit codes (K = 2 x {row} bytes), with no 6-bit storage",
         f"load it with comfy-kitchen {first.first if first else NEWEST.first} or newer, or re-quantize 4-bit",
     )
 
 
+FP8_SCALED = ("float8_e4m3fn", "float8_e5m2")
+_UNCAST: dict[str, list[Violation]] = {}
+
+
+def _uncast_scale(name: str, scale, forward: list[Violation]) -> list[Violation] | None:
+    """What the first forward of an FP8 layer raises in a release whose layout does not cast
+    its scale: the dequantize checks the weight's dtype (0.2.40's first dtype violation), then
+    the scale's (F32 only)."""
+    if scale is None or scale.dtype == "F32" or (forward and forward[0].rule == "comfy-kitchen.dtype"):
+        return None
+    if scale.dtype not in _UNCAST:
+        from .torch_text import TORCH_DTYPES
+
+        _UNCAST[scale.dtype] = [
+            Violation(
+                "comfy-kitchen.release",
+                "No backend can handle 'dequantize_per_tensor_fp8': eager: scale: dtype "
+                f"torch.{TORCH_DTYPES.get(scale.dtype, scale.dtype)} not in {{torch.float32}}",
+                "NoCapableBackendError",
+                LAYER,
+                "weight_scale",
+                True,
+                f"weight_scale stored as {scale.dtype}: comfy-kitchen 0.2.0 and before do not cast the FP8 scale to F32",
+                "store weight_scale as F32 (comfyquant fix), or load it with comfy-kitchen 0.2.1 or newer",
+            )
+        ]
+    return _UNCAST[scale.dtype]
+
+
 class Facts:
     """What the file holds that the releases differ on, read once per check: the kitchen
-    formats of its marked layers, and whether a W4A8 layer is stored 6-bit."""
+    formats of its marked layers, and whether a W4A8 layer is one a release reading only 4-bit
+    codes refuses (``six``: stored 6-bit, or of a row 0.2.40 reads otherwise)."""
 
     __slots__ = ("formats", "six")
 
@@ -267,7 +306,7 @@ class Facts:
             formats.add(name)
             if name == "asym_w4a8_int8" and not six:
                 six = ckpt.memo.get(
-                    "comfy-kitchen.release.six", marker, layer, lambda m=marker, lay=layer: six_bit_template(m, lay.tensors)
+                    "comfy-kitchen.release.four", marker, layer, lambda m=marker, lay=layer: four_bit_template(m, lay.tensors)
                 ) is not None  # fmt: skip
         self.formats = frozenset(formats)
         self.six = six
@@ -277,19 +316,28 @@ class Facts:
         lacking = frozenset(f for f in self.formats & LAYOUTS.keys() if f not in group.formats)
         by_name = group.by_name or not (self.formats & set(group.formats))
         four_bit = self.six and "asym_w4a8_int8" in group.formats and not group.six_bit
-        return (lacking, by_name, four_bit)
+        uncast = not group.fp8_scale_cast and bool(self.formats & set(FP8_SCALED))
+        return (lacking, by_name, four_bit, uncast)
 
 
 def _adjuster(group: ReleaseGroup, ckpt) -> Callable:
     def adjust(name: str, marker: dict, layer, load: list, forward: list) -> tuple[list, list]:
         if name in LAYOUTS and name not in group.formats:
-            return _lacking(name), []
+            # the marker's sizes are read (int()) before the layout is looked up
+            return (load, []) if load and load[0].rule == "comfy-kitchen.marker" else (_lacking(name), [])
         if not group.by_name and name in LAYOUTS:
             return load, [] if any(v.blocking for v in load) else _BY_CLASS
+        if name in FP8_SCALED and not group.fp8_scale_cast and not any(v.blocking for v in load):
+            uncast = _uncast_scale(name, layer.tensors.get("weight_scale"), forward)
+            if uncast is not None:
+                return load, uncast
         if name == "asym_w4a8_int8" and not group.six_bit and not any(v.blocking for v in load):
-            six = ckpt.memo.get("comfy-kitchen.release.six", marker, layer, lambda: six_bit_template(marker, layer.tensors))
-            if six is not None:
-                return load, [six]
+            # the op's operand dtypes are checked before its geometry
+            if forward and forward[0].rule == "comfy-kitchen.dtype":
+                return load, forward
+            four = ckpt.memo.get("comfy-kitchen.release.four", marker, layer, lambda: four_bit_template(marker, layer.tensors))
+            if four is not None:
+                return load, [four]
         return load, forward
 
     return adjust
