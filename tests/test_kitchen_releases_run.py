@@ -19,7 +19,7 @@ pytest.importorskip("torch", reason="the generated cases and the runtimes need t
 import runtime_sources  # noqa: E402
 from comfyquant.targets import kitchen_releases as product  # noqa: E402
 from runtimes import kitchen_releases as oracle  # noqa: E402
-from runtimes.outcome import disagreement, expected  # noqa: E402
+from runtimes.outcome import expected  # noqa: E402
 from runtimes.release_agreement import format_cases  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def test_every_group_agrees_on_every_formats_valid_layer(cases):
         for case in cases:
             outcome = got[case.id]
             fails += outcome.kind == "raises"
-            why = disagreement(outcome, expected(oracle.predicted(case, group.first)))
+            why = oracle.judged(case, outcome, expected(oracle.predicted(case, group.first)))
             if why is not None:
                 bad.append(f"{group.name} {case.id}: {why}")
         lines.append(f"{', '.join(group.releases)} ({group.digest}): {len(cases) - fails} load, {fails} raise")

@@ -168,3 +168,17 @@ def casts_fp8_scale(root: Path) -> bool:
     """Whether the release's FP8 layout casts its per-tensor scale to F32 when it is built."""
     text = (root / PACKAGE / "tensor" / "fp8.py").read_text()
     return '__setattr__(self, "scale", self.scale.to(dtype=torch.float32' in text
+
+
+def judged(case, outcome, predicted) -> str | None:
+    """Agreement as ``agreement.compare`` judges it (defects the file cannot show, models of the
+    recorded size, tensors at equal offsets): None, or why not."""
+    from .agreement import either_twin, judge_resized, judge_undecidable
+    from .outcome import disagreement
+
+    if case.undecidable is not None:
+        return judge_undecidable(case, outcome, predicted)
+    if case.model is not None:
+        return judge_resized(outcome, predicted)
+    why = disagreement(outcome, predicted)
+    return None if why == "message differs" and either_twin(case, outcome, predicted) else why
