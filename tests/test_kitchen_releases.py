@@ -60,7 +60,7 @@ def test_each_groups_facts_are_its_sources():
             assert set(group.formats) == {f for f, layout in product.LAYOUTS.items() if layout in layouts}, version
             assert group.by_name == oracle.takes_layout_names(root), version
             assert group.six_bit == oracle.six_bit_w4a8(root), version
-            assert group.fp8_scale_cast == oracle.casts_fp8_scale(root), version
+            assert group.scale_cast == oracle.casts_scales(root), version
 
 
 def test_selection_and_its_one_line_errors():

@@ -164,10 +164,12 @@ def predicted(case, release: str) -> dict | None:
     return report.verdicts["comfy-kitchen"].to_dict()
 
 
-def casts_fp8_scale(root: Path) -> bool:
-    """Whether the release's FP8 layout casts its per-tensor scale to F32 when it is built."""
-    text = (root / PACKAGE / "tensor" / "fp8.py").read_text()
-    return '__setattr__(self, "scale", self.scale.to(dtype=torch.float32' in text
+def casts_scales(root: Path) -> bool:
+    """Whether the release's FP8 and NVFP4 layouts cast their per-tensor scale to F32 when built."""
+    cast = '__setattr__(self, "scale", self.scale.to(dtype=torch.float32'
+    found = {cast in (root / PACKAGE / "tensor" / f"{m}.py").read_text() for m in ("fp8", "nvfp4")}
+    assert len(found) == 1, f"{root}: the FP8 and NVFP4 layouts differ in casting their scale"
+    return found.pop()
 
 
 def judged(case, outcome, predicted) -> str | None:

@@ -12,9 +12,9 @@ build a layer's layout and run its first forward on the eager backend (``comfy_k
 * ``by_name``: whether ``QuantizedTensor`` takes its layout by name, as ComfyUI hands it over.
   The releases before 0.2.0 take a class: every layer they build fails its first forward
   (``AttributeError: 'str' object has no attribute '__mro__'``);
-* ``fp8_scale_cast``: whether its FP8 layout casts the per-tensor scale to F32 when it is built;
-  0.2.0 and before do not, and their dequantize refuses a scale stored in another dtype at the
-  first forward (``NoCapableBackendError``);
+* ``scale_cast``: whether its FP8 and NVFP4 layouts cast the per-tensor scale to F32 when they
+  are built; 0.2.0 and before do not, and their dequantize refuses a scale stored in another
+  dtype at the first forward (``NoCapableBackendError``), or multiplies by a missing one;
 * ``six_bit``: whether its W4A8 layout stores 6-bit codes (3K/4 bytes a row).  The W4A8
   releases before 0.2.36 read any row as 4-bit codes (K = twice the row's bytes), and their
   eager linear refuses a 6-bit layer at its first forward.
@@ -66,9 +66,9 @@ class ReleaseGroup:
     """False: ``QuantizedTensor`` takes a layout class, not the name ComfyUI gives."""
     six_bit: bool = False
     """True: its W4A8 layout stores 6-bit codes too."""
-    fp8_scale_cast: bool = True
-    """True: its FP8 layout casts the per-tensor scale to F32 when it is built; False: the
-    dequantize refuses a scale stored otherwise."""
+    scale_cast: bool = True
+    """True: its FP8 and NVFP4 layouts cast the per-tensor scale to F32 when they are built;
+    False: the dequantize refuses a scale stored otherwise."""
 
     @property
     def first(self) -> str:
@@ -252,33 +252,55 @@ def four_bit_template(marker: dict, tensors: dict) -> Violation | None:
     )
 
 
-FP8_SCALED = ("float8_e4m3fn", "float8_e5m2")
-_UNCAST: dict[str, list[Violation]] = {}
+UNCAST: dict[str, tuple[str, str, str]] = {
+    "float8_e4m3fn": ("dequantize_per_tensor_fp8", "scale", "weight_scale"),
+    "float8_e5m2": ("dequantize_per_tensor_fp8", "scale", "weight_scale"),
+    "nvfp4": ("dequantize_nvfp4", "per_tensor_scale", "weight_scale_2"),
+}
+"""Format -> (the op of its first forward, its per-tensor scale operand, the tensor holding it)."""
+_UNCAST: dict[tuple[str, str | None], list[Violation]] = {}
 
 
 def _uncast_scale(name: str, scale, forward: list[Violation]) -> list[Violation] | None:
-    """What the first forward of an FP8 layer raises in a release whose layout does not cast
-    its scale: the dequantize checks the weight's dtype (0.2.40's first dtype violation), then
-    the scale's (F32 only)."""
-    if scale is None or scale.dtype == "F32" or (forward and forward[0].rule == "comfy-kitchen.dtype"):
+    """What the first forward of an FP8 or NVFP4 layer raises in a release whose layout does not
+    cast its per-tensor scale: the op checks its operands' dtypes in turn (0.2.40's first dtype
+    violation comes first), the scale F32 only; a missing NVFP4 scale is multiplied as None."""
+    if forward and forward[0].rule == "comfy-kitchen.dtype":
         return None
-    if scale.dtype not in _UNCAST:
+    op, operand, suffix = UNCAST[name]
+    dtype = None if scale is None else scale.dtype
+    if dtype == "F32" or (dtype is None and name != "nvfp4"):
+        return None
+    key = (name, dtype)
+    if key not in _UNCAST:
         from .torch_text import TORCH_DTYPES
 
-        _UNCAST[scale.dtype] = [
-            Violation(
+        fix = f"store {suffix} as F32 (comfyquant fix), or load it with comfy-kitchen 0.2.1 or newer"
+        if dtype is None:
+            v = Violation(
                 "comfy-kitchen.release",
-                "No backend can handle 'dequantize_per_tensor_fp8': eager: scale: dtype "
-                f"torch.{TORCH_DTYPES.get(scale.dtype, scale.dtype)} not in {{torch.float32}}",
+                "unsupported operand type(s) for *: 'NoneType' and 'Tensor'",
+                "TypeError",
+                LAYER,
+                suffix,
+                True,
+                f"{suffix} is missing: comfy-kitchen 0.2.0 and before multiply by it as None",
+                "re-export the layer with all its tensors",
+            )
+        else:
+            v = Violation(
+                "comfy-kitchen.release",
+                f"No backend can handle '{op}': eager: {operand}: dtype torch.{TORCH_DTYPES.get(dtype, dtype)} "
+                "not in {torch.float32}",
                 "NoCapableBackendError",
                 LAYER,
-                "weight_scale",
+                suffix,
                 True,
-                f"weight_scale stored as {scale.dtype}: comfy-kitchen 0.2.0 and before do not cast the FP8 scale to F32",
-                "store weight_scale as F32 (comfyquant fix), or load it with comfy-kitchen 0.2.1 or newer",
+                f"{suffix} stored as {dtype}: comfy-kitchen 0.2.0 and before do not cast the per-tensor scale to F32",
+                fix,
             )
-        ]
-    return _UNCAST[scale.dtype]
+        _UNCAST[key] = [v]
+    return _UNCAST[key]
 
 
 class Facts:
@@ -316,7 +338,7 @@ class Facts:
         lacking = frozenset(f for f in self.formats & LAYOUTS.keys() if f not in group.formats)
         by_name = group.by_name or not (self.formats & set(group.formats))
         four_bit = self.six and "asym_w4a8_int8" in group.formats and not group.six_bit
-        uncast = not group.fp8_scale_cast and bool(self.formats & set(FP8_SCALED))
+        uncast = not group.scale_cast and bool(self.formats & UNCAST.keys())
         return (lacking, by_name, four_bit, uncast)
 
 
@@ -327,8 +349,8 @@ def _adjuster(group: ReleaseGroup, ckpt) -> Callable:
             return (load, []) if load and load[0].rule == "comfy-kitchen.marker" else (_lacking(name), [])
         if not group.by_name and name in LAYOUTS:
             return load, [] if any(v.blocking for v in load) else _BY_CLASS
-        if name in FP8_SCALED and not group.fp8_scale_cast and not any(v.blocking for v in load):
-            uncast = _uncast_scale(name, layer.tensors.get("weight_scale"), forward)
+        if name in UNCAST and not group.scale_cast and not any(v.blocking for v in load):
+            uncast = _uncast_scale(name, layer.tensors.get(UNCAST[name][2]), forward)
             if uncast is not None:
                 return load, uncast
         if name == "asym_w4a8_int8" and not group.six_bit and not any(v.blocking for v in load):
