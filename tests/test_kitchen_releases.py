@@ -61,6 +61,7 @@ def test_each_groups_facts_are_its_sources():
             assert group.by_name == oracle.takes_layout_names(root), version
             assert group.six_bit == oracle.six_bit_w4a8(root), version
             assert group.scale_cast == oracle.casts_scales(root), version
+            assert group.scale_to == oracle.converts_nvfp4_scale(root), version
 
 
 def test_selection_and_its_one_line_errors():

@@ -184,3 +184,11 @@ def judged(case, outcome, predicted) -> str | None:
         return judge_resized(outcome, predicted)
     why = disagreement(outcome, predicted)
     return None if why == "message differs" and either_twin(case, outcome, predicted) else why
+
+
+def converts_nvfp4_scale(root: Path) -> bool:
+    """Whether the release's eager NVFP4 dequantize converts its per-tensor scale before multiplying."""
+    text = (root / PACKAGE / "backends" / "eager" / "quantization.py").read_text()
+    body = text[text.index("def dequantize_nvfp4") :]
+    body = body[: body.index("\ndef ", 1)] if "\ndef " in body[1:] else body
+    return "per_tensor_scale.to(" in body

@@ -14,7 +14,9 @@ build a layer's layout and run its first forward on the eager backend (``comfy_k
   (``AttributeError: 'str' object has no attribute '__mro__'``);
 * ``scale_cast``: whether its FP8 and NVFP4 layouts cast the per-tensor scale to F32 when they
   are built; 0.2.0 and before do not, and their dequantize refuses a scale stored in another
-  dtype at the first forward (``NoCapableBackendError``), or multiplies by a missing one;
+  dtype at the first forward (``NoCapableBackendError``);
+* ``scale_to``: whether its NVFP4 dequantize converts the per-tensor scale before multiplying by
+  it; up to 0.2.2 a missing one is multiplied as None (``TypeError``);
 * ``six_bit``: whether its W4A8 layout stores 6-bit codes (3K/4 bytes a row).  The W4A8
   releases before 0.2.36 read any row as 4-bit codes (K = twice the row's bytes), and their
   eager linear refuses a 6-bit layer at its first forward.
@@ -69,6 +71,9 @@ class ReleaseGroup:
     scale_cast: bool = True
     """True: its FP8 and NVFP4 layouts cast the per-tensor scale to F32 when they are built;
     False: the dequantize refuses a scale stored otherwise."""
+    scale_to: bool = True
+    """True: its NVFP4 dequantize converts the per-tensor scale (``.to``) before multiplying;
+    False: it multiplies a missing one as None."""
 
     @property
     def first(self) -> str:
@@ -83,18 +88,24 @@ class ReleaseGroup:
 
 
 def _g(
-    releases: str, digest: str, formats: tuple[str, ...], by_name: bool = True, six_bit: bool = False, cast: bool = True
+    releases: str,
+    digest: str,
+    formats: tuple[str, ...],
+    by_name: bool = True,
+    six_bit: bool = False,
+    cast: bool = True,
+    to: bool = True,
 ) -> ReleaseGroup:
-    return ReleaseGroup(tuple(releases.split()), digest, formats, by_name, six_bit, cast)
+    return ReleaseGroup(tuple(releases.split()), digest, formats, by_name, six_bit, cast, to)
 
 
 GROUPS: tuple[ReleaseGroup, ...] = (
-    _g("0.1.2 0.1.3", "de60d5f645a3", FP8, by_name=False, cast=False),
-    _g("0.1.4", "89308aecd409", FP8, by_name=False, cast=False),
-    _g("0.1.5 0.1.6", "3591dd75e80b", FP8, by_name=False, cast=False),
-    _g("0.2.0", "719334a40537", FP8, cast=False),
-    _g("0.2.1", "562c881a5790", FP8),
-    _g("0.2.2", "054bacc51a6d", FP8),
+    _g("0.1.2 0.1.3", "de60d5f645a3", FP8, by_name=False, cast=False, to=False),
+    _g("0.1.4", "89308aecd409", FP8, by_name=False, cast=False, to=False),
+    _g("0.1.5 0.1.6", "3591dd75e80b", FP8, by_name=False, cast=False, to=False),
+    _g("0.2.0", "719334a40537", FP8, cast=False, to=False),
+    _g("0.2.1", "562c881a5790", FP8, to=False),
+    _g("0.2.2", "054bacc51a6d", FP8, to=False),
     _g("0.2.3 0.2.4", "c307c71de66f", FP8),
     _g("0.2.5", "bf90b45e346c", FP8),
     _g("0.2.6", "113d21d762be", FP8),
@@ -261,15 +272,17 @@ UNCAST: dict[str, tuple[str, str, str]] = {
 _UNCAST: dict[tuple[str, str | None], list[Violation]] = {}
 
 
-def _uncast_scale(name: str, scale, forward: list[Violation]) -> list[Violation] | None:
+def _uncast_scale(group: ReleaseGroup, name: str, scale, forward: list[Violation]) -> list[Violation] | None:
     """What the first forward of an FP8 or NVFP4 layer raises in a release whose layout does not
-    cast its per-tensor scale: the op checks its operands' dtypes in turn (0.2.40's first dtype
-    violation comes first), the scale F32 only; a missing NVFP4 scale is multiplied as None."""
+    cast its per-tensor scale (the op checks its operands' dtypes in turn, 0.2.40's first dtype
+    violation first, the scale F32 only), or whose NVFP4 dequantize multiplies a missing scale."""
     if forward and forward[0].rule == "comfy-kitchen.dtype":
         return None
     op, operand, suffix = UNCAST[name]
     dtype = None if scale is None else scale.dtype
-    if dtype == "F32" or (dtype is None and name != "nvfp4"):
+    if dtype is None and (name != "nvfp4" or group.scale_to):
+        return None
+    if dtype is not None and (dtype == "F32" or group.scale_cast):
         return None
     key = (name, dtype)
     if key not in _UNCAST:
@@ -284,7 +297,7 @@ def _uncast_scale(name: str, scale, forward: list[Violation]) -> list[Violation]
                 LAYER,
                 suffix,
                 True,
-                f"{suffix} is missing: comfy-kitchen 0.2.0 and before multiply by it as None",
+                f"{suffix} is missing: comfy-kitchen 0.2.2 and before multiply by it as None",
                 "re-export the layer with all its tensors",
             )
         else:
@@ -338,7 +351,7 @@ class Facts:
         lacking = frozenset(f for f in self.formats & LAYOUTS.keys() if f not in group.formats)
         by_name = group.by_name or not (self.formats & set(group.formats))
         four_bit = self.six and "asym_w4a8_int8" in group.formats and not group.six_bit
-        uncast = not group.scale_cast and bool(self.formats & UNCAST.keys())
+        uncast = bool(self.formats & UNCAST.keys()) and (not group.scale_cast, not group.scale_to)
         return (lacking, by_name, four_bit, uncast)
 
 
@@ -349,8 +362,8 @@ def _adjuster(group: ReleaseGroup, ckpt) -> Callable:
             return (load, []) if load and load[0].rule == "comfy-kitchen.marker" else (_lacking(name), [])
         if not group.by_name and name in LAYOUTS:
             return load, [] if any(v.blocking for v in load) else _BY_CLASS
-        if name in UNCAST and not group.scale_cast and not any(v.blocking for v in load):
-            uncast = _uncast_scale(name, layer.tensors.get(UNCAST[name][2]), forward)
+        if name in UNCAST and not (group.scale_cast and group.scale_to) and not any(v.blocking for v in load):
+            uncast = _uncast_scale(group, name, layer.tensors.get(UNCAST[name][2]), forward)
             if uncast is not None:
                 return load, uncast
         if name == "asym_w4a8_int8" and not group.six_bit and not any(v.blocking for v in load):
