@@ -51,3 +51,35 @@ def test_every_group_agrees_on_every_formats_valid_layer(cases):
         f"{driven} driven, {took:.0f} s; releases sharing each group's results:\n  " + "\n  ".join(lines)
     )
     assert not bad, "\n".join(bad[:40])
+
+
+SPACE_RELEASES = ("0.1.2", "0.2.0", "0.2.2", "0.2.31")
+"""The groups the whole generated space runs on: a release taking layouts by class, the first
+taking names (its FP8 and NVFP4 scales uncast), the last multiplying a missing NVFP4 scale, and
+the 4-bit-only W4A8 release ComfyUI 0.33.0 pins."""
+
+
+@pytest.fixture(scope="module")
+def space(tmp_path_factory):
+    from runtimes.agreement import write_space
+
+    return write_space(tmp_path_factory.mktemp("kitchen-release-space"))
+
+
+@pytest.mark.parametrize("release", SPACE_RELEASES)
+def test_the_generated_space_agrees_on_the_groups_that_differ_most(space, release):
+    """The whole generated single-layer space (every defect of every format) on the group of
+    ``release``: what the release raises, computes or computes wrong is what ``check --target
+    comfy-kitchen==<release>`` says."""
+    group = product.group_of(release)
+    if oracle.source(group.first) is None:
+        runtime_sources.skip_missing(oracle.MISSING[group.first])
+    start = time.monotonic()
+    got, driven = oracle.outcomes(group, space)
+    bad = []
+    for case in space:
+        why = oracle.judged(case, got[case.id], expected(oracle.predicted(case, group.first)))
+        if why is not None:
+            bad.append(f"{case.id}: {why}")
+    print(f"{len(space)} cases on comfy-kitchen {group.name}, {driven} driven, {time.monotonic() - start:.0f} s")
+    assert not bad, "\n".join(bad[:40])
