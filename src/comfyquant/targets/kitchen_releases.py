@@ -319,15 +319,17 @@ def _uncast_scale(group: ReleaseGroup, name: str, scale, forward: list[Violation
 class Facts:
     """What the file holds that the releases differ on, read once per check: the kitchen
     formats of its marked layers, and whether a W4A8 layer is one a release reading only 4-bit
-    codes refuses (``six``: stored 6-bit, or of a row 0.2.40 reads otherwise)."""
+    codes refuses (``six``: stored 6-bit, or of a row 0.2.40 reads otherwise), whether an FP8
+    or NVFP4 per-tensor scale is stored other than F32 (``uncast``) and whether an NVFP4 one is
+    missing (``unscaled``)."""
 
-    __slots__ = ("formats", "six")
+    __slots__ = ("formats", "six", "uncast", "unscaled")
 
     def __init__(self, ckpt) -> None:
         from .kitchen import python_json_markers
 
         formats: set[str] = set()
-        six = False
+        six = uncast = unscaled = False
         lenient = None
         for prefix, layer in ckpt.layers.items():
             marker, name = layer.marker, layer.format_name
@@ -339,19 +341,25 @@ class Facts:
             if marker is None or name is None:
                 continue
             formats.add(name)
-            if name == "asym_w4a8_int8" and not six:
+            if name in UNCAST:
+                scale = layer.tensors.get(UNCAST[name][2])
+                uncast = uncast or (scale is not None and scale.dtype != "F32")
+                unscaled = unscaled or (scale is None and name == "nvfp4")
+            elif name == "asym_w4a8_int8" and not six:
                 six = ckpt.memo.get(
                     "comfy-kitchen.release.four", marker, layer, lambda m=marker, lay=layer: four_bit_template(m, lay.tensors)
                 ) is not None  # fmt: skip
         self.formats = frozenset(formats)
         self.six = six
+        self.uncast = uncast
+        self.unscaled = unscaled
 
     def key(self, group: ReleaseGroup) -> tuple:
         """What the group's verdict on this file depends on: groups of one key share it."""
         lacking = frozenset(f for f in self.formats & LAYOUTS.keys() if f not in group.formats)
         by_name = group.by_name or not (self.formats & set(group.formats))
         four_bit = self.six and "asym_w4a8_int8" in group.formats and not group.six_bit
-        uncast = bool(self.formats & UNCAST.keys()) and (not group.scale_cast, not group.scale_to)
+        uncast = (self.uncast and not group.scale_cast, self.unscaled and not group.scale_to)
         return (lacking, by_name, four_bit, uncast)
 
 
