@@ -237,8 +237,8 @@ def four_bit_template(marker: dict, tensors: dict) -> Violation | None:
         return None
     read, refused = marker_ints("asym_w4a8_int8", marker)
     group_size, convrot = read.get("group_size", 16), read.get("convrot_groupsize", 256)
-    if refused is not None or not isinstance(group_size, int) or not isinstance(convrot, int) or group_size <= 0 or convrot <= 0:
-        return None  # the marker's own errors decide
+    if refused is not None or not isinstance(group_size, int) or not isinstance(convrot, int) or group_size <= 0 or convrot == 0:
+        return None  # the marker's own errors decide (a negative size divides as Python's modulo does)
     n, row = w.shape
     k = 2 * row
     if group_size < 4 or k % 16 or k % group_size or k % convrot or (16 % group_size and group_size % 16):
