@@ -15,6 +15,8 @@ package:
   ``targets.sglang_releases.GROUPS``.
 * ``releases comfyui``: per format and marker form, the first ComfyUI release that loads it, and
   the release groups, from ``targets.comfyui_releases``.
+* ``releases comfy-kitchen``: per format, the first comfy-kitchen release that runs it, and the
+  release groups, from ``targets.kitchen_releases``.
 
 It also serves the bundled example images and workflows (``examples/*.png``, ``*.json``) at
 ``examples/`` in the site, so pages show and link the very files the repository ships.  Only header-level modules are imported:
@@ -265,13 +267,44 @@ def render_comfyui_releases(_: str | None = None) -> str:
     return "\n".join(out)
 
 
+# -- comfy-kitchen releases ---------------------------------------------------------------------
+
+
+def render_kitchen_releases() -> str:
+    from comfyquant.targets.kitchen_releases import GROUPS, LAYOUTS, first_running
+
+    def first(fmt: str) -> str:
+        group = first_running(fmt)
+        return group.first if group else "none"
+
+    rows = [(f"`{fmt}`", f"`{layout}`", first(fmt)) for fmt, layout in LAYOUTS.items()]
+    rows.append(("`asym_w4a8_int8` stored 6-bit", f"`{LAYOUTS['asym_w4a8_int8']}`", first("asym_w4a8_int8/6-bit")))
+    out = [_table(("format", "layout", "runs from comfy-kitchen"), rows), ""]
+    group_rows = [
+        (
+            ", ".join(g.releases),
+            f"`{g.digest}`",
+            ", ".join(f"`{f}`" for f in g.formats),
+            "by name" if g.by_name else "by class",
+            "yes" if g.six_bit else ("no" if "asym_w4a8_int8" in g.formats else "—"),
+        )
+        for g in GROUPS
+    ]
+    out.append(_table(("releases (one group)", "deciding code", "layouts", "layout taken", "6-bit W4A8"), group_rows))
+    return "\n".join(out)
+
+
+def render_releases(arg: str | None) -> str:
+    return render_kitchen_releases() if arg == "comfy-kitchen" else render_comfyui_releases(arg)
+
+
 RENDERERS: dict[str, Callable[[str | None], str]] = {
     "cli": render_cli,
     "rules": render_rules,
     "formats": render_formats,
     "dialects": render_dialects,
     "sglangreleases": render_sglangreleases,
-    "releases": render_comfyui_releases,
+    "releases": render_releases,
 }
 
 

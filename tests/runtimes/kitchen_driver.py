@@ -137,10 +137,15 @@ class KitchenDriver:
         params = getattr(ckt, name).Params(**fields, **common)
         return ckt.QuantizedTensor(stored("weight"), name, params)
 
+    def dense(self, path: Path) -> dict:
+        """The dense layers ``Case.write`` kept beside the checkpoint."""
+        from .cases import read_dense
+
+        return read_dense(path)
+
     def run(self, path: Path) -> Outcome:
         from safetensors import safe_open
 
-        from .cases import read_dense
         from .measure import judge, reference_input, relative_error
 
         torch = self.torch
@@ -154,7 +159,7 @@ class KitchenDriver:
         if sum(name.startswith(PREFIX) for name in tensors) > 5:  # ComfyUI strips the diffusion model's prefix
             tensors = {name[len(PREFIX) :]: t for name, t in tensors.items() if name.startswith(PREFIX)}
             markers = {name.removeprefix(PREFIX): conf for name, conf in markers.items()}
-        dense = read_dense(Path(path))
+        dense = self.dense(Path(path))
         built = {}
         for layer, conf in markers.items():
             if layer not in dense or not isinstance(conf.get("format"), str):

@@ -12,6 +12,7 @@ W4A4 scales (used in the compute dtype) and a W4A8 correction work exactly in BF
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -42,7 +43,9 @@ def _v(
     return Violation(f"comfy-kitchen.{rule}", message, exception if blocking else None, layer, tensor, blocking, cause, fix)
 
 
-def kitchen_verdict(ckpt: Checkpoint) -> Verdict:
+def kitchen_verdict(ckpt: Checkpoint, adjust: Callable | None = None) -> Verdict:
+    """comfy-kitchen 0.2.40's verdict; ``adjust(name, marker, layer, load, forward)``, when given,
+    returns another release's (load, first forward) templates of a layer (``kitchen_releases``)."""
     # comfy-kitchen is handed its tensors by ComfyUI: a file ComfyUI's safe_open refuses never
     # reaches it, so its verdict starts with the same SafetensorError
     out: list[Violation] = container_violations("comfy-kitchen", ckpt)
@@ -58,6 +61,8 @@ def kitchen_verdict(ckpt: Checkpoint) -> Verdict:
         if marker is None or name is None:
             continue
         load, first_forward = memo.get("comfy-kitchen", marker, layer, partial(_layer_templates, name, marker, layer.tensors))
+        if adjust is not None:
+            load, first_forward = adjust(name, marker, layer, load, first_forward)
         if load:
             out.extend(bind(load, prefix))
         if first_forward:

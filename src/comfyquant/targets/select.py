@@ -33,24 +33,39 @@ def split_target(text: str) -> tuple[str, tuple[str, str] | None]:
     from .comfyui_releases import selected_releases, split_release
 
     name, spec = split_release(text)
+    if name == "comfy-kitchen":
+        from .kitchen_releases import selected_releases as kitchen_selected
+
+        kitchen_selected(spec)
+        return name, spec
     if name != "comfyui":
         raise ValueError(f"target {text!r}: releases are modelled for ComfyUI only (e.g. comfyui==0.31.0)")
     selected_releases(spec)
     return name, spec
 
 
-def with_releases(verdicts: dict, target, ckpt) -> None:
-    """Give the ComfyUI verdict its per-release verdicts: every release (or those ``target``
-    selects with a spec such as ``comfyui>=0.27``), and, for a spec, the newest selected
-    release's verdict in its place."""
-    if "comfyui" not in verdicts:
-        return
-    spec = None
+def _specs(target) -> dict[str, tuple[str, str]]:
+    specs = {}
     for item in [target] if isinstance(target, str) else list(target or ()):
         for part in str(item).split(","):
             name, found = split_target(part.strip())
-            if name == "comfyui" and found is not None:
-                spec = found
-    from .comfyui_releases import released, releases_for
+            if found is not None:
+                specs[name] = found
+    return specs
 
-    verdicts["comfyui"] = released(verdicts["comfyui"], releases_for(ckpt, verdicts["comfyui"], spec))
+
+def with_releases(verdicts: dict, target, ckpt, selected=("comfyui",)) -> None:
+    """Give the ComfyUI and comfy-kitchen verdicts (of the ``selected`` runtimes) their
+    per-release verdicts: every release (or those ``target`` selects with a spec such as
+    ``comfyui>=0.27``), and, for a spec, the newest selected release's verdict in its place."""
+    specs = _specs(target)
+    if "comfyui" in verdicts and "comfyui" in selected:
+        from .comfyui_releases import released, releases_for
+
+        verdicts["comfyui"] = released(verdicts["comfyui"], releases_for(ckpt, verdicts["comfyui"], specs.get("comfyui")))
+    if "comfy-kitchen" in verdicts and "comfy-kitchen" in selected:
+        from . import kitchen_releases
+
+        newest = verdicts["comfy-kitchen"]
+        found = kitchen_releases.releases_for(ckpt, newest, specs.get("comfy-kitchen"))
+        verdicts["comfy-kitchen"] = kitchen_releases.released(newest, found)

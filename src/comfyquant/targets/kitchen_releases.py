@@ -1,0 +1,530 @@
+"""What each comfy-kitchen release from 0.1.2 to 0.2.40 does with a Comfy quantized layer.
+
+Releases whose deciding code is byte-identical form one group (``GROUPS``): the modules that
+build a layer's layout and run its first forward on the eager backend (``comfy_kitchen/tensor``,
+``comfy_kitchen/backends/eager`` but for its rotary, neighbourhood-attention and AdaLN modules,
+``registry.py``, ``constraints.py``, ``exceptions.py``, ``float_utils.py``), hashed together
+(``digest``; ``tests/test_kitchen_releases.py`` recomputes it from the wheels).  Per group:
+
+* ``formats``: the formats whose layout class the release's ``comfy_kitchen.tensor`` has; a
+  layer of another format fails at load, where the layout is looked up by its name
+  (``AttributeError: module 'comfy_kitchen.tensor' has no attribute '<layout>'``);
+* ``by_name``: whether ``QuantizedTensor`` takes its layout by name, as ComfyUI hands it over.
+  The releases before 0.2.0 take a class: every layer they build fails its first forward
+  (``AttributeError: 'str' object has no attribute '__mro__'``);
+* ``scale_cast``: whether its FP8 and NVFP4 layouts cast the per-tensor scale to F32 when they
+  are built; 0.2.0 and before do not, and their dequantize refuses a scale stored in another
+  dtype at the first forward (``NoCapableBackendError``);
+* ``scale_to``: whether its NVFP4 dequantize converts the per-tensor scale before multiplying by
+  it; up to 0.2.2 a missing one is multiplied as None (``TypeError``);
+* ``six_bit``: whether its W4A8 layout stores 6-bit codes (3K/4 bytes a row).  The W4A8
+  releases before 0.2.36 read any row as 4-bit codes (K = twice the row's bytes), and their
+  eager linear refuses a 6-bit layer at its first forward.
+
+Otherwise a release's verdict is 0.2.40's (``targets.kitchen``), as running each group on every
+format's valid layer shows (``tests/test_kitchen_releases_run.py``).  No torch: ``check`` reads
+these tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+from .base import LAYER, Verdict, Violation
+
+LAYOUTS: dict[str, str] = {
+    "float8_e4m3fn": "TensorCoreFP8Layout",
+    "float8_e5m2": "TensorCoreFP8Layout",
+    "nvfp4": "TensorCoreNVFP4Layout",
+    "mxfp8": "TensorCoreMXFP8Layout",
+    "awq_w4a16": "TensorCoreAWQW4A16Layout",
+    "svdquant_w4a4": "TensorCoreSVDQuantW4A4Layout",
+    "int8_tensorwise": "TensorWiseINT8Layout",
+    "convrot_w4a4": "TensorCoreConvRotW4A4Layout",
+    "asym_w4a8_int8": "AsymW4A8Int8Layout",
+}
+"""The layout class comfy-kitchen builds for each format (the name ComfyUI hands it over by)."""
+
+FP8 = ("float8_e4m3fn", "float8_e5m2", "nvfp4")
+MX = (*FP8, "mxfp8")
+AWQ = (*MX, "awq_w4a16", "svdquant_w4a4")
+INT8 = (*AWQ, "int8_tensorwise")
+W4A4 = (*INT8, "convrot_w4a4")
+W4A8 = (*W4A4, "asym_w4a8_int8")
+
+
+@dataclass(frozen=True)
+class ReleaseGroup:
+    """Releases whose deciding code is byte-identical, and what they do differently from 0.2.40."""
+
+    releases: tuple[str, ...]
+    digest: str
+    """The first 12 hex digits of SHA-256 over the deciding modules (path and bytes, in path order)."""
+    formats: tuple[str, ...]
+    """The formats whose layout the release has."""
+    by_name: bool = True
+    """False: ``QuantizedTensor`` takes a layout class, not the name ComfyUI gives."""
+    six_bit: bool = False
+    """True: its W4A8 layout stores 6-bit codes too."""
+    scale_cast: bool = True
+    """True: its FP8 and NVFP4 layouts cast the per-tensor scale to F32 when they are built;
+    False: the dequantize refuses a scale stored otherwise."""
+    scale_to: bool = True
+    """True: its NVFP4 dequantize converts the per-tensor scale (``.to``) before multiplying;
+    False: it multiplies a missing one as None."""
+
+    @property
+    def first(self) -> str:
+        return self.releases[0]
+
+    @property
+    def name(self) -> str:
+        return self.releases[0] if len(self.releases) == 1 else f"{self.releases[0]}-{self.releases[-1]}"
+
+    def to_dict(self) -> dict:
+        return {"releases": list(self.releases), "digest": self.digest, "formats": list(self.formats)}
+
+
+def _g(
+    releases: str,
+    digest: str,
+    formats: tuple[str, ...],
+    by_name: bool = True,
+    six_bit: bool = False,
+    cast: bool = True,
+    to: bool = True,
+) -> ReleaseGroup:
+    return ReleaseGroup(tuple(releases.split()), digest, formats, by_name, six_bit, cast, to)
+
+
+GROUPS: tuple[ReleaseGroup, ...] = (
+    _g("0.1.2 0.1.3", "de60d5f645a3", FP8, by_name=False, cast=False, to=False),
+    _g("0.1.4", "89308aecd409", FP8, by_name=False, cast=False, to=False),
+    _g("0.1.5 0.1.6", "3591dd75e80b", FP8, by_name=False, cast=False, to=False),
+    _g("0.2.0", "719334a40537", FP8, cast=False, to=False),
+    _g("0.2.1", "562c881a5790", FP8, to=False),
+    _g("0.2.2", "054bacc51a6d", FP8, to=False),
+    _g("0.2.3 0.2.4", "c307c71de66f", FP8),
+    _g("0.2.5", "bf90b45e346c", FP8),
+    _g("0.2.6", "113d21d762be", FP8),
+    _g("0.2.7", "c33cbb0a28a8", FP8),
+    _g("0.2.8", "0aee453efde9", MX),
+    _g("0.2.9", "9bd7304a63a7", AWQ),
+    _g("0.2.10", "433bb97acc9e", AWQ),
+    _g("0.2.11 0.2.12", "ee9a42c6bc28", INT8),
+    _g("0.2.13", "d925b3fc8b91", INT8),
+    _g("0.2.14", "1d833d5573cd", INT8),
+    _g("0.2.15 0.2.16", "25ae0ecef9d2", INT8),
+    _g("0.2.17 0.2.18", "4984e4063d07", W4A4),
+    _g("0.2.19 0.2.20 0.2.21 0.2.22", "75b38e47cfe1", W4A4),
+    _g("0.2.23 0.2.24 0.2.25 0.2.26", "0ecb6dbea08b", W4A4),
+    _g("0.2.27", "d040069faba8", W4A8),
+    _g("0.2.28 0.2.30 0.2.31", "84b47a24c424", W4A8),
+    _g("0.2.32", "93ac35a1f14a", W4A8),
+    _g("0.2.33", "a53490724fa2", W4A8),
+    _g("0.2.34 0.2.35", "696b5ee973e2", W4A8),
+    _g("0.2.36", "fe70bb6327ae", W4A8, six_bit=True),
+    _g("0.2.37", "c5c56344bae1", W4A8, six_bit=True),
+    _g("0.2.38 0.2.39", "553f621ad2d0", W4A8, six_bit=True),
+    _g("0.2.40", "81c6b0e22f5b", W4A8, six_bit=True),
+)
+"""Every group, oldest first: every comfy-kitchen release on the package index (0.2.29 was
+never published)."""
+
+RELEASES: tuple[str, ...] = tuple(r for g in GROUPS for r in g.releases)
+NEWEST = GROUPS[-1]
+
+
+def group_of(release: str) -> ReleaseGroup:
+    """The group of one release; LookupError names the known ones."""
+    for g in GROUPS:
+        if release in g.releases:
+            return g
+    raise LookupError(f"comfy-kitchen {release} is not a known release (known: {', '.join(RELEASES)})")
+
+
+def first_running(fmt: str) -> ReleaseGroup | None:
+    """The oldest group from which every later one has ``fmt``'s layout and builds it by name
+    (None: the newest does not); for W4A8 stored 6-bit, pass ``asym_w4a8_int8/6-bit``."""
+    first = None
+    base, _, six = fmt.partition("/")
+    for g in GROUPS:
+        runs = base in g.formats and g.by_name and (not six or g.six_bit)
+        if not runs:
+            first = None
+        elif first is None:
+            first = g
+    return first
+
+
+# -- selection ----------------------------------------------------------------------------------
+
+
+def _matches(release: str, spec: tuple[str, str]) -> bool:
+    from .comfyui_releases import version_key
+
+    op, version = spec
+    a, b = version_key(release), version_key(version)
+    if op == "==":
+        n = len(version.split("."))
+        return a[:n] == b[:n] if n < 3 else a == b
+    return {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b}[op]
+
+
+def selected_releases(spec: tuple[str, str] | None) -> tuple[str, ...]:
+    """The releases a spec names, oldest first (all for None); none is refused in one line."""
+    if spec is None:
+        return RELEASES
+    found = tuple(r for r in RELEASES if _matches(r, spec))
+    if not found:
+        raise ValueError(f"no comfy-kitchen release {''.join(spec)} is modelled: choose from {', '.join(RELEASES)}")
+    return found
+
+
+# -- verdicts per release -----------------------------------------------------------------------
+
+
+_LACKING: dict[str, list[Violation]] = {}
+
+
+def _lacking(fmt: str) -> list[Violation]:
+    """The load template of a layer of ``fmt`` in a release without its layout (made once)."""
+    if fmt not in _LACKING:
+        _LACKING[fmt] = [_lacking_violation(fmt)]
+    return _LACKING[fmt]
+
+
+def _lacking_violation(fmt: str) -> Violation:
+    first = first_running(fmt)
+    fix = f"load it with comfy-kitchen {first.first} or newer" if first else "convert the layer (comfyquant convert)"
+    return Violation(
+        "comfy-kitchen.release",
+        f"module 'comfy_kitchen.tensor' has no attribute '{LAYOUTS[fmt]}'",
+        "AttributeError",
+        LAYER,
+        "comfy_quant",
+        True,
+        f"this comfy-kitchen release has no {LAYOUTS[fmt]} ({fmt})",
+        fix,
+    )
+
+
+BY_CLASS = Violation(
+    "comfy-kitchen.release",
+    "'str' object has no attribute '__mro__'",
+    "AttributeError",
+    LAYER,
+    None,
+    True,
+    "comfy-kitchen before 0.2.0 takes a layout class, not the layout name ComfyUI hands over",
+    "load it with comfy-kitchen 0.2.0 or newer",
+)
+"""What the first forward of any layer a release before 0.2.0 builds raises."""
+_BY_CLASS = [BY_CLASS]
+
+
+def four_bit_template(marker: dict, tensors: dict) -> Violation | None:
+    """What the first forward of a W4A8 layer raises in a release that reads only 4-bit codes,
+    where 0.2.40 reads it otherwise: its eager linear takes K as twice the row's bytes and
+    refuses that K, or the group scales' shape, in its own words (None: it refuses neither, as
+    for a layer stored 4-bit)."""
+    from .kitchen import marker_ints
+
+    w, s_rel = tensors.get("weight"), tensors.get("weight_s_rel")
+    if w is None or s_rel is None or len(w.shape) != 2 or len(s_rel.shape) != 2:
+        return None
+    read, refused = marker_ints("asym_w4a8_int8", marker)
+    group_size, convrot = read.get("group_size", 16), read.get("convrot_groupsize", 256)
+    if refused is not None or not isinstance(group_size, int) or not isinstance(convrot, int) or group_size <= 0 or convrot == 0:
+        return None  # the marker's own errors decide (a negative size divides as Python's modulo does)
+    n, row = w.shape
+    k = 2 * row
+    if group_size < 4 or k % 16 or k % group_size or k % convrot or (16 % group_size and group_size % 16):
+        message = (
+            f"K={k} must be divisible by 16, group_size={group_size}, and convrot_groupsize={convrot}; "
+            f"group_size must be >=4 and divide 16 or be a multiple of 16"
+        )
+    elif tuple(s_rel.shape) != (n, k // group_size):
+        message = f"s_rel must have shape {(n, k // group_size)}, got {tuple(s_rel.shape)}"
+    else:
+        return None
+    first = first_running("asym_w4a8_int8/6-bit")
+    return Violation(
+        "comfy-kitchen.release",
+        message,
+        "ValueError",
+        LAYER,
+        "weight",
+        True,
+        f"this comfy-kitchen release reads every W4A8 row as 4-bit codes (K = 2 x {row} bytes), with no 6-bit storage",
+        f"load it with comfy-kitchen {first.first if first else NEWEST.first} or newer, or re-quantize 4-bit",
+    )
+
+
+UNCAST: dict[str, tuple[str, str, str]] = {
+    "float8_e4m3fn": ("dequantize_per_tensor_fp8", "scale", "weight_scale"),
+    "float8_e5m2": ("dequantize_per_tensor_fp8", "scale", "weight_scale"),
+    "nvfp4": ("dequantize_nvfp4", "per_tensor_scale", "weight_scale_2"),
+}
+"""Format -> (the op of its first forward, its per-tensor scale operand, the tensor holding it)."""
+_UNCAST: dict[tuple[str, str | None], list[Violation]] = {}
+
+
+def _uncast_scale(group: ReleaseGroup, name: str, scale, forward: list[Violation]) -> list[Violation] | None:
+    """What the first forward of an FP8 or NVFP4 layer raises in a release whose layout does not
+    cast its per-tensor scale (the op checks its operands' dtypes in turn, 0.2.40's first dtype
+    violation first, the scale F32 only), or whose NVFP4 dequantize multiplies a missing scale."""
+    if forward and forward[0].rule == "comfy-kitchen.dtype":
+        return None
+    op, operand, suffix = UNCAST[name]
+    dtype = None if scale is None else scale.dtype
+    if dtype is None and (name != "nvfp4" or group.scale_to):
+        return None
+    if dtype is not None and (dtype == "F32" or group.scale_cast):
+        return None
+    key = (name, dtype)
+    if key not in _UNCAST:
+        from .torch_text import TORCH_DTYPES
+
+        fix = f"store {suffix} as F32 (comfyquant fix), or load it with comfy-kitchen 0.2.1 or newer"
+        if dtype is None:
+            v = Violation(
+                "comfy-kitchen.release",
+                "unsupported operand type(s) for *: 'NoneType' and 'Tensor'",
+                "TypeError",
+                LAYER,
+                suffix,
+                True,
+                f"{suffix} is missing: comfy-kitchen 0.2.2 and before multiply by it as None",
+                "re-export the layer with all its tensors",
+            )
+        else:
+            v = Violation(
+                "comfy-kitchen.release",
+                f"No backend can handle '{op}': eager: {operand}: dtype torch.{TORCH_DTYPES.get(dtype, dtype)} "
+                "not in {torch.float32}",
+                "NoCapableBackendError",
+                LAYER,
+                suffix,
+                True,
+                f"{suffix} stored as {dtype}: comfy-kitchen 0.2.0 and before do not cast the per-tensor scale to F32",
+                fix,
+            )
+        _UNCAST[key] = [v]
+    return _UNCAST[key]
+
+
+class Facts:
+    """What the file holds that the releases differ on, read once per check: the kitchen
+    formats of its marked layers, and whether a W4A8 layer is one a release reading only 4-bit
+    codes refuses (``six``: stored 6-bit, or of a row 0.2.40 reads otherwise), whether an FP8
+    or NVFP4 per-tensor scale is stored other than F32 (``uncast``) and whether an NVFP4 one is
+    missing (``unscaled``)."""
+
+    __slots__ = ("formats", "six", "uncast", "unscaled")
+
+    def __init__(self, ckpt) -> None:
+        from .kitchen import python_json_markers
+
+        formats: set[str] = set()
+        six = uncast = unscaled = False
+        lenient = None
+        for prefix, layer in ckpt.layers.items():
+            marker, name = layer.marker, layer.format_name
+            if marker is None:
+                if lenient is None:
+                    lenient = python_json_markers(ckpt)
+                marker = lenient.get(prefix)
+                name = marker.get("format") if marker is not None and isinstance(marker.get("format"), str) else None
+            if marker is None or name is None:
+                continue
+            formats.add(name)
+            if name in UNCAST:
+                scale = layer.tensors.get(UNCAST[name][2])
+                uncast = uncast or (scale is not None and scale.dtype != "F32")
+                unscaled = unscaled or (scale is None and name == "nvfp4")
+            elif name == "asym_w4a8_int8" and not six:
+                six = ckpt.memo.get(
+                    "comfy-kitchen.release.four", marker, layer, lambda m=marker, lay=layer: four_bit_template(m, lay.tensors)
+                ) is not None  # fmt: skip
+        self.formats = frozenset(formats)
+        self.six = six
+        self.uncast = uncast
+        self.unscaled = unscaled
+
+    def key(self, group: ReleaseGroup) -> tuple:
+        """What the group's verdict on this file depends on: groups of one key share it."""
+        lacking = frozenset(f for f in self.formats & LAYOUTS.keys() if f not in group.formats)
+        by_name = group.by_name or not (self.formats & set(group.formats))
+        four_bit = self.six and "asym_w4a8_int8" in group.formats and not group.six_bit
+        uncast = (self.uncast and not group.scale_cast, self.unscaled and not group.scale_to)
+        return (lacking, by_name, four_bit, uncast)
+
+
+def _adjuster(group: ReleaseGroup, ckpt) -> Callable:
+    def adjust(name: str, marker: dict, layer, load: list, forward: list) -> tuple[list, list]:
+        if name in LAYOUTS and name not in group.formats:
+            # the marker's sizes are read (int()) before the layout is looked up
+            return (load, []) if load and load[0].rule == "comfy-kitchen.marker" else (_lacking(name), [])
+        if not group.by_name and name in LAYOUTS:
+            return load, [] if any(v.blocking for v in load) else _BY_CLASS
+        if name in UNCAST and not (group.scale_cast and group.scale_to) and not any(v.blocking for v in load):
+            uncast = _uncast_scale(group, name, layer.tensors.get(UNCAST[name][2]), forward)
+            if uncast is not None:
+                return load, uncast
+        if name == "asym_w4a8_int8" and not group.six_bit and not any(v.blocking for v in load):
+            # the op's operand dtypes are checked before its geometry
+            if forward and forward[0].rule == "comfy-kitchen.dtype":
+                return load, forward
+            four = ckpt.memo.get("comfy-kitchen.release.four", marker, layer, lambda: four_bit_template(marker, layer.tensors))
+            if four is not None:
+                return load, [four]
+        return load, forward
+
+    return adjust
+
+
+@cache
+def _dialect_tags() -> frozenset[str]:
+    """The rules of the violations dialects add to a comfy-kitchen verdict (``check`` has
+    imported the dialects by then: it detects them first)."""
+    from ..dialects.registry import DIALECTS
+
+    return frozenset(f"comfy-kitchen.{d.rule_tag}" for d in DIALECTS.values())
+
+
+def release_verdict(group: ReleaseGroup, ckpt, newest: Verdict) -> Verdict:
+    """The group's verdict: 0.2.40's rules with the group's layer templates (``_adjuster``), and
+    the dialect violations ``check`` adds to 0.2.40's verdict, placed as it places them."""
+    from .kitchen import kitchen_verdict
+
+    own = kitchen_verdict(ckpt, _adjuster(group, ckpt)).violations
+    tags = _dialect_tags()
+    extra = [v for v in newest.violations if v.rule in tags]
+    if extra:
+        whole = [v for v in extra if v.blocking and v.layer is None]
+        at = next((i for i, v in enumerate(own) if v.file is None), len(own))
+        own[at:at] = whole
+        own.extend(v for v in extra if not (v.blocking and v.layer is None))
+    return Verdict("comfy-kitchen", own, newest.architecture)
+
+
+class Releases:
+    """The file's verdict on each comfy-kitchen release group, oldest first, and the releases a
+    target selects."""
+
+    __slots__ = ("verdicts", "selected")
+
+    def __init__(self, verdicts: list[tuple[ReleaseGroup, Verdict]], selected: tuple[str, ...]) -> None:
+        self.verdicts = verdicts
+        self.selected = selected
+
+    @property
+    def chosen(self) -> list[tuple[ReleaseGroup, tuple[str, ...], Verdict]]:
+        """The groups with a selected release, with only those releases."""
+        chosen = set(self.selected)
+        out = []
+        for group, verdict in self.verdicts:
+            mine = tuple(r for r in group.releases if r in chosen)
+            if mine:
+                out.append((group, mine, verdict))
+        return out
+
+    @property
+    def first_loading(self) -> str | None:
+        """The first release of the newest run of releases that load the file (None: 0.2.40 does not)."""
+        first = None
+        for group, v in self.verdicts:
+            if v.loads:
+                first = first or group.first
+            else:
+                first = None
+        return first
+
+    def lines(self) -> list[str]:
+        """``loads from comfy-kitchen 0.2.27 on; fails before: AttributeError: ...`` and the
+        releases where it stopped or started loading before."""
+        lines = []
+        if self.selected != RELEASES:
+            span = self.selected[0] if len(self.selected) == 1 else f"{self.selected[0]} .. {self.selected[-1]}"
+            lines.append(f"verdict of comfy-kitchen {self.chosen[-1][1][-1]}; releases checked: {span}")
+        oldest, newest = RELEASES[0], RELEASES[-1]
+        first = self.first_loading
+        if first is None:
+            last = next((g.releases[-1] for g, v in reversed(self.verdicts) if v.loads), None)
+            if last is None:
+                return [*lines, f"fails on every comfy-kitchen release {oldest} .. {newest}"]
+            return [*lines, f"fails from comfy-kitchen {RELEASES[RELEASES.index(last) + 1]} on; last loads on {last}"]
+        if first == oldest:
+            return [*lines, f"loads on every comfy-kitchen release {oldest} .. {newest}"]
+        at = next(i for i, (g, _) in enumerate(self.verdicts) if g.first == first)
+        lines.append(f"loads from comfy-kitchen {first} on; fails before: {_failure(self.verdicts[at - 1][1])}")
+        prev = None
+        for group, v in self.verdicts[:at]:
+            if prev is not None and v.loads != prev:
+                lines.append(f"{'starts' if v.loads else 'stops'} loading at comfy-kitchen {group.first}")
+            prev = v.loads
+        return lines
+
+    def to_dict(self) -> dict:
+        return {
+            "first_loading": self.first_loading,
+            "summary": self.lines(),
+            "releases": [
+                {
+                    **group.to_dict(),
+                    "releases": list(releases),
+                    **{k: v for k, v in verdict.to_dict().items() if k in ("loads", "error", "exception", "rule", "layer")},
+                }
+                for group, releases, verdict in self.chosen
+            ],
+        }
+
+
+def _failure(verdict: Verdict) -> str:
+    first = verdict.first
+    if first is None:
+        return "loads"
+    return f"{first.exception}: {first.message}" if first.exception else first.message
+
+
+def releases_for(ckpt, newest: Verdict, spec: tuple[str, str] | None) -> Releases:
+    """The file's verdict on every group (``newest``: 0.2.40's, shared by every group whose
+    differences the file does not meet), and the releases ``spec`` selects."""
+    selected = selected_releases(spec)
+    facts = Facts(ckpt)
+    plain = facts.key(NEWEST)
+    memo: dict[tuple, Verdict] = {plain: newest}
+    verdicts = []
+    for group in GROUPS:
+        key = facts.key(group)
+        verdict = memo.get(key)
+        if verdict is None:
+            verdict = memo[key] = release_verdict(group, ckpt, newest)
+        verdicts.append((group, verdict))
+    return Releases(verdicts, selected)
+
+
+class ReleasedVerdict(Verdict):
+    """A comfy-kitchen verdict with the file's verdict on each release: the text report's lines
+    and the JSON's ``releases``."""
+
+    __slots__ = ("releases",)
+    releases: Releases
+
+    def release_lines(self) -> list[str]:
+        return self.releases.lines()
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "releases": self.releases.to_dict()}
+
+
+def released(newest: Verdict, releases: Releases) -> ReleasedVerdict:
+    """The verdict a check reports: 0.2.40's by default, the newest selected release's for a
+    spec, carrying the file's verdict on every release."""
+    last = newest if releases.selected == RELEASES else releases.chosen[-1][2]
+    out = ReleasedVerdict(last.target, last.violations, last.architecture)
+    out.releases = releases
+    return out

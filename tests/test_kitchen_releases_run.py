@@ -1,0 +1,85 @@
+"""Every comfy-kitchen release group, run: each group's first release (its sources first on a
+worker's path, ``runtimes.kitchen_releases_driver``) builds and runs every format's valid layer,
+with its marker as a tensor, in the header map only, and in both, plus the legacy scaled-FP8
+forms (``release_agreement.format_cases``), and comfyquant's ``check --target
+comfy-kitchen==<release>`` agrees: the same outcome, and the same exception type and message
+where the release raises.  The group's other releases share its results (their deciding code is
+byte-identical).  Outcomes are cached per group digest and file, so a run after the first
+drives nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("torch", reason="the generated cases and the runtimes need torch")
+
+import runtime_sources  # noqa: E402
+from comfyquant.targets import kitchen_releases as product  # noqa: E402
+from runtimes import kitchen_releases as oracle  # noqa: E402
+from runtimes.outcome import expected  # noqa: E402
+from runtimes.release_agreement import format_cases  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    return format_cases(tmp_path_factory.mktemp("kitchen-release-cases"))
+
+
+def test_every_group_agrees_on_every_formats_valid_layer(cases):
+    for group in product.GROUPS:
+        if oracle.source(group.first) is None:
+            runtime_sources.skip_missing(oracle.MISSING[group.first])
+    start = time.monotonic()
+    bad, driven, lines = [], 0, []
+    for group in product.GROUPS:
+        got, n = oracle.outcomes(group, cases)
+        driven += n
+        fails = 0
+        for case in cases:
+            outcome = got[case.id]
+            fails += outcome.kind == "raises"
+            why = oracle.judged(case, outcome, expected(oracle.predicted(case, group.first)))
+            if why is not None:
+                bad.append(f"{group.name} {case.id}: {why}")
+        lines.append(f"{', '.join(group.releases)} ({group.digest}): {len(cases) - fails} load, {fails} raise")
+    took = time.monotonic() - start
+    print(
+        f"{len(cases)} cases x {len(product.GROUPS)} groups ({len(cases) * len(product.RELEASES)} cases x releases), "
+        f"{driven} driven, {took:.0f} s; releases sharing each group's results:\n  " + "\n  ".join(lines)
+    )
+    assert not bad, "\n".join(bad[:40])
+
+
+SPACE_RELEASES = ("0.1.2", "0.2.0", "0.2.2", "0.2.31")
+"""The groups the whole generated space runs on: a release taking layouts by class, the first
+taking names (its FP8 and NVFP4 scales uncast), the last multiplying a missing NVFP4 scale, and
+the 4-bit-only W4A8 release ComfyUI 0.33.0 pins."""
+
+
+@pytest.fixture(scope="module")
+def space(tmp_path_factory):
+    from runtimes.agreement import write_space
+
+    return write_space(tmp_path_factory.mktemp("kitchen-release-space"))
+
+
+@pytest.mark.parametrize("release", SPACE_RELEASES)
+def test_the_generated_space_agrees_on_the_groups_that_differ_most(space, release):
+    """The whole generated single-layer space (every defect of every format) on the group of
+    ``release``: what the release raises, computes or computes wrong is what ``check --target
+    comfy-kitchen==<release>`` says."""
+    group = product.group_of(release)
+    if oracle.source(group.first) is None:
+        runtime_sources.skip_missing(oracle.MISSING[group.first])
+    start = time.monotonic()
+    got, driven = oracle.outcomes(group, space)
+    bad = []
+    for case in space:
+        why = oracle.judged(case, got[case.id], expected(oracle.predicted(case, group.first)))
+        if why is not None:
+            bad.append(f"{case.id}: {why}")
+    print(f"{len(space)} cases on comfy-kitchen {group.name}, {driven} driven, {time.monotonic() - start:.0f} s")
+    assert not bad, "\n".join(bad[:40])
