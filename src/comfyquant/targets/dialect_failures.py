@@ -13,6 +13,13 @@ from .base import RuntimeFailure, Violation
 from .torch_text import broadcast_error
 
 
+class DialectViolation(Violation):
+    """A violation a dialect's failure states: the runtime's own rules did not find it, so a
+    verdict worked out again for another release carries it over as it is."""
+
+    __slots__ = ()
+
+
 def render(target: str, tag: str, failures: Iterable[RuntimeFailure]) -> list[Violation]:
     """The violations of ``target`` among ``failures``, under the rule ``{target}.{tag}``: the
     file-stage failures first (the runtime cannot open the file, so it stops before any
@@ -20,7 +27,7 @@ def render(target: str, tag: str, failures: Iterable[RuntimeFailure]) -> list[Vi
     mine = [f for f in failures if f.target == target]
     ordered = [f for f in mine if f.stage == "file"] + [f for f in mine if f.stage != "file"]
     return [
-        Violation(
+        DialectViolation(
             f"{target}.{tag}",
             _message(f),
             f.exception,

@@ -29,10 +29,10 @@ these tables.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cache
+from typing import NamedTuple
 
 from .base import LAYER, Verdict, Violation
+from .dialect_failures import DialectViolation
 
 LAYOUTS: dict[str, str] = {
     "float8_e4m3fn": "TensorCoreFP8Layout",
@@ -55,9 +55,9 @@ W4A4 = (*INT8, "convrot_w4a4")
 W4A8 = (*W4A4, "asym_w4a8_int8")
 
 
-@dataclass(frozen=True)
-class ReleaseGroup:
-    """Releases whose deciding code is byte-identical, and what they do differently from 0.2.40."""
+class ReleaseGroup(NamedTuple):
+    """Releases whose deciding code is byte-identical, and what they do differently from 0.2.40
+    (a named tuple: check imports this module, and must start without ``dataclasses``)."""
 
     releases: tuple[str, ...]
     digest: str
@@ -386,23 +386,13 @@ def _adjuster(group: ReleaseGroup, ckpt) -> Callable:
     return adjust
 
 
-@cache
-def _dialect_tags() -> frozenset[str]:
-    """The rules of the violations dialects add to a comfy-kitchen verdict (``check`` has
-    imported the dialects by then: it detects them first)."""
-    from ..dialects.registry import DIALECTS
-
-    return frozenset(f"comfy-kitchen.{d.rule_tag}" for d in DIALECTS.values())
-
-
 def release_verdict(group: ReleaseGroup, ckpt, newest: Verdict) -> Verdict:
     """The group's verdict: 0.2.40's rules with the group's layer templates (``_adjuster``), and
     the dialect violations ``check`` adds to 0.2.40's verdict, placed as it places them."""
     from .kitchen import kitchen_verdict
 
     own = kitchen_verdict(ckpt, _adjuster(group, ckpt)).violations
-    tags = _dialect_tags()
-    extra = [v for v in newest.violations if v.rule in tags]
+    extra = [v for v in newest.violations if isinstance(v, DialectViolation)]
     if extra:
         whole = [v for v in extra if v.blocking and v.layer is None]
         at = next((i for i, v in enumerate(own) if v.file is None), len(own))
