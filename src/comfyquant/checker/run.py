@@ -93,8 +93,7 @@ def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = Fal
             at = next((i for i, v in enumerate(verdict.violations) if v.file is None), len(verdict.violations))
             verdict.violations[at:at] = whole
             verdict.violations.extend(v for v in extra if not (v.blocking and v.layer is None))
-    if "comfyui" in selected:
-        with_releases(verdicts, target, ckpt)
+    with_releases(verdicts, target, ckpt, selected)
     names = {p: layer.name for p, layer in ckpt.layers.items()}
     if values:
         from .deep import value_failures

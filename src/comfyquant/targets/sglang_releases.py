@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..markers import MARKER_MAP, VERSION_KEY
+from .base import Verdict, Violation
+from .releases import select, summary
 
 NEWEST = "0.5.23"
 FORMATS = ("float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4", "mxfp8", "rowwise-float8_e4m3fn")
@@ -136,13 +138,18 @@ class ReleaseVerdict:
     rule: str | None = None
     """The rule of ``targets.sglang`` the failure comes from (0.5.23's, or ``sglang.R1``/``sglang.R8``
     for the older config checks, ``sglang.legacy`` for the readers before 0.5.19)."""
+    layer: str | None = None
+    """The layer the failure names (None: the file as a whole)."""
 
     def to_dict(self) -> dict:
         return {
             "releases": list(self.group.releases),
+            "reader": self.group.reader,
             "loads": self.loads,
             "error": self.error,
             "exception": self.exception,
+            "rule": self.rule,
+            "layer": self.layer,
             "how": self.how,
         }
 
@@ -177,21 +184,22 @@ def _after_inspect(verdict: Mapping[str, Any]) -> bool:
     return rule == "incomplete" or (rule[:1] in _INSPECT_LATER and rule[1:].isdigit())
 
 
-def _older_resolve(group: ReleaseGroup, markers: Mapping[str, Mapping[str, Any]]) -> tuple[str, str, str] | None:
-    """The config checks of 0.5.19 that later releases relaxed: (exception, message, rule) or None."""
+def _older_resolve(group: ReleaseGroup, markers: Mapping[str, Mapping[str, Any]]) -> tuple[str, str, str, str] | None:
+    """The config checks of 0.5.19 that later releases relaxed: (exception, message, rule, layer) or None."""
     if group.releases != ("0.5.19",) or not markers:
         return None
     formats = sorted({str(m.get("format")) for m in markers.values()})
     if formats == ["int8_tensorwise"]:
         for prefix, m in markers.items():
             if m.get("convrot") is not True:
-                return "ValueError", f"Serialized kitchen_int8 layer {prefix!r} must set convrot=true", "sglang.R1"
+                return "ValueError", f"Serialized kitchen_int8 layer {prefix!r} must set convrot=true", "sglang.R1", prefix
             c = m.get("convrot_groupsize")
             if c not in (16, 64, 256):
                 return (
                     "ValueError",
                     f"Serialized kitchen_int8 layer {prefix!r} must declare convrot_groupsize in (16, 64, 256), got {c!r}",
                     "sglang.R2",
+                    prefix,
                 )
     if formats in (["nvfp4"], ["int8_tensorwise", "nvfp4"]):
         for prefix, m in markers.items():
@@ -199,9 +207,9 @@ def _older_resolve(group: ReleaseGroup, markers: Mapping[str, Mapping[str, Any]]
             if fmt == "int8_tensorwise" and m.get("_is_rowwise"):
                 continue
             if fmt != "nvfp4":
-                return "ValueError", f"Unsupported Comfy NVFP4 companion for {prefix!r}: {fmt!r}", "sglang.R8"
+                return "ValueError", f"Unsupported Comfy NVFP4 companion for {prefix!r}: {fmt!r}", "sglang.R8", prefix
             if m.get("full_precision_matrix_mult") is not True:
-                return "ValueError", f"Comfy NVFP4 layer {prefix!r} must request full_precision_matrix_mult", "sglang.R9"
+                return "ValueError", f"Comfy NVFP4 layer {prefix!r} must request full_precision_matrix_mult", "sglang.R9", prefix
     return None
 
 
@@ -249,10 +257,11 @@ def group_verdict(group: ReleaseGroup, verdict: Mapping[str, Any], facts: Facts)
         message = "Unsupported Comfy quantization format(s): " + ", ".join(formats)
         return ReleaseVerdict(group, False, message, "NotImplementedError", rule="sglang.R0")
     if _after_inspect(verdict) and (older := _older_resolve(group, facts.markers)) is not None:
-        return ReleaseVerdict(group, False, older[1], older[0], rule=older[2])
+        return ReleaseVerdict(group, False, older[1], older[0], rule=older[2], layer=older[3])
     if verdict.get("loads"):
         return ReleaseVerdict(group, True, how="Comfy markers")
-    return ReleaseVerdict(group, False, _renamed(group, verdict.get("error")), verdict.get("exception"), rule=verdict.get("rule"))
+    error = _renamed(group, verdict.get("error"))
+    return ReleaseVerdict(group, False, error, verdict.get("exception"), rule=verdict.get("rule"), layer=verdict.get("layer"))
 
 
 def release_verdicts(verdict: Mapping[str, Any], facts: Facts) -> list[ReleaseVerdict]:
@@ -289,6 +298,155 @@ def group_of(release: str) -> ReleaseGroup:
         if release in g.releases:
             return g
     raise LookupError(f"SGLang {release} is not a known release (known: {', '.join(RELEASES)})")
+
+
+# -- a check's verdicts per release -----------------------------------------------------------
+
+
+def selected_releases(spec: tuple[str, str] | None) -> tuple[str, ...]:
+    """The releases a spec (``("==", "0.5.21")``) names, oldest first (all for None); none is
+    refused in one line listing the known ones."""
+    return select("SGLang", RELEASES, spec)
+
+
+class Releases:
+    """The file's verdict on each SGLang release group, oldest first, and the releases a target
+    selects (all by default)."""
+
+    __slots__ = ("verdicts", "selected")
+
+    def __init__(self, verdicts: list[ReleaseVerdict], selected: tuple[str, ...]) -> None:
+        self.verdicts = verdicts
+        """Every group's: the first loading release is a fact of all of them."""
+        self.selected = selected
+
+    @property
+    def runs(self) -> list:
+        """(releases, loads, verdict) per group, oldest first (``releases.summary``)."""
+        return [(v.group.releases, v.loads, v) for v in self.verdicts]
+
+    @property
+    def chosen(self) -> list[tuple[ReleaseVerdict, tuple[str, ...]]]:
+        """The verdicts of the groups with a selected release, with only those releases."""
+        chosen = set(self.selected)
+        out = []
+        for v in self.verdicts:
+            mine = tuple(r for r in v.group.releases if r in chosen)
+            if mine:
+                out.append((v, mine))
+        return out
+
+    @property
+    def first_loading(self) -> str | None:
+        """The first release from which every later one loads the file (None: the newest does not)."""
+        return first_loading_release(self.verdicts)
+
+    def lines(self) -> list[str]:
+        """``loads from SGLang 0.5.19 on; fails before: <its error>`` and the releases where the
+        file stopped or started loading before (after a spec: the release whose verdict is shown)."""
+        return summary("SGLang", self.runs, self.selected, failure_text)
+
+    def to_dict(self) -> dict:
+        return {
+            "first_loading": self.first_loading,
+            "summary": self.lines(),
+            "releases": [{**v.to_dict(), "releases": list(mine)} for v, mine in self.chosen],
+        }
+
+
+def failure_text(verdict: ReleaseVerdict) -> str:
+    """``Type: message`` of a failing group verdict (the message alone when SGLang has none)."""
+    if verdict.loads:
+        return "loads"
+    return f"{verdict.exception}: {verdict.error}" if verdict.exception else str(verdict.error)
+
+
+def releases_for(ckpt, newest: Verdict, spec: tuple[str, str] | None) -> Releases:
+    """The file's verdict on every release group from its SGLang 0.5.23 verdict ``newest``
+    (``facts_from_checkpoint`` read once), and the releases ``spec`` selects."""
+    first = newest.first
+    brief = {
+        "loads": first is None,
+        "error": first.message if first else None,
+        "exception": first.exception if first else None,
+        "rule": first.rule if first else None,
+        "layer": first.layer if first else None,
+    }
+    return Releases(release_verdicts(brief, facts_from_checkpoint(ckpt)), selected_releases(spec))
+
+
+def released(newest: Verdict, releases: Releases) -> ReleasedVerdict:
+    """The SGLang verdict a check reports: by default 0.5.23's (the proven one); after a spec,
+    the newest selected release's. Either carries the file's verdict on every release."""
+    if releases.selected[-1] == NEWEST:
+        last = newest
+    else:
+        chosen = releases.chosen[-1][0]
+        last = as_verdict(chosen, newest, _loading_after(releases.verdicts, chosen.group))
+    out = ReleasedVerdict(last.target, last.violations, last.architecture)
+    out.releases = releases
+    return out
+
+
+def _loading_after(verdicts: list[ReleaseVerdict], group: ReleaseGroup) -> str | None:
+    """The first release after ``group`` from which every later one loads the file."""
+    later = [v for v in verdicts if RELEASES.index(v.group.releases[0]) > RELEASES.index(group.releases[-1])]
+    return first_loading_release(later)
+
+
+def as_verdict(verdict: ReleaseVerdict, newest: Verdict, fixed: str | None) -> Verdict:
+    """One older group's verdict as a ``Verdict`` of the check: 0.5.23's violations where the
+    group fails alike (in the group's words) or loads, else the group's own failure (``fixed``:
+    the first release from which later ones load the file, which the fix names)."""
+    group = verdict.group
+    if verdict.loads:
+        return Verdict("sglang", [v for v in newest.violations if not v.fails], newest.architecture)
+    first = newest.first
+    if first is not None and (verdict.rule, verdict.exception, verdict.error) == (
+        first.rule,
+        first.exception,
+        _renamed(group, first.message),
+    ):
+        if not group.messages:
+            return newest
+        renamed = [_in_words_of(group, v) for v in newest.violations]
+        return Verdict("sglang", renamed, newest.architecture)
+    if verdict.rule == "sglang.legacy" and verdict.exception is not None:
+        cause = f"SGLang {group.name} reads each file's header with Python's own struct and json first"
+    elif verdict.rule == "sglang.legacy":
+        cause = f"SGLang {group.name} reads no Comfy markers: it picks a quantization config from the header's metadata and the tensors"
+    elif verdict.rule == "sglang.R0":
+        cause = f"SGLang {group.name} has no reader for the row-wise FP8 layout"
+    else:
+        cause = f"SGLang {group.name} checks the markers more strictly than later releases"
+    fix = f"load it with SGLang {fixed} or newer" if fixed else None
+    own = Violation(
+        verdict.rule or "sglang.release", verdict.error or "", verdict.exception, verdict.layer, None, True, cause, fix
+    )
+    return Verdict("sglang", [own], newest.architecture)
+
+
+def _in_words_of(group: ReleaseGroup, v: Violation) -> Violation:
+    """0.5.23's violation ``v`` with the message ``group`` raises instead."""
+    out = Violation(
+        v.rule, _renamed(group, v.message) or "", v.exception, v.layer, v.tensor, v.blocking, v.cause, v.fix, v.severity, v.file
+    )
+    out.covers = v.covers
+    return out
+
+
+class ReleasedVerdict(Verdict):
+    """An SGLang verdict with the file's verdict on each release: the text report's lines and the
+    JSON's ``releases``."""
+
+    __slots__ = ("releases",)
+    releases: Releases
+
+    def release_lines(self) -> list[str]:
+        return self.releases.lines()
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "releases": self.releases.to_dict()}
 
 
 # -- the readers before 0.5.19 -----------------------------------------------------------------
