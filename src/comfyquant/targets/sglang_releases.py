@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property, partial
 from typing import Any
 
 from ..markers import MARKER_MAP, VERSION_KEY
@@ -164,6 +165,33 @@ class Facts:
     legacy: str | None
     quantized: bool
 
+    @cached_property
+    def formats(self) -> tuple[str, ...]:
+        """The formats the markers name, sorted (worked out once for every group)."""
+        markers = self.markers.raw if isinstance(self.markers, Merged) else self.markers  # derived keys name no format
+        return tuple(sorted({str(m.get("format")) for m in markers.values()}))
+
+
+class Merged(Mapping[str, Mapping[str, Any]]):
+    """Each marker with the keys 0.5.23 derives for it laid over it, merged when read (most
+    verdicts read no marker but their formats)."""
+
+    __slots__ = ("raw", "derived")
+
+    def __init__(self, raw: Mapping[str, Mapping[str, Any]], derived: Mapping[str, Mapping[str, Any]]) -> None:
+        self.raw = raw
+        self.derived = derived
+
+    def __getitem__(self, prefix: str) -> Mapping[str, Any]:
+        marker, keys = self.raw[prefix], self.derived.get(prefix)
+        return {**marker, **keys} if keys else marker
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
 
 _LEGACY_CONFIGS = {
     "fp8": ("float8_e4m3fn", "SGLang's generic FP8 config, chosen from the header's _quantization_metadata"),
@@ -184,12 +212,12 @@ def _after_inspect(verdict: Mapping[str, Any]) -> bool:
     return rule == "incomplete" or (rule[:1] in _INSPECT_LATER and rule[1:].isdigit())
 
 
-def _older_resolve(group: ReleaseGroup, markers: Mapping[str, Mapping[str, Any]]) -> tuple[str, str, str, str] | None:
+def _older_resolve(group: ReleaseGroup, facts: Facts) -> tuple[str, str, str, str] | None:
     """The config checks of 0.5.19 that later releases relaxed: (exception, message, rule, layer) or None."""
+    markers, formats = facts.markers, facts.formats
     if group.releases != ("0.5.19",) or not markers:
         return None
-    formats = sorted({str(m.get("format")) for m in markers.values()})
-    if formats == ["int8_tensorwise"]:
+    if formats == ("int8_tensorwise",):
         for prefix, m in markers.items():
             if m.get("convrot") is not True:
                 return "ValueError", f"Serialized kitchen_int8 layer {prefix!r} must set convrot=true", "sglang.R1", prefix
@@ -201,7 +229,7 @@ def _older_resolve(group: ReleaseGroup, markers: Mapping[str, Mapping[str, Any]]
                     "sglang.R2",
                     prefix,
                 )
-    if formats in (["nvfp4"], ["int8_tensorwise", "nvfp4"]):
+    if formats in (("nvfp4",), ("int8_tensorwise", "nvfp4")):
         for prefix, m in markers.items():
             fmt = m.get("format")
             if fmt == "int8_tensorwise" and m.get("_is_rowwise"):
@@ -230,7 +258,7 @@ def group_verdict(group: ReleaseGroup, verdict: Mapping[str, Any], facts: Facts)
             return ReleaseVerdict(group, False, message, exception, rule="sglang.legacy")
         if legacy in _LEGACY_CONFIGS:
             serves, how = _LEGACY_CONFIGS[legacy]
-            others = sorted({f for m in facts.markers.values() if not (f := str(m.get("format"))).endswith(serves)})
+            others = [f for f in facts.formats if not f.endswith(serves)]
             if others:
                 return ReleaseVerdict(
                     group,
@@ -245,7 +273,7 @@ def group_verdict(group: ReleaseGroup, verdict: Mapping[str, Any], facts: Facts)
         return ReleaseVerdict(
             group, False, f"(no SGLang message) SGLang {group.name} reads no Comfy markers: {UNQUANTIZED}", rule="sglang.legacy"
         )
-    formats = sorted({str(m.get("format")) for m in facts.markers.values()})
+    formats = facts.formats
     newest_reader = str(verdict.get("rule") or "").split(".", 1)[-1].startswith("RW")
     if (
         group.releases[-1] != NEWEST
@@ -256,7 +284,7 @@ def group_verdict(group: ReleaseGroup, verdict: Mapping[str, Any], facts: Facts)
         # format is one their resolve does not serve
         message = "Unsupported Comfy quantization format(s): " + ", ".join(formats)
         return ReleaseVerdict(group, False, message, "NotImplementedError", rule="sglang.R0")
-    if _after_inspect(verdict) and (older := _older_resolve(group, facts.markers)) is not None:
+    if _after_inspect(verdict) and (older := _older_resolve(group, facts)) is not None:
         return ReleaseVerdict(group, False, older[1], older[0], rule=older[2], layer=older[3])
     if verdict.get("loads"):
         return ReleaseVerdict(group, True, how="Comfy markers")
@@ -372,7 +400,8 @@ def releases_for(ckpt, newest: Verdict, spec: tuple[str, str] | None) -> Release
         "rule": first.rule if first else None,
         "layer": first.layer if first else None,
     }
-    return Releases(release_verdicts(brief, facts_from_checkpoint(ckpt)), selected_releases(spec))
+    facts = facts_from_checkpoint(ckpt, getattr(newest, "read", None))
+    return Releases(release_verdicts(brief, facts), selected_releases(spec))
 
 
 def released(newest: Verdict, releases: Releases) -> ReleasedVerdict:
@@ -452,26 +481,45 @@ class ReleasedVerdict(Verdict):
 # -- the readers before 0.5.19 -----------------------------------------------------------------
 
 
-def legacy_choice(files: Sequence[tuple[Mapping[str, str], Mapping[str, tuple[str, tuple[int, ...]]]]]) -> str | None:
+Tensors = Mapping[str, tuple[str, tuple[int, ...]]]
+"""One file's tensors: name -> (dtype, shape)."""
+
+
+def legacy_choice(files: Sequence[tuple[Mapping[str, str], Tensors | Callable[[], Tensors]]]) -> str | None:
     """What SGLang 0.5.14-0.5.18 choose for a checkpoint whose files are ``(metadata, {tensor:
-    (dtype, shape)})``: the quantization method named in the first file's header (``fp8``), else
-    ``modelopt_fp4`` when the files hold NVFP4 tensors whose group size the shapes tell, else None;
-    ``raises Type: message`` when their code raises on the header."""
+    (dtype, shape)})`` (or a function that makes the tensors, called when they are read): the
+    quantization method named in the first file's header (``fp8``), else ``modelopt_fp4`` when
+    the files hold NVFP4 tensors whose group size the shapes tell, else None; ``raises Type:
+    message`` when their code raises on the header."""
+    parsed: dict[str, tuple[Any, Exception | None]] = {}
+
+    def parse(text: str) -> Any:
+        # each file's map is parsed once (as their json.loads parses it), for both readers
+        if text not in parsed:
+            try:
+                parsed[text] = (json.loads(text), None)
+            except Exception as error:  # re-raised to each reader, which handles it as its own code does
+                parsed[text] = (None, error)
+        obj, failed = parsed[text]
+        if failed is not None:
+            raise failed
+        return obj
+
     try:
-        method = _metadata_method(files[0][0]) if files else None
-        return method if method is not None else _nvfp4_method(files)
+        method = _metadata_method(files[0][0], parse) if files else None
+        return method if method is not None else _nvfp4_method(files, parse)
     except Exception as exc:  # what their own code raises on such a header
         return f"raises {type(exc).__name__}: {exc}"
 
 
-def _metadata_method(metadata: Mapping[str, str]) -> str | None:
+def _metadata_method(metadata: Mapping[str, str], parse: Callable[[str], Any] = json.loads) -> str | None:
     if not metadata:
         return None
     config: Any = None
     text = metadata.get(MARKER_MAP)
     if text:
         try:
-            config = json.loads(text)
+            config = parse(text)
         except Exception:
             config = None
     if config is None:
@@ -479,7 +527,7 @@ def _metadata_method(metadata: Mapping[str, str]) -> str | None:
         if not text:
             return None
         try:
-            config = json.loads(text)
+            config = parse(text)
         except Exception:
             return None
     if not config:
@@ -492,16 +540,19 @@ def _metadata_method(metadata: Mapping[str, str]) -> str | None:
     return str(method) if method and method != "modelopt" else None
 
 
-def _nvfp4_method(files: Sequence[tuple[Mapping[str, str], Mapping[str, tuple[str, tuple[int, ...]]]]]) -> str | None:
+def _nvfp4_method(
+    files: Sequence[tuple[Mapping[str, str], Tensors | Callable[[], Tensors]]], parse: Callable[[str], Any] = json.loads
+) -> str | None:
     group_size = None
     signal = False
-    for metadata, tensors in files:
+    for metadata, listed in files:
+        tensors = listed() if callable(listed) else listed
         config = None
         signals = False
         text = (metadata or {}).get(MARKER_MAP)
         if text:
             try:
-                config = json.loads(text)
+                config = parse(text)
             except json.JSONDecodeError:
                 config = None
             else:
@@ -567,15 +618,17 @@ def _python_header_error(path: str) -> str | None:
     return None
 
 
-def facts_from_checkpoint(ckpt) -> Facts:
+def facts_from_checkpoint(ckpt, read: tuple[dict, dict] | None = None) -> Facts:
     """``Facts`` of an opened checkpoint (``checkpoint.open_checkpoint``): its markers as
-    ``targets.sglang`` reads them for 0.5.23, and what the releases before 0.5.19 choose."""
+    ``targets.sglang`` reads them for 0.5.23, and what the releases before 0.5.19 choose.
+    ``read``: the (markers, derived keys) a check's SGLang verdict inspected (inspected here
+    when None)."""
     from ..markers import FILE_LEVEL_DTYPES
     from .container import EXCEPTION, container_errors
     from .sglang import Run, inspect_markers
 
-    markers, derived = inspect_markers(ckpt, None, Run(collect=True))
-    merged = {p: {**m, **derived.get(p, {})} for p, m in markers.items()}
+    markers, derived = read if read is not None else inspect_markers(ckpt, None, Run(collect=True))
+    merged = Merged(markers, derived) if derived else markers
     quantized = bool(markers) or any(
         (w := layer.stored.get("weight")) is not None and w.dtype in FILE_LEVEL_DTYPES for layer in ckpt.layers.values()
     )
@@ -588,5 +641,20 @@ def facts_from_checkpoint(ckpt) -> Facts:
             return Facts(merged, error, quantized)
         if path in damaged:
             return Facts(merged, f"raises {EXCEPTION}: {damaged[path]}", quantized)
-    files = [(h.metadata, {name: (t.dtype, tuple(t.shape)) for name, t in h.tensors.items()}) for h in ckpt.headers]
-    return Facts(merged, legacy_choice(files), quantized)
+    return Facts(merged, legacy_choice([(h.metadata, partial(_scales, h.tensors)) for h in ckpt.headers]), quantized)
+
+
+_SCALE = ".weight_scale"
+
+
+def _scales(tensors: Mapping[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """(dtype, shape) of the tensors the NVFP4 scan of the releases before 0.5.19 reads: each
+    ``.weight_scale`` and the ``.weight`` beside it."""
+    out = {}
+    for name in [n for n in tensors if n.endswith(_SCALE)]:
+        t = tensors[name]
+        out[name] = (t.dtype, tuple(t.shape))
+        w = tensors.get(name[: -len(_SCALE)] + ".weight")
+        if w is not None:
+            out[name[: -len(_SCALE)] + ".weight"] = (w.dtype, tuple(w.shape))
+    return out
