@@ -164,6 +164,9 @@ class Facts:
     markers: Mapping[str, Mapping[str, Any]]
     legacy: str | None
     quantized: bool
+    comfy: Mapping[str, Any] | None = None
+    """When 0.5.23's row-wise FP8 reader takes the file: the verdict (``brief``) of its Comfy
+    path, which the marker readers without that reader (0.5.19 to 0.5.22) take instead."""
 
     @cached_property
     def formats(self) -> tuple[str, ...]:
@@ -273,6 +276,8 @@ def group_verdict(group: ReleaseGroup, verdict: Mapping[str, Any], facts: Facts)
         return ReleaseVerdict(
             group, False, f"(no SGLang message) SGLang {group.name} reads no Comfy markers: {UNQUANTIZED}", rule="sglang.legacy"
         )
+    if facts.comfy is not None and group.releases[-1] != NEWEST:
+        verdict = facts.comfy
     formats = facts.formats
     newest_reader = str(verdict.get("rule") or "").split(".", 1)[-1].startswith("RW")
     if (
@@ -392,16 +397,20 @@ def failure_text(verdict: ReleaseVerdict) -> str:
 def releases_for(ckpt, newest: Verdict, spec: tuple[str, str] | None) -> Releases:
     """The file's verdict on every release group from its SGLang 0.5.23 verdict ``newest``
     (``facts_from_checkpoint`` read once), and the releases ``spec`` selects."""
-    first = newest.first
-    brief = {
+    facts = facts_from_checkpoint(ckpt, getattr(newest, "read", None), getattr(newest, "rowwise", None))
+    return Releases(release_verdicts(brief(newest), facts), selected_releases(spec))
+
+
+def brief(verdict: Verdict) -> dict[str, Any]:
+    """What ``group_verdict`` reads of a verdict (the keys of ``Verdict.to_dict`` it uses)."""
+    first = verdict.first
+    return {
         "loads": first is None,
         "error": first.message if first else None,
         "exception": first.exception if first else None,
         "rule": first.rule if first else None,
         "layer": first.layer if first else None,
     }
-    facts = facts_from_checkpoint(ckpt, getattr(newest, "read", None))
-    return Releases(release_verdicts(brief, facts), selected_releases(spec))
 
 
 def released(newest: Verdict, releases: Releases) -> ReleasedVerdict:
@@ -618,16 +627,28 @@ def _python_header_error(path: str) -> str | None:
     return None
 
 
-def facts_from_checkpoint(ckpt, read: tuple[dict, dict] | None = None) -> Facts:
+def facts_from_checkpoint(ckpt, read: tuple[dict, dict] | None = None, rowwise: bool | None = None) -> Facts:
     """``Facts`` of an opened checkpoint (``checkpoint.open_checkpoint``): its markers as
-    ``targets.sglang`` reads them for 0.5.23, and what the releases before 0.5.19 choose.
-    ``read``: the (markers, derived keys) a check's SGLang verdict inspected (inspected here
-    when None)."""
+    ``targets.sglang`` reads them for 0.5.23 (or, when its row-wise FP8 reader takes the file, as
+    the releases without it read them), and what the releases before 0.5.19 choose.  ``read``
+    and ``rowwise``: what a check's SGLang verdict inspected and whether its row-wise reader took
+    the file (``targets.sglang.SGLangVerdict``; worked out here when None)."""
     from ..markers import FILE_LEVEL_DTYPES
+    from .base import Verdict
     from .container import EXCEPTION, container_errors
-    from .sglang import Run, inspect_markers
+    from .sglang import run_all
 
-    markers, derived = read if read is not None else inspect_markers(ckpt, None, Run(collect=True))
+    comfy = None
+    if read is None:
+        found: list = []
+        if not rowwise:
+            run_all(ckpt, read=found)
+        if found:
+            read = found[0]
+        else:  # 0.5.23's row-wise reader took the file: the releases without it inspect the Comfy markers
+            violations = run_all(ckpt, read=found, rowwise_reader=False)[2]
+            read, comfy = found[0], brief(Verdict("sglang", violations))
+    markers, derived = read
     merged = Merged(markers, derived) if derived else markers
     quantized = bool(markers) or any(
         (w := layer.stored.get("weight")) is not None and w.dtype in FILE_LEVEL_DTYPES for layer in ckpt.layers.values()
@@ -638,10 +659,10 @@ def facts_from_checkpoint(ckpt, read: tuple[dict, dict] | None = None) -> Facts:
         # file with safetensors: a damaged file raises at the first of these its damage breaks
         error = _python_header_error(path)
         if error is not None:
-            return Facts(merged, error, quantized)
+            return Facts(merged, error, quantized, comfy)
         if path in damaged:
-            return Facts(merged, f"raises {EXCEPTION}: {damaged[path]}", quantized)
-    return Facts(merged, legacy_choice([(h.metadata, partial(_scales, h.tensors)) for h in ckpt.headers]), quantized)
+            return Facts(merged, f"raises {EXCEPTION}: {damaged[path]}", quantized, comfy)
+    return Facts(merged, legacy_choice([(h.metadata, partial(_scales, h.tensors)) for h in ckpt.headers]), quantized, comfy)
 
 
 _SCALE = ".weight_scale"
