@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import Any
@@ -494,16 +494,21 @@ Tensors = Mapping[str, tuple[str, tuple[int, ...]]]
 """One file's tensors: name -> (dtype, shape)."""
 
 
-def legacy_choice(files: Sequence[tuple[Mapping[str, str], Tensors | Callable[[], Tensors]]]) -> str | None:
+def legacy_choice(
+    files: Sequence[tuple[Mapping[str, str], Tensors | Callable[[], Tensors]]], inert: Collection[str] = ()
+) -> str | None:
     """What SGLang 0.5.14-0.5.18 choose for a checkpoint whose files are ``(metadata, {tensor:
     (dtype, shape)})`` (or a function that makes the tensors, called when they are read): the
     quantization method named in the first file's header (``fp8``), else ``modelopt_fp4`` when
     the files hold NVFP4 tensors whose group size the shapes tell, else None; ``raises Type:
-    message`` when their code raises on the header."""
+    message`` when their code raises on the header.  ``inert``: header maps known to parse to an
+    object with a ``layers`` object that names no config (``inert_maps``), left unparsed."""
     parsed: dict[str, tuple[Any, Exception | None]] = {}
 
     def parse(text: str) -> Any:
         # each file's map is parsed once (as their json.loads parses it), for both readers
+        if text in inert:
+            return {"layers": {}}  # what both readers make of such a map: no config, no NVFP4 layer
         if text not in parsed:
             try:
                 parsed[text] = (json.loads(text), None)
@@ -662,7 +667,21 @@ def facts_from_checkpoint(ckpt, read: tuple[dict, dict] | None = None, rowwise: 
             return Facts(merged, error, quantized, comfy)
         if path in damaged:
             return Facts(merged, f"raises {EXCEPTION}: {damaged[path]}", quantized, comfy)
-    return Facts(merged, legacy_choice([(h.metadata, partial(_scales, h.tensors)) for h in ckpt.headers]), quantized, comfy)
+    legacy = legacy_choice([(h.metadata, partial(_scales, h.tensors)) for h in ckpt.headers], inert_maps(ckpt))
+    return Facts(merged, legacy, quantized, comfy)
+
+
+_CONFIG_WORDS = ("quant_method", "quant_algo", "quant_type", "float8", "nvfp4", "\\")
+"""What a header map must contain for the releases before 0.5.19 to take a config from it: the
+keys and format names they read (a backslash may escape any of them)."""
+
+
+def inert_maps(ckpt) -> set[str]:
+    """The header maps (``_quantization_metadata`` texts) that parse to an object with a
+    ``layers`` object (the check's own parse, Python's ``json`` refusing only non-finite numbers
+    besides, found nothing wrong) and contain no word of ``_CONFIG_WORDS``: the releases before
+    0.5.19 take no config from them, so they need not parse them again."""
+    return {hm.raw for hm in ckpt.markers.headers if hm.error is None and hm.raw and not any(w in hm.raw for w in _CONFIG_WORDS)}
 
 
 _SCALE = ".weight_scale"
