@@ -10,11 +10,14 @@ imports, hashed together (``digest``). Two generations of reader exist:
   scales); any other Comfy layer is built unquantized, which its quantized weights do not fit.
 * ``markers`` (0.5.19 on): ``inspect_comfy_quant_markers`` and ``resolve_comfy_checkpoint_quantization``,
   which ``targets.sglang`` models for 0.5.23. A group's verdict is 0.5.23's with the group's own
-  messages (``messages``) and the config checks that differ (``_older_resolve``).
+  messages (``messages``) and the config checks that differ (``_older_resolve``); a file 0.5.23's
+  row-wise FP8 reader takes goes through the Comfy path in the groups without that reader.
 
 Each group's behaviour is proven against that release's own functions on the generated
-single-layer space (tests/test_sglang_releases.py); what SGLang does after choosing a config
-(building layers, loading weights) is modelled as for 0.5.23 and not run.
+single-layer space and SGLang's row-wise FP8 space (tests/test_sglang_releases.py); what SGLang
+does after choosing a config (building layers, loading weights) is modelled as for 0.5.23 and not
+run.  ``check`` reports them (``releases_for``, ``released``): the first release that loads the
+file under 0.5.23's verdict, or a selected release's verdict (``--target sglang==0.5.21``).
 """
 
 from __future__ import annotations
