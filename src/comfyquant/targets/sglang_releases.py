@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import Any
 
-from ..markers import MARKER_MAP, VERSION_KEY
+from ..markers import HEADER, MARKER_MAP, VERSION_KEY
 from .base import Verdict, Violation
 from .releases import select, summary
 
@@ -682,9 +682,20 @@ keys and format names they read (a backslash may escape any of them)."""
 def inert_maps(ckpt) -> set[str]:
     """The header maps (``_quantization_metadata`` texts) that parse to an object with a
     ``layers`` object (the check's own parse, Python's ``json`` refusing only non-finite numbers
-    besides, found nothing wrong) and contain no word of ``_CONFIG_WORDS``: the releases before
-    0.5.19 take no config from them, so they need not parse them again."""
-    return {hm.raw for hm in ckpt.markers.headers if hm.error is None and hm.raw and not any(w in hm.raw for w in _CONFIG_WORDS)}
+    besides, found nothing wrong), whose layer objects' formats are strings (their FP8 test,
+    ``"float8" in format``, raises ``TypeError`` on a number or null) and that contain no word of
+    ``_CONFIG_WORDS``: the releases before 0.5.19 take no config from them and raise nothing on
+    them, so they need not parse them again."""
+    odd = {
+        r.file
+        for r in ckpt.markers.records
+        if r.kind == HEADER and isinstance(r.obj, dict) and not isinstance(r.obj.get("format", ""), str)
+    }
+    return {
+        hm.raw
+        for hm in ckpt.markers.headers
+        if hm.error is None and hm.raw and hm.file not in odd and not any(w in hm.raw for w in _CONFIG_WORDS)
+    }
 
 
 _SCALE = ".weight_scale"
@@ -693,6 +704,8 @@ _SCALE = ".weight_scale"
 def _scales(tensors: Mapping[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
     """(dtype, shape) of the tensors the NVFP4 scan of the releases before 0.5.19 reads: each
     ``.weight_scale`` and the ``.weight`` beside it."""
+    if _SCALE + "\n" not in "\n".join(tensors) + "\n":  # most files have none: one search of the joined names tells
+        return {}
     out = {}
     for name in [n for n in tensors if n.endswith(_SCALE)]:
         t = tensors[name]
