@@ -25,8 +25,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property, partial
+from functools import partial
 from typing import Any
 
 from ..markers import HEADER, MARKER_MAP, VERSION_KEY
@@ -40,27 +39,42 @@ FORMATS = ("float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4",
 UNQUANTIZED = "no quantization config: the layer is built unquantized and its quantized weights do not fit it"
 
 
-@dataclass(frozen=True)
 class ReleaseGroup:
-    """Releases whose Comfy reader files are byte-identical, and what they do with Comfy formats."""
+    """Releases whose Comfy reader files are byte-identical, and what they do with Comfy formats
+    (a plain class: ``check`` imports this module, and stays clear of ``dataclasses``)."""
 
-    releases: tuple[str, ...]
-    digest: str
-    """The first 12 hex digits of SHA-256 over the reader files (name and bytes, in name order)."""
-    reader: str
-    """``metadata`` (a config chosen from header metadata and tensors) or ``markers`` (Comfy markers read)."""
-    reads: Mapping[str, str]
-    """Format -> how the release reads it."""
-    refuses: Mapping[str, str]
-    """Format -> how the release fails on it."""
-    messages: tuple[tuple[str, str], ...] = ()
-    """(text in 0.5.23's message, this group's text): the messages that differ, as the release raises them."""
-    configs: Mapping[str, str] = field(default_factory=dict)
-    """0.5.23's config class -> this group's, where it differs."""
+    __slots__ = ("releases", "digest", "reader", "reads", "refuses", "messages", "configs")
+
+    def __init__(
+        self,
+        releases: tuple[str, ...],
+        digest: str,
+        reader: str,
+        reads: Mapping[str, str],
+        refuses: Mapping[str, str],
+        messages: tuple[tuple[str, str], ...] = (),
+        configs: Mapping[str, str] | None = None,
+    ) -> None:
+        self.releases = releases
+        self.digest = digest
+        """The first 12 hex digits of SHA-256 over the reader files (name and bytes, in name order)."""
+        self.reader = reader
+        """``metadata`` (a config chosen from header metadata and tensors) or ``markers`` (Comfy markers read)."""
+        self.reads = reads
+        """Format -> how the release reads it."""
+        self.refuses = refuses
+        """Format -> how the release fails on it."""
+        self.messages = messages
+        """(text in 0.5.23's message, this group's text): the messages that differ, as the release raises them."""
+        self.configs: Mapping[str, str] = configs or {}
+        """0.5.23's config class -> this group's, where it differs."""
 
     @property
     def name(self) -> str:
         return self.releases[0] if len(self.releases) == 1 else f"{self.releases[0]}-{self.releases[-1]}"
+
+    def __repr__(self) -> str:
+        return f"ReleaseGroup({self.name})"
 
 
 _OLD_READS = {
@@ -129,21 +143,35 @@ GROUPS: tuple[ReleaseGroup, ...] = (
 RELEASES = tuple(r for g in GROUPS for r in g.releases)
 
 
-@dataclass(frozen=True)
 class ReleaseVerdict:
     """One release group's verdict on a checkpoint (``error``/``exception``: what it fails with;
     ``exception`` None with an ``error``: it fails without a message of its own)."""
 
-    group: ReleaseGroup
-    loads: bool
-    error: str | None = None
-    exception: str | None = None
-    how: str = ""
-    rule: str | None = None
-    """The rule of ``targets.sglang`` the failure comes from (0.5.23's, or ``sglang.R1``/``sglang.R8``
-    for the older config checks, ``sglang.legacy`` for the readers before 0.5.19)."""
-    layer: str | None = None
-    """The layer the failure names (None: the file as a whole)."""
+    __slots__ = ("group", "loads", "error", "exception", "how", "rule", "layer")
+
+    def __init__(
+        self,
+        group: ReleaseGroup,
+        loads: bool,
+        error: str | None = None,
+        exception: str | None = None,
+        how: str = "",
+        rule: str | None = None,
+        layer: str | None = None,
+    ) -> None:
+        self.group = group
+        self.loads = loads
+        self.error = error
+        self.exception = exception
+        self.how = how
+        self.rule = rule
+        """The rule of ``targets.sglang`` the failure comes from (0.5.23's, or ``sglang.R1``/``sglang.R8``
+        for the older config checks, ``sglang.legacy`` for the readers before 0.5.19)."""
+        self.layer = layer
+        """The layer the failure names (None: the file as a whole)."""
+
+    def __repr__(self) -> str:
+        return f"ReleaseVerdict({self.group.name}, loads={self.loads}, {self.exception}: {self.error})"
 
     def to_dict(self) -> dict:
         return {
@@ -158,24 +186,35 @@ class ReleaseVerdict:
         }
 
 
-@dataclass(frozen=True)
 class Facts:
     """What the release verdicts need beyond 0.5.23's verdict: the markers as 0.5.23 reads them
     (with the keys it derives, ``_is_rowwise``...), and what the releases before 0.5.19 choose
     (``legacy``: ``fp8``, ``modelopt_fp4``, None, or ``raises Type: message``)."""
 
-    markers: Mapping[str, Mapping[str, Any]]
-    legacy: str | None
-    quantized: bool
-    comfy: Mapping[str, Any] | None = None
-    """When 0.5.23's row-wise FP8 reader takes the file: the verdict (``brief``) of its Comfy
-    path, which the marker readers without that reader (0.5.19 to 0.5.22) take instead."""
+    __slots__ = ("markers", "legacy", "quantized", "comfy", "_formats")
 
-    @cached_property
+    def __init__(
+        self,
+        markers: Mapping[str, Mapping[str, Any]],
+        legacy: str | None,
+        quantized: bool,
+        comfy: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.markers = markers
+        self.legacy = legacy
+        self.quantized = quantized
+        self.comfy = comfy
+        """When 0.5.23's row-wise FP8 reader takes the file: the verdict (``brief``) of its Comfy
+        path, which the marker readers without that reader (0.5.19 to 0.5.22) take instead."""
+        self._formats: tuple[str, ...] | None = None
+
+    @property
     def formats(self) -> tuple[str, ...]:
         """The formats the markers name, sorted (worked out once for every group)."""
-        markers = self.markers.raw if isinstance(self.markers, Merged) else self.markers  # derived keys name no format
-        return tuple(sorted({str(m.get("format")) for m in markers.values()}))
+        if self._formats is None:
+            markers = self.markers.raw if isinstance(self.markers, Merged) else self.markers  # derived keys name no format
+            self._formats = tuple(sorted({str(m.get("format")) for m in markers.values()}))
+        return self._formats
 
 
 class Merged(Mapping[str, Mapping[str, Any]]):
