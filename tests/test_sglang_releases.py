@@ -233,3 +233,124 @@ def test_each_release_group_agrees_on_the_examples():
                 bad.append(f"{Path(paths[0]).name} / SGLang {group.name}: {why}")
     print(f"{len(checkpoints)} example checkpoints x {len(product.GROUPS)} release groups")
     assert not bad, "\n".join(bad)
+
+
+def test_each_release_group_agrees_on_the_rowwise_fp8_space(tmp_path_factory):
+    """SGLang's own row-wise FP8 files (its ``format_version`` 1.1 header map, valid and
+    defective, ``runtimes.rowwise_cases``): 0.5.23 reads them with its row-wise reader; the marker
+    readers before it inspect the map as Comfy markers (an entry that is a format name, not an
+    object, is refused), the readers before 0.5.19 read it as header metadata."""
+    from runtimes import rowwise_cases
+
+    _wheels()
+    folder = tmp_path_factory.mktemp("sglang-release-rowwise")
+    cases = rowwise_cases.generate(0)
+    for case in cases:
+        case.write(folder)
+    _agree(_judged(cases), "row-wise FP8")
+
+
+SERVES = {"fp8": "float8_e4m3fn", "modelopt_fp4": "nvfp4"}
+"""The quantization method a release before 0.5.19 picks -> the end of the Comfy format names its
+layers are built for (SGLang's FP8 config serves E4M3 weights with tensor or row scales): a
+layer of another format is built unquantized, which its stored weights do not fit."""
+
+
+def _real_loads(group, real, formats: set[str], quantized: bool) -> bool:
+    """Whether the group's first release loads a file, from what its own code does (``real``):
+    a marker reader loads what it resolves without raising; an older reader loads what the config
+    it picks (or none) serves."""
+    if real.raises:
+        return False
+    if group.reader == "markers":
+        return True
+    if real.config is None:
+        return not quantized
+    return all(f.endswith(SERVES[real.config]) for f in formats)
+
+
+def _release_files(tmp_path) -> dict:
+    """Files written by the code whose first loading SGLang release differs: name -> (path, the
+    formats written, quantized, the first loading release)."""
+    import json
+
+    from builders import (
+        W4A8_MARKER,
+        fp8_layer,
+        header_markers,
+        int8_layer,
+        nvfp4_layer,
+        ones,
+        w4a8_layer,
+        write,
+        zeros,
+    )
+
+    layer, other = "blocks.0.attn.qkv", "blocks.0.mlp.fc1"
+    rowwise = "rowwise-float8_e4m3fn"
+    rowwise_map = {
+        "format_version": "1.1",
+        "layers": {layer: rowwise, other: "bf16"},
+        "quant_configs": {rowwise: {"scale_recipe": "rowwise"}},
+    }
+    made = {
+        "w4a8": (w4a8_layer(layer), {}, {"asym_w4a8_int8"}, "0.5.19"),
+        "int8-convrot": (int8_layer(layer), {}, {"int8_tensorwise"}, "0.5.19"),
+        "fp8-header-map": (
+            fp8_layer(layer, marker=False),
+            header_markers({layer: {"format": "float8_e4m3fn"}}),
+            {"float8_e4m3fn"},
+            "0.5.14",
+        ),
+        "fp8-tensor-marker": (fp8_layer(layer), {}, {"float8_e4m3fn"}, "0.5.19"),
+        "nvfp4": (nvfp4_layer(layer), {}, {"nvfp4"}, "0.5.20"),
+        "rowwise-fp8": (
+            {
+                f"{layer}.weight": zeros("F8_E4M3", (64, 256)),
+                f"{layer}.weight_scale": ones("F32", (64,)),
+                f"{other}.weight": zeros("BF16", (32, 256)),
+            },
+            {"_quantization_metadata": json.dumps(rowwise_map)},
+            {rowwise},
+            "0.5.23",
+        ),
+        "fp8-and-w4a8": (
+            {**fp8_layer(layer, marker=False), **w4a8_layer(other, marker=False)},
+            header_markers({layer: {"format": "float8_e4m3fn"}, other: dict(W4A8_MARKER)}),
+            {"float8_e4m3fn", "asym_w4a8_int8"},
+            None,
+        ),
+    }
+    return {
+        name: (write(tmp_path / f"{name}.safetensors", tensors, metadata=meta or None), formats, True, first)
+        for name, (tensors, meta, formats, first) in made.items()
+    }
+
+
+def test_the_first_loading_release_check_names_is_the_real_releases(tmp_path, capsys):
+    """``check``'s ``targets.sglang.releases`` (its ``first_loading`` and each group's ``loads``)
+    equals what each release group's own code does with the file (the modelled part: a layer
+    built for a config it does not fit fails to load); 0.5.23's verdicts here rest on no
+    modelled rule."""
+    import json
+
+    from comfyquant.cli import main
+    from comfyquant.targets.proven import modelled
+
+    _wheels()
+    bad = []
+    for name, (path, formats, quantized, first) in _release_files(tmp_path).items():
+        main(["check", path, "--target", "sglang", "--json"])
+        target = json.loads(capsys.readouterr().out)["targets"]["sglang"]
+        assert modelled("sglang", target["rule"]) is None, (name, target["rule"])
+        listed = target["releases"]["releases"]
+        assert [tuple(g["releases"]) for g in listed] == [g.releases for g in product.GROUPS]
+        real = [_real_loads(g, oracle.release(g.releases[0]).outcome([path]), formats, quantized) for g in product.GROUPS]
+        ours = [g["loads"] for g in listed]
+        loading = [product.ReleaseVerdict(g, loads) for g, loads in zip(product.GROUPS, real, strict=True)]
+        real_first = product.first_loading_release(loading)
+        if ours != real or target["releases"]["first_loading"] != real_first or real_first != first:
+            bad.append(
+                f"{name}: comfyquant {ours} first {target['releases']['first_loading']} | SGLang {real} first {real_first}"
+            )
+    assert not bad, "\n".join(bad)

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from functools import partial
 
 from .base import Verdict, Violation, module_order
+from .releases import first_loading as first_loading_of
+from .releases import select, split_release, summary, version_key  # noqa: F401 (split_release, version_key: named here too)
 
 HEADER = "header map"
 TENSOR = ".comfy_quant tensors"
@@ -123,12 +125,6 @@ RELEASES: tuple[str, ...] = tuple(r for g in GROUPS for r in g.releases)
 NEWEST = GROUPS[-1]
 
 
-def version_key(version: str) -> tuple[int, ...]:
-    """``"0.31.0"`` -> ``(0, 31, 0)``; a shorter version compares as its zero-padded form."""
-    parts = tuple(int(p) for p in version.split("."))
-    return parts + (0,) * (3 - len(parts))
-
-
 def group_of(release: str) -> ReleaseGroup:
     for g in GROUPS:
         if release in g.releases:
@@ -138,41 +134,10 @@ def group_of(release: str) -> ReleaseGroup:
 
 # -- selection ----------------------------------------------------------------------------------
 
-OPERATORS = ("==", ">=", "<=", ">", "<")
-
-
-def split_release(text: str) -> tuple[str, tuple[str, str] | None]:
-    """``"comfyui>=0.27"`` -> ``("comfyui", (">=", "0.27"))``; a bare name has no spec.  A
-    version that is not dotted numbers is refused in one line."""
-    for op in OPERATORS:
-        name, sep, version = text.partition(op)
-        if sep:
-            name, version = name.strip(), version.strip()
-            if not version or not all(p.isdigit() for p in version.split(".")):
-                raise ValueError(f"target {text!r}: {version!r} is not a release number (e.g. {name}==0.31.0)")
-            return name, (op, version)
-    return text, None
-
-
-def _matches(release: str, spec: tuple[str, str]) -> bool:
-    op, version = spec
-    a, b = version_key(release), version_key(version)
-    if op == "==":
-        # "0.31" names the 0.31 releases, "0.31.0" exactly one
-        return a[: len(version.split("."))] == b[: len(version.split("."))] if len(version.split(".")) < 3 else a == b
-    return {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b}[op]
-
 
 def selected_releases(spec: tuple[str, str] | None) -> tuple[str, ...]:
     """The releases a spec names, oldest first (all for None); none is refused in one line."""
-    if spec is None:
-        return RELEASES
-    found = tuple(r for r in RELEASES if _matches(r, spec))
-    if not found:
-        raise ValueError(
-            f"no ComfyUI release {''.join(spec)} is modelled: choose from {RELEASES[0]} .. {RELEASES[-1]} ({', '.join(RELEASES)})"
-        )
-    return found
+    return select("ComfyUI", RELEASES, spec)
 
 
 # -- verdicts per release -----------------------------------------------------------------------
@@ -495,51 +460,21 @@ class Releases:
         return out
 
     @property
+    def runs(self) -> list:
+        """(releases, loads, verdict) per group, oldest first (``releases.summary``)."""
+        return [(releases, v.loads, v) for _, releases, v in self.verdicts]
+
+    @property
     def first_loading(self) -> str | None:
         """The first release of the newest run of releases that load the file (None: the
         newest selected release does not)."""
-        first = None
-        for _, releases, v in self.verdicts:
-            if v.loads:
-                first = first or releases[0]
-            else:
-                first = None
-        return first
-
-    def changes(self) -> list[tuple[str, bool, object]]:
-        """(release, loads, verdict) where the file starts or stops loading, oldest first."""
-        out = []
-        prev = None
-        for _, releases, v in self.verdicts:
-            if prev is not None and v.loads != prev:
-                out.append((releases[0], v.loads, v))
-            prev = v.loads
-        return out
+        return first_loading_of(self.runs)
 
     def lines(self) -> list[str]:
         """``loads from ComfyUI 0.31.0 on; fails before: KeyError: 'asym_w4a8_int8'`` and the
         releases where it stopped or started loading before."""
-        lines = []
-        if self.selected != RELEASES:
-            chosen = self.chosen
-            group, releases, _ = chosen[-1]
-            span = self.selected[0] if len(self.selected) == 1 else f"{self.selected[0]} .. {self.selected[-1]}"
-            lines.append(f"verdict of ComfyUI {releases[-1]} ({group.kitchen_text}); releases checked: {span}")
-        oldest, newest = RELEASES[0], RELEASES[-1]
-        first = self.first_loading
-        if first is None:
-            last = next((rs[-1] for _, rs, v in reversed(self.verdicts) if v.loads), None)
-            if last is None:
-                return [*lines, f"fails on every ComfyUI release {oldest} .. {newest} (each with the comfy-kitchen it pins)"]
-            return [*lines, f"fails from ComfyUI {_after(RELEASES, last)} on; last loads on {last}"]
-        if first == oldest:
-            return [*lines, f"loads on every ComfyUI release {oldest} .. {newest}"]
-        before = next(v for _, rs, v in reversed(self.verdicts) if version_key(rs[0]) < version_key(first))
-        lines.append(f"loads from ComfyUI {first} on; fails before: {_failure(before)}")
-        earlier = [(r, loads) for r, loads, _ in self.changes() if version_key(r) < version_key(first)]
-        for release, loads in earlier:
-            lines.append(f"{'starts' if loads else 'stops'} loading at ComfyUI {release}")
-        return lines
+        chosen = f" ({self.chosen[-1][0].kitchen_text})" if self.selected != RELEASES else ""
+        return summary("ComfyUI", self.runs, self.selected, _failure, chosen, " (each with the comfy-kitchen it pins)")
 
     def to_dict(self) -> dict:
         return {
@@ -554,11 +489,6 @@ class Releases:
                 for group, releases, verdict in self.chosen
             ],
         }
-
-
-def _after(releases: tuple[str, ...], release: str) -> str:
-    i = releases.index(release)
-    return releases[i + 1] if i + 1 < len(releases) else release
 
 
 def _failure(verdict) -> str:

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 from .base import LAYER, Verdict, Violation
 from .dialect_failures import DialectViolation
+from .releases import first_loading, select, summary
 
 LAYOUTS: dict[str, str] = {
     "float8_e4m3fn": "TensorCoreFP8Layout",
@@ -162,25 +163,9 @@ def first_running(fmt: str) -> ReleaseGroup | None:
 # -- selection ----------------------------------------------------------------------------------
 
 
-def _matches(release: str, spec: tuple[str, str]) -> bool:
-    from .comfyui_releases import version_key
-
-    op, version = spec
-    a, b = version_key(release), version_key(version)
-    if op == "==":
-        n = len(version.split("."))
-        return a[:n] == b[:n] if n < 3 else a == b
-    return {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b}[op]
-
-
 def selected_releases(spec: tuple[str, str] | None) -> tuple[str, ...]:
     """The releases a spec names, oldest first (all for None); none is refused in one line."""
-    if spec is None:
-        return RELEASES
-    found = tuple(r for r in RELEASES if _matches(r, spec))
-    if not found:
-        raise ValueError(f"no comfy-kitchen release {''.join(spec)} is modelled: choose from {', '.join(RELEASES)}")
-    return found
+    return select("comfy-kitchen", RELEASES, spec)
 
 
 # -- verdicts per release -----------------------------------------------------------------------
@@ -423,40 +408,18 @@ class Releases:
         return out
 
     @property
+    def runs(self) -> list[tuple[tuple[str, ...], bool, Verdict]]:
+        return [(group.releases, v.loads, v) for group, v in self.verdicts]
+
+    @property
     def first_loading(self) -> str | None:
         """The first release of the newest run of releases that load the file (None: 0.2.40 does not)."""
-        first = None
-        for group, v in self.verdicts:
-            if v.loads:
-                first = first or group.first
-            else:
-                first = None
-        return first
+        return first_loading(self.runs)
 
     def lines(self) -> list[str]:
         """``loads from comfy-kitchen 0.2.27 on; fails before: AttributeError: ...`` and the
         releases where it stopped or started loading before."""
-        lines = []
-        if self.selected != RELEASES:
-            span = self.selected[0] if len(self.selected) == 1 else f"{self.selected[0]} .. {self.selected[-1]}"
-            lines.append(f"verdict of comfy-kitchen {self.chosen[-1][1][-1]}; releases checked: {span}")
-        oldest, newest = RELEASES[0], RELEASES[-1]
-        first = self.first_loading
-        if first is None:
-            last = next((g.releases[-1] for g, v in reversed(self.verdicts) if v.loads), None)
-            if last is None:
-                return [*lines, f"fails on every comfy-kitchen release {oldest} .. {newest}"]
-            return [*lines, f"fails from comfy-kitchen {RELEASES[RELEASES.index(last) + 1]} on; last loads on {last}"]
-        if first == oldest:
-            return [*lines, f"loads on every comfy-kitchen release {oldest} .. {newest}"]
-        at = next(i for i, (g, _) in enumerate(self.verdicts) if g.first == first)
-        lines.append(f"loads from comfy-kitchen {first} on; fails before: {_failure(self.verdicts[at - 1][1])}")
-        prev = None
-        for group, v in self.verdicts[:at]:
-            if prev is not None and v.loads != prev:
-                lines.append(f"{'starts' if v.loads else 'stops'} loading at comfy-kitchen {group.first}")
-            prev = v.loads
-        return lines
+        return summary("comfy-kitchen", self.runs, self.selected, _failure)
 
     def to_dict(self) -> dict:
         return {

@@ -25,47 +25,60 @@ def run_target(name: str, ckpt) -> Verdict:
     raise ValueError(f"unknown target {name!r}: choose from {', '.join(TARGETS)}")
 
 
+RELEASED = {
+    "comfyui": ("ComfyUI", "comfyui==0.31.0"),
+    "sglang": ("SGLang", "sglang==0.5.21"),
+    "comfy-kitchen": ("comfy-kitchen", "comfy-kitchen==0.2.31"),
+}
+"""The runtimes whose releases are modelled: name -> (its name in words, a spec's example)."""
+
+
+def release_model(name: str):
+    """The module that models runtime ``name``'s releases (each has ``selected_releases``,
+    ``releases_for`` and ``released``); None when only its proven release is modelled."""
+    if name == "comfyui":
+        from . import comfyui_releases
+
+        return comfyui_releases
+    if name == "sglang":
+        from . import sglang_releases
+
+        return sglang_releases
+    if name == "comfy-kitchen":
+        from . import kitchen_releases
+
+        return kitchen_releases
+    return None
+
+
 def split_target(text: str) -> tuple[str, tuple[str, str] | None]:
     """``"comfyui>=0.27"`` -> ``("comfyui", (">=", "0.27"))``: a runtime name with an optional
-    release spec (ComfyUI's releases only; a bare name has none)."""
+    release spec (a runtime of ``RELEASED`` only; a bare name has none)."""
     if not any(op in text for op in "=<>"):
         return text, None
-    from .comfyui_releases import selected_releases, split_release
+    from .releases import split_release
 
-    name, spec = split_release(text)
-    if name == "comfy-kitchen":
-        from .kitchen_releases import selected_releases as kitchen_selected
-
-        kitchen_selected(spec)
-        return name, spec
-    if name != "comfyui":
-        raise ValueError(f"target {text!r}: releases are modelled for ComfyUI only (e.g. comfyui==0.31.0)")
-    selected_releases(spec)
+    name, spec = split_release(text, {n: e for n, (_, e) in RELEASED.items()})
+    model = release_model(name)
+    if model is None:
+        words = " and ".join(w for w, _ in RELEASED.values())
+        examples = ", ".join(e for _, e in RELEASED.values())
+        raise ValueError(f"target {text!r}: releases are modelled for {words} only (e.g. {examples})")
+    model.selected_releases(spec)
     return name, spec
 
 
-def _specs(target) -> dict[str, tuple[str, str]]:
-    specs = {}
+def with_releases(verdicts: dict, target, ckpt, selected) -> None:
+    """Give each selected runtime whose releases are modelled its per-release verdicts: every
+    release (or those ``target`` selects with a spec such as ``comfyui>=0.27`` or
+    ``sglang==0.5.21``), and, for a spec, the newest selected release's verdict in its place."""
+    specs: dict[str, tuple[str, str]] = {}
     for item in [target] if isinstance(target, str) else list(target or ()):
         for part in str(item).split(","):
             name, found = split_target(part.strip())
             if found is not None:
                 specs[name] = found
-    return specs
-
-
-def with_releases(verdicts: dict, target, ckpt, selected=("comfyui",)) -> None:
-    """Give the ComfyUI and comfy-kitchen verdicts (of the ``selected`` runtimes) their
-    per-release verdicts: every release (or those ``target`` selects with a spec such as
-    ``comfyui>=0.27``), and, for a spec, the newest selected release's verdict in its place."""
-    specs = _specs(target)
-    if "comfyui" in verdicts and "comfyui" in selected:
-        from .comfyui_releases import released, releases_for
-
-        verdicts["comfyui"] = released(verdicts["comfyui"], releases_for(ckpt, verdicts["comfyui"], specs.get("comfyui")))
-    if "comfy-kitchen" in verdicts and "comfy-kitchen" in selected:
-        from . import kitchen_releases
-
-        newest = verdicts["comfy-kitchen"]
-        found = kitchen_releases.releases_for(ckpt, newest, specs.get("comfy-kitchen"))
-        verdicts["comfy-kitchen"] = kitchen_releases.released(newest, found)
+    for name in selected:
+        model = release_model(name)
+        if model is not None and name in verdicts:
+            verdicts[name] = model.released(verdicts[name], model.releases_for(ckpt, verdicts[name], specs.get(name)))

@@ -699,10 +699,15 @@ def _build_layer(m: dict, t: dict, d: dict, embedding_config: bool, is_embedding
     return None
 
 
-def run_all(ckpt: Checkpoint, param_name_mapper=None, collect: bool = True) -> tuple[dict, dict, list[Violation], str | None]:
-    """Inspect, resolve and build, as SGLang loads a checkpoint.  Raises SGLangError unless ``collect``."""
+def run_all(
+    ckpt: Checkpoint, param_name_mapper=None, collect: bool = True, read: list | None = None, rowwise_reader: bool = True
+) -> tuple[dict, dict, list[Violation], str | None]:
+    """Inspect, resolve and build, as SGLang loads a checkpoint.  Raises SGLangError unless ``collect``.
+    ``read`` gets (markers, derived keys) appended when the Comfy markers are inspected (not when
+    the row-wise FP8 reader takes the file first); ``rowwise_reader`` False: as a release without that
+    reader (before 0.5.23) loads it, Comfy markers only."""
     run = Run(collect)
-    if any(MARKER_MAP in h.metadata for h in ckpt.headers):
+    if rowwise_reader and any(MARKER_MAP in h.metadata for h in ckpt.headers):
         # SGLang reads a map declaring its rowwise FP8 format before any Comfy marker
         rowwise = sglang_rowwise.read(ckpt, lambda: container_errors(ckpt), run)
         if rowwise is not None or run.violations:
@@ -714,6 +719,8 @@ def run_all(ckpt: Checkpoint, param_name_mapper=None, collect: bool = True) -> t
                 )
             return {}, {}, run.violations, rowwise
     markers, derived = inspect_markers(ckpt, param_name_mapper, run)
+    if read is not None:
+        read.append((markers, derived))
     config = resolve(markers, derived, run)
     raw_prefix = {}
     if param_name_mapper is not None:
@@ -731,6 +738,21 @@ def run_all(ckpt: Checkpoint, param_name_mapper=None, collect: bool = True) -> t
     return markers, derived, run.violations, config
 
 
+class SGLangVerdict(Verdict):
+    """SGLang's verdict with the Comfy markers it inspected (``read``: (markers, derived keys) by
+    unmapped prefix; None when it did not inspect them as a check does), and whether its row-wise
+    FP8 reader took the file (``rowwise``): the release verdicts (``targets.sglang_releases``)
+    start from these, so a check inspects the markers once."""
+
+    __slots__ = ("read", "rowwise")
+    read: tuple[dict, dict] | None
+    rowwise: bool
+
+
 def sglang_verdict(ckpt: Checkpoint, param_name_mapper=None) -> Verdict:
-    _markers, _derived, violations, _config = run_all(ckpt, param_name_mapper, collect=True)
-    return Verdict("sglang", violations)
+    read: list = []
+    _markers, _derived, violations, _config = run_all(ckpt, param_name_mapper, collect=True, read=read)
+    verdict = SGLangVerdict("sglang", violations)
+    verdict.read = read[0] if read and param_name_mapper is None else None
+    verdict.rowwise = not read
+    return verdict

@@ -1,0 +1,112 @@
+"""What every runtime with modelled releases shares: release specs (``comfyui>=0.27``,
+``sglang==0.5.21``) and the summary lines of a file's verdict across the releases.
+
+A runtime's releases are an ordered tuple, oldest first, cut into runs that load a file alike
+(its release groups); each runtime module knows its own groups and how they fail, this one only
+how versions compare and how a loads/fails sequence reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+OPERATORS = ("==", ">=", "<=", ">", "<")
+
+Run = tuple[tuple[str, ...], bool, Any]
+"""(a group's releases, whether the file loads on them, the group's verdict)."""
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """``"0.31.0"`` -> ``(0, 31, 0)``; a shorter version compares as its zero-padded form."""
+    parts = tuple(int(p) for p in version.split("."))
+    return parts + (0,) * (3 - len(parts))
+
+
+def split_release(text: str, examples: Mapping[str, str] | None = None) -> tuple[str, tuple[str, str] | None]:
+    """``"comfyui>=0.27"`` -> ``("comfyui", (">=", "0.27"))``; a bare name has no spec.  A
+    version that is not dotted numbers is refused in one line, with the runtime's example spec
+    from ``examples`` (name -> spec)."""
+    for op in OPERATORS:
+        name, sep, version = text.partition(op)
+        if sep:
+            name, version = name.strip(), version.strip()
+            if not version or not all(p.isdigit() for p in version.split(".")):
+                example = (examples or {}).get(name, f"{name}==0.31.0")
+                raise ValueError(f"target {text!r}: {version!r} is not a release number (e.g. {example})")
+            return name, (op, version)
+    return text, None
+
+
+def matches(release: str, spec: tuple[str, str]) -> bool:
+    """Whether ``release`` is one ``spec`` names: ``==0.31`` names the 0.31 releases,
+    ``==0.31.0`` exactly one; the other operators compare versions."""
+    op, version = spec
+    a, b = version_key(release), version_key(version)
+    if op == "==":
+        return a[: len(version.split("."))] == b[: len(version.split("."))] if len(version.split(".")) < 3 else a == b
+    return {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b}[op]
+
+
+def select(runtime: str, releases: tuple[str, ...], spec: tuple[str, str] | None) -> tuple[str, ...]:
+    """The releases of ``runtime`` a spec names, oldest first (all for None); none is refused in
+    one line that lists the known ones."""
+    if spec is None:
+        return releases
+    found = tuple(r for r in releases if matches(r, spec))
+    if not found:
+        raise ValueError(
+            f"no {runtime} release {''.join(spec)} is modelled: choose from {releases[0]} .. {releases[-1]} ({', '.join(releases)})"
+        )
+    return found
+
+
+def first_loading(runs: Sequence[Run]) -> str | None:
+    """The first release of the newest run of releases that load the file (None: the newest
+    release does not)."""
+    first = None
+    for releases, loads, _ in runs:
+        if loads:
+            first = first or releases[0]
+        else:
+            first = None
+    return first
+
+
+def summary(
+    runtime: str,
+    runs: Sequence[Run],
+    selected: tuple[str, ...],
+    failure: Callable[[Any], str],
+    chosen: str = "",
+    fails_everywhere: str = "",
+) -> list[str]:
+    """The lines a check prints under a runtime's verdict: ``loads from SGLang 0.5.19 on; fails
+    before: <its error>`` (or loads on every release, or fails on every one), and the releases
+    where the file stopped or started loading before; after a spec that selects fewer than every
+    release, the release whose verdict is shown and the releases checked first.
+
+    ``runs``: every group, oldest first; ``failure``: a failing group verdict's text;
+    ``chosen``: said after the release whose verdict is shown (ComfyUI: its comfy-kitchen);
+    ``fails_everywhere``: said after the line of a file no release loads."""
+    releases = tuple(r for rs, _, _ in runs for r in rs)
+    lines = []
+    if selected != releases:
+        span = selected[0] if len(selected) == 1 else f"{selected[0]} .. {selected[-1]}"
+        lines.append(f"verdict of {runtime} {selected[-1]}{chosen}; releases checked: {span}")
+    oldest, newest = releases[0], releases[-1]
+    first = first_loading(runs)
+    if first is None:
+        last = next((rs[-1] for rs, loads, _ in reversed(runs) if loads), None)
+        if last is None:
+            return [*lines, f"fails on every {runtime} release {oldest} .. {newest}{fails_everywhere}"]
+        after = releases[releases.index(last) + 1] if last != newest else last
+        return [*lines, f"fails from {runtime} {after} on; last loads on {last}"]
+    if first == oldest:
+        return [*lines, f"loads on every {runtime} release {oldest} .. {newest}"]
+    at = next(i for i, (rs, _, _) in enumerate(runs) if rs[0] == first)
+    lines.append(f"loads from {runtime} {first} on; fails before: {failure(runs[at - 1][2])}")
+    for i in range(1, at):
+        if runs[i][1] != runs[i - 1][1]:
+            lines.append(f"{'starts' if runs[i][1] else 'stops'} loading at {runtime} {runs[i][0][0]}")
+    return lines
