@@ -70,7 +70,7 @@ def test_tensor_markers_load_from_the_release_that_reads_them(capsys, tmp_path):
     [
         ("comfyui==9.9", "no ComfyUI release ==9.9 is modelled"),
         ("comfyui>=0.x", "'0.x' is not a release number"),
-        ("vllm==0.1", "releases are modelled for ComfyUI and SGLang only"),
+        ("vllm==0.1", "releases are modelled for ComfyUI, SGLang and comfy-kitchen only"),
     ],
 )
 def test_bad_release_specs_are_refused_in_one_line(target, words):

@@ -9,6 +9,7 @@ import json
 import runtime_sources
 from builders import W4A8_MARKER, w4a8_layer, write
 from comfyquant.cli import main
+from comfyquant.targets.comfyui_releases import NEWEST
 from comfyquant.targets.proven import PROVEN
 
 P = "blocks.0.attn.qkv"
@@ -26,15 +27,25 @@ def test_versions_are_the_ones_the_oracles_run():
     assert by_name["SGLang"].version == runtime_sources.SGLANG_VERSION
     assert by_name["ComfyUI"].version == runtime_sources.COMFYUI_VERSION
     assert runtime_sources.COMFYUI_COMMIT.startswith(by_name["ComfyUI"].commit)
-    assert by_name["comfy-kitchen"].version == runtime_sources.KITCHEN_VERSION
-    assert [r.name for r in PROVEN["comfyui"]] == ["ComfyUI", "comfy-kitchen"]
+    assert [r.version for r in PROVEN["comfy-kitchen"]] == [runtime_sources.KITCHEN_VERSION]
+    # ComfyUI's verdict: with the comfy-kitchen its newest release pins (the pinned agreement
+    # test drives it) and with the one the main agreement tests install
+    assert [(r.name, r.version) for r in PROVEN["comfyui"]] == [
+        ("ComfyUI", runtime_sources.COMFYUI_VERSION),
+        ("comfy-kitchen", NEWEST.kitchen),
+        ("comfy-kitchen", runtime_sources.KITCHEN_VERSION),
+    ]
+    assert NEWEST.pinned and NEWEST.releases[-1] == runtime_sources.COMFYUI_VERSION
 
 
 def test_check_names_the_versions(tmp_path, capsys):
     path = write(tmp_path / "ok.safetensors", w4a8_layer(P))
     rc, out, _ = run(capsys, "check", path)
     assert rc == 0
-    assert "verdicts proven for SGLang 0.5.23; ComfyUI 0.33.0 at 783545f with comfy-kitchen 0.2.40; comfy-kitchen 0.2.40" in out
+    assert (
+        "verdicts proven for SGLang 0.5.23; ComfyUI 0.33.0 at 783545f with comfy-kitchen 0.2.31 and 0.2.40; comfy-kitchen 0.2.40"
+        in out
+    )
     rc, out, _ = run(capsys, "check", path, "--target", "comfy-kitchen")
     assert out.splitlines()[-3] == "verdicts proven for comfy-kitchen 0.2.40"
     rc, out, _ = run(capsys, "check", path, "--json")
@@ -42,6 +53,7 @@ def test_check_names_the_versions(tmp_path, capsys):
     assert targets["sglang"]["proven_for"] == [{"runtime": "SGLang", "version": "0.5.23", "commit": None}]
     assert targets["comfyui"]["proven_for"] == [
         {"runtime": "ComfyUI", "version": "0.33.0", "commit": "783545f"},
+        {"runtime": "comfy-kitchen", "version": "0.2.31", "commit": None},
         {"runtime": "comfy-kitchen", "version": "0.2.40", "commit": None},
     ]
     assert targets["comfy-kitchen"]["proven_for"] == [{"runtime": "comfy-kitchen", "version": "0.2.40", "commit": None}]
@@ -68,7 +80,10 @@ def test_recursive_check_names_the_versions(tmp_path, capsys):
     write(tmp_path / "a.safetensors", w4a8_layer(P))
     rc, out, _ = run(capsys, "check", tmp_path, "-r", "--target", "sglang,comfyui")
     lines = out.splitlines()
-    assert rc == 0 and lines[-2] == "verdicts proven for SGLang 0.5.23; ComfyUI 0.33.0 at 783545f with comfy-kitchen 0.2.40"
+    assert (
+        rc == 0
+        and lines[-2] == "verdicts proven for SGLang 0.5.23; ComfyUI 0.33.0 at 783545f with comfy-kitchen 0.2.31 and 0.2.40"
+    )
     rc, out, _ = run(capsys, "check", tmp_path, "-r", "--json")
     summary = json.loads(out)["summary"]["targets"]
     assert summary["comfy-kitchen"]["proven_for"] == [{"runtime": "comfy-kitchen", "version": "0.2.40", "commit": None}]

@@ -55,7 +55,7 @@ def add_parser(sub) -> None:
 
     c = sub.add_parser("check", help=HELP, description=HELP)
     c.add_argument("paths", nargs="+", metavar="PATH", help=PATHS_HELP)
-    add_target_argument(c, "runtime(s) whose rules decide severity")
+    add_target_argument(c, "runtime(s) whose rules decide severity", releases=True)
     c.add_argument("--deep", action="store_true", help="also read scales, codebooks and corrections (never weights)")
     c.add_argument("--json", action="store_true", help="print the report as JSON (schema 1)")
     c.add_argument("--strip-prefix", metavar="P", help="map layer names by removing prefix P (e.g. model.diffusion_model.)")

@@ -76,14 +76,16 @@ def target_list(text: str) -> str:
     return text
 
 
-def add_target_argument(p, help: str) -> None:
-    """``--target``: the same values on every command (one runtime, ``all`` or a comma list)."""
+def add_target_argument(p, help: str, releases: bool = False) -> None:
+    """``--target``: the same values on every command (one runtime, ``all`` or a comma list);
+    ``releases``: the command also takes release specs (``check``)."""
+    specs = ", each with an optional release spec (comfyui==0.31.0, 'sglang>=0.5.19', 'comfy-kitchen<0.2.36')"
     p.add_argument(
         "--target",
         default="all",
         type=target_list,
         metavar="RUNTIMES",
-        help=f"{help}: sglang, comfyui, comfy-kitchen, a comma list of them, or all (default: all)",
+        help=f"{help}: sglang, comfyui, comfy-kitchen, a comma list of them{specs if releases else ''}, or all (default: all)",
     )
 
 

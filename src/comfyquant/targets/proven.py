@@ -30,14 +30,17 @@ class Runtime:
 SGLANG = Runtime("SGLang", "0.5.23")
 COMFYUI = Runtime("ComfyUI", "0.33.0", "783545f")
 KITCHEN = Runtime("comfy-kitchen", "0.2.40")
+KITCHEN_PINNED = Runtime("comfy-kitchen", "0.2.31")
+"""The comfy-kitchen ComfyUI 0.33.0's requirements pin: its default verdict's."""
 
 PROVEN: dict[str, tuple[Runtime, ...]] = {
     "sglang": (SGLANG,),
-    "comfyui": (COMFYUI, KITCHEN),
+    "comfyui": (COMFYUI, KITCHEN_PINNED, KITCHEN),
     "comfy-kitchen": (KITCHEN,),
 }
-"""Per target, the runtimes its verdicts were proven against (ComfyUI runs its layers on
-comfy-kitchen, so both versions matter)."""
+"""Per target, the runtimes its verdicts were proven against: ComfyUI runs its layers on
+comfy-kitchen, so its verdict is proven with the comfy-kitchen it pins and with 0.2.40 (the
+line that says where 0.2.40 decides otherwise)."""
 
 MODELLED: dict[str, tuple[frozenset[str], str]] = {
     "sglang": (
@@ -58,5 +61,10 @@ def modelled(target: str, rule: str | None) -> str | None:
 
 
 def proven_text(target: str) -> str:
-    """``ComfyUI 0.33.0 at 783545f with comfy-kitchen 0.2.40``: the versions of one target."""
-    return " with ".join(str(r) for r in PROVEN[target])
+    """``ComfyUI 0.33.0 at 783545f with comfy-kitchen 0.2.31 and 0.2.40``: the versions of one
+    target (a runtime, then the libraries it runs on)."""
+    first, *rest = PROVEN[target]
+    if not rest:
+        return str(first)
+    names = [str(rest[0])] + [r.version if r.name == rest[0].name else str(r) for r in rest[1:]]
+    return f"{first} with {' and '.join(names)}"

@@ -61,7 +61,8 @@ def split_target(text: str) -> tuple[str, tuple[str, str] | None]:
     name, spec = split_release(text, {n: e for n, (_, e) in RELEASED.items()})
     model = release_model(name)
     if model is None:
-        words = " and ".join(w for w, _ in RELEASED.values())
+        named = [w for w, _ in RELEASED.values()]
+        words = f"{', '.join(named[:-1])} and {named[-1]}"
         examples = ", ".join(e for _, e in RELEASED.values())
         raise ValueError(f"target {text!r}: releases are modelled for {words} only (e.g. {examples})")
     model.selected_releases(spec)
