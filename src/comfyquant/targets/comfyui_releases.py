@@ -189,10 +189,44 @@ def marked_formats(ckpt) -> tuple[dict[str, object], dict[str, object]]:
     by the layer's name without the diffusion-model prefix (ComfyUI matches both)."""
     header: dict[str, object] = {}
     tensor: dict[str, object] = {}
-    for rec in ckpt.markers.records:
-        if isinstance(rec.obj, dict):
-            (header if rec.kind == "header" else tensor)[_bare(rec.prefix)] = rec.obj.get("format")
+    cut = len(DIFFUSION_PREFIX)
+    for rec in ckpt.markers.records:  # once per marker: ``_bare`` inline
+        obj = rec.obj
+        if isinstance(obj, dict):
+            prefix = rec.prefix
+            if prefix.startswith(DIFFUSION_PREFIX):
+                prefix = prefix[cut:]
+            (header if rec.kind == "header" else tensor)[prefix] = obj.get("format")
     return header, tensor
+
+
+def _formats(values) -> set:
+    """The formats among marker values that may be any JSON value (unhashable ones included)."""
+    try:
+        found = set(values)
+    except TypeError:  # a list or an object among them
+        return {f for f in values if isinstance(f, str)}
+    return {f for f in found if isinstance(f, str)}
+
+
+_DIGITS_OUT = bytes.maketrans(b"0123456789", b"\0" * 10)
+"""Every ASCII digit to NUL: a name's *shape* (its text, and where its digit runs are)."""
+
+
+def _least(names: list[str], key) -> str:
+    """``min(names, key=key)`` for ``key`` = ``module_order`` (the first listed of equals),
+    keying only a few names: ASCII names of one shape (the same text between digit runs of the
+    same lengths) compare in module order as plain strings do, so each shape's least string
+    stands for it, and only those are keyed (a model's names have a few dozen shapes)."""
+    text = "\n".join(names)
+    if len(names) < 8 or not text.isascii() or "\0" in text or text.count("\n") != len(names) - 1:
+        return min(names, key=key)
+    best: dict[bytes, int] = {}
+    for i, shape in enumerate(text.encode().translate(_DIGITS_OUT).split(b"\n")):
+        have = best.get(shape)
+        if have is None or names[i] < names[have]:
+            best[shape] = i
+    return names[min(best.values(), key=lambda i: (key(names[i]), i))]
 
 
 def first_knowing(fmt: str) -> ReleaseGroup | None:
@@ -210,28 +244,34 @@ class Marked:
     def __init__(self, ckpt) -> None:
         header, tensor = marked_formats(ckpt)
         self.header = header
-        self.both = {**tensor, **header}
-        self.both_formats = {f for f in self.both.values() if isinstance(f, str)}
-        self.header_formats = {f for f in header.values() if isinstance(f, str)}
-        self.unread = [p for p in tensor if p not in header]
+        self.both = {**tensor, **header} if header else tensor
+        self.both_formats = _formats(self.both.values())
+        self.header_formats = _formats(header.values()) if header else set()
+        self.unread = [p for p in tensor if p not in header] if header else list(tensor)
         self._keys: dict[str, list] = {}
+        """Each layer's ``module_order`` key, made once per check and only when asked."""
         self._firsts: dict[tuple, str] = {}
         self._done: dict[str, object] = {}
         """Results that do not depend on the release (``once``)."""
 
+    def order(self, name: str) -> list:
+        """``module_order(name)``, made once per check."""
+        found = self._keys.get(name)
+        if found is None:
+            found = self._keys[name] = module_order(name)
+        return found
+
+    def in_order(self, names: list[str]) -> list[str]:
+        """``names`` sorted in module order (equals as listed)."""
+        return sorted(names, key=self.order)
+
     def first(self, read: dict, formats: set) -> str:
-        """The first layer, in module order, that ``read`` marks with one of ``formats``
-        (each layer's order key made once per check)."""
+        """The first layer, in module order, that ``read`` marks with one of ``formats``."""
         key = (id(read), frozenset(formats))
-        if key in self._firsts:
-            return self._firsts[key]
-        keys = self._keys
-        named = [p for p, f in read.items() if isinstance(f, str) and f in formats]  # a format may be any JSON value
-        for p in named:
-            if p not in keys:
-                keys[p] = module_order(p)
-        found = min(named, key=keys.__getitem__)
-        self._firsts[key] = found
+        found = self._firsts.get(key)
+        if found is None:
+            named = [p for p, f in read.items() if isinstance(f, str) and f in formats]  # a format may be any JSON value
+            found = self._firsts[key] = _least(named, self.order)
         return found
 
     def once(self, name: str, make):
@@ -267,7 +307,7 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
     out = []
     if TENSOR not in group.markers:
         if marked.unread:
-            out.append(marked.once("unread", lambda: _unread(ckpt, sorted(marked.unread, key=module_order))))
+            out.append(marked.once("unread", lambda: _unread(ckpt, marked)))
         legacy = marked.once("legacy", lambda: _legacy_scales(ckpt))
         if legacy is not None:  # loading fails before any forward
             return Verdict("comfyui", [legacy], newest.architecture)
@@ -314,14 +354,21 @@ def _six_layers(ckpt, read: dict) -> list[str]:
     decided once per layer class: weight and group-scale shapes, marker)."""
     out = []
     effective = ckpt.markers.effective
+    layers = ckpt.layers
+    memo = ckpt.memo
+    known: dict[int, bool] = {}  # class id -> 6-bit: the memo's answer, asked once per class
     for p, f in read.items():
         if f != "asym_w4a8_int8":
             continue
-        layer = ckpt.layers.get(p) or ckpt.layers.get(DIFFUSION_PREFIX + p)
+        layer = layers.get(p) or layers.get(DIFFUSION_PREFIX + p)
         if layer is None:
             continue
         marker = effective.get(p) or effective.get(DIFFUSION_PREFIX + p)
-        if ckpt.memo.get("comfyui.release.six", marker, layer, partial(_is_six, ckpt, p)):
+        cid = memo.class_id(marker, layer)
+        six = known.get(cid)
+        if six is None:
+            six = known[cid] = memo.get("comfyui.release.six", marker, layer, partial(_is_six, ckpt, p))
+        if six:
             out.append(p)
     return sorted(out, key=module_order)
 
@@ -411,24 +458,28 @@ def _tensors(ckpt, bare: str) -> dict:
     return layer.tensors if layer is not None else {}
 
 
-def _unread(ckpt, unread: list[str]):
+def _unread(ckpt, marked: Marked):
     """A layer marked by a tensor alone, in a release that reads only the header map: its
     stored weight loads into a plain ``Linear``; a weight stored in another shape than the
-    model's (packed codes) fails ``load_state_dict`` (torch lists every such tensor: the
-    message is written when it is read), one of the model's shape computes garbage."""
+    model's (packed codes) fails ``load_state_dict`` (torch lists every such tensor, in module
+    order: the message is written when it is read), one of the model's shape computes garbage."""
     cause = f"ComfyUI before 0.4.0 reads quantization markers only from the {HEADER}"
     fix = "add the header map (comfyquant fix) or load it with ComfyUI 0.4.0 or newer"
-    for name in unread:
-        if _mismatch(ckpt, name) is not None:
-            v = _Mismatches("comfyui.release", "", "RuntimeError", name, "weight", True, cause, fix)
-            v.lines = lambda: [m for m in (_mismatch(ckpt, n) for n in unread) if m is not None]
-            return v
+    unread = marked.unread
+    least = _least(unread, marked.order)
+    failing: str | None = least
+    if _mismatch(ckpt, least) is None:  # the first in module order usually decides: no sort
+        failing = next((n for n in marked.in_order(unread) if _mismatch(ckpt, n) is not None), None)
+    if failing is not None:
+        v = _Mismatches("comfyui.release", "", "RuntimeError", failing, "weight", True, cause, fix)
+        v.lines = lambda: [m for m in (_mismatch(ckpt, n) for n in marked.in_order(unread)) if m is not None]
+        return v
     return Violation(
         "comfyui.release",
-        f"layer '{unread[0]}': ComfyUI before 0.4.0 reads only the header map, not the .comfy_quant "
+        f"layer '{least}': ComfyUI before 0.4.0 reads only the header map, not the .comfy_quant "
         f"tensor marker: the stored codes load as a plain weight (garbage output, no error)",
         None,
-        unread[0],
+        least,
         "comfy_quant",
         False,
         cause,
@@ -585,13 +636,19 @@ def _failure(verdict) -> str:
     return f"{first.exception}: {first.message}" if first.exception else first.message
 
 
+_MEMO_KEYS: dict[ReleaseGroup, tuple] = {}
+"""Each group's ``_memo_key``: facts of the tables alone, made once per process."""
+
+
 def releases_for(ckpt, newest, spec: tuple[str, str] | None) -> Releases:
     """The file's verdict on every group with a release ``spec`` selects."""
     marked = Marked(ckpt)
     memo: dict[tuple, Verdict] = {}
     verdicts = []
     for group in GROUPS:
-        key = _memo_key(group)
+        key = _MEMO_KEYS.get(group)
+        if key is None:
+            key = _MEMO_KEYS[group] = _memo_key(group)
         verdict = memo.get(key)
         if verdict is None:
             verdict = memo[key] = release_verdict(group, marked, newest, ckpt)
