@@ -239,7 +239,7 @@ class Marked:
     layer's format with both marker forms (the header map's replacing the tensor's) and with
     the header map alone, the formats each names, and the layers a tensor alone marks."""
 
-    __slots__ = ("both", "header", "both_formats", "header_formats", "unread", "_keys", "_firsts", "_done")
+    __slots__ = ("both", "header", "both_formats", "header_formats", "unread", "_keys", "_last", "_firsts", "_done")
 
     def __init__(self, ckpt) -> None:
         header, tensor = marked_formats(ckpt)
@@ -250,6 +250,8 @@ class Marked:
         self.unread = [p for p in tensor if p not in header] if header else list(tensor)
         self._keys: dict[str, list] = {}
         """Each layer's ``module_order`` key, made once per check and only when asked."""
+        self._last: tuple[list[str], str] | None = None
+        """The names ``least`` was last asked about, and its answer."""
         self._firsts: dict[tuple, str] = {}
         self._done: dict[str, object] = {}
         """Results that do not depend on the release (``once``)."""
@@ -265,13 +267,23 @@ class Marked:
         """``names`` sorted in module order (equals as listed)."""
         return sorted(names, key=self.order)
 
+    def least(self, names: list[str]) -> str:
+        """The first of ``names`` in module order (the first listed of equals): the layers a
+        tensor alone marks are often those of the first unknown format, asked again."""
+        last = self._last
+        if last is not None and last[0] == names:
+            return last[1]
+        found = _least(names, self.order)
+        self._last = (names, found)
+        return found
+
     def first(self, read: dict, formats: set) -> str:
         """The first layer, in module order, that ``read`` marks with one of ``formats``."""
         key = (id(read), frozenset(formats))
         found = self._firsts.get(key)
         if found is None:
             named = [p for p, f in read.items() if isinstance(f, str) and f in formats]  # a format may be any JSON value
-            found = self._firsts[key] = _least(named, self.order)
+            found = self._firsts[key] = self.least(named)
         return found
 
     def once(self, name: str, make):
@@ -466,10 +478,11 @@ def _unread(ckpt, marked: Marked):
     cause = f"ComfyUI before 0.4.0 reads quantization markers only from the {HEADER}"
     fix = "add the header map (comfyquant fix) or load it with ComfyUI 0.4.0 or newer"
     unread = marked.unread
-    least = _least(unread, marked.order)
+    least = marked.least(unread)
     failing: str | None = least
-    if _mismatch(ckpt, least) is None:  # the first in module order usually decides: no sort
-        failing = next((n for n in marked.in_order(unread) if _mismatch(ckpt, n) is not None), None)
+    if _mismatch(ckpt, least) is None:  # else the first in module order of those that fail, if any: no sort
+        bad = [n for n in unread if _mismatch(ckpt, n) is not None]
+        failing = _least(bad, marked.order) if bad else None
     if failing is not None:
         v = _Mismatches("comfyui.release", "", "RuntimeError", failing, "weight", True, cause, fix)
         v.lines = lambda: [m for m in (_mismatch(ckpt, n) for n in marked.in_order(unread)) if m is not None]
