@@ -200,13 +200,15 @@ def marked_formats(ckpt) -> tuple[dict[str, object], dict[str, object]]:
     return header, tensor
 
 
-def _formats(values) -> set:
-    """The formats among marker values that may be any JSON value (unhashable ones included)."""
+def _formats(values) -> tuple[set, bool]:
+    """The formats among marker values that may be any JSON value (unhashable ones included),
+    and whether every value is one."""
     try:
         found = set(values)
     except TypeError:  # a list or an object among them
-        return {f for f in values if isinstance(f, str)}
-    return {f for f in found if isinstance(f, str)}
+        return {f for f in values if isinstance(f, str)}, False
+    named = {f for f in found if isinstance(f, str)}
+    return named, len(named) == len(found)
 
 
 _DIGITS_OUT = bytes.maketrans(b"0123456789", b"\0" * 10)
@@ -239,14 +241,19 @@ class Marked:
     layer's format with both marker forms (the header map's replacing the tensor's) and with
     the header map alone, the formats each names, and the layers a tensor alone marks."""
 
-    __slots__ = ("both", "header", "both_formats", "header_formats", "unread", "_keys", "_last", "_firsts", "_done")
+    __slots__ = ("both", "header", "both_formats", "header_formats", "unread", "_whole", "_keys", "_last", "_firsts", "_done")
 
     def __init__(self, ckpt) -> None:
         header, tensor = marked_formats(ckpt)
         self.header = header
         self.both = {**tensor, **header} if header else tensor
-        self.both_formats = _formats(self.both.values())
-        self.header_formats = _formats(header.values()) if header else set()
+        self.both_formats, every = _formats(self.both.values())
+        self.header_formats, every_header = _formats(header.values())
+        self._whole = {
+            id(self.both): self.both_formats if every else None,
+            id(header): self.header_formats if every_header else None,
+        }
+        """A read's formats when every value is a format (then a layer is named by its format alone)."""
         self.unread = [p for p in tensor if p not in header] if header else list(tensor)
         self._keys: dict[str, list] = {}
         """Each layer's ``module_order`` key, made once per check and only when asked."""
@@ -282,7 +289,11 @@ class Marked:
         key = (id(read), frozenset(formats))
         found = self._firsts.get(key)
         if found is None:
-            named = [p for p, f in read.items() if isinstance(f, str) and f in formats]  # a format may be any JSON value
+            whole = self._whole.get(id(read))
+            if whole is not None and whole <= formats:  # every layer it reads
+                named = list(read)
+            else:
+                named = [p for p, f in read.items() if isinstance(f, str) and f in formats]  # a format may be any JSON value
             found = self._firsts[key] = self.least(named)
         return found
 
