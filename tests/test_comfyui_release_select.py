@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from builders import fp8_layer, header_markers, w4a8_layer, write
+from builders import fp8_layer, header_markers, w4a8_layer, write, zeros
 from comfyquant.checker.run import parse_targets
 from comfyquant.cli import main
 
@@ -91,3 +91,39 @@ def test_a_format_of_any_json_value_beside_an_unknown_one(capsys, tmp_path, odd)
     )
     code, out = run(capsys, path, "--target", "comfyui==0.30.0")
     assert code == 1 and "comfyui        FAILS" in out, out
+
+
+def test_the_default_is_comfyui_0_33_0_with_the_comfy_kitchen_it_pins(capsys, tmp_path, w4a8):
+    """A 6-bit W4A8 layer: ComfyUI 0.33.0's pinned comfy-kitchen (0.2.31) reads its rows as
+    4-bit codes and fails the first forward, 0.2.40 loads it: the report says so in one line,
+    and ``--json`` carries the 0.2.40 verdict as ``newer_kitchen`` (null where both agree)."""
+    six = write(tmp_path / "w6.safetensors", w4a8_layer(LAYER, bits=6))
+    code, out = run(capsys, six, "--target", "comfyui")
+    assert code == 1
+    assert "comfyui        FAILS  ValueError: K=384 must be divisible by 16, group_size=16, and convrot_groupsize=256" in out
+    assert "with comfy-kitchen 0.2.40 instead of the pinned 0.2.31: loads" in out
+    code, out = run(capsys, six, "--target", "comfyui", "--json")
+    target = json.loads(out)["targets"]["comfyui"]
+    assert target["newer_kitchen"] == {
+        "comfy_kitchen": "0.2.40",
+        "loads": True,
+        "error": None,
+        "exception": None,
+        "rule": None,
+        "layer": None,
+    }
+    code, pinned = run(capsys, six, "--target", "comfyui==0.33.0")
+    assert code == 1 and "with comfy-kitchen 0.2.40 instead of the pinned 0.2.31: loads" in pinned
+    code, out = run(capsys, w4a8, "--target", "comfyui", "--json")
+    assert code == 0 and json.loads(out)["targets"]["comfyui"]["newer_kitchen"] is None
+
+
+def test_a_packed_row_of_another_width_is_read_in_the_pinned_comfy_kitchen_s_words(capsys, tmp_path):
+    """A transposed 4-bit weight fails with both comfy-kitchens, each in its own words."""
+    t = w4a8_layer(LAYER, n=64, k=256)
+    t[f"{LAYER}.weight"] = zeros("I8", (128, 64))  # [K/2, N] instead of [N, K/2]
+    path = write(tmp_path / "t.safetensors", t)
+    code, out = run(capsys, path, "--target", "comfyui", "--json")
+    target = json.loads(out)["targets"]["comfyui"]
+    assert code == 1 and target["error"].startswith("K=128 must be divisible by 16, group_size=16, and convrot_groupsize=256")
+    assert target["newer_kitchen"]["error"] == "packed row width 64 does not match K=256 at 4 or 6 bits"

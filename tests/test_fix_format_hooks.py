@@ -30,10 +30,12 @@ def test_unmarked_6bit_w4a8_layer_gets_its_own_group_size(tmp_path):
     marked = write_layers(tmp_path / "marked.safetensors", [layer])
     src = write_layers(tmp_path / "in.safetensors", [layer.with_marker(None)])
     dest = str(tmp_path / "out.safetensors")
-    result = fix(src, out=dest, convrot_groupsize=64, target="comfyui")  # SGLang reads no 6-bit rows
+    # SGLang reads no 6-bit rows, nor does the comfy-kitchen ComfyUI 0.33.0 pins (0.2.31)
+    result = fix(src, out=dest, convrot_groupsize=64, target="comfy-kitchen")
     assert result.ok, [f.message for f in result.remaining] + [w for _, w in result.plan.refused]
     assert result.plan.markers[P] == {"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 64, "convrot": True}
-    assert check(dest, target="comfyui").ok
+    assert check(dest, target="comfy-kitchen").ok
+    assert check(dest, target="comfyui").verdicts["comfyui"].with_newer_kitchen.loads
     assert torch.equal(decoded_layer(dest, P), decoded_layer(marked, P))
 
 

@@ -20,10 +20,10 @@ from comfyquant.cli import _build_parser
 from comfyquant.commands.common import IO_ARGUMENTS, SHOWN, options_from_args
 from comfyquant.commands.quantize import PARAM_PREFIX, options_of
 from comfyquant.quantizer import api
-from comfyquant.quantizer.options import ConvertOptions, EncodeOptions, QuantizeOptions
+from comfyquant.quantizer.options import ConvertKeywords, ConvertOptions, EncodeOptions, QuantizeKeywords, QuantizeOptions
 from comfyquant.repair import migration
 from comfyquant.repair import run as repair_run
-from comfyquant.repair.options import FixOptions, MigrateOptions
+from comfyquant.repair.options import FixOptions, MigrateKeywords, MigrateOptions
 
 COMMANDS = {"quantize": QuantizeOptions, "convert": ConvertOptions, "fix": FixOptions, "migrate": MigrateOptions}
 API = {"quantize": comfyquant.quantize, "convert": comfyquant.convert, "fix": comfyquant.fix, "migrate": comfyquant.migrate}
@@ -94,6 +94,46 @@ def test_api_keywords_are_the_fields(command):
             assert signature[name].default == field.default, name
 
 
+TYPED_KEYWORDS = {"quantize": QuantizeKeywords, "convert": ConvertKeywords, "migrate": MigrateKeywords}
+"""The ``TypedDict`` that types an API function's ``**kwargs`` (what type checkers and IDEs complete)."""
+
+
+@pytest.mark.parametrize("command", TYPED_KEYWORDS)
+def test_typed_keywords_are_the_fields(command):
+    """The typed ``**kwargs`` name every field the function's own parameters leave, with the
+    field's type: an IDE completes the same options the run takes."""
+    code = inspect.unwrap(API[command]).__code__  # the function as written, not its keyword check
+    own = set(code.co_varnames[: code.co_argcount])
+    typed = {name: getattr(hint, "__forward_arg__", hint) for name, hint in TYPED_KEYWORDS[command].__annotations__.items()}
+    fields = {f.name: f.type for f in dataclasses.fields(COMMANDS[command]) if f.name not in own}
+    assert typed == fields
+
+
+@pytest.fixture
+def captured(monkeypatch) -> list:
+    """The options objects the runs are handed (each run stops there, with ``SystemExit``)."""
+    seen: list = []
+
+    def capture(options):
+        seen.append(options)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(api, "run", capture)
+    monkeypatch.setattr(repair_run, "run_fix", capture)
+    monkeypatch.setattr(migration, "run_migrate", capture)
+    return seen
+
+
+@pytest.mark.parametrize("command", TYPED_KEYWORDS)
+def test_a_keyword_left_out_takes_the_field_default(command, captured):
+    """The API function builds its options from the keywords given; one left out is the field's default."""
+    with pytest.raises(SystemExit):
+        API[command]("in.safetensors")
+    assert captured == [COMMANDS[command](paths="in.safetensors")]
+    with pytest.raises(TypeError, match=rf"^{command}\(\) got an unexpected keyword argument 'no_such_option'$"):
+        API[command]("in.safetensors", no_such_option=1)
+
+
 def _value_for(parser: argparse.ArgumentParser, command: str, action: argparse.Action) -> list[str] | None:
     """Command-line words that give ``action`` a value other than its default (None: none found)."""
     flag = action.option_strings[-1]
@@ -125,17 +165,9 @@ def test_every_flag_reaches_the_options(command, capsys):
     capsys.readouterr()  # the refused candidate values' usage lines
 
 
-def test_command_line_and_api_build_equal_options(monkeypatch):
+def test_command_line_and_api_build_equal_options(captured):
     """The same run asked for on the command line and in Python: equal options objects."""
-    seen: list = []
-
-    def capture(options):
-        seen.append(options)
-        raise SystemExit(0)
-
-    monkeypatch.setattr(api, "run", capture)
-    monkeypatch.setattr(repair_run, "run_fix", capture)
-    monkeypatch.setattr(migration, "run_migrate", capture)
+    seen = captured
     cases = [
         (
             "quantize",

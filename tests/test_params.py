@@ -397,7 +397,7 @@ def test_six_bit_layer_of_an_odd_width_is_kept_dense(tmp_path):
         str(src),
     )
     out = tmp_path / "q.safetensors"
-    result = comfyquant.quantize(str(src), str(out), format="w4a8", params={"bits": 6, "codebook": False}, target="comfyui")
+    result = comfyquant.quantize(str(src), str(out), format="w4a8", params={"bits": 6, "codebook": False}, target="comfy-kitchen")
     with open_checkpoint(str(out)) as ck:
         assert ck.layers["odd"].format_name is None and ck.tensors["odd.weight"].dtype == "BF16"
         assert ck.layers["fine"].format_name == "asym_w4a8_int8"

@@ -30,6 +30,7 @@ from .errors import ComfyQuantError, InputError
 from .findings import ERROR, RULES
 
 if TYPE_CHECKING:
+    from .checker.report import Report
     from .checkpoint import Checkpoint
 
 GATE_TARGET = "comfy-kitchen"
@@ -71,7 +72,7 @@ def refuse_damage(ckpt: Checkpoint, verb: str, error: type[ComfyQuantError] = In
         _refuse(damage, verb, error)
 
 
-def check_input(ckpt: Checkpoint, verb: str, error: type[ComfyQuantError] = InputError):
+def check_input(ckpt: Checkpoint, verb: str, error: type[ComfyQuantError] = InputError) -> Report:
     """Check ``ckpt`` and raise ``error`` ("refusing to <verb>: <first error> [code] (and N
     more ...)") if it has an error; returns the report otherwise.
 
@@ -86,7 +87,7 @@ def check_input(ckpt: Checkpoint, verb: str, error: type[ComfyQuantError] = Inpu
     return report
 
 
-def _relabelled_for_kitchen(ckpt: Checkpoint, report) -> set[str]:
+def _relabelled_for_kitchen(ckpt: Checkpoint, report: Report) -> set[str]:
     """Layers comfy-kitchen refuses only for an operand's dtype label that ComfyUI views as the
     right one before handing it over (an MXFP8 block scale stored as ``U8``, say: the same
     bytes).  The decoding commands decode the way ComfyUI runs comfy-kitchen, views included,

@@ -108,7 +108,7 @@ class HeaderMarkers:
 
     __slots__ = ("file", "raw", "error", "format_version")
 
-    def __init__(self, file: str, raw: str | None) -> None:
+    def __init__(self, file: str, raw: str) -> None:
         self.file = file
         self.raw = raw
         self.error: str | None = None

@@ -16,3 +16,17 @@ def fmt_shape(shape: Iterable[int | str], *, as_tuple: bool = False) -> str:
     if not as_tuple:
         return "[" + ", ".join(dims) + "]"
     return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+def broadcast_mismatch(a: tuple, b: tuple) -> tuple[int, int, int] | None:
+    """Where shapes ``a`` and ``b`` do not broadcast, as torch compares them (dimensions from
+    the last one): ``(size in a, size in b, dimension)`` of the first clash, or None when they
+    broadcast.  ``torch_text.broadcast_error`` words it as torch does."""
+    ndim = max(len(a), len(b))
+    for i in range(ndim - 1, -1, -1):
+        back = ndim - 1 - i
+        da = a[len(a) - 1 - back] if back < len(a) else 1
+        db = b[len(b) - 1 - back] if back < len(b) else 1
+        if da != db and da != 1 and db != 1:
+            return da, db, i
+    return None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cases import Case, generate, in_pairs
-from .outcome import Expected, Outcome, disagreement, expected
+from .outcome import Expected, Outcome, disagreement, expected, with_newer_kitchen
 
 DRIVERS = {
     "comfyui": "runtimes.comfyui_driver",
@@ -118,7 +118,8 @@ def verdict(case: Case, target: str) -> dict | None:
         report = comfyquant.check(str(case.path), target=target, deep=case.deep)
     except InputError:
         return None
-    return report.verdicts[target].to_dict()
+    said = report.verdicts[target].to_dict()
+    return with_newer_kitchen(said) if target == "comfyui" else said  # its driver runs comfy-kitchen 0.2.40
 
 
 def judge_undecidable(case: Case, outcome: Outcome, predicted: Expected) -> str | None:
@@ -173,16 +174,22 @@ def compare(drv, target: str, cases: Iterable[Case]) -> list[Row]:
     for case in cases:
         outcome = drv.run(case.path)
         predicted = predict(verdict(case, target))
-        if case.undecidable is not None:
-            why = judge_undecidable(case, outcome, predicted)
-        elif case.model is not None:
-            why = judge_resized(outcome, predicted)
-        else:
-            why = disagreement(outcome, predicted)
-            if why == "message differs" and either_twin(case, outcome, predicted):
-                why = None
-        rows.append(Row(case, outcome, predicted, why))
+        rows.append(Row(case, outcome, predicted, judge(case, outcome, predicted)))
     return rows
+
+
+def judge(case: Case, outcome: Outcome, predicted: Expected) -> str | None:
+    """Why comfyquant's verdict on a generated case differs from the runtime's outcome (None:
+    they agree), with the case's own terms: a defect the file cannot show, a model of the size
+    the file records, two tensors at the same offsets."""
+    if case.undecidable is not None:
+        return judge_undecidable(case, outcome, predicted)
+    if case.model is not None:
+        return judge_resized(outcome, predicted)
+    why = disagreement(outcome, predicted)
+    if why == "message differs" and either_twin(case, outcome, predicted):
+        return None
+    return why
 
 
 def undecided(rows: list[Row]) -> Counter:

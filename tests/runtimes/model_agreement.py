@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .agreement import Row, known_disagreements, known_path, table
-from .outcome import Expected, Outcome, comparable, disagreement, expected
+from .outcome import Expected, Outcome, comparable, disagreement, expected, with_newer_kitchen
 
 TARGET = "comfyui"
 SPACE = "models"
@@ -73,7 +73,7 @@ def verdict(case: ModelCase) -> dict | None:
         report = comfyquant.check(str(case.path), target=TARGET, deep=case.deep)
     except InputError:
         return None
-    return report.verdicts[TARGET].to_dict()
+    return with_newer_kitchen(report.verdicts[TARGET].to_dict())  # ComfyUI runs with comfy-kitchen 0.2.40
 
 
 def outcomes(drv, cases: list[ModelCase]) -> list[Outcome]:

@@ -101,6 +101,14 @@ def expected(verdict: dict | None) -> Expected:
     return Expected("garbage", None, verdict.get("error"), verdict.get("layer"))
 
 
+def with_newer_kitchen(verdict: dict | None) -> dict | None:
+    """A ComfyUI verdict (``to_dict()``) as ComfyUI 0.33.0 gives it with comfy-kitchen 0.2.40,
+    the pairing the ComfyUI drivers run: ``check``'s default is the comfy-kitchen 0.33.0 pins,
+    and its ``newer_kitchen`` holds the 0.2.40 verdict where that one differs."""
+    newer = (verdict or {}).get("newer_kitchen")
+    return verdict if newer is None else {**verdict, **newer}
+
+
 STATE_DICT = "Error(s) in loading state_dict for "
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import runtime_sources
@@ -45,20 +46,35 @@ def outcomes(root: Path, group, cases: list[Case]) -> tuple[dict[str, Outcome], 
     todo = [c for c in cases if keys[c.id] not in cached]
     if todo:
         with ReleaseDriver(root / f"comfyui-{group.first}", group.kitchen) as drv:
-            for case in todo:
+            for i, case in enumerate(todo, 1):
                 cached[keys[case.id]] = drv.run(case.path).to_dict()
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cached))
-        tmp.replace(path)
+                if i % SAVE_EVERY == 0:  # a long first run that is stopped keeps what it drove
+                    _save(path, cached)
+        _save(path, cached)
     return {c.id: Outcome(**cached[keys[c.id]]) for c in cases}, len(todo)
 
 
-def predicted(case: Case, release: str) -> dict | None:
+SAVE_EVERY = 250
+"""Outcomes driven between two writes of the cache file."""
+
+
+def _save(path: Path, cached: dict) -> None:
+    """Write the cache atomically, keeping outcomes another process saved meanwhile."""
+    if path.is_file():
+        cached.update({k: v for k, v in json.loads(path.read_text()).items() if k not in cached})
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cached))
+    tmp.replace(path)
+
+
+def predicted(case: Case, release: str | None) -> dict | None:
+    """comfyquant's verdict for ComfyUI ``release`` (None: ``check``'s default ComfyUI verdict)."""
     import comfyquant
     from comfyquant.errors import InputError
 
     try:
-        report = comfyquant.check(str(case.path), target=f"comfyui=={release}", deep=case.deep)
+        target = "comfyui" if release is None else f"comfyui=={release}"
+        report = comfyquant.check(str(case.path), target=target, deep=case.deep)
     except InputError:
         return None
     return report.verdicts["comfyui"].to_dict()
@@ -71,6 +87,20 @@ def compare_group(root: Path, group, cases: list[Case]) -> tuple[list[Row], int]
         outcome = got[case.id]
         guess = expected(predicted(case, group.first))
         rows.append(Row(case, outcome, guess, disagreement(outcome, guess)))
+    return rows, driven
+
+
+def compare_space(root: Path, group, cases: list[Case], release: str | None) -> tuple[list[Row], int]:
+    """Like ``compare_group`` on any generated cases (the whole space), judged on each case's
+    own terms (``agreement.judge``: a defect the file cannot show, a model of the size the file
+    records); comfyquant's side is the verdict for ``release`` (None: ``check``'s default)."""
+    from .agreement import judge
+
+    got, driven = outcomes(root, group, cases)
+    rows = []
+    for case in cases:
+        guess = expected(predicted(case, release))
+        rows.append(Row(case, got[case.id], guess, judge(case, got[case.id], guess)))
     return rows, driven
 
 

@@ -273,16 +273,12 @@ def check_group(grp: Group, options: CheckOptions = DEFAULTS) -> Item:
 def check_groups(
     roots: list[str],
     groups: list[Group],
-    target: Targets = "all",
-    deep: bool = False,
-    name_mapper: NameMapper | None = None,
+    options: CheckOptions = DEFAULTS,
     jobs: int = 1,
-    remote: RemoteOptions | None = None,
     on_result: Callable[[Item], None] | None = None,
 ) -> TreeResult:
-    """Check each group (``on_result`` sees each Item in order as it is done)."""
-    selected = parse_targets(target)
-    options = CheckOptions(target, deep, name_mapper, remote)
+    """Check each group as ``options`` ask (``on_result`` sees each Item in order as it is done)."""
+    selected = parse_targets(options.target)
 
     def one(g: Group) -> Item:
         return check_group(g, options)
@@ -327,6 +323,4 @@ def check_tree(
             continue
         base = root if (is_url(root) or os.path.isdir(root)) else ""
         groups.extend(settle_local(group(found, base, remote)))
-    return check_groups(
-        roots, groups, target=target, deep=deep, name_mapper=name_mapper, jobs=jobs, remote=remote, on_result=on_result
-    )
+    return check_groups(roots, groups, CheckOptions(target, deep, name_mapper, remote), jobs, on_result)

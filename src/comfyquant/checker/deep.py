@@ -4,6 +4,7 @@ their values.  numpy is imported here only, so plain ``check`` stays light."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ..dialects.reading import file_ends, sound
 from ..findings import DEEP_MEASURES, Finding
@@ -11,6 +12,9 @@ from ..formats.base import CODEBOOK, CORRECTION, SCALE
 from ..formats.registry import FORMATS
 from ..targets.base import Violation
 from . import dropped
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 MAX_DEEP_BYTES = 256 * 1024 * 1024
 
@@ -363,7 +367,7 @@ def _fp8_values(np, dtype: str):
     return np.concatenate([val, -val]).astype(np.float32)
 
 
-def deep_findings(ckpt, casts: list | None = None, measured: list[Measured] | None = None) -> list[Finding]:
+def deep_findings(ckpt: Checkpoint, casts: list | None = None, measured: list[Measured] | None = None) -> list[Finding]:
     """The value findings of every marked layer, of the W4A8 layers whose correction ComfyUI
     drops, and of the dialect weights a runtime casts by value (``casts``).  What it measures
     on the way (a cast's or a dropped correction's relative error) goes to ``measured``, for
@@ -393,7 +397,9 @@ def deep_findings(ckpt, casts: list | None = None, measured: list[Measured] | No
         return _read_values(np, decode, ckpt, wanted, corrected, casts, measured)
 
 
-def _read_values(np, decode, ckpt, wanted: list, corrected: list, casts: list, measured: list[Measured]) -> list[Finding]:
+def _read_values(
+    np, decode, ckpt: Checkpoint, wanted: list, corrected: list, casts: list, measured: list[Measured]
+) -> list[Finding]:
     """Read the tensors ``deep_findings`` chose and judge their values."""
     extra = [e for layer, part in corrected for s, e in layer.stored.items() if s in part.reads]
     extra += [e for c in casts for e in c.entries]

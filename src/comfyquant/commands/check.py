@@ -105,6 +105,7 @@ def _run_each(args, separate, mapper, remote) -> int:
     """A folder (or list) of separate checkpoints: a full report for each, then the table of
     ``--recursive``; the exit code is the worst (2 unreadable, 1 errors, 0 ok)."""
     from ..checker.batch import check_groups
+    from ..checker.run import CheckOptions
 
     printer = None
     if not args.json:
@@ -115,9 +116,8 @@ def _run_each(args, separate, mapper, remote) -> int:
         def printer(item) -> None:
             print(render_section(item, verbose=args.verbose), flush=True)
 
-    result = check_groups(
-        args.paths, separate.groups, target=args.target, deep=args.deep, name_mapper=mapper, remote=remote, on_result=printer
-    )
+    options = CheckOptions(args.target, args.deep, mapper, remote)
+    result = check_groups(args.paths, separate.groups, options, on_result=printer)
     for item in result.items:
         if item.error:
             say(f"comfyquant: {item.error}")

@@ -185,6 +185,17 @@ def refused(dialect: str, prefix: str, inputs: dict, why: str, variant: str = "u
     return Translation(prefix, dialect, variant, inputs, verdict=REFUSED, why=why, **more)
 
 
+def exact(
+    dialect: str, prefix: str, inputs: dict, variant: str, fmt: str, why: str, marker: dict | None = None, **more: Any
+) -> Translation:
+    """A layer of ``dialect`` that is the Comfy format ``fmt`` exactly, and ``why``: its marker
+    is ``{"format": fmt}`` unless ``marker`` says more; ``more`` takes the other ``Translation``
+    fields (``moves``, ``drops``...)."""
+    return Translation(
+        prefix, dialect, variant, inputs, verdict=EXACT, why=why, format=fmt, marker=marker or {"format": fmt}, **more
+    )
+
+
 class Claim:
     """What one dialect claims in a checkpoint: its layers' translations, the file-level
     tensors it drops (a sentinel), metadata keys it removes or sets in a migrated file, and

@@ -6,11 +6,13 @@ import struct
 from typing import TYPE_CHECKING
 
 from ..dtypes import MODEL_FLOAT_DTYPES
+from ..findings import Finding
 from ..numerics import bytewise
 from .base import EXACT, Move
 
 if TYPE_CHECKING:
     from ..checkpoint import Checkpoint
+    from .base import Translation
 
 FLOAT_SCALE_DTYPES = MODEL_FLOAT_DTYPES
 """Scale dtypes whose values upcast to F32 exactly."""
@@ -44,6 +46,28 @@ def is_scalar_float(entry) -> bool:
 def copy(entry, suffix: str, prefix: str | None = None) -> Move:
     """The tensor carried over as it is (a rename when ``suffix`` differs)."""
     return Move(suffix, entry.name, entry.dtype, tuple(entry.shape))
+
+
+def drop_unit_scale_input(tr: Translation, value: float) -> bool:
+    """Drop a translated layer's ``scale_input`` whose value is 1.0, as ComfyUI does (it runs
+    such a layer with dynamic activation scales), so the migrated file behaves as ComfyUI ran
+    it; True when dropped.  A refused or lossy layer (no format) keeps its inputs as they are."""
+    si = tr.inputs.get("scale_input")
+    if si is None or tr.format is None or value != 1.0:
+        return False
+    tr.moves = [m for m in tr.moves if m.source != si.name]
+    tr.drops.append(si.name)
+    tr.dropped_why = "scale_input == 1.0, which ComfyUI drops (dynamic activations)"
+    return True
+
+
+def unit_scale_inputs(ones: list[str], kind: str, effect: str, cause: str, fix: str) -> list[Finding]:
+    """The one info finding on the ``kind`` layers ``ones`` whose ``scale_input == 1.0`` was
+    dropped (``drop_unit_scale_input``), and what that does (``effect``); none when none was."""
+    if not ones:
+        return []
+    says = f"{len(ones)} {kind} layer(s) have scale_input == 1.0 (e.g. {ones[0]}): {effect}"
+    return [Finding("F004", says, severity="info", cause=cause, fix=fix)]
 
 
 def root_of(name: str) -> str:

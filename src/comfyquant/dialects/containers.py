@@ -5,13 +5,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..checkpoint import Checkpoint, NameMapper, Paths, open_checkpoint
 from ..errors import InputError
 from ..io.shards import ShardSet, is_url
-from ..io.source import ByteSource
 from .base import Container
 from .registry import CONTAINERS
 
@@ -38,20 +36,19 @@ def container_suffixes() -> tuple[str, ...]:
 def open_any(
     paths: Paths,
     name_mapper: NameMapper | None = None,
-    sources: Sequence[ByteSource] | None = None,
+    *,
     shardset: ShardSet | None = None,
     remote: RemoteOptions | None = None,
     damaged_ok: bool = False,
 ) -> Checkpoint:
-    """``open_checkpoint``, which it takes the arguments of, or a container file's view."""
-    if sources is None:
-        found = container_of(paths)
-        if found is not None:
-            path, container = found
-            source = container.open(path)
-            return open_checkpoint(path, name_mapper, [source], ShardSet(files=[path]), remote, damaged_ok)
-        _refuse_mixed(paths)
-    return open_checkpoint(paths, name_mapper, sources, shardset, remote, damaged_ok)
+    """A container file's view, or ``open_checkpoint`` with these arguments (a caller that
+    brings its own byte sources has no file to sniff: it calls ``open_checkpoint``)."""
+    found = container_of(paths)
+    if found is not None:
+        path, container = found
+        return open_checkpoint(path, name_mapper, [container.open(path)], ShardSet(files=[path]), remote, damaged_ok)
+    _refuse_mixed(paths)
+    return open_checkpoint(paths, name_mapper, None, shardset, remote, damaged_ok)
 
 
 def _refuse_mixed(paths: Paths) -> None:

@@ -136,6 +136,14 @@ class Codec:
         """``dtype`` if given, else the layer's model dtype (see ``output_dtype``)."""
         return output_dtype(dtype, tensors, marker, self.model_dtype_scales)
 
+    def _resolve(
+        self, tensors: dict, marker: dict | None, layer: str | None, dtype, plan: Plan | None = None
+    ) -> tuple[Plan, torch.dtype]:
+        """What every public decode starts from: the layer's validated plan (``plan`` when the
+        caller holds it) and the dtype it decodes to."""
+        plan = plan or self.plan(tensors, marker, layer)
+        return plan, self.output_dtype(dtype, tensors, plan.marker)
+
     def dense_shape(self, env: dict, marker: dict) -> tuple[int, int]:
         """The dense weight's ``[N, K]`` (padded formats override this)."""
         return env["N"], env["K"]
@@ -201,8 +209,7 @@ class Codec:
         instead of a new one.  A caller that decodes layer after layer into one reused
         buffer skips what a fresh large output costs: new pages the kernel faults in and
         zeroes (see ``pages``).  The bits are the same."""
-        plan = self.plan(tensors, marker, layer)
-        dtype = self.output_dtype(dtype, tensors, plan.marker)
+        plan, dtype = self._resolve(tensors, marker, layer, dtype)
         if out is not None:
             check_destination(out, plan.shape, dtype, plan.name)
         return self._dense(tensors, plan, dtype, block_elements, out=out)
@@ -212,8 +219,7 @@ class Codec:
         asked for (every pass decodes again), so re-encoding never holds the decoded layer --
         except a layer that decodes whole (``_whole_layer``), which is decoded once and
         held while the source lives."""
-        plan = self.plan(tensors, marker, layer)
-        return self._source(tensors, plan, self.output_dtype(dtype, tensors, plan.marker))
+        return self._source(tensors, *self._resolve(tensors, marker, layer, dtype))
 
     def _source(self, tensors: dict, plan: Plan, dtype: torch.dtype, exact: bool = True) -> RowSource:
         """``row_source`` of a validated layer.  A layer that decodes whole
@@ -251,10 +257,10 @@ class Codec:
         tensors: dict,
         marker: dict | None = None,
         *,
+        plan: Plan | None = None,
         dtype=None,
         layer: str | None = None,
         block_elements: int | None = None,
-        plan: Plan | None = None,
         exact: bool = True,
         buffers: int = 1,
         round_whole: bool = False,
@@ -264,6 +270,9 @@ class Codec:
         turns in ``buffers`` block-sized buffers: a block stays valid while the next
         ``buffers - 1`` are produced (one buffer: use or copy each block before requesting
         the next; more let a consumer write one block while others are decoded).
+
+        ``plan``: the layer's plan (``plan``) when the caller has validated it already: the
+        tensors are not checked again, and ``marker`` and ``layer`` go unused.
 
         ``round_whole``: a layer that decodes in one piece (``decodes_whole``) into a wider
         product is rounded to ``dtype`` whole, its product freed, and its blocks are slices of
@@ -283,11 +292,11 @@ class Codec:
         rounded up to the fewest that are; not for a ``K`` that needs more than four blocks'
         worth): an ``O_DIRECT`` writer writes them from where they are instead of copying them
         to aligned memory.  The values are the same."""
-        plan = plan or self.plan(tensors, marker, layer)
+        plan, dtype = self._resolve(tensors, marker, layer, dtype, plan)
         yield from self._blocks(
             tensors,
             plan,
-            self.output_dtype(dtype, tensors, plan.marker),
+            dtype,
             block_elements,
             reuse=max(1, buffers),
             exact=exact,

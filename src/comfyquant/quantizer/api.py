@@ -22,13 +22,16 @@ from ..comparison import check_limit
 from ..errors import InputError, option
 from ..gate import check_input, open_input
 from ..io.progress import Progress
+from ..keywords import keywords_of
 from . import report as rep
-from .options import ConvertOptions, EncodeOptions, OnLayer, QuantizeOptions
+from .options import ConvertKeywords, ConvertOptions, EncodeOptions, OnLayer, QuantizeKeywords, QuantizeOptions
 from .plan import COPY, DENSE, QUANTIZE, Options, Plan, PlanRefused, build_plan
 from .rules import Choice, Rules, load_rules
 from .work import use_sources
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from ..checker.report import Report
     from ..checker.run import Targets
     from ..checkpoint import Checkpoint, Paths
@@ -105,27 +108,13 @@ def _rules(rules: str | os.PathLike[str] | Rules | None) -> Rules | None:
     return load_rules(str(rules))
 
 
+@keywords_of(QuantizeOptions)
 def quantize(
     paths: Paths,
     out: str | None = None,
     format: str | None = None,
     params: Mapping[str, Any] | None = None,
-    *,
-    rules: str | os.PathLike[str] | Rules | None = None,
-    exclude: Sequence[str] = (),
-    target: Targets = "all",
-    jobs: int | str | None = None,
-    report: str | None = None,
-    dry_run: bool = False,
-    keep_bad: bool = False,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    on_layer: OnLayer | None = None,
-    reference: str | os.PathLike[str] | None = None,
-    max_error: float | None = None,
-    preset: str | None = None,
-    include: Sequence[str] = (),
-    like: Paths | None = None,
+    **keywords: Unpack[QuantizeKeywords],
 ) -> Result:
     """Quantize a dense checkpoint (file, shards, folder or index) into ``out``.
 
@@ -149,36 +138,28 @@ def quantize(
     tensor names, ``"none"`` turns presets off); ``include``: the parts of a ComfyUI all-in-one
     checkpoint quantized besides the diffusion model (``"text-encoders"``, ``"vae"``, ``"all"``);
     ``like``: a quantized checkpoint whose per-layer formats and parameters the output repeats
-    (``recipe``)."""
-    return run(QuantizeOptions(**locals()))  # the keywords are the fields (tests/test_options.py)
+    (``recipe``).
+
+    The keywords are the fields of ``QuantizeOptions``, with its defaults."""
+    return run(QuantizeOptions(paths=paths, out=out, format=format, params=params, **keywords))
 
 
+@keywords_of(ConvertOptions)
 def convert(
     paths: Paths,
     out: str | None = None,
     to: str | None = None,
     params: Mapping[str, Any] | None = None,
-    *,
-    rules: str | os.PathLike[str] | Rules | None = None,
-    exclude: Sequence[str] = (),
-    target: Targets = "all",
-    jobs: int | str | None = None,
-    report: str | None = None,
-    dry_run: bool = False,
-    keep_bad: bool = False,
-    overwrite: bool = False,
-    progress: bool | None = None,
-    dtype: str | None = None,
-    on_layer: OnLayer | None = None,
-    reference: str | os.PathLike[str] | None = None,
-    max_error: float | None = None,
+    **keywords: Unpack[ConvertKeywords],
 ) -> Result:
     """Re-encode a quantized checkpoint's layers in another format or with other parameters
     (decode, then encode), or decode everything (``to="dense"``, via ``comfyquant.dequantize``).
 
     ``reference``/``max_error`` as for ``quantize``: with a reference, the re-encoded
-    layers are measured against the original weights, not only against the decoded input."""
-    return run(ConvertOptions(**locals()))  # the keywords are the fields (tests/test_options.py)
+    layers are measured against the original weights, not only against the decoded input.
+    ``dtype``: the output dtype of ``to="dense"``.  The keywords are the fields of
+    ``ConvertOptions``, with its defaults."""
+    return run(ConvertOptions(paths=paths, out=out, to=to, params=params, **keywords))
 
 
 def run(options: EncodeOptions) -> Result:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 if TYPE_CHECKING:
     from ..checker.run import Targets
@@ -112,3 +112,36 @@ class ConvertOptions(EncodeOptions):
     def dense(self) -> bool:
         """``--to dense``: every layer decoded (the dequantize command's work)."""
         return isinstance(self.to, str) and self.to.strip().lower() in ("dense", "dequantize")
+
+
+class EncodeKeywords(TypedDict, total=False):
+    """The keywords ``quantize`` and ``convert`` share after their positional parameters, for
+    type checkers and IDEs (``**kwargs: Unpack[...]``): the fields of ``EncodeOptions``, whose
+    defaults they take (``tests/test_options.py`` holds the two together)."""
+
+    rules: str | os.PathLike[str] | Rules | None
+    exclude: Sequence[str]
+    target: Targets
+    jobs: int | str | None
+    report: str | None
+    dry_run: bool
+    keep_bad: bool
+    overwrite: bool
+    progress: bool | None
+    on_layer: OnLayer | None
+    reference: str | os.PathLike[str] | None
+    max_error: float | None
+
+
+class QuantizeKeywords(EncodeKeywords, total=False):
+    """``quantize``'s keywords: the shared ones and ``QuantizeOptions``'s own."""
+
+    preset: str | None
+    include: Sequence[str]
+    like: Paths | None
+
+
+class ConvertKeywords(EncodeKeywords, total=False):
+    """``convert``'s keywords: the shared ones and ``ConvertOptions``'s own."""
+
+    dtype: str | None

@@ -244,7 +244,7 @@ class Options:
         return chosen
 
 
-def build_plan(ckpt, mode: str, options: Options) -> Plan:
+def build_plan(ckpt: Checkpoint, mode: str, options: Options) -> Plan:
     """The plan for ``quantize`` (``mode="quantize"``) or ``convert`` (``mode="convert"``)."""
     from ..markers import file_level_markers
 
@@ -266,7 +266,7 @@ def build_plan(ckpt, mode: str, options: Options) -> Plan:
     return plan
 
 
-def _refuse_choices(ckpt, options: Options) -> None:
+def _refuse_choices(ckpt: Checkpoint, options: Options) -> None:
     """A format or parameter set the target cannot load at all is refused up front."""
     choices = [options.default] if options.default is not None else []
     if options.rules is not None:
@@ -506,7 +506,7 @@ class PlanRefused(InputError):
         self.plan = plan
 
 
-def _check_whole(ckpt, plan: Plan) -> None:
+def _check_whole(ckpt: Checkpoint, plan: Plan) -> None:
     """Refuse a plan whose output the target would not load (format combinations, markers),
     naming the layers that make the combination and the way out.  A runtime that does not load
     the input either (a model its architecture does not fit, parameters it lacks) is no
@@ -519,7 +519,7 @@ def _check_whole(ckpt, plan: Plan) -> None:
         raise PlanRefused(plan.refusal, plan)
 
 
-def new_problems(report, ckpt, target, warnings: bool = True) -> list[str]:
+def new_problems(report, ckpt: Checkpoint, target, warnings: bool = True) -> list[str]:
     """``problems`` of an output's report, less those of the runtimes that do not load the
     input as it is either: what the quantization itself would break."""
     found = problems(report, warnings)

@@ -27,10 +27,14 @@ from __future__ import annotations
 import fnmatch
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from ..errors import InputError, option
 from .params import KEEP
 from .rules import Choice, Rule, Rules
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 DATA = "presets.toml"
 """The presets, in this package (a data file: formats are named in data, never in code)."""
@@ -323,7 +327,7 @@ class Request:
         self.may_default = self.recipe is None and self.preset != "none"
         """Whether a preset may still supply the format when the call gives none."""
 
-    def apply(self, ckpt) -> Selection | None:
+    def apply(self, ckpt: Checkpoint) -> Selection | None:
         if self.recipe is not None:
             return None
         self.selection = select(list(ckpt.tensors), self.preset, self.include)

@@ -300,7 +300,7 @@ class Runner:
 
     def __init__(
         self,
-        ckpt,
+        ckpt: Checkpoint,
         plan: Plan,
         jobs: Jobs,
         quality: bool,
@@ -479,7 +479,7 @@ class Runner:
 
 
 def execute(
-    ckpt,
+    ckpt: Checkpoint,
     plan: Plan,
     dests: list[str],
     index_dest: str | None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..checker.run import Targets, check_checkpoint, parse_targets
+from ..checker.run import check_checkpoint, parse_targets
 from ..checkpoint import Paths, open_checkpoint
 from ..dialects.containers import open_any
 from ..dialects.registry import detect
@@ -20,13 +20,16 @@ from ..findings import ERROR
 from ..io.outputs import claim
 from ..io.shards import ShardSet
 from ..io.virtual import VirtualSource
+from ..keywords import keywords_of
 from .before import check_paused_gc
 from .execute import build_shards, write_and_verify
 from .migrate import MigrateError, layer_results
-from .options import MigrateOptions
+from .options import MigrateKeywords, MigrateOptions
 from .plan import Plan, plan_repairs
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from ..checker.report import Report
     from ..checkpoint import Checkpoint
 
@@ -88,24 +91,17 @@ class MigrateResult:
         }
 
 
-def migrate(
-    paths: Paths,
-    out: str | None = None,
-    *,
-    in_place: bool = False,
-    target: Targets = "all",
-    dry_run: bool = False,
-    allow_lossy: bool = False,
-    overwrite: bool = False,
-    to: str | None = None,
-) -> MigrateResult:
+@keywords_of(MigrateOptions)
+def migrate(paths: Paths, out: str | None = None, **keywords: Unpack[MigrateKeywords]) -> MigrateResult:
     """Rewrite a dialect file (see ``comfyquant.dialects``) as a Comfy quantized checkpoint.
 
     ``out``: default ``<name>.comfy.safetensors`` (``<name>.<to>.safetensors`` with ``to``);
     ``allow_lossy``: re-quantize layers with no exact Comfy form (their error is measured);
     ``to``: write Comfy layers in that dialect's layout instead (``bfl``, ``modelopt``).
-    Raises ``MigrateError`` (nothing written) when a layer is refused."""
-    return run_migrate(MigrateOptions(**locals()))  # the keywords are the fields (tests/test_options.py)
+    Raises ``MigrateError`` (nothing written) when a layer is refused.  The keywords are the
+    fields of ``MigrateOptions``, with its defaults (``in_place``, ``target``, ``dry_run``,
+    ``overwrite`` as for ``fix``)."""
+    return run_migrate(MigrateOptions(paths=paths, out=out, **keywords))
 
 
 def run_migrate(options: MigrateOptions) -> MigrateResult:

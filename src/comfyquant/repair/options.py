@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from .edits import Options
 
@@ -58,3 +58,16 @@ class MigrateOptions(RewriteOptions):
 
     def planner(self) -> Options:
         return Options(self.target, allow_lossy=self.allow_lossy, to=self.to)
+
+
+class MigrateKeywords(TypedDict, total=False):
+    """``migrate``'s keywords after ``paths`` and ``out``, for type checkers and IDEs
+    (``**kwargs: Unpack[...]``): the fields of ``MigrateOptions``, whose defaults they take
+    (``tests/test_options.py`` holds the two together)."""
+
+    in_place: bool
+    target: Targets
+    dry_run: bool
+    allow_lossy: bool
+    overwrite: bool
+    to: str | None

@@ -6,6 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
     from ..findings import Finding
 
 
@@ -68,9 +69,12 @@ class RuntimeFailure:
     """What a runtime does wrong with a dialect's layers, as data: the dialect says which
     target, where (``stage``), on which layer and tensor, with which exception and message;
     ``targets.dialect_failures`` makes the ``Violation`` (rule name, blocking) from it.  The
-    fields mirror ``Violation``'s, with ``target`` and ``stage`` for its rule and ``blocking``."""
+    fields mirror ``Violation``'s, with ``target`` and ``stage`` for its rule and ``blocking``.
 
-    __slots__ = ("target", "message", "exception", "layer", "tensor", "stage", "cause", "fix", "severity")
+    ``broadcast``: the two shapes the runtime multiplies when torch's broadcasting error is what
+    it raises; the rendering words that error (``torch_text``), so ``message`` stays empty."""
+
+    __slots__ = ("target", "message", "exception", "layer", "tensor", "stage", "cause", "fix", "severity", "broadcast")
 
     def __init__(
         self,
@@ -83,9 +87,11 @@ class RuntimeFailure:
         cause: str | None = None,
         fix: str | None = None,
         severity: str = "",
+        broadcast: tuple[tuple, tuple] | None = None,
     ) -> None:
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}")
+        self.broadcast = broadcast
         self.target = target
         self.message = message
         self.exception = exception
@@ -178,7 +184,7 @@ INCOMPLETE = ("C011", "C014")
 names is missing, or the index lists a tensor no shard holds)."""
 
 
-def container_violations(target: str, ckpt) -> list[Violation]:
+def container_violations(target: str, ckpt: Checkpoint) -> list[Violation]:
     """One violation per file safetensors refuses, in the order the runtime opens them."""
     from .container import container_errors
 
@@ -186,7 +192,7 @@ def container_violations(target: str, ckpt) -> list[Violation]:
     return [container_violation(target, f, errors[f]) for f in ckpt.files if f in errors] if errors else []
 
 
-def incomplete_violations(target: str, ckpt, blocking: bool, consequence: str) -> list[Violation]:
+def incomplete_violations(target: str, ckpt: Checkpoint, blocking: bool, consequence: str) -> list[Violation]:
     """One violation per piece of missing data (INCOMPLETE), explained by its finding."""
     out = []
     for f in ckpt.findings:

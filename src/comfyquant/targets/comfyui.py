@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
+from typing import TYPE_CHECKING
 
 from ..architectures.registry import comfyui_prefix
 from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
@@ -30,6 +32,9 @@ from .kitchen import (
     short_padded_rows,
     w4a8_forward,
 )
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 DIFFUSION_PREFIX = "model.diffusion_model."
 OWN_FORWARD = ("nvfp4", "mxfp8", "asym_w4a8_int8")
@@ -103,7 +108,7 @@ def _fail(
     )
 
 
-def comfyui_markers(ckpt, out: list, at_load: list | None = None) -> dict[str, dict]:
+def comfyui_markers(ckpt: Checkpoint, out: list, at_load: list | None = None) -> dict[str, dict]:
     """The marker ComfyUI ends up with per prefix: the header replaces the tensor marker.  A
     header map is read while the file is converted (``out``); a tensor marker by its module
     as the model loads (``at_load``; ``out`` too when not given)."""
@@ -297,7 +302,7 @@ def _collected(mismatches: list[Violation]) -> list[Violation]:
     return [first]
 
 
-def _as_comfyui_names(violations: list[Violation], ckpt) -> None:
+def _as_comfyui_names(violations: list[Violation], ckpt: Checkpoint) -> None:
     """What loading and running the layers raise names them as ComfyUI's model does, without
     the prefix it stripped (the messages only: the violations keep the file's layer names).
     The prefix is looked for only when a message could hold one."""
@@ -312,7 +317,7 @@ def _as_comfyui_names(violations: list[Violation], ckpt) -> None:
             v.message = pattern.sub("", v.message)
 
 
-def comfyui_verdict(ckpt) -> Verdict:
+def comfyui_verdict(ckpt: Checkpoint) -> Verdict:
     # load_torch_file opens the file with safetensors.safe_open before anything else
     out: list[Violation] = container_violations("comfyui", ckpt)
     at_load: list[Violation] = []
@@ -338,7 +343,7 @@ def comfyui_verdict(ckpt) -> Verdict:
         b = t.get("bias")
         # per layer class: (what loading raises or loses, what the first forward raises, the
         # readings of the weight at each size a model builds the layer with)
-        cls = None if marker is None else ckpt.memo.get("comfyui", marker, layer, lambda m=marker, t=t: _layer_class(m, t))
+        cls = None if marker is None else ckpt.memo.get("comfyui", marker, layer, partial(_layer_class, marker, t))
         if true is not None:
             if true_size(whole, cls[2] if cls is not None else None, prefix, layer, marker, true, biases, forward):
                 sized.add(prefix)

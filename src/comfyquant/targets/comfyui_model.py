@@ -12,9 +12,14 @@ that size at load, hands a quantized layer's weight to comfy-kitchen with that s
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..architectures.base import Linear, Shapes
 from ..architectures.registry import Resolution, failure_message, resolve
 from .base import Violation
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 CUT_ON_CPU = {"float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8"}
 """Formats ComfyUI dequantizes on CPU (no FP8/FP4 compute) to the layer's ``orig_shape``: a
@@ -120,7 +125,7 @@ def _failure_cause(res: Resolution, where: str) -> str:
     return f"the file holds a {res.resembles} model{where}; ComfyUI {kept} and detects no architecture from them"
 
 
-def whole_model(ckpt, markers: dict) -> WholeModel:
+def whole_model(ckpt: Checkpoint, markers: dict) -> WholeModel:
     """ComfyUI's reading of ``ckpt`` as a whole model (``markers``: the per-layer markers ComfyUI
     ends up with).  Header only."""
     # header map markers become '<layer>.comfy_quant' keys when converted, under the names the
@@ -138,7 +143,7 @@ def whole_model(ckpt, markers: dict) -> WholeModel:
     return WholeModel(res, path, kept_marked(res.prefix))
 
 
-def architecture_of(ckpt) -> dict:
+def architecture_of(ckpt: Checkpoint) -> dict:
     """``WholeModel.describe`` for a checkpoint outside a verdict (``inspect``): the markers are
     the checkpoint's merged ones."""
     markers = {p: m for p, m in (ckpt.markers.effective.items() if ckpt.markers is not None else ()) if m is not None}

@@ -308,16 +308,16 @@ class Marked:
 
 
 def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
-    """What ComfyUI ``group`` does with the file whose newest-release verdict is ``newest``:
-    the format it lacks on the first layer it loads raises its own error; a layer marked only
-    by a tensor marker, which a release that reads only the header map does not see, loads its
-    stored weight as a plain one; otherwise the newest release's verdict (modelled: the
-    releases' per-format messages are those of ComfyUI 0.33.0), with what the comfy-kitchen the
-    release pins refuses."""
+    """What ComfyUI ``group`` does with the file whose verdict with ComfyUI 0.33.0 and
+    comfy-kitchen 0.2.40 is ``newest``: the format it lacks on the first layer it loads raises
+    its own error; a layer marked only by a tensor marker, which a release that reads only the
+    header map does not see, loads its stored weight as a plain one; otherwise ``newest``
+    (modelled: the releases' per-format messages are those of ComfyUI 0.33.0), with the W4A8
+    first forward of the comfy-kitchen the release pins (``_pinned``)."""
     read, formats = marked.read(group)
     if group is NEWEST:  # it knows every format and reads both marker forms
-        six = _six_bits(group, ckpt, read, formats, marked)
-        return newest if six is None else Verdict("comfyui", [six], newest.architecture)
+        pinned = _pinned(group, ckpt, newest, read, formats, marked)
+        return newest if pinned is None else Verdict("comfyui", pinned, newest.architecture)
     if not formats <= set(group.formats):
         layer = marked.first(read, formats - set(group.formats))
         fmt = read[layer]
@@ -334,9 +334,6 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
         legacy = marked.once("legacy", lambda: _legacy_scales(ckpt))
         if legacy is not None:  # loading fails before any forward
             return Verdict("comfyui", [legacy], newest.architecture)
-    six = _six_bits(group, ckpt, read, formats, marked)
-    if six is not None:
-        out.append(six)
     for (release, fmt), error in FORWARD_ERRORS.items():
         if release != group.first or fmt not in formats:
             continue
@@ -345,7 +342,8 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
             out.append(Violation("comfyui.release", error[2], error[1], holder, error[0], True,
                                  f"ComfyUI {release} cannot run a {fmt} layer with {error[0]}",
                                  "load it with a newer ComfyUI release"))  # fmt: skip
-    return Verdict("comfyui", out + newest.violations, newest.architecture)
+    pinned = _pinned(group, ckpt, newest, read, formats, marked)
+    return Verdict("comfyui", out + (newest.violations if pinned is None else pinned), newest.architecture)
 
 
 def _memo_key(group: ReleaseGroup) -> tuple:
@@ -356,89 +354,67 @@ def _memo_key(group: ReleaseGroup) -> tuple:
 
 
 FOUR_BIT_ONLY = frozenset({"0.2.28", "0.2.30", "0.2.31"})
-"""The comfy-kitchen releases ComfyUI's W4A8 groups pin whose W4A8 layout has no 6-bit storage:
-they read any packed row as 4-bit codes (K = 2 x the row's bytes)."""
+"""The comfy-kitchen releases ComfyUI's W4A8 groups pin whose W4A8 linear differs from 0.2.40's
+(``comfyui_pinned``): 4-bit codes only (K = 2 x the row's bytes), dtypes checked first."""
 
 
-def _six_bits(group: ReleaseGroup, ckpt, read: dict, formats: set, marked: Marked):
-    """The first W4A8 layer stored 6-bit that the group's comfy-kitchen refuses (``_six_bit``)."""
+PINNED_CAUSE = (
+    "the comfy-kitchen ComfyUI 0.31.0 to 0.33.0 pin (0.2.28 to 0.2.31) reads every W4A8 row as 4-bit codes "
+    "(K = 2 x the row's bytes) and checks the operands' dtypes first"
+)
+
+
+def _pinned(group: ReleaseGroup, ckpt, newest, read: dict, formats: set, marked: Marked):
+    """``newest``'s violations with each W4A8 layer's first forward as the group's comfy-kitchen
+    runs it (``comfyui_pinned``), or None when that changes nothing.  Decided once per check
+    (the groups pinning these comfy-kitchens share it) and once per W4A8 layer class."""
     if group.kitchen not in FOUR_BIT_ONLY or "asym_w4a8_int8" not in formats:
         return None
-    six = marked.once("six", lambda: _six_layers(ckpt, read))
-    for layer in six:
-        v = _six_bit(group, ckpt, layer)
-        if v is not None:
-            return v
-    return None
+
+    def make():
+        from .comfyui_pinned import pinned_violations
+
+        forwards, keys = _pinned_forwards(ckpt, read)
+        return pinned_violations(newest.violations, forwards, keys, PINNED_CAUSE) if forwards else None
+
+    return marked.once("pinned", make)
 
 
-def _six_layers(ckpt, read: dict) -> list[str]:
-    """The W4A8 layers whose packed rows hold 6-bit codes, in module order (``_six_storage``,
-    decided once per layer class: weight and group-scale shapes, marker)."""
-    out = []
+def _pinned_forwards(ckpt, read: dict) -> tuple[dict, dict]:
+    """Each W4A8 layer's pinned first forward (file layer name -> violation or None), and each
+    such layer's module-order key."""
+    from .comfyui_pinned import FORMAT, bound, first_forward
+
+    forwards: dict = {}
+    keys: dict = {}
+    markers = _read_markers(ckpt)
     effective = ckpt.markers.effective
-    layers = ckpt.layers
-    memo = ckpt.memo
-    known: dict[int, bool] = {}  # class id -> 6-bit: the memo's answer, asked once per class
     for p, f in read.items():
-        if f != "asym_w4a8_int8":
+        if f != FORMAT:
             continue
-        layer = layers.get(p) or layers.get(DIFFUSION_PREFIX + p)
-        if layer is None:
+        layer = ckpt.layers.get(p) or ckpt.layers.get(DIFFUSION_PREFIX + p)
+        marker = markers.get(p)
+        if layer is None or marker is None:
             continue
-        marker = effective.get(p) or effective.get(DIFFUSION_PREFIX + p)
-        cid = memo.class_id(marker, layer)
-        six = known.get(cid)
-        if six is None:
-            six = known[cid] = memo.get("comfyui.release.six", marker, layer, partial(_is_six, ckpt, p))
-        if six:
-            out.append(p)
-    return sorted(out, key=module_order)
+        merged = effective.get(layer.prefix)
+        if merged is not None and merged is not marker and merged == marker:
+            marker = merged  # the object the other rules classed the layer with: its class is known
+        template = ckpt.memo.get("comfyui.release.w4a8", marker, layer, partial(first_forward, marker, layer.tensors))
+        forwards[layer.prefix] = bound(template, layer.prefix)
+        if template is not None:
+            keys[layer.prefix] = module_order(layer.prefix)
+    return forwards, keys
 
 
-def _is_six(ckpt, layer: str) -> bool:
-    return _six_storage(ckpt, layer) is not None
-
-
-def _six_storage(ckpt, layer: str):
-    """(weight, s_rel, group_size, convrot_groupsize) of a W4A8 layer stored 6-bit: 3K/4 bytes
-    a row, K = the group scales' columns x group_size (None otherwise)."""
-    t = _tensors(ckpt, layer)
-    w, s_rel = t.get("weight"), t.get("weight_s_rel")
-    if w is None or s_rel is None or len(w.shape) != 2 or len(s_rel.shape) != 2:
-        return None
-    marker = ckpt.markers.effective.get(layer) or ckpt.markers.effective.get(DIFFUSION_PREFIX + layer) or {}
-    nested = marker.get("params")
-    params: dict = nested if isinstance(nested, dict) else {}
-    group_size = marker.get("group_size", params.get("group_size", 16))
-    convrot = marker.get("convrot_groupsize", params.get("convrot_groupsize", 256))
-    if not isinstance(group_size, int) or not isinstance(convrot, int) or group_size <= 0 or convrot <= 0:
-        return None  # the marker's own errors decide
-    if w.shape[1] * 4 != s_rel.shape[1] * group_size * 3:
-        return None
-    return w, s_rel, group_size, convrot
-
-
-def _six_bit(group: ReleaseGroup, ckpt, layer: str):
-    """A W4A8 layer stored 6-bit under a comfy-kitchen that reads 4-bit codes only: its eager
-    linear takes K as twice the row's bytes and refuses the K or the group scales' shape, in
-    its own words."""
-    found = _six_storage(ckpt, layer)
-    if found is None:
-        return None
-    w, s_rel, group_size, convrot = found
-    n, row = w.shape
-    k = 2 * row
-    cause = f"{group.kitchen_text} (which ComfyUI {group.first} pins) has no 6-bit W4A8 storage"
-    fix = "load it with comfy-kitchen 0.2.40, or re-quantize 4-bit"
-    if group_size < 4 or k % 16 or k % group_size or k % convrot or (16 % group_size and group_size % 16):
-        message = (
-            f"K={k} must be divisible by 16, group_size={group_size}, and convrot_groupsize={convrot}; "
-            f"group_size must be >=4 and divide 16 or be a multiple of 16"
-        )
-    else:
-        message = f"s_rel must have shape {(n, k // group_size)}, got {tuple(s_rel.shape)}"
-    return Violation("comfyui.release", message, "ValueError", layer, "weight", True, cause, fix)
+def _read_markers(ckpt) -> dict[str, dict]:
+    """Each layer's marker as ComfyUI reads it (the header map's replacing the tensor's), keyed
+    by the layer's name without the diffusion-model prefix."""
+    out: dict[str, dict] = {}
+    for kind in ("tensor", "header"):
+        for rec in ckpt.markers.records:
+            if rec.kind == kind and isinstance(rec.obj, dict):
+                out[_bare(rec.prefix)] = rec.obj
+    return out
 
 
 FORWARD_ERRORS = {
@@ -680,29 +656,74 @@ def releases_for(ckpt, newest, spec: tuple[str, str] | None) -> Releases:
     return Releases(verdicts, selected_releases(spec))
 
 
+NEWER_KITCHEN = "0.2.40"
+"""The comfy-kitchen the ComfyUI profile (``comfyui.comfyui_verdict``) models, newer than the
+one ComfyUI 0.33.0 pins: where it decides otherwise, the report says what upgrading does."""
+
+
 def released(newest, releases: Releases) -> ReleasedVerdict:
-    """The ComfyUI verdict a check reports: the newest selected release's, carrying the
-    file's verdict on every release (``ReleasedVerdict``)."""
-    # by default the verdict stays that of the proven pairing (ComfyUI 0.33.0 with comfy-kitchen
-    # 0.2.40); a release spec gives the selected release's, with the comfy-kitchen it pins
-    last = newest if releases.selected == RELEASES else releases.chosen[-1][2]
+    """The ComfyUI verdict a check reports: the newest selected release's with the comfy-kitchen
+    it pins (by default ComfyUI 0.33.0 with comfy-kitchen 0.2.31), carrying the file's verdict
+    on every release and, for ComfyUI 0.33.0, ``newest`` (its verdict with comfy-kitchen 0.2.40)
+    where that differs (``ReleasedVerdict``)."""
+    group, _, last = releases.chosen[-1]
     out = ReleasedVerdict(last.target, last.violations, last.architecture)
     out.releases = releases
+    out.newest = newest if group is NEWEST and newest.violations is not last.violations else None
+    out.made = len(last.violations)
     return out
+
+
+def _outcome(verdict) -> tuple:
+    """What a runtime does with the file as a verdict says it: loads, or its first failure."""
+    first = verdict.first
+    return (None, None, None) if first is None else (first.exception, first.message, first.layer)
 
 
 class ReleasedVerdict(Verdict):
     """A ComfyUI verdict with the file's verdict on each release: the text report's lines and
-    the JSON's ``releases``."""
+    the JSON's ``releases``; and ``newer``, ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40
+    where it is not this one (None otherwise): the JSON's ``newer_kitchen``."""
 
-    __slots__ = ("releases",)
+    __slots__ = ("releases", "newest", "made")
     releases: Releases
+    newest: Verdict | None
+    """ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40 when this verdict is 0.33.0's and
+    another list of violations (None otherwise)."""
+    made: int
+    """How many violations this verdict had when it was made: the check adds the silent errors
+    of ``--deep``'s values after, to both verdicts."""
+
+    @property
+    def newer(self) -> Verdict | None:
+        """ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40 where it differs from this one."""
+        if self.newest is None:
+            return None
+        added = self.violations[self.made :]
+        newer = Verdict(self.newest.target, self.newest.violations + added, self.newest.architecture) if added else self.newest
+        return newer if _outcome(newer) != _outcome(self) else None
+
+    @property
+    def with_newer_kitchen(self) -> Verdict:
+        """ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40 when this is 0.33.0's: ``newer``
+        where it differs, else this one."""
+        newer = self.newer
+        return self if newer is None else newer
 
     def release_lines(self) -> list[str]:
-        return self.releases.lines()
+        lines = self.releases.lines()
+        newer = self.newer
+        if newer is not None:
+            lines.insert(0, f"with comfy-kitchen {NEWER_KITCHEN} instead of the pinned {NEWEST.kitchen}: {_failure(newer)}")
+        return lines
 
     def to_dict(self) -> dict:
-        return {**super().to_dict(), "releases": self.releases.to_dict()}
+        newer = None
+        found = self.newer
+        if found is not None:
+            said = found.to_dict()
+            newer = {"comfy_kitchen": NEWER_KITCHEN, **{k: said[k] for k in ("loads", "error", "exception", "rule", "layer")}}
+        return {**super().to_dict(), "releases": self.releases.to_dict(), "newer_kitchen": newer}
 
 
 def first_loading(fmt: str, marker: str) -> ReleaseGroup | None:

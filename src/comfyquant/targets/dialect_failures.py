@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .base import RuntimeFailure, Violation
+from .torch_text import broadcast_error
 
 
 def render(target: str, tag: str, failures: Iterable[RuntimeFailure]) -> list[Violation]:
@@ -21,7 +22,7 @@ def render(target: str, tag: str, failures: Iterable[RuntimeFailure]) -> list[Vi
     return [
         Violation(
             f"{target}.{tag}",
-            f.message,
+            _message(f),
             f.exception,
             f.layer,
             f.tensor,
@@ -32,3 +33,11 @@ def render(target: str, tag: str, failures: Iterable[RuntimeFailure]) -> list[Vi
         )
         for f in ordered
     ]
+
+
+def _message(f: RuntimeFailure) -> str:
+    """The failure's message: torch's broadcasting error in torch's words when the failure
+    names the shapes the runtime multiplies, else the dialect's own."""
+    if f.broadcast is not None:
+        return broadcast_error(*f.broadcast) or f.message
+    return f.message

@@ -12,6 +12,9 @@ W4A4 scales (used in the compute dtype) and a W4A8 correction work exactly in BF
 
 from __future__ import annotations
 
+from functools import partial
+from typing import TYPE_CHECKING
+
 from ..dtypes import DTYPE_BITS
 from ..formats.base import GeometryError, is_pow4
 from ..formats.registry import FORMATS
@@ -21,6 +24,9 @@ from .kitchen_awq import awq_forward
 from .kitchen_int8 import int8_input_k
 from .kitchen_w4a4 import w4a4_scale_length, w4a4_scale_rank
 from .torch_text import TORCH_DTYPES, broadcast_error
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 
 def _v(
@@ -36,7 +42,7 @@ def _v(
     return Violation(f"comfy-kitchen.{rule}", message, exception if blocking else None, layer, tensor, blocking, cause, fix)
 
 
-def kitchen_verdict(ckpt) -> Verdict:
+def kitchen_verdict(ckpt: Checkpoint) -> Verdict:
     # comfy-kitchen is handed its tensors by ComfyUI: a file ComfyUI's safe_open refuses never
     # reaches it, so its verdict starts with the same SafetensorError
     out: list[Violation] = container_violations("comfy-kitchen", ckpt)
@@ -51,9 +57,7 @@ def kitchen_verdict(ckpt) -> Verdict:
             name = marker.get("format") if isinstance(marker.get("format"), str) else None
         if marker is None or name is None:
             continue
-        load, first_forward = memo.get(
-            "comfy-kitchen", marker, layer, lambda m=marker, n=name, lay=layer: _layer_templates(n, m, lay.tensors)
-        )
+        load, first_forward = memo.get("comfy-kitchen", marker, layer, partial(_layer_templates, name, marker, layer.tensors))
         if load:
             out.extend(bind(load, prefix))
         if first_forward:
@@ -181,7 +185,7 @@ def missing_templates(name: str, tensors: dict) -> tuple[list[Violation], list[V
     return None
 
 
-def python_json_markers(ckpt) -> dict[str, dict]:
+def python_json_markers(ckpt: Checkpoint) -> dict[str, dict]:
     """Tensor markers comfyquant refuses but Python's ``json`` reads into an object (``NaN``,
     ``Infinity``, ``1e400`` in them): ComfyUI parses markers with it, so their layers are built,
     and fail on those values (``int()`` of a non-finite size)."""

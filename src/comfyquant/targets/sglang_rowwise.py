@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..formats.rowwise_fp8 import DENSE, MAP_VERSION, ROWWISE_FP8, SCALE_RECIPE, declared_format, declares_rowwise
 from ..markers import MARKER_MAP as META_KEY
 from ..markers import VERSION_KEY
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 ERROR = "RowwiseFp8Error"
 CONFIG = "RowwiseFp8Config"
@@ -62,7 +65,7 @@ def parsed_map(header) -> object:
         return None
 
 
-def rowwise_files(ckpt, damaged: Callable[[], dict]) -> list[tuple[Any, dict]]:
+def rowwise_files(ckpt: Checkpoint, damaged: Callable[[], dict]) -> list[tuple[Any, dict]]:
     """(header, parsed map) of each shard SGLang reads as rowwise FP8 (``declares_rowwise``);
     ``damaged()``: the shards ``safe_open`` refuses (asked only when a map names the format)."""
     out = []
@@ -152,7 +155,7 @@ def _validate_tensors(tensors: dict, fp8_layers: set[str]) -> set[str]:
     return static
 
 
-def read(ckpt, damaged: Callable[[], dict], run) -> str | None:
+def read(ckpt: Checkpoint, damaged: Callable[[], dict], run) -> str | None:
     """SGLang's rowwise reading of every shard that declares the format: the first failure is
     failed on ``run`` (``targets.sglang.Run``); the config class name when every such shard
     builds one, None when no shard declares the format."""

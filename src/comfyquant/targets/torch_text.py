@@ -7,6 +7,8 @@ all of them.
 
 from __future__ import annotations
 
+from ..shapes import broadcast_mismatch
+
 TORCH_DTYPES = {
     "BOOL": "bool",
     "U8": "uint8",
@@ -33,12 +35,9 @@ TORCH_DTYPES = {
 
 def broadcast_error(a: tuple, b: tuple) -> str | None:
     """torch's message when shapes ``a`` and ``b`` do not broadcast (dimensions compared from
-    the last one, as torch's ``infer_size`` does), or None."""
-    ndim = max(len(a), len(b))
-    for i in range(ndim - 1, -1, -1):
-        back = ndim - 1 - i
-        da = a[len(a) - 1 - back] if back < len(a) else 1
-        db = b[len(b) - 1 - back] if back < len(b) else 1
-        if da != db and da != 1 and db != 1:
-            return f"The size of tensor a ({da}) must match the size of tensor b ({db}) at non-singleton dimension {i}"
-    return None
+    the last one, as torch's ``infer_size`` does: ``shapes.broadcast_mismatch``), or None."""
+    clash = broadcast_mismatch(a, b)
+    if clash is None:
+        return None
+    da, db, i = clash
+    return f"The size of tensor a ({da}) must match the size of tensor b ({db}) at non-singleton dimension {i}"

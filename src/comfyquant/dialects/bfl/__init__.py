@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from ...numerics import nvfp4_layouts as lay
 from ...shapes import fmt_shape
 from ...targets.base import RuntimeFailure
-from ..base import EXACT, LOSSY, PERMUTATION, REFUSED, Claim, Dialect, Lossy, Move, Translation
+from ..base import EXACT, LOSSY, PERMUTATION, REFUSED, Claim, Dialect, Lossy, Move, Translation, exact
 from ..common import FLOAT_SCALE_DTYPES, copy, is_scalar_float, scalar_scale
 from ..decoders import scaled_fp8
 from . import nvfp4
@@ -40,6 +40,8 @@ NAME = "bfl"
 NVFP4 = "nvfp4"
 FP8R = "fp8r"
 SOURCE = "the BFL layout of diffusers quantize_nvfp4: low nibble first, linear scales"
+PACKING = nvfp4.Packing(NAME, NVFP4, lay.LOW_FIRST, lay.LINEAR)
+"""How the BFL layout stores an NVFP4 layer, read (``detect``) and written (``to=bfl``) alike."""
 PACKED_QKV = ("_attn.qkv", ".linear1")
 """BFL (FLUX) names of packed QKV layers: SGLang's diffusion loader reads the scales of a file
 that has them as swizzled and swaps nibbles (``_build_nvfp4_config_from_safetensors_files``)."""
@@ -120,17 +122,7 @@ def detect(ckpt: Checkpoint, claimed: set) -> Claim | None:
 
 
 def _nvfp4(prefix: str, t: dict, scale_cols: int, unsettled: list[str] | None) -> Translation:
-    tr = nvfp4.to_comfy(
-        prefix,
-        t,
-        dialect=NAME,
-        variant=NVFP4,
-        nibbles=lay.LOW_FIRST,
-        layout=lay.LINEAR,
-        scale_cols=scale_cols,
-        source=SOURCE,
-        unsettled=list(unsettled or []),
-    )
+    tr = nvfp4.to_comfy(prefix, t, PACKING, scale_cols=scale_cols, source=SOURCE, unsettled=list(unsettled or []))
     if "input_scale" not in t and tr.verdict == PERMUTATION:
         tr.why += "; no input_scale (diffusers' BFL quantizer refuses such a layer; Comfy runs it with dynamic activation scales)"
     return tr
@@ -142,19 +134,9 @@ def _fp8r(prefix: str, t: dict) -> Translation:
     drops = [si.name] if si is not None else []
     dropped_why = "fp8r quantizes activations per row at run time: diffusers never applies input_scale"
     if w.shape[0] == 1:  # one row: the per-row scale is a per-tensor scale
-        return Translation(
-            prefix,
-            NAME,
-            FP8R,
-            t,
-            verdict=EXACT,
-            format="float8_e4m3fn",
-            marker={"format": "float8_e4m3fn"},
-            why="one row: its per-row scale is a per-tensor scale",
-            moves=[copy(w, "weight"), scalar_scale(s, prefix, "weight_scale"), *others],
-            drops=drops,
-            dropped_why=dropped_why,
-        )
+        why = "one row: its per-row scale is a per-tensor scale"
+        moves = [copy(w, "weight"), scalar_scale(s, prefix, "weight_scale"), *others]
+        return exact(NAME, prefix, t, FP8R, "float8_e4m3fn", why, moves=moves, drops=drops, dropped_why=dropped_why)
     return Translation(
         prefix,
         NAME,
@@ -252,10 +234,7 @@ def export(ckpt: Checkpoint, claimed: set) -> Claim | None:
             tr = layers[prefix] = nvfp4.from_comfy(
                 prefix,
                 t,
-                dialect=NAME,
-                variant=NVFP4,
-                nibbles=lay.LOW_FIRST,
-                layout=lay.LINEAR,
+                PACKING,
                 keep_rows=False,
                 pad_scale_cols=False,
                 marker=None,

@@ -11,7 +11,7 @@ written, the decoder imports torch when it runs.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...findings import Finding
 from ...formats.registry import FORMATS
@@ -31,6 +31,21 @@ SCALE_DTYPES = ("F8_E4M3", "U8")
 PADDING_UNSETTLED = "the padding the translation drops is zero"
 """What stays open for a layer whose padded tensor cannot be read as its header says."""
 """E4M3 block scales (U8: the same bytes under another label)."""
+
+
+class Packing(NamedTuple):
+    """How a dialect stores its NVFP4 layers: the dialect and variant its translations are
+    labelled with, the nibble order and the scale layout (``numerics.nvfp4_layouts``).  One
+    value describes both directions (``to_comfy`` and ``from_comfy``)."""
+
+    dialect: str
+    variant: str
+    nibbles: str
+    layout: str
+
+    def refuse(self, prefix: str, t: dict, why: str, **more: Any) -> Translation:
+        """The layer is not translated, and ``why``."""
+        return Translation(prefix, self.dialect, self.variant, t, verdict=REFUSED, why=why, **more)
 
 
 class Dropping(Move):
@@ -81,25 +96,17 @@ def model_rows(t: dict, rows: int) -> int | None:
 
 
 def to_comfy(
-    prefix: str,
-    t: dict,
-    *,
-    dialect: str,
-    variant: str,
-    nibbles: str,
-    layout: str,
-    scale_cols: int,
-    source: str,
-    unsettled: list[str] | None = None,
+    prefix: str, t: dict, packing: Packing, *, scale_cols: int, source: str, unsettled: list[str] | None = None
 ) -> Translation:
-    """The Comfy ``nvfp4`` translation of a packed-FP4 layer stored with ``nibbles`` order and
-    ``layout`` scales of ``scale_cols`` logical columns (``source`` says who writes it so)."""
+    """The Comfy ``nvfp4`` translation of a packed-FP4 layer stored as ``packing`` says, with
+    ``scale_cols`` logical scale columns (``source`` says who writes it so)."""
     w, s, si = t["weight"], t["weight_scale"], t.get("input_scale")
     rows, cb = w.shape
     kblocks = 2 * cb // lay.BLOCK
     pad_rows, pad_cols = comfy_pad()
     n_model = model_rows(t, rows)
-    refuse = partial(Translation, prefix, dialect, variant, t, verdict=REFUSED, unsettled=unsettled)
+    nibbles, layout = packing.nibbles, packing.layout
+    refuse = partial(packing.refuse, prefix, t, unsettled=unsettled)
     if (2 * cb) % pad_cols:
         return refuse(
             why=f"packed weight {fmt_shape(w.shape)} holds K = {2 * cb}, not a multiple of {pad_cols}: "
@@ -153,8 +160,7 @@ def to_comfy(
     return _repacked(
         prefix,
         t,
-        dialect,
-        variant,
+        packing,
         weight,
         scale,
         why,
@@ -165,7 +171,7 @@ def to_comfy(
     )
 
 
-def _repacked(prefix: str, t: dict, dialect: str, variant: str, weight: Move, scale: Move, why: str, **kw) -> Translation:
+def _repacked(prefix: str, t: dict, packing: Packing, weight: Move, scale: Move, why: str, **kw) -> Translation:
     """The translation of an NVFP4 layer whose weight and block scales are repacked into
     another layout (``to_comfy`` and ``from_comfy``): the two global scales stay scalars, the
     other tensors are copied, and ``kw`` carries what the direction adds (format, marker...)."""
@@ -174,7 +180,7 @@ def _repacked(prefix: str, t: dict, dialect: str, variant: str, weight: Move, sc
     if si is not None:
         moves.append(scalar_scale(si, prefix, "input_scale"))
     moves += [copy(e, suffix) for suffix, e in t.items() if suffix not in HANDLED]
-    return Translation(prefix, dialect, variant, t, verdict=PERMUTATION, why=why, moves=moves, **kw)
+    return Translation(prefix, packing.dialect, packing.variant, t, verdict=PERMUTATION, why=why, moves=moves, **kw)
 
 
 def _decode(stored: dict, *, nibbles: str, layout: str, scale_cols: int, rows: int, cols: int):
@@ -194,24 +200,22 @@ def _decode(stored: dict, *, nibbles: str, layout: str, scale_cols: int, rows: i
 def from_comfy(
     prefix: str,
     t: dict,
+    packing: Packing,
     *,
-    dialect: str,
-    variant: str,
-    nibbles: str,
-    layout: str,
     keep_rows: bool,
     pad_scale_cols: bool,
     marker: dict | None,
     require_input_scale: str = "",
 ) -> Translation:
-    """A Comfy ``nvfp4`` layer in another layout: ``nibbles`` order, ``layout`` scales, rows cut
+    """A Comfy ``nvfp4`` layer in the layout ``packing`` says (nibble order, scales), rows cut
     to the model's N (the bias length) unless ``keep_rows``, packed and scale columns padded to
     16 when ``pad_scale_cols`` (ModelOpt's ``row_col``).  Dropped padding must be zero (the
     transforms check it when they run).  ``require_input_scale``: why the layout needs one."""
     w, s, s2, si = t["weight"], t["weight_scale"], t["weight_scale_2"], t.get("input_scale")
     rows, cb = w.shape
     kblocks = 2 * cb // lay.BLOCK
-    refuse = partial(Translation, prefix, dialect, variant, t, verdict=REFUSED)
+    nibbles, layout = packing.nibbles, packing.layout
+    refuse = partial(packing.refuse, prefix, t)
     if (
         (2 * cb) % lay.BLOCK
         or tuple(s.shape) != blocked_shape(rows, kblocks)
@@ -256,8 +260,7 @@ def from_comfy(
     return _repacked(
         prefix,
         t,
-        dialect,
-        variant,
+        packing,
         weight,
         scale,
         ", ".join(what + [scale.what]),

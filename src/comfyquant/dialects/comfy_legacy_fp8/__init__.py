@@ -20,21 +20,22 @@ from ...dtypes import MODEL_FLOAT_DTYPES
 from ...findings import DEEP_MEASURES, Finding
 from ...formats.registry import FORMATS, infer_format
 from ...io.header import TensorEntry
-from ...shapes import fmt_shape
+from ...shapes import broadcast_mismatch, fmt_shape
 from ...targets.base import RuntimeFailure
-from ...targets.torch_text import broadcast_error
-from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation, ValueCast
+from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation, ValueCast, exact
 from ..common import (
     DIFFUSION_ROOTS,
     FLOAT_SCALE_DTYPES,
     LEGACY_SENTINEL,
     copy,
+    drop_unit_scale_input,
     float_scalar,
     is_scalar_float,
     legacy_sentinels,
     root_of,
     scalar_scale,
     two_level_scales,
+    unit_scale_inputs,
 )
 from ..decoders import scaled_fp8
 from ..reading import read_sound
@@ -131,18 +132,8 @@ def _translate(prefix: str, t: dict, full_precision: bool) -> Translation:
         why = ", ".join(f"rename {old} -> {new}" for old, new in renames.items() if old in t)
         if sw.dtype != "F32":
             why += f", {sw.dtype} scale -> F32 (exact)"
-        return Translation(
-            prefix,
-            NAME,
-            variant,
-            t,
-            verdict=EXACT,
-            why=why,
-            format=fmt,
-            marker=marker,
-            moves=moves,
-            unsettled=["scale_input == 1.0"] if si is not None else [],
-        )
+        unsettled = ["scale_input == 1.0"] if si is not None else []
+        return exact(NAME, prefix, t, variant, fmt, why, marker, moves=moves, unsettled=unsettled)
     if sw.dtype in FLOAT_SCALE_DTYPES and (len(sw.shape) in (1, 2, 3)) and len(w.shape) == 2 and _scale_fits(w.shape, sw.shape):
         variant = "block" if len(sw.shape) == 3 else "channel"
         return Translation(
@@ -193,13 +184,9 @@ def settle(ckpt: Checkpoint, claim: Claim) -> list[Finding]:
         if any(e.name not in values for e in wanted[tr.prefix]):
             continue  # a scale whose bytes are not what its header says: C001/C002 name it, it stays unsettled
         si = tr.inputs.get("scale_input")
-        if si is not None and si.name in values and tr.format is not None:
-            if float_scalar(values[si.name], si.dtype) == 1.0:
-                tr.moves = [m for m in tr.moves if m.source != si.name]
-                tr.drops.append(si.name)
-                tr.dropped_why = "scale_input == 1.0, which ComfyUI drops (dynamic activations)"
-                tr.why = tr.why.replace(", rename scale_input -> input_scale", "") + ", drop scale_input == 1.0"
-                ones.append(tr.prefix)
+        if si is not None and si.name in values and drop_unit_scale_input(tr, float_scalar(values[si.name], si.dtype)):
+            tr.why = tr.why.replace(", rename scale_input -> input_scale", "") + ", drop scale_input == 1.0"
+            ones.append(tr.prefix)
         if tr.format is None and tr.verdict == EXACT:
             sw = tr.inputs["scale_weight"]
             if sw.name in values:
@@ -222,18 +209,13 @@ def settle(ckpt: Checkpoint, claim: Claim) -> list[Finding]:
                     )
         tr.unsettled = []
     claim.unsettled = []  # what stays open is on the layers it concerns
-    if ones:
-        findings.append(
-            Finding(
-                "F004",
-                f"{len(ones)} legacy layer(s) have scale_input == 1.0 (e.g. {ones[0]}): ComfyUI "
-                "drops it and runs them with dynamic activation scales",
-                severity="info",
-                cause="the value, not the header, decides ComfyUI's activation scheme",
-                fix="nothing to do; comfyquant migrate drops it the same way",
-            )
-        )
-    return findings
+    return findings + unit_scale_inputs(
+        ones,
+        "legacy",
+        "ComfyUI drops it and runs them with dynamic activation scales",
+        cause="the value, not the header, decides ComfyUI's activation scheme",
+        fix="nothing to do; comfyquant migrate drops it the same way",
+    )
 
 
 def _recast(tr: Translation) -> bool:
@@ -358,13 +340,13 @@ def failures(ckpt: Checkpoint, claim: Claim) -> list[RuntimeFailure]:
                     severity="warning",
                 )
             )
-        elif tr.verdict == LOSSY and broadcast_error(tuple(w.shape), tuple(tr.inputs["scale_weight"].shape)):
+        elif tr.verdict == LOSSY and broadcast_mismatch(tuple(w.shape), tuple(tr.inputs["scale_weight"].shape)):
             sw = tr.inputs["scale_weight"]
             # the float8_e4m3fn layout multiplies the weight by its scale as stored: torch's error
             out.append(
                 RuntimeFailure(
                     "comfyui",
-                    broadcast_error(tuple(w.shape), tuple(sw.shape)) or "",
+                    "",
                     "RuntimeError",
                     tr.prefix,
                     "scale_weight",
@@ -373,6 +355,7 @@ def failures(ckpt: Checkpoint, claim: Claim) -> list[RuntimeFailure]:
                     "float8_e4m3fn layout multiplies the weight by it at the first forward",
                     "comfyquant migrate --allow-lossy, or dequantize",
                     severity="error",
+                    broadcast=(tuple(w.shape), tuple(sw.shape)),
                 )
             )
         elif tr.verdict == LOSSY:

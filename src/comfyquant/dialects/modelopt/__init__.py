@@ -40,7 +40,7 @@ from ...numerics.blocked import ceil_to
 from ...shapes import fmt_shape
 from ...targets.base import RuntimeFailure
 from ...version import __version__
-from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation
+from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation, exact
 from ..bfl import nvfp4
 from ..common import FLOAT_SCALE_DTYPES, copy, is_scalar_float, scalar_scale
 from ..decoders import scaled_fp8
@@ -218,10 +218,7 @@ def _nvfp4(
     tr = nvfp4.to_comfy(
         prefix,
         t,
-        dialect=NAME,
-        variant="nvfp4",
-        nibbles=lay.LOW_FIRST,
-        layout=layout,
+        nvfp4.Packing(NAME, "nvfp4", lay.LOW_FIRST, layout),
         scale_cols=fits[layout],
         source=SOURCE,
         unsettled=note,
@@ -247,18 +244,7 @@ def _fp8(prefix: str, layer) -> Translation:
             moves.append(scalar_scale(si, prefix, "input_scale"))
         changes = [m.what for m in moves if m.what]
         why = "Comfy float8_e4m3fn tensors" + (f" ({', '.join(changes)})" if changes else "")
-        tr = Translation(
-            prefix,
-            NAME,
-            "fp8",
-            t,
-            verdict=EXACT,
-            why=why,
-            format="float8_e4m3fn",
-            marker={"format": "float8_e4m3fn"},
-            moves=moves,
-        )
-        return _marker_note(tr, layer)
+        return _marker_note(exact(NAME, prefix, t, "fp8", "float8_e4m3fn", why, moves=moves), layer)
     if s.dtype in FLOAT_SCALE_DTYPES and tuple(s.shape) in ((w.shape[0],), (w.shape[0], 1)):
         return Translation(
             prefix,
@@ -409,10 +395,7 @@ def export(ckpt: Checkpoint, claimed: set) -> Claim | None:
             tr = layers[prefix] = nvfp4.from_comfy(
                 prefix,
                 t,
-                dialect=NAME,
-                variant="nvfp4",
-                nibbles=lay.LOW_FIRST,
-                layout=layout["scales"],
+                nvfp4.Packing(NAME, "nvfp4", lay.LOW_FIRST, layout["scales"]),
                 keep_rows=layout["rows"] == "padded",
                 pad_scale_cols=bool(layout["row_col"]),
                 marker=dict(marker),

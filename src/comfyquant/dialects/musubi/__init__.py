@@ -37,16 +37,18 @@ from ...formats.registry import infer_format
 from ...io.header import TensorEntry
 from ...shapes import fmt_shape
 from ...targets.base import RuntimeFailure
-from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation, refused
+from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Translation, exact, refused
 from ..common import (
     FLOAT_SCALE_DTYPES,
     TWO_LEVEL_SCALE,
     copy,
+    drop_unit_scale_input,
     float_scalar,
     is_scalar_float,
     legacy_sentinels,
     scalar_scale,
     two_level_scales,
+    unit_scale_inputs,
 )
 from ..decoders import scaled_fp8
 from ..reading import read_sound
@@ -199,15 +201,13 @@ def _per_tensor(prefix: str, t: dict, fmt: str, others: list) -> Translation:
             dropped_why + "; " if dropped_why else ""
         ) + f"{TENSOR_SCALE}, which musubi applies to block scales only (its loader ignores it here)"
     variant = "tensor" if w.dtype == "F8_E4M3" else "tensor, e5m2"
-    return Translation(
-        prefix,
+    return exact(
         NAME,
-        variant,
+        prefix,
         t,
-        verdict=EXACT,
-        why=why,
-        format=fmt,
-        marker={"format": fmt},
+        variant,
+        fmt,
+        why,
         moves=moves,
         drops=drops,
         dropped_why=dropped_why,
@@ -258,24 +258,17 @@ def settle(ckpt: Checkpoint, claim: Claim) -> list[Finding]:
             elif s == TENSOR_SCALE and v == 1.0 and tr.variant == "block, two-level":
                 unit_tensor.append(tr.prefix)
         si = tr.inputs.get("scale_input")
-        if si is not None and si.name in values and tr.format is not None and values[si.name] == 1.0:
-            tr.moves = [m for m in tr.moves if m.source != si.name]
-            tr.drops.append(si.name)
-            tr.dropped_why = "scale_input == 1.0, which ComfyUI drops (dynamic activations)"
+        if si is not None and si.name in values and drop_unit_scale_input(tr, values[si.name]):
             ones.append(tr.prefix)
         tr.unsettled = []
     claim.unsettled = []  # what stays open is on the layers it concerns
-    if ones:
-        findings.append(
-            Finding(
-                "F004",
-                f"{len(ones)} musubi layer(s) carry scale_input == 1.0 (e.g. {ones[0]}): dropped, "
-                "the layer runs with dynamic activation scales",
-                severity="info",
-                cause="musubi never reads scale_input",
-                fix="nothing to do",
-            )
-        )
+    findings += unit_scale_inputs(
+        ones,
+        "musubi",
+        "dropped, the layer runs with dynamic activation scales",
+        "musubi never reads scale_input",
+        "nothing to do",
+    )
     if unit_tensor:
         findings.append(
             Finding(

@@ -527,28 +527,11 @@ def _sglang(claim: Claim) -> list[RuntimeFailure]:
                     severity="error",
                 )
             )
-        elif tr.variant == "awq w4a16" and not awq_rule:
+        elif (tr.variant == "awq w4a16") != awq_rule:
             out.append(
                 RuntimeFailure(
                     "sglang",
-                    f"layer '{tr.prefix}': SGLang's nunchaku config runs AWQ W4A16 "
-                    f"only for names containing {' / '.join(SGLANG_AWQ)}; it builds this layer as SVDQ "
-                    "W4A4 (qweight I8 [N, K/2]) and the stored I32 [N/4, K/2] qweight does not fit",
-                    "AssertionError",
-                    tr.prefix,
-                    "qweight",
-                    "load",
-                    "SGLang nunchaku AWQ pattern",
-                    severity="error",
-                )
-            )
-        elif tr.variant != "awq w4a16" and awq_rule:
-            out.append(
-                RuntimeFailure(
-                    "sglang",
-                    f"layer '{tr.prefix}': SGLang's nunchaku config runs names "
-                    f"containing {' / '.join(SGLANG_AWQ)} as AWQ W4A16 (qweight I32 [N/4, K/2]); this "
-                    f"{tr.variant} layer does not fit",
+                    _awq_mismatch(tr.prefix, tr.variant, awq_rule),
                     "AssertionError",
                     tr.prefix,
                     "qweight",
@@ -558,6 +541,21 @@ def _sglang(claim: Claim) -> list[RuntimeFailure]:
                 )
             )
     return out
+
+
+def _awq_mismatch(prefix: str, variant: str, awq_rule: bool) -> str:
+    """Why a layer fails SGLang's name rule for AWQ W4A16: the rule picks the layer's kind by
+    its name, and this layer's stored kind is the other one (either way the qweight does not fit)."""
+    names = " / ".join(SGLANG_AWQ)
+    if awq_rule:
+        return (
+            f"layer '{prefix}': SGLang's nunchaku config runs names containing {names} as AWQ W4A16 "
+            f"(qweight I32 [N/4, K/2]); this {variant} layer does not fit"
+        )
+    return (
+        f"layer '{prefix}': SGLang's nunchaku config runs AWQ W4A16 only for names containing {names}; "
+        "it builds this layer as SVDQ W4A4 (qweight I8 [N, K/2]) and the stored I32 [N/4, K/2] qweight does not fit"
+    )
 
 
 DIALECTS = (

@@ -21,6 +21,7 @@ them the file needs the Comfy layout. Both directions, and when each is exact:
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from ...findings import Finding
 from ...formats.rowwise_fp8 import ROWWISE_FP8, declared_format, declares_rowwise, header_map
@@ -28,10 +29,13 @@ from ...markers import MARKER_MAP as META_KEY
 from ...markers import marker_map_text
 from ...numerics.bytewise import to_f32
 from ...numerics.nvfp4_layouts import broadcast_rows
-from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Move, Translation
+from ..base import EXACT, LOSSY, REFUSED, Claim, Dialect, Lossy, Move, Translation, exact
 from ..common import copy, is_scalar_float, scalar_scale
 from ..decoders import scaled_fp8
 from ..reading import read_sound
+
+if TYPE_CHECKING:
+    from ...checkpoint import Checkpoint
 
 NAME = "sglang-rowwise"
 COMFY = "float8_e4m3fn"
@@ -51,7 +55,7 @@ def _rowwise_tensors(t: dict) -> bool:
     )
 
 
-def declared_layers(ckpt) -> dict[str, str]:
+def declared_layers(ckpt: Checkpoint) -> dict[str, str]:
     """Prefix -> file of each layer a shard's SGLang rowwise map declares rowwise FP8."""
     out: dict[str, str] = {}
     for h in ckpt.headers:
@@ -78,21 +82,10 @@ def _exact(prefix: str, t: dict, why: str) -> Translation:
     moves = [copy(w, "weight"), Move("weight_scale", s.name, "F32", (), lambda b: bytes(b[:4]), EXACT, "first row's scale")]
     if i is not None:
         moves.append(scalar_scale(i, prefix, "input_scale"))
-    return Translation(
-        prefix,
-        NAME,
-        "rowwise",
-        t,
-        verdict=EXACT,
-        why=why,
-        format=COMFY,
-        marker={"format": COMFY},
-        moves=moves + _others(t),
-        declared=ROWWISE_FP8,
-    )
+    return exact(NAME, prefix, t, "rowwise", COMFY, why, moves=moves + _others(t), declared=ROWWISE_FP8)
 
 
-def detect(ckpt, claimed: set) -> Claim | None:
+def detect(ckpt: Checkpoint, claimed: set) -> Claim | None:
     layers: dict[str, Translation] = {}
     for prefix in declared_layers(ckpt):
         layer = ckpt.layers.get(prefix)
@@ -132,7 +125,7 @@ def detect(ckpt, claimed: set) -> Claim | None:
     return Claim(NAME, layers, notes=notes)
 
 
-def settle(ckpt, claim: Claim) -> list[Finding]:
+def settle(ckpt: Checkpoint, claim: Claim) -> list[Finding]:
     """Read the row scales: a layer whose rows all hold the same F32 value is exactly Comfy FP8."""
     open_ = [tr for tr in claim.layers.values() if tr.verdict == LOSSY and UNSETTLED in tr.unsettled]
     values = read_sound(ckpt, [tr.inputs["weight_scale"] for tr in open_])
@@ -162,14 +155,14 @@ def settle(ckpt, claim: Claim) -> list[Finding]:
     return []
 
 
-def failures(ckpt, claim: Claim) -> list:
+def failures(ckpt: Checkpoint, claim: Claim) -> list:
     """Nothing beyond the profiles: SGLang's reader is modelled in ``targets.sglang_rowwise``,
     ComfyUI fails on the map's first string entry (its header-map rule), comfy-kitchen reads
     the tensors without a map."""
     return []
 
 
-def export(ckpt, claimed: set) -> Claim | None:
+def export(ckpt: Checkpoint, claimed: set) -> Claim | None:
     """Comfy ``float8_e4m3fn`` layers as SGLang rowwise FP8, with SGLang's header map."""
     layers: dict[str, Translation] = {}
     fp8: list[str] = []
