@@ -270,10 +270,6 @@ class Marked:
             found = self._keys[name] = module_order(name)
         return found
 
-    def in_order(self, names: list[str]) -> list[str]:
-        """``names`` sorted in module order (equals as listed)."""
-        return sorted(names, key=self.order)
-
     def least(self, names: list[str]) -> str:
         """The first of ``names`` in module order (the first listed of equals): the layers a
         tensor alone marks are often those of the first unknown format, asked again."""
@@ -472,7 +468,8 @@ def _unread(ckpt, marked: Marked):
         failing = _least(bad, marked.order) if bad else None
     if failing is not None:
         v = _Mismatches("comfyui.release", "", "RuntimeError", failing, "weight", True, cause, fix)
-        v.lines = lambda: [m for m in (_mismatch(ckpt, n) for n in marked.in_order(unread)) if m is not None]
+        # the message's closure keeps no ``marked`` (which keeps this violation): no cycle holds the checkpoint
+        v.lines = lambda: [m for m in (_mismatch(ckpt, n) for n in sorted(unread, key=module_order)) if m is not None]
         return v
     return Violation(
         "comfyui.release",
