@@ -215,20 +215,23 @@ _DIGITS_OUT = bytes.maketrans(b"0123456789", b"\0" * 10)
 """Every ASCII digit to NUL: a name's *shape* (its text, and where its digit runs are)."""
 
 
-def _least(names: list[str], key) -> str:
-    """``min(names, key=key)`` for ``key`` = ``module_order`` (the first listed of equals),
-    keying only a few names: ASCII names of one shape (the same text between digit runs of the
-    same lengths) compare in module order as plain strings do, so each shape's least string
-    stands for it, and only those are keyed (a model's names have a few dozen shapes)."""
+def _least(names: list[str], key) -> tuple[str, bool]:
+    """``min(names, key=key)`` for ``key`` = ``module_order`` (the first listed of equals), and
+    whether no other name has its key (then any order of the names gives it), keying only a
+    few names: ASCII names of one shape (the same text between digit runs of the same lengths)
+    compare in module order as plain strings do, so each shape's least string stands for it,
+    and only those are keyed (a model's names have a few dozen shapes)."""
     text = "\n".join(names)
     if len(names) < 8 or not text.isascii() or "\0" in text or text.count("\n") != len(names) - 1:
-        return min(names, key=key)
+        found = min(names, key=key)
+        return found, False
     best: dict[bytes, int] = {}
     for i, shape in enumerate(text.encode().translate(_DIGITS_OUT).split(b"\n")):
         have = best.get(shape)
         if have is None or names[i] < names[have]:
             best[shape] = i
-    return names[min(best.values(), key=lambda i: (key(names[i]), i))]
+    ranked = sorted(best.values(), key=lambda i: (key(names[i]), i))  # an equal key is another shape's least
+    return names[ranked[0]], len(ranked) < 2 or key(names[ranked[0]]) != key(names[ranked[1]])
 
 
 def first_knowing(fmt: str) -> ReleaseGroup | None:
@@ -257,8 +260,8 @@ class Marked:
         self.unread = [p for p in tensor if p not in header] if header else list(tensor)
         self._keys: dict[str, list] = {}
         """Each layer's ``module_order`` key, made once per check and only when asked."""
-        self._last: tuple[list[str], str] | None = None
-        """The names ``least`` was last asked about, and its answer."""
+        self._last: tuple[list[str], str, bool] | None = None
+        """The names ``least`` was last asked about, its answer, and whether no other name ties it."""
         self._firsts: dict[tuple, str] = {}
         self._done: dict[str, object] = {}
         """Results that do not depend on the release (``once``)."""
@@ -276,8 +279,10 @@ class Marked:
         last = self._last
         if last is not None and last[0] == names:
             return last[1]
-        found = _least(names, self.order)
-        self._last = (names, found)
+        if last is not None and last[2] and len(last[0]) == len(names) and set(last[0]).issuperset(names):
+            return last[1]  # the same names in another order (the header map's and the tensors'): no tie decides
+        found, alone = _least(names, self.order)
+        self._last = (names, found, alone)
         return found
 
     def first(self, read: dict, formats: set) -> str:
@@ -465,7 +470,7 @@ def _unread(ckpt, marked: Marked):
     failing: str | None = least
     if _mismatch(ckpt, least) is None:  # else the first in module order of those that fail, if any: no sort
         bad = [n for n in unread if _mismatch(ckpt, n) is not None]
-        failing = _least(bad, marked.order) if bad else None
+        failing = _least(bad, marked.order)[0] if bad else None
     if failing is not None:
         v = _Mismatches("comfyui.release", "", "RuntimeError", failing, "weight", True, cause, fix)
         # the message's closure keeps no ``marked`` (which keeps this violation): no cycle holds the checkpoint
