@@ -154,10 +154,49 @@ def marked_formats(ckpt) -> tuple[dict[str, object], dict[str, object]]:
     by the layer's name without the diffusion-model prefix (ComfyUI matches both)."""
     header: dict[str, object] = {}
     tensor: dict[str, object] = {}
-    for rec in ckpt.markers.records:
-        if isinstance(rec.obj, dict):
-            (header if rec.kind == "header" else tensor)[_bare(rec.prefix)] = rec.obj.get("format")
+    cut = len(DIFFUSION_PREFIX)
+    for rec in ckpt.markers.records:  # once per marker: ``_bare`` inline
+        obj = rec.obj
+        if isinstance(obj, dict):
+            prefix = rec.prefix
+            if prefix.startswith(DIFFUSION_PREFIX):
+                prefix = prefix[cut:]
+            (header if rec.kind == "header" else tensor)[prefix] = obj.get("format")
     return header, tensor
+
+
+def _formats(values) -> tuple[set, bool]:
+    """The formats among marker values that may be any JSON value (unhashable ones included),
+    and whether every value is one."""
+    try:
+        found = set(values)
+    except TypeError:  # a list or an object among them
+        return {f for f in values if isinstance(f, str)}, False
+    named = {f for f in found if isinstance(f, str)}
+    return named, len(named) == len(found)
+
+
+_DIGITS_OUT = bytes.maketrans(b"0123456789", b"\0" * 10)
+"""Every ASCII digit to NUL: a name's *shape* (its text, and where its digit runs are)."""
+
+
+def _least(names: list[str], key) -> tuple[str, bool]:
+    """``min(names, key=key)`` for ``key`` = ``module_order`` (the first listed of equals), and
+    whether no other name has its key (then any order of the names gives it), keying only a
+    few names: ASCII names of one shape (the same text between digit runs of the same lengths)
+    compare in module order as plain strings do, so each shape's least string stands for it,
+    and only those are keyed (a model's names have a few dozen shapes)."""
+    text = "\n".join(names)
+    if len(names) < 8 or not text.isascii() or "\0" in text or text.count("\n") != len(names) - 1:
+        found = min(names, key=key)
+        return found, False
+    best: dict[bytes, int] = {}
+    for i, shape in enumerate(text.encode().translate(_DIGITS_OUT).split(b"\n")):
+        have = best.get(shape)
+        if have is None or names[i] < names[have]:
+            best[shape] = i
+    ranked = sorted(best.values(), key=lambda i: (key(names[i]), i))  # an equal key is another shape's least
+    return names[ranked[0]], len(ranked) < 2 or key(names[ranked[0]]) != key(names[ranked[1]])
 
 
 def first_knowing(fmt: str) -> ReleaseGroup | None:
@@ -170,33 +209,58 @@ class Marked:
     layer's format with both marker forms (the header map's replacing the tensor's) and with
     the header map alone, the formats each names, and the layers a tensor alone marks."""
 
-    __slots__ = ("both", "header", "both_formats", "header_formats", "unread", "_keys", "_firsts", "_done")
+    __slots__ = ("both", "header", "both_formats", "header_formats", "unread", "_whole", "_keys", "_last", "_firsts", "_done")
 
     def __init__(self, ckpt) -> None:
         header, tensor = marked_formats(ckpt)
         self.header = header
-        self.both = {**tensor, **header}
-        self.both_formats = {f for f in self.both.values() if isinstance(f, str)}
-        self.header_formats = {f for f in header.values() if isinstance(f, str)}
-        self.unread = [p for p in tensor if p not in header]
+        self.both = {**tensor, **header} if header else tensor
+        self.both_formats, every = _formats(self.both.values())
+        self.header_formats, every_header = _formats(header.values())
+        self._whole = {
+            id(self.both): self.both_formats if every else None,
+            id(header): self.header_formats if every_header else None,
+        }
+        """A read's formats when every value is a format (then a layer is named by its format alone)."""
+        self.unread = [p for p in tensor if p not in header] if header else list(tensor)
         self._keys: dict[str, list] = {}
+        """Each layer's ``module_order`` key, made once per check and only when asked."""
+        self._last: tuple[list[str], str, bool] | None = None
+        """The names ``least`` was last asked about, its answer, and whether no other name ties it."""
         self._firsts: dict[tuple, str] = {}
         self._done: dict[str, object] = {}
         """Results that do not depend on the release (``once``)."""
 
+    def order(self, name: str) -> list:
+        """``module_order(name)``, made once per check."""
+        found = self._keys.get(name)
+        if found is None:
+            found = self._keys[name] = module_order(name)
+        return found
+
+    def least(self, names: list[str]) -> str:
+        """The first of ``names`` in module order (the first listed of equals): the layers a
+        tensor alone marks are often those of the first unknown format, asked again."""
+        last = self._last
+        if last is not None and last[0] == names:
+            return last[1]
+        if last is not None and last[2] and len(last[0]) == len(names) and set(last[0]).issuperset(names):
+            return last[1]  # the same names in another order (the header map's and the tensors'): no tie decides
+        found, alone = _least(names, self.order)
+        self._last = (names, found, alone)
+        return found
+
     def first(self, read: dict, formats: set) -> str:
-        """The first layer, in module order, that ``read`` marks with one of ``formats``
-        (each layer's order key made once per check)."""
+        """The first layer, in module order, that ``read`` marks with one of ``formats``."""
         key = (id(read), frozenset(formats))
-        if key in self._firsts:
-            return self._firsts[key]
-        keys = self._keys
-        named = [p for p, f in read.items() if isinstance(f, str) and f in formats]  # a format may be any JSON value
-        for p in named:
-            if p not in keys:
-                keys[p] = module_order(p)
-        found = min(named, key=keys.__getitem__)
-        self._firsts[key] = found
+        found = self._firsts.get(key)
+        if found is None:
+            whole = self._whole.get(id(read))
+            if whole is not None and whole <= formats:  # every layer it reads
+                named = list(read)
+            else:
+                named = [p for p, f in read.items() if isinstance(f, str) and f in formats]  # a format may be any JSON value
+            found = self._firsts[key] = self.least(named)
         return found
 
     def once(self, name: str, make):
@@ -232,7 +296,7 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
     out = []
     if TENSOR not in group.markers:
         if marked.unread:
-            out.append(marked.once("unread", lambda: _unread(ckpt, sorted(marked.unread, key=module_order))))
+            out.append(marked.once("unread", lambda: _unread(ckpt, marked)))
         legacy = marked.once("legacy", lambda: _legacy_scales(ckpt))
         if legacy is not None:  # loading fails before any forward
             return Verdict("comfyui", [legacy], newest.architecture)
@@ -359,24 +423,30 @@ def _tensors(ckpt, bare: str) -> dict:
     return layer.tensors if layer is not None else {}
 
 
-def _unread(ckpt, unread: list[str]):
+def _unread(ckpt, marked: Marked):
     """A layer marked by a tensor alone, in a release that reads only the header map: its
     stored weight loads into a plain ``Linear``; a weight stored in another shape than the
-    model's (packed codes) fails ``load_state_dict`` (torch lists every such tensor: the
-    message is written when it is read), one of the model's shape computes garbage."""
+    model's (packed codes) fails ``load_state_dict`` (torch lists every such tensor, in module
+    order: the message is written when it is read), one of the model's shape computes garbage."""
     cause = f"ComfyUI before 0.4.0 reads quantization markers only from the {HEADER}"
     fix = "add the header map (comfyquant fix) or load it with ComfyUI 0.4.0 or newer"
-    for name in unread:
-        if _mismatch(ckpt, name) is not None:
-            v = _Mismatches("comfyui.release", "", "RuntimeError", name, "weight", True, cause, fix)
-            v.lines = lambda: [m for m in (_mismatch(ckpt, n) for n in unread) if m is not None]
-            return v
+    unread = marked.unread
+    least = marked.least(unread)
+    failing: str | None = least
+    if _mismatch(ckpt, least) is None:  # else the first in module order of those that fail, if any: no sort
+        bad = [n for n in unread if _mismatch(ckpt, n) is not None]
+        failing = _least(bad, marked.order)[0] if bad else None
+    if failing is not None:
+        v = _Mismatches("comfyui.release", "", "RuntimeError", failing, "weight", True, cause, fix)
+        # the message's closure keeps no ``marked`` (which keeps this violation): no cycle holds the checkpoint
+        v.lines = lambda: [m for m in (_mismatch(ckpt, n) for n in sorted(unread, key=module_order)) if m is not None]
+        return v
     return Violation(
         "comfyui.release",
-        f"layer '{unread[0]}': ComfyUI before 0.4.0 reads only the header map, not the .comfy_quant "
+        f"layer '{least}': ComfyUI before 0.4.0 reads only the header map, not the .comfy_quant "
         f"tensor marker: the stored codes load as a plain weight (garbage output, no error)",
         None,
-        unread[0],
+        least,
         "comfy_quant",
         False,
         cause,
@@ -498,13 +568,19 @@ def _failure(verdict) -> str:
     return f"{first.exception}: {first.message}" if first.exception else first.message
 
 
+_MEMO_KEYS: dict[ReleaseGroup, tuple] = {}
+"""Each group's ``_memo_key``: facts of the tables alone, made once per process."""
+
+
 def releases_for(ckpt, newest, spec: tuple[str, str] | None) -> Releases:
     """The file's verdict on every group with a release ``spec`` selects."""
     marked = Marked(ckpt)
     memo: dict[tuple, Verdict] = {}
     verdicts = []
     for group in GROUPS:
-        key = _memo_key(group)
+        key = _MEMO_KEYS.get(group)
+        if key is None:
+            key = _MEMO_KEYS[group] = _memo_key(group)
         verdict = memo.get(key)
         if verdict is None:
             verdict = memo[key] = release_verdict(group, marked, newest, ckpt)
