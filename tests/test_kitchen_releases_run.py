@@ -83,3 +83,49 @@ def test_the_generated_space_agrees_on_the_groups_that_differ_most(space, releas
             bad.append(f"{case.id}: {why}")
     print(f"{len(space)} cases on comfy-kitchen {group.name}, {driven} driven, {time.monotonic() - start:.0f} s")
     assert not bad, "\n".join(bad[:40])
+
+
+def test_each_groups_first_failure_is_its_whole_verdicts(space):
+    """What check's release lines and JSON say of a group (``GroupVerdict.first``, found without
+    ordering every layer) is the first failure of that group's whole verdict (``release_verdict``,
+    what ``--target comfy-kitchen==<release>`` shows), on every case of the generated space."""
+    from comfyquant.checkpoint import open_checkpoint
+    from comfyquant.targets.base import Verdict
+    from comfyquant.targets.kitchen import kitchen_verdict
+
+    def said(v):
+        return None if v is None else (v.rule, v.message, v.exception, v.layer, v.tensor)
+
+    bad = []
+    for case in space:
+        try:
+            ckpt = open_checkpoint([str(case.path)])
+        except Exception:  # a file that does not open has no layers to judge
+            continue
+        newest = kitchen_verdict(ckpt)
+        for group in product.GROUPS:
+            fast = product.GroupVerdict(group, ckpt, newest).first
+            whole = Verdict("comfy-kitchen", product.release_verdict(group, ckpt, newest).violations).first
+            if said(fast) != said(whole):
+                bad.append(f"{case.id} on {group.name}: {said(fast)} != {said(whole)}")
+    assert not bad, "\n".join(bad[:20])
+
+
+def test_the_first_failing_layer_is_the_first_in_module_order(tmp_path):
+    """Layers stored out of module order (``blocks.10`` before ``blocks.2``, one name of another
+    shape): the first failure a group without W4A8 names is the first layer in module order."""
+    from builders import fp8_layer, w4a8_layer, write
+    from comfyquant.checkpoint import open_checkpoint
+    from comfyquant.targets.base import Verdict
+    from comfyquant.targets.kitchen import kitchen_verdict
+
+    names = [f"blocks.{i}.attn.qkv" for i in (10, 2, 33, 1, 7, 12, 5, 9, 3)] + ["blocks.0.ff.up", "final.linear"]
+    parts = [w4a8_layer(n) if i % 2 == 0 else fp8_layer(n) for i, n in enumerate(names)]
+    ckpt = open_checkpoint([write(tmp_path / "order.safetensors", *parts)])
+    newest = kitchen_verdict(ckpt)
+    group = product.group_of("0.2.20")  # FP8 but no W4A8 layout
+    fast = product.GroupVerdict(group, ckpt, newest).first
+    whole = Verdict("comfy-kitchen", product.release_verdict(group, ckpt, newest).violations).first
+    assert fast is not None and whole is not None
+    assert (fast.layer, fast.message) == (whole.layer, whole.message)
+    assert fast.layer == "blocks.3.attn.qkv"  # the W4A8 layers: blocks 10, 33, 7, 5, 3 and final.linear

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -138,16 +139,23 @@ class Verdict:
         return self.first is None
 
     def to_dict(self) -> dict:
-        first = self.first
         return {
-            "loads": first is None,
-            "error": first.message if first else None,
-            "exception": first.exception if first else None,
-            "rule": first.rule if first else None,
-            "layer": first.layer if first else None,
+            **outcome(self.first),
             "warnings": [v.message for v in self.violations if not v.fails],
             **({"architecture": self.architecture} if self.architecture is not None else {}),
         }
+
+
+def outcome(first: Violation | None) -> dict:
+    """What a verdict whose first failure is ``first`` says in JSON: whether the file loads,
+    and the error, exception, rule and layer it fails with."""
+    return {
+        "loads": first is None,
+        "error": first.message if first else None,
+        "exception": first.exception if first else None,
+        "rule": first.rule if first else None,
+        "layer": first.layer if first else None,
+    }
 
 
 LAYER = "\x00layer\x00"
@@ -213,6 +221,29 @@ def module_order(name: str) -> list:
     parts: list = _NUMBERS.split(name)
     parts[1::2] = map(int, parts[1::2])
     return parts
+
+
+_DIGITS_OUT = bytes.maketrans(b"0123456789", b"\0" * 10)
+"""Every ASCII digit to NUL: a name's *shape* (its text, and where its digit runs are)."""
+
+
+def least_in_module_order(names: list[str], key: Callable[[str], list] = module_order) -> tuple[str, bool]:
+    """``min(names, key=key)`` for ``key`` = ``module_order`` (the first listed of equals), and
+    whether no other name has its key (then any order of the names gives it), keying only a
+    few names: ASCII names of one shape (the same text between digit runs of the same lengths)
+    compare in module order as plain strings do, so each shape's least string stands for it,
+    and only those are keyed (a model's names have a few dozen shapes)."""
+    text = "\n".join(names)
+    if len(names) < 8 or not text.isascii() or "\0" in text or text.count("\n") != len(names) - 1:
+        found = min(names, key=key)
+        return found, False
+    best: dict[bytes, int] = {}
+    for i, shape in enumerate(text.encode().translate(_DIGITS_OUT).split(b"\n")):
+        have = best.get(shape)
+        if have is None or names[i] < names[have]:
+            best[shape] = i
+    ranked = sorted(best.values(), key=lambda i: (key(names[i]), i))  # an equal key is another shape's least
+    return names[ranked[0]], len(ranked) < 2 or key(names[ranked[0]]) != key(names[ranked[1]])
 
 
 def in_module_order(violations: list[Violation]) -> list[Violation]:

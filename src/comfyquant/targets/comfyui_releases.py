@@ -19,6 +19,7 @@ from collections.abc import Callable
 from functools import partial
 
 from .base import Verdict, Violation, module_order
+from .base import least_in_module_order as _least
 from .releases import first_loading as first_loading_of
 from .releases import select, split_release, summary, version_key  # noqa: F401 (split_release, version_key: named here too)
 
@@ -174,29 +175,6 @@ def _formats(values) -> tuple[set, bool]:
         return {f for f in values if isinstance(f, str)}, False
     named = {f for f in found if isinstance(f, str)}
     return named, len(named) == len(found)
-
-
-_DIGITS_OUT = bytes.maketrans(b"0123456789", b"\0" * 10)
-"""Every ASCII digit to NUL: a name's *shape* (its text, and where its digit runs are)."""
-
-
-def _least(names: list[str], key) -> tuple[str, bool]:
-    """``min(names, key=key)`` for ``key`` = ``module_order`` (the first listed of equals), and
-    whether no other name has its key (then any order of the names gives it), keying only a
-    few names: ASCII names of one shape (the same text between digit runs of the same lengths)
-    compare in module order as plain strings do, so each shape's least string stands for it,
-    and only those are keyed (a model's names have a few dozen shapes)."""
-    text = "\n".join(names)
-    if len(names) < 8 or not text.isascii() or "\0" in text or text.count("\n") != len(names) - 1:
-        found = min(names, key=key)
-        return found, False
-    best: dict[bytes, int] = {}
-    for i, shape in enumerate(text.encode().translate(_DIGITS_OUT).split(b"\n")):
-        have = best.get(shape)
-        if have is None or names[i] < names[have]:
-            best[shape] = i
-    ranked = sorted(best.values(), key=lambda i: (key(names[i]), i))  # an equal key is another shape's least
-    return names[ranked[0]], len(ranked) < 2 or key(names[ranked[0]]) != key(names[ranked[1]])
 
 
 def first_knowing(fmt: str) -> ReleaseGroup | None:

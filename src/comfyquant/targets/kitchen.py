@@ -12,7 +12,7 @@ W4A4 scales (used in the compute dtype) and a W4A8 correction work exactly in BF
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -49,9 +49,22 @@ def kitchen_verdict(ckpt: Checkpoint, adjust: Callable | None = None) -> Verdict
     # comfy-kitchen is handed its tensors by ComfyUI: a file ComfyUI's safe_open refuses never
     # reaches it, so its verdict starts with the same SafetensorError
     out: list[Violation] = container_violations("comfy-kitchen", ckpt)
-    memo = ckpt.memo
     forward: list[Violation] = []
     built = len(out)
+    for prefix, load, first_forward in layer_templates(ckpt, adjust):
+        if load:
+            out.extend(bind(load, prefix))
+        if first_forward:
+            forward.extend(bind(first_forward, prefix))
+    out[built:] = in_module_order(out[built:])  # each layer is built in turn
+    out.extend(in_module_order(forward))  # every layer is built (loaded) before the first forward
+    return Verdict("comfy-kitchen", out)
+
+
+def layer_templates(ckpt: Checkpoint, adjust: Callable | None = None) -> Iterator[tuple[str, list[Violation], list[Violation]]]:
+    """(layer, load templates, first-forward templates) of each marked layer, in the file's
+    order (``adjust`` as for ``kitchen_verdict``): the verdict binds and orders them."""
+    memo = ckpt.memo
     lenient = python_json_markers(ckpt)
     for prefix, layer in ckpt.layers.items():
         marker, name = layer.marker, layer.format_name
@@ -63,13 +76,7 @@ def kitchen_verdict(ckpt: Checkpoint, adjust: Callable | None = None) -> Verdict
         load, first_forward = memo.get("comfy-kitchen", marker, layer, partial(_layer_templates, name, marker, layer.tensors))
         if adjust is not None:
             load, first_forward = adjust(name, marker, layer, load, first_forward)
-        if load:
-            out.extend(bind(load, prefix))
-        if first_forward:
-            forward.extend(bind(first_forward, prefix))
-    out[built:] = in_module_order(out[built:])  # each layer is built in turn
-    out.extend(in_module_order(forward))  # every layer is built (loaded) before the first forward
-    return Verdict("comfy-kitchen", out)
+        yield prefix, load, first_forward
 
 
 NOT_2D: dict[str, dict[str, tuple[str, str, str] | tuple[str, str]]] = {

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .base import LAYER, Verdict, Violation
+from .base import LAYER, Verdict, Violation, outcome
 from .dialect_failures import DialectViolation
 from .releases import first_loading, select, summary
 
@@ -377,13 +377,86 @@ def release_verdict(group: ReleaseGroup, ckpt, newest: Verdict) -> Verdict:
     from .kitchen import kitchen_verdict
 
     own = kitchen_verdict(ckpt, _adjuster(group, ckpt)).violations
-    extra = [v for v in newest.violations if isinstance(v, DialectViolation)]
-    if extra:
-        whole = [v for v in extra if v.blocking and v.layer is None]
+    whole, rest = _dialect_extra(newest)
+    if whole:
         at = next((i for i, v in enumerate(own) if v.file is None), len(own))
         own[at:at] = whole
-        own.extend(v for v in extra if not (v.blocking and v.layer is None))
+    own.extend(rest)
     return Verdict("comfy-kitchen", own, newest.architecture)
+
+
+def _dialect_extra(newest: Verdict) -> tuple[list[Violation], list[Violation]]:
+    """The dialect violations of 0.2.40's verdict: those that stop the whole file (placed after
+    the file's own), and the others (placed last)."""
+    extra: list[Violation] = [v for v in newest.violations if isinstance(v, DialectViolation)]
+    whole = [v for v in extra if v.blocking and v.layer is None]
+    return whole, [v for v in extra if not (v.blocking and v.layer is None)]
+
+
+class GroupVerdict:
+    """A group's verdict worked out as far as it is read: what the release fails with
+    (``first``, ``loads``) from the layers' templates, finding the first failing layer in module
+    order without ordering them all; every violation (``violations``) only when a release spec
+    shows this group's verdict (``release_verdict``)."""
+
+    __slots__ = ("target", "architecture", "_group", "_ckpt", "_newest", "_violations", "_first", "_known")
+
+    def __init__(self, group: ReleaseGroup, ckpt, newest: Verdict) -> None:
+        self.target = "comfy-kitchen"
+        self.architecture = newest.architecture
+        self._group, self._ckpt, self._newest = group, ckpt, newest
+        self._violations: list[Violation] | None = None
+        self._first: Violation | None = None
+        self._known = False
+
+    @property
+    def violations(self) -> list[Violation]:
+        if self._violations is None:
+            self._violations = release_verdict(self._group, self._ckpt, self._newest).violations
+        return self._violations
+
+    @property
+    def first(self) -> Violation | None:
+        if not self._known:
+            self._first = self._find_first()
+            self._known = True
+        return self._first
+
+    @property
+    def loads(self) -> bool:
+        return self.first is None
+
+    def to_dict(self) -> dict:
+        return Verdict(self.target, self.violations, self.architecture).to_dict()
+
+    def _find_first(self) -> Violation | None:
+        """``release_verdict``'s first blocking violation: the file's own and the dialects'
+        whole-file ones, then the least failing layer's at load, then at the first forward,
+        then the dialects' per-layer ones; with none, the first silent error of the whole verdict."""
+        from .base import bind, container_violations, least_in_module_order
+        from .kitchen import layer_templates
+
+        whole, rest = _dialect_extra(self._newest)
+        head = container_violations("comfy-kitchen", self._ckpt)
+        at = next((i for i, v in enumerate(head) if v.file is None), len(head))
+        found = next((v for v in head[:at] + whole + head[at:] if v.blocking), None)
+        if found is not None:
+            return found
+        load: dict[str, list[Violation]] = {}
+        forward: dict[str, list[Violation]] = {}
+        for prefix, loading, running in layer_templates(self._ckpt, _adjuster(self._group, self._ckpt)):
+            if any(v.blocking for v in loading):
+                load[prefix] = loading
+            if any(v.blocking for v in running):
+                forward[prefix] = running
+        for failing in (load, forward):
+            if failing:
+                layer = least_in_module_order(list(failing))[0]
+                return next(v for v in bind(failing[layer], layer) if v.blocking)
+        found = next((v for v in rest if v.blocking), None)
+        if found is not None:
+            return found
+        return Verdict(self.target, self.violations).first
 
 
 class Releases:
@@ -392,12 +465,12 @@ class Releases:
 
     __slots__ = ("verdicts", "selected")
 
-    def __init__(self, verdicts: list[tuple[ReleaseGroup, Verdict]], selected: tuple[str, ...]) -> None:
+    def __init__(self, verdicts: list[tuple[ReleaseGroup, Verdict | GroupVerdict]], selected: tuple[str, ...]) -> None:
         self.verdicts = verdicts
         self.selected = selected
 
     @property
-    def chosen(self) -> list[tuple[ReleaseGroup, tuple[str, ...], Verdict]]:
+    def chosen(self) -> list[tuple[ReleaseGroup, tuple[str, ...], Verdict | GroupVerdict]]:
         """The groups with a selected release, with only those releases."""
         chosen = set(self.selected)
         out = []
@@ -408,7 +481,7 @@ class Releases:
         return out
 
     @property
-    def runs(self) -> list[tuple[tuple[str, ...], bool, Verdict]]:
+    def runs(self) -> list[tuple[tuple[str, ...], bool, Verdict | GroupVerdict]]:
         return [(group.releases, v.loads, v) for group, v in self.verdicts]
 
     @property
@@ -429,14 +502,14 @@ class Releases:
                 {
                     **group.to_dict(),
                     "releases": list(releases),
-                    **{k: v for k, v in verdict.to_dict().items() if k in ("loads", "error", "exception", "rule", "layer")},
+                    **outcome(verdict.first),
                 }
                 for group, releases, verdict in self.chosen
             ],
         }
 
 
-def _failure(verdict: Verdict) -> str:
+def _failure(verdict: Verdict | GroupVerdict) -> str:
     first = verdict.first
     if first is None:
         return "loads"
@@ -449,13 +522,13 @@ def releases_for(ckpt, newest: Verdict, spec: tuple[str, str] | None) -> Release
     selected = selected_releases(spec)
     facts = Facts(ckpt)
     plain = facts.key(NEWEST)
-    memo: dict[tuple, Verdict] = {plain: newest}
+    memo: dict[tuple, Verdict | GroupVerdict] = {plain: newest}
     verdicts = []
     for group in GROUPS:
         key = facts.key(group)
         verdict = memo.get(key)
         if verdict is None:
-            verdict = memo[key] = release_verdict(group, ckpt, newest)
+            verdict = memo[key] = GroupVerdict(group, ckpt, newest)
         verdicts.append((group, verdict))
     return Releases(verdicts, selected)
 
