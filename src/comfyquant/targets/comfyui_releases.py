@@ -150,11 +150,15 @@ def _bare(prefix: str) -> str:
     return prefix[len(DIFFUSION_PREFIX) :] if prefix.startswith(DIFFUSION_PREFIX) else prefix
 
 
-def marked_formats(ckpt) -> tuple[dict[str, object], dict[str, object]]:
-    """(header map, tensor markers): each layer's ``format`` as each marker form gives it, keyed
-    by the layer's name without the diffusion-model prefix (ComfyUI matches both)."""
+def marked_formats(ckpt) -> tuple[dict[str, object], dict[str, object], dict[str, dict]]:
+    """(header map, tensor markers, markers read): each layer's ``format`` as each marker form
+    gives it, and each layer's marker as ComfyUI reads it (the header map's replacing the
+    tensor's), keyed by the layer's name without the diffusion-model prefix (ComfyUI matches
+    both); one pass over the markers."""
     header: dict[str, object] = {}
     tensor: dict[str, object] = {}
+    header_objects: dict[str, dict] = {}
+    tensor_objects: dict[str, dict] = {}
     cut = len(DIFFUSION_PREFIX)
     for rec in ckpt.markers.records:  # once per marker: ``_bare`` inline
         obj = rec.obj
@@ -162,8 +166,13 @@ def marked_formats(ckpt) -> tuple[dict[str, object], dict[str, object]]:
             prefix = rec.prefix
             if prefix.startswith(DIFFUSION_PREFIX):
                 prefix = prefix[cut:]
-            (header if rec.kind == "header" else tensor)[prefix] = obj.get("format")
-    return header, tensor
+            if rec.kind == "header":
+                header[prefix] = obj.get("format")
+                header_objects[prefix] = obj
+            else:
+                tensor[prefix] = obj.get("format")
+                tensor_objects[prefix] = obj
+    return header, tensor, {**tensor_objects, **header_objects} if header_objects else tensor_objects
 
 
 def _formats(values) -> tuple[set, bool]:
@@ -187,10 +196,23 @@ class Marked:
     layer's format with both marker forms (the header map's replacing the tensor's) and with
     the header map alone, the formats each names, and the layers a tensor alone marks."""
 
-    __slots__ = ("both", "header", "both_formats", "header_formats", "unread", "_whole", "_keys", "_last", "_firsts", "_done")
+    __slots__ = (
+        "both",
+        "header",
+        "objects",
+        "both_formats",
+        "header_formats",
+        "unread",
+        "_whole",
+        "_keys",
+        "_last",
+        "_firsts",
+        "_done",
+    )
 
     def __init__(self, ckpt) -> None:
-        header, tensor = marked_formats(ckpt)
+        header, tensor, self.objects = marked_formats(ckpt)
+        """``objects``: each layer's marker as ComfyUI reads it (``marked_formats``)."""
         self.header = header
         self.both = {**tensor, **header} if header else tensor
         self.both_formats, every = _formats(self.both.values())
@@ -318,20 +340,19 @@ def _pinned(group: ReleaseGroup, ckpt, newest, read: dict, formats: set, marked:
     def make():
         from .comfyui_pinned import pinned_violations
 
-        forwards, keys = _pinned_forwards(ckpt, read)
+        forwards, keys = _pinned_forwards(ckpt, read, marked.objects)
         return pinned_violations(newest.violations, forwards, keys, PINNED_CAUSE) if forwards else None
 
     return marked.once("pinned", make)
 
 
-def _pinned_forwards(ckpt, read: dict) -> tuple[dict, dict]:
+def _pinned_forwards(ckpt, read: dict, markers: dict[str, dict]) -> tuple[dict, dict]:
     """Each W4A8 layer's pinned first forward (file layer name -> violation or None), and each
-    such layer's module-order key."""
+    such layer's module-order key; ``markers``: each layer's marker as ComfyUI reads it."""
     from .comfyui_pinned import FORMAT, bound, first_forward
 
     forwards: dict = {}
     keys: dict = {}
-    markers = _read_markers(ckpt)
     effective = ckpt.markers.effective
     for p, f in read.items():
         if f != FORMAT:
@@ -348,17 +369,6 @@ def _pinned_forwards(ckpt, read: dict) -> tuple[dict, dict]:
         if template is not None:
             keys[layer.prefix] = module_order(layer.prefix)
     return forwards, keys
-
-
-def _read_markers(ckpt) -> dict[str, dict]:
-    """Each layer's marker as ComfyUI reads it (the header map's replacing the tensor's), keyed
-    by the layer's name without the diffusion-model prefix."""
-    out: dict[str, dict] = {}
-    for kind in ("tensor", "header"):
-        for rec in ckpt.markers.records:
-            if rec.kind == kind and isinstance(rec.obj, dict):
-                out[_bare(rec.prefix)] = rec.obj
-    return out
 
 
 FORWARD_ERRORS = {
