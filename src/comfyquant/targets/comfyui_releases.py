@@ -20,8 +20,10 @@ from functools import partial
 
 from .base import Verdict, Violation, module_order
 from .base import least_in_module_order as _least
+from .releases import ReleasedVerdict as SharedReleasedVerdict
+from .releases import chosen_dicts, failure, select, split_release, summary, version_key  # noqa: F401 (split_release, version_key: named here too)
 from .releases import first_loading as first_loading_of
-from .releases import select, split_release, summary, version_key  # noqa: F401 (split_release, version_key: named here too)
+from .releases import group_of as shared_group_of
 
 HEADER = "header map"
 TENSOR = ".comfy_quant tensors"
@@ -127,10 +129,8 @@ NEWEST = GROUPS[-1]
 
 
 def group_of(release: str) -> ReleaseGroup:
-    for g in GROUPS:
-        if release in g.releases:
-            return g
-    raise KeyError(release)
+    """The group of one release; LookupError names the known ones."""
+    return shared_group_of("ComfyUI", GROUPS, release)
 
 
 # -- selection ----------------------------------------------------------------------------------
@@ -532,28 +532,14 @@ class Releases:
         """``loads from ComfyUI 0.31.0 on; fails before: KeyError: 'asym_w4a8_int8'`` and the
         releases where it stopped or started loading before."""
         chosen = f" ({self.chosen[-1][0].kitchen_text})" if self.selected != RELEASES else ""
-        return summary("ComfyUI", self.runs, self.selected, _failure, chosen, " (each with the comfy-kitchen it pins)")
+        return summary("ComfyUI", self.runs, self.selected, failure, chosen, " (each with the comfy-kitchen it pins)")
 
     def to_dict(self) -> dict:
         return {
             "first_loading": self.first_loading,
             "summary": self.lines(),
-            "releases": [
-                {
-                    **group.to_dict(),
-                    "releases": list(releases),
-                    **{k: v for k, v in verdict.to_dict().items() if k in ("loads", "error", "exception", "rule", "layer")},
-                }
-                for group, releases, verdict in self.chosen
-            ],
+            "releases": chosen_dicts(self.chosen),
         }
-
-
-def _failure(verdict) -> str:
-    first = verdict.first
-    if first is None:
-        return "loads"
-    return f"{first.exception}: {first.message}" if first.exception else first.message
 
 
 _MEMO_KEYS: dict[ReleaseGroup, tuple] = {}
@@ -600,13 +586,12 @@ def _outcome(verdict) -> tuple:
     return (None, None, None) if first is None else (first.exception, first.message, first.layer)
 
 
-class ReleasedVerdict(Verdict):
+class ReleasedVerdict(SharedReleasedVerdict):
     """A ComfyUI verdict with the file's verdict on each release: the text report's lines and
     the JSON's ``releases``; and ``newer``, ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40
     where it is not this one (None otherwise): the JSON's ``newer_kitchen``."""
 
-    __slots__ = ("releases", "newest", "made")
-    releases: Releases
+    __slots__ = ("newest", "made")
     newest: Verdict | None
     """ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40 when this verdict is 0.33.0's and
     another list of violations (None otherwise)."""
@@ -634,7 +619,7 @@ class ReleasedVerdict(Verdict):
         lines = self.releases.lines()
         newer = self.newer
         if newer is not None:
-            lines.insert(0, f"with comfy-kitchen {NEWER_KITCHEN} instead of the pinned {NEWEST.kitchen}: {_failure(newer)}")
+            lines.insert(0, f"with comfy-kitchen {NEWER_KITCHEN} instead of the pinned {NEWEST.kitchen}: {failure(newer)}")
         return lines
 
     def to_dict(self) -> dict:
@@ -643,7 +628,7 @@ class ReleasedVerdict(Verdict):
         if found is not None:
             said = found.to_dict()
             newer = {"comfy_kitchen": NEWER_KITCHEN, **{k: said[k] for k in ("loads", "error", "exception", "rule", "layer")}}
-        return {**super().to_dict(), "releases": self.releases.to_dict(), "newer_kitchen": newer}
+        return {**super().to_dict(), "newer_kitchen": newer}
 
 
 def first_loading(fmt: str, marker: str) -> ReleaseGroup | None:

@@ -31,9 +31,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .base import LAYER, Verdict, Violation, outcome
+from .base import LAYER, Verdict, Violation
 from .dialect_failures import DialectViolation
-from .releases import first_loading, select, summary
+from .releases import ReleasedVerdict, chosen_dicts, failure, first_loading, select, summary
+from .releases import group_of as shared_group_of
 
 LAYOUTS: dict[str, str] = {
     "float8_e4m3fn": "TensorCoreFP8Layout",
@@ -140,10 +141,7 @@ NEWEST = GROUPS[-1]
 
 def group_of(release: str) -> ReleaseGroup:
     """The group of one release; LookupError names the known ones."""
-    for g in GROUPS:
-        if release in g.releases:
-            return g
-    raise LookupError(f"comfy-kitchen {release} is not a known release (known: {', '.join(RELEASES)})")
+    return shared_group_of("comfy-kitchen", GROUPS, release)
 
 
 def first_running(fmt: str) -> ReleaseGroup | None:
@@ -492,28 +490,14 @@ class Releases:
     def lines(self) -> list[str]:
         """``loads from comfy-kitchen 0.2.27 on; fails before: AttributeError: ...`` and the
         releases where it stopped or started loading before."""
-        return summary("comfy-kitchen", self.runs, self.selected, _failure)
+        return summary("comfy-kitchen", self.runs, self.selected, failure)
 
     def to_dict(self) -> dict:
         return {
             "first_loading": self.first_loading,
             "summary": self.lines(),
-            "releases": [
-                {
-                    **group.to_dict(),
-                    "releases": list(releases),
-                    **outcome(verdict.first),
-                }
-                for group, releases, verdict in self.chosen
-            ],
+            "releases": chosen_dicts(self.chosen),
         }
-
-
-def _failure(verdict: Verdict | GroupVerdict) -> str:
-    first = verdict.first
-    if first is None:
-        return "loads"
-    return f"{first.exception}: {first.message}" if first.exception else first.message
 
 
 def releases_for(ckpt, newest: Verdict, spec: tuple[str, str] | None) -> Releases:
@@ -531,20 +515,6 @@ def releases_for(ckpt, newest: Verdict, spec: tuple[str, str] | None) -> Release
             verdict = memo[key] = GroupVerdict(group, ckpt, newest)
         verdicts.append((group, verdict))
     return Releases(verdicts, selected)
-
-
-class ReleasedVerdict(Verdict):
-    """A comfy-kitchen verdict with the file's verdict on each release: the text report's lines
-    and the JSON's ``releases``."""
-
-    __slots__ = ("releases",)
-    releases: Releases
-
-    def release_lines(self) -> list[str]:
-        return self.releases.lines()
-
-    def to_dict(self) -> dict:
-        return {**super().to_dict(), "releases": self.releases.to_dict()}
 
 
 def released(newest: Verdict, releases: Releases) -> ReleasedVerdict:

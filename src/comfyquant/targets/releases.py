@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .base import Verdict, outcome
+
 OPERATORS = ("==", ">=", "<=", ">", "<")
 
 Run = tuple[tuple[str, ...], bool, Any]
@@ -110,3 +112,43 @@ def summary(
         if runs[i][1] != runs[i - 1][1]:
             lines.append(f"{'starts' if runs[i][1] else 'stops'} loading at {runtime} {runs[i][0][0]}")
     return lines
+
+
+def failure(verdict: Any) -> str:
+    """``Type: message`` of what a group's verdict fails with (the message alone when the runtime
+    raises none of its own; ``loads`` when it does not fail)."""
+    first = verdict.first
+    if first is None:
+        return "loads"
+    return f"{first.exception}: {first.message}" if first.exception else first.message
+
+
+def chosen_dicts(chosen: Sequence[tuple[Any, tuple[str, ...], Any]]) -> list[dict]:
+    """The JSON's ``releases``: per group with a selected release, its facts (``to_dict``), its
+    selected releases and what its verdict fails with."""
+    return [{**group.to_dict(), "releases": list(releases), **outcome(verdict.first)} for group, releases, verdict in chosen]
+
+
+class ReleasedVerdict(Verdict):
+    """A runtime's verdict with the file's verdict on each of its releases (``releases``: an
+    object with ``lines()`` and ``to_dict()``): the text report's lines and the JSON's
+    ``releases``."""
+
+    __slots__ = ("releases",)
+    releases: Any
+
+    def release_lines(self) -> list[str]:
+        return self.releases.lines()
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "releases": self.releases.to_dict()}
+
+
+def group_of(runtime: str, groups: Sequence[Any], release: str) -> Any:
+    """The group of ``groups`` (each with ``releases``) that holds ``release``; a release none
+    holds is a LookupError that names the known ones."""
+    for g in groups:
+        if release in g.releases:
+            return g
+    known = ", ".join(r for g in groups for r in g.releases)
+    raise LookupError(f"{runtime} {release} is not a known release (known: {known})")

@@ -26,11 +26,12 @@ import json
 import struct
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..markers import HEADER, MARKER_MAP, VERSION_KEY
-from .base import Verdict, Violation
-from .releases import select, summary
+from .base import Verdict, Violation, outcome
+from .releases import ReleasedVerdict, select, summary
+from .releases import group_of as shared_group_of
 
 NEWEST = "0.5.23"
 FORMATS = ("float8_e4m3fn", "int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4", "nvfp4", "mxfp8", "rowwise-float8_e4m3fn")
@@ -143,32 +144,20 @@ GROUPS: tuple[ReleaseGroup, ...] = (
 RELEASES = tuple(r for g in GROUPS for r in g.releases)
 
 
-class ReleaseVerdict:
+class ReleaseVerdict(NamedTuple):
     """One release group's verdict on a checkpoint (``error``/``exception``: what it fails with;
     ``exception`` None with an ``error``: it fails without a message of its own)."""
 
-    __slots__ = ("group", "loads", "error", "exception", "how", "rule", "layer")
-
-    def __init__(
-        self,
-        group: ReleaseGroup,
-        loads: bool,
-        error: str | None = None,
-        exception: str | None = None,
-        how: str = "",
-        rule: str | None = None,
-        layer: str | None = None,
-    ) -> None:
-        self.group = group
-        self.loads = loads
-        self.error = error
-        self.exception = exception
-        self.how = how
-        self.rule = rule
-        """The rule of ``targets.sglang`` the failure comes from (0.5.23's, or ``sglang.R1``/``sglang.R8``
-        for the older config checks, ``sglang.legacy`` for the readers before 0.5.19)."""
-        self.layer = layer
-        """The layer the failure names (None: the file as a whole)."""
+    group: ReleaseGroup
+    loads: bool
+    error: str | None = None
+    exception: str | None = None
+    how: str = ""
+    rule: str | None = None
+    """The rule of ``targets.sglang`` the failure comes from (0.5.23's, or ``sglang.R1``/``sglang.R8``
+    for the older config checks, ``sglang.legacy`` for the readers before 0.5.19)."""
+    layer: str | None = None
+    """The layer the failure names (None: the file as a whole)."""
 
     def __repr__(self) -> str:
         return f"ReleaseVerdict({self.group.name}, loads={self.loads}, {self.exception}: {self.error})"
@@ -368,11 +357,8 @@ def first_reading_release(fmt: str) -> str | None:
 
 
 def group_of(release: str) -> ReleaseGroup:
-    """The group of one release (``0.5.21``); LookupError names the known ones."""
-    for g in GROUPS:
-        if release in g.releases:
-            return g
-    raise LookupError(f"SGLang {release} is not a known release (known: {', '.join(RELEASES)})")
+    """The group of one release; LookupError names the known ones."""
+    return shared_group_of("SGLang", GROUPS, release)
 
 
 # -- a check's verdicts per release -----------------------------------------------------------
@@ -445,14 +431,7 @@ def releases_for(ckpt, newest: Verdict, spec: tuple[str, str] | None) -> Release
 
 def brief(verdict: Verdict) -> dict[str, Any]:
     """What ``group_verdict`` reads of a verdict (the keys of ``Verdict.to_dict`` it uses)."""
-    first = verdict.first
-    return {
-        "loads": first is None,
-        "error": first.message if first else None,
-        "exception": first.exception if first else None,
-        "rule": first.rule if first else None,
-        "layer": first.layer if first else None,
-    }
+    return outcome(verdict.first)
 
 
 def released(newest: Verdict, releases: Releases) -> ReleasedVerdict:
@@ -513,20 +492,6 @@ def _in_words_of(group: ReleaseGroup, v: Violation) -> Violation:
     )
     out.covers = v.covers
     return out
-
-
-class ReleasedVerdict(Verdict):
-    """An SGLang verdict with the file's verdict on each release: the text report's lines and the
-    JSON's ``releases``."""
-
-    __slots__ = ("releases",)
-    releases: Releases
-
-    def release_lines(self) -> list[str]:
-        return self.releases.lines()
-
-    def to_dict(self) -> dict:
-        return {**super().to_dict(), "releases": self.releases.to_dict()}
 
 
 # -- the readers before 0.5.19 -----------------------------------------------------------------
