@@ -38,7 +38,15 @@ def test_real_layers_raise_no_value_error(tmp_path, variant):
     layer = make_layer(variant, PREFIX, 64, 256, seed=3)
     report = _check(tmp_path, layer)
     assert not [f for f in report.findings if f.code.startswith("D") and f.severity == "error"], report.findings
-    assert all(v.loads for v in report.verdicts.values()), {n: v.to_dict() for n, v in report.verdicts.items()}
+    said = {n: v.to_dict() for n, v in report.verdicts.items()}
+    for name, verdict in report.verdicts.items():
+        if name == "comfyui" and VARIANTS[variant].kwargs.get("bits") == 6:
+            # a 6-bit layer: ComfyUI 0.33.0's pinned comfy-kitchen (0.2.31) reads 4-bit rows only
+            # and fails its first forward (no value error); with comfy-kitchen 0.2.40 it loads
+            assert verdict.first.rule == "comfyui.w4a8" and "0.2.31" in verdict.first.cause, said
+            assert verdict.with_newer_kitchen.loads, said
+        else:
+            assert verdict.loads, said
 
 
 @pytest.mark.parametrize("share, said", [(0.1, "close"), (1.0, "degraded"), (3.0, "garbage")])
