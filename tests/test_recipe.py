@@ -140,7 +140,9 @@ def test_recipe_then_like_reproduces_the_file(made, capsys):
     assert any("repeats its choices" in n for n in like.plan.notes)
     # and the file it writes is GOOD, byte for byte (the encoders are deterministic)
     out = d / "like.safetensors"
-    assert main(["quantize", src, str(out), "--like", good, "--target", "comfyui", "--no-progress"]) == 0
+    # comfy-kitchen: GOOD holds a 6-bit W4A8 layer, which ComfyUI 0.33.0's pinned comfy-kitchen
+    # (0.2.31) cannot run, so a ComfyUI target refuses it (test_params, test_quantize)
+    assert main(["quantize", src, str(out), "--like", good, "--target", "comfy-kitchen", "--no-progress"]) == 0
     assert out.read_bytes() == open(good, "rb").read()
     # the printed file works as --rules too, although the Flux preset is detected on these names
     again = comfyquant.quantize(src, rules=str(d / "recipe.toml"), target="comfyui", dry_run=True)
@@ -252,7 +254,9 @@ def test_recipe_of_a_comfy_kitchen_file(tmp_path, capsys):
     assert main(["recipe", good]) == 0
     capsys.readouterr()
     out = tmp_path / "like.safetensors"
-    assert main(["quantize", src, str(out), "--like", good, "--target", "comfyui", "--no-progress"]) == 0
+    # comfy-kitchen: GOOD holds a 6-bit W4A8 layer, which ComfyUI 0.33.0's pinned comfy-kitchen
+    # (0.2.31) cannot run, so a ComfyUI target refuses it (test_params, test_quantize)
+    assert main(["quantize", src, str(out), "--like", good, "--target", "comfy-kitchen", "--no-progress"]) == 0
     assert "repeats its choices for all 10 layers" in capsys.readouterr().err
     got, want = load_file(str(out)), load_file(good)
     for layer in layers:
