@@ -140,9 +140,7 @@ def test_recipe_then_like_reproduces_the_file(made, capsys):
     assert any("repeats its choices" in n for n in like.plan.notes)
     # and the file it writes is GOOD, byte for byte (the encoders are deterministic)
     out = d / "like.safetensors"
-    # comfy-kitchen: GOOD holds a 6-bit W4A8 layer, which ComfyUI 0.33.0's pinned comfy-kitchen
-    # (0.2.31) cannot run, so a ComfyUI target refuses it (test_params, test_quantize)
-    assert main(["quantize", src, str(out), "--like", good, "--target", "comfy-kitchen", "--no-progress"]) == 0
+    assert main(["quantize", src, str(out), "--like", good, "--target", "comfyui", "--no-progress"]) == 0
     assert out.read_bytes() == open(good, "rb").read()
     # the printed file works as --rules too, although the Flux preset is detected on these names
     again = comfyquant.quantize(src, rules=str(d / "recipe.toml"), target="comfyui", dry_run=True)
