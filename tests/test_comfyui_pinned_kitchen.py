@@ -23,10 +23,7 @@ from runtimes.release_agreement import compare_space  # noqa: E402
 
 @pytest.fixture(scope="module")
 def root():
-    found = releases.releases_root()
-    if found is None:
-        runtime_sources.skip_missing(releases.MISSING)
-    return found
+    return releases.releases_root_or_skip()
 
 
 def test_the_default_is_the_pinned_pairing():

@@ -10,17 +10,13 @@ import ast
 
 import pytest
 
-import runtime_sources
 from comfyquant.targets import comfyui_releases as product
 from runtimes import releases
 
 
 @pytest.fixture(scope="module")
 def root():
-    found = releases.releases_root()
-    if found is None:
-        runtime_sources.skip_missing(releases.MISSING)
-    return found
+    return releases.releases_root_or_skip()
 
 
 def _formats(source) -> tuple[str, ...]:

@@ -14,7 +14,6 @@ import pytest
 
 pytest.importorskip("torch", reason="the generated cases and the runtimes need torch")
 
-import runtime_sources  # noqa: E402
 from comfyquant.targets.comfyui_releases import GROUPS  # noqa: E402
 from runtimes import releases  # noqa: E402
 from runtimes.agreement import summary, table  # noqa: E402
@@ -23,10 +22,7 @@ from runtimes.release_agreement import compare_group, format_cases  # noqa: E402
 
 @pytest.fixture(scope="module")
 def root():
-    found = releases.releases_root()
-    if found is None:
-        runtime_sources.skip_missing(releases.MISSING)
-    return found
+    return releases.releases_root_or_skip()
 
 
 @pytest.fixture(scope="module")

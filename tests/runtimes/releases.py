@@ -69,6 +69,15 @@ def releases_root() -> Path | None:
     return target
 
 
+def releases_root_or_skip() -> Path:
+    """``releases_root``, or the calling test skips saying why (under CI it fails instead:
+    ``runtime_sources.skip_missing``)."""
+    found = releases_root()
+    if found is None:
+        runtime_sources.skip_missing(MISSING)
+    return found
+
+
 def _key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split("."))
 
