@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from .base import Verdict, Violation, module_order
+from .base import Verdict, Violation, module_order, outcome
 from .base import least_in_module_order as _least
 from .releases import ReleasedVerdict as SharedReleasedVerdict
 from .releases import chosen_dicts, failure, select, split_release, summary, version_key  # noqa: F401 (split_release, version_key: named here too)
@@ -626,8 +626,7 @@ class ReleasedVerdict(SharedReleasedVerdict):
         newer = None
         found = self.newer
         if found is not None:
-            said = found.to_dict()
-            newer = {"comfy_kitchen": NEWER_KITCHEN, **{k: said[k] for k in ("loads", "error", "exception", "rule", "layer")}}
+            newer = {"comfy_kitchen": NEWER_KITCHEN, **outcome(found.first)}
         return {**super().to_dict(), "newer_kitchen": newer}
 
 

@@ -27,7 +27,7 @@ from .kitchen_w4a4 import w4a4_scale_length, w4a4_scale_rank
 from .torch_text import TORCH_DTYPES, broadcast_error
 
 if TYPE_CHECKING:
-    from ..checkpoint import Checkpoint
+    from ..checkpoint import Checkpoint, Layer
 
 
 def _v(
@@ -65,14 +65,7 @@ def layer_templates(ckpt: Checkpoint, adjust: Callable | None = None) -> Iterato
     """(layer, load templates, first-forward templates) of each marked layer, in the file's
     order (``adjust`` as for ``kitchen_verdict``): the verdict binds and orders them."""
     memo = ckpt.memo
-    lenient = python_json_markers(ckpt)
-    for prefix, layer in ckpt.layers.items():
-        marker, name = layer.marker, layer.format_name
-        if marker is None and prefix in lenient:
-            marker = lenient[prefix]
-            name = marker.get("format") if isinstance(marker.get("format"), str) else None
-        if marker is None or name is None:
-            continue
+    for prefix, layer, marker, name in marked_layers(ckpt):
         load, first_forward = memo.get("comfy-kitchen", marker, layer, partial(_layer_templates, name, marker, layer.tensors))
         if adjust is not None:
             load, first_forward = adjust(name, marker, layer, load, first_forward)
@@ -195,6 +188,24 @@ def missing_templates(name: str, tensors: dict) -> tuple[list[Violation], list[V
             refused = forward_templates("comfy-kitchen", name, {"weight": tensors["weight"]})
             return [], refused or [_none_attribute("comfy-kitchen", suffix, attribute)]
     return None
+
+
+def marked_layers(ckpt: Checkpoint) -> Iterator[tuple[str, Layer, dict, str]]:
+    """(name, layer, marker, format) of each layer comfy-kitchen is handed as quantized, in the
+    file's order: its marker, or for a marker comfyquant refuses, what Python's ``json`` reads
+    (``python_json_markers``, read only when such a layer is met)."""
+    lenient: dict[str, dict] | None = None
+    for prefix, layer in ckpt.layers.items():
+        marker, name = layer.marker, layer.format_name
+        if marker is None:
+            if lenient is None:
+                lenient = python_json_markers(ckpt)
+            if prefix in lenient:
+                marker = lenient[prefix]
+                name = marker.get("format") if isinstance(marker.get("format"), str) else None
+        if marker is None or name is None:
+            continue
+        yield prefix, layer, marker, name
 
 
 def python_json_markers(ckpt: Checkpoint) -> dict[str, dict]:

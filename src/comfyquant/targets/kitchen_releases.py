@@ -309,20 +309,11 @@ class Facts:
     __slots__ = ("formats", "six", "uncast", "unscaled")
 
     def __init__(self, ckpt) -> None:
-        from .kitchen import python_json_markers
+        from .kitchen import marked_layers
 
         formats: set[str] = set()
         six = uncast = unscaled = False
-        lenient = None
-        for prefix, layer in ckpt.layers.items():
-            marker, name = layer.marker, layer.format_name
-            if marker is None:
-                if lenient is None:
-                    lenient = python_json_markers(ckpt)
-                marker = lenient.get(prefix)
-                name = marker.get("format") if marker is not None and isinstance(marker.get("format"), str) else None
-            if marker is None or name is None:
-                continue
+        for _, layer, marker, name in marked_layers(ckpt):
             formats.add(name)
             if name in UNCAST:
                 scale = layer.tensors.get(UNCAST[name][2])
