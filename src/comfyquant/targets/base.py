@@ -20,7 +20,20 @@ class Violation:
     (warning, e.g. ComfyUI dropping a W4A8 correction) leaves it ``loads``.
     """
 
-    __slots__ = ("rule", "message", "exception", "layer", "tensor", "blocking", "cause", "fix", "severity", "file", "covers")
+    __slots__ = (
+        "rule",
+        "message",
+        "exception",
+        "layer",
+        "tensor",
+        "blocking",
+        "cause",
+        "fix",
+        "severity",
+        "file",
+        "covers",
+        "stage",
+    )
 
     def __init__(
         self,
@@ -50,6 +63,9 @@ class Violation:
         file (C0xx) are what explain it."""
         self.covers: Finding | None = None
         """The canonical finding that explains this violation, when the profile knows it."""
+        self.stage: str | None = None
+        """``forward`` for what a layer's first forward raises, once the whole model loaded (a
+        profile that orders its violations by stage says so; None: reading or loading)."""
 
     @property
     def fails(self) -> bool:

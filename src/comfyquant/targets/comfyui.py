@@ -410,6 +410,8 @@ def comfyui_verdict(ckpt: Checkpoint) -> Verdict:
     sizes, missing_forward, missing = parameters(whole, markers)
     out.extend(_collected(_in_model_order(whole, biases + sizes, whole.load_key)))  # load_state_dict raises them at once
     forward.extend(missing_forward)
+    for v in forward:
+        v.stage = "forward"
     out.extend(_in_model_order(whole, forward, whole.forward_key))  # the whole model loads before its first forward
     _as_comfyui_names(out[read_and_convert:], ckpt)
     out.extend(missing)

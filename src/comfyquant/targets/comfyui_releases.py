@@ -154,24 +154,39 @@ def marked_formats(ckpt) -> tuple[dict[str, object], dict[str, object], dict[str
     """(header map, tensor markers, markers read): each layer's ``format`` as each marker form
     gives it, and each layer's marker as ComfyUI reads it (the header map's replacing the
     tensor's), keyed by the layer's name without the diffusion-model prefix (ComfyUI matches
-    both); one pass over the markers."""
+    both); one pass over the markers.  A tensor marker is read as Python's ``json`` reads it
+    (``NaN`` and ``Infinity`` in it, which comfyquant refuses, still make an object); a header
+    entry that is not an object still replaces the layer's tensor marker (ComfyUI writes it
+    into the layer's marker tensor and fails parsing it as the layer loads): its format is None."""
     header: dict[str, object] = {}
     tensor: dict[str, object] = {}
     header_objects: dict[str, dict] = {}
     tensor_objects: dict[str, dict] = {}
     cut = len(DIFFUSION_PREFIX)
+    lenient = False
     for rec in ckpt.markers.records:  # once per marker: ``_bare`` inline
         obj = rec.obj
+        prefix = rec.prefix
+        if prefix.startswith(DIFFUSION_PREFIX):
+            prefix = prefix[cut:]
         if isinstance(obj, dict):
-            prefix = rec.prefix
-            if prefix.startswith(DIFFUSION_PREFIX):
-                prefix = prefix[cut:]
             if rec.kind == "header":
                 header[prefix] = obj.get("format")
                 header_objects[prefix] = obj
             else:
                 tensor[prefix] = obj.get("format")
                 tensor_objects[prefix] = obj
+        elif rec.kind == "header":
+            header[prefix] = None
+        elif obj is None:
+            lenient = True
+    if lenient:
+        from .kitchen import python_json_markers
+
+        for full, obj in python_json_markers(ckpt).items():
+            prefix = full[cut:] if full.startswith(DIFFUSION_PREFIX) else full
+            tensor[prefix] = obj.get("format")
+            tensor_objects[prefix] = obj
     return header, tensor, {**tensor_objects, **header_objects} if header_objects else tensor_objects
 
 
@@ -284,15 +299,9 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
     if group is NEWEST:  # it knows every format and reads both marker forms
         pinned = _pinned(group, ckpt, newest, read, formats, marked)
         return newest if pinned is None else Verdict("comfyui", pinned, newest.architecture)
-    if not formats <= set(group.formats):
-        layer = marked.first(read, formats - set(group.formats))
-        fmt = read[layer]
-        exc, message = group.unknown
-        knows = first_knowing(fmt)
-        fix = f"load it with ComfyUI {knows.first} or newer" if knows else "convert the layer (comfyquant convert)"
-        cause = f"ComfyUI before {knows.first} does not know format {fmt!r}" if knows else f"no ComfyUI release knows {fmt!r}"
-        v = Violation("comfyui.release", message.format(format=fmt), exc, layer, "comfy_quant", True, cause, fix)
-        return Verdict("comfyui", [v], newest.architecture)
+    event = _load_event(group, marked, read, formats, ckpt)
+    if event is not None and not _precedes(newest.first, event.layer, marked):
+        return Verdict("comfyui", [event], newest.architecture)
     out = []
     if TENSOR not in group.markers:
         if marked.unread:
@@ -312,11 +321,63 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
     return Verdict("comfyui", out + (newest.violations if pinned is None else pinned), newest.architecture)
 
 
+MISSING_WEIGHT_RAISES = frozenset({"0.3.68", "0.3.76", "0.4.0", "0.5.1", "0.8.2"})
+"""The groups (by first release) whose quantized operations raise ``ValueError: Missing weight
+for layer <name>`` loading a layer the file holds without its weight; later ones log it and
+leave the weight None (the layer's first forward fails)."""
+
+
+def _load_event(group: ReleaseGroup, marked: Marked, read: dict, formats: set, ckpt) -> Violation | None:
+    """What loading the layers raises in ``group`` before the format's own loading code runs,
+    on the first such layer in module order: a layer without its weight (``Missing weight``,
+    in the groups that raise it, for every layer of a quantized model), or a layer of a format
+    the group lacks (its ``QUANT_ALGOS`` lookup); a layer without its weight returns before the
+    lookup in the others.  None: no layer raises either."""
+    unknown = formats - set(group.formats)
+    raises_missing = group.first in MISSING_WEIGHT_RAISES and bool(read)
+    if not unknown and not raises_missing:
+        return None
+    weightless = marked.once("weightless", lambda: _weightless(ckpt))
+    named = [p for p, f in read.items() if isinstance(f, str) and f in unknown and p not in weightless] if unknown else []
+    if raises_missing:
+        named += [p for p in weightless if p not in named]
+    if not named:
+        return None
+    layer = marked.least(named)
+    if layer in weightless:
+        return Violation("comfyui.release", f"Missing weight for layer {layer}", "ValueError", layer, "weight", True,
+                         f"ComfyUI {group.first} raises loading a quantized model's layer that has no weight",
+                         "store the layer's weight")  # fmt: skip
+    fmt = read[layer]
+    exc, message = group.unknown
+    knows = first_knowing(fmt)
+    fix = f"load it with ComfyUI {knows.first} or newer" if knows else "convert the layer (comfyquant convert)"
+    cause = f"ComfyUI before {knows.first} does not know format {fmt!r}" if knows else f"no ComfyUI release knows {fmt!r}"
+    return Violation("comfyui.release", message.format(format=fmt), exc, layer, "comfy_quant", True, cause, fix)
+
+
+def _weightless(ckpt) -> set[str]:
+    """The layers the file holds without a ``weight`` (names without the diffusion-model prefix)."""
+    return {_bare(p) for p, layer in ckpt.layers.items() if "weight" not in layer.tensors}
+
+
+def _precedes(first: Violation | None, layer: str, marked: Marked) -> bool:
+    """Whether ``first`` (the newest release's first failure) is raised before loading reaches
+    ``layer``: reading the file and its header map come before any layer loads (no layer), a
+    layer's loading before the next one's (module order), and every first forward after the
+    whole model loaded."""
+    if first is None or not first.blocking or first.stage == "forward":
+        return False
+    if first.layer is None:
+        return True
+    return marked.order(_bare(first.layer)) < marked.order(layer)
+
+
 def _memo_key(group: ReleaseGroup) -> tuple:
     """What a group's verdict depends on besides the file: groups with the same key share it."""
     forward = group.first if any(release == group.first for release, _ in FORWARD_ERRORS) else None
     kitchen = group.kitchen if group.kitchen in FOUR_BIT_ONLY else None
-    return (group is NEWEST, group.markers, group.formats, group.unknown, kitchen, forward)
+    return (group is NEWEST, group.markers, group.formats, group.unknown, kitchen, forward, group.first in MISSING_WEIGHT_RAISES)
 
 
 FOUR_BIT_ONLY = frozenset({"0.2.28", "0.2.30", "0.2.31"})
