@@ -299,8 +299,9 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
     if group is NEWEST:  # it knows every format and reads both marker forms
         pinned = _pinned(group, ckpt, newest, read, formats, marked)
         return newest if pinned is None else Verdict("comfyui", pinned, newest.architecture)
+    base = _adjusted(group, newest.violations, read)
     event = _load_event(group, marked, read, formats, ckpt)
-    if event is not None and not _precedes(newest.first, event.layer, marked):
+    if event is not None and event.layer is not None and not _precedes(_first(base), event.layer, marked):
         return Verdict("comfyui", [event], newest.architecture)
     out = []
     if TENSOR not in group.markers:
@@ -318,7 +319,73 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
                                  f"ComfyUI {release} cannot run a {fmt} layer with {error[0]}",
                                  "load it with a newer ComfyUI release"))  # fmt: skip
     pinned = _pinned(group, ckpt, newest, read, formats, marked)
-    return Verdict("comfyui", out + (newest.violations if pinned is None else pinned), newest.architecture)
+    return Verdict("comfyui", out + (base if pinned is None else pinned), newest.architecture)
+
+
+def _first(violations: list[Violation]) -> Violation | None:
+    return Verdict("comfyui", violations).first
+
+
+SMOOTHING_FROM = "0.30.0"
+"""The first group that reads a layer's ``pre_quant_scale``; the older ones leave it unread
+(``load_state_dict`` is not strict), so nothing about it can fail there."""
+
+NO_WEIGHT_ATTRIBUTE = frozenset(
+    {"0.9.2", "0.10.0", "0.11.1", "0.12.3", "0.13.0", "0.14.1", "0.15.1", "0.16.4", "0.17.0", "0.18.1"}
+)
+"""The groups whose quantized ``Linear`` returns from loading a layer without its weight before
+setting any: its first forward raises ``'Linear' object has no attribute 'weight'``."""
+
+SCALE_MULTIPLIED = frozenset({"0.3.68", "0.3.76", "0.4.0", "0.5.1"})
+"""The groups without comfy-kitchen: their own FP8 layout multiplies by the weight scale as it
+dequantizes, so a missing ``weight_scale`` fails the first forward in ``mul_``."""
+
+NONE_DEVICE = "'NoneType' object has no attribute 'device'"
+
+
+def _adjusted(group: ReleaseGroup, violations: list[Violation], read: dict) -> list[Violation]:
+    """The newest release's violations as ``group`` raises them where its own code differs
+    (``SMOOTHING_FROM``, ``NO_WEIGHT_ATTRIBUTE``, ``SCALE_MULTIPLIED``); the same list when
+    nothing does."""
+    if group is NEWEST or not violations:
+        return violations
+    out = []
+    changed = False
+    for v in violations:
+        if v.tensor == "pre_quant_scale" and version_key(group.first) < version_key(SMOOTHING_FROM):
+            changed = True
+            continue
+        if group.first in NO_WEIGHT_ATTRIBUTE and v.rule == "comfyui.weight" and v.message == NONE_DEVICE:
+            v = _reworded(
+                v,
+                "AttributeError",
+                "'Linear' object has no attribute 'weight'",
+                f"ComfyUI {group.first}'s quantized Linear sets no weight for a layer the file has no weight for",
+            )
+            changed = True
+        elif (
+            group.first in SCALE_MULTIPLIED
+            and v.rule == "comfyui.missing"
+            and v.tensor == "weight_scale"
+            and v.layer is not None
+            and read.get(_bare(v.layer)) == "float8_e4m3fn"
+        ):
+            v = _reworded(
+                v,
+                "TypeError",
+                "mul_(): argument 'other' (position 1) must be Tensor, not NoneType",
+                f"ComfyUI {group.first}'s FP8 layout multiplies by the missing weight scale",
+            )
+            v.stage = "forward"
+            changed = True
+        out.append(v)
+    return out if changed else violations
+
+
+def _reworded(v: Violation, exception: str, message: str, cause: str) -> Violation:
+    out = Violation(v.rule, message, exception, v.layer, v.tensor, True, cause, v.fix, file=v.file)
+    out.stage, out.covers = v.stage, v.covers
+    return out
 
 
 MISSING_WEIGHT_RAISES = frozenset({"0.3.68", "0.3.76", "0.4.0", "0.5.1", "0.8.2"})
@@ -377,7 +444,13 @@ def _memo_key(group: ReleaseGroup) -> tuple:
     """What a group's verdict depends on besides the file: groups with the same key share it."""
     forward = group.first if any(release == group.first for release, _ in FORWARD_ERRORS) else None
     kitchen = group.kitchen if group.kitchen in FOUR_BIT_ONLY else None
-    return (group is NEWEST, group.markers, group.formats, group.unknown, kitchen, forward, group.first in MISSING_WEIGHT_RAISES)
+    adjusted = (
+        version_key(group.first) < version_key(SMOOTHING_FROM),
+        group.first in NO_WEIGHT_ATTRIBUTE,
+        group.first in SCALE_MULTIPLIED,
+        group.first in MISSING_WEIGHT_RAISES,
+    )
+    return (group is NEWEST, group.markers, group.formats, group.unknown, kitchen, forward, adjusted)
 
 
 FOUR_BIT_ONLY = frozenset({"0.2.28", "0.2.30", "0.2.31"})
