@@ -178,8 +178,9 @@ def marked_formats(ckpt) -> tuple[dict[str, object], dict[str, object], dict[str
                 tensor_objects[prefix] = obj
         elif rec.kind == "header":
             header[prefix] = None
-        elif obj is None:
-            lenient = True
+        else:
+            tensor.setdefault(prefix, None)  # marked, if not by an object: a release that reads the tensor fails on it
+            lenient = lenient or obj is None
     if lenient:
         from .kitchen import python_json_markers
 
@@ -305,8 +306,14 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
         return Verdict("comfyui", [event], newest.architecture)
     out = []
     if TENSOR not in group.markers:
+        base = marked.once("header-only", lambda: _header_only_map(ckpt, base))
+        first = _first(base)
+        if first is not None and first.blocking and first.layer is None:  # reading the file or its map: before any layer
+            return Verdict("comfyui", base, newest.architecture)
         if marked.unread:
             out.append(marked.once("unread", lambda: _unread(ckpt, marked)))
+            plain = set(marked.unread)  # plain ``Linear``s: nothing the newest release does with their markers happens
+            base = [v for v in base if v.layer is None or _bare(v.layer) not in plain]
         legacy = marked.once("legacy", lambda: _legacy_scales(ckpt))
         if legacy is not None:  # loading fails before any forward
             return Verdict("comfyui", [legacy], newest.architecture)
@@ -320,6 +327,31 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
                                  "load it with a newer ComfyUI release"))  # fmt: skip
     pinned = _pinned(group, ckpt, newest, read, formats, marked)
     return Verdict("comfyui", out + (base if pinned is None else pinned), newest.architecture)
+
+
+def _header_only_map(ckpt, violations: list[Violation]) -> list[Violation]:
+    """``violations`` as a release that reads only the header map meets a malformed one: its
+    model detection parses the map and raises ``ValueError: Invalid quantization metadata
+    format`` unless it is an object with ``layers`` (before any layer loads, after the file
+    opened); a ``layers`` of null leaves the model unquantized (nothing about the map fails)."""
+    import json
+
+    for hm in ckpt.markers.headers:
+        if hm.error not in ("M011", "M012"):
+            continue
+        try:
+            obj = json.loads(hm.raw)
+        except (ValueError, RecursionError):
+            continue
+        kept = [v for v in violations if v.rule != "comfyui.header"]
+        if isinstance(obj, dict) and "layers" in obj:
+            return kept if obj["layers"] is None else violations
+        refused = Violation("comfyui.release", "Invalid quantization metadata format", "ValueError", None, None, True,
+                            "ComfyUI before 0.4.0 reads the header marker map only as an object with layers",
+                            "rewrite the header markers (comfyquant fix)")  # fmt: skip
+        at = next((i for i, v in enumerate(kept) if v.file is None), len(kept))
+        return [*kept[:at], refused, *kept[at:]]
+    return violations
 
 
 def _first(violations: list[Violation]) -> Violation | None:
