@@ -9,6 +9,7 @@ comfy-kitchen and file content (``outcomes``), so a run after the first drives o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -28,6 +29,15 @@ def cache_file(group) -> Path:
 
 
 def _digest(path: Path) -> str:
+    """The case file's content digest (with its dense layers), made once per file and state:
+    every group's cache is keyed by it."""
+    stat = path.stat()
+    return _digest_of(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache
+def _digest_of(name: str, mtime_ns: int, size: int) -> str:
+    path = Path(name)
     h = hashlib.sha256(path.read_bytes())
     dense = path.with_suffix(".dense")
     if dense.is_file():
