@@ -628,36 +628,26 @@ class _Mismatches(Violation):
         self._text = value if value else None
 
 
-def _model_size(fmt, tensors: dict, marker: dict) -> tuple | None:
-    """(N, K) of the model a layer of ``fmt`` stands for, None when its geometry is not read."""
-    from ..formats.base import GeometryError
-
-    try:
-        env = fmt.geometry(tensors, fmt.params(marker))
-    except (GeometryError, KeyError, TypeError, ValueError, AttributeError):
-        return None
-    return (env.get("N_model", env.get("N")), env.get("K_model", env.get("K")))
-
-
 def _mismatch(ckpt, name: str) -> str | None:
-    """torch's size-mismatch line for a layer whose stored weight is not the model's shape."""
-    from ..formats.registry import FORMATS
+    """torch's size-mismatch lines (joined as it joins them) for a layer loaded as a plain
+    ``Linear`` of the size the file records for it (``comfyui_model.recorded_size``): its
+    weight, then its bias, where either is of another shape; None when both fit or the size
+    cannot be read."""
+    from .comfyui_model import recorded_size, size_mismatch
 
-    t = _tensors(ckpt, name)
     layer = ckpt.layers.get(name) or ckpt.layers.get(DIFFUSION_PREFIX + name)
-    w = t.get("weight")
-    fmt = FORMATS.get(layer.format_name) if layer is not None and layer.format_name else None
-    if w is None or fmt is None:
+    if layer is None or "weight" not in layer.tensors:
         return None
     marker = ckpt.markers.effective.get(layer.prefix)
-    model = ckpt.memo.get("comfyui.release.size", marker, layer, partial(_model_size, fmt, t, marker or {}))
-    if model is None or None in model or tuple(w.shape) == model:
+    model = ckpt.memo.get("comfyui.release.size", marker, layer, partial(recorded_size, layer, marker))
+    if model is None:
         return None
-    have = ", ".join(str(d) for d in w.shape)
-    return (
-        f"size mismatch for {name}.weight: copying a param with shape torch.Size([{have}]) from checkpoint, "
-        f"the shape in current model is torch.Size([{model[0]}, {model[1]}])."
-    )
+    lines = []
+    for suffix, want in (("weight", tuple(model)), ("bias", (model[0],))):
+        e = layer.tensors.get(suffix)
+        if e is not None and tuple(e.shape) != want:
+            lines.append(size_mismatch(name, suffix, tuple(e.shape), want))
+    return "\n\t".join(lines) if lines else None
 
 
 class Releases:
