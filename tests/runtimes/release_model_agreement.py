@@ -93,7 +93,9 @@ def expectations(cases: list[ModelCase]) -> dict[str, dict[str, Expected] | None
     return {c.id: release_expectations(c) for c in cases}  # type: ignore[arg-type]
 
 
-def compare(cases: list[ModelCase], got: dict[str, Outcome], said: dict[str, dict[str, Expected] | None], release: str) -> list[Row]:
+def compare(
+    cases: list[ModelCase], got: dict[str, Outcome], said: dict[str, dict[str, Expected] | None], release: str
+) -> list[Row]:
     """One row per case: the group's outcome against comfyquant's verdict for ``release``."""
     rows = []
     for case in cases:
