@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import runtime_sources
@@ -23,6 +22,7 @@ import runtime_sources
 from .agreement import Row, table
 from .model_agreement import ModelCase, summary
 from .outcome import UNREADABLE, Expected, Outcome, disagreement
+from .release_agreement import _save
 
 KNOWN = Path(__file__).parent / "known" / "comfyui.release-models.txt"
 """Files of the whole-model space (seed 0) where comfyquant's verdict for a ComfyUI release
@@ -75,15 +75,6 @@ def outcomes(root: Path, group, cases: list[ModelCase]) -> tuple[dict[str, Outco
                     _save(path, cached)
         _save(path, cached)
     return {c.id: Outcome(**cached[keys[c.id]]) for c in cases}, len(todo)
-
-
-def _save(path: Path, cached: dict) -> None:
-    """Write the cache atomically, keeping outcomes another process saved meanwhile."""
-    if path.is_file():
-        cached.update({k: v for k, v in json.loads(path.read_text()).items() if k not in cached})
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cached))
-    tmp.replace(path)
 
 
 def expectations(cases: list[ModelCase]) -> dict[str, dict[str, Expected] | None]:
