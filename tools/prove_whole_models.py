@@ -3,6 +3,7 @@ verdicts, and print how far they agree.
 
     python tools/prove_whole_models.py [--seed 0] [--seeds 1,2,3] [--only SUBSTRING]
                                        [--limit 40] [--jsonl OUT] [--copy-to DIR] [--write-known]
+                                       [--release 0.4.0,0.8.2]
 
 Each seed's space (``tests/runtimes/whole_models.py``: tiny Flux and Wan 2.1 models built with
 ComfyUI's own classes, quantized by comfy-kitchen, with generated defects) is written once
@@ -13,6 +14,12 @@ per seed: the outcome shares and the agreement counts (verdict classes, exact me
 the files ComfyUI raises on, silent FAILS among the files it computes garbage with), then the
 disagreements.  Exit status: 0 when every verdict agrees, 1 otherwise, 2 when ComfyUI cannot
 run here.
+
+With ``--release``, the release groups of those releases (``comfyquant.targets.comfyui_releases``)
+run seed 0's space instead: each group's first release with the comfy-kitchen it pins
+(``tests/runtimes/release_model_agreement.py``, outcomes cached per group and file), against
+comfyquant's verdict for that group; ``--write-known`` then records their disagreements in
+``known/comfyui.release-models.txt``.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import argparse
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jsonl", default="", help="write one JSON line per file (outcome, verdict, agreement) here")
     ap.add_argument("--copy-to", default="", help="copy the space into this folder (replacing it) and run it there")
     ap.add_argument("--write-known", action="store_true", help="record seed 0's disagreements as known/comfyui.models.txt")
+    ap.add_argument("--release", default="", help="release groups (by any of their releases, comma-separated) to run instead")
     args = ap.parse_args(argv)
+    if args.release:
+        return releases(args)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()] or [args.seed]
     drv = comfyui_models.driver()
     if drv is None:
@@ -79,6 +90,56 @@ def main(argv: list[str] | None = None) -> int:
             f"all seeds: comfyquant agrees on {t['agree']}/{t['cases']} (verdict classes {t['verdicts']}/{t['cases']}, "
             f"exact messages {t['messages']}/{t['raises']}, silent garbage {t['silent']}/{t['garbage']})"
         )
+    if args.jsonl:
+        Path(args.jsonl).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return 1 if failed else 0
+
+
+def releases(args) -> int:
+    """Seed 0's space through the release groups named by ``args.release``."""
+    from comfyquant.targets.comfyui_releases import GROUPS
+    from runtimes import release_model_agreement as rma
+    from runtimes import releases as release_sources
+
+    wanted = [r.strip() for r in args.release.split(",") if r.strip()]
+    groups = []
+    for release in wanted:
+        group = next((g for g in GROUPS if release in g.releases), None)
+        if group is None:
+            print(f"error: no ComfyUI release group holds release {release}")
+            return 2
+        if group not in groups:
+            groups.append(group)
+    root = release_sources.releases_root()
+    found = space(0)
+    if root is None or isinstance(found, str):
+        print(f"skipped: {found if isinstance(found, str) else release_sources.MISSING}")
+        return 2
+    cases = [c for c in load_cases(*found) if args.only in c.id]
+    said = rma.expectations(cases)
+    failed = False
+    rows = {}
+    lines = []
+    for group in groups:
+        start = time.monotonic()
+        got = rma.outcomes(root, group, cases)
+        if isinstance(got, str):
+            print(f"skipped: {got}")
+            return 2
+        results, driven = got
+        rows[group.first] = group_rows = rma.compare(cases, results, said, group.first)
+        shared = f"; {', '.join(group.releases[1:])} share these results" if len(group.releases) > 1 else ""
+        print(
+            f"ComfyUI {group.first} ({group.kitchen_text}): {summary(group_rows)}; "
+            f"{driven} driven in {time.monotonic() - start:.0f}s{shared}"
+        )
+        bad = table(group_rows, args.limit)
+        if bad:
+            failed = True
+            print(bad)
+        lines.extend(dict(record(r), release=group.first) for r in group_rows)
+    if args.write_known and not args.only:
+        print(f"wrote {rma.write_known(rows)}")
     if args.jsonl:
         Path(args.jsonl).write_text("".join(json.dumps(line) + "\n" for line in lines))
     return 1 if failed else 0

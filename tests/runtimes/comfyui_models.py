@@ -20,6 +20,11 @@ the same input (``measure.relative_error``); the model's output with the dense m
 (computed once by the same path).  Parameters ComfyUI reports it did not fill (``unet
 missing: [...]``, logged by ``load_model_weights``) make the outcome ``undefined``: ComfyUI
 computes with uninitialised memory there, whatever it happens to hold.
+
+The same worker runs any release from the releases tarball (``release_driver``): its source
+folder in place of the cache's, with the comfy-kitchen its group pins first on the worker's
+path (``comfyui_release_driver.kitchen_folder``), or, for releases before comfy-kitchen, with
+the environment's comfy-kitchen hidden from it.
 """
 
 from __future__ import annotations
@@ -51,8 +56,15 @@ class ModelDriver(Worker):
     version = VERSION
     close_timeout = 60
 
-    def __init__(self, python: Path, source: Path) -> None:
-        super().__init__(python, "runtimes.comfyui_models", [str(source)], "ComfyUI")
+    def __init__(
+        self, python: Path, source: Path, kitchen: Path | None = None, hide_kitchen: bool = False, version: str = VERSION
+    ) -> None:
+        """ComfyUI from ``source``; ``kitchen``: a folder holding the comfy-kitchen to import
+        instead of the environment's; ``hide_kitchen``: no comfy-kitchen at all."""
+        self.version = version
+        paths = [str(kitchen)] if kitchen is not None else []
+        args = [str(source), "0" if hide_kitchen else "1"]
+        super().__init__(python, "runtimes.comfyui_models", args, version.removesuffix(", whole models"), paths)
 
     def run(self, path: Path, dense: Path, reference: Path | None = None) -> Outcome:
         """What ComfyUI does with the file at ``path``, measured against the dense model at
@@ -73,6 +85,39 @@ def driver() -> ModelDriver | None:
         MISSING = comfyui_env.MISSING
         return None
     return ModelDriver(python, runtime_sources.comfyui_source())
+
+
+def release_version(group) -> str:
+    """The pairing a release group's driver runs: its first release and its comfy-kitchen."""
+    kitchen = f"with comfy-kitchen {group.kitchen}" if group.kitchen else "without comfy-kitchen"
+    return f"ComfyUI {group.first} {kitchen}, whole models"
+
+
+def release_driver(root: Path, group) -> ModelDriver | None:
+    """The driver of a release group (``comfyquant.targets.comfyui_releases.GROUPS``): its first
+    release's source under ``root`` (``releases.releases_root``) in ComfyUI's environment, with
+    the comfy-kitchen the group pins; None with ``MISSING`` saying why it cannot run here."""
+    global MISSING
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import comfyui_env
+
+    from .comfyui_release_driver import kitchen_folder
+
+    python = comfyui_env.comfyui_python()
+    if python is None:
+        MISSING = comfyui_env.MISSING
+        return None
+    source = root / f"comfyui-{group.first}"
+    if not source.is_dir():
+        MISSING = f"ComfyUI {group.first} is not in the releases ({root})"
+        return None
+    kitchen = None
+    if group.kitchen:
+        kitchen = kitchen_folder(group.kitchen)
+        if kitchen is None:
+            MISSING = f"comfy-kitchen {group.kitchen} could not be installed"
+            return None
+    return ModelDriver(python, source, kitchen, hide_kitchen=not group.kitchen, version=release_version(group))
 
 
 # -- the worker ---------------------------------------------------------------------------------
@@ -115,7 +160,9 @@ def _stage_of(exc: BaseException) -> str:
 
 
 class _Worker:
-    def __init__(self, source: Path) -> None:
+    def __init__(self, source: Path, kitchen: bool = True) -> None:
+        if not kitchen:
+            sys.modules["comfy_kitchen"] = None  # type: ignore[assignment]
         sys.path.insert(0, str(source))
         import comfy.options
 
@@ -214,11 +261,18 @@ class _Worker:
         return out
 
     def dense_output(self, dense_path: str, dense: dict):
+        """The dense model's output by this ComfyUI; None when this ComfyUI cannot load or run
+        the dense model itself (an older release that does not detect the space's layout):
+        a file it computes with is then judged by its layers alone."""
         if dense_path not in self.outputs:
-            patcher = self.sd.load_diffusion_model(dense_path)
-            self.mm.load_models_gpu([patcher])
-            self.outputs[dense_path] = self.forward(patcher, dense)[0].float()
-            self.mm.unload_all_models()
+            try:
+                patcher = self.sd.load_diffusion_model(dense_path)
+                self.mm.load_models_gpu([patcher])
+                self.outputs[dense_path] = self.forward(patcher, dense)[0].float()
+            except Exception:
+                self.outputs[dense_path] = None
+            finally:
+                self.mm.unload_all_models()
         return self.outputs[dense_path]
 
     def run(self, path: str, dense_path: str, reference: str | None) -> dict:
@@ -247,7 +301,7 @@ class _Worker:
         finally:
             self.mm.unload_all_models()
         errors = self.errors(seen, dense)
-        model_error = _relative_output(torch, out, expected)
+        model_error = None if expected is None else _relative_output(torch, out, expected)
         layer = max(errors, key=lambda n: errors[n]) if errors else None
         worst = errors[layer] if layer is not None else None
         common = dict(layer=layer, error=worst, model_error=model_error, architecture=arch)
@@ -256,12 +310,13 @@ class _Worker:
             shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
             first = missing[0].rsplit(".", 1)[0]
             return Outcome("undefined", message=f"not in the file: {shown}", layer=first, architecture=arch).to_dict()
-        if worst == float("inf") or model_error == float("inf"):
+        whole = model_error or 0.0
+        if worst == float("inf") or whole == float("inf"):
             return Outcome("garbage", message="non-finite or misshapen output", **common).to_dict()
-        if (worst or 0.0) >= GARBAGE or model_error >= GARBAGE:
-            which = f"layer {worst:.3g}" if (worst or 0.0) >= GARBAGE else f"model {model_error:.3g}"
+        if (worst or 0.0) >= GARBAGE or whole >= GARBAGE:
+            which = f"layer {worst:.3g}" if (worst or 0.0) >= GARBAGE else f"model {whole:.3g}"
             return Outcome("garbage", message=f"relative error {which}", **common).to_dict()
-        if (worst or 0.0) >= DEGRADED or model_error >= DEGRADED:
+        if (worst or 0.0) >= DEGRADED or whole >= DEGRADED:
             return Outcome("degraded", **common).to_dict()
         return Outcome("ok", **common).to_dict()
 
@@ -296,11 +351,11 @@ def _relative_output(torch, out, expected) -> float:
     return float((out - expected).norm() / expected.norm().clamp_min(1e-30))
 
 
-def _serve(source: Path) -> None:
+def _serve(source: Path, kitchen: bool) -> None:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever ComfyUI prints goes to stderr, not into the protocol
     sys.stdout = sys.stderr
-    worker = _Worker(source)
+    worker = _Worker(source, kitchen)
     out.write("ready\n")
     out.flush()
     for line in sys.stdin:
@@ -310,4 +365,4 @@ def _serve(source: Path) -> None:
 
 
 if __name__ == "__main__":
-    _serve(Path(sys.argv[1]))
+    _serve(Path(sys.argv[1]), sys.argv[2] != "0")
