@@ -300,6 +300,9 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
     if group is NEWEST:  # it knows every format and reads both marker forms
         pinned = _pinned(group, ckpt, newest, read, formats, marked)
         return newest if pinned is None else Verdict("comfyui", pinned, newest.architecture)
+    undetected = _undetected(group, ckpt, newest)
+    if undetected is not None:
+        return Verdict("comfyui", [*(v for v in newest.violations if v.file is not None), undetected], newest.architecture)
     base = _adjusted(group, newest.violations, read)
     event = _load_event(group, marked, read, formats, ckpt)
     if event is not None and event.layer is not None and not _precedes(_first(base), event.layer, marked):
@@ -352,6 +355,33 @@ def _header_only_map(ckpt, violations: list[Violation]) -> list[Violation]:
         at = next((i for i, v in enumerate(kept) if v.file is None), len(kept))
         return [*kept[:at], refused, *kept[at:]]
     return violations
+
+
+NORM_WEIGHT_FROM = "0.14.1"
+"""The first group whose model detection takes Flux's attention norms stored as ``.weight`` as
+well as ``.scale`` (the key it tests is ``double_blocks.0.img_attn.norm.key_norm.scale``
+before it)."""
+
+FLUX_NORM = "double_blocks.0.img_attn.norm.key_norm."
+
+
+def _undetected(group: ReleaseGroup, ckpt, newest) -> Violation | None:
+    """What detection raises in ``group`` on a file the newest release detects as Flux from
+    norms stored as ``.weight`` (None: it detects the file as the newest does)."""
+    arch = newest.architecture
+    if arch is None or arch.get("name") != "flux" or version_key(group.first) >= version_key(NORM_WEIGHT_FROM):
+        return None
+    prefix = arch.get("prefix") or ""
+    if prefix + FLUX_NORM + "scale" in ckpt.tensors or prefix + FLUX_NORM + "weight" not in ckpt.tensors:
+        return None
+    from ..architectures.registry import failure_message
+
+    path = ckpt.paths[0] if ckpt.paths else ""
+    return Violation("comfyui.detect", failure_message("ERROR: Could not detect model type of: {path}\n{hint}", path),
+                     "RuntimeError", None, None, True,
+                     f"ComfyUI before {NORM_WEIGHT_FROM} detects Flux only from attention norms stored as .scale; "
+                     "this file stores them as .weight",
+                     f"load it with ComfyUI {NORM_WEIGHT_FROM} or newer, or store the norms as .scale")  # fmt: skip
 
 
 def _first(violations: list[Violation]) -> Violation | None:
@@ -481,6 +511,7 @@ def _memo_key(group: ReleaseGroup) -> tuple:
         group.first in NO_WEIGHT_ATTRIBUTE,
         group.first in SCALE_MULTIPLIED,
         group.first in MISSING_WEIGHT_RAISES,
+        version_key(group.first) < version_key(NORM_WEIGHT_FROM),
     )
     return (group is NEWEST, group.markers, group.formats, group.unknown, kitchen, forward, adjusted)
 
