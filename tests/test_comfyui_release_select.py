@@ -127,3 +127,24 @@ def test_a_packed_row_of_another_width_is_read_in_the_pinned_comfy_kitchen_s_wor
     target = json.loads(out)["targets"]["comfyui"]
     assert code == 1 and target["error"].startswith("K=128 must be divisible by 16, group_size=16, and convrot_groupsize=256")
     assert target["newer_kitchen"]["error"] == "packed row width 64 does not match K=256 at 4 or 6 bits"
+
+
+def test_a_value_deep_reads_breaks_every_release_that_reads_it(capsys, tmp_path):
+    """A NaN weight scale (what ``--deep`` reads) makes every release compute garbage: the
+    release lines and JSON of each runtime say the file fails on every release, as its reported
+    verdict does, and not that some release loads it."""
+    import struct
+
+    layer = fp8_layer(LAYER)
+    layer[f"{LAYER}.weight_scale"] = ("F32", (), struct.pack("<f", float("nan")))
+    path = write(tmp_path / "nan-scale.safetensors", layer, metadata=header_markers({LAYER: {"format": "float8_e4m3fn"}}))
+    code, out = run(capsys, path, "--deep")
+    assert code != 0
+    assert "fails on every ComfyUI release 0.3.68 .. 0.33.0" in out, out
+    assert "fails on every comfy-kitchen release" in out and "fails on every SGLang release" in out, out
+    _, out = run(capsys, path, "--deep", "--json")
+    targets = json.loads(out)["targets"]
+    for name in ("comfyui", "comfy-kitchen", "sglang"):
+        assert not targets[name]["loads"] and targets[name]["releases"]["first_loading"] is None, name
+    code, out = run(capsys, path)  # the header alone cannot show it
+    assert code == 0 and "loads on every ComfyUI release" in out, out

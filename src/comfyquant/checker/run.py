@@ -93,12 +93,12 @@ def check_checkpoint(ckpt: Checkpoint, target: Targets = "all", deep: bool = Fal
             at = next((i for i, v in enumerate(verdict.violations) if v.file is None), len(verdict.violations))
             verdict.violations[at:at] = whole
             verdict.violations.extend(v for v in extra if not (v.blocking and v.layer is None))
-    with_releases(verdicts, target, ckpt, selected)
     names = {p: layer.name for p, layer in ckpt.layers.items()}
-    if values:
+    if values:  # before the releases' verdicts, which are made from these: a value breaks every release reading it
         from .deep import value_failures
 
         value_failures(values, verdicts, {name: p for p, name in names.items()})
+    with_releases(verdicts, target, ckpt, selected)
     findings = assemble(findings, verdicts, selected, names)
     if deep:  # every finding that rests on or promises a --deep measurement carries it
         from .deep import attach

@@ -301,6 +301,10 @@ def group_verdict(group: ReleaseGroup, verdict: Mapping[str, Any], facts: Facts)
                     f"the {', '.join(others)} layers do not fit it",
                     rule="sglang.legacy",
                 )
+            if str(verdict.get("rule") or "").endswith(".values"):  # a value it reads as 0.5.23 does (``--deep``)
+                return ReleaseVerdict(
+                    group, False, verdict.get("error"), None, rule=verdict.get("rule"), layer=verdict.get("layer")
+                )
             return ReleaseVerdict(group, True, how=how)
         if not facts.quantized:
             return ReleaseVerdict(group, True, how="no quantized layers")
