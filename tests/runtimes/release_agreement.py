@@ -116,25 +116,17 @@ def compare_space(root: Path, group, cases: list[Case], release: str | None) -> 
 
 def release_expectations(case: Case) -> dict[str, Expected] | None:
     """comfyquant's verdict on every ComfyUI release group, by each group's first release, from
-    one ``check`` (its default target works out every group's verdict; None: check refused the
-    file).  A group's verdict carries the silent errors ``--deep`` adds (``deep.value_failures``
-    adds them to the verdict a check reports, that of the newest release), as
-    ``check --target comfyui==<release>`` gives them."""
+    one ``check`` (its default target works out every group's verdict, ``--deep``'s silent
+    errors included; None: check refused the file), as ``check --target comfyui==<release>``
+    gives it."""
     import comfyquant
     from comfyquant.errors import InputError
-    from comfyquant.targets.base import Verdict
 
     try:
         report = comfyquant.check(str(case.path), deep=case.deep)
     except InputError:
         return None
-    reported = report.verdicts["comfyui"]
-    added = reported.violations[reported.made :]
-    out = {}
-    for group, _, verdict in reported.releases.verdicts:
-        whole = Verdict(verdict.target, verdict.violations + added, verdict.architecture) if added else verdict
-        out[group.first] = expected(whole.to_dict())
-    return out
+    return {group.first: expected(verdict.to_dict()) for group, _, verdict in report.verdicts["comfyui"].releases.verdicts}
 
 
 def drive_groups(root: Path, groups, cases: list[Case], workers: int = 2) -> dict[str, tuple[dict[str, Outcome], int]]:

@@ -763,7 +763,6 @@ def released(newest, releases: Releases) -> ReleasedVerdict:
     out = ReleasedVerdict(last.target, last.violations, last.architecture)
     out.releases = releases
     out.newest = newest if group is NEWEST and newest.violations is not last.violations else None
-    out.made = len(last.violations)
     return out
 
 
@@ -778,22 +777,16 @@ class ReleasedVerdict(SharedReleasedVerdict):
     the JSON's ``releases``; and ``newer``, ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40
     where it is not this one (None otherwise): the JSON's ``newer_kitchen``."""
 
-    __slots__ = ("newest", "made")
+    __slots__ = ("newest",)
     newest: Verdict | None
     """ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40 when this verdict is 0.33.0's and
-    another list of violations (None otherwise)."""
-    made: int
-    """How many violations this verdict had when it was made: the check adds the silent errors
-    of ``--deep``'s values after, to both verdicts."""
+    another list of violations (None otherwise); both hold ``--deep``'s silent errors."""
 
     @property
     def newer(self) -> Verdict | None:
         """ComfyUI 0.33.0's verdict with comfy-kitchen 0.2.40 where it differs from this one."""
-        if self.newest is None:
-            return None
-        added = self.violations[self.made :]
-        newer = Verdict(self.newest.target, self.newest.violations + added, self.newest.architecture) if added else self.newest
-        return newer if _outcome(newer) != _outcome(self) else None
+        newer = self.newest
+        return newer if newer is not None and _outcome(newer) != _outcome(self) else None
 
     @property
     def with_newer_kitchen(self) -> Verdict:
