@@ -339,11 +339,15 @@ def _pinned_run(ckpt, read: dict, markers: dict[str, dict]) -> bool:
     of W4A8 layers raises; False also when that is not known so (``_pinned_forwards`` tells)."""
     from .comfyui_pinned import FORMAT, first_forward
 
-    layers = ckpt.layers
+    get = ckpt.layers.get
     for p, f in read.items():
         if f == FORMAT:
-            layer = layers.get(p) or layers.get(DIFFUSION_PREFIX + p)
-            if layer is not None and layer.marker is not markers.get(p):
+            layer = get(p)
+            if layer is None:
+                layer = get(DIFFUSION_PREFIX + p)
+                if layer is None:
+                    continue
+            if layer.marker is not markers.get(p):
                 return False
     memo = ckpt.memo
     for c in layer_classes(ckpt):

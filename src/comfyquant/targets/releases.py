@@ -189,18 +189,19 @@ def _read_markers(records) -> MarkerReading:
     tensor_objects: dict[str, dict] = {}
     plain = True
     refused = False
-    cut = len(DIFFUSION_PREFIX)
-    for rec in records:  # once per marker: the prefix is cut inline
+    # the prefix is cut only in a file that has it (one search of the joined names tells)
+    cut = len(DIFFUSION_PREFIX) if ("\n" + "\n".join([r.prefix for r in records])).find("\n" + DIFFUSION_PREFIX) >= 0 else 0
+    for rec in records:  # once per marker: the cheapest tests first (a marker is nearly always a plain dict)
         obj = rec.obj
-        if isinstance(obj, dict):
+        if obj.__class__ is dict or isinstance(obj, dict):
             prefix = rec.prefix
-            if prefix.startswith(DIFFUSION_PREFIX):
+            if cut and prefix.startswith(DIFFUSION_PREFIX):
                 prefix = prefix[cut:]
             fmt = obj.get("format")
             if rec.kind == "header":
                 header[prefix] = fmt
                 header_objects[prefix] = obj
-                if plain and not isinstance(fmt, str):
+                if plain and fmt.__class__ is not str and not isinstance(fmt, str):
                     plain = False
             else:
                 tensor[prefix] = fmt
@@ -214,13 +215,12 @@ def _read_markers(records) -> MarkerReading:
 class LayerClass(NamedTuple):
     """One class of the file's marked layers (``memo``: equal marker text and tensor signature,
     so every per-layer rule agrees on them): its first layer in the file's order, that layer's
-    marker and format, and how many layers it holds."""
+    marker and format."""
 
     prefix: str
     layer: Any
     marker: dict
     format: str
-    count: int
 
 
 def layer_classes(ckpt) -> list[LayerClass]:
@@ -235,8 +235,7 @@ def layer_classes(ckpt) -> list[LayerClass]:
 
 def _classes(ckpt) -> list[LayerClass]:
     class_id = ckpt.memo.class_id
-    firsts: dict[int, tuple[str, Any, dict, str]] = {}
-    counts: dict[int, int] = {}
+    firsts: dict[int, LayerClass] = {}
     for prefix, layer in ckpt.layers.items():
         marker, name = layer.marker, layer.format_name
         if marker is None or name is None:
@@ -244,9 +243,6 @@ def _classes(ckpt) -> list[LayerClass]:
         cached = layer.class_ids  # the class the check's own rules gave the layer, inline
         hit = cached.get(id(marker)) if cached is not None else None
         cid = hit[1] if hit is not None and hit[0] is marker else class_id(marker, layer)
-        if cid in counts:
-            counts[cid] += 1
-        else:
-            counts[cid] = 1
-            firsts[cid] = (prefix, layer, marker, name)
-    return [LayerClass(*first, counts[cid]) for cid, first in firsts.items()]
+        if cid not in firsts:
+            firsts[cid] = LayerClass(prefix, layer, marker, name)
+    return list(firsts.values())
