@@ -130,6 +130,9 @@ class Checkpoint:
         """Layer prefixes whose dense weight is a dialect's exact decode of a quantized layer
         (a lossy translation read through ``dialects/view``): ``convert`` re-encodes them as
         the quantized layers they were, and copies the layers that were dense."""
+        self.shared: dict[str, object] = {}
+        """What several runtime models read of the checkpoint alike, made once per check by the
+        first that asks (``targets.releases.marker_reading``, ``layer_classes``)."""
         self._source_by_file = {s.name: s for s in sources}
 
     # -- reading ---------------------------------------------------------------------------

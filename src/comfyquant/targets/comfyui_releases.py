@@ -21,7 +21,7 @@ from functools import partial
 from .base import Verdict, Violation, module_order, outcome
 from .base import least_in_module_order as _least
 from .releases import ReleasedVerdict as SharedReleasedVerdict
-from .releases import chosen_dicts, failure, select, split_release, summary, version_key  # noqa: F401 (split_release, version_key: named here too)
+from .releases import chosen_dicts, failure, layer_classes, marker_reading, select, split_release, summary, version_key  # noqa: F401 (split_release, version_key: named here too)
 from .releases import first_loading as first_loading_of
 from .releases import group_of as shared_group_of
 
@@ -154,41 +154,36 @@ def marked_formats(ckpt) -> tuple[dict[str, object], dict[str, object], dict[str
     """(header map, tensor markers, markers read): each layer's ``format`` as each marker form
     gives it, and each layer's marker as ComfyUI reads it (the header map's replacing the
     tensor's), keyed by the layer's name without the diffusion-model prefix (ComfyUI matches
-    both); one pass over the markers.  A tensor marker is read as Python's ``json`` reads it
-    (``NaN`` and ``Infinity`` in it, which comfyquant refuses, still make an object); a header
-    entry that is not an object still replaces the layer's tensor marker (ComfyUI writes it
-    into the layer's marker tensor and fails parsing it as the layer loads): its format is None."""
-    header: dict[str, object] = {}
-    tensor: dict[str, object] = {}
-    header_objects: dict[str, dict] = {}
-    tensor_objects: dict[str, dict] = {}
-    cut = len(DIFFUSION_PREFIX)
-    lenient = False
-    for rec in ckpt.markers.records:  # once per marker: ``_bare`` inline
-        obj = rec.obj
-        prefix = rec.prefix
-        if prefix.startswith(DIFFUSION_PREFIX):
-            prefix = prefix[cut:]
-        if isinstance(obj, dict):
-            if rec.kind == "header":
-                header[prefix] = obj.get("format")
-                header_objects[prefix] = obj
-            else:
-                tensor[prefix] = obj.get("format")
-                tensor_objects[prefix] = obj
-        elif rec.kind == "header":
+    both), from the check's one pass over the markers (``releases.marker_reading``).  A tensor
+    marker is read as Python's ``json`` reads it (``NaN`` and ``Infinity`` in it, which
+    comfyquant refuses, still make an object); a marker that is not an object still marks its
+    layer, and a header entry that is not one still replaces the layer's tensor marker (ComfyUI
+    writes it into the layer's marker tensor and fails parsing it as the layer loads): their
+    format is None."""
+    found = marker_reading(ckpt)
+    if not found.odd:
+        return found.header, found.tensor, found.objects
+    header: dict[str, object] = dict(found.header)  # the shared reading stays as it is
+    tensor: dict[str, object] = dict(found.tensor)
+    objects = dict(found.objects)
+    for rec in ckpt.markers.records:
+        if isinstance(rec.obj, dict):
+            continue
+        prefix = _bare(rec.prefix)
+        if rec.kind == "header":
             header[prefix] = None
+            objects.pop(prefix, None)
         else:
-            tensor.setdefault(prefix, None)  # marked, if not by an object: a release that reads the tensor fails on it
-            lenient = lenient or obj is None
-    if lenient:
+            tensor.setdefault(prefix, None)
+    if found.refused_tensor:
         from .kitchen import python_json_markers
 
         for full, obj in python_json_markers(ckpt).items():
-            prefix = full[cut:] if full.startswith(DIFFUSION_PREFIX) else full
+            prefix = _bare(full)
             tensor[prefix] = obj.get("format")
-            tensor_objects[prefix] = obj
-    return header, tensor, {**tensor_objects, **header_objects} if header_objects else tensor_objects
+            if prefix not in found.header:
+                objects[prefix] = obj
+    return header, tensor, objects
 
 
 def _formats(values) -> tuple[set, bool]:
@@ -535,12 +530,39 @@ def _pinned(group: ReleaseGroup, ckpt, newest, read: dict, formats: set, marked:
         return None
 
     def make():
-        from .comfyui_pinned import pinned_violations
+        from .comfyui_pinned import FORWARD_RULES, pinned_violations
 
+        if not any(v.blocking and v.rule in FORWARD_RULES for v in newest.violations) and _pinned_run(ckpt, read, marked.objects):
+            return None  # no forward error to replace, and none to add
         forwards, keys = _pinned_forwards(ckpt, read, marked.objects)
         return pinned_violations(newest.violations, forwards, keys, PINNED_CAUSE) if forwards else None
 
     return marked.once("pinned", make)
+
+
+def _pinned_run(ckpt, read: dict, markers: dict[str, dict]) -> bool:
+    """Whether every W4A8 layer ComfyUI reads runs its first forward under the pinned
+    comfy-kitchen, judged once per layer class (``releases.layer_classes``): True only when
+    each such layer is read with its checkpoint marker (the classes are of those) and no class
+    of W4A8 layers raises; False also when that is not known so (``_pinned_forwards`` tells)."""
+    from .comfyui_pinned import FORMAT, first_forward
+
+    get = ckpt.layers.get
+    for p, f in read.items():
+        if f == FORMAT:
+            layer = get(p)
+            if layer is None:
+                layer = get(DIFFUSION_PREFIX + p)
+                if layer is None:
+                    continue
+            if layer.marker is not markers.get(p):
+                return False
+    memo = ckpt.memo
+    for c in layer_classes(ckpt):
+        if c.format == FORMAT:
+            if memo.get("comfyui.release.w4a8", c.marker, c.layer, partial(first_forward, c.marker, c.layer.tensors)) is not None:
+                return False
+    return True
 
 
 def _pinned_forwards(ckpt, read: dict, markers: dict[str, dict]) -> tuple[dict, dict]:

@@ -29,11 +29,11 @@ these tables.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .base import LAYER, Verdict, Violation
 from .dialect_failures import DialectViolation
-from .releases import ReleasedVerdict, chosen_dicts, failure, first_loading, select, summary
+from .releases import ReleasedVerdict, chosen_dicts, failure, first_loading, layer_classes, marker_reading, select, summary
 from .releases import group_of as shared_group_of
 
 LAYOUTS: dict[str, str] = {
@@ -309,11 +309,20 @@ class Facts:
     __slots__ = ("formats", "six", "uncast", "unscaled")
 
     def __init__(self, ckpt) -> None:
-        from .kitchen import marked_layers
+        from .kitchen import python_json_markers
 
         formats: set[str] = set()
         six = uncast = unscaled = False
-        for _, layer, marker, name in marked_layers(ckpt):
+        # one layer per class (the rules below read only its marker and tensors), and the layers
+        # comfy-kitchen is handed with a marker only Python's json reads (``kitchen.marked_layers``)
+        marked: list[tuple[Any, dict, str]] = [(c.layer, c.marker, c.format) for c in layer_classes(ckpt)]
+        if marker_reading(ckpt).refused_tensor:
+            for prefix, marker in python_json_markers(ckpt).items():
+                layer = ckpt.layers.get(prefix)
+                name = marker.get("format")
+                if layer is not None and layer.marker is None and isinstance(name, str):
+                    marked.append((layer, marker, name))
+        for layer, marker, name in marked:
             formats.add(name)
             if name in UNCAST:
                 scale = layer.tensors.get(UNCAST[name][2])

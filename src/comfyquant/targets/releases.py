@@ -9,7 +9,7 @@ how versions compare and how a loads/fails sequence reads.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .base import Verdict, outcome
 
@@ -152,3 +152,102 @@ def group_of(runtime: str, groups: Sequence[Any], release: str) -> Any:
             return g
     known = ", ".join(r for g in groups for r in g.releases)
     raise LookupError(f"{runtime} {release} is not a known release (known: {known})")
+
+
+# -- what the release models read of a checkpoint alike, once per check --------------------------
+
+DIFFUSION_PREFIX = "model.diffusion_model."
+
+
+class MarkerReading(NamedTuple):
+    """Every parsed marker object of the file, by marker form, keyed by its layer's name without
+    the diffusion-model prefix (ComfyUI matches both): ``header`` and ``tensor`` give each
+    layer's ``format`` value, ``objects`` the object ComfyUI reads (the header map's replacing
+    the tensor's).  ``plain_header``: every header-map object's ``format`` is a string."""
+
+    header: dict[str, object]
+    tensor: dict[str, object]
+    objects: dict[str, dict]
+    plain_header: bool
+    refused_tensor: bool
+    """Some tensor marker is not read as JSON by comfyquant (Python's ``json`` may read it)."""
+    odd: bool
+    """Some marker (of either form) is not a JSON object: the readings above leave it out."""
+
+
+def marker_reading(ckpt) -> MarkerReading:
+    """The file's ``MarkerReading``: one pass over its marker records, made once per check and
+    shared by every release model that reads it."""
+    found = ckpt.shared.get("marker_reading")
+    if found is None:
+        found = ckpt.shared["marker_reading"] = _read_markers(ckpt.markers.records)
+    return found
+
+
+def _read_markers(records) -> MarkerReading:
+    header: dict[str, object] = {}
+    tensor: dict[str, object] = {}
+    header_objects: dict[str, dict] = {}
+    tensor_objects: dict[str, dict] = {}
+    plain = True
+    refused = False
+    odd = False
+    # the prefix is cut only in a file that has it (one search of the joined names tells)
+    cut = len(DIFFUSION_PREFIX) if ("\n" + "\n".join([r.prefix for r in records])).find("\n" + DIFFUSION_PREFIX) >= 0 else 0
+    for rec in records:  # once per marker: the cheapest tests first (a marker is nearly always a plain dict)
+        obj = rec.obj
+        if obj.__class__ is dict or isinstance(obj, dict):
+            prefix = rec.prefix
+            if cut and prefix.startswith(DIFFUSION_PREFIX):
+                prefix = prefix[cut:]
+            fmt = obj.get("format")
+            if rec.kind == "header":
+                header[prefix] = fmt
+                header_objects[prefix] = obj
+                if plain and fmt.__class__ is not str and not isinstance(fmt, str):
+                    plain = False
+            else:
+                tensor[prefix] = fmt
+                tensor_objects[prefix] = obj
+        else:
+            odd = True
+            if obj is None and rec.kind != "header":
+                refused = True
+    objects = {**tensor_objects, **header_objects} if header_objects else tensor_objects
+    return MarkerReading(header, tensor, objects, plain, refused, odd)
+
+
+class LayerClass(NamedTuple):
+    """One class of the file's marked layers (``memo``: equal marker text and tensor signature,
+    so every per-layer rule agrees on them): its first layer in the file's order, that layer's
+    marker and format."""
+
+    prefix: str
+    layer: Any
+    marker: dict
+    format: str
+
+
+def layer_classes(ckpt) -> list[LayerClass]:
+    """The classes of the layers whose checkpoint marker (``Layer.marker``) names a format, in
+    the order of their first layers: made once per check and shared by the release models,
+    which judge a class once where a rule's result is the same for all its layers."""
+    found = ckpt.shared.get("layer_classes")
+    if found is None:
+        found = ckpt.shared["layer_classes"] = _classes(ckpt)
+    return found
+
+
+def _classes(ckpt) -> list[LayerClass]:
+    class_id = ckpt.memo.class_id
+    firsts: dict[int, LayerClass] = {}
+    for prefix, layer in ckpt.layers.items():
+        marker, name = layer.marker, layer.format_name
+        if marker is None or name is None:
+            continue
+        cached = layer.class_ids  # the class the check's own rules gave the layer, inline
+        hit = cached.get(id(marker)) if cached is not None else None
+        cid = hit[1] if hit is not None and hit[0] is marker else class_id(marker, layer)
+        if cid not in firsts:
+            firsts[cid] = LayerClass(prefix, layer, marker, name)
+    return list(firsts.values())

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from ..markers import HEADER, MARKER_MAP, VERSION_KEY
 from .base import Verdict, Violation, outcome
-from .releases import ReleasedVerdict, select, summary
+from .releases import ReleasedVerdict, marker_reading, select, summary
 from .releases import group_of as shared_group_of
 
 NEWEST = "0.5.23"
@@ -694,11 +694,15 @@ def inert_maps(ckpt) -> set[str]:
     ``"float8" in format``, raises ``TypeError`` on a number or null) and that contain no word of
     ``_CONFIG_WORDS``: the releases before 0.5.19 take no config from them and raise nothing on
     them, so they need not parse them again."""
-    odd = {
-        r.file
-        for r in ckpt.markers.records
-        if r.kind == HEADER and isinstance(r.obj, dict) and not isinstance(r.obj.get("format", ""), str)
-    }
+    odd = (
+        set()
+        if marker_reading(ckpt).plain_header  # the check's one pass over the markers found no such object
+        else {
+            r.file
+            for r in ckpt.markers.records
+            if r.kind == HEADER and isinstance(r.obj, dict) and not isinstance(r.obj.get("format", ""), str)
+        }
+    )
     return {
         hm.raw
         for hm in ckpt.markers.headers
