@@ -15,7 +15,7 @@ raised it.  No torch: ``check`` reads these tables.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from functools import partial
 
 from .base import Verdict, Violation, module_order, outcome
@@ -239,7 +239,7 @@ class Marked:
         self._last: tuple[list[str], str, bool] | None = None
         """The names ``least`` was last asked about, its answer, and whether no other name ties it."""
         self._firsts: dict[tuple, str] = {}
-        self._done: dict[str, object] = {}
+        self._done: dict[Hashable, object] = {}
         """Results that do not depend on the release (``once``)."""
 
     def order(self, name: str) -> list:
@@ -274,8 +274,8 @@ class Marked:
             found = self._firsts[key] = self.least(named)
         return found
 
-    def once(self, name: str, make):
-        """``make()``, worked out once per check."""
+    def once(self, name: Hashable, make):
+        """``make()``, worked out once per check (``name``: what it is of)."""
         if name not in self._done:
             self._done[name] = make()
         return self._done[name]
@@ -457,10 +457,17 @@ def _load_event(group: ReleaseGroup, marked: Marked, read: dict, formats: set, c
     in the groups that raise it, for every layer of a quantized model), or a layer of a format
     the group lacks (its ``QUANT_ALGOS`` lookup); a layer without its weight returns before the
     lookup in the others.  None: no layer raises either."""
-    unknown = formats - set(group.formats)
-    raises_missing = group.first in MISSING_WEIGHT_RAISES and bool(read)
+    unknown = frozenset(formats - set(group.formats))
+    raises_missing = (
+        group.first in MISSING_WEIGHT_RAISES and bool(read) and bool(marked.once("weightless", lambda: _weightless(ckpt)))
+    )
     if not unknown and not raises_missing:
         return None
+    key = ("event", id(read), unknown, raises_missing, group.unknown)  # groups lacking the same formats share it
+    return marked.once(key, lambda: _first_event(group, marked, read, unknown, raises_missing, ckpt))
+
+
+def _first_event(group: ReleaseGroup, marked: Marked, read: dict, unknown: frozenset, raises_missing: bool, ckpt):
     weightless = marked.once("weightless", lambda: _weightless(ckpt))
     named = [p for p, f in read.items() if isinstance(f, str) and f in unknown and p not in weightless] if unknown else []
     if raises_missing:
@@ -470,8 +477,8 @@ def _load_event(group: ReleaseGroup, marked: Marked, read: dict, formats: set, c
     layer = marked.least(named)
     if layer in weightless:
         return Violation("comfyui.release", f"Missing weight for layer {layer}", "ValueError", layer, "weight", True,
-                         f"ComfyUI {group.first} raises loading a quantized model's layer that has no weight",
-                         "store the layer's weight")  # fmt: skip
+                         "ComfyUI up to 0.8.2 raises loading a quantized model's layer that has no weight",
+                         "store the layer's weight, or load it with ComfyUI 0.9.2 or newer")  # fmt: skip
     fmt = read[layer]
     exc, message = group.unknown
     knows = first_knowing(fmt)
@@ -497,10 +504,14 @@ def _precedes(first: Violation | None, layer: str, marked: Marked) -> bool:
     return marked.order(_bare(first.layer)) < marked.order(layer)
 
 
-def _memo_key(group: ReleaseGroup) -> tuple:
-    """What a group's verdict depends on besides the file: groups with the same key share it."""
+def _memo_key(group: ReleaseGroup, plain: bool) -> tuple:
+    """What a group's verdict depends on besides the file: groups with the same key share it.
+    ``plain``: the file gives the group's own ways with a failure nothing to act on (the newest
+    release finds nothing wrong, no layer lacks its weight, detection is the newest's)."""
     forward = group.first if any(release == group.first for release, _ in FORWARD_ERRORS) else None
     kitchen = group.kitchen if group.kitchen in FOUR_BIT_ONLY else None
+    if plain:
+        return (group is NEWEST, group.markers, group.formats, group.unknown, kitchen, forward)
     adjusted = (
         version_key(group.first) < version_key(SMOOTHING_FROM),
         group.first in NO_WEIGHT_ATTRIBUTE,
@@ -751,7 +762,7 @@ class Releases:
         }
 
 
-_MEMO_KEYS: dict[ReleaseGroup, tuple] = {}
+_MEMO_KEYS: dict[tuple[ReleaseGroup, bool], tuple] = {}
 """Each group's ``_memo_key``: facts of the tables alone, made once per process."""
 
 
@@ -760,10 +771,15 @@ def releases_for(ckpt, newest, spec: tuple[str, str] | None) -> Releases:
     marked = Marked(ckpt)
     memo: dict[tuple, Verdict] = {}
     verdicts = []
+    plain = (
+        not newest.violations
+        and not marked.once("weightless", lambda: _weightless(ckpt))
+        and _undetected(GROUPS[0], ckpt, newest) is None
+    )
     for group in GROUPS:
-        key = _MEMO_KEYS.get(group)
+        key = _MEMO_KEYS.get((group, plain))
         if key is None:
-            key = _MEMO_KEYS[group] = _memo_key(group)
+            key = _MEMO_KEYS[group, plain] = _memo_key(group, plain)
         verdict = memo.get(key)
         if verdict is None:
             verdict = memo[key] = release_verdict(group, marked, newest, ckpt)
