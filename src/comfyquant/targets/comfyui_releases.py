@@ -417,7 +417,7 @@ def _adjusted(group: ReleaseGroup, violations: list[Violation], read: dict) -> l
                 v,
                 "AttributeError",
                 "'Linear' object has no attribute 'weight'",
-                f"ComfyUI {group.first}'s quantized Linear sets no weight for a layer the file has no weight for",
+                "the quantized Linear of ComfyUI 0.9.2 to 0.18.1 sets no weight for a layer the file has no weight for",
             )
             changed = True
         elif (
@@ -431,7 +431,7 @@ def _adjusted(group: ReleaseGroup, violations: list[Violation], read: dict) -> l
                 v,
                 "TypeError",
                 "mul_(): argument 'other' (position 1) must be Tensor, not NoneType",
-                f"ComfyUI {group.first}'s FP8 layout multiplies by the missing weight scale",
+                "the FP8 layout of ComfyUI before 0.8.0 (no comfy-kitchen) multiplies by the missing weight scale",
             )
             v.stage = "forward"
             changed = True
