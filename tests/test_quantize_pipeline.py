@@ -582,6 +582,35 @@ def test_a_second_interrupt_does_not_cut_the_spill_clean_up_short(tmp_path, monk
     assert not os.listdir(spills)
 
 
+def test_an_interrupt_while_the_spill_file_is_created_removes_it(tmp_path, monkeypatch):
+    """A SIGINT landing inside the creation of the spill file (after the file exists, before
+    its name is returned) would have raised where nobody knows the name: the file was left
+    next to the output.  The interruption waits until the name is known, then the task stops
+    and removes the file."""
+    from comfyquant.io import tempfiles
+
+    plan = _plan_of(tmp_path, "int8")
+    task = work.task_for(plan.quantized[0], False, None)
+    spills = tmp_path / "spills"
+    spills.mkdir()
+    monkeypatch.setattr(work, "_STOPPING", False)
+    monkeypatch.setattr(work, "_SENT_SPILL", None)
+    real = tempfiles.make_temp
+    made = []
+
+    def interrupted_inside(folder, suffix=".tmp"):
+        fd, path = real(folder, suffix)
+        made.append(path)
+        work._interrupted(2, None)  # the signal, after the file exists
+        return fd, path
+
+    monkeypatch.setattr(tempfiles, "make_temp", interrupted_inside)
+    with pytest.raises(KeyboardInterrupt):
+        work.run_task_spilled(task, str(spills))
+    assert len(made) == 1 and not os.listdir(spills)
+    assert not work._IN_TASK and not work._CREATING
+
+
 def test_an_interrupt_once_the_result_is_complete_removes_its_spill(tmp_path, monkeypatch):
     """An interruption after the task's result is complete but while the task is still
     returning it: the task stops and its spill file, which nobody will read, goes."""
@@ -618,6 +647,34 @@ def test_an_interrupt_while_a_spill_is_taken_over_leaves_it_to_close(tmp_path, m
         raise KeyboardInterrupt
 
     monkeypatch.setattr(runner, "_open_spill", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool.result(types.SimpleNamespace(name="a"))
+    pool.close()
+    assert not spill.exists()
+
+
+def test_an_interrupt_while_the_next_layers_are_queued_leaves_the_awaited_one_to_close(tmp_path):
+    """Ctrl-C in the main process while it queues the next layers (reading hints, handing a
+    task to the pool) just after taking the awaited layer's future: the layer goes back among
+    the pool's futures, so closing the pool removes its spill file.  Its worker may already be
+    computing another layer, so it no longer removes this one itself."""
+    import types
+    from concurrent.futures import Future
+
+    from comfyquant.quantizer import runner
+
+    spill = tmp_path / ".comfyquant-w.spill"
+    spill.write_bytes(b"encoded layer")
+    done: Future = Future()
+    done.set_result({"spill": str(spill), "tensors": {}, "quality": None})
+    pool = object.__new__(runner._Pool)
+    pool.futures, pool.order, pool.next, pool.jobs = {"a": done}, [], 0, 1
+    pool.pool = types.SimpleNamespace(shutdown=lambda **kwargs: None)
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    pool._fill = interrupted
     with pytest.raises(KeyboardInterrupt):
         pool.result(types.SimpleNamespace(name="a"))
     pool.close()

@@ -228,16 +228,17 @@ class _Pool:
         from concurrent.futures.process import BrokenProcessPool
 
         future = self.futures.pop(lp.name)
-        self._fill()
         try:
+            self._fill()  # the next layers are queued while this one is awaited
             out = future.result()
             spill = _open_spill(out["spill"])
         except BrokenProcessPool:
             raise InputError("a worker process died (out of memory?); try fewer --jobs") from None
         except BaseException:
-            # Interrupted while waiting (Ctrl-C): the layer may still be computed and spilled,
-            # or be spilled and not yet taken over; back among the futures, ``close`` waits
-            # for it and removes its spill file.
+            # Interrupted while queueing the next layers or waiting (Ctrl-C): the layer may
+            # still be computed and spilled, or be spilled and not yet taken over; back among
+            # the futures, ``close`` waits for it and removes its spill file.  (Its worker may
+            # have started another layer by then, so it no longer removes this one itself.)
             self.futures[lp.name] = future
             raise
         del out["spill"]  # taken over (the future is no longer among those close() cleans up)

@@ -362,13 +362,18 @@ _STOPPING = False
 """Set by an interruption: the tasks already queued to this worker end at once."""
 _RAISED = False
 """Whether this task's interruption was raised (its clean-up may be under way)."""
+_CREATING = False
+"""Whether this task is creating its spill file: an interruption then waits until the file's
+name is known (raised inside the creation, it would leave a file nobody can name)."""
+_DEFERRED = False
+"""Whether an interruption came while the spill file was being created."""
 _SENT_SPILL: str | None = None
 """The spill file of this worker's last result, until its next task starts (the pool sends a
 result back before it hands the worker another task)."""
 
 
 def _interrupted(signum, frame) -> None:
-    global _STOPPING, _RAISED
+    global _STOPPING, _RAISED, _DEFERRED
     _STOPPING = True
     if _SENT_SPILL is not None:
         # Interrupted once a result was complete (returned, or about to be, and not yet
@@ -382,6 +387,9 @@ def _interrupted(signum, frame) -> None:
         # its workers) must not cut short the clean-up of the first one's KeyboardInterrupt:
         # raised inside it, it left the task's spill file behind.
         if _RAISED:
+            return
+        if _CREATING:
+            _DEFERRED = True
             return
         _RAISED = True
         raise KeyboardInterrupt
@@ -417,9 +425,9 @@ def run_task_spilled(task: dict, spill_dir: str) -> dict:
     from ..io.tempfiles import make_temp
     from ..numerics.dtypes import dtype_name
 
-    global _IN_TASK, _SENT_SPILL, _RAISED
+    global _IN_TASK, _SENT_SPILL, _RAISED, _CREATING, _DEFERRED
     _SENT_SPILL = None  # the previous result was delivered before this task was handed over
-    _RAISED = False
+    _RAISED = _DEFERRED = False
     if _STOPPING:  # interrupted: the layers queued to this worker are not computed
         raise KeyboardInterrupt
     _IN_TASK = True
@@ -428,7 +436,15 @@ def run_task_spilled(task: dict, spill_dir: str) -> dict:
         out = run_task(task)
         tensors = out["tensors"]
         out["tensors"] = {}
-        fd, path = make_temp(spill_dir, ".spill")  # named for this worker: a killed run's spill is removable
+        _CREATING = True
+        try:
+            fd, path = make_temp(spill_dir, ".spill")  # named for this worker: a killed run's spill is removable
+        finally:
+            _CREATING = False
+        if _DEFERRED and not _RAISED:  # interrupted while the file was made: now it can be removed
+            _RAISED = True
+            os.close(fd)
+            raise KeyboardInterrupt
         with os.fdopen(fd, "wb") as fh:
             for suffix in list(tensors):
                 t = tensors.pop(suffix)
