@@ -179,8 +179,9 @@ def recorded_fits(layer, marker: dict | None, true: Linear) -> bool | None:
     return expected == tuple(w.shape) if expected is not None else None
 
 
-def recorded_size(layer, marker: dict | None) -> tuple[int, int] | None:
-    """The (N, K) the file records for a layer (its weight's reading in its format)."""
+def recorded_size(layer, marker: dict | None, defaults: bool = False) -> tuple[int, int] | None:
+    """The (N, K) the file records for a layer (its weight's reading in its format);
+    ``defaults``: where the format refuses a marker value, read with the format's defaults."""
     w = layer.tensors.get("weight")
     if w is None or len(w.shape) != 2:
         return None
@@ -193,15 +194,24 @@ def recorded_size(layer, marker: dict | None) -> tuple[int, int] | None:
     desc = FORMATS.get(fmt) if isinstance(fmt, str) else None
     if desc is None:
         return None
-    try:
+    def read(params):
         if fmt == "asym_w4a8_int8":  # the size its tensors show together (formats/w4a8 model_geometry)
             from ..formats.w4a8 import model_geometry
 
-            env = model_geometry(layer.tensors, desc.params(marker))
-        else:
-            env = desc.geometry(layer.tensors, desc.params(marker))
-    except (GeometryError, KeyError, TypeError, ValueError):
-        return None
+            return model_geometry(layer.tensors, params)
+        return desc.geometry(layer.tensors, params)
+
+    try:
+        env = read(desc.params(marker))
+    except (GeometryError, KeyError, TypeError, ValueError, ArithmeticError):
+        if not defaults:
+            return None
+        # a marker value the format refuses (a group size of 0): the stored tensors still
+        # record the layer's size, read with the format's defaults
+        try:
+            env = read(desc.params({"format": fmt}))
+        except (GeometryError, KeyError, TypeError, ValueError, ArithmeticError):
+            return None
     n, k = env.get("N_model", env.get("N")), env.get("K_model", env.get("K"))
     return (n, k) if isinstance(n, int) and isinstance(k, int) else None
 

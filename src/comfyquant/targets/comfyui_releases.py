@@ -176,9 +176,7 @@ def marked_formats(ckpt) -> tuple[dict[str, object], dict[str, object], dict[str
         else:
             tensor.setdefault(prefix, None)
     if found.refused_tensor:
-        from .kitchen import python_json_markers
-
-        for full, obj in python_json_markers(ckpt).items():
+        for full, obj in _python_json_markers(ckpt).items():
             prefix = _bare(full)
             tensor[prefix] = obj.get("format")
             if prefix not in found.header:
@@ -694,16 +692,18 @@ class _Mismatches(Violation):
 
 def _mismatch(ckpt, name: str) -> str | None:
     """torch's size-mismatch lines (joined as it joins them) for a layer loaded as a plain
-    ``Linear`` of the size the file records for it (``comfyui_model.recorded_size``): its
+    ``Linear`` of the model's size (``_plain_size``): its
     weight, then its bias, where either is of another shape; None when both fit or the size
     cannot be read."""
-    from .comfyui_model import recorded_size, size_mismatch
+    from .comfyui_model import size_mismatch
 
     layer = ckpt.layers.get(name) or ckpt.layers.get(DIFFUSION_PREFIX + name)
     if layer is None or "weight" not in layer.tensors:
         return None
     marker = ckpt.markers.effective.get(layer.prefix)
-    model = ckpt.memo.get("comfyui.release.size", marker, layer, partial(recorded_size, layer, marker))
+    if marker is None and marker_reading(ckpt).refused_tensor:
+        marker = _python_json_markers(ckpt).get(layer.prefix)  # NaN sizes: the format still says the size
+    model = ckpt.memo.get("comfyui.release.size", marker, layer, partial(_plain_size, layer, marker))
     if model is None:
         return None
     lines = []
@@ -712,6 +712,39 @@ def _mismatch(ckpt, name: str) -> str | None:
         if e is not None and tuple(e.shape) != want:
             lines.append(size_mismatch(name, suffix, tuple(e.shape), want))
     return "\n\t".join(lines) if lines else None
+
+
+def _plain_size(layer, marker: dict | None) -> tuple[int, int] | None:
+    """The (N, K) of the plain ``Linear`` a release builds for a layer it does not read as
+    quantized: the model's, which the file records as ``comfyui_model.recorded_size`` reads it
+    (a marker value the format refuses, which the release does not read, leaves the size
+    readable).  Where the format reads N off the weight's rows, N is the output size most of the
+    layer's tensors show (the bias's and a per-row scale's outvote a weight of other rows,
+    ``kitchen_int8.model_rows``); an unpacked weight whose columns are that N is stored
+    transposed, and its rows are K."""
+    from .comfyui_model import recorded_size
+    from .kitchen_int8 import model_rows
+
+    size = recorded_size(layer, marker, True)
+    if size is None:
+        return None
+    rows, cols = layer.tensors["weight"].shape
+    if size[0] != rows:  # the format reads N off its other tensors already
+        return size
+    n = model_rows(layer.tensors, rows)
+    if n != rows and size[1] == cols == n:
+        return n, rows
+    return n, size[1]
+
+
+def _python_json_markers(ckpt) -> dict[str, dict]:
+    """``kitchen.python_json_markers``, read once per check."""
+    found = ckpt.shared.get("python_json_markers")
+    if found is None:
+        from .kitchen import python_json_markers
+
+        found = ckpt.shared["python_json_markers"] = python_json_markers(ckpt)
+    return found
 
 
 class Releases:

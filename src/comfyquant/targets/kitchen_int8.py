@@ -11,7 +11,7 @@ from __future__ import annotations
 from .base import LAYER, Violation
 
 
-def _model_rows(t: dict, weight_rows: int) -> int:
+def model_rows(t: dict, weight_rows: int) -> int:
     """The output size most of the layer's tensors show (the weight's on a tie): the weight's
     rows, the bias's length, a per-row scale's rows."""
     seen = [weight_rows]
@@ -29,7 +29,7 @@ def int8_input_k(target: str, t: dict) -> Violation | None:
     if w is None or len(w.shape) != 2:
         return None
     rows, cols = w.shape
-    n = _model_rows(t, rows)
+    n = model_rows(t, rows)
     if rows == n or cols != n:
         return None
     k = rows  # stored [K, N]: the model's K is the weight's rows
@@ -44,3 +44,78 @@ def int8_input_k(target: str, t: dict) -> Violation | None:
         f"(on an input of shape [4, {k}]) meets {cols} weight columns",
         f"store the weight as [{n}, {k}]",
     )
+
+
+def _ceil8(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+def unchecked_int8_linear(target: str, read: dict, t: dict) -> Violation | None:
+    """What the first forward of an INT8 layer raises in a comfy-kitchen release whose INT8
+    linear checks neither the input's K nor the scale's length first (0.2.11 to 0.2.13): the
+    steps fail in its own order, in torch's words.  ``read``: the marker as ComfyUI reads it
+    (``kitchen.marker_ints``).  The steps, on an input of shape [4, K]:
+
+    * ConvRot builds its Hadamard rotation (a size not a power of 4 is refused), then rotates
+      the input in groups (a size not dividing K is refused);
+    * the weight is transposed and padded to multiples of 8 (K and the output columns) for
+      ``torch._int_mm``, which takes 2-D operands of matching inner sizes only;
+    * the weight scale is flattened (``view``) and multiplied into the [4, N] output with the
+      input's row scales, so it must hold one value or N.
+
+    None: it raises none of these (the layer computes as in 0.2.40)."""
+    from ..formats.base import is_pow4
+
+    w = t.get("weight")
+    if w is None or len(w.shape) not in (2, 3):
+        return None
+    shape = tuple(w.shape)
+    k = shape[-1]
+    if len(shape) == 2 and shape[0] != model_rows(t, shape[0]) and shape[1] == model_rows(t, shape[0]):
+        k = shape[0]  # stored [K, N]: the model's K is the weight's rows
+    where = f"comfy-kitchen 0.2.11 to 0.2.13 run the INT8 linear unchecked; weight stored {list(shape)}"
+
+    def refused(message: str, exception: str, tensor: str, cause: str, fix: str) -> Violation:
+        return Violation(f"{target}.int8-unchecked", message, exception, LAYER, tensor, True, f"{where}: {cause}", fix)
+
+    if read.get("convrot"):
+        c = read.get("convrot_groupsize", 256)
+        if isinstance(c, int) and not isinstance(c, bool):
+            if not is_pow4(c):
+                return refused(
+                    f"Regular Hadamard size must be a power of 4, got {c}", "ValueError", "comfy_quant",
+                    f"convrot_groupsize {c} is not a Hadamard size", "re-quantize with convrot_groupsize 16, 64 or 256",
+                )  # fmt: skip
+            if k % c:
+                return refused(
+                    f"features {k} not divisible by group_size {c}", "ValueError", "comfy_quant",
+                    f"convrot_groupsize {c} does not divide the input's {k} features", "re-quantize with a group size dividing K",
+                )  # fmt: skip
+    rows_t = shape[::-1]  # weight.T (a 3-D weight's dimensions reversed)
+    padded_k = _ceil8(k)
+    grown = (padded_k != k, _ceil8(rows_t[1]) != rows_t[1])
+    fix_shape = f"store the weight 2-D as [N, {k}]"
+    if len(shape) == 3:
+        if any(grown):
+            return refused("Tensors must have same number of dimensions: got 3 and 2", "RuntimeError", "weight",
+                           "the 3-D weight is padded with a 2-D block", fix_shape)  # fmt: skip
+        return refused("int_mm_out_cpu: Expected mat2 to be of dimension 2 but got 3", "RuntimeError", "weight",
+                       "torch._int_mm takes a 2-D weight", fix_shape)  # fmt: skip
+    inner = rows_t[0] + padded_k - k
+    if inner != padded_k:
+        return refused(
+            f"int_mm_out_cpu: self.size(1) needs to match mat2.size(0) but got {padded_k} and {inner}", "RuntimeError",
+            "weight", f"the input's {k} features meet {shape[1]} weight columns", fix_shape,
+        )  # fmt: skip
+    s = t.get("weight_scale")
+    if s is None:
+        return refused("'NoneType' object has no attribute 'view'", "AttributeError", "weight_scale",
+                       "weight_scale is missing", "re-export the layer with all its tensors")  # fmt: skip
+    n = shape[0]
+    if s.numel not in (1, n):
+        return refused(
+            f"The size of tensor a ({n}) must match the size of tensor b ({s.numel}) at non-singleton dimension 1",
+            "RuntimeError", "weight_scale", f"weight_scale holds {s.numel} values for {n} outputs",
+            "store one scale, or one per output row (comfyquant fix reshapes it when the values allow)",
+        )  # fmt: skip
+    return None

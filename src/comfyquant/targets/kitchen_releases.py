@@ -19,7 +19,10 @@ build a layer's layout and run its first forward on the eager backend (``comfy_k
   it; up to 0.2.2 a missing one is multiplied as None (``TypeError``);
 * ``six_bit``: whether its W4A8 layout stores 6-bit codes (3K/4 bytes a row).  The W4A8
   releases before 0.2.36 read any row as 4-bit codes (K = twice the row's bytes), and their
-  eager linear refuses a 6-bit layer at its first forward.
+  eager linear refuses a 6-bit layer at its first forward;
+* ``int8_checks``: whether its INT8 linear checks the input's K and the scale's length before
+  computing; 0.2.11 to 0.2.13 do not, and fail inside the computation in torch's words
+  (``kitchen_int8.unchecked_int8_linear``).
 
 Otherwise a release's verdict is 0.2.40's (``targets.kitchen``), as running each group on every
 format's valid layer shows (``tests/test_kitchen_releases_run.py``).  No torch: ``check`` reads
@@ -76,6 +79,9 @@ class ReleaseGroup(NamedTuple):
     scale_to: bool = True
     """True: its NVFP4 dequantize converts the per-tensor scale (``.to``) before multiplying;
     False: it multiplies a missing one as None."""
+    int8_checks: bool = True
+    """True: its INT8 linear checks the input's K and the scale's length first; False: the
+    computation fails where they do not fit."""
 
     @property
     def first(self) -> str:
@@ -97,8 +103,9 @@ def _g(
     six_bit: bool = False,
     cast: bool = True,
     to: bool = True,
+    checks: bool = True,
 ) -> ReleaseGroup:
-    return ReleaseGroup(tuple(releases.split()), digest, formats, by_name, six_bit, cast, to)
+    return ReleaseGroup(tuple(releases.split()), digest, formats, by_name, six_bit, cast, to, checks)
 
 
 GROUPS: tuple[ReleaseGroup, ...] = (
@@ -115,8 +122,8 @@ GROUPS: tuple[ReleaseGroup, ...] = (
     _g("0.2.8", "0aee453efde9", MX),
     _g("0.2.9", "9bd7304a63a7", AWQ),
     _g("0.2.10", "433bb97acc9e", AWQ),
-    _g("0.2.11 0.2.12", "ee9a42c6bc28", INT8),
-    _g("0.2.13", "d925b3fc8b91", INT8),
+    _g("0.2.11 0.2.12", "ee9a42c6bc28", INT8, checks=False),
+    _g("0.2.13", "d925b3fc8b91", INT8, checks=False),
     _g("0.2.14", "1d833d5573cd", INT8),
     _g("0.2.15 0.2.16", "25ae0ecef9d2", INT8),
     _g("0.2.17 0.2.18", "4984e4063d07", W4A4),
@@ -303,16 +310,17 @@ class Facts:
     """What the file holds that the releases differ on, read once per check: the kitchen
     formats of its marked layers, and whether a W4A8 layer is one a release reading only 4-bit
     codes refuses (``six``: stored 6-bit, or of a row 0.2.40 reads otherwise), whether an FP8
-    or NVFP4 per-tensor scale is stored other than F32 (``uncast``) and whether an NVFP4 one is
-    missing (``unscaled``)."""
+    or NVFP4 per-tensor scale is stored other than F32 (``uncast``), whether an NVFP4 one is
+    missing (``unscaled``) and whether an INT8 layer fails the releases whose INT8 linear runs
+    unchecked (``unchecked``)."""
 
-    __slots__ = ("formats", "six", "uncast", "unscaled")
+    __slots__ = ("formats", "six", "uncast", "unscaled", "unchecked")
 
     def __init__(self, ckpt) -> None:
         from .kitchen import python_json_markers
 
         formats: set[str] = set()
-        six = uncast = unscaled = False
+        six = uncast = unscaled = unchecked = False
         # one layer per class (the rules below read only its marker and tensors), and the layers
         # comfy-kitchen is handed with a marker only Python's json reads (``kitchen.marked_layers``)
         marked: list[tuple[Any, dict, str]] = [(c.layer, c.marker, c.format) for c in layer_classes(ckpt)]
@@ -332,10 +340,13 @@ class Facts:
                 six = ckpt.memo.get(
                     "comfy-kitchen.release.four", marker, layer, lambda m=marker, lay=layer: four_bit_template(m, lay.tensors)
                 ) is not None  # fmt: skip
+            elif name == "int8_tensorwise" and not unchecked:
+                unchecked = _unchecked(ckpt, marker, layer) is not None
         self.formats = frozenset(formats)
         self.six = six
         self.uncast = uncast
         self.unscaled = unscaled
+        self.unchecked = unchecked
 
     def key(self, group: ReleaseGroup) -> tuple:
         """What the group's verdict on this file depends on: groups of one key share it."""
@@ -343,7 +354,20 @@ class Facts:
         by_name = group.by_name or not (self.formats & set(group.formats))
         four_bit = self.six and "asym_w4a8_int8" in group.formats and not group.six_bit
         uncast = (self.uncast and not group.scale_cast, self.unscaled and not group.scale_to)
-        return (lacking, by_name, four_bit, uncast)
+        unchecked = self.unchecked and "int8_tensorwise" in group.formats and not group.int8_checks
+        return (lacking, by_name, four_bit, uncast, unchecked)
+
+
+def _unchecked(ckpt, marker: dict, layer) -> Violation | None:
+    """``unchecked_int8_linear`` of a layer, once per layer class."""
+    from .kitchen import marker_ints
+    from .kitchen_int8 import unchecked_int8_linear
+
+    def made() -> Violation | None:
+        read, refused = marker_ints("int8_tensorwise", marker)
+        return None if refused is not None else unchecked_int8_linear("comfy-kitchen.release", read, layer.tensors)
+
+    return ckpt.memo.get("comfy-kitchen.release.int8", marker, layer, made)
 
 
 def _adjuster(group: ReleaseGroup, ckpt) -> Callable:
@@ -364,6 +388,13 @@ def _adjuster(group: ReleaseGroup, ckpt) -> Callable:
             four = ckpt.memo.get("comfy-kitchen.release.four", marker, layer, lambda: four_bit_template(marker, layer.tensors))
             if four is not None:
                 return load, [four]
+        if name == "int8_tensorwise" and not group.int8_checks and not any(v.blocking for v in load):
+            # the op's operand dtypes are checked before the linear runs
+            if forward and forward[0].rule == "comfy-kitchen.dtype":
+                return load, forward
+            unchecked = _unchecked(ckpt, marker, layer)
+            if unchecked is not None:
+                return load, [unchecked]
         return load, forward
 
     return adjust
