@@ -194,6 +194,7 @@ def recorded_size(layer, marker: dict | None, defaults: bool = False) -> tuple[i
     desc = FORMATS.get(fmt) if isinstance(fmt, str) else None
     if desc is None:
         return None
+
     def read(params):
         if fmt == "asym_w4a8_int8":  # the size its tensors show together (formats/w4a8 model_geometry)
             from ..formats.w4a8 import model_geometry
