@@ -306,6 +306,9 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
         first = _first(base)
         if first is not None and first.blocking and first.layer is None:  # reading the file or its map: before any layer
             return Verdict("comfyui", base, newest.architecture)
+        indexed = next((v for v in base if v.rule == LAYERS_NOT_A_MAP), None)
+        if indexed is not None:  # raised inside the loading of a layer: before torch's collected size mismatches
+            return Verdict("comfyui", [*(v for v in base if v.file is not None), indexed], newest.architecture)
         if marked.unread:
             out.append(marked.once("unread", lambda: _unread(ckpt, marked)))
             plain = set(marked.unread)  # plain ``Linear``s: nothing the newest release does with their markers happens
@@ -340,14 +343,45 @@ def _header_only_map(ckpt, violations: list[Violation]) -> list[Violation]:
         except (ValueError, RecursionError):
             continue
         kept = [v for v in violations if v.rule != "comfyui.header"]
-        if isinstance(obj, dict) and "layers" in obj:
-            return kept if obj["layers"] is None else violations
-        refused = Violation("comfyui.release", "Invalid quantization metadata format", "ValueError", None, None, True,
-                            "ComfyUI before 0.4.0 reads the header marker map only as an object with layers",
-                            "rewrite the header markers (comfyquant fix)")  # fmt: skip
         at = next((i for i, v in enumerate(kept) if v.file is None), len(kept))
-        return [*kept[:at], refused, *kept[at:]]
+        if not (isinstance(obj, dict) and "layers" in obj):
+            refused = Violation("comfyui.release", "Invalid quantization metadata format", "ValueError", None, None, True,
+                                "ComfyUI before 0.4.0 reads the header marker map only as an object with layers",
+                                "rewrite the header markers (comfyquant fix)")  # fmt: skip
+            return [*kept[:at], refused, *kept[at:]]
+        layers = obj["layers"]
+        if isinstance(layers, dict) and layers:
+            return violations
+        if not layers:  # null, empty, 0, false: no layer is quantized
+            return kept
+        return [*kept[:at], *_layers_not_a_map(ckpt, layers), *kept[at:]]
     return violations
+
+
+LAYERS_NOT_A_MAP = "comfyui.release.layers"
+
+
+def _layers_not_a_map(ckpt, layers) -> list[Violation]:
+    """What a release before 0.4.0 raises on a header map whose ``layers`` is a non-empty value
+    other than an object: its model detection counts the layers (``len()``: a number has none),
+    then each layer as it loads asks whether its name is ``in`` the value and, if so, indexes the
+    value by that name (a list or a string refuses a name as index); the first such layer in
+    module order fails.  Nothing is raised where no layer's name is in it."""
+    cause = "ComfyUI before 0.4.0 reads the header map's layers as an object of layer names"
+    fix = "rewrite the header markers (comfyquant fix)"
+    if not isinstance(layers, (list, str)):
+        kind = {bool: "bool", int: "int", float: "float"}.get(type(layers), type(layers).__name__)
+        return [Violation("comfyui.release", f"object of type '{kind}' has no len()", "TypeError", None, None, True, cause, fix)]
+    named = [_bare(p) for p, layer in ckpt.layers.items() if "weight" in layer.tensors and _bare(p) in layers]
+    if not named:
+        return []
+    message = (
+        "list indices must be integers or slices, not str"
+        if isinstance(layers, list)
+        else "string indices must be integers, not 'str'"
+    )
+    first = min(named, key=module_order)
+    return [Violation(LAYERS_NOT_A_MAP, message, "TypeError", first, "comfy_quant", True, cause, fix)]
 
 
 NORM_WEIGHT_FROM = "0.14.1"
@@ -467,7 +501,12 @@ def _load_event(group: ReleaseGroup, marked: Marked, read: dict, formats: set, c
 
 def _first_event(group: ReleaseGroup, marked: Marked, read: dict, unknown: frozenset, raises_missing: bool, ckpt):
     weightless = marked.once("weightless", lambda: _weightless(ckpt))
-    named = [p for p, f in read.items() if isinstance(f, str) and f in unknown and p not in weightless] if unknown else []
+    held = marked.once("held", lambda: {_bare(p) for p in ckpt.layers})  # a map entry naming no layer of the file loads nothing
+    named = (
+        [p for p, f in read.items() if isinstance(f, str) and f in unknown and p in held and p not in weightless]
+        if unknown
+        else []
+    )
     if raises_missing:
         named += [p for p in weightless if p not in named]
     if not named:
@@ -647,16 +686,22 @@ def _unread(ckpt, marked: Marked):
     cause = f"ComfyUI before 0.4.0 reads quantization markers only from the {HEADER}"
     fix = "add the header map (comfyquant fix) or load it with ComfyUI 0.4.0 or newer"
     unread = marked.unread
+    mixed = bool(marked.header)  # a map of layers: its mixed-precision Linear takes a plain weight as stored
     least = marked.least(unread)
     failing: str | None = least
-    if _mismatch(ckpt, least) is None:  # else the first in module order of those that fail, if any: no sort
-        bad = [n for n in unread if _mismatch(ckpt, n) is not None]
+    if _mismatch(ckpt, least, mixed) is None:  # else the first in module order of those that fail, if any: no sort
+        bad = [n for n in unread if _mismatch(ckpt, n, mixed) is not None]
         failing = _least(bad, marked.order)[0] if bad else None
     if failing is not None:
-        v = _Mismatches("comfyui.release", "", "RuntimeError", failing, "weight", True, cause, fix)
+        v = _Mismatches("comfyui.release", "", "RuntimeError", failing, "bias" if mixed else "weight", True, cause, fix)
         # the message's closure keeps no ``marked`` (which keeps this violation): no cycle holds the checkpoint
-        v.lines = lambda: [m for m in (_mismatch(ckpt, n) for n in sorted(unread, key=module_order)) if m is not None]
+        v.lines = lambda: [m for m in (_mismatch(ckpt, n, mixed) for n in sorted(unread, key=module_order)) if m is not None]
         return v
+    if mixed:
+        for name in sorted(unread, key=module_order):
+            v = _unfit_forward(ckpt, name, cause, fix)
+            if v is not None:
+                return v
     return Violation(
         "comfyui.release",
         f"layer '{least}': ComfyUI before 0.4.0 reads only the header map, not the .comfy_quant "
@@ -690,13 +735,8 @@ class _Mismatches(Violation):
         self._text = value if value else None
 
 
-def _mismatch(ckpt, name: str) -> str | None:
-    """torch's size-mismatch lines (joined as it joins them) for a layer loaded as a plain
-    ``Linear`` of the model's size (``_plain_size``): its
-    weight, then its bias, where either is of another shape; None when both fit or the size
-    cannot be read."""
-    from .comfyui_model import size_mismatch
-
+def _plain_model(ckpt, name: str):
+    """(the layer, the (N, K) of the plain ``Linear`` built for it: ``_plain_size``), or None."""
     layer = ckpt.layers.get(name) or ckpt.layers.get(DIFFUSION_PREFIX + name)
     if layer is None or "weight" not in layer.tensors:
         return None
@@ -704,10 +744,39 @@ def _mismatch(ckpt, name: str) -> str | None:
     if marker is None and marker_reading(ckpt).refused_tensor:
         marker = _python_json_markers(ckpt).get(layer.prefix)  # NaN sizes: the format still says the size
     model = ckpt.memo.get("comfyui.release.size", marker, layer, partial(_plain_size, layer, marker))
-    if model is None:
+    return None if model is None else (layer, model)
+
+
+def _unfit_forward(ckpt, name: str, cause: str, fix: str) -> Violation | None:
+    """The first forward of a plain layer whose weight was taken as stored: a 2-D weight of
+    another width than the model's K meets the input of shape [4, K] (torch's matmul error)."""
+    found = _plain_model(ckpt, name)
+    if found is None:
         return None
+    layer, (_n, k) = found
+    shape = tuple(layer.tensors["weight"].shape)
+    if len(shape) != 2 or shape[1] == k:
+        return None
+    v = Violation("comfyui.release", f"mat1 and mat2 shapes cannot be multiplied (4x{k} and {shape[1]}x{shape[0]})",
+                  "RuntimeError", name, "weight", True,
+                  f"{cause}: the layer's stored weight {list(shape)} is taken as a plain one, for {k} inputs", fix)  # fmt: skip
+    v.stage = "forward"
+    return v
+
+
+def _mismatch(ckpt, name: str, mixed: bool = False) -> str | None:
+    """torch's size-mismatch lines (joined as it joins them) for a layer loaded as a plain
+    ``Linear`` of the model's size (``_plain_size``): its weight, then its bias, where either is
+    of another shape (``mixed``: the bias only, the weight being taken as stored); None when
+    they fit or the size cannot be read."""
+    from .comfyui_model import size_mismatch
+
+    found = _plain_model(ckpt, name)
+    if found is None:
+        return None
+    layer, model = found
     lines = []
-    for suffix, want in (("weight", tuple(model)), ("bias", (model[0],))):
+    for suffix, want in (("weight", tuple(model)), ("bias", (model[0],)))[1 if mixed else 0 :]:
         e = layer.tensors.get(suffix)
         if e is not None and tuple(e.shape) != want:
             lines.append(size_mismatch(name, suffix, tuple(e.shape), want))
@@ -718,13 +787,22 @@ def _plain_size(layer, marker: dict | None) -> tuple[int, int] | None:
     """The (N, K) of the plain ``Linear`` a release builds for a layer it does not read as
     quantized: the model's, which the file records as ``comfyui_model.recorded_size`` reads it
     (a marker value the format refuses, which the release does not read, leaves the size
-    readable).  Where the format reads N off the weight's rows, N is the output size most of the
+    readable; a 3-D weight read as its rows, flattened).  Where the format reads N off the
+    weight's rows, N is the output size most of the
     layer's tensors show (the bias's and a per-row scale's outvote a weight of other rows,
     ``kitchen_int8.model_rows``); an unpacked weight whose columns are that N is stored
     transposed, and its rows are K."""
     from .comfyui_model import recorded_size
     from .kitchen_int8 import model_rows
 
+    w = layer.tensors["weight"]
+    if len(w.shape) == 3:  # stacked or unsqueezed: the model's rows are its leading dimensions'
+        from types import SimpleNamespace
+
+        from ..io.header import TensorEntry
+
+        flat = TensorEntry(w.name, w.dtype, (w.shape[0] * w.shape[1], w.shape[2]), w.start, w.end, w.file)
+        layer = SimpleNamespace(tensors={**layer.tensors, "weight": flat})
     size = recorded_size(layer, marker, True)
     if size is None:
         return None
