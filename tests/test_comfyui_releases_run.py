@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the generated cases and the runtimes need torch")
 
-from comfyquant.targets.comfyui_releases import GROUPS  # noqa: E402
+from comfyquant.targets.comfyui_releases import GROUPS, TENSOR  # noqa: E402
 from runtimes import releases  # noqa: E402
 from runtimes.agreement import summary, table  # noqa: E402
 from runtimes.release_agreement import compare_group, format_cases  # noqa: E402
@@ -40,5 +40,53 @@ def test_release_verdicts_agree(root, written, group):
     print(
         f"\nComfyUI {group.first} ({group.kitchen_text}): {summary(rows)}; {driven} driven in {time.monotonic() - start:.1f}s{shared}"
     )
+    bad = [r for r in rows if r.why is not None]
+    assert not bad, f"ComfyUI {group.first}: {summary(rows)}\n{table(bad)}"
+
+
+LAYERS_VALUES = {
+    "number": 5,
+    "float": 2.5,
+    "true": True,
+    "zero": 0,
+    "false": False,
+    "empty-list": [],
+    "empty-string": "",
+    "list-naming": ["blocks.0.attn.qkv"],
+    "list-other": ["blocks.9.other"],
+    "string-naming": "blocks.0.attn.qkv",
+    "string-other": "zzz",
+}
+"""``layers`` values of a header map that are no object of layers."""
+
+
+@pytest.fixture(scope="module")
+def odd_layers(tmp_path_factory):
+    import json
+
+    from runtimes.cases import VARIANTS, bases
+
+    folder = tmp_path_factory.mktemp("comfyui-release-layers")
+    shapes = {variant: sizes[:1] for variant, sizes in VARIANTS.items()}
+    chosen = [b for b in bases(0, shapes) if b.marker["format"] in ("float8_e4m3fn", "asym_w4a8_int8")][:2]
+    cases = []
+    for base in chosen:
+        for name, value in LAYERS_VALUES.items():
+            text = json.dumps({"format_version": "1.0", "layers": value})
+            case = base.case(f"{base.name}.layers.{name}", "header", metadata={"_quantization_metadata": text})
+            case.write(folder)
+            cases.append(case)
+    return cases
+
+
+@pytest.mark.parametrize("group", [g for g in GROUPS if TENSOR not in g.markers], ids=lambda g: g.first)
+def test_a_header_maps_layers_that_is_no_object(root, odd_layers, group):
+    """The releases that read only the header map, on ``layers`` values other than an object
+    of layers (a number, a list or string that names the layer or not, empty values): what
+    each raises (``len()`` of a number, indexing a list or string by the layer's name) or
+    computes with the layer's tensor marker unread is what ``check --target comfyui==<release>``
+    says."""
+    rows, driven = compare_group(root, group, odd_layers)
+    print(f"\nComfyUI {group.first}: {summary(rows)}; {driven} driven")
     bad = [r for r in rows if r.why is not None]
     assert not bad, f"ComfyUI {group.first}: {summary(rows)}\n{table(bad)}"
