@@ -211,6 +211,8 @@ class Marked:
         "objects",
         "both_formats",
         "header_formats",
+        "exact",
+        "exact_formats",
         "unread",
         "_whole",
         "_keys",
@@ -231,7 +233,21 @@ class Marked:
             id(header): self.header_formats if every_header else None,
         }
         """A read's formats when every value is a format (then a layer is named by its format alone)."""
-        self.unread = [p for p in tensor if p not in header] if header else list(tensor)
+        prefixed = {_bare(r.prefix) for r in ckpt.markers.records if r.kind == "header" and r.prefix.startswith(DIFFUSION_PREFIX)}
+        self.exact = {p: f for p, f in header.items() if p not in prefixed} if prefixed else header
+        """The header map's entries a release reading only the map matches to a layer: those named
+        as the loaded model names its layers, without the diffusion-model prefix (which the
+        loader cuts from the tensors' names, not from the map's)."""
+        self.exact_formats = self.header_formats
+        if self.exact is not header:
+            self.exact_formats, every_exact = _formats(self.exact.values())
+            self._whole[id(self.exact)] = self.exact_formats if every_exact else None
+        self.unread = [p for p in tensor if p not in self.exact] if self.exact else list(tensor)
+        """The layers such a release loads as plain ``Linear``s: those a tensor alone marks, and
+        those only a prefixed map entry names."""
+        if self.exact is not header:
+            held = {_bare(p) for p in ckpt.layers}
+            self.unread += [p for p in header if p not in self.exact and p not in tensor and p in held]
         self._keys: dict[str, list] = {}
         """Each layer's ``module_order`` key, made once per check and only when asked."""
         self._last: tuple[list[str], str, bool] | None = None
@@ -279,7 +295,7 @@ class Marked:
         return self._done[name]
 
     def read(self, group: ReleaseGroup) -> tuple[dict, set]:
-        return (self.both, self.both_formats) if TENSOR in group.markers else (self.header, self.header_formats)
+        return (self.both, self.both_formats) if TENSOR in group.markers else (self.exact, self.exact_formats)
 
 
 def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
