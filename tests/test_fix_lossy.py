@@ -30,7 +30,11 @@ def decoded(path: str, prefix: str) -> torch.Tensor:
 @pytest.mark.parametrize(
     "variant, target, why",
     [
-        ("w6a8", "sglang", "6-bit rows -> 4-bit"),
+        ("w6a8", "sglang", "6-bit rows -> 4-bit (SGLang reads"),
+        ("w6a8", "comfyui", "6-bit rows -> 4-bit (ComfyUI 0.33.0 with comfy-kitchen 0.2.31 reads"),
+        ("w6a8", "comfyui==0.31.0", "6-bit rows -> 4-bit (ComfyUI 0.31.0 with comfy-kitchen 0.2.28 reads"),
+        ("w6a8", "comfy-kitchen==0.2.31", "6-bit rows -> 4-bit (comfy-kitchen 0.2.31 reads"),
+        ("w6a8", "sglang,comfyui", "(SGLang and ComfyUI 0.33.0 with comfy-kitchen 0.2.31 read W4A8"),
         ("w4a8_asym", "comfyui", "asymmetric -> symmetric"),
     ],
 )
@@ -53,6 +57,16 @@ def test_lossy_requantization(tmp_path, variant, target, why):
     before, after = decoded(src, prefix), decoded(dest, prefix)
     rel = (torch.linalg.vector_norm(after - before) / torch.linalg.vector_norm(before)).item()
     assert abs(rel - op.error) < 1e-6
+
+
+@pytest.mark.parametrize("target", ["comfy-kitchen", "comfy-kitchen>=0.2.36"])
+def test_six_bit_rows_stay_for_the_releases_that_read_them(tmp_path, target):
+    """comfy-kitchen from 0.2.36 reads 6-bit W4A8 rows: nothing is re-quantized for it."""
+    layer = make_layer("w6a8", n=64, k=256)
+    src = write_layers(tmp_path / "in.safetensors", [layer])
+    assert check(src, target=target).ok
+    result = fix(src, out=str(tmp_path / "out.safetensors"), target=target, allow_lossy=True)
+    assert not result.plan.requant and not result.plan.refused
 
 
 def test_dry_run_reports_the_error_and_writes_nothing(tmp_path):

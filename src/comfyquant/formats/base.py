@@ -459,9 +459,10 @@ class Format:
       ``format`` that an unmarked layer recognized as this format gets (``convrot_groupsize``
       is the size the user gave, or None), or the text of a refusal.  None: the generic rule
       (a rotated format takes the given ConvRot size, and ``convrot: true`` if it has that key).
-    * ``lossy(fmt, env, tensors, target) -> Recode | None``: the lossy re-encode that makes
-      the layer usable by ``target`` (``formats.hooks.Recode``: why, encoder arguments, the
-      tensors it writes and replaces), or None when the target can use the layer as stored.
+    * ``lossy(fmt, env, tensors, readers) -> Recode | None``: the lossy re-encode that makes
+      the layer usable by the runtimes ``readers`` describes (``formats.hooks.Readers``; the
+      result a ``formats.hooks.Recode``: why, encoder arguments, the tensors it writes and
+      replaces), or None when they can use the layer as stored.
       None: the format has no lossy repair.
     * ``legacy_renames``: old tensor suffix -> suffix, for the legacy layers this format
       replaces (scaled FP8, as ComfyUI 0.33.0 ``convert_old_quants`` renames it:

@@ -9,7 +9,18 @@ from its own description, and only ``fix`` and the checker's ``--deep`` read the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
+
+
+class Readers(NamedTuple):
+    """The runtimes a lossy repair is for, as a format's ``lossy`` hook asks about them (worked
+    out by ``fix`` from its ``--target`` and the releases it selects)."""
+
+    names: tuple[str, ...]
+    """The selected runtimes (``sglang``, ``comfyui``, ``comfy-kitchen``)."""
+    four_bit_w4a8: tuple[str, ...] = ()
+    """Those whose judged release reads every W4A8 row as 4-bit codes, as they are named in a
+    plan line (``SGLang``, ``ComfyUI 0.33.0 with comfy-kitchen 0.2.31``)."""
 
 
 class Recode:

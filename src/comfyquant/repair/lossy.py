@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from ..formats.base import Format
-from ..formats.hooks import Recode
+from ..formats.hooks import Readers, Recode
 
 if TYPE_CHECKING:
     from ..checker.run import Targets
@@ -157,11 +157,20 @@ class DialectRequant(Requant):
         return self.translation.decoder(stored)
 
 
+def readers(target: Targets) -> Readers:
+    """What the runtimes ``target`` selects read, as the formats' lossy hooks ask it."""
+    from ..checker.run import parse_targets
+    from ..targets.select import four_bit_w4a8
+
+    names = parse_targets(target)
+    return Readers(names, four_bit_w4a8(target if target is not None else "all", names))
+
+
 def plan_requant(prefix: str, fmt: Format, env: dict, tensors: dict, marker: dict, target: Targets) -> Requant | None:
     """The re-encode ``target`` needs for this layer (None: none, or the format has no lossy repair)."""
     if fmt.lossy is None:
         return None
-    recode = fmt.lossy(fmt, env, tensors, target)
+    recode = fmt.lossy(fmt, env, tensors, readers(target))
     return None if recode is None else Requant(prefix, fmt, recode, marker)
 
 

@@ -168,7 +168,10 @@ def _ran_with_newer(v: Violation | None, cause: str) -> Violation:
     """A W4A8 layer's pinned forward error where comfy-kitchen 0.2.40 runs the layer."""
     assert v is not None
     v.cause = f"{v.cause}; {cause}" if v.cause else cause
-    v.fix = v.fix or "load it with comfy-kitchen 0.2.40 (which reads 6-bit W4A8 rows), or re-quantize 4-bit"
+    v.fix = (
+        v.fix
+        or "load it with comfy-kitchen 0.2.40 (which reads 6-bit W4A8 rows), or re-quantize 4-bit (comfyquant fix --allow-lossy)"
+    )
     return v
 
 

@@ -249,7 +249,7 @@ def four_bit_template(marker: dict, tensors: dict) -> Violation | None:
         "weight",
         True,
         f"this comfy-kitchen release reads every W4A8 row as 4-bit codes (K = 2 x {row} bytes), with no 6-bit storage",
-        f"load it with comfy-kitchen {first.first if first else NEWEST.first} or newer, or re-quantize 4-bit",
+        f"load it with comfy-kitchen {first.first if first else NEWEST.first} or newer, or re-quantize 4-bit (comfyquant fix --allow-lossy)",
     )
 
 

@@ -69,16 +69,45 @@ def split_target(text: str) -> tuple[str, tuple[str, str] | None]:
     return name, spec
 
 
-def with_releases(verdicts: dict, target, ckpt, selected) -> None:
-    """Give each selected runtime whose releases are modelled its per-release verdicts: every
-    release (or those ``target`` selects with a spec such as ``comfyui>=0.27`` or
-    ``sglang==0.5.21``), and, for a spec, the newest selected release's verdict in its place."""
+def target_specs(target) -> dict[str, tuple[str, str]]:
+    """The release spec ``target`` gives each runtime (``comfyui>=0.27`` -> ``(">=", "0.27")``)."""
     specs: dict[str, tuple[str, str]] = {}
     for item in [target] if isinstance(target, str) else list(target or ()):
         for part in str(item).split(","):
             name, found = split_target(part.strip())
             if found is not None:
                 specs[name] = found
+    return specs
+
+
+def four_bit_w4a8(target, selected: tuple[str, ...]) -> tuple[str, ...]:
+    """The selected runtimes whose judged release (the newest ``target`` selects) reads every
+    W4A8 row as 4-bit codes, named as a plan line names them: SGLang (every release), ComfyUI
+    with the comfy-kitchen it pins (every release so far), comfy-kitchen before 0.2.36."""
+    from . import comfyui_releases, kitchen_releases
+
+    specs = target_specs(target)
+    out = []
+    for name in selected:
+        if name == "sglang":
+            out.append("SGLang")
+        elif name == "comfyui":
+            release = comfyui_releases.selected_releases(specs.get(name))[-1]
+            pin = comfyui_releases.group_of(release).kitchen
+            if pin is not None and not kitchen_releases.group_of(pin).six_bit:
+                out.append(f"ComfyUI {release} with comfy-kitchen {pin}")
+        elif name == "comfy-kitchen":
+            release = kitchen_releases.selected_releases(specs.get(name))[-1]
+            if not kitchen_releases.group_of(release).six_bit:
+                out.append(f"comfy-kitchen {release}")
+    return tuple(out)
+
+
+def with_releases(verdicts: dict, target, ckpt, selected) -> None:
+    """Give each selected runtime whose releases are modelled its per-release verdicts: every
+    release (or those ``target`` selects with a spec such as ``comfyui>=0.27`` or
+    ``sglang==0.5.21``), and, for a spec, the newest selected release's verdict in its place."""
+    specs = target_specs(target)
     for name in selected:
         model = release_model(name)
         if model is not None and name in verdicts:

@@ -13,7 +13,7 @@ from ..base import BIAS, Format, GeometryError
 from .widths import k_by_bits
 
 if TYPE_CHECKING:  # imported when a re-encode is planned: check never needs it
-    from ..hooks import Recode
+    from ..hooks import Readers, Recode
 
 RECODE_WRITES = ("weight", "weight_s_rel", "weight_s_channel", "weight_codebook")
 """The tensors comfy-kitchen's encoder writes for 4-bit codebook rows."""
@@ -48,23 +48,23 @@ def infer_marker(fmt: Format, tensors: dict, convrot_groupsize: int | None) -> d
     return {"group_size": group_size, "convrot_groupsize": convrot_groupsize, "convrot": True}
 
 
-def _need(env: dict, tensors: dict, target: str) -> str | None:
-    """Why ``target`` cannot use the layer as stored (None: it can)."""
-    sglang = target in ("sglang", "all")
+def _need(env: dict, tensors: dict, readers: Readers) -> str | None:
+    """Why the runtimes of ``readers`` cannot use the layer as stored (None: they can)."""
     s_rel = tensors.get("weight_s_rel")
-    if sglang and env.get("bits") == 6:
-        return "6-bit rows -> 4-bit (SGLang reads W4A8 rows as 4-bit)"
-    if sglang and s_rel is not None and s_rel.dtype == "F32":
+    if env.get("bits") == 6 and readers.four_bit_w4a8:
+        who = " and ".join(readers.four_bit_w4a8)
+        return f"6-bit rows -> 4-bit ({who} read{'s' if len(readers.four_bit_w4a8) == 1 else ''} W4A8 rows as 4-bit)"
+    if "sglang" in readers.names and s_rel is not None and s_rel.dtype == "F32":
         return "F32 group scales -> FP8 (SGLang needs FP8 weight_s_rel)"
-    if target == "comfyui" and "weight_correction" in tensors:
+    if readers.names == ("comfyui",) and "weight_correction" in tensors:
         return "asymmetric -> symmetric (ComfyUI drops the correction)"
     return None
 
 
-def lossy(fmt: Format, env: dict, tensors: dict, target: str) -> Recode | None:
+def lossy(fmt: Format, env: dict, tensors: dict, readers: Readers) -> Recode | None:
     """Re-encode as 4-bit symmetric codebook rows with FP8 group scales, same group and ConvRot
     sizes: every runtime reads that variant."""
-    why = _need(env, tensors, target)
+    why = _need(env, tensors, readers)
     if why is None:
         return None
     from ..hooks import Recode
