@@ -67,6 +67,7 @@ def test_unmarked_w4a8_layer_without_usable_group_scales_is_refused(tmp_path):
 def test_every_lossy_recode_writes_what_its_slots_describe():
     """The lossy hook's planned tensors are the format's own slot shapes (no restated shapes)."""
     from comfyquant.formats.base import Meta
+    from comfyquant.repair.lossy import readers
 
     fmts = [f for f in FORMATS.values() if f.lossy is not None]
     assert fmts
@@ -78,13 +79,13 @@ def test_every_lossy_recode_writes_what_its_slots_describe():
         }
         env = fmt.geometry(tensors, fmt.params({"format": fmt.name, "group_size": 16, "convrot_groupsize": 64}))
         assert env["bits"] == 6
-        recode = fmt.lossy(fmt, env, tensors, "sglang")
+        recode = fmt.lossy(fmt, env, tensors, readers("sglang"))
         assert recode is not None and recode.marker["format"] == fmt.name
         new_env = fmt.geometry({s: Meta(*spec) for s, spec in recode.writes.items()}, fmt.params(recode.marker))
         for suffix, (dtype, shape) in recode.writes.items():
             slot = fmt.slots_for(new_env)[suffix]
             assert (slot.dtype, slot.expected_shape(new_env)) == (dtype, shape)
-        assert fmt.lossy(fmt, env, tensors, "comfy-kitchen") is None
+        assert fmt.lossy(fmt, env, tensors, readers("comfy-kitchen")) is None
 
 
 def _string_literals(path: str) -> list[tuple[int, str]]:
