@@ -5,9 +5,11 @@ generated defects), each file loaded, detected, built and run by the release's o
 (``runtimes.comfyui_models.release_driver``).  One ``check --deep`` per file gives every
 group's verdict (``release_agreement.release_expectations``).
 
-The groups are the ones that differ in quantized loading: 0.4.0 (no comfy-kitchen, tensor
-markers), 0.8.2 (the first with comfy-kitchen, raising on a missing weight), 0.18.1 (MXFP8),
-0.27.0 (INT8), 0.31.0 (W4A8).  Disagreements known per group are listed in
+The whole space runs on the groups that differ most in quantized loading: 0.4.0 (no
+comfy-kitchen, tensor markers), 0.8.2 (the first with comfy-kitchen, raising on a missing
+weight), 0.18.1 (MXFP8), 0.27.0 (INT8), 0.31.0 (W4A8); every other group from 0.4.0 on runs a
+quarter of it (each quarter on several groups; ``tools/prove_whole_models.py --release`` runs
+the whole space on any group).  Disagreements known per group are listed in
 ``runtimes/known/comfyui.release-models.txt`` (``tools/prove_whole_models.py --release ...
 --write-known``): an unlisted one fails, and so does a listed case that agrees.  Outcomes are
 cached per group and file (``release_model_agreement.outcomes``): a run after the first drives
@@ -22,7 +24,7 @@ import pytest
 pytest.importorskip("torch", reason="the generated models and the runtimes need torch")
 
 import runtime_sources  # noqa: E402
-from comfyquant.targets.comfyui_releases import GROUPS  # noqa: E402
+from comfyquant.targets.comfyui_releases import GROUPS, TENSOR  # noqa: E402
 from runtimes import release_model_agreement as rma  # noqa: E402
 from runtimes import releases  # noqa: E402
 from runtimes.model_agreement import space_cases, summary  # noqa: E402
@@ -47,6 +49,32 @@ def cases(root):
 @pytest.fixture(scope="module")
 def said(cases):
     return rma.expectations(cases)
+
+
+SHARES = 4
+OTHERS = tuple(g.first for g in GROUPS if g.first not in RELEASES and TENSOR in g.markers and g is not GROUPS[-1])
+"""The groups from 0.4.0 on (those reading tensor markers) but the newest, which the
+whole-model agreement of 0.33.0 proves, and ``RELEASES``: each runs its share of the files."""
+
+
+@pytest.mark.parametrize("release", OTHERS)
+def test_every_other_group_agrees_on_its_share_of_whole_models(root, cases, said, release):
+    """Every file of the group's share (by its index among ``OTHERS``, modulo ``SHARES``)
+    agrees with the group's first release except the listed ones."""
+    group = next(g for g in GROUPS if g.first == release)
+    share = [c for i, c in enumerate(cases) if i % SHARES == OTHERS.index(release) % SHARES]
+    got = rma.outcomes(root, group, share)
+    if isinstance(got, str):
+        runtime_sources.skip_missing(got)
+    results, driven = got
+    rows = rma.compare(share, results, said, release)
+    print(f"\nComfyUI {release} ({group.kitchen_text}), {len(share)} of {len(cases)} files: {summary(rows)}; {driven} driven")
+    problem = rma.problems(rows, release)
+    assert problem is None, problem
+
+
+def test_the_shares_cover_the_space():
+    assert len(OTHERS) >= SHARES and {i % SHARES for i in range(len(OTHERS))} == set(range(SHARES))
 
 
 @pytest.mark.parametrize("release", RELEASES)
