@@ -233,7 +233,7 @@ class Marked:
             id(header): self.header_formats if every_header else None,
         }
         """A read's formats when every value is a format (then a layer is named by its format alone)."""
-        prefixed = {_bare(r.prefix) for r in ckpt.markers.records if r.kind == "header" and r.prefix.startswith(DIFFUSION_PREFIX)}
+        prefixed = marker_reading(ckpt).header_prefixed
         self.exact = {p: f for p, f in header.items() if p not in prefixed} if prefixed else header
         """The header map's entries a release reading only the map matches to a layer: those named
         as the loaded model names its layers, without the diffusion-model prefix (which the
@@ -517,17 +517,18 @@ def _load_event(group: ReleaseGroup, marked: Marked, read: dict, formats: set, c
 
 def _first_event(group: ReleaseGroup, marked: Marked, read: dict, unknown: frozenset, raises_missing: bool, ckpt):
     weightless = marked.once("weightless", lambda: _weightless(ckpt))
-    held = marked.once("held", lambda: {_bare(p) for p in ckpt.layers})  # a map entry naming no layer of the file loads nothing
-    named = (
-        [p for p, f in read.items() if isinstance(f, str) and f in unknown and p in held and p not in weightless]
-        if unknown
-        else []
-    )
+    named = [p for p, f in read.items() if isinstance(f, str) and f in unknown and p not in weightless] if unknown else []
     if raises_missing:
         named += [p for p in weightless if p not in named]
     if not named:
         return None
     layer = marked.least(named)
+    layers = ckpt.layers
+    if layer not in layers and DIFFUSION_PREFIX + layer not in layers:  # a map entry naming no layer of the file loads nothing
+        named = [p for p in named if p in layers or DIFFUSION_PREFIX + p in layers]
+        if not named:
+            return None
+        layer = marked.least(named)
     if layer in weightless:
         return Violation("comfyui.release", f"Missing weight for layer {layer}", "ValueError", layer, "weight", True,
                          "ComfyUI up to 0.8.2 raises loading a quantized model's layer that has no weight",

@@ -173,6 +173,8 @@ class MarkerReading(NamedTuple):
     """Some tensor marker is not read as JSON by comfyquant (Python's ``json`` may read it)."""
     odd: bool
     """Some marker (of either form) is not a JSON object: the readings above leave it out."""
+    header_prefixed: frozenset
+    """The header map's layers named with the diffusion-model prefix (names without it)."""
 
 
 def marker_reading(ckpt) -> MarkerReading:
@@ -192,6 +194,7 @@ def _read_markers(records) -> MarkerReading:
     plain = True
     refused = False
     odd = False
+    prefixed: set[str] = set()
     # the prefix is cut only in a file that has it (one search of the joined names tells)
     cut = len(DIFFUSION_PREFIX) if ("\n" + "\n".join([r.prefix for r in records])).find("\n" + DIFFUSION_PREFIX) >= 0 else 0
     for rec in records:  # once per marker: the cheapest tests first (a marker is nearly always a plain dict)
@@ -200,6 +203,8 @@ def _read_markers(records) -> MarkerReading:
             prefix = rec.prefix
             if cut and prefix.startswith(DIFFUSION_PREFIX):
                 prefix = prefix[cut:]
+                if rec.kind == "header":
+                    prefixed.add(prefix)
             fmt = obj.get("format")
             if rec.kind == "header":
                 header[prefix] = fmt
@@ -214,7 +219,7 @@ def _read_markers(records) -> MarkerReading:
             if obj is None and rec.kind != "header":
                 refused = True
     objects = {**tensor_objects, **header_objects} if header_objects else tensor_objects
-    return MarkerReading(header, tensor, objects, plain, refused, odd)
+    return MarkerReading(header, tensor, objects, plain, refused, odd, frozenset(prefixed))
 
 
 class LayerClass(NamedTuple):
