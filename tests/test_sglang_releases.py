@@ -27,7 +27,7 @@ import runtime_sources  # noqa: E402
 from comfyquant.targets import sglang_releases as product  # noqa: E402
 from runtimes import sglang_driver  # noqa: E402
 from runtimes import sglang_releases as oracle  # noqa: E402
-from runtimes.agreement import write_space  # noqa: E402
+from runtimes.agreement import twin_messages, write_space  # noqa: E402
 
 
 def _wheels() -> dict[str, Path]:
@@ -80,12 +80,15 @@ def space(tmp_path_factory):
     return _judged(write_space(tmp_path_factory.mktemp("sglang-release-cases")))
 
 
-def _disagreement(group, real, verdict, facts, config) -> str | None:
+def _disagreement(group, real, verdict, facts, config, paths) -> str | None:
     ours = product.group_verdict(group, verdict, facts)
     if group.reader == "metadata":
         legacy = facts.legacy
         if real.raises:
-            if legacy != f"raises {real.exception}: {real.message}":
+            head = f"raises {real.exception}: "
+            if legacy != head + real.message:
+                if legacy and legacy.startswith(head) and twin_messages(paths[0], legacy[len(head) :], real.message):
+                    return None  # two tensors at the same offsets (as below)
                 return f"comfyquant {legacy} | SGLang raises {real.exception}: {real.message}"
         elif legacy != real.config:
             return f"comfyquant {legacy} | SGLang {real.config}"
@@ -93,6 +96,11 @@ def _disagreement(group, real, verdict, facts, config) -> str | None:
     expected = sglang_driver.predict({"loads": ours.loads, "error": ours.error, "exception": ours.exception, "rule": ours.rule})
     if real.raises:
         if (expected.kind, expected.exception, expected.message) != ("raises", real.exception, real.message):
+            # two tensors at the same offsets: which one safetensors names is not the file's to decide
+            if (expected.kind, expected.exception) == ("raises", real.exception) and twin_messages(
+                paths[0], expected.message, real.message
+            ):
+                return None
             return f"comfyquant {expected.short()[:140]} | SGLang {real.exception}: {real.message[:140]}"
         return None
     if expected.kind != "loads":
@@ -116,7 +124,7 @@ def _agree(space: list, label: str) -> None:
         for cid, paths, verdict, facts, config in space:
             real = release.outcome(paths)
             raising += real.raises
-            why = _disagreement(group, real, verdict, facts, config)
+            why = _disagreement(group, real, verdict, facts, config, paths)
             if why:
                 bad.append(f"  {cid}: {why}")
         summary.append(
@@ -140,6 +148,18 @@ def test_each_release_group_agrees_with_each_case_in_a_whole_checkpoint(tmp_path
     model's prefix, beside dense layers and a VAE tensor)."""
     _wheels()
     _agree(_judged(write_space(tmp_path_factory.mktemp("sglang-release-checkpoints"), checkpoint=True)), "whole checkpoint")
+
+
+def test_each_release_group_agrees_at_the_held_out_geometries(tmp_path_factory):
+    """The single-layer space of another seed at geometries the other tests do not use
+    (``cases.HELD_OUT``): files the model was not written against."""
+    from runtimes.cases import HELD_OUT, generate
+
+    folder = tmp_path_factory.mktemp("sglang-release-held-out")
+    cases = generate(1, HELD_OUT)
+    for case in cases:
+        case.write(folder)
+    _agree(_judged(cases), "held-out geometries, seed 1")
 
 
 def test_first_loading_release():
@@ -228,7 +248,7 @@ def test_each_release_group_agrees_on_the_examples():
             config = run_all(ckpt)[3]
         for group in product.GROUPS:
             real = oracle.release(group.releases[0]).outcome(paths)
-            why = _disagreement(group, real, verdict, facts, config)
+            why = _disagreement(group, real, verdict, facts, config, paths)
             if why:
                 bad.append(f"{Path(paths[0]).name} / SGLang {group.name}: {why}")
     print(f"{len(checkpoints)} example checkpoints x {len(product.GROUPS)} release groups")

@@ -163,9 +163,14 @@ def either_twin(case: Case, outcome: Outcome, predicted: Expected) -> bool:
     safetensors' ``invalid offset`` message: safetensors sorts the header's tensors by offsets
     from a hash map's order, which changes from one process to the next, so which of two
     tensors at equal offsets it names is not decided by the file."""
-    a = OFFSET.match(outcome.message or "")
-    b = OFFSET.match(predicted.message or "")
-    return bool(a and b and a.group(1) == b.group(1) and _twins(case.path, a.group(2), b.group(2)))
+    return twin_messages(case.path, outcome.message, predicted.message)
+
+
+def twin_messages(path: Path, said: str | None, measured: str | None) -> bool:
+    """``either_twin`` on two messages about the file at ``path``."""
+    a = OFFSET.match(said or "")
+    b = OFFSET.match(measured or "")
+    return bool(a and b and a.group(1) == b.group(1) and _twins(Path(path), a.group(2), b.group(2)))
 
 
 def compare(drv, target: str, cases: Iterable[Case]) -> list[Row]:
