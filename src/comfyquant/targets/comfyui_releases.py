@@ -716,9 +716,9 @@ def _unread(ckpt, marked: Marked):
         return v
     if mixed:
         for name in sorted(unread, key=module_order):
-            v = _unfit_forward(ckpt, name, cause, fix)
-            if v is not None:
-                return v
+            unfit = _unfit_forward(ckpt, name, cause, fix)
+            if unfit is not None:
+                return unfit
     return Violation(
         "comfyui.release",
         f"layer '{least}': ComfyUI before 0.4.0 reads only the header map, not the .comfy_quant "
