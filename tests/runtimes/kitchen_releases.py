@@ -164,6 +164,19 @@ def predicted(case, release: str) -> dict | None:
     return report.verdicts["comfy-kitchen"].to_dict()
 
 
+def predicted_all(case) -> dict[str, dict | None]:
+    """``predicted`` for every group at once, by its first release: one ``check``, whose default
+    comfy-kitchen verdict carries every group's."""
+    import comfyquant
+    from comfyquant.errors import InputError
+
+    try:
+        report = comfyquant.check(str(case.path), target="comfy-kitchen", deep=case.deep)
+    except InputError:
+        return {}
+    return {group.first: verdict.to_dict() for group, verdict in report.verdicts["comfy-kitchen"].releases.verdicts}
+
+
 def casts_scales(root: Path) -> bool:
     """Whether the release's FP8 and NVFP4 layouts cast their per-tensor scale to F32 when built."""
     cast = '__setattr__(self, "scale", self.scale.to(dtype=torch.float32'
