@@ -64,7 +64,7 @@ LAYERS_VALUES = {
 def odd_layers(tmp_path_factory):
     import json
 
-    from runtimes.cases import VARIANTS, bases
+    from runtimes.cases import VARIANTS, bases, header_cases, in_checkpoint
 
     folder = tmp_path_factory.mktemp("comfyui-release-layers")
     shapes = {variant: sizes[:1] for variant, sizes in VARIANTS.items()}
@@ -76,16 +76,24 @@ def odd_layers(tmp_path_factory):
             case = base.case(f"{base.name}.layers.{name}", "header", metadata={"_quantization_metadata": text})
             case.write(folder)
             cases.append(case)
+        # in a whole checkpoint the map names its layers with the diffusion-model prefix, which
+        # the loader cuts from the tensors' names only: entries of every kind then match no layer
+        for case in header_cases(base):
+            if case.id.endswith((".map-only", ".both", ".malformed3", ".malformed4")):
+                whole = in_checkpoint(case)
+                whole.write(folder)
+                cases.append(whole)
     return cases
 
 
 @pytest.mark.parametrize("group", [g for g in GROUPS if TENSOR not in g.markers], ids=lambda g: g.first)
 def test_a_header_maps_layers_that_is_no_object(root, odd_layers, group):
     """The releases that read only the header map, on ``layers`` values other than an object
-    of layers (a number, a list or string that names the layer or not, empty values): what
-    each raises (``len()`` of a number, indexing a list or string by the layer's name) or
-    computes with the layer's tensor marker unread is what ``check --target comfyui==<release>``
-    says."""
+    of layers (a number, a list or string that names the layer or not, empty values), and on
+    maps naming their layers with the diffusion-model prefix (entries that are objects or
+    not): what each raises (``len()`` of a number, indexing a list or string by the layer's
+    name) or computes with the layer's tensor marker unread is what ``check --target
+    comfyui==<release>`` says."""
     rows, driven = compare_group(root, group, odd_layers)
     print(f"\nComfyUI {group.first}: {summary(rows)}; {driven} driven")
     bad = [r for r in rows if r.why is not None]

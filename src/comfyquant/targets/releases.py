@@ -174,7 +174,8 @@ class MarkerReading(NamedTuple):
     odd: bool
     """Some marker (of either form) is not a JSON object: the readings above leave it out."""
     header_prefixed: frozenset
-    """The header map's layers named with the diffusion-model prefix (names without it)."""
+    """The header map's layers named with the diffusion-model prefix (names without it), its
+    entries that are no object included."""
 
 
 def marker_reading(ckpt) -> MarkerReading:
@@ -216,8 +217,10 @@ def _read_markers(records) -> MarkerReading:
                 tensor_objects[prefix] = obj
         else:
             odd = True
-            if obj is None and rec.kind != "header":
-                refused = True
+            if rec.kind != "header":
+                refused = refused or obj is None
+            elif cut and rec.prefix.startswith(DIFFUSION_PREFIX):
+                prefixed.add(rec.prefix[cut:])  # an entry that is no object still names its layer
     objects = {**tensor_objects, **header_objects} if header_objects else tensor_objects
     return MarkerReading(header, tensor, objects, plain, refused, odd, frozenset(prefixed))
 
