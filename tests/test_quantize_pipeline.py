@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -539,17 +540,22 @@ def test_idle_workers_interrupted_leave_the_pool_working(tmp_path):
     assert pids <= set(workers)
 
 
+def _worker_task(tmp_path, monkeypatch):
+    """A planned INT8 layer's task and an empty spill folder, in a worker not interrupted yet."""
+    plan = _plan_of(tmp_path, "int8")
+    spills = tmp_path / "spills"
+    spills.mkdir()
+    monkeypatch.setattr(work, "_STOPPING", False)
+    monkeypatch.setattr(work, "_SENT_SPILL", None)
+    return work.task_for(plan.quantized[0], False, None), spills
+
+
 def test_a_second_interrupt_does_not_cut_the_spill_clean_up_short(tmp_path, monkeypatch):
     """Ctrl-C reaches a worker twice (the process group, then the main process's interruption
     of its workers): the second SIGINT arriving while the first one's KeyboardInterrupt removes
     the half-written spill file must not raise again inside that clean-up, which left the file
     next to the output."""
-    plan = _plan_of(tmp_path, "int8")
-    task = work.task_for(plan.quantized[0], False, None)
-    spills = tmp_path / "spills"
-    spills.mkdir()
-    monkeypatch.setattr(work, "_STOPPING", False)
-    monkeypatch.setattr(work, "_SENT_SPILL", None)
+    task, spills = _worker_task(tmp_path, monkeypatch)
     real_fdopen, real_unlink = os.fdopen, os.unlink
 
     class Interrupted:
@@ -589,12 +595,7 @@ def test_an_interrupt_while_the_spill_file_is_created_removes_it(tmp_path, monke
     and removes the file."""
     from comfyquant.io import tempfiles
 
-    plan = _plan_of(tmp_path, "int8")
-    task = work.task_for(plan.quantized[0], False, None)
-    spills = tmp_path / "spills"
-    spills.mkdir()
-    monkeypatch.setattr(work, "_STOPPING", False)
-    monkeypatch.setattr(work, "_SENT_SPILL", None)
+    task, spills = _worker_task(tmp_path, monkeypatch)
     real = tempfiles.make_temp
     made = []
 
@@ -626,29 +627,33 @@ def test_an_interrupt_once_the_result_is_complete_removes_its_spill(tmp_path, mo
     work._interrupted(2, None)  # a second one during the clean-up returns
 
 
-def test_an_interrupt_while_a_spill_is_taken_over_leaves_it_to_close(tmp_path, monkeypatch):
-    """Ctrl-C in the main process between a worker's delivered result and the opening of its
-    spill file: the layer goes back among the pool's futures, and closing the pool removes the
-    file (it was left next to the output)."""
-    import types
+def _pool_with_a_spilled_layer(tmp_path, name: str):
+    """A ``--jobs`` pool (no processes) whose one future, layer ``name``, was delivered with
+    its spill file; and that file."""
     from concurrent.futures import Future
-
-    from comfyquant.quantizer import runner
 
     spill = tmp_path / ".comfyquant-z.spill"
     spill.write_bytes(b"encoded layer")
     done: Future = Future()
     done.set_result({"spill": str(spill), "tensors": {}, "quality": None})
     pool = object.__new__(runner._Pool)
-    pool.futures, pool.order, pool.next, pool.jobs = {"a": done}, [], 0, 1
-    pool.pool = types.SimpleNamespace(shutdown=lambda **kwargs: None)
+    pool.futures, pool.order, pool.next, pool.jobs = {name: done}, [], 0, 1
+    pool.pool = SimpleNamespace(shutdown=lambda **kwargs: None)
+    return pool, spill
+
+
+def test_an_interrupt_while_a_spill_is_taken_over_leaves_it_to_close(tmp_path, monkeypatch):
+    """Ctrl-C in the main process between a worker's delivered result and the opening of its
+    spill file: the layer goes back among the pool's futures, and closing the pool removes the
+    file (it was left next to the output)."""
+    pool, spill = _pool_with_a_spilled_layer(tmp_path, "a")
 
     def interrupted(path):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(runner, "_open_spill", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        pool.result(types.SimpleNamespace(name="a"))
+        pool.result(SimpleNamespace(name="a"))
     pool.close()
     assert not spill.exists()
 
@@ -658,24 +663,13 @@ def test_an_interrupt_while_the_next_layers_are_queued_leaves_the_awaited_one_to
     task to the pool) just after taking the awaited layer's future: the layer goes back among
     the pool's futures, so closing the pool removes its spill file.  Its worker may already be
     computing another layer, so it no longer removes this one itself."""
-    import types
-    from concurrent.futures import Future
-
-    from comfyquant.quantizer import runner
-
-    spill = tmp_path / ".comfyquant-w.spill"
-    spill.write_bytes(b"encoded layer")
-    done: Future = Future()
-    done.set_result({"spill": str(spill), "tensors": {}, "quality": None})
-    pool = object.__new__(runner._Pool)
-    pool.futures, pool.order, pool.next, pool.jobs = {"a": done}, [], 0, 1
-    pool.pool = types.SimpleNamespace(shutdown=lambda **kwargs: None)
+    pool, spill = _pool_with_a_spilled_layer(tmp_path, "a")
 
     def interrupted():
         raise KeyboardInterrupt
 
     pool._fill = interrupted
     with pytest.raises(KeyboardInterrupt):
-        pool.result(types.SimpleNamespace(name="a"))
+        pool.result(SimpleNamespace(name="a"))
     pool.close()
     assert not spill.exists()

@@ -163,7 +163,7 @@ def readers(target: Targets) -> Readers:
     from ..targets.select import four_bit_w4a8
 
     names = parse_targets(target)
-    return Readers(names, four_bit_w4a8(target if target is not None else "all", names))
+    return Readers(names, four_bit_w4a8(target, names))
 
 
 def plan_requant(prefix: str, fmt: Format, env: dict, tensors: dict, marker: dict, target: Targets) -> Requant | None:

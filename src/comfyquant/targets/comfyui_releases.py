@@ -176,7 +176,9 @@ def marked_formats(ckpt) -> tuple[dict[str, object], dict[str, object], dict[str
         else:
             tensor.setdefault(prefix, None)
     if found.refused_tensor:
-        for full, obj in _python_json_markers(ckpt).items():
+        from .kitchen import python_json_markers
+
+        for full, obj in python_json_markers(ckpt).items():
             prefix = _bare(full)
             tensor[prefix] = obj.get("format")
             if prefix not in found.header:
@@ -239,15 +241,13 @@ class Marked:
         as the loaded model names its layers, without the diffusion-model prefix (which the
         loader cuts from the tensors' names, not from the map's)."""
         self.exact_formats = self.header_formats
-        if self.exact is not header:
-            self.exact_formats, every_exact = _formats(self.exact.values())
-            self._whole[id(self.exact)] = self.exact_formats if every_exact else None
         self.unread = [p for p in tensor if p not in self.exact] if self.exact else list(tensor)
         """The layers such a release loads as plain ``Linear``s: those a tensor alone marks, and
         those only a prefixed map entry names."""
         if self.exact is not header:
-            held = {_bare(p) for p in ckpt.layers}
-            self.unread += [p for p in header if p not in self.exact and p not in tensor and p in held]
+            self.exact_formats, every_exact = _formats(self.exact.values())
+            self._whole[id(self.exact)] = self.exact_formats if every_exact else None
+            self.unread += [p for p in header if p in prefixed and p not in tensor and _layer(ckpt, p) is not None]
         self._keys: dict[str, list] = {}
         """Each layer's ``module_order`` key, made once per check and only when asked."""
         self._last: tuple[list[str], str, bool] | None = None
@@ -386,9 +386,9 @@ def _layers_not_a_map(ckpt, layers) -> list[Violation]:
     cause = "ComfyUI before 0.4.0 reads the header map's layers as an object of layer names"
     fix = "rewrite the header markers (comfyquant fix)"
     if not isinstance(layers, (list, str)):
-        kind = {bool: "bool", int: "int", float: "float"}.get(type(layers), type(layers).__name__)
+        kind = type(layers).__name__
         return [Violation("comfyui.release", f"object of type '{kind}' has no len()", "TypeError", None, None, True, cause, fix)]
-    named = [_bare(p) for p, layer in ckpt.layers.items() if "weight" in layer.tensors and _bare(p) in layers]
+    named = [bare for p, layer in ckpt.layers.items() if "weight" in layer.tensors and (bare := _bare(p)) in layers]
     if not named:
         return []
     message = (
@@ -523,9 +523,8 @@ def _first_event(group: ReleaseGroup, marked: Marked, read: dict, unknown: froze
     if not named:
         return None
     layer = marked.least(named)
-    layers = ckpt.layers
-    if layer not in layers and DIFFUSION_PREFIX + layer not in layers:  # a map entry naming no layer of the file loads nothing
-        named = [p for p in named if p in layers or DIFFUSION_PREFIX + p in layers]
+    if _layer(ckpt, layer) is None:  # a map entry naming no layer of the file loads nothing
+        named = [p for p in named if _layer(ckpt, p) is not None]
         if not named:
             return None
         layer = marked.least(named)
@@ -690,8 +689,13 @@ def _legacy_scales(ckpt):
                      "store the scales as scalars, or load it with ComfyUI 0.4.0 or newer")  # fmt: skip
 
 
+def _layer(ckpt, bare: str):
+    """The file's layer of a name without the diffusion-model prefix (stored with it or not), or None."""
+    return ckpt.layers.get(bare) or ckpt.layers.get(DIFFUSION_PREFIX + bare)
+
+
 def _tensors(ckpt, bare: str) -> dict:
-    layer = ckpt.layers.get(bare) or ckpt.layers.get(DIFFUSION_PREFIX + bare)
+    layer = _layer(ckpt, bare)
     return layer.tensors if layer is not None else {}
 
 
@@ -754,12 +758,14 @@ class _Mismatches(Violation):
 
 def _plain_model(ckpt, name: str):
     """(the layer, the (N, K) of the plain ``Linear`` built for it: ``_plain_size``), or None."""
-    layer = ckpt.layers.get(name) or ckpt.layers.get(DIFFUSION_PREFIX + name)
+    from .kitchen import python_json_markers
+
+    layer = _layer(ckpt, name)
     if layer is None or "weight" not in layer.tensors:
         return None
     marker = ckpt.markers.effective.get(layer.prefix)
     if marker is None and marker_reading(ckpt).refused_tensor:
-        marker = _python_json_markers(ckpt).get(layer.prefix)  # NaN sizes: the format still says the size
+        marker = python_json_markers(ckpt).get(layer.prefix)  # NaN sizes: the format still says the size
     model = ckpt.memo.get("comfyui.release.size", marker, layer, partial(_plain_size, layer, marker))
     return None if model is None else (layer, model)
 
@@ -830,16 +836,6 @@ def _plain_size(layer, marker: dict | None) -> tuple[int, int] | None:
     if n != rows and size[1] == cols == n:
         return n, rows
     return n, size[1]
-
-
-def _python_json_markers(ckpt) -> dict[str, dict]:
-    """``kitchen.python_json_markers``, read once per check."""
-    found = ckpt.shared.get("python_json_markers")
-    if found is None:
-        from .kitchen import python_json_markers
-
-        found = ckpt.shared["python_json_markers"] = python_json_markers(ckpt)
-    return found
 
 
 class Releases:

@@ -211,10 +211,15 @@ def marked_layers(ckpt: Checkpoint) -> Iterator[tuple[str, Layer, dict, str]]:
 def python_json_markers(ckpt: Checkpoint) -> dict[str, dict]:
     """Tensor markers comfyquant refuses but Python's ``json`` reads into an object (``NaN``,
     ``Infinity``, ``1e400`` in them): ComfyUI parses markers with it, so their layers are built,
-    and fail on those values (``int()`` of a non-finite size)."""
+    and fail on those values (``int()`` of a non-finite size).  Read once per check, kept on the
+    checkpoint for every runtime model that asks."""
     import json
 
+    found = ckpt.shared.get("python_json_markers")
+    if isinstance(found, dict):
+        return found
     out: dict[str, dict] = {}
+    ckpt.shared["python_json_markers"] = out
     for rec in ckpt.markers.records:
         if rec.kind != "tensor" or rec.obj is not None:
             continue

@@ -23,16 +23,24 @@ def model_rows(t: dict, weight_rows: int) -> int:
     return max(seen, key=lambda n: (seen.count(n), n == weight_rows))
 
 
-def int8_input_k(target: str, t: dict) -> Violation | None:
-    """The linear's refusal of a weight stored transposed, for an input of shape [4, K]."""
+def stored_transposed(t: dict) -> tuple[int, int] | None:
+    """The model's (N, K) of a 2-D weight stored transposed ([K, N]: its rows are not the
+    model's N while its columns are, so its rows are K), or None."""
     w = t.get("weight")
     if w is None or len(w.shape) != 2:
         return None
     rows, cols = w.shape
     n = model_rows(t, rows)
-    if rows == n or cols != n:
+    return (n, rows) if rows != n and cols == n else None
+
+
+def int8_input_k(target: str, t: dict) -> Violation | None:
+    """The linear's refusal of a weight stored transposed, for an input of shape [4, K]."""
+    found = stored_transposed(t)
+    if found is None:
         return None
-    k = rows  # stored [K, N]: the model's K is the weight's rows
+    n, k = found
+    rows, cols = t["weight"].shape
     return Violation(
         f"{target}.int8-input",
         f"Input and weight inner dimensions must match, got {k} and {cols}",
@@ -70,9 +78,8 @@ def unchecked_int8_linear(target: str, read: dict, t: dict) -> Violation | None:
     if w is None or len(w.shape) not in (2, 3):
         return None
     shape = tuple(w.shape)
-    k = shape[-1]
-    if len(shape) == 2 and shape[0] != model_rows(t, shape[0]) and shape[1] == model_rows(t, shape[0]):
-        k = shape[0]  # stored [K, N]: the model's K is the weight's rows
+    transposed = stored_transposed(t)
+    k = shape[-1] if transposed is None else transposed[1]
     where = f"comfy-kitchen 0.2.11 to 0.2.13 run the INT8 linear unchecked; weight stored {list(shape)}"
 
     def refused(message: str, exception: str, tensor: str, cause: str, fix: str) -> Violation:
@@ -93,10 +100,9 @@ def unchecked_int8_linear(target: str, read: dict, t: dict) -> Violation | None:
                 )  # fmt: skip
     rows_t = shape[::-1]  # weight.T (a 3-D weight's dimensions reversed)
     padded_k = _ceil8(k)
-    grown = (padded_k != k, _ceil8(rows_t[1]) != rows_t[1])
     fix_shape = f"store the weight 2-D as [N, {k}]"
     if len(shape) == 3:
-        if any(grown):
+        if padded_k != k or _ceil8(rows_t[1]) != rows_t[1]:  # padded with a 2-D block
             return refused("Tensors must have same number of dimensions: got 3 and 2", "RuntimeError", "weight",
                            "the 3-D weight is padded with a 2-D block", fix_shape)  # fmt: skip
         return refused("int_mm_out_cpu: Expected mat2 to be of dimension 2 but got 3", "RuntimeError", "weight",
