@@ -12,6 +12,7 @@ import pytest
 
 from comfyquant.targets import comfyui_releases as product
 from runtimes import releases
+from runtimes.comfyui_release_driver import folds_before_prefix
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +74,5 @@ def test_group_facts_are_the_release_source(root, group):
         assert (req is not None and req[0] == "==") == group.pinned, release
         assert _markers(source) == group.markers, release
         assert set(_formats(source)) == set(group.formats), release
+        if product.TENSOR in group.markers:  # where the header map is folded in, as its loader does it
+            assert folds_before_prefix(source / "comfy" / "sd.py") != product.map_after_prefix(group), release

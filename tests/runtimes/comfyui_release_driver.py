@@ -9,11 +9,13 @@ layouts), and the environment's comfy-kitchen is hidden from them.  The steps ar
 releases before 0.4.0 read the header map with ``model_detection.detect_layer_quantization``
 and hand it to the operations as ``layer_quant_config``; from 0.4.0 on ``convert_old_quants``
 folds it (and tensor markers) into the state dict and ``utils.detect_layer_quantization``
-returns ``quant_config``.
+returns ``quant_config``.  Where the fold comes is the release's own (``folds_before_prefix``):
+up to 0.18 once, after the prefix is stripped; from 0.19 before and again after.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -92,6 +94,7 @@ class _Worker:
         self.header_layers = None
         if not hasattr(comfy.utils, "convert_old_quants"):
             self.header_layers = _function_from(detection, "detect_layer_quantization", ns)
+        self.fold_first = folds_before_prefix(source / "comfy" / "sd.py")
         self.device = torch.device("cpu")
 
     def run(self, path: str) -> dict:
@@ -103,14 +106,17 @@ class _Worker:
             sd, metadata = utils.load_torch_file(path, return_metadata=True)
             stage = "convert"
             config = types.SimpleNamespace(quant_config=None, layer_quant_config=None)
-            if self.header_layers is None:
+            folds = self.header_layers is None
+            if folds and self.fold_first:
                 sd, metadata = utils.convert_old_quants(sd, "", metadata=metadata)
             prefix = self.unet_prefix(sd)
             temp_sd = utils.state_dict_prefix_replace(sd, {prefix: ""}, filter_keys=True)
             if len(temp_sd) > 0:
                 sd = temp_sd
-                if self.header_layers is None:
+                if folds and self.fold_first:
                     sd, metadata = utils.convert_old_quants(sd, "", metadata=metadata)
+            if folds and not self.fold_first:  # once, after the prefix is stripped
+                sd, metadata = utils.convert_old_quants(sd, "", metadata=metadata)
             if self.header_layers is None:
                 config.quant_config = utils.detect_layer_quantization(sd, "")
                 quantized = config.quant_config is not None
@@ -147,6 +153,21 @@ class _Worker:
         except Exception as exc:  # the runtime's own failure is the outcome
             layer = locals().get("current") if stage == "forward" else None
             return Outcome("raises", stage, type(exc).__name__, str(exc), layer).to_dict()
+
+
+def folds_before_prefix(sd_py: Path) -> bool:
+    """Whether a release's ``load_diffusion_model_state_dict`` folds the markers into the state
+    dict (``convert_old_quants``) before it picks the prefix to strip, as its source says: the
+    releases from 0.19 do, then fold again after stripping; those from 0.4.0 to 0.18 fold once,
+    after."""
+    tree = ast.parse(sd_py.read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "load_diffusion_model_state_dict")
+    lines: dict[str, list[int]] = {"convert_old_quants": [], "unet_prefix_from_state_dict": []}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in lines:
+            lines[node.func.attr].append(node.lineno)
+    converts, picks = lines["convert_old_quants"], lines["unet_prefix_from_state_dict"]
+    return bool(converts) and bool(picks) and min(converts) < min(picks)
 
 
 def read_dense(path: Path) -> dict:

@@ -25,7 +25,17 @@ from .outcome import UNREADABLE, Expected, Outcome, disagreement, expected
 def cache_file(group) -> Path:
     folder = runtime_sources.cache_dir() / "comfyui-release-outcomes"
     folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{group.fingerprint}-{group.kitchen or 'none'}.json"
+    return folder / f"{group.fingerprint}-{group.kitchen or 'none'}-{_driver_digest()}.json"
+
+
+@functools.cache
+def _driver_digest() -> str:
+    """The digest of the code that drives a release (``comfyui_release_driver`` and what it
+    takes from ``comfyui_driver`` and ``measure``): outcomes driven by other code are not reused."""
+    h = hashlib.sha256()
+    for name in ("comfyui_release_driver.py", "comfyui_driver.py", "measure.py"):
+        h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()[:12]
 
 
 def _digest(path: Path) -> str:

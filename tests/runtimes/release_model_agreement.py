@@ -49,10 +49,10 @@ def _digest_one(path: Path) -> str:
 
 
 def digest(case: ModelCase) -> str:
-    """The case's content key: the file, the dense model it is measured against and its
-    reference tensors (the outcome depends on all three)."""
+    """The case's key: the file's path (detection's message names it) and content, the dense
+    model it is measured against and its reference tensors (the outcome depends on all)."""
     parts = [case.path, case.dense] + ([case.reference] if case.reference is not None else [])
-    return hashlib.sha256("".join(_digest_one(p) for p in parts).encode()).hexdigest()[:20]
+    return hashlib.sha256((str(case.path) + "".join(_digest_one(p) for p in parts)).encode()).hexdigest()[:20]
 
 
 def outcomes(root: Path, group, cases: list[ModelCase]) -> tuple[dict[str, Outcome], int] | str:

@@ -699,10 +699,11 @@ def generate(seed: int, out: Path, sks: dict[str, Skeleton]) -> list[Entry]:
                 d.notes.append(f"prefix {prefix!r} on {'every key' if where == 'all' else where + '*'}")
                 write(f"{name}.{tag}{'' if where == 'all' else '.' + where.rstrip('.')}", d, "prefix")
             if fmt in ("fp8", "nvfp4", "int8_convrot") or rng.random() < 0.3:
-                # markers only in the header map, its layer names and the keys prefixed differently
+                # markers only in the header map, its layer names and the keys prefixed alike or differently
                 for tag, keys, header in (
                     ("prefix-keys-not-header", "model.diffusion_model.", ""),
                     ("prefix-header-not-keys", None, "model.diffusion_model."),
+                    ("prefix-keys-and-header", "model.diffusion_model.", "model.diffusion_model."),
                 ):
                     d = base.copy()
                     d.marker_mode = "header"

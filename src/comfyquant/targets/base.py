@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..checkpoint import Checkpoint
@@ -243,7 +243,7 @@ _DIGITS_OUT = bytes.maketrans(b"0123456789", b"\0" * 10)
 """Every ASCII digit to NUL: a name's *shape* (its text, and where its digit runs are)."""
 
 
-def least_in_module_order(names: list[str], key: Callable[[str], list] = module_order) -> tuple[str, bool]:
+def least_in_module_order(names: list[str], key: Callable[[str], Any] = module_order) -> tuple[str, bool]:
     """``min(names, key=key)`` for ``key`` = ``module_order`` (the first listed of equals), and
     whether no other name has its key (then any order of the names gives it), keying only a
     few names: ASCII names of one shape (the same text between digit runs of the same lengths)

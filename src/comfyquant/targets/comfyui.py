@@ -18,7 +18,7 @@ from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..findings import DEEP_MEASURES
 from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, in_module_order, incomplete_violations
-from .comfyui_model import WholeModel, whole_model
+from .comfyui_model import NEWEST_READING, Reading, WholeModel, whole_model
 from .comfyui_sizes import corrections_at_model_level, dropped_layer, parameters, true_size, w4a8_at_model_size
 from .kitchen import (
     VIEWS,
@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from ..checkpoint import Checkpoint
 
 DIFFUSION_PREFIX = "model.diffusion_model."
+WHOLE_MODEL = "comfyui.whole_model"
+"""Where a check keeps ComfyUI 0.33.0's ``WholeModel`` of the file (``ckpt.shared``), for the
+release verdicts: the order its modules load in, and each layer's size in the model."""
 OWN_FORWARD = ("nvfp4", "mxfp8", "asym_w4a8_int8")
 """Formats whose first forward checks their stored tensors against each other before the weight
 meets the input (NVFP4/MXFP8 block scales read at the model's size, W4A8's operands): what the
@@ -108,10 +111,13 @@ def _fail(
     )
 
 
-def comfyui_markers(ckpt: Checkpoint, out: list, at_load: list | None = None) -> dict[str, dict]:
+def comfyui_markers(ckpt: Checkpoint, out: list, at_load: list | None = None, map_after_prefix: bool = False) -> dict[str, dict]:
     """The marker ComfyUI ends up with per prefix: the header replaces the tensor marker.  A
     header map is read while the file is converted (``out``); a tensor marker by its module
-    as the model loads (``at_load``; ``out`` too when not given)."""
+    as the model loads (``at_load``; ``out`` too when not given).  A map entry names its layer
+    with or without the diffusion-model prefix (ComfyUI 0.33.0 folds the map into the keys
+    before it strips the prefix and again after); ``map_after_prefix``: only as the stripped
+    model names it (the releases that fold the map once, after stripping)."""
     markers: dict[str, dict] = {}
     header_out, out = out, (out if at_load is None else at_load)
     load_out = out
@@ -200,13 +206,14 @@ def comfyui_markers(ckpt: Checkpoint, out: list, at_load: list | None = None) ->
                 )
             continue
     layers = ckpt.layers
+    stripped = model_prefix(ckpt.tensors) if map_after_prefix else None
     for rec in ckpt.markers.records:
         if rec.kind != "header":
             continue
-        target = rec.prefix
+        target = rec.prefix if stripped is None else stripped + rec.prefix
         if target not in layers:
             alt = target[len(DIFFUSION_PREFIX) :] if target.startswith(DIFFUSION_PREFIX) else DIFFUSION_PREFIX + target
-            if alt in layers:
+            if stripped is None and alt in layers:
                 target = alt
             else:
                 _fail(
@@ -317,13 +324,17 @@ def _as_comfyui_names(violations: list[Violation], ckpt: Checkpoint) -> None:
             v.message = pattern.sub("", v.message)
 
 
-def comfyui_verdict(ckpt: Checkpoint) -> Verdict:
+def comfyui_verdict(ckpt: Checkpoint, reading: Reading = NEWEST_READING) -> Verdict:
+    """ComfyUI 0.33.0's verdict (with comfy-kitchen 0.2.40); ``reading``: as a release that
+    reads the file otherwise (``comfyui_model.Reading``) meets it."""
     # load_torch_file opens the file with safetensors.safe_open before anything else
     out: list[Violation] = container_violations("comfyui", ckpt)
     at_load: list[Violation] = []
-    markers = comfyui_markers(ckpt, out, at_load)
+    markers = comfyui_markers(ckpt, out, at_load, reading.map_after_prefix)
     read_and_convert = len(out)  # what follows is raised by loading and running the model
-    whole = whole_model(ckpt, markers)
+    whole = whole_model(ckpt, markers, reading.map_after_prefix)
+    if reading is NEWEST_READING:
+        ckpt.shared[WHOLE_MODEL] = whole
     detection = whole.failure()
     if detection is not None:  # detection ends the load before any module is built
         out.append(detection)
@@ -345,7 +356,8 @@ def comfyui_verdict(ckpt: Checkpoint) -> Verdict:
         # readings of the weight at each size a model builds the layer with)
         cls = None if marker is None else ckpt.memo.get("comfyui", marker, layer, partial(_layer_class, marker, t))
         if true is not None:
-            if true_size(whole, cls[2] if cls is not None else None, prefix, layer, marker, true, biases, forward):
+            by_size = cls[2] if cls is not None else None
+            if true_size(whole, by_size, prefix, layer, marker, true, biases, forward, reading.cut_on_cpu):
                 sized.add(prefix)
         elif b is not None:
             w = t.get("weight")  # entries are tuples: [2] is the shape

@@ -12,7 +12,7 @@ that size at load, hands a quantized layer's weight to comfy-kitchen with that s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..architectures.base import Linear, Shapes
 from ..architectures.registry import Resolution, failure_message, resolve
@@ -21,9 +21,25 @@ from .base import Violation
 if TYPE_CHECKING:
     from ..checkpoint import Checkpoint
 
-CUT_ON_CPU = {"float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8"}
+CUT_ON_CPU = frozenset({"float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8"})
 """Formats ComfyUI dequantizes on CPU (no FP8/FP4 compute) to the layer's ``orig_shape``: a
 weight that holds at least the model's rows and columns is cut back to them."""
+
+
+class Reading(NamedTuple):
+    """How a ComfyUI release reads a file where it differs from ComfyUI 0.33.0 in ways the
+    whole-model verdict (``comfyui.comfyui_verdict``) follows."""
+
+    map_after_prefix: bool = False
+    """The header map is folded into the keys only after the diffusion-model prefix is chosen
+    and stripped: its entries match the stripped names only, its keys play no part in the
+    choice, and any of them makes the model quantized."""
+    cut_on_cpu: frozenset = CUT_ON_CPU
+    """The formats dequantized and cut to the model's size on CPU (the others meet the input at
+    their stored size)."""
+
+
+NEWEST_READING = Reading()
 
 
 class WholeModel:
@@ -42,6 +58,11 @@ class WholeModel:
         prefix = resolution.prefix
         linears = model.linears if model is not None else {}
         self._linears = {prefix + name: lin for name, lin in linears.items()} if prefix else linears
+
+    @property
+    def registration(self) -> dict[str, int]:
+        """Each module's place in the order the model registers them, by its name in the model."""
+        return self._reg
 
     @property
     def model(self):
@@ -125,18 +146,20 @@ def _failure_cause(res: Resolution, where: str) -> str:
     return f"the file holds a {res.resembles} model{where}; ComfyUI {kept} and detects no architecture from them"
 
 
-def whole_model(ckpt: Checkpoint, markers: dict) -> WholeModel:
+def whole_model(ckpt: Checkpoint, markers: dict, map_after_prefix: bool = False) -> WholeModel:
     """ComfyUI's reading of ``ckpt`` as a whole model (``markers``: the per-layer markers ComfyUI
-    ends up with).  Header only."""
+    ends up with).  Header only.  ``map_after_prefix``: as a release that folds the header map
+    in after it chose and stripped the prefix (``Reading``)."""
     # header map markers become '<layer>.comfy_quant' keys when converted, under the names the
     # map gives them (before any prefix is chosen), whether or not a layer has that name
     records = ckpt.markers.records if ckpt.markers is not None else ()
     named = {rec.prefix + ".comfy_quant" for rec in records if rec.kind == "header"}
-    extra = [key for key in named if key not in ckpt.tensors]
+    extra = [key for key in named if key not in ckpt.tensors] if not map_after_prefix else []
     marked = set(markers) | {p for p, d in ckpt.foreign.items() if "legacy" in d}
+    mapped = map_after_prefix and bool(named)
 
     def kept_marked(prefix: str) -> bool:
-        return any(not prefix or p.startswith(prefix) for p in marked)
+        return mapped or any(not prefix or p.startswith(prefix) for p in marked)
 
     res = resolve(Shapes(ckpt.tensors), kept_marked, extra)
     path = ckpt.paths[0] if ckpt.paths else ""

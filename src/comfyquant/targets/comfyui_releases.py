@@ -20,6 +20,7 @@ from functools import partial
 
 from .base import Verdict, Violation, module_order, outcome
 from .base import least_in_module_order as _least
+from .comfyui_model import CUT_ON_CPU, NEWEST_READING, Reading
 from .releases import ReleasedVerdict as SharedReleasedVerdict
 from .releases import chosen_dicts, failure, layer_classes, marker_reading, select, split_release, summary, version_key  # noqa: F401 (split_release, version_key: named here too)
 from .releases import first_loading as first_loading_of
@@ -210,6 +211,7 @@ class Marked:
     __slots__ = (
         "both",
         "header",
+        "tensor",
         "objects",
         "both_formats",
         "header_formats",
@@ -218,6 +220,7 @@ class Marked:
         "unread",
         "_whole",
         "_keys",
+        "_load_order",
         "_last",
         "_firsts",
         "_done",
@@ -227,6 +230,7 @@ class Marked:
         header, tensor, self.objects = marked_formats(ckpt)
         """``objects``: each layer's marker as ComfyUI reads it (``marked_formats``)."""
         self.header = header
+        self.tensor = tensor
         self.both = {**tensor, **header} if header else tensor
         self.both_formats, every = _formats(self.both.values())
         self.header_formats, every_header = _formats(header.values())
@@ -248,19 +252,25 @@ class Marked:
             self.exact_formats, every_exact = _formats(self.exact.values())
             self._whole[id(self.exact)] = self.exact_formats if every_exact else None
             self.unread += [p for p in header if p in prefixed and p not in tensor and _layer(ckpt, p) is not None]
-        self._keys: dict[str, list] = {}
-        """Each layer's ``module_order`` key, made once per check and only when asked."""
+        self._keys: dict[str, tuple] = {}
+        """Each layer's ``order`` key, made once per check and only when asked."""
+        from .comfyui import WHOLE_MODEL
+
+        whole = ckpt.shared.get(WHOLE_MODEL)
+        self._load_order: dict[str, int] = whole.registration if whole is not None else {}
         self._last: tuple[list[str], str, bool] | None = None
         """The names ``least`` was last asked about, its answer, and whether no other name ties it."""
         self._firsts: dict[tuple, str] = {}
         self._done: dict[Hashable, object] = {}
         """Results that do not depend on the release (``once``)."""
 
-    def order(self, name: str) -> list:
-        """``module_order(name)``, made once per check."""
+    def order(self, name: str) -> tuple:
+        """Where the layer ``name`` loads: its place among the modules of the model ComfyUI
+        builds, when the file is one it describes (``comfyui.WHOLE_MODEL``), then
+        ``module_order(name)``; made once per check."""
         found = self._keys.get(name)
         if found is None:
-            found = self._keys[name] = module_order(name)
+            found = self._keys[name] = (self._load_order.get(name, len(self._load_order)), module_order(name))
         return found
 
     def least(self, names: list[str]) -> str:
@@ -295,7 +305,19 @@ class Marked:
         return self._done[name]
 
     def read(self, group: ReleaseGroup) -> tuple[dict, set]:
-        return (self.both, self.both_formats) if TENSOR in group.markers else (self.exact, self.exact_formats)
+        if TENSOR not in group.markers:
+            return self.exact, self.exact_formats
+        if self.exact is not self.header and map_after_prefix(group):
+            return self.once("after-prefix-read", self._after_prefix)
+        return self.both, self.both_formats
+
+    def _after_prefix(self) -> tuple[dict, set]:
+        """Each layer's format as a release that folds the header map in after stripping the
+        prefix reads it: the tensor markers, replaced by the map entries named without it."""
+        read = {**self.tensor, **self.exact}
+        formats, every = _formats(read.values())
+        self._whole[id(read)] = formats if every else None
+        return read, formats
 
 
 def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
@@ -306,13 +328,17 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
     (modelled: the releases' per-format messages are those of ComfyUI 0.33.0), with the W4A8
     first forward of the comfy-kitchen the release pins (``_pinned``)."""
     read, formats = marked.read(group)
+    reading = _reading(group, marked, read, ckpt)
+    if reading is not NEWEST_READING:
+        newest = marked.once(reading, lambda: _read_otherwise(ckpt, newest, reading))
     if group is NEWEST:  # it knows every format and reads both marker forms
         pinned = _pinned(group, ckpt, newest, read, formats, marked)
         return newest if pinned is None else Verdict("comfyui", pinned, newest.architecture)
     undetected = _undetected(group, ckpt, newest)
     if undetected is not None:
         return Verdict("comfyui", [*(v for v in newest.violations if v.file is not None), undetected], newest.architecture)
-    base = _adjusted(group, newest.violations, read)
+    built = bool(newest.architecture and newest.architecture.get("name"))
+    base = _adjusted(group, newest.violations, read, built)
     event = _load_event(group, marked, read, formats, ckpt)
     if event is not None and event.layer is not None and not _precedes(_first(base), event.layer, marked):
         return Verdict("comfyui", [event], newest.architecture)
@@ -342,6 +368,66 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
                                  "load it with a newer ComfyUI release"))  # fmt: skip
     pinned = _pinned(group, ckpt, newest, read, formats, marked)
     return Verdict("comfyui", out + (base if pinned is None else pinned), newest.architecture)
+
+
+MAP_BEFORE_PREFIX_FROM = "0.19.3"
+"""The first group that folds the header map into the state dict before it strips the
+diffusion-model prefix, and again after (``convert_old_quants`` twice in
+``load_diffusion_model_state_dict``): a map entry names its layer with or without the prefix.
+The groups from 0.4.0 fold it once, after stripping: an entry named with the prefix matches no
+layer (its key is left over), and the map's keys play no part in choosing the prefix."""
+
+
+def map_after_prefix(group: ReleaseGroup) -> bool:
+    """Whether ``group`` folds the header map in only after stripping the prefix."""
+    return TENSOR in group.markers and version_key(group.first) < version_key(MAP_BEFORE_PREFIX_FROM)
+
+
+OWN_FP8 = frozenset({"0.3.68", "0.3.76", "0.4.0", "0.5.1"})
+"""The groups whose FP8 layout is ComfyUI's own (no comfy-kitchen): on CPU it dequantizes the
+stored weight whole, without cutting it to the model's size, so a weight stored padded or wider
+than the model's layer meets the input at its stored size."""
+
+
+def _reading(group: ReleaseGroup, marked: Marked, read: dict, ckpt) -> Reading:
+    """How ``group`` reads the file where that changes the newest release's whole-model verdict
+    (``NEWEST_READING``: it does not)."""
+    after = TENSOR in group.markers and read is not marked.both  # a prefixed map entry matches no layer
+    uncut = group.first in OWN_FP8 and _fp8_at_another_size(ckpt, read)
+    if not after and not uncut:
+        return NEWEST_READING
+    cut = CUT_ON_CPU - {"float8_e4m3fn", "float8_e5m2"} if uncut else CUT_ON_CPU
+    return Reading(after, cut)
+
+
+def _fp8_at_another_size(ckpt, read: dict) -> bool:
+    """Whether an FP8 layer's weight is stored at another size than the model ComfyUI 0.33.0
+    builds gives it."""
+    from .comfyui import WHOLE_MODEL
+
+    whole = ckpt.shared.get(WHOLE_MODEL)
+    if whole is None or whole.model is None:
+        return False
+    for name, fmt in read.items():
+        if fmt not in ("float8_e4m3fn", "float8_e5m2"):
+            continue
+        layer = _layer(ckpt, name)
+        true = whole.linear(layer.prefix) if layer is not None else None
+        w = layer.tensors.get("weight") if layer is not None else None
+        if true is not None and w is not None and tuple(w.shape) != (true.n, true.k):
+            return True
+    return False
+
+
+def _read_otherwise(ckpt, newest, reading: Reading) -> Verdict:
+    """The newest release's verdict as a group that reads the file otherwise meets it
+    (``comfyui.comfyui_verdict``), with the silent errors ``--deep`` added to ``newest`` from
+    the tensors' values."""
+    from .comfyui import comfyui_verdict
+
+    out = comfyui_verdict(ckpt, reading)
+    out.violations.extend(v for v in newest.violations if v.rule.endswith(".values"))
+    return out
 
 
 def _header_only_map(ckpt, violations: list[Violation]) -> list[Violation]:
@@ -448,10 +534,18 @@ dequantizes, so a missing ``weight_scale`` fails the first forward in ``mul_``."
 NONE_DEVICE = "'NoneType' object has no attribute 'device'"
 
 
-def _adjusted(group: ReleaseGroup, violations: list[Violation], read: dict) -> list[Violation]:
+SCALE_IN_STATE_DICT = frozenset({"0.4.0", "0.5.1"})
+"""The groups whose own FP8 layout returns its weight scale from the layer's ``state_dict``:
+a missing one is None there, and building the whole model (``ModelPatcher`` counting its size
+with ``module_size``) raises ``'NoneType' object has no attribute 'nelement'`` before any
+forward."""
+
+
+def _adjusted(group: ReleaseGroup, violations: list[Violation], read: dict, built: bool) -> list[Violation]:
     """The newest release's violations as ``group`` raises them where its own code differs
-    (``SMOOTHING_FROM``, ``NO_WEIGHT_ATTRIBUTE``, ``SCALE_MULTIPLIED``); the same list when
-    nothing does."""
+    (``SMOOTHING_FROM``, ``NO_WEIGHT_ATTRIBUTE``, ``SCALE_MULTIPLIED``, ``SCALE_IN_STATE_DICT``
+    where ``built``: ComfyUI detects a model and builds it whole); the same list when nothing
+    does."""
     if group is NEWEST or not violations:
         return violations
     out = []
@@ -466,6 +560,23 @@ def _adjusted(group: ReleaseGroup, violations: list[Violation], read: dict) -> l
                 "AttributeError",
                 "'Linear' object has no attribute 'weight'",
                 "the quantized Linear of ComfyUI 0.9.2 to 0.18.1 sets no weight for a layer the file has no weight for",
+            )
+            changed = True
+        elif (
+            group.first in SCALE_MULTIPLIED
+            and v.rule == "comfyui.missing"
+            and v.tensor == "weight_scale"
+            and v.layer is not None
+            and read.get(_bare(v.layer)) == "float8_e4m3fn"
+            and built
+            and group.first in SCALE_IN_STATE_DICT
+        ):
+            v = _reworded(
+                v,
+                "AttributeError",
+                "'NoneType' object has no attribute 'nelement'",
+                "the FP8 layout of ComfyUI 0.4.0 to 0.7.0 puts the missing weight scale in the model's state_dict, "
+                "whose size ComfyUI counts as it loads the model",
             )
             changed = True
         elif (
@@ -563,8 +674,9 @@ def _memo_key(group: ReleaseGroup, plain: bool) -> tuple:
     release finds nothing wrong, no layer lacks its weight, detection is the newest's)."""
     forward = group.first if any(release == group.first for release, _ in FORWARD_ERRORS) else None
     kitchen = group.kitchen if group.kitchen in FOUR_BIT_ONLY else None
+    folded = (map_after_prefix(group), group.first in OWN_FP8)
     if plain:
-        return (group is NEWEST, group.markers, group.formats, group.unknown, kitchen, forward)
+        return (group is NEWEST, group.markers, group.formats, group.unknown, kitchen, forward, folded)
     adjusted = (
         version_key(group.first) < version_key(SMOOTHING_FROM),
         group.first in NO_WEIGHT_ATTRIBUTE,
@@ -572,7 +684,7 @@ def _memo_key(group: ReleaseGroup, plain: bool) -> tuple:
         group.first in MISSING_WEIGHT_RAISES,
         version_key(group.first) < version_key(NORM_WEIGHT_FROM),
     )
-    return (group is NEWEST, group.markers, group.formats, group.unknown, kitchen, forward, adjusted)
+    return (group is NEWEST, group.markers, group.formats, group.unknown, kitchen, forward, folded, adjusted)
 
 
 FOUR_BIT_ONLY = frozenset({"0.2.28", "0.2.30", "0.2.31"})

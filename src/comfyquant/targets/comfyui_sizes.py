@@ -55,11 +55,21 @@ def dropped_layer(out: list, whole: WholeModel, prefix: str, marker, t: dict) ->
     )
 
 
-def true_size(whole: WholeModel, by_size: dict | None, prefix: str, layer, marker, true, biases: list, forward: list) -> bool:
+def true_size(
+    whole: WholeModel,
+    by_size: dict | None,
+    prefix: str,
+    layer,
+    marker,
+    true,
+    biases: list,
+    forward: list,
+    cut_on_cpu: frozenset = CUT_ON_CPU,
+) -> bool:
     """The layer's tensors against the size ComfyUI's architecture builds it at; True when its
     stored weight is not of that size (the per-layer forward rules, which assume the recorded
     size, then do not apply).  ``by_size``: the layer class's readings of its weight by model
-    size (None for an unmarked layer)."""
+    size (None for an unmarked layer); ``cut_on_cpu``: the formats cut to the model's size."""
     t = layer.tensors
     b = t.get("bias")
     if b is not None and tuple(b.shape) != (true.n,):
@@ -129,7 +139,7 @@ def true_size(whole: WholeModel, by_size: dict | None, prefix: str, layer, marke
     external = model is not None and whole.model_name(prefix) in model.external
     detected = whole.resolution.detected
     read_width = detected is not None and f"{prefix}.weight" in detected.read
-    at_size = _forward_at_model_size(prefix, fmt, marker, t, w, size, true, external, read_width)
+    at_size = _forward_at_model_size(prefix, fmt, marker, t, w, size, true, external, read_width, cut_on_cpu)
     if at_size is not None:
         forward.append(at_size)
     return True
@@ -155,7 +165,7 @@ def w4a8_at_model_size(prefix: str, marker: dict, t: dict, true) -> tuple[Violat
 
 
 def _forward_at_model_size(
-    prefix: str, fmt, marker: dict, t: dict, w, size, true, external: bool, read_width: bool
+    prefix: str, fmt, marker: dict, t: dict, w, size, true, external: bool, read_width: bool, cut_on_cpu: frozenset
 ) -> Violation | None:
     """What the first forward of a quantized layer stored at another size than the model's
     raises.  On CPU, FP8, NVFP4 and MXFP8 are dequantized and cut to the model's size: a weight
@@ -186,6 +196,16 @@ def _forward_at_model_size(
     if size is None:
         return None
     n_file, k_file = size
+    if fmt in CUT_ON_CPU and fmt not in cut_on_cpu:  # dequantized whole: the stored weight meets the input
+        width = k_file if external else true.k
+        if k_file != width:
+            return matmul_error(f"mat1 and mat2 shapes cannot be multiplied (Mx{width} and {k_file}x{n_file})")
+        if n_file != true.n and "bias" in t:
+            return matmul_error(
+                f"The expanded size of the tensor ({n_file}) must match the existing size ({true.n}) at non-singleton "
+                f"dimension 1.  Target sizes: [M, {n_file}].  Tensor sizes: [{true.n}]"
+            )
+        return None
     if fmt in CUT_ON_CPU:
         width = k_file if external else true.k  # the model's inputs have the data's width
         if n_file >= true.n and k_file >= true.k and width == true.k:
