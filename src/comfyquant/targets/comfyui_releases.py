@@ -330,7 +330,7 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
     read, formats = marked.read(group)
     reading = _reading(group, marked, read, ckpt)
     if reading is not NEWEST_READING:
-        newest = marked.once(reading, lambda: _read_otherwise(ckpt, newest, reading))
+        newest = marked.once(reading, lambda: _read_otherwise(ckpt, newest, reading, marked, read))
     if group is NEWEST:  # it knows every format and reads both marker forms
         pinned = _pinned(group, ckpt, newest, read, formats, marked)
         return newest if pinned is None else Verdict("comfyui", pinned, newest.architecture)
@@ -419,14 +419,28 @@ def _fp8_at_another_size(ckpt, read: dict) -> bool:
     return False
 
 
-def _read_otherwise(ckpt, newest, reading: Reading) -> Verdict:
+def _read_otherwise(ckpt, newest, reading: Reading, marked: Marked, read: dict) -> Verdict:
     """The newest release's verdict as a group that reads the file otherwise meets it
     (``comfyui.comfyui_verdict``), with the silent errors ``--deep`` added to ``newest`` from
-    the tensors' values."""
-    from .comfyui import comfyui_verdict
+    the tensors' values on the layers both read alike.  A layer a prefixed map entry alone
+    marked loads its stored weight as a plain one; where ComfyUI describes no model, the size
+    it is built at is the one the file records, and a weight of another width fails the first
+    forward (``_unfit_forward``)."""
+    from .comfyui import WHOLE_MODEL, comfyui_verdict
 
     out = comfyui_verdict(ckpt, reading)
-    out.violations.extend(v for v in newest.violations if v.rule.endswith(".values"))
+    changed = {p for p, f in marked.both.items() if p not in read or read[p] != f}
+    out.violations.extend(
+        v for v in newest.violations if v.rule.endswith(".values") and (v.layer is None or _bare(v.layer) not in changed)
+    )
+    whole = ckpt.shared.get(WHOLE_MODEL)
+    if reading.map_after_prefix and (whole is None or whole.model is None):
+        cause = "ComfyUI 0.4.0 to 0.18.1 match the header map's names after cutting the prefix from the tensors' names only"
+        fix = "name the header map's layers without the model.diffusion_model. prefix, or load it with ComfyUI 0.19.3 or newer"
+        for name in sorted((p for p in changed if p not in read), key=marked.order):
+            unfit = _unfit_forward(ckpt, name, cause, fix)
+            if unfit is not None:
+                out.violations.append(unfit)
     return out
 
 
