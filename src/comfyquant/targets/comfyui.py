@@ -18,7 +18,7 @@ from ..dtypes import DTYPE_BITS, QUANTIZED_WEIGHT_DTYPES
 from ..findings import DEEP_MEASURES
 from ..markers import nonfinite_sizes, same_marker
 from .base import LAYER, Verdict, Violation, bind, container_violations, in_module_order, incomplete_violations
-from .comfyui_model import NEWEST_READING, Reading, WholeModel, whole_model
+from .comfyui_model import NEWEST_READING, WHOLE_MODEL, Reading, WholeModel, whole_model
 from .comfyui_sizes import corrections_at_model_level, dropped_layer, parameters, true_size, w4a8_at_model_size
 from .kitchen import (
     VIEWS,
@@ -37,9 +37,7 @@ if TYPE_CHECKING:
     from ..checkpoint import Checkpoint
 
 DIFFUSION_PREFIX = "model.diffusion_model."
-WHOLE_MODEL = "comfyui.whole_model"
-"""Where a check keeps ComfyUI 0.33.0's ``WholeModel`` of the file (``ckpt.shared``), for the
-release verdicts: the order its modules load in, and each layer's size in the model."""
+
 OWN_FORWARD = ("nvfp4", "mxfp8", "asym_w4a8_int8")
 """Formats whose first forward checks their stored tensors against each other before the weight
 meets the input (NVFP4/MXFP8 block scales read at the model's size, W4A8's operands): what the

@@ -41,6 +41,10 @@ class Reading(NamedTuple):
 
 NEWEST_READING = Reading()
 
+WHOLE_MODEL = "comfyui.whole_model"
+"""Where a check keeps ComfyUI 0.33.0's ``WholeModel`` of the file (``ckpt.shared``), for the
+release verdicts: the order its modules load in, and each layer's size in the model."""
+
 
 class WholeModel:
     """What ComfyUI makes of one checkpoint as a whole model."""

@@ -20,7 +20,7 @@ from functools import partial
 
 from .base import Verdict, Violation, module_order, outcome
 from .base import least_in_module_order as _least
-from .comfyui_model import CUT_ON_CPU, NEWEST_READING, Reading
+from .comfyui_model import CUT_ON_CPU, NEWEST_READING, WHOLE_MODEL, Reading
 from .releases import ReleasedVerdict as SharedReleasedVerdict
 from .releases import chosen_dicts, failure, layer_classes, marker_reading, select, split_release, summary, version_key  # noqa: F401 (split_release, version_key: named here too)
 from .releases import first_loading as first_loading_of
@@ -254,8 +254,6 @@ class Marked:
             self.unread += [p for p in header if p in prefixed and p not in tensor and _layer(ckpt, p) is not None]
         self._keys: dict[str, tuple] = {}
         """Each layer's ``order`` key, made once per check and only when asked."""
-        from .comfyui import WHOLE_MODEL
-
         whole = ckpt.shared.get(WHOLE_MODEL)
         self._load_order: dict[str, int] = whole.registration if whole is not None else {}
         self._last: tuple[list[str], str, bool] | None = None
@@ -266,7 +264,7 @@ class Marked:
 
     def order(self, name: str) -> tuple:
         """Where the layer ``name`` loads: its place among the modules of the model ComfyUI
-        builds, when the file is one it describes (``comfyui.WHOLE_MODEL``), then
+        builds, when the file is one it describes (``comfyui_model.WHOLE_MODEL``), then
         ``module_order(name)``; made once per check."""
         found = self._keys.get(name)
         if found is None:
@@ -403,8 +401,6 @@ def _reading(group: ReleaseGroup, marked: Marked, read: dict, ckpt) -> Reading:
 def _fp8_at_another_size(ckpt, read: dict) -> bool:
     """Whether an FP8 layer's weight is stored at another size than the model ComfyUI 0.33.0
     builds gives it."""
-    from .comfyui import WHOLE_MODEL
-
     whole = ckpt.shared.get(WHOLE_MODEL)
     if whole is None or whole.model is None:
         return False
@@ -426,7 +422,7 @@ def _read_otherwise(ckpt, newest, reading: Reading, marked: Marked, read: dict) 
     marked loads its stored weight as a plain one; where ComfyUI describes no model, the size
     it is built at is the one the file records, and a weight of another width fails the first
     forward (``_unfit_forward``)."""
-    from .comfyui import WHOLE_MODEL, comfyui_verdict
+    from .comfyui import comfyui_verdict
 
     out = comfyui_verdict(ckpt, reading)
     changed = {p for p, f in marked.both.items() if p not in read or read[p] != f}
