@@ -12,6 +12,7 @@ format's layers is run in ``test_kitchen_releases_run.py``.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import subprocess
 import sys
@@ -27,10 +28,19 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
+@functools.cache
+def _fetched() -> tuple[Path | None, ...]:
+    """Every release's sources, fetched a few at a time (each a ``pip download`` and an unpack,
+    mostly waiting; each release's own lock keeps them apart), once per session."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        return tuple(pool.map(oracle.source, oracle.RELEASES))
+
+
 def _sources() -> dict[str, Path]:
     out = {}
-    for version in oracle.RELEASES:
-        path = oracle.source(version)
+    for version, path in zip(oracle.RELEASES, _fetched()):
         if path is None:
             runtime_sources.skip_missing(oracle.MISSING[version])
         out[version] = path

@@ -24,11 +24,41 @@ from runtimes.release_agreement import format_cases  # noqa: E402
 
 
 @pytest.fixture(scope="module")
+def space(tmp_path_factory):
+    from runtimes.agreement import write_space
+
+    return write_space(tmp_path_factory.mktemp("kitchen-release-space"))
+
+
+@pytest.fixture(scope="module")
 def cases(tmp_path_factory):
     return format_cases(tmp_path_factory.mktemp("kitchen-release-cases"))
 
 
-def test_every_group_agrees_on_every_formats_valid_layer(cases):
+def _others() -> list:
+    """The groups ``SPACE_RELEASES`` leaves out, which run a share of the space each."""
+    return [g for g in product.GROUPS if not set(g.releases) & set(SPACE_RELEASES)]
+
+
+def _share(space: list, i: int) -> list:
+    """The ``i``-th other group's share of the space: the cases whose index is ``i`` modulo ``SHARES``."""
+    return [case for j, case in enumerate(space) if j % SHARES == i % SHARES]
+
+
+@pytest.fixture(scope="module")
+def driven(cases, space):
+    """Every group driven once on all it runs in this module (its valid layers, and the whole
+    space or its share): one worker per group; the tests then read the cached outcomes."""
+    for group in product.GROUPS:
+        if oracle.source(group.first) is None:
+            runtime_sources.skip_missing(oracle.MISSING[group.first])
+    others = _others()
+    for group in product.GROUPS:
+        more = space if group not in others else _share(space, others.index(group))
+        oracle.outcomes(group, [*cases, *more])
+
+
+def test_every_group_agrees_on_every_formats_valid_layer(cases, driven):
     for group in product.GROUPS:
         if oracle.source(group.first) is None:
             runtime_sources.skip_missing(oracle.MISSING[group.first])
@@ -65,15 +95,8 @@ SHARES = 4
 quarter of the space runs on several groups, and every case on at least one."""
 
 
-@pytest.fixture(scope="module")
-def space(tmp_path_factory):
-    from runtimes.agreement import write_space
-
-    return write_space(tmp_path_factory.mktemp("kitchen-release-space"))
-
-
 @pytest.mark.parametrize("release", SPACE_RELEASES)
-def test_the_generated_space_agrees_on_the_groups_that_differ_most(space, release):
+def test_the_generated_space_agrees_on_the_groups_that_differ_most(space, driven, release):
     """The whole generated single-layer space (every defect of every format) on the group of
     ``release``: what the release raises, computes or computes wrong is what ``check --target
     comfy-kitchen==<release>`` says."""
@@ -91,11 +114,11 @@ def test_the_generated_space_agrees_on_the_groups_that_differ_most(space, releas
     assert not bad, "\n".join(bad[:40])
 
 
-def test_every_other_group_agrees_on_its_share(space):
+def test_every_other_group_agrees_on_its_share(space, driven):
     """The groups ``SPACE_RELEASES`` leaves out, each on its share of the generated space (a
     quarter, by case index): what each release raises, computes or computes wrong is what
     ``check --target comfy-kitchen==<release>`` says."""
-    others = [g for g in product.GROUPS if not set(g.releases) & set(SPACE_RELEASES)]
+    others = _others()
     for group in others:
         if oracle.source(group.first) is None:
             runtime_sources.skip_missing(oracle.MISSING[group.first])
@@ -103,7 +126,7 @@ def test_every_other_group_agrees_on_its_share(space):
     said = {case.id: oracle.predicted_all(case) for case in space}  # one check per case: every group's verdict
     bad, driven, ran = [], 0, 0
     for i, group in enumerate(others):
-        share = [case for j, case in enumerate(space) if j % SHARES == i % SHARES]
+        share = _share(space, i)
         got, n = oracle.outcomes(group, share)
         driven += n
         ran += len(share)
