@@ -16,8 +16,9 @@ disagreements.  Exit status: 0 when every verdict agrees, 1 otherwise, 2 when Co
 run here.
 
 With ``--release``, the release groups of those releases (``comfyquant.targets.comfyui_releases``)
-run seed 0's space instead: each group's first release with the comfy-kitchen it pins
-(``tests/runtimes/release_model_agreement.py``, outcomes cached per group and file), against
+run the seed's space (seed 0 by default; ``--seeds`` for held-out ones) instead: each group's
+first release with the comfy-kitchen it pins (``tests/runtimes/release_model_agreement.py``,
+outcomes cached per group and file), against
 comfyquant's verdict for that group; ``--write-known`` then records their disagreements in
 ``known/comfyui.release-models.txt``.
 """
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def releases(args) -> int:
-    """Seed 0's space through the release groups named by ``args.release``."""
+    """Each seed's space (seed 0 unless ``--seed``/``--seeds`` say otherwise) through the
+    release groups named by ``args.release``."""
     from comfyquant.targets.comfyui_releases import GROUPS
     from runtimes import release_model_agreement as rma
     from runtimes import releases as release_sources
@@ -110,34 +112,49 @@ def releases(args) -> int:
             return 2
         if group not in groups:
             groups.append(group)
-    root = release_sources.releases_root()
-    found = space(0)
-    if root is None or isinstance(found, str):
-        print(f"skipped: {found if isinstance(found, str) else release_sources.MISSING}")
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()] or [args.seed]
+    if args.write_known and seeds != [0]:
+        print("error: --write-known records seed 0's disagreements only")
         return 2
-    cases = [c for c in load_cases(*found) if args.only in c.id]
-    said = rma.expectations(cases)
+    root = release_sources.releases_root()
+    if root is None:
+        print(f"skipped: {release_sources.MISSING}")
+        return 2
     failed = False
     rows = {}
     lines = []
-    for group in groups:
-        start = time.monotonic()
-        got = rma.outcomes(root, group, cases)
-        if isinstance(got, str):
-            print(f"skipped: {got}")
+    totals: dict[str, list[int]] = {}
+    for seed in seeds:
+        found = space(seed)
+        if isinstance(found, str):
+            print(f"skipped: {found}")
             return 2
-        results, driven = got
-        rows[group.first] = group_rows = rma.compare(cases, results, said, group.first)
-        shared = f"; {', '.join(group.releases[1:])} share these results" if len(group.releases) > 1 else ""
-        print(
-            f"ComfyUI {group.first} ({group.kitchen_text}): {summary(group_rows)}; "
-            f"{driven} driven in {time.monotonic() - start:.0f}s{shared}"
-        )
-        bad = table(group_rows, args.limit)
-        if bad:
-            failed = True
-            print(bad)
-        lines.extend(dict(record(r), release=group.first) for r in group_rows)
+        cases = [c for c in load_cases(*found) if args.only in c.id]
+        said = rma.expectations(cases)
+        for group in groups:
+            start = time.monotonic()
+            got = rma.outcomes(root, group, cases)
+            if isinstance(got, str):
+                print(f"skipped: {got}")
+                return 2
+            results, driven = got
+            rows[group.first] = group_rows = rma.compare(cases, results, said, group.first)
+            shared = f"; {', '.join(group.releases[1:])} share these results" if len(group.releases) > 1 else ""
+            print(
+                f"seed {seed}, ComfyUI {group.first} ({group.kitchen_text}): {summary(group_rows)}; "
+                f"{driven} driven in {time.monotonic() - start:.0f}s{shared}"
+            )
+            agree = sum(1 for r in group_rows if r.why is None)
+            total = totals.setdefault(group.first, [0, 0])
+            total[0] += agree * len(group.releases)
+            total[1] += len(group_rows) * len(group.releases)
+            bad = table(group_rows, args.limit)
+            if bad:
+                failed = True
+                print(bad)
+            lines.extend(dict(record(r), release=group.first, seed=seed) for r in group_rows)
+    agree, cases_total = sum(t[0] for t in totals.values()), sum(t[1] for t in totals.values())
+    print(f"files x releases: {cases_total}, agreeing {agree}")
     if args.write_known and not args.only:
         print(f"wrote {rma.write_known(rows)}")
     if args.jsonl:
