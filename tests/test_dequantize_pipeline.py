@@ -83,6 +83,19 @@ def _blocked_run(tmp_path, monkeypatch, layers, dtype: str) -> tuple[list[str], 
     return order, [e[1] for e in events if e[0] == "written"]
 
 
+def _file_order(path, prefixes: list[str]) -> list[str]:
+    """The layers named by ``prefixes`` in the order their weights are stored in the file
+    (the order a layer-by-layer writer meets them)."""
+    import json
+    import struct
+
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    start = {p: header[f"{p}.weight"]["data_offsets"][0] for p in prefixes}
+    return sorted(prefixes, key=start.__getitem__)
+
+
 def test_the_next_layer_is_read_while_this_one_is_written(tmp_path, monkeypatch):
     layers = [
         make_layer("fp8", prefix="a", seed=1),
@@ -91,7 +104,7 @@ def test_the_next_layer_is_read_while_this_one_is_written(tmp_path, monkeypatch)
         make_layer("int8_convrot", prefix="c", seed=3),
     ]
     src = write_layers(tmp_path / "m.safetensors", layers)
-    events = _record(monkeypatch, hold_for_next=["a", "b", "c"])
+    events = _record(monkeypatch, hold_for_next=_file_order(src, ["a", "b", "c"]))
     comfyquant.dequantize(src, str(tmp_path / "d.safetensors"))
     reads = [e for e in events if e[0] == "read"]
     assert reads and all(name != threading.current_thread().name for _, name, _ in reads)
