@@ -662,8 +662,16 @@ def _first_event(group: ReleaseGroup, marked: Marked, read: dict, unknown: froze
 
 
 def _weightless(ckpt) -> set[str]:
-    """The layers the file holds without a ``weight`` (names without the diffusion-model prefix)."""
-    return {_bare(p) for p, layer in ckpt.layers.items() if "weight" not in layer.tensors}
+    """The layers the file holds without a ``weight`` (names without the diffusion-model prefix)
+    that load as ``Linear``s: where ComfyUI builds a model comfyquant describes, the model's
+    ``Linear`` layers only (a norm without its weight is not one)."""
+    whole = ckpt.shared.get(WHOLE_MODEL)
+    model = whole.model if whole is not None else None
+    return {
+        _bare(p)
+        for p, layer in ckpt.layers.items()
+        if "weight" not in layer.tensors and (model is None or whole.linear(p) is not None)
+    }
 
 
 def _precedes(first: Violation | None, layer: str, marked: Marked) -> bool:
