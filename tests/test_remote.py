@@ -10,6 +10,7 @@ import http.server
 import json
 import os
 import struct
+import sys
 import threading
 import time
 from collections import Counter
@@ -104,7 +105,14 @@ class Server:
                     return self.reply(206, {**ctype, "Content-Range": f"bytes {start}-{stop - 1}/{len(data)}"}, data[start:stop])
                 return self.reply(200, ctype, data)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Quiet(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address) -> None:
+                # a handler a test left waiting may answer after the test's files are gone:
+                # kept here, not printed into whatever the next test captures from stderr
+                server.errors.append(sys.exc_info()[1])
+
+        self.errors: list[BaseException | None] = []
+        self.httpd = Quiet(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.httpd.block_on_close = False
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
