@@ -578,31 +578,23 @@ def _adjusted(group: ReleaseGroup, violations: list[Violation], read: dict, buil
             and v.tensor == "weight_scale"
             and v.layer is not None
             and read.get(_bare(v.layer)) == "float8_e4m3fn"
-            and built
-            and group.first in SCALE_IN_STATE_DICT
         ):
-            v = _reworded(
-                v,
-                "AttributeError",
-                "'NoneType' object has no attribute 'nelement'",
-                "the FP8 layout of ComfyUI 0.4.0 to 0.7.0 puts the missing weight scale in the model's state_dict, "
-                "whose size ComfyUI counts as it loads the model",
-            )
-            changed = True
-        elif (
-            group.first in SCALE_MULTIPLIED
-            and v.rule == "comfyui.missing"
-            and v.tensor == "weight_scale"
-            and v.layer is not None
-            and read.get(_bare(v.layer)) == "float8_e4m3fn"
-        ):
-            v = _reworded(
-                v,
-                "TypeError",
-                "mul_(): argument 'other' (position 1) must be Tensor, not NoneType",
-                "the FP8 layout of ComfyUI before 0.8.0 (no comfy-kitchen) multiplies by the missing weight scale",
-            )
-            v.stage = "forward"
+            if built and group.first in SCALE_IN_STATE_DICT:  # counted as the whole model is built
+                v = _reworded(
+                    v,
+                    "AttributeError",
+                    "'NoneType' object has no attribute 'nelement'",
+                    "the FP8 layout of ComfyUI 0.4.0 to 0.7.0 puts the missing weight scale in the model's state_dict, "
+                    "whose size ComfyUI counts as it loads the model",
+                )
+            else:
+                v = _reworded(
+                    v,
+                    "TypeError",
+                    "mul_(): argument 'other' (position 1) must be Tensor, not NoneType",
+                    "the FP8 layout of ComfyUI before 0.8.0 (no comfy-kitchen) multiplies by the missing weight scale",
+                )
+                v.stage = "forward"
             changed = True
         out.append(v)
     return out if changed else violations
