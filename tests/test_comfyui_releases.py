@@ -76,3 +76,43 @@ def test_group_facts_are_the_release_source(root, group):
         assert set(_formats(source)) == set(group.formats), release
         if product.TENSOR in group.markers:  # where the header map is folded in, as its loader does it
             assert folds_before_prefix(source / "comfy" / "sd.py") != product.map_after_prefix(group), release
+
+
+def test_own_fp8_layout_multiplies_as_recorded(root):
+    """The groups without comfy-kitchen are the ones ``SCALE_MULTIPLIED`` lists, and the message
+    it records for a missing weight scale is the one of the operator each release's own FP8
+    layout dequantizes with: Python's for ``plain * scale``, torch's for ``plain.mul_(scale)``."""
+    assert set(product.SCALE_MULTIPLIED) == {g.first for g in product.GROUPS if g.kitchen is None}
+    for group in product.GROUPS:
+        if group.first not in product.SCALE_MULTIPLIED:
+            continue
+        message = product.SCALE_MULTIPLIED[group.first]
+        for release in group.releases:
+            ops = (root / f"comfyui-{release}" / "comfy" / "quant_ops.py").read_text()
+            dequantize = ops[ops.index("class TensorCoreFP8Layout") :]
+            dequantize = dequantize[dequantize.index("def dequantize") :].split("\n    @", 1)[0]
+            if "plain_tensor.mul_(scale)" in dequantize:
+                assert message == "mul_(): argument 'other' (position 1) must be Tensor, not NoneType", release
+            else:
+                assert "plain_tensor * scale" in dequantize, release
+                assert message == "unsupported operand type(s) for *: 'Tensor' and 'NoneType'", release
+
+
+def test_stored_fp8_kept_as_recorded(root):
+    """``STORED_FP8_KEPT`` lists exactly the groups without comfy-kitchen whose loader wraps a
+    quantized layer's stored weight without casting it to the format's dtype (every other one
+    casts it to ``mixin["dtype"]`` or the format's ``storage_t``)."""
+    kept = set()
+    for group in product.GROUPS:
+        if group.kitchen is not None:
+            continue
+        found = set()
+        for release in group.releases:
+            ops = (root / f"comfyui-{release}" / "comfy" / "ops.py").read_text()
+            wraps = [line.strip() for line in ops.splitlines() if "QuantizedTensor(weight.to(" in line]
+            assert wraps, release
+            found.add(all("dtype=" not in line for line in wraps))
+        assert len(found) == 1, group.first
+        if found.pop():
+            kept.add(group.first)
+    assert kept == set(product.STORED_FP8_KEPT)

@@ -122,23 +122,38 @@ def verdict(case: Case, target: str) -> dict | None:
     return with_newer_kitchen(said) if target == "comfyui" else said  # its driver runs comfy-kitchen 0.2.40
 
 
-def judge_undecidable(case: Case, outcome: Outcome, predicted: Expected) -> str | None:
+def judge_undecidable(case: Case, outcome: Outcome, predicted: Expected, twin: Expected | None = None) -> str | None:
     """Agreement on a defect the file cannot show (``cases.UNDECIDABLE``): where the runtime
-    computes (normally or garbage), comfyquant must say the file loads, having nothing to tell
-    it otherwise; where the runtime raises, the usual exact agreement applies."""
+    computes (normally or garbage), comfyquant must say what it says of the valid layer, having
+    nothing to tell the two apart: that the file loads, or garbage where it calls the valid
+    layer (``twin``, its verdict on ``valid_twin(case.id)``) garbage for a reason the file
+    shows (a release that reads no tensor marker); where the runtime raises, the usual exact
+    agreement applies."""
     if outcome.kind == "raises":
         return disagreement(outcome, predicted)
-    if predicted.kind != "loads":
-        return f"undecidable ({case.undecidable}): {predicted.kind} vs {outcome.kind}"
-    return None
+    if predicted.kind == "loads" or (twin is not None and predicted.kind == twin.kind == "garbage"):
+        return None
+    return f"undecidable ({case.undecidable}): {predicted.kind} vs {outcome.kind}"
 
 
-def judge_resized(outcome: Outcome, predicted: Expected) -> str | None:
+def valid_twin(case_id: str) -> str:
+    """The id of the valid layer a case's defect was made from (``fp8_64x256.weight.cast-int8``
+    -> ``fp8_64x256.valid``; a checkpoint case's keeps its ``ckpt.``)."""
+    parts = case_id.split(".")
+    head = parts[:2] if parts[0] == "ckpt" else parts[:1]
+    return ".".join([*head, "valid"])
+
+
+def judge_resized(outcome: Outcome, predicted: Expected, twin: Expected | None = None) -> str | None:
     """Agreement on a case whose model is the size the file records (``Case.model``), not the
     dense source's: what that layer should compute is not known, so a finite output counts as
-    computing (a non-finite one is still garbage); exceptions agree exactly as usual."""
+    computing (a non-finite one is still garbage), which comfyquant must call loading, or
+    garbage where it calls the valid layer (``twin``) garbage too; exceptions agree exactly as
+    usual."""
     if outcome.kind == "garbage" and outcome.error is not None and math.isfinite(outcome.error):
-        return None if predicted.kind == "loads" else f"{predicted.kind} vs computes (model of the recorded size)"
+        if predicted.kind == "loads" or (twin is not None and predicted.kind == twin.kind == "garbage"):
+            return None
+        return f"{predicted.kind} vs computes (model of the recorded size)"
     return disagreement(outcome, predicted)
 
 
@@ -174,23 +189,26 @@ def twin_messages(path: Path, said: str | None, measured: str | None) -> bool:
 
 
 def compare(drv, target: str, cases: Iterable[Case]) -> list[Row]:
-    rows = []
     predict = getattr(drv, "predict", expected)  # a driver that runs part of a runtime says what it covers
+    cases = list(cases)
+    guesses = {case.id: predict(verdict(case, target)) for case in cases}
+    rows = []
     for case in cases:
         outcome = drv.run(case.path)
-        predicted = predict(verdict(case, target))
-        rows.append(Row(case, outcome, predicted, judge(case, outcome, predicted)))
+        predicted = guesses[case.id]
+        rows.append(Row(case, outcome, predicted, judge(case, outcome, predicted, guesses.get(valid_twin(case.id)))))
     return rows
 
 
-def judge(case: Case, outcome: Outcome, predicted: Expected) -> str | None:
+def judge(case: Case, outcome: Outcome, predicted: Expected, twin: Expected | None = None) -> str | None:
     """Why comfyquant's verdict on a generated case differs from the runtime's outcome (None:
-    they agree), with the case's own terms: a defect the file cannot show, a model of the size
-    the file records, two tensors at the same offsets."""
+    they agree), with the case's own terms: a defect the file cannot show (``twin``:
+    comfyquant's verdict on its valid layer, where known), a model of the size the file
+    records, two tensors at the same offsets."""
     if case.undecidable is not None:
-        return judge_undecidable(case, outcome, predicted)
+        return judge_undecidable(case, outcome, predicted, twin)
     if case.model is not None:
-        return judge_resized(outcome, predicted)
+        return judge_resized(outcome, predicted, twin)
     why = disagreement(outcome, predicted)
     if why == "message differs" and either_twin(case, outcome, predicted):
         return None

@@ -114,13 +114,14 @@ def compare_space(root: Path, group, cases: list[Case], release: str | None) -> 
     """Like ``compare_group`` on any generated cases (the whole space), judged on each case's
     own terms (``agreement.judge``: a defect the file cannot show, a model of the size the file
     records); comfyquant's side is the verdict for ``release`` (None: ``check``'s default)."""
-    from .agreement import judge
+    from .agreement import judge, valid_twin
 
     got, driven = outcomes(root, group, cases)
+    guesses = {case.id: expected(predicted(case, release)) for case in cases}
     rows = []
     for case in cases:
-        guess = expected(predicted(case, release))
-        rows.append(Row(case, got[case.id], guess, judge(case, got[case.id], guess)))
+        guess = guesses[case.id]
+        rows.append(Row(case, got[case.id], guess, judge(case, got[case.id], guess, guesses.get(valid_twin(case.id)))))
     return rows, driven
 
 
@@ -152,13 +153,19 @@ def drive_groups(root: Path, groups, cases: list[Case], workers: int = 2) -> dic
 def compare_expected(cases: list[Case], got: dict[str, Outcome], expectations: dict[str, dict | None], release: str) -> list[Row]:
     """Rows of one group: the runtime's outcome per case against ``release_expectations``,
     judged on each case's own terms (``agreement.judge``)."""
-    from .agreement import judge
+    from .agreement import judge, valid_twin
+
+    def guess(case_id: str) -> Expected | None:
+        if case_id not in expectations:
+            return None
+        said = expectations[case_id]
+        return UNREADABLE if said is None else said[release]
 
     rows = []
     for case in cases:
-        said = expectations[case.id]
-        guess = UNREADABLE if said is None else said[release]
-        rows.append(Row(case, got[case.id], guess, judge(case, got[case.id], guess)))
+        said = guess(case.id)
+        assert said is not None
+        rows.append(Row(case, got[case.id], said, judge(case, got[case.id], said, guess(valid_twin(case.id)))))
     return rows
 
 

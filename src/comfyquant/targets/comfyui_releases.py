@@ -21,6 +21,7 @@ from functools import partial
 from .base import Verdict, Violation, module_order, outcome
 from .base import least_in_module_order as _least
 from .comfyui_model import CUT_ON_CPU, NEWEST_READING, WHOLE_MODEL, Reading
+from .comfyui_plain import plain_size
 from .releases import ReleasedVerdict as SharedReleasedVerdict
 from .releases import chosen_dicts, failure, layer_classes, marker_reading, select, split_release, summary, version_key  # noqa: F401 (split_release, version_key: named here too)
 from .releases import first_loading as first_loading_of
@@ -342,7 +343,10 @@ def release_verdict(group: ReleaseGroup, marked: Marked, newest, ckpt):
         return Verdict("comfyui", [event], newest.architecture)
     out = []
     if TENSOR not in group.markers:
-        base = marked.once("header-only", lambda: _header_only_map(ckpt, base))
+        if base is newest.violations:  # as every group meets it: worked out once per check and reading
+            base = marked.once(("header-only", id(newest)), lambda: _header_only_map(ckpt, base))
+        else:  # as this group's own code changed it
+            base = _header_only_map(ckpt, base)
         first = _first(base)
         if first is not None and first.blocking and first.layer is None:  # reading the file or its map: before any layer
             return Verdict("comfyui", base, newest.architecture)
@@ -537,11 +541,23 @@ NO_WEIGHT_ATTRIBUTE = frozenset(
 """The groups whose quantized ``Linear`` returns from loading a layer without its weight before
 setting any: its first forward raises ``'Linear' object has no attribute 'weight'``."""
 
-SCALE_MULTIPLIED = frozenset({"0.3.68", "0.3.76", "0.4.0", "0.5.1"})
-"""The groups without comfy-kitchen: their own FP8 layout multiplies by the weight scale as it
-dequantizes, so a missing ``weight_scale`` fails the first forward in ``mul_``."""
+SCALE_MULTIPLIED = {
+    "0.3.68": "unsupported operand type(s) for *: 'Tensor' and 'NoneType'",
+    "0.3.76": "mul_(): argument 'other' (position 1) must be Tensor, not NoneType",
+    "0.4.0": "mul_(): argument 'other' (position 1) must be Tensor, not NoneType",
+    "0.5.1": "mul_(): argument 'other' (position 1) must be Tensor, not NoneType",
+}
+"""The groups without comfy-kitchen, by first release: their own FP8 layout multiplies by the
+weight scale as it dequantizes (0.3.68 with ``*``, later in place with ``mul_``), so a missing
+``weight_scale`` fails the first forward with this ``TypeError``."""
 
 NONE_DEVICE = "'NoneType' object has no attribute 'device'"
+
+
+STORED_FP8_KEPT = frozenset({"0.3.76"})
+"""The groups whose own FP8 layout takes a quantized layer's stored weight as it is, without the
+cast to the format's dtype the others apply as they load it: FP8 codes of the other FP8 dtype
+dequantize to their own values, so what that cast would change (``D008``) computes right."""
 
 
 SCALE_IN_STATE_DICT = frozenset({"0.4.0", "0.5.1"})
@@ -553,7 +569,7 @@ forward."""
 
 def _adjusted(group: ReleaseGroup, violations: list[Violation], read: dict, built: bool) -> list[Violation]:
     """The newest release's violations as ``group`` raises them where its own code differs
-    (``SMOOTHING_FROM``, ``NO_WEIGHT_ATTRIBUTE``, ``SCALE_MULTIPLIED``, ``SCALE_IN_STATE_DICT``
+    (``SMOOTHING_FROM``, ``STORED_FP8_KEPT``, ``NO_WEIGHT_ATTRIBUTE``, ``SCALE_MULTIPLIED``, ``SCALE_IN_STATE_DICT``
     where ``built``: ComfyUI detects a model and builds it whole); the same list when nothing
     does."""
     if group is NEWEST or not violations:
@@ -562,6 +578,9 @@ def _adjusted(group: ReleaseGroup, violations: list[Violation], read: dict, buil
     changed = False
     for v in violations:
         if v.tensor == "pre_quant_scale" and version_key(group.first) < version_key(SMOOTHING_FROM):
+            changed = True
+            continue
+        if group.first in STORED_FP8_KEPT and _fp8_codes_cast(v):
             changed = True
             continue
         if group.first in NO_WEIGHT_ATTRIBUTE and v.rule == "comfyui.weight" and v.message == NONE_DEVICE:
@@ -591,13 +610,20 @@ def _adjusted(group: ReleaseGroup, violations: list[Violation], read: dict, buil
                 v = _reworded(
                     v,
                     "TypeError",
-                    "mul_(): argument 'other' (position 1) must be Tensor, not NoneType",
+                    SCALE_MULTIPLIED[group.first],
                     "the FP8 layout of ComfyUI before 0.8.0 (no comfy-kitchen) multiplies by the missing weight scale",
                 )
                 v.stage = "forward"
             changed = True
         out.append(v)
     return out if changed else violations
+
+
+def _fp8_codes_cast(v: Violation) -> bool:
+    """Whether ``v`` is the garbage of a weight stored as FP8 codes that the cast to its
+    format's FP8 dtype changes (``--deep``'s ``D008`` on an ``F8_*`` weight)."""
+    f = getattr(v, "covers", None)
+    return f is not None and f.code == "D008" and (f.actual or "").startswith("F8_") and (f.expected or "").startswith("F8_")
 
 
 def _reworded(v: Violation, exception: str, message: str, cause: str) -> Violation:
@@ -690,7 +716,8 @@ def _memo_key(group: ReleaseGroup, plain: bool) -> tuple:
     adjusted = (
         version_key(group.first) < version_key(SMOOTHING_FROM),
         group.first in NO_WEIGHT_ATTRIBUTE,
-        group.first in SCALE_MULTIPLIED,
+        SCALE_MULTIPLIED.get(group.first),
+        group.first in STORED_FP8_KEPT,
         group.first in MISSING_WEIGHT_RAISES,
         version_key(group.first) < version_key(NORM_WEIGHT_FROM),
     )
@@ -879,7 +906,7 @@ class _Mismatches(Violation):
 
 
 def _plain_model(ckpt, name: str):
-    """(the layer, the (N, K) of the plain ``Linear`` built for it: ``_plain_size``), or None."""
+    """(the layer, the (N, K) of the plain ``Linear`` built for it: ``comfyui_plain.plain_size``), or None."""
     from .kitchen import python_json_markers
 
     layer = _layer(ckpt, name)
@@ -888,7 +915,7 @@ def _plain_model(ckpt, name: str):
     marker = ckpt.markers.effective.get(layer.prefix)
     if marker is None and marker_reading(ckpt).refused_tensor:
         marker = python_json_markers(ckpt).get(layer.prefix)  # NaN sizes: the format still says the size
-    model = ckpt.memo.get("comfyui.release.size", marker, layer, partial(_plain_size, layer, marker))
+    model = ckpt.memo.get("comfyui.release.size", marker, layer, partial(plain_size, layer, marker))
     return None if model is None else (layer, model)
 
 
@@ -911,7 +938,7 @@ def _unfit_forward(ckpt, name: str, cause: str, fix: str) -> Violation | None:
 
 def _mismatch(ckpt, name: str, mixed: bool = False) -> str | None:
     """torch's size-mismatch lines (joined as it joins them) for a layer loaded as a plain
-    ``Linear`` of the model's size (``_plain_size``): its weight, then its bias, where either is
+    ``Linear`` of the model's size (``comfyui_plain.plain_size``): its weight, then its bias, where either is
     of another shape (``mixed``: the bias only, the weight being taken as stored); None when
     they fit or the size cannot be read."""
     from .comfyui_model import size_mismatch
@@ -926,38 +953,6 @@ def _mismatch(ckpt, name: str, mixed: bool = False) -> str | None:
         if e is not None and tuple(e.shape) != want:
             lines.append(size_mismatch(name, suffix, tuple(e.shape), want))
     return "\n\t".join(lines) if lines else None
-
-
-def _plain_size(layer, marker: dict | None) -> tuple[int, int] | None:
-    """The (N, K) of the plain ``Linear`` a release builds for a layer it does not read as
-    quantized: the model's, which the file records as ``comfyui_model.recorded_size`` reads it
-    (a marker value the format refuses, which the release does not read, leaves the size
-    readable; a 3-D weight read as its rows, flattened).  Where the format reads N off the
-    weight's rows, N is the output size most of the
-    layer's tensors show (the bias's and a per-row scale's outvote a weight of other rows,
-    ``kitchen_int8.model_rows``); an unpacked weight whose columns are that N is stored
-    transposed, and its rows are K."""
-    from .comfyui_model import recorded_size
-    from .kitchen_int8 import model_rows
-
-    w = layer.tensors["weight"]
-    if len(w.shape) == 3:  # stacked or unsqueezed: the model's rows are its leading dimensions'
-        from types import SimpleNamespace
-
-        from ..io.header import TensorEntry
-
-        flat = TensorEntry(w.name, w.dtype, (w.shape[0] * w.shape[1], w.shape[2]), w.start, w.end, w.file)
-        layer = SimpleNamespace(tensors={**layer.tensors, "weight": flat})
-    size = recorded_size(layer, marker, True)
-    if size is None:
-        return None
-    rows, cols = layer.tensors["weight"].shape
-    if size[0] != rows:  # the format reads N off its other tensors already
-        return size
-    n = model_rows(layer.tensors, rows)
-    if n != rows and size[1] == cols == n:
-        return n, rows
-    return n, size[1]
 
 
 class Releases:
