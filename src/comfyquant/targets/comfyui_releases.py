@@ -906,13 +906,17 @@ class _Mismatches(Violation):
 
 
 def _plain_model(ckpt, name: str):
-    """(the layer, the (N, K) of the plain ``Linear`` built for it: ``comfyui_plain.plain_size``), or None."""
+    """(the layer, the (N, K) of the plain ``Linear`` built for it: ``comfyui_plain.plain_size``),
+    or None.  A release builds a layer plain when it reads no header map entry for it, so only
+    the layer's own tensor marker says in which format its tensors record its size."""
+    from ..markers import TENSOR as TENSOR_RECORD
     from .kitchen import python_json_markers
 
     layer = _layer(ckpt, name)
     if layer is None or "weight" not in layer.tensors:
         return None
-    marker = ckpt.markers.effective.get(layer.prefix)
+    records = ckpt.markers.sources.get(layer.prefix, ())
+    marker = next((r.obj for r in records if r.kind == TENSOR_RECORD and isinstance(r.obj, dict)), None)
     if marker is None and marker_reading(ckpt).refused_tensor:
         marker = python_json_markers(ckpt).get(layer.prefix)  # NaN sizes: the format still says the size
     model = ckpt.memo.get("comfyui.release.size", marker, layer, partial(plain_size, layer, marker))
