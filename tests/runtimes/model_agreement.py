@@ -1,10 +1,12 @@
 """The whole-model space (``whole_models``) through ComfyUI (``comfyui_models``) and through
 comfyquant's ``check --deep --target comfyui``, side by side.
 
-Agreement is judged per file as for the single-layer spaces (``outcome.disagreement``): a
-file ComfyUI raises on must FAIL with the same exception type and exact message; a file it
-computes garbage with, or runs with parameters the file did not fill (``undefined``), must
-FAIL silently; a file it computes with (``ok`` / ``degraded``) must load.  The known list is
+Agreement is judged per file as for the single-layer spaces (``judge``): a file ComfyUI
+raises on must FAIL with the same exception type and exact message; a file it computes garbage
+with, or runs with parameters the file did not fill (``undefined``), must FAIL silently; a file
+it computes with (``ok`` / ``degraded``) must load; a file whose one defect the file cannot
+show (``UNDECIDABLE_VARIANTS``) must load where ComfyUI computes, having nothing to tell it
+otherwise.  The known list is
 ``known/comfyui.models.txt`` (``agreement.known_path("comfyui", "models")``).
 """
 
@@ -20,6 +22,44 @@ from .outcome import Expected, Outcome, comparable, disagreement, expected, with
 
 TARGET = "comfyui"
 SPACE = "models"
+
+UNDECIDABLE_VARIANTS = {
+    "reciprocal": "values-not-the-source",
+    "e5m2-bytes": "values-not-the-source",
+    "rotation-size": "rotation-size",
+    "rotation-flag": "rotation-flag",
+}
+"""The whole-model space's ``value`` variants (``whole_models``) the file cannot show, even to
+``--deep``, by their class in ``cases.UNDECIDABLE``: an FP8 scale stored as its reciprocal and
+E5M2 bytes under an E4M3 dtype are valid codes and scales of another weight; a ConvRot group
+size or flag the weights were not rotated with has the marker as its only record."""
+
+
+def undecidable(case: ModelCase) -> str | None:
+    """The ``cases.UNDECIDABLE`` class of a file whose one defect is such a variant (the id's
+    third part: ``wan.fp8.reciprocal.blocks.1.cross_attn.k``), or None."""
+    parts = case.id.split(".")
+    return UNDECIDABLE_VARIANTS.get(parts[2]) if len(parts) > 2 else None
+
+
+def valid_twin(case_id: str) -> str:
+    """The id of the valid file of a file's model and format (``flux.fp8.valid``)."""
+    return ".".join([*case_id.split(".")[:2], "valid"])
+
+
+def judge(case: ModelCase, outcome: Outcome, predicted: Expected, twin: Expected | None = None) -> str | None:
+    """Why comfyquant's verdict on a whole-model file differs from what ComfyUI does (None:
+    they agree): exactly (``outcome.disagreement``), except that on a defect the file cannot
+    show comfyquant must say what it says of the valid file of that model and format
+    (``twin``) where ComfyUI computes (garbage or not): that it loads, or garbage where the
+    valid file is garbage too for a reason the file shows, as ``agreement.judge_undecidable``
+    holds the single-layer spaces to."""
+    kind = undecidable(case)
+    if kind is not None and outcome.kind != "raises":
+        if predicted.kind == "loads" or (twin is not None and predicted.kind == twin.kind == "garbage"):
+            return None
+        return f"undecidable ({kind}): {predicted.kind} vs {outcome.kind}"
+    return disagreement(outcome, predicted)
 
 
 @dataclass
@@ -97,11 +137,13 @@ def compare(drv, cases: list[ModelCase], recorded: dict[str, Outcome] | None = N
 
     worker = threading.Thread(target=drive)
     worker.start()
-    predicted = [expected(verdict(c)) for c in cases]
+    predicted = {c.id: expected(verdict(c)) for c in cases}
     worker.join()
     if failure:
         raise failure[0]
-    return [Row(c, got[c.id], p, disagreement(got[c.id], p)) for c, p in zip(cases, predicted)]
+    return [
+        Row(c, got[c.id], predicted[c.id], judge(c, got[c.id], predicted[c.id], predicted.get(valid_twin(c.id)))) for c in cases
+    ]
 
 
 def counts(rows: list[Row]) -> dict[str, int]:

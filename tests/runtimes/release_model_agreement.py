@@ -20,8 +20,8 @@ from pathlib import Path
 import runtime_sources
 
 from .agreement import Row, table
-from .model_agreement import ModelCase, summary
-from .outcome import UNREADABLE, Expected, Outcome, disagreement
+from .model_agreement import ModelCase, judge, summary, valid_twin
+from .outcome import UNREADABLE, Expected, Outcome
 from .release_agreement import _save
 
 KNOWN = Path(__file__).parent / "known" / "comfyui.release-models.txt"
@@ -88,11 +88,18 @@ def compare(
     cases: list[ModelCase], got: dict[str, Outcome], said: dict[str, dict[str, Expected] | None], release: str
 ) -> list[Row]:
     """One row per case: the group's outcome against comfyquant's verdict for ``release``."""
+
+    def guess(case_id: str) -> Expected | None:
+        if case_id not in said:
+            return None
+        verdicts = said[case_id]
+        return UNREADABLE if verdicts is None else verdicts[release]
+
     rows = []
     for case in cases:
-        verdicts = said[case.id]
-        guess = UNREADABLE if verdicts is None else verdicts[release]
-        rows.append(Row(case, got[case.id], guess, disagreement(got[case.id], guess)))  # type: ignore[arg-type]
+        mine = guess(case.id)
+        assert mine is not None
+        rows.append(Row(case, got[case.id], mine, judge(case, got[case.id], mine, guess(valid_twin(case.id)))))  # type: ignore[arg-type]
     return rows
 
 
