@@ -575,6 +575,7 @@ def _adjusted(group: ReleaseGroup, violations: list[Violation], read: dict, buil
     if group is NEWEST or not violations:
         return violations
     out = []
+    loading: list[Violation] = []  # raised as the whole model loads, after every load_state_dict error
     changed = False
     for v in violations:
         if v.tensor == "pre_quant_scale" and version_key(group.first) < version_key(SMOOTHING_FROM):
@@ -588,9 +589,14 @@ def _adjusted(group: ReleaseGroup, violations: list[Violation], read: dict, buil
                 v,
                 "AttributeError",
                 "'Linear' object has no attribute 'weight'",
-                "the quantized Linear of ComfyUI 0.9.2 to 0.18.1 sets no weight for a layer the file has no weight for",
+                "the quantized Linear of ComfyUI 0.9.2 to 0.18.1 sets no weight for a layer the file has no weight for"
+                + (", and loading the whole model reads every layer's weight" if built else ""),
             )
             changed = True
+            if built:  # ModelPatcher.load reads each layer's weight after load_state_dict, before any forward
+                v.stage = None
+                loading.append(v)
+                continue
         elif (
             group.first in SCALE_MULTIPLIED
             and v.rule == "comfyui.missing"
@@ -616,6 +622,9 @@ def _adjusted(group: ReleaseGroup, violations: list[Violation], read: dict, buil
                 v.stage = "forward"
             changed = True
         out.append(v)
+    if loading:
+        at = next((i for i, v in enumerate(out) if v.stage == "forward"), len(out))
+        out[at:at] = loading
     return out if changed else violations
 
 
