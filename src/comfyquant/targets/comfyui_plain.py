@@ -13,10 +13,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-MULTIPLES = (1, 2, 4, 8, 16, 32, 64, 128)
-"""Factors between a size and a companion tensor's dimension (a block or group count): the
-candidate sizes are every dimension of the layer's other tensors times each."""
-
 
 def plain_size(layer, marker: dict | None) -> tuple[int, int] | None:
     """The (N, K) of the plain ``Linear`` a release builds for ``layer`` (None when its weight
@@ -35,15 +31,17 @@ def plain_size(layer, marker: dict | None) -> tuple[int, int] | None:
 
 
 def readable(tensors: dict, marker: dict | None) -> dict | None:
-    """The marker that says the layer's size: its own where it names a known format, else the
-    format the layer's tensors show (the marker unchanged when they show none)."""
+    """The marker that says the layer's size: its own where it names a known format, else its
+    own with the format the layer's tensors show (the marker unchanged when they show none)."""
     from ..formats.registry import FORMATS, infer_format
 
     named = marker.get("format") if isinstance(marker, dict) else None
     if isinstance(named, str) and named in FORMATS:
         return marker
     shown = infer_format(tensors)
-    return marker if shown is None else {"format": shown.name}
+    if shown is None:
+        return marker
+    return {**marker, "format": shown.name} if isinstance(marker, dict) else {"format": shown.name}
 
 
 def _unformatted(layer, marker: dict | None) -> tuple[int, int] | None:
@@ -67,12 +65,14 @@ def _unformatted(layer, marker: dict | None) -> tuple[int, int] | None:
 
 
 def _voted(tensors: dict, marker: dict | None) -> tuple[int, int] | None:
-    """The (N, K) most of a formatted layer's tensors record (``_decide``): the weight speaks
-    for the size its format reads off it, every other tensor for the sizes under which the
-    format gives it its stored shape.  The tensors are read with the marker's parameters or the format's defaults,
-    whichever more of them agree with the weight under (a release that reads no marker does not
-    take its group size from it); a weight whose columns are the output size the others record
-    is stored transposed, and is read so.  None when the format does not read the layer."""
+    """The (N, K) the layer's tensors record, in the format ``marker`` names (``_decide``): the
+    weight speaks for the size its format reads off it, every other tensor for the sizes under
+    which the format gives it its stored shape.  They are read with the parameters (the
+    marker's, the format's defaults, or a common group size in place of one of the marker's)
+    under which most of them agree with the weight: a release that reads no marker does not
+    take a group size from it.  An unpacked weight whose columns are the output size the
+    others record is stored transposed, and is read so.  None when the format does not read
+    the layer."""
     from ..formats.registry import FORMATS
 
     fmt = marker.get("format") if isinstance(marker, dict) else None
@@ -80,10 +80,15 @@ def _voted(tensors: dict, marker: dict | None) -> tuple[int, int] | None:
     if desc is None:
         return None
     others = {s: e for s, e in tensors.items() if s not in ("weight", "comfy_quant") and len(e.shape) >= 1}
-    readings = [(m, r) for m in (marker, {"format": desc.name}) if (r := _geometry(desc, tensors, m)) is not None]
+    readings = [(m, r) for m in _parameters(desc, marker or {}) if (r := _geometry(desc, tensors, m)) is not None]
     if not others or not readings:
         return None
     used, env = max(readings, key=lambda mr: _agreeing(desc, mr[1], others))  # the marker's on a tie
+    whole = {"weight": tensors["weight"], **others}
+    if _agreeing(desc, env, whole) < len(whole):  # a stated group size the tensors contradict: one they all agree with
+        used, env = next(
+            ((m, r) for m, r in _restated(desc, tensors, marker or {}) if _agreeing(desc, r, whole) == len(whole)), (used, env)
+        )
     sizes = _sizes(env)
     if sizes is None:
         return None
@@ -102,7 +107,42 @@ def _voted(tensors: dict, marker: dict | None) -> tuple[int, int] | None:
         ):
             sizes = {"N": turned_sizes["N"], "K": w.shape[0]}
             env = dict(turned, K=w.shape[0], K_model=w.shape[0])
-    return _decide(desc, env, sizes, others)
+    return _decide(desc, env, (sizes["N"], sizes["K"]), others)
+
+
+GROUP_SIZES = (16, 32, 64, 128, 256)
+"""Group sizes tried for a whole-number parameter (a group or rotation size) a marker does not state."""
+
+
+def _parameters(desc, marker: dict) -> list[dict]:
+    """The markers the layer is read with, in order of preference: its own, the format's
+    defaults, and its own with each whole-number parameter it does not state, or states as a
+    value the format refuses, at each of ``GROUP_SIZES``."""
+    out = [marker, {"format": desc.name}]
+    for key in desc.keys:
+        if int in key.types and key.name != "format" and not _stated(key, marker):
+            out += [{**marker, key.name: v} for v in GROUP_SIZES if v != key.default]
+    return out
+
+
+def _restated(desc, tensors: dict, marker: dict):
+    """(marker, geometry) with each whole-number parameter the marker states at each other of ``GROUP_SIZES``."""
+    for key in desc.keys:
+        if int in key.types and key.name != "format" and _stated(key, marker):
+            for v in GROUP_SIZES:
+                if v != marker[key.name]:
+                    m = {**marker, key.name: v}
+                    r = _geometry(desc, tensors, m)
+                    if r is not None:
+                        yield m, r
+
+
+def _stated(key, marker: dict) -> bool:
+    """Whether ``marker`` states a value of ``key`` the format takes (of its type, allowed)."""
+    if key.name not in marker:
+        return False
+    value = marker[key.name]
+    return isinstance(value, key.types) and not (isinstance(value, bool) and bool not in key.types) and key.valid(value)
 
 
 def _sizes(env: dict) -> dict | None:
@@ -130,11 +170,15 @@ def _geometry(desc, tensors: dict, marker: dict | None) -> dict | None:
         return None
 
 
-def _candidates(others: dict, env: dict) -> set[int]:
-    """Sizes another tensor may record: each of its dimensions times each of ``MULTIPLES`` and
-    each whole-number parameter of the geometry (a group size)."""
-    factors = set(MULTIPLES) | {v for v in env.values() if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 4096}
-    return {d * f for e in others.values() for d in e.shape if d > 0 for f in factors}
+def _candidates(others: dict, env: dict) -> tuple[set[int], set[int]]:
+    """Sizes the other tensors may record: an output size is one of their dimensions; an input
+    size one of them times a power of two up to 128 (a block or group count) or times a
+    whole-number parameter of the geometry (a group size)."""
+    dims = {d for e in others.values() for d in e.shape if d > 0}
+    factors = {1, 2, 4, 8, 16, 32, 64, 128} | {
+        v for v in env.values() if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 4096
+    }
+    return dims, {d * f for d in dims for f in factors}
 
 
 def _shapes(desc, env: dict, others: dict) -> dict[str, tuple | None]:
@@ -150,13 +194,13 @@ def _shapes(desc, env: dict, others: dict) -> dict[str, tuple | None]:
     return out
 
 
-def _decide(desc, env: dict, sizes: dict, others: dict) -> tuple[int, int]:
-    """The (N, K) with the most voices: the other tensors that have the shape the format gives
-    them there, and the weight's for each dimension it records.  The weight's own size wins a
-    tie; a size the constraints refuse loses to the nearest they allow that another tensor
-    speaks for."""
-    own = (sizes["N"], sizes["K"])
-    near = [{v for v in _candidates(others, env) if own[i] // 4 <= v <= own[i] * 4} | {own[i]} for i in range(2)]
+def _decide(desc, env: dict, own: tuple[int, int], others: dict) -> tuple[int, int]:
+    """The (N, K) the layer's tensors record.  The other tensors' consensus is the size most of
+    them speak for (among those the format's constraints allow, if any), nearest the weight's;
+    each dimension then keeps the weight's own size unless more tensors speak for the
+    consensus's than for the weight's with the other dimension at the consensus (the weight's
+    voice counted), or the weight's own size makes no valid layer and another tensor records
+    that dimension."""
 
     def at(n: int, k: int) -> dict:
         out = dict(env)
@@ -172,25 +216,43 @@ def _decide(desc, env: dict, sizes: dict, others: dict) -> tuple[int, int]:
         {s for s, shape in _shapes(desc, at(own[0], 2 * own[1]), others).items() if shape != still[s]},
     ]
     recording = {s: e for s, e in others.items() if s in records[0] | records[1]}
+    if not recording:
+        return own
+    heard: dict[tuple[int, int], int] = {}
 
-    def speaking(n: int, k: int) -> set[str]:
-        shapes = _shapes(desc, at(n, k), recording)
-        return {s for s, e in recording.items() if shapes[s] == tuple(e.shape)}
+    def voices(p: tuple[int, int]) -> int:
+        if p not in heard:
+            shapes = _shapes(desc, at(*p), recording)
+            heard[p] = sum(shapes[s] == tuple(e.shape) for s, e in recording.items())
+        return heard[p]
 
     def nearness(p: tuple[int, int]) -> tuple:
         return (abs(p[0] - own[0]) + abs(p[1] - own[1]), p)
 
-    heard = {(n, k): speaking(n, k) for n in near[0] for k in near[1]}
-    votes = {p: len(h) + (p[0] == own[0]) + (p[1] == own[1]) for p, h in heard.items()}
-    if not _allowed(desc, at(*own)):  # no valid layer at the weight's size: one its other tensors record
-        fits = [
-            p
-            for p, h in heard.items()
-            if p != own and _allowed(desc, at(*p)) and all(p[i] == own[i] or h & records[i] for i in range(2))
-        ]
-        if fits:
-            return min(fits, key=lambda p: (-votes[p], nearness(p)))
-    return min(votes, key=lambda p: (-votes[p], p != own, nearness(p)))
+    ns, ks = _candidates(recording, env)
+    pairs = [(n, k) for n in ns | {own[0]} for k in ks | {own[1]}]
+    valid = [p for p in pairs if _allowed(desc, at(*p))]
+    consensus = min(valid or pairs, key=lambda p: (-voices(p), nearness(p)))
+    out = list(own)
+    for i in (0, 1):
+        if own[i] == consensus[i]:
+            continue
+        mine = (own[0], consensus[1]) if i == 0 else (consensus[0], own[1])
+        if (
+            not _allowed(desc, at(*mine))
+            and _allowed(desc, at(*consensus))
+            and _speaks(desc, at(*consensus), recording, records[i])
+        ):
+            out[i] = consensus[i]  # no valid layer at the weight's size: the one another tensor records
+        elif voices(mine) + 1 < voices(consensus):
+            out[i] = consensus[i]
+    return out[0], out[1]
+
+
+def _speaks(desc, env: dict, recording: dict, names: set[str]) -> bool:
+    """Whether one of the tensors ``names`` (of ``recording``) has the shape the format gives it under ``env``."""
+    shapes = _shapes(desc, env, {s: recording[s] for s in names})
+    return any(shapes[s] == tuple(recording[s].shape) for s in names)
 
 
 def _allowed(desc, env: dict) -> bool:
