@@ -90,11 +90,13 @@ def _tree(torch, linear_cls, layers: dict, dtype):
             parent = getattr(parent, part)
         n, k = weight.shape
         parent.add_module(parts[-1], linear_cls(k, n, bias=bias is not None, dtype=dtype))
-    # parameters the file does not fill keep the memory they were created with (torch.empty):
-    # NaN there makes that garbage measured the same way on every run
+    # a weight or bias the file does not fill keeps the memory ComfyUI's operations create it
+    # with (torch.empty, their reset_parameters skipped): NaN there makes that garbage measured
+    # the same way on every run.  Other parameters keep the value the operations give them (the
+    # scaled-FP8 Linear of releases before 0.4.0 creates its scale_weight and scale_input as ones)
     with torch.no_grad():
-        for param in root.parameters():
-            if param.dtype.is_floating_point:
+        for name, param in root.named_parameters():
+            if param.dtype.is_floating_point and name.rsplit(".", 1)[-1] in ("weight", "bias"):
                 param.fill_(float("nan"))
     return root
 
