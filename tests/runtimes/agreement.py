@@ -136,12 +136,21 @@ def judge_undecidable(case: Case, outcome: Outcome, predicted: Expected, twin: E
     return f"undecidable ({case.undecidable}): {predicted.kind} vs {outcome.kind}"
 
 
+MARKER_FORM_TWINS = {"header.conflict-map-only": "header.map-only", "header.conflict": "header.both"}
+"""A header-map case's valid layer in its own marker form: a map entry that conflicts with the
+weights was made from the layer marked the same way correctly (the map alone, or map and tensor
+marker)."""
+
+
 def valid_twin(case_id: str) -> str:
-    """The id of the valid layer a case's defect was made from (``fp8_64x256.weight.cast-int8``
-    -> ``fp8_64x256.valid``; a checkpoint case's keeps its ``ckpt.``)."""
+    """The id of the valid layer a case's defect was made from, in the case's marker form
+    (``fp8_64x256.weight.cast-int8`` -> ``fp8_64x256.valid``,
+    ``int8_convrot_64x256.header.conflict-map-only`` -> ``int8_convrot_64x256.header.map-only``;
+    a checkpoint case's keeps its ``ckpt.``)."""
     parts = case_id.split(".")
     head = parts[:2] if parts[0] == "ckpt" else parts[:1]
-    return ".".join([*head, "valid"])
+    rest = ".".join(parts[len(head) :])
+    return ".".join([*head, MARKER_FORM_TWINS.get(rest, "valid")])
 
 
 def judge_resized(outcome: Outcome, predicted: Expected, twin: Expected | None = None) -> str | None:

@@ -67,10 +67,11 @@ def _unformatted(layer, marker: dict | None) -> tuple[int, int] | None:
 def _voted(tensors: dict, marker: dict | None) -> tuple[int, int] | None:
     """The (N, K) the layer's tensors record, in the format ``marker`` names (``_decide``): the
     weight speaks for the size its format reads off it, every other tensor for the sizes under
-    which the format gives it its stored shape.  They are read with the parameters (the
-    marker's, the format's defaults, or a common group size in place of one of the marker's)
-    under which most of them agree with the weight: a release that reads no marker does not
-    take a group size from it.  An unpacked weight whose columns are the output size the
+    which the format gives it its stored shape.  They are read with the parameters under which
+    most of them agree with the weight (``_parameters``), or with a common group size in place
+    of one the marker states where all of them, the weight included, agree only then
+    (``_restated``): a release that reads no marker does not take a group size from it.  An
+    unpacked weight whose columns are the output size the
     others record is stored transposed, and is read so.  None when the format does not read
     the layer."""
     from ..formats.registry import FORMATS
@@ -111,7 +112,7 @@ def _voted(tensors: dict, marker: dict | None) -> tuple[int, int] | None:
 
 
 GROUP_SIZES = (16, 32, 64, 128, 256)
-"""Group sizes tried for a whole-number parameter (a group or rotation size) a marker does not state."""
+"""Group sizes tried for a whole-number parameter (a group or rotation size) of the marker."""
 
 
 def _parameters(desc, marker: dict) -> list[dict]:
