@@ -503,6 +503,7 @@ class Format:
         "heavy_encoder",
         "dropped",
         "serialized_map",
+        "_model_geometry",
     )
 
     def __init__(
@@ -536,6 +537,7 @@ class Format:
         heavy_encoder: bool = False,
         dropped: DroppedPart | None = None,
         serialized_map: Callable[[list[str]], tuple[dict, str, dict]] | None = None,
+        model_geometry: Callable[[dict, dict], dict] | None = None,
     ) -> None:
         self.name = name
         self.title = title
@@ -545,6 +547,7 @@ class Format:
         self.constraints = constraints
         self.bits_text = bits_text
         self.serialized_map = serialized_map
+        self._model_geometry = model_geometry
         """For a format a runtime reads from a header map of its own instead of Comfy markers
         (SGLang's rowwise FP8): the header map of a file whose quantized layers (their prefixes)
         are all of this format, as ``markers.marker_map_text``'s (layers, version, further
@@ -583,6 +586,14 @@ class Format:
         reader of the env then gets the one error it already handles instead of each
         evaluating the shapes into a ZeroDivisionError or TypeError."""
         return self._read(tensors, params)[0]
+
+    def model_geometry(self, tensors: dict, params: dict) -> dict:
+        """The geometry of the model a runtime builds for this layer: ``geometry``, or, for a
+        format whose tensors together can outvote the weight's reading (``model_geometry``
+        given), that reading; may raise GeometryError."""
+        if self._model_geometry is not None:
+            return self._model_geometry(tensors, params)
+        return self.geometry(tensors, params)
 
     def _read(self, tensors: dict, params: dict) -> tuple[dict, list[tuple[Slot, bool, tuple | None]]]:
         """The geometry env and, for each suffix, the slot that applies (``slots_for``'s order)

@@ -222,22 +222,15 @@ def recorded_size(layer, marker: dict | None, defaults: bool = False) -> tuple[i
     if desc is None:
         return None
 
-    def read(params):
-        if fmt == "asym_w4a8_int8":  # the size its tensors show together (formats/w4a8 model_geometry)
-            from ..formats.w4a8 import model_geometry
-
-            return model_geometry(layer.tensors, params)
-        return desc.geometry(layer.tensors, params)
-
     try:
-        env = read(desc.params(marker))
+        env = desc.model_geometry(layer.tensors, desc.params(marker))
     except (GeometryError, KeyError, TypeError, ValueError, ArithmeticError):
         if not defaults:
             return None
         # a marker value the format refuses (a group size of 0): the stored tensors still
         # record the layer's size, read with the format's defaults
         try:
-            env = read(desc.params({"format": fmt}))
+            env = desc.model_geometry(layer.tensors, desc.params({"format": fmt}))
         except (GeometryError, KeyError, TypeError, ValueError, ArithmeticError):
             return None
     n, k = env.get("N_model", env.get("N")), env.get("K_model", env.get("K"))

@@ -71,9 +71,8 @@ def _voted(tensors: dict, marker: dict | None) -> tuple[int, int] | None:
     most of them agree with the weight (``_parameters``), or with a common group size in place
     of one the marker states where all of them, the weight included, agree only then
     (``_restated``): a release that reads no marker does not take a group size from it.  An
-    unpacked weight whose columns are the output size the
-    others record is stored transposed, and is read so.  None when the format does not read
-    the layer."""
+    unpacked weight whose columns are the output size the others record is stored transposed,
+    and is read so.  None when the format does not read the layer."""
     from ..formats.registry import FORMATS
 
     fmt = marker.get("format") if isinstance(marker, dict) else None
@@ -161,12 +160,7 @@ def _geometry(desc, tensors: dict, marker: dict | None) -> dict | None:
     from ..formats.base import GeometryError
 
     try:
-        params = desc.params(marker if isinstance(marker, dict) else {"format": desc.name})
-        if desc.name == "asym_w4a8_int8":  # the size its tensors show together (formats/w4a8 model_geometry)
-            from ..formats.w4a8 import model_geometry
-
-            return model_geometry(tensors, params)
-        return desc.geometry(tensors, params)
+        return desc.model_geometry(tensors, desc.params(marker if isinstance(marker, dict) else {"format": desc.name}))
     except (GeometryError, KeyError, TypeError, ValueError, ArithmeticError):
         return None
 
@@ -223,8 +217,7 @@ def _decide(desc, env: dict, own: tuple[int, int], others: dict) -> tuple[int, i
 
     def voices(p: tuple[int, int]) -> int:
         if p not in heard:
-            shapes = _shapes(desc, at(*p), recording)
-            heard[p] = sum(shapes[s] == tuple(e.shape) for s, e in recording.items())
+            heard[p] = _agreeing(desc, at(*p), recording)
         return heard[p]
 
     def nearness(p: tuple[int, int]) -> tuple:
@@ -242,18 +235,12 @@ def _decide(desc, env: dict, own: tuple[int, int], others: dict) -> tuple[int, i
         if (
             not _allowed(desc, at(*mine))
             and _allowed(desc, at(*consensus))
-            and _speaks(desc, at(*consensus), recording, records[i])
+            and _agreeing(desc, at(*consensus), {s: recording[s] for s in records[i]})
         ):
             out[i] = consensus[i]  # no valid layer at the weight's size: the one another tensor records
         elif voices(mine) + 1 < voices(consensus):
             out[i] = consensus[i]
     return out[0], out[1]
-
-
-def _speaks(desc, env: dict, recording: dict, names: set[str]) -> bool:
-    """Whether one of the tensors ``names`` (of ``recording``) has the shape the format gives it under ``env``."""
-    shapes = _shapes(desc, env, {s: recording[s] for s in names})
-    return any(shapes[s] == tuple(recording[s].shape) for s in names)
 
 
 def _allowed(desc, env: dict) -> bool:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ..dtypes import DTYPE_BITS
 from ..formats.base import GeometryError, is_pow4
 from ..formats.registry import FORMATS
-from ..formats.w4a8 import model_geometry, six_bit_fits
+from ..formats.w4a8 import six_bit_fits
 from .base import LAYER, Verdict, Violation, bind, container_violations, in_module_order
 from .kitchen_awq import awq_forward
 from .kitchen_int8 import int8_input_k
@@ -258,9 +258,8 @@ def _layer_templates(name: str, marker: dict, tensors: dict) -> tuple[list[Viola
             return load, [ranked]
     if not load and name in ("asym_w4a8_int8", "convrot_w4a4", "int8_tensorwise"):
         fmt = FORMATS[name]
-        geometry = model_geometry if name == "asym_w4a8_int8" else fmt.geometry
         try:
-            env = geometry(tensors, fmt.params(read))
+            env = fmt.model_geometry(tensors, fmt.params(read))
         except GeometryError:
             env = None
         if env is not None:
@@ -361,9 +360,8 @@ def _load_templates(name: str, marker: dict, tensors: dict) -> list[Violation]:
     if name == "awq_w4a16":
         return []  # its Params validate nothing: the first forward decides (awq_forward)
     # W4A8's Params check the group size themselves, against the model's K
-    geometry = model_geometry if name == "asym_w4a8_int8" else fmt.geometry
     try:
-        env = geometry(tensors, fmt.params(marker))
+        env = fmt.model_geometry(tensors, fmt.params(marker))
     except GeometryError as exc:
         return [_v("shape", f"layer '{prefix}': {exc}", prefix, "weight")]
     check = _CHECKS.get(name)

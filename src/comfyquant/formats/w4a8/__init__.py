@@ -276,6 +276,7 @@ ASYM_W4A8_INT8 = Format(
         ),
     ),
     geometry=_geometry,
+    model_geometry=model_geometry,
     constraints=(
         Constraint(
             K_RULE,
