@@ -1,15 +1,19 @@
 """comfyquant's verdict on each ComfyUI release group equals what that release's own code does
 (with the comfy-kitchen it pins, or its minimum) on the whole generated single-layer space:
-every defect of every format, in each marker form, damaged containers and header maps.  One
-``check`` per case gives every group's verdict (``release_expectations``); each group is driven
-by its oldest release, and the releases sharing its deciding code share its results (printed).
+every defect of every format, in each marker form, damaged containers and header maps; and on
+each case of it written as one layer of a whole checkpoint (the diffusion-model prefix on every
+key, dense layers beside it, a header map named with the prefix where the case has one), where
+each release strips the prefix and matches the map's names and builds plain the layers it reads
+no marker for.  One ``check`` per case gives every group's verdict (``release_expectations``);
+each group is driven by its oldest release, and the releases sharing its deciding code share
+its results (printed).
 
-The cases where the per-release model is known to differ are listed per group in
-``runtimes/known/comfyui.releases.txt`` (``tools/prove_releases.py --space single
---write-known``): a disagreement not listed fails, and so does a listed case that agrees, so
-the list only shrinks as the model learns.  Outcomes are cached per group and file
-(``runtimes.release_agreement.outcomes``): a first run drives 28 releases on 3,873 files each,
-two at a time; later runs drive nothing."""
+The single-layer cases where the per-release model is known to differ would be listed per group
+in ``runtimes/known/comfyui.releases.txt`` (``tools/prove_releases.py --space single
+--write-known``); none is listed for the checkpoints.  A disagreement not listed fails, and so
+does a listed case that agrees, so the list only shrinks as the model learns.  Outcomes are
+cached per group and file (``runtimes.release_agreement.outcomes``): a first run drives 28
+releases on 3,873 files and on 3,738 checkpoints, two at a time; later runs drive nothing."""
 
 from __future__ import annotations
 
@@ -35,9 +39,10 @@ def root():
     return releases.releases_root_or_skip()
 
 
-@pytest.fixture(scope="module")
-def space(tmp_path_factory):
-    return write_space(tmp_path_factory.mktemp("comfyui-release-space"))
+@pytest.fixture(scope="module", params=("single", "checkpoint"))
+def space(request, tmp_path_factory):
+    checkpoint = request.param == "checkpoint"
+    return write_space(tmp_path_factory.mktemp(f"comfyui-release-{request.param}"), checkpoint=checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +66,9 @@ def test_release_verdicts_agree_on_the_space(space, expectations, driven, group)
     got, count = driven[group.first]
     rows = compare_expected(space, got, expectations, group.first)
     assert len(rows) > 3000
-    known = KNOWN.get(group.first, set())
+    checkpoints = {c.id.startswith("ckpt.") for c in space}
+    assert len(checkpoints) == 1
+    known = set() if checkpoints.pop() else KNOWN.get(group.first, set())
     shared = f"; {', '.join(group.releases[1:])} share these results" if len(group.releases) > 1 else ""
     print(f"\nComfyUI {group.first} ({group.kitchen_text}): {summary(rows)}; {len(known)} known; {count} driven{shared}")
     new = [r for r in rows if r.why is not None and r.case.id not in known]

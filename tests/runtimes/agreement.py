@@ -131,9 +131,16 @@ def judge_undecidable(case: Case, outcome: Outcome, predicted: Expected, twin: E
     agreement applies."""
     if outcome.kind == "raises":
         return disagreement(outcome, predicted)
-    if predicted.kind == "loads" or (twin is not None and predicted.kind == twin.kind == "garbage"):
+    if as_valid_layer(predicted, twin):
         return None
     return f"undecidable ({case.undecidable}): {predicted.kind} vs {outcome.kind}"
+
+
+def as_valid_layer(predicted: Expected, twin: Expected | None) -> bool:
+    """Whether comfyquant says of a file whose defect it cannot tell what it says of the valid
+    layer the file was made from (``twin``): that it loads, or garbage where that one is
+    garbage too, for a reason the file shows."""
+    return predicted.kind == "loads" or (twin is not None and predicted.kind == twin.kind == "garbage")
 
 
 MARKER_FORM_TWINS = {"header.conflict-map-only": "header.map-only", "header.conflict": "header.both"}
@@ -160,7 +167,7 @@ def judge_resized(outcome: Outcome, predicted: Expected, twin: Expected | None =
     garbage where it calls the valid layer (``twin``) garbage too; exceptions agree exactly as
     usual."""
     if outcome.kind == "garbage" and outcome.error is not None and math.isfinite(outcome.error):
-        if predicted.kind == "loads" or (twin is not None and predicted.kind == twin.kind == "garbage"):
+        if as_valid_layer(predicted, twin):
             return None
         return f"{predicted.kind} vs computes (model of the recorded size)"
     return disagreement(outcome, predicted)

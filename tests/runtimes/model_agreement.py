@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .agreement import Row, known_disagreements, known_path, table
+from .agreement import Row, as_valid_layer, known_disagreements, known_path, table
 from .outcome import Expected, Outcome, comparable, disagreement, expected, with_newer_kitchen
 
 TARGET = "comfyui"
@@ -56,7 +56,7 @@ def judge(case: ModelCase, outcome: Outcome, predicted: Expected, twin: Expected
     holds the single-layer spaces to."""
     kind = undecidable(case)
     if kind is not None and outcome.kind != "raises":
-        if predicted.kind == "loads" or (twin is not None and predicted.kind == twin.kind == "garbage"):
+        if as_valid_layer(predicted, twin):
             return None
         return f"undecidable ({kind}): {predicted.kind} vs {outcome.kind}"
     return disagreement(outcome, predicted)
